@@ -1,0 +1,38 @@
+//! Names of the environment variables that make up the worker contract.
+//!
+//! The launcher writes them and workers read them; keeping the names in one
+//! place means the two sides cannot drift apart. The first group is
+//! torchrun-compatible, so programs written for torchrun run unchanged under
+//! `braid launch`.
+
+/// Global rank of this worker, `0..WORLD_SIZE`.
+pub const RANK: &str = "RANK";
+/// Rank of this worker among the workers of its node.
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Number of workers in the whole job.
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// Number of workers on this node.
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// Rank of this worker's node (torchrun's name for the node rank).
+pub const GROUP_RANK: &str = "GROUP_RANK";
+/// Address of the host where rank 0's rendezvous lives.
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// Port on [`MASTER_ADDR`] that is free for the workers' own rendezvous.
+pub const MASTER_PORT: &str = "MASTER_PORT";
+
+/// Identifier of the run, the same on every node and across restarts.
+pub const BRAID_RUN_ID: &str = "BRAID_RUN_ID";
+/// How many times the launcher has restarted the worker group so far.
+pub const BRAID_RESTART_COUNT: &str = "BRAID_RESTART_COUNT";
+/// How many restarts the launcher allows in total.
+pub const BRAID_MAX_RESTARTS: &str = "BRAID_MAX_RESTARTS";
+/// `host:port` of a braid rendezvous store that is already running (the
+/// launcher's); workers connect to it instead of hosting one on rank 0.
+pub const BRAID_STORE_ADDR: &str = "BRAID_STORE_ADDR";
+/// Key prefix under which this attempt's workers keep their store keys, so
+/// that restarts and concurrent groups never collide.
+pub const BRAID_STORE_PREFIX: &str = "BRAID_STORE_PREFIX";
+/// Shared secret the rendezvous store demands from every client.
+pub const BRAID_STORE_TOKEN: &str = "BRAID_STORE_TOKEN";
+/// Default timeout in seconds for every blocking wait (store, collectives).
+pub const BRAID_TIMEOUT: &str = "BRAID_TIMEOUT";

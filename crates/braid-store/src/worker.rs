@@ -1,0 +1,57 @@
+//! Connecting a worker process to its job's store.
+//!
+//! Under `braid launch` the launcher already runs a store and tells workers
+//! where (`BRAID_STORE_ADDR`) and under which prefix (`BRAID_STORE_PREFIX`).
+//! Without it (torchrun, srun, or variables set by hand), rank 0 hosts a
+//! store at `MASTER_ADDR:MASTER_PORT` and the others connect there.
+
+use crate::client::{ClientOptions, StoreClient};
+use crate::error::StoreError;
+use crate::server::{ServerOptions, StoreServer};
+use braid_core::WorldInfo;
+
+/// A worker's connection to the job's store, and the server itself when
+/// this worker (rank 0, no launcher) hosts it.
+pub struct WorkerStore {
+    /// Client seeing this attempt's key prefix.
+    pub client: StoreClient,
+    /// The server, when hosted by this process; it stops when dropped.
+    pub server: Option<StoreServer>,
+}
+
+impl WorkerStore {
+    /// Reads the environment and connects (hosting the store on rank 0 when
+    /// no launcher provides one).
+    pub fn from_env(info: &WorldInfo) -> Result<Self, StoreError> {
+        Self::connect(info, ClientOptions::from_env()?, ServerOptions::from_env())
+    }
+
+    /// Connects as `info` describes, with explicit options.
+    pub fn connect(info: &WorldInfo, client: ClientOptions, server: ServerOptions) -> Result<Self, StoreError> {
+        let (addr, hosted) = match &info.store_addr {
+            Some(addr) => (addr.clone(), None),
+            None => {
+                let addr = join_host_port(&info.master_addr, info.master_port);
+                let hosted = if info.rank == 0 {
+                    let bind = std::env::var("BRAID_STORE_BIND").ok().filter(|b| !b.is_empty());
+                    let bind = bind.map(|b| join_host_port(&b, info.master_port)).unwrap_or_else(|| addr.clone());
+                    Some(StoreServer::bind(bind.as_str(), server)?)
+                } else {
+                    None
+                };
+                (addr, hosted)
+            }
+        };
+        let client = StoreClient::connect(&addr, client)?.with_prefix(&info.store_prefix);
+        Ok(WorkerStore { client, server: hosted })
+    }
+}
+
+/// `host:port`, bracketing IPv6 literals.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
