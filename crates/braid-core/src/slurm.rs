@@ -73,7 +73,10 @@ fn expand_host(pattern: &str) -> Result<Vec<String>, String> {
     let Some(open) = pattern.find('[') else {
         return Ok(vec![pattern.to_string()]);
     };
-    let close = open + pattern[open..].find(']').ok_or_else(|| format!("unclosed '[' in {pattern:?}"))?;
+    let close = open
+        + pattern[open..]
+            .find(']')
+            .ok_or_else(|| format!("unclosed '[' in {pattern:?}"))?;
     let prefix = &pattern[..open];
     let rest = expand_host(&pattern[close + 1..])?;
     let mut out = Vec::new();
@@ -86,7 +89,9 @@ fn expand_host(pattern: &str) -> Result<Vec<String>, String> {
                     return Err(format!("descending range {part:?} in {pattern:?}"));
                 }
                 if b - a > 1_000_000 {
-                    return Err(format!("range {part:?} in {pattern:?} is implausibly large"));
+                    return Err(format!(
+                        "range {part:?} in {pattern:?} is implausibly large"
+                    ));
                 }
                 let width = lo.len();
                 (a..=b).map(|i| format!("{i:0width$}")).collect()
@@ -117,10 +122,16 @@ pub fn master_from_env(
 ) -> Result<String, WorldInfoError> {
     let (name, list) = match get(JOB_NODELIST_VAR) {
         Some(l) => (JOB_NODELIST_VAR, l),
-        None => (NODELIST_VAR, get(NODELIST_VAR).ok_or(WorldInfoError::Missing { name: NODELIST_VAR })?),
+        None => (
+            NODELIST_VAR,
+            get(NODELIST_VAR).ok_or(WorldInfoError::Missing { name: NODELIST_VAR })?,
+        ),
     };
-    let hosts = expand_nodelist(&list)
-        .map_err(|why| WorldInfoError::Invalid { name, value: list.clone(), why })?;
+    let hosts = expand_nodelist(&list).map_err(|why| WorldInfoError::Invalid {
+        name,
+        value: list.clone(),
+        why,
+    })?;
     Ok(hosts[0].clone())
 }
 

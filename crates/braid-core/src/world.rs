@@ -69,7 +69,8 @@ impl WorldInfo {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, WorldInfoError> {
         let get = |name: &'static str| lookup(name).filter(|v| !v.trim().is_empty());
         let from_slurm = get(env::RANK).is_none() && get(slurm::PROCID_VAR).is_some();
-        let (rank, world_size, local_rank, local_world_size, node_rank, master_addr) = if from_slurm {
+        let (rank, world_size, local_rank, local_world_size, node_rank, master_addr) = if from_slurm
+        {
             let rank = parse_usize(slurm::PROCID_VAR, get(slurm::PROCID_VAR))?;
             let world = parse_usize(slurm::NTASKS_VAR, get(slurm::NTASKS_VAR))?;
             let local = match get(slurm::LOCALID_VAR) {
@@ -112,11 +113,17 @@ impl WorldInfo {
                 Some(v) => parse_usize(env::GROUP_RANK, Some(v))?,
                 None => 0,
             };
-            let master = get(env::MASTER_ADDR).ok_or(WorldInfoError::Missing { name: env::MASTER_ADDR })?;
+            let master = get(env::MASTER_ADDR).ok_or(WorldInfoError::Missing {
+                name: env::MASTER_ADDR,
+            })?;
             (rank, world, local, local_world, node, master)
         };
         if world_size == 0 {
-            return Err(invalid(env::WORLD_SIZE, "0", "the world needs at least one worker"));
+            return Err(invalid(
+                env::WORLD_SIZE,
+                "0",
+                "the world needs at least one worker",
+            ));
         }
         if rank >= world_size {
             return Err(invalid(
@@ -135,14 +142,24 @@ impl WorldInfo {
         let port_text = match get(env::MASTER_PORT) {
             Some(p) => p,
             None if from_slurm => "29500".to_string(),
-            None => return Err(WorldInfoError::Missing { name: env::MASTER_PORT }),
+            None => {
+                return Err(WorldInfoError::Missing {
+                    name: env::MASTER_PORT,
+                })
+            }
         };
         let master_port = port_text
             .trim()
             .parse::<u16>()
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| invalid(env::MASTER_PORT, &port_text, "expected a port number 1-65535"))?;
+            .ok_or_else(|| {
+                invalid(
+                    env::MASTER_PORT,
+                    &port_text,
+                    "expected a port number 1-65535",
+                )
+            })?;
         let restart_count = match get(env::BRAID_RESTART_COUNT) {
             Some(v) => parse_usize(env::BRAID_RESTART_COUNT, Some(v))? as u32,
             None => 0,
@@ -153,7 +170,11 @@ impl WorldInfo {
         };
         let run_id = get(env::BRAID_RUN_ID);
         let store_prefix = get(env::BRAID_STORE_PREFIX).unwrap_or_else(|| {
-            format!("{}/{}/", run_id.as_deref().unwrap_or("default"), restart_count)
+            format!(
+                "{}/{}/",
+                run_id.as_deref().unwrap_or("default"),
+                restart_count
+            )
         });
         Ok(WorldInfo {
             rank,
@@ -201,7 +222,11 @@ fn parse_usize(name: &'static str, value: Option<String>) -> Result<usize, World
 }
 
 fn invalid(name: &'static str, value: &str, why: &str) -> WorldInfoError {
-    WorldInfoError::Invalid { name, value: value.to_string(), why: why.to_string() }
+    WorldInfoError::Invalid {
+        name,
+        value: value.to_string(),
+        why: why.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -210,8 +235,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -229,7 +256,10 @@ mod tests {
             ("BRAID_RESTART_COUNT", "2"),
         ]))
         .unwrap();
-        assert_eq!((info.rank, info.world_size, info.local_rank, info.node_rank), (3, 8, 1, 1));
+        assert_eq!(
+            (info.rank, info.world_size, info.local_rank, info.node_rank),
+            (3, 8, 1, 1)
+        );
         assert_eq!(info.master_addr, "node0");
         assert_eq!(info.master_port, 29500);
         assert_eq!(info.restart_count, 2);
@@ -264,7 +294,13 @@ mod tests {
             ("MASTER_PORT", "70000"),
         ]))
         .unwrap_err();
-        assert!(matches!(err, WorldInfoError::Invalid { name: "MASTER_PORT", .. }));
+        assert!(matches!(
+            err,
+            WorldInfoError::Invalid {
+                name: "MASTER_PORT",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -278,7 +314,15 @@ mod tests {
             ("SLURM_JOB_NODELIST", "gpu[07-08]"),
         ]))
         .unwrap();
-        assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (5, 8, 1, 4));
+        assert_eq!(
+            (
+                info.rank,
+                info.world_size,
+                info.local_rank,
+                info.local_world_size
+            ),
+            (5, 8, 1, 4)
+        );
         assert_eq!(info.node_rank, 1);
         assert_eq!(info.master_addr, "gpu07");
         assert_eq!(info.master_port, 29500);

@@ -1,1 +1,121 @@
-//! placeholder
+//! The launcher behind `braid launch`: torchrun's job, done by braid.
+//!
+//! On each node a launcher starts `--nproc-per-node` workers with the
+//! torchrun-compatible environment, forwards their output with a
+//! `[rank N]` prefix, and watches them. Node 0's launcher hosts the
+//! rendezvous store; the launchers of all nodes agree on the world through
+//! it ([`rendezvous`]), and tell each other about failures, completion and
+//! restarts. When a worker fails, every worker of every node is stopped
+//! (SIGTERM, then SIGKILL after a grace period), a root-cause report is
+//! printed, and the group is restarted if `--max-restarts` allows.
+//!
+//! - [`config`]: options → [`LaunchPlan`] (flags, SLURM, defaults).
+//! - [`rendezvous`]: the store protocol between launchers.
+//! - [`supervisor`]: one attempt: spawn, watch, stop.
+//! - [`process`]: worker processes, process groups, orphan sweeping.
+//! - [`output`]: prefixed output, per-rank logs, stderr tails.
+//! - [`signals`], [`summary`]: Ctrl-C handling; the failure report.
+
+pub mod config;
+pub mod error;
+pub mod output;
+pub mod process;
+pub mod rendezvous;
+pub mod signals;
+pub mod summary;
+pub mod supervisor;
+
+pub use config::{LaunchOptions, LaunchPlan};
+pub use error::LaunchError;
+pub use signals::Signals;
+
+use braid_store::{ClientOptions, ServerOptions, StoreClient, StoreError, StoreServer};
+use rendezvous::Keys;
+use std::time::Duration;
+use supervisor::AttemptOutcome;
+
+/// Runs a whole launch on this node and returns the exit code the launcher
+/// should end with (0 when every worker of every node succeeded).
+pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> {
+    process::become_subreaper();
+    let _server = if plan.node_rank == 0 {
+        let bind = braid_store::worker::join_host_port(&plan.store_bind, plan.master_port);
+        Some(StoreServer::bind(bind.as_str(), ServerOptions::from_env())?)
+    } else {
+        None
+    };
+    let options = ClientOptions {
+        connect_timeout: plan.rdzv_timeout,
+        timeout: Duration::from_secs(30),
+        ..ClientOptions::from_env()?
+    };
+    let client = StoreClient::connect(&plan.store_addr(), options).map_err(|e| match e {
+        StoreError::Connect { addr, waited, last_error } if plan.node_rank != 0 => LaunchError::Rendezvous(format!(
+            "node 0 did not arrive: its rendezvous store at {addr} was unreachable for {waited:.1?} ({last_error}); start `braid launch --node-rank 0` on the master host, check --master-addr/--master-port, or raise --rdzv-timeout"
+        )),
+        other => other.into(),
+    })?;
+    let store = client.with_prefix("launch/");
+    let run_id = rendezvous::agree_run_id(&store, plan, signals)?;
+    for attempt in 0..=plan.max_restarts {
+        let world = rendezvous::join(&store, plan, attempt, &run_id, signals)?;
+        if attempt == 0 {
+            let first = world.rank_offset(plan.node_rank);
+            eprintln!(
+                "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}",
+                plan.node_rank,
+                plan.nnodes,
+                first + plan.nproc_per_node - 1,
+                world.world_size(),
+                plan.source,
+                plan.store_addr()
+            );
+        }
+        let outcome = supervisor::run_attempt(plan, &world, attempt, &store, signals)?;
+        let keys = Keys::new(attempt);
+        let others: Vec<usize> = (1..plan.nnodes).collect();
+        match outcome {
+            AttemptOutcome::Success => {
+                acknowledge(&store, plan, &keys, &others, Duration::from_secs(10));
+                return Ok(0);
+            }
+            AttemptOutcome::Failed(failure) => {
+                acknowledge(
+                    &store,
+                    plan,
+                    &keys,
+                    &others,
+                    plan.grace_period + Duration::from_secs(5),
+                );
+                let restarting = failure.restartable && attempt < plan.max_restarts;
+                eprint!(
+                    "{}",
+                    summary::failure_report(&failure, attempt, plan.max_restarts, restarting)
+                );
+                if !restarting {
+                    return Ok(failure.exit_code.max(1));
+                }
+            }
+        }
+    }
+    unreachable!("the last attempt always returns")
+}
+
+/// Nodes other than 0 say they have seen the outcome; node 0 keeps the
+/// store up until they have (bounded by `timeout`).
+fn acknowledge(
+    store: &StoreClient,
+    plan: &LaunchPlan,
+    keys: &Keys,
+    others: &[usize],
+    timeout: Duration,
+) {
+    if plan.nnodes == 1 {
+        return;
+    }
+    if plan.node_rank == 0 {
+        rendezvous::linger_for_acks(store, keys, others, timeout);
+    } else {
+        let _ = store.set(&keys.ack(plan.node_rank), b"");
+    }
+}

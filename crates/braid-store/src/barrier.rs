@@ -16,12 +16,23 @@ impl StoreClient {
     /// Blocks until all `world_size` ranks have called `barrier` with the
     /// same `name` (as many times), or fails after `timeout` naming the
     /// missing ranks.
-    pub fn barrier(&self, name: &str, rank: usize, world_size: usize, timeout: Duration) -> Result<(), StoreError> {
+    pub fn barrier(
+        &self,
+        name: &str,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         if rank >= world_size {
-            return Err(StoreError::Invalid(format!("barrier {name:?}: rank {rank} is not below world size {world_size}")));
+            return Err(StoreError::Invalid(format!(
+                "barrier {name:?}: rank {rank} is not below world size {world_size}"
+            )));
         }
         let generation = {
-            let mut gens = self.barrier_generations.lock().unwrap_or_else(|p| p.into_inner());
+            let mut gens = self
+                .barrier_generations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let g = gens.entry(name.to_string()).or_insert(0);
             *g += 1;
             *g
@@ -40,7 +51,9 @@ impl StoreClient {
         match self.get_timeout(&format!("{base}done"), remaining) {
             Ok(_) => Ok(()),
             Err(StoreError::Timeout { .. }) => {
-                let keys: Vec<String> = (0..world_size).map(|r| format!("{base}arrived/{r}")).collect();
+                let keys: Vec<String> = (0..world_size)
+                    .map(|r| format!("{base}arrived/{r}"))
+                    .collect();
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let missing: Vec<usize> = match self.check(&refs) {
                     Ok(present) => (0..world_size).filter(|r| !present[*r]).collect(),

@@ -42,7 +42,9 @@ impl ClientOptions {
     /// Defaults, with `BRAID_STORE_TOKEN` and `BRAID_TIMEOUT` applied.
     pub fn from_env() -> Result<Self, StoreError> {
         let mut o = ClientOptions {
-            token: std::env::var(braid_core::env::BRAID_STORE_TOKEN).ok().filter(|t| !t.is_empty()),
+            token: std::env::var(braid_core::env::BRAID_STORE_TOKEN)
+                .ok()
+                .filter(|t| !t.is_empty()),
             ..Default::default()
         };
         o.timeout = braid_core::world::WorldInfo::timeout_from_env(o.timeout)
@@ -87,13 +89,20 @@ impl StoreClient {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(10);
         let stream = loop {
-            let last_error = match try_connect(addr, options.connect_timeout.saturating_sub(start.elapsed())) {
+            let last_error = match try_connect(
+                addr,
+                options.connect_timeout.saturating_sub(start.elapsed()),
+            ) {
                 Ok(s) => break s,
                 Err(e) => e,
             };
             let waited = start.elapsed();
             if waited + backoff >= options.connect_timeout {
-                return Err(StoreError::Connect { addr: addr.to_string(), waited, last_error });
+                return Err(StoreError::Connect {
+                    addr: addr.to_string(),
+                    waited,
+                    last_error,
+                });
             }
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -105,13 +114,22 @@ impl StoreClient {
             detail: e.to_string(),
         })?);
         let client = StoreClient {
-            conn: Arc::new(Mutex::new(Connection { writer: stream, reader, broken: None })),
+            conn: Arc::new(Mutex::new(Connection {
+                writer: stream,
+                reader,
+                broken: None,
+            })),
             addr: addr.to_string(),
             prefix: String::new(),
             options,
             barrier_generations: Default::default(),
         };
-        let token = client.options.token.clone().unwrap_or_default().into_bytes();
+        let token = client
+            .options
+            .token
+            .clone()
+            .unwrap_or_default()
+            .into_bytes();
         match client.request(Request::Hello { token }, client.options.timeout)? {
             Response::Ok => Ok(client),
             other => Err(client.unexpected("hello", other)),
@@ -167,7 +185,10 @@ impl StoreClient {
                 self.options.limits.max_value_len
             )));
         }
-        let req = Request::Set { key: self.key(key)?, value: value.to_vec() };
+        let req = Request::Set {
+            key: self.key(key)?,
+            value: value.to_vec(),
+        };
         self.expect_ok("set", req, self.options.timeout)
     }
 
@@ -179,17 +200,29 @@ impl StoreClient {
     /// Fetches `key`, waiting up to `timeout` for it to appear.
     pub fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError> {
         let full = self.key(key)?;
-        let req = Request::Get { key: full, timeout_ms: millis(timeout).max(1) };
+        let req = Request::Get {
+            key: full,
+            timeout_ms: millis(timeout).max(1),
+        };
         match self.request(req, timeout)? {
             Response::Value(v) => Ok(v),
-            Response::Error { code: ErrorCode::Timeout, .. } => Err(self.timeout_error(format!("key {:?}", self.full_name(key)), timeout)),
+            Response::Error {
+                code: ErrorCode::Timeout,
+                ..
+            } => Err(self.timeout_error(format!("key {:?}", self.full_name(key)), timeout)),
             other => Err(self.unexpected("get", other)),
         }
     }
 
     /// Fetches `key` if it exists, without waiting.
     pub fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.request(Request::Get { key: self.key(key)?, timeout_ms: 0 }, self.options.timeout)? {
+        match self.request(
+            Request::Get {
+                key: self.key(key)?,
+                timeout_ms: 0,
+            },
+            self.options.timeout,
+        )? {
             Response::Value(v) => Ok(Some(v)),
             Response::NotFound => Ok(None),
             other => Err(self.unexpected("get", other)),
@@ -198,10 +231,22 @@ impl StoreClient {
 
     /// Waits until every key in `keys` exists, up to `timeout`.
     pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
-        let full = keys.iter().map(|k| self.key(k)).collect::<Result<Vec<_>, _>>()?;
-        match self.request(Request::Wait { keys: full, timeout_ms: millis(timeout).max(1) }, timeout)? {
+        let full = keys
+            .iter()
+            .map(|k| self.key(k))
+            .collect::<Result<Vec<_>, _>>()?;
+        match self.request(
+            Request::Wait {
+                keys: full,
+                timeout_ms: millis(timeout).max(1),
+            },
+            timeout,
+        )? {
             Response::Ok => Ok(()),
-            Response::Error { code: ErrorCode::Timeout, message } => {
+            Response::Error {
+                code: ErrorCode::Timeout,
+                message,
+            } => {
                 let names: Vec<_> = keys.iter().map(|k| self.full_name(k)).collect();
                 Err(self.timeout_error(format!("keys {names:?} ({message})"), timeout))
             }
@@ -211,7 +256,10 @@ impl StoreClient {
 
     /// Reports, for each key, whether it exists (no waiting).
     pub fn check(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
-        let full = keys.iter().map(|k| self.key(k)).collect::<Result<Vec<_>, _>>()?;
+        let full = keys
+            .iter()
+            .map(|k| self.key(k))
+            .collect::<Result<Vec<_>, _>>()?;
         match self.request(Request::Check { keys: full }, self.options.timeout)? {
             Response::Present(p) if p.len() == keys.len() => Ok(p),
             other => Err(self.unexpected("check", other)),
@@ -221,7 +269,13 @@ impl StoreClient {
     /// Atomically adds `delta` to the counter at `key` (absent counts as 0)
     /// and returns the new value. Counters are stored as decimal text.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        match self.request(Request::Add { key: self.key(key)?, delta }, self.options.timeout)? {
+        match self.request(
+            Request::Add {
+                key: self.key(key)?,
+                delta,
+            },
+            self.options.timeout,
+        )? {
             Response::Int(v) => Ok(v),
             other => Err(self.unexpected("add", other)),
         }
@@ -248,7 +302,12 @@ impl StoreClient {
 
     /// Removes `key`; returns whether it existed.
     pub fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        match self.request(Request::Delete { key: self.key(key)? }, self.options.timeout)? {
+        match self.request(
+            Request::Delete {
+                key: self.key(key)?,
+            },
+            self.options.timeout,
+        )? {
             Response::Bool(b) => Ok(b),
             other => Err(self.unexpected("delete", other)),
         }
@@ -256,7 +315,12 @@ impl StoreClient {
 
     /// Removes every key under `self.prefix() + prefix`; returns how many.
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        match self.request(Request::DeletePrefix { prefix: self.key(prefix)? }, self.options.timeout)? {
+        match self.request(
+            Request::DeletePrefix {
+                prefix: self.key(prefix)?,
+            },
+            self.options.timeout,
+        )? {
             Response::Int(n) => Ok(n.max(0) as u64),
             other => Err(self.unexpected("delete_prefix", other)),
         }
@@ -295,10 +359,19 @@ impl StoreClient {
     }
 
     pub(crate) fn timeout_error(&self, what: String, waited: Duration) -> StoreError {
-        StoreError::Timeout { addr: self.addr.clone(), what, waited }
+        StoreError::Timeout {
+            addr: self.addr.clone(),
+            what,
+            waited,
+        }
     }
 
-    fn expect_ok(&self, op: &'static str, req: Request, timeout: Duration) -> Result<(), StoreError> {
+    fn expect_ok(
+        &self,
+        op: &'static str,
+        req: Request,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         match self.request(req, timeout)? {
             Response::Ok => Ok(()),
             other => Err(self.unexpected(op, other)),
@@ -307,10 +380,19 @@ impl StoreClient {
 
     fn unexpected(&self, op: &'static str, response: Response) -> StoreError {
         match response {
-            Response::Error { code: ErrorCode::Unauthorized | ErrorCode::VersionMismatch, message } => {
-                StoreError::Refused { addr: self.addr.clone(), message }
-            }
-            Response::Error { code, message } => StoreError::Rejected { addr: self.addr.clone(), op, code, message },
+            Response::Error {
+                code: ErrorCode::Unauthorized | ErrorCode::VersionMismatch,
+                message,
+            } => StoreError::Refused {
+                addr: self.addr.clone(),
+                message,
+            },
+            Response::Error { code, message } => StoreError::Rejected {
+                addr: self.addr.clone(),
+                op,
+                code,
+                message,
+            },
             other => StoreError::Disconnected {
                 addr: self.addr.clone(),
                 op,
@@ -325,7 +407,11 @@ impl StoreClient {
         let op = req.name();
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = &conn.broken {
-            return Err(StoreError::Disconnected { addr: self.addr.clone(), op, detail: why.clone() });
+            return Err(StoreError::Disconnected {
+                addr: self.addr.clone(),
+                op,
+                detail: why.clone(),
+            });
         }
         let deadline = wait.saturating_add(REPLY_GRACE);
         let frame = req.encode();
@@ -340,7 +426,9 @@ impl StoreClient {
             (Err(ProtocolError::Truncated(e)), _)
                 if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
             {
-                Err(format!("no reply within {deadline:.1?}; the server is unresponsive or unreachable"))
+                Err(format!(
+                    "no reply within {deadline:.1?}; the server is unresponsive or unreachable"
+                ))
             }
             (Err(e), Err(w)) => Err(format!("{w}; {e}")),
             (Err(e), Ok(())) => Err(e.to_string()),
@@ -349,15 +437,27 @@ impl StoreClient {
             Ok(resp) => {
                 if let Response::Error { code, .. } = &resp {
                     // The server closes the connection after these.
-                    if matches!(code, ErrorCode::Malformed | ErrorCode::TooLarge | ErrorCode::Unauthorized | ErrorCode::VersionMismatch) {
-                        conn.broken = Some(format!("the server closed the connection after a {code:?} error"));
+                    if matches!(
+                        code,
+                        ErrorCode::Malformed
+                            | ErrorCode::TooLarge
+                            | ErrorCode::Unauthorized
+                            | ErrorCode::VersionMismatch
+                    ) {
+                        conn.broken = Some(format!(
+                            "the server closed the connection after a {code:?} error"
+                        ));
                     }
                 }
                 Ok(resp)
             }
             Err(detail) => {
                 conn.broken = Some(detail.clone());
-                Err(StoreError::Disconnected { addr: self.addr.clone(), op, detail })
+                Err(StoreError::Disconnected {
+                    addr: self.addr.clone(),
+                    op,
+                    detail,
+                })
             }
         }
     }

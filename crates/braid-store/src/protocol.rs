@@ -32,7 +32,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_key_len: 4096, max_value_len: 64 << 20, max_keys_per_request: 65_536 }
+        Limits {
+            max_key_len: 4096,
+            max_value_len: 64 << 20,
+            max_keys_per_request: 65_536,
+        }
     }
 }
 
@@ -97,7 +101,11 @@ pub enum Request {
     Add { key: Vec<u8>, delta: i64 },
     /// Sets `key` to `desired` if its value equals `expected`
     /// (`None`: if the key is absent).
-    CompareSet { key: Vec<u8>, expected: Option<Vec<u8>>, desired: Vec<u8> },
+    CompareSet {
+        key: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        desired: Vec<u8>,
+    },
     /// Removes `key`.
     Delete { key: Vec<u8> },
     /// Removes every key starting with `prefix`.
@@ -124,7 +132,10 @@ pub enum Response {
     /// Which of the checked keys exist, in order.
     Present(Vec<bool>),
     /// Compare-and-set outcome and the value now stored (None: absent).
-    Swapped { swapped: bool, current: Option<Vec<u8>> },
+    Swapped {
+        swapped: bool,
+        current: Option<Vec<u8>>,
+    },
     /// The request failed.
     Error { code: ErrorCode, message: String },
 }
@@ -151,9 +162,14 @@ impl std::fmt::Display for ProtocolError {
         match self {
             Self::Closed => write!(f, "connection closed"),
             Self::Truncated(e) => write!(f, "truncated frame ({e})"),
-            Self::TooLarge { len, max } => write!(f, "frame of {len} bytes exceeds the limit of {max} bytes"),
+            Self::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes exceeds the limit of {max} bytes")
+            }
             Self::Malformed(m) => write!(f, "malformed frame: {m}"),
-            Self::Version(v) => write!(f, "protocol version {v} is not supported (this side speaks {VERSION})"),
+            Self::Version(v) => write!(
+                f,
+                "protocol version {v} is not supported (this side speaks {VERSION})"
+            ),
             Self::OverLimit(m) => write!(f, "{m}"),
         }
     }
@@ -178,7 +194,11 @@ pub fn read_frame(reader: &mut impl Read, max_len: usize) -> Result<Vec<u8>, Pro
     while filled < 4 {
         match reader.read(&mut header[filled..]) {
             Ok(0) if filled == 0 => return Err(ProtocolError::Closed),
-            Ok(0) => return Err(ProtocolError::Truncated(io::ErrorKind::UnexpectedEof.into())),
+            Ok(0) => {
+                return Err(ProtocolError::Truncated(
+                    io::ErrorKind::UnexpectedEof.into(),
+                ))
+            }
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(ProtocolError::Truncated(e)),
@@ -189,7 +209,9 @@ pub fn read_frame(reader: &mut impl Read, max_len: usize) -> Result<Vec<u8>, Pro
         return Err(ProtocolError::TooLarge { len, max: max_len });
     }
     let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).map_err(ProtocolError::Truncated)?;
+    reader
+        .read_exact(&mut body)
+        .map_err(ProtocolError::Truncated)?;
     Ok(body)
 }
 
@@ -224,7 +246,8 @@ impl Encoder {
         self
     }
     fn keys(mut self, keys: &[Vec<u8>]) -> Self {
-        self.buf.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(keys.len() as u32).to_le_bytes());
         for k in keys {
             self = self.bytes(k);
         }
@@ -258,15 +281,21 @@ impl<'a> Decoder<'a> {
         Ok(self.take(1, what)?[0])
     }
     fn u32(&mut self, what: &str) -> Result<u32, ProtocolError> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self, what: &str) -> Result<u64, ProtocolError> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
     }
     fn bytes(&mut self, what: &str, max: usize) -> Result<Vec<u8>, ProtocolError> {
         let len = self.u32(what)? as usize;
         if len > max {
-            return Err(ProtocolError::OverLimit(format!("{what} of {len} bytes exceeds the limit of {max} bytes")));
+            return Err(ProtocolError::OverLimit(format!(
+                "{what} of {len} bytes exceeds the limit of {max} bytes"
+            )));
         }
         Ok(self.take(len, what)?.to_vec())
     }
@@ -281,15 +310,22 @@ impl<'a> Decoder<'a> {
         // Each key needs at least its 4-byte length: bound the allocation by
         // what the frame can actually hold.
         if n > self.rest.len() / 4 {
-            return Err(ProtocolError::Malformed(format!("key count {n} exceeds what the frame holds")));
+            return Err(ProtocolError::Malformed(format!(
+                "key count {n} exceeds what the frame holds"
+            )));
         }
-        (0..n).map(|_| self.bytes("key", limits.max_key_len)).collect()
+        (0..n)
+            .map(|_| self.bytes("key", limits.max_key_len))
+            .collect()
     }
     fn end(&self) -> Result<(), ProtocolError> {
         if self.rest.is_empty() {
             Ok(())
         } else {
-            Err(ProtocolError::Malformed(format!("{} unexpected trailing bytes", self.rest.len())))
+            Err(ProtocolError::Malformed(format!(
+                "{} unexpected trailing bytes",
+                self.rest.len()
+            )))
         }
     }
 }
@@ -331,7 +367,11 @@ impl Request {
             Request::Wait { keys, timeout_ms } => Encoder::new(4).keys(keys).u64(*timeout_ms),
             Request::Check { keys } => Encoder::new(5).keys(keys),
             Request::Add { key, delta } => Encoder::new(6).bytes(key).u64(*delta as u64),
-            Request::CompareSet { key, expected, desired } => {
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
                 let e = Encoder::new(7).bytes(key);
                 let e = match expected {
                     Some(v) => e.u8(1).bytes(v),
@@ -352,23 +392,51 @@ impl Request {
         let (tag, mut d) = open(body)?;
         let (k, v) = (limits.max_key_len, limits.max_value_len);
         let req = match tag {
-            1 => Request::Hello { token: d.bytes("token", k)? },
-            2 => Request::Set { key: d.bytes("key", k)?, value: d.bytes("value", v)? },
-            3 => Request::Get { key: d.bytes("key", k)?, timeout_ms: d.u64("timeout")? },
-            4 => Request::Wait { keys: d.keys(limits)?, timeout_ms: d.u64("timeout")? },
-            5 => Request::Check { keys: d.keys(limits)? },
-            6 => Request::Add { key: d.bytes("key", k)?, delta: d.u64("delta")? as i64 },
+            1 => Request::Hello {
+                token: d.bytes("token", k)?,
+            },
+            2 => Request::Set {
+                key: d.bytes("key", k)?,
+                value: d.bytes("value", v)?,
+            },
+            3 => Request::Get {
+                key: d.bytes("key", k)?,
+                timeout_ms: d.u64("timeout")?,
+            },
+            4 => Request::Wait {
+                keys: d.keys(limits)?,
+                timeout_ms: d.u64("timeout")?,
+            },
+            5 => Request::Check {
+                keys: d.keys(limits)?,
+            },
+            6 => Request::Add {
+                key: d.bytes("key", k)?,
+                delta: d.u64("delta")? as i64,
+            },
             7 => {
                 let key = d.bytes("key", k)?;
                 let expected = match d.u8("expected flag")? {
                     0 => None,
                     1 => Some(d.bytes("expected value", v)?),
-                    f => return Err(ProtocolError::Malformed(format!("expected flag {f} is not 0 or 1"))),
+                    f => {
+                        return Err(ProtocolError::Malformed(format!(
+                            "expected flag {f} is not 0 or 1"
+                        )))
+                    }
                 };
-                Request::CompareSet { key, expected, desired: d.bytes("desired value", v)? }
+                Request::CompareSet {
+                    key,
+                    expected,
+                    desired: d.bytes("desired value", v)?,
+                }
             }
-            8 => Request::Delete { key: d.bytes("key", k)? },
-            9 => Request::DeletePrefix { prefix: d.bytes("prefix", k)? },
+            8 => Request::Delete {
+                key: d.bytes("key", k)?,
+            },
+            9 => Request::DeletePrefix {
+                prefix: d.bytes("prefix", k)?,
+            },
             10 => Request::NumKeys,
             11 => Request::Ping,
             t => return Err(ProtocolError::Malformed(format!("unknown opcode {t}"))),
@@ -398,7 +466,9 @@ impl Response {
                     None => e.u8(0),
                 }
             }
-            Response::Error { code, message } => Encoder::new(0x80).u8(*code as u8).bytes(message.as_bytes()),
+            Response::Error { code, message } => {
+                Encoder::new(0x80).u8(*code as u8).bytes(message.as_bytes())
+            }
         }
         .finish()
     }
@@ -413,7 +483,12 @@ impl Response {
             2 => Response::NotFound,
             3 => Response::Int(d.u64("integer")? as i64),
             4 => Response::Bool(d.u8("bool")? != 0),
-            5 => Response::Present(d.bytes("presence", max)?.into_iter().map(|b| b != 0).collect()),
+            5 => Response::Present(
+                d.bytes("presence", max)?
+                    .into_iter()
+                    .map(|b| b != 0)
+                    .collect(),
+            ),
             6 => {
                 let swapped = d.u8("swapped")? != 0;
                 let current = match d.u8("current flag")? {
@@ -424,12 +499,17 @@ impl Response {
             }
             0x80 => {
                 let code = d.u8("error code")?;
-                let code = ErrorCode::from_u8(code)
-                    .ok_or_else(|| ProtocolError::Malformed(format!("unknown error code {code}")))?;
+                let code = ErrorCode::from_u8(code).ok_or_else(|| {
+                    ProtocolError::Malformed(format!("unknown error code {code}"))
+                })?;
                 let message = String::from_utf8_lossy(&d.bytes("message", max)?).into_owned();
                 Response::Error { code, message }
             }
-            t => return Err(ProtocolError::Malformed(format!("unknown reply status {t}"))),
+            t => {
+                return Err(ProtocolError::Malformed(format!(
+                    "unknown reply status {t}"
+                )))
+            }
         };
         d.end()?;
         Ok(resp)
@@ -448,16 +528,42 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip(Request::Hello { token: b"t".to_vec() });
-        roundtrip(Request::Set { key: b"k".to_vec(), value: vec![0, 1, 2] });
-        roundtrip(Request::Get { key: b"k".to_vec(), timeout_ms: 7 });
-        roundtrip(Request::Wait { keys: vec![b"a".to_vec(), vec![]], timeout_ms: 1 });
-        roundtrip(Request::Check { keys: vec![b"a".to_vec()] });
-        roundtrip(Request::Add { key: b"c".to_vec(), delta: -5 });
-        roundtrip(Request::CompareSet { key: b"c".to_vec(), expected: None, desired: b"x".to_vec() });
-        roundtrip(Request::CompareSet { key: b"c".to_vec(), expected: Some(vec![]), desired: vec![] });
+        roundtrip(Request::Hello {
+            token: b"t".to_vec(),
+        });
+        roundtrip(Request::Set {
+            key: b"k".to_vec(),
+            value: vec![0, 1, 2],
+        });
+        roundtrip(Request::Get {
+            key: b"k".to_vec(),
+            timeout_ms: 7,
+        });
+        roundtrip(Request::Wait {
+            keys: vec![b"a".to_vec(), vec![]],
+            timeout_ms: 1,
+        });
+        roundtrip(Request::Check {
+            keys: vec![b"a".to_vec()],
+        });
+        roundtrip(Request::Add {
+            key: b"c".to_vec(),
+            delta: -5,
+        });
+        roundtrip(Request::CompareSet {
+            key: b"c".to_vec(),
+            expected: None,
+            desired: b"x".to_vec(),
+        });
+        roundtrip(Request::CompareSet {
+            key: b"c".to_vec(),
+            expected: Some(vec![]),
+            desired: vec![],
+        });
         roundtrip(Request::Delete { key: b"c".to_vec() });
-        roundtrip(Request::DeletePrefix { prefix: b"c/".to_vec() });
+        roundtrip(Request::DeletePrefix {
+            prefix: b"c/".to_vec(),
+        });
         roundtrip(Request::NumKeys);
         roundtrip(Request::Ping);
     }
@@ -471,9 +577,18 @@ mod tests {
             Response::Int(-3),
             Response::Bool(true),
             Response::Present(vec![true, false]),
-            Response::Swapped { swapped: false, current: None },
-            Response::Swapped { swapped: true, current: Some(b"x".to_vec()) },
-            Response::Error { code: ErrorCode::Timeout, message: "late".into() },
+            Response::Swapped {
+                swapped: false,
+                current: None,
+            },
+            Response::Swapped {
+                swapped: true,
+                current: Some(b"x".to_vec()),
+            },
+            Response::Error {
+                code: ErrorCode::Timeout,
+                message: "late".into(),
+            },
         ] {
             let frame = resp.encode();
             assert_eq!(Response::decode(&frame[4..]).unwrap(), resp);
@@ -483,24 +598,54 @@ mod tests {
     #[test]
     fn oversized_header_is_refused_before_allocating() {
         let frame = [0xff, 0xff, 0xff, 0xff, 1, 2];
-        assert!(matches!(read_frame(&mut &frame[..], 1024), Err(ProtocolError::TooLarge { .. })));
+        assert!(matches!(
+            read_frame(&mut &frame[..], 1024),
+            Err(ProtocolError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn limits_apply_to_keys_and_values() {
-        let limits = Limits { max_key_len: 4, max_value_len: 8, max_keys_per_request: 2 };
-        let long_key = Request::Set { key: b"12345".to_vec(), value: vec![] }.encode();
-        assert!(matches!(Request::decode(&long_key[4..], &limits), Err(ProtocolError::OverLimit(_))));
-        let long_value = Request::Set { key: b"k".to_vec(), value: vec![0; 9] }.encode();
-        assert!(matches!(Request::decode(&long_value[4..], &limits), Err(ProtocolError::OverLimit(_))));
-        let many = Request::Check { keys: vec![vec![]; 3] }.encode();
-        assert!(matches!(Request::decode(&many[4..], &limits), Err(ProtocolError::OverLimit(_))));
+        let limits = Limits {
+            max_key_len: 4,
+            max_value_len: 8,
+            max_keys_per_request: 2,
+        };
+        let long_key = Request::Set {
+            key: b"12345".to_vec(),
+            value: vec![],
+        }
+        .encode();
+        assert!(matches!(
+            Request::decode(&long_key[4..], &limits),
+            Err(ProtocolError::OverLimit(_))
+        ));
+        let long_value = Request::Set {
+            key: b"k".to_vec(),
+            value: vec![0; 9],
+        }
+        .encode();
+        assert!(matches!(
+            Request::decode(&long_value[4..], &limits),
+            Err(ProtocolError::OverLimit(_))
+        ));
+        let many = Request::Check {
+            keys: vec![vec![]; 3],
+        }
+        .encode();
+        assert!(matches!(
+            Request::decode(&many[4..], &limits),
+            Err(ProtocolError::OverLimit(_))
+        ));
     }
 
     #[test]
     fn wrong_version_is_reported() {
         let mut frame = Request::Ping.encode();
         frame[4] = 9;
-        assert!(matches!(Request::decode(&frame[4..], &Limits::default()), Err(ProtocolError::Version(9))));
+        assert!(matches!(
+            Request::decode(&frame[4..], &Limits::default()),
+            Err(ProtocolError::Version(9))
+        ));
     }
 }

@@ -29,15 +29,24 @@ pub struct ServerOptions {
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        ServerOptions { limits: Limits::default(), token: None, frame_timeout: Duration::from_secs(30) }
+        ServerOptions {
+            limits: Limits::default(),
+            token: None,
+            frame_timeout: Duration::from_secs(30),
+        }
     }
 }
 
 impl ServerOptions {
     /// Defaults, with the token taken from `BRAID_STORE_TOKEN` when set.
     pub fn from_env() -> Self {
-        let token = std::env::var(braid_core::env::BRAID_STORE_TOKEN).ok().filter(|t| !t.is_empty());
-        ServerOptions { token, ..Default::default() }
+        let token = std::env::var(braid_core::env::BRAID_STORE_TOKEN)
+            .ok()
+            .filter(|t| !t.is_empty());
+        ServerOptions {
+            token,
+            ..Default::default()
+        }
     }
 }
 
@@ -60,7 +69,10 @@ struct Shared {
 impl StoreServer {
     /// Listens on `addr` (e.g. `"127.0.0.1:29500"`, port 0 for any free
     /// port) and starts serving in background threads.
-    pub fn bind(addr: impl ToSocketAddrs + std::fmt::Display, options: ServerOptions) -> Result<Self, StoreError> {
+    pub fn bind(
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        options: ServerOptions,
+    ) -> Result<Self, StoreError> {
         let shown = addr.to_string();
         let listener = TcpListener::bind(&addr).map_err(|source| {
             let hint = match source.kind() {
@@ -74,7 +86,11 @@ impl StoreServer {
             };
             StoreError::Bind { addr: shown.clone(), source, hint }
         })?;
-        let addr = listener.local_addr().map_err(|source| StoreError::Bind { addr: shown, source, hint: "" })?;
+        let addr = listener.local_addr().map_err(|source| StoreError::Bind {
+            addr: shown,
+            source,
+            hint: "",
+        })?;
         let shared = Arc::new(Shared {
             map: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
@@ -88,7 +104,11 @@ impl StoreServer {
             .name("braid-store-accept".into())
             .spawn(move || accept_loop(listener, accept_shared))
             .expect("spawning the store's accept thread");
-        Ok(StoreServer { addr, shared, accept_thread: Some(accept_thread) })
+        Ok(StoreServer {
+            addr,
+            shared,
+            accept_thread: Some(accept_thread),
+        })
     }
 
     /// The address the server listens on (with the real port if 0 was asked).
@@ -167,18 +187,21 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 fn serve_connection(stream: TcpStream, shared: &Shared) {
-    let Ok(read_half) = stream.try_clone() else { return };
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(read_half);
     let mut writer = BufWriter::new(stream);
     let limits = shared.options.limits;
     let mut authenticated = shared.options.token.is_none();
     loop {
         let _ = reader.get_ref().set_read_timeout(None);
-        let frame = match read_frame_with_timeout(&mut reader, &limits, shared.options.frame_timeout) {
-            Ok(frame) => frame,
-            Err(ProtocolError::Closed) => return,
-            Err(e) => return reply_error_and_close(&mut writer, e.code(), e.to_string()),
-        };
+        let frame =
+            match read_frame_with_timeout(&mut reader, &limits, shared.options.frame_timeout) {
+                Ok(frame) => frame,
+                Err(ProtocolError::Closed) => return,
+                Err(e) => return reply_error_and_close(&mut writer, e.code(), e.to_string()),
+            };
         let request = match Request::decode(&frame, &limits) {
             Ok(r) => r,
             Err(e) => return reply_error_and_close(&mut writer, e.code(), e.to_string()),
@@ -186,7 +209,11 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         if let Request::Hello { token } = &request {
             if let Some(expected) = &shared.options.token {
                 if !constant_time_eq(expected.as_bytes(), token) {
-                    let why = if token.is_empty() { "no token was presented" } else { "the token is wrong" };
+                    let why = if token.is_empty() {
+                        "no token was presented"
+                    } else {
+                        "the token is wrong"
+                    };
                     return reply_error_and_close(
                         &mut writer,
                         ErrorCode::Unauthorized,
@@ -199,11 +226,16 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
             return reply_error_and_close(
                 &mut writer,
                 ErrorCode::Unauthorized,
-                "this store requires a token: the first request must present BRAID_STORE_TOKEN".into(),
+                "this store requires a token: the first request must present BRAID_STORE_TOKEN"
+                    .into(),
             );
         }
         let response = execute(shared, request);
-        if writer.write_all(&response.encode()).and_then(|_| writer.flush()).is_err() {
+        if writer
+            .write_all(&response.encode())
+            .and_then(|_| writer.flush())
+            .is_err()
+        {
             return;
         }
     }
@@ -261,21 +293,34 @@ fn execute(shared: &Shared, request: Request) -> Response {
             }
         }
         Request::Wait { keys, timeout_ms } => {
-            match wait_until(shared, map, timeout_ms, |m| keys.iter().all(|k| m.contains_key(k))) {
+            match wait_until(shared, map, timeout_ms, |m| {
+                keys.iter().all(|k| m.contains_key(k))
+            }) {
                 Ok(_) => Response::Ok,
                 Err(WaitFailed::Timeout(m)) => {
-                    let missing: Vec<_> =
-                        keys.iter().filter(|k| !m.contains_key(*k)).map(|k| String::from_utf8_lossy(k)).collect();
-                    Response::Error { code: ErrorCode::Timeout, message: format!("still missing: {missing:?}") }
+                    let missing: Vec<_> = keys
+                        .iter()
+                        .filter(|k| !m.contains_key(*k))
+                        .map(|k| String::from_utf8_lossy(k))
+                        .collect();
+                    Response::Error {
+                        code: ErrorCode::Timeout,
+                        message: format!("still missing: {missing:?}"),
+                    }
                 }
                 Err(e) => e.into_response(String::new),
             }
         }
-        Request::Check { keys } => Response::Present(keys.iter().map(|k| map.contains_key(k)).collect()),
+        Request::Check { keys } => {
+            Response::Present(keys.iter().map(|k| map.contains_key(k)).collect())
+        }
         Request::Add { key, delta } => {
             let current = match map.get(&key) {
                 None => 0,
-                Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
+                Some(v) => match std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+                {
                     Some(n) => n,
                     None => {
                         return Response::Error {
@@ -294,15 +339,25 @@ fn execute(shared: &Shared, request: Request) -> Response {
             shared.changed.notify_all();
             Response::Int(new)
         }
-        Request::CompareSet { key, expected, desired } => {
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => {
             let matches = map.get(&key).map(|v| v.as_slice()) == expected.as_deref();
             if matches {
                 map.insert(key, desired.clone());
                 drop(map);
                 shared.changed.notify_all();
-                Response::Swapped { swapped: true, current: Some(desired) }
+                Response::Swapped {
+                    swapped: true,
+                    current: Some(desired),
+                }
             } else {
-                Response::Swapped { swapped: false, current: map.get(&key).cloned() }
+                Response::Swapped {
+                    swapped: false,
+                    current: map.get(&key).cloned(),
+                }
             }
         }
         Request::Delete { key } => Response::Bool(map.remove(&key).is_some()),
@@ -323,10 +378,14 @@ enum WaitFailed<'a> {
 impl WaitFailed<'_> {
     fn into_response(self, what: impl FnOnce() -> String) -> Response {
         match self {
-            WaitFailed::Timeout(_) => Response::Error { code: ErrorCode::Timeout, message: what() },
-            WaitFailed::Stopping => {
-                Response::Error { code: ErrorCode::ShuttingDown, message: "the store is shutting down".into() }
-            }
+            WaitFailed::Timeout(_) => Response::Error {
+                code: ErrorCode::Timeout,
+                message: what(),
+            },
+            WaitFailed::Stopping => Response::Error {
+                code: ErrorCode::ShuttingDown,
+                message: "the store is shutting down".into(),
+            },
         }
     }
 }
@@ -355,6 +414,10 @@ fn wait_until<'a>(
         if now >= deadline {
             return Err(WaitFailed::Timeout(map));
         }
-        map = shared.changed.wait_timeout(map, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        map = shared
+            .changed
+            .wait_timeout(map, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }

@@ -27,14 +27,22 @@ impl WorkerStore {
     }
 
     /// Connects as `info` describes, with explicit options.
-    pub fn connect(info: &WorldInfo, client: ClientOptions, server: ServerOptions) -> Result<Self, StoreError> {
+    pub fn connect(
+        info: &WorldInfo,
+        client: ClientOptions,
+        server: ServerOptions,
+    ) -> Result<Self, StoreError> {
         let (addr, hosted) = match &info.store_addr {
             Some(addr) => (addr.clone(), None),
             None => {
                 let addr = join_host_port(&info.master_addr, info.master_port);
                 let hosted = if info.rank == 0 {
-                    let bind = std::env::var("BRAID_STORE_BIND").ok().filter(|b| !b.is_empty());
-                    let bind = bind.map(|b| join_host_port(&b, info.master_port)).unwrap_or_else(|| addr.clone());
+                    let bind = std::env::var("BRAID_STORE_BIND")
+                        .ok()
+                        .filter(|b| !b.is_empty());
+                    let bind = bind
+                        .map(|b| join_host_port(&b, info.master_port))
+                        .unwrap_or_else(|| addr.clone());
                     Some(StoreServer::bind(bind.as_str(), server)?)
                 } else {
                     None
@@ -43,7 +51,25 @@ impl WorkerStore {
             }
         };
         let client = StoreClient::connect(&addr, client)?.with_prefix(&info.store_prefix);
-        Ok(WorkerStore { client, server: hosted })
+        Ok(WorkerStore {
+            client,
+            server: hosted,
+        })
+    }
+}
+
+impl Drop for WorkerStore {
+    /// A hosting rank 0 keeps the store up until every other rank has
+    /// disconnected (at most 30 s), so that a rank still reading its last
+    /// reply is not cut off by rank 0 exiting first.
+    fn drop(&mut self) {
+        if let Some(server) = &self.server {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            // Our own client holds one connection.
+            while server.num_connections() > 1 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
     }
 }
 

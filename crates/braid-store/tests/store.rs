@@ -12,7 +12,13 @@ fn server() -> StoreServer {
 }
 
 fn client(s: &StoreServer) -> StoreClient {
-    client_with(s, ClientOptions { timeout: Duration::from_secs(10), ..Default::default() })
+    client_with(
+        s,
+        ClientOptions {
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        },
+    )
 }
 
 fn client_with(s: &StoreServer, o: ClientOptions) -> StoreClient {
@@ -43,7 +49,10 @@ fn get_blocks_until_another_client_sets() {
     let addr = s.local_addr().to_string();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        StoreClient::connect(&addr, ClientOptions::default()).unwrap().set("late", b"here").unwrap();
+        StoreClient::connect(&addr, ClientOptions::default())
+            .unwrap()
+            .set("late", b"here")
+            .unwrap();
     });
     let start = Instant::now();
     assert_eq!(c.get("late").unwrap(), b"here");
@@ -56,12 +65,20 @@ fn get_timeout_names_key_and_time() {
     let s = server();
     let c = client(&s).with_prefix("job/");
     let start = Instant::now();
-    let err = c.get_timeout("never", Duration::from_millis(300)).unwrap_err();
+    let err = c
+        .get_timeout("never", Duration::from_millis(300))
+        .unwrap_err();
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
     let msg = err.to_string();
     assert!(matches!(err, StoreError::Timeout { .. }), "{msg}");
-    assert!(msg.contains("\"job/never\"") && msg.contains("300"), "{msg}");
+    assert!(
+        msg.contains("\"job/never\"") && msg.contains("300"),
+        "{msg}"
+    );
     // The connection is still usable after a timeout.
     c.set("x", b"y").unwrap();
 }
@@ -71,12 +88,19 @@ fn wait_for_several_keys_reports_the_missing_ones() {
     let s = server();
     let c = client(&s);
     c.set("k1", b"").unwrap();
-    let err = c.wait(&["k1", "k2", "k3"], Duration::from_millis(200)).unwrap_err().to_string();
-    assert!(err.contains("still missing") && err.contains("k2") && err.contains("k3"), "{err}");
+    let err = c
+        .wait(&["k1", "k2", "k3"], Duration::from_millis(200))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("still missing") && err.contains("k2") && err.contains("k3"),
+        "{err}"
+    );
     assert!(!err.contains("missing: [\"k1"), "{err}");
     c.set("k2", b"").unwrap();
     c.set("k3", b"").unwrap();
-    c.wait(&["k1", "k2", "k3"], Duration::from_millis(200)).unwrap();
+    c.wait(&["k1", "k2", "k3"], Duration::from_millis(200))
+        .unwrap();
 }
 
 #[test]
@@ -102,7 +126,16 @@ fn add_is_atomic_across_clients() {
     assert_eq!(c.add("counter", -801).unwrap(), -1);
     c.set("text", b"hello").unwrap();
     let err = c.add("text", 1).unwrap_err();
-    assert!(matches!(err, StoreError::Rejected { code: ErrorCode::NotAnInteger, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Rejected {
+                code: ErrorCode::NotAnInteger,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -148,10 +181,12 @@ fn barrier_releases_all_and_is_reusable() {
                 let c = client(&s);
                 for round in 0..20u64 {
                     c.add(&format!("round/{round}"), 1).unwrap();
-                    c.barrier("step", rank, world, Duration::from_secs(10)).unwrap();
+                    c.barrier("step", rank, world, Duration::from_secs(10))
+                        .unwrap();
                     // Everyone has incremented this round's counter.
                     assert_eq!(c.add(&format!("round/{round}"), 0).unwrap(), world as i64);
-                    c.barrier("step", rank, world, Duration::from_secs(10)).unwrap();
+                    c.barrier("step", rank, world, Duration::from_secs(10))
+                        .unwrap();
                 }
             })
         })
@@ -170,8 +205,14 @@ fn barrier_timeout_names_missing_ranks() {
     let c = client(&s);
     let other = client(&s);
     let t = std::thread::spawn(move || other.barrier("b", 2, 4, Duration::from_millis(400)));
-    let err = c.barrier("b", 0, 4, Duration::from_millis(400)).unwrap_err().to_string();
-    assert!(err.contains("2 of 4 ranks arrived") && err.contains("missing ranks: [1, 3]"), "{err}");
+    let err = c
+        .barrier("b", 0, 4, Duration::from_millis(400))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 of 4 ranks arrived") && err.contains("missing ranks: [1, 3]"),
+        "{err}"
+    );
     assert!(t.join().unwrap().is_err());
 }
 
@@ -179,34 +220,91 @@ fn barrier_timeout_names_missing_ranks() {
 fn token_is_required_when_configured() {
     let s = StoreServer::bind(
         "127.0.0.1:0",
-        ServerOptions { token: Some("s3cret".into()), ..Default::default() },
+        ServerOptions {
+            token: Some("s3cret".into()),
+            ..Default::default()
+        },
     )
     .unwrap();
     let addr = s.local_addr().to_string();
-    let wrong = StoreClient::connect(&addr, ClientOptions { token: Some("nope".into()), ..Default::default() });
-    let msg = wrong.err().expect("wrong token must be refused").to_string();
-    assert!(msg.contains("refused") && msg.contains("BRAID_STORE_TOKEN") && msg.contains("wrong"), "{msg}");
+    let wrong = StoreClient::connect(
+        &addr,
+        ClientOptions {
+            token: Some("nope".into()),
+            ..Default::default()
+        },
+    );
+    let msg = wrong
+        .err()
+        .expect("wrong token must be refused")
+        .to_string();
+    assert!(
+        msg.contains("refused") && msg.contains("BRAID_STORE_TOKEN") && msg.contains("wrong"),
+        "{msg}"
+    );
     let missing = StoreClient::connect(&addr, ClientOptions::default());
-    let msg = missing.err().expect("missing token must be refused").to_string();
+    let msg = missing
+        .err()
+        .expect("missing token must be refused")
+        .to_string();
     assert!(msg.contains("no token"), "{msg}");
     // A raw client skipping the handshake is refused too.
     let mut raw = TcpStream::connect(&addr).unwrap();
     raw.write_all(&Request::NumKeys.encode()).unwrap();
     let reply = read_reply(&mut raw);
-    assert!(matches!(reply, Some(Response::Error { code: ErrorCode::Unauthorized, .. })), "{reply:?}");
-    let good = StoreClient::connect(&addr, ClientOptions { token: Some("s3cret".into()), ..Default::default() }).unwrap();
+    assert!(
+        matches!(
+            reply,
+            Some(Response::Error {
+                code: ErrorCode::Unauthorized,
+                ..
+            })
+        ),
+        "{reply:?}"
+    );
+    let good = StoreClient::connect(
+        &addr,
+        ClientOptions {
+            token: Some("s3cret".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     good.set("k", b"v").unwrap();
 }
 
 #[test]
 fn oversized_values_are_refused_by_configured_limits() {
-    let limits = Limits { max_key_len: 16, max_value_len: 1024, max_keys_per_request: 8 };
-    let s = StoreServer::bind("127.0.0.1:0", ServerOptions { limits, ..Default::default() }).unwrap();
+    let limits = Limits {
+        max_key_len: 16,
+        max_value_len: 1024,
+        max_keys_per_request: 8,
+    };
+    let s = StoreServer::bind(
+        "127.0.0.1:0",
+        ServerOptions {
+            limits,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let c = client(&s);
     // The client's own limits are larger: the server is the one refusing.
     let err = c.set("k", vec![7u8; 4096]).unwrap_err();
-    assert!(matches!(err, StoreError::Rejected { code: ErrorCode::TooLarge, .. }), "{err}");
-    assert!(err.to_string().contains("exceeds the limit of 1024"), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Rejected {
+                code: ErrorCode::TooLarge,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("exceeds the limit of 1024"),
+        "{err}"
+    );
     // That connection is closed; others are unaffected.
     assert!(c.ping().is_err());
     let other = client(&s);
@@ -218,10 +316,19 @@ fn oversized_values_are_refused_by_configured_limits() {
 #[test]
 fn client_checks_its_own_limits_before_sending() {
     let s = server();
-    let opts = ClientOptions { limits: Limits { max_key_len: 8, ..Default::default() }, ..Default::default() };
+    let opts = ClientOptions {
+        limits: Limits {
+            max_key_len: 8,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let c = client_with(&s, opts).with_prefix("prefix/");
     let err = c.set("key", b"").unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("prefix/key"), "{err}");
+    assert!(
+        matches!(err, StoreError::Invalid(_)) && err.to_string().contains("prefix/key"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -237,7 +344,10 @@ fn client_errors_quickly_when_server_shuts_down() {
     std::thread::sleep(Duration::from_millis(200));
     s.shutdown();
     let (r, waited) = t.join().unwrap();
-    assert!(r.is_err() && waited < Duration::from_secs(5), "{r:?} after {waited:?}");
+    assert!(
+        r.is_err() && waited < Duration::from_secs(5),
+        "{r:?} after {waited:?}"
+    );
     let err = c.get_timeout("k", Duration::from_secs(30)).unwrap_err();
     assert!(matches!(err, StoreError::Disconnected { .. }), "{err}");
 }
@@ -254,8 +364,13 @@ fn client_errors_within_timeout_when_server_hangs() {
         drop(conn);
     });
     let start = Instant::now();
-    let opts = ClientOptions { timeout: Duration::from_millis(500), ..Default::default() };
-    let err = StoreClient::connect(&addr, opts).err().expect("must time out");
+    let opts = ClientOptions {
+        timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let err = StoreClient::connect(&addr, opts)
+        .err()
+        .expect("must time out");
     let waited = start.elapsed();
     assert!(waited < Duration::from_millis(2500), "took {waited:?}");
     assert!(err.to_string().contains("no reply within"), "{err}");
@@ -282,28 +397,44 @@ fn connect_gives_up_at_deadline_naming_address() {
     let addr = probe.local_addr().unwrap().to_string();
     drop(probe);
     let start = Instant::now();
-    let opts = ClientOptions { connect_timeout: Duration::from_millis(400), ..Default::default() };
+    let opts = ClientOptions {
+        connect_timeout: Duration::from_millis(400),
+        ..Default::default()
+    };
     let err = StoreClient::connect(&addr, opts).err().unwrap();
     assert!(start.elapsed() < Duration::from_secs(2));
-    assert!(matches!(err, StoreError::Connect { .. }) && err.to_string().contains(&addr), "{err}");
+    assert!(
+        matches!(err, StoreError::Connect { .. }) && err.to_string().contains(&addr),
+        "{err}"
+    );
 }
 
 #[test]
 fn port_in_use_is_a_clear_error() {
     let s = server();
-    let err = StoreServer::bind(s.local_addr(), ServerOptions::default()).err().unwrap().to_string();
-    assert!(err.contains("already in use") && err.contains("--master-port"), "{err}");
+    let err = StoreServer::bind(s.local_addr(), ServerOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("already in use") && err.contains("--master-port"),
+        "{err}"
+    );
 }
 
 fn read_reply(stream: &mut TcpStream) -> Option<Response> {
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let body = braid_store::protocol::read_frame(stream, 1 << 20).ok()?;
     Response::decode(&body).ok()
 }
 
 /// Reads until the server closes the connection (or 5 s pass).
 fn wait_closed(stream: &mut TcpStream) -> bool {
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let mut buf = [0u8; 4096];
     loop {
         match stream.read(&mut buf) {
@@ -323,18 +454,45 @@ fn malformed_frames_get_an_error_and_the_connection_closes() {
     let mut raw = TcpStream::connect(addr).unwrap();
     raw.write_all(&[2, 0, 0, 0, 1, 99]).unwrap();
     let reply = read_reply(&mut raw);
-    assert!(matches!(reply, Some(Response::Error { code: ErrorCode::Malformed, .. })), "{reply:?}");
+    assert!(
+        matches!(
+            reply,
+            Some(Response::Error {
+                code: ErrorCode::Malformed,
+                ..
+            })
+        ),
+        "{reply:?}"
+    );
     assert!(wait_closed(&mut raw));
     // Oversized header.
     let mut raw = TcpStream::connect(addr).unwrap();
     raw.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let reply = read_reply(&mut raw);
-    assert!(matches!(reply, Some(Response::Error { code: ErrorCode::TooLarge, .. })), "{reply:?}");
+    assert!(
+        matches!(
+            reply,
+            Some(Response::Error {
+                code: ErrorCode::TooLarge,
+                ..
+            })
+        ),
+        "{reply:?}"
+    );
     // Wrong version.
     let mut raw = TcpStream::connect(addr).unwrap();
     raw.write_all(&[2, 0, 0, 0, 7, 11]).unwrap();
     let reply = read_reply(&mut raw);
-    assert!(matches!(reply, Some(Response::Error { code: ErrorCode::VersionMismatch, .. })), "{reply:?}");
+    assert!(
+        matches!(
+            reply,
+            Some(Response::Error {
+                code: ErrorCode::VersionMismatch,
+                ..
+            })
+        ),
+        "{reply:?}"
+    );
     // The server still serves everyone else.
     client(&s).set("still", b"alive").unwrap();
 }

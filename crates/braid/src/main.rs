@@ -1,1 +1,43 @@
-fn main(){}
+//! `braid`: one binary for distributed training.
+//!
+//! Each subcommand lives in its own module under [`cmd`]; this file only
+//! parses the command line and maps results to exit codes.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// braid: distributed deep-learning training, one binary.
+#[derive(Parser)]
+#[command(
+    name = "braid",
+    version,
+    about = "braid: distributed deep-learning training in one binary",
+    after_help = "Example:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Launch(cmd::launch::LaunchArgs),
+    Store(cmd::store::StoreArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Launch(args) => cmd::launch::run(args),
+        Command::Store(args) => cmd::store::run(args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(message) => {
+            eprintln!("braid: error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! What to launch: the user's options, resolved against SLURM's variables
+//! into a [`LaunchPlan`] with every choice made and checked.
+
+use crate::error::LaunchError;
+use braid_core::slurm;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default rendezvous port, as torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// Options as the user gave them; `None` means "not given".
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Workers to start on this node.
+    pub nproc_per_node: usize,
+    /// Number of nodes (launchers) in the job.
+    pub nnodes: Option<usize>,
+    /// This node's rank among the nodes.
+    pub node_rank: Option<usize>,
+    /// Address of node 0, where the rendezvous store runs.
+    pub master_addr: Option<String>,
+    /// Port of the rendezvous store on node 0.
+    pub master_port: Option<u16>,
+    /// Single node on localhost with a free port.
+    pub standalone: bool,
+    /// Restarts of the whole worker group allowed after a failure.
+    pub max_restarts: u32,
+    /// How long nodes wait for each other at rendezvous.
+    pub rdzv_timeout: Duration,
+    /// Time between SIGTERM and SIGKILL when stopping workers.
+    pub grace_period: Duration,
+    /// Directory for one log file per rank.
+    pub log_dir: Option<PathBuf>,
+    /// Run identifier shared by all nodes.
+    pub run_id: Option<String>,
+    /// Address the store listens on (node 0), default the master address.
+    pub store_bind: Option<String>,
+    /// The worker program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions {
+            nproc_per_node: 1,
+            nnodes: None,
+            node_rank: None,
+            master_addr: None,
+            master_port: None,
+            standalone: false,
+            max_restarts: 0,
+            rdzv_timeout: Duration::from_secs(300),
+            grace_period: Duration::from_secs(3),
+            log_dir: None,
+            run_id: None,
+            store_bind: None,
+            command: Vec::new(),
+        }
+    }
+}
+
+/// Every launch decision, made.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    /// Workers on this node.
+    pub nproc_per_node: usize,
+    /// Nodes in the job.
+    pub nnodes: usize,
+    /// This node's rank.
+    pub node_rank: usize,
+    /// Node 0's address.
+    pub master_addr: String,
+    /// The rendezvous store's port on node 0.
+    pub master_port: u16,
+    /// Where node 0's store listens.
+    pub store_bind: String,
+    /// Restarts allowed.
+    pub max_restarts: u32,
+    /// Rendezvous timeout.
+    pub rdzv_timeout: Duration,
+    /// SIGTERM-to-SIGKILL grace period.
+    pub grace_period: Duration,
+    /// Log directory.
+    pub log_dir: Option<PathBuf>,
+    /// Proposed run id (node 0's wins).
+    pub run_id: String,
+    /// Program and arguments.
+    pub command: Vec<OsString>,
+    /// Where the node layout came from, for the start-up banner.
+    pub source: &'static str,
+}
+
+impl LaunchPlan {
+    /// `host:port` of the rendezvous store.
+    pub fn store_addr(&self) -> String {
+        braid_store::worker::join_host_port(&self.master_addr, self.master_port)
+    }
+}
+
+impl LaunchOptions {
+    /// Resolves the options against the process environment.
+    pub fn resolve(&self) -> Result<LaunchPlan, LaunchError> {
+        self.resolve_with(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    /// Resolves the options, reading variables through `env`. Flags win over
+    /// SLURM's variables, which win over the defaults.
+    pub fn resolve_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<LaunchPlan, LaunchError> {
+        let config = |m: String| LaunchError::Config(m);
+        if self.command.is_empty() {
+            return Err(config("no program to launch: put it after `--`, e.g. `braid launch --nproc-per-node 2 -- python train.py`".into()));
+        }
+        if self.nproc_per_node == 0 {
+            return Err(config("--nproc-per-node must be at least 1".into()));
+        }
+        let in_slurm = env(slurm::NNODES_VAR).is_some() && env(slurm::NODEID_VAR).is_some();
+        let parse = |name: &str, v: String| -> Result<usize, LaunchError> {
+            v.trim()
+                .parse()
+                .map_err(|_| config(format!("{name}={v:?} is not a non-negative integer")))
+        };
+        let (nnodes, node_rank, master_addr, master_port, source);
+        if self.standalone {
+            if self.nnodes.is_some_and(|n| n != 1) || self.node_rank.is_some_and(|r| r != 0) {
+                return Err(config("--standalone runs a single node on localhost: drop --nnodes/--node-rank, or drop --standalone".into()));
+            }
+            if self.master_addr.is_some() || self.master_port.is_some() {
+                return Err(config(
+                    "--standalone picks its own address and port: drop --master-addr/--master-port"
+                        .into(),
+                ));
+            }
+            nnodes = 1;
+            node_rank = 0;
+            master_addr = "127.0.0.1".to_string();
+            master_port = free_port("127.0.0.1")?;
+            source = "standalone";
+        } else {
+            nnodes = match (self.nnodes, in_slurm) {
+                (Some(n), _) => n,
+                (None, true) => parse(
+                    slurm::NNODES_VAR,
+                    env(slurm::NNODES_VAR).unwrap_or_default(),
+                )?,
+                (None, false) => 1,
+            };
+            node_rank = match (self.node_rank, in_slurm) {
+                (Some(r), _) => r,
+                (None, true) => parse(
+                    slurm::NODEID_VAR,
+                    env(slurm::NODEID_VAR).unwrap_or_default(),
+                )?,
+                (None, false) => 0,
+            };
+            master_addr = match (&self.master_addr, in_slurm) {
+                (Some(a), _) => a.clone(),
+                (None, true) => {
+                    let get = |n: &'static str| env(n);
+                    slurm::master_from_env(&get).map_err(|e| config(e.to_string()))?
+                }
+                (None, false) => "127.0.0.1".to_string(),
+            };
+            master_port = self.master_port.unwrap_or(DEFAULT_MASTER_PORT);
+            source = if in_slurm { "slurm" } else { "flags" };
+        }
+        if nnodes == 0 {
+            return Err(config("--nnodes must be at least 1".into()));
+        }
+        if node_rank >= nnodes {
+            return Err(config(format!(
+                "node rank {node_rank} is not below the number of nodes {nnodes}"
+            )));
+        }
+        if master_port == 0 {
+            return Err(config(
+                "--master-port must be 1-65535 (use --standalone for a free port)".into(),
+            ));
+        }
+        let run_id = match &self.run_id {
+            Some(id) => id.clone(),
+            None => env(slurm::JOB_ID_VAR).unwrap_or_else(random_run_id),
+        };
+        if run_id.is_empty() || run_id.contains('/') {
+            return Err(config(format!(
+                "run id {run_id:?} must be non-empty and contain no '/'"
+            )));
+        }
+        Ok(LaunchPlan {
+            nproc_per_node: self.nproc_per_node,
+            nnodes,
+            node_rank,
+            store_bind: self
+                .store_bind
+                .clone()
+                .unwrap_or_else(|| master_addr.clone()),
+            master_addr,
+            master_port,
+            max_restarts: self.max_restarts,
+            rdzv_timeout: self.rdzv_timeout,
+            grace_period: self.grace_period,
+            log_dir: self.log_dir.clone(),
+            run_id,
+            command: self.command.clone(),
+            source,
+        })
+    }
+}
+
+/// A port that is free on `host` right now (the OS picks it).
+pub fn free_port(host: &str) -> Result<u16, LaunchError> {
+    let addr = braid_store::worker::join_host_port(host, 0);
+    std::net::TcpListener::bind(&addr)
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| LaunchError::Config(format!("cannot find a free port on {host}: {e}")))
+}
+
+/// 16 hex digits from the OS's randomness (time and pid if unavailable).
+pub fn random_run_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !ok {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        bytes = (nanos ^ ((std::process::id() as u64) << 32)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn opts() -> LaunchOptions {
+        LaunchOptions {
+            command: vec!["true".into()],
+            ..Default::default()
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_are_one_local_node() {
+        let p = opts().resolve_with(env(&[])).unwrap();
+        assert_eq!(
+            (p.nnodes, p.node_rank, p.master_port),
+            (1, 0, DEFAULT_MASTER_PORT)
+        );
+        assert_eq!(p.master_addr, "127.0.0.1");
+        assert_eq!(p.store_bind, "127.0.0.1");
+        assert_eq!(p.run_id.len(), 16);
+    }
+
+    #[test]
+    fn slurm_variables_fill_the_layout() {
+        let e = env(&[
+            ("SLURM_NNODES", "4"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_PROCID", "2"),
+            ("SLURM_JOB_NODELIST", "gpu[01-04,07]"),
+            ("SLURM_JOB_ID", "777"),
+        ]);
+        let p = opts().resolve_with(e).unwrap();
+        assert_eq!((p.nnodes, p.node_rank), (4, 2));
+        assert_eq!(p.master_addr, "gpu01");
+        assert_eq!(p.run_id, "777");
+        assert_eq!(p.source, "slurm");
+    }
+
+    #[test]
+    fn flags_win_over_slurm() {
+        let e = env(&[
+            ("SLURM_NNODES", "4"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_NODELIST", "a[1-4]"),
+        ]);
+        let o = LaunchOptions {
+            nnodes: Some(2),
+            node_rank: Some(1),
+            master_addr: Some("head".into()),
+            ..opts()
+        };
+        let p = o.resolve_with(e).unwrap();
+        assert_eq!(
+            (p.nnodes, p.node_rank, p.master_addr.as_str()),
+            (2, 1, "head")
+        );
+    }
+
+    #[test]
+    fn standalone_picks_a_free_local_port() {
+        let p = LaunchOptions {
+            standalone: true,
+            ..opts()
+        }
+        .resolve_with(env(&[]))
+        .unwrap();
+        assert_eq!(p.master_addr, "127.0.0.1");
+        assert_ne!(p.master_port, 0);
+    }
+
+    #[test]
+    fn contradictions_are_explained() {
+        let err = LaunchOptions {
+            standalone: true,
+            nnodes: Some(2),
+            ..opts()
+        }
+        .resolve_with(env(&[]))
+        .unwrap_err();
+        assert!(err.to_string().contains("--standalone"), "{err}");
+        let err = LaunchOptions {
+            nnodes: Some(2),
+            node_rank: Some(2),
+            ..opts()
+        }
+        .resolve_with(env(&[]))
+        .unwrap_err();
+        assert!(err.to_string().contains("node rank 2"), "{err}");
+        let err = LaunchOptions::default().resolve_with(env(&[])).unwrap_err();
+        assert!(err.to_string().contains("after `--`"), "{err}");
+        let err = LaunchOptions {
+            nproc_per_node: 0,
+            ..opts()
+        }
+        .resolve_with(env(&[]))
+        .unwrap_err();
+        assert!(err.to_string().contains("--nproc-per-node"), "{err}");
+    }
+}

@@ -1,0 +1,12 @@
+//! The subcommands of `braid`, one module each.
+
+pub mod launch;
+pub mod store;
+
+/// Parses a positive number of seconds (`30`, `2.5`) into a duration.
+pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?} is not a number of seconds")),
+    }
+}

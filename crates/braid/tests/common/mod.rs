@@ -1,0 +1,173 @@
+//! Helpers for tests that run the real `braid` binary.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `braid` binary under test.
+pub fn braid() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_braid"));
+    c.env_remove("BRAID_STORE_TOKEN")
+        .env_remove("SLURM_NNODES")
+        .env_remove("SLURM_NODEID")
+        .env_remove("SLURM_JOB_ID");
+    c
+}
+
+/// An example program built alongside the tests.
+pub fn example(name: &str) -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_braid"));
+    bin.parent().unwrap().join("examples").join(name)
+}
+
+/// What a finished process left.
+#[derive(Debug)]
+pub struct Finished {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// A started process whose output is collected in the background.
+pub struct Running {
+    pub child: Child,
+    started: Instant,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+pub fn start(mut cmd: Command) -> Running {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    Running {
+        child,
+        started: Instant::now(),
+        out,
+        err,
+    }
+}
+
+impl Running {
+    /// Waits up to `limit`; a process still running then is killed and the
+    /// test fails, so no test can hang.
+    pub fn finish(mut self, limit: Duration) -> Finished {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let elapsed = self.started.elapsed();
+                return Finished {
+                    code: status.code(),
+                    stdout: self.out.join().unwrap(),
+                    stderr: self.err.join().unwrap(),
+                    elapsed,
+                };
+            }
+            if self.started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "process did not finish within {limit:?}\nstderr so far:\n{}",
+                    self.err.join().unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+pub fn run(cmd: Command, limit: Duration) -> Finished {
+    start(cmd).finish(limit)
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// A port that is free on loopback right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("braid-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+    /// Pids written as files `pid.*` into the directory.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for e in std::fs::read_dir(&self.0).unwrap() {
+            let e = e.unwrap();
+            if e.file_name().to_string_lossy().starts_with("pid.") {
+                if let Ok(p) = std::fs::read_to_string(e.path()).unwrap().trim().parse() {
+                    pids.push(p);
+                }
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until `n` pid files exist in `dir` (workers are up).
+pub fn wait_for_pids(dir: &TempDir, n: usize, limit: Duration) {
+    let start = Instant::now();
+    while dir.pids().len() < n {
+        assert!(
+            start.elapsed() < limit,
+            "only {} of {n} pid files after {limit:?}",
+            dir.pids().len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
