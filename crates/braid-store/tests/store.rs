@@ -505,7 +505,7 @@ mod fuzz {
         #![proptest_config(ProptestConfig {
             cases: 96,
             // Deterministic: the same cases on every run and machine.
-            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6272_6169_64),
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x0062_7261_6964),
             failure_persistence: None,
             ..ProptestConfig::default()
         })]
