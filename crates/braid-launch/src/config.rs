@@ -72,7 +72,8 @@ pub struct LaunchPlan {
     pub node_rank: usize,
     /// Node 0's address.
     pub master_addr: String,
-    /// The rendezvous store's port on node 0.
+    /// The rendezvous store's port on node 0 (0 with `--standalone` until
+    /// the store has bound a free port).
     pub master_port: u16,
     /// Where node 0's store listens.
     pub store_bind: String,
@@ -138,7 +139,9 @@ impl LaunchOptions {
             nnodes = 1;
             node_rank = 0;
             master_addr = "127.0.0.1".to_string();
-            master_port = free_port("127.0.0.1")?;
+            // 0: the store binds any free port and the launcher adopts it,
+            // leaving no window in which another process could take it.
+            master_port = 0;
             source = "standalone";
         } else {
             nnodes = match (self.nnodes, in_slurm) {
@@ -176,7 +179,7 @@ impl LaunchOptions {
                 "node rank {node_rank} is not below the number of nodes {nnodes}"
             )));
         }
-        if master_port == 0 {
+        if master_port == 0 && !self.standalone {
             return Err(config(
                 "--master-port must be 1-65535 (use --standalone for a free port)".into(),
             ));
@@ -306,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn standalone_picks_a_free_local_port() {
+    fn standalone_leaves_the_port_to_the_store() {
         let p = LaunchOptions {
             standalone: true,
             ..opts()
@@ -314,7 +317,7 @@ mod tests {
         .resolve_with(env(&[]))
         .unwrap();
         assert_eq!(p.master_addr, "127.0.0.1");
-        assert_ne!(p.master_port, 0);
+        assert_eq!(p.master_port, 0, "bound by the store itself");
     }
 
     #[test]

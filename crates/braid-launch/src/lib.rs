@@ -38,12 +38,16 @@ use supervisor::AttemptOutcome;
 /// should end with (0 when every worker of every node succeeded).
 pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> {
     process::become_subreaper();
+    let mut plan = plan.clone();
     let _server = if plan.node_rank == 0 {
         let bind = braid_store::worker::join_host_port(&plan.store_bind, plan.master_port);
-        Some(StoreServer::bind(bind.as_str(), ServerOptions::from_env())?)
+        let server = StoreServer::bind(bind.as_str(), ServerOptions::from_env())?;
+        plan.master_port = server.local_addr().port();
+        Some(server)
     } else {
         None
     };
+    let plan = &plan;
     let options = ClientOptions {
         connect_timeout: plan.rdzv_timeout,
         timeout: Duration::from_secs(30),

@@ -20,26 +20,105 @@ impl TwoHosts {
     fn create() -> Result<TwoHosts, String> {
         let id = std::process::id();
         let (a, b) = (format!("braid-{id}-a"), format!("braid-{id}-b"));
-        let (va, vb) = (format!("bv{}a", id % 100_000), format!("bv{}b", id % 100_000));
+        let (va, vb) = (
+            format!("bv{}a", id % 100_000),
+            format!("bv{}b", id % 100_000),
+        );
         let subnet = format!("10.231.{}", id % 250);
-        let hosts = TwoHosts { a: a.clone(), b: b.clone(), addr_a: format!("{subnet}.1") };
+        let hosts = TwoHosts {
+            a: a.clone(),
+            b: b.clone(),
+            addr_a: format!("{subnet}.1"),
+        };
         let steps: Vec<Vec<String>> = vec![
             vec!["netns".into(), "add".into(), a.clone()],
             vec!["netns".into(), "add".into(), b.clone()],
-            vec!["link".into(), "add".into(), va.clone(), "type".into(), "veth".into(), "peer".into(), "name".into(), vb.clone()],
-            vec!["link".into(), "set".into(), va.clone(), "netns".into(), a.clone()],
-            vec!["link".into(), "set".into(), vb.clone(), "netns".into(), b.clone()],
-            vec!["-n".into(), a.clone(), "addr".into(), "add".into(), format!("{subnet}.1/24"), "dev".into(), va.clone()],
-            vec!["-n".into(), b.clone(), "addr".into(), "add".into(), format!("{subnet}.2/24"), "dev".into(), vb.clone()],
-            vec!["-n".into(), a.clone(), "link".into(), "set".into(), va, "up".into()],
-            vec!["-n".into(), b.clone(), "link".into(), "set".into(), vb, "up".into()],
-            vec!["-n".into(), a.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
-            vec!["-n".into(), b.clone(), "link".into(), "set".into(), "lo".into(), "up".into()],
+            vec![
+                "link".into(),
+                "add".into(),
+                va.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                vb.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                va.clone(),
+                "netns".into(),
+                a.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                vb.clone(),
+                "netns".into(),
+                b.clone(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{subnet}.1/24"),
+                "dev".into(),
+                va.clone(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{subnet}.2/24"),
+                "dev".into(),
+                vb.clone(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "link".into(),
+                "set".into(),
+                va,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "link".into(),
+                "set".into(),
+                vb,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                a.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                b.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
         ];
         for step in steps {
-            let out = Command::new("ip").args(&step).output().map_err(|e| format!("cannot run `ip`: {e}"))?;
+            let out = Command::new("ip")
+                .args(&step)
+                .output()
+                .map_err(|e| format!("cannot run `ip`: {e}"))?;
             if !out.status.success() {
-                return Err(format!("`ip {}` failed: {}", step.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+                return Err(format!(
+                    "`ip {}` failed: {}",
+                    step.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
             }
         }
         Ok(hosts)
@@ -47,10 +126,32 @@ impl TwoHosts {
 
     fn launcher(&self, ns: &str, node_rank: usize, port: &str, program: &str) -> Command {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_braid"), "launch", "--nnodes", "2"])
-            .args(["--node-rank", &node_rank.to_string(), "--master-addr", &self.addr_a, "--master-port", port])
-            .args(["--nproc-per-node", "2", "--rdzv-timeout", "20", "--", program])
-            .env_remove("BRAID_STORE_TOKEN");
+        cmd.args([
+            "netns",
+            "exec",
+            ns,
+            env!("CARGO_BIN_EXE_braid"),
+            "launch",
+            "--nnodes",
+            "2",
+        ])
+        .args([
+            "--node-rank",
+            &node_rank.to_string(),
+            "--master-addr",
+            &self.addr_a,
+            "--master-port",
+            port,
+        ])
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--rdzv-timeout",
+            "20",
+            "--",
+            program,
+        ])
+        .env_remove("BRAID_STORE_TOKEN");
         cmd
     }
 }
@@ -81,11 +182,27 @@ fn launchers_on_two_network_hosts_form_one_world() {
     let hello = hello.to_str().unwrap();
     let n0 = start(hosts.launcher(&hosts.a, 0, "29500", hello));
     let n1 = start(hosts.launcher(&hosts.b, 1, "29500", hello));
-    let (f0, f1) = (n0.finish(Duration::from_secs(40)), n1.finish(Duration::from_secs(40)));
+    let (f0, f1) = (
+        n0.finish(Duration::from_secs(40)),
+        n1.finish(Duration::from_secs(40)),
+    );
     assert_eq!((f0.code, f1.code), (Some(0), Some(0)), "{f0:?}\n{f1:?}");
-    assert!(f0.stderr.contains("node 0/2 starts ranks 0..1 of 4"), "{}", f0.stderr);
-    assert!(f1.stderr.contains("node 1/2 starts ranks 2..3 of 4"), "{}", f1.stderr);
-    assert!(f1.stderr.contains(&format!("store at {}:29500", hosts.addr_a)), "{}", f1.stderr);
+    assert!(
+        f0.stderr.contains("node 0/2 starts ranks 0..1 of 4"),
+        "{}",
+        f0.stderr
+    );
+    assert!(
+        f1.stderr.contains("node 1/2 starts ranks 2..3 of 4"),
+        "{}",
+        f1.stderr
+    );
+    assert!(
+        f1.stderr
+            .contains(&format!("store at {}:29500", hosts.addr_a)),
+        "{}",
+        f1.stderr
+    );
     for f in [&f0, &f1] {
         assert_eq!(f.stdout.matches("= 6 (expected 6) ok").count(), 2, "{f:?}");
     }

@@ -114,13 +114,20 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
-/// A port that is free on loopback right now.
+/// A port that is free on loopback right now, chosen below the kernel's
+/// ephemeral range (32768+) so that no other test's client connection or
+/// port-0 listener can be handed the same port before this test binds it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A fresh temporary directory, removed on drop.
