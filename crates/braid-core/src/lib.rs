@@ -1,13 +1,21 @@
 //! Foundations shared by every braid crate.
 //!
 //! This crate sits at the bottom of the dependency graph and depends on no
-//! other braid crate. Today it holds the *worker environment contract*: the
-//! names of the variables a launcher (braid's own, torchrun or SLURM) sets for
-//! each worker, and [`WorldInfo`], which reads them back with errors that say
-//! which variable was wrong and what to do about it.
+//! other braid crate. It holds:
+//!
+//! - the *worker environment contract* ([`env`], [`world`], [`slurm`]): the
+//!   variables a launcher (braid's own, torchrun or SLURM) sets for each
+//!   worker, and [`WorldInfo`], which reads them back with errors that say
+//!   which variable was wrong and what to do about it;
+//! - element types ([`DType`], [`Element`]) and reduction operators with
+//!   their CPU kernels ([`reduce`]).
 
+pub mod dtype;
 pub mod env;
+pub mod reduce;
 pub mod slurm;
 pub mod world;
 
+pub use dtype::{DType, Element};
+pub use reduce::ReduceOp;
 pub use world::{WorldInfo, WorldInfoError};

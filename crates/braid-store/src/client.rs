@@ -73,6 +73,7 @@ struct Connection {
 pub struct StoreClient {
     conn: Arc<Mutex<Connection>>,
     addr: String,
+    local: Option<SocketAddr>,
     prefix: String,
     options: ClientOptions,
     pub(crate) barrier_generations: Mutex<std::collections::HashMap<String, u64>>,
@@ -108,6 +109,7 @@ impl StoreClient {
             backoff = (backoff * 2).min(Duration::from_millis(500));
         };
         let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().ok();
         let reader = BufReader::new(stream.try_clone().map_err(|e| StoreError::Disconnected {
             addr: addr.to_string(),
             op: "connect",
@@ -120,6 +122,7 @@ impl StoreClient {
                 broken: None,
             })),
             addr: addr.to_string(),
+            local,
             prefix: String::new(),
             options,
             barrier_generations: Default::default(),
@@ -142,6 +145,7 @@ impl StoreClient {
         StoreClient {
             conn: self.conn.clone(),
             addr: self.addr.clone(),
+            local: self.local,
             prefix: format!("{}{}", self.prefix, prefix),
             options: self.options.clone(),
             barrier_generations: Default::default(),
@@ -158,6 +162,12 @@ impl StoreClient {
     /// The server's address as given to [`connect`](Self::connect).
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// This side's address of the connection: the IP address this host uses
+    /// to reach the store, which is how braid tells hosts apart.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
     }
 
     /// This view's key prefix.

@@ -1,0 +1,341 @@
+//! [`Communicator`]: the one collective API of braid.
+//!
+//! A communicator is a group of ranks with a backend. Every operation is
+//! numbered; operations run one at a time and complete in the order they
+//! were issued, whether blocking (the methods in [`crate::api`]) or
+//! asynchronous (inside [`Communicator::scope`]). A failure that involves
+//! another rank (a timeout, a dead peer) aborts the communicator on every
+//! rank with the same reason.
+
+use crate::backend::{Backend, Ctx};
+use crate::debug::{self, OpDesc, DESC_LEN};
+use crate::error::{CommError, Result};
+use crate::health::{self, Health};
+use crate::setup::{self, BackendKind, PeerInfo, SetupCtx};
+use crate::work::Progress;
+use braid_core::WorldInfo;
+use braid_store::{StoreClient, WorkerStore};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Default timeout of every operation (`BRAID_TIMEOUT` overrides).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How to create a communicator explicitly.
+#[derive(Debug, Clone)]
+pub struct CommOptions {
+    /// Timeout of every operation and of setup.
+    pub timeout: Duration,
+    /// Backend choice.
+    pub backend: BackendKind,
+    /// Check that all ranks call the same operations (`BRAID_DEBUG=detail`).
+    pub debug: bool,
+    /// Run id (names shared-memory segments).
+    pub run_id: String,
+    /// Overrides this rank's host identity (ranks with equal identities
+    /// share memory); `BRAID_HOST_ID` does the same from the environment.
+    pub host_id: Option<String>,
+    /// Bytes per shared-memory slot half (`BRAID_SHM_HALF`).
+    pub shm_half: Option<usize>,
+}
+
+impl CommOptions {
+    /// Defaults overridden by `BRAID_TIMEOUT`, `BRAID_BACKEND`, `BRAID_DEBUG`.
+    pub fn from_env() -> Result<CommOptions> {
+        let timeout = WorldInfo::timeout_from_env(DEFAULT_TIMEOUT)
+            .map_err(|e| CommError::Setup(e.to_string()))?;
+        let backend = BackendKind::from_env().map_err(CommError::Setup)?;
+        let debug = matches!(
+            std::env::var("BRAID_DEBUG").as_deref(),
+            Ok("detail") | Ok("DETAIL") | Ok("1")
+        );
+        let run_id =
+            std::env::var(braid_core::env::BRAID_RUN_ID).unwrap_or_else(|_| "local".into());
+        Ok(CommOptions {
+            timeout,
+            backend,
+            debug,
+            run_id,
+            host_id: None,
+            shm_half: None,
+        })
+    }
+}
+
+pub(crate) struct Exec {
+    pub(crate) backend: Box<dyn Backend>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) id: String,
+    pub(crate) exec: Mutex<Exec>,
+    pub(crate) seq: AtomicU64,
+    pub(crate) health: Arc<Health>,
+    /// Store seen through the run's prefix (sub-communicators are created
+    /// under it).
+    pub(crate) run_store: StoreClient,
+    /// Store seen through this communicator's prefix.
+    pub(crate) store: StoreClient,
+    pub(crate) options: CommOptions,
+    pub(crate) backend_name: &'static str,
+    pub(crate) progress: Progress,
+    pub(crate) splits: AtomicU64,
+    /// Keeps rank 0's store server alive when it hosts one.
+    pub(crate) _worker_store: Option<WorkerStore>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.health.stop_monitor();
+    }
+}
+
+/// A group of ranks that run collectives together. Cheap to clone.
+#[derive(Clone)]
+pub struct Communicator {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Communicator {
+    /// Joins the world described by the environment that `braid launch`,
+    /// torchrun or SLURM set (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...).
+    pub fn init_from_env() -> Result<Communicator> {
+        let world = WorldInfo::from_env().map_err(|e| CommError::Setup(e.to_string()))?;
+        let store = WorkerStore::from_env(&world).map_err(|e| CommError::Setup(e.to_string()))?;
+        let mut options = CommOptions::from_env()?;
+        if let Some(id) = &world.run_id {
+            options.run_id = id.clone();
+        }
+        let run_store = store
+            .client
+            .reconnect()
+            .map_err(|e| CommError::Setup(e.to_string()))?;
+        Self::create(
+            world.rank,
+            world.world_size,
+            run_store,
+            "world",
+            options,
+            Some(store),
+        )
+    }
+
+    /// Joins a world explicitly: `store` is a client of the job's store (its
+    /// prefix separates this job from others), `rank` and `size` say who is
+    /// who. Every rank must call this with the same `size`.
+    pub fn init(
+        rank: usize,
+        size: usize,
+        store: StoreClient,
+        options: CommOptions,
+    ) -> Result<Communicator> {
+        Self::create(rank, size, store, "world", options, None)
+    }
+
+    pub(crate) fn create(
+        rank: usize,
+        size: usize,
+        run_store: StoreClient,
+        id: &str,
+        options: CommOptions,
+        worker_store: Option<WorkerStore>,
+    ) -> Result<Communicator> {
+        if size == 0 || rank >= size {
+            return Err(CommError::Setup(format!(
+                "rank {rank} is not below world size {size}"
+            )));
+        }
+        let store = run_store.with_prefix(&format!("comm/{id}/"));
+        let mut me = PeerInfo::local(&store);
+        if let Some(h) = &options.host_id {
+            me.host = h.clone();
+        }
+        let peers = setup::exchange_peers(&store, rank, size, &me, options.timeout)?;
+        let kind = setup::choose(options.backend, &peers)?;
+        let ctx = SetupCtx {
+            rank,
+            peers: &peers,
+            store: &store,
+            id,
+            run_id: &options.run_id,
+            timeout: options.timeout,
+            shm_half: options.shm_half,
+        };
+        let backend = setup::build(kind, &ctx)?;
+        let backend_name = backend.name();
+        let health = Arc::new(Health::default());
+        if let Ok(monitor_store) = store.reconnect() {
+            health::spawn_monitor(
+                health.clone(),
+                monitor_store,
+                setup::local_peers(rank, &peers),
+                rank,
+                me.host.clone(),
+            );
+        }
+        let inner = Arc::new(Inner {
+            rank,
+            size,
+            id: id.to_string(),
+            exec: Mutex::new(Exec { backend }),
+            seq: AtomicU64::new(0),
+            health,
+            run_store,
+            store,
+            options,
+            backend_name,
+            progress: Progress::default(),
+            splits: AtomicU64::new(0),
+            _worker_store: worker_store,
+        });
+        Ok(Communicator { inner })
+    }
+
+    /// This rank, `0..size`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Backend in use: `shm`, `tcp` or `hier`.
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend_name
+    }
+
+    /// Communicator id, unique within the run (`world`, `world.s0c1`, ...).
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// Timeout of each operation.
+    pub fn timeout(&self) -> Duration {
+        self.inner.options.timeout
+    }
+
+    /// Aborts the communicator on every rank with `reason`.
+    pub fn abort(&self, reason: &str) {
+        let reason = health::publish_abort(
+            &self.inner.store,
+            &format!("rank {}: {reason}", self.inner.rank),
+        );
+        self.inner.health.abort(reason);
+    }
+
+    /// Runs one operation: waits for earlier asynchronous operations, checks
+    /// consistency in debug mode, and turns failures involving peers into an
+    /// abort every rank sees.
+    pub(crate) fn run_op(
+        &self,
+        desc: OpDesc,
+        f: impl FnOnce(&mut dyn Backend, &Ctx) -> Result<()>,
+    ) -> Result<()> {
+        self.inner.progress.wait_idle();
+        self.execute(desc, f)
+    }
+
+    /// Runs an operation on the calling thread (the progress thread calls
+    /// this for queued operations).
+    pub(crate) fn execute(
+        &self,
+        mut desc: OpDesc,
+        f: impl FnOnce(&mut dyn Backend, &Ctx) -> Result<()>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let name = debug::OP_NAMES
+            .get(desc.op as usize)
+            .copied()
+            .unwrap_or("operation");
+        if inner.health.is_aborted() {
+            return Err(CommError::Aborted {
+                rank: inner.rank,
+                reason: inner.health.reason(),
+            });
+        }
+        let mut exec = inner.exec.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        desc.seq = seq;
+        let started = Instant::now();
+        let ctx = Ctx {
+            rank: inner.rank,
+            op: name,
+            seq,
+            started,
+            deadline: started + inner.options.timeout,
+            health: &inner.health,
+        };
+        let result = (|| {
+            if inner.options.debug && inner.size > 1 {
+                let mine = desc.encode();
+                let mut all = vec![0u8; DESC_LEN * inner.size];
+                let counts = vec![DESC_LEN; inner.size];
+                exec.backend.all_gather_v(&ctx, &mine, &mut all, &counts)?;
+                let descs: Vec<OpDesc> = all.chunks_exact(DESC_LEN).map(OpDesc::decode).collect();
+                if let Some(report) = debug::compare(&descs, inner.rank) {
+                    return Err(CommError::Mismatch(report));
+                }
+            }
+            f(exec.backend.as_mut(), &ctx)
+        })();
+        if let Err(e) = &result {
+            if matches!(
+                e,
+                CommError::Timeout { .. } | CommError::PeerFailed { .. } | CommError::Mismatch(_)
+            ) {
+                let reason = health::publish_abort(&inner.store, &e.to_string());
+                inner.health.abort(reason);
+            }
+        }
+        result
+    }
+
+    /// Splits into sub-communicators: ranks passing the same `color` form
+    /// one, ordered by `key` (then by rank); `None` joins none (like
+    /// `MPI_UNDEFINED`). Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let n = self.inner.splits.fetch_add(1, Ordering::SeqCst);
+        let mut mine = [0u8; 16];
+        if let Some(c) = color {
+            mine[0] = 1;
+            mine[4..8].copy_from_slice(&c.to_le_bytes());
+        }
+        mine[8..16].copy_from_slice(&key.to_le_bytes());
+        let mut all = vec![0u8; 16 * self.size()];
+        self.all_gather_bytes(&mine, &mut all)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = all
+            .chunks_exact(16)
+            .enumerate()
+            .filter(|(_, c)| {
+                c[0] == 1 && u32::from_le_bytes(c[4..8].try_into().expect("4")) == color
+            })
+            .map(|(r, c)| (i64::from_le_bytes(c[8..16].try_into().expect("8")), r))
+            .collect();
+        members.sort();
+        let new_rank = members
+            .iter()
+            .position(|(_, r)| *r == self.rank())
+            .expect("this rank has this color");
+        let id = format!("{}.s{n}c{color}", self.inner.id);
+        let store = self
+            .inner
+            .run_store
+            .reconnect()
+            .map_err(|e| CommError::Setup(e.to_string()))?;
+        Self::create(
+            new_rank,
+            members.len(),
+            store,
+            &id,
+            self.inner.options.clone(),
+            None,
+        )
+        .map(Some)
+    }
+}

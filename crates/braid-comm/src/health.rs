@@ -1,0 +1,132 @@
+//! Liveness: the shared abort flag every wait checks, and the monitor that
+//! raises it when a local peer process dies or another rank has aborted.
+//!
+//! Waits spin on data flags; checking one relaxed atomic per spin is what
+//! lets a dead peer turn into an error within seconds instead of a hang.
+//! The monitor thread watches the process ids of same-host peers and the
+//! communicator's `abort` key in the store; the first rank to notice a
+//! failure writes the reason there so that every rank reports the same
+//! root cause.
+
+use braid_store::StoreClient;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A communicator's abort state, shared by its backend and its monitor.
+#[derive(Default)]
+pub struct Health {
+    aborted: AtomicBool,
+    reason: Mutex<Option<String>>,
+    stop: AtomicBool,
+}
+
+impl Health {
+    /// Whether the communicator has been aborted.
+    #[inline]
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Relaxed)
+    }
+
+    /// Why it was aborted (the first reason given).
+    pub fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "aborted".into())
+    }
+
+    /// Marks the communicator aborted; the first reason wins.
+    pub fn abort(&self, reason: String) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(reason);
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    /// Asks the monitor thread to exit.
+    pub fn stop_monitor(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Key (under the communicator's store prefix) holding the abort reason.
+pub const ABORT_KEY: &str = "abort";
+
+/// Publishes `reason` as the communicator's abort reason unless another
+/// rank did first, and returns the reason that stands.
+pub fn publish_abort(store: &StoreClient, reason: &str) -> String {
+    match store.compare_set(ABORT_KEY, None, reason.as_bytes()) {
+        Ok(o) => o
+            .current
+            .map(|c| String::from_utf8_lossy(&c).into_owned())
+            .unwrap_or_else(|| reason.to_string()),
+        Err(_) => reason.to_string(),
+    }
+}
+
+/// A peer process on this host to watch.
+#[derive(Debug, Clone)]
+pub struct LocalPeer {
+    /// Its rank in the communicator.
+    pub rank: usize,
+    /// Its process id.
+    pub pid: u32,
+}
+
+/// Starts the monitor thread for a communicator.
+pub fn spawn_monitor(
+    health: Arc<Health>,
+    store: StoreClient,
+    peers: Vec<LocalPeer>,
+    my_rank: usize,
+    host: String,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("braid-health-{my_rank}"))
+        .spawn(move || {
+            let me = std::process::id();
+            while !health.stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                if health.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if health.is_aborted() {
+                    continue;
+                }
+                for p in &peers {
+                    if p.pid != me && !process_alive(p.pid) {
+                        let reason = format!("rank {} (pid {} on {host}) died", p.rank, p.pid);
+                        let reason = publish_abort(&store, &reason);
+                        health.abort(reason);
+                        break;
+                    }
+                }
+                if let Ok(Some(reason)) = store.try_get(ABORT_KEY) {
+                    health.abort(String::from_utf8_lossy(&reason).into_owned());
+                }
+            }
+        });
+    if spawned.is_err() {
+        // Without a monitor, waits still end at their timeout.
+    }
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
