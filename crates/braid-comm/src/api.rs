@@ -12,10 +12,13 @@ use crate::error::{CommError, Result};
 use crate::work::{Scope, Work};
 use braid_core::{DType, Element, ReduceOp};
 
+/// The body of an operation: what it does with the backend.
+pub(crate) type RunFn<'a> = Box<dyn FnOnce(&mut dyn Backend, &Ctx) -> Result<()> + Send + 'a>;
+
 /// A checked operation, ready to run on a backend.
 pub struct Call<'a> {
     pub(crate) desc: OpDesc,
-    pub(crate) run: Box<dyn FnOnce(&mut dyn Backend, &Ctx) -> Result<()> + Send + 'a>,
+    pub(crate) run: RunFn<'a>,
 }
 
 fn bytes<T: Element>(s: &[T]) -> &[u8] {

@@ -170,11 +170,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // does not return before every submitted job has completed (the
         // guard in it waits even on panic), so the borrows outlive the job
         // although its type claims 'static.
-        let run: Box<
-            dyn FnOnce(&mut dyn crate::backend::Backend, &crate::backend::Ctx) -> Result<()>
-                + Send
-                + 'static,
-        > = unsafe { std::mem::transmute(run) };
+        let run: crate::api::RunFn<'static> = unsafe { std::mem::transmute(run) };
         let done = state.clone();
         self.comm.inner.progress.enqueue(Box::new(move || {
             let r = comm.execute(desc, run);

@@ -266,7 +266,7 @@ impl Backend for ShmBackend {
     fn broadcast(&mut self, ctx: &Ctx, data: Data, root: usize) -> Result<()> {
         let rank = self.rank();
         let io = Io::new(data);
-        if rank == root && io.input != io.output as *const u8 {
+        if rank == root && !std::ptr::eq(io.input, io.output) {
             io.output(0..io.len).copy_from_slice(io.input(0..io.len));
         }
         let mut off = 0;
@@ -376,17 +376,17 @@ impl Backend for ShmBackend {
         self.ch.post(k);
         self.ch.wait_all(ctx, k)?;
         let mut max = 0;
-        for i in 0..n {
+        for (i, &expect) in rc.iter().enumerate() {
             let row = self.ch.slot(i, h, 0..8 * n);
             let counts: Vec<usize> = row
                 .chunks_exact(8)
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8")) as usize)
                 .collect();
-            if counts[rank] != rc[i] {
+            if counts[rank] != expect {
                 self.ch.finish(k, h);
                 return Err(CommError::Mismatch(format!(
-                    "rank {rank}: all_to_all #{}: rank {i} sends {} bytes to this rank, which expects {}",
-                    ctx.seq, counts[rank], rc[i]
+                    "rank {rank}: all_to_all #{}: rank {i} sends {} bytes to this rank, which expects {expect}",
+                    ctx.seq, counts[rank]
                 )));
             }
             max = max.max(counts.into_iter().max().unwrap_or(0));

@@ -114,7 +114,7 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-fn map(path: &PathBuf, len: usize, create: bool) -> Result<Segment> {
+fn map(path: &std::path::Path, len: usize, create: bool) -> Result<Segment> {
     let setup = |m: String| CommError::Setup(format!("shared memory {}: {m}", path.display()));
     let cpath =
         CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| setup(e.to_string()))?;
