@@ -416,9 +416,9 @@ mod tests {
 
     #[test]
     fn misaligned_buffers_work() {
-        let mut d = vec![0u8; 9];
+        let mut d = [0u8; 9];
         d[1..].copy_from_slice(&bytes(&[1.5f64]));
-        let mut s = vec![0u8; 9];
+        let mut s = [0u8; 9];
         s[1..].copy_from_slice(&bytes(&[2.0f64]));
         reduce_into(DType::F64, ReduceOp::Sum, &mut d[1..], &s[1..]);
         assert_eq!(bytemuck::pod_read_unaligned::<f64>(&d[1..]), 3.5);
