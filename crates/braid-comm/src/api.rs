@@ -534,6 +534,25 @@ impl Communicator {
         self.run_call(self.recv_call(buf, peer, tag)?)
     }
 
+    /// Sends `send` to `to` and receives `recv` from `from` (both tagged
+    /// `tag`) at the same time: the deadlock-free way for every rank to
+    /// exchange with neighbours (a ring shift, a halo exchange).
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &[T],
+        to: usize,
+        recv: &mut [T],
+        from: usize,
+        tag: u64,
+    ) -> Result<()> {
+        self.check_peer("send", to)?;
+        self.check_peer("recv", from)?;
+        let desc = Self::desc("send", send.len(), Some(T::DTYPE), None, Some(to));
+        self.run_op(desc, move |b, c| {
+            b.send_recv(c, bytes(send), to, bytes_mut(recv), from, tag)
+        })
+    }
+
     /// Returns once every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
         self.run_op(Self::desc("barrier", 0, None, None, None), |b, c| {

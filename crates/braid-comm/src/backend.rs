@@ -197,6 +197,18 @@ pub trait Backend: Send {
     /// Tagged point-to-point receive of exactly `buf.len()` bytes.
     fn recv(&mut self, ctx: &Ctx, buf: &mut [u8], peer: usize, tag: u64) -> Result<()>;
 
+    /// Sends `send` to `to` while receiving `recv` from `from`, both with
+    /// `tag`, without deadlocking when every rank does the same.
+    fn send_recv(
+        &mut self,
+        ctx: &Ctx,
+        send: &[u8],
+        to: usize,
+        recv: &mut [u8],
+        from: usize,
+        tag: u64,
+    ) -> Result<()>;
+
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self, ctx: &Ctx) -> Result<()>;
 }

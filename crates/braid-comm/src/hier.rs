@@ -249,6 +249,18 @@ impl Backend for HierBackend {
         self.global.recv(ctx, buf, peer, tag)
     }
 
+    fn send_recv(
+        &mut self,
+        ctx: &Ctx,
+        send: &[u8],
+        to: usize,
+        recv: &mut [u8],
+        from: usize,
+        tag: u64,
+    ) -> Result<()> {
+        self.global.send_recv(ctx, send, to, recv, from, tag)
+    }
+
     fn barrier(&mut self, ctx: &Ctx) -> Result<()> {
         self.local.barrier(ctx)?;
         if let Some(leader) = &mut self.leader {

@@ -492,6 +492,18 @@ impl Backend for P2pBackend {
         self.mesh.recv_tagged(ctx, peer, tag, buf)
     }
 
+    fn send_recv(
+        &mut self,
+        ctx: &Ctx,
+        send: &[u8],
+        to: usize,
+        recv: &mut [u8],
+        from: usize,
+        tag: u64,
+    ) -> Result<()> {
+        self.mesh.send_recv_tagged(ctx, to, send, from, recv, tag)
+    }
+
     fn barrier(&mut self, ctx: &Ctx) -> Result<()> {
         let (rank, n) = (self.rank(), self.size());
         let mut dist = 1;

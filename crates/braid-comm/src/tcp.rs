@@ -189,6 +189,31 @@ impl TcpMesh {
         self.run(ctx, KIND_P2P, tag, &mut [], &mut [Recv { peer, data }])
     }
 
+    /// Point-to-point send and receive with a user tag, progressed together.
+    pub fn send_recv_tagged(
+        &mut self,
+        ctx: &Ctx,
+        to: usize,
+        send: &[u8],
+        from: usize,
+        recv: &mut [u8],
+        tag: u64,
+    ) -> Result<()> {
+        self.run(
+            ctx,
+            KIND_P2P,
+            tag,
+            &mut [Send {
+                peer: to,
+                data: send,
+            }],
+            &mut [Recv {
+                peer: from,
+                data: recv,
+            }],
+        )
+    }
+
     fn peer(&mut self, ctx: &Ctx, j: usize) -> Result<&mut Peer> {
         match self.peers.get_mut(j) {
             Some(Some(p)) => Ok(p),

@@ -272,7 +272,7 @@ fn movement<T: Element>(c: &Communicator, counts: &[usize], salt: usize) {
 
 const SMALL: [usize; 5] = [0, 1, 2, 7, 1031];
 /// Beyond the latency path and across several slot pieces (16 KiB halves).
-const LARGE: [usize; 2] = [12_289, 65_537];
+const LARGE: [usize; 2] = [12_289, 90_001];
 
 fn everything(c: Communicator) {
     let all_ops = ReduceOp::ALL;

@@ -24,6 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Launch(cmd::launch::LaunchArgs),
+    Bench(cmd::bench::BenchArgs),
     Store(cmd::store::StoreArgs),
 }
 
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Launch(args) => cmd::launch::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
         Command::Store(args) => cmd::store::run(args),
     };
     match result {

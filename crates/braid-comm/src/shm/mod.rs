@@ -490,6 +490,18 @@ impl Backend for ShmBackend {
         p2p::recv(&self.ch, &mut self.pending, ctx, peer, tag, buf)
     }
 
+    fn send_recv(
+        &mut self,
+        ctx: &Ctx,
+        send: &[u8],
+        to: usize,
+        recv: &mut [u8],
+        from: usize,
+        tag: u64,
+    ) -> Result<()> {
+        p2p::send_recv(&self.ch, &mut self.pending, ctx, to, send, from, tag, recv)
+    }
+
     fn barrier(&mut self, ctx: &Ctx) -> Result<()> {
         let (k, h) = self.ch.begin(ctx)?;
         self.ch.post(k);

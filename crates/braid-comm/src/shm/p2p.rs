@@ -120,3 +120,160 @@ fn check_len(ctx: &Ctx, src: usize, len: usize, want: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// Progress state of one direction of a [`send_recv`].
+struct Stream<'a> {
+    header: [u8; 16],
+    /// Bytes of header + payload moved so far.
+    moved: usize,
+    payload: &'a [u8],
+}
+
+/// Moves as many bytes as the ring to `dst` has room for; returns how many.
+fn try_write(ch: &Channel, dst: usize, s: &mut Stream) -> usize {
+    let (head, tail, data) = ch.ring(ch.rank, dst);
+    let cap = ch.layout.ring as u64;
+    let mut h = head.get();
+    let t = tail.get();
+    let mut total = 0;
+    while s.moved < 16 + s.payload.len() && h - t < cap {
+        let free = (cap - (h - t)) as usize;
+        let at = (h % cap) as usize;
+        let src: &[u8] = if s.moved < 16 {
+            &s.header[s.moved..]
+        } else {
+            &s.payload[s.moved - 16..]
+        };
+        let n = free.min(src.len()).min(ch.layout.ring - at);
+        // SAFETY: as in `write`: [at, at + n) is free space of this ring.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), n) };
+        h += n as u64;
+        s.moved += n;
+        total += n;
+    }
+    if total > 0 {
+        head.post(h);
+    }
+    total
+}
+
+/// Takes up to `out.len()` available bytes from the ring from `src`.
+fn try_read(ch: &Channel, src: usize, out: &mut [u8]) -> usize {
+    let (head, tail, data) = ch.ring(src, ch.rank);
+    let cap = ch.layout.ring as u64;
+    let mut t = tail.get();
+    let h = head.get();
+    let mut done = 0;
+    while done < out.len() && h > t {
+        let at = (t % cap) as usize;
+        let n = ((h - t) as usize)
+            .min(out.len() - done)
+            .min(ch.layout.ring - at);
+        // SAFETY: as in `read`: these bytes were published by the sender.
+        unsafe { std::ptr::copy_nonoverlapping(data.add(at), out[done..].as_mut_ptr(), n) };
+        t += n as u64;
+        done += n;
+    }
+    if done > 0 {
+        tail.post(t);
+    }
+    done
+}
+
+/// Sends `payload` to `dst` while receiving the message tagged `tag` from
+/// `src` into `out`, interleaving both so that rings never deadlock.
+#[allow(clippy::too_many_arguments)]
+pub fn send_recv(
+    ch: &Channel,
+    pending: &mut Pending,
+    ctx: &Ctx,
+    dst: usize,
+    payload: &[u8],
+    src: usize,
+    tag: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    let mut header = [0u8; 16];
+    header[..8].copy_from_slice(&tag.to_le_bytes());
+    header[8..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    let mut tx = Stream {
+        header,
+        moved: 0,
+        payload,
+    };
+    // Receive side: maybe already pending.
+    let q = pending.queue(src);
+    let mut rx_done = false;
+    if let Some(pos) = q.iter().position(|(t, _)| *t == tag) {
+        let (_, data) = q.remove(pos).expect("position is valid");
+        check_len(ctx, src, data.len(), out.len())?;
+        out.copy_from_slice(&data);
+        rx_done = true;
+    }
+    let mut rx_header = [0u8; 16];
+    let mut rx_header_got = 0;
+    // Some(len) once a header is read: Ok(out) for ours, Err(buffer) for another tag.
+    let mut rx_body: Option<(u64, Vec<u8>, bool)> = None;
+    let mut rx_got = 0;
+    let mut idle = 0u32;
+    loop {
+        let tx_done = tx.moved == 16 + payload.len();
+        if tx_done && rx_done {
+            return Ok(());
+        }
+        let mut progressed = 0;
+        if !tx_done {
+            progressed += try_write(ch, dst, &mut tx);
+        }
+        if !rx_done {
+            if rx_header_got < 16 {
+                let n = try_read(ch, src, &mut rx_header[rx_header_got..]);
+                rx_header_got += n;
+                progressed += n;
+                if rx_header_got == 16 {
+                    let mtag = u64::from_le_bytes(rx_header[..8].try_into().expect("8 bytes"));
+                    let len =
+                        u64::from_le_bytes(rx_header[8..].try_into().expect("8 bytes")) as usize;
+                    if mtag == tag {
+                        check_len(ctx, src, len, out.len())?;
+                        rx_body = Some((mtag, Vec::new(), true));
+                    } else {
+                        rx_body = Some((mtag, vec![0u8; len], false));
+                    }
+                    rx_got = 0;
+                }
+            }
+            if let Some((mtag, buf, ours)) = &mut rx_body {
+                let target: &mut [u8] = if *ours {
+                    &mut out[rx_got..]
+                } else {
+                    &mut buf[rx_got..]
+                };
+                let n = try_read(ch, src, target);
+                rx_got += n;
+                progressed += n;
+                let want = if *ours { out.len() } else { buf.len() };
+                if rx_got == want {
+                    if *ours {
+                        rx_done = true;
+                    } else {
+                        pending.queue(src).push_back((*mtag, std::mem::take(buf)));
+                    }
+                    rx_body = None;
+                    rx_header_got = 0;
+                }
+            }
+        }
+        if progressed == 0 {
+            idle += 1;
+            if idle > 64 {
+                ctx.check(|| vec![src, dst])?;
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            } else {
+                std::thread::yield_now();
+            }
+        } else {
+            idle = 0;
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The subcommands of `braid`, one module each.
 
+pub mod bench;
 pub mod launch;
 pub mod store;
 
