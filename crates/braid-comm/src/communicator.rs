@@ -288,8 +288,18 @@ impl Communicator {
                 e,
                 CommError::Timeout { .. } | CommError::PeerFailed { .. } | CommError::Mismatch(_)
             ) {
-                let reason = health::publish_abort(&inner.store, &e.to_string());
-                inner.health.abort(reason);
+                // The first failure any rank reported is the root cause; a
+                // rank that only saw its consequence (a neighbour leaving)
+                // reports that root cause.
+                let mine = e.to_string();
+                let standing = health::publish_abort(&inner.store, &mine);
+                inner.health.abort(standing.clone());
+                if standing != mine && !matches!(e, CommError::Mismatch(_)) {
+                    return Err(CommError::Aborted {
+                        rank: inner.rank,
+                        reason: format!("{standing} (first failure; this rank then saw: {mine})"),
+                    });
+                }
             }
         }
         result

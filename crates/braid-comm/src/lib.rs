@@ -36,6 +36,7 @@ pub mod setup;
 pub mod shm;
 pub mod tcp;
 pub mod tuning;
+pub mod verify;
 pub mod work;
 
 pub use braid_core::{DType, Element, ReduceOp};

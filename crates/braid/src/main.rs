@@ -26,6 +26,7 @@ enum Command {
     Launch(cmd::launch::LaunchArgs),
     Bench(cmd::bench::BenchArgs),
     Store(cmd::store::StoreArgs),
+    Verify(cmd::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,7 +35,9 @@ fn main() -> ExitCode {
         Command::Launch(args) => cmd::launch::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Store(args) => cmd::store::run(args),
+        Command::Verify(args) => cmd::verify::run(args),
     };
+    cmd::workers::finish();
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(message) => {

@@ -54,9 +54,9 @@ pub struct BenchArgs {
     /// Also write the results as JSON to FILE (rank 0).
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
-    /// Backend: auto, shm, tcp, hier.
-    #[arg(long, default_value = "auto")]
-    backend: String,
+    /// Backend: auto, shm, tcp, hier (default: BRAID_BACKEND, else auto).
+    #[arg(long)]
+    backend: Option<String>,
     /// Algorithm for the tcp backend: ring or tree (sets BRAID_ALGO).
     #[arg(long)]
     algo: Option<String>,
@@ -101,7 +101,11 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     }
     let dtype = DType::parse(&args.dtype)?;
     let redop = ReduceOp::parse(&args.redop)?;
-    let backend = BackendKind::parse(&args.backend)?;
+    let backend = args
+        .backend
+        .as_deref()
+        .map(BackendKind::parse)
+        .transpose()?;
     if args.factor < 2 && args.min_bytes != args.max_bytes {
         return Err("-f must be at least 2".into());
     }
@@ -109,15 +113,17 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         braid_comm::tuning::Algo::parse(algo)?;
     }
     if let Some(np) = args.np {
-        return spawn_workers(np, &args);
+        return super::workers::relaunch_locally(np);
     }
     if let Some(algo) = &args.algo {
         // SAFETY-free: set before any thread reads the environment.
         std::env::set_var("BRAID_ALGO", algo);
     }
     let mut options = CommOptions::from_env().map_err(|e| e.to_string())?;
-    options.backend = backend;
-    let comm = init(options)?;
+    if let Some(b) = backend {
+        options.backend = b;
+    }
+    let comm = super::workers::init(options)?;
     if args.root >= comm.size() {
         return Err(format!(
             "--root {} is not below the world size {}",
@@ -134,51 +140,6 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         DType::I64 => bench::<i64>(&comm, &args, redop),
         DType::U8 => bench::<u8>(&comm, &args, redop),
     }
-}
-
-fn init(options: CommOptions) -> Result<Communicator, String> {
-    let world = braid_core::WorldInfo::from_env()
-        .map_err(|e| format!("{e}\n(run under `braid launch`, or pass --np N)"))?;
-    let store = braid_store::WorkerStore::from_env(&world).map_err(|e| e.to_string())?;
-    let client = store.client.reconnect().map_err(|e| e.to_string())?;
-    let comm = Communicator::init(world.rank, world.world_size, client, options)
-        .map_err(|e| e.to_string())?;
-    // Keep rank 0's store (when it hosts one) alive for the whole run.
-    std::mem::forget(store);
-    Ok(comm)
-}
-
-/// Re-runs this command under the launcher with `np` local workers.
-fn spawn_workers(np: usize, args: &BenchArgs) -> Result<i32, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the braid executable: {e}"))?;
-    let mut command: Vec<std::ffi::OsString> = vec![exe.into(), "bench".into()];
-    let mut skip = false;
-    for a in std::env::args_os().skip(2) {
-        if skip {
-            skip = false;
-            continue;
-        }
-        let s = a.to_string_lossy();
-        if s == "--np" {
-            skip = true;
-            continue;
-        }
-        if s.starts_with("--np=") {
-            continue;
-        }
-        command.push(a);
-    }
-    let _ = args;
-    let options = braid_launch::LaunchOptions {
-        nproc_per_node: np,
-        standalone: true,
-        command,
-        ..Default::default()
-    };
-    let plan = options.resolve().map_err(|e| e.to_string())?;
-    let signals = braid_launch::Signals::install().map_err(|e| e.to_string())?;
-    braid_launch::launch(&plan, &signals).map_err(|e| e.to_string())
 }
 
 /// nccl-tests' bus-bandwidth factor.

@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod launch;
 pub mod store;
+pub mod verify;
+pub mod workers;
 
 /// Parses a positive number of seconds (`30`, `2.5`) into a duration.
 pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
