@@ -240,16 +240,25 @@ pub fn reduce_many(
             bf16::from_f32,
         ),
         _ => {
-            let mut rest = srcs;
-            if !include_dst {
-                let Some((first, tail)) = srcs.split_first() else {
-                    return;
-                };
-                dst.copy_from_slice(first);
-                rest = tail;
-            }
-            for s in rest {
-                reduce_into(dtype, op, dst, s);
+            // Block by block, so the destination block stays in L1 while
+            // every source streams through once.
+            let block = (16 << 10) / dtype.size() * dtype.size();
+            let mut start = 0;
+            while start < dst.len() {
+                let end = (start + block).min(dst.len());
+                let d = &mut dst[start..end];
+                let mut rest = srcs;
+                if !include_dst {
+                    let Some((first, tail)) = srcs.split_first() else {
+                        return;
+                    };
+                    d.copy_from_slice(&first[start..end]);
+                    rest = tail;
+                }
+                for s in rest {
+                    reduce_into(dtype, op, d, &s[start..end]);
+                }
+                start = end;
             }
             if let Some(n) = divisor {
                 divide(dtype, dst, n);

@@ -180,24 +180,32 @@ impl ShmBackend {
                 r.start * es..r.end * es
             };
             let (ka, h) = self.ch.begin(ctx)?;
+            let mine = sub(rank);
+            // Peers need every part of this piece but our own: copy the rest.
             self.ch
-                .own_slot(h, 0..p)
-                .copy_from_slice(io.input(off..off + p));
+                .own_slot(h, 0..mine.start)
+                .copy_from_slice(io.input(off..off + mine.start));
+            self.ch
+                .own_slot(h, mine.end..p)
+                .copy_from_slice(io.input(off + mine.end..off + p));
             self.ch.post(ka);
             self.ch.wait_all(ctx, ka)?;
-            let mine = sub(rank);
             {
-                let srcs: Vec<&[u8]> = (0..n)
-                    .filter(|j| *j != rank)
-                    .map(|j| self.ch.slot(j, h, mine.clone()))
-                    .collect();
+                // Our part: our own input (read in place) and every peer's.
+                let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
+                srcs.push(io.input(off + mine.start..off + mine.end));
+                srcs.extend(
+                    (0..n)
+                        .filter(|j| *j != rank)
+                        .map(|j| self.ch.slot(j, h, mine.clone())),
+                );
                 reduce::reduce_many(
                     dtype,
                     op,
                     self.ch.own_slot(h, mine.clone()),
                     &srcs,
                     Some(n),
-                    true,
+                    false,
                 );
             }
             let kb = self.ch.continue_round();
