@@ -1,20 +1,17 @@
 //! The course's "distributed hello world", on braid.
 //!
-//! Every rank says who it is, meets the others at a barrier in the
-//! rendezvous store, and adds its rank to a shared counter; after a second
-//! barrier every rank reads the sum and checks it against 0 + 1 + … + (N-1).
-//!
-//! Run it through the launcher:
+//! Every rank says who it is, joins the world's communicator, and
+//! all-reduces a tensor holding its rank: afterwards every element on every
+//! rank is 0 + 1 + … + (N-1). The communicator picks shared memory, tcp or
+//! both from where the ranks run.
 //!
 //! ```text
 //! cargo build --release --bins --examples
 //! ./target/release/braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello
 //! ```
 
-use braid_core::WorldInfo;
-use braid_store::WorkerStore;
+use braid_comm::{Communicator, ReduceOp};
 use std::process::ExitCode;
-use std::time::Duration;
 
 fn main() -> ExitCode {
     match run() {
@@ -27,30 +24,27 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let world = WorldInfo::from_env()?;
+    let comm = Communicator::init_from_env()?;
+    let (rank, size) = (comm.rank(), comm.size());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     println!(
-        "Hello from rank {}/{} (local rank {} on node {}, host {})",
-        world.rank,
-        world.world_size,
-        world.local_rank,
-        world.node_rank,
-        host.trim()
+        "Hello from rank {rank}/{size} on {} ({} backend)",
+        host.trim(),
+        comm.backend_name()
     );
-    let store = WorkerStore::from_env(&world)?;
-    let timeout = WorldInfo::timeout_from_env(Duration::from_secs(60))?;
-    let (rank, size) = (world.rank, world.world_size);
-    store.client.barrier("hello", rank, size, timeout)?;
-    store.client.add("rank_sum", rank as i64)?;
-    store.client.barrier("summed", rank, size, timeout)?;
-    let sum: i64 = String::from_utf8(store.client.get("rank_sum")?)?.parse()?;
-    let expected = (size * (size - 1) / 2) as i64;
-    if sum != expected {
-        return Err(format!("rank {rank}: sum of ranks is {sum}, expected {expected}").into());
+    let mut tensor = vec![rank as f32; 10];
+    comm.all_reduce(&mut tensor, ReduceOp::Sum)?;
+    let expected = (size * (size - 1) / 2) as f32;
+    if tensor.iter().any(|x| *x != expected) {
+        return Err(format!(
+            "rank {rank}: all-reduce gave {tensor:?}, expected {expected} everywhere"
+        )
+        .into());
     }
-    println!("Rank {rank}: sum of ranks over the store = {sum} (expected {expected}) ok");
-    // Rank 0 may host the store when there is no launcher: keep it up until
-    // every rank has read the sum.
-    store.client.barrier("bye", rank, size, timeout)?;
+    println!(
+        "Rank {rank}: after all_reduce: {} (expected {expected}) ok",
+        tensor[0]
+    );
+    comm.barrier()?;
     Ok(())
 }

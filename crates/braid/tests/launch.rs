@@ -63,7 +63,7 @@ fn every_contract_variable_is_set() {
 }
 
 #[test]
-fn hello_example_sums_ranks_through_the_store() {
+fn hello_example_all_reduces_ranks() {
     let mut cmd = braid();
     cmd.args(["launch", "--standalone", "--nproc-per-node", "4", "--"])
         .arg(example("hello"));
@@ -71,7 +71,7 @@ fn hello_example_sums_ranks_through_the_store() {
     assert_eq!(f.code, Some(0), "{f:?}");
     assert_eq!(
         f.stdout
-            .matches("sum of ranks over the store = 6 (expected 6) ok")
+            .matches("after all_reduce: 6 (expected 6) ok")
             .count(),
         4,
         "{f:?}"
@@ -96,7 +96,10 @@ fn hello_example_runs_without_the_launcher() {
     for r in ranks {
         let f = r.finish(LIMIT);
         assert_eq!(f.code, Some(0), "{f:?}");
-        assert!(f.stdout.contains("= 3 (expected 3) ok"), "{f:?}");
+        assert!(
+            f.stdout.contains("after all_reduce: 3 (expected 3) ok"),
+            "{f:?}"
+        );
     }
 }
 
@@ -432,7 +435,13 @@ fn two_launchers_run_hello_across_nodes() {
     let n1 = start(node(&port, "2", 1, "2", &[], hello));
     for f in [n0.finish(LIMIT), n1.finish(LIMIT)] {
         assert_eq!(f.code, Some(0), "{f:?}");
-        assert_eq!(f.stdout.matches("= 6 (expected 6) ok").count(), 2, "{f:?}");
+        assert_eq!(
+            f.stdout
+                .matches("after all_reduce: 6 (expected 6) ok")
+                .count(),
+            2,
+            "{f:?}"
+        );
     }
 }
 
@@ -591,4 +600,16 @@ fn help_has_purpose_and_example() {
     let f = run(cmd, LIMIT);
     assert_eq!(f.code, Some(2));
     assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn profile_comm_example_reports_every_size() {
+    let mut cmd = braid();
+    cmd.args(["launch", "--standalone", "--nproc-per-node", "2", "--"])
+        .arg(example("profile_comm"));
+    let f = run(cmd, LIMIT);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    for size in ["1000 |", "10000 |", "100000 |", "1000000 |", "10000000 |"] {
+        assert!(f.stdout.contains(size), "missing size {size}: {}", f.stdout);
+    }
 }

@@ -17,14 +17,18 @@ struct TwoHosts {
 }
 
 impl TwoHosts {
-    fn create() -> Result<TwoHosts, String> {
+    /// `which` tells apart the host pairs of tests running at once.
+    fn create(which: u32) -> Result<TwoHosts, String> {
         let id = std::process::id();
-        let (a, b) = (format!("braid-{id}-a"), format!("braid-{id}-b"));
-        let (va, vb) = (
-            format!("bv{}a", id % 100_000),
-            format!("bv{}b", id % 100_000),
+        let (a, b) = (
+            format!("braid-{id}-{which}a"),
+            format!("braid-{id}-{which}b"),
         );
-        let subnet = format!("10.231.{}", id % 250);
+        let (va, vb) = (
+            format!("bv{}{which}a", id % 10_000),
+            format!("bv{}{which}b", id % 10_000),
+        );
+        let subnet = format!("10.{}.{}", 231 + which, id % 250);
         let hosts = TwoHosts {
             a: a.clone(),
             b: b.clone(),
@@ -124,7 +128,7 @@ impl TwoHosts {
         Ok(hosts)
     }
 
-    fn launcher(&self, ns: &str, node_rank: usize, port: &str, program: &str) -> Command {
+    fn launcher(&self, ns: &str, node_rank: usize, port: &str, program: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args([
             "netns",
@@ -143,15 +147,10 @@ impl TwoHosts {
             "--master-port",
             port,
         ])
-        .args([
-            "--nproc-per-node",
-            "2",
-            "--rdzv-timeout",
-            "20",
-            "--",
-            program,
-        ])
-        .env_remove("BRAID_STORE_TOKEN");
+        .args(["--nproc-per-node", "2", "--rdzv-timeout", "20", "--"])
+        .args(program)
+        .env_remove("BRAID_STORE_TOKEN")
+        .env_remove("BRAID_BACKEND");
         cmd
     }
 }
@@ -169,19 +168,28 @@ fn skip(why: &str) {
     let _ = writeln!(std::io::stderr(), "netns test skipped: {why}");
 }
 
+/// Two namespaced hosts, or `None` after saying why the test is skipped.
+fn two_hosts(id: u32) -> Option<TwoHosts> {
+    if !nix::unistd::geteuid().is_root() {
+        skip("not running as root (network namespaces need CAP_NET_ADMIN)");
+        return None;
+    }
+    match TwoHosts::create(id) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            skip(&e);
+            None
+        }
+    }
+}
+
 #[test]
 fn launchers_on_two_network_hosts_form_one_world() {
-    if !nix::unistd::geteuid().is_root() {
-        return skip("not running as root (network namespaces need CAP_NET_ADMIN)");
-    }
-    let hosts = match TwoHosts::create() {
-        Ok(h) => h,
-        Err(e) => return skip(&e),
-    };
+    let Some(hosts) = two_hosts(0) else { return };
     let hello = example("hello");
     let hello = hello.to_str().unwrap();
-    let n0 = start(hosts.launcher(&hosts.a, 0, "29500", hello));
-    let n1 = start(hosts.launcher(&hosts.b, 1, "29500", hello));
+    let n0 = start(hosts.launcher(&hosts.a, 0, "29500", &[hello]));
+    let n1 = start(hosts.launcher(&hosts.b, 1, "29500", &[hello]));
     let (f0, f1) = (
         n0.finish(Duration::from_secs(40)),
         n1.finish(Duration::from_secs(40)),
@@ -204,6 +212,34 @@ fn launchers_on_two_network_hosts_form_one_world() {
         f1.stderr
     );
     for f in [&f0, &f1] {
-        assert_eq!(f.stdout.matches("= 6 (expected 6) ok").count(), 2, "{f:?}");
+        assert_eq!(
+            f.stdout
+                .matches("after all_reduce: 6 (expected 6) ok")
+                .count(),
+            2,
+            "{f:?}"
+        );
+    }
+}
+
+#[test]
+fn collectives_across_two_network_hosts_use_the_hierarchical_backend() {
+    let Some(hosts) = two_hosts(1) else { return };
+    let braid = env!("CARGO_BIN_EXE_braid");
+    let n0 = start(hosts.launcher(&hosts.a, 0, "29501", &[braid, "verify"]));
+    let n1 = start(hosts.launcher(&hosts.b, 1, "29501", &[braid, "verify"]));
+    let (f0, f1) = (
+        n0.finish(Duration::from_secs(60)),
+        n1.finish(Duration::from_secs(60)),
+    );
+    assert_eq!((f0.code, f1.code), (Some(0), Some(0)), "{f0:?}\n{f1:?}");
+    for f in [&f0, &f1] {
+        assert_eq!(
+            f.stdout
+                .matches("/4: every collective verified on the hier backend")
+                .count(),
+            2,
+            "{f:?}"
+        );
     }
 }

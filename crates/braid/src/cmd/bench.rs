@@ -447,11 +447,7 @@ fn count_wrong<T: Element>(
     };
     match op {
         "all_reduce" => (0..count).for_each(|i| expect(out[i], reduced::<T>(n, i, redop))),
-        "reduce" => {
-            if r == root {
-                (0..count).for_each(|i| expect(out[i], reduced::<T>(n, i, redop)))
-            }
-        }
+        "reduce" if r == root => (0..count).for_each(|i| expect(out[i], reduced::<T>(n, i, redop))),
         "broadcast" => (0..count).for_each(|i| expect(out[i], input_of(root, i))),
         "all_gather" => (0..n * count).for_each(|j| expect(out[j], input_of(j / count, j % count))),
         "reduce_scatter" => {
@@ -461,10 +457,8 @@ fn count_wrong<T: Element>(
         "all_to_all" => {
             (0..n * count).for_each(|j| expect(out[j], input_of(j / count, r * count + j % count)))
         }
-        "gather" => {
-            if r == root {
-                (0..n * count).for_each(|j| expect(out[j], input_of(j / count, j % count)))
-            }
+        "gather" if r == root => {
+            (0..n * count).for_each(|j| expect(out[j], input_of(j / count, j % count)))
         }
         "scatter" => (0..count).for_each(|i| expect(out[i], input_of(root, r * count + i))),
         "sendrecv" => (0..count).for_each(|i| expect(out[i], input_of((r + n - 1) % n, i))),
