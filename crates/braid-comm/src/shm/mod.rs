@@ -14,6 +14,7 @@
 pub mod channel;
 pub mod flag;
 pub mod p2p;
+pub mod parallel;
 pub mod segment;
 
 use crate::backend::{chunk_range, displacements, Backend, Ctx, Data};
@@ -92,6 +93,7 @@ fn env_bytes(name: &str, default: usize) -> Result<usize> {
 pub struct ShmBackend {
     ch: Channel,
     pending: p2p::Pending,
+    helpers: parallel::Helpers,
 }
 
 impl ShmBackend {
@@ -119,6 +121,7 @@ impl ShmBackend {
         Ok(ShmBackend {
             ch: Channel::new(seg, layout, s.rank),
             pending: p2p::Pending::default(),
+            helpers: parallel::Helpers::for_ranks(n),
         })
     }
 
@@ -182,31 +185,16 @@ impl ShmBackend {
             let (ka, h) = self.ch.begin(ctx)?;
             let mine = sub(rank);
             // Peers need every part of this piece but our own: copy the rest.
-            self.ch
-                .own_slot(h, 0..mine.start)
-                .copy_from_slice(io.input(off..off + mine.start));
-            self.ch
-                .own_slot(h, mine.end..p)
-                .copy_from_slice(io.input(off + mine.end..off + p));
+            self.helpers.copy(self.ch.own_slot(h, 0..mine.start), io.input(off..off + mine.start));
+            self.helpers.copy(self.ch.own_slot(h, mine.end..p), io.input(off + mine.end..off + p));
             self.ch.post(ka);
             self.ch.wait_all(ctx, ka)?;
             {
                 // Our part: our own input (read in place) and every peer's.
                 let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
                 srcs.push(io.input(off + mine.start..off + mine.end));
-                srcs.extend(
-                    (0..n)
-                        .filter(|j| *j != rank)
-                        .map(|j| self.ch.slot(j, h, mine.clone())),
-                );
-                reduce::reduce_many(
-                    dtype,
-                    op,
-                    self.ch.own_slot(h, mine.clone()),
-                    &srcs,
-                    Some(n),
-                    false,
-                );
+                srcs.extend((0..n).filter(|j| *j != rank).map(|j| self.ch.slot(j, h, mine.clone())));
+                self.helpers.reduce(dtype, op, self.ch.own_slot(h, mine.clone()), &srcs, Some(n));
             }
             let kb = self.ch.continue_round();
             self.ch.post(kb);
@@ -214,8 +202,7 @@ impl ShmBackend {
                 self.ch.wait_all(ctx, kb)?;
                 for j in 0..n {
                     let sj = sub(j);
-                    io.output(off + sj.start..off + sj.end)
-                        .copy_from_slice(self.ch.slot(j, h, sj));
+                    self.helpers.copy(io.output(off + sj.start..off + sj.end), self.ch.slot(j, h, sj));
                 }
             }
             self.ch.finish(kb, h);
