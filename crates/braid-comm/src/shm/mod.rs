@@ -26,6 +26,8 @@ use channel::{Channel, Layout};
 
 /// Default bytes per slot half (`BRAID_SHM_HALF` overrides).
 const DEFAULT_HALF: usize = 1 << 20;
+/// Default bytes per slot half when each rank has helper threads.
+const DEFAULT_HALF_THREADED: usize = 4 << 20;
 /// Default bytes per point-to-point ring (`BRAID_SHM_RING` overrides).
 const DEFAULT_RING: usize = 1 << 20;
 /// All-reduces up to this size take the latency path.
@@ -100,9 +102,16 @@ impl ShmBackend {
     /// Maps the communicator's segment (every rank must be on this host).
     pub fn create(s: &SetupCtx) -> Result<ShmBackend> {
         let n = s.peers.len();
+        let helpers = parallel::Helpers::for_ranks(n);
+        // Bigger pieces when several threads share each piece's work.
+        let default_half = if helpers.threads() > 1 {
+            DEFAULT_HALF_THREADED
+        } else {
+            DEFAULT_HALF
+        };
         let half = match s.shm_half {
             Some(h) => h.max(4096).div_ceil(4096) * 4096,
-            None => env_bytes("BRAID_SHM_HALF", DEFAULT_HALF)?,
+            None => env_bytes("BRAID_SHM_HALF", default_half)?,
         };
         let layout = Layout {
             n,
@@ -121,7 +130,7 @@ impl ShmBackend {
         Ok(ShmBackend {
             ch: Channel::new(seg, layout, s.rank),
             pending: p2p::Pending::default(),
-            helpers: parallel::Helpers::for_ranks(n),
+            helpers,
         })
     }
 
@@ -185,16 +194,27 @@ impl ShmBackend {
             let (ka, h) = self.ch.begin(ctx)?;
             let mine = sub(rank);
             // Peers need every part of this piece but our own: copy the rest.
-            self.helpers.copy(self.ch.own_slot(h, 0..mine.start), io.input(off..off + mine.start));
-            self.helpers.copy(self.ch.own_slot(h, mine.end..p), io.input(off + mine.end..off + p));
+            self.helpers.copy(
+                self.ch.own_slot(h, 0..mine.start),
+                io.input(off..off + mine.start),
+            );
+            self.helpers.copy(
+                self.ch.own_slot(h, mine.end..p),
+                io.input(off + mine.end..off + p),
+            );
             self.ch.post(ka);
             self.ch.wait_all(ctx, ka)?;
             {
                 // Our part: our own input (read in place) and every peer's.
                 let mut srcs: Vec<&[u8]> = Vec::with_capacity(n);
                 srcs.push(io.input(off + mine.start..off + mine.end));
-                srcs.extend((0..n).filter(|j| *j != rank).map(|j| self.ch.slot(j, h, mine.clone())));
-                self.helpers.reduce(dtype, op, self.ch.own_slot(h, mine.clone()), &srcs, Some(n));
+                srcs.extend(
+                    (0..n)
+                        .filter(|j| *j != rank)
+                        .map(|j| self.ch.slot(j, h, mine.clone())),
+                );
+                self.helpers
+                    .reduce(dtype, op, self.ch.own_slot(h, mine.clone()), &srcs, Some(n));
             }
             let kb = self.ch.continue_round();
             self.ch.post(kb);
@@ -202,7 +222,10 @@ impl ShmBackend {
                 self.ch.wait_all(ctx, kb)?;
                 for j in 0..n {
                     let sj = sub(j);
-                    self.helpers.copy(io.output(off + sj.start..off + sj.end), self.ch.slot(j, h, sj));
+                    self.helpers.copy(
+                        io.output(off + sj.start..off + sj.end),
+                        self.ch.slot(j, h, sj),
+                    );
                 }
             }
             self.ch.finish(kb, h);
