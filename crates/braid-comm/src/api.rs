@@ -182,6 +182,7 @@ impl Communicator {
         tag: u64,
     ) -> Result<Call<'a>> {
         self.check_peer("send", peer)?;
+        self.check_tag("send", tag)?;
         let desc = Self::desc("send", buf.len(), Some(T::DTYPE), None, Some(peer));
         Ok(Call {
             desc,
@@ -196,11 +197,19 @@ impl Communicator {
         tag: u64,
     ) -> Result<Call<'a>> {
         self.check_peer("recv", peer)?;
+        self.check_tag("recv", tag)?;
         let desc = Self::desc("recv", buf.len(), Some(T::DTYPE), None, Some(peer));
         Ok(Call {
             desc,
             run: Box::new(move |b, c| b.recv(c, bytes_mut(buf), peer, tag)),
         })
+    }
+
+    fn check_tag(&self, op: &'static str, tag: u64) -> Result<()> {
+        if tag >= 1 << 63 {
+            return Err(self.invalid(op, format!("tag {tag} is reserved: user tags must be below 2^63")));
+        }
+        Ok(())
     }
 
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
@@ -547,6 +556,7 @@ impl Communicator {
     ) -> Result<()> {
         self.check_peer("send", to)?;
         self.check_peer("recv", from)?;
+        self.check_tag("send", tag)?;
         let desc = Self::desc("send", send.len(), Some(T::DTYPE), None, Some(to));
         self.run_op(desc, move |b, c| {
             b.send_recv(c, bytes(send), to, bytes_mut(recv), from, tag)

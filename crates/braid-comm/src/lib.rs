@@ -35,6 +35,7 @@ pub mod p2p_backend;
 pub mod setup;
 pub mod shm;
 pub mod tcp;
+pub mod transport;
 pub mod tuning;
 pub mod verify;
 pub mod work;

@@ -5,7 +5,8 @@
 
 use crate::backend::{chunk_range, displacements, Backend, Ctx, Data};
 use crate::error::Result;
-use crate::tcp::{Recv, Send, TcpMesh};
+use crate::tcp::TcpMesh;
+use crate::transport::{Recv, Send, Transport};
 use crate::tuning::{self, Algo};
 use braid_core::reduce::{self, divide};
 use braid_core::{DType, ReduceOp};
@@ -14,15 +15,16 @@ use braid_core::{DType, ReduceOp};
 /// one segment overlaps the arrival of the next.
 const SEGMENT: usize = 1 << 20;
 
-/// The tcp backend: a mesh of connections and the algorithms above.
-pub struct P2pBackend {
-    mesh: TcpMesh,
+/// The algorithms above over a [`Transport`]: the tcp backend (over
+/// [`TcpMesh`]), and shared memory's ring path (over shared-memory rings).
+pub struct P2pBackend<T: Transport = TcpMesh> {
+    mesh: T,
     forced: Option<Algo>,
 }
 
-impl P2pBackend {
-    /// Wraps a connected mesh.
-    pub fn new(mesh: TcpMesh, forced: Option<Algo>) -> Self {
+impl<T: Transport> P2pBackend<T> {
+    /// Wraps a connected transport.
+    pub fn new(mesh: T, forced: Option<Algo>) -> Self {
         P2pBackend { mesh, forced }
     }
 
@@ -280,7 +282,7 @@ fn widened(
     Ok(())
 }
 
-impl Backend for P2pBackend {
+impl<T: Transport> Backend for P2pBackend<T> {
     fn name(&self) -> &'static str {
         "tcp"
     }

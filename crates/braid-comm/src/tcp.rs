@@ -14,6 +14,7 @@
 
 use crate::backend::Ctx;
 use crate::error::{CommError, Result};
+use crate::transport::{Recv, Send, Transport};
 use braid_store::StoreClient;
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -60,22 +61,6 @@ struct Peer {
     read: ReadState,
     inbox: VecDeque<Msg>,
     closed: Option<String>,
-}
-
-/// One pending send in an [`exchange`](TcpMesh::exchange).
-pub struct Send<'a> {
-    /// Destination rank.
-    pub peer: usize,
-    /// Bytes to send.
-    pub data: &'a [u8],
-}
-
-/// One pending receive in an [`exchange`](TcpMesh::exchange).
-pub struct Recv<'a> {
-    /// Source rank.
-    pub peer: usize,
-    /// Exactly this many bytes are expected.
-    pub data: &'a mut [u8],
 }
 
 /// The mesh of one communicator.
@@ -162,56 +147,6 @@ impl TcpMesh {
                 .map_err(|e| setup(e.to_string()))?;
         }
         Ok(TcpMesh { rank, size, peers })
-    }
-
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
-    /// Number of ranks.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// Runs collective sends and receives (tagged with `ctx.seq`) to completion.
-    pub fn exchange(&mut self, ctx: &Ctx, sends: &mut [Send], recvs: &mut [Recv]) -> Result<()> {
-        self.run(ctx, KIND_COLL, ctx.seq, sends, recvs)
-    }
-
-    /// Point-to-point send with a user tag.
-    pub fn send_tagged(&mut self, ctx: &Ctx, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
-        self.run(ctx, KIND_P2P, tag, &mut [Send { peer, data }], &mut [])
-    }
-
-    /// Point-to-point receive of a message with a user tag.
-    pub fn recv_tagged(&mut self, ctx: &Ctx, peer: usize, tag: u64, data: &mut [u8]) -> Result<()> {
-        self.run(ctx, KIND_P2P, tag, &mut [], &mut [Recv { peer, data }])
-    }
-
-    /// Point-to-point send and receive with a user tag, progressed together.
-    pub fn send_recv_tagged(
-        &mut self,
-        ctx: &Ctx,
-        to: usize,
-        send: &[u8],
-        from: usize,
-        recv: &mut [u8],
-        tag: u64,
-    ) -> Result<()> {
-        self.run(
-            ctx,
-            KIND_P2P,
-            tag,
-            &mut [Send {
-                peer: to,
-                data: send,
-            }],
-            &mut [Recv {
-                peer: from,
-                data: recv,
-            }],
-        )
     }
 
     fn peer(&mut self, ctx: &Ctx, j: usize) -> Result<&mut Peer> {
@@ -613,4 +548,56 @@ fn broken(ctx: &Ctx, j: usize, peer: &mut Peer, e: std::io::Error) -> CommError 
     let why = format!("is unreachable: connection error {e}");
     peer.closed = Some(why.clone());
     ctx.peer_failed(j, why)
+}
+
+impl Transport for TcpMesh {
+    /// This rank.
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Runs collective sends and receives (tagged with `ctx.seq`) to completion.
+    fn exchange(&mut self, ctx: &Ctx, sends: &mut [Send], recvs: &mut [Recv]) -> Result<()> {
+        self.run(ctx, KIND_COLL, ctx.seq, sends, recvs)
+    }
+
+    /// Point-to-point send with a user tag.
+    fn send_tagged(&mut self, ctx: &Ctx, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        self.run(ctx, KIND_P2P, tag, &mut [Send { peer, data }], &mut [])
+    }
+
+    /// Point-to-point receive of a message with a user tag.
+    fn recv_tagged(&mut self, ctx: &Ctx, peer: usize, tag: u64, data: &mut [u8]) -> Result<()> {
+        self.run(ctx, KIND_P2P, tag, &mut [], &mut [Recv { peer, data }])
+    }
+
+    /// Point-to-point send and receive with a user tag, progressed together.
+    fn send_recv_tagged(
+        &mut self,
+        ctx: &Ctx,
+        to: usize,
+        send: &[u8],
+        from: usize,
+        recv: &mut [u8],
+        tag: u64,
+    ) -> Result<()> {
+        self.run(
+            ctx,
+            KIND_P2P,
+            tag,
+            &mut [Send {
+                peer: to,
+                data: send,
+            }],
+            &mut [Recv {
+                peer: from,
+                data: recv,
+            }],
+        )
+    }
 }

@@ -51,7 +51,7 @@ impl Layout {
 
 /// One rank's view of the segment.
 pub struct Channel {
-    seg: Segment,
+    seg: std::sync::Arc<Segment>,
     /// Segment layout.
     pub layout: Layout,
     /// This rank.
@@ -65,7 +65,7 @@ pub struct Channel {
 
 impl Channel {
     /// Wraps a mapped segment.
-    pub fn new(seg: Segment, layout: Layout, rank: usize) -> Channel {
+    pub fn new(seg: std::sync::Arc<Segment>, layout: Layout, rank: usize) -> Channel {
         assert!(
             seg.len() >= layout.total(),
             "segment smaller than its layout"
@@ -172,21 +172,32 @@ impl Channel {
         self.consumed(self.rank).post(round);
     }
 
-    /// The ring carrying bytes from `src` to `dst`: (head flag written by
-    /// `src`, tail flag written by `dst`, data).
-    pub fn ring(&self, src: usize, dst: usize) -> (&Flag, &Flag, *mut u8) {
-        let base = self.layout.ctl_bytes()
-            + self.layout.data_bytes()
-            + (src * self.layout.n + dst) * self.layout.ring_stride();
-        // SAFETY: the ring block of (src, dst) lies inside the mapping; its
-        // two flags sit on separate cache lines at 8-byte aligned offsets.
-        unsafe {
-            let p = self.seg.ptr().add(base);
-            (
-                &*(p as *const Flag),
-                &*(p.add(128) as *const Flag),
-                p.add(RING_CTL),
-            )
-        }
+    /// The mapping this channel works in.
+    pub fn segment(&self) -> std::sync::Arc<Segment> {
+        self.seg.clone()
+    }
+}
+
+/// The ring carrying bytes from `src` to `dst` in `seg`: (head flag written
+/// by `src`, tail flag written by `dst`, data of `layout.ring` bytes).
+pub fn ring<'a>(
+    seg: &'a Segment,
+    layout: &Layout,
+    src: usize,
+    dst: usize,
+) -> (&'a Flag, &'a Flag, *mut u8) {
+    assert!(src < layout.n && dst < layout.n && seg.len() >= layout.total());
+    let base =
+        layout.ctl_bytes() + layout.data_bytes() + (src * layout.n + dst) * layout.ring_stride();
+    // SAFETY: the ring block of (src, dst) lies inside the mapping (checked
+    // above); its two flags sit on separate cache lines at 8-byte aligned
+    // offsets and are only used through atomics.
+    unsafe {
+        let p = seg.ptr().add(base);
+        (
+            &*(p as *const Flag),
+            &*(p.add(128) as *const Flag),
+            p.add(RING_CTL),
+        )
     }
 }

@@ -13,12 +13,13 @@
 
 pub mod channel;
 pub mod flag;
-pub mod p2p;
 pub mod parallel;
+pub mod rings;
 pub mod segment;
 
 use crate::backend::{chunk_range, displacements, Backend, Ctx, Data};
 use crate::error::{CommError, Result};
+use crate::p2p_backend::P2pBackend;
 use crate::setup::SetupCtx;
 use braid_core::reduce;
 use braid_core::{DType, ReduceOp};
@@ -32,6 +33,9 @@ const DEFAULT_HALF_THREADED: usize = 4 << 20;
 const DEFAULT_RING: usize = 1 << 20;
 /// All-reduces up to this size take the latency path.
 const LATENCY_MAX: usize = 32 << 10;
+/// With more ranks than cores, all-reduces above the latency path and up to
+/// this size run as a ring over the point-to-point rings.
+const OVERSUBSCRIBED_RING_MAX: usize = 8 << 20;
 
 /// Input and output of an operation as raw views, so that an in-place
 /// operation can read a piece of its buffer and later write the same piece.
@@ -94,8 +98,11 @@ fn env_bytes(name: &str, default: usize) -> Result<usize> {
 /// The shm backend of one communicator.
 pub struct ShmBackend {
     ch: Channel,
-    pending: p2p::Pending,
+    /// Point-to-point traffic, and the ring algorithms over it.
+    rings: P2pBackend<rings::ShmRings>,
     helpers: parallel::Helpers,
+    /// More ranks than cores on this host.
+    oversubscribed: bool,
 }
 
 impl ShmBackend {
@@ -127,10 +134,17 @@ impl ShmBackend {
             layout.total(),
             s.timeout,
         )?;
+        let seg = std::sync::Arc::new(seg);
+        let ch = Channel::new(seg.clone(), layout, s.rank);
+        let rings = rings::ShmRings::new(seg, layout, s.rank, ch.policy);
+        let cores = std::thread::available_parallelism()
+            .map(|c| c.get())
+            .unwrap_or(1);
         Ok(ShmBackend {
-            ch: Channel::new(seg, layout, s.rank),
-            pending: p2p::Pending::default(),
+            ch,
+            rings: P2pBackend::new(rings, Some(crate::tuning::Algo::Ring)),
             helpers,
+            oversubscribed: n > cores,
         })
     }
 
@@ -265,6 +279,13 @@ impl Backend for ShmBackend {
     }
 
     fn all_reduce(&mut self, ctx: &Ctx, data: Data, dtype: DType, op: ReduceOp) -> Result<()> {
+        // With more ranks than cores, rounds in which every rank waits for
+        // every other cost a round of context switches each; a ring, where
+        // each rank waits only for its neighbour, pipelines better.
+        if self.oversubscribed && (LATENCY_MAX + 1..=OVERSUBSCRIBED_RING_MAX).contains(&data.len())
+        {
+            return self.rings.all_reduce(ctx, data, dtype, op);
+        }
         self.reduce_any(ctx, data, dtype, op, None)
     }
 
@@ -501,11 +522,11 @@ impl Backend for ShmBackend {
     }
 
     fn send(&mut self, ctx: &Ctx, buf: &[u8], peer: usize, tag: u64) -> Result<()> {
-        p2p::send(&self.ch, ctx, peer, tag, buf)
+        self.rings.send(ctx, buf, peer, tag)
     }
 
     fn recv(&mut self, ctx: &Ctx, buf: &mut [u8], peer: usize, tag: u64) -> Result<()> {
-        p2p::recv(&self.ch, &mut self.pending, ctx, peer, tag, buf)
+        self.rings.recv(ctx, buf, peer, tag)
     }
 
     fn send_recv(
@@ -517,7 +538,7 @@ impl Backend for ShmBackend {
         from: usize,
         tag: u64,
     ) -> Result<()> {
-        p2p::send_recv(&self.ch, &mut self.pending, ctx, to, send, from, tag, recv)
+        self.rings.send_recv(ctx, send, to, recv, from, tag)
     }
 
     fn barrier(&mut self, ctx: &Ctx) -> Result<()> {
