@@ -207,7 +207,10 @@ impl Communicator {
 
     fn check_tag(&self, op: &'static str, tag: u64) -> Result<()> {
         if tag >= 1 << 63 {
-            return Err(self.invalid(op, format!("tag {tag} is reserved: user tags must be below 2^63")));
+            return Err(self.invalid(
+                op,
+                format!("tag {tag} is reserved: user tags must be below 2^63"),
+            ));
         }
         Ok(())
     }

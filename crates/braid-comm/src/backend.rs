@@ -213,6 +213,24 @@ pub trait Backend: Send {
     fn barrier(&mut self, ctx: &Ctx) -> Result<()>;
 }
 
+/// Runs `f` on an f32 copy of a 16-bit float buffer and rounds the result
+/// back, so that algorithms which combine partial results step by step
+/// still accumulate f16/bf16 in f32; other dtypes run on `buf` directly.
+pub fn with_f32_accumulation(
+    buf: &mut [u8],
+    dtype: DType,
+    f: impl FnOnce(&mut [u8], DType) -> Result<()>,
+) -> Result<()> {
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return f(buf, dtype);
+    }
+    let mut wide = vec![0f32; buf.len() / 2];
+    braid_core::reduce::widen_to_f32(dtype, buf, &mut wide);
+    f(bytemuck::cast_slice_mut(&mut wide), DType::F32)?;
+    braid_core::reduce::narrow_from_f32(dtype, &wide, buf);
+    Ok(())
+}
+
 /// Chunk `j` of `n` over `len` units: the half-open unit range, as even as
 /// possible (the first `len % n` chunks get one more).
 pub fn chunk_range(len: usize, n: usize, j: usize) -> std::ops::Range<usize> {

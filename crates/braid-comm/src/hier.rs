@@ -130,22 +130,6 @@ impl HierBackend {
     }
 }
 
-/// Runs `f` on f32 copies of 16-bit data, so every stage accumulates in f32.
-fn widened(
-    buf: &mut [u8],
-    dtype: DType,
-    f: impl FnOnce(&mut [u8], DType) -> Result<()>,
-) -> Result<()> {
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        return f(buf, dtype);
-    }
-    let mut wide = vec![0f32; buf.len() / 2];
-    reduce::widen_to_f32(dtype, buf, &mut wide);
-    f(bytemuck::cast_slice_mut(&mut wide), DType::F32)?;
-    reduce::narrow_from_f32(dtype, &wide, buf);
-    Ok(())
-}
-
 impl Backend for HierBackend {
     fn name(&self) -> &'static str {
         "hier"
@@ -153,7 +137,9 @@ impl Backend for HierBackend {
 
     fn all_reduce(&mut self, ctx: &Ctx, data: Data, dtype: DType, op: ReduceOp) -> Result<()> {
         let buf = data.into_in_place();
-        widened(buf, dtype, |b, d| self.staged_all_reduce(ctx, b, d, op))
+        crate::backend::with_f32_accumulation(buf, dtype, |b, d| {
+            self.staged_all_reduce(ctx, b, d, op)
+        })
     }
 
     fn reduce(
@@ -165,7 +151,7 @@ impl Backend for HierBackend {
         root: usize,
     ) -> Result<()> {
         let mut tmp = data.input().to_vec();
-        widened(&mut tmp, dtype, |b, d| {
+        crate::backend::with_f32_accumulation(&mut tmp, dtype, |b, d| {
             self.staged_all_reduce(ctx, b, d, op)
         })?;
         if ctx.rank == root {

@@ -265,23 +265,6 @@ fn clamp(range: &std::ops::Range<usize>, offset: usize, len: usize) -> std::ops:
     start..end
 }
 
-/// Runs `f` on an f32 copy of a 16-bit buffer (so reductions accumulate in
-/// f32), then rounds the result back; other dtypes run directly.
-fn widened(
-    buf: &mut [u8],
-    dtype: DType,
-    f: impl FnOnce(&mut [u8], DType) -> Result<()>,
-) -> Result<()> {
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        return f(buf, dtype);
-    }
-    let mut wide = vec![0f32; buf.len() / 2];
-    reduce::widen_to_f32(dtype, buf, &mut wide);
-    f(bytemuck::cast_slice_mut(&mut wide), DType::F32)?;
-    reduce::narrow_from_f32(dtype, &wide, buf);
-    Ok(())
-}
-
 impl<T: Transport> Backend for P2pBackend<T> {
     fn name(&self) -> &'static str {
         "tcp"
@@ -289,7 +272,9 @@ impl<T: Transport> Backend for P2pBackend<T> {
 
     fn all_reduce(&mut self, ctx: &Ctx, data: Data, dtype: DType, op: ReduceOp) -> Result<()> {
         let buf = data.into_in_place();
-        widened(buf, dtype, |b, d| self.all_reduce_native(ctx, b, d, op))
+        crate::backend::with_f32_accumulation(buf, dtype, |b, d| {
+            self.all_reduce_native(ctx, b, d, op)
+        })
     }
 
     fn reduce(
@@ -303,7 +288,7 @@ impl<T: Transport> Backend for P2pBackend<T> {
         let (rank, n) = (self.rank(), self.size());
         let vr = (rank + n - root) % n;
         let mut acc = data.input().to_vec();
-        widened(&mut acc, dtype, |acc, d| {
+        crate::backend::with_f32_accumulation(&mut acc, dtype, |acc, d| {
             let mut tmp = vec![0u8; acc.len()];
             let mut mask = 1;
             while mask < n {
@@ -395,7 +380,7 @@ impl<T: Transport> Backend for P2pBackend<T> {
         let mut acc = send.to_vec();
         let block = recv.len();
         let mut out = vec![0u8; block];
-        widened(&mut acc, dtype, |acc, d| {
+        crate::backend::with_f32_accumulation(&mut acc, dtype, |acc, d| {
             let wb = acc.len() / n;
             let right = (rank + 1) % n;
             let left = (rank + n - 1) % n;

@@ -99,19 +99,7 @@ pub fn run(cmd: Command, limit: Duration) -> Finished {
 
 /// Whether a process with this pid exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .next()
-                .unwrap_or("");
-            state != "Z" && state != "X"
-        }
-        Err(_) => false,
-    }
+    braid_comm::health::process_alive(pid)
 }
 
 /// A port that is free on loopback right now, chosen below the kernel's
