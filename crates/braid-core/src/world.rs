@@ -51,6 +51,22 @@ pub struct WorldInfo {
     pub store_addr: Option<String>,
     /// Key prefix this attempt's workers share in the store.
     pub store_prefix: String,
+    /// Started by torchrun, whose own store already listens on
+    /// `MASTER_PORT` (`TORCHELASTIC_USE_AGENT_STORE=True`).
+    pub torchrun_agent_store: bool,
+}
+
+impl WorldInfo {
+    /// The port where rank 0 hosts braid's store when no launcher provides
+    /// one: `MASTER_PORT`, or the port after it under torchrun (whose own
+    /// store occupies `MASTER_PORT`).
+    pub fn braid_store_port(&self) -> u16 {
+        if self.torchrun_agent_store {
+            self.master_port.wrapping_add(1).max(1)
+        } else {
+            self.master_port
+        }
+    }
 }
 
 impl WorldInfo {
@@ -189,6 +205,8 @@ impl WorldInfo {
             max_restarts,
             store_addr: get(env::BRAID_STORE_ADDR),
             store_prefix,
+            torchrun_agent_store: get("TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         })
     }
 
@@ -264,6 +282,20 @@ mod tests {
         assert_eq!(info.master_port, 29500);
         assert_eq!(info.restart_count, 2);
         assert_eq!(info.store_prefix, "abc/2/");
+        assert_eq!(info.braid_store_port(), 29500);
+    }
+
+    #[test]
+    fn under_torchrun_braid_uses_the_next_port() {
+        let info = WorldInfo::from_lookup(lookup(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]))
+        .unwrap();
+        assert_eq!(info.braid_store_port(), 29501);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Under `braid launch` the launcher already runs a store and tells workers
 //! where (`BRAID_STORE_ADDR`) and under which prefix (`BRAID_STORE_PREFIX`).
 //! Without it (torchrun, srun, or variables set by hand), rank 0 hosts a
-//! store at `MASTER_ADDR:MASTER_PORT` and the others connect there.
+//! store at `MASTER_ADDR:MASTER_PORT` and the others connect there; under
+//! torchrun, whose own store holds `MASTER_PORT`, braid's uses the next
+//! port.
 
 use crate::client::{ClientOptions, StoreClient};
 use crate::error::StoreError;
@@ -35,13 +37,13 @@ impl WorkerStore {
         let (addr, hosted) = match &info.store_addr {
             Some(addr) => (addr.clone(), None),
             None => {
-                let addr = join_host_port(&info.master_addr, info.master_port);
+                let addr = join_host_port(&info.master_addr, info.braid_store_port());
                 let hosted = if info.rank == 0 {
                     let bind = std::env::var("BRAID_STORE_BIND")
                         .ok()
                         .filter(|b| !b.is_empty());
                     let bind = bind
-                        .map(|b| join_host_port(&b, info.master_port))
+                        .map(|b| join_host_port(&b, info.braid_store_port()))
                         .unwrap_or_else(|| addr.clone());
                     Some(StoreServer::bind(bind.as_str(), server)?)
                 } else {
