@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # braid's shm all-reduce against Open MPI's MPI_Allreduce on this machine,
 # interleaved in one run so both see the same machine state. Prints the
-# median of REPS runs per figure and braid/MPI ratios.
+# median of REPS runs per figure (out-of-place, as MPI's anchor measures)
+# and braid/MPI ratios.
 #   bench/cpu_vs_mpi.sh [REPS]      (needs: mpicc, mpirun; cargo build --release first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,11 +15,10 @@ for np in 2 4; do
   : > /tmp/cmp_mpi_$np; : > /tmp/cmp_braid_$np
   for rep in $(seq "$REPS"); do
     mpirun --oversubscribe --allow-run-as-root -np "$np" /tmp/braid_mpi_ar >> /tmp/cmp_mpi_$np
-    for s in 8 1M 64M; do
-      iters=200; [ "$s" = 64M ] && iters=10
-      "$BRAID" bench all_reduce --np "$np" -b "$s" -e "$s" -n "$iters" -w 5 2>/dev/null \
-        | grep '^\[rank 0\] ' | grep -v '#' | sed 's/^\[rank 0\] //' >> /tmp/cmp_braid_$np
-    done
+    # Like the MPI anchor, one process measures a sequence of sizes (8 B
+    # to 64 MB in powers of two, which include 8 B, 1 MB and 64 MB).
+    "$BRAID" bench all_reduce --np "$np" -b 8 -e 64M -f 2 -w 5 2>/dev/null \
+      | grep '^\[rank 0\] ' | grep -v '#' | sed 's/^\[rank 0\] //' >> /tmp/cmp_braid_$np
   done
   for s in 8 1048576 67108864; do
     mpi_t=$(awk -v s="bytes=$s" '$4==s {sub("time_us=","",$5); print $5}' /tmp/cmp_mpi_$np | median)
