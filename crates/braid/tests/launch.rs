@@ -583,6 +583,8 @@ fn help_has_purpose_and_example() {
         &["store", "--help"],
         &["store", "bench", "--help"],
         &["store", "serve", "--help"],
+        &["bench", "--help"],
+        &["verify", "--help"],
     ] {
         let mut cmd = braid();
         cmd.args(sub);
