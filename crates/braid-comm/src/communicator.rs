@@ -94,6 +94,10 @@ impl Drop for Inner {
 }
 
 /// A group of ranks that run collectives together. Cheap to clone.
+///
+/// Every rank must issue the same operations in the same order; issue them
+/// from one thread per communicator (as with NCCL), or the order in which
+/// two threads' operations interleave may differ between ranks.
 #[derive(Clone)]
 pub struct Communicator {
     pub(crate) inner: Arc<Inner>,

@@ -184,3 +184,30 @@ fn bench_checks_every_operation() {
         assert!(f.stdout.contains("busbw"), "{op}: {}", f.stdout);
     }
 }
+
+#[test]
+fn tcp_algorithms_can_be_forced_and_stay_correct() {
+    for algo in ["ring", "tree"] {
+        let mut cmd = braid();
+        cmd.args([
+            "bench",
+            "all_reduce",
+            "--np",
+            "3",
+            "--backend",
+            "tcp",
+            "--algo",
+            algo,
+        ])
+        .args([
+            "-b", "8", "-e", "2M", "-f", "32", "--check", "-n", "3", "-w", "1", "-o", "avg",
+        ]);
+        let f = run(cmd, Duration::from_secs(60));
+        assert_eq!(f.code, Some(0), "{algo}: {f:?}");
+        assert!(
+            f.stdout.contains("backend tcp") && f.stdout.contains("# #wrong total: 0"),
+            "{algo}: {}",
+            f.stdout
+        );
+    }
+}
