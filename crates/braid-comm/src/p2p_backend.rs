@@ -20,12 +20,19 @@ const SEGMENT: usize = 1 << 20;
 pub struct P2pBackend<T: Transport = TcpMesh> {
     mesh: T,
     forced: Option<Algo>,
+    /// Receive buffer reused across operations (no allocation, and so no
+    /// page faults, on the hot path).
+    scratch: Vec<u8>,
 }
 
 impl<T: Transport> P2pBackend<T> {
     /// Wraps a connected transport.
     pub fn new(mesh: T, forced: Option<Algo>) -> Self {
-        P2pBackend { mesh, forced }
+        P2pBackend {
+            mesh,
+            forced,
+            scratch: Vec::new(),
+        }
     }
 
     fn rank(&self) -> usize {
@@ -167,9 +174,27 @@ impl<T: Transport> P2pBackend<T> {
             let r = chunk_range(count, n, j);
             r.start * es..r.end * es
         };
+        let mut tmp = std::mem::take(&mut self.scratch);
+        tmp.resize(tmp.len().max(chunk(0).len().min(SEGMENT)), 0);
+        let result = self.ring_steps(ctx, buf, &chunk, rank, n, &mut tmp, dtype, op);
+        self.scratch = tmp;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ring_steps(
+        &mut self,
+        ctx: &Ctx,
+        buf: &mut [u8],
+        chunk: &dyn Fn(usize) -> std::ops::Range<usize>,
+        rank: usize,
+        n: usize,
+        tmp: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let right = (rank + 1) % n;
         let left = (rank + n - 1) % n;
-        let mut tmp = vec![0u8; chunk(0).len().min(SEGMENT)];
         for s in 0..n - 1 {
             let send_c = chunk((rank + n - s) % n);
             let recv_c = chunk((rank + 2 * n - s - 1) % n);
@@ -180,14 +205,14 @@ impl<T: Transport> P2pBackend<T> {
                 recv_c,
                 right,
                 left,
-                &mut tmp,
+                tmp,
                 Some((dtype, op)),
             )?;
         }
         for s in 0..n - 1 {
             let send_c = chunk((rank + 1 + n - s) % n);
             let recv_c = chunk((rank + n - s) % n);
-            self.segmented(ctx, buf, send_c, recv_c, right, left, &mut tmp, None)?;
+            self.segmented(ctx, buf, send_c, recv_c, right, left, tmp, None)?;
         }
         Ok(())
     }
@@ -213,26 +238,26 @@ impl<T: Transport> P2pBackend<T> {
         for k in 0..segments {
             let s_range = clamp(&send_c, k * seg, seg);
             let r_range = clamp(&recv_c, k * seg, seg);
-            let send_bytes = buf[s_range].to_vec();
-            let mut sends = if send_bytes.is_empty() && k > 0 {
-                vec![]
-            } else {
-                vec![Send {
-                    peer: right,
-                    data: &send_bytes,
-                }]
-            };
+            // Empty windows past the first segment carry no message.
+            let send_any = !s_range.is_empty() || k == 0;
+            let recv_any = !r_range.is_empty() || k == 0;
             match reduce_with {
                 Some((dtype, op)) => {
-                    let t = &mut tmp[..r_range.len()];
-                    let mut recvs = if r_range.is_empty() && k > 0 {
-                        vec![]
-                    } else {
-                        vec![Recv {
+                    let (send, t) = (&buf[s_range], &mut tmp[..r_range.len()]);
+                    let mut sends: Vec<Send> = send_any
+                        .then_some(Send {
+                            peer: right,
+                            data: send,
+                        })
+                        .into_iter()
+                        .collect();
+                    let mut recvs: Vec<Recv> = recv_any
+                        .then_some(Recv {
                             peer: left,
                             data: t,
-                        }]
-                    };
+                        })
+                        .into_iter()
+                        .collect();
                     self.mesh.exchange(ctx, &mut sends, &mut recvs)?;
                     reduce::reduce_into(
                         dtype,
@@ -242,19 +267,51 @@ impl<T: Transport> P2pBackend<T> {
                     );
                 }
                 None => {
-                    let mut recvs = if r_range.is_empty() && k > 0 {
-                        vec![]
-                    } else {
-                        vec![Recv {
+                    let (send, recv) = disjoint(buf, s_range, r_range);
+                    let mut sends: Vec<Send> = send_any
+                        .then_some(Send {
+                            peer: right,
+                            data: send,
+                        })
+                        .into_iter()
+                        .collect();
+                    let mut recvs: Vec<Recv> = recv_any
+                        .then_some(Recv {
                             peer: left,
-                            data: &mut buf[r_range.clone()],
-                        }]
-                    };
+                            data: recv,
+                        })
+                        .into_iter()
+                        .collect();
                     self.mesh.exchange(ctx, &mut sends, &mut recvs)?;
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Views of two disjoint ranges of one buffer: one to read, one to write.
+fn disjoint(
+    buf: &mut [u8],
+    read: std::ops::Range<usize>,
+    write: std::ops::Range<usize>,
+) -> (&[u8], &mut [u8]) {
+    if write.is_empty() {
+        return (&buf[read], &mut []);
+    }
+    if read.is_empty() {
+        return (&[], &mut buf[write]);
+    }
+    if read.end <= write.start {
+        let (lo, hi) = buf.split_at_mut(write.start);
+        (&lo[read], &mut hi[..write.len()])
+    } else {
+        assert!(
+            write.end <= read.start,
+            "read {read:?} and write {write:?} overlap"
+        );
+        let (lo, hi) = buf.split_at_mut(read.start);
+        (&hi[..read.len()], &mut lo[write])
     }
 }
 
@@ -361,9 +418,12 @@ impl<T: Transport> Backend for P2pBackend<T> {
         for s in 0..n - 1 {
             let si = (rank + n - s) % n;
             let ri = (rank + 2 * n - s - 1) % n;
-            let out = recv[disp[si]..disp[si] + counts[si]].to_vec();
-            let inn = &mut recv[disp[ri]..disp[ri] + counts[ri]];
-            self.sendrecv(ctx, right, &out, left, inn)?;
+            let (out, inn) = disjoint(
+                recv,
+                disp[si]..disp[si] + counts[si],
+                disp[ri]..disp[ri] + counts[ri],
+            );
+            self.sendrecv(ctx, right, out, left, inn)?;
         }
         Ok(())
     }
@@ -388,8 +448,7 @@ impl<T: Transport> Backend for P2pBackend<T> {
             for s in 0..n - 1 {
                 let si = (rank + 2 * n - s - 1) % n;
                 let ri = (rank + 2 * n - s - 2) % n;
-                let outgoing = acc[si * wb..(si + 1) * wb].to_vec();
-                self.sendrecv(ctx, right, &outgoing, left, &mut tmp)?;
+                self.sendrecv(ctx, right, &acc[si * wb..(si + 1) * wb], left, &mut tmp)?;
                 reduce::reduce_into(d, op, &mut acc[ri * wb..(ri + 1) * wb], &tmp);
             }
             if op == ReduceOp::Avg {
