@@ -26,6 +26,7 @@ enum Command {
     Launch(cmd::launch::LaunchArgs),
     Bench(cmd::bench::BenchArgs),
     Store(cmd::store::StoreArgs),
+    Topo(cmd::topo::TopoArgs),
     Verify(cmd::verify::VerifyArgs),
 }
 
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => cmd::launch::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Store(args) => cmd::store::run(args),
+        Command::Topo(args) => cmd::topo::run(args),
         Command::Verify(args) => cmd::verify::run(args),
     };
     cmd::workers::finish();

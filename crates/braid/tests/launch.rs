@@ -585,6 +585,7 @@ fn help_has_purpose_and_example() {
         &["store", "serve", "--help"],
         &["bench", "--help"],
         &["verify", "--help"],
+        &["topo", "--help"],
     ] {
         let mut cmd = braid();
         cmd.args(sub);
@@ -613,5 +614,24 @@ fn profile_comm_example_reports_every_size() {
     assert_eq!(f.code, Some(0), "{f:?}");
     for size in ["1000 |", "10000 |", "100000 |", "1000000 |", "10000000 |"] {
         assert!(f.stdout.contains(size), "missing size {size}: {}", f.stdout);
+    }
+}
+
+#[test]
+fn topo_explains_a_machine_without_gpus() {
+    let mut cmd = braid();
+    cmd.arg("topo");
+    let f = run(cmd, LIMIT);
+    match f.code {
+        // A GPU machine prints its GPUs.
+        Some(0) => assert!(f.stdout.contains("PCI bus id"), "{f:?}"),
+        _ => {
+            assert_eq!(f.code, Some(1), "{f:?}");
+            assert!(
+                f.stderr.contains("GPU collectives are unavailable here"),
+                "{}",
+                f.stderr
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod launch;
 pub mod store;
+pub mod topo;
 pub mod verify;
 pub mod workers;
 
