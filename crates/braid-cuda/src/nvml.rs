@@ -275,6 +275,8 @@ impl Nvml {
         self.check("nvmlDeviceGetCpuAffinity", unsafe {
             f(d, words.len() as c_uint, words.as_mut_ptr())
         })?;
+        // c_ulong is u64 on 64-bit Linux but not on every target.
+        #[allow(clippy::useless_conversion)]
         Ok(words.into_iter().map(u64::from).collect())
     }
 }
