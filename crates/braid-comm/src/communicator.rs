@@ -107,9 +107,16 @@ impl Communicator {
     /// Joins the world described by the environment that `braid launch`,
     /// torchrun or SLURM set (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...).
     pub fn init_from_env() -> Result<Communicator> {
+        Self::init_from_env_with(CommOptions::from_env()?)
+    }
+
+    /// [`init_from_env`](Self::init_from_env) with explicit options (the run
+    /// id still comes from the launcher when it gives one). When this rank
+    /// hosts the store (rank 0, no launcher), dropping the communicator
+    /// waits, bounded, for the other ranks to disconnect.
+    pub fn init_from_env_with(mut options: CommOptions) -> Result<Communicator> {
         let world = WorldInfo::from_env().map_err(|e| CommError::Setup(e.to_string()))?;
         let store = WorkerStore::from_env(&world).map_err(|e| CommError::Setup(e.to_string()))?;
-        let mut options = CommOptions::from_env()?;
         if let Some(id) = &world.run_id {
             options.run_id = id.clone();
         }

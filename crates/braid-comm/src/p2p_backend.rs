@@ -241,49 +241,27 @@ impl<T: Transport> P2pBackend<T> {
             // Empty windows past the first segment carry no message.
             let send_any = !s_range.is_empty() || k == 0;
             let recv_any = !r_range.is_empty() || k == 0;
-            match reduce_with {
-                Some((dtype, op)) => {
-                    let (send, t) = (&buf[s_range], &mut tmp[..r_range.len()]);
-                    let mut sends: Vec<Send> = send_any
-                        .then_some(Send {
-                            peer: right,
-                            data: send,
-                        })
-                        .into_iter()
-                        .collect();
-                    let mut recvs: Vec<Recv> = recv_any
-                        .then_some(Recv {
-                            peer: left,
-                            data: t,
-                        })
-                        .into_iter()
-                        .collect();
-                    self.mesh.exchange(ctx, &mut sends, &mut recvs)?;
-                    reduce::reduce_into(
-                        dtype,
-                        op,
-                        &mut buf[r_range.clone()],
-                        &tmp[..r_range.len()],
-                    );
-                }
-                None => {
-                    let (send, recv) = disjoint(buf, s_range, r_range);
-                    let mut sends: Vec<Send> = send_any
-                        .then_some(Send {
-                            peer: right,
-                            data: send,
-                        })
-                        .into_iter()
-                        .collect();
-                    let mut recvs: Vec<Recv> = recv_any
-                        .then_some(Recv {
-                            peer: left,
-                            data: recv,
-                        })
-                        .into_iter()
-                        .collect();
-                    self.mesh.exchange(ctx, &mut sends, &mut recvs)?;
-                }
+            let (send, recv): (&[u8], &mut [u8]) = match reduce_with {
+                Some(_) => (&buf[s_range], &mut tmp[..r_range.len()]),
+                None => disjoint(buf, s_range, r_range.clone()),
+            };
+            let mut sends: Vec<Send> = send_any
+                .then_some(Send {
+                    peer: right,
+                    data: send,
+                })
+                .into_iter()
+                .collect();
+            let mut recvs: Vec<Recv> = recv_any
+                .then_some(Recv {
+                    peer: left,
+                    data: recv,
+                })
+                .into_iter()
+                .collect();
+            self.mesh.exchange(ctx, &mut sends, &mut recvs)?;
+            if let Some((dtype, op)) = reduce_with {
+                reduce::reduce_into(dtype, op, &mut buf[r_range.clone()], &tmp[..r_range.len()]);
             }
         }
         Ok(())

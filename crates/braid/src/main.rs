@@ -39,7 +39,6 @@ fn main() -> ExitCode {
         Command::Topo(args) => cmd::topo::run(args),
         Command::Verify(args) => cmd::verify::run(args),
     };
-    cmd::workers::finish();
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(message) => {

@@ -116,7 +116,7 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         return super::workers::relaunch_locally(np);
     }
     if let Some(algo) = &args.algo {
-        // SAFETY-free: set before any thread reads the environment.
+        // Set before the communicator (or any other thread) reads it.
         std::env::set_var("BRAID_ALGO", algo);
     }
     let mut options = CommOptions::from_env().map_err(|e| e.to_string())?;
@@ -152,18 +152,14 @@ fn bus_factor(op: &str, n: usize) -> f64 {
     }
 }
 
-/// Rank `r`'s input value at `i`: small integers, exact in every dtype.
+/// Fills rank `r`'s input with [`value`].
 fn fill<T: Element>(buf: &mut [T], r: usize, op: ReduceOp) {
     for (i, x) in buf.iter_mut().enumerate() {
-        let v = (r * 3 + i * 7) % 5;
-        *x = T::from_f64(if op == ReduceOp::Prod {
-            (v % 2 + 1) as f64
-        } else {
-            v as f64
-        });
+        *x = T::from_f64(value(r, i, op));
     }
 }
 
+/// Rank `r`'s input value at `i`: small integers, exact in every dtype.
 fn value(r: usize, i: usize, op: ReduceOp) -> f64 {
     let v = (r * 3 + i * 7) % 5;
     if op == ReduceOp::Prod {

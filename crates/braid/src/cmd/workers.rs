@@ -6,26 +6,9 @@ use braid_comm::{CommOptions, Communicator};
 
 /// Joins the world described by the environment with `options`.
 pub fn init(options: CommOptions) -> Result<Communicator, String> {
-    let world = braid_core::WorldInfo::from_env()
+    braid_core::WorldInfo::from_env()
         .map_err(|e| format!("{e}\n(run under `braid launch`, or pass --np N)"))?;
-    let store = braid_store::WorkerStore::from_env(&world).map_err(|e| e.to_string())?;
-    let client = store.client.reconnect().map_err(|e| e.to_string())?;
-    let comm = Communicator::init(world.rank, world.world_size, client, options)
-        .map_err(|e| e.to_string())?;
-    // Rank 0 may host the store (no launcher): keep it up until `finish`.
-    *HOSTED.lock().unwrap_or_else(|p| p.into_inner()) = Some(store);
-    Ok(comm)
-}
-
-/// The worker's store connection (and rank 0's server, without a launcher).
-static HOSTED: std::sync::Mutex<Option<braid_store::WorkerStore>> = std::sync::Mutex::new(None);
-
-/// Releases the worker's store. A rank 0 that hosts the store waits here
-/// (bounded) until the other ranks have disconnected, so that they can
-/// still read an abort reason or finish their last exchange.
-pub fn finish() {
-    let store = HOSTED.lock().unwrap_or_else(|p| p.into_inner()).take();
-    drop(store);
+    Communicator::init_from_env_with(options).map_err(|e| e.to_string())
 }
 
 /// Re-runs the current command line, minus `--np N`, as `np` local
