@@ -89,6 +89,10 @@ pub(crate) struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Tell the other ranks' monitors that this rank is leaving cleanly.
+        if !self.health.is_aborted() {
+            let _ = self.store.set(&health::left_key(self.rank), b"1");
+        }
         self.health.stop_monitor();
     }
 }

@@ -56,6 +56,19 @@ pub enum CommError {
         /// What is wrong.
         why: String,
     },
+    /// A GPU operation failed (a CUDA or NCCL error, reported by the
+    /// library while enqueueing or while the kernels ran).
+    #[error("rank {rank}: {op} #{seq} failed on the GPU: {detail}")]
+    Gpu {
+        /// This rank.
+        rank: usize,
+        /// Operation.
+        op: &'static str,
+        /// Its sequence number on this communicator.
+        seq: u64,
+        /// The CUDA/NCCL error.
+        detail: String,
+    },
     /// Setting up the communicator failed.
     #[error("communicator setup failed: {0}")]
     Setup(String),

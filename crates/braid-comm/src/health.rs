@@ -55,6 +55,12 @@ impl Health {
 /// Key (under the communicator's store prefix) holding the abort reason.
 pub const ABORT_KEY: &str = "abort";
 
+/// Key a rank sets when it drops its communicator: its process exiting
+/// afterwards is a clean departure, not a failure.
+pub fn left_key(rank: usize) -> String {
+    format!("left/{rank}")
+}
+
 /// Publishes `reason` as the communicator's abort reason unless another
 /// rank did first, and returns the reason that stands.
 pub fn publish_abort(store: &StoreClient, reason: &str) -> String {
@@ -74,13 +80,15 @@ pub struct LocalPeer {
     pub rank: usize,
     /// Its process id.
     pub pid: u32,
+    /// Whether it has left cleanly (set by the monitor).
+    pub left: bool,
 }
 
 /// Starts the monitor thread for a communicator.
 pub fn spawn_monitor(
     health: Arc<Health>,
     store: StoreClient,
-    peers: Vec<LocalPeer>,
+    mut peers: Vec<LocalPeer>,
     my_rank: usize,
     host: String,
 ) {
@@ -96,13 +104,20 @@ pub fn spawn_monitor(
                 if health.is_aborted() {
                     continue;
                 }
-                for p in &peers {
-                    if p.pid != me && !process_alive(p.pid) {
-                        let reason = format!("rank {} (pid {} on {host}) died", p.rank, p.pid);
-                        let reason = publish_abort(&store, &reason);
-                        health.abort(reason);
-                        break;
+                for p in peers.iter_mut() {
+                    if p.pid == me || p.left || process_alive(p.pid) {
+                        continue;
                     }
+                    // A rank that finished (dropped its communicator)
+                    // and then exited has not failed.
+                    if let Ok(Some(_)) = store.try_get(&left_key(p.rank)) {
+                        p.left = true;
+                        continue;
+                    }
+                    let reason = format!("rank {} (pid {} on {host}) died", p.rank, p.pid);
+                    let reason = publish_abort(&store, &reason);
+                    health.abort(reason);
+                    break;
                 }
                 if let Ok(Some(reason)) = store.try_get(ABORT_KEY) {
                     health.abort(String::from_utf8_lossy(&reason).into_owned());
@@ -114,18 +129,25 @@ pub fn spawn_monitor(
     }
 }
 
-/// Whether `pid` is a live (not zombie) process.
+/// Whether `pid` is a live process: not a zombie, and not exiting. A
+/// process killed while its GPU kernels run can stay in the kernel's exit
+/// path for a long time (the driver tears its context down), so the
+/// `PF_EXITING` flag counts as dead too.
 pub fn process_alive(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
-            let state = stat
+            // Fields after the command name: state ppid pgrp session tty
+            // tpgid flags ...
+            let rest: Vec<&str> = stat
                 .rsplit(')')
                 .next()
                 .unwrap_or("")
                 .split_whitespace()
-                .next()
-                .unwrap_or("");
-            state != "Z" && state != "X"
+                .collect();
+            let state = rest.first().copied().unwrap_or("");
+            let flags: u64 = rest.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+            state != "Z" && state != "X" && flags & PF_EXITING == 0
         }
         Err(_) => false,
     }

@@ -28,6 +28,7 @@ pub mod backend;
 pub mod communicator;
 pub mod debug;
 pub mod error;
+pub mod gpu;
 pub mod group;
 pub mod health;
 pub mod hier;

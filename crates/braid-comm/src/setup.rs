@@ -184,6 +184,7 @@ pub fn local_peers(rank: usize, peers: &[PeerInfo]) -> Vec<LocalPeer> {
         .map(|(r, p)| LocalPeer {
             rank: r,
             pid: p.pid,
+            left: false,
         })
         .collect()
 }

@@ -2,9 +2,22 @@
 //! time: they are opened at run time, so the same binary runs on machines
 //! with and without GPUs, and a missing library becomes one clear message.
 //!
+//! - [`driver`]: devices, streams, events and CUDA graphs (CUDA driver API
+//!   through cudarc's dynamically loaded `result` layer).
+//! - [`memory`]: typed device buffers and pinned host buffers.
+//! - [`nccl`]: a thin run-time binding of NCCL.
 //! - [`nvml`]: a thin run-time binding of the NVML calls braid needs.
 //! - [`topo`]: the GPUs of this host and the links between them (what
-//!   `braid topo` prints).
+//!   `braid topo` prints); [`bandwidth`] measures copies between them.
 
+pub mod bandwidth;
+pub mod driver;
+pub mod error;
+pub mod memory;
+pub mod nccl;
 pub mod nvml;
 pub mod topo;
+
+pub use driver::{device_count, CapturedGraph, Device, Event, Graph, Stream};
+pub use error::{CudaError, Result};
+pub use memory::{DeviceBuffer, PinnedBuffer};

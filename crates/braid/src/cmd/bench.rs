@@ -19,53 +19,70 @@ use std::time::Instant;
 Examples:
   braid bench all_reduce --np 4 -b 8 -e 64M -f 4 --check
   braid launch --standalone --nproc-per-node 2 -- braid bench all_gather -d bf16
+  braid bench all_reduce --device cuda --np 4 -b 8 -e 1G -f 4 --check
+  braid bench all_reduce --device cuda -g 4 --graph
 Operations: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather scatter sendrecv"
 )]
 pub struct BenchArgs {
     /// Operation to measure.
-    op: String,
+    pub(crate) op: String,
     /// Smallest size in bytes (K, M, G suffixes allowed).
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
-    min_bytes: usize,
+    pub(crate) min_bytes: usize,
     /// Largest size in bytes.
     #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
-    max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// Multiply the size by this factor each step.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
-    factor: usize,
+    pub(crate) factor: usize,
     /// Timed iterations per size (default: 100, fewer for large sizes).
     #[arg(short = 'n', long = "iters")]
-    iters: Option<usize>,
+    pub(crate) iters: Option<usize>,
     /// Untimed warm-up iterations per size.
     #[arg(short = 'w', long = "warmup", default_value_t = 5)]
-    warmup: usize,
+    pub(crate) warmup: usize,
     /// Element type: f32 f64 f16 bf16 i32 i64 u8.
     #[arg(short = 'd', long = "datatype", default_value = "f32")]
-    dtype: String,
+    pub(crate) dtype: String,
     /// Reduce operator: sum prod min max avg.
     #[arg(short = 'o', long = "op", default_value = "sum")]
-    redop: String,
+    pub(crate) redop: String,
     /// Root rank for rooted operations.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
-    root: usize,
+    pub(crate) root: usize,
     /// Verify every element of every result.
     #[arg(long)]
-    check: bool,
+    pub(crate) check: bool,
     /// Also write the results as JSON to FILE (rank 0).
     #[arg(long, value_name = "FILE")]
-    json: Option<std::path::PathBuf>,
+    pub(crate) json: Option<std::path::PathBuf>,
     /// Backend: auto, shm, tcp, hier (default: BRAID_BACKEND, else auto).
     #[arg(long)]
-    backend: Option<String>,
+    pub(crate) backend: Option<String>,
     /// Algorithm for the tcp backend: ring or tree (sets BRAID_ALGO).
     #[arg(long)]
-    algo: Option<String>,
+    pub(crate) algo: Option<String>,
     /// Start N local workers (instead of running under `braid launch`).
     #[arg(long, value_name = "N")]
-    np: Option<usize>,
+    pub(crate) np: Option<usize>,
+    /// Whose time to report: max (the slowest rank's, default) or rank0
+    /// (rank 0's own, as torch_collectives_bench.py reports).
+    #[arg(long, default_value = "max", value_parser = ["max", "rank0"])]
+    pub(crate) timer: String,
+    /// Where the buffers live: cpu (shm/tcp/hier backends) or cuda (NCCL).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
+    /// GPUs driven by each process (--device cuda; one process with -g N
+    /// is NCCL's ncclCommInitAll pattern).
+    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+    pub(crate) gpus: usize,
+    /// Capture the timed iterations in a CUDA graph and replay it
+    /// (--device cuda).
+    #[arg(long)]
+    pub(crate) graph: bool,
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (num, mult) = match t.chars().last() {
         Some('K') | Some('k') => (&t[..t.len() - 1], 1usize << 10),
@@ -92,12 +109,13 @@ const OPS: [&str; 9] = [
 
 /// Runs `braid bench`.
 pub fn run(args: BenchArgs) -> Result<i32, String> {
-    if !OPS.contains(&args.op.as_str()) {
-        return Err(format!(
-            "unknown operation {:?}: expected one of {}",
-            args.op,
-            OPS.join(" ")
-        ));
+    for op in args.op.split(',') {
+        if !OPS.contains(&op) {
+            return Err(format!(
+                "unknown operation {op:?}: expected one of {} (or several, comma-separated)",
+                OPS.join(" ")
+            ));
+        }
     }
     let dtype = DType::parse(&args.dtype)?;
     let redop = ReduceOp::parse(&args.redop)?;
@@ -112,6 +130,17 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     if let Some(algo) = &args.algo {
         braid_comm::tuning::Algo::parse(algo)?;
     }
+    let cuda = match args.device.as_str() {
+        "cpu" => false,
+        "cuda" | "gpu" => true,
+        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
+    };
+    if !cuda && (args.gpus != 1 || args.graph) {
+        return Err("-g and --graph need --device cuda".into());
+    }
+    if args.gpus == 0 {
+        return Err("-g must be at least 1".into());
+    }
     if let Some(np) = args.np {
         return super::workers::relaunch_locally(np);
     }
@@ -124,6 +153,15 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         options.backend = b;
     }
     let comm = super::workers::init(options)?;
+    if let Some(path) = &args.json {
+        if comm.rank() == 0 && path.exists() {
+            std::fs::remove_file(path)
+                .map_err(|e| format!("cannot replace {}: {e}", path.display()))?;
+        }
+    }
+    if cuda {
+        return super::bench_gpu::run(&comm, &args, dtype, redop);
+    }
     if args.root >= comm.size() {
         return Err(format!(
             "--root {} is not below the world size {}",
@@ -131,19 +169,43 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
             comm.size()
         ));
     }
-    match dtype {
-        DType::F32 => bench::<f32>(&comm, &args, redop),
-        DType::F64 => bench::<f64>(&comm, &args, redop),
-        DType::F16 => bench::<f16>(&comm, &args, redop),
-        DType::BF16 => bench::<bf16>(&comm, &args, redop),
-        DType::I32 => bench::<i32>(&comm, &args, redop),
-        DType::I64 => bench::<i64>(&comm, &args, redop),
-        DType::U8 => bench::<u8>(&comm, &args, redop),
+    let mut code = 0;
+    for op in args.op.split(',') {
+        let a = BenchArgs {
+            op: op.to_string(),
+            ..args.clone()
+        };
+        code = code.max(match dtype {
+            DType::F32 => bench::<f32>(&comm, &a, redop),
+            DType::F64 => bench::<f64>(&comm, &a, redop),
+            DType::F16 => bench::<f16>(&comm, &a, redop),
+            DType::BF16 => bench::<bf16>(&comm, &a, redop),
+            DType::I32 => bench::<i32>(&comm, &a, redop),
+            DType::I64 => bench::<i64>(&comm, &a, redop),
+            DType::U8 => bench::<u8>(&comm, &a, redop),
+        }?);
     }
+    Ok(code)
+}
+
+/// Appends `rows` to the JSON array in `path` (several operations in one
+/// run share the file; `run` removes an old one first).
+pub(crate) fn append_json(
+    path: &std::path::Path,
+    rows: Vec<serde_json::Value>,
+) -> Result<(), String> {
+    let mut all: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a JSON array: {e}", path.display()))?,
+        Err(_) => Vec::new(),
+    };
+    all.extend(rows);
+    std::fs::write(path, serde_json::to_string_pretty(&all).expect("json"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// nccl-tests' bus-bandwidth factor.
-fn bus_factor(op: &str, n: usize) -> f64 {
+pub(crate) fn bus_factor(op: &str, n: usize) -> f64 {
     let n = n as f64;
     match op {
         "all_reduce" => 2.0 * (n - 1.0) / n,
@@ -199,8 +261,31 @@ struct Row {
     wrong: [Option<u64>; 2],
 }
 
-fn bench<T: Element>(comm: &Communicator, a: &BenchArgs, redop: ReduceOp) -> Result<i32, String> {
-    let (n, r) = (comm.size(), comm.rank());
+/// What a sweep prints and records besides the timings.
+pub(crate) struct SweepInfo<'a> {
+    /// The first line, after "# braid bench OP".
+    pub(crate) title: String,
+    /// Ranks taking part (busbw factors, per-rank block sizes).
+    pub(crate) ranks: usize,
+    /// Whether this process prints (rank 0).
+    pub(crate) prints: bool,
+    /// Operations without an in-place column.
+    pub(crate) no_in_place: &'a [&'a str],
+    /// Extra JSON fields of every row.
+    pub(crate) json_extra: serde_json::Value,
+}
+
+/// Runs `a.op` over the size sweep: for each size, `time(count, in_place,
+/// iters)` gives the time and (with --check) the wrong elements; prints
+/// nccl-tests' table and appends the JSON rows. Returns the number of wrong
+/// elements.
+pub(crate) fn sweep<T: Element>(
+    a: &BenchArgs,
+    redop: ReduceOp,
+    info: &SweepInfo,
+    mut time: impl FnMut(usize, bool, usize) -> Result<(f64, Option<u64>), String>,
+) -> Result<u64, String> {
+    let n = info.ranks;
     let es = T::DTYPE.size();
     let op = a.op.as_str();
     let per_rank_op = matches!(
@@ -208,16 +293,8 @@ fn bench<T: Element>(comm: &Communicator, a: &BenchArgs, redop: ReduceOp) -> Res
         "all_gather" | "reduce_scatter" | "all_to_all" | "gather" | "scatter"
     );
     let reduces = matches!(op, "all_reduce" | "reduce" | "reduce_scatter");
-    if r == 0 {
-        println!(
-            "# braid bench {op}: {n} ranks, backend {}, dtype {}, redop {}, root {}, warmup {}, check {}",
-            comm.backend_name(),
-            T::DTYPE,
-            if reduces { redop.name() } else { "none" },
-            a.root,
-            a.warmup,
-            a.check
-        );
+    if info.prints {
+        println!("# braid bench {op}: {}", info.title);
         println!(
             "#{:>11} {:>12} {:>6} {:>6} {:>5}   {:>10} {:>8} {:>8} {:>6}   {:>10} {:>8} {:>8} {:>6}",
             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
@@ -250,16 +327,15 @@ fn bench<T: Element>(comm: &Communicator, a: &BenchArgs, redop: ReduceOp) -> Res
             wrong: [None, None],
         };
         for (k, in_place) in [false, true].into_iter().enumerate() {
-            if in_place && matches!(op, "gather" | "scatter" | "sendrecv") {
+            if in_place && info.no_in_place.contains(&op) {
                 continue;
             }
-            let (t, w) = time_op::<T>(comm, op, count, in_place, iters, a, redop)
-                .map_err(|e| e.to_string())?;
+            let (t, w) = time(count, in_place, iters)?;
             row.times[k] = Some(t);
             row.wrong[k] = w;
             total_wrong += w.unwrap_or(0);
         }
-        if r == 0 {
+        if info.prints {
             print_row::<T>(&row, op, reduces, redop, a.root, n);
         }
         rows.push(row);
@@ -268,32 +344,59 @@ fn bench<T: Element>(comm: &Communicator, a: &BenchArgs, redop: ReduceOp) -> Res
         }
         size = (size * a.factor).min(a.max_bytes);
     }
-    if r == 0 {
+    if info.prints {
         if let Some(path) = &a.json {
+            let f = bus_factor(op, n);
             let json: Vec<serde_json::Value> = rows
                 .iter()
                 .map(|row| {
-                    let f = bus_factor(op, n);
                     let side = |k: usize| {
                         row.times[k].map(|t| {
                             let algbw = row.bytes as f64 / t / 1e9;
                             serde_json::json!({"time_us": t * 1e6, "algbw": algbw, "busbw": algbw * f, "wrong": row.wrong[k]})
                         })
                     };
-                    serde_json::json!({"op": op, "bytes": row.bytes, "count": row.count, "dtype": T::DTYPE.name(),
-                        "redop": if reduces { redop.name() } else { "none" }, "ranks": n, "backend": comm.backend_name(),
-                        "out_of_place": side(0), "in_place": side(1)})
+                    let mut v = serde_json::json!({"op": op, "bytes": row.bytes, "count": row.count, "dtype": T::DTYPE.name(),
+                        "redop": if reduces { redop.name() } else { "none" }, "ranks": n,
+                        "out_of_place": side(0), "in_place": side(1)});
+                    if let (Some(o), Some(extra)) = (v.as_object_mut(), info.json_extra.as_object()) {
+                        o.extend(extra.clone());
+                    }
+                    v
                 })
                 .collect();
-            std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            append_json(path, json)?;
         }
         if a.check {
             println!("# #wrong total: {total_wrong}");
         }
     }
+    Ok(total_wrong)
+}
+
+fn bench<T: Element>(comm: &Communicator, a: &BenchArgs, redop: ReduceOp) -> Result<i32, String> {
+    let reduces = matches!(a.op.as_str(), "all_reduce" | "reduce" | "reduce_scatter");
+    let info = SweepInfo {
+        title: format!(
+            "{} ranks, backend {}, dtype {}, redop {}, root {}, warmup {}, check {}",
+            comm.size(),
+            comm.backend_name(),
+            T::DTYPE,
+            if reduces { redop.name() } else { "none" },
+            a.root,
+            a.warmup,
+            a.check
+        ),
+        ranks: comm.size(),
+        prints: comm.rank() == 0,
+        no_in_place: &["gather", "scatter", "sendrecv"],
+        json_extra: serde_json::json!({"backend": comm.backend_name()}),
+    };
+    let wrong = sweep::<T>(a, redop, &info, |count, in_place, iters| {
+        time_op::<T>(comm, &a.op, count, in_place, iters, a, redop).map_err(|e| e.to_string())
+    })?;
     comm.barrier().map_err(|e| e.to_string())?;
-    Ok(if total_wrong > 0 { 1 } else { 0 })
+    Ok(if wrong > 0 { 1 } else { 0 })
 }
 
 fn print_row<T: Element>(
@@ -409,8 +512,12 @@ fn time_op<T: Element>(
     for _ in 0..iters {
         run_once(&mut input, &mut output)?;
     }
-    let mut t = [start.elapsed().as_secs_f64() / iters as f64];
+    let mine = start.elapsed().as_secs_f64() / iters as f64;
+    let mut t = [mine];
     comm.all_reduce(&mut t, ReduceOp::Max)?;
+    if a.timer == "rank0" {
+        t[0] = mine;
+    }
     let wrong = if a.check {
         prepare(&mut input, &mut output);
         run_once(&mut input, &mut output)?;

@@ -1,10 +1,12 @@
 //! The subcommands of `braid`, one module each.
 
 pub mod bench;
+pub mod bench_gpu;
 pub mod launch;
 pub mod store;
 pub mod topo;
 pub mod verify;
+pub mod verify_gpu;
 pub mod workers;
 
 /// Parses a positive number of seconds (`30`, `2.5`) into a duration.

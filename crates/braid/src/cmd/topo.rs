@@ -1,17 +1,34 @@
-//! `braid topo`: this host's GPUs and the links between them.
+//! `braid topo`: this host's GPUs and the links between them (NVML), then
+//! measured copy bandwidth and latency between every pair and to the host.
 
 use clap::Args;
 
 /// GPU topology from NVML.
 #[derive(Args)]
 #[command(
-    about = "Show this host's GPUs (name, memory, PCI, NUMA, CPU affinity) and their NVLink/PCIe links",
-    after_help = "Examples:\n  braid topo\n  braid topo --json topo.json"
+    about = "Show this host's GPUs (name, memory, PCI, NUMA, CPU affinity), their NVLink/PCIe links, and measured copy bandwidth/latency",
+    after_help = "Examples:\n  braid topo\n  braid topo --no-measure\n  braid topo --bytes 256M --json topo.json"
 )]
 pub struct TopoArgs {
-    /// Also write the topology as JSON to FILE.
+    /// Also write the topology (and measurements) as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
+    /// Only list GPUs and links; skip the bandwidth and latency measurements.
+    #[arg(long)]
+    no_measure: bool,
+    /// Bytes per bandwidth copy (K, M, G suffixes).
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    bytes: usize,
+    /// Timed copies per bandwidth figure.
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    match super::bench::parse_size(s)? {
+        0 => Err(format!("{s:?}: the size must be positive")),
+        n => Ok(n),
+    }
 }
 
 /// Runs `braid topo`; exits 1 with the reason when no GPU can be seen.
@@ -28,9 +45,47 @@ pub fn run(args: TopoArgs) -> Result<i32, String> {
         return Ok(1);
     }
     print!("{}", braid_cuda::topo::render(&topology));
+    let mut measured = None;
+    if !args.no_measure {
+        match measure(&args) {
+            Ok(m) => {
+                print!("{}", braid_cuda::bandwidth::render(&m));
+                measured = Some(m);
+            }
+            Err(e) => {
+                eprintln!("braid topo: cannot measure copies: {e}");
+                return Ok(1);
+            }
+        }
+    }
     if let Some(path) = args.json {
-        let text = serde_json::to_string_pretty(&topology).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&topology).map_err(|e| e.to_string())?;
+        if let (Some(m), Some(obj)) = (&measured, value.as_object_mut()) {
+            obj.insert(
+                "measured".into(),
+                serde_json::to_value(m).map_err(|e| e.to_string())?,
+            );
+        }
+        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(0)
+}
+
+fn measure(args: &TopoArgs) -> braid_cuda::Result<braid_cuda::bandwidth::Measured> {
+    let n = braid_cuda::device_count()?;
+    let devices = (0..n)
+        .map(braid_cuda::Device::open)
+        .collect::<braid_cuda::Result<Vec<_>>>()?;
+    eprintln!(
+        "measuring copies between {n} GPU(s): {} MiB x {} per figure ...",
+        args.bytes >> 20,
+        args.reps
+    );
+    let opts = braid_cuda::bandwidth::MeasureOptions {
+        bytes: args.bytes,
+        reps: args.reps.max(1),
+        ..Default::default()
+    };
+    braid_cuda::bandwidth::measure(&devices, &opts)
 }

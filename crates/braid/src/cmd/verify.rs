@@ -8,7 +8,7 @@ use clap::Args;
 #[derive(Args)]
 #[command(
     about = "Check every collective on every dtype and reduce op, element by element",
-    after_help = "Examples:\n  braid verify --np 4\n  braid launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 2 -- braid verify"
+    after_help = "Examples:\n  braid verify --np 4\n  braid verify --device cuda --np 4\n  braid launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 2 -- braid verify"
 )]
 pub struct VerifyArgs {
     /// Backend: auto, shm, tcp, hier (default: BRAID_BACKEND, else auto).
@@ -17,6 +17,12 @@ pub struct VerifyArgs {
     /// Start N local workers (instead of running under `braid launch`).
     #[arg(long, value_name = "N")]
     np: Option<usize>,
+    /// cpu (shm/tcp/hier backends) or cuda (NCCL on device memory).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// GPUs driven by each process (--device cuda).
+    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+    gpus: usize,
 }
 
 /// Runs `braid verify`.
@@ -26,6 +32,14 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
         .as_deref()
         .map(BackendKind::parse)
         .transpose()?;
+    let cuda = match args.device.as_str() {
+        "cpu" => false,
+        "cuda" | "gpu" => true,
+        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
+    };
+    if args.gpus == 0 || (!cuda && args.gpus != 1) {
+        return Err("-g needs --device cuda and at least 1".into());
+    }
     if let Some(np) = args.np {
         return super::workers::relaunch_locally(np);
     }
@@ -35,6 +49,9 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
     }
     let comm = super::workers::init(options)?;
     let start = std::time::Instant::now();
+    if cuda {
+        return verify_gpu(&comm, args.gpus, start);
+    }
     braid_comm::verify::everything(&comm).map_err(|e| format!("verification failed: {e}"))?;
     comm.barrier().map_err(|e| e.to_string())?;
     println!(
@@ -45,4 +62,29 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
         start.elapsed()
     );
     Ok(0)
+}
+
+fn verify_gpu(
+    comm: &braid_comm::Communicator,
+    gpus: usize,
+    start: std::time::Instant,
+) -> Result<i32, String> {
+    let gpu = braid_comm::gpu::GpuCommunicator::init_from_env_per_process(comm, gpus)
+        .map_err(|e| e.to_string())?;
+    let wrong = super::verify_gpu::everything(&gpu)?;
+    comm.barrier().map_err(|e| e.to_string())?;
+    if comm.rank() == 0 {
+        println!(
+            "{} GPUs ({} process(es) x {gpus}): {} in {:.1?}",
+            gpu.size(),
+            comm.size(),
+            if wrong == 0 {
+                "every GPU collective verified".to_string()
+            } else {
+                format!("{wrong} wrong elements")
+            },
+            start.elapsed()
+        );
+    }
+    Ok(if wrong == 0 { 0 } else { 1 })
 }

@@ -1,0 +1,727 @@
+//! Collectives on device memory through NCCL: [`GpuCommunicator`].
+//!
+//! A GPU communicator is made from a host [`Communicator`] (which supplies
+//! rank, size, the store and the health monitor) and the GPU(s) this
+//! process drives: one per process is the main mode (`LOCAL_RANK` picks the
+//! device), several per process is the course's `ncclCommInitAll` pattern.
+//! The NCCL unique id travels from rank 0 over the host communicator.
+//!
+//! Operations have the host API's names and semantics, on
+//! [`DeviceBuffer`]s. Each one is ordered after the work already queued on
+//! the device's main stream (an event recorded there, waited on by the
+//! communication stream), runs on the communication stream, and returns a
+//! [`DeviceWork`] whose `wait` polls the completion event, NCCL's
+//! asynchronous error, the host communicator's abort flag and the timeout —
+//! aborting the NCCL communicator instead of hanging when a peer is gone.
+//!
+//! ```no_run
+//! use braid_comm::{Communicator, ReduceOp, gpu::GpuCommunicator};
+//! let comm = Communicator::init_from_env()?;
+//! let gpu = GpuCommunicator::init_from_env(&comm)?;
+//! let mut x = gpu.buffer_from_host(&vec![comm.rank() as f32; 1024])?;
+//! gpu.all_reduce(&mut x, ReduceOp::Sum)?.wait()?;
+//! # Ok::<(), braid_comm::CommError>(())
+//! ```
+
+mod lane;
+mod watchdog;
+mod work;
+
+pub use lane::Lane;
+pub use work::DeviceWork;
+
+use crate::communicator::Communicator;
+use crate::error::{CommError, Result};
+use braid_core::{Element, ReduceOp};
+use braid_cuda::nccl::{self, NcclComm, UniqueId};
+pub use braid_cuda::{CudaError, Device, DeviceBuffer, Event, Graph, Stream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use watchdog::Watchdog;
+
+/// One GPU driven by this process: its NCCL member, communication stream
+/// and events.
+pub(crate) struct Member {
+    pub(crate) device: Device,
+    pub(crate) nccl: Mutex<NcclComm>,
+    pub(crate) stream: Stream,
+    /// Recorded on the main stream before each operation.
+    pub(crate) before: Event,
+    /// Completion events, reused.
+    pub(crate) pool: Mutex<Vec<Event>>,
+}
+
+impl Member {
+    fn new(device: Device, nccl: NcclComm) -> braid_cuda::Result<Member> {
+        Ok(Member {
+            stream: Stream::new(&device)?,
+            before: Event::new(&device)?,
+            device,
+            nccl: Mutex::new(nccl),
+            pool: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, NcclComm> {
+        self.nccl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn event(&self) -> braid_cuda::Result<Event> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match pooled {
+            Some(e) => Ok(e),
+            None => Event::new(&self.device),
+        }
+    }
+
+    pub(crate) fn recycle(&self, e: Event) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+    }
+
+    /// Orders the communication stream after the main stream's work.
+    fn order_after_main(&self) -> braid_cuda::Result<()> {
+        self.before.record(&self.device.main_stream())?;
+        self.stream.wait_event(&self.before)
+    }
+}
+
+/// Collectives on device memory over NCCL; see the [module docs](self).
+pub struct GpuCommunicator {
+    host: Communicator,
+    members: Vec<Member>,
+    rank: usize,
+    size: usize,
+    seq: AtomicU64,
+    timeout: Duration,
+    watchdog: Watchdog,
+}
+
+fn setup_err(e: impl std::fmt::Display) -> CommError {
+    CommError::Setup(e.to_string())
+}
+
+impl GpuCommunicator {
+    /// One GPU per process: the device is `LOCAL_RANK` (modulo the number of
+    /// visible GPUs, so `CUDA_VISIBLE_DEVICES` with one device per process
+    /// works too).
+    pub fn init_from_env(host: &Communicator) -> Result<GpuCommunicator> {
+        let count = braid_cuda::device_count().map_err(setup_err)?;
+        if count == 0 {
+            return Err(CommError::Setup(
+                "GPU collectives are unavailable: the CUDA driver sees no GPU".into(),
+            ));
+        }
+        let local = std::env::var(braid_core::env::LOCAL_RANK)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(host.rank());
+        Self::init(host, &[local % count])
+    }
+
+    /// `per_process` GPUs per process: process `LOCAL_RANK` drives GPUs
+    /// `LOCAL_RANK * per_process ..` (one GPU: as [`init_from_env`](Self::init_from_env)).
+    pub fn init_from_env_per_process(
+        host: &Communicator,
+        per_process: usize,
+    ) -> Result<GpuCommunicator> {
+        if per_process <= 1 {
+            return Self::init_from_env(host);
+        }
+        let local = std::env::var(braid_core::env::LOCAL_RANK)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let ordinals: Vec<usize> = (local * per_process..(local + 1) * per_process).collect();
+        Self::init(host, &ordinals)
+    }
+
+    /// Drives the GPUs `ordinals` from this process. Every process must pass
+    /// the same number of GPUs; NCCL rank of this process's `k`-th GPU is
+    /// `host.rank() * ordinals.len() + k`. Collective over `host`.
+    pub fn init(host: &Communicator, ordinals: &[usize]) -> Result<GpuCommunicator> {
+        let per = ordinals.len();
+        if per == 0 {
+            return Err(setup_err("no GPU given"));
+        }
+        // Every process must drive the same number of GPUs.
+        let mut range = [per as i64, -(per as i64)];
+        host.all_reduce(&mut range, ReduceOp::Min)?;
+        if range[0] != per as i64 || -range[1] != per as i64 {
+            return Err(setup_err(format!(
+                "processes drive different numbers of GPUs (from {} to {}); pass the same -g everywhere",
+                range[0], -range[1]
+            )));
+        }
+        let devices = ordinals
+            .iter()
+            .map(|&o| Device::open(o))
+            .collect::<braid_cuda::Result<Vec<_>>>()
+            .map_err(setup_err)?;
+        // Fail on every rank together if NCCL is missing on any of them.
+        let loaded = nccl::version();
+        let mut ok = [i32::from(loaded.is_ok())];
+        host.all_reduce(&mut ok, ReduceOp::Min)?;
+        if let Err(e) = loaded {
+            return Err(setup_err(e));
+        }
+        if ok[0] == 0 {
+            return Err(setup_err(
+                "GPU collectives are unavailable: NCCL could not be loaded on another rank",
+            ));
+        }
+        let size = host.size() * per;
+        let comms = if host.size() == 1 {
+            NcclComm::init_all(&devices).map_err(setup_err)?
+        } else {
+            let mut id = [0u8; 128];
+            if host.rank() == 0 {
+                id.copy_from_slice(&nccl::unique_id().map_err(setup_err)?.to_bytes());
+            }
+            host.broadcast(&mut id, 0)?;
+            let id = UniqueId::from_bytes(&id).map_err(setup_err)?;
+            init_ranks(&devices, size, &id, host.rank() * per).map_err(setup_err)?
+        };
+        let members = devices
+            .into_iter()
+            .zip(comms)
+            .map(|(d, c)| Member::new(d, c))
+            .collect::<braid_cuda::Result<Vec<_>>>()
+            .map_err(setup_err)?;
+        Ok(GpuCommunicator {
+            host: host.clone(),
+            members,
+            rank: host.rank() * per,
+            size,
+            seq: AtomicU64::new(0),
+            timeout: host.timeout(),
+            watchdog: Watchdog::start(host.rank(), host.inner.health.clone(), host.timeout()),
+        })
+    }
+
+    /// NCCL rank of this process's first GPU.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of GPUs in the communicator (all processes).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// GPUs this process drives.
+    pub fn local_devices(&self) -> Vec<Device> {
+        self.members.iter().map(|m| m.device.clone()).collect()
+    }
+
+    /// This process's (first) GPU.
+    pub fn device(&self) -> &Device {
+        &self.members[0].device
+    }
+
+    /// The host communicator this one was made from.
+    pub fn host(&self) -> &Communicator {
+        &self.host
+    }
+
+    /// Timeout of each wait (the host communicator's, `BRAID_TIMEOUT`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A device buffer on this process's (first) GPU holding `data`.
+    pub fn buffer_from_host<T: Element>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::from_host(self.device(), data).map_err(|e| self.gpu_err("buffer", 0, e))
+    }
+
+    /// `len` zeroed elements on this process's (first) GPU.
+    pub fn zeros<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        DeviceBuffer::zeros(self.device(), len).map_err(|e| self.gpu_err("buffer", 0, e))
+    }
+
+    pub(crate) fn gpu_err(&self, op: &'static str, seq: u64, e: CudaError) -> CommError {
+        let health = &self.host.inner.health;
+        if health.is_aborted() {
+            return CommError::Aborted {
+                rank: self.rank,
+                reason: format!("{} (seen during {op} #{seq}: {e})", health.reason()),
+            };
+        }
+        match e {
+            CudaError::Invalid(why) => CommError::Invalid {
+                rank: self.rank,
+                op,
+                why,
+            },
+            e => CommError::Gpu {
+                rank: self.rank,
+                op,
+                seq,
+                detail: e.to_string(),
+            },
+        }
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        let health = &self.host.inner.health;
+        if health.is_aborted() {
+            return Err(CommError::Aborted {
+                rank: self.rank,
+                reason: health.reason(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues the operations `f` issues on the lanes of the local GPUs
+    /// (one lane per GPU this process drives) as one operation named `op`:
+    /// ordered after each device's main stream, inside one NCCL group when
+    /// `grouped` or when there are several GPUs, with one completion handle.
+    pub fn queue<'a>(
+        &'a self,
+        op: &'static str,
+        grouped: bool,
+        f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
+    ) -> Result<DeviceWork<'a>> {
+        self.check_usable()?;
+        let seq = self.next_seq();
+        let err = |e| self.gpu_err(op, seq, e);
+        let _enqueue = self.watchdog.enter(op, seq);
+        let guards: Vec<_> = self.members.iter().map(|m| m.lock()).collect();
+        for m in &self.members {
+            m.order_after_main().map_err(err)?;
+        }
+        let mut lanes: Vec<Lane<'_>> = self
+            .members
+            .iter()
+            .zip(&guards)
+            .enumerate()
+            .map(|(k, (m, g))| Lane::new(g, &m.stream, self.rank + k, self.size))
+            .collect();
+        let group = grouped || lanes.len() > 1;
+        if group {
+            nccl::group_start().map_err(err)?;
+        }
+        let queued = f(&mut lanes);
+        if group {
+            // End the group even after a failure, so NCCL's state stays sane.
+            let ended = nccl::group_end();
+            queued.map_err(err)?;
+            ended.map_err(err)?;
+        } else {
+            queued.map_err(err)?;
+        }
+        drop(lanes);
+        drop(guards);
+        let mut events = Vec::with_capacity(self.members.len());
+        for (k, m) in self.members.iter().enumerate() {
+            let e = m.event().map_err(err)?;
+            e.record(&m.stream).map_err(err)?;
+            events.push((k, e));
+        }
+        Ok(DeviceWork::new(self, op, seq, events))
+    }
+
+    /// Runs one operation on this process's single GPU.
+    fn single<'a>(
+        &'a self,
+        op: &'static str,
+        f: impl FnOnce(&mut Lane<'_>) -> braid_cuda::Result<()>,
+    ) -> Result<DeviceWork<'a>> {
+        if self.members.len() != 1 {
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                op,
+                why: format!(
+                    "this process drives {} GPUs; issue per-GPU operations inside group()",
+                    self.members.len()
+                ),
+            });
+        }
+        self.queue(op, false, |lanes| f(&mut lanes[0]))
+    }
+
+    /// Launches several operations as one NCCL group (`ncclGroupStart/End`):
+    /// `f` gets one [`Lane`] per local GPU and queues operations on them.
+    pub fn group<'a>(
+        &'a self,
+        f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
+    ) -> Result<DeviceWork<'a>> {
+        self.queue("group", true, f)
+    }
+
+    /// Captures the operations `f` queues into a CUDA graph per local GPU
+    /// (nothing runs until [`launch_graphs`](Self::launch_graphs)). The
+    /// buffers used must stay alive as long as the graphs.
+    pub fn capture(
+        &self,
+        f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
+    ) -> Result<Vec<Graph>> {
+        self.check_usable()?;
+        let seq = self.next_seq();
+        let err = |e| self.gpu_err("capture", seq, e);
+        let _enqueue = self.watchdog.enter("capture", seq);
+        let guards: Vec<_> = self.members.iter().map(|m| m.lock()).collect();
+        for m in &self.members {
+            m.stream.begin_capture().map_err(err)?;
+        }
+        let mut lanes: Vec<Lane<'_>> = self
+            .members
+            .iter()
+            .zip(&guards)
+            .enumerate()
+            .map(|(k, (m, g))| Lane::new(g, &m.stream, self.rank + k, self.size))
+            .collect();
+        let many = lanes.len() > 1;
+        let queued = (|| {
+            if many {
+                nccl::group_start()?;
+            }
+            let r = f(&mut lanes);
+            if many {
+                nccl::group_end()?;
+            }
+            r
+        })();
+        drop(lanes);
+        // End every capture before instantiating any graph: the driver
+        // refuses to instantiate while this thread still captures.
+        let captured: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| m.stream.end_capture())
+            .collect();
+        queued.map_err(err)?;
+        let captured = captured
+            .into_iter()
+            .collect::<braid_cuda::Result<Vec<_>>>()
+            .map_err(err)?;
+        captured
+            .into_iter()
+            .map(|g| g.instantiate())
+            .collect::<braid_cuda::Result<Vec<_>>>()
+            .map_err(err)
+    }
+
+    /// Replays graphs made by [`capture`](Self::capture) (one per local GPU).
+    pub fn launch_graphs<'a>(&'a self, graphs: &'a [Graph]) -> Result<DeviceWork<'a>> {
+        self.check_usable()?;
+        let seq = self.next_seq();
+        let err = |e| self.gpu_err("graph", seq, e);
+        let _enqueue = self.watchdog.enter("graph", seq);
+        let mut events = Vec::new();
+        for (k, (m, g)) in self.members.iter().zip(graphs).enumerate() {
+            m.order_after_main().map_err(err)?;
+            g.launch(&m.stream).map_err(err)?;
+            let e = m.event().map_err(err)?;
+            e.record(&m.stream).map_err(err)?;
+            events.push((k, e));
+        }
+        Ok(DeviceWork::new(self, "graph", seq, events))
+    }
+
+    /// Aborts the NCCL communicator(s) and the host communicator with
+    /// `reason`: every pending and later operation fails.
+    pub fn abort(&self, reason: &str) {
+        for m in &self.members {
+            m.lock().abort();
+        }
+        self.host.abort(reason);
+    }
+
+    pub(crate) fn abort_nccl(&self) {
+        for m in &self.members {
+            m.lock().abort();
+        }
+    }
+
+    pub(crate) fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    // ---- operations on one GPU -------------------------------------
+
+    /// In-place all-reduce.
+    pub fn all_reduce<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_reduce", |l| l.all_reduce(buf, op))
+    }
+
+    /// Out-of-place all-reduce.
+    pub fn all_reduce_into<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_reduce", |l| l.all_reduce_into(send, recv, op))
+    }
+
+    /// In-place reduce to `root`.
+    pub fn reduce<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("reduce", |l| l.reduce(buf, op, root))
+    }
+
+    /// Out-of-place reduce to `root` (`recv` is written on the root only).
+    pub fn reduce_into<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("reduce", |l| l.reduce_into(send, recv, op, root))
+    }
+
+    /// In-place broadcast from `root`.
+    pub fn broadcast<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("broadcast", |l| l.broadcast(buf, root))
+    }
+
+    /// Out-of-place broadcast (`send` is read on the root only).
+    pub fn broadcast_into<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("broadcast", |l| l.broadcast_into(send, recv, root))
+    }
+
+    /// All-gather: `recv` holds `size` blocks of `send.len()`.
+    pub fn all_gather<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_gather", |l| l.all_gather(send, recv))
+    }
+
+    /// In-place all-gather: this rank's block is already at its offset.
+    pub fn all_gather_in_place<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_gather", |l| l.all_gather_in_place(buf))
+    }
+
+    /// All-gather with a count per rank.
+    pub fn all_gather_v<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        counts: &[usize],
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_gather_v", |l| l.all_gather_v(send, recv, counts))
+    }
+
+    /// Reduce-scatter: `send` holds `size` blocks of `recv.len()`.
+    pub fn reduce_scatter<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("reduce_scatter", |l| l.reduce_scatter(send, recv, op))
+    }
+
+    /// In-place reduce-scatter: the result lands in this rank's block.
+    pub fn reduce_scatter_in_place<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("reduce_scatter", |l| l.reduce_scatter_in_place(buf, op))
+    }
+
+    /// All-to-all with equal blocks.
+    pub fn all_to_all<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_to_all", |l| l.all_to_all(send, recv))
+    }
+
+    /// All-to-all with counts per peer.
+    pub fn all_to_all_v<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        send_counts: &[usize],
+        recv: &'a mut DeviceBuffer<T>,
+        recv_counts: &[usize],
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_to_all_v", |l| {
+            l.all_to_all_v(send, send_counts, recv, recv_counts)
+        })
+    }
+
+    /// Gather to `root` (`recv` holds `size` blocks on the root; ignored elsewhere).
+    pub fn gather<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("gather", |l| l.gather(send, recv, root))
+    }
+
+    /// Scatter from `root` (`send` holds `size` blocks on the root).
+    pub fn scatter<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("scatter", |l| l.scatter(send, recv, root))
+    }
+
+    /// Sends to `peer`.
+    pub fn send<'a, T: Element>(
+        &'a self,
+        buf: &'a DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("send", |l| l.send(buf, peer))
+    }
+
+    /// Receives from `peer`.
+    pub fn recv<'a, T: Element>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("recv", |l| l.recv(buf, peer))
+    }
+
+    /// Sends `send` to `to` and receives `recv` from `from` as one group.
+    pub fn send_recv<'a, T: Element>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        to: usize,
+        recv: &'a mut DeviceBuffer<T>,
+        from: usize,
+    ) -> Result<DeviceWork<'a>> {
+        if self.members.len() != 1 {
+            return self.single("send_recv", |_| Ok(()));
+        }
+        self.queue("send_recv", true, |lanes| {
+            lanes[0].send(send, to)?;
+            lanes[0].recv(recv, from)
+        })
+    }
+
+    /// Waits until every rank has reached the barrier and all earlier
+    /// operations on this process's GPUs have completed.
+    pub fn barrier(&self) -> Result<()> {
+        let mut scratch: Vec<DeviceBuffer<f32>> = self
+            .members
+            .iter()
+            .map(|m| DeviceBuffer::zeros(&m.device, 1))
+            .collect::<braid_cuda::Result<_>>()
+            .map_err(|e| self.gpu_err("barrier", 0, e))?;
+        self.queue("barrier", false, |lanes| {
+            for (l, b) in lanes.iter_mut().zip(scratch.iter_mut()) {
+                l.all_reduce(b, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?
+        .wait()
+    }
+
+    // ---- host tensors through the GPU ------------------------------
+
+    /// All-reduces a host slice through the GPU path: copied to the device,
+    /// reduced by NCCL, copied back.
+    pub fn all_reduce_host<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let mut dev = self.buffer_from_host(buf)?;
+        self.all_reduce(&mut dev, op)?.wait()?;
+        dev.copy_to_host(buf)
+            .map_err(|e| self.gpu_err("all_reduce", 0, e))
+    }
+
+    /// Broadcasts a host slice from `root` through the GPU path.
+    pub fn broadcast_host<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let mut dev = self.buffer_from_host(buf)?;
+        self.broadcast(&mut dev, root)?.wait()?;
+        dev.copy_to_host(buf)
+            .map_err(|e| self.gpu_err("broadcast", 0, e))
+    }
+
+    /// Splits like `ncclCommSplit` (and [`Communicator::split`] for the
+    /// host side): ranks passing the same `color` form a new communicator
+    /// ordered by `key`; `None` joins none. Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<GpuCommunicator>> {
+        if self.members.len() != 1 {
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                op: "split",
+                why: "split needs one GPU per process".into(),
+            });
+        }
+        let host = self.host.split(color, key)?;
+        let m = &self.members[0];
+        let child = m
+            .lock()
+            .split(color, key)
+            .map_err(|e| self.gpu_err("split", 0, e))?;
+        match (host, child) {
+            (Some(host), Some(nccl)) => {
+                let rank = nccl.rank();
+                let size = nccl.size();
+                let member = Member::new(m.device.clone(), nccl).map_err(setup_err)?;
+                Ok(Some(GpuCommunicator {
+                    timeout: host.timeout(),
+                    watchdog: Watchdog::start(rank, host.inner.health.clone(), host.timeout()),
+                    host,
+                    members: vec![member],
+                    rank,
+                    size,
+                    seq: AtomicU64::new(0),
+                }))
+            }
+            (None, None) => Ok(None),
+            _ => Err(setup_err("host and NCCL splits disagree")),
+        }
+    }
+
+    pub(crate) fn started(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// `ncclCommInitRank` for each local GPU inside one NCCL group.
+fn init_ranks(
+    devices: &[Device],
+    size: usize,
+    id: &UniqueId,
+    first: usize,
+) -> braid_cuda::Result<Vec<NcclComm>> {
+    if devices.len() == 1 {
+        return Ok(vec![NcclComm::init_rank(&devices[0], size, id, first)?]);
+    }
+    nccl::group_start()?;
+    let comms: braid_cuda::Result<Vec<_>> = devices
+        .iter()
+        .enumerate()
+        .map(|(k, d)| NcclComm::init_rank(d, size, id, first + k))
+        .collect();
+    nccl::group_end()?;
+    comms
+}

@@ -1,0 +1,204 @@
+//! [`DeviceWork`]: the handle of a queued GPU operation.
+//!
+//! `wait` polls the completion event; between polls it checks NCCL's
+//! asynchronous error, the host communicator's abort flag (raised by the
+//! health monitor when a local peer process dies, or by another rank) and
+//! the deadline. Any of those aborts the NCCL communicator — which stops
+//! its kernels — and returns an error naming the operation and its
+//! sequence number, so a dead peer never leaves the GPU spinning forever.
+
+use super::GpuCommunicator;
+use crate::error::{CommError, Result};
+use crate::health;
+use braid_cuda::{Event, Stream};
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// A GPU operation in flight. Dropping it without waiting orders the
+/// device's main stream after it (later copies and kernels see its result)
+/// without blocking the host.
+#[must_use = "wait for the operation, or drop the handle to order the main stream after it"]
+pub struct DeviceWork<'a> {
+    comm: &'a GpuCommunicator,
+    op: &'static str,
+    seq: u64,
+    started: Instant,
+    /// (member index, completion event); empty once finished.
+    events: Vec<(usize, Event)>,
+    _borrows: PhantomData<&'a mut ()>,
+}
+
+impl<'a> DeviceWork<'a> {
+    pub(crate) fn new(
+        comm: &'a GpuCommunicator,
+        op: &'static str,
+        seq: u64,
+        events: Vec<(usize, Event)>,
+    ) -> Self {
+        DeviceWork {
+            comm,
+            op,
+            seq,
+            started: comm.started(),
+            events,
+            _borrows: PhantomData,
+        }
+    }
+
+    /// The operation's sequence number on its communicator.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Whether the operation has completed (never blocks).
+    pub fn is_completed(&self) -> bool {
+        self.events.iter().all(|(_, e)| e.query().unwrap_or(true))
+    }
+
+    /// Blocks until the operation completes; fails (after aborting the
+    /// NCCL communicator) on an NCCL error, an aborted communicator, or
+    /// the communicator's timeout.
+    pub fn wait(mut self) -> Result<()> {
+        let deadline = self.started + self.comm.timeout();
+        self.wait_until(deadline, true).map(|_| ())
+    }
+
+    /// Waits at most `timeout`: `Ok(true)` when done, `Ok(false)` when still
+    /// running (the handle stays valid). Failures are as for `wait`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<bool> {
+        let hard = self.started + self.comm.timeout();
+        let soft = Instant::now() + timeout;
+        if soft >= hard {
+            return self.wait_until(hard, true);
+        }
+        self.wait_until(soft, false)
+    }
+
+    /// Makes later work on `stream` wait for this operation, without
+    /// blocking the host (the DDP pattern: the optimizer's stream waits for
+    /// the gradient all-reduce).
+    pub fn then_on(mut self, stream: &Stream) -> Result<()> {
+        let events = std::mem::take(&mut self.events);
+        let mut result = Ok(());
+        for (k, e) in events {
+            if result.is_ok() {
+                result = stream
+                    .wait_event(&e)
+                    .map_err(|err| self.comm.gpu_err(self.op, self.seq, err));
+            }
+            self.comm.members()[k].recycle(e);
+        }
+        result
+    }
+
+    fn wait_until(&mut self, deadline: Instant, hard: bool) -> Result<bool> {
+        let mut polls = 0u32;
+        loop {
+            let mut all = true;
+            for (_, e) in &self.events {
+                match e.query() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        all = false;
+                        break;
+                    }
+                    Err(err) => return Err(self.fail(err.to_string())),
+                }
+            }
+            if all {
+                self.finish();
+                return Ok(true);
+            }
+            polls += 1;
+            // Check the slower conditions every few polls.
+            if polls % 64 == 0 {
+                self.check()?;
+                if Instant::now() >= deadline {
+                    if !hard {
+                        return Ok(false);
+                    }
+                    return Err(self.timed_out());
+                }
+            }
+            if polls < 4096 {
+                std::hint::spin_loop();
+            } else if polls < 8192 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        for (k, e) in std::mem::take(&mut self.events) {
+            self.comm.members()[k].recycle(e);
+        }
+    }
+
+    /// NCCL's asynchronous errors and the host abort flag.
+    fn check(&self) -> Result<()> {
+        for m in self.comm.members() {
+            let err = m.lock().async_error();
+            if let Err(e) = err {
+                return Err(self.fail(e.to_string()));
+            }
+        }
+        let health = &self.comm.host().inner.health;
+        if health.is_aborted() {
+            self.comm.abort_nccl();
+            return Err(CommError::Aborted {
+                rank: self.comm.rank(),
+                reason: format!(
+                    "{} (seen while waiting for {} #{} on the GPU; NCCL communicator aborted)",
+                    health.reason(),
+                    self.op,
+                    self.seq
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Aborts everything after a CUDA/NCCL failure and names it.
+    fn fail(&self, detail: String) -> CommError {
+        self.comm.abort_nccl();
+        let err = CommError::Gpu {
+            rank: self.comm.rank(),
+            op: self.op,
+            seq: self.seq,
+            detail,
+        };
+        let inner = &self.comm.host().inner;
+        let standing = health::publish_abort(&inner.store, &err.to_string());
+        inner.health.abort(standing);
+        err
+    }
+
+    fn timed_out(&self) -> CommError {
+        self.comm.abort_nccl();
+        let err = CommError::Timeout {
+            rank: self.comm.rank(),
+            op: self.op,
+            seq: self.seq,
+            waiting_for: Vec::new(),
+            waited: self.started.elapsed(),
+        };
+        let inner = &self.comm.host().inner;
+        let standing = health::publish_abort(&inner.store, &err.to_string());
+        inner.health.abort(standing);
+        err
+    }
+}
+
+impl Drop for DeviceWork<'_> {
+    fn drop(&mut self) {
+        for (k, e) in std::mem::take(&mut self.events) {
+            let m = &self.comm.members()[k];
+            // Order the main stream after the operation so buffers read or
+            // freed there later see it complete.
+            let _ = m.device.main_stream().wait_event(&e);
+            m.recycle(e);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Typed device memory ([`DeviceBuffer`]) and page-locked host memory
+//! ([`PinnedBuffer`]), with copies between them and ordinary host slices.
+//!
+//! Copies from and to host slices are synchronous on the device's main
+//! stream, so they are ordered after any collective whose work handle was
+//! waited on or dropped (dropping orders the main stream after it).
+
+use crate::driver::{check, Device, Stream};
+use crate::error::{driver, CudaError, Result};
+use braid_core::Element;
+use cudarc::driver::{result, sys};
+use std::marker::PhantomData;
+
+/// `len` elements of `T` in one GPU's memory.
+pub struct DeviceBuffer<T: Element> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    device: Device,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the buffer is plain device memory owned by this value.
+unsafe impl<T: Element> Send for DeviceBuffer<T> {}
+// SAFETY: shared references only read the pointer value.
+unsafe impl<T: Element> Sync for DeviceBuffer<T> {}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// `len` zeroed elements on `device`.
+    pub fn zeros(device: &Device, len: usize) -> Result<Self> {
+        let buf = Self::uninit(device, len)?;
+        let stream = device.main_stream();
+        if buf.byte_len() > 0 {
+            // SAFETY: the allocation holds `byte_len` bytes; zero bytes are a
+            // valid value of every `Element`.
+            unsafe { result::memset_d8_async(buf.ptr, 0, buf.byte_len(), stream.raw()) }
+                .map_err(driver("cuMemsetD8Async"))?;
+            stream.synchronize()?;
+        }
+        Ok(buf)
+    }
+
+    /// A copy of `data` on `device`.
+    pub fn from_host(device: &Device, data: &[T]) -> Result<Self> {
+        let mut buf = Self::uninit(device, data.len())?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
+    fn uninit(device: &Device, len: usize) -> Result<Self> {
+        device.bind()?;
+        let bytes = len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
+            CudaError::Invalid(format!("{len} elements of {} overflow", T::DTYPE))
+        })?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: plain allocation in the bound context; freed in Drop.
+            unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+                let mut err = driver("cuMemAlloc")(e);
+                if let CudaError::Driver { text, .. } = &mut err {
+                    text.push_str(&format!(
+                        "; asked for {bytes} bytes on GPU {}",
+                        device.ordinal()
+                    ));
+                }
+                err
+            })?
+        };
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            device: device.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * T::DTYPE.size()
+    }
+
+    /// The device address of element 0.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device address of element `index` (`index <= len`).
+    pub fn ptr_at(&self, index: usize) -> u64 {
+        assert!(
+            index <= self.len,
+            "index {index} past {} elements",
+            self.len
+        );
+        self.ptr + (index * T::DTYPE.size()) as u64
+    }
+
+    /// The GPU holding the buffer.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn check_len(&self, what: &str, n: usize) -> Result<()> {
+        if n != self.len {
+            return Err(CudaError::Invalid(format!(
+                "{what}: host slice has {n} elements but the device buffer has {}",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Overwrites the buffer with `data` (same length); returns when done.
+    pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
+        self.check_len("copy_from_host", data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let stream = self.device.main_stream();
+        self.device.bind()?;
+        // SAFETY: both sides hold `len` elements; the host slice outlives the
+        // copy because we synchronise before returning.
+        unsafe { result::memcpy_htod_async(self.ptr, data, stream.raw()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        stream.synchronize()
+    }
+
+    /// Copies the buffer into `out` (same length); returns when done.
+    pub fn copy_to_host(&self, out: &mut [T]) -> Result<()> {
+        self.check_len("copy_to_host", out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let stream = self.device.main_stream();
+        self.device.bind()?;
+        // SAFETY: as in `copy_from_host`.
+        unsafe { result::memcpy_dtoh_async(out, self.ptr, stream.raw()) }
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
+        stream.synchronize()
+    }
+
+    /// The buffer's contents as a vector.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+
+    /// Queues a copy of `src` (same length, any device) into this buffer on
+    /// `stream`.
+    pub fn copy_from_device_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        if src.len != self.len {
+            return Err(CudaError::Invalid(format!(
+                "device copy: source has {} elements, destination {}",
+                src.len, self.len
+            )));
+        }
+        copy_peer_async(
+            self.ptr,
+            &self.device,
+            src.ptr,
+            &src.device,
+            self.byte_len(),
+            stream,
+        )
+    }
+}
+
+/// Queues a copy of `bytes` from `src` on `src_dev` to `dst` on `dst_dev` on
+/// `stream`: direct when peer access is enabled, staged by the driver
+/// through host memory otherwise.
+pub fn copy_peer_async(
+    dst: u64,
+    dst_dev: &Device,
+    src: u64,
+    src_dev: &Device,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    // SAFETY: the caller passes device addresses with `bytes` valid bytes
+    // in the given devices' contexts.
+    let r = unsafe {
+        sys::cuMemcpyPeerAsync(dst, dst_dev.ctx(), src, src_dev.ctx(), bytes, stream.raw())
+    };
+    check("cuMemcpyPeerAsync", r)
+}
+
+impl<T: Element> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.device.bind().is_ok() {
+            // SAFETY: work using the buffer was ordered on the main stream
+            // (or waited for); finish it, then free our allocation.
+            unsafe {
+                let _ = result::stream::synchronize(self.device.main_stream().raw());
+                let _ = result::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+/// Page-locked host memory: what host↔device copies need to run at full
+/// speed and asynchronously.
+pub struct PinnedBuffer<T: Element> {
+    ptr: *mut T,
+    len: usize,
+    device: Device,
+}
+
+// SAFETY: owned host memory.
+unsafe impl<T: Element> Send for PinnedBuffer<T> {}
+
+impl<T: Element> PinnedBuffer<T> {
+    /// `len` zeroed elements of pinned host memory, usable by `device`.
+    pub fn zeros(device: &Device, len: usize) -> Result<Self> {
+        device.bind()?;
+        let bytes = (len * T::DTYPE.size()).max(1);
+        // SAFETY: plain allocation; freed in Drop.
+        let p = unsafe { result::malloc_host(bytes, 0) }.map_err(driver("cuMemHostAlloc"))?;
+        // SAFETY: `p` holds `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+        Ok(PinnedBuffer {
+            ptr: p as *mut T,
+            len,
+            device: device.clone(),
+        })
+    }
+
+    /// The memory as a slice.
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `len` initialised elements owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The memory as a mutable slice.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Queues a copy of this memory into `dst` on `stream`.
+    pub fn copy_to_device_async(&self, dst: &mut DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        dst.check_len("copy_to_device_async", self.len)?;
+        stream.device().bind()?;
+        // SAFETY: pinned memory stays valid while `self` lives; the caller
+        // synchronises the stream before dropping it.
+        unsafe { result::memcpy_htod_async(dst.ptr, self.as_slice(), stream.raw()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    /// Queues a copy of `src` into this memory on `stream`.
+    pub fn copy_from_device_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        src.check_len("copy_from_device_async", self.len)?;
+        stream.device().bind()?;
+        // SAFETY: as above.
+        unsafe { result::memcpy_dtoh_async(self.as_mut_slice(), src.ptr, stream.raw()) }
+            .map_err(driver("cuMemcpyDtoHAsync"))
+    }
+}
+
+impl<T: Element> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc in `zeros`.
+            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+    }
+}
