@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: runs on a GPU machine from binaries built elsewhere (no Rust
-# toolchain needed there). Build first: cargo build --release --bins
+# toolchain needed there). Build first: cargo build --release --bins --examples
 #
 #   scripts/gpu-check.sh [OUTDIR]
 #
@@ -8,8 +8,10 @@
 # 2. braid verify --device cuda on 2 and 4 GPUs (one process per GPU) and
 #    on all GPUs from one process (-g): every operation x dtype x reduce op
 #    at counts 0, 1, 7, 1031, 4099, 90001; one summary line per group.
-# 3. SIGKILL: a worker killed during an all-reduce loop; the others must
-#    exit with an error naming the operation within 30 s.
+# 3. braid bench --graph --check with -g and with 2 processes.
+# 4. SIGKILL: a worker killed during an all-reduce loop (queued without
+#    waiting: braid bench; waiting for each: examples/hello_gpu); the others
+#    must exit with an error naming the operation within 30 s.
 # Exit status 0 only if every step passed. Output is also kept in OUTDIR.
 set -u -o pipefail
 BRAID=${BRAID:-target/release/braid}
@@ -59,20 +61,22 @@ else
   tail -20 "$OUT_DIR"/bench-graph-*.txt; fail "bench --graph --check"
 fi
 
+# kill_test N VICTIM NAME READY-PATTERN COMMAND...: starts N ranks of
+# COMMAND, waits for READY-PATTERN in rank 0's output, kills VICTIM.
 kill_test() {
-  local n=$1 victim=$2 port=$((20000 + RANDOM % 20000))
-  local dir="$OUT_DIR/kill-$n"
+  local n=$1 victim=$2 name=$3 ready=$4 port=$((20000 + RANDOM % 20000))
+  shift 4
+  local dir="$OUT_DIR/kill-$name-$n"
   mkdir -p "$dir"
   local pids=()
   for r in $(seq 0 $((n - 1))); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n GROUP_RANK=0 \
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$port BRAID_RUN_ID=kill-$port \
-      $BRAID bench all_reduce --device cuda -b 32M -e 32M -n 100000000 -w 2 \
-      >"$dir/rank$r.out" 2>"$dir/rank$r.err" &
+      "$@" >"$dir/rank$r.out" 2>"$dir/rank$r.err" &
     pids+=($!)
   done
   # Wait until the timed loop runs (rank 0 prints its header first).
-  for _ in $(seq 1 600); do grep -q '^# braid bench' "$dir/rank0.out" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 1 600); do grep -q "$ready" "$dir/rank0.out" 2>/dev/null && break; sleep 0.1; done
   sleep 3
   kill -9 "${pids[$victim]}"
   local t0; t0=$(date +%s.%N)
@@ -87,7 +91,7 @@ kill_test() {
     fi
     wait "${pids[$r]}"; local rc=$?
     local dt; dt=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")
-    local msg; msg=$(grep -m1 'error' "$dir/rank$r.err")
+    local msg; msg=$(grep -v '^ *$' "$dir/rank$r.err" | grep -v 'NCCL WARN\|NCCL INFO' | tail -1)
     echo "rank $r: exit $rc after ${dt}s: $msg"
     if [ "$rc" = 0 ] || ! echo "$msg" | grep -q 'all_reduce'; then ok=0; fi
   done
@@ -95,10 +99,24 @@ kill_test() {
   [ "$ok" = 1 ]
 }
 
+HELLO=${HELLO_GPU:-$(dirname "$BRAID")/examples/hello_gpu}
 for n in 2 4; do
   [ "$n" -le "$ngpu" ] || continue
-  step "SIGKILL of rank 1 during an all-reduce loop on $n GPUs"
-  if kill_test "$n" 1 | tee "$OUT_DIR/kill-$n.txt"; then pass "kill test on $n GPUs"; else fail "kill test on $n GPUs"; fi
+  # Queueing without waiting: CUDA's launch queue fills behind kernels
+  # that wait for the dead rank, so the survivors are stuck inside NCCL
+  # (the watchdog ends them).
+  step "SIGKILL of rank 1 during a queued all-reduce loop (braid bench) on $n GPUs"
+  if kill_test "$n" 1 bench '^# braid bench' $BRAID bench all_reduce --device cuda -b 32M -e 32M -n 100000000 -w 2 \
+       | tee "$OUT_DIR/kill-bench-$n.txt"; then pass "kill test (bench) on $n GPUs"; else fail "kill test (bench) on $n GPUs"; fi
+  # Waiting for every operation: the survivors are in DeviceWork::wait,
+  # which sees the abort, calls ncclCommAbort and returns the error.
+  if [ -x "$HELLO" ]; then
+    step "SIGKILL of rank 1 during an all-reduce + wait loop (examples/hello_gpu) on $n GPUs"
+    if kill_test "$n" 1 hello '^Hello from rank' "$HELLO" --iters 100000000 --mib 32 \
+         | tee "$OUT_DIR/kill-hello-$n.txt"; then pass "kill test (hello_gpu) on $n GPUs"; else fail "kill test (hello_gpu) on $n GPUs"; fi
+  else
+    echo "skipped: $HELLO not built (cargo build --release --examples)"
+  fi
 done
 
 echo

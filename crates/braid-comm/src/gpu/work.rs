@@ -60,7 +60,19 @@ impl<'a> DeviceWork<'a> {
     /// the communicator's timeout.
     pub fn wait(mut self) -> Result<()> {
         let deadline = self.started + self.comm.timeout();
-        self.wait_until(deadline, true).map(|_| ())
+        let r = self.wait_until(deadline, true).map(|_| ());
+        if r.is_err() {
+            self.forget_events();
+        }
+        r
+    }
+
+    /// After a failure: the communicator is aborted and the events may
+    /// never complete, so nothing is ordered after them.
+    fn forget_events(&mut self) {
+        for (k, e) in std::mem::take(&mut self.events) {
+            self.comm.members()[k].recycle(e);
+        }
     }
 
     /// Waits at most `timeout`: `Ok(true)` when done, `Ok(false)` when still
@@ -68,10 +80,15 @@ impl<'a> DeviceWork<'a> {
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<bool> {
         let hard = self.started + self.comm.timeout();
         let soft = Instant::now() + timeout;
-        if soft >= hard {
-            return self.wait_until(hard, true);
+        let r = if soft >= hard {
+            self.wait_until(hard, true)
+        } else {
+            self.wait_until(soft, false)
+        };
+        if r.is_err() {
+            self.forget_events();
         }
-        self.wait_until(soft, false)
+        r
     }
 
     /// Makes later work on `stream` wait for this operation, without
@@ -162,6 +179,8 @@ impl<'a> DeviceWork<'a> {
 
     /// Aborts everything after a CUDA/NCCL failure and names it.
     fn fail(&self, detail: String) -> CommError {
+        // (The events are left to `forget_events`: the operation failed,
+        // so nothing may be ordered after it.)
         self.comm.abort_nccl();
         let err = CommError::Gpu {
             rank: self.comm.rank(),
