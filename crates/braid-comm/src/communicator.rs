@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     pub(crate) backend_name: &'static str,
     pub(crate) progress: Progress,
     pub(crate) splits: AtomicU64,
+    /// GPU communicators made from this one (numbers their NCCL id keys).
+    pub(crate) gpu_inits: AtomicU64,
     /// Keeps rank 0's store server alive when it hosts one.
     pub(crate) _worker_store: Option<WorkerStore>,
 }
@@ -204,6 +206,7 @@ impl Communicator {
             backend_name,
             progress: Progress::default(),
             splits: AtomicU64::new(0),
+            gpu_inits: AtomicU64::new(0),
             _worker_store: worker_store,
         });
         Ok(Communicator { inner })

@@ -4,7 +4,7 @@
 //! rank, size, the store and the health monitor) and the GPU(s) this
 //! process drives: one per process is the main mode (`LOCAL_RANK` picks the
 //! device), several per process is the course's `ncclCommInitAll` pattern.
-//! The NCCL unique id travels from rank 0 over the host communicator.
+//! The NCCL unique id travels from rank 0 through the rendezvous store.
 //!
 //! Operations have the host API's names and semantics, on
 //! [`DeviceBuffer`]s. Each one is ordered after the work already queued on
@@ -174,12 +174,7 @@ impl GpuCommunicator {
         let comms = if host.size() == 1 {
             NcclComm::init_all(&devices).map_err(setup_err)?
         } else {
-            let mut id = [0u8; 128];
-            if host.rank() == 0 {
-                id.copy_from_slice(&nccl::unique_id().map_err(setup_err)?.to_bytes());
-            }
-            host.broadcast(&mut id, 0)?;
-            let id = UniqueId::from_bytes(&id).map_err(setup_err)?;
+            let id = exchange_unique_id(host)?;
             init_ranks(&devices, size, &id, host.rank() * per).map_err(setup_err)?
         };
         let members = devices
@@ -703,6 +698,28 @@ impl GpuCommunicator {
 
     pub(crate) fn started(&self) -> Instant {
         Instant::now()
+    }
+}
+
+/// Rank 0 makes the NCCL unique id and publishes it in the rendezvous
+/// store (under the host communicator's prefix, numbered per GPU
+/// communicator); the others read it, bounded by the timeout.
+fn exchange_unique_id(host: &Communicator) -> Result<UniqueId> {
+    let n = host.inner.gpu_inits.fetch_add(1, Ordering::SeqCst);
+    let key = format!("nccl-id/{n}");
+    let store = &host.inner.store;
+    if host.rank() == 0 {
+        let id = nccl::unique_id().map_err(setup_err)?;
+        store.set(&key, id.to_bytes())?;
+        Ok(id)
+    } else {
+        let bytes = store.get_timeout(&key, host.timeout()).map_err(|e| {
+            setup_err(format!(
+                "rank {}: no NCCL unique id from rank 0 ({e})",
+                host.rank()
+            ))
+        })?;
+        UniqueId::from_bytes(&bytes).map_err(setup_err)
     }
 }
 
