@@ -1,0 +1,748 @@
+//! The GPT model on the CPU: forward and backward block by block over one
+//! flat parameter slice, with a callback the moment a block's gradients
+//! are final (where data-parallel and sharded training attach).
+//!
+//! Generic over the element type: f32 trains, f64 checks the whole
+//! model's gradients by finite differences. Activations are allocated once
+//! per (batch, sequence) shape in [`Activations`]; with activation
+//! checkpointing only each layer's input is kept and the layer is
+//! recomputed just before its backward pass.
+
+use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
+use crate::cpu::classifier::{classifier, ClassifierIo};
+use crate::cpu::embed::{embed_backward, embed_forward};
+use crate::cpu::gelu::{gelu_backward, gelu_forward};
+use crate::cpu::matmul::{linear_backward, linear_forward};
+use crate::cpu::norm::{layernorm_backward, layernorm_forward};
+use crate::cpu::Real;
+use crate::layout::{Block, Layout};
+use std::ops::Range;
+
+/// Ranges of one layer's parameters in the flat buffer.
+#[derive(Debug, Clone)]
+struct LayerParams {
+    ln1_w: Range<usize>,
+    ln1_b: Range<usize>,
+    qkv_w: Range<usize>,
+    qkv_b: Range<usize>,
+    proj_w: Range<usize>,
+    proj_b: Range<usize>,
+    ln2_w: Range<usize>,
+    ln2_b: Range<usize>,
+    fc_w: Range<usize>,
+    fc_b: Range<usize>,
+    fcproj_w: Range<usize>,
+    fcproj_b: Range<usize>,
+}
+
+impl LayerParams {
+    fn of(layout: &Layout, i: usize) -> LayerParams {
+        let r = |s: &str| {
+            layout
+                .get(&format!("h.{i}.{s}"))
+                .expect("layout has every layer parameter")
+                .range()
+        };
+        LayerParams {
+            ln1_w: r("ln_1.weight"),
+            ln1_b: r("ln_1.bias"),
+            qkv_w: r("attn.c_attn.weight"),
+            qkv_b: r("attn.c_attn.bias"),
+            proj_w: r("attn.c_proj.weight"),
+            proj_b: r("attn.c_proj.bias"),
+            ln2_w: r("ln_2.weight"),
+            ln2_b: r("ln_2.bias"),
+            fc_w: r("mlp.c_fc.weight"),
+            fc_b: r("mlp.c_fc.bias"),
+            fcproj_w: r("mlp.c_proj.weight"),
+            fcproj_b: r("mlp.c_proj.bias"),
+        }
+    }
+}
+
+/// One layer's saved activations.
+#[derive(Debug, Clone)]
+struct LayerActs<T> {
+    ln1: Vec<T>,
+    ln1_mean: Vec<T>,
+    ln1_rstd: Vec<T>,
+    qkv: Vec<T>,
+    att: Vec<T>,
+    atty: Vec<T>,
+    resid2: Vec<T>,
+    ln2: Vec<T>,
+    ln2_mean: Vec<T>,
+    ln2_rstd: Vec<T>,
+    fch: Vec<T>,
+    fch_gelu: Vec<T>,
+}
+
+impl<T: Real> LayerActs<T> {
+    fn new(b: usize, t: usize, c: usize, nh: usize) -> Self {
+        let n = b * t;
+        let z = |k: usize| vec![T::ZERO; k];
+        LayerActs {
+            ln1: z(n * c),
+            ln1_mean: z(n),
+            ln1_rstd: z(n),
+            qkv: z(n * 3 * c),
+            att: z(b * nh * t * t),
+            atty: z(n * c),
+            resid2: z(n * c),
+            ln2: z(n * c),
+            ln2_mean: z(n),
+            ln2_rstd: z(n),
+            fch: z(n * 4 * c),
+            fch_gelu: z(n * 4 * c),
+        }
+    }
+}
+
+/// Gradient scratch shared by all layers.
+#[derive(Debug, Clone)]
+struct LayerGrads<T> {
+    dresid2: Vec<T>,
+    dln2: Vec<T>,
+    dfch: Vec<T>,
+    dgelu: Vec<T>,
+    datty: Vec<T>,
+    dqkv: Vec<T>,
+    dln1: Vec<T>,
+}
+
+/// Everything a forward pass keeps for its backward pass, sized for one
+/// (batch, sequence) shape.
+#[derive(Debug, Clone)]
+pub struct Activations<T> {
+    b: usize,
+    t: usize,
+    checkpointing: bool,
+    /// Residual stream entering each layer, and after the last (`L + 1`).
+    resid: Vec<Vec<T>>,
+    /// Saved internals per layer (one shared set when checkpointing).
+    layers: Vec<LayerActs<T>>,
+    lnf: Vec<T>,
+    lnf_mean: Vec<T>,
+    lnf_rstd: Vec<T>,
+    losses: Vec<T>,
+    logits: Vec<T>,
+    grads: LayerGrads<T>,
+    dresid: Vec<T>,
+}
+
+impl<T: Real> Activations<T> {
+    /// Buffers for batches of `b` sequences of `t` tokens; with
+    /// `checkpointing`, one layer's internals instead of all of them.
+    pub fn new(layout: &Layout, b: usize, t: usize, checkpointing: bool) -> Self {
+        let cfg = &layout.config;
+        let (c, nh, l) = (cfg.n_embd, cfg.n_head, cfg.n_layer);
+        let n = b * t;
+        let z = |k: usize| vec![T::ZERO; k];
+        let kept = if checkpointing { 1 } else { l };
+        Activations {
+            b,
+            t,
+            checkpointing,
+            resid: (0..=l).map(|_| z(n * c)).collect(),
+            layers: (0..kept).map(|_| LayerActs::new(b, t, c, nh)).collect(),
+            lnf: z(n * c),
+            lnf_mean: z(n),
+            lnf_rstd: z(n),
+            losses: z(n),
+            logits: Vec::new(),
+            grads: LayerGrads {
+                dresid2: z(n * c),
+                dln2: z(n * c),
+                dfch: z(n * 4 * c),
+                dgelu: z(n * 4 * c),
+                datty: z(n * c),
+                dqkv: z(n * 3 * c),
+                dln1: z(n * c),
+            },
+            dresid: z(n * c),
+        }
+    }
+
+    /// Each position's loss from the last forward pass (0 where the target
+    /// was masked).
+    pub fn losses(&self) -> &[T] {
+        &self.losses
+    }
+}
+
+/// Why a step cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    /// Token or target counts do not match the activations' shape.
+    #[error("{0}")]
+    Shape(String),
+    /// A token id is outside the vocabulary.
+    #[error("token {token} at position {pos} is not below the vocabulary size {vocab}")]
+    Token {
+        /// The id.
+        token: u32,
+        /// Where.
+        pos: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// Forward and backward passes of one model layout.
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    layout: std::sync::Arc<Layout>,
+    layers: Vec<LayerParams>,
+}
+
+impl Gpt {
+    /// The model of `layout`.
+    pub fn new(layout: std::sync::Arc<Layout>) -> Gpt {
+        let layers = (0..layout.config.n_layer)
+            .map(|i| LayerParams::of(&layout, i))
+            .collect();
+        Gpt { layout, layers }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &std::sync::Arc<Layout> {
+        &self.layout
+    }
+
+    fn check<T: Real>(
+        &self,
+        acts: &Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<(), StepError> {
+        let n = acts.b * acts.t;
+        let cfg = &self.layout.config;
+        if tokens.len() != n || targets.len() != n {
+            return Err(StepError::Shape(format!(
+                "{} tokens and {} targets for a batch of {} x {}",
+                tokens.len(),
+                targets.len(),
+                acts.b,
+                acts.t
+            )));
+        }
+        if acts.t > cfg.context {
+            return Err(StepError::Shape(format!(
+                "sequence length {} exceeds the model's context {}",
+                acts.t, cfg.context
+            )));
+        }
+        for (pos, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= cfg.vocab_size {
+                return Err(StepError::Token {
+                    token: tok,
+                    pos,
+                    vocab: cfg.vocab_size,
+                });
+            }
+        }
+        for (pos, &tok) in targets.iter().enumerate() {
+            if tok != u32::MAX && tok as usize >= cfg.vocab_size {
+                return Err(StepError::Token {
+                    token: tok,
+                    pos,
+                    vocab: cfg.vocab_size,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward<T: Real>(
+        &self,
+        l: usize,
+        p: &[T],
+        x: &[T],
+        out: &mut [T],
+        a: &mut LayerActs<T>,
+        b: usize,
+        t: usize,
+    ) {
+        let cfg = &self.layout.config;
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let n = b * t;
+        let lp = &self.layers[l];
+        layernorm_forward(
+            &mut a.ln1,
+            &mut a.ln1_mean,
+            &mut a.ln1_rstd,
+            x,
+            &p[lp.ln1_w.clone()],
+            &p[lp.ln1_b.clone()],
+            c,
+        );
+        linear_forward(
+            &mut a.qkv,
+            &a.ln1,
+            &p[lp.qkv_w.clone()],
+            Some(&p[lp.qkv_b.clone()]),
+            n,
+            c,
+            3 * c,
+        );
+        attention_forward(&mut a.atty, &mut a.att, &a.qkv, AttnShape { b, t, c, nh });
+        linear_forward(
+            &mut a.resid2,
+            &a.atty,
+            &p[lp.proj_w.clone()],
+            Some(&p[lp.proj_b.clone()]),
+            n,
+            c,
+            c,
+        );
+        for (r, &xi) in a.resid2.iter_mut().zip(x) {
+            *r += xi;
+        }
+        layernorm_forward(
+            &mut a.ln2,
+            &mut a.ln2_mean,
+            &mut a.ln2_rstd,
+            &a.resid2,
+            &p[lp.ln2_w.clone()],
+            &p[lp.ln2_b.clone()],
+            c,
+        );
+        linear_forward(
+            &mut a.fch,
+            &a.ln2,
+            &p[lp.fc_w.clone()],
+            Some(&p[lp.fc_b.clone()]),
+            n,
+            c,
+            4 * c,
+        );
+        gelu_forward(&mut a.fch_gelu, &a.fch);
+        linear_forward(
+            out,
+            &a.fch_gelu,
+            &p[lp.fcproj_w.clone()],
+            Some(&p[lp.fcproj_b.clone()]),
+            n,
+            4 * c,
+            c,
+        );
+        for (o, &r) in out.iter_mut().zip(&a.resid2) {
+            *o += r;
+        }
+    }
+
+    /// Forward pass: returns the mean loss over positions whose target is
+    /// not `u32::MAX` (0 when there are none). `tokens` and `targets` are
+    /// `b × t`, row-major.
+    pub fn forward<T: Real>(
+        &self,
+        p: &[T],
+        acts: &mut Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<T, StepError> {
+        self.check(acts, tokens, targets)?;
+        let cfg = &self.layout.config;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (b, t) = (acts.b, acts.t);
+        let n = b * t;
+        let wte = self.layout.get("wte.weight").expect("wte").range();
+        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
+        embed_forward(&mut acts.resid[0], tokens, &p[wte.clone()], &p[wpe], t, c);
+        for l in 0..cfg.n_layer {
+            let (before, after) = acts.resid.split_at_mut(l + 1);
+            let slot = if acts.checkpointing { 0 } else { l };
+            self.layer_forward(
+                l,
+                p,
+                &before[l],
+                &mut after[0],
+                &mut acts.layers[slot],
+                b,
+                t,
+            );
+        }
+        let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
+        let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
+        layernorm_forward(
+            &mut acts.lnf,
+            &mut acts.lnf_mean,
+            &mut acts.lnf_rstd,
+            &acts.resid[cfg.n_layer],
+            &p[lnf_w],
+            &p[lnf_b],
+            c,
+        );
+        let io = ClassifierIo {
+            x: &acts.lnf,
+            wte: &p[wte],
+            targets,
+            rows: n,
+            c,
+            v,
+        };
+        classifier(&io, &mut acts.losses, None, &mut acts.logits);
+        Ok(mean_loss(&acts.losses, targets))
+    }
+
+    /// Forward then backward: accumulates the mean loss's gradient into
+    /// `grads` (same layout as `p`) and calls `ready(block, grads_of_block)`
+    /// as soon as each block's gradients are final — the final norm first,
+    /// then the layers from last to first, the embeddings last. Returns the
+    /// mean loss.
+    pub fn forward_backward<T: Real>(
+        &self,
+        p: &[T],
+        grads: &mut [T],
+        acts: &mut Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+        mut ready: impl FnMut(Block, &mut [T]),
+    ) -> Result<T, StepError> {
+        let loss = self.forward(p, acts, tokens, targets)?;
+        let cfg = &self.layout.config;
+        let (c, v, nh, nl) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer);
+        let (b, t) = (acts.b, acts.t);
+        let n = b * t;
+        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
+        let scale = if counted == 0 {
+            T::ZERO
+        } else {
+            T::ONE / T::of(counted as f64)
+        };
+        let wte = self.layout.get("wte.weight").expect("wte").range();
+        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
+        let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
+        let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
+
+        // Head: classifier into dlnf (dresid2 scratch) and dwte.
+        let dlnf = &mut acts.grads.dresid2;
+        dlnf.fill(T::ZERO);
+        {
+            let io = ClassifierIo {
+                x: &acts.lnf,
+                wte: &p[wte.clone()],
+                targets,
+                rows: n,
+                c,
+                v,
+            };
+            let dwte = &mut grads[wte.clone()];
+            classifier(
+                &io,
+                &mut acts.losses,
+                Some((dlnf, dwte, scale)),
+                &mut acts.logits,
+            );
+        }
+        acts.dresid.fill(T::ZERO);
+        {
+            let (gw, gb) = two_mut(grads, lnf_w.clone(), lnf_b.clone());
+            layernorm_backward(
+                &mut acts.dresid,
+                gw,
+                gb,
+                &acts.grads.dresid2,
+                &acts.resid[nl],
+                &p[lnf_w],
+                &acts.lnf_mean,
+                &acts.lnf_rstd,
+                c,
+            );
+        }
+        let r = self.layout.block_range(Block::FinalNorm);
+        ready(Block::FinalNorm, &mut grads[r]);
+
+        for l in (0..nl).rev() {
+            let slot = if acts.checkpointing { 0 } else { l };
+            if acts.checkpointing {
+                // Recompute this layer's internals from its saved input.
+                let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
+                self.layer_forward(
+                    l,
+                    p,
+                    &acts.resid[l],
+                    &mut scratch_out,
+                    &mut acts.layers[0],
+                    b,
+                    t,
+                );
+                acts.grads.dln1 = scratch_out;
+            }
+            self.layer_backward(
+                l,
+                p,
+                grads,
+                &mut acts.dresid,
+                &acts.resid[l],
+                &acts.layers[slot],
+                &mut acts.grads,
+                AttnShape { b, t, c, nh },
+            );
+            let r = self.layout.block_range(Block::Layer(l));
+            ready(Block::Layer(l), &mut grads[r]);
+        }
+
+        {
+            let (gte, gpe) = two_mut(grads, wte, wpe);
+            embed_backward(gte, gpe, &acts.dresid, tokens, t, c);
+        }
+        let r = self.layout.block_range(Block::Embedding);
+        ready(Block::Embedding, &mut grads[r]);
+        Ok(loss)
+    }
+
+    /// Backward of layer `l`: `dx` holds the gradient of the layer's
+    /// output on entry and of its input on return.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward<T: Real>(
+        &self,
+        l: usize,
+        p: &[T],
+        grads: &mut [T],
+        dx: &mut [T],
+        x: &[T],
+        a: &LayerActs<T>,
+        g: &mut LayerGrads<T>,
+        s: AttnShape,
+    ) {
+        let c = s.c;
+        let n = s.b * s.t;
+        let lp = &self.layers[l];
+        // MLP: out = resid2 + fcproj(gelu(fc(ln2(resid2)))).
+        g.dresid2.copy_from_slice(dx);
+        g.dgelu.fill(T::ZERO);
+        {
+            let (gw, gb) = two_mut(grads, lp.fcproj_w.clone(), lp.fcproj_b.clone());
+            linear_backward(
+                &mut g.dgelu,
+                gw,
+                Some(gb),
+                dx,
+                &a.fch_gelu,
+                &p[lp.fcproj_w.clone()],
+                n,
+                4 * c,
+                c,
+            );
+        }
+        g.dfch.fill(T::ZERO);
+        gelu_backward(&mut g.dfch, &a.fch, &g.dgelu);
+        g.dln2.fill(T::ZERO);
+        {
+            let (gw, gb) = two_mut(grads, lp.fc_w.clone(), lp.fc_b.clone());
+            linear_backward(
+                &mut g.dln2,
+                gw,
+                Some(gb),
+                &g.dfch,
+                &a.ln2,
+                &p[lp.fc_w.clone()],
+                n,
+                c,
+                4 * c,
+            );
+        }
+        {
+            let (gw, gb) = two_mut(grads, lp.ln2_w.clone(), lp.ln2_b.clone());
+            layernorm_backward(
+                &mut g.dresid2,
+                gw,
+                gb,
+                &g.dln2,
+                &a.resid2,
+                &p[lp.ln2_w.clone()],
+                &a.ln2_mean,
+                &a.ln2_rstd,
+                c,
+            );
+        }
+        // Attention: resid2 = x + proj(attn(qkv(ln1(x)))).
+        dx.copy_from_slice(&g.dresid2);
+        g.datty.fill(T::ZERO);
+        {
+            let (gw, gb) = two_mut(grads, lp.proj_w.clone(), lp.proj_b.clone());
+            linear_backward(
+                &mut g.datty,
+                gw,
+                Some(gb),
+                &g.dresid2,
+                &a.atty,
+                &p[lp.proj_w.clone()],
+                n,
+                c,
+                c,
+            );
+        }
+        g.dqkv.fill(T::ZERO);
+        attention_backward(&mut g.dqkv, &g.datty, &a.qkv, &a.att, s);
+        g.dln1.fill(T::ZERO);
+        {
+            let (gw, gb) = two_mut(grads, lp.qkv_w.clone(), lp.qkv_b.clone());
+            linear_backward(
+                &mut g.dln1,
+                gw,
+                Some(gb),
+                &g.dqkv,
+                &a.ln1,
+                &p[lp.qkv_w.clone()],
+                n,
+                c,
+                3 * c,
+            );
+        }
+        {
+            let (gw, gb) = two_mut(grads, lp.ln1_w.clone(), lp.ln1_b.clone());
+            layernorm_backward(
+                dx,
+                gw,
+                gb,
+                &g.dln1,
+                x,
+                &p[lp.ln1_w.clone()],
+                &a.ln1_mean,
+                &a.ln1_rstd,
+                c,
+            );
+        }
+    }
+}
+
+/// Mean of the losses at unmasked positions.
+fn mean_loss<T: Real>(losses: &[T], targets: &[u32]) -> T {
+    let mut sum = 0.0f64;
+    let mut k = 0usize;
+    for (&l, &t) in losses.iter().zip(targets) {
+        if t != u32::MAX {
+            sum += l.f64();
+            k += 1;
+        }
+    }
+    if k == 0 {
+        T::ZERO
+    } else {
+        T::of(sum / k as f64)
+    }
+}
+
+/// Two disjoint ranges of one slice, mutably (the first must come first).
+fn two_mut<T>(v: &mut [T], a: Range<usize>, b: Range<usize>) -> (&mut [T], &mut [T]) {
+    assert!(
+        a.end <= b.start,
+        "ranges {a:?} and {b:?} overlap or are out of order"
+    );
+    let (lo, hi) = v.split_at_mut(b.start);
+    (&mut lo[a], &mut hi[..b.end - b.start])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GptConfig;
+    use crate::params::Params;
+    use std::sync::Arc;
+
+    fn tiny() -> Arc<Layout> {
+        Arc::new(Layout::new(&GptConfig::parse("L2-H2-C8-V11-T6").unwrap()))
+    }
+
+    fn batch(b: usize, t: usize, v: u32) -> (Vec<u32>, Vec<u32>) {
+        let mut r = crate::rng::Rng::new(77);
+        let toks: Vec<u32> = (0..b * t).map(|_| r.below(v as usize) as u32).collect();
+        let mut tg: Vec<u32> = (0..b * t).map(|_| r.below(v as usize) as u32).collect();
+        tg[1] = u32::MAX;
+        (toks, tg)
+    }
+
+    #[test]
+    fn loss_at_initialisation_is_about_ln_vocab() {
+        let l = Arc::new(Layout::new(&GptConfig::parse("tiny").unwrap()));
+        let p = Params::init_gpt2(l.clone(), 1);
+        let m = Gpt::new(l.clone());
+        let (b, t) = (4, 32);
+        let mut acts = Activations::<f32>::new(&l, b, t, false);
+        let (toks, tg) = batch(b, t, 256);
+        let loss = m.forward(&p.data, &mut acts, &toks, &tg).unwrap();
+        let want = (256f32).ln();
+        assert!((loss - want).abs() < 0.05, "loss {loss}, ln(V) = {want}");
+    }
+
+    #[test]
+    fn every_blocks_gradient_matches_finite_differences_in_f64() {
+        let l = tiny();
+        let m = Gpt::new(l.clone());
+        let init = Params::init_gpt2(l.clone(), 5);
+        // Larger-than-GPT-2 weights so every path carries signal.
+        let p: Vec<f64> = init.data.iter().map(|&x| x as f64 * 10.0 + 0.01).collect();
+        let (b, t) = (2, 5);
+        let (toks, tg) = batch(b, t, 11);
+        for checkpointing in [false, true] {
+            let mut acts = Activations::<f64>::new(&l, b, t, checkpointing);
+            let mut g = vec![0.0; p.len()];
+            let mut order = Vec::new();
+            m.forward_backward(&p, &mut g, &mut acts, &toks, &tg, |blk, _| order.push(blk))
+                .unwrap();
+            assert_eq!(
+                order,
+                vec![
+                    Block::FinalNorm,
+                    Block::Layer(1),
+                    Block::Layer(0),
+                    Block::Embedding
+                ]
+            );
+            let mut q = p.clone();
+            let eps = 1e-6;
+            let mut worst: f64 = 0.0;
+            // Every parameter of every block (the model is tiny).
+            for i in 0..p.len() {
+                q[i] = p[i] + eps;
+                let up = m.forward(&q, &mut acts, &toks, &tg).unwrap();
+                q[i] = p[i] - eps;
+                let down = m.forward(&q, &mut acts, &toks, &tg).unwrap();
+                q[i] = p[i];
+                let num = (up - down) / (2.0 * eps);
+                let err = (num - g[i]).abs() / (num.abs() + g[i].abs()).max(1e-4);
+                if err > worst {
+                    worst = err;
+                }
+            }
+            assert!(
+                worst < 1e-5,
+                "checkpointing {checkpointing}: worst relative error {worst:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn checkpointing_gives_bit_identical_gradients() {
+        let l = tiny();
+        let m = Gpt::new(l.clone());
+        let p = Params::init_gpt2(l.clone(), 9);
+        let (toks, tg) = batch(3, 6, 11);
+        let run = |ck: bool| {
+            let mut acts = Activations::<f32>::new(&l, 3, 6, ck);
+            let mut g = vec![0.0f32; p.data.len()];
+            let loss = m
+                .forward_backward(&p.data, &mut g, &mut acts, &toks, &tg, |_, _| {})
+                .unwrap();
+            (loss, g)
+        };
+        assert_eq!(run(false), run(true));
+    }
+
+    #[test]
+    fn bad_tokens_and_shapes_are_errors() {
+        let l = tiny();
+        let m = Gpt::new(l.clone());
+        let p = Params::init_gpt2(l.clone(), 1);
+        let mut acts = Activations::<f32>::new(&l, 1, 4, false);
+        let e = m
+            .forward(&p.data, &mut acts, &[1, 2, 11, 0], &[0, 0, 0, 0])
+            .unwrap_err();
+        assert!(e.to_string().contains("token 11 at position 2"), "{e}");
+        let e = m.forward(&p.data, &mut acts, &[1, 2], &[0, 0]).unwrap_err();
+        assert!(matches!(e, StepError::Shape(_)));
+    }
+}

@@ -1,0 +1,95 @@
+//! [`Params`]: a model's parameters (or gradients, or optimizer state) as
+//! one flat `f32` buffer with named views, and GPT-2's initialisation.
+
+use crate::layout::{Block, Kind, Layout};
+use crate::rng::Rng;
+use std::sync::Arc;
+
+/// One flat buffer laid out by a [`Layout`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Where each named parameter lives.
+    pub layout: Arc<Layout>,
+    /// The values, `layout.len` of them.
+    pub data: Vec<f32>,
+}
+
+impl Params {
+    /// All zeros (gradients, optimizer moments).
+    pub fn zeros(layout: Arc<Layout>) -> Params {
+        let data = vec![0.0; layout.len];
+        Params { layout, data }
+    }
+
+    /// GPT-2's initialisation from `seed`: weights and embeddings
+    /// N(0, 0.02²), output projections N(0, (0.02/√(2L))²), biases 0,
+    /// LayerNorm gains 1.
+    pub fn init_gpt2(layout: Arc<Layout>, seed: u64) -> Params {
+        let mut p = Params::zeros(layout.clone());
+        let mut rng = Rng::new(seed);
+        let resid_std = 0.02 / (2.0 * layout.config.n_layer as f64).sqrt();
+        for spec in &layout.params {
+            let slot = &mut p.data[spec.range()];
+            match spec.kind {
+                Kind::Embedding | Kind::Weight => slot
+                    .iter_mut()
+                    .for_each(|x| *x = (rng.normal() * 0.02) as f32),
+                Kind::ResidualWeight => slot
+                    .iter_mut()
+                    .for_each(|x| *x = (rng.normal() * resid_std) as f32),
+                Kind::NormWeight => slot.fill(1.0),
+                Kind::Bias | Kind::NormBias => slot.fill(0.0),
+            }
+        }
+        p
+    }
+
+    /// The parameter `name`. Panics on an unknown name (a programming
+    /// error: names come from the layout).
+    pub fn view(&self, name: &str) -> &[f32] {
+        let spec = self.spec(name);
+        &self.data[spec.range()]
+    }
+
+    /// The parameter `name`, mutably.
+    pub fn view_mut(&mut self, name: &str) -> &mut [f32] {
+        let r = self.spec(name).range();
+        &mut self.data[r]
+    }
+
+    /// The parameters of `block`, one slice.
+    pub fn block(&self, block: Block) -> &[f32] {
+        &self.data[self.layout.block_range(block)]
+    }
+
+    fn spec(&self, name: &str) -> &crate::layout::Param {
+        self.layout
+            .get(name)
+            .unwrap_or_else(|| panic!("no parameter named {name:?} in this model"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GptConfig;
+
+    #[test]
+    fn initialisation_is_deterministic_and_has_gpt2_scales() {
+        let l = Arc::new(Layout::new(
+            &GptConfig::parse("L4-H4-C128-V512-T64").unwrap(),
+        ));
+        let a = Params::init_gpt2(l.clone(), 42);
+        assert_eq!(a, Params::init_gpt2(l.clone(), 42));
+        assert_ne!(a, Params::init_gpt2(l, 43));
+        let std = |v: &[f32]| {
+            let m = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+            (v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+        };
+        assert!((std(a.view("wte.weight")) - 0.02).abs() < 0.001);
+        assert!((std(a.view("h.2.mlp.c_proj.weight")) - 0.02 / 8f64.sqrt()).abs() < 0.0005);
+        assert!(a.view("h.1.ln_1.weight").iter().all(|&x| x == 1.0));
+        assert!(a.view("h.1.attn.c_attn.bias").iter().all(|&x| x == 0.0));
+        assert_eq!(a.block(Block::Layer(0)).len(), 12 * 128 * 128 + 13 * 128);
+    }
+}
