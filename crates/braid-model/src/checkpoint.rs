@@ -55,11 +55,22 @@ pub struct LoadReport {
     pub ignored: Vec<String>,
     /// Whether the configuration came from the tensor shapes.
     pub inferred_config: bool,
+    /// The header's string metadata (e.g. `braid.tokenizer`).
+    pub metadata: HashMap<String, String>,
 }
 
 /// Writes `params` to `path` as f32 safetensors (written to a temporary
 /// file first, then renamed, so a crash never leaves half a checkpoint).
 pub fn save(params: &Params, path: &Path) -> Result<(), CheckpointError> {
+    save_with(params, path, &[])
+}
+
+/// [`save`] with extra string metadata in the header.
+pub fn save_with(
+    params: &Params,
+    path: &Path,
+    extra: &[(&str, &str)],
+) -> Result<(), CheckpointError> {
     let layout = &params.layout;
     let bytes: &[u8] = bytes_of(&params.data);
     let mut views = Vec::with_capacity(layout.params.len());
@@ -75,6 +86,9 @@ pub fn save(params: &Params, path: &Path) -> Result<(), CheckpointError> {
     }
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
+    for (k, v) in extra {
+        meta.insert(k.to_string(), v.to_string());
+    }
     meta.insert(
         CONFIG_KEY.to_string(),
         serde_json::to_string(&layout.config).expect("config serialises"),
@@ -111,7 +125,10 @@ pub fn load(path: &Path) -> Result<(Params, LoadReport), CheckpointError> {
     };
     let (_, meta) = SafeTensors::read_metadata(&buf).map_err(|e| format(format!("{e:?}")))?;
     let st = SafeTensors::deserialize(&buf).map_err(|e| format(format!("{e:?}")))?;
-    let mut report = LoadReport::default();
+    let mut report = LoadReport {
+        metadata: meta.metadata().clone().unwrap_or_default(),
+        ..Default::default()
+    };
     let config = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
         Some(json) => serde_json::from_str::<GptConfig>(json)
             .map_err(|e| format(format!("bad {CONFIG_KEY} metadata: {e}")))?,

@@ -14,10 +14,13 @@
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
+pub mod data;
 pub mod layout;
 pub mod model;
+pub mod optim;
 pub mod params;
 pub mod rng;
+pub mod trainer;
 
 pub use config::GptConfig;
 pub use layout::{Block, Kind, Layout};

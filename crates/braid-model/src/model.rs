@@ -374,6 +374,11 @@ impl Gpt {
             &p[lnf_b],
             c,
         );
+        if targets.iter().all(|&x| x == u32::MAX) {
+            // Nothing to score (generation): skip the LM head.
+            acts.losses.fill(T::ZERO);
+            return Ok(T::ZERO);
+        }
         let io = ClassifierIo {
             x: &acts.lnf,
             wte: &p[wte],
@@ -384,6 +389,31 @@ impl Gpt {
         };
         classifier(&io, &mut acts.losses, None, &mut acts.logits);
         Ok(mean_loss(&acts.losses, targets))
+    }
+
+    /// Logits of the token after `tokens` (the last `context` of them).
+    pub fn next_token_logits<T: Real>(&self, p: &[T], tokens: &[u32]) -> Result<Vec<T>, StepError> {
+        let cfg = &self.layout.config;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        if tokens.is_empty() {
+            return Err(StepError::Shape("no tokens to continue".into()));
+        }
+        let toks = &tokens[tokens.len().saturating_sub(cfg.context)..];
+        let t = toks.len();
+        let mut acts = Activations::new(&self.layout, 1, t, true);
+        self.forward(p, &mut acts, toks, &vec![u32::MAX; t])?;
+        let x = &acts.lnf[(t - 1) * c..t * c];
+        let wte = &p[self.layout.get("wte.weight").expect("wte").range()];
+        Ok((0..v)
+            .map(|j| {
+                let w = &wte[j * c..(j + 1) * c];
+                let mut s = T::ZERO;
+                for k in 0..c {
+                    s += x[k] * w[k];
+                }
+                s
+            })
+            .collect())
     }
 
     /// Forward then backward: accumulates the mean loss's gradient into
@@ -398,7 +428,7 @@ impl Gpt {
         acts: &mut Activations<T>,
         tokens: &[u32],
         targets: &[u32],
-        mut ready: impl FnMut(Block, &mut [T]),
+        ready: &mut dyn FnMut(Block, &mut [T]),
     ) -> Result<T, StepError> {
         let loss = self.forward(p, acts, tokens, targets)?;
         let cfg = &self.layout.config;
@@ -681,8 +711,10 @@ mod tests {
             let mut acts = Activations::<f64>::new(&l, b, t, checkpointing);
             let mut g = vec![0.0; p.len()];
             let mut order = Vec::new();
-            m.forward_backward(&p, &mut g, &mut acts, &toks, &tg, |blk, _| order.push(blk))
-                .unwrap();
+            m.forward_backward(&p, &mut g, &mut acts, &toks, &tg, &mut |blk, _| {
+                order.push(blk)
+            })
+            .unwrap();
             assert_eq!(
                 order,
                 vec![
@@ -725,7 +757,7 @@ mod tests {
             let mut acts = Activations::<f32>::new(&l, 3, 6, ck);
             let mut g = vec![0.0f32; p.data.len()];
             let loss = m
-                .forward_backward(&p.data, &mut g, &mut acts, &toks, &tg, |_, _| {})
+                .forward_backward(&p.data, &mut g, &mut acts, &toks, &tg, &mut |_, _| {})
                 .unwrap();
             (loss, g)
         };

@@ -28,6 +28,8 @@ enum Command {
     Store(cmd::store::StoreArgs),
     Topo(cmd::topo::TopoArgs),
     Verify(cmd::verify::VerifyArgs),
+    Train(cmd::train::TrainArgs),
+    Generate(cmd::train::GenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,8 @@ fn main() -> ExitCode {
         Command::Store(args) => cmd::store::run(args),
         Command::Topo(args) => cmd::topo::run(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Train(args) => cmd::train::run_train(args),
+        Command::Generate(args) => cmd::train::run_generate(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

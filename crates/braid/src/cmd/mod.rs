@@ -5,6 +5,7 @@ pub mod bench_gpu;
 pub mod launch;
 pub mod store;
 pub mod topo;
+pub mod train;
 pub mod verify;
 pub mod verify_gpu;
 pub mod workers;

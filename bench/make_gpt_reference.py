@@ -1,0 +1,67 @@
+"""Writes the fixture that checks braid's GPT against an independent
+implementation: PyTorch's (the model of ../shared/anchors/torch_gpt2_bench.py:
+pre-LayerNorm blocks, tanh GELU, scaled_dot_product_attention with a causal
+mask, LM head tied to the token embedding), on fixed random weights and
+tokens, computed once in float64 on the CPU.
+
+    python bench/make_gpt_reference.py crates/braid-model/tests/fixtures/gpt_reference.safetensors
+
+The file holds the weights under their Hugging Face GPT-2 names prefixed
+"param.", the tokens and targets, PyTorch's loss, and its gradients
+prefixed "grad." (Conv1D layout [in, out], like the weights)."""
+import json, sys, torch, torch.nn as nn, torch.nn.functional as F
+from safetensors.torch import save_file
+
+L, H, C, V, T, B = 2, 2, 16, 64, 8, 2
+torch.manual_seed(20261121)
+dt = torch.float64
+
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__(); s.ln1 = nn.LayerNorm(C); s.attn = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
+        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
+    def forward(s, x):
+        b, t, _ = x.shape
+        q, k, v = s.attn(s.ln1(x)).split(C, dim=2)
+        q, k, v = (u.view(b, t, H, C // H).transpose(1, 2) for u in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, C)
+        x = x + s.proj(y)
+        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__(); s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
+        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.lnf = nn.LayerNorm(C)
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
+        for b in s.blocks: x = b(x)
+        logits = s.lnf(x) @ s.wte.weight.T
+        return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+
+m = GPT().to(dt)
+with torch.no_grad():  # random weights (not GPT-2's init) so every path matters
+    for p in m.parameters(): p.copy_(torch.randn_like(p) * 0.3)
+idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T))
+loss = m(idx, tgt); loss.backward()
+
+def hf(name_of, get):
+    out = {"wte.weight": get(m.wte.weight), "wpe.weight": get(m.wpe.weight),
+           "ln_f.weight": get(m.lnf.weight), "ln_f.bias": get(m.lnf.bias)}
+    for i, b in enumerate(m.blocks):
+        pairs = [("ln_1", b.ln1, False), ("attn.c_attn", b.attn, True), ("attn.c_proj", b.proj, True),
+                 ("ln_2", b.ln2, False), ("mlp.c_fc", b.fc, True), ("mlp.c_proj", b.fc2, True)]
+        for n, mod, linear in pairs:
+            w = get(mod.weight)
+            out[f"h.{i}.{n}.weight"] = w.T.contiguous() if linear else w  # Conv1D is [in, out]
+            out[f"h.{i}.{n}.bias"] = get(mod.bias)
+    return {name_of + k: v for k, v in out.items()}
+
+tensors = {}
+tensors.update(hf("param.", lambda p: p.detach().clone()))
+tensors.update(hf("grad.", lambda p: p.grad.detach().clone()))
+tensors["tokens"] = idx.to(torch.int64); tensors["targets"] = tgt.to(torch.int64)
+tensors["loss"] = loss.detach().reshape(1)
+meta = {"braid.config": json.dumps({"n_layer": L, "n_head": H, "n_embd": C, "vocab_size": V, "context": T}),
+        "batch": str(B), "torch": torch.__version__}
+save_file(tensors, sys.argv[1], metadata=meta)
+print(f"loss {loss.item():.12f}; wrote {sys.argv[1]}")

@@ -1,0 +1,275 @@
+//! `braid train` and `braid generate`: the training engine on this
+//! machine's CPUs (single process), and sampling from a saved model.
+
+use braid_model::checkpoint;
+use braid_model::data::{Dataset, Source, Tokenizer};
+use braid_model::trainer::{self, OptimizerKind, TrainOptions};
+use braid_model::{GptConfig, Layout, Params};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Train a GPT model on the CPU.
+#[derive(Args)]
+#[command(
+    about = "Train a GPT-2 family model on this machine's CPUs",
+    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256"
+)]
+pub struct TrainArgs {
+    /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    /// synthetic, a UTF-8 text file, or u16 token shards (.bin file or directory).
+    #[arg(long, default_value = "synthetic")]
+    data: String,
+    /// bytes or gpt2 (default: bytes for a 256-token vocabulary, else gpt2).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// Training steps.
+    #[arg(long, default_value_t = 400)]
+    steps: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Tokens per sequence (default: the model's context, at most 64 for tiny... see --help).
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Warmup steps.
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Weight decay on matrices and embeddings.
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
+    /// Clip the gradients' global norm (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+    /// adamw or sgd.
+    #[arg(long, default_value = "adamw")]
+    optimizer: String,
+    /// Seed of initialisation, data and sampling.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Evaluate on held-out data every K steps and at the end (0: never).
+    #[arg(long, default_value_t = 100)]
+    eval_every: usize,
+    /// Recompute activations in the backward pass (less memory).
+    #[arg(long)]
+    checkpointing: bool,
+    /// Print a progress line every K steps (default: about once a second).
+    #[arg(long)]
+    log_every: Option<usize>,
+    /// Start from this checkpoint instead of a fresh initialisation.
+    #[arg(long)]
+    load: Option<PathBuf>,
+    /// Save the trained model (safetensors) here.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Also write every step (loss, eval loss, lr, norm, tokens/s) as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Benchmark mode: time forward + backward only (no optimizer step).
+    #[arg(long)]
+    fwd_bwd_only: bool,
+}
+
+/// Sample text from a saved model.
+#[derive(Args)]
+#[command(
+    about = "Continue a prompt with a model saved by `braid train --save`",
+    after_help = "Example:\n  braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80"
+)]
+pub struct GenerateArgs {
+    /// The checkpoint.
+    #[arg(long)]
+    load: PathBuf,
+    /// Text to continue.
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 100)]
+    tokens: usize,
+    /// Sampling temperature (0: always the most likely token).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// bytes or gpt2 (default: what the checkpoint was trained with).
+    #[arg(long)]
+    tokenizer: Option<String>,
+}
+
+fn tokenizer_for(
+    explicit: Option<&str>,
+    saved: Option<&String>,
+    vocab: usize,
+) -> Result<Tokenizer, String> {
+    match explicit.or(saved.map(|s| s.as_str())) {
+        Some(t) => Tokenizer::parse(t),
+        None if vocab <= 256 => Ok(Tokenizer::Bytes),
+        None => Ok(Tokenizer::Gpt2),
+    }
+}
+
+fn fmt_duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+/// Runs `braid train`.
+pub fn run_train(a: TrainArgs) -> Result<i32, String> {
+    let optimizer = match a.optimizer.as_str() {
+        "adamw" => OptimizerKind::AdamW,
+        "sgd" => OptimizerKind::Sgd,
+        o => return Err(format!("--optimizer {o:?}: expected adamw or sgd")),
+    };
+    if a.batch == 0 || a.seq == 0 || a.steps == 0 {
+        return Err("--batch, --seq and --steps must be positive".into());
+    }
+    let (mut params, saved_tok) = match &a.load {
+        Some(path) => {
+            let (p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
+            (p, report.metadata.get("braid.tokenizer").cloned())
+        }
+        None => {
+            let cfg = GptConfig::parse(&a.model)?;
+            (Params::init_gpt2(Arc::new(Layout::new(&cfg)), a.seed), None)
+        }
+    };
+    let cfg = params.layout.config;
+    let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
+    let source = Source::parse(&a.data)?;
+    let data = Dataset::load(&source, tokenizer, a.seed)?;
+    let opts = TrainOptions {
+        steps: a.steps,
+        batch: a.batch,
+        seq: a.seq,
+        lr: a.lr,
+        min_lr_ratio: 0.1,
+        warmup: a.warmup,
+        weight_decay: a.weight_decay,
+        grad_clip: a.grad_clip,
+        seed: a.seed,
+        eval_every: a.eval_every,
+        eval_batches: 4,
+        checkpointing: a.checkpointing,
+        optimizer,
+        update: !a.fwd_bwd_only,
+    };
+    println!(
+        "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({} tokens, {}), batch {} x {}, {} steps, lr {}, seed {}, {} threads",
+        a.model,
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_embd,
+        cfg.vocab_size,
+        cfg.context,
+        cfg.num_params() as f64 / 1e6,
+        a.data,
+        data.len(),
+        tokenizer.name(),
+        a.batch,
+        a.seq,
+        a.steps,
+        a.lr,
+        a.seed,
+        rayon::current_num_threads()
+    );
+    println!(
+        "initial loss should be about ln({}) = {:.3}",
+        cfg.vocab_size,
+        (cfg.vocab_size as f64).ln()
+    );
+    let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
+    let reports = trainer::train(&mut params, &data, &opts, &mut |r| {
+        let due = match a.log_every {
+            Some(k) => (r.step + 1) % k.max(1) == 0,
+            None => last_print.elapsed().as_secs_f64() >= 1.0,
+        };
+        let last = r.step + 1 == opts.steps;
+        if due || last || r.step == 0 || r.eval_loss.is_some() {
+            last_print = std::time::Instant::now();
+            let eta = r.elapsed / (r.step + 1) as f64 * (opts.steps - r.step - 1) as f64;
+            let eval = r
+                .eval_loss
+                .map(|e| format!(" | eval {e:.4}"))
+                .unwrap_or_default();
+            println!(
+                "step {:>5}/{} | loss {:.4}{eval} | lr {:.2e} | norm {:.2} | {:.1}k tok/s | {} elapsed, eta {}",
+                r.step + 1,
+                opts.steps,
+                r.loss,
+                r.lr,
+                r.grad_norm,
+                r.tokens_per_s / 1e3,
+                fmt_duration(r.elapsed),
+                fmt_duration(eta)
+            );
+        }
+    })?;
+    if let Some(path) = &a.json {
+        let rows: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|r| {
+                serde_json::json!({"step": r.step + 1, "loss": r.loss, "eval_loss": r.eval_loss, "lr": r.lr,
+                    "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "elapsed_s": r.elapsed})
+            })
+            .collect();
+        std::fs::write(path, serde_json::to_string_pretty(&rows).expect("json"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if a.fwd_bwd_only && reports.len() > 1 {
+        let mut tps: Vec<f64> = reports[1..].iter().map(|r| r.tokens_per_s).collect();
+        tps.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+        println!(
+            "forward+backward: median {:.1} tokens/s over {} steps (first step not counted)",
+            tps[tps.len() / 2],
+            tps.len()
+        );
+    }
+    if let Some(last) = reports.last() {
+        println!(
+            "done: final loss {:.4} (ln(vocab)/2 = {:.3}) in {:.1} s",
+            last.loss,
+            (cfg.vocab_size as f64).ln() / 2.0,
+            last.elapsed
+        );
+    }
+    if let Some(path) = &a.save {
+        checkpoint::save_with(&params, path, &[("braid.tokenizer", tokenizer.name())])
+            .map_err(|e| e.to_string())?;
+        println!("saved {}", path.display());
+    }
+    Ok(0)
+}
+
+/// Runs `braid generate`.
+pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
+    let (params, report) = checkpoint::load(&a.load).map_err(|e| e.to_string())?;
+    let tokenizer = tokenizer_for(
+        a.tokenizer.as_deref(),
+        report.metadata.get("braid.tokenizer"),
+        params.layout.config.vocab_size,
+    )?;
+    if tokenizer.vocab_size() > params.layout.config.vocab_size {
+        return Err(format!(
+            "tokenizer {} has {} tokens but the model's vocabulary is {}",
+            tokenizer.name(),
+            tokenizer.vocab_size(),
+            params.layout.config.vocab_size
+        ));
+    }
+    let text = trainer::generate(
+        &params,
+        tokenizer,
+        &a.prompt,
+        a.tokens,
+        a.temperature,
+        a.seed,
+    )?;
+    println!("{}{}", a.prompt, text);
+    Ok(0)
+}

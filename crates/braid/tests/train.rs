@@ -1,0 +1,97 @@
+//! `braid train` / `braid generate` through the real binary.
+
+mod common;
+
+use common::{braid, run, TempDir};
+use std::time::Duration;
+
+fn losses(path: &std::path::Path) -> Vec<(f64, Option<f64>)> {
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    rows.iter()
+        .map(|r| (r["loss"].as_f64().unwrap(), r["eval_loss"].as_f64()))
+        .collect()
+}
+
+#[test]
+fn tiny_training_halves_the_loss_and_repeats_bit_for_bit() {
+    let dir = TempDir::new("train");
+    let mut runs = Vec::new();
+    for k in 0..2 {
+        let json = dir.path().join(format!("run{k}.json"));
+        let model = dir.path().join("tiny.safetensors");
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--steps",
+            "80",
+            "--eval-every",
+            "40",
+            "--seed",
+            "7",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--save")
+        .arg(&model);
+        let f = run(cmd, Duration::from_secs(120));
+        assert_eq!(f.code, Some(0), "{f:?}");
+        assert!(
+            f.stdout.contains("initial loss should be about ln(256)"),
+            "{}",
+            f.stdout
+        );
+        runs.push(losses(&json));
+    }
+    assert_eq!(runs[0], runs[1], "two runs with the same seed differ");
+    let first = runs[0][0].0;
+    let last = runs[0].last().unwrap().0;
+    let half_ln_v = (256f64).ln() / 2.0;
+    assert!((first - (256f64).ln()).abs() < 0.2, "initial loss {first}");
+    assert!(
+        last < half_ln_v,
+        "final loss {last} is not below ln(256)/2 = {half_ln_v}"
+    );
+
+    let mut cmd = braid();
+    cmd.args(["generate", "--load"])
+        .arg(dir.path().join("tiny.safetensors"))
+        .args(["--prompt", "the ", "--tokens", "40", "--temperature", "0"]);
+    let f = run(cmd, Duration::from_secs(60));
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stdout.starts_with("the ") && f.stdout.len() > 20,
+        "{}",
+        f.stdout
+    );
+}
+
+#[test]
+fn bad_training_input_is_explained() {
+    for (args, want) in [
+        (&["train", "--model", "L2-H3-C64"][..], "not a multiple"),
+        (
+            &["train", "--data", "/nonexistent/corpus.txt"][..],
+            "no such file",
+        ),
+        (
+            &["train", "--seq", "100"][..],
+            "exceeds the model's context 64",
+        ),
+        (&["train", "--model", "L1-H1-C8-V100"][..], "vocabulary"),
+        (
+            &["generate", "--load", "/nonexistent.safetensors"][..],
+            "nonexistent.safetensors",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.args(args);
+        let f = run(cmd, Duration::from_secs(60));
+        assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
+        assert!(
+            f.stderr.contains(want),
+            "{args:?}: expected {want:?} in:\n{}",
+            f.stderr
+        );
+    }
+}
