@@ -8,6 +8,7 @@
 use crate::config::GptConfig;
 use crate::layout::Layout;
 use crate::params::Params;
+use braid_core::DType;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -71,17 +72,43 @@ pub fn save_with(
     path: &Path,
     extra: &[(&str, &str)],
 ) -> Result<(), CheckpointError> {
+    save_as(params, path, DType::F32, extra)
+}
+
+/// [`save_with`] storing the tensors as `dtype` (f32, or bf16 for half the
+/// size; loading converts back to f32).
+pub fn save_as(
+    params: &Params,
+    path: &Path,
+    dtype: DType,
+    extra: &[(&str, &str)],
+) -> Result<(), CheckpointError> {
     let layout = &params.layout;
-    let bytes: &[u8] = bytes_of(&params.data);
-    let mut views = Vec::with_capacity(layout.params.len());
+    let format_err = |why: String| CheckpointError::Format {
+        path: path.into(),
+        why,
+    };
+    let st_dtype = match dtype {
+        DType::F32 => Dtype::F32,
+        DType::BF16 => Dtype::BF16,
+        other => {
+            return Err(format_err(format!(
+                "checkpoints store f32 or bf16, not {other}"
+            )))
+        }
+    };
+    let mut bytes = Vec::with_capacity(layout.params.len());
     for p in &layout.params {
-        let b = &bytes[p.offset * 4..(p.offset + p.len) * 4];
-        let view = TensorView::new(Dtype::F32, p.shape.clone(), b).map_err(|e| {
-            CheckpointError::Format {
-                path: path.into(),
-                why: e.to_string(),
-            }
-        })?;
+        let t = params
+            .tensor(&p.name)
+            .to_dtype(dtype)
+            .map_err(|e| format_err(e.to_string()))?;
+        bytes.push(t.to_le_bytes());
+    }
+    let mut views = Vec::with_capacity(layout.params.len());
+    for (p, b) in layout.params.iter().zip(&bytes) {
+        let view =
+            TensorView::new(st_dtype, p.shape.clone(), b).map_err(|e| format_err(e.to_string()))?;
         views.push((p.name.clone(), view));
     }
     let mut meta = HashMap::new();
@@ -104,12 +131,6 @@ pub fn save_with(
         path: path.into(),
         source,
     })
-}
-
-fn bytes_of(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern of it is readable as
-    // bytes; the slice covers exactly the vector's elements.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// Reads a checkpoint written by [`save`] or a Hugging Face GPT-2
@@ -241,6 +262,15 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(q, p);
         assert!(!report.inferred_config && report.ignored.is_empty());
+        // bf16 checkpoints: half the size, values rounded.
+        let path = tmp("bf16.safetensors");
+        save_as(&p, &path, DType::BF16, &[("braid.tokenizer", "bytes")]).unwrap();
+        let (r, report) = load(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(report.metadata["braid.tokenizer"], "bytes");
+        for (a, b) in p.data.iter().zip(&r.data) {
+            assert!((a - b).abs() <= a.abs() / 128.0 + 1e-30);
+        }
     }
 
     #[test]

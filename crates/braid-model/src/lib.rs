@@ -7,6 +7,7 @@
 //!   initialisation; gradients and optimizer state use the same type.
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
 //! - [`rng`]: the deterministic generator behind initialisation and data.
+//! - [`tensor`]: shape + dtype + device + storage (f32/bf16 on the CPU).
 //!
 //! Work in progress (issue 5): tensors, CPU kernels, per-block forward and
 //! backward, optimizers, data and `braid train` follow.
@@ -20,6 +21,7 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod rng;
+pub mod tensor;
 pub mod trainer;
 
 pub use config::GptConfig;

@@ -334,7 +334,9 @@ impl Gpt {
 
     /// Forward pass: returns the mean loss over positions whose target is
     /// not `u32::MAX` (0 when there are none). `tokens` and `targets` are
-    /// `b × t`, row-major.
+    /// `b × t`, row-major. The same as [`embedding_forward`](Self::embedding_forward),
+    /// [`layer_forward_at`](Self::layer_forward_at) for every layer, then
+    /// [`head_forward`](Self::head_forward).
     pub fn forward<T: Real>(
         &self,
         p: &[T],
@@ -342,27 +344,55 @@ impl Gpt {
         tokens: &[u32],
         targets: &[u32],
     ) -> Result<T, StepError> {
+        self.embedding_forward(p, acts, tokens, targets)?;
+        for l in 0..self.layout.config.n_layer {
+            self.layer_forward_at(l, p, acts);
+        }
+        Ok(self.head_forward(p, acts, targets))
+    }
+
+    /// The embedding block: checks the batch, then writes the residual
+    /// stream entering layer 0.
+    pub fn embedding_forward<T: Real>(
+        &self,
+        p: &[T],
+        acts: &mut Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<(), StepError> {
         self.check(acts, tokens, targets)?;
-        let cfg = &self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
-        let (b, t) = (acts.b, acts.t);
-        let n = b * t;
+        let c = self.layout.config.n_embd;
         let wte = self.layout.get("wte.weight").expect("wte").range();
         let wpe = self.layout.get("wpe.weight").expect("wpe").range();
-        embed_forward(&mut acts.resid[0], tokens, &p[wte.clone()], &p[wpe], t, c);
-        for l in 0..cfg.n_layer {
-            let (before, after) = acts.resid.split_at_mut(l + 1);
-            let slot = if acts.checkpointing { 0 } else { l };
-            self.layer_forward(
-                l,
-                p,
-                &before[l],
-                &mut after[0],
-                &mut acts.layers[slot],
-                b,
-                t,
-            );
-        }
+        embed_forward(&mut acts.resid[0], tokens, &p[wte], &p[wpe], acts.t, c);
+        Ok(())
+    }
+
+    /// Transformer block `l`: residual stream `l` → `l + 1`, keeping what
+    /// its backward pass needs (or only its input, when checkpointing).
+    pub fn layer_forward_at<T: Real>(&self, l: usize, p: &[T], acts: &mut Activations<T>) {
+        let (b, t) = (acts.b, acts.t);
+        let (before, after) = acts.resid.split_at_mut(l + 1);
+        let slot = if acts.checkpointing { 0 } else { l };
+        self.layer_forward(
+            l,
+            p,
+            &before[l],
+            &mut after[0],
+            &mut acts.layers[slot],
+            b,
+            t,
+        );
+    }
+
+    /// The head: final LayerNorm, LM head, cross-entropy. Returns the mean
+    /// loss over unmasked positions (the LM head is skipped when every
+    /// target is masked, as in generation).
+    pub fn head_forward<T: Real>(&self, p: &[T], acts: &mut Activations<T>, targets: &[u32]) -> T {
+        let cfg = &self.layout.config;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let n = acts.b * acts.t;
+        let wte = self.layout.get("wte.weight").expect("wte").range();
         let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
         let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
         layernorm_forward(
@@ -375,9 +405,8 @@ impl Gpt {
             c,
         );
         if targets.iter().all(|&x| x == u32::MAX) {
-            // Nothing to score (generation): skip the LM head.
             acts.losses.fill(T::ZERO);
-            return Ok(T::ZERO);
+            return T::ZERO;
         }
         let io = ClassifierIo {
             x: &acts.lnf,
@@ -388,7 +417,7 @@ impl Gpt {
             v,
         };
         classifier(&io, &mut acts.losses, None, &mut acts.logits);
-        Ok(mean_loss(&acts.losses, targets))
+        mean_loss(&acts.losses, targets)
     }
 
     /// Logits of the token after `tokens` (the last `context` of them).
@@ -420,7 +449,10 @@ impl Gpt {
     /// `grads` (same layout as `p`) and calls `ready(block, grads_of_block)`
     /// as soon as each block's gradients are final — the final norm first,
     /// then the layers from last to first, the embeddings last. Returns the
-    /// mean loss.
+    /// mean loss. The same as [`forward`](Self::forward), then
+    /// [`head_backward`](Self::head_backward),
+    /// [`layer_backward_at`](Self::layer_backward_at) from the last layer
+    /// down, and [`embedding_backward`](Self::embedding_backward).
     pub fn forward_backward<T: Real>(
         &self,
         p: &[T],
@@ -431,10 +463,34 @@ impl Gpt {
         ready: &mut dyn FnMut(Block, &mut [T]),
     ) -> Result<T, StepError> {
         let loss = self.forward(p, acts, tokens, targets)?;
+        self.head_backward(p, grads, acts, targets);
+        let r = self.layout.block_range(Block::FinalNorm);
+        ready(Block::FinalNorm, &mut grads[r]);
+        for l in (0..self.layout.config.n_layer).rev() {
+            self.layer_backward_at(l, p, grads, acts);
+            let r = self.layout.block_range(Block::Layer(l));
+            ready(Block::Layer(l), &mut grads[r]);
+        }
+        self.embedding_backward(grads, acts, tokens);
+        let r = self.layout.block_range(Block::Embedding);
+        ready(Block::Embedding, &mut grads[r]);
+        Ok(loss)
+    }
+
+    /// Backward of the head (after [`head_forward`](Self::head_forward)
+    /// with the same targets): the LM head's share of the token embedding's
+    /// gradient, the final norm's gradients, and the gradient of the last
+    /// residual stream (kept in `acts` for the layers).
+    pub fn head_backward<T: Real>(
+        &self,
+        p: &[T],
+        grads: &mut [T],
+        acts: &mut Activations<T>,
+        targets: &[u32],
+    ) {
         let cfg = &self.layout.config;
-        let (c, v, nh, nl) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer);
-        let (b, t) = (acts.b, acts.t);
-        let n = b * t;
+        let (c, v, nl) = (cfg.n_embd, cfg.vocab_size, cfg.n_layer);
+        let n = acts.b * acts.t;
         let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
         let scale = if counted == 0 {
             T::ZERO
@@ -442,11 +498,8 @@ impl Gpt {
             T::ONE / T::of(counted as f64)
         };
         let wte = self.layout.get("wte.weight").expect("wte").range();
-        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
         let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
         let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
-
-        // Head: classifier into dlnf (dresid2 scratch) and dwte.
         let dlnf = &mut acts.grads.dresid2;
         dlnf.fill(T::ZERO);
         {
@@ -458,7 +511,7 @@ impl Gpt {
                 c,
                 v,
             };
-            let dwte = &mut grads[wte.clone()];
+            let dwte = &mut grads[wte];
             classifier(
                 &io,
                 &mut acts.losses,
@@ -467,60 +520,80 @@ impl Gpt {
             );
         }
         acts.dresid.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lnf_w.clone(), lnf_b.clone());
-            layernorm_backward(
-                &mut acts.dresid,
-                gw,
-                gb,
-                &acts.grads.dresid2,
-                &acts.resid[nl],
-                &p[lnf_w],
-                &acts.lnf_mean,
-                &acts.lnf_rstd,
-                c,
-            );
-        }
-        let r = self.layout.block_range(Block::FinalNorm);
-        ready(Block::FinalNorm, &mut grads[r]);
+        let (gw, gb) = two_mut(grads, lnf_w.clone(), lnf_b);
+        layernorm_backward(
+            &mut acts.dresid,
+            gw,
+            gb,
+            &acts.grads.dresid2,
+            &acts.resid[nl],
+            &p[lnf_w],
+            &acts.lnf_mean,
+            &acts.lnf_rstd,
+            c,
+        );
+    }
 
-        for l in (0..nl).rev() {
-            let slot = if acts.checkpointing { 0 } else { l };
-            if acts.checkpointing {
-                // Recompute this layer's internals from its saved input.
-                let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
-                self.layer_forward(
-                    l,
-                    p,
-                    &acts.resid[l],
-                    &mut scratch_out,
-                    &mut acts.layers[0],
-                    b,
-                    t,
-                );
-                acts.grads.dln1 = scratch_out;
-            }
-            self.layer_backward(
+    /// Backward of transformer block `l` (after the blocks above it):
+    /// accumulates its parameters' gradients and turns the gradient of its
+    /// output into that of its input. With checkpointing the block's
+    /// forward is recomputed first.
+    pub fn layer_backward_at<T: Real>(
+        &self,
+        l: usize,
+        p: &[T],
+        grads: &mut [T],
+        acts: &mut Activations<T>,
+    ) {
+        let cfg = &self.layout.config;
+        let (b, t) = (acts.b, acts.t);
+        let slot = if acts.checkpointing { 0 } else { l };
+        if acts.checkpointing {
+            // Recompute this layer's internals from its saved input; the
+            // output lands in a scratch buffer the backward refills anyway.
+            let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
+            self.layer_forward(
                 l,
                 p,
-                grads,
-                &mut acts.dresid,
                 &acts.resid[l],
-                &acts.layers[slot],
-                &mut acts.grads,
-                AttnShape { b, t, c, nh },
+                &mut scratch_out,
+                &mut acts.layers[0],
+                b,
+                t,
             );
-            let r = self.layout.block_range(Block::Layer(l));
-            ready(Block::Layer(l), &mut grads[r]);
+            acts.grads.dln1 = scratch_out;
         }
+        let shape = AttnShape {
+            b,
+            t,
+            c: cfg.n_embd,
+            nh: cfg.n_head,
+        };
+        self.layer_backward(
+            l,
+            p,
+            grads,
+            &mut acts.dresid,
+            &acts.resid[l],
+            &acts.layers[slot],
+            &mut acts.grads,
+            shape,
+        );
+    }
 
-        {
-            let (gte, gpe) = two_mut(grads, wte, wpe);
-            embed_backward(gte, gpe, &acts.dresid, tokens, t, c);
-        }
-        let r = self.layout.block_range(Block::Embedding);
-        ready(Block::Embedding, &mut grads[r]);
-        Ok(loss)
+    /// Backward of the embedding block (last): token and position
+    /// embedding gradients.
+    pub fn embedding_backward<T: Real>(
+        &self,
+        grads: &mut [T],
+        acts: &Activations<T>,
+        tokens: &[u32],
+    ) {
+        let c = self.layout.config.n_embd;
+        let wte = self.layout.get("wte.weight").expect("wte").range();
+        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
+        let (gte, gpe) = two_mut(grads, wte, wpe);
+        embed_backward(gte, gpe, &acts.dresid, tokens, acts.t, c);
     }
 
     /// Backward of layer `l`: `dx` holds the gradient of the layer's

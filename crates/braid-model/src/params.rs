@@ -3,6 +3,7 @@
 
 use crate::layout::{Block, Kind, Layout};
 use crate::rng::Rng;
+use crate::tensor::Tensor;
 use std::sync::Arc;
 
 /// One flat buffer laid out by a [`Layout`].
@@ -57,6 +58,31 @@ impl Params {
         &mut self.data[r]
     }
 
+    /// A copy of parameter `name` as a tensor of its shape.
+    pub fn tensor(&self, name: &str) -> Tensor {
+        let spec = self.spec(name);
+        Tensor::from_f32(&spec.shape, self.data[spec.range()].to_vec())
+            .expect("layout shapes match their ranges")
+    }
+
+    /// Sets parameter `name` from a tensor of its shape (f32 or bf16).
+    pub fn set_tensor(&mut self, name: &str, t: &Tensor) -> Result<(), String> {
+        let spec = self
+            .layout
+            .get(name)
+            .ok_or_else(|| format!("no parameter named {name:?} in this model"))?;
+        if t.shape() != spec.shape.as_slice() {
+            return Err(format!(
+                "{name}: tensor of shape {:?}, the parameter is {:?}",
+                t.shape(),
+                spec.shape
+            ));
+        }
+        let r = spec.range();
+        self.data[r].copy_from_slice(&t.to_f32_vec());
+        Ok(())
+    }
+
     /// The parameters of `block`, one slice.
     pub fn block(&self, block: Block) -> &[f32] {
         &self.data[self.layout.block_range(block)]
@@ -91,5 +117,14 @@ mod tests {
         assert!(a.view("h.1.ln_1.weight").iter().all(|&x| x == 1.0));
         assert!(a.view("h.1.attn.c_attn.bias").iter().all(|&x| x == 0.0));
         assert_eq!(a.block(Block::Layer(0)).len(), 12 * 128 * 128 + 13 * 128);
+        let t = a.tensor("h.0.attn.c_attn.weight");
+        assert_eq!(t.shape(), &[128, 384]);
+        let mut b = Params::zeros(a.layout.clone());
+        b.set_tensor("h.0.attn.c_attn.weight", &t).unwrap();
+        assert_eq!(
+            b.view("h.0.attn.c_attn.weight"),
+            a.view("h.0.attn.c_attn.weight")
+        );
+        assert!(b.set_tensor("h.0.ln_1.weight", &t).is_err());
     }
 }

@@ -67,6 +67,9 @@ pub struct TrainArgs {
     /// Save the trained model (safetensors) here.
     #[arg(long)]
     save: Option<PathBuf>,
+    /// Element type of the saved checkpoint: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    save_dtype: String,
     /// Also write every step (loss, eval loss, lr, norm, tokens/s) as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -239,8 +242,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         );
     }
     if let Some(path) = &a.save {
-        checkpoint::save_with(&params, path, &[("braid.tokenizer", tokenizer.name())])
-            .map_err(|e| e.to_string())?;
+        let dtype = braid_core::DType::parse(&a.save_dtype)?;
+        checkpoint::save_as(
+            &params,
+            path,
+            dtype,
+            &[("braid.tokenizer", tokenizer.name())],
+        )
+        .map_err(|e| e.to_string())?;
         println!("saved {}", path.display());
     }
     Ok(0)
