@@ -9,36 +9,17 @@ tokens, computed once in float64 on the CPU.
 The file holds the weights under their Hugging Face GPT-2 names prefixed
 "param.", the tokens and targets, PyTorch's loss, and its gradients
 prefixed "grad." (Conv1D layout [in, out], like the weights)."""
-import json, sys, torch, torch.nn as nn, torch.nn.functional as F
+import json, os, sys, torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt import make_gpt
 from safetensors.torch import save_file
 
 L, H, C, V, T, B = 2, 2, 16, 64, 8, 2
 torch.manual_seed(20261121)
 dt = torch.float64
 
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.ln1 = nn.LayerNorm(C); s.attn = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
-        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
-    def forward(s, x):
-        b, t, _ = x.shape
-        q, k, v = s.attn(s.ln1(x)).split(C, dim=2)
-        q, k, v = (u.view(b, t, H, C // H).transpose(1, 2) for u in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, C)
-        x = x + s.proj(y)
-        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
 
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__(); s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
-        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.lnf = nn.LayerNorm(C)
-    def forward(s, idx, tgt):
-        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
-        for b in s.blocks: x = b(x)
-        logits = s.lnf(x) @ s.wte.weight.T
-        return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
-
-m = GPT().to(dt)
+m = make_gpt(L, H, C, V, T).to(dt)
 with torch.no_grad():  # random weights (not GPT-2's init) so every path matters
     for p in m.parameters(): p.copy_(torch.randn_like(p) * 0.3)
 idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T))

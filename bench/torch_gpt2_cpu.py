@@ -7,7 +7,9 @@ braid's 124M).
     python bench/torch_gpt2_cpu.py --model 124M --B 2 --T 128 --steps 4
 
 Prints the median tokens/s of forward + backward over the timed steps."""
-import argparse, time, torch, torch.nn as nn, torch.nn.functional as F
+import argparse, os, sys, time, torch, torch.nn as nn
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt import make_gpt
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="124M"); p.add_argument("--B", type=int, default=2)
@@ -17,30 +19,9 @@ a = p.parse_args()
 L, H, C = {"124M": (12, 12, 768), "350M": (24, 16, 1024)}[a.model]
 V = 50257
 
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.ln1 = nn.LayerNorm(C); s.attn = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
-        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
-    def forward(s, x):
-        B, T, _ = x.shape
-        q, k, v = s.attn(s.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-        x = x + s.proj(y)
-        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
-
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__(); s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(1024, C)
-        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.lnf = nn.LayerNorm(C)
-    def forward(s, idx, tgt):
-        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
-        for b in s.blocks: x = b(x)
-        logits = s.lnf(x) @ s.wte.weight.T
-        return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
 
 torch.manual_seed(0)
-m = GPT()
+m = make_gpt(L, H, C, V, 1024)
 for n_, p_ in m.named_parameters():
     if p_.dim() >= 2: nn.init.normal_(p_, std=0.02)
     elif "ln" in n_ and n_.endswith("weight"): nn.init.ones_(p_)
