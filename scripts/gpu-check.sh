@@ -4,7 +4,8 @@
 #
 #   scripts/gpu-check.sh [OUTDIR]
 #
-# 1. braid topo: GPUs, link matrix, measured copy bandwidth/latency.
+# 1. braid topo: GPUs, link matrix, measured copy bandwidth/latency;
+#    braid kernels --check: every training-engine kernel vs the CPU engine.
 # 2. braid verify --device cuda on 2 and 4 GPUs (one process per GPU) and
 #    on all GPUs from one process (-g): every operation x dtype x reduce op
 #    at counts 0, 1, 7, 1031, 4099, 90001; one summary line per group.
@@ -32,6 +33,10 @@ echo "$(date -u +%FT%TZ) $(nvidia-smi -L | head -1 | cut -d'(' -f1) x $ngpu; bra
 
 step "topology"
 if $BRAID topo --json "$OUT_DIR/topo.json" | tee "$OUT_DIR/topo.txt"; then pass "topo"; else fail "topo"; fi
+
+step "training-engine kernels vs the CPU engine"
+if $BRAID kernels --ptx "compute_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)" --check \
+     2>&1 | tee "$OUT_DIR/kernels.txt"; then pass "kernels"; else fail "kernels"; fi
 
 for n in 2 4; do
   [ "$n" -le "$ngpu" ] || { echo "skipped: $n GPUs (only $ngpu)"; continue; }

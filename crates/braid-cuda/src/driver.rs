@@ -127,6 +127,28 @@ impl Device {
         result::device::get_name(self.inner.cu).map_err(driver("cuDeviceGetName"))
     }
 
+    /// Compute capability `(major, minor)`, e.g. `(9, 0)` for an H100/H200.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        use sys::CUdevice_attribute as A;
+        // SAFETY: valid device handle and attributes.
+        let major = unsafe {
+            result::device::get_attribute(
+                self.inner.cu,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )
+        }
+        .map_err(driver("cuDeviceGetAttribute"))?;
+        // SAFETY: as above.
+        let minor = unsafe {
+            result::device::get_attribute(
+                self.inner.cu,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )
+        }
+        .map_err(driver("cuDeviceGetAttribute"))?;
+        Ok((major, minor))
+    }
+
     /// Total device memory in bytes.
     pub fn total_memory(&self) -> Result<usize> {
         // SAFETY: valid device handle.

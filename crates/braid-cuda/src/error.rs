@@ -4,8 +4,8 @@
 /// A failed CUDA driver or NCCL call, or GPU support missing on this machine.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
-    /// The CUDA driver or NCCL cannot be used here.
-    #[error("GPU collectives are unavailable: {0}")]
+    /// The CUDA driver, NCCL or NVRTC cannot be used here (the reason).
+    #[error("{0}")]
     Unavailable(String),
     /// A CUDA driver call returned an error.
     #[error("CUDA call {call} failed: {name} ({text})")]

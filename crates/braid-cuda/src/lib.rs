@@ -16,6 +16,7 @@ pub mod error;
 pub mod memory;
 pub mod nccl;
 pub mod nvml;
+pub mod nvrtc;
 pub mod topo;
 
 pub use driver::{device_count, CapturedGraph, Device, Event, Graph, Stream};

@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod data;
 pub mod layout;
 pub mod model;

@@ -30,6 +30,7 @@ enum Command {
     Verify(cmd::verify::VerifyArgs),
     Train(cmd::train::TrainArgs),
     Generate(cmd::train::GenerateArgs),
+    Kernels(cmd::kernels::KernelsArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => cmd::verify::run(args),
         Command::Train(args) => cmd::train::run_train(args),
         Command::Generate(args) => cmd::train::run_generate(args),
+        Command::Kernels(args) => cmd::kernels::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

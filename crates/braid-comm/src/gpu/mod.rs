@@ -101,12 +101,23 @@ fn setup_err(e: impl std::fmt::Display) -> CommError {
     CommError::Setup(e.to_string())
 }
 
+/// A setup error; a missing driver or NCCL reads "GPU collectives are
+/// unavailable: <why>".
+fn cuda_setup_err(e: CudaError) -> CommError {
+    match e {
+        CudaError::Unavailable(why) => {
+            CommError::Setup(format!("GPU collectives are unavailable: {why}"))
+        }
+        other => setup_err(other),
+    }
+}
+
 impl GpuCommunicator {
     /// One GPU per process: the device is `LOCAL_RANK` (modulo the number of
     /// visible GPUs, so `CUDA_VISIBLE_DEVICES` with one device per process
     /// works too).
     pub fn init_from_env(host: &Communicator) -> Result<GpuCommunicator> {
-        let count = braid_cuda::device_count().map_err(setup_err)?;
+        let count = braid_cuda::device_count().map_err(cuda_setup_err)?;
         if count == 0 {
             return Err(CommError::Setup(
                 "GPU collectives are unavailable: the CUDA driver sees no GPU".into(),
@@ -157,13 +168,13 @@ impl GpuCommunicator {
             .iter()
             .map(|&o| Device::open(o))
             .collect::<braid_cuda::Result<Vec<_>>>()
-            .map_err(setup_err)?;
+            .map_err(cuda_setup_err)?;
         // Fail on every rank together if NCCL is missing on any of them.
         let loaded = nccl::version();
         let mut ok = [i32::from(loaded.is_ok())];
         host.all_reduce(&mut ok, ReduceOp::Min)?;
         if let Err(e) = loaded {
-            return Err(setup_err(e));
+            return Err(cuda_setup_err(e));
         }
         if ok[0] == 0 {
             return Err(setup_err(

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_gpu;
+pub mod kernels;
 pub mod launch;
 pub mod store;
 pub mod topo;

@@ -1,0 +1,294 @@
+//! Every CUDA kernel against its CPU counterpart on random inputs: the
+//! largest error relative to the output's scale must stay within a bound
+//! per kernel (f32 on both sides; the GPU sums in another order and uses
+//! its own `tanhf`/`expf`).
+
+use super::{token_buckets, Kernels};
+use crate::cpu;
+use crate::rng::Rng;
+use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+
+/// One kernel's comparison.
+#[derive(Debug, Clone)]
+pub struct KernelCheck {
+    /// Kernel name.
+    pub name: &'static str,
+    /// Shapes used.
+    pub shape: String,
+    /// Largest |gpu − cpu| / max|cpu|.
+    pub error: f64,
+    /// Allowed.
+    pub bound: f64,
+}
+
+impl KernelCheck {
+    /// Whether the error is within the bound.
+    pub fn ok(&self) -> bool {
+        self.error <= self.bound
+    }
+}
+
+fn randn(r: &mut Rng, n: usize, s: f64) -> Vec<f32> {
+    (0..n).map(|_| (r.normal() * s) as f32).collect()
+}
+
+fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let scale = cpu
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-30);
+    gpu.iter()
+        .zip(cpu)
+        .map(|(&a, &b)| (a as f64 - b as f64).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+fn up(d: &Device, v: &[f32]) -> Result<DeviceBuffer<f32>> {
+    DeviceBuffer::from_host(d, v)
+}
+
+/// Runs every check on `device`.
+pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
+    let k = Kernels::load(device)?;
+    let s = Stream::new(device)?;
+    let mut r = Rng::new(2026);
+    let mut out = Vec::new();
+    let (b, t, c, v) = (4usize, 64usize, 768usize, 1000usize);
+    let n = b * t;
+    let shape = format!("B={b} T={t} C={c} V={v}");
+
+    // Embeddings.
+    let tokens: Vec<u32> = (0..n).map(|_| r.below(v) as u32).collect();
+    let tokens_i: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+    let wte = randn(&mut r, v * c, 1.0);
+    let wpe = randn(&mut r, t * c, 1.0);
+    let mut cpu_out = vec![0.0f32; n * c];
+    cpu::embed::embed_forward(&mut cpu_out, &tokens, &wte, &wpe, t, c);
+    let dtok = DeviceBuffer::from_host(device, &tokens_i)?;
+    let (dwte_in, dwpe_in) = (up(device, &wte)?, up(device, &wpe)?);
+    let mut dout_buf = DeviceBuffer::zeros(device, n * c)?;
+    k.encoder_forward(&s, &mut dout_buf, &dtok, &dwte_in, &dwpe_in, n, t, c)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "encoder_forward",
+        shape: shape.clone(),
+        error: rel_err(&dout_buf.to_vec()?, &cpu_out),
+        bound: 0.0,
+    });
+
+    let dout = randn(&mut r, n * c, 1.0);
+    let (mut cpu_dwte, mut cpu_dwpe) = (vec![0.0f32; v * c], vec![0.0f32; t * c]);
+    cpu::embed::embed_backward(&mut cpu_dwte, &mut cpu_dwpe, &dout, &tokens, t, c);
+    let (order, starts) = token_buckets(&tokens, v);
+    let (gorder, gstarts) = (
+        DeviceBuffer::from_host(device, &order)?,
+        DeviceBuffer::from_host(device, &starts)?,
+    );
+    let (mut gdwte, mut gdwpe) = (
+        DeviceBuffer::zeros(device, v * c)?,
+        DeviceBuffer::zeros(device, t * c)?,
+    );
+    let gdout = up(device, &dout)?;
+    k.encoder_backward(
+        &s, &mut gdwte, &mut gdwpe, &gdout, &gorder, &gstarts, n, t, c, v,
+    )?;
+    s.synchronize()?;
+    let e = rel_err(&gdwte.to_vec()?, &cpu_dwte).max(rel_err(&gdwpe.to_vec()?, &cpu_dwpe));
+    out.push(KernelCheck {
+        name: "encoder_backward",
+        shape: shape.clone(),
+        error: e,
+        bound: 1e-6,
+    });
+
+    // LayerNorm.
+    let x = randn(&mut r, n * c, 2.0);
+    let w = randn(&mut r, c, 1.0);
+    let bb = randn(&mut r, c, 1.0);
+    let (mut co, mut cm, mut cr) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
+    cpu::norm::layernorm_forward(&mut co, &mut cm, &mut cr, &x, &w, &bb, c);
+    let (gx, gw, gb) = (up(device, &x)?, up(device, &w)?, up(device, &bb)?);
+    let (mut go, mut gm, mut gr) = (
+        DeviceBuffer::zeros(device, n * c)?,
+        DeviceBuffer::zeros(device, n)?,
+        DeviceBuffer::zeros(device, n)?,
+    );
+    k.layernorm_forward(&s, &mut go, &mut gm, &mut gr, &gx, &gw, &gb, n, c)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "layernorm_forward",
+        shape: shape.clone(),
+        error: rel_err(&go.to_vec()?, &co),
+        bound: 1e-5,
+    });
+    let (mut cdi, mut cdw, mut cdb) = (vec![0.0f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
+    cpu::norm::layernorm_backward(&mut cdi, &mut cdw, &mut cdb, &dout, &x, &w, &cm, &cr, c);
+    let (mut gdi, mut gdw, mut gdb) = (
+        DeviceBuffer::zeros(device, n * c)?,
+        DeviceBuffer::zeros(device, c)?,
+        DeviceBuffer::zeros(device, c)?,
+    );
+    k.layernorm_backward(
+        &s, &mut gdi, &mut gdw, &mut gdb, &gdout, &gx, &gw, &gm, &gr, n, c,
+    )?;
+    s.synchronize()?;
+    let e = rel_err(&gdi.to_vec()?, &cdi)
+        .max(rel_err(&gdw.to_vec()?, &cdw))
+        .max(rel_err(&gdb.to_vec()?, &cdb));
+    out.push(KernelCheck {
+        name: "layernorm_backward",
+        shape: shape.clone(),
+        error: e,
+        bound: 1e-5,
+    });
+
+    // GELU and the residual add.
+    let h = randn(&mut r, n * 4 * c, 2.0);
+    let mut cg = vec![0.0f32; h.len()];
+    cpu::gelu::gelu_forward(&mut cg, &h);
+    let gh = up(device, &h)?;
+    let mut gg = DeviceBuffer::zeros(device, h.len())?;
+    k.gelu_forward(&s, &mut gg, &gh)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "gelu_forward",
+        shape: format!("{} elements", h.len()),
+        error: rel_err(&gg.to_vec()?, &cg),
+        bound: 1e-6,
+    });
+    let dh = randn(&mut r, h.len(), 1.0);
+    let mut cdh = vec![0.0f32; h.len()];
+    cpu::gelu::gelu_backward(&mut cdh, &h, &dh);
+    let gdh_in = up(device, &dh)?;
+    let mut gdh = DeviceBuffer::zeros(device, h.len())?;
+    k.gelu_backward(&s, &mut gdh, &gh, &gdh_in)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "gelu_backward",
+        shape: format!("{} elements", h.len()),
+        error: rel_err(&gdh.to_vec()?, &cdh),
+        bound: 1e-6,
+    });
+    let cres: Vec<f32> = x.iter().zip(&dout).map(|(a, b)| a + b).collect();
+    let mut gres = DeviceBuffer::zeros(device, n * c)?;
+    k.residual_forward(&s, &mut gres, &gx, &gdout)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "residual_forward",
+        shape: shape.clone(),
+        error: rel_err(&gres.to_vec()?, &cres),
+        bound: 0.0,
+    });
+
+    // Softmax + cross-entropy (the CPU classifier with an identity head:
+    // x = one-hot rows make x · wteᵀ the logits themselves).
+    let rows = 64usize;
+    let logits = randn(&mut r, rows * v, 3.0);
+    let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
+    targets[5] = u32::MAX;
+    let scale = 1.0 / 63.0;
+    let (cpu_loss, cpu_grad) = cpu_softmax_ce(&logits, &targets, rows, v, scale);
+    let mut gl = up(device, &logits)?;
+    let mut glo = DeviceBuffer::zeros(device, rows)?;
+    let gt = DeviceBuffer::from_host(
+        device,
+        &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+    )?;
+    k.softmax_cross_entropy(&s, &mut gl, &mut glo, &gt, rows, v, scale)?;
+    s.synchronize()?;
+    let e = rel_err(&glo.to_vec()?, &cpu_loss).max(rel_err(&gl.to_vec()?, &cpu_grad));
+    out.push(KernelCheck {
+        name: "softmax_cross_entropy",
+        shape: format!("N={rows} V={v}"),
+        error: e,
+        bound: 1e-5,
+    });
+
+    // AdamW against the CPU engine's optimizer, per parameter range (decay
+    // on matrices and embeddings only).
+    let layout = std::sync::Arc::new(crate::layout::Layout::new(
+        &crate::config::GptConfig::parse("L1-H2-C64-V100-T16").expect("valid config"),
+    ));
+    let mut params = crate::params::Params::init_gpt2(layout.clone(), 3);
+    let p0 = params.clone();
+    let grads = randn(&mut r, layout.len, 1.0);
+    let cfg = crate::optim::AdamWConfig::default();
+    let mut opt = crate::optim::Optimizer::adamw(&layout, cfg);
+    for _ in 0..3 {
+        opt.step(&mut params, &grads, 1e-3);
+    }
+    let mut e: f64 = 0.0;
+    for spec in &layout.params {
+        let r = spec.range();
+        let wd = if spec.kind.decays() {
+            cfg.weight_decay
+        } else {
+            0.0
+        };
+        let mut gp = up(device, &p0.data[r.clone()])?;
+        let gg = up(device, &grads[r.clone()])?;
+        let (mut gm, mut gv) = (
+            DeviceBuffer::zeros(device, r.len())?,
+            DeviceBuffer::zeros(device, r.len())?,
+        );
+        for step in 1..=3 {
+            k.adamw(
+                &s, &mut gp, &gg, &mut gm, &mut gv, 1e-3, cfg.beta1, cfg.beta2, step, cfg.eps, wd,
+            )?;
+        }
+        s.synchronize()?;
+        e = e.max(rel_err(&gp.to_vec()?, &params.data[r]));
+    }
+    out.push(KernelCheck {
+        name: "adamw",
+        shape: format!("{} parameters, 3 steps", layout.len),
+        error: e,
+        bound: 1e-6,
+    });
+    Ok(out)
+}
+
+fn cpu_softmax_ce(
+    logits: &[f32],
+    targets: &[u32],
+    rows: usize,
+    v: usize,
+    scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    // An identity head: x = I (rows ≤ v), wte = logitsᵀ gives x · wteᵀ = logits.
+    let mut wte = vec![0.0f32; v * rows];
+    for i in 0..rows {
+        for j in 0..v {
+            wte[j * rows + i] = logits[i * v + j];
+        }
+    }
+    let mut x = vec![0.0f32; rows * rows];
+    for i in 0..rows {
+        x[i * rows + i] = 1.0;
+    }
+    let io = cpu::classifier::ClassifierIo {
+        x: &x,
+        wte: &wte,
+        targets,
+        rows,
+        c: rows,
+        v,
+    };
+    let mut losses = vec![0.0f32; rows];
+    let (mut dx, mut dw) = (vec![0.0f32; rows * rows], vec![0.0f32; v * rows]);
+    cpu::classifier::classifier(
+        &io,
+        &mut losses,
+        Some((&mut dx, &mut dw, scale)),
+        &mut Vec::new(),
+    );
+    // dwte = dlogitsᵀ · x = dlogitsᵀ: read the logits' gradient back out.
+    let mut grad = vec![0.0f32; rows * v];
+    for i in 0..rows {
+        for j in 0..v {
+            grad[i * v + j] = dw[j * rows + i];
+        }
+    }
+    (losses, grad)
+}

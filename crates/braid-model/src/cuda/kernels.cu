@@ -1,0 +1,176 @@
+// braid's model kernels (f32), compiled at run time by NVRTC.
+// Each mirrors a CPU kernel in src/cpu and is checked against it.
+// Reductions are deterministic (fixed order per output, no atomics), so a
+// GPU run repeats bit for bit too.
+
+#define WARP 32
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// out[n, c] = wte[tokens[n], c] + wpe[n % T, c]
+extern "C" __global__ void encoder_forward(float* out, const unsigned* tokens, const float* wte,
+                                           const float* wpe, int N, int T, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    int n = i / C, c = i % C;
+    out[i] = wte[(long)tokens[n] * C + c] + wpe[(long)(n % T) * C + c];
+}
+
+// dwpe[t, c] += sum_b dout[b*T + t, c]   (one thread per (t, c); fixed order)
+extern "C" __global__ void encoder_backward_wpe(float* dwpe, const float* dout, int N, int T, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * C) return;
+    int t = i / C, c = i % C;
+    float s = 0.f;
+    for (int n = t; n < N; n += T) s += dout[(long)n * C + c];
+    dwpe[i] += s;
+}
+
+// dwte[v, c] += sum over positions n with tokens[n] == v of dout[n, c].
+// `order` lists positions sorted by token (stable) and `starts[v]..starts[v+1]`
+// its range for token v: one thread per (v, c) sums in position order.
+extern "C" __global__ void encoder_backward_wte(float* dwte, const float* dout, const int* order,
+                                                const int* starts, int V, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)V * C) return;
+    int v = i / C, c = i % C;
+    int a = starts[v], b = starts[v + 1];
+    if (a == b) return;
+    float s = 0.f;
+    for (int k = a; k < b; k++) s += dout[(long)order[k] * C + c];
+    dwte[i] += s;
+}
+
+// One warp per row: out = (x - mean) * rstd * w + b.
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                             const float* w, const float* b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* x = inp + (long)row * C;
+    float s = 0.f;
+    for (int i = lane; i < C; i += WARP) s += x[i];
+    float m = warp_sum(s) / C;
+    float v = 0.f;
+    for (int i = lane; i < C; i += WARP) { float d = x[i] - m; v += d * d; }
+    float rs = rsqrtf(warp_sum(v) / C + 1e-5f);
+    float* o = out + (long)row * C;
+    for (int i = lane; i < C; i += WARP) o[i] = (x[i] - m) * rs * w[i] + b[i];
+    if (lane == 0) { mean[row] = m; rstd[row] = rs; }
+}
+
+// dinp += per-row LayerNorm backward (one warp per row).
+extern "C" __global__ void layernorm_backward_inp(float* dinp, const float* dout, const float* inp,
+                                                  const float* w, const float* mean, const float* rstd,
+                                                  int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* x = inp + (long)row * C;
+    const float* dy = dout + (long)row * C;
+    float m = mean[row], rs = rstd[row];
+    float a = 0.f, b = 0.f;
+    for (int i = lane; i < C; i += WARP) {
+        float dn = w[i] * dy[i];
+        a += dn;
+        b += dn * (x[i] - m) * rs;
+    }
+    a = warp_sum(a) / C;
+    b = warp_sum(b) / C;
+    float* d = dinp + (long)row * C;
+    for (int i = lane; i < C; i += WARP) {
+        float norm = (x[i] - m) * rs;
+        d[i] += (w[i] * dy[i] - a - norm * b) * rs;
+    }
+}
+
+// dw[c] += sum_n norm[n,c] * dout[n,c]; db[c] += sum_n dout[n,c]
+// (one thread per column, rows in order).
+extern "C" __global__ void layernorm_backward_params(float* dw, float* db, const float* dout,
+                                                     const float* inp, const float* mean,
+                                                     const float* rstd, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sw = 0.f, sb = 0.f;
+    for (int n = 0; n < N; n++) {
+        float dy = dout[(long)n * C + c];
+        sw += (inp[(long)n * C + c] - mean[n]) * rstd[n] * dy;
+        sb += dy;
+    }
+    dw[c] += sw;
+    db[c] += sb;
+}
+
+#define GELU_S 0.7978845608028654f
+
+extern "C" __global__ void gelu_forward(float* out, const float* inp, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.f + tanhf(GELU_S * (x + 0.044715f * x * x * x)));
+}
+
+extern "C" __global__ void gelu_backward(float* dinp, const float* inp, const float* dout, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = inp[i];
+    float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
+    float sech2 = 1.f - th * th;
+    float local = 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_S * (1.f + 3.f * 0.044715f * x * x);
+    dinp[i] += local * dout[i];
+}
+
+// out = a + b
+extern "C" __global__ void residual_forward(float* out, const float* a, const float* b, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+// In place, one warp per row of V logits: loss[row] = -log softmax[target];
+// logits become scale * (softmax - onehot) when scale != 0 (target ==
+// 0xffffffff: no loss, zero gradient).
+extern "C" __global__ void softmax_cross_entropy(float* logits, float* losses, const unsigned* targets,
+                                                 int N, int V, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    float* l = logits + (long)row * V;
+    float mx = __int_as_float(0xff800000);  // -inf
+    for (int i = lane; i < V; i += WARP) mx = fmaxf(mx, l[i]);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int i = lane; i < V; i += WARP) s += expf(l[i] - mx);
+    s = warp_sum(s);
+    unsigned t = targets[row];
+    if (lane == 0) losses[row] = t < (unsigned)V ? -(l[t] - mx - logf(s)) : 0.f;
+    __syncwarp();
+    if (scale != 0.f) {
+        float inv = 1.f / s;
+        for (int i = lane; i < V; i += WARP) {
+            float g = t < (unsigned)V ? expf(l[i] - mx) * inv * scale : 0.f;
+            if ((unsigned)i == t) g -= scale;
+            l[i] = g;
+        }
+    }
+}
+
+// AdamW over one parameter range (decoupled decay `wd`).
+extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, long n, float lr,
+                                 float beta1, float beta2, float bc1, float bc2, float eps, float wd) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i];
+    float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+}

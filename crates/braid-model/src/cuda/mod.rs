@@ -1,0 +1,449 @@
+//! The model's CUDA kernels (issue 6, in progress): CUDA C compiled by
+//! NVRTC at run time for the GPU found, cached on disk, each one checked
+//! against its CPU counterpart ([`check`]).
+//!
+//! [`SOURCES`] lists every kernel source; [`Kernels`] loads them on a
+//! device and launches them on device buffers.
+
+pub mod check;
+
+use braid_cuda::nvrtc::{Function, Module};
+use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use std::ffi::c_void;
+
+/// Every kernel source: (name, CUDA C).
+pub const SOURCES: [(&str, &str); 1] = [("kernels", include_str!("kernels.cu"))];
+
+/// Compiles every source to PTX for `arch` (e.g. `compute_90`) without a
+/// GPU — what CI checks where NVRTC can be installed.
+pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
+    SOURCES
+        .iter()
+        .map(|(name, src)| {
+            braid_cuda::nvrtc::compile_ptx(name, src, arch).map(|ptx| (name.to_string(), ptx.len()))
+        })
+        .collect()
+}
+
+const BLOCK: u32 = 256;
+
+fn grid(n: usize, per_block: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per_block).max(1) as u32, 1, 1)
+}
+
+/// Pointer to a kernel argument, as cuLaunchKernel wants it.
+fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+/// The loaded kernels of one device.
+pub struct Kernels {
+    _module: Module,
+    encoder_forward: Function,
+    encoder_backward_wpe: Function,
+    encoder_backward_wte: Function,
+    layernorm_forward: Function,
+    layernorm_backward_inp: Function,
+    layernorm_backward_params: Function,
+    gelu_forward: Function,
+    gelu_backward: Function,
+    residual_forward: Function,
+    softmax_cross_entropy: Function,
+    adamw: Function,
+}
+
+impl Kernels {
+    /// Compiles (through the cache) and loads every kernel on `device`.
+    pub fn load(device: &Device) -> Result<Kernels> {
+        let module = Module::compile(device, SOURCES[0].0, SOURCES[0].1)?;
+        let f = |n: &str| module.function(n);
+        Ok(Kernels {
+            encoder_forward: f("encoder_forward")?,
+            encoder_backward_wpe: f("encoder_backward_wpe")?,
+            encoder_backward_wte: f("encoder_backward_wte")?,
+            layernorm_forward: f("layernorm_forward")?,
+            layernorm_backward_inp: f("layernorm_backward_inp")?,
+            layernorm_backward_params: f("layernorm_backward_params")?,
+            gelu_forward: f("gelu_forward")?,
+            gelu_backward: f("gelu_backward")?,
+            residual_forward: f("residual_forward")?,
+            softmax_cross_entropy: f("softmax_cross_entropy")?,
+            adamw: f("adamw")?,
+            _module: module,
+        })
+    }
+
+    /// `out[n] = wte[tokens[n]] + wpe[n % t]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_forward(
+        &self,
+        s: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        tokens: &DeviceBuffer<i32>,
+        wte: &DeviceBuffer<f32>,
+        wpe: &DeviceBuffer<f32>,
+        n: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (o, tk, e, p) = (
+            out.device_ptr(),
+            tokens.device_ptr(),
+            wte.device_ptr(),
+            wpe.device_ptr(),
+        );
+        let (n32, t32, c32) = (n as i32, t as i32, c as i32);
+        // SAFETY: buffers hold n*c, n, v*c and t*c elements (the caller's
+        // shapes), alive until the stream has run the kernel.
+        unsafe {
+            self.encoder_forward.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&o),
+                    arg(&tk),
+                    arg(&e),
+                    arg(&p),
+                    arg(&n32),
+                    arg(&t32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// Embedding gradients: `order`/`starts` group positions by token
+    /// (see [`token_buckets`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_backward(
+        &self,
+        s: &Stream,
+        dwte: &mut DeviceBuffer<f32>,
+        dwpe: &mut DeviceBuffer<f32>,
+        dout: &DeviceBuffer<f32>,
+        order: &DeviceBuffer<i32>,
+        starts: &DeviceBuffer<i32>,
+        n: usize,
+        t: usize,
+        c: usize,
+        v: usize,
+    ) -> Result<()> {
+        let (dte, dpe, d, o, st) = (
+            dwte.device_ptr(),
+            dwpe.device_ptr(),
+            dout.device_ptr(),
+            order.device_ptr(),
+            starts.device_ptr(),
+        );
+        let (n32, t32, c32, v32) = (n as i32, t as i32, c as i32, v as i32);
+        // SAFETY: as in `encoder_forward`; `starts` has v + 1 entries.
+        unsafe {
+            self.encoder_backward_wpe.launch(
+                grid(t * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&dpe), arg(&d), arg(&n32), arg(&t32), arg(&c32)],
+            )?;
+            self.encoder_backward_wte.launch(
+                grid(v * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&dte), arg(&d), arg(&o), arg(&st), arg(&v32), arg(&c32)],
+            )
+        }
+    }
+
+    /// LayerNorm over rows of `c`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward(
+        &self,
+        s: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        mean: &mut DeviceBuffer<f32>,
+        rstd: &mut DeviceBuffer<f32>,
+        inp: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        let ptrs = [
+            out.device_ptr(),
+            mean.device_ptr(),
+            rstd.device_ptr(),
+            inp.device_ptr(),
+            w.device_ptr(),
+            b.device_ptr(),
+        ];
+        let (n32, c32) = (n as i32, c as i32);
+        let rows_per_block = (BLOCK / 32) as usize;
+        // SAFETY: rows of `c` elements, `n` rows.
+        unsafe {
+            self.layernorm_forward.launch(
+                grid(n, rows_per_block),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&ptrs[0]),
+                    arg(&ptrs[1]),
+                    arg(&ptrs[2]),
+                    arg(&ptrs[3]),
+                    arg(&ptrs[4]),
+                    arg(&ptrs[5]),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// LayerNorm backward: accumulates into `dinp`, `dw`, `db`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward(
+        &self,
+        s: &Stream,
+        dinp: &mut DeviceBuffer<f32>,
+        dw: &mut DeviceBuffer<f32>,
+        db: &mut DeviceBuffer<f32>,
+        dout: &DeviceBuffer<f32>,
+        inp: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        mean: &DeviceBuffer<f32>,
+        rstd: &DeviceBuffer<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (di, dwp, dbp, dy, x, wp, m, r) = (
+            dinp.device_ptr(),
+            dw.device_ptr(),
+            db.device_ptr(),
+            dout.device_ptr(),
+            inp.device_ptr(),
+            w.device_ptr(),
+            mean.device_ptr(),
+            rstd.device_ptr(),
+        );
+        let (n32, c32) = (n as i32, c as i32);
+        let rows_per_block = (BLOCK / 32) as usize;
+        // SAFETY: as in `layernorm_forward`.
+        unsafe {
+            self.layernorm_backward_inp.launch(
+                grid(n, rows_per_block),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&di),
+                    arg(&dy),
+                    arg(&x),
+                    arg(&wp),
+                    arg(&m),
+                    arg(&r),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )?;
+            self.layernorm_backward_params.launch(
+                grid(c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&dwp),
+                    arg(&dbp),
+                    arg(&dy),
+                    arg(&x),
+                    arg(&m),
+                    arg(&r),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// GELU (tanh approximation).
+    pub fn gelu_forward(
+        &self,
+        s: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        inp: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let (o, x, n) = (out.device_ptr(), inp.device_ptr(), inp.len() as i64);
+        // SAFETY: both hold `n` elements.
+        unsafe {
+            self.gelu_forward.launch(
+                grid(inp.len(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&x), arg(&n)],
+            )
+        }
+    }
+
+    /// `dinp += gelu'(inp) · dout`.
+    pub fn gelu_backward(
+        &self,
+        s: &Stream,
+        dinp: &mut DeviceBuffer<f32>,
+        inp: &DeviceBuffer<f32>,
+        dout: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let (d, x, g, n) = (
+            dinp.device_ptr(),
+            inp.device_ptr(),
+            dout.device_ptr(),
+            inp.len() as i64,
+        );
+        // SAFETY: all hold `n` elements.
+        unsafe {
+            self.gelu_backward.launch(
+                grid(inp.len(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&d), arg(&x), arg(&g), arg(&n)],
+            )
+        }
+    }
+
+    /// `out = a + b`.
+    pub fn residual_forward(
+        &self,
+        s: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let (o, x, y, n) = (
+            out.device_ptr(),
+            a.device_ptr(),
+            b.device_ptr(),
+            a.len() as i64,
+        );
+        // SAFETY: all hold `n` elements.
+        unsafe {
+            self.residual_forward.launch(
+                grid(a.len(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&x), arg(&y), arg(&n)],
+            )
+        }
+    }
+
+    /// Fused softmax + cross-entropy on `n × v` logits, in place (they
+    /// become `scale ·` their gradient when `scale ≠ 0`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn softmax_cross_entropy(
+        &self,
+        s: &Stream,
+        logits: &mut DeviceBuffer<f32>,
+        losses: &mut DeviceBuffer<f32>,
+        targets: &DeviceBuffer<i32>,
+        n: usize,
+        v: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let (l, lo, t) = (
+            logits.device_ptr(),
+            losses.device_ptr(),
+            targets.device_ptr(),
+        );
+        let (n32, v32) = (n as i32, v as i32);
+        // SAFETY: logits n*v, losses and targets n.
+        unsafe {
+            self.softmax_cross_entropy.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&lo),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&scale),
+                ],
+            )
+        }
+    }
+
+    /// One AdamW update of a parameter range.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(
+        &self,
+        s: &Stream,
+        p: &mut DeviceBuffer<f32>,
+        g: &DeviceBuffer<f32>,
+        m: &mut DeviceBuffer<f32>,
+        v: &mut DeviceBuffer<f32>,
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        step: i32,
+        eps: f32,
+        wd: f32,
+    ) -> Result<()> {
+        let (pp, gp, mp, vp, n) = (
+            p.device_ptr(),
+            g.device_ptr(),
+            m.device_ptr(),
+            v.device_ptr(),
+            p.len() as i64,
+        );
+        let bc1 = 1.0 - beta1.powi(step);
+        let bc2 = 1.0 - beta2.powi(step);
+        // SAFETY: all hold `n` elements.
+        unsafe {
+            self.adamw.launch(
+                grid(p.len(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&pp),
+                    arg(&gp),
+                    arg(&mp),
+                    arg(&vp),
+                    arg(&n),
+                    arg(&lr),
+                    arg(&beta1),
+                    arg(&beta2),
+                    arg(&bc1),
+                    arg(&bc2),
+                    arg(&eps),
+                    arg(&wd),
+                ],
+            )
+        }
+    }
+}
+
+/// Positions grouped by token for the deterministic embedding backward:
+/// `order` lists positions sorted by token (stable), `starts[v]..starts[v+1]`
+/// is token `v`'s range.
+pub fn token_buckets(tokens: &[u32], vocab: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut starts = vec![0i32; vocab + 1];
+    for &t in tokens {
+        starts[t as usize + 1] += 1;
+    }
+    for v in 0..vocab {
+        starts[v + 1] += starts[v];
+    }
+    let mut fill = starts.clone();
+    let mut order = vec![0i32; tokens.len()];
+    for (pos, &t) in tokens.iter().enumerate() {
+        order[fill[t as usize] as usize] = pos as i32;
+        fill[t as usize] += 1;
+    }
+    (order, starts)
+}

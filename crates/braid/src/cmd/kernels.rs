@@ -1,0 +1,65 @@
+//! `braid kernels`: the training engine's CUDA kernels — compile them to
+//! PTX (no GPU needed, only NVRTC), or check each against the CPU engine
+//! on a GPU.
+
+use clap::Args;
+
+/// Compile or check the CUDA kernels.
+#[derive(Args)]
+#[command(
+    about = "Compile the model's CUDA kernels with NVRTC, or check them against the CPU engine on a GPU",
+    after_help = "Examples:\n  braid kernels --ptx compute_90     # compile only (CI; needs libnvrtc.so.13)\n  braid kernels --check              # on a GPU: every kernel vs the CPU kernels"
+)]
+pub struct KernelsArgs {
+    /// Compile every kernel source to PTX for this virtual architecture.
+    #[arg(long, value_name = "ARCH")]
+    ptx: Option<String>,
+    /// Run every kernel on GPU 0 and compare it with the CPU engine.
+    #[arg(long)]
+    check: bool,
+}
+
+/// Runs `braid kernels`.
+pub fn run(a: KernelsArgs) -> Result<i32, String> {
+    if a.ptx.is_none() && !a.check {
+        return Err("nothing to do: pass --ptx ARCH and/or --check".into());
+    }
+    if let Some(arch) = &a.ptx {
+        let t = std::time::Instant::now();
+        let done = braid_model::cuda::compile_all(arch).map_err(|e| e.to_string())?;
+        for (name, bytes) in &done {
+            println!("{name}.cu -> {bytes} bytes of PTX for {arch}");
+        }
+        let (maj, min) = braid_cuda::nvrtc::version().map_err(|e| e.to_string())?;
+        println!(
+            "every kernel compiles (NVRTC {maj}.{min}, {:.1?})",
+            t.elapsed()
+        );
+    }
+    if a.check {
+        let device = braid_cuda::Device::open(0).map_err(|e| e.to_string())?;
+        let results = braid_model::cuda::check::run(&device).map_err(|e| e.to_string())?;
+        let mut bad = 0;
+        for r in &results {
+            println!(
+                "{:<24} {:<28} max rel err {:>9.2e} (bound {:.0e}) {}",
+                r.name,
+                r.shape,
+                r.error,
+                r.bound,
+                if r.ok() { "ok" } else { "FAIL" }
+            );
+            bad += usize::from(!r.ok());
+        }
+        println!(
+            "{} of {} kernels within their bounds on {}",
+            results.len() - bad,
+            results.len(),
+            device.name().unwrap_or_default()
+        );
+        if bad > 0 {
+            return Ok(1);
+        }
+    }
+    Ok(0)
+}
