@@ -11,6 +11,7 @@
 //!   `braid topo` prints); [`bandwidth`] measures copies between them.
 
 pub mod bandwidth;
+pub mod blas;
 pub mod driver;
 pub mod error;
 pub mod memory;

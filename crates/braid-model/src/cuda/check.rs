@@ -205,6 +205,29 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         bound: 1e-5,
     });
 
+    // Matrix products (cuBLAS) in every transpose combination.
+    let mut blas = braid_cuda::blas::Blas::new(device)?;
+    let (m, nn, kk) = (256usize, 384usize, 192usize);
+    let mut e: f64 = 0.0;
+    for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = randn(&mut r, m * kk, 1.0);
+        let bm = randn(&mut r, kk * nn, 1.0);
+        let base = randn(&mut r, m * nn, 1.0);
+        let mut cpu_c = base.clone();
+        cpu::matmul::gemm_rm(&mut cpu_c, &a, a_t, &bm, b_t, m, nn, kk, true);
+        let (ga, gb) = (up(device, &a)?, up(device, &bm)?);
+        let mut gc = up(device, &base)?;
+        blas.gemm_rm(&s, &mut gc, &ga, a_t, &gb, b_t, m, nn, kk, true)?;
+        s.synchronize()?;
+        e = e.max(rel_err(&gc.to_vec()?, &cpu_c));
+    }
+    out.push(KernelCheck {
+        name: "gemm (cuBLAS)",
+        shape: format!("{m}x{kk} · {kk}x{nn}, all transposes, +="),
+        error: e,
+        bound: 1e-5,
+    });
+
     // AdamW against the CPU engine's optimizer, per parameter range (decay
     // on matrices and embeddings only).
     let layout = std::sync::Arc::new(crate::layout::Layout::new(
