@@ -108,6 +108,91 @@ impl Blas {
     }
 }
 
+/// One operand of a strided batched product: the buffer, whether it is
+/// stored transposed, and the element stride between batch entries.
+pub struct Operand<'a> {
+    /// The buffer (all batch entries).
+    pub buf: &'a DeviceBuffer<f32>,
+    /// Element offset of batch entry 0.
+    pub offset: usize,
+    /// Stored transposed.
+    pub transposed: bool,
+    /// Elements between consecutive batch entries.
+    pub stride: usize,
+}
+
+impl Blas {
+    /// `batch` row-major products `dst_i[m,n] (= or +=) a_i · b_i`, entry
+    /// `i` of each operand at `offset + i * stride`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_rm_batched(
+        &mut self,
+        stream: &Stream,
+        dst: &mut DeviceBuffer<f32>,
+        dst_stride: usize,
+        a: Operand,
+        b: Operand,
+        m: usize,
+        n: usize,
+        k: usize,
+        batch: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let last = |o: &Operand, len: usize| o.offset + (batch.max(1) - 1) * o.stride + len;
+        if last(&a, m * k) > a.buf.len()
+            || last(&b, k * n) > b.buf.len()
+            || (batch.max(1) - 1) * dst_stride + m * n > dst.len()
+        {
+            return Err(CudaError::Invalid(format!(
+                "batched gemm: {batch} products of {m}x{k} · {k}x{n} do not fit the buffers"
+            )));
+        }
+        if m == 0 || n == 0 || batch == 0 {
+            return Ok(());
+        }
+        self.device.bind()?;
+        let (op_b, ldb) = if b.transposed {
+            (sys::cublasOperation_t::CUBLAS_OP_T, k)
+        } else {
+            (sys::cublasOperation_t::CUBLAS_OP_N, n)
+        };
+        let (op_a, lda) = if a.transposed {
+            (sys::cublasOperation_t::CUBLAS_OP_T, m)
+        } else {
+            (sys::cublasOperation_t::CUBLAS_OP_N, k)
+        };
+        let alpha = 1.0f32;
+        let beta = if accumulate { 1.0f32 } else { 0.0 };
+        // SAFETY: as in `gemm_rm`; every batch entry was checked to lie
+        // inside its buffer.
+        unsafe {
+            result::set_stream(self.handle, stream.raw() as _)
+                .map_err(blas_err("cublasSetStream"))?;
+            result::sgemm_strided_batched(
+                self.handle,
+                op_b,
+                op_a,
+                n as i32,
+                m as i32,
+                k.max(1) as i32,
+                &alpha,
+                b.buf.ptr_at(b.offset) as *const f32,
+                ldb.max(1) as i32,
+                b.stride as i64,
+                a.buf.ptr_at(a.offset) as *const f32,
+                lda.max(1) as i32,
+                a.stride as i64,
+                &beta,
+                dst.device_ptr() as *mut f32,
+                n as i32,
+                dst_stride as i64,
+                batch as i32,
+            )
+            .map_err(blas_err("cublasSgemmStridedBatched"))
+        }
+    }
+}
+
 impl Drop for Blas {
     fn drop(&mut self) {
         if self.device.bind().is_ok() {

@@ -228,6 +228,102 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         bound: 1e-5,
     });
 
+    // Attention (permutes + batched cuBLAS + causal softmax) forward and
+    // backward against the CPU kernel.
+    let sh = cpu::attention::AttnShape {
+        b: 2,
+        t: 64,
+        c: 256,
+        nh: 4,
+    };
+    let qkv = randn(&mut r, sh.b * sh.t * 3 * sh.c, 1.0);
+    let (mut co, mut catt) = (
+        vec![0.0f32; sh.b * sh.t * sh.c],
+        vec![0.0f32; sh.b * sh.nh * sh.t * sh.t],
+    );
+    cpu::attention::attention_forward(&mut co, &mut catt, &qkv, sh);
+    let gq = up(device, &qkv)?;
+    let mut scratch = super::attention::AttnScratch::new(device, sh)?;
+    let mut go = DeviceBuffer::zeros(device, co.len())?;
+    super::attention::attention_forward(&k, &mut blas, &s, &mut go, &gq, &mut scratch, sh)?;
+    s.synchronize()?;
+    let ashape = format!("B={} T={} C={} NH={}", sh.b, sh.t, sh.c, sh.nh);
+    out.push(KernelCheck {
+        name: "attention_forward",
+        shape: ashape.clone(),
+        error: rel_err(&go.to_vec()?, &co),
+        bound: 1e-5,
+    });
+    let dy = randn(&mut r, co.len(), 1.0);
+    let mut cd = vec![0.0f32; qkv.len()];
+    cpu::attention::attention_backward(&mut cd, &dy, &qkv, &catt, sh);
+    let gdy = up(device, &dy)?;
+    let mut gd = DeviceBuffer::zeros(device, qkv.len())?;
+    super::attention::attention_backward(&k, &mut blas, &s, &mut gd, &gdy, &mut scratch, sh)?;
+    s.synchronize()?;
+    out.push(KernelCheck {
+        name: "attention_backward",
+        shape: ashape,
+        error: rel_err(&gd.to_vec()?, &cd),
+        bound: 1e-5,
+    });
+
+    // Linear layer with bias: gemm + add_bias, and its backward.
+    let (rows, ic, oc) = (256usize, 192usize, 320usize);
+    let xin = randn(&mut r, rows * ic, 1.0);
+    let wl = randn(&mut r, ic * oc, 0.1);
+    let bl = randn(&mut r, oc, 1.0);
+    let mut cy = vec![0.0f32; rows * oc];
+    cpu::matmul::linear_forward(&mut cy, &xin, &wl, Some(&bl), rows, ic, oc);
+    let (gx2, gw2, gb2) = (up(device, &xin)?, up(device, &wl)?, up(device, &bl)?);
+    let mut gy = DeviceBuffer::zeros(device, rows * oc)?;
+    blas.gemm_rm(&s, &mut gy, &gx2, false, &gw2, false, rows, oc, ic, false)?;
+    k.add_bias(&s, &mut gy, &gb2, rows, oc)?;
+    s.synchronize()?;
+    let lshape = format!("{rows}x{ic} -> {oc}");
+    out.push(KernelCheck {
+        name: "linear_forward",
+        shape: lshape.clone(),
+        error: rel_err(&gy.to_vec()?, &cy),
+        bound: 1e-5,
+    });
+    let dyl = randn(&mut r, rows * oc, 1.0);
+    let (mut cdx, mut cdw, mut cdb) = (
+        vec![0.0f32; rows * ic],
+        vec![0.0f32; ic * oc],
+        vec![0.0f32; oc],
+    );
+    cpu::matmul::linear_backward(
+        &mut cdx,
+        &mut cdw,
+        Some(&mut cdb),
+        &dyl,
+        &xin,
+        &wl,
+        rows,
+        ic,
+        oc,
+    );
+    let gdyl = up(device, &dyl)?;
+    let (mut gdx, mut gdw, mut gdb) = (
+        DeviceBuffer::zeros(device, rows * ic)?,
+        DeviceBuffer::zeros(device, ic * oc)?,
+        DeviceBuffer::zeros(device, oc)?,
+    );
+    blas.gemm_rm(&s, &mut gdx, &gdyl, false, &gw2, true, rows, ic, oc, true)?;
+    blas.gemm_rm(&s, &mut gdw, &gx2, true, &gdyl, false, ic, oc, rows, true)?;
+    k.bias_backward(&s, &mut gdb, &gdyl, rows, oc)?;
+    s.synchronize()?;
+    let e = rel_err(&gdx.to_vec()?, &cdx)
+        .max(rel_err(&gdw.to_vec()?, &cdw))
+        .max(rel_err(&gdb.to_vec()?, &cdb));
+    out.push(KernelCheck {
+        name: "linear_backward",
+        shape: lshape,
+        error: e,
+        bound: 1e-5,
+    });
+
     // AdamW against the CPU engine's optimizer, per parameter range (decay
     // on matrices and embeddings only).
     let layout = std::sync::Arc::new(crate::layout::Layout::new(

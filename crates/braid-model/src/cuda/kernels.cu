@@ -174,3 +174,109 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, l
     v[i] = vi;
     p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
 }
+
+// ---- attention ---------------------------------------------------------
+// qkv [B, T, 3, NH, HS] -> q, k, v each [B, NH, T, HS]
+extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float* qkv,
+                                       int B, int T, int NH, int HS) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long total = (long)B * NH * T * HS;
+    if (i >= total) return;
+    int d = i % HS; long r = i / HS;
+    int t = r % T; r /= T;
+    int h = r % NH; int b = r / NH;
+    int C = NH * HS;
+    long src = ((long)b * T + t) * 3 * C + h * HS + d;
+    q[i] = qkv[src];
+    k[i] = qkv[src + C];
+    v[i] = qkv[src + 2 * C];
+}
+
+// y [B, NH, T, HS] -> out [B, T, NH*HS]
+extern "C" __global__ void unpermute(float* out, const float* y, int B, int T, int NH, int HS) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long total = (long)B * NH * T * HS;
+    if (i >= total) return;
+    int d = i % HS; long r = i / HS;
+    int t = r % T; r /= T;
+    int h = r % NH; int b = r / NH;
+    out[((long)b * T + t) * NH * HS + h * HS + d] = y[i];
+}
+
+// dout [B, T, NH*HS] -> dy [B, NH, T, HS]
+extern "C" __global__ void permute_grad(float* dy, const float* dout, int B, int T, int NH, int HS) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long total = (long)B * NH * T * HS;
+    if (i >= total) return;
+    int d = i % HS; long r = i / HS;
+    int t = r % T; r /= T;
+    int h = r % NH; int b = r / NH;
+    dy[i] = dout[((long)b * T + t) * NH * HS + h * HS + d];
+}
+
+// dqkv [B, T, 3C] += (dq, dk, dv) each [B, NH, T, HS]
+extern "C" __global__ void unpermute_qkv_grad(float* dqkv, const float* dq, const float* dk,
+                                              const float* dv, int B, int T, int NH, int HS) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long total = (long)B * NH * T * HS;
+    if (i >= total) return;
+    int d = i % HS; long r = i / HS;
+    int t = r % T; r /= T;
+    int h = r % NH; int b = r / NH;
+    int C = NH * HS;
+    long dst = ((long)b * T + t) * 3 * C + h * HS + d;
+    dqkv[dst] += dq[i];
+    dqkv[dst + C] += dk[i];
+    dqkv[dst + 2 * C] += dv[i];
+}
+
+// att[row, :] = softmax(scale * preatt[row, :t+1]), zeros after; one warp
+// per row of T, rows = B*NH*T (row % T is the query position).
+extern "C" __global__ void softmax_causal_forward(float* att, const float* preatt, int rows, int T,
+                                                  float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const float* x = preatt + (long)row * T;
+    float* y = att + (long)row * T;
+    float mx = __int_as_float(0xff800000);
+    for (int j = lane; j <= t; j += WARP) mx = fmaxf(mx, x[j] * scale);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int j = lane; j <= t; j += WARP) s += expf(x[j] * scale - mx);
+    s = warp_sum(s);
+    float inv = 1.f / s;
+    for (int j = lane; j < T; j += WARP) y[j] = j <= t ? expf(x[j] * scale - mx) * inv : 0.f;
+}
+
+// dpreatt[row, j] = scale * att[j] * (datt[j] - sum_k att[k] datt[k]) for j <= t.
+extern "C" __global__ void softmax_causal_backward(float* dpreatt, const float* datt, const float* att,
+                                                   int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const float* a = att + (long)row * T;
+    const float* da = datt + (long)row * T;
+    float dot = 0.f;
+    for (int j = lane; j <= t; j += WARP) dot += a[j] * da[j];
+    dot = warp_sum(dot);
+    float* d = dpreatt + (long)row * T;
+    for (int j = lane; j < T; j += WARP) d[j] = j <= t ? scale * a[j] * (da[j] - dot) : 0.f;
+}
+
+// out[n, c] += bias[c]
+extern "C" __global__ void add_bias(float* out, const float* bias, long N, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * C) out[i] += bias[i % C];
+}
+
+// dbias[c] += sum_n dout[n, c] (one thread per column, rows in order)
+extern "C" __global__ void bias_backward(float* dbias, const float* dout, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.f;
+    for (int n = 0; n < N; n++) s += dout[(long)n * C + c];
+    dbias[c] += s;
+}

@@ -5,6 +5,7 @@
 //! [`SOURCES`] lists every kernel source; [`Kernels`] loads them on a
 //! device and launches them on device buffers.
 
+pub mod attention;
 pub mod check;
 
 use braid_cuda::nvrtc::{Function, Module};
@@ -50,6 +51,14 @@ pub struct Kernels {
     residual_forward: Function,
     softmax_cross_entropy: Function,
     adamw: Function,
+    pub(crate) permute_qkv: Function,
+    pub(crate) unpermute: Function,
+    pub(crate) permute_grad: Function,
+    pub(crate) unpermute_qkv_grad: Function,
+    pub(crate) softmax_causal_forward: Function,
+    pub(crate) softmax_causal_backward: Function,
+    add_bias: Function,
+    bias_backward: Function,
 }
 
 impl Kernels {
@@ -69,6 +78,14 @@ impl Kernels {
             residual_forward: f("residual_forward")?,
             softmax_cross_entropy: f("softmax_cross_entropy")?,
             adamw: f("adamw")?,
+            permute_qkv: f("permute_qkv")?,
+            unpermute: f("unpermute")?,
+            permute_grad: f("permute_grad")?,
+            unpermute_qkv_grad: f("unpermute_qkv_grad")?,
+            softmax_causal_forward: f("softmax_causal_forward")?,
+            softmax_causal_backward: f("softmax_causal_backward")?,
+            add_bias: f("add_bias")?,
+            bias_backward: f("bias_backward")?,
             _module: module,
         })
     }
@@ -426,6 +443,85 @@ impl Kernels {
             )
         }
     }
+}
+
+impl Kernels {
+    /// `out[rows, c] += bias`.
+    pub fn add_bias(
+        &self,
+        s: &Stream,
+        out: &mut DeviceBuffer<f32>,
+        bias: &DeviceBuffer<f32>,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (o, b, n, c32) = (out.device_ptr(), bias.device_ptr(), rows as i64, c as i32);
+        // SAFETY: out holds rows*c, bias c elements.
+        unsafe {
+            self.add_bias.launch(
+                grid(rows * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&b), arg(&n), arg(&c32)],
+            )
+        }
+    }
+
+    /// `dbias += Σ_rows dout`.
+    pub fn bias_backward(
+        &self,
+        s: &Stream,
+        dbias: &mut DeviceBuffer<f32>,
+        dout: &DeviceBuffer<f32>,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (d, g, n32, c32) = (dbias.device_ptr(), dout.device_ptr(), rows as i32, c as i32);
+        // SAFETY: dout holds rows*c, dbias c elements.
+        unsafe {
+            self.bias_backward.launch(
+                grid(c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&d), arg(&g), arg(&n32), arg(&c32)],
+            )
+        }
+    }
+
+    /// Launches a 1-D elementwise kernel over `total` items.
+    ///
+    /// # Safety
+    /// `args` must match `f`'s parameters and stay valid until it runs.
+    pub(crate) unsafe fn launch_1d(
+        &self,
+        f: &Function,
+        s: &Stream,
+        total: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        f.launch(grid(total, BLOCK as usize), (BLOCK, 1, 1), 0, s, args)
+    }
+
+    /// Launches a one-warp-per-row kernel over `rows`.
+    ///
+    /// # Safety
+    /// As [`launch_1d`](Self::launch_1d).
+    pub(crate) unsafe fn launch_rows(
+        &self,
+        f: &Function,
+        s: &Stream,
+        rows: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        f.launch(grid(rows, (BLOCK / 32) as usize), (BLOCK, 1, 1), 0, s, args)
+    }
+}
+
+/// Pointer to a kernel argument (for sibling modules).
+pub(crate) fn karg<T>(v: &T) -> *mut c_void {
+    arg(v)
 }
 
 /// Positions grouped by token for the deterministic embedding backward:
