@@ -37,7 +37,7 @@ use braid_cuda::nccl::{self, NcclComm, UniqueId};
 pub use braid_cuda::{CudaError, Device, DeviceBuffer, Event, Graph, Stream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use watchdog::Watchdog;
 
 /// One GPU driven by this process: its NCCL member, communication stream
@@ -625,7 +625,14 @@ impl GpuCommunicator {
         from: usize,
     ) -> Result<DeviceWork<'a>> {
         if self.members.len() != 1 {
-            return self.single("send_recv", |_| Ok(()));
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                op: "send_recv",
+                why: format!(
+                    "this process drives {} GPUs; issue per-GPU operations inside group()",
+                    self.members.len()
+                ),
+            });
         }
         self.queue("send_recv", true, |lanes| {
             lanes[0].send(send, to)?;
@@ -705,10 +712,6 @@ impl GpuCommunicator {
             (None, None) => Ok(None),
             _ => Err(setup_err("host and NCCL splits disagree")),
         }
-    }
-
-    pub(crate) fn started(&self) -> Instant {
-        Instant::now()
     }
 }
 

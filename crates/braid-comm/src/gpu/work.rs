@@ -39,7 +39,7 @@ impl<'a> DeviceWork<'a> {
             comm,
             op,
             seq,
-            started: comm.started(),
+            started: Instant::now(),
             events,
             _borrows: PhantomData,
         }
