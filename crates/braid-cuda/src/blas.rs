@@ -3,7 +3,7 @@
 
 use crate::driver::{Device, Stream};
 use crate::error::{CudaError, Result};
-use crate::memory::DeviceBuffer;
+use crate::memory::DeviceMem;
 use cudarc::cublas::{result, sys};
 
 /// A cuBLAS handle bound to one device.
@@ -47,22 +47,22 @@ impl Blas {
     pub fn gemm_rm(
         &mut self,
         stream: &Stream,
-        dst: &mut DeviceBuffer<f32>,
-        a: &DeviceBuffer<f32>,
+        dst: &mut impl DeviceMem<f32>,
+        a: &impl DeviceMem<f32>,
         a_t: bool,
-        b: &DeviceBuffer<f32>,
+        b: &impl DeviceMem<f32>,
         b_t: bool,
         m: usize,
         n: usize,
         k: usize,
         accumulate: bool,
     ) -> Result<()> {
-        if dst.len() != m * n || a.len() != m * k || b.len() != k * n {
+        if dst.dlen() != m * n || a.dlen() != m * k || b.dlen() != k * n {
             return Err(CudaError::Invalid(format!(
                 "gemm: dst {} / a {} / b {} elements do not fit {m}x{k} · {k}x{n}",
-                dst.len(),
-                a.len(),
-                b.len()
+                dst.dlen(),
+                a.dlen(),
+                b.dlen()
             )));
         }
         if m == 0 || n == 0 {
@@ -95,12 +95,12 @@ impl Blas {
                 m as i32,
                 k.max(1) as i32,
                 &alpha,
-                b.device_ptr() as *const f32,
+                b.dptr() as *const f32,
                 ldb.max(1) as i32,
-                a.device_ptr() as *const f32,
+                a.dptr() as *const f32,
                 lda.max(1) as i32,
                 &beta,
-                dst.device_ptr() as *mut f32,
+                dst.dptr() as *mut f32,
                 n as i32,
             )
             .map_err(blas_err("cublasSgemm"))
@@ -112,7 +112,7 @@ impl Blas {
 /// stored transposed, and the element stride between batch entries.
 pub struct Operand<'a> {
     /// The buffer (all batch entries).
-    pub buf: &'a DeviceBuffer<f32>,
+    pub buf: &'a dyn DeviceMem<f32>,
     /// Element offset of batch entry 0.
     pub offset: usize,
     /// Stored transposed.
@@ -128,7 +128,7 @@ impl Blas {
     pub fn gemm_rm_batched(
         &mut self,
         stream: &Stream,
-        dst: &mut DeviceBuffer<f32>,
+        dst: &mut impl DeviceMem<f32>,
         dst_stride: usize,
         a: Operand,
         b: Operand,
@@ -139,9 +139,9 @@ impl Blas {
         accumulate: bool,
     ) -> Result<()> {
         let last = |o: &Operand, len: usize| o.offset + (batch.max(1) - 1) * o.stride + len;
-        if last(&a, m * k) > a.buf.len()
-            || last(&b, k * n) > b.buf.len()
-            || (batch.max(1) - 1) * dst_stride + m * n > dst.len()
+        if last(&a, m * k) > a.buf.dlen()
+            || last(&b, k * n) > b.buf.dlen()
+            || (batch.max(1) - 1) * dst_stride + m * n > dst.dlen()
         {
             return Err(CudaError::Invalid(format!(
                 "batched gemm: {batch} products of {m}x{k} · {k}x{n} do not fit the buffers"
@@ -176,14 +176,14 @@ impl Blas {
                 m as i32,
                 k.max(1) as i32,
                 &alpha,
-                b.buf.ptr_at(b.offset) as *const f32,
+                (b.buf.dptr() + (b.offset * 4) as u64) as *const f32,
                 ldb.max(1) as i32,
                 b.stride as i64,
-                a.buf.ptr_at(a.offset) as *const f32,
+                (a.buf.dptr() + (a.offset * 4) as u64) as *const f32,
                 lda.max(1) as i32,
                 a.stride as i64,
                 &beta,
-                dst.device_ptr() as *mut f32,
+                dst.dptr() as *mut f32,
                 n as i32,
                 dst_stride as i64,
                 batch as i32,

@@ -22,4 +22,4 @@ pub mod topo;
 
 pub use driver::{device_count, CapturedGraph, Device, Event, Graph, Stream};
 pub use error::{CudaError, Result};
-pub use memory::{DeviceBuffer, PinnedBuffer};
+pub use memory::{DeviceBuffer, DeviceMem, DeviceView, DeviceViewMut, PinnedBuffer};

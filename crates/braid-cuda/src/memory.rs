@@ -175,6 +175,77 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+/// Device memory a kernel or library call can address: a whole
+/// [`DeviceBuffer`] or a [`DeviceView`]/[`DeviceViewMut`] of part of one
+/// (a parameter inside the flat parameter buffer, say).
+pub trait DeviceMem<T: Element> {
+    /// Device address of the first element.
+    fn dptr(&self) -> u64;
+    /// Number of elements.
+    fn dlen(&self) -> usize;
+}
+
+impl<T: Element> DeviceMem<T> for DeviceBuffer<T> {
+    fn dptr(&self) -> u64 {
+        self.ptr
+    }
+    fn dlen(&self) -> usize {
+        self.len
+    }
+}
+
+/// A read-only window of a device buffer.
+pub struct DeviceView<'a, T: Element> {
+    buf: &'a DeviceBuffer<T>,
+    range: std::ops::Range<usize>,
+}
+
+/// A writable window of a device buffer.
+pub struct DeviceViewMut<'a, T: Element> {
+    buf: &'a mut DeviceBuffer<T>,
+    range: std::ops::Range<usize>,
+}
+
+impl<T: Element> DeviceMem<T> for DeviceView<'_, T> {
+    fn dptr(&self) -> u64 {
+        self.buf.ptr_at(self.range.start)
+    }
+    fn dlen(&self) -> usize {
+        self.range.len()
+    }
+}
+
+impl<T: Element> DeviceMem<T> for DeviceViewMut<'_, T> {
+    fn dptr(&self) -> u64 {
+        self.buf.ptr_at(self.range.start)
+    }
+    fn dlen(&self) -> usize {
+        self.range.len()
+    }
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// Elements `range` as a read-only view. Panics if out of bounds.
+    pub fn view(&self, range: std::ops::Range<usize>) -> DeviceView<'_, T> {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "view {range:?} of {} elements",
+            self.len
+        );
+        DeviceView { buf: self, range }
+    }
+
+    /// Elements `range` as a writable view. Panics if out of bounds.
+    pub fn view_mut(&mut self, range: std::ops::Range<usize>) -> DeviceViewMut<'_, T> {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "view {range:?} of {} elements",
+            self.len
+        );
+        DeviceViewMut { buf: self, range }
+    }
+}
+
 /// Queues a copy of `bytes` from `src` on `src_dev` to `dst` on `dst_dev` on
 /// `stream`: direct when peer access is enabled, staged by the driver
 /// through host memory otherwise.

@@ -7,7 +7,7 @@
 use super::{karg, Kernels};
 use crate::cpu::attention::AttnShape;
 use braid_cuda::blas::{Blas, Operand};
-use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use braid_cuda::{Device, DeviceBuffer, DeviceMem, Result, Stream};
 
 /// Per-shape buffers of the attention forward and backward passes.
 pub struct AttnScratch {
@@ -43,7 +43,7 @@ impl AttnScratch {
     }
 }
 
-fn op(buf: &DeviceBuffer<f32>, transposed: bool, stride: usize) -> Operand<'_> {
+fn op(buf: &impl DeviceMem<f32>, transposed: bool, stride: usize) -> Operand<'_> {
     Operand {
         buf,
         offset: 0,
@@ -57,8 +57,8 @@ pub fn attention_forward(
     k: &Kernels,
     blas: &mut Blas,
     st: &Stream,
-    out: &mut DeviceBuffer<f32>,
-    qkv: &DeviceBuffer<f32>,
+    out: &mut impl DeviceMem<f32>,
+    qkv: &impl DeviceMem<f32>,
     x: &mut AttnScratch,
     s: AttnShape,
 ) -> Result<()> {
@@ -66,12 +66,7 @@ pub fn attention_forward(
     let (b32, t32, nh32, hs32) = (s.b as i32, s.t as i32, s.nh as i32, hs as i32);
     let total = s.b * s.t * s.c;
     let batch = s.b * s.nh;
-    let (qp, kp, vp, src) = (
-        x.q.device_ptr(),
-        x.k.device_ptr(),
-        x.v.device_ptr(),
-        qkv.device_ptr(),
-    );
+    let (qp, kp, vp, src) = (x.q.dptr(), x.k.dptr(), x.v.dptr(), qkv.dptr());
     // SAFETY: buffers sized by AttnScratch::new for this shape.
     unsafe {
         k.launch_1d(
@@ -105,7 +100,7 @@ pub fn attention_forward(
     )?;
     let rows = batch * s.t;
     let scale = 1.0f32 / (hs as f32).sqrt();
-    let (ap, sp, rows32) = (x.att.device_ptr(), x.scores.device_ptr(), rows as i32);
+    let (ap, sp, rows32) = (x.att.dptr(), x.scores.dptr(), rows as i32);
     // SAFETY: att and scores hold rows*T elements.
     unsafe {
         k.launch_rows(
@@ -134,7 +129,7 @@ pub fn attention_forward(
         batch,
         false,
     )?;
-    let (o, yp) = (out.device_ptr(), x.y.device_ptr());
+    let (o, yp) = (out.dptr(), x.y.dptr());
     // SAFETY: out holds B*T*C elements.
     unsafe {
         k.launch_1d(
@@ -161,8 +156,8 @@ pub fn attention_backward(
     k: &Kernels,
     blas: &mut Blas,
     st: &Stream,
-    dqkv: &mut DeviceBuffer<f32>,
-    dout: &DeviceBuffer<f32>,
+    dqkv: &mut impl DeviceMem<f32>,
+    dout: &impl DeviceMem<f32>,
     x: &mut AttnScratch,
     s: AttnShape,
 ) -> Result<()> {
@@ -171,7 +166,7 @@ pub fn attention_backward(
     let total = s.b * s.t * s.c;
     let batch = s.b * s.nh;
     // dy (per head) reuses `y`; d(att) reuses `scores`.
-    let (dyp, dop) = (x.y.device_ptr(), dout.device_ptr());
+    let (dyp, dop) = (x.y.dptr(), dout.dptr());
     // SAFETY: sized for this shape.
     unsafe {
         k.launch_1d(
@@ -216,7 +211,7 @@ pub fn attention_backward(
     // dscores (in place over datt) = softmax backward, scaled.
     let rows = batch * s.t;
     let scale = 1.0f32 / (hs as f32).sqrt();
-    let (dsp, ap, rows32) = (x.scores.device_ptr(), x.att.device_ptr(), rows as i32);
+    let (dsp, ap, rows32) = (x.scores.dptr(), x.att.dptr(), rows as i32);
     // SAFETY: each row's kernel reads its own datt row before writing it
     // (one warp per row: all reads of the row happen in the reduction
     // before any write).
@@ -260,12 +255,7 @@ pub fn attention_backward(
         batch,
         false,
     )?;
-    let (dp, qg, kg, vg) = (
-        dqkv.device_ptr(),
-        x.dq.device_ptr(),
-        x.dk.device_ptr(),
-        x.dv.device_ptr(),
-    );
+    let (dp, qg, kg, vg) = (dqkv.dptr(), x.dq.dptr(), x.dk.dptr(), x.dv.dptr());
     // SAFETY: dqkv holds B*T*3C elements.
     unsafe {
         k.launch_1d(

@@ -337,28 +337,39 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     for _ in 0..3 {
         opt.step(&mut params, &grads, 1e-3);
     }
-    let mut e: f64 = 0.0;
-    for spec in &layout.params {
-        let r = spec.range();
-        let wd = if spec.kind.decays() {
-            cfg.weight_decay
-        } else {
-            0.0
-        };
-        let mut gp = up(device, &p0.data[r.clone()])?;
-        let gg = up(device, &grads[r.clone()])?;
-        let (mut gm, mut gv) = (
-            DeviceBuffer::zeros(device, r.len())?,
-            DeviceBuffer::zeros(device, r.len())?,
-        );
-        for step in 1..=3 {
+    // The GPU side works like the GPU engine will: one flat device buffer
+    // per state, each parameter a view of it.
+    let mut gp = up(device, &p0.data)?;
+    let gg = up(device, &grads)?;
+    let (mut gm, mut gv) = (
+        DeviceBuffer::zeros(device, layout.len)?,
+        DeviceBuffer::zeros(device, layout.len)?,
+    );
+    for step in 1..=3 {
+        for spec in &layout.params {
+            let r = spec.range();
+            let wd = if spec.kind.decays() {
+                cfg.weight_decay
+            } else {
+                0.0
+            };
             k.adamw(
-                &s, &mut gp, &gg, &mut gm, &mut gv, 1e-3, cfg.beta1, cfg.beta2, step, cfg.eps, wd,
+                &s,
+                &mut gp.view_mut(r.clone()),
+                &gg.view(r.clone()),
+                &mut gm.view_mut(r.clone()),
+                &mut gv.view_mut(r),
+                1e-3,
+                cfg.beta1,
+                cfg.beta2,
+                step,
+                cfg.eps,
+                wd,
             )?;
         }
-        s.synchronize()?;
-        e = e.max(rel_err(&gp.to_vec()?, &params.data[r]));
     }
+    s.synchronize()?;
+    let e = rel_err(&gp.to_vec()?, &params.data);
     out.push(KernelCheck {
         name: "adamw",
         shape: format!("{} parameters, 3 steps", layout.len),

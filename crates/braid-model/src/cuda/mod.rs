@@ -9,7 +9,7 @@ pub mod attention;
 pub mod check;
 
 use braid_cuda::nvrtc::{Function, Module};
-use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use braid_cuda::{Device, DeviceMem, Result, Stream};
 use std::ffi::c_void;
 
 /// Every kernel source: (name, CUDA C).
@@ -95,20 +95,15 @@ impl Kernels {
     pub fn encoder_forward(
         &self,
         s: &Stream,
-        out: &mut DeviceBuffer<f32>,
-        tokens: &DeviceBuffer<i32>,
-        wte: &DeviceBuffer<f32>,
-        wpe: &DeviceBuffer<f32>,
+        out: &mut impl DeviceMem<f32>,
+        tokens: &impl DeviceMem<i32>,
+        wte: &impl DeviceMem<f32>,
+        wpe: &impl DeviceMem<f32>,
         n: usize,
         t: usize,
         c: usize,
     ) -> Result<()> {
-        let (o, tk, e, p) = (
-            out.device_ptr(),
-            tokens.device_ptr(),
-            wte.device_ptr(),
-            wpe.device_ptr(),
-        );
+        let (o, tk, e, p) = (out.dptr(), tokens.dptr(), wte.dptr(), wpe.dptr());
         let (n32, t32, c32) = (n as i32, t as i32, c as i32);
         // SAFETY: buffers hold n*c, n, v*c and t*c elements (the caller's
         // shapes), alive until the stream has run the kernel.
@@ -137,22 +132,22 @@ impl Kernels {
     pub fn encoder_backward(
         &self,
         s: &Stream,
-        dwte: &mut DeviceBuffer<f32>,
-        dwpe: &mut DeviceBuffer<f32>,
-        dout: &DeviceBuffer<f32>,
-        order: &DeviceBuffer<i32>,
-        starts: &DeviceBuffer<i32>,
+        dwte: &mut impl DeviceMem<f32>,
+        dwpe: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        order: &impl DeviceMem<i32>,
+        starts: &impl DeviceMem<i32>,
         n: usize,
         t: usize,
         c: usize,
         v: usize,
     ) -> Result<()> {
         let (dte, dpe, d, o, st) = (
-            dwte.device_ptr(),
-            dwpe.device_ptr(),
-            dout.device_ptr(),
-            order.device_ptr(),
-            starts.device_ptr(),
+            dwte.dptr(),
+            dwpe.dptr(),
+            dout.dptr(),
+            order.dptr(),
+            starts.dptr(),
         );
         let (n32, t32, c32, v32) = (n as i32, t as i32, c as i32, v as i32);
         // SAFETY: as in `encoder_forward`; `starts` has v + 1 entries.
@@ -179,22 +174,22 @@ impl Kernels {
     pub fn layernorm_forward(
         &self,
         s: &Stream,
-        out: &mut DeviceBuffer<f32>,
-        mean: &mut DeviceBuffer<f32>,
-        rstd: &mut DeviceBuffer<f32>,
-        inp: &DeviceBuffer<f32>,
-        w: &DeviceBuffer<f32>,
-        b: &DeviceBuffer<f32>,
+        out: &mut impl DeviceMem<f32>,
+        mean: &mut impl DeviceMem<f32>,
+        rstd: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
         n: usize,
         c: usize,
     ) -> Result<()> {
         let ptrs = [
-            out.device_ptr(),
-            mean.device_ptr(),
-            rstd.device_ptr(),
-            inp.device_ptr(),
-            w.device_ptr(),
-            b.device_ptr(),
+            out.dptr(),
+            mean.dptr(),
+            rstd.dptr(),
+            inp.dptr(),
+            w.dptr(),
+            b.dptr(),
         ];
         let (n32, c32) = (n as i32, c as i32);
         let rows_per_block = (BLOCK / 32) as usize;
@@ -224,26 +219,26 @@ impl Kernels {
     pub fn layernorm_backward(
         &self,
         s: &Stream,
-        dinp: &mut DeviceBuffer<f32>,
-        dw: &mut DeviceBuffer<f32>,
-        db: &mut DeviceBuffer<f32>,
-        dout: &DeviceBuffer<f32>,
-        inp: &DeviceBuffer<f32>,
-        w: &DeviceBuffer<f32>,
-        mean: &DeviceBuffer<f32>,
-        rstd: &DeviceBuffer<f32>,
+        dinp: &mut impl DeviceMem<f32>,
+        dw: &mut impl DeviceMem<f32>,
+        db: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        mean: &impl DeviceMem<f32>,
+        rstd: &impl DeviceMem<f32>,
         n: usize,
         c: usize,
     ) -> Result<()> {
         let (di, dwp, dbp, dy, x, wp, m, r) = (
-            dinp.device_ptr(),
-            dw.device_ptr(),
-            db.device_ptr(),
-            dout.device_ptr(),
-            inp.device_ptr(),
-            w.device_ptr(),
-            mean.device_ptr(),
-            rstd.device_ptr(),
+            dinp.dptr(),
+            dw.dptr(),
+            db.dptr(),
+            dout.dptr(),
+            inp.dptr(),
+            w.dptr(),
+            mean.dptr(),
+            rstd.dptr(),
         );
         let (n32, c32) = (n as i32, c as i32);
         let rows_per_block = (BLOCK / 32) as usize;
@@ -288,14 +283,14 @@ impl Kernels {
     pub fn gelu_forward(
         &self,
         s: &Stream,
-        out: &mut DeviceBuffer<f32>,
-        inp: &DeviceBuffer<f32>,
+        out: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
     ) -> Result<()> {
-        let (o, x, n) = (out.device_ptr(), inp.device_ptr(), inp.len() as i64);
+        let (o, x, n) = (out.dptr(), inp.dptr(), inp.dlen() as i64);
         // SAFETY: both hold `n` elements.
         unsafe {
             self.gelu_forward.launch(
-                grid(inp.len(), BLOCK as usize),
+                grid(inp.dlen(), BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
                 s,
@@ -308,20 +303,15 @@ impl Kernels {
     pub fn gelu_backward(
         &self,
         s: &Stream,
-        dinp: &mut DeviceBuffer<f32>,
-        inp: &DeviceBuffer<f32>,
-        dout: &DeviceBuffer<f32>,
+        dinp: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
     ) -> Result<()> {
-        let (d, x, g, n) = (
-            dinp.device_ptr(),
-            inp.device_ptr(),
-            dout.device_ptr(),
-            inp.len() as i64,
-        );
+        let (d, x, g, n) = (dinp.dptr(), inp.dptr(), dout.dptr(), inp.dlen() as i64);
         // SAFETY: all hold `n` elements.
         unsafe {
             self.gelu_backward.launch(
-                grid(inp.len(), BLOCK as usize),
+                grid(inp.dlen(), BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
                 s,
@@ -334,20 +324,15 @@ impl Kernels {
     pub fn residual_forward(
         &self,
         s: &Stream,
-        out: &mut DeviceBuffer<f32>,
-        a: &DeviceBuffer<f32>,
-        b: &DeviceBuffer<f32>,
+        out: &mut impl DeviceMem<f32>,
+        a: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
     ) -> Result<()> {
-        let (o, x, y, n) = (
-            out.device_ptr(),
-            a.device_ptr(),
-            b.device_ptr(),
-            a.len() as i64,
-        );
+        let (o, x, y, n) = (out.dptr(), a.dptr(), b.dptr(), a.dlen() as i64);
         // SAFETY: all hold `n` elements.
         unsafe {
             self.residual_forward.launch(
-                grid(a.len(), BLOCK as usize),
+                grid(a.dlen(), BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
                 s,
@@ -362,18 +347,14 @@ impl Kernels {
     pub fn softmax_cross_entropy(
         &self,
         s: &Stream,
-        logits: &mut DeviceBuffer<f32>,
-        losses: &mut DeviceBuffer<f32>,
-        targets: &DeviceBuffer<i32>,
+        logits: &mut impl DeviceMem<f32>,
+        losses: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
         n: usize,
         v: usize,
         scale: f32,
     ) -> Result<()> {
-        let (l, lo, t) = (
-            logits.device_ptr(),
-            losses.device_ptr(),
-            targets.device_ptr(),
-        );
+        let (l, lo, t) = (logits.dptr(), losses.dptr(), targets.dptr());
         let (n32, v32) = (n as i32, v as i32);
         // SAFETY: logits n*v, losses and targets n.
         unsafe {
@@ -399,10 +380,10 @@ impl Kernels {
     pub fn adamw(
         &self,
         s: &Stream,
-        p: &mut DeviceBuffer<f32>,
-        g: &DeviceBuffer<f32>,
-        m: &mut DeviceBuffer<f32>,
-        v: &mut DeviceBuffer<f32>,
+        p: &mut impl DeviceMem<f32>,
+        g: &impl DeviceMem<f32>,
+        m: &mut impl DeviceMem<f32>,
+        v: &mut impl DeviceMem<f32>,
         lr: f32,
         beta1: f32,
         beta2: f32,
@@ -410,19 +391,13 @@ impl Kernels {
         eps: f32,
         wd: f32,
     ) -> Result<()> {
-        let (pp, gp, mp, vp, n) = (
-            p.device_ptr(),
-            g.device_ptr(),
-            m.device_ptr(),
-            v.device_ptr(),
-            p.len() as i64,
-        );
+        let (pp, gp, mp, vp, n) = (p.dptr(), g.dptr(), m.dptr(), v.dptr(), p.dlen() as i64);
         let bc1 = 1.0 - beta1.powi(step);
         let bc2 = 1.0 - beta2.powi(step);
         // SAFETY: all hold `n` elements.
         unsafe {
             self.adamw.launch(
-                grid(p.len(), BLOCK as usize),
+                grid(p.dlen(), BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
                 s,
@@ -450,12 +425,12 @@ impl Kernels {
     pub fn add_bias(
         &self,
         s: &Stream,
-        out: &mut DeviceBuffer<f32>,
-        bias: &DeviceBuffer<f32>,
+        out: &mut impl DeviceMem<f32>,
+        bias: &impl DeviceMem<f32>,
         rows: usize,
         c: usize,
     ) -> Result<()> {
-        let (o, b, n, c32) = (out.device_ptr(), bias.device_ptr(), rows as i64, c as i32);
+        let (o, b, n, c32) = (out.dptr(), bias.dptr(), rows as i64, c as i32);
         // SAFETY: out holds rows*c, bias c elements.
         unsafe {
             self.add_bias.launch(
@@ -472,12 +447,12 @@ impl Kernels {
     pub fn bias_backward(
         &self,
         s: &Stream,
-        dbias: &mut DeviceBuffer<f32>,
-        dout: &DeviceBuffer<f32>,
+        dbias: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
         rows: usize,
         c: usize,
     ) -> Result<()> {
-        let (d, g, n32, c32) = (dbias.device_ptr(), dout.device_ptr(), rows as i32, c as i32);
+        let (d, g, n32, c32) = (dbias.dptr(), dout.dptr(), rows as i32, c as i32);
         // SAFETY: dout holds rows*c, dbias c elements.
         unsafe {
             self.bias_backward.launch(
