@@ -196,54 +196,121 @@ impl<T: Element> DeviceMem<T> for DeviceBuffer<T> {
 
 /// A read-only window of a device buffer.
 pub struct DeviceView<'a, T: Element> {
-    buf: &'a DeviceBuffer<T>,
-    range: std::ops::Range<usize>,
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a DeviceBuffer<T>>,
 }
 
 /// A writable window of a device buffer.
 pub struct DeviceViewMut<'a, T: Element> {
-    buf: &'a mut DeviceBuffer<T>,
-    range: std::ops::Range<usize>,
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a mut DeviceBuffer<T>>,
 }
 
 impl<T: Element> DeviceMem<T> for DeviceView<'_, T> {
     fn dptr(&self) -> u64 {
-        self.buf.ptr_at(self.range.start)
+        self.ptr
     }
     fn dlen(&self) -> usize {
-        self.range.len()
+        self.len
     }
 }
 
 impl<T: Element> DeviceMem<T> for DeviceViewMut<'_, T> {
     fn dptr(&self) -> u64 {
-        self.buf.ptr_at(self.range.start)
+        self.ptr
     }
     fn dlen(&self) -> usize {
-        self.range.len()
+        self.len
     }
 }
 
 impl<T: Element> DeviceBuffer<T> {
-    /// Elements `range` as a read-only view. Panics if out of bounds.
-    pub fn view(&self, range: std::ops::Range<usize>) -> DeviceView<'_, T> {
+    fn check_range(&self, r: &std::ops::Range<usize>) {
         assert!(
-            range.start <= range.end && range.end <= self.len,
-            "view {range:?} of {} elements",
+            r.start <= r.end && r.end <= self.len,
+            "view {r:?} of {} elements",
             self.len
         );
-        DeviceView { buf: self, range }
+    }
+
+    /// Elements `range` as a read-only view. Panics if out of bounds.
+    pub fn view(&self, range: std::ops::Range<usize>) -> DeviceView<'_, T> {
+        self.check_range(&range);
+        DeviceView {
+            ptr: self.ptr_at(range.start),
+            len: range.len(),
+            _borrow: PhantomData,
+        }
     }
 
     /// Elements `range` as a writable view. Panics if out of bounds.
     pub fn view_mut(&mut self, range: std::ops::Range<usize>) -> DeviceViewMut<'_, T> {
-        assert!(
-            range.start <= range.end && range.end <= self.len,
-            "view {range:?} of {} elements",
-            self.len
-        );
-        DeviceViewMut { buf: self, range }
+        self.check_range(&range);
+        DeviceViewMut {
+            ptr: self.ptr_at(range.start),
+            len: range.len(),
+            _borrow: PhantomData,
+        }
     }
+
+    /// Two disjoint writable views. Panics if they overlap or are out of
+    /// bounds.
+    pub fn views_mut2(
+        &mut self,
+        a: std::ops::Range<usize>,
+        b: std::ops::Range<usize>,
+    ) -> (DeviceViewMut<'_, T>, DeviceViewMut<'_, T>) {
+        self.check_range(&a);
+        self.check_range(&b);
+        assert!(
+            a.end <= b.start || b.end <= a.start,
+            "views {a:?} and {b:?} overlap"
+        );
+        let v = |r: std::ops::Range<usize>| DeviceViewMut {
+            ptr: self.ptr_at(r.start),
+            len: r.len(),
+            _borrow: PhantomData,
+        };
+        (v(a), v(b))
+    }
+}
+
+/// Queues zeroing of `mem` on `stream`.
+pub fn zero_async<T: Element>(mem: &mut impl DeviceMem<T>, stream: &Stream) -> Result<()> {
+    let bytes = mem.dlen() * T::DTYPE.size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    // SAFETY: `mem` covers `bytes` bytes of device memory; zero bytes are a
+    // valid value of every element type.
+    unsafe { result::memset_d8_async(mem.dptr(), 0, bytes, stream.raw()) }
+        .map_err(driver("cuMemsetD8Async"))
+}
+
+/// Queues a device-to-device copy of `src` into `dst` (same length).
+pub fn copy_async<T: Element>(
+    dst: &mut impl DeviceMem<T>,
+    src: &impl DeviceMem<T>,
+    stream: &Stream,
+) -> Result<()> {
+    if dst.dlen() != src.dlen() {
+        return Err(CudaError::Invalid(format!(
+            "device copy: {} elements into {}",
+            src.dlen(),
+            dst.dlen()
+        )));
+    }
+    let bytes = src.dlen() * T::DTYPE.size();
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    // SAFETY: both cover `bytes` bytes; distinct borrows, so no overlap.
+    unsafe { result::memcpy_dtod_async(dst.dptr(), src.dptr(), bytes, stream.raw()) }
+        .map_err(driver("cuMemcpyDtoDAsync"))
 }
 
 /// Queues a copy of `bytes` from `src` on `src_dev` to `dst` on `dst_dev` on

@@ -376,6 +376,43 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         error: e,
         bound: 1e-6,
     });
+    // The whole model: one forward + backward against the CPU model.
+    let cfg = crate::config::GptConfig::parse("L2-H4-C64-V256-T32").expect("valid config");
+    let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
+    let params = crate::params::Params::init_gpt2(layout.clone(), 11);
+    let (mb, mt) = (2usize, 32usize);
+    let mtok: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
+    let mut mtg: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
+    mtg[3] = u32::MAX;
+    let model = crate::model::Gpt::new(layout.clone());
+    let mut acts = crate::model::Activations::<f32>::new(&layout, mb, mt, false);
+    let mut cg = vec![0.0f32; layout.len];
+    let closs = model
+        .forward_backward(
+            &params.data,
+            &mut cg,
+            &mut acts,
+            &mtok,
+            &mtg,
+            &mut |_, _| {},
+        )
+        .map_err(|e| braid_cuda::CudaError::Invalid(e.to_string()))?;
+    let mut gpu = super::model::GpuGpt::new(device, layout.clone(), mb, mt)?;
+    let gparams = up(device, &params.data)?;
+    let mut gg = DeviceBuffer::zeros(device, layout.len)?;
+    let gloss = gpu.forward(&gparams, &mtok, &mtg, true)?;
+    gpu.backward(&gparams, &mut gg)?;
+    let ggv = gg.to_vec()?;
+    let mut e = ((gloss - closs) as f64).abs() / (closs as f64).abs();
+    for spec in &layout.params {
+        e = e.max(rel_err(&ggv[spec.range()], &cg[spec.range()]));
+    }
+    out.push(KernelCheck {
+        name: "model fwd+bwd (f32)",
+        shape: format!("L2-H4-C64-V256-T32, B={mb}"),
+        error: e,
+        bound: 1e-4,
+    });
     Ok(out)
 }
 

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod check;
+pub mod model;
 
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{Device, DeviceMem, Result, Stream};

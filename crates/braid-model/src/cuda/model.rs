@@ -1,0 +1,584 @@
+//! The GPT model on one GPU in f32 (issue 6, first form): the same blocks,
+//! flat parameter layout and arithmetic as the CPU model, composed from
+//! the checked kernels and cuBLAS. Parameters, gradients and activations
+//! live in device memory; parameters are addressed as views of the flat
+//! buffer.
+
+use super::attention::{attention_backward, attention_forward, AttnScratch};
+use super::{token_buckets, Kernels};
+use crate::cpu::attention::AttnShape;
+use crate::layout::Layout;
+use braid_cuda::blas::Blas;
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use std::ops::Range;
+use std::sync::Arc;
+
+struct LayerRanges {
+    ln1_w: Range<usize>,
+    ln1_b: Range<usize>,
+    qkv_w: Range<usize>,
+    qkv_b: Range<usize>,
+    proj_w: Range<usize>,
+    proj_b: Range<usize>,
+    ln2_w: Range<usize>,
+    ln2_b: Range<usize>,
+    fc_w: Range<usize>,
+    fc_b: Range<usize>,
+    fcproj_w: Range<usize>,
+    fcproj_b: Range<usize>,
+}
+
+struct LayerActs {
+    ln1: DeviceBuffer<f32>,
+    ln1_mean: DeviceBuffer<f32>,
+    ln1_rstd: DeviceBuffer<f32>,
+    qkv: DeviceBuffer<f32>,
+    atty: DeviceBuffer<f32>,
+    attn: AttnScratch,
+    resid2: DeviceBuffer<f32>,
+    ln2: DeviceBuffer<f32>,
+    ln2_mean: DeviceBuffer<f32>,
+    ln2_rstd: DeviceBuffer<f32>,
+    fch: DeviceBuffer<f32>,
+    fch_gelu: DeviceBuffer<f32>,
+}
+
+/// A GPT model's forward and backward passes on one GPU, sized for one
+/// (batch, sequence) shape.
+pub struct GpuGpt {
+    layout: Arc<Layout>,
+    stream: Stream,
+    kernels: Kernels,
+    blas: Blas,
+    b: usize,
+    t: usize,
+    ranges: Vec<LayerRanges>,
+    layers: Vec<LayerActs>,
+    resid: Vec<DeviceBuffer<f32>>,
+    lnf: DeviceBuffer<f32>,
+    lnf_mean: DeviceBuffer<f32>,
+    lnf_rstd: DeviceBuffer<f32>,
+    logits: DeviceBuffer<f32>,
+    losses: DeviceBuffer<f32>,
+    tokens: DeviceBuffer<i32>,
+    targets: DeviceBuffer<i32>,
+    host_tokens: Vec<u32>,
+    host_targets: Vec<u32>,
+    // Gradient scratch.
+    dresid: DeviceBuffer<f32>,
+    dresid2: DeviceBuffer<f32>,
+    dln: DeviceBuffer<f32>,
+    dfch: DeviceBuffer<f32>,
+    dgelu: DeviceBuffer<f32>,
+    datty: DeviceBuffer<f32>,
+    dqkv: DeviceBuffer<f32>,
+}
+
+impl GpuGpt {
+    /// Buffers for batches of `b × t` tokens on `device`.
+    pub fn new(device: &Device, layout: Arc<Layout>, b: usize, t: usize) -> Result<GpuGpt> {
+        let cfg = layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let n = b * t;
+        let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
+        let mut layers = Vec::new();
+        let mut ranges = Vec::new();
+        for i in 0..cfg.n_layer {
+            let r = |s: &str| {
+                layout
+                    .get(&format!("h.{i}.{s}"))
+                    .expect("layer parameter")
+                    .range()
+            };
+            ranges.push(LayerRanges {
+                ln1_w: r("ln_1.weight"),
+                ln1_b: r("ln_1.bias"),
+                qkv_w: r("attn.c_attn.weight"),
+                qkv_b: r("attn.c_attn.bias"),
+                proj_w: r("attn.c_proj.weight"),
+                proj_b: r("attn.c_proj.bias"),
+                ln2_w: r("ln_2.weight"),
+                ln2_b: r("ln_2.bias"),
+                fc_w: r("mlp.c_fc.weight"),
+                fc_b: r("mlp.c_fc.bias"),
+                fcproj_w: r("mlp.c_proj.weight"),
+                fcproj_b: r("mlp.c_proj.bias"),
+            });
+            layers.push(LayerActs {
+                ln1: z(n * c)?,
+                ln1_mean: z(n)?,
+                ln1_rstd: z(n)?,
+                qkv: z(n * 3 * c)?,
+                atty: z(n * c)?,
+                attn: AttnScratch::new(device, AttnShape { b, t, c, nh })?,
+                resid2: z(n * c)?,
+                ln2: z(n * c)?,
+                ln2_mean: z(n)?,
+                ln2_rstd: z(n)?,
+                fch: z(n * 4 * c)?,
+                fch_gelu: z(n * 4 * c)?,
+            });
+        }
+        Ok(GpuGpt {
+            stream: Stream::new(device)?,
+            kernels: Kernels::load(device)?,
+            blas: Blas::new(device)?,
+            b,
+            t,
+            ranges,
+            layers,
+            resid: (0..=cfg.n_layer).map(|_| z(n * c)).collect::<Result<_>>()?,
+            lnf: z(n * c)?,
+            lnf_mean: z(n)?,
+            lnf_rstd: z(n)?,
+            logits: z(n * v)?,
+            losses: z(n)?,
+            tokens: DeviceBuffer::zeros(device, n)?,
+            targets: DeviceBuffer::zeros(device, n)?,
+            host_tokens: vec![0; n],
+            host_targets: vec![0; n],
+            dresid: z(n * c)?,
+            dresid2: z(n * c)?,
+            dln: z(n * c)?,
+            dfch: z(n * 4 * c)?,
+            dgelu: z(n * 4 * c)?,
+            datty: z(n * c)?,
+            dqkv: z(n * 3 * c)?,
+            layout,
+        })
+    }
+
+    fn range(&self, name: &str) -> Range<usize> {
+        self.layout.get(name).expect("model parameter").range()
+    }
+
+    /// Forward pass on `p` (the flat parameters on this GPU). With `grad`,
+    /// the logits are turned into the loss's gradient for [`backward`](Self::backward).
+    /// Returns the mean loss over targets that are not `u32::MAX`.
+    pub fn forward(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        tokens: &[u32],
+        targets: &[u32],
+        grad: bool,
+    ) -> Result<f32> {
+        let cfg = self.layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        if tokens.len() != n || targets.len() != n || t > cfg.context {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "{} tokens / {} targets for a batch of {b} x {t} (context {})",
+                tokens.len(),
+                targets.len(),
+                cfg.context
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "token {bad} is not below the vocabulary size {v}"
+            )));
+        }
+        self.host_tokens.copy_from_slice(tokens);
+        self.host_targets.copy_from_slice(targets);
+        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
+        self.tokens.copy_from_host(&ti)?;
+        self.targets.copy_from_host(&gi)?;
+        let (s, k) = (&self.stream, &self.kernels);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        k.encoder_forward(
+            s,
+            &mut self.resid[0],
+            &self.tokens,
+            &p.view(wte.clone()),
+            &p.view(wpe),
+            n,
+            t,
+            c,
+        )?;
+        for l in 0..cfg.n_layer {
+            let r = &self.ranges[l];
+            let (before, after) = self.resid.split_at_mut(l + 1);
+            let (x, out) = (&before[l], &mut after[0]);
+            let a = &mut self.layers[l];
+            k.layernorm_forward(
+                s,
+                &mut a.ln1,
+                &mut a.ln1_mean,
+                &mut a.ln1_rstd,
+                x,
+                &p.view(r.ln1_w.clone()),
+                &p.view(r.ln1_b.clone()),
+                n,
+                c,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut a.qkv,
+                &a.ln1,
+                false,
+                &p.view(r.qkv_w.clone()),
+                false,
+                n,
+                3 * c,
+                c,
+                false,
+            )?;
+            k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone()), n, 3 * c)?;
+            attention_forward(
+                k,
+                &mut self.blas,
+                s,
+                &mut a.atty,
+                &a.qkv,
+                &mut a.attn,
+                AttnShape { b, t, c, nh },
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut a.resid2,
+                &a.atty,
+                false,
+                &p.view(r.proj_w.clone()),
+                false,
+                n,
+                c,
+                c,
+                false,
+            )?;
+            k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone()), n, c)?;
+            // resid2 += x (in place: out = a + b with out == a).
+            let alias = DeviceView2(a.resid2.device_ptr(), n * c);
+            k.residual_forward(s, &mut a.resid2, &alias, x)?;
+            k.layernorm_forward(
+                s,
+                &mut a.ln2,
+                &mut a.ln2_mean,
+                &mut a.ln2_rstd,
+                &a.resid2,
+                &p.view(r.ln2_w.clone()),
+                &p.view(r.ln2_b.clone()),
+                n,
+                c,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut a.fch,
+                &a.ln2,
+                false,
+                &p.view(r.fc_w.clone()),
+                false,
+                n,
+                4 * c,
+                c,
+                false,
+            )?;
+            k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone()), n, 4 * c)?;
+            k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
+            self.blas.gemm_rm(
+                s,
+                out,
+                &a.fch_gelu,
+                false,
+                &p.view(r.fcproj_w.clone()),
+                false,
+                n,
+                c,
+                4 * c,
+                false,
+            )?;
+            k.add_bias(s, out, &p.view(r.fcproj_b.clone()), n, c)?;
+            let alias = DeviceView2(out.device_ptr(), n * c);
+            k.residual_forward(s, out, &alias, &a.resid2)?;
+        }
+        let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        k.layernorm_forward(
+            s,
+            &mut self.lnf,
+            &mut self.lnf_mean,
+            &mut self.lnf_rstd,
+            &self.resid[cfg.n_layer],
+            &p.view(lw),
+            &p.view(lb),
+            n,
+            c,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut self.logits,
+            &self.lnf,
+            false,
+            &p.view(wte),
+            true,
+            n,
+            v,
+            c,
+            false,
+        )?;
+        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
+        let scale = if grad && counted > 0 {
+            1.0 / counted as f32
+        } else {
+            0.0
+        };
+        k.softmax_cross_entropy(
+            s,
+            &mut self.logits,
+            &mut self.losses,
+            &self.targets,
+            n,
+            v,
+            scale,
+        )?;
+        s.synchronize()?;
+        let losses = self.losses.to_vec()?;
+        let mut sum = 0.0f64;
+        for (l, &tg) in losses.iter().zip(targets) {
+            if tg != u32::MAX {
+                sum += *l as f64;
+            }
+        }
+        Ok(if counted == 0 {
+            0.0
+        } else {
+            (sum / counted as f64) as f32
+        })
+    }
+
+    /// Accumulates the gradient of the last `forward(.., grad = true)` into
+    /// `g` (flat, same layout as the parameters).
+    pub fn backward(&mut self, p: &DeviceBuffer<f32>, g: &mut DeviceBuffer<f32>) -> Result<()> {
+        let cfg = self.layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let (s, k) = (&self.stream, &self.kernels);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        // Head: dlnf = dlogits · wte ; dwte += dlogitsᵀ · lnf.
+        self.blas.gemm_rm(
+            s,
+            &mut self.dln,
+            &self.logits,
+            false,
+            &p.view(wte.clone()),
+            false,
+            n,
+            c,
+            v,
+            false,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut g.view_mut(wte.clone()),
+            &self.logits,
+            true,
+            &self.lnf,
+            false,
+            v,
+            c,
+            n,
+            true,
+        )?;
+        zero_async(&mut self.dresid, s)?;
+        {
+            let (mut gw, mut gb) = g.views_mut2(lw.clone(), lb);
+            k.layernorm_backward(
+                s,
+                &mut self.dresid,
+                &mut gw,
+                &mut gb,
+                &self.dln,
+                &self.resid[cfg.n_layer],
+                &p.view(lw),
+                &self.lnf_mean,
+                &self.lnf_rstd,
+                n,
+                c,
+            )?;
+        }
+        for l in (0..cfg.n_layer).rev() {
+            let r = &self.ranges[l];
+            let a = &mut self.layers[l];
+            let x = &self.resid[l];
+            // MLP.
+            copy_async(&mut self.dresid2, &self.dresid, s)?;
+            zero_async(&mut self.dgelu, s)?;
+            self.blas.gemm_rm(
+                s,
+                &mut self.dgelu,
+                &self.dresid,
+                false,
+                &p.view(r.fcproj_w.clone()),
+                true,
+                n,
+                4 * c,
+                c,
+                true,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut g.view_mut(r.fcproj_w.clone()),
+                &a.fch_gelu,
+                true,
+                &self.dresid,
+                false,
+                4 * c,
+                c,
+                n,
+                true,
+            )?;
+            k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone()), &self.dresid, n, c)?;
+            zero_async(&mut self.dfch, s)?;
+            k.gelu_backward(s, &mut self.dfch, &a.fch, &self.dgelu)?;
+            zero_async(&mut self.dln, s)?;
+            self.blas.gemm_rm(
+                s,
+                &mut self.dln,
+                &self.dfch,
+                false,
+                &p.view(r.fc_w.clone()),
+                true,
+                n,
+                c,
+                4 * c,
+                true,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut g.view_mut(r.fc_w.clone()),
+                &a.ln2,
+                true,
+                &self.dfch,
+                false,
+                c,
+                4 * c,
+                n,
+                true,
+            )?;
+            k.bias_backward(s, &mut g.view_mut(r.fc_b.clone()), &self.dfch, n, 4 * c)?;
+            {
+                let (mut gw, mut gb) = g.views_mut2(r.ln2_w.clone(), r.ln2_b.clone());
+                k.layernorm_backward(
+                    s,
+                    &mut self.dresid2,
+                    &mut gw,
+                    &mut gb,
+                    &self.dln,
+                    &a.resid2,
+                    &p.view(r.ln2_w.clone()),
+                    &a.ln2_mean,
+                    &a.ln2_rstd,
+                    n,
+                    c,
+                )?;
+            }
+            // Attention.
+            copy_async(&mut self.dresid, &self.dresid2, s)?;
+            zero_async(&mut self.datty, s)?;
+            self.blas.gemm_rm(
+                s,
+                &mut self.datty,
+                &self.dresid2,
+                false,
+                &p.view(r.proj_w.clone()),
+                true,
+                n,
+                c,
+                c,
+                true,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut g.view_mut(r.proj_w.clone()),
+                &a.atty,
+                true,
+                &self.dresid2,
+                false,
+                c,
+                c,
+                n,
+                true,
+            )?;
+            k.bias_backward(s, &mut g.view_mut(r.proj_b.clone()), &self.dresid2, n, c)?;
+            zero_async(&mut self.dqkv, s)?;
+            attention_backward(
+                k,
+                &mut self.blas,
+                s,
+                &mut self.dqkv,
+                &self.datty,
+                &mut a.attn,
+                AttnShape { b, t, c, nh },
+            )?;
+            zero_async(&mut self.dln, s)?;
+            self.blas.gemm_rm(
+                s,
+                &mut self.dln,
+                &self.dqkv,
+                false,
+                &p.view(r.qkv_w.clone()),
+                true,
+                n,
+                c,
+                3 * c,
+                true,
+            )?;
+            self.blas.gemm_rm(
+                s,
+                &mut g.view_mut(r.qkv_w.clone()),
+                &a.ln1,
+                true,
+                &self.dqkv,
+                false,
+                c,
+                3 * c,
+                n,
+                true,
+            )?;
+            k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone()), &self.dqkv, n, 3 * c)?;
+            {
+                let (mut gw, mut gb) = g.views_mut2(r.ln1_w.clone(), r.ln1_b.clone());
+                k.layernorm_backward(
+                    s,
+                    &mut self.dresid,
+                    &mut gw,
+                    &mut gb,
+                    &self.dln,
+                    x,
+                    &p.view(r.ln1_w.clone()),
+                    &a.ln1_mean,
+                    &a.ln1_rstd,
+                    n,
+                    c,
+                )?;
+            }
+        }
+        let (order, starts) = token_buckets(&self.host_tokens, v);
+        let device = self.stream.device().clone();
+        let (go, gs) = (
+            DeviceBuffer::from_host(&device, &order)?,
+            DeviceBuffer::from_host(&device, &starts)?,
+        );
+        {
+            let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
+            k.encoder_backward(s, &mut gte, &mut gpe, &self.dresid, &go, &gs, n, t, c, v)?;
+        }
+        s.synchronize()
+    }
+}
+
+/// A raw device range used where a kernel reads the buffer it also writes
+/// element by element (the in-place residual add).
+struct DeviceView2(u64, usize);
+
+impl braid_cuda::DeviceMem<f32> for DeviceView2 {
+    fn dptr(&self) -> u64 {
+        self.0
+    }
+    fn dlen(&self) -> usize {
+        self.1
+    }
+}
