@@ -280,3 +280,28 @@ extern "C" __global__ void bias_backward(float* dbias, const float* dout, int N,
     for (int n = 0; n < N; n++) s += dout[(long)n * C + c];
     dbias[c] += s;
 }
+
+// ---- optimizer helpers --------------------------------------------------
+// partial[block] = sum of squares of x[block*chunk .. (block+1)*chunk),
+// each thread striding in a fixed order, then a fixed tree in shared
+// memory (deterministic).
+extern "C" __global__ void sumsq_partial(float* partial, const float* x, long n, long chunk) {
+    __shared__ float sh[256];
+    long start = (long)blockIdx.x * chunk;
+    long end = start + chunk < n ? start + chunk : n;
+    float s = 0.f;
+    for (long i = start + threadIdx.x; i < end; i += blockDim.x) s += x[i] * x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o /= 2) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+// x *= s
+extern "C" __global__ void scale(float* x, long n, float s) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}

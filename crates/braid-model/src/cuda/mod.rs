@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod check;
 pub mod model;
+pub mod trainer;
 
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{Device, DeviceMem, Result, Stream};
@@ -60,6 +61,8 @@ pub struct Kernels {
     pub(crate) softmax_causal_backward: Function,
     add_bias: Function,
     bias_backward: Function,
+    sumsq_partial: Function,
+    scale: Function,
 }
 
 impl Kernels {
@@ -87,6 +90,8 @@ impl Kernels {
             softmax_causal_backward: f("softmax_causal_backward")?,
             add_bias: f("add_bias")?,
             bias_backward: f("bias_backward")?,
+            sumsq_partial: f("sumsq_partial")?,
+            scale: f("scale")?,
             _module: module,
         })
     }
@@ -462,6 +467,48 @@ impl Kernels {
                 0,
                 s,
                 &mut [arg(&d), arg(&g), arg(&n32), arg(&c32)],
+            )
+        }
+    }
+
+    /// The L2 norm of `x` (partial sums on the GPU in a fixed order, summed
+    /// on the host in f64).
+    pub fn global_norm(&self, s: &Stream, x: &impl DeviceMem<f32>, device: &Device) -> Result<f64> {
+        const CHUNK: usize = 1 << 16;
+        let n = x.dlen();
+        let blocks = n.div_ceil(CHUNK).max(1);
+        let partial = braid_cuda::DeviceBuffer::<f32>::zeros(device, blocks)?;
+        let (pp, xp, n64, ch) = (partial.device_ptr(), x.dptr(), n as i64, CHUNK as i64);
+        // SAFETY: `partial` has one slot per block; x holds n elements.
+        unsafe {
+            self.sumsq_partial.launch(
+                (blocks as u32, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&pp), arg(&xp), arg(&n64), arg(&ch)],
+            )?;
+        }
+        s.synchronize()?;
+        Ok(partial
+            .to_vec()?
+            .iter()
+            .map(|&v| v as f64)
+            .sum::<f64>()
+            .sqrt())
+    }
+
+    /// `x *= factor`.
+    pub fn scale(&self, s: &Stream, x: &mut impl DeviceMem<f32>, factor: f32) -> Result<()> {
+        let (xp, n) = (x.dptr(), x.dlen() as i64);
+        // SAFETY: x holds n elements.
+        unsafe {
+            self.scale.launch(
+                grid(x.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&xp), arg(&n), arg(&factor)],
             )
         }
     }

@@ -149,6 +149,16 @@ impl GpuGpt {
         })
     }
 
+    /// The loaded kernels.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// The stream everything runs on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
     fn range(&self, name: &str) -> Range<usize> {
         self.layout.get(name).expect("model parameter").range()
     }

@@ -73,6 +73,9 @@ pub struct TrainArgs {
     /// Also write every step (loss, eval loss, lr, norm, tokens/s) as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Where to train: cpu, or cuda (one GPU, f32; LOCAL_RANK picks it).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Benchmark mode: time forward + backward only (no optimizer step).
     #[arg(long)]
     fwd_bwd_only: bool,
@@ -187,7 +190,24 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (cfg.vocab_size as f64).ln()
     );
     let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
-    let reports = trainer::train(&mut params, &data, &opts, &mut |r| {
+    let cuda = match a.device.as_str() {
+        "cpu" => None,
+        "cuda" | "gpu" => {
+            let local = std::env::var("LOCAL_RANK")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
+            println!(
+                "training on GPU {} ({}), f32",
+                dev.ordinal(),
+                dev.name().unwrap_or_default()
+            );
+            Some(dev)
+        }
+        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
+    };
+    let mut print_step = |r: &braid_model::trainer::StepReport| {
         let due = match a.log_every {
             Some(k) => (r.step + 1) % k.max(1) == 0,
             None => last_print.elapsed().as_secs_f64() >= 1.0,
@@ -212,7 +232,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 fmt_duration(eta)
             );
         }
-    })?;
+    };
+    let reports = match &cuda {
+        None => trainer::train(&mut params, &data, &opts, &mut print_step)?,
+        Some(dev) => {
+            braid_model::cuda::trainer::train_gpu(dev, &mut params, &data, &opts, &mut print_step)?
+        }
+    };
     if let Some(path) = &a.json {
         let rows: Vec<serde_json::Value> = reports
             .iter()
