@@ -220,6 +220,14 @@ impl WorldInfo {
     }
 }
 
+/// This worker's `LOCAL_RANK`, if the environment gives a valid one (what
+/// picks a worker's GPU).
+pub fn local_rank_from_env() -> Option<usize> {
+    std::env::var(crate::env::LOCAL_RANK)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+}
+
 /// Parses a positive number of seconds, e.g. `30` or `2.5`.
 pub fn parse_seconds(name: &'static str, value: &str) -> Result<Duration, WorldInfoError> {
     value

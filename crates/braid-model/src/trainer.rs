@@ -51,6 +51,46 @@ pub struct TrainOptions {
     pub update: bool,
 }
 
+impl TrainOptions {
+    /// Checks that the sequence length and the data's tokens fit the model.
+    pub(crate) fn check_fits(
+        &self,
+        cfg: &crate::config::GptConfig,
+        data: &Dataset,
+    ) -> Result<(), String> {
+        if self.seq > cfg.context {
+            return Err(format!(
+                "--seq {} exceeds the model's context {}",
+                self.seq, cfg.context
+            ));
+        }
+        if data.max_token() as usize >= cfg.vocab_size {
+            return Err(format!(
+                "the data holds token {} but the model's vocabulary has {} (pick a model or tokenizer that match)",
+                data.max_token(),
+                cfg.vocab_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// The learning-rate schedule of this run.
+    pub(crate) fn schedule(&self) -> Schedule {
+        Schedule {
+            max_lr: self.lr,
+            min_lr: self.lr * self.min_lr_ratio,
+            warmup: self.warmup.min(self.steps.max(1)),
+            total: self.steps,
+        }
+    }
+
+    /// The training and evaluation batch samplers for this run's seed (the
+    /// same on every device, so CPU and GPU runs see the same batches).
+    pub(crate) fn samplers(&self) -> (Rng, Rng) {
+        (Rng::new(self.seed ^ 0xDA7A), Rng::new(self.seed ^ 0xE7A1))
+    }
+}
+
 /// What happened at one step.
 #[derive(Debug, Clone)]
 pub struct StepReport {
@@ -79,19 +119,7 @@ pub fn train(
 ) -> Result<Vec<StepReport>, String> {
     let layout = params.layout.clone();
     let cfg = layout.config;
-    if o.seq > cfg.context {
-        return Err(format!(
-            "--seq {} exceeds the model's context {}",
-            o.seq, cfg.context
-        ));
-    }
-    if data.max_token() as usize >= cfg.vocab_size {
-        return Err(format!(
-            "the data holds token {} but the model's vocabulary has {} (pick a model or tokenizer that match)",
-            data.max_token(),
-            cfg.vocab_size
-        ));
-    }
+    o.check_fits(&cfg, data)?;
     let model = Gpt::new(layout.clone());
     let mut acts = Activations::<f32>::new(&layout, o.batch, o.seq, o.checkpointing);
     let mut grads = vec![0.0f32; layout.len];
@@ -105,14 +133,8 @@ pub fn train(
         ),
         OptimizerKind::Sgd => Optimizer::sgd(&layout, 0.9, o.weight_decay),
     };
-    let sched = Schedule {
-        max_lr: o.lr,
-        min_lr: o.lr * o.min_lr_ratio,
-        warmup: o.warmup.min(o.steps.max(1)),
-        total: o.steps,
-    };
-    let mut rng = Rng::new(o.seed ^ 0xDA7A);
-    let mut eval_rng = Rng::new(o.seed ^ 0xE7A1);
+    let sched = o.schedule();
+    let (mut rng, mut eval_rng) = o.samplers();
     let n = o.batch * o.seq;
     let (mut tokens, mut targets) = (vec![0u32; n], vec![0u32; n]);
     let start = Instant::now();

@@ -123,10 +123,7 @@ impl GpuCommunicator {
                 "GPU collectives are unavailable: the CUDA driver sees no GPU".into(),
             ));
         }
-        let local = std::env::var(braid_core::env::LOCAL_RANK)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(host.rank());
+        let local = braid_core::world::local_rank_from_env().unwrap_or(host.rank());
         Self::init(host, &[local % count])
     }
 
@@ -139,10 +136,7 @@ impl GpuCommunicator {
         if per_process <= 1 {
             return Self::init_from_env(host);
         }
-        let local = std::env::var(braid_core::env::LOCAL_RANK)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(0);
+        let local = braid_core::world::local_rank_from_env().unwrap_or(0);
         let ordinals: Vec<usize> = (local * per_process..(local + 1) * per_process).collect();
         Self::init(host, &ordinals)
     }
@@ -433,9 +427,7 @@ impl GpuCommunicator {
     /// Aborts the NCCL communicator(s) and the host communicator with
     /// `reason`: every pending and later operation fails.
     pub fn abort(&self, reason: &str) {
-        for m in &self.members {
-            m.lock().abort();
-        }
+        self.abort_nccl();
         self.host.abort(reason);
     }
 

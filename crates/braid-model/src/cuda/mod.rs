@@ -347,6 +347,34 @@ impl Kernels {
         }
     }
 
+    /// `out += x` (the residual kernel with `out` as its first input: each
+    /// thread reads and writes only its own element).
+    pub fn add_inplace(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        x: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        if out.dlen() != x.dlen() {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "add_inplace: {} elements += {}",
+                out.dlen(),
+                x.dlen()
+            )));
+        }
+        let (o, y, n) = (out.dptr(), x.dptr(), x.dlen() as i64);
+        // SAFETY: both hold `n` elements.
+        unsafe {
+            self.residual_forward.launch(
+                grid(x.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&o), arg(&y), arg(&n)],
+            )
+        }
+    }
+
     /// Fused softmax + cross-entropy on `n × v` logits, in place (they
     /// become `scale ·` their gradient when `scale ≠ 0`).
     #[allow(clippy::too_many_arguments)]

@@ -65,6 +65,8 @@ pub struct GpuGpt {
     targets: DeviceBuffer<i32>,
     host_tokens: Vec<u32>,
     host_targets: Vec<u32>,
+    bucket_order: DeviceBuffer<i32>,
+    bucket_starts: DeviceBuffer<i32>,
     // Gradient scratch.
     dresid: DeviceBuffer<f32>,
     dresid2: DeviceBuffer<f32>,
@@ -138,6 +140,8 @@ impl GpuGpt {
             targets: DeviceBuffer::zeros(device, n)?,
             host_tokens: vec![0; n],
             host_targets: vec![0; n],
+            bucket_order: DeviceBuffer::zeros(device, n)?,
+            bucket_starts: DeviceBuffer::zeros(device, v + 1)?,
             dresid: z(n * c)?,
             dresid2: z(n * c)?,
             dln: z(n * c)?,
@@ -260,8 +264,7 @@ impl GpuGpt {
             )?;
             k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone()), n, c)?;
             // resid2 += x (in place: out = a + b with out == a).
-            let alias = DeviceView2(a.resid2.device_ptr(), n * c);
-            k.residual_forward(s, &mut a.resid2, &alias, x)?;
+            k.add_inplace(s, &mut a.resid2, x)?;
             k.layernorm_forward(
                 s,
                 &mut a.ln2,
@@ -300,8 +303,7 @@ impl GpuGpt {
                 false,
             )?;
             k.add_bias(s, out, &p.view(r.fcproj_b.clone()), n, c)?;
-            let alias = DeviceView2(out.device_ptr(), n * c);
-            k.residual_forward(s, out, &alias, &a.resid2)?;
+            k.add_inplace(s, out, &a.resid2)?;
         }
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
         k.layernorm_forward(
@@ -566,29 +568,26 @@ impl GpuGpt {
                 )?;
             }
         }
+        // Positions grouped by token, into buffers allocated once (the
+        // previous step's kernels finished: every backward ends synchronised).
         let (order, starts) = token_buckets(&self.host_tokens, v);
-        let device = self.stream.device().clone();
-        let (go, gs) = (
-            DeviceBuffer::from_host(&device, &order)?,
-            DeviceBuffer::from_host(&device, &starts)?,
-        );
+        self.bucket_order.copy_from_host(&order)?;
+        self.bucket_starts.copy_from_host(&starts)?;
         {
             let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
-            k.encoder_backward(s, &mut gte, &mut gpe, &self.dresid, &go, &gs, n, t, c, v)?;
+            k.encoder_backward(
+                s,
+                &mut gte,
+                &mut gpe,
+                &self.dresid,
+                &self.bucket_order,
+                &self.bucket_starts,
+                n,
+                t,
+                c,
+                v,
+            )?;
         }
         s.synchronize()
-    }
-}
-
-/// A raw device range used where a kernel reads the buffer it also writes
-/// element by element (the in-place residual add).
-struct DeviceView2(u64, usize);
-
-impl braid_cuda::DeviceMem<f32> for DeviceView2 {
-    fn dptr(&self) -> u64 {
-        self.0
-    }
-    fn dlen(&self) -> usize {
-        self.1
     }
 }

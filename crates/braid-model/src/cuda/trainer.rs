@@ -4,9 +4,8 @@
 
 use super::model::GpuGpt;
 use crate::data::Dataset;
-use crate::optim::{AdamWConfig, Schedule};
+use crate::optim::AdamWConfig;
 use crate::params::Params;
-use crate::rng::Rng;
 use crate::trainer::{OptimizerKind, StepReport, TrainOptions};
 use braid_cuda::memory::zero_async;
 use braid_cuda::{Device, DeviceBuffer};
@@ -30,19 +29,7 @@ pub fn train_gpu(
     if o.optimizer != OptimizerKind::AdamW {
         return Err("--device cuda trains with adamw only (so far)".into());
     }
-    if o.seq > cfg.context {
-        return Err(format!(
-            "--seq {} exceeds the model's context {}",
-            o.seq, cfg.context
-        ));
-    }
-    if data.max_token() as usize >= cfg.vocab_size {
-        return Err(format!(
-            "the data holds token {} but the model's vocabulary has {}",
-            data.max_token(),
-            cfg.vocab_size
-        ));
-    }
+    o.check_fits(&cfg, data)?;
     let mut model = GpuGpt::new(device, layout.clone(), o.batch, o.seq).map_err(e)?;
     let mut p = DeviceBuffer::from_host(device, &params.data).map_err(e)?;
     let mut g = DeviceBuffer::<f32>::zeros(device, layout.len).map_err(e)?;
@@ -52,14 +39,8 @@ pub fn train_gpu(
         weight_decay: o.weight_decay,
         ..Default::default()
     };
-    let sched = Schedule {
-        max_lr: o.lr,
-        min_lr: o.lr * o.min_lr_ratio,
-        warmup: o.warmup.min(o.steps.max(1)),
-        total: o.steps,
-    };
-    let mut rng = Rng::new(o.seed ^ 0xDA7A);
-    let mut eval_rng = Rng::new(o.seed ^ 0xE7A1);
+    let sched = o.schedule();
+    let (mut rng, mut eval_rng) = o.samplers();
     let n = o.batch * o.seq;
     let (mut tokens, mut targets) = (vec![0u32; n], vec![0u32; n]);
     let start = Instant::now();
@@ -74,8 +55,8 @@ pub fn train_gpu(
         }
         let lr = sched.lr(step);
         let mut grad_norm = 0.0;
+        model.backward(&p, &mut g).map_err(e)?;
         if o.update {
-            model.backward(&p, &mut g).map_err(e)?;
             grad_norm = model
                 .kernels()
                 .global_norm(model.stream(), &g, device)
@@ -111,8 +92,6 @@ pub fn train_gpu(
                     )
                     .map_err(e)?;
             }
-        } else {
-            model.backward(&p, &mut g).map_err(e)?;
         }
         model.stream().synchronize().map_err(e)?;
         let dt = t0.elapsed().as_secs_f64();

@@ -130,11 +130,7 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     if let Some(algo) = &args.algo {
         braid_comm::tuning::Algo::parse(algo)?;
     }
-    let cuda = match args.device.as_str() {
-        "cpu" => false,
-        "cuda" | "gpu" => true,
-        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
-    };
+    let cuda = super::wants_cuda(&args.device)?;
     if !cuda && (args.gpus != 1 || args.graph) {
         return Err("-g and --graph need --device cuda".into());
     }

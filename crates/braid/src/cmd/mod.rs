@@ -18,3 +18,12 @@ pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
         _ => Err(format!("{s:?} is not a number of seconds")),
     }
 }
+
+/// Parses `--device`: `Ok(false)` for cpu, `Ok(true)` for cuda (or gpu).
+pub fn wants_cuda(device: &str) -> Result<bool, String> {
+    match device {
+        "cpu" => Ok(false),
+        "cuda" | "gpu" => Ok(true),
+        other => Err(format!("--device {other:?}: expected cpu or cuda")),
+    }
+}

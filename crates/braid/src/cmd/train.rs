@@ -190,22 +190,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (cfg.vocab_size as f64).ln()
     );
     let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
-    let cuda = match a.device.as_str() {
-        "cpu" => None,
-        "cuda" | "gpu" => {
-            let local = std::env::var("LOCAL_RANK")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-            println!(
-                "training on GPU {} ({}), f32",
-                dev.ordinal(),
-                dev.name().unwrap_or_default()
-            );
-            Some(dev)
-        }
-        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
+    let cuda = if super::wants_cuda(&a.device)? {
+        let local = braid_core::world::local_rank_from_env().unwrap_or(0);
+        let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
+        println!(
+            "training on GPU {} ({}), f32",
+            dev.ordinal(),
+            dev.name().unwrap_or_default()
+        );
+        Some(dev)
+    } else {
+        None
     };
     let mut print_step = |r: &braid_model::trainer::StepReport| {
         let due = match a.log_every {

@@ -32,11 +32,7 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
         .as_deref()
         .map(BackendKind::parse)
         .transpose()?;
-    let cuda = match args.device.as_str() {
-        "cpu" => false,
-        "cuda" | "gpu" => true,
-        other => return Err(format!("--device {other:?}: expected cpu or cuda")),
-    };
+    let cuda = super::wants_cuda(&args.device)?;
     if args.gpus == 0 || (!cuda && args.gpus != 1) {
         return Err("-g needs --device cuda and at least 1".into());
     }
