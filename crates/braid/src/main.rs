@@ -14,7 +14,7 @@ use std::process::ExitCode;
     name = "braid",
     version,
     about = "braid: distributed deep-learning training in one binary",
-    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4"
+    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid generate --load model.safetensors --prompt \"the \""
 )]
 struct Cli {
     #[command(subcommand)]

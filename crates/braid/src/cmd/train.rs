@@ -31,7 +31,7 @@ pub struct TrainArgs {
     /// Sequences per batch.
     #[arg(long, default_value_t = 16)]
     batch: usize,
-    /// Tokens per sequence (default: the model's context, at most 64 for tiny... see --help).
+    /// Tokens per sequence (at most the model's context).
     #[arg(long, default_value_t = 64)]
     seq: usize,
     /// Peak learning rate.
