@@ -1,9 +1,13 @@
 //! Matrix products on the GPU through cuBLAS (loaded at run time), in the
-//! same row-major terms as the CPU engine's `gemm_rm`.
+//! same row-major terms as the CPU engine's `gemm_rm`: f32 products
+//! ([`Blas::gemm_rm`], [`Blas::gemm_rm_batched`]) and mixed-precision ones
+//! with explicit leading dimensions ([`Blas::gemm_ex`], bf16 or f32 inputs,
+//! f32 accumulation).
 
 use crate::driver::{Device, Stream};
 use crate::error::{CudaError, Result};
 use crate::memory::DeviceMem;
+use braid_core::{DType, Element};
 use cudarc::cublas::{result, sys};
 
 /// A cuBLAS handle bound to one device.
@@ -189,6 +193,199 @@ impl Blas {
                 batch as i32,
             )
             .map_err(blas_err("cublasSgemmStridedBatched"))
+        }
+    }
+}
+
+/// One row-major matrix operand of [`Blas::gemm_ex`]: a device buffer
+/// (f32 or bf16), its leading dimension (elements between stored rows),
+/// whether it is used transposed, and the stride between batch entries.
+#[derive(Debug, Clone, Copy)]
+pub struct Mat {
+    ptr: u64,
+    len: usize,
+    ty: DType,
+    ld: usize,
+    transposed: bool,
+    stride: usize,
+}
+
+impl Mat {
+    /// The matrix stored in `buf` with `ld` elements per stored row.
+    pub fn of<T: Element>(buf: &impl DeviceMem<T>, ld: usize) -> Mat {
+        Mat {
+            ptr: buf.dptr(),
+            len: buf.dlen(),
+            ty: T::DTYPE,
+            ld,
+            transposed: false,
+            stride: 0,
+        }
+    }
+
+    /// The same matrix used transposed.
+    pub fn t(mut self) -> Mat {
+        self.transposed = true;
+        self
+    }
+
+    /// With `stride` elements between batch entries.
+    pub fn batched(mut self, stride: usize) -> Mat {
+        self.stride = stride;
+        self
+    }
+
+    /// Elements the operand spans for `batch` entries of `rows × cols`
+    /// (as used; stored transposed when `transposed`).
+    fn span(&self, rows: usize, cols: usize, batch: usize) -> usize {
+        let (r, c) = if self.transposed {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        (batch - 1) * self.stride + (r - 1) * self.ld + c
+    }
+
+    fn cuda(&self) -> Option<sys::cudaDataType> {
+        match self.ty {
+            DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
+            DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),
+            _ => None,
+        }
+    }
+}
+
+/// A mixed-precision product `c[m,n] = alpha · a[m,k] · b[k,n] + beta · c`
+/// over `batch` entries, all row-major; `a` and `b` share an element type,
+/// `c` may be f32 or that type; accumulation is f32 (TF32 tensor cores for
+/// f32 inputs when `tf32`).
+#[derive(Debug, Clone, Copy)]
+pub struct GemmEx {
+    /// Rows of the result.
+    pub m: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// Left operand.
+    pub a: Mat,
+    /// Right operand.
+    pub b: Mat,
+    /// Result (never transposed).
+    pub c: Mat,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the existing result (0: overwrite).
+    pub beta: f32,
+    /// Products in the batch (1: a single product).
+    pub batch: usize,
+    /// Let f32 products use TF32 tensor cores.
+    pub tf32: bool,
+}
+
+impl Blas {
+    /// Runs `g` on `stream`, after checking that the element types fit
+    /// together and that every operand's rows, leading dimension and batch
+    /// stride stay inside its buffer.
+    pub fn gemm_ex(&mut self, stream: &Stream, g: &GemmEx) -> Result<()> {
+        let (m, n, k) = (g.m, g.n, g.k);
+        if m == 0 || n == 0 || g.batch == 0 {
+            return Ok(());
+        }
+        let stored_cols =
+            |x: &Mat, rows: usize, cols: usize| if x.transposed { rows } else { cols };
+        let bad = g.a.ty != g.b.ty
+            || g.a.cuda().is_none()
+            || g.c.cuda().is_none()
+            || g.c.transposed
+            || k == 0
+            || g.a.ld < stored_cols(&g.a, m, k)
+            || g.b.ld < stored_cols(&g.b, k, n)
+            || g.c.ld < n
+            || (g.c.ty != g.a.ty && g.c.ty != DType::F32)
+            || g.a.span(m, k, g.batch) > g.a.len
+            || g.b.span(k, n, g.batch) > g.b.len
+            || g.c.span(m, n, g.batch) > g.c.len;
+        if bad {
+            return Err(CudaError::Invalid(format!(
+                "gemm_ex: operands do not fit {} product(s) of {m}x{k} · {k}x{n}: {g:?}",
+                g.batch
+            )));
+        }
+        self.device.bind()?;
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let compute = if g.a.ty == DType::F32 && g.tf32 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let algo = sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP;
+        let (alpha, beta) = (g.alpha, g.beta);
+        // SAFETY: the handle is ours; every operand was checked to lie
+        // inside its buffer; row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ,
+        // so the operands are swapped.
+        unsafe {
+            result::set_stream(self.handle, stream.raw() as _)
+                .map_err(blas_err("cublasSetStream"))?;
+            // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: swap the operands.
+            let (pb, pa, pc) = (g.b.ptr as *const _, g.a.ptr as *const _, g.c.ptr as *mut _);
+            if g.batch == 1 {
+                result::gemm_ex(
+                    self.handle,
+                    op(g.b.transposed),
+                    op(g.a.transposed),
+                    n as i32,
+                    m as i32,
+                    k.max(1) as i32,
+                    &alpha as *const f32 as *const _,
+                    pb,
+                    g.b.cuda().expect("checked"),
+                    g.b.ld as i32,
+                    pa,
+                    g.a.cuda().expect("checked"),
+                    g.a.ld as i32,
+                    &beta as *const f32 as *const _,
+                    pc,
+                    g.c.cuda().expect("checked"),
+                    g.c.ld as i32,
+                    compute,
+                    algo,
+                )
+                .map_err(blas_err("cublasGemmEx"))
+            } else {
+                result::gemm_strided_batched_ex(
+                    self.handle,
+                    op(g.b.transposed),
+                    op(g.a.transposed),
+                    n as i32,
+                    m as i32,
+                    k.max(1) as i32,
+                    &alpha as *const f32 as *const _,
+                    pb,
+                    g.b.cuda().expect("checked"),
+                    g.b.ld as i32,
+                    g.b.stride as i64,
+                    pa,
+                    g.a.cuda().expect("checked"),
+                    g.a.ld as i32,
+                    g.a.stride as i64,
+                    &beta as *const f32 as *const _,
+                    pc,
+                    g.c.cuda().expect("checked"),
+                    g.c.ld as i32,
+                    g.c.stride as i64,
+                    g.batch as i32,
+                    compute,
+                    algo,
+                )
+                .map_err(blas_err("cublasGemmStridedBatchedEx"))
+            }
         }
     }
 }

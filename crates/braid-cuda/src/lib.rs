@@ -4,7 +4,9 @@
 //!
 //! - [`driver`]: devices, streams, events and CUDA graphs (CUDA driver API
 //!   through cudarc's dynamically loaded `result` layer).
-//! - [`memory`]: typed device buffers and pinned host buffers.
+//! - [`memory`]: typed device buffers and pinned host buffers; [`pool`]:
+//!   the caching allocator and device-memory counters.
+//! - [`blas`]: cuBLAS products (f32, bf16); [`nvrtc`]: run-time kernels.
 //! - [`nccl`]: a thin run-time binding of NCCL.
 //! - [`nvml`]: a thin run-time binding of the NVML calls braid needs.
 //! - [`topo`]: the GPUs of this host and the links between them (what
@@ -18,8 +20,10 @@ pub mod memory;
 pub mod nccl;
 pub mod nvml;
 pub mod nvrtc;
+pub mod pool;
 pub mod topo;
 
 pub use driver::{device_count, CapturedGraph, Device, Event, Graph, Stream};
 pub use error::{CudaError, Result};
 pub use memory::{DeviceBuffer, DeviceMem, DeviceView, DeviceViewMut, PinnedBuffer};
+pub use pool::DevicePool;

@@ -7,6 +7,7 @@
 
 use crate::driver::{check, Device, Stream};
 use crate::error::{driver, CudaError, Result};
+use crate::pool::{count_alloc, count_free, PoolSlot};
 use braid_core::Element;
 use cudarc::driver::{result, sys};
 use std::marker::PhantomData;
@@ -16,6 +17,8 @@ pub struct DeviceBuffer<T: Element> {
     ptr: sys::CUdeviceptr,
     len: usize,
     device: Device,
+    /// The pool the memory goes back to (none: freed on drop).
+    pool: Option<PoolSlot>,
     _t: PhantomData<T>,
 }
 
@@ -66,12 +69,35 @@ impl<T: Element> DeviceBuffer<T> {
                 err
             })?
         };
+        count_alloc(bytes);
         Ok(DeviceBuffer {
             ptr,
             len,
             device: device.clone(),
+            pool: None,
             _t: PhantomData,
         })
+    }
+
+    /// A buffer over a pool block.
+    ///
+    /// # Safety
+    /// `ptr` must be a device allocation of at least `len` elements on
+    /// `device` that nothing else uses until `slot` gets it back.
+    pub(crate) unsafe fn from_pool(
+        device: &Device,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        slot: PoolSlot,
+    ) -> Self {
+        count_alloc(len * T::DTYPE.size());
+        DeviceBuffer {
+            ptr,
+            len,
+            device: device.clone(),
+            pool: Some(slot),
+            _t: PhantomData,
+        }
     }
 
     /// Number of elements.
@@ -338,7 +364,16 @@ pub fn copy_peer_async(
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr != 0 && self.device.bind().is_ok() {
+        if self.ptr == 0 {
+            return;
+        }
+        count_free(self.byte_len());
+        if let Some(slot) = &self.pool {
+            // Stream-ordered reuse: the pool's users run on one stream.
+            slot.give_back(self.ptr);
+            return;
+        }
+        if self.device.bind().is_ok() {
             // SAFETY: work using the buffer was ordered on the main stream
             // (or waited for); finish it, then free our allocation.
             unsafe {

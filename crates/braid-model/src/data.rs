@@ -76,6 +76,9 @@ impl Tokenizer {
 pub enum Source {
     /// The built-in synthetic corpus.
     Synthetic,
+    /// Uniformly random tokens over the tokenizer's vocabulary (throughput
+    /// measurements, like the PyTorch anchor's random batches).
+    Random,
     /// A UTF-8 text file, tokenized at load.
     Text(PathBuf),
     /// Pre-tokenized u16 shards (raw, or llm.c's format with its 1 KiB
@@ -89,6 +92,9 @@ impl Source {
     pub fn parse(s: &str) -> Result<Source, String> {
         if s == "synthetic" {
             return Ok(Source::Synthetic);
+        }
+        if s == "random" {
+            return Ok(Source::Random);
         }
         let p = PathBuf::from(s);
         if p.is_dir() {
@@ -106,7 +112,7 @@ impl Source {
         }
         if !p.exists() {
             return Err(format!(
-                "{s}: no such file (use `synthetic`, a text file, or u16 .bin shards)"
+                "{s}: no such file (use `synthetic`, `random`, a text file, or u16 .bin shards)"
             ));
         }
         if p.extension().is_some_and(|x| x == "bin") {
@@ -196,6 +202,11 @@ impl Dataset {
     pub fn load(source: &Source, tokenizer: Tokenizer, seed: u64) -> Result<Dataset, String> {
         let tokens = match source {
             Source::Synthetic => tokenizer.encode(&synthetic_text(seed, 1 << 20)),
+            Source::Random => {
+                let mut r = Rng::new(seed ^ 0x7A4D_0F11);
+                let v = tokenizer.vocab_size();
+                (0..1 << 22).map(|_| r.below(v) as u32).collect()
+            }
             Source::Text(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| format!("{}: {e} (text data must be UTF-8)", p.display()))?;

@@ -80,6 +80,14 @@ fn bad_training_input_is_explained() {
         ),
         (&["train", "--model", "L1-H1-C8-V100"][..], "vocabulary"),
         (
+            &["train", "--precision", "bf16", "--steps", "1"][..],
+            "the CPU engine trains in f32",
+        ),
+        (
+            &["train", "--device", "cuda", "--precision", "fp8"][..],
+            "expected f32 or bf16",
+        ),
+        (
             &["generate", "--load", "/nonexistent.safetensors"][..],
             "nonexistent.safetensors",
         ),

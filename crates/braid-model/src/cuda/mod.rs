@@ -7,7 +7,12 @@
 
 pub mod attention;
 pub mod check;
+pub mod check_mixed;
+pub mod mixed;
+pub mod mixed_attention;
 pub mod model;
+pub mod model_mixed;
+pub mod profile;
 pub mod trainer;
 
 use braid_cuda::nvrtc::{Function, Module};
@@ -15,7 +20,10 @@ use braid_cuda::{Device, DeviceMem, Result, Stream};
 use std::ffi::c_void;
 
 /// Every kernel source: (name, CUDA C).
-pub const SOURCES: [(&str, &str); 1] = [("kernels", include_str!("kernels.cu"))];
+pub const SOURCES: [(&str, &str); 2] = [
+    ("kernels", include_str!("kernels.cu")),
+    ("mixed", include_str!("mixed.cu")),
+];
 
 /// Compiles every source to PTX for `arch` (e.g. `compute_90`) without a
 /// GPU — what CI checks where NVRTC can be installed.
@@ -42,6 +50,7 @@ fn arg<T>(v: &T) -> *mut c_void {
 /// The loaded kernels of one device.
 pub struct Kernels {
     _module: Module,
+    pool: braid_cuda::DevicePool,
     encoder_forward: Function,
     encoder_backward_wpe: Function,
     encoder_backward_wte: Function,
@@ -71,6 +80,7 @@ impl Kernels {
         let module = Module::compile(device, SOURCES[0].0, SOURCES[0].1)?;
         let f = |n: &str| module.function(n);
         Ok(Kernels {
+            pool: braid_cuda::DevicePool::new(device),
             encoder_forward: f("encoder_forward")?,
             encoder_backward_wpe: f("encoder_backward_wpe")?,
             encoder_backward_wte: f("encoder_backward_wte")?,
@@ -505,7 +515,10 @@ impl Kernels {
         const CHUNK: usize = 1 << 16;
         let n = x.dlen();
         let blocks = n.div_ceil(CHUNK).max(1);
-        let partial = braid_cuda::DeviceBuffer::<f32>::zeros(device, blocks)?;
+        let _ = device;
+        // From the pool: no allocation per step; the block returns to the
+        // pool only after the synchronisation below.
+        let partial = self.pool.uninit::<f32>(blocks)?;
         let (pp, xp, n64, ch) = (partial.device_ptr(), x.dptr(), n as i64, CHUNK as i64);
         // SAFETY: `partial` has one slot per block; x holds n elements.
         unsafe {

@@ -14,19 +14,20 @@ use braid_cuda::{Device, DeviceBuffer, Result, Stream};
 use std::ops::Range;
 use std::sync::Arc;
 
-struct LayerRanges {
-    ln1_w: Range<usize>,
-    ln1_b: Range<usize>,
-    qkv_w: Range<usize>,
-    qkv_b: Range<usize>,
-    proj_w: Range<usize>,
-    proj_b: Range<usize>,
-    ln2_w: Range<usize>,
-    ln2_b: Range<usize>,
-    fc_w: Range<usize>,
-    fc_b: Range<usize>,
-    fcproj_w: Range<usize>,
-    fcproj_b: Range<usize>,
+/// One layer's parameter ranges in the flat buffer.
+pub(crate) struct LayerRanges {
+    pub(crate) ln1_w: Range<usize>,
+    pub(crate) ln1_b: Range<usize>,
+    pub(crate) qkv_w: Range<usize>,
+    pub(crate) qkv_b: Range<usize>,
+    pub(crate) proj_w: Range<usize>,
+    pub(crate) proj_b: Range<usize>,
+    pub(crate) ln2_w: Range<usize>,
+    pub(crate) ln2_b: Range<usize>,
+    pub(crate) fc_w: Range<usize>,
+    pub(crate) fc_b: Range<usize>,
+    pub(crate) fcproj_w: Range<usize>,
+    pub(crate) fcproj_b: Range<usize>,
 }
 
 struct LayerActs {
@@ -42,6 +43,32 @@ struct LayerActs {
     ln2_rstd: DeviceBuffer<f32>,
     fch: DeviceBuffer<f32>,
     fch_gelu: DeviceBuffer<f32>,
+}
+
+impl LayerRanges {
+    /// Layer `i`'s ranges in `layout`.
+    pub(crate) fn of(layout: &Layout, i: usize) -> LayerRanges {
+        let r = |s: &str| {
+            layout
+                .get(&format!("h.{i}.{s}"))
+                .expect("layer parameter")
+                .range()
+        };
+        LayerRanges {
+            ln1_w: r("ln_1.weight"),
+            ln1_b: r("ln_1.bias"),
+            qkv_w: r("attn.c_attn.weight"),
+            qkv_b: r("attn.c_attn.bias"),
+            proj_w: r("attn.c_proj.weight"),
+            proj_b: r("attn.c_proj.bias"),
+            ln2_w: r("ln_2.weight"),
+            ln2_b: r("ln_2.bias"),
+            fc_w: r("mlp.c_fc.weight"),
+            fc_b: r("mlp.c_fc.bias"),
+            fcproj_w: r("mlp.c_proj.weight"),
+            fcproj_b: r("mlp.c_proj.bias"),
+        }
+    }
 }
 
 /// A GPT model's forward and backward passes on one GPU, sized for one
@@ -87,26 +114,7 @@ impl GpuGpt {
         let mut layers = Vec::new();
         let mut ranges = Vec::new();
         for i in 0..cfg.n_layer {
-            let r = |s: &str| {
-                layout
-                    .get(&format!("h.{i}.{s}"))
-                    .expect("layer parameter")
-                    .range()
-            };
-            ranges.push(LayerRanges {
-                ln1_w: r("ln_1.weight"),
-                ln1_b: r("ln_1.bias"),
-                qkv_w: r("attn.c_attn.weight"),
-                qkv_b: r("attn.c_attn.bias"),
-                proj_w: r("attn.c_proj.weight"),
-                proj_b: r("attn.c_proj.bias"),
-                ln2_w: r("ln_2.weight"),
-                ln2_b: r("ln_2.bias"),
-                fc_w: r("mlp.c_fc.weight"),
-                fc_b: r("mlp.c_fc.bias"),
-                fcproj_w: r("mlp.c_proj.weight"),
-                fcproj_b: r("mlp.c_proj.bias"),
-            });
+            ranges.push(LayerRanges::of(&layout, i));
             layers.push(LayerActs {
                 ln1: z(n * c)?,
                 ln1_mean: z(n)?,

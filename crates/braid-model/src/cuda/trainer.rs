@@ -1,8 +1,12 @@
-//! The training loop on one GPU in f32 (`braid train --device cuda`): the
-//! CPU trainer's batches, schedule, clipping and AdamW, with parameters,
-//! gradients and optimizer state in device memory.
+//! The training loop on one GPU (`braid train --device cuda`): the CPU
+//! trainer's batches, schedule, clipping and AdamW, with parameters,
+//! gradients and optimizer state in device memory; f32 throughout
+//! ([`GpuGpt`]) or mixed precision ([`GpuGptMixed`]: bf16 products and
+//! activations, f32 master weights, gradients and optimizer state).
 
+use super::mixed::{AdamSegments, AdamStep, MixedKernels};
 use super::model::GpuGpt;
+use super::model_mixed::GpuGptMixed;
 use crate::data::Dataset;
 use crate::optim::AdamWConfig;
 use crate::params::Params;
@@ -15,13 +19,88 @@ fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
 
-/// Trains `params` on `device`; the trained values are copied back into
-/// `params` at the end.
+/// Arithmetic of the GPU engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 everywhere (matches the CPU engine).
+    F32,
+    /// bf16 products and activations, f32 master weights and state.
+    Bf16,
+}
+
+impl Precision {
+    /// `f32` or `bf16`.
+    pub fn parse(s: &str) -> Result<Precision, String> {
+        match s {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" | "mixed" => Ok(Precision::Bf16),
+            other => Err(format!("--precision {other:?}: expected f32 or bf16")),
+        }
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Either model form.
+enum Engine {
+    F32(Box<GpuGpt>),
+    Mixed(Box<GpuGptMixed>, DeviceBuffer<half::bf16>),
+}
+
+impl Engine {
+    fn stream(&self) -> &braid_cuda::Stream {
+        match self {
+            Engine::F32(m) => m.stream(),
+            Engine::Mixed(m, _) => m.stream(),
+        }
+    }
+
+    fn kernels(&self) -> &super::Kernels {
+        match self {
+            Engine::F32(m) => m.kernels(),
+            Engine::Mixed(m, _) => m.kernels(),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        x: &[u32],
+        y: &[u32],
+        grad: bool,
+    ) -> braid_cuda::Result<f32> {
+        match self {
+            Engine::F32(m) => m.forward(p, x, y, grad),
+            Engine::Mixed(m, pb) => m.forward(p, pb, x, y, grad),
+        }
+    }
+
+    fn backward(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        g: &mut DeviceBuffer<f32>,
+    ) -> braid_cuda::Result<()> {
+        match self {
+            Engine::F32(m) => m.backward(p, g),
+            Engine::Mixed(m, pb) => m.backward(p, pb, g),
+        }
+    }
+}
+
+/// Trains `params` on `device` in `precision`; the trained (f32 master)
+/// values are copied back into `params` at the end.
 pub fn train_gpu(
     device: &Device,
     params: &mut Params,
     data: &Dataset,
     o: &TrainOptions,
+    precision: Precision,
     progress: &mut dyn FnMut(&StepReport),
 ) -> Result<Vec<StepReport>, String> {
     let layout = params.layout.clone();
@@ -30,8 +109,19 @@ pub fn train_gpu(
         return Err("--device cuda trains with adamw only (so far)".into());
     }
     o.check_fits(&cfg, data)?;
-    let mut model = GpuGpt::new(device, layout.clone(), o.batch, o.seq).map_err(e)?;
     let mut p = DeviceBuffer::from_host(device, &params.data).map_err(e)?;
+    let mk = MixedKernels::load(device).map_err(e)?;
+    let mut model = match precision {
+        Precision::F32 => Engine::F32(Box::new(
+            GpuGpt::new(device, layout.clone(), o.batch, o.seq).map_err(e)?,
+        )),
+        Precision::Bf16 => {
+            let m = GpuGptMixed::new(device, layout.clone(), o.batch, o.seq).map_err(e)?;
+            let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
+            mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+            Engine::Mixed(Box::new(m), pb)
+        }
+    };
     let mut g = DeviceBuffer::<f32>::zeros(device, layout.len).map_err(e)?;
     let mut m = DeviceBuffer::<f32>::zeros(device, layout.len).map_err(e)?;
     let mut v = DeviceBuffer::<f32>::zeros(device, layout.len).map_err(e)?;
@@ -39,6 +129,7 @@ pub fn train_gpu(
         weight_decay: o.weight_decay,
         ..Default::default()
     };
+    let segments = AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?;
     let sched = o.schedule();
     let (mut rng, mut eval_rng) = o.samplers();
     let n = o.batch * o.seq;
@@ -46,6 +137,11 @@ pub fn train_gpu(
     let start = Instant::now();
     let mut reports = Vec::with_capacity(o.steps);
     for step in 0..o.steps {
+        if step == 5.min(o.steps / 2) {
+            if let Engine::Mixed(m, _) = &mut model {
+                m.profile_reset();
+            }
+        }
         let t0 = Instant::now();
         data.batch(&mut rng, o.batch, o.seq, false, &mut tokens, &mut targets)?;
         zero_async(&mut g, model.stream()).map_err(e)?;
@@ -61,37 +157,35 @@ pub fn train_gpu(
                 .kernels()
                 .global_norm(model.stream(), &g, device)
                 .map_err(e)?;
-            if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
-                let s = (o.grad_clip / (grad_norm + 1e-6)) as f32;
-                model
-                    .kernels()
-                    .scale(model.stream(), &mut g, s)
-                    .map_err(e)?;
+            let grad_scale = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
+                (o.grad_clip / (grad_norm + 1e-6)) as f32
+            } else {
+                1.0
+            };
+            let h = AdamStep {
+                lr,
+                beta1: adam.beta1,
+                beta2: adam.beta2,
+                step: step as i32 + 1,
+                eps: adam.eps,
+                grad_scale,
+            };
+            match &mut model {
+                Engine::Mixed(mm, pb) => mk.adamw_multi(
+                    mm.stream(),
+                    &mut p,
+                    Some(pb),
+                    &g,
+                    &mut m,
+                    &mut v,
+                    &segments,
+                    h,
+                ),
+                Engine::F32(mm) => {
+                    mk.adamw_multi(mm.stream(), &mut p, None, &g, &mut m, &mut v, &segments, h)
+                }
             }
-            for spec in &layout.params {
-                let r = spec.range();
-                let wd = if spec.kind.decays() {
-                    adam.weight_decay
-                } else {
-                    0.0
-                };
-                model
-                    .kernels()
-                    .adamw(
-                        model.stream(),
-                        &mut p.view_mut(r.clone()),
-                        &g.view(r.clone()),
-                        &mut m.view_mut(r.clone()),
-                        &mut v.view_mut(r),
-                        lr,
-                        adam.beta1,
-                        adam.beta2,
-                        step as i32 + 1,
-                        adam.eps,
-                        wd,
-                    )
-                    .map_err(e)?;
-            }
+            .map_err(e)?;
         }
         model.stream().synchronize().map_err(e)?;
         let dt = t0.elapsed().as_secs_f64();
@@ -118,6 +212,11 @@ pub fn train_gpu(
         };
         progress(&r);
         reports.push(r);
+    }
+    if let Engine::Mixed(m, _) = &model {
+        if let Some(report) = m.profile_report() {
+            println!("{report}");
+        }
     }
     p.copy_to_host(&mut params.data).map_err(e)?;
     Ok(reports)

@@ -38,11 +38,12 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
     }
     if a.check {
         let device = braid_cuda::Device::open(0).map_err(|e| e.to_string())?;
-        let results = braid_model::cuda::check::run(&device).map_err(|e| e.to_string())?;
+        let mut results = braid_model::cuda::check::run(&device).map_err(|e| e.to_string())?;
+        results.extend(braid_model::cuda::check_mixed::run(&device).map_err(|e| e.to_string())?);
         let mut bad = 0;
         for r in &results {
             println!(
-                "{:<24} {:<28} max rel err {:>9.2e} (bound {:.0e}) {}",
+                "{:<36} {:<36} max rel err {:>9.2e} (bound {:.0e}) {}",
                 r.name,
                 r.shape,
                 r.error,

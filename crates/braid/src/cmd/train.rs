@@ -2,6 +2,7 @@
 //! machine's CPUs (single process), and sampling from a saved model.
 
 use braid_model::checkpoint;
+use braid_model::cuda::trainer::Precision;
 use braid_model::data::{Dataset, Source, Tokenizer};
 use braid_model::trainer::{self, OptimizerKind, TrainOptions};
 use braid_model::{GptConfig, Layout, Params};
@@ -19,7 +20,7 @@ pub struct TrainArgs {
     /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
     #[arg(long, default_value = "tiny")]
     model: String,
-    /// synthetic, a UTF-8 text file, or u16 token shards (.bin file or directory).
+    /// synthetic, random (uniform tokens, for throughput), a UTF-8 text file, or u16 token shards (.bin file or directory).
     #[arg(long, default_value = "synthetic")]
     data: String,
     /// bytes or gpt2 (default: bytes for a 256-token vocabulary, else gpt2).
@@ -73,9 +74,14 @@ pub struct TrainArgs {
     /// Also write every step (loss, eval loss, lr, norm, tokens/s) as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Where to train: cpu, or cuda (one GPU, f32; LOCAL_RANK picks it).
+    /// Where to train: cpu, or cuda (one GPU; LOCAL_RANK picks it).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Arithmetic on the GPU: bf16 (mixed precision: bf16 products and
+    /// activations, f32 master weights; the default on cuda) or f32. The
+    /// CPU engine is f32.
+    #[arg(long)]
+    precision: Option<String>,
     /// Benchmark mode: time forward + backward only (no optimizer step).
     #[arg(long)]
     fwd_bwd_only: bool,
@@ -191,15 +197,26 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     );
     let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
     let cuda = if super::wants_cuda(&a.device)? {
+        let precision = Precision::parse(a.precision.as_deref().unwrap_or("bf16"))?;
         let local = braid_core::world::local_rank_from_env().unwrap_or(0);
         let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
         println!(
-            "training on GPU {} ({}), f32",
+            "training on GPU {} ({}), {}",
             dev.ordinal(),
-            dev.name().unwrap_or_default()
+            dev.name().unwrap_or_default(),
+            precision.name()
         );
-        Some(dev)
+        Some((dev, precision))
     } else {
+        if let Some(p) = a
+            .precision
+            .as_deref()
+            .filter(|p| Precision::parse(p) != Ok(Precision::F32))
+        {
+            return Err(format!(
+                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
+            ));
+        }
         None
     };
     let mut print_step = |r: &braid_model::trainer::StepReport| {
@@ -230,8 +247,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     let reports = match &cuda {
         None => trainer::train(&mut params, &data, &opts, &mut print_step)?,
-        Some(dev) => {
-            braid_model::cuda::trainer::train_gpu(dev, &mut params, &data, &opts, &mut print_step)?
+        Some((dev, precision)) => {
+            braid_cuda::pool::reset_peak();
+            let r = braid_model::cuda::trainer::train_gpu(
+                dev,
+                &mut params,
+                &data,
+                &opts,
+                *precision,
+                &mut print_step,
+            )?;
+            print_gpu_summary(&r, &cfg, &opts, *precision);
+            r
         }
     };
     if let Some(path) = &a.json {
@@ -274,6 +301,45 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         println!("saved {}", path.display());
     }
     Ok(0)
+}
+
+/// Median step time and throughput over the steps after the first five
+/// (warm-up), MFU against the H100/H200 bf16 dense peak (989 TFLOP/s) with
+/// the PaLM-style count (6 · parameters + 12 · layers · width · sequence
+/// FLOPs per token), and the peak of live device buffers.
+fn print_gpu_summary(
+    r: &[braid_model::trainer::StepReport],
+    cfg: &GptConfig,
+    o: &TrainOptions,
+    precision: Precision,
+) {
+    let warm = if r.len() > 5 {
+        5
+    } else {
+        r.len().saturating_sub(1)
+    };
+    let mut times: Vec<f64> = r[warm..]
+        .iter()
+        .map(|x| (o.batch * o.seq) as f64 / x.tokens_per_s)
+        .collect();
+    if times.is_empty() {
+        return;
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let med = times[times.len() / 2];
+    let tok_s = (o.batch * o.seq) as f64 / med;
+    let flops_per_tok =
+        6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * o.seq) as f64;
+    let mfu = tok_s * flops_per_tok / 989e12 * 100.0;
+    println!(
+        "gpu summary: {} | median step {:.1} ms over {} steps (first {warm} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s) | peak device memory {:.2} GiB",
+        precision.name(),
+        med * 1e3,
+        times.len(),
+        tok_s,
+        mfu,
+        braid_cuda::pool::peak_allocated_bytes() as f64 / (1u64 << 30) as f64
+    );
 }
 
 /// Runs `braid generate`.

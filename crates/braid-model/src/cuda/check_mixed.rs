@@ -1,0 +1,476 @@
+//! The mixed-precision kernels against the CPU engine on random inputs.
+//! Inputs are rounded to bf16 on the host first, so the CPU reference sees
+//! exactly what the GPU sees; the bounds then measure the kernel's own
+//! arithmetic and the rounding of its bf16 outputs (about 2⁻⁹ relative).
+
+use super::check::KernelCheck;
+use super::mixed::{AdamSegments, AdamStep, MixedKernels};
+use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
+use crate::cpu;
+use crate::rng::Rng;
+use braid_cuda::blas::{Blas, GemmEx, Mat};
+use braid_cuda::{Device, DeviceBuffer, DevicePool, Result, Stream};
+use half::bf16;
+
+/// Bound for kernels whose outputs are bf16: a few output roundings.
+const BF16_OUT: f64 = 1e-2;
+/// Bound for kernels computing f32 outputs from bf16 inputs.
+const F32_OUT: f64 = 1e-5;
+
+fn randn(r: &mut Rng, n: usize, s: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| bf16::from_f64(r.normal() * s).to_f32())
+        .collect()
+}
+
+fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let scale = cpu
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-30);
+    gpu.iter()
+        .zip(cpu)
+        .map(|(&a, &b)| (a as f64 - b as f64).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+/// ‖gpu − cpu‖ / ‖cpu‖ (for whole-model gradients, where single tiny
+/// entries say little).
+fn norm_err(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let (mut d, mut s) = (0.0f64, 0.0f64);
+    for (&a, &b) in gpu.iter().zip(cpu) {
+        d += (a as f64 - b as f64).powi(2);
+        s += (b as f64).powi(2);
+    }
+    (d / s.max(1e-60)).sqrt()
+}
+
+fn up(d: &Device, v: &[f32]) -> Result<DeviceBuffer<f32>> {
+    DeviceBuffer::from_host(d, v)
+}
+
+fn up_bf(d: &Device, v: &[f32]) -> Result<DeviceBuffer<bf16>> {
+    let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+    DeviceBuffer::from_host(d, &h)
+}
+
+fn down_bf(b: &DeviceBuffer<bf16>) -> Result<Vec<f32>> {
+    Ok(b.to_vec()?.iter().map(|x| x.to_f32()).collect())
+}
+
+fn check(name: &'static str, shape: String, error: f64, bound: f64) -> KernelCheck {
+    KernelCheck {
+        name,
+        shape,
+        error,
+        bound,
+    }
+}
+
+/// Runs every mixed-precision check on `device`.
+pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
+    let mk = MixedKernels::load(device)?;
+    let s = Stream::new(device)?;
+    let mut blas = Blas::new(device)?;
+    let mut r = Rng::new(2027);
+    let mut out = Vec::new();
+    let (n, c) = (300usize, 768usize);
+    let shape = format!("N={n} C={c}");
+
+    // LayerNorm forward (f32 in, bf16 out) and backward.
+    let x = randn(&mut r, n * c, 2.0);
+    let (w, bb) = (randn(&mut r, c, 1.0), randn(&mut r, c, 1.0));
+    let (mut co, mut cm, mut cr) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
+    cpu::norm::layernorm_forward(&mut co, &mut cm, &mut cr, &x, &w, &bb, c);
+    let (gx, gw, gb) = (up(device, &x)?, up(device, &w)?, up(device, &bb)?);
+    let mut go = DeviceBuffer::<bf16>::zeros(device, n * c)?;
+    let (mut gm, mut gr) = (
+        DeviceBuffer::zeros(device, n)?,
+        DeviceBuffer::zeros(device, n)?,
+    );
+    mk.layernorm_forward(&s, &mut go, &mut gm, &mut gr, &gx, &gw, &gb, n, c)?;
+    s.synchronize()?;
+    out.push(check(
+        "layernorm_forward (bf16)",
+        shape.clone(),
+        rel_err(&down_bf(&go)?, &co),
+        BF16_OUT,
+    ));
+    let dout = randn(&mut r, n * c, 1.0);
+    let base = randn(&mut r, n * c, 1.0);
+    let (mut cdi, mut cdw, mut cdb) = (vec![0.0f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
+    cpu::norm::layernorm_backward(&mut cdi, &mut cdw, &mut cdb, &dout, &x, &w, &cm, &cr, c);
+    let cres: Vec<f32> = cdi.iter().zip(&base).map(|(a, b)| a + b).collect();
+    let mut gres = up(device, &base)?;
+    let mut gres_bf = DeviceBuffer::<bf16>::zeros(device, n * c)?;
+    let (mut gdw, mut gdb) = (
+        DeviceBuffer::zeros(device, c)?,
+        DeviceBuffer::zeros(device, c)?,
+    );
+    let mut partial = DeviceBuffer::zeros(device, MixedKernels::partial_len(n, 4 * c, 2))?;
+    let gdout = up_bf(device, &dout)?;
+    mk.layernorm_backward(
+        &s,
+        &mut gres,
+        &mut gres_bf,
+        &mut gdw,
+        &mut gdb,
+        &mut partial,
+        &gdout,
+        &gx,
+        &gw,
+        &gm,
+        &gr,
+        n,
+        c,
+    )?;
+    s.synchronize()?;
+    let e = rel_err(&gres.to_vec()?, &cres)
+        .max(rel_err(&gdw.to_vec()?, &cdw))
+        .max(rel_err(&gdb.to_vec()?, &cdb));
+    out.push(check(
+        "layernorm_backward (bf16 dout)",
+        shape.clone(),
+        e,
+        F32_OUT,
+    ));
+    out.push(check(
+        "layernorm_backward bf16 copy",
+        shape.clone(),
+        rel_err(&down_bf(&gres_bf)?, &cres),
+        BF16_OUT,
+    ));
+
+    // Bias gradients from f32 and bf16 rows.
+    let mut cbias = vec![0.0f32; c];
+    for row in dout.chunks(c) {
+        for (a, b) in cbias.iter_mut().zip(row) {
+            *a += b;
+        }
+    }
+    let gdout32 = up(device, &dout)?;
+    let (mut gb1, mut gb2) = (
+        DeviceBuffer::zeros(device, c)?,
+        DeviceBuffer::zeros(device, c)?,
+    );
+    mk.bias_backward_f32(&s, &mut gb1, &mut partial, &gdout32, n, c)?;
+    mk.bias_backward_bf(&s, &mut gb2, &mut partial, &gdout, n, c)?;
+    s.synchronize()?;
+    out.push(check(
+        "bias_backward (f32, bf16 rows)",
+        shape.clone(),
+        rel_err(&gb1.to_vec()?, &cbias).max(rel_err(&gb2.to_vec()?, &cbias)),
+        F32_OUT,
+    ));
+
+    // Bias + GELU forward, GELU backward.
+    let h = randn(&mut r, n * 4 * c, 2.0);
+    let hb = randn(&mut r, 4 * c, 0.5);
+    let pre: Vec<f32> = h
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| bf16::from_f32(v + hb[i % (4 * c)]).to_f32())
+        .collect();
+    let mut cg = vec![0.0f32; pre.len()];
+    cpu::gelu::gelu_forward(&mut cg, &pre);
+    let mut gpre = up_bf(device, &h)?;
+    let mut gg = DeviceBuffer::<bf16>::zeros(device, h.len())?;
+    mk.bias_gelu(&s, &mut gpre, &mut gg, &up(device, &hb)?, n, 4 * c)?;
+    s.synchronize()?;
+    let e = rel_err(&down_bf(&gpre)?, &pre).max(rel_err(&down_bf(&gg)?, &cg));
+    out.push(check(
+        "bias_gelu (bf16)",
+        format!("{} elements", h.len()),
+        e,
+        BF16_OUT,
+    ));
+    let dh = randn(&mut r, h.len(), 1.0);
+    let mut cdh = vec![0.0f32; h.len()];
+    cpu::gelu::gelu_backward(&mut cdh, &pre, &dh);
+    let mut gdh = up_bf(device, &dh)?;
+    mk.gelu_backward_inplace(&s, &mut gdh, &gpre, h.len())?;
+    s.synchronize()?;
+    out.push(check(
+        "gelu_backward (bf16)",
+        format!("{} elements", h.len()),
+        rel_err(&down_bf(&gdh)?, &cdh),
+        BF16_OUT,
+    ));
+
+    // Mixed products: bf16 inputs, f32 and bf16 results, transposes and a
+    // padded leading dimension.
+    let (m, nn, kk, ld) = (200usize, 333usize, 192usize, 384usize);
+    let (mut e32, mut e16): (f64, f64) = (0.0, 0.0);
+    for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = randn(&mut r, m * kk, 1.0);
+        let bm = randn(&mut r, kk * nn, 1.0);
+        let mut cpu_c = vec![0.0f32; m * nn];
+        cpu::matmul::gemm_rm(&mut cpu_c, &a, a_t, &bm, b_t, m, nn, kk, false);
+        let (ga, gbm) = (up_bf(device, &a)?, up_bf(device, &bm)?);
+        let gc = DeviceBuffer::<f32>::zeros(device, m * ld)?;
+        let gc16 = DeviceBuffer::<bf16>::zeros(device, m * ld)?;
+        let am = |t| {
+            let x = Mat::of(&ga, if t { m } else { kk });
+            if t {
+                x.t()
+            } else {
+                x
+            }
+        };
+        let bmat = |t| {
+            let x = Mat::of(&gbm, if t { kk } else { nn });
+            if t {
+                x.t()
+            } else {
+                x
+            }
+        };
+        for cm in [Mat::of(&gc, ld), Mat::of(&gc16, ld)] {
+            blas.gemm_ex(
+                &s,
+                &GemmEx {
+                    m,
+                    n: nn,
+                    k: kk,
+                    a: am(a_t),
+                    b: bmat(b_t),
+                    c: cm,
+                    alpha: 1.0,
+                    beta: 0.0,
+                    batch: 1,
+                    tf32: false,
+                },
+            )?;
+        }
+        s.synchronize()?;
+        let (g32, g16) = (gc.to_vec()?, down_bf(&gc16)?);
+        let unpad =
+            |v: &[f32]| -> Vec<f32> { v.chunks(ld).flat_map(|row| row[..nn].to_vec()).collect() };
+        e32 = e32.max(rel_err(&unpad(&g32), &cpu_c));
+        e16 = e16.max(rel_err(&unpad(&g16), &cpu_c));
+    }
+    let gshape = format!("{m}x{kk} · {kk}x{nn}, ld {ld}, all transposes");
+    out.push(check(
+        "gemm bf16 -> f32 (cuBLAS)",
+        gshape.clone(),
+        e32,
+        F32_OUT,
+    ));
+    out.push(check("gemm bf16 -> bf16 (cuBLAS)", gshape, e16, BF16_OUT));
+
+    // Softmax + cross-entropy on bf16 logits with a padded row stride.
+    let (rows, v, vld) = (64usize, 1000usize, 1024usize);
+    let logits = randn(&mut r, rows * v, 3.0);
+    let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
+    targets[5] = u32::MAX;
+    let scale = 1.0 / 63.0;
+    let (cl, cgrad) = softmax_ce_ref(&logits, &targets, rows, v, scale);
+    let mut padded = vec![0.0f32; rows * vld];
+    for i in 0..rows {
+        padded[i * vld..i * vld + v].copy_from_slice(&logits[i * v..(i + 1) * v]);
+    }
+    let mut gl = up_bf(device, &padded)?;
+    let mut glo = DeviceBuffer::zeros(device, rows)?;
+    let gt = DeviceBuffer::from_host(
+        device,
+        &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+    )?;
+    mk.softmax_cross_entropy(&s, &mut gl, &mut glo, &gt, rows, v, vld, scale)?;
+    s.synchronize()?;
+    let gg: Vec<f32> = down_bf(&gl)?
+        .chunks(vld)
+        .flat_map(|row| row[..v].to_vec())
+        .collect();
+    out.push(check(
+        "softmax_cross_entropy (bf16)",
+        format!("N={rows} V={v} ld={vld}"),
+        rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)),
+        BF16_OUT,
+    ));
+
+    // Attention forward and backward against the CPU kernel.
+    let sh = cpu::attention::AttnShape {
+        b: 2,
+        t: 64,
+        c: 256,
+        nh: 4,
+    };
+    let qkv = randn(&mut r, sh.b * sh.t * 3 * sh.c, 1.0);
+    let (mut co, mut catt) = (
+        vec![0.0f32; sh.b * sh.t * sh.c],
+        vec![0.0f32; sh.b * sh.nh * sh.t * sh.t],
+    );
+    cpu::attention::attention_forward(&mut co, &mut catt, &qkv, sh);
+    let pool = DevicePool::new(device);
+    let mut prof = super::profile::PhaseTimer::from_env(device);
+    let mut saved = AttnSaved::new(&pool, &s, sh)?;
+    let mut shared = AttnShared::new(&pool, &s, sh)?;
+    let gq = up_bf(device, &qkv)?;
+    let zero_bias = up(device, &vec![0.0f32; 3 * sh.c])?;
+    let mut gy = DeviceBuffer::<bf16>::zeros(device, co.len())?;
+    attention::forward(
+        &mk,
+        &mut blas,
+        &s,
+        &mut gy,
+        &gq,
+        &zero_bias,
+        &mut saved,
+        &mut shared,
+        sh,
+        &mut prof,
+    )?;
+    s.synchronize()?;
+    let ashape = format!("B={} T={} C={} NH={}", sh.b, sh.t, sh.c, sh.nh);
+    out.push(check(
+        "attention_forward (bf16)",
+        ashape.clone(),
+        rel_err(&down_bf(&gy)?, &co),
+        BF16_OUT,
+    ));
+    let dy = randn(&mut r, co.len(), 1.0);
+    let mut cd = vec![0.0f32; qkv.len()];
+    cpu::attention::attention_backward(&mut cd, &dy, &qkv, &catt, sh);
+    let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
+    attention::backward(
+        &mk,
+        &mut blas,
+        &s,
+        &mut gd,
+        &up_bf(device, &dy)?,
+        &saved,
+        &mut shared,
+        sh,
+        &mut prof,
+    )?;
+    s.synchronize()?;
+    out.push(check(
+        "attention_backward (bf16)",
+        ashape,
+        rel_err(&down_bf(&gd)?, &cd),
+        2.0 * BF16_OUT,
+    ));
+
+    // Fused multi-tensor AdamW (with the bf16 copy) against the CPU
+    // optimizer; gradient scaling against pre-scaled gradients.
+    let cfg = crate::config::GptConfig::parse("L1-H2-C64-V100-T16").expect("valid config");
+    let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
+    let mut params = crate::params::Params::init_gpt2(layout.clone(), 3);
+    let p0 = params.clone();
+    let grads: Vec<f32> = (0..layout.len).map(|_| r.normal() as f32).collect();
+    let gscale = 0.5f32;
+    let scaled: Vec<f32> = grads.iter().map(|g| g * gscale).collect();
+    let acfg = crate::optim::AdamWConfig::default();
+    let mut opt = crate::optim::Optimizer::adamw(&layout, acfg);
+    for _ in 0..3 {
+        opt.step(&mut params, &scaled, 1e-3);
+    }
+    let segs = AdamSegments::new(device, &layout, acfg.weight_decay)?;
+    let mut gp = up(device, &p0.data)?;
+    let mut gpb = DeviceBuffer::<bf16>::zeros(device, layout.len)?;
+    let gg = up(device, &grads)?;
+    let (mut gm, mut gv) = (
+        DeviceBuffer::zeros(device, layout.len)?,
+        DeviceBuffer::zeros(device, layout.len)?,
+    );
+    for step in 1..=3 {
+        let h = AdamStep {
+            lr: 1e-3,
+            beta1: acfg.beta1,
+            beta2: acfg.beta2,
+            step,
+            eps: acfg.eps,
+            grad_scale: gscale,
+        };
+        mk.adamw_multi(&s, &mut gp, Some(&mut gpb), &gg, &mut gm, &mut gv, &segs, h)?;
+    }
+    s.synchronize()?;
+    let e = rel_err(&gp.to_vec()?, &params.data);
+    out.push(check(
+        "adamw_multi (one launch, clip scale)",
+        format!("{} parameters, 3 steps", layout.len),
+        e,
+        1e-6,
+    ));
+    out.push(check(
+        "adamw_multi bf16 copy",
+        format!("{} parameters", layout.len),
+        rel_err(&down_bf(&gpb)?, &params.data),
+        BF16_OUT,
+    ));
+
+    // The whole mixed model against the CPU model (f32): loss and every
+    // gradient tensor (norm-relative).
+    let cfg = crate::config::GptConfig::parse("L2-H4-C64-V256-T32").expect("valid config");
+    let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
+    let params = crate::params::Params::init_gpt2(layout.clone(), 11);
+    let (mb, mt) = (2usize, 32usize);
+    let mtok: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
+    let mut mtg: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
+    mtg[3] = u32::MAX;
+    let model = crate::model::Gpt::new(layout.clone());
+    let mut acts = crate::model::Activations::<f32>::new(&layout, mb, mt, false);
+    let mut cg = vec![0.0f32; layout.len];
+    let closs = model
+        .forward_backward(
+            &params.data,
+            &mut cg,
+            &mut acts,
+            &mtok,
+            &mtg,
+            &mut |_, _| {},
+        )
+        .map_err(|e| braid_cuda::CudaError::Invalid(e.to_string()))?;
+    let mut gpu = super::model_mixed::GpuGptMixed::new(device, layout.clone(), mb, mt)?;
+    let gparams = up(device, &params.data)?;
+    let gpb = up_bf(device, &params.data)?;
+    let mut ggr = DeviceBuffer::zeros(device, layout.len)?;
+    let gloss = gpu.forward(&gparams, &gpb, &mtok, &mtg, true)?;
+    gpu.backward(&gparams, &gpb, &mut ggr)?;
+    let ggv = ggr.to_vec()?;
+    let mut e = ((gloss - closs) as f64).abs() / (closs as f64).abs();
+    let mut worst = String::new();
+    for spec in &layout.params {
+        let t = norm_err(&ggv[spec.range()], &cg[spec.range()]);
+        if t > e {
+            e = t;
+            worst = spec.name.clone();
+        }
+    }
+    out.push(check(
+        "model fwd+bwd (bf16 vs CPU f32)",
+        format!("L2-H4-C64-V256-T32, B={mb}; worst {worst}"),
+        e,
+        5e-2,
+    ));
+    Ok(out)
+}
+
+/// Softmax cross-entropy and its scaled gradient in f64 (reference).
+fn softmax_ce_ref(
+    logits: &[f32],
+    targets: &[u32],
+    rows: usize,
+    v: usize,
+    scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut losses = vec![0.0f32; rows];
+    let mut grad = vec![0.0f32; rows * v];
+    for i in 0..rows {
+        let row = &logits[i * v..(i + 1) * v];
+        let t = targets[i];
+        if t as usize >= v {
+            continue;
+        }
+        let mx = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+        let sum: f64 = row.iter().map(|&x| (x as f64 - mx).exp()).sum();
+        losses[i] = (-(row[t as usize] as f64 - mx - sum.ln())) as f32;
+        for j in 0..v {
+            let p = (row[j] as f64 - mx).exp() / sum;
+            let oh = if j == t as usize { 1.0 } else { 0.0 };
+            grad[i * v + j] = ((p - oh) * scale as f64) as f32;
+        }
+    }
+    (losses, grad)
+}

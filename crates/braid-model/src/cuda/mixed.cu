@@ -1,0 +1,416 @@
+// braid's mixed-precision model kernels, compiled at run time by NVRTC:
+// activations in bfloat16, arithmetic and accumulation in f32, parameters
+// read from the f32 master copy, the residual stream kept in f32.
+// bf16 values are handled as their bits (no CUDA headers needed): widening
+// is a shift, narrowing rounds to nearest even. Reductions use a fixed
+// order (per-block partial sums, then a sum over blocks in block order),
+// so runs repeat bit for bit.
+
+typedef unsigned short bf16;
+#define WARP 32
+#define GELU_S 0.7978845608028654f
+
+__device__ __forceinline__ float wide(bf16 x) { return __uint_as_float(((unsigned)x) << 16); }
+__device__ __forceinline__ float wide(float x) { return x; }
+__device__ __forceinline__ bf16 narrow(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float gelu(float x) {
+    return 0.5f * x * (1.f + tanhf(GELU_S * (x + 0.044715f * x * x * x)));
+}
+
+// ---- LayerNorm ------------------------------------------------------------
+// One warp per row: out (bf16) = (x - mean) * rstd * w + b, x in f32.
+extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* x = inp + (long)row * C;
+    float s = 0.f;
+    for (int i = lane; i < C; i += WARP) s += x[i];
+    float m = warp_sum(s) / C;
+    float v = 0.f;
+    for (int i = lane; i < C; i += WARP) { float d = x[i] - m; v += d * d; }
+    float rs = rsqrtf(warp_sum(v) / C + 1e-5f);
+    bf16* o = out + (long)row * C;
+    for (int i = lane; i < C; i += WARP) o[i] = narrow((x[i] - m) * rs * w[i] + b[i]);
+    if (lane == 0) { mean[row] = m; rstd[row] = rs; }
+}
+
+// LayerNorm backward, one warp per row: dres += dx (f32) and dres_bf gets
+// the updated value in bf16. The parameter gradients come from
+// `ln_param_partial_bf` + `sum_partials`.
+extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16* dout,
+                                          const float* inp, const float* w, const float* mean,
+                                          const float* rstd, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* x = inp + (long)row * C;
+    const bf16* dy = dout + (long)row * C;
+    float m = mean[row], rs = rstd[row];
+    float a = 0.f, b = 0.f;
+    for (int i = lane; i < C; i += WARP) {
+        float dn = w[i] * wide(dy[i]);
+        a += dn;
+        b += dn * (x[i] - m) * rs;
+    }
+    a = warp_sum(a) / C;
+    b = warp_sum(b) / C;
+    float* d = dres + (long)row * C;
+    bf16* dbf = dres_bf + (long)row * C;
+    for (int i = lane; i < C; i += WARP) {
+        float norm = (x[i] - m) * rs;
+        float v = d[i] + (w[i] * wide(dy[i]) - a - norm * b) * rs;
+        d[i] = v;
+        dbf[i] = narrow(v);
+    }
+}
+
+// Column partial sums over the row chunk blockIdx.y (rpb rows): a block of
+// 32 columns x 8 row lanes, each lane summing every 8th row in order, then
+// the 8 lanes in order. LayerNorm: partial[chunk] = (sum norm*dy | sum dy).
+extern "C" __global__ void ln_param_partial_bf(float* partial, const bf16* dout, const float* inp,
+                                               const float* mean, const float* rstd, int N, int C,
+                                               int rpb) {
+    __shared__ float sw[8][33], sb[8][33];
+    int col = blockIdx.x * 32 + threadIdx.x;
+    int start = blockIdx.y * rpb, end = min(start + rpb, N);
+    float aw = 0.f, ab = 0.f;
+    if (col < C) {
+        for (int r = start + threadIdx.y; r < end; r += 8) {
+            float g = wide(dout[(long)r * C + col]);
+            aw += (inp[(long)r * C + col] - mean[r]) * rstd[r] * g;
+            ab += g;
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < C) {
+        float tw = 0.f, tb = 0.f;
+        for (int k = 0; k < 8; k++) { tw += sw[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
+        partial[(long)blockIdx.y * 2 * C + col] = tw;
+        partial[(long)blockIdx.y * 2 * C + C + col] = tb;
+    }
+}
+
+// Bias: partial[chunk] = column sums of dout over the chunk (as above).
+template <typename T>
+__device__ void bias_partial(float* partial, const T* dout, int N, int C, int rpb) {
+    __shared__ float sh[8][33];
+    int col = blockIdx.x * 32 + threadIdx.x;
+    int start = blockIdx.y * rpb, end = min(start + rpb, N);
+    float a = 0.f;
+    if (col < C)
+        for (int r = start + threadIdx.y; r < end; r += 8) a += wide(dout[(long)r * C + col]);
+    sh[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < C) {
+        float t = 0.f;
+        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+        partial[(long)blockIdx.y * C + col] = t;
+    }
+}
+extern "C" __global__ void bias_partial_f32(float* partial, const float* dout, int N, int C, int rpb) {
+    bias_partial(partial, dout, N, C, rpb);
+}
+extern "C" __global__ void bias_partial_bf(float* partial, const bf16* dout, int N, int C, int rpb) {
+    bias_partial(partial, dout, N, C, rpb);
+}
+
+// Sums `blocks` partial rows of `parts * C` columns in block order:
+// columns [0, C) go to d0, [C, 2C) to d1 (when parts == 2).
+extern "C" __global__ void sum_partials(float* d0, float* d1, const float* partial, int blocks,
+                                        int C, int parts) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int K = C * parts;
+    if (i >= K) return;
+    float s = 0.f;
+    for (int b = 0; b < blocks; b++) s += partial[(long)b * K + i];
+    if (i < C) d0[i] += s; else d1[i - C] += s;
+}
+
+// ---- elementwise ------------------------------------------------------------
+// Element counts here stay below 2^31 (checked by the launchers), so
+// indices are 32-bit: 64-bit division is slow on the GPU.
+
+// out (f32) = x + bias (broadcast over rows): the residual a projection adds to.
+extern "C" __global__ void residual_bias(float* out, const float* x, const float* bias, int total, int C) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = x[i] + bias[i % C];
+}
+
+// Two bf16 values as one 32-bit word.
+__device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ unsigned pack(float a, float b) {
+    return (unsigned)narrow(a) | ((unsigned)narrow(b) << 16);
+}
+
+// pre += bias (rounded to bf16, kept for the backward pass); out = gelu(pre).
+// Two elements per thread (C even).
+extern "C" __global__ void bias_gelu_bf(unsigned* pre, unsigned* out, const float* bias, int total, int C) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (2 * i >= total) return;
+    int c = (2 * i) % C;
+    unsigned v = pre[i];
+    unsigned p = pack(lo(v) + bias[c], hi(v) + bias[c + 1]);
+    pre[i] = p;
+    out[i] = pack(gelu(lo(p)), gelu(hi(p)));
+}
+
+extern "C" __global__ void gelu_forward_bf(unsigned* out, const unsigned* pre, int total) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (2 * i >= total) return;
+    unsigned v = pre[i];
+    out[i] = pack(gelu(lo(v)), gelu(hi(v)));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+    float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
+    float sech2 = 1.f - th * th;
+    return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_S * (1.f + 3.f * 0.044715f * x * x);
+}
+
+// dinp = gelu'(pre) * dout (dinp may be dout), two elements per thread.
+extern "C" __global__ void gelu_backward_bf(unsigned* dinp, const unsigned* pre, const unsigned* dout, int total) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (2 * i >= total) return;
+    unsigned x = pre[i], d = dout[i];
+    dinp[i] = pack(gelu_grad(lo(x)) * lo(d), gelu_grad(hi(x)) * hi(d));
+}
+
+// f32 -> bf16 copy.
+extern "C" __global__ void to_bf16(bf16* out, const float* x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = narrow(x[i]);
+}
+
+// ---- attention ----------------------------------------------------------------
+// Eight bf16 values as one 16-byte word.
+struct __align__(16) bf8 { unsigned w[4]; };
+__device__ __forceinline__ void unpack8(const bf8& v, float* f) {
+    for (int k = 0; k < 4; k++) { f[2 * k] = lo(v.w[k]); f[2 * k + 1] = hi(v.w[k]); }
+}
+__device__ __forceinline__ bf8 pack8(const float* f) {
+    bf8 v;
+    for (int k = 0; k < 4; k++) v.w[k] = pack(f[2 * k], f[2 * k + 1]);
+    return v;
+}
+
+// The permutes move groups of 8 consecutive head elements (HS % 8 == 0):
+// thread i handles elements [8i, 8i + 8) of the [B, NH, T, HS] side.
+__device__ __forceinline__ void head_index(int i8, int T, int NH, int HS, int& b, int& h, int& t, int& d) {
+    int per = HS / 8;
+    d = (i8 % per) * 8; int r = i8 / per;
+    t = r % T; r /= T;
+    h = r % NH; b = r / NH;
+}
+
+// qkv [B, T, 3, NH, HS] (+ bias [3C]) -> q, k, v each [B, NH, T, HS]
+extern "C" __global__ void permute_qkv_bf(bf8* q, bf8* k, bf8* v, const bf16* qkv,
+                                          const float* bias, int B, int T, int NH, int HS) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * NH * T * HS / 8) return;
+    int b, h, t, d;
+    head_index(i, T, NH, HS, b, h, t, d);
+    int C = NH * HS, c = h * HS + d;
+    const bf8* src = (const bf8*)(qkv + ((long)b * T + t) * 3 * C + c);
+    bf8* dst[3] = {q, k, v};
+    for (int part = 0; part < 3; part++) {
+        float f[8];
+        unpack8(src[part * C / 8], f);
+        for (int e = 0; e < 8; e++) f[e] += bias[part * C + c + e];
+        dst[part][i] = pack8(f);
+    }
+}
+
+// y [B, NH, T, HS] -> out [B, T, NH*HS]
+extern "C" __global__ void unpermute_bf(bf16* out, const bf8* y, int B, int T, int NH, int HS) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * NH * T * HS / 8) return;
+    int b, h, t, d;
+    head_index(i, T, NH, HS, b, h, t, d);
+    *(bf8*)(out + ((long)b * T + t) * NH * HS + h * HS + d) = y[i];
+}
+
+// dout [B, T, NH*HS] -> dy [B, NH, T, HS]
+extern "C" __global__ void permute_grad_bf(bf8* dy, const bf16* dout, int B, int T, int NH, int HS) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * NH * T * HS / 8) return;
+    int b, h, t, d;
+    head_index(i, T, NH, HS, b, h, t, d);
+    dy[i] = *(const bf8*)(dout + ((long)b * T + t) * NH * HS + h * HS + d);
+}
+
+// dqkv [B, T, 3C] = (dq, dk, dv) each [B, NH, T, HS]
+extern "C" __global__ void unpermute_qkv_grad_bf(bf16* dqkv, const bf8* dq, const bf8* dk,
+                                                 const bf8* dv, int B, int T, int NH, int HS) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * NH * T * HS / 8) return;
+    int b, h, t, d;
+    head_index(i, T, NH, HS, b, h, t, d);
+    int C = NH * HS;
+    bf8* dst = (bf8*)(dqkv + ((long)b * T + t) * 3 * C + h * HS + d);
+    dst[0] = dq[i];
+    dst[C / 8] = dk[i];
+    dst[2 * C / 8] = dv[i];
+}
+
+// att[row, :] = softmax(scale * preatt[row, :t+1]) in bf16, zeros after;
+// one warp per row of T (row % T is the query position; T % 8 == 0), each
+// lane taking 8 consecutive columns at a time, one pass for the running
+// max and sum.
+extern "C" __global__ void softmax_causal_forward_bf(bf16* att, const bf16* preatt, int rows, int T,
+                                                     float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const bf8* x = (const bf8*)(preatt + (long)row * T);
+    bf8* y = (bf8*)(att + (long)row * T);
+    float mx = -3.0e38f, s = 0.f;
+    for (int j8 = lane; j8 * 8 <= t; j8 += WARP) {
+        float f[8];
+        unpack8(x[j8], f);
+        for (int e = 0; e < 8 && j8 * 8 + e <= t; e++) {
+            float z = f[e] * scale;
+            if (z > mx) { s *= __expf(mx - z); mx = z; }
+            s += __expf(z - mx);
+        }
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float m2 = __shfl_xor_sync(0xffffffff, mx, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
+        float m = fmaxf(mx, m2);
+        s = s * __expf(mx - m) + s2 * __expf(m2 - m);
+        mx = m;
+    }
+    float inv = 1.f / s;
+    for (int j8 = lane; j8 * 8 < T; j8 += WARP) {
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (j8 * 8 <= t) {
+            unpack8(x[j8], f);
+            for (int e = 0; e < 8; e++) f[e] = j8 * 8 + e <= t ? __expf(f[e] * scale - mx) * inv : 0.f;
+        }
+        y[j8] = pack8(f);
+    }
+}
+
+// dpreatt[row, j] = scale * att[j] * (datt[j] - sum_k att[k] datt[k]) for
+// j <= t (bf16), zeros after; laid out as the forward kernel.
+extern "C" __global__ void softmax_causal_backward_bf(bf16* dpreatt, const bf16* datt, const bf16* att,
+                                                      int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const bf8* a = (const bf8*)(att + (long)row * T);
+    const bf8* da = (const bf8*)(datt + (long)row * T);
+    float dot = 0.f;
+    for (int j8 = lane; j8 * 8 <= t; j8 += WARP) {
+        float fa[8], fd[8];
+        unpack8(a[j8], fa);
+        unpack8(da[j8], fd);
+        for (int e = 0; e < 8; e++) dot += j8 * 8 + e <= t ? fa[e] * fd[e] : 0.f;
+    }
+    dot = warp_sum(dot);
+    bf8* d = (bf8*)(dpreatt + (long)row * T);
+    for (int j8 = lane; j8 * 8 < T; j8 += WARP) {
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (j8 * 8 <= t) {
+            float fa[8], fd[8];
+            unpack8(a[j8], fa);
+            unpack8(da[j8], fd);
+            for (int e = 0; e < 8; e++) f[e] = j8 * 8 + e <= t ? scale * fa[e] * (fd[e] - dot) : 0.f;
+        }
+        d[j8] = pack8(f);
+    }
+}
+
+// ---- classifier -----------------------------------------------------------------
+// In place, one warp per row of V logits (row stride ld, a multiple of 8;
+// lanes take 8 consecutive columns at a time): loss[row] = -log
+// softmax[target], the row becomes scale * (softmax - onehot) in bf16
+// when scale != 0 (target >= V: no loss, zero gradient); the padding
+// columns [V, ld) get a zero gradient. One pass for the running max and
+// sum, one for the gradient.
+extern "C" __global__ void softmax_cross_entropy_bf(bf16* logits, float* losses,
+                                                    const unsigned* targets, int N, int V, int ld,
+                                                    float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    bf16* l = logits + (long)row * ld;
+    bf8* l8 = (bf8*)l;
+    float mx = -3.0e38f, s = 0.f;
+    for (int j8 = lane; j8 * 8 < V; j8 += WARP) {
+        float f[8];
+        unpack8(l8[j8], f);
+        for (int e = 0; e < 8 && j8 * 8 + e < V; e++) {
+            float z = f[e];
+            if (z > mx) { s *= __expf(mx - z); mx = z; }
+            s += __expf(z - mx);
+        }
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float m2 = __shfl_xor_sync(0xffffffff, mx, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
+        float m = fmaxf(mx, m2);
+        s = s * __expf(mx - m) + s2 * __expf(m2 - m);
+        mx = m;
+    }
+    unsigned t = targets[row];
+    if (lane == 0) losses[row] = t < (unsigned)V ? -(wide(l[t]) - mx - logf(s)) : 0.f;
+    __syncwarp();
+    if (scale != 0.f) {
+        float inv = 1.f / s;
+        for (int j8 = lane; j8 * 8 < ld; j8 += WARP) {
+            float f[8];
+            unpack8(l8[j8], f);
+            for (int e = 0; e < 8; e++) {
+                int i = j8 * 8 + e;
+                float g = t < (unsigned)V && i < V ? __expf(f[e] - mx) * inv * scale : 0.f;
+                if ((unsigned)i == t) g -= scale;
+                f[e] = g;
+            }
+            l8[j8] = pack8(f);
+        }
+    }
+}
+
+// ---- optimizer ----------------------------------------------------------------------
+// AdamW over the whole flat parameter buffer in one launch: segment k
+// covers [seg_end[k-1], seg_end[k]) with decay seg_wd[k]; the gradient is
+// multiplied by gscale (clipping); pb (if not null) gets the bf16 copy.
+extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float* m, float* v, long n,
+                                       const long* seg_end, const float* seg_wd, int nseg, float lr,
+                                       float beta1, float beta2, float bc1, float bc2, float eps,
+                                       float gscale) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int lo = 0, hi = nseg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (seg_end[mid] > i) hi = mid; else lo = mid + 1;
+    }
+    float wd = seg_wd[lo];
+    float gi = g[i] * gscale;
+    float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float pi = p[i];
+    pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
+    p[i] = pi;
+    if (pb) pb[i] = narrow(pi);
+}

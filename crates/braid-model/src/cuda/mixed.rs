@@ -1,0 +1,573 @@
+//! Launchers for the mixed-precision kernels (`mixed.cu`): bf16
+//! activations, f32 arithmetic, f32 master parameters and gradients. Each
+//! launcher checks its buffers' lengths against the shape it is given, so
+//! a wrong size is an error rather than an out-of-bounds kernel.
+
+use super::SOURCES;
+use braid_cuda::nvrtc::{Function, Module};
+use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
+use half::bf16;
+use std::ffi::c_void;
+
+const BLOCK: u32 = 256;
+const WARPS: usize = (BLOCK / 32) as usize;
+
+/// Rows per chunk of the deterministic column reductions (LayerNorm and
+/// bias gradients): partial sums per chunk, then a sum over chunks.
+pub const ROWS_PER_BLOCK: usize = 512;
+
+/// The largest element count the 32-bit-indexed kernels take.
+const MAX_I32: usize = i32::MAX as usize;
+
+fn fits_i32(what: &str, n: usize) -> Result<()> {
+    if n > MAX_I32 {
+        return Err(CudaError::Invalid(format!(
+            "{what}: {n} elements exceed the kernels' 32-bit indexing (use a smaller batch)"
+        )));
+    }
+    Ok(())
+}
+
+/// A kernel argument.
+pub(crate) enum A {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+fn ptrs(args: &mut [A]) -> Vec<*mut c_void> {
+    args.iter_mut()
+        .map(|a| match a {
+            A::P(x) => x as *mut u64 as *mut c_void,
+            A::I(x) => x as *mut i32 as *mut c_void,
+            A::L(x) => x as *mut i64 as *mut c_void,
+            A::F(x) => x as *mut f32 as *mut c_void,
+        })
+        .collect()
+}
+
+fn need(what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        return Err(CudaError::Invalid(format!(
+            "{what}: buffer of {have} elements, the shape needs {want}"
+        )));
+    }
+    Ok(())
+}
+
+fn even(what: &str, n: usize) -> Result<()> {
+    if n % 2 != 0 {
+        return Err(CudaError::Invalid(format!(
+            "{what}: {n} is odd; the kernel takes pairs of bf16 values"
+        )));
+    }
+    Ok(())
+}
+
+fn blocks(n: usize, per: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per).max(1) as u32, 1, 1)
+}
+
+/// The loaded mixed-precision kernels of one device.
+pub struct MixedKernels {
+    _module: Module,
+    ln_forward: Function,
+    ln_backward: Function,
+    ln_param_partial: Function,
+    bias_partial_f32: Function,
+    bias_partial_bf: Function,
+    sum_partials: Function,
+    residual_bias: Function,
+    bias_gelu: Function,
+    gelu_forward: Function,
+    gelu_backward: Function,
+    to_bf16: Function,
+    pub(crate) permute_qkv: Function,
+    pub(crate) unpermute: Function,
+    pub(crate) permute_grad: Function,
+    pub(crate) unpermute_qkv_grad: Function,
+    pub(crate) softmax_forward: Function,
+    pub(crate) softmax_backward: Function,
+    softmax_cross_entropy: Function,
+    adamw_multi: Function,
+}
+
+impl MixedKernels {
+    /// Compiles (through the cache) and loads the kernels on `device`.
+    pub fn load(device: &Device) -> Result<MixedKernels> {
+        let module = Module::compile(device, SOURCES[1].0, SOURCES[1].1)?;
+        let f = |n: &str| module.function(n);
+        Ok(MixedKernels {
+            ln_forward: f("ln_forward_bf")?,
+            ln_backward: f("ln_backward_bf")?,
+            ln_param_partial: f("ln_param_partial_bf")?,
+            bias_partial_f32: f("bias_partial_f32")?,
+            bias_partial_bf: f("bias_partial_bf")?,
+            sum_partials: f("sum_partials")?,
+            residual_bias: f("residual_bias")?,
+            bias_gelu: f("bias_gelu_bf")?,
+            gelu_forward: f("gelu_forward_bf")?,
+            gelu_backward: f("gelu_backward_bf")?,
+            to_bf16: f("to_bf16")?,
+            permute_qkv: f("permute_qkv_bf")?,
+            unpermute: f("unpermute_bf")?,
+            permute_grad: f("permute_grad_bf")?,
+            unpermute_qkv_grad: f("unpermute_qkv_grad_bf")?,
+            softmax_forward: f("softmax_causal_forward_bf")?,
+            softmax_backward: f("softmax_causal_backward_bf")?,
+            softmax_cross_entropy: f("softmax_cross_entropy_bf")?,
+            adamw_multi: f("adamw_multi")?,
+            _module: module,
+        })
+    }
+
+    fn go(
+        f: &Function,
+        s: &Stream,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        mut args: Vec<A>,
+    ) -> Result<()> {
+        let mut p = ptrs(&mut args);
+        // SAFETY: every launcher passes the kernel's parameters in order,
+        // with buffers checked against the shape; cuLaunchKernel copies
+        // the argument values before returning.
+        unsafe { f.launch(grid, block, 0, s, &mut p) }
+    }
+
+    /// A column reduction's grid: 32-column tiles × row chunks, blocks of
+    /// 32 × 8 threads.
+    fn column_grid(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
+        (
+            (
+                c.div_ceil(32) as u32,
+                n.div_ceil(ROWS_PER_BLOCK).max(1) as u32,
+                1,
+            ),
+            (32, 8, 1),
+        )
+    }
+
+    pub(crate) fn elementwise(
+        &self,
+        f: &Function,
+        s: &Stream,
+        total: usize,
+        args: Vec<A>,
+    ) -> Result<()> {
+        fits_i32("elementwise kernel", total)?;
+        Self::go(f, s, blocks(total, BLOCK as usize), (BLOCK, 1, 1), args)
+    }
+
+    pub(crate) fn rows(&self, f: &Function, s: &Stream, rows: usize, args: Vec<A>) -> Result<()> {
+        Self::go(f, s, blocks(rows, WARPS), (BLOCK, 1, 1), args)
+    }
+
+    /// `out` (bf16) = LayerNorm of the f32 rows of `inp`; mean and rstd kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<bf16>,
+        mean: &mut impl DeviceMem<f32>,
+        rstd: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("layernorm out", out.dlen(), n * c)?;
+        need("layernorm inp", inp.dlen(), n * c)?;
+        need("layernorm stats", mean.dlen().min(rstd.dlen()), n)?;
+        need("layernorm params", w.dlen().min(b.dlen()), c)?;
+        let args = vec![
+            A::P(out.dptr()),
+            A::P(mean.dptr()),
+            A::P(rstd.dptr()),
+            A::P(inp.dptr()),
+            A::P(w.dptr()),
+            A::P(b.dptr()),
+            A::I(n as i32),
+            A::I(c as i32),
+        ];
+        self.rows(&self.ln_forward, s, n, args)
+    }
+
+    /// Elements of the partial-sum scratch the column reductions of `n`
+    /// rows of `c` need (LayerNorm: `parts` = 2, bias: 1).
+    pub fn partial_len(n: usize, c: usize, parts: usize) -> usize {
+        n.div_ceil(ROWS_PER_BLOCK).max(1) * c * parts
+    }
+
+    /// LayerNorm backward: `dres += dx` (f32), `dres_bf` = bf16 copy of the
+    /// result, and `dw`/`db` += the parameter gradients (fixed order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward(
+        &self,
+        s: &Stream,
+        dres: &mut impl DeviceMem<f32>,
+        dres_bf: &mut impl DeviceMem<bf16>,
+        dw: &mut impl DeviceMem<f32>,
+        db: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<bf16>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        mean: &impl DeviceMem<f32>,
+        rstd: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("layernorm dres", dres.dlen().min(dres_bf.dlen()), n * c)?;
+        need("layernorm dout", dout.dlen().min(inp.dlen()), n * c)?;
+        need(
+            "layernorm param grads",
+            dw.dlen().min(db.dlen()).min(w.dlen()),
+            c,
+        )?;
+        need("layernorm stats", mean.dlen().min(rstd.dlen()), n)?;
+        need(
+            "layernorm partials",
+            partial.dlen(),
+            Self::partial_len(n, c, 2),
+        )?;
+        let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
+        let args = vec![
+            A::P(dres.dptr()),
+            A::P(dres_bf.dptr()),
+            A::P(dout.dptr()),
+            A::P(inp.dptr()),
+            A::P(w.dptr()),
+            A::P(mean.dptr()),
+            A::P(rstd.dptr()),
+            A::I(n as i32),
+            A::I(c as i32),
+        ];
+        self.rows(&self.ln_backward, s, n, args)?;
+        let args = vec![
+            A::P(partial.dptr()),
+            A::P(dout.dptr()),
+            A::P(inp.dptr()),
+            A::P(mean.dptr()),
+            A::P(rstd.dptr()),
+            A::I(n as i32),
+            A::I(c as i32),
+            A::I(ROWS_PER_BLOCK as i32),
+        ];
+        let (grid, block) = Self::column_grid(n, c);
+        Self::go(&self.ln_param_partial, s, grid, block, args)?;
+        self.sum_partials(s, dw, Some(db), partial, nblocks, c)
+    }
+
+    fn sum_partials(
+        &self,
+        s: &Stream,
+        d0: &mut impl DeviceMem<f32>,
+        d1: Option<&mut dyn DeviceMem<f32>>,
+        partial: &impl DeviceMem<f32>,
+        nblocks: usize,
+        c: usize,
+    ) -> Result<()> {
+        let parts = if d1.is_some() { 2 } else { 1 };
+        let d1p = d1.map(|d| d.dptr()).unwrap_or(0);
+        let args = vec![
+            A::P(d0.dptr()),
+            A::P(d1p),
+            A::P(partial.dptr()),
+            A::I(nblocks as i32),
+            A::I(c as i32),
+            A::I(parts),
+        ];
+        self.elementwise(&self.sum_partials, s, c * parts as usize, args)
+    }
+
+    /// `dbias += column sums of dout` (f32 rows), in a fixed order.
+    pub fn bias_backward_f32(
+        &self,
+        s: &Stream,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("bias grad", dbias.dlen(), c)?;
+        need("bias dout", dout.dlen(), n * c)?;
+        self.bias_backward(s, &self.bias_partial_f32, dbias, partial, dout.dptr(), n, c)
+    }
+
+    /// `dbias += column sums of dout` (bf16 rows), in a fixed order.
+    pub fn bias_backward_bf(
+        &self,
+        s: &Stream,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<bf16>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("bias grad", dbias.dlen(), c)?;
+        need("bias dout", dout.dlen(), n * c)?;
+        self.bias_backward(s, &self.bias_partial_bf, dbias, partial, dout.dptr(), n, c)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bias_backward(
+        &self,
+        s: &Stream,
+        f: &Function,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        dout: u64,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("bias partials", partial.dlen(), Self::partial_len(n, c, 1))?;
+        let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
+        let args = vec![
+            A::P(partial.dptr()),
+            A::P(dout),
+            A::I(n as i32),
+            A::I(c as i32),
+            A::I(ROWS_PER_BLOCK as i32),
+        ];
+        let (grid, block) = Self::column_grid(n, c);
+        Self::go(f, s, grid, block, args)?;
+        self.sum_partials(s, dbias, None, partial, nblocks, c)
+    }
+
+    /// `out = x + bias` over rows of `c` (f32).
+    pub fn residual_bias(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        x: &impl DeviceMem<f32>,
+        bias: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("residual", out.dlen().min(x.dlen()), n * c)?;
+        need("residual bias", bias.dlen(), c)?;
+        let args = vec![
+            A::P(out.dptr()),
+            A::P(x.dptr()),
+            A::P(bias.dptr()),
+            A::I((n * c).min(MAX_I32) as i32),
+            A::I(c as i32),
+        ];
+        self.elementwise(&self.residual_bias, s, n * c, args)
+    }
+
+    /// `pre += bias` (bf16, in place) and `out = gelu(pre)`.
+    pub fn bias_gelu(
+        &self,
+        s: &Stream,
+        pre: &mut impl DeviceMem<bf16>,
+        out: &mut impl DeviceMem<bf16>,
+        bias: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("bias_gelu", pre.dlen().min(out.dlen()), n * c)?;
+        need("bias_gelu bias", bias.dlen(), c)?;
+        let args = vec![
+            A::P(pre.dptr()),
+            A::P(out.dptr()),
+            A::P(bias.dptr()),
+            A::I((n * c).min(MAX_I32) as i32),
+            A::I(c as i32),
+        ];
+        even("bias_gelu", c)?;
+        fits_i32("bias_gelu", n * c)?;
+        self.elementwise(&self.bias_gelu, s, n * c / 2, args)
+    }
+
+    /// `out = gelu(pre)` (bf16).
+    pub fn gelu_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<bf16>,
+        pre: &impl DeviceMem<bf16>,
+        n: usize,
+    ) -> Result<()> {
+        need("gelu", out.dlen().min(pre.dlen()), n)?;
+        even("gelu", n)?;
+        fits_i32("gelu", n)?;
+        let args = vec![A::P(out.dptr()), A::P(pre.dptr()), A::I(n as i32)];
+        self.elementwise(&self.gelu_forward, s, n / 2, args)
+    }
+
+    /// `dx = gelu'(pre) * dx`, in place (bf16).
+    pub fn gelu_backward_inplace(
+        &self,
+        s: &Stream,
+        dx: &mut impl DeviceMem<bf16>,
+        pre: &impl DeviceMem<bf16>,
+        n: usize,
+    ) -> Result<()> {
+        need("gelu backward", dx.dlen().min(pre.dlen()), n)?;
+        let args = vec![
+            A::P(dx.dptr()),
+            A::P(pre.dptr()),
+            A::P(dx.dptr()),
+            A::I(n.min(MAX_I32) as i32),
+        ];
+        even("gelu backward", n)?;
+        fits_i32("gelu backward", n)?;
+        self.elementwise(&self.gelu_backward, s, n / 2, args)
+    }
+
+    /// `out = bf16(x)`.
+    pub fn to_bf16(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<bf16>,
+        x: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        need("to_bf16", out.dlen(), x.dlen())?;
+        let n = x.dlen();
+        let args = vec![A::P(out.dptr()), A::P(x.dptr()), A::L(n as i64)];
+        self.elementwise(&self.to_bf16, s, n, args)
+    }
+
+    /// Loss per row of `logits` (`n` rows of `v`, row stride `ld`, bf16);
+    /// with `scale != 0` the logits become `scale * (softmax - onehot)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn softmax_cross_entropy(
+        &self,
+        s: &Stream,
+        logits: &mut impl DeviceMem<bf16>,
+        losses: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        v: usize,
+        ld: usize,
+        scale: f32,
+    ) -> Result<()> {
+        need("logits", logits.dlen(), n * ld)?;
+        need("losses", losses.dlen().min(targets.dlen()), n)?;
+        if ld < v {
+            return Err(CudaError::Invalid(format!(
+                "logits row stride {ld} < vocabulary {v}"
+            )));
+        }
+        let args = vec![
+            A::P(logits.dptr()),
+            A::P(losses.dptr()),
+            A::P(targets.dptr()),
+            A::I(n as i32),
+            A::I(v as i32),
+            A::I(ld as i32),
+            A::F(scale),
+        ];
+        self.rows(&self.softmax_cross_entropy, s, n, args)
+    }
+
+    /// One AdamW step over the whole flat buffer (see [`AdamSegments`]);
+    /// the gradient is scaled by `gscale` first; `pb` gets the bf16 copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw_multi(
+        &self,
+        s: &Stream,
+        p: &mut impl DeviceMem<f32>,
+        pb: Option<&mut dyn DeviceMem<bf16>>,
+        g: &impl DeviceMem<f32>,
+        m: &mut impl DeviceMem<f32>,
+        v: &mut impl DeviceMem<f32>,
+        segs: &AdamSegments,
+        h: AdamStep,
+    ) -> Result<()> {
+        let n = p.dlen();
+        need("adamw g/m/v", g.dlen().min(m.dlen()).min(v.dlen()), n)?;
+        if segs.total != n {
+            return Err(CudaError::Invalid(format!(
+                "adamw: segments cover {} elements, parameters {n}",
+                segs.total
+            )));
+        }
+        let pbp = match pb {
+            Some(b) => {
+                need("adamw bf16 copy", b.dlen(), n)?;
+                b.dptr()
+            }
+            None => 0,
+        };
+        let args = vec![
+            A::P(p.dptr()),
+            A::P(pbp),
+            A::P(g.dptr()),
+            A::P(m.dptr()),
+            A::P(v.dptr()),
+            A::L(n as i64),
+            A::P(segs.ends.dptr()),
+            A::P(segs.decay.dptr()),
+            A::I(segs.ends.dlen() as i32),
+            A::F(h.lr),
+            A::F(h.beta1),
+            A::F(h.beta2),
+            A::F(1.0 - h.beta1.powi(h.step)),
+            A::F(1.0 - h.beta2.powi(h.step)),
+            A::F(h.eps),
+            A::F(h.grad_scale),
+        ];
+        self.elementwise(&self.adamw_multi, s, n, args)
+    }
+}
+
+/// The hyperparameters of one AdamW step.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Step number, from 1.
+    pub step: i32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Gradient multiplier (clipping; 1 otherwise).
+    pub grad_scale: f32,
+}
+
+/// The flat parameter buffer's tensors as (end, weight decay) segments, on
+/// the device, for [`MixedKernels::adamw_multi`].
+pub struct AdamSegments {
+    ends: braid_cuda::DeviceBuffer<i64>,
+    decay: braid_cuda::DeviceBuffer<f32>,
+    total: usize,
+}
+
+impl AdamSegments {
+    /// Segments of `layout`, decay `weight_decay` where the tensor's kind
+    /// decays (matrices, embeddings) and none elsewhere.
+    pub fn new(device: &Device, layout: &crate::layout::Layout, weight_decay: f32) -> Result<Self> {
+        let mut ends = Vec::new();
+        let mut decay = Vec::new();
+        let mut at = 0usize;
+        for spec in &layout.params {
+            let r = spec.range();
+            if r.start != at {
+                return Err(CudaError::Invalid(format!(
+                    "parameter {} starts at {} but the previous one ended at {at}",
+                    spec.name, r.start
+                )));
+            }
+            at = r.end;
+            ends.push(r.end as i64);
+            decay.push(if spec.kind.decays() {
+                weight_decay
+            } else {
+                0.0
+            });
+        }
+        Ok(AdamSegments {
+            ends: braid_cuda::DeviceBuffer::from_host(device, &ends)?,
+            decay: braid_cuda::DeviceBuffer::from_host(device, &decay)?,
+            total: at,
+        })
+    }
+}

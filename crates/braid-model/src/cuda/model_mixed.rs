@@ -1,0 +1,747 @@
+//! The GPT model on one GPU in mixed precision: bf16 matrix products
+//! (cuBLAS, f32 accumulation) and bf16 activations, with the residual
+//! stream, LayerNorm statistics, the loss and every gradient in f32.
+//! Parameters come twice: the f32 master copy (LayerNorms, biases,
+//! embeddings) and its bf16 copy (the matrices of the products), which the
+//! optimizer refreshes. Every buffer comes from one [`DevicePool`] at
+//! construction, so a step allocates nothing.
+
+use super::mixed::MixedKernels;
+use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
+use super::model::LayerRanges;
+use super::profile::PhaseTimer;
+use super::{token_buckets, Kernels};
+use crate::cpu::attention::AttnShape;
+use crate::layout::Layout;
+use braid_cuda::blas::{Blas, GemmEx, Mat};
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DevicePool, Result, Stream};
+use half::bf16;
+use std::ops::Range;
+use std::sync::Arc;
+
+struct LayerSaved {
+    ln1: DeviceBuffer<bf16>,
+    ln1_mean: DeviceBuffer<f32>,
+    ln1_rstd: DeviceBuffer<f32>,
+    attn: AttnSaved,
+    atty: DeviceBuffer<bf16>,
+    resid2: DeviceBuffer<f32>,
+    ln2: DeviceBuffer<bf16>,
+    ln2_mean: DeviceBuffer<f32>,
+    ln2_rstd: DeviceBuffer<f32>,
+    /// The MLP's pre-activation (bias included).
+    fch: DeviceBuffer<bf16>,
+    /// Its GELU.
+    gelu: DeviceBuffer<bf16>,
+}
+
+/// Row-major `c[m,n] = a · b + beta · c` through cuBLAS.
+#[allow(clippy::too_many_arguments)]
+fn mm(
+    blas: &mut Blas,
+    s: &Stream,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: Mat,
+    beta: f32,
+) -> Result<()> {
+    blas.gemm_ex(
+        s,
+        &GemmEx {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c,
+            alpha: 1.0,
+            beta,
+            batch: 1,
+            tf32: false,
+        },
+    )
+}
+
+/// A GPT model's mixed-precision forward and backward passes on one GPU,
+/// sized for one (batch, sequence) shape.
+pub struct GpuGptMixed {
+    layout: Arc<Layout>,
+    stream: Stream,
+    kernels: Kernels,
+    mk: MixedKernels,
+    blas: Blas,
+    pool: DevicePool,
+    b: usize,
+    t: usize,
+    /// The vocabulary rounded up to a multiple of 64: the classifier's
+    /// products run over `vp` rows of a zero-padded embedding copy (an odd
+    /// vocabulary makes cuBLAS several times slower).
+    vp: usize,
+    /// bf16 token embeddings, `vp` rows (rows past the vocabulary zero).
+    wte_pad: DeviceBuffer<bf16>,
+    /// f32 embedding gradient of the classifier, `vp` rows.
+    dwte_pad: DeviceBuffer<f32>,
+    ranges: Vec<LayerRanges>,
+    layers: Vec<LayerSaved>,
+    resid: Vec<DeviceBuffer<f32>>,
+    lnf: DeviceBuffer<bf16>,
+    lnf_mean: DeviceBuffer<f32>,
+    lnf_rstd: DeviceBuffer<f32>,
+    logits: DeviceBuffer<bf16>,
+    losses: DeviceBuffer<f32>,
+    tokens: DeviceBuffer<i32>,
+    targets: DeviceBuffer<i32>,
+    host_tokens: Vec<u32>,
+    bucket_order: DeviceBuffer<i32>,
+    bucket_starts: DeviceBuffer<i32>,
+    attn: AttnShared,
+    // Scratch shared by the layers.
+    qkv: DeviceBuffer<bf16>,
+    dgelu: DeviceBuffer<bf16>,
+    dresid: DeviceBuffer<f32>,
+    dresid_bf: DeviceBuffer<bf16>,
+    dln: DeviceBuffer<bf16>,
+    datty: DeviceBuffer<bf16>,
+    partial: DeviceBuffer<f32>,
+    prof: PhaseTimer,
+}
+
+impl GpuGptMixed {
+    /// Buffers for batches of `b × t` tokens on `device`.
+    pub fn new(device: &Device, layout: Arc<Layout>, b: usize, t: usize) -> Result<GpuGptMixed> {
+        let cfg = layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        if c % nh != 0 {
+            return Err(CudaError::Invalid(format!(
+                "width {c} is not a multiple of the {nh} heads"
+            )));
+        }
+        let n = b * t;
+        let vp = v.div_ceil(64) * 64;
+        attention::check_shape(AttnShape { b, t, c, nh })?;
+        let stream = Stream::new(device)?;
+        let pool = DevicePool::new(device);
+        let shape = AttnShape { b, t, c, nh };
+        let (s, p) = (&stream, &pool);
+        let mut layers = Vec::new();
+        for _ in 0..cfg.n_layer {
+            layers.push(LayerSaved {
+                ln1: p.zeros(n * c, s)?,
+                ln1_mean: p.zeros(n, s)?,
+                ln1_rstd: p.zeros(n, s)?,
+                attn: AttnSaved::new(p, s, shape)?,
+                atty: p.zeros(n * c, s)?,
+                resid2: p.zeros(n * c, s)?,
+                ln2: p.zeros(n * c, s)?,
+                ln2_mean: p.zeros(n, s)?,
+                ln2_rstd: p.zeros(n, s)?,
+                fch: p.zeros(n * 4 * c, s)?,
+                gelu: p.zeros(n * 4 * c, s)?,
+            });
+        }
+        let partial_len =
+            MixedKernels::partial_len(n, 4 * c, 1).max(MixedKernels::partial_len(n, c, 2));
+        let model = GpuGptMixed {
+            kernels: Kernels::load(device)?,
+            mk: MixedKernels::load(device)?,
+            blas: Blas::new(device)?,
+            b,
+            t,
+            vp,
+            ranges: (0..cfg.n_layer)
+                .map(|i| LayerRanges::of(&layout, i))
+                .collect(),
+            layers,
+            resid: (0..=cfg.n_layer)
+                .map(|_| p.zeros(n * c, s))
+                .collect::<Result<_>>()?,
+            lnf: p.zeros(n * c, s)?,
+            lnf_mean: p.zeros(n, s)?,
+            lnf_rstd: p.zeros(n, s)?,
+            logits: p.zeros(n * vp, s)?,
+            wte_pad: p.zeros(vp * c, s)?,
+            dwte_pad: p.zeros(vp * c, s)?,
+            losses: p.zeros(n, s)?,
+            tokens: p.zeros(n, s)?,
+            targets: p.zeros(n, s)?,
+            host_tokens: vec![0; n],
+            bucket_order: p.zeros(n, s)?,
+            bucket_starts: p.zeros(v + 1, s)?,
+            attn: AttnShared::new(p, s, shape)?,
+            qkv: p.zeros(n * 3 * c, s)?,
+            dgelu: p.zeros(n * 4 * c, s)?,
+            dresid: p.zeros(n * c, s)?,
+            dresid_bf: p.zeros(n * c, s)?,
+            dln: p.zeros(n * c, s)?,
+            datty: p.zeros(n * c, s)?,
+            partial: p.zeros(partial_len, s)?,
+            prof: PhaseTimer::from_env(device),
+            layout,
+            pool,
+            stream,
+        };
+        model.stream.synchronize()?;
+        Ok(model)
+    }
+
+    /// The loaded f32 kernels (embeddings, norms, scaling).
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// The loaded mixed-precision kernels.
+    pub fn mixed_kernels(&self) -> &MixedKernels {
+        &self.mk
+    }
+
+    /// The stream everything runs on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The pool the model's buffers come from (for scratch on its stream).
+    pub fn pool(&self) -> &DevicePool {
+        &self.pool
+    }
+
+    fn range(&self, name: &str) -> Range<usize> {
+        self.layout.get(name).expect("model parameter").range()
+    }
+
+    fn check_params(&self, p: &DeviceBuffer<f32>, pb: &DeviceBuffer<bf16>) -> Result<()> {
+        if p.len() != self.layout.len || pb.len() != self.layout.len {
+            return Err(CudaError::Invalid(format!(
+                "parameters: {} f32 / {} bf16 elements for a model of {}",
+                p.len(),
+                pb.len(),
+                self.layout.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forward pass with master parameters `p` and their bf16 copy `pb`.
+    /// With `grad`, the logits become the loss's gradient for
+    /// [`backward`](Self::backward). Returns the mean loss over targets
+    /// that are not `u32::MAX`.
+    pub fn forward(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        pb: &DeviceBuffer<bf16>,
+        tokens: &[u32],
+        targets: &[u32],
+        grad: bool,
+    ) -> Result<f32> {
+        self.check_params(p, pb)?;
+        let cfg = self.layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (b, t, vp) = (self.b, self.t, self.vp);
+        let n = b * t;
+        if tokens.len() != n || targets.len() != n || t > cfg.context {
+            return Err(CudaError::Invalid(format!(
+                "{} tokens / {} targets for a batch of {b} x {t} (context {})",
+                tokens.len(),
+                targets.len(),
+                cfg.context
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            return Err(CudaError::Invalid(format!(
+                "token {bad} is not below the vocabulary size {v}"
+            )));
+        }
+        self.host_tokens.copy_from_slice(tokens);
+        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
+        self.tokens.copy_from_host(&ti)?;
+        self.targets.copy_from_host(&gi)?;
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
+        let blas = &mut self.blas;
+        let prof = &mut self.prof;
+        prof.mark(s, "start")?;
+        let shape = AttnShape { b, t, c, nh };
+        k.encoder_forward(
+            s,
+            &mut self.resid[0],
+            &self.tokens,
+            &p.view(wte.clone()),
+            &p.view(wpe),
+            n,
+            t,
+            c,
+        )?;
+        prof.mark(s, "fwd encoder")?;
+        for l in 0..cfg.n_layer {
+            let r = &self.ranges[l];
+            let (before, after) = self.resid.split_at_mut(l + 1);
+            let (x, out) = (&before[l], &mut after[0]);
+            let a = &mut self.layers[l];
+            mk.layernorm_forward(
+                s,
+                &mut a.ln1,
+                &mut a.ln1_mean,
+                &mut a.ln1_rstd,
+                x,
+                &p.view(r.ln1_w.clone()),
+                &p.view(r.ln1_b.clone()),
+                n,
+                c,
+            )?;
+            prof.mark(s, "fwd layernorm")?;
+            mm(
+                blas,
+                s,
+                n,
+                3 * c,
+                c,
+                Mat::of(&a.ln1, c),
+                Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
+                Mat::of(&self.qkv, 3 * c),
+                0.0,
+            )?;
+            prof.mark(s, "fwd gemm qkv")?;
+            attention::forward(
+                mk,
+                blas,
+                s,
+                &mut a.atty,
+                &self.qkv,
+                &p.view(r.qkv_b.clone()),
+                &mut a.attn,
+                &mut self.attn,
+                shape,
+                prof,
+            )?;
+            prof.mark(s, "fwd attention")?;
+            mk.residual_bias(s, &mut a.resid2, x, &p.view(r.proj_b.clone()), n, c)?;
+            prof.mark(s, "fwd residual+bias")?;
+            mm(
+                blas,
+                s,
+                n,
+                c,
+                c,
+                Mat::of(&a.atty, c),
+                Mat::of(&pb.view(r.proj_w.clone()), c),
+                Mat::of(&a.resid2, c),
+                1.0,
+            )?;
+            prof.mark(s, "fwd gemm proj")?;
+            mk.layernorm_forward(
+                s,
+                &mut a.ln2,
+                &mut a.ln2_mean,
+                &mut a.ln2_rstd,
+                &a.resid2,
+                &p.view(r.ln2_w.clone()),
+                &p.view(r.ln2_b.clone()),
+                n,
+                c,
+            )?;
+            prof.mark(s, "fwd layernorm")?;
+            mm(
+                blas,
+                s,
+                n,
+                4 * c,
+                c,
+                Mat::of(&a.ln2, c),
+                Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
+                Mat::of(&a.fch, 4 * c),
+                0.0,
+            )?;
+            prof.mark(s, "fwd gemm fc")?;
+            mk.bias_gelu(
+                s,
+                &mut a.fch,
+                &mut a.gelu,
+                &p.view(r.fc_b.clone()),
+                n,
+                4 * c,
+            )?;
+            prof.mark(s, "fwd bias+gelu")?;
+            mk.residual_bias(s, out, &a.resid2, &p.view(r.fcproj_b.clone()), n, c)?;
+            prof.mark(s, "fwd residual+bias")?;
+            mm(
+                blas,
+                s,
+                n,
+                c,
+                4 * c,
+                Mat::of(&a.gelu, 4 * c),
+                Mat::of(&pb.view(r.fcproj_w.clone()), c),
+                Mat::of(out, c),
+                1.0,
+            )?;
+            prof.mark(s, "fwd gemm fcproj")?;
+        }
+        mk.layernorm_forward(
+            s,
+            &mut self.lnf,
+            &mut self.lnf_mean,
+            &mut self.lnf_rstd,
+            &self.resid[cfg.n_layer],
+            &p.view(lw),
+            &p.view(lb),
+            n,
+            c,
+        )?;
+        prof.mark(s, "fwd layernorm")?;
+        copy_async(
+            &mut self.wte_pad.view_mut(0..v * c),
+            &pb.view(wte.clone()),
+            s,
+        )?;
+        mm(
+            blas,
+            s,
+            n,
+            vp,
+            c,
+            Mat::of(&self.lnf, c),
+            Mat::of(&self.wte_pad, c).t(),
+            Mat::of(&self.logits, vp),
+            0.0,
+        )?;
+        prof.mark(s, "fwd gemm classifier")?;
+        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
+        let scale = if grad && counted > 0 {
+            1.0 / counted as f32
+        } else {
+            0.0
+        };
+        mk.softmax_cross_entropy(
+            s,
+            &mut self.logits,
+            &mut self.losses,
+            &self.targets,
+            n,
+            v,
+            vp,
+            scale,
+        )?;
+        prof.mark(s, "softmax+cross-entropy")?;
+        s.synchronize()?;
+        let losses = self.losses.to_vec()?;
+        let sum: f64 = losses
+            .iter()
+            .zip(targets)
+            .filter(|(_, &tg)| tg != u32::MAX)
+            .map(|(&l, _)| l as f64)
+            .sum();
+        Ok(if counted == 0 {
+            0.0
+        } else {
+            (sum / counted as f64) as f32
+        })
+    }
+
+    /// Accumulates the gradient of the last `forward(.., grad = true)` into
+    /// `g` (f32, flat, same layout as the parameters).
+    pub fn backward(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        pb: &DeviceBuffer<bf16>,
+        g: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        self.check_params(p, pb)?;
+        if g.len() != self.layout.len {
+            return Err(CudaError::Invalid(format!(
+                "gradient buffer of {} elements for a model of {}",
+                g.len(),
+                self.layout.len
+            )));
+        }
+        let cfg = self.layout.config;
+        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (b, t, vp) = (self.b, self.t, self.vp);
+        let n = b * t;
+        let shape = AttnShape { b, t, c, nh };
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
+        let blas = &mut self.blas;
+        let prof = &mut self.prof;
+        prof.mark(s, "start")?;
+        // Head (over the padded vocabulary, whose logit gradients are
+        // zero): dlnf = dlogits · wte ; dwte += dlogitsᵀ · lnf.
+        mm(
+            blas,
+            s,
+            n,
+            c,
+            vp,
+            Mat::of(&self.logits, vp),
+            Mat::of(&self.wte_pad, c),
+            Mat::of(&self.dln, c),
+            0.0,
+        )?;
+        prof.mark(s, "bwd gemm classifier")?;
+        mm(
+            blas,
+            s,
+            vp,
+            c,
+            n,
+            Mat::of(&self.logits, vp).t(),
+            Mat::of(&self.lnf, c),
+            Mat::of(&self.dwte_pad, c),
+            0.0,
+        )?;
+        k.add_inplace(
+            s,
+            &mut g.view_mut(wte.clone()),
+            &self.dwte_pad.view(0..v * c),
+        )?;
+        prof.mark(s, "bwd gemm classifier")?;
+        zero_async(&mut self.dresid, s)?;
+        prof.mark(s, "bwd zero")?;
+        {
+            let (mut gw, mut gb) = g.views_mut2(lw.clone(), lb);
+            mk.layernorm_backward(
+                s,
+                &mut self.dresid,
+                &mut self.dresid_bf,
+                &mut gw,
+                &mut gb,
+                &mut self.partial,
+                &self.dln,
+                &self.resid[cfg.n_layer],
+                &p.view(lw),
+                &self.lnf_mean,
+                &self.lnf_rstd,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd layernorm")?;
+        }
+        for l in (0..cfg.n_layer).rev() {
+            let r = &self.ranges[l];
+            let a = &self.layers[l];
+            // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
+            mm(
+                blas,
+                s,
+                n,
+                4 * c,
+                c,
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&pb.view(r.fcproj_w.clone()), c).t(),
+                Mat::of(&self.dgelu, 4 * c),
+                0.0,
+            )?;
+            prof.mark(s, "bwd gemm fcproj")?;
+            mm(
+                blas,
+                s,
+                4 * c,
+                c,
+                n,
+                Mat::of(&a.gelu, 4 * c).t(),
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&g.view_mut(r.fcproj_w.clone()), c),
+                1.0,
+            )?;
+            prof.mark(s, "bwd gemm fcproj")?;
+            mk.bias_backward_f32(
+                s,
+                &mut g.view_mut(r.fcproj_b.clone()),
+                &mut self.partial,
+                &self.dresid,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd bias")?;
+            mk.gelu_backward_inplace(s, &mut self.dgelu, &a.fch, n * 4 * c)?;
+            prof.mark(s, "bwd gelu")?;
+            mm(
+                blas,
+                s,
+                n,
+                c,
+                4 * c,
+                Mat::of(&self.dgelu, 4 * c),
+                Mat::of(&pb.view(r.fc_w.clone()), 4 * c).t(),
+                Mat::of(&self.dln, c),
+                0.0,
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
+            mm(
+                blas,
+                s,
+                c,
+                4 * c,
+                n,
+                Mat::of(&a.ln2, c).t(),
+                Mat::of(&self.dgelu, 4 * c),
+                Mat::of(&g.view_mut(r.fc_w.clone()), 4 * c),
+                1.0,
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
+            mk.bias_backward_bf(
+                s,
+                &mut g.view_mut(r.fc_b.clone()),
+                &mut self.partial,
+                &self.dgelu,
+                n,
+                4 * c,
+            )?;
+            prof.mark(s, "bwd bias")?;
+            {
+                let (mut gw, mut gb) = g.views_mut2(r.ln2_w.clone(), r.ln2_b.clone());
+                mk.layernorm_backward(
+                    s,
+                    &mut self.dresid,
+                    &mut self.dresid_bf,
+                    &mut gw,
+                    &mut gb,
+                    &mut self.partial,
+                    &self.dln,
+                    &a.resid2,
+                    &p.view(r.ln2_w.clone()),
+                    &a.ln2_mean,
+                    &a.ln2_rstd,
+                    n,
+                    c,
+                )?;
+                prof.mark(s, "bwd layernorm")?;
+            }
+            // Attention: resid2 = x + atty · Wproj + b.
+            mm(
+                blas,
+                s,
+                n,
+                c,
+                c,
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&pb.view(r.proj_w.clone()), c).t(),
+                Mat::of(&self.datty, c),
+                0.0,
+            )?;
+            prof.mark(s, "bwd gemm proj")?;
+            mm(
+                blas,
+                s,
+                c,
+                c,
+                n,
+                Mat::of(&a.atty, c).t(),
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&g.view_mut(r.proj_w.clone()), c),
+                1.0,
+            )?;
+            prof.mark(s, "bwd gemm proj")?;
+            mk.bias_backward_f32(
+                s,
+                &mut g.view_mut(r.proj_b.clone()),
+                &mut self.partial,
+                &self.dresid,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd bias")?;
+            // dqkv goes into the qkv scratch (free in the backward pass).
+            attention::backward(
+                mk,
+                blas,
+                s,
+                &mut self.qkv,
+                &self.datty,
+                &a.attn,
+                &mut self.attn,
+                shape,
+                prof,
+            )?;
+            prof.mark(s, "bwd attention")?;
+            mm(
+                blas,
+                s,
+                n,
+                c,
+                3 * c,
+                Mat::of(&self.qkv, 3 * c),
+                Mat::of(&pb.view(r.qkv_w.clone()), 3 * c).t(),
+                Mat::of(&self.dln, c),
+                0.0,
+            )?;
+            prof.mark(s, "bwd gemm qkv")?;
+            mm(
+                blas,
+                s,
+                c,
+                3 * c,
+                n,
+                Mat::of(&a.ln1, c).t(),
+                Mat::of(&self.qkv, 3 * c),
+                Mat::of(&g.view_mut(r.qkv_w.clone()), 3 * c),
+                1.0,
+            )?;
+            prof.mark(s, "bwd gemm qkv")?;
+            mk.bias_backward_bf(
+                s,
+                &mut g.view_mut(r.qkv_b.clone()),
+                &mut self.partial,
+                &self.qkv,
+                n,
+                3 * c,
+            )?;
+            prof.mark(s, "bwd bias")?;
+            {
+                let (mut gw, mut gb) = g.views_mut2(r.ln1_w.clone(), r.ln1_b.clone());
+                mk.layernorm_backward(
+                    s,
+                    &mut self.dresid,
+                    &mut self.dresid_bf,
+                    &mut gw,
+                    &mut gb,
+                    &mut self.partial,
+                    &self.dln,
+                    &self.resid[l],
+                    &p.view(r.ln1_w.clone()),
+                    &a.ln1_mean,
+                    &a.ln1_rstd,
+                    n,
+                    c,
+                )?;
+                prof.mark(s, "bwd layernorm")?;
+            }
+        }
+        let (order, starts) = token_buckets(&self.host_tokens, v);
+        self.bucket_order.copy_from_host(&order)?;
+        self.bucket_starts.copy_from_host(&starts)?;
+        {
+            let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
+            k.encoder_backward(
+                s,
+                &mut gte,
+                &mut gpe,
+                &self.dresid,
+                &self.bucket_order,
+                &self.bucket_starts,
+                n,
+                t,
+                c,
+                v,
+            )?;
+            prof.mark(s, "bwd encoder")?;
+        }
+        s.synchronize()?;
+        prof.end_step()
+    }
+
+    /// The phase timings so far (`BRAID_PROFILE=1`), largest first.
+    pub fn profile_report(&self) -> Option<String> {
+        self.prof.report()
+    }
+
+    /// Starts the phase timings afresh (after warm-up steps).
+    pub fn profile_reset(&mut self) {
+        self.prof.reset();
+    }
+}
