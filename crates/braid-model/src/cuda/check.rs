@@ -32,7 +32,8 @@ fn randn(r: &mut Rng, n: usize, s: f64) -> Vec<f32> {
     (0..n).map(|_| (r.normal() * s) as f32).collect()
 }
 
-fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
+/// Largest |gpu − cpu| relative to max|cpu|.
+pub(super) fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
     let scale = cpu
         .iter()
         .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
@@ -44,7 +45,7 @@ fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
         / scale
 }
 
-fn up(d: &Device, v: &[f32]) -> Result<DeviceBuffer<f32>> {
+pub(super) fn up(d: &Device, v: &[f32]) -> Result<DeviceBuffer<f32>> {
     DeviceBuffer::from_host(d, v)
 }
 
@@ -337,8 +338,10 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     for _ in 0..3 {
         opt.step(&mut params, &grads, 1e-3);
     }
-    // The GPU side works like the GPU engine will: one flat device buffer
-    // per state, each parameter a view of it.
+    // The GPU engine's optimizer: one launch over the flat buffer, decay
+    // per tensor from the layout (f32 mode: no bf16 copy, no clipping).
+    let mk = super::mixed::MixedKernels::load(device)?;
+    let segs = super::mixed::AdamSegments::new(device, &layout, cfg.weight_decay)?;
     let mut gp = up(device, &p0.data)?;
     let gg = up(device, &grads)?;
     let (mut gm, mut gv) = (
@@ -346,61 +349,34 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         DeviceBuffer::zeros(device, layout.len)?,
     );
     for step in 1..=3 {
-        for spec in &layout.params {
-            let r = spec.range();
-            let wd = if spec.kind.decays() {
-                cfg.weight_decay
-            } else {
-                0.0
-            };
-            k.adamw(
-                &s,
-                &mut gp.view_mut(r.clone()),
-                &gg.view(r.clone()),
-                &mut gm.view_mut(r.clone()),
-                &mut gv.view_mut(r),
-                1e-3,
-                cfg.beta1,
-                cfg.beta2,
-                step,
-                cfg.eps,
-                wd,
-            )?;
-        }
+        let h = super::mixed::AdamStep {
+            lr: 1e-3,
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            step,
+            eps: cfg.eps,
+            grad_scale: 1.0,
+        };
+        mk.adamw_multi(&s, &mut gp, None, &gg, &mut gm, &mut gv, &segs, h)?;
     }
     s.synchronize()?;
     let e = rel_err(&gp.to_vec()?, &params.data);
     out.push(KernelCheck {
-        name: "adamw",
+        name: "adamw (one launch, f32)",
         shape: format!("{} parameters, 3 steps", layout.len),
         error: e,
         bound: 1e-6,
     });
     // The whole model: one forward + backward against the CPU model.
-    let cfg = crate::config::GptConfig::parse("L2-H4-C64-V256-T32").expect("valid config");
-    let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
-    let params = crate::params::Params::init_gpt2(layout.clone(), 11);
-    let (mb, mt) = (2usize, 32usize);
-    let mtok: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
-    let mut mtg: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
-    mtg[3] = u32::MAX;
-    let model = crate::model::Gpt::new(layout.clone());
-    let mut acts = crate::model::Activations::<f32>::new(&layout, mb, mt, false);
-    let mut cg = vec![0.0f32; layout.len];
-    let closs = model
-        .forward_backward(
-            &params.data,
-            &mut cg,
-            &mut acts,
-            &mtok,
-            &mtg,
-            &mut |_, _| {},
-        )
-        .map_err(|e| braid_cuda::CudaError::Invalid(e.to_string()))?;
+    let m = ModelReference::new(&mut r)?;
+    let (layout, params, mtok, mtg, closs, cg) = (
+        &m.layout, &m.params, &m.tokens, &m.targets, m.loss, &m.grads,
+    );
+    let (mb, mt) = (ModelReference::B, ModelReference::T);
     let mut gpu = super::model::GpuGpt::new(device, layout.clone(), mb, mt)?;
     let gparams = up(device, &params.data)?;
     let mut gg = DeviceBuffer::zeros(device, layout.len)?;
-    let gloss = gpu.forward(&gparams, &mtok, &mtg, true)?;
+    let gloss = gpu.forward(&gparams, mtok, mtg, true)?;
     gpu.backward(&gparams, &mut gg)?;
     let ggv = gg.to_vec()?;
     let mut e = ((gloss - closs) as f64).abs() / (closs as f64).abs();
@@ -409,11 +385,59 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     out.push(KernelCheck {
         name: "model fwd+bwd (f32)",
-        shape: format!("L2-H4-C64-V256-T32, B={mb}"),
+        shape: format!("{}, B={mb}", ModelReference::CONFIG),
         error: e,
         bound: 1e-4,
     });
     Ok(out)
+}
+
+/// The CPU model's loss and gradients on a small random batch: what both
+/// GPU models are compared with.
+pub(super) struct ModelReference {
+    pub layout: std::sync::Arc<crate::layout::Layout>,
+    pub params: crate::params::Params,
+    pub tokens: Vec<u32>,
+    pub targets: Vec<u32>,
+    pub loss: f32,
+    pub grads: Vec<f32>,
+}
+
+impl ModelReference {
+    pub const CONFIG: &'static str = "L2-H4-C64-V256-T32";
+    pub const B: usize = 2;
+    pub const T: usize = 32;
+
+    pub fn new(r: &mut Rng) -> Result<ModelReference> {
+        let cfg = crate::config::GptConfig::parse(Self::CONFIG).expect("valid config");
+        let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
+        let params = crate::params::Params::init_gpt2(layout.clone(), 11);
+        let n = Self::B * Self::T;
+        let tokens: Vec<u32> = (0..n).map(|_| r.below(256) as u32).collect();
+        let mut targets: Vec<u32> = (0..n).map(|_| r.below(256) as u32).collect();
+        targets[3] = u32::MAX;
+        let model = crate::model::Gpt::new(layout.clone());
+        let mut acts = crate::model::Activations::<f32>::new(&layout, Self::B, Self::T, false);
+        let mut grads = vec![0.0f32; layout.len];
+        let loss = model
+            .forward_backward(
+                &params.data,
+                &mut grads,
+                &mut acts,
+                &tokens,
+                &targets,
+                &mut |_, _| {},
+            )
+            .map_err(|e| braid_cuda::CudaError::Invalid(e.to_string()))?;
+        Ok(ModelReference {
+            layout,
+            params,
+            tokens,
+            targets,
+            loss,
+            grads,
+        })
+    }
 }
 
 fn cpu_softmax_ce(

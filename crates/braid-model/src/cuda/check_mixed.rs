@@ -3,7 +3,7 @@
 //! exactly what the GPU sees; the bounds then measure the kernel's own
 //! arithmetic and the rounding of its bf16 outputs (about 2⁻⁹ relative).
 
-use super::check::KernelCheck;
+use super::check::{rel_err, up, KernelCheck, ModelReference};
 use super::mixed::{AdamSegments, AdamStep, MixedKernels};
 use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
 use crate::cpu;
@@ -23,18 +23,6 @@ fn randn(r: &mut Rng, n: usize, s: f64) -> Vec<f32> {
         .collect()
 }
 
-fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
-    let scale = cpu
-        .iter()
-        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
-        .max(1e-30);
-    gpu.iter()
-        .zip(cpu)
-        .map(|(&a, &b)| (a as f64 - b as f64).abs())
-        .fold(0.0, f64::max)
-        / scale
-}
-
 /// ‖gpu − cpu‖ / ‖cpu‖ (for whole-model gradients, where single tiny
 /// entries say little).
 fn norm_err(gpu: &[f32], cpu: &[f32]) -> f64 {
@@ -44,10 +32,6 @@ fn norm_err(gpu: &[f32], cpu: &[f32]) -> f64 {
         s += (b as f64).powi(2);
     }
     (d / s.max(1e-60)).sqrt()
-}
-
-fn up(d: &Device, v: &[f32]) -> Result<DeviceBuffer<f32>> {
-    DeviceBuffer::from_host(d, v)
 }
 
 fn up_bf(d: &Device, v: &[f32]) -> Result<DeviceBuffer<bf16>> {
@@ -402,31 +386,14 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
 
     // The whole mixed model against the CPU model (f32): loss and every
     // gradient tensor (norm-relative).
-    let cfg = crate::config::GptConfig::parse("L2-H4-C64-V256-T32").expect("valid config");
-    let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
-    let params = crate::params::Params::init_gpt2(layout.clone(), 11);
-    let (mb, mt) = (2usize, 32usize);
-    let mtok: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
-    let mut mtg: Vec<u32> = (0..mb * mt).map(|_| r.below(256) as u32).collect();
-    mtg[3] = u32::MAX;
-    let model = crate::model::Gpt::new(layout.clone());
-    let mut acts = crate::model::Activations::<f32>::new(&layout, mb, mt, false);
-    let mut cg = vec![0.0f32; layout.len];
-    let closs = model
-        .forward_backward(
-            &params.data,
-            &mut cg,
-            &mut acts,
-            &mtok,
-            &mtg,
-            &mut |_, _| {},
-        )
-        .map_err(|e| braid_cuda::CudaError::Invalid(e.to_string()))?;
+    let m = ModelReference::new(&mut r)?;
+    let (layout, params, closs, cg) = (&m.layout, &m.params, m.loss, &m.grads);
+    let (mb, mt) = (ModelReference::B, ModelReference::T);
     let mut gpu = super::model_mixed::GpuGptMixed::new(device, layout.clone(), mb, mt)?;
     let gparams = up(device, &params.data)?;
     let gpb = up_bf(device, &params.data)?;
     let mut ggr = DeviceBuffer::zeros(device, layout.len)?;
-    let gloss = gpu.forward(&gparams, &gpb, &mtok, &mtg, true)?;
+    let gloss = gpu.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
     gpu.backward(&gparams, &gpb, &mut ggr)?;
     let ggv = ggr.to_vec()?;
     let mut e = ((gloss - closs) as f64).abs() / (closs as f64).abs();
@@ -440,7 +407,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     out.push(check(
         "model fwd+bwd (bf16 vs CPU f32)",
-        format!("L2-H4-C64-V256-T32, B={mb}; worst {worst}"),
+        format!("{}, B={mb}; worst {worst}", ModelReference::CONFIG),
         e,
         5e-2,
     ));

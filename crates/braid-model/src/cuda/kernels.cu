@@ -162,19 +162,6 @@ extern "C" __global__ void softmax_cross_entropy(float* logits, float* losses, c
     }
 }
 
-// AdamW over one parameter range (decoupled decay `wd`).
-extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, long n, float lr,
-                                 float beta1, float beta2, float bc1, float bc2, float eps, float wd) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float gi = g[i];
-    float mi = beta1 * m[i] + (1.f - beta1) * gi;
-    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
-}
-
 // ---- attention ---------------------------------------------------------
 // qkv [B, T, 3, NH, HS] -> q, k, v each [B, NH, T, HS]
 extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float* qkv,
@@ -298,10 +285,4 @@ extern "C" __global__ void sumsq_partial(float* partial, const float* x, long n,
         __syncthreads();
     }
     if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
-}
-
-// x *= s
-extern "C" __global__ void scale(float* x, long n, float s) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
 }

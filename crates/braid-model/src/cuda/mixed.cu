@@ -170,13 +170,6 @@ extern "C" __global__ void bias_gelu_bf(unsigned* pre, unsigned* out, const floa
     out[i] = pack(gelu(lo(p)), gelu(hi(p)));
 }
 
-extern "C" __global__ void gelu_forward_bf(unsigned* out, const unsigned* pre, int total) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (2 * i >= total) return;
-    unsigned v = pre[i];
-    out[i] = pack(gelu(lo(v)), gelu(hi(v)));
-}
-
 __device__ __forceinline__ float gelu_grad(float x) {
     float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
     float sech2 = 1.f - th * th;

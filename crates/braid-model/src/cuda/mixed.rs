@@ -80,7 +80,6 @@ pub struct MixedKernels {
     sum_partials: Function,
     residual_bias: Function,
     bias_gelu: Function,
-    gelu_forward: Function,
     gelu_backward: Function,
     to_bf16: Function,
     pub(crate) permute_qkv: Function,
@@ -107,7 +106,6 @@ impl MixedKernels {
             sum_partials: f("sum_partials")?,
             residual_bias: f("residual_bias")?,
             bias_gelu: f("bias_gelu_bf")?,
-            gelu_forward: f("gelu_forward_bf")?,
             gelu_backward: f("gelu_backward_bf")?,
             to_bf16: f("to_bf16")?,
             permute_qkv: f("permute_qkv_bf")?,
@@ -382,21 +380,6 @@ impl MixedKernels {
         even("bias_gelu", c)?;
         fits_i32("bias_gelu", n * c)?;
         self.elementwise(&self.bias_gelu, s, n * c / 2, args)
-    }
-
-    /// `out = gelu(pre)` (bf16).
-    pub fn gelu_forward(
-        &self,
-        s: &Stream,
-        out: &mut impl DeviceMem<bf16>,
-        pre: &impl DeviceMem<bf16>,
-        n: usize,
-    ) -> Result<()> {
-        need("gelu", out.dlen().min(pre.dlen()), n)?;
-        even("gelu", n)?;
-        fits_i32("gelu", n)?;
-        let args = vec![A::P(out.dptr()), A::P(pre.dptr()), A::I(n as i32)];
-        self.elementwise(&self.gelu_forward, s, n / 2, args)
     }
 
     /// `dx = gelu'(pre) * dx`, in place (bf16).

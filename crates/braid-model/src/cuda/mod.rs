@@ -6,6 +6,7 @@
 //! device and launches them on device buffers.
 
 pub mod attention;
+pub mod batch;
 pub mod check;
 pub mod check_mixed;
 pub mod mixed;
@@ -61,7 +62,6 @@ pub struct Kernels {
     gelu_backward: Function,
     residual_forward: Function,
     softmax_cross_entropy: Function,
-    adamw: Function,
     pub(crate) permute_qkv: Function,
     pub(crate) unpermute: Function,
     pub(crate) permute_grad: Function,
@@ -71,7 +71,6 @@ pub struct Kernels {
     add_bias: Function,
     bias_backward: Function,
     sumsq_partial: Function,
-    scale: Function,
 }
 
 impl Kernels {
@@ -91,7 +90,6 @@ impl Kernels {
             gelu_backward: f("gelu_backward")?,
             residual_forward: f("residual_forward")?,
             softmax_cross_entropy: f("softmax_cross_entropy")?,
-            adamw: f("adamw")?,
             permute_qkv: f("permute_qkv")?,
             unpermute: f("unpermute")?,
             permute_grad: f("permute_grad")?,
@@ -101,7 +99,6 @@ impl Kernels {
             add_bias: f("add_bias")?,
             bias_backward: f("bias_backward")?,
             sumsq_partial: f("sumsq_partial")?,
-            scale: f("scale")?,
             _module: module,
         })
     }
@@ -418,50 +415,6 @@ impl Kernels {
             )
         }
     }
-
-    /// One AdamW update of a parameter range.
-    #[allow(clippy::too_many_arguments)]
-    pub fn adamw(
-        &self,
-        s: &Stream,
-        p: &mut impl DeviceMem<f32>,
-        g: &impl DeviceMem<f32>,
-        m: &mut impl DeviceMem<f32>,
-        v: &mut impl DeviceMem<f32>,
-        lr: f32,
-        beta1: f32,
-        beta2: f32,
-        step: i32,
-        eps: f32,
-        wd: f32,
-    ) -> Result<()> {
-        let (pp, gp, mp, vp, n) = (p.dptr(), g.dptr(), m.dptr(), v.dptr(), p.dlen() as i64);
-        let bc1 = 1.0 - beta1.powi(step);
-        let bc2 = 1.0 - beta2.powi(step);
-        // SAFETY: all hold `n` elements.
-        unsafe {
-            self.adamw.launch(
-                grid(p.dlen(), BLOCK as usize),
-                (BLOCK, 1, 1),
-                0,
-                s,
-                &mut [
-                    arg(&pp),
-                    arg(&gp),
-                    arg(&mp),
-                    arg(&vp),
-                    arg(&n),
-                    arg(&lr),
-                    arg(&beta1),
-                    arg(&beta2),
-                    arg(&bc1),
-                    arg(&bc2),
-                    arg(&eps),
-                    arg(&wd),
-                ],
-            )
-        }
-    }
 }
 
 impl Kernels {
@@ -511,11 +464,10 @@ impl Kernels {
 
     /// The L2 norm of `x` (partial sums on the GPU in a fixed order, summed
     /// on the host in f64).
-    pub fn global_norm(&self, s: &Stream, x: &impl DeviceMem<f32>, device: &Device) -> Result<f64> {
+    pub fn global_norm(&self, s: &Stream, x: &impl DeviceMem<f32>) -> Result<f64> {
         const CHUNK: usize = 1 << 16;
         let n = x.dlen();
         let blocks = n.div_ceil(CHUNK).max(1);
-        let _ = device;
         // From the pool: no allocation per step; the block returns to the
         // pool only after the synchronisation below.
         let partial = self.pool.uninit::<f32>(blocks)?;
@@ -537,21 +489,6 @@ impl Kernels {
             .map(|&v| v as f64)
             .sum::<f64>()
             .sqrt())
-    }
-
-    /// `x *= factor`.
-    pub fn scale(&self, s: &Stream, x: &mut impl DeviceMem<f32>, factor: f32) -> Result<()> {
-        let (xp, n) = (x.dptr(), x.dlen() as i64);
-        // SAFETY: x holds n elements.
-        unsafe {
-            self.scale.launch(
-                grid(x.dlen(), BLOCK as usize),
-                (BLOCK, 1, 1),
-                0,
-                s,
-                &mut [arg(&xp), arg(&n), arg(&factor)],
-            )
-        }
     }
 
     /// Launches a 1-D elementwise kernel over `total` items.

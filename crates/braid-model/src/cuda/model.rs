@@ -5,7 +5,8 @@
 //! buffer.
 
 use super::attention::{attention_backward, attention_forward, AttnScratch};
-use super::{token_buckets, Kernels};
+use super::batch::DeviceBatch;
+use super::Kernels;
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use braid_cuda::blas::Blas;
@@ -88,12 +89,7 @@ pub struct GpuGpt {
     lnf_rstd: DeviceBuffer<f32>,
     logits: DeviceBuffer<f32>,
     losses: DeviceBuffer<f32>,
-    tokens: DeviceBuffer<i32>,
-    targets: DeviceBuffer<i32>,
-    host_tokens: Vec<u32>,
-    host_targets: Vec<u32>,
-    bucket_order: DeviceBuffer<i32>,
-    bucket_starts: DeviceBuffer<i32>,
+    batch: DeviceBatch,
     // Gradient scratch.
     dresid: DeviceBuffer<f32>,
     dresid2: DeviceBuffer<f32>,
@@ -144,12 +140,7 @@ impl GpuGpt {
             lnf_rstd: z(n)?,
             logits: z(n * v)?,
             losses: z(n)?,
-            tokens: DeviceBuffer::zeros(device, n)?,
-            targets: DeviceBuffer::zeros(device, n)?,
-            host_tokens: vec![0; n],
-            host_targets: vec![0; n],
-            bucket_order: DeviceBuffer::zeros(device, n)?,
-            bucket_starts: DeviceBuffer::zeros(device, v + 1)?,
+            batch: DeviceBatch::new(device, n, v)?,
             dresid: z(n * c)?,
             dresid2: z(n * c)?,
             dln: z(n * c)?,
@@ -189,31 +180,13 @@ impl GpuGpt {
         let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
         let (b, t) = (self.b, self.t);
         let n = b * t;
-        if tokens.len() != n || targets.len() != n || t > cfg.context {
-            return Err(braid_cuda::CudaError::Invalid(format!(
-                "{} tokens / {} targets for a batch of {b} x {t} (context {})",
-                tokens.len(),
-                targets.len(),
-                cfg.context
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
-            return Err(braid_cuda::CudaError::Invalid(format!(
-                "token {bad} is not below the vocabulary size {v}"
-            )));
-        }
-        self.host_tokens.copy_from_slice(tokens);
-        self.host_targets.copy_from_slice(targets);
-        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
-        self.tokens.copy_from_host(&ti)?;
-        self.targets.copy_from_host(&gi)?;
+        self.batch.upload(tokens, targets, b, t, cfg.context)?;
         let (s, k) = (&self.stream, &self.kernels);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         k.encoder_forward(
             s,
             &mut self.resid[0],
-            &self.tokens,
+            self.batch.tokens(),
             &p.view(wte.clone()),
             &p.view(wpe),
             n,
@@ -337,34 +310,18 @@ impl GpuGpt {
             c,
             false,
         )?;
-        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
-        let scale = if grad && counted > 0 {
-            1.0 / counted as f32
-        } else {
-            0.0
-        };
+        let scale = self.batch.loss_scale(grad);
         k.softmax_cross_entropy(
             s,
             &mut self.logits,
             &mut self.losses,
-            &self.targets,
+            self.batch.targets(),
             n,
             v,
             scale,
         )?;
         s.synchronize()?;
-        let losses = self.losses.to_vec()?;
-        let mut sum = 0.0f64;
-        for (l, &tg) in losses.iter().zip(targets) {
-            if tg != u32::MAX {
-                sum += *l as f64;
-            }
-        }
-        Ok(if counted == 0 {
-            0.0
-        } else {
-            (sum / counted as f64) as f32
-        })
+        self.batch.mean_loss(&self.losses)
     }
 
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
@@ -576,25 +533,10 @@ impl GpuGpt {
                 )?;
             }
         }
-        // Positions grouped by token, into buffers allocated once (the
-        // previous step's kernels finished: every backward ends synchronised).
-        let (order, starts) = token_buckets(&self.host_tokens, v);
-        self.bucket_order.copy_from_host(&order)?;
-        self.bucket_starts.copy_from_host(&starts)?;
         {
             let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
-            k.encoder_backward(
-                s,
-                &mut gte,
-                &mut gpe,
-                &self.dresid,
-                &self.bucket_order,
-                &self.bucket_starts,
-                n,
-                t,
-                c,
-                v,
-            )?;
+            self.batch
+                .embedding_backward(k, s, &mut gte, &mut gpe, &self.dresid, t, c)?;
         }
         s.synchronize()
     }

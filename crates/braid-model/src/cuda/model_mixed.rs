@@ -3,14 +3,16 @@
 //! stream, LayerNorm statistics, the loss and every gradient in f32.
 //! Parameters come twice: the f32 master copy (LayerNorms, biases,
 //! embeddings) and its bf16 copy (the matrices of the products), which the
-//! optimizer refreshes. Every buffer comes from one [`DevicePool`] at
-//! construction, so a step allocates nothing.
+//! optimizer refreshes. Activations and scratch come from one
+//! [`DevicePool`] at construction (the batch's small buffers from
+//! [`DeviceBatch`]), so a step allocates nothing.
 
+use super::batch::DeviceBatch;
 use super::mixed::MixedKernels;
 use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
 use super::model::LayerRanges;
 use super::profile::PhaseTimer;
-use super::{token_buckets, Kernels};
+use super::Kernels;
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
@@ -93,11 +95,7 @@ pub struct GpuGptMixed {
     lnf_rstd: DeviceBuffer<f32>,
     logits: DeviceBuffer<bf16>,
     losses: DeviceBuffer<f32>,
-    tokens: DeviceBuffer<i32>,
-    targets: DeviceBuffer<i32>,
-    host_tokens: Vec<u32>,
-    bucket_order: DeviceBuffer<i32>,
-    bucket_starts: DeviceBuffer<i32>,
+    batch: DeviceBatch,
     attn: AttnShared,
     // Scratch shared by the layers.
     qkv: DeviceBuffer<bf16>,
@@ -166,11 +164,7 @@ impl GpuGptMixed {
             wte_pad: p.zeros(vp * c, s)?,
             dwte_pad: p.zeros(vp * c, s)?,
             losses: p.zeros(n, s)?,
-            tokens: p.zeros(n, s)?,
-            targets: p.zeros(n, s)?,
-            host_tokens: vec![0; n],
-            bucket_order: p.zeros(n, s)?,
-            bucket_starts: p.zeros(v + 1, s)?,
+            batch: DeviceBatch::new(device, n, v)?,
             attn: AttnShared::new(p, s, shape)?,
             qkv: p.zeros(n * 3 * c, s)?,
             dgelu: p.zeros(n * 4 * c, s)?,
@@ -241,24 +235,7 @@ impl GpuGptMixed {
         let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
-        if tokens.len() != n || targets.len() != n || t > cfg.context {
-            return Err(CudaError::Invalid(format!(
-                "{} tokens / {} targets for a batch of {b} x {t} (context {})",
-                tokens.len(),
-                targets.len(),
-                cfg.context
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
-            return Err(CudaError::Invalid(format!(
-                "token {bad} is not below the vocabulary size {v}"
-            )));
-        }
-        self.host_tokens.copy_from_slice(tokens);
-        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
-        self.tokens.copy_from_host(&ti)?;
-        self.targets.copy_from_host(&gi)?;
+        self.batch.upload(tokens, targets, b, t, cfg.context)?;
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
         let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
@@ -269,7 +246,7 @@ impl GpuGptMixed {
         k.encoder_forward(
             s,
             &mut self.resid[0],
-            &self.tokens,
+            self.batch.tokens(),
             &p.view(wte.clone()),
             &p.view(wpe),
             n,
@@ -410,17 +387,12 @@ impl GpuGptMixed {
             0.0,
         )?;
         prof.mark(s, "fwd gemm classifier")?;
-        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
-        let scale = if grad && counted > 0 {
-            1.0 / counted as f32
-        } else {
-            0.0
-        };
+        let scale = self.batch.loss_scale(grad);
         mk.softmax_cross_entropy(
             s,
             &mut self.logits,
             &mut self.losses,
-            &self.targets,
+            self.batch.targets(),
             n,
             v,
             vp,
@@ -428,18 +400,7 @@ impl GpuGptMixed {
         )?;
         prof.mark(s, "softmax+cross-entropy")?;
         s.synchronize()?;
-        let losses = self.losses.to_vec()?;
-        let sum: f64 = losses
-            .iter()
-            .zip(targets)
-            .filter(|(_, &tg)| tg != u32::MAX)
-            .map(|(&l, _)| l as f64)
-            .sum();
-        Ok(if counted == 0 {
-            0.0
-        } else {
-            (sum / counted as f64) as f32
-        })
+        self.batch.mean_loss(&self.losses)
     }
 
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
@@ -712,23 +673,10 @@ impl GpuGptMixed {
                 prof.mark(s, "bwd layernorm")?;
             }
         }
-        let (order, starts) = token_buckets(&self.host_tokens, v);
-        self.bucket_order.copy_from_host(&order)?;
-        self.bucket_starts.copy_from_host(&starts)?;
         {
             let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
-            k.encoder_backward(
-                s,
-                &mut gte,
-                &mut gpe,
-                &self.dresid,
-                &self.bucket_order,
-                &self.bucket_starts,
-                n,
-                t,
-                c,
-                v,
-            )?;
+            self.batch
+                .embedding_backward(k, s, &mut gte, &mut gpe, &self.dresid, t, c)?;
             prof.mark(s, "bwd encoder")?;
         }
         s.synchronize()?;

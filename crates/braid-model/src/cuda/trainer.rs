@@ -153,10 +153,7 @@ pub fn train_gpu(
         let mut grad_norm = 0.0;
         model.backward(&p, &mut g).map_err(e)?;
         if o.update {
-            grad_norm = model
-                .kernels()
-                .global_norm(model.stream(), &g, device)
-                .map_err(e)?;
+            grad_norm = model.kernels().global_norm(model.stream(), &g).map_err(e)?;
             let grad_scale = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
                 (o.grad_clip / (grad_norm + 1e-6)) as f32
             } else {

@@ -1,0 +1,136 @@
+//! One batch on the GPU, shared by both GPU models: tokens and targets
+//! checked against the model's shape and uploaded, the loss-gradient scale
+//! and mean loss over the counted targets (`u32::MAX` = not counted), and
+//! the embedding backward pass over positions grouped by token.
+
+use super::{token_buckets, Kernels};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
+
+/// Device and host copies of one batch.
+pub struct DeviceBatch {
+    tokens: DeviceBuffer<i32>,
+    targets: DeviceBuffer<i32>,
+    host_tokens: Vec<u32>,
+    host_targets: Vec<u32>,
+    bucket_order: DeviceBuffer<i32>,
+    bucket_starts: DeviceBuffer<i32>,
+    vocab: usize,
+}
+
+impl DeviceBatch {
+    /// Buffers for `n` positions over a vocabulary of `vocab`.
+    pub fn new(device: &Device, n: usize, vocab: usize) -> Result<DeviceBatch> {
+        Ok(DeviceBatch {
+            tokens: DeviceBuffer::zeros(device, n)?,
+            targets: DeviceBuffer::zeros(device, n)?,
+            host_tokens: vec![0; n],
+            host_targets: vec![0; n],
+            bucket_order: DeviceBuffer::zeros(device, n)?,
+            bucket_starts: DeviceBuffer::zeros(device, vocab + 1)?,
+            vocab,
+        })
+    }
+
+    /// Checks a batch of `b × t` (context `context`) and uploads it.
+    pub fn upload(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        b: usize,
+        t: usize,
+        context: usize,
+    ) -> Result<()> {
+        let n = self.host_tokens.len();
+        if tokens.len() != n || targets.len() != n || t > context {
+            return Err(CudaError::Invalid(format!(
+                "{} tokens / {} targets for a batch of {b} x {t} (context {context})",
+                tokens.len(),
+                targets.len(),
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.vocab) {
+            return Err(CudaError::Invalid(format!(
+                "token {bad} is not below the vocabulary size {}",
+                self.vocab
+            )));
+        }
+        self.host_tokens.copy_from_slice(tokens);
+        self.host_targets.copy_from_slice(targets);
+        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
+        self.tokens.copy_from_host(&ti)?;
+        self.targets.copy_from_host(&gi)
+    }
+
+    /// The tokens on the device.
+    pub fn tokens(&self) -> &DeviceBuffer<i32> {
+        &self.tokens
+    }
+
+    /// The targets on the device.
+    pub fn targets(&self) -> &DeviceBuffer<i32> {
+        &self.targets
+    }
+
+    fn counted(&self) -> usize {
+        self.host_targets.iter().filter(|&&x| x != u32::MAX).count()
+    }
+
+    /// The factor the loss gradient is scaled by: 1 / counted targets with
+    /// `grad`, 0 (no gradient) without.
+    pub fn loss_scale(&self, grad: bool) -> f32 {
+        match self.counted() {
+            c if grad && c > 0 => 1.0 / c as f32,
+            _ => 0.0,
+        }
+    }
+
+    /// Mean of the per-position `losses` (after the stream is done) over the
+    /// counted targets.
+    pub fn mean_loss(&self, losses: &DeviceBuffer<f32>) -> Result<f32> {
+        let losses = losses.to_vec()?;
+        let mut sum = 0.0f64;
+        for (l, &tg) in losses.iter().zip(&self.host_targets) {
+            if tg != u32::MAX {
+                sum += *l as f64;
+            }
+        }
+        let counted = self.counted();
+        Ok(if counted == 0 {
+            0.0
+        } else {
+            (sum / counted as f64) as f32
+        })
+    }
+
+    /// Embedding gradients from `dout` (f32 rows of `c`): positions grouped
+    /// by token into the buffers allocated once (the previous step's
+    /// kernels have finished: every backward pass ends synchronised).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embedding_backward(
+        &mut self,
+        k: &Kernels,
+        s: &Stream,
+        dwte: &mut impl DeviceMem<f32>,
+        dwpe: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (order, starts) = token_buckets(&self.host_tokens, self.vocab);
+        self.bucket_order.copy_from_host(&order)?;
+        self.bucket_starts.copy_from_host(&starts)?;
+        k.encoder_backward(
+            s,
+            dwte,
+            dwpe,
+            dout,
+            &self.bucket_order,
+            &self.bucket_starts,
+            self.host_tokens.len(),
+            t,
+            c,
+            self.vocab,
+        )
+    }
+}
