@@ -5,7 +5,7 @@
 
 use super::check::{rel_err, up, KernelCheck, ModelReference};
 use super::mixed::{AdamSegments, AdamStep, MixedKernels};
-use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
+use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use crate::cpu;
 use crate::rng::Rng;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
@@ -273,68 +273,36 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         BF16_OUT,
     ));
 
-    // Attention forward and backward against the CPU kernel.
-    let sh = cpu::attention::AttnShape {
-        b: 2,
-        t: 64,
-        c: 256,
-        nh: 4,
-    };
-    let qkv = randn(&mut r, sh.b * sh.t * 3 * sh.c, 1.0);
-    let (mut co, mut catt) = (
-        vec![0.0f32; sh.b * sh.t * sh.c],
-        vec![0.0f32; sh.b * sh.nh * sh.t * sh.t],
-    );
-    cpu::attention::attention_forward(&mut co, &mut catt, &qkv, sh);
-    let pool = DevicePool::new(device);
-    let mut prof = super::profile::PhaseTimer::from_env(device);
-    let mut saved = AttnSaved::new(&pool, &s, sh)?;
-    let mut shared = AttnShared::new(&pool, &s, sh)?;
-    let gq = up_bf(device, &qkv)?;
-    let zero_bias = up(device, &vec![0.0f32; 3 * sh.c])?;
-    let mut gy = DeviceBuffer::<bf16>::zeros(device, co.len())?;
-    attention::forward(
+    // Attention forward and backward against the CPU kernel, on both
+    // paths (the fused one at several head sizes, with a sequence that is
+    // not a multiple of its 64-row tiles).
+    let shape = |b, t, c, nh| cpu::attention::AttnShape { b, t, c, nh };
+    out.extend(attention_checks(
+        device,
         &mk,
         &mut blas,
         &s,
-        &mut gy,
-        &gq,
-        &zero_bias,
-        &mut saved,
-        &mut shared,
-        sh,
-        &mut prof,
-    )?;
-    s.synchronize()?;
-    let ashape = format!("B={} T={} C={} NH={}", sh.b, sh.t, sh.c, sh.nh);
-    out.push(check(
-        "attention_forward (bf16)",
-        ashape.clone(),
-        rel_err(&down_bf(&gy)?, &co),
-        BF16_OUT,
-    ));
-    let dy = randn(&mut r, co.len(), 1.0);
-    let mut cd = vec![0.0f32; qkv.len()];
-    cpu::attention::attention_backward(&mut cd, &dy, &qkv, &catt, sh);
-    let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
-    attention::backward(
-        &mk,
-        &mut blas,
-        &s,
-        &mut gd,
-        &up_bf(device, &dy)?,
-        &saved,
-        &mut shared,
-        sh,
-        &mut prof,
-    )?;
-    s.synchronize()?;
-    out.push(check(
-        "attention_backward (bf16)",
-        ashape,
-        rel_err(&down_bf(&gd)?, &cd),
-        2.0 * BF16_OUT,
-    ));
+        &mut r,
+        AttnPath::Batched,
+        shape(2, 64, 256, 4),
+    )?);
+    if mk.flash.is_some() {
+        for sh in [
+            shape(2, 200, 128, 2),
+            shape(1, 64, 64, 4),
+            shape(3, 72, 96, 3),
+        ] {
+            out.extend(attention_checks(
+                device,
+                &mk,
+                &mut blas,
+                &s,
+                &mut r,
+                AttnPath::Fused,
+                sh,
+            )?);
+        }
+    }
 
     // Fused multi-tensor AdamW (with the bf16 copy) against the CPU
     // optimizer; gradient scaling against pre-scaled gradients.
@@ -412,6 +380,81 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         5e-2,
     ));
     Ok(out)
+}
+
+/// Attention forward and backward on `path` against the CPU kernel, with
+/// a random bias on `qkv`.
+fn attention_checks(
+    device: &Device,
+    mk: &MixedKernels,
+    blas: &mut Blas,
+    s: &Stream,
+    r: &mut Rng,
+    path: AttnPath,
+    sh: cpu::attention::AttnShape,
+) -> Result<[KernelCheck; 2]> {
+    let qkv = randn(r, sh.b * sh.t * 3 * sh.c, 1.0);
+    let bias = randn(r, 3 * sh.c, 0.5);
+    // What the GPU attends over: qkv + bias, rounded to bf16.
+    let biased: Vec<f32> = qkv
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| bf16::from_f32(x + bias[i % (3 * sh.c)]).to_f32())
+        .collect();
+    let (mut co, mut catt) = (
+        vec![0.0f32; sh.b * sh.t * sh.c],
+        vec![0.0f32; sh.b * sh.nh * sh.t * sh.t],
+    );
+    cpu::attention::attention_forward(&mut co, &mut catt, &biased, sh);
+    let pool = DevicePool::new(device);
+    let mut prof = super::profile::PhaseTimer::from_env(device);
+    let mut saved = AttnSaved::new(&pool, s, sh, path)?;
+    let mut shared = AttnShared::new(&pool, s, sh, path)?;
+    let mut gy = DeviceBuffer::<bf16>::zeros(device, co.len())?;
+    attention::forward(
+        mk,
+        blas,
+        s,
+        &mut gy,
+        &up_bf(device, &qkv)?,
+        &up(device, &bias)?,
+        &mut saved,
+        &mut shared,
+        sh,
+        &mut prof,
+    )?;
+    s.synchronize()?;
+    let (fwd, bwd) = match path {
+        AttnPath::Fused => (
+            "attention_forward (bf16, fused)",
+            "attention_backward (bf16, fused)",
+        ),
+        AttnPath::Batched => (
+            "attention_forward (bf16, batched)",
+            "attention_backward (bf16, batched)",
+        ),
+    };
+    let ashape = format!("B={} T={} C={} NH={}", sh.b, sh.t, sh.c, sh.nh);
+    let forward = check(fwd, ashape.clone(), rel_err(&down_bf(&gy)?, &co), BF16_OUT);
+    let dy = randn(r, co.len(), 1.0);
+    let mut cd = vec![0.0f32; qkv.len()];
+    cpu::attention::attention_backward(&mut cd, &dy, &biased, &catt, sh);
+    let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
+    attention::backward(
+        mk,
+        blas,
+        s,
+        &mut gd,
+        &up_bf(device, &dy)?,
+        &gy,
+        &saved,
+        &mut shared,
+        sh,
+        &mut prof,
+    )?;
+    s.synchronize()?;
+    let backward = check(bwd, ashape, rel_err(&down_bf(&gd)?, &cd), 2.0 * BF16_OUT);
+    Ok([forward, backward])
 }
 
 /// Softmax cross-entropy and its scaled gradient in f64 (reference).

@@ -3,6 +3,7 @@
 //! launcher checks its buffers' lengths against the shape it is given, so
 //! a wrong size is an error rather than an out-of-bounds kernel.
 
+use super::flash::FlashKernels;
 use super::SOURCES;
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
@@ -90,6 +91,8 @@ pub struct MixedKernels {
     pub(crate) softmax_backward: Function,
     softmax_cross_entropy: Function,
     adamw_multi: Function,
+    /// The fused attention kernels, where the GPU has bf16 tensor cores.
+    pub(crate) flash: Option<FlashKernels>,
 }
 
 impl MixedKernels {
@@ -116,11 +119,12 @@ impl MixedKernels {
             softmax_backward: f("softmax_causal_backward_bf")?,
             softmax_cross_entropy: f("softmax_cross_entropy_bf")?,
             adamw_multi: f("adamw_multi")?,
+            flash: FlashKernels::load(device)?,
             _module: module,
         })
     }
 
-    fn go(
+    pub(crate) fn go(
         f: &Function,
         s: &Stream,
         grid: (u32, u32, u32),

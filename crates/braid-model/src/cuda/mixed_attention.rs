@@ -1,63 +1,137 @@
-//! Causal attention in mixed precision: the bf16 `qkv` (plus its f32 bias)
-//! is permuted to per-head `q`, `k`, `v`; scores come from one batched
-//! bf16 product (f32 accumulation, bf16 result), the causal softmax writes bf16 probabilities
-//! (kept for the backward pass), and a second batched product weighs the
-//! values. The backward pass mirrors it. Per-layer tensors live in
+//! Causal attention in mixed precision, two ways:
+//! - fused (the default where the GPU has bf16 tensor cores and the head
+//!   size has kernels, see [`super::flash`]): the bias is added to `qkv`
+//!   once, and flash-style kernels read it directly, keeping only the row
+//!   log-sum-exp for the backward pass;
+//! - batched: `qkv` (plus its f32 bias) is permuted to per-head `q`, `k`,
+//!   `v`; scores come from one batched bf16 product (f32 accumulation,
+//!   bf16 result), the causal softmax writes bf16 probabilities (kept for
+//!   the backward pass), and a second batched product weighs the values.
+//!   The backward pass mirrors it.
+//!
+//! `BRAID_ATTENTION=fused|batched` forces one. Per-layer tensors live in
 //! [`AttnSaved`]; the scratch every layer reuses in [`AttnShared`].
 
 use super::mixed::{MixedKernels, A};
 use super::profile::PhaseTimer;
 use crate::cpu::attention::AttnShape;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
-use braid_cuda::{DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
 use half::bf16;
 
+/// Which implementation a model's attention uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPath {
+    /// Flash-style fused kernels.
+    Fused,
+    /// Batched cuBLAS products around a causal softmax.
+    Batched,
+}
+
+impl AttnPath {
+    /// The fused kernels where they take shape `s`, else the batched
+    /// products; `BRAID_ATTENTION` (`fused` or `batched`) overrides.
+    pub fn choose(k: &MixedKernels, s: AttnShape) -> Result<AttnPath> {
+        let fused = || -> Result<AttnPath> {
+            let f = k.flash.as_ref().ok_or_else(|| {
+                CudaError::Invalid(
+                    "BRAID_ATTENTION=fused: this GPU has no bf16 tensor cores \
+                     (compute capability below 8.0)"
+                        .into(),
+                )
+            })?;
+            f.check(s)?;
+            Ok(AttnPath::Fused)
+        };
+        let path = match std::env::var("BRAID_ATTENTION").as_deref() {
+            Ok("fused") => fused()?,
+            Ok("batched") => AttnPath::Batched,
+            Ok("") | Err(_) => fused().unwrap_or(AttnPath::Batched),
+            Ok(other) => {
+                return Err(CudaError::Invalid(format!(
+                    "BRAID_ATTENTION={other}: expected `fused` or `batched`"
+                )))
+            }
+        };
+        check_shape(s, path)?;
+        Ok(path)
+    }
+}
+
 /// What one layer keeps for its backward pass.
-pub struct AttnSaved {
-    q: DeviceBuffer<bf16>,
-    k: DeviceBuffer<bf16>,
-    v: DeviceBuffer<bf16>,
-    att: DeviceBuffer<bf16>,
+pub enum AttnSaved {
+    /// `qkv` with its bias, and the rows' log-sum-exp.
+    Fused {
+        qkv: DeviceBuffer<bf16>,
+        lse: DeviceBuffer<f32>,
+    },
+    /// Per-head `q`, `k`, `v` and the probabilities.
+    Batched {
+        q: DeviceBuffer<bf16>,
+        k: DeviceBuffer<bf16>,
+        v: DeviceBuffer<bf16>,
+        att: DeviceBuffer<bf16>,
+    },
 }
 
 impl AttnSaved {
-    /// Buffers for shape `s`.
-    pub fn new(pool: &DevicePool, st: &Stream, s: AttnShape) -> Result<AttnSaved> {
+    /// Buffers for shape `s` on `path`.
+    pub fn new(pool: &DevicePool, st: &Stream, s: AttnShape, path: AttnPath) -> Result<AttnSaved> {
         let per_head = s.b * s.t * s.c;
-        Ok(AttnSaved {
-            q: pool.zeros(per_head, st)?,
-            k: pool.zeros(per_head, st)?,
-            v: pool.zeros(per_head, st)?,
-            att: pool.zeros(s.b * s.nh * s.t * s.t, st)?,
+        Ok(match path {
+            AttnPath::Fused => AttnSaved::Fused {
+                qkv: pool.zeros(3 * per_head, st)?,
+                lse: pool.zeros(s.b * s.nh * s.t, st)?,
+            },
+            AttnPath::Batched => AttnSaved::Batched {
+                q: pool.zeros(per_head, st)?,
+                k: pool.zeros(per_head, st)?,
+                v: pool.zeros(per_head, st)?,
+                att: pool.zeros(s.b * s.nh * s.t * s.t, st)?,
+            },
         })
     }
 }
 
 /// Scratch shared by all layers.
-pub struct AttnShared {
-    /// Scores, later their gradient (bf16).
-    scores: DeviceBuffer<bf16>,
-    dpre: DeviceBuffer<bf16>,
-    y: DeviceBuffer<bf16>,
-    dq: DeviceBuffer<bf16>,
-    dk: DeviceBuffer<bf16>,
-    dv: DeviceBuffer<bf16>,
+pub enum AttnShared {
+    /// Row sums of `dout · out` for the fused backward pass.
+    Fused { dsum: DeviceBuffer<f32> },
+    /// Scores (later their gradient), probabilities' gradient, per-head
+    /// output and gradients.
+    Batched {
+        scores: DeviceBuffer<bf16>,
+        dpre: DeviceBuffer<bf16>,
+        y: DeviceBuffer<bf16>,
+        dq: DeviceBuffer<bf16>,
+        dk: DeviceBuffer<bf16>,
+        dv: DeviceBuffer<bf16>,
+    },
 }
 
 impl AttnShared {
-    /// Buffers for shape `s`.
-    pub fn new(pool: &DevicePool, st: &Stream, s: AttnShape) -> Result<AttnShared> {
+    /// Buffers for shape `s` on `path`.
+    pub fn new(pool: &DevicePool, st: &Stream, s: AttnShape, path: AttnPath) -> Result<AttnShared> {
         let per_head = s.b * s.t * s.c;
         let tt = s.b * s.nh * s.t * s.t;
-        Ok(AttnShared {
-            scores: pool.zeros(tt, st)?,
-            dpre: pool.zeros(tt, st)?,
-            y: pool.zeros(per_head, st)?,
-            dq: pool.zeros(per_head, st)?,
-            dk: pool.zeros(per_head, st)?,
-            dv: pool.zeros(per_head, st)?,
+        Ok(match path {
+            AttnPath::Fused => AttnShared::Fused {
+                dsum: pool.zeros(s.b * s.nh * s.t, st)?,
+            },
+            AttnPath::Batched => AttnShared::Batched {
+                scores: pool.zeros(tt, st)?,
+                dpre: pool.zeros(tt, st)?,
+                y: pool.zeros(per_head, st)?,
+                dq: pool.zeros(per_head, st)?,
+                dk: pool.zeros(per_head, st)?,
+                dv: pool.zeros(per_head, st)?,
+            },
         })
     }
+}
+
+fn mismatch() -> CudaError {
+    CudaError::Invalid("attention: saved and shared buffers are for different paths".into())
 }
 
 /// `batch` row-major products `c_i[m,n] = a_i · b_i`.
@@ -99,11 +173,22 @@ fn dims(s: AttnShape) -> Vec<A> {
     ]
 }
 
-/// Whether the vectorised kernels (8 bf16 values per access) take shape
-/// `s`: head size and sequence length multiples of 8.
-pub fn check_shape(s: AttnShape) -> Result<()> {
+/// Whether `path` takes shape `s`: the batched path's vectorised kernels
+/// (8 bf16 values per access) need head size and sequence length
+/// multiples of 8; the fused one a head size with kernels.
+pub fn check_shape(s: AttnShape, path: AttnPath) -> Result<()> {
+    if path == AttnPath::Fused {
+        return if s.nh > 0 && s.c % s.nh == 0 {
+            Ok(())
+        } else {
+            Err(CudaError::Invalid(format!(
+                "attention: width {} is not a multiple of the {} heads",
+                s.c, s.nh
+            )))
+        };
+    }
     if s.nh == 0 || s.c % s.nh != 0 || (s.c / s.nh) % 8 != 0 || s.t % 8 != 0 {
-        return Err(braid_cuda::CudaError::Invalid(format!(
+        return Err(CudaError::Invalid(format!(
             "bf16 attention needs a head size and a sequence length that are multiples of 8 \
              (width {} / {} heads, sequence {}); use --precision f32 or another --seq",
             s.c, s.nh, s.t
@@ -126,19 +211,62 @@ pub fn forward(
     s: AttnShape,
     prof: &mut PhaseTimer,
 ) -> Result<()> {
+    match (saved, sh) {
+        (AttnSaved::Fused { qkv: biased, lse }, AttnShared::Fused { .. }) => {
+            let f = k.flash.as_ref().ok_or_else(mismatch)?;
+            f.add_bias(st, biased, qkv, bias, s.b * s.t, 3 * s.c)?;
+            prof.mark(st, "fwd attn bias")?;
+            f.forward(st, out, lse, biased, s)
+        }
+        (AttnSaved::Batched { q, k: kk, v, att }, AttnShared::Batched { scores, y, .. }) => {
+            batched_forward(
+                k,
+                blas,
+                st,
+                out,
+                qkv,
+                bias,
+                [q, kk, v],
+                att,
+                scores,
+                y,
+                s,
+                prof,
+            )
+        }
+        _ => Err(mismatch()),
+    }
+}
+
+/// The batched path's forward pass.
+#[allow(clippy::too_many_arguments)]
+fn batched_forward(
+    k: &MixedKernels,
+    blas: &mut Blas,
+    st: &Stream,
+    out: &mut impl DeviceMem<bf16>,
+    qkv: &impl DeviceMem<bf16>,
+    bias: &impl DeviceMem<f32>,
+    [q, kk, v]: [&mut DeviceBuffer<bf16>; 3],
+    att: &mut DeviceBuffer<bf16>,
+    scores: &mut DeviceBuffer<bf16>,
+    y: &mut DeviceBuffer<bf16>,
+    s: AttnShape,
+    prof: &mut PhaseTimer,
+) -> Result<()> {
     let (t, hs) = (s.t, s.c / s.nh);
     let total = s.b * s.t * s.c;
     let batch = s.b * s.nh;
-    check_shape(s)?;
+    check_shape(s, AttnPath::Batched)?;
     if qkv.dlen() < 3 * total || out.dlen() < total || bias.dlen() < 3 * s.c {
-        return Err(braid_cuda::CudaError::Invalid(
+        return Err(CudaError::Invalid(
             "attention: qkv/out/bias do not fit the shape".into(),
         ));
     }
     let mut args = vec![
-        A::P(saved.q.dptr()),
-        A::P(saved.k.dptr()),
-        A::P(saved.v.dptr()),
+        A::P(q.dptr()),
+        A::P(kk.dptr()),
+        A::P(v.dptr()),
         A::P(qkv.dptr()),
         A::P(bias.dptr()),
     ];
@@ -148,9 +276,9 @@ pub fn forward(
     bmm(
         blas,
         st,
-        Mat::of(&saved.q, hs).batched(t * hs),
-        Mat::of(&saved.k, hs).t().batched(t * hs),
-        Mat::of(&sh.scores, t).batched(t * t),
+        Mat::of(&*q, hs).batched(t * hs),
+        Mat::of(&*kk, hs).t().batched(t * hs),
+        Mat::of(&*scores, t).batched(t * t),
         t,
         t,
         hs,
@@ -160,8 +288,8 @@ pub fn forward(
     let rows = batch * t;
     let scale = 1.0f32 / (hs as f32).sqrt();
     let args = vec![
-        A::P(saved.att.dptr()),
-        A::P(sh.scores.dptr()),
+        A::P(att.dptr()),
+        A::P(scores.dptr()),
         A::I(rows as i32),
         A::I(t as i32),
         A::F(scale),
@@ -171,21 +299,22 @@ pub fn forward(
     bmm(
         blas,
         st,
-        Mat::of(&saved.att, t).batched(t * t),
-        Mat::of(&saved.v, hs).batched(t * hs),
-        Mat::of(&sh.y, hs).batched(t * hs),
+        Mat::of(&*att, t).batched(t * t),
+        Mat::of(&*v, hs).batched(t * hs),
+        Mat::of(&*y, hs).batched(t * hs),
         t,
         hs,
         t,
         batch,
     )?;
     prof.mark(st, "fwd attn gemm")?;
-    let mut args = vec![A::P(out.dptr()), A::P(sh.y.dptr())];
+    let mut args = vec![A::P(out.dptr()), A::P(y.dptr())];
     args.extend(dims(s));
     k.elementwise(&k.unpermute, st, total / 8, args)
 }
 
-/// `dqkv[B,T,3C]` (bf16, overwritten) from `dout[B,T,C]` (bf16).
+/// `dqkv[B,T,3C]` (bf16, overwritten) from `dout[B,T,C]` (bf16); `out`
+/// is the forward pass's output.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     k: &MixedKernels,
@@ -193,22 +322,66 @@ pub fn backward(
     st: &Stream,
     dqkv: &mut impl DeviceMem<bf16>,
     dout: &impl DeviceMem<bf16>,
+    out: &impl DeviceMem<bf16>,
     saved: &AttnSaved,
     sh: &mut AttnShared,
+    s: AttnShape,
+    prof: &mut PhaseTimer,
+) -> Result<()> {
+    match (saved, sh) {
+        (AttnSaved::Fused { qkv, lse }, AttnShared::Fused { dsum }) => {
+            let f = k.flash.as_ref().ok_or_else(mismatch)?;
+            f.backward(st, dqkv, dsum, dout, qkv, out, lse, s)
+        }
+        (
+            AttnSaved::Batched { q, k: kk, v, att },
+            AttnShared::Batched {
+                scores,
+                dpre,
+                y,
+                dq,
+                dk,
+                dv,
+            },
+        ) => batched_backward(
+            k,
+            blas,
+            st,
+            dqkv,
+            dout,
+            [q, kk, v, att],
+            [scores, dpre, y, dq, dk, dv],
+            s,
+            prof,
+        ),
+        _ => Err(mismatch()),
+    }
+}
+
+/// The batched path's backward pass.
+#[allow(clippy::too_many_arguments)]
+fn batched_backward(
+    k: &MixedKernels,
+    blas: &mut Blas,
+    st: &Stream,
+    dqkv: &mut impl DeviceMem<bf16>,
+    dout: &impl DeviceMem<bf16>,
+    [q, kk, v, att]: [&DeviceBuffer<bf16>; 4],
+    [scores, dpre, y, dq, dk, dv]: [&mut DeviceBuffer<bf16>; 6],
     s: AttnShape,
     prof: &mut PhaseTimer,
 ) -> Result<()> {
     let (t, hs) = (s.t, s.c / s.nh);
     let total = s.b * s.t * s.c;
     let batch = s.b * s.nh;
-    check_shape(s)?;
+    check_shape(s, AttnPath::Batched)?;
     if dqkv.dlen() < 3 * total || dout.dlen() < total {
-        return Err(braid_cuda::CudaError::Invalid(
+        return Err(CudaError::Invalid(
             "attention backward: dqkv/dout do not fit the shape".into(),
         ));
     }
     // dy [B,NH,T,HS] goes into `y` (free in the backward pass).
-    let mut args = vec![A::P(sh.y.dptr()), A::P(dout.dptr())];
+    let mut args = vec![A::P(y.dptr()), A::P(dout.dptr())];
     args.extend(dims(s));
     k.elementwise(&k.permute_grad, st, total / 8, args)?;
     prof.mark(st, "bwd attn permute")?;
@@ -216,9 +389,9 @@ pub fn backward(
     bmm(
         blas,
         st,
-        Mat::of(&sh.y, hs).batched(t * hs),
-        Mat::of(&saved.v, hs).t().batched(t * hs),
-        Mat::of(&sh.scores, t).batched(t * t),
+        Mat::of(&*y, hs).batched(t * hs),
+        Mat::of(v, hs).t().batched(t * hs),
+        Mat::of(&*scores, t).batched(t * t),
         t,
         t,
         hs,
@@ -228,9 +401,9 @@ pub fn backward(
     let rows = batch * t;
     let scale = 1.0f32 / (hs as f32).sqrt();
     let args = vec![
-        A::P(sh.dpre.dptr()),
-        A::P(sh.scores.dptr()),
-        A::P(saved.att.dptr()),
+        A::P(dpre.dptr()),
+        A::P(scores.dptr()),
+        A::P(att.dptr()),
         A::I(rows as i32),
         A::I(t as i32),
         A::F(scale),
@@ -241,9 +414,9 @@ pub fn backward(
     bmm(
         blas,
         st,
-        Mat::of(&sh.dpre, t).batched(t * t),
-        Mat::of(&saved.k, hs).batched(t * hs),
-        Mat::of(&sh.dq, hs).batched(t * hs),
+        Mat::of(&*dpre, t).batched(t * t),
+        Mat::of(kk, hs).batched(t * hs),
+        Mat::of(&*dq, hs).batched(t * hs),
         t,
         hs,
         t,
@@ -253,9 +426,9 @@ pub fn backward(
     bmm(
         blas,
         st,
-        Mat::of(&sh.dpre, t).t().batched(t * t),
-        Mat::of(&saved.q, hs).batched(t * hs),
-        Mat::of(&sh.dk, hs).batched(t * hs),
+        Mat::of(&*dpre, t).t().batched(t * t),
+        Mat::of(q, hs).batched(t * hs),
+        Mat::of(&*dk, hs).batched(t * hs),
         t,
         hs,
         t,
@@ -265,9 +438,9 @@ pub fn backward(
     bmm(
         blas,
         st,
-        Mat::of(&saved.att, t).t().batched(t * t),
-        Mat::of(&sh.y, hs).batched(t * hs),
-        Mat::of(&sh.dv, hs).batched(t * hs),
+        Mat::of(att, t).t().batched(t * t),
+        Mat::of(&*y, hs).batched(t * hs),
+        Mat::of(&*dv, hs).batched(t * hs),
         t,
         hs,
         t,
@@ -276,9 +449,9 @@ pub fn backward(
     prof.mark(st, "bwd attn gemm")?;
     let mut args = vec![
         A::P(dqkv.dptr()),
-        A::P(sh.dq.dptr()),
-        A::P(sh.dk.dptr()),
-        A::P(sh.dv.dptr()),
+        A::P(dq.dptr()),
+        A::P(dk.dptr()),
+        A::P(dv.dptr()),
     ];
     args.extend(dims(s));
     k.elementwise(&k.unpermute_qkv_grad, st, total / 8, args)

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod batch;
 pub mod check;
 pub mod check_mixed;
+pub mod flash;
 pub mod mixed;
 pub mod mixed_attention;
 pub mod model;
@@ -21,9 +22,10 @@ use braid_cuda::{Device, DeviceMem, Result, Stream};
 use std::ffi::c_void;
 
 /// Every kernel source: (name, CUDA C).
-pub const SOURCES: [(&str, &str); 2] = [
+pub const SOURCES: [(&str, &str); 3] = [
     ("kernels", include_str!("kernels.cu")),
     ("mixed", include_str!("mixed.cu")),
+    ("flash", include_str!("flash.cu")),
 ];
 
 /// Compiles every source to PTX for `arch` (e.g. `compute_90`) without a

@@ -9,7 +9,7 @@
 
 use super::batch::DeviceBatch;
 use super::mixed::MixedKernels;
-use super::mixed_attention::{self as attention, AttnSaved, AttnShared};
+use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use super::model::LayerRanges;
 use super::profile::PhaseTimer;
 use super::Kernels;
@@ -75,6 +75,8 @@ pub struct GpuGptMixed {
     stream: Stream,
     kernels: Kernels,
     mk: MixedKernels,
+    /// Which attention implementation the layers use.
+    path: AttnPath,
     blas: Blas,
     pool: DevicePool,
     b: usize,
@@ -120,10 +122,11 @@ impl GpuGptMixed {
         }
         let n = b * t;
         let vp = v.div_ceil(64) * 64;
-        attention::check_shape(AttnShape { b, t, c, nh })?;
+        let shape = AttnShape { b, t, c, nh };
+        let mk = MixedKernels::load(device)?;
+        let path = AttnPath::choose(&mk, shape)?;
         let stream = Stream::new(device)?;
         let pool = DevicePool::new(device);
-        let shape = AttnShape { b, t, c, nh };
         let (s, p) = (&stream, &pool);
         let mut layers = Vec::new();
         for _ in 0..cfg.n_layer {
@@ -131,7 +134,7 @@ impl GpuGptMixed {
                 ln1: p.zeros(n * c, s)?,
                 ln1_mean: p.zeros(n, s)?,
                 ln1_rstd: p.zeros(n, s)?,
-                attn: AttnSaved::new(p, s, shape)?,
+                attn: AttnSaved::new(p, s, shape, path)?,
                 atty: p.zeros(n * c, s)?,
                 resid2: p.zeros(n * c, s)?,
                 ln2: p.zeros(n * c, s)?,
@@ -145,7 +148,8 @@ impl GpuGptMixed {
             MixedKernels::partial_len(n, 4 * c, 1).max(MixedKernels::partial_len(n, c, 2));
         let model = GpuGptMixed {
             kernels: Kernels::load(device)?,
-            mk: MixedKernels::load(device)?,
+            mk,
+            path,
             blas: Blas::new(device)?,
             b,
             t,
@@ -165,7 +169,7 @@ impl GpuGptMixed {
             dwte_pad: p.zeros(vp * c, s)?,
             losses: p.zeros(n, s)?,
             batch: DeviceBatch::new(device, n, v)?,
-            attn: AttnShared::new(p, s, shape)?,
+            attn: AttnShared::new(p, s, shape, path)?,
             qkv: p.zeros(n * 3 * c, s)?,
             dgelu: p.zeros(n * 4 * c, s)?,
             dresid: p.zeros(n * c, s)?,
@@ -190,6 +194,11 @@ impl GpuGptMixed {
     /// The loaded mixed-precision kernels.
     pub fn mixed_kernels(&self) -> &MixedKernels {
         &self.mk
+    }
+
+    /// Which attention implementation the layers use.
+    pub fn attention_path(&self) -> AttnPath {
+        self.path
     }
 
     /// The stream everything runs on.
@@ -614,6 +623,7 @@ impl GpuGptMixed {
                 s,
                 &mut self.qkv,
                 &self.datty,
+                &a.atty,
                 &a.attn,
                 &mut self.attn,
                 shape,

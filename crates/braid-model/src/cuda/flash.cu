@@ -1,0 +1,454 @@
+// braid's fused causal attention for the mixed-precision engine (needs
+// sm_80 or newer: bf16 tensor-core `mma.sync`, `ldmatrix`, `cp.async`),
+// compiled at run time by NVRTC.
+//
+// Flash-attention style: the T x T scores never reach device memory. Each
+// block owns 64 rows of one (batch, head); its four warps own 16 rows
+// each. Q, K and V are read straight from the `qkv [B, T, 3C]` activation
+// (bias already added) and the results written straight into
+// `out [B, T, C]` / `dqkv [B, T, 3C]`, so no permutes are needed.
+//
+// forward:  O = softmax(Q K^T * scale, causal) V, with the row's
+//           log-sum-exp (base 2, scaled) kept for the backward pass.
+// backward: D = rowsum(dO * O), then two kernels, each recomputing the
+//           probabilities from the log-sum-exp: one per key block for dK
+//           and dV, one per query block for dQ. No atomics: every output
+//           element is written by one thread in a fixed order, so runs
+//           repeat bit for bit.
+//
+// Tiles move global -> shared memory with cp.async, double-buffered: the
+// next key (or query) block loads while the current one is multiplied.
+// Shared-memory rows are padded by 8 values so that fragment loads and
+// ldmatrix hit distinct banks.
+
+typedef unsigned short bf16;
+#define BLK 64            // rows per block and keys (or queries) per tile
+#define THREADS 128       // four warps of 16 rows
+#define PAD 8
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared; zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Two f32 -> packed bf16x2 (round to nearest even); `lo` in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float lo_f(unsigned x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float hi_f(unsigned x) { return __uint_as_float(x & 0xffff0000u); }
+
+// c (16x8, f32) += a (16x16, bf16, row-major fragment) * b (16x8, bf16).
+__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four transposed 8x8 matrices from shared memory (one row address per lane).
+__device__ __forceinline__ void ldsm4t(unsigned* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ unsigned ld32(const bf16* p) { return *(const unsigned*)p; }
+
+// Rows [row0, row0 + BLK) of one head's slice (`src` points at row 0,
+// rows `stride` apart) into a padded shared tile; rows past T read as 0.
+template <int HS>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int row0, int T, long stride) {
+    constexpr int CH = HS / 8;
+    for (int i = threadIdx.x; i < BLK * CH; i += THREADS) {
+        int r = i / CH, c = i % CH, row = row0 + r;
+        bool ok = row < T;
+        cp16(dst + r * (HS + PAD) + c * 8, ok ? src + row * stride + c * 8 : src, ok);
+    }
+}
+
+// Starts loading key block `kb` of K and V into the other stage (when
+// `more`), then waits until the current stage has landed and syncs.
+template <int HS>
+__device__ __forceinline__ void next_kv(bf16* sk, bf16* sv, const bf16* k, const bf16* v, int kb,
+                                        bool more, int T, long stride) {
+    if (more) {
+        load_tile<HS>(sk, k, kb * BLK, T, stride);
+        load_tile<HS>(sv, v, kb * BLK, T, stride);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+    __syncthreads();
+}
+
+// A-operand fragments of this warp's 16 rows (16 x HS) of a shared tile.
+template <int HS>
+__device__ __forceinline__ void load_a(unsigned (*f)[4], const bf16* tile, int warp, int lane) {
+    constexpr int LD = HS + PAD;
+    int g = lane >> 2, t = lane & 3;
+    const bf16* p = tile + (warp * 16 + g) * LD + 2 * t;
+    for (int ks = 0; ks < HS / 16; ks++) {
+        f[ks][0] = ld32(p + ks * 16);
+        f[ks][1] = ld32(p + 8 * LD + ks * 16);
+        f[ks][2] = ld32(p + ks * 16 + 8);
+        f[ks][3] = ld32(p + 8 * LD + ks * 16 + 8);
+    }
+}
+
+// s (16 x BLK) = a (16 x HS) * tile^T, tile holding BLK rows of HS.
+template <int HS>
+__device__ __forceinline__ void mul_bt(float (*s)[4], const unsigned (*a)[4], const bf16* tile,
+                                       int lane) {
+    constexpr int LD = HS + PAD;
+    int g = lane >> 2, t = lane & 3;
+    for (int nt = 0; nt < BLK / 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        const bf16* p = tile + (nt * 8 + g) * LD + 2 * t;
+        for (int ks = 0; ks < HS / 16; ks++) mma(s[nt], a[ks], ld32(p + ks * 16), ld32(p + ks * 16 + 8));
+    }
+}
+
+// acc (16 x HS) += p (16 x BLK, packed bf16 A fragments) * tile (BLK x HS).
+template <int HS>
+__device__ __forceinline__ void mul_acc(float (*acc)[4], const unsigned (*p)[4], const bf16* tile,
+                                        int lane) {
+    constexpr int LD = HS + PAD;
+    const bf16* base = tile + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+    for (int kk = 0; kk < BLK / 16; kk++) {
+        for (int nt = 0; nt < HS / 8; nt += 2) {
+            unsigned b[4];
+            ldsm4t(b, base + kk * 16 * LD + nt * 8);
+            mma(acc[nt], p[kk], b[0], b[1]);
+            mma(acc[nt + 1], p[kk], b[2], b[3]);
+        }
+    }
+}
+
+// C fragments of a 16 x BLK f32 tile -> A fragments (bf16) for the next product.
+__device__ __forceinline__ void to_a(unsigned (*a)[4], const float (*s)[4]) {
+    for (int kk = 0; kk < BLK / 16; kk++) {
+        a[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// Writes this warp's 16 x HS accumulator (times `mul`) as bf16 rows
+// [row0 + 16 warp, +16) below T, rows `stride` apart.
+template <int HS>
+__device__ __forceinline__ void store_rows(bf16* dst, const float (*acc)[4], float mul0, float mul1,
+                                           int row0, int T, long stride, int warp, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    int r0 = row0 + warp * 16 + g, r1 = r0 + 8;
+    for (int nt = 0; nt < HS / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        if (r0 < T) *(unsigned*)(dst + r0 * stride + col) = pack2(acc[nt][0] * mul0, acc[nt][1] * mul0);
+        if (r1 < T) *(unsigned*)(dst + r1 * stride + col) = pack2(acc[nt][2] * mul1, acc[nt][3] * mul1);
+    }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffff, v, 1);
+    return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// ---- forward --------------------------------------------------------------
+// grid (ceil(T/64), B*NH); lse [B*NH, T] in log2 units of the scaled scores.
+template <int HS>
+__device__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+    constexpr int LD = HS + PAD, NT = HS / 8;
+    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][K, V]; Q parks in stage 1
+    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.x;  // longest rows first
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int q0 = qb * BLK;
+
+    load_tile<HS>(sm[1][0], q, q0, T, stride);
+    load_tile<HS>(sm[0][0], k, 0, T, stride);
+    load_tile<HS>(sm[0][1], v, 0, T, stride);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    unsigned qf[HS / 16][4];
+    load_a<HS>(qf, sm[1][0], warp, lane);
+    __syncthreads();
+
+    float o[NT][4];
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    for (int j = 0; j <= qb; j++) {
+        int cur = j & 1;
+        next_kv<HS>(sm[cur ^ 1][0], sm[cur ^ 1][1], k, v, j + 1, j < qb, T, stride);
+        float s[BLK / 8][4];
+        mul_bt<HS>(s, qf, sm[cur][0], lane);
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+        for (int nt = 0; nt < BLK / 8; nt++) {
+            int key = j * BLK + nt * 8 + 2 * t;
+            s[nt][0] = key <= row0 ? s[nt][0] * sl2 : NEG_INF;
+            s[nt][1] = key + 1 <= row0 ? s[nt][1] * sl2 : NEG_INF;
+            s[nt][2] = key <= row1 ? s[nt][2] * sl2 : NEG_INF;
+            s[nt][3] = key + 1 <= row1 ? s[nt][3] * sl2 : NEG_INF;
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        // Key j*64 <= every row of this block, so each row has a finite score.
+        float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
+        float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= c0;
+            o[nt][1] *= c0;
+            o[nt][2] *= c1;
+            o[nt][3] *= c1;
+        }
+        for (int nt = 0; nt < BLK / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - n0);
+            s[nt][1] = exp2f(s[nt][1] - n0);
+            s[nt][2] = exp2f(s[nt][2] - n1);
+            s[nt][3] = exp2f(s[nt][3] - n1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        unsigned pf[BLK / 16][4];
+        to_a(pf, s);
+        mul_acc<HS>(o, pf, sm[cur][1], lane);
+        __syncthreads();
+    }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    store_rows<HS>(out + (long)b * T * C + h * HS, o, 1.f / l0, 1.f / l1, q0, T, C, warp, lane);
+    if (t == 0) {
+        float* L = lse + (long)blockIdx.y * T;
+        if (row0 < T) L[row0] = m0 + __log2f(l0);
+        if (row1 < T) L[row1] = m1 + __log2f(l1);
+    }
+}
+
+// ---- backward ---------------------------------------------------------------
+// dsum [B*NH, T] = rowsum(dout * out) per head; one thread per (row, head).
+template <int HS>
+__device__ void flash_dsum(float* dsum, const bf16* dout, const bf16* out, int B, int T, int NH) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * NH) return;
+    int h = i % NH;
+    long bt = i / NH;
+    int b = bt / T, tt = bt % T;
+    const uint4* d = (const uint4*)(dout + bt * NH * HS + h * HS);
+    const uint4* o = (const uint4*)(out + bt * NH * HS + h * HS);
+    float acc = 0.f;
+    for (int c = 0; c < HS / 8; c++) {
+        uint4 x = d[c], y = o[c];
+        acc += lo_f(x.x) * lo_f(y.x) + hi_f(x.x) * hi_f(y.x) + lo_f(x.y) * lo_f(y.y) + hi_f(x.y) * hi_f(y.y) +
+               lo_f(x.z) * lo_f(y.z) + hi_f(x.z) * hi_f(y.z) + lo_f(x.w) * lo_f(y.w) + hi_f(x.w) * hi_f(y.w);
+    }
+    dsum[((long)b * NH + h) * T + tt] = acc;
+}
+
+// dK, dV for one key block: grid (ceil(T/64), B*NH). Each warp holds its
+// 16 keys' K and V as fragments and walks the query blocks at or after
+// its own (causal), recomputing P^T = exp2(K Q^T * sl2 - lse).
+template <int HS>
+__device__ void flash_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                           const float* dsum, int T, int NH, float sl2, float scale) {
+    constexpr int LD = HS + PAD, NT = HS / 8;
+    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][Q, dO]; K, V park in stage 1
+    __shared__ float sL[2][BLK], sD[2][BLK];
+    int nb = (T + BLK - 1) / BLK, kb = blockIdx.x;  // later key blocks are shorter walks
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    const bf16* dO = dout + (long)b * T * C + h * HS;
+    const float* L = lse + (long)blockIdx.y * T;
+    const float* D = dsum + (long)blockIdx.y * T;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int k0 = kb * BLK;
+
+    load_tile<HS>(sm[1][0], k, k0, T, stride);
+    load_tile<HS>(sm[1][1], v, k0, T, stride);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    unsigned kf[HS / 16][4], vf[HS / 16][4];
+    load_a<HS>(kf, sm[1][0], warp, lane);
+    load_a<HS>(vf, sm[1][1], warp, lane);
+    __syncthreads();
+
+    auto stage = [&](int st, int qb) {
+        load_tile<HS>(sm[st][0], q, qb * BLK, T, stride);
+        load_tile<HS>(sm[st][1], dO, qb * BLK, T, C);
+        if (threadIdx.x < BLK) {
+            int row = qb * BLK + threadIdx.x;
+            // Rows past T get lse = +inf: their probabilities are 0.
+            sL[st][threadIdx.x] = row < T ? L[row] : -NEG_INF;
+            sD[st][threadIdx.x] = row < T ? D[row] : 0.f;
+        }
+        cp_commit();
+    };
+    float dk[NT][4], dv[NT][4];
+    for (int nt = 0; nt < NT; nt++)
+        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.f;
+    int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+    stage(0, kb);
+    for (int qb = kb; qb < nb; qb++) {
+        int cur = (qb - kb) & 1;
+        if (qb + 1 < nb) {
+            stage(cur ^ 1, qb + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *sq = sm[cur][0], *sdo = sm[cur][1];
+        float p[BLK / 8][4], dp[BLK / 8][4];
+        mul_bt<HS>(p, kf, sq, lane);   // S^T: keys x queries
+        mul_bt<HS>(dp, vf, sdo, lane); // dP^T = V dO^T
+        for (int nt = 0; nt < BLK / 8; nt++) {
+            int c = nt * 8 + 2 * t, qrow = qb * BLK + c;
+            float la = sL[cur][c], lb = sL[cur][c + 1], da = sD[cur][c], db = sD[cur][c + 1];
+            p[nt][0] = qrow >= key0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
+            p[nt][1] = qrow + 1 >= key0 ? exp2f(p[nt][1] * sl2 - lb) : 0.f;
+            p[nt][2] = qrow >= key1 ? exp2f(p[nt][2] * sl2 - la) : 0.f;
+            p[nt][3] = qrow + 1 >= key1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+            dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
+            dp[nt][1] = p[nt][1] * (dp[nt][1] - db);
+            dp[nt][2] = p[nt][2] * (dp[nt][2] - da);
+            dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+        }
+        unsigned af[BLK / 16][4];
+        to_a(af, p);
+        mul_acc<HS>(dv, af, sdo, lane);
+        to_a(af, dp);
+        mul_acc<HS>(dk, af, sq, lane);
+        __syncthreads();
+    }
+    bf16* base = dqkv + (long)b * T * stride + h * HS;
+    store_rows<HS>(base + C, dk, scale, scale, k0, T, stride, warp, lane);
+    store_rows<HS>(base + 2 * C, dv, 1.f, 1.f, k0, T, stride, warp, lane);
+}
+
+// dQ for one query block: grid (ceil(T/64), B*NH), walking key blocks
+// 0..own, recomputing P = exp2(Q K^T * sl2 - lse) and dP = dO V^T.
+template <int HS>
+__device__ void flash_dq(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                         const float* dsum, int T, int NH, float sl2, float scale) {
+    constexpr int LD = HS + PAD, NT = HS / 8;
+    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][K, V]; Q, dO park in stage 1
+    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.x;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    const bf16* dO = dout + (long)b * T * C + h * HS;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    int q0 = qb * BLK;
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+
+    load_tile<HS>(sm[1][0], q, q0, T, stride);
+    load_tile<HS>(sm[1][1], dO, q0, T, C);
+    load_tile<HS>(sm[0][0], k, 0, T, stride);
+    load_tile<HS>(sm[0][1], v, 0, T, stride);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    unsigned qf[HS / 16][4], df[HS / 16][4];
+    load_a<HS>(qf, sm[1][0], warp, lane);
+    load_a<HS>(df, sm[1][1], warp, lane);
+    const float* L = lse + (long)blockIdx.y * T;
+    const float* D = dsum + (long)blockIdx.y * T;
+    float la = row0 < T ? L[row0] : -NEG_INF, lb = row1 < T ? L[row1] : -NEG_INF;
+    float da = row0 < T ? D[row0] : 0.f, db = row1 < T ? D[row1] : 0.f;
+    __syncthreads();
+
+    float dq[NT][4];
+    for (int nt = 0; nt < NT; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.f;
+    for (int j = 0; j <= qb; j++) {
+        int cur = j & 1;
+        next_kv<HS>(sm[cur ^ 1][0], sm[cur ^ 1][1], k, v, j + 1, j < qb, T, stride);
+        float p[BLK / 8][4], dp[BLK / 8][4];
+        mul_bt<HS>(p, qf, sm[cur][0], lane);
+        mul_bt<HS>(dp, df, sm[cur][1], lane);
+        for (int nt = 0; nt < BLK / 8; nt++) {
+            int key = j * BLK + nt * 8 + 2 * t;
+            p[nt][0] = key <= row0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
+            p[nt][1] = key + 1 <= row0 ? exp2f(p[nt][1] * sl2 - la) : 0.f;
+            p[nt][2] = key <= row1 ? exp2f(p[nt][2] * sl2 - lb) : 0.f;
+            p[nt][3] = key + 1 <= row1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+            dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
+            dp[nt][1] = p[nt][1] * (dp[nt][1] - da);
+            dp[nt][2] = p[nt][2] * (dp[nt][2] - db);
+            dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+        }
+        unsigned af[BLK / 16][4];
+        to_a(af, dp);
+        mul_acc<HS>(dq, af, sm[cur][0], lane);
+        __syncthreads();
+    }
+    store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
+}
+
+// Entry points per head size (the shared-memory tiles fit the 48 KiB
+// static limit up to a head size of 64).
+#define FLASH_ENTRIES(HS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS) flash_forward_##HS(                    \
+        bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                      \
+        flash_forward<HS>(out, lse, qkv, T, NH, sl2);                                            \
+    }                                                                                            \
+    extern "C" __global__ void flash_dsum_##HS(float* dsum, const bf16* dout, const bf16* out,   \
+                                               int B, int T, int NH) {                           \
+        flash_dsum<HS>(dsum, dout, out, B, T, NH);                                               \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS) flash_dkdv_##HS(                       \
+        bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
+        int T, int NH, float sl2, float scale) {                                                 \
+        flash_dkdv<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                           \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS) flash_dq_##HS(                         \
+        bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
+        int T, int NH, float sl2, float scale) {                                                 \
+        flash_dq<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                             \
+    }
+
+FLASH_ENTRIES(16)
+FLASH_ENTRIES(32)
+FLASH_ENTRIES(64)
+
+// dst [N, 3C] (bf16) = src + bias [3C] (f32), 8 values per thread (may be in place).
+extern "C" __global__ void add_bias_bf(bf16* dst, const bf16* src, const float* bias, int N, int C3) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C3 / 8) return;
+    int c = (int)((i * 8) % C3);
+    uint4 u = ((const uint4*)src)[i];
+    unsigned* w = (unsigned*)&u;
+    for (int e = 0; e < 4; e++)
+        w[e] = pack2(lo_f(w[e]) + bias[c + 2 * e], hi_f(w[e]) + bias[c + 2 * e + 1]);
+    ((uint4*)dst)[i] = u;
+}

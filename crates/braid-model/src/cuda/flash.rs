@@ -1,0 +1,214 @@
+//! Launchers for the fused causal attention (`flash.cu`): forward with the
+//! row log-sum-exp kept, backward as a row-sum pass plus a dK/dV and a dQ
+//! kernel. Needs tensor cores with bf16 (compute capability 8.0 or newer)
+//! and a head size the kernels are instantiated for; the mixed engine
+//! falls back to batched cuBLAS products otherwise. Every launcher checks
+//! its buffers against the shape before launching.
+
+use super::mixed::{MixedKernels, A};
+use super::SOURCES;
+use crate::cpu::attention::AttnShape;
+use braid_cuda::nvrtc::{Function, Module};
+use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
+use half::bf16;
+
+/// Rows (and keys) per block of the fused kernels.
+const TILE: usize = 64;
+/// Threads per block: four warps of 16 rows.
+const THREADS: u32 = 128;
+
+/// The kernels of one head size.
+struct HeadKernels {
+    forward: Function,
+    dsum: Function,
+    dkdv: Function,
+    dq: Function,
+}
+
+/// The loaded fused-attention kernels of one device.
+pub struct FlashKernels {
+    _module: Module,
+    heads: Vec<(usize, HeadKernels)>,
+    add_bias: Function,
+}
+
+fn need(what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        return Err(CudaError::Invalid(format!(
+            "flash attention: {what} holds {have} elements, the shape needs {want}"
+        )));
+    }
+    Ok(())
+}
+
+impl FlashKernels {
+    /// Head sizes with fused kernels.
+    pub const HEAD_SIZES: [usize; 3] = [16, 32, 64];
+
+    /// Compiles (through the cache) and loads the kernels, or `None` on a
+    /// GPU older than compute capability 8.0.
+    pub fn load(device: &Device) -> Result<Option<FlashKernels>> {
+        if device.compute_capability()?.0 < 8 {
+            return Ok(None);
+        }
+        let module = Module::compile(device, SOURCES[2].0, SOURCES[2].1)?;
+        let mut heads = Vec::new();
+        for hs in Self::HEAD_SIZES {
+            let f = |n: &str| module.function(&format!("{n}_{hs}"));
+            heads.push((
+                hs,
+                HeadKernels {
+                    forward: f("flash_forward")?,
+                    dsum: f("flash_dsum")?,
+                    dkdv: f("flash_dkdv")?,
+                    dq: f("flash_dq")?,
+                },
+            ));
+        }
+        Ok(Some(FlashKernels {
+            add_bias: module.function("add_bias_bf")?,
+            heads,
+            _module: module,
+        }))
+    }
+
+    /// Whether the fused kernels take shape `s` (an error saying why not).
+    pub fn check(&self, s: AttnShape) -> Result<()> {
+        self.head(s).map(|_| ())
+    }
+
+    fn head(&self, s: AttnShape) -> Result<&HeadKernels> {
+        let hs = s.c.checked_div(s.nh).unwrap_or(0);
+        if s.b * s.nh > u16::MAX as usize || s.t > i32::MAX as usize / 4 {
+            return Err(CudaError::Invalid(format!(
+                "flash attention: batch × heads {} or sequence {} too large for one launch",
+                s.b * s.nh,
+                s.t
+            )));
+        }
+        self.heads
+            .iter()
+            .find(|(h, _)| *h == hs && s.nh * hs == s.c)
+            .map(|(_, k)| k)
+            .ok_or_else(|| {
+                CudaError::Invalid(format!(
+                    "flash attention: head size {hs} (width {} / {} heads) has no fused kernel \
+                     (sizes {:?})",
+                    s.c,
+                    s.nh,
+                    Self::HEAD_SIZES
+                ))
+            })
+    }
+
+    fn grid(s: AttnShape) -> (u32, u32, u32) {
+        (s.t.div_ceil(TILE).max(1) as u32, (s.b * s.nh) as u32, 1)
+    }
+
+    /// `dst[N, 3C] = src + bias` (bf16 rows, f32 bias).
+    pub fn add_bias(
+        &self,
+        st: &Stream,
+        dst: &mut impl DeviceMem<bf16>,
+        src: &impl DeviceMem<bf16>,
+        bias: &impl DeviceMem<f32>,
+        n: usize,
+        c3: usize,
+    ) -> Result<()> {
+        if c3 % 8 != 0 || n * c3 > i32::MAX as usize * 8 {
+            return Err(CudaError::Invalid(format!(
+                "add_bias: row width {c3} must be a multiple of 8 ({n} rows)"
+            )));
+        }
+        need("bias", bias.dlen(), c3)?;
+        need("source", src.dlen(), n * c3)?;
+        need("destination", dst.dlen(), n * c3)?;
+        let blocks = (n * c3 / 8).div_ceil(256).max(1) as u32;
+        let args = vec![
+            A::P(dst.dptr()),
+            A::P(src.dptr()),
+            A::P(bias.dptr()),
+            A::I(n as i32),
+            A::I(c3 as i32),
+        ];
+        MixedKernels::go(&self.add_bias, st, (blocks, 1, 1), (256, 1, 1), args)
+    }
+
+    /// `out[B,T,C]` and `lse[B*NH,T]` from `qkv[B,T,3C]` (bias included).
+    pub fn forward(
+        &self,
+        st: &Stream,
+        out: &mut impl DeviceMem<bf16>,
+        lse: &mut impl DeviceMem<f32>,
+        qkv: &impl DeviceMem<bf16>,
+        s: AttnShape,
+    ) -> Result<()> {
+        let k = self.head(s)?;
+        need("qkv", qkv.dlen(), s.b * s.t * 3 * s.c)?;
+        need("out", out.dlen(), s.b * s.t * s.c)?;
+        need("lse", lse.dlen(), s.b * s.nh * s.t)?;
+        let hs = s.c / s.nh;
+        let sl2 = std::f32::consts::LOG2_E / (hs as f32).sqrt();
+        let args = vec![
+            A::P(out.dptr()),
+            A::P(lse.dptr()),
+            A::P(qkv.dptr()),
+            A::I(s.t as i32),
+            A::I(s.nh as i32),
+            A::F(sl2),
+        ];
+        MixedKernels::go(&k.forward, st, Self::grid(s), (THREADS, 1, 1), args)
+    }
+
+    /// `dqkv[B,T,3C]` (overwritten) from `dout[B,T,C]`, with the forward
+    /// pass's `qkv`, `out` and `lse`; `dsum[B*NH,T]` is scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        st: &Stream,
+        dqkv: &mut impl DeviceMem<bf16>,
+        dsum: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<bf16>,
+        qkv: &impl DeviceMem<bf16>,
+        out: &impl DeviceMem<bf16>,
+        lse: &impl DeviceMem<f32>,
+        s: AttnShape,
+    ) -> Result<()> {
+        let k = self.head(s)?;
+        let (rows, heads) = (s.b * s.t, s.b * s.nh * s.t);
+        need("qkv", qkv.dlen(), rows * 3 * s.c)?;
+        need("dqkv", dqkv.dlen(), rows * 3 * s.c)?;
+        need("out", out.dlen(), rows * s.c)?;
+        need("dout", dout.dlen(), rows * s.c)?;
+        need("lse", lse.dlen(), heads)?;
+        need("dsum", dsum.dlen(), heads)?;
+        let hs = s.c / s.nh;
+        let scale = 1.0 / (hs as f32).sqrt();
+        let sl2 = std::f32::consts::LOG2_E * scale;
+        let args = vec![
+            A::P(dsum.dptr()),
+            A::P(dout.dptr()),
+            A::P(out.dptr()),
+            A::I(s.b as i32),
+            A::I(s.t as i32),
+            A::I(s.nh as i32),
+        ];
+        let blocks = heads.div_ceil(256).max(1) as u32;
+        MixedKernels::go(&k.dsum, st, (blocks, 1, 1), (256, 1, 1), args)?;
+        for f in [&k.dkdv, &k.dq] {
+            let args = vec![
+                A::P(dqkv.dptr()),
+                A::P(qkv.dptr()),
+                A::P(dout.dptr()),
+                A::P(lse.dptr()),
+                A::P(dsum.dptr()),
+                A::I(s.t as i32),
+                A::I(s.nh as i32),
+                A::F(sl2),
+                A::F(scale),
+            ];
+            MixedKernels::go(f, st, Self::grid(s), (THREADS, 1, 1), args)?;
+        }
+        Ok(())
+    }
+}
