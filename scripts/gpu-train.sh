@@ -28,6 +28,9 @@ echo "== f32: tiny, 50 steps, seed 5, CPU vs GPU"
 
 echo "== throughput: 124M, B=16, T=1024, bf16"
 "$braid" train --device cuda --model 124M --data random --batch 16 --seq 1024 --steps 25 --log-every 5
+echo "== the same without the fused epilogues, then also without the fused attention"
+BRAID_FUSED_EPILOGUES=0 "$braid" train --device cuda --model 124M --data random --batch 16 --seq 1024 --steps 25 --log-every 100 | grep summary
+BRAID_FUSED_EPILOGUES=0 BRAID_ATTENTION=batched "$braid" train --device cuda --model 124M --data random --batch 16 --seq 1024 --steps 25 --log-every 100 | grep summary
 echo "== where the time goes (BRAID_PROFILE=1)"
 BRAID_PROFILE=1 "$braid" train --device cuda --model 124M --data random --batch 16 --seq 1024 --steps 12 --log-every 100 | grep -A40 "GPU time per step"
 $py "$anchors/torch_gpt2_bench.py" --steps 20 2>&1 | tail -2

@@ -202,12 +202,12 @@ impl Blas {
 /// whether it is used transposed, and the stride between batch entries.
 #[derive(Debug, Clone, Copy)]
 pub struct Mat {
-    ptr: u64,
-    len: usize,
-    ty: DType,
-    ld: usize,
-    transposed: bool,
-    stride: usize,
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    pub(crate) ty: DType,
+    pub(crate) ld: usize,
+    pub(crate) transposed: bool,
+    pub(crate) stride: usize,
 }
 
 impl Mat {
@@ -237,7 +237,7 @@ impl Mat {
 
     /// Elements the operand spans for `batch` entries of `rows × cols`
     /// (as used; stored transposed when `transposed`).
-    fn span(&self, rows: usize, cols: usize, batch: usize) -> usize {
+    pub(crate) fn span(&self, rows: usize, cols: usize, batch: usize) -> usize {
         let (r, c) = if self.transposed {
             (cols, rows)
         } else {
@@ -246,7 +246,7 @@ impl Mat {
         (batch - 1) * self.stride + (r - 1) * self.ld + c
     }
 
-    fn cuda(&self) -> Option<sys::cudaDataType> {
+    pub(crate) fn cuda(&self) -> Option<sys::cudaDataType> {
         match self.ty {
             DType::F32 => Some(sys::cudaDataType::CUDA_R_32F),
             DType::BF16 => Some(sys::cudaDataType::CUDA_R_16BF),

@@ -14,6 +14,7 @@
 
 pub mod bandwidth;
 pub mod blas;
+pub mod blaslt;
 pub mod driver;
 pub mod error;
 pub mod memory;

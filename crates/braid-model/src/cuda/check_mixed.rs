@@ -9,7 +9,8 @@ use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared}
 use crate::cpu;
 use crate::rng::Rng;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
-use braid_cuda::{Device, DeviceBuffer, DevicePool, Result, Stream};
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::{Device, DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
 use half::bf16;
 
 /// Bound for kernels whose outputs are bf16: a few output roundings.
@@ -273,6 +274,8 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         BF16_OUT,
     ));
 
+    out.extend(fused_bias_checks(device, &s, &mut r)?);
+
     // Attention forward and backward against the CPU kernel, on both
     // paths (the fused one at several head sizes, with a sequence that is
     // not a multiple of its 64-row tiles).
@@ -380,6 +383,171 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         5e-2,
     ));
     Ok(out)
+}
+
+/// cuBLASLt products with a fused bias: f32 results with a separate
+/// residual input (`d = a·b + residual + bias`) and bf16 results
+/// (`d = a·b + bias`), every transpose, a padded leading dimension.
+fn fused_bias_checks(device: &Device, s: &Stream, r: &mut Rng) -> Result<[KernelCheck; 4]> {
+    let mut lt = BlasLt::new(device)?;
+    let (m, nn, kk, ld) = (200usize, 333usize, 192usize, 384usize);
+    let (mut e32, mut e16): (f64, f64) = (0.0, 0.0);
+    for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = randn(r, m * kk, 1.0);
+        let bm = randn(r, kk * nn, 1.0);
+        let bias = randn(r, nn, 1.0);
+        let resid = randn(r, m * ld, 1.0);
+        let mut prod = vec![0.0f32; m * nn];
+        cpu::matmul::gemm_rm(&mut prod, &a, a_t, &bm, b_t, m, nn, kk, false);
+        let want16: Vec<f32> = (0..m * nn).map(|i| prod[i] + bias[i % nn]).collect();
+        let want32: Vec<f32> = (0..m * nn)
+            .map(|i| want16[i] + resid[(i / nn) * ld + i % nn])
+            .collect();
+        let (ga, gbm) = (up_bf(device, &a)?, up_bf(device, &bm)?);
+        let (gbias, gbias16, gres) = (
+            up(device, &bias)?,
+            up_bf(device, &bias)?,
+            up(device, &resid)?,
+        );
+        let gd = DeviceBuffer::<f32>::zeros(device, m * ld)?;
+        let gd16 = DeviceBuffer::<bf16>::zeros(device, m * ld)?;
+        let am = Mat::of(&ga, if a_t { m } else { kk });
+        let bmat = Mat::of(&gbm, if b_t { kk } else { nn });
+        let (am, bmat) = (
+            if a_t { am.t() } else { am },
+            if b_t { bmat.t() } else { bmat },
+        );
+        let g = |c, d, bias: (u64, usize), beta| LtGemm {
+            m,
+            n: nn,
+            k: kk,
+            a: am,
+            b: bmat,
+            c,
+            d,
+            epilogue: Epilogue::Bias { bias },
+            alpha: 1.0,
+            beta,
+        };
+        let d32 = Mat::of(&gd, ld);
+        lt.gemm(s, &g(Mat::of(&gres, ld), d32, (gbias.dptr(), nn), 1.0))?;
+        let d16 = Mat::of(&gd16, ld);
+        lt.gemm(s, &g(d16, d16, (gbias16.dptr(), nn), 0.0))?;
+        s.synchronize()?;
+        let unpad =
+            |v: &[f32]| -> Vec<f32> { v.chunks(ld).flat_map(|row| row[..nn].to_vec()).collect() };
+        // The bf16 result adds the bf16-rounded bias.
+        let want16: Vec<f32> = (0..m * nn)
+            .map(|i| prod[i] + bf16::from_f32(bias[i % nn]).to_f32())
+            .collect();
+        e32 = e32.max(rel_err(&unpad(&gd.to_vec()?), &want32));
+        e16 = e16.max(rel_err(&unpad(&down_bf(&gd16)?), &want16));
+    }
+    let shape = format!("{m}x{kk} · {kk}x{nn}, ld {ld}, all transposes");
+    let (eg, eaux, edg, ebg) = gelu_epilogue_errors(device, &mut lt, s, r)?;
+    let gshape = format!("{m}x{kk} · {kk}x{nn}, ld {ld}");
+    Ok([
+        check(
+            "gemm + residual + bias -> f32 (cuBLASLt)",
+            shape.clone(),
+            e32,
+            F32_OUT,
+        ),
+        check("gemm + bias -> bf16 (cuBLASLt)", shape, e16, BF16_OUT),
+        check(
+            "gemm + bias + gelu -> bf16 (cuBLASLt)",
+            gshape.clone(),
+            eg.max(eaux),
+            BF16_OUT,
+        ),
+        check(
+            "gemm + gelu backward + bias grad (cuBLASLt)",
+            gshape,
+            edg.max(ebg),
+            BF16_OUT,
+        ),
+    ])
+}
+
+/// The GELU epilogues against the CPU: bias + GELU keeping the
+/// pre-activation, and the GELU backward with the bias gradient (the MLP's
+/// shapes: plain `a`, `b`; padded rows). Errors of (gelu, pre-activation,
+/// gradient, bias gradient).
+fn gelu_epilogue_errors(
+    device: &Device,
+    lt: &mut BlasLt,
+    s: &Stream,
+    r: &mut Rng,
+) -> Result<(f64, f64, f64, f64)> {
+    let (m, nn, kk, ld) = (200usize, 333usize, 192usize, 384usize);
+    let a = randn(r, m * kk, 1.0);
+    let bm = randn(r, kk * nn, 0.2);
+    let bias = randn(r, nn, 0.5);
+    let mut prod = vec![0.0f32; m * nn];
+    cpu::matmul::gemm_rm(&mut prod, &a, false, &bm, false, m, nn, kk, false);
+    let b16 = |x: f32| bf16::from_f32(x).to_f32();
+    let pre: Vec<f32> = (0..m * nn).map(|i| prod[i] + b16(bias[i % nn])).collect();
+    let mut gelu = vec![0.0f32; m * nn];
+    cpu::gelu::gelu_forward(&mut gelu, &pre);
+    let (ga, gbm, gbias) = (
+        up_bf(device, &a)?,
+        up_bf(device, &bm)?,
+        up_bf(device, &bias)?,
+    );
+    let gd = DeviceBuffer::<bf16>::zeros(device, m * ld)?;
+    let gaux = DeviceBuffer::<bf16>::zeros(device, m * ld)?;
+    let (am, bmat, d) = (Mat::of(&ga, kk), Mat::of(&gbm, nn), Mat::of(&gd, ld));
+    let g = |epilogue| LtGemm {
+        m,
+        n: nn,
+        k: kk,
+        a: am,
+        b: bmat,
+        c: d,
+        d,
+        epilogue,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    lt.gemm(
+        s,
+        &g(Epilogue::GeluAuxBias {
+            bias: (gbias.dptr(), nn),
+            aux: (gaux.dptr(), gaux.dlen()),
+            aux_ld: ld,
+        }),
+    )?;
+    s.synchronize()?;
+    let unpad =
+        |v: &[f32]| -> Vec<f32> { v.chunks(ld).flat_map(|row| row[..nn].to_vec()).collect() };
+    let aux_back = unpad(&down_bf(&gaux)?);
+    let (eg, eaux) = (
+        rel_err(&unpad(&down_bf(&gd)?), &gelu),
+        rel_err(&aux_back, &pre),
+    );
+    // Backward: d = product · gelu'(aux), with the aux the GPU kept.
+    let mut dpre = vec![0.0f32; m * nn];
+    cpu::gelu::gelu_backward(&mut dpre, &aux_back, &prod);
+    let mut dbias = vec![0.0f32; nn];
+    for (i, v) in dpre.iter().enumerate() {
+        dbias[i % nn] += v;
+    }
+    let gbg = DeviceBuffer::<bf16>::zeros(device, nn)?;
+    lt.gemm(
+        s,
+        &g(Epilogue::DGeluBGrad {
+            aux: (gaux.dptr(), gaux.dlen()),
+            aux_ld: ld,
+            bgrad: (gbg.dptr(), nn),
+        }),
+    )?;
+    s.synchronize()?;
+    Ok((
+        eg,
+        eaux,
+        rel_err(&unpad(&down_bf(&gd)?), &dpre),
+        rel_err(&down_bf(&gbg)?, &dbias),
+    ))
 }
 
 /// Attention forward and backward on `path` against the CPU kernel, with

@@ -238,6 +238,21 @@ pub fn forward(
     }
 }
 
+/// The fused path's forward pass when the saved `qkv` already holds the
+/// projection with its bias (written there by a fused-bias product).
+pub fn forward_prebiased(
+    k: &MixedKernels,
+    st: &Stream,
+    out: &mut impl DeviceMem<bf16>,
+    saved: &mut AttnSaved,
+    s: AttnShape,
+) -> Result<()> {
+    match (saved, k.flash.as_ref()) {
+        (AttnSaved::Fused { qkv, lse }, Some(f)) => f.forward(st, out, lse, qkv, s),
+        _ => Err(mismatch()),
+    }
+}
+
 /// The batched path's forward pass.
 #[allow(clippy::too_many_arguments)]
 fn batched_forward(
