@@ -288,18 +288,30 @@ impl<T: Element> DeviceBuffer<T> {
         a: std::ops::Range<usize>,
         b: std::ops::Range<usize>,
     ) -> (DeviceViewMut<'_, T>, DeviceViewMut<'_, T>) {
-        self.check_range(&a);
-        self.check_range(&b);
-        assert!(
-            a.end <= b.start || b.end <= a.start,
-            "views {a:?} and {b:?} overlap"
-        );
-        let v = |r: std::ops::Range<usize>| DeviceViewMut {
+        let [a, b] = self.views_mut_n([a, b]);
+        (a, b)
+    }
+
+    /// `K` pairwise disjoint writable views. Panics if two overlap or one
+    /// is out of bounds.
+    pub fn views_mut_n<const K: usize>(
+        &mut self,
+        ranges: [std::ops::Range<usize>; K],
+    ) -> [DeviceViewMut<'_, T>; K] {
+        for (i, a) in ranges.iter().enumerate() {
+            self.check_range(a);
+            for b in &ranges[i + 1..] {
+                assert!(
+                    a.end <= b.start || b.end <= a.start,
+                    "views {a:?} and {b:?} overlap"
+                );
+            }
+        }
+        ranges.map(|r| DeviceViewMut {
             ptr: self.ptr_at(r.start),
             len: r.len(),
             _borrow: PhantomData,
-        };
-        (v(a), v(b))
+        })
     }
 }
 

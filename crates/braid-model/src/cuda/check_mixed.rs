@@ -93,14 +93,24 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         DeviceBuffer::zeros(device, c)?,
         DeviceBuffer::zeros(device, c)?,
     );
-    let mut partial = DeviceBuffer::zeros(device, MixedKernels::partial_len(n, 4 * c, 2))?;
+    let len = MixedKernels::partial_len(n, 4 * c, 2).max(MixedKernels::partial_len(n, c, 3));
+    let mut partial = DeviceBuffer::zeros(device, len)?;
     let gdout = up_bf(device, &dout)?;
+    // The column sums of the updated dres (the next bias gradient), added
+    // to a nonzero start.
+    let next0 = randn(&mut r, c, 1.0);
+    let mut gnext = up(device, &next0)?;
+    let mut cnext = next0.clone();
+    for (i, v) in cres.iter().enumerate() {
+        cnext[i % c] += v;
+    }
     mk.layernorm_backward(
         &s,
         &mut gres,
         &mut gres_bf,
         &mut gdw,
         &mut gdb,
+        Some(&mut gnext),
         &mut partial,
         &gdout,
         &gx,
@@ -113,9 +123,10 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     s.synchronize()?;
     let e = rel_err(&gres.to_vec()?, &cres)
         .max(rel_err(&gdw.to_vec()?, &cdw))
-        .max(rel_err(&gdb.to_vec()?, &cdb));
+        .max(rel_err(&gdb.to_vec()?, &cdb))
+        .max(rel_err(&gnext.to_vec()?, &cnext));
     out.push(check(
-        "layernorm_backward (bf16 dout)",
+        "layernorm_backward + next bias grad (fused)",
         shape.clone(),
         e,
         F32_OUT,
@@ -173,13 +184,19 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let dh = randn(&mut r, h.len(), 1.0);
     let mut cdh = vec![0.0f32; h.len()];
     cpu::gelu::gelu_backward(&mut cdh, &pre, &dh);
+    // The fused bias gradient sums the bf16 values the products then use.
+    let mut cdb = vec![0.0f32; 4 * c];
+    for (i, v) in cdh.iter().enumerate() {
+        cdb[i % (4 * c)] += bf16::from_f32(*v).to_f32();
+    }
     let mut gdh = up_bf(device, &dh)?;
-    mk.gelu_backward_inplace(&s, &mut gdh, &gpre, h.len())?;
+    let mut gdb = DeviceBuffer::<f32>::zeros(device, 4 * c)?;
+    mk.gelu_backward_bias(&s, &mut gdh, &gpre, &mut gdb, &mut partial, n, 4 * c)?;
     s.synchronize()?;
     out.push(check(
-        "gelu_backward (bf16)",
-        format!("{} elements", h.len()),
-        rel_err(&down_bf(&gdh)?, &cdh),
+        "gelu_backward + bias grad (bf16)",
+        format!("N={n} C={}", 4 * c),
+        rel_err(&down_bf(&gdh)?, &cdh).max(rel_err(&gdb.to_vec()?, &cdb)),
         BF16_OUT,
     ));
 

@@ -77,6 +77,106 @@ extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16
     }
 }
 
+// LayerNorm backward fused with the column sums it feeds, for widths of
+// 128 * G (G = 4, 6, 8): one block of 4 warps per chunk of `rpb` rows,
+// each warp taking every 4th row in order, each lane owning the float4
+// column groups lane, lane + 32, ... . dres += dx (f32), dres_bf = its
+// bf16 copy, and partial[chunk] = (sum norm*dy | sum dy | sum of the
+// updated dres), the last being the bias gradient of the projection that
+// adds into this residual stream below. The second pass over a row
+// re-reads it (from L1) rather than keeping it in registers, so more
+// warps fit per SM. Warps' sums are combined in warp order, so runs
+// repeat bit for bit.
+__device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, long off, int k,
+                                          float m, float rs, float* nv, float* gv) {
+    float4 xx = ((const float4*)(inp + off))[k];
+    uint2 d = ((const uint2*)(dout + off))[k];
+    nv[0] = (xx.x - m) * rs; nv[1] = (xx.y - m) * rs;
+    nv[2] = (xx.z - m) * rs; nv[3] = (xx.w - m) * rs;
+    gv[0] = __uint_as_float(d.x << 16); gv[1] = __uint_as_float(d.x & 0xffff0000u);
+    gv[2] = __uint_as_float(d.y << 16); gv[3] = __uint_as_float(d.y & 0xffff0000u);
+}
+
+template <int G>
+__device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, const float* inp,
+                                  const float* w, const float* mean, const float* rstd, int N,
+                                  float* partial, int rpb) {
+    constexpr int C = 128 * G;
+    __shared__ float red[3 * C];
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float aw[G][4], ab[G][4], ar[G][4];
+#pragma unroll
+    for (int j = 0; j < G; j++)
+        for (int e = 0; e < 4; e++) aw[j][e] = ab[j][e] = ar[j][e] = 0.f;
+    const float4* w4 = (const float4*)w;
+    int end = min((blockIdx.x + 1) * rpb, N);
+    for (int row = blockIdx.x * rpb + warp; row < end; row += 4) {
+        long off = (long)row * C;
+        float m = mean[row], rs = rstd[row];
+        float a = 0.f, b = 0.f;
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            float nv[4], gv[4];
+            load_row4(inp, dout, off, lane + WARP * j, m, rs, nv, gv);
+            float4 ww = w4[lane + WARP * j];
+            float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+            for (int e = 0; e < 4; e++) {
+                float dn = wv[e] * gv[e];
+                a += dn;
+                b += dn * nv[e];
+            }
+        }
+        a = warp_sum(a) / C;
+        b = warp_sum(b) / C;
+        float4* d = (float4*)(dres + off);
+        uint2* dbf = (uint2*)(dres_bf + off);
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            int k = lane + WARP * j;
+            float nv[4], gv[4];
+            load_row4(inp, dout, off, k, m, rs, nv, gv);
+            float4 ww = w4[k];
+            float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+            float4 o = d[k];
+            float v[4] = {o.x, o.y, o.z, o.w};
+            for (int e = 0; e < 4; e++) {
+                v[e] += (wv[e] * gv[e] - a - nv[e] * b) * rs;
+                aw[j][e] += nv[e] * gv[e];
+                ab[j][e] += gv[e];
+                ar[j][e] += v[e];
+            }
+            d[k] = make_float4(v[0], v[1], v[2], v[3]);
+            dbf[k] = make_uint2(narrow(v[0]) | ((unsigned)narrow(v[1]) << 16),
+                                narrow(v[2]) | ((unsigned)narrow(v[3]) << 16));
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        if (warp == k) {
+#pragma unroll
+            for (int j = 0; j < G; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int col = (lane + WARP * j) * 4 + e;
+                    red[col] = (k ? red[col] : 0.f) + aw[j][e];
+                    red[C + col] = (k ? red[C + col] : 0.f) + ab[j][e];
+                    red[2 * C + col] = (k ? red[2 * C + col] : 0.f) + ar[j][e];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < 3 * C; i += blockDim.x) partial[(long)blockIdx.x * 3 * C + i] = red[i];
+}
+
+#define LN_FUSED(G)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) ln_backward_fused_##G(                     \
+        float* dres, bf16* dres_bf, const bf16* dout, const float* inp, const float* w,          \
+        const float* mean, const float* rstd, int N, float* partial, int rpb) {                  \
+        ln_backward_fused<G>(dres, dres_bf, dout, inp, w, mean, rstd, N, partial, rpb);          \
+    }
+LN_FUSED(4)
+LN_FUSED(6)
+LN_FUSED(8)
+
 // Column partial sums over the row chunk blockIdx.y (rpb rows): a block of
 // 32 columns x 8 row lanes, each lane summing every 8th row in order, then
 // the 8 lanes in order. LayerNorm: partial[chunk] = (sum norm*dy | sum dy).
@@ -130,15 +230,19 @@ extern "C" __global__ void bias_partial_bf(float* partial, const bf16* dout, int
 }
 
 // Sums `blocks` partial rows of `parts * C` columns in block order:
-// columns [0, C) go to d0, [C, 2C) to d1 (when parts == 2).
-extern "C" __global__ void sum_partials(float* d0, float* d1, const float* partial, int blocks,
-                                        int C, int parts) {
+// columns [0, C) go to d0, [C, 2C) to d1, [2C, 3C) to d2 (each skipped
+// when null).
+extern "C" __global__ void sum_partials(float* d0, float* d1, float* d2, const float* partial,
+                                        int blocks, int C, int parts) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     int K = C * parts;
     if (i >= K) return;
+    float* dst[3] = {d0, d1, d2};
+    float* d = dst[i / C];
+    if (!d) return;
     float s = 0.f;
     for (int b = 0; b < blocks; b++) s += partial[(long)b * K + i];
-    if (i < C) d0[i] += s; else d1[i - C] += s;
+    d[i % C] += s;
 }
 
 // ---- elementwise ------------------------------------------------------------
@@ -174,14 +278,6 @@ __device__ __forceinline__ float gelu_grad(float x) {
     float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
     float sech2 = 1.f - th * th;
     return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_S * (1.f + 3.f * 0.044715f * x * x);
-}
-
-// dinp = gelu'(pre) * dout (dinp may be dout), two elements per thread.
-extern "C" __global__ void gelu_backward_bf(unsigned* dinp, const unsigned* pre, const unsigned* dout, int total) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (2 * i >= total) return;
-    unsigned x = pre[i], d = dout[i];
-    dinp[i] = pack(gelu_grad(lo(x)) * lo(d), gelu_grad(hi(x)) * hi(d));
 }
 
 // f32 -> bf16 copy.
@@ -406,4 +502,41 @@ extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float
     pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
     p[i] = pi;
     if (pb) pb[i] = narrow(pi);
+}
+
+// ---- MLP backward -----------------------------------------------------------
+// dx (bf16, in place) = dx * gelu'(pre), fused with the column sums of the
+// result (the MLP's bias gradient, over the bf16 values the products use):
+// grid (ceil(C / 256), row chunks of rpb), blocks of 8 row lanes x 32
+// threads, each thread 8 columns (one 16-byte word), each row lane taking
+// every 8th row of the chunk in order; partial[chunk][col] sums the 8
+// lanes in order.
+extern "C" __global__ void gelu_backward_bias_bf(bf8* dx, const bf8* pre, float* partial, int N,
+                                                 int C, int rpb) {
+    __shared__ float red[8][256];
+    int tc = threadIdx.x % 32, rl = threadIdx.x / 32;
+    int col = blockIdx.x * 256 + tc * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int end = min((blockIdx.y + 1) * rpb, N);
+    if (col < C) {
+        for (int r = blockIdx.y * rpb + rl; r < end; r += 8) {
+            int i = (r * C + col) / 8;
+            float g[8], x[8];
+            unpack8(dx[i], g);
+            unpack8(pre[i], x);
+            for (int e = 0; e < 8; e++) g[e] *= gelu_grad(x[e]);
+            bf8 out = pack8(g);
+            dx[i] = out;
+            unpack8(out, g);
+            for (int e = 0; e < 8; e++) acc[e] += g[e];
+        }
+    }
+    for (int e = 0; e < 8; e++) red[rl][tc * 8 + e] = acc[e];
+    __syncthreads();
+    int c = blockIdx.x * 256 + threadIdx.x;
+    if (threadIdx.x < 256 && c < C) {
+        float t = 0.f;
+        for (int k = 0; k < 8; k++) t += red[k][threadIdx.x];
+        partial[(long)blockIdx.y * C + c] = t;
+    }
 }

@@ -17,6 +17,12 @@ const WARPS: usize = (BLOCK / 32) as usize;
 /// bias gradients): partial sums per chunk, then a sum over chunks.
 pub const ROWS_PER_BLOCK: usize = 512;
 
+/// Rows per block of the fused GELU backward + bias gradient.
+const GELU_ROWS_PER_BLOCK: usize = 128;
+
+/// Rows per block of the fused LayerNorm backward (one partial row each).
+const LN_ROWS_PER_BLOCK: usize = 32;
+
 /// The largest element count the 32-bit-indexed kernels take.
 const MAX_I32: usize = i32::MAX as usize;
 
@@ -75,13 +81,15 @@ pub struct MixedKernels {
     _module: Module,
     ln_forward: Function,
     ln_backward: Function,
+    /// Fused LayerNorm backward for widths 512, 768 and 1024.
+    ln_backward_fused: [(usize, Function); 3],
     ln_param_partial: Function,
     bias_partial_f32: Function,
     bias_partial_bf: Function,
     sum_partials: Function,
     residual_bias: Function,
     bias_gelu: Function,
-    gelu_backward: Function,
+    gelu_backward_bias: Function,
     to_bf16: Function,
     pub(crate) permute_qkv: Function,
     pub(crate) unpermute: Function,
@@ -103,13 +111,18 @@ impl MixedKernels {
         Ok(MixedKernels {
             ln_forward: f("ln_forward_bf")?,
             ln_backward: f("ln_backward_bf")?,
+            ln_backward_fused: [
+                (512, f("ln_backward_fused_4")?),
+                (768, f("ln_backward_fused_6")?),
+                (1024, f("ln_backward_fused_8")?),
+            ],
             ln_param_partial: f("ln_param_partial_bf")?,
             bias_partial_f32: f("bias_partial_f32")?,
             bias_partial_bf: f("bias_partial_bf")?,
             sum_partials: f("sum_partials")?,
             residual_bias: f("residual_bias")?,
             bias_gelu: f("bias_gelu_bf")?,
-            gelu_backward: f("gelu_backward_bf")?,
+            gelu_backward_bias: f("gelu_backward_bias_bf")?,
             to_bf16: f("to_bf16")?,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
@@ -198,13 +211,21 @@ impl MixedKernels {
     }
 
     /// Elements of the partial-sum scratch the column reductions of `n`
-    /// rows of `c` need (LayerNorm: `parts` = 2, bias: 1).
+    /// rows of `c` need (LayerNorm backward: `parts` = 3, bias: 1).
     pub fn partial_len(n: usize, c: usize, parts: usize) -> usize {
-        n.div_ceil(ROWS_PER_BLOCK).max(1) * c * parts
+        let rows = if parts == 3 && Self::ln_fused(c) {
+            LN_ROWS_PER_BLOCK
+        } else {
+            ROWS_PER_BLOCK
+        };
+        n.div_ceil(rows).max(1) * c * parts
     }
 
     /// LayerNorm backward: `dres += dx` (f32), `dres_bf` = bf16 copy of the
-    /// result, and `dw`/`db` += the parameter gradients (fixed order).
+    /// result, `dw`/`db` += the parameter gradients and, when given,
+    /// `dnext` += the column sums of the updated `dres` (the bias gradient
+    /// of the projection below), all in a fixed order. Widths 512, 768 and
+    /// 1024 (GPT-2 small and medium) take one fused pass.
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_backward(
         &self,
@@ -213,6 +234,7 @@ impl MixedKernels {
         dres_bf: &mut impl DeviceMem<bf16>,
         dw: &mut impl DeviceMem<f32>,
         db: &mut impl DeviceMem<f32>,
+        dnext: Option<&mut dyn DeviceMem<f32>>,
         partial: &mut impl DeviceMem<f32>,
         dout: &impl DeviceMem<bf16>,
         inp: &impl DeviceMem<f32>,
@@ -230,13 +252,17 @@ impl MixedKernels {
             c,
         )?;
         need("layernorm stats", mean.dlen().min(rstd.dlen()), n)?;
+        if let Some(d) = &dnext {
+            need("layernorm next bias grad", d.dlen(), c)?;
+        }
+        fits_i32("layernorm", n * c)?;
         need(
             "layernorm partials",
             partial.dlen(),
-            Self::partial_len(n, c, 2),
+            Self::partial_len(n, c, 3),
         )?;
-        let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
-        let args = vec![
+        // Both kernels start (dres, dres_bf, dout, inp, w, mean, rstd, N).
+        let mut args = vec![
             A::P(dres.dptr()),
             A::P(dres_bf.dptr()),
             A::P(dout.dptr()),
@@ -245,8 +271,16 @@ impl MixedKernels {
             A::P(mean.dptr()),
             A::P(rstd.dptr()),
             A::I(n as i32),
-            A::I(c as i32),
         ];
+        if let Some(fused) = self.ln_fused_for(c) {
+            let nblocks = n.div_ceil(LN_ROWS_PER_BLOCK).max(1);
+            args.extend([A::P(partial.dptr()), A::I(LN_ROWS_PER_BLOCK as i32)]);
+            Self::go(fused, s, (nblocks as u32, 1, 1), (128, 1, 1), args)?;
+            let next = dnext.map_or(0, |d| d.dptr());
+            return self.sum_partials(s, [dw.dptr(), db.dptr(), next], partial, nblocks, c);
+        }
+        let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
+        args.push(A::I(c as i32));
         self.rows(&self.ln_backward, s, n, args)?;
         let args = vec![
             A::P(partial.dptr()),
@@ -260,36 +294,55 @@ impl MixedKernels {
         ];
         let (grid, block) = Self::column_grid(n, c);
         Self::go(&self.ln_param_partial, s, grid, block, args)?;
-        self.sum_partials(s, dw, Some(db), partial, nblocks, c)
+        self.sum_partials(s, [dw.dptr(), db.dptr(), 0], partial, nblocks, c)?;
+        if let Some(d) = dnext {
+            self.bias_backward_f32(s, d, partial, &*dres, n, c)?;
+        }
+        Ok(())
     }
 
+    /// Whether widths of `c` take the fused LayerNorm backward.
+    fn ln_fused(c: usize) -> bool {
+        matches!(c, 512 | 768 | 1024)
+    }
+
+    /// The fused LayerNorm backward for width `c`, if there is one.
+    fn ln_fused_for(&self, c: usize) -> Option<&Function> {
+        self.ln_backward_fused
+            .iter()
+            .find(|(w, _)| *w == c)
+            .map(|(_, f)| f)
+    }
+
+    /// Adds the sums over `nblocks` partial rows of `parts × c` columns to
+    /// the destinations (device addresses of `c` f32 values each, checked
+    /// by the callers; 0 for none), in order.
     fn sum_partials(
         &self,
         s: &Stream,
-        d0: &mut impl DeviceMem<f32>,
-        d1: Option<&mut dyn DeviceMem<f32>>,
+        dst: [u64; 3],
         partial: &impl DeviceMem<f32>,
         nblocks: usize,
         c: usize,
     ) -> Result<()> {
-        let parts = if d1.is_some() { 2 } else { 1 };
-        let d1p = d1.map(|d| d.dptr()).unwrap_or(0);
+        let parts = 3 - dst.iter().rev().take_while(|&&d| d == 0).count();
         let args = vec![
-            A::P(d0.dptr()),
-            A::P(d1p),
+            A::P(dst[0]),
+            A::P(dst[1]),
+            A::P(dst[2]),
             A::P(partial.dptr()),
             A::I(nblocks as i32),
             A::I(c as i32),
-            A::I(parts),
+            A::I(parts as i32),
         ];
-        self.elementwise(&self.sum_partials, s, c * parts as usize, args)
+        self.elementwise(&self.sum_partials, s, c * parts, args)
     }
 
     /// `dbias += column sums of dout` (f32 rows), in a fixed order.
     pub fn bias_backward_f32(
         &self,
         s: &Stream,
-        dbias: &mut impl DeviceMem<f32>,
+        dbias: &mut dyn DeviceMem<f32>,
         partial: &mut impl DeviceMem<f32>,
         dout: &impl DeviceMem<f32>,
         n: usize,
@@ -320,7 +373,7 @@ impl MixedKernels {
         &self,
         s: &Stream,
         f: &Function,
-        dbias: &mut impl DeviceMem<f32>,
+        dbias: &mut dyn DeviceMem<f32>,
         partial: &mut impl DeviceMem<f32>,
         dout: u64,
         n: usize,
@@ -337,7 +390,7 @@ impl MixedKernels {
         ];
         let (grid, block) = Self::column_grid(n, c);
         Self::go(f, s, grid, block, args)?;
-        self.sum_partials(s, dbias, None, partial, nblocks, c)
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c)
     }
 
     /// `out = x + bias` over rows of `c` (f32).
@@ -386,24 +439,45 @@ impl MixedKernels {
         self.elementwise(&self.bias_gelu, s, n * c / 2, args)
     }
 
-    /// `dx = gelu'(pre) * dx`, in place (bf16).
-    pub fn gelu_backward_inplace(
+    /// `dx *= gelu'(pre)` (bf16, in place, `n` rows of `c`) and `dbias +=`
+    /// the column sums of the result, in a fixed order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gelu_backward_bias(
         &self,
         s: &Stream,
         dx: &mut impl DeviceMem<bf16>,
         pre: &impl DeviceMem<bf16>,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
         n: usize,
+        c: usize,
     ) -> Result<()> {
-        need("gelu backward", dx.dlen().min(pre.dlen()), n)?;
+        need("gelu backward", dx.dlen().min(pre.dlen()), n * c)?;
+        need("gelu backward bias grad", dbias.dlen(), c)?;
+        fits_i32("gelu backward", n * c)?;
+        if c % 8 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "gelu backward: width {c} is not a multiple of 8"
+            )));
+        }
+        let chunks = n.div_ceil(GELU_ROWS_PER_BLOCK).max(1);
+        need("gelu backward partials", partial.dlen(), chunks * c)?;
         let args = vec![
             A::P(dx.dptr()),
             A::P(pre.dptr()),
-            A::P(dx.dptr()),
-            A::I(n.min(MAX_I32) as i32),
+            A::P(partial.dptr()),
+            A::I(n as i32),
+            A::I(c as i32),
+            A::I(GELU_ROWS_PER_BLOCK as i32),
         ];
-        even("gelu backward", n)?;
-        fits_i32("gelu backward", n)?;
-        self.elementwise(&self.gelu_backward, s, n / 2, args)
+        let grid = (c.div_ceil(256) as u32, chunks as u32, 1);
+        Self::go(&self.gelu_backward_bias, s, grid, (256, 1, 1), args)?;
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, chunks, c)
+    }
+
+    /// Elements of partial-sum scratch [`Self::gelu_backward_bias`] needs.
+    pub fn gelu_partial_len(n: usize, c: usize) -> usize {
+        n.div_ceil(GELU_ROWS_PER_BLOCK).max(1) * c
     }
 
     /// `out = bf16(x)`.

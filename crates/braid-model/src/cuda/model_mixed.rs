@@ -235,8 +235,9 @@ impl GpuGptMixed {
                 gelu: p.zeros(n * 4 * c, s)?,
             });
         }
-        let partial_len =
-            MixedKernels::partial_len(n, 4 * c, 1).max(MixedKernels::partial_len(n, c, 2));
+        let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
+            .max(MixedKernels::partial_len(n, c, 3))
+            .max(MixedKernels::gelu_partial_len(n, 4 * c));
         let model = GpuGptMixed {
             kernels: Kernels::load(device)?,
             mk,
@@ -593,13 +594,17 @@ impl GpuGptMixed {
         zero_async(&mut self.dresid, s)?;
         prof.mark(s, "bwd zero")?;
         {
-            let (mut gw, mut gb) = g.views_mut2(lw.clone(), lb);
+            // The column sums of the LayerNorm's dres are the last layer's
+            // fcproj bias gradient.
+            let top = self.ranges[cfg.n_layer - 1].fcproj_b.clone();
+            let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb, top]);
             mk.layernorm_backward(
                 s,
                 &mut self.dresid,
                 &mut self.dresid_bf,
                 &mut gw,
                 &mut gb,
+                Some(&mut gnext),
                 &mut self.partial,
                 &self.dln,
                 &self.resid[cfg.n_layer],
@@ -642,17 +647,17 @@ impl GpuGptMixed {
                 1.0,
             )?;
             prof.mark(s, "bwd gemm fcproj")?;
-            mk.bias_backward_f32(
+            // (fcproj's bias gradient came with the LayerNorm backward above.)
+            mk.gelu_backward_bias(
                 s,
-                &mut g.view_mut(r.fcproj_b.clone()),
+                &mut self.dgelu,
+                &a.fch,
+                &mut g.view_mut(r.fc_b.clone()),
                 &mut self.partial,
-                &self.dresid,
                 n,
-                c,
+                4 * c,
             )?;
-            prof.mark(s, "bwd bias")?;
-            mk.gelu_backward_inplace(s, &mut self.dgelu, &a.fch, n * 4 * c)?;
-            prof.mark(s, "bwd gelu")?;
+            prof.mark(s, "bwd gelu+bias")?;
             mm(
                 blas,
                 s,
@@ -677,23 +682,17 @@ impl GpuGptMixed {
                 1.0,
             )?;
             prof.mark(s, "bwd gemm fc")?;
-            mk.bias_backward_bf(
-                s,
-                &mut g.view_mut(r.fc_b.clone()),
-                &mut self.partial,
-                &self.dgelu,
-                n,
-                4 * c,
-            )?;
-            prof.mark(s, "bwd bias")?;
             {
-                let (mut gw, mut gb) = g.views_mut2(r.ln2_w.clone(), r.ln2_b.clone());
+                // ... and proj's bias gradient comes with this one.
+                let [mut gw, mut gb, mut gnext] =
+                    g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()]);
                 mk.layernorm_backward(
                     s,
                     &mut self.dresid,
                     &mut self.dresid_bf,
                     &mut gw,
                     &mut gb,
+                    Some(&mut gnext),
                     &mut self.partial,
                     &self.dln,
                     &a.resid2,
@@ -730,15 +729,6 @@ impl GpuGptMixed {
                 1.0,
             )?;
             prof.mark(s, "bwd gemm proj")?;
-            mk.bias_backward_f32(
-                s,
-                &mut g.view_mut(r.proj_b.clone()),
-                &mut self.partial,
-                &self.dresid,
-                n,
-                c,
-            )?;
-            prof.mark(s, "bwd bias")?;
             // dqkv goes into the qkv scratch (free in the backward pass).
             attention::backward(
                 mk,
@@ -787,13 +777,21 @@ impl GpuGptMixed {
             )?;
             prof.mark(s, "bwd bias")?;
             {
-                let (mut gw, mut gb) = g.views_mut2(r.ln1_w.clone(), r.ln1_b.clone());
+                // The layer below's fcproj bias gradient comes with this one.
+                let below = if l > 0 {
+                    self.ranges[l - 1].fcproj_b.clone()
+                } else {
+                    0..0
+                };
+                let [mut gw, mut gb, mut gnext] =
+                    g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below]);
                 mk.layernorm_backward(
                     s,
                     &mut self.dresid,
                     &mut self.dresid_bf,
                     &mut gw,
                     &mut gb,
+                    if l > 0 { Some(&mut gnext) } else { None },
                     &mut self.partial,
                     &self.dln,
                     &self.resid[l],
