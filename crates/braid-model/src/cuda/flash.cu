@@ -12,7 +12,8 @@
 //           log-sum-exp (base 2, scaled) kept for the backward pass.
 // backward: D = rowsum(dO * O), then two kernels, each recomputing the
 //           probabilities from the log-sum-exp: one per key block for dK
-//           and dV, one per query block for dQ. No atomics: every output
+//           and dV, one per query block for dQ (one launch of both ran
+//           slower on an H200). No atomics: every output
 //           element is written by one thread in a fixed order, so runs
 //           repeat bit for bit.
 //
@@ -179,8 +180,9 @@ template <int HS>
 __device__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
     constexpr int LD = HS + PAD, NT = HS / 8;
     __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][K, V]; Q parks in stage 1
-    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.x;  // longest rows first
-    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    // grid (B*NH, row blocks): all heads' longest row blocks first.
+    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
     const bf16 *k = q + C, *v = q + 2 * C;
@@ -246,7 +248,7 @@ __device__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int
     l1 = quad_sum(l1);
     store_rows<HS>(out + (long)b * T * C + h * HS, o, 1.f / l0, 1.f / l1, q0, T, C, warp, lane);
     if (t == 0) {
-        float* L = lse + (long)blockIdx.y * T;
+        float* L = lse + (long)bh * T;
         if (row0 < T) L[row0] = m0 + __log2f(l0);
         if (row1 < T) L[row1] = m1 + __log2f(l1);
     }
@@ -276,19 +278,20 @@ __device__ void flash_dsum(float* dsum, const bf16* dout, const bf16* out, int B
 // 16 keys' K and V as fragments and walks the query blocks at or after
 // its own (causal), recomputing P^T = exp2(K Q^T * sl2 - lse).
 template <int HS>
-__device__ void flash_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+__device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], float (*sL)[BLK],
+                           float (*sD)[BLK], bf16* dqkv, const bf16* qkv, const bf16* dout,
+                           const float* lse,
                            const float* dsum, int T, int NH, float sl2, float scale) {
     constexpr int LD = HS + PAD, NT = HS / 8;
-    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][Q, dO]; K, V park in stage 1
-    __shared__ float sL[2][BLK], sD[2][BLK];
-    int nb = (T + BLK - 1) / BLK, kb = blockIdx.x;  // later key blocks are shorter walks
-    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    // sm: [stage][Q, dO]; K, V park in stage 1 first.
+    int nb = (T + BLK - 1) / BLK;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
     const bf16 *k = q + C, *v = q + 2 * C;
     const bf16* dO = dout + (long)b * T * C + h * HS;
-    const float* L = lse + (long)blockIdx.y * T;
-    const float* D = dsum + (long)blockIdx.y * T;
+    const float* L = lse + (long)bh * T;
+    const float* D = dsum + (long)bh * T;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
     int k0 = kb * BLK;
 
@@ -358,12 +361,12 @@ __device__ void flash_dkdv(bf16* dqkv, const bf16* qkv, const bf16* dout, const 
 // dQ for one query block: grid (ceil(T/64), B*NH), walking key blocks
 // 0..own, recomputing P = exp2(Q K^T * sl2 - lse) and dP = dO V^T.
 template <int HS>
-__device__ void flash_dq(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+__device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* dqkv,
+                         const bf16* qkv, const bf16* dout, const float* lse,
                          const float* dsum, int T, int NH, float sl2, float scale) {
     constexpr int LD = HS + PAD, NT = HS / 8;
-    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][K, V]; Q, dO park in stage 1
-    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.x;
-    int b = blockIdx.y / NH, h = blockIdx.y % NH, C = NH * HS;
+    // sm: [stage][K, V]; Q, dO park in stage 1 first.
+    int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
     const bf16 *k = q + C, *v = q + 2 * C;
@@ -382,8 +385,8 @@ __device__ void flash_dq(bf16* dqkv, const bf16* qkv, const bf16* dout, const fl
     unsigned qf[HS / 16][4], df[HS / 16][4];
     load_a<HS>(qf, sm[1][0], warp, lane);
     load_a<HS>(df, sm[1][1], warp, lane);
-    const float* L = lse + (long)blockIdx.y * T;
-    const float* D = dsum + (long)blockIdx.y * T;
+    const float* L = lse + (long)bh * T;
+    const float* D = dsum + (long)bh * T;
     float la = row0 < T ? L[row0] : -NEG_INF, lb = row1 < T ? L[row1] : -NEG_INF;
     float da = row0 < T ? D[row0] : 0.f, db = row1 < T ? D[row1] : 0.f;
     __syncthreads();
@@ -415,10 +418,28 @@ __device__ void flash_dq(bf16* dqkv, const bf16* qkv, const bf16* dout, const fl
     store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
 }
 
+// The backward kernels' grids are (B*NH, row blocks), rank y = 0 the
+// longest walk, so blocks go out longest first across all heads.
+template <int HS>
+__device__ void flash_dkdv_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                 const float* dsum, int T, int NH, float sl2, float scale) {
+    __shared__ __align__(16) bf16 sm[2][2][BLK * (HS + PAD)];
+    __shared__ float sL[2][BLK], sD[2][BLK];
+    flash_dkdv<HS>(blockIdx.y, blockIdx.x, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);
+}
+
+template <int HS>
+__device__ void flash_dq_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                               const float* dsum, int T, int NH, float sl2, float scale) {
+    __shared__ __align__(16) bf16 sm[2][2][BLK * (HS + PAD)];
+    int nb = (T + BLK - 1) / BLK;
+    flash_dq<HS>(nb - 1 - blockIdx.y, blockIdx.x, sm, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);
+}
+
 // Entry points per head size (the shared-memory tiles fit the 48 KiB
 // static limit up to a head size of 64).
 #define FLASH_ENTRIES(HS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) flash_forward_##HS(                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, 4) flash_forward_##HS(                    \
         bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                      \
         flash_forward<HS>(out, lse, qkv, T, NH, sl2);                                            \
     }                                                                                            \
@@ -426,15 +447,15 @@ __device__ void flash_dq(bf16* dqkv, const bf16* qkv, const bf16* dout, const fl
                                                int B, int T, int NH) {                           \
         flash_dsum<HS>(dsum, dout, out, B, T, NH);                                               \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS) flash_dkdv_##HS(                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) flash_dkdv_##HS(                       \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
         int T, int NH, float sl2, float scale) {                                                 \
-        flash_dkdv<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                           \
+        flash_dkdv_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                     \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS) flash_dq_##HS(                         \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
         int T, int NH, float sl2, float scale) {                                                 \
-        flash_dq<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                             \
+        flash_dq_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                       \
     }
 
 FLASH_ENTRIES(16)

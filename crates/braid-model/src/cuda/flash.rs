@@ -79,7 +79,8 @@ impl FlashKernels {
 
     fn head(&self, s: AttnShape) -> Result<&HeadKernels> {
         let hs = s.c.checked_div(s.nh).unwrap_or(0);
-        if s.b * s.nh > u16::MAX as usize || s.t > i32::MAX as usize / 4 {
+        // Grids are (B*NH, row blocks).
+        if s.b * s.nh > i32::MAX as usize || s.t.div_ceil(TILE) > u16::MAX as usize {
             return Err(CudaError::Invalid(format!(
                 "flash attention: batch × heads {} or sequence {} too large for one launch",
                 s.b * s.nh,
@@ -101,8 +102,10 @@ impl FlashKernels {
             })
     }
 
+    /// `(B*NH, row blocks)`: the kernels map rank y to row blocks so that
+    /// blocks go out longest first across all heads.
     fn grid(s: AttnShape) -> (u32, u32, u32) {
-        (s.t.div_ceil(TILE).max(1) as u32, (s.b * s.nh) as u32, 1)
+        ((s.b * s.nh) as u32, s.t.div_ceil(TILE).max(1) as u32, 1)
     }
 
     /// `dst[N, 3C] = src + bias` (bf16 rows, f32 bias).
