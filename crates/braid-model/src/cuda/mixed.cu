@@ -36,6 +36,42 @@ extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, co
     int lane = threadIdx.x % WARP;
     if (row >= N) return;
     const float* x = inp + (long)row * C;
+    if (C % 128 == 0 && C <= 1024) {
+        // Widths of 128 * G (G <= 8): the row is read once, as float4s
+        // kept in registers, and written as groups of 4 bf16 values.
+        int G = C / 128;
+        float xv[8][4];
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j < G) {
+                float4 t = ((const float4*)x)[lane + WARP * j];
+                xv[j][0] = t.x; xv[j][1] = t.y; xv[j][2] = t.z; xv[j][3] = t.w;
+                s += (t.x + t.y) + (t.z + t.w);
+            }
+        }
+        float m = warp_sum(s) / C, v = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < G)
+                for (int e = 0; e < 4; e++) v += (xv[j][e] - m) * (xv[j][e] - m);
+        float rs = rsqrtf(warp_sum(v) / C + 1e-5f);
+        uint2* o = (uint2*)(out + (long)row * C);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j < G) {
+                int k = lane + WARP * j;
+                float4 ww = ((const float4*)w)[k], bb = ((const float4*)b)[k];
+                unsigned lo2 = narrow((xv[j][0] - m) * rs * ww.x + bb.x) |
+                               ((unsigned)narrow((xv[j][1] - m) * rs * ww.y + bb.y) << 16);
+                unsigned hi2 = narrow((xv[j][2] - m) * rs * ww.z + bb.z) |
+                               ((unsigned)narrow((xv[j][3] - m) * rs * ww.w + bb.w) << 16);
+                o[k] = make_uint2(lo2, hi2);
+            }
+        }
+        if (lane == 0) { mean[row] = m; rstd[row] = rs; }
+        return;
+    }
     float s = 0.f;
     for (int i = lane; i < C; i += WARP) s += x[i];
     float m = warp_sum(s) / C;
@@ -446,11 +482,14 @@ extern "C" __global__ void softmax_cross_entropy_bf(bf16* logits, float* losses,
     for (int j8 = lane; j8 * 8 < V; j8 += WARP) {
         float f[8];
         unpack8(l8[j8], f);
-        for (int e = 0; e < 8 && j8 * 8 + e < V; e++) {
-            float z = f[e];
-            if (z > mx) { s *= __expf(mx - z); mx = z; }
-            s += __expf(z - mx);
+        // One rescale per 8 values (padding past V reads as -inf).
+        float m8 = -3.0e38f;
+        for (int e = 0; e < 8; e++) {
+            if (j8 * 8 + e >= V) f[e] = -3.0e38f;
+            m8 = fmaxf(m8, f[e]);
         }
+        if (m8 > mx) { s *= __expf(mx - m8); mx = m8; }
+        for (int e = 0; e < 8; e++) s += __expf(f[e] - mx);
     }
     for (int o = WARP / 2; o > 0; o /= 2) {
         float m2 = __shfl_xor_sync(0xffffffff, mx, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
