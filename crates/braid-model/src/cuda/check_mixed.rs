@@ -60,7 +60,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let mut blas = Blas::new(device)?;
     let mut r = Rng::new(2027);
     let mut out = Vec::new();
-    let (n, c) = (300usize, 768usize);
+    let (n, c) = (301usize, 768usize);
     let shape = format!("N={n} C={c}");
 
     // LayerNorm forward (f32 in, bf16 out) and backward.

@@ -114,15 +114,16 @@ extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16
 }
 
 // LayerNorm backward fused with the column sums it feeds, for widths of
-// 128 * G (G = 4, 6, 8): one block of 4 warps per chunk of `rpb` rows,
-// each warp taking every 4th row in order, each lane owning the float4
-// column groups lane, lane + 32, ... . dres += dx (f32), dres_bf = its
-// bf16 copy, and partial[chunk] = (sum norm*dy | sum dy | sum of the
-// updated dres), the last being the bias gradient of the projection that
-// adds into this residual stream below. The second pass over a row
-// re-reads it (from L1) rather than keeping it in registers, so more
-// warps fit per SM. Warps' sums are combined in warp order, so runs
-// repeat bit for bit.
+// 128 * G (G = 4, 6, 8): one block of 4 warps per chunk of `rpb` rows.
+// The warps work in pairs, pair p taking rows p, p + 2, ... of the chunk
+// in order; within a pair each warp owns half of the row's float4 column
+// groups, and the row's two sums are combined through shared memory
+// (halves added in order). dres += dx (f32), dres_bf = its bf16 copy, and
+// partial[chunk] = (sum norm*dy | sum dy | sum of the updated dres), the
+// last being the bias gradient of the projection that adds into this
+// residual stream below. Splitting rows over two warps halves the
+// per-thread column sums, so more warps fit per SM. Runs repeat bit for
+// bit: every sum has a fixed order.
 __device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, long off, int k,
                                           float m, float rs, float* nv, float* gv) {
     float4 xx = ((const float4*)(inp + off))[k];
@@ -137,38 +138,54 @@ template <int G>
 __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, const float* inp,
                                   const float* w, const float* mean, const float* rstd, int N,
                                   float* partial, int rpb) {
-    constexpr int C = 128 * G;
+    constexpr int C = 128 * G, H = G / 2;
     __shared__ float red[3 * C];
+    __shared__ float sums[2][2][2][2];  // [parity][pair][half][a, b]
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    float aw[G][4], ab[G][4], ar[G][4];
+    int pair = warp / 2, half = warp % 2;
+    float aw[H][4], ab[H][4], ar[H][4];
 #pragma unroll
-    for (int j = 0; j < G; j++)
+    for (int j = 0; j < H; j++)
         for (int e = 0; e < 4; e++) aw[j][e] = ab[j][e] = ar[j][e] = 0.f;
     const float4* w4 = (const float4*)w;
-    int end = min((blockIdx.x + 1) * rpb, N);
-    for (int row = blockIdx.x * rpb + warp; row < end; row += 4) {
+    int start = blockIdx.x * rpb, end = min(start + rpb, N);
+    int iters = (end - start + 1) / 2;
+    for (int it = 0; it < iters; it++) {
+        int row = start + 2 * it + pair;
+        bool ok = row < end;
         long off = (long)row * C;
-        float m = mean[row], rs = rstd[row];
+        float m = ok ? mean[row] : 0.f, rs = ok ? rstd[row] : 0.f;
         float a = 0.f, b = 0.f;
+        if (ok) {
 #pragma unroll
-        for (int j = 0; j < G; j++) {
-            float nv[4], gv[4];
-            load_row4(inp, dout, off, lane + WARP * j, m, rs, nv, gv);
-            float4 ww = w4[lane + WARP * j];
-            float wv[4] = {ww.x, ww.y, ww.z, ww.w};
-            for (int e = 0; e < 4; e++) {
-                float dn = wv[e] * gv[e];
-                a += dn;
-                b += dn * nv[e];
+            for (int j = 0; j < H; j++) {
+                int k = lane + WARP * (half * H + j);
+                float nv[4], gv[4];
+                load_row4(inp, dout, off, k, m, rs, nv, gv);
+                float4 ww = w4[k];
+                float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+                for (int e = 0; e < 4; e++) {
+                    float dn = wv[e] * gv[e];
+                    a += dn;
+                    b += dn * nv[e];
+                }
             }
         }
-        a = warp_sum(a) / C;
-        b = warp_sum(b) / C;
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (lane == 0) {
+            sums[it & 1][pair][half][0] = a;
+            sums[it & 1][pair][half][1] = b;
+        }
+        __syncthreads();
+        if (!ok) continue;
+        a = (sums[it & 1][pair][0][0] + sums[it & 1][pair][1][0]) / C;
+        b = (sums[it & 1][pair][0][1] + sums[it & 1][pair][1][1]) / C;
         float4* d = (float4*)(dres + off);
         uint2* dbf = (uint2*)(dres_bf + off);
 #pragma unroll
-        for (int j = 0; j < G; j++) {
-            int k = lane + WARP * j;
+        for (int j = 0; j < H; j++) {
+            int k = lane + WARP * (half * H + j);
             float nv[4], gv[4];
             load_row4(inp, dout, off, k, m, rs, nv, gv);
             float4 ww = w4[k];
@@ -186,15 +203,16 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
                                 narrow(v[2]) | ((unsigned)narrow(v[3]) << 16));
         }
     }
-    for (int k = 0; k < 4; k++) {
-        if (warp == k) {
+    // Each column has one owner warp per pair: pair 0 writes, pair 1 adds.
+    for (int p = 0; p < 2; p++) {
+        if (pair == p) {
 #pragma unroll
-            for (int j = 0; j < G; j++) {
+            for (int j = 0; j < H; j++) {
                 for (int e = 0; e < 4; e++) {
-                    int col = (lane + WARP * j) * 4 + e;
-                    red[col] = (k ? red[col] : 0.f) + aw[j][e];
-                    red[C + col] = (k ? red[C + col] : 0.f) + ab[j][e];
-                    red[2 * C + col] = (k ? red[2 * C + col] : 0.f) + ar[j][e];
+                    int col = (lane + WARP * (half * H + j)) * 4 + e;
+                    red[col] = (p ? red[col] : 0.f) + aw[j][e];
+                    red[C + col] = (p ? red[C + col] : 0.f) + ab[j][e];
+                    red[2 * C + col] = (p ? red[2 * C + col] : 0.f) + ar[j][e];
                 }
             }
         }
