@@ -124,8 +124,13 @@ extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16
 // residual stream below. Splitting rows over two warps halves the
 // per-thread column sums, so more warps fit per SM. Runs repeat bit for
 // bit: every sum has a fixed order.
-__device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, long off, int k,
-                                          float m, float rs, float* nv, float* gv) {
+// Column group k of a row at `off`: normalised input, output gradient and
+// LayerNorm weight, 4 values each.
+__device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, const float* w,
+                                          long off, int k, float m, float rs, float* nv,
+                                          float* gv, float* wv) {
+    float4 ww = ((const float4*)w)[k];
+    wv[0] = ww.x; wv[1] = ww.y; wv[2] = ww.z; wv[3] = ww.w;
     float4 xx = ((const float4*)(inp + off))[k];
     uint2 d = ((const uint2*)(dout + off))[k];
     nv[0] = (xx.x - m) * rs; nv[1] = (xx.y - m) * rs;
@@ -147,7 +152,6 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
 #pragma unroll
     for (int j = 0; j < H; j++)
         for (int e = 0; e < 4; e++) aw[j][e] = ab[j][e] = ar[j][e] = 0.f;
-    const float4* w4 = (const float4*)w;
     int start = blockIdx.x * rpb, end = min(start + rpb, N);
     int iters = (end - start + 1) / 2;
     for (int it = 0; it < iters; it++) {
@@ -160,10 +164,8 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
 #pragma unroll
             for (int j = 0; j < H; j++) {
                 int k = lane + WARP * (half * H + j);
-                float nv[4], gv[4];
-                load_row4(inp, dout, off, k, m, rs, nv, gv);
-                float4 ww = w4[k];
-                float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+                float nv[4], gv[4], wv[4];
+                load_row4(inp, dout, w, off, k, m, rs, nv, gv, wv);
                 for (int e = 0; e < 4; e++) {
                     float dn = wv[e] * gv[e];
                     a += dn;
@@ -186,10 +188,8 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
 #pragma unroll
         for (int j = 0; j < H; j++) {
             int k = lane + WARP * (half * H + j);
-            float nv[4], gv[4];
-            load_row4(inp, dout, off, k, m, rs, nv, gv);
-            float4 ww = w4[k];
-            float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+            float nv[4], gv[4], wv[4];
+            load_row4(inp, dout, w, off, k, m, rs, nv, gv, wv);
             float4 o = d[k];
             float v[4] = {o.x, o.y, o.z, o.w};
             for (int e = 0; e < 4; e++) {
