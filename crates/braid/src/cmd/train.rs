@@ -35,9 +35,11 @@ pub struct TrainArgs {
     /// Tokens per sequence (at most the model's context).
     #[arg(long, default_value_t = 64)]
     seq: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f32,
+    /// Peak learning rate (default: by model size, 3e-3 below 50M
+    /// parameters, then GPT-3's choices: 6e-4 for 124M, 3e-4 for 350M,
+    /// 2.5e-4 for 774M, 2e-4 above).
+    #[arg(long)]
+    lr: Option<f32>,
     /// Warmup steps.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
@@ -132,6 +134,20 @@ fn fmt_duration(secs: f64) -> String {
 }
 
 /// Runs `braid train`.
+/// The default peak learning rate for a model of `params` parameters: the
+/// small models' 3e-3 below 50M, then the GPT-3 paper's rates for the
+/// GPT-2 sizes (Brown et al. 2020, table 2.1), which keep 124M and larger
+/// stable with AdamW.
+pub fn default_lr(params: usize) -> f32 {
+    match params {
+        p if p < 50_000_000 => 3e-3,
+        p if p < 200_000_000 => 6e-4,
+        p if p < 500_000_000 => 3e-4,
+        p if p < 1_000_000_000 => 2.5e-4,
+        _ => 2e-4,
+    }
+}
+
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let optimizer = match a.optimizer.as_str() {
         "adamw" => OptimizerKind::AdamW,
@@ -152,6 +168,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
     };
     let cfg = params.layout.config;
+    let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
     let source = Source::parse(&a.data)?;
     let data = Dataset::load(&source, tokenizer, a.seed)?;
@@ -159,7 +176,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         steps: a.steps,
         batch: a.batch,
         seq: a.seq,
-        lr: a.lr,
+        lr,
         min_lr_ratio: 0.1,
         warmup: a.warmup,
         weight_decay: a.weight_decay,
@@ -186,7 +203,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         a.batch,
         a.seq,
         a.steps,
-        a.lr,
+        lr,
         a.seed,
         rayon::current_num_threads()
     );
@@ -368,4 +385,20 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     )?;
     println!("{}{}", a.prompt, text);
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_lr;
+    use braid_model::config::GptConfig;
+
+    #[test]
+    fn default_learning_rate_follows_the_model_size() {
+        let lr = |m: &str| default_lr(GptConfig::parse(m).expect("valid").num_params());
+        assert_eq!(lr("tiny"), 3e-3);
+        assert_eq!(lr("124M"), 6e-4);
+        assert_eq!(lr("350M"), 3e-4);
+        assert_eq!(lr("774M"), 2.5e-4);
+        assert_eq!(lr("1558M"), 2e-4);
+    }
 }
