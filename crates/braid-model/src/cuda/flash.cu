@@ -26,6 +26,7 @@ typedef unsigned short bf16;
 #define BLK 64            // rows per block and keys (or queries) per tile
 #define THREADS 128       // four warps of 16 rows
 #define PAD 8
+#define SUB 32            // the backward kernels' half tiles
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -112,26 +113,26 @@ __device__ __forceinline__ void load_a(unsigned (*f)[4], const bf16* tile, int w
     }
 }
 
-// s (16 x BLK) = a (16 x HS) * tile^T, tile holding BLK rows of HS.
-template <int HS>
+// s (16 x N) = a (16 x HS) * tile^T, tile holding N rows of HS.
+template <int HS, int N = BLK>
 __device__ __forceinline__ void mul_bt(float (*s)[4], const unsigned (*a)[4], const bf16* tile,
                                        int lane) {
     constexpr int LD = HS + PAD;
     int g = lane >> 2, t = lane & 3;
-    for (int nt = 0; nt < BLK / 8; nt++) {
+    for (int nt = 0; nt < N / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         const bf16* p = tile + (nt * 8 + g) * LD + 2 * t;
         for (int ks = 0; ks < HS / 16; ks++) mma(s[nt], a[ks], ld32(p + ks * 16), ld32(p + ks * 16 + 8));
     }
 }
 
-// acc (16 x HS) += p (16 x BLK, packed bf16 A fragments) * tile (BLK x HS).
-template <int HS>
+// acc (16 x HS) += p (16 x N, packed bf16 A fragments) * tile (N x HS).
+template <int HS, int N = BLK>
 __device__ __forceinline__ void mul_acc(float (*acc)[4], const unsigned (*p)[4], const bf16* tile,
                                         int lane) {
     constexpr int LD = HS + PAD;
     const bf16* base = tile + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
-    for (int kk = 0; kk < BLK / 16; kk++) {
+    for (int kk = 0; kk < N / 16; kk++) {
         for (int nt = 0; nt < HS / 8; nt += 2) {
             unsigned b[4];
             ldsm4t(b, base + kk * 16 * LD + nt * 8);
@@ -141,9 +142,10 @@ __device__ __forceinline__ void mul_acc(float (*acc)[4], const unsigned (*p)[4],
     }
 }
 
-// C fragments of a 16 x BLK f32 tile -> A fragments (bf16) for the next product.
+// C fragments of a 16 x N f32 tile -> A fragments (bf16) for the next product.
+template <int N = BLK>
 __device__ __forceinline__ void to_a(unsigned (*a)[4], const float (*s)[4]) {
-    for (int kk = 0; kk < BLK / 16; kk++) {
+    for (int kk = 0; kk < N / 16; kk++) {
         a[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
         a[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
         a[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -330,27 +332,31 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
             cp_wait<0>();
         }
         __syncthreads();
-        const bf16 *sq = sm[cur][0], *sdo = sm[cur][1];
-        float p[BLK / 8][4], dp[BLK / 8][4];
-        mul_bt<HS>(p, kf, sq, lane);   // S^T: keys x queries
-        mul_bt<HS>(dp, vf, sdo, lane); // dP^T = V dO^T
-        for (int nt = 0; nt < BLK / 8; nt++) {
-            int c = nt * 8 + 2 * t, qrow = qb * BLK + c;
-            float la = sL[cur][c], lb = sL[cur][c + 1], da = sD[cur][c], db = sD[cur][c + 1];
-            p[nt][0] = qrow >= key0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
-            p[nt][1] = qrow + 1 >= key0 ? exp2f(p[nt][1] * sl2 - lb) : 0.f;
-            p[nt][2] = qrow >= key1 ? exp2f(p[nt][2] * sl2 - la) : 0.f;
-            p[nt][3] = qrow + 1 >= key1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
-            dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
-            dp[nt][1] = p[nt][1] * (dp[nt][1] - db);
-            dp[nt][2] = p[nt][2] * (dp[nt][2] - da);
-            dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+        // The 64 queries in two halves of 32: half the registers for the
+        // probabilities, so more blocks fit per SM.
+        for (int half = 0; half < 2; half++) {
+            const bf16 *sq = sm[cur][0] + half * SUB * LD, *sdo = sm[cur][1] + half * SUB * LD;
+            float p[SUB / 8][4], dp[SUB / 8][4];
+            mul_bt<HS, SUB>(p, kf, sq, lane);   // S^T: keys x queries
+            mul_bt<HS, SUB>(dp, vf, sdo, lane); // dP^T = V dO^T
+            for (int nt = 0; nt < SUB / 8; nt++) {
+                int c = half * SUB + nt * 8 + 2 * t, qrow = qb * BLK + c;
+                float la = sL[cur][c], lb = sL[cur][c + 1], da = sD[cur][c], db = sD[cur][c + 1];
+                p[nt][0] = qrow >= key0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
+                p[nt][1] = qrow + 1 >= key0 ? exp2f(p[nt][1] * sl2 - lb) : 0.f;
+                p[nt][2] = qrow >= key1 ? exp2f(p[nt][2] * sl2 - la) : 0.f;
+                p[nt][3] = qrow + 1 >= key1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+                dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
+                dp[nt][1] = p[nt][1] * (dp[nt][1] - db);
+                dp[nt][2] = p[nt][2] * (dp[nt][2] - da);
+                dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+            }
+            unsigned af[SUB / 16][4];
+            to_a<SUB>(af, p);
+            mul_acc<HS, SUB>(dv, af, sdo, lane);
+            to_a<SUB>(af, dp);
+            mul_acc<HS, SUB>(dk, af, sq, lane);
         }
-        unsigned af[BLK / 16][4];
-        to_a(af, p);
-        mul_acc<HS>(dv, af, sdo, lane);
-        to_a(af, dp);
-        mul_acc<HS>(dk, af, sq, lane);
         __syncthreads();
     }
     bf16* base = dqkv + (long)b * T * stride + h * HS;
@@ -396,23 +402,27 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
     for (int j = 0; j <= qb; j++) {
         int cur = j & 1;
         next_kv<HS>(sm[cur ^ 1][0], sm[cur ^ 1][1], k, v, j + 1, j < qb, T, stride);
-        float p[BLK / 8][4], dp[BLK / 8][4];
-        mul_bt<HS>(p, qf, sm[cur][0], lane);
-        mul_bt<HS>(dp, df, sm[cur][1], lane);
-        for (int nt = 0; nt < BLK / 8; nt++) {
-            int key = j * BLK + nt * 8 + 2 * t;
-            p[nt][0] = key <= row0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
-            p[nt][1] = key + 1 <= row0 ? exp2f(p[nt][1] * sl2 - la) : 0.f;
-            p[nt][2] = key <= row1 ? exp2f(p[nt][2] * sl2 - lb) : 0.f;
-            p[nt][3] = key + 1 <= row1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
-            dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
-            dp[nt][1] = p[nt][1] * (dp[nt][1] - da);
-            dp[nt][2] = p[nt][2] * (dp[nt][2] - db);
-            dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+        // The 64 keys in two halves of 32 (see flash_dkdv).
+        for (int half = 0; half < 2; half++) {
+            const bf16 *sk = sm[cur][0] + half * SUB * LD, *sv = sm[cur][1] + half * SUB * LD;
+            float p[SUB / 8][4], dp[SUB / 8][4];
+            mul_bt<HS, SUB>(p, qf, sk, lane);
+            mul_bt<HS, SUB>(dp, df, sv, lane);
+            for (int nt = 0; nt < SUB / 8; nt++) {
+                int key = j * BLK + half * SUB + nt * 8 + 2 * t;
+                p[nt][0] = key <= row0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
+                p[nt][1] = key + 1 <= row0 ? exp2f(p[nt][1] * sl2 - la) : 0.f;
+                p[nt][2] = key <= row1 ? exp2f(p[nt][2] * sl2 - lb) : 0.f;
+                p[nt][3] = key + 1 <= row1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+                dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
+                dp[nt][1] = p[nt][1] * (dp[nt][1] - da);
+                dp[nt][2] = p[nt][2] * (dp[nt][2] - db);
+                dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+            }
+            unsigned af[SUB / 16][4];
+            to_a<SUB>(af, dp);
+            mul_acc<HS, SUB>(dq, af, sk, lane);
         }
-        unsigned af[BLK / 16][4];
-        to_a(af, dp);
-        mul_acc<HS>(dq, af, sm[cur][0], lane);
         __syncthreads();
     }
     store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
