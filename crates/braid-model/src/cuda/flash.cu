@@ -13,9 +13,9 @@
 // backward: D = rowsum(dO * O), then two kernels, each recomputing the
 //           probabilities from the log-sum-exp: one per key block for dK
 //           and dV, one per query block for dQ (one launch of both ran
-//           slower on an H200). No atomics: every output
-//           element is written by one thread in a fixed order, so runs
-//           repeat bit for bit.
+//           slower on an H200). No atomics: every output element is
+//           written by one thread in a fixed order, so runs repeat bit
+//           for bit.
 //
 // Tiles move global -> shared memory with cp.async, double-buffered: the
 // next key (or query) block loads while the current one is multiplied.
@@ -177,7 +177,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // ---- forward --------------------------------------------------------------
-// grid (ceil(T/64), B*NH); lse [B*NH, T] in log2 units of the scaled scores.
+// grid (B*NH, ceil(T/64)); lse [B*NH, T] in log2 units of the scaled scores.
 template <int HS>
 __device__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
     constexpr int LD = HS + PAD, NT = HS / 8;
@@ -276,9 +276,11 @@ __device__ void flash_dsum(float* dsum, const bf16* dout, const bf16* out, int B
     dsum[((long)b * NH + h) * T + tt] = acc;
 }
 
-// dK, dV for one key block: grid (ceil(T/64), B*NH). Each warp holds its
-// 16 keys' K and V as fragments and walks the query blocks at or after
-// its own (causal), recomputing P^T = exp2(K Q^T * sl2 - lse).
+// dK, dV for key block kb of head bh (the grid is described at the entry
+// points below). Each warp holds its 16 keys' K and V as fragments and
+// walks the query blocks at or after its own (causal), recomputing
+// P^T = exp2(K Q^T * sl2 - lse); `sm`, `sL`, `sD` are the block's shared
+// tiles.
 template <int HS>
 __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], float (*sL)[BLK],
                            float (*sD)[BLK], bf16* dqkv, const bf16* qkv, const bf16* dout,
@@ -364,8 +366,8 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
     store_rows<HS>(base + 2 * C, dv, 1.f, 1.f, k0, T, stride, warp, lane);
 }
 
-// dQ for one query block: grid (ceil(T/64), B*NH), walking key blocks
-// 0..own, recomputing P = exp2(Q K^T * sl2 - lse) and dP = dO V^T.
+// dQ for query block qb of head bh, walking key blocks 0..qb, recomputing
+// P = exp2(Q K^T * sl2 - lse) and dP = dO V^T.
 template <int HS>
 __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* dqkv,
                          const bf16* qkv, const bf16* dout, const float* lse,

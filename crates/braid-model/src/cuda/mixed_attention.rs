@@ -1,8 +1,9 @@
 //! Causal attention in mixed precision, two ways:
 //! - fused (the default where the GPU has bf16 tensor cores and the head
-//!   size has kernels, see [`super::flash`]): the bias is added to `qkv`
-//!   once, and flash-style kernels read it directly, keeping only the row
-//!   log-sum-exp for the backward pass;
+//!   size has kernels, see [`super::flash`]): `qkv` with its bias is kept
+//!   (the model's fused-bias product writes it there, else one pass adds
+//!   the bias), and flash-style kernels read it directly, keeping only
+//!   the row log-sum-exp for the backward pass;
 //! - batched: `qkv` (plus its f32 bias) is permuted to per-head `q`, `k`,
 //!   `v`; scores come from one batched bf16 product (f32 accumulation,
 //!   bf16 result), the causal softmax writes bf16 probabilities (kept for

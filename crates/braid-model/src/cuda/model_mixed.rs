@@ -1,6 +1,9 @@
 //! The GPT model on one GPU in mixed precision: bf16 matrix products
-//! (cuBLAS, f32 accumulation) and bf16 activations, with the residual
-//! stream, LayerNorm statistics, the loss and every gradient in f32.
+//! (cuBLAS, f32 accumulation; biases, the residual add and the MLP's GELU
+//! inside the products through cuBLASLt epilogues where available) and
+//! bf16 activations, with the residual stream, LayerNorm statistics, the
+//! loss and every gradient in f32. Attention is [`super::mixed_attention`]
+//! (fused flash-style kernels, or batched products).
 //! Parameters come twice: the f32 master copy (LayerNorms, biases,
 //! embeddings) and its bf16 copy (the matrices of the products), which the
 //! optimizer refreshes. Activations and scratch come from one
