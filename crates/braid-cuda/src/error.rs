@@ -30,6 +30,9 @@ pub enum CudaError {
     /// The caller asked for something impossible (wrong sizes, devices).
     #[error("{0}")]
     Invalid(String),
+    /// A wait ran out of time or was abandoned (what, and why).
+    #[error("{0}")]
+    Timeout(String),
 }
 
 /// Result of GPU-layer calls.

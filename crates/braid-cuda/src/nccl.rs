@@ -385,6 +385,82 @@ impl NcclComm {
         })
     }
 
+    /// `ncclCommInitRank` for each of `devices` as ranks `first`,
+    /// `first + 1`, … of `size` (inside one NCCL group when there are
+    /// several), bounded: it fails after `timeout`, or as soon as
+    /// `abandon` (polled every 50 ms) gives a reason, e.g. a peer known to
+    /// be dead. NCCL's blocking initialisation cannot be interrupted, so it
+    /// runs on a helper thread that is left behind on failure; the caller
+    /// is expected to fail the process, which ends it.
+    pub fn init_ranks_bounded(
+        devices: &[Device],
+        size: usize,
+        id: &UniqueId,
+        first: usize,
+        timeout: std::time::Duration,
+        abandon: impl Fn() -> Option<String>,
+    ) -> Result<Vec<NcclComm>> {
+        use std::sync::mpsc;
+        let (tx, rx) = mpsc::channel();
+        let (devices_owned, id) = (devices.to_vec(), *id);
+        std::thread::Builder::new()
+            .name(format!("nccl-init-{first}"))
+            .spawn(move || {
+                let _ = tx.send(Self::init_ranks(&devices_owned, size, &id, first));
+            })
+            .map_err(|e| CudaError::Invalid(format!("cannot start the NCCL init thread: {e}")))?;
+        let ranks = if devices.len() == 1 {
+            format!("rank {first}")
+        } else {
+            format!("ranks {first}..{}", first + devices.len() - 1)
+        };
+        let start = std::time::Instant::now();
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                Ok(r) => return r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(CudaError::Invalid(format!(
+                        "{ranks}: the NCCL init thread ended without a result"
+                    )))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if let Some(why) = abandon() {
+                return Err(CudaError::Timeout(format!(
+                    "{ranks}: NCCL initialisation ({size} ranks) abandoned: {why}"
+                )));
+            }
+            if start.elapsed() >= timeout {
+                return Err(CudaError::Timeout(format!(
+                    "{ranks}: NCCL initialisation ({size} ranks) did not finish within {timeout:?}: \
+                     a peer did not join (it died, or runs with another world size); \
+                     raise BRAID_TIMEOUT if initialisation is just slow"
+                )));
+            }
+        }
+    }
+
+    /// `ncclCommInitRank` for each of `devices` (one NCCL group when there
+    /// are several); blocks until every rank has joined.
+    fn init_ranks(
+        devices: &[Device],
+        size: usize,
+        id: &UniqueId,
+        first: usize,
+    ) -> Result<Vec<Self>> {
+        if devices.len() == 1 {
+            return Ok(vec![Self::init_rank(&devices[0], size, id, first)?]);
+        }
+        group_start()?;
+        let comms: Result<Vec<_>> = devices
+            .iter()
+            .enumerate()
+            .map(|(k, d)| Self::init_rank(d, size, id, first + k))
+            .collect();
+        group_end()?;
+        comms
+    }
+
     /// One communicator per device, all in this process (the
     /// `ncclCommInitAll` pattern); element `i` is rank `i`.
     pub fn init_all(devices: &[Device]) -> Result<Vec<NcclComm>> {

@@ -141,3 +141,93 @@ fn kernel_sources_compile_to_ptx_where_nvrtc_exists() {
     assert_eq!(f.code, Some(0), "{f:?}");
     assert!(f.stdout.contains("every kernel compiles"), "{}", f.stdout);
 }
+
+/// Set in the child process of the NCCL-initialisation test below.
+const NCCL_INIT_CHILD: &str = "BRAID_TEST_NCCL_INIT_CHILD";
+
+/// The body of `nccl_init_without_its_peer_fails_in_time`, run in a child
+/// process: NCCL's blocking initialisation cannot be interrupted, so the
+/// abandoned init threads stay behind and the child leaves with `_exit`.
+fn nccl_init_child() {
+    use braid_cuda::nccl::{unique_id, NcclComm};
+    let dev = braid_cuda::Device::open(0).expect("GPU 0");
+    let report = |what: &str, r: braid_cuda::Result<Vec<NcclComm>>, t: std::time::Instant| {
+        let text = match r {
+            Ok(_) => "joined".to_string(),
+            Err(e) => e.to_string(),
+        };
+        println!("{what} after {:.1}s: {text}", t.elapsed().as_secs_f64());
+    };
+    // Rank 0 of 2; rank 1 never comes.
+    let id = unique_id().expect("NCCL loads");
+    let t = std::time::Instant::now();
+    let r = NcclComm::init_ranks_bounded(
+        std::slice::from_ref(&dev),
+        2,
+        &id,
+        0,
+        Duration::from_secs(2),
+        || None,
+    );
+    report("timeout", r, t);
+    // The same, given up as soon as the caller learns of a dead peer.
+    let id = unique_id().expect("NCCL loads");
+    let t = std::time::Instant::now();
+    let r = NcclComm::init_ranks_bounded(&[dev], 2, &id, 0, Duration::from_secs(60), || {
+        Some("rank 1 (pid 4242) died".into())
+    });
+    report("abandon", r, t);
+    let _ = std::io::stdout().flush();
+    // SAFETY: ends this child process at once, skipping exit handlers that
+    // could wait on the abandoned NCCL threads.
+    unsafe { libc::_exit(0) };
+}
+
+#[test]
+fn nccl_init_without_its_peer_fails_in_time() {
+    if std::env::var_os(NCCL_INIT_CHILD).is_some() {
+        nccl_init_child();
+        return;
+    }
+    if gpus(1).is_none() {
+        return;
+    }
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "--exact",
+        "nccl_init_without_its_peer_fails_in_time",
+        "--nocapture",
+    ])
+    .env(NCCL_INIT_CHILD, "1")
+    .env("NCCL_NVLS_ENABLE", "0");
+    let f = run(cmd, Duration::from_secs(60));
+    let line = |tag: &str| {
+        f.stdout
+            .lines()
+            .find(|l| l.starts_with(tag))
+            .unwrap_or_else(|| panic!("no {tag} line: {f:?}"))
+            .to_string()
+    };
+    let secs = |l: &str| -> f64 {
+        l.split("after ")
+            .nth(1)
+            .unwrap()
+            .split('s')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let timeout = line("timeout");
+    assert!(
+        timeout.contains("rank 0: NCCL initialisation (2 ranks) did not finish within 2s"),
+        "{timeout}"
+    );
+    assert!((2.0..6.0).contains(&secs(&timeout)), "{timeout}");
+    let abandon = line("abandon");
+    assert!(
+        abandon.contains("rank 0: NCCL initialisation (2 ranks) abandoned: rank 1 (pid 4242) died"),
+        "{abandon}"
+    );
+    assert!(secs(&abandon) < 2.0, "{abandon}");
+}

@@ -180,7 +180,19 @@ impl GpuCommunicator {
             NcclComm::init_all(&devices).map_err(setup_err)?
         } else {
             let id = exchange_unique_id(host)?;
-            init_ranks(&devices, size, &id, host.rank() * per).map_err(setup_err)?
+            // Bounded by the timeout and by the host communicator's view
+            // of its peers: a rank dying here fails the others instead of
+            // leaving them in NCCL's initialisation.
+            let health = host.inner.health.clone();
+            NcclComm::init_ranks_bounded(
+                &devices,
+                size,
+                &id,
+                host.rank() * per,
+                host.timeout(),
+                move || health.is_aborted().then(|| health.reason()),
+            )
+            .map_err(setup_err)?
         };
         let members = devices
             .into_iter()
@@ -727,24 +739,4 @@ fn exchange_unique_id(host: &Communicator) -> Result<UniqueId> {
         })?;
         UniqueId::from_bytes(&bytes).map_err(setup_err)
     }
-}
-
-/// `ncclCommInitRank` for each local GPU inside one NCCL group.
-fn init_ranks(
-    devices: &[Device],
-    size: usize,
-    id: &UniqueId,
-    first: usize,
-) -> braid_cuda::Result<Vec<NcclComm>> {
-    if devices.len() == 1 {
-        return Ok(vec![NcclComm::init_rank(&devices[0], size, id, first)?]);
-    }
-    nccl::group_start()?;
-    let comms: braid_cuda::Result<Vec<_>> = devices
-        .iter()
-        .enumerate()
-        .map(|(k, d)| NcclComm::init_rank(d, size, id, first + k))
-        .collect();
-    nccl::group_end()?;
-    comms
 }
