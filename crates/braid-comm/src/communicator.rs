@@ -258,6 +258,29 @@ impl Communicator {
         self.execute(desc, f)
     }
 
+    /// Under `BRAID_DEBUG=detail`, checks that every rank is about to make
+    /// the same call `desc` (exchanged over this communicator); on a
+    /// mismatch every rank gets the same report and the communicator is
+    /// aborted, as for its own operations. A no-op otherwise. The GPU
+    /// communicator checks its operations this way.
+    pub(crate) fn check_same_call(&self, desc: OpDesc) -> Result<()> {
+        let inner = &self.inner;
+        if !inner.options.debug || inner.size <= 1 {
+            return Ok(());
+        }
+        let mut all = vec![0u8; DESC_LEN * inner.size];
+        self.all_gather(&desc.encode(), &mut all)?;
+        let descs: Vec<OpDesc> = all.chunks_exact(DESC_LEN).map(OpDesc::decode).collect();
+        match debug::compare(&descs, inner.rank) {
+            None => Ok(()),
+            Some(report) => {
+                let standing = health::publish_abort(&inner.store, &report);
+                inner.health.abort(standing);
+                Err(CommError::Mismatch(report))
+            }
+        }
+    }
+
     /// Runs an operation on the calling thread (the progress thread calls
     /// this for queued operations).
     pub(crate) fn execute(

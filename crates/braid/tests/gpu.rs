@@ -231,3 +231,68 @@ fn nccl_init_without_its_peer_fails_in_time() {
     );
     assert!(secs(&abandon) < 2.0, "{abandon}");
 }
+
+/// Set in the worker processes of the GPU mismatch test below.
+const GPU_MISMATCH_CHILD: &str = "BRAID_TEST_GPU_MISMATCH_CHILD";
+
+/// A worker of `gpu_mismatch_under_debug_is_reported_on_every_rank`: each
+/// rank all-reduces a different count on its GPU.
+fn gpu_mismatch_child() {
+    use braid_comm::gpu::GpuCommunicator;
+    use braid_comm::{Communicator, ReduceOp};
+    let comm = Communicator::init_from_env().expect("host communicator");
+    let gpu = GpuCommunicator::init_from_env(&comm).expect("GPU communicator");
+    let mut ok = gpu.buffer_from_host(&[1.0f32; 64]).expect("buffer");
+    gpu.all_reduce(&mut ok, ReduceOp::Sum)
+        .expect("same call")
+        .wait()
+        .expect("done");
+    let mut buf = gpu
+        .buffer_from_host(&vec![1.0f32; 1000 + comm.rank()])
+        .expect("buffer");
+    match gpu.all_reduce(&mut buf, ReduceOp::Sum) {
+        Ok(w) => println!("no mismatch reported: {:?}", w.wait().err()),
+        Err(e) => println!("{e}"),
+    }
+    let _ = std::io::stdout().flush();
+    // SAFETY: ends the worker at once (its NCCL communicator is aborted).
+    unsafe { libc::_exit(0) };
+}
+
+#[test]
+fn gpu_mismatch_under_debug_is_reported_on_every_rank() {
+    if std::env::var_os(GPU_MISMATCH_CHILD).is_some() {
+        gpu_mismatch_child();
+        return;
+    }
+    if gpus(2).is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = braid();
+    cmd.args(["launch", "--standalone", "--nproc-per-node", "2", "--"])
+        .arg(exe)
+        .args([
+            "--exact",
+            "gpu_mismatch_under_debug_is_reported_on_every_rank",
+            "--nocapture",
+        ])
+        .env(GPU_MISMATCH_CHILD, "1")
+        .env("BRAID_DEBUG", "detail")
+        .env("NCCL_NVLS_ENABLE", "0");
+    let f = run(cmd, Duration::from_secs(120));
+    for r in 0..2 {
+        let report = format!("[rank {r}] rank {r}: collective mismatch at operation #2");
+        assert!(f.stdout.contains(&report), "no report from rank {r}: {f:?}");
+    }
+    assert!(
+        f.stdout
+            .contains("all_reduce(#2: count=1000, dtype=f32, op=sum)"),
+        "{f:?}"
+    );
+    assert!(
+        f.stdout
+            .contains("all_reduce(#2: count=1001, dtype=f32, op=sum)"),
+        "{f:?}"
+    );
+}

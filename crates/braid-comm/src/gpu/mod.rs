@@ -31,8 +31,9 @@ pub use lane::Lane;
 pub use work::DeviceWork;
 
 use crate::communicator::Communicator;
+use crate::debug::OpDesc;
 use crate::error::{CommError, Result};
-use braid_core::{Element, ReduceOp};
+use braid_core::{DType, Element, ReduceOp};
 use braid_cuda::nccl::{self, NcclComm, UniqueId};
 pub use braid_cuda::{CudaError, Device, DeviceBuffer, Event, Graph, Stream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,11 @@ pub struct GpuCommunicator {
     timeout: Duration,
     watchdog: Watchdog,
 }
+
+/// What a single-GPU operation is called with, for `BRAID_DEBUG=detail`:
+/// (count, dtype, reduce op, root or peer), with the host API's meaning
+/// of count for each operation.
+type Call = (usize, DType, Option<ReduceOp>, Option<usize>);
 
 fn setup_err(e: impl std::fmt::Display) -> CommError {
     CommError::Setup(e.to_string())
@@ -338,12 +344,20 @@ impl GpuCommunicator {
         Ok(DeviceWork::new(self, op, seq, events))
     }
 
-    /// Runs one operation on this process's single GPU.
+    /// Runs one operation on this process's single GPU; `call` describes
+    /// it for `BRAID_DEBUG=detail`, which first checks (over the host
+    /// communicator) that every rank makes the same call.
     fn single<'a>(
         &'a self,
         op: &'static str,
+        call: Call,
         f: impl FnOnce(&mut Lane<'_>) -> braid_cuda::Result<()>,
     ) -> Result<DeviceWork<'a>> {
+        // Operations are issued in order, so the next number is this one's.
+        let seq = self.seq.load(Ordering::SeqCst) + 1;
+        let (count, dtype, redop, root) = call;
+        self.host
+            .check_same_call(OpDesc::new(op, count, Some(dtype), redop, root, seq))?;
         if self.members.len() != 1 {
             return Err(CommError::Invalid {
                 rank: self.rank,
@@ -461,7 +475,9 @@ impl GpuCommunicator {
         buf: &'a mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_reduce", |l| l.all_reduce(buf, op))
+        self.single("all_reduce", (buf.len(), T::DTYPE, Some(op), None), |l| {
+            l.all_reduce(buf, op)
+        })
     }
 
     /// Out-of-place all-reduce.
@@ -471,7 +487,9 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_reduce", |l| l.all_reduce_into(send, recv, op))
+        self.single("all_reduce", (send.len(), T::DTYPE, Some(op), None), |l| {
+            l.all_reduce_into(send, recv, op)
+        })
     }
 
     /// In-place reduce to `root`.
@@ -481,7 +499,9 @@ impl GpuCommunicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("reduce", |l| l.reduce(buf, op, root))
+        self.single("reduce", (buf.len(), T::DTYPE, Some(op), Some(root)), |l| {
+            l.reduce(buf, op, root)
+        })
     }
 
     /// Out-of-place reduce to `root` (`recv` is written on the root only).
@@ -492,7 +512,11 @@ impl GpuCommunicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("reduce", |l| l.reduce_into(send, recv, op, root))
+        self.single(
+            "reduce",
+            (send.len(), T::DTYPE, Some(op), Some(root)),
+            |l| l.reduce_into(send, recv, op, root),
+        )
     }
 
     /// In-place broadcast from `root`.
@@ -501,7 +525,9 @@ impl GpuCommunicator {
         buf: &'a mut DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("broadcast", |l| l.broadcast(buf, root))
+        self.single("broadcast", (buf.len(), T::DTYPE, None, Some(root)), |l| {
+            l.broadcast(buf, root)
+        })
     }
 
     /// Out-of-place broadcast (`send` is read on the root only).
@@ -511,7 +537,9 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("broadcast", |l| l.broadcast_into(send, recv, root))
+        self.single("broadcast", (recv.len(), T::DTYPE, None, Some(root)), |l| {
+            l.broadcast_into(send, recv, root)
+        })
     }
 
     /// All-gather: `recv` holds `size` blocks of `send.len()`.
@@ -520,7 +548,9 @@ impl GpuCommunicator {
         send: &'a DeviceBuffer<T>,
         recv: &'a mut DeviceBuffer<T>,
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_gather", |l| l.all_gather(send, recv))
+        self.single("all_gather", (send.len(), T::DTYPE, None, None), |l| {
+            l.all_gather(send, recv)
+        })
     }
 
     /// In-place all-gather: this rank's block is already at its offset.
@@ -528,7 +558,10 @@ impl GpuCommunicator {
         &'a self,
         buf: &'a mut DeviceBuffer<T>,
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_gather", |l| l.all_gather_in_place(buf))
+        let count = buf.len() / self.size.max(1);
+        self.single("all_gather", (count, T::DTYPE, None, None), |l| {
+            l.all_gather_in_place(buf)
+        })
     }
 
     /// All-gather with a count per rank.
@@ -538,7 +571,10 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         counts: &[usize],
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_gather_v", |l| l.all_gather_v(send, recv, counts))
+        let total = counts.iter().sum();
+        self.single("all_gather_v", (total, T::DTYPE, None, None), |l| {
+            l.all_gather_v(send, recv, counts)
+        })
     }
 
     /// Reduce-scatter: `send` holds `size` blocks of `recv.len()`.
@@ -548,7 +584,11 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<'a>> {
-        self.single("reduce_scatter", |l| l.reduce_scatter(send, recv, op))
+        self.single(
+            "reduce_scatter",
+            (recv.len(), T::DTYPE, Some(op), None),
+            |l| l.reduce_scatter(send, recv, op),
+        )
     }
 
     /// In-place reduce-scatter: the result lands in this rank's block.
@@ -557,7 +597,10 @@ impl GpuCommunicator {
         buf: &'a mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork<'a>> {
-        self.single("reduce_scatter", |l| l.reduce_scatter_in_place(buf, op))
+        let count = buf.len() / self.size.max(1);
+        self.single("reduce_scatter", (count, T::DTYPE, Some(op), None), |l| {
+            l.reduce_scatter_in_place(buf, op)
+        })
     }
 
     /// All-to-all with equal blocks.
@@ -566,7 +609,9 @@ impl GpuCommunicator {
         send: &'a DeviceBuffer<T>,
         recv: &'a mut DeviceBuffer<T>,
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_to_all", |l| l.all_to_all(send, recv))
+        self.single("all_to_all", (send.len(), T::DTYPE, None, None), |l| {
+            l.all_to_all(send, recv)
+        })
     }
 
     /// All-to-all with counts per peer.
@@ -577,7 +622,7 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         recv_counts: &[usize],
     ) -> Result<DeviceWork<'a>> {
-        self.single("all_to_all_v", |l| {
+        self.single("all_to_all_v", (0, T::DTYPE, None, None), |l| {
             l.all_to_all_v(send, send_counts, recv, recv_counts)
         })
     }
@@ -589,7 +634,9 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("gather", |l| l.gather(send, recv, root))
+        self.single("gather", (send.len(), T::DTYPE, None, Some(root)), |l| {
+            l.gather(send, recv, root)
+        })
     }
 
     /// Scatter from `root` (`send` holds `size` blocks on the root).
@@ -599,7 +646,9 @@ impl GpuCommunicator {
         recv: &'a mut DeviceBuffer<T>,
         root: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("scatter", |l| l.scatter(send, recv, root))
+        self.single("scatter", (recv.len(), T::DTYPE, None, Some(root)), |l| {
+            l.scatter(send, recv, root)
+        })
     }
 
     /// Sends to `peer`.
@@ -608,7 +657,9 @@ impl GpuCommunicator {
         buf: &'a DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("send", |l| l.send(buf, peer))
+        self.single("send", (buf.len(), T::DTYPE, None, Some(peer)), |l| {
+            l.send(buf, peer)
+        })
     }
 
     /// Receives from `peer`.
@@ -617,7 +668,9 @@ impl GpuCommunicator {
         buf: &'a mut DeviceBuffer<T>,
         peer: usize,
     ) -> Result<DeviceWork<'a>> {
-        self.single("recv", |l| l.recv(buf, peer))
+        self.single("recv", (buf.len(), T::DTYPE, None, Some(peer)), |l| {
+            l.recv(buf, peer)
+        })
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` as one group.
