@@ -89,6 +89,12 @@ impl TrainOptions {
     pub(crate) fn samplers(&self) -> (Rng, Rng) {
         (Rng::new(self.seed ^ 0xDA7A), Rng::new(self.seed ^ 0xE7A1))
     }
+
+    /// Whether the held-out loss is measured after 0-based `step`: every
+    /// `eval_every` steps and at the last one (never when 0).
+    pub(crate) fn evaluates_after(&self, step: usize) -> bool {
+        self.eval_every > 0 && ((step + 1) % self.eval_every == 0 || step + 1 == self.steps)
+    }
 }
 
 /// What happened at one step.
@@ -165,12 +171,11 @@ pub fn train(
             0.0
         };
         let dt = t0.elapsed().as_secs_f64();
-        let eval_loss =
-            if o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
-                Some(evaluate(&model, params, data, &mut acts, &mut eval_rng, o)?)
-            } else {
-                None
-            };
+        let eval_loss = if o.evaluates_after(step) {
+            Some(evaluate(&model, params, data, &mut acts, &mut eval_rng, o)?)
+        } else {
+            None
+        };
         let r = StepReport {
             step,
             loss,

@@ -136,6 +136,25 @@ impl Product {
     }
 }
 
+/// The matrices of a linear layer's backward pass, `y[n,out] = x[n,in] ·
+/// w[in,out]`: the output gradient `dy` gives `dx = dy · wᵀ` (overwritten)
+/// and `dw += xᵀ · dy`.
+struct LinearGrads {
+    x: Mat,
+    w: Mat,
+    dy: Mat,
+    dx: Mat,
+    dw: Mat,
+}
+
+impl LinearGrads {
+    /// Both products through cuBLAS.
+    fn backward(self, blas: &mut Blas, s: &Stream, n: usize, inp: usize, out: usize) -> Result<()> {
+        mm(blas, s, n, inp, out, self.dy, self.w.t(), self.dx, 0.0)?;
+        mm(blas, s, inp, out, n, self.x.t(), self.dy, self.dw, 1.0)
+    }
+}
+
 /// Address and length of a device vector (a bias for [`Product::fused`]).
 fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
     (v.dptr(), v.dlen())
@@ -626,29 +645,14 @@ impl GpuGptMixed {
             // (cuBLASLt's GELU-backward epilogue with the bias gradient
             // measured 2.4× slower than this product plus the two passes
             // on an H200, so the backward keeps them separate.)
-            mm(
-                blas,
-                s,
-                n,
-                4 * c,
-                c,
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&pb.view(r.fcproj_w.clone()), c).t(),
-                Mat::of(&self.dgelu, 4 * c),
-                0.0,
-            )?;
-            prof.mark(s, "bwd gemm fcproj")?;
-            mm(
-                blas,
-                s,
-                4 * c,
-                c,
-                n,
-                Mat::of(&a.gelu, 4 * c).t(),
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&g.view_mut(r.fcproj_w.clone()), c),
-                1.0,
-            )?;
+            LinearGrads {
+                x: Mat::of(&a.gelu, 4 * c),
+                w: Mat::of(&pb.view(r.fcproj_w.clone()), c),
+                dy: Mat::of(&self.dresid_bf, c),
+                dx: Mat::of(&self.dgelu, 4 * c),
+                dw: Mat::of(&g.view_mut(r.fcproj_w.clone()), c),
+            }
+            .backward(blas, s, n, 4 * c, c)?;
             prof.mark(s, "bwd gemm fcproj")?;
             // (fcproj's bias gradient came with the LayerNorm backward above.)
             mk.gelu_backward_bias(
@@ -661,29 +665,14 @@ impl GpuGptMixed {
                 4 * c,
             )?;
             prof.mark(s, "bwd gelu+bias")?;
-            mm(
-                blas,
-                s,
-                n,
-                c,
-                4 * c,
-                Mat::of(&self.dgelu, 4 * c),
-                Mat::of(&pb.view(r.fc_w.clone()), 4 * c).t(),
-                Mat::of(&self.dln, c),
-                0.0,
-            )?;
-            prof.mark(s, "bwd gemm fc")?;
-            mm(
-                blas,
-                s,
-                c,
-                4 * c,
-                n,
-                Mat::of(&a.ln2, c).t(),
-                Mat::of(&self.dgelu, 4 * c),
-                Mat::of(&g.view_mut(r.fc_w.clone()), 4 * c),
-                1.0,
-            )?;
+            LinearGrads {
+                x: Mat::of(&a.ln2, c),
+                w: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
+                dy: Mat::of(&self.dgelu, 4 * c),
+                dx: Mat::of(&self.dln, c),
+                dw: Mat::of(&g.view_mut(r.fc_w.clone()), 4 * c),
+            }
+            .backward(blas, s, n, c, 4 * c)?;
             prof.mark(s, "bwd gemm fc")?;
             {
                 // ... and proj's bias gradient comes with this one.
@@ -708,29 +697,14 @@ impl GpuGptMixed {
                 prof.mark(s, "bwd layernorm")?;
             }
             // Attention: resid2 = x + atty · Wproj + b.
-            mm(
-                blas,
-                s,
-                n,
-                c,
-                c,
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&pb.view(r.proj_w.clone()), c).t(),
-                Mat::of(&self.datty, c),
-                0.0,
-            )?;
-            prof.mark(s, "bwd gemm proj")?;
-            mm(
-                blas,
-                s,
-                c,
-                c,
-                n,
-                Mat::of(&a.atty, c).t(),
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&g.view_mut(r.proj_w.clone()), c),
-                1.0,
-            )?;
+            LinearGrads {
+                x: Mat::of(&a.atty, c),
+                w: Mat::of(&pb.view(r.proj_w.clone()), c),
+                dy: Mat::of(&self.dresid_bf, c),
+                dx: Mat::of(&self.datty, c),
+                dw: Mat::of(&g.view_mut(r.proj_w.clone()), c),
+            }
+            .backward(blas, s, n, c, c)?;
             prof.mark(s, "bwd gemm proj")?;
             // dqkv goes into the qkv scratch (free in the backward pass).
             attention::backward(
@@ -746,29 +720,14 @@ impl GpuGptMixed {
                 prof,
             )?;
             prof.mark(s, "bwd attention")?;
-            mm(
-                blas,
-                s,
-                n,
-                c,
-                3 * c,
-                Mat::of(&self.qkv, 3 * c),
-                Mat::of(&pb.view(r.qkv_w.clone()), 3 * c).t(),
-                Mat::of(&self.dln, c),
-                0.0,
-            )?;
-            prof.mark(s, "bwd gemm qkv")?;
-            mm(
-                blas,
-                s,
-                c,
-                3 * c,
-                n,
-                Mat::of(&a.ln1, c).t(),
-                Mat::of(&self.qkv, 3 * c),
-                Mat::of(&g.view_mut(r.qkv_w.clone()), 3 * c),
-                1.0,
-            )?;
+            LinearGrads {
+                x: Mat::of(&a.ln1, c),
+                w: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
+                dy: Mat::of(&self.qkv, 3 * c),
+                dx: Mat::of(&self.dln, c),
+                dw: Mat::of(&g.view_mut(r.qkv_w.clone()), 3 * c),
+            }
+            .backward(blas, s, n, c, 3 * c)?;
             prof.mark(s, "bwd gemm qkv")?;
             mk.bias_backward_bf(
                 s,

@@ -186,18 +186,17 @@ pub fn train_gpu(
         }
         model.stream().synchronize().map_err(e)?;
         let dt = t0.elapsed().as_secs_f64();
-        let eval_loss =
-            if o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
-                let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
-                let mut sum = 0.0f64;
-                for _ in 0..o.eval_batches.max(1) {
-                    data.batch(&mut eval_rng, o.batch, o.seq, true, &mut x, &mut y)?;
-                    sum += model.forward(&p, &x, &y, false).map_err(e)? as f64;
-                }
-                Some((sum / o.eval_batches.max(1) as f64) as f32)
-            } else {
-                None
-            };
+        let eval_loss = if o.evaluates_after(step) {
+            let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
+            let mut sum = 0.0f64;
+            for _ in 0..o.eval_batches.max(1) {
+                data.batch(&mut eval_rng, o.batch, o.seq, true, &mut x, &mut y)?;
+                sum += model.forward(&p, &x, &y, false).map_err(e)? as f64;
+            }
+            Some((sum / o.eval_batches.max(1) as f64) as f32)
+        } else {
+            None
+        };
         let r = StepReport {
             step,
             loss,
