@@ -5,7 +5,8 @@
 //! - [`driver`]: devices, streams, events and CUDA graphs (CUDA driver API
 //!   through cudarc's dynamically loaded `result` layer).
 //! - [`memory`]: typed device buffers and pinned host buffers; [`pool`]:
-//!   the caching allocator and device-memory counters.
+//!   the caching allocator and device-memory counters; [`window`]: the
+//!   part of a flat buffer an engine may still write.
 //! - [`blas`]: cuBLAS products (f32, bf16); [`nvrtc`]: run-time kernels.
 //! - [`nccl`]: a thin run-time binding of NCCL.
 //! - [`nvml`]: a thin run-time binding of the NVML calls braid needs.
@@ -23,8 +24,10 @@ pub mod nvml;
 pub mod nvrtc;
 pub mod pool;
 pub mod topo;
+pub mod window;
 
 pub use driver::{device_count, CapturedGraph, Device, Event, Graph, Stream};
 pub use error::{CudaError, Result};
 pub use memory::{DeviceBuffer, DeviceMem, DeviceView, DeviceViewMut, PinnedBuffer};
 pub use pool::DevicePool;
+pub use window::DeviceWindow;

@@ -252,6 +252,122 @@ impl<T: Element> DeviceMem<T> for DeviceViewMut<'_, T> {
     }
 }
 
+impl<'a, T: Element> DeviceViewMut<'a, T> {
+    /// A view of no elements.
+    pub fn empty() -> Self {
+        DeviceViewMut {
+            ptr: 0,
+            len: 0,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check_sub(&self, r: &std::ops::Range<usize>) {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "view {r:?} of a view of {} elements",
+            self.len
+        );
+    }
+
+    fn at(&self, index: usize) -> u64 {
+        self.ptr + (index * T::DTYPE.size()) as u64
+    }
+
+    /// Elements `r` of this view, read-only. Panics if out of bounds.
+    pub fn sub(&self, r: std::ops::Range<usize>) -> DeviceView<'_, T> {
+        self.check_sub(&r);
+        DeviceView {
+            ptr: self.at(r.start),
+            len: r.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Elements `r` of this view, writable. Panics if out of bounds.
+    pub fn sub_mut(&mut self, r: std::ops::Range<usize>) -> DeviceViewMut<'_, T> {
+        self.check_sub(&r);
+        DeviceViewMut {
+            ptr: self.at(r.start),
+            len: r.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// `K` pairwise disjoint writable parts of this view (empty ranges never
+    /// overlap anything). Errors if two overlap or one is out of bounds.
+    pub fn subs_mut<const K: usize>(
+        &mut self,
+        ranges: [std::ops::Range<usize>; K],
+    ) -> Result<[DeviceViewMut<'_, T>; K]> {
+        for (i, a) in ranges.iter().enumerate() {
+            if a.start > a.end || a.end > self.len {
+                return Err(CudaError::Invalid(format!(
+                    "view {a:?} of a view of {} elements",
+                    self.len
+                )));
+            }
+            for b in &ranges[i + 1..] {
+                if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
+                    return Err(CudaError::Invalid(format!("views {a:?} and {b:?} overlap")));
+                }
+            }
+        }
+        Ok(ranges.map(|r| DeviceViewMut {
+            ptr: self.at(r.start),
+            len: r.len(),
+            _borrow: PhantomData,
+        }))
+    }
+
+    /// Splits the view into `[0, mid)` and `[mid, len)`. Panics if
+    /// `mid > len`.
+    pub fn split_at(self, mid: usize) -> (DeviceViewMut<'a, T>, DeviceViewMut<'a, T>) {
+        assert!(mid <= self.len, "split at {mid} of {} elements", self.len);
+        let back = DeviceViewMut {
+            ptr: self.at(mid),
+            len: self.len - mid,
+            _borrow: PhantomData,
+        };
+        let front = DeviceViewMut {
+            ptr: self.ptr,
+            len: mid,
+            _borrow: PhantomData,
+        };
+        (front, back)
+    }
+
+    /// A shorter-lived copy of this view.
+    pub fn reborrow(&mut self) -> DeviceViewMut<'_, T> {
+        DeviceViewMut {
+            ptr: self.ptr,
+            len: self.len,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A view over made-up addresses, for tests of view arithmetic (never
+    /// passed to the device).
+    #[cfg(test)]
+    pub(crate) fn from_raw_parts_for_test(ptr: u64, len: usize) -> Self {
+        DeviceViewMut {
+            ptr,
+            len,
+            _borrow: PhantomData,
+        }
+    }
+}
+
 impl<T: Element> DeviceBuffer<T> {
     fn check_range(&self, r: &std::ops::Range<usize>) {
         assert!(

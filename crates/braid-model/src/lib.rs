@@ -1,16 +1,23 @@
-//! braid's compact training engine (CPU first; CUDA slots in next).
+//! braid's training engine: a GPT-2 family model you can read top to
+//! bottom, on the CPU and on one GPU, below every training strategy.
 //!
 //! - [`config`]: GPT-2 family configurations, named and custom.
 //! - [`layout`]: every parameter's place in one flat buffer, block by block,
 //!   under its Hugging Face GPT-2 name.
 //! - [`params`]: the flat buffer itself, with named views and GPT-2's
 //!   initialisation; gradients and optimizer state use the same type.
+//! - [`model`]: the CPU model, forward and backward block by block;
+//!   [`cpu`]: its kernels.
+//! - [`cuda`]: the GPU models (f32, and bf16 mixed precision), their
+//!   NVRTC kernels and the checks of each kernel against the CPU.
+//! - [`optim`]: AdamW, SGD, clipping, the learning-rate schedule.
+//! - [`data`]: tokenizers and token datasets; [`sample`]: text from a
+//!   trained model.
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
 //! - [`rng`]: the deterministic generator behind initialisation and data.
 //! - [`tensor`]: shape + dtype + device + storage (f32/bf16 on the CPU).
 //!
-//! Work in progress (issue 5): tensors, CPU kernels, per-block forward and
-//! backward, optimizers, data and `braid train` follow.
+//! The training loop and the parallel strategies are in `braid-train`.
 
 pub mod checkpoint;
 pub mod config;
@@ -22,8 +29,8 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod rng;
+pub mod sample;
 pub mod tensor;
-pub mod trainer;
 
 pub use config::GptConfig;
 pub use layout::{Block, Kind, Layout};

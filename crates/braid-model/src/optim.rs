@@ -91,11 +91,19 @@ impl Optimizer {
 
     /// One update of `params` from `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &mut Params, grads: &[f32], lr: f32) {
+        self.step_scaled(params, grads, lr, 1.0)
+    }
+
+    /// One update from `grads` multiplied by `grad_scale` (clipping and
+    /// averaging folded into the update: the same arithmetic as scaling
+    /// the gradients first, without the extra pass).
+    pub fn step_scaled(&mut self, params: &mut Params, grads: &[f32], lr: f32, grad_scale: f32) {
         assert_eq!(
             params.data.len(),
             grads.len(),
             "gradients do not match the parameters"
         );
+        let s = grad_scale;
         match self {
             Optimizer::AdamW { cfg, m, v, t, mask } => {
                 *t += 1;
@@ -112,8 +120,9 @@ impl Optimizer {
                         .zip(v[r].par_chunks_mut(8192))
                         .for_each(|(((p, g), m), v)| {
                             for i in 0..p.len() {
-                                m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
-                                v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g[i] * g[i];
+                                let gi = if s == 1.0 { g[i] } else { g[i] * s };
+                                m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+                                v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
                                 let mh = m[i] / bc1;
                                 let vh = v[i] / bc2;
                                 p[i] -= lr * (mh / (vh.sqrt() + c.eps) + wd * p[i]);
@@ -137,7 +146,8 @@ impl Optimizer {
                         .zip(buf[r].par_chunks_mut(8192))
                         .for_each(|((p, g), b)| {
                             for i in 0..p.len() {
-                                let gi = g[i] + wd * p[i];
+                                let gs = if s == 1.0 { g[i] } else { g[i] * s };
+                                let gi = gs + wd * p[i];
                                 b[i] = mu * b[i] + gi;
                                 p[i] -= lr * b[i];
                             }
@@ -150,11 +160,16 @@ impl Optimizer {
 
 /// The gradients' global L2 norm (summed in f64, in a fixed order).
 pub fn global_norm(grads: &[f32]) -> f64 {
-    let partial: Vec<f64> = grads
+    sum_of_squares(grads).sqrt()
+}
+
+/// The sum of the squares of `x` (in f64, in a fixed order).
+pub fn sum_of_squares(x: &[f32]) -> f64 {
+    let partial: Vec<f64> = x
         .par_chunks(1 << 16)
         .map(|c| c.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>())
         .collect();
-    partial.iter().sum::<f64>().sqrt()
+    partial.iter().sum::<f64>()
 }
 
 /// Scales the gradients so their global norm is at most `max_norm`;

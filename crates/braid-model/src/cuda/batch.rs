@@ -59,7 +59,12 @@ impl DeviceBatch {
         let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
         self.tokens.copy_from_host(&ti)?;
-        self.targets.copy_from_host(&gi)
+        self.targets.copy_from_host(&gi)?;
+        // The embedding backward's grouping by token goes up now, with the
+        // batch, so that the backward pass never waits on the host.
+        let (order, starts) = token_buckets(&self.host_tokens, self.vocab);
+        self.bucket_order.copy_from_host(&order)?;
+        self.bucket_starts.copy_from_host(&starts)
     }
 
     /// The tokens on the device.
@@ -104,8 +109,7 @@ impl DeviceBatch {
     }
 
     /// Embedding gradients from `dout` (f32 rows of `c`): positions grouped
-    /// by token into the buffers allocated once (the previous step's
-    /// kernels have finished: every backward pass ends synchronised).
+    /// by token (uploaded with the batch), so nothing here waits.
     #[allow(clippy::too_many_arguments)]
     pub fn embedding_backward(
         &mut self,
@@ -117,9 +121,6 @@ impl DeviceBatch {
         t: usize,
         c: usize,
     ) -> Result<()> {
-        let (order, starts) = token_buckets(&self.host_tokens, self.vocab);
-        self.bucket_order.copy_from_host(&order)?;
-        self.bucket_starts.copy_from_host(&starts)?;
         k.encoder_backward(
             s,
             dwte,

@@ -1,6 +1,7 @@
-//! The model's CUDA kernels (issue 6, in progress): CUDA C compiled by
-//! NVRTC at run time for the GPU found, cached on disk, each one checked
-//! against its CPU counterpart ([`check`]).
+//! The GPU engine: CUDA C kernels compiled by NVRTC at run time for the
+//! GPU found, cached on disk, each one checked against its CPU
+//! counterpart ([`check`], [`check_mixed`]); the f32 model ([`model`]) and
+//! the bf16 mixed-precision model ([`model_mixed`]) built from them.
 //!
 //! [`SOURCES`] lists every kernel source; [`Kernels`] loads them on a
 //! device and launches them on device buffers.
@@ -15,7 +16,6 @@ pub mod mixed_attention;
 pub mod model;
 pub mod model_mixed;
 pub mod profile;
-pub mod trainer;
 
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{Device, DeviceMem, Result, Stream};

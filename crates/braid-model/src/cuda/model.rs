@@ -11,7 +11,7 @@ use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use braid_cuda::blas::Blas;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Result, Stream};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -127,7 +127,8 @@ impl GpuGpt {
             });
         }
         Ok(GpuGpt {
-            stream: Stream::new(device)?,
+            // The device's own stream: collectives order themselves after it.
+            stream: device.main_stream(),
             kernels: Kernels::load(device)?,
             blas: Blas::new(device)?,
             b,
@@ -325,14 +326,32 @@ impl GpuGpt {
     }
 
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
-    /// `g` (flat, same layout as the parameters).
+    /// `g` (flat, same layout as the parameters) and waits for it: the
+    /// head, every layer from the last down, then the embeddings.
     pub fn backward(&mut self, p: &DeviceBuffer<f32>, g: &mut DeviceBuffer<f32>) -> Result<()> {
+        let mut w = g.window();
+        self.backward_head(p, &mut w)?;
+        for l in (0..self.layout.config.n_layer).rev() {
+            self.backward_layer(l, p, &mut w)?;
+        }
+        self.backward_embedding(&mut w)?;
+        self.stream.synchronize()
+    }
+
+    /// Backward of the head (first): the classifier's share of the token
+    /// embedding's gradient and the final LayerNorm's gradients (final
+    /// after this). Queued; nothing waits. `g` holds the gradient buffer's
+    /// elements still being written (buffer indices).
+    pub fn backward_head(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
         let cfg = self.layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
-        let (b, t) = (self.b, self.t);
-        let n = b * t;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let n = self.b * self.t;
         let (s, k) = (&self.stream, &self.kernels);
-        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
         // Head: dlnf = dlogits · wte ; dwte += dlogitsᵀ · lnf.
         self.blas.gemm_rm(
@@ -349,7 +368,7 @@ impl GpuGpt {
         )?;
         self.blas.gemm_rm(
             s,
-            &mut g.view_mut(wte.clone()),
+            &mut g.view_mut(wte.clone())?,
             &self.logits,
             true,
             &self.lnf,
@@ -361,7 +380,7 @@ impl GpuGpt {
         )?;
         zero_async(&mut self.dresid, s)?;
         {
-            let (mut gw, mut gb) = g.views_mut2(lw.clone(), lb);
+            let [mut gw, mut gb] = g.views_mut_n([lw.clone(), lb])?;
             k.layernorm_backward(
                 s,
                 &mut self.dresid,
@@ -376,168 +395,193 @@ impl GpuGpt {
                 c,
             )?;
         }
-        for l in (0..cfg.n_layer).rev() {
-            let r = &self.ranges[l];
-            let a = &mut self.layers[l];
-            let x = &self.resid[l];
-            // MLP.
-            copy_async(&mut self.dresid2, &self.dresid, s)?;
-            zero_async(&mut self.dgelu, s)?;
-            self.blas.gemm_rm(
-                s,
-                &mut self.dgelu,
-                &self.dresid,
-                false,
-                &p.view(r.fcproj_w.clone()),
-                true,
-                n,
-                4 * c,
-                c,
-                true,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut g.view_mut(r.fcproj_w.clone()),
-                &a.fch_gelu,
-                true,
-                &self.dresid,
-                false,
-                4 * c,
-                c,
-                n,
-                true,
-            )?;
-            k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone()), &self.dresid, n, c)?;
-            zero_async(&mut self.dfch, s)?;
-            k.gelu_backward(s, &mut self.dfch, &a.fch, &self.dgelu)?;
-            zero_async(&mut self.dln, s)?;
-            self.blas.gemm_rm(
-                s,
-                &mut self.dln,
-                &self.dfch,
-                false,
-                &p.view(r.fc_w.clone()),
-                true,
-                n,
-                c,
-                4 * c,
-                true,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut g.view_mut(r.fc_w.clone()),
-                &a.ln2,
-                true,
-                &self.dfch,
-                false,
-                c,
-                4 * c,
-                n,
-                true,
-            )?;
-            k.bias_backward(s, &mut g.view_mut(r.fc_b.clone()), &self.dfch, n, 4 * c)?;
-            {
-                let (mut gw, mut gb) = g.views_mut2(r.ln2_w.clone(), r.ln2_b.clone());
-                k.layernorm_backward(
-                    s,
-                    &mut self.dresid2,
-                    &mut gw,
-                    &mut gb,
-                    &self.dln,
-                    &a.resid2,
-                    &p.view(r.ln2_w.clone()),
-                    &a.ln2_mean,
-                    &a.ln2_rstd,
-                    n,
-                    c,
-                )?;
-            }
-            // Attention.
-            copy_async(&mut self.dresid, &self.dresid2, s)?;
-            zero_async(&mut self.datty, s)?;
-            self.blas.gemm_rm(
-                s,
-                &mut self.datty,
-                &self.dresid2,
-                false,
-                &p.view(r.proj_w.clone()),
-                true,
-                n,
-                c,
-                c,
-                true,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut g.view_mut(r.proj_w.clone()),
-                &a.atty,
-                true,
-                &self.dresid2,
-                false,
-                c,
-                c,
-                n,
-                true,
-            )?;
-            k.bias_backward(s, &mut g.view_mut(r.proj_b.clone()), &self.dresid2, n, c)?;
-            zero_async(&mut self.dqkv, s)?;
-            attention_backward(
-                k,
-                &mut self.blas,
-                s,
-                &mut self.dqkv,
-                &self.datty,
-                &mut a.attn,
-                AttnShape { b, t, c, nh },
-            )?;
-            zero_async(&mut self.dln, s)?;
-            self.blas.gemm_rm(
-                s,
-                &mut self.dln,
-                &self.dqkv,
-                false,
-                &p.view(r.qkv_w.clone()),
-                true,
-                n,
-                c,
-                3 * c,
-                true,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut g.view_mut(r.qkv_w.clone()),
-                &a.ln1,
-                true,
-                &self.dqkv,
-                false,
-                c,
-                3 * c,
-                n,
-                true,
-            )?;
-            k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone()), &self.dqkv, n, 3 * c)?;
-            {
-                let (mut gw, mut gb) = g.views_mut2(r.ln1_w.clone(), r.ln1_b.clone());
-                k.layernorm_backward(
-                    s,
-                    &mut self.dresid,
-                    &mut gw,
-                    &mut gb,
-                    &self.dln,
-                    x,
-                    &p.view(r.ln1_w.clone()),
-                    &a.ln1_mean,
-                    &a.ln1_rstd,
-                    n,
-                    c,
-                )?;
-            }
-        }
+        Ok(())
+    }
+
+    /// Backward of transformer block `l` (after the blocks above it); its
+    /// gradients are final after this. Queued; nothing waits.
+    pub fn backward_layer(
+        &mut self,
+        l: usize,
+        p: &DeviceBuffer<f32>,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        let cfg = self.layout.config;
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let (s, k) = (&self.stream, &self.kernels);
+        let r = &self.ranges[l];
+        let a = &mut self.layers[l];
+        let x = &self.resid[l];
+        // MLP.
+        copy_async(&mut self.dresid2, &self.dresid, s)?;
+        zero_async(&mut self.dgelu, s)?;
+        self.blas.gemm_rm(
+            s,
+            &mut self.dgelu,
+            &self.dresid,
+            false,
+            &p.view(r.fcproj_w.clone()),
+            true,
+            n,
+            4 * c,
+            c,
+            true,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut g.view_mut(r.fcproj_w.clone())?,
+            &a.fch_gelu,
+            true,
+            &self.dresid,
+            false,
+            4 * c,
+            c,
+            n,
+            true,
+        )?;
+        k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone())?, &self.dresid, n, c)?;
+        zero_async(&mut self.dfch, s)?;
+        k.gelu_backward(s, &mut self.dfch, &a.fch, &self.dgelu)?;
+        zero_async(&mut self.dln, s)?;
+        self.blas.gemm_rm(
+            s,
+            &mut self.dln,
+            &self.dfch,
+            false,
+            &p.view(r.fc_w.clone()),
+            true,
+            n,
+            c,
+            4 * c,
+            true,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut g.view_mut(r.fc_w.clone())?,
+            &a.ln2,
+            true,
+            &self.dfch,
+            false,
+            c,
+            4 * c,
+            n,
+            true,
+        )?;
+        k.bias_backward(s, &mut g.view_mut(r.fc_b.clone())?, &self.dfch, n, 4 * c)?;
         {
-            let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
-            self.batch
-                .embedding_backward(k, s, &mut gte, &mut gpe, &self.dresid, t, c)?;
+            let [mut gw, mut gb] = g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone()])?;
+            k.layernorm_backward(
+                s,
+                &mut self.dresid2,
+                &mut gw,
+                &mut gb,
+                &self.dln,
+                &a.resid2,
+                &p.view(r.ln2_w.clone()),
+                &a.ln2_mean,
+                &a.ln2_rstd,
+                n,
+                c,
+            )?;
         }
-        s.synchronize()
+        // Attention.
+        copy_async(&mut self.dresid, &self.dresid2, s)?;
+        zero_async(&mut self.datty, s)?;
+        self.blas.gemm_rm(
+            s,
+            &mut self.datty,
+            &self.dresid2,
+            false,
+            &p.view(r.proj_w.clone()),
+            true,
+            n,
+            c,
+            c,
+            true,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut g.view_mut(r.proj_w.clone())?,
+            &a.atty,
+            true,
+            &self.dresid2,
+            false,
+            c,
+            c,
+            n,
+            true,
+        )?;
+        k.bias_backward(s, &mut g.view_mut(r.proj_b.clone())?, &self.dresid2, n, c)?;
+        zero_async(&mut self.dqkv, s)?;
+        attention_backward(
+            k,
+            &mut self.blas,
+            s,
+            &mut self.dqkv,
+            &self.datty,
+            &mut a.attn,
+            AttnShape { b, t, c, nh },
+        )?;
+        zero_async(&mut self.dln, s)?;
+        self.blas.gemm_rm(
+            s,
+            &mut self.dln,
+            &self.dqkv,
+            false,
+            &p.view(r.qkv_w.clone()),
+            true,
+            n,
+            c,
+            3 * c,
+            true,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut g.view_mut(r.qkv_w.clone())?,
+            &a.ln1,
+            true,
+            &self.dqkv,
+            false,
+            c,
+            3 * c,
+            n,
+            true,
+        )?;
+        k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone())?, &self.dqkv, n, 3 * c)?;
+        {
+            let [mut gw, mut gb] = g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone()])?;
+            k.layernorm_backward(
+                s,
+                &mut self.dresid,
+                &mut gw,
+                &mut gb,
+                &self.dln,
+                x,
+                &p.view(r.ln1_w.clone()),
+                &a.ln1_mean,
+                &a.ln1_rstd,
+                n,
+                c,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Backward of the embeddings (last); final after this. Queued.
+    pub fn backward_embedding(&mut self, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        let (c, t) = (self.layout.config.n_embd, self.t);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let [mut gte, mut gpe] = g.views_mut_n([wte, wpe])?;
+        self.batch.embedding_backward(
+            &self.kernels,
+            &self.stream,
+            &mut gte,
+            &mut gpe,
+            &self.dresid,
+            t,
+            c,
+        )
     }
 }

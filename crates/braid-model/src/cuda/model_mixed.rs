@@ -21,7 +21,9 @@ use crate::layout::Layout;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
+use braid_cuda::{
+    CudaError, Device, DeviceBuffer, DeviceMem, DevicePool, DeviceWindow, Result, Stream,
+};
 use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
@@ -238,7 +240,8 @@ impl GpuGptMixed {
         let shape = AttnShape { b, t, c, nh };
         let mk = MixedKernels::load(device)?;
         let path = AttnPath::choose(&mk, shape)?;
-        let stream = Stream::new(device)?;
+        // The device's own stream: collectives order themselves after it.
+        let stream = device.main_stream();
         let pool = DevicePool::new(device);
         let (s, p) = (&stream, &pool);
         let mut layers = Vec::new();
@@ -556,14 +559,16 @@ impl GpuGptMixed {
     }
 
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
-    /// `g` (f32, flat, same layout as the parameters).
+    /// `g` (f32, flat, same layout as the parameters) and waits for it:
+    /// [`backward_head`](Self::backward_head), every
+    /// [`backward_layer`](Self::backward_layer) from the last down, then
+    /// [`backward_embedding`](Self::backward_embedding).
     pub fn backward(
         &mut self,
         p: &DeviceBuffer<f32>,
         pb: &DeviceBuffer<bf16>,
         g: &mut DeviceBuffer<f32>,
     ) -> Result<()> {
-        self.check_params(p, pb)?;
         if g.len() != self.layout.len {
             return Err(CudaError::Invalid(format!(
                 "gradient buffer of {} elements for a model of {}",
@@ -571,12 +576,34 @@ impl GpuGptMixed {
                 self.layout.len
             )));
         }
+        let mut w = g.window();
+        self.backward_head(p, pb, &mut w)?;
+        for l in (0..self.layout.config.n_layer).rev() {
+            self.backward_layer(l, p, pb, &mut w)?;
+        }
+        self.backward_embedding(&mut w)?;
+        self.stream.synchronize()?;
+        self.end_step()
+    }
+
+    /// Backward of the head (first, after `forward(.., grad = true)`):
+    /// the classifier's share of the token embedding's gradient, the final
+    /// LayerNorm's gradients (final after this), the last layer's fcproj
+    /// bias gradient, and the gradient of the last residual stream. Queued
+    /// on the model's stream; nothing waits. `g` holds the gradient buffer's
+    /// elements that are still being written (buffer indices).
+    pub fn backward_head(
+        &mut self,
+        p: &DeviceBuffer<f32>,
+        pb: &DeviceBuffer<bf16>,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        self.check_params(p, pb)?;
         let cfg = self.layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
-        let shape = AttnShape { b, t, c, nh };
-        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
         let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
         let blas = &mut self.blas;
@@ -607,19 +634,91 @@ impl GpuGptMixed {
             Mat::of(&self.dwte_pad, c),
             0.0,
         )?;
-        k.add_inplace(
-            s,
-            &mut g.view_mut(wte.clone()),
-            &self.dwte_pad.view(0..v * c),
-        )?;
+        k.add_inplace(s, &mut g.view_mut(wte)?, &self.dwte_pad.view(0..v * c))?;
         prof.mark(s, "bwd gemm classifier")?;
         zero_async(&mut self.dresid, s)?;
         prof.mark(s, "bwd zero")?;
+        // The column sums of the LayerNorm's dres are the last layer's
+        // fcproj bias gradient.
+        let top = self.ranges[cfg.n_layer - 1].fcproj_b.clone();
+        let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb, top])?;
+        mk.layernorm_backward(
+            s,
+            &mut self.dresid,
+            &mut self.dresid_bf,
+            &mut gw,
+            &mut gb,
+            Some(&mut gnext),
+            &mut self.partial,
+            &self.dln,
+            &self.resid[cfg.n_layer],
+            &p.view(lw),
+            &self.lnf_mean,
+            &self.lnf_rstd,
+            n,
+            c,
+        )?;
+        prof.mark(s, "bwd layernorm")
+    }
+
+    /// Backward of transformer block `l` (after the blocks above it): its
+    /// gradients are final after this; it also writes the fcproj bias
+    /// gradient of block `l - 1`. Queued; nothing waits.
+    pub fn backward_layer(
+        &mut self,
+        l: usize,
+        p: &DeviceBuffer<f32>,
+        pb: &DeviceBuffer<bf16>,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        self.check_params(p, pb)?;
+        let cfg = self.layout.config;
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let shape = AttnShape { b, t, c, nh };
+        let (s, mk) = (&self.stream, &self.mk);
+        let blas = &mut self.blas;
+        let prof = &mut self.prof;
+        let r = &self.ranges[l];
+        let a = &self.layers[l];
+        // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
+        // (cuBLASLt's GELU-backward epilogue with the bias gradient
+        // measured 2.4× slower than this product plus the two passes
+        // on an H200, so the backward keeps them separate.)
+        LinearGrads {
+            x: Mat::of(&a.gelu, 4 * c),
+            w: Mat::of(&pb.view(r.fcproj_w.clone()), c),
+            dy: Mat::of(&self.dresid_bf, c),
+            dx: Mat::of(&self.dgelu, 4 * c),
+            dw: Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
+        }
+        .backward(blas, s, n, 4 * c, c)?;
+        prof.mark(s, "bwd gemm fcproj")?;
+        // (fcproj's bias gradient came with the LayerNorm backward above.)
+        mk.gelu_backward_bias(
+            s,
+            &mut self.dgelu,
+            &a.fch,
+            &mut g.view_mut(r.fc_b.clone())?,
+            &mut self.partial,
+            n,
+            4 * c,
+        )?;
+        prof.mark(s, "bwd gelu+bias")?;
+        LinearGrads {
+            x: Mat::of(&a.ln2, c),
+            w: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
+            dy: Mat::of(&self.dgelu, 4 * c),
+            dx: Mat::of(&self.dln, c),
+            dw: Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
+        }
+        .backward(blas, s, n, c, 4 * c)?;
+        prof.mark(s, "bwd gemm fc")?;
         {
-            // The column sums of the LayerNorm's dres are the last layer's
-            // fcproj bias gradient.
-            let top = self.ranges[cfg.n_layer - 1].fcproj_b.clone();
-            let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb, top]);
+            // ... and proj's bias gradient comes with this one.
+            let [mut gw, mut gb, mut gnext] =
+                g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()])?;
             mk.layernorm_backward(
                 s,
                 &mut self.dresid,
@@ -629,151 +728,107 @@ impl GpuGptMixed {
                 Some(&mut gnext),
                 &mut self.partial,
                 &self.dln,
-                &self.resid[cfg.n_layer],
-                &p.view(lw),
-                &self.lnf_mean,
-                &self.lnf_rstd,
+                &a.resid2,
+                &p.view(r.ln2_w.clone()),
+                &a.ln2_mean,
+                &a.ln2_rstd,
                 n,
                 c,
             )?;
             prof.mark(s, "bwd layernorm")?;
         }
-        for l in (0..cfg.n_layer).rev() {
-            let r = &self.ranges[l];
-            let a = &self.layers[l];
-            // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
-            // (cuBLASLt's GELU-backward epilogue with the bias gradient
-            // measured 2.4× slower than this product plus the two passes
-            // on an H200, so the backward keeps them separate.)
-            LinearGrads {
-                x: Mat::of(&a.gelu, 4 * c),
-                w: Mat::of(&pb.view(r.fcproj_w.clone()), c),
-                dy: Mat::of(&self.dresid_bf, c),
-                dx: Mat::of(&self.dgelu, 4 * c),
-                dw: Mat::of(&g.view_mut(r.fcproj_w.clone()), c),
-            }
-            .backward(blas, s, n, 4 * c, c)?;
-            prof.mark(s, "bwd gemm fcproj")?;
-            // (fcproj's bias gradient came with the LayerNorm backward above.)
-            mk.gelu_backward_bias(
-                s,
-                &mut self.dgelu,
-                &a.fch,
-                &mut g.view_mut(r.fc_b.clone()),
-                &mut self.partial,
-                n,
-                4 * c,
-            )?;
-            prof.mark(s, "bwd gelu+bias")?;
-            LinearGrads {
-                x: Mat::of(&a.ln2, c),
-                w: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
-                dy: Mat::of(&self.dgelu, 4 * c),
-                dx: Mat::of(&self.dln, c),
-                dw: Mat::of(&g.view_mut(r.fc_w.clone()), 4 * c),
-            }
-            .backward(blas, s, n, c, 4 * c)?;
-            prof.mark(s, "bwd gemm fc")?;
-            {
-                // ... and proj's bias gradient comes with this one.
-                let [mut gw, mut gb, mut gnext] =
-                    g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()]);
-                mk.layernorm_backward(
-                    s,
-                    &mut self.dresid,
-                    &mut self.dresid_bf,
-                    &mut gw,
-                    &mut gb,
-                    Some(&mut gnext),
-                    &mut self.partial,
-                    &self.dln,
-                    &a.resid2,
-                    &p.view(r.ln2_w.clone()),
-                    &a.ln2_mean,
-                    &a.ln2_rstd,
-                    n,
-                    c,
-                )?;
-                prof.mark(s, "bwd layernorm")?;
-            }
-            // Attention: resid2 = x + atty · Wproj + b.
-            LinearGrads {
-                x: Mat::of(&a.atty, c),
-                w: Mat::of(&pb.view(r.proj_w.clone()), c),
-                dy: Mat::of(&self.dresid_bf, c),
-                dx: Mat::of(&self.datty, c),
-                dw: Mat::of(&g.view_mut(r.proj_w.clone()), c),
-            }
-            .backward(blas, s, n, c, c)?;
-            prof.mark(s, "bwd gemm proj")?;
-            // dqkv goes into the qkv scratch (free in the backward pass).
-            attention::backward(
-                mk,
-                blas,
-                s,
-                &mut self.qkv,
-                &self.datty,
-                &a.atty,
-                &a.attn,
-                &mut self.attn,
-                shape,
-                prof,
-            )?;
-            prof.mark(s, "bwd attention")?;
-            LinearGrads {
-                x: Mat::of(&a.ln1, c),
-                w: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
-                dy: Mat::of(&self.qkv, 3 * c),
-                dx: Mat::of(&self.dln, c),
-                dw: Mat::of(&g.view_mut(r.qkv_w.clone()), 3 * c),
-            }
-            .backward(blas, s, n, c, 3 * c)?;
-            prof.mark(s, "bwd gemm qkv")?;
-            mk.bias_backward_bf(
-                s,
-                &mut g.view_mut(r.qkv_b.clone()),
-                &mut self.partial,
-                &self.qkv,
-                n,
-                3 * c,
-            )?;
-            prof.mark(s, "bwd bias")?;
-            {
-                // The layer below's fcproj bias gradient comes with this one.
-                let below = if l > 0 {
-                    self.ranges[l - 1].fcproj_b.clone()
-                } else {
-                    0..0
-                };
-                let [mut gw, mut gb, mut gnext] =
-                    g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below]);
-                mk.layernorm_backward(
-                    s,
-                    &mut self.dresid,
-                    &mut self.dresid_bf,
-                    &mut gw,
-                    &mut gb,
-                    if l > 0 { Some(&mut gnext) } else { None },
-                    &mut self.partial,
-                    &self.dln,
-                    &self.resid[l],
-                    &p.view(r.ln1_w.clone()),
-                    &a.ln1_mean,
-                    &a.ln1_rstd,
-                    n,
-                    c,
-                )?;
-                prof.mark(s, "bwd layernorm")?;
-            }
+        // Attention: resid2 = x + atty · Wproj + b.
+        LinearGrads {
+            x: Mat::of(&a.atty, c),
+            w: Mat::of(&pb.view(r.proj_w.clone()), c),
+            dy: Mat::of(&self.dresid_bf, c),
+            dx: Mat::of(&self.datty, c),
+            dw: Mat::of(&g.view_mut(r.proj_w.clone())?, c),
         }
-        {
-            let (mut gte, mut gpe) = g.views_mut2(wte, wpe);
-            self.batch
-                .embedding_backward(k, s, &mut gte, &mut gpe, &self.dresid, t, c)?;
-            prof.mark(s, "bwd encoder")?;
+        .backward(blas, s, n, c, c)?;
+        prof.mark(s, "bwd gemm proj")?;
+        // dqkv goes into the qkv scratch (free in the backward pass).
+        attention::backward(
+            mk,
+            blas,
+            s,
+            &mut self.qkv,
+            &self.datty,
+            &a.atty,
+            &a.attn,
+            &mut self.attn,
+            shape,
+            prof,
+        )?;
+        prof.mark(s, "bwd attention")?;
+        LinearGrads {
+            x: Mat::of(&a.ln1, c),
+            w: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
+            dy: Mat::of(&self.qkv, 3 * c),
+            dx: Mat::of(&self.dln, c),
+            dw: Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
         }
-        s.synchronize()?;
-        prof.end_step()
+        .backward(blas, s, n, c, 3 * c)?;
+        prof.mark(s, "bwd gemm qkv")?;
+        mk.bias_backward_bf(
+            s,
+            &mut g.view_mut(r.qkv_b.clone())?,
+            &mut self.partial,
+            &self.qkv,
+            n,
+            3 * c,
+        )?;
+        prof.mark(s, "bwd bias")?;
+        // The layer below's fcproj bias gradient comes with this one.
+        let below = if l > 0 {
+            self.ranges[l - 1].fcproj_b.clone()
+        } else {
+            0..0
+        };
+        let [mut gw, mut gb, mut gnext] =
+            g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below])?;
+        mk.layernorm_backward(
+            s,
+            &mut self.dresid,
+            &mut self.dresid_bf,
+            &mut gw,
+            &mut gb,
+            if l > 0 { Some(&mut gnext) } else { None },
+            &mut self.partial,
+            &self.dln,
+            &self.resid[l],
+            &p.view(r.ln1_w.clone()),
+            &a.ln1_mean,
+            &a.ln1_rstd,
+            n,
+            c,
+        )?;
+        prof.mark(s, "bwd layernorm")
+    }
+
+    /// Backward of the embeddings (last): token and position embedding
+    /// gradients, final after this. Queued; nothing waits.
+    pub fn backward_embedding(&mut self, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        let cfg = self.layout.config;
+        let (c, t) = (cfg.n_embd, self.t);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let [mut gte, mut gpe] = g.views_mut_n([wte, wpe])?;
+        self.batch.embedding_backward(
+            &self.kernels,
+            &self.stream,
+            &mut gte,
+            &mut gpe,
+            &self.dresid,
+            t,
+            c,
+        )?;
+        self.prof.mark(&self.stream, "bwd encoder")
+    }
+
+    /// Ends a profiled step (waits for its timing events; nothing when
+    /// profiling is off).
+    pub fn end_step(&mut self) -> Result<()> {
+        self.prof.end_step()
     }
 
     /// The phase timings so far (`BRAID_PROFILE=1`), largest first.

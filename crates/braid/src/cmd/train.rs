@@ -2,10 +2,12 @@
 //! machine's CPUs (single process), and sampling from a saved model.
 
 use braid_model::checkpoint;
-use braid_model::cuda::trainer::Precision;
 use braid_model::data::{Dataset, Source, Tokenizer};
-use braid_model::trainer::{self, OptimizerKind, TrainOptions};
+use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
+use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
+use braid_train::loader::{check_fits, RandomWindows};
+use braid_train::{train, Engine, LoopOptions, Single, StepReport};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,12 +130,18 @@ fn tokenizer_for(
     }
 }
 
+/// Which optimizer to train with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OptimizerKind {
+    AdamW,
+    Sgd,
+}
+
 fn fmt_duration(secs: f64) -> String {
     let s = secs.max(0.0).round() as u64;
     format!("{}:{:02}", s / 60, s % 60)
 }
 
-/// Runs `braid train`.
 /// The default peak learning rate for a model of `params` parameters: the
 /// small models' 3e-3 below 50M, then the GPT-3 paper's rates for the
 /// GPT-2 sizes (Brown et al. 2020, table 2.1), which keep 124M and larger
@@ -148,6 +156,7 @@ pub fn default_lr(params: usize) -> f32 {
     }
 }
 
+/// Runs `braid train`.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let optimizer = match a.optimizer.as_str() {
         "adamw" => OptimizerKind::AdamW,
@@ -172,21 +181,39 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
     let source = Source::parse(&a.data)?;
     let data = Dataset::load(&source, tokenizer, a.seed)?;
-    let opts = TrainOptions {
+    let cuda = if super::wants_cuda(&a.device)? {
+        if optimizer != OptimizerKind::AdamW {
+            return Err("--device cuda trains with adamw only (so far)".into());
+        }
+        Some(Precision::parse(a.precision.as_deref().unwrap_or("bf16"))?)
+    } else {
+        if let Some(p) = a
+            .precision
+            .as_deref()
+            .filter(|p| Precision::parse(p) != Ok(Precision::F32))
+        {
+            return Err(format!(
+                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
+            ));
+        }
+        None
+    };
+    check_fits(&cfg, a.seq, &data)?;
+    let opts = LoopOptions {
         steps: a.steps,
-        batch: a.batch,
-        seq: a.seq,
-        lr,
-        min_lr_ratio: 0.1,
-        warmup: a.warmup,
-        weight_decay: a.weight_decay,
+        accum: 1,
+        schedule: Schedule {
+            max_lr: lr,
+            min_lr: lr * 0.1,
+            warmup: a.warmup.min(a.steps.max(1)),
+            total: a.steps,
+        },
         grad_clip: a.grad_clip,
-        seed: a.seed,
         eval_every: a.eval_every,
         eval_batches: 4,
-        checkpointing: a.checkpointing,
-        optimizer,
         update: !a.fwd_bwd_only,
+        profile_warmup: 5,
+        measure_unoverlapped: false,
     };
     println!(
         "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({} tokens, {}), batch {} x {}, {} steps, lr {}, seed {}, {} threads",
@@ -213,30 +240,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (cfg.vocab_size as f64).ln()
     );
     let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
-    let cuda = if super::wants_cuda(&a.device)? {
-        let precision = Precision::parse(a.precision.as_deref().unwrap_or("bf16"))?;
-        let local = braid_core::world::local_rank_from_env().unwrap_or(0);
-        let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-        println!(
-            "training on GPU {} ({}), {}",
-            dev.ordinal(),
-            dev.name().unwrap_or_default(),
-            precision.name()
-        );
-        Some((dev, precision))
-    } else {
-        if let Some(p) = a
-            .precision
-            .as_deref()
-            .filter(|p| Precision::parse(p) != Ok(Precision::F32))
-        {
-            return Err(format!(
-                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
-            ));
-        }
-        None
-    };
-    let mut print_step = |r: &braid_model::trainer::StepReport| {
+    let mut print_step = |r: &StepReport| {
         let due = match a.log_every {
             Some(k) => (r.step + 1) % k.max(1) == 0,
             None => last_print.elapsed().as_secs_f64() >= 1.0,
@@ -262,20 +266,56 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
     };
-    let reports = match &cuda {
-        None => trainer::train(&mut params, &data, &opts, &mut print_step)?,
-        Some((dev, precision)) => {
-            braid_cuda::pool::reset_peak();
-            let r = braid_model::cuda::trainer::train_gpu(
-                dev,
-                &mut params,
-                &data,
+    let mut loader = RandomWindows::new(&data, a.batch, a.seq, a.seed);
+    let mut batch = TokenBatch::new(a.batch, a.seq);
+    let mut strategy = Single;
+    let reports = match cuda {
+        None => {
+            let how = match optimizer {
+                OptimizerKind::AdamW => CpuOptimizer::AdamW {
+                    weight_decay: a.weight_decay,
+                },
+                OptimizerKind::Sgd => CpuOptimizer::Sgd {
+                    weight_decay: a.weight_decay,
+                },
+            };
+            let mut engine = CpuGpt::new(params, a.batch, a.seq, a.checkpointing, how);
+            let r = train(
+                &mut engine,
+                &mut strategy,
+                &mut loader,
+                &mut batch,
                 &opts,
-                *precision,
                 &mut print_step,
             )?;
-            print_gpu_summary(&r, &cfg, &opts, *precision);
-            r
+            params = engine.into_params();
+            r.steps
+        }
+        Some(precision) => {
+            let local = braid_core::world::local_rank_from_env().unwrap_or(0);
+            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
+            println!(
+                "training on GPU {} ({}), {}",
+                dev.ordinal(),
+                dev.name().unwrap_or_default(),
+                precision.name()
+            );
+            braid_cuda::pool::reset_peak();
+            let mut engine = GpuGpt::new(&dev, &params, a.batch, a.seq, precision, a.weight_decay)?;
+            let r = train(
+                &mut engine,
+                &mut strategy,
+                &mut loader,
+                &mut batch,
+                &opts,
+                &mut print_step,
+            )?;
+            if let Some(report) = engine.profile_report() {
+                println!("{report}");
+            }
+            engine.copy_params_to(&mut params)?;
+            print_gpu_summary(&r.steps, &cfg, a.batch, a.seq, precision);
+            r.steps
         }
     };
     if let Some(path) = &a.json {
@@ -324,12 +364,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
 /// (warm-up), MFU against the H100/H200 bf16 dense peak (989 TFLOP/s) with
 /// the PaLM-style count (6 · parameters + 12 · layers · width · sequence
 /// FLOPs per token), and the peak of live device buffers.
-fn print_gpu_summary(
-    r: &[braid_model::trainer::StepReport],
-    cfg: &GptConfig,
-    o: &TrainOptions,
-    precision: Precision,
-) {
+fn print_gpu_summary(r: &[StepReport], cfg: &GptConfig, b: usize, t: usize, precision: Precision) {
     let warm = if r.len() > 5 {
         5
     } else {
@@ -337,16 +372,16 @@ fn print_gpu_summary(
     };
     let mut times: Vec<f64> = r[warm..]
         .iter()
-        .map(|x| (o.batch * o.seq) as f64 / x.tokens_per_s)
+        .map(|x| (b * t) as f64 / x.tokens_per_s)
         .collect();
     if times.is_empty() {
         return;
     }
     times.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     let med = times[times.len() / 2];
-    let tok_s = (o.batch * o.seq) as f64 / med;
+    let tok_s = (b * t) as f64 / med;
     let flops_per_tok =
-        6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * o.seq) as f64;
+        6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * t) as f64;
     let mfu = tok_s * flops_per_tok / 989e12 * 100.0;
     println!(
         "gpu summary: {} | median step {:.1} ms over {} steps (first {warm} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s) | peak device memory {:.2} GiB",
@@ -375,7 +410,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
             params.layout.config.vocab_size
         ));
     }
-    let text = trainer::generate(
+    let text = braid_model::sample::generate(
         &params,
         tokenizer,
         &a.prompt,

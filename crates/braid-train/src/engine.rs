@@ -1,0 +1,151 @@
+//! [`Engine`]: what the training loop and every parallel strategy need from
+//! a model — flat parameters, a flat gradient buffer, a forward pass, a
+//! backward pass in units that each declare which gradients they finish,
+//! the gradient norm and an optimizer step.
+//!
+//! Nothing here is GPT-specific: the GPT engines ([`crate::engines`]) and
+//! the course's MLP (`examples/ddp_mlp`) implement the same trait, and
+//! data-parallel training works on anything that does.
+
+use crate::space::Space;
+use crate::Result;
+use std::ops::Range;
+
+/// The flat buffer type of an engine's space.
+pub type Flat<E> = <<E as Engine>::Space as Space>::Flat;
+
+/// The gradient window type of an engine's space.
+pub type Window<'a, E> = <<E as Engine>::Space as Space>::Window<'a>;
+
+/// One step of the backward pass and the gradients it finishes.
+///
+/// Units run in order; after unit `i`, the elements `finalizes` of the
+/// gradient buffer never change again this step (an empty range: nothing
+/// final yet). Each finished range must lie at one end of what is still
+/// being written, so that it can be handed to a reduction while the engine
+/// goes on (the GPT engines finish the final norm, then the layers from
+/// the last, from the buffer's end; the embeddings last).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// For messages and traces (`layer 3`).
+    pub name: String,
+    /// Gradient elements final after this unit.
+    pub finalizes: Range<usize>,
+}
+
+/// A two-dimensional parameter inside the flat buffer: `rows × cols`
+/// elements, row-major, from `offset` (gradient compression by low-rank
+/// approximation works on these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matrix {
+    /// First element.
+    pub offset: usize,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+}
+
+impl Matrix {
+    /// Its elements in the flat buffer.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.rows * self.cols
+    }
+}
+
+/// One optimizer update.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UpdateStep {
+    /// Learning rate.
+    pub lr: f32,
+    /// 1-based step number (Adam's bias correction).
+    pub step: u32,
+    /// Every gradient is multiplied by this before use: the loop's
+    /// averaging over ranks and micro-batches and the clipping factor,
+    /// folded into the update instead of a pass over the gradients.
+    pub grad_scale: f32,
+}
+
+/// A model that can be trained by [`crate::trainer::train`] under any
+/// [`crate::strategy::Strategy`].
+pub trait Engine {
+    /// Where parameters and gradients live.
+    type Space: Space;
+    /// One micro-batch of input.
+    type Batch;
+
+    /// What must agree across data-parallel ranks (model configuration,
+    /// shapes, precision); compared at start, and a rank that differs is
+    /// named.
+    fn describe(&self) -> String;
+
+    /// The flat parameters (f32; master weights under mixed precision).
+    fn params(&self) -> &Flat<Self>;
+
+    /// The flat parameters, writable (rank 0's are broadcast into them).
+    /// Call [`params_changed`](Self::params_changed) after writing.
+    fn params_mut(&mut self) -> &mut Flat<Self>;
+
+    /// Refreshes whatever derives from the parameters (a bf16 copy) after
+    /// they were overwritten.
+    fn params_changed(&mut self) -> Result<()>;
+
+    /// A zeroed gradient buffer the size of the parameters.
+    fn new_grads(&self) -> Result<Flat<Self>>;
+
+    /// Sets `grads` to zero (queued, on a GPU).
+    fn zero_grads(&mut self, grads: &mut Flat<Self>) -> Result<()>;
+
+    /// The backward pass's units, in the order they run.
+    fn units(&self) -> Vec<Unit>;
+
+    /// The two-dimensional parameters (low-rank gradient compression
+    /// applies to those; everything else is reduced as it is). None by
+    /// default.
+    fn matrices(&self) -> Vec<Matrix> {
+        Vec::new()
+    }
+
+    /// Forward pass on `batch`; with `grad`, keeps what the backward pass
+    /// needs. Returns the mean loss over the batch.
+    fn forward(&mut self, batch: &Self::Batch, grad: bool) -> Result<f32>;
+
+    /// Runs backward unit `unit` (after those before it, following a
+    /// forward pass with `grad`), adding its gradients into `grads`, which
+    /// holds the buffer elements not yet handed on.
+    fn backward_unit(&mut self, unit: usize, grads: &mut Window<'_, Self>) -> Result<()>;
+
+    /// The sum of squares of `grads` (waits for queued work).
+    fn grad_sq_norm(&mut self, grads: &Flat<Self>) -> Result<f64>;
+
+    /// One optimizer update of the parameters from `grads`.
+    fn update(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()>;
+
+    /// Waits for everything queued (a GPU's stream); nothing on the CPU.
+    fn synchronize(&mut self) -> Result<()>;
+
+    /// The GPU stream the engine queues its work on (none on the CPU):
+    /// timelines record their events there.
+    fn stream(&self) -> Option<&braid_cuda::Stream> {
+        None
+    }
+
+    /// Starts any per-phase profile afresh (after warm-up steps).
+    fn profile_reset(&mut self) {}
+
+    /// The engine's own per-phase profile, if it keeps one.
+    fn profile_report(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Runs every backward unit of `engine` into `grads` with nothing handed
+/// on (one process, or a micro-batch that does not communicate).
+pub fn backward_local<E: Engine>(engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
+    let units = engine.units().len();
+    let mut w = E::Space::window(grads);
+    for u in 0..units {
+        engine.backward_unit(u, &mut w)?;
+    }
+    Ok(())
+}

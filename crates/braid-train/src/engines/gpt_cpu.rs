@@ -1,0 +1,187 @@
+//! [`CpuGpt`]: the CPU GPT model (`braid_model::Gpt`, f32) as an
+//! [`Engine`]: parameters, activations and optimizer state in host memory.
+
+use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
+use crate::engine::{Engine, Matrix, Unit, UpdateStep};
+use crate::space::{Host, HostWindow};
+use crate::Result;
+use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
+use braid_model::{Activations, Block, Gpt, Params};
+
+/// The GPT model on this machine's CPUs, sized for batches of `b × t`.
+pub struct CpuGpt {
+    model: Gpt,
+    params: Params,
+    acts: Activations<f32>,
+    opt: Optimizer,
+    b: usize,
+    t: usize,
+    /// The batch of the last forward pass with gradients (the backward
+    /// units need its tokens and targets).
+    last: TokenBatch,
+}
+
+/// Which optimizer a [`CpuGpt`] steps with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CpuOptimizer {
+    /// AdamW (β = 0.9, 0.95) with this weight decay.
+    AdamW {
+        /// Decoupled weight decay on matrices and embeddings.
+        weight_decay: f32,
+    },
+    /// SGD with momentum 0.9 and this (coupled) weight decay.
+    Sgd {
+        /// Weight decay on matrices and embeddings.
+        weight_decay: f32,
+    },
+}
+
+impl CpuGpt {
+    /// An engine over `params` for batches of `b × t`, recomputing
+    /// activations in the backward pass when `checkpointing`.
+    pub fn new(
+        params: Params,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+        optimizer: CpuOptimizer,
+    ) -> CpuGpt {
+        let layout = params.layout.clone();
+        let opt = match optimizer {
+            CpuOptimizer::AdamW { weight_decay } => Optimizer::adamw(
+                &layout,
+                AdamWConfig {
+                    weight_decay,
+                    ..Default::default()
+                },
+            ),
+            CpuOptimizer::Sgd { weight_decay } => Optimizer::sgd(&layout, 0.9, weight_decay),
+        };
+        CpuGpt {
+            model: Gpt::new(layout.clone()),
+            acts: Activations::new(&layout, b, t, checkpointing),
+            params,
+            opt,
+            b,
+            t,
+            last: TokenBatch::new(b, t),
+        }
+    }
+
+    /// The parameters with their layout (the trained model).
+    pub fn into_params(self) -> Params {
+        self.params
+    }
+
+    fn grads_prefix<'w>(g: &'w mut HostWindow<'_>) -> Result<&'w mut [f32]> {
+        g.prefix_mut()
+    }
+}
+
+impl Engine for CpuGpt {
+    type Space = Host;
+    type Batch = TokenBatch;
+
+    fn describe(&self) -> String {
+        gpt_describe(&self.params.layout.config, self.b, self.t, "f32 on the CPU")
+    }
+
+    fn params(&self) -> &Vec<f32> {
+        &self.params.data
+    }
+
+    fn params_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.params.data
+    }
+
+    fn params_changed(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn new_grads(&self) -> Result<Vec<f32>> {
+        Ok(vec![0.0; self.params.data.len()])
+    }
+
+    fn zero_grads(&mut self, grads: &mut Vec<f32>) -> Result<()> {
+        grads.fill(0.0);
+        Ok(())
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        gpt_units(&self.params.layout)
+    }
+
+    fn matrices(&self) -> Vec<Matrix> {
+        gpt_matrices(&self.params.layout)
+    }
+
+    fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        let loss = self
+            .model
+            .forward(
+                &self.params.data,
+                &mut self.acts,
+                &batch.tokens,
+                &batch.targets,
+            )
+            .map_err(|e| e.to_string())?;
+        if grad {
+            self.last.tokens.clone_from(&batch.tokens);
+            self.last.targets.clone_from(&batch.targets);
+        }
+        Ok(loss)
+    }
+
+    fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
+        let n_layer = self.params.layout.config.n_layer;
+        let g = Self::grads_prefix(grads)?;
+        let p = &self.params.data;
+        // Each unit writes its own block (the head also the token
+        // embedding, which is finished last); the window covers `[0, end)`
+        // of everything not yet handed on.
+        let need = match unit {
+            0 => self.params.layout.block_range(Block::FinalNorm).end,
+            u if u <= n_layer => {
+                self.params
+                    .layout
+                    .block_range(Block::Layer(n_layer - u))
+                    .end
+            }
+            _ => self.params.layout.block_range(Block::Embedding).end,
+        };
+        if g.len() < need {
+            return Err(format!(
+                "backward unit {unit} writes gradients up to {need} but only {} are still being written",
+                g.len()
+            ));
+        }
+        match unit {
+            0 => self
+                .model
+                .head_backward(p, g, &mut self.acts, &self.last.targets),
+            u if u <= n_layer => self
+                .model
+                .layer_backward_at(n_layer - u, p, g, &mut self.acts),
+            u if u == n_layer + 1 => {
+                self.model
+                    .embedding_backward(g, &self.acts, &self.last.tokens)
+            }
+            u => return Err(format!("backward unit {u} does not exist")),
+        }
+        Ok(())
+    }
+
+    fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
+        Ok(sum_of_squares(grads))
+    }
+
+    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.opt
+            .step_scaled(&mut self.params, grads, step.lr, step.grad_scale);
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,260 @@
+//! [`GpuGpt`]: the GPU GPT models of `braid-model` (f32, or bf16 mixed
+//! precision) as an [`Engine`]: parameters, gradients and AdamW state in
+//! one GPU's memory, every kernel on the device's own stream (so that
+//! collectives order themselves after it), AdamW in one launch.
+
+use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
+use crate::engine::{Engine, Matrix, Unit, UpdateStep};
+use crate::space::Gpu;
+use crate::Result;
+use braid_cuda::memory::zero_async;
+use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
+use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
+use braid_model::cuda::model::GpuGpt as GpuGptF32;
+use braid_model::cuda::model_mixed::GpuGptMixed;
+use braid_model::optim::AdamWConfig;
+use braid_model::Params;
+use half::bf16;
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+/// Arithmetic of the GPU engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 everywhere (matches the CPU engine).
+    F32,
+    /// bf16 products and activations, f32 master weights and state.
+    Bf16,
+}
+
+impl Precision {
+    /// `f32` or `bf16`.
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" | "mixed" => Ok(Precision::Bf16),
+            other => Err(format!("--precision {other:?}: expected f32 or bf16")),
+        }
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Either model form.
+enum Model {
+    F32(Box<GpuGptF32>),
+    Mixed(Box<GpuGptMixed>, DeviceBuffer<bf16>),
+}
+
+/// A GPT model trained on one GPU with AdamW.
+pub struct GpuGpt {
+    layout: std::sync::Arc<braid_model::Layout>,
+    model: Model,
+    precision: Precision,
+    mk: MixedKernels,
+    p: DeviceBuffer<f32>,
+    m: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    segments: AdamSegments,
+    adam: AdamWConfig,
+    b: usize,
+    t: usize,
+}
+
+impl GpuGpt {
+    /// An engine on `device` starting from `params`, for batches of
+    /// `b × t`, with AdamW's decoupled `weight_decay`.
+    pub fn new(
+        device: &Device,
+        params: &Params,
+        b: usize,
+        t: usize,
+        precision: Precision,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        let layout = params.layout.clone();
+        let p = DeviceBuffer::from_host(device, &params.data).map_err(e)?;
+        let mk = MixedKernels::load(device).map_err(e)?;
+        let model = match precision {
+            Precision::F32 => Model::F32(Box::new(
+                GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?,
+            )),
+            Precision::Bf16 => {
+                let m = GpuGptMixed::new(device, layout.clone(), b, t).map_err(e)?;
+                let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
+                mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+                Model::Mixed(Box::new(m), pb)
+            }
+        };
+        let adam = AdamWConfig {
+            weight_decay,
+            ..Default::default()
+        };
+        Ok(GpuGpt {
+            m: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
+            v: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
+            segments: AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
+            layout,
+            model,
+            precision,
+            mk,
+            p,
+            adam,
+            b,
+            t,
+        })
+    }
+
+    /// The stream every kernel of the engine runs on.
+    pub fn compute_stream(&self) -> &Stream {
+        match &self.model {
+            Model::F32(m) => m.stream(),
+            Model::Mixed(m, _) => m.stream(),
+        }
+    }
+
+    /// Copies the trained (f32 master) parameters into `params`.
+    pub fn copy_params_to(&self, params: &mut Params) -> Result<()> {
+        self.p.copy_to_host(&mut params.data).map_err(e)
+    }
+
+    /// The arithmetic in use.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+}
+
+impl Engine for GpuGpt {
+    type Space = Gpu;
+    type Batch = TokenBatch;
+
+    fn describe(&self) -> String {
+        gpt_describe(
+            &self.layout.config,
+            self.b,
+            self.t,
+            &format!("{} on a GPU", self.precision.name()),
+        )
+    }
+
+    fn params(&self) -> &DeviceBuffer<f32> {
+        &self.p
+    }
+
+    fn params_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        &mut self.p
+    }
+
+    fn params_changed(&mut self) -> Result<()> {
+        if let Model::Mixed(m, pb) = &mut self.model {
+            self.mk.to_bf16(m.stream(), pb, &self.p).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
+        DeviceBuffer::zeros(self.p.device(), self.layout.len).map_err(e)
+    }
+
+    fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
+        zero_async(grads, self.compute_stream()).map_err(e)
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        gpt_units(&self.layout)
+    }
+
+    fn matrices(&self) -> Vec<Matrix> {
+        gpt_matrices(&self.layout)
+    }
+
+    fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        let p = &self.p;
+        match &mut self.model {
+            Model::F32(m) => m.forward(p, &batch.tokens, &batch.targets, grad),
+            Model::Mixed(m, pb) => m.forward(p, pb, &batch.tokens, &batch.targets, grad),
+        }
+        .map_err(e)
+    }
+
+    fn backward_unit(&mut self, unit: usize, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        let n_layer = self.layout.config.n_layer;
+        let p = &self.p;
+        match &mut self.model {
+            Model::F32(m) => match unit {
+                0 => m.backward_head(p, g),
+                u if u <= n_layer => m.backward_layer(n_layer - u, p, g),
+                _ => m.backward_embedding(g),
+            },
+            Model::Mixed(m, pb) => match unit {
+                0 => m.backward_head(p, pb, g),
+                u if u <= n_layer => m.backward_layer(n_layer - u, p, pb, g),
+                _ => m.backward_embedding(g),
+            },
+        }
+        .map_err(e)
+    }
+
+    fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
+        let norm = match &self.model {
+            Model::F32(m) => m.kernels().global_norm(m.stream(), grads),
+            Model::Mixed(m, _) => m.kernels().global_norm(m.stream(), grads),
+        }
+        .map_err(e)?;
+        Ok(norm * norm)
+    }
+
+    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        let h = AdamStep {
+            lr: step.lr,
+            beta1: self.adam.beta1,
+            beta2: self.adam.beta2,
+            step: step.step as i32,
+            eps: self.adam.eps,
+            grad_scale: step.grad_scale,
+        };
+        let (p, m, v, segs) = (&mut self.p, &mut self.m, &mut self.v, &self.segments);
+        match &mut self.model {
+            Model::Mixed(mm, pb) => {
+                self.mk
+                    .adamw_multi(mm.stream(), p, Some(pb), grads, m, v, segs, h)
+            }
+            Model::F32(mm) => self
+                .mk
+                .adamw_multi(mm.stream(), p, None, grads, m, v, segs, h),
+        }
+        .map_err(e)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.end_step().map_err(e)?;
+        }
+        self.compute_stream().synchronize().map_err(e)
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(self.compute_stream())
+    }
+
+    fn profile_reset(&mut self) {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.profile_reset();
+        }
+    }
+
+    fn profile_report(&self) -> Option<String> {
+        match &self.model {
+            Model::Mixed(m, _) => m.profile_report(),
+            Model::F32(_) => None,
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The GPT engines of `braid-model` behind the [`Engine`](crate::Engine)
+//! trait: [`CpuGpt`] (f32, this machine's cores) and [`GpuGpt`] (one GPU,
+//! f32 or bf16 mixed precision), with the batch type they share.
+
+mod gpt_cpu;
+mod gpt_gpu;
+
+pub use gpt_cpu::{CpuGpt, CpuOptimizer};
+pub use gpt_gpu::{GpuGpt, Precision};
+
+use crate::engine::Unit;
+use braid_model::{Block, GptConfig, Layout};
+
+/// One micro-batch of token windows: `b` rows of `t` tokens and the
+/// tokens that follow each (`u32::MAX`: not counted in the loss).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// Rows.
+    pub b: usize,
+    /// Tokens per row.
+    pub t: usize,
+    /// Inputs, `b × t`, row-major.
+    pub tokens: Vec<u32>,
+    /// Targets, `b × t`.
+    pub targets: Vec<u32>,
+}
+
+impl TokenBatch {
+    /// A batch of `b × t` zeros.
+    pub fn new(b: usize, t: usize) -> TokenBatch {
+        TokenBatch {
+            b,
+            t,
+            tokens: vec![0; b * t],
+            targets: vec![0; b * t],
+        }
+    }
+}
+
+/// The GPT engines' backward units: the head (final norm final), each
+/// layer from the last (its block final), then the embeddings.
+pub(crate) fn gpt_units(layout: &Layout) -> Vec<Unit> {
+    let mut units = vec![Unit {
+        name: "head".into(),
+        finalizes: layout.block_range(Block::FinalNorm),
+    }];
+    for l in (0..layout.config.n_layer).rev() {
+        units.push(Unit {
+            name: format!("layer {l}"),
+            finalizes: layout.block_range(Block::Layer(l)),
+        });
+    }
+    units.push(Unit {
+        name: "embedding".into(),
+        finalizes: layout.block_range(Block::Embedding),
+    });
+    units
+}
+
+/// What data-parallel ranks must agree on for a GPT engine.
+pub(crate) fn gpt_describe(cfg: &GptConfig, b: usize, t: usize, how: &str) -> String {
+    format!(
+        "GPT L{}-H{}-C{}-V{}-T{} ({} parameters), batch {b} x {t} per rank, {how}",
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_embd,
+        cfg.vocab_size,
+        cfg.context,
+        cfg.num_params()
+    )
+}
+
+/// The two-dimensional parameters of a GPT layout (what PowerSGD
+/// compresses).
+pub(crate) fn gpt_matrices(layout: &Layout) -> Vec<crate::Matrix> {
+    layout
+        .params
+        .iter()
+        .filter(|p| p.shape.len() == 2)
+        .map(|p| crate::Matrix {
+            offset: p.offset,
+            rows: p.shape[0],
+            cols: p.shape[1],
+        })
+        .collect()
+}

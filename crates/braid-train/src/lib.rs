@@ -1,0 +1,30 @@
+//! braid's distributed training: one training loop over any engine, and
+//! the parallelism strategies that plug into it.
+//!
+//! - [`engine`]: the [`Engine`] trait (flat parameters and gradients, a
+//!   backward pass in units that declare which gradients they finish, an
+//!   optimizer update) and [`engines`], braid's GPT engines behind it;
+//! - [`space`]: host or GPU memory, and the gradient [`Window`] a backward
+//!   pass hands finished parts out of;
+//! - [`trainer`]: the loop (micro-batches, clipping, schedule,
+//!   evaluation, timing) — it never knows the strategy;
+//! - [`strategy`]: the hooks a strategy gets ([`Strategy`]) and the
+//!   one-process strategy;
+//! - [`loader`]: where the GPT engines' batches come from;
+//! - [`timeline`]: step timings on the engine's clock.
+
+pub mod engine;
+pub mod engines;
+pub mod loader;
+pub mod space;
+pub mod strategy;
+pub mod timeline;
+pub mod trainer;
+
+pub use engine::{Engine, Matrix, Unit, UpdateStep};
+pub use space::{Gpu, Host, Space, Window};
+pub use strategy::{Single, Strategy};
+pub use trainer::{train, Loader, LoopOptions, RunReport, StepReport, StepTimes};
+
+/// Errors are messages naming what went wrong and what to do.
+pub type Result<T> = std::result::Result<T, String>;

@@ -1,0 +1,131 @@
+//! [`Strategy`]: how a parallel strategy plugs into the one training loop,
+//! and [`Single`], the strategy of one process (no communication).
+//!
+//! The loop ([`crate::trainer`]) never knows which strategy runs. It tells
+//! the strategy, in this order every step:
+//!
+//! 1. [`start`](Strategy::start) (once, before the first step): the
+//!    parameters are ready — make every replica start from the same ones;
+//! 2. for each micro-batch but the last, nothing: those backward passes
+//!    accumulate locally (PyTorch's `no_sync`);
+//! 3. [`backward`](Strategy::backward) for the last micro-batch: the
+//!    strategy runs the engine's backward units itself, so that it sees
+//!    each unit's gradients become final and can start communicating them
+//!    while the next unit computes;
+//! 4. [`before_update`](Strategy::before_update): the gradients must be
+//!    reduced (or ordered to be, on a GPU) when this returns;
+//! 5. the loop clips and updates, dividing by [`replicas`](Strategy::replicas)
+//!    × micro-batches once, inside the update;
+//! 6. [`after_update`](Strategy::after_update): parameters changed (a
+//!    sharded strategy gathers them here).
+
+use crate::engine::{backward_local, Engine, Flat};
+use crate::timeline::Timeline;
+use crate::Result;
+
+/// Bytes and timings of a strategy's communication in one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommStep {
+    /// Bytes of gradient data handed to collectives (payload, in the
+    /// dtype they travel in).
+    pub payload_bytes: u64,
+    /// Bytes each rank sends for that payload (a ring all-reduce sends
+    /// `2(n-1)/n` of it).
+    pub wire_bytes: u64,
+    /// Collectives started.
+    pub collectives: u32,
+}
+
+/// A parallel strategy; see the [module docs](self) for when each hook
+/// runs.
+pub trait Strategy<E: Engine> {
+    /// One line for the run's header.
+    fn describe(&self) -> String;
+
+    /// This process's rank among the strategy's ranks.
+    fn rank(&self) -> usize;
+
+    /// Number of model replicas whose gradients are summed (the loop
+    /// divides by this).
+    fn replicas(&self) -> usize;
+
+    /// The parameters are ready (before the first step).
+    fn start(&mut self, engine: &mut E) -> Result<()>;
+
+    /// The backward pass of a step's last micro-batch: runs every unit of
+    /// `engine` into `grads`; marks on `timeline` the point where the
+    /// engine's computation ended and returns that mark.
+    fn backward(
+        &mut self,
+        engine: &mut E,
+        grads: &mut Flat<E>,
+        timeline: &mut Timeline,
+    ) -> Result<usize>;
+
+    /// Before the optimizer step: the gradients are the sum over the
+    /// replicas once this returns (or, on a GPU, once the engine's stream
+    /// gets there).
+    fn before_update(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<()>;
+
+    /// After the optimizer step.
+    fn after_update(&mut self, engine: &mut E) -> Result<()>;
+
+    /// Replaces each of `values` by its mean over the ranks (losses).
+    fn mean(&mut self, values: &mut [f64]) -> Result<()>;
+
+    /// The communication of the last step.
+    fn last_step(&self) -> CommStep {
+        CommStep::default()
+    }
+
+    /// Measures how long the step's reductions take when nothing overlaps
+    /// them (the gradient buffer's contents are overwritten): seconds per
+    /// step, or `None` for a strategy that does not communicate.
+    fn time_unoverlapped(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<Option<f64>> {
+        Ok(None)
+    }
+}
+
+/// One process: nothing to communicate.
+#[derive(Debug, Default)]
+pub struct Single;
+
+impl<E: Engine> Strategy<E> for Single {
+    fn describe(&self) -> String {
+        "one process".into()
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn replicas(&self) -> usize {
+        1
+    }
+
+    fn start(&mut self, _engine: &mut E) -> Result<()> {
+        Ok(())
+    }
+
+    fn backward(
+        &mut self,
+        engine: &mut E,
+        grads: &mut Flat<E>,
+        timeline: &mut Timeline,
+    ) -> Result<usize> {
+        backward_local(engine, grads)?;
+        timeline.mark(engine.stream())
+    }
+
+    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        Ok(())
+    }
+
+    fn after_update(&mut self, _engine: &mut E) -> Result<()> {
+        Ok(())
+    }
+
+    fn mean(&mut self, _values: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,251 @@
+//! The training loop — one loop for every engine and every strategy:
+//! batches from a [`Loader`], forward/backward (gradients accumulated over
+//! micro-batches, only the last one communicating), the strategy's hooks,
+//! clipping and the learning-rate schedule folded into one optimizer
+//! update, periodic evaluation, and a per-step timing breakdown.
+//!
+//! The loop owns the loss scale: each micro-batch's gradient is that of
+//! its mean loss, strategies sum gradients over replicas, and the update
+//! divides once by `replicas × micro-batches` (as the gradient of the mean
+//! over the whole global batch), together with the clipping factor.
+
+use crate::engine::{backward_local, Engine, UpdateStep};
+use crate::strategy::{CommStep, Strategy};
+use crate::timeline::Timeline;
+use crate::Result;
+use braid_model::optim::Schedule;
+use std::time::Instant;
+
+/// Where batches come from.
+pub trait Loader<B> {
+    /// The next training micro-batch of this rank, into `out`.
+    fn next_train(&mut self, out: &mut B) -> Result<()>;
+    /// Evaluation batch `k` of this rank into `out` (`k` below
+    /// [`LoopOptions::eval_batches`]).
+    fn eval(&mut self, k: usize, out: &mut B) -> Result<()>;
+    /// Tokens (or samples) in one micro-batch of this rank.
+    fn items_per_batch(&self) -> usize;
+}
+
+/// A training run's loop settings.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Micro-batches per step (gradient accumulation; 1: none).
+    pub accum: usize,
+    /// Learning rate per step.
+    pub schedule: Schedule,
+    /// Clip the gradients' global norm to this (0: off).
+    pub grad_clip: f64,
+    /// Evaluate every this many steps and after the last (0: never).
+    pub eval_every: usize,
+    /// Batches per evaluation.
+    pub eval_batches: usize,
+    /// Apply the optimizer (false: time forward + backward only).
+    pub update: bool,
+    /// Steps before the engine's per-phase profile starts counting (and
+    /// before step times count in the summary).
+    pub profile_warmup: usize,
+    /// After the last step, time the strategy's reductions with nothing
+    /// to overlap them (what overlap saves is measured against this).
+    pub measure_unoverlapped: bool,
+}
+
+impl LoopOptions {
+    /// Whether the held-out loss is measured after 0-based `step`.
+    pub fn evaluates_after(&self, step: usize) -> bool {
+        self.eval_every > 0 && ((step + 1) % self.eval_every == 0 || step + 1 == self.steps)
+    }
+}
+
+/// Where one step's time went (seconds, on the engine's clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// The whole step (host clock).
+    pub total: f64,
+    /// Waiting for batches.
+    pub data: f64,
+    /// Forward and backward computation.
+    pub compute: f64,
+    /// Communication that did not overlap the computation (from the end of
+    /// the backward computation until the gradients were reduced).
+    pub exposed_comm: f64,
+    /// Gradient norm, clipping and the update (with the strategy's
+    /// after-update work).
+    pub optimizer: f64,
+}
+
+/// What happened at one step.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// 0-based step.
+    pub step: usize,
+    /// Training loss (mean over the global batch).
+    pub loss: f32,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f32,
+    /// Tokens (or samples) per second over all ranks.
+    pub tokens_per_s: f64,
+    /// Held-out loss, when evaluated at this step.
+    pub eval_loss: Option<f32>,
+    /// Seconds since training started.
+    pub elapsed: f64,
+    /// Where the step's time went.
+    pub times: StepTimes,
+    /// The strategy's communication in this step.
+    pub comm: CommStep,
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Every step.
+    pub steps: Vec<StepReport>,
+    /// Seconds the strategy's reductions take per step with nothing to
+    /// overlap them (when asked for, and the strategy communicates).
+    pub unoverlapped_comm: Option<f64>,
+}
+
+/// Trains `engine` under `strategy` on batches from `loader` (into
+/// `batch`, reused); `progress` sees every step.
+pub fn train<E, S, L>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut L,
+    batch: &mut E::Batch,
+    o: &LoopOptions,
+    progress: &mut dyn FnMut(&StepReport),
+) -> Result<RunReport>
+where
+    E: Engine,
+    S: Strategy<E>,
+    L: Loader<E::Batch>,
+{
+    if o.accum == 0 {
+        return Err("--accum must be at least 1".into());
+    }
+    let rank = strategy.rank();
+    strategy.start(engine)?;
+    let mut grads = engine.new_grads()?;
+    let mut tl = Timeline::new();
+    let global_items = (loader.items_per_batch() * o.accum * strategy.replicas()) as f64;
+    let divide = (strategy.replicas() * o.accum) as f64;
+    let start = Instant::now();
+    let mut reports = Vec::with_capacity(o.steps);
+    for step in 0..o.steps {
+        if step == o.profile_warmup.min(o.steps / 2) {
+            engine.profile_reset();
+        }
+        let t0 = Instant::now();
+        tl.clear();
+        let m_start = tl.mark(engine.stream())?;
+        engine.zero_grads(&mut grads)?;
+        let mut data = 0.0;
+        let mut loss_sum = 0.0f64;
+        let mut m_computed = m_start;
+        for micro in 0..o.accum {
+            let td = Instant::now();
+            loader.next_train(batch)?;
+            data += td.elapsed().as_secs_f64();
+            let loss = engine.forward(batch, true)?;
+            if !loss.is_finite() {
+                return Err(format!(
+                    "rank {rank}, step {step}: the loss is {loss} (lower --lr?)"
+                ));
+            }
+            loss_sum += loss as f64;
+            if micro + 1 < o.accum {
+                backward_local(engine, &mut grads)?;
+            } else {
+                m_computed = strategy.backward(engine, &mut grads, &mut tl)?;
+            }
+        }
+        strategy.before_update(engine, &mut grads)?;
+        let m_reduced = tl.mark(engine.stream())?;
+        let lr = o.schedule.lr(step);
+        let mut grad_norm = 0.0;
+        if o.update {
+            grad_norm = engine.grad_sq_norm(&grads)?.sqrt() / divide;
+            let clip = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
+                o.grad_clip / (grad_norm + 1e-6)
+            } else {
+                1.0
+            };
+            engine.update(
+                &grads,
+                UpdateStep {
+                    lr,
+                    step: step as u32 + 1,
+                    grad_scale: ((clip as f32) as f64 / divide) as f32,
+                },
+            )?;
+            strategy.after_update(engine)?;
+        }
+        let m_end = tl.mark(engine.stream())?;
+        engine.synchronize()?;
+        let mut mean = [loss_sum / o.accum as f64];
+        strategy.mean(&mut mean)?;
+        let total = t0.elapsed().as_secs_f64();
+        let times = StepTimes {
+            total,
+            data,
+            compute: (tl.seconds(m_start, m_computed)? - data).max(0.0),
+            exposed_comm: tl.seconds(m_computed, m_reduced)?,
+            optimizer: tl.seconds(m_reduced, m_end)?,
+        };
+        let eval_loss = if o.evaluates_after(step) {
+            Some(evaluate(engine, strategy, loader, batch, o)?)
+        } else {
+            None
+        };
+        let r = StepReport {
+            step,
+            loss: mean[0] as f32,
+            grad_norm,
+            lr,
+            tokens_per_s: global_items / total,
+            eval_loss,
+            elapsed: start.elapsed().as_secs_f64(),
+            times,
+            comm: strategy.last_step(),
+        };
+        progress(&r);
+        reports.push(r);
+    }
+    let unoverlapped_comm = if o.measure_unoverlapped {
+        strategy.time_unoverlapped(engine, &mut grads)?
+    } else {
+        None
+    };
+    Ok(RunReport {
+        steps: reports,
+        unoverlapped_comm,
+    })
+}
+
+/// The mean held-out loss over the evaluation batches of every rank.
+fn evaluate<E, S, L>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut L,
+    batch: &mut E::Batch,
+    o: &LoopOptions,
+) -> Result<f32>
+where
+    E: Engine,
+    S: Strategy<E>,
+    L: Loader<E::Batch>,
+{
+    let k = o.eval_batches.max(1);
+    let mut sum = 0.0f64;
+    for i in 0..k {
+        loader.eval(i, batch)?;
+        sum += engine.forward(batch, false)? as f64;
+    }
+    let mut mean = [sum / k as f64];
+    strategy.mean(&mut mean)?;
+    Ok(mean[0] as f32)
+}
