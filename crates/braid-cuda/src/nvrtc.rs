@@ -223,7 +223,49 @@ unsafe impl Send for Function {}
 // SAFETY: as above.
 unsafe impl Sync for Function {}
 
+/// One kernel argument, by value (the kernel's C parameter types:
+/// pointers as device addresses, `int`, `long`, `float`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device address.
+    Ptr(u64),
+    /// An `int`.
+    I32(i32),
+    /// A `long` (64-bit).
+    I64(i64),
+    /// A `float`.
+    F32(f32),
+}
+
 impl Function {
+    /// Queues the kernel on `stream` with `args` in order.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number and type, and
+    /// every device address among them must address memory the kernel may
+    /// touch, valid until it has run.
+    pub unsafe fn launch_args(
+        &self,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        stream: &Stream,
+        args: &mut [KernelArg],
+    ) -> Result<()> {
+        let mut ptrs: Vec<*mut c_void> = args
+            .iter_mut()
+            .map(|a| match a {
+                KernelArg::Ptr(x) => x as *mut u64 as *mut c_void,
+                KernelArg::I32(x) => x as *mut i32 as *mut c_void,
+                KernelArg::I64(x) => x as *mut i64 as *mut c_void,
+                KernelArg::F32(x) => x as *mut f32 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: the pointers address `args`' values, alive for the call
+        // (cuLaunchKernel copies them); the caller vouches for the rest.
+        unsafe { self.launch(grid, block, shared, stream, &mut ptrs) }
+    }
+
     /// Queues the kernel on `stream`.
     ///
     /// # Safety

@@ -250,6 +250,49 @@ impl Dataset {
         self.tokens.is_empty()
     }
 
+    fn part(&self, eval: bool) -> (usize, usize) {
+        if eval {
+            (self.split, self.tokens.len())
+        } else {
+            (0, self.split)
+        }
+    }
+
+    /// How many windows of `t` tokens (each with the token after it as
+    /// the last target) the training part (`eval`: the held-out part)
+    /// holds, side by side.
+    pub fn windows(&self, t: usize, eval: bool) -> usize {
+        let (lo, hi) = self.part(eval);
+        if t == 0 {
+            return 0;
+        }
+        (hi - lo).saturating_sub(1) / t
+    }
+
+    /// Window `i` of [`windows`](Self::windows): `t` tokens into `tokens`
+    /// and the `t` that follow each into `targets`.
+    pub fn window(
+        &self,
+        i: usize,
+        t: usize,
+        eval: bool,
+        tokens: &mut [u32],
+        targets: &mut [u32],
+    ) -> Result<(), String> {
+        let n = self.windows(t, eval);
+        if i >= n || tokens.len() != t || targets.len() != t {
+            return Err(format!(
+                "window {i} of {n} ({} tokens / {} targets for a window of {t})",
+                tokens.len(),
+                targets.len()
+            ));
+        }
+        let start = self.part(eval).0 + i * t;
+        tokens.copy_from_slice(&self.tokens[start..start + t]);
+        targets.copy_from_slice(&self.tokens[start + 1..start + t + 1]);
+        Ok(())
+    }
+
     /// Fills `tokens` and `targets` (`b × t` each) with random windows from
     /// the training part (`eval`: the held-out part).
     pub fn batch(

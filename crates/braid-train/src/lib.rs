@@ -13,11 +13,16 @@
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock.
 
+pub mod collective;
+pub mod cuda;
+pub mod ddp;
 pub mod engine;
 pub mod engines;
 pub mod loader;
+pub mod sampler;
 pub mod space;
 pub mod strategy;
+pub mod summary;
 pub mod timeline;
 pub mod trainer;
 

@@ -6,9 +6,12 @@ use common::{braid, run, TempDir};
 use std::time::Duration;
 
 fn losses(path: &std::path::Path) -> Vec<(f64, Option<f64>)> {
-    let rows: Vec<serde_json::Value> =
+    let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    rows.iter()
+    doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
         .map(|r| (r["loss"].as_f64().unwrap(), r["eval_loss"].as_f64()))
         .collect()
 }

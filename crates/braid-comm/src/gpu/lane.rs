@@ -8,7 +8,7 @@
 
 use braid_core::{Element, ReduceOp};
 use braid_cuda::nccl::{self, NcclComm};
-use braid_cuda::{CudaError, DeviceBuffer, Result, Stream};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, Result, Stream};
 
 /// Queues operations for one local GPU (inside [`GpuCommunicator::group`]
 /// or `capture`, or through the communicator's one-GPU methods).
@@ -43,6 +43,12 @@ impl<'c> Lane<'c> {
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The stream this lane's operations are queued on: kernels queued
+    /// there run in order with them (a compression hook's casts).
+    pub fn stream(&self) -> &Stream {
+        self.stream
     }
 
     fn on_device<T: Element>(&self, op: &str, b: &DeviceBuffer<T>) -> Result<()> {
@@ -132,6 +138,26 @@ impl<'c> Lane<'c> {
         unsafe {
             self.nccl
                 .all_reduce(p, p, buf.len(), T::DTYPE, op, self.stream)
+        }
+    }
+
+    /// In-place all-reduce of device memory on this lane's GPU that is
+    /// not a whole buffer (a view of part of one). The caller keeps it on
+    /// this GPU: a view does not know its device.
+    pub fn all_reduce_mem<T: Element>(
+        &mut self,
+        buf: &mut impl DeviceMem<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if buf.dlen() == 0 {
+            return Ok(());
+        }
+        let p = buf.dptr();
+        // SAFETY: `buf` addresses `dlen` elements and outlives the operation
+        // (the work handle borrows it).
+        unsafe {
+            self.nccl
+                .all_reduce(p, p, buf.dlen(), T::DTYPE, op, self.stream)
         }
     }
 

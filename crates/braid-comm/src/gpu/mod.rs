@@ -35,7 +35,7 @@ use crate::debug::OpDesc;
 use crate::error::{CommError, Result};
 use braid_core::{DType, Element, ReduceOp};
 use braid_cuda::nccl::{self, NcclComm, UniqueId};
-pub use braid_cuda::{CudaError, Device, DeviceBuffer, Event, Graph, Stream};
+pub use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceViewMut, Event, Graph, Stream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -477,6 +477,18 @@ impl GpuCommunicator {
     ) -> Result<DeviceWork<'a>> {
         self.single("all_reduce", (buf.len(), T::DTYPE, Some(op), None), |l| {
             l.all_reduce(buf, op)
+        })
+    }
+
+    /// In-place all-reduce of a view (part of a buffer on this process's
+    /// GPU): a gradient bucket inside the flat gradient buffer, say.
+    pub fn all_reduce_view<'a, T: Element>(
+        &'a self,
+        mut buf: DeviceViewMut<'a, T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        self.single("all_reduce", (buf.len(), T::DTYPE, Some(op), None), |l| {
+            l.all_reduce_mem(&mut buf, op)
         })
     }
 

@@ -138,7 +138,7 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         return Err("-g must be at least 1".into());
     }
     if let Some(np) = args.np {
-        return super::workers::relaunch_locally(np);
+        return super::workers::relaunch_locally(np, "--np");
     }
     if let Some(algo) = &args.algo {
         // Set before the communicator (or any other thread) reads it.

@@ -7,6 +7,7 @@ pub mod launch;
 pub mod store;
 pub mod topo;
 pub mod train;
+pub mod train_output;
 pub mod verify;
 pub mod verify_gpu;
 pub mod workers;

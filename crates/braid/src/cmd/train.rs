@@ -1,22 +1,30 @@
-//! `braid train` and `braid generate`: the training engine on this
-//! machine's CPUs (single process), and sampling from a saved model.
+//! `braid train` and `braid generate`: braid-train's one training loop
+//! over the CPU or GPU engine — in one process, or data-parallel over
+//! several (`--nproc N` starts them here through the launcher; under
+//! `braid launch`, torchrun or SLURM each process is one rank) — and
+//! sampling from a saved model.
 
+use super::train_output::{print_summary, write_json, Progress};
+use braid_comm::gpu::GpuCommunicator;
+use braid_comm::CommOptions;
 use braid_model::checkpoint;
 use braid_model::data::{Dataset, Source, Tokenizer};
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
+use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
+use braid_train::ddp::{DataParallel, DdpOptions};
 use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
-use braid_train::loader::{check_fits, RandomWindows};
-use braid_train::{train, Engine, LoopOptions, Single, StepReport};
+use braid_train::loader::{check_fits, TokenWindows};
+use braid_train::{train, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Train a GPT model on the CPU.
+/// Train a GPT model.
 #[derive(Args)]
 #[command(
-    about = "Train a GPT-2 family model on this machine's CPUs",
-    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256"
+    about = "Train a GPT-2 family model on CPUs or GPUs, in one process or data-parallel",
+    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data, one process\n  braid train --nproc 2                         # data parallel over 2 local workers\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256\n  braid train --model 124M --device cuda --nproc 2 --batch 16 --seq 1024 --data random\n  braid launch --nnodes 2 ... -- braid train --device cuda --grad-comm bf16   # multi-node"
 )]
 pub struct TrainArgs {
     /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
@@ -31,9 +39,17 @@ pub struct TrainArgs {
     /// Training steps.
     #[arg(long, default_value_t = 400)]
     steps: usize,
-    /// Sequences per batch.
+    /// Sequences per micro-batch on each rank.
     #[arg(long, default_value_t = 16)]
     batch: usize,
+    /// Sequences per step over all ranks and micro-batches, instead of
+    /// --batch (must divide by ranks x --accum).
+    #[arg(long)]
+    global_batch: Option<usize>,
+    /// Micro-batches per step (gradient accumulation: only the last one
+    /// communicates).
+    #[arg(long, default_value_t = 1)]
+    accum: usize,
     /// Tokens per sequence (at most the model's context).
     #[arg(long, default_value_t = 64)]
     seq: usize,
@@ -54,7 +70,7 @@ pub struct TrainArgs {
     /// adamw or sgd.
     #[arg(long, default_value = "adamw")]
     optimizer: String,
-    /// Seed of initialisation, data and sampling.
+    /// Seed of initialisation, data order and sampling.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// Evaluate on held-out data every K steps and at the end (0: never).
@@ -75,10 +91,11 @@ pub struct TrainArgs {
     /// Element type of the saved checkpoint: f32 or bf16.
     #[arg(long, default_value = "f32")]
     save_dtype: String,
-    /// Also write every step (loss, eval loss, lr, norm, tokens/s) as JSON here.
+    /// Also write every step (loss, eval loss, lr, norm, tokens/s, time
+    /// breakdown) and the run's summary as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Where to train: cpu, or cuda (one GPU; LOCAL_RANK picks it).
+    /// Where to train: cpu, or cuda (one GPU per process; LOCAL_RANK picks it).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Arithmetic on the GPU: bf16 (mixed precision: bf16 products and
@@ -89,6 +106,23 @@ pub struct TrainArgs {
     /// Benchmark mode: time forward + backward only (no optimizer step).
     #[arg(long)]
     fwd_bwd_only: bool,
+    /// Start N local workers (data parallel) through the launcher.
+    #[arg(long, value_name = "N")]
+    nproc: Option<usize>,
+    /// How gradients travel between ranks: plain (f32), bf16, fp16, or
+    /// powersgd[:RANK[:START_STEP]] (PyTorch's defaults: rank 1, from step 1000).
+    #[arg(long, default_value = "plain")]
+    grad_comm: String,
+    /// Gradient bucket size in MiB (PyTorch's default 25).
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
+    /// First bucket's size in MiB (PyTorch's default 1).
+    #[arg(long, default_value_t = 1.0)]
+    first_bucket_mb: f64,
+    /// Reduce gradients after the backward pass instead of bucket by
+    /// bucket during it (to measure what the overlap saves).
+    #[arg(long)]
+    no_overlap: bool,
 }
 
 /// Sample text from a saved model.
@@ -130,18 +164,6 @@ fn tokenizer_for(
     }
 }
 
-/// Which optimizer to train with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OptimizerKind {
-    AdamW,
-    Sgd,
-}
-
-fn fmt_duration(secs: f64) -> String {
-    let s = secs.max(0.0).round() as u64;
-    format!("{}:{:02}", s / 60, s % 60)
-}
-
 /// The default peak learning rate for a model of `params` parameters: the
 /// small models' 3e-3 below 50M, then the GPT-3 paper's rates for the
 /// GPT-2 sizes (Brown et al. 2020, table 2.1), which keep 124M and larger
@@ -156,6 +178,38 @@ pub fn default_lr(params: usize) -> f32 {
     }
 }
 
+/// Which optimizer to train with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OptimizerKind {
+    AdamW,
+    Sgd,
+}
+
+/// This process's place in a distributed run, when it is one.
+fn world() -> Result<Option<braid_core::WorldInfo>, String> {
+    if std::env::var_os(braid_core::env::WORLD_SIZE).is_none() {
+        return Ok(None);
+    }
+    braid_core::WorldInfo::from_env()
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Shares this machine's cores between the workers on it (unless
+/// `RAYON_NUM_THREADS` says otherwise): the CPU engine's thread pool gets
+/// cores / local workers threads.
+fn share_cores(local_workers: usize) {
+    if local_workers <= 1 || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / local_workers).max(1);
+    // Fails only if the pool already exists; then it keeps its size.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+}
+
 /// Runs `braid train`.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let optimizer = match a.optimizer.as_str() {
@@ -163,9 +217,73 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "sgd" => OptimizerKind::Sgd,
         o => return Err(format!("--optimizer {o:?}: expected adamw or sgd")),
     };
-    if a.batch == 0 || a.seq == 0 || a.steps == 0 {
-        return Err("--batch, --seq and --steps must be positive".into());
+    if a.batch == 0 || a.seq == 0 || a.steps == 0 || a.accum == 0 {
+        return Err("--batch, --seq, --steps and --accum must be positive".into());
     }
+    let cuda = super::wants_cuda(&a.device)?;
+    let precision = match (cuda, a.precision.as_deref()) {
+        (true, p) => Precision::parse(p.unwrap_or("bf16"))?,
+        (false, Some(p)) if Precision::parse(p) != Ok(Precision::F32) => {
+            return Err(format!(
+                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
+            ))
+        }
+        (false, _) => Precision::F32,
+    };
+    if cuda && optimizer != OptimizerKind::AdamW {
+        return Err("--device cuda trains with adamw only (so far)".into());
+    }
+    let grad_comm = GradComm::parse(&a.grad_comm)?;
+    let world = world()?;
+    if let (Some(n), None) = (a.nproc, &world) {
+        if n == 0 {
+            return Err("--nproc must be at least 1".into());
+        }
+        if cuda {
+            let gpus = braid_cuda::device_count().map_err(|e| format!("--device cuda: {e}"))?;
+            if n > gpus {
+                return Err(format!(
+                    "--nproc {n} with --device cuda needs {n} GPUs, but this machine has {gpus} \
+                     (one GPU per process: use --nproc {gpus} or fewer)"
+                ));
+            }
+        }
+        if n > 1 {
+            return super::workers::relaunch_locally(n, "--nproc");
+        }
+    }
+    let ranks = world.as_ref().map_or(1, |w| w.world_size);
+    let rank = world.as_ref().map_or(0, |w| w.rank);
+    let lead = rank == 0;
+    if let Some(w) = &world {
+        if cuda {
+            let gpus = braid_cuda::device_count()
+                .map_err(|e| format!("rank {rank}: --device cuda: {e}"))?;
+            if w.local_world_size > gpus {
+                return Err(format!(
+                    "rank {rank}: {} workers on this node but only {gpus} GPU(s): one GPU per process \
+                     (start at most {gpus} workers per node)",
+                    w.local_world_size
+                ));
+            }
+        } else {
+            share_cores(w.local_world_size);
+        }
+    }
+    let batch = match a.global_batch {
+        None => a.batch,
+        Some(g) => {
+            let per = ranks * a.accum;
+            if g == 0 || g % per != 0 {
+                return Err(format!(
+                    "--global-batch {g} does not divide into {ranks} rank(s) x {} micro-batch(es): \
+                     pick a multiple of {per}",
+                    a.accum
+                ));
+            }
+            g / per
+        }
+    };
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {
             let (p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
@@ -181,27 +299,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
     let source = Source::parse(&a.data)?;
     let data = Dataset::load(&source, tokenizer, a.seed)?;
-    let cuda = if super::wants_cuda(&a.device)? {
-        if optimizer != OptimizerKind::AdamW {
-            return Err("--device cuda trains with adamw only (so far)".into());
-        }
-        Some(Precision::parse(a.precision.as_deref().unwrap_or("bf16"))?)
-    } else {
-        if let Some(p) = a
-            .precision
-            .as_deref()
-            .filter(|p| Precision::parse(p) != Ok(Precision::F32))
-        {
-            return Err(format!(
-                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
-            ));
-        }
-        None
-    };
     check_fits(&cfg, a.seq, &data)?;
+    let mut loader = TokenWindows::new(&data, batch, a.seq, rank, ranks, a.seed)?;
     let opts = LoopOptions {
         steps: a.steps,
-        accum: 1,
+        accum: a.accum,
         schedule: Schedule {
             max_lr: lr,
             min_lr: lr * 0.1,
@@ -213,185 +315,176 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         eval_batches: 4,
         update: !a.fwd_bwd_only,
         profile_warmup: 5,
-        measure_unoverlapped: false,
+        measure_unoverlapped: ranks > 1,
     };
-    println!(
-        "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({} tokens, {}), batch {} x {}, {} steps, lr {}, seed {}, {} threads",
-        a.model,
-        cfg.n_layer,
-        cfg.n_head,
-        cfg.n_embd,
-        cfg.vocab_size,
-        cfg.context,
-        cfg.num_params() as f64 / 1e6,
-        a.data,
-        data.len(),
-        tokenizer.name(),
-        a.batch,
-        a.seq,
-        a.steps,
-        lr,
-        a.seed,
-        rayon::current_num_threads()
-    );
-    println!(
-        "initial loss should be about ln({}) = {:.3}",
-        cfg.vocab_size,
-        (cfg.vocab_size as f64).ln()
-    );
-    let mut last_print = std::time::Instant::now() - std::time::Duration::from_secs(10);
-    let mut print_step = |r: &StepReport| {
-        let due = match a.log_every {
-            Some(k) => (r.step + 1) % k.max(1) == 0,
-            None => last_print.elapsed().as_secs_f64() >= 1.0,
+    if lead {
+        println!(
+            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({} tokens, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
+            a.model,
+            cfg.n_layer,
+            cfg.n_head,
+            cfg.n_embd,
+            cfg.vocab_size,
+            cfg.context,
+            cfg.num_params() as f64 / 1e6,
+            a.data,
+            data.len(),
+            tokenizer.name(),
+            batch,
+            a.seq,
+            if a.accum > 1 { format!(" x {} micro-batches", a.accum) } else { String::new() },
+            a.steps,
+            lr,
+            a.seed,
+            rayon::current_num_threads(),
+            if ranks > 1 { format!(" per rank, {ranks} ranks") } else { String::new() },
+        );
+        println!(
+            "initial loss should be about ln({}) = {:.3}",
+            cfg.vocab_size,
+            (cfg.vocab_size as f64).ln()
+        );
+    }
+    let ddp = DdpOptions {
+        bucket_cap_mb: a.bucket_mb,
+        first_bucket_mb: a.first_bucket_mb,
+        grad_comm,
+        overlap: !a.no_overlap,
+    };
+    let comm = match &world {
+        Some(_) if ranks > 1 => {
+            let c = super::workers::init(CommOptions::from_env().map_err(|e| e.to_string())?)?;
+            super::workers::stop_on_sigterm(&c);
+            Some(c)
+        }
+        _ => None,
+    };
+    let mut progress = Progress::new(lead, a.log_every, a.steps);
+    let mut tb = TokenBatch::new(batch, a.seq);
+    let mut run_with =
+        |engine: &mut dyn FnMut(
+            &mut Progress,
+            &mut TokenWindows,
+            &mut TokenBatch,
+        ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
+    let run = if !cuda {
+        let how = match optimizer {
+            OptimizerKind::AdamW => CpuOptimizer::AdamW {
+                weight_decay: a.weight_decay,
+            },
+            OptimizerKind::Sgd => CpuOptimizer::Sgd {
+                weight_decay: a.weight_decay,
+            },
         };
-        let last = r.step + 1 == opts.steps;
-        if due || last || r.step == 0 || r.eval_loss.is_some() {
-            last_print = std::time::Instant::now();
-            let eta = r.elapsed / (r.step + 1) as f64 * (opts.steps - r.step - 1) as f64;
-            let eval = r
-                .eval_loss
-                .map(|e| format!(" | eval {e:.4}"))
-                .unwrap_or_default();
+        let mut engine = CpuGpt::new(params, batch, a.seq, a.checkpointing, how);
+        let run = match comm {
+            None => {
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
+            }
+            Some(c) => {
+                let mut s = DataParallel::new(HostCollective::new(c), ddp);
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+            }
+        };
+        params = engine.into_params();
+        run
+    } else {
+        let gpu = match &comm {
+            Some(c) => Some(GpuCommunicator::init_from_env(c).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let dev = match &gpu {
+            Some(g) => g.device().clone(),
+            None => {
+                let local = braid_core::world::local_rank_from_env().unwrap_or(0);
+                braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?
+            }
+        };
+        if lead {
             println!(
-                "step {:>5}/{} | loss {:.4}{eval} | lr {:.2e} | norm {:.2} | {:.1}k tok/s | {} elapsed, eta {}",
-                r.step + 1,
-                opts.steps,
-                r.loss,
-                r.lr,
-                r.grad_norm,
-                r.tokens_per_s / 1e3,
-                fmt_duration(r.elapsed),
-                fmt_duration(eta)
-            );
-        }
-    };
-    let mut loader = RandomWindows::new(&data, a.batch, a.seq, a.seed);
-    let mut batch = TokenBatch::new(a.batch, a.seq);
-    let mut strategy = Single;
-    let reports = match cuda {
-        None => {
-            let how = match optimizer {
-                OptimizerKind::AdamW => CpuOptimizer::AdamW {
-                    weight_decay: a.weight_decay,
-                },
-                OptimizerKind::Sgd => CpuOptimizer::Sgd {
-                    weight_decay: a.weight_decay,
-                },
-            };
-            let mut engine = CpuGpt::new(params, a.batch, a.seq, a.checkpointing, how);
-            let r = train(
-                &mut engine,
-                &mut strategy,
-                &mut loader,
-                &mut batch,
-                &opts,
-                &mut print_step,
-            )?;
-            params = engine.into_params();
-            r.steps
-        }
-        Some(precision) => {
-            let local = braid_core::world::local_rank_from_env().unwrap_or(0);
-            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-            println!(
-                "training on GPU {} ({}), {}",
+                "training on GPU {} ({}), {}{}",
                 dev.ordinal(),
                 dev.name().unwrap_or_default(),
-                precision.name()
+                precision.name(),
+                if ranks > 1 { ", one GPU per rank" } else { "" }
             );
-            braid_cuda::pool::reset_peak();
-            let mut engine = GpuGpt::new(&dev, &params, a.batch, a.seq, precision, a.weight_decay)?;
-            let r = train(
-                &mut engine,
-                &mut strategy,
-                &mut loader,
-                &mut batch,
-                &opts,
-                &mut print_step,
-            )?;
+        }
+        braid_cuda::pool::reset_peak();
+        let mut engine = GpuGpt::new(&dev, &params, batch, a.seq, precision, a.weight_decay)?;
+        let run = match gpu {
+            None => {
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
+            }
+            Some(g) => {
+                let mut s = DataParallel::new(DeviceCollective::new(g)?, ddp);
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+            }
+        };
+        if lead {
             if let Some(report) = engine.profile_report() {
                 println!("{report}");
             }
-            engine.copy_params_to(&mut params)?;
-            print_gpu_summary(&r.steps, &cfg, a.batch, a.seq, precision);
-            r.steps
         }
+        engine.copy_params_to(&mut params)?;
+        run
     };
-    if let Some(path) = &a.json {
-        let rows: Vec<serde_json::Value> = reports
-            .iter()
-            .map(|r| {
-                serde_json::json!({"step": r.step + 1, "loss": r.loss, "eval_loss": r.eval_loss, "lr": r.lr,
-                    "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "elapsed_s": r.elapsed})
-            })
-            .collect();
-        std::fs::write(path, serde_json::to_string_pretty(&rows).expect("json"))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if a.fwd_bwd_only && reports.len() > 1 {
-        let mut tps: Vec<f64> = reports[1..].iter().map(|r| r.tokens_per_s).collect();
-        tps.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
-        println!(
-            "forward+backward: median {:.1} tokens/s over {} steps (first step not counted)",
-            tps[tps.len() / 2],
-            tps.len()
+    let tokens_per_step = (batch * a.seq * a.accum * ranks) as f64;
+    if lead {
+        let summary = print_summary(
+            &run,
+            &cfg,
+            a.seq,
+            tokens_per_step,
+            cuda.then_some(precision),
+            ranks,
         );
-    }
-    if let Some(last) = reports.last() {
-        println!(
-            "done: final loss {:.4} (ln(vocab)/2 = {:.3}) in {:.1} s",
-            last.loss,
-            (cfg.vocab_size as f64).ln() / 2.0,
-            last.elapsed
-        );
-    }
-    if let Some(path) = &a.save {
-        let dtype = braid_core::DType::parse(&a.save_dtype)?;
-        checkpoint::save_as(
-            &params,
-            path,
-            dtype,
-            &[("braid.tokenizer", tokenizer.name())],
-        )
-        .map_err(|e| e.to_string())?;
-        println!("saved {}", path.display());
+        if let Some(path) = &a.json {
+            write_json(path, &run, summary.as_ref())?;
+        }
+        if a.fwd_bwd_only && run.steps.len() > 1 {
+            let mut tps: Vec<f64> = run.steps[1..].iter().map(|r| r.tokens_per_s).collect();
+            tps.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+            println!(
+                "forward+backward: median {:.1} tokens/s over {} steps (first step not counted)",
+                tps[tps.len() / 2],
+                tps.len()
+            );
+        }
+        if let Some(path) = &a.save {
+            let dtype = braid_core::DType::parse(&a.save_dtype)?;
+            checkpoint::save_as(
+                &params,
+                path,
+                dtype,
+                &[("braid.tokenizer", tokenizer.name())],
+            )
+            .map_err(|e| e.to_string())?;
+            println!("saved {}", path.display());
+        }
     }
     Ok(0)
 }
 
-/// Median step time and throughput over the steps after the first five
-/// (warm-up), MFU against the H100/H200 bf16 dense peak (989 TFLOP/s) with
-/// the PaLM-style count (6 · parameters + 12 · layers · width · sequence
-/// FLOPs per token), and the peak of live device buffers.
-fn print_gpu_summary(r: &[StepReport], cfg: &GptConfig, b: usize, t: usize, precision: Precision) {
-    let warm = if r.len() > 5 {
-        5
-    } else {
-        r.len().saturating_sub(1)
-    };
-    let mut times: Vec<f64> = r[warm..]
-        .iter()
-        .map(|x| (b * t) as f64 / x.tokens_per_s)
-        .collect();
-    if times.is_empty() {
-        return;
+/// The loop with `strategy`, progress printed by the lead rank.
+fn run_loop<E, S>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut TokenWindows,
+    batch: &mut TokenBatch,
+    opts: &LoopOptions,
+    progress: &mut Progress,
+    lead: bool,
+) -> Result<RunReport, String>
+where
+    E: Engine<Batch = TokenBatch>,
+    S: Strategy<E>,
+{
+    if lead && strategy.replicas() > 1 {
+        println!("strategy: {}", strategy.describe());
     }
-    times.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    let med = times[times.len() / 2];
-    let tok_s = (b * t) as f64 / med;
-    let flops_per_tok =
-        6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * t) as f64;
-    let mfu = tok_s * flops_per_tok / 989e12 * 100.0;
-    println!(
-        "gpu summary: {} | median step {:.1} ms over {} steps (first {warm} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s) | peak device memory {:.2} GiB",
-        precision.name(),
-        med * 1e3,
-        times.len(),
-        tok_s,
-        mfu,
-        braid_cuda::pool::peak_allocated_bytes() as f64 / (1u64 << 30) as f64
-    );
+    train(engine, strategy, loader, batch, opts, &mut |r| {
+        progress.step(r)
+    })
 }
 
 /// Runs `braid generate`.

@@ -37,7 +37,7 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
         return Err("-g needs --device cuda and at least 1".into());
     }
     if let Some(np) = args.np {
-        return super::workers::relaunch_locally(np);
+        return super::workers::relaunch_locally(np, "--np");
     }
     let mut options = CommOptions::from_env().map_err(|e| e.to_string())?;
     if let Some(b) = backend {

@@ -11,18 +11,19 @@ pub fn init(options: CommOptions) -> Result<Communicator, String> {
     Communicator::init_from_env_with(options).map_err(|e| e.to_string())
 }
 
-/// Re-runs the current command line, minus `--np N`, as `np` local
-/// workers under the launcher; returns the launcher's exit code.
-pub fn relaunch_locally(np: usize) -> Result<i32, String> {
+/// Re-runs the current command line, minus `flag N` (`--np`, `--nproc`),
+/// as `np` local workers under the launcher; returns the launcher's exit
+/// code.
+pub fn relaunch_locally(np: usize, flag: &str) -> Result<i32, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the braid executable: {e}"))?;
     let mut command: Vec<std::ffi::OsString> = vec![exe.into()];
     let mut args = std::env::args_os().skip(1);
     while let Some(a) = args.next() {
         let s = a.to_string_lossy();
-        if s == "--np" {
+        if s == flag {
             args.next();
-        } else if !s.starts_with("--np=") {
+        } else if !s.starts_with(&format!("{flag}=")) {
             command.push(a);
         }
     }
@@ -35,4 +36,34 @@ pub fn relaunch_locally(np: usize) -> Result<i32, String> {
     let plan = options.resolve().map_err(|e| e.to_string())?;
     let signals = braid_launch::Signals::install().map_err(|e| e.to_string())?;
     braid_launch::launch(&plan, &signals).map_err(|e| e.to_string())
+}
+
+/// Makes SIGTERM (how a launcher stops the other workers when one fails)
+/// end this worker with an error that names the cause instead of a silent
+/// death: the communicator is aborted — after a moment, so that the
+/// health monitor can first name a dead peer, whose reason then stands —
+/// and the worker's own error path reports it. If the worker is still
+/// there two seconds later, it exits with 128 + SIGTERM.
+pub fn stop_on_sigterm(comm: &Communicator) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let flag = Arc::new(AtomicBool::new(false));
+    if signal_hook::flag::register(signal_hook::consts::SIGTERM, flag.clone()).is_err() {
+        return; // SIGTERM keeps its default action.
+    }
+    let comm = comm.clone();
+    let _ = std::thread::Builder::new()
+        .name("braid-sigterm".into())
+        .spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            comm.abort(
+                "stopped by signal SIGTERM (the launcher stops every worker when one fails)",
+            );
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            eprintln!("braid: rank {}: stopped by signal SIGTERM", comm.rank());
+            std::process::exit(128 + 15);
+        });
 }

@@ -1,0 +1,399 @@
+//! [`DeviceCollective`]: reduction sessions on one GPU per process through
+//! a [`GpuCommunicator`] (NCCL).
+//!
+//! Launching a bucket records an event on the device's own stream (where
+//! the engine computes), makes the communication stream wait for it and
+//! queues the bucket's all-reduce there — the host does not wait. The
+//! hooks queue their kernels on the communication stream around the NCCL
+//! calls (casts; PowerSGD's products, orthogonalisation and error
+//! feedback), so they overlap the backward pass too. The session ends with
+//! the host waiting for every bucket (by then the whole backward pass is
+//! queued): each wait watches NCCL's errors, the peers' health and the
+//! timeout, so a dead or stuck peer becomes an error, not a hang.
+
+use super::host::count;
+use super::powersgd::{self, MatOps, PowerSgdState};
+use super::{Bucket, Collective, Drive, End, GradComm};
+use crate::cuda::HookKernels;
+use crate::space::{Gpu, Window};
+use crate::strategy::CommStep;
+use crate::Result;
+use braid_comm::gpu::{DeviceWork, GpuCommunicator, Lane};
+use braid_comm::{Communicator, ReduceOp};
+use braid_core::Element;
+use braid_cuda::blas::Blas;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceViewMut, DeviceWindow};
+use half::{bf16, f16};
+use std::ops::Range;
+use std::sync::Mutex;
+
+/// GPU collectives over a [`GpuCommunicator`] (one GPU per process).
+pub struct DeviceCollective {
+    gpu: GpuCommunicator,
+    kernels: HookKernels,
+    blas: Mutex<Blas>,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl DeviceCollective {
+    /// Collectives over `gpu`, with the hook kernels loaded on its GPU.
+    pub fn new(gpu: GpuCommunicator) -> Result<DeviceCollective> {
+        let device = gpu.device().clone();
+        Ok(DeviceCollective {
+            kernels: HookKernels::load(&device).map_err(err)?,
+            blas: Mutex::new(Blas::new(&device).map_err(err)?),
+            gpu,
+        })
+    }
+
+    /// The NCCL communicator.
+    pub fn gpu(&self) -> &GpuCommunicator {
+        &self.gpu
+    }
+}
+
+/// The GPU hooks' state.
+pub enum DeviceHooks {
+    /// Nothing to keep.
+    Plain,
+    /// A bf16 copy of the gradient buffer (each bucket its slot).
+    Bf16(DeviceBuffer<bf16>),
+    /// An fp16 copy of the gradient buffer.
+    Fp16(DeviceBuffer<f16>),
+    /// PowerSGD's per-bucket state.
+    PowerSgd(Box<PowerSgdState<DeviceBuffer<f32>>>),
+}
+
+fn split_like<'h, T: Element>(
+    w: &mut DeviceWindow<'h, T>,
+    b: &Bucket,
+) -> Result<DeviceViewMut<'h, T>> {
+    match b.end {
+        End::Back => Window::split_off_back(w, b.range.start),
+        End::Front => Window::split_off_front(w, b.range.end),
+    }
+}
+
+impl Collective for DeviceCollective {
+    type Space = Gpu;
+    type Hooks = DeviceHooks;
+
+    fn rank(&self) -> usize {
+        self.gpu.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.gpu.size()
+    }
+
+    fn host(&self) -> &Communicator {
+        self.gpu.host()
+    }
+
+    fn backend(&self) -> String {
+        "nccl".into()
+    }
+
+    fn broadcast(&self, flat: &mut DeviceBuffer<f32>, root: usize) -> Result<()> {
+        self.gpu
+            .broadcast(flat, root)
+            .map_err(err)?
+            .wait()
+            .map_err(err)
+    }
+
+    fn to_host(&self, flat: &DeviceBuffer<f32>) -> Result<Vec<f32>> {
+        flat.to_vec().map_err(err)
+    }
+
+    fn hooks(&self, comm: GradComm, buckets: &[Bucket]) -> Result<DeviceHooks> {
+        let len = buckets.iter().map(|b| b.range.end).max().unwrap_or(0);
+        let device = self.gpu.device();
+        Ok(match comm {
+            GradComm::Plain => DeviceHooks::Plain,
+            GradComm::Bf16 => DeviceHooks::Bf16(DeviceBuffer::zeros(device, len).map_err(err)?),
+            GradComm::Fp16 => DeviceHooks::Fp16(DeviceBuffer::zeros(device, len).map_err(err)?),
+            GradComm::PowerSgd(o) => {
+                DeviceHooks::PowerSgd(Box::new(PowerSgdState::new(o, buckets)?))
+            }
+        })
+    }
+
+    fn reduce<'g>(
+        &self,
+        grads: DeviceWindow<'g, f32>,
+        buckets: &[Bucket],
+        hooks: &mut DeviceHooks,
+        drive: &mut Drive<'_, 'g, Gpu>,
+    ) -> Result<CommStep> {
+        let n = self.gpu.size();
+        let k = &self.kernels;
+        let mut step = CommStep::default();
+        let mut works: Vec<DeviceWork<'_>> = Vec::new();
+        let bucket = |i: usize| {
+            buckets
+                .get(i)
+                .ok_or_else(|| format!("bucket {i} was never planned"))
+        };
+        let result = match hooks {
+            DeviceHooks::Plain => drive(grads, &mut |_, part| {
+                count(&mut step, 4 * part.len() as u64, n);
+                works.push(self.gpu.all_reduce_view(part, ReduceOp::Sum).map_err(err)?);
+                Ok(())
+            }),
+            DeviceHooks::Bf16(copy) => {
+                let mut halves = copy.window();
+                drive(grads, &mut |i, mut part| {
+                    let mut h = split_like(&mut halves, bucket(i)?)?;
+                    count(&mut step, 2 * h.len() as u64, n);
+                    let w = self.gpu.queue("all_reduce (bf16)", false, |lanes| {
+                        let l = &mut lanes[0];
+                        k.pack(l.stream(), &mut h, &part, 1.0)?;
+                        l.all_reduce_mem(&mut h, ReduceOp::Sum)?;
+                        k.unpack(l.stream(), &mut part, &h, 1.0)
+                    });
+                    works.push(w.map_err(err)?);
+                    Ok(())
+                })
+            }
+            DeviceHooks::Fp16(copy) => {
+                // Pre-divided by the ranks so the sum stays in fp16's range.
+                let inv = 1.0 / n as f32;
+                let mut halves = copy.window();
+                drive(grads, &mut |i, mut part| {
+                    let mut h = split_like(&mut halves, bucket(i)?)?;
+                    count(&mut step, 2 * h.len() as u64, n);
+                    let w = self.gpu.queue("all_reduce (fp16)", false, |lanes| {
+                        let l = &mut lanes[0];
+                        k.pack(l.stream(), &mut h, &part, inv)?;
+                        l.all_reduce_mem(&mut h, ReduceOp::Sum)?;
+                        k.unpack(l.stream(), &mut part, &h, n as f32)
+                    });
+                    works.push(w.map_err(err)?);
+                    Ok(())
+                })
+            }
+            DeviceHooks::PowerSgd(state) => {
+                let compressing = state.compressing();
+                let r = drive(grads, &mut |i, part| {
+                    if !compressing {
+                        count(&mut step, 4 * part.len() as u64, n);
+                        works.push(self.gpu.all_reduce_view(part, ReduceOp::Sum).map_err(err)?);
+                        return Ok(());
+                    }
+                    let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut sent = Ok(CommStep::default());
+                    let w = self.gpu.queue("PowerSGD", false, |lanes| {
+                        let mut ops = DeviceOps {
+                            lane: &mut lanes[0],
+                            k,
+                            blas: &mut blas,
+                            device: self.gpu.device(),
+                            _grads: std::marker::PhantomData,
+                        };
+                        sent = powersgd::compress(&mut ops, state, i, part, n);
+                        sent.as_ref()
+                            .map(|_| ())
+                            .map_err(|e| CudaError::Invalid(e.clone()))
+                    });
+                    works.push(w.map_err(err)?);
+                    let sent = sent?;
+                    step.payload_bytes += sent.payload_bytes;
+                    step.wire_bytes += sent.wire_bytes;
+                    step.collectives += sent.collectives;
+                    Ok(())
+                });
+                state.end_step();
+                r
+            }
+        };
+        // Wait for every bucket on the host — also after a failure, so
+        // that no buffer is reused under a running reduction. By now the
+        // whole backward pass is queued, so the device has nothing else to
+        // do meanwhile; waiting here (instead of only ordering the
+        // engine's stream after the reductions) is what bounds a dead or
+        // stuck peer: each wait checks NCCL's errors, the host
+        // communicator's health and the timeout, and aborts NCCL.
+        let mut waited = Ok(());
+        for w in works {
+            let r = w.wait().map_err(err);
+            if waited.is_ok() {
+                waited = r;
+            }
+        }
+        result?;
+        waited?;
+        Ok(step)
+    }
+}
+
+/// [`MatOps`] on the GPU: kernels and cuBLAS products queued on a lane's
+/// (the communication) stream, all-reduces through the lane.
+struct DeviceOps<'l, 'c, 'g> {
+    lane: &'l mut Lane<'c>,
+    k: &'l HookKernels,
+    blas: &'l mut Blas,
+    device: &'l braid_cuda::Device,
+    _grads: std::marker::PhantomData<&'g mut ()>,
+}
+
+fn cu(e: CudaError) -> String {
+    e.to_string()
+}
+
+impl<'g> MatOps for DeviceOps<'_, '_, 'g> {
+    type Buf = DeviceBuffer<f32>;
+    type Grad = DeviceViewMut<'g, f32>;
+
+    fn alloc(&mut self, n: usize) -> Result<DeviceBuffer<f32>> {
+        DeviceBuffer::zeros(self.device, n).map_err(cu)
+    }
+
+    fn add_into(&mut self, g: &mut DeviceViewMut<'g, f32>, e: &DeviceBuffer<f32>) -> Result<()> {
+        self.k.add_into(self.lane.stream(), g, e).map_err(cu)
+    }
+
+    fn copy_from(&mut self, dst: &mut DeviceBuffer<f32>, g: &DeviceViewMut<'g, f32>) -> Result<()> {
+        braid_cuda::memory::copy_async(dst, g, self.lane.stream()).map_err(cu)
+    }
+
+    fn reduce_span(&mut self, g: &mut DeviceViewMut<'g, f32>, span: Range<usize>) -> Result<()> {
+        self.lane
+            .all_reduce_mem(&mut g.sub_mut(span), ReduceOp::Sum)
+            .map_err(cu)
+    }
+
+    fn set(&mut self, dst: &mut DeviceBuffer<f32>, off: usize, values: &[f32]) -> Result<()> {
+        if off != 0 || values.len() != dst.len() {
+            return Err(format!(
+                "PowerSGD: setting {} values at {off} of a buffer of {}",
+                values.len(),
+                dst.len()
+            ));
+        }
+        // Synchronous (the first compressed step only).
+        dst.copy_from_host(values).map_err(cu)
+    }
+
+    fn orthogonalize(
+        &mut self,
+        m: &mut DeviceBuffer<f32>,
+        off: usize,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.k
+            .orthogonalize(
+                self.lane.stream(),
+                &mut m.view_mut(off..off + rows * cols),
+                rows,
+                cols,
+                eps,
+            )
+            .map_err(cu)
+    }
+
+    fn m_q(
+        &mut self,
+        p: &mut DeviceBuffer<f32>,
+        po: usize,
+        g: &DeviceViewMut<'g, f32>,
+        mo: usize,
+        q: &DeviceBuffer<f32>,
+        qo: usize,
+        n: usize,
+        m: usize,
+        r: usize,
+    ) -> Result<()> {
+        self.blas
+            .gemm_rm(
+                self.lane.stream(),
+                &mut p.view_mut(po..po + n * r),
+                &g.sub(mo..mo + n * m),
+                false,
+                &q.view(qo..qo + m * r),
+                false,
+                n,
+                r,
+                m,
+                false,
+            )
+            .map_err(cu)
+    }
+
+    fn mt_p(
+        &mut self,
+        q: &mut DeviceBuffer<f32>,
+        qo: usize,
+        g: &DeviceViewMut<'g, f32>,
+        mo: usize,
+        p: &DeviceBuffer<f32>,
+        po: usize,
+        n: usize,
+        m: usize,
+        r: usize,
+    ) -> Result<()> {
+        self.blas
+            .gemm_rm(
+                self.lane.stream(),
+                &mut q.view_mut(qo..qo + m * r),
+                &g.sub(mo..mo + n * m),
+                true,
+                &p.view(po..po + n * r),
+                false,
+                m,
+                r,
+                n,
+                false,
+            )
+            .map_err(cu)
+    }
+
+    fn p_qt(
+        &mut self,
+        g: &mut DeviceViewMut<'g, f32>,
+        mo: usize,
+        p: &DeviceBuffer<f32>,
+        po: usize,
+        q: &DeviceBuffer<f32>,
+        qo: usize,
+        n: usize,
+        m: usize,
+        r: usize,
+    ) -> Result<()> {
+        self.blas
+            .gemm_rm(
+                self.lane.stream(),
+                &mut g.sub_mut(mo..mo + n * m),
+                &p.view(po..po + n * r),
+                false,
+                &q.view(qo..qo + m * r),
+                true,
+                n,
+                m,
+                r,
+                false,
+            )
+            .map_err(cu)
+    }
+
+    fn all_reduce(&mut self, b: &mut DeviceBuffer<f32>) -> Result<()> {
+        self.lane.all_reduce_mem(b, ReduceOp::Sum).map_err(cu)
+    }
+
+    fn residual(
+        &mut self,
+        e: &mut DeviceBuffer<f32>,
+        before: &DeviceBuffer<f32>,
+        g: &DeviceViewMut<'g, f32>,
+        scale: f32,
+    ) -> Result<()> {
+        self.k
+            .residual_error(self.lane.stream(), e, before, g, scale)
+            .map_err(cu)
+    }
+}

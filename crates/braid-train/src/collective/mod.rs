@@ -1,0 +1,164 @@
+//! [`Collective`]: the collectives a strategy needs, over host memory
+//! ([`HostCollective`]: braid's shm/tcp backends) or one GPU
+//! ([`DeviceCollective`]: NCCL), called the same way.
+//!
+//! The central call is [`Collective::reduce`]: a *reduction session*
+//! during a backward pass. The strategy's `drive` closure runs the
+//! engine's backward units and hands each finished bucket — a part split
+//! off the gradient [`Window`](crate::Window) — to a launcher, which starts
+//! its reduction at once (on the progress thread of the host communicator,
+//! or on the GPU's communication stream) through the bucket's
+//! communication hook ([`GradComm`]). The session returns when every
+//! reduction has finished (host) or is ordered before later work on the
+//! engine's stream (GPU). Parts are borrowed from the gradient buffer for
+//! the session, so no reduction can outlive it.
+
+mod device;
+mod host;
+pub(crate) mod powersgd;
+
+pub use device::DeviceCollective;
+pub use host::HostCollective;
+pub use powersgd::PowerSgdOptions;
+
+use crate::engine::Matrix;
+use crate::space::{Space, Window};
+use crate::strategy::CommStep;
+use crate::Result;
+use braid_comm::Communicator;
+use std::ops::Range;
+
+/// How a bucket's gradients travel (DDP's communication hook).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GradComm {
+    /// f32 all-reduce.
+    Plain,
+    /// Cast to bfloat16, all-reduce, cast back: half the bytes.
+    Bf16,
+    /// Cast to IEEE half (pre-divided by the number of ranks, against
+    /// overflow), all-reduce, cast back: half the bytes.
+    Fp16,
+    /// PowerSGD low-rank compression of the matrices, with error feedback
+    /// and warm start; everything else plain.
+    PowerSgd(PowerSgdOptions),
+}
+
+impl GradComm {
+    /// `plain`, `bf16`, `fp16` or `powersgd[:RANK[:START_ITER]]`.
+    pub fn parse(s: &str) -> Result<GradComm> {
+        let bad = || {
+            format!(
+                "--grad-comm {s:?}: expected plain, bf16, fp16 or powersgd[:RANK[:START_ITER]] \
+                 (e.g. powersgd:2:10)"
+            )
+        };
+        match s {
+            "plain" | "none" | "f32" => return Ok(GradComm::Plain),
+            "bf16" => return Ok(GradComm::Bf16),
+            "fp16" => return Ok(GradComm::Fp16),
+            _ => {}
+        }
+        let mut parts = s.split(':');
+        if parts.next() != Some("powersgd") {
+            return Err(bad());
+        }
+        let mut o = PowerSgdOptions::default();
+        if let Some(r) = parts.next() {
+            o.rank = r.parse().map_err(|_| bad())?;
+            if o.rank == 0 {
+                return Err(format!("{}: the rank must be at least 1", bad()));
+            }
+        }
+        if let Some(k) = parts.next() {
+            o.start_iter = k.parse().map_err(|_| bad())?;
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(GradComm::PowerSgd(o))
+    }
+
+    /// The name for messages.
+    pub fn name(&self) -> String {
+        match self {
+            GradComm::Plain => "plain f32".into(),
+            GradComm::Bf16 => "bf16".into(),
+            GradComm::Fp16 => "fp16".into(),
+            GradComm::PowerSgd(o) => format!(
+                "PowerSGD rank {} from step {} (error feedback, warm start)",
+                o.rank, o.start_iter
+            ),
+        }
+    }
+}
+
+/// Which end of the gradient window a bucket is split off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The highest indices.
+    Back,
+    /// The lowest indices.
+    Front,
+}
+
+/// Consecutive gradient elements reduced together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Elements of the gradient buffer.
+    pub range: Range<usize>,
+    /// Where it leaves the window.
+    pub end: End,
+    /// The two-dimensional parameters inside it.
+    pub matrices: Vec<Matrix>,
+}
+
+/// The launcher a reduction session hands to its driver: starts the
+/// reduction of bucket `index`, whose elements are `part`.
+pub type Launch<'l, 'g, S> =
+    dyn FnMut(usize, <<S as Space>::Window<'g> as Window<'g>>::Part) -> Result<()> + 'l;
+
+/// The body of a reduction session: gets the gradient window and the
+/// launcher.
+pub type Drive<'d, 'g, S> =
+    dyn FnMut(<S as Space>::Window<'g>, &mut Launch<'_, 'g, S>) -> Result<()> + 'd;
+
+/// Collectives over one memory space; see the [module docs](self).
+pub trait Collective {
+    /// Where the buffers are.
+    type Space: Space;
+    /// Per-bucket state of the communication hook (half-precision copies,
+    /// PowerSGD's matrices and errors).
+    type Hooks;
+
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// The host communicator (small host-side exchanges, health).
+    fn host(&self) -> &Communicator;
+    /// The backend, for messages (`shm`, `tcp`, `nccl`).
+    fn backend(&self) -> String;
+    /// Overwrites `flat` with rank `root`'s.
+    fn broadcast(&self, flat: &mut <Self::Space as Space>::Flat, root: usize) -> Result<()>;
+    /// A host copy of `flat` (checksums).
+    fn to_host(&self, flat: &<Self::Space as Space>::Flat) -> Result<Vec<f32>>;
+    /// The hook state for `comm` over `buckets`.
+    fn hooks(&self, comm: GradComm, buckets: &[Bucket]) -> Result<Self::Hooks>;
+    /// A reduction session over `grads` (see the [module docs](self)):
+    /// `drive` gets the window and the launcher. Returns what was sent.
+    fn reduce<'g>(
+        &self,
+        grads: <Self::Space as Space>::Window<'g>,
+        buckets: &[Bucket],
+        hooks: &mut Self::Hooks,
+        drive: &mut Drive<'_, 'g, Self::Space>,
+    ) -> Result<CommStep>;
+}
+
+/// What `n` ranks send for an all-reduce of `bytes` by ring (`2(n-1)/n`).
+pub(crate) fn ring_wire_bytes(bytes: u64, n: usize) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    bytes * 2 * (n as u64 - 1) / n as u64
+}

@@ -1,0 +1,135 @@
+//! What `braid train` prints and writes: the progress line (lead rank),
+//! the end-of-run summary (time breakdown, communication, GPU figures)
+//! and the JSON record of every step.
+
+use braid_model::GptConfig;
+use braid_train::engines::Precision;
+use braid_train::summary::{summarize, Summary};
+use braid_train::{RunReport, StepReport};
+use std::path::Path;
+use std::time::Instant;
+
+/// Steps not counted in the summary (warm-up).
+const WARMUP: usize = 5;
+
+fn fmt_duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+/// The progress line, about once a second (or every `--log-every`
+/// steps), on the lead rank only.
+pub struct Progress {
+    lead: bool,
+    every: Option<usize>,
+    steps: usize,
+    last: Instant,
+}
+
+impl Progress {
+    /// Progress of a run of `steps`, printed when `lead`.
+    pub fn new(lead: bool, every: Option<usize>, steps: usize) -> Progress {
+        Progress {
+            lead,
+            every,
+            steps,
+            last: Instant::now() - std::time::Duration::from_secs(10),
+        }
+    }
+
+    /// Sees step `r`.
+    pub fn step(&mut self, r: &StepReport) {
+        if !self.lead {
+            return;
+        }
+        let due = match self.every {
+            Some(k) => (r.step + 1) % k.max(1) == 0,
+            None => self.last.elapsed().as_secs_f64() >= 1.0,
+        };
+        let last = r.step + 1 == self.steps;
+        if !(due || last || r.step == 0 || r.eval_loss.is_some()) {
+            return;
+        }
+        self.last = Instant::now();
+        let eta = r.elapsed / (r.step + 1) as f64 * (self.steps - r.step - 1) as f64;
+        let eval = r
+            .eval_loss
+            .map(|e| format!(" | eval {e:.4}"))
+            .unwrap_or_default();
+        println!(
+            "step {:>5}/{} | loss {:.4}{eval} | lr {:.2e} | norm {:.2} | {:.1}k tok/s | {} elapsed, eta {}",
+            r.step + 1,
+            self.steps,
+            r.loss,
+            r.lr,
+            r.grad_norm,
+            r.tokens_per_s / 1e3,
+            fmt_duration(r.elapsed),
+            fmt_duration(eta)
+        );
+    }
+}
+
+/// Prints the end of a run: the final loss, the time breakdown and, on a
+/// GPU, the median step's throughput, MFU (against the H100/H200 bf16
+/// dense peak of 989 TFLOP/s per GPU, counting 6 · parameters + 12 ·
+/// layers · width · sequence FLOPs per token) and peak device memory.
+pub fn print_summary(
+    run: &RunReport,
+    cfg: &GptConfig,
+    seq: usize,
+    tokens_per_step: f64,
+    gpu: Option<Precision>,
+    ranks: usize,
+) -> Option<Summary> {
+    let last = run.steps.last()?;
+    println!(
+        "done: final loss {:.4} (ln(vocab)/2 = {:.3}) in {:.1} s",
+        last.loss,
+        (cfg.vocab_size as f64).ln() / 2.0,
+        last.elapsed
+    );
+    let s = summarize(run, WARMUP, tokens_per_step)?;
+    for line in s.lines() {
+        println!("summary: {line}");
+    }
+    if let Some(precision) = gpu {
+        let flops_per_tok =
+            6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * seq) as f64;
+        let mfu = s.tokens_per_s * flops_per_tok / (989e12 * ranks as f64) * 100.0;
+        println!(
+            "gpu summary: {} | {} GPU(s) | median step {:.1} ms over {} steps (first {} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s per GPU) | peak device memory {:.2} GiB",
+            precision.name(),
+            ranks,
+            s.median_step * 1e3,
+            s.steps,
+            s.warmup,
+            s.tokens_per_s,
+            mfu,
+            braid_cuda::pool::peak_allocated_bytes() as f64 / (1u64 << 30) as f64
+        );
+    }
+    Some(s)
+}
+
+/// Writes every step and the summary as JSON to `path`.
+pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Result<(), String> {
+    let rows: Vec<serde_json::Value> = run
+        .steps
+        .iter()
+        .map(|r| {
+            serde_json::json!({"step": r.step + 1, "loss": r.loss, "eval_loss": r.eval_loss, "lr": r.lr,
+                "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "elapsed_s": r.elapsed,
+                "step_s": r.times.total, "compute_s": r.times.compute,
+                "exposed_comm_s": r.times.exposed_comm, "optimizer_s": r.times.optimizer,
+                "data_s": r.times.data, "comm_payload_bytes": r.comm.payload_bytes,
+                "comm_wire_bytes": r.comm.wire_bytes})
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "steps": rows,
+        "summary": summary.map(|s| s.to_json()),
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
