@@ -45,6 +45,21 @@ impl Blas {
         })
     }
 
+    /// Plans later products for `sms` streaming multiprocessors (0: all of
+    /// the GPU's): with some SMs busy elsewhere (communication kernels),
+    /// products sized for the rest avoid a last, nearly empty wave.
+    pub fn set_sm_count_target(&mut self, sms: usize) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: valid handle; the target is a plain integer.
+        let r = unsafe { sys::cublasSetSmCountTarget(self.handle, sms as i32) };
+        if r != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Invalid(format!(
+                "cublasSetSmCountTarget({sms}): {r:?}"
+            )));
+        }
+        Ok(())
+    }
+
     /// `dst[m,n] (= or +=) a · b` on `stream`, all row-major; `a` is
     /// `[m,k]` (`[k,m]` when `a_t`), `b` is `[k,n]` (`[n,k]` when `b_t`).
     #[allow(clippy::too_many_arguments)]

@@ -94,8 +94,19 @@ impl Device {
             .map_err(driver("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: `ctx` was just retained.
         unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
-        let main = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(driver("cuStreamCreate"))?;
+        // BRAID_MAIN_STREAM_PRIORITY (lower is more urgent; CUDA clamps it
+        // to the device's range) lets the main stream's kernels take
+        // free SMs before other streams' (the communication stream's).
+        let main = match std::env::var("BRAID_MAIN_STREAM_PRIORITY")
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+        {
+            Some(p) => {
+                result::stream::create_with_priority(result::stream::StreamKind::NonBlocking, p)
+            }
+            None => result::stream::create(result::stream::StreamKind::NonBlocking),
+        }
+        .map_err(driver("cuStreamCreate"))?;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 ordinal,

@@ -122,7 +122,7 @@ impl Summary {
         }
         if let Some(u) = self.unoverlapped_comm {
             out.push(format!(
-                "overlap: the same reductions take {} when run after the backward pass; {} of it stays exposed ({:.1}%)",
+                "overlap: the same reductions take {} when run after the backward pass; the wait after it was {} ({:.1}% of that; the wait also holds any lag of slower ranks)",
                 ms(u),
                 ms(self.exposed_comm),
                 100.0 * self.exposed_comm / u.max(1e-12)

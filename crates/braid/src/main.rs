@@ -14,7 +14,7 @@ use std::process::ExitCode;
     name = "braid",
     version,
     about = "braid: distributed deep-learning training in one binary",
-    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid generate --load model.safetensors --prompt \"the \""
+    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid train --nproc 2\n  braid scale -- --steps 60\n  braid generate --load model.safetensors --prompt \"the \""
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,6 +29,7 @@ enum Command {
     Topo(cmd::topo::TopoArgs),
     Verify(cmd::verify::VerifyArgs),
     Train(cmd::train::TrainArgs),
+    Scale(cmd::scale::ScaleArgs),
     Generate(cmd::train::GenerateArgs),
     Kernels(cmd::kernels::KernelsArgs),
 }
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         Command::Topo(args) => cmd::topo::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Train(args) => cmd::train::run_train(args),
+        Command::Scale(args) => cmd::scale::run(args),
         Command::Generate(args) => cmd::train::run_generate(args),
         Command::Kernels(args) => cmd::kernels::run(args),
     };

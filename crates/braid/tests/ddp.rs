@@ -5,9 +5,9 @@
 mod common;
 
 use braid_model::checkpoint;
-use common::{braid, run, start, Finished, TempDir};
+use common::{braid, run, Finished, TempDir};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -189,39 +189,16 @@ fn bf16_halves_the_bytes_and_tracks_plain_powersgd_compresses() {
 #[test]
 fn a_killed_rank_is_named_by_the_others_and_the_launcher() {
     let dir = TempDir::new("ddp-kill");
-    let exe = env!("CARGO_BIN_EXE_braid");
-    let script = format!(
-        "echo $$ > {d}/pid.$RANK; exec {exe} train --steps 100000 --seq 32 --eval-every 0",
-        d = dir.path().display()
+    let (f, took) = common::kill_rank_one_of_two(
+        &dir,
+        "--steps 100000 --seq 32 --eval-every 0",
+        &[],
+        Duration::from_secs(2),
+        Duration::from_secs(60),
     );
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let running = start(cmd);
-    common::wait_for_pids(&dir, 2, Duration::from_secs(30));
-    // Let training get going, then kill rank 1.
-    std::thread::sleep(Duration::from_secs(2));
-    let victim = std::fs::read_to_string(dir.path().join("pid.1")).unwrap();
-    let victim: i32 = victim.trim().parse().unwrap();
-    let killed = Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(victim),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let f = running.finish(Duration::from_secs(60));
     assert!(
-        killed.elapsed() < Duration::from_secs(10),
-        "the job took {:?} to stop after the kill",
-        killed.elapsed()
+        took < Duration::from_secs(10),
+        "the job took {took:?} to stop after the kill"
     );
     assert_eq!(f.code, Some(128 + 9), "{f:?}");
     assert!(
@@ -331,4 +308,36 @@ fn the_course_examples_train_data_parallel() {
         let (a, b) = (loss(first), loss(last));
         assert!(b < 0.8 * a, "{name}: loss {a} -> {b}");
     }
+}
+
+#[test]
+fn the_scaling_run_writes_its_table_json_and_plot() {
+    let dir = TempDir::new("scale");
+    let out = dir.path().join("scaling");
+    let mut cmd = braid();
+    cmd.args(["scale", "--workers", "1,2", "--out"])
+        .arg(&out)
+        .args(["--", "--steps", "12", "--seq", "32", "--eval-every", "0"]);
+    let f = run(cmd, LIMIT);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("efficiency"), "{}", f.stdout);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("scaling.json")).unwrap()).unwrap();
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["efficiency"].as_f64(), Some(1.0));
+    let eff = runs[1]["efficiency"].as_f64().unwrap();
+    assert!(eff > 0.0 && eff.is_finite(), "{eff}");
+    let svg = std::fs::read_to_string(out.join("scaling.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("braid"), "{svg}");
+    // What braid scale sets itself is refused.
+    let mut cmd = braid();
+    cmd.args(["scale", "--", "--nproc", "2"]);
+    let f = run(cmd, LIMIT);
+    assert_ne!(f.code, Some(0));
+    assert!(
+        f.stderr.contains("--nproc is set by braid scale"),
+        "{}",
+        f.stderr
+    );
 }

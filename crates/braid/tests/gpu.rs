@@ -296,3 +296,149 @@ fn gpu_mismatch_under_debug_is_reported_on_every_rank() {
         "{f:?}"
     );
 }
+
+/// `braid train --device cuda` on the tiny model, no evaluation, saving
+/// the model and the JSON record under `dir` as `name.*`.
+fn train_gpu(dir: &common::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, serde_json::Value) {
+    let model = dir.path().join(format!("{name}.safetensors"));
+    let json = dir.path().join(format!("{name}.json"));
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--device",
+        "cuda",
+        "--seq",
+        "32",
+        "--eval-every",
+        "0",
+        "--seed",
+        "11",
+    ])
+    .args(args)
+    .arg("--save")
+    .arg(&model)
+    .arg("--json")
+    .arg(&json)
+    .env("NCCL_NVLS_ENABLE", "0");
+    let f = run(cmd, Duration::from_secs(180));
+    assert_eq!(f.code, Some(0), "{name}: {f:?}");
+    let params = braid_model::checkpoint::load(&model)
+        .expect("checkpoint")
+        .0
+        .data;
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (params, doc)
+}
+
+fn step_losses(doc: &serde_json::Value) -> Vec<f64> {
+    doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// Stated tolerance of the GPU equivalence: f32 on 2 GPUs against one GPU
+/// with the whole batch, parameters after 20 AdamW steps (lr 3e-3).
+const GPU_TOLERANCE: f32 = 1e-4;
+
+#[test]
+fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-ddp");
+    let f32_args = ["--precision", "f32", "--steps", "20"];
+    let (one, _) = train_gpu(&dir, "one", &[&f32_args[..], &["--batch", "8"]].concat());
+    let (two, _) = train_gpu(
+        &dir,
+        "two",
+        &[&f32_args[..], &["--nproc", "2", "--batch", "4"]].concat(),
+    );
+    let d = one
+        .iter()
+        .zip(&two)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let _ = writeln!(std::io::stderr(), "f32, 2 GPUs vs 1: max |diff| {d:e}");
+    assert!(d <= GPU_TOLERANCE, "2 GPUs differ from one by {d}");
+    // bf16 (with deferred weight gradients) tracks f32 on 2 GPUs: means
+    // over 20-step windows within 0.05.
+    let run = ["--nproc", "2", "--batch", "8", "--steps", "100"];
+    let (_, f) = train_gpu(&dir, "f32", &[&run[..], &["--precision", "f32"]].concat());
+    let (_, b) = train_gpu(&dir, "bf16", &[&run[..], &["--precision", "bf16"]].concat());
+    let (lf, lb) = (step_losses(&f), step_losses(&b));
+    for w in 0..5 {
+        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
+        assert!(
+            (mean(&lf) - mean(&lb)).abs() < 0.05,
+            "window {w}: f32 {} bf16 {}",
+            mean(&lf),
+            mean(&lb)
+        );
+    }
+}
+
+#[test]
+fn gpu_hooks_send_less_and_still_train() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-hooks");
+    let run = ["--nproc", "2", "--batch", "8", "--steps", "60"];
+    let (_, plain) = train_gpu(&dir, "plain", &run);
+    let (_, bf16) = train_gpu(&dir, "bf16", &[&run[..], &["--grad-comm", "bf16"]].concat());
+    let (_, psgd) = train_gpu(
+        &dir,
+        "psgd",
+        &[&run[..], &["--grad-comm", "powersgd:4:10"]].concat(),
+    );
+    let bytes = |d: &serde_json::Value| d["summary"]["payload_bytes_per_step"].as_u64().unwrap();
+    assert_eq!(bytes(&bf16) * 2, bytes(&plain));
+    assert!(
+        bytes(&psgd) * 2 < bytes(&plain),
+        "{} vs {}",
+        bytes(&psgd),
+        bytes(&plain)
+    );
+    let tail = |d: &serde_json::Value| {
+        let l = step_losses(d);
+        l[l.len() - 10..].iter().sum::<f64>() / 10.0
+    };
+    assert!(
+        (tail(&bf16) - tail(&plain)).abs() < 0.05,
+        "{} vs {}",
+        tail(&bf16),
+        tail(&plain)
+    );
+    assert!(
+        tail(&psgd) < step_losses(&psgd)[0] - 1.0,
+        "PowerSGD did not learn"
+    );
+}
+
+#[test]
+fn a_killed_gpu_rank_is_named_within_30_seconds() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-kill");
+    let (f, took) = common::kill_rank_one_of_two(
+        &dir,
+        "--device cuda --model 124M --data random --batch 8 --seq 256 --steps 100000 --eval-every 0",
+        &[("NCCL_NVLS_ENABLE", "0")],
+        Duration::from_secs(20),
+        Duration::from_secs(90),
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "stopped {took:?} after the kill"
+    );
+    assert!(f.stderr.contains("root cause: rank 1"), "{}", f.stderr);
+    assert!(
+        f.stderr.contains("[rank 0] braid: error:") && f.stderr.contains("rank 1"),
+        "rank 0 did not name rank 1:\n{}",
+        f.stderr
+    );
+}

@@ -22,6 +22,16 @@ pub struct KernelCheck {
 }
 
 impl KernelCheck {
+    /// A check of `name` on `shape`: `error` against `bound`.
+    pub fn new(name: &'static str, shape: String, error: f64, bound: f64) -> KernelCheck {
+        KernelCheck {
+            name,
+            shape,
+            error,
+            bound,
+        }
+    }
+
     /// Whether the error is within the bound.
     pub fn ok(&self) -> bool {
         self.error <= self.bound

@@ -45,12 +45,7 @@ fn down_bf(b: &DeviceBuffer<bf16>) -> Result<Vec<f32>> {
 }
 
 fn check(name: &'static str, shape: String, error: f64, bound: f64) -> KernelCheck {
-    KernelCheck {
-        name,
-        shape,
-        error,
-        bound,
-    }
+    KernelCheck::new(name, shape, error, bound)
 }
 
 /// Runs every mixed-precision check on `device`.
@@ -398,6 +393,19 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         format!("{}, B={mb}; worst {worst}", ModelReference::CONFIG),
         e,
         5e-2,
+    ));
+    // Deferring every layer's weight gradients reorders the work only:
+    // the gradients must be the same bit for bit.
+    gpu.defer_weight_grads(layout.config.n_layer)?;
+    let mut dgr = DeviceBuffer::zeros(device, layout.len)?;
+    let dloss = gpu.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
+    gpu.backward(&gparams, &gpb, &mut dgr)?;
+    let same = dloss == gloss && dgr.to_vec()? == ggv;
+    out.push(check(
+        "model bwd, weight gradients deferred (bit-exact)",
+        format!("{}, B={mb}, all layers deferred", ModelReference::CONFIG),
+        if same { 0.0 } else { 1.0 },
+        0.0,
     ));
     Ok(out)
 }

@@ -150,11 +150,73 @@ struct LinearGrads {
 }
 
 impl LinearGrads {
-    /// Both products through cuBLAS.
-    fn backward(self, blas: &mut Blas, s: &Stream, n: usize, inp: usize, out: usize) -> Result<()> {
+    /// Both products through cuBLAS; without `weights`, only `dx` (the
+    /// weight gradient is deferred: [`weight_grad`]).
+    fn backward(
+        self,
+        blas: &mut Blas,
+        s: &Stream,
+        n: usize,
+        inp: usize,
+        out: usize,
+        weights: bool,
+    ) -> Result<()> {
         mm(blas, s, n, inp, out, self.dy, self.w.t(), self.dx, 0.0)?;
-        mm(blas, s, inp, out, n, self.x.t(), self.dy, self.dw, 1.0)
+        if weights {
+            weight_grad(blas, s, n, inp, out, self.x, self.dy, self.dw)?;
+        }
+        Ok(())
     }
+}
+
+/// `dw += xᵀ · dy` for `y[n,out] = x[n,inp] · w[inp,out]`.
+#[allow(clippy::too_many_arguments)]
+fn weight_grad(
+    blas: &mut Blas,
+    s: &Stream,
+    n: usize,
+    inp: usize,
+    out: usize,
+    x: Mat,
+    dy: Mat,
+    dw: Mat,
+) -> Result<()> {
+    mm(blas, s, inp, out, n, x.t(), dy, dw, 1.0)
+}
+
+/// A layer's four weight-gradient products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightGrads {
+    /// The MLP's output projection.
+    FcProj,
+    /// The MLP's input projection.
+    Fc,
+    /// The attention's output projection.
+    Proj,
+    /// The attention's input projection (q, k, v).
+    Qkv,
+}
+
+impl WeightGrads {
+    /// All four, in the order the backward pass meets them.
+    pub const ALL: &'static [WeightGrads] = &[
+        WeightGrads::FcProj,
+        WeightGrads::Fc,
+        WeightGrads::Proj,
+        WeightGrads::Qkv,
+    ];
+}
+
+/// The output gradients a layer's four products saw, kept when its
+/// weight gradients are deferred until after the embedding backward (so
+/// that the embeddings' gradient reduction, the largest, overlaps them
+/// instead of ending the backward pass exposed). Swapped with the model's
+/// scratch buffers, never copied.
+struct DeferredDy {
+    fcproj: DeviceBuffer<bf16>,
+    fc: DeviceBuffer<bf16>,
+    proj: DeviceBuffer<bf16>,
+    qkv: DeviceBuffer<bf16>,
 }
 
 /// Address and length of a device vector (a bias for [`Product::fused`]).
@@ -222,6 +284,11 @@ pub struct GpuGptMixed {
     dln: DeviceBuffer<bf16>,
     datty: DeviceBuffer<bf16>,
     partial: DeviceBuffer<f32>,
+    /// Layers `0..deferred.len()` defer their weight gradients.
+    deferred: Vec<DeferredDy>,
+    /// SMs the backward pass's products are planned for (0: all), when
+    /// communication kernels hold the others (`BRAID_BACKWARD_SM_TARGET`).
+    backward_sms: usize,
     prof: PhaseTimer,
 }
 
@@ -295,6 +362,11 @@ impl GpuGptMixed {
             dln: p.zeros(n * c, s)?,
             datty: p.zeros(n * c, s)?,
             partial: p.zeros(partial_len, s)?,
+            deferred: Vec::new(),
+            backward_sms: std::env::var("BRAID_BACKWARD_SM_TARGET")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
             prof: PhaseTimer::from_env(device),
             layout,
             pool,
@@ -329,6 +401,39 @@ impl GpuGptMixed {
         &self.pool
     }
 
+    /// Defers the weight gradients of layers `0..layers` until after the
+    /// embedding backward ([`backward_layer_weights`](Self::backward_layer_weights)):
+    /// their products read the output gradients kept aside (four bf16
+    /// buffers per layer, `9·b·t·width` elements). Results are the same
+    /// bit for bit; only the order of the work changes.
+    pub fn defer_weight_grads(&mut self, layers: usize) -> Result<()> {
+        let cfg = self.layout.config;
+        if layers > cfg.n_layer {
+            return Err(CudaError::Invalid(format!(
+                "cannot defer the weight gradients of {layers} layers of {}",
+                cfg.n_layer
+            )));
+        }
+        let n = self.b * self.t;
+        let c = cfg.n_embd;
+        let (s, p) = (&self.stream, &self.pool);
+        self.deferred.clear();
+        for _ in 0..layers {
+            self.deferred.push(DeferredDy {
+                fcproj: p.zeros(n * c, s)?,
+                fc: p.zeros(n * 4 * c, s)?,
+                proj: p.zeros(n * c, s)?,
+                qkv: p.zeros(n * 3 * c, s)?,
+            });
+        }
+        s.synchronize()
+    }
+
+    /// How many layers defer their weight gradients.
+    pub fn deferred_layers(&self) -> usize {
+        self.deferred.len()
+    }
+
     fn range(&self, name: &str) -> Range<usize> {
         self.layout.get(name).expect("model parameter").range()
     }
@@ -358,6 +463,9 @@ impl GpuGptMixed {
         grad: bool,
     ) -> Result<f32> {
         self.check_params(p, pb)?;
+        if self.backward_sms > 0 {
+            self.blas.set_sm_count_target(0)?;
+        }
         let cfg = self.layout.config;
         let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
         let (b, t, vp) = (self.b, self.t, self.vp);
@@ -561,8 +669,9 @@ impl GpuGptMixed {
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
     /// `g` (f32, flat, same layout as the parameters) and waits for it:
     /// [`backward_head`](Self::backward_head), every
-    /// [`backward_layer`](Self::backward_layer) from the last down, then
-    /// [`backward_embedding`](Self::backward_embedding).
+    /// [`backward_layer`](Self::backward_layer) from the last down,
+    /// [`backward_embedding`](Self::backward_embedding), then the deferred
+    /// layers' [`backward_layer_weights`](Self::backward_layer_weights).
     pub fn backward(
         &mut self,
         p: &DeviceBuffer<f32>,
@@ -582,6 +691,9 @@ impl GpuGptMixed {
             self.backward_layer(l, p, pb, &mut w)?;
         }
         self.backward_embedding(&mut w)?;
+        for l in (0..self.deferred.len()).rev() {
+            self.backward_layer_weights(l, &mut w)?;
+        }
         self.stream.synchronize()?;
         self.end_step()
     }
@@ -605,6 +717,9 @@ impl GpuGptMixed {
         let n = b * t;
         let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        if self.backward_sms > 0 {
+            self.blas.set_sm_count_target(self.backward_sms)?;
+        }
         let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
@@ -682,6 +797,7 @@ impl GpuGptMixed {
         let prof = &mut self.prof;
         let r = &self.ranges[l];
         let a = &self.layers[l];
+        let defer = l < self.deferred.len();
         // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
         // measured 2.4× slower than this product plus the two passes
@@ -693,7 +809,10 @@ impl GpuGptMixed {
             dx: Mat::of(&self.dgelu, 4 * c),
             dw: Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
         }
-        .backward(blas, s, n, 4 * c, c)?;
+        .backward(blas, s, n, 4 * c, c, !defer)?;
+        if defer {
+            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
+        }
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
         mk.gelu_backward_bias(
@@ -713,7 +832,10 @@ impl GpuGptMixed {
             dx: Mat::of(&self.dln, c),
             dw: Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
         }
-        .backward(blas, s, n, c, 4 * c)?;
+        .backward(blas, s, n, c, 4 * c, !defer)?;
+        if defer {
+            std::mem::swap(&mut self.dgelu, &mut self.deferred[l].fc);
+        }
         prof.mark(s, "bwd gemm fc")?;
         {
             // ... and proj's bias gradient comes with this one.
@@ -745,7 +867,10 @@ impl GpuGptMixed {
             dx: Mat::of(&self.datty, c),
             dw: Mat::of(&g.view_mut(r.proj_w.clone())?, c),
         }
-        .backward(blas, s, n, c, c)?;
+        .backward(blas, s, n, c, c, !defer)?;
+        if defer {
+            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].proj);
+        }
         prof.mark(s, "bwd gemm proj")?;
         // dqkv goes into the qkv scratch (free in the backward pass).
         attention::backward(
@@ -768,7 +893,7 @@ impl GpuGptMixed {
             dx: Mat::of(&self.dln, c),
             dw: Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
         }
-        .backward(blas, s, n, c, 3 * c)?;
+        .backward(blas, s, n, c, 3 * c, !defer)?;
         prof.mark(s, "bwd gemm qkv")?;
         mk.bias_backward_bf(
             s,
@@ -778,6 +903,9 @@ impl GpuGptMixed {
             n,
             3 * c,
         )?;
+        if defer {
+            std::mem::swap(&mut self.qkv, &mut self.deferred[l].qkv);
+        }
         prof.mark(s, "bwd bias")?;
         // The layer below's fcproj bias gradient comes with this one.
         let below = if l > 0 {
@@ -804,6 +932,58 @@ impl GpuGptMixed {
             c,
         )?;
         prof.mark(s, "bwd layernorm")
+    }
+
+    /// The deferred weight gradients of layer `l` (one of the first
+    /// [`deferred_layers`](Self::deferred_layers), after its
+    /// [`backward_layer`](Self::backward_layer)); the layer's gradients
+    /// are final after this. Queued; nothing waits.
+    pub fn backward_layer_weights(
+        &mut self,
+        l: usize,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        self.backward_layer_weights_of(l, WeightGrads::ALL, g)
+    }
+
+    /// Some of the deferred weight gradients of layer `l` (`which`, in
+    /// order); the layer's gradients are final once all four have run.
+    pub fn backward_layer_weights_of(
+        &mut self,
+        l: usize,
+        which: &[WeightGrads],
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        let Some(d) = self.deferred.get(l) else {
+            return Err(CudaError::Invalid(format!(
+                "layer {l} does not defer its weight gradients ({} layers do)",
+                self.deferred.len()
+            )));
+        };
+        let c = self.layout.config.n_embd;
+        let n = self.b * self.t;
+        let (s, blas) = (&self.stream, &mut self.blas);
+        let (r, a) = (&self.ranges[l], &self.layers[l]);
+        for w in which {
+            let (x, dy, range, inp, out) = match w {
+                WeightGrads::FcProj => (&a.gelu, &d.fcproj, r.fcproj_w.clone(), 4 * c, c),
+                WeightGrads::Fc => (&a.ln2, &d.fc, r.fc_w.clone(), c, 4 * c),
+                WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), c, c),
+                WeightGrads::Qkv => (&a.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * c),
+            };
+            let dw = g.view_mut(range)?;
+            weight_grad(
+                blas,
+                s,
+                n,
+                inp,
+                out,
+                Mat::of(x, inp),
+                Mat::of(dy, out),
+                Mat::of(&dw, out),
+            )?;
+        }
+        self.prof.mark(s, "bwd gemm deferred weights")
     }
 
     /// Backward of the embeddings (last): token and position embedding

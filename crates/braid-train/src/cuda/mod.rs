@@ -2,6 +2,8 @@
 //! by NVRTC at run time): half-precision packing for the bf16/fp16 hooks,
 //! and PowerSGD's error feedback and orthogonalisation.
 
+pub mod check;
+
 use braid_core::{DType, Element};
 use braid_cuda::nvrtc::{Function, KernelArg, Module};
 use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};

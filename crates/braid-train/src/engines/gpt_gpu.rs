@@ -11,7 +11,7 @@ use braid_cuda::memory::zero_async;
 use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
-use braid_model::cuda::model_mixed::GpuGptMixed;
+use braid_model::cuda::model_mixed::{GpuGptMixed, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
 use half::bf16;
@@ -54,6 +54,22 @@ enum Model {
     Mixed(Box<GpuGptMixed>, DeviceBuffer<bf16>),
 }
 
+/// One backward unit of the GPU engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Head,
+    /// A whole layer.
+    Layer(usize),
+    /// A layer whose weight gradients come later: its input gradient (and
+    /// its biases' and norms' gradients).
+    LayerInput(usize),
+    Embedding,
+    /// A deferred layer's weight gradients.
+    LayerWeights(usize),
+    /// Some of a deferred layer's weight gradients.
+    LayerWeightsOf(usize, &'static [WeightGrads]),
+}
+
 /// A GPT model trained on one GPU with AdamW.
 pub struct GpuGpt {
     layout: std::sync::Arc<braid_model::Layout>,
@@ -67,6 +83,7 @@ pub struct GpuGpt {
     adam: AdamWConfig,
     b: usize,
     t: usize,
+    steps: Vec<(Unit, Step)>,
 }
 
 impl GpuGpt {
@@ -102,6 +119,7 @@ impl GpuGpt {
             m: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
             v: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
             segments: AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
+            steps: plan(&layout, 0),
             layout,
             model,
             precision,
@@ -111,6 +129,23 @@ impl GpuGpt {
             b,
             t,
         })
+    }
+
+    /// Defers the weight gradients of the first `layers` layers until after
+    /// the embeddings' backward (bf16 only): the embeddings' gradients —
+    /// the largest reduction, and final only at the very end — then
+    /// overlap those products instead of ending the step exposed. The
+    /// gradients are the same bit for bit.
+    pub fn defer_weight_grads(&mut self, layers: usize) -> Result<()> {
+        match &mut self.model {
+            Model::Mixed(m, _) => m.defer_weight_grads(layers).map_err(e)?,
+            Model::F32(_) if layers == 0 => {}
+            Model::F32(_) => {
+                return Err("only the bf16 engine defers weight gradients".into());
+            }
+        }
+        self.steps = plan(&self.layout, layers);
+        Ok(())
     }
 
     /// The stream every kernel of the engine runs on.
@@ -169,7 +204,7 @@ impl Engine for GpuGpt {
     }
 
     fn units(&self) -> Vec<Unit> {
-        gpt_units(&self.layout)
+        self.steps.iter().map(|(u, _)| u.clone()).collect()
     }
 
     fn matrices(&self) -> Vec<Matrix> {
@@ -186,19 +221,26 @@ impl Engine for GpuGpt {
     }
 
     fn backward_unit(&mut self, unit: usize, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
-        let n_layer = self.layout.config.n_layer;
+        let step = self
+            .steps
+            .get(unit)
+            .map(|s| s.1)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
         let p = &self.p;
-        match &mut self.model {
-            Model::F32(m) => match unit {
-                0 => m.backward_head(p, g),
-                u if u <= n_layer => m.backward_layer(n_layer - u, p, g),
-                _ => m.backward_embedding(g),
-            },
-            Model::Mixed(m, pb) => match unit {
-                0 => m.backward_head(p, pb, g),
-                u if u <= n_layer => m.backward_layer(n_layer - u, p, pb, g),
-                _ => m.backward_embedding(g),
-            },
+        match (&mut self.model, step) {
+            (Model::F32(m), Step::Head) => m.backward_head(p, g),
+            (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
+            (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
+            (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb, g),
+            (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
+                m.backward_layer(l, p, pb, g)
+            }
+            (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
+            (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
+            (Model::Mixed(m, _), Step::LayerWeightsOf(l, w)) => {
+                m.backward_layer_weights_of(l, w, g)
+            }
+            (Model::F32(_), s) => return Err(format!("the f32 engine has no backward step {s:?}")),
         }
         .map_err(e)
     }
@@ -256,5 +298,98 @@ impl Engine for GpuGpt {
             Model::Mixed(m, _) => m.profile_report(),
             Model::F32(_) => None,
         }
+    }
+}
+
+/// The backward units of a GPT model whose first `deferred` layers defer
+/// their weight gradients: the head, the other layers from the last, the
+/// deferred layers' input gradients, the embeddings, the deferred layers'
+/// weight gradients. Each unit finishes a range at one end of what is
+/// still being written (the embeddings come first in the buffer, the
+/// deferred layers right after them). Layer 0, the very last, finishes in
+/// three parts — its MLP (the back of its block), its qkv and norms (the
+/// front), its attention projection (the middle) — so that the reduction
+/// nothing overlaps any more is only that projection's (`width²`).
+fn plan(layout: &braid_model::Layout, deferred: usize) -> Vec<(Unit, Step)> {
+    use braid_model::Block;
+    let n = layout.config.n_layer;
+    let base = gpt_units(layout);
+    // gpt_units: head, layers n-1 .. 0, embedding.
+    let mut out = vec![(base[0].clone(), Step::Head)];
+    for l in (deferred..n).rev() {
+        out.push((base[n - l].clone(), Step::Layer(l)));
+    }
+    for l in (0..deferred).rev() {
+        out.push((
+            Unit {
+                name: format!("layer {l} (input gradients)"),
+                finalizes: 0..0,
+            },
+            Step::LayerInput(l),
+        ));
+    }
+    out.push((base[n + 1].clone(), Step::Embedding));
+    for l in (1..deferred).rev() {
+        out.push((
+            Unit {
+                name: format!("layer {l} (weight gradients)"),
+                finalizes: layout.block_range(Block::Layer(l)),
+            },
+            Step::LayerWeights(l),
+        ));
+    }
+    if deferred > 0 {
+        let block = layout.block_range(Block::Layer(0));
+        let at = |name: &str| {
+            layout
+                .get(&format!("h.0.{name}"))
+                .expect("layer 0 parameter")
+                .offset
+        };
+        let (proj, ln2) = (at("attn.c_proj.weight"), at("ln_2.weight"));
+        use WeightGrads::*;
+        for (name, finalizes, which) in [
+            ("MLP", ln2..block.end, &[FcProj, Fc][..]),
+            ("qkv", block.start..proj, &[Qkv][..]),
+            ("attention projection", proj..ln2, &[Proj][..]),
+        ] {
+            out.push((
+                Unit {
+                    name: format!("layer 0 (weight gradients: {name})"),
+                    finalizes,
+                },
+                Step::LayerWeightsOf(0, which),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_model::{GptConfig, Layout};
+
+    #[test]
+    fn deferred_plans_finish_the_buffer_from_its_ends() {
+        let layout = Layout::new(&GptConfig::parse("L4-H2-C16-V50-T8").unwrap());
+        for d in 0..=4 {
+            let p = plan(&layout, d);
+            assert_eq!(
+                p.len(),
+                2 + 4 + d + if d > 0 { 2 } else { 0 },
+                "deferred {d}"
+            );
+            let units: Vec<Unit> = p.iter().map(|x| x.0.clone()).collect();
+            // The DDP bucket planner accepts it (every unit at an end).
+            crate::ddp::buckets::plan(&units, layout.len, 4, 4, &[]).unwrap();
+        }
+        assert_eq!(
+            plan(&layout, 0)
+                .iter()
+                .map(|x| x.0.clone())
+                .collect::<Vec<_>>(),
+            gpt_units(&layout)
+        );
     }
 }

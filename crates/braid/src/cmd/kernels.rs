@@ -26,7 +26,8 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
     }
     if let Some(arch) = &a.ptx {
         let t = std::time::Instant::now();
-        let done = braid_model::cuda::compile_all(arch).map_err(|e| e.to_string())?;
+        let mut done = braid_model::cuda::compile_all(arch).map_err(|e| e.to_string())?;
+        done.extend(braid_train::cuda::compile_all(arch).map_err(|e| e.to_string())?);
         for (name, bytes) in &done {
             println!("{name}.cu -> {bytes} bytes of PTX for {arch}");
         }
@@ -40,6 +41,7 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
         let device = braid_cuda::Device::open(0).map_err(|e| e.to_string())?;
         let mut results = braid_model::cuda::check::run(&device).map_err(|e| e.to_string())?;
         results.extend(braid_model::cuda::check_mixed::run(&device).map_err(|e| e.to_string())?);
+        results.extend(braid_train::cuda::check::run(&device).map_err(|e| e.to_string())?);
         let mut bad = 0;
         for r in &results {
             println!(

@@ -123,6 +123,12 @@ pub struct TrainArgs {
     /// bucket during it (to measure what the overlap saves).
     #[arg(long)]
     no_overlap: bool,
+    /// GPU, bf16: run the weight gradients of the first N layers after the
+    /// embeddings' backward, so that the embeddings' gradient reduction
+    /// (the largest, and final only at the end) overlaps them (default: 2
+    /// when data-parallel, else 0).
+    #[arg(long, value_name = "N")]
+    defer_layers: Option<usize>,
 }
 
 /// Sample text from a saved model.
@@ -411,6 +417,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         braid_cuda::pool::reset_peak();
         let mut engine = GpuGpt::new(&dev, &params, batch, a.seq, precision, a.weight_decay)?;
+        let defer = match (a.defer_layers, precision) {
+            (Some(n), _) => n,
+            (None, Precision::Bf16) if ranks > 1 => 2.min(cfg.n_layer),
+            (None, _) => 0,
+        };
+        engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?

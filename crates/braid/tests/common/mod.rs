@@ -166,3 +166,51 @@ pub fn wait_for_pids(dir: &TempDir, n: usize, limit: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Starts `braid train ARGS` as 2 ranks under the launcher, lets it run
+/// for `after` once both are up, kills rank 1 with SIGKILL and waits up to
+/// `limit` for the job to end; returns what it left and how long after the
+/// kill it ended.
+pub fn kill_rank_one_of_two(
+    dir: &TempDir,
+    train_args: &str,
+    env: &[(&str, &str)],
+    after: Duration,
+    limit: Duration,
+) -> (Finished, Duration) {
+    let exe = env!("CARGO_BIN_EXE_braid");
+    let script = format!(
+        "echo $$ > {d}/pid.$RANK; exec {exe} train {train_args}",
+        d = dir.path().display()
+    );
+    let mut cmd = braid();
+    cmd.args([
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let running = start(cmd);
+    wait_for_pids(dir, 2, Duration::from_secs(60));
+    std::thread::sleep(after);
+    let victim: i32 = std::fs::read_to_string(dir.path().join("pid.1"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let f = running.finish(limit);
+    (f, killed.elapsed())
+}
