@@ -237,6 +237,16 @@ impl Communicator {
         self.inner.options.timeout
     }
 
+    /// Why the communicator was aborted (a dead peer, another rank's
+    /// failure), or `None` while it is healthy: what a wait on work this
+    /// communicator does not see (a GPU stream) checks between polls.
+    pub fn aborted(&self) -> Option<String> {
+        self.inner
+            .health
+            .is_aborted()
+            .then(|| self.inner.health.reason())
+    }
+
     /// Aborts the communicator on every rank with `reason`.
     pub fn abort(&self, reason: &str) {
         let reason = health::publish_abort(

@@ -8,7 +8,8 @@
 //!   the caching allocator and device-memory counters; [`window`]: the
 //!   part of a flat buffer an engine may still write.
 //! - [`blas`]: cuBLAS products (f32, bf16); [`nvrtc`]: run-time kernels.
-//! - [`nccl`]: a thin run-time binding of NCCL.
+//! - [`nccl`]: a thin run-time binding of NCCL; [`ipc`]: device memory
+//!   shared between processes, raw copies and stream-side flags.
 //! - [`nvml`]: a thin run-time binding of the NVML calls braid needs.
 //! - [`topo`]: the GPUs of this host and the links between them (what
 //!   `braid topo` prints); [`bandwidth`] measures copies between them.
@@ -18,6 +19,7 @@ pub mod blas;
 pub mod blaslt;
 pub mod driver;
 pub mod error;
+pub mod ipc;
 pub mod memory;
 pub mod nccl;
 pub mod nvml;

@@ -292,38 +292,6 @@ impl Dataset {
         targets.copy_from_slice(&self.tokens[start + 1..start + t + 1]);
         Ok(())
     }
-
-    /// Fills `tokens` and `targets` (`b × t` each) with random windows from
-    /// the training part (`eval`: the held-out part).
-    pub fn batch(
-        &self,
-        rng: &mut Rng,
-        b: usize,
-        t: usize,
-        eval: bool,
-        tokens: &mut [u32],
-        targets: &mut [u32],
-    ) -> Result<(), String> {
-        let (lo, hi) = if eval {
-            (self.split, self.tokens.len())
-        } else {
-            (0, self.split)
-        };
-        if hi - lo < t + 1 {
-            return Err(format!(
-                "the {} part holds {} tokens, fewer than a sequence of {} + 1",
-                if eval { "held-out" } else { "training" },
-                hi - lo,
-                t
-            ));
-        }
-        for row in 0..b {
-            let start = lo + rng.below(hi - lo - t);
-            tokens[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start..start + t]);
-            targets[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start + 1..start + t + 1]);
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -360,15 +328,17 @@ mod tests {
     #[test]
     fn batches_are_shifted_windows_and_shards_are_read() {
         let d = Dataset::from_tokens((0..1000).collect()).unwrap();
-        let mut r = Rng::new(3);
-        let (mut x, mut y) = (vec![0; 2 * 8], vec![0; 2 * 8]);
-        d.batch(&mut r, 2, 8, false, &mut x, &mut y).unwrap();
-        for i in 0..16 {
+        assert_eq!(d.windows(8, false), 899 / 8);
+        assert_eq!(d.windows(8, true), 99 / 8);
+        let (mut x, mut y) = (vec![0; 8], vec![0; 8]);
+        d.window(3, 8, false, &mut x, &mut y).unwrap();
+        assert_eq!(x, (24..32).collect::<Vec<u32>>());
+        for i in 0..8 {
             assert_eq!(y[i], x[i] + 1);
-            assert!(x[i] < 900);
         }
-        d.batch(&mut r, 2, 8, true, &mut x, &mut y).unwrap();
+        d.window(0, 8, true, &mut x, &mut y).unwrap();
         assert!(x.iter().all(|&v| v >= 900));
+        assert!(d.window(12, 8, true, &mut x, &mut y).is_err());
         // An llm.c-style shard.
         let path = std::env::temp_dir().join(format!("braid-shard-{}.bin", std::process::id()));
         let mut bytes = vec![0u8; 1024];

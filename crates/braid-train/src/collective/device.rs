@@ -11,6 +11,7 @@
 //! queued): each wait watches NCCL's errors, the peers' health and the
 //! timeout, so a dead or stuck peer becomes an error, not a hang.
 
+use super::copy_engine::CopyEngineReduce;
 use super::host::count;
 use super::powersgd::{self, MatOps, PowerSgdState};
 use super::{Bucket, Collective, Drive, End, GradComm};
@@ -22,7 +23,7 @@ use braid_comm::gpu::{DeviceWork, GpuCommunicator, Lane};
 use braid_comm::{Communicator, ReduceOp};
 use braid_core::Element;
 use braid_cuda::blas::Blas;
-use braid_cuda::{CudaError, DeviceBuffer, DeviceViewMut, DeviceWindow};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceViewMut, DeviceWindow};
 use half::{bf16, f16};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -32,6 +33,9 @@ pub struct DeviceCollective {
     gpu: GpuCommunicator,
     kernels: HookKernels,
     blas: Mutex<Blas>,
+    /// Plain buckets through the copy engines instead of NCCL
+    /// (`BRAID_GPU_ALLREDUCE=ce`, 2 ranks): set up at the first session.
+    copy_engine: Option<Mutex<Option<CopyEngineReduce>>>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -42,9 +46,25 @@ impl DeviceCollective {
     /// Collectives over `gpu`, with the hook kernels loaded on its GPU.
     pub fn new(gpu: GpuCommunicator) -> Result<DeviceCollective> {
         let device = gpu.device().clone();
+        let copy_engine = match std::env::var("BRAID_GPU_ALLREDUCE").as_deref() {
+            Ok("ce") if gpu.size() == 2 => Some(Mutex::new(None)),
+            Ok("ce") => {
+                return Err(format!(
+                    "BRAID_GPU_ALLREDUCE=ce needs exactly 2 ranks, not {}",
+                    gpu.size()
+                ))
+            }
+            Ok("nccl") | Err(_) => None,
+            Ok(other) => {
+                return Err(format!(
+                    "BRAID_GPU_ALLREDUCE={other:?}: expected nccl or ce"
+                ))
+            }
+        };
         Ok(DeviceCollective {
             kernels: HookKernels::load(&device).map_err(err)?,
             blas: Mutex::new(Blas::new(&device).map_err(err)?),
+            copy_engine,
             gpu,
         })
     }
@@ -138,6 +158,31 @@ impl Collective for DeviceCollective {
                 .get(i)
                 .ok_or_else(|| format!("bucket {i} was never planned"))
         };
+        if let (DeviceHooks::Plain, Some(ce)) = (&hooks, &self.copy_engine) {
+            let base = grads.view(0..0).map_err(err)?.dptr();
+            let len = grads.range().end;
+            let mut ce = ce.lock().unwrap_or_else(|p| p.into_inner());
+            if !ce.as_ref().is_some_and(|c| c.registered(base, len)) {
+                *ce = Some(CopyEngineReduce::new(
+                    self.gpu.host(),
+                    self.gpu.device(),
+                    base,
+                    len,
+                    buckets.len(),
+                )?);
+            }
+            let ce = ce.as_mut().expect("set above");
+            ce.begin_step();
+            let main = self.gpu.device().main_stream();
+            let r = drive(grads, &mut |i, mut part| {
+                count(&mut step, 4 * part.len() as u64, n);
+                ce.launch(k, i, bucket(i)?.range.clone(), &mut part, &main)
+            });
+            let waited = ce.wait(self.gpu.host(), self.gpu.timeout());
+            r?;
+            waited?;
+            return Ok(step);
+        }
         let result = match hooks {
             DeviceHooks::Plain => drive(grads, &mut |_, part| {
                 count(&mut step, 4 * part.len() as u64, n);

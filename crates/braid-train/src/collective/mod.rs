@@ -13,10 +13,12 @@
 //! engine's stream (GPU). Parts are borrowed from the gradient buffer for
 //! the session, so no reduction can outlive it.
 
+mod copy_engine;
 mod device;
 mod host;
 pub(crate) mod powersgd;
 
+pub use copy_engine::CopyEngineReduce;
 pub use device::DeviceCollective;
 pub use host::HostCollective;
 pub use powersgd::PowerSgdOptions;

@@ -491,12 +491,22 @@ where
     E: Engine<Batch = TokenBatch>,
     S: Strategy<E>,
 {
-    if lead && strategy.replicas() > 1 {
+    let distributed = strategy.replicas() > 1;
+    if lead && distributed {
         println!("strategy: {}", strategy.describe());
     }
-    train(engine, strategy, loader, batch, opts, &mut |r| {
+    let r = train(engine, strategy, loader, batch, opts, &mut |r| {
         progress.step(r)
-    })
+    });
+    if let (Err(e), true) = (&r, distributed) {
+        // A failed distributed run may have device work queued that waits
+        // for a peer that is gone (a reduction stuck on its flags): freeing
+        // buffers would wait for it forever. Report and leave; the
+        // operating system reclaims the rest.
+        eprintln!("braid: error: {e}");
+        std::process::exit(1);
+    }
+    r
 }
 
 /// Runs `braid generate`.

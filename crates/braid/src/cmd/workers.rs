@@ -63,7 +63,13 @@ pub fn stop_on_sigterm(comm: &Communicator) {
                 "stopped by signal SIGTERM (the launcher stops every worker when one fails)",
             );
             std::thread::sleep(std::time::Duration::from_secs(2));
-            eprintln!("braid: rank {}: stopped by signal SIGTERM", comm.rank());
+            // Still here: the worker is stuck in device work that waits for
+            // a peer. Say why, as its error would have.
+            let why = comm.aborted().unwrap_or_else(|| "no cause known".into());
+            eprintln!(
+                "braid: error: rank {}: communicator aborted: {why} (the worker was stopped by signal SIGTERM while waiting on the GPU)",
+                comm.rank()
+            );
             std::process::exit(128 + 15);
         });
 }
