@@ -150,6 +150,15 @@ fn compile_uncached(name: &str, src: &str, opts: &[String]) -> Result<String> {
     result
 }
 
+/// Compiles each `(name, CUDA C)` source to PTX for `arch` (no GPU
+/// needed): each source's name and PTX size.
+pub fn compile_sources(sources: &[(&str, &str)], arch: &str) -> Result<Vec<(String, usize)>> {
+    sources
+        .iter()
+        .map(|(name, src)| compile_ptx(name, src, arch).map(|ptx| (name.to_string(), ptx.len())))
+        .collect()
+}
+
 /// A loaded module of kernels on one device.
 pub struct Module {
     raw: dsys::CUmodule,

@@ -99,6 +99,12 @@ pub trait Engine {
     /// The backward pass's units, in the order they run.
     fn units(&self) -> Vec<Unit>;
 
+    /// How many units [`units`](Self::units) lists (asked every step: an
+    /// engine can answer without building the list).
+    fn unit_count(&self) -> usize {
+        self.units().len()
+    }
+
     /// The two-dimensional parameters (low-rank gradient compression
     /// applies to those; everything else is reduced as it is). None by
     /// default.
@@ -142,7 +148,7 @@ pub trait Engine {
 /// Runs every backward unit of `engine` into `grads` with nothing handed
 /// on (one process, or a micro-batch that does not communicate).
 pub fn backward_local<E: Engine>(engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
-    let units = engine.units().len();
+    let units = engine.unit_count();
     let mut w = E::Space::window(grads);
     for u in 0..units {
         engine.backward_unit(u, &mut w)?;

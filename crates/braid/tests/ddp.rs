@@ -5,7 +5,7 @@
 mod common;
 
 use braid_model::checkpoint;
-use common::{braid, run, Finished, TempDir};
+use common::{braid, max_diff, run, Finished, TempDir};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,14 +43,6 @@ fn params(path: &Path) -> Vec<f32> {
     checkpoint::load(path).expect("checkpoint").0.data
 }
 
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 fn summary(dir: &TempDir, name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -59,13 +51,7 @@ fn summary(dir: &TempDir, name: &str) -> serde_json::Value {
 
 fn losses(dir: &TempDir, name: &str) -> Vec<f64> {
     let text = std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap();
-    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
-    doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["loss"].as_f64().unwrap())
-        .collect()
+    common::step_losses(&serde_json::from_str(&text).unwrap())
 }
 
 #[test]

@@ -330,15 +330,6 @@ fn train_gpu(dir: &common::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, ser
     (params, doc)
 }
 
-fn step_losses(doc: &serde_json::Value) -> Vec<f64> {
-    doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["loss"].as_f64().unwrap())
-        .collect()
-}
-
 /// Stated tolerance of the GPU equivalence: f32 on 2 GPUs against one GPU
 /// with the whole batch, parameters after 20 AdamW steps (lr 3e-3).
 const GPU_TOLERANCE: f32 = 1e-4;
@@ -356,11 +347,7 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
         "two",
         &[&f32_args[..], &["--nproc", "2", "--batch", "4"]].concat(),
     );
-    let d = one
-        .iter()
-        .zip(&two)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let d = common::max_diff(&one, &two);
     let _ = writeln!(std::io::stderr(), "f32, 2 GPUs vs 1: max |diff| {d:e}");
     assert!(d <= GPU_TOLERANCE, "2 GPUs differ from one by {d}");
     // bf16 (with deferred weight gradients) tracks f32 on 2 GPUs: means
@@ -368,7 +355,7 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     let run = ["--nproc", "2", "--batch", "8", "--steps", "100"];
     let (_, f) = train_gpu(&dir, "f32", &[&run[..], &["--precision", "f32"]].concat());
     let (_, b) = train_gpu(&dir, "bf16", &[&run[..], &["--precision", "bf16"]].concat());
-    let (lf, lb) = (step_losses(&f), step_losses(&b));
+    let (lf, lb) = (common::step_losses(&f), common::step_losses(&b));
     for w in 0..5 {
         let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
         assert!(
@@ -403,7 +390,7 @@ fn gpu_hooks_send_less_and_still_train() {
         bytes(&plain)
     );
     let tail = |d: &serde_json::Value| {
-        let l = step_losses(d);
+        let l = common::step_losses(d);
         l[l.len() - 10..].iter().sum::<f64>() / 10.0
     };
     assert!(
@@ -413,7 +400,7 @@ fn gpu_hooks_send_less_and_still_train() {
         tail(&plain)
     );
     assert!(
-        tail(&psgd) < step_losses(&psgd)[0] - 1.0,
+        tail(&psgd) < common::step_losses(&psgd)[0] - 1.0,
         "PowerSGD did not learn"
     );
 }

@@ -31,12 +31,7 @@ pub const SOURCES: [(&str, &str); 3] = [
 /// Compiles every source to PTX for `arch` (e.g. `compute_90`) without a
 /// GPU — what CI checks where NVRTC can be installed.
 pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
-    SOURCES
-        .iter()
-        .map(|(name, src)| {
-            braid_cuda::nvrtc::compile_ptx(name, src, arch).map(|ptx| (name.to_string(), ptx.len()))
-        })
-        .collect()
+    braid_cuda::nvrtc::compile_sources(&SOURCES, arch)
 }
 
 const BLOCK: u32 = 256;

@@ -190,37 +190,19 @@ impl Collective for DeviceCollective {
                 Ok(())
             }),
             DeviceHooks::Bf16(copy) => {
-                let mut halves = copy.window();
-                drive(grads, &mut |i, mut part| {
-                    let mut h = split_like(&mut halves, bucket(i)?)?;
-                    count(&mut step, 2 * h.len() as u64, n);
-                    let w = self.gpu.queue("all_reduce (bf16)", false, |lanes| {
-                        let l = &mut lanes[0];
-                        k.pack(l.stream(), &mut h, &part, 1.0)?;
-                        l.all_reduce_mem(&mut h, ReduceOp::Sum)?;
-                        k.unpack(l.stream(), &mut part, &h, 1.0)
-                    });
-                    works.push(w.map_err(err)?);
-                    Ok(())
-                })
+                self.reduce_half(grads, buckets, copy, drive, &mut step, &mut works, 1.0, 1.0)
             }
-            DeviceHooks::Fp16(copy) => {
-                // Pre-divided by the ranks so the sum stays in fp16's range.
-                let inv = 1.0 / n as f32;
-                let mut halves = copy.window();
-                drive(grads, &mut |i, mut part| {
-                    let mut h = split_like(&mut halves, bucket(i)?)?;
-                    count(&mut step, 2 * h.len() as u64, n);
-                    let w = self.gpu.queue("all_reduce (fp16)", false, |lanes| {
-                        let l = &mut lanes[0];
-                        k.pack(l.stream(), &mut h, &part, inv)?;
-                        l.all_reduce_mem(&mut h, ReduceOp::Sum)?;
-                        k.unpack(l.stream(), &mut part, &h, n as f32)
-                    });
-                    works.push(w.map_err(err)?);
-                    Ok(())
-                })
-            }
+            // Pre-divided by the ranks so the sum stays in fp16's range.
+            DeviceHooks::Fp16(copy) => self.reduce_half(
+                grads,
+                buckets,
+                copy,
+                drive,
+                &mut step,
+                &mut works,
+                1.0 / n as f32,
+                n as f32,
+            ),
             DeviceHooks::PowerSgd(state) => {
                 let compressing = state.compressing();
                 let r = drive(grads, &mut |i, part| {
@@ -272,6 +254,44 @@ impl Collective for DeviceCollective {
         result?;
         waited?;
         Ok(step)
+    }
+}
+
+impl DeviceCollective {
+    /// A half-precision session: each launched bucket, multiplied by
+    /// `pre`, is cast into its slot of `copy`, all-reduced and cast back
+    /// multiplied by `post`, all on the communication stream.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_half<'a, 'g, H: Element>(
+        &'a self,
+        grads: DeviceWindow<'g, f32>,
+        buckets: &[Bucket],
+        copy: &mut DeviceBuffer<H>,
+        drive: &mut Drive<'_, 'g, Gpu>,
+        step: &mut CommStep,
+        works: &mut Vec<DeviceWork<'a>>,
+        pre: f32,
+        post: f32,
+    ) -> Result<()> {
+        let (n, k) = (self.gpu.size(), &self.kernels);
+        let mut halves = copy.window();
+        drive(grads, &mut |i, mut part| {
+            let b = buckets
+                .get(i)
+                .ok_or_else(|| format!("bucket {i} was never planned"))?;
+            let mut h = split_like(&mut halves, b)?;
+            count(step, 2 * h.len() as u64, n);
+            let w = self
+                .gpu
+                .queue("all_reduce (half precision)", false, |lanes| {
+                    let l = &mut lanes[0];
+                    k.pack(l.stream(), &mut h, &part, pre)?;
+                    l.all_reduce_mem(&mut h, ReduceOp::Sum)?;
+                    k.unpack(l.stream(), &mut part, &h, post)
+                });
+            works.push(w.map_err(err)?);
+            Ok(())
+        })
     }
 }
 

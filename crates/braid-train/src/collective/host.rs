@@ -110,66 +110,25 @@ impl Collective for HostCollective {
         let n = self.comm.size();
         let mut step = CommStep::default();
         match hooks {
-            HostHooks::Plain => {
-                self.comm
-                    .scope(|s| {
-                        drive(grads, &mut |_, part: &'g mut [f32]| {
-                            count(&mut step, 4 * part.len() as u64, n);
-                            let _ = s.all_reduce(part, ReduceOp::Sum);
-                            Ok(())
-                        })
-                    })
-                    .map_err(err)??;
-            }
+            HostHooks::Plain => reduce_plain(&self.comm, grads, drive, &mut step)?,
             HostHooks::Bf16(copy) => {
-                let parts = reduce_half(
-                    &self.comm,
-                    grads,
-                    buckets,
-                    copy,
-                    drive,
-                    &mut step,
-                    |h, g| {
-                        h.par_iter_mut()
-                            .zip(g.par_iter())
-                            .for_each(|(h, &x)| *h = bf16::from_f32(x))
-                    },
-                )?;
-                for (i, part) in parts {
-                    let h = &copy[buckets[i].range.clone()];
-                    part.par_iter_mut()
-                        .zip(h.par_iter())
-                        .for_each(|(x, h)| *x = h.to_f32());
-                }
+                reduce_half(&self.comm, grads, buckets, copy, drive, &mut step, 1.0, 1.0)?
             }
-            HostHooks::Fp16(copy) => {
-                // Pre-divided by the ranks so the sum stays in fp16's range.
-                let inv = 1.0 / n as f32;
-                let parts = reduce_half(
-                    &self.comm,
-                    grads,
-                    buckets,
-                    copy,
-                    drive,
-                    &mut step,
-                    |h, g| {
-                        h.par_iter_mut()
-                            .zip(g.par_iter())
-                            .for_each(|(h, &x)| *h = f16::from_f32(x * inv))
-                    },
-                )?;
-                let back = n as f32;
-                for (i, part) in parts {
-                    let h = &copy[buckets[i].range.clone()];
-                    part.par_iter_mut()
-                        .zip(h.par_iter())
-                        .for_each(|(x, h)| *x = h.to_f32() * back);
-                }
-            }
+            // Pre-divided by the ranks so the sum stays in fp16's range.
+            HostHooks::Fp16(copy) => reduce_half(
+                &self.comm,
+                grads,
+                buckets,
+                copy,
+                drive,
+                &mut step,
+                1.0 / n as f32,
+                n as f32,
+            )?,
             HostHooks::PowerSgd(state) => {
-                let mut parts: Vec<(usize, &'g mut [f32])> = Vec::new();
                 if state.compressing() {
                     // The backward pass first; then bucket by bucket.
+                    let mut parts: Vec<(usize, &'g mut [f32])> = Vec::new();
                     drive(grads, &mut |i, part| {
                         parts.push((i, part));
                         Ok(())
@@ -185,15 +144,7 @@ impl Collective for HostCollective {
                         step.collectives += sent.collectives;
                     }
                 } else {
-                    self.comm
-                        .scope(|s| {
-                            drive(grads, &mut |_, part: &'g mut [f32]| {
-                                count(&mut step, 4 * part.len() as u64, n);
-                                let _ = s.all_reduce(part, ReduceOp::Sum);
-                                Ok(())
-                            })
-                        })
-                        .map_err(err)??;
+                    reduce_plain(&self.comm, grads, drive, &mut step)?;
                 }
                 state.end_step();
             }
@@ -202,21 +153,65 @@ impl Collective for HostCollective {
     }
 }
 
-/// A half-precision session: each launched bucket is cast into its slot
-/// of `copy` (by `pack`) and that slot all-reduced; returns the buckets'
-/// gradient parts for the caller to cast back once everything finished.
-fn reduce_half<'g, T: braid_core::Element + Send>(
+/// A plain session: each launched bucket is all-reduced (f32 sum).
+fn reduce_plain<'g>(
+    comm: &Communicator,
+    grads: HostWindow<'g>,
+    drive: &mut Drive<'_, 'g, Host>,
+    step: &mut CommStep,
+) -> Result<()> {
+    let n = comm.size();
+    comm.scope(|s| {
+        drive(grads, &mut |_, part: &'g mut [f32]| {
+            count(step, 4 * part.len() as u64, n);
+            let _ = s.all_reduce(part, ReduceOp::Sum);
+            Ok(())
+        })
+    })
+    .map_err(err)?
+}
+
+/// The half-precision element types a hook sends.
+trait HalfFloat: braid_core::Element + Send + Sync {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl HalfFloat for bf16 {
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+impl HalfFloat for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// A half-precision session: each launched bucket, multiplied by `pre`,
+/// is cast into its slot of `copy` and that slot all-reduced; once every
+/// reduction has finished the sums come back, multiplied by `post`.
+#[allow(clippy::too_many_arguments)]
+fn reduce_half<'g, T: HalfFloat>(
     comm: &Communicator,
     grads: HostWindow<'g>,
     buckets: &[Bucket],
     copy: &mut [T],
     drive: &mut Drive<'_, 'g, Host>,
     step: &mut CommStep,
-    pack: impl Fn(&mut [T], &[f32]) + Sync,
-) -> Result<Vec<(usize, &'g mut [f32])>> {
+    pre: f32,
+    post: f32,
+) -> Result<()> {
     let n = comm.size();
     let mut parts = Vec::new();
-    let mut halves = HostWindow::new(0, copy);
+    let mut halves = HostWindow::new(0, &mut copy[..]);
     comm.scope(|s| {
         drive(grads, &mut |i, part: &'g mut [f32]| {
             let b = buckets
@@ -230,7 +225,9 @@ fn reduce_half<'g, T: braid_core::Element + Send>(
                     h.len()
                 ));
             }
-            pack(h, part);
+            h.par_iter_mut()
+                .zip(part.par_iter())
+                .for_each(|(h, &x)| *h = T::from_f32(x * pre));
             count(step, 2 * h.len() as u64, n);
             let _ = s.all_reduce(h, ReduceOp::Sum);
             parts.push((i, part));
@@ -238,5 +235,11 @@ fn reduce_half<'g, T: braid_core::Element + Send>(
         })
     })
     .map_err(err)??;
-    Ok(parts)
+    for (i, part) in parts {
+        let h = &copy[buckets[i].range.clone()];
+        part.par_iter_mut()
+            .zip(h.par_iter())
+            .for_each(|(x, &h)| *x = h.to_f32() * post);
+    }
+    Ok(())
 }

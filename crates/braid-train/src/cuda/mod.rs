@@ -14,12 +14,7 @@ pub const SOURCES: [(&str, &str); 1] = [("braid_comm_hooks", include_str!("hooks
 /// Compiles every source of this crate to PTX for `arch` (no GPU needed):
 /// each source's name and PTX size.
 pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
-    SOURCES
-        .iter()
-        .map(|(name, src)| {
-            braid_cuda::nvrtc::compile_ptx(name, src, arch).map(|ptx| (name.to_string(), ptx.len()))
-        })
-        .collect()
+    braid_cuda::nvrtc::compile_sources(&SOURCES, arch)
 }
 
 /// The kernels' code for a half type: 0 bf16, 1 fp16.

@@ -111,6 +111,11 @@ impl Engine for CpuGpt {
         gpt_units(&self.params.layout)
     }
 
+    fn unit_count(&self) -> usize {
+        // The head, every layer, the embeddings.
+        self.params.layout.config.n_layer + 2
+    }
+
     fn matrices(&self) -> Vec<Matrix> {
         gpt_matrices(&self.params.layout)
     }
@@ -183,5 +188,25 @@ impl Engine for CpuGpt {
 
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_model::{GptConfig, Layout};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_unit_count_is_the_length_of_the_unit_list() {
+        let layout = Arc::new(Layout::new(&GptConfig::parse("L3-H2-C16-V50-T8").unwrap()));
+        let engine = CpuGpt::new(
+            Params::init_gpt2(layout, 1),
+            2,
+            8,
+            false,
+            CpuOptimizer::AdamW { weight_decay: 0.1 },
+        );
+        assert_eq!(engine.unit_count(), engine.units().len());
     }
 }

@@ -207,6 +207,10 @@ impl Engine for GpuGpt {
         self.steps.iter().map(|(u, _)| u.clone()).collect()
     }
 
+    fn unit_count(&self) -> usize {
+        self.steps.len()
+    }
+
     fn matrices(&self) -> Vec<Matrix> {
         gpt_matrices(&self.layout)
     }

@@ -214,3 +214,22 @@ pub fn kill_rank_one_of_two(
     let f = running.finish(limit);
     (f, killed.elapsed())
 }
+
+/// The largest absolute difference between two parameter vectors.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Every step's loss from a `braid train --json` record.
+pub fn step_losses(doc: &serde_json::Value) -> Vec<f64> {
+    doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect()
+}
