@@ -34,6 +34,8 @@ pub struct CommStep {
     pub wire_bytes: u64,
     /// Collectives started.
     pub collectives: u32,
+    /// What carried them, where the collectives say (e.g. "NCCL").
+    pub via: &'static str,
 }
 
 /// A parallel strategy; see the [module docs](self) for when each hook

@@ -32,6 +32,8 @@ pub struct Summary {
     pub wire_bytes: u64,
     /// Collectives per step.
     pub collectives: u32,
+    /// What carried them ("" where unknown).
+    pub via: &'static str,
     /// Seconds the same reductions take per step with nothing to overlap.
     pub unoverlapped_comm: Option<f64>,
 }
@@ -65,6 +67,7 @@ pub fn summarize(run: &RunReport, warmup: usize, items_per_step: f64) -> Option<
         payload_bytes: last.payload_bytes,
         wire_bytes: last.wire_bytes,
         collectives: last.collectives,
+        via: last.via,
         unoverlapped_comm: run.unoverlapped_comm,
     })
 }
@@ -85,6 +88,7 @@ impl Summary {
             "payload_bytes_per_step": self.payload_bytes,
             "wire_bytes_per_step": self.wire_bytes,
             "collectives_per_step": self.collectives,
+            "collectives_via": self.via,
             "unoverlapped_comm_s": self.unoverlapped_comm,
         })
     }
@@ -113,8 +117,13 @@ impl Summary {
             pct(self.data)
         ));
         if self.collectives > 0 {
+            let via = if self.via.is_empty() {
+                String::new()
+            } else {
+                format!(" over {}", self.via)
+            };
             out.push(format!(
-                "communication per step: {} collectives, {:.2} MB of gradients, {:.2} MB sent per rank",
+                "communication per step: {} collectives{via}, {:.2} MB of gradients, {:.2} MB sent per rank",
                 self.collectives,
                 self.payload_bytes as f64 / 1e6,
                 self.wire_bytes as f64 / 1e6

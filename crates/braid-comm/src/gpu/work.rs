@@ -14,6 +14,9 @@ use braid_cuda::{Event, Stream};
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
+/// How long a wait spins on its events before it yields, then sleeps.
+const SPIN: Duration = Duration::from_millis(100);
+
 /// A GPU operation in flight. Dropping it without waiting orders the
 /// device's main stream after it (later copies and kernels see its result)
 /// without blocking the host.
@@ -110,6 +113,7 @@ impl<'a> DeviceWork<'a> {
 
     fn wait_until(&mut self, deadline: Instant, hard: bool) -> Result<bool> {
         let mut polls = 0u32;
+        let started = Instant::now();
         loop {
             let mut all = true;
             for (_, e) in &self.events {
@@ -137,9 +141,14 @@ impl<'a> DeviceWork<'a> {
                     return Err(self.timed_out());
                 }
             }
-            if polls < 4096 {
+            // Spin for a while (a training step's backward pass runs tens
+            // of ms after its reductions are queued; a sleeping host
+            // notices their end up to ~0.1 ms late and the GPU idles
+            // meanwhile), then yield, then sleep.
+            let waited = started.elapsed();
+            if waited < SPIN {
                 std::hint::spin_loop();
-            } else if polls < 8192 {
+            } else if waited < 2 * SPIN {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(Duration::from_micros(50));

@@ -1,40 +1,77 @@
 //! [`CopyEngineReduce`]: summing gradient buckets between the two GPUs of
 //! two processes on one host with the GPUs' copy engines instead of
-//! NCCL's kernels (`BRAID_GPU_ALLREDUCE=ce`).
+//! NCCL's kernels — the default for 2 ranks on one host with peer access
+//! (`BRAID_GPU_ALLREDUCE=auto`; `ce` insists on it, `nccl` turns it off).
 //!
 //! NCCL moves bytes with SMs; running beside the backward pass, its
 //! kernels slow the backward pass's own (`BENCHMARKS.md`). Here the bytes
-//! travel by DMA over NVLink and only a small reduction kernel runs:
+//! travel by DMA over NVLink and only a short reduction kernel runs:
 //!
-//! 1. each rank copies the half of the bucket the other rank owns into the
-//!    other rank's landing buffer (peer memory mapped through CUDA IPC) and
-//!    raises the other's flag;
-//! 2. each waits for its own flag, adds the landed half into its own
-//!    (a kernel with few blocks);
-//! 3. each copies its summed half into the other's gradient buffer and
-//!    raises the other's second flag; waits for its own.
+//! 1. when a bucket is final, each rank copies the half the other rank
+//!    owns into the other's landing buffer (peer memory mapped through
+//!    CUDA IPC) and raises the other's flag — on a stream of its own;
+//! 2. after the engine's next unit of work, the engine's own stream waits
+//!    for its flag (long raised by then) and adds the landed half into
+//!    its own — between the engine's kernels, not beside them;
+//! 3. a second stream copies the summed half into the other's gradient
+//!    buffer and raises the other's second flag, then waits for its own.
 //!
-//! Every step uses a larger flag value, so flags never need resetting.
-//! All of it is queued on a stream of its own after an event on the
-//! engine's stream; the host waits only at the end of the session,
-//! polling with the communicator's health and timeout.
+//! Every bucket of a step has its own pair of flags and every step uses a
+//! larger flag value, so flags never need resetting. The host waits only
+//! at the end of the session, polling with the communicator's health and
+//! timeout. `BRAID_CE_TRACE=STEP` prints one step's timeline per rank.
 
 use crate::cuda::HookKernels;
 use crate::Result;
 use braid_comm::Communicator;
 use braid_cuda::ipc::{copy_raw_async, wait_flag_async, write_flag_async, IpcHandle, PeerMemory};
-use braid_cuda::{Device, DeviceBuffer, DeviceViewMut, Event, Stream};
+use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
 use std::ops::Range;
 use std::time::{Duration, Instant};
+
+/// How long [`CopyEngineReduce::wait`] spins before it sleeps between
+/// polls: a sleeping host notices the end up to ~0.1 ms late and the
+/// optimizer waits for it, and the backward pass still runs for tens of
+/// ms when the wait begins.
+const SPIN: Duration = Duration::from_millis(200);
 
 fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
 
+/// How gradients are summed between GPUs (`BRAID_GPU_ALLREDUCE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReduceChoice {
+    /// The copy engines where they can serve (2 ranks on one host, with
+    /// peer access), NCCL otherwise.
+    Auto,
+    /// The copy engines, or an error saying why not.
+    CopyEngines,
+    /// NCCL always.
+    Nccl,
+}
+
+impl AllReduceChoice {
+    /// The choice in `BRAID_GPU_ALLREDUCE` (`auto` when unset).
+    pub fn from_env() -> Result<AllReduceChoice> {
+        match std::env::var("BRAID_GPU_ALLREDUCE").as_deref() {
+            Err(_) | Ok("auto") | Ok("") => Ok(AllReduceChoice::Auto),
+            Ok("ce") => Ok(AllReduceChoice::CopyEngines),
+            Ok("nccl") => Ok(AllReduceChoice::Nccl),
+            Ok(other) => Err(format!(
+                "BRAID_GPU_ALLREDUCE={other:?}: expected auto, ce or nccl"
+            )),
+        }
+    }
+}
+
 /// Copy-engine reduction of one gradient buffer between 2 ranks.
 pub struct CopyEngineReduce {
     rank: usize,
-    stream: Stream,
+    /// Copies out (stage 1).
+    out: Stream,
+    /// Copies back (stage 3).
+    back: Stream,
     landing: DeviceBuffer<f32>,
     flags: DeviceBuffer<i32>,
     peer_grads: PeerMemory,
@@ -44,71 +81,136 @@ pub struct CopyEngineReduce {
     grads: u64,
     len: usize,
     step: u32,
-    before: Event,
-    done: Vec<Event>,
-    pending: usize,
-    blocks: u32,
+    /// The next bucket slot of this step (its flags are `2j`, `2j + 1`).
+    next: usize,
+    /// Buckets copied out and not yet summed: (bucket, elements, slot).
+    pending: Vec<(usize, Range<usize>, usize)>,
+    ready: Event,
+    summed: Event,
+    done: [Event; 2],
+    trace: Option<Trace>,
+}
+
+/// A span of the registered gradient buffer, by address, for the
+/// reduction kernel: the bucket's window was handed on when it became
+/// final, and nothing but this reduction writes it until the session ends.
+struct Raw {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceMem<f32> for Raw {
+    fn dptr(&self) -> u64 {
+        self.ptr
+    }
+    fn dlen(&self) -> usize {
+        self.len
+    }
+}
+
+/// This host's identity for telling apart ranks on one machine: the
+/// kernel's boot id (the host name where that is missing).
+fn host_identity() -> [u8; 64] {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .unwrap_or_default();
+    let mut out = [0u8; 64];
+    let b = id.trim().as_bytes();
+    out[..b.len().min(64)].copy_from_slice(&b[..b.len().min(64)]);
+    out
 }
 
 impl CopyEngineReduce {
-    /// Registers the gradient buffer at `grads` (`len` f32s on `device`,
-    /// the start of its allocation)
-    /// with the other rank of `host` (exactly 2 ranks): maps its gradient,
-    /// landing and flag buffers. Every rank calls this at the same point.
+    /// Sets up the copy-engine reduction of the gradient buffer at `grads`
+    /// (`len` f32s on `device`, the start of its allocation) cut into at
+    /// most `buckets` buckets, with the other rank of `host`. Every rank
+    /// calls this at the same point, and all of them get the same answer:
+    /// `Ok(None)` where the copy engines cannot serve (not 2 ranks, not
+    /// one host, no peer mapping) and `choice` is `Auto` — an error naming
+    /// the reason where it is `CopyEngines`.
     pub fn new(
         host: &Communicator,
         device: &Device,
         grads: u64,
         len: usize,
         buckets: usize,
-    ) -> Result<CopyEngineReduce> {
+        choice: AllReduceChoice,
+    ) -> Result<Option<CopyEngineReduce>> {
+        let refuse = |why: String| match choice {
+            AllReduceChoice::CopyEngines => {
+                Err(format!("BRAID_GPU_ALLREDUCE=ce: {why} (use auto or nccl)"))
+            }
+            _ => Ok(None),
+        };
+        if choice == AllReduceChoice::Nccl {
+            return Ok(None);
+        }
         if host.size() != 2 {
-            return Err(format!(
-                "the copy-engine all-reduce runs between 2 ranks, not {} (BRAID_GPU_ALLREDUCE=nccl)",
+            return refuse(format!(
+                "the copy-engine all-reduce runs between 2 ranks, not {}",
                 host.size()
             ));
         }
+        let slots = buckets.max(1);
         let landing = DeviceBuffer::<f32>::zeros(device, len).map_err(e)?;
-        let flags = DeviceBuffer::<i32>::zeros(device, 2 * buckets.max(1)).map_err(e)?;
+        let flags = DeviceBuffer::<i32>::zeros(device, 2 * slots).map_err(e)?;
         let mine = [
-            braid_cuda::ipc::ipc_handle(device, grads).map_err(e)?,
-            landing.ipc_handle().map_err(e)?,
-            flags.ipc_handle().map_err(e)?,
+            braid_cuda::ipc::ipc_handle(device, grads).map_err(e)?.0,
+            landing.ipc_handle().map_err(e)?.0,
+            flags.ipc_handle().map_err(e)?.0,
+            host_identity(),
         ];
-        let mut bytes = [0u8; 3 * 64];
-        for (k, h) in mine.iter().enumerate() {
-            bytes[k * 64..(k + 1) * 64].copy_from_slice(&h.0);
-        }
-        let mut all = vec![0u8; 2 * 3 * 64];
-        host.all_gather(&bytes, &mut all)
+        let mut all = vec![0u8; 2 * 4 * 64];
+        host.all_gather(&mine.concat(), &mut all)
             .map_err(|x| format!("exchanging GPU memory handles: {x}"))?;
         let peer = 1 - host.rank();
-        let handle = |k: usize| {
+        let theirs = |k: usize| {
             let mut h = [0u8; 64];
-            h.copy_from_slice(&all[(peer * 3 + k) * 64..(peer * 3 + k + 1) * 64]);
-            IpcHandle(h)
+            h.copy_from_slice(&all[(peer * 4 + k) * 64..(peer * 4 + k + 1) * 64]);
+            h
         };
-        Ok(CopyEngineReduce {
+        if theirs(3) != mine[3] {
+            return refuse("the 2 ranks run on different hosts".into());
+        }
+        let opened = (|| -> braid_cuda::Result<_> {
+            Ok((
+                PeerMemory::open(device, &IpcHandle(theirs(0)), 4 * len)?,
+                PeerMemory::open(device, &IpcHandle(theirs(1)), 4 * len)?,
+                PeerMemory::open(device, &IpcHandle(theirs(2)), 8 * slots)?,
+            ))
+        })();
+        // Both ranks must agree: one that could not map the other's
+        // memory makes both fall back.
+        let mut ok = [0u8; 2];
+        host.all_gather(&[opened.is_ok() as u8], &mut ok)
+            .map_err(|x| format!("agreeing on the copy-engine all-reduce: {x}"))?;
+        let (peer_grads, peer_landing, peer_flags) = match opened {
+            Ok(m) if ok == [1, 1] => m,
+            Ok(_) => return refuse(format!("rank {peer} could not map this rank's GPU memory")),
+            Err(x) => return refuse(e(x)),
+        };
+        Ok(Some(CopyEngineReduce {
             rank: host.rank(),
-            stream: Stream::new(device).map_err(e)?,
-            peer_grads: PeerMemory::open(device, &handle(0), 4 * len).map_err(e)?,
-            peer_landing: PeerMemory::open(device, &handle(1), 4 * len).map_err(e)?,
-            peer_flags: PeerMemory::open(device, &handle(2), 8 * buckets.max(1)).map_err(e)?,
+            out: Stream::new(device).map_err(e)?,
+            back: Stream::new(device).map_err(e)?,
+            peer_grads,
+            peer_landing,
+            peer_flags,
             grads,
             len,
             landing,
             flags,
             step: 0,
-            before: Event::new(device).map_err(e)?,
-            done: Vec::new(),
-            pending: 0,
-            // The reduction kernel's blocks (BRAID_CE_REDUCE_BLOCKS; by
-            // default as many as fill the GPU: 32 measured slower).
-            blocks: std::env::var("BRAID_CE_REDUCE_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(u32::MAX),
-        })
+            next: 0,
+            pending: Vec::new(),
+            ready: Event::new(device).map_err(e)?,
+            summed: Event::new(device).map_err(e)?,
+            done: [
+                Event::new(device).map_err(e)?,
+                Event::new(device).map_err(e)?,
+            ],
+            trace: Trace::from_env()?,
+        }))
     }
 
     /// Whether `grads` is the buffer registered here.
@@ -119,84 +221,144 @@ impl CopyEngineReduce {
     /// Starts a new step (flag values move on).
     pub fn begin_step(&mut self) {
         self.step += 1;
-        self.pending = 0;
+        self.next = 0;
+        self.pending.clear();
     }
 
     /// Queues the reduction of bucket `b`, elements `range` of the
-    /// registered buffer, whose part is `part`, after the work queued so
-    /// far on `main`.
+    /// registered buffer (final on `main` now). Both ranks hand over the
+    /// same buckets in the same order, so their slots (and flags) match.
+    ///
+    /// Only the copy out is queued now; the sum and the copy back are
+    /// queued on `main` at the next bucket's launch (or at
+    /// [`wait`](Self::wait)), so the sum runs between the engine's
+    /// kernels, after its next unit of work, instead of beside them.
     pub fn launch(
         &mut self,
         k: &HookKernels,
         b: usize,
         range: Range<usize>,
-        part: &mut DeviceViewMut<'_, f32>,
         main: &Stream,
     ) -> Result<()> {
-        if range.end > self.len || 2 * b + 1 >= self.flags.len() {
+        if range.end > self.len || 2 * self.next + 1 >= self.flags.len() {
             return Err(format!(
-                "copy-engine all-reduce: bucket {b} {range:?} outside the {} registered elements",
-                self.len
+                "copy-engine all-reduce: bucket {b} {range:?} outside the {} registered elements \
+                 or past the {} buckets planned per step",
+                self.len,
+                self.flags.len() / 2
             ));
         }
-        let s = &self.stream;
-        self.before.record(main).map_err(e)?;
-        s.wait_event(&self.before).map_err(e)?;
-        let mid = range.start + range.len() / 2;
-        let (mine, theirs) = if self.rank == 0 {
-            (range.start..mid, mid..range.end)
-        } else {
-            (mid..range.end, range.start..mid)
-        };
-        let at = |base: u64, i: usize| base + 4 * i as u64;
-        let flag = |base: u64, j: usize| base + 4 * j as u64;
-        let step = self.step;
-        // SAFETY: every address below lies in a buffer of `len` f32s
-        // (ranges checked above) or in a flag buffer of `2 × buckets`
-        // i32s; the part is this bucket's exclusive window of the
-        // gradient buffer, and the peer only writes the other half of our
-        // landing buffer and our gradients' half it owns after we raised
-        // its flag (so it has read what it overwrites).
+        self.finish_pending(k, main)?;
+        let j = self.next;
+        self.next += 1;
+        self.ready.record(main).map_err(e)?;
+        if let Some(t) = &mut self.trace {
+            t.mark(main, b, range.len(), Phase::Ready)?;
+        }
+        self.out.wait_event(&self.ready).map_err(e)?;
+        let theirs = self.halves(&range).1;
+        // SAFETY: the addresses lie in buffers of `len` f32s (range
+        // checked above) and in a flag buffer of two i32s per slot (slot
+        // checked above); `out` starts after the engine wrote the bucket.
+        // The peer overwrites this half of our gradients (with the sum)
+        // only after waiting for the flag raised here, after our copy.
         unsafe {
             copy_raw_async(
-                at(self.peer_landing.ptr(), theirs.start),
-                at(self.grads, theirs.start),
+                addr(self.peer_landing.ptr(), theirs.start),
+                addr(self.grads, theirs.start),
                 4 * theirs.len(),
-                s,
+                &self.out,
             )
             .map_err(e)?;
-            write_flag_async(flag(self.peer_flags.ptr(), 2 * b), step, s).map_err(e)?;
-            wait_flag_async(flag(self.flags.device_ptr(), 2 * b), step, s).map_err(e)?;
+            write_flag_async(addr(self.peer_flags.ptr(), 2 * j), self.step, &self.out)
+                .map_err(e)?;
         }
-        let off = range.start;
-        let mut own = part.sub_mut(mine.start - off..mine.end - off);
-        k.add_into_limited(s, &mut own, &self.landing.view(mine.clone()), self.blocks)
-            .map_err(e)?;
-        // SAFETY: as above.
-        unsafe {
-            copy_raw_async(
-                at(self.peer_grads.ptr(), mine.start),
-                at(self.grads, mine.start),
-                4 * mine.len(),
-                s,
-            )
-            .map_err(e)?;
-            write_flag_async(flag(self.peer_flags.ptr(), 2 * b + 1), step, s).map_err(e)?;
-            wait_flag_async(flag(self.flags.device_ptr(), 2 * b + 1), step, s).map_err(e)?;
+        if let Some(t) = &mut self.trace {
+            t.mark(&self.out, b, range.len(), Phase::CopiedOut)?;
         }
-        if self.pending == self.done.len() {
-            self.done.push(Event::new(s.device()).map_err(e)?);
-        }
-        self.done[self.pending].record(s).map_err(e)?;
-        self.pending += 1;
+        self.pending.push((b, range, j));
         Ok(())
     }
 
-    /// Waits for every bucket of this step, checking `host`'s health and
-    /// `timeout` between polls.
-    pub fn wait(&mut self, host: &Communicator, timeout: Duration) -> Result<()> {
+    /// This rank's and the peer's halves of `range`.
+    fn halves(&self, range: &Range<usize>) -> (Range<usize>, Range<usize>) {
+        let mid = range.start + range.len() / 2;
+        if self.rank == 0 {
+            (range.start..mid, mid..range.end)
+        } else {
+            (mid..range.end, range.start..mid)
+        }
+    }
+
+    /// Queues the sum (on `main`) and the copy back (on `back`) of every
+    /// bucket copied out and not yet summed.
+    fn finish_pending(&mut self, k: &HookKernels, main: &Stream) -> Result<()> {
+        for (b, range, j) in std::mem::take(&mut self.pending) {
+            let mine = self.halves(&range).0;
+            // SAFETY: as in `launch`; the peer's half in our landing
+            // buffer is read only after its flag `2j` says it landed.
+            unsafe {
+                wait_flag_async(addr(self.flags.device_ptr(), 2 * j), self.step, main)
+                    .map_err(e)?;
+            }
+            if let Some(t) = &mut self.trace {
+                t.mark(main, b, range.len(), Phase::Landed)?;
+            }
+            let mut own = Raw {
+                ptr: addr(self.grads, mine.start),
+                len: mine.len(),
+            };
+            k.add_into(main, &mut own, &self.landing.view(mine.clone()))
+                .map_err(e)?;
+            self.summed.record(main).map_err(e)?;
+            self.back.wait_event(&self.summed).map_err(e)?;
+            // SAFETY: as above; our summed half goes into the peer's
+            // gradients, which the peer copied out before raising `2j`.
+            unsafe {
+                copy_raw_async(
+                    addr(self.peer_grads.ptr(), mine.start),
+                    addr(self.grads, mine.start),
+                    4 * mine.len(),
+                    &self.back,
+                )
+                .map_err(e)?;
+                write_flag_async(
+                    addr(self.peer_flags.ptr(), 2 * j + 1),
+                    self.step,
+                    &self.back,
+                )
+                .map_err(e)?;
+                wait_flag_async(
+                    addr(self.flags.device_ptr(), 2 * j + 1),
+                    self.step,
+                    &self.back,
+                )
+                .map_err(e)?;
+            }
+            if let Some(t) = &mut self.trace {
+                t.mark(&self.back, b, range.len(), Phase::Done)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues what is left of this step's buckets and waits for all of
+    /// them, checking `host`'s health and `timeout` between polls.
+    pub fn wait(
+        &mut self,
+        k: &HookKernels,
+        host: &Communicator,
+        main: &Stream,
+        timeout: Duration,
+    ) -> Result<()> {
         let start = Instant::now();
-        for ev in &self.done[..self.pending] {
+        if let Some(t) = &mut self.trace {
+            t.mark(main, 0, 0, Phase::BackwardDone)?;
+        }
+        self.finish_pending(k, main)?;
+        self.done[0].record(main).map_err(e)?;
+        self.done[1].record(&self.back).map_err(e)?;
+        for ev in &self.done {
             let mut polls = 0u32;
             while !ev.query().map_err(e)? {
                 polls += 1;
@@ -216,14 +378,93 @@ impl CopyEngineReduce {
                         return Err(format!("rank {}: {why}", self.rank));
                     }
                 }
-                if polls < 4096 {
+                if start.elapsed() < SPIN {
                     std::hint::spin_loop();
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
                 }
             }
         }
-        self.pending = 0;
+        if let Some(t) = &mut self.trace {
+            t.report(self.rank, self.step)?;
+        }
+        Ok(())
+    }
+}
+
+/// Device address of f32 element `i` of the buffer at `base`.
+fn addr(base: u64, i: usize) -> u64 {
+    base + 4 * i as u64
+}
+
+/// What a traced point marks.
+#[derive(Clone, Copy)]
+enum Phase {
+    Ready,
+    CopiedOut,
+    Landed,
+    Done,
+    BackwardDone,
+}
+
+/// Timed points of one step of copy-engine reductions
+/// (`BRAID_CE_TRACE=STEP`), printed to stderr: where its time goes.
+struct Trace {
+    step: u32,
+    points: Vec<(Event, usize, usize, Phase)>,
+    used: usize,
+}
+
+impl Trace {
+    fn from_env() -> Result<Option<Trace>> {
+        let Ok(v) = std::env::var("BRAID_CE_TRACE") else {
+            return Ok(None);
+        };
+        let step = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("BRAID_CE_TRACE={v:?}: expected the step to trace"))?;
+        Ok(Some(Trace {
+            step,
+            points: Vec::new(),
+            used: 0,
+        }))
+    }
+
+    fn mark(&mut self, s: &Stream, bucket: usize, len: usize, phase: Phase) -> Result<()> {
+        if self.used == self.points.len() {
+            let ev = Event::timed(s.device()).map_err(e)?;
+            self.points.push((ev, bucket, len, phase));
+        }
+        let p = &mut self.points[self.used];
+        p.0.record(s).map_err(e)?;
+        (p.1, p.2, p.3) = (bucket, len, phase);
+        self.used += 1;
+        Ok(())
+    }
+
+    /// Prints the points of step `step` (after they completed) and
+    /// forgets them.
+    fn report(&mut self, rank: usize, step: u32) -> Result<()> {
+        if step == self.step && self.used > 0 {
+            let t0 = &self.points[0].0;
+            for (ev, b, n, phase) in &self.points[..self.used] {
+                ev.synchronize().map_err(e)?;
+                let what = match phase {
+                    Phase::Ready => "bucket final",
+                    Phase::CopiedOut => "copied out",
+                    Phase::Landed => "peer's half landed",
+                    Phase::Done => "summed and back",
+                    Phase::BackwardDone => "backward pass queued to here",
+                };
+                eprintln!(
+                    "[ce trace] rank {rank} step {step} +{:.3} ms bucket {b} ({:.1} MB) {what}",
+                    ev.elapsed_ms(t0).map_err(e)?,
+                    4.0 * *n as f64 / 1e6
+                );
+            }
+        }
+        self.used = 0;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@
 //! queued): each wait watches NCCL's errors, the peers' health and the
 //! timeout, so a dead or stuck peer becomes an error, not a hang.
 
-use super::copy_engine::CopyEngineReduce;
+use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
 use super::host::count;
 use super::powersgd::{self, MatOps, PowerSgdState};
 use super::{Bucket, Collective, Drive, End, GradComm};
@@ -28,14 +28,24 @@ use half::{bf16, f16};
 use std::ops::Range;
 use std::sync::Mutex;
 
+/// Whether plain buckets go through the copy engines.
+enum CopyEngineSlot {
+    /// Not decided yet (no session so far): what was asked for.
+    Unset(AllReduceChoice),
+    /// Through the copy engines, for the registered gradient buffer.
+    Set(Box<CopyEngineReduce>),
+    /// Through NCCL.
+    Nccl,
+}
+
 /// GPU collectives over a [`GpuCommunicator`] (one GPU per process).
 pub struct DeviceCollective {
     gpu: GpuCommunicator,
     kernels: HookKernels,
     blas: Mutex<Blas>,
-    /// Plain buckets through the copy engines instead of NCCL
-    /// (`BRAID_GPU_ALLREDUCE=ce`, 2 ranks): set up at the first session.
-    copy_engine: Option<Mutex<Option<CopyEngineReduce>>>,
+    /// Plain buckets through the copy engines instead of NCCL where they
+    /// can serve (`BRAID_GPU_ALLREDUCE`): decided at the first session.
+    copy_engine: Mutex<CopyEngineSlot>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -46,25 +56,18 @@ impl DeviceCollective {
     /// Collectives over `gpu`, with the hook kernels loaded on its GPU.
     pub fn new(gpu: GpuCommunicator) -> Result<DeviceCollective> {
         let device = gpu.device().clone();
-        let copy_engine = match std::env::var("BRAID_GPU_ALLREDUCE").as_deref() {
-            Ok("ce") if gpu.size() == 2 => Some(Mutex::new(None)),
-            Ok("ce") => {
-                return Err(format!(
-                    "BRAID_GPU_ALLREDUCE=ce needs exactly 2 ranks, not {}",
-                    gpu.size()
-                ))
-            }
-            Ok("nccl") | Err(_) => None,
-            Ok(other) => {
-                return Err(format!(
-                    "BRAID_GPU_ALLREDUCE={other:?}: expected nccl or ce"
-                ))
-            }
-        };
+        let choice = AllReduceChoice::from_env()?;
+        if choice == AllReduceChoice::CopyEngines && gpu.size() != 2 {
+            return Err(format!(
+                "BRAID_GPU_ALLREDUCE=ce needs exactly 2 ranks, not {} (use auto or nccl)",
+                gpu.size()
+            ));
+        }
+        let copy_engine = CopyEngineSlot::Unset(choice);
         Ok(DeviceCollective {
             kernels: HookKernels::load(&device).map_err(err)?,
             blas: Mutex::new(Blas::new(&device).map_err(err)?),
-            copy_engine,
+            copy_engine: Mutex::new(copy_engine),
             gpu,
         })
     }
@@ -158,30 +161,43 @@ impl Collective for DeviceCollective {
                 .get(i)
                 .ok_or_else(|| format!("bucket {i} was never planned"))
         };
-        if let (DeviceHooks::Plain, Some(ce)) = (&hooks, &self.copy_engine) {
+        if let DeviceHooks::Plain = hooks {
             let base = grads.view(0..0).map_err(err)?.dptr();
             let len = grads.range().end;
-            let mut ce = ce.lock().unwrap_or_else(|p| p.into_inner());
-            if !ce.as_ref().is_some_and(|c| c.registered(base, len)) {
-                *ce = Some(CopyEngineReduce::new(
+            let mut slot = self.copy_engine.lock().unwrap_or_else(|p| p.into_inner());
+            let choice = match &*slot {
+                CopyEngineSlot::Unset(c) => Some(*c),
+                CopyEngineSlot::Set(ce) if !ce.registered(base, len) => {
+                    Some(AllReduceChoice::CopyEngines)
+                }
+                _ => None,
+            };
+            if let Some(choice) = choice {
+                *slot = match CopyEngineReduce::new(
                     self.gpu.host(),
                     self.gpu.device(),
                     base,
                     len,
                     buckets.len(),
-                )?);
+                    choice,
+                )? {
+                    Some(ce) => CopyEngineSlot::Set(Box::new(ce)),
+                    None => CopyEngineSlot::Nccl,
+                };
             }
-            let ce = ce.as_mut().expect("set above");
-            ce.begin_step();
-            let main = self.gpu.device().main_stream();
-            let r = drive(grads, &mut |i, mut part| {
-                count(&mut step, 4 * part.len() as u64, n);
-                ce.launch(k, i, bucket(i)?.range.clone(), &mut part, &main)
-            });
-            let waited = ce.wait(self.gpu.host(), self.gpu.timeout());
-            r?;
-            waited?;
-            return Ok(step);
+            if let CopyEngineSlot::Set(ce) = &mut *slot {
+                ce.begin_step();
+                let main = self.gpu.device().main_stream();
+                let r = drive(grads, &mut |i, part| {
+                    count(&mut step, 4 * part.len() as u64, n);
+                    ce.launch(k, i, bucket(i)?.range.clone(), &main)
+                });
+                let waited = ce.wait(k, self.gpu.host(), &main, self.gpu.timeout());
+                r?;
+                waited?;
+                step.via = "the copy engines (NVLink)";
+                return Ok(step);
+            }
         }
         let result = match hooks {
             DeviceHooks::Plain => drive(grads, &mut |_, part| {
@@ -253,6 +269,7 @@ impl Collective for DeviceCollective {
         }
         result?;
         waited?;
+        step.via = "NCCL";
         Ok(step)
     }
 }

@@ -128,33 +128,6 @@ impl HookKernels {
         )
     }
 
-    /// `x += y` with at most `blocks` blocks (a reduction that should
-    /// leave the rest of the GPU to other work).
-    pub fn add_into_limited(
-        &self,
-        s: &Stream,
-        x: &mut impl DeviceMem<f32>,
-        y: &impl DeviceMem<f32>,
-        blocks: u32,
-    ) -> Result<()> {
-        same("add_into", x.dlen(), y.dlen())?;
-        let n = x.dlen();
-        if n == 0 {
-            return Ok(());
-        }
-        let mut args = vec![
-            KernelArg::Ptr(x.dptr()),
-            KernelArg::Ptr(y.dptr()),
-            KernelArg::I64(n as i64),
-        ];
-        let g = grid(n).0.min(blocks.max(1));
-        // SAFETY: parameters in order; lengths checked equal.
-        unsafe {
-            self.add_into
-                .launch_args((g, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)
-        }
-    }
-
     /// `x += y`.
     pub fn add_into(
         &self,
