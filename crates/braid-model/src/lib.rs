@@ -14,6 +14,8 @@
 //! - [`data`]: tokenizers and token datasets; [`sample`]: text from a
 //!   trained model.
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
+//! - [`footprint`]: the memory pre-flight — what a run will allocate,
+//!   from the shapes, before it allocates.
 //! - [`rng`]: the deterministic generator behind initialisation and data.
 //! - [`tensor`]: shape + dtype + device + storage (f32/bf16 on the CPU).
 //!
@@ -24,6 +26,7 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod data;
+pub mod footprint;
 pub mod layout;
 pub mod model;
 pub mod optim;

@@ -163,6 +163,41 @@ impl<T: Real> Activations<T> {
         }
     }
 
+    /// Elements held now (the classifier's chunk of logits counts once
+    /// the first forward pass has sized it).
+    pub fn elements(&self) -> usize {
+        let layer = |a: &LayerActs<T>| {
+            a.ln1.len()
+                + a.ln1_mean.len()
+                + a.ln1_rstd.len()
+                + a.qkv.len()
+                + a.att.len()
+                + a.atty.len()
+                + a.resid2.len()
+                + a.ln2.len()
+                + a.ln2_mean.len()
+                + a.ln2_rstd.len()
+                + a.fch.len()
+                + a.fch_gelu.len()
+        };
+        let g = &self.grads;
+        self.resid.iter().map(Vec::len).sum::<usize>()
+            + self.layers.iter().map(layer).sum::<usize>()
+            + self.lnf.len()
+            + self.lnf_mean.len()
+            + self.lnf_rstd.len()
+            + self.losses.len()
+            + self.logits.len()
+            + g.dresid2.len()
+            + g.dln2.len()
+            + g.dfch.len()
+            + g.dgelu.len()
+            + g.datty.len()
+            + g.dqkv.len()
+            + g.dln1.len()
+            + self.dresid.len()
+    }
+
     /// Each position's loss from the last forward pass (0 where the target
     /// was masked).
     pub fn losses(&self) -> &[T] {

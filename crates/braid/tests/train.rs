@@ -106,3 +106,45 @@ fn bad_training_input_is_explained() {
         );
     }
 }
+
+/// A model too large for this machine is refused before anything is
+/// allocated, with the estimate and what would fit — not an abort.
+#[test]
+fn a_model_that_cannot_fit_is_refused_with_the_estimate() {
+    for (args, want) in [
+        (
+            &["train", "--model", "L99999-H64-C65536", "--steps", "1"][..],
+            "a model of at most about",
+        ),
+        (
+            &[
+                "train",
+                "--model",
+                "L4-H4-C256",
+                "--batch",
+                "100000000",
+                "--steps",
+                "1",
+            ][..],
+            "what would fit: --batch",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.args(args);
+        let f = run(cmd, Duration::from_secs(30));
+        assert_eq!(f.code, Some(2), "{args:?}: {f:?}");
+        for part in [
+            "of host memory",
+            "parameters",
+            "activations",
+            "GiB is available",
+            want,
+        ] {
+            assert!(
+                f.stderr.contains(part),
+                "{args:?}: expected {part:?} in:\n{}",
+                f.stderr
+            );
+        }
+    }
+}

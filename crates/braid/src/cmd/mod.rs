@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_gpu;
 pub mod kernels;
 pub mod launch;
+pub mod preflight;
 pub mod scale;
 pub mod store;
 pub mod svg;

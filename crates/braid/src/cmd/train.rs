@@ -290,6 +290,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             g / per
         }
     };
+    let shape = super::preflight::Shape {
+        model: &a.model,
+        seq: a.seq,
+        checkpointing: a.checkpointing,
+    };
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {
             let (p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
@@ -297,6 +302,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         None => {
             let cfg = GptConfig::parse(&a.model)?;
+            super::preflight::host(&shape, &cfg, batch, cuda, optimizer == OptimizerKind::AdamW)?;
             (Params::init_gpt2(Arc::new(Layout::new(&cfg)), a.seed), None)
         }
     };
@@ -415,6 +421,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 if ranks > 1 { ", one GPU per rank" } else { "" }
             );
         }
+        super::preflight::device(&shape, &cfg, &dev, precision)?;
         braid_cuda::pool::reset_peak();
         let mut engine = GpuGpt::new(&dev, &params, batch, a.seq, precision, a.weight_decay)?;
         let defer = match (a.defer_layers, precision) {

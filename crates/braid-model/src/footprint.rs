@@ -1,0 +1,221 @@
+//! Memory pre-flight: the bytes a training run will allocate, part by
+//! part, computed from the model's shapes before anything is allocated,
+//! and the check of that estimate against what the machine has — so a
+//! model that will not fit is refused at the start, with the figures and
+//! what would fit, instead of dying midway with an out-of-memory abort.
+//!
+//! Sizes are `u128` so that no configuration, however absurd, overflows
+//! the arithmetic that is meant to refuse it.
+
+use crate::config::GptConfig;
+
+/// One part of a footprint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// What it is ("parameters", "activations", …).
+    pub name: &'static str,
+    /// Bytes.
+    pub bytes: u128,
+}
+
+/// What a run will allocate in one memory (host or one GPU).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Footprint {
+    /// The parts, largest first as built.
+    pub parts: Vec<Part>,
+}
+
+/// Bytes in GiB, for messages.
+pub fn gib(bytes: u128) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+impl Footprint {
+    /// The sum of the parts.
+    pub fn total(&self) -> u128 {
+        self.parts.iter().map(|p| p.bytes).sum()
+    }
+
+    /// The bytes of part `name` (0 if absent).
+    pub fn part(&self, name: &str) -> u128 {
+        self.parts
+            .iter()
+            .filter(|p| p.name == name)
+            .map(|p| p.bytes)
+            .sum()
+    }
+
+    /// `"parameters 1.00 GiB + gradients … = 9.00 GiB"`.
+    pub fn breakdown(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .filter(|p| p.bytes > 0)
+            .map(|p| format!("{} {:.2} GiB", p.name, gib(p.bytes)))
+            .collect();
+        format!("{} = {:.2} GiB", parts.join(" + "), gib(self.total()))
+    }
+}
+
+/// Parameters of `cfg`, without overflow.
+pub fn num_params(cfg: &GptConfig) -> u128 {
+    let c = cfg.n_embd as u128;
+    let block =
+        2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
+    cfg.vocab_size as u128 * c + cfg.context as u128 * c + cfg.n_layer as u128 * block + 2 * c
+}
+
+/// Elements of the CPU model's [`Activations`](crate::Activations) for
+/// batches of `b × t` (see `Activations::new`, which this mirrors; a test
+/// holds the two together).
+pub fn cpu_activation_elements(cfg: &GptConfig, b: usize, t: usize, checkpointing: bool) -> u128 {
+    let (b, t) = (b as u128, t as u128);
+    let (c, nh, l) = (cfg.n_embd as u128, cfg.n_head as u128, cfg.n_layer as u128);
+    let n = b * t;
+    let layer = 15 * n * c + 4 * n + b * nh * t * t;
+    let kept = if checkpointing { 1 } else { l };
+    let residual = (l + 1) * n * c;
+    let final_norm = n * c + 2 * n;
+    let losses = n;
+    let grads = n * c * (1 + 1 + 4 + 4 + 1 + 3 + 1) + n * c;
+    // The classifier's logits, one chunk of rows at a time.
+    let logits =
+        (crate::cpu::classifier::CHUNK_ROWS as u128).min(n.max(1)) * cfg.vocab_size as u128;
+    residual + kept * layer + final_norm + losses + grads + logits
+}
+
+/// What the CPU engine (f32) allocates to train `cfg` on batches of
+/// `b × t`: parameters, gradients, `optimizer_states` buffers of the
+/// parameters' size (AdamW 2, SGD with momentum 1) and activations.
+pub fn cpu_training(
+    cfg: &GptConfig,
+    b: usize,
+    t: usize,
+    checkpointing: bool,
+    optimizer_states: u32,
+) -> Footprint {
+    let p = 4 * num_params(cfg);
+    Footprint {
+        parts: vec![
+            Part {
+                name: "parameters",
+                bytes: p,
+            },
+            Part {
+                name: "gradients",
+                bytes: p,
+            },
+            Part {
+                name: "optimizer state",
+                bytes: optimizer_states as u128 * p,
+            },
+            Part {
+                name: "activations",
+                bytes: 4 * cpu_activation_elements(cfg, b, t, checkpointing),
+            },
+        ],
+    }
+}
+
+/// Bytes of host memory available to a new allocation (Linux's
+/// `MemAvailable`), or `None` where that is unknown.
+pub fn host_available() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The largest batch (sequences per rank) whose `footprint(batch)` fits in
+/// `capacity` bytes, if any does (searched from 1 up to `max`).
+pub fn largest_batch(
+    capacity: u128,
+    max: usize,
+    footprint: impl Fn(usize) -> Footprint,
+) -> Option<usize> {
+    if footprint(1).total() > capacity {
+        return None;
+    }
+    // The footprint grows with the batch: bisect.
+    let (mut lo, mut hi) = (1usize, max.max(1));
+    if footprint(hi).total() <= capacity {
+        return Some(hi);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if footprint(mid).total() <= capacity {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Activations, Layout};
+
+    #[test]
+    fn parameter_count_matches_the_config_and_does_not_overflow() {
+        for name in ["124M", "gpt2-xl", "L2-H2-C8-V32-T16"] {
+            let cfg = GptConfig::parse(name).unwrap();
+            assert_eq!(num_params(&cfg), cfg.num_params() as u128, "{name}");
+        }
+        let huge = GptConfig::parse("L99999-H64-C65536").unwrap();
+        assert!(num_params(&huge) > 5_000_000_000_000_000);
+    }
+
+    #[test]
+    fn cpu_activation_estimate_is_what_the_model_allocates() {
+        for name in ["L2-H2-C8-V32-T16", "L3-H4-C16-V300-T32"] {
+            let cfg = GptConfig::parse(name).unwrap();
+            let layout = Layout::new(&cfg);
+            for (b, t, ckpt) in [(2, 16, false), (3, 8, true), (1, 1, false)] {
+                let acts = Activations::<f32>::new(&layout, b, t, ckpt);
+                // The classifier sizes its chunk of logits at the first
+                // forward pass; count it as the estimate does.
+                let allocated = acts.elements() as u128
+                    + (crate::cpu::classifier::CHUNK_ROWS.min(b * t) * cfg.vocab_size) as u128;
+                assert_eq!(
+                    cpu_activation_elements(&cfg, b, t, ckpt),
+                    allocated,
+                    "{name} b {b} t {t} checkpointing {ckpt}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn breakdown_names_every_part_and_the_total() {
+        let cfg = GptConfig::parse("124M").unwrap();
+        let f = cpu_training(&cfg, 4, 64, false, 2);
+        let text = f.breakdown();
+        for part in [
+            "parameters",
+            "gradients",
+            "optimizer state",
+            "activations",
+            "= ",
+        ] {
+            assert!(text.contains(part), "{text}");
+        }
+        assert_eq!(f.part("parameters"), 4 * 124_439_808);
+        assert_eq!(f.part("optimizer state"), 8 * 124_439_808);
+    }
+
+    #[test]
+    fn largest_batch_bisects_to_the_last_that_fits() {
+        let f = |b: usize| Footprint {
+            parts: vec![Part {
+                name: "x",
+                bytes: 100 + 10 * b as u128,
+            }],
+        };
+        assert_eq!(largest_batch(100 + 10 * 37, 1000, f), Some(37));
+        assert_eq!(largest_batch(100 + 10 * 37 + 9, 1000, f), Some(37));
+        assert_eq!(largest_batch(105, 1000, f), None);
+        assert_eq!(largest_batch(1_000_000, 64, f), Some(64));
+    }
+}
