@@ -140,6 +140,13 @@ impl GptConfig {
         if self.vocab_size == 0 || self.context == 0 {
             return Err("vocabulary and context must be positive".into());
         }
+        // Bytes of every per-parameter buffer must stay addressable.
+        if self.params_u128() > (usize::MAX / 32) as u128 {
+            return Err(format!(
+                "{:.3e} parameters: more than any machine can address",
+                self.params_u128() as f64
+            ));
+        }
         Ok(())
     }
 
@@ -149,22 +156,41 @@ impl GptConfig {
     }
 
     /// Total number of parameters (the LM head is tied to the token
-    /// embedding, so it adds none).
+    /// embedding, so it adds none). Fits `usize` for every validated
+    /// configuration.
     pub fn num_params(&self) -> usize {
-        let c = self.n_embd;
+        self.params_u128() as usize
+    }
+
+    /// [`num_params`](Self::num_params) in arithmetic no configuration
+    /// overflows (validation uses it to refuse the impossible ones).
+    pub fn params_u128(&self) -> u128 {
+        let c = self.n_embd as u128;
         let block = 2 * c
             + (c * 3 * c + 3 * c)
             + (c * c + c)
             + 2 * c
             + (c * 4 * c + 4 * c)
             + (4 * c * c + c);
-        self.vocab_size * c + self.context * c + self.n_layer * block + 2 * c
+        self.vocab_size as u128 * c
+            + self.context as u128 * c
+            + self.n_layer as u128 * block
+            + 2 * c
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameter_counts_never_overflow_and_impossible_ones_are_refused() {
+        let huge = GptConfig::parse("L99999-H64-C65536").unwrap();
+        assert_eq!(huge.num_params() as u128, huge.params_u128());
+        assert!(huge.num_params() > 5_000_000_000_000_000);
+        let err = GptConfig::parse("L99999999-H64-C99999936").unwrap_err();
+        assert!(err.contains("more than any machine can address"), "{err}");
+    }
 
     #[test]
     fn gpt2_124m_has_its_published_parameter_count() {

@@ -5,7 +5,7 @@
 mod common;
 
 use braid_model::checkpoint;
-use common::{braid, max_diff, run, Finished, TempDir};
+use common::{braid, launch_sh, max_diff, run, Finished, TempDir};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -208,17 +208,7 @@ fn mismatched_and_impossible_setups_are_refused_at_start() {
     let script = format!(
         "L=2; [ $RANK = 1 ] && L=3; exec {exe} train --model L$L-H4-C64 --steps 5 --seq 32 --eval-every 0"
     );
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let cmd = launch_sh(2, &script);
     let f = run(cmd, Duration::from_secs(60));
     assert_ne!(f.code, Some(0), "{f:?}");
     assert!(

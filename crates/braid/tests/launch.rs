@@ -9,17 +9,7 @@ const LIMIT: Duration = Duration::from_secs(40);
 
 #[test]
 fn four_workers_get_torchrun_environment_and_prefixed_output() {
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        "echo $RANK/$WORLD_SIZE/$LOCAL_RANK",
-    ]);
+    let cmd = launch_sh(4, "echo $RANK/$WORLD_SIZE/$LOCAL_RANK");
     let f = run(cmd, LIMIT);
     assert_eq!(f.code, Some(0), "{f:?}");
     let mut lines: Vec<&str> = f.stdout.lines().collect();
@@ -118,17 +108,7 @@ fn killed_worker_stops_the_others_and_is_named() {
         &dir,
         "if [ $RANK = 2 ]; then sleep 0.5; echo 'rank two dying' >&2; kill -9 $$; fi;",
     );
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let cmd = launch_sh(4, &script);
     let f = run(cmd, LIMIT);
     assert_ne!(f.code, Some(0), "{f:?}");
     assert_eq!(f.code, Some(128 + 9), "{f:?}");
@@ -255,17 +235,7 @@ fn ctrl_c_is_forwarded_and_leaves_no_orphans() {
         "d={}; echo $$ > $d/pid.sh.$RANK; trap 'echo got INT; exit 0' INT; while :; do sleep 0.1; done",
         dir.path().display()
     );
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let cmd = launch_sh(2, &script);
     let running = start(cmd);
     wait_for_pids(&dir, 2, Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(200));
@@ -284,17 +254,7 @@ fn ctrl_c_is_forwarded_and_leaves_no_orphans() {
 fn sigterm_to_the_launcher_stops_everything() {
     let dir = TempDir::new("sigterm");
     let script = sleeper(&dir, "");
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "3",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let cmd = launch_sh(3, &script);
     let running = start(cmd);
     wait_for_pids(&dir, 6, Duration::from_secs(10));
     let launcher = nix::unistd::Pid::from_raw(running.child.id() as i32);

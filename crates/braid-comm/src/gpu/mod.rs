@@ -28,7 +28,7 @@ mod watchdog;
 mod work;
 
 pub use lane::Lane;
-pub use work::DeviceWork;
+pub use work::{poll_pause, DeviceWork};
 
 use crate::communicator::Communicator;
 use crate::debug::OpDesc;

@@ -17,6 +17,21 @@ use std::time::{Duration, Instant};
 /// How long a wait spins on its events before it yields, then sleeps.
 const SPIN: Duration = Duration::from_millis(100);
 
+/// What a host loop polling GPU events does between polls, `waited` into
+/// its wait: spin for a while (a training step's backward pass runs tens
+/// of ms after its reductions are queued; a sleeping host notices their
+/// end up to ~0.1 ms late and the GPU idles meanwhile), then yield, then
+/// sleep.
+pub fn poll_pause(waited: Duration) {
+    if waited < SPIN {
+        std::hint::spin_loop();
+    } else if waited < 2 * SPIN {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
 /// A GPU operation in flight. Dropping it without waiting orders the
 /// device's main stream after it (later copies and kernels see its result)
 /// without blocking the host.
@@ -141,18 +156,7 @@ impl<'a> DeviceWork<'a> {
                     return Err(self.timed_out());
                 }
             }
-            // Spin for a while (a training step's backward pass runs tens
-            // of ms after its reductions are queued; a sleeping host
-            // notices their end up to ~0.1 ms late and the GPU idles
-            // meanwhile), then yield, then sleep.
-            let waited = started.elapsed();
-            if waited < SPIN {
-                std::hint::spin_loop();
-            } else if waited < 2 * SPIN {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            poll_pause(started.elapsed());
         }
     }
 

@@ -29,12 +29,6 @@ use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-/// How long [`CopyEngineReduce::wait`] spins before it sleeps between
-/// polls: a sleeping host notices the end up to ~0.1 ms late and the
-/// optimizer waits for it, and the backward pass still runs for tens of
-/// ms when the wait begins.
-const SPIN: Duration = Duration::from_millis(200);
-
 fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
@@ -378,11 +372,7 @@ impl CopyEngineReduce {
                         return Err(format!("rank {}: {why}", self.rank));
                     }
                 }
-                if start.elapsed() < SPIN {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::sleep(Duration::from_micros(20));
-                }
+                braid_comm::gpu::poll_pause(start.elapsed());
             }
         }
         if let Some(t) = &mut self.trace {

@@ -31,7 +31,7 @@ pub fn host(
     let Some(avail) = footprint::host_available() else {
         return Ok(());
     };
-    let params = footprint::num_params(cfg);
+    let params = cfg.num_params() as u128;
     // AdamW keeps two moments, SGD with momentum one.
     let states = if adamw { 2 } else { 1 };
     let need = |b: usize, ckpt: bool| {
@@ -103,11 +103,11 @@ pub fn device(
     dev: &braid_cuda::Device,
     precision: Precision,
 ) -> Result<(), String> {
-    use braid_model::footprint::{self, gib};
+    use braid_model::footprint::gib;
     let Ok(capacity) = dev.total_memory() else {
         return Ok(());
     };
-    let params = footprint::num_params(cfg);
+    let params = cfg.num_params() as u128;
     let per: u128 = match precision {
         Precision::Bf16 => 18,
         _ => 16,

@@ -16,6 +16,15 @@ pub fn braid() -> Command {
     c
 }
 
+/// `braid launch --standalone --nproc-per-node N -- sh -c SCRIPT`.
+pub fn launch_sh(nproc: usize, script: &str) -> Command {
+    let mut cmd = braid();
+    cmd.args(["launch", "--standalone", "--nproc-per-node"])
+        .arg(nproc.to_string())
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
 /// An example program built alongside the tests.
 pub fn example(name: &str) -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_braid"));
@@ -183,17 +192,7 @@ pub fn kill_rank_one_of_two(
         "echo $$ > {d}/pid.$RANK; exec {exe} train {train_args}",
         d = dir.path().display()
     );
-    let mut cmd = braid();
-    cmd.args([
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let mut cmd = launch_sh(2, &script);
     for (k, v) in env {
         cmd.env(k, v);
     }
