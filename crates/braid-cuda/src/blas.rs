@@ -20,6 +20,21 @@ pub struct Blas {
 // (braid serialises calls per handle through `&mut self`/ownership).
 unsafe impl Send for Blas {}
 
+/// cuBLAS's dimensions, leading dimensions and batch counts are 32-bit:
+/// `vals` as `i32`, or an error naming the first that does not fit (a
+/// product that large must be split by the caller).
+fn dims<const N: usize>(call: &str, vals: [(&str, usize); N]) -> Result<[i32; N]> {
+    let mut out = [0i32; N];
+    for (o, (name, v)) in out.iter_mut().zip(vals) {
+        *o = i32::try_from(v).map_err(|_| {
+            CudaError::Invalid(format!(
+                "{call}: {name} = {v} exceeds cuBLAS's 32-bit dimensions (2^31 - 1)"
+            ))
+        })?;
+    }
+    Ok(out)
+}
+
 fn blas_err(call: &'static str) -> impl FnOnce(result::CublasError) -> CudaError {
     move |e| CudaError::Driver {
         call,
@@ -100,6 +115,16 @@ impl Blas {
         };
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
+        let [ni, mi, ki, ldbi, ldai] = dims(
+            "cublasSgemm",
+            [
+                ("n", n),
+                ("m", m),
+                ("k", k.max(1)),
+                ("ldb", ldb.max(1)),
+                ("lda", lda.max(1)),
+            ],
+        )?;
         // SAFETY: the handle is ours; sizes checked above; row-major C = A·B
         // is column-major Cᵀ = Bᵀ·Aᵀ, which is what the operands and
         // leading dimensions describe.
@@ -110,17 +135,17 @@ impl Blas {
                 self.handle,
                 op_b,
                 op_a,
-                n as i32,
-                m as i32,
-                k.max(1) as i32,
+                ni,
+                mi,
+                ki,
                 &alpha,
                 b.dptr() as *const f32,
-                ldb.max(1) as i32,
+                ldbi,
                 a.dptr() as *const f32,
-                lda.max(1) as i32,
+                ldai,
                 &beta,
                 dst.dptr() as *mut f32,
-                n as i32,
+                ni,
             )
             .map_err(blas_err("cublasSgemm"))
         }
@@ -182,6 +207,17 @@ impl Blas {
         };
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
+        let [ni, mi, ki, ldbi, ldai, bi] = dims(
+            "cublasSgemmStridedBatched",
+            [
+                ("n", n),
+                ("m", m),
+                ("k", k.max(1)),
+                ("ldb", ldb.max(1)),
+                ("lda", lda.max(1)),
+                ("batch", batch),
+            ],
+        )?;
         // SAFETY: as in `gemm_rm`; every batch entry was checked to lie
         // inside its buffer.
         unsafe {
@@ -191,21 +227,21 @@ impl Blas {
                 self.handle,
                 op_b,
                 op_a,
-                n as i32,
-                m as i32,
-                k.max(1) as i32,
+                ni,
+                mi,
+                ki,
                 &alpha,
                 (b.buf.dptr() + (b.offset * 4) as u64) as *const f32,
-                ldb.max(1) as i32,
+                ldbi,
                 b.stride as i64,
                 (a.buf.dptr() + (a.offset * 4) as u64) as *const f32,
-                lda.max(1) as i32,
+                ldai,
                 a.stride as i64,
                 &beta,
                 dst.dptr() as *mut f32,
-                n as i32,
+                ni,
                 dst_stride as i64,
-                batch as i32,
+                bi,
             )
             .map_err(blas_err("cublasSgemmStridedBatched"))
         }
@@ -342,6 +378,18 @@ impl Blas {
         };
         let algo = sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP;
         let (alpha, beta) = (g.alpha, g.beta);
+        let [ni, mi, ki, ldb, lda, ldc, bi] = dims(
+            "cublasGemmEx",
+            [
+                ("n", n),
+                ("m", m),
+                ("k", k),
+                ("ldb", g.b.ld),
+                ("lda", g.a.ld),
+                ("ldc", g.c.ld),
+                ("batch", g.batch),
+            ],
+        )?;
         // SAFETY: the handle is ours; every operand was checked to lie
         // inside its buffer; row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ,
         // so the operands are swapped.
@@ -355,20 +403,20 @@ impl Blas {
                     self.handle,
                     op(g.b.transposed),
                     op(g.a.transposed),
-                    n as i32,
-                    m as i32,
-                    k.max(1) as i32,
+                    ni,
+                    mi,
+                    ki,
                     &alpha as *const f32 as *const _,
                     pb,
                     g.b.cuda().expect("checked"),
-                    g.b.ld as i32,
+                    ldb,
                     pa,
                     g.a.cuda().expect("checked"),
-                    g.a.ld as i32,
+                    lda,
                     &beta as *const f32 as *const _,
                     pc,
                     g.c.cuda().expect("checked"),
-                    g.c.ld as i32,
+                    ldc,
                     compute,
                     algo,
                 )
@@ -378,24 +426,24 @@ impl Blas {
                     self.handle,
                     op(g.b.transposed),
                     op(g.a.transposed),
-                    n as i32,
-                    m as i32,
-                    k.max(1) as i32,
+                    ni,
+                    mi,
+                    ki,
                     &alpha as *const f32 as *const _,
                     pb,
                     g.b.cuda().expect("checked"),
-                    g.b.ld as i32,
+                    ldb,
                     g.b.stride as i64,
                     pa,
                     g.a.cuda().expect("checked"),
-                    g.a.ld as i32,
+                    lda,
                     g.a.stride as i64,
                     &beta as *const f32 as *const _,
                     pc,
                     g.c.cuda().expect("checked"),
-                    g.c.ld as i32,
+                    ldc,
                     g.c.stride as i64,
-                    g.batch as i32,
+                    bi,
                     compute,
                     algo,
                 )

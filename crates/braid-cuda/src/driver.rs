@@ -166,6 +166,15 @@ impl Device {
         unsafe { result::device::total_mem(self.inner.cu) }.map_err(driver("cuDeviceTotalMem"))
     }
 
+    /// Bytes of device memory free now (what this and every other process
+    /// have not taken), with this device's context bound.
+    pub fn free_memory(&self) -> Result<usize> {
+        self.bind()?;
+        result::mem_get_info()
+            .map(|(free, _)| free)
+            .map_err(driver("cuMemGetInfo"))
+    }
+
     /// The device's main stream (copies, and the stream collectives are
     /// ordered after).
     pub fn main_stream(&self) -> Stream {

@@ -247,6 +247,24 @@ pub enum KernelArg {
 }
 
 impl Function {
+    /// Lets launches of this kernel use up to `bytes` of dynamic shared
+    /// memory (above the default 48 KiB, up to what the GPU has per block).
+    pub fn set_max_dynamic_shared(&self, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        let value = i32::try_from(bytes)
+            .map_err(|_| CudaError::Invalid(format!("{bytes} bytes of shared memory")))?;
+        // SAFETY: a valid function handle of the bound context; the
+        // attribute takes an int.
+        unsafe {
+            dresult::function::set_function_attribute(
+                self.raw,
+                dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                value,
+            )
+        }
+        .map_err(driver("cuFuncSetAttribute"))
+    }
+
     /// Queues the kernel on `stream` with `args` in order.
     ///
     /// # Safety

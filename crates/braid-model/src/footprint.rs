@@ -109,6 +109,108 @@ pub fn cpu_training(
     }
 }
 
+/// Bytes of the mixed-precision GPU engine's activations and scratch
+/// (`cuda::model_mixed::GpuGptMixed` at batch `b × t`, with
+/// `deferred` layers deferring their weight gradients), as it allocates
+/// them: per layer the LayerNorm outputs and statistics, the attention's
+/// saved tensors (`qkv` and the log-sum-exp when `fused`, else per-head
+/// q, k, v and the T×T probabilities), its output, the f32 residual after
+/// attention and the MLP's pre-activation (its GELU is recomputed); the
+/// f32 residual stream; the logits; and the scratch the layers share.
+pub fn gpu_mixed_activation_bytes(
+    cfg: &GptConfig,
+    b: usize,
+    t: usize,
+    fused: bool,
+    deferred: usize,
+) -> u128 {
+    use crate::cuda::mixed::MixedKernels;
+    let (bu, tu) = (b as u128, t as u128);
+    let (c, nh, l, v) = (
+        cfg.n_embd as u128,
+        cfg.n_head as u128,
+        cfg.n_layer as u128,
+        cfg.vocab_size as u128,
+    );
+    let n = bu * tu;
+    let nc = n * c;
+    let vp = v.div_ceil(64) * 64;
+    let rows = bu * nh * tu;
+    let (attn_saved, attn_shared) = if fused {
+        (6 * nc + 4 * rows, 4 * rows)
+    } else {
+        (6 * nc + 2 * rows * tu, 4 * rows * tu + 8 * nc)
+    };
+    // ln1, atty, ln2 (bf16), resid2 (f32), fch (bf16, 4c), two pairs of
+    // f32 statistics.
+    let layer = 2 * nc + 2 * nc + 2 * nc + 4 * nc + 8 * nc + 16 * n + attn_saved;
+    let residual = 4 * nc * (l + 1);
+    let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
+    let pad = if vp == v { 0 } else { 6 * vp * c };
+    // qkv, gelu, dgelu, dresid (f32), dresid_bf, dln, datty.
+    let scratch = 6 * nc + 8 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc + 2 * nc;
+    let (nn, cc) = (n as usize, c as usize);
+    let partial = MixedKernels::partial_len(nn, 4 * cc, 1)
+        .max(MixedKernels::partial_len(nn, cc, 3))
+        .max(MixedKernels::gelu_partial_len(nn, 4 * cc)) as u128
+        * 4;
+    // Tokens, targets and the embedding backward's bucket order (i32).
+    let batch = 4 * (3 * n + v + 1);
+    l * layer
+        + residual
+        + head
+        + pad
+        + attn_shared
+        + scratch
+        + partial
+        + batch
+        + 26 * nc * deferred as u128
+}
+
+/// The GPU engine's memory by part: model states (f32 parameters,
+/// gradients and AdamW's two moments, plus the bf16 copy when `mixed`)
+/// and activations. f32 runs (`mixed` false) take the CPU engine's
+/// activation count in f32 as their estimate.
+pub fn gpu_training(
+    cfg: &GptConfig,
+    b: usize,
+    t: usize,
+    mixed: bool,
+    fused_attention: bool,
+    deferred: usize,
+) -> Footprint {
+    let params = cfg.num_params() as u128;
+    let mut parts = vec![
+        Part {
+            name: "parameters",
+            bytes: 4 * params,
+        },
+        Part {
+            name: "gradients",
+            bytes: 4 * params,
+        },
+        Part {
+            name: "optimizer state",
+            bytes: 8 * params,
+        },
+    ];
+    if mixed {
+        parts.push(Part {
+            name: "bf16 weights",
+            bytes: 2 * params,
+        });
+    }
+    parts.push(Part {
+        name: "activations",
+        bytes: if mixed {
+            gpu_mixed_activation_bytes(cfg, b, t, fused_attention, deferred)
+        } else {
+            4 * cpu_activation_elements(cfg, b, t, false)
+        },
+    });
+    Footprint { parts }
+}
+
 /// Bytes of host memory available to a new allocation (Linux's
 /// `MemAvailable`), or `None` where that is unknown.
 pub fn host_available() -> Option<u128> {

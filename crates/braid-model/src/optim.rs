@@ -246,6 +246,35 @@ mod tests {
         assert!((p.data[w] - want).abs() < 1e-6);
     }
 
+    /// The CPU optimizers address the flat buffer through `decay_mask`'s
+    /// ranges and usize slices of them; nothing narrows to 32 bits. Here
+    /// the ranges of a 2.65B model (past 2^31 elements) are checked
+    /// without the buffers: AdamW's state for it would take 42 GB, more
+    /// than CI has, so the per-element loops past 2^31 run only on the
+    /// GPU test of the same sizes (`gpu_large.rs`).
+    #[test]
+    fn decay_ranges_past_2_31_elements_cover_the_buffer_in_order() {
+        let cfg = GptConfig::parse("L32-H32-C2560-V50304-T1024").unwrap();
+        let l = Layout::new(&cfg);
+        assert_eq!(l.len as u128, cfg.params_u128());
+        assert!(l.len > 1 << 31, "{} elements", l.len);
+        let mask = decay_mask(&l);
+        let mut at = 0usize;
+        for ((r, decays), spec) in mask.iter().zip(&l.params) {
+            assert_eq!(r.start, at, "{} starts where the previous ended", spec.name);
+            assert_eq!(*decays, spec.kind.decays());
+            at = r.end;
+        }
+        assert_eq!(at, l.len);
+        // The tensor across 2^31 and the last one sit where the shapes say.
+        let e = 1usize << 31;
+        let across = l.params.iter().find(|p| p.range().contains(&e)).unwrap();
+        let r = across.range();
+        assert_eq!(r.len(), across.shape.iter().product::<usize>());
+        let last = l.get("ln_f.bias").unwrap().range();
+        assert_eq!(last, l.len - 2560..l.len);
+    }
+
     #[test]
     fn clipping_and_schedule() {
         let mut g = vec![3.0f32, 4.0];

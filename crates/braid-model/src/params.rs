@@ -6,6 +6,9 @@ use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
+/// Elements per independently seeded chunk of [`Params::init_gpt2`].
+pub const INIT_CHUNK: usize = 1 << 20;
+
 /// One flat buffer laid out by a [`Layout`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
@@ -25,22 +28,38 @@ impl Params {
     /// GPT-2's initialisation from `seed`: weights and embeddings
     /// N(0, 0.02²), output projections N(0, (0.02/√(2L))²), biases 0,
     /// LayerNorm gains 1.
+    ///
+    /// Each tensor is drawn in chunks of [`INIT_CHUNK`] elements, chunk `k`
+    /// of tensor `i` from its own stream seeded by `(seed, i, k)`, in
+    /// parallel: the values do not depend on the thread count, and a 2.65B
+    /// model initialises in seconds rather than a minute.
     pub fn init_gpt2(layout: Arc<Layout>, seed: u64) -> Params {
+        use rayon::prelude::*;
         let mut p = Params::zeros(layout.clone());
-        let mut rng = Rng::new(seed);
         let resid_std = 0.02 / (2.0 * layout.config.n_layer as f64).sqrt();
-        for spec in &layout.params {
+        let base = Rng::new(seed).next_u64();
+        for (i, spec) in layout.params.iter().enumerate() {
             let slot = &mut p.data[spec.range()];
-            match spec.kind {
-                Kind::Embedding | Kind::Weight => slot
-                    .iter_mut()
-                    .for_each(|x| *x = (rng.normal() * 0.02) as f32),
-                Kind::ResidualWeight => slot
-                    .iter_mut()
-                    .for_each(|x| *x = (rng.normal() * resid_std) as f32),
-                Kind::NormWeight => slot.fill(1.0),
-                Kind::Bias | Kind::NormBias => slot.fill(0.0),
-            }
+            let std = match spec.kind {
+                Kind::Embedding | Kind::Weight => 0.02,
+                Kind::ResidualWeight => resid_std,
+                Kind::NormWeight => {
+                    slot.fill(1.0);
+                    continue;
+                }
+                Kind::Bias | Kind::NormBias => {
+                    slot.fill(0.0);
+                    continue;
+                }
+            };
+            slot.par_chunks_mut(INIT_CHUNK)
+                .enumerate()
+                .for_each(|(k, chunk)| {
+                    let mut rng = Rng::new(base ^ ((i as u64) << 40) ^ k as u64);
+                    chunk
+                        .iter_mut()
+                        .for_each(|x| *x = (rng.normal() * std) as f32);
+                });
         }
         p
     }

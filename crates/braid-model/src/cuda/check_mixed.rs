@@ -186,12 +186,24 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     let mut gdh = up_bf(device, &dh)?;
     let mut gdb = DeviceBuffer::<f32>::zeros(device, 4 * c)?;
-    mk.gelu_backward_bias(&s, &mut gdh, &gpre, &mut gdb, &mut partial, n, 4 * c)?;
+    let mut regelu = DeviceBuffer::<bf16>::zeros(device, h.len())?;
+    mk.gelu_backward_bias(
+        &s,
+        &mut gdh,
+        &gpre,
+        &mut gdb,
+        &mut partial,
+        Some(&mut regelu),
+        n,
+        4 * c,
+    )?;
     s.synchronize()?;
     out.push(check(
-        "gelu_backward + bias grad (bf16)",
+        "gelu_backward + bias grad + recomputed gelu (bf16)",
         format!("N={n} C={}", 4 * c),
-        rel_err(&down_bf(&gdh)?, &cdh).max(rel_err(&gdb.to_vec()?, &cdb)),
+        rel_err(&down_bf(&gdh)?, &cdh)
+            .max(rel_err(&gdb.to_vec()?, &cdb))
+            .max(rel_err(&down_bf(&regelu)?, &cg)),
         BF16_OUT,
     ));
 
@@ -306,6 +318,10 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
             shape(2, 200, 128, 2),
             shape(1, 64, 64, 4),
             shape(3, 72, 96, 3),
+            // The wider heads of the billion-parameter models.
+            shape(2, 136, 160, 2),
+            shape(1, 100, 192, 2),
+            shape(2, 72, 256, 2),
         ] {
             out.extend(attention_checks(
                 device,

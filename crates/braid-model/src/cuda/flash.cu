@@ -179,9 +179,10 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---- forward --------------------------------------------------------------
 // grid (B*NH, ceil(T/64)); lse [B*NH, T] in log2 units of the scaled scores.
 template <int HS>
-__device__ void flash_forward(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+__device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float* lse,
+                              const bf16* qkv, int T, int NH, float sl2) {
     constexpr int LD = HS + PAD, NT = HS / 8;
-    __shared__ __align__(16) bf16 sm[2][2][BLK * LD];  // [stage][K, V]; Q parks in stage 1
+    // sm: [stage][K, V]; Q parks in stage 1.
     // grid (B*NH, row blocks): all heads' longest row blocks first.
     int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
     int b = bh / NH, h = bh % NH, C = NH * HS;
@@ -430,36 +431,54 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
     store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
 }
 
+// Shared memory is dynamic (head sizes above 64 need more than the
+// 48 KiB a static allocation may take): the launcher passes
+// `flash_smem_bytes` of the entry, and raises the kernel's limit.
+// Two stages of two padded 64-row tiles.
+template <int HS>
+__device__ __forceinline__ bf16 (*tiles())[2][BLK * (HS + PAD)] {
+    extern __shared__ __align__(16) unsigned char flash_smem[];
+    return (bf16 (*)[2][BLK * (HS + PAD)])flash_smem;
+}
+
+template <int HS>
+__device__ void flash_forward_entry(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+    flash_forward<HS>(tiles<HS>(), out, lse, qkv, T, NH, sl2);
+}
+
 // The backward kernels' grids are (B*NH, row blocks), rank y = 0 the
-// longest walk, so blocks go out longest first across all heads.
+// longest walk, so blocks go out longest first across all heads. dK/dV
+// keeps the rows' lse and dsum after the tiles.
 template <int HS>
 __device__ void flash_dkdv_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
                                  const float* dsum, int T, int NH, float sl2, float scale) {
-    __shared__ __align__(16) bf16 sm[2][2][BLK * (HS + PAD)];
-    __shared__ float sL[2][BLK], sD[2][BLK];
+    bf16 (*sm)[2][BLK * (HS + PAD)] = tiles<HS>();
+    float(*sL)[BLK] = (float(*)[BLK])(sm + 2);
+    float(*sD)[BLK] = sL + 2;
     flash_dkdv<HS>(blockIdx.y, blockIdx.x, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);
 }
 
 template <int HS>
 __device__ void flash_dq_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
                                const float* dsum, int T, int NH, float sl2, float scale) {
-    __shared__ __align__(16) bf16 sm[2][2][BLK * (HS + PAD)];
     int nb = (T + BLK - 1) / BLK;
-    flash_dq<HS>(nb - 1 - blockIdx.y, blockIdx.x, sm, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);
+    flash_dq<HS>(nb - 1 - blockIdx.y, blockIdx.x, tiles<HS>(), dqkv, qkv, dout, lse, dsum, T, NH,
+                 sl2, scale);
 }
 
-// Entry points per head size (the shared-memory tiles fit the 48 KiB
-// static limit up to a head size of 64).
-#define FLASH_ENTRIES(HS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS, 4) flash_forward_##HS(                    \
+// Entry points per head size, with the blocks per SM the register
+// budget is planned for (forward, dK/dV): wider heads hold wider
+// accumulators and fragments per thread, so fewer blocks.
+#define FLASH_ENTRIES(HS, FWD_BLOCKS, DKDV_BLOCKS)                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, FWD_BLOCKS) flash_forward_##HS(        \
         bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                      \
-        flash_forward<HS>(out, lse, qkv, T, NH, sl2);                                            \
+        flash_forward_entry<HS>(out, lse, qkv, T, NH, sl2);                                      \
     }                                                                                            \
     extern "C" __global__ void flash_dsum_##HS(float* dsum, const bf16* dout, const bf16* out,   \
                                                int B, int T, int NH) {                           \
         flash_dsum<HS>(dsum, dout, out, B, T, NH);                                               \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS, 3) flash_dkdv_##HS(                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, DKDV_BLOCKS) flash_dkdv_##HS(          \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
         int T, int NH, float sl2, float scale) {                                                 \
         flash_dkdv_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                     \
@@ -470,9 +489,12 @@ __device__ void flash_dq_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, co
         flash_dq_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                       \
     }
 
-FLASH_ENTRIES(16)
-FLASH_ENTRIES(32)
-FLASH_ENTRIES(64)
+FLASH_ENTRIES(16, 4, 3)
+FLASH_ENTRIES(32, 4, 3)
+FLASH_ENTRIES(64, 4, 3)
+FLASH_ENTRIES(80, 3, 2)
+FLASH_ENTRIES(96, 2, 2)
+FLASH_ENTRIES(128, 2, 2)
 
 // dst [N, 3C] (bf16) = src + bias [3C] (f32), 8 values per thread (may be in place).
 extern "C" __global__ void add_bias_bf(bf16* dst, const bf16* src, const float* bias, int N, int C3) {

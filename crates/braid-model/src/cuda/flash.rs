@@ -17,8 +17,21 @@ const TILE: usize = 64;
 /// Threads per block: four warps of 16 rows.
 const THREADS: u32 = 128;
 
+/// Dynamic shared memory of the forward and dQ kernels at head size
+/// `hs`: two stages of two 64-row tiles padded by 8 values.
+fn tile_bytes(hs: usize) -> usize {
+    2 * 2 * TILE * (hs + 8) * 2
+}
+
+/// ... and of the dK/dV kernel: the tiles plus two stages of the rows'
+/// log-sum-exp and row sums.
+fn dkdv_bytes(hs: usize) -> usize {
+    tile_bytes(hs) + 2 * 2 * TILE * 4
+}
+
 /// The kernels of one head size.
 struct HeadKernels {
+    hs: usize,
     forward: Function,
     dsum: Function,
     dkdv: Function,
@@ -43,7 +56,7 @@ fn need(what: &str, have: usize, want: usize) -> Result<()> {
 
 impl FlashKernels {
     /// Head sizes with fused kernels.
-    pub const HEAD_SIZES: [usize; 3] = [16, 32, 64];
+    pub const HEAD_SIZES: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
     /// Compiles (through the cache) and loads the kernels, or `None` on a
     /// GPU older than compute capability 8.0.
@@ -55,15 +68,17 @@ impl FlashKernels {
         let mut heads = Vec::new();
         for hs in Self::HEAD_SIZES {
             let f = |n: &str| module.function(&format!("{n}_{hs}"));
-            heads.push((
+            let k = HeadKernels {
                 hs,
-                HeadKernels {
-                    forward: f("flash_forward")?,
-                    dsum: f("flash_dsum")?,
-                    dkdv: f("flash_dkdv")?,
-                    dq: f("flash_dq")?,
-                },
-            ));
+                forward: f("flash_forward")?,
+                dsum: f("flash_dsum")?,
+                dkdv: f("flash_dkdv")?,
+                dq: f("flash_dq")?,
+            };
+            k.forward.set_max_dynamic_shared(tile_bytes(hs))?;
+            k.dq.set_max_dynamic_shared(tile_bytes(hs))?;
+            k.dkdv.set_max_dynamic_shared(dkdv_bytes(hs))?;
+            heads.push((hs, k));
         }
         Ok(Some(FlashKernels {
             add_bias: module.function("add_bias_bf")?,
@@ -118,7 +133,7 @@ impl FlashKernels {
         n: usize,
         c3: usize,
     ) -> Result<()> {
-        if c3 % 8 != 0 || n * c3 > i32::MAX as usize * 8 {
+        if c3 % 8 != 0 {
             return Err(CudaError::Invalid(format!(
                 "add_bias: row width {c3} must be a multiple of 8 ({n} rows)"
             )));
@@ -160,7 +175,8 @@ impl FlashKernels {
             A::I(s.nh as i32),
             A::F(sl2),
         ];
-        MixedKernels::go(&k.forward, st, Self::grid(s), (THREADS, 1, 1), args)
+        let shared = tile_bytes(k.hs) as u32;
+        MixedKernels::go_shared(&k.forward, st, Self::grid(s), (THREADS, 1, 1), shared, args)
     }
 
     /// `dqkv[B,T,3C]` (overwritten) from `dout[B,T,C]`, with the forward
@@ -198,7 +214,7 @@ impl FlashKernels {
         ];
         let blocks = heads.div_ceil(256).max(1) as u32;
         MixedKernels::go(&k.dsum, st, (blocks, 1, 1), (256, 1, 1), args)?;
-        for f in [&k.dkdv, &k.dq] {
+        for (f, shared) in [(&k.dkdv, dkdv_bytes(k.hs)), (&k.dq, tile_bytes(k.hs))] {
             let args = vec![
                 A::P(dqkv.dptr()),
                 A::P(qkv.dptr()),
@@ -210,7 +226,8 @@ impl FlashKernels {
                 A::F(sl2),
                 A::F(scale),
             ];
-            MixedKernels::go(f, st, Self::grid(s), (THREADS, 1, 1), args)?;
+            let grid = Self::grid(s);
+            MixedKernels::go_shared(f, st, grid, (THREADS, 1, 1), shared as u32, args)?;
         }
         Ok(())
     }

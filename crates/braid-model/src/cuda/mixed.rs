@@ -23,16 +23,32 @@ const GELU_ROWS_PER_BLOCK: usize = 128;
 /// Rows per block of the fused LayerNorm backward (one partial row each).
 const LN_ROWS_PER_BLOCK: usize = 32;
 
-/// The largest element count the 32-bit-indexed kernels take.
+/// The largest element count one launch of a 32-bit-indexed kernel
+/// (`residual_bias`, `bias_gelu_bf`) takes; larger buffers go in row
+/// chunks below it. Chunking costs nothing (one more launch per 2^31
+/// elements) where 64-bit indices would cost a 64-bit `% C` per element.
 const MAX_I32: usize = i32::MAX as usize;
 
-fn fits_i32(what: &str, n: usize) -> Result<()> {
-    if n > MAX_I32 {
+/// The largest grid.y (and grid.z) CUDA launches take.
+const MAX_GRID_Y: usize = 65535;
+
+/// Checks that `chunks` row chunks fit in grid.y: past that a column
+/// reduction would need more than 65535 × `rows` rows (tokens) per GPU.
+fn grid_y(what: &str, chunks: usize, rows: usize) -> Result<u32> {
+    if chunks > MAX_GRID_Y {
         return Err(CudaError::Invalid(format!(
-            "{what}: {n} elements exceed the kernels' 32-bit indexing (use a smaller batch)"
+            "{what}: {} rows need {chunks} row chunks of {rows}, more than a launch's {MAX_GRID_Y} \
+             (use fewer tokens per GPU: a smaller batch or sequence)",
+            chunks * rows
         )));
     }
-    Ok(())
+    Ok(chunks.max(1) as u32)
+}
+
+/// Rows per launch for a kernel that indexes `rows × c` elements in 32
+/// bits: at least one row, at most `MAX_I32` elements.
+fn rows_per_launch(c: usize) -> usize {
+    (MAX_I32 / c.max(1)).max(1)
 }
 
 /// A kernel argument.
@@ -72,8 +88,19 @@ fn even(what: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn blocks(n: usize, per: usize) -> (u32, u32, u32) {
-    (n.div_ceil(per).max(1) as u32, 1, 1)
+/// A launch's grid or block dimensions.
+type Dim3 = (u32, u32, u32);
+
+/// A 1-D grid of `ceil(n / per)` blocks (grid.x takes up to 2^31 - 1, so
+/// 256-thread blocks cover 5.5 × 10^11 elements).
+fn blocks(n: usize, per: usize) -> Result<Dim3> {
+    let b = n.div_ceil(per).max(1);
+    match u32::try_from(b) {
+        Ok(x) if x <= i32::MAX as u32 => Ok((x, 1, 1)),
+        _ => Err(CudaError::Invalid(format!(
+            "{n} elements need {b} blocks, more than a launch's 2^31 - 1"
+        ))),
+    }
 }
 
 /// The loaded mixed-precision kernels of one device.
@@ -99,6 +126,7 @@ pub struct MixedKernels {
     pub(crate) softmax_backward: Function,
     softmax_cross_entropy: Function,
     adamw_multi: Function,
+    adamw_multi4: Function,
     /// The fused attention kernels, where the GPU has bf16 tensor cores.
     pub(crate) flash: Option<FlashKernels>,
 }
@@ -132,6 +160,7 @@ impl MixedKernels {
             softmax_backward: f("softmax_causal_backward_bf")?,
             softmax_cross_entropy: f("softmax_cross_entropy_bf")?,
             adamw_multi: f("adamw_multi")?,
+            adamw_multi4: f("adamw_multi4")?,
             flash: FlashKernels::load(device)?,
             _module: module,
         })
@@ -140,28 +169,35 @@ impl MixedKernels {
     pub(crate) fn go(
         f: &Function,
         s: &Stream,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
+        grid: Dim3,
+        block: Dim3,
+        args: Vec<A>,
+    ) -> Result<()> {
+        Self::go_shared(f, s, grid, block, 0, args)
+    }
+
+    /// [`Self::go`] with `shared` bytes of dynamic shared memory.
+    pub(crate) fn go_shared(
+        f: &Function,
+        s: &Stream,
+        grid: Dim3,
+        block: Dim3,
+        shared: u32,
         mut args: Vec<A>,
     ) -> Result<()> {
         let mut p = ptrs(&mut args);
         // SAFETY: every launcher passes the kernel's parameters in order,
-        // with buffers checked against the shape; cuLaunchKernel copies
-        // the argument values before returning.
-        unsafe { f.launch(grid, block, 0, s, &mut p) }
+        // with buffers checked against the shape (and the shared memory
+        // its kernel declares); cuLaunchKernel copies the argument values
+        // before returning.
+        unsafe { f.launch(grid, block, shared, s, &mut p) }
     }
 
     /// A column reduction's grid: 32-column tiles × row chunks, blocks of
     /// 32 × 8 threads.
-    fn column_grid(n: usize, c: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
-        (
-            (
-                c.div_ceil(32) as u32,
-                n.div_ceil(ROWS_PER_BLOCK).max(1) as u32,
-                1,
-            ),
-            (32, 8, 1),
-        )
+    fn column_grid(what: &str, n: usize, c: usize) -> Result<(Dim3, Dim3)> {
+        let chunks = grid_y(what, n.div_ceil(ROWS_PER_BLOCK), ROWS_PER_BLOCK)?;
+        Ok(((c.div_ceil(32) as u32, chunks, 1), (32, 8, 1)))
     }
 
     pub(crate) fn elementwise(
@@ -171,12 +207,11 @@ impl MixedKernels {
         total: usize,
         args: Vec<A>,
     ) -> Result<()> {
-        fits_i32("elementwise kernel", total)?;
-        Self::go(f, s, blocks(total, BLOCK as usize), (BLOCK, 1, 1), args)
+        Self::go(f, s, blocks(total, BLOCK as usize)?, (BLOCK, 1, 1), args)
     }
 
     pub(crate) fn rows(&self, f: &Function, s: &Stream, rows: usize, args: Vec<A>) -> Result<()> {
-        Self::go(f, s, blocks(rows, WARPS), (BLOCK, 1, 1), args)
+        Self::go(f, s, blocks(rows, WARPS)?, (BLOCK, 1, 1), args)
     }
 
     /// `out` (bf16) = LayerNorm of the f32 rows of `inp`; mean and rstd kept.
@@ -255,7 +290,6 @@ impl MixedKernels {
         if let Some(d) = &dnext {
             need("layernorm next bias grad", d.dlen(), c)?;
         }
-        fits_i32("layernorm", n * c)?;
         need(
             "layernorm partials",
             partial.dlen(),
@@ -292,7 +326,7 @@ impl MixedKernels {
             A::I(c as i32),
             A::I(ROWS_PER_BLOCK as i32),
         ];
-        let (grid, block) = Self::column_grid(n, c);
+        let (grid, block) = Self::column_grid("layernorm backward", n, c)?;
         Self::go(&self.ln_param_partial, s, grid, block, args)?;
         self.sum_partials(s, [dw.dptr(), db.dptr(), 0], partial, nblocks, c)?;
         if let Some(d) = dnext {
@@ -388,7 +422,7 @@ impl MixedKernels {
             A::I(c as i32),
             A::I(ROWS_PER_BLOCK as i32),
         ];
-        let (grid, block) = Self::column_grid(n, c);
+        let (grid, block) = Self::column_grid("bias backward", n, c)?;
         Self::go(f, s, grid, block, args)?;
         self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c)
     }
@@ -405,14 +439,20 @@ impl MixedKernels {
     ) -> Result<()> {
         need("residual", out.dlen().min(x.dlen()), n * c)?;
         need("residual bias", bias.dlen(), c)?;
-        let args = vec![
-            A::P(out.dptr()),
-            A::P(x.dptr()),
-            A::P(bias.dptr()),
-            A::I((n * c).min(MAX_I32) as i32),
-            A::I(c as i32),
-        ];
-        self.elementwise(&self.residual_bias, s, n * c, args)
+        let per = rows_per_launch(c);
+        for r0 in (0..n).step_by(per) {
+            let rows = per.min(n - r0);
+            let at = (r0 * c * 4) as u64;
+            let args = vec![
+                A::P(out.dptr() + at),
+                A::P(x.dptr() + at),
+                A::P(bias.dptr()),
+                A::I((rows * c) as i32),
+                A::I(c as i32),
+            ];
+            self.elementwise(&self.residual_bias, s, rows * c, args)?;
+        }
+        Ok(())
     }
 
     /// `pre += bias` (bf16, in place) and `out = gelu(pre)`.
@@ -427,20 +467,26 @@ impl MixedKernels {
     ) -> Result<()> {
         need("bias_gelu", pre.dlen().min(out.dlen()), n * c)?;
         need("bias_gelu bias", bias.dlen(), c)?;
-        let args = vec![
-            A::P(pre.dptr()),
-            A::P(out.dptr()),
-            A::P(bias.dptr()),
-            A::I((n * c).min(MAX_I32) as i32),
-            A::I(c as i32),
-        ];
         even("bias_gelu", c)?;
-        fits_i32("bias_gelu", n * c)?;
-        self.elementwise(&self.bias_gelu, s, n * c / 2, args)
+        let per = rows_per_launch(c);
+        for r0 in (0..n).step_by(per) {
+            let rows = per.min(n - r0);
+            let at = (r0 * c * 2) as u64;
+            let args = vec![
+                A::P(pre.dptr() + at),
+                A::P(out.dptr() + at),
+                A::P(bias.dptr()),
+                A::I((rows * c) as i32),
+                A::I(c as i32),
+            ];
+            self.elementwise(&self.bias_gelu, s, rows * c / 2, args)?;
+        }
+        Ok(())
     }
 
     /// `dx *= gelu'(pre)` (bf16, in place, `n` rows of `c`) and `dbias +=`
-    /// the column sums of the result, in a fixed order.
+    /// the column sums of the result, in a fixed order; with `out`, also
+    /// `out = gelu(pre)` (the activation recomputed, not kept).
     #[allow(clippy::too_many_arguments)]
     pub fn gelu_backward_bias(
         &self,
@@ -449,28 +495,37 @@ impl MixedKernels {
         pre: &impl DeviceMem<bf16>,
         dbias: &mut impl DeviceMem<f32>,
         partial: &mut impl DeviceMem<f32>,
+        out: Option<&mut dyn DeviceMem<bf16>>,
         n: usize,
         c: usize,
     ) -> Result<()> {
         need("gelu backward", dx.dlen().min(pre.dlen()), n * c)?;
+        let out = match out {
+            Some(o) => {
+                need("gelu backward activation", o.dlen(), n * c)?;
+                o.dptr()
+            }
+            None => 0,
+        };
         need("gelu backward bias grad", dbias.dlen(), c)?;
-        fits_i32("gelu backward", n * c)?;
         if c % 8 != 0 {
             return Err(CudaError::Invalid(format!(
                 "gelu backward: width {c} is not a multiple of 8"
             )));
         }
         let chunks = n.div_ceil(GELU_ROWS_PER_BLOCK).max(1);
+        let grid_rows = grid_y("gelu backward", chunks, GELU_ROWS_PER_BLOCK)?;
         need("gelu backward partials", partial.dlen(), chunks * c)?;
         let args = vec![
             A::P(dx.dptr()),
             A::P(pre.dptr()),
             A::P(partial.dptr()),
+            A::P(out),
             A::I(n as i32),
             A::I(c as i32),
             A::I(GELU_ROWS_PER_BLOCK as i32),
         ];
-        let grid = (c.div_ceil(256) as u32, chunks as u32, 1);
+        let grid = (c.div_ceil(256) as u32, grid_rows, 1);
         Self::go(&self.gelu_backward_bias, s, grid, (256, 1, 1), args)?;
         self.sum_partials(s, [dbias.dptr(), 0, 0], partial, chunks, c)
     }
@@ -573,7 +628,17 @@ impl MixedKernels {
             A::F(h.eps),
             A::F(h.grad_scale),
         ];
-        self.elementwise(&self.adamw_multi, s, n, args)
+        // Four elements per thread where every buffer allows 16-byte
+        // accesses (the flat buffers always do; views may not).
+        let aligned = [p.dptr(), g.dptr(), m.dptr(), v.dptr()]
+            .iter()
+            .all(|a| a % 16 == 0)
+            && pbp % 8 == 0;
+        if aligned {
+            self.elementwise(&self.adamw_multi4, s, n.div_ceil(4), args)
+        } else {
+            self.elementwise(&self.adamw_multi, s, n, args)
+        }
     }
 }
 
@@ -606,8 +671,7 @@ impl AdamSegments {
     /// Segments of `layout`, decay `weight_decay` where the tensor's kind
     /// decays (matrices, embeddings) and none elsewhere.
     pub fn new(device: &Device, layout: &crate::layout::Layout, weight_decay: f32) -> Result<Self> {
-        let mut ends = Vec::new();
-        let mut decay = Vec::new();
+        let mut segs = Vec::new();
         let mut at = 0usize;
         for spec in &layout.params {
             let r = spec.range();
@@ -618,17 +682,30 @@ impl AdamSegments {
                 )));
             }
             at = r.end;
-            ends.push(r.end as i64);
-            decay.push(if spec.kind.decays() {
+            let decay = if spec.kind.decays() {
                 weight_decay
             } else {
                 0.0
-            });
+            };
+            segs.push((r.end, decay));
         }
+        Self::from_ends(device, &segs)
+    }
+
+    /// Segments given as (end, weight decay), ends increasing; the last
+    /// end is the buffer's length.
+    pub fn from_ends(device: &Device, segs: &[(usize, f32)]) -> Result<Self> {
+        if segs.windows(2).any(|w| w[1].0 <= w[0].0) || segs.first().is_some_and(|s| s.0 == 0) {
+            return Err(CudaError::Invalid(
+                "adamw segments: ends must increase from above 0".into(),
+            ));
+        }
+        let ends: Vec<i64> = segs.iter().map(|s| s.0 as i64).collect();
+        let decay: Vec<f32> = segs.iter().map(|s| s.1).collect();
         Ok(AdamSegments {
             ends: braid_cuda::DeviceBuffer::from_host(device, &ends)?,
             decay: braid_cuda::DeviceBuffer::from_host(device, &decay)?,
-            total: at,
+            total: segs.last().map_or(0, |s| s.0),
         })
     }
 }

@@ -195,6 +195,17 @@ pub fn check_shape(s: AttnShape, path: AttnPath) -> Result<()> {
             s.c, s.nh, s.t
         )));
     }
+    // The permutes number their groups of 8 elements in 32 bits (the
+    // fused path has no such limit).
+    let groups = s.b * s.t * s.c / 8;
+    if groups > i32::MAX as usize {
+        return Err(CudaError::Invalid(format!(
+            "batched attention: {} tokens of width {} exceed its 32-bit indexing \
+             (2^34 elements); use a smaller batch",
+            s.b * s.t,
+            s.c
+        )));
+    }
     Ok(())
 }
 

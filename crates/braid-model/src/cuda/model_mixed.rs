@@ -38,10 +38,10 @@ struct LayerSaved {
     ln2: DeviceBuffer<bf16>,
     ln2_mean: DeviceBuffer<f32>,
     ln2_rstd: DeviceBuffer<f32>,
-    /// The MLP's pre-activation (bias included).
+    /// The MLP's pre-activation (bias included). Its GELU is not kept:
+    /// the backward pass recomputes it (one write in the pass that reads
+    /// `fch` anyway), saving 8 bytes per token and width of every layer.
     fch: DeviceBuffer<bf16>,
-    /// Its GELU.
-    gelu: DeviceBuffer<bf16>,
 }
 
 /// Row-major `c[m,n] = a · b + beta · c` through cuBLAS.
@@ -213,6 +213,8 @@ impl WeightGrads {
 /// instead of ending the backward pass exposed). Swapped with the model's
 /// scratch buffers, never copied.
 struct DeferredDy {
+    /// The MLP's recomputed GELU (the output projection's input).
+    gelu: DeviceBuffer<bf16>,
     fcproj: DeviceBuffer<bf16>,
     fc: DeviceBuffer<bf16>,
     proj: DeviceBuffer<bf16>,
@@ -262,10 +264,11 @@ pub struct GpuGptMixed {
     /// products run over `vp` rows of a zero-padded embedding copy (an odd
     /// vocabulary makes cuBLAS several times slower).
     vp: usize,
-    /// bf16 token embeddings, `vp` rows (rows past the vocabulary zero).
-    wte_pad: DeviceBuffer<bf16>,
-    /// f32 embedding gradient of the classifier, `vp` rows.
-    dwte_pad: DeviceBuffer<f32>,
+    /// Where the vocabulary is not a multiple of 64: the bf16 token
+    /// embeddings over `vp` rows (rows past the vocabulary zero), and the
+    /// classifier's f32 embedding gradient over `vp` rows. Otherwise the
+    /// products use the parameters and the gradient buffer directly.
+    pad: Option<(DeviceBuffer<bf16>, DeviceBuffer<f32>)>,
     ranges: Vec<LayerRanges>,
     layers: Vec<LayerSaved>,
     resid: Vec<DeviceBuffer<f32>>,
@@ -278,6 +281,9 @@ pub struct GpuGptMixed {
     attn: AttnShared,
     // Scratch shared by the layers.
     qkv: DeviceBuffer<bf16>,
+    /// The MLP's GELU: written by the forward pass for the output
+    /// projection, recomputed by the backward pass for its weights.
+    gelu: DeviceBuffer<bf16>,
     dgelu: DeviceBuffer<bf16>,
     dresid: DeviceBuffer<f32>,
     dresid_bf: DeviceBuffer<bf16>,
@@ -324,7 +330,6 @@ impl GpuGptMixed {
                 ln2_mean: p.zeros(n, s)?,
                 ln2_rstd: p.zeros(n, s)?,
                 fch: p.zeros(n * 4 * c, s)?,
-                gelu: p.zeros(n * 4 * c, s)?,
             });
         }
         let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
@@ -350,12 +355,16 @@ impl GpuGptMixed {
             lnf_mean: p.zeros(n, s)?,
             lnf_rstd: p.zeros(n, s)?,
             logits: p.zeros(n * vp, s)?,
-            wte_pad: p.zeros(vp * c, s)?,
-            dwte_pad: p.zeros(vp * c, s)?,
+            pad: if vp == v {
+                None
+            } else {
+                Some((p.zeros(vp * c, s)?, p.zeros(vp * c, s)?))
+            },
             losses: p.zeros(n, s)?,
             batch: DeviceBatch::new(device, n, v)?,
             attn: AttnShared::new(p, s, shape, path)?,
             qkv: p.zeros(n * 3 * c, s)?,
+            gelu: p.zeros(n * 4 * c, s)?,
             dgelu: p.zeros(n * 4 * c, s)?,
             dresid: p.zeros(n * c, s)?,
             dresid_bf: p.zeros(n * c, s)?,
@@ -403,8 +412,9 @@ impl GpuGptMixed {
 
     /// Defers the weight gradients of layers `0..layers` until after the
     /// embedding backward ([`backward_layer_weights`](Self::backward_layer_weights)):
-    /// their products read the output gradients kept aside (four bf16
-    /// buffers per layer, `9·b·t·width` elements). Results are the same
+    /// their products read the output gradients kept aside (and the
+    /// recomputed GELU: five bf16 buffers per layer, `13·b·t·width`
+    /// elements). Results are the same
     /// bit for bit; only the order of the work changes.
     pub fn defer_weight_grads(&mut self, layers: usize) -> Result<()> {
         let cfg = self.layout.config;
@@ -420,6 +430,7 @@ impl GpuGptMixed {
         self.deferred.clear();
         for _ in 0..layers {
             self.deferred.push(DeferredDy {
+                gelu: p.zeros(n * 4 * c, s)?,
                 fcproj: p.zeros(n * c, s)?,
                 fc: p.zeros(n * 4 * c, s)?,
                 proj: p.zeros(n * c, s)?,
@@ -589,7 +600,7 @@ impl GpuGptMixed {
                 aux: span(&a.fch),
                 aux_ld: 4 * c,
             };
-            if fc.fused(lt, s, None, Mat::of(&a.gelu, 4 * c), gelu)? {
+            if fc.fused(lt, s, None, Mat::of(&self.gelu, 4 * c), gelu)? {
                 prof.mark(s, "fwd gemm fc")?;
             } else {
                 fc.plain(blas, s, Mat::of(&a.fch, 4 * c), 0.0)?;
@@ -597,7 +608,7 @@ impl GpuGptMixed {
                 mk.bias_gelu(
                     s,
                     &mut a.fch,
-                    &mut a.gelu,
+                    &mut self.gelu,
                     &p.view(r.fc_b.clone()),
                     n,
                     4 * c,
@@ -608,7 +619,7 @@ impl GpuGptMixed {
                 m: n,
                 n: c,
                 k: 4 * c,
-                a: Mat::of(&a.gelu, 4 * c),
+                a: Mat::of(&self.gelu, 4 * c),
                 b: Mat::of(&pb.view(r.fcproj_w.clone()), c),
             };
             let bias = Epilogue::Bias {
@@ -633,11 +644,14 @@ impl GpuGptMixed {
             c,
         )?;
         prof.mark(s, "fwd layernorm")?;
-        copy_async(
-            &mut self.wte_pad.view_mut(0..v * c),
-            &pb.view(wte.clone()),
-            s,
-        )?;
+        let wte_b = pb.view(wte.clone());
+        let wte_mat = match &mut self.pad {
+            Some((wte_pad, _)) => {
+                copy_async(&mut wte_pad.view_mut(0..v * c), &wte_b, s)?;
+                Mat::of(wte_pad, c)
+            }
+            None => Mat::of(&wte_b, c),
+        };
         mm(
             blas,
             s,
@@ -645,7 +659,7 @@ impl GpuGptMixed {
             vp,
             c,
             Mat::of(&self.lnf, c),
-            Mat::of(&self.wte_pad, c).t(),
+            wte_mat.t(),
             Mat::of(&self.logits, vp),
             0.0,
         )?;
@@ -733,23 +747,42 @@ impl GpuGptMixed {
             c,
             vp,
             Mat::of(&self.logits, vp),
-            Mat::of(&self.wte_pad, c),
+            match &self.pad {
+                Some((wte_pad, _)) => Mat::of(wte_pad, c),
+                None => Mat::of(&pb.view(wte.clone()), c),
+            },
             Mat::of(&self.dln, c),
             0.0,
         )?;
         prof.mark(s, "bwd gemm classifier")?;
-        mm(
-            blas,
-            s,
-            vp,
-            c,
-            n,
-            Mat::of(&self.logits, vp).t(),
-            Mat::of(&self.lnf, c),
-            Mat::of(&self.dwte_pad, c),
-            0.0,
-        )?;
-        k.add_inplace(s, &mut g.view_mut(wte)?, &self.dwte_pad.view(0..v * c))?;
+        match &mut self.pad {
+            Some((_, dwte_pad)) => {
+                mm(
+                    blas,
+                    s,
+                    vp,
+                    c,
+                    n,
+                    Mat::of(&self.logits, vp).t(),
+                    Mat::of(&self.lnf, c),
+                    Mat::of(dwte_pad, c),
+                    0.0,
+                )?;
+                k.add_inplace(s, &mut g.view_mut(wte)?, &dwte_pad.view(0..v * c))?;
+            }
+            // The product accumulates into the gradient buffer itself.
+            None => mm(
+                blas,
+                s,
+                vp,
+                c,
+                n,
+                Mat::of(&self.logits, vp).t(),
+                Mat::of(&self.lnf, c),
+                Mat::of(&g.view_mut(wte)?, c),
+                1.0,
+            )?,
+        }
         prof.mark(s, "bwd gemm classifier")?;
         zero_async(&mut self.dresid, s)?;
         prof.mark(s, "bwd zero")?;
@@ -802,29 +835,53 @@ impl GpuGptMixed {
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
         // measured 2.4× slower than this product plus the two passes
         // on an H200, so the backward keeps them separate.)
-        LinearGrads {
-            x: Mat::of(&a.gelu, 4 * c),
-            w: Mat::of(&pb.view(r.fcproj_w.clone()), c),
-            dy: Mat::of(&self.dresid_bf, c),
-            dx: Mat::of(&self.dgelu, 4 * c),
-            dw: Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
-        }
-        .backward(blas, s, n, 4 * c, c, !defer)?;
-        if defer {
-            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
-        }
+        // The input gradient first; the GELU backward then recomputes
+        // gelu(fch) for the weight gradient (into the deferred layer's
+        // buffer when its weight gradients come later).
+        mm(
+            blas,
+            s,
+            n,
+            4 * c,
+            c,
+            Mat::of(&self.dresid_bf, c),
+            Mat::of(&pb.view(r.fcproj_w.clone()), c).t(),
+            Mat::of(&self.dgelu, 4 * c),
+            0.0,
+        )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
+        let gelu: &mut DeviceBuffer<bf16> = if defer {
+            &mut self.deferred[l].gelu
+        } else {
+            &mut self.gelu
+        };
         mk.gelu_backward_bias(
             s,
             &mut self.dgelu,
             &a.fch,
             &mut g.view_mut(r.fc_b.clone())?,
             &mut self.partial,
+            Some(gelu),
             n,
             4 * c,
         )?;
         prof.mark(s, "bwd gelu+bias")?;
+        if defer {
+            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
+        } else {
+            weight_grad(
+                blas,
+                s,
+                n,
+                4 * c,
+                c,
+                Mat::of(&self.gelu, 4 * c),
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
+            )?;
+            prof.mark(s, "bwd gemm fcproj")?;
+        }
         LinearGrads {
             x: Mat::of(&a.ln2, c),
             w: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
@@ -966,7 +1023,7 @@ impl GpuGptMixed {
         let (r, a) = (&self.ranges[l], &self.layers[l]);
         for w in which {
             let (x, dy, range, inp, out) = match w {
-                WeightGrads::FcProj => (&a.gelu, &d.fcproj, r.fcproj_w.clone(), 4 * c, c),
+                WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), 4 * c, c),
                 WeightGrads::Fc => (&a.ln2, &d.fc, r.fc_w.clone(), c, 4 * c),
                 WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), c, c),
                 WeightGrads::Qkv => (&a.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * c),

@@ -93,39 +93,62 @@ pub fn host(
     ))
 }
 
-/// Refuses a model whose states alone (parameters, gradients, AdamW's
-/// two moments, and the bf16 copy in mixed precision) exceed the GPU's
-/// memory. (Activations and workspace come on top; the full estimate is
-/// issue 20's next step.)
+/// Device memory the estimate leaves aside for what it does not count:
+/// cuBLAS and cuBLASLt workspaces, the kernel modules, the pool's
+/// rounding of each buffer up to its size class.
+const DEVICE_MARGIN: u128 = 768 << 20;
+
+/// Refuses, before anything is allocated, a run whose GPU memory (model
+/// states, the bf16 weight copy in mixed precision, activations and
+/// scratch: `braid_model::footprint::gpu_training`) exceeds the memory
+/// free on the GPU, naming the estimate and what would fit. Returns the
+/// estimate's bytes (0 where the free memory cannot be read).
 pub fn device(
     a: &Shape<'_>,
     cfg: &GptConfig,
     dev: &braid_cuda::Device,
     precision: Precision,
-) -> Result<(), String> {
-    use braid_model::footprint::gib;
-    let Ok(capacity) = dev.total_memory() else {
-        return Ok(());
+    batch: usize,
+    deferred: usize,
+) -> Result<u128, String> {
+    use braid_model::cuda::flash::FlashKernels;
+    use braid_model::footprint::{gib, gpu_training, largest_batch};
+    let Ok(free) = dev.free_memory() else {
+        return Ok(0);
     };
-    let params = cfg.num_params() as u128;
-    let per: u128 = match precision {
-        Precision::Bf16 => 18,
-        _ => 16,
-    };
-    let need = per * params;
-    if need <= capacity as u128 {
-        return Ok(());
+    let free = free as u128;
+    let mixed = precision == Precision::Bf16;
+    let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
+    let fused = mixed
+        && FlashKernels::HEAD_SIZES.contains(&hs)
+        && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
+        && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
+    let need = |b: usize| gpu_training(cfg, b, a.seq, mixed, fused, deferred);
+    let f = need(batch);
+    if f.total() + DEVICE_MARGIN <= free {
+        return Ok(f.total());
     }
+    let room = free.saturating_sub(DEVICE_MARGIN);
+    let hint = match largest_batch(room, batch, need) {
+        Some(b) => format!("what would fit: --batch {b}"),
+        None => {
+            let per = if mixed { 18 } else { 16 };
+            format!(
+                "even batch 1 does not fit: pick a model of at most about {:.2e} parameters \
+                 (model states take {per} bytes per parameter before activations)",
+                (room / per) as f64
+            )
+        }
+    };
     Err(format!(
-        "model {} ({:.3e} parameters) needs at least {:.2} GiB on the GPU for its parameters, \
-         gradients and AdamW state alone ({per} bytes per parameter in {}), but GPU {} has {:.2} GiB; \
-         a model of at most about {:.2e} parameters would fit before activations",
+        "{} at batch {batch} x {} needs about {:.2} GiB on GPU {} ({} + workspace {:.2} GiB), \
+         but {:.2} GiB is free; {hint}",
         a.model,
-        params as f64,
-        gib(need),
-        precision.name(),
+        a.seq,
+        gib(f.total() + DEVICE_MARGIN),
         dev.ordinal(),
-        gib(capacity as u128),
-        (capacity as u128 / per) as f64
+        f.breakdown(),
+        gib(DEVICE_MARGIN),
+        gib(free)
     ))
 }

@@ -170,6 +170,17 @@ fn tokenizer_for(
     }
 }
 
+/// How many layers defer their weight gradients (`--defer-layers`; by
+/// default 2 in bf16 when data-parallel, so the embeddings' reduction
+/// overlaps them, else none).
+fn defer_layers(asked: Option<usize>, precision: Precision, ranks: usize, layers: usize) -> usize {
+    match (asked, precision) {
+        (Some(n), _) => n,
+        (None, Precision::Bf16) if ranks > 1 => 2.min(layers),
+        (None, _) => 0,
+    }
+}
+
 /// The default peak learning rate for a model of `params` parameters: the
 /// small models' 3e-3 below 50M, then the GPT-3 paper's rates for the
 /// GPT-2 sizes (Brown et al. 2020, table 2.1), which keep 124M and larger
@@ -236,6 +247,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         (false, _) => Precision::F32,
     };
+    if cuda && a.checkpointing {
+        return Err(
+            "--checkpointing: the GPU engine does not recompute whole blocks yet \
+                    (it recomputes the MLP's GELU always); drop the flag or use a smaller --batch"
+                .into(),
+        );
+    }
     if cuda && optimizer != OptimizerKind::AdamW {
         return Err("--device cuda trains with adamw only (so far)".into());
     }
@@ -303,6 +321,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         None => {
             let cfg = GptConfig::parse(&a.model)?;
             super::preflight::host(&shape, &cfg, batch, cuda, optimizer == OptimizerKind::AdamW)?;
+            if cuda {
+                // Before the host spends time initialising a model the GPU
+                // cannot hold (checked again, with the same figures, once
+                // the run's device is set up).
+                let local = braid_core::world::local_rank_from_env().unwrap_or(0);
+                let dev =
+                    braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
+                let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
+                super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
+            }
             (Params::init_gpt2(Arc::new(Layout::new(&cfg)), a.seed), None)
         }
     };
@@ -421,14 +449,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 if ranks > 1 { ", one GPU per rank" } else { "" }
             );
         }
-        super::preflight::device(&shape, &cfg, &dev, precision)?;
+        let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
+        let estimate = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
+        if lead && estimate > 0 {
+            println!(
+                "GPU memory estimate: {:.2} GiB",
+                braid_model::footprint::gib(estimate)
+            );
+        }
         braid_cuda::pool::reset_peak();
         let mut engine = GpuGpt::new(&dev, &params, batch, a.seq, precision, a.weight_decay)?;
-        let defer = match (a.defer_layers, precision) {
-            (Some(n), _) => n,
-            (None, Precision::Bf16) if ranks > 1 => 2.min(cfg.n_layer),
-            (None, _) => 0,
-        };
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => {
