@@ -382,6 +382,46 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         rel_err(&down_bf(&gpb)?, &params.data),
         BF16_OUT,
     ));
+    // The same steps on views one element in (not 16-byte aligned: the
+    // one-element-per-thread kernel) against the CPU optimizer too. (The
+    // two kernels' results may differ in the last bit: the compiler
+    // contracts multiply-adds differently in each.)
+    let shifted = |x: &[f32]| [&[0.0f32][..], x].concat();
+    let len = layout.len;
+    let mut sp = up(device, &shifted(&p0.data))?;
+    let sg = up(device, &shifted(&grads))?;
+    let mut spb = DeviceBuffer::<bf16>::zeros(device, len + 1)?;
+    let (mut sm, mut sv) = (
+        DeviceBuffer::<f32>::zeros(device, len + 1)?,
+        DeviceBuffer::<f32>::zeros(device, len + 1)?,
+    );
+    for step in 1..=3 {
+        let h = AdamStep {
+            lr: 1e-3,
+            beta1: acfg.beta1,
+            beta2: acfg.beta2,
+            step,
+            eps: acfg.eps,
+            grad_scale: gscale,
+        };
+        mk.adamw_multi(
+            &s,
+            &mut sp.view_mut(1..len + 1),
+            Some(&mut spb.view_mut(1..len + 1)),
+            &sg.view(1..len + 1),
+            &mut sm.view_mut(1..len + 1),
+            &mut sv.view_mut(1..len + 1),
+            &segs,
+            h,
+        )?;
+    }
+    s.synchronize()?;
+    out.push(check(
+        "adamw_multi unaligned (one element per thread)",
+        format!("{len} parameters, 3 steps"),
+        rel_err(&sp.to_vec()?[1..], &params.data),
+        1e-6,
+    ));
 
     // The whole mixed model against the CPU model (f32): loss and every
     // gradient tensor (norm-relative).

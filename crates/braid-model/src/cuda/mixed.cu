@@ -540,6 +540,13 @@ extern "C" __global__ void softmax_cross_entropy_bf(bf16* logits, float* losses,
 // AdamW over the whole flat parameter buffer in one launch: segment k
 // covers [seg_end[k-1], seg_end[k]) with decay seg_wd[k]; the gradient is
 // multiplied by gscale (clipping); pb (if not null) gets the bf16 copy.
+// One element's update (both kernels below).
+__device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, float wd, float lr,
+                                          float beta1, float beta2, float bc1, float bc2, float eps) {
+    m = beta1 * m + (1.f - beta1) * g;
+    v = beta2 * v + (1.f - beta2) * g * g;
+    p -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + wd * p);
+}
 extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float* m, float* v, long n,
                                        const long* seg_end, const float* seg_wd, int nseg, float lr,
                                        float beta1, float beta2, float bc1, float bc2, float eps,
@@ -551,15 +558,11 @@ extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float
         int mid = (lo + hi) / 2;
         if (seg_end[mid] > i) hi = mid; else lo = mid + 1;
     }
-    float wd = seg_wd[lo];
-    float gi = g[i] * gscale;
-    float mi = beta1 * m[i] + (1.f - beta1) * gi;
-    float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_one(pi, mi, vi, g[i] * gscale, seg_wd[lo], lr, beta1, beta2, bc1, bc2, eps);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    float pi = p[i];
-    pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
-    p[i] = pi;
     if (pb) pb[i] = narrow(pi);
 }
 
@@ -568,12 +571,6 @@ extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float
 // bf16 copy 8-byte): one segment search per four elements, then a step to
 // the next segment where one ends inside them. The scalar kernel moved
 // 2.56 TB/s on an H200 (30 bytes per parameter, 31 ms at 2.65B).
-__device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, float wd, float lr,
-                                          float beta1, float beta2, float bc1, float bc2, float eps) {
-    m = beta1 * m + (1.f - beta1) * g;
-    v = beta2 * v + (1.f - beta2) * g * g;
-    p -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + wd * p);
-}
 extern "C" __global__ void adamw_multi4(float* p, bf16* pb, const float* g, float* m, float* v, long n,
                                         const long* seg_end, const float* seg_wd, int nseg, float lr,
                                         float beta1, float beta2, float bc1, float bc2, float eps,

@@ -45,10 +45,11 @@ fn grid_y(what: &str, chunks: usize, rows: usize) -> Result<u32> {
     Ok(chunks.max(1) as u32)
 }
 
-/// Rows per launch for a kernel that indexes `rows × c` elements in 32
-/// bits: at least one row, at most `MAX_I32` elements.
-fn rows_per_launch(c: usize) -> usize {
-    (MAX_I32 / c.max(1)).max(1)
+/// `n` rows of `c` as (first row, rows) launches of at most `MAX_I32`
+/// elements each (at least one row), for kernels that index in 32 bits.
+fn row_launches(n: usize, c: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = (MAX_I32 / c.max(1)).max(1);
+    (0..n).step_by(per).map(move |r0| (r0, per.min(n - r0)))
 }
 
 /// A kernel argument.
@@ -439,9 +440,7 @@ impl MixedKernels {
     ) -> Result<()> {
         need("residual", out.dlen().min(x.dlen()), n * c)?;
         need("residual bias", bias.dlen(), c)?;
-        let per = rows_per_launch(c);
-        for r0 in (0..n).step_by(per) {
-            let rows = per.min(n - r0);
+        for (r0, rows) in row_launches(n, c) {
             let at = (r0 * c * 4) as u64;
             let args = vec![
                 A::P(out.dptr() + at),
@@ -468,9 +467,7 @@ impl MixedKernels {
         need("bias_gelu", pre.dlen().min(out.dlen()), n * c)?;
         need("bias_gelu bias", bias.dlen(), c)?;
         even("bias_gelu", c)?;
-        let per = rows_per_launch(c);
-        for r0 in (0..n).step_by(per) {
-            let rows = per.min(n - r0);
+        for (r0, rows) in row_launches(n, c) {
             let at = (r0 * c * 2) as u64;
             let args = vec![
                 A::P(pre.dptr() + at),

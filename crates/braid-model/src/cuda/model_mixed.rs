@@ -755,33 +755,26 @@ impl GpuGptMixed {
             0.0,
         )?;
         prof.mark(s, "bwd gemm classifier")?;
-        match &mut self.pad {
-            Some((_, dwte_pad)) => {
-                mm(
-                    blas,
-                    s,
-                    vp,
-                    c,
-                    n,
-                    Mat::of(&self.logits, vp).t(),
-                    Mat::of(&self.lnf, c),
-                    Mat::of(dwte_pad, c),
-                    0.0,
-                )?;
-                k.add_inplace(s, &mut g.view_mut(wte)?, &dwte_pad.view(0..v * c))?;
-            }
-            // The product accumulates into the gradient buffer itself.
-            None => mm(
-                blas,
-                s,
-                vp,
-                c,
-                n,
-                Mat::of(&self.logits, vp).t(),
-                Mat::of(&self.lnf, c),
-                Mat::of(&g.view_mut(wte)?, c),
-                1.0,
-            )?,
+        // dwte: into the padded scratch (then added to the gradient), or
+        // accumulated by the product into the gradient buffer itself.
+        let mut gwte = g.view_mut(wte)?;
+        let (dst, beta) = match &self.pad {
+            Some((_, dwte_pad)) => (Mat::of(dwte_pad, c), 0.0),
+            None => (Mat::of(&gwte, c), 1.0),
+        };
+        mm(
+            blas,
+            s,
+            vp,
+            c,
+            n,
+            Mat::of(&self.logits, vp).t(),
+            Mat::of(&self.lnf, c),
+            dst,
+            beta,
+        )?;
+        if let Some((_, dwte_pad)) = &self.pad {
+            k.add_inplace(s, &mut gwte, &dwte_pad.view(0..v * c))?;
         }
         prof.mark(s, "bwd gemm classifier")?;
         zero_async(&mut self.dresid, s)?;

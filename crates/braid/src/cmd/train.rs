@@ -76,7 +76,8 @@ pub struct TrainArgs {
     /// Evaluate on held-out data every K steps and at the end (0: never).
     #[arg(long, default_value_t = 100)]
     eval_every: usize,
-    /// Recompute activations in the backward pass (less memory).
+    /// Recompute activations in the backward pass (less memory; CPU engine:
+    /// the GPU engine recomputes only the MLP's GELU, always, and refuses this flag for now)
     #[arg(long)]
     checkpointing: bool,
     /// Print a progress line every K steps (default: about once a second).
