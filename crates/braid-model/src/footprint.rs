@@ -141,14 +141,14 @@ pub fn gpu_mixed_activation_bytes(
     } else {
         (6 * nc + 2 * rows * tu, 4 * rows * tu + 8 * nc)
     };
-    // ln1, atty, ln2 (bf16), resid2 (f32), fch (bf16, 4c), two pairs of
-    // f32 statistics.
-    let layer = 2 * nc + 2 * nc + 2 * nc + 4 * nc + 8 * nc + 16 * n + attn_saved;
+    // atty (bf16), resid2 (f32), fch (bf16, 4c), two pairs of f32
+    // LayerNorm statistics (the LayerNorm outputs are recomputed).
+    let layer = 2 * nc + 4 * nc + 8 * nc + 16 * n + attn_saved;
     let residual = 4 * nc * (l + 1);
     let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
-    // qkv, gelu, dgelu, dresid (f32), dresid_bf, dln, datty.
-    let scratch = 6 * nc + 8 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc + 2 * nc;
+    // ln, qkv, gelu, dgelu, dresid (f32), dresid_bf, dln, datty.
+    let scratch = 2 * nc + 6 * nc + 8 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc + 2 * nc;
     let (nn, cc) = (n as usize, c as usize);
     let partial = MixedKernels::partial_len(nn, 4 * cc, 1)
         .max(MixedKernels::partial_len(nn, cc, 3))
@@ -164,7 +164,7 @@ pub fn gpu_mixed_activation_bytes(
         + scratch
         + partial
         + batch
-        + 26 * nc * deferred as u128
+        + 30 * nc * deferred as u128
 }
 
 /// The GPU engine's memory by part: model states (f32 parameters,

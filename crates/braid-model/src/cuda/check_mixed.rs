@@ -58,80 +58,16 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let (n, c) = (301usize, 768usize);
     let shape = format!("N={n} C={c}");
 
-    // LayerNorm forward (f32 in, bf16 out) and backward.
-    let x = randn(&mut r, n * c, 2.0);
-    let (w, bb) = (randn(&mut r, c, 1.0), randn(&mut r, c, 1.0));
-    let (mut co, mut cm, mut cr) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
-    cpu::norm::layernorm_forward(&mut co, &mut cm, &mut cr, &x, &w, &bb, c);
-    let (gx, gw, gb) = (up(device, &x)?, up(device, &w)?, up(device, &bb)?);
-    let mut go = DeviceBuffer::<bf16>::zeros(device, n * c)?;
-    let (mut gm, mut gr) = (
-        DeviceBuffer::zeros(device, n)?,
-        DeviceBuffer::zeros(device, n)?,
-    );
-    mk.layernorm_forward(&s, &mut go, &mut gm, &mut gr, &gx, &gw, &gb, n, c)?;
-    s.synchronize()?;
-    out.push(check(
-        "layernorm_forward (bf16)",
-        shape.clone(),
-        rel_err(&down_bf(&go)?, &co),
-        BF16_OUT,
-    ));
+    // LayerNorm forward and backward at each kind of width: fused pairs
+    // of warps (768), a block per row (1600, with a partial last column
+    // group, 2560 and 5120), and the generic warp per row (100).
+    for width in [768, 1600, 2560, 5120, 100] {
+        out.extend(check_layernorm(device, &mk, &s, &mut r, n, width)?);
+    }
     let dout = randn(&mut r, n * c, 1.0);
-    let base = randn(&mut r, n * c, 1.0);
-    let (mut cdi, mut cdw, mut cdb) = (vec![0.0f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
-    cpu::norm::layernorm_backward(&mut cdi, &mut cdw, &mut cdb, &dout, &x, &w, &cm, &cr, c);
-    let cres: Vec<f32> = cdi.iter().zip(&base).map(|(a, b)| a + b).collect();
-    let mut gres = up(device, &base)?;
-    let mut gres_bf = DeviceBuffer::<bf16>::zeros(device, n * c)?;
-    let (mut gdw, mut gdb) = (
-        DeviceBuffer::zeros(device, c)?,
-        DeviceBuffer::zeros(device, c)?,
-    );
+    let gdout = up_bf(device, &dout)?;
     let len = MixedKernels::partial_len(n, 4 * c, 2).max(MixedKernels::partial_len(n, c, 3));
     let mut partial = DeviceBuffer::zeros(device, len)?;
-    let gdout = up_bf(device, &dout)?;
-    // The column sums of the updated dres (the next bias gradient), added
-    // to a nonzero start.
-    let next0 = randn(&mut r, c, 1.0);
-    let mut gnext = up(device, &next0)?;
-    let mut cnext = next0.clone();
-    for (i, v) in cres.iter().enumerate() {
-        cnext[i % c] += v;
-    }
-    mk.layernorm_backward(
-        &s,
-        &mut gres,
-        &mut gres_bf,
-        &mut gdw,
-        &mut gdb,
-        Some(&mut gnext),
-        &mut partial,
-        &gdout,
-        &gx,
-        &gw,
-        &gm,
-        &gr,
-        n,
-        c,
-    )?;
-    s.synchronize()?;
-    let e = rel_err(&gres.to_vec()?, &cres)
-        .max(rel_err(&gdw.to_vec()?, &cdw))
-        .max(rel_err(&gdb.to_vec()?, &cdb))
-        .max(rel_err(&gnext.to_vec()?, &cnext));
-    out.push(check(
-        "layernorm_backward + next bias grad (fused)",
-        shape.clone(),
-        e,
-        F32_OUT,
-    ));
-    out.push(check(
-        "layernorm_backward bf16 copy",
-        shape.clone(),
-        rel_err(&down_bf(&gres_bf)?, &cres),
-        BF16_OUT,
-    ));
 
     // Bias gradients from f32 and bf16 rows.
     let mut cbias = vec![0.0f32; c];
@@ -732,4 +668,108 @@ fn softmax_ce_ref(
         }
     }
     (losses, grad)
+}
+
+/// LayerNorm forward (f32 in, bf16 out) and backward at `n` rows of `c`
+/// against the CPU engine; the backward's recomputed output must equal the
+/// forward's bit for bit.
+fn check_layernorm(
+    device: &Device,
+    mk: &MixedKernels,
+    s: &Stream,
+    r: &mut Rng,
+    n: usize,
+    c: usize,
+) -> Result<Vec<KernelCheck>> {
+    let mut out = Vec::new();
+    let shape = format!("N={n} C={c}");
+    let x = randn(r, n * c, 2.0);
+    let (w, bb) = (randn(r, c, 1.0), randn(r, c, 1.0));
+    let (mut co, mut cm, mut cr) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
+    cpu::norm::layernorm_forward(&mut co, &mut cm, &mut cr, &x, &w, &bb, c);
+    let (gx, gw, gb) = (up(device, &x)?, up(device, &w)?, up(device, &bb)?);
+    let mut go = DeviceBuffer::<bf16>::zeros(device, n * c)?;
+    let (mut gm, mut gr) = (
+        DeviceBuffer::zeros(device, n)?,
+        DeviceBuffer::zeros(device, n)?,
+    );
+    mk.layernorm_forward(s, &mut go, &mut gm, &mut gr, &gx, &gw, &gb, n, c)?;
+    s.synchronize()?;
+    out.push(check(
+        "layernorm_forward (bf16)",
+        shape.clone(),
+        rel_err(&down_bf(&go)?, &co),
+        BF16_OUT,
+    ));
+    let dout = randn(r, n * c, 1.0);
+    let base = randn(r, n * c, 1.0);
+    let (mut cdi, mut cdw, mut cdb) = (vec![0.0f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
+    cpu::norm::layernorm_backward(&mut cdi, &mut cdw, &mut cdb, &dout, &x, &w, &cm, &cr, c);
+    let cres: Vec<f32> = cdi.iter().zip(&base).map(|(a, b)| a + b).collect();
+    let mut gres = up(device, &base)?;
+    let mut gres_bf = DeviceBuffer::<bf16>::zeros(device, n * c)?;
+    let mut gln = DeviceBuffer::<bf16>::zeros(device, n * c)?;
+    let (mut gdw, mut gdb) = (
+        DeviceBuffer::zeros(device, c)?,
+        DeviceBuffer::zeros(device, c)?,
+    );
+    let mut partial = DeviceBuffer::zeros(device, MixedKernels::partial_len(n, c, 3))?;
+    let gdout = up_bf(device, &dout)?;
+    // The column sums of the updated dres (the next bias gradient), added
+    // to a nonzero start.
+    let next0 = randn(r, c, 1.0);
+    let mut gnext = up(device, &next0)?;
+    let mut cnext = next0.clone();
+    for (i, v) in cres.iter().enumerate() {
+        cnext[i % c] += v;
+    }
+    mk.layernorm_backward(
+        s,
+        &mut gres,
+        &mut gres_bf,
+        Some(&mut gln),
+        &mut gdw,
+        &mut gdb,
+        Some(&mut gnext),
+        &mut partial,
+        &gdout,
+        &gx,
+        &gw,
+        &gb,
+        &gm,
+        &gr,
+        n,
+        c,
+    )?;
+    s.synchronize()?;
+    let e = rel_err(&gres.to_vec()?, &cres)
+        .max(rel_err(&gdw.to_vec()?, &cdw))
+        .max(rel_err(&gdb.to_vec()?, &cdb))
+        .max(rel_err(&gnext.to_vec()?, &cnext));
+    out.push(check(
+        "layernorm_backward + next bias grad",
+        shape.clone(),
+        e,
+        F32_OUT,
+    ));
+    out.push(check(
+        "layernorm_backward bf16 copy",
+        shape.clone(),
+        rel_err(&down_bf(&gres_bf)?, &cres),
+        BF16_OUT,
+    ));
+    // Bit for bit: any difference counts fully.
+    let (fwd, again) = (go.to_vec()?, gln.to_vec()?);
+    let differ = fwd
+        .iter()
+        .zip(&again)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    out.push(check(
+        "layernorm_backward recomputed output",
+        shape,
+        differ as f64,
+        0.0,
+    ));
+    Ok(out)
 }

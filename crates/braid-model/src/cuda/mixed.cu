@@ -86,8 +86,13 @@ extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, co
 // LayerNorm backward, one warp per row: dres += dx (f32) and dres_bf gets
 // the updated value in bf16. The parameter gradients come from
 // `ln_param_partial_bf` + `sum_partials`.
-extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16* dout,
-                                          const float* inp, const float* w, const float* mean,
+// Every LayerNorm backward also writes, when `lnout` is not null, the
+// forward output recomputed from the kept statistics, `norm * w + bias`
+// in the forward kernels' exact arithmetic (bit for bit the same values):
+// the model then keeps no LayerNorm outputs for the weight gradients.
+extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, bf16* lnout,
+                                          const bf16* dout, const float* inp, const float* w,
+                                          const float* bias, const float* mean,
                                           const float* rstd, int N, int C) {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
@@ -110,6 +115,7 @@ extern "C" __global__ void ln_backward_bf(float* dres, bf16* dres_bf, const bf16
         float v = d[i] + (w[i] * wide(dy[i]) - a - norm * b) * rs;
         d[i] = v;
         dbf[i] = narrow(v);
+        if (lnout) lnout[(long)row * C + i] = narrow(norm * w[i] + bias[i]);
     }
 }
 
@@ -139,10 +145,21 @@ __device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, co
     gv[2] = __uint_as_float(d.y << 16); gv[3] = __uint_as_float(d.y & 0xffff0000u);
 }
 
+// Column group k of the recomputed LayerNorm output: norm * w + bias as
+// 4 bf16 values, the forward kernels' expression.
+__device__ __forceinline__ void store_ln4(bf16* lnout, const float* bias, long off, int k,
+                                          const float* nv, const float* wv) {
+    float4 bb = ((const float4*)bias)[k];
+    unsigned lo2 = narrow(nv[0] * wv[0] + bb.x) | ((unsigned)narrow(nv[1] * wv[1] + bb.y) << 16);
+    unsigned hi2 = narrow(nv[2] * wv[2] + bb.z) | ((unsigned)narrow(nv[3] * wv[3] + bb.w) << 16);
+    ((uint2*)(lnout + off))[k] = make_uint2(lo2, hi2);
+}
+
 template <int G>
-__device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, const float* inp,
-                                  const float* w, const float* mean, const float* rstd, int N,
-                                  float* partial, int rpb) {
+__device__ void ln_backward_fused(float* dres, bf16* dres_bf, bf16* lnout, const bf16* dout,
+                                  const float* inp, const float* w, const float* bias,
+                                  const float* mean, const float* rstd, int N, float* partial,
+                                  int rpb) {
     constexpr int C = 128 * G, H = G / 2;
     __shared__ float red[3 * C];
     __shared__ float sums[2][2][2][2];  // [parity][pair][half][a, b]
@@ -201,6 +218,7 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
             d[k] = make_float4(v[0], v[1], v[2], v[3]);
             dbf[k] = make_uint2(narrow(v[0]) | ((unsigned)narrow(v[1]) << 16),
                                 narrow(v[2]) | ((unsigned)narrow(v[3]) << 16));
+            if (lnout) store_ln4(lnout, bias, off, k, nv, wv);
         }
     }
     // Each column has one owner warp per pair: pair 0 writes, pair 1 adds.
@@ -223,13 +241,188 @@ __device__ void ln_backward_fused(float* dres, bf16* dres_bf, const bf16* dout, 
 
 #define LN_FUSED(G)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) ln_backward_fused_##G(                     \
-        float* dres, bf16* dres_bf, const bf16* dout, const float* inp, const float* w,          \
-        const float* mean, const float* rstd, int N, float* partial, int rpb) {                  \
-        ln_backward_fused<G>(dres, dres_bf, dout, inp, w, mean, rstd, N, partial, rpb);          \
+        float* dres, bf16* dres_bf, bf16* lnout, const bf16* dout, const float* inp,             \
+        const float* w, const float* bias, const float* mean, const float* rstd, int N,          \
+        float* partial, int rpb) {                                                               \
+        ln_backward_fused<G>(dres, dres_bf, lnout, dout, inp, w, bias, mean, rstd, N, partial,   \
+                             rpb);                                                               \
     }
 LN_FUSED(4)
 LN_FUSED(6)
 LN_FUSED(8)
+
+// ---- LayerNorm at wide rows (C = 1280 ... 5120) -------------------------
+// One block of T threads per row: thread t owns the float4 column groups
+// t, t + T, ... (J of them; where T does not divide C / 4 the last group
+// is partial), holds the row's values in registers between the passes,
+// and the row's sums are combined over the warps through shared memory in
+// warp order (fixed, so runs repeat bit for bit).
+
+// Sum of `v` over the block, in warp order; `red` holds one value per warp.
+template <int NW>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NW; i++) s += red[i];
+    return s;
+}
+
+// Forward: out (bf16) = (x - mean) * rstd * w + b, one row per block.
+template <int C, int T>
+__device__ void ln_forward_wide(bf16* out, float* mean, float* rstd, const float* inp,
+                                const float* w, const float* b) {
+    constexpr int K = C / 4, J = (K + T - 1) / T, NW = T / WARP;
+    __shared__ float red[2][NW];
+    int row = blockIdx.x, tid = threadIdx.x;
+    const float4* x = (const float4*)(inp + (long)row * C);
+    float xv[J][4];
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int k = tid + T * j;
+        if (K % T == 0 || k < K) {
+            float4 t = x[k];
+            xv[j][0] = t.x; xv[j][1] = t.y; xv[j][2] = t.z; xv[j][3] = t.w;
+            s += (t.x + t.y) + (t.z + t.w);
+        }
+    }
+    float m = block_sum<NW>(s, red[0]) / C, v = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; j++)
+        if (K % T == 0 || tid + T * j < K)
+            for (int e = 0; e < 4; e++) v += (xv[j][e] - m) * (xv[j][e] - m);
+    float rs = rsqrtf(block_sum<NW>(v, red[1]) / C + 1e-5f);
+    uint2* o = (uint2*)(out + (long)row * C);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int k = tid + T * j;
+        if (K % T == 0 || k < K) {
+            float4 ww = ((const float4*)w)[k], bb = ((const float4*)b)[k];
+            unsigned lo2 = narrow((xv[j][0] - m) * rs * ww.x + bb.x) |
+                           ((unsigned)narrow((xv[j][1] - m) * rs * ww.y + bb.y) << 16);
+            unsigned hi2 = narrow((xv[j][2] - m) * rs * ww.z + bb.z) |
+                           ((unsigned)narrow((xv[j][3] - m) * rs * ww.w + bb.w) << 16);
+            o[k] = make_uint2(lo2, hi2);
+        }
+    }
+    if (tid == 0) { mean[row] = m; rstd[row] = rs; }
+}
+
+// Backward fused with its column sums, rows [blockIdx.x * rpb, + rpb) one
+// after another: dres += dx (f32), dres_bf = its bf16 copy, lnout (when
+// not null) = the recomputed forward output, and partial[block] =
+// (sum norm*dy | sum dy | sum of the updated dres), as ln_backward_fused.
+// Every column has one owner thread, so the block's column sums need no
+// shared memory; the two row sums pass through `red` (double-buffered by
+// row parity, one barrier per row).
+template <int C, int T>
+__device__ void ln_backward_wide(float* dres, bf16* dres_bf, bf16* lnout, const bf16* dout,
+                                 const float* inp, const float* w, const float* bias,
+                                 const float* mean, const float* rstd, int N, float* partial,
+                                 int rpb) {
+    constexpr int K = C / 4, J = (K + T - 1) / T, NW = T / WARP;
+    __shared__ float red[2][NW][2];
+    int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    float aw[J][4], ab[J][4], ar[J][4];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+        for (int e = 0; e < 4; e++) aw[j][e] = ab[j][e] = ar[j][e] = 0.f;
+    int start = blockIdx.x * rpb, end = min(start + rpb, N);
+    for (int row = start; row < end; row++) {
+        int par = (row - start) & 1;
+        long off = (long)row * C;
+        float m = mean[row], rs = rstd[row];
+        float nv[J][4], gv[J][4];
+        float a = 0.f, b = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int k = tid + T * j;
+            if (K % T == 0 || k < K) {
+                float wv[4];
+                load_row4(inp, dout, w, off, k, m, rs, nv[j], gv[j], wv);
+                for (int e = 0; e < 4; e++) {
+                    float dn = wv[e] * gv[j][e];
+                    a += dn;
+                    b += dn * nv[j][e];
+                }
+            }
+        }
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (lane == 0) {
+            red[par][warp][0] = a;
+            red[par][warp][1] = b;
+        }
+        __syncthreads();
+        a = 0.f;
+        b = 0.f;
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            a += red[par][i][0];
+            b += red[par][i][1];
+        }
+        a /= C;
+        b /= C;
+        float4* d = (float4*)(dres + off);
+        uint2* dbf = (uint2*)(dres_bf + off);
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int k = tid + T * j;
+            if (K % T == 0 || k < K) {
+                float4 ww = ((const float4*)w)[k];
+                float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+                float4 o = d[k];
+                float v[4] = {o.x, o.y, o.z, o.w};
+                for (int e = 0; e < 4; e++) {
+                    v[e] += (wv[e] * gv[j][e] - a - nv[j][e] * b) * rs;
+                    aw[j][e] += nv[j][e] * gv[j][e];
+                    ab[j][e] += gv[j][e];
+                    ar[j][e] += v[e];
+                }
+                d[k] = make_float4(v[0], v[1], v[2], v[3]);
+                dbf[k] = make_uint2(narrow(v[0]) | ((unsigned)narrow(v[1]) << 16),
+                                    narrow(v[2]) | ((unsigned)narrow(v[3]) << 16));
+                if (lnout) store_ln4(lnout, bias, off, k, nv[j], wv);
+            }
+        }
+    }
+    float* out = partial + (long)blockIdx.x * 3 * C;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int k = tid + T * j;
+        if (K % T == 0 || k < K) {
+            ((float4*)out)[k] = make_float4(aw[j][0], aw[j][1], aw[j][2], aw[j][3]);
+            ((float4*)(out + C))[k] = make_float4(ab[j][0], ab[j][1], ab[j][2], ab[j][3]);
+            ((float4*)(out + 2 * C))[k] = make_float4(ar[j][0], ar[j][1], ar[j][2], ar[j][3]);
+        }
+    }
+}
+
+#define LN_WIDE(C, T)                                                                            \
+    extern "C" __global__ void __launch_bounds__(T) ln_forward_##C(                              \
+        bf16* out, float* mean, float* rstd, const float* inp, const float* w, const float* b) { \
+        ln_forward_wide<C, T>(out, mean, rstd, inp, w, b);                                       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(T) ln_backward_##C(                             \
+        float* dres, bf16* dres_bf, bf16* lnout, const bf16* dout, const float* inp,             \
+        const float* w, const float* bias, const float* mean, const float* rstd, int N,          \
+        float* partial, int rpb) {                                                               \
+        ln_backward_wide<C, T>(dres, dres_bf, lnout, dout, inp, w, bias, mean, rstd, N, partial, \
+                               rpb);                                                             \
+    }
+// (width, threads per row): the threads divide the row's float4 groups
+// into at most 5 per thread where they can (1600's 400 groups take 4 per
+// thread over 128 threads, the last for 16 of them). Keep in step with
+// LN_WIDE in mixed.rs.
+LN_WIDE(1280, 64)
+LN_WIDE(1600, 128)
+LN_WIDE(2048, 128)
+LN_WIDE(2560, 128)
+LN_WIDE(4096, 256)
+LN_WIDE(5120, 256)
 
 // Column partial sums over the row chunk blockIdx.y (rpb rows): a block of
 // 32 columns x 8 row lanes, each lane summing every 8th row in order, then

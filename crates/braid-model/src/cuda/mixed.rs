@@ -23,6 +23,21 @@ const GELU_ROWS_PER_BLOCK: usize = 128;
 /// Rows per block of the fused LayerNorm backward (one partial row each).
 const LN_ROWS_PER_BLOCK: usize = 32;
 
+/// Widths with their own LayerNorm kernels (`LN_WIDE` in mixed.cu), and
+/// the threads of the block that takes one row.
+const LN_WIDE: [(usize, u32); 6] = [
+    (1280, 64),
+    (1600, 128),
+    (2048, 128),
+    (2560, 128),
+    (4096, 256),
+    (5120, 256),
+];
+
+/// Rows per block of the wide LayerNorm backward (one partial row each):
+/// 512 blocks of 8192 rows keep 4 per SM on an H200.
+const LN_WIDE_ROWS_PER_BLOCK: usize = 16;
+
 /// The largest element count one launch of a 32-bit-indexed kernel
 /// (`residual_bias`, `bias_gelu_bf`) takes; larger buffers go in row
 /// chunks below it. Chunking costs nothing (one more launch per 2^31
@@ -104,6 +119,20 @@ fn blocks(n: usize, per: usize) -> Result<Dim3> {
     }
 }
 
+/// Whether every address is 16-byte aligned (the vectorised LayerNorm
+/// kernels read float4s and groups of four bf16 values).
+fn aligned16(addrs: &[u64]) -> bool {
+    addrs.iter().all(|a| a % 16 == 0)
+}
+
+/// The LayerNorm kernels of one wide width.
+struct LnWide {
+    width: usize,
+    threads: u32,
+    forward: Function,
+    backward: Function,
+}
+
 /// The loaded mixed-precision kernels of one device.
 pub struct MixedKernels {
     _module: Module,
@@ -111,6 +140,8 @@ pub struct MixedKernels {
     ln_backward: Function,
     /// Fused LayerNorm backward for widths 512, 768 and 1024.
     ln_backward_fused: [(usize, Function); 3],
+    /// LayerNorm forward and fused backward for the widths of `LN_WIDE`.
+    ln_wide: Vec<LnWide>,
     ln_param_partial: Function,
     bias_partial_f32: Function,
     bias_partial_bf: Function,
@@ -145,6 +176,17 @@ impl MixedKernels {
                 (768, f("ln_backward_fused_6")?),
                 (1024, f("ln_backward_fused_8")?),
             ],
+            ln_wide: LN_WIDE
+                .iter()
+                .map(|&(width, threads)| {
+                    Ok(LnWide {
+                        width,
+                        threads,
+                        forward: f(&format!("ln_forward_{width}"))?,
+                        backward: f(&format!("ln_backward_{width}"))?,
+                    })
+                })
+                .collect::<Result<_>>()?,
             ln_param_partial: f("ln_param_partial_bf")?,
             bias_partial_f32: f("bias_partial_f32")?,
             bias_partial_bf: f("bias_partial_bf")?,
@@ -233,41 +275,64 @@ impl MixedKernels {
         need("layernorm inp", inp.dlen(), n * c)?;
         need("layernorm stats", mean.dlen().min(rstd.dlen()), n)?;
         need("layernorm params", w.dlen().min(b.dlen()), c)?;
-        let args = vec![
+        let mut args = vec![
             A::P(out.dptr()),
             A::P(mean.dptr()),
             A::P(rstd.dptr()),
             A::P(inp.dptr()),
             A::P(w.dptr()),
             A::P(b.dptr()),
-            A::I(n as i32),
-            A::I(c as i32),
         ];
-        self.rows(&self.ln_forward, s, n, args)
+        let vector = [out.dptr(), inp.dptr(), w.dptr(), b.dptr()];
+        match self.ln_wide_for(c) {
+            Some(k) if n > 0 && aligned16(&vector) => {
+                Self::go(&k.forward, s, blocks(n, 1)?, (k.threads, 1, 1), args)
+            }
+            _ => {
+                args.extend([A::I(n as i32), A::I(c as i32)]);
+                self.rows(&self.ln_forward, s, n, args)
+            }
+        }
     }
 
     /// Elements of the partial-sum scratch the column reductions of `n`
     /// rows of `c` need (LayerNorm backward: `parts` = 3, bias: 1).
     pub fn partial_len(n: usize, c: usize, parts: usize) -> usize {
-        let rows = if parts == 3 && Self::ln_fused(c) {
-            LN_ROWS_PER_BLOCK
+        let rows = if parts == 3 {
+            Self::ln_rows_per_block(c)
         } else {
             ROWS_PER_BLOCK
         };
         n.div_ceil(rows).max(1) * c * parts
     }
 
+    /// Rows per partial row of the LayerNorm backward at width `c`.
+    fn ln_rows_per_block(c: usize) -> usize {
+        if Self::ln_fused(c) {
+            LN_ROWS_PER_BLOCK
+        } else if LN_WIDE.iter().any(|&(w, _)| w == c) {
+            LN_WIDE_ROWS_PER_BLOCK
+        } else {
+            ROWS_PER_BLOCK
+        }
+    }
+
     /// LayerNorm backward: `dres += dx` (f32), `dres_bf` = bf16 copy of the
     /// result, `dw`/`db` += the parameter gradients and, when given,
     /// `dnext` += the column sums of the updated `dres` (the bias gradient
-    /// of the projection below), all in a fixed order. Widths 512, 768 and
-    /// 1024 (GPT-2 small and medium) take one fused pass.
+    /// of the projection below), all in a fixed order. With `ln_out`, the
+    /// forward output is recomputed there from the kept statistics (the
+    /// same bits [`layernorm_forward`](Self::layernorm_forward) wrote), for
+    /// the weight gradient of the product it fed. Widths 512, 768 and 1024
+    /// (GPT-2 small and medium) and those of `LN_WIDE` (1280 to 5120) take
+    /// one fused pass.
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_backward(
         &self,
         s: &Stream,
         dres: &mut impl DeviceMem<f32>,
         dres_bf: &mut impl DeviceMem<bf16>,
+        ln_out: Option<&mut dyn DeviceMem<bf16>>,
         dw: &mut impl DeviceMem<f32>,
         db: &mut impl DeviceMem<f32>,
         dnext: Option<&mut dyn DeviceMem<f32>>,
@@ -275,6 +340,7 @@ impl MixedKernels {
         dout: &impl DeviceMem<bf16>,
         inp: &impl DeviceMem<f32>,
         w: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
         mean: &impl DeviceMem<f32>,
         rstd: &impl DeviceMem<f32>,
         n: usize,
@@ -284,33 +350,55 @@ impl MixedKernels {
         need("layernorm dout", dout.dlen().min(inp.dlen()), n * c)?;
         need(
             "layernorm param grads",
-            dw.dlen().min(db.dlen()).min(w.dlen()),
+            dw.dlen().min(db.dlen()).min(w.dlen()).min(b.dlen()),
             c,
         )?;
         need("layernorm stats", mean.dlen().min(rstd.dlen()), n)?;
         if let Some(d) = &dnext {
             need("layernorm next bias grad", d.dlen(), c)?;
         }
+        if let Some(o) = &ln_out {
+            need("layernorm recomputed output", o.dlen(), n * c)?;
+        }
         need(
             "layernorm partials",
             partial.dlen(),
             Self::partial_len(n, c, 3),
         )?;
-        // Both kernels start (dres, dres_bf, dout, inp, w, mean, rstd, N).
+        let lnout = ln_out.map_or(0, |o| o.dptr());
+        // Every kernel starts (dres, dres_bf, lnout, dout, inp, w, bias,
+        // mean, rstd, N).
         let mut args = vec![
             A::P(dres.dptr()),
             A::P(dres_bf.dptr()),
+            A::P(lnout),
             A::P(dout.dptr()),
             A::P(inp.dptr()),
             A::P(w.dptr()),
+            A::P(b.dptr()),
             A::P(mean.dptr()),
             A::P(rstd.dptr()),
             A::I(n as i32),
         ];
-        if let Some(fused) = self.ln_fused_for(c) {
-            let nblocks = n.div_ceil(LN_ROWS_PER_BLOCK).max(1);
-            args.extend([A::P(partial.dptr()), A::I(LN_ROWS_PER_BLOCK as i32)]);
-            Self::go(fused, s, (nblocks as u32, 1, 1), (128, 1, 1), args)?;
+        let vector = [
+            dres.dptr(),
+            dres_bf.dptr(),
+            lnout,
+            dout.dptr(),
+            inp.dptr(),
+            w.dptr(),
+            b.dptr(),
+        ];
+        let fused = match (self.ln_fused_for(c), self.ln_wide_for(c)) {
+            (Some(f), _) => Some((f, 128)),
+            (_, Some(k)) => Some((&k.backward, k.threads)),
+            _ => None,
+        };
+        if let Some((f, threads)) = fused.filter(|_| aligned16(&vector)) {
+            let rows = Self::ln_rows_per_block(c);
+            let nblocks = n.div_ceil(rows).max(1);
+            args.extend([A::P(partial.dptr()), A::I(rows as i32)]);
+            Self::go(f, s, blocks(nblocks, 1)?, (threads, 1, 1), args)?;
             let next = dnext.map_or(0, |d| d.dptr());
             return self.sum_partials(s, [dw.dptr(), db.dptr(), next], partial, nblocks, c);
         }
@@ -339,6 +427,11 @@ impl MixedKernels {
     /// Whether widths of `c` take the fused LayerNorm backward.
     fn ln_fused(c: usize) -> bool {
         matches!(c, 512 | 768 | 1024)
+    }
+
+    /// The wide LayerNorm kernels for width `c`, if there are some.
+    fn ln_wide_for(&self, c: usize) -> Option<&LnWide> {
+        self.ln_wide.iter().find(|k| k.width == c)
     }
 
     /// The fused LayerNorm backward for width `c`, if there is one.

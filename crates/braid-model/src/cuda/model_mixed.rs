@@ -28,14 +28,16 @@ use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// What a layer's forward pass keeps for its backward pass. The two
+/// LayerNorms keep only their statistics: their outputs (the inputs of the
+/// qkv and fc products) are recomputed by the LayerNorm backward, bit for
+/// bit, just before the weight gradients that read them.
 struct LayerSaved {
-    ln1: DeviceBuffer<bf16>,
     ln1_mean: DeviceBuffer<f32>,
     ln1_rstd: DeviceBuffer<f32>,
     attn: AttnSaved,
     atty: DeviceBuffer<bf16>,
     resid2: DeviceBuffer<f32>,
-    ln2: DeviceBuffer<bf16>,
     ln2_mean: DeviceBuffer<f32>,
     ln2_rstd: DeviceBuffer<f32>,
     /// The MLP's pre-activation (bias included). Its GELU is not kept:
@@ -215,6 +217,9 @@ impl WeightGrads {
 struct DeferredDy {
     /// The MLP's recomputed GELU (the output projection's input).
     gelu: DeviceBuffer<bf16>,
+    /// The recomputed LayerNorm outputs (the fc and qkv products' inputs).
+    ln2: DeviceBuffer<bf16>,
+    ln1: DeviceBuffer<bf16>,
     fcproj: DeviceBuffer<bf16>,
     fc: DeviceBuffer<bf16>,
     proj: DeviceBuffer<bf16>,
@@ -280,6 +285,10 @@ pub struct GpuGptMixed {
     batch: DeviceBatch,
     attn: AttnShared,
     // Scratch shared by the layers.
+    /// A LayerNorm's output: written by the forward pass for the product
+    /// it feeds, recomputed by the backward pass for that product's
+    /// weight gradient.
+    ln: DeviceBuffer<bf16>,
     qkv: DeviceBuffer<bf16>,
     /// The MLP's GELU: written by the forward pass for the output
     /// projection, recomputed by the backward pass for its weights.
@@ -320,13 +329,11 @@ impl GpuGptMixed {
         let mut layers = Vec::new();
         for _ in 0..cfg.n_layer {
             layers.push(LayerSaved {
-                ln1: p.zeros(n * c, s)?,
                 ln1_mean: p.zeros(n, s)?,
                 ln1_rstd: p.zeros(n, s)?,
                 attn: AttnSaved::new(p, s, shape, path)?,
                 atty: p.zeros(n * c, s)?,
                 resid2: p.zeros(n * c, s)?,
-                ln2: p.zeros(n * c, s)?,
                 ln2_mean: p.zeros(n, s)?,
                 ln2_rstd: p.zeros(n, s)?,
                 fch: p.zeros(n * 4 * c, s)?,
@@ -363,6 +370,7 @@ impl GpuGptMixed {
             losses: p.zeros(n, s)?,
             batch: DeviceBatch::new(device, n, v)?,
             attn: AttnShared::new(p, s, shape, path)?,
+            ln: p.zeros(n * c, s)?,
             qkv: p.zeros(n * 3 * c, s)?,
             gelu: p.zeros(n * 4 * c, s)?,
             dgelu: p.zeros(n * 4 * c, s)?,
@@ -413,8 +421,8 @@ impl GpuGptMixed {
     /// Defers the weight gradients of layers `0..layers` until after the
     /// embedding backward ([`backward_layer_weights`](Self::backward_layer_weights)):
     /// their products read the output gradients kept aside (and the
-    /// recomputed GELU: five bf16 buffers per layer, `13·b·t·width`
-    /// elements). Results are the same
+    /// recomputed GELU and LayerNorm outputs: seven bf16 buffers per
+    /// layer, `15·b·t·width` elements). Results are the same
     /// bit for bit; only the order of the work changes.
     pub fn defer_weight_grads(&mut self, layers: usize) -> Result<()> {
         let cfg = self.layout.config;
@@ -431,6 +439,8 @@ impl GpuGptMixed {
         for _ in 0..layers {
             self.deferred.push(DeferredDy {
                 gelu: p.zeros(n * 4 * c, s)?,
+                ln2: p.zeros(n * c, s)?,
+                ln1: p.zeros(n * c, s)?,
                 fcproj: p.zeros(n * c, s)?,
                 fc: p.zeros(n * 4 * c, s)?,
                 proj: p.zeros(n * c, s)?,
@@ -508,7 +518,7 @@ impl GpuGptMixed {
             let a = &mut self.layers[l];
             mk.layernorm_forward(
                 s,
-                &mut a.ln1,
+                &mut self.ln,
                 &mut a.ln1_mean,
                 &mut a.ln1_rstd,
                 x,
@@ -524,7 +534,7 @@ impl GpuGptMixed {
                 m: n,
                 n: 3 * c,
                 k: c,
-                a: Mat::of(&a.ln1, c),
+                a: Mat::of(&self.ln, c),
                 b: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
             };
             let into_saved = match &mut a.attn {
@@ -577,7 +587,7 @@ impl GpuGptMixed {
             prof.mark(s, "fwd gemm proj")?;
             mk.layernorm_forward(
                 s,
-                &mut a.ln2,
+                &mut self.ln,
                 &mut a.ln2_mean,
                 &mut a.ln2_rstd,
                 &a.resid2,
@@ -592,7 +602,7 @@ impl GpuGptMixed {
                 m: n,
                 n: 4 * c,
                 k: c,
-                a: Mat::of(&a.ln2, c),
+                a: Mat::of(&self.ln, c),
                 b: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
             };
             let gelu = Epilogue::GeluAuxBias {
@@ -782,11 +792,12 @@ impl GpuGptMixed {
         // The column sums of the LayerNorm's dres are the last layer's
         // fcproj bias gradient.
         let top = self.ranges[cfg.n_layer - 1].fcproj_b.clone();
-        let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb, top])?;
+        let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb.clone(), top])?;
         mk.layernorm_backward(
             s,
             &mut self.dresid,
             &mut self.dresid_bf,
+            None,
             &mut gw,
             &mut gb,
             Some(&mut gnext),
@@ -794,6 +805,7 @@ impl GpuGptMixed {
             &self.dln,
             &self.resid[cfg.n_layer],
             &p.view(lw),
+            &p.view(lb.clone()),
             &self.lnf_mean,
             &self.lnf_rstd,
             n,
@@ -875,18 +887,25 @@ impl GpuGptMixed {
             )?;
             prof.mark(s, "bwd gemm fcproj")?;
         }
-        LinearGrads {
-            x: Mat::of(&a.ln2, c),
-            w: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
-            dy: Mat::of(&self.dgelu, 4 * c),
-            dx: Mat::of(&self.dln, c),
-            dw: Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
-        }
-        .backward(blas, s, n, c, 4 * c, !defer)?;
-        if defer {
-            std::mem::swap(&mut self.dgelu, &mut self.deferred[l].fc);
-        }
+        // fc: the input gradient, then the LayerNorm backward (which
+        // recomputes ln2, the product's input), then the weight gradient.
+        mm(
+            blas,
+            s,
+            n,
+            c,
+            4 * c,
+            Mat::of(&self.dgelu, 4 * c),
+            Mat::of(&pb.view(r.fc_w.clone()), 4 * c).t(),
+            Mat::of(&self.dln, c),
+            0.0,
+        )?;
         prof.mark(s, "bwd gemm fc")?;
+        let ln2: &mut DeviceBuffer<bf16> = if defer {
+            &mut self.deferred[l].ln2
+        } else {
+            &mut self.ln
+        };
         {
             // ... and proj's bias gradient comes with this one.
             let [mut gw, mut gb, mut gnext] =
@@ -895,6 +914,7 @@ impl GpuGptMixed {
                 s,
                 &mut self.dresid,
                 &mut self.dresid_bf,
+                Some(ln2),
                 &mut gw,
                 &mut gb,
                 Some(&mut gnext),
@@ -902,12 +922,28 @@ impl GpuGptMixed {
                 &self.dln,
                 &a.resid2,
                 &p.view(r.ln2_w.clone()),
+                &p.view(r.ln2_b.clone()),
                 &a.ln2_mean,
                 &a.ln2_rstd,
                 n,
                 c,
             )?;
             prof.mark(s, "bwd layernorm")?;
+        }
+        if defer {
+            std::mem::swap(&mut self.dgelu, &mut self.deferred[l].fc);
+        } else {
+            weight_grad(
+                blas,
+                s,
+                n,
+                c,
+                4 * c,
+                Mat::of(&self.ln, c),
+                Mat::of(&self.dgelu, 4 * c),
+                Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
         }
         // Attention: resid2 = x + atty · Wproj + b.
         LinearGrads {
@@ -936,14 +972,19 @@ impl GpuGptMixed {
             prof,
         )?;
         prof.mark(s, "bwd attention")?;
-        LinearGrads {
-            x: Mat::of(&a.ln1, c),
-            w: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
-            dy: Mat::of(&self.qkv, 3 * c),
-            dx: Mat::of(&self.dln, c),
-            dw: Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
-        }
-        .backward(blas, s, n, c, 3 * c, !defer)?;
+        // qkv: the input gradient and the bias gradient, then the
+        // LayerNorm backward (recomputing ln1), then the weight gradient.
+        mm(
+            blas,
+            s,
+            n,
+            c,
+            3 * c,
+            Mat::of(&self.qkv, 3 * c),
+            Mat::of(&pb.view(r.qkv_w.clone()), 3 * c).t(),
+            Mat::of(&self.dln, c),
+            0.0,
+        )?;
         prof.mark(s, "bwd gemm qkv")?;
         mk.bias_backward_bf(
             s,
@@ -953,9 +994,6 @@ impl GpuGptMixed {
             n,
             3 * c,
         )?;
-        if defer {
-            std::mem::swap(&mut self.qkv, &mut self.deferred[l].qkv);
-        }
         prof.mark(s, "bwd bias")?;
         // The layer below's fcproj bias gradient comes with this one.
         let below = if l > 0 {
@@ -963,25 +1001,50 @@ impl GpuGptMixed {
         } else {
             0..0
         };
-        let [mut gw, mut gb, mut gnext] =
-            g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below])?;
-        mk.layernorm_backward(
-            s,
-            &mut self.dresid,
-            &mut self.dresid_bf,
-            &mut gw,
-            &mut gb,
-            if l > 0 { Some(&mut gnext) } else { None },
-            &mut self.partial,
-            &self.dln,
-            &self.resid[l],
-            &p.view(r.ln1_w.clone()),
-            &a.ln1_mean,
-            &a.ln1_rstd,
-            n,
-            c,
-        )?;
-        prof.mark(s, "bwd layernorm")
+        let ln1: &mut DeviceBuffer<bf16> = if defer {
+            &mut self.deferred[l].ln1
+        } else {
+            &mut self.ln
+        };
+        {
+            let [mut gw, mut gb, mut gnext] =
+                g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below])?;
+            mk.layernorm_backward(
+                s,
+                &mut self.dresid,
+                &mut self.dresid_bf,
+                Some(ln1),
+                &mut gw,
+                &mut gb,
+                if l > 0 { Some(&mut gnext) } else { None },
+                &mut self.partial,
+                &self.dln,
+                &self.resid[l],
+                &p.view(r.ln1_w.clone()),
+                &p.view(r.ln1_b.clone()),
+                &a.ln1_mean,
+                &a.ln1_rstd,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd layernorm")?;
+        }
+        if defer {
+            std::mem::swap(&mut self.qkv, &mut self.deferred[l].qkv);
+            Ok(())
+        } else {
+            weight_grad(
+                blas,
+                s,
+                n,
+                c,
+                3 * c,
+                Mat::of(&self.ln, c),
+                Mat::of(&self.qkv, 3 * c),
+                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
+            )?;
+            prof.mark(s, "bwd gemm qkv")
+        }
     }
 
     /// The deferred weight gradients of layer `l` (one of the first
@@ -1017,9 +1080,9 @@ impl GpuGptMixed {
         for w in which {
             let (x, dy, range, inp, out) = match w {
                 WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), 4 * c, c),
-                WeightGrads::Fc => (&a.ln2, &d.fc, r.fc_w.clone(), c, 4 * c),
+                WeightGrads::Fc => (&d.ln2, &d.fc, r.fc_w.clone(), c, 4 * c),
                 WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), c, c),
-                WeightGrads::Qkv => (&a.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * c),
+                WeightGrads::Qkv => (&d.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * c),
             };
             let dw = g.view_mut(range)?;
             weight_grad(
