@@ -112,17 +112,21 @@ pub fn cpu_training(
 /// Bytes of the mixed-precision GPU engine's activations and scratch
 /// (`cuda::model_mixed::GpuGptMixed` at batch `b × t`, with
 /// `deferred` layers deferring their weight gradients), as it allocates
-/// them: per layer the LayerNorm outputs and statistics, the attention's
-/// saved tensors (`qkv` and the log-sum-exp when `fused`, else per-head
-/// q, k, v and the T×T probabilities), its output, the f32 residual after
-/// attention and the MLP's pre-activation (its GELU is recomputed); the
-/// f32 residual stream; the logits; and the scratch the layers share.
+/// them: per layer the LayerNorm statistics, the attention's output and
+/// the block's other activations — the attention's saved tensors (`qkv`
+/// and the log-sum-exp when `fused`, else per-head q, k, v and the T×T
+/// probabilities), the f32 residual after attention and the MLP's
+/// pre-activation (its GELU and the LayerNorm outputs are recomputed) —
+/// which `checkpointing` keeps for one block only (plus each fused
+/// layer's log-sum-exp); the f32 residual stream; the logits; and the
+/// scratch the layers share.
 pub fn gpu_mixed_activation_bytes(
     cfg: &GptConfig,
     b: usize,
     t: usize,
     fused: bool,
     deferred: usize,
+    checkpointing: bool,
 ) -> u128 {
     use crate::cuda::mixed::MixedKernels;
     let (bu, tu) = (b as u128, t as u128);
@@ -141,9 +145,18 @@ pub fn gpu_mixed_activation_bytes(
     } else {
         (6 * nc + 2 * rows * tu, 4 * rows * tu + 8 * nc)
     };
-    // atty (bf16), resid2 (f32), fch (bf16, 4c), two pairs of f32
-    // LayerNorm statistics (the LayerNorm outputs are recomputed).
-    let layer = 2 * nc + 4 * nc + 8 * nc + 16 * n + attn_saved;
+    // The block's recomputable activations: the attention's, resid2
+    // (f32), fch (bf16, 4c).
+    let block = attn_saved + 4 * nc + 8 * nc;
+    // Every layer: atty (bf16), two pairs of f32 LayerNorm statistics.
+    let layer = 2 * nc
+        + 16 * n
+        + match (checkpointing, fused) {
+            (false, _) => block,
+            (true, true) => 4 * rows,
+            (true, false) => 0,
+        };
+    let work = if checkpointing { block } else { 0 };
     let residual = 4 * nc * (l + 1);
     let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
@@ -157,6 +170,7 @@ pub fn gpu_mixed_activation_bytes(
     // Tokens, targets and the embedding backward's bucket order (i32).
     let batch = 4 * (3 * n + v + 1);
     l * layer
+        + work
         + residual
         + head
         + pad
@@ -178,6 +192,7 @@ pub fn gpu_training(
     mixed: bool,
     fused_attention: bool,
     deferred: usize,
+    checkpointing: bool,
 ) -> Footprint {
     let params = cfg.num_params() as u128;
     let mut parts = vec![
@@ -203,7 +218,7 @@ pub fn gpu_training(
     parts.push(Part {
         name: "activations",
         bytes: if mixed {
-            gpu_mixed_activation_bytes(cfg, b, t, fused_attention, deferred)
+            gpu_mixed_activation_bytes(cfg, b, t, fused_attention, deferred, checkpointing)
         } else {
             4 * cpu_activation_elements(cfg, b, t, false)
         },

@@ -300,6 +300,16 @@ fn gpu_mismatch_under_debug_is_reported_on_every_rank() {
 /// `braid train --device cuda` on the tiny model, no evaluation, saving
 /// the model and the JSON record under `dir` as `name.*`.
 fn train_gpu(dir: &common::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, serde_json::Value) {
+    train_gpu_env(dir, name, args, &[])
+}
+
+/// [`train_gpu`] with extra environment variables.
+fn train_gpu_env(
+    dir: &common::TempDir,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<f32>, serde_json::Value) {
     let model = dir.path().join(format!("{name}.safetensors"));
     let json = dir.path().join(format!("{name}.json"));
     let mut cmd = braid();
@@ -319,7 +329,8 @@ fn train_gpu(dir: &common::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, ser
     .arg(&model)
     .arg("--json")
     .arg(&json)
-    .env("NCCL_NVLS_ENABLE", "0");
+    .env("NCCL_NVLS_ENABLE", "0")
+    .envs(env.iter().copied());
     let f = run(cmd, Duration::from_secs(180));
     assert_eq!(f.code, Some(0), "{name}: {f:?}");
     let params = braid_model::checkpoint::load(&model)
@@ -364,6 +375,46 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
             mean(&lf),
             mean(&lb)
         );
+    }
+}
+
+/// `--checkpointing` on the GPU recomputes the blocks' activations in the
+/// same arithmetic as the forward pass: after 8 steps the parameters are
+/// the same bit for bit as when the activations are kept, with the fused
+/// attention (log-sum-exp kept) and with the batched one (run again).
+#[test]
+fn gpu_checkpointing_trains_bit_for_bit_like_keeping_activations() {
+    if gpus(1).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-ckpt");
+    let args = [
+        "--model",
+        "L3-H4-C128-V256-T64",
+        "--data",
+        "random",
+        "--batch",
+        "6",
+        "--steps",
+        "8",
+    ];
+    for path in ["fused", "batched"] {
+        let env = [("BRAID_ATTENTION", path)];
+        let (kept, a) = train_gpu_env(&dir, &format!("{path}-kept"), &args, &env);
+        let ckpt = [&args[..], &["--checkpointing"]].concat();
+        let (again, b) = train_gpu_env(&dir, &format!("{path}-ckpt"), &ckpt, &env);
+        let differ = kept
+            .iter()
+            .zip(&again)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let _ = writeln!(
+            std::io::stderr(),
+            "{path} attention, checkpointing: {differ} of {} parameters differ",
+            kept.len()
+        );
+        assert_eq!(differ, 0, "{path}: checkpointing changed the parameters");
+        assert_eq!(common::step_losses(&a), common::step_losses(&b));
     }
 }
 
@@ -523,9 +574,11 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
             .parse()
             .unwrap()
     };
-    for (model, batch, seq) in [
-        ("124M", "4", "256"),
-        ("L6-H10-C1280-V50304-T1024", "8", "1024"),
+    let mut peaks = Vec::new();
+    for (model, batch, seq, ckpt) in [
+        ("124M", "4", "256", false),
+        ("L12-H10-C1280-V50304-T1024", "8", "1024", false),
+        ("L12-H10-C1280-V50304-T1024", "8", "1024", true),
     ] {
         let mut cmd = braid();
         cmd.args([
@@ -541,6 +594,7 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
             "--eval-every",
             "0",
         ])
+        .args(ckpt.then_some("--checkpointing"))
         .env("NCCL_NVLS_ENABLE", "0");
         let f = run(cmd, Duration::from_secs(120));
         assert_eq!(f.code, Some(0), "{f:?}");
@@ -548,13 +602,20 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
         let peak = figure(&f.stdout, "peak device memory");
         let _ = writeln!(
             std::io::stderr(),
-            "{model} B{batch} T{seq}: estimate {est} GiB, peak {peak} GiB"
+            "{model} B{batch} T{seq} checkpointing {ckpt}: estimate {est} GiB, peak {peak} GiB"
         );
+        peaks.push(peak);
         assert!(
             (est - peak).abs() <= 0.05 * peak,
             "{model}: estimate {est} GiB, peak {peak} GiB"
         );
     }
+    assert!(
+        peaks[2] < peaks[1] - 1.0,
+        "checkpointing saved too little: {} GiB against {} GiB",
+        peaks[2],
+        peaks[1]
+    );
     let mut cmd = braid();
     cmd.args(["train", "--device", "cuda", "--model", "L56-H32-C4096"])
         .args([

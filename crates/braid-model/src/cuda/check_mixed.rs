@@ -399,6 +399,33 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         if same { 0.0 } else { 1.0 },
         0.0,
     ));
+    // Checkpointing recomputes the blocks' activations in the same
+    // arithmetic: the same gradients bit for bit, with the weight
+    // gradients in place or deferred.
+    for defer in [0, layout.config.n_layer] {
+        let mut ck = super::model_mixed::GpuGptMixed::with_checkpointing(
+            device,
+            layout.clone(),
+            mb,
+            mt,
+            true,
+        )?;
+        ck.defer_weight_grads(defer)?;
+        let mut cgr = DeviceBuffer::zeros(device, layout.len)?;
+        let closs = ck.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
+        ck.backward(&gparams, &gpb, &mut cgr)?;
+        let same = closs == gloss && cgr.to_vec()? == ggv;
+        out.push(check(
+            "model bwd, checkpointing (bit-exact)",
+            format!(
+                "{}, B={mb}, {defer} layers deferred, {:?} attention",
+                ModelReference::CONFIG,
+                ck.attention_path()
+            ),
+            if same { 0.0 } else { 1.0 },
+            0.0,
+        ));
+    }
     Ok(out)
 }
 

@@ -336,12 +336,15 @@ __device__ void ln_backward_wide(float* dres, bf16* dres_bf, bf16* lnout, const 
         long off = (long)row * C;
         float m = mean[row], rs = rstd[row];
         float nv[J][4], gv[J][4];
+        float4 dv[J];
+        float4* d = (float4*)(dres + off);
         float a = 0.f, b = 0.f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
             int k = tid + T * j;
             if (K % T == 0 || k < K) {
                 float wv[4];
+                dv[j] = d[k];  // read with the row, not after its barrier
                 load_row4(inp, dout, w, off, k, m, rs, nv[j], gv[j], wv);
                 for (int e = 0; e < 4; e++) {
                     float dn = wv[e] * gv[j][e];
@@ -366,7 +369,6 @@ __device__ void ln_backward_wide(float* dres, bf16* dres_bf, bf16* lnout, const 
         }
         a /= C;
         b /= C;
-        float4* d = (float4*)(dres + off);
         uint2* dbf = (uint2*)(dres_bf + off);
 #pragma unroll
         for (int j = 0; j < J; j++) {
@@ -374,8 +376,7 @@ __device__ void ln_backward_wide(float* dres, bf16* dres_bf, bf16* lnout, const 
             if (K % T == 0 || k < K) {
                 float4 ww = ((const float4*)w)[k];
                 float wv[4] = {ww.x, ww.y, ww.z, ww.w};
-                float4 o = d[k];
-                float v[4] = {o.x, o.y, o.z, o.w};
+                float v[4] = {dv[j].x, dv[j].y, dv[j].z, dv[j].w};
                 for (int e = 0; e < 4; e++) {
                     v[e] += (wv[e] * gv[j][e] - a - nv[j][e] * b) * rs;
                     aw[j][e] += nv[j][e] * gv[j][e];
@@ -476,20 +477,28 @@ extern "C" __global__ void bias_partial_bf(float* partial, const bf16* dout, int
     bias_partial(partial, dout, N, C, rpb);
 }
 
-// Sums `blocks` partial rows of `parts * C` columns in block order:
-// columns [0, C) go to d0, [C, 2C) to d1, [2C, 3C) to d2 (each skipped
-// when null).
+// Sums `blocks` partial rows of `parts * C` columns: columns [0, C) go to
+// d0, [C, 2C) to d1, [2C, 3C) to d2 (each skipped when null). A block of
+// 32 columns x 8 row lanes, lane y summing partial rows y, y + 8, ... in
+// order, then the 8 lanes in order (hundreds of partial rows, as the wide
+// LayerNorm backward leaves, are then read by 8 times the threads).
 extern "C" __global__ void sum_partials(float* d0, float* d1, float* d2, const float* partial,
                                         int blocks, int C, int parts) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ float sh[8][33];
+    int i = blockIdx.x * 32 + threadIdx.x;
     int K = C * parts;
-    if (i >= K) return;
+    float s = 0.f;
+    if (i < K)
+        for (int b = threadIdx.y; b < blocks; b += 8) s += partial[(long)b * K + i];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || i >= K) return;
     float* dst[3] = {d0, d1, d2};
     float* d = dst[i / C];
     if (!d) return;
-    float s = 0.f;
-    for (int b = 0; b < blocks; b++) s += partial[(long)b * K + i];
-    d[i % C] += s;
+    float t = 0.f;
+    for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+    d[i % C] += t;
 }
 
 // ---- elementwise ------------------------------------------------------------
@@ -523,10 +532,14 @@ extern "C" __global__ void bias_gelu_bf(unsigned* pre, unsigned* out, const floa
     out[i] = pack(gelu(lo(p)), gelu(hi(p)));
 }
 
-__device__ __forceinline__ float gelu_grad(float x) {
-    float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
+// GELU's derivative from th = tanh(GELU_S * (x + 0.044715 x^3)).
+__device__ __forceinline__ float gelu_grad_th(float x, float th) {
     float sech2 = 1.f - th * th;
     return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_S * (1.f + 3.f * 0.044715f * x * x);
+}
+
+__device__ __forceinline__ float gelu_th(float x) {
+    return tanhf(GELU_S * (x + 0.044715f * x * x * x));
 }
 
 // f32 -> bf16 copy.
@@ -829,12 +842,17 @@ extern "C" __global__ void gelu_backward_bias_bf(bf8* dx, const bf8* pre, float*
             float g[8], x[8];
             unpack8(dx[i], g);
             unpack8(pre[i], x);
+            // One tanh per element serves the recomputed GELU (the same
+            // expression as gelu()) and its derivative: the kernel is
+            // bound by its arithmetic, not by memory.
+            float th[8];
+            for (int e = 0; e < 8; e++) th[e] = gelu_th(x[e]);
             if (out) {
                 float y[8];
-                for (int e = 0; e < 8; e++) y[e] = gelu(x[e]);
+                for (int e = 0; e < 8; e++) y[e] = 0.5f * x[e] * (1.f + th[e]);
                 out[i] = pack8(y);
             }
-            for (int e = 0; e < 8; e++) g[e] *= gelu_grad(x[e]);
+            for (int e = 0; e < 8; e++) g[e] *= gelu_grad_th(x[e], th[e]);
             bf8 out = pack8(g);
             dx[i] = out;
             unpack8(out, g);

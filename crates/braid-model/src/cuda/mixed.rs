@@ -463,7 +463,8 @@ impl MixedKernels {
             A::I(c as i32),
             A::I(parts as i32),
         ];
-        self.elementwise(&self.sum_partials, s, c * parts, args)
+        let tiles = blocks(c * parts, 32)?;
+        Self::go(&self.sum_partials, s, tiles, (32, 8, 1), args)
     }
 
     /// `dbias += column sums of dout` (f32 rows), in a fixed order.

@@ -17,6 +17,7 @@ use super::mixed::{MixedKernels, A};
 use super::profile::PhaseTimer;
 use crate::cpu::attention::AttnShape;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
+use braid_cuda::memory::copy_async;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
 use half::bf16;
 
@@ -261,6 +262,39 @@ pub fn forward_prebiased(
 ) -> Result<()> {
     match (saved, k.flash.as_ref()) {
         (AttnSaved::Fused { qkv, lse }, Some(f)) => f.forward(st, out, lse, qkv, s),
+        _ => Err(mismatch()),
+    }
+}
+
+/// Under checkpointing, after the forward pass of a fused layer: its
+/// log-sum-exp (in the shared `saved`) into the layer's `kept`.
+pub fn keep_lse(st: &Stream, saved: &AttnSaved, kept: &mut DeviceBuffer<f32>) -> Result<()> {
+    match saved {
+        AttnSaved::Fused { lse, .. } => copy_async(kept, lse, st),
+        AttnSaved::Batched { .. } => Err(mismatch()),
+    }
+}
+
+/// Under checkpointing, at the start of a fused layer's backward pass:
+/// `saved` as its forward pass left it, without running the attention
+/// again. The recomputed projection gets its bias into `saved` from
+/// `unbiased` (projection, bias), unless a fused-bias product already
+/// wrote it there (`None`), and the log-sum-exp comes back from `kept`.
+pub fn restore(
+    k: &MixedKernels,
+    st: &Stream,
+    saved: &mut AttnSaved,
+    unbiased: Option<(&DeviceBuffer<bf16>, &impl DeviceMem<f32>)>,
+    kept: &DeviceBuffer<f32>,
+    s: AttnShape,
+) -> Result<()> {
+    match (saved, k.flash.as_ref()) {
+        (AttnSaved::Fused { qkv, lse }, Some(f)) => {
+            if let Some((raw, bias)) = unbiased {
+                f.add_bias(st, qkv, raw, bias, s.b * s.t, 3 * s.c)?;
+            }
+            copy_async(lse, kept, st)
+        }
         _ => Err(mismatch()),
     }
 }

@@ -28,22 +28,72 @@ use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// What a layer's forward pass keeps for its backward pass. The two
-/// LayerNorms keep only their statistics: their outputs (the inputs of the
-/// qkv and fc products) are recomputed by the LayerNorm backward, bit for
-/// bit, just before the weight gradients that read them.
+/// What a layer's forward pass keeps for its backward pass (besides its
+/// input, the residual stream below it). The two LayerNorms keep only
+/// their statistics: their outputs (the inputs of the qkv and fc products)
+/// are recomputed by the LayerNorm backward, bit for bit, just before the
+/// weight gradients that read them.
 struct LayerSaved {
     ln1_mean: DeviceBuffer<f32>,
     ln1_rstd: DeviceBuffer<f32>,
-    attn: AttnSaved,
-    atty: DeviceBuffer<bf16>,
-    resid2: DeviceBuffer<f32>,
     ln2_mean: DeviceBuffer<f32>,
     ln2_rstd: DeviceBuffer<f32>,
+    /// The attention's output (the proj product's input).
+    atty: DeviceBuffer<bf16>,
+    /// The rest of the block's activations; `None` under checkpointing,
+    /// where the model's `work` buffers receive them again at the start of
+    /// the block's backward pass.
+    acts: Option<BlockActs>,
+    /// Under checkpointing with the fused attention: the rows'
+    /// log-sum-exp, so that the attention itself need not run again.
+    lse: Option<DeviceBuffer<f32>>,
+}
+
+/// A block's activations that checkpointing recomputes instead of keeping.
+struct BlockActs {
+    /// The attention's saved state (fused: the biased projection and the
+    /// log-sum-exp; batched: per-head q, k, v and the probabilities).
+    attn: AttnSaved,
+    /// The residual stream after the attention (the second LayerNorm's input).
+    resid2: DeviceBuffer<f32>,
     /// The MLP's pre-activation (bias included). Its GELU is not kept:
     /// the backward pass recomputes it (one write in the pass that reads
     /// `fch` anyway), saving 8 bytes per token and width of every layer.
     fch: DeviceBuffer<bf16>,
+}
+
+impl BlockActs {
+    fn new(p: &DevicePool, s: &Stream, shape: AttnShape, path: AttnPath) -> Result<BlockActs> {
+        let n = shape.b * shape.t;
+        Ok(BlockActs {
+            attn: AttnSaved::new(p, s, shape, path)?,
+            resid2: p.zeros(n * shape.c, s)?,
+            fch: p.zeros(n * 4 * shape.c, s)?,
+        })
+    }
+}
+
+/// Whether a block's forward pass runs for the loss, or again under
+/// checkpointing for its backward pass (then it stops before the last
+/// product, whose output is the kept residual stream).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward,
+    Recompute,
+}
+
+impl Pass {
+    /// The phase timer's name for a phase of this pass.
+    fn phase(self, forward: &'static str, recompute: &'static str) -> &'static str {
+        match self {
+            Pass::Forward => forward,
+            Pass::Recompute => recompute,
+        }
+    }
+}
+
+fn no_acts() -> CudaError {
+    CudaError::Invalid("a layer has neither its own activations nor checkpointing's".into())
 }
 
 /// Row-major `c[m,n] = a · b + beta · c` through cuBLAS.
@@ -276,6 +326,9 @@ pub struct GpuGptMixed {
     pad: Option<(DeviceBuffer<bf16>, DeviceBuffer<f32>)>,
     ranges: Vec<LayerRanges>,
     layers: Vec<LayerSaved>,
+    /// Under checkpointing (`--checkpointing`): the one block's
+    /// activations, recomputed at the start of each block's backward pass.
+    work: Option<BlockActs>,
     resid: Vec<DeviceBuffer<f32>>,
     lnf: DeviceBuffer<bf16>,
     lnf_mean: DeviceBuffer<f32>,
@@ -310,6 +363,22 @@ pub struct GpuGptMixed {
 impl GpuGptMixed {
     /// Buffers for batches of `b × t` tokens on `device`.
     pub fn new(device: &Device, layout: Arc<Layout>, b: usize, t: usize) -> Result<GpuGptMixed> {
+        Self::with_checkpointing(device, layout, b, t, false)
+    }
+
+    /// As [`new`](Self::new); with `checkpointing`, layers keep only their
+    /// input, LayerNorm statistics, attention output and (fused attention)
+    /// log-sum-exp, and each block's backward pass first runs its forward
+    /// pass again up to the MLP's pre-activation: three of its four
+    /// products, no attention (batched attention: that too). The gradients
+    /// are the same bit for bit.
+    pub fn with_checkpointing(
+        device: &Device,
+        layout: Arc<Layout>,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+    ) -> Result<GpuGptMixed> {
         let cfg = layout.config;
         let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
         if c % nh != 0 {
@@ -328,17 +397,27 @@ impl GpuGptMixed {
         let (s, p) = (&stream, &pool);
         let mut layers = Vec::new();
         for _ in 0..cfg.n_layer {
+            let fused = path == AttnPath::Fused;
             layers.push(LayerSaved {
                 ln1_mean: p.zeros(n, s)?,
                 ln1_rstd: p.zeros(n, s)?,
-                attn: AttnSaved::new(p, s, shape, path)?,
-                atty: p.zeros(n * c, s)?,
-                resid2: p.zeros(n * c, s)?,
                 ln2_mean: p.zeros(n, s)?,
                 ln2_rstd: p.zeros(n, s)?,
-                fch: p.zeros(n * 4 * c, s)?,
+                atty: p.zeros(n * c, s)?,
+                acts: match checkpointing {
+                    false => Some(BlockActs::new(p, s, shape, path)?),
+                    true => None,
+                },
+                lse: match checkpointing && fused {
+                    true => Some(p.zeros(b * nh * t, s)?),
+                    false => None,
+                },
             });
         }
+        let work = match checkpointing {
+            true => Some(BlockActs::new(p, s, shape, path)?),
+            false => None,
+        };
         let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
             .max(MixedKernels::partial_len(n, c, 3))
             .max(MixedKernels::gelu_partial_len(n, 4 * c));
@@ -355,6 +434,7 @@ impl GpuGptMixed {
                 .map(|i| LayerRanges::of(&layout, i))
                 .collect(),
             layers,
+            work,
             resid: (0..=cfg.n_layer)
                 .map(|_| p.zeros(n * c, s))
                 .collect::<Result<_>>()?,
@@ -488,160 +568,33 @@ impl GpuGptMixed {
             self.blas.set_sm_count_target(0)?;
         }
         let cfg = self.layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
         self.batch.upload(tokens, targets, b, t, cfg.context)?;
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
-        let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
-        let blas = &mut self.blas;
-        let lt = &mut self.lt;
-        let prof = &mut self.prof;
-        prof.mark(s, "start")?;
-        let shape = AttnShape { b, t, c, nh };
-        k.encoder_forward(
-            s,
-            &mut self.resid[0],
-            self.batch.tokens(),
-            &p.view(wte.clone()),
-            &p.view(wpe),
-            n,
-            t,
-            c,
-        )?;
-        prof.mark(s, "fwd encoder")?;
-        for l in 0..cfg.n_layer {
-            let r = &self.ranges[l];
-            let (before, after) = self.resid.split_at_mut(l + 1);
-            let (x, out) = (&before[l], &mut after[0]);
-            let a = &mut self.layers[l];
-            mk.layernorm_forward(
+        {
+            let (s, k, prof) = (&self.stream, &self.kernels, &mut self.prof);
+            prof.mark(s, "start")?;
+            k.encoder_forward(
                 s,
-                &mut self.ln,
-                &mut a.ln1_mean,
-                &mut a.ln1_rstd,
-                x,
-                &p.view(r.ln1_w.clone()),
-                &p.view(r.ln1_b.clone()),
+                &mut self.resid[0],
+                self.batch.tokens(),
+                &p.view(wte.clone()),
+                &p.view(wpe),
                 n,
+                t,
                 c,
             )?;
-            prof.mark(s, "fwd layernorm")?;
-            // The fused attention keeps qkv with its bias: one product
-            // writes it there when cuBLASLt can add the bias.
-            let qkv_product = Product {
-                m: n,
-                n: 3 * c,
-                k: c,
-                a: Mat::of(&self.ln, c),
-                b: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
-            };
-            let into_saved = match &mut a.attn {
-                AttnSaved::Fused { qkv, .. } => qkv_product.fused(
-                    lt,
-                    s,
-                    None,
-                    Mat::of(qkv, 3 * c),
-                    Epilogue::Bias {
-                        bias: span(&pb.view(r.qkv_b.clone())),
-                    },
-                )?,
-                AttnSaved::Batched { .. } => false,
-            };
-            if into_saved {
-                prof.mark(s, "fwd gemm qkv")?;
-                attention::forward_prebiased(mk, s, &mut a.atty, &mut a.attn, shape)?;
-            } else {
-                qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
-                prof.mark(s, "fwd gemm qkv")?;
-                attention::forward(
-                    mk,
-                    blas,
-                    s,
-                    &mut a.atty,
-                    &self.qkv,
-                    &p.view(r.qkv_b.clone()),
-                    &mut a.attn,
-                    &mut self.attn,
-                    shape,
-                    prof,
-                )?;
-            }
-            prof.mark(s, "fwd attention")?;
-            let proj = Product {
-                m: n,
-                n: c,
-                k: c,
-                a: Mat::of(&a.atty, c),
-                b: Mat::of(&pb.view(r.proj_w.clone()), c),
-            };
-            let bias = Epilogue::Bias {
-                bias: span(&p.view(r.proj_b.clone())),
-            };
-            if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&a.resid2, c), bias)? {
-                mk.residual_bias(s, &mut a.resid2, x, &p.view(r.proj_b.clone()), n, c)?;
-                prof.mark(s, "fwd residual+bias")?;
-                proj.plain(blas, s, Mat::of(&a.resid2, c), 1.0)?;
-            }
-            prof.mark(s, "fwd gemm proj")?;
-            mk.layernorm_forward(
-                s,
-                &mut self.ln,
-                &mut a.ln2_mean,
-                &mut a.ln2_rstd,
-                &a.resid2,
-                &p.view(r.ln2_w.clone()),
-                &p.view(r.ln2_b.clone()),
-                n,
-                c,
-            )?;
-            prof.mark(s, "fwd layernorm")?;
-            // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
-            let fc = Product {
-                m: n,
-                n: 4 * c,
-                k: c,
-                a: Mat::of(&self.ln, c),
-                b: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
-            };
-            let gelu = Epilogue::GeluAuxBias {
-                bias: span(&pb.view(r.fc_b.clone())),
-                aux: span(&a.fch),
-                aux_ld: 4 * c,
-            };
-            if fc.fused(lt, s, None, Mat::of(&self.gelu, 4 * c), gelu)? {
-                prof.mark(s, "fwd gemm fc")?;
-            } else {
-                fc.plain(blas, s, Mat::of(&a.fch, 4 * c), 0.0)?;
-                prof.mark(s, "fwd gemm fc")?;
-                mk.bias_gelu(
-                    s,
-                    &mut a.fch,
-                    &mut self.gelu,
-                    &p.view(r.fc_b.clone()),
-                    n,
-                    4 * c,
-                )?;
-                prof.mark(s, "fwd bias+gelu")?;
-            }
-            let fcproj = Product {
-                m: n,
-                n: c,
-                k: 4 * c,
-                a: Mat::of(&self.gelu, 4 * c),
-                b: Mat::of(&pb.view(r.fcproj_w.clone()), c),
-            };
-            let bias = Epilogue::Bias {
-                bias: span(&p.view(r.fcproj_b.clone())),
-            };
-            if !fcproj.fused(lt, s, Some(Mat::of(&a.resid2, c)), Mat::of(out, c), bias)? {
-                mk.residual_bias(s, out, &a.resid2, &p.view(r.fcproj_b.clone()), n, c)?;
-                prof.mark(s, "fwd residual+bias")?;
-                fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
-            }
-            prof.mark(s, "fwd gemm fcproj")?;
+            prof.mark(s, "fwd encoder")?;
         }
+        for l in 0..cfg.n_layer {
+            self.forward_layer(l, p, pb, Pass::Forward)?;
+        }
+        let (s, mk) = (&self.stream, &self.mk);
+        let blas = &mut self.blas;
+        let prof = &mut self.prof;
         mk.layernorm_forward(
             s,
             &mut self.lnf,
@@ -688,6 +641,173 @@ impl GpuGptMixed {
         prof.mark(s, "softmax+cross-entropy")?;
         s.synchronize()?;
         self.batch.mean_loss(&self.losses)
+    }
+
+    /// Transformer block `l`'s forward pass. [`Pass::Forward`] computes its
+    /// output, the next residual stream. [`Pass::Recompute`] (under
+    /// checkpointing, at the start of the block's backward pass) rebuilds
+    /// what that pass reads, in the same arithmetic: the LayerNorm
+    /// statistics, the attention's saved state, `resid2` and `fch`. With
+    /// the fused attention it keeps the attention output and restores the
+    /// log-sum-exp instead of running the attention again, and it stops
+    /// before the last product.
+    fn forward_layer(
+        &mut self,
+        l: usize,
+        p: &DeviceBuffer<f32>,
+        pb: &DeviceBuffer<bf16>,
+        pass: Pass,
+    ) -> Result<()> {
+        let cfg = self.layout.config;
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let shape = AttnShape { b, t, c, nh };
+        let (s, mk) = (&self.stream, &self.mk);
+        let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
+        let r = &self.ranges[l];
+        let (before, after) = self.resid.split_at_mut(l + 1);
+        let (x, out) = (&before[l], &mut after[0]);
+        let LayerSaved {
+            ln1_mean,
+            ln1_rstd,
+            ln2_mean,
+            ln2_rstd,
+            atty,
+            acts,
+            lse: kept_lse,
+        } = &mut self.layers[l];
+        let BlockActs { attn, resid2, fch } =
+            acts.as_mut().or(self.work.as_mut()).ok_or_else(no_acts)?;
+        mk.layernorm_forward(
+            s,
+            &mut self.ln,
+            ln1_mean,
+            ln1_rstd,
+            x,
+            &p.view(r.ln1_w.clone()),
+            &p.view(r.ln1_b.clone()),
+            n,
+            c,
+        )?;
+        prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
+        // The fused attention keeps qkv with its bias: one product
+        // writes it there when cuBLASLt can add the bias.
+        let qkv_product = Product {
+            m: n,
+            n: 3 * c,
+            k: c,
+            a: Mat::of(&self.ln, c),
+            b: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
+        };
+        let into_saved = match &mut *attn {
+            AttnSaved::Fused { qkv, .. } => qkv_product.fused(
+                lt,
+                s,
+                None,
+                Mat::of(qkv, 3 * c),
+                Epilogue::Bias {
+                    bias: span(&pb.view(r.qkv_b.clone())),
+                },
+            )?,
+            AttnSaved::Batched { .. } => false,
+        };
+        if !into_saved {
+            qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
+        }
+        prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
+        let qkv_b = p.view(r.qkv_b.clone());
+        match (pass, kept_lse.as_mut()) {
+            (Pass::Recompute, Some(kept)) => {
+                let unbiased = (!into_saved).then_some((&self.qkv, &qkv_b));
+                attention::restore(mk, s, attn, unbiased, kept, shape)?;
+            }
+            _ => {
+                if into_saved {
+                    attention::forward_prebiased(mk, s, atty, attn, shape)?;
+                } else {
+                    let sh = &mut self.attn;
+                    attention::forward(
+                        mk, blas, s, atty, &self.qkv, &qkv_b, attn, sh, shape, prof,
+                    )?;
+                }
+                if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
+                    attention::keep_lse(s, attn, kept)?;
+                }
+            }
+        }
+        prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
+        let proj = Product {
+            m: n,
+            n: c,
+            k: c,
+            a: Mat::of(&*atty, c),
+            b: Mat::of(&pb.view(r.proj_w.clone()), c),
+        };
+        let bias = Epilogue::Bias {
+            bias: span(&p.view(r.proj_b.clone())),
+        };
+        if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
+            mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone()), n, c)?;
+            prof.mark(
+                s,
+                pass.phase("fwd residual+bias", "recompute residual+bias"),
+            )?;
+            proj.plain(blas, s, Mat::of(&*resid2, c), 1.0)?;
+        }
+        prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
+        mk.layernorm_forward(
+            s,
+            &mut self.ln,
+            ln2_mean,
+            ln2_rstd,
+            &*resid2,
+            &p.view(r.ln2_w.clone()),
+            &p.view(r.ln2_b.clone()),
+            n,
+            c,
+        )?;
+        prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
+        // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
+        let fc = Product {
+            m: n,
+            n: 4 * c,
+            k: c,
+            a: Mat::of(&self.ln, c),
+            b: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
+        };
+        let gelu = Epilogue::GeluAuxBias {
+            bias: span(&pb.view(r.fc_b.clone())),
+            aux: span(&*fch),
+            aux_ld: 4 * c,
+        };
+        if fc.fused(lt, s, None, Mat::of(&self.gelu, 4 * c), gelu)? {
+            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
+        } else {
+            fc.plain(blas, s, Mat::of(&*fch, 4 * c), 0.0)?;
+            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
+            mk.bias_gelu(s, fch, &mut self.gelu, &p.view(r.fc_b.clone()), n, 4 * c)?;
+            prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
+        }
+        if pass == Pass::Recompute {
+            return Ok(());
+        }
+        let fcproj = Product {
+            m: n,
+            n: c,
+            k: 4 * c,
+            a: Mat::of(&self.gelu, 4 * c),
+            b: Mat::of(&pb.view(r.fcproj_w.clone()), c),
+        };
+        let bias = Epilogue::Bias {
+            bias: span(&p.view(r.fcproj_b.clone())),
+        };
+        if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
+            mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone()), n, c)?;
+            prof.mark(s, "fwd residual+bias")?;
+            fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
+        }
+        prof.mark(s, "fwd gemm fcproj")
     }
 
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
@@ -825,6 +945,9 @@ impl GpuGptMixed {
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
         self.check_params(p, pb)?;
+        if self.work.is_some() {
+            self.forward_layer(l, p, pb, Pass::Recompute)?;
+        }
         let cfg = self.layout.config;
         let (c, nh) = (cfg.n_embd, cfg.n_head);
         let (b, t) = (self.b, self.t);
@@ -835,6 +958,7 @@ impl GpuGptMixed {
         let prof = &mut self.prof;
         let r = &self.ranges[l];
         let a = &self.layers[l];
+        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         let defer = l < self.deferred.len();
         // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
@@ -864,7 +988,7 @@ impl GpuGptMixed {
         mk.gelu_backward_bias(
             s,
             &mut self.dgelu,
-            &a.fch,
+            &acts.fch,
             &mut g.view_mut(r.fc_b.clone())?,
             &mut self.partial,
             Some(gelu),
@@ -920,7 +1044,7 @@ impl GpuGptMixed {
                 Some(&mut gnext),
                 &mut self.partial,
                 &self.dln,
-                &a.resid2,
+                &acts.resid2,
                 &p.view(r.ln2_w.clone()),
                 &p.view(r.ln2_b.clone()),
                 &a.ln2_mean,
@@ -966,7 +1090,7 @@ impl GpuGptMixed {
             &mut self.qkv,
             &self.datty,
             &a.atty,
-            &a.attn,
+            &acts.attn,
             &mut self.attn,
             shape,
             prof,

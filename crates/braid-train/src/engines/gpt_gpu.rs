@@ -88,15 +88,22 @@ pub struct GpuGpt {
 
 impl GpuGpt {
     /// An engine on `device` starting from `params`, for batches of
-    /// `b × t`, with AdamW's decoupled `weight_decay`.
+    /// `(b, t)`, with AdamW's decoupled `weight_decay`; `checkpointing`
+    /// (bf16 only) recomputes the blocks' activations in the backward pass.
     pub fn new(
         device: &Device,
         params: &Params,
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
         precision: Precision,
+        checkpointing: bool,
         weight_decay: f32,
     ) -> Result<GpuGpt> {
+        if checkpointing && precision != Precision::Bf16 {
+            return Err(format!(
+                "checkpointing: the GPU engine recomputes blocks in bf16 only, not {}",
+                precision.name()
+            ));
+        }
         let layout = params.layout.clone();
         let p = DeviceBuffer::from_host(device, &params.data).map_err(e)?;
         let mk = MixedKernels::load(device).map_err(e)?;
@@ -105,7 +112,9 @@ impl GpuGpt {
                 GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?,
             )),
             Precision::Bf16 => {
-                let m = GpuGptMixed::new(device, layout.clone(), b, t).map_err(e)?;
+                let m =
+                    GpuGptMixed::with_checkpointing(device, layout.clone(), b, t, checkpointing)
+                        .map_err(e)?;
                 let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
                 mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
                 Model::Mixed(Box::new(m), pb)

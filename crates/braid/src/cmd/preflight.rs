@@ -123,15 +123,26 @@ pub fn device(
         && FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
-    let need = |b: usize| gpu_training(cfg, b, a.seq, mixed, fused, deferred);
-    let f = need(batch);
+    let need = |b: usize, ckpt: bool| gpu_training(cfg, b, a.seq, mixed, fused, deferred, ckpt);
+    let f = need(batch, a.checkpointing);
     if f.total() + DEVICE_MARGIN <= free {
         return Ok(f.total());
     }
     let room = free.saturating_sub(DEVICE_MARGIN);
-    let hint = match largest_batch(room, batch, need) {
-        Some(b) => format!("what would fit: --batch {b}"),
-        None => {
+    let mut fits = Vec::new();
+    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing)) {
+        fits.push(format!("--batch {b}"));
+    }
+    if mixed && !a.checkpointing {
+        match largest_batch(room, batch, |b| need(b, true)) {
+            Some(b) if b == batch => fits.push("--checkpointing".into()),
+            Some(b) => fits.push(format!("--checkpointing --batch {b}")),
+            None => {}
+        }
+    }
+    let hint = match fits.is_empty() {
+        false => format!("what would fit: {}", fits.join(" or ")),
+        true => {
             let per = if mixed { 18 } else { 16 };
             format!(
                 "even batch 1 does not fit: pick a model of at most about {:.2e} parameters \

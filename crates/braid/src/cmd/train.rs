@@ -76,8 +76,10 @@ pub struct TrainArgs {
     /// Evaluate on held-out data every K steps and at the end (0: never).
     #[arg(long, default_value_t = 100)]
     eval_every: usize,
-    /// Recompute activations in the backward pass (less memory; CPU engine:
-    /// the GPU engine recomputes only the MLP's GELU, always, and refuses this flag for now)
+    /// Recompute activations in the backward pass instead of keeping them
+    /// (less memory, more compute). GPU (bf16): layers keep their input,
+    /// attention output and log-sum-exp; each block's backward pass runs
+    /// its LayerNorms and three of its four products again
     #[arg(long)]
     checkpointing: bool,
     /// Print a progress line every K steps (default: about once a second).
@@ -248,12 +250,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         (false, _) => Precision::F32,
     };
-    if cuda && a.checkpointing {
-        return Err(
-            "--checkpointing: the GPU engine does not recompute whole blocks yet \
-                    (it recomputes the MLP's GELU always); drop the flag or use a smaller --batch"
-                .into(),
-        );
+    if cuda && a.checkpointing && precision != Precision::Bf16 {
+        return Err(format!(
+            "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
+             --precision {} or the flag)",
+            precision.name()
+        ));
     }
     if cuda && optimizer != OptimizerKind::AdamW {
         return Err("--device cuda trains with adamw only (so far)".into());
@@ -459,7 +461,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
         braid_cuda::pool::reset_peak();
-        let mut engine = GpuGpt::new(&dev, &params, batch, a.seq, precision, a.weight_decay)?;
+        let mut engine = GpuGpt::new(
+            &dev,
+            &params,
+            (batch, a.seq),
+            precision,
+            a.checkpointing,
+            a.weight_decay,
+        )?;
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => {
