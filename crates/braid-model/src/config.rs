@@ -166,16 +166,17 @@ impl GptConfig {
     /// overflows (validation uses it to refuse the impossible ones).
     pub fn params_u128(&self) -> u128 {
         let c = self.n_embd as u128;
-        let block = 2 * c
-            + (c * 3 * c + 3 * c)
-            + (c * c + c)
-            + 2 * c
-            + (c * 4 * c + 4 * c)
-            + (4 * c * c + c);
         self.vocab_size as u128 * c
             + self.context as u128 * c
-            + self.n_layer as u128 * block
+            + self.n_layer as u128 * self.block_params_u128()
             + 2 * c
+    }
+
+    /// Parameters of one transformer block (two LayerNorms, the attention's
+    /// two projections, the MLP's two).
+    pub fn block_params_u128(&self) -> u128 {
+        let c = self.n_embd as u128;
+        2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c + (c * 4 * c + 4 * c) + (4 * c * c + c)
     }
 }
 

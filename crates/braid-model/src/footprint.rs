@@ -181,19 +181,41 @@ pub fn gpu_mixed_activation_bytes(
         + 30 * nc * deferred as u128
 }
 
+/// A GPU training run's shape and choices, as the footprint needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuRun {
+    /// Sequences per step (on this GPU).
+    pub b: usize,
+    /// Tokens per sequence.
+    pub t: usize,
+    /// bf16 (the mixed-precision engine) rather than f32.
+    pub mixed: bool,
+    /// The fused attention rather than the batched products.
+    pub fused_attention: bool,
+    /// Layers deferring their weight gradients.
+    pub deferred: usize,
+    /// Activation checkpointing.
+    pub checkpointing: bool,
+    /// No full bf16 copy of the parameters: one layer's, cast as needed,
+    /// and the token embeddings'.
+    pub streamed_weights: bool,
+}
+
 /// The GPU engine's memory by part: model states (f32 parameters,
-/// gradients and AdamW's two moments, plus the bf16 copy when `mixed`)
+/// gradients and AdamW's two moments, plus the bf16 weights when `mixed`:
+/// a full copy, or one layer's and the token embeddings' when streamed)
 /// and activations. f32 runs (`mixed` false) take the CPU engine's
 /// activation count in f32 as their estimate.
-pub fn gpu_training(
-    cfg: &GptConfig,
-    b: usize,
-    t: usize,
-    mixed: bool,
-    fused_attention: bool,
-    deferred: usize,
-    checkpointing: bool,
-) -> Footprint {
+pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
+    let GpuRun {
+        b,
+        t,
+        mixed,
+        fused_attention,
+        deferred,
+        checkpointing,
+        streamed_weights,
+    } = *run;
     let params = cfg.num_params() as u128;
     let mut parts = vec![
         Part {
@@ -210,9 +232,13 @@ pub fn gpu_training(
         },
     ];
     if mixed {
+        let wte = cfg.vocab_size as u128 * cfg.n_embd as u128;
         parts.push(Part {
             name: "bf16 weights",
-            bytes: 2 * params,
+            bytes: match streamed_weights {
+                false => 2 * params,
+                true => 2 * (cfg.block_params_u128() + wte),
+            },
         });
     }
     parts.push(Part {

@@ -378,12 +378,14 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     }
 }
 
-/// `--checkpointing` on the GPU recomputes the blocks' activations in the
-/// same arithmetic as the forward pass: after 8 steps the parameters are
-/// the same bit for bit as when the activations are kept, with the fused
-/// attention (log-sum-exp kept) and with the batched one (run again).
+/// `--checkpointing` on the GPU recomputes the blocks' activations, and
+/// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer
+/// as it is needed, in the same arithmetic as the forward pass and the
+/// optimizer: after 8 steps the parameters are the same bit for bit as
+/// when everything is kept, with the fused attention (log-sum-exp kept)
+/// and with the batched one (run again).
 #[test]
-fn gpu_checkpointing_trains_bit_for_bit_like_keeping_activations() {
+fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
     if gpus(1).is_none() {
         return;
     }
@@ -398,23 +400,34 @@ fn gpu_checkpointing_trains_bit_for_bit_like_keeping_activations() {
         "--steps",
         "8",
     ];
+    let ckpt = [&args[..], &["--checkpointing"]].concat();
     for path in ["fused", "batched"] {
-        let env = [("BRAID_ATTENTION", path)];
-        let (kept, a) = train_gpu_env(&dir, &format!("{path}-kept"), &args, &env);
-        let ckpt = [&args[..], &["--checkpointing"]].concat();
-        let (again, b) = train_gpu_env(&dir, &format!("{path}-ckpt"), &ckpt, &env);
-        let differ = kept
-            .iter()
-            .zip(&again)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        let _ = writeln!(
-            std::io::stderr(),
-            "{path} attention, checkpointing: {differ} of {} parameters differ",
-            kept.len()
-        );
-        assert_eq!(differ, 0, "{path}: checkpointing changed the parameters");
-        assert_eq!(common::step_losses(&a), common::step_losses(&b));
+        let env = |weights| [("BRAID_ATTENTION", path), ("BRAID_BF16_WEIGHTS", weights)];
+        let (kept, a) = train_gpu_env(&dir, &format!("{path}-kept"), &args, &env("resident"));
+        for (name, run, weights) in [
+            ("checkpointing", &ckpt[..], "resident"),
+            ("streamed weights", &args[..], "streamed"),
+            ("both", &ckpt[..], "streamed"),
+        ] {
+            let (again, b) = train_gpu_env(
+                &dir,
+                &format!("{path}-{}", name.replace(' ', "-")),
+                run,
+                &env(weights),
+            );
+            let differ = kept
+                .iter()
+                .zip(&again)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            let _ = writeln!(
+                std::io::stderr(),
+                "{path} attention, {name}: {differ} of {} parameters differ",
+                kept.len()
+            );
+            assert_eq!(differ, 0, "{path}, {name}: the parameters changed");
+            assert_eq!(common::step_losses(&a), common::step_losses(&b));
+        }
     }
 }
 

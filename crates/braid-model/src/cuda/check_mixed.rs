@@ -368,8 +368,8 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let gparams = up(device, &params.data)?;
     let gpb = up_bf(device, &params.data)?;
     let mut ggr = DeviceBuffer::zeros(device, layout.len)?;
-    let gloss = gpu.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
-    gpu.backward(&gparams, &gpb, &mut ggr)?;
+    let gloss = gpu.forward(&gparams, Some(&gpb), &m.tokens, &m.targets, true)?;
+    gpu.backward(&gparams, Some(&gpb), &mut ggr)?;
     let ggv = ggr.to_vec()?;
     let mut e = ((gloss - closs) as f64).abs() / (closs as f64).abs();
     let mut worst = String::new();
@@ -390,8 +390,8 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     // the gradients must be the same bit for bit.
     gpu.defer_weight_grads(layout.config.n_layer)?;
     let mut dgr = DeviceBuffer::zeros(device, layout.len)?;
-    let dloss = gpu.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
-    gpu.backward(&gparams, &gpb, &mut dgr)?;
+    let dloss = gpu.forward(&gparams, Some(&gpb), &m.tokens, &m.targets, true)?;
+    gpu.backward(&gparams, Some(&gpb), &mut dgr)?;
     let same = dloss == gloss && dgr.to_vec()? == ggv;
     out.push(check(
         "model bwd, weight gradients deferred (bit-exact)",
@@ -399,24 +399,35 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         if same { 0.0 } else { 1.0 },
         0.0,
     ));
-    // Checkpointing recomputes the blocks' activations in the same
-    // arithmetic: the same gradients bit for bit, with the weight
-    // gradients in place or deferred.
-    for defer in [0, layout.config.n_layer] {
-        let mut ck = super::model_mixed::GpuGptMixed::with_checkpointing(
-            device,
-            layout.clone(),
-            mb,
-            mt,
-            true,
-        )?;
+    // Checkpointing recomputes the blocks' activations, and streamed bf16
+    // weights cast each layer as it is needed, in the same arithmetic: the
+    // same gradients bit for bit, with the weight gradients in place or
+    // deferred.
+    use super::model_mixed::{GpuGptMixed, MixedOptions};
+    let n_layer = layout.config.n_layer;
+    for (checkpointing, streamed_weights, defer) in [
+        (true, false, 0),
+        (true, false, n_layer),
+        (false, true, 0),
+        (true, true, n_layer),
+    ] {
+        let options = MixedOptions {
+            checkpointing,
+            streamed_weights,
+        };
+        let mut ck = GpuGptMixed::with_options(device, layout.clone(), mb, mt, options)?;
         ck.defer_weight_grads(defer)?;
+        let pb = (!streamed_weights).then_some(&gpb);
         let mut cgr = DeviceBuffer::zeros(device, layout.len)?;
-        let closs = ck.forward(&gparams, &gpb, &m.tokens, &m.targets, true)?;
-        ck.backward(&gparams, &gpb, &mut cgr)?;
+        let closs = ck.forward(&gparams, pb, &m.tokens, &m.targets, true)?;
+        ck.backward(&gparams, pb, &mut cgr)?;
         let same = closs == gloss && cgr.to_vec()? == ggv;
         out.push(check(
-            "model bwd, checkpointing (bit-exact)",
+            match (checkpointing, streamed_weights) {
+                (true, false) => "model bwd, checkpointing (bit-exact)",
+                (false, true) => "model bwd, streamed bf16 weights (bit-exact)",
+                _ => "model bwd, both (bit-exact)",
+            },
             format!(
                 "{}, B={mb}, {defer} layers deferred, {:?} attention",
                 ModelReference::CONFIG,

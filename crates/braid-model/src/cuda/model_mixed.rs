@@ -17,7 +17,7 @@ use super::model::LayerRanges;
 use super::profile::PhaseTimer;
 use super::Kernels;
 use crate::cpu::attention::AttnShape;
-use crate::layout::Layout;
+use crate::layout::{Block, Layout};
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::memory::{copy_async, zero_async};
@@ -90,6 +90,63 @@ impl Pass {
             Pass::Recompute => recompute,
         }
     }
+}
+
+/// The products' bf16 weights when the model keeps no full bf16 copy of
+/// its parameters: each layer's parameters are cast from the f32 master
+/// copy into one layer's buffer just before the layer's forward pass and
+/// again before its backward pass, and the token embeddings (the
+/// classifier's) once per step. 2 bytes per parameter less, for two casts
+/// of every parameter per step.
+struct StreamedWeights {
+    /// One layer's parameters, in layout order.
+    layer: DeviceBuffer<bf16>,
+    /// The layer whose current parameters `layer` holds.
+    holds: Option<usize>,
+    /// The token embeddings, cast by the forward pass for the step.
+    wte: DeviceBuffer<bf16>,
+}
+
+/// How a [`GpuGptMixed`] is built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MixedOptions {
+    /// Recompute the blocks' activations in the backward pass
+    /// ([`GpuGptMixed::with_options`]).
+    pub checkpointing: bool,
+    /// No full bf16 copy of the parameters: the forward and backward
+    /// passes take `pb = None` and cast each layer's weights as they go.
+    pub streamed_weights: bool,
+}
+
+/// Layer `l`'s bf16 weights (`block`, its range of the layout): the full
+/// copy `pb`, or the streamed layer buffer, cast from `p` now unless it
+/// holds the layer already. Returns the buffer and the layout index of
+/// its first element.
+fn layer_weights<'a>(
+    mk: &MixedKernels,
+    s: &Stream,
+    streamed: &'a mut Option<StreamedWeights>,
+    pb: Option<&'a DeviceBuffer<bf16>>,
+    p: &DeviceBuffer<f32>,
+    l: usize,
+    block: Range<usize>,
+) -> Result<(&'a DeviceBuffer<bf16>, usize)> {
+    match (pb, streamed) {
+        (Some(pb), _) => Ok((pb, 0)),
+        (None, Some(st)) => {
+            if st.holds != Some(l) {
+                let len = block.len();
+                mk.to_bf16(s, &mut st.layer.view_mut(0..len), &p.view(block.clone()))?;
+                st.holds = Some(l);
+            }
+            Ok((&st.layer, block.start))
+        }
+        (None, None) => Err(no_weights()),
+    }
+}
+
+fn no_weights() -> CudaError {
+    CudaError::Invalid("no bf16 weights: pass the bf16 copy or build the model to stream".into())
 }
 
 fn no_acts() -> CudaError {
@@ -329,6 +386,8 @@ pub struct GpuGptMixed {
     /// Under checkpointing (`--checkpointing`): the one block's
     /// activations, recomputed at the start of each block's backward pass.
     work: Option<BlockActs>,
+    /// Without a full bf16 copy of the parameters: the cast weights.
+    streamed: Option<StreamedWeights>,
     resid: Vec<DeviceBuffer<f32>>,
     lnf: DeviceBuffer<bf16>,
     lnf_mean: DeviceBuffer<f32>,
@@ -363,22 +422,25 @@ pub struct GpuGptMixed {
 impl GpuGptMixed {
     /// Buffers for batches of `b × t` tokens on `device`.
     pub fn new(device: &Device, layout: Arc<Layout>, b: usize, t: usize) -> Result<GpuGptMixed> {
-        Self::with_checkpointing(device, layout, b, t, false)
+        Self::with_options(device, layout, b, t, MixedOptions::default())
     }
 
-    /// As [`new`](Self::new); with `checkpointing`, layers keep only their
+    /// As [`new`](Self::new). With `checkpointing`, layers keep only their
     /// input, LayerNorm statistics, attention output and (fused attention)
     /// log-sum-exp, and each block's backward pass first runs its forward
     /// pass again up to the MLP's pre-activation: three of its four
-    /// products, no attention (batched attention: that too). The gradients
-    /// are the same bit for bit.
-    pub fn with_checkpointing(
+    /// products, no attention (batched attention: that too). With
+    /// `streamed_weights` there is no full bf16 copy of the parameters
+    /// (see [`MixedOptions`]). Either way the gradients are the same bit
+    /// for bit.
+    pub fn with_options(
         device: &Device,
         layout: Arc<Layout>,
         b: usize,
         t: usize,
-        checkpointing: bool,
+        options: MixedOptions,
     ) -> Result<GpuGptMixed> {
+        let checkpointing = options.checkpointing;
         let cfg = layout.config;
         let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
         if c % nh != 0 {
@@ -418,6 +480,14 @@ impl GpuGptMixed {
             true => Some(BlockActs::new(p, s, shape, path)?),
             false => None,
         };
+        let streamed = match options.streamed_weights {
+            true => Some(StreamedWeights {
+                layer: p.zeros(layout.block_range(Block::Layer(0)).len(), s)?,
+                holds: None,
+                wte: p.zeros(v * c, s)?,
+            }),
+            false => None,
+        };
         let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
             .max(MixedKernels::partial_len(n, c, 3))
             .max(MixedKernels::gelu_partial_len(n, 4 * c));
@@ -435,6 +505,7 @@ impl GpuGptMixed {
                 .collect(),
             layers,
             work,
+            streamed,
             resid: (0..=cfg.n_layer)
                 .map(|_| p.zeros(n * c, s))
                 .collect::<Result<_>>()?,
@@ -539,31 +610,46 @@ impl GpuGptMixed {
         self.layout.get(name).expect("model parameter").range()
     }
 
-    fn check_params(&self, p: &DeviceBuffer<f32>, pb: &DeviceBuffer<bf16>) -> Result<()> {
-        if p.len() != self.layout.len || pb.len() != self.layout.len {
+    /// Checks the parameters' lengths; without a full bf16 copy (`pb`
+    /// `None`) the model must stream its bf16 weights.
+    fn check_params(&self, p: &DeviceBuffer<f32>, pb: Option<&DeviceBuffer<bf16>>) -> Result<()> {
+        if pb.is_none() && self.streamed.is_none() {
+            return Err(CudaError::Invalid(
+                "no bf16 copy of the parameters, and the model was not built to stream its \
+                 bf16 weights"
+                    .into(),
+            ));
+        }
+        let pb_len = pb.map_or(self.layout.len, |b| b.len());
+        if p.len() != self.layout.len || pb_len != self.layout.len {
             return Err(CudaError::Invalid(format!(
                 "parameters: {} f32 / {} bf16 elements for a model of {}",
                 p.len(),
-                pb.len(),
+                pb_len,
                 self.layout.len
             )));
         }
         Ok(())
     }
 
-    /// Forward pass with master parameters `p` and their bf16 copy `pb`.
+    /// Forward pass with master parameters `p` and their bf16 copy `pb`
+    /// (`None` when the model streams its bf16 weights).
     /// With `grad`, the logits become the loss's gradient for
     /// [`backward`](Self::backward). Returns the mean loss over targets
     /// that are not `u32::MAX`.
     pub fn forward(
         &mut self,
         p: &DeviceBuffer<f32>,
-        pb: &DeviceBuffer<bf16>,
+        pb: Option<&DeviceBuffer<bf16>>,
         tokens: &[u32],
         targets: &[u32],
         grad: bool,
     ) -> Result<f32> {
         self.check_params(p, pb)?;
+        if let Some(st) = &mut self.streamed {
+            // The parameters may have changed since the last cast.
+            st.holds = None;
+        }
         if self.backward_sms > 0 {
             self.blas.set_sm_count_target(0)?;
         }
@@ -607,7 +693,14 @@ impl GpuGptMixed {
             c,
         )?;
         prof.mark(s, "fwd layernorm")?;
-        let wte_b = pb.view(wte.clone());
+        let wte_b = match (pb, &mut self.streamed) {
+            (Some(pb), _) => pb.view(wte.clone()),
+            (None, Some(st)) => {
+                mk.to_bf16(s, &mut st.wte, &p.view(wte.clone()))?;
+                st.wte.view(0..v * c)
+            }
+            (None, None) => return Err(no_weights()),
+        };
         let wte_mat = match &mut self.pad {
             Some((wte_pad, _)) => {
                 copy_async(&mut wte_pad.view_mut(0..v * c), &wte_b, s)?;
@@ -655,7 +748,7 @@ impl GpuGptMixed {
         &mut self,
         l: usize,
         p: &DeviceBuffer<f32>,
-        pb: &DeviceBuffer<bf16>,
+        pb: Option<&DeviceBuffer<bf16>>,
         pass: Pass,
     ) -> Result<()> {
         let cfg = self.layout.config;
@@ -664,6 +757,9 @@ impl GpuGptMixed {
         let n = b * t;
         let shape = AttnShape { b, t, c, nh };
         let (s, mk) = (&self.stream, &self.mk);
+        let block = self.layout.block_range(Block::Layer(l));
+        let (wb, base) = layer_weights(mk, s, &mut self.streamed, pb, p, l, block)?;
+        let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
         let r = &self.ranges[l];
         let (before, after) = self.resid.split_at_mut(l + 1);
@@ -698,7 +794,7 @@ impl GpuGptMixed {
             n: 3 * c,
             k: c,
             a: Mat::of(&self.ln, c),
-            b: Mat::of(&pb.view(r.qkv_w.clone()), 3 * c),
+            b: Mat::of(&w(&r.qkv_w), 3 * c),
         };
         let into_saved = match &mut *attn {
             AttnSaved::Fused { qkv, .. } => qkv_product.fused(
@@ -707,7 +803,7 @@ impl GpuGptMixed {
                 None,
                 Mat::of(qkv, 3 * c),
                 Epilogue::Bias {
-                    bias: span(&pb.view(r.qkv_b.clone())),
+                    bias: span(&w(&r.qkv_b)),
                 },
             )?,
             AttnSaved::Batched { .. } => false,
@@ -742,7 +838,7 @@ impl GpuGptMixed {
             n: c,
             k: c,
             a: Mat::of(&*atty, c),
-            b: Mat::of(&pb.view(r.proj_w.clone()), c),
+            b: Mat::of(&w(&r.proj_w), c),
         };
         let bias = Epilogue::Bias {
             bias: span(&p.view(r.proj_b.clone())),
@@ -774,10 +870,10 @@ impl GpuGptMixed {
             n: 4 * c,
             k: c,
             a: Mat::of(&self.ln, c),
-            b: Mat::of(&pb.view(r.fc_w.clone()), 4 * c),
+            b: Mat::of(&w(&r.fc_w), 4 * c),
         };
         let gelu = Epilogue::GeluAuxBias {
-            bias: span(&pb.view(r.fc_b.clone())),
+            bias: span(&w(&r.fc_b)),
             aux: span(&*fch),
             aux_ld: 4 * c,
         };
@@ -797,7 +893,7 @@ impl GpuGptMixed {
             n: c,
             k: 4 * c,
             a: Mat::of(&self.gelu, 4 * c),
-            b: Mat::of(&pb.view(r.fcproj_w.clone()), c),
+            b: Mat::of(&w(&r.fcproj_w), c),
         };
         let bias = Epilogue::Bias {
             bias: span(&p.view(r.fcproj_b.clone())),
@@ -819,7 +915,7 @@ impl GpuGptMixed {
     pub fn backward(
         &mut self,
         p: &DeviceBuffer<f32>,
-        pb: &DeviceBuffer<bf16>,
+        pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceBuffer<f32>,
     ) -> Result<()> {
         if g.len() != self.layout.len {
@@ -851,7 +947,7 @@ impl GpuGptMixed {
     pub fn backward_head(
         &mut self,
         p: &DeviceBuffer<f32>,
-        pb: &DeviceBuffer<bf16>,
+        pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
         self.check_params(p, pb)?;
@@ -879,7 +975,12 @@ impl GpuGptMixed {
             Mat::of(&self.logits, vp),
             match &self.pad {
                 Some((wte_pad, _)) => Mat::of(wte_pad, c),
-                None => Mat::of(&pb.view(wte.clone()), c),
+                None => match (pb, &self.streamed) {
+                    (Some(pb), _) => Mat::of(&pb.view(wte.clone()), c),
+                    // Cast by the forward pass.
+                    (None, Some(st)) => Mat::of(&st.wte, c),
+                    (None, None) => return Err(no_weights()),
+                },
             },
             Mat::of(&self.dln, c),
             0.0,
@@ -941,7 +1042,7 @@ impl GpuGptMixed {
         &mut self,
         l: usize,
         p: &DeviceBuffer<f32>,
-        pb: &DeviceBuffer<bf16>,
+        pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
         self.check_params(p, pb)?;
@@ -954,6 +1055,9 @@ impl GpuGptMixed {
         let n = b * t;
         let shape = AttnShape { b, t, c, nh };
         let (s, mk) = (&self.stream, &self.mk);
+        let block = self.layout.block_range(Block::Layer(l));
+        let (wb, base) = layer_weights(mk, s, &mut self.streamed, pb, p, l, block)?;
+        let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
         let r = &self.ranges[l];
@@ -974,7 +1078,7 @@ impl GpuGptMixed {
             4 * c,
             c,
             Mat::of(&self.dresid_bf, c),
-            Mat::of(&pb.view(r.fcproj_w.clone()), c).t(),
+            Mat::of(&w(&r.fcproj_w), c).t(),
             Mat::of(&self.dgelu, 4 * c),
             0.0,
         )?;
@@ -1020,7 +1124,7 @@ impl GpuGptMixed {
             c,
             4 * c,
             Mat::of(&self.dgelu, 4 * c),
-            Mat::of(&pb.view(r.fc_w.clone()), 4 * c).t(),
+            Mat::of(&w(&r.fc_w), 4 * c).t(),
             Mat::of(&self.dln, c),
             0.0,
         )?;
@@ -1072,7 +1176,7 @@ impl GpuGptMixed {
         // Attention: resid2 = x + atty · Wproj + b.
         LinearGrads {
             x: Mat::of(&a.atty, c),
-            w: Mat::of(&pb.view(r.proj_w.clone()), c),
+            w: Mat::of(&w(&r.proj_w), c),
             dy: Mat::of(&self.dresid_bf, c),
             dx: Mat::of(&self.datty, c),
             dw: Mat::of(&g.view_mut(r.proj_w.clone())?, c),
@@ -1105,7 +1209,7 @@ impl GpuGptMixed {
             c,
             3 * c,
             Mat::of(&self.qkv, 3 * c),
-            Mat::of(&pb.view(r.qkv_w.clone()), 3 * c).t(),
+            Mat::of(&w(&r.qkv_w), 3 * c).t(),
             Mat::of(&self.dln, c),
             0.0,
         )?;

@@ -11,7 +11,7 @@ use braid_cuda::memory::zero_async;
 use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
-use braid_model::cuda::model_mixed::{GpuGptMixed, WeightGrads};
+use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
 use half::bf16;
@@ -51,7 +51,9 @@ impl Precision {
 /// Either model form.
 enum Model {
     F32(Box<GpuGptF32>),
-    Mixed(Box<GpuGptMixed>, DeviceBuffer<bf16>),
+    /// The bf16 model and its full bf16 copy of the parameters (`None`
+    /// when it streams its bf16 weights layer by layer).
+    Mixed(Box<GpuGptMixed>, Option<DeviceBuffer<bf16>>),
 }
 
 /// One backward unit of the GPU engine.
@@ -88,19 +90,19 @@ pub struct GpuGpt {
 
 impl GpuGpt {
     /// An engine on `device` starting from `params`, for batches of
-    /// `(b, t)`, with AdamW's decoupled `weight_decay`; `checkpointing`
-    /// (bf16 only) recomputes the blocks' activations in the backward pass.
+    /// `(b, t)`, with AdamW's decoupled `weight_decay`; `options` (bf16
+    /// only): activation checkpointing, streamed bf16 weights.
     pub fn new(
         device: &Device,
         params: &Params,
         (b, t): (usize, usize),
         precision: Precision,
-        checkpointing: bool,
+        options: MixedOptions,
         weight_decay: f32,
     ) -> Result<GpuGpt> {
-        if checkpointing && precision != Precision::Bf16 {
+        if options != MixedOptions::default() && precision != Precision::Bf16 {
             return Err(format!(
-                "checkpointing: the GPU engine recomputes blocks in bf16 only, not {}",
+                "checkpointing and streamed weights are bf16-only in the GPU engine, not {}",
                 precision.name()
             ));
         }
@@ -113,10 +115,15 @@ impl GpuGpt {
             )),
             Precision::Bf16 => {
                 let m =
-                    GpuGptMixed::with_checkpointing(device, layout.clone(), b, t, checkpointing)
-                        .map_err(e)?;
-                let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
-                mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+                    GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
+                let pb = match options.streamed_weights {
+                    true => None,
+                    false => {
+                        let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
+                        mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+                        Some(pb)
+                    }
+                };
                 Model::Mixed(Box::new(m), pb)
             }
         };
@@ -198,7 +205,7 @@ impl Engine for GpuGpt {
     }
 
     fn params_changed(&mut self) -> Result<()> {
-        if let Model::Mixed(m, pb) = &mut self.model {
+        if let Model::Mixed(m, Some(pb)) = &mut self.model {
             self.mk.to_bf16(m.stream(), pb, &self.p).map_err(e)?;
         }
         Ok(())
@@ -228,7 +235,7 @@ impl Engine for GpuGpt {
         let p = &self.p;
         match &mut self.model {
             Model::F32(m) => m.forward(p, &batch.tokens, &batch.targets, grad),
-            Model::Mixed(m, pb) => m.forward(p, pb, &batch.tokens, &batch.targets, grad),
+            Model::Mixed(m, pb) => m.forward(p, pb.as_ref(), &batch.tokens, &batch.targets, grad),
         }
         .map_err(e)
     }
@@ -244,9 +251,9 @@ impl Engine for GpuGpt {
             (Model::F32(m), Step::Head) => m.backward_head(p, g),
             (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
             (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
-            (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb, g),
+            (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb.as_ref(), g),
             (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
-                m.backward_layer(l, p, pb, g)
+                m.backward_layer(l, p, pb.as_ref(), g)
             }
             (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
             (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
@@ -278,10 +285,16 @@ impl Engine for GpuGpt {
         };
         let (p, m, v, segs) = (&mut self.p, &mut self.m, &mut self.v, &self.segments);
         match &mut self.model {
-            Model::Mixed(mm, pb) => {
-                self.mk
-                    .adamw_multi(mm.stream(), p, Some(pb), grads, m, v, segs, h)
-            }
+            Model::Mixed(mm, pb) => self.mk.adamw_multi(
+                mm.stream(),
+                p,
+                pb.as_mut().map(|b| b as _),
+                grads,
+                m,
+                v,
+                segs,
+                h,
+            ),
             Model::F32(mm) => self
                 .mk
                 .adamw_multi(mm.stream(), p, None, grads, m, v, segs, h),

@@ -98,11 +98,33 @@ pub fn host(
 /// rounding of each buffer up to its size class.
 const DEVICE_MARGIN: u128 = 768 << 20;
 
+/// What the GPU pre-flight decided.
+pub struct DevicePlan {
+    /// The estimate's bytes (0 where the free memory cannot be read).
+    pub estimate: u128,
+    /// Stream the bf16 weights layer by layer instead of keeping a copy.
+    pub streamed_weights: bool,
+}
+
+/// `BRAID_BF16_WEIGHTS`: `resident` (a full bf16 copy), `streamed` (cast
+/// layer by layer), or `auto` / unset (resident where it fits).
+fn bf16_weights_choice() -> Result<Option<bool>, String> {
+    match std::env::var("BRAID_BF16_WEIGHTS").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(None),
+        Ok("resident") => Ok(Some(false)),
+        Ok("streamed") => Ok(Some(true)),
+        Ok(other) => Err(format!(
+            "BRAID_BF16_WEIGHTS={other}: expected resident, streamed or auto"
+        )),
+    }
+}
+
 /// Refuses, before anything is allocated, a run whose GPU memory (model
-/// states, the bf16 weight copy in mixed precision, activations and
-/// scratch: `braid_model::footprint::gpu_training`) exceeds the memory
-/// free on the GPU, naming the estimate and what would fit. Returns the
-/// estimate's bytes (0 where the free memory cannot be read).
+/// states, the bf16 weights in mixed precision, activations and scratch:
+/// `braid_model::footprint::gpu_training`) exceeds the memory free on the
+/// GPU, naming the estimate and what would fit. In bf16 the weights'
+/// full bf16 copy is dropped for weights cast layer by layer where that
+/// makes the difference (or as `BRAID_BF16_WEIGHTS` says).
 pub fn device(
     a: &Shape<'_>,
     cfg: &GptConfig,
@@ -110,31 +132,68 @@ pub fn device(
     precision: Precision,
     batch: usize,
     deferred: usize,
-) -> Result<u128, String> {
+) -> Result<DevicePlan, String> {
     use braid_model::cuda::flash::FlashKernels;
-    use braid_model::footprint::{gib, gpu_training, largest_batch};
+    use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
+    let mixed = precision == Precision::Bf16;
+    let forced = bf16_weights_choice()?;
+    if forced == Some(true) && !mixed {
+        return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
+    }
     let Ok(free) = dev.free_memory() else {
-        return Ok(0);
+        return Ok(DevicePlan {
+            estimate: 0,
+            streamed_weights: forced.unwrap_or(false),
+        });
     };
     let free = free as u128;
-    let mixed = precision == Precision::Bf16;
     let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
     let fused = mixed
         && FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
-    let need = |b: usize, ckpt: bool| gpu_training(cfg, b, a.seq, mixed, fused, deferred, ckpt);
-    let f = need(batch, a.checkpointing);
-    if f.total() + DEVICE_MARGIN <= free {
-        return Ok(f.total());
+    let need = |b: usize, checkpointing: bool, streamed_weights: bool| {
+        let run = GpuRun {
+            b,
+            t: a.seq,
+            mixed,
+            fused_attention: fused,
+            deferred,
+            checkpointing,
+            streamed_weights,
+        };
+        gpu_training(cfg, &run)
+    };
+    // The weights' forms to try, preferred first.
+    let forms: &[bool] = match forced {
+        Some(streamed) => {
+            if streamed {
+                &[true]
+            } else {
+                &[false]
+            }
+        }
+        None if mixed => &[false, true],
+        None => &[false],
+    };
+    for &streamed in forms {
+        let f = need(batch, a.checkpointing, streamed);
+        if f.total() + DEVICE_MARGIN <= free {
+            return Ok(DevicePlan {
+                estimate: f.total(),
+                streamed_weights: streamed,
+            });
+        }
     }
+    let streamed = *forms.last().expect("one form at least");
+    let f = need(batch, a.checkpointing, streamed);
     let room = free.saturating_sub(DEVICE_MARGIN);
     let mut fits = Vec::new();
-    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing)) {
+    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, streamed)) {
         fits.push(format!("--batch {b}"));
     }
     if mixed && !a.checkpointing {
-        match largest_batch(room, batch, |b| need(b, true)) {
+        match largest_batch(room, batch, |b| need(b, true, streamed)) {
             Some(b) if b == batch => fits.push("--checkpointing".into()),
             Some(b) => fits.push(format!("--checkpointing --batch {b}")),
             None => {}
@@ -143,7 +202,7 @@ pub fn device(
     let hint = match fits.is_empty() {
         false => format!("what would fit: {}", fits.join(" or ")),
         true => {
-            let per = if mixed { 18 } else { 16 };
+            let per = if mixed && !streamed { 18 } else { 16 };
             format!(
                 "even batch 1 does not fit: pick a model of at most about {:.2e} parameters \
                  (model states take {per} bytes per parameter before activations)",

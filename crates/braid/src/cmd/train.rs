@@ -453,11 +453,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
         let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
-        let estimate = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
-        if lead && estimate > 0 {
+        let plan = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
+        if lead && plan.estimate > 0 {
             println!(
-                "GPU memory estimate: {:.2} GiB",
-                braid_model::footprint::gib(estimate)
+                "GPU memory estimate: {:.2} GiB{}",
+                braid_model::footprint::gib(plan.estimate),
+                if plan.streamed_weights {
+                    " (bf16 weights cast layer by layer instead of a full copy)"
+                } else {
+                    ""
+                }
             );
         }
         braid_cuda::pool::reset_peak();
@@ -466,7 +471,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &params,
             (batch, a.seq),
             precision,
-            a.checkpointing,
+            braid_model::cuda::model_mixed::MixedOptions {
+                checkpointing: a.checkpointing,
+                streamed_weights: plan.streamed_weights,
+            },
             a.weight_decay,
         )?;
         engine.defer_weight_grads(defer)?;
