@@ -62,6 +62,13 @@ __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, un
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 matrices from shared memory (one row address per lane).
+__device__ __forceinline__ void ldsm4(unsigned* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 // Four transposed 8x8 matrices from shared memory (one row address per lane).
 __device__ __forceinline__ void ldsm4t(unsigned* r, const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -113,16 +120,25 @@ __device__ __forceinline__ void load_a(unsigned (*f)[4], const bf16* tile, int w
     }
 }
 
-// s (16 x N) = a (16 x HS) * tile^T, tile holding N rows of HS.
+// s (16 x N) = a (16 x HS) * tile^T, tile holding N rows of HS. The B
+// fragments of two 8-row column tiles come from one ldmatrix (matrix q of
+// the four: rows 8 (nt + q / 2) .. +8, columns 16 ks + 8 (q % 2) .. +8),
+// the same values in the same order as loading them pair by pair.
 template <int HS, int N = BLK>
 __device__ __forceinline__ void mul_bt(float (*s)[4], const unsigned (*a)[4], const bf16* tile,
                                        int lane) {
     constexpr int LD = HS + PAD;
-    int g = lane >> 2, t = lane & 3;
-    for (int nt = 0; nt < N / 8; nt++) {
+    int q = lane >> 3, r = lane & 7;
+    const bf16* base = tile + ((q >> 1) * 8 + r) * LD + (q & 1) * 8;
+    for (int nt = 0; nt < N / 8; nt += 2) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        const bf16* p = tile + (nt * 8 + g) * LD + 2 * t;
-        for (int ks = 0; ks < HS / 16; ks++) mma(s[nt], a[ks], ld32(p + ks * 16), ld32(p + ks * 16 + 8));
+        s[nt + 1][0] = s[nt + 1][1] = s[nt + 1][2] = s[nt + 1][3] = 0.f;
+        for (int ks = 0; ks < HS / 16; ks++) {
+            unsigned b[4];
+            ldsm4(b, base + nt * 8 * LD + ks * 16);
+            mma(s[nt], a[ks], b[0], b[1]);
+            mma(s[nt + 1], a[ks], b[2], b[3]);
+        }
     }
 }
 
