@@ -11,9 +11,9 @@
 #            then the PyTorch anchor at the same shapes (eager, --compile;
 #            --act-ckpt for the checkpointed one) — tokens/s, MFU, peak memory;
 #   largest  the largest model that trains at B 1, T 1024 with checkpointing
-#            (SIZES: the widths to try, L and H following C), braid and PyTorch.
+#            (LAYERS: the depths of L-H32-C4096 to try), braid and PyTorch.
 # Usage: scripts/gpu-scale.sh OUTDIR PARTS   (PARTS: e.g. "check profile speed")
-# Environment: BRAID, TESTS, LARGE, ANCHORS, PYTHON, STEPS.
+# Environment: BRAID, TESTS, LARGE, ANCHORS, PYTHON, STEPS, SHAPES, TORCH, LAYERS.
 set -u
 out=${1:?usage: gpu-scale.sh OUTDIR PARTS}
 parts=${2:-"check profile speed"}
@@ -72,8 +72,9 @@ if has speed; then
 fi
 
 if has largest; then
-  for c in ${SIZES:-4096 5120 6144}; do
-    m="L$((c / 128))-H$((c / 128))-C$c"
+  # LAYERS: depths of the C4096 / 32-head model to try (0.4B apart).
+  for l in ${LAYERS:-36 40 44 46}; do
+    m="L$l-H32-C4096"
     echo "== largest: braid $m B 1 --checkpointing"
     "$braid" train --device cuda --model $m-V50304-T1024 --data random --batch 1 --seq 1024 \
       --checkpointing --steps 6 --eval-every 0 --log-every 100 2>&1 | summary
