@@ -29,6 +29,24 @@ __device__ __forceinline__ float gelu(float x) {
 }
 
 // ---- LayerNorm ------------------------------------------------------------
+// Four LayerNorm outputs as packed bf16: norm * w + b, with norm = (x -
+// mean) * rstd already formed. The vectorised forward kernels and the
+// backward's recomputation all go through here, so they agree bit for bit.
+__device__ __forceinline__ uint2 ln_pack4(const float* nv, const float* wv, float4 bb) {
+    unsigned lo2 = narrow(nv[0] * wv[0] + bb.x) | ((unsigned)narrow(nv[1] * wv[1] + bb.y) << 16);
+    unsigned hi2 = narrow(nv[2] * wv[2] + bb.z) | ((unsigned)narrow(nv[3] * wv[3] + bb.w) << 16);
+    return make_uint2(lo2, hi2);
+}
+
+// Column group k of a row's output from its four inputs `xv`.
+__device__ __forceinline__ uint2 ln_out4(const float* xv, float m, float rs, const float* w,
+                                         const float* b, int k) {
+    float4 ww = ((const float4*)w)[k];
+    float nv[4], wv[4] = {ww.x, ww.y, ww.z, ww.w};
+    for (int e = 0; e < 4; e++) nv[e] = (xv[e] - m) * rs;
+    return ln_pack4(nv, wv, ((const float4*)b)[k]);
+}
+
 // One warp per row: out (bf16) = (x - mean) * rstd * w + b, x in f32.
 extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, const float* inp,
                                          const float* w, const float* b, int N, int C) {
@@ -61,12 +79,7 @@ extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, co
         for (int j = 0; j < 8; j++) {
             if (j < G) {
                 int k = lane + WARP * j;
-                float4 ww = ((const float4*)w)[k], bb = ((const float4*)b)[k];
-                unsigned lo2 = narrow((xv[j][0] - m) * rs * ww.x + bb.x) |
-                               ((unsigned)narrow((xv[j][1] - m) * rs * ww.y + bb.y) << 16);
-                unsigned hi2 = narrow((xv[j][2] - m) * rs * ww.z + bb.z) |
-                               ((unsigned)narrow((xv[j][3] - m) * rs * ww.w + bb.w) << 16);
-                o[k] = make_uint2(lo2, hi2);
+                o[k] = ln_out4(xv[j], m, rs, w, b, k);
             }
         }
         if (lane == 0) { mean[row] = m; rstd[row] = rs; }
@@ -145,14 +158,10 @@ __device__ __forceinline__ void load_row4(const float* inp, const bf16* dout, co
     gv[2] = __uint_as_float(d.y << 16); gv[3] = __uint_as_float(d.y & 0xffff0000u);
 }
 
-// Column group k of the recomputed LayerNorm output: norm * w + bias as
-// 4 bf16 values, the forward kernels' expression.
+// Column group k of the recomputed LayerNorm output (ln_pack4).
 __device__ __forceinline__ void store_ln4(bf16* lnout, const float* bias, long off, int k,
                                           const float* nv, const float* wv) {
-    float4 bb = ((const float4*)bias)[k];
-    unsigned lo2 = narrow(nv[0] * wv[0] + bb.x) | ((unsigned)narrow(nv[1] * wv[1] + bb.y) << 16);
-    unsigned hi2 = narrow(nv[2] * wv[2] + bb.z) | ((unsigned)narrow(nv[3] * wv[3] + bb.w) << 16);
-    ((uint2*)(lnout + off))[k] = make_uint2(lo2, hi2);
+    ((uint2*)(lnout + off))[k] = ln_pack4(nv, wv, ((const float4*)bias)[k]);
 }
 
 template <int G>
@@ -299,14 +308,7 @@ __device__ void ln_forward_wide(bf16* out, float* mean, float* rstd, const float
 #pragma unroll
     for (int j = 0; j < J; j++) {
         int k = tid + T * j;
-        if (K % T == 0 || k < K) {
-            float4 ww = ((const float4*)w)[k], bb = ((const float4*)b)[k];
-            unsigned lo2 = narrow((xv[j][0] - m) * rs * ww.x + bb.x) |
-                           ((unsigned)narrow((xv[j][1] - m) * rs * ww.y + bb.y) << 16);
-            unsigned hi2 = narrow((xv[j][2] - m) * rs * ww.z + bb.z) |
-                           ((unsigned)narrow((xv[j][3] - m) * rs * ww.w + bb.w) << 16);
-            o[k] = make_uint2(lo2, hi2);
-        }
+        if (K % T == 0 || k < K) o[k] = ln_out4(xv[j], m, rs, w, b, k);
     }
     if (tid == 0) { mean[row] = m; rstd[row] = rs; }
 }
