@@ -6,9 +6,13 @@
 //! (fused flash-style kernels, or batched products).
 //! Parameters come twice: the f32 master copy (LayerNorms, biases,
 //! embeddings) and its bf16 copy (the matrices of the products), which the
-//! optimizer refreshes. Activations and scratch come from one
-//! [`DevicePool`] at construction (the batch's small buffers from
-//! [`DeviceBatch`]), so a step allocates nothing.
+//! optimizer refreshes — or, with streamed weights ([`MixedOptions`]), one
+//! layer's bf16 weights cast as the passes reach it. Activations and
+//! scratch come from one [`DevicePool`] at construction (the batch's small
+//! buffers from [`DeviceBatch`]), so a step allocates nothing. What the
+//! backward pass needs and the forward pass did not keep (the LayerNorm
+//! outputs, the GELU, whole blocks under checkpointing) is recomputed in
+//! the forward pass's arithmetic.
 
 use super::batch::DeviceBatch;
 use super::mixed::MixedKernels;
