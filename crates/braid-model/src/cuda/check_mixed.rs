@@ -286,6 +286,15 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         opt.step(&mut params, &scaled, 1e-3);
     }
     let segs = AdamSegments::new(device, &layout, acfg.weight_decay)?;
+    // The GPU steps' hyperparameters: the CPU optimizer's, and the scale.
+    let adam = |step| AdamStep {
+        lr: 1e-3,
+        beta1: acfg.beta1,
+        beta2: acfg.beta2,
+        step,
+        eps: acfg.eps,
+        grad_scale: gscale,
+    };
     let mut gp = up(device, &p0.data)?;
     let mut gpb = DeviceBuffer::<bf16>::zeros(device, layout.len)?;
     let gg = up(device, &grads)?;
@@ -294,15 +303,16 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         DeviceBuffer::zeros(device, layout.len)?,
     );
     for step in 1..=3 {
-        let h = AdamStep {
-            lr: 1e-3,
-            beta1: acfg.beta1,
-            beta2: acfg.beta2,
-            step,
-            eps: acfg.eps,
-            grad_scale: gscale,
-        };
-        mk.adamw_multi(&s, &mut gp, Some(&mut gpb), &gg, &mut gm, &mut gv, &segs, h)?;
+        mk.adamw_multi(
+            &s,
+            &mut gp,
+            Some(&mut gpb),
+            &gg,
+            &mut gm,
+            &mut gv,
+            &segs,
+            adam(step),
+        )?;
     }
     s.synchronize()?;
     let e = rel_err(&gp.to_vec()?, &params.data);
@@ -332,14 +342,6 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         DeviceBuffer::<f32>::zeros(device, len + 1)?,
     );
     for step in 1..=3 {
-        let h = AdamStep {
-            lr: 1e-3,
-            beta1: acfg.beta1,
-            beta2: acfg.beta2,
-            step,
-            eps: acfg.eps,
-            grad_scale: gscale,
-        };
         mk.adamw_multi(
             &s,
             &mut sp.view_mut(1..len + 1),
@@ -348,7 +350,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
             &mut sm.view_mut(1..len + 1),
             &mut sv.view_mut(1..len + 1),
             &segs,
-            h,
+            adam(step),
         )?;
     }
     s.synchronize()?;

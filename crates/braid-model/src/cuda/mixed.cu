@@ -755,17 +755,24 @@ __device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g,
     v = beta2 * v + (1.f - beta2) * g * g;
     p -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps) + wd * p);
 }
+// The segment (weight-decay range) element i falls in: the first whose
+// end is past i, by bisection over the `nseg` ends.
+__device__ __forceinline__ int segment_of(const long* seg_end, int nseg, long i) {
+    int lo = 0, hi = nseg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (seg_end[mid] > i) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
 extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float* m, float* v, long n,
                                        const long* seg_end, const float* seg_wd, int nseg, float lr,
                                        float beta1, float beta2, float bc1, float bc2, float eps,
                                        float gscale) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    int lo = 0, hi = nseg - 1;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (seg_end[mid] > i) hi = mid; else lo = mid + 1;
-    }
+    int lo = segment_of(seg_end, nseg, i);
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_one(pi, mi, vi, g[i] * gscale, seg_wd[lo], lr, beta1, beta2, bc1, bc2, eps);
     p[i] = pi;
@@ -785,11 +792,7 @@ extern "C" __global__ void adamw_multi4(float* p, bf16* pb, const float* g, floa
                                         float gscale) {
     long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i0 >= n) return;
-    int lo = 0, hi = nseg - 1;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (seg_end[mid] > i0) hi = mid; else lo = mid + 1;
-    }
+    int lo = segment_of(seg_end, nseg, i0);
     if (i0 + 4 <= n) {
         float4 P = *(const float4*)(p + i0), G = *(const float4*)(g + i0);
         float4 M = *(const float4*)(m + i0), V = *(const float4*)(v + i0);

@@ -251,35 +251,19 @@ impl Product {
     }
 }
 
-/// The matrices of a linear layer's backward pass, `y[n,out] = x[n,in] ·
-/// w[in,out]`: the output gradient `dy` gives `dx = dy · wᵀ` (overwritten)
-/// and `dw += xᵀ · dy`.
-struct LinearGrads {
-    x: Mat,
-    w: Mat,
+/// `dx = dy · wᵀ` (overwritten) for `y[n,out] = x[n,inp] · w[inp,out]`.
+#[allow(clippy::too_many_arguments)]
+fn input_grad(
+    blas: &mut Blas,
+    s: &Stream,
+    n: usize,
+    inp: usize,
+    out: usize,
     dy: Mat,
+    w: Mat,
     dx: Mat,
-    dw: Mat,
-}
-
-impl LinearGrads {
-    /// Both products through cuBLAS; without `weights`, only `dx` (the
-    /// weight gradient is deferred: [`weight_grad`]).
-    fn backward(
-        self,
-        blas: &mut Blas,
-        s: &Stream,
-        n: usize,
-        inp: usize,
-        out: usize,
-        weights: bool,
-    ) -> Result<()> {
-        mm(blas, s, n, inp, out, self.dy, self.w.t(), self.dx, 0.0)?;
-        if weights {
-            weight_grad(blas, s, n, inp, out, self.x, self.dy, self.dw)?;
-        }
-        Ok(())
-    }
+) -> Result<()> {
+    mm(blas, s, n, inp, out, dy, w.t(), dx, 0.0)
 }
 
 /// `dw += xᵀ · dy` for `y[n,out] = x[n,inp] · w[inp,out]`.
@@ -1075,16 +1059,15 @@ impl GpuGptMixed {
         // The input gradient first; the GELU backward then recomputes
         // gelu(fch) for the weight gradient (into the deferred layer's
         // buffer when its weight gradients come later).
-        mm(
+        input_grad(
             blas,
             s,
             n,
             4 * c,
             c,
             Mat::of(&self.dresid_bf, c),
-            Mat::of(&w(&r.fcproj_w), c).t(),
+            Mat::of(&w(&r.fcproj_w), c),
             Mat::of(&self.dgelu, 4 * c),
-            0.0,
         )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
@@ -1121,16 +1104,15 @@ impl GpuGptMixed {
         }
         // fc: the input gradient, then the LayerNorm backward (which
         // recomputes ln2, the product's input), then the weight gradient.
-        mm(
+        input_grad(
             blas,
             s,
             n,
             c,
             4 * c,
             Mat::of(&self.dgelu, 4 * c),
-            Mat::of(&w(&r.fc_w), 4 * c).t(),
+            Mat::of(&w(&r.fc_w), 4 * c),
             Mat::of(&self.dln, c),
-            0.0,
         )?;
         prof.mark(s, "bwd gemm fc")?;
         let ln2: &mut DeviceBuffer<bf16> = if defer {
@@ -1178,16 +1160,29 @@ impl GpuGptMixed {
             prof.mark(s, "bwd gemm fc")?;
         }
         // Attention: resid2 = x + atty · Wproj + b.
-        LinearGrads {
-            x: Mat::of(&a.atty, c),
-            w: Mat::of(&w(&r.proj_w), c),
-            dy: Mat::of(&self.dresid_bf, c),
-            dx: Mat::of(&self.datty, c),
-            dw: Mat::of(&g.view_mut(r.proj_w.clone())?, c),
-        }
-        .backward(blas, s, n, c, c, !defer)?;
+        input_grad(
+            blas,
+            s,
+            n,
+            c,
+            c,
+            Mat::of(&self.dresid_bf, c),
+            Mat::of(&w(&r.proj_w), c),
+            Mat::of(&self.datty, c),
+        )?;
         if defer {
             std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].proj);
+        } else {
+            weight_grad(
+                blas,
+                s,
+                n,
+                c,
+                c,
+                Mat::of(&a.atty, c),
+                Mat::of(&self.dresid_bf, c),
+                Mat::of(&g.view_mut(r.proj_w.clone())?, c),
+            )?;
         }
         prof.mark(s, "bwd gemm proj")?;
         // dqkv goes into the qkv scratch (free in the backward pass).
@@ -1206,16 +1201,15 @@ impl GpuGptMixed {
         prof.mark(s, "bwd attention")?;
         // qkv: the input gradient and the bias gradient, then the
         // LayerNorm backward (recomputing ln1), then the weight gradient.
-        mm(
+        input_grad(
             blas,
             s,
             n,
             c,
             3 * c,
             Mat::of(&self.qkv, 3 * c),
-            Mat::of(&w(&r.qkv_w), 3 * c).t(),
+            Mat::of(&w(&r.qkv_w), 3 * c),
             Mat::of(&self.dln, c),
-            0.0,
         )?;
         prof.mark(s, "bwd gemm qkv")?;
         mk.bias_backward_bf(

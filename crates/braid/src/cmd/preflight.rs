@@ -164,19 +164,13 @@ pub fn device(
         };
         gpu_training(cfg, &run)
     };
-    // The weights' forms to try, preferred first.
-    let forms: &[bool] = match forced {
-        Some(streamed) => {
-            if streamed {
-                &[true]
-            } else {
-                &[false]
-            }
-        }
-        None if mixed => &[false, true],
-        None => &[false],
+    // The weights' forms to try (streamed or not), preferred first.
+    let forms = match forced {
+        Some(streamed) => vec![streamed],
+        None if mixed => vec![false, true],
+        None => vec![false],
     };
-    for &streamed in forms {
+    for &streamed in &forms {
         let f = need(batch, a.checkpointing, streamed);
         if f.total() + DEVICE_MARGIN <= free {
             return Ok(DevicePlan {
