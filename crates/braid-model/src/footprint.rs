@@ -119,16 +119,20 @@ pub fn cpu_training(
 /// pre-activation (its GELU and the LayerNorm outputs are recomputed) —
 /// which `checkpointing` keeps for one block only (plus each fused
 /// layer's log-sum-exp); the f32 residual stream; the logits; and the
-/// scratch the layers share.
-pub fn gpu_mixed_activation_bytes(
-    cfg: &GptConfig,
-    b: usize,
-    t: usize,
-    fused: bool,
-    deferred: usize,
-    checkpointing: bool,
-) -> u128 {
+/// scratch the layers share (with the fused attention's score gradients
+/// when `stored_score_grads`).
+pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
+    use crate::cuda::flash::FlashKernels;
     use crate::cuda::mixed::MixedKernels;
+    let GpuRun {
+        b,
+        t,
+        fused_attention: fused,
+        deferred,
+        checkpointing,
+        stored_score_grads,
+        ..
+    } = *run;
     let (bu, tu) = (b as u128, t as u128);
     let (c, nh, l, v) = (
         cfg.n_embd as u128,
@@ -141,7 +145,17 @@ pub fn gpu_mixed_activation_bytes(
     let vp = v.div_ceil(64) * 64;
     let rows = bu * nh * tu;
     let (attn_saved, attn_shared) = if fused {
-        (6 * nc + 4 * rows, 4 * rows)
+        let shape = crate::cpu::attention::AttnShape {
+            b,
+            t,
+            c: cfg.n_embd,
+            nh: cfg.n_head,
+        };
+        let score_grads = match stored_score_grads {
+            true => 2 * FlashKernels::score_grads_len(shape),
+            false => 0,
+        };
+        (6 * nc + 4 * rows, 4 * rows + score_grads)
     } else {
         (6 * nc + 2 * rows * tu, 4 * rows * tu + 8 * nc)
     };
@@ -199,6 +213,8 @@ pub struct GpuRun {
     /// No full bf16 copy of the parameters: one layer's, cast as needed,
     /// and the token embeddings'.
     pub streamed_weights: bool,
+    /// The fused attention's score gradients kept for its dQ kernel.
+    pub stored_score_grads: bool,
 }
 
 /// The GPU engine's memory by part: model states (f32 parameters,
@@ -211,10 +227,8 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         b,
         t,
         mixed,
-        fused_attention,
-        deferred,
-        checkpointing,
         streamed_weights,
+        ..
     } = *run;
     let params = cfg.num_params() as u128;
     let mut parts = vec![
@@ -244,7 +258,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     parts.push(Part {
         name: "activations",
         bytes: if mixed {
-            gpu_mixed_activation_bytes(cfg, b, t, fused_attention, deferred, checkpointing)
+            gpu_mixed_activation_bytes(cfg, run)
         } else {
             4 * cpu_activation_elements(cfg, b, t, false)
         },

@@ -378,9 +378,11 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     }
 }
 
-/// `--checkpointing` on the GPU recomputes the blocks' activations, and
+/// `--checkpointing` on the GPU recomputes the blocks' activations,
 /// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer
-/// as it is needed, in the same arithmetic as the forward pass and the
+/// as it is needed, and the fused attention's dQ kernel recomputes the
+/// score gradients (`BRAID_SCORE_GRADS=recomputed`) rather than reading
+/// them, all in the same arithmetic as the forward pass and the
 /// optimizer: after 8 steps the parameters are the same bit for bit as
 /// when everything is kept, with the fused attention (log-sum-exp kept)
 /// and with the batched one (run again).
@@ -402,18 +404,39 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
     ];
     let ckpt = [&args[..], &["--checkpointing"]].concat();
     for path in ["fused", "batched"] {
-        let env = |weights| [("BRAID_ATTENTION", path), ("BRAID_BF16_WEIGHTS", weights)];
-        let (kept, a) = train_gpu_env(&dir, &format!("{path}-kept"), &args, &env("resident"));
-        for (name, run, weights) in [
-            ("checkpointing", &ckpt[..], "resident"),
-            ("streamed weights", &args[..], "streamed"),
-            ("both", &ckpt[..], "streamed"),
-        ] {
+        let scores = if path == "fused" { "stored" } else { "auto" };
+        let env = |weights, scores| {
+            [
+                ("BRAID_ATTENTION", path),
+                ("BRAID_BF16_WEIGHTS", weights),
+                ("BRAID_SCORE_GRADS", scores),
+            ]
+        };
+        let (kept, a) = train_gpu_env(
+            &dir,
+            &format!("{path}-kept"),
+            &args,
+            &env("resident", scores),
+        );
+        let mut runs = vec![
+            ("checkpointing", &ckpt[..], "resident", scores),
+            ("streamed weights", &args[..], "streamed", scores),
+        ];
+        if path == "fused" {
+            runs.push(("recomputed scores", &args[..], "resident", "recomputed"));
+        }
+        let lean = if path == "fused" {
+            "recomputed"
+        } else {
+            "auto"
+        };
+        runs.push(("all", &ckpt[..], "streamed", lean));
+        for (name, run, weights, scores) in runs {
             let (again, b) = train_gpu_env(
                 &dir,
                 &format!("{path}-{}", name.replace(' ', "-")),
                 run,
-                &env(weights),
+                &env(weights, scores),
             );
             let differ = kept
                 .iter()

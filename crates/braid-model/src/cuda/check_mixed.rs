@@ -401,21 +401,24 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         if same { 0.0 } else { 1.0 },
         0.0,
     ));
-    // Checkpointing recomputes the blocks' activations, and streamed bf16
-    // weights cast each layer as it is needed, in the same arithmetic: the
-    // same gradients bit for bit, with the weight gradients in place or
-    // deferred.
+    // Checkpointing recomputes the blocks' activations, streamed bf16
+    // weights cast each layer as it is needed, and stored score gradients
+    // spare the attention's dQ kernel their recomputation, all in the same
+    // arithmetic: the same gradients bit for bit, with the weight
+    // gradients in place or deferred.
     use super::model_mixed::{GpuGptMixed, MixedOptions};
     let n_layer = layout.config.n_layer;
-    for (checkpointing, streamed_weights, defer) in [
-        (true, false, 0),
-        (true, false, n_layer),
-        (false, true, 0),
-        (true, true, n_layer),
+    for (checkpointing, streamed_weights, stored_score_grads, defer) in [
+        (true, false, false, 0),
+        (true, false, false, n_layer),
+        (false, true, false, 0),
+        (false, false, true, 0),
+        (true, true, true, n_layer),
     ] {
         let options = MixedOptions {
             checkpointing,
             streamed_weights,
+            stored_score_grads,
         };
         let mut ck = GpuGptMixed::with_options(device, layout.clone(), mb, mt, options)?;
         ck.defer_weight_grads(defer)?;
@@ -425,10 +428,11 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         ck.backward(&gparams, pb, &mut cgr)?;
         let same = closs == gloss && cgr.to_vec()? == ggv;
         out.push(check(
-            match (checkpointing, streamed_weights) {
-                (true, false) => "model bwd, checkpointing (bit-exact)",
-                (false, true) => "model bwd, streamed bf16 weights (bit-exact)",
-                _ => "model bwd, both (bit-exact)",
+            match (checkpointing, streamed_weights, stored_score_grads) {
+                (true, false, false) => "model bwd, checkpointing (bit-exact)",
+                (false, true, false) => "model bwd, streamed bf16 weights (bit-exact)",
+                (false, false, true) => "model bwd, stored attention score gradients (bit-exact)",
+                _ => "model bwd, all three (bit-exact)",
             },
             format!(
                 "{}, B={mb}, {defer} layers deferred, {:?} attention",
@@ -608,7 +612,9 @@ fn gelu_epilogue_errors(
 }
 
 /// Attention forward and backward on `path` against the CPU kernel, with
-/// a random bias on `qkv`.
+/// a random bias on `qkv`; on the fused path the backward pass runs both
+/// ways (dQ from stored score gradients, and recomputing them), which must
+/// give the same bits.
 fn attention_checks(
     device: &Device,
     mk: &MixedKernels,
@@ -617,7 +623,7 @@ fn attention_checks(
     r: &mut Rng,
     path: AttnPath,
     sh: cpu::attention::AttnShape,
-) -> Result<[KernelCheck; 2]> {
+) -> Result<Vec<KernelCheck>> {
     let qkv = randn(r, sh.b * sh.t * 3 * sh.c, 1.0);
     let bias = randn(r, 3 * sh.c, 0.5);
     // What the GPU attends over: qkv + bias, rounded to bf16.
@@ -634,7 +640,7 @@ fn attention_checks(
     let pool = DevicePool::new(device);
     let mut prof = super::profile::PhaseTimer::from_env(device);
     let mut saved = AttnSaved::new(&pool, s, sh, path)?;
-    let mut shared = AttnShared::new(&pool, s, sh, path)?;
+    let mut shared = AttnShared::new(&pool, s, sh, path, false)?;
     let mut gy = DeviceBuffer::<bf16>::zeros(device, co.len())?;
     attention::forward(
         mk,
@@ -664,22 +670,34 @@ fn attention_checks(
     let dy = randn(r, co.len(), 1.0);
     let mut cd = vec![0.0f32; qkv.len()];
     cpu::attention::attention_backward(&mut cd, &dy, &biased, &catt, sh);
-    let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
-    attention::backward(
-        mk,
-        blas,
-        s,
-        &mut gd,
-        &up_bf(device, &dy)?,
-        &gy,
-        &saved,
-        &mut shared,
-        sh,
-        &mut prof,
-    )?;
-    s.synchronize()?;
-    let backward = check(bwd, ashape, rel_err(&down_bf(&gd)?, &cd), 2.0 * BF16_OUT);
-    Ok([forward, backward])
+    let gdy = up_bf(device, &dy)?;
+    let mut backward = |shared: &mut AttnShared| -> Result<Vec<f32>> {
+        let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
+        attention::backward(
+            mk, blas, s, &mut gd, &gdy, &gy, &saved, shared, sh, &mut prof,
+        )?;
+        s.synchronize()?;
+        down_bf(&gd)
+    };
+    let gd = backward(&mut shared)?;
+    let mut out = vec![
+        forward,
+        check(bwd, ashape.clone(), rel_err(&gd, &cd), 2.0 * BF16_OUT),
+    ];
+    if path == AttnPath::Fused {
+        let mut stored = AttnShared::new(&pool, s, sh, path, true)?;
+        let same = backward(&mut stored)?
+            .iter()
+            .zip(&gd)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        out.push(check(
+            "attention_backward (bf16, fused, stored dS) = recomputed, bit for bit",
+            ashape,
+            if same { 0.0 } else { 1.0 },
+            0.0,
+        ));
+    }
+    Ok(out)
 }
 
 /// Softmax cross-entropy and its scaled gradient in f64 (reference).

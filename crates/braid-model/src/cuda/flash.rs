@@ -1,6 +1,8 @@
 //! Launchers for the fused causal attention (`flash.cu`): forward with the
 //! row log-sum-exp kept, backward as a row-sum pass plus a dK/dV and a dQ
-//! kernel. Needs tensor cores with bf16 (compute capability 8.0 or newer)
+//! kernel, the dQ kernel either reading the score gradients the dK/dV
+//! kernel stored (scratch of [`FlashKernels::score_grads_len`] elements)
+//! or recomputing them. Needs tensor cores with bf16 (compute capability 8.0 or newer)
 //! and a head size the kernels are instantiated for; the mixed engine
 //! falls back to batched cuBLAS products otherwise. Every launcher checks
 //! its buffers against the shape before launching.
@@ -9,7 +11,7 @@ use super::mixed::{MixedKernels, A};
 use super::SOURCES;
 use crate::cpu::attention::AttnShape;
 use braid_cuda::nvrtc::{Function, Module};
-use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 use half::bf16;
 
 /// Rows (and keys) per block of the fused kernels.
@@ -17,17 +19,30 @@ const TILE: usize = 64;
 /// Threads per block: four warps of 16 rows.
 const THREADS: u32 = 128;
 
-/// Dynamic shared memory of the forward and dQ kernels at head size
-/// `hs`: two stages of two 64-row tiles padded by 8 values.
-fn tile_bytes(hs: usize) -> usize {
-    2 * 2 * TILE * (hs + 8) * 2
+/// Bytes of one 64-row shared tile of width `w`, padded by 8 values.
+fn tile(w: usize) -> usize {
+    TILE * (w + 8) * 2
 }
 
-/// ... and of the dK/dV kernel: the tiles plus two stages of the rows'
-/// log-sum-exp and row sums.
-fn dkdv_bytes(hs: usize) -> usize {
-    tile_bytes(hs) + 2 * 2 * TILE * 4
+/// Dynamic shared memory of the forward and recomputing dQ kernels at
+/// head size `hs`: two stages of two tiles.
+fn tile_bytes(hs: usize) -> usize {
+    4 * tile(hs)
 }
+
+/// ... of the dK/dV kernel: two stages of (Q, dO), K and V, then two
+/// stages of the rows' log-sum-exp and row sums.
+fn dkdv_bytes(hs: usize) -> usize {
+    6 * tile(hs) + 2 * 2 * TILE * 4
+}
+
+/// ... of the dQ kernel reading stored dS: two K tiles, two dS tiles.
+fn dq_stored_bytes(hs: usize) -> usize {
+    2 * tile(hs) + 2 * tile(TILE)
+}
+
+/// Threads per block of the row-sum kernel (one block per token).
+const DSUM_THREADS: u32 = 128;
 
 /// The kernels of one head size.
 struct HeadKernels {
@@ -36,6 +51,7 @@ struct HeadKernels {
     dsum: Function,
     dkdv: Function,
     dq: Function,
+    dq_stored: Function,
 }
 
 /// The loaded fused-attention kernels of one device.
@@ -74,10 +90,12 @@ impl FlashKernels {
                 dsum: f("flash_dsum")?,
                 dkdv: f("flash_dkdv")?,
                 dq: f("flash_dq")?,
+                dq_stored: f("flash_dq_ds")?,
             };
             k.forward.set_max_dynamic_shared(tile_bytes(hs))?;
             k.dq.set_max_dynamic_shared(tile_bytes(hs))?;
             k.dkdv.set_max_dynamic_shared(dkdv_bytes(hs))?;
+            k.dq_stored.set_max_dynamic_shared(dq_stored_bytes(hs))?;
             heads.push((hs, k));
         }
         Ok(Some(FlashKernels {
@@ -85,6 +103,15 @@ impl FlashKernels {
             heads,
             _module: module,
         }))
+    }
+
+    /// Elements (bf16) of the score-gradient scratch that lets the dQ
+    /// kernel read dS instead of recomputing it: each head's lower
+    /// triangle of 64 × 64 tiles (u128: the memory estimate takes any
+    /// shape).
+    pub fn score_grads_len(s: AttnShape) -> u128 {
+        let nb = s.t.div_ceil(TILE) as u128;
+        (s.b * s.nh) as u128 * (nb * (nb + 1) / 2) * (TILE * TILE) as u128
     }
 
     /// Whether the fused kernels take shape `s` (an error saying why not).
@@ -180,13 +207,17 @@ impl FlashKernels {
     }
 
     /// `dqkv[B,T,3C]` (overwritten) from `dout[B,T,C]`, with the forward
-    /// pass's `qkv`, `out` and `lse`; `dsum[B*NH,T]` is scratch.
+    /// pass's `qkv`, `out` and `lse`; `dsum[B*NH,T]` is scratch, and so is
+    /// `score_grads` ([`Self::score_grads_len`]), which, when given, spares
+    /// the dQ kernel two of its three products. The gradients are the same
+    /// bits either way.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         st: &Stream,
         dqkv: &mut impl DeviceMem<bf16>,
         dsum: &mut impl DeviceMem<f32>,
+        score_grads: Option<&mut DeviceBuffer<bf16>>,
         dout: &impl DeviceMem<bf16>,
         qkv: &impl DeviceMem<bf16>,
         out: &impl DeviceMem<bf16>,
@@ -201,6 +232,24 @@ impl FlashKernels {
         need("dout", dout.dlen(), rows * s.c)?;
         need("lse", lse.dlen(), heads)?;
         need("dsum", dsum.dlen(), heads)?;
+        let ds = match score_grads {
+            Some(d) => {
+                let len = Self::score_grads_len(s);
+                if (d.dlen() as u128) < len {
+                    return Err(CudaError::Invalid(format!(
+                        "flash attention: score gradients hold {} elements, the shape needs {len}",
+                        d.dlen()
+                    )));
+                }
+                d.dptr()
+            }
+            None => 0,
+        };
+        if rows > i32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "flash attention: {rows} tokens are too many for one row-sum launch"
+            )));
+        }
         let hs = s.c / s.nh;
         let scale = 1.0 / (hs as f32).sqrt();
         let sl2 = std::f32::consts::LOG2_E * scale;
@@ -212,23 +261,36 @@ impl FlashKernels {
             A::I(s.t as i32),
             A::I(s.nh as i32),
         ];
-        let blocks = heads.div_ceil(256).max(1) as u32;
-        MixedKernels::go(&k.dsum, st, (blocks, 1, 1), (256, 1, 1), args)?;
-        for (f, shared) in [(&k.dkdv, dkdv_bytes(k.hs)), (&k.dq, tile_bytes(k.hs))] {
-            let args = vec![
-                A::P(dqkv.dptr()),
-                A::P(qkv.dptr()),
-                A::P(dout.dptr()),
-                A::P(lse.dptr()),
-                A::P(dsum.dptr()),
-                A::I(s.t as i32),
-                A::I(s.nh as i32),
-                A::F(sl2),
-                A::F(scale),
-            ];
-            let grid = Self::grid(s);
-            MixedKernels::go_shared(f, st, grid, (THREADS, 1, 1), shared as u32, args)?;
+        let dsum_grid = (rows as u32, 1, 1);
+        MixedKernels::go(&k.dsum, st, dsum_grid, (DSUM_THREADS, 1, 1), args)?;
+        let grid = Self::grid(s);
+        let common = |with_lse: bool| {
+            let mut a = vec![A::P(dqkv.dptr()), A::P(qkv.dptr())];
+            if with_lse {
+                a.extend([
+                    A::P(dout.dptr()),
+                    A::P(lse.dptr()),
+                    A::P(dsum.dptr()),
+                    A::I(s.t as i32),
+                    A::I(s.nh as i32),
+                    A::F(sl2),
+                    A::F(scale),
+                ]);
+            }
+            a
+        };
+        let mut args = common(true);
+        args.push(A::P(ds));
+        let shared = dkdv_bytes(k.hs) as u32;
+        MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?;
+        if ds != 0 {
+            let mut args = common(false);
+            args.extend([A::P(ds), A::I(s.t as i32), A::I(s.nh as i32), A::F(scale)]);
+            let shared = dq_stored_bytes(k.hs) as u32;
+            MixedKernels::go_shared(&k.dq_stored, st, grid, (THREADS, 1, 1), shared, args)
+        } else {
+            let shared = tile_bytes(k.hs) as u32;
+            MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, common(true))
         }
-        Ok(())
     }
 }

@@ -13,6 +13,7 @@
 //! `BRAID_ATTENTION=fused|batched` forces one. Per-layer tensors live in
 //! [`AttnSaved`]; the scratch every layer reuses in [`AttnShared`].
 
+use super::flash::FlashKernels;
 use super::mixed::{MixedKernels, A};
 use super::profile::PhaseTimer;
 use crate::cpu::attention::AttnShape;
@@ -97,8 +98,13 @@ impl AttnSaved {
 
 /// Scratch shared by all layers.
 pub enum AttnShared {
-    /// Row sums of `dout · out` for the fused backward pass.
-    Fused { dsum: DeviceBuffer<f32> },
+    /// Row sums of `dout · out` for the fused backward pass, and, where
+    /// kept, the score gradients its dK/dV kernel stores for its dQ
+    /// kernel ([`FlashKernels::score_grads_len`]).
+    Fused {
+        dsum: DeviceBuffer<f32>,
+        score_grads: Option<DeviceBuffer<bf16>>,
+    },
     /// Scores (later their gradient), probabilities' gradient, per-head
     /// output and gradients.
     Batched {
@@ -112,13 +118,32 @@ pub enum AttnShared {
 }
 
 impl AttnShared {
-    /// Buffers for shape `s` on `path`.
-    pub fn new(pool: &DevicePool, st: &Stream, s: AttnShape, path: AttnPath) -> Result<AttnShared> {
+    /// Buffers for shape `s` on `path`; the fused path keeps the score
+    /// gradients when `stored_score_grads`.
+    pub fn new(
+        pool: &DevicePool,
+        st: &Stream,
+        s: AttnShape,
+        path: AttnPath,
+        stored_score_grads: bool,
+    ) -> Result<AttnShared> {
         let per_head = s.b * s.t * s.c;
         let tt = s.b * s.nh * s.t * s.t;
         Ok(match path {
             AttnPath::Fused => AttnShared::Fused {
                 dsum: pool.zeros(s.b * s.nh * s.t, st)?,
+                score_grads: match stored_score_grads {
+                    true => {
+                        let len =
+                            usize::try_from(FlashKernels::score_grads_len(s)).map_err(|_| {
+                                CudaError::Invalid(
+                                    "attention score gradients: too many elements".into(),
+                                )
+                            })?;
+                        Some(pool.zeros(len, st)?)
+                    }
+                    false => None,
+                },
             },
             AttnPath::Batched => AttnShared::Batched {
                 scores: pool.zeros(tt, st)?,
@@ -390,9 +415,9 @@ pub fn backward(
     prof: &mut PhaseTimer,
 ) -> Result<()> {
     match (saved, sh) {
-        (AttnSaved::Fused { qkv, lse }, AttnShared::Fused { dsum }) => {
+        (AttnSaved::Fused { qkv, lse }, AttnShared::Fused { dsum, score_grads }) => {
             let f = k.flash.as_ref().ok_or_else(mismatch)?;
-            f.backward(st, dqkv, dsum, dout, qkv, out, lse, s)
+            f.backward(st, dqkv, dsum, score_grads.as_mut(), dout, qkv, out, lse, s)
         }
         (
             AttnSaved::Batched { q, k: kk, v, att },

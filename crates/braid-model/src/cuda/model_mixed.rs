@@ -120,6 +120,10 @@ pub struct MixedOptions {
     /// No full bf16 copy of the parameters: the forward and backward
     /// passes take `pb = None` and cast each layer's weights as they go.
     pub streamed_weights: bool,
+    /// With the fused attention, keep scratch for the score gradients
+    /// (`FlashKernels::score_grads_len`) so that the backward pass's dQ
+    /// kernel reads them instead of recomputing them: faster, same bits.
+    pub stored_score_grads: bool,
 }
 
 /// Layer `l`'s bf16 weights (`block`, its range of the layout): the full
@@ -508,7 +512,7 @@ impl GpuGptMixed {
             },
             losses: p.zeros(n, s)?,
             batch: DeviceBatch::new(device, n, v)?,
-            attn: AttnShared::new(p, s, shape, path)?,
+            attn: AttnShared::new(p, s, shape, path, options.stored_score_grads)?,
             ln: p.zeros(n * c, s)?,
             qkv: p.zeros(n * 3 * c, s)?,
             gelu: p.zeros(n * 4 * c, s)?,

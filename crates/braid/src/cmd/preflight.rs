@@ -104,6 +104,10 @@ pub struct DevicePlan {
     pub estimate: u128,
     /// Stream the bf16 weights layer by layer instead of keeping a copy.
     pub streamed_weights: bool,
+    /// The fused attention is planned for (else the batched products).
+    pub fused_attention: bool,
+    /// Keep the fused attention's score gradients for its dQ kernel.
+    pub stored_score_grads: bool,
 }
 
 /// `BRAID_BF16_WEIGHTS`: `resident` (a full bf16 copy), `streamed` (cast
@@ -119,12 +123,27 @@ fn bf16_weights_choice() -> Result<Option<bool>, String> {
     }
 }
 
+/// `BRAID_SCORE_GRADS`: `stored` (scratch for the fused attention's score
+/// gradients, so the dQ kernel need not recompute them), `recomputed`, or
+/// `auto` / unset (stored where it fits).
+fn score_grads_choice() -> Result<Option<bool>, String> {
+    match std::env::var("BRAID_SCORE_GRADS").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(None),
+        Ok("stored") => Ok(Some(true)),
+        Ok("recomputed") => Ok(Some(false)),
+        Ok(other) => Err(format!(
+            "BRAID_SCORE_GRADS={other}: expected stored, recomputed or auto"
+        )),
+    }
+}
+
 /// Refuses, before anything is allocated, a run whose GPU memory (model
 /// states, the bf16 weights in mixed precision, activations and scratch:
 /// `braid_model::footprint::gpu_training`) exceeds the memory free on the
-/// GPU, naming the estimate and what would fit. In bf16 the weights'
-/// full bf16 copy is dropped for weights cast layer by layer where that
-/// makes the difference (or as `BRAID_BF16_WEIGHTS` says).
+/// GPU, naming the estimate and what would fit. In bf16 the attention's
+/// score-gradient scratch, then the weights' full bf16 copy (for weights
+/// cast layer by layer) are dropped where that makes the difference (or as
+/// `BRAID_SCORE_GRADS` and `BRAID_BF16_WEIGHTS` say).
 pub fn device(
     a: &Shape<'_>,
     cfg: &GptConfig,
@@ -140,19 +159,46 @@ pub fn device(
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
-    let Ok(free) = dev.free_memory() else {
-        return Ok(DevicePlan {
-            estimate: 0,
-            streamed_weights: forced.unwrap_or(false),
-        });
-    };
-    let free = free as u128;
     let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
     let fused = mixed
         && FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
-    let need = |b: usize, checkpointing: bool, streamed_weights: bool| {
+    let forced_scores = score_grads_choice()?;
+    if forced_scores == Some(true) && !fused {
+        return Err(
+            "BRAID_SCORE_GRADS=stored: only the fused attention (bf16, head sizes with fused \
+             kernels) stores score gradients"
+                .into(),
+        );
+    }
+    // The (streamed weights, stored score gradients) forms to try,
+    // fastest first.
+    let weights = match forced {
+        Some(streamed) => vec![streamed],
+        None if mixed => vec![false, true],
+        None => vec![false],
+    };
+    let scores = match forced_scores {
+        Some(stored) => vec![stored],
+        None if fused => vec![true, false],
+        None => vec![false],
+    };
+    let forms: Vec<(bool, bool)> = weights
+        .iter()
+        .flat_map(|&w| scores.iter().map(move |&s| (w, s)))
+        .collect();
+    let Ok(free) = dev.free_memory() else {
+        let (streamed_weights, stored_score_grads) = forms[0];
+        return Ok(DevicePlan {
+            estimate: 0,
+            streamed_weights,
+            fused_attention: fused,
+            stored_score_grads,
+        });
+    };
+    let free = free as u128;
+    let need = |b: usize, checkpointing: bool, (streamed_weights, stored_score_grads)| {
         let run = GpuRun {
             b,
             t: a.seq,
@@ -161,33 +207,31 @@ pub fn device(
             deferred,
             checkpointing,
             streamed_weights,
+            stored_score_grads,
         };
         gpu_training(cfg, &run)
     };
-    // The weights' forms to try (streamed or not), preferred first.
-    let forms = match forced {
-        Some(streamed) => vec![streamed],
-        None if mixed => vec![false, true],
-        None => vec![false],
-    };
-    for &streamed in &forms {
-        let f = need(batch, a.checkpointing, streamed);
+    for &form in &forms {
+        let f = need(batch, a.checkpointing, form);
         if f.total() + DEVICE_MARGIN <= free {
             return Ok(DevicePlan {
                 estimate: f.total(),
-                streamed_weights: streamed,
+                streamed_weights: form.0,
+                fused_attention: fused,
+                stored_score_grads: form.1,
             });
         }
     }
-    let streamed = *forms.last().expect("one form at least");
-    let f = need(batch, a.checkpointing, streamed);
+    let form = *forms.last().expect("one form at least");
+    let streamed = form.0;
+    let f = need(batch, a.checkpointing, form);
     let room = free.saturating_sub(DEVICE_MARGIN);
     let mut fits = Vec::new();
-    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, streamed)) {
+    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, form)) {
         fits.push(format!("--batch {b}"));
     }
     if mixed && !a.checkpointing {
-        match largest_batch(room, batch, |b| need(b, true, streamed)) {
+        match largest_batch(room, batch, |b| need(b, true, form)) {
             Some(b) if b == batch => fits.push("--checkpointing".into()),
             Some(b) => fits.push(format!("--checkpointing --batch {b}")),
             None => {}

@@ -455,13 +455,19 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
         let plan = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
         if lead && plan.estimate > 0 {
+            let mut lean = Vec::new();
+            if plan.streamed_weights {
+                lean.push("bf16 weights cast layer by layer instead of a full copy");
+            }
+            if plan.fused_attention && !plan.stored_score_grads {
+                lean.push("attention score gradients recomputed, not stored");
+            }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
                 braid_model::footprint::gib(plan.estimate),
-                if plan.streamed_weights {
-                    " (bf16 weights cast layer by layer instead of a full copy)"
-                } else {
-                    ""
+                match lean.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", lean.join("; ")),
                 }
             );
         }
@@ -474,6 +480,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             braid_model::cuda::model_mixed::MixedOptions {
                 checkpointing: a.checkpointing,
                 streamed_weights: plan.streamed_weights,
+                stored_score_grads: plan.stored_score_grads,
             },
             a.weight_decay,
         )?;
