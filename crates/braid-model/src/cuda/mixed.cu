@@ -534,14 +534,16 @@ extern "C" __global__ void bias_gelu_bf(unsigned* pre, unsigned* out, const floa
     out[i] = pack(gelu(lo(p)), gelu(hi(p)));
 }
 
-// GELU's derivative from th = tanh(GELU_S * (x + 0.044715 x^3)).
-__device__ __forceinline__ float gelu_grad_th(float x, float th) {
-    float sech2 = 1.f - th * th;
-    return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_S * (1.f + 3.f * 0.044715f * x * x);
+// GELU through s = sigmoid(2 u) = (1 + tanh u) / 2, u = GELU_S (x +
+// 0.044715 x^3): gelu(x) = x s and gelu'(x) = s + 2 x s (1 - s) u'. One
+// exponential and one reciprocal (fast, ~1e-7 relative) instead of tanhf's
+// branches: the GELU backward kernel is bound by its arithmetic.
+__device__ __forceinline__ float gelu_sig(float x) {
+    float u = GELU_S * (x + 0.044715f * x * x * x);
+    return __fdividef(1.f, 1.f + __expf(-2.f * u));
 }
-
-__device__ __forceinline__ float gelu_th(float x) {
-    return tanhf(GELU_S * (x + 0.044715f * x * x * x));
+__device__ __forceinline__ float gelu_grad_sig(float x, float s) {
+    return s + 2.f * x * s * (1.f - s) * GELU_S * (1.f + 3.f * 0.044715f * x * x);
 }
 
 // f32 -> bf16 copy.
@@ -834,34 +836,43 @@ extern "C" __global__ void adamw_multi4(float* p, bf16* pb, const float* g, floa
 // threads, each thread 8 columns (one 16-byte word), each row lane taking
 // every 8th row of the chunk in order; partial[chunk][col] sums the 8
 // lanes in order.
-extern "C" __global__ void gelu_backward_bias_bf(bf8* dx, const bf8* pre, float* partial, bf8* out,
+extern "C" __global__ void gelu_backward_bias_bf(bf8* __restrict__ dx, const bf8* __restrict__ pre,
+                                                 float* __restrict__ partial, bf8* __restrict__ out,
                                                  int N, int C, int rpb) {
     __shared__ float red[8][256];
     int tc = threadIdx.x % 32, rl = threadIdx.x / 32;
     int col = blockIdx.x * 256 + tc * 8;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     int end = min((blockIdx.y + 1) * rpb, N);
+    // One row's 8 values: the GELU (when kept), dx * gelu', and the sum.
+    auto row = [&](long i, bf8 dv, bf8 pv) {
+        float g[8], x[8], s[8];
+        unpack8(dv, g);
+        unpack8(pv, x);
+        for (int e = 0; e < 8; e++) s[e] = gelu_sig(x[e]);
+        if (out) {
+            float y[8];
+            for (int e = 0; e < 8; e++) y[e] = x[e] * s[e];
+            out[i] = pack8(y);
+        }
+        for (int e = 0; e < 8; e++) g[e] *= gelu_grad_sig(x[e], s[e]);
+        bf8 o = pack8(g);
+        dx[i] = o;
+        unpack8(o, g);
+        for (int e = 0; e < 8; e++) acc[e] += g[e];
+    };
     if (col < C) {
-        for (int r = blockIdx.y * rpb + rl; r < end; r += 8) {
+        // Two rows per step (both loads in flight first), in row order.
+        int r = blockIdx.y * rpb + rl;
+        for (; r + 8 < end; r += 16) {
+            long i = ((long)r * C + col) / 8, j = ((long)(r + 8) * C + col) / 8;
+            bf8 d0 = dx[i], p0 = pre[i], d1 = dx[j], p1 = pre[j];
+            row(i, d0, p0);
+            row(j, d1, p1);
+        }
+        if (r < end) {
             long i = ((long)r * C + col) / 8;
-            float g[8], x[8];
-            unpack8(dx[i], g);
-            unpack8(pre[i], x);
-            // One tanh per element serves the recomputed GELU (the same
-            // expression as gelu()) and its derivative: the kernel is
-            // bound by its arithmetic, not by memory.
-            float th[8];
-            for (int e = 0; e < 8; e++) th[e] = gelu_th(x[e]);
-            if (out) {
-                float y[8];
-                for (int e = 0; e < 8; e++) y[e] = 0.5f * x[e] * (1.f + th[e]);
-                out[i] = pack8(y);
-            }
-            for (int e = 0; e < 8; e++) g[e] *= gelu_grad_th(x[e], th[e]);
-            bf8 out = pack8(g);
-            dx[i] = out;
-            unpack8(out, g);
-            for (int e = 0; e < 8; e++) acc[e] += g[e];
+            row(i, dx[i], pre[i]);
         }
     }
     for (int e = 0; e < 8; e++) red[rl][tc * 8 + e] = acc[e];
