@@ -118,7 +118,8 @@ pub fn cpu_training(
 /// probabilities), the f32 residual after attention and the MLP's
 /// pre-activation (its GELU and the LayerNorm outputs are recomputed) —
 /// which `checkpointing` keeps for one block only (plus each fused
-/// layer's log-sum-exp); the f32 residual stream; the logits; and the
+/// layer's log-sum-exp, or with `keep_attention` its whole attention
+/// state); the f32 residual stream; the logits; and the
 /// scratch the layers share (with the fused attention's score gradients
 /// when `stored_score_grads`).
 pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
@@ -131,8 +132,10 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
         deferred,
         checkpointing,
         stored_score_grads,
+        keep_attention,
         ..
     } = *run;
+    let keep_attention = checkpointing && fused && keep_attention;
     let (bu, tu) = (b as u128, t as u128);
     let (c, nh, l, v) = (
         cfg.n_embd as u128,
@@ -167,10 +170,15 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
         + 16 * n
         + match (checkpointing, fused) {
             (false, _) => block,
+            (true, true) if keep_attention => attn_saved,
             (true, true) => 4 * rows,
             (true, false) => 0,
         };
-    let work = if checkpointing { block } else { 0 };
+    let work = match (checkpointing, keep_attention) {
+        (false, _) => 0,
+        (true, false) => block,
+        (true, true) => block - attn_saved,
+    };
     let residual = 4 * nc * (l + 1);
     let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
@@ -215,6 +223,8 @@ pub struct GpuRun {
     pub streamed_weights: bool,
     /// The fused attention's score gradients kept for its dQ kernel.
     pub stored_score_grads: bool,
+    /// Under checkpointing, each layer keeps the fused attention's state.
+    pub keep_attention: bool,
 }
 
 /// The GPU engine's memory by part: model states (f32 parameters,

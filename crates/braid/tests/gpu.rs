@@ -378,7 +378,8 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     }
 }
 
-/// `--checkpointing` on the GPU recomputes the blocks' activations,
+/// `--checkpointing` on the GPU recomputes the blocks' activations (all,
+/// or with `BRAID_CKPT_ATTENTION=kept` from the attention's output on),
 /// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer
 /// as it is needed, and the fused attention's dQ kernel recomputes the
 /// score gradients (`BRAID_SCORE_GRADS=recomputed`) rather than reading
@@ -404,40 +405,45 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
     ];
     let ckpt = [&args[..], &["--checkpointing"]].concat();
     for path in ["fused", "batched"] {
-        let scores = if path == "fused" { "stored" } else { "auto" };
-        let env = |weights, scores| {
+        // (fused only: stored score gradients and the attention kept
+        // under checkpointing; the batched path takes neither.)
+        let fused = path == "fused";
+        let (stored, kept_attn, lean) = match fused {
+            true => ("stored", "kept", "recomputed"),
+            false => ("auto", "auto", "auto"),
+        };
+        let env = |weights, scores, ckpt_attn| {
             [
                 ("BRAID_ATTENTION", path),
                 ("BRAID_BF16_WEIGHTS", weights),
                 ("BRAID_SCORE_GRADS", scores),
+                ("BRAID_CKPT_ATTENTION", ckpt_attn),
             ]
         };
         let (kept, a) = train_gpu_env(
             &dir,
             &format!("{path}-kept"),
             &args,
-            &env("resident", scores),
+            &env("resident", stored, "auto"),
         );
         let mut runs = vec![
-            ("checkpointing", &ckpt[..], "resident", scores),
-            ("streamed weights", &args[..], "streamed", scores),
+            ("checkpointing", &ckpt[..], env("resident", stored, lean)),
+            (
+                "streamed weights",
+                &args[..],
+                env("streamed", stored, "auto"),
+            ),
         ];
-        if path == "fused" {
-            runs.push(("recomputed scores", &args[..], "resident", "recomputed"));
+        if fused {
+            let attn = env("resident", stored, kept_attn);
+            runs.push(("checkpointing, attention kept", &ckpt[..], attn));
+            let scores = env("resident", lean, "auto");
+            runs.push(("recomputed scores", &args[..], scores));
         }
-        let lean = if path == "fused" {
-            "recomputed"
-        } else {
-            "auto"
-        };
-        runs.push(("all", &ckpt[..], "streamed", lean));
-        for (name, run, weights, scores) in runs {
-            let (again, b) = train_gpu_env(
-                &dir,
-                &format!("{path}-{}", name.replace(' ', "-")),
-                run,
-                &env(weights, scores),
-            );
+        runs.push(("all", &ckpt[..], env("streamed", lean, lean)));
+        for (name, run, env) in runs {
+            let tag = name.replace([' ', ','], "-");
+            let (again, b) = train_gpu_env(&dir, &format!("{path}-{tag}"), run, &env);
             let differ = kept
                 .iter()
                 .zip(&again)

@@ -401,25 +401,55 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         if same { 0.0 } else { 1.0 },
         0.0,
     ));
-    // Checkpointing recomputes the blocks' activations, streamed bf16
-    // weights cast each layer as it is needed, and stored score gradients
-    // spare the attention's dQ kernel their recomputation, all in the same
-    // arithmetic: the same gradients bit for bit, with the weight
-    // gradients in place or deferred.
+    // Checkpointing recomputes the blocks' activations (all, or from the
+    // attention's output on), streamed bf16 weights cast each layer as it
+    // is needed, and stored score gradients spare the attention's dQ
+    // kernel their recomputation, all in the same arithmetic: the same
+    // gradients bit for bit, with the weight gradients in place or
+    // deferred.
     use super::model_mixed::{GpuGptMixed, MixedOptions};
     let n_layer = layout.config.n_layer;
-    for (checkpointing, streamed_weights, stored_score_grads, defer) in [
-        (true, false, false, 0),
-        (true, false, false, n_layer),
-        (false, true, false, 0),
-        (false, false, true, 0),
-        (true, true, true, n_layer),
+    let plain = MixedOptions::default();
+    let ckpt = MixedOptions {
+        checkpointing: true,
+        ..plain
+    };
+    let all = MixedOptions {
+        checkpointing: true,
+        streamed_weights: true,
+        stored_score_grads: true,
+        keep_attention: true,
+    };
+    for (what, options, defer) in [
+        ("model bwd, checkpointing (bit-exact)", ckpt, 0),
+        ("model bwd, checkpointing (bit-exact)", ckpt, n_layer),
+        (
+            "model bwd, checkpointing keeping the attention (bit-exact)",
+            MixedOptions {
+                keep_attention: true,
+                ..ckpt
+            },
+            0,
+        ),
+        (
+            "model bwd, streamed bf16 weights (bit-exact)",
+            MixedOptions {
+                streamed_weights: true,
+                ..plain
+            },
+            0,
+        ),
+        (
+            "model bwd, stored attention score gradients (bit-exact)",
+            MixedOptions {
+                stored_score_grads: true,
+                ..plain
+            },
+            0,
+        ),
+        ("model bwd, all four (bit-exact)", all, n_layer),
     ] {
-        let options = MixedOptions {
-            checkpointing,
-            streamed_weights,
-            stored_score_grads,
-        };
+        let streamed_weights = options.streamed_weights;
         let mut ck = GpuGptMixed::with_options(device, layout.clone(), mb, mt, options)?;
         ck.defer_weight_grads(defer)?;
         let pb = (!streamed_weights).then_some(&gpb);
@@ -428,12 +458,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         ck.backward(&gparams, pb, &mut cgr)?;
         let same = closs == gloss && cgr.to_vec()? == ggv;
         out.push(check(
-            match (checkpointing, streamed_weights, stored_score_grads) {
-                (true, false, false) => "model bwd, checkpointing (bit-exact)",
-                (false, true, false) => "model bwd, streamed bf16 weights (bit-exact)",
-                (false, false, true) => "model bwd, stored attention score gradients (bit-exact)",
-                _ => "model bwd, all three (bit-exact)",
-            },
+            what,
             format!(
                 "{}, B={mb}, {defer} layers deferred, {:?} attention",
                 ModelReference::CONFIG,

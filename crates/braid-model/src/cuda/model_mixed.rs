@@ -51,13 +51,19 @@ struct LayerSaved {
     /// Under checkpointing with the fused attention: the rows'
     /// log-sum-exp, so that the attention itself need not run again.
     lse: Option<DeviceBuffer<f32>>,
+    /// Under checkpointing with the attention kept
+    /// ([`MixedOptions::keep_attention`]): the attention's saved state, so
+    /// that the recomputation starts after it (no LayerNorm, no qkv
+    /// product, no attention).
+    attn: Option<AttnSaved>,
 }
 
 /// A block's activations that checkpointing recomputes instead of keeping.
 struct BlockActs {
     /// The attention's saved state (fused: the biased projection and the
-    /// log-sum-exp; batched: per-head q, k, v and the probabilities).
-    attn: AttnSaved,
+    /// log-sum-exp; batched: per-head q, k, v and the probabilities);
+    /// `None` in the shared buffers when every layer keeps its own.
+    attn: Option<AttnSaved>,
     /// The residual stream after the attention (the second LayerNorm's input).
     resid2: DeviceBuffer<f32>,
     /// The MLP's pre-activation (bias included). Its GELU is not kept:
@@ -67,10 +73,19 @@ struct BlockActs {
 }
 
 impl BlockActs {
-    fn new(p: &DevicePool, s: &Stream, shape: AttnShape, path: AttnPath) -> Result<BlockActs> {
+    fn new(
+        p: &DevicePool,
+        s: &Stream,
+        shape: AttnShape,
+        path: AttnPath,
+        with_attention: bool,
+    ) -> Result<BlockActs> {
         let n = shape.b * shape.t;
         Ok(BlockActs {
-            attn: AttnSaved::new(p, s, shape, path)?,
+            attn: match with_attention {
+                true => Some(AttnSaved::new(p, s, shape, path)?),
+                false => None,
+            },
             resid2: p.zeros(n * shape.c, s)?,
             fch: p.zeros(n * 4 * shape.c, s)?,
         })
@@ -124,6 +139,12 @@ pub struct MixedOptions {
     /// (`FlashKernels::score_grads_len`) so that the backward pass's dQ
     /// kernel reads them instead of recomputing them: faster, same bits.
     pub stored_score_grads: bool,
+    /// Under checkpointing with the fused attention, each layer keeps the
+    /// attention's saved state (the biased qkv and the log-sum-exp, 6
+    /// bytes per token and width more than the log-sum-exp alone), so the
+    /// backward pass recomputes only from the attention's output on: one
+    /// product of four instead of three, same bits.
+    pub keep_attention: bool,
 }
 
 /// Layer `l`'s bf16 weights (`block`, its range of the layout): the full
@@ -450,8 +471,9 @@ impl GpuGptMixed {
         let pool = DevicePool::new(device);
         let (s, p) = (&stream, &pool);
         let mut layers = Vec::new();
+        let fused = path == AttnPath::Fused;
+        let keep_attention = checkpointing && fused && options.keep_attention;
         for _ in 0..cfg.n_layer {
-            let fused = path == AttnPath::Fused;
             layers.push(LayerSaved {
                 ln1_mean: p.zeros(n, s)?,
                 ln1_rstd: p.zeros(n, s)?,
@@ -459,17 +481,21 @@ impl GpuGptMixed {
                 ln2_rstd: p.zeros(n, s)?,
                 atty: p.zeros(n * c, s)?,
                 acts: match checkpointing {
-                    false => Some(BlockActs::new(p, s, shape, path)?),
+                    false => Some(BlockActs::new(p, s, shape, path, true)?),
                     true => None,
                 },
-                lse: match checkpointing && fused {
+                lse: match checkpointing && fused && !keep_attention {
                     true => Some(p.zeros(b * nh * t, s)?),
+                    false => None,
+                },
+                attn: match keep_attention {
+                    true => Some(AttnSaved::new(p, s, shape, path)?),
                     false => None,
                 },
             });
         }
         let work = match checkpointing {
-            true => Some(BlockActs::new(p, s, shape, path)?),
+            true => Some(BlockActs::new(p, s, shape, path, !keep_attention)?),
             false => None,
         };
         let streamed = match options.streamed_weights {
@@ -764,67 +790,79 @@ impl GpuGptMixed {
             atty,
             acts,
             lse: kept_lse,
+            attn: kept_attn,
         } = &mut self.layers[l];
-        let BlockActs { attn, resid2, fch } =
-            acts.as_mut().or(self.work.as_mut()).ok_or_else(no_acts)?;
-        mk.layernorm_forward(
-            s,
-            &mut self.ln,
-            ln1_mean,
-            ln1_rstd,
-            x,
-            &p.view(r.ln1_w.clone()),
-            &p.view(r.ln1_b.clone()),
-            n,
-            c,
-        )?;
-        prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
-        // The fused attention keeps qkv with its bias: one product
-        // writes it there when cuBLASLt can add the bias.
-        let qkv_product = Product {
-            m: n,
-            n: 3 * c,
-            k: c,
-            a: Mat::of(&self.ln, c),
-            b: Mat::of(&w(&r.qkv_w), 3 * c),
-        };
-        let into_saved = match &mut *attn {
-            AttnSaved::Fused { qkv, .. } => qkv_product.fused(
-                lt,
+        let BlockActs {
+            attn: block_attn,
+            resid2,
+            fch,
+        } = acts.as_mut().or(self.work.as_mut()).ok_or_else(no_acts)?;
+        // With the attention kept, the recomputation starts at its output.
+        let from_atty = pass == Pass::Recompute && kept_attn.is_some();
+        let attn = kept_attn
+            .as_mut()
+            .or(block_attn.as_mut())
+            .ok_or_else(no_acts)?;
+        if !from_atty {
+            mk.layernorm_forward(
                 s,
-                None,
-                Mat::of(qkv, 3 * c),
-                Epilogue::Bias {
-                    bias: span(&w(&r.qkv_b)),
-                },
-            )?,
-            AttnSaved::Batched { .. } => false,
-        };
-        if !into_saved {
-            qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
-        }
-        prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
-        let qkv_b = p.view(r.qkv_b.clone());
-        match (pass, kept_lse.as_mut()) {
-            (Pass::Recompute, Some(kept)) => {
-                let unbiased = (!into_saved).then_some((&self.qkv, &qkv_b));
-                attention::restore(mk, s, attn, unbiased, kept, shape)?;
+                &mut self.ln,
+                ln1_mean,
+                ln1_rstd,
+                x,
+                &p.view(r.ln1_w.clone()),
+                &p.view(r.ln1_b.clone()),
+                n,
+                c,
+            )?;
+            prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
+            // The fused attention keeps qkv with its bias: one product
+            // writes it there when cuBLASLt can add the bias.
+            let qkv_product = Product {
+                m: n,
+                n: 3 * c,
+                k: c,
+                a: Mat::of(&self.ln, c),
+                b: Mat::of(&w(&r.qkv_w), 3 * c),
+            };
+            let into_saved = match &mut *attn {
+                AttnSaved::Fused { qkv, .. } => qkv_product.fused(
+                    lt,
+                    s,
+                    None,
+                    Mat::of(qkv, 3 * c),
+                    Epilogue::Bias {
+                        bias: span(&w(&r.qkv_b)),
+                    },
+                )?,
+                AttnSaved::Batched { .. } => false,
+            };
+            if !into_saved {
+                qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
             }
-            _ => {
-                if into_saved {
-                    attention::forward_prebiased(mk, s, atty, attn, shape)?;
-                } else {
-                    let sh = &mut self.attn;
-                    attention::forward(
-                        mk, blas, s, atty, &self.qkv, &qkv_b, attn, sh, shape, prof,
-                    )?;
+            prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
+            let qkv_b = p.view(r.qkv_b.clone());
+            match (pass, kept_lse.as_mut()) {
+                (Pass::Recompute, Some(kept)) => {
+                    let unbiased = (!into_saved).then_some((&self.qkv, &qkv_b));
+                    attention::restore(mk, s, attn, unbiased, kept, shape)?;
                 }
-                if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
-                    attention::keep_lse(s, attn, kept)?;
+                _ => {
+                    if into_saved {
+                        attention::forward_prebiased(mk, s, atty, attn, shape)?;
+                    } else {
+                        let sh = &mut self.attn;
+                        attention::forward(
+                            mk, blas, s, atty, &self.qkv, &qkv_b, attn, sh, shape, prof,
+                        )?;
+                    }
+                    if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
+                        attention::keep_lse(s, attn, kept)?;
+                    }
                 }
             }
+            prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
         }
-        prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
         let proj = Product {
             m: n,
             n: c,
@@ -1197,7 +1235,7 @@ impl GpuGptMixed {
             &mut self.qkv,
             &self.datty,
             &a.atty,
-            &acts.attn,
+            a.attn.as_ref().or(acts.attn.as_ref()).ok_or_else(no_acts)?,
             &mut self.attn,
             shape,
             prof,

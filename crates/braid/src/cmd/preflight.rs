@@ -108,6 +108,8 @@ pub struct DevicePlan {
     pub fused_attention: bool,
     /// Keep the fused attention's score gradients for its dQ kernel.
     pub stored_score_grads: bool,
+    /// Under checkpointing, keep each layer's fused attention state.
+    pub keep_attention: bool,
 }
 
 /// `BRAID_BF16_WEIGHTS`: `resident` (a full bf16 copy), `streamed` (cast
@@ -137,13 +139,30 @@ fn score_grads_choice() -> Result<Option<bool>, String> {
     }
 }
 
+/// `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
+/// `kept` (each layer keeps the attention's state, and the recomputation
+/// starts at its output), `recomputed`, or `auto` / unset (kept where it
+/// fits).
+fn ckpt_attention_choice() -> Result<Option<bool>, String> {
+    match std::env::var("BRAID_CKPT_ATTENTION").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(None),
+        Ok("kept") => Ok(Some(true)),
+        Ok("recomputed") => Ok(Some(false)),
+        Ok(other) => Err(format!(
+            "BRAID_CKPT_ATTENTION={other}: expected kept, recomputed or auto"
+        )),
+    }
+}
+
 /// Refuses, before anything is allocated, a run whose GPU memory (model
 /// states, the bf16 weights in mixed precision, activations and scratch:
 /// `braid_model::footprint::gpu_training`) exceeds the memory free on the
-/// GPU, naming the estimate and what would fit. In bf16 the attention's
+/// GPU, naming the estimate and what would fit. In bf16 what only buys
+/// speed is dropped where that makes the difference, in this order: under
+/// checkpointing each layer's kept attention state, the attention's
 /// score-gradient scratch, then the weights' full bf16 copy (for weights
-/// cast layer by layer) are dropped where that makes the difference (or as
-/// `BRAID_SCORE_GRADS` and `BRAID_BF16_WEIGHTS` say).
+/// cast layer by layer); `BRAID_CKPT_ATTENTION`, `BRAID_SCORE_GRADS` and
+/// `BRAID_BF16_WEIGHTS` decide instead.
 pub fn device(
     a: &Shape<'_>,
     cfg: &GptConfig,
@@ -172,8 +191,21 @@ pub fn device(
                 .into(),
         );
     }
-    // The (streamed weights, stored score gradients) forms to try,
-    // fastest first.
+    let forced_keep = ckpt_attention_choice()?;
+    if forced_keep == Some(true) && !(fused && a.checkpointing) {
+        return Err(
+            "BRAID_CKPT_ATTENTION=kept: only --checkpointing with the fused attention keeps \
+             the attention's state"
+                .into(),
+        );
+    }
+    let keeps = match forced_keep {
+        Some(keep) => vec![keep],
+        None if fused && a.checkpointing => vec![true, false],
+        None => vec![false],
+    };
+    // The (streamed weights, kept attention, stored score gradients)
+    // forms to try, fastest first.
     let weights = match forced {
         Some(streamed) => vec![streamed],
         None if mixed => vec![false, true],
@@ -184,42 +216,44 @@ pub fn device(
         None if fused => vec![true, false],
         None => vec![false],
     };
-    let forms: Vec<(bool, bool)> = weights
-        .iter()
-        .flat_map(|&w| scores.iter().map(move |&s| (w, s)))
-        .collect();
+    let mut forms = Vec::new();
+    for &w in &weights {
+        for &k in &keeps {
+            for &s in &scores {
+                forms.push((w, k, s));
+            }
+        }
+    }
+    let plan = |estimate, (streamed_weights, keep_attention, stored_score_grads)| DevicePlan {
+        estimate,
+        streamed_weights,
+        fused_attention: fused,
+        stored_score_grads,
+        keep_attention,
+    };
     let Ok(free) = dev.free_memory() else {
-        let (streamed_weights, stored_score_grads) = forms[0];
-        return Ok(DevicePlan {
-            estimate: 0,
-            streamed_weights,
-            fused_attention: fused,
-            stored_score_grads,
-        });
+        return Ok(plan(0, forms[0]));
     };
     let free = free as u128;
-    let need = |b: usize, checkpointing: bool, (streamed_weights, stored_score_grads)| {
-        let run = GpuRun {
-            b,
-            t: a.seq,
-            mixed,
-            fused_attention: fused,
-            deferred,
-            checkpointing,
-            streamed_weights,
-            stored_score_grads,
+    let need =
+        |b: usize, checkpointing: bool, (streamed_weights, keep_attention, stored_score_grads)| {
+            let run = GpuRun {
+                b,
+                t: a.seq,
+                mixed,
+                fused_attention: fused,
+                deferred,
+                checkpointing,
+                streamed_weights,
+                stored_score_grads,
+                keep_attention,
+            };
+            gpu_training(cfg, &run)
         };
-        gpu_training(cfg, &run)
-    };
     for &form in &forms {
         let f = need(batch, a.checkpointing, form);
         if f.total() + DEVICE_MARGIN <= free {
-            return Ok(DevicePlan {
-                estimate: f.total(),
-                streamed_weights: form.0,
-                fused_attention: fused,
-                stored_score_grads: form.1,
-            });
+            return Ok(plan(f.total(), form));
         }
     }
     let form = *forms.last().expect("one form at least");

@@ -462,6 +462,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if plan.fused_attention && !plan.stored_score_grads {
                 lean.push("attention score gradients recomputed, not stored");
             }
+            if plan.fused_attention && a.checkpointing && !plan.keep_attention {
+                lean.push("the attention recomputed too");
+            }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
                 braid_model::footprint::gib(plan.estimate),
@@ -481,6 +484,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 checkpointing: a.checkpointing,
                 streamed_weights: plan.streamed_weights,
                 stored_score_grads: plan.stored_score_grads,
+                keep_attention: plan.keep_attention,
             },
             a.weight_decay,
         )?;
