@@ -138,6 +138,20 @@ impl Device {
         result::device::get_name(self.inner.cu).map_err(driver("cuDeviceGetName"))
     }
 
+    /// Streaming multiprocessors (132 on an H100/H200).
+    pub fn multiprocessors(&self) -> Result<usize> {
+        use sys::CUdevice_attribute as A;
+        // SAFETY: valid device handle and attribute.
+        let n = unsafe {
+            result::device::get_attribute(
+                self.inner.cu,
+                A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+        }
+        .map_err(driver("cuDeviceGetAttribute"))?;
+        Ok(n.max(1) as usize)
+    }
+
     /// Compute capability `(major, minor)`, e.g. `(9, 0)` for an H100/H200.
     pub fn compute_capability(&self) -> Result<(i32, i32)> {
         use sys::CUdevice_attribute as A;

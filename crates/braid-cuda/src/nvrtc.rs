@@ -265,6 +265,27 @@ impl Function {
         .map_err(driver("cuFuncSetAttribute"))
     }
 
+    /// How many blocks of `threads` threads (and `dynamic_shared` bytes of
+    /// dynamic shared memory) one multiprocessor runs at once: what its
+    /// registers, shared memory and thread slots allow.
+    pub fn max_active_blocks(&self, threads: u32, dynamic_shared: usize) -> Result<usize> {
+        self.device.bind()?;
+        let mut blocks: std::ffi::c_int = 0;
+        // SAFETY: a valid function handle of the bound context and an
+        // out-pointer to a live int.
+        unsafe {
+            dsys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                self.raw,
+                threads as std::ffi::c_int,
+                dynamic_shared,
+            )
+            .result()
+        }
+        .map_err(driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        Ok(blocks.max(1) as usize)
+    }
+
     /// Queues the kernel on `stream` with `args` in order.
     ///
     /// # Safety

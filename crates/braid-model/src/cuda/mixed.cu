@@ -826,6 +826,33 @@ extern "C" __global__ void adamw_multi4(float* p, bf16* pb, const float* g, floa
     }
 }
 
+// bias_partial_bf with 8 columns per thread (one 16-byte word; C % 8 ==
+// 0): blocks of 32 x 8 threads cover 256 columns, and each column is
+// summed over the same rows in the same order, so the partials are the
+// same bits.
+extern "C" __global__ void bias_partial_bf8(float* __restrict__ partial, const bf8* __restrict__ dout,
+                                           int N, int C, int rpb) {
+    __shared__ float sh[8][256];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int col = blockIdx.x * 256 + tx * 8;
+    int start = blockIdx.y * rpb, end = min(start + rpb, N);
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (col < C)
+        for (int r = start + ty; r < end; r += 8) {
+            float f[8];
+            unpack8(dout[((long)r * C + col) / 8], f);
+            for (int e = 0; e < 8; e++) a[e] += f[e];
+        }
+    for (int e = 0; e < 8; e++) sh[ty][tx * 8 + e] = a[e];
+    __syncthreads();
+    if (ty != 0 || col >= C) return;
+    for (int e = 0; e < 8; e++) {
+        float t = 0.f;
+        for (int k = 0; k < 8; k++) t += sh[k][tx * 8 + e];
+        partial[(long)blockIdx.y * C + col + e] = t;
+    }
+}
+
 // ---- MLP backward -----------------------------------------------------------
 // out (when not null) = gelu(pre), recomputed for the output projection's
 // weight gradient instead of kept from the forward pass (the pre-activation

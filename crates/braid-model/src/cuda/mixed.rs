@@ -34,9 +34,11 @@ const LN_WIDE: [(usize, u32); 6] = [
     (5120, 256),
 ];
 
-/// Rows per block of the wide LayerNorm backward (one partial row each):
-/// 512 blocks of 8192 rows keep 4 per SM on an H200.
-const LN_WIDE_ROWS_PER_BLOCK: usize = 16;
+/// Fewest rows per block of the wide LayerNorm backward (one partial row
+/// each). Above it, the rows are spread so that the blocks fill the GPU in
+/// one wave (or whole waves): at 2.65B, 8192 rows in 512 blocks of 16 took
+/// 1.29 waves of 3 blocks per SM on an H200, 391 of 21 take one.
+const LN_WIDE_MIN_ROWS: usize = 16;
 
 /// The largest element count one launch of a 32-bit-indexed kernel
 /// (`residual_bias`, `bias_gelu_bf`) takes; larger buffers go in row
@@ -131,6 +133,8 @@ struct LnWide {
     threads: u32,
     forward: Function,
     backward: Function,
+    /// Backward blocks the whole GPU runs at once.
+    backward_slots: usize,
 }
 
 /// The loaded mixed-precision kernels of one device.
@@ -145,6 +149,7 @@ pub struct MixedKernels {
     ln_param_partial: Function,
     bias_partial_f32: Function,
     bias_partial_bf: Function,
+    bias_partial_bf8: Function,
     sum_partials: Function,
     residual_bias: Function,
     bias_gelu: Function,
@@ -167,6 +172,7 @@ impl MixedKernels {
     /// Compiles (through the cache) and loads the kernels on `device`.
     pub fn load(device: &Device) -> Result<MixedKernels> {
         let module = Module::compile(device, SOURCES[1].0, SOURCES[1].1)?;
+        let sms = device.multiprocessors()?;
         let f = |n: &str| module.function(n);
         Ok(MixedKernels {
             ln_forward: f("ln_forward_bf")?,
@@ -179,17 +185,20 @@ impl MixedKernels {
             ln_wide: LN_WIDE
                 .iter()
                 .map(|&(width, threads)| {
+                    let backward = f(&format!("ln_backward_{width}"))?;
                     Ok(LnWide {
                         width,
                         threads,
                         forward: f(&format!("ln_forward_{width}"))?,
-                        backward: f(&format!("ln_backward_{width}"))?,
+                        backward_slots: sms * backward.max_active_blocks(threads, 0)?,
+                        backward,
                     })
                 })
                 .collect::<Result<_>>()?,
             ln_param_partial: f("ln_param_partial_bf")?,
             bias_partial_f32: f("bias_partial_f32")?,
             bias_partial_bf: f("bias_partial_bf")?,
+            bias_partial_bf8: f("bias_partial_bf8")?,
             sum_partials: f("sum_partials")?,
             residual_bias: f("residual_bias")?,
             bias_gelu: f("bias_gelu_bf")?,
@@ -296,24 +305,38 @@ impl MixedKernels {
     }
 
     /// Elements of the partial-sum scratch the column reductions of `n`
-    /// rows of `c` need (LayerNorm backward: `parts` = 3, bias: 1).
+    /// rows of `c` need (LayerNorm backward: `parts` = 3, bias: 1), at
+    /// most: the wide LayerNorm backward may take more rows per block.
     pub fn partial_len(n: usize, c: usize, parts: usize) -> usize {
         let rows = if parts == 3 {
-            Self::ln_rows_per_block(c)
+            Self::ln_min_rows_per_block(c)
         } else {
             ROWS_PER_BLOCK
         };
         n.div_ceil(rows).max(1) * c * parts
     }
 
-    /// Rows per partial row of the LayerNorm backward at width `c`.
-    fn ln_rows_per_block(c: usize) -> usize {
+    /// Fewest rows per partial row of the LayerNorm backward at width `c`.
+    fn ln_min_rows_per_block(c: usize) -> usize {
         if Self::ln_fused(c) {
             LN_ROWS_PER_BLOCK
         } else if LN_WIDE.iter().any(|&(w, _)| w == c) {
-            LN_WIDE_ROWS_PER_BLOCK
+            LN_WIDE_MIN_ROWS
         } else {
             ROWS_PER_BLOCK
+        }
+    }
+
+    /// Rows per block of the LayerNorm backward over `n` rows of `c`: the
+    /// wide kernels' blocks spread to fill whole waves.
+    fn ln_rows_per_block(&self, n: usize, c: usize) -> usize {
+        match self.ln_wide_for(c) {
+            Some(k) => {
+                // Whole waves of at least the fewest rows each.
+                let waves = (n / (k.backward_slots * LN_WIDE_MIN_ROWS)).max(1);
+                n.div_ceil(k.backward_slots * waves).max(LN_WIDE_MIN_ROWS)
+            }
+            None => Self::ln_min_rows_per_block(c),
         }
     }
 
@@ -395,7 +418,7 @@ impl MixedKernels {
             _ => None,
         };
         if let Some((f, threads)) = fused.filter(|_| aligned16(&vector)) {
-            let rows = Self::ln_rows_per_block(c);
+            let rows = self.ln_rows_per_block(n, c);
             let nblocks = n.div_ceil(rows).max(1);
             args.extend([A::P(partial.dptr()), A::I(rows as i32)]);
             Self::go(f, s, blocks(nblocks, 1)?, (threads, 1, 1), args)?;
@@ -494,7 +517,23 @@ impl MixedKernels {
     ) -> Result<()> {
         need("bias grad", dbias.dlen(), c)?;
         need("bias dout", dout.dlen(), n * c)?;
-        self.bias_backward(s, &self.bias_partial_bf, dbias, partial, dout.dptr(), n, c)
+        if c % 8 != 0 || dout.dptr() % 16 != 0 {
+            return self.bias_backward(s, &self.bias_partial_bf, dbias, partial, dout.dptr(), n, c);
+        }
+        // 8 columns per thread: the same partial sums, 4x fewer loads.
+        need("bias partials", partial.dlen(), Self::partial_len(n, c, 1))?;
+        let (grid, block) = Self::column_grid("bias backward", n, c)?;
+        let grid = (c.div_ceil(256) as u32, grid.1, 1);
+        let args = vec![
+            A::P(partial.dptr()),
+            A::P(dout.dptr()),
+            A::I(n as i32),
+            A::I(c as i32),
+            A::I(ROWS_PER_BLOCK as i32),
+        ];
+        Self::go(&self.bias_partial_bf8, s, grid, block, args)?;
+        let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c)
     }
 
     #[allow(clippy::too_many_arguments)]
