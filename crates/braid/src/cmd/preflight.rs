@@ -112,45 +112,24 @@ pub struct DevicePlan {
     pub keep_attention: bool,
 }
 
-/// `BRAID_BF16_WEIGHTS`: `resident` (a full bf16 copy), `streamed` (cast
-/// layer by layer), or `auto` / unset (resident where it fits).
-fn bf16_weights_choice() -> Result<Option<bool>, String> {
-    match std::env::var("BRAID_BF16_WEIGHTS").as_deref() {
+/// A memory-for-speed choice the pre-flight makes unless the environment
+/// variable `var` names it: `Some(true)` for `yes`, `Some(false)` for
+/// `no`, `None` for `auto` or unset. The choices (all results the same
+/// bits either way):
+/// - `BRAID_BF16_WEIGHTS`: `streamed` (cast layer by layer) or `resident`
+///   (a full bf16 copy);
+/// - `BRAID_SCORE_GRADS`: `stored` (scratch for the fused attention's
+///   score gradients, so its dQ kernel need not recompute them) or
+///   `recomputed`;
+/// - `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
+///   `kept` (each layer keeps the attention's state, and the
+///   recomputation starts at its output) or `recomputed`.
+fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
+    match std::env::var(var).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
-        Ok("resident") => Ok(Some(false)),
-        Ok("streamed") => Ok(Some(true)),
-        Ok(other) => Err(format!(
-            "BRAID_BF16_WEIGHTS={other}: expected resident, streamed or auto"
-        )),
-    }
-}
-
-/// `BRAID_SCORE_GRADS`: `stored` (scratch for the fused attention's score
-/// gradients, so the dQ kernel need not recompute them), `recomputed`, or
-/// `auto` / unset (stored where it fits).
-fn score_grads_choice() -> Result<Option<bool>, String> {
-    match std::env::var("BRAID_SCORE_GRADS").as_deref() {
-        Err(_) | Ok("") | Ok("auto") => Ok(None),
-        Ok("stored") => Ok(Some(true)),
-        Ok("recomputed") => Ok(Some(false)),
-        Ok(other) => Err(format!(
-            "BRAID_SCORE_GRADS={other}: expected stored, recomputed or auto"
-        )),
-    }
-}
-
-/// `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
-/// `kept` (each layer keeps the attention's state, and the recomputation
-/// starts at its output), `recomputed`, or `auto` / unset (kept where it
-/// fits).
-fn ckpt_attention_choice() -> Result<Option<bool>, String> {
-    match std::env::var("BRAID_CKPT_ATTENTION").as_deref() {
-        Err(_) | Ok("") | Ok("auto") => Ok(None),
-        Ok("kept") => Ok(Some(true)),
-        Ok("recomputed") => Ok(Some(false)),
-        Ok(other) => Err(format!(
-            "BRAID_CKPT_ATTENTION={other}: expected kept, recomputed or auto"
-        )),
+        Ok(v) if v == yes => Ok(Some(true)),
+        Ok(v) if v == no => Ok(Some(false)),
+        Ok(other) => Err(format!("{var}={other}: expected {yes}, {no} or auto")),
     }
 }
 
@@ -174,7 +153,7 @@ pub fn device(
     use braid_model::cuda::flash::FlashKernels;
     use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
     let mixed = precision == Precision::Bf16;
-    let forced = bf16_weights_choice()?;
+    let forced = env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?;
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
@@ -183,7 +162,7 @@ pub fn device(
         && FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
-    let forced_scores = score_grads_choice()?;
+    let forced_scores = env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?;
     if forced_scores == Some(true) && !fused {
         return Err(
             "BRAID_SCORE_GRADS=stored: only the fused attention (bf16, head sizes with fused \
@@ -191,7 +170,7 @@ pub fn device(
                 .into(),
         );
     }
-    let forced_keep = ckpt_attention_choice()?;
+    let forced_keep = env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?;
     if forced_keep == Some(true) && !(fused && a.checkpointing) {
         return Err(
             "BRAID_CKPT_ATTENTION=kept: only --checkpointing with the fused attention keeps \
