@@ -304,7 +304,7 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
 // order by one thread (DSUM_PARTS values per pass).
 #define DSUM_PARTS 2048
 template <int HS>
-__device__ void flash_dsum(float* dsum, const bf16* dout, const bf16* out, int B, int T, int NH) {
+__device__ void flash_dsum(float* dsum, const bf16* dout, const bf16* out, int T, int NH) {
     constexpr int CH = HS / 8, HPS = DSUM_PARTS / CH;
     __shared__ float part[HPS * CH];
     long row = blockIdx.x;
@@ -625,8 +625,8 @@ __device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, const bf16* dS, i
         flash_forward_entry<HS>(out, lse, qkv, T, NH, sl2);                                      \
     }                                                                                            \
     extern "C" __global__ void flash_dsum_##HS(float* dsum, const bf16* dout, const bf16* out,   \
-                                               int B, int T, int NH) {                           \
-        flash_dsum<HS>(dsum, dout, out, B, T, NH);                                               \
+                                               int T, int NH) {                                  \
+        flash_dsum<HS>(dsum, dout, out, T, NH);                                                  \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS, DKDV_BLOCKS) flash_dkdv_##HS(          \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \

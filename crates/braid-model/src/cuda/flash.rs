@@ -257,40 +257,42 @@ impl FlashKernels {
             A::P(dsum.dptr()),
             A::P(dout.dptr()),
             A::P(out.dptr()),
-            A::I(s.b as i32),
             A::I(s.t as i32),
             A::I(s.nh as i32),
         ];
         let dsum_grid = (rows as u32, 1, 1);
         MixedKernels::go(&k.dsum, st, dsum_grid, (DSUM_THREADS, 1, 1), args)?;
         let grid = Self::grid(s);
-        let common = |with_lse: bool| {
-            let mut a = vec![A::P(dqkv.dptr()), A::P(qkv.dptr())];
-            if with_lse {
-                a.extend([
-                    A::P(dout.dptr()),
-                    A::P(lse.dptr()),
-                    A::P(dsum.dptr()),
-                    A::I(s.t as i32),
-                    A::I(s.nh as i32),
-                    A::F(sl2),
-                    A::F(scale),
-                ]);
-            }
-            a
-        };
-        let mut args = common(true);
+        // The arguments of the kernels that recompute the probabilities.
+        let recompute = vec![
+            A::P(dqkv.dptr()),
+            A::P(qkv.dptr()),
+            A::P(dout.dptr()),
+            A::P(lse.dptr()),
+            A::P(dsum.dptr()),
+            A::I(s.t as i32),
+            A::I(s.nh as i32),
+            A::F(sl2),
+            A::F(scale),
+        ];
+        let mut args = recompute.clone();
         args.push(A::P(ds));
         let shared = dkdv_bytes(k.hs) as u32;
         MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?;
         if ds != 0 {
-            let mut args = common(false);
-            args.extend([A::P(ds), A::I(s.t as i32), A::I(s.nh as i32), A::F(scale)]);
+            let args = vec![
+                A::P(dqkv.dptr()),
+                A::P(qkv.dptr()),
+                A::P(ds),
+                A::I(s.t as i32),
+                A::I(s.nh as i32),
+                A::F(scale),
+            ];
             let shared = dq_stored_bytes(k.hs) as u32;
             MixedKernels::go_shared(&k.dq_stored, st, grid, (THREADS, 1, 1), shared, args)
         } else {
             let shared = tile_bytes(k.hs) as u32;
-            MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, common(true))
+            MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, recompute)
         }
     }
 }

@@ -768,19 +768,26 @@ __device__ __forceinline__ int segment_of(const long* seg_end, int nseg, long i)
     return lo;
 }
 
+// Element i of the flat buffers, in place (and its bf16 copy when pb).
+__device__ __forceinline__ void adamw_at(float* p, bf16* pb, const float* g, float* m, float* v, long i,
+                                         float wd, float lr, float beta1, float beta2, float bc1,
+                                         float bc2, float eps, float gscale) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_one(pi, mi, vi, g[i] * gscale, wd, lr, beta1, beta2, bc1, bc2, eps);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (pb) pb[i] = narrow(pi);
+}
+
 extern "C" __global__ void adamw_multi(float* p, bf16* pb, const float* g, float* m, float* v, long n,
                                        const long* seg_end, const float* seg_wd, int nseg, float lr,
                                        float beta1, float beta2, float bc1, float bc2, float eps,
                                        float gscale) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    int lo = segment_of(seg_end, nseg, i);
-    float pi = p[i], mi = m[i], vi = v[i];
-    adamw_one(pi, mi, vi, g[i] * gscale, seg_wd[lo], lr, beta1, beta2, bc1, bc2, eps);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (pb) pb[i] = narrow(pi);
+    adamw_at(p, pb, g, m, v, i, seg_wd[segment_of(seg_end, nseg, i)], lr, beta1, beta2, bc1, bc2, eps,
+             gscale);
 }
 
 // The same update, four elements per thread through 16-byte loads and
@@ -817,12 +824,7 @@ extern "C" __global__ void adamw_multi4(float* p, bf16* pb, const float* g, floa
     }
     for (long i = i0; i < n; i++) {
         while (seg_end[lo] <= i) lo++;
-        float pi = p[i], mi = m[i], vi = v[i];
-        adamw_one(pi, mi, vi, g[i] * gscale, seg_wd[lo], lr, beta1, beta2, bc1, bc2, eps);
-        p[i] = pi;
-        m[i] = mi;
-        v[i] = vi;
-        if (pb) pb[i] = narrow(pi);
+        adamw_at(p, pb, g, m, v, i, seg_wd[lo], lr, beta1, beta2, bc1, bc2, eps, gscale);
     }
 }
 

@@ -70,6 +70,7 @@ fn row_launches(n: usize, c: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// A kernel argument.
+#[derive(Clone, Copy)]
 pub(crate) enum A {
     P(u64),
     I(i32),
