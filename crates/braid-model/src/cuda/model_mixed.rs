@@ -142,8 +142,8 @@ pub struct MixedOptions {
     /// Under checkpointing with the fused attention, each layer keeps the
     /// attention's saved state (the biased qkv and the log-sum-exp, 6
     /// bytes per token and width more than the log-sum-exp alone), so the
-    /// backward pass recomputes only from the attention's output on: one
-    /// product of four instead of three, same bits.
+    /// backward pass recomputes only from the attention's output on: two
+    /// products of four instead of three, same bits.
     pub keep_attention: bool,
 }
 

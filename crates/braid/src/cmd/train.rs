@@ -78,8 +78,10 @@ pub struct TrainArgs {
     eval_every: usize,
     /// Recompute activations in the backward pass instead of keeping them
     /// (less memory, more compute). GPU (bf16): layers keep their input,
-    /// attention output and log-sum-exp; each block's backward pass runs
-    /// its LayerNorms and three of its four products again
+    /// attention output and, where it fits, the attention's state; each
+    /// block's backward pass runs two of its four products and a LayerNorm
+    /// again (three products and both LayerNorms where the attention's
+    /// state is not kept: BRAID_CKPT_ATTENTION=kept|recomputed|auto)
     #[arg(long)]
     checkpointing: bool,
     /// Print a progress line every K steps (default: about once a second).
