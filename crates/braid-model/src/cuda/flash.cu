@@ -222,7 +222,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int HS>
 __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float* lse,
                               const bf16* qkv, int T, int NH, float sl2) {
-    constexpr int LD = HS + PAD, NT = HS / 8;
+    constexpr int NT = HS / 8;
     // sm: [stage][K, V]; Q parks in stage 1.
     // grid (B*NH, row blocks): all heads' longest row blocks first.
     int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
@@ -252,18 +252,27 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
         next_kv<HS>(sm[cur ^ 1][0], sm[cur ^ 1][1], k, v, j + 1, j < qb, T, stride);
         float s[BLK / 8][4];
         mul_bt<HS>(s, qf, sm[cur][0], lane);
+        // Only the diagonal tile (j == qb) has keys past some of its rows;
+        // the others skip the mask. Maxima are of the raw scores (scaling
+        // by sl2 > 0 keeps the order, and rounds the maximum exactly as it
+        // would the scaled one), so each probability is one fused
+        // exp2(s * sl2 - max).
+        if (j == qb) {
+            for (int nt = 0; nt < BLK / 8; nt++) {
+                int key = j * BLK + nt * 8 + 2 * t;
+                if (key > row0) s[nt][0] = NEG_INF;
+                if (key + 1 > row0) s[nt][1] = NEG_INF;
+                if (key > row1) s[nt][2] = NEG_INF;
+                if (key + 1 > row1) s[nt][3] = NEG_INF;
+            }
+        }
         float mx0 = NEG_INF, mx1 = NEG_INF;
         for (int nt = 0; nt < BLK / 8; nt++) {
-            int key = j * BLK + nt * 8 + 2 * t;
-            s[nt][0] = key <= row0 ? s[nt][0] * sl2 : NEG_INF;
-            s[nt][1] = key + 1 <= row0 ? s[nt][1] * sl2 : NEG_INF;
-            s[nt][2] = key <= row1 ? s[nt][2] * sl2 : NEG_INF;
-            s[nt][3] = key + 1 <= row1 ? s[nt][3] * sl2 : NEG_INF;
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
         // Key j*64 <= every row of this block, so each row has a finite score.
-        float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
+        float n0 = fmaxf(m0, quad_max(mx0) * sl2), n1 = fmaxf(m1, quad_max(mx1) * sl2);
         float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
         m0 = n0;
         m1 = n1;
@@ -276,10 +285,10 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
             o[nt][3] *= c1;
         }
         for (int nt = 0; nt < BLK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - n0);
-            s[nt][1] = exp2f(s[nt][1] - n0);
-            s[nt][2] = exp2f(s[nt][2] - n1);
-            s[nt][3] = exp2f(s[nt][3] - n1);
+            s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -n0));
+            s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -n0));
+            s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -n1));
+            s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -n1));
             l0 += s[nt][0] + s[nt][1];
             l1 += s[nt][2] + s[nt][3];
         }
@@ -401,10 +410,16 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
             for (int nt = 0; nt < SUB / 8; nt++) {
                 int c = half * SUB + nt * 8 + 2 * t, qrow = qb * BLK + c;
                 float la = sL[cur][c], lb = sL[cur][c + 1], da = sD[cur][c], db = sD[cur][c + 1];
-                p[nt][0] = qrow >= key0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
-                p[nt][1] = qrow + 1 >= key0 ? exp2f(p[nt][1] * sl2 - lb) : 0.f;
-                p[nt][2] = qrow >= key1 ? exp2f(p[nt][2] * sl2 - la) : 0.f;
-                p[nt][3] = qrow + 1 >= key1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+                p[nt][0] = exp2f(fmaf(p[nt][0], sl2, -la));
+                p[nt][1] = exp2f(fmaf(p[nt][1], sl2, -lb));
+                p[nt][2] = exp2f(fmaf(p[nt][2], sl2, -la));
+                p[nt][3] = exp2f(fmaf(p[nt][3], sl2, -lb));
+                if (qb == kb) { // the diagonal tile: queries before some keys
+                    if (qrow < key0) p[nt][0] = 0.f;
+                    if (qrow + 1 < key0) p[nt][1] = 0.f;
+                    if (qrow < key1) p[nt][2] = 0.f;
+                    if (qrow + 1 < key1) p[nt][3] = 0.f;
+                }
                 dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
                 dp[nt][1] = p[nt][1] * (dp[nt][1] - db);
                 dp[nt][2] = p[nt][2] * (dp[nt][2] - da);
@@ -479,10 +494,16 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
             mul_bt<HS, SUB>(dp, df, sv, lane);
             for (int nt = 0; nt < SUB / 8; nt++) {
                 int key = j * BLK + half * SUB + nt * 8 + 2 * t;
-                p[nt][0] = key <= row0 ? exp2f(p[nt][0] * sl2 - la) : 0.f;
-                p[nt][1] = key + 1 <= row0 ? exp2f(p[nt][1] * sl2 - la) : 0.f;
-                p[nt][2] = key <= row1 ? exp2f(p[nt][2] * sl2 - lb) : 0.f;
-                p[nt][3] = key + 1 <= row1 ? exp2f(p[nt][3] * sl2 - lb) : 0.f;
+                p[nt][0] = exp2f(fmaf(p[nt][0], sl2, -la));
+                p[nt][1] = exp2f(fmaf(p[nt][1], sl2, -la));
+                p[nt][2] = exp2f(fmaf(p[nt][2], sl2, -lb));
+                p[nt][3] = exp2f(fmaf(p[nt][3], sl2, -lb));
+                if (j == qb) { // the diagonal tile: keys past some rows
+                    if (key > row0) p[nt][0] = 0.f;
+                    if (key + 1 > row0) p[nt][1] = 0.f;
+                    if (key > row1) p[nt][2] = 0.f;
+                    if (key + 1 > row1) p[nt][3] = 0.f;
+                }
                 dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
                 dp[nt][1] = p[nt][1] * (dp[nt][1] - da);
                 dp[nt][2] = p[nt][2] * (dp[nt][2] - db);
