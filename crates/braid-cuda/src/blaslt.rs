@@ -6,12 +6,13 @@
 //! backward with the bias gradient. `c` may be a different buffer from `d`
 //! (a residual input), which saves the pass that would otherwise copy it.
 //!
-//! Each distinct shape gets a plan (descriptors and the algorithm cuBLASLt's
-//! heuristic picks, given the operands' actual alignment), made on first
-//! use and kept.
+//! Each distinct shape gets a plan (descriptors and an algorithm, given the
+//! operands' actual alignment), made on first use and kept. The algorithm
+//! is cuBLASLt's heuristic's first offer, or with [`Tuning::Timed`] the
+//! fastest of its offers that compute the same bits (see [`Tuning`]).
 
 use crate::blas::Mat;
-use crate::driver::{Device, Stream};
+use crate::driver::{Device, Event, Stream};
 use crate::error::{CudaError, Result};
 use crate::memory::{DeviceBuffer, DeviceMem};
 use braid_core::DType;
@@ -22,11 +23,57 @@ use std::ffi::c_void;
 /// Workspace handed to cuBLASLt for split-k and similar algorithms.
 const WORKSPACE: usize = 32 << 20;
 
+/// Offers asked of the heuristic when tuning (it rarely gives more).
+const TUNE_OFFERS: usize = 8;
+/// Rounds over the offers, and timed runs of each per round (the best
+/// round counts: the first runs after a pause are slower).
+const TUNE_ROUNDS: usize = 3;
+const TUNE_RUNS: usize = 2;
+/// A later offer replaces the first only when this much faster (timings of
+/// one product vary by a few percent from run to run).
+const TUNE_MARGIN: f32 = 0.97;
+
+/// How [`BlasLt`] picks each shape's algorithm.
+///
+/// On an H200 with cuBLAS 13 the heuristic's first offer was up to 22 %
+/// slower than a later one (the attention projection's f32-output product
+/// at 8192 x 2560 x 2560: 0.205 against 0.160 ms), so by default the
+/// offers are timed on first use. Only offers of the first one's kernel
+/// family without split-K are timed; each of those computes every element
+/// in the same order, and on that H200 all of them gave the same bits for
+/// every product of a GPT block (a GPU test checks this), so tuning
+/// changes the speed and not the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tuning {
+    /// The heuristic's first offer.
+    Heuristic,
+    /// The fastest offer, timed on first use.
+    Timed,
+    /// As `Timed`, printing each choice to stderr.
+    TimedVerbose,
+}
+
+impl Tuning {
+    /// `BRAID_GEMM_TUNE`: `off`, `on` (the default) or `verbose`.
+    pub fn from_env() -> Result<Tuning> {
+        match std::env::var("BRAID_GEMM_TUNE").as_deref() {
+            Err(_) | Ok("on") | Ok("1") => Ok(Tuning::Timed),
+            Ok("off") | Ok("0") => Ok(Tuning::Heuristic),
+            Ok("verbose") => Ok(Tuning::TimedVerbose),
+            Ok(other) => Err(CudaError::Invalid(format!(
+                "BRAID_GEMM_TUNE={other}: expected on, off or verbose"
+            ))),
+        }
+    }
+}
+
 /// What happens to the product before it is stored. Vectors are
 /// `(device address, elements)`; `aux` is a matrix of `d`'s type and
 /// shape with `aux_ld` elements per row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {
+    /// `d = product` (plus `beta · c`), nothing else.
+    Plain,
     /// `d = product + bias[n]` (bias of `d`'s type).
     Bias { bias: (u64, usize) },
     /// `aux = product + bias[n]`, `d = gelu(aux)` (bias of `d`'s type).
@@ -48,18 +95,29 @@ pub enum Epilogue {
 }
 
 impl Epilogue {
-    /// 0, 1, 2 for `Bias`, `GeluAuxBias`, `DGeluBGrad`.
+    /// 0, 1, 2, 3 for `Bias`, `GeluAuxBias`, `DGeluBGrad`, `Plain`.
     pub fn kind(&self) -> u8 {
         match self {
+            Epilogue::Plain => 3,
             Epilogue::Bias { .. } => 0,
             Epilogue::GeluAuxBias { .. } => 1,
             Epilogue::DGeluBGrad { .. } => 2,
         }
     }
 
+    /// A short name for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Epilogue::Plain => "plain",
+            Epilogue::Bias { .. } => "bias",
+            Epilogue::GeluAuxBias { .. } => "bias+gelu",
+            Epilogue::DGeluBGrad { .. } => "dgelu+bgrad",
+        }
+    }
+
     fn aux_ld(&self) -> usize {
         match *self {
-            Epilogue::Bias { .. } => 0,
+            Epilogue::Plain | Epilogue::Bias { .. } => 0,
             Epilogue::GeluAuxBias { aux_ld, .. } | Epilogue::DGeluBGrad { aux_ld, .. } => aux_ld,
         }
     }
@@ -122,6 +180,7 @@ pub struct BlasLt {
     device: Device,
     workspace: DeviceBuffer<u8>,
     plans: HashMap<Key, Plan>,
+    tuning: Tuning,
 }
 
 // SAFETY: the handle may be used from any thread, one call at a time
@@ -153,6 +212,52 @@ fn alignment(ptr: u64) -> u32 {
     }
 }
 
+/// Whether running `g` again leaves the same result: nothing it writes
+/// (`d`, and the GELU epilogue's `aux`) overlaps anything it reads (`a`,
+/// `b`, `c` unless `beta` is 0, the bias, the GELU backward's `aux`).
+fn repeatable(g: &LtGemm) -> bool {
+    let bytes = |m: &Mat| (m.ptr, m.ptr + (m.len * m.ty.size()) as u64);
+    let mut reads = vec![bytes(&g.a), bytes(&g.b)];
+    if g.beta != 0.0 {
+        reads.push(bytes(&g.c));
+    }
+    let mut writes = vec![bytes(&g.d)];
+    let vec_of = |(ptr, len): (u64, usize), size: usize| (ptr, ptr + (len * size) as u64);
+    let size = g.d.ty.size();
+    match g.epilogue {
+        Epilogue::Plain => {}
+        Epilogue::Bias { bias } => reads.push(vec_of(bias, size)),
+        Epilogue::GeluAuxBias { bias, aux, .. } => {
+            reads.push(vec_of(bias, size));
+            writes.push(vec_of(aux, size));
+        }
+        Epilogue::DGeluBGrad { aux, bgrad, .. } => {
+            reads.push(vec_of(aux, size));
+            writes.push(vec_of(bgrad, size));
+        }
+    }
+    let overlap = |x: (u64, u64), y: (u64, u64)| x.0 < y.1 && y.0 < x.1;
+    !writes.iter().any(|w| reads.iter().any(|r| overlap(*w, *r)))
+}
+
+/// The offers that compute what the first does: its kernel family, no
+/// split-K (none when the first splits K itself).
+fn alike(
+    offered: &[sys::cublasLtMatmulHeuristicResult_t],
+) -> Vec<&sys::cublasLtMatmulHeuristicResult_t> {
+    let first = AlgoConfig::of(&offered[0].algo);
+    if first.split_k > 1 || first.reduction != 0 {
+        return vec![&offered[0]];
+    }
+    offered
+        .iter()
+        .filter(|r| {
+            let c = AlgoConfig::of(&r.algo);
+            c.id == first.id && c.split_k <= 1 && c.reduction == 0
+        })
+        .collect()
+}
+
 /// cuBLAS's `CUBLAS_OP_T` / `CUBLAS_OP_N`, as the descriptor stores them.
 fn op(t: bool) -> i32 {
     if t {
@@ -178,6 +283,7 @@ impl BlasLt {
             device: device.clone(),
             workspace: DeviceBuffer::zeros(device, WORKSPACE)?,
             plans: HashMap::new(),
+            tuning: Tuning::Heuristic,
         })
     }
 
@@ -193,7 +299,7 @@ impl BlasLt {
                 alignment(g.c.ptr),
                 alignment(g.d.ptr),
                 match g.epilogue {
-                    Epilogue::Bias { .. } => 256,
+                    Epilogue::Plain | Epilogue::Bias { .. } => 256,
                     Epilogue::GeluAuxBias { aux, .. } | Epilogue::DGeluBGrad { aux, .. } => {
                         alignment(aux.0)
                     }
@@ -223,6 +329,7 @@ impl BlasLt {
             || g.c.span(m, n, 1) > g.c.len
             || g.d.span(m, n, 1) > g.d.len
             || match g.epilogue {
+                Epilogue::Plain => false,
                 Epilogue::Bias { bias } => bias.1 < n,
                 Epilogue::GeluAuxBias { bias, aux, aux_ld } => {
                     bias.1 < n || aux_ld < n || (m - 1) * aux_ld + n > aux.1
@@ -239,13 +346,87 @@ impl BlasLt {
         Ok(())
     }
 
-    /// Builds (or finds) the plan for `g`; errors when cuBLASLt has no
-    /// algorithm for it (callers may then fall back to plain products).
-    fn plan(&mut self, g: &LtGemm) -> Result<&Plan> {
+    /// How algorithms are picked from here on (plans made already keep
+    /// theirs).
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.tuning = tuning;
+    }
+
+    /// Builds (or finds) the plan for `g`, timing the heuristic's offers
+    /// on `stream` when tuning (see [`Tuning`]); errors when cuBLASLt has
+    /// no algorithm for it (callers may then fall back to plain products).
+    fn plan(&mut self, g: &LtGemm, stream: &Stream) -> Result<&Plan> {
         let key = Self::key(g);
         if self.plans.contains_key(&key) {
             return Ok(&self.plans[&key]);
         }
+        let mut plan = self.describe(g)?;
+        let tune = self.tuning != Tuning::Heuristic && repeatable(g);
+        let offered = self.heuristics(&plan, &key, if tune { TUNE_OFFERS } else { 1 })?;
+        plan.algo = offered[0].algo;
+        if offered.len() > 1 {
+            plan.algo = self.fastest(&plan, &offered, stream, g)?;
+        }
+        Ok(self.plans.entry(key).or_insert(plan))
+    }
+
+    /// The fastest of `offered` that computes what the first does (its
+    /// kernel family, no split-K), timed on `stream`; the first unless
+    /// another beats it by [`TUNE_MARGIN`].
+    fn fastest(
+        &self,
+        plan: &Plan,
+        offered: &[sys::cublasLtMatmulHeuristicResult_t],
+        stream: &Stream,
+        g: &LtGemm,
+    ) -> Result<sys::cublasLtMatmulAlgo_t> {
+        let alike = alike(offered);
+        if alike.len() < 2 {
+            return Ok(offered[0].algo);
+        }
+        let events: Vec<(Event, Event)> = (0..alike.len())
+            .map(|_| Ok((Event::timed(&self.device)?, Event::timed(&self.device)?)))
+            .collect::<Result<_>>()?;
+        let mut best = vec![f32::INFINITY; alike.len()];
+        for _ in 0..TUNE_ROUNDS {
+            for (r, (start, end)) in alike.iter().zip(&events) {
+                self.launch(plan, &r.algo, stream, g)?;
+                start.record(stream)?;
+                for _ in 0..TUNE_RUNS {
+                    self.launch(plan, &r.algo, stream, g)?;
+                }
+                end.record(stream)?;
+            }
+            for (t, (start, end)) in best.iter_mut().zip(&events) {
+                end.synchronize()?;
+                *t = t.min(end.elapsed_ms(start)? / TUNE_RUNS as f32);
+            }
+        }
+        let (i, &ms) = best
+            .iter()
+            .enumerate()
+            .min_by(|x, y| x.1.total_cmp(y.1))
+            .expect("two or more offers");
+        let pick = if ms < best[0] * TUNE_MARGIN { i } else { 0 };
+        if self.tuning == Tuning::TimedVerbose {
+            eprintln!(
+                "gemm tuning: {}x{}x{} {:?}->{:?} {}: offer {pick} of {} ({:.4} ms; the first {:.4} ms)",
+                g.m,
+                g.n,
+                g.k,
+                g.a.ty,
+                g.d.ty,
+                g.epilogue.name(),
+                alike.len(),
+                best[pick],
+                best[0]
+            );
+        }
+        Ok(alike[pick].algo)
+    }
+
+    /// The descriptors for `g`, with no algorithm chosen yet.
+    fn describe(&self, g: &LtGemm) -> Result<Plan> {
         let ab = lt_type(g.a.ty).expect("checked");
         let cd = lt_type(g.d.ty).expect("checked");
         // Row-major D = A·B is column-major Dᵀ = Bᵀ·Aᵀ: cuBLASLt's A is
@@ -272,10 +453,10 @@ impl BlasLt {
         .map_err(lt_err("cublasLtMatmulDescCreate"))?;
         // The plan owns the descriptors from here on (freed on drop,
         // including on the error paths below).
-        let mut plan = Plan {
+        let plan = Plan {
             desc,
             layouts,
-            // SAFETY: plain-old-data, overwritten by the heuristic below.
+            // SAFETY: plain-old-data, chosen by the caller.
             algo: unsafe { std::mem::zeroed() },
         };
         let set = |attr, v: *const c_void, size| {
@@ -289,6 +470,7 @@ impl BlasLt {
         set(D::CUBLASLT_MATMUL_DESC_TRANSB, &tb as *const _ as _, 4)?;
         use sys::cublasLtEpilogue_t as E;
         let epilogue = match g.epilogue {
+            Epilogue::Plain => E::CUBLASLT_EPILOGUE_DEFAULT,
             Epilogue::Bias { .. } => E::CUBLASLT_EPILOGUE_BIAS,
             Epilogue::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Epilogue::DGeluBGrad { .. } => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
@@ -308,9 +490,21 @@ impl BlasLt {
                 8,
             )?;
         }
+        Ok(plan)
+    }
+
+    /// Up to `max` algorithms cuBLASLt's heuristic offers for `plan`
+    /// (best first), each fitting the workspace and the operands'
+    /// alignment in `key`.
+    fn heuristics(
+        &self,
+        plan: &Plan,
+        key: &Key,
+        max: usize,
+    ) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
         let pref =
             result::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
-        let picked = (|| {
+        let picked = (|| -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
             use sys::cublasLtMatmulPreferenceAttributes_t as P;
             let setp = |attr, v: *const c_void, size| {
                 // SAFETY: `pref` is live; `v` points at `size` readable bytes.
@@ -332,47 +526,81 @@ impl BlasLt {
             for (attr, a) in attrs.into_iter().zip(key.align) {
                 setp(attr, &a as *const u32 as _, 4)?;
             }
-            // SAFETY: every descriptor is live.
+            // SAFETY: plain-old-data, filled in by the call below.
+            let mut found = vec![unsafe { std::mem::zeroed() }; max];
+            let mut count = 0;
+            // SAFETY: every descriptor is live; `found` holds `max` results.
             unsafe {
-                result::get_matmul_algo_heuristic(
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
-                    desc,
-                    layouts[0],
-                    layouts[1],
-                    layouts[2],
-                    layouts[3],
+                    plan.desc,
+                    plan.layouts[0],
+                    plan.layouts[1],
+                    plan.layouts[2],
+                    plan.layouts[3],
                     pref,
+                    max as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
                 )
             }
-            .map_err(lt_err("cublasLtMatmulAlgoGetHeuristic"))
+            .result()
+            .map_err(lt_err("cublasLtMatmulAlgoGetHeuristic"))?;
+            found.truncate(count.max(0) as usize);
+            found.retain(|r: &sys::cublasLtMatmulHeuristicResult_t| {
+                r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            });
+            if found.is_empty() {
+                return Err(lt_err("cublasLtMatmulAlgoGetHeuristic")(
+                    result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED),
+                ));
+            }
+            Ok(found)
         })();
         // SAFETY: created above, destroyed once.
         let _ = unsafe { result::destroy_matmul_pref(pref) };
-        let picked = picked?;
-        if picked.workspaceSize > WORKSPACE {
+        let mut picked = picked?;
+        let wants = picked[0].workspaceSize;
+        picked.retain(|r| r.workspaceSize <= WORKSPACE);
+        if picked.is_empty() {
             return Err(CudaError::Invalid(format!(
-                "lt gemm: the picked algorithm wants {} bytes of workspace",
-                picked.workspaceSize
+                "lt gemm: the offered algorithm wants {wants} bytes of workspace"
             )));
         }
-        plan.algo = picked.algo;
-        Ok(self.plans.entry(key).or_insert(plan))
+        Ok(picked)
     }
 
     /// Runs `g` on `stream` (see [`LtGemm`]).
     pub fn gemm(&mut self, stream: &Stream, g: &LtGemm) -> Result<()> {
         Self::check(g)?;
         self.device.bind()?;
-        let (handle, ws, ws_len) = (self.handle, self.workspace.dptr(), self.workspace.dlen());
-        let plan = self.plan(g)?;
+        let plan = self.plan(g, stream)?;
+        let algo = plan.algo;
+        self.launch(self.plan_of(g), &algo, stream, g)
+    }
+
+    /// The plan made for `g` (which [`BlasLt::plan`] made already).
+    fn plan_of(&self, g: &LtGemm) -> &Plan {
+        &self.plans[&Self::key(g)]
+    }
+
+    /// Runs `g` through `plan`'s descriptors with algorithm `algo`.
+    fn launch(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        stream: &Stream,
+        g: &LtGemm,
+    ) -> Result<()> {
         let (bias, aux) = match g.epilogue {
-            Epilogue::Bias { bias } => (bias.0, None),
-            Epilogue::GeluAuxBias { bias, aux, .. } => (bias.0, Some(aux.0)),
-            Epilogue::DGeluBGrad { aux, bgrad, .. } => (bgrad.0, Some(aux.0)),
+            Epilogue::Plain => (None, None),
+            Epilogue::Bias { bias } => (Some(bias.0), None),
+            Epilogue::GeluAuxBias { bias, aux, .. } => (Some(bias.0), Some(aux.0)),
+            Epilogue::DGeluBGrad { aux, bgrad, .. } => (Some(bgrad.0), Some(aux.0)),
         };
         use sys::cublasLtMatmulDescAttributes_t as D;
         for (attr, ptr) in [
-            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, Some(bias)),
+            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias),
             (D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux),
         ] {
             let Some(ptr) = ptr else { continue };
@@ -388,7 +616,7 @@ impl BlasLt {
         // leading dimension, type and alignment); the workspace is ours.
         unsafe {
             result::matmul(
-                handle,
+                self.handle,
                 plan.desc,
                 &alpha as *const f32 as _,
                 &beta as *const f32 as _,
@@ -400,13 +628,182 @@ impl BlasLt {
                 plan.layouts[2],
                 g.d.ptr as *mut c_void,
                 plan.layouts[3],
-                &plan.algo,
-                ws as *mut c_void,
-                ws_len,
+                algo,
+                self.workspace.dptr() as *mut c_void,
+                self.workspace.dlen(),
                 stream.raw() as _,
             )
         }
         .map_err(lt_err("cublasLtMatmul"))
+    }
+
+    /// Runs `g` with an algorithm [`BlasLt::time_offered`] returned for it.
+    pub fn gemm_offered(&mut self, stream: &Stream, g: &LtGemm, o: &Offered) -> Result<()> {
+        Self::check(g)?;
+        self.device.bind()?;
+        self.plan(g, stream)?;
+        self.launch(self.plan_of(g), &o.algo, stream, g)
+    }
+
+    /// Runs `g` with each offer tuning may pick from (see [`Tuning`]) and
+    /// counts those whose result (`read` back after each run) differs
+    /// from the first's: `(offers, differing)`. `g` must be repeatable.
+    pub fn alike_offers_agree(
+        &mut self,
+        stream: &Stream,
+        g: &LtGemm,
+        read: &dyn Fn() -> Result<Vec<u8>>,
+    ) -> Result<(usize, usize)> {
+        Self::check(g)?;
+        if !repeatable(g) {
+            return Err(CudaError::Invalid(
+                "lt gemm: the product overwrites its own inputs".into(),
+            ));
+        }
+        self.device.bind()?;
+        self.plan(g, stream)?;
+        let key = Self::key(g);
+        let plan = self.plan_of(g);
+        let offered = self.heuristics(plan, &key, TUNE_OFFERS)?;
+        let mut first = None;
+        let mut differing = 0;
+        let alike = alike(&offered);
+        for r in &alike {
+            self.launch(plan, &r.algo, stream, g)?;
+            stream.synchronize()?;
+            let bytes = read()?;
+            match &first {
+                None => first = Some(bytes),
+                Some(f) => differing += usize::from(*f != bytes),
+            }
+        }
+        Ok((alike.len(), differing))
+    }
+
+    /// Times each of the first `max` algorithms cuBLASLt's heuristic
+    /// offers for `g` (best first), `reps` runs each after one warm-up, on
+    /// `stream`. `g` runs many times, so its result must not feed its
+    /// inputs (`d` apart from `a`, `b` and, unless `beta` is 0, `c`).
+    pub fn time_offered(
+        &mut self,
+        stream: &Stream,
+        g: &LtGemm,
+        max: usize,
+        reps: usize,
+    ) -> Result<Vec<Offered>> {
+        Self::check(g)?;
+        self.device.bind()?;
+        self.plan(g, stream)?;
+        let key = Self::key(g);
+        let plan = self.plan_of(g);
+        let offered = self.heuristics(plan, &key, max.max(1))?;
+        let (start, end) = (Event::timed(&self.device)?, Event::timed(&self.device)?);
+        let mut out = Vec::with_capacity(offered.len());
+        for (rank, r) in offered.iter().enumerate() {
+            self.launch(plan, &r.algo, stream, g)?;
+            start.record(stream)?;
+            for _ in 0..reps.max(1) {
+                self.launch(plan, &r.algo, stream, g)?;
+            }
+            end.record(stream)?;
+            end.synchronize()?;
+            out.push(Offered {
+                algo: r.algo,
+                rank,
+                config: AlgoConfig::of(&r.algo),
+                waves: r.wavesCount,
+                workspace: r.workspaceSize,
+                ms: end.elapsed_ms(&start)? / reps.max(1) as f32,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// One algorithm the heuristic offered, with its measured time.
+#[derive(Debug, Clone)]
+pub struct Offered {
+    algo: sys::cublasLtMatmulAlgo_t,
+    /// Its place in the heuristic's order (0: the one `gemm` uses).
+    pub rank: usize,
+    pub config: AlgoConfig,
+    /// The heuristic's wave count.
+    pub waves: f32,
+    /// Workspace bytes it wants.
+    pub workspace: usize,
+    /// Milliseconds per run.
+    pub ms: f32,
+}
+
+/// The readable part of a cuBLASLt algorithm's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlgoConfig {
+    pub id: u64,
+    pub tile: u64,
+    pub split_k: u64,
+    pub reduction: u64,
+    pub swizzle: u64,
+    pub custom: u64,
+    pub stages: u64,
+    pub inner: u64,
+    pub cluster: u64,
+}
+
+impl AlgoConfig {
+    fn of(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
+        // Each attribute is read at its own size (cuBLASLt refuses any
+        // other): 2 bytes for the shapes, 4 for the rest.
+        let get = |attr| {
+            let size = match attr {
+                C::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID
+                | C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID => 2,
+                _ => 4,
+            };
+            let mut v = 0u64;
+            let mut written = 0usize;
+            // SAFETY: `algo` is initialised; `v` has 8 writable bytes, more
+            // than `size`.
+            let _ = unsafe {
+                sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    algo,
+                    attr,
+                    &mut v as *mut u64 as *mut c_void,
+                    size,
+                    &mut written,
+                )
+            };
+            v
+        };
+        AlgoConfig {
+            id: get(C::CUBLASLT_ALGO_CONFIG_ID),
+            tile: get(C::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            split_k: get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            reduction: get(C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+            swizzle: get(C::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+            custom: get(C::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+            stages: get(C::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            inner: get(C::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+            cluster: get(C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        }
+    }
+}
+
+impl std::fmt::Display for AlgoConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "algo {} tile {} splitK {} red {} swz {} custom {} stages {} inner {} cluster {}",
+            self.id,
+            self.tile,
+            self.split_k,
+            self.reduction,
+            self.swizzle,
+            self.custom,
+            self.stages,
+            self.inner,
+            self.cluster
+        )
     }
 }
 

@@ -255,6 +255,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     ));
 
     out.extend(fused_bias_checks(device, &s, &mut r)?);
+    out.extend(tuning_offer_checks(device, &s, &mut r)?);
 
     // Attention forward and backward against the CPU kernel, on both
     // paths (the fused one at several head sizes, with a sequence that is
@@ -494,6 +495,80 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
 /// cuBLASLt products with a fused bias: f32 results with a separate
 /// residual input (`d = a·b + residual + bias`) and bf16 results
 /// (`d = a·b + bias`), every transpose, a padded leading dimension.
+/// GEMM tuning picks among cuBLASLt's offers of one kernel family without
+/// split-K, on the claim that they all compute the same bits (see
+/// `braid_cuda::blaslt::Tuning`): every such offer runs the 2.65B model's
+/// attention projection (f32 result, residual and bias: the product where
+/// tuning picked another offer on an H200) and its qkv product (bf16 with
+/// bias), and the check counts the offers whose result differs from the
+/// first's (bound 0).
+fn tuning_offer_checks(device: &Device, s: &Stream, r: &mut Rng) -> Result<Vec<KernelCheck>> {
+    let mut lt = BlasLt::new(device)?;
+    let (n, c) = (8192usize, 2560usize);
+    let x = up_bf(device, &randn(r, n * c, 1.0))?;
+    let w = up_bf(device, &randn(r, c * 3 * c, 0.02))?;
+    let resid = up(device, &randn(r, n * c, 1.0))?;
+    let bias = up(device, &randn(r, 3 * c, 0.1))?;
+    let bias16 = up_bf(device, &randn(r, 3 * c, 0.1))?;
+    let d32 = DeviceBuffer::<f32>::zeros(device, n * c)?;
+    let d16 = DeviceBuffer::<bf16>::zeros(device, n * 3 * c)?;
+    let bytes32 =
+        || -> Result<Vec<u8>> { Ok(d32.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect()) };
+    let bytes16 = || -> Result<Vec<u8>> {
+        Ok(d16
+            .to_vec()?
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect())
+    };
+    let proj = LtGemm {
+        m: n,
+        n: c,
+        k: c,
+        a: Mat::of(&x, c),
+        b: Mat::of(&w, c),
+        c: Mat::of(&resid, c),
+        d: Mat::of(&d32, c),
+        epilogue: Epilogue::Bias {
+            bias: (bias.dptr(), c),
+        },
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    let qkv = LtGemm {
+        m: n,
+        n: 3 * c,
+        k: c,
+        a: Mat::of(&x, c),
+        b: Mat::of(&w, 3 * c),
+        c: Mat::of(&d16, 3 * c),
+        d: Mat::of(&d16, 3 * c),
+        epilogue: Epilogue::Bias {
+            bias: (bias16.dptr(), 3 * c),
+        },
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    let mut out = Vec::new();
+    for (name, g, read) in [
+        (
+            "gemm tuning offers, f32 + residual (same bits)",
+            &proj,
+            &bytes32 as &dyn Fn() -> Result<Vec<u8>>,
+        ),
+        (
+            "gemm tuning offers, bf16 + bias (same bits)",
+            &qkv,
+            &bytes16,
+        ),
+    ] {
+        let (offers, differing) = lt.alike_offers_agree(s, g, read)?;
+        let shape = format!("{}x{}x{}, {offers} offers", g.m, g.n, g.k);
+        out.push(check(name, shape, differing as f64, 0.0));
+    }
+    Ok(out)
+}
+
 fn fused_bias_checks(device: &Device, s: &Stream, r: &mut Rng) -> Result<[KernelCheck; 4]> {
     let mut lt = BlasLt::new(device)?;
     let (m, nn, kk, ld) = (200usize, 333usize, 192usize, 384usize);

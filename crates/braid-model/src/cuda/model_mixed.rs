@@ -23,7 +23,7 @@ use super::Kernels;
 use crate::cpu::attention::AttnShape;
 use crate::layout::{Block, Layout};
 use braid_cuda::blas::{Blas, GemmEx, Mat};
-use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
 use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{
     CudaError, Device, DeviceBuffer, DeviceMem, DevicePool, DeviceWindow, Result, Stream,
@@ -355,19 +355,25 @@ fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
 /// out not to support here (those run as separate passes).
 struct FusedProducts {
     lt: BlasLt,
-    off: [bool; 3],
+    off: [bool; 4],
 }
 
 /// Fused-epilogue products, unless `BRAID_FUSED_EPILOGUES=0` or cuBLASLt
-/// is missing (then the model adds biases and GELU in separate passes).
-fn fused_products(device: &Device) -> Option<FusedProducts> {
+/// is missing (then the model adds biases and GELU in separate passes);
+/// their algorithms timed on first use unless `BRAID_GEMM_TUNE=off` (see
+/// [`Tuning`]).
+fn fused_products(device: &Device) -> Result<Option<FusedProducts>> {
+    let tuning = Tuning::from_env()?;
     if std::env::var("BRAID_FUSED_EPILOGUES").is_ok_and(|v| v == "0") {
-        return None;
+        return Ok(None);
     }
-    BlasLt::new(device).ok().map(|lt| FusedProducts {
-        lt,
-        off: [false; 3],
-    })
+    Ok(BlasLt::new(device).ok().map(|mut lt| {
+        lt.set_tuning(tuning);
+        FusedProducts {
+            lt,
+            off: [false; 4],
+        }
+    }))
 }
 
 /// A GPT model's mixed-precision forward and backward passes on one GPU,
@@ -513,7 +519,7 @@ impl GpuGptMixed {
             kernels: Kernels::load(device)?,
             mk,
             path,
-            lt: fused_products(device),
+            lt: fused_products(device)?,
             blas: Blas::new(device)?,
             b,
             t,
