@@ -1,18 +1,58 @@
 //! Optimizers over the flat buffers — AdamW (decoupled weight decay, none
 //! on biases and norms) and SGD with momentum — plus clipping by global
 //! norm and the warmup + cosine learning-rate schedule.
+//!
+//! An optimizer may own a *shard* of the flat buffer (ranges of it, as a
+//! ZeRO rank owns its slice of each bucket): its state then covers only
+//! those elements, in order, and its step updates only those parameters,
+//! with the same arithmetic per element as the whole-buffer optimizer.
 
 use crate::layout::Layout;
 use crate::params::Params;
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// Which elements of the flat buffer get weight decay.
-fn decay_mask(layout: &Layout) -> Vec<(std::ops::Range<usize>, bool)> {
-    layout
-        .params
-        .iter()
-        .map(|p| (p.range(), p.kind.decays()))
-        .collect()
+/// A run of elements of one tensor inside the shard: where it is in the
+/// flat buffer, where its state starts, and whether it decays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Its elements of the flat buffer.
+    pub range: Range<usize>,
+    /// Where its state starts.
+    pub state: usize,
+    /// Whether weight decay applies.
+    pub decays: bool,
+}
+
+/// The pieces of `shard` (ranges of the flat buffer, increasing, not
+/// overlapping, inside it: else a panic naming them, a caller's bug like
+/// a mismatched gradient length), and the state length they need.
+fn pieces(layout: &Layout, shard: &[Range<usize>]) -> (Vec<Piece>, usize) {
+    let mut out = Vec::new();
+    let (mut state, mut after) = (0usize, 0usize);
+    for s in shard {
+        assert!(
+            s.start >= after && s.start <= s.end && s.end <= layout.len,
+            "optimizer shard {shard:?}: ranges must increase without overlap inside the {} \
+             parameters",
+            layout.len
+        );
+        after = s.end;
+        for p in &layout.params {
+            let r = p.range();
+            let cut = r.start.max(s.start)..r.end.min(s.end);
+            if !cut.is_empty() {
+                let len = cut.len();
+                out.push(Piece {
+                    range: cut,
+                    state,
+                    decays: p.kind.decays(),
+                });
+                state += len;
+            }
+        }
+    }
+    (out, state)
 }
 
 /// AdamW hyper-parameters.
@@ -51,8 +91,10 @@ pub enum Optimizer {
         v: Vec<f32>,
         /// Steps taken.
         t: u32,
-        /// Decay per parameter range.
-        mask: Vec<(std::ops::Range<usize>, bool)>,
+        /// The tensors' runs inside the shard.
+        pieces: Vec<Piece>,
+        /// The elements of the flat buffer it updates.
+        shard: Vec<Range<usize>>,
     },
     /// SGD with momentum (coupled weight decay on matrices/embeddings).
     Sgd {
@@ -62,30 +104,67 @@ pub enum Optimizer {
         weight_decay: f32,
         /// Velocity.
         buf: Vec<f32>,
-        /// Decay per parameter range.
-        mask: Vec<(std::ops::Range<usize>, bool)>,
+        /// The tensors' runs inside the shard.
+        pieces: Vec<Piece>,
+        /// The elements of the flat buffer it updates.
+        shard: Vec<Range<usize>>,
     },
 }
 
 impl Optimizer {
     /// AdamW for a model of `layout`.
     pub fn adamw(layout: &Layout, cfg: AdamWConfig) -> Optimizer {
+        Self::adamw_shard(layout, cfg, std::slice::from_ref(&(0..layout.len)))
+    }
+
+    /// AdamW for the elements `shard` of a model of `layout`.
+    pub fn adamw_shard(layout: &Layout, cfg: AdamWConfig, shard: &[Range<usize>]) -> Optimizer {
+        let (pieces, len) = pieces(layout, shard);
         Optimizer::AdamW {
             cfg,
-            m: vec![0.0; layout.len],
-            v: vec![0.0; layout.len],
+            m: vec![0.0; len],
+            v: vec![0.0; len],
             t: 0,
-            mask: decay_mask(layout),
+            pieces,
+            shard: shard.to_vec(),
         }
     }
 
     /// SGD with momentum for a model of `layout`.
     pub fn sgd(layout: &Layout, momentum: f32, weight_decay: f32) -> Optimizer {
+        let whole = 0..layout.len;
+        Self::sgd_shard(layout, momentum, weight_decay, std::slice::from_ref(&whole))
+    }
+
+    /// SGD with momentum for the elements `shard` of a model of `layout`.
+    pub fn sgd_shard(
+        layout: &Layout,
+        momentum: f32,
+        weight_decay: f32,
+        shard: &[Range<usize>],
+    ) -> Optimizer {
+        let (pieces, len) = pieces(layout, shard);
         Optimizer::Sgd {
             momentum,
             weight_decay,
-            buf: vec![0.0; layout.len],
-            mask: decay_mask(layout),
+            buf: vec![0.0; len],
+            pieces,
+            shard: shard.to_vec(),
+        }
+    }
+
+    /// The elements of the flat buffer it updates.
+    pub fn shard(&self) -> &[Range<usize>] {
+        match self {
+            Optimizer::AdamW { shard, .. } | Optimizer::Sgd { shard, .. } => shard,
+        }
+    }
+
+    /// Bytes of optimizer state it holds.
+    pub fn state_bytes(&self) -> usize {
+        4 * match self {
+            Optimizer::AdamW { m, v, .. } => m.len() + v.len(),
+            Optimizer::Sgd { buf, .. } => buf.len(),
         }
     }
 
@@ -96,7 +175,8 @@ impl Optimizer {
 
     /// One update from `grads` multiplied by `grad_scale` (clipping and
     /// averaging folded into the update: the same arithmetic as scaling
-    /// the gradients first, without the extra pass).
+    /// the gradients first, without the extra pass). `params` and `grads`
+    /// are the whole flat buffers; only the optimizer's shard changes.
     pub fn step_scaled(&mut self, params: &mut Params, grads: &[f32], lr: f32, grad_scale: f32) {
         assert_eq!(
             params.data.len(),
@@ -105,19 +185,27 @@ impl Optimizer {
         );
         let s = grad_scale;
         match self {
-            Optimizer::AdamW { cfg, m, v, t, mask } => {
+            Optimizer::AdamW {
+                cfg,
+                m,
+                v,
+                t,
+                pieces,
+                ..
+            } => {
                 *t += 1;
                 let c = *cfg;
                 let bc1 = 1.0 - c.beta1.powi(*t as i32);
                 let bc2 = 1.0 - c.beta2.powi(*t as i32);
-                for (range, decays) in mask.iter() {
-                    let wd = if *decays { c.weight_decay } else { 0.0 };
-                    let r = range.clone();
+                for piece in pieces.iter() {
+                    let wd = if piece.decays { c.weight_decay } else { 0.0 };
+                    let r = piece.range.clone();
+                    let local = piece.state..piece.state + r.len();
                     params.data[r.clone()]
                         .par_chunks_mut(8192)
-                        .zip(grads[r.clone()].par_chunks(8192))
-                        .zip(m[r.clone()].par_chunks_mut(8192))
-                        .zip(v[r].par_chunks_mut(8192))
+                        .zip(grads[r].par_chunks(8192))
+                        .zip(m[local.clone()].par_chunks_mut(8192))
+                        .zip(v[local].par_chunks_mut(8192))
                         .for_each(|(((p, g), m), v)| {
                             for i in 0..p.len() {
                                 let gi = if s == 1.0 { g[i] } else { g[i] * s };
@@ -134,16 +222,18 @@ impl Optimizer {
                 momentum,
                 weight_decay,
                 buf,
-                mask,
+                pieces,
+                ..
             } => {
-                for (range, decays) in mask.iter() {
-                    let wd = if *decays { *weight_decay } else { 0.0 };
+                for piece in pieces.iter() {
+                    let wd = if piece.decays { *weight_decay } else { 0.0 };
                     let mu = *momentum;
-                    let r = range.clone();
+                    let r = piece.range.clone();
+                    let local = piece.state..piece.state + r.len();
                     params.data[r.clone()]
                         .par_chunks_mut(8192)
-                        .zip(grads[r.clone()].par_chunks(8192))
-                        .zip(buf[r].par_chunks_mut(8192))
+                        .zip(grads[r].par_chunks(8192))
+                        .zip(buf[local].par_chunks_mut(8192))
                         .for_each(|((p, g), b)| {
                             for i in 0..p.len() {
                                 let gs = if s == 1.0 { g[i] } else { g[i] * s };
@@ -246,7 +336,74 @@ mod tests {
         assert!((p.data[w] - want).abs() < 1e-6);
     }
 
-    /// The CPU optimizers address the flat buffer through `decay_mask`'s
+    /// Optimizers over shards that cut through tensors (ZeRO's ranges are
+    /// not tensor-aligned; each shard here is two ranges, one slice of each
+    /// of two "buckets", as a rank owns), stepped one after another, leave
+    /// the same parameters bit for bit as one optimizer over the whole
+    /// buffer, for three steps with changing gradients; each holds only
+    /// its shard's state.
+    #[test]
+    fn sharded_optimizers_update_exactly_as_the_whole_one() {
+        let l = Arc::new(Layout::new(&GptConfig::parse("L2-H2-C8-V11-T5").unwrap()));
+        let n = l.len;
+        // Two buckets, [0, h) and [h, n), each cut in three slices: rank k
+        // owns slice k of both.
+        let h = n / 2 + 3;
+        let slice = |lo: usize, hi: usize, k: usize| {
+            let w = (hi - lo).div_ceil(3);
+            (lo + k * w).min(hi)..(lo + (k + 1) * w).min(hi)
+        };
+        let shards: Vec<Vec<Range<usize>>> = (0..3)
+            .map(|k| vec![slice(0, h, k), slice(h, n, k)])
+            .collect();
+        let cfg = AdamWConfig::default();
+        type Make<'a> = &'a dyn Fn(&[Range<usize>]) -> Optimizer;
+        let adamw = |r: &[Range<usize>]| Optimizer::adamw_shard(&l, cfg, r);
+        let sgd = |r: &[Range<usize>]| Optimizer::sgd_shard(&l, 0.9, 0.1, r);
+        let makers: [(&str, Make); 2] = [("adamw", &adamw), ("sgd", &sgd)];
+        for (name, make) in makers {
+            let mut whole = make(std::slice::from_ref(&(0..n)));
+            let mut parts: Vec<Optimizer> = shards.iter().map(|s| make(s)).collect();
+            assert_eq!(
+                parts.iter().map(|o| o.state_bytes()).sum::<usize>(),
+                whole.state_bytes()
+            );
+            let (mut a, mut b) = (
+                Params::init_gpt2(l.clone(), 3),
+                Params::init_gpt2(l.clone(), 3),
+            );
+            for step in 0..3 {
+                let grads: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
+                    .collect();
+                whole.step_scaled(&mut a, &grads, 1e-2, 0.5);
+                for o in parts.iter_mut() {
+                    o.step_scaled(&mut b, &grads, 1e-2, 0.5);
+                }
+            }
+            let differ = a
+                .data
+                .iter()
+                .zip(&b.data)
+                .filter(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(differ.count(), 0, "{name}: the shards changed the result");
+            assert_ne!(
+                a.data,
+                Params::init_gpt2(l.clone(), 3).data,
+                "{name}: nothing moved"
+            );
+        }
+    }
+
+    /// Ranges that overlap or leave the buffer are a caller's bug.
+    #[test]
+    #[should_panic(expected = "must increase without overlap")]
+    fn overlapping_shard_ranges_are_refused() {
+        let l = Layout::new(&GptConfig::parse("L1-H1-C4-V5-T3").unwrap());
+        Optimizer::adamw_shard(&l, AdamWConfig::default(), &[0..10, 5..20]);
+    }
+
+    /// The CPU optimizers address the flat buffer through `pieces`'
     /// ranges and usize slices of them; nothing narrows to 32 bits. Here
     /// the ranges of a 2.65B model (past 2^31 elements) are checked
     /// without the buffers: AdamW's state for it would take 42 GB, more
@@ -258,11 +415,18 @@ mod tests {
         let l = Layout::new(&cfg);
         assert_eq!(l.len as u128, cfg.params_u128());
         assert!(l.len > 1 << 31, "{} elements", l.len);
-        let mask = decay_mask(&l);
+        let (mask, len) = pieces(&l, std::slice::from_ref(&(0..l.len)));
+        assert_eq!(len, l.len);
         let mut at = 0usize;
-        for ((r, decays), spec) in mask.iter().zip(&l.params) {
+        for (piece, spec) in mask.iter().zip(&l.params) {
+            let r = &piece.range;
             assert_eq!(r.start, at, "{} starts where the previous ended", spec.name);
-            assert_eq!(*decays, spec.kind.decays());
+            assert_eq!(
+                piece.state, r.start,
+                "{}: state where the element is",
+                spec.name
+            );
+            assert_eq!(piece.decays, spec.kind.decays());
             at = r.end;
         }
         assert_eq!(at, l.len);

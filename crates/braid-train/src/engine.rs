@@ -66,6 +66,22 @@ pub struct UpdateStep {
     pub grad_scale: f32,
 }
 
+/// `shard` for [`Engine::shard_optimizer`] over `len` parameters, or why
+/// not: ranges must be non-empty, increasing, not overlapping, inside.
+pub fn check_shard(shard: &[Range<usize>], len: usize) -> Result<()> {
+    let mut after = 0;
+    for r in shard {
+        if r.is_empty() || r.start < after || r.end > len {
+            return Err(format!(
+                "optimizer shard {shard:?}: ranges must be non-empty and increase without \
+                 overlap inside the {len} parameters"
+            ));
+        }
+        after = r.end;
+    }
+    Ok(())
+}
+
 /// A model that can be trained by [`crate::trainer::train`] under any
 /// [`crate::strategy::Strategy`].
 pub trait Engine {
@@ -124,8 +140,22 @@ pub trait Engine {
     /// The sum of squares of `grads` (waits for queued work).
     fn grad_sq_norm(&mut self, grads: &Flat<Self>) -> Result<f64>;
 
-    /// One optimizer update of the parameters from `grads`.
+    /// One optimizer update of the parameters from `grads` (of the
+    /// optimizer's shard only, after [`shard_optimizer`](Self::shard_optimizer)).
     fn update(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()>;
+
+    /// Makes the optimizer own only the elements `shard` of the flat
+    /// buffer (ranges, increasing, not overlapping), as a ZeRO rank owns
+    /// its slice of each bucket: its state shrinks to them and
+    /// [`update`](Self::update) reads `grads` and changes parameters only
+    /// there, with the same arithmetic per element. Before the first
+    /// update. Engines without it refuse.
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        Err(format!(
+            "this engine cannot shard its optimizer (asked for {} ranges)",
+            shard.len()
+        ))
+    }
 
     /// Waits for everything queued (a GPU's stream); nothing on the CPU.
     fn synchronize(&mut self) -> Result<()>;

@@ -14,8 +14,9 @@
 //!    while the next unit computes;
 //! 4. [`before_update`](Strategy::before_update): the gradients must be
 //!    reduced (or ordered to be, on a GPU) when this returns;
-//! 5. the loop clips and updates, dividing by [`replicas`](Strategy::replicas)
-//!    × micro-batches once, inside the update;
+//! 5. the loop clips (by [`grad_sq_norm`](Strategy::grad_sq_norm)) and
+//!    updates, dividing by [`replicas`](Strategy::replicas) × micro-batches
+//!    once, inside the update;
 //! 6. [`after_update`](Strategy::after_update): parameters changed (a
 //!    sharded strategy gathers them here).
 
@@ -68,6 +69,14 @@ pub trait Strategy<E: Engine> {
     /// replicas once this returns (or, on a GPU, once the engine's stream
     /// gets there).
     fn before_update(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<()>;
+
+    /// The sum of the squares of the gradients over the whole model, for
+    /// clipping (after [`before_update`](Self::before_update)). The
+    /// engine's own sum by default; a strategy whose ranks each hold a
+    /// shard of the gradients sums the shards' across the ranks.
+    fn grad_sq_norm(&mut self, engine: &mut E, grads: &Flat<E>) -> Result<f64> {
+        engine.grad_sq_norm(grads)
+    }
 
     /// After the optimizer step.
     fn after_update(&mut self, engine: &mut E) -> Result<()>;

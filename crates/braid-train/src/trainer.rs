@@ -168,7 +168,7 @@ where
         let lr = o.schedule.lr(step);
         let mut grad_norm = 0.0;
         if o.update {
-            grad_norm = engine.grad_sq_norm(&grads)?.sqrt() / divide;
+            grad_norm = strategy.grad_sq_norm(engine, &grads)?.sqrt() / divide;
             let clip = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
                 o.grad_clip / (grad_norm + 1e-6)
             } else {

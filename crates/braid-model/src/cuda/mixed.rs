@@ -802,6 +802,33 @@ impl AdamSegments {
     /// Segments of `layout`, decay `weight_decay` where the tensor's kind
     /// decays (matrices, embeddings) and none elsewhere.
     pub fn new(device: &Device, layout: &crate::layout::Layout, weight_decay: f32) -> Result<Self> {
+        Self::shard(device, layout, weight_decay, 0..layout.len)
+    }
+
+    /// The segments of the elements `shard` of `layout`'s flat buffer
+    /// (ends counted from the shard's start), for an AdamW step over that
+    /// shard alone (a ZeRO rank's).
+    pub fn shard(
+        device: &Device,
+        layout: &crate::layout::Layout,
+        weight_decay: f32,
+        shard: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        Self::from_ends(device, &Self::shard_ends(layout, weight_decay, shard)?)
+    }
+
+    /// The (end, weight decay) segments of [`AdamSegments::shard`].
+    pub fn shard_ends(
+        layout: &crate::layout::Layout,
+        weight_decay: f32,
+        shard: std::ops::Range<usize>,
+    ) -> Result<Vec<(usize, f32)>> {
+        if shard.is_empty() || shard.end > layout.len {
+            return Err(CudaError::Invalid(format!(
+                "adamw segments: shard {shard:?} is empty or outside the {} parameters",
+                layout.len
+            )));
+        }
         let mut segs = Vec::new();
         let mut at = 0usize;
         for spec in &layout.params {
@@ -818,9 +845,12 @@ impl AdamSegments {
             } else {
                 0.0
             };
-            segs.push((r.end, decay));
+            let end = r.end.min(shard.end);
+            if end > shard.start && r.start < shard.end {
+                segs.push((end - shard.start, decay));
+            }
         }
-        Self::from_ends(device, &segs)
+        Ok(segs)
     }
 
     /// Segments given as (end, weight decay), ends increasing; the last
@@ -838,5 +868,34 @@ impl AdamSegments {
             decay: braid_cuda::DeviceBuffer::from_host(device, &decay)?,
             total: segs.last().map_or(0, |s| s.0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AdamSegments;
+    use crate::config::GptConfig;
+    use crate::layout::Layout;
+
+    /// A shard's segments are the whole buffer's, cut at its edges and
+    /// counted from its start; an empty or outside shard is refused.
+    #[test]
+    fn shard_segments_cut_the_whole_buffers_at_its_edges() {
+        let l = Layout::new(&GptConfig::parse("L2-H2-C8-V11-T5").unwrap());
+        let whole = AdamSegments::shard_ends(&l, 0.1, 0..l.len).unwrap();
+        assert_eq!(whole.len(), l.params.len());
+        for ((end, wd), spec) in whole.iter().zip(&l.params) {
+            assert_eq!(*end, spec.range().end);
+            assert_eq!(*wd, if spec.kind.decays() { 0.1 } else { 0.0 });
+        }
+        // A shard from inside the second tensor to inside a later one.
+        let (a, b) = (l.params[1].range().start + 3, l.params[4].range().start + 2);
+        let part = AdamSegments::shard_ends(&l, 0.1, a..b).unwrap();
+        let want: Vec<(usize, f32)> = (1..=4)
+            .map(|i| (whole[i].0.min(b) - a, whole[i].1))
+            .collect();
+        assert_eq!(part, want);
+        assert!(AdamSegments::shard_ends(&l, 0.1, 5..5).is_err());
+        assert!(AdamSegments::shard_ends(&l, 0.1, 0..l.len + 1).is_err());
     }
 }

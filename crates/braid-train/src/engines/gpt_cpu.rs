@@ -2,11 +2,12 @@
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
 use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{Engine, Matrix, Unit, UpdateStep};
+use crate::engine::{check_shard, Engine, Matrix, Unit, UpdateStep};
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
-use braid_model::{Activations, Block, Gpt, Params};
+use braid_model::{Activations, Block, Gpt, Layout, Params};
+use std::ops::Range;
 
 /// The GPT model on this machine's CPUs, sized for batches of `b × t`.
 pub struct CpuGpt {
@@ -14,6 +15,9 @@ pub struct CpuGpt {
     params: Params,
     acts: Activations<f32>,
     opt: Optimizer,
+    optimizer: CpuOptimizer,
+    /// Updates made (the optimizer may be sharded only before the first).
+    updates: u64,
     b: usize,
     t: usize,
     /// The batch of the last forward pass with gradients (the backward
@@ -36,6 +40,25 @@ pub enum CpuOptimizer {
     },
 }
 
+impl CpuOptimizer {
+    /// The optimizer for the elements `shard` of `layout`'s flat buffer.
+    fn over(self, layout: &Layout, shard: &[Range<usize>]) -> Optimizer {
+        match self {
+            CpuOptimizer::AdamW { weight_decay } => Optimizer::adamw_shard(
+                layout,
+                AdamWConfig {
+                    weight_decay,
+                    ..Default::default()
+                },
+                shard,
+            ),
+            CpuOptimizer::Sgd { weight_decay } => {
+                Optimizer::sgd_shard(layout, 0.9, weight_decay, shard)
+            }
+        }
+    }
+}
+
 impl CpuGpt {
     /// An engine over `params` for batches of `b × t`, recomputing
     /// activations in the backward pass when `checkpointing`.
@@ -47,21 +70,13 @@ impl CpuGpt {
         optimizer: CpuOptimizer,
     ) -> CpuGpt {
         let layout = params.layout.clone();
-        let opt = match optimizer {
-            CpuOptimizer::AdamW { weight_decay } => Optimizer::adamw(
-                &layout,
-                AdamWConfig {
-                    weight_decay,
-                    ..Default::default()
-                },
-            ),
-            CpuOptimizer::Sgd { weight_decay } => Optimizer::sgd(&layout, 0.9, weight_decay),
-        };
         CpuGpt {
             model: Gpt::new(layout.clone()),
             acts: Activations::new(&layout, b, t, checkpointing),
+            opt: optimizer.over(&layout, std::slice::from_ref(&(0..layout.len))),
+            optimizer,
+            updates: 0,
             params,
-            opt,
             b,
             t,
             last: TokenBatch::new(b, t),
@@ -183,6 +198,16 @@ impl Engine for CpuGpt {
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
         self.opt
             .step_scaled(&mut self.params, grads, step.lr, step.grad_scale);
+        self.updates += 1;
+        Ok(())
+    }
+
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        check_shard(shard, self.params.data.len())?;
+        if self.updates > 0 {
+            return Err("the optimizer can be sharded only before the first update".into());
+        }
+        self.opt = self.optimizer.over(&self.params.layout, shard);
         Ok(())
     }
 
@@ -208,5 +233,46 @@ mod tests {
             CpuOptimizer::AdamW { weight_decay: 0.1 },
         );
         assert_eq!(engine.unit_count(), engine.units().len());
+    }
+
+    /// A sharded optimizer changes its shard's parameters and no others,
+    /// exactly as the whole one does there; a bad shard, or sharding after
+    /// an update, is refused.
+    #[test]
+    fn a_sharded_optimizer_updates_only_its_shard() {
+        let layout = Arc::new(Layout::new(&GptConfig::parse("L2-H2-C16-V50-T8").unwrap()));
+        let make = || {
+            CpuGpt::new(
+                Params::init_gpt2(layout.clone(), 1),
+                1,
+                8,
+                false,
+                CpuOptimizer::AdamW { weight_decay: 0.1 },
+            )
+        };
+        let (mut whole, mut part) = (make(), make());
+        let n = layout.len;
+        let shard = [3..40, n / 3..n / 2 + 5];
+        assert!(part.shard_optimizer(&[0..4, 9..n + 1]).is_err());
+        assert!(part.shard_optimizer(&[0..10, 5..20]).is_err());
+        part.shard_optimizer(&shard).unwrap();
+        let grads: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+        let step = UpdateStep {
+            lr: 1e-2,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        let before = whole.params().clone();
+        whole.update(&grads, step).unwrap();
+        part.update(&grads, step).unwrap();
+        for (i, (&got, &was)) in part.params().iter().zip(&before).enumerate() {
+            let mine = shard.iter().any(|r| r.contains(&i));
+            let want = if mine { whole.params()[i] } else { was };
+            assert_eq!(got.to_bits(), want.to_bits(), "element {i}");
+        }
+        assert!(
+            part.shard_optimizer(&shard).is_err(),
+            "sharded after an update"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! collectives order themselves after it), AdamW in one launch.
 
 use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{Engine, Matrix, Unit, UpdateStep};
+use crate::engine::{check_shard, Engine, Matrix, Unit, UpdateStep};
 use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::zero_async;
@@ -15,6 +15,7 @@ use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
 use half::bf16;
+use std::ops::Range;
 
 fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
@@ -81,8 +82,12 @@ pub struct GpuGpt {
     p: DeviceBuffer<f32>,
     m: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
-    segments: AdamSegments,
     adam: AdamWConfig,
+    /// The ranges of the flat buffer the optimizer owns, each with where
+    /// its state starts in `m` and `v` and its weight-decay segments.
+    shard: Vec<(Range<usize>, usize, AdamSegments)>,
+    /// Updates made (the optimizer may be sharded only before the first).
+    updates: u64,
     b: usize,
     t: usize,
     steps: Vec<(Unit, Step)>,
@@ -134,8 +139,13 @@ impl GpuGpt {
         Ok(GpuGpt {
             m: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
             v: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
-            segments: AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
             steps: plan(&layout, 0),
+            shard: vec![(
+                0..layout.len,
+                0,
+                AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
+            )],
+            updates: 0,
             layout,
             model,
             precision,
@@ -283,23 +293,54 @@ impl Engine for GpuGpt {
             eps: self.adam.eps,
             grad_scale: step.grad_scale,
         };
-        let (p, m, v, segs) = (&mut self.p, &mut self.m, &mut self.v, &self.segments);
-        match &mut self.model {
-            Model::Mixed(mm, pb) => self.mk.adamw_multi(
-                mm.stream(),
-                p,
-                pb.as_mut().map(|b| b as _),
-                grads,
-                m,
-                v,
-                segs,
-                h,
-            ),
-            Model::F32(mm) => self
-                .mk
-                .adamw_multi(mm.stream(), p, None, grads, m, v, segs, h),
+        for (r, at, segs) in &self.shard {
+            let len = r.len();
+            let mut p = self.p.view_mut(r.clone());
+            let g = grads.view(r.clone());
+            let mut m = self.m.view_mut(*at..at + len);
+            let mut v = self.v.view_mut(*at..at + len);
+            match &mut self.model {
+                Model::Mixed(mm, pb) => {
+                    let mut pb = pb.as_mut().map(|b| b.view_mut(r.clone()));
+                    let pb = pb.as_mut().map(|b| b as _);
+                    self.mk
+                        .adamw_multi(mm.stream(), &mut p, pb, &g, &mut m, &mut v, segs, h)
+                }
+                Model::F32(mm) => {
+                    self.mk
+                        .adamw_multi(mm.stream(), &mut p, None, &g, &mut m, &mut v, segs, h)
+                }
+            }
+            .map_err(e)?;
         }
-        .map_err(e)
+        self.updates += 1;
+        Ok(())
+    }
+
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        check_shard(shard, self.layout.len)?;
+        if self.updates > 0 {
+            return Err("the optimizer can be sharded only before the first update".into());
+        }
+        let device = self.p.device().clone();
+        let total: usize = shard.iter().map(|r| r.len()).sum();
+        // The whole buffer's state goes first, so that the peak holds one.
+        self.m = DeviceBuffer::zeros(&device, 0).map_err(e)?;
+        self.v = DeviceBuffer::zeros(&device, 0).map_err(e)?;
+        self.m = DeviceBuffer::zeros(&device, total).map_err(e)?;
+        self.v = DeviceBuffer::zeros(&device, total).map_err(e)?;
+        let mut at = 0;
+        self.shard = shard
+            .iter()
+            .map(|r| {
+                let segs =
+                    AdamSegments::shard(&device, &self.layout, self.adam.weight_decay, r.clone());
+                let piece = (r.clone(), at, segs.map_err(e)?);
+                at += r.len();
+                Ok(piece)
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<()> {
