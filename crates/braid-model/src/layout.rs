@@ -84,22 +84,39 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout of `config`.
+    /// The layout of `config`: every tensor right after the previous one.
     pub fn new(config: &GptConfig) -> Layout {
+        Self::padded(config, 1)
+    }
+
+    /// The layout of `config` with every block (the embeddings, each
+    /// layer, the final norm) starting and ending at a multiple of
+    /// `multiple` elements: zeros fill the gaps, each block's range
+    /// includes the gap after it, and `len` is a multiple too. Sharded
+    /// strategies split blocks into equal, aligned slices this way.
+    /// `multiple` 1 is [`Layout::new`]'s.
+    pub fn padded(config: &GptConfig, multiple: usize) -> Layout {
+        let multiple = multiple.max(1);
         let (c, v, t) = (config.n_embd, config.vocab_size, config.context);
         let mut params = Vec::new();
         let mut blocks = Vec::new();
-        let mut offset = 0;
-        let mut add = |params: &mut Vec<Param>, name: String, shape: Vec<usize>, kind: Kind| {
+        let offset = std::cell::Cell::new(0usize);
+        let add = |params: &mut Vec<Param>, name: String, shape: Vec<usize>, kind: Kind| {
             let len = shape.iter().product();
             params.push(Param {
                 name,
                 shape,
-                offset,
+                offset: offset.get(),
                 len,
                 kind,
             });
-            offset += len;
+            offset.set(offset.get() + len);
+        };
+        // Ends the block begun at `first`: the offset moves up to the next
+        // multiple, and the block's range takes the gap.
+        let end_block = |first: usize| {
+            offset.set(offset.get().div_ceil(multiple) * multiple);
+            first..offset.get()
         };
         let start = 0;
         add(
@@ -114,13 +131,10 @@ impl Layout {
             vec![t, c],
             Kind::Embedding,
         );
-        blocks.push((
-            Block::Embedding,
-            start..params.last().map_or(0, |p| p.offset + p.len),
-        ));
+        blocks.push((Block::Embedding, end_block(start)));
         for i in 0..config.n_layer {
             let p = |s: &str| format!("h.{i}.{s}");
-            let first = params.last().map_or(0, |p| p.offset + p.len);
+            let first = offset.get();
             add(&mut params, p("ln_1.weight"), vec![c], Kind::NormWeight);
             add(&mut params, p("ln_1.bias"), vec![c], Kind::NormBias);
             add(
@@ -153,14 +167,13 @@ impl Layout {
                 Kind::ResidualWeight,
             );
             add(&mut params, p("mlp.c_proj.bias"), vec![c], Kind::Bias);
-            let end = params.last().map_or(0, |p| p.offset + p.len);
-            blocks.push((Block::Layer(i), first..end));
+            blocks.push((Block::Layer(i), end_block(first)));
         }
-        let first = params.last().map_or(0, |p| p.offset + p.len);
+        let first = offset.get();
         add(&mut params, "ln_f.weight".into(), vec![c], Kind::NormWeight);
         add(&mut params, "ln_f.bias".into(), vec![c], Kind::NormBias);
-        let len = params.last().map_or(0, |p| p.offset + p.len);
-        blocks.push((Block::FinalNorm, first..len));
+        blocks.push((Block::FinalNorm, end_block(first)));
+        let len = offset.get();
         Layout {
             config: *config,
             params,
@@ -223,5 +236,83 @@ mod tests {
         assert_eq!(l.get("ln_f.bias").unwrap().shape, vec![768]);
         assert!(!l.get("h.3.ln_2.weight").unwrap().kind.decays());
         assert!(l.get("h.3.mlp.c_fc.weight").unwrap().kind.decays());
+    }
+}
+
+#[cfg(test)]
+mod padded_tests {
+    use super::*;
+    use crate::model::{Activations, Gpt};
+    use crate::optim::{AdamWConfig, Optimizer};
+    use crate::params::Params;
+    use std::sync::Arc;
+
+    /// Blocks of a padded layout start and end at the multiple, keep
+    /// their tensors in order, and the tensors keep their shapes.
+    #[test]
+    fn padded_blocks_start_and_end_at_the_multiple() {
+        let cfg = GptConfig::parse("L3-H2-C24-V37-T7").unwrap();
+        let (plain, l) = (Layout::new(&cfg), Layout::padded(&cfg, 96));
+        assert_eq!(l.len % 96, 0);
+        assert!(l.len > plain.len);
+        for (_, r) in &l.blocks {
+            assert_eq!((r.start % 96, r.end % 96), (0, 0), "{r:?}");
+        }
+        for (a, b) in plain.params.iter().zip(&l.params) {
+            assert_eq!((&a.name, &a.shape, a.len), (&b.name, &b.shape, b.len));
+            let (_, block) = l
+                .blocks
+                .iter()
+                .find(|(_, r)| r.contains(&b.offset))
+                .unwrap();
+            assert!(b.range().end <= block.end, "{} leaves its block", b.name);
+        }
+        assert_eq!(Layout::padded(&cfg, 1), plain);
+    }
+
+    /// Training on a padded layout computes what it does on the plain one:
+    /// after three AdamW steps every tensor is the same bit for bit, and
+    /// the gaps are still zero.
+    #[test]
+    fn a_padded_layout_trains_bit_for_bit_like_the_plain_one() {
+        let cfg = GptConfig::parse("L2-H2-C16-V31-T8").unwrap();
+        let (b, t) = (2, 8);
+        let tokens: Vec<u32> = (0..b * t).map(|i| (i * 7 % 31) as u32).collect();
+        let targets: Vec<u32> = (0..b * t).map(|i| (i * 11 % 31) as u32).collect();
+        let train = |layout: Layout| {
+            let layout = Arc::new(layout);
+            let mut p = Params::init_gpt2(layout.clone(), 9);
+            let model = Gpt::new(layout.clone());
+            let mut acts = Activations::new(&layout, b, t, false);
+            let mut opt = Optimizer::adamw(&layout, AdamWConfig::default());
+            for _ in 0..3 {
+                let mut g = vec![0.0f32; layout.len];
+                model
+                    .forward_backward(
+                        &p.data,
+                        &mut g,
+                        &mut acts,
+                        &tokens,
+                        &targets,
+                        &mut |_, _| {},
+                    )
+                    .unwrap();
+                opt.step(&mut p, &g, 1e-2);
+            }
+            p
+        };
+        let (plain, padded) = (train(Layout::new(&cfg)), train(Layout::padded(&cfg, 160)));
+        for spec in &plain.layout.params {
+            let (x, y) = (plain.view(&spec.name), padded.view(&spec.name));
+            let differ = x.iter().zip(y).filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(differ.count(), 0, "{} differs", spec.name);
+        }
+        let mut used = vec![false; padded.layout.len];
+        for spec in &padded.layout.params {
+            used[spec.range()].iter_mut().for_each(|u| *u = true);
+        }
+        let gaps = used.iter().zip(&padded.data).filter(|(u, _)| !**u);
+        assert!(gaps.clone().count() > 0);
+        assert!(gaps.into_iter().all(|(_, &x)| x == 0.0), "a gap moved");
     }
 }

@@ -829,15 +829,20 @@ impl AdamSegments {
                 layout.len
             )));
         }
-        let mut segs = Vec::new();
+        // Every element in order: the tensors, and the gaps of a padded
+        // layout (no decay; their gradients are zero, so they stay zero).
+        let mut runs = Vec::new();
         let mut at = 0usize;
         for spec in &layout.params {
             let r = spec.range();
-            if r.start != at {
+            if r.start < at {
                 return Err(CudaError::Invalid(format!(
                     "parameter {} starts at {} but the previous one ended at {at}",
                     spec.name, r.start
                 )));
+            }
+            if r.start > at {
+                runs.push((r.start, 0.0));
             }
             at = r.end;
             let decay = if spec.kind.decays() {
@@ -845,10 +850,19 @@ impl AdamSegments {
             } else {
                 0.0
             };
-            let end = r.end.min(shard.end);
-            if end > shard.start && r.start < shard.end {
-                segs.push((end - shard.start, decay));
+            runs.push((r.end, decay));
+        }
+        if layout.len > at {
+            runs.push((layout.len, 0.0));
+        }
+        let mut segs = Vec::new();
+        let mut start = 0usize;
+        for (end, decay) in runs {
+            let cut_end = end.min(shard.end);
+            if cut_end > shard.start && start < shard.end {
+                segs.push((cut_end - shard.start, decay));
             }
+            start = end;
         }
         Ok(segs)
     }
@@ -896,6 +910,27 @@ mod tests {
             .collect();
         assert_eq!(part, want);
         assert!(AdamSegments::shard_ends(&l, 0.1, 5..5).is_err());
+        // A padded layout: the gaps are segments without decay, and the
+        // last end is the padded length.
+        let p = Layout::padded(&GptConfig::parse("L2-H2-C8-V11-T5").unwrap(), 64);
+        let segs = AdamSegments::shard_ends(&p, 0.1, 0..p.len).unwrap();
+        assert_eq!(segs.last().unwrap().0, p.len);
+        let gaps = p
+            .blocks
+            .iter()
+            .filter(|(_, r)| !p.params.iter().any(|t| t.range().end == r.end))
+            .count();
+        assert!(gaps > 0);
+        assert_eq!(segs.len(), p.params.len() + gaps);
+        for (_, r) in &p.blocks {
+            // A gap: the segment after the block's last tensor ends the
+            // block, without decay.
+            let last = p.params.iter().rfind(|t| r.contains(&t.offset)).unwrap();
+            if last.range().end < r.end {
+                let at = segs.iter().position(|s| s.0 == last.range().end).unwrap();
+                assert_eq!(segs[at + 1], (r.end, 0.0));
+            }
+        }
         assert!(AdamSegments::shard_ends(&l, 0.1, 0..l.len + 1).is_err());
     }
 }
