@@ -187,77 +187,31 @@ fn main() -> Result<()> {
     let (xa, ob) = (|k| Mat::of(&x, k), |n| Mat::of(&out_bf, n));
     // Forward: the residual-adding products with an f32 result (proj,
     // fcproj), the same with a bf16 result, qkv and fc.
+    // x[n, k] · w[k, out] into an f32 result with the residual added, or
+    // into a bf16 one (overwritten) with `epi`.
+    let resid_f32 = |out, k| {
+        let bias = Epilogue::Bias { bias: bias_f };
+        let (r, d) = (Mat::of(&resid, out), Mat::of(&out_f, out));
+        lt((n, out, k), xa(k), Mat::of(&w, out), r, d, bias, 1.0)
+    };
+    let to_bf16 = |out, k, epi| {
+        lt(
+            (n, out, k),
+            xa(k),
+            Mat::of(&w, out),
+            ob(out),
+            ob(out),
+            epi,
+            0.0,
+        )
+    };
     let forward: [(&str, LtGemm, Read); 6] = [
-        (
-            "fwd proj (f32 out + residual)",
-            lt(
-                (n, c, c),
-                xa(c),
-                Mat::of(&w, c),
-                Mat::of(&resid, c),
-                Mat::of(&out_f, c),
-                Epilogue::Bias { bias: bias_f },
-                1.0,
-            ),
-            &rf,
-        ),
-        (
-            "fwd fcproj (f32 out + residual)",
-            lt(
-                (n, c, 4 * c),
-                xa(4 * c),
-                Mat::of(&w, c),
-                Mat::of(&resid, c),
-                Mat::of(&out_f, c),
-                Epilogue::Bias { bias: bias_f },
-                1.0,
-            ),
-            &rf,
-        ),
-        (
-            "fwd proj (bf16 out)",
-            lt((n, c, c), xa(c), Mat::of(&w, c), ob(c), ob(c), bias, 0.0),
-            &rb,
-        ),
-        (
-            "fwd fcproj (bf16 out)",
-            lt(
-                (n, c, 4 * c),
-                xa(4 * c),
-                Mat::of(&w, c),
-                ob(c),
-                ob(c),
-                bias,
-                0.0,
-            ),
-            &rb,
-        ),
-        (
-            "fwd qkv (bf16 out + bias)",
-            lt(
-                (n, 3 * c, c),
-                xa(c),
-                Mat::of(&w, 3 * c),
-                ob(3 * c),
-                ob(3 * c),
-                bias,
-                0.0,
-            ),
-            &rb,
-        ),
-        (
-            "fwd fc (gelu aux bias)",
-            lt(
-                (n, 4 * c, c),
-                xa(c),
-                Mat::of(&w, 4 * c),
-                ob(4 * c),
-                ob(4 * c),
-                gelu,
-                0.0,
-            ),
-            &rb,
-        ),
+        ("fwd proj (f32 out + residual)", resid_f32(c, c), &rf),
+        ("fwd fcproj (f32 out + residual)", resid_f32(c, 4 * c), &rf),
+        ("fwd proj (bf16 out)", to_bf16(c, c, bias), &rb),
+        ("fwd fcproj (bf16 out)", to_bf16(c, 4 * c, bias), &rb),
+        ("fwd qkv (bf16 out + bias)", to_bf16(3 * c, c, bias), &rb),
+        ("fwd fc (gelu aux bias)", to_bf16(4 * c, c, gelu), &rb),
     ];
     for (name, g, read) in forward {
         report(name, None, &mut blaslt, &s, &g, read)?;

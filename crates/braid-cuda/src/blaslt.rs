@@ -387,13 +387,14 @@ impl BlasLt {
         let events: Vec<(Event, Event)> = (0..alike.len())
             .map(|_| Ok((Event::timed(&self.device)?, Event::timed(&self.device)?)))
             .collect::<Result<_>>()?;
+        let run = self.runner();
         let mut best = vec![f32::INFINITY; alike.len()];
         for _ in 0..TUNE_ROUNDS {
             for (r, (start, end)) in alike.iter().zip(&events) {
-                self.launch(plan, &r.algo, stream, g)?;
+                run.launch(plan, &r.algo, stream, g)?;
                 start.record(stream)?;
                 for _ in 0..TUNE_RUNS {
-                    self.launch(plan, &r.algo, stream, g)?;
+                    run.launch(plan, &r.algo, stream, g)?;
                 }
                 end.record(stream)?;
             }
@@ -574,75 +575,27 @@ impl BlasLt {
     pub fn gemm(&mut self, stream: &Stream, g: &LtGemm) -> Result<()> {
         Self::check(g)?;
         self.device.bind()?;
+        let run = self.runner();
         let plan = self.plan(g, stream)?;
-        let algo = plan.algo;
-        self.launch(self.plan_of(g), &algo, stream, g)
+        run.launch(plan, &plan.algo, stream, g)
     }
 
-    /// The plan made for `g` (which [`BlasLt::plan`] made already).
-    fn plan_of(&self, g: &LtGemm) -> &Plan {
-        &self.plans[&Self::key(g)]
-    }
-
-    /// Runs `g` through `plan`'s descriptors with algorithm `algo`.
-    fn launch(
-        &self,
-        plan: &Plan,
-        algo: &sys::cublasLtMatmulAlgo_t,
-        stream: &Stream,
-        g: &LtGemm,
-    ) -> Result<()> {
-        let (bias, aux) = match g.epilogue {
-            Epilogue::Plain => (None, None),
-            Epilogue::Bias { bias } => (Some(bias.0), None),
-            Epilogue::GeluAuxBias { bias, aux, .. } => (Some(bias.0), Some(aux.0)),
-            Epilogue::DGeluBGrad { aux, bgrad, .. } => (Some(bgrad.0), Some(aux.0)),
-        };
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        for (attr, ptr) in [
-            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias),
-            (D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux),
-        ] {
-            let Some(ptr) = ptr else { continue };
-            // SAFETY: the descriptor is live; the pointer value is copied.
-            unsafe {
-                result::set_matmul_desc_attribute(plan.desc, attr, &ptr as *const u64 as _, 8)
-            }
-            .map_err(lt_err("cublasLtMatmulDescSetAttribute"))?;
+    /// What launching a product needs besides its plan (copied out, so
+    /// that a plan borrowed from `plans` can go with it).
+    fn runner(&self) -> Runner {
+        Runner {
+            handle: self.handle,
+            workspace: (self.workspace.dptr(), self.workspace.dlen()),
         }
-        let (alpha, beta) = (g.alpha, g.beta);
-        // SAFETY: every operand was checked to lie inside its buffer and
-        // matches the plan's layouts (the plan key holds every dimension,
-        // leading dimension, type and alignment); the workspace is ours.
-        unsafe {
-            result::matmul(
-                self.handle,
-                plan.desc,
-                &alpha as *const f32 as _,
-                &beta as *const f32 as _,
-                g.b.ptr as *const c_void,
-                plan.layouts[0],
-                g.a.ptr as *const c_void,
-                plan.layouts[1],
-                g.c.ptr as *const c_void,
-                plan.layouts[2],
-                g.d.ptr as *mut c_void,
-                plan.layouts[3],
-                algo,
-                self.workspace.dptr() as *mut c_void,
-                self.workspace.dlen(),
-                stream.raw() as _,
-            )
-        }
-        .map_err(lt_err("cublasLtMatmul"))
     }
 
     /// Runs `g` with an algorithm [`BlasLt::time_offered`] returned for it.
     pub fn gemm_offered(&mut self, stream: &Stream, g: &LtGemm, o: &Offered) -> Result<()> {
         Self::check(g)?;
         self.device.bind()?;
-        self.plan(g, stream)?;
-        self.launch(self.plan_of(g), &o.algo, stream, g)
+        let run = self.runner();
+        let plan = self.plan(g, stream)?;
+        run.launch(plan, &o.algo, stream, g)
     }
 
     /// Runs `g` with each offer tuning may pick from (see [`Tuning`]) and
@@ -662,14 +615,14 @@ impl BlasLt {
         }
         self.device.bind()?;
         self.plan(g, stream)?;
-        let key = Self::key(g);
-        let plan = self.plan_of(g);
+        let (run, key) = (self.runner(), Self::key(g));
+        let plan = &self.plans[&key];
         let offered = self.heuristics(plan, &key, TUNE_OFFERS)?;
         let mut first = None;
         let mut differing = 0;
         let alike = alike(&offered);
         for r in &alike {
-            self.launch(plan, &r.algo, stream, g)?;
+            run.launch(plan, &r.algo, stream, g)?;
             stream.synchronize()?;
             let bytes = read()?;
             match &first {
@@ -694,16 +647,16 @@ impl BlasLt {
         Self::check(g)?;
         self.device.bind()?;
         self.plan(g, stream)?;
-        let key = Self::key(g);
-        let plan = self.plan_of(g);
+        let (run, key) = (self.runner(), Self::key(g));
+        let plan = &self.plans[&key];
         let offered = self.heuristics(plan, &key, max.max(1))?;
         let (start, end) = (Event::timed(&self.device)?, Event::timed(&self.device)?);
         let mut out = Vec::with_capacity(offered.len());
         for (rank, r) in offered.iter().enumerate() {
-            self.launch(plan, &r.algo, stream, g)?;
+            run.launch(plan, &r.algo, stream, g)?;
             start.record(stream)?;
             for _ in 0..reps.max(1) {
-                self.launch(plan, &r.algo, stream, g)?;
+                run.launch(plan, &r.algo, stream, g)?;
             }
             end.record(stream)?;
             end.synchronize()?;
@@ -804,6 +757,68 @@ impl std::fmt::Display for AlgoConfig {
             self.inner,
             self.cluster
         )
+    }
+}
+
+/// A cuBLASLt handle and workspace, to launch planned products with.
+#[derive(Clone, Copy)]
+struct Runner {
+    handle: sys::cublasLtHandle_t,
+    workspace: (u64, usize),
+}
+
+impl Runner {
+    /// Runs `g` through `plan`'s descriptors with algorithm `algo`.
+    fn launch(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        stream: &Stream,
+        g: &LtGemm,
+    ) -> Result<()> {
+        let (bias, aux) = match g.epilogue {
+            Epilogue::Plain => (None, None),
+            Epilogue::Bias { bias } => (Some(bias.0), None),
+            Epilogue::GeluAuxBias { bias, aux, .. } => (Some(bias.0), Some(aux.0)),
+            Epilogue::DGeluBGrad { aux, bgrad, .. } => (Some(bgrad.0), Some(aux.0)),
+        };
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        for (attr, ptr) in [
+            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias),
+            (D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux),
+        ] {
+            let Some(ptr) = ptr else { continue };
+            // SAFETY: the descriptor is live; the pointer value is copied.
+            unsafe {
+                result::set_matmul_desc_attribute(plan.desc, attr, &ptr as *const u64 as _, 8)
+            }
+            .map_err(lt_err("cublasLtMatmulDescSetAttribute"))?;
+        }
+        let (alpha, beta) = (g.alpha, g.beta);
+        // SAFETY: every operand was checked to lie inside its buffer and
+        // matches the plan's layouts (the plan key holds every dimension,
+        // leading dimension, type and alignment); the workspace is ours.
+        unsafe {
+            result::matmul(
+                self.handle,
+                plan.desc,
+                &alpha as *const f32 as _,
+                &beta as *const f32 as _,
+                g.b.ptr as *const c_void,
+                plan.layouts[0],
+                g.a.ptr as *const c_void,
+                plan.layouts[1],
+                g.c.ptr as *const c_void,
+                plan.layouts[2],
+                g.d.ptr as *mut c_void,
+                plan.layouts[3],
+                algo,
+                self.workspace.0 as *mut c_void,
+                self.workspace.1,
+                stream.raw() as _,
+            )
+        }
+        .map_err(lt_err("cublasLtMatmul"))
     }
 }
 

@@ -27,7 +27,7 @@ pub struct Piece {
 /// The pieces of `shard` (ranges of the flat buffer, increasing, not
 /// overlapping, inside it: else a panic naming them, a caller's bug like
 /// a mismatched gradient length), and the state length they need.
-fn pieces(layout: &Layout, shard: &[Range<usize>]) -> (Vec<Piece>, usize) {
+pub fn pieces(layout: &Layout, shard: &[Range<usize>]) -> (Vec<Piece>, usize) {
     let mut out = Vec::new();
     let (mut state, mut after) = (0usize, 0usize);
     for s in shard {

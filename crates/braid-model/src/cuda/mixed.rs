@@ -829,40 +829,22 @@ impl AdamSegments {
                 layout.len
             )));
         }
-        // Every element in order: the tensors, and the gaps of a padded
-        // layout (no decay; their gradients are zero, so they stay zero).
-        let mut runs = Vec::new();
-        let mut at = 0usize;
-        for spec in &layout.params {
-            let r = spec.range();
-            if r.start < at {
-                return Err(CudaError::Invalid(format!(
-                    "parameter {} starts at {} but the previous one ended at {at}",
-                    spec.name, r.start
-                )));
-            }
-            if r.start > at {
-                runs.push((r.start, 0.0));
-            }
-            at = r.end;
-            let decay = if spec.kind.decays() {
-                weight_decay
-            } else {
-                0.0
-            };
-            runs.push((r.end, decay));
-        }
-        if layout.len > at {
-            runs.push((layout.len, 0.0));
-        }
+        // The tensors' runs inside the shard, and between them (and to
+        // its end) the gaps of a padded layout: no decay, and their
+        // gradients are zero, so they stay zero.
+        let (pieces, _) = crate::optim::pieces(layout, std::slice::from_ref(&shard));
         let mut segs = Vec::new();
-        let mut start = 0usize;
-        for (end, decay) in runs {
-            let cut_end = end.min(shard.end);
-            if cut_end > shard.start && start < shard.end {
-                segs.push((cut_end - shard.start, decay));
+        let mut at = shard.start;
+        for piece in pieces {
+            if piece.range.start > at {
+                segs.push((piece.range.start - shard.start, 0.0));
             }
-            start = end;
+            let decay = if piece.decays { weight_decay } else { 0.0 };
+            segs.push((piece.range.end - shard.start, decay));
+            at = piece.range.end;
+        }
+        if shard.end > at {
+            segs.push((shard.end - shard.start, 0.0));
         }
         Ok(segs)
     }
