@@ -66,6 +66,29 @@ pub struct UpdateStep {
     pub grad_scale: f32,
 }
 
+/// Bytes of model state one rank holds, by part, from what was allocated
+/// (ZeRO's accounting: parameters, gradients, optimizer state).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    /// The parameters the passes read: f32, or the bf16 copy under mixed
+    /// precision (0 when the engine casts them layer by layer).
+    pub params: u64,
+    /// f32 master weights kept beside a bf16 copy (0 when the parameters
+    /// are the master weights).
+    pub master: u64,
+    /// The gradient buffer (the loop's).
+    pub grads: u64,
+    /// The optimizer's state (AdamW's two moments, SGD's momentum).
+    pub optimizer: u64,
+}
+
+impl StateBytes {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.params + self.master + self.grads + self.optimizer
+    }
+}
+
 /// `shard` for [`Engine::shard_optimizer`] over `len` parameters, or why
 /// not: ranges must be non-empty, increasing, not overlapping, inside.
 pub fn check_shard(shard: &[Range<usize>], len: usize) -> Result<()> {
@@ -140,6 +163,16 @@ pub trait Engine {
     /// The sum of squares of `grads` (waits for queued work).
     fn grad_sq_norm(&mut self, grads: &Flat<Self>) -> Result<f64>;
 
+    /// The sum of squares of the elements `ranges` of `grads` (a sharded
+    /// strategy's part of the gradient norm; waits for queued work).
+    /// Engines without it refuse.
+    fn grad_sq_norm_of(&mut self, _grads: &Flat<Self>, ranges: &[Range<usize>]) -> Result<f64> {
+        Err(format!(
+            "this engine cannot sum the squares of part of its gradients (asked for {} ranges)",
+            ranges.len()
+        ))
+    }
+
     /// One optimizer update of the parameters from `grads` (of the
     /// optimizer's shard only, after [`shard_optimizer`](Self::shard_optimizer)).
     fn update(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()>;
@@ -155,6 +188,12 @@ pub trait Engine {
             "this engine cannot shard its optimizer (asked for {} ranges)",
             shard.len()
         ))
+    }
+
+    /// The model state the engine holds (all but the gradients, which the
+    /// loop allocates); zeros where an engine does not say.
+    fn state_bytes(&self) -> StateBytes {
+        StateBytes::default()
     }
 
     /// Waits for everything queued (a GPU's stream); nothing on the CPU.

@@ -10,6 +10,8 @@
 //!   evaluation, timing) — it never knows the strategy;
 //! - [`strategy`]: the hooks a strategy gets ([`Strategy`]) and the
 //!   one-process strategy;
+//! - [`ddp`] and [`zero`]: data parallelism, and ZeRO's sharded
+//!   optimizer (stages 1 and 2) on the same buckets;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock.
 
@@ -25,8 +27,9 @@ pub mod strategy;
 pub mod summary;
 pub mod timeline;
 pub mod trainer;
+pub mod zero;
 
-pub use engine::{Engine, Matrix, Unit, UpdateStep};
+pub use engine::{Engine, Matrix, StateBytes, Unit, UpdateStep};
 pub use space::{Gpu, Host, Space, Window};
 pub use strategy::{Single, Strategy};
 pub use trainer::{train, Loader, LoopOptions, RunReport, StepReport, StepTimes};

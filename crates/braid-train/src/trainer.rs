@@ -9,7 +9,8 @@
 //! divides once by `replicas × micro-batches` (as the gradient of the mean
 //! over the whole global batch), together with the clipping factor.
 
-use crate::engine::{backward_local, Engine, UpdateStep};
+use crate::engine::{backward_local, Engine, StateBytes, UpdateStep};
+use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
 use crate::Result;
@@ -107,6 +108,9 @@ pub struct RunReport {
     /// Seconds the strategy's reductions take per step with nothing to
     /// overlap them (when asked for, and the strategy communicates).
     pub unoverlapped_comm: Option<f64>,
+    /// The model state this rank held (after the strategy's start: a
+    /// sharded optimizer's state is its shard's).
+    pub state: StateBytes,
 }
 
 /// Trains `engine` under `strategy` on batches from `loader` (into
@@ -130,6 +134,10 @@ where
     let rank = strategy.rank();
     strategy.start(engine)?;
     let mut grads = engine.new_grads()?;
+    let state = StateBytes {
+        grads: 4 * <E::Space as Space>::len(&grads) as u64,
+        ..engine.state_bytes()
+    };
     let mut tl = Timeline::new();
     let global_items = (loader.items_per_batch() * o.accum * strategy.replicas()) as f64;
     let divide = (strategy.replicas() * o.accum) as f64;
@@ -223,6 +231,7 @@ where
     Ok(RunReport {
         steps: reports,
         unoverlapped_comm,
+        state,
     })
 }
 

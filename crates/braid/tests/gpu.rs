@@ -669,3 +669,118 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
     assert!(f.stderr.contains("needs about"), "{f:?}");
     assert!(f.stderr.contains("pick a model of at most"), "{f:?}");
 }
+
+/// The GPU engine on a layout padded for ZeRO's shards (gaps after every
+/// block) trains like on the plain layout: three AdamW steps in f32 and
+/// in bf16, every tensor compared by name (products may take other
+/// algorithms at other alignments, so within a stated tolerance: 1e-6 in
+/// f32, 1e-3 in bf16), and the gaps stay zero.
+#[test]
+fn the_gpu_engine_trains_a_padded_layout_like_the_plain_one() {
+    use braid_model::cuda::model_mixed::MixedOptions;
+    use braid_model::{GptConfig, Layout, Params};
+    use braid_train::engines::{GpuGpt, Precision, TokenBatch};
+    use braid_train::{Engine, UpdateStep};
+    use std::sync::Arc;
+    if gpus(1).is_none() {
+        return;
+    }
+    let dev = braid_cuda::Device::open(0).expect("GPU 0");
+    let cfg = GptConfig::parse("L3-H4-C128-V256-T64").unwrap();
+    let (b, t) = (4, 64);
+    let mut batch = TokenBatch::new(b, t);
+    for (i, x) in batch.tokens.iter_mut().enumerate() {
+        *x = (i * 7 % 256) as u32;
+    }
+    for (i, x) in batch.targets.iter_mut().enumerate() {
+        *x = (i * 11 % 256) as u32;
+    }
+    let train = |layout: Layout, precision: Precision| -> Params {
+        let init = Params::init_gpt2(Arc::new(layout), 3);
+        let opts = MixedOptions::default();
+        let mut e = GpuGpt::new(&dev, &init, (b, t), precision, opts, 0.1).unwrap();
+        let mut g = e.new_grads().unwrap();
+        for step in 1..=3 {
+            e.zero_grads(&mut g).unwrap();
+            e.forward(&batch, true).unwrap();
+            braid_train::engine::backward_local(&mut e, &mut g).unwrap();
+            let s = UpdateStep {
+                lr: 1e-3,
+                step,
+                grad_scale: 1.0,
+            };
+            e.update(&g, s).unwrap();
+        }
+        e.synchronize().unwrap();
+        let mut out = init.clone();
+        e.copy_params_to(&mut out).unwrap();
+        out
+    };
+    for (precision, tol) in [(Precision::F32, 1e-6f32), (Precision::Bf16, 1e-3)] {
+        let plain = train(Layout::new(&cfg), precision);
+        let padded = train(Layout::padded(&cfg, 2 * 64), precision);
+        let mut worst = 0f32;
+        for p in &plain.layout.params {
+            let d = common::max_diff(plain.view(&p.name), padded.view(&p.name));
+            worst = worst.max(d);
+        }
+        let mut named = vec![false; padded.data.len()];
+        for p in &padded.layout.params {
+            named[p.range()].iter_mut().for_each(|x| *x = true);
+        }
+        let gaps = padded
+            .data
+            .iter()
+            .zip(&named)
+            .filter(|(x, n)| !**n && **x != 0.0)
+            .count();
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}: padded vs plain layout, max |diff| {worst:e}, {gaps} nonzero gap elements",
+            precision.name()
+        );
+        assert!(worst <= tol, "{}: {worst} > {tol}", precision.name());
+        assert_eq!(gaps, 0, "{}: the gaps changed", precision.name());
+    }
+}
+
+/// ZeRO stages 1 and 2 on 2 GPUs (NCCL reduce-scatter and all-gather)
+/// reach data parallelism's parameters after 20 f32 steps within the
+/// data-parallel tolerance, and bf16 ZeRO-2 tracks bf16 data parallelism.
+#[test]
+fn gpu_zero_matches_data_parallel() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-zero");
+    let f32_args = ["--precision", "f32", "--steps", "20", "--nproc", "2"];
+    let f32_args = [&f32_args[..], &["--batch", "4", "--grad-clip", "1.0"]].concat();
+    let (ddp, _) = train_gpu(&dir, "ddp", &f32_args);
+    for stage in ["1", "2"] {
+        let (z, doc) = train_gpu(
+            &dir,
+            &format!("zero{stage}"),
+            &[&f32_args[..], &["--zero", stage]].concat(),
+        );
+        let d = common::max_diff(&ddp, &z);
+        let _ = writeln!(
+            std::io::stderr(),
+            "f32, ZeRO-{stage} vs data parallel on 2 GPUs: max |diff| {d:e}; model state {}",
+            doc["model_state_bytes"]
+        );
+        assert!(d <= GPU_TOLERANCE, "ZeRO-{stage} differs by {d}");
+    }
+    let run = ["--nproc", "2", "--batch", "8", "--steps", "60"];
+    let (_, a) = train_gpu(&dir, "ddp-bf16", &run);
+    let (_, b) = train_gpu(&dir, "zero2-bf16", &[&run[..], &["--zero", "2"]].concat());
+    let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
+    for w in 0..3 {
+        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
+        assert!(
+            (mean(&la) - mean(&lb)).abs() < 0.02,
+            "window {w}: data parallel {} ZeRO-2 {}",
+            mean(&la),
+            mean(&lb)
+        );
+    }
+}

@@ -446,6 +446,56 @@ impl<'c> Lane<'c> {
         }
     }
 
+    /// In-place reduce-scatter of device memory on this lane's GPU that is
+    /// not a whole buffer (a view of part of one): the sum lands in this
+    /// rank's block of `buf`, the other blocks are left as they were or
+    /// overwritten (NCCL's in-place form). The caller keeps it on this GPU.
+    pub fn reduce_scatter_mem<T: Element>(
+        &mut self,
+        buf: &mut impl DeviceMem<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let c = self.mem_blocks("reduce_scatter", buf.dlen())?;
+        if c == 0 {
+            return Ok(());
+        }
+        let p = buf.dptr();
+        let mine = p + (self.rank * c * std::mem::size_of::<T>()) as u64;
+        // SAFETY: NCCL's in-place form (recv = send + rank * count) inside
+        // the `dlen` elements `buf` addresses; it outlives the operation.
+        unsafe {
+            self.nccl
+                .reduce_scatter(p, mine, c, T::DTYPE, op, self.stream)
+        }
+    }
+
+    /// In-place all-gather of device memory that is not a whole buffer:
+    /// this rank's block of `buf` is sent and every block filled in.
+    pub fn all_gather_mem<T: Element>(&mut self, buf: &mut impl DeviceMem<T>) -> Result<()> {
+        let c = self.mem_blocks("all_gather", buf.dlen())?;
+        if c == 0 {
+            return Ok(());
+        }
+        let p = buf.dptr();
+        let mine = p + (self.rank * c * std::mem::size_of::<T>()) as u64;
+        // SAFETY: NCCL's in-place form (send = recv + rank * count) inside
+        // the `dlen` elements `buf` addresses; it outlives the operation.
+        unsafe { self.nccl.all_gather(mine, p, c, T::DTYPE, self.stream) }
+    }
+
+    fn mem_blocks(&self, op: &str, len: usize) -> Result<usize> {
+        if len % self.size != 0 {
+            return Err(invalid(
+                op,
+                format!(
+                    "{len} elements do not split into {} equal blocks (one per rank)",
+                    self.size
+                ),
+            ));
+        }
+        Ok(len / self.size)
+    }
+
     /// All-to-all with equal blocks.
     pub fn all_to_all<T: Element>(
         &mut self,

@@ -603,6 +603,31 @@ impl GpuCommunicator {
         )
     }
 
+    /// In-place reduce-scatter of part of a buffer: the sum lands in this
+    /// rank's block of `buf` (which splits into one equal block per rank).
+    pub fn reduce_scatter_view<'a, T: Element>(
+        &'a self,
+        mut buf: DeviceViewMut<'a, T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        let count = buf.len() / self.size.max(1);
+        self.single("reduce_scatter", (count, T::DTYPE, Some(op), None), |l| {
+            l.reduce_scatter_mem(&mut buf, op)
+        })
+    }
+
+    /// In-place all-gather of part of a buffer: this rank's block of `buf`
+    /// is at its offset; every other block is filled in.
+    pub fn all_gather_view<'a, T: Element>(
+        &'a self,
+        mut buf: DeviceViewMut<'a, T>,
+    ) -> Result<DeviceWork<'a>> {
+        let count = buf.len() / self.size.max(1);
+        self.single("all_gather", (count, T::DTYPE, None, None), |l| {
+            l.all_gather_mem(&mut buf)
+        })
+    }
+
     /// In-place reduce-scatter: the result lands in this rank's block.
     pub fn reduce_scatter_in_place<'a, T: Element>(
         &'a self,

@@ -12,9 +12,9 @@
 //! timeout, so a dead or stuck peer becomes an error, not a hang.
 
 use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
-use super::host::count;
+use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
-use super::{Bucket, Collective, Drive, End, GradComm};
+use super::{block_of, Bucket, Collective, Drive, End, GradComm};
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
 use crate::strategy::CommStep;
@@ -272,6 +272,85 @@ impl Collective for DeviceCollective {
         step.via = "NCCL";
         Ok(step)
     }
+
+    fn reduce_scatter<'g>(
+        &self,
+        grads: DeviceWindow<'g, f32>,
+        buckets: &[Bucket],
+        drive: &mut Drive<'_, 'g, Gpu>,
+    ) -> Result<CommStep> {
+        let (n, rank) = (self.gpu.size(), self.gpu.rank());
+        let mut step = CommStep::default();
+        let mut works: Vec<DeviceWork<'_>> = Vec::new();
+        let result = drive(grads, &mut |i, part| {
+            let b = buckets
+                .get(i)
+                .ok_or_else(|| format!("bucket {i} was never planned"))?;
+            block_of(&(0..part.len()), rank, n)
+                .map_err(|e| format!("bucket {i} ({:?}): {e}", b.range))?;
+            count_half(&mut step, 4 * part.len() as u64, n);
+            works.push(
+                self.gpu
+                    .reduce_scatter_view(part, ReduceOp::Sum)
+                    .map_err(err)?,
+            );
+            Ok(())
+        });
+        // As in `reduce`: every bucket is waited for, also after a failure.
+        let waited = wait_all(works);
+        result?;
+        waited?;
+        step.via = "NCCL";
+        Ok(step)
+    }
+
+    fn all_gather_ranges(
+        &self,
+        flat: &mut DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<CommStep> {
+        let (n, rank) = (self.gpu.size(), self.gpu.rank());
+        let mut step = CommStep::default();
+        let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
+        sorted.sort_by_key(|r| r.start);
+        let mut window = flat.window();
+        let mut works: Vec<DeviceWork<'_>> = Vec::new();
+        let mut result = Ok(());
+        for r in sorted {
+            let part = block_of(r, rank, n).and_then(|_| {
+                Window::split_off_front(&mut window, r.start)?;
+                Window::split_off_front(&mut window, r.end)
+            });
+            let queued = part.and_then(|part| {
+                count_half(&mut step, 4 * part.len() as u64, n);
+                self.gpu.all_gather_view(part).map_err(err)
+            });
+            match queued {
+                Ok(w) => works.push(w),
+                Err(e) => {
+                    result = Err(format!("all-gather of {r:?} (ranges {ranges:?}): {e}"));
+                    break;
+                }
+            }
+        }
+        let waited = wait_all(works);
+        result?;
+        waited?;
+        step.via = "NCCL";
+        Ok(step)
+    }
+}
+
+/// Waits for every one of `works`; the first error, if any.
+fn wait_all(works: Vec<DeviceWork<'_>>) -> Result<()> {
+    let mut waited = Ok(());
+    for w in works {
+        let r = w.wait().map_err(err);
+        if waited.is_ok() {
+            waited = r;
+        }
+    }
+    waited
 }
 
 impl DeviceCollective {

@@ -10,23 +10,33 @@
 //! all-reduces per bucket block on the CPU).
 
 use super::powersgd::{self, HostOps, PowerSgdState};
-use super::{ring_wire_bytes, Bucket, Collective, Drive, End, GradComm};
+use super::{
+    block_of, ring_half_wire_bytes, ring_wire_bytes, Bucket, Collective, Drive, End, GradComm,
+};
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
 use crate::Result;
 use braid_comm::{Communicator, ReduceOp};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::Mutex;
 
 /// Host-memory collectives over a [`Communicator`].
 pub struct HostCollective {
     comm: Communicator,
+    /// Where a reduce-scatter session's sums land before they are copied
+    /// into the rank's blocks (kept between sessions).
+    scratch: Mutex<Vec<f32>>,
 }
 
 impl HostCollective {
     /// Collectives over `comm`.
     pub fn new(comm: Communicator) -> HostCollective {
-        HostCollective { comm }
+        HostCollective {
+            comm,
+            scratch: Mutex::new(Vec::new()),
+        }
     }
 }
 
@@ -151,6 +161,109 @@ impl Collective for HostCollective {
         }
         Ok(step)
     }
+
+    fn reduce_scatter<'g>(
+        &self,
+        grads: HostWindow<'g>,
+        buckets: &[Bucket],
+        drive: &mut Drive<'_, 'g, Host>,
+    ) -> Result<CommStep> {
+        let (n, rank) = (self.comm.size(), self.comm.rank());
+        let mut step = CommStep::default();
+        let need: usize = buckets.iter().map(|b| b.range.len() / n.max(1)).sum();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
+        }
+        // Each bucket's sum goes to its own slot of the scratch; the
+        // bucket itself is only read while the reductions run.
+        let mut free: &mut [f32] = &mut scratch[..];
+        let mut landed: Vec<(*mut f32, Range<usize>, usize)> = Vec::new();
+        let mut at = 0;
+        self.comm
+            .scope(|s| {
+                drive(grads, &mut |i, part: &'g mut [f32]| {
+                    let b = buckets
+                        .get(i)
+                        .ok_or_else(|| format!("bucket {i} was never planned"))?;
+                    let mine = block_of(&(0..part.len()), rank, n)
+                        .map_err(|e| format!("bucket {i} ({:?}): {e}", b.range))?;
+                    if free.len() < mine.len() {
+                        return Err(format!("bucket {i} was launched twice"));
+                    }
+                    let (slot, rest) = std::mem::take(&mut free).split_at_mut(mine.len());
+                    free = rest;
+                    let ptr = part.as_mut_ptr();
+                    // SAFETY: `part` is this session's exclusive borrow of
+                    // the bucket for 'g; from here until the scope has
+                    // waited for every reduction it is only read (as
+                    // `send`), and it is written again below only through
+                    // `ptr`, after the scope returned.
+                    let send: &'g [f32] = unsafe { std::slice::from_raw_parts(ptr, part.len()) };
+                    count_half(&mut step, 4 * send.len() as u64, n);
+                    let k = slot.len();
+                    let _ = s.reduce_scatter(send, slot, ReduceOp::Sum);
+                    landed.push((ptr, mine, at));
+                    at += k;
+                    Ok(())
+                })
+            })
+            .map_err(err)??;
+        for (ptr, mine, at) in landed {
+            // SAFETY: see above: the reductions are over, and `ptr`
+            // addresses the bucket, whose borrow lasts for 'g.
+            let block = unsafe { std::slice::from_raw_parts_mut(ptr.add(mine.start), mine.len()) };
+            block.copy_from_slice(&scratch[at..at + mine.len()]);
+        }
+        Ok(step)
+    }
+
+    fn all_gather_ranges(&self, flat: &mut Vec<f32>, ranges: &[Range<usize>]) -> Result<CommStep> {
+        let (n, rank) = (self.comm.size(), self.comm.rank());
+        let mut step = CommStep::default();
+        let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
+        sorted.sort_by_key(|r| r.start);
+        let mut sends = Vec::with_capacity(sorted.len());
+        for r in &sorted {
+            if r.end > flat.len() {
+                return Err(format!(
+                    "all-gather range {r:?} leaves the buffer of {}",
+                    flat.len()
+                ));
+            }
+            sends.push(flat[block_of(r, rank, n)?].to_vec());
+        }
+        // Disjoint slices of `flat`, one per range.
+        let mut rest: &mut [f32] = &mut flat[..];
+        let mut cut = 0;
+        let mut slots = Vec::with_capacity(sorted.len());
+        for r in &sorted {
+            if r.start < cut {
+                return Err(format!("all-gather ranges {ranges:?} overlap"));
+            }
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - cut);
+            let (slot, tail) = tail.split_at_mut(r.len());
+            rest = tail;
+            cut = r.end;
+            slots.push(slot);
+        }
+        self.comm
+            .scope(|s| {
+                for (send, slot) in sends.iter().zip(slots) {
+                    count_half(&mut step, 4 * slot.len() as u64, n);
+                    let _ = s.all_gather(send, slot);
+                }
+            })
+            .map_err(err)?;
+        Ok(step)
+    }
+}
+
+/// Counts a reduce-scatter or all-gather of `bytes` over `n` ranks.
+pub(crate) fn count_half(step: &mut CommStep, bytes: u64, n: usize) {
+    step.payload_bytes += bytes;
+    step.wire_bytes += ring_half_wire_bytes(bytes, n);
+    step.collectives += 1;
 }
 
 /// A plain session: each launched bucket is all-reduced (f32 sum).

@@ -155,6 +155,50 @@ pub trait Collective {
         hooks: &mut Self::Hooks,
         drive: &mut Drive<'_, 'g, Self::Space>,
     ) -> Result<CommStep>;
+
+    /// A reduce-scatter session (ZeRO's): like [`reduce`](Self::reduce),
+    /// but each launched bucket, which splits into one equal block per
+    /// rank, is summed over the ranks and only this rank's block of the
+    /// sum is kept, in place ([`block_of`]); the bucket's other elements
+    /// hold nothing meaningful afterwards. f32 sums, no hooks.
+    fn reduce_scatter<'g>(
+        &self,
+        grads: <Self::Space as Space>::Window<'g>,
+        buckets: &[Bucket],
+        drive: &mut Drive<'_, 'g, Self::Space>,
+    ) -> Result<CommStep>;
+
+    /// Fills each of `ranges` of `flat` (each splitting into one equal
+    /// block per rank) with every rank's block of it: rank `i` sends its
+    /// block `i` (an all-gather in place per range). Returns what was sent.
+    fn all_gather_ranges(
+        &self,
+        flat: &mut <Self::Space as Space>::Flat,
+        ranges: &[Range<usize>],
+    ) -> Result<CommStep>;
+}
+
+/// What `n` ranks send for a reduce-scatter or an all-gather of `bytes`
+/// by ring (`(n-1)/n`).
+pub(crate) fn ring_half_wire_bytes(bytes: u64, n: usize) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    bytes * (n as u64 - 1) / n as u64
+}
+
+/// Rank `rank`'s block of `range` split into `n` equal blocks, or why
+/// not (the range does not split evenly).
+pub fn block_of(range: &Range<usize>, rank: usize, n: usize) -> Result<Range<usize>> {
+    if n == 0 || range.len() % n != 0 {
+        return Err(format!(
+            "elements {range:?} ({}) do not split into {n} equal blocks, one per rank (shard \
+             groups need a layout padded to a multiple of their size)",
+            range.len()
+        ));
+    }
+    let k = range.len() / n;
+    Ok(range.start + rank * k..range.start + (rank + 1) * k)
 }
 
 /// What `n` ranks send for an all-reduce of `bytes` by ring (`2(n-1)/n`).

@@ -63,7 +63,23 @@ pub struct DataParallel<C: Collective> {
     last: CommStep,
 }
 
-fn mib(x: f64) -> usize {
+/// Makes every rank's engine start from rank 0's parameters, after
+/// checking that the engines describe the same model; then compares
+/// checksums. Returns the number of parameters.
+pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
+    comm: &C,
+    engine: &mut E,
+) -> Result<usize> {
+    agree::same_description(comm.host(), &engine.describe())?;
+    comm.broadcast(engine.params_mut(), 0)?;
+    engine.params_changed()?;
+    let host = comm.to_host(engine.params())?;
+    agree::same_checksum(comm.host(), &host)?;
+    Ok(host.len())
+}
+
+/// `x` MiB in bytes (at least one f32).
+pub(crate) fn mib(x: f64) -> usize {
     (x * (1u64 << 20) as f64).max(4.0) as usize
 }
 
@@ -136,31 +152,71 @@ impl<C: Collective> DataParallel<C> {
             (Some(p), Some(h)) => (p, h),
             _ => return Err("data parallel: backward before start (call start first)".into()),
         };
-        let units = plan.after_unit.len();
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
-        let step = comm.reduce(window, &plan.buckets, hooks, &mut |mut w, launch| {
-            for u in 0..units {
-                if compute {
-                    engine.backward_unit(u, &mut w)?;
-                }
-                if overlap {
-                    for &b in &plan.after_unit[u] {
-                        start_bucket::<E::Space>(&plan.buckets[b], b, &mut w, launch)?;
-                    }
-                }
-            }
-            computed = Some(timeline.mark(engine.stream())?);
-            if !overlap {
-                for (b, bucket) in plan.buckets.iter().enumerate() {
-                    start_bucket::<E::Space>(bucket, b, &mut w, launch)?;
-                }
-            }
+        let step = comm.reduce(window, &plan.buckets, hooks, &mut |w, launch| {
+            computed = Some(run_units(
+                engine, plan, w, launch, timeline, compute, overlap,
+            )?);
             Ok(())
         })?;
         self.last = step;
         computed.ok_or_else(|| "data parallel: the backward pass did not run".into())
     }
+}
+
+/// The body of a reduction session: runs the engine's backward units into
+/// the window `w` (unless `compute` is false: the gradients are already
+/// there) and launches each bucket of `plan` after its last unit (or all
+/// after the pass, without `overlap`). Returns the timeline's mark of the
+/// end of the computation.
+pub(crate) fn run_units<'g, E: Engine>(
+    engine: &mut E,
+    plan: &BucketPlan,
+    mut w: <E::Space as Space>::Window<'g>,
+    launch: &mut Launch<'_, 'g, E::Space>,
+    timeline: &mut Timeline,
+    compute: bool,
+    overlap: bool,
+) -> Result<usize> {
+    for u in 0..plan.after_unit.len() {
+        if compute {
+            engine.backward_unit(u, &mut w)?;
+        }
+        if overlap {
+            for &b in &plan.after_unit[u] {
+                start_bucket::<E::Space>(&plan.buckets[b], b, &mut w, launch)?;
+            }
+        }
+    }
+    let computed = timeline.mark(engine.stream())?;
+    if !overlap {
+        for (b, bucket) in plan.buckets.iter().enumerate() {
+            start_bucket::<E::Space>(bucket, b, &mut w, launch)?;
+        }
+    }
+    Ok(computed)
+}
+
+/// The median of five runs of `session` (a reduction session over
+/// gradients already computed) on the engine's clock, with nothing else
+/// queued: what a strategy's communication costs when nothing overlaps it.
+pub(crate) fn time_sessions<E: Engine>(
+    engine: &mut E,
+    session: &mut dyn FnMut(&mut E, &mut Timeline) -> Result<()>,
+) -> Result<Option<f64>> {
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        engine.synchronize()?;
+        let mut tl = Timeline::new();
+        let a = tl.mark(engine.stream())?;
+        session(engine, &mut tl)?;
+        let b = tl.mark(engine.stream())?;
+        engine.synchronize()?;
+        times.push(tl.seconds(a, b)?);
+    }
+    times.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+    Ok(Some(times[times.len() / 2]))
 }
 
 /// Splits bucket `b` off the window and starts its reduction.
@@ -195,12 +251,7 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
-        agree::same_description(self.comm.host(), &engine.describe())?;
-        self.comm.broadcast(engine.params_mut(), 0)?;
-        engine.params_changed()?;
-        let host = self.comm.to_host(engine.params())?;
-        agree::same_checksum(self.comm.host(), &host)?;
-        let len = host.len();
+        let len = replicate(&self.comm, engine)?;
         let plan = buckets::plan(
             &engine.units(),
             len,
@@ -239,17 +290,8 @@ where
     }
 
     fn time_unoverlapped(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<Option<f64>> {
-        let mut times = Vec::new();
-        for _ in 0..5 {
-            engine.synchronize()?;
-            let mut tl = Timeline::new();
-            let a = tl.mark(engine.stream())?;
-            self.session(engine, grads, &mut tl, false)?;
-            let b = tl.mark(engine.stream())?;
-            engine.synchronize()?;
-            times.push(tl.seconds(a, b)?);
-        }
-        times.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
-        Ok(Some(times[times.len() / 2]))
+        time_sessions(engine, &mut |engine, tl| {
+            self.session(engine, grads, tl, false).map(|_| ())
+        })
     }
 }

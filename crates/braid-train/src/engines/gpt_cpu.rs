@@ -2,7 +2,7 @@
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
 use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, Unit, UpdateStep};
+use crate::engine::{check_shard, Engine, Matrix, StateBytes, Unit, UpdateStep};
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
@@ -193,6 +193,22 @@ impl Engine for CpuGpt {
 
     fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
         Ok(sum_of_squares(grads))
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        StateBytes {
+            params: 4 * self.params.data.len() as u64,
+            optimizer: self.opt.state_bytes() as u64,
+            ..Default::default()
+        }
+    }
+
+    fn grad_sq_norm_of(&mut self, grads: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        check_shard(ranges, grads.len())?;
+        Ok(ranges
+            .iter()
+            .map(|r| sum_of_squares(&grads[r.clone()]))
+            .sum())
     }
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {

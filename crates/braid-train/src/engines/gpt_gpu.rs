@@ -4,7 +4,7 @@
 //! collectives order themselves after it), AdamW in one launch.
 
 use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, Unit, UpdateStep};
+use crate::engine::{check_shard, Engine, Matrix, StateBytes, Unit, UpdateStep};
 use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::zero_async;
@@ -282,6 +282,42 @@ impl Engine for GpuGpt {
         }
         .map_err(e)?;
         Ok(norm * norm)
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        let f32s = 4 * self.p.len() as u64;
+        let optimizer = 4 * (self.m.len() + self.v.len()) as u64;
+        match &self.model {
+            Model::F32(_) => StateBytes {
+                params: f32s,
+                optimizer,
+                ..Default::default()
+            },
+            Model::Mixed(_, pb) => StateBytes {
+                params: pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
+                master: f32s,
+                optimizer,
+                grads: 0,
+            },
+        }
+    }
+
+    fn grad_sq_norm_of(
+        &mut self,
+        grads: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        check_shard(ranges, grads.len())?;
+        let (k, s) = match &self.model {
+            Model::F32(m) => (m.kernels(), m.stream()),
+            Model::Mixed(m, _) => (m.kernels(), m.stream()),
+        };
+        let mut sum = 0.0;
+        for r in ranges {
+            let norm = k.global_norm(s, &grads.view(r.clone())).map_err(e)?;
+            sum += norm * norm;
+        }
+        Ok(sum)
     }
 
     fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {

@@ -4,7 +4,7 @@
 //! `braid launch`, torchrun or SLURM each process is one rank) — and
 //! sampling from a saved model.
 
-use super::train_output::{print_summary, write_json, Progress};
+use super::train_output::{print_state, print_summary, write_json, Progress};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
 use braid_model::checkpoint;
@@ -15,6 +15,7 @@ use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
 use braid_train::ddp::{DataParallel, DdpOptions};
 use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
+use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::{train, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
@@ -128,6 +129,16 @@ pub struct TrainArgs {
     /// bucket during it (to measure what the overlap saves).
     #[arg(long)]
     no_overlap: bool,
+    /// Shard the optimizer over the ranks, ZeRO stage 1 (AdamW state and
+    /// master weights' updates sharded; gradients reduce-scattered after
+    /// the backward pass) or 2 (reduce-scattered bucket by bucket during
+    /// it); parameters are all-gathered after every update. Stage 3 is not
+    /// built yet.
+    #[arg(long, value_name = "STAGE")]
+    zero: Option<u8>,
+    /// FSDP: an alias of --zero 3.
+    #[arg(long)]
+    fsdp: bool,
     /// GPU, bf16: run the weight gradients of the first N layers after the
     /// embeddings' backward, so that the embeddings' gradient reduction
     /// (the largest, and final only at the end) overlaps them (default: 2
@@ -174,6 +185,57 @@ fn tokenizer_for(
         None => Ok(Tokenizer::Gpt2),
     }
 }
+
+/// ZeRO's settings: `stage`, and the data-parallel buckets.
+fn zero_options(stage: u8, ddp: &DdpOptions) -> ZeroOptions {
+    ZeroOptions {
+        stage,
+        bucket_cap_mb: ddp.bucket_cap_mb,
+        first_bucket_mb: ddp.first_bucket_mb,
+    }
+}
+
+/// The ZeRO stage asked for (`--zero`, `--fsdp`), checked against the
+/// rest of the run.
+fn zero_stage(a: &TrainArgs, grad_comm: GradComm) -> Result<Option<u8>, String> {
+    let stage = match (a.zero, a.fsdp) {
+        (None, false) => return Ok(None),
+        (Some(s), true) if s != 3 => {
+            return Err(format!(
+                "--zero {s} with --fsdp: --fsdp means --zero 3 (give one of them)"
+            ))
+        }
+        (_, true) => 3,
+        (Some(s), false) => s,
+    };
+    match stage {
+        1 | 2 => {}
+        3 => {
+            return Err(
+                "--zero 3 / --fsdp: ZeRO stage 3 (sharded parameters) is not built yet; \
+                 use --zero 1 or --zero 2"
+                    .into(),
+            )
+        }
+        s => return Err(format!("--zero {s}: expected 1, 2 or 3")),
+    }
+    if grad_comm != GradComm::Plain {
+        return Err(format!(
+            "--zero {stage} with --grad-comm {}: ZeRO reduce-scatters f32 gradients (drop --grad-comm)",
+            a.grad_comm
+        ));
+    }
+    if a.defer_layers.is_some_and(|n| n > 0) {
+        return Err(format!(
+            "--zero {stage} with --defer-layers: ZeRO's buckets hold whole layers (drop --defer-layers)"
+        ));
+    }
+    Ok(Some(stage))
+}
+
+/// Under ZeRO every rank's block of a layout block starts at a multiple of
+/// this many elements (256 bytes of f32).
+const ZERO_ALIGN: usize = 64;
 
 /// How many layers defer their weight gradients (`--defer-layers`; by
 /// default 2 in bf16 when data-parallel, so the embeddings' reduction
@@ -263,6 +325,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         return Err("--device cuda trains with adamw only (so far)".into());
     }
     let grad_comm = GradComm::parse(&a.grad_comm)?;
+    let zero = zero_stage(&a, grad_comm)?;
     let world = world()?;
     if let (Some(n), None) = (a.nproc, &world) {
         if n == 0 {
@@ -283,6 +346,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     }
     let ranks = world.as_ref().map_or(1, |w| w.world_size);
     let rank = world.as_ref().map_or(0, |w| w.rank);
+    if let (Some(stage), 1) = (zero, ranks) {
+        return Err(format!(
+            "--zero {stage} shards over the ranks, and this run has one: start several \
+             (--nproc N, or braid launch)"
+        ));
+    }
     let lead = rank == 0;
     if let Some(w) = &world {
         if cuda {
@@ -313,6 +382,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             g / per
         }
     };
+    // ZeRO's buckets hold whole layers: no deferred weight gradients.
+    let defer_for = |layers| match zero {
+        Some(_) => 0,
+        None => defer_layers(a.defer_layers, precision, ranks, layers),
+    };
     let shape = super::preflight::Shape {
         model: &a.model,
         seq: a.seq,
@@ -333,12 +407,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 let local = braid_core::world::local_rank_from_env().unwrap_or(0);
                 let dev =
                     braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-                let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
+                let defer = defer_for(cfg.n_layer);
                 super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
             }
             (Params::init_gpt2(Arc::new(Layout::new(&cfg)), a.seed), None)
         }
     };
+    if zero.is_some() {
+        // Every block splits into one equal, aligned block per rank.
+        let padded = Layout::padded(&params.layout.config, ZERO_ALIGN * ranks);
+        params = params.relayout(Arc::new(padded))?;
+    }
     let cfg = params.layout.config;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
@@ -426,10 +505,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             None => {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
-            Some(c) => {
-                let mut s = DataParallel::new(HostCollective::new(c), ddp);
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-            }
+            Some(c) => match zero {
+                Some(stage) => {
+                    let mut s = Zero::new(HostCollective::new(c), zero_options(stage, &ddp))?;
+                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+                }
+                None => {
+                    let mut s = DataParallel::new(HostCollective::new(c), ddp);
+                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+                }
+            },
         };
         params = engine.into_params();
         run
@@ -454,7 +539,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 if ranks > 1 { ", one GPU per rank" } else { "" }
             );
         }
-        let defer = defer_layers(a.defer_layers, precision, ranks, cfg.n_layer);
+        let defer = defer_for(cfg.n_layer);
         let plan = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
         if lead && plan.estimate > 0 {
             let mut lean = Vec::new();
@@ -495,10 +580,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             None => {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
-            Some(g) => {
-                let mut s = DataParallel::new(DeviceCollective::new(g)?, ddp);
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-            }
+            Some(g) => match zero {
+                Some(stage) => {
+                    let c = DeviceCollective::new(g)?;
+                    let mut s = Zero::new(c, zero_options(stage, &ddp))?;
+                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+                }
+                None => {
+                    let mut s = DataParallel::new(DeviceCollective::new(g)?, ddp);
+                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
+                }
+            },
         };
         if lead {
             if let Some(report) = engine.profile_report() {
@@ -518,6 +610,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cuda.then_some(precision),
             ranks,
         );
+        print_state(&run, &cfg, zero.unwrap_or(0), ranks);
         if let Some(path) = &a.json {
             write_json(path, &run, summary.as_ref())?;
         }

@@ -5,6 +5,7 @@
 use braid_model::GptConfig;
 use braid_train::engines::Precision;
 use braid_train::summary::{summarize, Summary};
+use braid_train::zero::paper_bytes;
 use braid_train::{RunReport, StepReport};
 use std::path::Path;
 use std::time::Instant;
@@ -112,6 +113,39 @@ pub fn print_summary(
     Some(s)
 }
 
+/// Prints the model state this rank held beside ZeRO's formula for
+/// `stage` (0: data parallel or one process) over `ranks`.
+pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
+    let st = run.state;
+    if st.total() == 0 {
+        return;
+    }
+    let psi = cfg.num_params() as u64;
+    let per = |b: u64| b as f64 / psi as f64;
+    let mb = |b: u64| b as f64 / 1e6;
+    let (formula, name) = paper_bytes(psi, stage, ranks as u64);
+    let master = match st.master {
+        0 => String::new(),
+        m => format!(" + f32 master weights {:.1} MB", mb(m)),
+    };
+    println!(
+        "model states per rank: parameters {:.1} MB{master} | gradients {:.1} MB | optimizer state \
+         {:.1} MB = {:.1} MB, {:.2} bytes per parameter; ZeRO's formula{} ({name}, Ψ = {psi}, N = {ranks}): \
+         {:.2} bytes per parameter (measured / formula {:.2})",
+        mb(st.params),
+        mb(st.grads),
+        mb(st.optimizer),
+        mb(st.total()),
+        per(st.total()),
+        match stage {
+            0 => String::new(),
+            s => format!(" for stage {s}"),
+        },
+        per(formula),
+        st.total() as f64 / formula as f64,
+    );
+}
+
 /// Writes every step and the summary as JSON to `path`.
 pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Result<(), String> {
     let rows: Vec<serde_json::Value> = run
@@ -126,9 +160,12 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
                 "comm_wire_bytes": r.comm.wire_bytes})
         })
         .collect();
+    let st = run.state;
     let doc = serde_json::json!({
         "steps": rows,
         "summary": summary.map(|s| s.to_json()),
+        "model_state_bytes": {"params": st.params, "master": st.master, "grads": st.grads,
+            "optimizer": st.optimizer, "total": st.total()},
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))

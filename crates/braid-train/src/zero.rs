@@ -1,0 +1,253 @@
+//! ZeRO stages 1 and 2 ([`Zero`]): data parallelism whose ranks each own a
+//! slice of the optimizer.
+//!
+//! Every rank holds the whole model for its forward and backward passes,
+//! as under [`DataParallel`](crate::ddp::DataParallel). The gradient
+//! buckets are those of data parallelism; each splits into one equal
+//! block per rank (the engine's layout is padded so that they do, see
+//! [`braid_model::Layout::padded`]), and rank `r` owns block `r` of every
+//! bucket: its *shard*. The optimizer keeps master weights' state for the
+//! shard only ([`Engine::shard_optimizer`]), so AdamW's two moments cost
+//! `8Ψ/N` bytes per rank instead of `8Ψ`.
+//!
+//! Per step:
+//! - backward: buckets are reduce-scattered instead of all-reduced (each
+//!   rank receives the sum of its own blocks only: half an all-reduce's
+//!   traffic). Stage 1 starts them after the backward pass; stage 2 as
+//!   soon as each bucket is final, overlapping the pass;
+//! - clipping: each rank sums the squares of its shard of the gradients
+//!   and the ranks add those up ([`Strategy::grad_sq_norm`]);
+//! - update: each rank updates its shard of the parameters;
+//! - after the update: every bucket's parameters are all-gathered from
+//!   the ranks that own them (the other half of an all-reduce's traffic),
+//!   and the engine refreshes what derives from them (bf16 copies).
+//!
+//! The arithmetic per element is data parallelism's: the same sums of the
+//! same gradients (in the order the collective adds them), the same AdamW,
+//! so parameters agree with a data-parallel run within summation order.
+//!
+//! What is not sharded yet: the gradient buffer (stage 2 keeps only the
+//! shard's sums meaningful, but the buffer is still whole) and the
+//! parameters themselves (stage 3).
+
+use crate::collective::{block_of, Collective};
+use crate::ddp::buckets::{self, BucketPlan};
+use crate::ddp::{mib, replicate, run_units, time_sessions};
+use crate::engine::{Engine, Flat};
+use crate::space::Space;
+use crate::strategy::{CommStep, Strategy};
+use crate::timeline::Timeline;
+use crate::Result;
+use braid_comm::ReduceOp;
+use std::ops::Range;
+
+/// ZeRO's model-state bytes per rank for `psi` parameters over `n` ranks
+/// at `stage` (0: plain data parallelism), as the paper counts them
+/// (Rajbhandari et al. 2020: mixed precision, bf16/fp16 parameters and
+/// gradients, 12 bytes of f32 master weights and Adam moments):
+/// 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. The formula's name comes with it.
+pub fn paper_bytes(psi: u64, stage: u8, n: u64) -> (u64, &'static str) {
+    let n = n.max(1);
+    match stage {
+        0 => (16 * psi, "16Ψ"),
+        1 => (4 * psi + 12 * psi / n, "4Ψ + 12Ψ/N"),
+        2 => (2 * psi + 14 * psi / n, "2Ψ + 14Ψ/N"),
+        _ => (16 * psi / n, "16Ψ/N"),
+    }
+}
+
+/// ZeRO settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroOptions {
+    /// 1 or 2 (see the [module docs](self)).
+    pub stage: u8,
+    /// Cap of every bucket after the first, in MiB.
+    pub bucket_cap_mb: f64,
+    /// Cap of the first bucket, in MiB.
+    pub first_bucket_mb: f64,
+}
+
+impl Default for ZeroOptions {
+    fn default() -> Self {
+        ZeroOptions {
+            stage: 2,
+            bucket_cap_mb: 25.0,
+            first_bucket_mb: 1.0,
+        }
+    }
+}
+
+/// The ZeRO strategy (stages 1 and 2) over collectives `C`.
+pub struct Zero<C: Collective> {
+    comm: C,
+    opts: ZeroOptions,
+    plan: Option<BucketPlan>,
+    /// This rank's block of every bucket, increasing.
+    shard: Vec<Range<usize>>,
+    last: CommStep,
+}
+
+impl<C: Collective> Zero<C> {
+    /// ZeRO over `comm` with `opts`; a stage other than 1 or 2 is refused.
+    pub fn new(comm: C, opts: ZeroOptions) -> Result<Self> {
+        if !(1..=2).contains(&opts.stage) {
+            return Err(format!(
+                "ZeRO stage {}: this strategy runs stages 1 and 2",
+                opts.stage
+            ));
+        }
+        Ok(Zero {
+            comm,
+            opts,
+            plan: None,
+            shard: Vec::new(),
+            last: CommStep::default(),
+        })
+    }
+
+    /// The elements of the flat buffer this rank's optimizer owns (after
+    /// [`Strategy::start`]).
+    pub fn shard(&self) -> &[Range<usize>] {
+        &self.shard
+    }
+
+    /// One line: stage, ranks, backend, buckets.
+    pub fn describe(&self) -> String {
+        let n = self.comm.size();
+        format!(
+            "ZeRO stage {} over {n} ranks ({}): optimizer state sharded (1/{n} per rank), \
+             gradients reduce-scattered {}, parameters all-gathered after the update; \
+             buckets {} MiB (first {} MiB)",
+            self.opts.stage,
+            self.comm.backend(),
+            match self.opts.stage {
+                1 => "after the backward pass",
+                _ => "per bucket as the backward pass finishes it",
+            },
+            self.opts.bucket_cap_mb,
+            self.opts.first_bucket_mb,
+        )
+    }
+
+    /// The reduce-scatter session of one backward pass (see
+    /// [`run_units`]).
+    fn session<E: Engine<Space = C::Space>>(
+        &mut self,
+        engine: &mut E,
+        grads: &mut Flat<E>,
+        timeline: &mut Timeline,
+        compute: bool,
+    ) -> Result<usize> {
+        let overlap = self.opts.stage >= 2;
+        let plan = self
+            .plan
+            .as_ref()
+            .ok_or("ZeRO: backward before start (call start first)")?;
+        let mut computed = None;
+        let window = <E::Space as Space>::window(grads);
+        let step = self
+            .comm
+            .reduce_scatter(window, &plan.buckets, &mut |w, launch| {
+                computed = Some(run_units(
+                    engine, plan, w, launch, timeline, compute, overlap,
+                )?);
+                Ok(())
+            })?;
+        self.last = step;
+        computed.ok_or_else(|| "ZeRO: the backward pass did not run".into())
+    }
+}
+
+impl<C, E> Strategy<E> for Zero<C>
+where
+    C: Collective,
+    E: Engine<Space = C::Space>,
+{
+    fn describe(&self) -> String {
+        Zero::describe(self)
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn replicas(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn start(&mut self, engine: &mut E) -> Result<()> {
+        let len = replicate(&self.comm, engine)?;
+        let plan = buckets::plan(
+            &engine.units(),
+            len,
+            mib(self.opts.first_bucket_mb),
+            mib(self.opts.bucket_cap_mb),
+            &[],
+        )?;
+        let (rank, n) = (self.comm.rank(), self.comm.size());
+        let mut shard = Vec::with_capacity(plan.buckets.len());
+        for b in &plan.buckets {
+            shard.push(block_of(&b.range, rank, n).map_err(|e| format!("ZeRO: bucket {e}"))?);
+        }
+        shard.sort_by_key(|r| r.start);
+        engine
+            .shard_optimizer(&shard)
+            .map_err(|e| format!("ZeRO: {e}"))?;
+        self.shard = shard;
+        self.plan = Some(plan);
+        Ok(())
+    }
+
+    fn backward(
+        &mut self,
+        engine: &mut E,
+        grads: &mut Flat<E>,
+        timeline: &mut Timeline,
+    ) -> Result<usize> {
+        self.session(engine, grads, timeline, true)
+    }
+
+    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        Ok(())
+    }
+
+    fn grad_sq_norm(&mut self, engine: &mut E, grads: &Flat<E>) -> Result<f64> {
+        let mut sum = [engine.grad_sq_norm_of(grads, &self.shard)?];
+        self.comm
+            .host()
+            .all_reduce(&mut sum, ReduceOp::Sum)
+            .map_err(|e| format!("ZeRO: the gradient norm: {e}"))?;
+        Ok(sum[0])
+    }
+
+    fn after_update(&mut self, engine: &mut E) -> Result<()> {
+        let plan = self
+            .plan
+            .as_ref()
+            .ok_or("ZeRO: update before start (call start first)")?;
+        let ranges: Vec<Range<usize>> = plan.buckets.iter().map(|b| b.range.clone()).collect();
+        let gathered = self.comm.all_gather_ranges(engine.params_mut(), &ranges)?;
+        engine.params_changed()?;
+        self.last.payload_bytes += gathered.payload_bytes;
+        self.last.wire_bytes += gathered.wire_bytes;
+        self.last.collectives += gathered.collectives;
+        Ok(())
+    }
+
+    fn mean(&mut self, values: &mut [f64]) -> Result<()> {
+        self.comm
+            .host()
+            .all_reduce(values, ReduceOp::Avg)
+            .map_err(|e| e.to_string())
+    }
+
+    fn last_step(&self) -> CommStep {
+        self.last
+    }
+
+    fn time_unoverlapped(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<Option<f64>> {
+        time_sessions(engine, &mut |engine, tl| {
+            self.session(engine, grads, tl, false).map(|_| ())
+        })
+    }
+}

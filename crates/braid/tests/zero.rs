@@ -1,0 +1,132 @@
+//! ZeRO (stages 1 and 2) through the real binary: worker processes over
+//! shared memory or TCP, each owning a shard of the optimizer, checked
+//! against data parallelism and one process on the whole batch.
+
+mod common;
+
+use braid_model::checkpoint;
+use common::{braid, max_diff, run, Finished, TempDir};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Stated tolerance, as for data parallelism: after 20 AdamW steps at lr
+/// 3e-3 (parameters move by up to ~0.06) ZeRO's parameters agree with one
+/// process's within this. Against data parallelism over the same ranks
+/// the sums are the collective's in both, so the tolerance is the same
+/// (the norm's sum over shards is the one difference in order).
+const TOLERANCE: f32 = 1e-4;
+
+/// `braid train` on the tiny model, 20 steps, saving the parameters.
+fn train(dir: &TempDir, name: &str, args: &[&str], env: &[(&str, &str)]) -> (PathBuf, Finished) {
+    let model = dir.path().join(format!("{name}.safetensors"));
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--seq",
+        "32",
+        "--eval-every",
+        "0",
+        "--seed",
+        "11",
+        "--steps",
+        "20",
+        "--grad-clip",
+        "1.0",
+    ]);
+    cmd.args(args).arg("--save").arg(&model);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let f = run(cmd, LIMIT);
+    assert_eq!(f.code, Some(0), "{name}: {f:?}");
+    (model, f)
+}
+
+fn params(path: &Path) -> Vec<f32> {
+    checkpoint::load(path).expect("checkpoint").0.data
+}
+
+#[test]
+fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
+    let dir = TempDir::new("zero-equal");
+    let (one, _) = train(&dir, "one", &["--batch", "8"], &[]);
+    let reference = params(&one);
+    let (ddp, _) = train(&dir, "ddp2", &["--nproc", "2", "--batch", "4"], &[]);
+    let ddp = params(&ddp);
+    for (name, args, env) in [
+        (
+            "z1-shm2",
+            &["--nproc", "2", "--batch", "4", "--zero", "1"][..],
+            &[][..],
+        ),
+        (
+            "z2-shm2",
+            &["--nproc", "2", "--batch", "4", "--zero", "2"][..],
+            &[][..],
+        ),
+        (
+            "z2-tcp2",
+            &["--nproc", "2", "--batch", "4", "--zero", "2"][..],
+            &[("BRAID_BACKEND", "tcp")][..],
+        ),
+        (
+            "z1-shm4",
+            &["--nproc", "4", "--batch", "2", "--zero", "1"][..],
+            &[][..],
+        ),
+        (
+            "z2-tcp4",
+            &["--nproc", "4", "--batch", "2", "--zero", "2"][..],
+            &[("BRAID_BACKEND", "tcp")][..],
+        ),
+    ] {
+        let (path, f) = train(&dir, name, args, env);
+        let (stage, backend, n) = (&name[1..2], &name[3..6], &name[6..]);
+        assert!(
+            f.stdout
+                .contains(&format!("ZeRO stage {stage} over {n} ranks ({backend})")),
+            "{name}: {}",
+            f.stdout
+        );
+        let got = params(&path);
+        let d = max_diff(&reference, &got);
+        assert!(
+            d <= TOLERANCE,
+            "{name}: parameters differ from one process by {d} (tolerance {TOLERANCE})"
+        );
+        if n == "2" {
+            let d = max_diff(&ddp, &got);
+            assert!(
+                d <= TOLERANCE,
+                "{name}: parameters differ from data parallelism by {d} (tolerance {TOLERANCE})"
+            );
+        }
+    }
+}
+
+#[test]
+fn impossible_zero_setups_are_refused_at_start() {
+    for (args, want) in [
+        (&["--zero", "3"][..], "not built yet"),
+        (&["--fsdp"][..], "not built yet"),
+        (&["--zero", "7"][..], "expected 1, 2 or 3"),
+        (&["--zero", "1", "--fsdp"][..], "--fsdp means --zero 3"),
+        (&["--zero", "2"][..], "start several"),
+        (
+            &["--zero", "2", "--nproc", "2", "--grad-comm", "bf16"][..],
+            "drop --grad-comm",
+        ),
+        (
+            &["--zero", "1", "--nproc", "2", "--defer-layers", "1"][..],
+            "drop --defer-layers",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.arg("train").args(args);
+        let f = run(cmd, Duration::from_secs(60));
+        assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
+        assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
+    }
+}
