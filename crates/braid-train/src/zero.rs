@@ -26,6 +26,13 @@
 //! same gradients (in the order the collective adds them), the same AdamW,
 //! so parameters agree with a data-parallel run within summation order.
 //!
+//! Hybrid sharding ([`ZeroOptions::shard_group`], HSDP): the ranks form
+//! groups of consecutive ranks (a node each); the optimizer is sharded
+//! within a group, and the ranks at the same place in every group are
+//! replicas of one another: after the reduce-scatter inside the group,
+//! each rank's blocks are all-reduced among its replicas (a 2-D mesh of
+//! two [`Collective::split`]s).
+//!
 //! What is not sharded yet: the gradient buffer (stage 2 keeps only the
 //! shard's sums meaningful, but the buffer is still whole) and the
 //! parameters themselves (stage 3).
@@ -42,16 +49,22 @@ use braid_comm::ReduceOp;
 use std::ops::Range;
 
 /// ZeRO's model-state bytes per rank for `psi` parameters over `n` ranks
-/// at `stage` (0: plain data parallelism), as the paper counts them
-/// (Rajbhandari et al. 2020: mixed precision, bf16/fp16 parameters and
-/// gradients, 12 bytes of f32 master weights and Adam moments):
-/// 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. The formula's name comes with it.
-pub fn paper_bytes(psi: u64, stage: u8, n: u64) -> (u64, &'static str) {
+/// at `stage` (0: plain data parallelism), with the formula's name.
+///
+/// `mixed`: the paper's count (Rajbhandari et al. 2020): 2-byte
+/// parameters and gradients, 12 bytes of f32 master weights and Adam
+/// moments — 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Otherwise the same
+/// partitioning of f32 training, where the parameters are the master
+/// weights (4-byte parameters and gradients, 8 bytes of moments): 16Ψ,
+/// 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N.
+pub fn paper_bytes(psi: u64, stage: u8, n: u64, mixed: bool) -> (u64, &'static str) {
     let n = n.max(1);
-    match stage {
-        0 => (16 * psi, "16Ψ"),
-        1 => (4 * psi + 12 * psi / n, "4Ψ + 12Ψ/N"),
-        2 => (2 * psi + 14 * psi / n, "2Ψ + 14Ψ/N"),
+    match (stage, mixed) {
+        (0, _) => (16 * psi, "16Ψ"),
+        (1, true) => (4 * psi + 12 * psi / n, "4Ψ + 12Ψ/N"),
+        (2, true) => (2 * psi + 14 * psi / n, "2Ψ + 14Ψ/N"),
+        (1, false) => (8 * psi + 8 * psi / n, "8Ψ + 8Ψ/N in f32"),
+        (2, false) => (4 * psi + 12 * psi / n, "4Ψ + 12Ψ/N in f32"),
         _ => (16 * psi / n, "16Ψ/N"),
     }
 }
@@ -65,6 +78,10 @@ pub struct ZeroOptions {
     pub bucket_cap_mb: f64,
     /// Cap of the first bucket, in MiB.
     pub first_bucket_mb: f64,
+    /// Hybrid sharding (HSDP): shard within groups of this many
+    /// consecutive ranks (a node) and replicate across the groups; `None`
+    /// or the world size: one group.
+    pub shard_group: Option<usize>,
 }
 
 impl Default for ZeroOptions {
@@ -73,13 +90,18 @@ impl Default for ZeroOptions {
             stage: 2,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
+            shard_group: None,
         }
     }
 }
 
 /// The ZeRO strategy (stages 1 and 2) over collectives `C`.
 pub struct Zero<C: Collective> {
+    /// Every rank (the start's broadcast, losses).
     comm: C,
+    /// Hybrid sharding: the rank's shard group and its replicas (the
+    /// ranks at the same place in the other groups).
+    hybrid: Option<(C, C)>,
     opts: ZeroOptions,
     plan: Option<BucketPlan>,
     /// This rank's block of every bucket, increasing.
@@ -88,7 +110,9 @@ pub struct Zero<C: Collective> {
 }
 
 impl<C: Collective> Zero<C> {
-    /// ZeRO over `comm` with `opts`; a stage other than 1 or 2 is refused.
+    /// ZeRO over `comm` with `opts` (every rank calls it: hybrid
+    /// sharding splits the communicator); a stage other than 1 or 2, or a
+    /// shard group that does not divide the ranks, is refused.
     pub fn new(comm: C, opts: ZeroOptions) -> Result<Self> {
         if !(1..=2).contains(&opts.stage) {
             return Err(format!(
@@ -96,8 +120,23 @@ impl<C: Collective> Zero<C> {
                 opts.stage
             ));
         }
+        let (n, rank) = (comm.size(), comm.rank());
+        let hybrid = match opts.shard_group {
+            Some(g) if g == 0 || n % g != 0 => {
+                return Err(format!(
+                    "shard groups of {g} do not divide the {n} ranks (pick a divisor of {n})"
+                ))
+            }
+            Some(g) if g < n => {
+                let group = comm.split((rank / g) as u32, rank)?;
+                let replicas = comm.split((rank % g) as u32, rank)?;
+                Some((group, replicas))
+            }
+            _ => None,
+        };
         Ok(Zero {
             comm,
+            hybrid,
             opts,
             plan: None,
             shard: Vec::new(),
@@ -111,11 +150,21 @@ impl<C: Collective> Zero<C> {
         &self.shard
     }
 
+    /// The ranks the optimizer is sharded over: the shard group under
+    /// hybrid sharding, else every rank.
+    fn group(&self) -> &C {
+        self.hybrid.as_ref().map_or(&self.comm, |h| &h.0)
+    }
+
     /// One line: stage, ranks, backend, buckets.
     pub fn describe(&self) -> String {
-        let n = self.comm.size();
+        let (n, g) = (self.comm.size(), self.group().size());
+        let hybrid = match g < n {
+            true => format!(" hybrid: shard groups of {g}, {} replicas;", n / g),
+            false => String::new(),
+        };
         format!(
-            "ZeRO stage {} over {n} ranks ({}): optimizer state sharded (1/{n} per rank), \
+            "ZeRO stage {} over {n} ranks ({}):{hybrid} optimizer state sharded (1/{g} per rank), \
              gradients reduce-scattered {}, parameters all-gathered after the update; \
              buckets {} MiB (first {} MiB)",
             self.opts.stage,
@@ -145,14 +194,13 @@ impl<C: Collective> Zero<C> {
             .ok_or("ZeRO: backward before start (call start first)")?;
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
-        let step = self
-            .comm
-            .reduce_scatter(window, &plan.buckets, &mut |w, launch| {
-                computed = Some(run_units(
-                    engine, plan, w, launch, timeline, compute, overlap,
-                )?);
-                Ok(())
-            })?;
+        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
+        let step = group.reduce_scatter(window, &plan.buckets, &mut |w, launch| {
+            computed = Some(run_units(
+                engine, plan, w, launch, timeline, compute, overlap,
+            )?);
+            Ok(())
+        })?;
         self.last = step;
         computed.ok_or_else(|| "ZeRO: the backward pass did not run".into())
     }
@@ -184,7 +232,7 @@ where
             mib(self.opts.bucket_cap_mb),
             &[],
         )?;
-        let (rank, n) = (self.comm.rank(), self.comm.size());
+        let (rank, n) = (self.group().rank(), self.group().size());
         let mut shard = Vec::with_capacity(plan.buckets.len());
         for b in &plan.buckets {
             shard.push(block_of(&b.range, rank, n).map_err(|e| format!("ZeRO: bucket {e}"))?);
@@ -207,13 +255,21 @@ where
         self.session(engine, grads, timeline, true)
     }
 
-    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+    fn before_update(&mut self, _engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
+        if let Some((_, replicas)) = &self.hybrid {
+            // Each group summed its own share of the batch: add the groups'.
+            let summed = replicas.all_reduce_ranges(grads, &self.shard)?;
+            self.last.payload_bytes += summed.payload_bytes;
+            self.last.wire_bytes += summed.wire_bytes;
+            self.last.collectives += summed.collectives;
+        }
         Ok(())
     }
 
     fn grad_sq_norm(&mut self, engine: &mut E, grads: &Flat<E>) -> Result<f64> {
+        // Every group holds the whole sum: its shards make up the norm.
         let mut sum = [engine.grad_sq_norm_of(grads, &self.shard)?];
-        self.comm
+        self.group()
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("ZeRO: the gradient norm: {e}"))?;
@@ -226,7 +282,8 @@ where
             .as_ref()
             .ok_or("ZeRO: update before start (call start first)")?;
         let ranges: Vec<Range<usize>> = plan.buckets.iter().map(|b| b.range.clone()).collect();
-        let gathered = self.comm.all_gather_ranges(engine.params_mut(), &ranges)?;
+        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
+        let gathered = group.all_gather_ranges(engine.params_mut(), &ranges)?;
         engine.params_changed()?;
         self.last.payload_bytes += gathered.payload_bytes;
         self.last.wire_bytes += gathered.wire_bytes;

@@ -81,9 +81,39 @@ fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
             &["--nproc", "4", "--batch", "2", "--zero", "2"][..],
             &[("BRAID_BACKEND", "tcp")][..],
         ),
+        (
+            "z2-shm4-hsdp",
+            &[
+                "--nproc",
+                "4",
+                "--batch",
+                "2",
+                "--zero",
+                "2",
+                "--shard-group",
+                "2",
+            ][..],
+            &[][..],
+        ),
     ] {
         let (path, f) = train(&dir, name, args, env);
-        let (stage, backend, n) = (&name[1..2], &name[3..6], &name[6..]);
+        let (stage, backend, n) = (&name[1..2], &name[3..6], &name[6..7]);
+        if name.ends_with("hsdp") {
+            assert!(
+                f.stdout.contains("hybrid: shard groups of 2, 2 replicas"),
+                "{name}: {}",
+                f.stdout
+            );
+        }
+        if stage == "1" {
+            // f32 on the CPU: the parameters are the master weights, and
+            // stage 1 holds exactly 8Ψ + 8Ψ/N (plus the padding).
+            assert!(
+                f.stdout.contains("(measured / formula 1.0"),
+                "{name}: {}",
+                f.stdout
+            );
+        }
         assert!(
             f.stdout
                 .contains(&format!("ZeRO stage {stage} over {n} ranks ({backend})")),
@@ -114,6 +144,11 @@ fn impossible_zero_setups_are_refused_at_start() {
         (&["--zero", "7"][..], "expected 1, 2 or 3"),
         (&["--zero", "1", "--fsdp"][..], "--fsdp means --zero 3"),
         (&["--zero", "2"][..], "start several"),
+        (&["--nproc", "2", "--shard-group", "2"][..], "add --zero 1"),
+        (
+            &["--zero", "2", "--nproc", "4", "--shard-group", "3"][..],
+            "does not divide the 4 ranks",
+        ),
         (
             &["--zero", "2", "--nproc", "2", "--grad-comm", "bf16"][..],
             "drop --grad-comm",

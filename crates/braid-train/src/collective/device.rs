@@ -311,33 +311,71 @@ impl Collective for DeviceCollective {
     ) -> Result<CommStep> {
         let (n, rank) = (self.gpu.size(), self.gpu.rank());
         let mut step = CommStep::default();
+        self.on_ranges(flat, ranges, &mut |part| {
+            block_of(&(0..part.len()), rank, n)?;
+            count_half(&mut step, 4 * part.len() as u64, n);
+            self.gpu.all_gather_view(part).map_err(err)
+        })
+        .map_err(|e| format!("all-gather: {e}"))?;
+        step.via = "NCCL";
+        Ok(step)
+    }
+
+    fn all_reduce_ranges(
+        &self,
+        flat: &mut DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<CommStep> {
+        let n = self.gpu.size();
+        let mut step = CommStep::default();
+        self.on_ranges(flat, ranges, &mut |part| {
+            count(&mut step, 4 * part.len() as u64, n);
+            self.gpu.all_reduce_view(part, ReduceOp::Sum).map_err(err)
+        })
+        .map_err(|e| format!("all-reduce: {e}"))?;
+        step.via = "NCCL";
+        Ok(step)
+    }
+
+    fn split(&self, color: u32, key: usize) -> Result<DeviceCollective> {
+        let gpu = self
+            .gpu
+            .split(Some(color), key as i64)
+            .map_err(err)?
+            .ok_or("split: this rank joined no communicator")?;
+        DeviceCollective::new(gpu)
+    }
+}
+
+impl DeviceCollective {
+    /// Queues `op` on each of `ranges` of `flat` (views split off a window
+    /// in increasing order) and waits for all of them.
+    fn on_ranges<'a>(
+        &'a self,
+        flat: &'a mut DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+        op: &mut dyn FnMut(DeviceViewMut<'a, f32>) -> Result<DeviceWork<'a>>,
+    ) -> Result<()> {
         let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
         sorted.sort_by_key(|r| r.start);
         let mut window = flat.window();
         let mut works: Vec<DeviceWork<'_>> = Vec::new();
         let mut result = Ok(());
         for r in sorted {
-            let part = block_of(r, rank, n).and_then(|_| {
-                Window::split_off_front(&mut window, r.start)?;
-                Window::split_off_front(&mut window, r.end)
-            });
-            let queued = part.and_then(|part| {
-                count_half(&mut step, 4 * part.len() as u64, n);
-                self.gpu.all_gather_view(part).map_err(err)
-            });
+            let queued = Window::split_off_front(&mut window, r.start)
+                .and_then(|_| Window::split_off_front(&mut window, r.end))
+                .and_then(&mut *op);
             match queued {
                 Ok(w) => works.push(w),
                 Err(e) => {
-                    result = Err(format!("all-gather of {r:?} (ranges {ranges:?}): {e}"));
+                    result = Err(format!("elements {r:?} (of ranges {ranges:?}): {e}"));
                     break;
                 }
             }
         }
         let waited = wait_all(works);
         result?;
-        waited?;
-        step.via = "NCCL";
-        Ok(step)
+        waited
     }
 }
 

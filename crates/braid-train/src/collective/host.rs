@@ -11,7 +11,8 @@
 
 use super::powersgd::{self, HostOps, PowerSgdState};
 use super::{
-    block_of, ring_half_wire_bytes, ring_wire_bytes, Bucket, Collective, Drive, End, GradComm,
+    block_of, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, Bucket, Collective, Drive, End,
+    GradComm,
 };
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
@@ -221,41 +222,44 @@ impl Collective for HostCollective {
     fn all_gather_ranges(&self, flat: &mut Vec<f32>, ranges: &[Range<usize>]) -> Result<CommStep> {
         let (n, rank) = (self.comm.size(), self.comm.rank());
         let mut step = CommStep::default();
-        let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
-        sorted.sort_by_key(|r| r.start);
-        let mut sends = Vec::with_capacity(sorted.len());
-        for r in &sorted {
-            if r.end > flat.len() {
-                return Err(format!(
-                    "all-gather range {r:?} leaves the buffer of {}",
-                    flat.len()
-                ));
-            }
-            sends.push(flat[block_of(r, rank, n)?].to_vec());
-        }
-        // Disjoint slices of `flat`, one per range.
-        let mut rest: &mut [f32] = &mut flat[..];
-        let mut cut = 0;
-        let mut slots = Vec::with_capacity(sorted.len());
-        for r in &sorted {
-            if r.start < cut {
-                return Err(format!("all-gather ranges {ranges:?} overlap"));
-            }
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - cut);
-            let (slot, tail) = tail.split_at_mut(r.len());
-            rest = tail;
-            cut = r.end;
-            slots.push(slot);
+        let slots = disjoint_mut(flat, ranges)?;
+        let mut sends = Vec::with_capacity(slots.len());
+        for (_, slot) in &slots {
+            sends.push(slot[block_of(&(0..slot.len()), rank, n)?].to_vec());
         }
         self.comm
             .scope(|s| {
-                for (send, slot) in sends.iter().zip(slots) {
+                for (send, (_, slot)) in sends.iter().zip(slots) {
                     count_half(&mut step, 4 * slot.len() as u64, n);
                     let _ = s.all_gather(send, slot);
                 }
             })
             .map_err(err)?;
         Ok(step)
+    }
+
+    fn all_reduce_ranges(&self, flat: &mut Vec<f32>, ranges: &[Range<usize>]) -> Result<CommStep> {
+        let n = self.comm.size();
+        let mut step = CommStep::default();
+        let slots = disjoint_mut(flat, ranges)?;
+        self.comm
+            .scope(|s| {
+                for (_, slot) in slots {
+                    count(&mut step, 4 * slot.len() as u64, n);
+                    let _ = s.all_reduce(slot, ReduceOp::Sum);
+                }
+            })
+            .map_err(err)?;
+        Ok(step)
+    }
+
+    fn split(&self, color: u32, key: usize) -> Result<HostCollective> {
+        let comm = self
+            .comm
+            .split(Some(color), key as i64)
+            .map_err(err)?
+            .ok_or("split: this rank joined no communicator")?;
+        Ok(HostCollective::new(comm))
     }
 }
 

@@ -168,6 +168,20 @@ pub trait Collective {
         drive: &mut Drive<'_, 'g, Self::Space>,
     ) -> Result<CommStep>;
 
+    /// Sums each of `ranges` of `flat` over the ranks, in place (a
+    /// hybrid-sharded run's replicas adding up their shards).
+    fn all_reduce_ranges(
+        &self,
+        flat: &mut <Self::Space as Space>::Flat,
+        ranges: &[Range<usize>],
+    ) -> Result<CommStep>;
+
+    /// The collectives of the ranks that pass the same `color`, ordered by
+    /// `key` (every rank calls it; a 2-D mesh is two splits).
+    fn split(&self, color: u32, key: usize) -> Result<Self>
+    where
+        Self: Sized;
+
     /// Fills each of `ranges` of `flat` (each splitting into one equal
     /// block per rank) with every rank's block of it: rank `i` sends its
     /// block `i` (an all-gather in place per range). Returns what was sent.
@@ -201,10 +215,64 @@ pub fn block_of(range: &Range<usize>, rank: usize, n: usize) -> Result<Range<usi
     Ok(range.start + rank * k..range.start + (rank + 1) * k)
 }
 
+/// `ranges` of `flat` as disjoint writable slices, in increasing order of
+/// their starts (with those starts), or why not.
+pub(crate) fn disjoint_mut<'a, T>(
+    flat: &'a mut [T],
+    ranges: &[Range<usize>],
+) -> Result<Vec<(usize, &'a mut [T])>> {
+    let mut sorted: Vec<&Range<usize>> = ranges.iter().collect();
+    sorted.sort_by_key(|r| r.start);
+    let len = flat.len();
+    let mut rest = flat;
+    let mut cut = 0;
+    let mut out = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        if r.start < cut || r.start > r.end || r.end > len {
+            return Err(format!(
+                "ranges {ranges:?} overlap or leave the buffer of {len} elements"
+            ));
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - cut);
+        let (slot, tail) = tail.split_at_mut(r.len());
+        rest = tail;
+        cut = r.end;
+        out.push((r.start, slot));
+    }
+    Ok(out)
+}
+
 /// What `n` ranks send for an all-reduce of `bytes` by ring (`2(n-1)/n`).
 pub(crate) fn ring_wire_bytes(bytes: u64, n: usize) -> u64 {
     if n <= 1 {
         return 0;
     }
     bytes * 2 * (n as u64 - 1) / n as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_split_evenly_or_say_why() {
+        assert_eq!(block_of(&(100..220), 1, 4).unwrap(), 130..160);
+        let e = block_of(&(0..10), 0, 4).unwrap_err();
+        assert!(
+            e.contains("do not split into 4") && e.contains("padded"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn disjoint_slices_come_sorted_and_overlaps_are_refused() {
+        let mut v: Vec<u32> = (0..10).collect();
+        let got = disjoint_mut(&mut v, &[6..9, 1..3]).unwrap();
+        let starts: Vec<usize> = got.iter().map(|(s, _)| *s).collect();
+        assert_eq!(starts, vec![1, 6]);
+        assert_eq!(got[0].1, &[1, 2]);
+        assert_eq!(got[1].1, &[6, 7, 8]);
+        assert!(disjoint_mut(&mut v, &[1..5, 4..6]).is_err());
+        assert!(disjoint_mut(&mut v, &[8..11]).is_err());
+    }
 }

@@ -139,6 +139,10 @@ pub struct TrainArgs {
     /// FSDP: an alias of --zero 3.
     #[arg(long)]
     fsdp: bool,
+    /// With --zero: hybrid sharding (HSDP) — shard within groups of N
+    /// consecutive ranks (e.g. a node's GPUs), replicate across the groups.
+    #[arg(long, value_name = "N")]
+    shard_group: Option<usize>,
     /// GPU, bf16: run the weight gradients of the first N layers after the
     /// embeddings' backward, so that the embeddings' gradient reduction
     /// (the largest, and final only at the end) overlaps them (default: 2
@@ -187,11 +191,12 @@ fn tokenizer_for(
 }
 
 /// ZeRO's settings: `stage`, and the data-parallel buckets.
-fn zero_options(stage: u8, ddp: &DdpOptions) -> ZeroOptions {
+fn zero_options(stage: u8, ddp: &DdpOptions, shard_group: Option<usize>) -> ZeroOptions {
     ZeroOptions {
         stage,
         bucket_cap_mb: ddp.bucket_cap_mb,
         first_bucket_mb: ddp.first_bucket_mb,
+        shard_group,
     }
 }
 
@@ -199,6 +204,9 @@ fn zero_options(stage: u8, ddp: &DdpOptions) -> ZeroOptions {
 /// rest of the run.
 fn zero_stage(a: &TrainArgs, grad_comm: GradComm) -> Result<Option<u8>, String> {
     let stage = match (a.zero, a.fsdp) {
+        (None, false) if a.shard_group.is_some() => {
+            return Err("--shard-group shards the optimizer: add --zero 1 or --zero 2".into())
+        }
         (None, false) => return Ok(None),
         (Some(s), true) if s != 3 => {
             return Err(format!(
@@ -352,6 +360,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
              (--nproc N, or braid launch)"
         ));
     }
+    let shard_group = a.shard_group.unwrap_or(ranks);
+    if zero.is_some() && (shard_group == 0 || ranks % shard_group != 0) {
+        return Err(format!(
+            "--shard-group {shard_group} does not divide the {ranks} ranks: pick a divisor of {ranks} \
+             (the ranks form groups of that many, each holding one copy of the sharded state)"
+        ));
+    }
     let lead = rank == 0;
     if let Some(w) = &world {
         if cuda {
@@ -415,7 +430,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     if zero.is_some() {
         // Every block splits into one equal, aligned block per rank.
-        let padded = Layout::padded(&params.layout.config, ZERO_ALIGN * ranks);
+        let padded = Layout::padded(&params.layout.config, ZERO_ALIGN * shard_group);
         params = params.relayout(Arc::new(padded))?;
     }
     let cfg = params.layout.config;
@@ -507,7 +522,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
             Some(c) => match zero {
                 Some(stage) => {
-                    let mut s = Zero::new(HostCollective::new(c), zero_options(stage, &ddp))?;
+                    let mut s = Zero::new(
+                        HostCollective::new(c),
+                        zero_options(stage, &ddp, a.shard_group),
+                    )?;
                     run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
                 }
                 None => {
@@ -583,7 +601,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             Some(g) => match zero {
                 Some(stage) => {
                     let c = DeviceCollective::new(g)?;
-                    let mut s = Zero::new(c, zero_options(stage, &ddp))?;
+                    let mut s = Zero::new(c, zero_options(stage, &ddp, a.shard_group))?;
                     run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
                 }
                 None => {
@@ -610,7 +628,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cuda.then_some(precision),
             ranks,
         );
-        print_state(&run, &cfg, zero.unwrap_or(0), ranks);
+        print_state(&run, &cfg, zero.unwrap_or(0), shard_group);
         if let Some(path) = &a.json {
             write_json(path, &run, summary.as_ref())?;
         }

@@ -114,7 +114,8 @@ pub fn print_summary(
 }
 
 /// Prints the model state this rank held beside ZeRO's formula for
-/// `stage` (0: data parallel or one process) over `ranks`.
+/// `stage` (0: data parallel or one process) sharded over `ranks` (the
+/// shard group), in mixed precision where there are master weights.
 pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
     let st = run.state;
     if st.total() == 0 {
@@ -123,7 +124,7 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
     let psi = cfg.num_params() as u64;
     let per = |b: u64| b as f64 / psi as f64;
     let mb = |b: u64| b as f64 / 1e6;
-    let (formula, name) = paper_bytes(psi, stage, ranks as u64);
+    let (formula, name) = paper_bytes(psi, stage, ranks as u64, st.master > 0);
     let master = match st.master {
         0 => String::new(),
         m => format!(" + f32 master weights {:.1} MB", mb(m)),
