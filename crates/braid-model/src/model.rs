@@ -1,6 +1,13 @@
-//! The GPT model on the CPU: forward and backward block by block over one
-//! flat parameter slice, with a callback the moment a block's gradients
-//! are final (where data-parallel and sharded training attach).
+//! The GPT model on the CPU: forward and backward block by block, with a
+//! callback the moment a block's gradients are final (where data-parallel
+//! and sharded training attach).
+//!
+//! Each block's pass reads and writes only that block's slices of the flat
+//! parameter and gradient buffers (the embeddings, a layer, the final
+//! norm; the head reads the token embedding too, as GPT-2 ties them), so
+//! a caller can hand it a block kept anywhere — a sharded strategy's
+//! gathered copy. [`Gpt::forward`] and [`Gpt::forward_backward`] take the
+//! whole flat buffers and slice them.
 //!
 //! Generic over the element type: f32 trains, f64 checks the whole
 //! model's gradients by finite differences. Activations are allocated once
@@ -18,7 +25,7 @@ use crate::cpu::Real;
 use crate::layout::{Block, Layout};
 use std::ops::Range;
 
-/// Ranges of one layer's parameters in the flat buffer.
+/// Ranges of one layer's parameters in the layer's block.
 #[derive(Debug, Clone)]
 struct LayerParams {
     ln1_w: Range<usize>,
@@ -37,11 +44,13 @@ struct LayerParams {
 
 impl LayerParams {
     fn of(layout: &Layout, i: usize) -> LayerParams {
+        let base = layout.block_range(Block::Layer(i)).start;
         let r = |s: &str| {
-            layout
+            let at = layout
                 .get(&format!("h.{i}.{s}"))
                 .expect("layout has every layer parameter")
-                .range()
+                .range();
+            at.start - base..at.end - base
         };
         LayerParams {
             ln1_w: r("ln_1.weight"),
@@ -228,6 +237,17 @@ pub enum StepError {
 pub struct Gpt {
     layout: std::sync::Arc<Layout>,
     layers: Vec<LayerParams>,
+    /// `wte` and `wpe` in the embedding block.
+    wte: Range<usize>,
+    wpe: Range<usize>,
+    /// `ln_f`'s weight and bias in the final norm's block.
+    lnf_w: Range<usize>,
+    lnf_b: Range<usize>,
+}
+
+/// A block's slice of a flat buffer (parameters or gradients).
+fn block_of<'a, T>(layout: &Layout, flat: &'a [T], block: Block) -> &'a [T] {
+    &flat[layout.block_range(block)]
 }
 
 impl Gpt {
@@ -236,7 +256,19 @@ impl Gpt {
         let layers = (0..layout.config.n_layer)
             .map(|i| LayerParams::of(&layout, i))
             .collect();
-        Gpt { layout, layers }
+        let within = |name: &str, block: Block| {
+            let base = layout.block_range(block).start;
+            let r = layout.get(name).expect("layout names").range();
+            r.start - base..r.end - base
+        };
+        Gpt {
+            wte: within("wte.weight", Block::Embedding),
+            wpe: within("wpe.weight", Block::Embedding),
+            lnf_w: within("ln_f.weight", Block::FinalNorm),
+            lnf_b: within("ln_f.bias", Block::FinalNorm),
+            layers,
+            layout,
+        }
     }
 
     /// The layout.
@@ -379,32 +411,35 @@ impl Gpt {
         tokens: &[u32],
         targets: &[u32],
     ) -> Result<T, StepError> {
-        self.embedding_forward(p, acts, tokens, targets)?;
-        for l in 0..self.layout.config.n_layer {
-            self.layer_forward_at(l, p, acts);
+        let ly = &*self.layout;
+        let emb = block_of(ly, p, Block::Embedding);
+        self.embedding_forward(emb, acts, tokens, targets)?;
+        for l in 0..ly.config.n_layer {
+            self.layer_forward_at(l, block_of(ly, p, Block::Layer(l)), acts);
         }
-        Ok(self.head_forward(p, acts, targets))
+        let norm = block_of(ly, p, Block::FinalNorm);
+        Ok(self.head_forward(norm, emb, acts, targets))
     }
 
-    /// The embedding block: checks the batch, then writes the residual
-    /// stream entering layer 0.
+    /// The embedding block (`emb`: its parameters): checks the batch,
+    /// then writes the residual stream entering layer 0.
     pub fn embedding_forward<T: Real>(
         &self,
-        p: &[T],
+        emb: &[T],
         acts: &mut Activations<T>,
         tokens: &[u32],
         targets: &[u32],
     ) -> Result<(), StepError> {
         self.check(acts, tokens, targets)?;
         let c = self.layout.config.n_embd;
-        let wte = self.layout.get("wte.weight").expect("wte").range();
-        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
-        embed_forward(&mut acts.resid[0], tokens, &p[wte], &p[wpe], acts.t, c);
+        let (wte, wpe) = (&emb[self.wte.clone()], &emb[self.wpe.clone()]);
+        embed_forward(&mut acts.resid[0], tokens, wte, wpe, acts.t, c);
         Ok(())
     }
 
-    /// Transformer block `l`: residual stream `l` → `l + 1`, keeping what
-    /// its backward pass needs (or only its input, when checkpointing).
+    /// Transformer block `l` (`p`: its parameters, the layer's block):
+    /// residual stream `l` → `l + 1`, keeping what its backward pass needs
+    /// (or only its input, when checkpointing).
     pub fn layer_forward_at<T: Real>(&self, l: usize, p: &[T], acts: &mut Activations<T>) {
         let (b, t) = (acts.b, acts.t);
         let (before, after) = acts.resid.split_at_mut(l + 1);
@@ -420,23 +455,28 @@ impl Gpt {
         );
     }
 
-    /// The head: final LayerNorm, LM head, cross-entropy. Returns the mean
-    /// loss over unmasked positions (the LM head is skipped when every
-    /// target is masked, as in generation).
-    pub fn head_forward<T: Real>(&self, p: &[T], acts: &mut Activations<T>, targets: &[u32]) -> T {
+    /// The head (`norm`: the final norm's block, `emb`: the embedding
+    /// block, whose token embedding is the LM head): final LayerNorm, LM
+    /// head, cross-entropy. Returns the mean loss over unmasked positions
+    /// (the LM head is skipped when every target is masked, as in
+    /// generation).
+    pub fn head_forward<T: Real>(
+        &self,
+        norm: &[T],
+        emb: &[T],
+        acts: &mut Activations<T>,
+        targets: &[u32],
+    ) -> T {
         let cfg = &self.layout.config;
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let n = acts.b * acts.t;
-        let wte = self.layout.get("wte.weight").expect("wte").range();
-        let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
-        let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
         layernorm_forward(
             &mut acts.lnf,
             &mut acts.lnf_mean,
             &mut acts.lnf_rstd,
             &acts.resid[cfg.n_layer],
-            &p[lnf_w],
-            &p[lnf_b],
+            &norm[self.lnf_w.clone()],
+            &norm[self.lnf_b.clone()],
             c,
         );
         if targets.iter().all(|&x| x == u32::MAX) {
@@ -445,7 +485,7 @@ impl Gpt {
         }
         let io = ClassifierIo {
             x: &acts.lnf,
-            wte: &p[wte],
+            wte: &emb[self.wte.clone()],
             targets,
             rows: n,
             c,
@@ -467,7 +507,7 @@ impl Gpt {
         let mut acts = Activations::new(&self.layout, 1, t, true);
         self.forward(p, &mut acts, toks, &vec![u32::MAX; t])?;
         let x = &acts.lnf[(t - 1) * c..t * c];
-        let wte = &p[self.layout.get("wte.weight").expect("wte").range()];
+        let wte = &block_of(&self.layout, p, Block::Embedding)[self.wte.clone()];
         Ok((0..v)
             .map(|j| {
                 let w = &wte[j * c..(j + 1) * c];
@@ -498,28 +538,40 @@ impl Gpt {
         ready: &mut dyn FnMut(Block, &mut [T]),
     ) -> Result<T, StepError> {
         let loss = self.forward(p, acts, tokens, targets)?;
-        self.head_backward(p, grads, acts, targets);
-        let r = self.layout.block_range(Block::FinalNorm);
-        ready(Block::FinalNorm, &mut grads[r]);
-        for l in (0..self.layout.config.n_layer).rev() {
-            self.layer_backward_at(l, p, grads, acts);
-            let r = self.layout.block_range(Block::Layer(l));
-            ready(Block::Layer(l), &mut grads[r]);
+        let ly = &*self.layout;
+        let block = |b: Block| ly.block_range(b);
+        let emb_p = block_of(ly, p, Block::Embedding);
+        // The embedding block comes first in the layout and the final norm
+        // last: their gradients are disjoint slices.
+        let (front, back) = grads.split_at_mut(block(Block::FinalNorm).start);
+        let g_emb = &mut front[block(Block::Embedding)];
+        let g_norm = &mut back[..block(Block::FinalNorm).len()];
+        let norm_p = block_of(ly, p, Block::FinalNorm);
+        self.head_backward(norm_p, emb_p, g_norm, g_emb, acts, targets);
+        ready(Block::FinalNorm, g_norm);
+        for l in (0..ly.config.n_layer).rev() {
+            let r = block(Block::Layer(l));
+            self.layer_backward_at(l, &p[r.clone()], &mut front[r.clone()], acts);
+            ready(Block::Layer(l), &mut front[r]);
         }
-        self.embedding_backward(grads, acts, tokens);
-        let r = self.layout.block_range(Block::Embedding);
-        ready(Block::Embedding, &mut grads[r]);
+        let g_emb = &mut front[block(Block::Embedding)];
+        self.embedding_backward(g_emb, acts, tokens);
+        ready(Block::Embedding, g_emb);
         Ok(loss)
     }
 
     /// Backward of the head (after [`head_forward`](Self::head_forward)
-    /// with the same targets): the LM head's share of the token embedding's
-    /// gradient, the final norm's gradients, and the gradient of the last
-    /// residual stream (kept in `acts` for the layers).
+    /// with the same targets; `norm`/`emb` the final norm's and the
+    /// embedding block's parameters, `g_norm`/`g_emb` their gradients):
+    /// the LM head's share of the token embedding's gradient, the final
+    /// norm's gradients, and the gradient of the last residual stream
+    /// (kept in `acts` for the layers).
     pub fn head_backward<T: Real>(
         &self,
-        p: &[T],
-        grads: &mut [T],
+        norm: &[T],
+        emb: &[T],
+        g_norm: &mut [T],
+        g_emb: &mut [T],
         acts: &mut Activations<T>,
         targets: &[u32],
     ) {
@@ -532,21 +584,18 @@ impl Gpt {
         } else {
             T::ONE / T::of(counted as f64)
         };
-        let wte = self.layout.get("wte.weight").expect("wte").range();
-        let lnf_w = self.layout.get("ln_f.weight").expect("ln_f").range();
-        let lnf_b = self.layout.get("ln_f.bias").expect("ln_f").range();
         let dlnf = &mut acts.grads.dresid2;
         dlnf.fill(T::ZERO);
         {
             let io = ClassifierIo {
                 x: &acts.lnf,
-                wte: &p[wte.clone()],
+                wte: &emb[self.wte.clone()],
                 targets,
                 rows: n,
                 c,
                 v,
             };
-            let dwte = &mut grads[wte];
+            let dwte = &mut g_emb[self.wte.clone()];
             classifier(
                 &io,
                 &mut acts.losses,
@@ -555,21 +604,22 @@ impl Gpt {
             );
         }
         acts.dresid.fill(T::ZERO);
-        let (gw, gb) = two_mut(grads, lnf_w.clone(), lnf_b);
+        let (gw, gb) = two_mut(g_norm, self.lnf_w.clone(), self.lnf_b.clone());
         layernorm_backward(
             &mut acts.dresid,
             gw,
             gb,
             &acts.grads.dresid2,
             &acts.resid[nl],
-            &p[lnf_w],
+            &norm[self.lnf_w.clone()],
             &acts.lnf_mean,
             &acts.lnf_rstd,
             c,
         );
     }
 
-    /// Backward of transformer block `l` (after the blocks above it):
+    /// Backward of transformer block `l` (after the blocks above it; `p`
+    /// and `grads` the layer's blocks of the parameters and gradients):
     /// accumulates its parameters' gradients and turns the gradient of its
     /// output into that of its input. With checkpointing the block's
     /// forward is recomputed first.
@@ -616,18 +666,16 @@ impl Gpt {
         );
     }
 
-    /// Backward of the embedding block (last): token and position
-    /// embedding gradients.
+    /// Backward of the embedding block (last; `g_emb` its gradients):
+    /// token and position embedding gradients.
     pub fn embedding_backward<T: Real>(
         &self,
-        grads: &mut [T],
+        g_emb: &mut [T],
         acts: &Activations<T>,
         tokens: &[u32],
     ) {
         let c = self.layout.config.n_embd;
-        let wte = self.layout.get("wte.weight").expect("wte").range();
-        let wpe = self.layout.get("wpe.weight").expect("wpe").range();
-        let (gte, gpe) = two_mut(grads, wte, wpe);
+        let (gte, gpe) = two_mut(g_emb, self.wte.clone(), self.wpe.clone());
         embed_backward(gte, gpe, &acts.dresid, tokens, acts.t, c);
     }
 

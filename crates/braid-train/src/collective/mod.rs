@@ -273,6 +273,6 @@ mod tests {
         assert_eq!(got[0].1, &[1, 2]);
         assert_eq!(got[1].1, &[6, 7, 8]);
         assert!(disjoint_mut(&mut v, &[1..5, 4..6]).is_err());
-        assert!(disjoint_mut(&mut v, &[8..11]).is_err());
+        assert!(disjoint_mut(&mut v, std::slice::from_ref(&(8..11))).is_err());
     }
 }

@@ -175,17 +175,32 @@ impl Engine for CpuGpt {
                 g.len()
             ));
         }
+        let layout = &self.params.layout;
+        let block = |b: Block| layout.block_range(b);
         match unit {
-            0 => self
-                .model
-                .head_backward(p, g, &mut self.acts, &self.last.targets),
-            u if u <= n_layer => self
-                .model
-                .layer_backward_at(n_layer - u, p, g, &mut self.acts),
-            u if u == n_layer + 1 => {
-                self.model
-                    .embedding_backward(g, &self.acts, &self.last.tokens)
+            0 => {
+                // The embedding block is first in the layout, the final
+                // norm's last: disjoint slices of the window's prefix.
+                let (front, back) = g.split_at_mut(block(Block::FinalNorm).start);
+                self.model.head_backward(
+                    &p[block(Block::FinalNorm)],
+                    &p[block(Block::Embedding)],
+                    &mut back[..block(Block::FinalNorm).len()],
+                    &mut front[block(Block::Embedding)],
+                    &mut self.acts,
+                    &self.last.targets,
+                )
             }
+            u if u <= n_layer => {
+                let r = block(Block::Layer(n_layer - u));
+                self.model
+                    .layer_backward_at(n_layer - u, &p[r.clone()], &mut g[r], &mut self.acts)
+            }
+            u if u == n_layer + 1 => self.model.embedding_backward(
+                &mut g[block(Block::Embedding)],
+                &self.acts,
+                &self.last.tokens,
+            ),
             u => return Err(format!("backward unit {u} does not exist")),
         }
         Ok(())
