@@ -26,7 +26,10 @@ pub struct Piece {
 
 /// The pieces of `shard` (ranges of the flat buffer, increasing, not
 /// overlapping, inside it: else a panic naming them, a caller's bug like
-/// a mismatched gradient length), and the state length they need.
+/// a mismatched gradient length), and the state length they need. The
+/// state lays the shard's ranges out one after another, gaps between
+/// tensors included (never touched), so that it is indexed like the
+/// shard's gradients concatenated.
 pub fn pieces(layout: &Layout, shard: &[Range<usize>]) -> (Vec<Piece>, usize) {
     let mut out = Vec::new();
     let (mut state, mut after) = (0usize, 0usize);
@@ -42,15 +45,14 @@ pub fn pieces(layout: &Layout, shard: &[Range<usize>]) -> (Vec<Piece>, usize) {
             let r = p.range();
             let cut = r.start.max(s.start)..r.end.min(s.end);
             if !cut.is_empty() {
-                let len = cut.len();
                 out.push(Piece {
+                    state: state + (cut.start - s.start),
                     range: cut,
-                    state,
                     decays: p.kind.decays(),
                 });
-                state += len;
             }
         }
+        state += s.len();
     }
     (out, state)
 }
@@ -183,6 +185,35 @@ impl Optimizer {
             grads.len(),
             "gradients do not match the parameters"
         );
+        self.step_from(params, grads, false, lr, grad_scale)
+    }
+
+    /// [`step_scaled`](Self::step_scaled) with the shard's gradients only:
+    /// `grads` holds the optimizer's ranges one after another (the layout
+    /// of its state; a ZeRO rank's reduce-scattered blocks), so its
+    /// length is the shard's.
+    pub fn step_shard_scaled(
+        &mut self,
+        params: &mut Params,
+        grads: &[f32],
+        lr: f32,
+        grad_scale: f32,
+    ) {
+        let len: usize = self.shard().iter().map(|r| r.len()).sum();
+        assert_eq!(grads.len(), len, "gradients do not match the shard");
+        self.step_from(params, grads, true, lr, grad_scale)
+    }
+
+    /// The update; `compact`: `grads` is indexed like the state, else
+    /// like the parameters.
+    fn step_from(
+        &mut self,
+        params: &mut Params,
+        grads: &[f32],
+        compact: bool,
+        lr: f32,
+        grad_scale: f32,
+    ) {
         let s = grad_scale;
         match self {
             Optimizer::AdamW {
@@ -201,9 +232,14 @@ impl Optimizer {
                     let wd = if piece.decays { c.weight_decay } else { 0.0 };
                     let r = piece.range.clone();
                     let local = piece.state..piece.state + r.len();
+                    let g = if compact {
+                        &grads[local.clone()]
+                    } else {
+                        &grads[r.clone()]
+                    };
                     params.data[r.clone()]
                         .par_chunks_mut(8192)
-                        .zip(grads[r].par_chunks(8192))
+                        .zip(g.par_chunks(8192))
                         .zip(m[local.clone()].par_chunks_mut(8192))
                         .zip(v[local].par_chunks_mut(8192))
                         .for_each(|(((p, g), m), v)| {
@@ -230,9 +266,14 @@ impl Optimizer {
                     let mu = *momentum;
                     let r = piece.range.clone();
                     let local = piece.state..piece.state + r.len();
+                    let g = if compact {
+                        &grads[local.clone()]
+                    } else {
+                        &grads[r.clone()]
+                    };
                     params.data[r.clone()]
                         .par_chunks_mut(8192)
-                        .zip(grads[r].par_chunks(8192))
+                        .zip(g.par_chunks(8192))
                         .zip(buf[local].par_chunks_mut(8192))
                         .for_each(|((p, g), b)| {
                             for i in 0..p.len() {
@@ -377,8 +418,19 @@ mod tests {
                     .map(|i| ((i * 7 + step * 13) % 17) as f32 * 0.01 - 0.08)
                     .collect();
                 whole.step_scaled(&mut a, &grads, 1e-2, 0.5);
-                for o in parts.iter_mut() {
-                    o.step_scaled(&mut b, &grads, 1e-2, 0.5);
+                for (k, o) in parts.iter_mut().enumerate() {
+                    if k == 1 {
+                        // The shard's gradients alone, one range after
+                        // another (a ZeRO rank's reduce-scattered blocks).
+                        let own: Vec<f32> = o
+                            .shard()
+                            .iter()
+                            .flat_map(|r| grads[r.clone()].to_vec())
+                            .collect();
+                        o.step_shard_scaled(&mut b, &own, 1e-2, 0.5);
+                    } else {
+                        o.step_scaled(&mut b, &grads, 1e-2, 0.5);
+                    }
                 }
             }
             let differ = a

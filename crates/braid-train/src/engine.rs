@@ -177,6 +177,15 @@ pub trait Engine {
     /// optimizer's shard only, after [`shard_optimizer`](Self::shard_optimizer)).
     fn update(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()>;
 
+    /// One optimizer update of the optimizer's shard from `grads`, which
+    /// holds only the shard's gradients: its ranges one after another (a
+    /// ZeRO rank's reduce-scattered blocks). Engines without a sharded
+    /// optimizer refuse.
+    fn update_shard(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()> {
+        let _ = (grads, step);
+        Err("this engine cannot update from its shard's gradients alone".into())
+    }
+
     /// Makes the optimizer own only the elements `shard` of the flat
     /// buffer (ranges, increasing, not overlapping), as a ZeRO rank owns
     /// its slice of each bucket: its state shrinks to them and

@@ -15,12 +15,13 @@
 //! 4. [`before_update`](Strategy::before_update): the gradients must be
 //!    reduced (or ordered to be, on a GPU) when this returns;
 //! 5. the loop clips (by [`grad_sq_norm`](Strategy::grad_sq_norm)) and
-//!    updates, dividing by [`replicas`](Strategy::replicas) × micro-batches
-//!    once, inside the update;
+//!    updates ([`update`](Strategy::update)), dividing by
+//!    [`replicas`](Strategy::replicas) × micro-batches once, inside the
+//!    update;
 //! 6. [`after_update`](Strategy::after_update): parameters changed (a
 //!    sharded strategy gathers them here).
 
-use crate::engine::{backward_local, Engine, Flat};
+use crate::engine::{backward_local, Engine, Flat, UpdateStep};
 use crate::timeline::Timeline;
 use crate::Result;
 
@@ -78,11 +79,24 @@ pub trait Strategy<E: Engine> {
         engine.grad_sq_norm(grads)
     }
 
+    /// The optimizer step (the engine's update from the whole gradient
+    /// buffer by default; a strategy whose ranks each hold a shard of the
+    /// reduced gradients updates from those).
+    fn update(&mut self, engine: &mut E, grads: &Flat<E>, step: UpdateStep) -> Result<()> {
+        engine.update(grads, step)
+    }
+
     /// After the optimizer step.
     fn after_update(&mut self, engine: &mut E) -> Result<()>;
 
     /// Replaces each of `values` by its mean over the ranks (losses).
     fn mean(&mut self, values: &mut [f64]) -> Result<()>;
+
+    /// Bytes of gradients the strategy keeps besides the loop's buffer (a
+    /// sharded strategy's reduced shard), for the model-state account.
+    fn grad_bytes(&self) -> u64 {
+        0
+    }
 
     /// The communication of the last step.
     fn last_step(&self) -> CommStep {

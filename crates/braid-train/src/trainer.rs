@@ -135,7 +135,7 @@ where
     strategy.start(engine)?;
     let mut grads = engine.new_grads()?;
     let state = StateBytes {
-        grads: 4 * <E::Space as Space>::len(&grads) as u64,
+        grads: 4 * <E::Space as Space>::len(&grads) as u64 + strategy.grad_bytes(),
         ..engine.state_bytes()
     };
     let mut tl = Timeline::new();
@@ -182,7 +182,8 @@ where
             } else {
                 1.0
             };
-            engine.update(
+            strategy.update(
+                engine,
                 &grads,
                 UpdateStep {
                     lr,

@@ -33,14 +33,21 @@
 //! each rank's blocks are all-reduced among its replicas (a 2-D mesh of
 //! two [`Collective::split`]s).
 //!
-//! What is not sharded yet: the gradient buffer (stage 2 keeps only the
-//! shard's sums meaningful, but the buffer is still whole) and the
-//! parameters themselves (stage 3).
+//! Stage 1 reduce-scatters in place: the rank's blocks of the whole
+//! gradient buffer hold the sums, and the update reads them there.
+//! Stage 2 writes the shard's summed gradients into a buffer of their own
+//! (`Ψ/N` elements), which the clipping norm and the update read
+//! ([`Strategy::update`], [`Engine::update_shard`]).
+//!
+//! What is not sharded yet: the gradient buffer the backward pass writes
+//! is still whole on every rank (stage 2's saving needs the engine to
+//! write gradients into storage reused bucket by bucket), and so are the
+//! parameters (stage 3).
 
-use crate::collective::{block_of, Collective};
+use crate::collective::{block_of, shard_slots, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mib, replicate, run_units, time_sessions};
-use crate::engine::{Engine, Flat};
+use crate::engine::{Engine, Flat, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -106,6 +113,10 @@ pub struct Zero<C: Collective> {
     plan: Option<BucketPlan>,
     /// This rank's block of every bucket, increasing.
     shard: Vec<Range<usize>>,
+    /// Stage 2: the reduced gradients of the shard, one block after
+    /// another (what the reduce-scatter writes and the optimizer reads).
+    /// Stage 1 reduces in place in the whole gradient buffer.
+    shard_grads: Option<<C::Space as Space>::Flat>,
     last: CommStep,
 }
 
@@ -140,6 +151,7 @@ impl<C: Collective> Zero<C> {
             opts,
             plan: None,
             shard: Vec::new(),
+            shard_grads: None,
             last: CommStep::default(),
         })
     }
@@ -192,10 +204,11 @@ impl<C: Collective> Zero<C> {
             .plan
             .as_ref()
             .ok_or("ZeRO: backward before start (call start first)")?;
+        let out = self.shard_grads.as_mut();
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
         let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
-        let step = group.reduce_scatter(window, &plan.buckets, &mut |w, launch| {
+        let step = group.reduce_scatter(window, &plan.buckets, out, &mut |w, launch| {
             computed = Some(run_units(
                 engine, plan, w, launch, timeline, compute, overlap,
             )?);
@@ -241,6 +254,10 @@ where
         engine
             .shard_optimizer(&shard)
             .map_err(|e| format!("ZeRO: {e}"))?;
+        if self.opts.stage >= 2 {
+            let (_, len) = shard_slots(&plan.buckets, n)?;
+            self.shard_grads = Some(self.group().zeros(len)?);
+        }
         self.shard = shard;
         self.plan = Some(plan);
         Ok(())
@@ -258,7 +275,13 @@ where
     fn before_update(&mut self, _engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
         if let Some((_, replicas)) = &self.hybrid {
             // Each group summed its own share of the batch: add the groups'.
-            let summed = replicas.all_reduce_ranges(grads, &self.shard)?;
+            let summed = match &mut self.shard_grads {
+                Some(g) => {
+                    let all = 0..<C::Space as Space>::len(g);
+                    replicas.all_reduce_ranges(g, &[all])?
+                }
+                None => replicas.all_reduce_ranges(grads, &self.shard)?,
+            };
             self.last.payload_bytes += summed.payload_bytes;
             self.last.wire_bytes += summed.wire_bytes;
             self.last.collectives += summed.collectives;
@@ -268,12 +291,22 @@ where
 
     fn grad_sq_norm(&mut self, engine: &mut E, grads: &Flat<E>) -> Result<f64> {
         // Every group holds the whole sum: its shards make up the norm.
-        let mut sum = [engine.grad_sq_norm_of(grads, &self.shard)?];
+        let mut sum = [match &self.shard_grads {
+            Some(g) => engine.grad_sq_norm(g)?,
+            None => engine.grad_sq_norm_of(grads, &self.shard)?,
+        }];
         self.group()
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("ZeRO: the gradient norm: {e}"))?;
         Ok(sum[0])
+    }
+
+    fn update(&mut self, engine: &mut E, grads: &Flat<E>, step: UpdateStep) -> Result<()> {
+        match &self.shard_grads {
+            Some(g) => engine.update_shard(g, step),
+            None => engine.update(grads, step),
+        }
     }
 
     fn after_update(&mut self, engine: &mut E) -> Result<()> {
@@ -296,6 +329,12 @@ where
             .host()
             .all_reduce(values, ReduceOp::Avg)
             .map_err(|e| e.to_string())
+    }
+
+    fn grad_bytes(&self) -> u64 {
+        self.shard_grads
+            .as_ref()
+            .map_or(0, |g| 4 * <C::Space as Space>::len(g) as u64)
     }
 
     fn last_step(&self) -> CommStep {

@@ -784,3 +784,109 @@ fn gpu_zero_matches_data_parallel() {
         );
     }
 }
+
+/// A GPU engine whose optimizer owns two ranges of the flat buffer (a
+/// ZeRO rank's blocks) updates them from the shard's gradients alone
+/// (`update_shard`: the ranges one after another) exactly as the whole
+/// optimizer does from the whole buffer, and leaves the rest alone.
+#[test]
+fn a_sharded_gpu_optimizer_updates_its_blocks_like_the_whole_one() {
+    use braid_model::cuda::model_mixed::MixedOptions;
+    use braid_model::{GptConfig, Layout, Params};
+    use braid_train::engines::{GpuGpt, Precision, TokenBatch};
+    use braid_train::{Engine, UpdateStep};
+    use std::sync::Arc;
+    if gpus(1).is_none() {
+        return;
+    }
+    let dev = braid_cuda::Device::open(0).expect("GPU 0");
+    let cfg = GptConfig::parse("L2-H4-C128-V256-T64").unwrap();
+    let layout = Arc::new(Layout::padded(&cfg, 4 * 64));
+    let init = Params::init_gpt2(layout.clone(), 5);
+    let n = layout.len;
+    // Rank 1 of 4 over two buckets: [0, h) and [h, n).
+    let h = layout.block_range(braid_model::Block::Layer(1)).start;
+    let shard = [h / 4..2 * h / 4, h + (n - h) / 4..h + 2 * (n - h) / 4];
+    let mut batch = TokenBatch::new(2, 64);
+    for (i, x) in batch.tokens.iter_mut().enumerate() {
+        *x = (i * 5 % 256) as u32;
+    }
+    for (i, x) in batch.targets.iter_mut().enumerate() {
+        *x = (i * 3 % 256) as u32;
+    }
+    for precision in [Precision::F32, Precision::Bf16] {
+        let make = || {
+            GpuGpt::new(
+                &dev,
+                &init,
+                (2, 64),
+                precision,
+                MixedOptions::default(),
+                0.1,
+            )
+            .unwrap()
+        };
+        let (mut whole, mut part) = (make(), make());
+        part.shard_optimizer(&shard).unwrap();
+        let mut g = whole.new_grads().unwrap();
+        for step in 1..=3 {
+            whole.zero_grads(&mut g).unwrap();
+            whole.forward(&batch, true).unwrap();
+            braid_train::engine::backward_local(&mut whole, &mut g).unwrap();
+            whole.synchronize().unwrap();
+            let host = g.to_vec().unwrap();
+            let own: Vec<f32> = shard
+                .iter()
+                .flat_map(|r| host[r.clone()].to_vec())
+                .collect();
+            let own = braid_cuda::DeviceBuffer::from_host(&dev, &own).unwrap();
+            let s = UpdateStep {
+                lr: 1e-3,
+                step,
+                grad_scale: 0.5,
+            };
+            let before = part.params().to_vec().unwrap();
+            whole.update(&g, s).unwrap();
+            part.update_shard(&own, s).unwrap();
+            whole.synchronize().unwrap();
+            part.synchronize().unwrap();
+            let (a, b) = (
+                whole.params().to_vec().unwrap(),
+                part.params().to_vec().unwrap(),
+            );
+            let mut differ = 0;
+            for r in &shard {
+                differ += a[r.clone()]
+                    .iter()
+                    .zip(&b[r.clone()])
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
+            }
+            let untouched = (0..n)
+                .filter(|i| !shard.iter().any(|r| r.contains(i)))
+                .filter(|&i| b[i].to_bits() != before[i].to_bits())
+                .count();
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}, step {step}: {differ} shard elements differ, {untouched} outside changed",
+                precision.name()
+            );
+            assert_eq!(
+                differ,
+                0,
+                "{}: the shard's update differs",
+                precision.name()
+            );
+            assert_eq!(
+                untouched,
+                0,
+                "{}: elements outside the shard changed",
+                precision.name()
+            );
+            // Both start the next step from the same weights (as ZeRO's
+            // all-gather makes them).
+            part.params_mut().copy_from_host(&a).unwrap();
+            part.params_changed().unwrap();
+        }
+    }
+}

@@ -62,8 +62,20 @@ fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
             &[][..],
         ),
         (
+            // Many small buckets: blocks in and out of launch order.
             "z2-shm2",
-            &["--nproc", "2", "--batch", "4", "--zero", "2"][..],
+            &[
+                "--nproc",
+                "2",
+                "--batch",
+                "4",
+                "--zero",
+                "2",
+                "--bucket-mb",
+                "0.05",
+                "--first-bucket-mb",
+                "0.01",
+            ][..],
             &[][..],
         ),
         (
@@ -73,7 +85,16 @@ fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
         ),
         (
             "z1-shm4",
-            &["--nproc", "4", "--batch", "2", "--zero", "1"][..],
+            &[
+                "--nproc",
+                "4",
+                "--batch",
+                "2",
+                "--zero",
+                "1",
+                "--bucket-mb",
+                "0.05",
+            ][..],
             &[][..],
         ),
         (

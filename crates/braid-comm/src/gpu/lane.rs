@@ -469,6 +469,44 @@ impl<'c> Lane<'c> {
         }
     }
 
+    /// Reduce-scatter from device memory that is not a whole buffer into
+    /// another such part: `send` holds one block of `recv`'s length per
+    /// rank. The caller keeps both on this GPU.
+    pub fn reduce_scatter_mem_into<T: Element>(
+        &mut self,
+        send: &impl DeviceMem<T>,
+        recv: &mut impl DeviceMem<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if send.dlen() != recv.dlen() * self.size {
+            return Err(invalid(
+                "reduce_scatter",
+                format!(
+                    "send has {} elements but needs {} ({} ranks x {})",
+                    send.dlen(),
+                    recv.dlen() * self.size,
+                    self.size,
+                    recv.dlen()
+                ),
+            ));
+        }
+        if recv.dlen() == 0 {
+            return Ok(());
+        }
+        // SAFETY: sizes checked; both outlive the operation (the work
+        // handle borrows them).
+        unsafe {
+            self.nccl.reduce_scatter(
+                send.dptr(),
+                recv.dptr(),
+                recv.dlen(),
+                T::DTYPE,
+                op,
+                self.stream,
+            )
+        }
+    }
+
     /// In-place all-gather of device memory that is not a whole buffer:
     /// this rank's block of `buf` is sent and every block filled in.
     pub fn all_gather_mem<T: Element>(&mut self, buf: &mut impl DeviceMem<T>) -> Result<()> {

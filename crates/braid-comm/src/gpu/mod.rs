@@ -616,6 +616,20 @@ impl GpuCommunicator {
         })
     }
 
+    /// Reduce-scatter from part of a buffer into part of another: `send`
+    /// (only read) holds one block of `recv`'s length per rank.
+    pub fn reduce_scatter_views<'a, T: Element>(
+        &'a self,
+        send: DeviceViewMut<'a, T>,
+        mut recv: DeviceViewMut<'a, T>,
+        op: ReduceOp,
+    ) -> Result<DeviceWork<'a>> {
+        let count = recv.len();
+        self.single("reduce_scatter", (count, T::DTYPE, Some(op), None), |l| {
+            l.reduce_scatter_mem_into(&send, &mut recv, op)
+        })
+    }
+
     /// In-place all-gather of part of a buffer: this rank's block of `buf`
     /// is at its offset; every other block is filled in.
     pub fn all_gather_view<'a, T: Element>(

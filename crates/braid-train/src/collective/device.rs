@@ -14,7 +14,7 @@
 use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
-use super::{block_of, Bucket, Collective, Drive, End, GradComm};
+use super::{block_of, shard_slots, Bucket, Collective, Drive, End, GradComm};
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
 use crate::strategy::CommStep;
@@ -277,23 +277,42 @@ impl Collective for DeviceCollective {
         &self,
         grads: DeviceWindow<'g, f32>,
         buckets: &[Bucket],
+        out: Option<&mut DeviceBuffer<f32>>,
         drive: &mut Drive<'_, 'g, Gpu>,
     ) -> Result<CommStep> {
-        let (n, rank) = (self.gpu.size(), self.gpu.rank());
+        let n = self.gpu.size();
         let mut step = CommStep::default();
+        let (slots, len) = shard_slots(buckets, n)?;
+        // Each bucket's slot of `out` by bucket index (split off a window
+        // in the slots' order); none in place.
+        let mut free: Vec<Option<DeviceViewMut<'_, f32>>> = Vec::new();
+        free.resize_with(buckets.len(), || None);
+        if let Some(out) = out {
+            if out.len() != len {
+                return Err(format!(
+                    "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
+                    out.len()
+                ));
+            }
+            let mut order: Vec<usize> = (0..buckets.len()).collect();
+            order.sort_by_key(|&i| slots[i].start);
+            let mut window = out.window();
+            for i in order {
+                free[i] = Some(Window::split_off_front(&mut window, slots[i].end)?);
+            }
+        }
         let mut works: Vec<DeviceWork<'_>> = Vec::new();
         let result = drive(grads, &mut |i, part| {
-            let b = buckets
-                .get(i)
-                .ok_or_else(|| format!("bucket {i} was never planned"))?;
-            block_of(&(0..part.len()), rank, n)
-                .map_err(|e| format!("bucket {i} ({:?}): {e}", b.range))?;
+            if i >= buckets.len() {
+                return Err(format!("bucket {i} was never planned"));
+            }
+            block_of(&(0..part.len()), self.gpu.rank(), n)?;
             count_half(&mut step, 4 * part.len() as u64, n);
-            works.push(
-                self.gpu
-                    .reduce_scatter_view(part, ReduceOp::Sum)
-                    .map_err(err)?,
-            );
+            let work = match free[i].take() {
+                Some(slot) => self.gpu.reduce_scatter_views(part, slot, ReduceOp::Sum),
+                None => self.gpu.reduce_scatter_view(part, ReduceOp::Sum),
+            };
+            works.push(work.map_err(err)?);
             Ok(())
         });
         // As in `reduce`: every bucket is waited for, also after a failure.
@@ -302,6 +321,10 @@ impl Collective for DeviceCollective {
         waited?;
         step.via = "NCCL";
         Ok(step)
+    }
+
+    fn zeros(&self, len: usize) -> Result<DeviceBuffer<f32>> {
+        DeviceBuffer::zeros(self.gpu.device(), len).map_err(err)
     }
 
     fn all_gather_ranges(

@@ -11,8 +11,8 @@
 
 use super::powersgd::{self, HostOps, PowerSgdState};
 use super::{
-    block_of, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, Bucket, Collective, Drive, End,
-    GradComm,
+    block_of, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, shard_slots, Bucket, Collective,
+    Drive, End, GradComm,
 };
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
@@ -26,8 +26,9 @@ use std::sync::Mutex;
 /// Host-memory collectives over a [`Communicator`].
 pub struct HostCollective {
     comm: Communicator,
-    /// Where a reduce-scatter session's sums land before they are copied
-    /// into the rank's blocks (kept between sessions).
+    /// Where an in-place reduce-scatter's sums land before they are
+    /// copied into the buckets (a communication buffer, kept between
+    /// sessions).
     scratch: Mutex<Vec<f32>>,
 }
 
@@ -167,33 +168,49 @@ impl Collective for HostCollective {
         &self,
         grads: HostWindow<'g>,
         buckets: &[Bucket],
+        out: Option<&mut Vec<f32>>,
         drive: &mut Drive<'_, 'g, Host>,
     ) -> Result<CommStep> {
         let (n, rank) = (self.comm.size(), self.comm.rank());
         let mut step = CommStep::default();
-        let need: usize = buckets.iter().map(|b| b.range.len() / n.max(1)).sum();
+        let (slots, len) = shard_slots(buckets, n)?;
+        // The sums land in `out`, or (in place) in the scratch first, to
+        // be copied into the buckets once every reduction is over.
+        let in_place = out.is_none();
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if scratch.len() < need {
-            scratch.resize(need, 0.0);
+        let target: &mut [f32] = match out {
+            Some(o) if o.len() != len => {
+                return Err(format!(
+                    "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
+                    o.len()
+                ))
+            }
+            Some(o) => o,
+            None => {
+                if scratch.len() < len {
+                    scratch.resize(len, 0.0);
+                }
+                &mut scratch[..len]
+            }
+        };
+        // Each bucket's slot, by bucket index.
+        let mut free: Vec<Option<&mut [f32]>> = buckets.iter().map(|_| None).collect();
+        for (start, slot) in disjoint_mut(target, &slots)? {
+            let i = slots
+                .iter()
+                .position(|r| r.start == start && r.len() == slot.len())
+                .expect("a slot per bucket");
+            free[i] = Some(slot);
         }
-        // Each bucket's sum goes to its own slot of the scratch; the
-        // bucket itself is only read while the reductions run.
-        let mut free: &mut [f32] = &mut scratch[..];
         let mut landed: Vec<(*mut f32, Range<usize>, usize)> = Vec::new();
-        let mut at = 0;
         self.comm
             .scope(|s| {
                 drive(grads, &mut |i, part: &'g mut [f32]| {
-                    let b = buckets
-                        .get(i)
-                        .ok_or_else(|| format!("bucket {i} was never planned"))?;
-                    let mine = block_of(&(0..part.len()), rank, n)
-                        .map_err(|e| format!("bucket {i} ({:?}): {e}", b.range))?;
-                    if free.len() < mine.len() {
-                        return Err(format!("bucket {i} was launched twice"));
-                    }
-                    let (slot, rest) = std::mem::take(&mut free).split_at_mut(mine.len());
-                    free = rest;
+                    let slot = free
+                        .get_mut(i)
+                        .and_then(Option::take)
+                        .ok_or_else(|| format!("bucket {i} was never planned or launched twice"))?;
+                    let mine = block_of(&(0..part.len()), rank, n)?;
                     let ptr = part.as_mut_ptr();
                     // SAFETY: `part` is this session's exclusive borrow of
                     // the bucket for 'g; from here until the scope has
@@ -202,21 +219,26 @@ impl Collective for HostCollective {
                     // `ptr`, after the scope returned.
                     let send: &'g [f32] = unsafe { std::slice::from_raw_parts(ptr, part.len()) };
                     count_half(&mut step, 4 * send.len() as u64, n);
-                    let k = slot.len();
                     let _ = s.reduce_scatter(send, slot, ReduceOp::Sum);
-                    landed.push((ptr, mine, at));
-                    at += k;
+                    landed.push((ptr, mine, slots[i].start));
                     Ok(())
                 })
             })
             .map_err(err)??;
-        for (ptr, mine, at) in landed {
-            // SAFETY: see above: the reductions are over, and `ptr`
-            // addresses the bucket, whose borrow lasts for 'g.
-            let block = unsafe { std::slice::from_raw_parts_mut(ptr.add(mine.start), mine.len()) };
-            block.copy_from_slice(&scratch[at..at + mine.len()]);
+        if in_place {
+            for (ptr, mine, at) in landed {
+                // SAFETY: see above: the reductions are over, and `ptr`
+                // addresses the bucket, whose borrow lasts for 'g.
+                let block =
+                    unsafe { std::slice::from_raw_parts_mut(ptr.add(mine.start), mine.len()) };
+                block.copy_from_slice(&scratch[at..at + mine.len()]);
+            }
         }
         Ok(step)
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
     }
 
     fn all_gather_ranges(&self, flat: &mut Vec<f32>, ranges: &[Range<usize>]) -> Result<CommStep> {

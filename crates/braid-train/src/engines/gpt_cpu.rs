@@ -233,6 +233,20 @@ impl Engine for CpuGpt {
         Ok(())
     }
 
+    fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        let len: usize = self.opt.shard().iter().map(|r| r.len()).sum();
+        if grads.len() != len {
+            return Err(format!(
+                "{} shard gradients for an optimizer shard of {len} elements",
+                grads.len()
+            ));
+        }
+        self.opt
+            .step_shard_scaled(&mut self.params, grads, step.lr, step.grad_scale);
+        self.updates += 1;
+        Ok(())
+    }
+
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
         check_shard(shard, self.params.data.len())?;
         if self.updates > 0 {

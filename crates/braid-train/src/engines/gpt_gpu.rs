@@ -191,6 +191,45 @@ impl GpuGpt {
     pub fn precision(&self) -> Precision {
         self.precision
     }
+
+    /// AdamW on every range of the optimizer's shard, one launch each;
+    /// `compact`: `grads` holds the shard's gradients one range after
+    /// another (indexed like the state), else the whole buffer.
+    fn adamw(&mut self, grads: &DeviceBuffer<f32>, compact: bool, step: UpdateStep) -> Result<()> {
+        let h = AdamStep {
+            lr: step.lr,
+            beta1: self.adam.beta1,
+            beta2: self.adam.beta2,
+            step: step.step as i32,
+            eps: self.adam.eps,
+            grad_scale: step.grad_scale,
+        };
+        for (r, at, segs) in &self.shard {
+            let len = r.len();
+            let mut p = self.p.view_mut(r.clone());
+            let g = match compact {
+                true => grads.view(*at..at + len),
+                false => grads.view(r.clone()),
+            };
+            let mut m = self.m.view_mut(*at..at + len);
+            let mut v = self.v.view_mut(*at..at + len);
+            match &mut self.model {
+                Model::Mixed(mm, pb) => {
+                    let mut pb = pb.as_mut().map(|b| b.view_mut(r.clone()));
+                    let pb = pb.as_mut().map(|b| b as _);
+                    self.mk
+                        .adamw_multi(mm.stream(), &mut p, pb, &g, &mut m, &mut v, segs, h)
+                }
+                Model::F32(mm) => {
+                    self.mk
+                        .adamw_multi(mm.stream(), &mut p, None, &g, &mut m, &mut v, segs, h)
+                }
+            }
+            .map_err(e)?;
+        }
+        self.updates += 1;
+        Ok(())
+    }
 }
 
 impl Engine for GpuGpt {
@@ -321,36 +360,25 @@ impl Engine for GpuGpt {
     }
 
     fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        let h = AdamStep {
-            lr: step.lr,
-            beta1: self.adam.beta1,
-            beta2: self.adam.beta2,
-            step: step.step as i32,
-            eps: self.adam.eps,
-            grad_scale: step.grad_scale,
-        };
-        for (r, at, segs) in &self.shard {
-            let len = r.len();
-            let mut p = self.p.view_mut(r.clone());
-            let g = grads.view(r.clone());
-            let mut m = self.m.view_mut(*at..at + len);
-            let mut v = self.v.view_mut(*at..at + len);
-            match &mut self.model {
-                Model::Mixed(mm, pb) => {
-                    let mut pb = pb.as_mut().map(|b| b.view_mut(r.clone()));
-                    let pb = pb.as_mut().map(|b| b as _);
-                    self.mk
-                        .adamw_multi(mm.stream(), &mut p, pb, &g, &mut m, &mut v, segs, h)
-                }
-                Model::F32(mm) => {
-                    self.mk
-                        .adamw_multi(mm.stream(), &mut p, None, &g, &mut m, &mut v, segs, h)
-                }
-            }
-            .map_err(e)?;
+        if grads.len() != self.layout.len {
+            return Err(format!(
+                "{} gradients for {} parameters",
+                grads.len(),
+                self.layout.len
+            ));
         }
-        self.updates += 1;
-        Ok(())
+        self.adamw(grads, false, step)
+    }
+
+    fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        let len = self.m.len();
+        if grads.len() != len {
+            return Err(format!(
+                "{} shard gradients for an optimizer shard of {len} elements",
+                grads.len()
+            ));
+        }
+        self.adamw(grads, true, step)
     }
 
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
