@@ -85,9 +85,10 @@ pub fn cpu_training(
     t: usize,
     checkpointing: bool,
     optimizer_states: u32,
+    sharding: Sharding,
 ) -> Footprint {
     let p = 4 * cfg.num_params() as u128;
-    Footprint {
+    let mut f = Footprint {
         parts: vec![
             Part {
                 name: "parameters",
@@ -99,13 +100,50 @@ pub fn cpu_training(
             },
             Part {
                 name: "optimizer state",
-                bytes: optimizer_states as u128 * p,
+                bytes: sharding.shard(optimizer_states as u128 * p),
             },
             Part {
                 name: "activations",
                 bytes: 4 * cpu_activation_elements(cfg, b, t, checkpointing),
             },
         ],
+    };
+    sharding.add_grad_shard(&mut f, p);
+    f
+}
+
+/// How a run shards its model states over ranks (ZeRO), as the footprint
+/// counts them: stage 1 and up keep `1/ranks` of the optimizer state;
+/// stage 2 also keeps the shard's reduced gradients in a buffer of their
+/// own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    /// 0: not sharded (one process, or data parallelism).
+    pub stage: u8,
+    /// The ranks the state is sharded over (the shard group).
+    pub ranks: usize,
+}
+
+impl Sharding {
+    /// Nothing sharded.
+    pub const NONE: Sharding = Sharding { stage: 0, ranks: 1 };
+
+    /// This rank's bytes of optimizer state of `bytes` in all.
+    pub fn shard(&self, bytes: u128) -> u128 {
+        match self.stage {
+            0 => bytes,
+            _ => bytes.div_ceil(self.ranks.max(1) as u128),
+        }
+    }
+
+    /// Adds stage 2's reduced-gradient shard of `grad_bytes` to `f`.
+    fn add_grad_shard(&self, f: &mut Footprint, grad_bytes: u128) {
+        if self.stage >= 2 {
+            f.parts.push(Part {
+                name: "reduced gradient shard",
+                bytes: grad_bytes.div_ceil(self.ranks.max(1) as u128),
+            });
+        }
     }
 }
 
@@ -225,6 +263,8 @@ pub struct GpuRun {
     pub stored_score_grads: bool,
     /// Under checkpointing, each layer keeps the fused attention's state.
     pub keep_attention: bool,
+    /// How the model states are sharded over ranks.
+    pub sharding: Sharding,
 }
 
 /// The GPU engine's memory by part: model states (f32 parameters,
@@ -238,6 +278,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         t,
         mixed,
         streamed_weights,
+        sharding,
         ..
     } = *run;
     let params = cfg.num_params() as u128;
@@ -252,9 +293,12 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         },
         Part {
             name: "optimizer state",
-            bytes: 8 * params,
+            bytes: sharding.shard(8 * params),
         },
     ];
+    let mut grads = Footprint { parts: Vec::new() };
+    sharding.add_grad_shard(&mut grads, 4 * params);
+    parts.extend(grads.parts);
     if mixed {
         let wte = cfg.vocab_size as u128 * cfg.n_embd as u128;
         parts.push(Part {
@@ -339,7 +383,7 @@ mod tests {
     #[test]
     fn breakdown_names_every_part_and_the_total() {
         let cfg = GptConfig::parse("124M").unwrap();
-        let f = cpu_training(&cfg, 4, 64, false, 2);
+        let f = cpu_training(&cfg, 4, 64, false, 2, Sharding::NONE);
         let text = f.breakdown();
         for part in [
             "parameters",

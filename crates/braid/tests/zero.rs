@@ -186,3 +186,35 @@ fn impossible_zero_setups_are_refused_at_start() {
         assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
     }
 }
+
+/// Workers on one host share its memory: a data-parallel run of a model
+/// that only fits with its optimizer sharded is refused before anything
+/// is allocated, naming each worker's share and `--zero 1`. (The model is
+/// sized from this machine's available memory: 14 bytes per parameter of
+/// each worker's share, between ZeRO-1's 12 and data parallelism's 16.)
+#[test]
+fn data_parallel_that_only_fits_sharded_is_told_to_use_zero() {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemAvailable");
+    let share = kb * 1024 / 2;
+    let params = share / 14;
+    // Width 1024, byte vocabulary: 12.6M parameters a layer.
+    let layers = (params / (12 * 1024 * 1024 + 13 * 1024)).max(1);
+    let model = format!("L{layers}-H16-C1024");
+    let mut cmd = braid();
+    cmd.args([
+        "train", "--model", &model, "--nproc", "2", "--seq", "32", "--batch", "1",
+    ]);
+    let f = run(cmd, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0), "{model}: {f:?}");
+    assert!(
+        f.stderr.contains("for each of the 2 workers on this host")
+            && f.stderr.contains("what would fit: --zero 1"),
+        "{model}: {}",
+        f.stderr
+    );
+}

@@ -21,24 +21,16 @@ use braid_comm::{Communicator, ReduceOp};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::Mutex;
 
 /// Host-memory collectives over a [`Communicator`].
 pub struct HostCollective {
     comm: Communicator,
-    /// Where an in-place reduce-scatter's sums land before they are
-    /// copied into the buckets (a communication buffer, kept between
-    /// sessions).
-    scratch: Mutex<Vec<f32>>,
 }
 
 impl HostCollective {
     /// Collectives over `comm`.
     pub fn new(comm: Communicator) -> HostCollective {
-        HostCollective {
-            comm,
-            scratch: Mutex::new(Vec::new()),
-        }
+        HostCollective { comm }
     }
 }
 
@@ -171,38 +163,27 @@ impl Collective for HostCollective {
         out: Option<&mut Vec<f32>>,
         drive: &mut Drive<'_, 'g, Host>,
     ) -> Result<CommStep> {
-        let (n, rank) = (self.comm.size(), self.comm.rank());
+        let n = self.comm.size();
         let mut step = CommStep::default();
         let (slots, len) = shard_slots(buckets, n)?;
-        // The sums land in `out`, or (in place) in the scratch first, to
-        // be copied into the buckets once every reduction is over.
-        let in_place = out.is_none();
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let target: &mut [f32] = match out {
-            Some(o) if o.len() != len => {
-                return Err(format!(
-                    "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
-                    o.len()
-                ))
-            }
-            Some(o) => o,
-            None => {
-                if scratch.len() < len {
-                    scratch.resize(len, 0.0);
-                }
-                &mut scratch[..len]
-            }
+        let Some(out) = out else {
+            return self.reduce_scatter_in_place(grads, buckets, drive);
         };
+        if out.len() != len {
+            return Err(format!(
+                "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
+                out.len()
+            ));
+        }
         // Each bucket's slot, by bucket index.
         let mut free: Vec<Option<&mut [f32]>> = buckets.iter().map(|_| None).collect();
-        for (start, slot) in disjoint_mut(target, &slots)? {
+        for (start, slot) in disjoint_mut(out, &slots)? {
             let i = slots
                 .iter()
                 .position(|r| r.start == start && r.len() == slot.len())
                 .expect("a slot per bucket");
             free[i] = Some(slot);
         }
-        let mut landed: Vec<(*mut f32, Range<usize>, usize)> = Vec::new();
         self.comm
             .scope(|s| {
                 drive(grads, &mut |i, part: &'g mut [f32]| {
@@ -210,30 +191,14 @@ impl Collective for HostCollective {
                         .get_mut(i)
                         .and_then(Option::take)
                         .ok_or_else(|| format!("bucket {i} was never planned or launched twice"))?;
-                    let mine = block_of(&(0..part.len()), rank, n)?;
-                    let ptr = part.as_mut_ptr();
-                    // SAFETY: `part` is this session's exclusive borrow of
-                    // the bucket for 'g; from here until the scope has
-                    // waited for every reduction it is only read (as
-                    // `send`), and it is written again below only through
-                    // `ptr`, after the scope returned.
-                    let send: &'g [f32] = unsafe { std::slice::from_raw_parts(ptr, part.len()) };
+                    // The bucket is only read from here on.
+                    let send: &'g [f32] = part;
                     count_half(&mut step, 4 * send.len() as u64, n);
                     let _ = s.reduce_scatter(send, slot, ReduceOp::Sum);
-                    landed.push((ptr, mine, slots[i].start));
                     Ok(())
                 })
             })
             .map_err(err)??;
-        if in_place {
-            for (ptr, mine, at) in landed {
-                // SAFETY: see above: the reductions are over, and `ptr`
-                // addresses the bucket, whose borrow lasts for 'g.
-                let block =
-                    unsafe { std::slice::from_raw_parts_mut(ptr.add(mine.start), mine.len()) };
-                block.copy_from_slice(&scratch[at..at + mine.len()]);
-            }
-        }
         Ok(step)
     }
 
@@ -244,19 +209,26 @@ impl Collective for HostCollective {
     fn all_gather_ranges(&self, flat: &mut Vec<f32>, ranges: &[Range<usize>]) -> Result<CommStep> {
         let (n, rank) = (self.comm.size(), self.comm.rank());
         let mut step = CommStep::default();
-        let slots = disjoint_mut(flat, ranges)?;
-        let mut sends = Vec::with_capacity(slots.len());
-        for (_, slot) in &slots {
-            sends.push(slot[block_of(&(0..slot.len()), rank, n)?].to_vec());
+        let mut slots: Vec<&mut [f32]> = disjoint_mut(flat, ranges)?
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect();
+        // A copy of this rank's block goes out while the range fills in:
+        // in groups, so that the copies stay small.
+        for group in in_groups(&mut slots, n, GROUP_BYTES) {
+            let mut sends = Vec::with_capacity(group.len());
+            for slot in group.iter() {
+                sends.push(slot[block_of(&(0..slot.len()), rank, n)?].to_vec());
+            }
+            self.comm
+                .scope(|s| {
+                    for (send, slot) in sends.iter().zip(group.iter_mut()) {
+                        count_half(&mut step, 4 * slot.len() as u64, n);
+                        let _ = s.all_gather(send, slot);
+                    }
+                })
+                .map_err(err)?;
         }
-        self.comm
-            .scope(|s| {
-                for (send, (_, slot)) in sends.iter().zip(slots) {
-                    count_half(&mut step, 4 * slot.len() as u64, n);
-                    let _ = s.all_gather(send, slot);
-                }
-            })
-            .map_err(err)?;
         Ok(step)
     }
 
@@ -282,6 +254,74 @@ impl Collective for HostCollective {
             .map_err(err)?
             .ok_or("split: this rank joined no communicator")?;
         Ok(HostCollective::new(comm))
+    }
+}
+
+/// Bytes of copies (sums, own blocks) a group of host reduce-scatters or
+/// all-gathers keeps at once ([`in_groups`]).
+const GROUP_BYTES: usize = 64 << 20;
+
+/// `parts` in consecutive groups whose blocks (a part over `n` ranks)
+/// add up to at most `budget` bytes (at least one part each).
+fn in_groups<T: AsRef<[f32]>>(parts: &mut [T], n: usize, budget: usize) -> Vec<&mut [T]> {
+    let mut groups = Vec::new();
+    let mut rest = parts;
+    while !rest.is_empty() {
+        let (mut end, mut bytes) = (0, 0);
+        while end < rest.len() {
+            let b = 4 * rest[end].as_ref().len() / n.max(1);
+            if end > 0 && bytes + b > budget {
+                break;
+            }
+            bytes += b;
+            end += 1;
+        }
+        let (group, tail) = std::mem::take(&mut rest).split_at_mut(end);
+        groups.push(group);
+        rest = tail;
+    }
+    groups
+}
+
+impl HostCollective {
+    /// The in-place reduce-scatter: the backward pass runs first (its
+    /// buckets collected, nothing overlaps), then the buckets are reduced
+    /// in groups, each bucket's sum landing in a small copy that goes
+    /// into the rank's block once its group is done.
+    fn reduce_scatter_in_place<'g>(
+        &self,
+        grads: HostWindow<'g>,
+        buckets: &[Bucket],
+        drive: &mut Drive<'_, 'g, Host>,
+    ) -> Result<CommStep> {
+        let (n, rank) = (self.comm.size(), self.comm.rank());
+        let mut step = CommStep::default();
+        let mut parts: Vec<&'g mut [f32]> = Vec::new();
+        drive(grads, &mut |i, part| {
+            let b = buckets
+                .get(i)
+                .ok_or_else(|| format!("bucket {i} was never planned"))?;
+            block_of(&(0..part.len()), rank, n)
+                .map_err(|e| format!("bucket {i} ({:?}): {e}", b.range))?;
+            parts.push(part);
+            Ok(())
+        })?;
+        for group in in_groups(&mut parts, n, GROUP_BYTES) {
+            let mut sums: Vec<Vec<f32>> = group.iter().map(|p| vec![0.0; p.len() / n]).collect();
+            self.comm
+                .scope(|s| {
+                    for (part, sum) in group.iter().zip(sums.iter_mut()) {
+                        count_half(&mut step, 4 * part.len() as u64, n);
+                        let _ = s.reduce_scatter(&part[..], sum, ReduceOp::Sum);
+                    }
+                })
+                .map_err(err)?;
+            for (part, sum) in group.iter_mut().zip(&sums) {
+                let mine = block_of(&(0..part.len()), rank, n)?;
+                part[mine].copy_from_slice(sum);
+            }
+        }
+        Ok(step)
     }
 }
 
@@ -381,4 +421,22 @@ fn reduce_half<'g, T: HalfFloat>(
             .for_each(|(x, &h)| *x = h.to_f32() * post);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_groups;
+
+    #[test]
+    fn groups_keep_their_blocks_under_the_budget() {
+        // Parts of 8, 8, 4, 20 and 4 elements over 2 ranks: blocks of 16,
+        // 16, 8, 40 and 8 bytes; a budget of 32 bytes.
+        let mut parts: Vec<Vec<f32>> = [8, 8, 4, 20, 4].iter().map(|&k| vec![0.0; k]).collect();
+        let sizes: Vec<Vec<usize>> = in_groups(&mut parts, 2, 32)
+            .iter()
+            .map(|g| g.iter().map(|p| p.len()).collect())
+            .collect();
+        // The 20-element part is alone: over budget, but a group holds one.
+        assert_eq!(sizes, vec![vec![8, 8], vec![4], vec![20], vec![4]]);
+    }
 }

@@ -252,6 +252,8 @@ impl Engine for CpuGpt {
         if self.updates > 0 {
             return Err("the optimizer can be sharded only before the first update".into());
         }
+        // The whole buffer's state goes first, so that the peak holds one.
+        self.opt = self.optimizer.over(&self.params.layout, &[]);
         self.opt = self.optimizer.over(&self.params.layout, shard);
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! available memory and the GPU's capacity; a run that would not fit is
 //! refused with the estimate, the capacity and what would fit.
 
+use braid_model::footprint::Sharding;
 use braid_model::GptConfig;
 
 /// What the run asked for, as the messages name it.
@@ -13,6 +14,29 @@ pub struct Shape<'a> {
     pub seq: usize,
     /// `--checkpointing`.
     pub checkpointing: bool,
+    /// `--zero` over the shard group.
+    pub sharding: Sharding,
+    /// Ranks in the run (a data-parallel run over several is told which
+    /// ZeRO stage would fit).
+    pub ranks: usize,
+    /// Workers on this host: they share its memory.
+    pub local_workers: usize,
+}
+
+impl Shape<'_> {
+    /// The ZeRO stages (built so far) that are not this run's and could
+    /// shard it: none for one process or an already sharded run.
+    fn other_stages(&self) -> Vec<Sharding> {
+        match (self.sharding.stage, self.ranks) {
+            (0, n) if n > 1 => (1..=2).map(|stage| Sharding { stage, ranks: n }).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// `--zero S` for a hint.
+fn zero_flag(s: Sharding) -> String {
+    format!("--zero {}", s.stage)
 }
 use braid_train::engines::Precision;
 
@@ -28,13 +52,16 @@ pub fn host(
     adamw: bool,
 ) -> Result<(), String> {
     use braid_model::footprint::{self, gib, Footprint, Part};
-    let Some(avail) = footprint::host_available() else {
+    let Some(host_avail) = footprint::host_available() else {
         return Ok(());
     };
+    // Every worker on this host trains its own copy.
+    let workers = a.local_workers.max(1);
+    let avail = host_avail / workers as u128;
     let params = cfg.num_params() as u128;
     // AdamW keeps two moments, SGD with momentum one.
     let states = if adamw { 2 } else { 1 };
-    let need = |b: usize, ckpt: bool| {
+    let need_with = |b: usize, ckpt: bool, sharding: Sharding| {
         if cuda {
             Footprint {
                 parts: vec![Part {
@@ -43,9 +70,10 @@ pub fn host(
                 }],
             }
         } else {
-            footprint::cpu_training(cfg, b, a.seq, ckpt, states)
+            footprint::cpu_training(cfg, b, a.seq, ckpt, states, sharding)
         }
     };
+    let need = |b: usize, ckpt: bool| need_with(b, ckpt, a.sharding);
     let f = need(batch, a.checkpointing);
     if f.total() <= avail {
         return Ok(());
@@ -63,9 +91,16 @@ pub fn host(
                 None => {}
             }
         }
+        if let Some(s) = a
+            .other_stages()
+            .into_iter()
+            .find(|&s| need_with(batch, a.checkpointing, s).total() <= avail)
+        {
+            fits.push(zero_flag(s));
+        }
     }
     let per = if cuda { 4 } else { 4 * (2 + states as u128) };
-    let hint = if per * params > avail {
+    let hint = if per * params > avail && fits.is_empty() {
         format!(
             "the model alone needs {per} bytes per parameter here; \
              a model of at most about {:.2e} parameters would fit",
@@ -81,7 +116,7 @@ pub fn host(
         format!("what would fit: {}", fits.join(" or "))
     };
     Err(format!(
-        "{model} needs about {:.2} GiB of host memory{} ({}), but {:.2} GiB is available; {hint}",
+        "{model} needs about {:.2} GiB of host memory{} ({}), but {:.2} GiB is available{}; {hint}",
         gib(f.total()),
         if cuda {
             String::new()
@@ -89,7 +124,14 @@ pub fn host(
             format!(" to train on the CPU at batch {batch} x {}", a.seq)
         },
         f.breakdown(),
-        gib(avail)
+        gib(host_avail),
+        match workers {
+            1 => String::new(),
+            n => format!(
+                " ({:.2} GiB for each of the {n} workers on this host)",
+                gib(avail)
+            ),
+        }
     ))
 }
 
@@ -214,21 +256,25 @@ pub fn device(
         return Ok(plan(0, forms[0]));
     };
     let free = free as u128;
-    let need =
-        |b: usize, checkpointing: bool, (streamed_weights, keep_attention, stored_score_grads)| {
-            let run = GpuRun {
-                b,
-                t: a.seq,
-                mixed,
-                fused_attention: fused,
-                deferred,
-                checkpointing,
-                streamed_weights,
-                stored_score_grads,
-                keep_attention,
-            };
-            gpu_training(cfg, &run)
+    let need_with = |b: usize,
+                     checkpointing: bool,
+                     (streamed_weights, keep_attention, stored_score_grads),
+                     sharding: Sharding| {
+        let run = GpuRun {
+            b,
+            t: a.seq,
+            mixed,
+            fused_attention: fused,
+            deferred,
+            checkpointing,
+            streamed_weights,
+            stored_score_grads,
+            keep_attention,
+            sharding,
         };
+        gpu_training(cfg, &run)
+    };
+    let need = |b: usize, checkpointing: bool, form| need_with(b, checkpointing, form, a.sharding);
     for &form in &forms {
         let f = need(batch, a.checkpointing, form);
         if f.total() + DEVICE_MARGIN <= free {
@@ -250,14 +296,30 @@ pub fn device(
             None => {}
         }
     }
+    for s in a.other_stages() {
+        if need_with(batch, a.checkpointing, form, s).total() <= room {
+            fits.push(zero_flag(s));
+            break;
+        }
+    }
     let hint = match fits.is_empty() {
         false => format!("what would fit: {}", fits.join(" or ")),
         true => {
-            let per = if mixed && !streamed { 18 } else { 16 };
+            // Model states per parameter: f32 weights and gradients, the
+            // (sharded) moments and reduced-gradient shard, bf16 weights.
+            let sh = a.sharding;
+            let bf16 = if mixed && !streamed { 2.0 } else { 0.0 };
+            let per = 8.0 + sh.shard(8 << 20) as f64 / (1 << 20) as f64 + bf16;
+            let per = per
+                + if sh.stage >= 2 {
+                    4.0 / sh.ranks as f64
+                } else {
+                    0.0
+                };
             format!(
                 "even batch 1 does not fit: pick a model of at most about {:.2e} parameters \
-                 (model states take {per} bytes per parameter before activations)",
-                (room / per) as f64
+                 (model states take {per:.1} bytes per parameter before activations)",
+                room as f64 / per
             )
         }
     };

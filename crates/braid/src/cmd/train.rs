@@ -9,6 +9,7 @@ use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
 use braid_model::checkpoint;
 use braid_model::data::{Dataset, Source, Tokenizer};
+use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
 use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
@@ -406,6 +407,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         model: &a.model,
         seq: a.seq,
         checkpointing: a.checkpointing,
+        sharding: Sharding {
+            stage: zero.unwrap_or(0),
+            ranks: shard_group,
+        },
+        ranks,
+        local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
     };
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {

@@ -67,7 +67,7 @@ pub fn stop_on_sigterm(comm: &Communicator) {
             // a peer. Say why, as its error would have.
             let why = comm.aborted().unwrap_or_else(|| "no cause known".into());
             eprintln!(
-                "braid: error: rank {}: communicator aborted: {why} (the worker was stopped by signal SIGTERM while waiting on the GPU)",
+                "braid: error: rank {}: communicator aborted: {why} (the worker was stopped by signal SIGTERM while still busy: computing, or waiting on a peer or the GPU)",
                 comm.rank()
             );
             std::process::exit(128 + 15);
