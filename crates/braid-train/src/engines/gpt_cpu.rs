@@ -14,7 +14,11 @@ pub struct CpuGpt {
     model: Gpt,
     params: Params,
     acts: Activations<f32>,
-    opt: Optimizer,
+    /// Built at the first update, for the shard owned by then (so that a
+    /// sharded run never holds the whole buffer's state).
+    opt: Option<Optimizer>,
+    /// The elements of the flat buffer the optimizer owns.
+    shard: Vec<Range<usize>>,
     optimizer: CpuOptimizer,
     /// Updates made (the optimizer may be sharded only before the first).
     updates: u64,
@@ -73,7 +77,8 @@ impl CpuGpt {
         CpuGpt {
             model: Gpt::new(layout.clone()),
             acts: Activations::new(&layout, b, t, checkpointing),
-            opt: optimizer.over(&layout, std::slice::from_ref(&(0..layout.len))),
+            opt: None,
+            shard: std::slice::from_ref(&(0..layout.len)).to_vec(),
             optimizer,
             updates: 0,
             params,
@@ -86,6 +91,14 @@ impl CpuGpt {
     /// The parameters with their layout (the trained model).
     pub fn into_params(self) -> Params {
         self.params
+    }
+
+    /// The optimizer and the parameters it updates (the optimizer built
+    /// for the shard on first use).
+    fn stepping(&mut self) -> (&mut Optimizer, &mut Params) {
+        let (how, layout, shard) = (self.optimizer, &self.params.layout, &self.shard);
+        let opt = self.opt.get_or_insert_with(|| how.over(layout, shard));
+        (opt, &mut self.params)
     }
 
     fn grads_prefix<'w>(g: &'w mut HostWindow<'_>) -> Result<&'w mut [f32]> {
@@ -213,7 +226,17 @@ impl Engine for CpuGpt {
     fn state_bytes(&self) -> StateBytes {
         StateBytes {
             params: 4 * self.params.data.len() as u64,
-            optimizer: self.opt.state_bytes() as u64,
+            optimizer: match &self.opt {
+                Some(o) => o.state_bytes() as u64,
+                None => {
+                    let len: usize = self.shard.iter().map(|r| r.len()).sum();
+                    let moments = match self.optimizer {
+                        CpuOptimizer::AdamW { .. } => 2,
+                        CpuOptimizer::Sgd { .. } => 1,
+                    };
+                    4 * moments * len as u64
+                }
+            },
             ..Default::default()
         }
     }
@@ -227,22 +250,22 @@ impl Engine for CpuGpt {
     }
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
-        self.opt
-            .step_scaled(&mut self.params, grads, step.lr, step.grad_scale);
+        let (opt, params) = self.stepping();
+        opt.step_scaled(params, grads, step.lr, step.grad_scale);
         self.updates += 1;
         Ok(())
     }
 
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
-        let len: usize = self.opt.shard().iter().map(|r| r.len()).sum();
+        let len: usize = self.shard.iter().map(|r| r.len()).sum();
         if grads.len() != len {
             return Err(format!(
                 "{} shard gradients for an optimizer shard of {len} elements",
                 grads.len()
             ));
         }
-        self.opt
-            .step_shard_scaled(&mut self.params, grads, step.lr, step.grad_scale);
+        let (opt, params) = self.stepping();
+        opt.step_shard_scaled(params, grads, step.lr, step.grad_scale);
         self.updates += 1;
         Ok(())
     }
@@ -252,9 +275,8 @@ impl Engine for CpuGpt {
         if self.updates > 0 {
             return Err("the optimizer can be sharded only before the first update".into());
         }
-        // The whole buffer's state goes first, so that the peak holds one.
-        self.opt = self.optimizer.over(&self.params.layout, &[]);
-        self.opt = self.optimizer.over(&self.params.layout, shard);
+        self.opt = None;
+        self.shard = shard.to_vec();
         Ok(())
     }
 

@@ -137,8 +137,11 @@ impl GpuGpt {
             ..Default::default()
         };
         Ok(GpuGpt {
-            m: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
-            v: DeviceBuffer::zeros(device, layout.len).map_err(e)?,
+            // AdamW's moments come at the first update (for the shard the
+            // optimizer owns by then), so that a sharded run never holds
+            // the whole buffer's.
+            m: DeviceBuffer::zeros(device, 0).map_err(e)?,
+            v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
             shard: vec![(
                 0..layout.len,
@@ -192,10 +195,21 @@ impl GpuGpt {
         self.precision
     }
 
+    /// Elements of AdamW state per moment: the optimizer's ranges.
+    fn state_len(&self) -> usize {
+        self.shard.iter().map(|(r, _, _)| r.len()).sum()
+    }
+
     /// AdamW on every range of the optimizer's shard, one launch each;
     /// `compact`: `grads` holds the shard's gradients one range after
     /// another (indexed like the state), else the whole buffer.
     fn adamw(&mut self, grads: &DeviceBuffer<f32>, compact: bool, step: UpdateStep) -> Result<()> {
+        let len = self.state_len();
+        if self.m.len() != len {
+            let device = self.p.device().clone();
+            self.m = DeviceBuffer::zeros(&device, len).map_err(e)?;
+            self.v = DeviceBuffer::zeros(&device, len).map_err(e)?;
+        }
         let h = AdamStep {
             lr: step.lr,
             beta1: self.adam.beta1,
@@ -325,7 +339,7 @@ impl Engine for GpuGpt {
 
     fn state_bytes(&self) -> StateBytes {
         let f32s = 4 * self.p.len() as u64;
-        let optimizer = 4 * (self.m.len() + self.v.len()) as u64;
+        let optimizer = 8 * self.state_len() as u64;
         match &self.model {
             Model::F32(_) => StateBytes {
                 params: f32s,
@@ -371,7 +385,7 @@ impl Engine for GpuGpt {
     }
 
     fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        let len = self.m.len();
+        let len = self.state_len();
         if grads.len() != len {
             return Err(format!(
                 "{} shard gradients for an optimizer shard of {len} elements",
@@ -387,12 +401,6 @@ impl Engine for GpuGpt {
             return Err("the optimizer can be sharded only before the first update".into());
         }
         let device = self.p.device().clone();
-        let total: usize = shard.iter().map(|r| r.len()).sum();
-        // The whole buffer's state goes first, so that the peak holds one.
-        self.m = DeviceBuffer::zeros(&device, 0).map_err(e)?;
-        self.v = DeviceBuffer::zeros(&device, 0).map_err(e)?;
-        self.m = DeviceBuffer::zeros(&device, total).map_err(e)?;
-        self.v = DeviceBuffer::zeros(&device, total).map_err(e)?;
         let mut at = 0;
         self.shard = shard
             .iter()
