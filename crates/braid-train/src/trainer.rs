@@ -125,7 +125,7 @@ pub fn train<E, S, L>(
 ) -> Result<RunReport>
 where
     E: Engine,
-    S: Strategy<E>,
+    S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
     if o.accum == 0 {
@@ -246,7 +246,7 @@ fn evaluate<E, S, L>(
 ) -> Result<f32>
 where
     E: Engine,
-    S: Strategy<E>,
+    S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
     let k = o.eval_batches.max(1);

@@ -30,7 +30,7 @@ enum Command {
     Verify(cmd::verify::VerifyArgs),
     Train(cmd::train::TrainArgs),
     Scale(cmd::scale::ScaleArgs),
-    Generate(cmd::train::GenerateArgs),
+    Generate(cmd::generate::GenerateArgs),
     Kernels(cmd::kernels::KernelsArgs),
 }
 
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => cmd::verify::run(args),
         Command::Train(args) => cmd::train::run_train(args),
         Command::Scale(args) => cmd::scale::run(args),
-        Command::Generate(args) => cmd::train::run_generate(args),
+        Command::Generate(args) => cmd::generate::run_generate(args),
         Command::Kernels(args) => cmd::kernels::run(args),
     };
     match result {

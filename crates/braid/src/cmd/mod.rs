@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_gpu;
+pub mod generate;
 pub mod kernels;
 pub mod launch;
 pub mod preflight;
@@ -11,6 +12,7 @@ pub mod svg;
 pub mod topo;
 pub mod train;
 pub mod train_output;
+pub mod train_strategy;
 pub mod verify;
 pub mod verify_gpu;
 pub mod workers;

@@ -1,10 +1,11 @@
-//! `braid train` and `braid generate`: braid-train's one training loop
-//! over the CPU or GPU engine — in one process, or data-parallel over
-//! several (`--nproc N` starts them here through the launcher; under
-//! `braid launch`, torchrun or SLURM each process is one rank) — and
-//! sampling from a saved model.
+//! `braid train`: braid-train's one training loop over the CPU or GPU
+//! engine — in one process, or over several ranks, data-parallel or with
+//! ZeRO's sharded optimizer (`train_strategy`; `--nproc N` starts them
+//! here through the launcher; under `braid launch`, torchrun or SLURM
+//! each process is one rank).
 
 use super::train_output::{print_state, print_summary, write_json, Progress};
+use super::train_strategy::{distributed, zero_stage, ZeroFlags, ZERO_ALIGN};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
 use braid_model::checkpoint;
@@ -13,10 +14,9 @@ use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
 use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
-use braid_train::ddp::{DataParallel, DdpOptions};
+use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
-use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::{train, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
@@ -152,34 +152,9 @@ pub struct TrainArgs {
     defer_layers: Option<usize>,
 }
 
-/// Sample text from a saved model.
-#[derive(Args)]
-#[command(
-    about = "Continue a prompt with a model saved by `braid train --save`",
-    after_help = "Example:\n  braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80"
-)]
-pub struct GenerateArgs {
-    /// The checkpoint.
-    #[arg(long)]
-    load: PathBuf,
-    /// Text to continue.
-    #[arg(long, default_value = "")]
-    prompt: String,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 100)]
-    tokens: usize,
-    /// Sampling temperature (0: always the most likely token).
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// Sampling seed.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// bytes or gpt2 (default: what the checkpoint was trained with).
-    #[arg(long)]
-    tokenizer: Option<String>,
-}
-
-fn tokenizer_for(
+/// The tokenizer: the one asked for, else the one the checkpoint names,
+/// else bytes for vocabularies of up to 256 and GPT-2's above.
+pub(super) fn tokenizer_for(
     explicit: Option<&str>,
     saved: Option<&String>,
     vocab: usize,
@@ -190,61 +165,6 @@ fn tokenizer_for(
         None => Ok(Tokenizer::Gpt2),
     }
 }
-
-/// ZeRO's settings: `stage`, and the data-parallel buckets.
-fn zero_options(stage: u8, ddp: &DdpOptions, shard_group: Option<usize>) -> ZeroOptions {
-    ZeroOptions {
-        stage,
-        bucket_cap_mb: ddp.bucket_cap_mb,
-        first_bucket_mb: ddp.first_bucket_mb,
-        shard_group,
-    }
-}
-
-/// The ZeRO stage asked for (`--zero`, `--fsdp`), checked against the
-/// rest of the run.
-fn zero_stage(a: &TrainArgs, grad_comm: GradComm) -> Result<Option<u8>, String> {
-    let stage = match (a.zero, a.fsdp) {
-        (None, false) if a.shard_group.is_some() => {
-            return Err("--shard-group shards the optimizer: add --zero 1 or --zero 2".into())
-        }
-        (None, false) => return Ok(None),
-        (Some(s), true) if s != 3 => {
-            return Err(format!(
-                "--zero {s} with --fsdp: --fsdp means --zero 3 (give one of them)"
-            ))
-        }
-        (_, true) => 3,
-        (Some(s), false) => s,
-    };
-    match stage {
-        1 | 2 => {}
-        3 => {
-            return Err(
-                "--zero 3 / --fsdp: ZeRO stage 3 (sharded parameters) is not built yet; \
-                 use --zero 1 or --zero 2"
-                    .into(),
-            )
-        }
-        s => return Err(format!("--zero {s}: expected 1, 2 or 3")),
-    }
-    if grad_comm != GradComm::Plain {
-        return Err(format!(
-            "--zero {stage} with --grad-comm {}: ZeRO reduce-scatters f32 gradients (drop --grad-comm)",
-            a.grad_comm
-        ));
-    }
-    if a.defer_layers.is_some_and(|n| n > 0) {
-        return Err(format!(
-            "--zero {stage} with --defer-layers: ZeRO's buckets hold whole layers (drop --defer-layers)"
-        ));
-    }
-    Ok(Some(stage))
-}
-
-/// Under ZeRO every rank's block of a layout block starts at a multiple of
-/// this many elements (256 bytes of f32).
-const ZERO_ALIGN: usize = 64;
 
 /// How many layers defer their weight gradients (`--defer-layers`; by
 /// default 2 in bf16 when data-parallel, so the embeddings' reduction
@@ -334,7 +254,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         return Err("--device cuda trains with adamw only (so far)".into());
     }
     let grad_comm = GradComm::parse(&a.grad_comm)?;
-    let zero = zero_stage(&a, grad_comm)?;
+    let zero = zero_stage(&ZeroFlags {
+        zero: a.zero,
+        fsdp: a.fsdp,
+        shard_group: a.shard_group,
+        grad_comm: (&a.grad_comm, grad_comm),
+        defer_layers: a.defer_layers,
+    })?;
     let world = world()?;
     if let (Some(n), None) = (a.nproc, &world) {
         if n == 0 {
@@ -527,19 +453,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             None => {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
-            Some(c) => match zero {
-                Some(stage) => {
-                    let mut s = Zero::new(
-                        HostCollective::new(c),
-                        zero_options(stage, &ddp, a.shard_group),
-                    )?;
-                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-                }
-                None => {
-                    let mut s = DataParallel::new(HostCollective::new(c), ddp);
-                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-                }
-            },
+            Some(c) => {
+                let mut s = distributed(HostCollective::new(c), zero, a.shard_group, ddp)?;
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
+            }
         };
         params = engine.into_params();
         run
@@ -605,17 +522,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             None => {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
-            Some(g) => match zero {
-                Some(stage) => {
-                    let c = DeviceCollective::new(g)?;
-                    let mut s = Zero::new(c, zero_options(stage, &ddp, a.shard_group))?;
-                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-                }
-                None => {
-                    let mut s = DataParallel::new(DeviceCollective::new(g)?, ddp);
-                    run_with(&mut |p, l, b| run_loop(&mut engine, &mut s, l, b, &opts, p, lead))?
-                }
-            },
+            Some(g) => {
+                let mut s = distributed(DeviceCollective::new(g)?, zero, a.shard_group, ddp)?;
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
+            }
         };
         if lead {
             if let Some(report) = engine.profile_report() {
@@ -675,7 +585,7 @@ fn run_loop<E, S>(
 ) -> Result<RunReport, String>
 where
     E: Engine<Batch = TokenBatch>,
-    S: Strategy<E>,
+    S: Strategy<E> + ?Sized,
 {
     let distributed = strategy.replicas() > 1;
     if lead && distributed {
@@ -693,34 +603,6 @@ where
         std::process::exit(1);
     }
     r
-}
-
-/// Runs `braid generate`.
-pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
-    let (params, report) = checkpoint::load(&a.load).map_err(|e| e.to_string())?;
-    let tokenizer = tokenizer_for(
-        a.tokenizer.as_deref(),
-        report.metadata.get("braid.tokenizer"),
-        params.layout.config.vocab_size,
-    )?;
-    if tokenizer.vocab_size() > params.layout.config.vocab_size {
-        return Err(format!(
-            "tokenizer {} has {} tokens but the model's vocabulary is {}",
-            tokenizer.name(),
-            tokenizer.vocab_size(),
-            params.layout.config.vocab_size
-        ));
-    }
-    let text = braid_model::sample::generate(
-        &params,
-        tokenizer,
-        &a.prompt,
-        a.tokens,
-        a.temperature,
-        a.seed,
-    )?;
-    println!("{}{}", a.prompt, text);
-    Ok(0)
 }
 
 #[cfg(test)]

@@ -1,0 +1,95 @@
+//! How `braid train` spreads a run over several ranks: the flags that
+//! shard the optimizer (`--zero`, `--fsdp`, `--shard-group`), checked, and
+//! the strategy — data parallelism or ZeRO — built over the run's
+//! collectives (host or GPU).
+
+use braid_train::collective::{Collective, GradComm};
+use braid_train::ddp::{DataParallel, DdpOptions};
+use braid_train::zero::{Zero, ZeroOptions};
+use braid_train::{Engine, Strategy};
+
+/// The flags that choose how the optimizer is sharded.
+pub struct ZeroFlags<'a> {
+    /// `--zero`.
+    pub zero: Option<u8>,
+    /// `--fsdp`.
+    pub fsdp: bool,
+    /// `--shard-group`.
+    pub shard_group: Option<usize>,
+    /// `--grad-comm`, as given and parsed.
+    pub grad_comm: (&'a str, GradComm),
+    /// `--defer-layers`.
+    pub defer_layers: Option<usize>,
+}
+
+/// The ZeRO stage asked for (`--zero`, `--fsdp`), checked against the
+/// rest of the run.
+pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
+    let stage = match (a.zero, a.fsdp) {
+        (None, false) if a.shard_group.is_some() => {
+            return Err("--shard-group shards the optimizer: add --zero 1 or --zero 2".into())
+        }
+        (None, false) => return Ok(None),
+        (Some(s), true) if s != 3 => {
+            return Err(format!(
+                "--zero {s} with --fsdp: --fsdp means --zero 3 (give one of them)"
+            ))
+        }
+        (_, true) => 3,
+        (Some(s), false) => s,
+    };
+    match stage {
+        1 | 2 => {}
+        3 => {
+            return Err(
+                "--zero 3 / --fsdp: ZeRO stage 3 (sharded parameters) is not built yet; \
+                 use --zero 1 or --zero 2"
+                    .into(),
+            )
+        }
+        s => return Err(format!("--zero {s}: expected 1, 2 or 3")),
+    }
+    if a.grad_comm.1 != GradComm::Plain {
+        return Err(format!(
+            "--zero {stage} with --grad-comm {}: ZeRO reduce-scatters f32 gradients (drop --grad-comm)",
+            a.grad_comm.0
+        ));
+    }
+    if a.defer_layers.is_some_and(|n| n > 0) {
+        return Err(format!(
+            "--zero {stage} with --defer-layers: ZeRO's buckets hold whole layers (drop --defer-layers)"
+        ));
+    }
+    Ok(Some(stage))
+}
+
+/// Under ZeRO every rank's block of a layout block starts at a multiple of
+/// this many elements (256 bytes of f32).
+pub const ZERO_ALIGN: usize = 64;
+
+/// The strategy over `comm`: ZeRO at `stage` (sharded within groups of
+/// `shard_group` ranks) when there is one, else data parallelism, with
+/// the buckets of `ddp`.
+pub fn distributed<C, E>(
+    comm: C,
+    stage: Option<u8>,
+    shard_group: Option<usize>,
+    ddp: DdpOptions,
+) -> Result<Box<dyn Strategy<E>>, String>
+where
+    C: Collective + 'static,
+    E: Engine<Space = C::Space> + 'static,
+{
+    Ok(match stage {
+        Some(stage) => Box::new(Zero::new(
+            comm,
+            ZeroOptions {
+                stage,
+                bucket_cap_mb: ddp.bucket_cap_mb,
+                first_bucket_mb: ddp.first_bucket_mb,
+                shard_group,
+            },
+        )?),
+        None => Box::new(DataParallel::new(comm, ddp)),
+    })
+}
