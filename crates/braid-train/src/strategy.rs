@@ -40,6 +40,16 @@ pub struct CommStep {
     pub via: &'static str,
 }
 
+impl CommStep {
+    /// Adds the bytes and collectives of `other` (more communication in
+    /// the same step; `via` stays).
+    pub fn add(&mut self, other: CommStep) {
+        self.payload_bytes += other.payload_bytes;
+        self.wire_bytes += other.wire_bytes;
+        self.collectives += other.collectives;
+    }
+}
+
 /// A parallel strategy; see the [module docs](self) for when each hook
 /// runs.
 pub trait Strategy<E: Engine> {

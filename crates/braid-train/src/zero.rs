@@ -46,7 +46,7 @@
 
 use crate::collective::{block_of, shard_slots, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
-use crate::ddp::{mib, replicate, run_units, time_sessions};
+use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
 use crate::engine::{Engine, Flat, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
@@ -162,10 +162,9 @@ impl<C: Collective> Zero<C> {
         &self.shard
     }
 
-    /// The ranks the optimizer is sharded over: the shard group under
-    /// hybrid sharding, else every rank.
+    /// The ranks the optimizer is sharded over.
     fn group(&self) -> &C {
-        self.hybrid.as_ref().map_or(&self.comm, |h| &h.0)
+        group_of(&self.comm, &self.hybrid)
     }
 
     /// One line: stage, ranks, backend, buckets.
@@ -207,16 +206,27 @@ impl<C: Collective> Zero<C> {
         let out = self.shard_grads.as_mut();
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
-        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
-        let step = group.reduce_scatter(window, &plan.buckets, out, &mut |w, launch| {
-            computed = Some(run_units(
-                engine, plan, w, launch, timeline, compute, overlap,
-            )?);
-            Ok(())
-        })?;
+        let step = group_of(&self.comm, &self.hybrid).reduce_scatter(
+            window,
+            &plan.buckets,
+            out,
+            &mut |w, launch| {
+                computed = Some(run_units(
+                    engine, plan, w, launch, timeline, compute, overlap,
+                )?);
+                Ok(())
+            },
+        )?;
         self.last = step;
         computed.ok_or_else(|| "ZeRO: the backward pass did not run".into())
     }
+}
+
+/// The ranks the optimizer is sharded over: the shard group under hybrid
+/// sharding, else every rank (a free function, so that it borrows only
+/// those two fields).
+fn group_of<'a, C>(comm: &'a C, hybrid: &'a Option<(C, C)>) -> &'a C {
+    hybrid.as_ref().map_or(comm, |h| &h.0)
 }
 
 impl<C, E> Strategy<E> for Zero<C>
@@ -282,9 +292,7 @@ where
                 }
                 None => replicas.all_reduce_ranges(grads, &self.shard)?,
             };
-            self.last.payload_bytes += summed.payload_bytes;
-            self.last.wire_bytes += summed.wire_bytes;
-            self.last.collectives += summed.collectives;
+            self.last.add(summed);
         }
         Ok(())
     }
@@ -315,20 +323,15 @@ where
             .as_ref()
             .ok_or("ZeRO: update before start (call start first)")?;
         let ranges: Vec<Range<usize>> = plan.buckets.iter().map(|b| b.range.clone()).collect();
-        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
-        let gathered = group.all_gather_ranges(engine.params_mut(), &ranges)?;
+        let gathered =
+            group_of(&self.comm, &self.hybrid).all_gather_ranges(engine.params_mut(), &ranges)?;
         engine.params_changed()?;
-        self.last.payload_bytes += gathered.payload_bytes;
-        self.last.wire_bytes += gathered.wire_bytes;
-        self.last.collectives += gathered.collectives;
+        self.last.add(gathered);
         Ok(())
     }
 
     fn mean(&mut self, values: &mut [f64]) -> Result<()> {
-        self.comm
-            .host()
-            .all_reduce(values, ReduceOp::Avg)
-            .map_err(|e| e.to_string())
+        mean_over(self.comm.host(), values)
     }
 
     fn grad_bytes(&self) -> u64 {

@@ -4,9 +4,7 @@
 
 mod common;
 
-use braid_model::checkpoint;
-use common::{braid, launch_sh, max_diff, run, Finished, TempDir};
-use std::path::{Path, PathBuf};
+use common::{braid, launch_sh, max_diff, params, run, train, TempDir};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -15,33 +13,6 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// moves by up to ~0.06), one process and N ranks agree within this
 /// (summation order differs: per-rank means, then their sum / N).
 const TOLERANCE: f32 = 1e-4;
-
-/// `braid train` on the tiny model, 20 steps, no evaluation, saving to
-/// `dir/name.safetensors` and the JSON record to `dir/name.json`.
-fn train(dir: &TempDir, name: &str, args: &[&str], env: &[(&str, &str)]) -> (PathBuf, Finished) {
-    let model = dir.path().join(format!("{name}.safetensors"));
-    let json = dir.path().join(format!("{name}.json"));
-    let mut cmd = braid();
-    cmd.args(["train", "--seq", "32", "--eval-every", "0", "--seed", "11"]);
-    if !args.contains(&"--steps") {
-        cmd.args(["--steps", "20"]);
-    }
-    cmd.args(args)
-        .arg("--save")
-        .arg(&model)
-        .arg("--json")
-        .arg(&json);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let f = run(cmd, LIMIT);
-    assert_eq!(f.code, Some(0), "{name}: {f:?}");
-    (model, f)
-}
-
-fn params(path: &Path) -> Vec<f32> {
-    checkpoint::load(path).expect("checkpoint").0.data
-}
 
 fn summary(dir: &TempDir, name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap();

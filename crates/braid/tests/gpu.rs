@@ -670,6 +670,19 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
     assert!(f.stderr.contains("pick a model of at most"), "{f:?}");
 }
 
+/// A fixed batch of `b × t` byte tokens: token `i` is `i · a mod 256`,
+/// its target `i · c mod 256`.
+fn token_batch(b: usize, t: usize, a: usize, c: usize) -> braid_train::engines::TokenBatch {
+    let mut batch = braid_train::engines::TokenBatch::new(b, t);
+    for (i, x) in batch.tokens.iter_mut().enumerate() {
+        *x = (i * a % 256) as u32;
+    }
+    for (i, x) in batch.targets.iter_mut().enumerate() {
+        *x = (i * c % 256) as u32;
+    }
+    batch
+}
+
 /// The GPU engine on a layout padded for ZeRO's shards (gaps after every
 /// block) trains like on the plain layout: three AdamW steps in f32 and
 /// in bf16, every tensor compared by name (products may take other
@@ -679,7 +692,7 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
 fn the_gpu_engine_trains_a_padded_layout_like_the_plain_one() {
     use braid_model::cuda::model_mixed::MixedOptions;
     use braid_model::{GptConfig, Layout, Params};
-    use braid_train::engines::{GpuGpt, Precision, TokenBatch};
+    use braid_train::engines::{GpuGpt, Precision};
     use braid_train::{Engine, UpdateStep};
     use std::sync::Arc;
     if gpus(1).is_none() {
@@ -688,13 +701,7 @@ fn the_gpu_engine_trains_a_padded_layout_like_the_plain_one() {
     let dev = braid_cuda::Device::open(0).expect("GPU 0");
     let cfg = GptConfig::parse("L3-H4-C128-V256-T64").unwrap();
     let (b, t) = (4, 64);
-    let mut batch = TokenBatch::new(b, t);
-    for (i, x) in batch.tokens.iter_mut().enumerate() {
-        *x = (i * 7 % 256) as u32;
-    }
-    for (i, x) in batch.targets.iter_mut().enumerate() {
-        *x = (i * 11 % 256) as u32;
-    }
+    let batch = token_batch(b, t, 7, 11);
     let train = |layout: Layout, precision: Precision| -> Params {
         let init = Params::init_gpt2(Arc::new(layout), 3);
         let opts = MixedOptions::default();
@@ -793,7 +800,7 @@ fn gpu_zero_matches_data_parallel() {
 fn a_sharded_gpu_optimizer_updates_its_blocks_like_the_whole_one() {
     use braid_model::cuda::model_mixed::MixedOptions;
     use braid_model::{GptConfig, Layout, Params};
-    use braid_train::engines::{GpuGpt, Precision, TokenBatch};
+    use braid_train::engines::{GpuGpt, Precision};
     use braid_train::{Engine, UpdateStep};
     use std::sync::Arc;
     if gpus(1).is_none() {
@@ -807,13 +814,7 @@ fn a_sharded_gpu_optimizer_updates_its_blocks_like_the_whole_one() {
     // Rank 1 of 4 over two buckets: [0, h) and [h, n).
     let h = layout.block_range(braid_model::Block::Layer(1)).start;
     let shard = [h / 4..2 * h / 4, h + (n - h) / 4..h + 2 * (n - h) / 4];
-    let mut batch = TokenBatch::new(2, 64);
-    for (i, x) in batch.tokens.iter_mut().enumerate() {
-        *x = (i * 5 % 256) as u32;
-    }
-    for (i, x) in batch.targets.iter_mut().enumerate() {
-        *x = (i * 3 % 256) as u32;
-    }
+    let batch = token_batch(2, 64, 5, 3);
     for precision in [Precision::F32, Precision::Bf16] {
         let make = || {
             GpuGpt::new(

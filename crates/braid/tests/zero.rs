@@ -4,12 +4,9 @@
 
 mod common;
 
-use braid_model::checkpoint;
-use common::{braid, max_diff, run, Finished, TempDir};
-use std::path::{Path, PathBuf};
+use common::{braid, max_diff, params, run, Finished, TempDir};
+use std::path::PathBuf;
 use std::time::Duration;
-
-const LIMIT: Duration = Duration::from_secs(120);
 
 /// Stated tolerance, as for data parallelism: after 20 AdamW steps at lr
 /// 3e-3 (parameters move by up to ~0.06) ZeRO's parameters agree with one
@@ -18,34 +15,10 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// (the norm's sum over shards is the one difference in order).
 const TOLERANCE: f32 = 1e-4;
 
-/// `braid train` on the tiny model, 20 steps, saving the parameters.
+/// `braid train` on the tiny model with clipping (the norm is summed
+/// over the shards), saving the parameters.
 fn train(dir: &TempDir, name: &str, args: &[&str], env: &[(&str, &str)]) -> (PathBuf, Finished) {
-    let model = dir.path().join(format!("{name}.safetensors"));
-    let mut cmd = braid();
-    cmd.args([
-        "train",
-        "--seq",
-        "32",
-        "--eval-every",
-        "0",
-        "--seed",
-        "11",
-        "--steps",
-        "20",
-        "--grad-clip",
-        "1.0",
-    ]);
-    cmd.args(args).arg("--save").arg(&model);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let f = run(cmd, LIMIT);
-    assert_eq!(f.code, Some(0), "{name}: {f:?}");
-    (model, f)
-}
-
-fn params(path: &Path) -> Vec<f32> {
-    checkpoint::load(path).expect("checkpoint").0.data
+    common::train(dir, name, &[&["--grad-clip", "1.0"], args].concat(), env)
 }
 
 #[test]

@@ -462,30 +462,38 @@ impl Kernels {
     /// The L2 norm of `x` (partial sums on the GPU in a fixed order, summed
     /// on the host in f64).
     pub fn global_norm(&self, s: &Stream, x: &impl DeviceMem<f32>) -> Result<f64> {
+        Ok(self.sum_of_squares(s, &[x])?.sqrt())
+    }
+
+    /// The sum of the squares of every element of `xs` (a sharded rank's
+    /// ranges of its gradients): partial sums on the GPU, one launch per
+    /// part, then one wait and the partials summed on the host in f64, in
+    /// order.
+    pub fn sum_of_squares(&self, s: &Stream, xs: &[&dyn DeviceMem<f32>]) -> Result<f64> {
         const CHUNK: usize = 1 << 16;
-        let n = x.dlen();
-        let blocks = n.div_ceil(CHUNK).max(1);
+        let blocks: Vec<usize> = xs.iter().map(|x| x.dlen().div_ceil(CHUNK).max(1)).collect();
         // From the pool: no allocation per step; the block returns to the
         // pool only after the synchronisation below.
-        let partial = self.pool.uninit::<f32>(blocks)?;
-        let (pp, xp, n64, ch) = (partial.device_ptr(), x.dptr(), n as i64, CHUNK as i64);
-        // SAFETY: `partial` has one slot per block; x holds n elements.
-        unsafe {
-            self.sumsq_partial.launch(
-                (blocks as u32, 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                s,
-                &mut [arg(&pp), arg(&xp), arg(&n64), arg(&ch)],
-            )?;
+        let partial = self.pool.uninit::<f32>(blocks.iter().sum())?;
+        let mut at = 0;
+        for (x, &nb) in xs.iter().zip(&blocks) {
+            let pp = partial.device_ptr() + (4 * at) as u64;
+            let (xp, n64, ch) = (x.dptr(), x.dlen() as i64, CHUNK as i64);
+            // SAFETY: `partial` has one slot per block of every part, this
+            // part's from `at`; x holds n elements.
+            unsafe {
+                self.sumsq_partial.launch(
+                    (nb as u32, 1, 1),
+                    (BLOCK, 1, 1),
+                    0,
+                    s,
+                    &mut [arg(&pp), arg(&xp), arg(&n64), arg(&ch)],
+                )?;
+            }
+            at += nb;
         }
         s.synchronize()?;
-        Ok(partial
-            .to_vec()?
-            .iter()
-            .map(|&v| v as f64)
-            .sum::<f64>()
-            .sqrt())
+        Ok(partial.to_vec()?.iter().map(|&v| v as f64).sum::<f64>())
     }
 
     /// Launches a 1-D elementwise kernel over `total` items.

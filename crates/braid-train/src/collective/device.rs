@@ -14,7 +14,7 @@
 use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
-use super::{block_of, shard_slots, Bucket, Collective, Drive, End, GradComm};
+use super::{block_of, check_output, shard_slots, Bucket, Collective, Drive, End, GradComm};
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
 use crate::strategy::CommStep;
@@ -243,10 +243,7 @@ impl Collective for DeviceCollective {
                             .map_err(|e| CudaError::Invalid(e.clone()))
                     });
                     works.push(w.map_err(err)?);
-                    let sent = sent?;
-                    step.payload_bytes += sent.payload_bytes;
-                    step.wire_bytes += sent.wire_bytes;
-                    step.collectives += sent.collectives;
+                    step.add(sent?);
                     Ok(())
                 });
                 state.end_step();
@@ -288,12 +285,7 @@ impl Collective for DeviceCollective {
         let mut free: Vec<Option<DeviceViewMut<'_, f32>>> = Vec::new();
         free.resize_with(buckets.len(), || None);
         if let Some(out) = out {
-            if out.len() != len {
-                return Err(format!(
-                    "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
-                    out.len()
-                ));
-            }
+            check_output(out.len(), len)?;
             let mut order: Vec<usize> = (0..buckets.len()).collect();
             order.sort_by_key(|&i| slots[i].start);
             let mut window = out.window();

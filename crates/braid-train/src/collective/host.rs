@@ -11,8 +11,8 @@
 
 use super::powersgd::{self, HostOps, PowerSgdState};
 use super::{
-    block_of, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, shard_slots, Bucket, Collective,
-    Drive, End, GradComm,
+    block_of, check_output, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, shard_slots,
+    Bucket, Collective, Drive, End, GradComm,
 };
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
@@ -142,10 +142,7 @@ impl Collective for HostCollective {
                         _grads: std::marker::PhantomData,
                     };
                     for (i, part) in parts {
-                        let sent = powersgd::compress(&mut ops, state, i, part, n)?;
-                        step.payload_bytes += sent.payload_bytes;
-                        step.wire_bytes += sent.wire_bytes;
-                        step.collectives += sent.collectives;
+                        step.add(powersgd::compress(&mut ops, state, i, part, n)?);
                     }
                 } else {
                     reduce_plain(&self.comm, grads, drive, &mut step)?;
@@ -169,19 +166,13 @@ impl Collective for HostCollective {
         let Some(out) = out else {
             return self.reduce_scatter_in_place(grads, buckets, drive);
         };
-        if out.len() != len {
-            return Err(format!(
-                "reduce-scatter: the output holds {} elements, the buckets' blocks {len}",
-                out.len()
-            ));
-        }
-        // Each bucket's slot, by bucket index.
+        check_output(out.len(), len)?;
+        // Each bucket's slot, by bucket index (the slots come in the order
+        // of their starts).
+        let mut order: Vec<usize> = (0..buckets.len()).collect();
+        order.sort_by_key(|&i| slots[i].start);
         let mut free: Vec<Option<&mut [f32]>> = buckets.iter().map(|_| None).collect();
-        for (start, slot) in disjoint_mut(out, &slots)? {
-            let i = slots
-                .iter()
-                .position(|r| r.start == start && r.len() == slot.len())
-                .expect("a slot per bucket");
+        for (i, (_, slot)) in order.into_iter().zip(disjoint_mut(out, &slots)?) {
             free[i] = Some(slot);
         }
         self.comm

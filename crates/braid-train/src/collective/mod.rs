@@ -242,6 +242,17 @@ pub fn shard_slots(buckets: &[Bucket], n: usize) -> Result<(Vec<Range<usize>>, u
     Ok((slots, at))
 }
 
+/// Whether a reduce-scatter's output of `have` elements holds the
+/// buckets' blocks (`want`).
+pub(crate) fn check_output(have: usize, want: usize) -> Result<()> {
+    match have == want {
+        true => Ok(()),
+        false => Err(format!(
+            "reduce-scatter: the output holds {have} elements, the buckets' blocks {want}"
+        )),
+    }
+}
+
 /// `ranges` of `flat` as disjoint writable slices, in increasing order of
 /// their starts (with those starts), or why not.
 pub(crate) fn disjoint_mut<'a, T>(

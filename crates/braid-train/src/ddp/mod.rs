@@ -78,6 +78,12 @@ pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
     Ok(host.len())
 }
 
+/// Replaces each of `values` by its mean over the ranks of `host`.
+pub(crate) fn mean_over(host: &braid_comm::Communicator, values: &mut [f64]) -> Result<()> {
+    host.all_reduce(values, ReduceOp::Avg)
+        .map_err(|e| e.to_string())
+}
+
 /// `x` MiB in bytes (at least one f32).
 pub(crate) fn mib(x: f64) -> usize {
     (x * (1u64 << 20) as f64).max(4.0) as usize
@@ -119,10 +125,7 @@ impl<C: Collective> DataParallel<C> {
 
     /// Replaces each of `values` by its mean over the ranks.
     pub fn mean(&self, values: &mut [f64]) -> Result<()> {
-        self.comm
-            .host()
-            .all_reduce(values, ReduceOp::Avg)
-            .map_err(|e| e.to_string())
+        mean_over(self.comm.host(), values)
     }
 
     /// What the last backward pass communicated.

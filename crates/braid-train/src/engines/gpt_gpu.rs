@@ -365,12 +365,9 @@ impl Engine for GpuGpt {
             Model::F32(m) => (m.kernels(), m.stream()),
             Model::Mixed(m, _) => (m.kernels(), m.stream()),
         };
-        let mut sum = 0.0;
-        for r in ranges {
-            let norm = k.global_norm(s, &grads.view(r.clone())).map_err(e)?;
-            sum += norm * norm;
-        }
-        Ok(sum)
+        let views: Vec<_> = ranges.iter().map(|r| grads.view(r.clone())).collect();
+        let parts: Vec<&dyn braid_cuda::DeviceMem<f32>> = views.iter().map(|v| v as _).collect();
+        k.sum_of_squares(s, &parts).map_err(e)
     }
 
     fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {

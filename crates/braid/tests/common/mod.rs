@@ -232,3 +232,40 @@ pub fn step_losses(doc: &serde_json::Value) -> Vec<f64> {
         .map(|s| s["loss"].as_f64().unwrap())
         .collect()
 }
+
+/// `braid train` on the tiny model (20 steps unless `args` say, seed 11,
+/// sequence 32), no evaluation, saving to
+/// `dir/name.safetensors` and the JSON record to `dir/name.json`.
+pub fn train(
+    dir: &TempDir,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (PathBuf, Finished) {
+    let model = dir.path().join(format!("{name}.safetensors"));
+    let json = dir.path().join(format!("{name}.json"));
+    let mut cmd = braid();
+    cmd.args(["train", "--seq", "32", "--eval-every", "0", "--seed", "11"]);
+    if !args.contains(&"--steps") {
+        cmd.args(["--steps", "20"]);
+    }
+    cmd.args(args)
+        .arg("--save")
+        .arg(&model)
+        .arg("--json")
+        .arg(&json);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let f = run(cmd, Duration::from_secs(120));
+    assert_eq!(f.code, Some(0), "{name}: {f:?}");
+    (model, f)
+}
+
+/// The flat parameters of a checkpoint.
+pub fn params(path: &std::path::Path) -> Vec<f32> {
+    braid_model::checkpoint::load(path)
+        .expect("checkpoint")
+        .0
+        .data
+}
