@@ -6,8 +6,14 @@
 //!
 //! 1. [`start`](Strategy::start) (once, before the first step): the
 //!    parameters are ready — make every replica start from the same ones;
-//! 2. for each micro-batch but the last, nothing: those backward passes
-//!    accumulate locally (PyTorch's `no_sync`);
+//!    then [`new_grads`](Strategy::new_grads) makes the loop's gradient
+//!    buffer, which [`zero_grads`](Strategy::zero_grads) clears at the
+//!    start of every step;
+//! 2. every forward pass (training and evaluation) through
+//!    [`forward`](Strategy::forward) (a strategy that shards the
+//!    parameters gathers them there); for each micro-batch but the last,
+//!    [`accumulate`](Strategy::accumulate): by default those backward
+//!    passes accumulate locally (PyTorch's `no_sync`);
 //! 3. [`backward`](Strategy::backward) for the last micro-batch: the
 //!    strategy runs the engine's backward units itself, so that it sees
 //!    each unit's gradients become final and can start communicating them
@@ -19,17 +25,20 @@
 //!    [`replicas`](Strategy::replicas) × micro-batches once, inside the
 //!    update;
 //! 6. [`after_update`](Strategy::after_update): parameters changed (a
-//!    sharded strategy gathers them here).
+//!    sharded strategy gathers them here);
+//! 7. [`finish`](Strategy::finish) (once, after the last step): the
+//!    engine holds whole parameters again (to save or sample them).
 
-use crate::engine::{backward_local, Engine, Flat, UpdateStep};
+use crate::engine::{backward_local, Engine, Flat, StateBytes, UpdateStep};
 use crate::timeline::Timeline;
 use crate::Result;
 
 /// Bytes and timings of a strategy's communication in one step.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CommStep {
-    /// Bytes of gradient data handed to collectives (payload, in the
-    /// dtype they travel in).
+    /// Bytes handed to collectives — gradients reduced, and parameters
+    /// gathered where they are sharded (payload, in the dtype they travel
+    /// in).
     pub payload_bytes: u64,
     /// Bytes each rank sends for that payload (a ring all-reduce sends
     /// `2(n-1)/n` of it).
@@ -65,6 +74,29 @@ pub trait Strategy<E: Engine> {
 
     /// The parameters are ready (before the first step).
     fn start(&mut self, engine: &mut E) -> Result<()>;
+
+    /// The loop's gradient buffer (after [`start`](Self::start)): the
+    /// engine's, the size of the parameters, by default.
+    fn new_grads(&mut self, engine: &mut E) -> Result<Flat<E>> {
+        engine.new_grads()
+    }
+
+    /// Clears the gradients at the start of a step.
+    fn zero_grads(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
+        engine.zero_grads(grads)
+    }
+
+    /// A forward pass on `batch` (with `grad`: for a backward pass);
+    /// returns the mean loss.
+    fn forward(&mut self, engine: &mut E, batch: &E::Batch, grad: bool) -> Result<f32> {
+        engine.forward(batch, grad)
+    }
+
+    /// The backward pass of a micro-batch before a step's last: adds its
+    /// gradients locally by default, with nothing communicated.
+    fn accumulate(&mut self, engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
+        backward_local(engine, grads)
+    }
 
     /// The backward pass of a step's last micro-batch: runs every unit of
     /// `engine` into `grads`; marks on `timeline` the point where the
@@ -102,10 +134,17 @@ pub trait Strategy<E: Engine> {
     /// Replaces each of `values` by its mean over the ranks (losses).
     fn mean(&mut self, values: &mut [f64]) -> Result<()>;
 
-    /// Bytes of gradients the strategy keeps besides the loop's buffer (a
-    /// sharded strategy's reduced shard), for the model-state account.
-    fn grad_bytes(&self) -> u64 {
-        0
+    /// After the last step: the engine's parameters are whole (a
+    /// strategy that sharded them gathers them back). Nothing by default.
+    fn finish(&mut self, _engine: &mut E) -> Result<()> {
+        Ok(())
+    }
+
+    /// Model state the strategy keeps besides the engine's and the loop's
+    /// gradient buffer (a sharded strategy's reduced gradients, or its
+    /// master weights), for the model-state account.
+    fn state_bytes(&self) -> StateBytes {
+        StateBytes::default()
     }
 
     /// The communication of the last step.

@@ -9,7 +9,7 @@
 //! divides once by `replicas × micro-batches` (as the gradient of the mean
 //! over the whole global batch), together with the clipping factor.
 
-use crate::engine::{backward_local, Engine, StateBytes, UpdateStep};
+use crate::engine::{Engine, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -133,10 +133,13 @@ where
     }
     let rank = strategy.rank();
     strategy.start(engine)?;
-    let mut grads = engine.new_grads()?;
+    let mut grads = strategy.new_grads(engine)?;
+    let (own, engine_state) = (strategy.state_bytes(), engine.state_bytes());
     let state = StateBytes {
-        grads: 4 * <E::Space as Space>::len(&grads) as u64 + strategy.grad_bytes(),
-        ..engine.state_bytes()
+        params: engine_state.params + own.params,
+        master: engine_state.master + own.master,
+        grads: 4 * <E::Space as Space>::len(&grads) as u64 + engine_state.grads + own.grads,
+        optimizer: engine_state.optimizer + own.optimizer,
     };
     let mut tl = Timeline::new();
     let global_items = (loader.items_per_batch() * o.accum * strategy.replicas()) as f64;
@@ -150,7 +153,7 @@ where
         let t0 = Instant::now();
         tl.clear();
         let m_start = tl.mark(engine.stream())?;
-        engine.zero_grads(&mut grads)?;
+        strategy.zero_grads(engine, &mut grads)?;
         let mut data = 0.0;
         let mut loss_sum = 0.0f64;
         let mut m_computed = m_start;
@@ -158,7 +161,7 @@ where
             let td = Instant::now();
             loader.next_train(batch)?;
             data += td.elapsed().as_secs_f64();
-            let loss = engine.forward(batch, true)?;
+            let loss = strategy.forward(engine, batch, true)?;
             if !loss.is_finite() {
                 return Err(format!(
                     "rank {rank}, step {step}: the loss is {loss} (lower --lr?)"
@@ -166,7 +169,7 @@ where
             }
             loss_sum += loss as f64;
             if micro + 1 < o.accum {
-                backward_local(engine, &mut grads)?;
+                strategy.accumulate(engine, &mut grads)?;
             } else {
                 m_computed = strategy.backward(engine, &mut grads, &mut tl)?;
             }
@@ -229,6 +232,7 @@ where
     } else {
         None
     };
+    strategy.finish(engine)?;
     Ok(RunReport {
         steps: reports,
         unoverlapped_comm,
@@ -253,7 +257,7 @@ where
     let mut sum = 0.0f64;
     for i in 0..k {
         loader.eval(i, batch)?;
-        sum += engine.forward(batch, false)? as f64;
+        sum += strategy.forward(engine, batch, false)? as f64;
     }
     let mut mean = [sum / k as f64];
     strategy.mean(&mut mean)?;

@@ -47,7 +47,7 @@
 use crate::collective::{block_of, shard_slots, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
-use crate::engine::{Engine, Flat, UpdateStep};
+use crate::engine::{Engine, Flat, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -131,20 +131,7 @@ impl<C: Collective> Zero<C> {
                 opts.stage
             ));
         }
-        let (n, rank) = (comm.size(), comm.rank());
-        let hybrid = match opts.shard_group {
-            Some(g) if g == 0 || n % g != 0 => {
-                return Err(format!(
-                    "shard groups of {g} do not divide the {n} ranks (pick a divisor of {n})"
-                ))
-            }
-            Some(g) if g < n => {
-                let group = comm.split((rank / g) as u32, rank)?;
-                let replicas = comm.split((rank % g) as u32, rank)?;
-                Some((group, replicas))
-            }
-            _ => None,
-        };
+        let hybrid = hybrid_split(&comm, opts.shard_group)?;
         Ok(Zero {
             comm,
             hybrid,
@@ -219,6 +206,28 @@ impl<C: Collective> Zero<C> {
         )?;
         self.last = step;
         computed.ok_or_else(|| "ZeRO: the backward pass did not run".into())
+    }
+}
+
+/// Hybrid sharding's two communicators for shard groups of `shard_group`
+/// consecutive ranks: the rank's group and its replicas (the ranks at the
+/// same place in the other groups); `None` for one group. Every rank
+/// calls it; a group size that does not divide the ranks is refused.
+pub(crate) fn hybrid_split<C: Collective>(
+    comm: &C,
+    shard_group: Option<usize>,
+) -> Result<Option<(C, C)>> {
+    let (n, rank) = (comm.size(), comm.rank());
+    match shard_group {
+        Some(g) if g == 0 || n % g != 0 => Err(format!(
+            "shard groups of {g} do not divide the {n} ranks (pick a divisor of {n})"
+        )),
+        Some(g) if g < n => {
+            let group = comm.split((rank / g) as u32, rank)?;
+            let replicas = comm.split((rank % g) as u32, rank)?;
+            Ok(Some((group, replicas)))
+        }
+        _ => Ok(None),
     }
 }
 
@@ -334,10 +343,14 @@ where
         mean_over(self.comm.host(), values)
     }
 
-    fn grad_bytes(&self) -> u64 {
-        self.shard_grads
-            .as_ref()
-            .map_or(0, |g| 4 * <C::Space as Space>::len(g) as u64)
+    fn state_bytes(&self) -> StateBytes {
+        StateBytes {
+            grads: self
+                .shard_grads
+                .as_ref()
+                .map_or(0, |g| 4 * <C::Space as Space>::len(g) as u64),
+            ..Default::default()
+        }
     }
 
     fn last_step(&self) -> CommStep {
