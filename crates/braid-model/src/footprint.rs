@@ -88,6 +88,14 @@ pub fn cpu_training(
     sharding: Sharding,
 ) -> Footprint {
     let p = 4 * cfg.num_params() as u128;
+    // Stage 3 trains with the shard's master weights only (and no whole
+    // gradient buffer; whole blocks exist while a unit runs), but a worker
+    // builds the whole model before sharding it and gathers it back at the
+    // end to save it: the whole parameters count once.
+    let grads = match sharding.stage {
+        3 => 0,
+        _ => p,
+    };
     let mut f = Footprint {
         parts: vec![
             Part {
@@ -96,7 +104,7 @@ pub fn cpu_training(
             },
             Part {
                 name: "gradients",
-                bytes: p,
+                bytes: grads,
             },
             Part {
                 name: "optimizer state",
@@ -109,13 +117,41 @@ pub fn cpu_training(
         ],
     };
     sharding.add_grad_shard(&mut f, p);
+    if sharding.stage == 3 {
+        f.parts.push(Part {
+            name: "master weights shard",
+            bytes: sharding.shard(p),
+        });
+        f.parts.push(Part {
+            name: "gathered units",
+            bytes: 4 * stage3_unit_elements(cfg),
+        });
+    }
     f
+}
+
+/// Elements of whole parameter blocks and block gradients a ZeRO-3 rank
+/// holds at most at once: the embeddings' parameters and gradients (the
+/// tied LM head keeps them from the head's backward to the end), two
+/// layers' parameters (the one running and the one prefetched) and two
+/// layers' gradients (one being written, one being reduced), the final
+/// norm's.
+pub fn stage3_unit_elements(cfg: &GptConfig) -> u128 {
+    let (c, v, t) = (
+        cfg.n_embd as u128,
+        cfg.vocab_size as u128,
+        cfg.context as u128,
+    );
+    let emb = (v + t) * c;
+    let layer = 12 * c * c + 13 * c;
+    2 * emb + 4 * layer + 4 * c
 }
 
 /// How a run shards its model states over ranks (ZeRO), as the footprint
 /// counts them: stage 1 and up keep `1/ranks` of the optimizer state;
 /// stage 2 also keeps the shard's reduced gradients in a buffer of their
-/// own.
+/// own; stage 3 keeps only its shard of the parameters too, and no whole
+/// gradient buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharding {
     /// 0: not sharded (one process, or data parallelism).
@@ -136,7 +172,8 @@ impl Sharding {
         }
     }
 
-    /// Adds stage 2's reduced-gradient shard of `grad_bytes` to `f`.
+    /// Adds stage 2's (and 3's) reduced-gradient shard of `grad_bytes` to
+    /// `f`.
     fn add_grad_shard(&self, f: &mut Footprint, grad_bytes: u128) {
         if self.stage >= 2 {
             f.parts.push(Part {

@@ -185,7 +185,7 @@ impl Optimizer {
             grads.len(),
             "gradients do not match the parameters"
         );
-        self.step_from(params, grads, false, lr, grad_scale)
+        self.step_from(&mut params.data, false, grads, false, lr, grad_scale)
     }
 
     /// [`step_scaled`](Self::step_scaled) with the shard's gradients only:
@@ -201,14 +201,31 @@ impl Optimizer {
     ) {
         let len: usize = self.shard().iter().map(|r| r.len()).sum();
         assert_eq!(grads.len(), len, "gradients do not match the shard");
-        self.step_from(params, grads, true, lr, grad_scale)
+        self.step_from(&mut params.data, false, grads, true, lr, grad_scale)
     }
 
-    /// The update; `compact`: `grads` is indexed like the state, else
-    /// like the parameters.
+    /// [`step_shard_scaled`](Self::step_shard_scaled) where the parameters
+    /// too are the shard's only, laid out like its gradients (a ZeRO-3
+    /// rank's master weights).
+    pub fn step_compact_scaled(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        lr: f32,
+        grad_scale: f32,
+    ) {
+        let len: usize = self.shard().iter().map(|r| r.len()).sum();
+        assert_eq!(grads.len(), len, "gradients do not match the shard");
+        assert_eq!(params.len(), len, "parameters do not match the shard");
+        self.step_from(params, true, grads, true, lr, grad_scale)
+    }
+
+    /// The update; `params_compact`/`compact`: the parameters/`grads` are
+    /// indexed like the state, else like the whole flat buffer.
     fn step_from(
         &mut self,
-        params: &mut Params,
+        params: &mut [f32],
+        params_compact: bool,
         grads: &[f32],
         compact: bool,
         lr: f32,
@@ -237,8 +254,12 @@ impl Optimizer {
                     } else {
                         &grads[r.clone()]
                     };
-                    params.data[r.clone()]
-                        .par_chunks_mut(8192)
+                    let p = if params_compact {
+                        &mut params[local.clone()]
+                    } else {
+                        &mut params[r.clone()]
+                    };
+                    p.par_chunks_mut(8192)
                         .zip(g.par_chunks(8192))
                         .zip(m[local.clone()].par_chunks_mut(8192))
                         .zip(v[local].par_chunks_mut(8192))
@@ -271,8 +292,12 @@ impl Optimizer {
                     } else {
                         &grads[r.clone()]
                     };
-                    params.data[r.clone()]
-                        .par_chunks_mut(8192)
+                    let p = if params_compact {
+                        &mut params[local.clone()]
+                    } else {
+                        &mut params[r.clone()]
+                    };
+                    p.par_chunks_mut(8192)
                         .zip(g.par_chunks(8192))
                         .zip(buf[local].par_chunks_mut(8192))
                         .for_each(|((p, g), b)| {

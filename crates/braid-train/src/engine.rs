@@ -89,6 +89,83 @@ impl StateBytes {
     }
 }
 
+/// How a model's parameters split into the units a parameter-sharded
+/// strategy (ZeRO stage 3, FSDP) gathers one at a time, and which units
+/// of each pass read and write which of them.
+///
+/// Blocks are numbered by their place in [`blocks`](Self::blocks); the
+/// forward units run in the order listed, the backward units are those of
+/// [`Engine::units`], in order. A block's gradient is final after the last
+/// backward unit that writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamUnits {
+    /// The parameter blocks: ranges of the flat buffer, increasing,
+    /// together covering it.
+    pub blocks: Vec<Range<usize>>,
+    /// For each forward unit, the blocks whose parameters it reads.
+    pub forward: Vec<Vec<usize>>,
+    /// For each backward unit, the blocks whose parameters it reads.
+    pub backward_reads: Vec<Vec<usize>>,
+    /// For each backward unit, the blocks whose gradients it adds to.
+    pub backward_writes: Vec<Vec<usize>>,
+}
+
+impl ParamUnits {
+    /// Whether the blocks cover `0..len` in order and every unit names
+    /// blocks that exist, or what is wrong.
+    pub fn check(&self, len: usize, backward_units: usize) -> Result<()> {
+        let mut at = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            if b.start != at || b.end < b.start {
+                return Err(format!(
+                    "parameter block {i} is {b:?}: blocks must follow one another from 0"
+                ));
+            }
+            at = b.end;
+        }
+        if at != len {
+            return Err(format!(
+                "the parameter blocks cover {at} of the {len} parameters"
+            ));
+        }
+        if self.backward_reads.len() != backward_units
+            || self.backward_writes.len() != backward_units
+        {
+            return Err(format!(
+                "the parameter units describe {} / {} backward units, the engine runs {backward_units}",
+                self.backward_reads.len(),
+                self.backward_writes.len()
+            ));
+        }
+        let lists = self
+            .forward
+            .iter()
+            .chain(&self.backward_reads)
+            .chain(&self.backward_writes);
+        for list in lists {
+            if let Some(b) = list.iter().find(|&&b| b >= self.blocks.len()) {
+                return Err(format!(
+                    "a unit names parameter block {b} of {}",
+                    self.blocks.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// For each block, the backward unit after which its gradient is
+    /// final (`None`: no unit writes it).
+    pub fn final_after(&self) -> Vec<Option<usize>> {
+        let mut last = vec![None; self.blocks.len()];
+        for (u, writes) in self.backward_writes.iter().enumerate() {
+            for &b in writes {
+                last[b] = Some(u);
+            }
+        }
+        last
+    }
+}
+
 /// `shard` for [`Engine::shard_optimizer`] over `len` parameters, or why
 /// not: ranges must be non-empty, increasing, not overlapping, inside.
 pub fn check_shard(shard: &[Range<usize>], len: usize) -> Result<()> {
@@ -203,6 +280,82 @@ pub trait Engine {
     /// loop allocates); zeros where an engine does not say.
     fn state_bytes(&self) -> StateBytes {
         StateBytes::default()
+    }
+
+    /// The parameter units, for strategies that shard the parameters
+    /// themselves (see [`ParamUnits`]). Engines whose passes cannot take
+    /// their parameters unit by unit refuse.
+    fn param_units(&self) -> Result<ParamUnits> {
+        Err(
+            "this engine cannot run with sharded parameters (its passes read one whole \
+             parameter buffer)"
+                .into(),
+        )
+    }
+
+    /// Gives up the whole parameter buffer: returns the elements `shard`
+    /// of it, one range after another (a ZeRO-3 rank's master weights),
+    /// and from then on runs only the unit passes
+    /// ([`forward_begin`](Self::forward_begin),
+    /// [`forward_unit`](Self::forward_unit),
+    /// [`backward_unit_of`](Self::backward_unit_of)), which take their
+    /// parameters as arguments, and [`update_compact`](Self::update_compact).
+    /// The optimizer is sharded to `shard` as by
+    /// [`shard_optimizer`](Self::shard_optimizer).
+    fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<Flat<Self>> {
+        let _ = shard;
+        Err("this engine cannot shard its parameters".into())
+    }
+
+    /// Takes whole parameters back (`full`, the flat buffer), after
+    /// [`shard_params`](Self::shard_params): the engine runs as before.
+    fn unshard_params(&mut self, full: Flat<Self>) -> Result<()> {
+        let _ = full;
+        Err("this engine cannot shard its parameters".into())
+    }
+
+    /// Starts a forward pass in units on `batch` (after
+    /// [`shard_params`](Self::shard_params)); with `grad`, keeps what the
+    /// backward pass needs.
+    fn forward_begin(&mut self, batch: &Self::Batch, grad: bool) -> Result<()> {
+        let _ = (batch, grad);
+        Err("this engine has no forward pass in units".into())
+    }
+
+    /// Forward unit `unit` (in order), given the parameters of the blocks
+    /// [`ParamUnits::forward`] names for it, in that order, each a buffer
+    /// of its block's length. After the last unit, returns the mean loss.
+    fn forward_unit(&mut self, unit: usize, params: &[&Flat<Self>]) -> Result<Option<f32>> {
+        let _ = (unit, params);
+        Err("this engine has no forward pass in units".into())
+    }
+
+    /// Backward unit `unit` (in order, after a forward pass in units with
+    /// `grad`): `params` are the blocks [`ParamUnits::backward_reads`]
+    /// names, `grads` those [`ParamUnits::backward_writes`] names (each
+    /// its block's length), in that order; adds the unit's gradients into
+    /// them.
+    fn backward_unit_of(
+        &mut self,
+        unit: usize,
+        params: &[&Flat<Self>],
+        grads: &mut [&mut Flat<Self>],
+    ) -> Result<()> {
+        let _ = (unit, params, grads);
+        Err("this engine has no backward pass in units".into())
+    }
+
+    /// One optimizer update of the master weights `params` (the shard's,
+    /// as [`shard_params`](Self::shard_params) returned them) from the
+    /// shard's gradients `grads`, laid out alike.
+    fn update_compact(
+        &mut self,
+        params: &mut Flat<Self>,
+        grads: &Flat<Self>,
+        step: UpdateStep,
+    ) -> Result<()> {
+        let _ = (params, grads, step);
+        Err("this engine cannot update sharded parameters".into())
     }
 
     /// Waits for everything queued (a GPU's stream); nothing on the CPU.

@@ -11,7 +11,8 @@
 //! - [`strategy`]: the hooks a strategy gets ([`Strategy`]) and the
 //!   one-process strategy;
 //! - [`ddp`] and [`zero`]: data parallelism, and ZeRO's sharded
-//!   optimizer (stages 1 and 2) on the same buckets;
+//!   optimizer (stages 1 and 2) on the same buckets; [`zero3`]: ZeRO
+//!   stage 3 (FSDP), parameters sharded too, gathered unit by unit;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock.
 
@@ -28,8 +29,9 @@ pub mod summary;
 pub mod timeline;
 pub mod trainer;
 pub mod zero;
+pub mod zero3;
 
-pub use engine::{Engine, Matrix, StateBytes, Unit, UpdateStep};
+pub use engine::{Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
 pub use space::{Gpu, Host, Space, Window};
 pub use strategy::{Single, Strategy};
 pub use trainer::{train, Loader, LoopOptions, RunReport, StepReport, StepTimes};

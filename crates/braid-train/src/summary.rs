@@ -123,7 +123,7 @@ impl Summary {
                 format!(" over {}", self.via)
             };
             out.push(format!(
-                "communication per step: {} collectives{via}, {:.2} MB of gradients, {:.2} MB sent per rank",
+                "communication per step: {} collectives{via}, {:.2} MB reduced or gathered, {:.2} MB sent per rank",
                 self.collectives,
                 self.payload_bytes as f64 / 1e6,
                 self.wire_bytes as f64 / 1e6

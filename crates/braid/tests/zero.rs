@@ -21,6 +21,23 @@ fn train(dir: &TempDir, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Pat
     common::train(dir, name, &[&["--grad-clip", "1.0"], args].concat(), env)
 }
 
+/// `got` within [`TOLERANCE`] of one process's parameters and, where
+/// given, data parallelism's.
+fn assert_close(name: &str, got: &[f32], one: &[f32], ddp: Option<&[f32]>) {
+    let d = max_diff(one, got);
+    assert!(
+        d <= TOLERANCE,
+        "{name}: parameters differ from one process by {d} (tolerance {TOLERANCE})"
+    );
+    if let Some(ddp) = ddp {
+        let d = max_diff(ddp, got);
+        assert!(
+            d <= TOLERANCE,
+            "{name}: parameters differ from data parallelism by {d} (tolerance {TOLERANCE})"
+        );
+    }
+}
+
 #[test]
 fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
     let dir = TempDir::new("zero-equal");
@@ -114,31 +131,91 @@ fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
             "{name}: {}",
             f.stdout
         );
-        let got = params(&path);
-        let d = max_diff(&reference, &got);
+        let ddp = (n == "2").then_some(&ddp[..]);
+        assert_close(name, &params(&path), &reference, ddp);
+    }
+}
+
+/// ZeRO-3 (parameters gathered unit by unit, gradients reduce-scattered
+/// per unit) reaches the parameters of data parallelism and of one
+/// process: on shm and tcp, 2 and 4 ranks, with gradient accumulation
+/// (reduce-scattered per micro-batch), with the parameters kept from the
+/// forward pass to the backward, and hybrid (2 groups × 2); its model
+/// state is the formula's 16Ψ/N.
+#[test]
+fn zero_3_matches_data_parallel_and_one_process() {
+    let dir = TempDir::new("zero3-equal");
+    let (one, _) = train(&dir, "one", &["--batch", "8"], &[]);
+    let reference = params(&one);
+    let (ddp, _) = train(&dir, "ddp2", &["--nproc", "2", "--batch", "4"], &[]);
+    let ddp = params(&ddp);
+    let z3 = ["--zero", "3"];
+    for (name, args, env) in [
+        ("shm2", &["--nproc", "2", "--batch", "4"][..], &[][..]),
+        (
+            "tcp2",
+            &["--nproc", "2", "--batch", "4", "--no-reshard-after-forward"][..],
+            &[("BRAID_BACKEND", "tcp")][..],
+        ),
+        (
+            "shm4-accum",
+            &["--nproc", "4", "--batch", "1", "--accum", "2"][..],
+            &[][..],
+        ),
+        (
+            "shm4-hsdp",
+            &["--nproc", "4", "--batch", "2", "--shard-group", "2"][..],
+            &[][..],
+        ),
+    ] {
+        let (path, f) = train(&dir, name, &[&z3[..], args].concat(), env);
+        let n = &name[3..4];
+        let backend = &name[..3];
         assert!(
-            d <= TOLERANCE,
-            "{name}: parameters differ from one process by {d} (tolerance {TOLERANCE})"
+            f.stdout
+                .contains(&format!("ZeRO stage 3 over {n} ranks ({backend})")),
+            "{name}: {}",
+            f.stdout
         );
-        if n == "2" {
-            let d = max_diff(&ddp, &got);
+        if name.ends_with("hsdp") {
+            assert!(f.stdout.contains("hybrid: shard groups of 2, 2 replicas"));
+        } else {
+            // Parameters, gradients and AdamW's moments: 16Ψ/N exactly
+            // (plus the padding).
             assert!(
-                d <= TOLERANCE,
-                "{name}: parameters differ from data parallelism by {d} (tolerance {TOLERANCE})"
+                f.stdout.contains("16Ψ/N") && f.stdout.contains("(measured / formula 1.0"),
+                "{name}: {}",
+                f.stdout
             );
         }
+        let ddp = (n == "2").then_some(&ddp[..]);
+        assert_close(name, &params(&path), &reference, ddp);
     }
 }
 
 #[test]
 fn impossible_zero_setups_are_refused_at_start() {
     for (args, want) in [
-        (&["--zero", "3"][..], "not built yet"),
-        (&["--fsdp"][..], "not built yet"),
+        (&["--zero", "3"][..], "start several"),
+        (
+            &["--fsdp", "--device", "cuda", "--nproc", "2"][..],
+            "runs on the CPU so far",
+        ),
+        (
+            &["--zero", "2", "--nproc", "2", "--no-reshard-after-forward"][..],
+            "use --zero 3",
+        ),
+        (
+            &["--nproc", "2", "--no-reshard-after-forward"][..],
+            "add --zero 3",
+        ),
         (&["--zero", "7"][..], "expected 1, 2 or 3"),
         (&["--zero", "1", "--fsdp"][..], "--fsdp means --zero 3"),
         (&["--zero", "2"][..], "start several"),
-        (&["--nproc", "2", "--shard-group", "2"][..], "add --zero 1"),
+        (
+            &["--nproc", "2", "--shard-group", "2"][..],
+            "add --zero 1, 2 or 3",
+        ),
         (
             &["--zero", "2", "--nproc", "4", "--shard-group", "3"][..],
             "does not divide the 4 ranks",

@@ -11,8 +11,8 @@
 
 use super::powersgd::{self, HostOps, PowerSgdState};
 use super::{
-    block_of, check_output, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, shard_slots,
-    Bucket, Collective, Drive, End, GradComm,
+    block_of, check_exchange, check_output, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes,
+    shard_slots, Bucket, Collective, Drive, During, End, GatherPart, GradComm, ScatterPart,
 };
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
@@ -235,6 +235,49 @@ impl Collective for HostCollective {
                 }
             })
             .map_err(err)?;
+        Ok(step)
+    }
+
+    fn shard_exchange(
+        &self,
+        master: &Vec<f32>,
+        gathers: &mut [GatherPart<'_, Vec<f32>>],
+        shard_grads: &mut Vec<f32>,
+        scatters: &[ScatterPart<'_, Vec<f32>>],
+        during: &mut During<'_>,
+    ) -> Result<CommStep> {
+        let n = self.comm.size();
+        check_exchange(
+            n,
+            master.len(),
+            gathers,
+            shard_grads.len(),
+            scatters,
+            Vec::len,
+        )?;
+        let mut step = CommStep::default();
+        let mut sums: Vec<Vec<f32>> = scatters.iter().map(|s| vec![0.0; s.to.len()]).collect();
+        let computed = self
+            .comm
+            .scope(|s| {
+                for g in gathers.iter_mut() {
+                    let k = g.from.len();
+                    count_half(&mut step, 4 * (n * k) as u64, n);
+                    let _ = s.all_gather(&master[g.from.clone()], &mut g.into[g.at..g.at + n * k]);
+                }
+                for (part, sum) in scatters.iter().zip(sums.iter_mut()) {
+                    count_half(&mut step, 4 * part.grads.len() as u64, n);
+                    let _ = s.reduce_scatter(&part.grads[..], sum, ReduceOp::Sum);
+                }
+                during()
+            })
+            .map_err(err)?;
+        computed?;
+        for (part, sum) in scatters.iter().zip(&sums) {
+            for (g, s) in shard_grads[part.to.clone()].iter_mut().zip(sum) {
+                *g += s;
+            }
+        }
         Ok(step)
     }
 

@@ -124,6 +124,33 @@ pub type Launch<'l, 'g, S> =
 pub type Drive<'d, 'g, S> =
     dyn FnMut(<S as Space>::Window<'g>, &mut Launch<'_, 'g, S>) -> Result<()> + 'd;
 
+/// One all-gather of a parameter-sharded exchange
+/// ([`Collective::shard_exchange`]): every rank's elements `from` of its
+/// master shard, in rank order, land in `into` from element `at`.
+pub struct GatherPart<'a, F> {
+    /// This rank's elements of the master shard.
+    pub from: Range<usize>,
+    /// Where the gathered block goes.
+    pub into: &'a mut F,
+    /// Its first element there.
+    pub at: usize,
+}
+
+/// One reduce-scatter of a parameter-sharded exchange: `grads` (one
+/// block's gradients, one equal part per rank) summed over the ranks;
+/// this rank's part of the sum is added to the elements `to` of the
+/// shard's gradients.
+pub struct ScatterPart<'a, F> {
+    /// The block's gradients on this rank.
+    pub grads: &'a F,
+    /// This rank's elements of the shard's gradients.
+    pub to: Range<usize>,
+}
+
+/// A parameter-sharded exchange's work besides its collectives (a unit
+/// of the forward or backward pass).
+pub type During<'d> = dyn FnMut() -> Result<()> + 'd;
+
 /// Collectives over one memory space; see the [module docs](self).
 pub trait Collective {
     /// Where the buffers are.
@@ -198,6 +225,63 @@ pub trait Collective {
         flat: &mut <Self::Space as Space>::Flat,
         ranges: &[Range<usize>],
     ) -> Result<CommStep>;
+
+    /// ZeRO stage 3's exchange around one unit of a pass: the
+    /// `gathers` (parameter blocks from every rank's `master` shard) and
+    /// the `scatters` (finished gradient blocks into `shard_grads`) run
+    /// while `during` computes, and are complete when this returns (host)
+    /// or ordered before the engine's later work (GPU). Collectives
+    /// without it refuse.
+    fn shard_exchange(
+        &self,
+        master: &<Self::Space as Space>::Flat,
+        gathers: &mut [GatherPart<'_, <Self::Space as Space>::Flat>],
+        shard_grads: &mut <Self::Space as Space>::Flat,
+        scatters: &[ScatterPart<'_, <Self::Space as Space>::Flat>],
+        during: &mut During<'_>,
+    ) -> Result<CommStep> {
+        let _ = (master, gathers, shard_grads, scatters, during);
+        Err(format!(
+            "ZeRO stage 3 (sharded parameters) over {} is not built yet (it runs over the \
+             host's shm and tcp backends)",
+            self.backend()
+        ))
+    }
+}
+
+/// Whether a parameter-sharded exchange's parts fit their buffers over
+/// `n` ranks (`len` gives a buffer's length), or which does not.
+pub(crate) fn check_exchange<F>(
+    n: usize,
+    master_len: usize,
+    gathers: &[GatherPart<'_, F>],
+    grads_len: usize,
+    scatters: &[ScatterPart<'_, F>],
+    len: impl Fn(&F) -> usize,
+) -> Result<()> {
+    for (i, g) in gathers.iter().enumerate() {
+        let k = g.from.len();
+        if g.from.start > g.from.end || g.from.end > master_len || g.at + n * k > len(g.into) {
+            return Err(format!(
+                "gather {i}: elements {:?} of a master shard of {master_len}, {n} ranks' worth \
+                 into {} elements from {}",
+                g.from,
+                len(g.into),
+                g.at
+            ));
+        }
+    }
+    for (i, s) in scatters.iter().enumerate() {
+        if s.to.start > s.to.end || s.to.end > grads_len || len(s.grads) != n * s.to.len() {
+            return Err(format!(
+                "reduce-scatter {i}: {} gradients over {n} ranks into elements {:?} of a shard \
+                 of {grads_len}",
+                len(s.grads),
+                s.to
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What `n` ranks send for a reduce-scatter or an all-gather of `bytes`

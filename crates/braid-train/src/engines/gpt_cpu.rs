@@ -1,8 +1,8 @@
 //! [`CpuGpt`]: the CPU GPT model (`braid_model::Gpt`, f32) as an
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
-use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, StateBytes, Unit, UpdateStep};
+use super::{gpt_describe, gpt_matrices, gpt_param_units, gpt_units, TokenBatch};
+use crate::engine::{check_shard, Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
@@ -27,6 +27,10 @@ pub struct CpuGpt {
     /// The batch of the last forward pass with gradients (the backward
     /// units need its tokens and targets).
     last: TokenBatch,
+    /// The parameters were given up to a parameter-sharded strategy
+    /// ([`Engine::shard_params`]): `params.data` is empty and only the
+    /// unit passes run.
+    sharded: bool,
 }
 
 /// Which optimizer a [`CpuGpt`] steps with.
@@ -85,6 +89,45 @@ impl CpuGpt {
             b,
             t,
             last: TokenBatch::new(b, t),
+            sharded: false,
+        }
+    }
+
+    /// Refuses the whole-buffer passes once the parameters are sharded.
+    fn whole(&self, what: &str) -> Result<()> {
+        match self.sharded {
+            false => Ok(()),
+            true => Err(format!(
+                "{what}: the parameters are sharded (the strategy hands them to the unit \
+                 passes); this call needs them whole"
+            )),
+        }
+    }
+
+    /// Refuses the unit passes until the parameters are sharded.
+    fn in_units(&self, what: &str) -> Result<()> {
+        match self.sharded {
+            true => Ok(()),
+            false => Err(format!(
+                "{what}: the unit passes run after shard_params (the engine holds its whole \
+                 parameters)"
+            )),
+        }
+    }
+
+    /// Checks that `bufs` are the blocks `want` of the layout (count and
+    /// lengths), naming the unit.
+    fn check_blocks(&self, what: &str, want: &[usize], lens: &[usize]) -> Result<()> {
+        let blocks = &self.params.layout.blocks;
+        let ok = want.len() == lens.len()
+            && want.iter().zip(lens).all(|(&b, &l)| blocks[b].1.len() == l);
+        match ok {
+            true => Ok(()),
+            false => Err(format!(
+                "{what}: got buffers of {lens:?} elements for parameter blocks {want:?} \
+                 ({:?} elements)",
+                want.iter().map(|&b| blocks[b].1.len()).collect::<Vec<_>>()
+            )),
         }
     }
 
@@ -149,6 +192,7 @@ impl Engine for CpuGpt {
     }
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        self.whole("forward")?;
         let loss = self
             .model
             .forward(
@@ -166,6 +210,7 @@ impl Engine for CpuGpt {
     }
 
     fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
+        self.whole("backward")?;
         let n_layer = self.params.layout.config.n_layer;
         let g = Self::grads_prefix(grads)?;
         let p = &self.params.data;
@@ -250,6 +295,7 @@ impl Engine for CpuGpt {
     }
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.whole("update")?;
         let (opt, params) = self.stepping();
         opt.step_scaled(params, grads, step.lr, step.grad_scale);
         self.updates += 1;
@@ -257,6 +303,7 @@ impl Engine for CpuGpt {
     }
 
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.whole("update")?;
         let len: usize = self.shard.iter().map(|r| r.len()).sum();
         if grads.len() != len {
             return Err(format!(
@@ -277,6 +324,124 @@ impl Engine for CpuGpt {
         }
         self.opt = None;
         self.shard = shard.to_vec();
+        Ok(())
+    }
+
+    fn param_units(&self) -> Result<ParamUnits> {
+        Ok(gpt_param_units(&self.params.layout))
+    }
+
+    fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<Vec<f32>> {
+        self.whole("shard_params")?;
+        self.shard_optimizer(shard)?;
+        let mut master = Vec::with_capacity(shard.iter().map(|r| r.len()).sum());
+        for r in shard {
+            master.extend_from_slice(&self.params.data[r.clone()]);
+        }
+        self.params.data = Vec::new();
+        self.sharded = true;
+        Ok(master)
+    }
+
+    fn unshard_params(&mut self, full: Vec<f32>) -> Result<()> {
+        self.in_units("unshard_params")?;
+        if full.len() != self.params.layout.len {
+            return Err(format!(
+                "unshard_params: {} parameters for a layout of {}",
+                full.len(),
+                self.params.layout.len
+            ));
+        }
+        self.params.data = full;
+        self.sharded = false;
+        Ok(())
+    }
+
+    fn forward_begin(&mut self, batch: &TokenBatch, _grad: bool) -> Result<()> {
+        self.in_units("forward")?;
+        self.last.tokens.clone_from(&batch.tokens);
+        self.last.targets.clone_from(&batch.targets);
+        Ok(())
+    }
+
+    fn forward_unit(&mut self, unit: usize, params: &[&Vec<f32>]) -> Result<Option<f32>> {
+        self.in_units("forward")?;
+        let units = gpt_param_units(&self.params.layout);
+        let want = units
+            .forward
+            .get(unit)
+            .ok_or_else(|| format!("forward unit {unit} does not exist"))?;
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        self.check_blocks(&format!("forward unit {unit}"), want, &lens)?;
+        let n_layer = self.params.layout.config.n_layer;
+        let (acts, last) = (&mut self.acts, &self.last);
+        match unit {
+            0 => self
+                .model
+                .embedding_forward(params[0], acts, &last.tokens, &last.targets)
+                .map_err(|e| e.to_string())?,
+            u if u <= n_layer => self.model.layer_forward_at(u - 1, params[0], acts),
+            _ => {
+                let loss = self
+                    .model
+                    .head_forward(params[0], params[1], acts, &last.targets);
+                return Ok(Some(loss));
+            }
+        }
+        Ok(None)
+    }
+
+    fn backward_unit_of(
+        &mut self,
+        unit: usize,
+        params: &[&Vec<f32>],
+        grads: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        self.in_units("backward")?;
+        let units = gpt_param_units(&self.params.layout);
+        let what = format!("backward unit {unit}");
+        let (reads, writes) = match (
+            units.backward_reads.get(unit),
+            units.backward_writes.get(unit),
+        ) {
+            (Some(r), Some(w)) => (r, w),
+            _ => return Err(format!("{what} does not exist")),
+        };
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        self.check_blocks(&what, reads, &lens)?;
+        let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        self.check_blocks(&what, writes, &lens)?;
+        let n_layer = self.params.layout.config.n_layer;
+        let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
+        match (unit, grads) {
+            (0, [g_norm, g_emb]) => {
+                model.head_backward(params[0], params[1], g_norm, g_emb, acts, &last.targets)
+            }
+            (u, [g]) if u <= n_layer => model.layer_backward_at(n_layer - u, params[0], g, acts),
+            (_, [g_emb]) => model.embedding_backward(g_emb, acts, &last.tokens),
+            _ => return Err(format!("{what}: unexpected gradient blocks")),
+        }
+        Ok(())
+    }
+
+    fn update_compact(
+        &mut self,
+        params: &mut Vec<f32>,
+        grads: &Vec<f32>,
+        step: UpdateStep,
+    ) -> Result<()> {
+        self.in_units("update")?;
+        let len: usize = self.shard.iter().map(|r| r.len()).sum();
+        if grads.len() != len || params.len() != len {
+            return Err(format!(
+                "{} shard parameters and {} gradients for an optimizer shard of {len} elements",
+                params.len(),
+                grads.len()
+            ));
+        }
+        let (opt, _) = self.stepping();
+        opt.step_compact_scaled(params, grads, step.lr, step.grad_scale);
+        self.updates += 1;
         Ok(())
     }
 
@@ -302,6 +467,88 @@ mod tests {
             CpuOptimizer::AdamW { weight_decay: 0.1 },
         );
         assert_eq!(engine.unit_count(), engine.units().len());
+    }
+
+    /// The unit passes on gathered block copies give the whole-buffer
+    /// passes' loss and gradients bit for bit, and the compact update the
+    /// whole optimizer's parameters; whole-buffer calls are refused once
+    /// the parameters are sharded, unit calls before.
+    #[test]
+    fn unit_passes_match_the_whole_buffer_passes_bit_for_bit() {
+        let layout = Arc::new(Layout::new(&GptConfig::parse("L2-H2-C16-V50-T8").unwrap()));
+        let make = || {
+            CpuGpt::new(
+                Params::init_gpt2(layout.clone(), 3),
+                2,
+                8,
+                false,
+                CpuOptimizer::AdamW { weight_decay: 0.1 },
+            )
+        };
+        let (mut whole, mut units) = (make(), make());
+        let mut batch = TokenBatch::new(2, 8);
+        for (i, (x, y)) in batch.tokens.iter_mut().zip(&mut batch.targets).enumerate() {
+            (*x, *y) = ((i * 7 % 50) as u32, (i * 11 % 50) as u32);
+        }
+        assert!(
+            units.forward_begin(&batch, true).is_err(),
+            "before sharding"
+        );
+        let full = whole.params().clone();
+        let all = 0..layout.len;
+        let mut master = units.shard_params(std::slice::from_ref(&all)).unwrap();
+        assert_eq!(master, full);
+        assert!(units.forward(&batch, true).unwrap_err().contains("sharded"));
+        let pu = units.param_units().unwrap();
+        pu.check(layout.len, units.unit_count()).unwrap();
+        let block = |b: usize| full[pu.blocks[b].clone()].to_vec();
+        // Whole buffer.
+        let want_loss = whole.forward(&batch, true).unwrap();
+        let mut want = whole.new_grads().unwrap();
+        crate::engine::backward_local(&mut whole, &mut want).unwrap();
+        // Units.
+        units.forward_begin(&batch, true).unwrap();
+        let mut loss = None;
+        for (u, reads) in pu.forward.iter().enumerate() {
+            let bufs: Vec<Vec<f32>> = reads.iter().map(|&b| block(b)).collect();
+            let refs: Vec<&Vec<f32>> = bufs.iter().collect();
+            loss = units.forward_unit(u, &refs).unwrap();
+        }
+        assert_eq!(loss.unwrap().to_bits(), want_loss.to_bits());
+        let mut grads: Vec<Vec<f32>> = pu.blocks.iter().map(|r| vec![0.0; r.len()]).collect();
+        for u in 0..pu.backward_reads.len() {
+            let bufs: Vec<Vec<f32>> = pu.backward_reads[u].iter().map(|&b| block(b)).collect();
+            let refs: Vec<&Vec<f32>> = bufs.iter().collect();
+            let mut taken: Vec<Vec<f32>> = pu.backward_writes[u]
+                .iter()
+                .map(|&b| std::mem::take(&mut grads[b]))
+                .collect();
+            let mut outs: Vec<&mut Vec<f32>> = taken.iter_mut().collect();
+            units.backward_unit_of(u, &refs, &mut outs).unwrap();
+            for (&b, g) in pu.backward_writes[u].iter().zip(taken) {
+                grads[b] = g;
+            }
+        }
+        let got: Vec<f32> = grads.concat();
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // The update.
+        let step = UpdateStep {
+            lr: 1e-2,
+            step: 1,
+            grad_scale: 0.5,
+        };
+        whole.update(&want, step).unwrap();
+        units.update_compact(&mut master, &got, step).unwrap();
+        assert!(master
+            .iter()
+            .zip(whole.params())
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(units.update(&got, step).is_err());
+        units.unshard_params(master).unwrap();
+        assert!(units.forward(&batch, false).is_ok());
     }
 
     /// A sharded optimizer changes its shard's parameters and no others,

@@ -8,7 +8,7 @@ mod gpt_gpu;
 pub use gpt_cpu::{CpuGpt, CpuOptimizer};
 pub use gpt_gpu::{GpuGpt, Precision};
 
-use crate::engine::Unit;
+use crate::engine::{ParamUnits, Unit};
 use braid_model::{Block, GptConfig, Layout};
 
 /// One micro-batch of token windows: `b` rows of `t` tokens and the
@@ -55,6 +55,33 @@ pub(crate) fn gpt_units(layout: &Layout) -> Vec<Unit> {
         finalizes: layout.block_range(Block::Embedding),
     });
     units
+}
+
+/// The GPT engines' parameter units (FSDP's transformer wrap policy):
+/// the blocks are the layout's — the embeddings (block 0), each layer
+/// (block `1 + l`), the final norm (block `L + 1`). Forward: the
+/// embeddings, each layer, then the head (the final norm, and the token
+/// embedding as the LM head). Backward, in [`gpt_units`]' order: the head
+/// (reading and writing the final norm and the embeddings), each layer
+/// from the last, then the embeddings (writing their gradients, reading
+/// no parameters).
+pub(crate) fn gpt_param_units(layout: &Layout) -> ParamUnits {
+    let n = layout.config.n_layer;
+    let (emb, norm) = (0, n + 1);
+    let mut forward = vec![vec![emb]];
+    forward.extend((0..n).map(|l| vec![1 + l]));
+    forward.push(vec![norm, emb]);
+    let mut reads = vec![vec![norm, emb]];
+    reads.extend((0..n).rev().map(|l| vec![1 + l]));
+    let mut writes = reads.clone();
+    reads.push(Vec::new());
+    writes.push(vec![emb]);
+    ParamUnits {
+        blocks: layout.blocks.iter().map(|(_, r)| r.clone()).collect(),
+        forward,
+        backward_reads: reads,
+        backward_writes: writes,
+    }
 }
 
 /// What data-parallel ranks must agree on for a GPT engine.

@@ -99,12 +99,17 @@ pub fn host(
             fits.push(zero_flag(s));
         }
     }
-    let per = if cuda { 4 } else { 4 * (2 + states as u128) };
-    let hint = if per * params > avail && fits.is_empty() {
+    // Bytes per parameter of the model's state under this run's sharding
+    // (batch 1 with checkpointing: activations as small as they get).
+    let per = match cuda {
+        true => 4.0,
+        false => need(1, true).total() as f64 / params.max(1) as f64,
+    };
+    let hint = if per * params as f64 > avail as f64 && fits.is_empty() {
         format!(
-            "the model alone needs {per} bytes per parameter here; \
+            "the model alone needs about {per:.1} bytes per parameter here; \
              a model of at most about {:.2e} parameters would fit",
-            (avail / per) as f64
+            avail as f64 / per
         )
     } else if fits.is_empty() {
         let one = need(1, true).total();

@@ -6,6 +6,7 @@
 use braid_train::collective::{Collective, GradComm};
 use braid_train::ddp::{DataParallel, DdpOptions};
 use braid_train::zero::{Zero, ZeroOptions};
+use braid_train::zero3::Zero3;
 use braid_train::{Engine, Strategy};
 
 /// The flags that choose how the optimizer is sharded.
@@ -20,6 +21,8 @@ pub struct ZeroFlags<'a> {
     pub grad_comm: (&'a str, GradComm),
     /// `--defer-layers`.
     pub defer_layers: Option<usize>,
+    /// `--no-reshard-after-forward`.
+    pub keep_params: bool,
 }
 
 /// The ZeRO stage asked for (`--zero`, `--fsdp`), checked against the
@@ -27,7 +30,10 @@ pub struct ZeroFlags<'a> {
 pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
     let stage = match (a.zero, a.fsdp) {
         (None, false) if a.shard_group.is_some() => {
-            return Err("--shard-group shards the optimizer: add --zero 1 or --zero 2".into())
+            return Err("--shard-group shards the optimizer: add --zero 1, 2 or 3".into())
+        }
+        (None, false) if a.keep_params => {
+            return Err("--no-reshard-after-forward is ZeRO-3's: add --zero 3 (or --fsdp)".into())
         }
         (None, false) => return Ok(None),
         (Some(s), true) if s != 3 => {
@@ -39,15 +45,14 @@ pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
         (Some(s), false) => s,
     };
     match stage {
-        1 | 2 => {}
-        3 => {
-            return Err(
-                "--zero 3 / --fsdp: ZeRO stage 3 (sharded parameters) is not built yet; \
-                 use --zero 1 or --zero 2"
-                    .into(),
-            )
-        }
+        1..=3 => {}
         s => return Err(format!("--zero {s}: expected 1, 2 or 3")),
+    }
+    if a.keep_params && stage != 3 {
+        return Err(format!(
+            "--no-reshard-after-forward keeps ZeRO-3's gathered parameters; --zero {stage} \
+             does not gather them (use --zero 3)"
+        ));
     }
     if a.grad_comm.1 != GradComm::Plain {
         return Err(format!(
@@ -68,12 +73,14 @@ pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
 pub const ZERO_ALIGN: usize = 64;
 
 /// The strategy over `comm`: ZeRO at `stage` (sharded within groups of
-/// `shard_group` ranks) when there is one, else data parallelism, with
-/// the buckets of `ddp`.
+/// `shard_group` ranks; stage 3 keeping gathered parameters from the
+/// forward pass to the backward when `keep_params`) when there is one,
+/// else data parallelism, with the buckets of `ddp`.
 pub fn distributed<C, E>(
     comm: C,
     stage: Option<u8>,
     shard_group: Option<usize>,
+    keep_params: bool,
     ddp: DdpOptions,
 ) -> Result<Box<dyn Strategy<E>>, String>
 where
@@ -81,6 +88,7 @@ where
     E: Engine<Space = C::Space> + 'static,
 {
     Ok(match stage {
+        Some(3) => Box::new(Zero3::new(comm, shard_group, !keep_params)?),
         Some(stage) => Box::new(Zero::new(
             comm,
             ZeroOptions {

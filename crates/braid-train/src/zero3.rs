@@ -1,0 +1,537 @@
+//! ZeRO stage 3 ([`Zero3`], FSDP): the parameters are sharded too.
+//!
+//! Every rank keeps, for its slice of every parameter block (one equal
+//! slice per rank of each block of [`Engine::param_units`]: the
+//! embeddings, each transformer block, the final norm — FSDP's
+//! transformer wrap policy), the f32 master weights, their reduced
+//! gradients and the optimizer's state: `16Ψ/N` bytes of model state in
+//! f32 training. Whole blocks exist only while a unit of a pass uses
+//! them:
+//!
+//! - forward: each unit's blocks are all-gathered from the ranks' master
+//!   shards just before it runs; the next unit's gather is started first
+//!   so that it travels while the current unit computes (prefetch). A
+//!   block no later forward unit reads is freed at once
+//!   (`reshard_after_forward`, FSDP2's default), except those the
+//!   backward pass starts with (the head: FSDP2 keeps its root unit);
+//! - backward: each unit's blocks are gathered again (prefetched the same
+//!   way), its gradients written into block-sized buffers, and a block
+//!   whose gradient is final is reduce-scattered into the shard's
+//!   gradients while the next unit computes, then freed;
+//! - micro-batches before a step's last reduce-scatter the same way
+//!   (adding into the shard's gradients), so that no whole gradient
+//!   buffer ever exists;
+//! - clipping sums the shards' squares across the ranks; the update
+//!   changes the master shard only ([`Engine::update_compact`]); nothing
+//!   is gathered after it — the next forward pass does that.
+//!
+//! Hybrid sharding (`shard_group`) shards within groups of
+//! consecutive ranks and all-reduces each rank's shard of the gradients
+//! among its replicas before the update, as stages 1 and 2 do.
+//!
+//! The arithmetic per element is data parallelism's (the same AdamW on
+//! the same sums, in the order the collectives add them), so parameters
+//! agree with a data-parallel run within summation order.
+
+use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
+use crate::ddp::{mean_over, replicate};
+use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
+use crate::space::Space;
+use crate::strategy::{CommStep, Strategy};
+use crate::timeline::Timeline;
+use crate::zero::hybrid_split;
+use crate::Result;
+use braid_comm::ReduceOp;
+use std::ops::Range;
+
+/// ZeRO stage 3 over collectives `C`.
+pub struct Zero3<C: Collective> {
+    /// Every rank (the start's broadcast, losses).
+    comm: C,
+    /// Hybrid sharding: the rank's shard group and its replicas.
+    hybrid: Option<(C, C)>,
+    /// Free blocks no later forward unit reads (FSDP2's
+    /// `reshard_after_forward`); otherwise every gathered block stays
+    /// until the backward pass is done with it.
+    reshard_after_forward: bool,
+    /// Set by [`Strategy::start`].
+    state: Option<Sharded<C>>,
+    last: CommStep,
+}
+
+/// What a ZeRO-3 rank holds once started.
+struct Sharded<C: Collective> {
+    units: ParamUnits,
+    /// For every block, its elements of the master shard (and of the
+    /// shard's gradients): the rank's slices of the blocks, in order.
+    slots: Vec<Range<usize>>,
+    /// For every block, the backward unit after which its gradient is
+    /// final.
+    final_after: Vec<Option<usize>>,
+    /// The rank's f32 master weights.
+    master: Flat2<C>,
+    /// The shard's reduced gradients, laid out like `master`.
+    grads: Flat2<C>,
+    /// The blocks gathered now.
+    gathered: Vec<Option<Flat2<C>>>,
+    /// The blocks' gradients during a backward pass.
+    block_grads: Vec<Option<Flat2<C>>>,
+    /// Bytes of gathered blocks and block gradients held now, and the
+    /// most held at once.
+    held: u64,
+    peak: u64,
+}
+
+type Flat2<C> = <<C as Collective>::Space as Space>::Flat;
+
+impl<C: Collective> Zero3<C> {
+    /// ZeRO-3 over `comm` (every rank calls it: hybrid sharding splits
+    /// the communicator into groups of `shard_group` ranks), freeing
+    /// blocks after the forward pass when `reshard_after_forward`. A shard
+    /// group that does not divide the ranks is refused.
+    pub fn new(comm: C, shard_group: Option<usize>, reshard_after_forward: bool) -> Result<Self> {
+        let hybrid = hybrid_split(&comm, shard_group)?;
+        Ok(Zero3 {
+            comm,
+            hybrid,
+            reshard_after_forward,
+            state: None,
+            last: CommStep::default(),
+        })
+    }
+
+    /// The ranks the parameters are sharded over.
+    fn group(&self) -> &C {
+        self.hybrid.as_ref().map_or(&self.comm, |h| &h.0)
+    }
+
+    /// Bytes of gathered blocks and block gradients held at once, at
+    /// most, so far (the transient part of a ZeRO-3 rank's memory).
+    pub fn peak_unit_bytes(&self) -> u64 {
+        self.state.as_ref().map_or(0, |s| s.peak)
+    }
+
+    /// One line: ranks, backend, policy.
+    pub fn describe(&self) -> String {
+        let (n, g) = (self.comm.size(), self.group().size());
+        let hybrid = match g < n {
+            true => format!(" hybrid: shard groups of {g}, {} replicas;", n / g),
+            false => String::new(),
+        };
+        format!(
+            "ZeRO stage 3 over {n} ranks ({}):{hybrid} parameters, gradients and optimizer state \
+             sharded (1/{g} per rank); each unit's parameters all-gathered before it runs (the \
+             next unit's prefetched), {}; gradients reduce-scattered per unit",
+            self.comm.backend(),
+            match self.reshard_after_forward {
+                true => "freed after the forward pass (gathered again for the backward)",
+                false => "kept from the forward pass to the backward",
+            },
+        )
+    }
+
+    fn started(&mut self) -> Result<(&C, &mut Sharded<C>)> {
+        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
+        let state = self
+            .state
+            .as_mut()
+            .ok_or("ZeRO-3: a pass before start (call start first)")?;
+        Ok((group, state))
+    }
+
+    /// A forward pass in units, gathering each unit's blocks.
+    fn forward_pass<E: Engine<Space = C::Space>>(
+        &mut self,
+        engine: &mut E,
+        batch: &E::Batch,
+        grad: bool,
+    ) -> Result<f32> {
+        let keep_all = grad && !self.reshard_after_forward;
+        let (group, st) = self.started()?;
+        engine.forward_begin(batch, grad)?;
+        let units = st.units.forward.clone();
+        let first_backward = st.units.backward_reads.first().cloned().unwrap_or_default();
+        let mut step = CommStep::default();
+        step.add(st.exchange(group, &units[0], &[], &mut || Ok(()))?);
+        let mut loss = None;
+        for (u, reads) in units.iter().enumerate() {
+            let next = units.get(u + 1).cloned().unwrap_or_default();
+            let (done, s) = st.run_unit(group, reads, &[], &next, &[], &mut |params, _| {
+                engine.forward_unit(u, params)
+            })?;
+            step.add(s);
+            loss = done;
+            for &b in reads {
+                let later = units[u + 1..].iter().any(|r| r.contains(&b));
+                let kept = keep_all || (grad && first_backward.contains(&b));
+                if !later && !kept {
+                    st.release(b);
+                }
+            }
+        }
+        if grad {
+            // Evaluation's gathers are not the step's.
+            self.last.add(step);
+        }
+        loss.ok_or_else(|| "ZeRO-3: the last forward unit returned no loss".into())
+    }
+
+    /// A backward pass in units: gathers, computes into block gradient
+    /// buffers, reduce-scatters each block once final. Returns the mark
+    /// where the engine's computation ended.
+    fn backward_pass<E: Engine<Space = C::Space>>(
+        &mut self,
+        engine: &mut E,
+        timeline: &mut Timeline,
+    ) -> Result<usize> {
+        let (group, st) = self.started()?;
+        let reads = st.units.backward_reads.clone();
+        let writes = st.units.backward_writes.clone();
+        let mut step = CommStep::default();
+        step.add(st.exchange(group, &reads[0], &[], &mut || Ok(()))?);
+        let mut pending: Vec<usize> = Vec::new();
+        for u in 0..reads.len() {
+            for &b in &writes[u] {
+                st.grad_block(group, b)?;
+            }
+            let next = reads.get(u + 1).cloned().unwrap_or_default();
+            let (_, s) = st.run_unit(
+                group,
+                &reads[u],
+                &writes[u],
+                &next,
+                &pending,
+                &mut |params, mut grads| {
+                    engine.backward_unit_of(u, params, &mut grads)?;
+                    Ok(None)
+                },
+            )?;
+            step.add(s);
+            for b in pending.drain(..) {
+                st.drop_grads(b);
+            }
+            pending.extend((0..st.final_after.len()).filter(|&b| st.final_after[b] == Some(u)));
+            for &b in &reads[u] {
+                if !reads[u + 1..].iter().any(|r| r.contains(&b)) {
+                    st.release(b);
+                }
+            }
+        }
+        let computed = timeline.mark(engine.stream())?;
+        step.add(st.exchange(group, &[], &pending, &mut || Ok(()))?);
+        for b in pending {
+            st.drop_grads(b);
+        }
+        self.last.add(step);
+        Ok(computed)
+    }
+}
+
+impl<C: Collective> Sharded<C> {
+    fn hold(&mut self, bytes: u64) {
+        self.held += bytes;
+        self.peak = self.peak.max(self.held);
+    }
+
+    /// Frees block `b`'s gathered parameters.
+    fn release(&mut self, b: usize) {
+        if let Some(p) = self.gathered[b].take() {
+            self.held -= 4 * <C::Space as Space>::len(&p) as u64;
+        }
+    }
+
+    /// Frees block `b`'s gradient buffer.
+    fn drop_grads(&mut self, b: usize) {
+        if let Some(g) = self.block_grads[b].take() {
+            self.held -= 4 * <C::Space as Space>::len(&g) as u64;
+        }
+    }
+
+    /// Block `b`'s gradient buffer, zeroed when new.
+    fn grad_block(&mut self, group: &C, b: usize) -> Result<()> {
+        if self.block_grads[b].is_none() {
+            let len = self.units.blocks[b].len();
+            self.block_grads[b] = Some(group.zeros(len)?);
+            self.hold(4 * len as u64);
+        }
+        Ok(())
+    }
+
+    /// Gathers the blocks of `want` not held yet and reduce-scatters the
+    /// gradients of `scatter`, while `during` runs.
+    fn exchange(
+        &mut self,
+        group: &C,
+        want: &[usize],
+        scatter: &[usize],
+        during: &mut crate::collective::During<'_>,
+    ) -> Result<CommStep> {
+        let mut fresh: Vec<(usize, Flat2<C>)> = Vec::new();
+        for &b in want {
+            if self.gathered[b].is_none() && !fresh.iter().any(|(x, _)| *x == b) {
+                let len = self.units.blocks[b].len();
+                fresh.push((b, group.zeros(len)?));
+                self.hold(4 * len as u64);
+            }
+        }
+        let slots = &self.slots;
+        let mut gathers: Vec<GatherPart<'_, Flat2<C>>> = fresh
+            .iter_mut()
+            .map(|(b, buf)| GatherPart {
+                from: slots[*b].clone(),
+                into: buf,
+                at: 0,
+            })
+            .collect();
+        let scatters: Vec<ScatterPart<'_, Flat2<C>>> = scatter
+            .iter()
+            .map(|&b| {
+                let grads = self.block_grads[b]
+                    .as_ref()
+                    .ok_or_else(|| format!("ZeRO-3: block {b}'s gradients are not there"))?;
+                Ok(ScatterPart {
+                    grads,
+                    to: slots[b].clone(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let step = group.shard_exchange(
+            &self.master,
+            &mut gathers,
+            &mut self.grads,
+            &scatters,
+            during,
+        )?;
+        drop(gathers);
+        for (b, buf) in fresh {
+            self.gathered[b] = Some(buf);
+        }
+        Ok(step)
+    }
+
+    /// Runs one unit (`work`, given the parameters of `reads` and the
+    /// gradient buffers of `writes`, in those orders) while the blocks of
+    /// `next` are gathered and the gradients of `scatter` reduce-scattered.
+    #[allow(clippy::type_complexity)]
+    fn run_unit(
+        &mut self,
+        group: &C,
+        reads: &[usize],
+        writes: &[usize],
+        next: &[usize],
+        scatter: &[usize],
+        work: &mut dyn FnMut(&[&Flat2<C>], Vec<&mut Flat2<C>>) -> Result<Option<f32>>,
+    ) -> Result<(Option<f32>, CommStep)> {
+        // The unit's own blocks must be here (gathered by the previous
+        // exchange); the prefetch fills fresh buffers, never these.
+        let mut params: Vec<Flat2<C>> = Vec::with_capacity(reads.len());
+        for &b in reads {
+            params.push(self.gathered[b].take().ok_or_else(|| {
+                format!("ZeRO-3: parameter block {b} was not gathered before its unit")
+            })?);
+        }
+        let mut writing: Vec<(usize, Flat2<C>)> = Vec::with_capacity(writes.len());
+        for &b in writes {
+            let g = match scatter.contains(&b) {
+                true => None,
+                false => self.block_grads[b].take(),
+            };
+            let g = g.ok_or_else(|| {
+                format!("ZeRO-3: block {b}'s gradient buffer is not there for its unit")
+            });
+            match g {
+                Ok(g) => writing.push((b, g)),
+                Err(e) => {
+                    self.put_back(reads, params, writing);
+                    return Err(e);
+                }
+            }
+        }
+        let next: Vec<usize> = next
+            .iter()
+            .copied()
+            .filter(|b| !reads.contains(b))
+            .collect();
+        let mut out = None;
+        let result = {
+            let refs: Vec<&Flat2<C>> = params.iter().collect();
+            let (params_ref, writing_ref) = (&refs, &mut writing);
+            self.exchange(group, &next, scatter, &mut || {
+                let grads: Vec<&mut Flat2<C>> = writing_ref.iter_mut().map(|(_, g)| g).collect();
+                out = work(params_ref, grads)?;
+                Ok(())
+            })
+        };
+        self.put_back(reads, params, writing);
+        Ok((out, result?))
+    }
+
+    /// Returns what [`run_unit`](Self::run_unit) took out.
+    fn put_back(
+        &mut self,
+        reads: &[usize],
+        params: Vec<Flat2<C>>,
+        writing: Vec<(usize, Flat2<C>)>,
+    ) {
+        for (&b, p) in reads.iter().zip(params) {
+            self.gathered[b] = Some(p);
+        }
+        for (b, g) in writing {
+            self.block_grads[b] = Some(g);
+        }
+    }
+}
+
+impl<C, E> Strategy<E> for Zero3<C>
+where
+    C: Collective,
+    E: Engine<Space = C::Space>,
+{
+    fn describe(&self) -> String {
+        Zero3::describe(self)
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn replicas(&self) -> usize {
+        self.comm.size()
+    }
+
+    fn start(&mut self, engine: &mut E) -> Result<()> {
+        let len = replicate(&self.comm, engine)?;
+        let units = engine.param_units().map_err(|e| format!("ZeRO-3: {e}"))?;
+        units
+            .check(len, engine.unit_count())
+            .map_err(|e| format!("ZeRO-3: {e}"))?;
+        let (rank, n) = (self.group().rank(), self.group().size());
+        let mut shard = Vec::with_capacity(units.blocks.len());
+        let mut slots = Vec::with_capacity(units.blocks.len());
+        let mut at = 0;
+        for (i, b) in units.blocks.iter().enumerate() {
+            let mine =
+                block_of(b, rank, n).map_err(|e| format!("ZeRO-3: parameter block {i} {e}"))?;
+            slots.push(at..at + mine.len());
+            at += mine.len();
+            shard.push(mine);
+        }
+        let master = engine
+            .shard_params(&shard)
+            .map_err(|e| format!("ZeRO-3: {e}"))?;
+        let blocks = units.blocks.len();
+        self.state = Some(Sharded {
+            final_after: units.final_after(),
+            units,
+            slots,
+            master,
+            grads: self.group().zeros(at)?,
+            gathered: (0..blocks).map(|_| None).collect(),
+            block_grads: (0..blocks).map(|_| None).collect(),
+            held: 0,
+            peak: 0,
+        });
+        Ok(())
+    }
+
+    fn new_grads(&mut self, _engine: &mut E) -> Result<Flat<E>> {
+        // No whole gradient buffer: blocks come and go per unit.
+        self.group().zeros(0)
+    }
+
+    fn zero_grads(&mut self, engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        // A step starts: its communication is counted afresh.
+        self.last = CommStep::default();
+        let (_, st) = self.started()?;
+        engine.zero_grads(&mut st.grads)
+    }
+
+    fn forward(&mut self, engine: &mut E, batch: &E::Batch, grad: bool) -> Result<f32> {
+        self.forward_pass(engine, batch, grad)
+    }
+
+    fn accumulate(&mut self, engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        let mut tl = Timeline::new();
+        self.backward_pass(engine, &mut tl).map(|_| ())
+    }
+
+    fn backward(
+        &mut self,
+        engine: &mut E,
+        _grads: &mut Flat<E>,
+        timeline: &mut Timeline,
+    ) -> Result<usize> {
+        self.backward_pass(engine, timeline)
+    }
+
+    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        if let (Some((_, replicas)), Some(st)) = (&self.hybrid, &mut self.state) {
+            // Each group summed its own share of the batch: add the groups'.
+            let all = 0..<C::Space as Space>::len(&st.grads);
+            let summed = replicas.all_reduce_ranges(&mut st.grads, &[all])?;
+            self.last.add(summed);
+        }
+        Ok(())
+    }
+
+    fn grad_sq_norm(&mut self, engine: &mut E, _grads: &Flat<E>) -> Result<f64> {
+        let (group, st) = self.started()?;
+        let mut sum = [engine.grad_sq_norm(&st.grads)?];
+        group
+            .host()
+            .all_reduce(&mut sum, ReduceOp::Sum)
+            .map_err(|e| format!("ZeRO-3: the gradient norm: {e}"))?;
+        Ok(sum[0])
+    }
+
+    fn update(&mut self, engine: &mut E, _grads: &Flat<E>, step: UpdateStep) -> Result<()> {
+        let (_, st) = self.started()?;
+        engine.update_compact(&mut st.master, &st.grads, step)
+    }
+
+    fn after_update(&mut self, _engine: &mut E) -> Result<()> {
+        // The next forward pass gathers the new parameters.
+        let (_, st) = self.started()?;
+        for b in 0..st.gathered.len() {
+            st.release(b);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, engine: &mut E) -> Result<()> {
+        let (group, st) = self.started()?;
+        let len = st.units.blocks.last().map_or(0, |b| b.end);
+        let mut full = group.zeros(len)?;
+        // Every block from every rank's master shard into its place.
+        for (b, r) in st.units.blocks.iter().enumerate() {
+            let mut gather = [GatherPart {
+                from: st.slots[b].clone(),
+                into: &mut full,
+                at: r.start,
+            }];
+            group.shard_exchange(&st.master, &mut gather, &mut st.grads, &[], &mut || Ok(()))?;
+        }
+        engine
+            .unshard_params(full)
+            .map_err(|e| format!("ZeRO-3: {e}"))
+    }
+
+    fn mean(&mut self, values: &mut [f64]) -> Result<()> {
+        mean_over(self.comm.host(), values)
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        match &self.state {
+            Some(st) => StateBytes {
+                params: 4 * <C::Space as Space>::len(&st.master) as u64,
+                grads: 4 * <C::Space as Space>::len(&st.grads) as u64,
+                ..Default::default()
+            },
+            None => StateBytes::default(),
+        }
+    }
+
+    fn last_step(&self) -> CommStep {
+        self.last
+    }
+}
