@@ -76,11 +76,20 @@ struct Sharded<C: Collective> {
     gathered: Vec<Option<Flat2<C>>>,
     /// The blocks' gradients during a backward pass.
     block_grads: Vec<Option<Flat2<C>>>,
-    /// Bytes of gathered blocks and block gradients held now, and the
-    /// most held at once.
+    /// Freed block buffers kept for the next block of the same length
+    /// (at most [`SPARES`]): fresh memory costs a page fault per page,
+    /// which on the CPU took as long as the passes themselves.
+    spare: Vec<Flat2<C>>,
+    /// Bytes of gathered blocks, block gradients and spares held now,
+    /// and the most held at once.
     held: u64,
     peak: u64,
 }
+
+/// Freed block buffers a ZeRO-3 rank keeps for reuse: the blocks in
+/// flight at once (a unit's and the prefetched unit's parameters, a
+/// gradient being written and one being reduced).
+const SPARES: usize = 4;
 
 type Flat2<C> = <<C as Collective>::Space as Space>::Flat;
 
@@ -192,7 +201,7 @@ impl<C: Collective> Zero3<C> {
         let mut pending: Vec<usize> = Vec::new();
         for u in 0..reads.len() {
             for &b in &writes[u] {
-                st.grad_block(group, b)?;
+                st.grad_block(group, b, &mut |g| engine.zero_grads(g))?;
             }
             let next = reads.get(u + 1).cloned().unwrap_or_default();
             let (_, s) = st.run_unit(
@@ -236,23 +245,57 @@ impl<C: Collective> Sharded<C> {
     /// Frees block `b`'s gathered parameters.
     fn release(&mut self, b: usize) {
         if let Some(p) = self.gathered[b].take() {
-            self.held -= 4 * <C::Space as Space>::len(&p) as u64;
+            self.recycle(p);
         }
     }
 
     /// Frees block `b`'s gradient buffer.
     fn drop_grads(&mut self, b: usize) {
         if let Some(g) = self.block_grads[b].take() {
-            self.held -= 4 * <C::Space as Space>::len(&g) as u64;
+            self.recycle(g);
         }
     }
 
-    /// Block `b`'s gradient buffer, zeroed when new.
-    fn grad_block(&mut self, group: &C, b: usize) -> Result<()> {
+    /// Keeps `buf` as a spare, or frees it (the oldest spare goes when
+    /// there are enough).
+    fn recycle(&mut self, buf: Flat2<C>) {
+        self.spare.push(buf);
+        if self.spare.len() > SPARES {
+            let old = self.spare.remove(0);
+            self.held -= 4 * <C::Space as Space>::len(&old) as u64;
+        }
+    }
+
+    /// A buffer of `len` elements: a spare of that length (its contents
+    /// left over), or a new zeroed one.
+    fn buffer(&mut self, group: &C, len: usize) -> Result<(Flat2<C>, bool)> {
+        match self
+            .spare
+            .iter()
+            .position(|s| <C::Space as Space>::len(s) == len)
+        {
+            Some(i) => Ok((self.spare.swap_remove(i), false)),
+            None => {
+                let buf = group.zeros(len)?;
+                self.hold(4 * len as u64);
+                Ok((buf, true))
+            }
+        }
+    }
+
+    /// Block `b`'s gradient buffer, zeroed (by `zero`) when new.
+    fn grad_block(
+        &mut self,
+        group: &C,
+        b: usize,
+        zero: &mut dyn FnMut(&mut Flat2<C>) -> Result<()>,
+    ) -> Result<()> {
         if self.block_grads[b].is_none() {
-            let len = self.units.blocks[b].len();
-            self.block_grads[b] = Some(group.zeros(len)?);
-            self.hold(4 * len as u64);
+            let (mut buf, zeroed) = self.buffer(group, self.units.blocks[b].len())?;
+            if !zeroed {
+                zero(&mut buf)?;
+            }
+            self.block_grads[b] = Some(buf);
         }
         Ok(())
     }
@@ -269,9 +312,9 @@ impl<C: Collective> Sharded<C> {
         let mut fresh: Vec<(usize, Flat2<C>)> = Vec::new();
         for &b in want {
             if self.gathered[b].is_none() && !fresh.iter().any(|(x, _)| *x == b) {
-                let len = self.units.blocks[b].len();
-                fresh.push((b, group.zeros(len)?));
-                self.hold(4 * len as u64);
+                // The gather overwrites every element.
+                let (buf, _) = self.buffer(group, self.units.blocks[b].len())?;
+                fresh.push((b, buf));
             }
         }
         let slots = &self.slots;
@@ -428,6 +471,7 @@ where
             grads: self.group().zeros(at)?,
             gathered: (0..blocks).map(|_| None).collect(),
             block_grads: (0..blocks).map(|_| None).collect(),
+            spare: Vec::new(),
             held: 0,
             peak: 0,
         });
