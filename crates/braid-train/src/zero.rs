@@ -234,7 +234,7 @@ pub(crate) fn hybrid_split<C: Collective>(
 /// The ranks the optimizer is sharded over: the shard group under hybrid
 /// sharding, else every rank (a free function, so that it borrows only
 /// those two fields).
-fn group_of<'a, C>(comm: &'a C, hybrid: &'a Option<(C, C)>) -> &'a C {
+pub(crate) fn group_of<'a, C>(comm: &'a C, hybrid: &'a Option<(C, C)>) -> &'a C {
     hybrid.as_ref().map_or(comm, |h| &h.0)
 }
 

@@ -39,10 +39,11 @@ use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
-use crate::zero::hybrid_split;
+use crate::zero::{group_of, hybrid_split};
 use crate::Result;
 use braid_comm::ReduceOp;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// ZeRO stage 3 over collectives `C`.
 pub struct Zero3<C: Collective> {
@@ -61,7 +62,9 @@ pub struct Zero3<C: Collective> {
 
 /// What a ZeRO-3 rank holds once started.
 struct Sharded<C: Collective> {
-    units: ParamUnits,
+    /// Shared, so that a pass can hold its lists while it changes the
+    /// rest.
+    units: Arc<ParamUnits>,
     /// For every block, its elements of the master shard (and of the
     /// shard's gradients): the rank's slices of the blocks, in order.
     slots: Vec<Range<usize>>,
@@ -111,7 +114,7 @@ impl<C: Collective> Zero3<C> {
 
     /// The ranks the parameters are sharded over.
     fn group(&self) -> &C {
-        self.hybrid.as_ref().map_or(&self.comm, |h| &h.0)
+        group_of(&self.comm, &self.hybrid)
     }
 
     /// Bytes of gathered blocks and block gradients held at once, at
@@ -140,7 +143,7 @@ impl<C: Collective> Zero3<C> {
     }
 
     fn started(&mut self) -> Result<(&C, &mut Sharded<C>)> {
-        let group = self.hybrid.as_ref().map_or(&self.comm, |h| &h.0);
+        let group = group_of(&self.comm, &self.hybrid);
         let state = self
             .state
             .as_mut()
@@ -158,14 +161,15 @@ impl<C: Collective> Zero3<C> {
         let keep_all = grad && !self.reshard_after_forward;
         let (group, st) = self.started()?;
         engine.forward_begin(batch, grad)?;
-        let units = st.units.forward.clone();
-        let first_backward = st.units.backward_reads.first().cloned().unwrap_or_default();
+        let all = st.units.clone();
+        let units = &all.forward;
+        let first_backward: &[usize] = all.backward_reads.first().map_or(&[], |r| r);
         let mut step = CommStep::default();
         step.add(st.exchange(group, &units[0], &[], &mut || Ok(()))?);
         let mut loss = None;
         for (u, reads) in units.iter().enumerate() {
-            let next = units.get(u + 1).cloned().unwrap_or_default();
-            let (done, s) = st.run_unit(group, reads, &[], &next, &[], &mut |params, _| {
+            let next: &[usize] = units.get(u + 1).map_or(&[], |r| r);
+            let (done, s) = st.run_unit(group, reads, &[], next, &[], &mut |params, _| {
                 engine.forward_unit(u, params)
             })?;
             step.add(s);
@@ -194,8 +198,8 @@ impl<C: Collective> Zero3<C> {
         timeline: &mut Timeline,
     ) -> Result<usize> {
         let (group, st) = self.started()?;
-        let reads = st.units.backward_reads.clone();
-        let writes = st.units.backward_writes.clone();
+        let all = st.units.clone();
+        let (reads, writes) = (&all.backward_reads, &all.backward_writes);
         let mut step = CommStep::default();
         step.add(st.exchange(group, &reads[0], &[], &mut || Ok(()))?);
         let mut pending: Vec<usize> = Vec::new();
@@ -203,12 +207,12 @@ impl<C: Collective> Zero3<C> {
             for &b in &writes[u] {
                 st.grad_block(group, b, &mut |g| engine.zero_grads(g))?;
             }
-            let next = reads.get(u + 1).cloned().unwrap_or_default();
+            let next: &[usize] = reads.get(u + 1).map_or(&[], |r| r);
             let (_, s) = st.run_unit(
                 group,
                 &reads[u],
                 &writes[u],
-                &next,
+                next,
                 &pending,
                 &mut |params, mut grads| {
                     engine.backward_unit_of(u, params, &mut grads)?;
@@ -465,7 +469,7 @@ where
         let blocks = units.blocks.len();
         self.state = Some(Sharded {
             final_after: units.final_after(),
-            units,
+            units: Arc::new(units),
             slots,
             master,
             grads: self.group().zeros(at)?,

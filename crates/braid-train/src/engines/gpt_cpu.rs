@@ -27,6 +27,9 @@ pub struct CpuGpt {
     /// The batch of the last forward pass with gradients (the backward
     /// units need its tokens and targets).
     last: TokenBatch,
+    /// The parameter units (built once: the unit passes check against
+    /// them every call).
+    units: ParamUnits,
     /// The parameters were given up to a parameter-sharded strategy
     /// ([`Engine::shard_params`]): `params.data` is empty and only the
     /// unit passes run.
@@ -89,6 +92,7 @@ impl CpuGpt {
             b,
             t,
             last: TokenBatch::new(b, t),
+            units: gpt_param_units(&layout),
             sharded: false,
         }
     }
@@ -328,7 +332,7 @@ impl Engine for CpuGpt {
     }
 
     fn param_units(&self) -> Result<ParamUnits> {
-        Ok(gpt_param_units(&self.params.layout))
+        Ok(self.units.clone())
     }
 
     fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<Vec<f32>> {
@@ -366,8 +370,8 @@ impl Engine for CpuGpt {
 
     fn forward_unit(&mut self, unit: usize, params: &[&Vec<f32>]) -> Result<Option<f32>> {
         self.in_units("forward")?;
-        let units = gpt_param_units(&self.params.layout);
-        let want = units
+        let want = self
+            .units
             .forward
             .get(unit)
             .ok_or_else(|| format!("forward unit {unit} does not exist"))?;

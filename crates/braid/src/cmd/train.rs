@@ -5,7 +5,7 @@
 //! each process is one rank).
 
 use super::train_output::{print_state, print_summary, write_json, Progress};
-use super::train_strategy::{distributed, zero_stage, ZeroFlags, ZERO_ALIGN};
+use super::train_strategy::{distributed, zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
 use braid_model::checkpoint;
@@ -434,6 +434,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             (cfg.vocab_size as f64).ln()
         );
     }
+    let shard_choice = ShardChoice {
+        stage: zero,
+        shard_group: a.shard_group,
+        keep_params: a.no_reshard_after_forward,
+    };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
         first_bucket_mb: a.first_bucket_mb,
@@ -471,13 +476,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
             Some(c) => {
-                let mut s = distributed(
-                    HostCollective::new(c),
-                    zero,
-                    a.shard_group,
-                    a.no_reshard_after_forward,
-                    ddp,
-                )?;
+                let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
             }
         };
@@ -546,13 +545,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
             }
             Some(g) => {
-                let mut s = distributed(
-                    DeviceCollective::new(g)?,
-                    zero,
-                    a.shard_group,
-                    a.no_reshard_after_forward,
-                    ddp,
-                )?;
+                let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
                 run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
             }
         };

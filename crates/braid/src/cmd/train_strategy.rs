@@ -72,21 +72,35 @@ pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
 /// this many elements (256 bytes of f32).
 pub const ZERO_ALIGN: usize = 64;
 
-/// The strategy over `comm`: ZeRO at `stage` (sharded within groups of
-/// `shard_group` ranks; stage 3 keeping gathered parameters from the
-/// forward pass to the backward when `keep_params`) when there is one,
-/// else data parallelism, with the buckets of `ddp`.
+/// How a multi-rank run shards its model state (from the checked flags).
+#[derive(Debug, Clone, Copy)]
+pub struct ShardChoice {
+    /// The ZeRO stage (`None`: data parallelism).
+    pub stage: Option<u8>,
+    /// `--shard-group`: shard within groups of this many ranks.
+    pub shard_group: Option<usize>,
+    /// `--no-reshard-after-forward` (stage 3).
+    pub keep_params: bool,
+}
+
+/// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
+/// gathered parameters from the forward pass to the backward when
+/// `keep_params`) when there is a stage, else data parallelism, with the
+/// buckets of `ddp`.
 pub fn distributed<C, E>(
     comm: C,
-    stage: Option<u8>,
-    shard_group: Option<usize>,
-    keep_params: bool,
+    choice: ShardChoice,
     ddp: DdpOptions,
 ) -> Result<Box<dyn Strategy<E>>, String>
 where
     C: Collective + 'static,
     E: Engine<Space = C::Space> + 'static,
 {
+    let ShardChoice {
+        stage,
+        shard_group,
+        keep_params,
+    } = choice;
     Ok(match stage {
         Some(3) => Box::new(Zero3::new(comm, shard_group, !keep_params)?),
         Some(stage) => Box::new(Zero::new(
