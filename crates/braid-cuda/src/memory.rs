@@ -571,6 +571,53 @@ impl<T: Element> PinnedBuffer<T> {
     }
 }
 
+impl<T: Element> PinnedBuffer<T> {
+    /// Elements `at..at + n` of this memory, or an error naming `what`.
+    fn part(&self, what: &str, at: usize, n: usize) -> Result<std::ops::Range<usize>> {
+        match at.checked_add(n) {
+            Some(end) if end <= self.len => Ok(at..end),
+            _ => Err(CudaError::Invalid(format!(
+                "{what}: elements {at}..{at}+{n} of pinned memory holding {}",
+                self.len
+            ))),
+        }
+    }
+
+    /// Queues a copy of device memory `src` into this memory's elements
+    /// from `at` on `stream` (the caller waits for the stream before
+    /// reading them).
+    pub fn copy_in_async(
+        &mut self,
+        at: usize,
+        src: &impl DeviceMem<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let r = self.part("copy_in_async", at, src.dlen())?;
+        stream.device().bind()?;
+        // SAFETY: the range lies inside the pinned allocation, which stays
+        // valid while `self` lives; the caller synchronises the stream
+        // before reading it or dropping `self`.
+        unsafe { result::memcpy_dtoh_async(&mut self.as_mut_slice()[r], src.dptr(), stream.raw()) }
+            .map_err(driver("cuMemcpyDtoHAsync"))
+    }
+
+    /// Queues a copy of this memory's elements from `at` into device
+    /// memory `dst` (its length) on `stream` (the caller leaves them
+    /// unchanged until the stream is past it).
+    pub fn copy_out_async(
+        &self,
+        at: usize,
+        dst: &mut impl DeviceMem<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let r = self.part("copy_out_async", at, dst.dlen())?;
+        stream.device().bind()?;
+        // SAFETY: as above; `dst` is writable device memory of its length.
+        unsafe { result::memcpy_htod_async(dst.dptr(), &self.as_slice()[r], stream.raw()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+}
+
 impl<T: Element> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
         if self.device.bind().is_ok() {

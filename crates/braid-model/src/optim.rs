@@ -220,6 +220,93 @@ impl Optimizer {
         self.step_from(params, true, grads, true, lr, grad_scale)
     }
 
+    /// Starts an update made range by range with
+    /// [`step_range`](Self::step_range): one more step for AdamW's bias
+    /// correction.
+    pub fn begin_step(&mut self) {
+        if let Optimizer::AdamW { t, .. } = self {
+            *t += 1;
+        }
+    }
+
+    /// Updates the flat buffer's elements `range` (those of them in the
+    /// optimizer's shard), after [`begin_step`](Self::begin_step):
+    /// `params` and `grads` hold exactly those elements. An update made
+    /// of ranges that cover the buffer once is the same, bit for bit, as
+    /// [`step_scaled`](Self::step_scaled) (an offloaded optimizer updates
+    /// each chunk as its gradients arrive from the GPU).
+    pub fn step_range(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+        lr: f32,
+        grad_scale: f32,
+    ) {
+        self.step_range_impl::<f32>(params, grads, range, lr, grad_scale, None)
+    }
+
+    /// [`step_range`](Self::step_range) that also writes each updated
+    /// parameter, through `narrow`, into `out` (indexed like `params`)
+    /// while it is still in cache: the copy in the compute dtype an
+    /// offloaded optimizer sends to the GPU. Elements outside the
+    /// optimizer's pieces are left as they were in `out`.
+    pub fn step_range_into<T: Send>(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+        (lr, grad_scale): (f32, f32),
+        out: &mut [T],
+        narrow: fn(f32) -> T,
+    ) {
+        assert_eq!(out.len(), range.len(), "output does not match the range");
+        self.step_range_impl(params, grads, range, lr, grad_scale, Some((out, narrow)))
+    }
+
+    fn step_range_impl<T: Send>(
+        &mut self,
+        params: &mut [f32],
+        grads: &[f32],
+        range: Range<usize>,
+        lr: f32,
+        grad_scale: f32,
+        mut out: Option<Narrowed<'_, T>>,
+    ) {
+        assert_eq!(
+            params.len(),
+            range.len(),
+            "parameters do not match the range"
+        );
+        assert_eq!(grads.len(), range.len(), "gradients do not match the range");
+        let (Optimizer::AdamW { pieces, .. } | Optimizer::Sgd { pieces, .. }) = self;
+        let first = pieces.partition_point(|p| p.range.end <= range.start);
+        let cuts: Vec<Piece> = pieces[first..]
+            .iter()
+            .take_while(|p| p.range.start < range.end)
+            .filter_map(|p| {
+                let cut = p.range.start.max(range.start)..p.range.end.min(range.end);
+                (!cut.is_empty()).then(|| Piece {
+                    state: p.state + (cut.start - p.range.start),
+                    range: cut,
+                    decays: p.decays,
+                })
+            })
+            .collect();
+        for piece in &cuts {
+            let at = piece.range.start - range.start..piece.range.end - range.start;
+            let o = out.as_mut().map(|(o, n)| (&mut o[at.clone()], *n));
+            self.update_piece(
+                piece,
+                &mut params[at.clone()],
+                &grads[at],
+                lr,
+                grad_scale,
+                o,
+            );
+        }
+    }
+
     /// The update; `params_compact`/`compact`: the parameters/`grads` are
     /// indexed like the state, else like the whole flat buffer.
     fn step_from(
@@ -231,86 +318,113 @@ impl Optimizer {
         lr: f32,
         grad_scale: f32,
     ) {
-        let s = grad_scale;
+        self.begin_step();
+        let (Optimizer::AdamW { pieces, .. } | Optimizer::Sgd { pieces, .. }) = self;
+        for piece in pieces.clone() {
+            let local = piece.state..piece.state + piece.range.len();
+            let g = match compact {
+                true => &grads[local.clone()],
+                false => &grads[piece.range.clone()],
+            };
+            let p = match params_compact {
+                true => &mut params[local],
+                false => &mut params[piece.range.clone()],
+            };
+            self.update_piece::<f32>(&piece, p, g, lr, grad_scale, None);
+        }
+    }
+
+    /// One piece's update: `p` and `g` are its parameters and gradients;
+    /// `out`: where the updated parameters go, narrowed, as well.
+    fn update_piece<T: Send>(
+        &mut self,
+        piece: &Piece,
+        p: &mut [f32],
+        g: &[f32],
+        lr: f32,
+        s: f32,
+        out: Option<Narrowed<'_, T>>,
+    ) {
+        let local = piece.state..piece.state + piece.range.len();
         match self {
-            Optimizer::AdamW {
-                cfg,
-                m,
-                v,
-                t,
-                pieces,
-                ..
-            } => {
-                *t += 1;
+            Optimizer::AdamW { cfg, m, v, t, .. } => {
                 let c = *cfg;
                 let bc1 = 1.0 - c.beta1.powi(*t as i32);
                 let bc2 = 1.0 - c.beta2.powi(*t as i32);
-                for piece in pieces.iter() {
-                    let wd = if piece.decays { c.weight_decay } else { 0.0 };
-                    let r = piece.range.clone();
-                    let local = piece.state..piece.state + r.len();
-                    let g = if compact {
-                        &grads[local.clone()]
-                    } else {
-                        &grads[r.clone()]
-                    };
-                    let p = if params_compact {
-                        &mut params[local.clone()]
-                    } else {
-                        &mut params[r.clone()]
-                    };
-                    p.par_chunks_mut(8192)
-                        .zip(g.par_chunks(8192))
-                        .zip(m[local.clone()].par_chunks_mut(8192))
-                        .zip(v[local].par_chunks_mut(8192))
-                        .for_each(|(((p, g), m), v)| {
-                            for i in 0..p.len() {
-                                let gi = if s == 1.0 { g[i] } else { g[i] * s };
-                                m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
-                                v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
-                                let mh = m[i] / bc1;
-                                let vh = v[i] / bc2;
-                                p[i] -= lr * (mh / (vh.sqrt() + c.eps) + wd * p[i]);
-                            }
-                        });
-                }
+                let wd = if piece.decays { c.weight_decay } else { 0.0 };
+                let kernel = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+                    for i in 0..p.len() {
+                        let gi = if s == 1.0 { g[i] } else { g[i] * s };
+                        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+                        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
+                        let mh = m[i] / bc1;
+                        let vh = v[i] / bc2;
+                        p[i] -= lr * (mh / (vh.sqrt() + c.eps) + wd * p[i]);
+                    }
+                };
+                let (m, v) = (&mut m[local.clone()], &mut v[local]);
+                each_chunk(p, g, m, v, out, kernel);
             }
             Optimizer::Sgd {
                 momentum,
                 weight_decay,
                 buf,
-                pieces,
                 ..
             } => {
-                for piece in pieces.iter() {
-                    let wd = if piece.decays { *weight_decay } else { 0.0 };
-                    let mu = *momentum;
-                    let r = piece.range.clone();
-                    let local = piece.state..piece.state + r.len();
-                    let g = if compact {
-                        &grads[local.clone()]
-                    } else {
-                        &grads[r.clone()]
-                    };
-                    let p = if params_compact {
-                        &mut params[local.clone()]
-                    } else {
-                        &mut params[r.clone()]
-                    };
-                    p.par_chunks_mut(8192)
-                        .zip(g.par_chunks(8192))
-                        .zip(buf[local].par_chunks_mut(8192))
-                        .for_each(|((p, g), b)| {
-                            for i in 0..p.len() {
-                                let gs = if s == 1.0 { g[i] } else { g[i] * s };
-                                let gi = gs + wd * p[i];
-                                b[i] = mu * b[i] + gi;
-                                p[i] -= lr * b[i];
-                            }
-                        });
-                }
+                let wd = if piece.decays { *weight_decay } else { 0.0 };
+                let mu = *momentum;
+                let kernel = |p: &mut [f32], g: &[f32], b: &mut [f32], _: &mut [f32]| {
+                    for i in 0..p.len() {
+                        let gs = if s == 1.0 { g[i] } else { g[i] * s };
+                        let gi = gs + wd * p[i];
+                        b[i] = mu * b[i] + gi;
+                        p[i] -= lr * b[i];
+                    }
+                };
+                each_chunk(p, g, &mut buf[local], &mut [], out, kernel);
             }
         }
+    }
+}
+
+/// Where updated parameters go as well, and the conversion on the way.
+type Narrowed<'a, T> = (&'a mut [T], fn(f32) -> T);
+
+/// Elements per task of an update (32 KiB of each f32 buffer).
+const TASK: usize = 8192;
+
+/// Runs `kernel` over matching chunks of `p`, `g` and the state buffers
+/// `a` and `b` (`b` may be empty: SGD has one), in parallel; then, where
+/// `out` is given, writes each chunk's updated `p` into it, narrowed.
+fn each_chunk<T: Send>(
+    p: &mut [f32],
+    g: &[f32],
+    a: &mut [f32],
+    b: &mut [f32],
+    out: Option<Narrowed<'_, T>>,
+    kernel: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
+) {
+    let empty = b.is_empty();
+    let tasks = p.len().div_ceil(TASK);
+    let mut bs: Vec<&mut [f32]> = match empty {
+        true => (0..tasks).map(|_| &mut [][..]).collect(),
+        false => b.chunks_mut(TASK).collect(),
+    };
+    let work = p
+        .par_chunks_mut(TASK)
+        .zip(g.par_chunks(TASK))
+        .zip(a.par_chunks_mut(TASK))
+        .zip(bs.par_iter_mut());
+    match out {
+        None => work.for_each(|(((p, g), a), b)| kernel(p, g, a, b)),
+        Some((o, narrow)) => work
+            .zip(o.par_chunks_mut(TASK))
+            .for_each(|((((p, g), a), b), o)| {
+                kernel(p, g, a, b);
+                for (o, &x) in o.iter_mut().zip(p.iter()) {
+                    *o = narrow(x);
+                }
+            }),
     }
 }
 
@@ -400,6 +514,69 @@ mod tests {
         let w = l.get("h.0.mlp.c_fc.weight").unwrap().range().start;
         let want = before.data[w] - 0.01 * (grads[w].signum() + 0.5 * before.data[w]);
         assert!((p.data[w] - want).abs() < 1e-6);
+    }
+
+    /// An update made chunk by chunk (chunks that cut through tensors, as
+    /// an offloaded optimizer's do) leaves the same parameters and state
+    /// bit for bit as the whole-buffer step, for AdamW and SGD, over three
+    /// steps with changing gradients and a gradient scale.
+    #[test]
+    fn chunked_updates_match_the_whole_step_bit_for_bit() {
+        let l = Arc::new(Layout::new(&GptConfig::parse("L2-H2-C8-V11-T5").unwrap()));
+        let n = l.len;
+        type Make<'a> = &'a dyn Fn() -> Optimizer;
+        let adamw = || Optimizer::adamw(&l, AdamWConfig::default());
+        let sgd = || Optimizer::sgd(&l, 0.9, 0.1);
+        let makers: [(&str, Make); 2] = [("adamw", &adamw), ("sgd", &sgd)];
+        for (name, make) in makers {
+            let (mut whole, mut chunked) = (make(), make());
+            let mut a = Params::init_gpt2(l.clone(), 5);
+            let mut b = a.data.clone();
+            for step in 0..3 {
+                let grads: Vec<f32> = (0..n)
+                    .map(|i| ((i * 5 + step * 11) % 19) as f32 * 0.01 - 0.09)
+                    .collect();
+                whole.step_scaled(&mut a, &grads, 0.01, 0.7);
+                chunked.begin_step();
+                let mut at = 0;
+                for (k, chunk) in [1, 37, 100, n].iter().cycle().enumerate() {
+                    let r = at..(at + chunk).min(n);
+                    let (p, g) = (&mut b[r.clone()], &grads[r.clone()]);
+                    match k % 2 {
+                        0 => chunked.step_range(p, g, r.clone(), 0.01, 0.7),
+                        _ => {
+                            // The narrowed copy is the updated parameters.
+                            let mut out = vec![0.0f64; r.len()];
+                            chunked.step_range_into(
+                                p,
+                                g,
+                                r.clone(),
+                                (0.01, 0.7),
+                                &mut out,
+                                f64::from,
+                            );
+                            assert!(out.iter().zip(p.iter()).all(|(&o, &x)| o == x as f64));
+                        }
+                    }
+                    at = r.end;
+                    if at == n {
+                        break;
+                    }
+                }
+            }
+            assert!(
+                a.data
+                    .iter()
+                    .zip(&b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name}"
+            );
+            let state = |o: &Optimizer| match o {
+                Optimizer::AdamW { m, v, .. } => [m.clone(), v.clone()].concat(),
+                Optimizer::Sgd { buf, .. } => buf.clone(),
+            };
+            assert_eq!(state(&whole), state(&chunked), "{name}");
+        }
     }
 
     /// Optimizers over shards that cut through tensors (ZeRO's ranges are

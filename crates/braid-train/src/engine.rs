@@ -80,6 +80,10 @@ pub struct StateBytes {
     pub grads: u64,
     /// The optimizer's state (AdamW's two moments, SGD's momentum).
     pub optimizer: u64,
+    /// How much of the above lives in host memory instead of the
+    /// engine's device (an offloaded optimizer's master weights, moments
+    /// and transfer buffers); 0 where everything is in one place.
+    pub offloaded: u64,
 }
 
 impl StateBytes {
@@ -205,6 +209,14 @@ pub trait Engine {
     /// Refreshes whatever derives from the parameters (a bf16 copy) after
     /// they were overwritten.
     fn params_changed(&mut self) -> Result<()>;
+
+    /// The parameters, when their master copy lives in host memory
+    /// instead of the engine's space (an optimizer offloaded to the host):
+    /// then [`params`](Self::params) may be empty, and strategies compare
+    /// these across ranks instead of broadcasting. `None` by default.
+    fn host_params(&self) -> Option<&[f32]> {
+        None
+    }
 
     /// A zeroed gradient buffer the size of the parameters.
     fn new_grads(&self) -> Result<Flat<Self>>;

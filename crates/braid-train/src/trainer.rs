@@ -140,6 +140,7 @@ where
         master: engine_state.master + own.master,
         grads: 4 * <E::Space as Space>::len(&grads) as u64 + engine_state.grads + own.grads,
         optimizer: engine_state.optimizer + own.optimizer,
+        offloaded: engine_state.offloaded + own.offloaded,
     };
     let mut tl = Timeline::new();
     let global_items = (loader.items_per_batch() * o.accum * strategy.replicas()) as f64;

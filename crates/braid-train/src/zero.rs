@@ -256,6 +256,14 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
+        if engine.host_params().is_some() {
+            return Err(
+                "ZeRO with an optimizer offloaded to the host is not built yet: the \
+                 parameters it gathers live on the device (drop the offload, or train \
+                 data-parallel with it)"
+                    .into(),
+            );
+        }
         let len = replicate(&self.comm, engine)?;
         let plan = buckets::plan(
             &engine.units(),

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod batch;
 pub mod check;
 pub mod check_mixed;
+pub mod f32_params;
 pub mod flash;
 pub mod mixed;
 pub mod mixed_attention;

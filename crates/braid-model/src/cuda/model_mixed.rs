@@ -15,6 +15,7 @@
 //! the forward pass's arithmetic.
 
 use super::batch::DeviceBatch;
+use super::f32_params::F32Params;
 use super::mixed::MixedKernels;
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use super::model::LayerRanges;
@@ -156,7 +157,7 @@ fn layer_weights<'a>(
     s: &Stream,
     streamed: &'a mut Option<StreamedWeights>,
     pb: Option<&'a DeviceBuffer<bf16>>,
-    p: &DeviceBuffer<f32>,
+    p: F32Params<'_>,
     l: usize,
     block: Range<usize>,
 ) -> Result<(&'a DeviceBuffer<bf16>, usize)> {
@@ -165,7 +166,7 @@ fn layer_weights<'a>(
         (None, Some(st)) => {
             if st.holds != Some(l) {
                 let len = block.len();
-                mk.to_bf16(s, &mut st.layer.view_mut(0..len), &p.view(block.clone()))?;
+                mk.to_bf16(s, &mut st.layer.view_mut(0..len), &p.view(block.clone())?)?;
                 st.holds = Some(l);
             }
             Ok((&st.layer, block.start))
@@ -636,7 +637,7 @@ impl GpuGptMixed {
 
     /// Checks the parameters' lengths; without a full bf16 copy (`pb`
     /// `None`) the model must stream its bf16 weights.
-    fn check_params(&self, p: &DeviceBuffer<f32>, pb: Option<&DeviceBuffer<bf16>>) -> Result<()> {
+    fn check_params(&self, p: F32Params<'_>, pb: Option<&DeviceBuffer<bf16>>) -> Result<()> {
         if pb.is_none() && self.streamed.is_none() {
             return Err(CudaError::Invalid(
                 "no bf16 copy of the parameters, and the model was not built to stream its \
@@ -644,12 +645,11 @@ impl GpuGptMixed {
                     .into(),
             ));
         }
+        p.check(self.layout.len)?;
         let pb_len = pb.map_or(self.layout.len, |b| b.len());
-        if p.len() != self.layout.len || pb_len != self.layout.len {
+        if pb_len != self.layout.len {
             return Err(CudaError::Invalid(format!(
-                "parameters: {} f32 / {} bf16 elements for a model of {}",
-                p.len(),
-                pb_len,
+                "parameters: {pb_len} bf16 elements for a model of {}",
                 self.layout.len
             )));
         }
@@ -661,14 +661,15 @@ impl GpuGptMixed {
     /// With `grad`, the logits become the loss's gradient for
     /// [`backward`](Self::backward). Returns the mean loss over targets
     /// that are not `u32::MAX`.
-    pub fn forward(
+    pub fn forward<'p>(
         &mut self,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         pb: Option<&DeviceBuffer<bf16>>,
         tokens: &[u32],
         targets: &[u32],
         grad: bool,
     ) -> Result<f32> {
+        let p = p.into();
         self.check_params(p, pb)?;
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
@@ -691,8 +692,8 @@ impl GpuGptMixed {
                 s,
                 &mut self.resid[0],
                 self.batch.tokens(),
-                &p.view(wte.clone()),
-                &p.view(wpe),
+                &p.view(wte.clone())?,
+                &p.view(wpe)?,
                 n,
                 t,
                 c,
@@ -711,8 +712,8 @@ impl GpuGptMixed {
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
             &self.resid[cfg.n_layer],
-            &p.view(lw),
-            &p.view(lb),
+            &p.view(lw)?,
+            &p.view(lb)?,
             n,
             c,
         )?;
@@ -720,7 +721,7 @@ impl GpuGptMixed {
         let wte_b = match (pb, &mut self.streamed) {
             (Some(pb), _) => pb.view(wte.clone()),
             (None, Some(st)) => {
-                mk.to_bf16(s, &mut st.wte, &p.view(wte.clone()))?;
+                mk.to_bf16(s, &mut st.wte, &p.view(wte.clone())?)?;
                 st.wte.view(0..v * c)
             }
             (None, None) => return Err(no_weights()),
@@ -771,7 +772,7 @@ impl GpuGptMixed {
     fn forward_layer(
         &mut self,
         l: usize,
-        p: &DeviceBuffer<f32>,
+        p: F32Params<'_>,
         pb: Option<&DeviceBuffer<bf16>>,
         pass: Pass,
     ) -> Result<()> {
@@ -816,8 +817,8 @@ impl GpuGptMixed {
                 ln1_mean,
                 ln1_rstd,
                 x,
-                &p.view(r.ln1_w.clone()),
-                &p.view(r.ln1_b.clone()),
+                &p.view(r.ln1_w.clone())?,
+                &p.view(r.ln1_b.clone())?,
                 n,
                 c,
             )?;
@@ -847,7 +848,7 @@ impl GpuGptMixed {
                 qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
             }
             prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
-            let qkv_b = p.view(r.qkv_b.clone());
+            let qkv_b = p.view(r.qkv_b.clone())?;
             match (pass, kept_lse.as_mut()) {
                 (Pass::Recompute, Some(kept)) => {
                     let unbiased = (!into_saved).then_some((&self.qkv, &qkv_b));
@@ -877,10 +878,10 @@ impl GpuGptMixed {
             b: Mat::of(&w(&r.proj_w), c),
         };
         let bias = Epilogue::Bias {
-            bias: span(&p.view(r.proj_b.clone())),
+            bias: span(&p.view(r.proj_b.clone())?),
         };
         if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
-            mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone()), n, c)?;
+            mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone())?, n, c)?;
             prof.mark(
                 s,
                 pass.phase("fwd residual+bias", "recompute residual+bias"),
@@ -894,8 +895,8 @@ impl GpuGptMixed {
             ln2_mean,
             ln2_rstd,
             &*resid2,
-            &p.view(r.ln2_w.clone()),
-            &p.view(r.ln2_b.clone()),
+            &p.view(r.ln2_w.clone())?,
+            &p.view(r.ln2_b.clone())?,
             n,
             c,
         )?;
@@ -918,7 +919,7 @@ impl GpuGptMixed {
         } else {
             fc.plain(blas, s, Mat::of(&*fch, 4 * c), 0.0)?;
             prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
-            mk.bias_gelu(s, fch, &mut self.gelu, &p.view(r.fc_b.clone()), n, 4 * c)?;
+            mk.bias_gelu(s, fch, &mut self.gelu, &p.view(r.fc_b.clone())?, n, 4 * c)?;
             prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
         }
         if pass == Pass::Recompute {
@@ -932,10 +933,10 @@ impl GpuGptMixed {
             b: Mat::of(&w(&r.fcproj_w), c),
         };
         let bias = Epilogue::Bias {
-            bias: span(&p.view(r.fcproj_b.clone())),
+            bias: span(&p.view(r.fcproj_b.clone())?),
         };
         if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
-            mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone()), n, c)?;
+            mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone())?, n, c)?;
             prof.mark(s, "fwd residual+bias")?;
             fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
         }
@@ -948,12 +949,13 @@ impl GpuGptMixed {
     /// [`backward_layer`](Self::backward_layer) from the last down,
     /// [`backward_embedding`](Self::backward_embedding), then the deferred
     /// layers' [`backward_layer_weights`](Self::backward_layer_weights).
-    pub fn backward(
+    pub fn backward<'p>(
         &mut self,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceBuffer<f32>,
     ) -> Result<()> {
+        let p = p.into();
         if g.len() != self.layout.len {
             return Err(CudaError::Invalid(format!(
                 "gradient buffer of {} elements for a model of {}",
@@ -980,12 +982,13 @@ impl GpuGptMixed {
     /// bias gradient, and the gradient of the last residual stream. Queued
     /// on the model's stream; nothing waits. `g` holds the gradient buffer's
     /// elements that are still being written (buffer indices).
-    pub fn backward_head(
+    pub fn backward_head<'p>(
         &mut self,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
+        let p = p.into();
         self.check_params(p, pb)?;
         let cfg = self.layout.config;
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
@@ -1061,8 +1064,8 @@ impl GpuGptMixed {
             &mut self.partial,
             &self.dln,
             &self.resid[cfg.n_layer],
-            &p.view(lw),
-            &p.view(lb.clone()),
+            &p.view(lw)?,
+            &p.view(lb.clone())?,
             &self.lnf_mean,
             &self.lnf_rstd,
             n,
@@ -1074,13 +1077,14 @@ impl GpuGptMixed {
     /// Backward of transformer block `l` (after the blocks above it): its
     /// gradients are final after this; it also writes the fcproj bias
     /// gradient of block `l - 1`. Queued; nothing waits.
-    pub fn backward_layer(
+    pub fn backward_layer<'p>(
         &mut self,
         l: usize,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         pb: Option<&DeviceBuffer<bf16>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
+        let p = p.into();
         self.check_params(p, pb)?;
         if self.work.is_some() {
             self.forward_layer(l, p, pb, Pass::Recompute)?;
@@ -1183,8 +1187,8 @@ impl GpuGptMixed {
                 &mut self.partial,
                 &self.dln,
                 &acts.resid2,
-                &p.view(r.ln2_w.clone()),
-                &p.view(r.ln2_b.clone()),
+                &p.view(r.ln2_w.clone())?,
+                &p.view(r.ln2_b.clone())?,
                 &a.ln2_mean,
                 &a.ln2_rstd,
                 n,
@@ -1294,8 +1298,8 @@ impl GpuGptMixed {
                 &mut self.partial,
                 &self.dln,
                 &self.resid[l],
-                &p.view(r.ln1_w.clone()),
-                &p.view(r.ln1_b.clone()),
+                &p.view(r.ln1_w.clone())?,
+                &p.view(r.ln1_b.clone())?,
                 &a.ln1_mean,
                 &a.ln1_rstd,
                 n,

@@ -61,7 +61,7 @@ pub fn checksum(x: &[f32]) -> u64 {
 
 /// Checks that every rank's parameters `params` have rank 0's checksum;
 /// the error names each rank that disagrees.
-pub fn same_checksum(comm: &Communicator, params: &[f32]) -> Result<()> {
+pub fn same_checksum(comm: &Communicator, params: &[f32], when: &str) -> Result<()> {
     let mine = [checksum(params) as i64];
     let mut all = vec![0i64; comm.size()];
     comm.all_gather(&mine, &mut all)
@@ -74,13 +74,16 @@ pub fn same_checksum(comm: &Communicator, params: &[f32]) -> Result<()> {
         return Ok(());
     }
     Err(format!(
-        "rank {}: after the broadcast from rank 0, the parameters of rank(s) {} differ from rank 0's \
+        "rank {}: {when}, the parameters of rank(s) {} differ from rank 0's \
          (checksum {:#018x} on rank 0, {} elsewhere)",
         comm.rank(),
         bad.join(", "),
         all[0],
         bad.iter()
-            .map(|r| format!("{:#018x} on rank {r}", all[r.parse::<usize>().expect("ours")]))
+            .map(|r| format!(
+                "{:#018x} on rank {r}",
+                all[r.parse::<usize>().expect("ours")]
+            ))
             .collect::<Vec<_>>()
             .join(", ")
     ))

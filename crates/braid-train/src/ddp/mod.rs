@@ -65,16 +65,25 @@ pub struct DataParallel<C: Collective> {
 
 /// Makes every rank's engine start from rank 0's parameters, after
 /// checking that the engines describe the same model; then compares
-/// checksums. Returns the number of parameters.
+/// checksums. Parameters held in host memory
+/// ([`Engine::host_params`]: an offloaded optimizer's master weights) are
+/// compared only: every rank built them from the same seed or checkpoint.
+/// Returns the number of parameters.
 pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
     comm: &C,
     engine: &mut E,
 ) -> Result<usize> {
     agree::same_description(comm.host(), &engine.describe())?;
+    if let Some(host) = engine.host_params() {
+        let when = "at the start (each rank's offloaded master weights come from its own \
+                    initialisation or --load: give every rank the same --seed and file)";
+        agree::same_checksum(comm.host(), host, when)?;
+        return Ok(host.len());
+    }
     comm.broadcast(engine.params_mut(), 0)?;
     engine.params_changed()?;
     let host = comm.to_host(engine.params())?;
-    agree::same_checksum(comm.host(), &host)?;
+    agree::same_checksum(comm.host(), &host, "after the broadcast from rank 0")?;
     Ok(host.len())
 }
 

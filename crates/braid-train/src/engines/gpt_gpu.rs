@@ -350,7 +350,7 @@ impl Engine for GpuGpt {
                 params: pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
                 master: f32s,
                 optimizer,
-                grads: 0,
+                ..Default::default()
             },
         }
     }

@@ -145,6 +145,15 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
         per(formula),
         st.total() as f64 / formula as f64,
     );
+    if st.offloaded > 0 {
+        println!(
+            "offloaded to host memory: {:.1} MB (f32 master weights, AdamW moments, pinned \
+             transfer buffers); on the GPU: {:.1} MB, {:.2} bytes per parameter",
+            mb(st.offloaded),
+            mb(st.total() - st.offloaded),
+            per(st.total() - st.offloaded),
+        );
+    }
 }
 
 /// Writes every step and the summary as JSON to `path`.
@@ -166,7 +175,7 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
         "steps": rows,
         "summary": summary.map(|s| s.to_json()),
         "model_state_bytes": {"params": st.params, "master": st.master, "grads": st.grads,
-            "optimizer": st.optimizer, "total": st.total()},
+            "optimizer": st.optimizer, "offloaded": st.offloaded, "total": st.total()},
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))

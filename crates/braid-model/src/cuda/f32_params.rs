@@ -1,0 +1,154 @@
+//! [`F32Params`]: where the mixed-precision model reads the parameters it
+//! uses in f32 — the embeddings (the encoder's lookup), the LayerNorms and
+//! the biases. Either the whole flat f32 buffer (the master weights on the
+//! GPU), or a compact buffer holding only those tensors, packed as a
+//! [`SideMap`] says (when the master weights live elsewhere: in host
+//! memory under an offloaded optimizer). The model addresses both by the
+//! flat buffer's indices.
+
+use crate::layout::{Kind, Layout};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceView, Result};
+use std::ops::Range;
+
+/// The tensors the mixed-precision model reads in f32, packed one after
+/// another: every tensor but the layers' four weight matrices (read in
+/// bf16 only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SideMap {
+    /// Each packed tensor: its range of the flat buffer and where it
+    /// starts in the compact buffer; increasing in both.
+    parts: Vec<(Range<usize>, usize)>,
+    len: usize,
+}
+
+impl SideMap {
+    /// The f32-read tensors of `layout`.
+    pub fn for_mixed(layout: &Layout) -> SideMap {
+        let mut parts: Vec<(Range<usize>, usize)> = Vec::new();
+        let mut len = 0;
+        for t in &layout.params {
+            // The layers' matrices are read in bf16 only.
+            if matches!(t.kind, Kind::Weight | Kind::ResidualWeight) {
+                continue;
+            }
+            let r = t.range();
+            match parts.last_mut() {
+                // Tensors next to each other become one part.
+                Some((last, _)) if last.end == r.start => last.end = r.end,
+                _ => parts.push((r.clone(), len)),
+            }
+            len += r.len();
+        }
+        SideMap { parts, len }
+    }
+
+    /// Elements of the compact buffer.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is packed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The packed ranges of the flat buffer, each with its start in the
+    /// compact buffer.
+    pub fn parts(&self) -> &[(Range<usize>, usize)] {
+        &self.parts
+    }
+
+    /// Where the flat elements `r` lie in the compact buffer, if packed.
+    pub fn locate(&self, r: &Range<usize>) -> Option<Range<usize>> {
+        let i = self.parts.partition_point(|(p, _)| p.end <= r.start);
+        let (p, at) = self.parts.get(i)?;
+        (p.start <= r.start && r.end <= p.end).then(|| {
+            let from = at + (r.start - p.start);
+            from..from + r.len()
+        })
+    }
+}
+
+/// The f32 parameters the mixed model reads: see the module's doc.
+#[derive(Clone, Copy)]
+pub struct F32Params<'a> {
+    buf: &'a DeviceBuffer<f32>,
+    map: Option<&'a SideMap>,
+}
+
+impl<'a> F32Params<'a> {
+    /// The whole flat buffer.
+    pub fn whole(buf: &'a DeviceBuffer<f32>) -> Self {
+        F32Params { buf, map: None }
+    }
+
+    /// A compact buffer of the tensors `map` packs.
+    pub fn packed(buf: &'a DeviceBuffer<f32>, map: &'a SideMap) -> Self {
+        F32Params {
+            buf,
+            map: Some(map),
+        }
+    }
+
+    /// Whether the buffer holds what a model of `len` parameters reads.
+    pub fn check(&self, len: usize) -> Result<()> {
+        let want = self.map.map_or(len, |m| m.len());
+        match self.buf.len() == want {
+            true => Ok(()),
+            false => Err(CudaError::Invalid(format!(
+                "f32 parameters: {} elements where the model reads {want}{}",
+                self.buf.len(),
+                if self.map.is_some() { " (packed)" } else { "" }
+            ))),
+        }
+    }
+
+    /// The flat elements `r`.
+    pub fn view(&self, r: Range<usize>) -> Result<DeviceView<'a, f32>> {
+        match self.map {
+            None => Ok(self.buf.view(r)),
+            Some(m) => match m.locate(&r) {
+                Some(at) => Ok(self.buf.view(at)),
+                None => Err(CudaError::Invalid(format!(
+                    "parameters {r:?} are not among the f32 tensors kept on the GPU (only \
+                     embeddings, LayerNorms and biases are)"
+                ))),
+            },
+        }
+    }
+}
+
+impl<'a> From<&'a DeviceBuffer<f32>> for F32Params<'a> {
+    fn from(buf: &'a DeviceBuffer<f32>) -> Self {
+        F32Params::whole(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GptConfig;
+
+    #[test]
+    fn the_side_map_packs_everything_but_the_layer_matrices() {
+        let layout = Layout::new(&GptConfig::parse("L2-H2-C16-V50-T8").unwrap());
+        let map = SideMap::for_mixed(&layout);
+        let c = 16;
+        let matrices = 2 * (3 * c * c + c * c + 4 * c * c + 4 * c * c);
+        assert_eq!(map.len(), layout.len - matrices);
+        for t in &layout.params {
+            let r = t.range();
+            let packed = map.locate(&r);
+            let matrix =
+                t.name.starts_with("h.") && t.name.ends_with(".weight") && !t.name.contains("ln_");
+            assert_eq!(packed.is_none(), matrix, "{}", t.name);
+            if let Some(at) = packed {
+                assert_eq!(at.len(), r.len());
+                assert!(at.end <= map.len());
+            }
+        }
+        // A range straddling a packed tensor and a matrix is refused.
+        let qkv = layout.get("h.0.attn.c_attn.weight").unwrap().offset;
+        assert_eq!(map.locate(&(qkv - 1..qkv + 1)), None);
+    }
+}
