@@ -302,6 +302,43 @@ pub struct GpuRun {
     pub keep_attention: bool,
     /// How the model states are sharded over ranks.
     pub sharding: Sharding,
+    /// The optimizer offloaded to host memory: no f32 master weights or
+    /// moments on the GPU (bf16: only the f32 tensors the passes read,
+    /// [`side_params`]).
+    pub offload: bool,
+}
+
+/// Parameters the bf16 engine reads in f32 (all but the layers' four
+/// weight matrices: embeddings, LayerNorms, biases).
+pub fn side_params(cfg: &GptConfig) -> u128 {
+    let c = cfg.n_embd as u128;
+    cfg.num_params() as u128 - cfg.n_layer as u128 * 12 * c * c
+}
+
+/// Host memory of an optimizer offloaded from a GPU, by part: f32 master
+/// weights, AdamW's two moments, and the pinned transfer buffers (two
+/// chunks of `chunk` elements each way, the packed f32 tensors in bf16).
+pub fn offloaded_optimizer(cfg: &GptConfig, mixed: bool, chunk: usize) -> Footprint {
+    let params = cfg.num_params() as u128;
+    let chunk = (chunk as u128).min(params);
+    let staging =
+        2 * chunk * (4 + if mixed { 2 } else { 4 }) + if mixed { 4 * side_params(cfg) } else { 0 };
+    Footprint {
+        parts: vec![
+            Part {
+                name: "f32 master weights",
+                bytes: 4 * params,
+            },
+            Part {
+                name: "AdamW moments",
+                bytes: 8 * params,
+            },
+            Part {
+                name: "pinned transfer buffers",
+                bytes: staging,
+            },
+        ],
+    }
 }
 
 /// The GPU engine's memory by part: model states (f32 parameters,
@@ -316,13 +353,17 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         mixed,
         streamed_weights,
         sharding,
+        offload,
         ..
     } = *run;
     let params = cfg.num_params() as u128;
     let mut parts = vec![
         Part {
             name: "parameters",
-            bytes: 4 * params,
+            bytes: match (offload, mixed) {
+                (true, true) => 4 * side_params(cfg),
+                _ => 4 * params,
+            },
         },
         Part {
             name: "gradients",
@@ -330,7 +371,10 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         },
         Part {
             name: "optimizer state",
-            bytes: sharding.shard(8 * params),
+            bytes: match offload {
+                true => 0,
+                false => sharding.shard(8 * params),
+            },
         },
     ];
     let mut grads = Footprint { parts: Vec::new() };

@@ -94,6 +94,30 @@ fn bad_training_input_is_explained() {
             &["generate", "--load", "/nonexistent.safetensors"][..],
             "nonexistent.safetensors",
         ),
+        (
+            &["train", "--offload", "optimizer", "--steps", "1"][..],
+            "all in host memory already",
+        ),
+        (
+            &["train", "--device", "cuda", "--offload", "gpu"][..],
+            "expected none or optimizer",
+        ),
+        (
+            &["train", "--device", "cuda", "--offload", "params"][..],
+            "--offload params",
+        ),
+        (
+            &[
+                "train",
+                "--device",
+                "cuda",
+                "--offload",
+                "optimizer",
+                "--zero",
+                "2",
+            ][..],
+            "with --zero 2 is not built yet",
+        ),
     ] {
         let mut cmd = braid();
         cmd.args(args);

@@ -136,6 +136,8 @@ mod tests {
         let c = 16;
         let matrices = 2 * (3 * c * c + c * c + 4 * c * c + 4 * c * c);
         assert_eq!(map.len(), layout.len - matrices);
+        let cfg = layout.config;
+        assert_eq!(map.len() as u128, crate::footprint::side_params(&cfg));
         for t in &layout.params {
             let r = t.range();
             let packed = map.locate(&r);

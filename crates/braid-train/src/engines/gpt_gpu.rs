@@ -1,14 +1,18 @@
 //! [`GpuGpt`]: the GPU GPT models of `braid-model` (f32, or bf16 mixed
 //! precision) as an [`Engine`]: parameters, gradients and AdamW state in
 //! one GPU's memory, every kernel on the device's own stream (so that
-//! collectives order themselves after it), AdamW in one launch.
+//! collectives order themselves after it), AdamW in one launch — or, with
+//! the optimizer offloaded ([`GpuGpt::offloaded`]), master weights and
+//! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
+use super::offload::HostOptimizer;
 use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
 use crate::engine::{check_shard, Engine, Matrix, StateBytes, Unit, UpdateStep};
 use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::zero_async;
 use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
+use braid_model::cuda::f32_params::{F32Params, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
@@ -57,6 +61,15 @@ enum Model {
     Mixed(Box<GpuGptMixed>, Option<DeviceBuffer<bf16>>),
 }
 
+/// The optimizer in host memory, for either model form.
+enum Offload {
+    /// The f32 model's: the GPU keeps its f32 weights (`p`).
+    F32(HostOptimizer<f32>),
+    /// The bf16 model's: the GPU keeps the bf16 copy and, in `p`, the f32
+    /// tensors the passes read, packed by `SideMap`.
+    Bf16(HostOptimizer<bf16>, SideMap),
+}
+
 /// One backward unit of the GPU engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -79,7 +92,12 @@ pub struct GpuGpt {
     model: Model,
     precision: Precision,
     mk: MixedKernels,
+    /// The f32 parameters on the GPU: the master weights, or under an
+    /// offloaded optimizer what the passes read in f32 (all of them for
+    /// the f32 model, the packed side tensors for bf16).
     p: DeviceBuffer<f32>,
+    /// The optimizer and master weights in host memory, if offloaded.
+    offload: Option<Offload>,
     m: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
     adam: AdamWConfig,
@@ -100,11 +118,70 @@ impl GpuGpt {
     pub fn new(
         device: &Device,
         params: &Params,
-        (b, t): (usize, usize),
+        shape: (usize, usize),
         precision: Precision,
         options: MixedOptions,
         weight_decay: f32,
     ) -> Result<GpuGpt> {
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            None,
+        )
+    }
+
+    /// [`new`](Self::new) with the optimizer offloaded to host memory: the
+    /// f32 master weights and AdamW's moments there (12 bytes per
+    /// parameter), the update on the CPU, and on the GPU only the weights
+    /// the passes read (bf16: 2 bytes per parameter and the f32
+    /// embeddings, LayerNorms and biases; f32: 4) besides the gradients.
+    /// Not with streamed weights (they are cast from f32 master weights on
+    /// the GPU). Takes `params.data` as its master weights without a copy,
+    /// leaving it empty ([`copy_params_to`](Self::copy_params_to) fills it
+    /// again).
+    pub fn offloaded(
+        device: &Device,
+        params: &mut Params,
+        shape: (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        let master = std::mem::take(&mut params.data);
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            Some(master),
+        )
+    }
+
+    /// The engine; `master`: the master weights, kept in host memory with
+    /// the optimizer (`params.data` is not read then).
+    fn build(
+        device: &Device,
+        params: &Params,
+        (b, t): (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+        master: Option<Vec<f32>>,
+    ) -> Result<GpuGpt> {
+        let offload = master.is_some();
+        if offload && options.streamed_weights {
+            return Err(
+                "an offloaded optimizer keeps the bf16 weights whole on the GPU: streamed \
+                 weights (cast from f32 master weights on the GPU) do not go with it"
+                    .into(),
+            );
+        }
         if options != MixedOptions::default() && precision != Precision::Bf16 {
             return Err(format!(
                 "checkpointing and streamed weights are bf16-only in the GPU engine, not {}",
@@ -112,9 +189,31 @@ impl GpuGpt {
             ));
         }
         let layout = params.layout.clone();
-        let p = DeviceBuffer::from_host(device, &params.data).map_err(e)?;
+        let adam = AdamWConfig {
+            weight_decay,
+            ..Default::default()
+        };
+        let data = master.as_deref().unwrap_or(&params.data);
+        if data.len() != layout.len {
+            return Err(format!(
+                "{} parameter values for a model of {}",
+                data.len(),
+                layout.len
+            ));
+        }
+        let side = (offload && precision == Precision::Bf16).then(|| SideMap::for_mixed(&layout));
+        let p = match &side {
+            None => DeviceBuffer::from_host(device, data).map_err(e)?,
+            Some(map) => {
+                let mut packed = vec![0f32; map.len()];
+                for (r, at) in map.parts() {
+                    packed[*at..at + r.len()].copy_from_slice(&data[r.clone()]);
+                }
+                DeviceBuffer::from_host(device, &packed).map_err(e)?
+            }
+        };
         let mk = MixedKernels::load(device).map_err(e)?;
-        let model = match precision {
+        let mut model = match precision {
             Precision::F32 => Model::F32(Box::new(
                 GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?,
             )),
@@ -123,6 +222,8 @@ impl GpuGpt {
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
                 let pb = match options.streamed_weights {
                     true => None,
+                    // Filled from the host below.
+                    false if offload => Some(DeviceBuffer::zeros(device, layout.len).map_err(e)?),
                     false => {
                         let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
                         mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
@@ -132,9 +233,20 @@ impl GpuGpt {
                 Model::Mixed(Box::new(m), pb)
             }
         };
-        let adam = AdamWConfig {
-            weight_decay,
-            ..Default::default()
+        let mut p = p;
+        let offload = match (master, &mut model) {
+            (None, _) => None,
+            (Some(master), Model::F32(_)) => Some(Offload::F32(HostOptimizer::new(
+                device, &layout, master, adam, None,
+            )?)),
+            (Some(master), Model::Mixed(m, pb)) => {
+                let map = side.clone().expect("bf16 offload packs its side tensors");
+                let mut host =
+                    HostOptimizer::new(device, &layout, master, adam, Some(map.clone()))?;
+                let pb = pb.as_mut().expect("offload keeps the bf16 weights whole");
+                host.upload(pb, Some(&mut p), m.stream())?;
+                Some(Offload::Bf16(host, map))
+            }
         };
         Ok(GpuGpt {
             // AdamW's moments come at the first update (for the shard the
@@ -154,6 +266,7 @@ impl GpuGpt {
             precision,
             mk,
             p,
+            offload,
             adam,
             b,
             t,
@@ -187,7 +300,49 @@ impl GpuGpt {
 
     /// Copies the trained (f32 master) parameters into `params`.
     pub fn copy_params_to(&self, params: &mut Params) -> Result<()> {
-        self.p.copy_to_host(&mut params.data).map_err(e)
+        params.data.resize(self.layout.len, 0.0);
+        match self.host_master() {
+            Some(master) => {
+                params.data.copy_from_slice(master);
+                Ok(())
+            }
+            None => self.p.copy_to_host(&mut params.data).map_err(e),
+        }
+    }
+
+    /// Hands the trained (f32 master) parameters to `params`, ending the
+    /// engine: an offloaded optimizer's master weights move over without
+    /// a copy, after the engine's other memory is freed.
+    pub fn into_params(self, params: &mut Params) -> Result<()> {
+        let GpuGpt { offload, .. } = match self.offload.is_some() {
+            true => self,
+            false => return self.copy_params_to(params),
+        };
+        params.data = match offload {
+            Some(Offload::F32(h)) => h.into_master(),
+            Some(Offload::Bf16(h, _)) => h.into_master(),
+            None => unreachable!("checked above"),
+        };
+        Ok(())
+    }
+
+    /// The master weights in host memory, when the optimizer is offloaded.
+    fn host_master(&self) -> Option<&[f32]> {
+        match &self.offload {
+            Some(Offload::F32(h)) => Some(h.master()),
+            Some(Offload::Bf16(h, _)) => Some(h.master()),
+            None => None,
+        }
+    }
+
+    /// Seconds the CPU spent in the last offloaded update (none without
+    /// offload).
+    pub fn offload_cpu_seconds(&self) -> Option<f64> {
+        match &self.offload {
+            Some(Offload::F32(h)) => Some(h.last_cpu_s),
+            Some(Offload::Bf16(h, _)) => Some(h.last_cpu_s),
+            None => None,
+        }
     }
 
     /// The arithmetic in use.
@@ -268,10 +423,21 @@ impl Engine for GpuGpt {
     }
 
     fn params_changed(&mut self) -> Result<()> {
+        if self.offload.is_some() {
+            return Err(
+                "the master weights of an offloaded optimizer live in host memory: the \
+                 parameters on the GPU are derived from them and cannot be overwritten"
+                    .into(),
+            );
+        }
         if let Model::Mixed(m, Some(pb)) = &mut self.model {
             self.mk.to_bf16(m.stream(), pb, &self.p).map_err(e)?;
         }
         Ok(())
+    }
+
+    fn host_params(&self) -> Option<&[f32]> {
+        self.host_master()
     }
 
     fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
@@ -296,9 +462,10 @@ impl Engine for GpuGpt {
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
         let p = &self.p;
+        let pf = f32_params(p, &self.offload);
         match &mut self.model {
             Model::F32(m) => m.forward(p, &batch.tokens, &batch.targets, grad),
-            Model::Mixed(m, pb) => m.forward(p, pb.as_ref(), &batch.tokens, &batch.targets, grad),
+            Model::Mixed(m, pb) => m.forward(pf, pb.as_ref(), &batch.tokens, &batch.targets, grad),
         }
         .map_err(e)
     }
@@ -310,13 +477,14 @@ impl Engine for GpuGpt {
             .map(|s| s.1)
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
         let p = &self.p;
+        let pf = f32_params(p, &self.offload);
         match (&mut self.model, step) {
             (Model::F32(m), Step::Head) => m.backward_head(p, g),
             (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
             (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
-            (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb.as_ref(), g),
+            (Model::Mixed(m, pb), Step::Head) => m.backward_head(pf, pb.as_ref(), g),
             (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
-                m.backward_layer(l, p, pb.as_ref(), g)
+                m.backward_layer(l, pf, pb.as_ref(), g)
             }
             (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
             (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
@@ -339,6 +507,23 @@ impl Engine for GpuGpt {
 
     fn state_bytes(&self) -> StateBytes {
         let f32s = 4 * self.p.len() as u64;
+        if let Some(o) = &self.offload {
+            let ((master, optimizer, staging), on_gpu) = match (o, &self.model) {
+                (Offload::F32(h), _) => (h.host_bytes(), f32s),
+                (Offload::Bf16(h, _), Model::Mixed(_, pb)) => (
+                    h.host_bytes(),
+                    f32s + pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
+                ),
+                (Offload::Bf16(..), Model::F32(_)) => unreachable!("bf16 offload, f32 model"),
+            };
+            return StateBytes {
+                params: on_gpu,
+                master,
+                grads: 0,
+                optimizer: optimizer + staging,
+                offloaded: master + optimizer + staging,
+            };
+        }
         let optimizer = 8 * self.state_len() as u64;
         match &self.model {
             Model::F32(_) => StateBytes {
@@ -378,7 +563,20 @@ impl Engine for GpuGpt {
                 self.layout.len
             ));
         }
-        self.adamw(grads, false, step)
+        if self.offload.is_none() {
+            return self.adamw(grads, false, step);
+        }
+        let done = match (&mut self.offload, &mut self.model) {
+            (Some(Offload::F32(h)), Model::F32(m)) => {
+                h.step(grads, &mut self.p, None, m.stream(), step)
+            }
+            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
+                h.step(grads, pb, Some(&mut self.p), m.stream(), step)
+            }
+            _ => Err("the offloaded optimizer does not match the model's form".into()),
+        };
+        self.updates += 1;
+        done
     }
 
     fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
@@ -394,6 +592,9 @@ impl Engine for GpuGpt {
 
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
         check_shard(shard, self.layout.len)?;
+        if self.offload.is_some() {
+            return Err("an optimizer offloaded to the host is not sharded (yet)".into());
+        }
         if self.updates > 0 {
             return Err("the optimizer can be sharded only before the first update".into());
         }
@@ -434,6 +635,15 @@ impl Engine for GpuGpt {
             Model::Mixed(m, _) => m.profile_report(),
             Model::F32(_) => None,
         }
+    }
+}
+
+/// What the bf16 model reads in f32: the whole buffer `p`, or under an
+/// offloaded optimizer the side tensors packed in it.
+fn f32_params<'a>(p: &'a DeviceBuffer<f32>, offload: &'a Option<Offload>) -> F32Params<'a> {
+    match offload {
+        Some(Offload::Bf16(_, map)) => F32Params::packed(p, map),
+        _ => F32Params::whole(p),
     }
 }
 

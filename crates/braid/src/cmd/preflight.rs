@@ -21,6 +21,9 @@ pub struct Shape<'a> {
     pub ranks: usize,
     /// Workers on this host: they share its memory.
     pub local_workers: usize,
+    /// `--offload optimizer`: master weights and AdamW state in host
+    /// memory.
+    pub offload: bool,
 }
 
 impl Shape<'_> {
@@ -42,13 +45,15 @@ use braid_train::engines::Precision;
 
 /// Refuses, before anything is allocated, a run whose host memory
 /// (the CPU engine's parameters, gradients, optimizer state and
-/// activations; the GPU engine's host copy of the parameters) exceeds
+/// activations; the GPU engine's host copy of the parameters, or its
+/// offloaded optimizer's master weights, moments and transfer buffers) exceeds
 /// what this machine has available, naming the estimate and what would fit.
 pub fn host(
     a: &Shape<'_>,
     cfg: &GptConfig,
     batch: usize,
     cuda: bool,
+    precision: Precision,
     adamw: bool,
 ) -> Result<(), String> {
     use braid_model::footprint::{self, gib, Footprint, Part};
@@ -62,7 +67,10 @@ pub fn host(
     // AdamW keeps two moments, SGD with momentum one.
     let states = if adamw { 2 } else { 1 };
     let need_with = |b: usize, ckpt: bool, sharding: Sharding| {
-        if cuda {
+        if cuda && a.offload {
+            let mixed = precision == Precision::Bf16;
+            footprint::offloaded_optimizer(cfg, mixed, braid_train::engines::offload::CHUNK)
+        } else if cuda {
             Footprint {
                 parts: vec![Part {
                     name: "parameters (host copy)",
@@ -102,7 +110,7 @@ pub fn host(
     // Bytes per parameter of the model's state under this run's sharding
     // (batch 1 with checkpointing: activations as small as they get).
     let per = match cuda {
-        true => 4.0,
+        true => f.total() as f64 / params.max(1) as f64,
         false => need(1, true).total() as f64 / params.max(1) as f64,
     };
     let hint = if per * params as f64 > avail as f64 && fits.is_empty() {
@@ -123,7 +131,9 @@ pub fn host(
     Err(format!(
         "{model} needs about {:.2} GiB of host memory{} ({}), but {:.2} GiB is available{}; {hint}",
         gib(f.total()),
-        if cuda {
+        if cuda && a.offload {
+            " for its offloaded optimizer".to_string()
+        } else if cuda {
             String::new()
         } else {
             format!(" to train on the CPU at batch {batch} x {}", a.seq)
@@ -232,9 +242,16 @@ pub fn device(
     };
     // The (streamed weights, kept attention, stored score gradients)
     // forms to try, fastest first.
+    if forced == Some(true) && a.offload {
+        return Err(
+            "BRAID_BF16_WEIGHTS=streamed: an offloaded optimizer keeps the bf16 weights whole \
+             on the GPU"
+                .into(),
+        );
+    }
     let weights = match forced {
         Some(streamed) => vec![streamed],
-        None if mixed => vec![false, true],
+        None if mixed && !a.offload => vec![false, true],
         None => vec![false],
     };
     let scores = match forced_scores {
@@ -264,7 +281,8 @@ pub fn device(
     let need_with = |b: usize,
                      checkpointing: bool,
                      (streamed_weights, keep_attention, stored_score_grads),
-                     sharding: Sharding| {
+                     sharding: Sharding,
+                     offload: bool| {
         let run = GpuRun {
             b,
             t: a.seq,
@@ -276,10 +294,13 @@ pub fn device(
             stored_score_grads,
             keep_attention,
             sharding,
+            offload,
         };
         gpu_training(cfg, &run)
     };
-    let need = |b: usize, checkpointing: bool, form| need_with(b, checkpointing, form, a.sharding);
+    let need = |b: usize, checkpointing: bool, form| {
+        need_with(b, checkpointing, form, a.sharding, a.offload)
+    };
     for &form in &forms {
         let f = need(batch, a.checkpointing, form);
         if f.total() + DEVICE_MARGIN <= free {
@@ -302,9 +323,22 @@ pub fn device(
         }
     }
     for s in a.other_stages() {
-        if need_with(batch, a.checkpointing, form, s).total() <= room {
+        if need_with(batch, a.checkpointing, form, s, false).total() <= room {
             fits.push(zero_flag(s));
             break;
+        }
+    }
+    if !a.offload && a.sharding.stage == 0 {
+        // Offloaded, the bf16 weights stay whole (not streamed).
+        let whole = (false, form.1, form.2);
+        for ckpt in [a.checkpointing, true] {
+            if need_with(batch, ckpt, whole, a.sharding, true).total() <= room {
+                fits.push(match ckpt && !a.checkpointing {
+                    false => "--offload optimizer".into(),
+                    true => "--offload optimizer --checkpointing".into(),
+                });
+                break;
+            }
         }
     }
     let hint = match fits.is_empty() {
@@ -314,7 +348,11 @@ pub fn device(
             // (sharded) moments and reduced-gradient shard, bf16 weights.
             let sh = a.sharding;
             let bf16 = if mixed && !streamed { 2.0 } else { 0.0 };
-            let per = 8.0 + sh.shard(8 << 20) as f64 / (1 << 20) as f64 + bf16;
+            let per = match a.offload {
+                true if mixed => 4.0 + bf16,
+                true => 8.0,
+                false => 8.0 + sh.shard(8 << 20) as f64 / (1 << 20) as f64 + bf16,
+            };
             let per = per
                 + if sh.stage >= 2 {
                     4.0 / sh.ranks as f64

@@ -152,6 +152,13 @@ pub struct TrainArgs {
     /// consecutive ranks (e.g. a node's GPUs), replicate across the groups.
     #[arg(long, value_name = "N")]
     shard_group: Option<usize>,
+    /// Move model state off the GPU into host memory: `optimizer` keeps the
+    /// f32 master weights and AdamW's moments there and runs the update on
+    /// the CPU's cores (ZeRO-Offload's split: 12 bytes per parameter leave
+    /// the GPU, which keeps the bf16 weights and the gradients); `none`.
+    /// GPU only, one process or data-parallel.
+    #[arg(long, default_value = "none", value_name = "WHAT")]
+    offload: String,
     /// GPU, bf16: run the weight gradients of the first N layers after the
     /// embeddings' backward, so that the embeddings' gradient reduction
     /// (the largest, and final only at the end) overlaps them (default: 2
@@ -270,6 +277,32 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         grad_comm: (&a.grad_comm, grad_comm),
         defer_layers: a.defer_layers,
     })?;
+    let offload =
+        match a.offload.as_str() {
+            "none" => false,
+            "optimizer" => true,
+            "params" => return Err(
+                "--offload params (the weights in host memory too, streamed to the GPU block by \
+                 block) is not built yet: it comes with ZeRO-3 on the GPU; --offload optimizer \
+                 moves 12 of the 18 bytes per parameter off the GPU"
+                    .into(),
+            ),
+            other => return Err(format!("--offload {other:?}: expected none or optimizer")),
+        };
+    if offload && !cuda {
+        return Err(
+            "--offload optimizer moves model state from the GPU to host memory; with --device cpu \
+             it is all in host memory already (drop the flag)"
+                .into(),
+        );
+    }
+    if let (true, Some(stage)) = (offload, zero) {
+        return Err(format!(
+            "--offload optimizer with --zero {stage} is not built yet (the sharded stages gather \
+             parameters that live on the GPU): train data-parallel with the offload, or sharded \
+             without it"
+        ));
+    }
     if cuda && zero == Some(3) {
         return Err(
             "--zero 3 / --fsdp: ZeRO stage 3 runs on the CPU so far (--device cpu); \
@@ -323,7 +356,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     w.local_world_size
                 ));
             }
-        } else {
+        }
+        if !cuda || offload {
+            // The CPU engine's passes, or the offloaded optimizers' updates.
             share_cores(w.local_world_size);
         }
     }
@@ -356,6 +391,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         },
         ranks,
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
+        offload,
     };
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {
@@ -364,7 +400,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         None => {
             let cfg = GptConfig::parse(&a.model)?;
-            super::preflight::host(&shape, &cfg, batch, cuda, optimizer == OptimizerKind::AdamW)?;
+            let adamw = optimizer == OptimizerKind::AdamW;
+            super::preflight::host(&shape, &cfg, batch, cuda, precision, adamw)?;
             if cuda {
                 // Before the host spends time initialising a model the GPU
                 // cannot hold (checked again, with the same figures, once
@@ -496,10 +533,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         };
         if lead {
             println!(
-                "training on GPU {} ({}), {}{}",
+                "training on GPU {} ({}), {}{}{}",
                 dev.ordinal(),
                 dev.name().unwrap_or_default(),
                 precision.name(),
+                match offload {
+                    true => ", optimizer offloaded to host memory",
+                    false => "",
+                },
                 if ranks > 1 { ", one GPU per rank" } else { "" }
             );
         }
@@ -526,19 +567,21 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
         braid_cuda::pool::reset_peak();
-        let mut engine = GpuGpt::new(
-            &dev,
-            &params,
-            (batch, a.seq),
-            precision,
-            braid_model::cuda::model_mixed::MixedOptions {
-                checkpointing: a.checkpointing,
-                streamed_weights: plan.streamed_weights,
-                stored_score_grads: plan.stored_score_grads,
-                keep_attention: plan.keep_attention,
-            },
-            a.weight_decay,
-        )?;
+        let options = braid_model::cuda::model_mixed::MixedOptions {
+            checkpointing: a.checkpointing,
+            streamed_weights: plan.streamed_weights,
+            stored_score_grads: plan.stored_score_grads,
+            keep_attention: plan.keep_attention,
+        };
+        let shape = (batch, a.seq);
+        let mut engine = match offload {
+            false => GpuGpt::new(&dev, &params, shape, precision, options, a.weight_decay)?,
+            // The master weights move into the engine (host memory holds
+            // them once).
+            true => {
+                GpuGpt::offloaded(&dev, &mut params, shape, precision, options, a.weight_decay)?
+            }
+        };
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => {
@@ -553,8 +596,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if let Some(report) = engine.profile_report() {
                 println!("{report}");
             }
+            if let Some(cpu) = engine.offload_cpu_seconds() {
+                println!(
+                    "offloaded optimizer: the last update took {cpu:.2} s on the CPU ({} threads)",
+                    rayon::current_num_threads()
+                );
+            }
         }
-        engine.copy_params_to(&mut params)?;
+        if lead && a.save.is_some() {
+            // Ends the engine first: an offloaded optimizer's master
+            // weights move over instead of being copied.
+            engine.into_params(&mut params)?;
+        }
         run
     };
     let tokens_per_step = (batch * a.seq * a.accum * ranks) as f64;
