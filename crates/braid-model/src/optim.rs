@@ -319,8 +319,8 @@ impl Optimizer {
         grad_scale: f32,
     ) {
         self.begin_step();
-        let (Optimizer::AdamW { pieces, .. } | Optimizer::Sgd { pieces, .. }) = self;
-        for piece in pieces.clone() {
+        let pieces = std::mem::take(self.pieces_mut());
+        for piece in &pieces {
             let local = piece.state..piece.state + piece.range.len();
             let g = match compact {
                 true => &grads[local.clone()],
@@ -330,8 +330,16 @@ impl Optimizer {
                 true => &mut params[local],
                 false => &mut params[piece.range.clone()],
             };
-            self.update_piece::<f32>(&piece, p, g, lr, grad_scale, None);
+            self.update_piece::<f32>(piece, p, g, lr, grad_scale, None);
         }
+        *self.pieces_mut() = pieces;
+    }
+
+    /// The tensors' runs inside the shard (taken out while an update
+    /// walks them).
+    fn pieces_mut(&mut self) -> &mut Vec<Piece> {
+        let (Optimizer::AdamW { pieces, .. } | Optimizer::Sgd { pieces, .. }) = self;
+        pieces
     }
 
     /// One piece's update: `p` and `g` are its parameters and gradients;
@@ -396,6 +404,12 @@ const TASK: usize = 8192;
 /// Runs `kernel` over matching chunks of `p`, `g` and the state buffers
 /// `a` and `b` (`b` may be empty: SGD has one), in parallel; then, where
 /// `out` is given, writes each chunk's updated `p` into it, narrowed.
+/// The state reaches `kernel` as separate `&mut` slices on purpose: a
+/// version that passed the chunks of both moments as one tuple argument
+/// ran the offloaded 2.65B update 1.8× slower (1.00 s → 1.80 s on 16
+/// cores, same machine), most likely because the loop stopped vectorising
+/// once the slices were no longer plain arguments the compiler knows
+/// cannot alias.
 fn each_chunk<T: Send>(
     p: &mut [f32],
     g: &[f32],

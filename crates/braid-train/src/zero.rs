@@ -231,6 +231,23 @@ pub(crate) fn hybrid_split<C: Collective>(
     }
 }
 
+/// [`replicate`] for a strategy (`name`, for the message) that gathers
+/// and shards parameters living in the engine's space: an engine whose
+/// master weights are in host memory (an offloaded optimizer) is refused.
+pub(crate) fn replicate_sharded<C: Collective, E: Engine<Space = C::Space>>(
+    comm: &C,
+    engine: &mut E,
+    name: &str,
+) -> Result<usize> {
+    if engine.host_params().is_some() {
+        return Err(format!(
+            "{name} with an optimizer offloaded to the host is not built yet: the parameters \
+             it gathers live on the device (drop the offload, or train data-parallel with it)"
+        ));
+    }
+    replicate(comm, engine)
+}
+
 /// The ranks the optimizer is sharded over: the shard group under hybrid
 /// sharding, else every rank (a free function, so that it borrows only
 /// those two fields).
@@ -256,15 +273,7 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
-        if engine.host_params().is_some() {
-            return Err(
-                "ZeRO with an optimizer offloaded to the host is not built yet: the \
-                 parameters it gathers live on the device (drop the offload, or train \
-                 data-parallel with it)"
-                    .into(),
-            );
-        }
-        let len = replicate(&self.comm, engine)?;
+        let len = replicate_sharded(&self.comm, engine, "ZeRO")?;
         let plan = buckets::plan(
             &engine.units(),
             len,

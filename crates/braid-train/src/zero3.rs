@@ -34,12 +34,12 @@
 //! agree with a data-parallel run within summation order.
 
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
-use crate::ddp::{mean_over, replicate};
+use crate::ddp::mean_over;
 use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
-use crate::zero::{group_of, hybrid_split};
+use crate::zero::{group_of, hybrid_split, replicate_sharded};
 use crate::Result;
 use braid_comm::ReduceOp;
 use std::ops::Range;
@@ -447,15 +447,7 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
-        if engine.host_params().is_some() {
-            return Err(
-                "ZeRO-3 with an optimizer offloaded to the host is not built yet: the \
-                 parameters it gathers live on the device (drop the offload, or train \
-                 data-parallel with it)"
-                    .into(),
-            );
-        }
-        let len = replicate(&self.comm, engine)?;
+        let len = replicate_sharded(&self.comm, engine, "ZeRO-3")?;
         let units = engine.param_units().map_err(|e| format!("ZeRO-3: {e}"))?;
         units
             .check(len, engine.unit_count())

@@ -70,6 +70,29 @@ enum Offload {
     Bf16(HostOptimizer<bf16>, SideMap),
 }
 
+impl Offload {
+    fn master(&self) -> &[f32] {
+        match self {
+            Offload::F32(h) => h.master(),
+            Offload::Bf16(h, _) => h.master(),
+        }
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Offload::F32(h) => h.last_cpu_s,
+            Offload::Bf16(h, _) => h.last_cpu_s,
+        }
+    }
+
+    fn into_master(self) -> Vec<f32> {
+        match self {
+            Offload::F32(h) => h.into_master(),
+            Offload::Bf16(h, _) => h.into_master(),
+        }
+    }
+}
+
 /// One backward unit of the GPU engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -314,35 +337,24 @@ impl GpuGpt {
     /// engine: an offloaded optimizer's master weights move over without
     /// a copy, after the engine's other memory is freed.
     pub fn into_params(self, params: &mut Params) -> Result<()> {
-        let GpuGpt { offload, .. } = match self.offload.is_some() {
-            true => self,
-            false => return self.copy_params_to(params),
-        };
-        params.data = match offload {
-            Some(Offload::F32(h)) => h.into_master(),
-            Some(Offload::Bf16(h, _)) => h.into_master(),
-            None => unreachable!("checked above"),
-        };
-        Ok(())
+        match self.offload {
+            Some(o) => {
+                params.data = o.into_master();
+                Ok(())
+            }
+            None => self.copy_params_to(params),
+        }
     }
 
     /// The master weights in host memory, when the optimizer is offloaded.
     fn host_master(&self) -> Option<&[f32]> {
-        match &self.offload {
-            Some(Offload::F32(h)) => Some(h.master()),
-            Some(Offload::Bf16(h, _)) => Some(h.master()),
-            None => None,
-        }
+        self.offload.as_ref().map(Offload::master)
     }
 
     /// Seconds the CPU spent in the last offloaded update (none without
     /// offload).
     pub fn offload_cpu_seconds(&self) -> Option<f64> {
-        match &self.offload {
-            Some(Offload::F32(h)) => Some(h.last_cpu_s),
-            Some(Offload::Bf16(h, _)) => Some(h.last_cpu_s),
-            None => None,
-        }
+        self.offload.as_ref().map(Offload::cpu_seconds)
     }
 
     /// The arithmetic in use.

@@ -331,7 +331,11 @@ pub fn device(
     if !a.offload && a.sharding.stage == 0 {
         // Offloaded, the bf16 weights stay whole (not streamed).
         let whole = (false, form.1, form.2);
-        for ckpt in [a.checkpointing, true] {
+        let ckpts: &[bool] = match a.checkpointing {
+            true => &[true],
+            false => &[false, true],
+        };
+        for &ckpt in ckpts {
             if need_with(batch, ckpt, whole, a.sharding, true).total() <= room {
                 fits.push(match ckpt && !a.checkpointing {
                     false => "--offload optimizer".into(),
