@@ -347,6 +347,18 @@ impl<'a, T: Element> DeviceViewMut<'a, T> {
         (front, back)
     }
 
+    /// Elements `r` of this view, writable, from a shared borrow: for a
+    /// [`DeviceWindow`](crate::DeviceWindow) of several pieces handing out
+    /// ranges it has checked to be disjoint. Panics if out of bounds.
+    pub(crate) fn alias_sub(&self, r: std::ops::Range<usize>) -> DeviceViewMut<'_, T> {
+        self.check_sub(&r);
+        DeviceViewMut {
+            ptr: self.at(r.start),
+            len: r.len(),
+            _borrow: PhantomData,
+        }
+    }
+
     /// A shorter-lived copy of this view.
     pub fn reborrow(&mut self) -> DeviceViewMut<'_, T> {
         DeviceViewMut {

@@ -1,10 +1,13 @@
-//! [`F32Params`]: where the mixed-precision model reads the parameters it
-//! uses in f32 — the embeddings (the encoder's lookup), the LayerNorms and
-//! the biases. Either the whole flat f32 buffer (the master weights on the
-//! GPU), or a compact buffer holding only those tensors, packed as a
-//! [`SideMap`] says (when the master weights live elsewhere: in host
-//! memory under an offloaded optimizer). The model addresses both by the
-//! flat buffer's indices.
+//! [`F32Params`]: where the GPU models read the parameters they use in
+//! f32 — for the mixed-precision model the embeddings (the encoder's
+//! lookup), the LayerNorms and the biases (and the weights it casts when it
+//! streams them); for the f32 model all of them. Either the whole flat f32
+//! buffer (the master weights on the GPU); or a compact buffer holding only
+//! the mixed model's f32 tensors, packed as a [`SideMap`] says (when the
+//! master weights live elsewhere: in host memory under an offloaded
+//! optimizer); or some blocks of the flat buffer, each in its own buffer
+//! (a ZeRO-3 unit's gathered parameters). The models address all three by
+//! the flat buffer's indices.
 
 use crate::layout::{Kind, Layout};
 use braid_cuda::{CudaError, DeviceBuffer, DeviceView, Result};
@@ -69,51 +72,113 @@ impl SideMap {
     }
 }
 
-/// The f32 parameters the mixed model reads: see the module's doc.
+/// One block of parameters in its own buffer: the flat elements
+/// `start..start + buf.len()`.
+#[derive(Clone, Copy)]
+pub struct Piece<'a> {
+    /// Its first element's index in the flat buffer.
+    pub start: usize,
+    /// Its elements.
+    pub buf: &'a DeviceBuffer<f32>,
+}
+
+/// Where the f32 parameters are.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// The whole flat buffer.
+    Whole(&'a DeviceBuffer<f32>),
+    /// A compact buffer of the tensors a [`SideMap`] packs.
+    Packed(&'a DeviceBuffer<f32>, &'a SideMap),
+    /// Some blocks, each in its own buffer (a ZeRO-3 unit's gathered
+    /// parameters): only the tensors inside them can be read.
+    Blocks(&'a [Piece<'a>]),
+}
+
+/// The f32 parameters the models read: see the module's doc.
 #[derive(Clone, Copy)]
 pub struct F32Params<'a> {
-    buf: &'a DeviceBuffer<f32>,
-    map: Option<&'a SideMap>,
+    src: Source<'a>,
 }
 
 impl<'a> F32Params<'a> {
     /// The whole flat buffer.
     pub fn whole(buf: &'a DeviceBuffer<f32>) -> Self {
-        F32Params { buf, map: None }
+        F32Params {
+            src: Source::Whole(buf),
+        }
     }
 
     /// A compact buffer of the tensors `map` packs.
     pub fn packed(buf: &'a DeviceBuffer<f32>, map: &'a SideMap) -> Self {
         F32Params {
-            buf,
-            map: Some(map),
+            src: Source::Packed(buf, map),
         }
     }
 
-    /// Whether the buffer holds what a model of `len` parameters reads.
+    /// Blocks of the flat buffer, each in its own buffer: a pass reading
+    /// anything outside them fails, naming the range.
+    pub fn blocks(pieces: &'a [Piece<'a>]) -> Self {
+        F32Params {
+            src: Source::Blocks(pieces),
+        }
+    }
+
+    /// Whether the buffer holds what a model of `len` parameters reads
+    /// (blocks: whether each lies inside the model).
     pub fn check(&self, len: usize) -> Result<()> {
-        let want = self.map.map_or(len, |m| m.len());
-        match self.buf.len() == want {
+        let (have, want, what) = match self.src {
+            Source::Whole(b) => (b.len(), len, ""),
+            Source::Packed(b, m) => (b.len(), m.len(), " (packed)"),
+            Source::Blocks(pieces) => {
+                return match pieces.iter().find(|p| p.start + p.buf.len() > len) {
+                    None => Ok(()),
+                    Some(p) => Err(CudaError::Invalid(format!(
+                        "f32 parameters: a block of elements {:?} in a model of {len}",
+                        p.start..p.start + p.buf.len()
+                    ))),
+                };
+            }
+        };
+        match have == want {
             true => Ok(()),
             false => Err(CudaError::Invalid(format!(
-                "f32 parameters: {} elements where the model reads {want}{}",
-                self.buf.len(),
-                if self.map.is_some() { " (packed)" } else { "" }
+                "f32 parameters: {have} elements where the model reads {want}{what}"
             ))),
         }
     }
 
     /// The flat elements `r`.
     pub fn view(&self, r: Range<usize>) -> Result<DeviceView<'a, f32>> {
-        match self.map {
-            None => Ok(self.buf.view(r)),
-            Some(m) => match m.locate(&r) {
-                Some(at) => Ok(self.buf.view(at)),
+        match self.src {
+            Source::Whole(buf) => match r.start <= r.end && r.end <= buf.len() {
+                true => Ok(buf.view(r)),
+                false => Err(CudaError::Invalid(format!(
+                    "parameters {r:?} of a buffer of {}",
+                    buf.len()
+                ))),
+            },
+            Source::Packed(buf, m) => match m.locate(&r) {
+                Some(at) => Ok(buf.view(at)),
                 None => Err(CudaError::Invalid(format!(
                     "parameters {r:?} are not among the f32 tensors kept on the GPU (only \
                      embeddings, LayerNorms and biases are)"
                 ))),
             },
+            Source::Blocks(pieces) => {
+                let inside = pieces.iter().find(|p| {
+                    r.start <= r.end && p.start <= r.start && r.end <= p.start + p.buf.len()
+                });
+                match inside {
+                    Some(p) => Ok(p.buf.view(r.start - p.start..r.end - p.start)),
+                    None => Err(CudaError::Invalid(format!(
+                        "parameters {r:?} are not in the blocks this pass was given ({:?})",
+                        pieces
+                            .iter()
+                            .map(|p| p.start..p.start + p.buf.len())
+                            .collect::<Vec<_>>()
+                    ))),
+                }
+            }
         }
     }
 }

@@ -6,12 +6,13 @@
 
 use super::attention::{attention_backward, attention_forward, AttnScratch};
 use super::batch::DeviceBatch;
+use super::f32_params::F32Params;
 use super::Kernels;
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use braid_cuda::blas::Blas;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceWindow, Result, Stream};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -167,126 +168,175 @@ impl GpuGpt {
         self.layout.get(name).expect("model parameter").range()
     }
 
-    /// Forward pass on `p` (the flat parameters on this GPU). With `grad`,
-    /// the logits are turned into the loss's gradient for [`backward`](Self::backward).
-    /// Returns the mean loss over targets that are not `u32::MAX`.
-    pub fn forward(
+    /// Forward pass on `p` (the flat parameters). With `grad`, the logits
+    /// are turned into the loss's gradient for [`backward`](Self::backward).
+    /// Returns the mean loss over targets that are not `u32::MAX`. The same
+    /// as [`forward_begin`](Self::forward_begin),
+    /// [`forward_encoder`](Self::forward_encoder), every
+    /// [`forward_block`](Self::forward_block) and
+    /// [`forward_head`](Self::forward_head).
+    pub fn forward<'p>(
         &mut self,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         tokens: &[u32],
         targets: &[u32],
         grad: bool,
     ) -> Result<f32> {
+        let p = p.into();
+        self.forward_begin(tokens, targets)?;
+        self.forward_encoder(p)?;
+        for l in 0..self.layout.config.n_layer {
+            self.forward_block(l, p)?;
+        }
+        self.forward_head(p, grad)
+    }
+
+    /// Starts a forward pass in parts: uploads the batch.
+    pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
         let cfg = self.layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        self.batch
+            .upload(tokens, targets, self.b, self.t, cfg.context)
+    }
+
+    /// The embeddings' forward pass (reads `wte` and `wpe`). Queued.
+    pub fn forward_encoder<'p>(&mut self, p: impl Into<F32Params<'p>>) -> Result<()> {
+        let p = p.into();
+        let c = self.layout.config.n_embd;
         let (b, t) = (self.b, self.t);
         let n = b * t;
-        self.batch.upload(tokens, targets, b, t, cfg.context)?;
         let (s, k) = (&self.stream, &self.kernels);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         k.encoder_forward(
             s,
             &mut self.resid[0],
             self.batch.tokens(),
-            &p.view(wte.clone()),
-            &p.view(wpe),
+            &p.view(wte)?,
+            &p.view(wpe)?,
             n,
             t,
             c,
-        )?;
-        for l in 0..cfg.n_layer {
-            let r = &self.ranges[l];
-            let (before, after) = self.resid.split_at_mut(l + 1);
-            let (x, out) = (&before[l], &mut after[0]);
-            let a = &mut self.layers[l];
-            k.layernorm_forward(
-                s,
-                &mut a.ln1,
-                &mut a.ln1_mean,
-                &mut a.ln1_rstd,
-                x,
-                &p.view(r.ln1_w.clone()),
-                &p.view(r.ln1_b.clone()),
-                n,
-                c,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut a.qkv,
-                &a.ln1,
-                false,
-                &p.view(r.qkv_w.clone()),
-                false,
-                n,
-                3 * c,
-                c,
-                false,
-            )?;
-            k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone()), n, 3 * c)?;
-            attention_forward(
-                k,
-                &mut self.blas,
-                s,
-                &mut a.atty,
-                &a.qkv,
-                &mut a.attn,
-                AttnShape { b, t, c, nh },
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut a.resid2,
-                &a.atty,
-                false,
-                &p.view(r.proj_w.clone()),
-                false,
-                n,
-                c,
-                c,
-                false,
-            )?;
-            k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone()), n, c)?;
-            // resid2 += x (in place: out = a + b with out == a).
-            k.add_inplace(s, &mut a.resid2, x)?;
-            k.layernorm_forward(
-                s,
-                &mut a.ln2,
-                &mut a.ln2_mean,
-                &mut a.ln2_rstd,
-                &a.resid2,
-                &p.view(r.ln2_w.clone()),
-                &p.view(r.ln2_b.clone()),
-                n,
-                c,
-            )?;
-            self.blas.gemm_rm(
-                s,
-                &mut a.fch,
-                &a.ln2,
-                false,
-                &p.view(r.fc_w.clone()),
-                false,
-                n,
-                4 * c,
-                c,
-                false,
-            )?;
-            k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone()), n, 4 * c)?;
-            k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
-            self.blas.gemm_rm(
-                s,
-                out,
-                &a.fch_gelu,
-                false,
-                &p.view(r.fcproj_w.clone()),
-                false,
-                n,
-                c,
-                4 * c,
-                false,
-            )?;
-            k.add_bias(s, out, &p.view(r.fcproj_b.clone()), n, c)?;
-            k.add_inplace(s, out, &a.resid2)?;
+        )
+    }
+
+    /// Transformer block `l`'s forward pass (after those below it; reads
+    /// its parameters). Queued.
+    pub fn forward_block<'p>(&mut self, l: usize, p: impl Into<F32Params<'p>>) -> Result<()> {
+        let p = p.into();
+        let cfg = self.layout.config;
+        if l >= cfg.n_layer {
+            return Err(CudaError::Invalid(format!(
+                "layer {l} of a model of {}",
+                cfg.n_layer
+            )));
         }
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let (s, k) = (&self.stream, &self.kernels);
+        let r = &self.ranges[l];
+        let (before, after) = self.resid.split_at_mut(l + 1);
+        let (x, out) = (&before[l], &mut after[0]);
+        let a = &mut self.layers[l];
+        k.layernorm_forward(
+            s,
+            &mut a.ln1,
+            &mut a.ln1_mean,
+            &mut a.ln1_rstd,
+            x,
+            &p.view(r.ln1_w.clone())?,
+            &p.view(r.ln1_b.clone())?,
+            n,
+            c,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut a.qkv,
+            &a.ln1,
+            false,
+            &p.view(r.qkv_w.clone())?,
+            false,
+            n,
+            3 * c,
+            c,
+            false,
+        )?;
+        k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone())?, n, 3 * c)?;
+        attention_forward(
+            k,
+            &mut self.blas,
+            s,
+            &mut a.atty,
+            &a.qkv,
+            &mut a.attn,
+            AttnShape { b, t, c, nh },
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut a.resid2,
+            &a.atty,
+            false,
+            &p.view(r.proj_w.clone())?,
+            false,
+            n,
+            c,
+            c,
+            false,
+        )?;
+        k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone())?, n, c)?;
+        // resid2 += x (in place: out = a + b with out == a).
+        k.add_inplace(s, &mut a.resid2, x)?;
+        k.layernorm_forward(
+            s,
+            &mut a.ln2,
+            &mut a.ln2_mean,
+            &mut a.ln2_rstd,
+            &a.resid2,
+            &p.view(r.ln2_w.clone())?,
+            &p.view(r.ln2_b.clone())?,
+            n,
+            c,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut a.fch,
+            &a.ln2,
+            false,
+            &p.view(r.fc_w.clone())?,
+            false,
+            n,
+            4 * c,
+            c,
+            false,
+        )?;
+        k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone())?, n, 4 * c)?;
+        k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
+        self.blas.gemm_rm(
+            s,
+            out,
+            &a.fch_gelu,
+            false,
+            &p.view(r.fcproj_w.clone())?,
+            false,
+            n,
+            c,
+            4 * c,
+            false,
+        )?;
+        k.add_bias(s, out, &p.view(r.fcproj_b.clone())?, n, c)?;
+        k.add_inplace(s, out, &a.resid2)?;
+        Ok(())
+    }
+
+    /// The head's forward pass (after the last block): final LayerNorm,
+    /// classifier (reads `ln_f` and `wte`), loss. With `grad`, the logits
+    /// become the loss's gradient. Waits; returns the mean loss.
+    pub fn forward_head<'p>(&mut self, p: impl Into<F32Params<'p>>, grad: bool) -> Result<f32> {
+        let p = p.into();
+        let cfg = self.layout.config;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let n = self.b * self.t;
+        let (s, k) = (&self.stream, &self.kernels);
+        let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
         k.layernorm_forward(
             s,
@@ -294,8 +344,8 @@ impl GpuGpt {
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
             &self.resid[cfg.n_layer],
-            &p.view(lw),
-            &p.view(lb),
+            &p.view(lw)?,
+            &p.view(lb)?,
             n,
             c,
         )?;
@@ -304,7 +354,7 @@ impl GpuGpt {
             &mut self.logits,
             &self.lnf,
             false,
-            &p.view(wte),
+            &p.view(wte)?,
             true,
             n,
             v,
@@ -328,7 +378,12 @@ impl GpuGpt {
     /// Accumulates the gradient of the last `forward(.., grad = true)` into
     /// `g` (flat, same layout as the parameters) and waits for it: the
     /// head, every layer from the last down, then the embeddings.
-    pub fn backward(&mut self, p: &DeviceBuffer<f32>, g: &mut DeviceBuffer<f32>) -> Result<()> {
+    pub fn backward<'p>(
+        &mut self,
+        p: impl Into<F32Params<'p>>,
+        g: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let p = p.into();
         let mut w = g.window();
         self.backward_head(p, &mut w)?;
         for l in (0..self.layout.config.n_layer).rev() {
@@ -342,11 +397,12 @@ impl GpuGpt {
     /// embedding's gradient and the final LayerNorm's gradients (final
     /// after this). Queued; nothing waits. `g` holds the gradient buffer's
     /// elements still being written (buffer indices).
-    pub fn backward_head(
+    pub fn backward_head<'p>(
         &mut self,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
+        let p = p.into();
         let cfg = self.layout.config;
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let n = self.b * self.t;
@@ -359,7 +415,7 @@ impl GpuGpt {
             &mut self.dln,
             &self.logits,
             false,
-            &p.view(wte.clone()),
+            &p.view(wte.clone())?,
             false,
             n,
             c,
@@ -388,7 +444,7 @@ impl GpuGpt {
                 &mut gb,
                 &self.dln,
                 &self.resid[cfg.n_layer],
-                &p.view(lw),
+                &p.view(lw)?,
                 &self.lnf_mean,
                 &self.lnf_rstd,
                 n,
@@ -400,12 +456,13 @@ impl GpuGpt {
 
     /// Backward of transformer block `l` (after the blocks above it); its
     /// gradients are final after this. Queued; nothing waits.
-    pub fn backward_layer(
+    pub fn backward_layer<'p>(
         &mut self,
         l: usize,
-        p: &DeviceBuffer<f32>,
+        p: impl Into<F32Params<'p>>,
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
+        let p = p.into();
         let cfg = self.layout.config;
         let (c, nh) = (cfg.n_embd, cfg.n_head);
         let (b, t) = (self.b, self.t);
@@ -422,7 +479,7 @@ impl GpuGpt {
             &mut self.dgelu,
             &self.dresid,
             false,
-            &p.view(r.fcproj_w.clone()),
+            &p.view(r.fcproj_w.clone())?,
             true,
             n,
             4 * c,
@@ -450,7 +507,7 @@ impl GpuGpt {
             &mut self.dln,
             &self.dfch,
             false,
-            &p.view(r.fc_w.clone()),
+            &p.view(r.fc_w.clone())?,
             true,
             n,
             c,
@@ -479,7 +536,7 @@ impl GpuGpt {
                 &mut gb,
                 &self.dln,
                 &a.resid2,
-                &p.view(r.ln2_w.clone()),
+                &p.view(r.ln2_w.clone())?,
                 &a.ln2_mean,
                 &a.ln2_rstd,
                 n,
@@ -494,7 +551,7 @@ impl GpuGpt {
             &mut self.datty,
             &self.dresid2,
             false,
-            &p.view(r.proj_w.clone()),
+            &p.view(r.proj_w.clone())?,
             true,
             n,
             c,
@@ -530,7 +587,7 @@ impl GpuGpt {
             &mut self.dln,
             &self.dqkv,
             false,
-            &p.view(r.qkv_w.clone()),
+            &p.view(r.qkv_w.clone())?,
             true,
             n,
             c,
@@ -559,7 +616,7 @@ impl GpuGpt {
                 &mut gb,
                 &self.dln,
                 x,
-                &p.view(r.ln1_w.clone()),
+                &p.view(r.ln1_w.clone())?,
                 &a.ln1_mean,
                 &a.ln1_rstd,
                 n,

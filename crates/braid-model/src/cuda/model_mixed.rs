@@ -660,7 +660,11 @@ impl GpuGptMixed {
     /// (`None` when the model streams its bf16 weights).
     /// With `grad`, the logits become the loss's gradient for
     /// [`backward`](Self::backward). Returns the mean loss over targets
-    /// that are not `u32::MAX`.
+    /// that are not `u32::MAX`. The same as
+    /// [`forward_begin`](Self::forward_begin),
+    /// [`forward_encoder`](Self::forward_encoder), every
+    /// [`forward_block`](Self::forward_block) and
+    /// [`forward_head`](Self::forward_head).
     pub fn forward<'p>(
         &mut self,
         p: impl Into<F32Params<'p>>,
@@ -671,6 +675,17 @@ impl GpuGptMixed {
     ) -> Result<f32> {
         let p = p.into();
         self.check_params(p, pb)?;
+        self.forward_begin(tokens, targets)?;
+        self.forward_encoder(p)?;
+        for l in 0..self.layout.config.n_layer {
+            self.forward_layer(l, p, pb, Pass::Forward)?;
+        }
+        self.forward_head(p, pb, grad)
+    }
+
+    /// Starts a forward pass in parts on a batch (`b × t` tokens and their
+    /// targets): uploads it.
+    pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
             st.holds = None;
@@ -679,30 +694,73 @@ impl GpuGptMixed {
             self.blas.set_sm_count_target(0)?;
         }
         let cfg = self.layout.config;
+        self.batch
+            .upload(tokens, targets, self.b, self.t, cfg.context)
+    }
+
+    /// The token and position embeddings' forward pass (after
+    /// [`forward_begin`](Self::forward_begin)): reads `wte` and `wpe` from
+    /// `p`. Queued; nothing waits.
+    pub fn forward_encoder<'p>(&mut self, p: impl Into<F32Params<'p>>) -> Result<()> {
+        let p = p.into();
+        p.check(self.layout.len)?;
+        let c = self.layout.config.n_embd;
+        let (b, t) = (self.b, self.t);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let (s, k, prof) = (&self.stream, &self.kernels, &mut self.prof);
+        prof.mark(s, "start")?;
+        k.encoder_forward(
+            s,
+            &mut self.resid[0],
+            self.batch.tokens(),
+            &p.view(wte)?,
+            &p.view(wpe)?,
+            b * t,
+            t,
+            c,
+        )?;
+        prof.mark(s, "fwd encoder")
+    }
+
+    /// Transformer block `l`'s forward pass (after the blocks below it):
+    /// reads the block's parameters from `p` (and its bf16 weights from
+    /// `pb`, or cast from `p` when streaming). Queued; nothing waits.
+    pub fn forward_block<'p>(
+        &mut self,
+        l: usize,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+    ) -> Result<()> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        if l >= self.layout.config.n_layer {
+            return Err(CudaError::Invalid(format!(
+                "layer {l} of a model of {}",
+                self.layout.config.n_layer
+            )));
+        }
+        self.forward_layer(l, p, pb, Pass::Forward)
+    }
+
+    /// The head's forward pass (after the last block): the final
+    /// LayerNorm, the classifier (the token embeddings, bf16) and the loss.
+    /// With `grad`, the logits become the loss's gradient for the backward
+    /// pass. Waits, and returns the mean loss over targets that are not
+    /// `u32::MAX`.
+    pub fn forward_head<'p>(
+        &mut self,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        grad: bool,
+    ) -> Result<f32> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        let cfg = self.layout.config;
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
-        self.batch.upload(tokens, targets, b, t, cfg.context)?;
-        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
-        {
-            let (s, k, prof) = (&self.stream, &self.kernels, &mut self.prof);
-            prof.mark(s, "start")?;
-            k.encoder_forward(
-                s,
-                &mut self.resid[0],
-                self.batch.tokens(),
-                &p.view(wte.clone())?,
-                &p.view(wpe)?,
-                n,
-                t,
-                c,
-            )?;
-            prof.mark(s, "fwd encoder")?;
-        }
-        for l in 0..cfg.n_layer {
-            self.forward_layer(l, p, pb, Pass::Forward)?;
-        }
         let (s, mk) = (&self.stream, &self.mk);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
