@@ -357,17 +357,30 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         ..
     } = *run;
     let params = cfg.num_params() as u128;
+    let stage3 = sharding.stage == 3;
     let mut parts = vec![
         Part {
             name: "parameters",
             bytes: match (offload, mixed) {
                 (true, true) => 4 * side_params(cfg),
+                // The shard's master weights. While it starts, and again
+                // when it ends (gathering the model to save it), a rank
+                // holds the whole model instead of the gradient shard,
+                // the moments and the gathered units it holds while
+                // training: whichever is more counts.
+                _ if stage3 => {
+                    let training = sharding.shard(12 * params) + 4 * stage3_gpu_unit_elements(cfg);
+                    sharding.shard(4 * params) + (4 * params).saturating_sub(training)
+                }
                 _ => 4 * params,
             },
         },
         Part {
             name: "gradients",
-            bytes: 4 * params,
+            bytes: match stage3 {
+                true => 0,
+                false => 4 * params,
+            },
         },
         Part {
             name: "optimizer state",
@@ -390,6 +403,12 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
             },
         });
     }
+    if stage3 {
+        parts.push(Part {
+            name: "gathered units",
+            bytes: 4 * stage3_gpu_unit_elements(cfg),
+        });
+    }
     parts.push(Part {
         name: "activations",
         bytes: if mixed {
@@ -399,6 +418,18 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         },
     });
     Footprint { parts }
+}
+
+/// Elements of whole parameter blocks and block gradients a ZeRO-3 rank
+/// on a GPU holds at most at once: [`stage3_unit_elements`], and in the
+/// backward pass a third layer's gradients (the bf16 engine's layer
+/// writes the bias gradient of the layer below, so that one is open
+/// while the layer runs and the one above is reduced) and two freed
+/// layers' buffers kept for reuse (fresh device memory would be
+/// allocated, and the device synchronised, in the middle of a pass).
+pub fn stage3_gpu_unit_elements(cfg: &GptConfig) -> u128 {
+    let c = cfg.n_embd as u128;
+    stage3_unit_elements(cfg) + 3 * (12 * c * c + 13 * c)
 }
 
 /// Bytes of host memory available to a new allocation (Linux's
@@ -459,6 +490,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn gpu_stage_3_counts_the_shard_and_the_whole_model_at_either_end() {
+        let cfg = GptConfig::parse("1558M").unwrap();
+        let p = cfg.num_params() as u128;
+        let run = |ranks| GpuRun {
+            b: 8,
+            t: 1024,
+            mixed: true,
+            fused_attention: true,
+            deferred: 0,
+            checkpointing: true,
+            streamed_weights: true,
+            stored_score_grads: false,
+            keep_attention: false,
+            sharding: Sharding { stage: 3, ranks },
+            offload: false,
+        };
+        let plain = GpuRun {
+            sharding: Sharding::NONE,
+            ..run(1)
+        };
+        let others = gpu_training(&cfg, &plain).total() - 16 * p;
+        let units = 4 * stage3_gpu_unit_elements(&cfg);
+        for n in [1u128, 2, 8] {
+            let f = gpu_training(&cfg, &run(n as usize));
+            // Training holds 16Ψ/N and the units; starting and ending, the
+            // whole model beside the master shard: the larger counts
+            // (within the rounding of the shards).
+            let training = 2 * (4 * p).div_ceil(n) + (8 * p).div_ceil(n) + units;
+            let ends = (4 * p).div_ceil(n) + 4 * p;
+            let got = f.total() - others;
+            assert!(got.abs_diff(training.max(ends)) <= 1, "N = {n}: {got}");
+        }
+        // One rank: training is the larger; eight: the ends are.
+        let (one, eight) = (gpu_training(&cfg, &run(1)), gpu_training(&cfg, &run(8)));
+        assert!(one.total() - others > 16 * p && eight.total() - others > 4 * p);
     }
 
     #[test]

@@ -157,6 +157,30 @@ impl ParamUnits {
         Ok(())
     }
 
+    /// Backward unit `unit`'s blocks, read and written.
+    pub fn backward_of(&self, unit: usize) -> Result<(&[usize], &[usize])> {
+        match (
+            self.backward_reads.get(unit),
+            self.backward_writes.get(unit),
+        ) {
+            (Some(r), Some(w)) => Ok((r, w)),
+            _ => Err(format!("backward unit {unit} does not exist")),
+        }
+    }
+
+    /// Whether buffers of `lens` elements are the blocks `want`, in order,
+    /// or what `what` was given instead.
+    pub fn check_lens(&self, what: &str, want: &[usize], lens: &[usize]) -> Result<()> {
+        let blocks: Vec<usize> = want.iter().map(|&b| self.blocks[b].len()).collect();
+        match blocks == lens {
+            true => Ok(()),
+            false => Err(format!(
+                "{what}: got buffers of {lens:?} elements for parameter blocks {want:?} \
+                 ({blocks:?} elements)"
+            )),
+        }
+    }
+
     /// For each block, the backward unit after which its gradient is
     /// final (`None`: no unit writes it).
     pub fn final_after(&self) -> Vec<Option<usize>> {
@@ -368,6 +392,14 @@ pub trait Engine {
     ) -> Result<()> {
         let _ = (params, grads, step);
         Err("this engine cannot update sharded parameters".into())
+    }
+
+    /// Frees the optimizer's state after the last update (training is
+    /// over: a parameter-sharded strategy gathers the whole parameters
+    /// into the room); an update after this is refused. Nothing by
+    /// default.
+    fn release_optimizer_state(&mut self) -> Result<()> {
+        Ok(())
     }
 
     /// Waits for everything queued (a GPU's stream); nothing on the CPU.

@@ -330,25 +330,29 @@ impl<C: Collective> Sharded<C> {
                 at: 0,
             })
             .collect();
-        let scatters: Vec<ScatterPart<'_, Flat2<C>>> = scatter
-            .iter()
-            .map(|&b| {
-                let grads = self.block_grads[b]
-                    .as_ref()
-                    .ok_or_else(|| format!("ZeRO-3: block {b}'s gradients are not there"))?;
-                Ok(ScatterPart {
+        if let Some(&b) = scatter.iter().find(|&&b| self.block_grads[b].is_none()) {
+            return Err(format!("ZeRO-3: block {b}'s gradients are not there"));
+        }
+        let mut scatters: Vec<ScatterPart<'_, Flat2<C>>> = self
+            .block_grads
+            .iter_mut()
+            .enumerate()
+            .filter(|(b, _)| scatter.contains(b))
+            .filter_map(|(b, g)| {
+                g.as_mut().map(|grads| ScatterPart {
                     grads,
                     to: slots[b].clone(),
                 })
             })
-            .collect::<Result<_>>()?;
+            .collect();
         let step = group.shard_exchange(
             &self.master,
             &mut gathers,
             &mut self.grads,
-            &scatters,
+            &mut scatters,
             during,
         )?;
+        drop(scatters);
         drop(gathers);
         for (b, buf) in fresh {
             self.gathered[b] = Some(buf);
@@ -547,7 +551,20 @@ where
     }
 
     fn finish(&mut self, engine: &mut E) -> Result<()> {
+        // Training is over: make room for the whole parameters (on a GPU
+        // they would not fit beside everything else) — the gathered
+        // blocks, the spares, the gradient shard, the optimizer's state.
+        engine
+            .release_optimizer_state()
+            .map_err(|e| format!("ZeRO-3: {e}"))?;
         let (group, st) = self.started()?;
+        for b in 0..st.gathered.len() {
+            st.release(b);
+            st.drop_grads(b);
+        }
+        st.spare.clear();
+        st.held = 0;
+        st.grads = group.zeros(0)?;
         let len = st.units.blocks.last().map_or(0, |b| b.end);
         let mut full = group.zeros(len)?;
         // Every block from every rank's master shard into its place.
@@ -557,7 +574,9 @@ where
                 into: &mut full,
                 at: r.start,
             }];
-            group.shard_exchange(&st.master, &mut gather, &mut st.grads, &[], &mut || Ok(()))?;
+            group.shard_exchange(&st.master, &mut gather, &mut st.grads, &mut [], &mut || {
+                Ok(())
+            })?;
         }
         engine
             .unshard_params(full)

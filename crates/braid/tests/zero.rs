@@ -151,6 +151,8 @@ fn zero_3_matches_data_parallel_and_one_process() {
     let ddp = params(&ddp);
     let z3 = ["--zero", "3"];
     for (name, args, env) in [
+        // A world of one rank sharded over itself.
+        ("shm1", &["--nproc", "1", "--batch", "8"][..], &[][..]),
         ("shm2", &["--nproc", "2", "--batch", "4"][..], &[][..]),
         (
             "tcp2",
@@ -197,10 +199,6 @@ fn zero_3_matches_data_parallel_and_one_process() {
 fn impossible_zero_setups_are_refused_at_start() {
     for (args, want) in [
         (&["--zero", "3"][..], "start several"),
-        (
-            &["--fsdp", "--device", "cuda", "--nproc", "2"][..],
-            "runs on the CPU so far",
-        ),
         (
             &["--zero", "2", "--nproc", "2", "--no-reshard-after-forward"][..],
             "use --zero 3",

@@ -521,6 +521,37 @@ impl<'c> Lane<'c> {
         unsafe { self.nccl.all_gather(mine, p, c, T::DTYPE, self.stream) }
     }
 
+    /// All-gather from device memory that is not a whole buffer into
+    /// another such part: `recv` gets every rank's `send`, in rank order.
+    /// The caller keeps both on this GPU.
+    pub fn all_gather_mem_into<T: Element>(
+        &mut self,
+        send: &impl DeviceMem<T>,
+        recv: &mut impl DeviceMem<T>,
+    ) -> Result<()> {
+        if recv.dlen() != send.dlen() * self.size {
+            return Err(invalid(
+                "all_gather",
+                format!(
+                    "recv has {} elements but needs {} ({} ranks x {})",
+                    recv.dlen(),
+                    send.dlen() * self.size,
+                    self.size,
+                    send.dlen()
+                ),
+            ));
+        }
+        if send.dlen() == 0 {
+            return Ok(());
+        }
+        // SAFETY: sizes checked; both outlive the operation (the work
+        // handle borrows them).
+        unsafe {
+            self.nccl
+                .all_gather(send.dptr(), recv.dptr(), send.dlen(), T::DTYPE, self.stream)
+        }
+    }
+
     fn mem_blocks(&self, op: &str, len: usize) -> Result<usize> {
         if len % self.size != 0 {
             return Err(invalid(

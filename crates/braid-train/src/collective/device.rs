@@ -14,7 +14,10 @@
 use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
-use super::{block_of, check_output, shard_slots, Bucket, Collective, Drive, End, GradComm};
+use super::{
+    block_of, check_exchange, check_output, shard_slots, Bucket, Collective, Drive, During, End,
+    GatherPart, GradComm, ScatterPart,
+};
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
 use crate::strategy::CommStep;
@@ -348,6 +351,92 @@ impl Collective for DeviceCollective {
             self.gpu.all_reduce_view(part, ReduceOp::Sum).map_err(err)
         })
         .map_err(|e| format!("all-reduce: {e}"))?;
+        step.via = "NCCL";
+        Ok(step)
+    }
+
+    fn shard_exchange(
+        &self,
+        master: &DeviceBuffer<f32>,
+        gathers: &mut [GatherPart<'_, DeviceBuffer<f32>>],
+        shard_grads: &mut DeviceBuffer<f32>,
+        scatters: &mut [ScatterPart<'_, DeviceBuffer<f32>>],
+        during: &mut During<'_>,
+    ) -> Result<CommStep> {
+        let (n, rank) = (self.gpu.size(), self.gpu.rank());
+        check_exchange(
+            n,
+            master.len(),
+            gathers,
+            shard_grads.len(),
+            scatters,
+            DeviceBuffer::len,
+        )?;
+        let mut step = CommStep::default();
+        if gathers.is_empty() && scatters.is_empty() {
+            during()?;
+            return Ok(step);
+        }
+        // One NCCL group, ordered after everything queued on the engine's
+        // stream so far (the units that wrote the gradients and last read
+        // the recycled buffers), not after the unit `during` queues next.
+        let collectives = self.gpu.queue(
+            "shard exchange (all-gather/reduce-scatter)",
+            true,
+            |lanes| {
+                let lane = &mut lanes[0];
+                for g in gathers.iter_mut() {
+                    let k = g.from.len();
+                    let mut into = g.into.view_mut(g.at..g.at + n * k);
+                    lane.all_gather_mem_into(&master.view(g.from.clone()), &mut into)?;
+                }
+                for sc in scatters.iter_mut() {
+                    lane.reduce_scatter_mem(&mut *sc.grads, ReduceOp::Sum)?;
+                }
+                Ok(())
+            },
+        );
+        let collectives = collectives.map_err(err)?;
+        for g in gathers.iter() {
+            count_half(&mut step, 4 * (n * g.from.len()) as u64, n);
+        }
+        // This rank's block of each sum, added into the shard's gradients
+        // (micro-batches accumulate there) on the communication stream.
+        let adds = match scatters.is_empty() {
+            true => None,
+            false => Some(
+                self.gpu
+                    .queue("shard exchange (add the reduced block)", false, |lanes| {
+                        let s = lanes[0].stream();
+                        for sc in scatters.iter() {
+                            count_half(&mut step, 4 * sc.grads.len() as u64, n);
+                            let k = sc.to.len();
+                            let mine = sc.grads.view(rank * k..(rank + 1) * k);
+                            self.kernels.add_into(
+                                s,
+                                &mut shard_grads.view_mut(sc.to.clone()),
+                                &mine,
+                            )?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(err)?,
+            ),
+        };
+        // The unit computes meanwhile. Then the host waits for the
+        // exchange (with NCCL's errors, the peers' health and the
+        // timeout watched) before anything later is queued: the next unit
+        // reads the gathered blocks, and the scattered buffers are reused.
+        let computed = during();
+        let mut waited = collectives.wait().map_err(err);
+        if let Some(adds) = adds {
+            let r = adds.wait().map_err(err);
+            if waited.is_ok() {
+                waited = r;
+            }
+        }
+        computed?;
+        waited?;
         step.via = "NCCL";
         Ok(step)
     }

@@ -243,7 +243,7 @@ impl Collective for HostCollective {
         master: &Vec<f32>,
         gathers: &mut [GatherPart<'_, Vec<f32>>],
         shard_grads: &mut Vec<f32>,
-        scatters: &[ScatterPart<'_, Vec<f32>>],
+        scatters: &mut [ScatterPart<'_, Vec<f32>>],
         during: &mut During<'_>,
     ) -> Result<CommStep> {
         let n = self.comm.size();

@@ -139,10 +139,11 @@ pub struct GatherPart<'a, F> {
 /// One reduce-scatter of a parameter-sharded exchange: `grads` (one
 /// block's gradients, one equal part per rank) summed over the ranks;
 /// this rank's part of the sum is added to the elements `to` of the
-/// shard's gradients.
+/// shard's gradients. `grads` holds nothing meaningful afterwards (the
+/// GPU sums in place).
 pub struct ScatterPart<'a, F> {
     /// The block's gradients on this rank.
-    pub grads: &'a F,
+    pub grads: &'a mut F,
     /// This rank's elements of the shard's gradients.
     pub to: Range<usize>,
 }
@@ -237,13 +238,13 @@ pub trait Collective {
         master: &<Self::Space as Space>::Flat,
         gathers: &mut [GatherPart<'_, <Self::Space as Space>::Flat>],
         shard_grads: &mut <Self::Space as Space>::Flat,
-        scatters: &[ScatterPart<'_, <Self::Space as Space>::Flat>],
+        scatters: &mut [ScatterPart<'_, <Self::Space as Space>::Flat>],
         during: &mut During<'_>,
     ) -> Result<CommStep> {
         let _ = (master, gathers, shard_grads, scatters, during);
         Err(format!(
-            "ZeRO stage 3 (sharded parameters) over {} is not built yet (it runs over the \
-             host's shm and tcp backends)",
+            "ZeRO stage 3 (sharded parameters) over {} is not built (it runs over the host's \
+             shm and tcp backends and NCCL)",
             self.backend()
         ))
     }

@@ -119,22 +119,6 @@ impl CpuGpt {
         }
     }
 
-    /// Checks that `bufs` are the blocks `want` of the layout (count and
-    /// lengths), naming the unit.
-    fn check_blocks(&self, what: &str, want: &[usize], lens: &[usize]) -> Result<()> {
-        let blocks = &self.params.layout.blocks;
-        let ok = want.len() == lens.len()
-            && want.iter().zip(lens).all(|(&b, &l)| blocks[b].1.len() == l);
-        match ok {
-            true => Ok(()),
-            false => Err(format!(
-                "{what}: got buffers of {lens:?} elements for parameter blocks {want:?} \
-                 ({:?} elements)",
-                want.iter().map(|&b| blocks[b].1.len()).collect::<Vec<_>>()
-            )),
-        }
-    }
-
     /// The parameters with their layout (the trained model).
     pub fn into_params(self) -> Params {
         self.params
@@ -376,7 +360,8 @@ impl Engine for CpuGpt {
             .get(unit)
             .ok_or_else(|| format!("forward unit {unit} does not exist"))?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.check_blocks(&format!("forward unit {unit}"), want, &lens)?;
+        self.units
+            .check_lens(&format!("forward unit {unit}"), want, &lens)?;
         let n_layer = self.params.layout.config.n_layer;
         let (acts, last) = (&mut self.acts, &self.last);
         match unit {
@@ -402,19 +387,12 @@ impl Engine for CpuGpt {
         grads: &mut [&mut Vec<f32>],
     ) -> Result<()> {
         self.in_units("backward")?;
-        let units = gpt_param_units(&self.params.layout);
         let what = format!("backward unit {unit}");
-        let (reads, writes) = match (
-            units.backward_reads.get(unit),
-            units.backward_writes.get(unit),
-        ) {
-            (Some(r), Some(w)) => (r, w),
-            _ => return Err(format!("{what} does not exist")),
-        };
+        let (reads, writes) = self.units.backward_of(unit)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.check_blocks(&what, reads, &lens)?;
+        self.units.check_lens(&what, reads, &lens)?;
         let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
-        self.check_blocks(&what, writes, &lens)?;
+        self.units.check_lens(&what, writes, &lens)?;
         let n_layer = self.params.layout.config.n_layer;
         let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
         match (unit, grads) {

@@ -6,13 +6,13 @@
 //! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
 use super::offload::HostOptimizer;
-use super::{gpt_describe, gpt_matrices, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, StateBytes, Unit, UpdateStep};
+use super::{gpt_describe, gpt_matrices, gpt_param_units, gpt_units, TokenBatch};
+use crate::engine::{check_shard, Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
 use crate::space::Gpu;
 use crate::Result;
-use braid_cuda::memory::zero_async;
+use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
-use braid_model::cuda::f32_params::{F32Params, SideMap};
+use braid_model::cuda::f32_params::{F32Params, Piece, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
@@ -132,6 +132,17 @@ pub struct GpuGpt {
     b: usize,
     t: usize,
     steps: Vec<(Unit, Step)>,
+    /// The parameter units a ZeRO-3 strategy gathers (which blocks each
+    /// pass of this model form reads and writes).
+    units: ParamUnits,
+    /// After [`Engine::shard_params`]: `p` is empty, the passes take
+    /// their blocks as arguments and the optimizer updates the strategy's
+    /// master shard.
+    sharded: bool,
+    /// The forward pass in units keeps what the backward pass needs.
+    forward_grad: bool,
+    /// AdamW's moments were freed after the last update.
+    released: bool,
 }
 
 impl GpuGpt {
@@ -278,6 +289,13 @@ impl GpuGpt {
             m: DeviceBuffer::zeros(device, 0).map_err(e)?,
             v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
+            units: match precision {
+                Precision::F32 => gpt_param_units(&layout),
+                Precision::Bf16 => mixed_param_units(&layout),
+            },
+            sharded: false,
+            forward_grad: false,
+            released: false,
             shard: vec![(
                 0..layout.len,
                 0,
@@ -369,8 +387,21 @@ impl GpuGpt {
 
     /// AdamW on every range of the optimizer's shard, one launch each;
     /// `compact`: `grads` holds the shard's gradients one range after
-    /// another (indexed like the state), else the whole buffer.
-    fn adamw(&mut self, grads: &DeviceBuffer<f32>, compact: bool, step: UpdateStep) -> Result<()> {
+    /// another (indexed like the state), else the whole buffer. `master`:
+    /// the parameters, laid out like compact gradients (a ZeRO-3 rank's
+    /// master shard); else the engine's own whole buffer.
+    fn adamw(
+        &mut self,
+        mut master: Option<&mut DeviceBuffer<f32>>,
+        grads: &DeviceBuffer<f32>,
+        compact: bool,
+        step: UpdateStep,
+    ) -> Result<()> {
+        if self.released {
+            return Err(
+                "an update after the optimizer's state was released (training ended)".into(),
+            );
+        }
         let len = self.state_len();
         if self.m.len() != len {
             let device = self.p.device().clone();
@@ -387,7 +418,10 @@ impl GpuGpt {
         };
         for (r, at, segs) in &self.shard {
             let len = r.len();
-            let mut p = self.p.view_mut(r.clone());
+            let mut p = match master.as_mut() {
+                Some(m) => m.view_mut(*at..at + len),
+                None => self.p.view_mut(r.clone()),
+            };
             let g = match compact {
                 true => grads.view(*at..at + len),
                 false => grads.view(r.clone()),
@@ -411,6 +445,68 @@ impl GpuGpt {
         self.updates += 1;
         Ok(())
     }
+
+    /// Refuses `what` once the parameters are sharded (ZeRO-3 runs the
+    /// unit passes instead).
+    fn whole(&self, what: &str) -> Result<()> {
+        match self.sharded {
+            false => Ok(()),
+            true => Err(format!(
+                "{what}: the parameters are sharded (ZeRO-3); the engine runs only its unit passes"
+            )),
+        }
+    }
+
+    /// Refuses `what` unless the parameters are sharded.
+    fn in_units(&self, what: &str) -> Result<()> {
+        match self.sharded {
+            true => Ok(()),
+            false => Err(format!(
+                "{what}: the unit passes take sharded parameters (call shard_params first)"
+            )),
+        }
+    }
+}
+
+/// Runs backward step `step` of `model` reading `p` (the f32 parameters)
+/// and `pb` (the bf16 copy, if any), into the gradient window `g`.
+fn backward_step(
+    model: &mut Model,
+    step: Step,
+    p: F32Params<'_>,
+    g: &mut DeviceWindow<'_, f32>,
+) -> Result<()> {
+    match (model, step) {
+        (Model::F32(m), Step::Head) => m.backward_head(p, g),
+        (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
+        (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
+        (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb.as_ref(), g),
+        (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
+            m.backward_layer(l, p, pb.as_ref(), g)
+        }
+        (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
+        (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
+        (Model::Mixed(m, _), Step::LayerWeightsOf(l, w)) => m.backward_layer_weights_of(l, w, g),
+        (Model::F32(_), s) => return Err(format!("the f32 engine has no backward step {s:?}")),
+    }
+    .map_err(e)
+}
+
+/// Blocks `blocks` of `units`, given as `bufs` (in that order), as the
+/// pieces of the flat buffer the models read.
+fn pieces<'a>(
+    units: &ParamUnits,
+    blocks: &[usize],
+    bufs: &[&'a DeviceBuffer<f32>],
+) -> Vec<Piece<'a>> {
+    blocks
+        .iter()
+        .zip(bufs)
+        .map(|(&b, buf)| Piece {
+            start: units.blocks[b].start,
+            buf,
+        })
+        .collect()
 }
 
 impl Engine for GpuGpt {
@@ -473,6 +569,7 @@ impl Engine for GpuGpt {
     }
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        self.whole("the forward pass")?;
         let p = &self.p;
         let pf = f32_params(p, &self.offload);
         match &mut self.model {
@@ -483,29 +580,14 @@ impl Engine for GpuGpt {
     }
 
     fn backward_unit(&mut self, unit: usize, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        self.whole("the backward pass")?;
         let step = self
             .steps
             .get(unit)
             .map(|s| s.1)
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
-        let p = &self.p;
-        let pf = f32_params(p, &self.offload);
-        match (&mut self.model, step) {
-            (Model::F32(m), Step::Head) => m.backward_head(p, g),
-            (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
-            (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
-            (Model::Mixed(m, pb), Step::Head) => m.backward_head(pf, pb.as_ref(), g),
-            (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
-                m.backward_layer(l, pf, pb.as_ref(), g)
-            }
-            (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
-            (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
-            (Model::Mixed(m, _), Step::LayerWeightsOf(l, w)) => {
-                m.backward_layer_weights_of(l, w, g)
-            }
-            (Model::F32(_), s) => return Err(format!("the f32 engine has no backward step {s:?}")),
-        }
-        .map_err(e)
+        let pf = f32_params(&self.p, &self.offload);
+        backward_step(&mut self.model, step, pf, g)
     }
 
     fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
@@ -576,7 +658,7 @@ impl Engine for GpuGpt {
             ));
         }
         if self.offload.is_none() {
-            return self.adamw(grads, false, step);
+            return self.adamw(None, grads, false, step);
         }
         let done = match (&mut self.offload, &mut self.model) {
             (Some(Offload::F32(h)), Model::F32(m)) => {
@@ -599,7 +681,7 @@ impl Engine for GpuGpt {
                 grads.len()
             ));
         }
-        self.adamw(grads, true, step)
+        self.adamw(None, grads, true, step)
     }
 
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
@@ -622,6 +704,161 @@ impl Engine for GpuGpt {
                 Ok(piece)
             })
             .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn param_units(&self) -> Result<ParamUnits> {
+        Ok(self.units.clone())
+    }
+
+    fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<DeviceBuffer<f32>> {
+        self.whole("shard_params")?;
+        if self.offload.is_some() {
+            return Err(
+                "ZeRO-3 with an optimizer offloaded to host memory is not built (the master \
+                 shard lives on the GPU)"
+                    .into(),
+            );
+        }
+        if self.steps != plan(&self.layout, 0) {
+            return Err(
+                "ZeRO-3 gathers whole layers for their backward pass: layers that defer their \
+                 weight gradients do not go with it (drop --defer-layers)"
+                    .into(),
+            );
+        }
+        if let Model::Mixed(_, Some(_)) = &self.model {
+            return Err(
+                "ZeRO-3 on the GPU casts each gathered layer to bf16 as it runs: build the bf16 \
+                 engine with streamed weights (MixedOptions::streamed_weights), not a full bf16 \
+                 copy"
+                    .into(),
+            );
+        }
+        self.shard_optimizer(shard)?;
+        let len = self.state_len();
+        let mut master = DeviceBuffer::zeros(self.p.device(), len).map_err(e)?;
+        let s = self.compute_stream();
+        for (r, at, _) in &self.shard {
+            copy_async(
+                &mut master.view_mut(*at..at + r.len()),
+                &self.p.view(r.clone()),
+                s,
+            )
+            .map_err(e)?;
+        }
+        s.synchronize().map_err(e)?;
+        self.p = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
+        self.sharded = true;
+        Ok(master)
+    }
+
+    fn unshard_params(&mut self, full: DeviceBuffer<f32>) -> Result<()> {
+        self.in_units("unshard_params")?;
+        if full.len() != self.layout.len {
+            return Err(format!(
+                "unshard_params: {} parameters for a model of {}",
+                full.len(),
+                self.layout.len
+            ));
+        }
+        self.p = full;
+        self.sharded = false;
+        Ok(())
+    }
+
+    fn forward_begin(&mut self, batch: &TokenBatch, grad: bool) -> Result<()> {
+        self.in_units("forward_begin")?;
+        self.forward_grad = grad;
+        match &mut self.model {
+            Model::F32(m) => m.forward_begin(&batch.tokens, &batch.targets),
+            Model::Mixed(m, _) => m.forward_begin(&batch.tokens, &batch.targets),
+        }
+        .map_err(e)
+    }
+
+    fn forward_unit(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<Option<f32>> {
+        self.in_units("forward_unit")?;
+        let what = format!("forward unit {unit}");
+        let want = self
+            .units
+            .forward
+            .get(unit)
+            .ok_or_else(|| format!("{what} does not exist"))?;
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        self.units.check_lens(&what, want, &lens)?;
+        let pieces = pieces(&self.units, want, params);
+        let pf = F32Params::blocks(&pieces);
+        let n_layer = self.layout.config.n_layer;
+        let grad = self.forward_grad;
+        match &mut self.model {
+            Model::F32(m) => match unit {
+                0 => m.forward_encoder(pf).map(|_| None),
+                u if u <= n_layer => m.forward_block(u - 1, pf).map(|_| None),
+                _ => m.forward_head(pf, grad).map(Some),
+            },
+            Model::Mixed(m, pb) => match unit {
+                0 => m.forward_encoder(pf).map(|_| None),
+                u if u <= n_layer => m.forward_block(u - 1, pf, pb.as_ref()).map(|_| None),
+                _ => m.forward_head(pf, pb.as_ref(), grad).map(Some),
+            },
+        }
+        .map_err(e)
+    }
+
+    fn backward_unit_of(
+        &mut self,
+        unit: usize,
+        params: &[&DeviceBuffer<f32>],
+        grads: &mut [&mut DeviceBuffer<f32>],
+    ) -> Result<()> {
+        self.in_units("backward_unit_of")?;
+        let what = format!("backward unit {unit}");
+        let (reads, writes) = self.units.backward_of(unit)?;
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        self.units.check_lens(&what, reads, &lens)?;
+        let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        self.units.check_lens(&what, writes, &lens)?;
+        let step = self.steps[unit].1;
+        let pieces = pieces(&self.units, reads, params);
+        let pf = F32Params::blocks(&pieces);
+        let views = grads
+            .iter_mut()
+            .zip(writes)
+            .map(|(g, &b)| {
+                let len = g.len();
+                (self.units.blocks[b].start, g.view_mut(0..len))
+            })
+            .collect();
+        let mut window = DeviceWindow::of_pieces(views).map_err(e)?;
+        backward_step(&mut self.model, step, pf, &mut window)
+    }
+
+    fn update_compact(
+        &mut self,
+        params: &mut DeviceBuffer<f32>,
+        grads: &DeviceBuffer<f32>,
+        step: UpdateStep,
+    ) -> Result<()> {
+        self.in_units("update_compact")?;
+        let len = self.state_len();
+        if grads.len() != len || params.len() != len {
+            return Err(format!(
+                "{} shard parameters and {} gradients for an optimizer shard of {len} elements",
+                params.len(),
+                grads.len()
+            ));
+        }
+        self.adamw(Some(params), grads, true, step)
+    }
+
+    fn release_optimizer_state(&mut self) -> Result<()> {
+        if self.offload.is_none() {
+            self.compute_stream().synchronize().map_err(e)?;
+            self.m = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
+            self.v = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
+            self.released = true;
+        }
         Ok(())
     }
 
@@ -657,6 +894,22 @@ fn f32_params<'a>(p: &'a DeviceBuffer<f32>, offload: &'a Option<Offload>) -> F32
         Some(Offload::Bf16(_, map)) => F32Params::packed(p, map),
         _ => F32Params::whole(p),
     }
+}
+
+/// The bf16 engine's parameter units: [`gpt_param_units`], except that
+/// its backward passes also write the bias gradient of the layer below
+/// (the head: the last layer's output-projection bias; layer `l`: layer
+/// `l - 1`'s), which comes with the LayerNorm backward that ends them.
+fn mixed_param_units(layout: &braid_model::Layout) -> ParamUnits {
+    let mut units = gpt_param_units(layout);
+    let n = layout.config.n_layer;
+    // Backward unit 0 is the head; unit 1 + i is layer n - 1 - i (block
+    // n - i); the layer below is block n - 1 - i.
+    units.backward_writes[0].push(n);
+    for i in 0..n.saturating_sub(1) {
+        units.backward_writes[1 + i].push(n - 1 - i);
+    }
+    units
 }
 
 /// The backward units of a GPT model whose first `deferred` layers defer
@@ -727,6 +980,43 @@ fn plan(layout: &braid_model::Layout, deferred: usize) -> Vec<(Unit, Step)> {
 mod tests {
     use super::*;
     use braid_model::{GptConfig, Layout};
+
+    #[test]
+    fn the_bf16_units_also_write_the_bias_of_the_layer_below() {
+        let layout = Layout::new(&GptConfig::parse("L3-H2-C16-V50-T8").unwrap());
+        let units = mixed_param_units(&layout);
+        units.check(layout.len, plan(&layout, 0).len()).unwrap();
+        // Blocks: embeddings 0, layers 1..=3, final norm 4. Backward: the
+        // head, layers 2, 1, 0, the embeddings.
+        assert_eq!(
+            units.backward_writes,
+            vec![vec![4, 0, 3], vec![3, 2], vec![2, 1], vec![1], vec![0]]
+        );
+        // Each layer's gradient is final after the unit of the layer
+        // itself, not the one above.
+        assert_eq!(
+            units.final_after(),
+            vec![Some(4), Some(3), Some(2), Some(1), Some(0)]
+        );
+        // Every bias a layer's backward writes is inside the blocks its
+        // unit names.
+        for (u, step) in plan(&layout, 0).iter().enumerate() {
+            if let Step::Layer(l) = step.1 {
+                let below = l.checked_sub(1).map(|b| {
+                    layout
+                        .get(&format!("h.{b}.mlp.c_proj.bias"))
+                        .unwrap()
+                        .range()
+                });
+                if let Some(r) = below {
+                    let inside = units.backward_writes[u]
+                        .iter()
+                        .any(|&b| units.blocks[b].start <= r.start && r.end <= units.blocks[b].end);
+                    assert!(inside, "layer {l}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn deferred_plans_finish_the_buffer_from_its_ends() {

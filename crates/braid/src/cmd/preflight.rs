@@ -27,11 +27,11 @@ pub struct Shape<'a> {
 }
 
 impl Shape<'_> {
-    /// The ZeRO stages (built so far) that are not this run's and could
-    /// shard it: none for one process or an already sharded run.
+    /// The ZeRO stages that are not this run's and could shard it: none
+    /// for one process or an already sharded run.
     fn other_stages(&self) -> Vec<Sharding> {
         match (self.sharding.stage, self.ranks) {
-            (0, n) if n > 1 => (1..=2).map(|stage| Sharding { stage, ranks: n }).collect(),
+            (0, n) if n > 1 => (1..=3).map(|stage| Sharding { stage, ranks: n }).collect(),
             _ => Vec::new(),
         }
     }
@@ -249,8 +249,18 @@ pub fn device(
                 .into(),
         );
     }
+    let stage3 = a.sharding.stage == 3;
+    if forced == Some(false) && stage3 {
+        return Err(
+            "BRAID_BF16_WEIGHTS=resident: under ZeRO-3 each gathered layer is cast to bf16 as \
+             it runs (there is no whole bf16 copy to keep)"
+                .into(),
+        );
+    }
     let weights = match forced {
         Some(streamed) => vec![streamed],
+        // ZeRO-3 casts each gathered layer as it runs.
+        None if mixed && stage3 => vec![true],
         None if mixed && !a.offload => vec![false, true],
         None => vec![false],
     };

@@ -303,14 +303,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
              without it"
         ));
     }
-    if cuda && zero == Some(3) {
-        return Err(
-            "--zero 3 / --fsdp: ZeRO stage 3 runs on the CPU so far (--device cpu); \
-             the GPU engine's passes do not take their parameters unit by unit yet (on GPUs use \
-             --zero 1 or --zero 2)"
-                .into(),
-        );
-    }
     let world = world()?;
     if let (Some(n), None) = (a.nproc, &world) {
         if n == 0 {
@@ -325,16 +317,19 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 ));
             }
         }
-        if n > 1 {
+        // `--zero S --nproc 1`: a world of one rank, sharded over itself.
+        if n > 1 || zero.is_some() {
             return super::workers::relaunch_locally(n, "--nproc");
         }
     }
     let ranks = world.as_ref().map_or(1, |w| w.world_size);
     let rank = world.as_ref().map_or(0, |w| w.rank);
-    if let (Some(stage), 1) = (zero, ranks) {
+    // A launched world of one rank may run a stage (over itself: what the
+    // sharding machinery costs on one GPU); a lone process is told.
+    if let (Some(stage), 1, None) = (zero, ranks, &world) {
         return Err(format!(
             "--zero {stage} shards over the ranks, and this run has one: start several \
-             (--nproc N, or braid launch)"
+             (--nproc N, or braid launch; --nproc 1 runs the stage over one rank)"
         ));
     }
     let shard_group = a.shard_group.unwrap_or(ranks);
@@ -483,7 +478,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         overlap: !a.no_overlap,
     };
     let comm = match &world {
-        Some(_) if ranks > 1 => {
+        Some(_) if ranks > 1 || zero.is_some() => {
             let c = super::workers::init(CommOptions::from_env().map_err(|e| e.to_string())?)?;
             super::workers::stop_on_sigterm(&c);
             Some(c)
@@ -509,12 +504,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         };
         let mut engine = CpuGpt::new(params, batch, a.seq, a.checkpointing, how);
         let run = match comm {
-            None => {
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
-            }
+            None => run_with(&mut |p, l, b| {
+                run_loop(&mut engine, &mut Single, l, b, &opts, p, lead, false)
+            })?,
             Some(c) => {
                 let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true))?
             }
         };
         params = engine.into_params();
@@ -584,12 +579,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         };
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
-            None => {
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut Single, l, b, &opts, p, lead))?
-            }
+            None => run_with(&mut |p, l, b| {
+                run_loop(&mut engine, &mut Single, l, b, &opts, p, lead, false)
+            })?,
             Some(g) => {
                 let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead))?
+                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true))?
             }
         };
         if lead {
@@ -648,7 +643,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-/// The loop with `strategy`, progress printed by the lead rank.
+/// The loop with `strategy`, progress printed by the lead rank;
+/// `distributed`: the strategy runs over a communicator (of one rank, or
+/// more).
+#[allow(clippy::too_many_arguments)]
 fn run_loop<E, S>(
     engine: &mut E,
     strategy: &mut S,
@@ -657,12 +655,12 @@ fn run_loop<E, S>(
     opts: &LoopOptions,
     progress: &mut Progress,
     lead: bool,
+    distributed: bool,
 ) -> Result<RunReport, String>
 where
     E: Engine<Batch = TokenBatch>,
     S: Strategy<E> + ?Sized,
 {
-    let distributed = strategy.replicas() > 1;
     if lead && distributed {
         println!("strategy: {}", strategy.describe());
     }
