@@ -333,6 +333,11 @@ pub fn device(
         }
     }
     for s in a.other_stages() {
+        // ZeRO-3 casts each gathered layer: no whole bf16 copy.
+        let form = match s.stage == 3 && mixed {
+            true => (true, form.1, form.2),
+            false => form,
+        };
         if need_with(batch, a.checkpointing, form, s, false).total() <= room {
             fits.push(zero_flag(s));
             break;
