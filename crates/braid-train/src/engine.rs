@@ -157,20 +157,42 @@ impl ParamUnits {
         Ok(())
     }
 
-    /// Backward unit `unit`'s blocks, read and written.
-    pub fn backward_of(&self, unit: usize) -> Result<(&[usize], &[usize])> {
-        match (
+    /// Forward unit `unit`'s blocks, checked against the lengths of the
+    /// buffers given for them (`lens`, in order).
+    pub fn forward_given(&self, unit: usize, lens: &[usize]) -> Result<&[usize]> {
+        let what = || format!("forward unit {unit}");
+        let want = self
+            .forward
+            .get(unit)
+            .ok_or_else(|| format!("{} does not exist", what()))?;
+        self.check_lens(&what(), want, lens)?;
+        Ok(want)
+    }
+
+    /// Backward unit `unit`'s blocks, read and written, checked against
+    /// the lengths of the parameter and gradient buffers given for them.
+    pub fn backward_given(
+        &self,
+        unit: usize,
+        params: &[usize],
+        grads: &[usize],
+    ) -> Result<(&[usize], &[usize])> {
+        let what = format!("backward unit {unit}");
+        let (reads, writes) = match (
             self.backward_reads.get(unit),
             self.backward_writes.get(unit),
         ) {
-            (Some(r), Some(w)) => Ok((r, w)),
-            _ => Err(format!("backward unit {unit} does not exist")),
-        }
+            (Some(r), Some(w)) => (r, w),
+            _ => return Err(format!("{what} does not exist")),
+        };
+        self.check_lens(&what, reads, params)?;
+        self.check_lens(&what, writes, grads)?;
+        Ok((reads, writes))
     }
 
     /// Whether buffers of `lens` elements are the blocks `want`, in order,
     /// or what `what` was given instead.
-    pub fn check_lens(&self, what: &str, want: &[usize], lens: &[usize]) -> Result<()> {
+    fn check_lens(&self, what: &str, want: &[usize], lens: &[usize]) -> Result<()> {
         let blocks: Vec<usize> = want.iter().map(|&b| self.blocks[b].len()).collect();
         match blocks == lens {
             true => Ok(()),

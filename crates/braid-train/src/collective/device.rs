@@ -400,6 +400,9 @@ impl Collective for DeviceCollective {
         for g in gathers.iter() {
             count_half(&mut step, 4 * (n * g.from.len()) as u64, n);
         }
+        for sc in scatters.iter() {
+            count_half(&mut step, 4 * sc.grads.len() as u64, n);
+        }
         // This rank's block of each sum, added into the shard's gradients
         // (micro-batches accumulate there) on the communication stream.
         let adds = match scatters.is_empty() {
@@ -409,7 +412,6 @@ impl Collective for DeviceCollective {
                     .queue("shard exchange (add the reduced block)", false, |lanes| {
                         let s = lanes[0].stream();
                         for sc in scatters.iter() {
-                            count_half(&mut step, 4 * sc.grads.len() as u64, n);
                             let k = sc.to.len();
                             let mine = sc.grads.view(rank * k..(rank + 1) * k);
                             self.kernels.add_into(

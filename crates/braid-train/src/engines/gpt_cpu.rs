@@ -354,14 +354,8 @@ impl Engine for CpuGpt {
 
     fn forward_unit(&mut self, unit: usize, params: &[&Vec<f32>]) -> Result<Option<f32>> {
         self.in_units("forward")?;
-        let want = self
-            .units
-            .forward
-            .get(unit)
-            .ok_or_else(|| format!("forward unit {unit} does not exist"))?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.units
-            .check_lens(&format!("forward unit {unit}"), want, &lens)?;
+        self.units.forward_given(unit, &lens)?;
         let n_layer = self.params.layout.config.n_layer;
         let (acts, last) = (&mut self.acts, &self.last);
         match unit {
@@ -387,12 +381,9 @@ impl Engine for CpuGpt {
         grads: &mut [&mut Vec<f32>],
     ) -> Result<()> {
         self.in_units("backward")?;
-        let what = format!("backward unit {unit}");
-        let (reads, writes) = self.units.backward_of(unit)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.units.check_lens(&what, reads, &lens)?;
-        let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
-        self.units.check_lens(&what, writes, &lens)?;
+        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        self.units.backward_given(unit, &lens, &grad_lens)?;
         let n_layer = self.params.layout.config.n_layer;
         let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
         match (unit, grads) {
@@ -401,7 +392,7 @@ impl Engine for CpuGpt {
             }
             (u, [g]) if u <= n_layer => model.layer_backward_at(n_layer - u, params[0], g, acts),
             (_, [g_emb]) => model.embedding_backward(g_emb, acts, &last.tokens),
-            _ => return Err(format!("{what}: unexpected gradient blocks")),
+            _ => return Err(format!("backward unit {unit}: unexpected gradient blocks")),
         }
         Ok(())
     }

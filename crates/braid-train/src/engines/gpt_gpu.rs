@@ -779,14 +779,8 @@ impl Engine for GpuGpt {
 
     fn forward_unit(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<Option<f32>> {
         self.in_units("forward_unit")?;
-        let what = format!("forward unit {unit}");
-        let want = self
-            .units
-            .forward
-            .get(unit)
-            .ok_or_else(|| format!("{what} does not exist"))?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.units.check_lens(&what, want, &lens)?;
+        let want = self.units.forward_given(unit, &lens)?;
         let pieces = pieces(&self.units, want, params);
         let pf = F32Params::blocks(&pieces);
         let n_layer = self.layout.config.n_layer;
@@ -813,12 +807,9 @@ impl Engine for GpuGpt {
         grads: &mut [&mut DeviceBuffer<f32>],
     ) -> Result<()> {
         self.in_units("backward_unit_of")?;
-        let what = format!("backward unit {unit}");
-        let (reads, writes) = self.units.backward_of(unit)?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        self.units.check_lens(&what, reads, &lens)?;
-        let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
-        self.units.check_lens(&what, writes, &lens)?;
+        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        let (reads, writes) = self.units.backward_given(unit, &lens, &grad_lens)?;
         let step = self.steps[unit].1;
         let pieces = pieces(&self.units, reads, params);
         let pf = F32Params::blocks(&pieces);
