@@ -174,6 +174,51 @@ impl<T: Element> DeviceBuffer<T> {
         stream.synchronize()
     }
 
+    /// Copies the elements `range` into `out` (as long); returns when
+    /// done.
+    pub fn copy_range_to_host(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<()> {
+        self.check_host_range("copy_range_to_host", &range, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let stream = self.device.main_stream();
+        self.device.bind()?;
+        // SAFETY: `range` lies inside the buffer and `out` holds its
+        // elements (checked); we synchronise before returning.
+        unsafe { result::memcpy_dtoh_async(out, self.ptr_at(range.start), stream.raw()) }
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
+        stream.synchronize()
+    }
+
+    /// Overwrites the elements `range` with `data` (as long); returns when
+    /// done.
+    pub fn copy_range_from_host(
+        &mut self,
+        range: std::ops::Range<usize>,
+        data: &[T],
+    ) -> Result<()> {
+        self.check_host_range("copy_range_from_host", &range, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let stream = self.device.main_stream();
+        self.device.bind()?;
+        // SAFETY: as in `copy_range_to_host`.
+        unsafe { result::memcpy_htod_async(self.ptr_at(range.start), data, stream.raw()) }
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        stream.synchronize()
+    }
+
+    fn check_host_range(&self, what: &str, range: &std::ops::Range<usize>, n: usize) -> Result<()> {
+        if range.start > range.end || range.end > self.len || range.len() != n {
+            return Err(CudaError::Invalid(format!(
+                "{what}: elements {range:?} with a host slice of {n}, in a buffer of {}",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
     /// The buffer's contents as a vector.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let mut v = vec![T::zeroed(); self.len];

@@ -93,6 +93,55 @@ impl StateBytes {
     }
 }
 
+/// A named tensor of the flat parameter buffer: checkpoints store the
+/// model by these names and element offsets, so that a checkpoint written
+/// under one layout of the flat buffer (padded for sharding, or not)
+/// loads under another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedTensor {
+    /// Its name (Hugging Face's, for the GPT engines).
+    pub name: String,
+    /// Its shape (row-major).
+    pub shape: Vec<usize>,
+    /// Its elements of the flat buffer.
+    pub range: Range<usize>,
+}
+
+/// An optimizer's state copied to host memory (for a checkpoint): each
+/// moment holds the elements asked for, their ranges one after another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerState {
+    /// `adamw` or `sgd`.
+    pub kind: String,
+    /// The moments by PyTorch's names (`exp_avg` and `exp_avg_sq` for
+    /// AdamW, `momentum_buffer` for SGD) and their values.
+    pub moments: Vec<(String, Vec<f32>)>,
+}
+
+/// Where the elements `want` (flat ranges, each inside one range of
+/// `shard`) sit in state laid out like `shard` (its ranges one after
+/// another), or which one is outside it.
+pub fn state_ranges(shard: &[Range<usize>], want: &[Range<usize>]) -> Result<Vec<Range<usize>>> {
+    let mut starts = Vec::with_capacity(shard.len());
+    let mut at = 0;
+    for s in shard {
+        starts.push(at);
+        at += s.len();
+    }
+    want.iter()
+        .map(|w| {
+            shard
+                .iter()
+                .zip(&starts)
+                .find(|(s, _)| s.start <= w.start && w.end <= s.end)
+                .map(|(s, at)| at + (w.start - s.start)..at + (w.end - s.start))
+                .ok_or_else(|| {
+                    format!("elements {w:?} are not inside one range of the optimizer's shard")
+                })
+        })
+        .collect()
+}
+
 /// How a model's parameters split into the units a parameter-sharded
 /// strategy (ZeRO stage 3, FSDP) gathers one at a time, and which units
 /// of each pass read and write which of them.
@@ -422,6 +471,29 @@ pub trait Engine {
     /// default.
     fn release_optimizer_state(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// The named tensors of the flat buffer (what checkpoints store the
+    /// model by). None by default: such an engine cannot be checkpointed.
+    fn tensors(&self) -> Vec<NamedTensor> {
+        Vec::new()
+    }
+
+    /// A host copy of the optimizer's state for the flat elements
+    /// `ranges` (each inside one range the optimizer owns; zeros before
+    /// the first update). Engines without it refuse.
+    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
+        let _ = ranges;
+        Err("this engine cannot copy its optimizer state for a checkpoint".into())
+    }
+
+    /// Replaces the optimizer's state by `state` (every range it owns,
+    /// one after another, as [`optimizer_state`](Self::optimizer_state)
+    /// of those ranges gives it), as after `updates` updates (a resumed
+    /// run). Engines without it refuse.
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        let _ = (state, updates);
+        Err("this engine cannot load optimizer state from a checkpoint".into())
     }
 
     /// Waits for everything queued (a GPU's stream); nothing on the CPU.

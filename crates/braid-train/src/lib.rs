@@ -14,8 +14,12 @@
 //!   optimizer (stages 1 and 2) on the same buckets; [`zero3`]: ZeRO
 //!   stage 3 (FSDP), parameters sharded too, gathered unit by unit;
 //! - [`loader`]: where the GPT engines' batches come from;
-//! - [`timeline`]: step timings on the engine's clock.
+//! - [`timeline`]: step timings on the engine's clock;
+//! - [`checkpoint`]: sharded checkpoints — written in the background by
+//!   every rank, committed atomically, loaded under any strategy and
+//!   world (resharding).
 
+pub mod checkpoint;
 pub mod collective;
 pub mod cuda;
 pub mod ddp;
@@ -31,10 +35,14 @@ pub mod trainer;
 pub mod zero;
 pub mod zero3;
 
-pub use engine::{Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
+pub use engine::{
+    Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes, Unit, UpdateStep,
+};
 pub use space::{Gpu, Host, Space, Window};
 pub use strategy::{Single, Strategy};
-pub use trainer::{train, Loader, LoopOptions, RunReport, StepReport, StepTimes};
+pub use trainer::{
+    train, train_with, Checkpoints, Loader, LoopOptions, RunReport, StepReport, StepTimes,
+};
 
 /// Errors are messages naming what went wrong and what to do.
 pub type Result<T> = std::result::Result<T, String>;

@@ -135,4 +135,14 @@ impl Loader<TokenBatch> for TokenWindows<'_> {
     fn items_per_batch(&self) -> usize {
         self.b * self.t
     }
+
+    fn skip_to(&mut self, micro_batches: usize) -> Result<()> {
+        // Each epoch deals out the same number of batches; the order of
+        // the epoch the next one comes from is that of `seed + epoch`.
+        let epoch = micro_batches / self.steps_per_epoch;
+        self.sampler.set_epoch(epoch as u64);
+        self.order = self.sampler.indices();
+        self.step_in_epoch = micro_batches % self.steps_per_epoch;
+        Ok(())
+    }
 }

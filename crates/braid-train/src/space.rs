@@ -24,6 +24,24 @@ pub trait Space: 'static {
     fn window(flat: &mut Self::Flat) -> Self::Window<'_>;
     /// Short name for messages (`host`, `cuda`).
     fn name() -> &'static str;
+    /// A host copy of the elements `ranges` of `flat`, one range after
+    /// another (checkpoints; a GPU's copy waits for its main stream only:
+    /// synchronise the engine first).
+    fn read_ranges(flat: &Self::Flat, ranges: &[Range<usize>]) -> Result<Vec<f32>>;
+    /// Overwrites the elements `ranges` of `flat` with `values` (the
+    /// ranges one after another).
+    fn write_ranges(flat: &mut Self::Flat, ranges: &[Range<usize>], values: &[f32]) -> Result<()>;
+}
+
+/// Checks that `ranges` lie inside `len` elements and hold `values`
+/// together.
+fn check_ranges(len: usize, ranges: &[Range<usize>], values: usize) -> Result<()> {
+    let total: usize = ranges.iter().map(|r| r.len()).sum();
+    match ranges.iter().find(|r| r.start > r.end || r.end > len) {
+        Some(r) => Err(format!("elements {r:?} of a buffer of {len}")),
+        None if total != values => Err(format!("{values} values for ranges of {total} elements")),
+        None => Ok(()),
+    }
 }
 
 /// A window of a flat buffer during a backward pass: the elements the
@@ -60,6 +78,24 @@ impl Space for Host {
     fn name() -> &'static str {
         "host"
     }
+    fn read_ranges(flat: &Vec<f32>, ranges: &[Range<usize>]) -> Result<Vec<f32>> {
+        let total = ranges.iter().map(|r| r.len()).sum();
+        check_ranges(flat.len(), ranges, total)?;
+        let mut out = Vec::with_capacity(total);
+        for r in ranges {
+            out.extend_from_slice(&flat[r.clone()]);
+        }
+        Ok(out)
+    }
+    fn write_ranges(flat: &mut Vec<f32>, ranges: &[Range<usize>], values: &[f32]) -> Result<()> {
+        check_ranges(flat.len(), ranges, values.len())?;
+        let mut at = 0;
+        for r in ranges {
+            flat[r.clone()].copy_from_slice(&values[at..at + r.len()]);
+            at += r.len();
+        }
+        Ok(())
+    }
 }
 
 impl Space for Gpu {
@@ -73,6 +109,32 @@ impl Space for Gpu {
     }
     fn name() -> &'static str {
         "cuda"
+    }
+    fn read_ranges(flat: &DeviceBuffer<f32>, ranges: &[Range<usize>]) -> Result<Vec<f32>> {
+        let total = ranges.iter().map(|r| r.len()).sum();
+        check_ranges(flat.len(), ranges, total)?;
+        let mut out = vec![0.0; total];
+        let mut at = 0;
+        for r in ranges {
+            flat.copy_range_to_host(r.clone(), &mut out[at..at + r.len()])
+                .map_err(|e| e.to_string())?;
+            at += r.len();
+        }
+        Ok(out)
+    }
+    fn write_ranges(
+        flat: &mut DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+        values: &[f32],
+    ) -> Result<()> {
+        check_ranges(flat.len(), ranges, values.len())?;
+        let mut at = 0;
+        for r in ranges {
+            flat.copy_range_from_host(r.clone(), &values[at..at + r.len()])
+                .map_err(|e| e.to_string())?;
+            at += r.len();
+        }
+        Ok(())
     }
 }
 

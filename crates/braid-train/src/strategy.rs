@@ -29,7 +29,9 @@
 //! 7. [`finish`](Strategy::finish) (once, after the last step): the
 //!    engine holds whole parameters again (to save or sample them).
 
+use crate::checkpoint::{self, StatePart, StateSource};
 use crate::engine::{backward_local, Engine, Flat, StateBytes, UpdateStep};
+use crate::space::Space;
 use crate::timeline::Timeline;
 use crate::Result;
 
@@ -145,6 +147,26 @@ pub trait Strategy<E: Engine> {
     /// master weights), for the model-state account.
     fn state_bytes(&self) -> StateBytes {
         StateBytes::default()
+    }
+
+    /// This rank's part of the model state for a checkpoint, copied to
+    /// host memory (after an update). By default that of a model every
+    /// rank holds whole: rank `r` of the replicas writes its share of the
+    /// tensors ([`checkpoint::replica_share`]).
+    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+        let tensors = checkpoint::tensors_of(engine)?;
+        let ranges = checkpoint::replica_share(&tensors, self.rank(), self.replicas());
+        checkpoint::whole_part(engine, ranges)
+    }
+
+    /// Loads what this rank holds from a checkpoint (after
+    /// [`start`](Self::start)): by default whole parameters and the whole
+    /// optimizer state.
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+        checkpoint::restore_whole_params(engine, from)?;
+        let whole = 0..E::Space::len(engine.params());
+        let all = std::slice::from_ref(&whole);
+        checkpoint::restore_optimizer(engine, from, all)
     }
 
     /// The communication of the last step.

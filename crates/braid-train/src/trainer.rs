@@ -9,6 +9,7 @@
 //! divides once by `replicas × micro-batches` (as the gradient of the mean
 //! over the whole global batch), together with the clipping factor.
 
+use crate::checkpoint::{Checkpointer, StateSource};
 use crate::engine::{Engine, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
@@ -26,6 +27,12 @@ pub trait Loader<B> {
     fn eval(&mut self, k: usize, out: &mut B) -> Result<()>;
     /// Tokens (or samples) in one micro-batch of this rank.
     fn items_per_batch(&self) -> usize;
+    /// Goes on as if `micro_batches` training micro-batches had been
+    /// taken since the start (a resumed run). Loaders without it refuse.
+    fn skip_to(&mut self, micro_batches: usize) -> Result<()> {
+        let _ = micro_batches;
+        Err("this loader cannot resume from a checkpoint".into())
+    }
 }
 
 /// A training run's loop settings.
@@ -128,12 +135,66 @@ where
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
+    train_with(
+        engine,
+        strategy,
+        loader,
+        batch,
+        o,
+        Checkpoints::default(),
+        progress,
+    )
+}
+
+/// Checkpointing of a run: where it resumes from, and what saves it.
+#[derive(Default)]
+pub struct Checkpoints<'a> {
+    /// Resume from this state: the strategy loads what its rank holds
+    /// after its start, and the loop goes on from the step it was saved
+    /// at, the loader skipping the micro-batches taken before.
+    pub resume: Option<&'a dyn StateSource>,
+    /// Saves as it says, in the background.
+    pub save: Option<&'a mut Checkpointer>,
+}
+
+/// [`train`] with checkpoints: resumed from `ckpt.resume`, saved by
+/// `ckpt.save`.
+pub fn train_with<E, S, L>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut L,
+    batch: &mut E::Batch,
+    o: &LoopOptions,
+    ckpt: Checkpoints<'_>,
+    progress: &mut dyn FnMut(&StepReport),
+) -> Result<RunReport>
+where
+    E: Engine,
+    S: Strategy<E> + ?Sized,
+    L: Loader<E::Batch>,
+{
+    let Checkpoints { resume, mut save } = ckpt;
     if o.accum == 0 {
         return Err("--accum must be at least 1".into());
     }
     let rank = strategy.rank();
     strategy.start(engine)?;
     let mut grads = strategy.new_grads(engine)?;
+    let first = match resume {
+        None => 0,
+        Some(from) => {
+            strategy.restore(engine, from)?;
+            let k = usize::try_from(from.step()).map_err(|_| "checkpoint step".to_string())?;
+            if k > o.steps {
+                return Err(format!(
+                    "the checkpoint was saved after step {k}, past this run's {} steps (raise --steps)",
+                    o.steps
+                ));
+            }
+            loader.skip_to(k * o.accum)?;
+            k
+        }
+    };
     let (own, engine_state) = (strategy.state_bytes(), engine.state_bytes());
     let state = StateBytes {
         params: engine_state.params + own.params,
@@ -147,7 +208,7 @@ where
     let divide = (strategy.replicas() * o.accum) as f64;
     let start = Instant::now();
     let mut reports = Vec::with_capacity(o.steps);
-    for step in 0..o.steps {
+    for step in first..o.steps {
         if step == o.profile_warmup.min(o.steps / 2) {
             engine.profile_reset();
         }
@@ -227,6 +288,22 @@ where
         };
         progress(&r);
         reports.push(r);
+        if let Some(ck) = save.as_deref_mut() {
+            ck.poll(&mut |v| strategy.mean(v))?;
+            if o.update && ck.due(step + 1, o.steps) {
+                let t = Instant::now();
+                let part = strategy.save_part(engine)?;
+                let stall = t.elapsed().as_secs_f64();
+                let (done, taken) = ((step + 1) as u64, ((step + 1) * o.accum) as u64);
+                let (tensors, describe) = (engine.tensors(), engine.describe());
+                ck.save(done, taken, part, tensors, describe, stall, &mut |v| {
+                    strategy.mean(v)
+                })?;
+            }
+        }
+    }
+    if let Some(ck) = save {
+        ck.wait(&mut |v| strategy.mean(v))?;
     }
     let unoverlapped_comm = if o.measure_unoverlapped {
         strategy.time_unoverlapped(engine, &mut grads)?

@@ -44,6 +44,7 @@
 //! write gradients into storage reused bucket by bucket), and so are the
 //! parameters (stage 3).
 
+use crate::checkpoint::{self, StatePart, StateSource};
 use crate::collective::{block_of, shard_slots, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
@@ -368,6 +369,21 @@ where
                 .map_or(0, |g| 4 * <C::Space as Space>::len(g) as u64),
             ..Default::default()
         }
+    }
+
+    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+        // Under hybrid sharding the first replica's shard group writes.
+        let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
+        let ranges = match writes {
+            true => self.shard.clone(),
+            false => Vec::new(),
+        };
+        checkpoint::whole_part(engine, ranges)
+    }
+
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+        checkpoint::restore_whole_params(engine, from)?;
+        checkpoint::restore_optimizer(engine, from, &self.shard)
     }
 
     fn last_step(&self) -> CommStep {

@@ -33,6 +33,7 @@
 //! the same sums, in the order the collectives add them), so parameters
 //! agree with a data-parallel run within summation order.
 
+use crate::checkpoint::{self, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
 use crate::ddp::mean_over;
 use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
@@ -68,6 +69,9 @@ struct Sharded<C: Collective> {
     /// For every block, its elements of the master shard (and of the
     /// shard's gradients): the rank's slices of the blocks, in order.
     slots: Vec<Range<usize>>,
+    /// The same slices as elements of the flat buffer (what the
+    /// optimizer owns; what a checkpoint stores them as).
+    shard: Vec<Range<usize>>,
     /// For every block, the backward unit after which its gradient is
     /// final.
     final_after: Vec<Option<usize>>,
@@ -470,11 +474,13 @@ where
         let master = engine
             .shard_params(&shard)
             .map_err(|e| format!("ZeRO-3: {e}"))?;
+        let shard_ranges = shard;
         let blocks = units.blocks.len();
         self.state = Some(Sharded {
             final_after: units.final_after(),
             units: Arc::new(units),
             slots,
+            shard: shard_ranges,
             master,
             grads: self.group().zeros(at)?,
             gathered: (0..blocks).map(|_| None).collect(),
@@ -596,6 +602,40 @@ where
             },
             None => StateBytes::default(),
         }
+    }
+
+    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+        // Under hybrid sharding the first replica's shard group writes.
+        let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
+        engine.synchronize()?;
+        let (_, st) = self.started()?;
+        if !writes {
+            return Ok(StatePart {
+                ranges: Vec::new(),
+                params: Vec::new(),
+                optimizer: engine.optimizer_state(&[])?,
+            });
+        }
+        let len = <C::Space as Space>::len(&st.master);
+        Ok(StatePart {
+            ranges: st.shard.clone(),
+            params: <C::Space as Space>::read_ranges(&st.master, std::slice::from_ref(&(0..len)))?,
+            optimizer: engine.optimizer_state(&st.shard)?,
+        })
+    }
+
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+        let tensors = checkpoint::tensors_of(engine)?;
+        let (_, st) = self.started()?;
+        let values = from.read("params", &tensors, &st.shard)?;
+        let len = <C::Space as Space>::len(&st.master);
+        <C::Space as Space>::write_ranges(
+            &mut st.master,
+            std::slice::from_ref(&(0..len)),
+            &values,
+        )?;
+        let shard = st.shard.clone();
+        checkpoint::restore_optimizer(engine, from, &shard)
     }
 
     fn last_step(&self) -> CommStep {

@@ -1,8 +1,14 @@
 //! [`CpuGpt`]: the CPU GPT model (`braid_model::Gpt`, f32) as an
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
-use super::{gpt_describe, gpt_matrices, gpt_param_units, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
+use super::{
+    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, moments_at,
+    TokenBatch,
+};
+use crate::engine::{
+    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
+    Unit, UpdateStep,
+};
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
@@ -312,6 +318,39 @@ impl Engine for CpuGpt {
         }
         self.opt = None;
         self.shard = shard.to_vec();
+        Ok(())
+    }
+
+    fn tensors(&self) -> Vec<NamedTensor> {
+        gpt_tensors(&self.params.layout)
+    }
+
+    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
+        let at = state_ranges(&self.shard, ranges)?;
+        let (opt, _) = self.stepping();
+        Ok(match opt {
+            Optimizer::AdamW { m, v, .. } => {
+                moments_at("adamw", &[("exp_avg", m), ("exp_avg_sq", v)], &at)
+            }
+            Optimizer::Sgd { buf, .. } => moments_at("sgd", &[("momentum_buffer", buf)], &at),
+        })
+    }
+
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        let (opt, _) = self.stepping();
+        match opt {
+            Optimizer::AdamW { m, v, t, .. } => {
+                let len = m.len();
+                m.copy_from_slice(moment(state, "adamw", "exp_avg", len)?);
+                v.copy_from_slice(moment(state, "adamw", "exp_avg_sq", len)?);
+                *t = u32::try_from(updates).map_err(|_| format!("{updates} updates"))?;
+            }
+            Optimizer::Sgd { buf, .. } => {
+                let len = buf.len();
+                buf.copy_from_slice(moment(state, "sgd", "momentum_buffer", len)?);
+            }
+        }
+        self.updates = updates;
         Ok(())
     }
 

@@ -6,8 +6,14 @@
 //! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
 use super::offload::HostOptimizer;
-use super::{gpt_describe, gpt_matrices, gpt_param_units, gpt_units, TokenBatch};
-use crate::engine::{check_shard, Engine, Matrix, ParamUnits, StateBytes, Unit, UpdateStep};
+use super::{
+    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, moments_at,
+    TokenBatch,
+};
+use crate::engine::{
+    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
+    Unit, UpdateStep,
+};
 use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::{copy_async, zero_async};
@@ -446,6 +452,23 @@ impl GpuGpt {
         Ok(())
     }
 
+    /// Refuses checkpointing the optimizer where its state is not in
+    /// `m` and `v` (offloaded to the host, or released after training).
+    fn checkpointable(&self, what: &str) -> Result<()> {
+        if self.offload.is_some() {
+            return Err(format!(
+                "{what}: checkpoints of an offloaded optimizer are not supported yet \
+                 (train without --offload to checkpoint)"
+            ));
+        }
+        if self.released {
+            return Err(format!(
+                "{what}: the optimizer's state was released (training ended)"
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses `what` once the parameters are sharded (ZeRO-3 runs the
     /// unit passes instead).
     fn whole(&self, what: &str) -> Result<()> {
@@ -704,6 +727,44 @@ impl Engine for GpuGpt {
                 Ok(piece)
             })
             .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn tensors(&self) -> Vec<NamedTensor> {
+        gpt_tensors(&self.layout)
+    }
+
+    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
+        self.checkpointable("optimizer_state")?;
+        let shard: Vec<Range<usize>> = self.shard.iter().map(|(r, _, _)| r.clone()).collect();
+        let at = state_ranges(&shard, ranges)?;
+        let len = self.state_len();
+        // Before the first update the moments are zero (and not yet
+        // allocated).
+        let (m, v) = match self.m.len() == len {
+            true => {
+                self.synchronize()?;
+                (self.m.to_vec().map_err(e)?, self.v.to_vec().map_err(e)?)
+            }
+            false => (vec![0.0; len], vec![0.0; len]),
+        };
+        Ok(moments_at(
+            "adamw",
+            &[("exp_avg", &m), ("exp_avg_sq", &v)],
+            &at,
+        ))
+    }
+
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        self.checkpointable("set_optimizer_state")?;
+        let len = self.state_len();
+        let device = self.p.device().clone();
+        self.synchronize()?;
+        let m = moment(state, "adamw", "exp_avg", len)?;
+        let v = moment(state, "adamw", "exp_avg_sq", len)?;
+        self.m = DeviceBuffer::from_host(&device, m).map_err(e)?;
+        self.v = DeviceBuffer::from_host(&device, v).map_err(e)?;
+        self.updates = updates;
         Ok(())
     }
 

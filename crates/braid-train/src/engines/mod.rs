@@ -99,6 +99,70 @@ pub(crate) fn gpt_describe(cfg: &GptConfig, b: usize, t: usize, how: &str) -> St
     )
 }
 
+/// The named tensors of a GPT layout (Hugging Face's names and shapes).
+pub(crate) fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
+    layout
+        .params
+        .iter()
+        .map(|p| crate::NamedTensor {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            range: p.range(),
+        })
+        .collect()
+}
+
+/// The state `moments` (named, laid out like the optimizer's shard)
+/// copied for the elements at `at` (state indices), one range after
+/// another.
+pub(crate) fn moments_at(
+    kind: &str,
+    moments: &[(&str, &[f32])],
+    at: &[std::ops::Range<usize>],
+) -> crate::OptimizerState {
+    crate::OptimizerState {
+        kind: kind.into(),
+        moments: moments
+            .iter()
+            .map(|(name, m)| {
+                let mut out = Vec::with_capacity(at.iter().map(|r| r.len()).sum());
+                for r in at {
+                    out.extend_from_slice(&m[r.clone()]);
+                }
+                (name.to_string(), out)
+            })
+            .collect(),
+    }
+}
+
+/// The values of moment `name` in `state`, checked to be of `kind` and
+/// `len` elements.
+pub(crate) fn moment<'s>(
+    state: &'s crate::OptimizerState,
+    kind: &str,
+    name: &str,
+    len: usize,
+) -> crate::Result<&'s [f32]> {
+    if state.kind != kind {
+        return Err(format!(
+            "the checkpoint's optimizer is {}, this run's {kind} (resume with the same --optimizer)",
+            state.kind
+        ));
+    }
+    let (_, m) = state
+        .moments
+        .iter()
+        .find(|(n, _)| n == name)
+        .ok_or_else(|| format!("the checkpoint's {kind} state has no {name}"))?;
+    if m.len() != len {
+        return Err(format!(
+            "the checkpoint's {name} holds {} elements, this rank's optimizer {len}",
+            m.len()
+        ));
+    }
+    Ok(m)
+}
+
 /// The two-dimensional parameters of a GPT layout (what PowerSGD
 /// compresses).
 pub(crate) fn gpt_matrices(layout: &Layout) -> Vec<crate::Matrix> {

@@ -11,6 +11,7 @@ pub mod store;
 pub mod svg;
 pub mod topo;
 pub mod train;
+pub mod train_ckpt;
 pub mod train_output;
 pub mod train_strategy;
 pub mod verify;

@@ -17,7 +17,7 @@ use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
-use braid_train::{train, Engine, LoopOptions, RunReport, Single, Strategy};
+use braid_train::{train_with, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use std::sync::Arc;
 #[derive(Args)]
 #[command(
     about = "Train a GPT-2 family model on CPUs or GPUs, in one process or data-parallel",
-    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data, one process\n  braid train --nproc 2                         # data parallel over 2 local workers\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256\n  braid train --model 124M --device cuda --nproc 2 --batch 16 --seq 1024 --data random\n  braid launch --nnodes 2 ... -- braid train --device cuda --grad-comm bf16   # multi-node"
+    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data, one process\n  braid train --nproc 2 --ckpt-dir ck --save-every 100 --resume auto   # checkpointed, resumable\n  braid train --nproc 2                         # data parallel over 2 local workers\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256\n  braid train --model 124M --device cuda --nproc 2 --batch 16 --seq 1024 --data random\n  braid launch --nnodes 2 ... -- braid train --device cuda --grad-comm bf16   # multi-node"
 )]
 pub struct TrainArgs {
     /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
@@ -98,6 +98,23 @@ pub struct TrainArgs {
     /// Element type of the saved checkpoint: f32 or bf16.
     #[arg(long, default_value = "f32")]
     save_dtype: String,
+    /// Sharded checkpoints go here (one `step-NNNNNNNN` directory per
+    /// save: every rank's parameters and optimizer state, the trainer's
+    /// state, a manifest); saved at the end, and every --save-every steps.
+    #[arg(long, value_name = "DIR")]
+    ckpt_dir: Option<PathBuf>,
+    /// Save a checkpoint into --ckpt-dir every K steps (in the background:
+    /// training stalls only while the state is copied to host memory).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    save_every: usize,
+    /// Keep only the N newest checkpoints in --ckpt-dir (0: all).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    keep: usize,
+    /// Resume from a checkpoint: a checkpoint directory, a --ckpt-dir (its
+    /// newest), or `auto` (--ckpt-dir's newest if there is one, else start
+    /// afresh). Any world size and strategy: the state is resharded.
+    #[arg(long, value_name = "DIR|auto")]
+    resume: Option<String>,
     /// Also write every step (loss, eval loss, lr, norm, tokens/s, time
     /// breakdown) and the run's summary as JSON here.
     #[arg(long, value_name = "FILE")]
@@ -136,7 +153,7 @@ pub struct TrainArgs {
     /// update), 2 (gradients reduce-scattered bucket by bucket during the
     /// backward pass, only the shard's kept) or 3 (parameters sharded too:
     /// each transformer block's gathered just before it runs and freed
-    /// after; host memory only so far).
+    /// after).
     #[arg(long, value_name = "STAGE")]
     zero: Option<u8>,
     /// FSDP: an alias of --zero 3.
@@ -269,6 +286,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         return Err("--device cuda trains with adamw only (so far)".into());
     }
     let grad_comm = GradComm::parse(&a.grad_comm)?;
+    super::train_ckpt::check_outputs(&[
+        ("--save", a.save.as_deref()),
+        ("--json", a.json.as_deref()),
+    ])?;
+    if a.offload != "none" && (a.ckpt_dir.is_some() || a.resume.is_some()) {
+        return Err(
+            "--ckpt-dir/--resume with --offload are not supported yet (the offloaded optimizer's \
+             state is not written to checkpoints): train without --offload to checkpoint"
+                .into(),
+        );
+    }
     let zero = zero_stage(&ZeroFlags {
         zero: a.zero,
         fsdp: a.fsdp,
@@ -485,6 +513,51 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         _ => None,
     };
+    let strategy_name = match (zero, a.shard_group) {
+        (None, _) if ranks > 1 => "data parallel".to_string(),
+        (None, _) => "one process".to_string(),
+        (Some(z), None) => format!("ZeRO-{z}"),
+        (Some(z), Some(g)) => format!("ZeRO-{z}, shard groups of {g}"),
+    };
+    let run_desc = serde_json::json!({
+        "model": a.model,
+        "config": cfg,
+        "tokenizer": tokenizer.name(),
+        "data": a.data,
+        "seed": a.seed,
+        "seq": a.seq,
+        "batch_per_rank": batch,
+        "accum": a.accum,
+        "ranks": ranks,
+        "global_batch": batch * ranks * a.accum,
+        "strategy": strategy_name,
+        "optimizer": a.optimizer,
+        "lr": lr,
+        "warmup": opts.schedule.warmup,
+        "steps": a.steps,
+        "weight_decay": a.weight_decay,
+        "grad_clip": a.grad_clip,
+        "precision": precision.name(),
+    });
+    if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
+        println!(
+            "note: --grad-comm {}: its state (error feedback) is not in checkpoints; a resumed run starts it afresh",
+            a.grad_comm
+        );
+    }
+    let mut ckpt = super::train_ckpt::setup(
+        &super::train_ckpt::CkptFlags {
+            dir: a.ckpt_dir.as_deref(),
+            every: a.save_every,
+            keep: a.keep,
+            resume: a.resume.as_deref(),
+        },
+        rank,
+        ranks,
+        &strategy_name,
+        run_desc,
+        lead,
+    )?;
     let mut progress = Progress::new(lead, a.log_every, a.steps);
     let mut tb = TokenBatch::new(batch, a.seq);
     let mut run_with =
@@ -505,11 +578,23 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         let mut engine = CpuGpt::new(params, batch, a.seq, a.checkpointing, how);
         let run = match comm {
             None => run_with(&mut |p, l, b| {
-                run_loop(&mut engine, &mut Single, l, b, &opts, p, lead, false)
+                run_loop(
+                    &mut engine,
+                    &mut Single,
+                    l,
+                    b,
+                    &opts,
+                    p,
+                    lead,
+                    false,
+                    &mut ckpt,
+                )
             })?,
             Some(c) => {
                 let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true))?
+                run_with(&mut |p, l, b| {
+                    run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true, &mut ckpt)
+                })?
             }
         };
         params = engine.into_params();
@@ -580,11 +665,23 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => run_with(&mut |p, l, b| {
-                run_loop(&mut engine, &mut Single, l, b, &opts, p, lead, false)
+                run_loop(
+                    &mut engine,
+                    &mut Single,
+                    l,
+                    b,
+                    &opts,
+                    p,
+                    lead,
+                    false,
+                    &mut ckpt,
+                )
             })?,
             Some(g) => {
                 let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
-                run_with(&mut |p, l, b| run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true))?
+                run_with(&mut |p, l, b| {
+                    run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true, &mut ckpt)
+                })?
             }
         };
         if lead {
@@ -656,6 +753,7 @@ fn run_loop<E, S>(
     progress: &mut Progress,
     lead: bool,
     distributed: bool,
+    ckpt: &mut super::train_ckpt::CkptSetup,
 ) -> Result<RunReport, String>
 where
     E: Engine<Batch = TokenBatch>,
@@ -664,9 +762,15 @@ where
     if lead && distributed {
         println!("strategy: {}", strategy.describe());
     }
-    let r = train(engine, strategy, loader, batch, opts, &mut |r| {
-        progress.step(r)
-    });
+    let r = train_with(
+        engine,
+        strategy,
+        loader,
+        batch,
+        opts,
+        ckpt.loop_view(),
+        &mut |r| progress.step(r),
+    );
     if let (Err(e), true) = (&r, distributed) {
         // A failed distributed run may have device work queued that waits
         // for a peer that is gone (a reduction stuck on its flags): freeing

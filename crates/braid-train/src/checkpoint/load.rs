@@ -1,0 +1,275 @@
+//! [`CheckpointReader`]: a committed checkpoint as a [`StateSource`] —
+//! the runs of tensors any layout needs, from whichever ranks' files hold
+//! them, every tensor checked against its checksum; and the checks that
+//! name what is wrong with a checkpoint (missing, truncated or corrupt
+//! files, a different model).
+
+use super::format::{self, Header, PieceName};
+use super::save::{committed, step_dir_name, Manifest};
+use super::{StateSource, FORMAT, LATEST, MANIFEST};
+use crate::engine::NamedTensor;
+use crate::Result;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// A committed checkpoint, open for reading.
+pub struct CheckpointReader {
+    dir: PathBuf,
+    manifest: Manifest,
+    /// For every tensor, the pieces that hold it: (elements, rank).
+    pieces: BTreeMap<String, Vec<(Range<usize>, usize)>>,
+    /// Headers read so far, by file.
+    headers: Mutex<HashMap<String, Header>>,
+}
+
+/// The checkpoint `path` names: a checkpoint directory, or a root whose
+/// `latest` names one (`None` when a root holds no checkpoint yet).
+pub fn resolve(path: &Path) -> Result<Option<PathBuf>> {
+    if path.join(MANIFEST).exists() {
+        return Ok(Some(path.to_path_buf()));
+    }
+    let latest = path.join(LATEST);
+    if latest.exists() {
+        let name = std::fs::read_to_string(&latest)
+            .map_err(|e| format!("{}: could not be read: {e}", latest.display()))?;
+        let dir = path.join(name.trim());
+        if dir.join(MANIFEST).exists() {
+            return Ok(Some(dir));
+        }
+        // `latest` is written after the rename; a checkpoint removed by
+        // hand since: fall back to the newest committed one.
+    }
+    match committed(path).into_iter().max() {
+        Some(step) => Ok(Some(path.join(step_dir_name(step)))),
+        None if path.is_dir() || !path.exists() => Ok(None),
+        None => Err(format!("{}: not a checkpoint directory", path.display())),
+    }
+}
+
+impl CheckpointReader {
+    /// Opens the checkpoint in `dir` (with its manifest), checking that
+    /// every file it lists is there.
+    pub fn open(dir: &Path) -> Result<CheckpointReader> {
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("{}: could not be read: {e}", path.display()))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: corrupt manifest: {e}", path.display()))?;
+        if manifest.format != FORMAT {
+            return Err(format!(
+                "{}: format {:?}, this braid reads {FORMAT:?}",
+                path.display(),
+                manifest.format
+            ));
+        }
+        let numel: HashMap<&str, usize> = manifest
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.shape.iter().product()))
+            .collect();
+        let mut pieces: BTreeMap<String, Vec<(Range<usize>, usize)>> = BTreeMap::new();
+        for (i, r) in manifest.ranks.iter().enumerate() {
+            for f in [&r.model, &r.optimizer] {
+                if !dir.join(f).exists() {
+                    return Err(format!(
+                        "{}: shard file {f} (rank {}) is missing",
+                        dir.display(),
+                        r.rank
+                    ));
+                }
+            }
+            for p in &r.pieces {
+                let n = numel.get(p.tensor.as_str()).copied().ok_or_else(|| {
+                    format!("{}: piece of unknown tensor {}", path.display(), p.tensor)
+                })?;
+                if p.start >= p.end || p.end > n {
+                    return Err(format!(
+                        "{}: piece {}..{} of {} ({n} elements)",
+                        path.display(),
+                        p.start,
+                        p.end,
+                        p.tensor
+                    ));
+                }
+                pieces
+                    .entry(p.tensor.clone())
+                    .or_default()
+                    .push((p.start..p.end, i));
+            }
+        }
+        Ok(CheckpointReader {
+            dir: dir.to_path_buf(),
+            manifest,
+            pieces,
+            headers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The checkpoint's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Checks that a model of `tensors` is the one the checkpoint holds:
+    /// the same tensors in the same shapes, or an error naming the first
+    /// that differs.
+    pub fn check_model(&self, tensors: &[NamedTensor]) -> Result<()> {
+        let show = self.dir.display();
+        let theirs: HashMap<&str, &Vec<usize>> = self
+            .manifest
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), &t.shape))
+            .collect();
+        for t in tensors {
+            match theirs.get(t.name.as_str()) {
+                None => {
+                    return Err(format!(
+                        "{show}: a checkpoint of a different model: it has no tensor {} (it was written by {})",
+                        t.name, self.manifest.engine
+                    ))
+                }
+                Some(s) if **s != t.shape => {
+                    return Err(format!(
+                        "{show}: a checkpoint of a different model: tensor {} is {:?} there, {:?} here (it was written by {})",
+                        t.name, s, t.shape, self.manifest.engine
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if theirs.len() != tensors.len() {
+            let ours: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+            let extra = theirs
+                .keys()
+                .find(|n| !ours.contains(n))
+                .copied()
+                .unwrap_or("?");
+            return Err(format!(
+                "{show}: a checkpoint of a different model: it has tensor {extra}, this model does not"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The values of `what` for elements `want` of `tensor` (in the
+    /// tensor), from the pieces that hold them.
+    fn tensor_run(
+        &self,
+        what: &str,
+        tensor: &str,
+        want: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let pieces = self.pieces.get(tensor).map(Vec::as_slice).unwrap_or(&[]);
+        let mut filled = 0;
+        for (have, i) in pieces {
+            let cut = have.start.max(want.start)..have.end.min(want.end);
+            if cut.is_empty() {
+                continue;
+            }
+            let r = &self.manifest.ranks[*i];
+            let numel: usize = self
+                .manifest
+                .tensors
+                .iter()
+                .find(|t| t.name == tensor)
+                .map(|t| t.shape.iter().product())
+                .unwrap_or(0);
+            let key = PieceName {
+                tensor: tensor.to_string(),
+                start: have.start,
+                end: have.end,
+            }
+            .key(numel);
+            let (file, key) = match what {
+                "params" => (&r.model, key),
+                moment => (&r.optimizer, format!("{moment}/{key}")),
+            };
+            let values = self.read_stored(file, &key)?;
+            if values.len() != have.len() {
+                return Err(format!(
+                    "{}: tensor {key:?} holds {} elements, the manifest says {}",
+                    self.dir.join(file).display(),
+                    values.len(),
+                    have.len()
+                ));
+            }
+            out[cut.start - want.start..cut.end - want.start]
+                .copy_from_slice(&values[cut.start - have.start..cut.end - have.start]);
+            filled += cut.len();
+        }
+        if filled != want.len() {
+            return Err(format!(
+                "{}: elements {want:?} of tensor {tensor} are not all in the checkpoint",
+                self.dir.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stored tensor `key` of `file`, checked against its checksum.
+    fn read_stored(&self, file: &str, key: &str) -> Result<Vec<f32>> {
+        let path = self.dir.join(file);
+        let header = {
+            let mut h = self.headers.lock().expect("headers");
+            if !h.contains_key(file) {
+                h.insert(file.to_string(), format::read_header(&path)?);
+            }
+            h[file].clone()
+        };
+        format::read_tensor(&path, &header, key)
+    }
+}
+
+impl StateSource for CheckpointReader {
+    fn read(
+        &self,
+        what: &str,
+        tensors: &[NamedTensor],
+        ranges: &[Range<usize>],
+    ) -> Result<Vec<f32>> {
+        self.check_model(tensors)?;
+        if what != "params" && !self.manifest.optimizer.moments.iter().any(|m| m == what) {
+            return Err(format!(
+                "{}: the checkpoint's optimizer ({}) has no {what}",
+                self.dir.display(),
+                self.manifest.optimizer.kind
+            ));
+        }
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
+        let mut out = vec![0.0f32; total];
+        let mut at = 0;
+        for r in ranges {
+            for t in tensors {
+                let cut = r.start.max(t.range.start)..r.end.min(t.range.end);
+                if cut.is_empty() {
+                    continue;
+                }
+                let dst = at + (cut.start - r.start);
+                let want = cut.start - t.range.start..cut.end - t.range.start;
+                self.tensor_run(what, &t.name, want, &mut out[dst..dst + cut.len()])?;
+            }
+            at += r.len();
+        }
+        Ok(out)
+    }
+
+    fn optimizer(&self) -> (String, Vec<String>) {
+        (
+            self.manifest.optimizer.kind.clone(),
+            self.manifest.optimizer.moments.clone(),
+        )
+    }
+
+    fn step(&self) -> u64 {
+        self.manifest.step
+    }
+}

@@ -1,0 +1,195 @@
+//! Sharded checkpoints: every rank writes the part of the model state it
+//! holds — parameters and optimizer state, as runs of named tensors — into
+//! its own safetensors files; rank 0 then commits the checkpoint with a
+//! manifest of the layout that wrote it and Hugging Face's
+//! `model.safetensors.index.json`. Loading reads, for whatever a rank
+//! holds under the strategy and world it runs in now, the runs that cover
+//! it: a checkpoint written by N ranks under one strategy loads under M
+//! ranks and another (resharding).
+//!
+//! - [`format`]: the files (safetensors with a CRC-32 per tensor, headers
+//!   read without trusting a length, piece names);
+//! - [`save`]: [`Checkpointer`] — the background writer, the agreement
+//!   that every rank's files are on the disk, rank 0's atomic commit
+//!   (temporary directory, `fsync`, rename), `latest`, `--keep`;
+//! - [`load`]: [`CheckpointReader`] — a committed checkpoint as a
+//!   [`StateSource`], every tensor checked against its checksum;
+//!
+//! A checkpoint directory `DIR` holds `step-00000100/` (one per save),
+//! each with `model-rank00000-of-00002.safetensors`,
+//! `optim-rank00000-of-00002.safetensors`, …, `model.safetensors.index.json`
+//! and `braid-checkpoint.json`, and `DIR/latest` names the newest. The
+//! directory must be shared by every rank (one host, or a shared file
+//! system).
+
+pub mod format;
+pub mod load;
+pub mod save;
+
+pub use load::CheckpointReader;
+pub use save::{Checkpointer, SaveReport};
+
+use crate::engine::{Engine, NamedTensor, OptimizerState};
+use crate::space::Space;
+use crate::Result;
+use std::ops::Range;
+
+/// The manifest's format tag.
+pub const FORMAT: &str = "braid-checkpoint/1";
+/// The manifest's file name inside a checkpoint.
+pub const MANIFEST: &str = "braid-checkpoint.json";
+/// Hugging Face's index of the weight files.
+pub const INDEX: &str = "model.safetensors.index.json";
+/// The file in the checkpoint root naming the newest checkpoint.
+pub const LATEST: &str = "latest";
+
+/// The part of the model state one rank writes: flat elements `ranges`
+/// (of the engine's buffer, increasing), their parameters and their
+/// optimizer state, each laid out as the ranges one after another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatePart {
+    /// The flat elements.
+    pub ranges: Vec<Range<usize>>,
+    /// Their parameters (f32 master weights).
+    pub params: Vec<f32>,
+    /// Their optimizer state.
+    pub optimizer: OptimizerState,
+}
+
+/// Where a resumed run reads its state from.
+pub trait StateSource {
+    /// The values of `what` — `params`, or a moment's name — for the
+    /// elements `ranges` of a flat buffer whose tensors are `tensors`,
+    /// one range after another (elements between tensors, the padding of
+    /// a sharded layout, are 0). A tensor the source lacks, or holds in
+    /// another shape, is an error naming it.
+    fn read(
+        &self,
+        what: &str,
+        tensors: &[NamedTensor],
+        ranges: &[Range<usize>],
+    ) -> Result<Vec<f32>>;
+    /// The optimizer's kind (`adamw`, `sgd`) and its moments' names.
+    fn optimizer(&self) -> (String, Vec<String>);
+    /// Optimizer steps taken when it was written.
+    fn step(&self) -> u64;
+}
+
+/// The optimizer state for `ranges` read from `from`.
+pub fn read_optimizer(
+    from: &dyn StateSource,
+    tensors: &[NamedTensor],
+    ranges: &[Range<usize>],
+) -> Result<OptimizerState> {
+    let (kind, names) = from.optimizer();
+    let mut moments = Vec::with_capacity(names.len());
+    for n in names {
+        let v = from.read(&n, tensors, ranges)?;
+        moments.push((n, v));
+    }
+    Ok(OptimizerState { kind, moments })
+}
+
+/// The engine's named tensors, or why it cannot be checkpointed.
+pub fn tensors_of<E: Engine>(engine: &E) -> Result<Vec<NamedTensor>> {
+    let t = engine.tensors();
+    match t.is_empty() {
+        true => Err("this engine cannot be checkpointed (it names no tensors)".into()),
+        false => Ok(t),
+    }
+}
+
+/// The part a rank holding whole parameters writes: the elements
+/// `ranges` of its parameters and optimizer state.
+pub fn whole_part<E: Engine>(engine: &mut E, ranges: Vec<Range<usize>>) -> Result<StatePart> {
+    engine.synchronize()?;
+    if engine.host_params().is_some() {
+        return Err("checkpoints of an offloaded optimizer are not supported yet (train without --offload to checkpoint)".into());
+    }
+    let params = E::Space::read_ranges(engine.params(), &ranges)?;
+    let optimizer = engine.optimizer_state(&ranges)?;
+    Ok(StatePart {
+        ranges,
+        params,
+        optimizer,
+    })
+}
+
+/// Loads whole parameters from `from` into `engine`.
+pub fn restore_whole_params<E: Engine>(engine: &mut E, from: &dyn StateSource) -> Result<()> {
+    let tensors = tensors_of(engine)?;
+    if engine.host_params().is_some() {
+        return Err("resuming an offloaded optimizer is not supported yet (train without --offload to checkpoint)".into());
+    }
+    let whole = 0..E::Space::len(engine.params());
+    let all = std::slice::from_ref(&whole);
+    let p = from.read("params", &tensors, all)?;
+    E::Space::write_ranges(engine.params_mut(), all, &p)?;
+    engine.params_changed()
+}
+
+/// Loads the optimizer state of the elements `shard` (all the optimizer
+/// owns) from `from` into `engine`.
+pub fn restore_optimizer<E: Engine>(
+    engine: &mut E,
+    from: &dyn StateSource,
+    shard: &[Range<usize>],
+) -> Result<()> {
+    let tensors = tensors_of(engine)?;
+    let state = read_optimizer(from, &tensors, shard)?;
+    engine.set_optimizer_state(&state, from.step())
+}
+
+/// Rank `rank`'s share of a model replicated on `ranks` ranks, for
+/// writing: consecutive whole tensors, about an equal number of elements
+/// per rank (so each rank writes whole tensors, and every rank writes).
+pub fn replica_share(tensors: &[NamedTensor], rank: usize, ranks: usize) -> Vec<Range<usize>> {
+    let total: usize = tensors.iter().map(|t| t.range.len()).sum();
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut before = 0usize;
+    for t in tensors {
+        // The tensor goes to the rank whose equal share holds its middle.
+        let mid = before + t.range.len() / 2;
+        let owner = (mid * ranks).checked_div(total).unwrap_or(0).min(ranks - 1);
+        before += t.range.len();
+        if owner != rank {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if last.end == t.range.start => last.end = t.range.end,
+            _ => out.push(t.range.clone()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_shares_cover_every_tensor_once() {
+        let tensors: Vec<NamedTensor> = [(0, 10), (10, 11), (16, 40), (40, 41), (41, 100)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, b))| NamedTensor {
+                name: format!("t{i}"),
+                shape: vec![b - a],
+                range: a..b,
+            })
+            .collect();
+        for ranks in 1..=7 {
+            let mut all: Vec<Range<usize>> = (0..ranks)
+                .flat_map(|r| replica_share(&tensors, r, ranks))
+                .collect();
+            all.sort_by_key(|r| r.start);
+            let covered: usize = all.iter().map(|r| r.len()).sum();
+            assert_eq!(covered, 10 + 1 + 24 + 1 + 59, "{ranks} ranks: {all:?}");
+            for w in all.windows(2) {
+                assert!(w[0].end <= w[1].start, "{all:?}");
+            }
+        }
+        // Two ranks: the big last tensor alone on rank 1.
+        assert_eq!(replica_share(&tensors, 1, 2), vec![41..100]);
+    }
+}
