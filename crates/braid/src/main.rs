@@ -32,6 +32,7 @@ enum Command {
     Scale(cmd::scale::ScaleArgs),
     Generate(cmd::generate::GenerateArgs),
     Kernels(cmd::kernels::KernelsArgs),
+    Ckpt(cmd::ckpt::CkptArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
         Command::Scale(args) => cmd::scale::run(args),
         Command::Generate(args) => cmd::generate::run_generate(args),
         Command::Kernels(args) => cmd::kernels::run(args),
+        Command::Ckpt(args) => cmd::ckpt::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

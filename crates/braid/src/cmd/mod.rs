@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_gpu;
+pub mod ckpt;
 pub mod generate;
 pub mod kernels;
 pub mod launch;

@@ -1,0 +1,200 @@
+//! `braid ckpt`: look into sharded checkpoints (`inspect`) and turn one
+//! into a single safetensors file (`consolidate`) that `braid generate`,
+//! `braid train --load` and Hugging Face load.
+
+use braid_model::{checkpoint, GptConfig, Layout, Params};
+use braid_train::checkpoint::load::resolve;
+use braid_train::checkpoint::{CheckpointReader, StateSource};
+use braid_train::NamedTensor;
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Inspect or consolidate sharded checkpoints.
+#[derive(Args)]
+#[command(
+    about = "Inspect a sharded checkpoint (braid train --ckpt-dir) or consolidate it into one file",
+    after_help = "Examples:\n  braid ckpt inspect ck                        # the newest checkpoint in ck\n  braid ckpt inspect ck/step-00000100 --verify  # and read every tensor, checking its checksum\n  braid ckpt consolidate ck -o model.safetensors"
+)]
+pub struct CkptArgs {
+    #[command(subcommand)]
+    what: CkptCommand,
+}
+
+#[derive(Subcommand)]
+enum CkptCommand {
+    /// What a checkpoint holds: step, world, strategy, model, files, and
+    /// how its tensors are split over the ranks.
+    Inspect {
+        /// A checkpoint directory, or a --ckpt-dir (its newest).
+        dir: PathBuf,
+        /// Also read every tensor and check it against its checksum.
+        #[arg(long)]
+        verify: bool,
+        /// Print it as JSON (the manifest).
+        #[arg(long)]
+        json: bool,
+    },
+    /// One safetensors file of the whole model's parameters (f32 or
+    /// bf16), with braid's configuration in its header.
+    Consolidate {
+        /// A checkpoint directory, or a --ckpt-dir (its newest).
+        dir: PathBuf,
+        /// The file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// f32 or bf16.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+    },
+}
+
+/// Runs `braid ckpt`.
+pub fn run(a: CkptArgs) -> Result<i32, String> {
+    match a.what {
+        CkptCommand::Inspect { dir, verify, json } => inspect(&dir, verify, json),
+        CkptCommand::Consolidate { dir, output, dtype } => consolidate(&dir, &output, &dtype),
+    }
+}
+
+fn open(dir: &Path) -> Result<CheckpointReader, String> {
+    match resolve(dir)? {
+        Some(d) => CheckpointReader::open(&d),
+        None => Err(format!("{}: no checkpoint there", dir.display())),
+    }
+}
+
+/// The model configuration a checkpoint's run recorded.
+fn config_of(r: &CheckpointReader) -> Result<GptConfig, String> {
+    let cfg = r.manifest().run.get("config").cloned().ok_or_else(|| {
+        format!(
+            "{}: the manifest records no model configuration",
+            r.dir().display()
+        )
+    })?;
+    serde_json::from_value(cfg)
+        .map_err(|e| format!("{}: bad model configuration: {e}", r.dir().display()))
+}
+
+/// The tensors of `cfg`'s plain layout.
+fn tensors_of(layout: &Layout) -> Vec<NamedTensor> {
+    layout
+        .params
+        .iter()
+        .map(|p| NamedTensor {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            range: p.range(),
+        })
+        .collect()
+}
+
+fn inspect(dir: &Path, verify: bool, json: bool) -> Result<i32, String> {
+    let r = open(dir)?;
+    let m = r.manifest();
+    if json {
+        println!("{}", serde_json::to_string_pretty(m).expect("json"));
+    } else {
+        let elements: usize = m
+            .tensors
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum();
+        println!("checkpoint {}", r.dir().display());
+        println!(
+            "  step {} (micro-batches per rank {})",
+            m.step, m.trainer.micro_batches
+        );
+        println!("  written by {} rank(s) under {}", m.world_size, m.strategy);
+        println!("  engine: {}", m.engine);
+        println!(
+            "  {} tensors, {} parameters; optimizer {} ({})",
+            m.tensors.len(),
+            elements,
+            m.optimizer.kind,
+            m.optimizer.moments.join(", ")
+        );
+        for rf in &m.ranks {
+            let held: usize = rf.pieces.iter().map(|p| p.end - p.start).sum();
+            let partial = rf
+                .pieces
+                .iter()
+                .filter(|p| {
+                    let n: usize = m
+                        .tensors
+                        .iter()
+                        .find(|t| t.name == p.tensor)
+                        .map(|t| t.shape.iter().product())
+                        .unwrap_or(0);
+                    p.end - p.start != n
+                })
+                .count();
+            let size = |f: &str| {
+                std::fs::metadata(r.dir().join(f))
+                    .map(|m| m.len())
+                    .unwrap_or(0)
+            };
+            println!(
+                "  rank {}: {} pieces ({} of them parts of a tensor), {} elements; {} {:.1} MB, {} {:.1} MB",
+                rf.rank,
+                rf.pieces.len(),
+                partial,
+                held,
+                rf.model,
+                size(&rf.model) as f64 / 1e6,
+                rf.optimizer,
+                size(&rf.optimizer) as f64 / 1e6
+            );
+        }
+    }
+    if verify {
+        let cfg = config_of(&r)?;
+        let layout = Layout::new(&cfg);
+        let tensors = tensors_of(&layout);
+        let all = 0..layout.len;
+        let t0 = std::time::Instant::now();
+        r.read("params", &tensors, std::slice::from_ref(&all))?;
+        for moment in &m.optimizer.moments {
+            r.read(moment, &tensors, std::slice::from_ref(&all))?;
+        }
+        println!(
+            "verified: every tensor of the parameters and the optimizer's {} read and matches its checksum ({:.2} s)",
+            m.optimizer.moments.join(", "),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(0)
+}
+
+fn consolidate(dir: &Path, output: &Path, dtype: &str) -> Result<i32, String> {
+    let dtype = braid_core::DType::parse(dtype)?;
+    let r = open(dir)?;
+    let cfg = config_of(&r)?;
+    let layout = Arc::new(Layout::new(&cfg));
+    let tensors = tensors_of(&layout);
+    let all = 0..layout.len;
+    let mut params = Params::zeros(layout.clone());
+    params.data = r.read("params", &tensors, std::slice::from_ref(&all))?;
+    let tokenizer = r
+        .manifest()
+        .run
+        .get("tokenizer")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string();
+    let mut extra = vec![("braid.step", r.manifest().step.to_string())];
+    if !tokenizer.is_empty() {
+        extra.push(("braid.tokenizer", tokenizer));
+    }
+    let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    checkpoint::save_as(&params, output, dtype, &extra).map_err(|e| e.to_string())?;
+    println!(
+        "consolidated {} (step {}, {} parameters, written by {} rank(s)) into {}",
+        r.dir().display(),
+        r.manifest().step,
+        layout.len,
+        r.manifest().world_size,
+        output.display()
+    );
+    Ok(0)
+}
