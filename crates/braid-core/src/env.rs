@@ -34,5 +34,7 @@ pub const BRAID_STORE_ADDR: &str = "BRAID_STORE_ADDR";
 pub const BRAID_STORE_PREFIX: &str = "BRAID_STORE_PREFIX";
 /// Shared secret the rendezvous store demands from every client.
 pub const BRAID_STORE_TOKEN: &str = "BRAID_STORE_TOKEN";
+/// Most connections a rendezvous store serves at once (it refuses more).
+pub const BRAID_STORE_MAX_CONNECTIONS: &str = "BRAID_STORE_MAX_CONNECTIONS";
 /// Default timeout in seconds for every blocking wait (store, collectives).
 pub const BRAID_TIMEOUT: &str = "BRAID_TIMEOUT";

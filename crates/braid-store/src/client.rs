@@ -85,29 +85,50 @@ const REPLY_GRACE: Duration = Duration::from_secs(1);
 
 impl StoreClient {
     /// Connects to `addr` (`host:port`), retrying with backoff until
-    /// `options.connect_timeout`, then presents the token.
+    /// `options.connect_timeout`, then presents the token. A server that
+    /// refuses the connection because it already holds as many as it allows
+    /// is retried the same way; if it still refuses at the deadline, the
+    /// error is [`StoreError::Refused`] with the server's reason.
     pub fn connect(addr: &str, options: ClientOptions) -> Result<Self, StoreError> {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(10);
-        let stream = loop {
-            let last_error = match try_connect(
-                addr,
-                options.connect_timeout.saturating_sub(start.elapsed()),
-            ) {
-                Ok(s) => break s,
-                Err(e) => e,
+        loop {
+            let remaining = options.connect_timeout.saturating_sub(start.elapsed());
+            let retry = match try_connect(addr, remaining) {
+                Ok(stream) => match Self::handshake(addr, stream, options.clone())? {
+                    Ok(client) => return Ok(client),
+                    Err(server_full) => Retry::Full(server_full),
+                },
+                Err(e) => Retry::Unreachable(e),
             };
             let waited = start.elapsed();
             if waited + backoff >= options.connect_timeout {
-                return Err(StoreError::Connect {
-                    addr: addr.to_string(),
-                    waited,
-                    last_error,
+                return Err(match retry {
+                    Retry::Unreachable(last_error) => StoreError::Connect {
+                        addr: addr.to_string(),
+                        waited,
+                        last_error,
+                    },
+                    Retry::Full(message) => StoreError::Refused {
+                        addr: addr.to_string(),
+                        message: format!(
+                            "{message} (still refused after retrying for {waited:.1?})"
+                        ),
+                    },
                 });
             }
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(500));
-        };
+        }
+    }
+
+    /// Presents the token on a fresh connection. `Ok(Err(message))`: the
+    /// server is at its connection cap and closed this one (worth retrying).
+    fn handshake(
+        addr: &str,
+        stream: TcpStream,
+        options: ClientOptions,
+    ) -> Result<Result<Self, String>, StoreError> {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().ok();
         let reader = BufReader::new(stream.try_clone().map_err(|e| StoreError::Disconnected {
@@ -134,7 +155,11 @@ impl StoreClient {
             .unwrap_or_default()
             .into_bytes();
         match client.request(Request::Hello { token }, client.options.timeout)? {
-            Response::Ok => Ok(client),
+            Response::Ok => Ok(Ok(client)),
+            Response::Error {
+                code: ErrorCode::TooManyConnections,
+                message,
+            } => Ok(Err(message)),
             other => Err(client.unexpected("hello", other)),
         }
     }
@@ -453,6 +478,7 @@ impl StoreClient {
                             | ErrorCode::TooLarge
                             | ErrorCode::Unauthorized
                             | ErrorCode::VersionMismatch
+                            | ErrorCode::TooManyConnections
                     ) {
                         conn.broken = Some(format!(
                             "the server closed the connection after a {code:?} error"
@@ -471,6 +497,14 @@ impl StoreClient {
             }
         }
     }
+}
+
+/// Why a connection attempt is worth repeating.
+enum Retry {
+    /// No TCP connection could be made (the error).
+    Unreachable(String),
+    /// The server is at its connection cap (its message).
+    Full(String),
 }
 
 fn millis(d: Duration) -> u64 {

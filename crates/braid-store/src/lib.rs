@@ -8,7 +8,9 @@
 //!
 //! - [`protocol`]: the versioned, length-prefixed wire format and its limits.
 //! - [`server`]: a thread-per-connection server; malformed clients are
-//!   answered with an error and dropped without disturbing anyone else.
+//!   answered with an error and dropped without disturbing anyone else,
+//!   connections are capped, and a new connection must finish its handshake
+//!   within a deadline.
 //! - [`client`]: blocking operations, every one bounded by a timeout whose
 //!   error names the key(s) and the time waited; key prefixes for sub-groups.
 //! - [`barrier`]: a reusable barrier built from counters and keys.

@@ -66,6 +66,10 @@ pub enum ErrorCode {
     NotAnInteger = 6,
     /// The server is shutting down.
     ShuttingDown = 7,
+    /// The server already holds as many connections as it allows (its
+    /// `max_connections`); sent, best effort, just before it closes a new
+    /// connection. Clients retry until their connect timeout.
+    TooManyConnections = 8,
 }
 
 impl ErrorCode {
@@ -78,6 +82,7 @@ impl ErrorCode {
             5 => Self::VersionMismatch,
             6 => Self::NotAnInteger,
             7 => Self::ShuttingDown,
+            8 => Self::TooManyConnections,
             _ => return None,
         })
     }
@@ -588,6 +593,10 @@ mod tests {
             Response::Error {
                 code: ErrorCode::Timeout,
                 message: "late".into(),
+            },
+            Response::Error {
+                code: ErrorCode::TooManyConnections,
+                message: "full".into(),
             },
         ] {
             let frame = resp.encode();
