@@ -15,6 +15,9 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub struct LaunchOptions {
     /// Workers to start on this node.
     pub nproc_per_node: usize,
+    /// Start `nproc_per_node` workers even when that is far more than the
+    /// host's cores (see [`nproc_limit`]).
+    pub force_nproc: bool,
     /// Number of nodes (launchers) in the job.
     pub nnodes: Option<usize>,
     /// This node's rank among the nodes.
@@ -45,6 +48,7 @@ impl Default for LaunchOptions {
     fn default() -> Self {
         LaunchOptions {
             nproc_per_node: 1,
+            force_nproc: false,
             nnodes: None,
             node_rank: None,
             master_addr: None,
@@ -112,12 +116,32 @@ impl LaunchOptions {
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<LaunchPlan, LaunchError> {
+        self.resolve_on(env, host_cores())
+    }
+
+    /// [`resolve_with`](Self::resolve_with) on a host with `cores` cores.
+    fn resolve_on(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+        cores: usize,
+    ) -> Result<LaunchPlan, LaunchError> {
         let config = |m: String| LaunchError::Config(m);
         if self.command.is_empty() {
             return Err(config("no program to launch: put it after `--`, e.g. `braid launch --nproc-per-node 2 -- python train.py`".into()));
         }
         if self.nproc_per_node == 0 {
             return Err(config("--nproc-per-node must be at least 1".into()));
+        }
+        let limit = nproc_limit(cores);
+        if self.nproc_per_node > limit && !self.force_nproc {
+            let unit = if cores == 1 { "core" } else { "cores" };
+            return Err(config(format!(
+                "refusing to start {n} workers on this node: the host has {cores} CPU {unit}, \
+                 and more than {limit} workers ({CORE_OVERSUBSCRIPTION} per core, at least \
+                 {MIN_NPROC_LIMIT}) is most likely a mistake; lower --nproc-per-node, or pass \
+                 --force-nproc to `braid launch` to start them anyway",
+                n = self.nproc_per_node
+            )));
         }
         let in_slurm = env(slurm::NNODES_VAR).is_some() && env(slurm::NODEID_VAR).is_some();
         let parse = |name: &str, v: String| -> Result<usize, LaunchError> {
@@ -212,6 +236,27 @@ impl LaunchOptions {
             source,
         })
     }
+}
+
+/// Workers per core allowed without `--force-nproc`.
+pub const CORE_OVERSUBSCRIPTION: usize = 4;
+/// The worker limit without `--force-nproc` on hosts with very few cores.
+pub const MIN_NPROC_LIMIT: usize = 16;
+
+/// The most workers per node started without `--force-nproc` on a host
+/// with `cores` cores: [`CORE_OVERSUBSCRIPTION`] per core, at least
+/// [`MIN_NPROC_LIMIT`] (so that small test jobs run on small machines).
+/// Far more almost always is a typo, and would start that many processes.
+pub fn nproc_limit(cores: usize) -> usize {
+    cores
+        .saturating_mul(CORE_OVERSUBSCRIPTION)
+        .max(MIN_NPROC_LIMIT)
+}
+
+/// The cores this process may run on (its CPU affinity and quota), 1 if
+/// unknown.
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// A port that is free on `host` right now (the OS picks it).
@@ -347,5 +392,50 @@ mod tests {
         .resolve_with(env(&[]))
         .unwrap_err();
         assert!(err.to_string().contains("--nproc-per-node"), "{err}");
+    }
+
+    #[test]
+    fn far_more_workers_than_cores_needs_force() {
+        let many = LaunchOptions {
+            nproc_per_node: 100_000,
+            ..opts()
+        };
+        let err = many.resolve_on(env(&[]), 2).unwrap_err().to_string();
+        for want in [
+            "100000 workers",
+            "2 CPU cores",
+            "more than 16 workers",
+            "--force-nproc",
+        ] {
+            assert!(err.contains(want), "missing {want:?}: {err}");
+        }
+        let err = many.resolve_on(env(&[]), 1).unwrap_err().to_string();
+        assert!(err.contains("1 CPU core,"), "{err}");
+        let forced = LaunchOptions {
+            force_nproc: true,
+            ..many
+        };
+        assert_eq!(
+            forced.resolve_on(env(&[]), 2).unwrap().nproc_per_node,
+            100_000
+        );
+        // Up to 4 per core, and at least 16, need no force.
+        for (cores, n) in [(64, 256), (2, 16), (1, 16)] {
+            let o = LaunchOptions {
+                nproc_per_node: n,
+                ..opts()
+            };
+            assert!(o.resolve_on(env(&[]), cores).is_ok(), "{n} on {cores}");
+            let o = LaunchOptions {
+                nproc_per_node: n + 1,
+                ..opts()
+            };
+            assert!(
+                o.resolve_on(env(&[]), cores).is_err(),
+                "{} on {cores}",
+                n + 1
+            );
+        }
+        assert_eq!(nproc_limit(usize::MAX), usize::MAX);
     }
 }

@@ -5,11 +5,14 @@
 //! worker and everything it started (`sh -c` children, data loaders). The
 //! launcher also makes itself a *child subreaper*: grandchildren that escape
 //! their group and are orphaned are re-parented to the launcher instead of
-//! init, and [`sweep_orphans`] kills them at the end.
+//! init, and [`sweep_orphans`] kills them at the end. Children that exit
+//! are collected as they go ([`exited_child`], [`reap`]), so that none is
+//! left a zombie while the launcher starts or watches the others.
 
 use crate::error::LaunchError;
 use crate::output::{self, Stream, Tail};
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag};
 use nix::unistd::Pid;
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -208,6 +211,25 @@ pub fn become_subreaper() {
     }
 }
 
+/// The pid of a child of the launcher (a worker or an adopted orphan) that
+/// has exited and awaits collection, if any. The child is left as it is
+/// (`WNOWAIT`): a worker's status is collected by its [`Worker::poll`], an
+/// orphan's by [`reap`]; until then the same pid may be reported again.
+pub fn exited_child() -> Option<u32> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::All, flags) {
+        Ok(status) => status.pid().map(|pid| pid.as_raw() as u32),
+        // ECHILD: no children at all.
+        Err(_) => None,
+    }
+}
+
+/// Collects the exit status of child `pid` (an adopted orphan, not a
+/// [`Worker`], whose status its `Child` collects), without waiting.
+pub fn reap(pid: u32) {
+    let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
+}
+
 /// Kills and reaps every remaining child of the launcher that is not one of
 /// `keep` (orphaned grandchildren adopted as subreaper). Returns how many.
 pub fn sweep_orphans(keep: &[u32]) -> usize {
@@ -224,7 +246,7 @@ pub fn sweep_orphans(keep: &[u32]) -> usize {
         for pid in orphans {
             let pid = Pid::from_raw(pid as i32);
             let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(pid, None);
+            let _ = waitpid(pid, None);
             killed += 1;
         }
     }
@@ -264,6 +286,46 @@ mod tests {
         assert_eq!(
             parent_of(std::process::id()),
             Some(std::os::unix::process::parent_id())
+        );
+    }
+
+    /// Waits until `exited_child` reports `pid` (it may report others of
+    /// this test process first, which it leaves alone).
+    fn until_reported(pid: u32) -> bool {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if exited_child() == Some(pid) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn exited_children_are_reported_then_collected() {
+        // A worker: reported without being reaped, then collected by poll.
+        let spec = WorkerSpec {
+            rank: 0,
+            local_rank: 0,
+            command: vec!["sh".into(), "-c".into(), "exit 3".into()],
+            env: vec![],
+        };
+        let mut w = Worker::spawn(&spec, None, 0).unwrap();
+        assert!(until_reported(w.pid()));
+        assert!(until_reported(w.pid()), "WNOWAIT leaves it for its owner");
+        assert_eq!(w.poll().and_then(|s| s.code()), Some(3));
+        assert_ne!(exited_child(), Some(w.pid()));
+        w.finish_output(Instant::now() + std::time::Duration::from_secs(2));
+
+        // Any other child: reaped by pid.
+        let pid = Command::new("true").spawn().unwrap().id();
+        assert!(until_reported(pid));
+        reap(pid);
+        assert_ne!(exited_child(), Some(pid));
+        assert!(
+            parent_of(pid) != Some(std::process::id()),
+            "{pid} was reaped"
         );
     }
 }

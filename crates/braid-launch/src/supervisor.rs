@@ -1,6 +1,9 @@
 //! One attempt of the worker group on this node: start the workers, watch
 //! them (and, on multi-node jobs, the other nodes through the store), and
-//! stop them all at the first failure.
+//! stop them all at the first failure. Watching starts with the first
+//! worker: between two spawns, exited children are reaped and a signal or
+//! failure ends the attempt, so a long spawn phase neither piles up zombies
+//! nor delays Ctrl-C.
 
 use crate::config::LaunchPlan;
 use crate::error::LaunchError;
@@ -10,7 +13,8 @@ use crate::signals::Signals;
 use braid_core::env;
 use braid_store::StoreClient;
 use nix::sys::signal::Signal;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 /// How an attempt ended on this node.
@@ -69,6 +73,11 @@ pub fn worker_env(
 }
 
 /// Runs attempt `attempt` on this node to its end.
+///
+/// Between two spawns, and every [`POLL`] once all are started, the attempt
+/// is checked ([`Attempt::check`]): exited children are reaped, and a signal
+/// to the launcher, a failed worker or news from other nodes ends the
+/// attempt at once, spawning included.
 pub fn run_attempt(
     plan: &LaunchPlan,
     world: &World,
@@ -76,23 +85,90 @@ pub fn run_attempt(
     store: &StoreClient,
     signals: &Signals,
 ) -> Result<AttemptOutcome, LaunchError> {
-    let keys = Keys::new(attempt);
-    let multi_node = plan.nnodes > 1;
-    let host = hostname();
-    let mut workers: Vec<Worker> = Vec::with_capacity(plan.nproc_per_node);
+    let mut a = Attempt::new(plan, world, attempt, store, signals);
     for local_rank in 0..plan.nproc_per_node {
+        if let Some(outcome) = a.check()? {
+            return Ok(outcome);
+        }
+        a.spawn(local_rank)?;
+    }
+    loop {
+        if let Some(outcome) = a.check()? {
+            return Ok(outcome);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// One attempt in progress on this node.
+struct Attempt<'a> {
+    plan: &'a LaunchPlan,
+    world: &'a World,
+    attempt: u32,
+    store: &'a StoreClient,
+    signals: &'a Signals,
+    keys: Keys,
+    multi_node: bool,
+    host: String,
+    /// Workers started so far, in local-rank order.
+    workers: Vec<Worker>,
+    /// Index in `workers` of each worker whose exit is not yet collected.
+    running: HashMap<u32, usize>,
+    /// Workers that exited with status 0.
+    succeeded: usize,
+    done_published: bool,
+    last_store_poll: Instant,
+    last_heartbeat: Option<Instant>,
+    heartbeats: HashMap<usize, (i64, Instant)>,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(
+        plan: &'a LaunchPlan,
+        world: &'a World,
+        attempt: u32,
+        store: &'a StoreClient,
+        signals: &'a Signals,
+    ) -> Attempt<'a> {
+        Attempt {
+            plan,
+            world,
+            attempt,
+            store,
+            signals,
+            keys: Keys::new(attempt),
+            multi_node: plan.nnodes > 1,
+            host: hostname(),
+            workers: Vec::with_capacity(plan.nproc_per_node),
+            running: HashMap::with_capacity(plan.nproc_per_node),
+            succeeded: 0,
+            done_published: false,
+            last_store_poll: Instant::now(),
+            last_heartbeat: None,
+            heartbeats: HashMap::new(),
+        }
+    }
+
+    /// Starts local worker `local_rank`; if it cannot be started, the
+    /// workers already started are stopped and the error returned.
+    fn spawn(&mut self, local_rank: usize) -> Result<(), LaunchError> {
+        let (plan, world) = (self.plan, self.world);
         let spec = WorkerSpec {
             rank: world.rank_offset(plan.node_rank) + local_rank,
             local_rank,
             command: plan.command.clone(),
-            env: worker_env(plan, world, attempt, local_rank),
+            env: worker_env(plan, world, self.attempt, local_rank),
         };
-        match Worker::spawn(&spec, plan.log_dir.as_deref(), attempt) {
-            Ok(w) => workers.push(w),
+        match Worker::spawn(&spec, plan.log_dir.as_deref(), self.attempt) {
+            Ok(w) => {
+                self.running.insert(w.pid(), self.workers.len());
+                self.workers.push(w);
+                Ok(())
+            }
             Err(e) => {
                 let failure = Failure {
                     node_rank: plan.node_rank,
-                    host: host.clone(),
+                    host: self.host.clone(),
                     rank: Some(spec.rank),
                     local_rank: Some(local_rank),
                     pid: None,
@@ -101,57 +177,58 @@ pub fn run_attempt(
                     stderr_tail: vec![],
                     restartable: false,
                 };
-                let _ = publish_failure(store, &keys, multi_node, failure);
-                stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-                return Err(e);
+                let _ = publish_failure(self.store, &self.keys, self.multi_node, failure);
+                self.stop(Signal::SIGTERM);
+                Err(e)
             }
         }
     }
-    let mut done_published = false;
-    let mut last_store_poll = Instant::now();
-    let mut last_heartbeat: Option<Instant> = None;
-    let mut heartbeats: HashMap<usize, (i64, Instant)> = HashMap::new();
-    loop {
-        if let Some(sig) = signals.received() {
+
+    /// Stops every worker started so far.
+    fn stop(&mut self, first: Signal) {
+        stop_workers(
+            &mut self.workers,
+            first,
+            self.plan.grace_period,
+            self.signals,
+        );
+    }
+
+    /// Reaps what has exited and looks for a reason to end the attempt:
+    /// a signal to the launcher, a failed worker, success (once every
+    /// worker has been started and exited with 0), or another node's news.
+    /// Cheap enough to run between two spawns: no work per running worker.
+    fn check(&mut self) -> Result<Option<AttemptOutcome>, LaunchError> {
+        let plan = self.plan;
+        if let Some(sig) = self.signals.received() {
             let failure = Failure {
                 node_rank: plan.node_rank,
-                host: host.clone(),
+                host: self.host.clone(),
                 rank: None,
                 local_rank: None,
                 pid: Some(std::process::id()),
                 how: format!(
-                    "the launcher on node {} ({host}) received {}",
+                    "the launcher on node {} ({}) received {}",
                     plan.node_rank,
+                    self.host,
                     process::signal_name(sig)
                 ),
                 exit_code: 128 + sig,
                 stderr_tail: vec![],
                 restartable: false,
             };
-            let root = publish_failure(store, &keys, multi_node, failure);
-            let forward = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
-            stop_workers(&mut workers, forward, plan.grace_period, signals);
-            return Ok(AttemptOutcome::Failed(root));
+            let root = publish_failure(self.store, &self.keys, self.multi_node, failure);
+            self.stop(Signal::try_from(sig).unwrap_or(Signal::SIGTERM));
+            return Ok(Some(AttemptOutcome::Failed(root)));
         }
 
-        let mut local_failure = None;
-        for w in workers.iter_mut() {
-            if let Some(status) = w.poll() {
-                if !status.success() && local_failure.is_none() {
-                    local_failure = Some((w.rank, status));
-                }
-            }
-        }
-        if let Some((rank, status)) = local_failure {
-            let w = workers
-                .iter_mut()
-                .find(|w| w.rank == rank)
-                .expect("failing worker is ours");
+        if let Some((i, status)) = self.reap() {
+            let w = &mut self.workers[i];
             // Let its last words reach the log before quoting them.
             w.finish_output(Instant::now() + Duration::from_millis(300));
             let failure = Failure {
                 node_rank: plan.node_rank,
-                host: host.clone(),
+                host: self.host.clone(),
                 rank: Some(w.rank),
                 local_rank: Some(w.local_rank),
                 pid: Some(w.pid()),
@@ -160,60 +237,95 @@ pub fn run_attempt(
                 stderr_tail: w.tail.lines(),
                 restartable: true,
             };
-            let root = publish_failure(store, &keys, multi_node, failure);
-            stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-            return Ok(AttemptOutcome::Failed(root));
+            let root = publish_failure(self.store, &self.keys, self.multi_node, failure);
+            self.stop(Signal::SIGTERM);
+            return Ok(Some(AttemptOutcome::Failed(root)));
         }
 
-        let all_succeeded = workers
-            .iter()
-            .all(|w| w.status.is_some_and(|s| s.success()));
-        if all_succeeded && !done_published {
-            clean_up_after_success(&mut workers);
-            if !multi_node {
-                return Ok(AttemptOutcome::Success);
+        if self.succeeded == plan.nproc_per_node && !self.done_published {
+            clean_up_after_success(&mut self.workers);
+            if !self.multi_node {
+                return Ok(Some(AttemptOutcome::Success));
             }
-            store.set(&keys.done(plan.node_rank), b"")?;
-            done_published = true;
+            self.store.set(&self.keys.done(plan.node_rank), b"")?;
+            self.done_published = true;
         }
 
-        if multi_node && last_store_poll.elapsed() >= STORE_POLL {
-            last_store_poll = Instant::now();
-            if last_heartbeat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
-                last_heartbeat = Some(Instant::now());
-                if let Err(e) = store.add(&keys.heartbeat(plan.node_rank), 1) {
-                    let root = lost_store(plan, &host, e);
-                    stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-                    return Ok(AttemptOutcome::Failed(root));
-                }
-                if let Some(dead) = silent_node(store, &keys, plan, &mut heartbeats) {
-                    let root = publish_failure(store, &keys, true, dead);
-                    stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-                    return Ok(AttemptOutcome::Failed(root));
-                }
+        if self.multi_node && self.last_store_poll.elapsed() >= STORE_POLL {
+            self.last_store_poll = Instant::now();
+            if let Some(root) = self.news_from_other_nodes() {
+                self.stop(Signal::SIGTERM);
+                return Ok(Some(AttemptOutcome::Failed(root)));
             }
-            let mut watched = vec![keys.failure()];
-            watched.extend((0..plan.nnodes).map(|r| keys.done(r)));
+            let mut watched = vec![self.keys.failure()];
+            watched.extend((0..plan.nnodes).map(|r| self.keys.done(r)));
             let refs: Vec<&str> = watched.iter().map(String::as_str).collect();
-            match store.check(&refs) {
+            match self.store.check(&refs) {
                 Ok(present) if present[0] => {
-                    let root = read_failure(store, &keys)
-                        .unwrap_or_else(|| lost_store(plan, &host, "unreadable failure record"));
-                    stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-                    return Ok(AttemptOutcome::Failed(root));
+                    let root = read_failure(self.store, &self.keys).unwrap_or_else(|| {
+                        lost_store(plan, &self.host, "unreadable failure record")
+                    });
+                    self.stop(Signal::SIGTERM);
+                    return Ok(Some(AttemptOutcome::Failed(root)));
                 }
                 Ok(present) if present[1..].iter().all(|p| *p) => {
-                    return Ok(AttemptOutcome::Success)
+                    return Ok(Some(AttemptOutcome::Success))
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    let root = lost_store(plan, &host, e);
-                    stop_workers(&mut workers, Signal::SIGTERM, plan.grace_period, signals);
-                    return Ok(AttemptOutcome::Failed(root));
+                    let root = lost_store(plan, &self.host, e);
+                    self.stop(Signal::SIGTERM);
+                    return Ok(Some(AttemptOutcome::Failed(root)));
                 }
             }
         }
-        std::thread::sleep(POLL);
+        Ok(None)
+    }
+
+    /// Beats this node's heartbeat and, on node 0, looks for silent nodes
+    /// (at most every [`HEARTBEAT_EVERY`]); returns a failure to act on.
+    fn news_from_other_nodes(&mut self) -> Option<Failure> {
+        if self
+            .last_heartbeat
+            .is_some_and(|t| t.elapsed() < HEARTBEAT_EVERY)
+        {
+            return None;
+        }
+        self.last_heartbeat = Some(Instant::now());
+        if let Err(e) = self.store.add(&self.keys.heartbeat(self.plan.node_rank), 1) {
+            return Some(lost_store(self.plan, &self.host, e));
+        }
+        let dead = silent_node(self.store, &self.keys, self.plan, &mut self.heartbeats)?;
+        Some(publish_failure(self.store, &self.keys, true, dead))
+    }
+
+    /// Collects every child of the launcher that has exited, so that none
+    /// stays a zombie: a worker's status is recorded, an adopted orphan is
+    /// simply reaped. Asks the kernel which children exited rather than
+    /// polling each worker, so the cost does not grow with the worker
+    /// count. Returns the first worker found to have failed.
+    fn reap(&mut self) -> Option<(usize, ExitStatus)> {
+        let mut failed = None;
+        let mut seen = HashSet::new();
+        while let Some(pid) = process::exited_child() {
+            if !seen.insert(pid) {
+                break; // Not collected below; never spin on it.
+            }
+            let Some(i) = self.running.remove(&pid) else {
+                process::reap(pid);
+                continue;
+            };
+            match self.workers[i].poll() {
+                Some(status) if status.success() => self.succeeded += 1,
+                Some(status) => {
+                    failed = failed.or(Some((i, status)));
+                }
+                None => {
+                    self.running.insert(pid, i);
+                }
+            }
+        }
+        failed
     }
 }
 

@@ -27,6 +27,10 @@ pub struct LaunchArgs {
     /// Workers to start on this node.
     #[arg(long, default_value_t = 1, value_name = "N")]
     nproc_per_node: usize,
+    /// Start --nproc-per-node workers even when there are far more of them than this host's
+    /// cores (without it, more than 4 per CPU core, and more than 16, are refused).
+    #[arg(long)]
+    force_nproc: bool,
     /// Number of nodes (default: SLURM_NNODES, else 1).
     #[arg(long, value_name = "M")]
     nnodes: Option<usize>,
@@ -74,6 +78,7 @@ pub struct LaunchArgs {
 pub fn run(a: LaunchArgs) -> Result<i32, String> {
     let options = LaunchOptions {
         nproc_per_node: a.nproc_per_node,
+        force_nproc: a.force_nproc,
         nnodes: a.nnodes,
         node_rank: a.node_rank,
         master_addr: a.master_addr,
