@@ -350,3 +350,85 @@ fn unwritable_outputs_are_refused_before_training() {
     let f = run(c, Duration::from_secs(30));
     assert!(f.stderr.contains("--ckpt-dir"), "{}", f.stderr);
 }
+
+/// The checkpointed training both elastic-restart runs use: 200 steps of
+/// the tiny model, a checkpoint every 20, resumed from the newest.
+const ELASTIC: &str =
+    "train --steps 200 --seq 32 --batch 4 --eval-every 0 --seed 11 --save-every 20 --resume auto";
+
+/// `braid launch` of 2 workers of [`ELASTIC`] (plus `extra`) into `ck`,
+/// saving the end to `out`, each worker writing its pid to
+/// `pid.RANK.RESTART` first.
+fn elastic_launch(
+    dir: &TempDir,
+    ck: &str,
+    out: &str,
+    extra: &str,
+    restarts: &str,
+) -> std::process::Command {
+    let b = env!("CARGO_BIN_EXE_braid");
+    let mut c = braid();
+    c.current_dir(dir.path())
+        .args(["launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", restarts, "--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > pid.$RANK.$BRAID_RESTART_COUNT; exec {b} {ELASTIC} {extra} --ckpt-dir {ck} --save {out}"
+        ));
+    c
+}
+
+#[test]
+fn a_rank_killed_mid_run_restarts_from_the_checkpoint_and_ends_as_if_never_killed() {
+    for (name, extra) in [("ddp", ""), ("zero3", "--zero 3")] {
+        let dir = TempDir::new(&format!("ckpt-kill-{name}"));
+        let f = run(
+            elastic_launch(&dir, "ref", "ref.safetensors", extra, "0"),
+            Duration::from_secs(120),
+        );
+        assert_eq!(f.code, Some(0), "{name} uninterrupted: {f:?}");
+        let running = common::start(elastic_launch(&dir, "ck", "killed.safetensors", extra, "1"));
+        // Kill rank 1 at a step past the third checkpoint that varies
+        // from run to run (the outcome must not depend on it).
+        let third = dir.path().join("ck").join("step-00000060");
+        let t0 = std::time::Instant::now();
+        while !third.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{name}: no third checkpoint"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let jitter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_micros()
+            % 200_000;
+        std::thread::sleep(Duration::from_micros(jitter as u64));
+        let victim: i32 = std::fs::read_to_string(dir.path().join("pid.1.0"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(victim),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let f = running.finish(Duration::from_secs(120));
+        assert_eq!(f.code, Some(0), "{name} killed: {f:?}");
+        let out = format!("{}{}", f.stdout, f.stderr);
+        if !out.contains("restarting the worker group") {
+            // The kill came after the last step: nothing to restart.
+            assert!(out.contains("saved killed.safetensors"), "{name}: {out}");
+        } else {
+            assert!(out.contains("resuming from"), "{name}: {out}");
+        }
+        let (a, b) = (
+            params(&dir.path().join("ref.safetensors")),
+            params(&dir.path().join("killed.safetensors")),
+        );
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: the restarted run's parameters differ by up to {} (killed at {jitter} us past step 60)",
+            max_diff(&a, &b)
+        );
+    }
+}
