@@ -4,6 +4,12 @@
 //! its configuration read from the tensor shapes (head width 64, as every
 //! GPT-2 size uses). f32, bf16 and f16 tensors load; every problem names
 //! the file and the tensor.
+//!
+//! braid writes a CRC-32 of every tensor's stored bytes into the header
+//! metadata (`braid.crc32.<name>`, 8 lowercase hex digits, the convention
+//! of braid's sharded checkpoints) and loading checks every tensor that has
+//! one, so a flipped bit is refused rather than loaded. Files without these
+//! entries (Hugging Face's, older braid files) load unverified.
 
 use crate::config::GptConfig;
 use crate::layout::Layout;
@@ -16,6 +22,27 @@ use std::sync::Arc;
 
 /// Metadata key holding the model configuration as JSON.
 pub const CONFIG_KEY: &str = "braid.config";
+
+/// Metadata key prefix of a tensor's checksum (`braid.crc32.<name>`: the
+/// CRC-32 of its stored little-endian bytes, whatever the dtype, as 8
+/// lowercase hex digits). The same convention as braid's sharded
+/// checkpoints.
+pub const CRC_PREFIX: &str = "braid.crc32.";
+
+/// The CRC-32 of a tensor's stored bytes.
+fn crc_of(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// A checksum entry's value: exactly 8 lowercase hex digits (as written;
+/// anything else means the header was damaged, so any change to a stored
+/// value is refused).
+fn parse_crc(hex: &str) -> Option<u32> {
+    if hex.len() != 8 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u32::from_str_radix(hex, 16).ok()
+}
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +87,10 @@ pub struct LoadReport {
     pub metadata: HashMap<String, String>,
 }
 
-/// Writes `params` to `path` as f32 safetensors (written to a temporary
-/// file first, then renamed, so a crash never leaves half a checkpoint).
+/// Writes `params` to `path` as f32 safetensors, with each tensor's
+/// checksum in the header (written to a temporary file first, flushed to
+/// the disk, then renamed and the directory flushed, so a crash never
+/// leaves half a checkpoint under `path`).
 pub fn save(params: &Params, path: &Path) -> Result<(), CheckpointError> {
     save_with(params, path, &[])
 }
@@ -120,17 +149,97 @@ pub fn save_as(
         CONFIG_KEY.to_string(),
         serde_json::to_string(&layout.config).expect("config serialises"),
     );
+    for (p, b) in layout.params.iter().zip(&bytes) {
+        meta.insert(
+            format!("{CRC_PREFIX}{}", p.name),
+            format!("{:08x}", crc_of(b)),
+        );
+    }
     let tmp = path.with_extension("safetensors.tmp");
-    safetensors::tensor::serialize_to_file(views, &Some(meta), &tmp).map_err(|e| {
-        CheckpointError::Format {
+    let written = safetensors::tensor::serialize_to_file(views, &Some(meta), &tmp)
+        .map_err(|e| CheckpointError::Format {
             path: tmp.clone(),
             why: e.to_string(),
-        }
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| CheckpointError::Io {
-        path: path.into(),
+        })
+        .and_then(|()| {
+            // Flush the file's bytes to the disk before it takes the final
+            // name: a rename may reach the disk before the data does.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|source| CheckpointError::Io {
+                    path: tmp.clone(),
+                    source,
+                })
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|source| CheckpointError::Io {
+                path: path.into(),
+                source,
+            })
+        });
+    if written.is_err() {
+        // Best effort: the error being returned is the one that matters.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    sync_parent(path)
+}
+
+/// Flushes the directory holding `path` to the disk, so the rename that
+/// gave the file its name survives a crash.
+fn sync_parent(path: &Path) -> Result<(), CheckpointError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    sync_dir(dir).map_err(|source| CheckpointError::Io {
+        path: dir.into(),
         source,
     })
+}
+
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Directories cannot be opened as files here; the rename is as durable
+/// as the platform makes it.
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Checks tensor `name` of the file `path` against its checksum in
+/// `metadata`, if it has one.
+fn verify(
+    path: &Path,
+    name: &str,
+    view: &TensorView<'_>,
+    metadata: &HashMap<String, String>,
+) -> Result<(), CheckpointError> {
+    let Some(hex) = metadata.get(&format!("{CRC_PREFIX}{name}")) else {
+        return Ok(());
+    };
+    let tensor_err = |why: String| CheckpointError::Tensor {
+        path: path.into(),
+        tensor: name.to_string(),
+        why,
+    };
+    let want = parse_crc(hex).ok_or_else(|| {
+        tensor_err(format!(
+            "malformed checksum {hex:?} in the header (expected 8 lowercase hex digits)"
+        ))
+    })?;
+    let got = crc_of(view.data());
+    if got != want {
+        return Err(tensor_err(format!(
+            "corrupt: its checksum is {got:08x}, the header says {want:08x}"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads a checkpoint written by [`save`] or a Hugging Face GPT-2
@@ -150,6 +259,29 @@ pub fn load(path: &Path) -> Result<(Params, LoadReport), CheckpointError> {
         metadata: meta.metadata().clone().unwrap_or_default(),
         ..Default::default()
     };
+    // A checksum entry naming no tensor of the file: the header itself is
+    // damaged (a flipped byte in an entry's name would otherwise leave its
+    // tensor unverified).
+    let mut orphans: Vec<&str> = report
+        .metadata
+        .keys()
+        .filter_map(|k| k.strip_prefix(CRC_PREFIX))
+        .filter(|name| st.tensor(name).is_err())
+        .collect();
+    orphans.sort_unstable();
+    if let Some(name) = orphans.first() {
+        return Err(format(format!(
+            "the header has a checksum for tensor {name:?}, which the file does not hold"
+        )));
+    }
+    // Every checksummed tensor is verified, parameters or not, before
+    // anything is read from the file's data.
+    let mut names = st.names();
+    names.sort_unstable();
+    for name in names {
+        let view = st.tensor(name).map_err(|e| format(format!("{e:?}")))?;
+        verify(path, name, &view, &report.metadata)?;
+    }
     let config = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
         Some(json) => serde_json::from_str::<GptConfig>(json)
             .map_err(|e| format(format!("bad {CONFIG_KEY} metadata: {e}")))?,
@@ -271,6 +403,211 @@ mod tests {
         for (a, b) in p.data.iter().zip(&r.data) {
             assert!((a - b).abs() <= a.abs() / 128.0 + 1e-30);
         }
+    }
+
+    fn small_params() -> Params {
+        let cfg = GptConfig::parse("L2-H2-C32-V100-T16").unwrap();
+        Params::init_gpt2(Arc::new(Layout::new(&cfg)), 3)
+    }
+
+    /// The header JSON of a safetensors file and where its data starts.
+    fn header_of(buf: &[u8]) -> (serde_json::Value, usize) {
+        let n = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
+        (serde_json::from_slice(&buf[8..8 + n]).unwrap(), 8 + n)
+    }
+
+    /// The stored tensors of a file, in data order: (name, byte range in
+    /// the file).
+    fn data_order(buf: &[u8]) -> Vec<(String, std::ops::Range<usize>)> {
+        let (header, start) = header_of(buf);
+        let mut v: Vec<_> = header
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .map(|(k, t)| {
+                let o = &t["data_offsets"];
+                let (a, b) = (o[0].as_u64().unwrap(), o[1].as_u64().unwrap());
+                (k.clone(), start + a as usize..start + b as usize)
+            })
+            .collect();
+        v.sort_by_key(|(_, r)| r.start);
+        v
+    }
+
+    /// Saves `p` as `dtype`, then checks that one flipped bit at the start,
+    /// the middle and the end of the first, a middle and the last tensor's
+    /// bytes is refused, naming that tensor and the file.
+    fn flipped_bits_are_refused(dtype: DType, name: &str) {
+        let p = small_params();
+        let path = tmp(name);
+        save_as(&p, &path, dtype, &[]).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let order = data_order(&good);
+        assert_eq!(order.len(), p.layout.params.len());
+        let picks = [&order[0], &order[order.len() / 2], &order[order.len() - 1]];
+        for (tensor, range) in picks {
+            for (at, bit) in [
+                (range.start, 0u8),
+                ((range.start + range.end) / 2, 3),
+                (range.end - 1, 6),
+            ] {
+                let mut bad = good.clone();
+                bad[at] ^= 1 << bit;
+                std::fs::write(&path, &bad).unwrap();
+                let e = load(&path).unwrap_err();
+                match &e {
+                    CheckpointError::Tensor {
+                        path: p,
+                        tensor: t,
+                        why,
+                    } => {
+                        assert_eq!(p, &path);
+                        assert_eq!(t, tensor);
+                        assert!(why.starts_with("corrupt: its checksum is "), "{why}");
+                        assert!(why.contains(", the header says "), "{why}");
+                    }
+                    other => panic!("byte {at} bit {bit} of {tensor}: {other}"),
+                }
+                let msg = e.to_string();
+                assert!(msg.contains(name) && msg.contains(tensor.as_str()), "{msg}");
+            }
+        }
+        // The untouched file still loads.
+        std::fs::write(&path, &good).unwrap();
+        load(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn saved_files_carry_a_checksum_of_every_tensor() {
+        let p = small_params();
+        for (dtype, name) in [
+            (DType::F32, "crc-f32.safetensors"),
+            (DType::BF16, "crc-bf16.safetensors"),
+        ] {
+            let path = tmp(name);
+            save_as(&p, &path, dtype, &[("braid.tokenizer", "bytes")]).unwrap();
+            assert!(!path.with_extension("safetensors.tmp").exists());
+            let buf = std::fs::read(&path).unwrap();
+            let (header, _) = header_of(&buf);
+            let meta = header["__metadata__"].as_object().unwrap();
+            for (tensor, range) in data_order(&buf) {
+                let hex = meta[&format!("{CRC_PREFIX}{tensor}")].as_str().unwrap();
+                assert_eq!(hex, format!("{:08x}", crc32fast::hash(&buf[range])));
+            }
+            let crcs = meta.keys().filter(|k| k.starts_with(CRC_PREFIX)).count();
+            assert_eq!(crcs, p.layout.params.len());
+            let (q, report) = load(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            assert_eq!(report.metadata["braid.tokenizer"], "bytes");
+            if dtype == DType::F32 {
+                assert_eq!(q, p);
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_in_f32_tensor_data_is_refused() {
+        flipped_bits_are_refused(DType::F32, "flip-f32.safetensors");
+    }
+
+    #[test]
+    fn a_flipped_bit_in_bf16_tensor_data_is_refused() {
+        flipped_bits_are_refused(DType::BF16, "flip-bf16.safetensors");
+    }
+
+    #[test]
+    fn files_without_checksums_load_unverified() {
+        let p = small_params();
+        let bytes: Vec<Vec<u8>> = p
+            .layout
+            .params
+            .iter()
+            .map(|s| p.tensor(&s.name).to_le_bytes())
+            .collect();
+        let views: Vec<_> = p
+            .layout
+            .params
+            .iter()
+            .zip(&bytes)
+            .map(|(s, b)| {
+                (
+                    s.name.clone(),
+                    TensorView::new(Dtype::F32, s.shape.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        let meta = HashMap::from([(
+            CONFIG_KEY.to_string(),
+            serde_json::to_string(&p.layout.config).unwrap(),
+        )]);
+        let path = tmp("no-crc.safetensors");
+        safetensors::tensor::serialize_to_file(views, &Some(meta), &path).unwrap();
+        let (q, report) = load(&path).unwrap();
+        assert_eq!(q, p);
+        assert!(!report.inferred_config);
+        // Unverified: a flipped bit goes unnoticed, as before.
+        let mut buf = std::fs::read(&path).unwrap();
+        let (_, range) = data_order(&buf)[0].clone();
+        buf[range.start] ^= 1;
+        std::fs::write(&path, &buf).unwrap();
+        let (r, _) = load(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_ne!(r, p);
+    }
+
+    #[test]
+    fn a_damaged_checksum_in_the_header_is_refused() {
+        let p = small_params();
+        let path = tmp("bad-crc.safetensors");
+        save(&p, &path).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let (header, start) = header_of(&good);
+        let tensor = &p.layout.params[p.layout.params.len() / 2].name;
+        let key = format!("{CRC_PREFIX}{tensor}");
+        let hex = header["__metadata__"][&key].as_str().unwrap();
+        let needle = format!("\"{key}\":\"{hex}\"");
+        let at = 8
+            + std::str::from_utf8(&good[8..start])
+                .unwrap()
+                .find(&needle)
+                .unwrap()
+            + key.len()
+            + 4;
+        assert_eq!(&good[at..at + 8], hex.as_bytes());
+        // Every single-bit flip of every digit: a different value, a
+        // malformed one, or a header that no longer parses; never accepted.
+        for i in 0..8 {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[at + i] ^= 1 << bit;
+                std::fs::write(&path, &bad).unwrap();
+                let e = load(&path).unwrap_err();
+                let msg = e.to_string();
+                assert!(msg.contains("bad-crc.safetensors"), "{msg}");
+                if let CheckpointError::Tensor { tensor: t, why, .. } = &e {
+                    assert_eq!(t, tensor, "{msg}");
+                    assert!(why.contains("checksum"), "{msg}");
+                }
+            }
+        }
+        // A malformed value names the tensor.
+        let mut bad = good.clone();
+        bad[at] = b'g';
+        std::fs::write(&path, &bad).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(tensor.as_str()) && e.contains("malformed checksum"),
+            "{e}"
+        );
+        // A damaged entry name would leave its tensor unchecked: refused.
+        let mut bad = good.clone();
+        bad[at - 4] ^= 1; // the last letter of the entry's tensor name
+        std::fs::write(&path, &bad).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.contains("does not hold"), "{e}");
     }
 
     #[test]
