@@ -479,18 +479,30 @@ pub trait Engine {
         Vec::new()
     }
 
-    /// A host copy of the optimizer's state for the flat elements
-    /// `ranges` (each inside one range the optimizer owns; zeros before
-    /// the first update). Engines without it refuse.
-    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
-        let _ = ranges;
+    /// The optimizer's kind (`adamw`, `sgd`) and the names of its moments
+    /// (PyTorch's: `exp_avg`, `exp_avg_sq`; `momentum_buffer`). Engines
+    /// that cannot checkpoint their optimizer refuse.
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        Err("this engine cannot copy its optimizer state for a checkpoint".into())
+    }
+
+    /// Copies moment `moment` (its place in
+    /// [`optimizer_moments`](Self::optimizer_moments)) of the flat
+    /// elements `ranges` (each inside one range the optimizer owns) into
+    /// `out`, one range after another (zeros before the first update).
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let _ = (moment, ranges, out);
         Err("this engine cannot copy its optimizer state for a checkpoint".into())
     }
 
     /// Replaces the optimizer's state by `state` (every range it owns,
-    /// one after another, as [`optimizer_state`](Self::optimizer_state)
-    /// of those ranges gives it), as after `updates` updates (a resumed
-    /// run). Engines without it refuse.
+    /// one after another), as after `updates` updates (a resumed run).
+    /// Engines without it refuse.
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
         let _ = (state, updates);
         Err("this engine cannot load optimizer state from a checkpoint".into())

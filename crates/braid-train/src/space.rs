@@ -24,10 +24,10 @@ pub trait Space: 'static {
     fn window(flat: &mut Self::Flat) -> Self::Window<'_>;
     /// Short name for messages (`host`, `cuda`).
     fn name() -> &'static str;
-    /// A host copy of the elements `ranges` of `flat`, one range after
+    /// Copies the elements `ranges` of `flat` into `out`, one range after
     /// another (checkpoints; a GPU's copy waits for its main stream only:
     /// synchronise the engine first).
-    fn read_ranges(flat: &Self::Flat, ranges: &[Range<usize>]) -> Result<Vec<f32>>;
+    fn read_ranges_into(flat: &Self::Flat, ranges: &[Range<usize>], out: &mut [f32]) -> Result<()>;
     /// Overwrites the elements `ranges` of `flat` with `values` (the
     /// ranges one after another).
     fn write_ranges(flat: &mut Self::Flat, ranges: &[Range<usize>], values: &[f32]) -> Result<()>;
@@ -78,14 +78,14 @@ impl Space for Host {
     fn name() -> &'static str {
         "host"
     }
-    fn read_ranges(flat: &Vec<f32>, ranges: &[Range<usize>]) -> Result<Vec<f32>> {
-        let total = ranges.iter().map(|r| r.len()).sum();
-        check_ranges(flat.len(), ranges, total)?;
-        let mut out = Vec::with_capacity(total);
+    fn read_ranges_into(flat: &Vec<f32>, ranges: &[Range<usize>], out: &mut [f32]) -> Result<()> {
+        check_ranges(flat.len(), ranges, out.len())?;
+        let mut at = 0;
         for r in ranges {
-            out.extend_from_slice(&flat[r.clone()]);
+            out[at..at + r.len()].copy_from_slice(&flat[r.clone()]);
+            at += r.len();
         }
-        Ok(out)
+        Ok(())
     }
     fn write_ranges(flat: &mut Vec<f32>, ranges: &[Range<usize>], values: &[f32]) -> Result<()> {
         check_ranges(flat.len(), ranges, values.len())?;
@@ -110,17 +110,19 @@ impl Space for Gpu {
     fn name() -> &'static str {
         "cuda"
     }
-    fn read_ranges(flat: &DeviceBuffer<f32>, ranges: &[Range<usize>]) -> Result<Vec<f32>> {
-        let total = ranges.iter().map(|r| r.len()).sum();
-        check_ranges(flat.len(), ranges, total)?;
-        let mut out = vec![0.0; total];
+    fn read_ranges_into(
+        flat: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        check_ranges(flat.len(), ranges, out.len())?;
         let mut at = 0;
         for r in ranges {
             flat.copy_range_to_host(r.clone(), &mut out[at..at + r.len()])
                 .map_err(|e| e.to_string())?;
             at += r.len();
         }
-        Ok(out)
+        Ok(())
     }
     fn write_ranges(
         flat: &mut DeviceBuffer<f32>,

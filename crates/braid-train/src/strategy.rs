@@ -29,7 +29,7 @@
 //! 7. [`finish`](Strategy::finish) (once, after the last step): the
 //!    engine holds whole parameters again (to save or sample them).
 
-use crate::checkpoint::{self, StatePart, StateSource};
+use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::engine::{backward_local, Engine, Flat, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::timeline::Timeline;
@@ -150,13 +150,13 @@ pub trait Strategy<E: Engine> {
     }
 
     /// This rank's part of the model state for a checkpoint, copied to
-    /// host memory (after an update). By default that of a model every
+    /// host memory from `staging` (after an update). By default that of a model every
     /// rank holds whole: rank `r` of the replicas writes its share of the
     /// tensors ([`checkpoint::replica_share`]).
-    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
         let tensors = checkpoint::tensors_of(engine)?;
         let ranges = checkpoint::replica_share(&tensors, self.rank(), self.replicas());
-        checkpoint::whole_part(engine, ranges)
+        checkpoint::whole_part(engine, ranges, staging)
     }
 
     /// Loads what this rank holds from a checkpoint (after

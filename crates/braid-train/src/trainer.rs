@@ -292,7 +292,8 @@ where
             ck.poll(&mut |v| strategy.mean(v))?;
             if o.update && ck.due(step + 1, o.steps) {
                 let t = Instant::now();
-                let part = strategy.save_part(engine)?;
+                let device = engine.stream().map(|s| s.device().clone());
+                let part = strategy.save_part(engine, ck.staging(device.as_ref()))?;
                 let stall = t.elapsed().as_secs_f64();
                 let (done, taken) = ((step + 1) as u64, ((step + 1) * o.accum) as u64);
                 let (tensors, describe) = (engine.tensors(), engine.describe());

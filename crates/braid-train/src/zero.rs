@@ -44,7 +44,7 @@
 //! write gradients into storage reused bucket by bucket), and so are the
 //! parameters (stage 3).
 
-use crate::checkpoint::{self, StatePart, StateSource};
+use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, shard_slots, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
@@ -371,14 +371,14 @@ where
         }
     }
 
-    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
         let ranges = match writes {
             true => self.shard.clone(),
             false => Vec::new(),
         };
-        checkpoint::whole_part(engine, ranges)
+        checkpoint::whole_part(engine, ranges, staging)
     }
 
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {

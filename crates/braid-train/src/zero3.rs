@@ -33,7 +33,7 @@
 //! the same sums, in the order the collectives add them), so parameters
 //! agree with a data-parallel run within summation order.
 
-use crate::checkpoint::{self, StatePart, StateSource};
+use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
 use crate::ddp::mean_over;
 use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
@@ -604,23 +604,31 @@ where
         }
     }
 
-    fn save_part(&mut self, engine: &mut E) -> Result<StatePart> {
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
         engine.synchronize()?;
         let (_, st) = self.started()?;
-        if !writes {
-            return Ok(StatePart {
-                ranges: Vec::new(),
-                params: Vec::new(),
-                optimizer: engine.optimizer_state(&[])?,
-            });
+        let ranges = match writes {
+            true => st.shard.clone(),
+            false => Vec::new(),
+        };
+        let len = ranges.iter().map(|r| r.len()).sum();
+        let mut params = staging.take(len)?;
+        if writes {
+            let all = 0..<C::Space as Space>::len(&st.master);
+            <C::Space as Space>::read_ranges_into(
+                &st.master,
+                std::slice::from_ref(&all),
+                &mut params,
+            )?;
         }
-        let len = <C::Space as Space>::len(&st.master);
+        let (kind, moments) = checkpoint::moments_part(engine, &ranges, staging)?;
         Ok(StatePart {
-            ranges: st.shard.clone(),
-            params: <C::Space as Space>::read_ranges(&st.master, std::slice::from_ref(&(0..len)))?,
-            optimizer: engine.optimizer_state(&st.shard)?,
+            ranges,
+            params,
+            kind,
+            moments,
         })
     }
 

@@ -25,9 +25,11 @@
 pub mod format;
 pub mod load;
 pub mod save;
+pub mod staging;
 
 pub use load::CheckpointReader;
 pub use save::{Checkpointer, SaveReport};
+pub use staging::{HostBuf, Staging};
 
 use crate::engine::{Engine, NamedTensor, OptimizerState};
 use crate::space::Space;
@@ -45,15 +47,43 @@ pub const LATEST: &str = "latest";
 
 /// The part of the model state one rank writes: flat elements `ranges`
 /// (of the engine's buffer, increasing), their parameters and their
-/// optimizer state, each laid out as the ranges one after another.
-#[derive(Debug, Clone, PartialEq)]
+/// optimizer state, each laid out as the ranges one after another, in
+/// host memory from the save's [`Staging`].
+#[derive(Debug)]
 pub struct StatePart {
     /// The flat elements.
     pub ranges: Vec<Range<usize>>,
     /// Their parameters (f32 master weights).
-    pub params: Vec<f32>,
-    /// Their optimizer state.
-    pub optimizer: OptimizerState,
+    pub params: HostBuf,
+    /// The optimizer's kind (`adamw`, `sgd`).
+    pub kind: String,
+    /// Its moments of those elements, by name.
+    pub moments: Vec<(String, HostBuf)>,
+}
+
+impl StatePart {
+    /// Its buffers, to be reused by the next save.
+    pub fn into_bufs(self) -> impl Iterator<Item = HostBuf> {
+        std::iter::once(self.params).chain(self.moments.into_iter().map(|(_, b)| b))
+    }
+}
+
+/// The optimizer state of the elements `ranges` (each inside one range
+/// the optimizer owns), into buffers from `staging`.
+pub fn moments_part<E: Engine>(
+    engine: &mut E,
+    ranges: &[Range<usize>],
+    staging: &mut Staging,
+) -> Result<(String, Vec<(String, HostBuf)>)> {
+    let (kind, names) = engine.optimizer_moments()?;
+    let len = ranges.iter().map(|r| r.len()).sum();
+    let mut moments = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        let mut buf = staging.take(len)?;
+        engine.read_moment(i, ranges, &mut buf)?;
+        moments.push((name, buf));
+    }
+    Ok((kind, moments))
 }
 
 /// Where a resumed run reads its state from.
@@ -100,18 +130,25 @@ pub fn tensors_of<E: Engine>(engine: &E) -> Result<Vec<NamedTensor>> {
 }
 
 /// The part a rank holding whole parameters writes: the elements
-/// `ranges` of its parameters and optimizer state.
-pub fn whole_part<E: Engine>(engine: &mut E, ranges: Vec<Range<usize>>) -> Result<StatePart> {
+/// `ranges` of its parameters and optimizer state, into buffers from
+/// `staging`.
+pub fn whole_part<E: Engine>(
+    engine: &mut E,
+    ranges: Vec<Range<usize>>,
+    staging: &mut Staging,
+) -> Result<StatePart> {
     engine.synchronize()?;
     if engine.host_params().is_some() {
         return Err("checkpoints of an offloaded optimizer are not supported yet (train without --offload to checkpoint)".into());
     }
-    let params = E::Space::read_ranges(engine.params(), &ranges)?;
-    let optimizer = engine.optimizer_state(&ranges)?;
+    let mut params = staging.take(ranges.iter().map(|r| r.len()).sum())?;
+    E::Space::read_ranges_into(engine.params(), &ranges, &mut params)?;
+    let (kind, moments) = moments_part(engine, &ranges, staging)?;
     Ok(StatePart {
         ranges,
         params,
-        optimizer,
+        kind,
+        moments,
     })
 }
 

@@ -13,6 +13,7 @@
 //! previous one.
 
 use super::format::{self, Entry, PieceName};
+use super::staging::Staging;
 use super::{StatePart, FORMAT, INDEX, LATEST, MANIFEST};
 use crate::engine::NamedTensor;
 use crate::Result;
@@ -129,10 +130,14 @@ struct InFlight {
     engine: String,
     moments: (String, Vec<String>),
     stall_s: f64,
-    handle: Option<JoinHandle<Result<(u64, f64)>>>,
+    handle: Option<JoinHandle<Written>>,
     /// The background write's outcome once joined.
     outcome: Option<Result<(u64, f64)>>,
 }
+
+/// What the writer thread hands back: bytes written and seconds taken,
+/// or why it failed; and the part's buffers, for the next save.
+type Written = (Result<(u64, f64)>, Option<StatePart>);
 
 /// Saves a rank's checkpoints (see the module docs).
 pub struct Checkpointer {
@@ -145,6 +150,11 @@ pub struct Checkpointer {
     reports: Vec<SaveReport>,
     /// Rank 0 prints a line per committed checkpoint.
     announce: bool,
+    /// Host memory for the parts, reused from save to save.
+    staging: Option<Staging>,
+    /// Write each save before training goes on (to compare with the
+    /// background write).
+    sync: bool,
 }
 
 /// A piece of a rank's part: which tensor run, under which key and
@@ -230,6 +240,8 @@ impl Checkpointer {
             inflight: None,
             reports: Vec::new(),
             announce,
+            staging: None,
+            sync: false,
         })
     }
 
@@ -243,6 +255,20 @@ impl Checkpointer {
     /// What every save cost so far.
     pub fn reports(&self) -> &[SaveReport] {
         &self.reports
+    }
+
+    /// Makes every save write its files before training goes on (the
+    /// stall then includes the write: what the background write saves is
+    /// measured against this).
+    pub fn write_synchronously(&mut self, sync: bool) {
+        self.sync = sync;
+    }
+
+    /// The host memory the next part goes into: page-locked for state on
+    /// `device` (made at the first save; the device cannot change).
+    pub fn staging(&mut self, device: Option<&braid_cuda::Device>) -> &mut Staging {
+        self.staging
+            .get_or_insert_with(|| Staging::new(device.cloned()))
     }
 
     /// Starts saving `part` (this rank's, after `step` optimizer steps and
@@ -267,12 +293,8 @@ impl Checkpointer {
         std::fs::create_dir_all(&tmp)
             .map_err(|e| format!("checkpoint {}: could not be created: {e}", tmp.display()))?;
         let moments = (
-            part.optimizer.kind.clone(),
-            part.optimizer
-                .moments
-                .iter()
-                .map(|(n, _)| n.clone())
-                .collect(),
+            part.kind.clone(),
+            part.moments.iter().map(|(n, _)| n.clone()).collect(),
         );
         let pieces = pieces_of(&tensors, &part.ranges);
         let (model, optim) = (
@@ -286,31 +308,33 @@ impl Checkpointer {
         ];
         let handle = std::thread::Builder::new()
             .name("braid-ckpt-writer".into())
-            .spawn(move || -> Result<(u64, f64)> {
+            .spawn(move || -> Written {
                 let t = Instant::now();
-                let entries: Vec<Entry<'_>> = pieces
-                    .iter()
-                    .map(|p| Entry {
-                        key: p.key.clone(),
-                        shape: p.shape.clone(),
-                        values: &part.params[p.at.clone()],
-                    })
-                    .collect();
-                format::write_safetensors(&model, &entries, &meta)?;
-                let mut entries = Vec::new();
-                for (name, values) in &part.optimizer.moments {
-                    for p in &pieces {
-                        entries.push(Entry {
-                            key: format!("{name}/{}", p.key),
-                            shape: vec![p.at.len()],
-                            values: &values[p.at.clone()],
-                        });
+                let write = || -> Result<u64> {
+                    let entries: Vec<Entry<'_>> = pieces
+                        .iter()
+                        .map(|p| Entry {
+                            key: p.key.clone(),
+                            shape: p.shape.clone(),
+                            values: &part.params[p.at.clone()],
+                        })
+                        .collect();
+                    format::write_safetensors(&model, &entries, &meta)?;
+                    let mut entries = Vec::new();
+                    for (name, values) in &part.moments {
+                        for p in &pieces {
+                            entries.push(Entry {
+                                key: format!("{name}/{}", p.key),
+                                shape: vec![p.at.len()],
+                                values: &values[p.at.clone()],
+                            });
+                        }
                     }
-                }
-                format::write_safetensors(&optim, &entries, &meta)?;
-                let bytes =
-                    4 * part.params.len() as u64 * (1 + part.optimizer.moments.len() as u64);
-                Ok((bytes, t.elapsed().as_secs_f64()))
+                    format::write_safetensors(&optim, &entries, &meta)?;
+                    Ok(4 * part.params.len() as u64 * (1 + part.moments.len() as u64))
+                };
+                let r = write().map(|bytes| (bytes, t.elapsed().as_secs_f64()));
+                (r, Some(part))
             })
             .map_err(|e| format!("checkpoint: could not start the writer thread: {e}"))?;
         self.inflight = Some(InFlight {
@@ -324,7 +348,30 @@ impl Checkpointer {
             handle: Some(handle),
             outcome: None,
         });
+        if self.sync {
+            let t = Instant::now();
+            self.wait(agree)?;
+            if let Some(r) = self.reports.last_mut() {
+                r.stall_s += t.elapsed().as_secs_f64();
+            }
+            self.announce_last();
+        }
         Ok(())
+    }
+
+    /// Rank 0 (when announcing) prints the last save's line.
+    fn announce_last(&self) {
+        if let (0, true, Some(r)) = (self.rank, self.announce, self.reports.last()) {
+            println!(
+                "checkpoint {} saved in {} (training stalled {:.3} s{}; rank 0 wrote {:.1} MB in {:.2} s)",
+                step_dir_name(r.step),
+                self.opts.root.display(),
+                r.stall_s,
+                if self.sync { ", written before going on" } else { "" },
+                r.bytes as f64 / 1e6,
+                r.write_s
+            );
+        }
     }
 
     /// Once per step: if a save is in flight, asks every rank whether its
@@ -335,7 +382,8 @@ impl Checkpointer {
             return Ok(());
         };
         if f.outcome.is_none() && f.handle.as_ref().is_some_and(|h| h.is_finished()) {
-            f.outcome = Some(join(f.handle.take().expect("handle")));
+            let h = f.handle.take().expect("handle");
+            f.outcome = Some(join(h, &mut self.staging));
         }
         self.settle(agree, false)
     }
@@ -346,7 +394,7 @@ impl Checkpointer {
             return Ok(());
         };
         if let Some(h) = f.handle.take() {
-            f.outcome = Some(join(h));
+            f.outcome = Some(join(h, &mut self.staging));
         }
         self.settle(agree, true)
     }
@@ -391,16 +439,6 @@ impl Checkpointer {
         };
         if self.rank == 0 {
             self.commit(&f)?;
-            if self.announce {
-                println!(
-                    "checkpoint {} saved in {} (training stalled {:.3} s; rank 0 wrote {:.1} MB in {:.2} s)",
-                    step_dir_name(f.step),
-                    self.opts.root.display(),
-                    f.stall_s,
-                    bytes as f64 / 1e6,
-                    write_s
-                );
-            }
         }
         self.reports.push(SaveReport {
             step: f.step,
@@ -408,6 +446,9 @@ impl Checkpointer {
             write_s,
             bytes,
         });
+        if !self.sync {
+            self.announce_last();
+        }
         Ok(())
     }
 
@@ -564,7 +605,15 @@ pub fn committed(root: &Path) -> Vec<u64> {
         .collect()
 }
 
-fn join(h: JoinHandle<Result<(u64, f64)>>) -> Result<(u64, f64)> {
-    h.join()
-        .unwrap_or_else(|_| Err("the checkpoint writer thread panicked".into()))
+/// The writer's outcome; its buffers go back to `staging`.
+fn join(h: JoinHandle<Written>, staging: &mut Option<Staging>) -> Result<(u64, f64)> {
+    match h.join() {
+        Ok((r, part)) => {
+            if let (Some(s), Some(p)) = (staging.as_mut(), part) {
+                s.give_back(p.into_bufs());
+            }
+            r
+        }
+        Err(_) => Err("the checkpoint writer thread panicked".into()),
+    }
 }

@@ -2,7 +2,7 @@
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
 use super::{
-    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, moments_at,
+    copy_at, gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment,
     TokenBatch,
 };
 use crate::engine::{
@@ -325,15 +325,30 @@ impl Engine for CpuGpt {
         gpt_tensors(&self.params.layout)
     }
 
-    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        Ok(match self.optimizer {
+            CpuOptimizer::AdamW { .. } => {
+                ("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()])
+            }
+            CpuOptimizer::Sgd { .. } => ("sgd".into(), vec!["momentum_buffer".into()]),
+        })
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
         let at = state_ranges(&self.shard, ranges)?;
         let (opt, _) = self.stepping();
-        Ok(match opt {
-            Optimizer::AdamW { m, v, .. } => {
-                moments_at("adamw", &[("exp_avg", m), ("exp_avg_sq", v)], &at)
-            }
-            Optimizer::Sgd { buf, .. } => moments_at("sgd", &[("momentum_buffer", buf)], &at),
-        })
+        let state: &[f32] = match (opt, moment) {
+            (Optimizer::AdamW { m, .. }, 0) => m,
+            (Optimizer::AdamW { v, .. }, 1) => v,
+            (Optimizer::Sgd { buf, .. }, 0) => buf,
+            _ => return Err(format!("the optimizer has no moment {moment}")),
+        };
+        copy_at(state, &at, out)
     }
 
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {

@@ -7,8 +7,7 @@
 
 use super::offload::HostOptimizer;
 use super::{
-    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, moments_at,
-    TokenBatch,
+    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, TokenBatch,
 };
 use crate::engine::{
     check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
@@ -734,25 +733,46 @@ impl Engine for GpuGpt {
         gpt_tensors(&self.layout)
     }
 
-    fn optimizer_state(&mut self, ranges: &[Range<usize>]) -> Result<OptimizerState> {
-        self.checkpointable("optimizer_state")?;
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        self.checkpointable("optimizer_moments")?;
+        Ok(("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()]))
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.checkpointable("read_moment")?;
         let shard: Vec<Range<usize>> = self.shard.iter().map(|(r, _, _)| r.clone()).collect();
         let at = state_ranges(&shard, ranges)?;
-        let len = self.state_len();
+        let total: usize = at.iter().map(|r| r.len()).sum();
+        if total != out.len() || moment > 1 {
+            return Err(format!(
+                "read_moment: moment {moment}, {total} elements into a buffer of {}",
+                out.len()
+            ));
+        }
         // Before the first update the moments are zero (and not yet
         // allocated).
-        let (m, v) = match self.m.len() == len {
-            true => {
-                self.synchronize()?;
-                (self.m.to_vec().map_err(e)?, self.v.to_vec().map_err(e)?)
-            }
-            false => (vec![0.0; len], vec![0.0; len]),
+        if self.m.len() != self.state_len() {
+            out.fill(0.0);
+            return Ok(());
+        }
+        self.synchronize()?;
+        let state = match moment {
+            0 => &self.m,
+            _ => &self.v,
         };
-        Ok(moments_at(
-            "adamw",
-            &[("exp_avg", &m), ("exp_avg_sq", &v)],
-            &at,
-        ))
+        let mut o = 0;
+        for r in at {
+            state
+                .copy_range_to_host(r.clone(), &mut out[o..o + r.len()])
+                .map_err(e)?;
+            o += r.len();
+        }
+        Ok(())
     }
 
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {

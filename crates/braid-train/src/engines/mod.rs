@@ -112,27 +112,27 @@ pub(crate) fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
         .collect()
 }
 
-/// The state `moments` (named, laid out like the optimizer's shard)
-/// copied for the elements at `at` (state indices), one range after
-/// another.
-pub(crate) fn moments_at(
-    kind: &str,
-    moments: &[(&str, &[f32])],
+/// Copies the elements `at` (state indices) of `state` into `out`, one
+/// range after another.
+pub(crate) fn copy_at(
+    state: &[f32],
     at: &[std::ops::Range<usize>],
-) -> crate::OptimizerState {
-    crate::OptimizerState {
-        kind: kind.into(),
-        moments: moments
-            .iter()
-            .map(|(name, m)| {
-                let mut out = Vec::with_capacity(at.iter().map(|r| r.len()).sum());
-                for r in at {
-                    out.extend_from_slice(&m[r.clone()]);
-                }
-                (name.to_string(), out)
-            })
-            .collect(),
+    out: &mut [f32],
+) -> crate::Result<()> {
+    let total: usize = at.iter().map(|r| r.len()).sum();
+    if total != out.len() {
+        return Err(format!(
+            "{} elements asked into a buffer of {}",
+            total,
+            out.len()
+        ));
     }
+    let mut o = 0;
+    for r in at {
+        out[o..o + r.len()].copy_from_slice(&state[r.clone()]);
+        o += r.len();
+    }
+    Ok(())
 }
 
 /// The values of moment `name` in `state`, checked to be of `kind` and

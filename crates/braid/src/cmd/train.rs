@@ -115,6 +115,10 @@ pub struct TrainArgs {
     /// afresh). Any world size and strategy: the state is resharded.
     #[arg(long, value_name = "DIR|auto")]
     resume: Option<String>,
+    /// Write each checkpoint before training goes on, instead of in the
+    /// background (to measure what the background write saves).
+    #[arg(long)]
+    ckpt_sync: bool,
     /// Also write every step (loss, eval loss, lr, norm, tokens/s, time
     /// breakdown) and the run's summary as JSON here.
     #[arg(long, value_name = "FILE")]
@@ -551,6 +555,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             every: a.save_every,
             keep: a.keep,
             resume: a.resume.as_deref(),
+            sync: a.ckpt_sync,
         },
         rank,
         ranks,

@@ -20,6 +20,8 @@ pub struct CkptFlags<'a> {
     pub keep: usize,
     /// `--resume DIR|auto`.
     pub resume: Option<&'a str>,
+    /// `--ckpt-sync`: write each checkpoint before training goes on.
+    pub sync: bool,
 }
 
 /// A rank's checkpointing: what it resumes from and what saves it.
@@ -119,6 +121,10 @@ pub fn setup(
             lead,
         )?),
     };
+    let saver = saver.map(|mut s| {
+        s.write_synchronously(f.sync);
+        s
+    });
     Ok(CkptSetup { reader, saver })
 }
 
