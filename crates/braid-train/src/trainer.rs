@@ -291,7 +291,10 @@ where
         if let Some(ck) = save.as_deref_mut() {
             ck.poll(&mut |v| strategy.mean(v))?;
             if o.update && ck.due(step + 1, o.steps) {
+                // The previous save first (its buffers come back for
+                // this one): part of this save's stall.
                 let t = Instant::now();
+                ck.wait(&mut |v| strategy.mean(v))?;
                 let device = engine.stream().map(|s| s.device().clone());
                 let part = strategy.save_part(engine, ck.staging(device.as_ref()))?;
                 let stall = t.elapsed().as_secs_f64();

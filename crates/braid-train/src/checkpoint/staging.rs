@@ -8,6 +8,7 @@
 use crate::Result;
 use braid_cuda::{Device, PinnedBuffer};
 use std::ops::{Deref, DerefMut};
+use std::thread::JoinHandle;
 
 /// Host memory holding `f32`s: plain, or page-locked for a GPU.
 pub enum HostBuf {
@@ -47,13 +48,14 @@ impl std::fmt::Debug for HostBuf {
 }
 
 /// Where a rank's saves get their host buffers.
-#[derive(Default)]
 pub struct Staging {
     /// Buffers of earlier saves, free again.
     spare: Vec<HostBuf>,
     /// The GPU whose state is copied (page-locked memory for it), if any.
     device: Option<Device>,
-    /// Bytes of page-locked memory held.
+    /// Page-locked buffers being allocated in the background, by length.
+    pending: Vec<(usize, JoinHandle<Option<PinnedBuffer<f32>>>)>,
+    /// Bytes of page-locked memory asked for.
     pinned_bytes: u64,
 }
 
@@ -67,39 +69,113 @@ impl Staging {
     /// memory (`None`).
     pub fn new(device: Option<Device>) -> Staging {
         Staging {
+            spare: Vec::new(),
             device,
-            ..Default::default()
+            pending: Vec::new(),
+            pinned_bytes: 0,
         }
     }
 
     /// A buffer of `len` elements (contents unspecified): a spare of that
-    /// length if there is one, else new memory.
+    /// length if there is one (page-locked first), else new memory. For a
+    /// GPU, page-locking gigabytes takes seconds: the first buffer of a
+    /// length is pageable, and a page-locked one is made in the
+    /// background for the saves after it.
     pub fn take(&mut self, len: usize) -> Result<HostBuf> {
-        if let Some(i) = self.spare.iter().position(|b| b.len() == len) {
-            return Ok(self.spare.swap_remove(i));
-        }
-        let bytes = 4 * len as u64;
-        if let Some(dev) = &self.device {
-            let budget = braid_model::footprint::host_available()
-                .map(|a| (a as f64 * PINNED_SHARE) as u64)
-                .unwrap_or(0);
-            if bytes > 0 && bytes <= budget {
-                if let Ok(p) = PinnedBuffer::zeros(dev, len) {
-                    self.pinned_bytes += bytes;
-                    return Ok(HostBuf::Pinned(p));
-                }
+        self.collect(false);
+        let pinned = self
+            .spare
+            .iter()
+            .position(|b| b.len() == len && matches!(b, HostBuf::Pinned(_)));
+        if let Some(i) = pinned.or_else(|| self.spare.iter().position(|b| b.len() == len)) {
+            let buf = self.spare.swap_remove(i);
+            if matches!(buf, HostBuf::Plain(_)) {
+                self.pin_later(len);
             }
+            return Ok(buf);
         }
+        self.pin_later(len);
         Ok(HostBuf::Plain(vec![0.0; len]))
     }
 
-    /// Hands buffers back for the next save.
-    pub fn give_back(&mut self, bufs: impl IntoIterator<Item = HostBuf>) {
-        self.spare.extend(bufs);
+    /// Starts making a page-locked buffer of `len` elements in the
+    /// background, if there is a GPU, none is on its way, and the host has
+    /// the memory.
+    fn pin_later(&mut self, len: usize) {
+        let Some(dev) = self.device.clone() else {
+            return;
+        };
+        let wanted = self.pending.iter().filter(|(l, _)| *l == len).count()
+            + self
+                .spare
+                .iter()
+                .filter(|b| b.len() == len && matches!(b, HostBuf::Pinned(_)))
+                .count();
+        // As many page-locked buffers of a length as a save takes of it
+        // (a part's moments share their length).
+        let per_save = 3;
+        let bytes = 4 * len as u64;
+        let budget = braid_model::footprint::host_available()
+            .map(|a| (a as f64 * PINNED_SHARE) as u64)
+            .unwrap_or(0);
+        if len == 0 || wanted >= per_save || bytes > budget.saturating_sub(self.pinned_bytes) {
+            return;
+        }
+        self.pinned_bytes += bytes;
+        let h = std::thread::Builder::new()
+            .name("braid-ckpt-pin".into())
+            .spawn(move || PinnedBuffer::zeros(&dev, len).ok());
+        if let Ok(h) = h {
+            self.pending.push((len, h));
+        }
     }
 
-    /// Bytes of page-locked memory taken so far.
+    /// Moves finished page-locked allocations into the spares (waiting
+    /// for all with `wait`), dropping pageable spares they replace.
+    fn collect(&mut self, wait: bool) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            if !wait && !self.pending[i].1.is_finished() {
+                i += 1;
+                continue;
+            }
+            let (len, h) = self.pending.swap_remove(i);
+            if let Ok(Some(p)) = h.join() {
+                if let Some(j) = self
+                    .spare
+                    .iter()
+                    .position(|b| b.len() == len && matches!(b, HostBuf::Plain(_)))
+                {
+                    self.spare.swap_remove(j);
+                }
+                self.spare.push(HostBuf::Pinned(p));
+            }
+        }
+    }
+
+    /// Hands buffers back for the next save (a pageable one is dropped
+    /// where a page-locked one of its length is spare).
+    pub fn give_back(&mut self, bufs: impl IntoIterator<Item = HostBuf>) {
+        for b in bufs {
+            let replaced = matches!(b, HostBuf::Plain(_))
+                && self
+                    .spare
+                    .iter()
+                    .any(|s| s.len() == b.len() && matches!(s, HostBuf::Pinned(_)));
+            if !replaced {
+                self.spare.push(b);
+            }
+        }
+    }
+
+    /// Bytes of page-locked memory asked for so far.
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned_bytes
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        self.collect(true);
     }
 }
