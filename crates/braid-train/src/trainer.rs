@@ -295,9 +295,14 @@ where
                 // this one): part of this save's stall.
                 let t = Instant::now();
                 ck.wait(&mut |v| strategy.mean(v))?;
+                let waited_s = t.elapsed().as_secs_f64();
+                let t = Instant::now();
                 let device = engine.stream().map(|s| s.device().clone());
                 let part = strategy.save_part(engine, ck.staging(device.as_ref()))?;
-                let stall = t.elapsed().as_secs_f64();
+                let stall = crate::checkpoint::save::Stall {
+                    waited_s,
+                    copied_s: t.elapsed().as_secs_f64(),
+                };
                 let (done, taken) = ((step + 1) as u64, ((step + 1) * o.accum) as u64);
                 let (tensors, describe) = (engine.tensors(), engine.describe());
                 ck.save(done, taken, part, tensors, describe, stall, &mut |v| {

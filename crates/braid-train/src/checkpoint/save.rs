@@ -108,13 +108,26 @@ pub struct SaveOptions {
     pub at_end: bool,
 }
 
+/// Where a save's stall went before its write started.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stall {
+    /// Seconds waiting for the previous save to be written.
+    pub waited_s: f64,
+    /// Seconds copying the state into host memory.
+    pub copied_s: f64,
+}
+
 /// What one save cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SaveReport {
     /// Optimizer steps done at the save.
     pub step: u64,
-    /// Seconds training stood still (copying the state to host memory).
+    /// Seconds training stood still: waiting for the previous save,
+    /// copying the state to host memory, and (written synchronously) the
+    /// write.
     pub stall_s: f64,
+    /// Of which waiting and copying.
+    pub stall: Stall,
     /// Seconds the background write of this rank's files took.
     pub write_s: f64,
     /// Bytes this rank wrote.
@@ -129,6 +142,7 @@ struct InFlight {
     tensors: Vec<NamedTensor>,
     engine: String,
     moments: (String, Vec<String>),
+    stall: Stall,
     stall_s: f64,
     handle: Option<JoinHandle<Written>>,
     /// The background write's outcome once joined.
@@ -273,9 +287,9 @@ impl Checkpointer {
 
     /// Starts saving `part` (this rank's, after `step` optimizer steps and
     /// `micro_batches` micro-batches) in the background, after the
-    /// previous save is committed; `stall_s` is what producing the part
-    /// cost. `agree` is the mean over every rank (all ranks call this at
-    /// the same step).
+    /// previous save is committed; `stall` is what waiting for it and
+    /// producing the part cost. `agree` is the mean over every rank (all
+    /// ranks call this at the same step).
     #[allow(clippy::too_many_arguments)]
     pub fn save(
         &mut self,
@@ -284,7 +298,7 @@ impl Checkpointer {
         part: StatePart,
         tensors: Vec<NamedTensor>,
         engine: String,
-        stall_s: f64,
+        stall: Stall,
         agree: &mut dyn FnMut(&mut [f64]) -> Result<()>,
     ) -> Result<()> {
         self.wait(agree)?;
@@ -344,7 +358,8 @@ impl Checkpointer {
             tensors,
             engine,
             moments,
-            stall_s: stall_s + t0.elapsed().as_secs_f64(),
+            stall,
+            stall_s: stall.waited_s + stall.copied_s + t0.elapsed().as_secs_f64(),
             handle: Some(handle),
             outcome: None,
         });
@@ -363,11 +378,13 @@ impl Checkpointer {
     fn announce_last(&self) {
         if let (0, true, Some(r)) = (self.rank, self.announce, self.reports.last()) {
             println!(
-                "checkpoint {} saved in {} (training stalled {:.3} s{}; rank 0 wrote {:.1} MB in {:.2} s)",
+                "checkpoint {} saved in {} (training stalled {:.3} s: waiting for the previous save {:.3} s, copying {:.3} s{}; rank 0 wrote {:.1} MB in {:.2} s)",
                 step_dir_name(r.step),
                 self.opts.root.display(),
                 r.stall_s,
-                if self.sync { ", written before going on" } else { "" },
+                r.stall.waited_s,
+                r.stall.copied_s,
+                if self.sync { ", writing before going on" } else { "" },
                 r.bytes as f64 / 1e6,
                 r.write_s
             );
@@ -442,6 +459,7 @@ impl Checkpointer {
         }
         self.reports.push(SaveReport {
             step: f.step,
+            stall: f.stall,
             stall_s: f.stall_s,
             write_s,
             bytes,
