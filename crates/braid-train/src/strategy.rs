@@ -154,9 +154,21 @@ pub trait Strategy<E: Engine> {
     /// rank holds whole: rank `r` of the replicas writes its share of the
     /// tensors ([`checkpoint::replica_share`]).
     fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
-        let tensors = checkpoint::tensors_of(engine)?;
-        let ranges = checkpoint::replica_share(&tensors, self.rank(), self.replicas());
+        let ranges = self.save_ranges(engine)?;
         checkpoint::whole_part(engine, ranges, staging)
+    }
+
+    /// The flat elements [`save_part`](Self::save_part) writes (after
+    /// [`start`](Self::start)). By default, for a model every rank holds
+    /// whole, rank `r`'s share of the tensors
+    /// ([`checkpoint::replica_share`]).
+    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<std::ops::Range<usize>>> {
+        let tensors = checkpoint::tensors_of(engine)?;
+        Ok(checkpoint::replica_share(
+            &tensors,
+            self.rank(),
+            self.replicas(),
+        ))
     }
 
     /// Loads what this rank holds from a checkpoint (after

@@ -195,6 +195,13 @@ where
             k
         }
     };
+    if let (Some(ck), true) = (save.as_deref_mut(), o.update) {
+        // The saves' host memory is made while the first steps run.
+        let len: usize = strategy.save_ranges(engine)?.iter().map(|r| r.len()).sum();
+        let (_, moments) = engine.optimizer_moments()?;
+        let device = engine.stream().map(|s| s.device().clone());
+        ck.staging(device.as_ref()).prepare(len, 1 + moments.len());
+    }
     let (own, engine_state) = (strategy.state_bytes(), engine.state_bytes());
     let state = StateBytes {
         params: engine_state.params + own.params,

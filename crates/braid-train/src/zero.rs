@@ -372,13 +372,17 @@ where
     }
 
     fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+        let ranges = self.save_ranges(engine)?;
+        checkpoint::whole_part(engine, ranges, staging)
+    }
+
+    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>> {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
-        let ranges = match writes {
+        Ok(match writes {
             true => self.shard.clone(),
             false => Vec::new(),
-        };
-        checkpoint::whole_part(engine, ranges, staging)
+        })
     }
 
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {

@@ -604,15 +604,21 @@ where
         }
     }
 
-    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>> {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
-        engine.synchronize()?;
         let (_, st) = self.started()?;
-        let ranges = match writes {
+        Ok(match writes {
             true => st.shard.clone(),
             false => Vec::new(),
-        };
+        })
+    }
+
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+        let ranges = self.save_ranges(engine)?;
+        let writes = !ranges.is_empty();
+        engine.synchronize()?;
+        let (_, st) = self.started()?;
         let len = ranges.iter().map(|r| r.len()).sum();
         let mut params = staging.take(len)?;
         if writes {

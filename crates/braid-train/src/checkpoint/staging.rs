@@ -82,6 +82,11 @@ impl Staging {
     /// length is pageable, and a page-locked one is made in the
     /// background for the saves after it.
     pub fn take(&mut self, len: usize) -> Result<HostBuf> {
+        // Page-locked buffers of this length on their way: worth waiting
+        // for (their allocation costs about what a pageable copy would).
+        if self.pending.iter().any(|(l, _)| *l == len) {
+            self.collect_len(len);
+        }
         self.collect(false);
         let pinned = self
             .spare
@@ -130,6 +135,41 @@ impl Staging {
         }
     }
 
+    /// Makes `count` page-locked buffers of `len` elements in the
+    /// background now (before the first save, which then copies at the
+    /// link's speed too).
+    pub fn prepare(&mut self, len: usize, count: usize) {
+        for _ in 0..count {
+            self.pin_later(len);
+        }
+    }
+
+    /// Waits for the page-locked allocations of `len` elements.
+    fn collect_len(&mut self, len: usize) {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(l, _)| *l == len);
+        self.pending = rest;
+        for (len, h) in mine {
+            if let Ok(Some(p)) = h.join() {
+                self.adopt(len, p);
+            }
+        }
+    }
+
+    /// A finished page-locked buffer joins the spares, replacing a
+    /// pageable one of its length.
+    fn adopt(&mut self, len: usize, p: PinnedBuffer<f32>) {
+        if let Some(j) = self
+            .spare
+            .iter()
+            .position(|b| b.len() == len && matches!(b, HostBuf::Plain(_)))
+        {
+            self.spare.swap_remove(j);
+        }
+        self.spare.push(HostBuf::Pinned(p));
+    }
+
     /// Moves finished page-locked allocations into the spares (waiting
     /// for all with `wait`), dropping pageable spares they replace.
     fn collect(&mut self, wait: bool) {
@@ -141,14 +181,7 @@ impl Staging {
             }
             let (len, h) = self.pending.swap_remove(i);
             if let Ok(Some(p)) = h.join() {
-                if let Some(j) = self
-                    .spare
-                    .iter()
-                    .position(|b| b.len() == len && matches!(b, HostBuf::Plain(_)))
-                {
-                    self.spare.swap_remove(j);
-                }
-                self.spare.push(HostBuf::Pinned(p));
+                self.adopt(len, p);
             }
         }
     }
