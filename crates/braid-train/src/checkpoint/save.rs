@@ -128,6 +128,8 @@ pub struct SaveReport {
     pub stall_s: f64,
     /// Of which waiting and copying.
     pub stall: Stall,
+    /// Of which committing it (rank 0: index, manifest, rename, `--keep`).
+    pub commit_s: f64,
     /// Seconds the background write of this rank's files took.
     pub write_s: f64,
     /// Bytes this rank wrote.
@@ -367,7 +369,8 @@ impl Checkpointer {
             let t = Instant::now();
             self.wait(agree)?;
             if let Some(r) = self.reports.last_mut() {
-                r.stall_s += t.elapsed().as_secs_f64();
+                // (The commit is in both: counted once.)
+                r.stall_s += t.elapsed().as_secs_f64() - r.commit_s;
             }
             self.announce_last();
         }
@@ -378,12 +381,13 @@ impl Checkpointer {
     fn announce_last(&self) {
         if let (0, true, Some(r)) = (self.rank, self.announce, self.reports.last()) {
             println!(
-                "checkpoint {} saved in {} (training stalled {:.3} s: waiting for the previous save {:.3} s, copying {:.3} s{}; rank 0 wrote {:.1} MB in {:.2} s)",
+                "checkpoint {} saved in {} (training stalled {:.3} s: waiting for the previous save {:.3} s, copying {:.3} s, committing {:.3} s{}; rank 0 wrote {:.1} MB in {:.2} s)",
                 step_dir_name(r.step),
                 self.opts.root.display(),
                 r.stall_s,
                 r.stall.waited_s,
                 r.stall.copied_s,
+                r.commit_s,
                 if self.sync { ", writing before going on" } else { "" },
                 r.bytes as f64 / 1e6,
                 r.write_s
@@ -454,13 +458,16 @@ impl Checkpointer {
             Some(Ok(x)) => x,
             _ => unreachable!("agreed done"),
         };
+        let t = Instant::now();
         if self.rank == 0 {
             self.commit(&f)?;
         }
+        let commit_s = t.elapsed().as_secs_f64();
         self.reports.push(SaveReport {
             step: f.step,
             stall: f.stall,
-            stall_s: f.stall_s,
+            stall_s: f.stall_s + commit_s,
+            commit_s,
             write_s,
             bytes,
         });
@@ -591,18 +598,41 @@ impl Checkpointer {
         self.prune()
     }
 
-    /// Removes committed checkpoints beyond the newest `keep`.
+    /// Removes committed checkpoints beyond the newest `keep`: each is
+    /// renamed out of the way at once (`.step-N.deleting`, which resuming
+    /// ignores) and deleted by a background thread (deleting gigabytes
+    /// takes seconds that training need not wait for), with any such
+    /// directory a crash left behind.
     fn prune(&self) -> Result<()> {
         if self.opts.keep == 0 {
             return Ok(());
         }
-        let mut steps = committed(&self.opts.root);
+        let root = &self.opts.root;
+        let mut steps = committed(root);
         steps.sort();
         let n = steps.len().saturating_sub(self.opts.keep);
         for s in &steps[..n] {
-            let dir = self.opts.root.join(step_dir_name(*s));
-            std::fs::remove_dir_all(&dir)
+            let name = step_dir_name(*s);
+            let (dir, gone) = (root.join(&name), root.join(format!(".{name}.deleting")));
+            std::fs::rename(&dir, &gone)
                 .map_err(|e| format!("--keep: could not remove {}: {e}", dir.display()))?;
+        }
+        let doomed: Vec<PathBuf> = std::fs::read_dir(root)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.to_string_lossy().ends_with(".deleting"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !doomed.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("braid-ckpt-prune".into())
+                .spawn(move || {
+                    for d in doomed {
+                        let _ = std::fs::remove_dir_all(d);
+                    }
+                });
         }
         Ok(())
     }
