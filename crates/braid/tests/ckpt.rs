@@ -63,7 +63,26 @@ fn a_resumed_run_is_bit_identical_to_an_uninterrupted_one() {
             index["weight_map"].as_object().unwrap().len() >= 20,
             "{index}"
         );
-    }
+    } // --keep 1: only the newest checkpoint stays (the others are renamed
+      // away at once and deleted in the background).
+    let ck = dir.path().join("ck-keep");
+    train_ckpt(
+        &dir,
+        "keep",
+        &ck,
+        &["--batch", "8", "--keep", "1", "--steps", "30"],
+    );
+    let steps: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps, vec!["step-00000030".to_string()]);
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
+        "step-00000030"
+    );
 }
 
 /// Stated tolerance of resharding: the continued run sums its gradients
