@@ -62,6 +62,7 @@ impl Ctx<'_> {
             seq: self.seq,
             waiting_for,
             waited: self.started.elapsed(),
+            diagnosis: None,
         }
     }
 

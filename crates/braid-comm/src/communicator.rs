@@ -5,19 +5,30 @@
 //! were issued, whether blocking (the methods in [`crate::api`]) or
 //! asynchronous (inside [`Communicator::scope`]). A failure that involves
 //! another rank (a timeout, a dead peer) aborts the communicator on every
-//! rank with the same reason.
+//! rank with the same reason. Every operation is recorded in the rank's
+//! flight recorder ([`crate::flight`]); a timeout's error names the rank
+//! it waits for from the others' heartbeats.
 
 use crate::backend::{Backend, Ctx};
 use crate::debug::{self, OpDesc, DESC_LEN};
 use crate::error::{CommError, Result};
+use crate::flight::{self, CommFlight, Recorder};
 use crate::health::{self, Health};
 use crate::setup::{self, BackendKind, PeerInfo, SetupCtx};
 use crate::work::Progress;
-use braid_core::WorldInfo;
+use braid_core::{DType, WorldInfo};
 use braid_store::{StoreClient, WorkerStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The name of a descriptor's operation.
+fn op_name(desc: &OpDesc) -> &'static str {
+    debug::OP_NAMES
+        .get(desc.op as usize)
+        .copied()
+        .unwrap_or("operation")
+}
 
 /// Default timeout of every operation (`BRAID_TIMEOUT` overrides).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -85,6 +96,14 @@ pub(crate) struct Inner {
     pub(crate) splits: AtomicU64,
     /// GPU communicators made from this one (numbers their NCCL id keys).
     pub(crate) gpu_inits: AtomicU64,
+    /// GPU communicators registered with the flight recorder (names them).
+    pub(crate) gpu_flights: AtomicU64,
+    /// This communicator in the rank's flight recorder.
+    pub(crate) flight: CommFlight,
+    /// The world rank of each rank.
+    pub(crate) world_ranks: Vec<usize>,
+    /// This rank's host identity.
+    pub(crate) host: String,
     /// Keeps rank 0's store server alive when it hosts one.
     pub(crate) _worker_store: Option<WorkerStore>,
 }
@@ -137,6 +156,7 @@ impl Communicator {
             "world",
             options,
             Some(store),
+            None,
         )
     }
 
@@ -149,9 +169,12 @@ impl Communicator {
         store: StoreClient,
         options: CommOptions,
     ) -> Result<Communicator> {
-        Self::create(rank, size, store, "world", options, None)
+        Self::create(rank, size, store, "world", options, None, None)
     }
 
+    /// Creates a communicator; `parent` is the recorder of the world it
+    /// splits from and the world rank of each of its ranks (`None`: this
+    /// is a world, with a recorder of its own).
     pub(crate) fn create(
         rank: usize,
         size: usize,
@@ -159,6 +182,7 @@ impl Communicator {
         id: &str,
         options: CommOptions,
         worker_store: Option<WorkerStore>,
+        parent: Option<(Arc<Recorder>, Vec<usize>)>,
     ) -> Result<Communicator> {
         if size == 0 || rank >= size {
             return Err(CommError::Setup(format!(
@@ -183,14 +207,41 @@ impl Communicator {
         };
         let backend = setup::build(kind, &ctx)?;
         let backend_name = backend.name();
+        let is_world = parent.is_none();
+        let (recorder, world_ranks) = match parent {
+            Some(p) => p,
+            None => (
+                Recorder::new(
+                    rank,
+                    size,
+                    me.host.clone(),
+                    &options.run_id,
+                    options.timeout,
+                )
+                .map_err(CommError::Setup)?,
+                (0..size).collect(),
+            ),
+        };
+        let flight = recorder.register(id.to_string(), "host", rank, size, world_ranks.clone());
         let health = Arc::new(Health::default());
-        if let Ok(monitor_store) = store.reconnect() {
-            health::spawn_monitor(
+        health.set_flight(recorder.clone());
+        if let Ok(monitor_run_store) = run_store.reconnect() {
+            // The world's monitor publishes the rank's heartbeat (every
+            // communicator of the rank is in it).
+            let periodic: Option<health::Periodic> = is_world.then(|| {
+                let rec = recorder.clone();
+                let beat_store = monitor_run_store.with_prefix("");
+                let beat: Box<dyn FnMut() + Send> =
+                    Box::new(move || rec.publish_heartbeat(&beat_store));
+                (recorder.heartbeat_interval(), beat)
+            });
+            health::spawn_monitor_with(
                 health.clone(),
-                monitor_store,
+                monitor_run_store.with_prefix(&format!("comm/{id}/")),
                 setup::local_peers(rank, &peers),
                 rank,
                 me.host.clone(),
+                periodic,
             );
         }
         let inner = Arc::new(Inner {
@@ -207,6 +258,10 @@ impl Communicator {
             progress: Progress::default(),
             splits: AtomicU64::new(0),
             gpu_inits: AtomicU64::new(0),
+            gpu_flights: AtomicU64::new(0),
+            flight,
+            world_ranks,
+            host: me.host,
             _worker_store: worker_store,
         });
         Ok(Communicator { inner })
@@ -291,19 +346,37 @@ impl Communicator {
         }
     }
 
-    /// Runs an operation on the calling thread (the progress thread calls
-    /// this for queued operations).
+    /// Runs an operation on the calling thread.
     pub(crate) fn execute(
         &self,
+        desc: OpDesc,
+        f: impl FnOnce(&mut dyn Backend, &Ctx) -> Result<()>,
+    ) -> Result<()> {
+        self.execute_queued(desc, None, f)
+    }
+
+    /// Records an operation about to be queued on the progress thread;
+    /// the id goes to [`execute_queued`](Self::execute_queued).
+    pub(crate) fn record_queued(&self, desc: &OpDesc) -> u64 {
+        self.inner
+            .flight
+            .enqueue(op_name(desc), DType::from_code(desc.dtype), desc.count)
+    }
+
+    /// Runs an operation on the calling thread (the progress thread calls
+    /// this for queued operations, with the id `record_queued` gave).
+    pub(crate) fn execute_queued(
+        &self,
         mut desc: OpDesc,
+        queued: Option<u64>,
         f: impl FnOnce(&mut dyn Backend, &Ctx) -> Result<()>,
     ) -> Result<()> {
         let inner = &self.inner;
-        let name = debug::OP_NAMES
-            .get(desc.op as usize)
-            .copied()
-            .unwrap_or("operation");
+        let name = op_name(&desc);
         if inner.health.is_aborted() {
+            if let Some(id) = queued {
+                inner.flight.drop_queued(id);
+            }
             return Err(CommError::Aborted {
                 rank: inner.rank,
                 reason: inner.health.reason(),
@@ -312,6 +385,10 @@ impl Communicator {
         let mut exec = inner.exec.lock().unwrap_or_else(|p| p.into_inner());
         let seq = inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
         desc.seq = seq;
+        let record =
+            inner
+                .flight
+                .start(queued, seq, name, DType::from_code(desc.dtype), desc.count);
         let started = Instant::now();
         let ctx = Ctx {
             rank: inner.rank,
@@ -334,6 +411,11 @@ impl Communicator {
             }
             f(exec.backend.as_mut(), &ctx)
         })();
+        inner.flight.finish(record, result.is_ok());
+        let mut result = result;
+        if let Err(CommError::Timeout { diagnosis, .. }) = &mut result {
+            *diagnosis = self.diagnose_timeout(seq);
+        }
         if let Err(e) = &result {
             if matches!(
                 e,
@@ -354,6 +436,44 @@ impl Communicator {
             }
         }
         result
+    }
+
+    /// Who this rank's timed-out operation #`seq` waits for, from the
+    /// other ranks' heartbeats (`None`: another rank diagnoses it).
+    pub(crate) fn diagnose_timeout(&self, seq: u64) -> Option<String> {
+        self.diagnose_timeout_of(&self.inner.flight, seq)
+    }
+
+    /// [`diagnose_timeout`](Self::diagnose_timeout) for a communicator
+    /// made from this one (a GPU communicator: the same ranks).
+    pub(crate) fn diagnose_timeout_of(&self, comm: &CommFlight, seq: u64) -> Option<String> {
+        let inner = &self.inner;
+        flight::diagnose_timeout(
+            comm,
+            &flight::Peers {
+                rank: inner.rank,
+                run_store: &inner.run_store,
+                comm_store: &inner.store,
+                host: &inner.host,
+            },
+            seq,
+        )
+    }
+
+    /// This rank's flight record now: the last operations of every
+    /// communicator of this rank (the world, its splits, GPU communicators
+    /// made from them) and where the rank is in each.
+    pub fn flight_record(&self) -> braid_core::flight::Snapshot {
+        self.inner
+            .flight
+            .recorder()
+            .snapshot(braid_core::flight::SnapshotKind::Dump, None)
+    }
+
+    /// Writes this rank's flight record to the log directory
+    /// (`BRAID_LOG_DIR`) now, as SIGUSR1 does; returns its path.
+    pub fn dump_flight_record(&self, reason: &str) -> Option<std::path::PathBuf> {
+        self.inner.flight.recorder().dump("requested", reason)
     }
 
     /// Splits into sub-communicators: ranks passing the same `color` form
@@ -389,6 +509,10 @@ impl Communicator {
             .run_store
             .reconnect()
             .map_err(|e| CommError::Setup(e.to_string()))?;
+        let world_ranks = members
+            .iter()
+            .map(|(_, r)| self.inner.world_ranks[*r])
+            .collect();
         Self::create(
             new_rank,
             members.len(),
@@ -396,6 +520,7 @@ impl Communicator {
             &id,
             self.inner.options.clone(),
             None,
+            Some((self.inner.flight.recorder().clone(), world_ranks)),
         )
         .map(Some)
     }

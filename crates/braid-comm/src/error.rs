@@ -8,7 +8,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CommError {
     /// The operation did not complete in time.
-    #[error("rank {rank}: {op} #{seq} timed out after {waited:.1?} waiting for rank(s) {waiting_for:?} (raise BRAID_TIMEOUT if this is expected; a rank may be stuck or may have called a different operation)")]
+    #[error("{}", timeout_message(*.rank, .op, *.seq, .waiting_for, *.waited, .diagnosis.as_deref()))]
     Timeout {
         /// This rank.
         rank: usize,
@@ -20,6 +20,9 @@ pub enum CommError {
         waiting_for: Vec<usize>,
         /// Time waited.
         waited: Duration,
+        /// Who the operation waits for and why, from the other ranks'
+        /// heartbeats (see [`crate::flight`]).
+        diagnosis: Option<String>,
     },
     /// A peer process died or its connection broke.
     #[error("rank {rank}: {op} #{seq} failed because rank {peer} {detail}")]
@@ -80,6 +83,31 @@ pub enum CommError {
 impl From<StoreError> for CommError {
     fn from(e: StoreError) -> Self {
         CommError::Store(e.to_string())
+    }
+}
+
+fn timeout_message(
+    rank: usize,
+    op: &str,
+    seq: u64,
+    waiting_for: &[usize],
+    waited: Duration,
+    diagnosis: Option<&str>,
+) -> String {
+    match diagnosis {
+        Some(d) => {
+            let direct = if waiting_for.is_empty() {
+                String::new()
+            } else {
+                format!("; the transfer waited on rank(s) {waiting_for:?}")
+            };
+            format!(
+                "rank {rank}: {op} #{seq} timed out after {waited:.1?}: {d}{direct} (raise BRAID_TIMEOUT if this is expected)"
+            )
+        }
+        None => format!(
+            "rank {rank}: {op} #{seq} timed out after {waited:.1?} waiting for rank(s) {waiting_for:?} (raise BRAID_TIMEOUT if this is expected; a rank may be stuck or may have called a different operation)"
+        ),
     }
 }
 

@@ -6,12 +6,15 @@
 //! The monitor thread watches the process ids of same-host peers and the
 //! communicator's `abort` key in the store; the first rank to notice a
 //! failure writes the reason there so that every rank reports the same
-//! root cause.
+//! root cause. The world communicator's monitor also publishes the rank's
+//! flight-record heartbeat ([`crate::flight`]), and the first abort writes
+//! the rank's flight record.
 
+use crate::flight::Recorder;
 use braid_store::StoreClient;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// A communicator's abort state, shared by its backend and its monitor.
 #[derive(Default)]
@@ -19,6 +22,8 @@ pub struct Health {
     aborted: AtomicBool,
     reason: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// Written when the communicator is first aborted.
+    flight: OnceLock<Arc<Recorder>>,
 }
 
 impl Health {
@@ -37,13 +42,25 @@ impl Health {
             .unwrap_or_else(|| "aborted".into())
     }
 
-    /// Marks the communicator aborted; the first reason wins.
+    /// Marks the communicator aborted; the first reason wins. The first
+    /// abort also writes the rank's flight record.
     pub fn abort(&self, reason: String) {
         let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         if r.is_none() {
             *r = Some(reason);
         }
-        self.aborted.store(true, Ordering::SeqCst);
+        let reason = r.clone().unwrap_or_default();
+        drop(r);
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            if let Some(flight) = self.flight.get() {
+                flight.dump("abort", &reason);
+            }
+        }
+    }
+
+    /// The recorder whose dump the first abort writes.
+    pub(crate) fn set_flight(&self, recorder: Arc<Recorder>) {
+        let _ = self.flight.set(recorder);
     }
 
     /// Asks the monitor thread to exit.
@@ -88,15 +105,40 @@ pub struct LocalPeer {
 pub fn spawn_monitor(
     health: Arc<Health>,
     store: StoreClient,
+    peers: Vec<LocalPeer>,
+    my_rank: usize,
+    host: String,
+) {
+    spawn_monitor_with(health, store, peers, my_rank, host, None);
+}
+
+/// Something the monitor does every so often besides watching: publish the
+/// rank's heartbeat.
+pub type Periodic = (Duration, Box<dyn FnMut() + Send>);
+
+/// [`spawn_monitor`], also calling `periodic`'s function at once and then
+/// at its interval (it keeps going after an abort: the rank is still
+/// alive).
+pub fn spawn_monitor_with(
+    health: Arc<Health>,
+    store: StoreClient,
     mut peers: Vec<LocalPeer>,
     my_rank: usize,
     host: String,
+    mut periodic: Option<Periodic>,
 ) {
     let spawned = std::thread::Builder::new()
         .name(format!("braid-health-{my_rank}"))
         .spawn(move || {
             let me = std::process::id();
+            let mut last_beat: Option<Instant> = None;
             while !health.stop.load(Ordering::SeqCst) {
+                if let Some((every, beat)) = periodic.as_mut() {
+                    if last_beat.is_none_or(|t| t.elapsed() >= *every) {
+                        last_beat = Some(Instant::now());
+                        beat();
+                    }
+                }
                 std::thread::sleep(Duration::from_millis(200));
                 if health.stop.load(Ordering::SeqCst) {
                     break;

@@ -13,7 +13,10 @@
 //! ([`setup`]). Operations are numbered, complete in issue order, can run
 //! asynchronously ([`Communicator::scope`]), be fused ([`Communicator::group`])
 //! and be split into sub-communicators ([`Communicator::split`]). Every wait
-//! is bounded by a timeout and watched for dead peers ([`health`]).
+//! is bounded by a timeout and watched for dead peers ([`health`]); every
+//! rank keeps a flight record of its last operations and publishes
+//! heartbeats, so that a rank that is alive but stuck is named too
+//! ([`flight`]).
 //!
 //! ```no_run
 //! use braid_comm::{Communicator, ReduceOp};
@@ -28,6 +31,7 @@ pub mod backend;
 pub mod communicator;
 pub mod debug;
 pub mod error;
+pub mod flight;
 pub mod gpu;
 pub mod group;
 pub mod health;

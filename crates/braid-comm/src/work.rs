@@ -172,8 +172,9 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // although its type claims 'static.
         let run: crate::api::RunFn<'static> = unsafe { std::mem::transmute(run) };
         let done = state.clone();
+        let record = self.comm.record_queued(&desc);
         self.comm.inner.progress.enqueue(Box::new(move || {
-            let r = comm.execute(desc, run);
+            let r = comm.execute_queued(desc, Some(record), run);
             done.complete(r);
         }));
         Work {

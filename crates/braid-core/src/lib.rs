@@ -8,10 +8,13 @@
 //!   worker, and [`WorldInfo`], which reads them back with errors that say
 //!   which variable was wrong and what to do about it;
 //! - element types ([`DType`], [`Element`]) and reduction operators with
-//!   their CPU kernels ([`reduce`]).
+//!   their CPU kernels ([`reduce`]);
+//! - the flight-record format and the diagnosis shared by workers, the
+//!   launcher and `braid doctor` ([`flight`]).
 
 pub mod dtype;
 pub mod env;
+pub mod flight;
 pub mod reduce;
 pub mod slurm;
 pub mod world;

@@ -7,7 +7,10 @@
 //! it ([`rendezvous`]), and tell each other about failures, completion and
 //! restarts. When a worker fails, every worker of every node is stopped
 //! (SIGTERM, then SIGKILL after a grace period), a root-cause report is
-//! printed, and the group is restarted if `--max-restarts` allows.
+//! printed, and the group is restarted if `--max-restarts` allows. Workers
+//! that use braid's communicators keep flight records of their last
+//! collectives; after a failure the launcher prints what they say: which
+//! rank is behind or stopped, and where ([`flight`]).
 //!
 //! - [`config`]: options → [`LaunchPlan`] (flags, SLURM, defaults).
 //! - [`rendezvous`]: the store protocol between launchers.
@@ -15,9 +18,12 @@
 //! - [`process`]: worker processes, process groups, orphan sweeping.
 //! - [`output`]: prefixed output, per-rank logs, stderr tails.
 //! - [`signals`], [`summary`]: Ctrl-C handling; the failure report.
+//! - [`flight`]: the workers' log directory, their flight records and
+//!   heartbeats after a failure, and the diagnosis.
 
 pub mod config;
 pub mod error;
+pub mod flight;
 pub mod output;
 pub mod process;
 pub mod rendezvous;
@@ -66,16 +72,19 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
         if attempt == 0 {
             let first = world.rank_offset(plan.node_rank);
             eprintln!(
-                "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}",
+                "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}; flight records to {}",
                 plan.node_rank,
                 plan.nnodes,
                 first + plan.nproc_per_node - 1,
                 world.world_size(),
                 plan.source,
-                plan.store_addr()
+                plan.store_addr(),
+                flight::log_dir(plan, &world.run_id).display()
             );
         }
-        let outcome = supervisor::run_attempt(plan, &world, attempt, &store, signals)?;
+        let workers_store = client.with_prefix(&supervisor::worker_prefix(attempt));
+        let outcome =
+            supervisor::run_attempt(plan, &world, attempt, &store, &workers_store, signals)?;
         let keys = Keys::new(attempt);
         let others: Vec<usize> = (1..plan.nnodes).collect();
         match outcome {
@@ -83,7 +92,7 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
                 acknowledge(&store, plan, &keys, &others, Duration::from_secs(10));
                 return Ok(0);
             }
-            AttemptOutcome::Failed(failure) => {
+            AttemptOutcome::Failed(failure, diagnosis) => {
                 acknowledge(
                     &store,
                     plan,
@@ -96,6 +105,9 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
                     "{}",
                     summary::failure_report(&failure, attempt, plan.max_restarts, restarting)
                 );
+                if let Some(d) = diagnosis {
+                    eprint!("{d}");
+                }
                 if !restarting {
                     return Ok(failure.exit_code.max(1));
                 }

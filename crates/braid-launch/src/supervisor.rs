@@ -3,10 +3,13 @@
 //! stop them all at the first failure. Watching starts with the first
 //! worker: between two spawns, exited children are reaped and a signal or
 //! failure ends the attempt, so a long spawn phase neither piles up zombies
-//! nor delays Ctrl-C.
+//! nor delays Ctrl-C. Before the workers are stopped the launcher notes how
+//! each is doing and asks for their flight records; after, it diagnoses
+//! the attempt from them ([`crate::flight`]).
 
 use crate::config::LaunchPlan;
 use crate::error::LaunchError;
+use crate::flight;
 use crate::process::{self, Worker, WorkerSpec};
 use crate::rendezvous::{hostname, Failure, Keys, World};
 use crate::signals::Signals;
@@ -14,6 +17,7 @@ use braid_core::env;
 use braid_store::StoreClient;
 use nix::sys::signal::Signal;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -22,8 +26,15 @@ use std::time::{Duration, Instant};
 pub enum AttemptOutcome {
     /// Every worker of every node exited with status 0.
     Success,
-    /// The job failed; this is the root cause (possibly on another node).
-    Failed(Failure),
+    /// The job failed; this is the root cause (possibly on another node),
+    /// and what the workers' flight records say (when they kept any).
+    Failed(Failure, Option<String>),
+}
+
+/// The store prefix of attempt `attempt`'s workers
+/// (`BRAID_STORE_PREFIX`).
+pub fn worker_prefix(attempt: u32) -> String {
+    format!("run/{attempt}/")
 }
 
 /// How often local workers are polled.
@@ -59,7 +70,13 @@ pub fn worker_env(
         (env::BRAID_RESTART_COUNT, attempt.to_string()),
         (env::BRAID_MAX_RESTARTS, plan.max_restarts.to_string()),
         (env::BRAID_STORE_ADDR, plan.store_addr()),
-        (env::BRAID_STORE_PREFIX, format!("run/{attempt}/")),
+        (env::BRAID_STORE_PREFIX, worker_prefix(attempt)),
+        (
+            env::BRAID_LOG_DIR,
+            flight::log_dir(plan, &world.run_id)
+                .to_string_lossy()
+                .into_owned(),
+        ),
         ("TORCHELASTIC_RUN_ID", world.run_id.clone()),
         ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
         ("TORCHELASTIC_MAX_RESTARTS", plan.max_restarts.to_string()),
@@ -72,7 +89,9 @@ pub fn worker_env(
     vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-/// Runs attempt `attempt` on this node to its end.
+/// Runs attempt `attempt` on this node to its end; `workers_store` is
+/// the store seen through the attempt's [`worker_prefix`] (the workers'
+/// heartbeats).
 ///
 /// Between two spawns, and every [`POLL`] once all are started, the attempt
 /// is checked ([`Attempt::check`]): exited children are reaped, and a signal
@@ -83,18 +102,23 @@ pub fn run_attempt(
     world: &World,
     attempt: u32,
     store: &StoreClient,
+    workers_store: &StoreClient,
     signals: &Signals,
 ) -> Result<AttemptOutcome, LaunchError> {
-    let mut a = Attempt::new(plan, world, attempt, store, signals);
+    let mut a = Attempt::new(plan, world, attempt, store, workers_store, signals);
+    let with_diagnosis = |a: &mut Attempt, outcome| match outcome {
+        AttemptOutcome::Failed(f, _) => AttemptOutcome::Failed(f, a.diagnosis.take()),
+        success => success,
+    };
     for local_rank in 0..plan.nproc_per_node {
         if let Some(outcome) = a.check()? {
-            return Ok(outcome);
+            return Ok(with_diagnosis(&mut a, outcome));
         }
         a.spawn(local_rank)?;
     }
     loop {
         if let Some(outcome) = a.check()? {
-            return Ok(outcome);
+            return Ok(with_diagnosis(&mut a, outcome));
         }
         std::thread::sleep(POLL);
     }
@@ -106,8 +130,13 @@ struct Attempt<'a> {
     world: &'a World,
     attempt: u32,
     store: &'a StoreClient,
+    workers_store: &'a StoreClient,
     signals: &'a Signals,
     keys: Keys,
+    /// The workers' log directory (flight records).
+    log_dir: PathBuf,
+    /// What the flight records said when the attempt failed.
+    diagnosis: Option<String>,
     multi_node: bool,
     host: String,
     /// Workers started so far, in local-rank order.
@@ -128,6 +157,7 @@ impl<'a> Attempt<'a> {
         world: &'a World,
         attempt: u32,
         store: &'a StoreClient,
+        workers_store: &'a StoreClient,
         signals: &'a Signals,
     ) -> Attempt<'a> {
         Attempt {
@@ -135,8 +165,11 @@ impl<'a> Attempt<'a> {
             world,
             attempt,
             store,
+            workers_store,
             signals,
             keys: Keys::new(attempt),
+            log_dir: flight::log_dir(plan, &world.run_id),
+            diagnosis: None,
             multi_node: plan.nnodes > 1,
             host: hostname(),
             workers: Vec::with_capacity(plan.nproc_per_node),
@@ -184,14 +217,32 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Stops every worker started so far.
+    /// Stops every worker started so far: first notes how each is doing
+    /// and asks the running ones for their flight records, and afterwards
+    /// diagnoses the attempt from the records and heartbeats.
     fn stop(&mut self, first: Signal) {
+        let observed = flight::observe(&mut self.workers);
+        flight::request_dumps(
+            &self.workers,
+            &observed,
+            &self.log_dir,
+            flight::DUMP_WAIT,
+            self.signals,
+        );
         stop_workers(
             &mut self.workers,
             first,
             self.plan.grace_period,
             self.signals,
         );
+        self.diagnosis = flight::report(&flight::Attempt {
+            dir: &self.log_dir,
+            run_id: &self.world.run_id,
+            attempt: self.attempt,
+            world_size: self.world.world_size(),
+            observed: &observed,
+            store: self.workers_store,
+        });
     }
 
     /// Reaps what has exited and looks for a reason to end the attempt:
@@ -219,7 +270,7 @@ impl<'a> Attempt<'a> {
             };
             let root = publish_failure(self.store, &self.keys, self.multi_node, failure);
             self.stop(Signal::try_from(sig).unwrap_or(Signal::SIGTERM));
-            return Ok(Some(AttemptOutcome::Failed(root)));
+            return Ok(Some(AttemptOutcome::Failed(root, None)));
         }
 
         if let Some((i, status)) = self.reap() {
@@ -239,7 +290,7 @@ impl<'a> Attempt<'a> {
             };
             let root = publish_failure(self.store, &self.keys, self.multi_node, failure);
             self.stop(Signal::SIGTERM);
-            return Ok(Some(AttemptOutcome::Failed(root)));
+            return Ok(Some(AttemptOutcome::Failed(root, None)));
         }
 
         if self.succeeded == plan.nproc_per_node && !self.done_published {
@@ -255,7 +306,7 @@ impl<'a> Attempt<'a> {
             self.last_store_poll = Instant::now();
             if let Some(root) = self.news_from_other_nodes() {
                 self.stop(Signal::SIGTERM);
-                return Ok(Some(AttemptOutcome::Failed(root)));
+                return Ok(Some(AttemptOutcome::Failed(root, None)));
             }
             let mut watched = vec![self.keys.failure()];
             watched.extend((0..plan.nnodes).map(|r| self.keys.done(r)));
@@ -266,7 +317,7 @@ impl<'a> Attempt<'a> {
                         lost_store(plan, &self.host, "unreadable failure record")
                     });
                     self.stop(Signal::SIGTERM);
-                    return Ok(Some(AttemptOutcome::Failed(root)));
+                    return Ok(Some(AttemptOutcome::Failed(root, None)));
                 }
                 Ok(present) if present[1..].iter().all(|p| *p) => {
                     return Ok(Some(AttemptOutcome::Success))
@@ -275,7 +326,7 @@ impl<'a> Attempt<'a> {
                 Err(e) => {
                     let root = lost_store(plan, &self.host, e);
                     self.stop(Signal::SIGTERM);
-                    return Ok(Some(AttemptOutcome::Failed(root)));
+                    return Ok(Some(AttemptOutcome::Failed(root, None)));
                 }
             }
         }

@@ -14,7 +14,7 @@ use std::process::ExitCode;
     name = "braid",
     version,
     about = "braid: distributed deep-learning training in one binary",
-    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid train --nproc 2\n  braid scale -- --steps 60\n  braid generate --load model.safetensors --prompt \"the \""
+    after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid train --nproc 2\n  braid scale -- --steps 60\n  braid generate --load model.safetensors --prompt \"the \"\n  braid doctor /tmp/braid-<run id>"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -33,6 +33,7 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     Kernels(cmd::kernels::KernelsArgs),
     Ckpt(cmd::ckpt::CkptArgs),
+    Doctor(cmd::doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cmd::generate::run_generate(args),
         Command::Kernels(args) => cmd::kernels::run(args),
         Command::Ckpt(args) => cmd::ckpt::run(args),
+        Command::Doctor(args) => cmd::doctor::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

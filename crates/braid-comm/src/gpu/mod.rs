@@ -13,6 +13,10 @@
 //! [`DeviceWork`] whose `wait` polls the completion event, NCCL's
 //! asynchronous error, the host communicator's abort flag and the timeout —
 //! aborting the NCCL communicator instead of hanging when a peer is gone.
+//! Each operation is recorded in the rank's flight recorder
+//! ([`crate::flight`]) when queued, and marked completed when its wait
+//! sees the completion event (which also completes every earlier one: one
+//! stream runs them in order).
 //!
 //! ```no_run
 //! use braid_comm::{Communicator, ReduceOp, gpu::GpuCommunicator};
@@ -33,6 +37,7 @@ pub use work::{poll_pause, DeviceWork};
 use crate::communicator::Communicator;
 use crate::debug::OpDesc;
 use crate::error::{CommError, Result};
+use crate::flight::CommFlight;
 use braid_core::{DType, Element, ReduceOp};
 use braid_cuda::nccl::{self, NcclComm, UniqueId};
 pub use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceViewMut, Event, Graph, Stream};
@@ -96,6 +101,8 @@ pub struct GpuCommunicator {
     seq: AtomicU64,
     timeout: Duration,
     watchdog: Watchdog,
+    /// This communicator in the rank's flight recorder.
+    pub(crate) flight: CommFlight,
 }
 
 /// What a single-GPU operation is called with, for `BRAID_DEBUG=detail`:
@@ -206,6 +213,7 @@ impl GpuCommunicator {
             .map(|(d, c)| Member::new(d, c))
             .collect::<braid_cuda::Result<Vec<_>>>()
             .map_err(setup_err)?;
+        let flight = register_flight(host);
         Ok(GpuCommunicator {
             host: host.clone(),
             members,
@@ -213,7 +221,13 @@ impl GpuCommunicator {
             size,
             seq: AtomicU64::new(0),
             timeout: host.timeout(),
-            watchdog: Watchdog::start(host.rank(), host.inner.health.clone(), host.timeout()),
+            watchdog: Watchdog::start(
+                host.rank(),
+                host.inner.health.clone(),
+                host.timeout(),
+                flight.recorder().clone(),
+            ),
+            flight,
         })
     }
 
@@ -305,8 +319,42 @@ impl GpuCommunicator {
         grouped: bool,
         f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
     ) -> Result<DeviceWork<'a>> {
+        self.queue_described(op, None, grouped, f)
+    }
+
+    /// [`queue`](Self::queue), recording the operation's (count, dtype)
+    /// in the flight recorder when known.
+    fn queue_described<'a>(
+        &'a self,
+        op: &'static str,
+        shape: Option<(usize, DType)>,
+        grouped: bool,
+        f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
+    ) -> Result<DeviceWork<'a>> {
         self.check_usable()?;
         let seq = self.next_seq();
+        let record =
+            self.flight
+                .gpu_enqueued(seq, op, shape.map(|s| s.1), shape.map(|s| s.0 as u64));
+        let queued = self.enqueue(op, seq, grouped, f);
+        match queued {
+            Ok(events) => Ok(DeviceWork::new(self, op, seq, record, events)),
+            Err(e) => {
+                self.flight.gpu_failed(record, seq, op);
+                Err(e)
+            }
+        }
+    }
+
+    /// The body of [`queue`](Self::queue): the NCCL calls and the
+    /// completion events.
+    fn enqueue(
+        &self,
+        op: &'static str,
+        seq: u64,
+        grouped: bool,
+        f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
+    ) -> Result<Vec<(usize, Event)>> {
         let err = |e| self.gpu_err(op, seq, e);
         let _enqueue = self.watchdog.enter(op, seq);
         let guards: Vec<_> = self.members.iter().map(|m| m.lock()).collect();
@@ -341,7 +389,7 @@ impl GpuCommunicator {
             e.record(&m.stream).map_err(err)?;
             events.push((k, e));
         }
-        Ok(DeviceWork::new(self, op, seq, events))
+        Ok(events)
     }
 
     /// Runs one operation on this process's single GPU; `call` describes
@@ -368,7 +416,7 @@ impl GpuCommunicator {
                 ),
             });
         }
-        self.queue(op, false, |lanes| f(&mut lanes[0]))
+        self.queue_described(op, Some((count, dtype)), false, |lanes| f(&mut lanes[0]))
     }
 
     /// Launches several operations as one NCCL group (`ncclGroupStart/End`):
@@ -437,17 +485,27 @@ impl GpuCommunicator {
     pub fn launch_graphs<'a>(&'a self, graphs: &'a [Graph]) -> Result<DeviceWork<'a>> {
         self.check_usable()?;
         let seq = self.next_seq();
+        let record = self.flight.gpu_enqueued(seq, "graph", None, None);
         let err = |e| self.gpu_err("graph", seq, e);
-        let _enqueue = self.watchdog.enter("graph", seq);
-        let mut events = Vec::new();
-        for (k, (m, g)) in self.members.iter().zip(graphs).enumerate() {
-            m.order_after_main().map_err(err)?;
-            g.launch(&m.stream).map_err(err)?;
-            let e = m.event().map_err(err)?;
-            e.record(&m.stream).map_err(err)?;
-            events.push((k, e));
+        let launched = (|| {
+            let _enqueue = self.watchdog.enter("graph", seq);
+            let mut events = Vec::new();
+            for (k, (m, g)) in self.members.iter().zip(graphs).enumerate() {
+                m.order_after_main().map_err(err)?;
+                g.launch(&m.stream).map_err(err)?;
+                let e = m.event().map_err(err)?;
+                e.record(&m.stream).map_err(err)?;
+                events.push((k, e));
+            }
+            Ok(events)
+        })();
+        match launched {
+            Ok(events) => Ok(DeviceWork::new(self, "graph", seq, record, events)),
+            Err(e) => {
+                self.flight.gpu_failed(record, seq, "graph");
+                Err(e)
+            }
         }
-        Ok(DeviceWork::new(self, "graph", seq, events))
     }
 
     /// Aborts the NCCL communicator(s) and the host communicator with
@@ -807,9 +865,16 @@ impl GpuCommunicator {
                 let rank = nccl.rank();
                 let size = nccl.size();
                 let member = Member::new(m.device.clone(), nccl).map_err(setup_err)?;
+                let flight = register_flight(&host);
                 Ok(Some(GpuCommunicator {
                     timeout: host.timeout(),
-                    watchdog: Watchdog::start(rank, host.inner.health.clone(), host.timeout()),
+                    watchdog: Watchdog::start(
+                        rank,
+                        host.inner.health.clone(),
+                        host.timeout(),
+                        flight.recorder().clone(),
+                    ),
+                    flight,
                     host,
                     members: vec![member],
                     rank,
@@ -821,6 +886,20 @@ impl GpuCommunicator {
             _ => Err(setup_err("host and NCCL splits disagree")),
         }
     }
+}
+
+/// Registers a GPU communicator made from `host` with the rank's flight
+/// recorder: `<host id>/gpu<n>`, with the host communicator's (process)
+/// ranks.
+fn register_flight(host: &Communicator) -> CommFlight {
+    let n = host.inner.gpu_flights.fetch_add(1, Ordering::SeqCst);
+    host.inner.flight.recorder().register(
+        format!("{}/gpu{n}", host.id()),
+        "gpu",
+        host.rank(),
+        host.size(),
+        host.inner.world_ranks.clone(),
+    )
 }
 
 /// Rank 0 makes the NCCL unique id and publishes it in the rendezvous

@@ -4,8 +4,10 @@
 //! peer. Aborting the NCCL communicator under that call would free it while
 //! in use, so, like PyTorch's NCCL watchdog, this thread ends the process
 //! with an error naming the operation once the communicator has been
-//! aborted (a peer died, another rank failed) or the timeout has passed.
+//! aborted (a peer died, another rank failed) or the timeout has passed,
+//! after writing the rank's flight record.
 
+use crate::flight::Recorder;
 use crate::health::Health;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +44,12 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    pub(crate) fn start(rank: usize, health: Arc<Health>, timeout: Duration) -> Watchdog {
+    pub(crate) fn start(
+        rank: usize,
+        health: Arc<Health>,
+        timeout: Duration,
+        flight: Arc<Recorder>,
+    ) -> Watchdog {
         let state = Arc::new(Enqueue::default());
         let epoch = Instant::now();
         let s = state.clone();
@@ -67,9 +74,12 @@ impl Watchdog {
                 } else {
                     continue;
                 };
-                eprintln!(
-                    "braid: error: rank {rank}: {op} #{seq} is stuck inside NCCL (its kernels wait for a peer): {why}; ending the process"
+                let stuck = format!(
+                    "rank {rank}: {op} #{seq} is stuck inside NCCL (its kernels wait for a peer): {why}"
                 );
+                // The stuck thread holds the NCCL locks, not the recorder's.
+                flight.dump("stuck inside NCCL", &stuck);
+                eprintln!("braid: error: {stuck}; ending the process");
                 // SAFETY: _exit ends the process without running atexit
                 // handlers, which could block on the stuck GPU context.
                 unsafe { libc::_exit(1) };

@@ -6,6 +6,10 @@
 //! the deadline. Any of those aborts the NCCL communicator — which stops
 //! its kernels — and returns an error naming the operation and its
 //! sequence number, so a dead peer never leaves the GPU spinning forever.
+//! A wait that sees the operation complete marks it (and every earlier one
+//! of its communicator) completed in the flight recorder; a failure marks
+//! it failed, and a timeout's error names the rank it waits for from the
+//! other ranks' heartbeats.
 
 use super::GpuCommunicator;
 use crate::error::{CommError, Result};
@@ -40,6 +44,8 @@ pub struct DeviceWork<'a> {
     comm: &'a GpuCommunicator,
     op: &'static str,
     seq: u64,
+    /// Its record in the flight recorder.
+    record: u64,
     started: Instant,
     /// (member index, completion event); empty once finished.
     events: Vec<(usize, Event)>,
@@ -51,12 +57,14 @@ impl<'a> DeviceWork<'a> {
         comm: &'a GpuCommunicator,
         op: &'static str,
         seq: u64,
+        record: u64,
         events: Vec<(usize, Event)>,
     ) -> Self {
         DeviceWork {
             comm,
             op,
             seq,
+            record,
             started: Instant::now(),
             events,
             _borrows: PhantomData,
@@ -70,7 +78,13 @@ impl<'a> DeviceWork<'a> {
 
     /// Whether the operation has completed (never blocks).
     pub fn is_completed(&self) -> bool {
-        self.events.iter().all(|(_, e)| e.query().unwrap_or(true))
+        let done = self.events.iter().all(|(_, e)| e.query().unwrap_or(true));
+        if done {
+            self.comm
+                .flight
+                .gpu_completed(self.record, self.seq, self.op);
+        }
+        done
     }
 
     /// Blocks until the operation completes; fails (after aborting the
@@ -143,6 +157,9 @@ impl<'a> DeviceWork<'a> {
             }
             if all {
                 self.finish();
+                self.comm
+                    .flight
+                    .gpu_completed(self.record, self.seq, self.op);
                 return Ok(true);
             }
             polls += 1;
@@ -176,6 +193,7 @@ impl<'a> DeviceWork<'a> {
         }
         let health = &self.comm.host().inner.health;
         if health.is_aborted() {
+            self.comm.flight.gpu_failed(self.record, self.seq, self.op);
             self.comm.abort_nccl();
             return Err(CommError::Aborted {
                 rank: self.comm.rank(),
@@ -194,6 +212,7 @@ impl<'a> DeviceWork<'a> {
     fn fail(&self, detail: String) -> CommError {
         // (The events are left to `forget_events`: the operation failed,
         // so nothing may be ordered after it.)
+        self.comm.flight.gpu_failed(self.record, self.seq, self.op);
         self.comm.abort_nccl();
         let err = CommError::Gpu {
             rank: self.comm.rank(),
@@ -208,13 +227,19 @@ impl<'a> DeviceWork<'a> {
     }
 
     fn timed_out(&self) -> CommError {
+        self.comm.flight.gpu_failed(self.record, self.seq, self.op);
         self.comm.abort_nccl();
+        let diagnosis = self
+            .comm
+            .host()
+            .diagnose_timeout_of(&self.comm.flight, self.seq);
         let err = CommError::Timeout {
             rank: self.comm.rank(),
             op: self.op,
             seq: self.seq,
             waiting_for: Vec::new(),
             waited: self.started.elapsed(),
+            diagnosis,
         };
         let inner = &self.comm.host().inner;
         let standing = health::publish_abort(&inner.store, &err.to_string());

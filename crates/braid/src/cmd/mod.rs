@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_gpu;
 pub mod ckpt;
+pub mod doctor;
 pub mod generate;
 pub mod kernels;
 pub mod launch;
