@@ -20,7 +20,8 @@ Examples:
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 MASTER_PORT (a port free for the workers' own use), BRAID_RUN_ID, BRAID_RESTART_COUNT,
 BRAID_MAX_RESTARTS, BRAID_STORE_ADDR and BRAID_STORE_PREFIX (the launcher's rendezvous store),
-and OMP_NUM_THREADS=1 when several workers share a node and it is not already set.
+BRAID_LOG_DIR (where workers dump their flight records: --log-dir, else a directory printed at
+start), and OMP_NUM_THREADS=1 when several workers share a node and it is not already set.
 Set BRAID_STORE_TOKEN on every node to make the store demand a shared secret."
 )]
 pub struct LaunchArgs {
