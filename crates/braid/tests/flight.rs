@@ -1,5 +1,5 @@
 //! Flight records through the real binary: a rank stopped with SIGSTOP in
-//! an all-reduce loop is named — with the operation it did not reach — by
+//! an all-reduce loop (and in data-parallel training) is named — with the operation it did not reach — by
 //! the rank waiting for it, by the launcher and by `braid doctor`, and
 //! everything ends within BRAID_TIMEOUT + 10 s; SIGUSR1 writes a running
 //! rank's record; `braid doctor` on a directory without records says so.
@@ -308,5 +308,67 @@ fn a_killed_rank_is_diagnosed_from_its_last_heartbeat() {
     assert_eq!(stand_in["kind"], "heartbeat", "{stand_in}");
     assert_eq!(stand_in["observed"]["state"], "exited", "{stand_in}");
     assert_eq!(stand_in["observed"]["how"], "signal SIGKILL", "{stand_in}");
+    drop(marked);
+}
+
+#[test]
+fn a_stopped_rank_in_data_parallel_training_is_named_within_the_timeout() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let marked = Marked::new("sigstop-train");
+    let pids = TempDir::new("flight-train-pids");
+    let logs = TempDir::new("flight-train-logs");
+    let exe = env!("CARGO_BIN_EXE_braid");
+    let script = format!(
+        "echo $$ > {d}/pid.$RANK; exec {exe} train --steps 100000000 --eval-every 0 --log-every 1000",
+        d = pids.path().display()
+    );
+    let mut cmd = braid();
+    cmd.env(MARKER_VAR, &marked.0)
+        .env("BRAID_TIMEOUT", TIMEOUT_S.to_string())
+        .env_remove("BRAID_LOG_DIR")
+        .args([
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+        ])
+        .arg(logs.path())
+        .args(["--", "sh", "-c", &script]);
+    let running = start(cmd);
+    wait_for_pids(&pids, 2, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(2000));
+    let rank1 = pid_of(&pids, 1);
+    kill(Pid::from_raw(rank1 as i32), Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let limit = Duration::from_secs(TIMEOUT_S + 10);
+    let f = running.finish(limit + Duration::from_secs(5));
+    let ended = stopped.elapsed();
+    assert!(
+        ended <= limit,
+        "ended {ended:?} after the stop\n{}",
+        f.stderr
+    );
+    assert_ne!(f.code, Some(0), "{f:?}");
+    // The gradients' all-reduce: rank 0 names rank 1 and the operation
+    // it did not reach; so does the launcher.
+    let err0 = f
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("[rank 0] braid: error:"))
+        .unwrap_or_else(|| panic!("no error from rank 0:\n{}", f.stderr));
+    let seq = timed_out_seq(err0);
+    assert!(
+        err0.contains("rank 1 stopped")
+            && err0.contains(&format!("did not reach all_reduce #{seq}")),
+        "{err0}"
+    );
+    assert!(
+        f.stderr
+            .lines()
+            .any(|l| l.starts_with("  world (2 ranks): ") && l.contains("rank 1 stopped")),
+        "{}",
+        f.stderr
+    );
     drop(marked);
 }
