@@ -32,6 +32,21 @@ fn a_resumed_run_is_bit_identical_to_an_uninterrupted_one() {
             "zero3-2",
             &["--nproc", "2", "--batch", "4", "--zero", "3"][..],
         ),
+        // Hybrid sharding: the first shard group writes, the replicas
+        // read the same shards back.
+        (
+            "hsdp-2x2",
+            &[
+                "--nproc",
+                "4",
+                "--batch",
+                "2",
+                "--zero",
+                "3",
+                "--shard-group",
+                "2",
+            ][..],
+        ),
     ] {
         let ck = dir.path().join(format!("ck-{name}"));
         let (whole, out) = train_ckpt(&dir, &format!("{name}-whole"), &ck, args);
