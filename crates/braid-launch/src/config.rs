@@ -18,8 +18,14 @@ pub struct LaunchOptions {
     /// Start `nproc_per_node` workers even when that is far more than the
     /// host's cores (see [`nproc_limit`]).
     pub force_nproc: bool,
-    /// Number of nodes (launchers) in the job.
+    /// Number of nodes (launchers) in the job (the most, when elastic).
     pub nnodes: Option<usize>,
+    /// Elastic: the fewest nodes an attempt may start with (torchrun's
+    /// `--nnodes MIN:MAX`); `None`: exactly `nnodes`.
+    pub min_nnodes: Option<usize>,
+    /// Elastic: once `min_nnodes` have joined, how long node 0 waits for
+    /// more before starting without them.
+    pub rdzv_last_call: Duration,
     /// This node's rank among the nodes.
     pub node_rank: Option<usize>,
     /// Address of node 0, where the rendezvous store runs.
@@ -50,6 +56,8 @@ impl Default for LaunchOptions {
             nproc_per_node: 1,
             force_nproc: false,
             nnodes: None,
+            min_nnodes: None,
+            rdzv_last_call: Duration::from_secs(30),
             node_rank: None,
             master_addr: None,
             master_port: None,
@@ -70,8 +78,13 @@ impl Default for LaunchOptions {
 pub struct LaunchPlan {
     /// Workers on this node.
     pub nproc_per_node: usize,
-    /// Nodes in the job.
+    /// Nodes in the job (the most, when elastic).
     pub nnodes: usize,
+    /// The fewest nodes an attempt starts with (`nnodes` unless elastic).
+    pub min_nnodes: usize,
+    /// Elastic: how long node 0 waits for more nodes once `min_nnodes`
+    /// have joined.
+    pub rdzv_last_call: Duration,
     /// This node's rank.
     pub node_rank: usize,
     /// Node 0's address.
@@ -198,6 +211,12 @@ impl LaunchOptions {
         if nnodes == 0 {
             return Err(config("--nnodes must be at least 1".into()));
         }
+        let min_nnodes = self.min_nnodes.unwrap_or(nnodes);
+        if min_nnodes == 0 || min_nnodes > nnodes {
+            return Err(config(format!(
+                "--nnodes {min_nnodes}:{nnodes}: the fewest nodes must be 1 to {nnodes}"
+            )));
+        }
         if node_rank >= nnodes {
             return Err(config(format!(
                 "node rank {node_rank} is not below the number of nodes {nnodes}"
@@ -229,6 +248,8 @@ impl LaunchOptions {
             master_port,
             max_restarts: self.max_restarts,
             rdzv_timeout: self.rdzv_timeout,
+            min_nnodes,
+            rdzv_last_call: self.rdzv_last_call,
             grace_period: self.grace_period,
             log_dir: self.log_dir.clone(),
             run_id,
@@ -392,6 +413,27 @@ mod tests {
         .resolve_with(env(&[]))
         .unwrap_err();
         assert!(err.to_string().contains("--nproc-per-node"), "{err}");
+    }
+
+    #[test]
+    fn elastic_node_counts_are_checked() {
+        let elastic = |min, max| LaunchOptions {
+            nnodes: Some(max),
+            min_nnodes: min,
+            command: vec!["x".into()],
+            ..Default::default()
+        };
+        let p = elastic(Some(1), 3).resolve_with(env(&[])).unwrap();
+        assert_eq!((p.min_nnodes, p.nnodes), (1, 3));
+        let p = elastic(None, 3).resolve_with(env(&[])).unwrap();
+        assert_eq!((p.min_nnodes, p.nnodes), (3, 3));
+        for bad in [Some(0), Some(4)] {
+            let e = elastic(bad, 3)
+                .resolve_with(env(&[]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("the fewest nodes must be 1 to 3"), "{e}");
+        }
     }
 
     #[test]

@@ -67,9 +67,22 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
     })?;
     let store = client.with_prefix("launch/");
     let run_id = rendezvous::agree_run_id(&store, plan, signals)?;
-    for attempt in 0..=plan.max_restarts {
-        let world = rendezvous::join(&store, plan, attempt, &run_id, signals)?;
-        if attempt == 0 {
+    let joining = plan;
+    for attempt in 0..=joining.max_restarts {
+        let world = rendezvous::join(&store, joining, attempt, &run_id, signals)?;
+        // The attempt's own numbering of the nodes that joined (all of
+        // them, unless an elastic attempt started without some).
+        let plan = &LaunchPlan {
+            nnodes: world.nodes.len(),
+            node_rank: world.place_of(joining.node_rank).ok_or_else(|| {
+                LaunchError::Rendezvous(format!(
+                    "node rank {} is not in attempt {attempt}'s world",
+                    joining.node_rank
+                ))
+            })?,
+            ..joining.clone()
+        };
+        if attempt == 0 || plan.nnodes != joining.nnodes {
             let first = world.rank_offset(plan.node_rank);
             eprintln!(
                 "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}; flight records to {}",

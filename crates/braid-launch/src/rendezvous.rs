@@ -53,9 +53,17 @@ impl World {
         self.nodes.iter().map(|n| n.nproc).sum()
     }
 
-    /// Global rank of node `node`'s first worker.
+    /// Global rank of the first worker of the node at place `node` of
+    /// [`nodes`](Self::nodes).
     pub fn rank_offset(&self, node: usize) -> usize {
         self.nodes[..node].iter().map(|n| n.nproc).sum()
+    }
+
+    /// Where node rank `node_rank` is in [`nodes`](Self::nodes): its rank
+    /// in this attempt (an elastic attempt without some nodes numbers the
+    /// others from 0 without gaps).
+    pub fn place_of(&self, node_rank: usize) -> Option<usize> {
+        self.nodes.iter().position(|n| n.node_rank == node_rank)
     }
 }
 
@@ -190,16 +198,30 @@ pub fn join(
                 "{error} (reported by node 0)"
             )));
         }
+        if world.place_of(plan.node_rank).is_none() {
+            return Err(LaunchError::Rendezvous(format!(
+                "attempt {attempt} started without node rank {} (it joined after node 0's last call, --rdzv-last-call)",
+                plan.node_rank
+            )));
+        }
         return Ok(world);
     }
     // Node 0 gathers everyone.
     let node_keys: Vec<String> = (0..plan.nnodes).map(|r| keys.node(r)).collect();
     let start = Instant::now();
-    loop {
+    // Elastic: when the fewest allowed nodes were first all there.
+    let mut enough_since: Option<Instant> = None;
+    let present = loop {
         let refs: Vec<&str> = node_keys.iter().map(String::as_str).collect();
         let present = store.check(&refs)?;
         if present.iter().all(|p| *p) {
-            break;
+            break present;
+        }
+        if present.iter().filter(|p| **p).count() >= plan.min_nnodes {
+            let since = *enough_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= plan.rdzv_last_call {
+                break present;
+            }
         }
         if let Some(sig) = signals.received() {
             return Err(LaunchError::Rendezvous(format!(
@@ -207,7 +229,7 @@ pub fn join(
                 crate::process::signal_name(sig)
             )));
         }
-        if start.elapsed() >= plan.rdzv_timeout {
+        if start.elapsed() >= plan.rdzv_timeout && enough_since.is_none() {
             let missing: Vec<usize> = (0..plan.nnodes).filter(|r| !present[*r]).collect();
             let joined: Vec<usize> = (0..plan.nnodes).filter(|r| present[*r]).collect();
             let error = format!(
@@ -240,9 +262,19 @@ pub fn join(
                 Err(e) => return Err(e.into()),
             }
         }
-    }
+    };
     let mut nodes = Vec::with_capacity(plan.nnodes);
-    for k in &node_keys {
+    let joined = node_keys.iter().zip(&present).filter(|(_, p)| **p);
+    if present.iter().any(|p| !*p) {
+        let missing: Vec<usize> = (0..plan.nnodes).filter(|r| !present[*r]).collect();
+        eprintln!(
+            "braid launch: attempt {attempt} starts with {} of {} nodes (node rank(s) {missing:?} did not join within --rdzv-last-call {:.1?}); the workers' world is smaller",
+            plan.nnodes - missing.len(),
+            plan.nnodes,
+            plan.rdzv_last_call
+        );
+    }
+    for (k, _) in joined {
         let raw = store.get(k)?;
         let info: NodeInfo = serde_json::from_slice(&raw)
             .map_err(|e| LaunchError::Rendezvous(format!("unreadable entry {k}: {e}")))?;
@@ -280,7 +312,7 @@ pub fn join(
         serde_json::to_vec(&world).expect("World serialises"),
     )?;
     if let Some(error) = error {
-        let others: Vec<usize> = (1..plan.nnodes).collect();
+        let others: Vec<usize> = world.nodes.iter().skip(1).map(|n| n.node_rank).collect();
         linger_for_acks(store, &keys, &others, Duration::from_secs(3));
         return Err(LaunchError::Rendezvous(error));
     }

@@ -32,9 +32,14 @@ pub struct LaunchArgs {
     /// cores (without it, more than 4 per CPU core, and more than 16, are refused).
     #[arg(long)]
     force_nproc: bool,
-    /// Number of nodes (default: SLURM_NNODES, else 1).
-    #[arg(long, value_name = "M")]
-    nnodes: Option<usize>,
+    /// Number of nodes (default: SLURM_NNODES, else 1), or MIN:MAX (elastic: an attempt
+    /// starts once MIN nodes have joined and no more came within --rdzv-last-call; a restart
+    /// after a node is lost goes on without it, the workers' world smaller).
+    #[arg(long, value_name = "M|MIN:MAX", value_parser = parse_nnodes)]
+    nnodes: Option<(Option<usize>, usize)>,
+    /// Elastic (--nnodes MIN:MAX): seconds node 0 waits for more nodes once MIN have joined.
+    #[arg(long, default_value = "30", value_name = "S", value_parser = super::parse_seconds)]
+    rdzv_last_call: Duration,
     /// This node's rank, 0..nnodes (default: SLURM_NODEID, else 0).
     #[arg(long, value_name = "R")]
     node_rank: Option<usize>,
@@ -75,12 +80,33 @@ pub struct LaunchArgs {
     command: Vec<OsString>,
 }
 
+/// `--nnodes M` or `MIN:MAX`.
+fn parse_nnodes(s: &str) -> Result<(Option<usize>, usize), String> {
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{s:?}: expected a number of nodes, or MIN:MAX"))
+    };
+    match s.split_once(':') {
+        None => Ok((None, num(s)?)),
+        Some((a, b)) => {
+            let (min, max) = (num(a)?, num(b)?);
+            if min == 0 || min > max {
+                return Err(format!("{s:?}: MIN must be 1 to MAX"));
+            }
+            Ok((Some(min), max))
+        }
+    }
+}
+
 /// Runs `braid launch`; returns the launcher's exit code.
 pub fn run(a: LaunchArgs) -> Result<i32, String> {
     let options = LaunchOptions {
         nproc_per_node: a.nproc_per_node,
         force_nproc: a.force_nproc,
-        nnodes: a.nnodes,
+        nnodes: a.nnodes.map(|(_, max)| max),
+        min_nnodes: a.nnodes.and_then(|(min, _)| min),
+        rdzv_last_call: a.rdzv_last_call,
         node_rank: a.node_rank,
         master_addr: a.master_addr,
         master_port: a.master_port,
