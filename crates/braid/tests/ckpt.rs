@@ -539,3 +539,67 @@ fn an_elastic_job_that_loses_a_node_restarts_on_the_smaller_world_from_its_check
         "one node after the loss differs by {d}"
     );
 }
+
+/// Unmounts a test's tmpfs when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_save_by_name_and_keeps_the_previous_checkpoint() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs (a disk that fills up)");
+        return;
+    }
+    let dir = TempDir::new("ckpt-full");
+    let small = dir.path().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    // Room for one checkpoint of the tiny model (1.45 MB), not two.
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("skipped: could not mount a tmpfs here");
+        return;
+    }
+    let _mounted = Mounted(small.clone());
+    let ck = small.join("ck");
+    let mut c = braid();
+    c.args([
+        "train",
+        "--steps",
+        "30",
+        "--seq",
+        "32",
+        "--eval-every",
+        "0",
+        "--seed",
+        "11",
+    ])
+    .args(["--save-every", "10", "--ckpt-dir"])
+    .arg(&ck);
+    let f = run(c, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0), "{f:?}");
+    for want in [
+        "checkpoint at step 20 failed (the previous checkpoint is untouched)",
+        "No space left on device",
+        "safetensors",
+    ] {
+        assert!(
+            f.stderr.contains(want),
+            "expected {want:?} in: {}",
+            f.stderr
+        );
+    }
+    assert!(!f.stderr.contains("panicked"), "{}", f.stderr);
+    // The step-10 checkpoint is whole: a run resumes from it.
+    let (_, f) = train(&dir, "after-full", &["--resume", ck.to_str().unwrap()], &[]);
+    assert!(f.stdout.contains("step-00000010 (step 10"), "{}", f.stdout);
+}
