@@ -115,13 +115,24 @@ fn group<T: Element>(gpu: &GpuCommunicator, op: &str) -> Result<u64, String> {
     for &redop in redops {
         for &count in &COUNTS {
             for &in_place in places {
-                wrong += match op {
+                let bad = match op {
                     "all_gather_v" => all_gather_v::<T>(gpu, count)?,
                     "all_to_all_v" => all_to_all_v::<T>(gpu, count)?,
                     _ => Case::<T>::new(gpu, op, count, in_place, root, redop)
                         .and_then(|mut c| c.check())
                         .map_err(|e| format!("{op} {} count {count}: {e}", T::DTYPE))?,
                 };
+                if bad > 0 {
+                    // Which case, so that a failure can be reproduced.
+                    eprintln!(
+                        "rank {}: {op} {} {} count {count} {}: {bad} wrong element(s)",
+                        gpu.rank(),
+                        T::DTYPE.name(),
+                        if reduces { redop.name() } else { "-" },
+                        if in_place { "in place" } else { "out of place" }
+                    );
+                }
+                wrong += bad;
                 checks += 1;
             }
         }
