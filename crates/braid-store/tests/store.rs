@@ -1,8 +1,11 @@
 //! Behaviour of a real store server and client over loopback TCP.
 
+mod common;
+
 use braid_store::protocol::{ErrorCode, Limits, Request, Response};
 use braid_store::{ClientOptions, ServerOptions, StoreClient, StoreError, StoreServer};
-use std::io::{Read, Write};
+use common::{read_reply, wait_closed};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -420,30 +423,6 @@ fn port_in_use_is_a_clear_error() {
         err.contains("already in use") && err.contains("--master-port"),
         "{err}"
     );
-}
-
-fn read_reply(stream: &mut TcpStream) -> Option<Response> {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let body = braid_store::protocol::read_frame(stream, 1 << 20).ok()?;
-    Response::decode(&body).ok()
-}
-
-/// Reads until the server closes the connection (or 5 s pass).
-fn wait_closed(stream: &mut TcpStream) -> bool {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
-        }
-    }
 }
 
 #[test]

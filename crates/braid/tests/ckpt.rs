@@ -385,6 +385,21 @@ fn unwritable_outputs_are_refused_before_training() {
     assert!(f.stderr.contains("--ckpt-dir"), "{}", f.stderr);
 }
 
+/// Waits (up to a minute) until `dir/ck` holds the step-60 checkpoint of
+/// an [`ELASTIC`] run.
+fn wait_for_third_checkpoint(dir: &TempDir) {
+    let third = dir.path().join("ck").join("step-00000060");
+    let t0 = std::time::Instant::now();
+    while !third.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no third checkpoint in {}",
+            third.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The checkpointed training both elastic-restart runs use: 200 steps of
 /// the tiny model, a checkpoint every 20, resumed from the newest.
 const ELASTIC: &str =
@@ -422,15 +437,7 @@ fn a_rank_killed_mid_run_restarts_from_the_checkpoint_and_ends_as_if_never_kille
         let running = common::start(elastic_launch(&dir, "ck", "killed.safetensors", extra, "1"));
         // Kill rank 1 at a step past the third checkpoint that varies
         // from run to run (the outcome must not depend on it).
-        let third = dir.path().join("ck").join("step-00000060");
-        let t0 = std::time::Instant::now();
-        while !third.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "{name}: no third checkpoint"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_third_checkpoint(&dir);
         let jitter = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -512,15 +519,7 @@ fn an_elastic_job_that_loses_a_node_restarts_on_the_smaller_world_from_its_check
     let port = common::free_port().to_string();
     let n0 = common::start(elastic_node(&dir, &port, 0));
     let n1 = common::start(elastic_node(&dir, &port, 1));
-    let third = dir.path().join("ck").join("step-00000060");
-    let t0 = std::time::Instant::now();
-    while !third.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no third checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_third_checkpoint(&dir);
     // Node 1 is lost: its launcher killed (its worker dies with it).
     let mut n1 = n1;
     n1.child.kill().unwrap();

@@ -22,57 +22,29 @@ const TIMEOUT_S: u64 = 4;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Kills, when dropped, every process whose environment holds the marker.
-struct Marked(String);
-
-impl Marked {
-    fn new(tag: &str) -> Marked {
-        Marked(format!("{tag}-{}", std::process::id()))
-    }
-
-    fn survivors(&self) -> Vec<u32> {
-        let needle = format!("{MARKER_VAR}={}", self.0);
-        std::fs::read_dir("/proc")
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|&pid| {
-                std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
-            })
-            .filter(|&pid| alive(pid))
-            .collect()
-    }
-}
-
-impl Drop for Marked {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            let left = self.survivors();
-            if left.is_empty() {
-                return;
-            }
-            for pid in left {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 /// `braid launch` of 2 ranks running an endless all-reduce loop, each
 /// writing its pid to `pids/pid.RANK`, logs and flight records in `logs`.
 fn all_reduce_loop(marked: &Marked, pids: &TempDir, logs: &TempDir) -> std::process::Command {
+    two_ranks(
+        marked,
+        pids,
+        logs,
+        "bench all_reduce -b 256K -e 256K -n 100000000 -w 0",
+    )
+}
+
+/// `braid launch` of 2 ranks each running `braid ARGS`, each writing its
+/// pid to `pids/pid.RANK`, logs and flight records in `logs`, with the
+/// tests' timeout.
+fn two_ranks(marked: &Marked, pids: &TempDir, logs: &TempDir, args: &str) -> std::process::Command {
     let exe = env!("CARGO_BIN_EXE_braid");
     let script = format!(
-        "echo $$ > {d}/pid.$RANK; exec {exe} bench all_reduce -b 256K -e 256K -n 100000000 -w 0",
+        "echo $$ > {d}/pid.$RANK; exec {exe} {args}",
         d = pids.path().display()
     );
     let mut cmd = braid();
-    cmd.env(MARKER_VAR, &marked.0)
+    marked
+        .mark(&mut cmd)
         .env("BRAID_TIMEOUT", TIMEOUT_S.to_string())
         .env_remove("BRAID_LOG_DIR")
         .env_remove("BRAID_FLIGHT_RECORDS")
@@ -109,7 +81,7 @@ fn timed_out_seq(text: &str) -> u64 {
 #[test]
 fn a_stopped_rank_is_named_by_the_waiting_rank_the_launcher_and_doctor() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let marked = Marked::new("sigstop");
+    let marked = Marked::new(MARKER_VAR, "sigstop");
     let pids = TempDir::new("flight-pids");
     let logs = TempDir::new("flight-logs");
     let running = start(all_reduce_loop(&marked, &pids, &logs));
@@ -220,7 +192,7 @@ fn a_stopped_rank_is_named_by_the_waiting_rank_the_launcher_and_doctor() {
 #[test]
 fn sigusr1_writes_the_record_of_a_running_rank() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let marked = Marked::new("sigusr1");
+    let marked = Marked::new(MARKER_VAR, "sigusr1");
     let pids = TempDir::new("flight-usr1-pids");
     let logs = TempDir::new("flight-usr1-logs");
     let mut cmd = all_reduce_loop(&marked, &pids, &logs);
@@ -281,7 +253,7 @@ fn doctor_on_a_directory_without_records_says_so() {
 #[test]
 fn a_killed_rank_is_diagnosed_from_its_last_heartbeat() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let marked = Marked::new("sigkill");
+    let marked = Marked::new(MARKER_VAR, "sigkill");
     let pids = TempDir::new("flight-kill-pids");
     let logs = TempDir::new("flight-kill-logs");
     let running = start(all_reduce_loop(&marked, &pids, &logs));
@@ -314,27 +286,15 @@ fn a_killed_rank_is_diagnosed_from_its_last_heartbeat() {
 #[test]
 fn a_stopped_rank_in_data_parallel_training_is_named_within_the_timeout() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let marked = Marked::new("sigstop-train");
+    let marked = Marked::new(MARKER_VAR, "sigstop-train");
     let pids = TempDir::new("flight-train-pids");
     let logs = TempDir::new("flight-train-logs");
-    let exe = env!("CARGO_BIN_EXE_braid");
-    let script = format!(
-        "echo $$ > {d}/pid.$RANK; exec {exe} train --steps 100000000 --eval-every 0 --log-every 1000",
-        d = pids.path().display()
+    let cmd = two_ranks(
+        &marked,
+        &pids,
+        &logs,
+        "train --steps 100000000 --eval-every 0 --log-every 1000",
     );
-    let mut cmd = braid();
-    cmd.env(MARKER_VAR, &marked.0)
-        .env("BRAID_TIMEOUT", TIMEOUT_S.to_string())
-        .env_remove("BRAID_LOG_DIR")
-        .args([
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--log-dir",
-        ])
-        .arg(logs.path())
-        .args(["--", "sh", "-c", &script]);
     let running = start(cmd);
     wait_for_pids(&pids, 2, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(2000));

@@ -16,69 +16,19 @@ use std::time::{Duration, Instant};
 /// The variable that marks a test's launcher and workers.
 const MARKER_VAR: &str = "BRAID_LAUNCH_FAULTS_MARKER";
 
-/// Kills, when dropped, every process whose environment holds the marker.
-struct Marked(String);
-
-impl Marked {
-    fn new(tag: &str) -> Marked {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Marked(format!("{tag}-{}-{n}", std::process::id()))
-    }
-
-    /// `braid launch --standalone` carrying the marker.
-    fn launch(&self, args: &[&str]) -> std::process::Command {
-        let mut cmd = braid();
-        cmd.env(MARKER_VAR, &self.0)
-            .args(["launch", "--standalone"])
-            .args(args);
-        cmd
-    }
-
-    /// Live (not zombie) processes carrying the marker.
-    fn survivors(&self) -> Vec<u32> {
-        let needle = format!("{MARKER_VAR}={}", self.0);
-        proc_pids()
-            .into_iter()
-            .filter(|&pid| {
-                std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-            })
-            .filter(|&pid| stat_of(pid).is_some_and(|(state, _)| state != 'Z'))
-            .collect()
-    }
+/// A test's marker, with the launcher command that carries it.
+fn marked(tag: &str) -> Marked {
+    Marked::new(MARKER_VAR, tag)
 }
 
-impl Drop for Marked {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            let left = self.survivors();
-            if left.is_empty() {
-                return;
-            }
-            for pid in left {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn proc_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// A process's state letter and parent pid, from /proc/PID/stat.
-fn stat_of(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    Some((state, rest.next()?.parse().ok()?))
+/// `braid launch --standalone` carrying `marked`'s marker.
+fn launch(marked: &Marked, args: &[&str]) -> std::process::Command {
+    let mut cmd = braid();
+    marked
+        .mark(&mut cmd)
+        .args(["launch", "--standalone"])
+        .args(args);
+    cmd
 }
 
 /// (zombie children, all children) of `parent` right now.
@@ -102,8 +52,8 @@ fn host_cores() -> usize {
 
 #[test]
 fn a_worker_count_far_above_the_cores_is_refused_unless_forced() {
-    let marked = Marked::new("refuse");
-    let mut cmd = marked.launch(&["--nproc-per-node", "100000", "--", "/bin/true"]);
+    let marked = marked("refuse");
+    let mut cmd = launch(&marked, &["--nproc-per-node", "100000", "--", "/bin/true"]);
     let f = run(cmd, Duration::from_secs(20));
     assert_eq!(f.code, Some(2), "{f:?}");
     assert!(
@@ -122,7 +72,7 @@ fn a_worker_count_far_above_the_cores_is_refused_unless_forced() {
     assert!(f.stdout.is_empty(), "no worker may start: {f:?}");
 
     // A count within the limit needs no force.
-    cmd = marked.launch(&["--nproc-per-node", "2", "--", "/bin/true"]);
+    cmd = launch(&marked, &["--nproc-per-node", "2", "--", "/bin/true"]);
     let f = run(cmd, Duration::from_secs(20));
     assert_eq!(f.code, Some(0), "{f:?}");
 }
@@ -130,18 +80,21 @@ fn a_worker_count_far_above_the_cores_is_refused_unless_forced() {
 #[test]
 fn exited_workers_are_reaped_while_others_are_still_starting() {
     const N: usize = 200;
-    let marked = Marked::new("reap");
+    let marked = marked("reap");
     let n = N.to_string();
     // Every worker but rank 0 exits at once; rank 0 keeps the job going.
-    let cmd = marked.launch(&[
-        "--force-nproc",
-        "--nproc-per-node",
-        &n,
-        "--",
-        "sh",
-        "-c",
-        "if [ $LOCAL_RANK = 0 ]; then sleep 2; fi",
-    ]);
+    let cmd = launch(
+        &marked,
+        &[
+            "--force-nproc",
+            "--nproc-per-node",
+            &n,
+            "--",
+            "sh",
+            "-c",
+            "if [ $LOCAL_RANK = 0 ]; then sleep 2; fi",
+        ],
+    );
     let running = start(cmd);
     let launcher = running.child.id();
     let started = Instant::now();
@@ -173,24 +126,27 @@ fn exited_workers_are_reaped_while_others_are_still_starting() {
 #[test]
 fn sigterm_while_spawning_stops_the_launcher_and_every_worker() {
     const N: usize = 1000;
-    let marked = Marked::new("sigterm");
+    let marked = marked("sigterm");
     let dir = TempDir::new("faults-sigterm");
     let script = format!(
         "echo $$ > {}/pid.$RANK; exec sleep 30",
         dir.path().display()
     );
     let n = N.to_string();
-    let cmd = marked.launch(&[
-        "--force-nproc",
-        "--grace-period",
-        "1",
-        "--nproc-per-node",
-        &n,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let cmd = launch(
+        &marked,
+        &[
+            "--force-nproc",
+            "--grace-period",
+            "1",
+            "--nproc-per-node",
+            &n,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
     let running = start(cmd);
     wait_for_pids(&dir, 10, Duration::from_secs(30));
     let signalled = Instant::now();

@@ -1,4 +1,5 @@
-//! Helpers shared by the connection-limit test binaries.
+//! Helpers shared by the store's test binaries (raw-socket replies and
+//! closes, clients, polling).
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 

@@ -269,3 +269,78 @@ pub fn params(path: &std::path::Path) -> Vec<f32> {
         .0
         .data
 }
+
+/// A unique value of a marker variable that a test's launchers carry (their
+/// workers inherit it): dropped, it SIGKILLs every live process carrying it,
+/// stopped ones included, so a test leaves no process behind, passed or
+/// failed.
+pub struct Marked {
+    var: &'static str,
+    value: String,
+}
+
+impl Marked {
+    /// A value of `var` unique to this test process and call.
+    pub fn new(var: &'static str, tag: &str) -> Marked {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Marked {
+            var,
+            value: format!("{tag}-{}-{n}", std::process::id()),
+        }
+    }
+
+    /// Gives `cmd` the marker.
+    pub fn mark<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        cmd.env(self.var, &self.value)
+    }
+
+    /// Live (not zombie) processes carrying the marker.
+    pub fn survivors(&self) -> Vec<u32> {
+        let needle = format!("{}={}", self.var, self.value);
+        proc_pids()
+            .into_iter()
+            .filter(|&pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+            })
+            .filter(|&pid| stat_of(pid).is_some_and(|(state, _)| state != 'Z'))
+            .collect()
+    }
+}
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let left = self.survivors();
+            if left.is_empty() {
+                return;
+            }
+            for pid in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Every process id in /proc.
+pub fn proc_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A process's state letter and parent pid, from /proc/PID/stat.
+pub fn stat_of(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
