@@ -12,7 +12,7 @@ use crate::Result;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A committed checkpoint, open for reading.
 pub struct CheckpointReader {
@@ -20,8 +20,10 @@ pub struct CheckpointReader {
     manifest: Manifest,
     /// For every tensor, the pieces that hold it: (elements, rank).
     pieces: BTreeMap<String, Vec<(Range<usize>, usize)>>,
+    /// Every tensor's element count.
+    numel: HashMap<String, usize>,
     /// Headers read so far, by file.
-    headers: Mutex<HashMap<String, Header>>,
+    headers: Mutex<HashMap<String, Arc<Header>>>,
 }
 
 /// The checkpoint `path` names: a checkpoint directory, or a root whose
@@ -64,10 +66,10 @@ impl CheckpointReader {
                 manifest.format
             ));
         }
-        let numel: HashMap<&str, usize> = manifest
+        let numel: HashMap<String, usize> = manifest
             .tensors
             .iter()
-            .map(|t| (t.name.as_str(), t.shape.iter().product()))
+            .map(|t| (t.name.clone(), t.shape.iter().product()))
             .collect();
         let mut pieces: BTreeMap<String, Vec<(Range<usize>, usize)>> = BTreeMap::new();
         for (i, r) in manifest.ranks.iter().enumerate() {
@@ -103,6 +105,7 @@ impl CheckpointReader {
             dir: dir.to_path_buf(),
             manifest,
             pieces,
+            numel,
             headers: Mutex::new(HashMap::new()),
         })
     }
@@ -176,13 +179,7 @@ impl CheckpointReader {
                 continue;
             }
             let r = &self.manifest.ranks[*i];
-            let numel: usize = self
-                .manifest
-                .tensors
-                .iter()
-                .find(|t| t.name == tensor)
-                .map(|t| t.shape.iter().product())
-                .unwrap_or(0);
+            let numel = self.numel.get(tensor).copied().unwrap_or(0);
             let key = PieceName {
                 tensor: tensor.to_string(),
                 start: have.start,
@@ -221,7 +218,7 @@ impl CheckpointReader {
         let header = {
             let mut h = self.headers.lock().expect("headers");
             if !h.contains_key(file) {
-                h.insert(file.to_string(), format::read_header(&path)?);
+                h.insert(file.to_string(), Arc::new(format::read_header(&path)?));
             }
             h[file].clone()
         };

@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+/// How long a rank waits for its own background write when `BRAID_TIMEOUT`
+/// does not say (as every other wait).
+const DEFAULT_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The manifest of a committed checkpoint (`braid-checkpoint.json`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
@@ -415,6 +419,25 @@ impl Checkpointer {
             return Ok(());
         };
         if let Some(h) = f.handle.take() {
+            // The write is this rank's own disk: bounded like every wait
+            // (a stuck file system would otherwise hang the run here).
+            let limit = braid_core::WorldInfo::timeout_from_env(DEFAULT_WRITE_TIMEOUT)
+                .unwrap_or(DEFAULT_WRITE_TIMEOUT);
+            let t0 = Instant::now();
+            while !h.is_finished() {
+                if t0.elapsed() >= limit {
+                    return Err(format!(
+                        "rank {}: checkpoint at step {}: this rank's background write into {} has \
+                         not finished after waiting {:.0?} (a stuck or very slow file system; \
+                         raise BRAID_TIMEOUT if it is only slow)",
+                        self.rank,
+                        f.step,
+                        f.tmp.display(),
+                        limit
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
             f.outcome = Some(join(h, &mut self.staging));
         }
         self.settle(agree, true)

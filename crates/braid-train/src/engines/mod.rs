@@ -99,8 +99,9 @@ pub(crate) fn gpt_describe(cfg: &GptConfig, b: usize, t: usize, how: &str) -> St
     )
 }
 
-/// The named tensors of a GPT layout (Hugging Face's names and shapes).
-pub(crate) fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
+/// The named tensors of a GPT layout (Hugging Face's names and shapes):
+/// what the GPT engines checkpoint, and what `braid ckpt` reads back.
+pub fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
     layout
         .params
         .iter()

@@ -5,7 +5,7 @@
 use braid_model::{checkpoint, GptConfig, Layout, Params};
 use braid_train::checkpoint::load::resolve;
 use braid_train::checkpoint::{CheckpointReader, StateSource};
-use braid_train::NamedTensor;
+use braid_train::engines::gpt_tensors;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,19 +76,6 @@ fn config_of(r: &CheckpointReader) -> Result<GptConfig, String> {
         .map_err(|e| format!("{}: bad model configuration: {e}", r.dir().display()))
 }
 
-/// The tensors of `cfg`'s plain layout.
-fn tensors_of(layout: &Layout) -> Vec<NamedTensor> {
-    layout
-        .params
-        .iter()
-        .map(|p| NamedTensor {
-            name: p.name.clone(),
-            shape: p.shape.clone(),
-            range: p.range(),
-        })
-        .collect()
-}
-
 fn inspect(dir: &Path, verify: bool, json: bool) -> Result<i32, String> {
     let r = open(dir)?;
     let m = r.manifest();
@@ -150,7 +137,7 @@ fn inspect(dir: &Path, verify: bool, json: bool) -> Result<i32, String> {
     if verify {
         let cfg = config_of(&r)?;
         let layout = Layout::new(&cfg);
-        let tensors = tensors_of(&layout);
+        let tensors = gpt_tensors(&layout);
         let all = 0..layout.len;
         let t0 = std::time::Instant::now();
         r.read("params", &tensors, std::slice::from_ref(&all))?;
@@ -171,7 +158,7 @@ fn consolidate(dir: &Path, output: &Path, dtype: &str) -> Result<i32, String> {
     let r = open(dir)?;
     let cfg = config_of(&r)?;
     let layout = Arc::new(Layout::new(&cfg));
-    let tensors = tensors_of(&layout);
+    let tensors = gpt_tensors(&layout);
     let all = 0..layout.len;
     let mut params = Params::zeros(layout.clone());
     params.data = r.read("params", &tensors, std::slice::from_ref(&all))?;
