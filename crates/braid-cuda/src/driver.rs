@@ -274,6 +274,17 @@ impl Stream {
         })
     }
 
+    /// Another handle on this stream that does not destroy it when
+    /// dropped: valid only while this one lives (a span that ends on the
+    /// stream at the end of a scope holds one).
+    pub fn borrowed(&self) -> Stream {
+        Stream {
+            raw: self.raw,
+            owned: false,
+            device: self.device.clone(),
+        }
+    }
+
     /// The driver handle (what NCCL calls take as `cudaStream_t`).
     pub fn raw(&self) -> sys::CUstream {
         self.raw
@@ -413,6 +424,11 @@ impl Event {
             raw,
             device: device.clone(),
         })
+    }
+
+    /// The device the event belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Records the event at the current end of `stream`.

@@ -369,6 +369,14 @@ impl StoreClient {
         }
     }
 
+    /// The server's clock, microseconds since the UNIX epoch.
+    pub fn server_time_us(&self) -> Result<i64, StoreError> {
+        match self.request(Request::Time, self.options.timeout)? {
+            Response::Int(t) => Ok(t),
+            other => Err(self.unexpected("time", other)),
+        }
+    }
+
     /// Round-trips an empty request.
     pub fn ping(&self) -> Result<(), StoreError> {
         self.expect_ok("ping", Request::Ping, self.options.timeout)

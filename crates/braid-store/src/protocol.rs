@@ -119,6 +119,9 @@ pub enum Request {
     NumKeys,
     /// Does nothing; checks the connection.
     Ping,
+    /// The server's clock: microseconds since the UNIX epoch (an `Int`),
+    /// what ranks align their trace clocks to.
+    Time,
 }
 
 /// A server's reply.
@@ -360,6 +363,7 @@ impl Request {
             Request::DeletePrefix { .. } => "delete_prefix",
             Request::NumKeys => "num_keys",
             Request::Ping => "ping",
+            Request::Time => "time",
         }
     }
 
@@ -388,6 +392,7 @@ impl Request {
             Request::DeletePrefix { prefix } => Encoder::new(9).bytes(prefix),
             Request::NumKeys => Encoder::new(10),
             Request::Ping => Encoder::new(11),
+            Request::Time => Encoder::new(12),
         }
         .finish()
     }
@@ -444,6 +449,7 @@ impl Request {
             },
             10 => Request::NumKeys,
             11 => Request::Ping,
+            12 => Request::Time,
             t => return Err(ProtocolError::Malformed(format!("unknown opcode {t}"))),
         };
         d.end()?;
@@ -571,6 +577,7 @@ mod tests {
         });
         roundtrip(Request::NumKeys);
         roundtrip(Request::Ping);
+        roundtrip(Request::Time);
     }
 
     #[test]

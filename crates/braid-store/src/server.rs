@@ -563,6 +563,11 @@ fn execute(shared: &Shared, request: Request) -> Response {
     let mut map = lock(&shared.map);
     match request {
         Request::Hello { .. } | Request::Ping => Response::Ok,
+        Request::Time => Response::Int(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64),
+        ),
         Request::Set { key, value } => {
             map.insert(key, value);
             drop(map);

@@ -1,0 +1,641 @@
+//! The distributed-training analysis report (`braid report`): the
+//! course's sections — run, throughput and utilisation, the temporal
+//! breakdown per rank, communication (per operation: time, bytes,
+//! bandwidth; overhead; overlap), synchronisation and stragglers, scaling
+//! efficiency (over several runs), the backend comparison (over `braid
+//! bench --json` files), the bottleneck with its evidence, and
+//! suggestions that follow from the figures.
+//!
+//! [`build`] computes it as one JSON value (what `--json` prints and the
+//! HTML page draws); [`render_text`] prints it for a terminal.
+
+use crate::analysis::{self, RunAnalysis, StepBreakdown};
+use crate::format::RankTrace;
+use serde_json::{json, Value};
+
+/// What a report is made from.
+pub struct Inputs<'a> {
+    /// The run analysed: every rank's trace.
+    pub traces: &'a [RankTrace],
+    /// Ranks of the run whose trace is missing.
+    pub missing: &'a [usize],
+    /// Other runs of the same model at other world sizes (for scaling).
+    pub others: &'a [Vec<RankTrace>],
+    /// `braid bench --json` rows (for the backend comparison).
+    pub bench: &'a [Value],
+}
+
+/// Peak dense bf16 FLOP/s of an H100/H200 GPU (what MFU is against).
+const GPU_PEAK_FLOPS: f64 = 989e12;
+
+fn ms(us: f64) -> f64 {
+    (us / 1e3 * 1000.0).round() / 1000.0
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    (1000.0 * part / whole.max(1e-12)).round() / 10.0
+}
+
+/// The warm-up steps the run's own summary left out.
+fn warmup_of(t: &RankTrace) -> usize {
+    t.run["summary"]["warmup_steps"].as_u64().unwrap_or(1) as usize
+}
+
+fn desc(t: &RankTrace) -> &Value {
+    &t.run["desc"]
+}
+
+/// Tokens per second of a run (its lead rank's summary).
+fn tokens_per_s(traces: &[RankTrace]) -> Option<f64> {
+    traces.first()?.run["summary"]["tokens_per_s"].as_f64()
+}
+
+fn breakdown_json(m: &StepBreakdown) -> Value {
+    json!({
+        "step_ms": ms(m.total),
+        "compute_ms": ms(m.compute),
+        "exposed_comm_ms": ms(m.exposed_comm),
+        "data_ms": ms(m.data),
+        "other_ms": ms(m.other),
+        "idle_ms": ms(m.idle),
+        "comm_ms": ms(m.comm),
+        "overlapped_comm_ms": ms(m.overlapped),
+        "compute_pct": pct(m.compute, m.total),
+        "exposed_comm_pct": pct(m.exposed_comm, m.total),
+        "data_pct": pct(m.data, m.total),
+        "other_pct": pct(m.other, m.total),
+        "idle_pct": pct(m.idle, m.total),
+        "overlap_pct": if m.comm > 0.0 { pct(m.overlapped, m.comm) } else { 0.0 },
+    })
+}
+
+/// The worst relative gap, over the counted steps of each rank, between
+/// the traced step (compute + exposed communication + data + other +
+/// idle) and the step time the training loop measured.
+fn accounting(t: &RankTrace, steps: &[StepBreakdown], warmup: usize) -> Option<f64> {
+    let measured: Vec<(u64, f64)> = t.run["steps"]
+        .as_array()?
+        .iter()
+        .filter_map(|s| Some((s["step"].as_u64()?, s["step_s"].as_f64()? * 1e6)))
+        .collect();
+    let mut worst: Option<f64> = None;
+    for s in steps.iter().skip(warmup.min(steps.len().saturating_sub(1))) {
+        let Some(&(_, m)) = measured.iter().find(|(k, _)| *k == s.step) else {
+            continue;
+        };
+        let traced = s.compute + s.exposed_comm + s.data + s.other + s.idle;
+        let gap = (traced - m).abs() / m.max(1e-9);
+        worst = Some(worst.map_or(gap, |w: f64| w.max(gap)));
+    }
+    worst
+}
+
+/// Builds the report.
+pub fn build(inp: &Inputs<'_>) -> Value {
+    let traces = inp.traces;
+    let Some(first) = traces.first() else {
+        return json!({"error": "no traces"});
+    };
+    let warmup = warmup_of(first);
+    let a = analysis::analyse(traces, warmup);
+    let world = first.world_size;
+    let d = desc(first);
+    let mean_over_ranks = |f: fn(&StepBreakdown) -> f64| {
+        a.means.iter().map(|m| f(&m.mean)).sum::<f64>() / a.means.len().max(1) as f64
+    };
+    let avg = StepBreakdown {
+        total: mean_over_ranks(|s| s.total),
+        compute: mean_over_ranks(|s| s.compute),
+        exposed_comm: mean_over_ranks(|s| s.exposed_comm),
+        data: mean_over_ranks(|s| s.data),
+        other: mean_over_ranks(|s| s.other),
+        idle: mean_over_ranks(|s| s.idle),
+        comm: mean_over_ranks(|s| s.comm),
+        overlapped: mean_over_ranks(|s| s.overlapped),
+        ..Default::default()
+    };
+    let ranks: Vec<Value> = traces
+        .iter()
+        .zip(&a.means)
+        .zip(&a.steps)
+        .map(|((t, m), steps)| {
+            let mut b = breakdown_json(&m.mean);
+            b["rank"] = json!(t.rank);
+            b["steps_counted"] = json!(m.steps);
+            b["accounting_gap_pct"] = json!(accounting(t, steps, warmup).map(|g| pct(g, 1.0)));
+            b["clock_offset_us"] = json!(t.clock.offset_us);
+            b["clock_rtt_us"] = json!(t.clock.rtt_us);
+            b
+        })
+        .collect();
+    let step_times: Vec<Value> = traces
+        .iter()
+        .zip(&a.steps)
+        .map(|(t, s)| json!({"rank": t.rank, "step_ms": s.iter().map(|b| ms(b.total)).collect::<Vec<_>>()}))
+        .collect();
+
+    // Throughput and utilisation.
+    let tps = tokens_per_s(traces);
+    let summary = &first.run["summary"];
+    let mut throughput = json!({
+        "tokens_per_s": tps,
+        "median_step_ms": summary["median_step_s"].as_f64().map(|s| ms(s * 1e6)),
+        "compute_share_pct": pct(avg.compute, avg.total),
+    });
+    if a.gpu {
+        if let Some(f) = flops_per_token(d) {
+            throughput["mfu_pct"] = json!(tps.map(|t| pct(t * f, GPU_PEAK_FLOPS * world as f64)));
+        }
+        throughput["peak_device_gib"] = json!(first.run["peak_device_bytes"]
+            .as_f64()
+            .map(|b| b / (1u64 << 30) as f64));
+    }
+
+    // Communication.
+    let steps_counted = a.means.first().map_or(1, |m| m.steps.max(1));
+    let counted_steps = steps_counted;
+    let ops: Vec<Value> = a.ops[0]
+        .iter()
+        .map(|o| {
+            let per_step = o.count as f64 / counted_steps as f64;
+            json!({
+                "op": o.op,
+                "count": o.count,
+                "per_step": (per_step * 100.0).round() / 100.0,
+                "total_ms": ms(o.total_us),
+                "mean_ms": ms(o.total_us / o.count.max(1) as f64),
+                "bytes": o.bytes,
+                "algbw_GBps": (o.algbw * 1000.0).round() / 1000.0,
+                "busbw_GBps": (o.busbw * 1000.0).round() / 1000.0,
+            })
+        })
+        .collect();
+    let named = |op: &str| {
+        a.ops[0]
+            .iter()
+            .find(|o| o.op == op)
+            .map_or(0.0, |o| ms(o.total_us / counted_steps as f64))
+    };
+    let unoverlapped = first.run["unoverlapped_comm_s"].as_f64();
+    let summary_exposed = summary["exposed_comm_s"].as_f64();
+    let communication = json!({
+        "backend": summary["collectives_via"],
+        "ops": ops,
+        "all_reduce_ms_per_step": named("all_reduce"),
+        "broadcast_ms_per_step": named("broadcast"),
+        "barrier_ms_per_step": named("barrier"),
+        "comm_ms_per_step": ms(avg.comm),
+        "exposed_comm_ms_per_step": ms(avg.exposed_comm),
+        "overhead_pct": pct(avg.exposed_comm, avg.total),
+        "overlap_pct": if avg.comm > 0.0 { pct(avg.overlapped, avg.comm) } else { 0.0 },
+        "unoverlapped_comm_ms": unoverlapped.map(|u| ms(u * 1e6)),
+        "hidden_pct": unoverlapped.map(|u| pct((u * 1e6 - avg.exposed_comm).max(0.0), u * 1e6)),
+        "summary_exposed_comm_ms": summary_exposed.map(|e| ms(e * 1e6)),
+        "rank0_exposed_comm_ms": a.means.first().map(|m| ms(m.mean.exposed_comm)),
+        "rank0_hidden_pct": unoverlapped
+            .zip(a.means.first())
+            .map(|(u, m)| pct((u * 1e6 - m.mean.exposed_comm).max(0.0), u * 1e6)),
+        "summary_hidden_pct": unoverlapped
+            .zip(summary_exposed)
+            .map(|(u, e)| pct((u - e).max(0.0), u)),
+        "wire_bytes_per_step": summary["wire_bytes_per_step"],
+        "steps_counted": steps_counted,
+    });
+
+    // Synchronisation and stragglers.
+    let totals: Vec<f64> = a.means.iter().map(|m| m.mean.total).collect();
+    let own: Vec<f64> = a
+        .means
+        .iter()
+        .map(|m| m.mean.compute + m.mean.data + m.mean.other)
+        .collect();
+    let spread = |v: &[f64]| {
+        let max = v.iter().cloned().fold(f64::MIN, f64::max);
+        let min = v.iter().cloned().fold(f64::MAX, f64::min);
+        if v.is_empty() {
+            0.0
+        } else {
+            max - min
+        }
+    };
+    let waits: Vec<f64> = a
+        .means
+        .iter()
+        .map(|m| m.mean.exposed_comm + m.mean.idle)
+        .collect();
+    let synchronisation = json!({
+        "step_spread_ms": ms(spread(&totals)),
+        "own_work_spread_ms": ms(spread(&own)),
+        "own_work_spread_pct": pct(spread(&own), avg.total),
+        "wait_ms_per_rank": waits.iter().map(|w| ms(*w)).collect::<Vec<_>>(),
+        "straggler": a.straggler.as_ref().map(|s| json!({
+            "rank": s.rank, "category": s.category, "excess_ms": ms(s.excess_us), "evidence": s.evidence,
+        })),
+    });
+
+    let scaling = scaling(traces, inp.others);
+    let backends = backends(inp.bench);
+    let (bottleneck, evidence) = classify(&a, &avg, d);
+    let suggestions = suggest(&a, &avg, &bottleneck, d);
+    json!({
+        "run": {
+            "ranks": world,
+            "traced_ranks": traces.len(),
+            "missing_ranks": inp.missing,
+            "strategy": d["strategy"],
+            "model": d["model"],
+            "precision": d["precision"],
+            "device": if a.gpu { "cuda" } else { "cpu" },
+            "batch_per_rank": d["batch_per_rank"],
+            "seq": d["seq"],
+            "steps_traced": a.steps.first().map_or(0, Vec::len),
+            "warmup_steps": warmup,
+            "dropped_spans": traces.iter().map(|t| t.dropped).sum::<u64>(),
+        },
+        "throughput": throughput,
+        "breakdown": {"mean": breakdown_json(&avg), "ranks": ranks},
+        "step_times": step_times,
+        "communication": communication,
+        "synchronisation": synchronisation,
+        "scaling": scaling,
+        "backends": backends,
+        "bottleneck": {"kind": bottleneck, "evidence": evidence},
+        "suggestions": suggestions,
+    })
+}
+
+/// FLOPs per token of the run's GPT (6 · parameters + 12 · layers · width
+/// · sequence), from its description.
+fn flops_per_token(d: &Value) -> Option<f64> {
+    let c = &d["config"];
+    let (l, e) = (c["n_layer"].as_f64()?, c["n_embd"].as_f64()?);
+    Some(6.0 * d["params"].as_f64()? + 12.0 * l * e * d["seq"].as_f64()?)
+}
+
+/// Scaling efficiency against the smallest run given.
+fn scaling(traces: &[RankTrace], others: &[Vec<RankTrace>]) -> Value {
+    let mut runs: Vec<(usize, f64)> = std::iter::once(traces)
+        .chain(others.iter().map(Vec::as_slice))
+        .filter_map(|t| Some((t.first()?.world_size, tokens_per_s(t)?)))
+        .collect();
+    if runs.len() < 2 {
+        return Value::Null;
+    }
+    runs.sort_by_key(|r| r.0);
+    let (n0, t0) = runs[0];
+    let points: Vec<Value> = runs
+        .iter()
+        .map(|&(n, t)| {
+            let ideal = t0 * n as f64 / n0 as f64;
+            json!({"ranks": n, "tokens_per_s": t.round(), "ideal_tokens_per_s": ideal.round(), "efficiency_pct": pct(t, ideal)})
+        })
+        .collect();
+    json!({"baseline_ranks": n0, "points": points})
+}
+
+/// Per backend (and operation), the bus bandwidth against message size.
+fn backends(rows: &[Value]) -> Value {
+    let mut out: Vec<Value> = Vec::new();
+    for r in rows {
+        let (Some(op), Some(bytes)) = (r["op"].as_str(), r["bytes"].as_u64()) else {
+            continue;
+        };
+        let backend = r["backend"].as_str().unwrap_or("?");
+        let ranks = r["ranks"].as_u64().unwrap_or(0);
+        let Some(busbw) = r["out_of_place"]["busbw"].as_f64() else {
+            continue;
+        };
+        let name = format!("{backend} {op} ×{ranks}");
+        let i = match out.iter().position(|s| s["name"] == name.as_str()) {
+            Some(i) => i,
+            None => {
+                out.push(json!({"name": name, "backend": backend, "op": op, "ranks": ranks, "points": []}));
+                out.len() - 1
+            }
+        };
+        out[i]["points"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!([bytes, busbw]));
+    }
+    for s in &mut out {
+        let peak = s["points"]
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|p| p[1].as_f64())
+            .fold(0.0, f64::max);
+        s["peak_busbw_GBps"] = json!(peak);
+    }
+    Value::Array(out)
+}
+
+/// The bottleneck: the first of these that holds, with the figures.
+fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<String>) {
+    let step = avg.total.max(1e-9);
+    let share = |x: f64| 100.0 * x / step;
+    let mut ev = Vec::new();
+    let f = |x: f64| format!("{:.1}%", x);
+    ev.push(format!(
+        "an average step: compute {}, exposed communication {}, data {}, other {}, idle {}",
+        f(share(avg.compute)),
+        f(share(avg.exposed_comm)),
+        f(share(avg.data)),
+        f(share(avg.other)),
+        f(share(avg.idle))
+    ));
+    let min_wait = a
+        .means
+        .iter()
+        .map(|m| m.mean.exposed_comm + m.mean.idle)
+        .fold(f64::MAX, f64::min);
+    let mean_wait = avg.exposed_comm + avg.idle;
+    let kind = if let Some(s) = a.straggler.as_ref().filter(|s| s.excess_us > 0.1 * step) {
+        ev.push(s.evidence.clone());
+        "load imbalance"
+    } else if share(avg.data) > 15.0 {
+        ev.push(format!(
+            "data loading takes {} of the step",
+            f(share(avg.data))
+        ));
+        "data-bound"
+    } else if share(avg.exposed_comm) > 15.0 && a.means.len() > 1 && min_wait < 0.5 * mean_wait {
+        ev.push(format!(
+            "ranks wait {:.2} ms per step on average but the least-waiting rank only {:.2} ms: the wait is for other ranks, not for bytes",
+            mean_wait / 1e3,
+            min_wait / 1e3
+        ));
+        "synchronisation-bound"
+    } else if share(avg.exposed_comm) > 25.0 {
+        let via = d["ranks"].as_u64().unwrap_or(1);
+        ev.push(format!(
+            "{} of the step is communication that computation does not hide ({} of the collectives' time is hidden) over {via} ranks",
+            f(share(avg.exposed_comm)),
+            f(100.0 * avg.overlapped / avg.comm.max(1e-9))
+        ));
+        let slow_link = a.ops[0]
+            .iter()
+            .filter(|o| o.op == "all_reduce" || o.op == "reduce_scatter" || o.op == "all_gather")
+            .any(|o| o.bytes > (1 << 20) && o.busbw < 5.0);
+        if slow_link {
+            ev.push(
+                "the collectives' bus bandwidth stays below 5 GB/s on MB-sized messages".into(),
+            );
+            "network-bound"
+        } else {
+            "communication-bound"
+        }
+    } else if share(avg.idle) > 20.0 {
+        ev.push(format!(
+            "{} of the step nothing runs (host overhead or launch latency)",
+            f(share(avg.idle))
+        ));
+        "idle-bound"
+    } else {
+        "compute-bound"
+    };
+    (kind.to_string(), ev)
+}
+
+/// Suggestions that follow from the figures.
+fn suggest(a: &RunAnalysis, avg: &StepBreakdown, kind: &str, d: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let step = avg.total.max(1e-9);
+    let strategy = d["strategy"].as_str().unwrap_or("");
+    match kind {
+        "load imbalance" => {
+            if let Some(s) = &a.straggler {
+                out.push(format!(
+                    "rank {} is slow in {}: check what else runs on its cores or GPU (pinning, clocks, a noisy neighbour){}",
+                    s.rank,
+                    s.category,
+                    if s.category == "data" {
+                        "; its data source or storage may be slower"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        "data-bound" => out.push(
+            "load batches ahead of the step (more loader threads, data on faster storage, or pre-tokenised shards)".into(),
+        ),
+        "synchronisation-bound" => out.push(
+            "ranks wait for each other: even out the work per rank, and look at the straggler section".into(),
+        ),
+        "communication-bound" | "network-bound" => {
+            if avg.overlapped < 0.5 * avg.comm {
+                out.push("most communication runs after the backward pass: smaller first buckets (--first-bucket-mb) start reductions earlier".into());
+            }
+            out.push("fewer, larger messages: raise --bucket-mb if many small collectives run per step".into());
+            out.push("fewer bytes: --grad-comm bf16 halves them; powersgd compresses far more".into());
+            out.push("more work per exchange: --accum K reduces once per K micro-batches".into());
+            if strategy.contains("ZeRO-3") {
+                out.push("ZeRO-3 gathers parameters twice per step: ZeRO-2 or hybrid sharding (--shard-group) move fewer bytes when memory allows".into());
+            }
+        }
+        "idle-bound" => out.push(
+            "the device waits for the host: a larger batch per rank gives each launch more work".into(),
+        ),
+        _ => {
+            if avg.comm > 0.0 && avg.exposed_comm < 0.05 * step {
+                out.push("communication is already hidden; speed comes from the computation (larger batches, fused kernels, bf16)".into());
+            }
+        }
+    }
+    if avg.exposed_comm > 0.1 * step && kind != "communication-bound" && kind != "network-bound" {
+        out.push(
+            "exposed communication is above 10% of the step: see the communication section".into(),
+        );
+    }
+    out
+}
+
+fn num(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x}"),
+        None => "-".into(),
+    }
+}
+
+/// The report as terminal text.
+pub fn render_text(r: &Value) -> String {
+    let mut o = String::new();
+    let mut line = |s: String| {
+        o.push_str(&s);
+        o.push('\n');
+    };
+    let run = &r["run"];
+    line("== Distributed training analysis ==".into());
+    line(format!(
+        "run: {} ranks ({} traced{}) | {} | model {} | {} on {} | batch {} × seq {} per rank | {} steps traced, first {} not counted",
+        num(&run["ranks"]),
+        num(&run["traced_ranks"]),
+        match run["missing_ranks"].as_array() {
+            Some(m) if !m.is_empty() => format!(", missing {m:?}"),
+            _ => String::new(),
+        },
+        run["strategy"].as_str().unwrap_or("?"),
+        run["model"].as_str().unwrap_or("?"),
+        run["precision"].as_str().unwrap_or("?"),
+        run["device"].as_str().unwrap_or("?"),
+        num(&run["batch_per_rank"]),
+        num(&run["seq"]),
+        num(&run["steps_traced"]),
+        num(&run["warmup_steps"]),
+    ));
+    let t = &r["throughput"];
+    let mut tl = format!(
+        "\n-- throughput --\n{} tokens/s | median step {} ms | computing {}% of the step",
+        t["tokens_per_s"]
+            .as_f64()
+            .map_or("-".into(), |x| format!("{x:.0}")),
+        num(&t["median_step_ms"]),
+        num(&t["compute_share_pct"])
+    );
+    if !t["mfu_pct"].is_null() {
+        tl.push_str(&format!(
+            " | MFU {}% (of 989 TFLOP/s per GPU)",
+            num(&t["mfu_pct"])
+        ));
+    }
+    if let Some(g) = t["peak_device_gib"].as_f64() {
+        tl.push_str(&format!(" | peak device memory {g:.2} GiB"));
+    }
+    line(tl);
+    line("\n-- temporal breakdown per rank (ms per step; as Holistic Trace Analysis: compute / non-overlapped communication / idle) --".into());
+    line(format!(
+        "{:>5} {:>9} {:>14} {:>16} {:>9} {:>9} {:>9} {:>9} {:>12}",
+        "rank", "step", "compute", "exposed comm", "data", "other", "idle", "overlap", "accounted"
+    ));
+    for k in r["breakdown"]["ranks"].as_array().into_iter().flatten() {
+        line(format!(
+            "{:>5} {:>9.2} {:>8.2} {:>4.0}% {:>10.2} {:>4.0}% {:>9.2} {:>9.2} {:>9.2} {:>8.0}% {:>12}",
+            num(&k["rank"]),
+            k["step_ms"].as_f64().unwrap_or(0.0),
+            k["compute_ms"].as_f64().unwrap_or(0.0),
+            k["compute_pct"].as_f64().unwrap_or(0.0),
+            k["exposed_comm_ms"].as_f64().unwrap_or(0.0),
+            k["exposed_comm_pct"].as_f64().unwrap_or(0.0),
+            k["data_ms"].as_f64().unwrap_or(0.0),
+            k["other_ms"].as_f64().unwrap_or(0.0),
+            k["idle_ms"].as_f64().unwrap_or(0.0),
+            k["overlap_pct"].as_f64().unwrap_or(0.0),
+            k["accounting_gap_pct"]
+                .as_f64()
+                .map_or("-".into(), |g| format!("±{g:.1}%")),
+        ));
+    }
+    let c = &r["communication"];
+    line(format!(
+        "\n-- communication ({}) --",
+        c["backend"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .unwrap_or("collectives")
+    ));
+    line(format!(
+        "{:<16} {:>8} {:>9} {:>11} {:>10} {:>12} {:>12} {:>12}",
+        "operation",
+        "count",
+        "per step",
+        "total ms",
+        "mean ms",
+        "bytes",
+        "algbw GB/s",
+        "busbw GB/s"
+    ));
+    for op in c["ops"].as_array().into_iter().flatten() {
+        line(format!(
+            "{:<16} {:>8} {:>9} {:>11.3} {:>10.3} {:>12} {:>12.3} {:>12.3}",
+            op["op"].as_str().unwrap_or("?"),
+            num(&op["count"]),
+            num(&op["per_step"]),
+            op["total_ms"].as_f64().unwrap_or(0.0),
+            op["mean_ms"].as_f64().unwrap_or(0.0),
+            num(&op["bytes"]),
+            op["algbw_GBps"].as_f64().unwrap_or(0.0),
+            op["busbw_GBps"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    line(format!(
+        "per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
+        num(&c["all_reduce_ms_per_step"]),
+        num(&c["broadcast_ms_per_step"]),
+        num(&c["barrier_ms_per_step"]),
+        num(&c["comm_ms_per_step"]),
+        num(&c["exposed_comm_ms_per_step"]),
+        num(&c["overhead_pct"]),
+        num(&c["overlap_pct"]),
+    ));
+    if let Some(u) = c["unoverlapped_comm_ms"].as_f64() {
+        line(format!(
+            "against the same reductions run alone ({u:.2} ms): {}% hidden over all ranks | rank 0: {} ms exposed, {}% hidden (its own summary: {} ms, {}%)",
+            num(&c["hidden_pct"]),
+            num(&c["rank0_exposed_comm_ms"]),
+            num(&c["rank0_hidden_pct"]),
+            num(&c["summary_exposed_comm_ms"]),
+            num(&c["summary_hidden_pct"]),
+        ));
+    }
+    let s = &r["synchronisation"];
+    line("\n-- synchronisation and stragglers --".into());
+    line(format!(
+        "step-time spread across ranks {} ms | own-work spread {} ms ({}% of the step) | waiting per rank (ms): {}",
+        num(&s["step_spread_ms"]),
+        num(&s["own_work_spread_ms"]),
+        num(&s["own_work_spread_pct"]),
+        s["wait_ms_per_rank"]
+            .as_array()
+            .map(|v| v.iter().map(num).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default()
+    ));
+    match s["straggler"].as_object() {
+        Some(st) => line(format!(
+            "straggler: rank {} (slow in {}, {} ms per step over the median rank): {}",
+            num(&st["rank"]),
+            st["category"].as_str().unwrap_or("?"),
+            num(&st["excess_ms"]),
+            st["evidence"].as_str().unwrap_or("")
+        )),
+        None => {
+            line("straggler: none (no rank's work stands out by more than 5% of the step)".into())
+        }
+    }
+    if let Some(points) = r["scaling"]["points"].as_array() {
+        line("\n-- scaling efficiency --".into());
+        for p in points {
+            line(format!(
+                "{} ranks: {} tokens/s (ideal {}) = {}%",
+                num(&p["ranks"]),
+                num(&p["tokens_per_s"]),
+                num(&p["ideal_tokens_per_s"]),
+                num(&p["efficiency_pct"])
+            ));
+        }
+    }
+    if let Some(b) = r["backends"].as_array().filter(|b| !b.is_empty()) {
+        line("\n-- backend comparison (peak bus bandwidth) --".into());
+        for s in b {
+            line(format!(
+                "{}: {:.2} GB/s",
+                s["name"].as_str().unwrap_or("?"),
+                s["peak_busbw_GBps"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    line(format!(
+        "\n-- bottleneck: {} --",
+        r["bottleneck"]["kind"].as_str().unwrap_or("?")
+    ));
+    for e in r["bottleneck"]["evidence"].as_array().into_iter().flatten() {
+        line(format!("  {}", e.as_str().unwrap_or("")));
+    }
+    if let Some(sg) = r["suggestions"].as_array().filter(|s| !s.is_empty()) {
+        line("\n-- suggestions --".into());
+        for x in sg {
+            line(format!("  - {}", x.as_str().unwrap_or("")));
+        }
+    }
+    o
+}
