@@ -30,6 +30,38 @@ fn op_name(desc: &OpDesc) -> &'static str {
         .unwrap_or("operation")
 }
 
+/// Records host collective `name` (run from `started` until now) as a
+/// trace span on its communicator's track, with its bytes (each rank's
+/// buffer) and bandwidths in nccl-tests' convention.
+fn trace_op(inner: &Inner, desc: &OpDesc, name: &'static str, started: Instant) {
+    let end = Instant::now();
+    let secs = end
+        .saturating_duration_since(started)
+        .as_secs_f64()
+        .max(1e-9);
+    let dtype = DType::from_code(desc.dtype);
+    let bytes = desc.count * dtype.map_or(1, |d| d.size()) as u64;
+    let algbw = bytes as f64 / secs / 1e9;
+    let busbw = algbw * braid_trace::analysis::busbw_factor(name, inner.size);
+    braid_trace::recorder::record_between(
+        name,
+        braid_trace::Cat::Comm,
+        braid_trace::recorder::track::COLLECTIVES + inner.flight.comm_index() as u32 * 100,
+        started,
+        end,
+        vec![
+            ("bytes", bytes.into()),
+            ("count", desc.count.into()),
+            ("dtype", dtype.map_or("-", |d| d.name()).into()),
+            ("seq", desc.seq.into()),
+            ("comm", (inner.flight.comm_index() as u64).into()),
+            ("ranks", (inner.size as u64).into()),
+            ("algbw_GBps", algbw.into()),
+            ("busbw_GBps", busbw.into()),
+        ],
+    );
+}
+
 /// Default timeout of every operation (`BRAID_TIMEOUT` overrides).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -277,6 +309,15 @@ impl Communicator {
         self.inner.size
     }
 
+    /// A connection of this rank's own to the job's store (under the
+    /// communicator's key prefix), for bookkeeping beside the
+    /// collectives (trace files written, clock offsets). The store lives
+    /// as long as the job's launcher, or as rank 0's communicator where
+    /// rank 0 hosts it.
+    pub fn store_client(&self) -> std::result::Result<StoreClient, String> {
+        self.inner.store.reconnect().map_err(|e| e.to_string())
+    }
+
     /// Backend in use: `shm`, `tcp` or `hier`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend_name
@@ -412,6 +453,9 @@ impl Communicator {
             f(exec.backend.as_mut(), &ctx)
         })();
         inner.flight.finish(record, result.is_ok());
+        if braid_trace::recorder::active() {
+            trace_op(inner, &desc, name, started);
+        }
         let mut result = result;
         if let Err(CommError::Timeout { diagnosis, .. }) = &mut result {
             *diagnosis = self.diagnose_timeout(seq);

@@ -369,6 +369,11 @@ impl CommFlight {
         &self.rec
     }
 
+    /// The communicator's number in its rank's recorder (0: the world).
+    pub(crate) fn comm_index(&self) -> u16 {
+        self.comm
+    }
+
     /// A new record of this communicator, issued at `now_us`.
     fn slot(
         &self,

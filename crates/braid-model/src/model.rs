@@ -413,11 +413,18 @@ impl Gpt {
     ) -> Result<T, StepError> {
         let ly = &*self.layout;
         let emb = block_of(ly, p, Block::Embedding);
+        let span = |name: &dyn Fn() -> String| {
+            braid_trace::scope::start(None, braid_trace::Cat::Compute, name)
+        };
+        let t = span(&|| "forward embedding".into());
         self.embedding_forward(emb, acts, tokens, targets)?;
+        drop(t);
         for l in 0..ly.config.n_layer {
+            let _t = span(&|| format!("forward layer {l}"));
             self.layer_forward_at(l, block_of(ly, p, Block::Layer(l)), acts);
         }
         let norm = block_of(ly, p, Block::FinalNorm);
+        let _t = span(&|| "forward head".into());
         Ok(self.head_forward(norm, emb, acts, targets))
     }
 

@@ -50,6 +50,15 @@ impl Timeline {
         Ok(i)
     }
 
+    /// Point `i` on the host's clock: the first point's host time plus
+    /// the engine's time from it (device points: after the stream has
+    /// passed `i`; the first point must have been marked on an idle
+    /// stream for the two clocks to meet there).
+    pub fn instant(&self, i: usize) -> Result<Instant> {
+        let first = *self.host.first().ok_or("an empty timeline")?;
+        Ok(first + std::time::Duration::from_secs_f64(self.seconds(0, i)?.max(0.0)))
+    }
+
     /// Seconds from point `a` to point `b` (device points: after the
     /// stream has passed `b`).
     pub fn seconds(&self, a: usize, b: usize) -> Result<f64> {

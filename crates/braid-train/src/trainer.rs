@@ -12,10 +12,13 @@
 use crate::checkpoint::{Checkpointer, StateSource};
 use crate::engine::{Engine, StateBytes, UpdateStep};
 use crate::space::Space;
+use crate::step_trace::StepTrace;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
-use crate::Result;
+use crate::{test_delay, Result};
 use braid_model::optim::Schedule;
+use braid_trace::recorder::{self, track};
+use braid_trace::Cat;
 use std::time::Instant;
 
 /// Where batches come from.
@@ -221,6 +224,7 @@ where
         }
         let t0 = Instant::now();
         tl.clear();
+        let mut trace = StepTrace::begin(engine.stream())?;
         let m_start = tl.mark(engine.stream())?;
         strategy.zero_grads(engine, &mut grads)?;
         let mut data = 0.0;
@@ -229,8 +233,18 @@ where
         for micro in 0..o.accum {
             let td = Instant::now();
             loader.next_train(batch)?;
-            data += td.elapsed().as_secs_f64();
+            test_delay::apply(rank, "data");
+            let tde = Instant::now();
+            data += tde.duration_since(td).as_secs_f64();
+            if trace.on() {
+                let args = vec![("micro_batch", micro.into())];
+                recorder::record_between("data", Cat::Data, track::HOST, td, tde, args);
+            }
+            let m_f0 = trace.mark(&mut tl, engine.stream())?;
             let loss = strategy.forward(engine, batch, true)?;
+            test_delay::apply(rank, "compute");
+            let m_f1 = trace.mark(&mut tl, engine.stream())?;
+            trace.between("forward", Cat::Pass, m_f0, m_f1, micro);
             if !loss.is_finite() {
                 return Err(format!(
                     "rank {rank}, step {step}: the loss is {loss} (lower --lr?)"
@@ -239,8 +253,11 @@ where
             loss_sum += loss as f64;
             if micro + 1 < o.accum {
                 strategy.accumulate(engine, &mut grads)?;
+                let m_b = trace.mark(&mut tl, engine.stream())?;
+                trace.between("backward", Cat::Pass, m_f1, m_b, micro);
             } else {
                 m_computed = strategy.backward(engine, &mut grads, &mut tl)?;
+                trace.between("backward", Cat::Pass, m_f1, m_computed, micro);
             }
         }
         strategy.before_update(engine, &mut grads)?;
@@ -266,6 +283,8 @@ where
             strategy.after_update(engine)?;
         }
         let m_end = tl.mark(engine.stream())?;
+        trace.between("wait for reductions", Cat::Wait, m_computed, m_reduced, 0);
+        trace.between("optimizer", Cat::Optimizer, m_reduced, m_end, 0);
         engine.synchronize()?;
         let mut mean = [loss_sum / o.accum as f64];
         strategy.mean(&mut mean)?;
@@ -277,7 +296,15 @@ where
             exposed_comm: tl.seconds(m_computed, m_reduced)?,
             optimizer: tl.seconds(m_reduced, m_end)?,
         };
+        trace.finish(
+            &tl,
+            step,
+            t0,
+            total,
+            vec![("loss", (mean[0] as f32).into())],
+        )?;
         let eval_loss = if o.evaluates_after(step) {
+            let _s = braid_trace::span("evaluation", Cat::Eval, track::HOST);
             Some(evaluate(engine, strategy, loader, batch, o)?)
         } else {
             None
@@ -305,7 +332,9 @@ where
                 let waited_s = t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 let device = engine.stream().map(|s| s.device().clone());
+                let copy = braid_trace::span("checkpoint copy", Cat::Checkpoint, track::HOST);
                 let part = strategy.save_part(engine, ck.staging(device.as_ref()))?;
+                drop(copy);
                 let stall = crate::checkpoint::save::Stall {
                     waited_s,
                     copied_s: t.elapsed().as_secs_f64(),

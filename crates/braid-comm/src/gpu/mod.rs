@@ -336,7 +336,7 @@ impl GpuCommunicator {
         let record =
             self.flight
                 .gpu_enqueued(seq, op, shape.map(|s| s.1), shape.map(|s| s.0 as u64));
-        let queued = self.enqueue(op, seq, grouped, f);
+        let queued = self.enqueue(op, seq, shape, grouped, f);
         match queued {
             Ok(events) => Ok(DeviceWork::new(self, op, seq, record, events)),
             Err(e) => {
@@ -352,6 +352,7 @@ impl GpuCommunicator {
         &self,
         op: &'static str,
         seq: u64,
+        shape: Option<(usize, DType)>,
         grouped: bool,
         f: impl FnOnce(&mut [Lane<'_>]) -> braid_cuda::Result<()>,
     ) -> Result<Vec<(usize, Event)>> {
@@ -361,6 +362,11 @@ impl GpuCommunicator {
         for m in &self.members {
             m.order_after_main().map_err(err)?;
         }
+        let marks: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| braid_trace::device::begin(&m.stream).map_err(err))
+            .collect::<Result<_>>()?;
         let mut lanes: Vec<Lane<'_>> = self
             .members
             .iter()
@@ -383,6 +389,9 @@ impl GpuCommunicator {
         }
         drop(lanes);
         drop(guards);
+        for (m, mark) in self.members.iter().zip(marks) {
+            self.trace_op(m, mark, op, seq, shape).map_err(err)?;
+        }
         let mut events = Vec::with_capacity(self.members.len());
         for (k, m) in self.members.iter().enumerate() {
             let e = m.event().map_err(err)?;
@@ -390,6 +399,34 @@ impl GpuCommunicator {
             events.push((k, e));
         }
         Ok(events)
+    }
+
+    /// Ends operation `op`'s trace span on member `m`'s stream (begun at
+    /// `mark`), with its bytes and bandwidths where its shape is known.
+    fn trace_op(
+        &self,
+        m: &Member,
+        mark: Option<braid_trace::device::Mark>,
+        op: &'static str,
+        seq: u64,
+        shape: Option<(usize, DType)>,
+    ) -> braid_cuda::Result<()> {
+        if mark.is_none() {
+            return Ok(());
+        }
+        let mut args = vec![
+            ("seq", seq.into()),
+            ("comm", (self.flight.comm_index() as u64).into()),
+            ("ranks", (self.size as u64).into()),
+            ("via", "nccl".into()),
+        ];
+        if let Some((count, dtype)) = shape {
+            args.push(("bytes", ((count * dtype.size()) as u64).into()));
+            args.push(("count", (count as u64).into()));
+            args.push(("dtype", dtype.name().into()));
+        }
+        let tid = braid_trace::recorder::track::GPU_COMM + 100 * self.flight.comm_index() as u32;
+        braid_trace::device::end(mark, &m.stream, op, braid_trace::Cat::Comm, tid, args)
     }
 
     /// Runs one operation on this process's single GPU; `call` describes

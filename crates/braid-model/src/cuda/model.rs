@@ -184,10 +184,17 @@ impl GpuGpt {
     ) -> Result<f32> {
         let p = p.into();
         self.forward_begin(tokens, targets)?;
+        let span = |name: &dyn Fn() -> String, s: &Stream| {
+            braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, name)
+        };
+        let t = span(&|| "forward embedding".into(), &self.stream);
         self.forward_encoder(p)?;
+        drop(t);
         for l in 0..self.layout.config.n_layer {
+            let _t = span(&|| format!("forward layer {l}"), &self.stream);
             self.forward_block(l, p)?;
         }
+        let _t = span(&|| "forward head".into(), &self.stream);
         self.forward_head(p, grad)
     }
 

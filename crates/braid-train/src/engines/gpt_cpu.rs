@@ -2,8 +2,8 @@
 //! [`Engine`]: parameters, activations and optimizer state in host memory.
 
 use super::{
-    copy_at, gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment,
-    TokenBatch,
+    backward_unit_name, copy_at, forward_unit_name, gpt_describe, gpt_matrices, gpt_param_units,
+    gpt_tensors, gpt_units, moment, TokenBatch,
 };
 use crate::engine::{
     check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
@@ -13,6 +13,7 @@ use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
 use braid_model::{Activations, Block, Gpt, Layout, Params};
+use braid_trace::Cat;
 use std::ops::Range;
 
 /// The GPT model on this machine's CPUs, sized for batches of `b × t`.
@@ -204,6 +205,8 @@ impl Engine for CpuGpt {
     }
 
     fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
+        let layers = self.params.layout.config.n_layer;
+        let _t = braid_trace::scope::start(None, Cat::Compute, || backward_unit_name(unit, layers));
         self.whole("backward")?;
         let n_layer = self.params.layout.config.n_layer;
         let g = Self::grads_prefix(grads)?;
@@ -407,6 +410,8 @@ impl Engine for CpuGpt {
     }
 
     fn forward_unit(&mut self, unit: usize, params: &[&Vec<f32>]) -> Result<Option<f32>> {
+        let layers = self.params.layout.config.n_layer;
+        let _t = braid_trace::scope::start(None, Cat::Compute, || forward_unit_name(unit, layers));
         self.in_units("forward")?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         self.units.forward_given(unit, &lens)?;
@@ -434,6 +439,8 @@ impl Engine for CpuGpt {
         params: &[&Vec<f32>],
         grads: &mut [&mut Vec<f32>],
     ) -> Result<()> {
+        let layers = self.params.layout.config.n_layer;
+        let _t = braid_trace::scope::start(None, Cat::Compute, || backward_unit_name(unit, layers));
         self.in_units("backward")?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();

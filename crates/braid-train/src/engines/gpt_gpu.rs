@@ -6,6 +6,7 @@
 //! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
 use super::offload::HostOptimizer;
+use super::{backward_unit_name, forward_unit_name};
 use super::{
     gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, TokenBatch,
 };
@@ -23,6 +24,7 @@ use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
+use braid_trace::{scope, Cat};
 use half::bf16;
 use std::ops::Range;
 
@@ -602,6 +604,10 @@ impl Engine for GpuGpt {
     }
 
     fn backward_unit(&mut self, unit: usize, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        let layers = self.layout.config.n_layer;
+        let _t = scope::start(self.stream(), Cat::Compute, || {
+            backward_unit_name(unit, layers)
+        });
         self.whole("the backward pass")?;
         let step = self
             .steps
@@ -859,6 +865,10 @@ impl Engine for GpuGpt {
     }
 
     fn forward_unit(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<Option<f32>> {
+        let layers = self.layout.config.n_layer;
+        let _t = scope::start(self.stream(), Cat::Compute, || {
+            forward_unit_name(unit, layers)
+        });
         self.in_units("forward_unit")?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         let want = self.units.forward_given(unit, &lens)?;
@@ -887,6 +897,10 @@ impl Engine for GpuGpt {
         params: &[&DeviceBuffer<f32>],
         grads: &mut [&mut DeviceBuffer<f32>],
     ) -> Result<()> {
+        let layers = self.layout.config.n_layer;
+        let _t = scope::start(self.stream(), Cat::Compute, || {
+            backward_unit_name(unit, layers)
+        });
         self.in_units("backward_unit_of")?;
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();

@@ -178,3 +178,22 @@ pub(crate) fn gpt_matrices(layout: &Layout) -> Vec<crate::Matrix> {
         })
         .collect()
 }
+
+/// The name of forward unit `unit` of a GPT with `n_layer` layers (in
+/// traces): the embedding, each layer, the head.
+pub fn forward_unit_name(unit: usize, n_layer: usize) -> String {
+    match unit {
+        0 => "forward embedding".to_string(),
+        u if u <= n_layer => format!("forward layer {}", u - 1),
+        _ => "forward head".to_string(),
+    }
+}
+
+/// The name of backward unit `unit` (units run from the head down).
+pub fn backward_unit_name(unit: usize, n_layer: usize) -> String {
+    match unit {
+        0 => "backward head".to_string(),
+        u if u <= n_layer => format!("backward layer {}", n_layer - u),
+        _ => "backward embedding".to_string(),
+    }
+}
