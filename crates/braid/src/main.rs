@@ -34,6 +34,7 @@ enum Command {
     Kernels(cmd::kernels::KernelsArgs),
     Ckpt(cmd::ckpt::CkptArgs),
     Doctor(cmd::doctor::DoctorArgs),
+    Report(cmd::report::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Kernels(args) => cmd::kernels::run(args),
         Command::Ckpt(args) => cmd::ckpt::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Report(args) => cmd::report::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

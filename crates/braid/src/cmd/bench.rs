@@ -80,6 +80,11 @@ pub struct BenchArgs {
     /// (--device cuda).
     #[arg(long)]
     pub(crate) graph: bool,
+    /// Trace every collective into DIR (per rank, merged into
+    /// DIR/trace.json; GPU operations timed with CUDA events; not with
+    /// --graph, whose replays are one launch).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) trace: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -155,8 +160,32 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
                 .map_err(|e| format!("cannot replace {}: {e}", path.display()))?;
         }
     }
+    let mut tracing = super::train_trace::start(
+        args.trace.as_deref(),
+        None,
+        Some(&comm),
+        serde_json::json!({"command": "bench", "op": args.op, "dtype": args.dtype,
+            "device": args.device, "ranks": comm.size()}),
+        0.0,
+    )?;
+    let code = bench_all(&comm, &args, cuda, dtype, redop)?;
+    tracing.write(
+        serde_json::json!({"desc": {"command": "bench", "op": args.op,
+        "dtype": args.dtype, "device": args.device, "ranks": comm.size()}}),
+    )?;
+    Ok(code)
+}
+
+/// Every operation of `args` over `comm`.
+fn bench_all(
+    comm: &Communicator,
+    args: &BenchArgs,
+    cuda: bool,
+    dtype: DType,
+    redop: ReduceOp,
+) -> Result<i32, String> {
     if cuda {
-        return super::bench_gpu::run(&comm, &args, dtype, redop);
+        return super::bench_gpu::run(comm, args, dtype, redop);
     }
     if args.root >= comm.size() {
         return Err(format!(
@@ -172,13 +201,13 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
             ..args.clone()
         };
         code = code.max(match dtype {
-            DType::F32 => bench::<f32>(&comm, &a, redop),
-            DType::F64 => bench::<f64>(&comm, &a, redop),
-            DType::F16 => bench::<f16>(&comm, &a, redop),
-            DType::BF16 => bench::<bf16>(&comm, &a, redop),
-            DType::I32 => bench::<i32>(&comm, &a, redop),
-            DType::I64 => bench::<i64>(&comm, &a, redop),
-            DType::U8 => bench::<u8>(&comm, &a, redop),
+            DType::F32 => bench::<f32>(comm, &a, redop),
+            DType::F64 => bench::<f64>(comm, &a, redop),
+            DType::F16 => bench::<f16>(comm, &a, redop),
+            DType::BF16 => bench::<bf16>(comm, &a, redop),
+            DType::I32 => bench::<i32>(comm, &a, redop),
+            DType::I64 => bench::<i64>(comm, &a, redop),
+            DType::U8 => bench::<u8>(comm, &a, redop),
         }?);
     }
     Ok(code)

@@ -123,6 +123,18 @@ pub struct TrainArgs {
     /// breakdown) and the run's summary as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Trace the run into DIR: every rank writes a Chrome/Perfetto
+    /// trace (steps, data, forward and backward per block, collectives,
+    /// optimizer, checkpoint copies, idle gaps; GPU work timed with CUDA
+    /// events), clocks aligned through the store, merged into
+    /// DIR/trace.json. `braid report DIR` analyses it.
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
+    /// Serve live metrics (Prometheus text format) at HOST:PORT while
+    /// training: step, loss, tokens/s, step-time split, collectives,
+    /// memory. Each rank of a node serves on PORT + its local rank.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
     /// Where to train: cpu, or cuda (one GPU per process; LOCAL_RANK picks it).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -523,9 +535,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (Some(z), None) => format!("ZeRO-{z}"),
         (Some(z), Some(g)) => format!("ZeRO-{z}, shard groups of {g}"),
     };
+    if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
+        println!(
+            "note: --grad-comm {}: its state (error feedback) is not in checkpoints; a resumed run starts it afresh",
+            a.grad_comm
+        );
+    }
     let run_desc = serde_json::json!({
         "model": a.model,
         "config": cfg,
+        "params": cfg.num_params(),
         "tokenizer": tokenizer.name(),
         "data": a.data,
         "seed": a.seed,
@@ -543,12 +562,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "grad_clip": a.grad_clip,
         "precision": precision.name(),
     });
-    if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
-        println!(
-            "note: --grad-comm {}: its state (error feedback) is not in checkpoints; a resumed run starts it afresh",
-            a.grad_comm
-        );
-    }
     let mut ckpt = super::train_ckpt::setup(
         &super::train_ckpt::CkptFlags {
             dir: a.ckpt_dir.as_deref(),
@@ -560,10 +573,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         rank,
         ranks,
         &strategy_name,
-        run_desc,
+        run_desc.clone(),
         lead,
     )?;
+    let mut tracing = super::train_trace::start(
+        a.trace.as_deref(),
+        a.metrics_addr.as_deref(),
+        comm.as_ref(),
+        run_desc.clone(),
+        (batch * a.seq * a.accum * ranks) as f64,
+    )?;
     let mut progress = Progress::new(lead, a.log_every, a.steps);
+    progress.metrics = tracing.live();
     let mut tb = TokenBatch::new(batch, a.seq);
     let mut run_with =
         |engine: &mut dyn FnMut(
@@ -592,13 +613,23 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     p,
                     lead,
                     false,
-                    &mut ckpt,
+                    (&mut ckpt, &mut tracing),
                 )
             })?,
             Some(c) => {
                 let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
                 run_with(&mut |p, l, b| {
-                    run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true, &mut ckpt)
+                    run_loop(
+                        &mut engine,
+                        &mut *s,
+                        l,
+                        b,
+                        &opts,
+                        p,
+                        lead,
+                        true,
+                        (&mut ckpt, &mut tracing),
+                    )
                 })?
             }
         };
@@ -679,13 +710,23 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     p,
                     lead,
                     false,
-                    &mut ckpt,
+                    (&mut ckpt, &mut tracing),
                 )
             })?,
             Some(g) => {
                 let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
                 run_with(&mut |p, l, b| {
-                    run_loop(&mut engine, &mut *s, l, b, &opts, p, lead, true, &mut ckpt)
+                    run_loop(
+                        &mut engine,
+                        &mut *s,
+                        l,
+                        b,
+                        &opts,
+                        p,
+                        lead,
+                        true,
+                        (&mut ckpt, &mut tracing),
+                    )
                 })?
             }
         };
@@ -758,7 +799,10 @@ fn run_loop<E, S>(
     progress: &mut Progress,
     lead: bool,
     distributed: bool,
-    ckpt: &mut super::train_ckpt::CkptSetup,
+    (ckpt, tracing): (
+        &mut super::train_ckpt::CkptSetup,
+        &mut super::train_trace::TraceSetup,
+    ),
 ) -> Result<RunReport, String>
 where
     E: Engine<Batch = TokenBatch>,
@@ -784,7 +828,10 @@ where
         eprintln!("braid: error: {e}");
         std::process::exit(1);
     }
-    r
+    // While the communicator lives: rank 0 may host the store.
+    let run = r?;
+    tracing.finish(&run)?;
+    Ok(run)
 }
 
 #[cfg(test)]

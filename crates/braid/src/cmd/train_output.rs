@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Steps not counted in the summary (warm-up).
-const WARMUP: usize = 5;
+pub const WARMUP: usize = 5;
 
 fn fmt_duration(secs: f64) -> String {
     let s = secs.max(0.0).round() as u64;
@@ -21,6 +21,8 @@ fn fmt_duration(secs: f64) -> String {
 /// The progress line, about once a second (or every `--log-every`
 /// steps), on the lead rank only.
 pub struct Progress {
+    /// Live metrics to update at every step (every rank).
+    pub metrics: Option<super::train_trace::LiveMetrics>,
     lead: bool,
     every: Option<usize>,
     steps: usize,
@@ -31,6 +33,7 @@ impl Progress {
     /// Progress of a run of `steps`, printed when `lead`.
     pub fn new(lead: bool, every: Option<usize>, steps: usize) -> Progress {
         Progress {
+            metrics: None,
             lead,
             every,
             steps,
@@ -40,6 +43,9 @@ impl Progress {
 
     /// Sees step `r`.
     pub fn step(&mut self, r: &StepReport) {
+        if let Some(m) = &self.metrics {
+            m.step(r);
+        }
         if !self.lead {
             return;
         }

@@ -1,0 +1,103 @@
+//! `braid report DIR`: the distributed-training analysis of a traced run
+//! (`braid train --trace DIR`) — the course's report sections with their
+//! figures, in the terminal, as JSON (`--json`) or as one self-contained
+//! HTML page with plots (`--html FILE`). Other runs' trace directories
+//! (`--compare`) add the scaling curve; `braid bench --json` files
+//! (`--bench`) add the backend comparison.
+
+use braid_trace::format::{self, RankTrace};
+use braid_trace::report::{self, Inputs};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Analyse a traced run.
+#[derive(Args)]
+#[command(
+    about = "Analyse a traced run: time breakdown, communication, stragglers, bottleneck, suggestions",
+    after_help = "Examples:\n  braid train --nproc 4 --trace tr && braid report tr\n  braid report tr --json\n  braid report tr4 --compare tr1 --compare tr2 --bench shm.json --bench tcp.json --html report.html"
+)]
+pub struct ReportArgs {
+    /// The run's trace directory (`braid train --trace DIR`).
+    dir: PathBuf,
+    /// Trace directories of the same model at other world sizes (the
+    /// scaling curve).
+    #[arg(long, value_name = "DIR")]
+    compare: Vec<PathBuf>,
+    /// `braid bench --json` files (the backend comparison: bus bandwidth
+    /// against message size per backend).
+    #[arg(long, value_name = "FILE")]
+    bench: Vec<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also write the report as one self-contained HTML page with plots.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+fn load(dir: &std::path::Path) -> Result<(Vec<RankTrace>, Vec<usize>), String> {
+    let (traces, missing) = format::read_dir(dir)?;
+    if let Some(t) = traces.iter().find(|t| t.run["steps"].as_array().is_none()) {
+        return Err(format!(
+            "{}: rank {}'s trace has no training steps (a trace of braid train is needed)",
+            dir.display(),
+            t.rank
+        ));
+    }
+    Ok((traces, missing))
+}
+
+/// Runs `braid report`.
+pub fn run(a: ReportArgs) -> Result<i32, String> {
+    let (traces, missing) = load(&a.dir)?;
+    let mut others = Vec::new();
+    for d in &a.compare {
+        others.push(load(d)?.0);
+    }
+    let mut bench = Vec::new();
+    for f in &a.bench {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| format!("--bench {}: cannot read: {e}", f.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "--bench {}: not a braid bench --json file ({e})",
+                f.display()
+            )
+        })?;
+        match v {
+            serde_json::Value::Array(rows) => bench.extend(rows),
+            _ => {
+                return Err(format!(
+                    "--bench {}: expected a JSON array of rows (braid bench --json)",
+                    f.display()
+                ))
+            }
+        }
+    }
+    let r = report::build(&Inputs {
+        traces: &traces,
+        missing: &missing,
+        others: &others,
+        bench: &bench,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r).expect("json"));
+    } else {
+        print!("{}", report::render_text(&r));
+        if !missing.is_empty() {
+            eprintln!(
+                "braid: warning: ranks {missing:?} left no trace in {} (did they fail?)",
+                a.dir.display()
+            );
+        }
+    }
+    if let Some(path) = &a.html {
+        let page = super::report_html::page(&r, &traces);
+        std::fs::write(path, page)
+            .map_err(|e| format!("--html {}: cannot write: {e}", path.display()))?;
+        if !a.json {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(0)
+}
