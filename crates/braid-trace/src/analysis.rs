@@ -99,10 +99,11 @@ pub fn breakdown(events: &[TraceEvent]) -> Vec<StepBreakdown> {
                 start: a,
                 total: b - a,
                 compute: c.len(),
-                exposed_comm: m.len() - overlapped,
-                data: cmd.len() - cm.len(),
-                other: busy.len() - cmd.len(),
-                idle: (b - a) - busy.len(),
+                // (Differences of sums: clamped against rounding.)
+                exposed_comm: (m.len() - overlapped).max(0.0),
+                data: (cmd.len() - cm.len()).max(0.0),
+                other: (busy.len() - cmd.len()).max(0.0),
+                idle: ((b - a) - busy.len()).max(0.0),
                 comm: m.len(),
                 overlapped,
             }

@@ -528,7 +528,7 @@ pub fn render_text(r: &Value) -> String {
     }
     let c = &r["communication"];
     line(format!(
-        "\n-- communication ({}) --",
+        "\n-- communication ({}; the table and per-operation times are rank 0's) --",
         c["backend"]
             .as_str()
             .filter(|s| !s.is_empty())
@@ -559,7 +559,7 @@ pub fn render_text(r: &Value) -> String {
         ));
     }
     line(format!(
-        "per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
+        "rank 0 per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | all ranks' mean per step: collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
         num(&c["all_reduce_ms_per_step"]),
         num(&c["broadcast_ms_per_step"]),
         num(&c["barrier_ms_per_step"]),
@@ -598,9 +598,10 @@ pub fn render_text(r: &Value) -> String {
             num(&st["excess_ms"]),
             st["evidence"].as_str().unwrap_or("")
         )),
-        None => {
-            line("straggler: none (no rank's work stands out by more than 5% of the step)".into())
-        }
+        None => line(
+            "straggler: none (no rank's own work exceeds the others' by more than 10% of the step)"
+                .into(),
+        ),
     }
     if let Some(points) = r["scaling"]["points"].as_array() {
         line("\n-- scaling efficiency --".into());
