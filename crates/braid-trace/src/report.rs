@@ -179,7 +179,10 @@ pub fn build(inp: &Inputs<'_>) -> Value {
     let unoverlapped = first.run["unoverlapped_comm_s"].as_f64();
     let summary_exposed = summary["exposed_comm_s"].as_f64();
     let communication = json!({
-        "backend": summary["collectives_via"],
+        "backend": match summary["collectives_via"].as_str() {
+            Some(v) if !v.is_empty() => json!(v),
+            _ => d["backend"].clone(),
+        },
         "ops": ops,
         "all_reduce_ms_per_step": named("all_reduce"),
         "broadcast_ms_per_step": named("broadcast"),

@@ -545,6 +545,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "model": a.model,
         "config": cfg,
         "params": cfg.num_params(),
+        "backend": match (&comm, cuda) {
+            (Some(_), true) => "nccl".to_string(),
+            (Some(c), false) => c.backend_name().to_string(),
+            (None, _) => String::new(),
+        },
         "tokenizer": tokenizer.name(),
         "data": a.data,
         "seed": a.seed,
