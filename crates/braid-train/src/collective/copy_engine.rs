@@ -26,6 +26,7 @@ use crate::Result;
 use braid_comm::Communicator;
 use braid_cuda::ipc::{copy_raw_async, wait_flag_async, write_flag_async, IpcHandle, PeerMemory};
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
+use braid_trace::Cat;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -78,7 +79,14 @@ pub struct CopyEngineReduce {
     /// The next bucket slot of this step (its flags are `2j`, `2j + 1`).
     next: usize,
     /// Buckets copied out and not yet summed: (bucket, elements, slot).
-    pending: Vec<(usize, Range<usize>, usize)>,
+    /// Buckets copied out and not yet summed: (bucket, range, slot, the
+    /// start of its trace span).
+    pending: Vec<(
+        usize,
+        Range<usize>,
+        usize,
+        Option<braid_trace::device::Mark>,
+    )>,
     ready: Event,
     summed: Event,
     done: [Event; 2],
@@ -250,6 +258,7 @@ impl CopyEngineReduce {
             t.mark(main, b, range.len(), Phase::Ready)?;
         }
         self.out.wait_event(&self.ready).map_err(e)?;
+        let mark = braid_trace::device::begin(&self.out).map_err(e)?;
         let theirs = self.halves(&range).1;
         // SAFETY: the addresses lie in buffers of `len` f32s (range
         // checked above) and in a flag buffer of two i32s per slot (slot
@@ -270,7 +279,7 @@ impl CopyEngineReduce {
         if let Some(t) = &mut self.trace {
             t.mark(&self.out, b, range.len(), Phase::CopiedOut)?;
         }
-        self.pending.push((b, range, j));
+        self.pending.push((b, range, j, mark));
         Ok(())
     }
 
@@ -287,7 +296,7 @@ impl CopyEngineReduce {
     /// Queues the sum (on `main`) and the copy back (on `back`) of every
     /// bucket copied out and not yet summed.
     fn finish_pending(&mut self, k: &HookKernels, main: &Stream) -> Result<()> {
-        for (b, range, j) in std::mem::take(&mut self.pending) {
+        for (b, range, j, mark) in std::mem::take(&mut self.pending) {
             let mine = self.halves(&range).0;
             // SAFETY: as in `launch`; the peer's half in our landing
             // buffer is read only after its flag `2j` says it landed.
@@ -332,6 +341,19 @@ impl CopyEngineReduce {
             if let Some(t) = &mut self.trace {
                 t.mark(&self.back, b, range.len(), Phase::Done)?;
             }
+            // The bucket's all-reduce in a trace: from its copy out
+            // to its summed half back in the peer's gradients.
+            let tid = braid_trace::recorder::track::GPU_COMM;
+            let args = vec![
+                ("bytes", (4 * range.len() as u64).into()),
+                ("count", (range.len() as u64).into()),
+                ("dtype", "f32".into()),
+                ("ranks", 2u64.into()),
+                ("bucket", (b as u64).into()),
+                ("via", "copy engines".into()),
+            ];
+            braid_trace::device::end(mark, &self.back, "all_reduce", Cat::Comm, tid, args)
+                .map_err(e)?;
         }
         Ok(())
     }

@@ -136,6 +136,9 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         braid_comm::tuning::Algo::parse(algo)?;
     }
     let cuda = super::wants_cuda(&args.device)?;
+    if args.trace.is_some() && args.graph {
+        return Err("--trace with --graph: a graph's replay is one launch, its operations cannot be timed one by one (drop one of them)".into());
+    }
     if !cuda && (args.gpus != 1 || args.graph) {
         return Err("-g and --graph need --device cuda".into());
     }
