@@ -219,7 +219,13 @@ pub fn epoch_wall_us() -> f64 {
 /// collective and they are on).
 pub fn record(span: Span) {
     if span.cat == Cat::Comm && crate::stats::enabled() {
-        crate::stats::add(&span);
+        let bytes = span
+            .args
+            .iter()
+            .find(|(k, _)| *k == "bytes")
+            .and_then(|(_, v)| v.as_u64())
+            .unwrap_or(0);
+        crate::stats::add(&span.name, bytes, span.dur_us / 1e6);
     }
     if !enabled() {
         return;

@@ -3,7 +3,6 @@
 //! live metrics export. Off unless switched on; fed by the collectives'
 //! spans ([`crate::recorder::record`]).
 
-use crate::recorder::Span;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -33,20 +32,17 @@ pub fn enable() {
     ON.store(true, Ordering::Relaxed);
 }
 
-/// Counts a collective's span (its name is the operation; its `bytes`
-/// argument the payload).
-pub fn add(span: &Span) {
-    let bytes = span
-        .args
-        .iter()
-        .find(|(k, _)| *k == "bytes")
-        .and_then(|(_, v)| v.as_u64())
-        .unwrap_or(0);
+/// Counts one run of operation `op` over `bytes` bytes that took
+/// `seconds`.
+pub fn add(op: &str, bytes: u64, seconds: f64) {
     let mut t = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
-    let e = t.entry(span.name.clone()).or_default();
+    let e = match t.get_mut(op) {
+        Some(e) => e,
+        None => t.entry(op.to_string()).or_default(),
+    };
     e.count += 1;
     e.bytes += bytes;
-    e.seconds += span.dur_us / 1e6;
+    e.seconds += seconds;
 }
 
 /// The totals so far, by operation name.
@@ -57,7 +53,7 @@ pub fn snapshot() -> BTreeMap<String, OpTotals> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recorder::{record, track, Cat};
+    use crate::recorder::{record, track, Cat, Span};
 
     #[test]
     fn collective_spans_are_counted_once_enabled() {
