@@ -18,9 +18,9 @@
 mod dense;
 
 use braid_comm::Communicator;
+use braid_data::sampler::DistributedSampler;
 use braid_train::collective::{Collective, HostCollective};
 use braid_train::ddp::{DataParallel, DdpOptions};
-use braid_train::sampler::DistributedSampler;
 use braid_train::timeline::Timeline;
 use braid_train::{Engine, Strategy, UpdateStep};
 use dense::{teacher_data, Batch, Dense};

@@ -10,12 +10,15 @@
 //! - element types ([`DType`], [`Element`]) and reduction operators with
 //!   their CPU kernels ([`reduce`]);
 //! - the flight-record format and the diagnosis shared by workers, the
-//!   launcher and `braid doctor` ([`flight`]).
+//!   launcher and `braid doctor` ([`flight`]);
+//! - the deterministic random number generator every crate seeds from
+//!   ([`rng`]: the same seed gives the same model and data everywhere).
 
 pub mod dtype;
 pub mod env;
 pub mod flight;
 pub mod reduce;
+pub mod rng;
 pub mod slurm;
 pub mod world;
 

@@ -19,7 +19,7 @@ pub struct GptConfig {
 }
 
 /// GPT-2's vocabulary (its BPE tokenizer).
-pub const GPT2_VOCAB: usize = 50257;
+pub use braid_data::tokens::GPT2_VOCAB;
 
 /// The named configurations, smallest first.
 pub const NAMED: [(&str, GptConfig); 5] = [

@@ -11,12 +11,13 @@
 //! - [`cuda`]: the GPU models (f32, and bf16 mixed precision), their
 //!   NVRTC kernels and the checks of each kernel against the CPU.
 //! - [`optim`]: AdamW, SGD, clipping, the learning-rate schedule.
-//! - [`data`]: tokenizers and token datasets; [`sample`]: text from a
-//!   trained model.
+//! - [`sample`]: text from a trained model (tokenizers and datasets are
+//!   in `braid-data`).
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
 //! - [`footprint`]: the memory pre-flight — what a run will allocate,
 //!   from the shapes, before it allocates.
-//! - [`rng`]: the deterministic generator behind initialisation and data.
+//! - [`rng`]: the deterministic generator behind initialisation and data
+//!   (`braid_core::rng`, re-exported).
 //! - [`tensor`]: shape + dtype + device + storage (f32/bf16 on the CPU).
 //!
 //! The training loop and the parallel strategies are in `braid-train`.
@@ -25,13 +26,12 @@ pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
-pub mod data;
 pub mod footprint;
 pub mod layout;
 pub mod model;
 pub mod optim;
 pub mod params;
-pub mod rng;
+pub use braid_core::rng;
 pub mod sample;
 pub mod tensor;
 

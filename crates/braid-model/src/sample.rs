@@ -1,9 +1,9 @@
 //! Sampling from a trained model: continuing a prompt token by token.
 
-use crate::data::Tokenizer;
 use crate::model::Gpt;
 use crate::params::Params;
 use crate::rng::Rng;
+use braid_data::tokens::Tokenizer;
 
 /// Continues `prompt` by `n` tokens, sampling at `temperature` (0: the most
 /// likely token each time).

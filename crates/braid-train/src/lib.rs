@@ -26,7 +26,6 @@ pub mod ddp;
 pub mod engine;
 pub mod engines;
 pub mod loader;
-pub mod sampler;
 pub mod space;
 mod step_trace;
 pub mod strategy;

@@ -3,10 +3,10 @@
 //! (random windows, one process).
 
 use crate::engines::TokenBatch;
-use crate::sampler::DistributedSampler;
 use crate::trainer::Loader;
 use crate::Result;
-use braid_model::data::Dataset;
+use braid_data::sampler::DistributedSampler;
+use braid_data::tokens::Dataset;
 
 /// Checks that sequences of `seq` tokens from `data` fit a model of `cfg`.
 pub fn check_fits(cfg: &braid_model::GptConfig, seq: usize, data: &Dataset) -> Result<()> {

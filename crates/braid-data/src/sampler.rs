@@ -5,7 +5,7 @@
 //! number of ranks, rank `r` taking every `ranks`-th index from `r`. The
 //! ranks' shares are disjoint (but for the padding) and equally long.
 
-use braid_model::rng::Rng;
+use braid_core::rng::Rng;
 
 /// One rank's view of a dataset of `len` samples.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,8 +6,11 @@
 //! structure a small model learns in minutes — sentences from a tiny
 //! grammar ("the quick fox chases a red bird.") and sums ("23+45=68").
 
-use crate::rng::Rng;
+use braid_core::rng::Rng;
 use std::path::{Path, PathBuf};
+
+/// GPT-2's vocabulary (its BPE tokenizer).
+pub const GPT2_VOCAB: usize = 50257;
 
 /// How text becomes tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +45,7 @@ impl Tokenizer {
     pub fn vocab_size(self) -> usize {
         match self {
             Tokenizer::Bytes => 256,
-            Tokenizer::Gpt2 => crate::config::GPT2_VOCAB,
+            Tokenizer::Gpt2 => GPT2_VOCAB,
         }
     }
 

@@ -1,0 +1,14 @@
+//! braid-data: where training batches come from.
+//!
+//! - [`tokens`]: tokenizers (bytes, GPT-2 BPE) and token datasets — the
+//!   built-in synthetic corpus, UTF-8 text files, pre-tokenized u16
+//!   shards — with the windows a GPT trains on;
+//! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
+//!   an epoch as PyTorch's `DistributedSampler` decides it.
+//!
+//! It depends on nothing of braid's but `braid-core` (its random number
+//! generator), so the model, the trainer and the CLI all read data
+//! through it.
+
+pub mod sampler;
+pub mod tokens;
