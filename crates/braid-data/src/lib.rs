@@ -4,11 +4,14 @@
 //!   built-in synthetic corpus, UTF-8 text files, pre-tokenized u16
 //!   shards — with the windows a GPT trains on;
 //! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
-//!   an epoch as PyTorch's `DistributedSampler` decides it.
+//!   an epoch as PyTorch's `DistributedSampler` decides it;
+//! - [`loader`]: the [`loader::Loader`] interface the training loop takes
+//!   every batch through, and [`loader::TokenWindows`].
 //!
 //! It depends on nothing of braid's but `braid-core` (its random number
 //! generator), so the model, the trainer and the CLI all read data
 //! through it.
 
+pub mod loader;
 pub mod sampler;
 pub mod tokens;

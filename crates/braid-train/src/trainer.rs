@@ -21,22 +21,7 @@ use braid_trace::recorder::{self, track};
 use braid_trace::Cat;
 use std::time::Instant;
 
-/// Where batches come from.
-pub trait Loader<B> {
-    /// The next training micro-batch of this rank, into `out`.
-    fn next_train(&mut self, out: &mut B) -> Result<()>;
-    /// Evaluation batch `k` of this rank into `out` (`k` below
-    /// [`LoopOptions::eval_batches`]).
-    fn eval(&mut self, k: usize, out: &mut B) -> Result<()>;
-    /// Tokens (or samples) in one micro-batch of this rank.
-    fn items_per_batch(&self) -> usize;
-    /// Goes on as if `micro_batches` training micro-batches had been
-    /// taken since the start (a resumed run). Loaders without it refuse.
-    fn skip_to(&mut self, micro_batches: usize) -> Result<()> {
-        let _ = micro_batches;
-        Err("this loader cannot resume from a checkpoint".into())
-    }
-}
+pub use braid_data::loader::Loader;
 
 /// A training run's loop settings.
 #[derive(Debug, Clone)]

@@ -13,31 +13,7 @@ pub use gpt_gpu::{GpuGpt, Precision};
 use crate::engine::{ParamUnits, Unit};
 use braid_model::{Block, GptConfig, Layout};
 
-/// One micro-batch of token windows: `b` rows of `t` tokens and the
-/// tokens that follow each (`u32::MAX`: not counted in the loss).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenBatch {
-    /// Rows.
-    pub b: usize,
-    /// Tokens per row.
-    pub t: usize,
-    /// Inputs, `b × t`, row-major.
-    pub tokens: Vec<u32>,
-    /// Targets, `b × t`.
-    pub targets: Vec<u32>,
-}
-
-impl TokenBatch {
-    /// A batch of `b × t` zeros.
-    pub fn new(b: usize, t: usize) -> TokenBatch {
-        TokenBatch {
-            b,
-            t,
-            tokens: vec![0; b * t],
-            targets: vec![0; b * t],
-        }
-    }
-}
+pub use braid_data::loader::TokenBatch;
 
 /// The GPT engines' backward units: the head (final norm final), each
 /// layer from the last (its block final), then the embeddings.
