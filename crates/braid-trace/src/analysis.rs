@@ -155,23 +155,41 @@ pub struct RankMeans {
 pub fn means(rank: usize, steps: &[StepBreakdown], warmup: usize) -> RankMeans {
     let warm = warmup.min(steps.len().saturating_sub(1));
     let counted = &steps[warm..];
-    let k = counted.len().max(1) as f64;
-    let avg = |f: fn(&StepBreakdown) -> f64| counted.iter().map(f).sum::<f64>() / k;
     RankMeans {
         rank,
         steps: counted.len(),
-        mean: StepBreakdown {
+        mean: StepBreakdown::mean_of(counted),
+    }
+}
+
+impl StepBreakdown {
+    /// The part-by-part mean of `items` (step and start zero).
+    pub fn mean_of<'a>(items: impl IntoIterator<Item = &'a StepBreakdown>) -> StepBreakdown {
+        let (mut sum, mut k) = (StepBreakdown::default(), 0usize);
+        for s in items {
+            sum.total += s.total;
+            sum.compute += s.compute;
+            sum.exposed_comm += s.exposed_comm;
+            sum.data += s.data;
+            sum.other += s.other;
+            sum.idle += s.idle;
+            sum.comm += s.comm;
+            sum.overlapped += s.overlapped;
+            k += 1;
+        }
+        let k = k.max(1) as f64;
+        StepBreakdown {
             step: 0,
             start: 0.0,
-            total: avg(|s| s.total),
-            compute: avg(|s| s.compute),
-            exposed_comm: avg(|s| s.exposed_comm),
-            data: avg(|s| s.data),
-            other: avg(|s| s.other),
-            idle: avg(|s| s.idle),
-            comm: avg(|s| s.comm),
-            overlapped: avg(|s| s.overlapped),
-        },
+            total: sum.total / k,
+            compute: sum.compute / k,
+            exposed_comm: sum.exposed_comm / k,
+            data: sum.data / k,
+            other: sum.other / k,
+            idle: sum.idle / k,
+            comm: sum.comm / k,
+            overlapped: sum.overlapped / k,
+        }
     }
 }
 
@@ -312,7 +330,7 @@ pub fn busbw_factor(op: &str, n: usize) -> f64 {
     let n = n.max(1) as f64;
     match op {
         "all_reduce" => 2.0 * (n - 1.0) / n,
-        "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
+        "all_gather" | "reduce_scatter" | "all_to_all" | "gather" | "scatter" => (n - 1.0) / n,
         _ => 1.0,
     }
 }

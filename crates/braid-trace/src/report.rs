@@ -100,20 +100,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
     let a = analysis::analyse(traces, warmup);
     let world = first.world_size;
     let d = desc(first);
-    let mean_over_ranks = |f: fn(&StepBreakdown) -> f64| {
-        a.means.iter().map(|m| f(&m.mean)).sum::<f64>() / a.means.len().max(1) as f64
-    };
-    let avg = StepBreakdown {
-        total: mean_over_ranks(|s| s.total),
-        compute: mean_over_ranks(|s| s.compute),
-        exposed_comm: mean_over_ranks(|s| s.exposed_comm),
-        data: mean_over_ranks(|s| s.data),
-        other: mean_over_ranks(|s| s.other),
-        idle: mean_over_ranks(|s| s.idle),
-        comm: mean_over_ranks(|s| s.comm),
-        overlapped: mean_over_ranks(|s| s.overlapped),
-        ..Default::default()
-    };
+    let avg = StepBreakdown::mean_of(a.means.iter().map(|m| &m.mean));
     let ranks: Vec<Value> = traces
         .iter()
         .zip(&a.means)
@@ -153,11 +140,10 @@ pub fn build(inp: &Inputs<'_>) -> Value {
 
     // Communication.
     let steps_counted = a.means.first().map_or(1, |m| m.steps.max(1));
-    let counted_steps = steps_counted;
     let ops: Vec<Value> = a.ops[0]
         .iter()
         .map(|o| {
-            let per_step = o.count as f64 / counted_steps as f64;
+            let per_step = o.count as f64 / steps_counted as f64;
             json!({
                 "op": o.op,
                 "count": o.count,
@@ -174,7 +160,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         a.ops[0]
             .iter()
             .find(|o| o.op == op)
-            .map_or(0.0, |o| ms(o.total_us / counted_steps as f64))
+            .map_or(0.0, |o| ms(o.total_us / steps_counted as f64))
     };
     let unoverlapped = first.run["unoverlapped_comm_s"].as_f64();
     let summary_exposed = summary["exposed_comm_s"].as_f64();

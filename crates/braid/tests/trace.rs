@@ -19,7 +19,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// `braid train` with `--trace DIR` and `args`; the report of it as JSON.
-fn traced(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Value {
+fn traced(dir: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> Value {
     let mut cmd = braid();
     cmd.args(["train", "--eval-every", "0", "--seed", "5", "--trace"])
         .arg(dir)
@@ -37,6 +37,14 @@ fn traced(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Value {
     serde_json::from_str(&r.stdout).expect("report JSON")
 }
 
+/// A small model's run over `nproc` ranks for `steps` steps.
+fn small(nproc: usize, steps: usize) -> Vec<String> {
+    format!("--nproc {nproc} --steps {steps} --model L2-H2-C64 --batch 4")
+        .split(' ')
+        .map(String::from)
+        .collect()
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -46,20 +54,7 @@ fn four_rank_data_parallel_trace_accounts_for_every_step_and_merges_one_track_pe
     let _one = serial();
     let dir = TempDir::new("trace4");
     let tr = dir.path().join("tr");
-    let r = traced(
-        &tr,
-        &[
-            "--nproc",
-            "4",
-            "--steps",
-            "10",
-            "--model",
-            "L2-H2-C64",
-            "--batch",
-            "4",
-        ],
-        &[],
-    );
+    let r = traced(&tr, &small(4, 10), &[]);
     // Every rank's file, and the merge with one process track per rank.
     for rank in 0..4 {
         assert!(tr.join(format!("trace-rank{rank:05}.json")).exists());
@@ -129,20 +124,7 @@ fn report_figures_agree_with_the_data_parallel_summary_of_the_same_run() {
     let _one = serial();
     let dir = TempDir::new("trace-overlap");
     let tr = dir.path().join("tr");
-    let r = traced(
-        &tr,
-        &[
-            "--nproc",
-            "2",
-            "--steps",
-            "10",
-            "--model",
-            "L2-H2-C64",
-            "--batch",
-            "4",
-        ],
-        &[],
-    );
+    let r = traced(&tr, &small(2, 10), &[]);
     let c = &r["communication"];
     let step = f(&r["breakdown"]["ranks"][0]["step_ms"]);
     let (traced, summary) = (
@@ -171,20 +153,7 @@ fn a_rank_slowed_on_purpose_is_named_with_its_category() {
         let dir = TempDir::new("trace-straggler");
         let tr = dir.path().join("tr");
         let delay = format!("{rank}:{phase}:60");
-        let r = traced(
-            &tr,
-            &[
-                "--nproc",
-                "2",
-                "--steps",
-                "8",
-                "--model",
-                "L2-H2-C64",
-                "--batch",
-                "4",
-            ],
-            &[("BRAID_TEST_DELAY", &delay)],
-        );
+        let r = traced(&tr, &small(2, 8), &[("BRAID_TEST_DELAY", &delay)]);
         let s = &r["synchronisation"]["straggler"];
         assert_eq!(s["rank"], rank, "{phase}: {s}");
         assert_eq!(s["category"], phase, "{s}");
@@ -252,16 +221,7 @@ fn http_get(addr: &str, path: &str) -> String {
 fn live_metrics_are_served_in_prometheus_format_while_training() {
     let _one = serial();
     let mut cmd = braid();
-    cmd.args([
-        "train",
-        "--nproc",
-        "2",
-        "--steps",
-        "100000",
-        "--model",
-        "L2-H2-C64",
-        "--batch",
-        "4",
+    cmd.arg("train").args(small(2, 100_000)).args([
         "--eval-every",
         "0",
         "--metrics-addr",

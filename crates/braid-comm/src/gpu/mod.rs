@@ -362,11 +362,15 @@ impl GpuCommunicator {
         for m in &self.members {
             m.order_after_main().map_err(err)?;
         }
-        let marks: Vec<_> = self
-            .members
-            .iter()
-            .map(|m| braid_trace::device::begin(&m.stream).map_err(err))
-            .collect::<Result<_>>()?;
+        // (Nothing is allocated while nothing records.)
+        let marks: Vec<_> = if braid_trace::recorder::active() {
+            self.members
+                .iter()
+                .map(|m| braid_trace::device::begin(&m.stream).map_err(err))
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
         let mut lanes: Vec<Lane<'_>> = self
             .members
             .iter()

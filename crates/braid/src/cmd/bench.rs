@@ -232,16 +232,6 @@ pub(crate) fn append_json(
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// nccl-tests' bus-bandwidth factor.
-pub(crate) fn bus_factor(op: &str, n: usize) -> f64 {
-    let n = n as f64;
-    match op {
-        "all_reduce" => 2.0 * (n - 1.0) / n,
-        "all_gather" | "reduce_scatter" | "all_to_all" | "gather" | "scatter" => (n - 1.0) / n,
-        _ => 1.0,
-    }
-}
-
 /// Fills rank `r`'s input with [`value`].
 fn fill<T: Element>(buf: &mut [T], r: usize, op: ReduceOp) {
     for (i, x) in buf.iter_mut().enumerate() {
@@ -374,7 +364,7 @@ pub(crate) fn sweep<T: Element>(
     }
     if info.prints {
         if let Some(path) = &a.json {
-            let f = bus_factor(op, n);
+            let f = braid_trace::analysis::busbw_factor(op, n);
             let json: Vec<serde_json::Value> = rows
                 .iter()
                 .map(|row| {
@@ -436,7 +426,7 @@ fn print_row<T: Element>(
     n: usize,
 ) {
     let rooted = matches!(op, "reduce" | "broadcast" | "gather" | "scatter");
-    let f = bus_factor(op, n);
+    let f = braid_trace::analysis::busbw_factor(op, n);
     let mut line = format!(
         "{:>12} {:>12} {:>6} {:>6} {:>5}",
         row.bytes,
