@@ -3,20 +3,24 @@
 //! The host runs ahead of the GPU, so a GPU span is two timed events on
 //! its stream ([`begin`] and [`end`]), resolved later ([`flush`]) into a
 //! span on the host's trace clock. The conversion goes through an
-//! *anchor*: an event recorded on an idle stream ([`anchor`] synchronizes
-//! it first) at a known host time; a span's start is the anchor's host
-//! time plus the device time between the anchor and its start event.
-//! Anchors are per device, so spans on every stream of a device (compute
-//! and collectives) share one clock; the training loop re-anchors at every
-//! step start (its stream is idle there), which keeps the device's clock
-//! drift against the host's out of the figures. Nothing is done while
-//! nothing records (one atomic load).
+//! *anchor*: an event recorded at a known host time on a stream of the
+//! recorder's own, which nothing else uses and so is always idle (the
+//! event completes as the device sees it; no user stream is waited for);
+//! a span's start is the anchor's host time plus the device time between
+//! the anchor and its start event. Anchors are per device, so spans on
+//! every stream of a device (compute and collectives) share one clock;
+//! the training loop re-anchors at every step start, which keeps the
+//! device's clock drift against the host's out of the figures. Nothing is
+//! done while nothing records (one atomic load). Waiting for spans to end
+//! ([`flush`]) is bounded: a span whose stream never gets there (a hung
+//! collective) is dropped, never waited for forever.
 
 use crate::recorder::{self, Cat, Span};
 use braid_cuda::{Event, Result, Stream};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 struct Anchor {
     event: Event,
@@ -38,6 +42,8 @@ struct Pending {
 #[derive(Default)]
 struct State {
     anchors: HashMap<usize, Arc<Anchor>>,
+    /// The recorder's idle stream on each device, for anchors.
+    anchor_streams: HashMap<usize, Stream>,
     /// Timed events to reuse, by device ordinal.
     pool: HashMap<usize, Vec<Event>>,
     pending: Vec<Pending>,
@@ -58,10 +64,14 @@ fn take_event(st: &mut State, stream: &Stream) -> Result<Event> {
 }
 
 fn put_anchor(st: &mut State, stream: &Stream) -> Result<Arc<Anchor>> {
-    stream.synchronize()?;
+    let ordinal = stream.device().ordinal();
     let event = take_event(st, stream)?;
+    let own = match st.anchor_streams.entry(ordinal) {
+        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(Stream::new(stream.device())?),
+    };
     let before = recorder::now_us();
-    event.record(stream)?;
+    event.record(own)?;
     let after = recorder::now_us();
     let a = Arc::new(Anchor {
         event,
@@ -71,8 +81,7 @@ fn put_anchor(st: &mut State, stream: &Stream) -> Result<Arc<Anchor>> {
     Ok(a)
 }
 
-/// Re-anchors the device clock of `stream`'s device (waits for the
-/// stream: call it where the stream is idle anyway).
+/// Re-anchors the device clock of `stream`'s device (never waits).
 pub fn anchor(stream: &Stream) -> Result<()> {
     if !recorder::active() {
         return Ok(());
@@ -132,25 +141,38 @@ pub fn end(
     Ok(())
 }
 
-/// Records the GPU spans whose end has passed (all of them, waiting,
-/// with `wait`).
-pub fn flush(wait: bool) -> Result<()> {
+/// Records the GPU spans whose end has passed, polling for up to `wait`
+/// for the others (`Duration::ZERO`: one look); returns how many are
+/// still pending (they stay for a later flush, or [`drop_pending`]).
+pub fn flush(wait: Duration) -> Result<usize> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = resolve_finished()?;
+        if left == 0 || Instant::now() >= deadline {
+            return Ok(left);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Forgets the pending spans (whose streams never got to their end);
+/// returns how many.
+pub fn drop_pending() -> usize {
+    state()
+        .as_mut()
+        .map_or(0, |st| std::mem::take(&mut st.pending).len())
+}
+
+/// Records the pending spans whose end event has completed; returns how
+/// many are left.
+fn resolve_finished() -> Result<usize> {
     let mut g = state();
     let Some(st) = g.as_mut() else {
-        return Ok(());
+        return Ok(0);
     };
-    if st.pending.is_empty() {
-        return Ok(());
-    }
     let mut keep = Vec::new();
     for p in std::mem::take(&mut st.pending) {
-        let done = if wait {
-            p.end.synchronize()?;
-            true
-        } else {
-            p.end.query()?
-        };
-        if !done {
+        if !p.end.query()? {
             keep.push(p);
             continue;
         }
@@ -171,8 +193,9 @@ pub fn flush(wait: bool) -> Result<()> {
         pool.push(end);
         recorder::record(span);
     }
+    let left = keep.len();
     st.pending = keep;
-    Ok(())
+    Ok(left)
 }
 
 /// Adds a collective's algorithm and bus bandwidths (GB/s, nccl-tests'

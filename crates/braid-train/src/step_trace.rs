@@ -101,6 +101,10 @@ impl StepTrace {
         all.extend(args);
         let end = t0 + std::time::Duration::from_secs_f64(total);
         recorder::record_between(format!("step {step}"), Cat::Step, track::HOST, t0, end, all);
-        braid_trace::device::flush(true).map_err(e)
+        // The step's own spans have ended (the engine synchronized, its
+        // collectives were waited for); anything still running (a
+        // prefetch for the next step) is picked up by a later flush.
+        braid_trace::device::flush(std::time::Duration::ZERO).map_err(e)?;
+        Ok(())
     }
 }

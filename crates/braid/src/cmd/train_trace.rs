@@ -249,6 +249,25 @@ impl TraceSetup {
             return Ok(());
         };
         let dir = &dir;
+        // GPU spans still running: a bounded wait, then they are dropped
+        // (a hung collective must not hang the trace).
+        let unfinished = match braid_trace::device::flush(Duration::from_secs(10)) {
+            Ok(0) => 0,
+            Ok(_) => braid_trace::device::drop_pending(),
+            Err(e) => {
+                eprintln!(
+                    "braid: warning: rank {}: GPU trace spans could not be read ({e})",
+                    self.rank
+                );
+                braid_trace::device::drop_pending()
+            }
+        };
+        if unfinished > 0 {
+            eprintln!(
+                "braid: warning: rank {}: {unfinished} GPU trace spans had not ended 10 s after the run; left out of the trace",
+                self.rank
+            );
+        }
         let (spans, dropped) = braid_trace::recorder::finish();
         let store = self.store.take();
         let offset = match &store {
