@@ -3,6 +3,7 @@
 //! - [`tokens`]: tokenizers (bytes, GPT-2 BPE) and token datasets — the
 //!   built-in synthetic corpus, UTF-8 text files, pre-tokenized u16
 //!   shards — with the windows a GPT trains on;
+//! - [`beton`]: FFCV's `.beton` dataset files, read and written;
 //! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
 //!   an epoch as PyTorch's `DistributedSampler` decides it;
 //! - [`loader`]: the [`loader::Loader`] interface the training loop takes
@@ -12,6 +13,7 @@
 //! generator), so the model, the trainer and the CLI all read data
 //! through it.
 
+pub mod beton;
 pub mod loader;
 pub mod sampler;
 pub mod tokens;
