@@ -4,6 +4,9 @@
 //!   built-in synthetic corpus, UTF-8 text files, pre-tokenized u16
 //!   shards — with the windows a GPT trains on;
 //! - [`beton`]: FFCV's `.beton` dataset files, read and written;
+//! - [`convert`]: `.beton` files from token streams, JSON lines and
+//!   image folders;
+//! - [`jpeg`]: JPEG decoding (whole or a scaled window) and encoding;
 //! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
 //!   an epoch as PyTorch's `DistributedSampler` decides it;
 //! - [`loader`]: the [`loader::Loader`] interface the training loop takes
@@ -14,6 +17,8 @@
 //! through it.
 
 pub mod beton;
+pub mod convert;
+pub mod jpeg;
 pub mod loader;
 pub mod sampler;
 pub mod tokens;

@@ -35,6 +35,7 @@ enum Command {
     Ckpt(cmd::ckpt::CkptArgs),
     Doctor(cmd::doctor::DoctorArgs),
     Report(cmd::report::ReportArgs),
+    Data(cmd::data::DataArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Command::Ckpt(args) => cmd::ckpt::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Report(args) => cmd::report::run(args),
+        Command::Data(args) => cmd::data::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -1,0 +1,311 @@
+//! `braid data`: make FFCV-compatible `.beton` datasets (`write`) and look
+//! into them (`inspect`).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use braid_data::beton::layout::DEFAULT_PAGE_SIZE;
+use braid_data::beton::{Beton, FieldType, Value, Written};
+use braid_data::convert;
+use braid_data::tokens::{Dataset, Source, Tokenizer};
+use clap::{Args, Subcommand};
+use serde_json::Value as Json;
+
+/// Write or inspect `.beton` datasets.
+#[derive(Args)]
+#[command(
+    about = "Write FFCV-compatible .beton datasets and inspect them",
+    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all"
+)]
+pub struct DataArgs {
+    #[command(subcommand)]
+    what: DataCommand,
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Write a .beton file from tokens or JSON lines.
+    Write(WriteArgs),
+    /// What a .beton file holds: header, fields, pages, bytes per field,
+    /// the first samples.
+    Inspect(InspectArgs),
+}
+
+/// `braid data write`.
+#[derive(Args)]
+pub struct WriteArgs {
+    /// The .beton file to write (it appears only when complete).
+    output: PathBuf,
+    /// GPT token windows from `synthetic`, a text file, or u16 .bin
+    /// shards (a file or a directory): fields `tokens` (--seq + 1 tokens)
+    /// and `split` (0 train, 1 held out).
+    #[arg(long, value_name = "SOURCE", group = "input")]
+    tokens: Option<String>,
+    /// One JSON field per line of this JSON-lines file.
+    #[arg(long, value_name = "FILE", group = "input")]
+    jsonl: Option<PathBuf>,
+    /// Tokens per training window (with --tokens).
+    #[arg(long, default_value_t = 1024)]
+    seq: usize,
+    /// bytes or gpt2 (with --tokens; default gpt2 for shards and text).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// The JSON field's name (with --jsonl).
+    #[arg(long, default_value = "data")]
+    field: String,
+    /// Bytes per page: a power of two from 4 KiB (FFCV's writer insists
+    /// on 2 MiB or more; its reader takes any).
+    #[arg(long, default_value_t = DEFAULT_PAGE_SIZE)]
+    page_size: u64,
+    /// Threads encoding samples (default: every core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Seed of the synthetic corpus.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// `braid data inspect`.
+#[derive(Args)]
+pub struct InspectArgs {
+    /// The .beton file.
+    file: PathBuf,
+    /// Print one JSON object: {"num_samples", "page_size", "fields":
+    /// {name: type}, "samples": [{field: value}]}.
+    #[arg(long)]
+    json: bool,
+    /// How many samples to show: a number or `all` (default: 3; with
+    /// --json, 3 too).
+    #[arg(long, default_value = "3")]
+    samples: String,
+}
+
+/// Runs `braid data`.
+pub fn run(a: DataArgs) -> Result<i32, String> {
+    match a.what {
+        DataCommand::Write(w) => write(w),
+        DataCommand::Inspect(i) => inspect(i),
+    }
+}
+
+fn write(mut a: WriteArgs) -> Result<i32, String> {
+    if let Some(n) = a.workers.take() {
+        if n == 0 {
+            return Err("--workers 0: use at least 1".into());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+        return pool.install(|| write(a));
+    }
+    let start = Instant::now();
+    let mut bar = Bar::new("writing");
+    let written = if let Some(src) = &a.tokens {
+        let source = Source::parse(src)?;
+        let tokenizer = match (&a.tokenizer, &source) {
+            (Some(t), _) => Tokenizer::parse(t)?,
+            (None, Source::Synthetic) => Tokenizer::Bytes,
+            (None, _) => Tokenizer::Gpt2,
+        };
+        eprintln!(
+            "braid data: reading tokens from {src} ({} tokenizer)",
+            tokenizer.name()
+        );
+        let dataset = Dataset::load(&source, tokenizer, a.seed)?;
+        convert::token_windows(
+            &a.output,
+            &dataset,
+            a.seq,
+            tokenizer.vocab_size(),
+            a.page_size,
+            &mut |d, n| bar.show(d, n),
+        )?
+    } else if let Some(jsonl) = &a.jsonl {
+        convert::json_lines(&a.output, jsonl, &a.field, a.page_size, &mut |d, n| {
+            bar.show(d, n)
+        })?
+    } else {
+        return Err("say what to write from: --tokens SOURCE or --jsonl FILE".into());
+    };
+    bar.done();
+    report_written(&a.output, &written, start.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+fn report_written(out: &Path, w: &Written, secs: f64) {
+    eprintln!(
+        "braid data: wrote {} ({} samples, {} pages, {:.1} MiB) in {secs:.1} s, {:.0} samples/s",
+        out.display(),
+        w.samples,
+        w.pages,
+        w.bytes as f64 / (1 << 20) as f64,
+        w.samples as f64 / secs.max(1e-9)
+    );
+}
+
+/// A progress bar on stderr, redrawn at most ten times a second.
+struct Bar {
+    what: &'static str,
+    start: Instant,
+    last: Option<Instant>,
+}
+
+impl Bar {
+    fn new(what: &'static str) -> Bar {
+        Bar {
+            what,
+            start: Instant::now(),
+            last: None,
+        }
+    }
+
+    fn show(&mut self, done: u64, all: u64) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|l| now - l < std::time::Duration::from_millis(100))
+            && done < all
+        {
+            return;
+        }
+        self.last = Some(now);
+        let frac = done as f64 / all.max(1) as f64;
+        let filled = (frac * 30.0) as usize;
+        let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+        let eta = (all - done) as f64 / rate.max(1e-9);
+        eprint!(
+            "\r{} [{}{}] {done}/{all} {:.0}/s eta {eta:.0}s ",
+            self.what,
+            "#".repeat(filled),
+            " ".repeat(30 - filled),
+            rate
+        );
+        let _ = std::io::stderr().flush();
+    }
+
+    fn done(&self) {
+        if self.last.is_some() {
+            eprintln!();
+        }
+    }
+}
+
+fn inspect(a: InspectArgs) -> Result<i32, String> {
+    let b = Beton::open(&a.file)?;
+    let n = match a.samples.as_str() {
+        "all" => b.len(),
+        s => s
+            .parse::<usize>()
+            .map_err(|_| format!("--samples {s:?}: a number or `all`"))?
+            .min(b.len()),
+    };
+    let idx = b.index();
+    let samples = (0..n)
+        .map(|s| {
+            let row: Result<serde_json::Map<String, Json>, String> = idx
+                .fields
+                .iter()
+                .enumerate()
+                .map(|(f, field)| {
+                    let v = b.value(s, f)?.to_json().map_err(|e| {
+                        format!("{}: sample {s}, field '{}': {e}", idx.path, field.name)
+                    })?;
+                    Ok((field.name.clone(), v))
+                })
+                .collect();
+            row.map(Json::Object)
+        })
+        .collect::<Result<Vec<Json>, String>>()?;
+    if a.json {
+        let fields: serde_json::Map<String, Json> = idx
+            .fields
+            .iter()
+            .map(|f| (f.name.clone(), Json::from(f.ty.name())))
+            .collect();
+        let out = serde_json::json!({
+            "num_samples": b.len(),
+            "page_size": idx.page_size(),
+            "fields": fields,
+            "samples": samples,
+        });
+        println!("{out}");
+        return Ok(0);
+    }
+    let h = &idx.header;
+    println!("{}", a.file.display());
+    println!(
+        "  format      .beton version {} (FFCV 1.0), {} bytes",
+        h.version, idx.file_len
+    );
+    println!(
+        "  samples     {}\n  pages       {} of {} bytes (data from byte {}, allocation table at {}, {} entries)",
+        b.len(),
+        idx.pages(),
+        idx.page_size(),
+        idx.data_start,
+        h.alloc_table_ptr,
+        idx.allocations.len()
+    );
+    println!("  fields");
+    for (f, field) in idx.fields.iter().enumerate() {
+        let (bytes, extra) = field_bytes(&b, f);
+        println!(
+            "    {:<16} {:<28} {:>12} payload bytes{extra}",
+            field.name,
+            field.ty.name(),
+            bytes
+        );
+    }
+    if n > 0 {
+        println!("  first {n} samples");
+        for (s, row) in samples.iter().enumerate() {
+            println!("    {s}: {}", shorten(row));
+        }
+    }
+    Ok(0)
+}
+
+/// Payload bytes of field `f` over the file, and for images how many
+/// are JPEG.
+fn field_bytes(b: &Beton, f: usize) -> (u64, String) {
+    let idx = b.index();
+    let (mut bytes, mut jpegs) = (0u64, 0usize);
+    for s in 0..b.len() {
+        if let Some(e) = idx.extent(s, f) {
+            bytes += e.size;
+        }
+        if idx.fields[f].ty == FieldType::RgbImage {
+            if let Ok(Value::Image(i)) = b.value(s, f) {
+                jpegs += (i.mode == braid_data::beton::ImageMode::Jpeg) as usize;
+            }
+        }
+    }
+    let extra = if idx.fields[f].ty == FieldType::RgbImage {
+        format!(", {jpegs} of {} images JPEG", b.len())
+    } else {
+        String::new()
+    };
+    (bytes, extra)
+}
+
+/// A sample's JSON on one line, long arrays and strings cut.
+fn shorten(v: &Json) -> String {
+    fn cut(v: &Json) -> Json {
+        match v {
+            Json::Array(a) if a.len() > 8 => {
+                let mut head: Vec<Json> = a[..6].iter().map(cut).collect();
+                head.push(Json::from(format!("... {} more", a.len() - 6)));
+                Json::Array(head)
+            }
+            Json::Array(a) => Json::Array(a.iter().map(cut).collect()),
+            Json::String(s) if s.len() > 64 => {
+                Json::from(format!("{}... ({} chars)", &s[..48], s.len()))
+            }
+            Json::Object(o) => Json::Object(o.iter().map(|(k, v)| (k.clone(), cut(v))).collect()),
+            other => other.clone(),
+        }
+    }
+    cut(v).to_string()
+}
