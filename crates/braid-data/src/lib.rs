@@ -4,9 +4,12 @@
 //!   built-in synthetic corpus, UTF-8 text files, pre-tokenized u16
 //!   shards — with the windows a GPT trains on;
 //! - [`beton`]: FFCV's `.beton` dataset files, read and written;
+//! - [`cache`]: the process cache, pages read into a bounded pool;
 //! - [`convert`]: `.beton` files from token streams, JSON lines and
 //!   image folders;
 //! - [`jpeg`]: JPEG decoding (whole or a scaled window) and encoding;
+//! - [`order`]: sequential, random and FFCV's quasi-random epoch orders,
+//!   dealt out to ranks;
 //! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
 //!   an epoch as PyTorch's `DistributedSampler` decides it;
 //! - [`loader`]: the [`loader::Loader`] interface the training loop takes
@@ -17,8 +20,10 @@
 //! through it.
 
 pub mod beton;
+pub mod cache;
 pub mod convert;
 pub mod jpeg;
 pub mod loader;
+pub mod order;
 pub mod sampler;
 pub mod tokens;

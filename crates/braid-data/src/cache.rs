@@ -1,0 +1,164 @@
+//! The process cache: a `.beton` file's pages read into a bounded pool of
+//! buffers (FFCV's `os_cache=False`), for files larger than memory or
+//! nodes where the OS page cache should be left alone. A page is read
+//! when a sample on it is first needed and released when the epoch's
+//! order has no more samples on it, so with the quasi-random order each
+//! page is read once per epoch and at most the open pages are resident:
+//! resident bytes stay under `capacity × page size`.
+//!
+//! (The OS cache is [`crate::beton::Beton`]'s memory mapping: the kernel
+//! keeps the pages, shared by every rank of the node.)
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::beton::{Index, Value};
+
+/// Pages read into memory as an epoch's order needs them.
+pub struct PageCache {
+    index: Index,
+    file: File,
+    capacity: usize,
+    resident: HashMap<u64, Arc<Vec<u8>>>,
+    /// Samples of the current epoch still to come, per page.
+    remaining: HashMap<u64, usize>,
+    loads: u64,
+    peak: usize,
+}
+
+impl PageCache {
+    /// Opens `path` with room for `capacity` pages.
+    pub fn open(path: &Path, capacity: usize) -> Result<PageCache, String> {
+        let (index, file) = Index::open(path)?;
+        if capacity == 0 {
+            return Err("a process cache needs room for at least one page".into());
+        }
+        Ok(PageCache {
+            index,
+            file,
+            capacity,
+            resident: HashMap::new(),
+            remaining: HashMap::new(),
+            loads: 0,
+            peak: 0,
+        })
+    }
+
+    /// The file's index.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Begins an epoch that reads `order` (sample ids): pages are kept
+    /// until their last sample in it has been read.
+    pub fn start_epoch(&mut self, order: &[usize]) {
+        self.remaining.clear();
+        for &s in order {
+            for p in self.index.pages_of(s).collect::<Vec<_>>() {
+                *self.remaining.entry(p).or_default() += 1;
+            }
+        }
+        self.resident.retain(|p, _| self.remaining.contains_key(p));
+    }
+
+    /// Reads sample `s` (next in the epoch's order), handing its values to
+    /// `use_it`, then releases pages it was the last sample of.
+    pub fn with_sample<R>(
+        &mut self,
+        s: usize,
+        use_it: impl FnOnce(&[Value<'_>]) -> R,
+    ) -> Result<R, String> {
+        if s >= self.index.len() {
+            return Err(format!(
+                "{}: sample {s} of {}",
+                self.index.path,
+                self.index.len()
+            ));
+        }
+        let pages: Vec<u64> = self.index.pages_of(s).collect();
+        let mut held: Vec<(u64, Arc<Vec<u8>>)> = Vec::with_capacity(pages.len());
+        for &p in &pages {
+            if !held.iter().any(|h| h.0 == p) {
+                held.push((p, self.page(p)?));
+            }
+        }
+        let page_size = self.index.page_size();
+        let values: Vec<Value<'_>> = (0..self.index.fields.len())
+            .map(|f| {
+                let payload: &[u8] = match self.index.extent(s, f) {
+                    Some(e) if e.size > 0 => {
+                        let buf = &held
+                            .iter()
+                            .find(|h| h.0 == e.ptr / page_size)
+                            .expect("held")
+                            .1;
+                        let at = (e.ptr % page_size) as usize;
+                        &buf[at..at + e.size as usize]
+                    }
+                    _ => &[],
+                };
+                self.index.value_with(s, f, payload)
+            })
+            .collect();
+        let out = use_it(&values);
+        drop(values);
+        for p in pages {
+            if let Some(left) = self.remaining.get_mut(&p) {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    self.remaining.remove(&p);
+                    self.resident.remove(&p);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Page `p`, read if it is not resident (evicting the page with the
+    /// fewest samples still to come when the pool is full).
+    fn page(&mut self, p: u64) -> Result<Arc<Vec<u8>>, String> {
+        if let Some(b) = self.resident.get(&p) {
+            return Ok(b.clone());
+        }
+        if self.resident.len() >= self.capacity {
+            let victim = *self
+                .resident
+                .keys()
+                .min_by_key(|k| self.remaining.get(k).copied().unwrap_or(0))
+                .expect("a full pool has pages");
+            self.resident.remove(&victim);
+        }
+        let page_size = self.index.page_size();
+        let start = p * page_size;
+        // The last page may end early (at the allocation table).
+        let end = (start + page_size).min(self.index.header.alloc_table_ptr);
+        let mut buf = vec![0u8; (end - start) as usize];
+        self.file
+            .read_exact_at(&mut buf, start)
+            .map_err(|e| format!("{}: reading page {p}: {e}", self.index.path))?;
+        buf.resize(page_size as usize, 0);
+        let buf = Arc::new(buf);
+        self.resident.insert(p, buf.clone());
+        self.loads += 1;
+        self.peak = self.peak.max(self.resident.len());
+        Ok(buf)
+    }
+
+    /// Pages read from the file so far.
+    pub fn loads(&self) -> u64 {
+        self.loads
+    }
+
+    /// The most pages resident at once so far.
+    pub fn peak_pages(&self) -> usize {
+        self.peak
+    }
+
+    /// The bound on resident page bytes.
+    pub fn bound_bytes(&self) -> u64 {
+        self.capacity as u64 * self.index.page_size()
+    }
+}
