@@ -4,11 +4,13 @@
 //! in chunks and written in order, so the output is the same on any
 //! number of cores; `progress` hears after each chunk.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::beton::{DType, FieldType, FieldValue, Writer, Written};
+use braid_core::rng::Rng;
+
+use crate::beton::{DType, FieldType, FieldValue, ImageMode, Writer, Written};
 use crate::tokens::Dataset;
 
 /// Samples encoded between two progress reports.
@@ -129,10 +131,255 @@ pub fn json_lines(
     write_samples(out, &fields, lines.len() as u64, page_size, &make, progress)
 }
 
+/// How [`image_folder`] stores each image: FFCV's `RGBImageField`
+/// `write_mode`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WriteMode {
+    /// Every image as JPEG.
+    Jpg,
+    /// Every image as raw RGB pixels.
+    Raw,
+    /// JPEG with this probability, else raw. The draw is a deterministic
+    /// function of [`ImageOptions::seed`] and the sample's index (FFCV
+    /// draws from numpy's global generator, so which images it
+    /// compresses differs).
+    Proportion(f64),
+    /// JPEG when the raw pixels (width × height × 3 bytes) exceed the
+    /// threshold, else raw; all raw without one (FFCV's `smart` rule).
+    Smart(Option<u64>),
+}
+
+/// How [`image_folder`] encodes images.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ImageOptions {
+    /// JPEG, raw, or a mix.
+    pub mode: WriteMode,
+    /// Images whose longer side exceeds this are shrunk (area averaging)
+    /// so that it is about this, as FFCV's `max_resolution`.
+    pub max_resolution: Option<u32>,
+    /// JPEG quality, 1 to 100.
+    pub quality: u8,
+    /// Seeds [`WriteMode::Proportion`]'s draws.
+    pub seed: u64,
+}
+
+/// The images of a torchvision `ImageFolder` layout, `root/<class>/...`:
+/// classes are the sorted subdirectory names, each image labelled with
+/// its class's index; within a class, files (found recursively) sorted
+/// as torchvision sorts them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageFolder {
+    /// Class names; a class's label is its index.
+    pub classes: Vec<String>,
+    /// Each image and its label, in the order they are written.
+    pub images: Vec<(PathBuf, u32)>,
+    /// Files passed over: not `.jpg` or `.jpeg` (any case).
+    pub skipped: usize,
+}
+
+impl ImageFolder {
+    /// Lists `root`'s classes and JPEG images; no class, or a class with
+    /// no JPEG image, is an error.
+    pub fn scan(root: &Path) -> Result<ImageFolder, String> {
+        let read = |d: &Path| -> Result<Vec<std::fs::DirEntry>, String> {
+            std::fs::read_dir(d)
+                .and_then(|r| r.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("cannot read {}: {e}", d.display()))
+        };
+        let mut classes: Vec<String> = read(root)?
+            .into_iter()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        classes.sort();
+        if classes.is_empty() {
+            return Err(format!(
+                "{}: no class folders (an image folder holds one subdirectory per class, images inside)",
+                root.display()
+            ));
+        }
+        let (mut images, mut skipped) = (Vec::new(), 0);
+        for (label, class) in classes.iter().enumerate() {
+            // (directory, file name) pairs, sorted as torchvision sorts
+            // os.walk's output.
+            let mut files: Vec<(String, String)> = Vec::new();
+            let mut dirs = vec![root.join(class)];
+            while let Some(d) = dirs.pop() {
+                for e in read(&d)? {
+                    let path = e.path();
+                    if path.is_dir() {
+                        dirs.push(path);
+                    } else {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        let ext = name.rsplit_once('.').map(|(_, x)| x.to_ascii_lowercase());
+                        if matches!(ext.as_deref(), Some("jpg" | "jpeg")) {
+                            files.push((d.to_string_lossy().into_owned(), name));
+                        } else {
+                            skipped += 1;
+                        }
+                    }
+                }
+            }
+            if files.is_empty() {
+                return Err(format!(
+                    "{}: class '{class}' holds no JPEG images (.jpg or .jpeg; {skipped} other files skipped so far)",
+                    root.display()
+                ));
+            }
+            files.sort();
+            images.extend(
+                files
+                    .into_iter()
+                    .map(|(d, f)| (Path::new(&d).join(f), label as u32)),
+            );
+        }
+        Ok(ImageFolder {
+            classes,
+            images,
+            skipped,
+        })
+    }
+}
+
+/// An image folder (see [`ImageFolder`]) as FFCV's `DatasetWriter` writes
+/// torchvision's `ImageFolder`: fields `image` (RGB image) and `label`
+/// (int).
+pub fn image_folder(
+    out: &Path,
+    root: &Path,
+    opts: &ImageOptions,
+    page_size: u64,
+    progress: &mut Progress,
+) -> Result<Written, String> {
+    write_images(out, &ImageFolder::scan(root)?, opts, page_size, progress)
+}
+
+/// Writes `folder`'s images (see [`image_folder`]).
+pub fn write_images(
+    out: &Path,
+    folder: &ImageFolder,
+    opts: &ImageOptions,
+    page_size: u64,
+    progress: &mut Progress,
+) -> Result<Written, String> {
+    if folder.images.is_empty() {
+        return Err("no images to write".into());
+    }
+    if !(1..=100).contains(&opts.quality) {
+        return Err(format!("JPEG quality {}: use 1 to 100", opts.quality));
+    }
+    if opts.max_resolution == Some(0) {
+        return Err("max resolution 0: use at least 1".into());
+    }
+    let fields = vec![
+        ("image".to_string(), FieldType::RgbImage),
+        ("label".to_string(), FieldType::Int),
+    ];
+    let make = |i: u64| -> Result<Vec<FieldValue>, String> {
+        let (path, label) = &folder.images[i as usize];
+        let image = encode_image(path, i, opts).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(vec![image, FieldValue::Int(*label as i64)])
+    };
+    write_samples(
+        out,
+        &fields,
+        folder.images.len() as u64,
+        page_size,
+        &make,
+        progress,
+    )
+}
+
+/// One image file, decoded, shrunk to `max_resolution` (FFCV's
+/// `resizer`: both sides times `max_resolution / longer side`,
+/// truncated) and stored as `opts.mode` says.
+fn encode_image(path: &Path, index: u64, opts: &ImageOptions) -> Result<FieldValue, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let (info, mut rgb) = crate::jpeg::decode(&bytes)?;
+    let (mut w, mut h) = (info.width as usize, info.height as usize);
+    if let Some(max) = opts.max_resolution {
+        let ratio = max as f64 / w.max(h) as f64;
+        if ratio < 1.0 {
+            let (nw, nh) = ((ratio * w as f64) as usize, (ratio * h as f64) as usize);
+            if nw == 0 || nh == 0 {
+                return Err(format!(
+                    "{w}x{h} shrinks to {nw}x{nh} at --max-resolution {max}: use a larger one"
+                ));
+            }
+            let mut small = vec![0u8; nw * nh * 3];
+            crate::resize::resize_area(&rgb, w, h, &mut small, nw, nh);
+            (rgb, w, h) = (small, nw, nh);
+        }
+    }
+    if w > u16::MAX as usize || h > u16::MAX as usize {
+        return Err(format!(
+            "{w}x{h} pixels: a .beton image is at most 65535 on a side; shrink it with --max-resolution"
+        ));
+    }
+    let jpeg = match opts.mode {
+        WriteMode::Jpg => true,
+        WriteMode::Raw => false,
+        WriteMode::Proportion(p) => Rng::new(opts.seed ^ index).uniform() < p,
+        WriteMode::Smart(threshold) => threshold.is_some_and(|t| (w * h * 3) as u64 > t),
+    };
+    let (mode, data) = if jpeg {
+        (
+            ImageMode::Jpeg,
+            crate::jpeg::encode(&rgb, w as u32, h as u32, opts.quality)?,
+        )
+    } else {
+        (ImageMode::Raw, rgb)
+    };
+    Ok(FieldValue::Image {
+        mode,
+        width: w as u16,
+        height: h as u16,
+        data,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::beton::Beton;
+
+    #[test]
+    fn image_modes_pick_jpeg_or_raw_as_ffcv_does() {
+        let root = std::env::temp_dir().join(format!("braid-imgmodes-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("only")).unwrap();
+        let rgb: Vec<u8> = (0..40 * 30 * 3).map(|k| (k * 7 % 251) as u8).collect();
+        let jpeg = crate::jpeg::encode(&rgb, 40, 30, 90).unwrap();
+        for i in 0..16 {
+            std::fs::write(root.join("only").join(format!("{i:02}.JPEG")), &jpeg).unwrap();
+        }
+        let folder = ImageFolder::scan(&root).unwrap();
+        assert_eq!(folder.images.len(), 16);
+        let modes = |mode: WriteMode| -> Vec<bool> {
+            let opts = ImageOptions {
+                mode,
+                max_resolution: None,
+                quality: 90,
+                seed: 3,
+            };
+            (0..16)
+                .map(
+                    |i| match encode_image(&folder.images[i].0, i as u64, &opts).unwrap() {
+                        FieldValue::Image { mode, .. } => mode == ImageMode::Jpeg,
+                        _ => unreachable!(),
+                    },
+                )
+                .collect()
+        };
+        assert_eq!(modes(WriteMode::Smart(None)), [false; 16]);
+        assert_eq!(modes(WriteMode::Smart(Some(40 * 30 * 3))), [false; 16]);
+        assert_eq!(modes(WriteMode::Smart(Some(40 * 30 * 3 - 1))), [true; 16]);
+        let mixed = modes(WriteMode::Proportion(0.5));
+        assert!(mixed.contains(&true) && mixed.contains(&false), "{mixed:?}");
+        assert_eq!(modes(WriteMode::Proportion(0.5)), mixed);
+        assert_eq!(modes(WriteMode::Proportion(0.0)), [false; 16]);
+        assert_eq!(modes(WriteMode::Proportion(1.0)), [true; 16]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn token_windows_hold_each_window_and_its_next_token() {

@@ -8,6 +8,7 @@
 //! - [`convert`]: `.beton` files from token streams, JSON lines and
 //!   image folders;
 //! - [`jpeg`]: JPEG decoding (whole or a scaled window) and encoding;
+//! - [`resize`]: RGB resizing as OpenCV's `INTER_AREA` (area averaging);
 //! - [`order`]: sequential, random and FFCV's quasi-random epoch orders,
 //!   dealt out to ranks;
 //! - [`sampler`]: [`sampler::DistributedSampler`], each rank's share of
@@ -25,5 +26,6 @@ pub mod convert;
 pub mod jpeg;
 pub mod loader;
 pub mod order;
+pub mod resize;
 pub mod sampler;
 pub mod tokens;

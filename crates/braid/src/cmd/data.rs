@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 #[derive(Args)]
 #[command(
     about = "Write FFCV-compatible .beton datasets and inspect them",
-    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all"
+    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all"
 )]
 pub struct DataArgs {
     #[command(subcommand)]
@@ -25,7 +25,7 @@ pub struct DataArgs {
 
 #[derive(Subcommand)]
 enum DataCommand {
-    /// Write a .beton file from tokens or JSON lines.
+    /// Write a .beton file from tokens, JSON lines or an image folder.
     Write(WriteArgs),
     /// What a .beton file holds: header, fields, pages, bytes per field,
     /// the first samples.
@@ -45,6 +45,30 @@ pub struct WriteArgs {
     /// One JSON field per line of this JSON-lines file.
     #[arg(long, value_name = "FILE", group = "input")]
     jsonl: Option<PathBuf>,
+    /// An ImageNet-style image folder, DIR/<class>/<image>.jpg: fields
+    /// `image` and `label` (the class's index among the sorted class
+    /// folders), as FFCV writes torchvision's ImageFolder. JPEG files
+    /// only; others are skipped.
+    #[arg(long, value_name = "DIR", group = "input")]
+    images: Option<PathBuf>,
+    /// Shrink images whose longer side exceeds N pixels to about N (with
+    /// --images; FFCV's max_resolution).
+    #[arg(long, value_name = "N")]
+    max_resolution: Option<u32>,
+    /// How images are stored (with --images): jpg, raw, proportion (JPEG
+    /// with --compress-probability) or smart (JPEG when the raw pixels
+    /// exceed --smart-threshold bytes).
+    #[arg(long, default_value = "jpg", value_parser = ["jpg", "raw", "proportion", "smart"])]
+    mode: String,
+    /// JPEG quality, 1 to 100 (with --images).
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    quality: u8,
+    /// The chance each image is stored as JPEG (with --mode proportion).
+    #[arg(long, default_value_t = 0.5)]
+    compress_probability: f64,
+    /// Raw-pixel bytes above which --mode smart stores JPEG.
+    #[arg(long, value_name = "BYTES")]
+    smart_threshold: Option<u64>,
     /// Tokens per training window (with --tokens).
     #[arg(long, default_value_t = 1024)]
     seq: usize,
@@ -61,7 +85,7 @@ pub struct WriteArgs {
     /// Threads encoding samples (default: every core).
     #[arg(long)]
     workers: Option<usize>,
-    /// Seed of the synthetic corpus.
+    /// Seed of the synthetic corpus, and of --mode proportion's draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -126,8 +150,43 @@ fn write(mut a: WriteArgs) -> Result<i32, String> {
         convert::json_lines(&a.output, jsonl, &a.field, a.page_size, &mut |d, n| {
             bar.show(d, n)
         })?
+    } else if let Some(root) = &a.images {
+        let mode = match a.mode.as_str() {
+            "raw" => convert::WriteMode::Raw,
+            "proportion" => {
+                if !(0.0..=1.0).contains(&a.compress_probability) {
+                    return Err(format!(
+                        "--compress-probability {}: use 0 to 1",
+                        a.compress_probability
+                    ));
+                }
+                convert::WriteMode::Proportion(a.compress_probability)
+            }
+            "smart" => convert::WriteMode::Smart(a.smart_threshold),
+            _ => convert::WriteMode::Jpg,
+        };
+        let folder = convert::ImageFolder::scan(root)?;
+        eprintln!(
+            "braid data: {} images of {} classes in {}{}",
+            folder.images.len(),
+            folder.classes.len(),
+            root.display(),
+            match folder.skipped {
+                0 => String::new(),
+                n => format!(" ({n} files not .jpg or .jpeg skipped)"),
+            }
+        );
+        let opts = convert::ImageOptions {
+            mode,
+            max_resolution: a.max_resolution,
+            quality: a.quality,
+            seed: a.seed,
+        };
+        convert::write_images(&a.output, &folder, &opts, a.page_size, &mut |d, n| {
+            bar.show(d, n)
+        })?
     } else {
-        return Err("say what to write from: --tokens SOURCE or --jsonl FILE".into());
+        return Err("say what to write from: --tokens SOURCE, --jsonl FILE or --images DIR".into());
     };
     bar.done();
     report_written(&a.output, &written, start.elapsed().as_secs_f64());
