@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use memmap2::Mmap;
+use serde_json::Value as Json;
 
 use super::field::FieldType;
 use super::index::{Extent, ImageMode, Index};
@@ -14,22 +15,20 @@ use super::value::{Image, Value};
 /// An open `.beton` file.
 pub struct Beton {
     index: Index,
-    map: Option<Mmap>,
+    map: Mmap,
 }
 
 impl Beton {
     /// Opens `path`, checks its index and maps it.
     pub fn open(path: &Path) -> Result<Beton, String> {
         let (index, file) = Index::open(path)?;
-        let map = if index.file_len == 0 {
-            None
-        } else {
-            // SAFETY: the mapping is read-only and private to this value;
-            // braid never writes a file it has open for reading, and a
-            // file truncated by another program under a live mapping is
-            // outside what any mmap reader (FFCV's included) can defend.
-            Some(unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {path:?}: {e}"))?)
-        };
+        // SAFETY: the mapping is read-only and private to this value;
+        // braid never writes a file it has open for reading, and a file
+        // truncated by another program under a live mapping is outside
+        // what any mmap reader (FFCV's included) can defend. (The index
+        // refused files shorter than a header, so the mapping is not
+        // empty.)
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {path:?}: {e}"))?;
         Ok(Beton { index, map })
     }
 
@@ -50,10 +49,10 @@ impl Beton {
 
     /// The bytes of a payload.
     pub fn payload(&self, e: Extent) -> &[u8] {
-        match &self.map {
-            Some(m) if e.size > 0 => &m[e.ptr as usize..(e.ptr + e.size) as usize],
-            _ => &[],
+        if e.size == 0 {
+            return &[];
         }
+        &self.map[e.ptr as usize..(e.ptr + e.size) as usize]
     }
 
     /// Sample `s`'s value of field `f`.
@@ -65,6 +64,36 @@ impl Beton {
             .map(|e| self.payload(e))
             .unwrap_or(&[]);
         Ok(self.index.value_with(s, f, payload))
+    }
+
+    /// The file and its first `samples` samples as one JSON object, the
+    /// form `braid data inspect --json` prints: `{"num_samples",
+    /// "page_size", "fields": {name: type}, "samples": [{field: value}]}`.
+    pub fn to_json(&self, samples: usize) -> Result<Json, String> {
+        let idx = &self.index;
+        let fields: serde_json::Map<String, Json> = idx
+            .fields
+            .iter()
+            .map(|f| (f.name.clone(), Json::from(f.ty.name())))
+            .collect();
+        let rows = (0..samples.min(self.len()))
+            .map(|s| {
+                let mut row = serde_json::Map::new();
+                for (f, field) in idx.fields.iter().enumerate() {
+                    let v = self.value(s, f)?.to_json().map_err(|e| {
+                        format!("{}: sample {s}, field '{}': {e}", idx.path, field.name)
+                    })?;
+                    row.insert(field.name.clone(), v);
+                }
+                Ok(Json::Object(row))
+            })
+            .collect::<Result<Vec<Json>, String>>()?;
+        Ok(serde_json::json!({
+            "num_samples": self.len(),
+            "page_size": idx.page_size(),
+            "fields": fields,
+            "samples": rows,
+        }))
     }
 
     fn check(&self, s: usize, f: usize) -> Result<(), String> {

@@ -10,6 +10,7 @@
 //! the same directory, synced, and renamed over the target by
 //! [`Writer::finish`]; a writer dropped before that removes it.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -208,7 +209,7 @@ impl Writer {
                 self.types.len()
             ));
         }
-        let payloads: Vec<Option<Vec<u8>>> = values
+        let payloads: Vec<Option<Cow<[u8]>>> = values
             .iter()
             .enumerate()
             .map(|(f, v)| self.encode(s, f, v))
@@ -270,8 +271,14 @@ impl Writer {
         unreachable!("the second attempt returns")
     }
 
-    /// The payload bytes of value `v` for field `f` (`None`: a scalar).
-    fn encode(&self, s: u64, f: usize, v: &FieldValue) -> Result<Option<Vec<u8>>, String> {
+    /// The payload bytes of value `v` for field `f` (`None`: a scalar),
+    /// borrowed where the value already holds them.
+    fn encode<'v>(
+        &self,
+        s: u64,
+        f: usize,
+        v: &'v FieldValue,
+    ) -> Result<Option<Cow<'v, [u8]>>, String> {
         let ty = &self.types[f];
         let wrong = || {
             format!(
@@ -284,7 +291,7 @@ impl Writer {
             (FieldType::Int, FieldValue::Int(_)) | (FieldType::Float, FieldValue::Float(_)) => {
                 return Ok(None)
             }
-            (FieldType::Bytes, FieldValue::Bytes(b)) => b.clone(),
+            (FieldType::Bytes, FieldValue::Bytes(b)) => Cow::Borrowed(b.as_slice()),
             (FieldType::Json, FieldValue::Json(text)) => {
                 serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| {
                     format!("sample {s}, field '{}': not JSON ({e})", self.names[f])
@@ -297,7 +304,7 @@ impl Writer {
                 }
                 let mut b = text.as_bytes().to_vec();
                 b.push(0);
-                b
+                Cow::Owned(b)
             }
             (FieldType::NdArray { .. } | FieldType::TorchTensor { .. }, FieldValue::Array(b)) => {
                 let want = ty.array_bytes().expect("array");
@@ -309,7 +316,7 @@ impl Writer {
                         b.len()
                     ));
                 }
-                b.clone()
+                Cow::Borrowed(b.as_slice())
             }
             (FieldType::Tokens { dtype, window, .. }, FieldValue::Tokens(t)) => {
                 if t.len() as u64 != *window {
@@ -326,9 +333,9 @@ impl Writer {
                             self.names[f]
                         ));
                     }
-                    t.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect()
+                    Cow::Owned(t.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect())
                 } else {
-                    t.iter().flat_map(|&x| x.to_le_bytes()).collect()
+                    Cow::Owned(t.iter().flat_map(|&x| x.to_le_bytes()).collect())
                 }
             }
             (
@@ -355,7 +362,7 @@ impl Writer {
                         data.len()
                     ));
                 }
-                data.clone()
+                Cow::Borrowed(data.as_slice())
             }
             _ => return Err(wrong()),
         };

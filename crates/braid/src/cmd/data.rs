@@ -260,38 +260,13 @@ fn inspect(a: InspectArgs) -> Result<i32, String> {
             .map_err(|_| format!("--samples {s:?}: a number or `all`"))?
             .min(b.len()),
     };
-    let idx = b.index();
-    let samples = (0..n)
-        .map(|s| {
-            let row: Result<serde_json::Map<String, Json>, String> = idx
-                .fields
-                .iter()
-                .enumerate()
-                .map(|(f, field)| {
-                    let v = b.value(s, f)?.to_json().map_err(|e| {
-                        format!("{}: sample {s}, field '{}': {e}", idx.path, field.name)
-                    })?;
-                    Ok((field.name.clone(), v))
-                })
-                .collect();
-            row.map(Json::Object)
-        })
-        .collect::<Result<Vec<Json>, String>>()?;
+    let json = b.to_json(n)?;
     if a.json {
-        let fields: serde_json::Map<String, Json> = idx
-            .fields
-            .iter()
-            .map(|f| (f.name.clone(), Json::from(f.ty.name())))
-            .collect();
-        let out = serde_json::json!({
-            "num_samples": b.len(),
-            "page_size": idx.page_size(),
-            "fields": fields,
-            "samples": samples,
-        });
-        println!("{out}");
+        println!("{json}");
         return Ok(0);
     }
+    let samples = json["samples"].as_array().cloned().unwrap_or_default();
+    let idx = b.index();
     let h = &idx.header;
     println!("{}", a.file.display());
     println!(
