@@ -64,8 +64,10 @@ pub struct StepTimes {
     pub data: f64,
     /// Forward and backward computation.
     pub compute: f64,
-    /// Communication that did not overlap the computation (from the end of
-    /// the backward computation until the gradients were reduced).
+    /// Communication that did not overlap the computation: from the end of
+    /// the backward computation until the gradients were reduced, and the
+    /// all-reduce of the step's loss after it (which waits for the
+    /// slowest rank, so a trace counts it as communication too).
     pub exposed_comm: f64,
     /// Gradient norm, clipping and the update (with the strategy's
     /// after-update work).
@@ -272,13 +274,15 @@ where
         trace.between("optimizer", Cat::Optimizer, m_reduced, m_end, 0);
         engine.synchronize()?;
         let mut mean = [loss_sum / o.accum as f64];
+        let t_mean = Instant::now();
         strategy.mean(&mut mean)?;
+        let loss_wait = t_mean.elapsed().as_secs_f64();
         let total = t0.elapsed().as_secs_f64();
         let times = StepTimes {
             total,
             data,
             compute: (tl.seconds(m_start, m_computed)? - data).max(0.0),
-            exposed_comm: tl.seconds(m_computed, m_reduced)?,
+            exposed_comm: tl.seconds(m_computed, m_reduced)? + loss_wait,
             optimizer: tl.seconds(m_reduced, m_end)?,
         };
         trace.finish(
