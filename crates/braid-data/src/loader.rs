@@ -1,7 +1,8 @@
 //! Where a training loop's batches come from: the [`Loader`] interface
-//! every loader implements, and [`TokenWindows`], which deals a token
-//! dataset's windows out to data-parallel ranks ([`TokenBatch`]es for the
-//! GPT engines).
+//! every loader implements, and [`TokenWindows`], which deals the windows
+//! of a [`WindowSource`] (a token [`Dataset`] in memory, or a `.beton`
+//! file's token field: [`crate::token_beton`]) out to data-parallel ranks
+//! ([`TokenBatch`]es for the GPT engines).
 
 use crate::sampler::DistributedSampler;
 use crate::tokens::Dataset;
@@ -24,6 +25,46 @@ pub trait Loader<B> {
     fn skip_to(&mut self, micro_batches: usize) -> Result<()> {
         let _ = micro_batches;
         Err("this loader cannot resume from a checkpoint".into())
+    }
+}
+
+/// Where GPT training windows come from: a training part and a held-out
+/// part, each a list of windows of `t` tokens and the token after each.
+pub trait WindowSource {
+    /// Windows of `t` tokens in the training (`eval` false) or held-out
+    /// part.
+    fn windows(&self, t: usize, eval: bool) -> usize;
+    /// Window `i` of [`windows`](Self::windows): `t` tokens into `tokens`
+    /// and the `t` that follow each into `targets`.
+    fn window(
+        &self,
+        i: usize,
+        t: usize,
+        eval: bool,
+        tokens: &mut [u32],
+        targets: &mut [u32],
+    ) -> Result<()>;
+    /// The largest token the source may hold (checked against the
+    /// model's vocabulary before training).
+    fn max_token(&self) -> u32;
+}
+
+impl WindowSource for Dataset {
+    fn windows(&self, t: usize, eval: bool) -> usize {
+        Dataset::windows(self, t, eval)
+    }
+    fn window(
+        &self,
+        i: usize,
+        t: usize,
+        eval: bool,
+        tokens: &mut [u32],
+        targets: &mut [u32],
+    ) -> Result<()> {
+        Dataset::window(self, i, t, eval, tokens, targets)
+    }
+    fn max_token(&self) -> u32 {
+        Dataset::max_token(self)
     }
 }
 
@@ -53,7 +94,7 @@ impl TokenBatch {
     }
 }
 
-/// Token windows of a [`Dataset`] dealt out to data-parallel ranks by a
+/// Token windows of a [`WindowSource`] dealt out to data-parallel ranks by a
 /// [`DistributedSampler`]: the training part cut into windows of `t`
 /// tokens, shuffled each epoch (`seed + epoch`); each step takes this
 /// rank's next `b`. An epoch has `windows / (ranks × b)` steps on every
@@ -62,7 +103,7 @@ impl TokenBatch {
 /// `ranks × b` sees, step by step. Evaluation batches are fixed: the
 /// held-out windows in order, dealt out the same way.
 pub struct TokenWindows<'d> {
-    data: &'d Dataset,
+    data: &'d dyn WindowSource,
     b: usize,
     t: usize,
     ranks: usize,
@@ -76,7 +117,7 @@ pub struct TokenWindows<'d> {
 impl<'d> TokenWindows<'d> {
     /// Rank `rank` of `ranks`, batches of `b × t`, shuffled by `seed`.
     pub fn new(
-        data: &'d Dataset,
+        data: &'d dyn WindowSource,
         b: usize,
         t: usize,
         rank: usize,

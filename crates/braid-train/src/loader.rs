@@ -3,10 +3,10 @@
 //! [`check_fits`], which checks a dataset against a model.
 
 use crate::Result;
-use braid_data::tokens::Dataset;
+use braid_data::loader::WindowSource;
 
 /// Checks that sequences of `seq` tokens from `data` fit a model of `cfg`.
-pub fn check_fits(cfg: &braid_model::GptConfig, seq: usize, data: &Dataset) -> Result<()> {
+pub fn check_fits(cfg: &braid_model::GptConfig, seq: usize, data: &dyn WindowSource) -> Result<()> {
     if seq > cfg.context {
         return Err(format!(
             "--seq {seq} exceeds the model's context {}",
