@@ -71,6 +71,22 @@ impl PageCache {
         s: usize,
         use_it: impl FnOnce(&[Value<'_>]) -> R,
     ) -> Result<R, String> {
+        let pinned = self.pin(s)?;
+        let values: Vec<Value<'_>> = (0..self.index.fields.len())
+            .map(|f| pinned.value(&self.index, s, f))
+            .collect();
+        let out = use_it(&values);
+        drop(values);
+        self.done(s);
+        Ok(out)
+    }
+
+    /// The pages of sample `s` (next in the epoch's order), read if they
+    /// are not resident. They stay valid while the [`Pinned`] lives, even
+    /// if the pool evicts them meanwhile (so with `k` samples pinned at
+    /// once, up to `capacity + k × pages per sample` are resident). Call
+    /// [`done`](Self::done) when the sample has been used.
+    pub fn pin(&mut self, s: usize) -> Result<Pinned, String> {
         if s >= self.index.len() {
             return Err(format!(
                 "{}: sample {s} of {}",
@@ -78,34 +94,22 @@ impl PageCache {
                 self.index.len()
             ));
         }
-        let pages: Vec<u64> = self.index.pages_of(s).collect();
-        let mut held: Vec<(u64, Arc<Vec<u8>>)> = Vec::with_capacity(pages.len());
-        for &p in &pages {
-            if !held.iter().any(|h| h.0 == p) {
-                held.push((p, self.page(p)?));
+        let mut pages: Vec<(u64, Arc<Vec<u8>>)> = Vec::with_capacity(2);
+        for p in self.index.pages_of(s).collect::<Vec<_>>() {
+            if !pages.iter().any(|h| h.0 == p) {
+                pages.push((p, self.page(p)?));
             }
         }
-        let page_size = self.index.page_size();
-        let values: Vec<Value<'_>> = (0..self.index.fields.len())
-            .map(|f| {
-                let payload: &[u8] = match self.index.extent(s, f) {
-                    Some(e) if e.size > 0 => {
-                        let buf = &held
-                            .iter()
-                            .find(|h| h.0 == e.ptr / page_size)
-                            .expect("held")
-                            .1;
-                        let at = (e.ptr % page_size) as usize;
-                        &buf[at..at + e.size as usize]
-                    }
-                    _ => &[],
-                };
-                self.index.value_with(s, f, payload)
-            })
-            .collect();
-        let out = use_it(&values);
-        drop(values);
-        for p in pages {
+        Ok(Pinned { pages })
+    }
+
+    /// Sample `s` has been used: its pages are released if the epoch has
+    /// no more samples on them.
+    pub fn done(&mut self, s: usize) {
+        if s >= self.index.len() {
+            return;
+        }
+        for p in self.index.pages_of(s).collect::<Vec<_>>() {
             if let Some(left) = self.remaining.get_mut(&p) {
                 *left = left.saturating_sub(1);
                 if *left == 0 {
@@ -114,7 +118,6 @@ impl PageCache {
                 }
             }
         }
-        Ok(out)
     }
 
     /// Page `p`, read if it is not resident (evicting the page with the
@@ -160,5 +163,32 @@ impl PageCache {
     /// The bound on resident page bytes.
     pub fn bound_bytes(&self) -> u64 {
         self.capacity as u64 * self.index.page_size()
+    }
+}
+
+/// The pages of one sample, held in memory.
+pub struct Pinned {
+    pages: Vec<(u64, Arc<Vec<u8>>)>,
+}
+
+impl Pinned {
+    /// Sample `s`'s value of field `f` (`s` the pinned sample, `f` in
+    /// bounds).
+    pub fn value<'a>(&'a self, index: &'a Index, s: usize, f: usize) -> Value<'a> {
+        let page_size = index.page_size();
+        let payload: &[u8] = match index.extent(s, f) {
+            Some(e) if e.size > 0 => {
+                let buf = &self
+                    .pages
+                    .iter()
+                    .find(|h| h.0 == e.ptr / page_size)
+                    .expect("the sample's pages are pinned")
+                    .1;
+                let at = (e.ptr % page_size) as usize;
+                &buf[at..at + e.size as usize]
+            }
+            _ => &[],
+        };
+        index.value_with(s, f, payload)
     }
 }

@@ -20,7 +20,9 @@ const CHUNK: usize = 256;
 pub type Progress<'a> = dyn FnMut(u64, u64) + 'a;
 
 /// Writes `n` samples whose values `make(i)` builds (in parallel) into
-/// `out`.
+/// `out`. A thread of its own lays the samples out in pages and writes
+/// them while the next chunk is being made (at most two chunks are held
+/// at once); `progress` hears of each chunk once it is made.
 pub fn write_samples(
     out: &Path,
     fields: &[(String, FieldType)],
@@ -30,20 +32,43 @@ pub fn write_samples(
     progress: &mut Progress,
 ) -> Result<Written, String> {
     let mut w = Writer::create(out, fields, n, page_size)?;
-    let mut at = 0u64;
-    while at < n {
-        let end = (at + CHUNK as u64 * rayon::current_num_threads() as u64).min(n);
-        let chunk: Vec<Vec<FieldValue>> = (at..end)
-            .into_par_iter()
-            .map(make)
-            .collect::<Result<_, _>>()?;
-        for s in &chunk {
-            w.push(s)?;
-        }
-        at = end;
-        progress(at, n);
-    }
-    w.finish()
+    let step = CHUNK as u64 * rayon::current_num_threads() as u64;
+    std::thread::scope(|scope| {
+        // A rendezvous channel: a chunk is handed over only when the
+        // writer has finished the one before.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Vec<FieldValue>>>(0);
+        let writer = scope.spawn(move || -> Result<Writer, String> {
+            for chunk in rx {
+                for s in &chunk {
+                    w.push(s)?;
+                }
+            }
+            Ok(w)
+        });
+        let mut at = 0u64;
+        let made = (|| -> Result<(), String> {
+            while at < n {
+                let end = (at + step).min(n);
+                let chunk: Vec<Vec<FieldValue>> = (at..end)
+                    .into_par_iter()
+                    .map(make)
+                    .collect::<Result<_, _>>()?;
+                if tx.send(chunk).is_err() {
+                    // The writer stopped; its error is told below.
+                    return Ok(());
+                }
+                at = end;
+                progress(at, n);
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let w = writer
+            .join()
+            .map_err(|_| "the .beton writer thread panicked".to_string())?;
+        made?;
+        w?.finish()
+    })
 }
 
 /// GPT training windows of `dataset`: `t + 1` tokens per sample (a
@@ -161,6 +186,12 @@ pub struct ImageOptions {
     pub quality: u8,
     /// Seeds [`WriteMode::Proportion`]'s draws.
     pub seed: u64,
+    /// Shrink from the whole decoded image, as FFCV does, so the pixels
+    /// are FFCV's. Otherwise (faster) an image that shrinks by 4 or more
+    /// is decoded at 1/2, 1/4 or 1/8 scale by the JPEG decoder (its DCT),
+    /// the smallest that is still twice the output size, and shrunk from
+    /// there: the same output size, pixels a little different.
+    pub exact_resize: bool,
 }
 
 /// The images of a torchvision `ImageFolder` layout, `root/<class>/...`:
@@ -290,27 +321,107 @@ pub fn write_images(
     )
 }
 
-/// One image file, decoded, shrunk to `max_resolution` (FFCV's
-/// `resizer`: both sides times `max_resolution / longer side`,
-/// truncated) and stored as `opts.mode` says.
-fn encode_image(path: &Path, index: u64, opts: &ImageOptions) -> Result<FieldValue, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let (info, mut rgb) = crate::jpeg::decode(&bytes)?;
-    let (mut w, mut h) = (info.width as usize, info.height as usize);
-    if let Some(max) = opts.max_resolution {
-        let ratio = max as f64 / w.max(h) as f64;
-        if ratio < 1.0 {
-            let (nw, nh) = ((ratio * w as f64) as usize, (ratio * h as f64) as usize);
-            if nw == 0 || nh == 0 {
-                return Err(format!(
-                    "{w}x{h} shrinks to {nw}x{nh} at --max-resolution {max}: use a larger one"
-                ));
-            }
-            let mut small = vec![0u8; nw * nh * 3];
-            crate::resize::resize_area(&rgb, w, h, &mut small, nw, nh);
-            (rgb, w, h) = (small, nw, nh);
-        }
+/// Buffers one thread reuses from image to image.
+#[derive(Default)]
+struct Scratch {
+    file: Vec<u8>,
+    decoded: Vec<u8>,
+    small: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// `buf` resized to `len` bytes (its contents unspecified), or an error
+/// where that much cannot be allocated (a damaged header may claim up to
+/// 65535 × 65535 pixels).
+fn sized(buf: &mut Vec<u8>, len: usize, what: impl Fn() -> String) -> Result<&mut [u8], String> {
+    if len > buf.capacity() {
+        buf.clear();
+        buf.try_reserve_exact(len)
+            .map_err(|_| format!("{} needs {len} bytes, more than can be allocated", what()))?;
     }
+    buf.resize(len, 0);
+    Ok(&mut buf[..])
+}
+
+/// The output size of a `w` × `h` image under `max_resolution` (FFCV's
+/// `resizer`: both sides times `max / longer side`, truncated), or
+/// `None` where it is not shrunk.
+fn shrunk_size(w: usize, h: usize, max: Option<u32>) -> Result<Option<(usize, usize)>, String> {
+    let Some(max) = max else { return Ok(None) };
+    let ratio = max as f64 / w.max(h) as f64;
+    if ratio >= 1.0 {
+        return Ok(None);
+    }
+    let (nw, nh) = ((ratio * w as f64) as usize, (ratio * h as f64) as usize);
+    if nw == 0 || nh == 0 {
+        return Err(format!(
+            "{w}x{h} shrinks to {nw}x{nh} at --max-resolution {max}: use a larger one"
+        ));
+    }
+    Ok(Some((nw, nh)))
+}
+
+/// The JPEG decoder's scale (1/`denom`) for an image of `w` × `h` that
+/// is to become `target`: the largest of 8, 4 and 2 whose scaled image
+/// is still at least twice the target on both sides, else 1. (Shrinking
+/// by 2 or more by area averaging after the DCT's keeps the pixels close
+/// to shrinking the whole image: on photos, the mean difference is
+/// about 2 levels or less, where leaving less for the area averaging
+/// makes it 3 to 5.)
+fn decode_denom(w: u32, h: u32, target: Option<(usize, usize)>) -> u32 {
+    let Some((nw, nh)) = target else { return 1 };
+    [8, 4, 2]
+        .into_iter()
+        .find(|&d| {
+            let (sw, sh) = crate::jpeg::scaled_size(w, h, d);
+            sw as usize >= 2 * nw && sh as usize >= 2 * nh
+        })
+        .unwrap_or(1)
+}
+
+/// One image file, decoded, shrunk to `max_resolution` (see
+/// [`shrunk_size`]; from a decode at reduced scale unless
+/// `exact_resize`, see [`ImageOptions`]) and stored as `opts.mode` says.
+fn encode_image(path: &Path, index: u64, opts: &ImageOptions) -> Result<FieldValue, String> {
+    SCRATCH.with(|s| encode_image_with(&mut s.borrow_mut(), path, index, opts))
+}
+
+fn encode_image_with(
+    s: &mut Scratch,
+    path: &Path,
+    index: u64,
+    opts: &ImageOptions,
+) -> Result<FieldValue, String> {
+    use std::io::Read as _;
+    s.file.clear();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut s.file))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let info = crate::jpeg::info(&s.file)?;
+    let (w, h) = (info.width as usize, info.height as usize);
+    let target = shrunk_size(w, h, opts.max_resolution)?;
+    let denom = if opts.exact_resize {
+        1
+    } else {
+        decode_denom(info.width, info.height, target)
+    };
+    let (dw, dh) = crate::jpeg::scaled_size(info.width, info.height, denom);
+    let decoded = sized(&mut s.decoded, dw as usize * dh as usize * 3, || {
+        format!("a {w}x{h} JPEG decoded at 1/{denom} scale")
+    })?;
+    crate::jpeg::decode_crop(&s.file, denom, 0, 0, dw, dh, decoded)?;
+    let (dw, dh) = (dw as usize, dh as usize);
+    let (rgb, w, h): (&[u8], usize, usize) = match target {
+        Some((nw, nh)) if (nw, nh) != (dw, dh) => {
+            let small = sized(&mut s.small, nw * nh * 3, || format!("a {nw}x{nh} image"))?;
+            crate::resize::resize_area(&s.decoded, dw, dh, small, nw, nh);
+            (&s.small, nw, nh)
+        }
+        _ => (&s.decoded, dw, dh),
+    };
     if w > u16::MAX as usize || h > u16::MAX as usize {
         return Err(format!(
             "{w}x{h} pixels: a .beton image is at most 65535 on a side; shrink it with --max-resolution"
@@ -325,10 +436,10 @@ fn encode_image(path: &Path, index: u64, opts: &ImageOptions) -> Result<FieldVal
     let (mode, data) = if jpeg {
         (
             ImageMode::Jpeg,
-            crate::jpeg::encode(&rgb, w as u32, h as u32, opts.quality)?,
+            crate::jpeg::encode(rgb, w as u32, h as u32, opts.quality)?,
         )
     } else {
-        (ImageMode::Raw, rgb)
+        (ImageMode::Raw, rgb.to_vec())
     };
     Ok(FieldValue::Image {
         mode,
@@ -360,6 +471,7 @@ mod tests {
                 max_resolution: None,
                 quality: 90,
                 seed: 3,
+                exact_resize: false,
             };
             (0..16)
                 .map(
@@ -379,6 +491,104 @@ mod tests {
         assert_eq!(modes(WriteMode::Proportion(0.0)), [false; 16]);
         assert_eq!(modes(WriteMode::Proportion(1.0)), [true; 16]);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A photo-like `w` × `h` image: smooth shading, a few hard edges,
+    /// fine texture and a little noise.
+    fn photo(w: usize, h: usize) -> Vec<u8> {
+        let mut r = Rng::new(11);
+        let mut rgb = Vec::with_capacity(w * h * 3);
+        for y in 0..h {
+            for x in 0..w {
+                let (fx, fy) = (x as f64 / w as f64, y as f64 / h as f64);
+                let disc = ((fx - 0.6).powi(2) + (fy - 0.4).powi(2)) < 0.05;
+                let stripes = ((x / 97 + y / 71) % 2) as f64 * 40.0;
+                let texture = 6.0 * ((x as f64 * 0.9).sin() * (y as f64 * 0.7).cos());
+                for c in 0..3 {
+                    let base = 60.0 + 120.0 * fx * (c as f64 + 1.0) / 3.0 + 50.0 * fy;
+                    let v = base
+                        + stripes
+                        + texture
+                        + if disc { 70.0 } else { 0.0 }
+                        + (r.uniform() - 0.5) * 10.0;
+                    rgb.push(v.clamp(0.0, 255.0) as u8);
+                }
+            }
+        }
+        rgb
+    }
+
+    #[test]
+    fn reduced_scale_decoding_keeps_ffcv_sizes_and_nearly_its_pixels() {
+        let dir = std::env::temp_dir().join(format!("braid-fastshrink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (w, h) = (640, 481);
+        let file = dir.join("photo.jpg");
+        std::fs::write(
+            &file,
+            crate::jpeg::encode(&photo(w, h), w as u32, h as u32, 90).unwrap(),
+        )
+        .unwrap();
+        let pixels = |v: FieldValue| match v {
+            FieldValue::Image {
+                width,
+                height,
+                data,
+                ..
+            } => (width as usize, height as usize, data),
+            _ => unreachable!(),
+        };
+        // max_resolution, and the JPEG scale the fast path decodes at.
+        for (max, denom) in [
+            (400, 1),
+            (200, 1),
+            (150, 2),
+            (100, 2),
+            (80, 4),
+            (60, 4),
+            (40, 8),
+            (20, 8),
+        ] {
+            // FFCV's sizes: both sides times max / longer side, truncated.
+            let ratio = max as f64 / w.max(h) as f64;
+            let want = ((ratio * w as f64) as usize, (ratio * h as f64) as usize);
+            assert_eq!(shrunk_size(w, h, Some(max)).unwrap(), Some(want));
+            assert_eq!(
+                decode_denom(w as u32, h as u32, Some(want)),
+                denom,
+                "max {max}"
+            );
+            let run = |exact_resize: bool| {
+                let opts = ImageOptions {
+                    mode: WriteMode::Raw,
+                    max_resolution: Some(max),
+                    quality: 90,
+                    seed: 0,
+                    exact_resize,
+                };
+                pixels(encode_image(&file, 0, &opts).unwrap())
+            };
+            let (fast, exact) = (run(false), run(true));
+            assert_eq!((fast.0, fast.1), want, "max {max}");
+            assert_eq!((exact.0, exact.1), want, "max {max}");
+            // The exact path is FFCV's: decode whole, then area-average.
+            let (_, full) = crate::jpeg::decode(&std::fs::read(&file).unwrap()).unwrap();
+            let mut ffcv = vec![0u8; want.0 * want.1 * 3];
+            crate::resize::resize_area(&full, w, h, &mut ffcv, want.0, want.1);
+            assert_eq!(exact.2, ffcv, "max {max}");
+            let mad = fast
+                .2
+                .iter()
+                .zip(&exact.2)
+                .map(|(&a, &b)| a.abs_diff(b) as f64)
+                .sum::<f64>()
+                / fast.2.len() as f64;
+            assert!(mad < 3.0, "max {max}: mean absolute difference {mad:.2}");
+            if denom == 1 {
+                assert_eq!(fast.2, exact.2);
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

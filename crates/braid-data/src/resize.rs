@@ -62,37 +62,226 @@ pub fn resize_area_crop(
     } else {
         (Taps::linear(cw, dw), Taps::linear(ch, dh))
     };
-    // Horizontal pass over the window's rows that the vertical taps read.
-    let (r0, r1) = ty.range();
-    let mut rows = vec![0f32; (r1 - r0) * dw * 3];
-    for (r, row) in rows.chunks_exact_mut(dw * 3).enumerate() {
-        let line = &src[((y + r0 + r) * sw + x) * 3..((y + r0 + r) * sw + x + cw) * 3];
-        for (dx, out) in row.chunks_exact_mut(3).enumerate() {
-            let (mut a, mut b, mut c) = (0f32, 0f32, 0f32);
-            for &(s, w) in tx.of(dx) {
-                let p = &line[s as usize * 3..s as usize * 3 + 3];
-                a += w * p[0] as f32;
-                b += w * p[1] as f32;
-                c += w * p[2] as f32;
+    let (tx, ty) = (Dense::new(&tx, cw), Dense::new(&ty, ch));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { passes_avx2(src, sw, x, y, cw, &tx, &ty, dst, dw, dh) };
+    }
+    passes(src, sw, x, y, cw, &tx, &ty, dst, dw, dh)
+}
+
+/// [`passes`] compiled for AVX2 (the same arithmetic, wider vectors).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn passes_avx2(
+    src: &[u8],
+    sw: usize,
+    x: usize,
+    y: usize,
+    cw: usize,
+    tx: &Dense,
+    ty: &Dense,
+    dst: &mut [u8],
+    dw: usize,
+    dh: usize,
+) {
+    passes(src, sw, x, y, cw, tx, ty, dst, dw, dh)
+}
+
+/// The two passes of [`resize_area_crop`] over its window.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn passes(
+    src: &[u8],
+    sw: usize,
+    x: usize,
+    y: usize,
+    cw: usize,
+    tx: &Dense,
+    ty: &Dense,
+    dst: &mut [u8],
+    dw: usize,
+    dh: usize,
+) {
+    // Horizontal passes into a ring of `ty.k` rows of `dw × 3` floats
+    // (and one more, which pixel-wide stores spill into): source row `r`
+    // in slot `r % ty.k`. Output rows read ascending windows of `ty.k`
+    // source rows, so each source row is filtered once.
+    let k = ty.k;
+    let stride = dw * 3 + 1;
+    let mut ring = vec![0f32; k * stride];
+    let mut held = vec![usize::MAX; k];
+    // The source row as floats, and one more: pixel-wide loads spill
+    // into it.
+    let mut line = vec![0f32; cw * 3 + 1];
+    let mut acc = vec![0f32; dw * 3];
+    for dy in 0..dh {
+        let first = ty.first[dy] as usize;
+        for r in first..first + k {
+            let slot = r % k;
+            if held[slot] == r {
+                continue;
             }
-            out[0] = a;
-            out[1] = b;
-            out[2] = c;
+            held[slot] = r;
+            let src_row = &src[((y + r) * sw + x) * 3..((y + r) * sw + x + cw) * 3];
+            for (f, &b) in line.iter_mut().zip(src_row) {
+                *f = b as f32;
+            }
+            horizontal(&line, tx, &mut ring[slot * stride..(slot + 1) * stride]);
+        }
+        // Vertical pass: the taps in order, summed from zero.
+        let w = &ty.weights[dy * k..(dy + 1) * k];
+        let row = |j: usize| {
+            let slot = (first + j) % k;
+            &ring[slot * stride..slot * stride + dw * 3]
+        };
+        match k {
+            1 => vertical::<1>(std::array::from_fn(row), w, &mut acc),
+            2 => vertical::<2>(std::array::from_fn(row), w, &mut acc),
+            3 => vertical::<3>(std::array::from_fn(row), w, &mut acc),
+            4 => vertical::<4>(std::array::from_fn(row), w, &mut acc),
+            _ => {
+                acc.iter_mut().for_each(|v| *v = 0.0);
+                for (j, &w) in w.iter().enumerate() {
+                    for (a, &v) in acc.iter_mut().zip(row(j)) {
+                        *a += w * v;
+                    }
+                }
+            }
+        }
+        for (o, &a) in dst[dy * dw * 3..(dy + 1) * dw * 3].iter_mut().zip(&acc) {
+            // `max` and `min` leave no NaN, so the value is in 0..=255;
+            // unchecked, the conversion vectorises.
+            #[allow(clippy::manual_clamp)] // clamp would keep a NaN
+            let v = (a + 0.5).max(0.0).min(255.0);
+            // SAFETY: `v` is finite and in 0..=255 (see above).
+            *o = unsafe { v.to_int_unchecked::<i32>() } as u8;
         }
     }
-    // Vertical pass.
-    let mut acc = vec![0f32; dw * 3];
-    for (dy, out) in dst[..dw * dh * 3].chunks_exact_mut(dw * 3).enumerate() {
-        acc.iter_mut().for_each(|v| *v = 0.0);
-        for &(s, w) in ty.of(dy) {
-            let row = &rows[(s as usize - r0) * dw * 3..(s as usize - r0 + 1) * dw * 3];
-            for (a, &v) in acc.iter_mut().zip(row) {
-                *a += w * v;
+}
+
+/// One row filtered horizontally: output pixel `d`'s channels are the
+/// sums, from zero, of `line`'s pixels `first[d] + j` × weight `j` for
+/// `j` in `0..k`. `line` and `out` hold one float more than their
+/// pixels: four-float loads and stores spill into it.
+#[inline(always)]
+fn horizontal(line: &[f32], t: &Dense, out: &mut [f32]) {
+    #[inline(always)]
+    fn fixed<const K: usize>(line: &[f32], t: &Dense, out: &mut [f32]) {
+        // Two output pixels at a time (eight lanes), then the odd one.
+        let pairs = t.first.len() / 2;
+        for (i, (f, w)) in t
+            .first
+            .chunks_exact(2)
+            .zip(t.splat.chunks_exact(2 * K))
+            .enumerate()
+        {
+            let p0 = &line[f[0] as usize * 3..f[0] as usize * 3 + 3 * K + 1];
+            let p1 = &line[f[1] as usize * 3..f[1] as usize * 3 + 3 * K + 1];
+            let mut a = [0f32; 8];
+            for j in 0..K {
+                let mut p = [0f32; 8];
+                p[..4].copy_from_slice(&p0[3 * j..3 * j + 4]);
+                p[4..].copy_from_slice(&p1[3 * j..3 * j + 4]);
+                for c in 0..4 {
+                    a[c] += w[j][c] * p[c];
+                    a[4 + c] += w[K + j][c] * p[4 + c];
+                }
+            }
+            let d = 2 * i;
+            out[d * 3..d * 3 + 4].copy_from_slice(&a[..4]);
+            out[d * 3 + 3..d * 3 + 7].copy_from_slice(&a[4..]);
+        }
+        for d in 2 * pairs..t.first.len() {
+            let f = t.first[d] as usize;
+            let w = &t.splat[d * K..(d + 1) * K];
+            let px = &line[f * 3..f * 3 + 3 * K + 1];
+            let mut a = [0f32; 4];
+            for j in 0..K {
+                let p: [f32; 4] = px[3 * j..3 * j + 4].try_into().unwrap();
+                for c in 0..4 {
+                    a[c] += w[j][c] * p[c];
+                }
+            }
+            out[d * 3..d * 3 + 4].copy_from_slice(&a);
+        }
+    }
+    match t.k {
+        1 => fixed::<1>(line, t, out),
+        2 => fixed::<2>(line, t, out),
+        3 => fixed::<3>(line, t, out),
+        4 => fixed::<4>(line, t, out),
+        5 => fixed::<5>(line, t, out),
+        k => {
+            for (d, (&f, w)) in t.first.iter().zip(t.weights.chunks_exact(k)).enumerate() {
+                let mut a = [0f32; 4];
+                for (j, &w) in w.iter().enumerate() {
+                    let i = (f as usize + j) * 3;
+                    let p: [f32; 4] = line[i..i + 4].try_into().unwrap();
+                    for c in 0..4 {
+                        a[c] += w * p[c];
+                    }
+                }
+                out[d * 3..d * 3 + 4].copy_from_slice(&a);
             }
         }
-        for (o, &a) in out.iter_mut().zip(&acc) {
-            *o = (a + 0.5).clamp(0.0, 255.0) as u8;
+    }
+}
+
+/// `acc[i]`: the sum, from zero, of `rows[j][i] × w[j]` in order.
+#[inline(always)]
+fn vertical<const K: usize>(rows: [&[f32]; K], w: &[f32], acc: &mut [f32]) {
+    let w: &[f32; K] = w.try_into().unwrap();
+    let n = acc.len();
+    let rows: [&[f32]; K] = std::array::from_fn(|j| &rows[j][..n]);
+    for (i, a) in acc.iter_mut().enumerate() {
+        let mut s = 0f32;
+        for j in 0..K {
+            s += w[j] * rows[j][i];
         }
+        *a = s;
+    }
+}
+
+/// [`Taps`] with the same number `k` of taps for every output: output
+/// `d` reads sources `first[d]..first[d] + k` with
+/// `weights[d·k..(d+1)·k]`. An output's taps are consecutive sources in
+/// ascending order, so its own taps keep their order, padded with zero
+/// weights (after them, or before them at the image's end); sums of
+/// non-negative terms gain nothing exactly from a zero term, so the
+/// results equal summing the taps alone.
+struct Dense {
+    k: usize,
+    first: Vec<u32>,
+    weights: Vec<f32>,
+    /// `weights`, each four times (one per lane of a pixel).
+    splat: Vec<[f32; 4]>,
+}
+
+impl Dense {
+    fn new(t: &Taps, n: usize) -> Dense {
+        let outs = t.start.len() - 1;
+        let k = (0..outs).map(|d| t.of(d).len()).max().unwrap_or(1).max(1);
+        let mut dense = Dense {
+            k,
+            first: Vec::with_capacity(outs),
+            weights: vec![0.0; outs * k],
+            splat: Vec::new(),
+        };
+        for d in 0..outs {
+            let taps = t.of(d);
+            let lo = taps.first().map_or(0, |t| t.0 as usize);
+            debug_assert!(taps.iter().enumerate().all(|(j, t)| t.0 as usize == lo + j));
+            let first = lo.min(n - k);
+            dense.first.push(first as u32);
+            for &(s, w) in taps {
+                dense.weights[d * k + s as usize - first] = w;
+            }
+        }
+        dense.splat = dense.weights.iter().map(|&w| [w; 4]).collect();
+        dense
     }
 }
 
@@ -107,13 +296,6 @@ struct Taps {
 impl Taps {
     fn of(&self, d: usize) -> &[(u32, f32)] {
         &self.taps[self.start[d]..self.start[d + 1]]
-    }
-
-    /// The source indices read: `[first, last + 1)`.
-    fn range(&self) -> (usize, usize) {
-        let lo = self.taps.iter().map(|t| t.0).min().unwrap_or(0) as usize;
-        let hi = self.taps.iter().map(|t| t.0).max().unwrap_or(0) as usize;
-        (lo, hi + 1)
     }
 
     fn build(n: usize, mut each: impl FnMut(usize, &mut Vec<(u32, f32)>)) -> Taps {

@@ -2,14 +2,17 @@
 //! gets an error naming the offset and what was expected — no panic, and
 //! no allocation larger than the file could justify (a counting
 //! allocator watches every one) — and a bounded fuzz run of random
-//! mutations of a valid file holds to the same.
+//! mutations of a valid file holds to the same. A damaged JPEG payload
+//! reads (it is only bytes) but gets an error naming its sample when it
+//! is decoded.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use braid_data::beton::{Beton, DType, FieldType, FieldValue, ImageMode, Writer};
+use braid_data::beton::{Beton, DType, FieldType, FieldValue, ImageMode, Value, Writer};
+use braid_data::{jpeg, sheet};
 
 /// The largest single allocation since the last reset.
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
@@ -364,4 +367,118 @@ fn random_mutations_never_panic_or_over_allocate() {
         refused > tries / 4,
         "{refused} of {tries} damaged files refused"
     );
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/ffcv")
+        .join(name)
+}
+
+#[test]
+fn damaged_jpeg_payloads_read_but_do_not_decode() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    match jpeg::info(&[]) {
+        Err(e) if e.contains("built without libjpeg-turbo") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        _ => {}
+    }
+    // ffcv's file: field 'jpg' holds every sample as JPEG.
+    let good = std::fs::read(fixture("images.beton")).unwrap();
+    let b = Beton::open(&fixture("images.beton")).unwrap();
+    let f = b.index().field("jpg").unwrap();
+    let e = b.index().extent(0, f).unwrap();
+    let jpg = b.payload(e);
+    assert!(jpeg::decode(jpg).is_ok());
+    let (p, n) = (e.ptr as usize, e.size as usize);
+    // Where the entropy-coded data starts: after the SOS segment.
+    let sos = jpg.windows(2).position(|w| w == [0xff, 0xda]).unwrap();
+    let scan = p + sos + 2 + u16::from_be_bytes([jpg[sos + 2], jpg[sos + 3]]) as usize;
+    assert!(
+        scan + 16 < p + n - 2,
+        "sample 0's scan is {} bytes",
+        p + n - scan
+    );
+    // The allocation table entry's size field, to truncate the payload.
+    let a = b
+        .index()
+        .allocations
+        .iter()
+        .position(|a| (a.sample_id, a.ptr, a.size) == (0, e.ptr, e.size))
+        .unwrap();
+    let size_at = table_at(&good) + a * 24 + 16;
+    drop(b);
+    let path = dir().join("damaged-jpeg.beton");
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Damage, &str)> = vec![
+        (
+            "JPEG start marker overwritten",
+            Box::new(move |b| b[p..p + 2].fill(0)),
+            "Not a JPEG file",
+        ),
+        (
+            "markers in the JPEG's scan data",
+            Box::new(move |b| {
+                for i in (scan + 4..scan + 16).step_by(2) {
+                    b[i..i + 2].copy_from_slice(&[0xff, 0xd9]);
+                }
+            }),
+            "Corrupt JPEG data",
+        ),
+        (
+            "JPEG cut in half",
+            Box::new(move |b| put(b, size_at, n as u64 / 2)),
+            "Premature end of JPEG file",
+        ),
+        (
+            "JPEG without its end marker",
+            Box::new(move |b| put(b, size_at, n as u64 - 2)),
+            "Premature end of JPEG file",
+        ),
+    ];
+    for (what, damage, expect) in &cases {
+        let mut bytes = good.clone();
+        damage(&mut bytes);
+        LARGEST.store(0, Ordering::Relaxed);
+        // Reading is fine: a JPEG payload is only bytes until decoded.
+        assert_eq!(open_and_read(&path, &bytes), Ok(()), "{what}");
+        let b = Beton::open(&path).unwrap();
+        let Value::Image(img) = b.value(0, f).unwrap() else {
+            panic!("{what}: not an image");
+        };
+        assert_eq!(img.mode, ImageMode::Jpeg);
+        let e = match jpeg::decode(img.data) {
+            Ok(_) => panic!("{what}: decoded without an error"),
+            Err(e) => e,
+        };
+        assert!(
+            e.contains(expect),
+            "{what}: expected an error with {expect:?}, got: {e}"
+        );
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(
+            largest <= 2 * good.len() + (1 << 16),
+            "{what}: an allocation of {largest} bytes for a file of {}",
+            bytes.len()
+        );
+        // A contact sheet of the field names the damaged sample.
+        let opts = sheet::SheetOptions {
+            field: Some("jpg"),
+            count: 4,
+            columns: 8,
+        };
+        let e = sheet::build(&b, &opts).unwrap_err();
+        assert!(
+            e.contains("sample 0, field 'jpg'") && e.contains(expect),
+            "{what}: {e}"
+        );
+        // The other fields' images of sample 0 are intact.
+        let raw = sheet::SheetOptions {
+            field: Some("raw"),
+            ..opts
+        };
+        assert!(sheet::build(&b, &raw).is_ok());
+    }
 }

@@ -1,6 +1,6 @@
 //! `braid data write` and `braid data inspect` as a user runs them: token
-//! windows and JSON lines written, inspected as text and as JSON, and bad
-//! input refused with a message.
+//! windows and JSON lines written, inspected as text and as JSON, contact
+//! sheets drawn, and bad input refused with a message.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -215,5 +215,143 @@ fn image_folders_are_written_as_ffcv_writes_them() {
     ]);
     assert!(!ok && err.contains("no class folders"), "{err}");
     assert!(!bad.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A fixture of braid-data's: ffcv's files.
+fn ffcv_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../braid-data/tests/fixtures/ffcv")
+        .join(name)
+}
+
+/// A PNG's size and 8-bit RGB pixels.
+fn read_png(path: &std::path::Path) -> (u32, u32, Vec<u8>) {
+    let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let mut r = png::Decoder::new(file).read_info().unwrap();
+    let mut buf = vec![0; r.output_buffer_size().unwrap()];
+    let info = r.next_frame(&mut buf).unwrap();
+    assert_eq!(
+        (info.color_type, info.bit_depth),
+        (png::ColorType::Rgb, png::BitDepth::Eight)
+    );
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
+#[test]
+fn contact_sheets_show_the_first_images() {
+    let d = dir().join("sheets");
+    std::fs::create_dir_all(&d).unwrap();
+    let images = ffcv_fixture("images.beton");
+    let i = images.to_str().unwrap();
+    let out = d.join("raw.png");
+    let o = out.to_str().unwrap();
+    // Field 'raw' (the first image field): 10 thumbnails, 8 to a row.
+    let (ok, text, err) = braid(&["data", "inspect", i, "--sheet", o, "--sheet-count", "10"]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains(o) && text.contains("field 'raw'") && text.contains("8 x 2 grid"),
+        "{text}"
+    );
+    // 8 boxes of 128 + 6 across, 2 of 128 + 18 (caption) + 6 down, and a
+    // 6-pixel margin.
+    let (w, h, rgb) = read_png(&out);
+    assert_eq!((w, h), (1078, 310));
+    let background = |x0: usize, y0: usize, side: usize| {
+        let mut n = 0;
+        for y in y0..y0 + side {
+            for x in x0..x0 + side {
+                let at = (y * w as usize + x) * 3;
+                n += (rgb[at..at + 3] == [32, 32, 32]) as usize;
+            }
+        }
+        n as f64 / (side * side) as f64
+    };
+    for s in 0..16 {
+        let (x, y) = (6 + s % 8 * 134, 6 + s / 8 * 152);
+        let bg = background(x, y, 128);
+        if s < 10 {
+            // Each image fills its box across or down (the narrowest of
+            // these, 26x64, a 52x128 thumbnail).
+            assert!(bg < 0.6, "box {s}: {bg} of it background");
+        } else {
+            assert_eq!(bg, 1.0, "box {s} is empty");
+        }
+    }
+    // JPEGs are decoded.
+    let jpg = d.join("jpg.png");
+    let (ok, text, err) = braid(&[
+        "data",
+        "inspect",
+        i,
+        "--sheet",
+        jpg.to_str().unwrap(),
+        "--sheet-field",
+        "jpg",
+        "--sheet-count",
+        "3",
+    ]);
+    assert!(ok && text.contains("3 x 1 grid"), "{text}{err}");
+    assert_eq!(read_png(&jpg).0, 408);
+
+    // Not an image field; no image field at all; a damaged JPEG.
+    let (ok, _, err) = braid(&["data", "inspect", i, "--sheet", o, "--sheet-field", "label"]);
+    assert!(!ok && err.contains("not RGB images"), "{err}");
+    let lines = d.join("x.jsonl");
+    std::fs::write(&lines, "{\"a\": 1}\n").unwrap();
+    let plain = d.join("plain.beton");
+    let p = plain.to_str().unwrap();
+    let (ok, _, err) = braid(&["data", "write", p, "--jsonl", lines.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let none = d.join("none.png");
+    let (ok, _, err) = braid(&["data", "inspect", p, "--sheet", none.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("plain.beton has no image field") && err.contains("data (json)"),
+        "{err}"
+    );
+    let mut bytes = std::fs::read(&images).unwrap();
+    let b = braid_data::beton::Beton::open(&images).unwrap();
+    let e = b
+        .index()
+        .extent(2, b.index().field("jpg").unwrap())
+        .unwrap();
+    bytes[e.ptr as usize..e.ptr as usize + 2].fill(0);
+    let damaged = d.join("damaged.beton");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let bad = d.join("bad.png");
+    let (ok, _, err) = braid(&[
+        "data",
+        "inspect",
+        damaged.to_str().unwrap(),
+        "--sheet",
+        bad.to_str().unwrap(),
+        "--sheet-field",
+        "jpg",
+    ]);
+    assert!(
+        !ok && err.contains("sample 2, field 'jpg'") && err.contains("not a readable JPEG"),
+        "{err}"
+    );
+    assert!(
+        !none.exists() && !bad.exists(),
+        "a failed sheet must leave no file"
+    );
+    let mut left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "damaged.beton",
+            "jpg.png",
+            "plain.beton",
+            "raw.png",
+            "x.jsonl"
+        ]
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use braid_data::beton::layout::DEFAULT_PAGE_SIZE;
 use braid_data::beton::{Beton, FieldType, Value, Written};
 use braid_data::convert;
+use braid_data::sheet;
 use braid_data::tokens::{Dataset, Source, Tokenizer};
 use clap::{Args, Subcommand};
 use serde_json::Value as Json;
@@ -16,7 +17,7 @@ use serde_json::Value as Json;
 #[derive(Args)]
 #[command(
     about = "Write FFCV-compatible .beton datasets and inspect them",
-    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all"
+    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all\n  braid data inspect imgs.beton --sheet imgs.png --sheet-count 64"
 )]
 pub struct DataArgs {
     #[command(subcommand)]
@@ -30,6 +31,9 @@ enum DataCommand {
     /// What a .beton file holds: header, fields, pages, bytes per field,
     /// the first samples.
     Inspect(InspectArgs),
+    /// Read an image .beton through braid's loader (crop, flip, decode at
+    /// reduced scale) and print images/s: the loader's benchmark.
+    Load(super::data_load::LoadArgs),
 }
 
 /// `braid data write`.
@@ -52,9 +56,18 @@ pub struct WriteArgs {
     #[arg(long, value_name = "DIR", group = "input")]
     images: Option<PathBuf>,
     /// Shrink images whose longer side exceeds N pixels to about N (with
-    /// --images; FFCV's max_resolution).
+    /// --images; FFCV's max_resolution: the same output sizes). An image
+    /// that shrinks by 4 or more is first decoded at 1/2, 1/4 or 1/8
+    /// scale by the JPEG decoder (the smallest still twice the output
+    /// size), then area-averaged to its size: faster, pixels a little
+    /// different from FFCV's (see --exact-resize).
     #[arg(long, value_name = "N")]
     max_resolution: Option<u32>,
+    /// With --max-resolution: decode every image at full size before
+    /// shrinking it, as FFCV does, so the pixels are FFCV's (slower for
+    /// images 4x or more over N).
+    #[arg(long)]
+    exact_resize: bool,
     /// How images are stored (with --images): jpg, raw, proportion (JPEG
     /// with --compress-probability) or smart (JPEG when the raw pixels
     /// exceed --smart-threshold bytes).
@@ -103,6 +116,19 @@ pub struct InspectArgs {
     /// --json, 3 too).
     #[arg(long, default_value = "3")]
     samples: String,
+    /// Write a PNG contact sheet of the first images instead: thumbnails
+    /// fitted into 128x128, 8 to a row, each with its sample index (and
+    /// label, if the file has an int field `label`).
+    #[arg(long, value_name = "OUT.png", conflicts_with = "json")]
+    sheet: Option<PathBuf>,
+    /// Images on the contact sheet, from sample 0 (with --sheet; at most
+    /// 1024).
+    #[arg(long, value_name = "N", default_value_t = 32, requires = "sheet")]
+    sheet_count: usize,
+    /// The RGB image field of the contact sheet (with --sheet; default:
+    /// the file's first).
+    #[arg(long, value_name = "NAME", requires = "sheet")]
+    sheet_field: Option<String>,
 }
 
 /// Runs `braid data`.
@@ -110,6 +136,7 @@ pub fn run(a: DataArgs) -> Result<i32, String> {
     match a.what {
         DataCommand::Write(w) => write(w),
         DataCommand::Inspect(i) => inspect(i),
+        DataCommand::Load(l) => super::data_load::run(l),
     }
 }
 
@@ -181,6 +208,7 @@ fn write(mut a: WriteArgs) -> Result<i32, String> {
             max_resolution: a.max_resolution,
             quality: a.quality,
             seed: a.seed,
+            exact_resize: a.exact_resize,
         };
         convert::write_images(&a.output, &folder, &opts, a.page_size, &mut |d, n| {
             bar.show(d, n)
@@ -253,6 +281,26 @@ impl Bar {
 
 fn inspect(a: InspectArgs) -> Result<i32, String> {
     let b = Beton::open(&a.file)?;
+    if let Some(out) = &a.sheet {
+        let opts = sheet::SheetOptions {
+            field: a.sheet_field.as_deref(),
+            count: a.sheet_count,
+            columns: 8,
+        };
+        let s = sheet::build(&b, &opts)?;
+        write_png(out, &s)?;
+        println!(
+            "wrote {}: {} images of field '{}', {} x {} grid, {}x{} pixels",
+            out.display(),
+            s.images,
+            s.field,
+            s.columns,
+            s.rows,
+            s.width,
+            s.height
+        );
+        return Ok(0);
+    }
     let n = match a.samples.as_str() {
         "all" => b.len(),
         s => s
@@ -299,6 +347,35 @@ fn inspect(a: InspectArgs) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// Writes `s` to `out` as an 8-bit RGB PNG, atomically: under a
+/// temporary name beside it, synced, then renamed over it.
+fn write_png(out: &Path, s: &sheet::Sheet) -> Result<(), String> {
+    let name = out
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file name", out.display()))?
+        .to_string_lossy();
+    let temp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let write = || -> Result<(), String> {
+        let what = |e: &dyn std::fmt::Display| format!("writing {}: {e}", temp.display());
+        let file = std::fs::File::create(&temp)
+            .map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
+        let mut buf = std::io::BufWriter::new(file);
+        let mut enc = png::Encoder::new(&mut buf, s.width as u32, s.height as u32);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().map_err(|e| what(&e))?;
+        w.write_image_data(&s.rgb).map_err(|e| what(&e))?;
+        w.finish().map_err(|e| what(&e))?;
+        let file = buf.into_inner().map_err(|e| what(&e.into_error()))?;
+        file.sync_all().map_err(|e| what(&e))?;
+        std::fs::rename(&temp, out)
+            .map_err(|e| format!("renaming {} to {}: {e}", temp.display(), out.display()))
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&temp);
+    })
 }
 
 /// Payload bytes of field `f` over the file, and for images how many

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_gpu;
 pub mod ckpt;
 pub mod data;
+pub mod data_load;
 pub mod doctor;
 pub mod generate;
 pub mod kernels;

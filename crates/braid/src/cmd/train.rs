@@ -8,6 +8,8 @@ use super::train_output::{print_state, print_summary, write_json, Progress};
 use super::train_strategy::{distributed, zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
+use braid_data::loader::WindowSource;
+use braid_data::token_beton::BetonTokens;
 use braid_data::tokens::{Dataset, Source, Tokenizer};
 use braid_model::checkpoint;
 use braid_model::footprint::Sharding;
@@ -32,7 +34,7 @@ pub struct TrainArgs {
     /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
     #[arg(long, default_value = "tiny")]
     model: String,
-    /// synthetic, random (uniform tokens, for throughput), a UTF-8 text file, or u16 token shards (.bin file or directory).
+    /// synthetic, random (uniform tokens, for throughput), a UTF-8 text file, u16 token shards (.bin file or directory), or a .beton file of token windows (braid data write --tokens).
     #[arg(long, default_value = "synthetic")]
     data: String,
     /// bytes or gpt2 (default: bytes for a 256-token vocabulary, else gpt2).
@@ -462,10 +464,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let cfg = params.layout.config;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
-    let source = Source::parse(&a.data)?;
-    let data = Dataset::load(&source, tokenizer, a.seed)?;
-    check_fits(&cfg, a.seq, &data)?;
-    let mut loader = TokenWindows::new(&data, batch, a.seq, rank, ranks, a.seed)?;
+    let (data, data_desc) = open_data(&a.data, tokenizer, a.seq, a.seed)?;
+    check_fits(&cfg, a.seq, &*data)?;
+    let mut loader = TokenWindows::new(&*data, batch, a.seq, rank, ranks, a.seed)?;
     let opts = LoopOptions {
         steps: a.steps,
         accum: a.accum,
@@ -484,7 +485,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     if lead {
         println!(
-            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({} tokens, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
+            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({}, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
             a.model,
             cfg.n_layer,
             cfg.n_head,
@@ -493,7 +494,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cfg.context,
             cfg.num_params() as f64 / 1e6,
             a.data,
-            data.len(),
+            data_desc,
             tokenizer.name(),
             batch,
             a.seq,
@@ -789,6 +790,38 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The training data: a `.beton` file's token windows, or a token
+/// dataset (synthetic, random, text, shards) loaded into memory; and how
+/// to describe it.
+fn open_data(
+    data: &str,
+    tokenizer: Tokenizer,
+    seq: usize,
+    seed: u64,
+) -> Result<(Box<dyn WindowSource>, String), String> {
+    let path = std::path::Path::new(data);
+    if path.extension().is_some_and(|e| e == "beton") {
+        let b = BetonTokens::open(path, None)?;
+        let desc = format!(
+            "{} training and {} held-out windows of {} tokens, memory-mapped",
+            b.windows(seq, false),
+            b.windows(seq, true),
+            b.window_len() - 1
+        );
+        if b.window_len() < seq + 1 {
+            return Err(format!(
+                "{data}: its windows hold {} tokens; --seq {seq} needs more: use --seq {} or less, or rewrite it with braid data write --seq {seq}",
+                b.window_len() - 1,
+                b.window_len() - 1
+            ));
+        }
+        return Ok((Box::new(b), desc));
+    }
+    let d = Dataset::load(&Source::parse(data)?, tokenizer, seed)?;
+    let desc = format!("{} tokens", d.len());
+    Ok((Box::new(d), desc))
 }
 
 /// The loop with `strategy`, progress printed by the lead rank;

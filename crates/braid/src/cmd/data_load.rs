@@ -1,0 +1,392 @@
+//! `braid data load`: reads a `.beton` image dataset through braid's image
+//! loader for a few epochs (random-resized-crop, flip, the chosen output
+//! form) and prints images/s per epoch — the loader's benchmark, set up
+//! like `ffcv_loader_bench.py`'s FFCV and PyTorch runs so that the three
+//! compare. Every epoch is checked: each sample of this rank's share
+//! exactly once, labels present, pixels not blank. With `--device cuda`
+//! batches are made in page-locked memory and copied to the GPU
+//! asynchronously.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use braid_data::augment::{Augment, Crop, Layout, Pixels};
+use braid_data::images::{Cache, HostBuffer, ImageBatch, ImageLoader, ImageLoaderOptions};
+use braid_data::order::Order;
+use clap::Args;
+
+/// `braid data load`.
+#[derive(Args)]
+pub struct LoadArgs {
+    /// The .beton file (an RGB image field, and an int label field).
+    file: PathBuf,
+    /// Output side in pixels (square; --width/--height for others).
+    #[arg(long, default_value_t = 160)]
+    res: usize,
+    /// Output width (default --res).
+    #[arg(long)]
+    width: Option<usize>,
+    /// Output height (default --res).
+    #[arg(long)]
+    height: Option<usize>,
+    /// Images per batch.
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// Epochs to read (images/s: the best after the first, as the peers
+    /// report it).
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Loader threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Batches made ahead (default: 2 per thread).
+    #[arg(long)]
+    prefetch: Option<usize>,
+    /// sequential, random or quasi-random.
+    #[arg(long, default_value = "quasi-random")]
+    order: String,
+    /// os (memory-mapped, shared by the node's processes) or process
+    /// (pages read into a bounded pool).
+    #[arg(long, default_value = "os", value_parser = ["os", "process"])]
+    cache: String,
+    /// Pages in the process cache (default: the order's window plus two
+    /// per thread).
+    #[arg(long)]
+    cache_pages: Option<usize>,
+    /// random-resized (torchvision's RandomResizedCrop) or center (224/256
+    /// of the shorter side).
+    #[arg(long, default_value = "random-resized", value_parser = ["random-resized", "center"])]
+    crop: String,
+    /// No random horizontal flip.
+    #[arg(long)]
+    no_flip: bool,
+    /// u8, or bf16 normalised with ImageNet's mean and std.
+    #[arg(long, default_value = "u8", value_parser = ["u8", "bf16"])]
+    dtype: String,
+    /// nhwc (FFCV's memory order) or nchw.
+    #[arg(long, default_value = "nhwc", value_parser = ["nhwc", "nchw"])]
+    layout: String,
+    /// The image field.
+    #[arg(long, default_value = "image")]
+    image_field: String,
+    /// The label field (`none`: no labels).
+    #[arg(long, default_value = "label")]
+    label_field: String,
+    /// Seed of the order and the augmentations.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// This rank (of --ranks) for a distributed share (default: RANK
+    /// from `braid launch`, else 0).
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Ranks sharing each global batch (default: WORLD_SIZE from `braid
+    /// launch`, else 1).
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Write each epoch's samples, batch by batch, to
+    /// DIR/samples-rank<R>.txt (to check what each rank read).
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// Drop the incomplete last global batch.
+    #[arg(long)]
+    drop_last: bool,
+    /// cpu, or cuda: batches in page-locked memory, copied to GPU 0.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// Print one JSON object at the end.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `braid data load`.
+pub fn run(a: LoadArgs) -> Result<i32, String> {
+    let env = |k: &str| -> Result<Option<usize>, String> {
+        std::env::var(k)
+            .ok()
+            .map(|v| v.parse().map_err(|_| format!("{k}={v:?} is not a number")))
+            .transpose()
+    };
+    let rank = match a.rank {
+        Some(r) => r,
+        None => env("RANK")?.unwrap_or(0),
+    };
+    let ranks = match a.ranks {
+        Some(r) => r,
+        None => env("WORLD_SIZE")?.unwrap_or(1),
+    };
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let augment = Augment {
+        crop: if a.crop == "center" {
+            Crop::Center {
+                ratio: 224.0 / 256.0,
+            }
+        } else {
+            Crop::RANDOM_RESIZED
+        },
+        width: a.width.unwrap_or(a.res),
+        height: a.height.unwrap_or(a.res),
+        flip: !a.no_flip,
+        pixels: if a.dtype == "bf16" {
+            Pixels::IMAGENET_BF16
+        } else {
+            Pixels::U8
+        },
+        layout: if a.layout == "nchw" {
+            Layout::Nchw
+        } else {
+            Layout::Nhwc
+        },
+    };
+    let mut o = ImageLoaderOptions::new(a.batch, augment);
+    o.image_field = a.image_field.clone();
+    o.label_field = (a.label_field != "none").then(|| a.label_field.clone());
+    o.order = Order::parse(&a.order)?;
+    o.seed = a.seed;
+    o.rank = rank;
+    o.ranks = ranks;
+    o.drop_last = a.drop_last;
+    o.threads = threads;
+    o.prefetch = a.prefetch.unwrap_or(2 * threads);
+    o.cache = if a.cache == "process" {
+        Cache::Process {
+            pages: a.cache_pages.unwrap_or(0),
+        }
+    } else {
+        Cache::Os
+    };
+    let mut loader = ImageLoader::open(&a.file, o)?;
+    let gpu = if a.device == "cuda" {
+        Some(Gpu::open(&mut loader, a.batch * augment.sample_bytes())?)
+    } else {
+        None
+    };
+    eprintln!(
+        "loading {}: {} samples, {} batches of {} per epoch on rank {} of {}, {}x{} {} {}, {} threads, {} cache{}",
+        a.file.display(),
+        loader.samples(),
+        loader.batches_per_epoch(),
+        a.batch,
+        rank,
+        ranks,
+        augment.width,
+        augment.height,
+        a.dtype,
+        a.layout,
+        threads,
+        a.cache,
+        if gpu.is_some() { ", copied to GPU 0" } else { "" }
+    );
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut record = String::new();
+    let mut rates = Vec::new();
+    for e in 0..a.epochs {
+        let t = Instant::now();
+        let mut check = EpochCheck::new(loader.samples());
+        let mut batches = loader.epoch();
+        let total = batches.total();
+        let mut k = 0;
+        let mut line = format!("epoch {e} batches {total}:");
+        while let Some(b) = batches.next() {
+            let b = b?;
+            if a.record.is_some() {
+                line.push_str(" |");
+                for s in &b.samples {
+                    line.push_str(&format!(" {s}"));
+                }
+            }
+            check.add(&b, augment.sample_bytes())?;
+            if let Some(g) = &gpu {
+                g.copy(&b)?;
+            }
+            batches.recycle(b);
+            k += 1;
+            if tty && (k % 16 == 0 || k == total) {
+                progress(e, k, total, check.images, t.elapsed());
+            }
+        }
+        drop(batches);
+        let secs = t.elapsed().as_secs_f64();
+        record.push_str(&line);
+        record.push('\n');
+        check.finish(ranks, a.drop_last)?;
+        let rate = check.images as f64 / secs;
+        eprintln!(
+            "{}  epoch {e}: {} images, {rate:.0} images/s, {:.2} s, mean first byte {:.1}{}",
+            if tty { "\r" } else { "" },
+            check.images,
+            secs,
+            check.mean_first_byte(),
+            loader
+                .page_loads()
+                .map(|l| format!(", {l} page reads so far"))
+                .unwrap_or_default()
+        );
+        rates.push(rate);
+    }
+    if let Some(dir) = &a.record {
+        let path = dir.join(format!("samples-rank{rank}.txt"));
+        std::fs::create_dir_all(dir)
+            .and_then(|_| std::fs::write(&path, &record))
+            .map_err(|e| format!("--record: {}: {e}", path.display()))?;
+    }
+    let best = rates
+        .iter()
+        .skip(if rates.len() > 1 { 1 } else { 0 })
+        .fold(0.0f64, |m, &r| m.max(r));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "peer": "braid", "images_per_s": best.round(), "epochs": a.epochs,
+                "threads": threads, "width": augment.width, "height": augment.height,
+                "cache": a.cache, "device": a.device, "per_epoch": rates,
+                "cache_bound_bytes": loader.cache_bound().map(|b| b.0),
+            })
+        );
+    } else {
+        println!(
+            "braid images/s {best:.0} epochs {} workers {threads} res {} os_cache {}",
+            a.epochs,
+            augment.width,
+            (a.cache == "os") as u8
+        );
+    }
+    Ok(0)
+}
+
+fn progress(epoch: u64, k: usize, total: usize, images: usize, t: Duration) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr();
+    let _ = write!(
+        err,
+        "\r  epoch {epoch}: batch {k}/{total}, {:.0} images/s   ",
+        images as f64 / t.as_secs_f64().max(1e-9)
+    );
+    let _ = err.flush();
+}
+
+/// What one epoch must hold.
+struct EpochCheck {
+    seen: Vec<bool>,
+    images: usize,
+    first_bytes: u64,
+}
+
+impl EpochCheck {
+    fn new(samples: usize) -> EpochCheck {
+        EpochCheck {
+            seen: vec![false; samples],
+            images: 0,
+            first_bytes: 0,
+        }
+    }
+
+    fn add(&mut self, b: &ImageBatch, sample_bytes: usize) -> Result<(), String> {
+        if !b.labels.is_empty() && b.labels.len() != b.len() {
+            return Err(format!(
+                "batch {}: {} labels for {} images",
+                b.index,
+                b.labels.len(),
+                b.len()
+            ));
+        }
+        if b.pixels().len() != b.len() * sample_bytes {
+            return Err(format!(
+                "batch {}: {} bytes for {} images",
+                b.index,
+                b.pixels().len(),
+                b.len()
+            ));
+        }
+        for &s in &b.samples {
+            if std::mem::replace(&mut self.seen[s], true) {
+                return Err(format!("sample {s} came twice in epoch {}", b.epoch));
+            }
+        }
+        self.images += b.len();
+        self.first_bytes += b
+            .pixels()
+            .chunks(sample_bytes)
+            .map(|c| c[0] as u64)
+            .sum::<u64>();
+        Ok(())
+    }
+
+    fn mean_first_byte(&self) -> f64 {
+        self.first_bytes as f64 / self.images.max(1) as f64
+    }
+
+    fn finish(&self, ranks: usize, drop_last: bool) -> Result<(), String> {
+        let n = self.seen.len();
+        if ranks == 1 && !drop_last && self.images != n {
+            return Err(format!("an epoch read {} of {n} samples", self.images));
+        }
+        if self.images > 0 && self.first_bytes == 0 {
+            return Err("every image's first byte was 0: the loader made blank images".into());
+        }
+        Ok(())
+    }
+}
+
+/// Page-locked batch buffers and the copy of each batch to GPU 0.
+struct Gpu {
+    device: braid_cuda::Device,
+    stream: braid_cuda::Stream,
+    target: std::cell::RefCell<braid_cuda::DeviceBuffer<u8>>,
+}
+
+struct PinnedBatch(braid_cuda::PinnedBuffer<u8>);
+
+impl HostBuffer for PinnedBatch {
+    fn bytes(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Gpu {
+    fn open(loader: &mut ImageLoader, batch_bytes: usize) -> Result<Gpu, String> {
+        let device = braid_cuda::Device::open(0).map_err(|e| format!("--device cuda: {e}"))?;
+        let stream = braid_cuda::Stream::new(&device).map_err(|e| e.to_string())?;
+        let target = braid_cuda::DeviceBuffer::<u8>::zeros(&device, batch_bytes)
+            .map_err(|e| e.to_string())?;
+        let d = device.clone();
+        loader.set_allocator(Box::new(move |n| {
+            braid_cuda::PinnedBuffer::<u8>::zeros(&d, n)
+                .map(|p| Box::new(PinnedBatch(p)) as Box<dyn HostBuffer>)
+                .map_err(|e| format!("page-locked batch buffer of {n} bytes: {e}"))
+        }));
+        Ok(Gpu {
+            device,
+            stream,
+            target: std::cell::RefCell::new(target),
+        })
+    }
+
+    /// Copies the batch to the GPU (asynchronously on the loader's
+    /// stream; waited for before its buffer is reused).
+    fn copy(&self, b: &ImageBatch) -> Result<(), String> {
+        let pinned = b
+            .buffer
+            .as_any()
+            .downcast_ref::<PinnedBatch>()
+            .ok_or("a batch not in page-locked memory")?;
+        let mut target = self.target.borrow_mut();
+        let n = b.pixels().len();
+        let mut view = target.view_mut(0..n);
+        pinned
+            .0
+            .copy_out_async(0, &mut view, &self.stream)
+            .map_err(|e| format!("copying batch {} to the GPU: {e}", b.index))?;
+        self.stream.synchronize().map_err(|e| e.to_string())?;
+        let _ = &self.device;
+        Ok(())
+    }
+}
