@@ -138,6 +138,12 @@ struct decode_job {
   unsigned scale_denom, crop_x, crop_y, crop_w, crop_h;
   unsigned char *out;
   size_t out_capacity;
+  /* Wide mode: rows are written as libjpeg decodes them (the window
+   * widened to its iMCU columns, `row_w` pixels from column `row_x` of
+   * the scaled image), with no copy; `crop_x - row_x` is where the asked
+   * window starts in each row. */
+  int wide;
+  unsigned row_x, row_w;
 };
 
 static int decode_fail(struct decode_job *job, const char *text) {
@@ -182,7 +188,8 @@ static int decode_run(struct decode_job *job) {
              cinfo->image_width, cinfo->image_height, job->scale_denom);
     return decode_fail(job, text);
   }
-  stride = (size_t)job->crop_w * 3;
+  /* (Wide mode: rows may be as wide as the scaled image.) */
+  stride = (size_t)(job->wide ? out_w : job->crop_w) * 3;
   if ((uint64_t)job->crop_h * stride > job->out_capacity) {
     snprintf(text, sizeof text,
              "output buffer holds %zu bytes; a %ux%u RGB crop needs %llu",
@@ -217,10 +224,15 @@ static int decode_run(struct decode_job *job) {
       jpeg_skip_scanlines(cinfo, job->crop_y) != job->crop_y)
     return decode_fail(job, "JPEG data ended before the crop's first row");
 
-  /* Full-width windows are read straight into `out`; others through one
-   * row of libjpeg's (freed with the decompress object). */
+  /* Full-width windows, and every window in wide mode, are read straight
+   * into `out`; others through one row of libjpeg's (freed with the
+   * decompress object). */
   line = NULL;
-  if (cw != job->crop_w)
+  if (job->wide) {
+    stride = (size_t)cw * 3;
+    job->row_x = xoff;
+    job->row_w = cw;
+  } else if (cw != job->crop_w)
     line = (*cinfo->mem->alloc_sarray)((j_common_ptr)cinfo, JPOOL_IMAGE,
                                        cw * 3, 1);
   for (row = 0; row < job->crop_h; row++) {
@@ -243,11 +255,38 @@ static int decode_run(struct decode_job *job) {
   return 0;
 }
 
+static int decode_any(const unsigned char *buf, size_t len,
+                      unsigned scale_denom, unsigned crop_x, unsigned crop_y,
+                      unsigned crop_w, unsigned crop_h, unsigned char *out,
+                      size_t out_capacity, int wide, unsigned *row_x,
+                      unsigned *row_w, char *err, size_t errlen);
+
 int braid_jpeg_decode(const unsigned char *buf, size_t len,
                       unsigned scale_denom, unsigned crop_x, unsigned crop_y,
                       unsigned crop_w, unsigned crop_h, unsigned char *out,
                       size_t out_capacity, char *err, size_t errlen) {
+  unsigned rx, rw;
+  return decode_any(buf, len, scale_denom, crop_x, crop_y, crop_w, crop_h,
+                    out, out_capacity, 0, &rx, &rw, err, errlen);
+}
+
+int braid_jpeg_decode_wide(const unsigned char *buf, size_t len,
+                           unsigned scale_denom, unsigned crop_x,
+                           unsigned crop_y, unsigned crop_w, unsigned crop_h,
+                           unsigned char *out, size_t out_capacity,
+                           unsigned *row_x, unsigned *row_w, char *err,
+                           size_t errlen) {
+  return decode_any(buf, len, scale_denom, crop_x, crop_y, crop_w, crop_h,
+                    out, out_capacity, 1, row_x, row_w, err, errlen);
+}
+
+static int decode_any(const unsigned char *buf, size_t len,
+                      unsigned scale_denom, unsigned crop_x, unsigned crop_y,
+                      unsigned crop_w, unsigned crop_h, unsigned char *out,
+                      size_t out_capacity, int wide, unsigned *row_x,
+                      unsigned *row_w, char *err, size_t errlen) {
   struct decode_job job;
+  int rc;
   char text[128];
   memset(&job, 0, sizeof job);
   init_err(&job.err, err, errlen);
@@ -273,7 +312,13 @@ int braid_jpeg_decode(const unsigned char *buf, size_t len,
   job.crop_h = crop_h;
   job.out = out;
   job.out_capacity = out_capacity;
-  return decode_run(&job);
+  job.wide = wide;
+  job.row_x = crop_x;
+  job.row_w = crop_w;
+  rc = decode_run(&job);
+  *row_x = job.row_x;
+  *row_w = job.row_w;
+  return rc;
 }
 
 /* ---------------------------------------------------------------------- */

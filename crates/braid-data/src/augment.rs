@@ -259,7 +259,10 @@ impl Augment {
             }
             ImageMode::Jpeg => {
                 let (d, sw) = decode_scale(iw, ih, win, ow, oh);
-                let len = sw.w * sw.h * 3;
+                // Rows as libjpeg leaves them (up to the scaled image's
+                // width), so no row is copied before the resize reads it.
+                let scaled_w = iw.div_ceil(d as usize);
+                let len = sw.h * scaled_w * 3;
                 if scratch.decoded.len() < len {
                     let extra = len - scratch.decoded.len();
                     scratch.decoded.try_reserve(extra).map_err(|_| {
@@ -270,7 +273,7 @@ impl Augment {
                     })?;
                     scratch.decoded.resize(len, 0);
                 }
-                jpeg::decode_crop(
+                let (row_x, row_w) = jpeg::decode_crop_wide(
                     img.data,
                     d,
                     sw.x as u32,
@@ -280,7 +283,19 @@ impl Augment {
                     &mut scratch.decoded,
                 )
                 .map_err(|e| format!("{e} (the file says {iw}x{ih})"))?;
-                resize_area_crop(&scratch.decoded, sw.w, sw.h, 0, 0, sw.w, sw.h, dst, ow, oh);
+                let (row_x, row_w) = (row_x as usize, row_w as usize);
+                resize_area_crop(
+                    &scratch.decoded,
+                    row_w,
+                    sw.h,
+                    sw.x - row_x,
+                    0,
+                    sw.w,
+                    sw.h,
+                    dst,
+                    ow,
+                    oh,
+                );
             }
         }
         if flip {

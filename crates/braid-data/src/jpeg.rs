@@ -97,6 +97,34 @@ pub fn decode_crop(
     ffi::decode(jpeg, scale_denom, x, y, w, h, out)
 }
 
+/// [`decode_crop`] without its last copy: each row of the window is left
+/// where libjpeg decodes it, `row_w` pixels wide from column `row_x` of
+/// the scaled image (the window widened to whole iMCU columns and a pixel
+/// either side, `row_x <= x`), so the asked window starts at column
+/// `x - row_x` of each of the `h` rows, `row_w × 3` bytes apart. `out`
+/// must hold `h × (scaled width) × 3` bytes, the most a row can take.
+/// Returns `(row_x, row_w)`; the window's pixels equal
+/// [`decode_crop`]'s.
+pub fn decode_crop_wide(
+    jpeg: &[u8],
+    scale_denom: u32,
+    x: u32,
+    y: u32,
+    w: u32,
+    h: u32,
+    out: &mut [u8],
+) -> Result<(u32, u32), String> {
+    if !matches!(scale_denom, 1 | 2 | 4 | 8) {
+        return Err(format!(
+            "JPEG scale 1/{scale_denom} asked for; it must be 1/1, 1/2, 1/4 or 1/8"
+        ));
+    }
+    // SAFETY: as in `decode_crop`: same layout, only ever written with
+    // initialised bytes.
+    let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    ffi::decode_wide(jpeg, scale_denom, x, y, w, h, out)
+}
+
 /// The size of a `width` × `height` image decoded at 1/`denom` scale:
 /// libjpeg's rule, each side divided and rounded up.
 ///
@@ -159,6 +187,21 @@ mod ffi {
             crop_h: c_uint,
             out: *mut u8,
             out_capacity: usize,
+            err: *mut c_char,
+            errlen: usize,
+        ) -> c_int;
+        fn braid_jpeg_decode_wide(
+            buf: *const u8,
+            len: usize,
+            scale_denom: c_uint,
+            crop_x: c_uint,
+            crop_y: c_uint,
+            crop_w: c_uint,
+            crop_h: c_uint,
+            out: *mut u8,
+            out_capacity: usize,
+            row_x: *mut c_uint,
+            row_w: *mut c_uint,
             err: *mut c_char,
             errlen: usize,
         ) -> c_int;
@@ -249,6 +292,43 @@ mod ffi {
         Ok(())
     }
 
+    pub fn decode_wide(
+        jpeg: &[u8],
+        scale_denom: u32,
+        x: u32,
+        y: u32,
+        w: u32,
+        h: u32,
+        out: &mut [MaybeUninit<u8>],
+    ) -> Result<(u32, u32), String> {
+        let mut err = [0 as c_char; ERR_LEN];
+        let (mut row_x, mut row_w) = (0, 0);
+        // SAFETY: as in `decode`: the shim checks `h × scaled width × 3`
+        // against `out.len()` before writing any byte and only writes;
+        // `row_x`, `row_w` and `err` are live locals written in bounds.
+        let rc = unsafe {
+            braid_jpeg_decode_wide(
+                jpeg.as_ptr(),
+                jpeg.len(),
+                scale_denom,
+                x,
+                y,
+                w,
+                h,
+                out.as_mut_ptr().cast::<u8>(),
+                out.len(),
+                &mut row_x,
+                &mut row_w,
+                err.as_mut_ptr(),
+                ERR_LEN,
+            )
+        };
+        if rc != 0 {
+            return Err(format!("cannot decode JPEG: {}", message(&err)));
+        }
+        Ok((row_x, row_w))
+    }
+
     pub fn encode(rgb: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, String> {
         let mut ptr: *mut u8 = std::ptr::null_mut();
         let mut len = 0usize;
@@ -307,6 +387,18 @@ mod ffi {
         _h: u32,
         _out: &mut [MaybeUninit<u8>],
     ) -> Result<(), String> {
+        Err(OFF.to_string())
+    }
+
+    pub fn decode_wide(
+        _jpeg: &[u8],
+        _scale_denom: u32,
+        _x: u32,
+        _y: u32,
+        _w: u32,
+        _h: u32,
+        _out: &mut [MaybeUninit<u8>],
+    ) -> Result<(u32, u32), String> {
         Err(OFF.to_string())
     }
 

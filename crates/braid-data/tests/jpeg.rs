@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use braid_data::beton::{Beton, ImageMode, Value};
-use braid_data::jpeg::{decode, decode_crop, encode, info, scaled_size};
+use braid_data::jpeg::{decode, decode_crop, decode_crop_wide, encode, info, scaled_size};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -290,6 +290,18 @@ fn windows_equal_the_full_decodes() {
             assert!(
                 n == 0,
                 "{name}: window {w}x{h} at ({x}, {y}): {n} bytes differ, by up to {m}"
+            );
+            // The same window left in libjpeg's wider rows.
+            let mut wide = vec![0u8; (inf.width * h * 3) as usize];
+            let (rx, rw) = decode_crop_wide(&jpeg, 1, x, y, w, h, &mut wide).unwrap();
+            assert!(
+                rx <= x && x + w <= rx + rw && rx + rw <= inf.width,
+                "{name}: row {rx}+{rw} for {x}+{w}"
+            );
+            assert_eq!(
+                window(&wide, rw, x - rx, 0, w, h),
+                want,
+                "{name}: wide window {w}x{h} at ({x}, {y})"
             );
             crops += 1;
         }
