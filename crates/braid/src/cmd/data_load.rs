@@ -197,14 +197,23 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
                 }
             }
             check.add(&b, augment.sample_bytes())?;
-            if let Some(g) = &gpu {
-                g.copy(&b)?;
+            match &gpu {
+                // The copy runs while the next batch is taken; the batch's
+                // buffer is reused only once its copy has finished.
+                Some(g) => {
+                    if let Some(done) = g.copy(b)? {
+                        batches.recycle(done);
+                    }
+                }
+                None => batches.recycle(b),
             }
-            batches.recycle(b);
             k += 1;
             if tty && (k % 16 == 0 || k == total) {
                 progress(e, k, total, check.images, t.elapsed());
             }
+        }
+        if let Some(done) = gpu.as_ref().map(|g| g.finish()).transpose()?.flatten() {
+            batches.recycle(done);
         }
         drop(batches);
         let secs = t.elapsed().as_secs_f64();
@@ -330,11 +339,15 @@ impl EpochCheck {
     }
 }
 
-/// Page-locked batch buffers and the copy of each batch to GPU 0.
+/// Page-locked batch buffers and the copy of each batch to GPU 0: two
+/// device buffers used in turn, so that one batch's copy overlaps the
+/// hand-off of the next.
 struct Gpu {
-    device: braid_cuda::Device,
     stream: braid_cuda::Stream,
-    target: std::cell::RefCell<braid_cuda::DeviceBuffer<u8>>,
+    targets: [std::cell::RefCell<braid_cuda::DeviceBuffer<u8>>; 2],
+    /// The batch whose copy was queued last, and its copy's event.
+    in_flight: std::cell::RefCell<Option<(ImageBatch, braid_cuda::Event)>>,
+    turn: std::cell::Cell<usize>,
 }
 
 struct PinnedBatch(braid_cuda::PinnedBuffer<u8>);
@@ -351,12 +364,20 @@ impl HostBuffer for PinnedBatch {
     }
 }
 
+fn cuda(e: braid_cuda::CudaError) -> String {
+    format!("--device cuda: {e}")
+}
+
 impl Gpu {
     fn open(loader: &mut ImageLoader, batch_bytes: usize) -> Result<Gpu, String> {
-        let device = braid_cuda::Device::open(0).map_err(|e| format!("--device cuda: {e}"))?;
-        let stream = braid_cuda::Stream::new(&device).map_err(|e| e.to_string())?;
-        let target = braid_cuda::DeviceBuffer::<u8>::zeros(&device, batch_bytes)
-            .map_err(|e| e.to_string())?;
+        let device = braid_cuda::Device::open(0).map_err(cuda)?;
+        let stream = braid_cuda::Stream::new(&device).map_err(cuda)?;
+        let target = || {
+            braid_cuda::DeviceBuffer::<u8>::zeros(&device, batch_bytes)
+                .map(std::cell::RefCell::new)
+                .map_err(cuda)
+        };
+        let targets = [target()?, target()?];
         let d = device.clone();
         loader.set_allocator(Box::new(move |n| {
             braid_cuda::PinnedBuffer::<u8>::zeros(&d, n)
@@ -364,29 +385,50 @@ impl Gpu {
                 .map_err(|e| format!("page-locked batch buffer of {n} bytes: {e}"))
         }));
         Ok(Gpu {
-            device,
             stream,
-            target: std::cell::RefCell::new(target),
+            targets,
+            in_flight: std::cell::RefCell::new(None),
+            turn: std::cell::Cell::new(0),
         })
     }
 
-    /// Copies the batch to the GPU (asynchronously on the loader's
-    /// stream; waited for before its buffer is reused).
-    fn copy(&self, b: &ImageBatch) -> Result<(), String> {
+    /// Queues the batch's copy to the GPU on the loader's stream, then
+    /// waits for the previous batch's copy and hands that batch back.
+    fn copy(&self, b: ImageBatch) -> Result<Option<ImageBatch>, String> {
         let pinned = b
             .buffer
             .as_any()
             .downcast_ref::<PinnedBatch>()
             .ok_or("a batch not in page-locked memory")?;
-        let mut target = self.target.borrow_mut();
+        let k = self.turn.get();
+        self.turn.set(1 - k);
+        let mut target = self.targets[k].borrow_mut();
         let n = b.pixels().len();
         let mut view = target.view_mut(0..n);
         pinned
             .0
             .copy_out_async(0, &mut view, &self.stream)
             .map_err(|e| format!("copying batch {} to the GPU: {e}", b.index))?;
-        self.stream.synchronize().map_err(|e| e.to_string())?;
-        let _ = &self.device;
-        Ok(())
+        let event = braid_cuda::Event::new(self.stream.device()).map_err(cuda)?;
+        event.record(&self.stream).map_err(cuda)?;
+        let previous = self.in_flight.borrow_mut().replace((b, event));
+        match previous {
+            Some((p, e)) => {
+                e.synchronize().map_err(cuda)?;
+                Ok(Some(p))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Waits for the last copy and hands its batch back.
+    fn finish(&self) -> Result<Option<ImageBatch>, String> {
+        match self.in_flight.borrow_mut().take() {
+            Some((b, e)) => {
+                e.synchronize().map_err(cuda)?;
+                Ok(Some(b))
+            }
+            None => Ok(None),
+        }
     }
 }
