@@ -126,6 +126,60 @@ impl PageCache {
         if let Some(b) = self.resident.get(&p) {
             return Ok(b.clone());
         }
+        let buf = self.reader().read(p)?;
+        Ok(self.insert(p, buf))
+    }
+
+    /// Sample `s`'s pages if all are resident or in `held` (pages the
+    /// caller already has), else the first that is neither (for a caller
+    /// that reads it with a [`PageReader`], outside whatever lock guards
+    /// this pool, and [`insert`](Self::insert)s it).
+    pub fn try_pin(
+        &mut self,
+        s: usize,
+        held: &[(u64, Arc<Vec<u8>>)],
+    ) -> Result<Result<Pinned, u64>, String> {
+        if s >= self.index.len() {
+            return Err(format!(
+                "{}: sample {s} of {}",
+                self.index.path,
+                self.index.len()
+            ));
+        }
+        let mut pages: Vec<(u64, Arc<Vec<u8>>)> = Vec::with_capacity(2);
+        for p in self.index.pages_of(s) {
+            if pages.iter().any(|h| h.0 == p) {
+                continue;
+            }
+            match self
+                .resident
+                .get(&p)
+                .or_else(|| held.iter().find(|h| h.0 == p).map(|h| &h.1))
+            {
+                Some(b) => pages.push((p, b.clone())),
+                None => return Ok(Err(p)),
+            }
+        }
+        Ok(Ok(Pinned { pages }))
+    }
+
+    /// Reads pages of this file without the pool.
+    pub fn reader(&self) -> PageReader {
+        PageReader {
+            file: self.file.try_clone().map_err(|e| e.to_string()),
+            path: self.index.path.clone(),
+            page_size: self.index.page_size(),
+            end: self.index.header.alloc_table_ptr,
+        }
+    }
+
+    /// Adds page `p`, read by a [`PageReader`], to the pool (evicting the
+    /// page with the fewest samples still to come when it is full), and
+    /// counts the read.
+    pub fn insert(&mut self, p: u64, buf: Vec<u8>) -> Arc<Vec<u8>> {
+        if let Some(b) = self.resident.get(&p) {
+            return b.clone();
+        }
         if self.resident.len() >= self.capacity {
             let victim = *self
                 .resident
@@ -134,20 +188,11 @@ impl PageCache {
                 .expect("a full pool has pages");
             self.resident.remove(&victim);
         }
-        let page_size = self.index.page_size();
-        let start = p * page_size;
-        // The last page may end early (at the allocation table).
-        let end = (start + page_size).min(self.index.header.alloc_table_ptr);
-        let mut buf = vec![0u8; (end - start) as usize];
-        self.file
-            .read_exact_at(&mut buf, start)
-            .map_err(|e| format!("{}: reading page {p}: {e}", self.index.path))?;
-        buf.resize(page_size as usize, 0);
         let buf = Arc::new(buf);
         self.resident.insert(p, buf.clone());
         self.loads += 1;
         self.peak = self.peak.max(self.resident.len());
-        Ok(buf)
+        buf
     }
 
     /// Pages read from the file so far.
@@ -190,5 +235,31 @@ impl Pinned {
             _ => &[],
         };
         index.value_with(s, f, payload)
+    }
+}
+
+/// Reads whole pages of a `.beton` file, independently of its pool.
+pub struct PageReader {
+    file: Result<File, String>,
+    path: String,
+    page_size: u64,
+    end: u64,
+}
+
+impl PageReader {
+    /// Page `p`: `page_size` bytes (the last page, which may end early at
+    /// the allocation table, padded with zeros).
+    pub fn read(&self, p: u64) -> Result<Vec<u8>, String> {
+        let file = self
+            .file
+            .as_ref()
+            .map_err(|e| format!("{}: reading page {p}: {e}", self.path))?;
+        let start = p * self.page_size;
+        let end = (start + self.page_size).min(self.end);
+        let mut buf = vec![0u8; end.saturating_sub(start) as usize];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|e| format!("{}: reading page {p}: {e}", self.path))?;
+        buf.resize(self.page_size as usize, 0);
+        Ok(buf)
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::augment::{sample_rng, Augment, Scratch};
 use crate::beton::{Beton, FieldType, Image, Index, Value};
-use crate::cache::PageCache;
+use crate::cache::{PageCache, PageReader, Pinned};
 use crate::order::{EpochPlan, Order};
 
 /// Where pages live while an epoch reads them.
@@ -156,18 +156,71 @@ impl ImageBatch {
     }
 }
 
+struct ProcessCache {
+    pool: Mutex<Pool>,
+    loaded: Condvar,
+    index: Index,
+    reader: PageReader,
+}
+
+struct Pool {
+    cache: PageCache,
+    loading: std::collections::HashSet<u64>,
+}
+
+impl ProcessCache {
+    /// Sample `s`'s pages, read if they are not resident: each missing
+    /// page by one worker, outside the lock, while the others wait for it.
+    fn pin(&self, s: usize, timeout: Duration) -> Result<Pinned, String> {
+        let deadline = Instant::now() + timeout;
+        let mut pool = lock(&self.pool);
+        // Pages this call read, kept even if the pool evicts them before
+        // the sample's other page is in.
+        let mut held = Vec::new();
+        loop {
+            let p = match pool.cache.try_pin(s, &held)? {
+                Ok(pinned) => return Ok(pinned),
+                Err(p) => p,
+            };
+            if pool.loading.insert(p) {
+                drop(pool);
+                let read = self.reader.read(p);
+                pool = lock(&self.pool);
+                pool.loading.remove(&p);
+                self.loaded.notify_all();
+                held.push((p, pool.cache.insert(p, read?)));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "{}: page {p} not read after {:.0} s by the loader thread reading it",
+                    self.index.path,
+                    timeout.as_secs_f64()
+                ));
+            }
+            pool = self
+                .loaded
+                .wait_timeout(pool, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
 enum Source {
     Os(Beton),
-    /// The pool, and a copy of the file's index to read values with
-    /// outside its lock.
-    Process(Box<(Mutex<PageCache>, Index)>),
+    /// The pool, a copy of the file's index to read values with outside
+    /// its lock, and the pages being read (by one worker each, outside
+    /// the lock; the others wait on the condition variable).
+    Process(Box<ProcessCache>),
 }
 
 impl Source {
     fn index(&self) -> &Index {
         match self {
             Source::Os(b) => b.index(),
-            Source::Process(p) => &p.1,
+            Source::Process(p) => &p.index,
         }
     }
 }
@@ -185,6 +238,7 @@ struct Shared {
     image: usize,
     label: Option<usize>,
     seed: u64,
+    timeout: Duration,
 }
 
 /// Batches of augmented images from a `.beton` file.
@@ -263,10 +317,16 @@ impl ImageLoader {
                 };
                 drop(beton);
                 let (index, _) = Index::open(path)?;
-                Source::Process(Box::new((
-                    Mutex::new(PageCache::open(path, capacity)?),
+                let cache = PageCache::open(path, capacity)?;
+                Source::Process(Box::new(ProcessCache {
+                    reader: cache.reader(),
+                    pool: Mutex::new(Pool {
+                        cache,
+                        loading: Default::default(),
+                    }),
+                    loaded: Condvar::new(),
                     index,
-                )))
+                }))
             }
         };
         Ok(ImageLoader {
@@ -277,6 +337,7 @@ impl ImageLoader {
                 image,
                 label,
                 seed: o.seed,
+                timeout: o.timeout,
             }),
             plan,
             next_epoch: 0,
@@ -325,9 +386,8 @@ impl ImageLoader {
         self.next_epoch += 1;
         let batches = self.plan.batches(epoch);
         if let Source::Process(p) = &self.shared.source {
-            let c = &p.0;
             let order: Vec<usize> = batches.iter().flatten().copied().collect();
-            lock(c).start_epoch(&order);
+            lock(&p.pool).cache.start_epoch(&order);
         }
         let total = batches.len();
         let state = Arc::new((
@@ -366,7 +426,7 @@ impl ImageLoader {
     pub fn page_loads(&self) -> Option<u64> {
         match &self.shared.source {
             Source::Os(_) => None,
-            Source::Process(p) => Some(lock(&p.0).loads()),
+            Source::Process(p) => Some(lock(&p.pool).cache.loads()),
         }
     }
 
@@ -376,7 +436,7 @@ impl ImageLoader {
         match &self.shared.source {
             Source::Os(_) => None,
             Source::Process(p) => {
-                let c = lock(&p.0);
+                let c = &lock(&p.pool).cache;
                 Some((c.bound_bytes(), c.peak_pages()))
             }
         }
@@ -491,8 +551,7 @@ fn make(
                 }
             }
             Source::Process(p) => {
-                let c = &p.0;
-                let pinned = lock(c).pin(s)?;
+                let pinned = p.pin(s, shared.timeout)?;
                 let img = image_of(pinned.value(index, s, shared.image)).map_err(named);
                 let done = img.and_then(|img| {
                     shared
@@ -504,7 +563,7 @@ fn make(
                     labels.push(int_of(pinned.value(index, s, l)));
                 }
                 drop(pinned);
-                lock(c).done(s);
+                lock(&p.pool).cache.done(s);
                 done?;
             }
         }
