@@ -45,8 +45,14 @@ pub fn resolve(path: &Path) -> Result<Option<PathBuf>> {
     }
     match committed(path).into_iter().max() {
         Some(step) => Ok(Some(path.join(step_dir_name(step)))),
-        None if path.is_dir() || !path.exists() => Ok(None),
-        None => Err(format!("{}: not a checkpoint directory", path.display())),
+        // One look at the path: another rank may create the directory
+        // between two (is_dir, then exists), which read as neither.
+        None => match std::fs::metadata(path) {
+            Ok(m) if m.is_dir() => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(_) => Err(format!("{}: not a checkpoint directory", path.display())),
+            Err(e) => Err(format!("{}: cannot be read: {e}", path.display())),
+        },
     }
 }
 
