@@ -3,29 +3,24 @@
 //! sheets drawn, and bad input refused with a message.
 
 use std::path::PathBuf;
-use std::process::Command;
 
+mod common;
+
+use common::TempDir;
+
+/// Runs braid with `args` (killed, and the test failed, after two
+/// minutes): whether it succeeded, its stdout and its stderr.
 fn braid(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
-        .args(args)
-        .output()
-        .expect("braid runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("braid-data-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    let mut cmd = common::braid();
+    cmd.args(args);
+    let f = common::run(cmd, std::time::Duration::from_secs(120));
+    (f.code == Some(0), f.stdout, f.stderr)
 }
 
 #[test]
 fn token_windows_are_written_and_inspected() {
-    let out = dir().join("syn.beton");
+    let tmp = TempDir::new("data-cli-tokens");
+    let out = tmp.path().join("syn.beton");
     let o = out.to_str().unwrap();
     let (ok, _, err) = braid(&[
         "data",
@@ -63,7 +58,8 @@ fn token_windows_are_written_and_inspected() {
 
 #[test]
 fn json_lines_are_written_and_bad_input_is_refused() {
-    let d = dir();
+    let tmp = TempDir::new("data-cli-jsonl");
+    let d = tmp.path().to_path_buf();
     let lines = d.join("x.jsonl");
     std::fs::write(&lines, "{\"a\": 1}\n\n[1, 2]\n").unwrap();
     let out = d.join("lines.beton");
@@ -125,7 +121,8 @@ fn json_lines_are_written_and_bad_input_is_refused() {
 
 #[test]
 fn image_folders_are_written_as_ffcv_writes_them() {
-    let d = dir().join("imgs");
+    let tmp = TempDir::new("data-cli-imgs");
+    let d = tmp.path().join("imgs");
     let root = d.join("train");
     for (c, class) in ["cat", "dog"].iter().enumerate() {
         std::fs::create_dir_all(root.join(class)).unwrap();
@@ -241,7 +238,8 @@ fn read_png(path: &std::path::Path) -> (u32, u32, Vec<u8>) {
 
 #[test]
 fn contact_sheets_show_the_first_images() {
-    let d = dir().join("sheets");
+    let tmp = TempDir::new("data-cli-sheets");
+    let d = tmp.path().join("sheets");
     std::fs::create_dir_all(&d).unwrap();
     let images = ffcv_fixture("images.beton");
     let i = images.to_str().unwrap();

@@ -6,32 +6,18 @@
 //! cache and the process cache.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::Command;
 
+mod common;
+
+use common::TempDir;
+
+/// Runs braid with `args` (killed, and the test failed, after two
+/// minutes): whether it succeeded, its stdout and its stderr.
 fn braid(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
-        .args(args)
-        .output()
-        .expect("braid runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-struct Dir(PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir(name: &str) -> Dir {
-    let d = std::env::temp_dir().join(format!("braid-data-loading-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    Dir(d)
+    let mut cmd = common::braid();
+    cmd.args(args);
+    let f = common::run(cmd, std::time::Duration::from_secs(120));
+    (f.code == Some(0), f.stdout, f.stderr)
 }
 
 fn final_loss(out: &str) -> String {
@@ -44,7 +30,7 @@ fn final_loss(out: &str) -> String {
 
 #[test]
 fn training_from_a_beton_follows_the_flat_data_it_was_written_from() {
-    let d = dir("train");
+    let d = TempDir::new("data-loading-train");
     let file = d.0.join("syn.beton");
     let f = file.to_str().unwrap();
     let (ok, _, err) = braid(&[
@@ -167,7 +153,7 @@ fn launched_ranks_read_every_sample_once_per_epoch_between_them() {
         "/../braid-data/tests/fixtures/ffcv/images.beton"
     );
     for nproc in [1usize, 2, 4] {
-        let d = dir(&format!("ranks{nproc}"));
+        let d = TempDir::new(&format!("data-loading-ranks{nproc}"));
         let rec = d.0.join("rec");
         let n = nproc.to_string();
         let (ok, _, err) = braid(&[
