@@ -255,32 +255,10 @@ static int decode_run(struct decode_job *job) {
   return 0;
 }
 
-static int decode_any(const unsigned char *buf, size_t len,
-                      unsigned scale_denom, unsigned crop_x, unsigned crop_y,
-                      unsigned crop_w, unsigned crop_h, unsigned char *out,
-                      size_t out_capacity, int wide, unsigned *row_x,
-                      unsigned *row_w, char *err, size_t errlen);
-
+/* Decodes the crop_w x crop_h window at (crop_x, crop_y) of the image
+ * scaled by 1/scale_denom into `out`: rows crop_w pixels wide, or (wide)
+ * rows as libjpeg decodes them, *row_w pixels from column *row_x. */
 int braid_jpeg_decode(const unsigned char *buf, size_t len,
-                      unsigned scale_denom, unsigned crop_x, unsigned crop_y,
-                      unsigned crop_w, unsigned crop_h, unsigned char *out,
-                      size_t out_capacity, char *err, size_t errlen) {
-  unsigned rx, rw;
-  return decode_any(buf, len, scale_denom, crop_x, crop_y, crop_w, crop_h,
-                    out, out_capacity, 0, &rx, &rw, err, errlen);
-}
-
-int braid_jpeg_decode_wide(const unsigned char *buf, size_t len,
-                           unsigned scale_denom, unsigned crop_x,
-                           unsigned crop_y, unsigned crop_w, unsigned crop_h,
-                           unsigned char *out, size_t out_capacity,
-                           unsigned *row_x, unsigned *row_w, char *err,
-                           size_t errlen) {
-  return decode_any(buf, len, scale_denom, crop_x, crop_y, crop_w, crop_h,
-                    out, out_capacity, 1, row_x, row_w, err, errlen);
-}
-
-static int decode_any(const unsigned char *buf, size_t len,
                       unsigned scale_denom, unsigned crop_x, unsigned crop_y,
                       unsigned crop_w, unsigned crop_h, unsigned char *out,
                       size_t out_capacity, int wide, unsigned *row_x,

@@ -55,6 +55,7 @@ pub fn decode(jpeg: &[u8]) -> Result<(JpegInfo, Vec<u8>), String> {
         info.width,
         info.height,
         &mut rgb.spare_capacity_mut()[..len],
+        false,
     )?;
     // SAFETY: the capacity is at least `len`, and on success the shim
     // wrote all `len` bytes (every row of the whole image).
@@ -85,16 +86,7 @@ pub fn decode_crop(
     h: u32,
     out: &mut [u8],
 ) -> Result<(), String> {
-    if !matches!(scale_denom, 1 | 2 | 4 | 8) {
-        return Err(format!(
-            "JPEG scale 1/{scale_denom} asked for; it must be 1/1, 1/2, 1/4 or 1/8"
-        ));
-    }
-    // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and the shim only
-    // ever writes initialised bytes into the slice, so `out` holds
-    // initialised bytes whenever it is used again.
-    let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
-    ffi::decode(jpeg, scale_denom, x, y, w, h, out)
+    decode_into(jpeg, scale_denom, x, y, w, h, out, false).map(|_| ())
 }
 
 /// [`decode_crop`] without its last copy: each row of the window is left
@@ -114,15 +106,31 @@ pub fn decode_crop_wide(
     h: u32,
     out: &mut [u8],
 ) -> Result<(u32, u32), String> {
+    decode_into(jpeg, scale_denom, x, y, w, h, out, true)
+}
+
+/// [`decode_crop`] (`wide` false) or [`decode_crop_wide`] (true).
+#[allow(clippy::too_many_arguments)]
+fn decode_into(
+    jpeg: &[u8],
+    scale_denom: u32,
+    x: u32,
+    y: u32,
+    w: u32,
+    h: u32,
+    out: &mut [u8],
+    wide: bool,
+) -> Result<(u32, u32), String> {
     if !matches!(scale_denom, 1 | 2 | 4 | 8) {
         return Err(format!(
             "JPEG scale 1/{scale_denom} asked for; it must be 1/1, 1/2, 1/4 or 1/8"
         ));
     }
-    // SAFETY: as in `decode_crop`: same layout, only ever written with
-    // initialised bytes.
+    // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and the shim only
+    // ever writes initialised bytes into the slice, so `out` holds
+    // initialised bytes whenever it is used again.
     let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
-    ffi::decode_wide(jpeg, scale_denom, x, y, w, h, out)
+    ffi::decode(jpeg, scale_denom, x, y, w, h, out, wide)
 }
 
 /// The size of a `width` × `height` image decoded at 1/`denom` scale:
@@ -187,19 +195,7 @@ mod ffi {
             crop_h: c_uint,
             out: *mut u8,
             out_capacity: usize,
-            err: *mut c_char,
-            errlen: usize,
-        ) -> c_int;
-        fn braid_jpeg_decode_wide(
-            buf: *const u8,
-            len: usize,
-            scale_denom: c_uint,
-            crop_x: c_uint,
-            crop_y: c_uint,
-            crop_w: c_uint,
-            crop_h: c_uint,
-            out: *mut u8,
-            out_capacity: usize,
+            wide: c_int,
             row_x: *mut c_uint,
             row_w: *mut c_uint,
             err: *mut c_char,
@@ -256,6 +252,9 @@ mod ffi {
         })
     }
 
+    /// The window's rows exactly `w` wide, or (`wide`) as libjpeg
+    /// decodes them: `(row_x, row_w)` says where they lie.
+    #[allow(clippy::too_many_arguments)]
     pub fn decode(
         jpeg: &[u8],
         scale_denom: u32,
@@ -264,13 +263,17 @@ mod ffi {
         w: u32,
         h: u32,
         out: &mut [MaybeUninit<u8>],
-    ) -> Result<(), String> {
+        wide: bool,
+    ) -> Result<(u32, u32), String> {
         let mut err = [0 as c_char; ERR_LEN];
+        let (mut row_x, mut row_w) = (0, 0);
         // SAFETY: `jpeg` is valid for `jpeg.len()` bytes and only read;
         // `out` is valid for writes of `out.len()` bytes, which the shim
-        // checks `h × w × 3` against before writing any, and it only
-        // writes (never reads) them; `err` is ERR_LEN bytes. libjpeg's
-        // errors are caught in C.
+        // checks the rows' size (`h × w × 3`, or `h × scaled width × 3`
+        // when wide) against before writing any, and it only writes
+        // (never reads) them; `row_x`, `row_w` and `err` (ERR_LEN bytes)
+        // are live locals written in bounds. libjpeg's errors are caught
+        // in C.
         let rc = unsafe {
             braid_jpeg_decode(
                 jpeg.as_ptr(),
@@ -282,41 +285,7 @@ mod ffi {
                 h,
                 out.as_mut_ptr().cast::<u8>(),
                 out.len(),
-                err.as_mut_ptr(),
-                ERR_LEN,
-            )
-        };
-        if rc != 0 {
-            return Err(format!("cannot decode JPEG: {}", message(&err)));
-        }
-        Ok(())
-    }
-
-    pub fn decode_wide(
-        jpeg: &[u8],
-        scale_denom: u32,
-        x: u32,
-        y: u32,
-        w: u32,
-        h: u32,
-        out: &mut [MaybeUninit<u8>],
-    ) -> Result<(u32, u32), String> {
-        let mut err = [0 as c_char; ERR_LEN];
-        let (mut row_x, mut row_w) = (0, 0);
-        // SAFETY: as in `decode`: the shim checks `h × scaled width × 3`
-        // against `out.len()` before writing any byte and only writes;
-        // `row_x`, `row_w` and `err` are live locals written in bounds.
-        let rc = unsafe {
-            braid_jpeg_decode_wide(
-                jpeg.as_ptr(),
-                jpeg.len(),
-                scale_denom,
-                x,
-                y,
-                w,
-                h,
-                out.as_mut_ptr().cast::<u8>(),
-                out.len(),
+                wide as c_int,
                 &mut row_x,
                 &mut row_w,
                 err.as_mut_ptr(),
@@ -378,6 +347,7 @@ mod ffi {
         Err(OFF.to_string())
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn decode(
         _jpeg: &[u8],
         _scale_denom: u32,
@@ -386,18 +356,7 @@ mod ffi {
         _w: u32,
         _h: u32,
         _out: &mut [MaybeUninit<u8>],
-    ) -> Result<(), String> {
-        Err(OFF.to_string())
-    }
-
-    pub fn decode_wide(
-        _jpeg: &[u8],
-        _scale_denom: u32,
-        _x: u32,
-        _y: u32,
-        _w: u32,
-        _h: u32,
-        _out: &mut [MaybeUninit<u8>],
+        _wide: bool,
     ) -> Result<(u32, u32), String> {
         Err(OFF.to_string())
     }
