@@ -19,8 +19,8 @@ use crate::beton::{Index, Value};
 
 /// Pages read into memory as an epoch's order needs them.
 pub struct PageCache {
-    index: Index,
-    file: File,
+    index: Arc<Index>,
+    reader: PageReader,
     capacity: usize,
     resident: HashMap<u64, Arc<Vec<u8>>>,
     /// Samples of the current epoch still to come, per page.
@@ -33,12 +33,27 @@ impl PageCache {
     /// Opens `path` with room for `capacity` pages.
     pub fn open(path: &Path, capacity: usize) -> Result<PageCache, String> {
         let (index, file) = Index::open(path)?;
+        PageCache::from_index(Arc::new(index), file, capacity)
+    }
+
+    /// A pool over `file`, whose checked index is `index` (from
+    /// [`Index::open`]).
+    pub(crate) fn from_index(
+        index: Arc<Index>,
+        file: File,
+        capacity: usize,
+    ) -> Result<PageCache, String> {
         if capacity == 0 {
             return Err("a process cache needs room for at least one page".into());
         }
         Ok(PageCache {
+            reader: PageReader {
+                file: Arc::new(file),
+                path: index.path.clone(),
+                page_size: index.page_size(),
+                end: index.header.alloc_table_ptr,
+            },
             index,
-            file,
             capacity,
             resident: HashMap::new(),
             remaining: HashMap::new(),
@@ -87,20 +102,16 @@ impl PageCache {
     /// once, up to `capacity + k × pages per sample` are resident). Call
     /// [`done`](Self::done) when the sample has been used.
     pub fn pin(&mut self, s: usize) -> Result<Pinned, String> {
-        if s >= self.index.len() {
-            return Err(format!(
-                "{}: sample {s} of {}",
-                self.index.path,
-                self.index.len()
-            ));
-        }
-        let mut pages: Vec<(u64, Arc<Vec<u8>>)> = Vec::with_capacity(2);
-        for p in self.index.pages_of(s).collect::<Vec<_>>() {
-            if !pages.iter().any(|h| h.0 == p) {
-                pages.push((p, self.page(p)?));
+        let mut held = Vec::new();
+        loop {
+            match self.try_pin(s, &held)? {
+                Ok(pinned) => return Ok(pinned),
+                Err(p) => {
+                    let buf = self.reader.read(p)?;
+                    held.push((p, self.insert(p, buf)));
+                }
             }
         }
-        Ok(Pinned { pages })
     }
 
     /// Sample `s` has been used: its pages are released if the epoch has
@@ -118,16 +129,6 @@ impl PageCache {
                 }
             }
         }
-    }
-
-    /// Page `p`, read if it is not resident (evicting the page with the
-    /// fewest samples still to come when the pool is full).
-    fn page(&mut self, p: u64) -> Result<Arc<Vec<u8>>, String> {
-        if let Some(b) = self.resident.get(&p) {
-            return Ok(b.clone());
-        }
-        let buf = self.reader().read(p)?;
-        Ok(self.insert(p, buf))
     }
 
     /// Sample `s`'s pages if all are resident or in `held` (pages the
@@ -165,12 +166,12 @@ impl PageCache {
 
     /// Reads pages of this file without the pool.
     pub fn reader(&self) -> PageReader {
-        PageReader {
-            file: self.file.try_clone().map_err(|e| e.to_string()),
-            path: self.index.path.clone(),
-            page_size: self.index.page_size(),
-            end: self.index.header.alloc_table_ptr,
-        }
+        self.reader.clone()
+    }
+
+    /// The file's index, to read values with outside the pool's lock.
+    pub fn shared_index(&self) -> Arc<Index> {
+        self.index.clone()
     }
 
     /// Adds page `p`, read by a [`PageReader`], to the pool (evicting the
@@ -239,8 +240,9 @@ impl Pinned {
 }
 
 /// Reads whole pages of a `.beton` file, independently of its pool.
+#[derive(Clone)]
 pub struct PageReader {
-    file: Result<File, String>,
+    file: Arc<File>,
     path: String,
     page_size: u64,
     end: u64,
@@ -250,14 +252,11 @@ impl PageReader {
     /// Page `p`: `page_size` bytes (the last page, which may end early at
     /// the allocation table, padded with zeros).
     pub fn read(&self, p: u64) -> Result<Vec<u8>, String> {
-        let file = self
-            .file
-            .as_ref()
-            .map_err(|e| format!("{}: reading page {p}: {e}", self.path))?;
         let start = p * self.page_size;
         let end = (start + self.page_size).min(self.end);
         let mut buf = vec![0u8; end.saturating_sub(start) as usize];
-        file.read_exact_at(&mut buf, start)
+        self.file
+            .read_exact_at(&mut buf, start)
             .map_err(|e| format!("{}: reading page {p}: {e}", self.path))?;
         buf.resize(self.page_size as usize, 0);
         Ok(buf)

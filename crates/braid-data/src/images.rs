@@ -159,7 +159,7 @@ impl ImageBatch {
 struct ProcessCache {
     pool: Mutex<Pool>,
     loaded: Condvar,
-    index: Index,
+    index: Arc<Index>,
     reader: PageReader,
 }
 
@@ -266,8 +266,7 @@ impl ImageLoader {
         if o.augment.width == 0 || o.augment.height == 0 {
             return Err("the image loader's output size must be at least 1x1".into());
         }
-        let beton = Beton::open(path)?;
-        let index = beton.index();
+        let (index, file) = Index::open(path)?;
         let field = |want: &str, image: bool| -> Result<usize, String> {
             let f = index.field(want)?;
             let ok = match index.fields[f].ty {
@@ -307,7 +306,7 @@ impl ImageLoader {
             o.drop_last,
         )?;
         let source = match o.cache {
-            Cache::Os => Source::Os(beton),
+            Cache::Os => Source::Os(Beton::from_index(index, &file)?),
             Cache::Process { pages } => {
                 let window = 2 * o.batch;
                 let capacity = if pages == 0 {
@@ -315,17 +314,15 @@ impl ImageLoader {
                 } else {
                     pages
                 };
-                drop(beton);
-                let (index, _) = Index::open(path)?;
-                let cache = PageCache::open(path, capacity)?;
+                let cache = PageCache::from_index(Arc::new(index), file, capacity)?;
                 Source::Process(Box::new(ProcessCache {
                     reader: cache.reader(),
+                    index: cache.shared_index(),
                     pool: Mutex::new(Pool {
                         cache,
                         loading: Default::default(),
                     }),
                     loaded: Condvar::new(),
-                    index,
                 }))
             }
         };

@@ -22,13 +22,19 @@ impl Beton {
     /// Opens `path`, checks its index and maps it.
     pub fn open(path: &Path) -> Result<Beton, String> {
         let (index, file) = Index::open(path)?;
+        Beton::from_index(index, &file)
+    }
+
+    /// Maps `file`, whose checked index is `index` (from [`Index::open`]).
+    pub(crate) fn from_index(index: Index, file: &std::fs::File) -> Result<Beton, String> {
+        let path = &index.path;
         // SAFETY: the mapping is read-only and private to this value;
         // braid never writes a file it has open for reading, and a file
         // truncated by another program under a live mapping is outside
         // what any mmap reader (FFCV's included) can defend. (The index
         // refused files shorter than a header, so the mapping is not
         // empty.)
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map {path:?}: {e}"))?;
+        let map = unsafe { Mmap::map(file) }.map_err(|e| format!("cannot map {path:?}: {e}"))?;
         Ok(Beton { index, map })
     }
 
