@@ -263,16 +263,9 @@ impl Augment {
                 // width), so no row is copied before the resize reads it.
                 let scaled_w = iw.div_ceil(d as usize);
                 let len = sw.h * scaled_w * 3;
-                if scratch.decoded.len() < len {
-                    let extra = len - scratch.decoded.len();
-                    scratch.decoded.try_reserve(extra).map_err(|_| {
-                        format!(
-                            "a {}x{} window needs {len} bytes, more than can be allocated",
-                            sw.w, sw.h
-                        )
-                    })?;
-                    scratch.decoded.resize(len, 0);
-                }
+                let decoded = jpeg::sized(&mut scratch.decoded, len, || {
+                    format!("a {}x{} window", sw.w, sw.h)
+                })?;
                 let (row_x, row_w) = jpeg::decode_crop_wide(
                     img.data,
                     d,
@@ -280,12 +273,12 @@ impl Augment {
                     sw.y as u32,
                     sw.w as u32,
                     sw.h as u32,
-                    &mut scratch.decoded,
+                    decoded,
                 )
                 .map_err(|e| format!("{e} (the file says {iw}x{ih})"))?;
                 let (row_x, row_w) = (row_x as usize, row_w as usize);
                 resize_area_crop(
-                    &scratch.decoded,
+                    decoded,
                     row_w,
                     sw.h,
                     sw.x - row_x,

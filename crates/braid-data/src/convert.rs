@@ -333,19 +333,6 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// `buf` resized to `len` bytes (its contents unspecified), or an error
-/// where that much cannot be allocated (a damaged header may claim up to
-/// 65535 × 65535 pixels).
-fn sized(buf: &mut Vec<u8>, len: usize, what: impl Fn() -> String) -> Result<&mut [u8], String> {
-    if len > buf.capacity() {
-        buf.clear();
-        buf.try_reserve_exact(len)
-            .map_err(|_| format!("{} needs {len} bytes, more than can be allocated", what()))?;
-    }
-    buf.resize(len, 0);
-    Ok(&mut buf[..])
-}
-
 /// The output size of a `w` × `h` image under `max_resolution` (FFCV's
 /// `resizer`: both sides times `max / longer side`, truncated), or
 /// `None` where it is not shrunk.
@@ -409,18 +396,19 @@ fn encode_image_with(
         decode_denom(info.width, info.height, target)
     };
     let (dw, dh) = crate::jpeg::scaled_size(info.width, info.height, denom);
-    let decoded = sized(&mut s.decoded, dw as usize * dh as usize * 3, || {
+    let decoded = crate::jpeg::sized(&mut s.decoded, dw as usize * dh as usize * 3, || {
         format!("a {w}x{h} JPEG decoded at 1/{denom} scale")
     })?;
     crate::jpeg::decode_crop(&s.file, denom, 0, 0, dw, dh, decoded)?;
     let (dw, dh) = (dw as usize, dh as usize);
     let (rgb, w, h): (&[u8], usize, usize) = match target {
         Some((nw, nh)) if (nw, nh) != (dw, dh) => {
-            let small = sized(&mut s.small, nw * nh * 3, || format!("a {nw}x{nh} image"))?;
-            crate::resize::resize_area(&s.decoded, dw, dh, small, nw, nh);
-            (&s.small, nw, nh)
+            let small =
+                crate::jpeg::sized(&mut s.small, nw * nh * 3, || format!("a {nw}x{nh} image"))?;
+            crate::resize::resize_area(&s.decoded[..dw * dh * 3], dw, dh, small, nw, nh);
+            (&s.small[..nw * nh * 3], nw, nh)
         }
-        _ => (&s.decoded, dw, dh),
+        _ => (&s.decoded[..dw * dh * 3], dw, dh),
     };
     if w > u16::MAX as usize || h > u16::MAX as usize {
         return Err(format!(

@@ -133,6 +133,26 @@ fn decode_into(
     ffi::decode(jpeg, scale_denom, x, y, w, h, out, wide)
 }
 
+/// The first `len` bytes of a reused buffer (contents unspecified) to
+/// decode into, or an error where that much cannot be allocated (a
+/// damaged header may claim up to 65535 × 65535 pixels): `what()` names
+/// it. The buffer only grows, so buffers reused for images of varying
+/// sizes are not zeroed again and again.
+pub(crate) fn sized(
+    buf: &mut Vec<u8>,
+    len: usize,
+    what: impl Fn() -> String,
+) -> Result<&mut [u8], String> {
+    if len > buf.len() {
+        if len > buf.capacity() {
+            buf.try_reserve_exact(len - buf.len())
+                .map_err(|_| format!("{} needs {len} bytes, more than can be allocated", what()))?;
+        }
+        buf.resize(len, 0);
+    }
+    Ok(&mut buf[..len])
+}
+
 /// The size of a `width` × `height` image decoded at 1/`denom` scale:
 /// libjpeg's rule, each side divided and rounded up.
 ///
