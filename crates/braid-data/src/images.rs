@@ -171,7 +171,7 @@ struct Pool {
 impl ProcessCache {
     /// Sample `s`'s pages, read if they are not resident: each missing
     /// page by one worker, outside the lock, while the others wait for it.
-    fn pin(&self, s: usize, timeout: Duration) -> Result<Pinned, String> {
+    fn pin(&self, s: usize, timeout: Duration, who: &str) -> Result<Pinned, String> {
         let deadline = Instant::now() + timeout;
         let mut pool = lock(&self.pool);
         // Pages this call read, kept even if the pool evicts them before
@@ -194,7 +194,7 @@ impl ProcessCache {
             let now = Instant::now();
             if now >= deadline {
                 return Err(format!(
-                    "{}: page {p} not read after {:.0} s by the loader thread reading it",
+                    "{}: image loader ({who}): reading sample {s}, page {p} not read after {:.0} s by the loader thread reading it",
                     self.index.path,
                     timeout.as_secs_f64()
                 ));
@@ -239,6 +239,8 @@ struct Shared {
     label: Option<usize>,
     seed: u64,
     timeout: Duration,
+    /// "rank R of N", for messages.
+    who: String,
 }
 
 /// Batches of augmented images from a `.beton` file.
@@ -335,6 +337,7 @@ impl ImageLoader {
                 label,
                 seed: o.seed,
                 timeout: o.timeout,
+                who: format!("rank {} of {}", o.rank, o.ranks),
             }),
             plan,
             next_epoch: 0,
@@ -415,6 +418,7 @@ impl ImageLoader {
             epoch,
             timeout: self.timeout,
             free: self.free.clone(),
+            who: self.shared.who.clone(),
         }
     }
 
@@ -548,7 +552,7 @@ fn make(
                 }
             }
             Source::Process(p) => {
-                let pinned = p.pin(s, shared.timeout)?;
+                let pinned = p.pin(s, shared.timeout, &shared.who)?;
                 let img = image_of(pinned.value(index, s, shared.image)).map_err(named);
                 let done = img.and_then(|img| {
                     shared
@@ -591,6 +595,7 @@ pub struct Batches {
     epoch: u64,
     timeout: Duration,
     free: Arc<Mutex<Vec<Box<dyn HostBuffer>>>>,
+    who: String,
 }
 
 impl Batches {
@@ -641,8 +646,9 @@ impl Iterator for Batches {
                 cv.notify_all();
                 self.next = self.total;
                 return Some(Err(format!(
-                    "image loader: batch {k} of epoch {} not ready after {:.0} s (the loader threads are stuck or too slow; \
+                    "image loader ({}): batch {k} of epoch {} not ready after {:.0} s (the loader threads are stuck or too slow; \
                      more --threads or a longer timeout may help)",
+                    self.who,
                     self.epoch,
                     self.timeout.as_secs_f64()
                 )));
