@@ -1,5 +1,6 @@
-//! `braid data`: make FFCV-compatible `.beton` datasets (`write`) and look
-//! into them (`inspect`).
+//! `braid data`: make FFCV-compatible `.beton` datasets (`write`), look
+//! into them (`inspect`), and read images through the loader (`load`, in
+//! `data_load`).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,8 +17,8 @@ use serde_json::Value as Json;
 /// Write or inspect `.beton` datasets.
 #[derive(Args)]
 #[command(
-    about = "Write FFCV-compatible .beton datasets and inspect them",
-    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all\n  braid data inspect imgs.beton --sheet imgs.png --sheet-count 64"
+    about = "Write FFCV-compatible .beton datasets, inspect them, and load images from them",
+    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all\n  braid data inspect imgs.beton --sheet imgs.png --sheet-count 64\n  braid data load imgs.beton --res 160 --epochs 3 --device cuda   # the image loader's images/s"
 )]
 pub struct DataArgs {
     #[command(subcommand)]
