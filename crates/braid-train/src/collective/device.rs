@@ -131,10 +131,6 @@ impl Collective for DeviceCollective {
             .map_err(err)
     }
 
-    fn to_host(&self, flat: &DeviceBuffer<f32>) -> Result<Vec<f32>> {
-        flat.to_vec().map_err(err)
-    }
-
     fn hooks(&self, comm: GradComm, buckets: &[Bucket]) -> Result<DeviceHooks> {
         let len = buckets.iter().map(|b| b.range.end).max().unwrap_or(0);
         let device = self.gpu.device();

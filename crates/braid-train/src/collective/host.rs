@@ -90,10 +90,6 @@ impl Collective for HostCollective {
         self.comm.broadcast(flat, root).map_err(err)
     }
 
-    fn to_host(&self, flat: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(flat.clone())
-    }
-
     fn hooks(&self, comm: GradComm, buckets: &[Bucket]) -> Result<HostHooks> {
         let len = buckets.iter().map(|b| b.range.end).max().unwrap_or(0);
         Ok(match comm {

@@ -170,8 +170,6 @@ pub trait Collective {
     fn backend(&self) -> String;
     /// Overwrites `flat` with rank `root`'s.
     fn broadcast(&self, flat: &mut <Self::Space as Space>::Flat, root: usize) -> Result<()>;
-    /// A host copy of `flat` (checksums).
-    fn to_host(&self, flat: &<Self::Space as Space>::Flat) -> Result<Vec<f32>>;
     /// The hook state for `comm` over `buckets`.
     fn hooks(&self, comm: GradComm, buckets: &[Bucket]) -> Result<Self::Hooks>;
     /// A reduction session over `grads` (see the [module docs](self)):

@@ -77,14 +77,18 @@ pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
     if let Some(host) = engine.host_params() {
         let when = "at the start (each rank's offloaded master weights come from its own \
                     initialisation or --load: give every rank the same --seed and file)";
-        agree::same_checksum(comm.host(), host, when)?;
+        agree::same_checksum(comm.host(), agree::checksum(host), when)?;
         return Ok(host.len());
     }
     comm.broadcast(engine.params_mut(), 0)?;
     engine.params_changed()?;
-    let host = comm.to_host(engine.params())?;
-    agree::same_checksum(comm.host(), &host, "after the broadcast from rank 0")?;
-    Ok(host.len())
+    let params = engine.params();
+    let len = <C::Space as Space>::len(params);
+    let sum = agree::checksum_in_pieces(len, &mut |r, out| {
+        <C::Space as Space>::read_ranges_into(params, std::slice::from_ref(&r), out)
+    })?;
+    agree::same_checksum(comm.host(), sum, "after the broadcast from rank 0")?;
+    Ok(len)
 }
 
 /// Replaces each of `values` by its mean over the ranks of `host`.

@@ -23,6 +23,7 @@ use braid_train::{train_with, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Train a GPT model.
 #[derive(Args)]
@@ -453,13 +454,19 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 let defer = defer_for(cfg.n_layer);
                 super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
             }
-            (Params::init_gpt2(Arc::new(Layout::new(&cfg)), a.seed), None)
+            let started = Instant::now();
+            // Drawn straight into the layout the run trains on (values by
+            // tensor and chunk, not by offset: the same either way).
+            let p = Params::init_gpt2(Arc::new(train_layout(&cfg, zero, shard_group)), a.seed);
+            if lead {
+                slow_note("parameters initialised", started, cfg.num_params());
+            }
+            (p, None)
         }
     };
-    if zero.is_some() {
-        // Every block splits into one equal, aligned block per rank.
-        let padded = Layout::padded(&params.layout.config, ZERO_ALIGN * shard_group);
-        params = params.relayout(Arc::new(padded))?;
+    let wanted = train_layout(&params.layout.config, zero, shard_group);
+    if *params.layout != wanted {
+        params = params.relayout(Arc::new(wanted))?;
     }
     let cfg = params.layout.config;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
@@ -696,6 +703,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             keep_attention: plan.keep_attention,
         };
         let shape = (batch, a.seq);
+        let started = Instant::now();
         let mut engine = match offload {
             false => GpuGpt::new(&dev, &params, shape, precision, options, a.weight_decay)?,
             // The master weights move into the engine (host memory holds
@@ -704,6 +712,15 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 GpuGpt::offloaded(&dev, &mut params, shape, precision, options, a.weight_decay)?
             }
         };
+        if lead {
+            slow_note("model copied to the GPU", started, cfg.num_params());
+        }
+        if !offload {
+            // The engine holds the parameters now; a --save makes the host
+            // copy again at the end (at billions of parameters it is tens
+            // of GB per worker).
+            params.data = Vec::new();
+        }
         engine.defer_weight_grads(defer)?;
         let run = match gpu {
             None => run_with(&mut |p, l, b| {
@@ -790,6 +807,24 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The layout a run trains on: under `--zero`, every block padded so that
+/// it splits into one equal, aligned block per rank of the shard group.
+fn train_layout(cfg: &GptConfig, zero: Option<u8>, shard_group: usize) -> Layout {
+    match zero {
+        Some(_) => Layout::padded(cfg, ZERO_ALIGN * shard_group),
+        None => Layout::new(cfg),
+    }
+}
+
+/// Says how long a start-up phase of a large model took, when it took
+/// long enough for someone to wonder (a second or more).
+fn slow_note(what: &str, started: Instant, params: usize) {
+    let s = started.elapsed().as_secs_f64();
+    if s >= 1.0 {
+        println!("{what} in {s:.1} s ({:.2e} parameters)", params as f64);
+    }
 }
 
 /// The training data: a `.beton` file's token windows, or a token
