@@ -74,10 +74,7 @@ pub type ReadPiece<'a> = dyn FnMut(std::ops::Range<usize>, &mut [f32]) -> Result
 /// [`checksum`] of `len` elements that `read(range, out)` copies into host
 /// memory a piece at a time (a device buffer of billions of parameters
 /// needs no whole host copy to be compared).
-pub fn checksum_in_pieces(
-    len: usize,
-    read: &mut ReadPiece<'_>,
-) -> Result<u64> {
+pub fn checksum_in_pieces(len: usize, read: &mut ReadPiece<'_>) -> Result<u64> {
     let piece = CHUNK * PIECE_CHUNKS;
     let mut buf = vec![0f32; piece.min(len)];
     let mut h = len as u64;
