@@ -6,16 +6,7 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::TempDir;
-
-/// Runs braid with `args` (killed, and the test failed, after two
-/// minutes): whether it succeeded, its stdout and its stderr.
-fn braid(args: &[&str]) -> (bool, String, String) {
-    let mut cmd = common::braid();
-    cmd.args(args);
-    let f = common::run(cmd, std::time::Duration::from_secs(120));
-    (f.code == Some(0), f.stdout, f.stderr)
-}
+use common::{braid_args as braid, TempDir};
 
 #[test]
 fn token_windows_are_written_and_inspected() {

@@ -106,6 +106,15 @@ pub fn run(cmd: Command, limit: Duration) -> Finished {
     start(cmd).finish(limit)
 }
 
+/// Runs braid with `args` (killed, and the test failed, after two
+/// minutes): whether it succeeded, its stdout and its stderr.
+pub fn braid_args(args: &[&str]) -> (bool, String, String) {
+    let mut cmd = braid();
+    cmd.args(args);
+    let f = run(cmd, Duration::from_secs(120));
+    (f.code == Some(0), f.stdout, f.stderr)
+}
+
 /// Whether a process with this pid exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     braid_comm::health::process_alive(pid)
