@@ -435,9 +435,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
         offload,
     };
+    // Both arms give the parameters in the layout the run trains on.
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {
-            let (p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
+            let (mut p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
+            let wanted = train_layout(&p.layout.config, zero, shard_group);
+            if *p.layout != wanted {
+                p = p.relayout(Arc::new(wanted))?;
+            }
             (p, report.metadata.get("braid.tokenizer").cloned())
         }
         None => {
@@ -464,10 +469,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             (p, None)
         }
     };
-    let wanted = train_layout(&params.layout.config, zero, shard_group);
-    if *params.layout != wanted {
-        params = params.relayout(Arc::new(wanted))?;
-    }
     let cfg = params.layout.config;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
