@@ -17,9 +17,19 @@ pub struct DeviceBuffer<T: Element> {
     ptr: sys::CUdeviceptr,
     len: usize,
     device: Device,
-    /// The pool the memory goes back to (none: freed on drop).
-    pool: Option<PoolSlot>,
+    /// Who frees the memory when the buffer is dropped.
+    owner: Owner,
     _t: PhantomData<T>,
+}
+
+/// Where a [`DeviceBuffer`]'s memory goes when it is dropped.
+enum Owner {
+    /// Its own allocation: freed.
+    Driver,
+    /// A pool block: given back to the pool.
+    Pool(PoolSlot),
+    /// Bytes of another buffer ([`DeviceBuffer::lent_from`]): nothing.
+    Lent,
 }
 
 // SAFETY: the buffer is plain device memory owned by this value.
@@ -74,7 +84,7 @@ impl<T: Element> DeviceBuffer<T> {
             ptr,
             len,
             device: device.clone(),
-            pool: None,
+            owner: Owner::Driver,
             _t: PhantomData,
         })
     }
@@ -95,9 +105,54 @@ impl<T: Element> DeviceBuffer<T> {
             ptr,
             len,
             device: device.clone(),
-            pool: Some(slot),
+            owner: Owner::Pool(slot),
             _t: PhantomData,
         }
+    }
+
+    /// `len` elements of `T` over the bytes of `parent` from byte
+    /// `offset` (a multiple of 256), owned by `parent`: dropping the
+    /// result frees nothing, and the process's allocation counters do not
+    /// count it twice. Lets one allocation serve two uses at different
+    /// times (a training step's saved activations in the memory its
+    /// gradient shard fills only later).
+    ///
+    /// # Safety
+    /// `parent`'s memory must outlive every use of the result (the caller
+    /// drops or stops using it before `parent` is dropped), and the caller
+    /// orders the two uses of the bytes (on one stream, or by events).
+    pub unsafe fn lent_from<U: Element>(
+        parent: &DeviceBuffer<U>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Self> {
+        let bytes = len.checked_mul(T::DTYPE.size());
+        let end = bytes.and_then(|b| b.checked_add(offset));
+        if end.is_none_or(|e| e > parent.byte_len()) || offset % 256 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "lent memory: {len} elements of {} at byte {offset} do not fit {} bytes (or \
+                 the offset is not a multiple of 256)",
+                T::DTYPE,
+                parent.byte_len()
+            )));
+        }
+        Ok(DeviceBuffer {
+            ptr: if len == 0 {
+                0
+            } else {
+                parent.ptr + offset as u64
+            },
+            len,
+            device: parent.device.clone(),
+            owner: Owner::Lent,
+            _t: PhantomData,
+        })
+    }
+
+    /// Whether the buffer's memory belongs to another buffer
+    /// ([`lent_from`](Self::lent_from)).
+    pub fn is_lent(&self) -> bool {
+        matches!(self.owner, Owner::Lent)
     }
 
     /// Number of elements.
@@ -549,11 +604,11 @@ pub fn copy_peer_async(
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if self.ptr == 0 || self.is_lent() {
             return;
         }
         count_free(self.byte_len());
-        if let Some(slot) = &self.pool {
+        if let Owner::Pool(slot) = &self.owner {
             // Stream-ordered reuse: the pool's users run on one stream.
             slot.give_back(self.ptr);
             return;

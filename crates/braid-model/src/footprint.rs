@@ -306,6 +306,76 @@ pub struct GpuRun {
     /// moments on the GPU (bf16: only the f32 tensors the passes read,
     /// [`side_params`]).
     pub offload: bool,
+    /// Stage 3 with one micro-batch per step: the activations saved for
+    /// the backward pass live in the gradient shard's memory where it is
+    /// idle ([`gpu_saved_in_grad_shard`]).
+    pub saved_in_grads: bool,
+}
+
+/// Bytes of the bf16 engine's saved activations that a ZeRO-3 rank
+/// places in its gradient shard (`run.saved_in_grads`), by
+/// [`crate::placement::place`] over the buffers the engine saves (each
+/// layer's input, LayerNorm statistics, attention output and what
+/// checkpointing keeps; the head's input) and the slices of the shard's
+/// blocks (the embeddings' idle through the whole backward pass, layer
+/// `l`'s through its own backward unit, the final norm's through the
+/// head's). 0 when the run does not lend.
+pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
+    use crate::placement::{placed_bytes, Region, Want};
+    if !(run.saved_in_grads && run.mixed && run.sharding.stage == 3) {
+        return 0;
+    }
+    let (n, c, l) = ((run.b * run.t) as u64, cfg.n_embd as u64, cfg.n_layer);
+    let (nc, rows) = (n * c, (run.b * cfg.n_head * run.t) as u64);
+    let fused = run.fused_attention;
+    let attn = |w: &mut Vec<u64>| match fused {
+        true => w.extend([6 * nc, 4 * rows]),
+        false => w.extend([2 * nc, 2 * nc, 2 * nc, 2 * rows * run.t as u64]),
+    };
+    let keep = run.checkpointing && fused && run.keep_attention;
+    let mut wants = Vec::new();
+    for layer in 0..l {
+        let mut w = vec![4 * nc, 4 * n, 4 * n, 4 * n, 4 * n, 2 * nc];
+        match (run.checkpointing, keep) {
+            (true, true) => attn(&mut w),
+            (true, false) if fused => w.push(4 * rows),
+            (true, false) => {}
+            (false, _) => {
+                attn(&mut w);
+                w.extend([4 * nc, 8 * nc]);
+            }
+        }
+        wants.extend(w.into_iter().map(|bytes| Want {
+            bytes,
+            last_read: l - layer,
+        }));
+    }
+    wants.push(Want {
+        bytes: 4 * nc,
+        last_read: 0,
+    });
+    let ranks = run.sharding.ranks.max(1);
+    let layout = crate::Layout::padded(cfg, 64 * ranks);
+    let mut at = 0u64;
+    let regions: Vec<Region> = layout
+        .blocks
+        .iter()
+        .map(|(block, r)| {
+            let len = 4 * (r.len() / ranks) as u64;
+            let region = Region {
+                start: at,
+                end: at + len,
+                free_through: match block {
+                    crate::Block::Embedding => l + 1,
+                    crate::Block::Layer(i) => l - i,
+                    crate::Block::FinalNorm => 0,
+                },
+            };
+            at += len;
+            region
+        })
+        .collect();
+    placed_bytes(&wants, &regions) as u128
 }
 
 /// Parameters the bf16 engine reads in f32 (all but the layers' four
@@ -358,6 +428,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     } = *run;
     let params = cfg.num_params() as u128;
     let stage3 = sharding.stage == 3;
+    let lent = gpu_saved_in_grad_shard(cfg, run);
     let mut parts = vec![
         Part {
             name: "parameters",
@@ -367,10 +438,12 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
                 // when it ends (gathering the model to save it), a rank
                 // holds the whole model instead of the gradient shard,
                 // the moments and the gathered units it holds while
-                // training: whichever is more counts.
+                // training: whichever is more counts. (Starting, the
+                // activations that later move into the gradient shard
+                // still have memory of their own.)
                 _ if stage3 => {
                     let training = sharding.shard(12 * params) + 4 * stage3_gpu_unit_elements(cfg);
-                    sharding.shard(4 * params) + (4 * params).saturating_sub(training)
+                    sharding.shard(4 * params) + (4 * params + lent).saturating_sub(training)
                 }
                 _ => 4 * params,
             },
@@ -412,7 +485,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     parts.push(Part {
         name: "activations",
         bytes: if mixed {
-            gpu_mixed_activation_bytes(cfg, run)
+            gpu_mixed_activation_bytes(cfg, run) - lent
         } else {
             4 * cpu_activation_elements(cfg, b, t, false)
         },
@@ -508,6 +581,7 @@ mod tests {
             keep_attention: false,
             sharding: Sharding { stage: 3, ranks },
             offload: false,
+            saved_in_grads: false,
         };
         let plain = GpuRun {
             sharding: Sharding::NONE,

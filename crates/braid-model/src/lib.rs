@@ -16,6 +16,8 @@
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
 //! - [`footprint`]: the memory pre-flight — what a run will allocate,
 //!   from the shapes, before it allocates.
+//! - [`placement`]: saved activations placed in memory idle while they
+//!   live (ZeRO-3's gradient shard before the backward pass fills it).
 //! - [`rng`]: the deterministic generator behind initialisation and data
 //!   (`braid_core::rng`, re-exported).
 //! - [`tensor`]: shape + dtype + device + storage (f32/bf16 on the CPU).
@@ -31,6 +33,7 @@ pub mod layout;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod placement;
 pub use braid_core::rng;
 pub mod sample;
 pub mod tensor;

@@ -53,6 +53,16 @@ impl Matrix {
     }
 }
 
+/// A buffer an engine's forward pass saves for its backward pass
+/// ([`Engine::saved_buffers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedBuffer {
+    /// Its size.
+    pub bytes: usize,
+    /// The backward unit that reads it for the last time.
+    pub last_read: usize,
+}
+
 /// One optimizer update.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UpdateStep {
@@ -463,6 +473,38 @@ pub trait Engine {
     ) -> Result<()> {
         let _ = (params, grads, step);
         Err("this engine cannot update sharded parameters".into())
+    }
+
+    /// The buffers a forward pass in units with `grad` saves for the
+    /// backward pass, each with the backward unit that reads it last: a
+    /// parameter-sharded strategy may lend them memory that is idle while
+    /// they live ([`place_saved`](Self::place_saved)). None by default.
+    fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
+        Ok(Vec::new())
+    }
+
+    /// Moves saved buffer `i` (of [`saved_buffers`](Self::saved_buffers))
+    /// into `memory` from byte `at[i]` (`None`: it keeps its own memory)
+    /// and returns the bytes moved.
+    ///
+    /// # Safety
+    /// `memory` must outlive the engine's use of it: the caller calls
+    /// [`own_saved`](Self::own_saved) before it drops or replaces
+    /// `memory`, and writes the lent bytes only after the backward unit
+    /// that reads them last, ordered after the engine's work.
+    unsafe fn place_saved(&mut self, memory: &Flat<Self>, at: &[Option<usize>]) -> Result<usize> {
+        let _ = memory;
+        match at.iter().all(Option::is_none) {
+            true => Ok(0),
+            false => Err("this engine cannot place its saved buffers in lent memory".into()),
+        }
+    }
+
+    /// Stops using memory lent by [`place_saved`](Self::place_saved): the
+    /// saved buffers get memory of their own again (by the next forward
+    /// pass at the latest).
+    fn own_saved(&mut self) -> Result<()> {
+        Ok(())
     }
 
     /// Frees the optimizer's state after the last update (training is

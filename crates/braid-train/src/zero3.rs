@@ -21,6 +21,15 @@
 //! - micro-batches before a step's last reduce-scatter the same way
 //!   (adding into the shard's gradients), so that no whole gradient
 //!   buffer ever exists;
+//! - each block's reduced gradients overwrite its slice of the shard's
+//!   gradients in a step's first micro-batch (so nothing zeroes them) and
+//!   are added in the others;
+//! - with one micro-batch per step ([`Zero3::with_saved_in_grads`]), the
+//!   activations the engine saves for the backward pass live in the
+//!   shard's gradient memory, which holds nothing from the update until
+//!   the backward pass fills it block by block: a block's slice takes
+//!   buffers read for the last time no later than the unit after which
+//!   its gradients are final ([`braid_model::placement`]);
 //! - clipping sums the shards' squares across the ranks; the update
 //!   changes the master shard only ([`Engine::update_compact`]); nothing
 //!   is gathered after it — the next forward pass does that.
@@ -43,6 +52,7 @@ use crate::timeline::Timeline;
 use crate::zero::{group_of, hybrid_split, replicate_sharded};
 use crate::Result;
 use braid_comm::ReduceOp;
+use braid_model::placement::{self, Region, Want};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -56,6 +66,9 @@ pub struct Zero3<C: Collective> {
     /// `reshard_after_forward`); otherwise every gathered block stays
     /// until the backward pass is done with it.
     reshard_after_forward: bool,
+    /// Lend the shard's gradient memory to the engine's saved
+    /// activations (one micro-batch per step only).
+    saved_in_grads: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -91,6 +104,11 @@ struct Sharded<C: Collective> {
     /// and the most held at once.
     held: u64,
     peak: u64,
+    /// Micro-batches whose gradients reached the shard this step.
+    micro: usize,
+    /// Bytes of the engine's saved activations in the shard's gradient
+    /// memory.
+    lent: usize,
 }
 
 /// Freed block buffers a ZeRO-3 rank keeps for reuse: the blocks in
@@ -111,9 +129,26 @@ impl<C: Collective> Zero3<C> {
             comm,
             hybrid,
             reshard_after_forward,
+            saved_in_grads: false,
             state: None,
             last: CommStep::default(),
         })
+    }
+
+    /// Lends the gradient shard's memory to the activations the engine
+    /// saves for its backward pass (see the module documentation): only
+    /// for runs of one micro-batch per step, whose forward pass may then
+    /// overwrite the previous step's gradients. Set before
+    /// [`Strategy::start`].
+    pub fn with_saved_in_grads(mut self, on: bool) -> Self {
+        self.saved_in_grads = on;
+        self
+    }
+
+    /// Bytes of the engine's saved activations placed in the gradient
+    /// shard's memory.
+    pub fn saved_in_grads_bytes(&self) -> usize {
+        self.state.as_ref().map_or(0, |s| s.lent)
     }
 
     /// The ranks the parameters are sharded over.
@@ -164,6 +199,14 @@ impl<C: Collective> Zero3<C> {
     ) -> Result<f32> {
         let keep_all = grad && !self.reshard_after_forward;
         let (group, st) = self.started()?;
+        if grad && st.lent > 0 && st.micro > 0 {
+            return Err(
+                "ZeRO-3: the activations saved for the backward pass live in the gradient \
+                 shard, which holds only one micro-batch: drop --accum (or set \
+                 BRAID_SAVED_IN_GRADS=off)"
+                    .into(),
+            );
+        }
         engine.forward_begin(batch, grad)?;
         let all = st.units.clone();
         let units = &all.forward;
@@ -239,8 +282,56 @@ impl<C: Collective> Zero3<C> {
         for b in pending {
             st.drop_grads(b);
         }
+        st.micro += 1;
         self.last.add(step);
         Ok(computed)
+    }
+}
+
+impl<C: Collective> Zero3<C> {
+    /// Places the engine's saved activations in the gradient shard's
+    /// memory where a block's slice is idle through their last read.
+    fn lend_grads<E: Engine<Space = C::Space>>(&mut self, engine: &mut E) -> Result<()> {
+        let st = self.state.as_mut().ok_or("ZeRO-3: lending before start")?;
+        let wants: Vec<Want> = engine
+            .saved_buffers()?
+            .iter()
+            .map(|b| Want {
+                bytes: b.bytes as u64,
+                last_read: b.last_read,
+            })
+            .collect();
+        if wants.is_empty() {
+            return Ok(());
+        }
+        let regions: Vec<Region> = st
+            .slots
+            .iter()
+            .zip(&st.final_after)
+            .filter_map(|(slot, done)| {
+                done.map(|free_through| Region {
+                    start: 4 * slot.start as u64,
+                    end: 4 * slot.end as u64,
+                    free_through,
+                })
+            })
+            .collect();
+        let at: Vec<Option<usize>> = placement::place(&wants, &regions)
+            .into_iter()
+            .map(|a| a.map(|a| a as usize))
+            .collect();
+        // SAFETY: `st.grads` stays until `finish`, which calls `own_saved`
+        // before replacing it (and the engine never reads lent buffers
+        // after this strategy is gone: the run ends with it). Each buffer
+        // lies in the slice of a block whose reduced gradients are written
+        // (on the communication stream, ordered after the engine's work
+        // queued so far) only once the unit after which the block is final
+        // has been queued, which is no earlier than the buffer's last read;
+        // the next forward pass writes them after the update has read the
+        // gradients, on the engine's stream.
+        st.lent = unsafe { engine.place_saved(&st.grads, &at) }
+            .map_err(|e| format!("ZeRO-3: saved activations in the gradient shard: {e}"))?;
+        Ok(())
     }
 }
 
@@ -325,7 +416,7 @@ impl<C: Collective> Sharded<C> {
                 fresh.push((b, buf));
             }
         }
-        let slots = &self.slots;
+        let (slots, micro) = (&self.slots, self.micro);
         let mut gathers: Vec<GatherPart<'_, Flat2<C>>> = fresh
             .iter_mut()
             .map(|(b, buf)| GatherPart {
@@ -346,6 +437,7 @@ impl<C: Collective> Sharded<C> {
                 g.as_mut().map(|grads| ScatterPart {
                     grads,
                     to: slots[b].clone(),
+                    add: micro > 0,
                 })
             })
             .collect();
@@ -488,7 +580,12 @@ where
             spare: Vec::new(),
             held: 0,
             peak: 0,
+            micro: 0,
+            lent: 0,
         });
+        if self.saved_in_grads {
+            self.lend_grads(engine)?;
+        }
         Ok(())
     }
 
@@ -497,11 +594,13 @@ where
         self.group().zeros(0)
     }
 
-    fn zero_grads(&mut self, engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
-        // A step starts: its communication is counted afresh.
+    fn zero_grads(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        // A step starts: its communication is counted afresh, and its
+        // first micro-batch overwrites the shard's gradients.
         self.last = CommStep::default();
         let (_, st) = self.started()?;
-        engine.zero_grads(&mut st.grads)
+        st.micro = 0;
+        Ok(())
     }
 
     fn forward(&mut self, engine: &mut E, batch: &E::Batch, grad: bool) -> Result<f32> {
@@ -570,6 +669,11 @@ where
         }
         st.spare.clear();
         st.held = 0;
+        if st.lent > 0 {
+            // The gradient memory goes: the saved activations leave it.
+            engine.own_saved()?;
+            st.lent = 0;
+        }
         st.grads = group.zeros(0)?;
         let len = st.units.blocks.last().map_or(0, |b| b.end);
         let mut full = group.zeros(len)?;

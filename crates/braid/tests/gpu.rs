@@ -297,6 +297,20 @@ fn gpu_mismatch_under_debug_is_reported_on_every_rank() {
     );
 }
 
+/// The number after `key` in `text` (a figure a run printed).
+fn figure(text: &str, key: &str) -> f64 {
+    let at = text
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key:?} in {text}"))
+        + key.len();
+    text[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// `braid train --device cuda` on the tiny model, no evaluation, saving
 /// the model and the JSON record under `dir` as `name.*`.
 fn train_gpu(dir: &common::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, serde_json::Value) {
@@ -604,18 +618,6 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
     if gpus(1).is_none() {
         return;
     }
-    let figure = |text: &str, key: &str| -> f64 {
-        let at = text
-            .find(key)
-            .unwrap_or_else(|| panic!("no {key:?} in {text}"))
-            + key.len();
-        text[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     let mut peaks = Vec::new();
     for (model, batch, seq, ckpt) in [
         ("124M", "4", "256", false),
@@ -932,6 +934,108 @@ fn gpu_zero3_matches_one_gpu_and_data_parallel() {
         "f32, ZeRO-3 vs data parallel on 2 GPUs: max |diff| {d:e}"
     );
     assert!(d <= GPU_TOLERANCE, "ZeRO-3 on 2 GPUs differs by {d}");
+}
+
+/// ZeRO-3 in bf16 with one micro-batch per step keeps the activations
+/// saved for the backward pass in the gradient shard's memory
+/// (`BRAID_SAVED_IN_GRADS`, on by default): the same bits as keeping them
+/// apart (parameters and every loss, with and without checkpointing, one
+/// rank and two where there are two), less peak memory, an estimate within
+/// 5 % of the peak; with `--accum 2` the default is off and still trains,
+/// and asking for it is refused at start.
+#[test]
+fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
+    if gpus(1).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-zero3-lend");
+    let off = [("BRAID_SAVED_IN_GRADS", "off")];
+    let base = ["--steps", "6", "--grad-clip", "1.0", "--batch", "8"];
+    let mut runs = vec![(vec!["--nproc", "1"], "1")];
+    if gpus(2).is_some() {
+        runs.push((vec!["--nproc", "2", "--batch", "4"], "2"));
+    }
+    for (ranks, tag) in runs {
+        for ckpt in [true, false] {
+            let mut args: Vec<&str> = [&base[..], &["--zero", "3"], &ranks[..]].concat();
+            if ckpt {
+                args.push("--checkpointing");
+            }
+            let name = format!("z3-{tag}-{ckpt}");
+            let (lent, a) = train_gpu(&dir, &format!("{name}-lent"), &args);
+            let (apart, b) = train_gpu_env(&dir, &format!("{name}-apart"), &args, &off);
+            assert_eq!(
+                common::step_losses(&a),
+                common::step_losses(&b),
+                "{name}: losses differ"
+            );
+            let d = common::max_diff(&lent, &apart);
+            assert!(d == 0.0, "{name}: parameters differ by {d}");
+        }
+    }
+    // A model large enough for the saving to show, and the estimate.
+    let mid = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--device",
+            "cuda",
+            "--model",
+            "L12-H10-C1280-V50304-T1024",
+        ])
+        .args(["--data", "random", "--batch", "8", "--seq", "1024"])
+        .args([
+            "--eval-every",
+            "0",
+            "--checkpointing",
+            "--zero",
+            "3",
+            "--nproc",
+            "1",
+        ])
+        .args(extra)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .envs(env.iter().copied());
+        run(cmd, Duration::from_secs(180))
+    };
+    let three = ["--steps", "3"];
+    let (a, b) = (mid(&[], &three), mid(&off, &three));
+    assert_eq!(a.code, Some(0), "{a:?}");
+    assert_eq!(b.code, Some(0), "{b:?}");
+    let (est, peak) = (
+        figure(&a.stdout, "GPU memory estimate:"),
+        figure(&a.stdout, "peak device memory"),
+    );
+    let (est_off, peak_off) = (
+        figure(&b.stdout, "GPU memory estimate:"),
+        figure(&b.stdout, "peak device memory"),
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "ZeRO-3 L12-H10-C1280 B8 T1024 checkpointing: saved activations in the gradient shard: \
+         estimate {est} GiB, peak {peak} GiB; apart: estimate {est_off} GiB, peak {peak_off} GiB"
+    );
+    assert!(
+        (est - peak).abs() <= 0.05 * peak,
+        "estimate {est}, peak {peak}"
+    );
+    assert!(
+        (est_off - peak_off).abs() <= 0.05 * peak_off,
+        "estimate {est_off}, peak {peak_off}"
+    );
+    assert!(
+        peak < peak_off - 0.3,
+        "peak {peak} GiB against {peak_off} GiB apart"
+    );
+    // Two micro-batches: off by default, refused when asked for.
+    let c = mid(&[], &["--accum", "2", "--steps", "2"]);
+    assert_eq!(c.code, Some(0), "{c:?}");
+    let d = mid(
+        &[("BRAID_SAVED_IN_GRADS", "on")],
+        &["--accum", "2", "--steps", "2"],
+    );
+    assert_eq!(d.code, Some(2), "{d:?}");
+    assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
 /// A GPU engine whose optimizer owns two ranges of the flat buffer (a

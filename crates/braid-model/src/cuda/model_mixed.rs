@@ -33,6 +33,9 @@ use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
 
+mod saved;
+pub use saved::SavedFor;
+
 /// What a layer's forward pass keeps for its backward pass (besides its
 /// input, the residual stream below it). The two LayerNorms keep only
 /// their statistics: their outputs (the inputs of the qkv and fc products)
@@ -437,6 +440,9 @@ pub struct GpuGptMixed {
     /// communication kernels hold the others (`BRAID_BACKWARD_SM_TARGET`).
     backward_sms: usize,
     prof: PhaseTimer,
+    /// Lengths of the saved buffers [`own_saved`](Self::own_saved)
+    /// dropped, for the next forward pass to allocate (empty: none).
+    unowned_saved: Vec<usize>,
 }
 
 impl GpuGptMixed {
@@ -561,6 +567,7 @@ impl GpuGptMixed {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0),
             prof: PhaseTimer::from_env(device),
+            unowned_saved: Vec::new(),
             layout,
             pool,
             stream,
@@ -693,6 +700,7 @@ impl GpuGptMixed {
     /// Starts a forward pass in parts on a batch (`b × t` tokens and their
     /// targets): uploads it.
     pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
+        self.own_missing()?;
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
             st.holds = None;

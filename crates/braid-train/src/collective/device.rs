@@ -26,6 +26,7 @@ use braid_comm::gpu::{DeviceWork, GpuCommunicator, Lane};
 use braid_comm::{Communicator, ReduceOp};
 use braid_core::Element;
 use braid_cuda::blas::Blas;
+use braid_cuda::memory::copy_async;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceViewMut, DeviceWindow};
 use half::{bf16, f16};
 use std::ops::Range;
@@ -399,8 +400,9 @@ impl Collective for DeviceCollective {
         for sc in scatters.iter() {
             count_half(&mut step, 4 * sc.grads.len() as u64, n);
         }
-        // This rank's block of each sum, added into the shard's gradients
-        // (micro-batches accumulate there) on the communication stream.
+        // This rank's block of each sum, copied (the step's first
+        // micro-batch) or added (micro-batches accumulate) into the shard's
+        // gradients on the communication stream.
         let adds = match scatters.is_empty() {
             true => None,
             false => Some(
@@ -410,11 +412,11 @@ impl Collective for DeviceCollective {
                         for sc in scatters.iter() {
                             let k = sc.to.len();
                             let mine = sc.grads.view(rank * k..(rank + 1) * k);
-                            self.kernels.add_into(
-                                s,
-                                &mut shard_grads.view_mut(sc.to.clone()),
-                                &mine,
-                            )?;
+                            let mut to = shard_grads.view_mut(sc.to.clone());
+                            match sc.add {
+                                true => self.kernels.add_into(s, &mut to, &mine)?,
+                                false => copy_async(&mut to, &mine, s)?,
+                            }
                         }
                         Ok(())
                     })

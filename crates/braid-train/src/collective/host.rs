@@ -270,8 +270,10 @@ impl Collective for HostCollective {
             .map_err(err)?;
         computed?;
         for (part, sum) in scatters.iter().zip(&sums) {
-            for (g, s) in shard_grads[part.to.clone()].iter_mut().zip(sum) {
-                *g += s;
+            let to = &mut shard_grads[part.to.clone()];
+            match part.add {
+                true => to.iter_mut().zip(sum).for_each(|(g, s)| *g += s),
+                false => to.copy_from_slice(sum),
             }
         }
         Ok(step)

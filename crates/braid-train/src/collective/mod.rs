@@ -146,6 +146,10 @@ pub struct ScatterPart<'a, F> {
     pub grads: &'a mut F,
     /// This rank's elements of the shard's gradients.
     pub to: Range<usize>,
+    /// Add the reduced block into them (a later micro-batch of the step),
+    /// or overwrite them (the step's first: nothing needs zeroing before,
+    /// and the elements may hold something else until then).
+    pub add: bool,
 }
 
 /// A parameter-sharded exchange's work besides its collectives (a unit

@@ -11,8 +11,8 @@ use super::{
     gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, TokenBatch,
 };
 use crate::engine::{
-    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
-    Unit, UpdateStep,
+    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits,
+    SavedBuffer, StateBytes, Unit, UpdateStep,
 };
 use crate::space::Gpu;
 use crate::Result;
@@ -21,7 +21,7 @@ use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
 use braid_model::cuda::f32_params::{F32Params, Piece, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
-use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, WeightGrads};
+use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, SavedFor, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
 use braid_trace::{scope, Cat};
@@ -936,6 +936,47 @@ impl Engine for GpuGpt {
             ));
         }
         self.adamw(Some(params), grads, true, step)
+    }
+
+    fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
+        self.in_units("saved_buffers")?;
+        let n = self.layout.config.n_layer;
+        let Model::Mixed(m, _) = &mut self.model else {
+            return Ok(Vec::new());
+        };
+        // The unit plan ZeRO-3 runs (`shard_params` refuses others):
+        // unit 0 the head, unit n - l layer l.
+        Ok(m.saved_buffers()
+            .into_iter()
+            .map(|(part, bytes)| SavedBuffer {
+                bytes,
+                last_read: match part {
+                    SavedFor::Head => 0,
+                    SavedFor::Layer(l) => n - l,
+                },
+            })
+            .collect())
+    }
+
+    unsafe fn place_saved(
+        &mut self,
+        memory: &DeviceBuffer<f32>,
+        at: &[Option<usize>],
+    ) -> Result<usize> {
+        self.in_units("place_saved")?;
+        match &mut self.model {
+            // SAFETY: the caller's contract, passed on.
+            Model::Mixed(m, _) => unsafe { m.place_saved(memory, at) }.map_err(e),
+            Model::F32(_) if at.iter().all(Option::is_none) => Ok(0),
+            Model::F32(_) => Err("the f32 engine places no saved buffers in lent memory".into()),
+        }
+    }
+
+    fn own_saved(&mut self) -> Result<()> {
+        match &mut self.model {
+            Model::Mixed(m, _) => m.own_saved().map_err(e),
+            Model::F32(_) => Ok(()),
+        }
     }
 
     fn release_optimizer_state(&mut self) -> Result<()> {

@@ -24,6 +24,8 @@ pub struct Shape<'a> {
     /// `--offload optimizer`: master weights and AdamW state in host
     /// memory.
     pub offload: bool,
+    /// `--accum`: micro-batches per step.
+    pub accum: usize,
 }
 
 impl Shape<'_> {
@@ -167,6 +169,9 @@ pub struct DevicePlan {
     pub stored_score_grads: bool,
     /// Under checkpointing, keep each layer's fused attention state.
     pub keep_attention: bool,
+    /// ZeRO-3: the saved activations live in the gradient shard's memory
+    /// (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
+    pub saved_in_grads: bool,
 }
 
 /// A memory-for-speed choice the pre-flight makes unless the environment
@@ -180,7 +185,10 @@ pub struct DevicePlan {
 ///   `recomputed`;
 /// - `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
 ///   `kept` (each layer keeps the attention's state, and the
-///   recomputation starts at its output) or `recomputed`.
+///   recomputation starts at its output) or `recomputed`;
+/// - `BRAID_SAVED_IN_GRADS`: under ZeRO-3 with one micro-batch per step,
+///   `on` (the activations saved for the backward pass live in the
+///   gradient shard's memory until it fills; the default) or `off`.
 fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
     match std::env::var(var).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
@@ -250,6 +258,17 @@ pub fn device(
         );
     }
     let stage3 = a.sharding.stage == 3;
+    let saved_in_grads = match env_choice("BRAID_SAVED_IN_GRADS", "on", "off")? {
+        Some(true) if !(stage3 && mixed && a.accum == 1) => {
+            return Err(
+                "BRAID_SAVED_IN_GRADS=on: only ZeRO-3 in bf16 with one micro-batch per step \
+                 (no --accum) keeps saved activations in the gradient shard"
+                    .into(),
+            )
+        }
+        Some(on) => on,
+        None => stage3 && mixed && a.accum == 1,
+    };
     if forced == Some(false) && stage3 {
         return Err(
             "BRAID_BF16_WEIGHTS=resident: under ZeRO-3 each gathered layer is cast to bf16 as \
@@ -283,6 +302,7 @@ pub fn device(
         fused_attention: fused,
         stored_score_grads,
         keep_attention,
+        saved_in_grads,
     };
     let Ok(free) = dev.free_memory() else {
         return Ok(plan(0, forms[0]));
@@ -305,6 +325,7 @@ pub fn device(
             keep_attention,
             sharding,
             offload,
+            saved_in_grads: saved_in_grads && sharding.stage == 3,
         };
         gpu_training(cfg, &run)
     };

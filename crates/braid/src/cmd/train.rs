@@ -434,6 +434,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ranks,
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
         offload,
+        accum: a.accum,
     };
     // Both arms give the parameters in the layout the run trains on.
     let (mut params, saved_tok) = match &a.load {
@@ -519,10 +520,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             (cfg.vocab_size as f64).ln()
         );
     }
-    let shard_choice = ShardChoice {
+    let mut shard_choice = ShardChoice {
         stage: zero,
         shard_group: a.shard_group,
         keep_params: a.no_reshard_after_forward,
+        saved_in_grads: false,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
@@ -687,6 +689,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if plan.fused_attention && a.checkpointing && !plan.keep_attention {
                 lean.push("the attention recomputed too");
             }
+            if plan.saved_in_grads {
+                lean.push("saved activations in the gradient shard until it fills");
+            }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
                 braid_model::footprint::gib(plan.estimate),
@@ -696,6 +701,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 }
             );
         }
+        shard_choice.saved_in_grads = plan.saved_in_grads;
         braid_cuda::pool::reset_peak();
         let options = braid_model::cuda::model_mixed::MixedOptions {
             checkpointing: a.checkpointing,

@@ -81,6 +81,9 @@ pub struct ShardChoice {
     pub shard_group: Option<usize>,
     /// `--no-reshard-after-forward` (stage 3).
     pub keep_params: bool,
+    /// Stage 3: the engine's saved activations in the gradient shard's
+    /// memory (the pre-flight's choice).
+    pub saved_in_grads: bool,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -100,9 +103,12 @@ where
         stage,
         shard_group,
         keep_params,
+        saved_in_grads,
     } = choice;
     Ok(match stage {
-        Some(3) => Box::new(Zero3::new(comm, shard_group, !keep_params)?),
+        Some(3) => Box::new(
+            Zero3::new(comm, shard_group, !keep_params)?.with_saved_in_grads(saved_in_grads),
+        ),
         Some(stage) => Box::new(Zero::new(
             comm,
             ZeroOptions {

@@ -1,0 +1,238 @@
+//! The buffers a [`GpuGptMixed`] forward pass saves for its backward
+//! pass, listed by the part of the backward pass that reads them last, so
+//! that a strategy can lend them memory that is idle while they live
+//! (ZeRO-3's gradient shard: [`crate::placement`]).
+//!
+//! Lent buffers ([`GpuGptMixed::place_saved`]) are views of the lender's
+//! allocation; [`GpuGptMixed::own_saved`] drops them before the lender's
+//! memory goes, and the next forward pass allocates them again.
+
+use super::{AttnSaved, GpuGptMixed, LayerSaved};
+use braid_cuda::{CudaError, DeviceBuffer, DevicePool, Result, Stream};
+use half::bf16;
+
+/// The part of the backward pass that reads a saved buffer for the last
+/// time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedFor {
+    /// The head (the final LayerNorm and the classifier).
+    Head,
+    /// Layer `l`'s block.
+    Layer(usize),
+}
+
+/// One saved buffer, mutably.
+enum SavedMut<'a> {
+    F32(&'a mut DeviceBuffer<f32>),
+    Bf16(&'a mut DeviceBuffer<bf16>),
+}
+
+impl SavedMut<'_> {
+    fn len(&self) -> usize {
+        match self {
+            SavedMut::F32(b) => b.len(),
+            SavedMut::Bf16(b) => b.len(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            SavedMut::F32(b) => b.byte_len(),
+            SavedMut::Bf16(b) => b.byte_len(),
+        }
+    }
+
+    fn is_lent(&self) -> bool {
+        match self {
+            SavedMut::F32(b) => b.is_lent(),
+            SavedMut::Bf16(b) => b.is_lent(),
+        }
+    }
+
+    /// Replaces the buffer by `len` elements over `memory` from byte `at`.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::lent_from`].
+    unsafe fn lend(&mut self, memory: &DeviceBuffer<f32>, at: usize) -> Result<()> {
+        let len = self.len();
+        match self {
+            // SAFETY: passed on to the caller.
+            SavedMut::F32(b) => **b = unsafe { DeviceBuffer::lent_from(memory, at, len)? },
+            // SAFETY: passed on to the caller.
+            SavedMut::Bf16(b) => **b = unsafe { DeviceBuffer::lent_from(memory, at, len)? },
+        }
+        Ok(())
+    }
+
+    /// Replaces the buffer by an empty one (what it held is not needed).
+    fn empty(&mut self, pool: &DevicePool) -> Result<()> {
+        match self {
+            SavedMut::F32(b) => **b = pool.uninit(0)?,
+            SavedMut::Bf16(b) => **b = pool.uninit(0)?,
+        }
+        Ok(())
+    }
+
+    /// Replaces the buffer by `len` zeroed elements of its own.
+    fn own(&mut self, pool: &DevicePool, s: &Stream, len: usize) -> Result<()> {
+        match self {
+            SavedMut::F32(b) => **b = pool.zeros(len, s)?,
+            SavedMut::Bf16(b) => **b = pool.zeros(len, s)?,
+        }
+        Ok(())
+    }
+}
+
+fn attn_saved<'a>(a: &'a mut AttnSaved, out: &mut Vec<SavedMut<'a>>) {
+    match a {
+        AttnSaved::Fused { qkv, lse } => {
+            out.push(SavedMut::Bf16(qkv));
+            out.push(SavedMut::F32(lse));
+        }
+        AttnSaved::Batched { q, k, v, att } => {
+            out.push(SavedMut::Bf16(q));
+            out.push(SavedMut::Bf16(k));
+            out.push(SavedMut::Bf16(v));
+            out.push(SavedMut::Bf16(att));
+        }
+    }
+}
+
+/// Every saved buffer, in a fixed order: each layer's (its input from
+/// the residual stream, LayerNorm statistics, attention output, and what
+/// else it keeps), then the head's input.
+fn saved_of<'a>(
+    layers: &'a mut [LayerSaved],
+    resid: &'a mut [DeviceBuffer<f32>],
+) -> Vec<(SavedFor, SavedMut<'a>)> {
+    let (inputs, head) = resid.split_at_mut(layers.len());
+    let mut out = Vec::new();
+    for (l, (layer, input)) in layers.iter_mut().zip(inputs).enumerate() {
+        let mut bufs = vec![
+            SavedMut::F32(input),
+            SavedMut::F32(&mut layer.ln1_mean),
+            SavedMut::F32(&mut layer.ln1_rstd),
+            SavedMut::F32(&mut layer.ln2_mean),
+            SavedMut::F32(&mut layer.ln2_rstd),
+            SavedMut::Bf16(&mut layer.atty),
+        ];
+        if let Some(lse) = &mut layer.lse {
+            bufs.push(SavedMut::F32(lse));
+        }
+        if let Some(a) = &mut layer.attn {
+            attn_saved(a, &mut bufs);
+        }
+        if let Some(acts) = &mut layer.acts {
+            if let Some(a) = &mut acts.attn {
+                attn_saved(a, &mut bufs);
+            }
+            bufs.push(SavedMut::F32(&mut acts.resid2));
+            bufs.push(SavedMut::Bf16(&mut acts.fch));
+        }
+        out.extend(bufs.into_iter().map(|b| (SavedFor::Layer(l), b)));
+    }
+    out.extend(head.iter_mut().map(|b| (SavedFor::Head, SavedMut::F32(b))));
+    out
+}
+
+impl GpuGptMixed {
+    /// The buffers the forward pass saves for the backward pass: which
+    /// part reads each last, and its bytes, in the order
+    /// [`place_saved`](Self::place_saved) takes offsets.
+    pub fn saved_buffers(&mut self) -> Vec<(SavedFor, usize)> {
+        let (layers, resid) = (&mut self.layers, &mut self.resid);
+        let lens = &self.unowned_saved;
+        saved_of(layers, resid)
+            .iter()
+            .enumerate()
+            .map(|(i, (f, b))| {
+                let bytes = match lens.get(i) {
+                    Some(&len) if len > 0 => len * b_elem_size(b),
+                    _ => b.bytes(),
+                };
+                (*f, bytes)
+            })
+            .collect()
+    }
+
+    /// Moves saved buffer `i` into `memory` at byte `at[i]` (one entry per
+    /// [`saved_buffers`](Self::saved_buffers) entry; `None`: keep its own
+    /// memory) and gives the memory it had back to the device. Returns
+    /// the bytes moved.
+    ///
+    /// # Safety
+    /// `memory` must outlive the lent buffers: call
+    /// [`own_saved`](Self::own_saved) before it is dropped. The caller
+    /// writes the lent bytes only where the model no longer reads them (ZeRO-3:
+    /// a gradient block's slice after the backward unit that reads its
+    /// buffers last), in the order of the model's stream.
+    pub unsafe fn place_saved(
+        &mut self,
+        memory: &DeviceBuffer<f32>,
+        at: &[Option<usize>],
+    ) -> Result<usize> {
+        self.own_missing()?;
+        let mut saved = saved_of(&mut self.layers, &mut self.resid);
+        if at.len() != saved.len() {
+            return Err(CudaError::Invalid(format!(
+                "place_saved: {} offsets for {} saved buffers",
+                at.len(),
+                saved.len()
+            )));
+        }
+        let mut moved = 0;
+        for ((_, buf), at) in saved.iter_mut().zip(at) {
+            if let Some(at) = *at {
+                moved += buf.bytes();
+                // SAFETY: passed on to the caller.
+                unsafe { buf.lend(memory, at)? };
+            }
+        }
+        // What the pool cached of the old buffers goes back to the driver.
+        self.stream.synchronize()?;
+        self.pool.release()?;
+        Ok(moved)
+    }
+
+    /// Drops the buffers lent by [`place_saved`](Self::place_saved) (their
+    /// contents are not needed between steps); the next forward pass
+    /// allocates them again from the model's own memory.
+    pub fn own_saved(&mut self) -> Result<()> {
+        let pool = &self.pool;
+        let saved = saved_of(&mut self.layers, &mut self.resid);
+        let mut lens = vec![0; saved.len()];
+        for (i, (_, mut buf)) in saved.into_iter().enumerate() {
+            if buf.is_lent() {
+                lens[i] = buf.len();
+                buf.empty(pool)?;
+            }
+        }
+        if lens.iter().any(|&l| l > 0) {
+            self.unowned_saved = lens;
+        }
+        Ok(())
+    }
+
+    /// Allocates the saved buffers [`own_saved`](Self::own_saved) dropped.
+    pub(super) fn own_missing(&mut self) -> Result<()> {
+        if self.unowned_saved.is_empty() {
+            return Ok(());
+        }
+        let lens = std::mem::take(&mut self.unowned_saved);
+        let (pool, s) = (&self.pool, &self.stream);
+        let saved = saved_of(&mut self.layers, &mut self.resid);
+        for ((_, mut buf), len) in saved.into_iter().zip(lens) {
+            if len > 0 {
+                buf.own(pool, s, len)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn b_elem_size(b: &SavedMut<'_>) -> usize {
+    match b {
+        SavedMut::F32(_) => 4,
+        SavedMut::Bf16(_) => 2,
+    }
+}
