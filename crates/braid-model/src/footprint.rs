@@ -131,11 +131,12 @@ pub fn cpu_training(
 }
 
 /// Elements of whole parameter blocks and block gradients a ZeRO-3 rank
-/// holds at most at once: the embeddings' parameters and gradients (the
-/// tied LM head keeps them from the head's backward to the end), two
-/// layers' parameters (the one running and the one prefetched) and two
-/// layers' gradients (one being written, one being reduced), the final
-/// norm's.
+/// holds at most at once, on the CPU and on a GPU: the embeddings'
+/// parameters and gradients (the tied LM head keeps them from the head's
+/// backward to the end), two layers' parameters (the one running and the
+/// one prefetched) and two layers' gradients (one being written, one being
+/// reduced), the final norm's. (The buffers freed and kept for reuse are
+/// among these: a unit takes them back before anything new is allocated.)
 pub fn stage3_unit_elements(cfg: &GptConfig) -> u128 {
     let (c, v, t) = (
         cfg.n_embd as u128,
@@ -442,7 +443,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
                 // activations that later move into the gradient shard
                 // still have memory of their own.)
                 _ if stage3 => {
-                    let training = sharding.shard(12 * params) + 4 * stage3_gpu_unit_elements(cfg);
+                    let training = sharding.shard(12 * params) + 4 * stage3_unit_elements(cfg);
                     sharding.shard(4 * params) + (4 * params + lent).saturating_sub(training)
                 }
                 _ => 4 * params,
@@ -479,7 +480,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     if stage3 {
         parts.push(Part {
             name: "gathered units",
-            bytes: 4 * stage3_gpu_unit_elements(cfg),
+            bytes: 4 * stage3_unit_elements(cfg),
         });
     }
     parts.push(Part {
@@ -491,18 +492,6 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         },
     });
     Footprint { parts }
-}
-
-/// Elements of whole parameter blocks and block gradients a ZeRO-3 rank
-/// on a GPU holds at most at once: [`stage3_unit_elements`], and in the
-/// backward pass a third layer's gradients (the bf16 engine's layer
-/// writes the bias gradient of the layer below, so that one is open
-/// while the layer runs and the one above is reduced) and two freed
-/// layers' buffers kept for reuse (fresh device memory would be
-/// allocated, and the device synchronised, in the middle of a pass).
-pub fn stage3_gpu_unit_elements(cfg: &GptConfig) -> u128 {
-    let c = cfg.n_embd as u128;
-    stage3_unit_elements(cfg) + 3 * (12 * c * c + 13 * c)
 }
 
 /// Bytes of host memory available to a new allocation (Linux's
@@ -588,7 +577,7 @@ mod tests {
             ..run(1)
         };
         let others = gpu_training(&cfg, &plain).total() - 16 * p;
-        let units = 4 * stage3_gpu_unit_elements(&cfg);
+        let units = 4 * stage3_unit_elements(&cfg);
         for n in [1u128, 2, 8] {
             let f = gpu_training(&cfg, &run(n as usize));
             // Training holds 16Ψ/N and the units; starting and ending, the

@@ -103,6 +103,18 @@ impl StateBytes {
     }
 }
 
+/// Device memory a parameter-sharded strategy holds besides model state
+/// ([`crate::Strategy::sharded_bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardedBytes {
+    /// The most bytes of whole blocks (gathered parameters, block
+    /// gradients, freed buffers kept for reuse) held at once.
+    pub units_peak: u64,
+    /// Bytes of the engine's saved activations living in the gradient
+    /// shard's memory.
+    pub saved_in_grads: u64,
+}
+
 /// A named tensor of the flat parameter buffer: checkpoints store the
 /// model by these names and element offsets, so that a checkpoint written
 /// under one layout of the flat buffer (padded for sharding, or not)

@@ -37,8 +37,8 @@ pub mod zero;
 pub mod zero3;
 
 pub use engine::{
-    Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, SavedBuffer, StateBytes, Unit,
-    UpdateStep,
+    Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedBytes, StateBytes,
+    Unit, UpdateStep,
 };
 pub use space::{Gpu, Host, Space, Window};
 pub use strategy::{Single, Strategy};

@@ -30,7 +30,7 @@
 //!    engine holds whole parameters again (to save or sample them).
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
-use crate::engine::{backward_local, Engine, Flat, StateBytes, UpdateStep};
+use crate::engine::{backward_local, Engine, Flat, ShardedBytes, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::timeline::Timeline;
 use crate::Result;
@@ -147,6 +147,12 @@ pub trait Strategy<E: Engine> {
     /// master weights), for the model-state account.
     fn state_bytes(&self) -> StateBytes {
         StateBytes::default()
+    }
+
+    /// What a parameter-sharded strategy holds besides model state (after
+    /// the steps, before [`finish`](Self::finish)). Nothing by default.
+    fn sharded_bytes(&self) -> ShardedBytes {
+        ShardedBytes::default()
     }
 
     /// This rank's part of the model state for a checkpoint, copied to

@@ -10,7 +10,7 @@
 //! over the whole global batch), together with the clipping factor.
 
 use crate::checkpoint::{Checkpointer, StateSource};
-use crate::engine::{Engine, StateBytes, UpdateStep};
+use crate::engine::{Engine, ShardedBytes, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::step_trace::StepTrace;
 use crate::strategy::{CommStep, Strategy};
@@ -108,6 +108,9 @@ pub struct RunReport {
     /// The model state this rank held (after the strategy's start: a
     /// sharded optimizer's state is its shard's).
     pub state: StateBytes,
+    /// ZeRO-3's whole blocks held at once, at most, and the saved
+    /// activations in its gradient shard.
+    pub sharded: ShardedBytes,
 }
 
 /// Trains `engine` under `strategy` on batches from `loader` (into
@@ -344,11 +347,13 @@ where
     } else {
         None
     };
+    let sharded = strategy.sharded_bytes();
     strategy.finish(engine)?;
     Ok(RunReport {
         steps: reports,
         unoverlapped_comm,
         state,
+        sharded,
     })
 }
 

@@ -45,7 +45,7 @@
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
 use crate::ddp::mean_over;
-use crate::engine::{Engine, Flat, ParamUnits, StateBytes, UpdateStep};
+use crate::engine::{Engine, Flat, ParamUnits, ShardedBytes, StateBytes, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -705,6 +705,13 @@ where
                 ..Default::default()
             },
             None => StateBytes::default(),
+        }
+    }
+
+    fn sharded_bytes(&self) -> ShardedBytes {
+        ShardedBytes {
+            units_peak: self.peak_unit_bytes(),
+            saved_in_grads: self.saved_in_grads_bytes() as u64,
         }
     }
 

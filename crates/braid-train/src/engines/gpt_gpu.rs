@@ -150,6 +150,21 @@ pub struct GpuGpt {
     forward_grad: bool,
     /// AdamW's moments were freed after the last update.
     released: bool,
+    /// Under ZeRO-3 with the bf16 model, see [`BiasCarry`].
+    carry: Option<BiasCarry>,
+}
+
+/// The bf16 model's layer backward pass (and the head's) also computes
+/// the output-projection bias gradient of the layer below (the column
+/// sums its LayerNorm backward forms anyway). Under ZeRO-3 that gradient
+/// waits here, `width` floats, until the layer below's own unit copies it
+/// into that layer's block: so that block's gradient buffer (a whole
+/// layer's) need not exist one unit early. The same bits: the sums are
+/// added into zeros either way.
+struct BiasCarry {
+    buf: DeviceBuffer<f32>,
+    /// The layer whose bias gradient `buf` holds, until its unit runs.
+    for_layer: Option<usize>,
 }
 
 impl GpuGpt {
@@ -296,9 +311,10 @@ impl GpuGpt {
             m: DeviceBuffer::zeros(device, 0).map_err(e)?,
             v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
+            carry: None,
             units: match precision {
                 Precision::F32 => gpt_param_units(&layout),
-                Precision::Bf16 => mixed_param_units(&layout),
+                Precision::Bf16 => gpt_param_units(&layout),
             },
             sharded: false,
             forward_grad: false,
@@ -835,6 +851,13 @@ impl Engine for GpuGpt {
             .map_err(e)?;
         }
         s.synchronize().map_err(e)?;
+        if let Model::Mixed(..) = &self.model {
+            let c = self.layout.config.n_embd;
+            self.carry = Some(BiasCarry {
+                buf: DeviceBuffer::zeros(self.p.device(), c).map_err(e)?,
+                for_layer: None,
+            });
+        }
         self.p = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
         self.sharded = true;
         Ok(master)
@@ -908,7 +931,53 @@ impl Engine for GpuGpt {
         let step = self.steps[unit].1;
         let pieces = pieces(&self.units, reads, params);
         let pf = F32Params::blocks(&pieces);
-        let views = grads
+        let s = match &self.model {
+            Model::F32(m) => m.stream(),
+            Model::Mixed(m, _) => m.stream(),
+        };
+        let fcproj_b = |l: usize| {
+            self.layout
+                .get(&format!("h.{l}.mlp.c_proj.bias"))
+                .map(|p| p.range())
+                .ok_or_else(|| format!("layer {l} has no mlp.c_proj.bias"))
+        };
+        let mut below = None;
+        if let Some(carry) = &mut self.carry {
+            if let (Step::Layer(l), Some(w)) = (step, carry.for_layer) {
+                if w != l {
+                    return Err(format!(
+                        "backward unit {unit}: layer {w}'s bias gradient is still waiting for its \
+                         unit, but this unit is layer {l}'s"
+                    ));
+                }
+                // The layer above's pass computed this layer's bias gradient.
+                let r = fcproj_b(l)?;
+                let i = writes
+                    .iter()
+                    .position(|&b| self.units.blocks[b].contains(&r.start))
+                    .ok_or_else(|| format!("layer {l}'s unit writes no block holding its bias"))?;
+                let at = r.start - self.units.blocks[writes[i]].start;
+                copy_async(
+                    &mut grads[i].view_mut(at..at + r.len()),
+                    &carry.buf.view(0..r.len()),
+                    s,
+                )
+                .map_err(e)?;
+                carry.for_layer = None;
+            }
+            let n = self.layout.config.n_layer;
+            let next = match step {
+                Step::Head => Some(n - 1),
+                Step::Layer(l) if l > 0 => Some(l - 1),
+                _ => None,
+            };
+            if let Some(b) = next {
+                zero_async(&mut carry.buf, s).map_err(e)?;
+                carry.for_layer = Some(b);
+                below = Some((fcproj_b(b)?.start, carry.buf.view_mut(0..carry.buf.len())));
+            }
+        }
+        let mut views: Vec<_> = grads
             .iter_mut()
             .zip(writes)
             .map(|(g, &b)| {
@@ -916,6 +985,8 @@ impl Engine for GpuGpt {
                 (self.units.blocks[b].start, g.view_mut(0..len))
             })
             .collect();
+        views.extend(below);
+        views.sort_by_key(|(start, _)| *start);
         let mut window = DeviceWindow::of_pieces(views).map_err(e)?;
         backward_step(&mut self.model, step, pf, &mut window)
     }
@@ -1023,22 +1094,6 @@ fn f32_params<'a>(p: &'a DeviceBuffer<f32>, offload: &'a Option<Offload>) -> F32
     }
 }
 
-/// The bf16 engine's parameter units: [`gpt_param_units`], except that
-/// its backward passes also write the bias gradient of the layer below
-/// (the head: the last layer's output-projection bias; layer `l`: layer
-/// `l - 1`'s), which comes with the LayerNorm backward that ends them.
-fn mixed_param_units(layout: &braid_model::Layout) -> ParamUnits {
-    let mut units = gpt_param_units(layout);
-    let n = layout.config.n_layer;
-    // Backward unit 0 is the head; unit 1 + i is layer n - 1 - i (block
-    // n - i); the layer below is block n - 1 - i.
-    units.backward_writes[0].push(n);
-    for i in 0..n.saturating_sub(1) {
-        units.backward_writes[1 + i].push(n - 1 - i);
-    }
-    units
-}
-
 /// The backward units of a GPT model whose first `deferred` layers defer
 /// their weight gradients: the head, the other layers from the last, the
 /// deferred layers' input gradients, the embeddings, the deferred layers'
@@ -1107,43 +1162,6 @@ fn plan(layout: &braid_model::Layout, deferred: usize) -> Vec<(Unit, Step)> {
 mod tests {
     use super::*;
     use braid_model::{GptConfig, Layout};
-
-    #[test]
-    fn the_bf16_units_also_write_the_bias_of_the_layer_below() {
-        let layout = Layout::new(&GptConfig::parse("L3-H2-C16-V50-T8").unwrap());
-        let units = mixed_param_units(&layout);
-        units.check(layout.len, plan(&layout, 0).len()).unwrap();
-        // Blocks: embeddings 0, layers 1..=3, final norm 4. Backward: the
-        // head, layers 2, 1, 0, the embeddings.
-        assert_eq!(
-            units.backward_writes,
-            vec![vec![4, 0, 3], vec![3, 2], vec![2, 1], vec![1], vec![0]]
-        );
-        // Each layer's gradient is final after the unit of the layer
-        // itself, not the one above.
-        assert_eq!(
-            units.final_after(),
-            vec![Some(4), Some(3), Some(2), Some(1), Some(0)]
-        );
-        // Every bias a layer's backward writes is inside the blocks its
-        // unit names.
-        for (u, step) in plan(&layout, 0).iter().enumerate() {
-            if let Step::Layer(l) = step.1 {
-                let below = l.checked_sub(1).map(|b| {
-                    layout
-                        .get(&format!("h.{b}.mlp.c_proj.bias"))
-                        .unwrap()
-                        .range()
-                });
-                if let Some(r) = below {
-                    let inside = units.backward_writes[u]
-                        .iter()
-                        .any(|&b| units.blocks[b].start <= r.start && r.end <= units.blocks[b].end);
-                    assert!(inside, "layer {l}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn deferred_plans_finish_the_buffer_from_its_ends() {

@@ -151,6 +151,16 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
         per(formula),
         st.total() as f64 / formula as f64,
     );
+    let sh = run.sharded;
+    if sh.units_peak > 0 {
+        println!(
+            "ZeRO-3 besides model states: whole blocks held at once, at most, {:.1} MB (gathered \
+             parameters, block gradients, buffers kept for reuse); saved activations in the \
+             gradient shard's memory {:.1} MB",
+            mb(sh.units_peak),
+            mb(sh.saved_in_grads),
+        );
+    }
     if st.offloaded > 0 {
         println!(
             "offloaded to host memory: {:.1} MB (f32 master weights, AdamW moments, pinned \
@@ -182,6 +192,8 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
         "summary": summary.map(|s| s.to_json()),
         "model_state_bytes": {"params": st.params, "master": st.master, "grads": st.grads,
             "optimizer": st.optimizer, "offloaded": st.offloaded, "total": st.total()},
+        "zero3_bytes": {"units_peak": run.sharded.units_peak,
+            "saved_in_grads": run.sharded.saved_in_grads},
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
