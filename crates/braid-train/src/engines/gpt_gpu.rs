@@ -312,10 +312,7 @@ impl GpuGpt {
             v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
             carry: None,
-            units: match precision {
-                Precision::F32 => gpt_param_units(&layout),
-                Precision::Bf16 => gpt_param_units(&layout),
-            },
+            units: gpt_param_units(&layout),
             sharded: false,
             forward_grad: false,
             released: false,
