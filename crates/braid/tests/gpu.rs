@@ -950,8 +950,8 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     }
     let dir = common::TempDir::new("gpu-zero3-lend");
     let off = [("BRAID_SAVED_IN_GRADS", "off")];
-    let base = ["--steps", "6", "--grad-clip", "1.0", "--batch", "8"];
-    let mut runs = vec![(vec!["--nproc", "1"], "1")];
+    let base = ["--steps", "6", "--grad-clip", "1.0"];
+    let mut runs = vec![(vec!["--nproc", "1", "--batch", "8"], "1")];
     if gpus(2).is_some() {
         runs.push((vec!["--nproc", "2", "--batch", "4"], "2"));
     }
