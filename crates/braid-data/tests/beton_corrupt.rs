@@ -114,6 +114,20 @@ fn open_and_read(path: &Path, bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// A damaged file's error names `expect`, and nothing allocated more
+/// than twice the good file's `good` bytes (plus 64 KiB) on the way.
+fn assert_refused(what: &str, e: &str, expect: &str, good: usize, len: usize) {
+    assert!(
+        e.contains(expect),
+        "{what}: expected an error with {expect:?}, got: {e}"
+    );
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert!(
+        largest <= 2 * good + (1 << 16),
+        "{what}: an allocation of {largest} bytes for a file of {len}"
+    );
+}
+
 #[test]
 fn twenty_kinds_of_damage_get_clear_errors() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -291,16 +305,7 @@ fn twenty_kinds_of_damage_get_clear_errors() {
             Ok(()) => panic!("{what}: read without an error"),
             Err(e) => e,
         };
-        assert!(
-            e.contains(expect),
-            "{what}: expected an error with {expect:?}, got: {e}"
-        );
-        let largest = LARGEST.load(Ordering::Relaxed);
-        assert!(
-            largest <= 2 * good.len() + (1 << 16),
-            "{what}: an allocation of {largest} bytes for a file of {}",
-            b.len()
-        );
+        assert_refused(what, &e, expect, good.len(), b.len());
     }
 }
 
@@ -453,16 +458,7 @@ fn damaged_jpeg_payloads_read_but_do_not_decode() {
             Ok(_) => panic!("{what}: decoded without an error"),
             Err(e) => e,
         };
-        assert!(
-            e.contains(expect),
-            "{what}: expected an error with {expect:?}, got: {e}"
-        );
-        let largest = LARGEST.load(Ordering::Relaxed);
-        assert!(
-            largest <= 2 * good.len() + (1 << 16),
-            "{what}: an allocation of {largest} bytes for a file of {}",
-            bytes.len()
-        );
+        assert_refused(what, &e, expect, good.len(), bytes.len());
         // A contact sheet of the field names the damaged sample.
         let opts = sheet::SheetOptions {
             field: Some("jpg"),

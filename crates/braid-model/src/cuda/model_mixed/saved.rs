@@ -35,11 +35,15 @@ impl SavedMut<'_> {
         }
     }
 
-    fn bytes(&self) -> usize {
+    fn elem_size(&self) -> usize {
         match self {
-            SavedMut::F32(b) => b.byte_len(),
-            SavedMut::Bf16(b) => b.byte_len(),
+            SavedMut::F32(_) => 4,
+            SavedMut::Bf16(_) => 2,
         }
+    }
+
+    fn bytes(&self) -> usize {
+        self.len() * self.elem_size()
     }
 
     fn is_lent(&self) -> bool {
@@ -147,7 +151,7 @@ impl GpuGptMixed {
             .enumerate()
             .map(|(i, (f, b))| {
                 let bytes = match lens.get(i) {
-                    Some(&len) if len > 0 => len * b_elem_size(b),
+                    Some(&len) if len > 0 => len * b.elem_size(),
                     _ => b.bytes(),
                 };
                 (*f, bytes)
@@ -227,12 +231,5 @@ impl GpuGptMixed {
             }
         }
         Ok(())
-    }
-}
-
-fn b_elem_size(b: &SavedMut<'_>) -> usize {
-    match b {
-        SavedMut::F32(_) => 4,
-        SavedMut::Bf16(_) => 2,
     }
 }
