@@ -49,6 +49,11 @@ pub struct CommStep {
     pub collectives: u32,
     /// What carried them, where the collectives say (e.g. "NCCL").
     pub via: &'static str,
+    /// Seconds the engine's own stream spent on the collectives' work
+    /// while the backward pass ran (the copy engines' flag waits and
+    /// sums, queued between its units): communication the computation did
+    /// not hide, though it ends before the pass does.
+    pub in_stream_s: f64,
 }
 
 impl CommStep {
@@ -58,6 +63,7 @@ impl CommStep {
         self.payload_bytes += other.payload_bytes;
         self.wire_bytes += other.wire_bytes;
         self.collectives += other.collectives;
+        self.in_stream_s += other.in_stream_s;
     }
 }
 

@@ -65,9 +65,11 @@ pub struct StepTimes {
     /// Forward and backward computation.
     pub compute: f64,
     /// Communication that did not overlap the computation: from the end of
-    /// the backward computation until the gradients were reduced, and the
-    /// all-reduce of the step's loss after it (which waits for the
-    /// slowest rank, so a trace counts it as communication too).
+    /// the backward computation until the gradients were reduced, the
+    /// collectives' work on the engine's own stream inside the backward
+    /// pass ([`CommStep::in_stream_s`]), and the all-reduce of the step's
+    /// loss after it (which waits for the slowest rank, so a trace counts
+    /// it as communication too).
     pub exposed_comm: f64,
     /// Gradient norm, clipping and the update (with the strategy's
     /// after-update work).
@@ -281,11 +283,15 @@ where
         strategy.mean(&mut mean)?;
         let loss_wait = t_mean.elapsed().as_secs_f64();
         let total = t0.elapsed().as_secs_f64();
+        // The collectives' work queued on the engine's stream between its
+        // backward units (the copy engines' sums) is communication, not
+        // computation, though it ends before the pass does.
+        let in_stream = strategy.last_step().in_stream_s;
         let times = StepTimes {
             total,
             data,
-            compute: (tl.seconds(m_start, m_computed)? - data).max(0.0),
-            exposed_comm: tl.seconds(m_computed, m_reduced)? + loss_wait,
+            compute: (tl.seconds(m_start, m_computed)? - data - in_stream).max(0.0),
+            exposed_comm: tl.seconds(m_computed, m_reduced)? + in_stream + loss_wait,
             optimizer: tl.seconds(m_reduced, m_end)?,
         };
         trace.finish(

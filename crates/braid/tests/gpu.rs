@@ -5,24 +5,9 @@
 
 mod common;
 
-use common::{braid, run};
+use common::{braid, gpus, run};
 use std::io::Write;
 use std::time::Duration;
-
-/// GPUs visible here, or `None` (after saying so) when there are fewer
-/// than `need`.
-fn gpus(need: usize) -> Option<usize> {
-    let n = braid_cuda::device_count().unwrap_or(0);
-    if n < need {
-        // Written past the test harness's capture so that it shows in the log.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: no GPU (this test needs {need}, the CUDA driver shows {n})"
-        );
-        return None;
-    }
-    Some(n)
-}
 
 fn no_gpu() -> bool {
     braid_cuda::device_count().unwrap_or(0) == 0

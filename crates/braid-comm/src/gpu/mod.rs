@@ -28,10 +28,12 @@
 //! ```
 
 mod lane;
+mod outside;
 mod watchdog;
 mod work;
 
 pub use lane::Lane;
+pub use outside::OutsideOp;
 pub use work::{poll_pause, DeviceWork};
 
 use crate::communicator::Communicator;

@@ -19,10 +19,17 @@
 //! Every bucket of a step has its own pair of flags and every step uses a
 //! larger flag value, so flags never need resetting. The host waits only
 //! at the end of the session, polling with the communicator's health and
-//! timeout. `BRAID_CE_TRACE=STEP` prints one step's timeline per rank.
+//! timeout. Each step's reduction is one operation of the GPU
+//! communicator ([`OutsideOp`]: numbered, in the flight recorder), so a
+//! rank stopped in or before it is named by the one that times out. A
+//! failed wait raises this rank's own flags, releasing its streams (a
+//! stream waiting for a flag that never comes would otherwise block the
+//! process's exit). `BRAID_CE_TRACE=STEP` prints one step's timeline per
+//! rank.
 
 use crate::cuda::HookKernels;
 use crate::Result;
+use braid_comm::gpu::{GpuCommunicator, OutsideOp};
 use braid_comm::Communicator;
 use braid_cuda::ipc::{copy_raw_async, wait_flag_async, write_flag_async, IpcHandle, PeerMemory};
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
@@ -90,6 +97,18 @@ pub struct CopyEngineReduce {
     ready: Event,
     summed: Event,
     done: [Event; 2],
+    /// Per slot, timed events around the sum on the engine's stream (its
+    /// flag wait and its kernel) queued inside the backward pass, and
+    /// whether the slot's pair was recorded this step.
+    sums: Vec<(Event, Event, bool)>,
+    /// Whether the engine's backward pass is still being queued (the
+    /// sums queued then sit between its units, not after them).
+    in_backward: bool,
+    /// Seconds the engine's stream spent on this step's sums inside the
+    /// backward pass (known after [`wait`](Self::wait)).
+    in_stream_s: f64,
+    /// This step's operation on the GPU communicator.
+    op: Option<OutsideOp>,
     trace: Option<Trace>,
 }
 
@@ -211,6 +230,13 @@ impl CopyEngineReduce {
                 Event::new(device).map_err(e)?,
                 Event::new(device).map_err(e)?,
             ],
+            sums: (0..slots)
+                .map(|_| Ok((Event::timed(device)?, Event::timed(device)?, false)))
+                .collect::<braid_cuda::Result<_>>()
+                .map_err(e)?,
+            in_backward: false,
+            in_stream_s: 0.0,
+            op: None,
             trace: Trace::from_env()?,
         }))
     }
@@ -220,11 +246,34 @@ impl CopyEngineReduce {
         self.grads == grads && self.len == len
     }
 
-    /// Starts a new step (flag values move on).
-    pub fn begin_step(&mut self) {
+    /// Starts a new step (flag values move on): the next operation of
+    /// `gpu`, an all-reduce of the registered buffer.
+    pub fn begin_step(&mut self, gpu: &GpuCommunicator) -> Result<()> {
+        if let Some(stale) = self.op.take() {
+            // (A session that failed before its wait.)
+            let _ = stale.failed(gpu, "its session ended before waiting".into());
+        }
+        self.op = Some(
+            gpu.outside("all_reduce", braid_core::DType::F32, self.len as u64)
+                .map_err(e)?,
+        );
         self.step += 1;
         self.next = 0;
         self.pending.clear();
+        self.in_backward = true;
+        self.in_stream_s = 0.0;
+        for s in &mut self.sums {
+            s.2 = false;
+        }
+        Ok(())
+    }
+
+    /// Seconds the engine's stream spent on the last step's reductions
+    /// while its backward pass ran: each bucket's flag wait and sum, queued
+    /// between the engine's units (the last bucket's, queued after the
+    /// pass, is not counted here). The computation's time excludes them.
+    pub fn in_stream_s(&self) -> f64 {
+        self.in_stream_s
     }
 
     /// Queues the reduction of bucket `b`, elements `range` of the
@@ -298,6 +347,11 @@ impl CopyEngineReduce {
     fn finish_pending(&mut self, k: &HookKernels, main: &Stream) -> Result<()> {
         for (b, range, j, mark) in std::mem::take(&mut self.pending) {
             let mine = self.halves(&range).0;
+            if self.in_backward {
+                let s = &mut self.sums[j];
+                s.0.record(main).map_err(e)?;
+                s.2 = true;
+            }
             // SAFETY: as in `launch`; the peer's half in our landing
             // buffer is read only after its flag `2j` says it landed.
             unsafe {
@@ -313,6 +367,9 @@ impl CopyEngineReduce {
             };
             k.add_into(main, &mut own, &self.landing.view(mine.clone()))
                 .map_err(e)?;
+            if self.in_backward {
+                self.sums[j].1.record(main).map_err(e)?;
+            }
             self.summed.record(main).map_err(e)?;
             self.back.wait_event(&self.summed).map_err(e)?;
             // SAFETY: as above; our summed half goes into the peer's
@@ -359,49 +416,121 @@ impl CopyEngineReduce {
     }
 
     /// Queues what is left of this step's buckets and waits for all of
-    /// them, checking `host`'s health and `timeout` between polls.
-    pub fn wait(
+    /// them, checking `gpu`'s health and timeout between polls. A failure
+    /// (a CUDA error, an aborted communicator, the timeout: the latter
+    /// naming the rank waited for) releases this rank's streams and tells
+    /// every rank to abort.
+    pub fn wait(&mut self, k: &HookKernels, gpu: &GpuCommunicator, main: &Stream) -> Result<()> {
+        let op = self
+            .op
+            .take()
+            .ok_or("copy-engine all-reduce: wait without begin_step")?;
+        let r = self.wait_for(k, gpu, main, &op);
+        match r {
+            Ok(()) => {
+                op.completed(gpu);
+                Ok(())
+            }
+            Err(why) => {
+                self.release_streams();
+                Err(match why {
+                    Failure::Aborted(err) => err,
+                    Failure::TimedOut => op.timed_out(gpu).to_string(),
+                    Failure::Cuda(detail) => op.failed(gpu, detail).to_string(),
+                })
+            }
+        }
+    }
+
+    /// The body of [`wait`](Self::wait).
+    fn wait_for(
         &mut self,
         k: &HookKernels,
-        host: &Communicator,
+        gpu: &GpuCommunicator,
         main: &Stream,
-        timeout: Duration,
-    ) -> Result<()> {
-        let start = Instant::now();
+        op: &OutsideOp,
+    ) -> std::result::Result<(), Failure> {
+        let cuda = |x: String| Failure::Cuda(x);
         if let Some(t) = &mut self.trace {
-            t.mark(main, 0, 0, Phase::BackwardDone)?;
+            t.mark(main, 0, 0, Phase::BackwardDone).map_err(cuda)?;
         }
-        self.finish_pending(k, main)?;
-        self.done[0].record(main).map_err(e)?;
-        self.done[1].record(&self.back).map_err(e)?;
+        self.in_backward = false;
+        self.finish_pending(k, main).map_err(cuda)?;
+        self.done[0].record(main).map_err(|x| cuda(e(x)))?;
+        self.done[1].record(&self.back).map_err(|x| cuda(e(x)))?;
+        let timeout = gpu.timeout();
+        let start = Instant::now();
         for ev in &self.done {
             let mut polls = 0u32;
-            while !ev.query().map_err(e)? {
+            while !ev.query().map_err(|x| cuda(e(x)))? {
                 polls += 1;
                 if polls % 64 == 0 {
-                    if let Some(why) = host.aborted() {
-                        return Err(format!(
-                            "rank {}: communicator aborted: {why} (seen while waiting for the copy-engine all-reduce)",
-                            self.rank
-                        ));
-                    }
-                    if start.elapsed() > timeout {
-                        let why = format!(
-                            "the copy-engine all-reduce of step {} did not finish within {timeout:?}",
+                    op.check(gpu).map_err(|x| {
+                        Failure::Aborted(format!(
+                            "{x} (the copy-engine all-reduce of step {})",
                             self.step
-                        );
-                        host.abort(&why);
-                        return Err(format!("rank {}: {why}", self.rank));
+                        ))
+                    })?;
+                    if start.elapsed() > timeout {
+                        return Err(Failure::TimedOut);
                     }
                 }
                 braid_comm::gpu::poll_pause(start.elapsed());
             }
         }
+        let mut ms = 0.0;
+        for (a, b, recorded) in &self.sums {
+            if *recorded {
+                ms += b.elapsed_ms(a).map_err(|x| cuda(e(x)))? as f64;
+            }
+        }
+        self.in_stream_s = ms / 1e3;
         if let Some(t) = &mut self.trace {
-            t.report(self.rank, self.step)?;
+            t.report(self.rank, self.step).map_err(cuda)?;
         }
         Ok(())
     }
+
+    /// After a failed wait: raises every flag of this rank to this step's
+    /// value, on a stream of its own, so that this rank's streams waiting
+    /// for the peer go on (into garbage: the run is over) instead of
+    /// blocking the process's exit, and waits for them, bounded.
+    fn release_streams(&mut self) {
+        let released = (|| -> braid_cuda::Result<()> {
+            let s = Stream::new(self.landing.device())?;
+            for i in 0..self.flags.len() {
+                // SAFETY: flag `i` lies in our own flag buffer, alive
+                // for as long as `self`, and the stream's write is
+                // waited for below (bounded) or outlived by the buffer's
+                // owner, which ends the process.
+                unsafe { write_flag_async(addr(self.flags.device_ptr(), i), self.step, &s)? };
+            }
+            s.synchronize()
+        })();
+        if let Err(x) = released {
+            eprintln!(
+                "braid: rank {}: could not release the copy-engine streams after a failure: {x}",
+                self.rank
+            );
+            return;
+        }
+        let t0 = Instant::now();
+        for ev in &self.done {
+            while !ev.query().unwrap_or(true) && t0.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// How a wait failed.
+enum Failure {
+    /// The communicator was aborted (the reason, already named).
+    Aborted(String),
+    /// The timeout passed.
+    TimedOut,
+    /// A CUDA error.
+    Cuda(String),
 }
 
 /// Device address of f32 element `i` of the buffer at `base`.

@@ -186,15 +186,16 @@ impl Collective for DeviceCollective {
                 };
             }
             if let CopyEngineSlot::Set(ce) = &mut *slot {
-                ce.begin_step();
+                ce.begin_step(&self.gpu)?;
                 let main = self.gpu.device().main_stream();
                 let r = drive(grads, &mut |i, part| {
                     count(&mut step, 4 * part.len() as u64, n);
                     ce.launch(k, i, bucket(i)?.range.clone(), &main)
                 });
-                let waited = ce.wait(k, self.gpu.host(), &main, self.gpu.timeout());
+                let waited = ce.wait(k, &self.gpu, &main);
                 r?;
                 waited?;
+                step.in_stream_s = ce.in_stream_s();
                 step.via = "the copy engines (NVLink)";
                 return Ok(step);
             }

@@ -223,6 +223,21 @@ pub fn kill_rank_one_of_two(
     (f, killed.elapsed())
 }
 
+/// GPUs visible here, or `None` (after saying so past the test harness's
+/// capture, so that it shows in the log) when there are fewer than `need`.
+pub fn gpus(need: usize) -> Option<usize> {
+    let n = braid_cuda::device_count().unwrap_or(0);
+    if n < need {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: no GPU (this test needs {need}, the CUDA driver shows {n})"
+        );
+        return None;
+    }
+    Some(n)
+}
+
 /// The largest absolute difference between two parameter vectors.
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
