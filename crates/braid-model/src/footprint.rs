@@ -148,6 +148,21 @@ pub fn stage3_unit_elements(cfg: &GptConfig) -> u128 {
     2 * emb + 4 * layer + 4 * c
 }
 
+/// Bytes of whole blocks a ZeRO-3 rank of the bf16 GPU engine holds at
+/// most at once ([`stage3_unit_elements`] in f32), with `half_layers`
+/// (the layers gathered in bf16): the two layers' parameters in half the
+/// bytes, plus the layers' f32 tensors kept whole (the engine's packed
+/// copy and the exchange that refreshes it).
+pub fn stage3_unit_bytes(cfg: &GptConfig, half_layers: bool) -> u128 {
+    let f32_all = 4 * stage3_unit_elements(cfg);
+    if !half_layers {
+        return f32_all;
+    }
+    let (c, l) = (cfg.n_embd as u128, cfg.n_layer as u128);
+    let layer = 12 * c * c + 13 * c;
+    f32_all - 2 * 2 * layer + 2 * 4 * 13 * c * l
+}
+
 /// How a run shards its model states over ranks (ZeRO), as the footprint
 /// counts them: stage 1 and up keep `1/ranks` of the optimizer state;
 /// stage 2 also keeps the shard's reduced gradients in a buffer of their
@@ -311,6 +326,9 @@ pub struct GpuRun {
     /// the backward pass live in the gradient shard's memory where it is
     /// idle ([`gpu_saved_in_grad_shard`]).
     pub saved_in_grads: bool,
+    /// Stage 3 in bf16: the layers are gathered in bf16 and read as such
+    /// (no layer cast, [`stage3_unit_bytes`]).
+    pub half_gathers: bool,
 }
 
 /// Bytes of the bf16 engine's saved activations that a ZeRO-3 rank
@@ -429,6 +447,8 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     } = *run;
     let params = cfg.num_params() as u128;
     let stage3 = sharding.stage == 3;
+    let half_layers = stage3 && mixed && run.half_gathers;
+    let units = stage3_unit_bytes(cfg, half_layers);
     let lent = gpu_saved_in_grad_shard(cfg, run);
     let mut parts = vec![
         Part {
@@ -443,7 +463,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
                 // activations that later move into the gradient shard
                 // still have memory of their own.)
                 _ if stage3 => {
-                    let training = sharding.shard(12 * params) + 4 * stage3_unit_elements(cfg);
+                    let training = sharding.shard(12 * params) + units;
                     sharding.shard(4 * params) + (4 * params + lent).saturating_sub(training)
                 }
                 _ => 4 * params,
@@ -471,16 +491,18 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         let wte = cfg.vocab_size as u128 * cfg.n_embd as u128;
         parts.push(Part {
             name: "bf16 weights",
-            bytes: match streamed_weights {
-                false => 2 * params,
-                true => 2 * (cfg.block_params_u128() + wte),
+            bytes: match (streamed_weights, half_layers) {
+                (false, _) => 2 * params,
+                // Layers arrive in bf16: none is cast.
+                (true, true) => 2 * wte,
+                (true, false) => 2 * (cfg.block_params_u128() + wte),
             },
         });
     }
     if stage3 {
         parts.push(Part {
             name: "gathered units",
-            bytes: 4 * stage3_unit_elements(cfg),
+            bytes: units,
         });
     }
     parts.push(Part {
@@ -571,6 +593,7 @@ mod tests {
             sharding: Sharding { stage: 3, ranks },
             offload: false,
             saved_in_grads: false,
+            half_gathers: false,
         };
         let plain = GpuRun {
             sharding: Sharding::NONE,

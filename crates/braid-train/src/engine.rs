@@ -443,6 +443,28 @@ pub trait Engine {
         Err("this engine cannot shard its parameters".into())
     }
 
+    /// Takes some blocks in bf16 from now on (after
+    /// [`shard_params`](Self::shard_params); a strategy whose collectives
+    /// gather in bf16 asks once, before the first pass): returns those
+    /// blocks and the flat ranges of the tensors in them that the passes
+    /// still read in f32, in the order [`half_side`](Self::half_side)
+    /// packs them. Such a block reaches [`forward_unit`](Self::forward_unit)
+    /// and [`backward_unit_of`](Self::backward_unit_of) as bf16 values
+    /// packed two to an element (a buffer of half the block's length),
+    /// rounded to nearest even from the f32 master weights — what the
+    /// engine's own cast would give. None by default.
+    fn start_half_blocks(&mut self) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
+        Ok((Vec::new(), Vec::new()))
+    }
+
+    /// The f32 tensors of the blocks taken in bf16, packed in the order
+    /// [`start_half_blocks`](Self::start_half_blocks) gave: the strategy
+    /// fills it from the master weights whenever they change, before the
+    /// next pass. `None` before then.
+    fn half_side(&mut self) -> Option<&mut Flat<Self>> {
+        None
+    }
+
     /// Starts a forward pass in units on `batch` (after
     /// [`shard_params`](Self::shard_params)); with `grad`, keeps what the
     /// backward pass needs.

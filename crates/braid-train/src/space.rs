@@ -31,6 +31,28 @@ pub trait Space: 'static {
     /// Overwrites the elements `ranges` of `flat` with `values` (the
     /// ranges one after another).
     fn write_ranges(flat: &mut Self::Flat, ranges: &[Range<usize>], values: &[f32]) -> Result<()>;
+    /// Copies runs of elements from `from` into `to`: each `(a, b, len)`
+    /// the elements `a..a + len` of `from` into `b..b + len` of `to` (a
+    /// GPU's copies are queued on its main stream, after what is queued
+    /// there).
+    fn copy_runs(
+        from: &Self::Flat,
+        to: &mut Self::Flat,
+        runs: &[(usize, usize, usize)],
+    ) -> Result<()>;
+}
+
+/// Checks that `runs` lie inside buffers of `from` and `to` elements.
+fn check_runs(from: usize, to: usize, runs: &[(usize, usize, usize)]) -> Result<()> {
+    match runs
+        .iter()
+        .find(|(a, b, n)| a.checked_add(*n).is_none_or(|e| e > from) || b + n > to)
+    {
+        Some((a, b, n)) => Err(format!(
+            "a copy of {n} elements from {a} of {from} to {b} of {to}: outside the buffers"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks that `ranges` lie inside `len` elements and hold `values`
@@ -96,6 +118,13 @@ impl Space for Host {
         }
         Ok(())
     }
+    fn copy_runs(from: &Vec<f32>, to: &mut Vec<f32>, runs: &[(usize, usize, usize)]) -> Result<()> {
+        check_runs(from.len(), to.len(), runs)?;
+        for &(a, b, n) in runs {
+            to[b..b + n].copy_from_slice(&from[a..a + n]);
+        }
+        Ok(())
+    }
 }
 
 impl Space for Gpu {
@@ -135,6 +164,19 @@ impl Space for Gpu {
             flat.copy_range_from_host(r.clone(), &values[at..at + r.len()])
                 .map_err(|e| e.to_string())?;
             at += r.len();
+        }
+        Ok(())
+    }
+    fn copy_runs(
+        from: &DeviceBuffer<f32>,
+        to: &mut DeviceBuffer<f32>,
+        runs: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        check_runs(from.len(), to.len(), runs)?;
+        let main = to.device().main_stream();
+        for &(a, b, n) in runs {
+            braid_cuda::memory::copy_async(&mut to.view_mut(b..b + n), &from.view(a..a + n), &main)
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

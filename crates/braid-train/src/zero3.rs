@@ -30,6 +30,14 @@
 //!   the backward pass fills it block by block: a block's slice takes
 //!   buffers read for the last time no later than the unit after which
 //!   its gradients are final ([`braid_model::placement`]);
+//! - on a GPU the engine's layers are gathered in bf16
+//!   ([`Engine::start_half_blocks`]; [`Zero3::with_half_gathers`]): each
+//!   rank rounds its slice to bf16 and the block arrives as the bf16
+//!   weights the layer's products read — half the bytes on the wire and
+//!   in memory, and no cast of a whole layer on the engine's stream. The
+//!   few f32 tensors in those blocks (LayerNorms, biases) stay whole on
+//!   every rank: after each update each rank's elements of them are
+//!   all-gathered into the engine's packed copy;
 //! - clipping sums the shards' squares across the ranks; the update
 //!   changes the master shard only ([`Engine::update_compact`]); nothing
 //!   is gathered after it — the next forward pass does that.
@@ -69,6 +77,9 @@ pub struct Zero3<C: Collective> {
     /// Lend the shard's gradient memory to the engine's saved
     /// activations (one micro-batch per step only).
     saved_in_grads: bool,
+    /// Gather in bf16 the blocks the engine takes so, where the
+    /// collectives can.
+    half_gathers: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -109,6 +120,89 @@ struct Sharded<C: Collective> {
     /// Bytes of the engine's saved activations in the shard's gradient
     /// memory.
     lent: usize,
+    /// Per block: gathered in bf16 (half the elements).
+    half: Vec<bool>,
+    /// The f32 tensors of the bf16 blocks, kept whole on every rank.
+    side: Option<SideRefresh<C>>,
+}
+
+/// The f32 tensors inside the blocks gathered in bf16 (the engine's
+/// [`Engine::half_side`]), refreshed on every rank from every rank's
+/// master shard after the master weights change.
+struct SideRefresh<C: Collective> {
+    /// `n × per_rank` elements: rank `r`'s elements of the tensors in
+    /// block `r`, all-gathered.
+    exchange: Flat2<C>,
+    per_rank: usize,
+    /// This rank's runs: (master shard element, exchange element, count).
+    mine: Vec<(usize, usize, usize)>,
+    /// Every rank's runs: (exchange element, packed element, count).
+    all: Vec<(usize, usize, usize)>,
+    /// The master weights changed since the last refresh.
+    stale: bool,
+}
+
+/// The runs of a side refresh over `n` ranks for `rank`: the tensors
+/// `side` (flat ranges, increasing, each inside a block, packed one after
+/// another in that order), split where the ranks' slices of their blocks
+/// split them. `slots[b]` is block `b`'s slice in every rank's master
+/// shard (the same on every rank). Returns (this rank's runs, every
+/// rank's runs, elements per rank) as [`SideRefresh`] keeps them.
+#[allow(clippy::type_complexity)]
+fn side_runs(
+    blocks: &[Range<usize>],
+    slots: &[Range<usize>],
+    side: &[Range<usize>],
+    rank: usize,
+    n: usize,
+) -> Result<(
+    Vec<(usize, usize, usize)>,
+    Vec<(usize, usize, usize)>,
+    usize,
+)> {
+    // Per rank: (master element, packed element, count).
+    let mut per: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); n];
+    let mut packed = 0;
+    for t in side {
+        let b = blocks
+            .iter()
+            .position(|b| b.start <= t.start && t.end <= b.end)
+            .ok_or_else(|| format!("ZeRO-3: the f32 tensor {t:?} lies in no single block"))?;
+        let k = slots[b].len();
+        for (r, runs) in per.iter_mut().enumerate() {
+            let slice = blocks[b].start + r * k..blocks[b].start + (r + 1) * k;
+            let (a, e) = (t.start.max(slice.start), t.end.min(slice.end));
+            if a < e {
+                let (from, to) = (slots[b].start + (a - slice.start), packed + (a - t.start));
+                match runs.last_mut() {
+                    // Runs next to each other in both become one copy.
+                    Some(last) if last.0 + last.2 == from && last.1 + last.2 == to => {
+                        last.2 += e - a
+                    }
+                    _ => runs.push((from, to, e - a)),
+                }
+            }
+        }
+        packed += t.len();
+    }
+    let per_rank = per
+        .iter()
+        .map(|r| r.iter().map(|x| x.2).sum())
+        .max()
+        .unwrap_or(0);
+    let mut mine = Vec::new();
+    let mut all = Vec::new();
+    for (r, runs) in per.iter().enumerate() {
+        let mut at = r * per_rank;
+        for &(master, to, len) in runs {
+            if r == rank {
+                mine.push((master, at, len));
+            }
+            all.push((at, to, len));
+            at += len;
+        }
+    }
+    Ok((mine, all, per_rank))
 }
 
 /// Freed block buffers a ZeRO-3 rank keeps for reuse: the blocks in
@@ -130,6 +224,7 @@ impl<C: Collective> Zero3<C> {
             hybrid,
             reshard_after_forward,
             saved_in_grads: false,
+            half_gathers: true,
             state: None,
             last: CommStep::default(),
         })
@@ -143,6 +238,19 @@ impl<C: Collective> Zero3<C> {
     pub fn with_saved_in_grads(mut self, on: bool) -> Self {
         self.saved_in_grads = on;
         self
+    }
+
+    /// Gathers in bf16 the blocks the engine takes so (its layers, on a
+    /// GPU), where the collectives can: on by default. Set before
+    /// [`Strategy::start`].
+    pub fn with_half_gathers(mut self, on: bool) -> Self {
+        self.half_gathers = on;
+        self
+    }
+
+    /// Whether some blocks are gathered in bf16 (after start).
+    pub fn gathers_half(&self) -> bool {
+        self.state.as_ref().is_some_and(|s| s.side.is_some())
     }
 
     /// Bytes of the engine's saved activations placed in the gradient
@@ -169,10 +277,14 @@ impl<C: Collective> Zero3<C> {
             true => format!(" hybrid: shard groups of {g}, {} replicas;", n / g),
             false => String::new(),
         };
+        let half = match self.half_gathers && self.group().half_gathers() {
+            true => " (the layers' in bf16)",
+            false => "",
+        };
         format!(
             "ZeRO stage 3 over {n} ranks ({}):{hybrid} parameters, gradients and optimizer state \
-             sharded (1/{g} per rank); each unit's parameters all-gathered before it runs (the \
-             next unit's prefetched), {}; gradients reduce-scattered per unit",
+             sharded (1/{g} per rank); each unit's parameters all-gathered{half} before it runs \
+             (the next unit's prefetched), {}; gradients reduce-scattered per unit",
             self.comm.backend(),
             match self.reshard_after_forward {
                 true => "freed after the forward pass (gathered again for the backward)",
@@ -207,11 +319,11 @@ impl<C: Collective> Zero3<C> {
                     .into(),
             );
         }
+        let mut step = st.refresh_side(group, engine)?;
         engine.forward_begin(batch, grad)?;
         let all = st.units.clone();
         let units = &all.forward;
         let first_backward: &[usize] = all.backward_reads.first().map_or(&[], |r| r);
-        let mut step = CommStep::default();
         step.add(st.exchange(group, &units[0], &[], &mut || Ok(()))?);
         let mut loss = None;
         for (u, reads) in units.iter().enumerate() {
@@ -336,6 +448,37 @@ impl<C: Collective> Zero3<C> {
 }
 
 impl<C: Collective> Sharded<C> {
+    /// Refreshes the engine's f32 tensors of the bf16 blocks from every
+    /// rank's master shard, if the master weights changed since.
+    fn refresh_side<E: Engine<Space = C::Space>>(
+        &mut self,
+        group: &C,
+        engine: &mut E,
+    ) -> Result<CommStep> {
+        let Some(sr) = self.side.as_mut().filter(|sr| sr.stale) else {
+            return Ok(CommStep::default());
+        };
+        <C::Space as Space>::copy_runs(&self.master, &mut sr.exchange, &sr.mine)?;
+        let all = 0..group.size() * sr.per_rank;
+        let step = group
+            .all_gather_ranges(&mut sr.exchange, &[all])
+            .map_err(|e| format!("ZeRO-3: the f32 tensors of the bf16 layers: {e}"))?;
+        let side = engine
+            .half_side()
+            .ok_or("ZeRO-3: the engine keeps no f32 tensors for the blocks it takes in bf16")?;
+        <C::Space as Space>::copy_runs(&sr.exchange, side, &sr.all)?;
+        sr.stale = false;
+        Ok(step)
+    }
+
+    /// The master weights changed: the bf16 blocks' f32 tensors are
+    /// refreshed before the next pass.
+    fn master_changed(&mut self) {
+        if let Some(sr) = &mut self.side {
+            sr.stale = true;
+        }
+    }
+
     fn hold(&mut self, bytes: u64) {
         self.held += bytes;
         self.peak = self.peak.max(self.held);
@@ -411,18 +554,21 @@ impl<C: Collective> Sharded<C> {
         let mut fresh: Vec<(usize, Flat2<C>)> = Vec::new();
         for &b in want {
             if self.gathered[b].is_none() && !fresh.iter().any(|(x, _)| *x == b) {
-                // The gather overwrites every element.
-                let (buf, _) = self.buffer(group, self.units.blocks[b].len())?;
+                // The gather overwrites every element (bf16: two to one).
+                let len = self.units.blocks[b].len();
+                let len = if self.half[b] { len / 2 } else { len };
+                let (buf, _) = self.buffer(group, len)?;
                 fresh.push((b, buf));
             }
         }
-        let (slots, micro) = (&self.slots, self.micro);
+        let (slots, micro, half) = (&self.slots, self.micro, &self.half);
         let mut gathers: Vec<GatherPart<'_, Flat2<C>>> = fresh
             .iter_mut()
             .map(|(b, buf)| GatherPart {
                 from: slots[*b].clone(),
                 into: buf,
                 at: 0,
+                half: half[*b],
             })
             .collect();
         if let Some(&b) = scatter.iter().find(|&&b| self.block_grads[b].is_none()) {
@@ -568,6 +714,33 @@ where
             .map_err(|e| format!("ZeRO-3: {e}"))?;
         let shard_ranges = shard;
         let blocks = units.blocks.len();
+        let mut half = vec![false; blocks];
+        let mut side = None;
+        if self.half_gathers && self.group().half_gathers() {
+            let (taken, tensors) = engine
+                .start_half_blocks()
+                .map_err(|e| format!("ZeRO-3: bf16 gathers: {e}"))?;
+            for &b in &taken {
+                let ok = b < blocks && slots[b].len() % 2 == 0;
+                if !ok {
+                    return Err(format!(
+                        "ZeRO-3: the engine takes block {b} in bf16, but it is not a block of \
+                         an even number of elements per rank"
+                    ));
+                }
+                half[b] = true;
+            }
+            if !taken.is_empty() {
+                let (mine, all, per_rank) = side_runs(&units.blocks, &slots, &tensors, rank, n)?;
+                side = Some(SideRefresh {
+                    exchange: self.group().zeros(n * per_rank)?,
+                    per_rank,
+                    mine,
+                    all,
+                    stale: true,
+                });
+            }
+        }
         self.state = Some(Sharded {
             final_after: units.final_after(),
             units: Arc::new(units),
@@ -582,6 +755,8 @@ where
             peak: 0,
             micro: 0,
             lent: 0,
+            half,
+            side,
         });
         if self.saved_in_grads {
             self.lend_grads(engine)?;
@@ -643,6 +818,7 @@ where
 
     fn update(&mut self, engine: &mut E, _grads: &Flat<E>, step: UpdateStep) -> Result<()> {
         let (_, st) = self.started()?;
+        st.master_changed();
         engine.update_compact(&mut st.master, &st.grads, step)
     }
 
@@ -683,6 +859,7 @@ where
                 from: st.slots[b].clone(),
                 into: &mut full,
                 at: r.start,
+                half: false,
             }];
             group.shard_exchange(&st.master, &mut gather, &mut st.grads, &mut [], &mut || {
                 Ok(())
@@ -759,11 +936,81 @@ where
             std::slice::from_ref(&(0..len)),
             &values,
         )?;
+        st.master_changed();
         let shard = st.shard.clone();
         checkpoint::restore_optimizer(engine, from, &shard)
     }
 
     fn last_step(&self) -> CommStep {
         self.last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank `r`'s master shard of a flat buffer `flat` split into `blocks`
+    /// over `n` ranks (each block's `r`th slice, one after another).
+    fn master_of(flat: &[f32], blocks: &[Range<usize>], r: usize, n: usize) -> Vec<f32> {
+        blocks
+            .iter()
+            .flat_map(|b| {
+                let k = b.len() / n;
+                flat[b.start + r * k..b.start + (r + 1) * k].to_vec()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn side_runs_rebuild_the_packed_tensors_on_every_rank() {
+        // Three blocks, f32 tensors inside them at awkward places (one
+        // across a rank boundary, two adjacent across a block boundary).
+        let blocks = vec![0..24, 24..72, 72..96];
+        let side = vec![2..5, 10..14, 22..24, 24..27, 40..52, 70..72, 90..96];
+        let flat: Vec<f32> = (0..96).map(|i| i as f32).collect();
+        for n in [1usize, 2, 4] {
+            let mut slots = Vec::new();
+            let mut at = 0;
+            for b in &blocks {
+                slots.push(at..at + b.len() / n);
+                at += b.len() / n;
+            }
+            let want: Vec<f32> = side.iter().flat_map(|t| flat[t.clone()].to_vec()).collect();
+            // Every rank's exchange part, as the all-gather assembles it.
+            let mut per_rank = 0;
+            let mut exchange = Vec::new();
+            let mut everyone = Vec::new();
+            for r in 0..n {
+                let (mine, all, k) = side_runs(&blocks, &slots, &side, r, n).unwrap();
+                per_rank = k;
+                if exchange.is_empty() {
+                    exchange = vec![f32::NAN; n * k];
+                }
+                let master = master_of(&flat, &blocks, r, n);
+                for (m, x, len) in mine {
+                    assert!(
+                        x >= r * k && x + len <= (r + 1) * k,
+                        "rank {r} writes outside its part"
+                    );
+                    exchange[x..x + len].copy_from_slice(&master[m..m + len]);
+                }
+                everyone.push(all);
+            }
+            // Every rank unpacks the same runs into the same tensors.
+            for all in &everyone {
+                assert_eq!(all, &everyone[0]);
+                let mut packed = vec![f32::NAN; want.len()];
+                for &(x, to, len) in all {
+                    packed[to..to + len].copy_from_slice(&exchange[x..x + len]);
+                }
+                assert_eq!(packed, want, "{n} ranks");
+            }
+            assert!(per_rank * n >= want.len());
+        }
+        // A tensor across two blocks is refused.
+        let slots = vec![0..24, 24..72, 72..96];
+        let across = 20..30;
+        assert!(side_runs(&blocks, &slots, std::slice::from_ref(&across), 0, 1).is_err());
     }
 }

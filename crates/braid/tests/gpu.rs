@@ -935,66 +935,10 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     }
     let dir = common::TempDir::new("gpu-zero3-lend");
     let off = [("BRAID_SAVED_IN_GRADS", "off")];
-    let base = ["--steps", "6", "--grad-clip", "1.0"];
-    let mut runs = vec![(vec!["--nproc", "1", "--batch", "8"], "1")];
-    if gpus(2).is_some() {
-        runs.push((vec!["--nproc", "2", "--batch", "4"], "2"));
-    }
-    for (ranks, tag) in runs {
-        for ckpt in [true, false] {
-            let mut args: Vec<&str> = [&base[..], &["--zero", "3"], &ranks[..]].concat();
-            if ckpt {
-                args.push("--checkpointing");
-            }
-            let name = format!("z3-{tag}-{ckpt}");
-            let (lent, a) = train_gpu(&dir, &format!("{name}-lent"), &args);
-            let (apart, b) = train_gpu_env(&dir, &format!("{name}-apart"), &args, &off);
-            assert_eq!(
-                common::step_losses(&a),
-                common::step_losses(&b),
-                "{name}: losses differ"
-            );
-            let d = common::max_diff(&lent, &apart);
-            assert!(d == 0.0, "{name}: parameters differ by {d}");
-        }
-    }
+    zero3_same_bits_with(&dir, &off);
     // A model large enough for the saving to show, and the estimate.
-    let mid = |env: &[(&str, &str)], extra: &[&str]| {
-        let mut cmd = braid();
-        cmd.args([
-            "train",
-            "--device",
-            "cuda",
-            "--model",
-            "L12-H10-C1280-V50304-T1024",
-        ])
-        .args(["--data", "random", "--batch", "8", "--seq", "1024"])
-        .args([
-            "--eval-every",
-            "0",
-            "--checkpointing",
-            "--zero",
-            "3",
-            "--nproc",
-            "1",
-        ])
-        .args(extra)
-        .env("NCCL_NVLS_ENABLE", "0")
-        .envs(env.iter().copied());
-        run(cmd, Duration::from_secs(180))
-    };
-    let three = ["--steps", "3"];
-    let (a, b) = (mid(&[], &three), mid(&off, &three));
-    assert_eq!(a.code, Some(0), "{a:?}");
-    assert_eq!(b.code, Some(0), "{b:?}");
-    let (est, peak) = (
-        figure(&a.stdout, "GPU memory estimate:"),
-        figure(&a.stdout, "peak device memory"),
-    );
-    let (est_off, peak_off) = (
-        figure(&b.stdout, "GPU memory estimate:"),
-        figure(&b.stdout, "peak device memory"),
-    );
+    let mid = zero3_l12;
+    let ([est, peak, _], [est_off, peak_off, _], _) = zero3_l12_beside(&off);
     let _ = writeln!(
         std::io::stderr(),
         "ZeRO-3 L12-H10-C1280 B8 T1024 checkpointing: saved activations in the gradient shard: \
@@ -1021,6 +965,137 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     );
     assert_eq!(d.code, Some(2), "{d:?}");
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
+}
+
+/// ZeRO-3 on the tiny model in bf16 (6 steps; one rank, and two where
+/// there are two; with and without checkpointing), by default and with
+/// `env`: the same losses and parameters, bit for bit.
+fn zero3_same_bits_with(dir: &common::TempDir, env: &[(&str, &str)]) {
+    let base = ["--steps", "6", "--grad-clip", "1.0", "--zero", "3"];
+    let mut runs = vec![(vec!["--nproc", "1", "--batch", "8"], "1")];
+    if gpus(2).is_some() {
+        runs.push((vec!["--nproc", "2", "--batch", "4"], "2"));
+    }
+    let tag = env.first().map_or("default", |e| e.1);
+    for (ranks, n) in runs {
+        for ckpt in [true, false] {
+            let mut args: Vec<&str> = [&base[..], &ranks[..]].concat();
+            if ckpt {
+                args.push("--checkpointing");
+            }
+            let name = format!("z3-{n}-{ckpt}");
+            let (a, da) = train_gpu(dir, &format!("{name}-default"), &args);
+            let (b, db) = train_gpu_env(dir, &format!("{name}-{tag}"), &args, env);
+            assert_eq!(
+                common::step_losses(&da),
+                common::step_losses(&db),
+                "{name}: losses differ with {env:?}"
+            );
+            let d = common::max_diff(&a, &b);
+            assert!(d == 0.0, "{name}: parameters differ by {d} with {env:?}");
+        }
+    }
+}
+
+/// ZeRO-3 on one rank of `L12-H10-C1280` (B 8, T 1024, checkpointing,
+/// random data) with `env` and `extra` arguments.
+fn zero3_l12(env: &[(&str, &str)], extra: &[&str]) -> common::Finished {
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--device",
+        "cuda",
+        "--model",
+        "L12-H10-C1280-V50304-T1024",
+    ])
+    .args(["--data", "random", "--batch", "8", "--seq", "1024"])
+    .args([
+        "--eval-every",
+        "0",
+        "--checkpointing",
+        "--zero",
+        "3",
+        "--nproc",
+        "1",
+    ])
+    .args(extra)
+    .env("NCCL_NVLS_ENABLE", "0")
+    .envs(env.iter().copied());
+    run(cmd, Duration::from_secs(180))
+}
+
+/// [`zero3_l12`] for 3 steps by default and with `env`: each run's GPU
+/// memory estimate, peak (GiB) and median step (ms), and the default
+/// run's output.
+fn zero3_l12_beside(env: &[(&str, &str)]) -> ([f64; 3], [f64; 3], String) {
+    let three = ["--steps", "3"];
+    let figures = |f: &common::Finished| {
+        assert_eq!(f.code, Some(0), "{f:?}");
+        [
+            figure(&f.stdout, "GPU memory estimate:"),
+            figure(&f.stdout, "peak device memory"),
+            figure(&f.stdout, "GPU(s) | median step"),
+        ]
+    };
+    let (a, b) = (zero3_l12(&[], &three), zero3_l12(env, &three));
+    (figures(&a), figures(&b), a.stdout)
+}
+
+/// ZeRO-3 in bf16 gathers its layers in bf16 (`BRAID_ZERO3_GATHER`, bf16
+/// by default): each rank rounds its slice as the engine's own cast
+/// would, so the parameters and every loss are the bits of f32 gathers
+/// (one rank and two where there are two, with and without
+/// checkpointing); the peak is lower and the estimate within 5 % of it;
+/// asking for it in f32 training is refused.
+#[test]
+fn gpu_zero3_bf16_gathers_change_no_bits() {
+    if gpus(1).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-zero3-half");
+    let f32_gathers = [("BRAID_ZERO3_GATHER", "f32")];
+    zero3_same_bits_with(&dir, &f32_gathers);
+    let ([est, peak, ms], [est_f, peak_f, ms_f], a) = zero3_l12_beside(&f32_gathers);
+    assert!(a.contains("all-gathered (the layers' in bf16)"), "{a}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "ZeRO-3 L12-H10-C1280 B8 T1024 checkpointing: layers gathered in bf16: estimate {est} \
+         GiB, peak {peak} GiB, median step {ms} ms; in f32: estimate {est_f} GiB, peak {peak_f} GiB, \
+         median step {ms_f} ms"
+    );
+    assert!(
+        (est - peak).abs() <= 0.05 * peak,
+        "estimate {est}, peak {peak}"
+    );
+    assert!(
+        peak < peak_f,
+        "peak {peak} GiB against {peak_f} GiB with f32 gathers"
+    );
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--device",
+        "cuda",
+        "--precision",
+        "f32",
+        "--zero",
+        "3",
+    ])
+    .args([
+        "--nproc",
+        "1",
+        "--steps",
+        "1",
+        "--seq",
+        "32",
+        "--eval-every",
+        "0",
+    ])
+    .env("BRAID_ZERO3_GATHER", "bf16")
+    .env("NCCL_NVLS_ENABLE", "0");
+    let c = run(cmd, Duration::from_secs(60));
+    assert_eq!(c.code, Some(2), "{c:?}");
+    assert!(c.stderr.contains("BRAID_ZERO3_GATHER=bf16"), "{c:?}");
 }
 
 /// A GPU engine whose optimizer owns two ranges of the flat buffer (a

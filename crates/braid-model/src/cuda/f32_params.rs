@@ -27,6 +27,12 @@ pub struct SideMap {
 impl SideMap {
     /// The f32-read tensors of `layout`.
     pub fn for_mixed(layout: &Layout) -> SideMap {
+        Self::for_mixed_within(layout, std::slice::from_ref(&(0..layout.len)))
+    }
+
+    /// The f32-read tensors of `layout` that lie inside `within` (ranges
+    /// of the flat buffer, e.g. the layers a ZeRO-3 rank gathers in bf16).
+    pub fn for_mixed_within(layout: &Layout, within: &[Range<usize>]) -> SideMap {
         let mut parts: Vec<(Range<usize>, usize)> = Vec::new();
         let mut len = 0;
         for t in &layout.params {
@@ -35,6 +41,9 @@ impl SideMap {
                 continue;
             }
             let r = t.range();
+            if !within.iter().any(|w| w.start <= r.start && r.end <= w.end) {
+                continue;
+            }
             match parts.last_mut() {
                 // Tensors next to each other become one part.
                 Some((last, _)) if last.end == r.start => last.end = r.end,

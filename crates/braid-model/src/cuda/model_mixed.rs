@@ -122,10 +122,14 @@ impl Pass {
 /// classifier's) once per step. 2 bytes per parameter less, for two casts
 /// of every parameter per step.
 struct StreamedWeights {
-    /// One layer's parameters, in layout order.
-    layer: DeviceBuffer<bf16>,
+    /// One layer's parameters, in layout order (allocated at the first
+    /// cast: a model given its layers in bf16 never casts one).
+    layer: Option<DeviceBuffer<bf16>>,
     /// The layer whose current parameters `layer` holds.
     holds: Option<usize>,
+    /// A layer's bf16 parameters handed in by the caller
+    /// ([`GpuGptMixed::give_layer_weights`]): used instead of a cast.
+    given: Option<(usize, DeviceBuffer<bf16>)>,
     /// The token embeddings, cast by the forward pass for the step.
     wte: DeviceBuffer<bf16>,
 }
@@ -155,9 +159,11 @@ pub struct MixedOptions {
 /// copy `pb`, or the streamed layer buffer, cast from `p` now unless it
 /// holds the layer already. Returns the buffer and the layout index of
 /// its first element.
+#[allow(clippy::too_many_arguments)]
 fn layer_weights<'a>(
     mk: &MixedKernels,
     s: &Stream,
+    pool: &DevicePool,
     streamed: &'a mut Option<StreamedWeights>,
     pb: Option<&'a DeviceBuffer<bf16>>,
     p: F32Params<'_>,
@@ -167,12 +173,24 @@ fn layer_weights<'a>(
     match (pb, streamed) {
         (Some(pb), _) => Ok((pb, 0)),
         (None, Some(st)) => {
+            if let Some((given, w)) = &st.given {
+                return match *given == l {
+                    true => Ok((w, block.start)),
+                    false => Err(CudaError::Invalid(format!(
+                        "layer {l}'s pass was given layer {given}'s bf16 weights"
+                    ))),
+                };
+            }
+            let len = block.len();
+            if st.layer.is_none() {
+                st.layer = Some(pool.zeros(len, s)?);
+            }
+            let layer = st.layer.as_mut().expect("allocated above");
             if st.holds != Some(l) {
-                let len = block.len();
-                mk.to_bf16(s, &mut st.layer.view_mut(0..len), &p.view(block.clone())?)?;
+                mk.to_bf16(s, &mut layer.view_mut(0..len), &p.view(block.clone())?)?;
                 st.holds = Some(l);
             }
-            Ok((&st.layer, block.start))
+            Ok((layer, block.start))
         }
         (None, None) => Err(no_weights()),
     }
@@ -513,8 +531,9 @@ impl GpuGptMixed {
         };
         let streamed = match options.streamed_weights {
             true => Some(StreamedWeights {
-                layer: p.zeros(layout.block_range(Block::Layer(0)).len(), s)?,
+                layer: None,
                 holds: None,
+                given: None,
                 wte: p.zeros(v * c, s)?,
             }),
             false => None,
@@ -697,6 +716,38 @@ impl GpuGptMixed {
         self.forward_head(p, pb, grad)
     }
 
+    /// Hands the next passes layer `l`'s bf16 weights, `w` (the layer's
+    /// block of the layout, in layout order: what a cast of its f32
+    /// parameters would give), to use instead of casting them; `None`
+    /// takes them back (later passes cast again). Only for a model built
+    /// to stream its weights. The caller keeps `w`'s memory until the
+    /// passes queued with it have run.
+    pub fn give_layer_weights(&mut self, given: Option<(usize, DeviceBuffer<bf16>)>) -> Result<()> {
+        let Some(st) = &mut self.streamed else {
+            return Err(CudaError::Invalid(
+                "bf16 layer weights handed to a model that keeps a whole bf16 copy".into(),
+            ));
+        };
+        if let Some((l, w)) = &given {
+            let cfg = self.layout.config;
+            if *l >= cfg.n_layer {
+                return Err(CudaError::Invalid(format!(
+                    "bf16 weights of layer {l} for a model of {}",
+                    cfg.n_layer
+                )));
+            }
+            let want = self.layout.block_range(Block::Layer(*l)).len();
+            if w.len() != want {
+                return Err(CudaError::Invalid(format!(
+                    "layer {l}'s bf16 weights: {} elements, the layer has {want}",
+                    w.len()
+                )));
+            }
+        }
+        st.given = given;
+        Ok(())
+    }
+
     /// Starts a forward pass in parts on a batch (`b × t` tokens and their
     /// targets): uploads it.
     pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
@@ -856,7 +907,7 @@ impl GpuGptMixed {
         let shape = AttnShape { b, t, c, nh };
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
-        let (wb, base) = layer_weights(mk, s, &mut self.streamed, pb, p, l, block)?;
+        let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
         let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
         let r = &self.ranges[l];
@@ -1169,7 +1220,7 @@ impl GpuGptMixed {
         let shape = AttnShape { b, t, c, nh };
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
-        let (wb, base) = layer_weights(mk, s, &mut self.streamed, pb, p, l, block)?;
+        let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
         let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let blas = &mut self.blas;
         let prof = &mut self.prof;

@@ -375,6 +375,31 @@ impl Collective for DeviceCollective {
             during()?;
             return Ok(step);
         }
+        // bf16 gathers: this rank's elements, rounded, into its own place
+        // of the block (the all-gather below then runs in place), on the
+        // communication stream after the engine's work queued so far (the
+        // update that wrote the master shard).
+        let casts = match gathers.iter().any(|g| g.half) {
+            false => None,
+            true => Some(
+                self.gpu
+                    .queue("shard exchange (bf16 casts)", false, |lanes| {
+                        let s = lanes[0].stream();
+                        for g in gathers.iter().filter(|g| g.half) {
+                            let k = g.from.len();
+                            let own = Bf16Part::of(g.into, g.at, rank * k, k);
+                            self.kernels.pack::<bf16>(
+                                s,
+                                &mut { own },
+                                &master.view(g.from.clone()),
+                                1.0,
+                            )?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(err)?,
+            ),
+        };
         // One NCCL group, ordered after everything queued on the engine's
         // stream so far (the units that wrote the gradients and last read
         // the recycled buffers), not after the unit `during` queues next.
@@ -385,6 +410,10 @@ impl Collective for DeviceCollective {
                 let lane = &mut lanes[0];
                 for g in gathers.iter_mut() {
                     let k = g.from.len();
+                    if g.half {
+                        lane.all_gather_mem::<bf16>(&mut Bf16Part::of(g.into, g.at, 0, n * k))?;
+                        continue;
+                    }
                     let mut into = g.into.view_mut(g.at..g.at + n * k);
                     lane.all_gather_mem_into(&master.view(g.from.clone()), &mut into)?;
                 }
@@ -396,7 +425,8 @@ impl Collective for DeviceCollective {
         );
         let collectives = collectives.map_err(err)?;
         for g in gathers.iter() {
-            count_half(&mut step, 4 * (n * g.from.len()) as u64, n);
+            let size = if g.half { 2 } else { 4 };
+            count_half(&mut step, size * (n * g.from.len()) as u64, n);
         }
         for sc in scatters.iter() {
             count_half(&mut step, 4 * sc.grads.len() as u64, n);
@@ -429,7 +459,14 @@ impl Collective for DeviceCollective {
         // timeout watched) before anything later is queued: the next unit
         // reads the gathered blocks, and the scattered buffers are reused.
         let computed = during();
-        let mut waited = collectives.wait().map_err(err);
+        let mut waited = match casts {
+            Some(c) => c.wait().map_err(err),
+            None => Ok(()),
+        };
+        let r = collectives.wait().map_err(err);
+        if waited.is_ok() {
+            waited = r;
+        }
         if let Some(adds) = adds {
             let r = adds.wait().map_err(err);
             if waited.is_ok() {
@@ -440,6 +477,10 @@ impl Collective for DeviceCollective {
         waited?;
         step.via = "NCCL";
         Ok(step)
+    }
+
+    fn half_gathers(&self) -> bool {
+        true
     }
 
     fn split(&self, color: u32, key: usize) -> Result<DeviceCollective> {
@@ -699,5 +740,33 @@ impl<'g> MatOps for DeviceOps<'_, '_, 'g> {
         self.k
             .residual_error(self.lane.stream(), e, before, g, scale)
             .map_err(cu)
+    }
+}
+
+/// bf16 elements `at..at + len` (counted in bf16) of the part of an f32
+/// buffer that starts at f32 element `from`: where a bf16 gather packs its
+/// block, two values to an f32 element.
+struct Bf16Part {
+    ptr: u64,
+    len: usize,
+}
+
+impl Bf16Part {
+    /// `len` bf16 values from bf16 index `at` past f32 element `from` of
+    /// `buf` (checked by the caller's `check_exchange`: the block fits).
+    fn of(buf: &DeviceBuffer<f32>, from: usize, at: usize, len: usize) -> Bf16Part {
+        Bf16Part {
+            ptr: buf.view(0..0).dptr() + 4 * from as u64 + 2 * at as u64,
+            len,
+        }
+    }
+}
+
+impl DeviceMem<bf16> for Bf16Part {
+    fn dptr(&self) -> u64 {
+        self.ptr
+    }
+    fn dlen(&self) -> usize {
+        self.len
     }
 }

@@ -251,6 +251,12 @@ impl Collective for HostCollective {
             scatters,
             Vec::len,
         )?;
+        if gathers.iter().any(|g| g.half) {
+            return Err(format!(
+                "bf16 gathers over {} are not built (the host engine trains in f32)",
+                self.backend()
+            ));
+        }
         let mut step = CommStep::default();
         let mut sums: Vec<Vec<f32>> = scatters.iter().map(|s| vec![0.0; s.to.len()]).collect();
         let computed = self

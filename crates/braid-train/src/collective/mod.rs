@@ -134,6 +134,22 @@ pub struct GatherPart<'a, F> {
     pub into: &'a mut F,
     /// Its first element there.
     pub at: usize,
+    /// Gather in bf16 ([`Collective::half_gathers`]): each rank's f32
+    /// elements are rounded to bf16 (to nearest even) and the block lands
+    /// as bf16 values packed two to an f32 element of `into`, from `at`
+    /// (half the elements, half the bytes on the wire). `from` must have
+    /// an even length.
+    pub half: bool,
+}
+
+impl<F> GatherPart<'_, F> {
+    /// Elements of `into` the gathered block takes over `n` ranks.
+    pub fn into_len(&self, n: usize) -> usize {
+        match self.half {
+            true => n * self.from.len() / 2,
+            false => n * self.from.len(),
+        }
+    }
 }
 
 /// One reduce-scatter of a parameter-sharded exchange: `grads` (one
@@ -229,6 +245,12 @@ pub trait Collective {
         ranges: &[Range<usize>],
     ) -> Result<CommStep>;
 
+    /// Whether [`shard_exchange`](Self::shard_exchange) gathers in bf16
+    /// ([`GatherPart::half`]).
+    fn half_gathers(&self) -> bool {
+        false
+    }
+
     /// ZeRO stage 3's exchange around one unit of a pass: the
     /// `gathers` (parameter blocks from every rank's `master` shard) and
     /// the `scatters` (finished gradient blocks into `shard_grads`) run
@@ -263,8 +285,17 @@ pub(crate) fn check_exchange<F>(
     len: impl Fn(&F) -> usize,
 ) -> Result<()> {
     for (i, g) in gathers.iter().enumerate() {
-        let k = g.from.len();
-        if g.from.start > g.from.end || g.from.end > master_len || g.at + n * k > len(g.into) {
+        if g.half && g.from.len() % 2 != 0 {
+            return Err(format!(
+                "gather {i}: a bf16 gather of {} elements per rank (it packs two to an f32 \
+                 element: an even number is needed)",
+                g.from.len()
+            ));
+        }
+        if g.from.start > g.from.end
+            || g.from.end > master_len
+            || g.at + g.into_len(n) > len(g.into)
+        {
             return Err(format!(
                 "gather {i}: elements {:?} of a master shard of {master_len}, {n} ranks' worth \
                  into {} elements from {}",

@@ -23,7 +23,7 @@ use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, SavedFor, WeightGrads};
 use braid_model::optim::AdamWConfig;
-use braid_model::Params;
+use braid_model::{Block, Params};
 use braid_trace::{scope, Cat};
 use half::bf16;
 use std::ops::Range;
@@ -152,6 +152,21 @@ pub struct GpuGpt {
     released: bool,
     /// Under ZeRO-3 with the bf16 model, see [`BiasCarry`].
     carry: Option<BiasCarry>,
+    /// Under ZeRO-3 with bf16 gathers, see [`HalfBlocks`].
+    half: Option<HalfBlocks>,
+}
+
+/// Under ZeRO-3 with bf16 gathers ([`Engine::start_half_blocks`]) the
+/// bf16 model takes each layer's block as the bf16 weights its products
+/// read, gathered so, instead of f32 parameters it casts; what it reads
+/// of those blocks in f32 (LayerNorms, biases) comes from `side`, which
+/// the strategy refreshes after every update.
+struct HalfBlocks {
+    /// Per block of the units: taken in bf16.
+    taken: Vec<bool>,
+    /// The f32 tensors of those blocks, packed as `map` says.
+    side: DeviceBuffer<f32>,
+    map: SideMap,
 }
 
 /// The bf16 model's layer backward pass (and the head's) also computes
@@ -312,6 +327,7 @@ impl GpuGpt {
             v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
             carry: None,
+            half: None,
             units: gpt_param_units(&layout),
             sharded: false,
             forward_grad: false,
@@ -503,6 +519,72 @@ impl GpuGpt {
             )),
         }
     }
+
+    /// The lengths in elements of the blocks `params` hold for a unit
+    /// reading `blocks`: a block taken in bf16 comes as half as many f32
+    /// elements, two values to one.
+    fn given_lens(&self, blocks: &[usize], params: &[&DeviceBuffer<f32>]) -> Vec<usize> {
+        params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let taken = blocks
+                    .get(i)
+                    .is_some_and(|&b| self.half.as_ref().is_some_and(|h| h.taken[b]));
+                if taken {
+                    2 * p.len()
+                } else {
+                    p.len()
+                }
+            })
+            .collect()
+    }
+
+    /// The layer whose bf16 block a unit reading `blocks` (given
+    /// `params`) runs on, if its blocks are taken in bf16 (then it reads
+    /// that one block only), or `None` when it reads f32 blocks.
+    ///
+    /// `params[0]` then holds the layer's bf16 weights: the strategy
+    /// gathered them so ([`Engine::start_half_blocks`]'s contract), and
+    /// keeps the buffer until the work queued with it has run, as it does
+    /// for f32 blocks.
+    fn half_layer(&self, blocks: &[usize], params: &[&DeviceBuffer<f32>]) -> Result<Option<usize>> {
+        let Some(h) = &self.half else {
+            return Ok(None);
+        };
+        let taken = blocks.iter().filter(|&&b| h.taken[b]).count();
+        match (taken, blocks) {
+            (0, _) => Ok(None),
+            (1, &[b]) if params.len() == 1 => {
+                let r = &self.units.blocks[b];
+                self.layout
+                    .blocks
+                    .iter()
+                    .find_map(|(block, range)| match block {
+                        Block::Layer(l) if range == r => Some(*l),
+                        _ => None,
+                    })
+                    .map(Some)
+                    .ok_or_else(|| format!("block {b} is taken in bf16 but is no layer"))
+            }
+            _ => Err(format!(
+                "a unit reads blocks {blocks:?}, some taken in bf16 and some not (bf16 \
+                 layers run one to a unit)"
+            )),
+        }
+    }
+}
+
+/// A bf16 view of the bf16 values a half block packs two to an element
+/// of `packed`.
+///
+/// # Safety
+/// The view must not outlive `packed`'s memory, nor be used after the
+/// buffer's next writer (the caller orders them on the engine's stream).
+unsafe fn lent_bf16(packed: &DeviceBuffer<f32>) -> Result<DeviceBuffer<bf16>> {
+    // SAFETY: the caller's contract; the view covers exactly the bytes of
+    // `packed`, from byte 0.
+    unsafe { DeviceBuffer::<bf16>::lent_from(packed, 0, 2 * packed.len()) }.map_err(e)
 }
 
 /// Runs backward step `step` of `model` reading `p` (the f32 parameters)
@@ -811,6 +893,43 @@ impl Engine for GpuGpt {
         Ok(self.units.clone())
     }
 
+    fn start_half_blocks(&mut self) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
+        self.in_units("start_half_blocks")?;
+        let Model::Mixed(m, None) = &self.model else {
+            // The f32 model reads its parameters in f32.
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let layers: Vec<Range<usize>> = self
+            .layout
+            .blocks
+            .iter()
+            .filter(|(b, _)| matches!(b, Block::Layer(_)))
+            .map(|(_, r)| r.clone())
+            .collect();
+        let taken: Vec<bool> = self
+            .units
+            .blocks
+            .iter()
+            .map(|r| layers.contains(r))
+            .collect();
+        let map = SideMap::for_mixed_within(&self.layout, &layers);
+        let tensors: Vec<Range<usize>> = self
+            .layout
+            .params
+            .iter()
+            .map(|t| t.range())
+            .filter(|r| map.locate(r).is_some())
+            .collect();
+        let side = DeviceBuffer::zeros(m.stream().device(), map.len()).map_err(e)?;
+        let blocks = (0..taken.len()).filter(|&b| taken[b]).collect();
+        self.half = Some(HalfBlocks { taken, side, map });
+        Ok((blocks, tensors))
+    }
+
+    fn half_side(&mut self) -> Option<&mut DeviceBuffer<f32>> {
+        self.half.as_mut().map(|h| &mut h.side)
+    }
+
     fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<DeviceBuffer<f32>> {
         self.whole("shard_params")?;
         if self.offload.is_some() {
@@ -890,11 +1009,24 @@ impl Engine for GpuGpt {
             forward_unit_name(unit, layers)
         });
         self.in_units("forward_unit")?;
-        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        let blocks = self.units.forward.get(unit).map_or(&[][..], |b| b);
+        let lens = self.given_lens(blocks, params);
         let want = self.units.forward_given(unit, &lens)?;
+        let n_layer = self.layout.config.n_layer;
+        if let Some(l) = self.half_layer(want, params)? {
+            let (Model::Mixed(m, _), Some(h)) = (&mut self.model, &self.half) else {
+                unreachable!("half blocks are the bf16 model's");
+            };
+            let pf = F32Params::packed(&h.side, &h.map);
+            // SAFETY: see `half_layer`.
+            let w = unsafe { lent_bf16(params[0]) }?;
+            m.give_layer_weights(Some((l, w))).map_err(e)?;
+            let r = m.forward_block(l, pf, None).map_err(e);
+            m.give_layer_weights(None).map_err(e)?;
+            return r.map(|_| None);
+        }
         let pieces = pieces(&self.units, want, params);
         let pf = F32Params::blocks(&pieces);
-        let n_layer = self.layout.config.n_layer;
         let grad = self.forward_grad;
         match &mut self.model {
             Model::F32(m) => match unit {
@@ -922,12 +1054,22 @@ impl Engine for GpuGpt {
             backward_unit_name(unit, layers)
         });
         self.in_units("backward_unit_of")?;
-        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        let blocks = self.units.backward_reads.get(unit).map_or(&[][..], |b| b);
+        let lens = self.given_lens(blocks, params);
         let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
         let (reads, writes) = self.units.backward_given(unit, &lens, &grad_lens)?;
+        let reads = reads.to_vec();
+        let writes = writes.to_vec();
         let step = self.steps[unit].1;
-        let pieces = pieces(&self.units, reads, params);
-        let pf = F32Params::blocks(&pieces);
+        let half_layer = self.half_layer(&reads, params)?;
+        let pieces = match half_layer {
+            Some(_) => Vec::new(),
+            None => pieces(&self.units, &reads, params),
+        };
+        let pf = match (&half_layer, &self.half) {
+            (Some(_), Some(h)) => F32Params::packed(&h.side, &h.map),
+            _ => F32Params::blocks(&pieces),
+        };
         let s = match &self.model {
             Model::F32(m) => m.stream(),
             Model::Mixed(m, _) => m.stream(),
@@ -976,7 +1118,7 @@ impl Engine for GpuGpt {
         }
         let mut views: Vec<_> = grads
             .iter_mut()
-            .zip(writes)
+            .zip(&writes)
             .map(|(g, &b)| {
                 let len = g.len();
                 (self.units.blocks[b].start, g.view_mut(0..len))
@@ -985,7 +1127,20 @@ impl Engine for GpuGpt {
         views.extend(below);
         views.sort_by_key(|(start, _)| *start);
         let mut window = DeviceWindow::of_pieces(views).map_err(e)?;
-        backward_step(&mut self.model, step, pf, &mut window)
+        let Some(l) = half_layer else {
+            return backward_step(&mut self.model, step, pf, &mut window);
+        };
+        let Model::Mixed(m, _) = &mut self.model else {
+            unreachable!("half blocks are the bf16 model's");
+        };
+        // SAFETY: see `half_layer`.
+        let w = unsafe { lent_bf16(params[0]) }?;
+        m.give_layer_weights(Some((l, w))).map_err(e)?;
+        let r = backward_step(&mut self.model, step, pf, &mut window);
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.give_layer_weights(None).map_err(e)?;
+        }
+        r
     }
 
     fn update_compact(

@@ -172,6 +172,8 @@ pub struct DevicePlan {
     /// ZeRO-3: the saved activations live in the gradient shard's memory
     /// (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
     pub saved_in_grads: bool,
+    /// ZeRO-3 in bf16: the layers gathered in bf16 (`BRAID_ZERO3_GATHER`).
+    pub half_gathers: bool,
 }
 
 /// A memory-for-speed choice the pre-flight makes unless the environment
@@ -188,7 +190,11 @@ pub struct DevicePlan {
 ///   recomputation starts at its output) or `recomputed`;
 /// - `BRAID_SAVED_IN_GRADS`: under ZeRO-3 with one micro-batch per step,
 ///   `on` (the activations saved for the backward pass live in the
-///   gradient shard's memory until it fills; the default) or `off`.
+///   gradient shard's memory until it fills; the default) or `off`;
+/// - `BRAID_ZERO3_GATHER`: under ZeRO-3 in bf16, `bf16` (each rank rounds
+///   its slice of a layer and the layer is gathered as the bf16 weights
+///   its products read; the default) or `f32` (gathered in f32 and cast
+///   as it runs).
 fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
     match std::env::var(var).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
@@ -269,6 +275,15 @@ pub fn device(
         Some(on) => on,
         None => stage3 && mixed && a.accum == 1,
     };
+    let half_gathers = match env_choice("BRAID_ZERO3_GATHER", "bf16", "f32")? {
+        Some(true) if !(stage3 && mixed) => {
+            return Err(
+                "BRAID_ZERO3_GATHER=bf16: only ZeRO-3 in bf16 gathers layers in bf16".into(),
+            )
+        }
+        Some(half) => half,
+        None => stage3 && mixed,
+    };
     if forced == Some(false) && stage3 {
         return Err(
             "BRAID_BF16_WEIGHTS=resident: under ZeRO-3 each gathered layer is cast to bf16 as \
@@ -303,6 +318,7 @@ pub fn device(
         stored_score_grads,
         keep_attention,
         saved_in_grads,
+        half_gathers,
     };
     let Ok(free) = dev.free_memory() else {
         return Ok(plan(0, forms[0]));
@@ -326,6 +342,7 @@ pub fn device(
             sharding,
             offload,
             saved_in_grads: saved_in_grads && sharding.stage == 3,
+            half_gathers: half_gathers && sharding.stage == 3,
         };
         gpu_training(cfg, &run)
     };

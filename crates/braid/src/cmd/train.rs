@@ -525,6 +525,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         shard_group: a.shard_group,
         keep_params: a.no_reshard_after_forward,
         saved_in_grads: false,
+        half_gathers: true,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
@@ -692,6 +693,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if plan.saved_in_grads {
                 lean.push("saved activations in the gradient shard until it fills");
             }
+            if plan.half_gathers {
+                lean.push("layers gathered in bf16");
+            }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
                 braid_model::footprint::gib(plan.estimate),
@@ -702,6 +706,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
         shard_choice.saved_in_grads = plan.saved_in_grads;
+        shard_choice.half_gathers = plan.half_gathers;
         braid_cuda::pool::reset_peak();
         let options = braid_model::cuda::model_mixed::MixedOptions {
             checkpointing: a.checkpointing,

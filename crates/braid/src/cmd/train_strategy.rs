@@ -84,6 +84,9 @@ pub struct ShardChoice {
     /// Stage 3: the engine's saved activations in the gradient shard's
     /// memory (the pre-flight's choice).
     pub saved_in_grads: bool,
+    /// Stage 3: gather in bf16 the blocks the engine takes so, where the
+    /// collectives can (the pre-flight's choice on a GPU).
+    pub half_gathers: bool,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -104,10 +107,13 @@ where
         shard_group,
         keep_params,
         saved_in_grads,
+        half_gathers,
     } = choice;
     Ok(match stage {
         Some(3) => Box::new(
-            Zero3::new(comm, shard_group, !keep_params)?.with_saved_in_grads(saved_in_grads),
+            Zero3::new(comm, shard_group, !keep_params)?
+                .with_saved_in_grads(saved_in_grads)
+                .with_half_gathers(half_gathers),
         ),
         Some(stage) => Box::new(Zero::new(
             comm,
