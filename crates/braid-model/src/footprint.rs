@@ -94,6 +94,7 @@ pub fn cpu_training(
     // end to save it: the whole parameters count once.
     let grads = match sharding.stage {
         3 => 0,
+        2 => 4 * stage2_grad_elements(cfg),
         _ => p,
     };
     let mut f = Footprint {
@@ -148,6 +149,19 @@ pub fn stage3_unit_elements(cfg: &GptConfig) -> u128 {
     2 * emb + 4 * layer + 4 * c
 }
 
+/// Elements of block gradients a ZeRO stage 2 rank holds at most at once
+/// (it has no whole gradient buffer): the embeddings' (the tied LM head
+/// writes them first, the embedding last), two layers' (one being
+/// written, one being reduced) and the final norm's.
+pub fn stage2_grad_elements(cfg: &GptConfig) -> u128 {
+    let (c, v, t) = (
+        cfg.n_embd as u128,
+        cfg.vocab_size as u128,
+        cfg.context as u128,
+    );
+    (v + t) * c + 2 * (12 * c * c + 13 * c) + 2 * c
+}
+
 /// Bytes of whole blocks a ZeRO-3 rank of the bf16 GPU engine holds at
 /// most at once ([`stage3_unit_elements`] in f32), with `half_layers`
 /// (the layers gathered in bf16): the two layers' parameters in half the
@@ -166,8 +180,9 @@ pub fn stage3_unit_bytes(cfg: &GptConfig, half_layers: bool) -> u128 {
 /// How a run shards its model states over ranks (ZeRO), as the footprint
 /// counts them: stage 1 and up keep `1/ranks` of the optimizer state;
 /// stage 2 also keeps the shard's reduced gradients in a buffer of their
-/// own; stage 3 keeps only its shard of the parameters too, and no whole
-/// gradient buffer.
+/// own and no whole gradient buffer (block gradients while a unit runs,
+/// [`stage2_grad_elements`]); stage 3 keeps only its shard of the
+/// parameters too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharding {
     /// 0: not sharded (one process, or data parallelism).
@@ -471,9 +486,10 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         },
         Part {
             name: "gradients",
-            bytes: match stage3 {
-                true => 0,
-                false => 4 * params,
+            bytes: match sharding.stage {
+                3 => 0,
+                2 => 4 * stage2_grad_elements(cfg),
+                _ => 4 * params,
             },
         },
         Part {

@@ -481,6 +481,17 @@ pub trait Engine {
         Err("this engine has no forward pass in units".into())
     }
 
+    /// Backward unit `unit` of a whole-parameter engine (in order, after
+    /// [`forward`](Self::forward) with `grad`), reading its own
+    /// parameters and adding the unit's gradients into `grads`: the blocks
+    /// [`ParamUnits::backward_writes`] names for it, each its block's
+    /// length, in that order (ZeRO stage 2: no whole gradient buffer).
+    /// Engines without it refuse.
+    fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Flat<Self>]) -> Result<()> {
+        let _ = (unit, grads);
+        Err("this engine cannot write its gradients block by block".into())
+    }
+
     /// Backward unit `unit` (in order, after a forward pass in units with
     /// `grad`): `params` are the blocks [`ParamUnits::backward_reads`]
     /// names, `grads` those [`ParamUnits::backward_writes`] names (each

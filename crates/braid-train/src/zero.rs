@@ -1,5 +1,6 @@
-//! ZeRO stages 1 and 2 ([`Zero`]): data parallelism whose ranks each own a
-//! slice of the optimizer.
+//! ZeRO stage 1 ([`Zero`]): data parallelism whose ranks each own a slice
+//! of the optimizer. (Stage 2, which also keeps no whole gradient buffer,
+//! runs on stage 3's block machinery: [`crate::zero3::Zero3::stage_2`].)
 //!
 //! Every rank holds the whole model for its forward and backward passes,
 //! as under [`DataParallel`](crate::ddp::DataParallel). The gradient
@@ -13,8 +14,7 @@
 //! Per step:
 //! - backward: buckets are reduce-scattered instead of all-reduced (each
 //!   rank receives the sum of its own blocks only: half an all-reduce's
-//!   traffic). Stage 1 starts them after the backward pass; stage 2 as
-//!   soon as each bucket is final, overlapping the pass;
+//!   traffic), after the backward pass;
 //! - clipping: each rank sums the squares of its shard of the gradients
 //!   and the ranks add those up ([`Strategy::grad_sq_norm`]);
 //! - update: each rank updates its shard of the parameters;
@@ -33,22 +33,14 @@
 //! each rank's blocks are all-reduced among its replicas (a 2-D mesh of
 //! two [`Collective::split`]s).
 //!
-//! Stage 1 reduce-scatters in place: the rank's blocks of the whole
+//! The reduce-scatter runs in place: the rank's blocks of the whole
 //! gradient buffer hold the sums, and the update reads them there.
-//! Stage 2 writes the shard's summed gradients into a buffer of their own
-//! (`Ψ/N` elements), which the clipping norm and the update read
-//! ([`Strategy::update`], [`Engine::update_shard`]).
-//!
-//! What is not sharded yet: the gradient buffer the backward pass writes
-//! is still whole on every rank (stage 2's saving needs the engine to
-//! write gradients into storage reused bucket by bucket), and so are the
-//! parameters (stage 3).
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
-use crate::collective::{block_of, shard_slots, Collective};
+use crate::collective::{block_of, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
-use crate::engine::{Engine, Flat, StateBytes, UpdateStep};
+use crate::engine::{Engine, Flat, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -80,7 +72,7 @@ pub fn paper_bytes(psi: u64, stage: u8, n: u64, mixed: bool) -> (u64, &'static s
 /// ZeRO settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ZeroOptions {
-    /// 1 or 2 (see the [module docs](self)).
+    /// 1 (see the [module docs](self)).
     pub stage: u8,
     /// Cap of every bucket after the first, in MiB.
     pub bucket_cap_mb: f64,
@@ -95,7 +87,7 @@ pub struct ZeroOptions {
 impl Default for ZeroOptions {
     fn default() -> Self {
         ZeroOptions {
-            stage: 2,
+            stage: 1,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
             shard_group: None,
@@ -103,7 +95,7 @@ impl Default for ZeroOptions {
     }
 }
 
-/// The ZeRO strategy (stages 1 and 2) over collectives `C`.
+/// The ZeRO strategy (stage 1) over collectives `C`.
 pub struct Zero<C: Collective> {
     /// Every rank (the start's broadcast, losses).
     comm: C,
@@ -114,21 +106,17 @@ pub struct Zero<C: Collective> {
     plan: Option<BucketPlan>,
     /// This rank's block of every bucket, increasing.
     shard: Vec<Range<usize>>,
-    /// Stage 2: the reduced gradients of the shard, one block after
-    /// another (what the reduce-scatter writes and the optimizer reads).
-    /// Stage 1 reduces in place in the whole gradient buffer.
-    shard_grads: Option<<C::Space as Space>::Flat>,
     last: CommStep,
 }
 
 impl<C: Collective> Zero<C> {
     /// ZeRO over `comm` with `opts` (every rank calls it: hybrid
-    /// sharding splits the communicator); a stage other than 1 or 2, or a
+    /// sharding splits the communicator); a stage other than 1, or a
     /// shard group that does not divide the ranks, is refused.
     pub fn new(comm: C, opts: ZeroOptions) -> Result<Self> {
-        if !(1..=2).contains(&opts.stage) {
+        if opts.stage != 1 {
             return Err(format!(
-                "ZeRO stage {}: this strategy runs stages 1 and 2",
+                "ZeRO stage {}: this strategy runs stage 1 (stages 2 and 3: Zero3)",
                 opts.stage
             ));
         }
@@ -139,7 +127,6 @@ impl<C: Collective> Zero<C> {
             opts,
             plan: None,
             shard: Vec::new(),
-            shard_grads: None,
             last: CommStep::default(),
         })
     }
@@ -164,14 +151,10 @@ impl<C: Collective> Zero<C> {
         };
         format!(
             "ZeRO stage {} over {n} ranks ({}):{hybrid} optimizer state sharded (1/{g} per rank), \
-             gradients reduce-scattered {}, parameters all-gathered after the update; \
-             buckets {} MiB (first {} MiB)",
+             gradients reduce-scattered after the backward pass, parameters all-gathered after \
+             the update; buckets {} MiB (first {} MiB)",
             self.opts.stage,
             self.comm.backend(),
-            match self.opts.stage {
-                1 => "after the backward pass",
-                _ => "per bucket as the backward pass finishes it",
-            },
             self.opts.bucket_cap_mb,
             self.opts.first_bucket_mb,
         )
@@ -186,21 +169,19 @@ impl<C: Collective> Zero<C> {
         timeline: &mut Timeline,
         compute: bool,
     ) -> Result<usize> {
-        let overlap = self.opts.stage >= 2;
         let plan = self
             .plan
             .as_ref()
             .ok_or("ZeRO: backward before start (call start first)")?;
-        let out = self.shard_grads.as_mut();
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
         let step = group_of(&self.comm, &self.hybrid).reduce_scatter(
             window,
             &plan.buckets,
-            out,
+            None,
             &mut |w, launch| {
                 computed = Some(run_units(
-                    engine, plan, w, launch, timeline, compute, overlap,
+                    engine, plan, w, launch, timeline, compute, false,
                 )?);
                 Ok(())
             },
@@ -291,10 +272,6 @@ where
         engine
             .shard_optimizer(&shard)
             .map_err(|e| format!("ZeRO: {e}"))?;
-        if self.opts.stage >= 2 {
-            let (_, len) = shard_slots(&plan.buckets, n)?;
-            self.shard_grads = Some(self.group().zeros(len)?);
-        }
         self.shard = shard;
         self.plan = Some(plan);
         Ok(())
@@ -312,13 +289,7 @@ where
     fn before_update(&mut self, _engine: &mut E, grads: &mut Flat<E>) -> Result<()> {
         if let Some((_, replicas)) = &self.hybrid {
             // Each group summed its own share of the batch: add the groups'.
-            let summed = match &mut self.shard_grads {
-                Some(g) => {
-                    let all = 0..<C::Space as Space>::len(g);
-                    replicas.all_reduce_ranges(g, &[all])?
-                }
-                None => replicas.all_reduce_ranges(grads, &self.shard)?,
-            };
+            let summed = replicas.all_reduce_ranges(grads, &self.shard)?;
             self.last.add(summed);
         }
         Ok(())
@@ -326,10 +297,7 @@ where
 
     fn grad_sq_norm(&mut self, engine: &mut E, grads: &Flat<E>) -> Result<f64> {
         // Every group holds the whole sum: its shards make up the norm.
-        let mut sum = [match &self.shard_grads {
-            Some(g) => engine.grad_sq_norm(g)?,
-            None => engine.grad_sq_norm_of(grads, &self.shard)?,
-        }];
+        let mut sum = [engine.grad_sq_norm_of(grads, &self.shard)?];
         self.group()
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
@@ -338,10 +306,7 @@ where
     }
 
     fn update(&mut self, engine: &mut E, grads: &Flat<E>, step: UpdateStep) -> Result<()> {
-        match &self.shard_grads {
-            Some(g) => engine.update_shard(g, step),
-            None => engine.update(grads, step),
-        }
+        engine.update(grads, step)
     }
 
     fn after_update(&mut self, engine: &mut E) -> Result<()> {
@@ -359,16 +324,6 @@ where
 
     fn mean(&mut self, values: &mut [f64]) -> Result<()> {
         mean_over(self.comm.host(), values)
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        StateBytes {
-            grads: self
-                .shard_grads
-                .as_ref()
-                .map_or(0, |g| 4 * <C::Space as Space>::len(g) as u64),
-            ..Default::default()
-        }
     }
 
     fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {

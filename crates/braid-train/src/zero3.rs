@@ -1,4 +1,4 @@
-//! ZeRO stage 3 ([`Zero3`], FSDP): the parameters are sharded too.
+//! ZeRO stages 3 and 2 on parameter blocks ([`Zero3`], FSDP): in stage 3 the parameters are sharded too.
 //!
 //! Every rank keeps, for its slice of every parameter block (one equal
 //! slice per rank of each block of [`Engine::param_units`]: the
@@ -42,6 +42,16 @@
 //!   changes the master shard only ([`Engine::update_compact`]); nothing
 //!   is gathered after it — the next forward pass does that.
 //!
+//! ZeRO stage 2 runs on the same machinery with the parameters left
+//! whole ([`Zero3::stage_2`]): the engine keeps its whole parameters and
+//! runs its whole forward pass, writes each backward unit's gradients
+//! into block buffers ([`Engine::backward_unit_into`]) that are
+//! reduce-scattered into the shard's gradients once final and reused, so
+//! no whole gradient buffer exists (`4Ψ + 12Ψ/N` bytes of model state in
+//! f32); its optimizer owns the rank's slice of every block
+//! ([`Engine::shard_optimizer`]), and after the update each block's
+//! parameters are all-gathered from the slices' owners.
+//!
 //! Hybrid sharding (`shard_group`) shards within groups of
 //! consecutive ranks and all-reduces each rank's shard of the gradients
 //! among its replicas before the update, as stages 1 and 2 do.
@@ -66,6 +76,8 @@ use std::sync::Arc;
 
 /// ZeRO stage 3 over collectives `C`.
 pub struct Zero3<C: Collective> {
+    /// 3, or 2: the parameters stay whole ([`Zero3::stage_2`]).
+    stage: u8,
     /// Every rank (the start's broadcast, losses).
     comm: C,
     /// Hybrid sharding: the rank's shard group and its replicas.
@@ -220,6 +232,7 @@ impl<C: Collective> Zero3<C> {
     pub fn new(comm: C, shard_group: Option<usize>, reshard_after_forward: bool) -> Result<Self> {
         let hybrid = hybrid_split(&comm, shard_group)?;
         Ok(Zero3 {
+            stage: 3,
             comm,
             hybrid,
             reshard_after_forward,
@@ -228,6 +241,21 @@ impl<C: Collective> Zero3<C> {
             state: None,
             last: CommStep::default(),
         })
+    }
+
+    /// ZeRO stage 2 over `comm` (see the module documentation): the
+    /// parameters whole on every rank, the gradients block by block
+    /// reduce-scattered into the rank's shard, the optimizer sharded.
+    pub fn stage_2(comm: C, shard_group: Option<usize>) -> Result<Self> {
+        let mut z = Self::new(comm, shard_group, true)?;
+        z.stage = 2;
+        z.half_gathers = false;
+        Ok(z)
+    }
+
+    /// Whether the parameters are sharded (stage 3) or whole (stage 2).
+    fn params_sharded(&self) -> bool {
+        self.stage == 3
     }
 
     /// Lends the gradient shard's memory to the activations the engine
@@ -277,6 +305,15 @@ impl<C: Collective> Zero3<C> {
             true => format!(" hybrid: shard groups of {g}, {} replicas;", n / g),
             false => String::new(),
         };
+        if !self.params_sharded() {
+            return format!(
+                "ZeRO stage 2 over {n} ranks ({}):{hybrid} optimizer state and gradients sharded \
+                 (1/{g} per rank); each unit's gradients written into block buffers and \
+                 reduce-scattered per block as soon as final (no whole gradient buffer), \
+                 parameters all-gathered per block after the update",
+                self.comm.backend(),
+            );
+        }
         let half = match self.half_gathers && self.group().half_gathers() {
             true => " (the layers' in bf16)",
             false => "",
@@ -309,6 +346,10 @@ impl<C: Collective> Zero3<C> {
         batch: &E::Batch,
         grad: bool,
     ) -> Result<f32> {
+        if !self.params_sharded() {
+            self.started()?;
+            return engine.forward(batch, grad);
+        }
         let keep_all = grad && !self.reshard_after_forward;
         let (group, st) = self.started()?;
         if grad && st.lent > 0 && st.micro > 0 {
@@ -356,9 +397,13 @@ impl<C: Collective> Zero3<C> {
         engine: &mut E,
         timeline: &mut Timeline,
     ) -> Result<usize> {
+        let whole = !self.params_sharded();
         let (group, st) = self.started()?;
         let all = st.units.clone();
         let (reads, writes) = (&all.backward_reads, &all.backward_writes);
+        // Stage 2: the engine reads its own parameters; nothing is gathered.
+        let none = vec![Vec::new(); reads.len()];
+        let reads = if whole { &none } else { reads };
         let mut step = CommStep::default();
         step.add(st.exchange(group, &reads[0], &[], &mut || Ok(()))?);
         let mut pending: Vec<usize> = Vec::new();
@@ -374,7 +419,10 @@ impl<C: Collective> Zero3<C> {
                 next,
                 &pending,
                 &mut |params, mut grads| {
-                    engine.backward_unit_of(u, params, &mut grads)?;
+                    match whole {
+                        true => engine.backward_unit_into(u, &mut grads)?,
+                        false => engine.backward_unit_of(u, params, &mut grads)?,
+                    }
                     Ok(None)
                 },
             )?;
@@ -709,14 +757,22 @@ where
             at += mine.len();
             shard.push(mine);
         }
-        let master = engine
-            .shard_params(&shard)
-            .map_err(|e| format!("ZeRO-3: {e}"))?;
+        let master = match self.params_sharded() {
+            true => engine
+                .shard_params(&shard)
+                .map_err(|e| format!("ZeRO-3: {e}"))?,
+            false => {
+                engine
+                    .shard_optimizer(&shard)
+                    .map_err(|e| format!("ZeRO-2: {e}"))?;
+                self.group().zeros(0)?
+            }
+        };
         let shard_ranges = shard;
         let blocks = units.blocks.len();
         let mut half = vec![false; blocks];
         let mut side = None;
-        if self.half_gathers && self.group().half_gathers() {
+        if self.params_sharded() && self.half_gathers && self.group().half_gathers() {
             let (taken, tensors) = engine
                 .start_half_blocks()
                 .map_err(|e| format!("ZeRO-3: bf16 gathers: {e}"))?;
@@ -758,7 +814,7 @@ where
             half,
             side,
         });
-        if self.saved_in_grads {
+        if self.saved_in_grads && self.params_sharded() {
             self.lend_grads(engine)?;
         }
         Ok(())
@@ -817,14 +873,29 @@ where
     }
 
     fn update(&mut self, engine: &mut E, _grads: &Flat<E>, step: UpdateStep) -> Result<()> {
+        let sharded = self.params_sharded();
         let (_, st) = self.started()?;
-        st.master_changed();
-        engine.update_compact(&mut st.master, &st.grads, step)
+        match sharded {
+            true => {
+                st.master_changed();
+                engine.update_compact(&mut st.master, &st.grads, step)
+            }
+            false => engine.update_shard(&st.grads, step),
+        }
     }
 
-    fn after_update(&mut self, _engine: &mut E) -> Result<()> {
+    fn after_update(&mut self, engine: &mut E) -> Result<()> {
+        let sharded = self.params_sharded();
+        let (group, st) = self.started()?;
+        if !sharded {
+            // Stage 2: every block's slices from their owners.
+            let blocks = st.units.blocks.clone();
+            let gathered = group.all_gather_ranges(engine.params_mut(), &blocks)?;
+            engine.params_changed()?;
+            self.last.add(gathered);
+            return Ok(());
+        }
         // The next forward pass gathers the new parameters.
-        let (_, st) = self.started()?;
         for b in 0..st.gathered.len() {
             st.release(b);
         }
@@ -832,6 +903,10 @@ where
     }
 
     fn finish(&mut self, engine: &mut E) -> Result<()> {
+        if !self.params_sharded() {
+            // Stage 2: the engine holds the whole parameters throughout.
+            return Ok(());
+        }
         // Training is over: make room for the whole parameters (on a GPU
         // they would not fit beside everything else) — the gathered
         // blocks, the spares, the gradient shard, the optimizer's state.
@@ -876,6 +951,8 @@ where
 
     fn state_bytes(&self) -> StateBytes {
         match &self.state {
+            // (Stage 2's master is empty: the engine counts its whole
+            // parameters.)
             Some(st) => StateBytes {
                 params: 4 * <C::Space as Space>::len(&st.master) as u64,
                 grads: 4 * <C::Space as Space>::len(&st.grads) as u64,
@@ -904,6 +981,9 @@ where
 
     fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
         let ranges = self.save_ranges(engine)?;
+        if !self.params_sharded() {
+            return checkpoint::whole_part(engine, ranges, staging);
+        }
         let writes = !ranges.is_empty();
         engine.synchronize()?;
         let (_, st) = self.started()?;
@@ -927,6 +1007,12 @@ where
     }
 
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+        if !self.params_sharded() {
+            let (_, st) = self.started()?;
+            let shard = st.shard.clone();
+            checkpoint::restore_whole_params(engine, from)?;
+            return checkpoint::restore_optimizer(engine, from, &shard);
+        }
         let tensors = checkpoint::tensors_of(engine)?;
         let (_, st) = self.started()?;
         let values = from.read("params", &tensors, &st.shard)?;

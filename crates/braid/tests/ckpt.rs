@@ -29,6 +29,10 @@ fn a_resumed_run_is_bit_identical_to_an_uninterrupted_one() {
         ("one", &["--batch", "8"][..]),
         ("ddp2", &["--nproc", "2", "--batch", "4"][..]),
         (
+            "zero2-2",
+            &["--nproc", "2", "--batch", "4", "--zero", "2"][..],
+        ),
+        (
             "zero3-2",
             &["--nproc", "2", "--batch", "4", "--zero", "3"][..],
         ),

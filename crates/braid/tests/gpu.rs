@@ -872,6 +872,16 @@ fn gpu_zero3_matches_one_gpu_and_data_parallel() {
         doc["model_state_bytes"]
     );
     assert!(d <= GPU_TOLERANCE, "ZeRO-3 (one rank) differs by {d}");
+    // Stage 2 (gradients block by block, parameters whole) over one rank.
+    let z2 = ["--zero", "2", "--nproc", "1", "--batch", "8"];
+    let (z, doc) = train_gpu(&dir, "zero2-1", &[&f32_args[..], &z2[..]].concat());
+    let d = common::max_diff(&one, &z);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, ZeRO-2 over one rank vs one GPU: max |diff| {d:e}; model state {}",
+        doc["model_state_bytes"]
+    );
+    assert!(d <= GPU_TOLERANCE, "ZeRO-2 (one rank) differs by {d}");
     let bf16 = [
         "--steps",
         "20",
@@ -902,6 +912,27 @@ fn gpu_zero3_matches_one_gpu_and_data_parallel() {
     assert!(
         d <= 2e-3 && dl <= 1e-3,
         "bf16 ZeRO-3 differs by {d} (losses {dl})"
+    );
+    let (z2_b, c) = train_gpu(
+        &dir,
+        "zero2-1-bf16",
+        &[&bf16[..], &["--zero", "2", "--nproc", "1"]].concat(),
+    );
+    let (one_r, r) = train_gpu(&dir, "one-bf16-resident", &bf16);
+    let d = common::max_diff(&one_r, &z2_b);
+    let lc = common::step_losses(&c);
+    let dl = common::step_losses(&r)
+        .iter()
+        .zip(&lc)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        std::io::stderr(),
+        "bf16, ZeRO-2 over one rank vs one GPU: max |diff| {d:e}, losses within {dl:e}"
+    );
+    assert!(
+        d <= 2e-3 && dl <= 1e-3,
+        "bf16 ZeRO-2 differs by {d} (losses {dl})"
     );
     if gpus(2).is_none() {
         return;

@@ -54,18 +54,7 @@ fn zero_1_and_2_match_data_parallel_and_one_process_on_shm_and_tcp() {
         (
             // Many small buckets: blocks in and out of launch order.
             "z2-shm2",
-            &[
-                "--nproc",
-                "2",
-                "--batch",
-                "4",
-                "--zero",
-                "2",
-                "--bucket-mb",
-                "0.05",
-                "--first-bucket-mb",
-                "0.01",
-            ][..],
+            &["--nproc", "2", "--batch", "4", "--zero", "2"][..],
             &[][..],
         ),
         (
@@ -208,6 +197,10 @@ fn impossible_zero_setups_are_refused_at_start() {
             "add --zero 3",
         ),
         (&["--zero", "7"][..], "expected 1, 2 or 3"),
+        (
+            &["--zero", "2", "--nproc", "2", "--bucket-mb", "4"][..],
+            "reduce-scatters each parameter block",
+        ),
         (&["--zero", "1", "--fsdp"][..], "--fsdp means --zero 3"),
         (&["--zero", "2"][..], "start several"),
         (

@@ -433,6 +433,27 @@ impl Engine for CpuGpt {
         Ok(None)
     }
 
+    fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
+        self.whole("backward")?;
+        let reads = self
+            .units
+            .backward_reads
+            .get(unit)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let data = &self.params.data;
+        let params: Vec<&[f32]> = reads
+            .iter()
+            .map(|&b| &data[self.units.blocks[b].clone()])
+            .collect();
+        let layers = self.params.layout.config.n_layer;
+        let _t = braid_trace::scope::start(None, Cat::Compute, || backward_unit_name(unit, layers));
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        self.units.backward_given(unit, &lens, &grad_lens)?;
+        let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
+        unit_backward(model, acts, last, layers, unit, &params, grads)
+    }
+
     fn backward_unit_of(
         &mut self,
         unit: usize,
@@ -445,17 +466,9 @@ impl Engine for CpuGpt {
         let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
         let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
         self.units.backward_given(unit, &lens, &grad_lens)?;
-        let n_layer = self.params.layout.config.n_layer;
+        let params: Vec<&[f32]> = params.iter().map(|p| p.as_slice()).collect();
         let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
-        match (unit, grads) {
-            (0, [g_norm, g_emb]) => {
-                model.head_backward(params[0], params[1], g_norm, g_emb, acts, &last.targets)
-            }
-            (u, [g]) if u <= n_layer => model.layer_backward_at(n_layer - u, params[0], g, acts),
-            (_, [g_emb]) => model.embedding_backward(g_emb, acts, &last.tokens),
-            _ => return Err(format!("backward unit {unit}: unexpected gradient blocks")),
-        }
-        Ok(())
+        unit_backward(model, acts, last, layers, unit, &params, grads)
     }
 
     fn update_compact(
@@ -482,6 +495,30 @@ impl Engine for CpuGpt {
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
     }
+}
+
+/// Backward unit `unit` of a model of `layers` layers: `params` are the
+/// blocks the unit reads and `grads` those it writes
+/// ([`ParamUnits`](crate::engine::ParamUnits)'s lists, checked by the
+/// caller), `last` the batch of the forward pass.
+fn unit_backward(
+    model: &Gpt,
+    acts: &mut Activations<f32>,
+    last: &TokenBatch,
+    layers: usize,
+    unit: usize,
+    params: &[&[f32]],
+    grads: &mut [&mut Vec<f32>],
+) -> Result<()> {
+    match (unit, grads) {
+        (0, [g_norm, g_emb]) => {
+            model.head_backward(params[0], params[1], g_norm, g_emb, acts, &last.targets)
+        }
+        (u, [g]) if u <= layers => model.layer_backward_at(layers - u, params[0], g, acts),
+        (_, [g_emb]) => model.embedding_backward(g_emb, acts, &last.tokens),
+        _ => return Err(format!("backward unit {unit}: unexpected gradient blocks")),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -510,6 +510,19 @@ impl GpuGpt {
         }
     }
 
+    /// Under the bf16 model, starts the [`BiasCarry`] that block-by-block
+    /// gradients need (once).
+    fn start_bias_carry(&mut self) -> Result<()> {
+        if let (Model::Mixed(..), None) = (&self.model, &self.carry) {
+            let c = self.layout.config.n_embd;
+            self.carry = Some(BiasCarry {
+                buf: DeviceBuffer::zeros(self.p.device(), c).map_err(e)?,
+                for_layer: None,
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses `what` unless the parameters are sharded.
     fn in_units(&self, what: &str) -> Result<()> {
         match self.sharded {
@@ -573,6 +586,85 @@ impl GpuGpt {
             )),
         }
     }
+}
+
+/// The stream `model` computes on.
+fn model_stream(model: &Model) -> &Stream {
+    match model {
+        Model::F32(m) => m.stream(),
+        Model::Mixed(m, _) => m.stream(),
+    }
+}
+
+/// The gradient window of backward unit `unit` (`step`) writing the
+/// blocks `writes` into `grads` (one buffer per block, in that order),
+/// with, for the bf16 model, the [`BiasCarry`]: the bias gradient of the
+/// layer below that this unit computes waits in `carry`, and the one that
+/// waited for this unit's layer goes into its block.
+#[allow(clippy::too_many_arguments)]
+fn block_window<'a>(
+    layout: &braid_model::Layout,
+    units: &ParamUnits,
+    carry: &'a mut Option<BiasCarry>,
+    s: &Stream,
+    unit: usize,
+    step: Step,
+    writes: &[usize],
+    grads: &'a mut [&mut DeviceBuffer<f32>],
+) -> Result<DeviceWindow<'a, f32>> {
+    let fcproj_b = |l: usize| {
+        layout
+            .get(&format!("h.{l}.mlp.c_proj.bias"))
+            .map(|p| p.range())
+            .ok_or_else(|| format!("layer {l} has no mlp.c_proj.bias"))
+    };
+    let mut below = None;
+    if let Some(carry) = carry {
+        if let (Step::Layer(l), Some(w)) = (step, carry.for_layer) {
+            if w != l {
+                return Err(format!(
+                    "backward unit {unit}: layer {w}'s bias gradient is still waiting for its \
+                     unit, but this unit is layer {l}'s"
+                ));
+            }
+            // The layer above's pass computed this layer's bias gradient.
+            let r = fcproj_b(l)?;
+            let i = writes
+                .iter()
+                .position(|&b| units.blocks[b].contains(&r.start))
+                .ok_or_else(|| format!("layer {l}'s unit writes no block holding its bias"))?;
+            let at = r.start - units.blocks[writes[i]].start;
+            copy_async(
+                &mut grads[i].view_mut(at..at + r.len()),
+                &carry.buf.view(0..r.len()),
+                s,
+            )
+            .map_err(e)?;
+            carry.for_layer = None;
+        }
+        let n = layout.config.n_layer;
+        let next = match step {
+            Step::Head => Some(n - 1),
+            Step::Layer(l) if l > 0 => Some(l - 1),
+            _ => None,
+        };
+        if let Some(b) = next {
+            zero_async(&mut carry.buf, s).map_err(e)?;
+            carry.for_layer = Some(b);
+            below = Some((fcproj_b(b)?.start, carry.buf.view_mut(0..carry.buf.len())));
+        }
+    }
+    let mut views: Vec<_> = grads
+        .iter_mut()
+        .zip(writes)
+        .map(|(g, &b)| {
+            let len = g.len();
+            (units.blocks[b].start, g.view_mut(0..len))
+        })
+        .collect();
+    views.extend(below);
+    views.sort_by_key(|(start, _)| *start);
+    DeviceWindow::of_pieces(views).map_err(e)
 }
 
 /// A bf16 view of the bf16 values a half block packs two to an element
@@ -711,6 +803,51 @@ impl Engine for GpuGpt {
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
         let pf = f32_params(&self.p, &self.offload);
         backward_step(&mut self.model, step, pf, g)
+    }
+
+    fn backward_unit_into(
+        &mut self,
+        unit: usize,
+        grads: &mut [&mut DeviceBuffer<f32>],
+    ) -> Result<()> {
+        let layers = self.layout.config.n_layer;
+        let _t = scope::start(self.stream(), Cat::Compute, || {
+            backward_unit_name(unit, layers)
+        });
+        self.whole("backward_unit_into")?;
+        if self.steps != plan(&self.layout, 0) {
+            return Err(
+                "gradients block by block (ZeRO stage 2) go one layer to a unit: layers that \
+                 defer their weight gradients do not go with it (drop --defer-layers)"
+                    .into(),
+            );
+        }
+        let reads = self
+            .units
+            .backward_reads
+            .get(unit)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let lens: Vec<usize> = reads.iter().map(|&b| self.units.blocks[b].len()).collect();
+        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        let writes = self
+            .units
+            .backward_given(unit, &lens, &grad_lens)?
+            .1
+            .to_vec();
+        self.start_bias_carry()?;
+        let step = self.steps[unit].1;
+        let pf = f32_params(&self.p, &self.offload);
+        let mut window = block_window(
+            &self.layout,
+            &self.units,
+            &mut self.carry,
+            model_stream(&self.model),
+            unit,
+            step,
+            &writes,
+            grads,
+        )?;
+        backward_step(&mut self.model, step, pf, &mut window)
     }
 
     fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
@@ -967,13 +1104,7 @@ impl Engine for GpuGpt {
             .map_err(e)?;
         }
         s.synchronize().map_err(e)?;
-        if let Model::Mixed(..) = &self.model {
-            let c = self.layout.config.n_embd;
-            self.carry = Some(BiasCarry {
-                buf: DeviceBuffer::zeros(self.p.device(), c).map_err(e)?,
-                for_layer: None,
-            });
-        }
+        self.start_bias_carry()?;
         self.p = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
         self.sharded = true;
         Ok(master)
@@ -1070,63 +1201,16 @@ impl Engine for GpuGpt {
             (Some(_), Some(h)) => F32Params::packed(&h.side, &h.map),
             _ => F32Params::blocks(&pieces),
         };
-        let s = match &self.model {
-            Model::F32(m) => m.stream(),
-            Model::Mixed(m, _) => m.stream(),
-        };
-        let fcproj_b = |l: usize| {
-            self.layout
-                .get(&format!("h.{l}.mlp.c_proj.bias"))
-                .map(|p| p.range())
-                .ok_or_else(|| format!("layer {l} has no mlp.c_proj.bias"))
-        };
-        let mut below = None;
-        if let Some(carry) = &mut self.carry {
-            if let (Step::Layer(l), Some(w)) = (step, carry.for_layer) {
-                if w != l {
-                    return Err(format!(
-                        "backward unit {unit}: layer {w}'s bias gradient is still waiting for its \
-                         unit, but this unit is layer {l}'s"
-                    ));
-                }
-                // The layer above's pass computed this layer's bias gradient.
-                let r = fcproj_b(l)?;
-                let i = writes
-                    .iter()
-                    .position(|&b| self.units.blocks[b].contains(&r.start))
-                    .ok_or_else(|| format!("layer {l}'s unit writes no block holding its bias"))?;
-                let at = r.start - self.units.blocks[writes[i]].start;
-                copy_async(
-                    &mut grads[i].view_mut(at..at + r.len()),
-                    &carry.buf.view(0..r.len()),
-                    s,
-                )
-                .map_err(e)?;
-                carry.for_layer = None;
-            }
-            let n = self.layout.config.n_layer;
-            let next = match step {
-                Step::Head => Some(n - 1),
-                Step::Layer(l) if l > 0 => Some(l - 1),
-                _ => None,
-            };
-            if let Some(b) = next {
-                zero_async(&mut carry.buf, s).map_err(e)?;
-                carry.for_layer = Some(b);
-                below = Some((fcproj_b(b)?.start, carry.buf.view_mut(0..carry.buf.len())));
-            }
-        }
-        let mut views: Vec<_> = grads
-            .iter_mut()
-            .zip(&writes)
-            .map(|(g, &b)| {
-                let len = g.len();
-                (self.units.blocks[b].start, g.view_mut(0..len))
-            })
-            .collect();
-        views.extend(below);
-        views.sort_by_key(|(start, _)| *start);
-        let mut window = DeviceWindow::of_pieces(views).map_err(e)?;
+        let mut window = block_window(
+            &self.layout,
+            &self.units,
+            &mut self.carry,
+            model_stream(&self.model),
+            unit,
+            step,
+            &writes,
+            grads,
+        )?;
         let Some(l) = half_layer else {
             return backward_step(&mut self.model, step, pf, &mut window);
         };

@@ -25,6 +25,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// `--bucket-mb`'s default (PyTorch DDP's).
+const BUCKET_MB: f64 = 25.0;
+/// `--first-bucket-mb`'s default (PyTorch DDP's).
+const FIRST_BUCKET_MB: f64 = 1.0;
+
 /// Train a GPT model.
 #[derive(Args)]
 #[command(
@@ -156,11 +161,12 @@ pub struct TrainArgs {
     /// powersgd[:RANK[:START_STEP]] (PyTorch's defaults: rank 1, from step 1000).
     #[arg(long, default_value = "plain")]
     grad_comm: String,
-    /// Gradient bucket size in MiB (PyTorch's default 25).
-    #[arg(long, default_value_t = 25.0)]
+    /// Gradient bucket size in MiB (PyTorch's default 25; data parallelism
+    /// and --zero 1).
+    #[arg(long, default_value_t = BUCKET_MB)]
     bucket_mb: f64,
     /// First bucket's size in MiB (PyTorch's default 1).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = FIRST_BUCKET_MB)]
     first_bucket_mb: f64,
     /// Reduce gradients after the backward pass instead of bucket by
     /// bucket during it (to measure what the overlap saves).
@@ -323,6 +329,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         keep_params: a.no_reshard_after_forward,
         grad_comm: (&a.grad_comm, grad_comm),
         defer_layers: a.defer_layers,
+        buckets: a.bucket_mb != BUCKET_MB || a.first_bucket_mb != FIRST_BUCKET_MB,
     })?;
     let offload =
         match a.offload.as_str() {

@@ -154,11 +154,20 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
     let sh = run.sharded;
     if sh.units_peak > 0 {
         println!(
-            "ZeRO-3 besides model states: whole blocks held at once, at most, {:.1} MB (gathered \
-             parameters, block gradients, buffers kept for reuse); saved activations in the \
-             gradient shard's memory {:.1} MB",
+            "ZeRO-{stage} besides model states: whole blocks held at once, at most, {:.1} MB \
+             ({}block gradients, buffers kept for reuse){}",
             mb(sh.units_peak),
-            mb(sh.saved_in_grads),
+            match stage {
+                3 => "gathered parameters, ",
+                _ => "",
+            },
+            match stage {
+                3 => format!(
+                    "; saved activations in the gradient shard's memory {:.1} MB",
+                    mb(sh.saved_in_grads)
+                ),
+                _ => String::new(),
+            },
         );
     }
     if st.offloaded > 0 {

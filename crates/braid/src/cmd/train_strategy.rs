@@ -23,6 +23,8 @@ pub struct ZeroFlags<'a> {
     pub defer_layers: Option<usize>,
     /// `--no-reshard-after-forward`.
     pub keep_params: bool,
+    /// `--bucket-mb` or `--first-bucket-mb` given (not their defaults).
+    pub buckets: bool,
 }
 
 /// The ZeRO stage asked for (`--zero`, `--fsdp`), checked against the
@@ -52,6 +54,13 @@ pub fn zero_stage(a: &ZeroFlags<'_>) -> Result<Option<u8>, String> {
         return Err(format!(
             "--no-reshard-after-forward keeps ZeRO-3's gathered parameters; --zero {stage} \
              does not gather them (use --zero 3)"
+        ));
+    }
+    if a.buckets && stage >= 2 {
+        return Err(format!(
+            "--zero {stage} reduce-scatters each parameter block (the embeddings, each layer, \
+             the final norm) as soon as it is final: --bucket-mb and --first-bucket-mb size data \
+             parallelism's and --zero 1's buckets (drop them)"
         ));
     }
     if a.grad_comm.1 != GradComm::Plain {
@@ -115,6 +124,8 @@ where
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers),
         ),
+        // Stage 2 writes gradients block by block (no whole buffer).
+        Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),
         Some(stage) => Box::new(Zero::new(
             comm,
             ZeroOptions {
