@@ -178,7 +178,6 @@ impl<C: Collective> Zero<C> {
         let step = group_of(&self.comm, &self.hybrid).reduce_scatter(
             window,
             &plan.buckets,
-            None,
             &mut |w, launch| {
                 computed = Some(run_units(
                     engine, plan, w, launch, timeline, compute, false,

@@ -15,8 +15,8 @@ use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
 use super::{
-    block_of, check_exchange, check_output, shard_slots, Bucket, Collective, Drive, During, End,
-    GatherPart, GradComm, ScatterPart,
+    block_of, check_exchange, Bucket, Collective, Drive, During, End, GatherPart, GradComm,
+    ScatterPart,
 };
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
@@ -275,25 +275,10 @@ impl Collective for DeviceCollective {
         &self,
         grads: DeviceWindow<'g, f32>,
         buckets: &[Bucket],
-        out: Option<&mut DeviceBuffer<f32>>,
         drive: &mut Drive<'_, 'g, Gpu>,
     ) -> Result<CommStep> {
         let n = self.gpu.size();
         let mut step = CommStep::default();
-        let (slots, len) = shard_slots(buckets, n)?;
-        // Each bucket's slot of `out` by bucket index (split off a window
-        // in the slots' order); none in place.
-        let mut free: Vec<Option<DeviceViewMut<'_, f32>>> = Vec::new();
-        free.resize_with(buckets.len(), || None);
-        if let Some(out) = out {
-            check_output(out.len(), len)?;
-            let mut order: Vec<usize> = (0..buckets.len()).collect();
-            order.sort_by_key(|&i| slots[i].start);
-            let mut window = out.window();
-            for i in order {
-                free[i] = Some(Window::split_off_front(&mut window, slots[i].end)?);
-            }
-        }
         let mut works: Vec<DeviceWork<'_>> = Vec::new();
         let result = drive(grads, &mut |i, part| {
             if i >= buckets.len() {
@@ -301,10 +286,7 @@ impl Collective for DeviceCollective {
             }
             block_of(&(0..part.len()), self.gpu.rank(), n)?;
             count_half(&mut step, 4 * part.len() as u64, n);
-            let work = match free[i].take() {
-                Some(slot) => self.gpu.reduce_scatter_views(part, slot, ReduceOp::Sum),
-                None => self.gpu.reduce_scatter_view(part, ReduceOp::Sum),
-            };
+            let work = self.gpu.reduce_scatter_view(part, ReduceOp::Sum);
             works.push(work.map_err(err)?);
             Ok(())
         });

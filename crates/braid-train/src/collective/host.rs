@@ -11,8 +11,8 @@
 
 use super::powersgd::{self, HostOps, PowerSgdState};
 use super::{
-    block_of, check_exchange, check_output, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes,
-    shard_slots, Bucket, Collective, Drive, During, End, GatherPart, GradComm, ScatterPart,
+    block_of, check_exchange, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, Bucket,
+    Collective, Drive, During, End, GatherPart, GradComm, ScatterPart,
 };
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
@@ -153,40 +153,9 @@ impl Collective for HostCollective {
         &self,
         grads: HostWindow<'g>,
         buckets: &[Bucket],
-        out: Option<&mut Vec<f32>>,
         drive: &mut Drive<'_, 'g, Host>,
     ) -> Result<CommStep> {
-        let n = self.comm.size();
-        let mut step = CommStep::default();
-        let (slots, len) = shard_slots(buckets, n)?;
-        let Some(out) = out else {
-            return self.reduce_scatter_in_place(grads, buckets, drive);
-        };
-        check_output(out.len(), len)?;
-        // Each bucket's slot, by bucket index (the slots come in the order
-        // of their starts).
-        let mut order: Vec<usize> = (0..buckets.len()).collect();
-        order.sort_by_key(|&i| slots[i].start);
-        let mut free: Vec<Option<&mut [f32]>> = buckets.iter().map(|_| None).collect();
-        for (i, (_, slot)) in order.into_iter().zip(disjoint_mut(out, &slots)?) {
-            free[i] = Some(slot);
-        }
-        self.comm
-            .scope(|s| {
-                drive(grads, &mut |i, part: &'g mut [f32]| {
-                    let slot = free
-                        .get_mut(i)
-                        .and_then(Option::take)
-                        .ok_or_else(|| format!("bucket {i} was never planned or launched twice"))?;
-                    // The bucket is only read from here on.
-                    let send: &'g [f32] = part;
-                    count_half(&mut step, 4 * send.len() as u64, n);
-                    let _ = s.reduce_scatter(send, slot, ReduceOp::Sum);
-                    Ok(())
-                })
-            })
-            .map_err(err)??;
-        Ok(step)
+        self.reduce_scatter_in_place(grads, buckets, drive)
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>> {

@@ -202,19 +202,16 @@ pub trait Collective {
         drive: &mut Drive<'_, 'g, Self::Space>,
     ) -> Result<CommStep>;
 
-    /// A reduce-scatter session (ZeRO's): like [`reduce`](Self::reduce),
-    /// but each launched bucket, which splits into one equal block per
-    /// rank, is summed over the ranks and only this rank's block of the
-    /// sum ([`block_of`]) is kept: in `out`, which holds the rank's blocks
-    /// of all buckets one after another in the order of the buckets'
-    /// starts ([`shard_slots`]), or, without `out`, in place (the
+    /// A reduce-scatter session (ZeRO stage 1's): like
+    /// [`reduce`](Self::reduce), but each launched bucket, which splits
+    /// into one equal block per rank, is summed over the ranks and only
+    /// this rank's block of the sum ([`block_of`]) is kept, in place (the
     /// bucket's other elements then hold nothing meaningful). f32 sums,
     /// no hooks.
     fn reduce_scatter<'g>(
         &self,
         grads: <Self::Space as Space>::Window<'g>,
         buckets: &[Bucket],
-        out: Option<&mut <Self::Space as Space>::Flat>,
         drive: &mut Drive<'_, 'g, Self::Space>,
     ) -> Result<CommStep>;
 
@@ -339,36 +336,6 @@ pub fn block_of(range: &Range<usize>, rank: usize, n: usize) -> Result<Range<usi
     }
     let k = range.len() / n;
     Ok(range.start + rank * k..range.start + (rank + 1) * k)
-}
-
-/// Where each bucket's block lands in a reduce-scatter's output: for
-/// every bucket (by index), its range in `out`, the blocks laid out in
-/// the order of the buckets' starts; and the total. Buckets that do not
-/// split into `n` equal blocks are refused.
-pub fn shard_slots(buckets: &[Bucket], n: usize) -> Result<(Vec<Range<usize>>, usize)> {
-    let mut order: Vec<usize> = (0..buckets.len()).collect();
-    order.sort_by_key(|&i| buckets[i].range.start);
-    let mut slots = vec![0..0; buckets.len()];
-    let mut at = 0;
-    for i in order {
-        let k = block_of(&buckets[i].range, 0, n)
-            .map_err(|e| format!("bucket {i}: {e}"))?
-            .len();
-        slots[i] = at..at + k;
-        at += k;
-    }
-    Ok((slots, at))
-}
-
-/// Whether a reduce-scatter's output of `have` elements holds the
-/// buckets' blocks (`want`).
-pub(crate) fn check_output(have: usize, want: usize) -> Result<()> {
-    match have == want {
-        true => Ok(()),
-        false => Err(format!(
-            "reduce-scatter: the output holds {have} elements, the buckets' blocks {want}"
-        )),
-    }
 }
 
 /// `ranges` of `flat` as disjoint writable slices, in increasing order of
