@@ -302,6 +302,37 @@ impl Stream {
         unsafe { result::stream::synchronize(self.raw) }.map_err(driver("cuStreamSynchronize"))
     }
 
+    /// [`synchronize`](Self::synchronize), bounded: waits at most `limit`
+    /// for what is queued now, then fails naming `what` (a kernel or a
+    /// copy that never ends must not hang the process). Polls an event:
+    /// spinning for the first 100 ms (as a blocking sync does), then
+    /// yielding, then sleeping 50 µs between polls.
+    pub fn synchronize_within(&self, limit: std::time::Duration, what: &str) -> Result<()> {
+        let done = Event::new(&self.device)?;
+        done.record(self)?;
+        let start = std::time::Instant::now();
+        loop {
+            if done.query()? {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited > limit {
+                return Err(CudaError::Timeout(format!(
+                    "{what}: the GPU's queued work did not finish within {limit:?} (a kernel or \
+                     copy that never ends: a stopped peer's, a driver fault; BRAID_TIMEOUT sets \
+                     the limit)"
+                )));
+            }
+            if waited < std::time::Duration::from_millis(100) {
+                std::hint::spin_loop();
+            } else if waited < std::time::Duration::from_millis(200) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
     /// Makes later work on this stream wait for `event` (no host wait).
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         self.device.bind()?;

@@ -1129,6 +1129,46 @@ fn gpu_zero3_bf16_gathers_change_no_bits() {
     assert!(c.stderr.contains("BRAID_ZERO3_GATHER=bf16"), "{c:?}");
 }
 
+/// A bounded stream sync (what the training loop waits on at the end of
+/// every step) gives up on work that never finishes — here a stream
+/// waiting for a flag nobody raises, as a stopped peer's copy engine
+/// would leave it — with an error naming the wait, instead of hanging;
+/// released, the stream finishes.
+#[test]
+fn a_bounded_stream_sync_times_out_instead_of_hanging() {
+    use braid_cuda::ipc::{wait_flag_async, write_flag_async};
+    use std::time::Instant;
+    if gpus(1).is_none() {
+        return;
+    }
+    let dev = braid_cuda::Device::open(0).expect("GPU 0");
+    let flag = braid_cuda::DeviceBuffer::<i32>::zeros(&dev, 1).expect("flag");
+    let stuck = braid_cuda::Stream::new(&dev).expect("stream");
+    // SAFETY: the flag outlives both streams' use of it (released and
+    // synchronised below, before it drops).
+    unsafe { wait_flag_async(flag.device_ptr(), 1, &stuck) }.expect("wait");
+    let t0 = Instant::now();
+    let err = stuck
+        .synchronize_within(Duration::from_millis(200), "the test's stuck stream")
+        .expect_err("a stream that never finishes must time out");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("the test's stuck stream") && text.contains("did not finish within"),
+        "{text}"
+    );
+    let other = braid_cuda::Stream::new(&dev).expect("stream");
+    // SAFETY: as above.
+    unsafe { write_flag_async(flag.device_ptr(), 1, &other) }.expect("release");
+    stuck
+        .synchronize_within(Duration::from_secs(10), "the released stream")
+        .expect("released, it finishes");
+}
+
 /// A GPU engine whose optimizer owns two ranges of the flat buffer (a
 /// ZeRO rank's blocks) updates them from the shard's gradients alone
 /// (`update_shard`: the ranges one after another) exactly as the whole

@@ -1300,7 +1300,14 @@ impl Engine for GpuGpt {
         if let Model::Mixed(m, _) = &mut self.model {
             m.end_step().map_err(e)?;
         }
-        self.compute_stream().synchronize().map_err(e)
+        // Bounded like every other wait: the communicator's timeout.
+        let limit = braid_core::world::WorldInfo::timeout_from_env(
+            braid_comm::communicator::DEFAULT_TIMEOUT,
+        )
+        .map_err(e)?;
+        self.compute_stream()
+            .synchronize_within(limit, "waiting for the GPU's work of the step")
+            .map_err(e)
     }
 
     fn stream(&self) -> Option<&Stream> {
