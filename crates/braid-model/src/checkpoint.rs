@@ -162,12 +162,17 @@ pub fn save_as(
             why: e.to_string(),
         })
         .and_then(|()| {
-            // Flush the file's bytes to the disk before it takes the final
-            // name: a rename may reach the disk before the data does.
+            // The header in a fixed order, then the file's bytes flushed to
+            // the disk before it takes the final name: a rename may reach
+            // the disk before the data does.
             std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .open(&tmp)
-                .and_then(|f| f.sync_all())
+                .and_then(|mut f| {
+                    canonical_header(&mut f)?;
+                    f.sync_all()
+                })
                 .map_err(|source| CheckpointError::Io {
                     path: tmp.clone(),
                     source,
@@ -185,6 +190,35 @@ pub fn save_as(
     }
     written?;
     sync_parent(path)
+}
+
+/// Rewrites the JSON header of the safetensors file `f` in place with its
+/// keys sorted (the same bytes, ordered; padded with spaces to its length),
+/// so that the same model always gives the same file: the safetensors
+/// crate writes the metadata in a hash map's order, which changes from run
+/// to run.
+fn canonical_header(f: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let mut len = [0u8; 8];
+    f.seek(SeekFrom::Start(0))?;
+    f.read_exact(&mut len)?;
+    let n = usize::try_from(u64::from_le_bytes(len)).map_err(|e| bad(e.to_string()))?;
+    let mut header = vec![0u8; n];
+    f.read_exact(&mut header)?;
+    // serde_json's maps are sorted by key.
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
+    let mut sorted = serde_json::to_vec(&value).map_err(|e| bad(e.to_string()))?;
+    if sorted.len() > n {
+        return Err(bad(format!(
+            "the sorted header takes {} bytes, the written one {n}",
+            sorted.len()
+        )));
+    }
+    sorted.resize(n, b' ');
+    f.seek(SeekFrom::Start(8))?;
+    f.write_all(&sorted)
 }
 
 /// Flushes the directory holding `path` to the disk, so the rename that
@@ -505,6 +539,23 @@ mod tests {
                 assert_eq!(q, p);
             }
         }
+    }
+
+    #[test]
+    fn the_same_model_always_gives_the_same_file() {
+        // Many metadata keys (a checksum per tensor): a hash map's order
+        // would differ between the two writes.
+        let p = small_params();
+        let (a, b) = (tmp("same-a.safetensors"), tmp("same-b.safetensors"));
+        for path in [&a, &b] {
+            save_as(&p, path, DType::F32, &[("braid.tokenizer", "bytes")]).unwrap();
+        }
+        let (x, y) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let (q, _) = load(&a).unwrap();
+        std::fs::remove_file(&a).unwrap();
+        std::fs::remove_file(&b).unwrap();
+        assert!(x == y, "two saves of one model differ");
+        assert_eq!(q, p);
     }
 
     #[test]
