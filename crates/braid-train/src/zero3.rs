@@ -741,18 +741,19 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
-        let len = replicate_sharded(&self.comm, engine, "ZeRO-3")?;
-        let units = engine.param_units().map_err(|e| format!("ZeRO-3: {e}"))?;
+        let name = format!("ZeRO-{}", self.stage);
+        let len = replicate_sharded(&self.comm, engine, &name)?;
+        let units = engine.param_units().map_err(|e| format!("{name}: {e}"))?;
         units
             .check(len, engine.unit_count())
-            .map_err(|e| format!("ZeRO-3: {e}"))?;
+            .map_err(|e| format!("{name}: {e}"))?;
         let (rank, n) = (self.group().rank(), self.group().size());
         let mut shard = Vec::with_capacity(units.blocks.len());
         let mut slots = Vec::with_capacity(units.blocks.len());
         let mut at = 0;
         for (i, b) in units.blocks.iter().enumerate() {
             let mine =
-                block_of(b, rank, n).map_err(|e| format!("ZeRO-3: parameter block {i} {e}"))?;
+                block_of(b, rank, n).map_err(|e| format!("{name}: parameter block {i} {e}"))?;
             slots.push(at..at + mine.len());
             at += mine.len();
             shard.push(mine);
@@ -863,12 +864,13 @@ where
     }
 
     fn grad_sq_norm(&mut self, engine: &mut E, _grads: &Flat<E>) -> Result<f64> {
+        let stage = self.stage;
         let (group, st) = self.started()?;
         let mut sum = [engine.grad_sq_norm(&st.grads)?];
         group
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
-            .map_err(|e| format!("ZeRO-3: the gradient norm: {e}"))?;
+            .map_err(|e| format!("ZeRO-{stage}: the gradient norm: {e}"))?;
         Ok(sum[0])
     }
 
