@@ -115,25 +115,7 @@ fn zero_3_on_4_ranks_resumes_data_parallel_on_2_then_in_one_process() {
     let ck = dir.path().join("ck");
     let ck_s = ck.to_str().unwrap();
     // Global batch 16 throughout: 4 x 4, then 2 x 8, then 1 x 16.
-    let (z3, _) = train(
-        &dir,
-        "z3",
-        &[
-            "--nproc",
-            "4",
-            "--batch",
-            "4",
-            "--zero",
-            "3",
-            "--steps",
-            "30",
-            "--save-every",
-            "10",
-            "--ckpt-dir",
-            ck_s,
-        ],
-        &[],
-    );
+    let z3 = common::zero3_on_4_ranks_with_checkpoints(&dir, "z3", &ck);
     let z3 = params(&z3);
     let step10 = ck.join("step-00000010");
     let (ddp, f) = train(
@@ -183,51 +165,23 @@ fn zero_3_on_4_ranks_resumes_data_parallel_on_2_then_in_one_process() {
     );
     // The loss curve goes on: the resumed runs' losses are the
     // uninterrupted run's, step for step, within the tolerance's effect.
-    let losses = |name: &str| {
-        let doc: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap(),
-        )
-        .unwrap();
-        common::step_losses(&doc)
-    };
-    let (z3l, ddpl) = (losses("z3"), losses("ddp"));
+    let (z3l, ddpl) = (
+        common::json_losses(&dir, "z3"),
+        common::json_losses(&dir, "ddp"),
+    );
     assert_eq!(ddpl.len(), 20);
     for (a, b) in z3l[10..].iter().zip(&ddpl) {
         assert!((a - b).abs() < 1e-3, "losses {a} vs {b}");
     }
     // Consolidated, the newest checkpoint is a model braid generate loads.
     let out = dir.path().join("consolidated.safetensors");
-    let f = run(
-        {
-            let mut c = braid();
-            c.args(["ckpt", "consolidate", ck_s, "-o", out.to_str().unwrap()]);
-            c
-        },
-        Duration::from_secs(60),
-    );
-    assert_eq!(f.code, Some(0), "{f:?}");
+    common::consolidate(&ck, &out);
     assert_eq!(
         params(&out),
         z3,
         "the newest checkpoint of the ZeRO-3 run is its end"
     );
-    let f = run(
-        {
-            let mut c = braid();
-            c.args([
-                "generate",
-                "--load",
-                out.to_str().unwrap(),
-                "--tokens",
-                "10",
-                "--prompt",
-                "the ",
-            ]);
-            c
-        },
-        Duration::from_secs(60),
-    );
-    assert_eq!(f.code, Some(0), "{f:?}");
+    common::generate_loads(&out);
     let f = run(
         {
             let mut c = braid();

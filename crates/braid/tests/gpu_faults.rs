@@ -261,25 +261,7 @@ fn gpu_zero3_on_4_cpu_ranks_resumes_data_parallel_on_2_gpus_then_on_one() {
     let ck = dir.path().join("ck");
     let ck2 = dir.path().join("ck2");
     // Global batch 16 throughout: 4 CPU ranks x 4, 2 GPUs x 8, 1 GPU x 16.
-    let (z3, _) = train(
-        &dir,
-        "z3",
-        &[
-            "--nproc",
-            "4",
-            "--batch",
-            "4",
-            "--zero",
-            "3",
-            "--steps",
-            "30",
-            "--save-every",
-            "10",
-            "--ckpt-dir",
-            ck.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let z3 = zero3_on_4_ranks_with_checkpoints(&dir, "z3", &ck);
     let gpu_env = [("NCCL_NVLS_ENABLE", "0")];
     let (ddp, f) = train(
         &dir,
@@ -326,13 +308,7 @@ fn gpu_zero3_on_4_cpu_ranks_resumes_data_parallel_on_2_gpus_then_on_one() {
         ],
         &gpu_env,
     );
-    let losses = |name: &str| {
-        let doc: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap(),
-        )
-        .unwrap();
-        step_losses(&doc)
-    };
+    let losses = |name: &str| json_losses(&dir, name);
     let (z3l, ddpl, onel) = (losses("z3"), losses("ddp-gpu"), losses("one-gpu"));
     assert_eq!((ddpl.len(), onel.len()), (20, 10));
     let worst = |resumed: &[f64], from: usize| {
@@ -358,29 +334,11 @@ fn gpu_zero3_on_4_cpu_ranks_resumes_data_parallel_on_2_gpus_then_on_one() {
     // Consolidated, the GPU run's checkpoint is a model braid generate
     // loads.
     let out = dir.path().join("consolidated.safetensors");
-    let f = run(
-        {
-            let mut c = braid();
-            c.args(["ckpt", "consolidate", ck2.to_str().unwrap(), "-o"])
-                .arg(&out);
-            c
-        },
-        Duration::from_secs(60),
-    );
-    assert_eq!(f.code, Some(0), "{f:?}");
+    consolidate(&ck2, &out);
     assert_eq!(
         params(&out),
         params(&ddp),
         "the newest checkpoint of the 2-GPU run is its end"
     );
-    let f = run(
-        {
-            let mut c = braid();
-            c.args(["generate", "--tokens", "10", "--prompt", "the ", "--load"])
-                .arg(&out);
-            c
-        },
-        Duration::from_secs(60),
-    );
-    assert_eq!(f.code, Some(0), "{f:?}");
+    generate_loads(&out);
 }

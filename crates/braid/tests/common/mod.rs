@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -367,4 +367,49 @@ pub fn stat_of(pid: u32) -> Option<(char, u32)> {
     let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
     let state = rest.next()?.chars().next()?;
     Some((state, rest.next()?.parse().ok()?))
+}
+
+/// `braid train` of the tiny model as ZeRO-3 on 4 CPU ranks (batch 4
+/// each, 30 steps), a checkpoint every 10 steps in `ck`: the start of the
+/// resharding tests. Returns the saved model (`dir/name.safetensors`).
+pub fn zero3_on_4_ranks_with_checkpoints(dir: &TempDir, name: &str, ck: &Path) -> PathBuf {
+    let ck = ck.to_str().unwrap();
+    let args = [
+        "--nproc",
+        "4",
+        "--batch",
+        "4",
+        "--zero",
+        "3",
+        "--steps",
+        "30",
+        "--save-every",
+        "10",
+        "--ckpt-dir",
+        ck,
+    ];
+    train(dir, name, &args, &[]).0
+}
+
+/// Every step's loss from the JSON record `dir/name.json` of [`train`].
+pub fn json_losses(dir: &TempDir, name: &str) -> Vec<f64> {
+    let text = std::fs::read_to_string(dir.path().join(format!("{name}.json"))).unwrap();
+    step_losses(&serde_json::from_str(&text).unwrap())
+}
+
+/// `braid ckpt consolidate CK -o OUT`, which must succeed.
+pub fn consolidate(ck: &Path, out: &Path) {
+    let mut c = braid();
+    c.args(["ckpt", "consolidate"]).arg(ck).arg("-o").arg(out);
+    let f = run(c, Duration::from_secs(60));
+    assert_eq!(f.code, Some(0), "{f:?}");
+}
+
+/// `braid generate --load MODEL` (10 tokens), which must succeed.
+pub fn generate_loads(model: &Path) {
+    let mut c = braid();
+    c.args(["generate", "--tokens", "10", "--prompt", "the ", "--load"])
+        .arg(model);
+    let f = run(c, Duration::from_secs(60));
+    assert_eq!(f.code, Some(0), "{f:?}");
 }
