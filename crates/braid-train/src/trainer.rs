@@ -277,7 +277,9 @@ where
         let m_end = tl.mark(engine.stream())?;
         trace.between("wait for reductions", Cat::Wait, m_computed, m_reduced, 0);
         trace.between("optimizer", Cat::Optimizer, m_reduced, m_end, 0);
-        engine.synchronize()?;
+        engine
+            .synchronize()
+            .map_err(|e| format!("rank {rank}, step {}: {e}", step + 1))?;
         let mut mean = [loss_sum / o.accum as f64];
         let t_mean = Instant::now();
         strategy.mean(&mut mean)?;

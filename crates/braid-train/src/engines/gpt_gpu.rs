@@ -154,6 +154,9 @@ pub struct GpuGpt {
     carry: Option<BiasCarry>,
     /// Under ZeRO-3 with bf16 gathers, see [`HalfBlocks`].
     half: Option<HalfBlocks>,
+    /// How long the wait for a step's GPU work may take
+    /// (`BRAID_TIMEOUT`, like the collectives').
+    sync_limit: std::time::Duration,
 }
 
 /// Under ZeRO-3 with bf16 gathers ([`Engine::start_half_blocks`]) the
@@ -328,6 +331,10 @@ impl GpuGpt {
             steps: plan(&layout, 0),
             carry: None,
             half: None,
+            sync_limit: braid_core::world::WorldInfo::timeout_from_env(
+                braid_comm::communicator::DEFAULT_TIMEOUT,
+            )
+            .map_err(e)?,
             units: gpt_param_units(&layout),
             sharded: false,
             forward_grad: false,
@@ -1301,12 +1308,8 @@ impl Engine for GpuGpt {
             m.end_step().map_err(e)?;
         }
         // Bounded like every other wait: the communicator's timeout.
-        let limit = braid_core::world::WorldInfo::timeout_from_env(
-            braid_comm::communicator::DEFAULT_TIMEOUT,
-        )
-        .map_err(e)?;
         self.compute_stream()
-            .synchronize_within(limit, "waiting for the GPU's work of the step")
+            .synchronize_within(self.sync_limit, "waiting for the GPU's work of the step")
             .map_err(e)
     }
 
