@@ -162,19 +162,31 @@ pub fn stage2_grad_elements(cfg: &GptConfig) -> u128 {
     (v + t) * c + 2 * (12 * c * c + 13 * c) + 2 * c
 }
 
-/// Bytes of whole blocks a ZeRO-3 rank of the bf16 GPU engine holds at
-/// most at once ([`stage3_unit_elements`] in f32), with `half_layers`
-/// (the layers gathered in bf16): the two layers' parameters in half the
-/// bytes, plus the layers' f32 tensors kept whole (the engine's packed
-/// copy and the exchange that refreshes it).
-pub fn stage3_unit_bytes(cfg: &GptConfig, half_layers: bool) -> u128 {
-    let f32_all = 4 * stage3_unit_elements(cfg);
-    if !half_layers {
-        return f32_all;
+/// Bytes of whole blocks a ZeRO-3 rank of a GPU engine holds at most at
+/// once ([`stage3_unit_elements`] in f32). With `cast_head` (the bf16
+/// engine streaming its weights: the head's backward pass reads the bf16
+/// token embeddings its forward pass cast) the f32 embeddings are freed
+/// after the forward pass and their memory takes their gradients: one
+/// embeddings' block fewer. With `half_layers` (the layers gathered in
+/// bf16): the two layers' parameters in half the bytes, plus the layers'
+/// f32 tensors kept whole (the engine's packed copy and the exchange that
+/// refreshes it).
+pub fn stage3_unit_bytes(cfg: &GptConfig, cast_head: bool, half_layers: bool) -> u128 {
+    let (c, v, t, l) = (
+        cfg.n_embd as u128,
+        cfg.vocab_size as u128,
+        cfg.context as u128,
+        cfg.n_layer as u128,
+    );
+    let mut bytes = 4 * stage3_unit_elements(cfg);
+    if cast_head {
+        bytes -= 4 * (v + t) * c;
     }
-    let (c, l) = (cfg.n_embd as u128, cfg.n_layer as u128);
-    let layer = 12 * c * c + 13 * c;
-    f32_all - 2 * 2 * layer + 2 * 4 * 13 * c * l
+    if half_layers {
+        let layer = 12 * c * c + 13 * c;
+        bytes = bytes - 2 * 2 * layer + 2 * 4 * 13 * c * l;
+    }
+    bytes
 }
 
 /// How a run shards its model states over ranks (ZeRO), as the footprint
@@ -350,10 +362,10 @@ pub struct GpuRun {
 /// places in its gradient shard (`run.saved_in_grads`), by
 /// [`crate::placement::place`] over the buffers the engine saves (each
 /// layer's input, LayerNorm statistics, attention output and what
-/// checkpointing keeps; the head's input) and the slices of the shard's
-/// blocks (the embeddings' idle through the whole backward pass, layer
-/// `l`'s through its own backward unit, the final norm's through the
-/// head's). 0 when the run does not lend.
+/// checkpointing keeps; the head's input, final LayerNorm and logits)
+/// and the slices of the shard's blocks (the embeddings' idle through
+/// the whole backward pass, layer `l`'s through its own backward unit,
+/// the final norm's through the head's). 0 when the run does not lend.
 pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
     use crate::placement::{placed_bytes, Region, Want};
     if !(run.saved_in_grads && run.mixed && run.sharding.stage == 3) {
@@ -384,10 +396,15 @@ pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
             last_read: l - layer,
         }));
     }
-    wants.push(Want {
-        bytes: 4 * nc,
-        last_read: 0,
-    });
+    // The head's input, the final LayerNorm's output and statistics, the
+    // logits (over the vocabulary padded to 64).
+    let vp = (cfg.vocab_size as u64).div_ceil(64) * 64;
+    wants.extend(
+        [4 * nc, 2 * nc, 4 * n, 4 * n, 2 * n * vp].map(|bytes| Want {
+            bytes,
+            last_read: 0,
+        }),
+    );
     let ranks = run.sharding.ranks.max(1);
     let layout = crate::Layout::padded(cfg, 64 * ranks);
     let mut at = 0u64;
@@ -463,7 +480,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     let params = cfg.num_params() as u128;
     let stage3 = sharding.stage == 3;
     let half_layers = stage3 && mixed && run.half_gathers;
-    let units = stage3_unit_bytes(cfg, half_layers);
+    let units = stage3_unit_bytes(cfg, mixed && streamed_weights, half_layers);
     let lent = gpu_saved_in_grad_shard(cfg, run);
     let mut parts = vec![
         Part {
@@ -616,7 +633,10 @@ mod tests {
             ..run(1)
         };
         let others = gpu_training(&cfg, &plain).total() - 16 * p;
-        let units = 4 * stage3_unit_elements(&cfg);
+        // The bf16 engine streaming its weights frees the f32 embeddings
+        // after the forward pass.
+        let emb = 4 * (cfg.vocab_size + cfg.context) as u128 * cfg.n_embd as u128;
+        let units = 4 * stage3_unit_elements(&cfg) - emb;
         for n in [1u128, 2, 8] {
             let f = gpu_training(&cfg, &run(n as usize));
             // Training holds 16Ψ/N and the units; starting and ending, the

@@ -37,31 +37,60 @@ pub struct Want {
 /// GPU's vector loads and cuBLAS want).
 pub const ALIGN: u64 = 256;
 
-/// Byte offsets (of the regions' allocation) for `wants`, each inside one
-/// region whose memory stays idle through the buffer's last read, none
-/// overlapping; `None` for a buffer that fits nowhere (it keeps memory of
-/// its own). Buffers read last latest go first (the fewest regions can
-/// take them), each into the region idle for the shortest time that still
-/// has room, so that the regions idle longest stay open for the rest.
+/// Byte offsets (of the regions' allocation) for `wants`, none
+/// overlapping, each inside memory idle through the buffer's last read:
+/// one region, or regions that follow each other in the allocation (one
+/// ends where the next starts) and are all idle long enough; `None` for a
+/// buffer that fits nowhere (it keeps memory of its own).
+///
+/// Buffers read last latest go first (the least memory can take them),
+/// each at the lowest address where it fits. Where the regions idle
+/// longest come first in the allocation — ZeRO-3's gradient shard: the
+/// embeddings' slice, then each layer's from the first, then the final
+/// norm's — this packs the buffers one after another from the front,
+/// each within the prefix of the allocation it may use, leaving no gaps
+/// but alignment's.
 pub fn place(wants: &[Want], regions: &[Region]) -> Vec<Option<u64>> {
+    let mut by_address: Vec<usize> = (0..regions.len()).collect();
+    by_address.sort_by_key(|&k| (regions[k].start, k));
     let mut cursor: Vec<u64> = regions.iter().map(|r| r.start).collect();
     let mut order: Vec<usize> = (0..wants.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(wants[i].last_read), i));
     let mut out = vec![None; wants.len()];
     for i in order {
         let w = wants[i];
-        let best = regions
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.free_through >= w.last_read)
-            .filter_map(|(k, r)| {
-                let at = cursor[k].div_ceil(ALIGN) * ALIGN;
-                (at.checked_add(w.bytes)? <= r.end).then_some((r.free_through, k, at))
-            })
-            .min();
-        if let Some((_, k, at)) = best {
-            cursor[k] = at + w.bytes;
+        let idle = |r: &Region| r.free_through >= w.last_read;
+        for (first, &k) in by_address.iter().enumerate() {
+            let r = regions[k];
+            let at = cursor[k].div_ceil(ALIGN) * ALIGN;
+            if !idle(&r) || at > r.end {
+                continue;
+            }
+            let Some(end) = at.checked_add(w.bytes) else {
+                continue;
+            };
+            // Run on into the regions that follow, while they are untouched
+            // and idle long enough.
+            let (mut last, mut reach) = (first, r.end);
+            while end > reach {
+                let Some(&n) = by_address.get(last + 1) else {
+                    break;
+                };
+                let next = regions[n];
+                if next.start != reach || cursor[n] != next.start || !idle(&next) {
+                    break;
+                }
+                (last, reach) = (last + 1, next.end);
+            }
+            if end > reach {
+                continue;
+            }
+            for &m in &by_address[first..last] {
+                cursor[m] = regions[m].end;
+            }
+            cursor[by_address[last]] = end;
             out[i] = Some(at);
+            break;
         }
     }
     out
@@ -82,17 +111,27 @@ mod tests {
     use super::*;
     use braid_core::rng::Rng;
 
-    /// Every placed buffer lies inside a region idle through its last
-    /// read, aligned, and overlaps no other.
+    /// Every placed buffer lies inside memory idle through its last read
+    /// (every byte of it in a region idle long enough), aligned, and
+    /// overlaps no other.
     fn check(wants: &[Want], regions: &[Region], at: &[Option<u64>]) {
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for (w, a) in wants.iter().zip(at) {
             let Some(a) = *a else { continue };
             assert_eq!(a % ALIGN, 0, "offset {a} not aligned");
-            let inside = regions
-                .iter()
-                .any(|r| r.start <= a && a + w.bytes <= r.end && r.free_through >= w.last_read);
-            assert!(inside, "{w:?} at {a} is in no region idle long enough");
+            // Walk the buffer's bytes region by region.
+            let mut from = a;
+            while from < a + w.bytes {
+                let r = regions
+                    .iter()
+                    .find(|r| r.start <= from && from < r.end)
+                    .unwrap_or_else(|| panic!("{w:?} at {a}: byte {from} is in no region"));
+                assert!(
+                    r.free_through >= w.last_read,
+                    "{w:?} at {a} lies in {r:?}, not idle long enough"
+                );
+                from = r.end;
+            }
             spans.push((a, a + w.bytes));
         }
         spans.sort();
@@ -101,11 +140,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn each_layer_goes_into_its_own_slot_and_the_head_into_the_embeddings() {
-        // Four layers' slots (1000 bytes each) idle through their own
-        // backward units (head = unit 0, layer l = unit 4 - l), the
-        // embeddings' (3000 bytes) through the last unit.
+    /// ZeRO-3's shard: the embeddings' slice (3000 bytes) idle through
+    /// the last backward unit, then four layers' (1000 bytes each) idle
+    /// through their own units (head = unit 0, layer l = unit 4 - l).
+    fn shard_regions() -> Vec<Region> {
         let mut regions = vec![Region {
             start: 0,
             end: 3000,
@@ -118,27 +156,68 @@ mod tests {
                 free_through: 4 - l as usize,
             });
         }
+        regions
+    }
+
+    #[test]
+    fn layers_pack_from_the_front_and_the_head_runs_across_slices() {
+        let regions = shard_regions();
         let mut wants: Vec<Want> = (0..4)
             .map(|l| Want {
                 bytes: 700,
                 last_read: 4 - l,
             })
             .collect();
+        // The head's buffer is larger than any one layer's slice.
         wants.push(Want {
-            bytes: 500,
+            bytes: 1500,
             last_read: 0,
         });
         let at = place(&wants, &regions);
         check(&wants, &regions, &at);
-        // Layer l's slot starts at 3000 + 1000 l, rounded up to 256.
-        let own: Vec<Option<u64>> = (0..4u64)
-            .map(|l| Some((3000 + 1000 * l).div_ceil(ALIGN) * ALIGN))
-            .collect();
-        assert_eq!(&at[..4], &own[..]);
-        // 300 bytes are left in each layer slot: the head's 500 go into
-        // the embeddings'.
-        assert_eq!(at[4], Some(0));
-        assert_eq!(placed_bytes(&wants, &regions), 4 * 700 + 500);
+        // Layer 0 (read last) first, each at the next aligned byte; layer
+        // 3's runs from the embeddings' slice into layer 0's.
+        assert_eq!(&at[..4], &[Some(0), Some(768), Some(1536), Some(2304)]);
+        // The head's 1500 bytes run from layer 0's slice into layer 1's.
+        assert_eq!(at[4], Some(3072));
+        assert_eq!(placed_bytes(&wants, &regions), 4 * 700 + 1500);
+    }
+
+    #[test]
+    fn a_buffer_runs_only_into_slices_idle_long_enough() {
+        let regions = shard_regions();
+        let wants = [
+            // Read by the embeddings' unit (5): only their slice.
+            Want {
+                bytes: 2900,
+                last_read: 5,
+            },
+            // Read by layer 2's unit (2): may run through the slices of
+            // layers 0, 1 and 2, not into layer 3's.
+            Want {
+                bytes: 1900,
+                last_read: 2,
+            },
+            // Read by layer 0's unit (4): the embeddings' slice and layer
+            // 0's only, and 2900 bytes of the first are taken: from 3072
+            // (aligned) it would end in layer 1's slice.
+            Want {
+                bytes: 1200,
+                last_read: 4,
+            },
+            // Read by the head (0), larger than what is left.
+            Want {
+                bytes: 2000,
+                last_read: 0,
+            },
+        ];
+        let at = place(&wants, &regions);
+        check(&wants, &regions, &at);
+        assert_eq!(at[0], Some(0));
+        assert_eq!(at[2], None);
+        assert_eq!(at[1], Some(3072));
+        // 4972..7000 is left, but 2000 bytes from 5120 would pass the end.
+        assert_eq!(at[3], None);
     }
 
     #[test]

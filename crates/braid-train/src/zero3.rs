@@ -450,7 +450,7 @@ impl<C: Collective> Zero3<C> {
 
 impl<C: Collective> Zero3<C> {
     /// Places the engine's saved activations in the gradient shard's
-    /// memory where a block's slice is idle through their last read.
+    /// memory where blocks' slices are idle through their last read.
     fn lend_grads<E: Engine<Space = C::Space>>(&mut self, engine: &mut E) -> Result<()> {
         let st = self.state.as_mut().ok_or("ZeRO-3: lending before start")?;
         let wants: Vec<Want> = engine
@@ -483,10 +483,11 @@ impl<C: Collective> Zero3<C> {
         // SAFETY: `st.grads` stays until `finish`, which calls `own_saved`
         // before replacing it (and the engine never reads lent buffers
         // after this strategy is gone: the run ends with it). Each buffer
-        // lies in the slice of a block whose reduced gradients are written
-        // (on the communication stream, ordered after the engine's work
-        // queued so far) only once the unit after which the block is final
-        // has been queued, which is no earlier than the buffer's last read;
+        // lies in the slices of blocks (one, or several that follow each
+        // other in the shard) whose reduced gradients are written (on the
+        // communication stream, ordered after the engine's work queued so
+        // far) only once the unit after which the block is final has been
+        // queued, which is no earlier than the buffer's last read;
         // the next forward pass writes them after the update has read the
         // gradients, on the engine's stream.
         st.lent = unsafe { engine.place_saved(&st.grads, &at) }

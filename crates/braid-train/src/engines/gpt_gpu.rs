@@ -335,7 +335,12 @@ impl GpuGpt {
                 braid_comm::communicator::DEFAULT_TIMEOUT,
             )
             .map_err(e)?,
-            units: gpt_param_units(&layout),
+            units: match &model {
+                // The head's backward pass reads the bf16 token embeddings
+                // its forward pass cast, not the f32 ones.
+                Model::Mixed(_, None) => head_reads_cast_embeddings(gpt_param_units(&layout)),
+                _ => gpt_param_units(&layout),
+            },
             sharded: false,
             forward_grad: false,
             released: false,
@@ -712,6 +717,17 @@ fn backward_step(
 
 /// Blocks `blocks` of `units`, given as `bufs` (in that order), as the
 /// pieces of the flat buffer the models read.
+/// `units` with the head's backward unit reading only the final norm:
+/// the bf16 engine streaming its weights casts the token embeddings for
+/// the classifier in the head's forward pass and its backward pass reads
+/// that cast. So under ZeRO-3 the f32 embeddings are freed after the
+/// forward pass, and their memory takes their gradients.
+fn head_reads_cast_embeddings(mut units: ParamUnits) -> ParamUnits {
+    let norm = units.blocks.len() - 1;
+    units.backward_reads[0] = vec![norm];
+    units
+}
+
 fn pieces<'a>(
     units: &ParamUnits,
     blocks: &[usize],

@@ -7,7 +7,7 @@
 //! allocation; [`GpuGptMixed::own_saved`] drops them before the lender's
 //! memory goes, and the next forward pass allocates them again.
 
-use super::{AttnSaved, GpuGptMixed, LayerSaved};
+use super::{AttnSaved, GpuGptMixed};
 use braid_cuda::{CudaError, DeviceBuffer, DevicePool, Result, Stream};
 use half::bf16;
 
@@ -104,11 +104,22 @@ fn attn_saved<'a>(a: &'a mut AttnSaved, out: &mut Vec<SavedMut<'a>>) {
 
 /// Every saved buffer, in a fixed order: each layer's (its input from
 /// the residual stream, LayerNorm statistics, attention output, and what
-/// else it keeps), then the head's input.
-fn saved_of<'a>(
-    layers: &'a mut [LayerSaved],
-    resid: &'a mut [DeviceBuffer<f32>],
-) -> Vec<(SavedFor, SavedMut<'a>)> {
+/// else it keeps), then the head's (its input, the final LayerNorm's
+/// output and statistics, and the logits, which its forward pass turns
+/// into the loss's gradient for its backward pass). With them, the
+/// model's pool and stream (to allocate or free them).
+fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool, &Stream) {
+    let GpuGptMixed {
+        layers,
+        resid,
+        lnf,
+        lnf_mean,
+        lnf_rstd,
+        logits,
+        pool,
+        stream,
+        ..
+    } = m;
     let (inputs, head) = resid.split_at_mut(layers.len());
     let mut out = Vec::new();
     for (l, (layer, input)) in layers.iter_mut().zip(inputs).enumerate() {
@@ -135,8 +146,15 @@ fn saved_of<'a>(
         }
         out.extend(bufs.into_iter().map(|b| (SavedFor::Layer(l), b)));
     }
-    out.extend(head.iter_mut().map(|b| (SavedFor::Head, SavedMut::F32(b))));
-    out
+    let mut bufs: Vec<SavedMut<'_>> = head.iter_mut().map(SavedMut::F32).collect();
+    bufs.extend([
+        SavedMut::Bf16(lnf),
+        SavedMut::F32(lnf_mean),
+        SavedMut::F32(lnf_rstd),
+        SavedMut::Bf16(logits),
+    ]);
+    out.extend(bufs.into_iter().map(|b| (SavedFor::Head, b)));
+    (out, pool, stream)
 }
 
 impl GpuGptMixed {
@@ -144,9 +162,9 @@ impl GpuGptMixed {
     /// part reads each last, and its bytes, in the order
     /// [`place_saved`](Self::place_saved) takes offsets.
     pub fn saved_buffers(&mut self) -> Vec<(SavedFor, usize)> {
-        let (layers, resid) = (&mut self.layers, &mut self.resid);
-        let lens = &self.unowned_saved;
-        saved_of(layers, resid)
+        let lens = self.unowned_saved.clone();
+        saved_of(self)
+            .0
             .iter()
             .enumerate()
             .map(|(i, (f, b))| {
@@ -176,7 +194,7 @@ impl GpuGptMixed {
         at: &[Option<usize>],
     ) -> Result<usize> {
         self.own_missing()?;
-        let mut saved = saved_of(&mut self.layers, &mut self.resid);
+        let (mut saved, _, _) = saved_of(self);
         if at.len() != saved.len() {
             return Err(CudaError::Invalid(format!(
                 "place_saved: {} offsets for {} saved buffers",
@@ -202,8 +220,7 @@ impl GpuGptMixed {
     /// contents are not needed between steps); the next forward pass
     /// allocates them again from the model's own memory.
     pub fn own_saved(&mut self) -> Result<()> {
-        let pool = &self.pool;
-        let saved = saved_of(&mut self.layers, &mut self.resid);
+        let (saved, pool, _) = saved_of(self);
         let mut lens = vec![0; saved.len()];
         for (i, (_, mut buf)) in saved.into_iter().enumerate() {
             if buf.is_lent() {
@@ -223,8 +240,7 @@ impl GpuGptMixed {
             return Ok(());
         }
         let lens = std::mem::take(&mut self.unowned_saved);
-        let (pool, s) = (&self.pool, &self.stream);
-        let saved = saved_of(&mut self.layers, &mut self.resid);
+        let (saved, pool, s) = saved_of(self);
         for ((_, mut buf), len) in saved.into_iter().zip(lens) {
             if len > 0 {
                 buf.own(pool, s, len)?;
