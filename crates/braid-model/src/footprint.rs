@@ -405,6 +405,48 @@ pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
             last_read: 0,
         }),
     );
+    // The layers' shared scratch (the embeddings' backward pass reads
+    // dresid): gelu, dgelu, qkv, dresid, ln, dresid_bf, dln, datty.
+    let scratch = [
+        8 * nc,
+        8 * nc,
+        6 * nc,
+        4 * nc,
+        2 * nc,
+        2 * nc,
+        2 * nc,
+        2 * nc,
+    ];
+    wants.extend(scratch.map(|bytes| Want {
+        bytes,
+        last_read: l + 1,
+    }));
+    // Checkpointing's one block (its attention state where the layers do
+    // not keep theirs, resid2, fch) and the fused attention's scratch (the
+    // row sums, the score gradients where stored): read last by layer 0.
+    let mut w = Vec::new();
+    if run.checkpointing {
+        if !keep {
+            attn(&mut w);
+        }
+        w.extend([4 * nc, 8 * nc]);
+    }
+    if fused {
+        w.push(4 * rows);
+        if run.stored_score_grads {
+            let shape = crate::cpu::attention::AttnShape {
+                b: run.b,
+                t: run.t,
+                c: cfg.n_embd,
+                nh: cfg.n_head,
+            };
+            w.push(2 * crate::cuda::flash::FlashKernels::score_grads_len(shape) as u64);
+        }
+    }
+    wants.extend(w.into_iter().map(|bytes| Want {
+        bytes,
+        last_read: l,
+    }));
     let ranks = run.sharding.ranks.max(1);
     let layout = crate::Layout::padded(cfg, 64 * ranks);
     let mut at = 0u64;

@@ -136,6 +136,8 @@ struct Sharded<C: Collective> {
     half: Vec<bool>,
     /// The f32 tensors of the bf16 blocks, kept whole on every rank.
     side: Option<SideRefresh<C>>,
+    /// "ZeRO-3", or "ZeRO-2" (stage 2), for messages.
+    label: &'static str,
 }
 
 /// The f32 tensors inside the blocks gathered in bf16 (the engine's
@@ -332,10 +334,10 @@ impl<C: Collective> Zero3<C> {
 
     fn started(&mut self) -> Result<(&C, &mut Sharded<C>)> {
         let group = group_of(&self.comm, &self.hybrid);
-        let state = self
-            .state
-            .as_mut()
-            .ok_or("ZeRO-3: a pass before start (call start first)")?;
+        let state = self.state.as_mut().ok_or(match self.stage {
+            2 => "ZeRO-2: a pass before start (call start first)",
+            _ => "ZeRO-3: a pass before start (call start first)",
+        })?;
         Ok((group, state))
     }
 
@@ -621,7 +623,10 @@ impl<C: Collective> Sharded<C> {
             })
             .collect();
         if let Some(&b) = scatter.iter().find(|&&b| self.block_grads[b].is_none()) {
-            return Err(format!("ZeRO-3: block {b}'s gradients are not there"));
+            return Err(format!(
+                "{}: block {b}'s gradients are not there",
+                self.label
+            ));
         }
         let mut scatters: Vec<ScatterPart<'_, Flat2<C>>> = self
             .block_grads
@@ -679,7 +684,10 @@ impl<C: Collective> Sharded<C> {
                 false => self.block_grads[b].take(),
             };
             let g = g.ok_or_else(|| {
-                format!("ZeRO-3: block {b}'s gradient buffer is not there for its unit")
+                format!(
+                    "{}: block {b}'s gradient buffer is not there for its unit",
+                    self.label
+                )
             });
             match g {
                 Ok(g) => writing.push((b, g)),
@@ -815,6 +823,10 @@ where
             lent: 0,
             half,
             side,
+            label: match self.stage {
+                2 => "ZeRO-2",
+                _ => "ZeRO-3",
+            },
         });
         if self.saved_in_grads && self.params_sharded() {
             self.lend_grads(engine)?;

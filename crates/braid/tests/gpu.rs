@@ -309,8 +309,6 @@ fn train_gpu_env(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Vec<f32>, serde_json::Value) {
-    let model = dir.path().join(format!("{name}.safetensors"));
-    let json = dir.path().join(format!("{name}.json"));
     let mut cmd = braid();
     cmd.args([
         "train",
@@ -323,21 +321,36 @@ fn train_gpu_env(
         "--seed",
         "11",
     ])
-    .args(args)
-    .arg("--save")
-    .arg(&model)
-    .arg("--json")
-    .arg(&json)
-    .env("NCCL_NVLS_ENABLE", "0")
-    .envs(env.iter().copied());
-    let f = run(cmd, Duration::from_secs(180));
-    assert_eq!(f.code, Some(0), "{name}: {f:?}");
+    .args(args);
+    let (model, doc) = run_saving(dir, name, cmd, env);
     let params = braid_model::checkpoint::load(&model)
         .expect("checkpoint")
         .0
         .data;
-    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (params, doc)
+}
+
+/// Runs `cmd` (a `braid train`) with `env`, saving the model to
+/// `dir/name.safetensors` and the JSON record to `dir/name.json`; it must
+/// succeed within 3 minutes. Returns the model's path and the record.
+fn run_saving(
+    dir: &common::TempDir,
+    name: &str,
+    mut cmd: std::process::Command,
+    env: &[(&str, &str)],
+) -> (std::path::PathBuf, serde_json::Value) {
+    let model = dir.path().join(format!("{name}.safetensors"));
+    let json = dir.path().join(format!("{name}.json"));
+    cmd.arg("--save")
+        .arg(&model)
+        .arg("--json")
+        .arg(&json)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .envs(env.iter().copied());
+    let f = run(cmd, Duration::from_secs(180));
+    assert_eq!(f.code, Some(0), "{name}: {f:?}");
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (model, doc)
 }
 
 /// Stated tolerance of the GPU equivalence: f32 on 2 GPUs against one GPU
@@ -967,6 +980,7 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     let dir = common::TempDir::new("gpu-zero3-lend");
     let off = [("BRAID_SAVED_IN_GRADS", "off")];
     zero3_same_bits_with(&dir, &off);
+    zero3_evaluating_same_bits_with(&dir, &off);
     // A model large enough for the saving to show, and the estimate.
     let mid = zero3_l12;
     let ([est, peak, _], [est_off, peak_off, _], _) = zero3_l12_beside(&off);
@@ -1025,6 +1039,43 @@ fn zero3_same_bits_with(dir: &common::TempDir, env: &[(&str, &str)]) {
             let d = common::max_diff(&a, &b);
             assert!(d == 0.0, "{name}: parameters differ by {d} with {env:?}");
         }
+    }
+}
+
+/// ZeRO-3 over one rank with evaluation passes between steps (which run
+/// the forward pass on the buffers lent between updates), on a model with
+/// batched attention (head size 48) and a vocabulary padded to 64, with
+/// and without checkpointing: by default and with `env`, the same saved
+/// bytes and the same training and evaluation losses.
+fn zero3_evaluating_same_bits_with(dir: &common::TempDir, env: &[(&str, &str)]) {
+    for ckpt in [true, false] {
+        let run_with = |name: &str, env: &[(&str, &str)]| {
+            let mut cmd = braid();
+            cmd.args([
+                "train",
+                "--device",
+                "cuda",
+                "--model",
+                "L3-H2-C96-V50257-T64",
+            ])
+            .args(["--seq", "64", "--batch", "8", "--steps", "8", "--seed", "3"])
+            .args(["--eval-every", "2", "--zero", "3", "--nproc", "1"])
+            .args(if ckpt { &["--checkpointing"][..] } else { &[] });
+            let (model, doc) = run_saving(dir, name, cmd, env);
+            let losses: Vec<(f64, Option<f64>)> = doc["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| (s["loss"].as_f64().unwrap(), s["eval_loss"].as_f64()))
+                .collect();
+            (std::fs::read(&model).unwrap(), losses)
+        };
+        let name = format!("z3-eval-{ckpt}");
+        let (a, la) = run_with(&format!("{name}-default"), &[]);
+        let (b, lb) = run_with(&format!("{name}-env"), env);
+        assert!(la.iter().filter(|l| l.1.is_some()).count() >= 3, "{la:?}");
+        assert_eq!(la, lb, "{name}: losses differ with {env:?}");
+        assert!(a == b, "{name}: the saved models differ with {env:?}");
     }
 }
 

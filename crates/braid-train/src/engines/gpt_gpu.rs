@@ -1283,6 +1283,7 @@ impl Engine for GpuGpt {
                 last_read: match part {
                     SavedFor::Head => 0,
                     SavedFor::Layer(l) => n - l,
+                    SavedFor::Embedding => n + 1,
                 },
             })
             .collect())

@@ -1,24 +1,27 @@
-//! The buffers a [`GpuGptMixed`] forward pass saves for its backward
-//! pass, listed by the part of the backward pass that reads them last, so
-//! that a strategy can lend them memory that is idle while they live
-//! (ZeRO-3's gradient shard: [`crate::placement`]).
+//! The buffers of a [`GpuGptMixed`] that hold nothing between steps —
+//! what its forward pass saves for its backward pass, and the scratch
+//! both passes share — listed by the part of the backward pass that reads
+//! each for the last time, so that a strategy can lend them memory that
+//! is idle while they live (ZeRO-3's gradient shard:
+//! [`crate::placement`]).
 //!
 //! Lent buffers ([`GpuGptMixed::place_saved`]) are views of the lender's
 //! allocation; [`GpuGptMixed::own_saved`] drops them before the lender's
 //! memory goes, and the next forward pass allocates them again.
 
-use super::{AttnSaved, GpuGptMixed};
+use super::{AttnSaved, AttnShared, GpuGptMixed};
 use braid_cuda::{CudaError, DeviceBuffer, DevicePool, Result, Stream};
 use half::bf16;
 
-/// The part of the backward pass that reads a saved buffer for the last
-/// time.
+/// The part of the backward pass that reads a buffer for the last time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SavedFor {
     /// The head (the final LayerNorm and the classifier).
     Head,
     /// Layer `l`'s block.
     Layer(usize),
+    /// The embeddings' backward pass (the last part).
+    Embedding,
 }
 
 /// One saved buffer, mutably.
@@ -102,12 +105,16 @@ fn attn_saved<'a>(a: &'a mut AttnSaved, out: &mut Vec<SavedMut<'a>>) {
     }
 }
 
-/// Every saved buffer, in a fixed order: each layer's (its input from
-/// the residual stream, LayerNorm statistics, attention output, and what
-/// else it keeps), then the head's (its input, the final LayerNorm's
-/// output and statistics, and the logits, which its forward pass turns
-/// into the loss's gradient for its backward pass). With them, the
-/// model's pool and stream (to allocate or free them).
+/// Every buffer that holds nothing between steps, in a fixed order:
+/// each layer's saved ones (its input from the residual stream,
+/// LayerNorm statistics, attention output, and what else it keeps); the
+/// head's (its input, the final LayerNorm's output and statistics, and
+/// the logits, which its forward pass turns into the loss's gradient for
+/// its backward pass); the scratch the layers share (read last by the
+/// embeddings' backward pass, which reads `dresid`); checkpointing's
+/// one block of activations and the fused attention's scratch (read last
+/// by layer 0's). With them, the model's pool and stream (to allocate or
+/// free them).
 fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool, &Stream) {
     let GpuGptMixed {
         layers,
@@ -116,6 +123,16 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         lnf_mean,
         lnf_rstd,
         logits,
+        ln,
+        qkv,
+        gelu,
+        dgelu,
+        dresid,
+        dresid_bf,
+        dln,
+        datty,
+        work,
+        attn,
         pool,
         stream,
         ..
@@ -154,6 +171,32 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         SavedMut::Bf16(logits),
     ]);
     out.extend(bufs.into_iter().map(|b| (SavedFor::Head, b)));
+    let scratch = [
+        SavedMut::Bf16(gelu),
+        SavedMut::Bf16(dgelu),
+        SavedMut::Bf16(qkv),
+        SavedMut::F32(dresid),
+        SavedMut::Bf16(ln),
+        SavedMut::Bf16(dresid_bf),
+        SavedMut::Bf16(dln),
+        SavedMut::Bf16(datty),
+    ];
+    out.extend(scratch.map(|b| (SavedFor::Embedding, b)));
+    let mut bufs = Vec::new();
+    if let Some(acts) = work {
+        if let Some(a) = &mut acts.attn {
+            attn_saved(a, &mut bufs);
+        }
+        bufs.push(SavedMut::F32(&mut acts.resid2));
+        bufs.push(SavedMut::Bf16(&mut acts.fch));
+    }
+    if let AttnShared::Fused { dsum, score_grads } = attn {
+        bufs.push(SavedMut::F32(dsum));
+        if let Some(sg) = score_grads {
+            bufs.push(SavedMut::Bf16(sg));
+        }
+    }
+    out.extend(bufs.into_iter().map(|b| (SavedFor::Layer(0), b)));
     (out, pool, stream)
 }
 
