@@ -33,6 +33,7 @@ use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
 
+mod fresh;
 mod saved;
 pub use saved::SavedFor;
 
@@ -313,7 +314,8 @@ fn input_grad(
     mm(blas, s, n, inp, out, dy, w.t(), dx, 0.0)
 }
 
-/// `dw += xᵀ · dy` for `y[n,out] = x[n,inp] · w[inp,out]`.
+/// `dw = xᵀ · dy + beta · dw` for `y[n,out] = x[n,inp] · w[inp,out]`
+/// (`beta` 1 adds, 0 overwrites: [`fresh`]).
 #[allow(clippy::too_many_arguments)]
 fn weight_grad(
     blas: &mut Blas,
@@ -324,8 +326,9 @@ fn weight_grad(
     x: Mat,
     dy: Mat,
     dw: Mat,
+    beta: f32,
 ) -> Result<()> {
-    mm(blas, s, inp, out, n, x.t(), dy, dw, 1.0)
+    mm(blas, s, inp, out, n, x.t(), dy, dw, beta)
 }
 
 /// A layer's four weight-gradient products.
@@ -461,6 +464,8 @@ pub struct GpuGptMixed {
     /// Lengths of the saved buffers [`own_saved`](Self::own_saved)
     /// dropped, for the next forward pass to allocate (empty: none).
     unowned_saved: Vec<usize>,
+    /// Whether the backward pass overwrites the weight gradients.
+    fresh: fresh::FreshGrads,
 }
 
 impl GpuGptMixed {
@@ -587,6 +592,7 @@ impl GpuGptMixed {
                 .unwrap_or(0),
             prof: PhaseTimer::from_env(device),
             unowned_saved: Vec::new(),
+            fresh: fresh::FreshGrads::default(),
             layout,
             pool,
             stream,
@@ -752,6 +758,7 @@ impl GpuGptMixed {
     /// targets): uploads it.
     pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
         self.own_missing()?;
+        self.fresh.forward_starts();
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
             st.holds = None;
@@ -1123,6 +1130,8 @@ impl GpuGptMixed {
         if self.backward_sms > 0 {
             self.blas.set_sm_count_target(self.backward_sms)?;
         }
+        self.fresh.backward_starts();
+        let beta = self.fresh.beta();
         let (s, k, mk) = (&self.stream, &self.kernels, &self.mk);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
@@ -1154,7 +1163,7 @@ impl GpuGptMixed {
         let mut gwte = g.view_mut(wte)?;
         let (dst, beta) = match &self.pad {
             Some((_, dwte_pad)) => (Mat::of(dwte_pad, c), 0.0),
-            None => (Mat::of(&gwte, c), 1.0),
+            None => (Mat::of(&gwte, c), beta),
         };
         mm(
             blas,
@@ -1275,6 +1284,7 @@ impl GpuGptMixed {
                 Mat::of(&self.gelu, 4 * c),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
+                self.fresh.beta(),
             )?;
             prof.mark(s, "bwd gemm fcproj")?;
         }
@@ -1332,6 +1342,7 @@ impl GpuGptMixed {
                 Mat::of(&self.ln, c),
                 Mat::of(&self.dgelu, 4 * c),
                 Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
+                self.fresh.beta(),
             )?;
             prof.mark(s, "bwd gemm fc")?;
         }
@@ -1358,6 +1369,7 @@ impl GpuGptMixed {
                 Mat::of(&a.atty, c),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.proj_w.clone())?, c),
+                self.fresh.beta(),
             )?;
         }
         prof.mark(s, "bwd gemm proj")?;
@@ -1444,6 +1456,7 @@ impl GpuGptMixed {
                 Mat::of(&self.ln, c),
                 Mat::of(&self.qkv, 3 * c),
                 Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
+                self.fresh.beta(),
             )?;
             prof.mark(s, "bwd gemm qkv")
         }
@@ -1496,6 +1509,7 @@ impl GpuGptMixed {
                 Mat::of(x, inp),
                 Mat::of(dy, out),
                 Mat::of(&dw, out),
+                self.fresh.beta(),
             )?;
         }
         self.prof.mark(s, "bwd gemm deferred weights")

@@ -787,7 +787,13 @@ impl Engine for GpuGpt {
     }
 
     fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
-        zero_async(grads, self.compute_stream()).map_err(e)
+        match &mut self.model {
+            // The whole buffer of the bf16 engine: its next backward pass
+            // overwrites the weight matrices' gradients, so only the rest
+            // is zeroed (the same values).
+            Model::Mixed(m, _) if grads.len() == self.layout.len => m.begin_grads(grads).map_err(e),
+            _ => zero_async(grads, self.compute_stream()).map_err(e),
+        }
     }
 
     fn units(&self) -> Vec<Unit> {
