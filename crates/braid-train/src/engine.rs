@@ -341,6 +341,15 @@ pub trait Engine {
     /// Sets `grads` to zero (queued, on a GPU).
     fn zero_grads(&mut self, grads: &mut Flat<Self>) -> Result<()>;
 
+    /// Prepares `grads`, the gradient buffer of parameter block `block`
+    /// of [`param_units`](Self::param_units), for a backward unit that
+    /// writes it: zeroes it (the default), or, where the engine's next
+    /// backward pass overwrites some of it, the rest.
+    fn zero_block_grads(&mut self, block: usize, grads: &mut Flat<Self>) -> Result<()> {
+        let _ = block;
+        self.zero_grads(grads)
+    }
+
     /// The backward pass's units, in the order they run.
     fn units(&self) -> Vec<Unit>;
 

@@ -411,7 +411,7 @@ impl<C: Collective> Zero3<C> {
         let mut pending: Vec<usize> = Vec::new();
         for u in 0..reads.len() {
             for &b in &writes[u] {
-                st.grad_block(group, b, &mut |g| engine.zero_grads(g))?;
+                st.grad_block(group, b, &mut |g| engine.zero_block_grads(b, g))?;
             }
             let next: &[usize] = reads.get(u + 1).map_or(&[], |r| r);
             let (_, s) = st.run_unit(

@@ -796,6 +796,22 @@ impl Engine for GpuGpt {
         }
     }
 
+    fn zero_block_grads(&mut self, block: usize, grads: &mut DeviceBuffer<f32>) -> Result<()> {
+        let range = self
+            .units
+            .blocks
+            .get(block)
+            .cloned()
+            .ok_or_else(|| format!("zero_block_grads: no parameter block {block}"))?;
+        match &mut self.model {
+            // Each backward unit writes its blocks' buffers afresh (the
+            // shard adds micro-batches): the weight matrices are
+            // overwritten, the rest of the block is zeroed.
+            Model::Mixed(m, _) => m.begin_block_grads(range, grads).map_err(e),
+            Model::F32(_) => zero_async(grads, self.compute_stream()).map_err(e),
+        }
+    }
+
     fn units(&self) -> Vec<Unit> {
         self.steps.iter().map(|(u, _)| u.clone()).collect()
     }
