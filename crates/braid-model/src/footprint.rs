@@ -170,8 +170,16 @@ pub fn stage2_grad_elements(cfg: &GptConfig) -> u128 {
 /// embeddings' block fewer. With `half_layers` (the layers gathered in
 /// bf16): the two layers' parameters in half the bytes, plus the layers'
 /// f32 tensors kept whole (the engine's packed copy and the exchange that
-/// refreshes it).
-pub fn stage3_unit_bytes(cfg: &GptConfig, cast_head: bool, half_layers: bool) -> u128 {
+/// refreshes it). With `one_grad_block` (the bf16 engine under
+/// checkpointing: a layer's gradients are reduce-scattered while the next
+/// layer recomputes, before it writes its own) one layer's gradients
+/// instead of two.
+pub fn stage3_unit_bytes(
+    cfg: &GptConfig,
+    cast_head: bool,
+    half_layers: bool,
+    one_grad_block: bool,
+) -> u128 {
     let (c, v, t, l) = (
         cfg.n_embd as u128,
         cfg.vocab_size as u128,
@@ -182,9 +190,12 @@ pub fn stage3_unit_bytes(cfg: &GptConfig, cast_head: bool, half_layers: bool) ->
     if cast_head {
         bytes -= 4 * (v + t) * c;
     }
+    let layer = 12 * c * c + 13 * c;
     if half_layers {
-        let layer = 12 * c * c + 13 * c;
         bytes = bytes - 2 * 2 * layer + 2 * 4 * 13 * c * l;
+    }
+    if one_grad_block {
+        bytes -= 4 * layer;
     }
     bytes
 }
@@ -522,7 +533,12 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     let params = cfg.num_params() as u128;
     let stage3 = sharding.stage == 3;
     let half_layers = stage3 && mixed && run.half_gathers;
-    let units = stage3_unit_bytes(cfg, mixed && streamed_weights, half_layers);
+    let units = stage3_unit_bytes(
+        cfg,
+        mixed && streamed_weights,
+        half_layers,
+        mixed && run.checkpointing,
+    );
     let lent = gpu_saved_in_grad_shard(cfg, run);
     let mut parts = vec![
         Part {
@@ -676,9 +692,16 @@ mod tests {
         };
         let others = gpu_training(&cfg, &plain).total() - 16 * p;
         // The bf16 engine streaming its weights frees the f32 embeddings
-        // after the forward pass.
-        let emb = 4 * (cfg.vocab_size + cfg.context) as u128 * cfg.n_embd as u128;
-        let units = 4 * stage3_unit_elements(&cfg) - emb;
+        // after the forward pass, and under checkpointing holds one
+        // layer's gradients at a time.
+        let (c, v, t) = (
+            cfg.n_embd as u128,
+            cfg.vocab_size as u128,
+            cfg.context as u128,
+        );
+        let emb = 4 * (v + t) * c;
+        let layer = 4 * (12 * c * c + 13 * c);
+        let units = 4 * stage3_unit_elements(&cfg) - emb - layer;
         for n in [1u128, 2, 8] {
             let f = gpu_training(&cfg, &run(n as usize));
             // Training holds 16Ψ/N and the units; starting and ending, the

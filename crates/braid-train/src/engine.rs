@@ -501,6 +501,26 @@ pub trait Engine {
         Err("this engine cannot write its gradients block by block".into())
     }
 
+    /// The part of backward unit `unit` that writes no gradient (under
+    /// activation checkpointing, the recomputation of a layer's
+    /// activations), run on its own before
+    /// [`backward_unit_of`](Self::backward_unit_of) of the same unit,
+    /// which then goes on from there: `params` as that takes them.
+    /// `false`, with nothing run, where the unit has no such part (the
+    /// default).
+    fn recompute_unit_of(&mut self, unit: usize, params: &[&Flat<Self>]) -> Result<bool> {
+        let _ = (unit, params);
+        Ok(false)
+    }
+
+    /// Whether backward unit `unit` has a part that
+    /// [`recompute_unit_of`](Self::recompute_unit_of) runs (false by
+    /// default).
+    fn recomputes_unit(&self, unit: usize) -> bool {
+        let _ = unit;
+        false
+    }
+
     /// Backward unit `unit` (in order, after a forward pass in units with
     /// `grad`): `params` are the blocks [`ParamUnits::backward_reads`]
     /// names, `grads` those [`ParamUnits::backward_writes`] names (each

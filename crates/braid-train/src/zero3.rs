@@ -17,7 +17,11 @@
 //! - backward: each unit's blocks are gathered again (prefetched the same
 //!   way), its gradients written into block-sized buffers, and a block
 //!   whose gradient is final is reduce-scattered into the shard's
-//!   gradients while the next unit computes, then freed;
+//!   gradients while the next unit computes, then freed; where the next
+//!   unit first recomputes its activations (activation checkpointing,
+//!   [`Engine::recompute_unit_of`]), the reduce-scatter runs beside that
+//!   part, and the freed buffer takes the unit's gradients: one layer's
+//!   gradient buffer at a time;
 //! - micro-batches before a step's last reduce-scatter the same way
 //!   (adding into the shard's gradients), so that no whole gradient
 //!   buffer ever exists;
@@ -410,6 +414,30 @@ impl<C: Collective> Zero3<C> {
         step.add(st.exchange(group, &reads[0], &[], &mut || Ok(()))?);
         let mut pending: Vec<usize> = Vec::new();
         for u in 0..reads.len() {
+            if !whole && !pending.is_empty() && engine.recomputes_unit(u) {
+                // The unit first recomputes its activations (writing no
+                // gradient) while the blocks final after the unit before
+                // are reduce-scattered; their buffers are then free for
+                // this unit's gradients: one layer's gradient buffer at a
+                // time instead of two.
+                let (_, s) = st.run_unit(
+                    group,
+                    &reads[u],
+                    &[],
+                    &[],
+                    &pending,
+                    &mut |params, _| match engine.recompute_unit_of(u, params)? {
+                        true => Ok(None),
+                        false => Err(format!(
+                            "backward unit {u}: the engine said it recomputes, then did not"
+                        )),
+                    },
+                )?;
+                step.add(s);
+                for b in pending.drain(..) {
+                    st.drop_grads(b);
+                }
+            }
             for &b in &writes[u] {
                 st.grad_block(group, b, &mut |g| engine.zero_block_grads(b, g))?;
             }

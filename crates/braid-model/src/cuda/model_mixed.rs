@@ -466,6 +466,9 @@ pub struct GpuGptMixed {
     unowned_saved: Vec<usize>,
     /// Whether the backward pass overwrites the weight gradients.
     fresh: fresh::FreshGrads,
+    /// The block whose activations [`recompute_layer`](Self::recompute_layer)
+    /// rebuilt for its backward pass, next.
+    recomputed: Option<usize>,
 }
 
 impl GpuGptMixed {
@@ -593,6 +596,7 @@ impl GpuGptMixed {
             prof: PhaseTimer::from_env(device),
             unowned_saved: Vec::new(),
             fresh: fresh::FreshGrads::default(),
+            recomputed: None,
             layout,
             pool,
             stream,
@@ -759,6 +763,7 @@ impl GpuGptMixed {
     pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
         self.own_missing()?;
         self.fresh.forward_starts();
+        self.recomputed = None;
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
             st.holds = None;
@@ -1207,6 +1212,34 @@ impl GpuGptMixed {
         prof.mark(s, "bwd layernorm")
     }
 
+    /// Whether the backward pass recomputes each block's activations
+    /// (activation checkpointing).
+    pub fn recomputes(&self) -> bool {
+        self.work.is_some()
+    }
+
+    /// Under checkpointing, the first part of block `l`'s backward pass
+    /// on its own: the recomputation of its activations, which writes no
+    /// gradient (so that a strategy can still be reading the gradient
+    /// memory meanwhile). [`backward_layer`](Self::backward_layer) of the
+    /// same block, called next, goes on from there. `false`, with nothing
+    /// run, without checkpointing. Queued; nothing waits.
+    pub fn recompute_layer<'p>(
+        &mut self,
+        l: usize,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+    ) -> Result<bool> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        if self.work.is_none() {
+            return Ok(false);
+        }
+        self.forward_layer(l, p, pb, Pass::Recompute)?;
+        self.recomputed = Some(l);
+        Ok(true)
+    }
+
     /// Backward of transformer block `l` (after the blocks above it): its
     /// gradients are final after this; it also writes the fcproj bias
     /// gradient of block `l - 1`. Queued; nothing waits.
@@ -1219,7 +1252,8 @@ impl GpuGptMixed {
     ) -> Result<()> {
         let p = p.into();
         self.check_params(p, pb)?;
-        if self.work.is_some() {
+        let recomputed = self.recomputed.take() == Some(l);
+        if self.work.is_some() && !recomputed {
             self.forward_layer(l, p, pb, Pass::Recompute)?;
         }
         let cfg = self.layout.config;

@@ -728,6 +728,34 @@ fn head_reads_cast_embeddings(mut units: ParamUnits) -> ParamUnits {
     units
 }
 
+/// The f32 blocks `reads` a backward unit is given as `params`, as
+/// pieces of the layout (none when the unit runs on a bf16 layer,
+/// `half_layer`: it reads the packed f32 tensors then).
+fn unit_pieces<'a>(
+    units: &ParamUnits,
+    half_layer: Option<usize>,
+    reads: &[usize],
+    params: &[&'a DeviceBuffer<f32>],
+) -> Vec<Piece<'a>> {
+    match half_layer {
+        Some(_) => Vec::new(),
+        None => pieces(units, reads, params),
+    }
+}
+
+/// Where a unit reads its f32 tensors: the packed copy of the bf16
+/// blocks' (`half`) when it runs on a bf16 layer, else `pieces`.
+fn unit_f32_params<'a>(
+    half: Option<&'a HalfBlocks>,
+    half_layer: Option<usize>,
+    pieces: &'a [Piece<'a>],
+) -> F32Params<'a> {
+    match (half_layer, half) {
+        (Some(_), Some(h)) => F32Params::packed(&h.side, &h.map),
+        _ => F32Params::blocks(pieces),
+    }
+}
+
 fn pieces<'a>(
     units: &ParamUnits,
     blocks: &[usize],
@@ -1219,6 +1247,58 @@ impl Engine for GpuGpt {
         .map_err(e)
     }
 
+    fn recomputes_unit(&self, unit: usize) -> bool {
+        let layer = matches!(self.steps.get(unit), Some((_, Step::Layer(_))));
+        layer && matches!(&self.model, Model::Mixed(m, _) if m.recomputes())
+    }
+
+    fn recompute_unit_of(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<bool> {
+        self.in_units("recompute_unit_of")?;
+        let step = self
+            .steps
+            .get(unit)
+            .map(|s| s.1)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let (Step::Layer(l), Model::Mixed(..)) = (step, &self.model) else {
+            return Ok(false);
+        };
+        let layers = self.layout.config.n_layer;
+        let _t = scope::start(self.stream(), Cat::Compute, || {
+            format!("{} (recompute)", backward_unit_name(unit, layers))
+        });
+        let blocks = self.units.backward_reads.get(unit).map_or(&[][..], |b| b);
+        let lens = self.given_lens(blocks, params);
+        // (No gradients in this part: the writes' own lengths pass.)
+        let write_lens: Vec<usize> = self
+            .units
+            .backward_writes
+            .get(unit)
+            .map_or(&[][..], |w| w)
+            .iter()
+            .map(|&b| self.units.blocks[b].len())
+            .collect();
+        let reads = self
+            .units
+            .backward_given(unit, &lens, &write_lens)?
+            .0
+            .to_vec();
+        let half_layer = self.half_layer(&reads, params)?;
+        let pieces = unit_pieces(&self.units, half_layer, &reads, params);
+        let pf = unit_f32_params(self.half.as_ref(), half_layer, &pieces);
+        let Model::Mixed(m, pb) = &mut self.model else {
+            unreachable!("matched above");
+        };
+        let Some(hl) = half_layer else {
+            return m.recompute_layer(l, pf, pb.as_ref()).map_err(e);
+        };
+        // SAFETY: see `half_layer`.
+        let w = unsafe { lent_bf16(params[0]) }?;
+        m.give_layer_weights(Some((hl, w))).map_err(e)?;
+        let r = m.recompute_layer(l, pf, pb.as_ref()).map_err(e);
+        m.give_layer_weights(None).map_err(e)?;
+        r
+    }
+
     fn backward_unit_of(
         &mut self,
         unit: usize,
@@ -1238,14 +1318,8 @@ impl Engine for GpuGpt {
         let writes = writes.to_vec();
         let step = self.steps[unit].1;
         let half_layer = self.half_layer(&reads, params)?;
-        let pieces = match half_layer {
-            Some(_) => Vec::new(),
-            None => pieces(&self.units, &reads, params),
-        };
-        let pf = match (&half_layer, &self.half) {
-            (Some(_), Some(h)) => F32Params::packed(&h.side, &h.map),
-            _ => F32Params::blocks(&pieces),
-        };
+        let pieces = unit_pieces(&self.units, half_layer, &reads, params);
+        let pf = unit_f32_params(self.half.as_ref(), half_layer, &pieces);
         let mut window = block_window(
             &self.layout,
             &self.units,
