@@ -373,8 +373,10 @@ pub struct GpuRun {
 /// places in its gradient shard (`run.saved_in_grads`), by
 /// [`crate::placement::place`] over the buffers the engine saves (each
 /// layer's input, LayerNorm statistics, attention output and what
-/// checkpointing keeps; the head's input, final LayerNorm and logits)
-/// and the slices of the shard's blocks (the embeddings' idle through
+/// checkpointing keeps; the head's input, final LayerNorm and logits; the
+/// layers' shared scratch, checkpointing's one block and the fused
+/// attention's scratch, which hold nothing between steps either) and the
+/// slices of the shard's blocks (the embeddings' idle through
 /// the whole backward pass, layer `l`'s through its own backward unit,
 /// the final norm's through the head's). 0 when the run does not lend.
 pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
