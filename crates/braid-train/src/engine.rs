@@ -231,12 +231,29 @@ impl ParamUnits {
     /// Forward unit `unit`'s blocks, checked against the lengths of the
     /// buffers given for them (`lens`, in order).
     pub fn forward_given(&self, unit: usize, lens: &[usize]) -> Result<&[usize]> {
-        let what = || format!("forward unit {unit}");
-        let want = self
-            .forward
+        self.reads_given("forward", &self.forward, unit, lens)
+    }
+
+    /// Backward unit `unit`'s blocks read, checked against the lengths of
+    /// the parameter buffers given for them.
+    pub fn backward_reads_given(&self, unit: usize, lens: &[usize]) -> Result<&[usize]> {
+        self.reads_given("backward", &self.backward_reads, unit, lens)
+    }
+
+    /// Unit `unit`'s blocks of `lists` (the `pass`'s reads), checked
+    /// against the lengths of the buffers given for them.
+    fn reads_given<'a>(
+        &self,
+        pass: &str,
+        lists: &'a [Vec<usize>],
+        unit: usize,
+        lens: &[usize],
+    ) -> Result<&'a [usize]> {
+        let what = format!("{pass} unit {unit}");
+        let want = lists
             .get(unit)
-            .ok_or_else(|| format!("{} does not exist", what()))?;
-        self.check_lens(&what(), want, lens)?;
+            .ok_or_else(|| format!("{what} does not exist"))?;
+        self.check_lens(&what, want, lens)?;
         Ok(want)
     }
 
@@ -338,7 +355,9 @@ pub trait Engine {
     /// A zeroed gradient buffer the size of the parameters.
     fn new_grads(&self) -> Result<Flat<Self>>;
 
-    /// Sets `grads` to zero (queued, on a GPU).
+    /// Sets `grads` to zero (queued, on a GPU), or, where the engine's
+    /// next backward pass overwrites part of it, zeroes the rest: either
+    /// way that pass's gradients come out as if added to zeros.
     fn zero_grads(&mut self, grads: &mut Flat<Self>) -> Result<()>;
 
     /// Prepares `grads`, the gradient buffer of parameter block `block`

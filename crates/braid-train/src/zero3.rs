@@ -336,12 +336,20 @@ impl<C: Collective> Zero3<C> {
         )
     }
 
+    /// "ZeRO-3", or "ZeRO-2" (stage 2), for messages.
+    fn label(&self) -> &'static str {
+        match self.stage {
+            2 => "ZeRO-2",
+            _ => "ZeRO-3",
+        }
+    }
+
     fn started(&mut self) -> Result<(&C, &mut Sharded<C>)> {
-        let group = group_of(&self.comm, &self.hybrid);
-        let state = self.state.as_mut().ok_or(match self.stage {
-            2 => "ZeRO-2: a pass before start (call start first)",
-            _ => "ZeRO-3: a pass before start (call start first)",
-        })?;
+        let (group, label) = (group_of(&self.comm, &self.hybrid), self.label());
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| format!("{label}: a pass before start (call start first)"))?;
         Ok((group, state))
     }
 
@@ -778,8 +786,8 @@ where
     }
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
-        let name = format!("ZeRO-{}", self.stage);
-        let len = replicate_sharded(&self.comm, engine, &name)?;
+        let name = self.label();
+        let len = replicate_sharded(&self.comm, engine, name)?;
         let units = engine.param_units().map_err(|e| format!("{name}: {e}"))?;
         units
             .check(len, engine.unit_count())
@@ -851,10 +859,7 @@ where
             lent: 0,
             half,
             side,
-            label: match self.stage {
-                2 => "ZeRO-2",
-                _ => "ZeRO-3",
-            },
+            label: name,
         });
         if self.saved_in_grads && self.params_sharded() {
             self.lend_grads(engine)?;
@@ -905,13 +910,12 @@ where
     }
 
     fn grad_sq_norm(&mut self, engine: &mut E, _grads: &Flat<E>) -> Result<f64> {
-        let stage = self.stage;
         let (group, st) = self.started()?;
         let mut sum = [engine.grad_sq_norm(&st.grads)?];
         group
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
-            .map_err(|e| format!("ZeRO-{stage}: the gradient norm: {e}"))?;
+            .map_err(|e| format!("{}: the gradient norm: {e}", st.label))?;
         Ok(sum[0])
     }
 

@@ -1268,20 +1268,7 @@ impl Engine for GpuGpt {
         });
         let blocks = self.units.backward_reads.get(unit).map_or(&[][..], |b| b);
         let lens = self.given_lens(blocks, params);
-        // (No gradients in this part: the writes' own lengths pass.)
-        let write_lens: Vec<usize> = self
-            .units
-            .backward_writes
-            .get(unit)
-            .map_or(&[][..], |w| w)
-            .iter()
-            .map(|&b| self.units.blocks[b].len())
-            .collect();
-        let reads = self
-            .units
-            .backward_given(unit, &lens, &write_lens)?
-            .0
-            .to_vec();
+        let reads = self.units.backward_reads_given(unit, &lens)?.to_vec();
         let half_layer = self.half_layer(&reads, params)?;
         let pieces = unit_pieces(&self.units, half_layer, &reads, params);
         let pf = unit_f32_params(self.half.as_ref(), half_layer, &pieces);

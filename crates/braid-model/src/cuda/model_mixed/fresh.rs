@@ -27,6 +27,8 @@ pub(super) struct FreshGrads {
     /// A backward pass started while `on` (the next forward pass ends
     /// it: a second micro-batch adds).
     ran: bool,
+    /// [`GpuGptMixed::added_runs`], worked out at the first use.
+    runs: Option<Vec<Range<usize>>>,
 }
 
 impl FreshGrads {
@@ -57,20 +59,8 @@ impl GpuGptMixed {
     /// backward pass overwrites the weight matrices' gradients, and the
     /// rest of `g` is zeroed now. Same values as zeroing all of `g`.
     pub fn begin_grads(&mut self, g: &mut DeviceBuffer<f32>) -> Result<()> {
-        if g.len() != self.layout.len {
-            return Err(CudaError::Invalid(format!(
-                "begin_grads: {} gradients for a model of {}",
-                g.len(),
-                self.layout.len
-            )));
-        }
-        for r in self.added_runs() {
-            zero_async(&mut g.view_mut(r), &self.stream)?;
-        }
-        self.fresh = FreshGrads {
-            on: true,
-            ran: false,
-        };
+        self.begin_block_grads(0..self.layout.len, g)?;
+        self.fresh.ran = false;
         Ok(())
     }
 
@@ -91,22 +81,31 @@ impl GpuGptMixed {
                 self.layout.len
             )));
         }
-        for r in self.added_runs() {
+        let runs = self.added_runs();
+        let zeroed = runs.iter().try_for_each(|r| {
             let (from, to) = (r.start.max(block.start), r.end.min(block.end));
-            if from < to {
-                zero_async(
+            match from < to {
+                true => zero_async(
                     &mut g.view_mut(from - block.start..to - block.start),
                     &self.stream,
-                )?;
+                ),
+                false => Ok(()),
             }
-        }
+        });
+        self.fresh.runs = Some(runs);
+        zeroed?;
         self.fresh.on = true;
         Ok(())
     }
 
     /// The elements of the gradient buffer outside what a fresh pass's
-    /// products overwrite, as runs in layout order.
-    fn added_runs(&self) -> Vec<Range<usize>> {
+    /// products overwrite, as runs in layout order (fixed by the model's
+    /// shapes: worked out once; the caller puts them back in
+    /// `self.fresh.runs`).
+    fn added_runs(&mut self) -> Vec<Range<usize>> {
+        if let Some(runs) = self.fresh.runs.take() {
+            return runs;
+        }
         let mut written: Vec<Range<usize>> = self
             .ranges
             .iter()
