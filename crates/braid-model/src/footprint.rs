@@ -360,30 +360,72 @@ pub struct GpuRun {
     /// moments on the GPU (bf16: only the f32 tensors the passes read,
     /// [`side_params`]).
     pub offload: bool,
-    /// Stage 3 with one micro-batch per step: the activations saved for
-    /// the backward pass live in the gradient shard's memory where it is
-    /// idle ([`gpu_saved_in_grad_shard`]).
+    /// One micro-batch per step, under stage 3 or in one process: the
+    /// activations saved for the backward pass live in gradient memory
+    /// where it is idle ([`gpu_saved_in_grads`]).
     pub saved_in_grads: bool,
     /// Stage 3 in bf16: the layers are gathered in bf16 and read as such
     /// (no layer cast, [`stage3_unit_bytes`]).
     pub half_gathers: bool,
 }
 
-/// Bytes of the bf16 engine's saved activations that a ZeRO-3 rank
-/// places in its gradient shard (`run.saved_in_grads`), by
-/// [`crate::placement::place`] over the buffers the engine saves (each
-/// layer's input, LayerNorm statistics, attention output and what
-/// checkpointing keeps; the head's input, final LayerNorm and logits; the
-/// layers' shared scratch, checkpointing's one block and the fused
-/// attention's scratch, which hold nothing between steps either) and the
-/// slices of the shard's blocks (the embeddings' idle through
-/// the whole backward pass, layer `l`'s through its own backward unit,
-/// the final norm's through the head's). 0 when the run does not lend.
-pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
-    use crate::placement::{placed_bytes, Region, Want};
-    if !(run.saved_in_grads && run.mixed && run.sharding.stage == 3) {
+/// Bytes of the bf16 engine's saved activations that live in gradient
+/// memory (`run.saved_in_grads`), by [`crate::placement::place`] over the
+/// buffers the engine saves ([`saved_wants`]) and the memory idle while
+/// they live: under ZeRO-3 the slices of the gradient shard's blocks (the
+/// embeddings' idle through the whole backward pass, layer `l`'s through
+/// its own backward unit, the final norm's through the head's); in one
+/// process the whole gradient buffer written unit by unit (each run idle
+/// until the unit that writes it first,
+/// [`crate::cuda::model_mixed::first_writes`]). 0 when the run does not
+/// lend.
+pub fn gpu_saved_in_grads(cfg: &GptConfig, run: &GpuRun) -> u128 {
+    use crate::placement::{placed_bytes, regions_before_first_writes, Region};
+    if !(run.saved_in_grads && run.mixed) {
         return 0;
     }
+    let l = cfg.n_layer;
+    let regions: Vec<Region> = match run.sharding.stage {
+        3 => {
+            let ranks = run.sharding.ranks.max(1);
+            let layout = crate::Layout::padded(cfg, 64 * ranks);
+            let mut at = 0u64;
+            layout
+                .blocks
+                .iter()
+                .map(|(block, r)| {
+                    let len = 4 * (r.len() / ranks) as u64;
+                    let region = Region {
+                        start: at,
+                        end: at + len,
+                        free_through: match block {
+                            crate::Block::Embedding => l + 1,
+                            crate::Block::Layer(i) => l - i,
+                            crate::Block::FinalNorm => 0,
+                        },
+                    };
+                    at += len;
+                    region
+                })
+                .collect()
+        }
+        0 => regions_before_first_writes(&crate::cuda::model_mixed::first_writes(
+            &crate::Layout::new(cfg),
+        )),
+        _ => return 0,
+    };
+    placed_bytes(&saved_wants(cfg, run), &regions) as u128
+}
+
+/// The buffers the bf16 engine saves for the backward pass, each with the
+/// backward unit that reads it last (unit 0 the head, `l - i` layer `i`,
+/// `l + 1` the embeddings): each layer's input, LayerNorm statistics,
+/// attention output and what checkpointing keeps; the head's input, final
+/// LayerNorm and logits; the layers' shared scratch, checkpointing's one
+/// block and the fused attention's scratch, which hold nothing between
+/// steps either (`cuda::model_mixed`'s `saved.rs` lists the same).
+fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
+    use crate::placement::Want;
     let (n, c, l) = ((run.b * run.t) as u64, cfg.n_embd as u64, cfg.n_layer);
     let (nc, rows) = (n * c, (run.b * cfg.n_head * run.t) as u64);
     let fused = run.fused_attention;
@@ -460,28 +502,7 @@ pub fn gpu_saved_in_grad_shard(cfg: &GptConfig, run: &GpuRun) -> u128 {
         bytes,
         last_read: l,
     }));
-    let ranks = run.sharding.ranks.max(1);
-    let layout = crate::Layout::padded(cfg, 64 * ranks);
-    let mut at = 0u64;
-    let regions: Vec<Region> = layout
-        .blocks
-        .iter()
-        .map(|(block, r)| {
-            let len = 4 * (r.len() / ranks) as u64;
-            let region = Region {
-                start: at,
-                end: at + len,
-                free_through: match block {
-                    crate::Block::Embedding => l + 1,
-                    crate::Block::Layer(i) => l - i,
-                    crate::Block::FinalNorm => 0,
-                },
-            };
-            at += len;
-            region
-        })
-        .collect();
-    placed_bytes(&wants, &regions) as u128
+    wants
 }
 
 /// Parameters the bf16 engine reads in f32 (all but the layers' four
@@ -541,7 +562,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         half_layers,
         mixed && run.checkpointing,
     );
-    let lent = gpu_saved_in_grad_shard(cfg, run);
+    let lent = gpu_saved_in_grads(cfg, run);
     let mut parts = vec![
         Part {
             name: "parameters",

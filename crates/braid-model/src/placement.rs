@@ -7,7 +7,11 @@
 //! activations a layer saves for its backward pass live exactly then:
 //! written by the forward pass, read for the last time by the layer's
 //! backward unit. A block's slice that is filled only after that unit can
-//! hold them ([`place`]). The engine's saved activations and the memory
+//! hold them ([`place`]). One process that writes its whole gradient
+//! buffer unit by unit has such memory too: a run of the buffer holds
+//! nothing until the backward unit that writes it first
+//! ([`regions_before_first_writes`]), and the layers below lend theirs to
+//! the layers above. The engine's saved activations and the memory
 //! estimate ([`crate::footprint`]) use the same placement.
 
 /// Memory idle until a point of the backward pass: bytes `start..end`
@@ -96,6 +100,36 @@ pub fn place(wants: &[Want], regions: &[Region]) -> Vec<Option<u64>> {
     out
 }
 
+/// The regions of a whole f32 gradient buffer written unit by unit
+/// (`first[u]`: the runs, in elements, that backward unit `u` writes
+/// before any other unit): a run is idle through unit `u - 1` (unit 0's
+/// never). In address order; adjacent runs idle as long are one region.
+pub fn regions_before_first_writes(first: &[Vec<std::ops::Range<usize>>]) -> Vec<Region> {
+    let mut regions: Vec<Region> = first
+        .iter()
+        .enumerate()
+        .skip(1)
+        .flat_map(|(u, runs)| {
+            runs.iter().filter(|r| !r.is_empty()).map(move |r| Region {
+                start: 4 * r.start as u64,
+                end: 4 * r.end as u64,
+                free_through: u - 1,
+            })
+        })
+        .collect();
+    regions.sort_by_key(|r| r.start);
+    let mut merged: Vec<Region> = Vec::with_capacity(regions.len());
+    for r in regions {
+        match merged.last_mut() {
+            Some(last) if last.end == r.start && last.free_through == r.free_through => {
+                last.end = r.end
+            }
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
 /// Bytes of `wants` that [`place`] puts into `regions`.
 pub fn placed_bytes(wants: &[Want], regions: &[Region]) -> u64 {
     place(wants, regions)
@@ -110,6 +144,35 @@ pub fn placed_bytes(wants: &[Want], regions: &[Region]) -> u64 {
 mod tests {
     use super::*;
     use braid_core::rng::Rng;
+
+    #[test]
+    fn a_gradient_run_is_idle_until_the_unit_that_writes_it_first() {
+        // Unit 0 writes 0..10 and 40..42, unit 1 writes 30..40, unit 2
+        // writes 10..20 and 42..50, unit 3 writes 20..30.
+        let first = vec![
+            vec![0..10, 40..42],
+            vec![30..40],
+            vec![10..20, 42..50],
+            vec![20..30],
+        ];
+        let r = |start: u64, end: u64, free_through| Region {
+            start: 4 * start,
+            end: 4 * end,
+            free_through,
+        };
+        assert_eq!(
+            regions_before_first_writes(&first),
+            vec![r(10, 20, 1), r(20, 30, 2), r(30, 40, 0), r(42, 50, 1)]
+        );
+        // Runs that follow each other and are idle as long are one.
+        let first = vec![vec![], vec![0..4, 8..12], vec![4..8]];
+        assert_eq!(
+            regions_before_first_writes(&first),
+            vec![r(0, 4, 0), r(4, 8, 1), r(8, 12, 0)]
+        );
+        let first = vec![vec![], vec![0..4, 4..8]];
+        assert_eq!(regions_before_first_writes(&first), vec![r(0, 8, 0)]);
+    }
 
     /// Every placed buffer lies inside memory idle through its last read
     /// (every byte of it in a region idle long enough), aligned, and

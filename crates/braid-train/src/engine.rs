@@ -568,10 +568,27 @@ pub trait Engine {
         Err("this engine cannot update sharded parameters".into())
     }
 
+    /// Has the whole gradient buffer written unit by unit from the next
+    /// step on: [`zero_grads`](Self::zero_grads) then clears nothing, and
+    /// each backward unit of a step's first micro-batch first clears what
+    /// it adds into of the runs it writes before any other unit does — so
+    /// that a run's memory holds nothing the step needs from the step's
+    /// start until that unit. The saved buffers
+    /// ([`saved_buffers`](Self::saved_buffers)) give their memory back
+    /// until [`place_saved`](Self::place_saved) or the next forward pass
+    /// makes them. Returns those runs (flat elements) for each backward
+    /// unit, or `None` where the engine cannot (it goes on clearing the
+    /// whole buffer in `zero_grads`). None by default.
+    fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
+        Ok(None)
+    }
+
     /// The buffers a forward pass in units with `grad` saves for the
     /// backward pass, each with the backward unit that reads it last: a
-    /// parameter-sharded strategy may lend them memory that is idle while
-    /// they live ([`place_saved`](Self::place_saved)). None by default.
+    /// parameter-sharded strategy, or one process writing its gradients
+    /// unit by unit ([`grads_by_unit`](Self::grads_by_unit)), may lend
+    /// them memory that is idle while they live
+    /// ([`place_saved`](Self::place_saved)). None by default.
     fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
         Ok(Vec::new())
     }

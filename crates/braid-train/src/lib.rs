@@ -15,6 +15,8 @@
 //!   stage 3 (FSDP), parameters sharded too, gathered unit by unit;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock;
+//! - [`lend`]: one process's gradient buffer lent to the activations
+//!   saved for the backward pass;
 //! - [`checkpoint`]: sharded checkpoints — written in the background by
 //!   every rank, committed atomically, loaded under any strategy and
 //!   world (resharding).
@@ -25,6 +27,7 @@ pub mod cuda;
 pub mod ddp;
 pub mod engine;
 pub mod engines;
+pub mod lend;
 pub mod loader;
 pub mod space;
 mod step_trace;

@@ -193,6 +193,14 @@ pub trait Strategy<E: Engine> {
         checkpoint::restore_optimizer(engine, from, all)
     }
 
+    /// Whether nothing but the engine's backward units writes the loop's
+    /// gradient buffer before they are through with a step (so the loop
+    /// may lend its memory to the engine's saved activations:
+    /// [`crate::lend`]). False by default; one process's strategy.
+    fn lends_whole_grads(&self) -> bool {
+        false
+    }
+
     /// The communication of the last step.
     fn last_step(&self) -> CommStep {
         CommStep::default()
@@ -247,5 +255,9 @@ impl<E: Engine> Strategy<E> for Single {
 
     fn mean(&mut self, _values: &mut [f64]) -> Result<()> {
         Ok(())
+    }
+
+    fn lends_whole_grads(&self) -> bool {
+        true
     }
 }

@@ -46,6 +46,10 @@ pub struct LoopOptions {
     /// After the last step, time the strategy's reductions with nothing
     /// to overlap them (what overlap saves is measured against this).
     pub measure_unoverlapped: bool,
+    /// With one micro-batch per step and a strategy that allows it, lend
+    /// the gradient buffer's memory to the engine's saved activations
+    /// until the backward pass writes it ([`crate::lend`]).
+    pub saved_in_grads: bool,
 }
 
 impl LoopOptions {
@@ -113,6 +117,9 @@ pub struct RunReport {
     /// ZeRO-3's whole blocks held at once, at most, and the saved
     /// activations in its gradient shard.
     pub sharded: ShardedBytes,
+    /// Bytes of the engine's saved activations that lived in the loop's
+    /// gradient buffer ([`crate::lend`]; one process).
+    pub saved_in_grads: u64,
 }
 
 /// Trains `engine` under `strategy` on batches from `loader` (into
@@ -168,13 +175,59 @@ where
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
-    let Checkpoints { resume, mut save } = ckpt;
     if o.accum == 0 {
         return Err("--accum must be at least 1".into());
     }
-    let rank = strategy.rank();
     strategy.start(engine)?;
+    let by_unit = match o.saved_in_grads && o.accum == 1 && strategy.lends_whole_grads() {
+        true => engine.grads_by_unit()?,
+        false => None,
+    };
     let mut grads = strategy.new_grads(engine)?;
+    let Some(first) = by_unit else {
+        return run_steps(
+            engine, strategy, loader, batch, o, ckpt, &mut grads, progress,
+        );
+    };
+    // SAFETY: `grads` stays until `own_saved` below has run, on every
+    // path; meanwhile only the engine's backward units write it before
+    // they are through with a step (the strategy says so: it lends).
+    let lent = unsafe { crate::lend::saved_to_grads(engine, &grads, &first) };
+    let (run, lent) = match lent {
+        Ok(lent) => (
+            run_steps(
+                engine, strategy, loader, batch, o, ckpt, &mut grads, progress,
+            ),
+            lent,
+        ),
+        Err(e) => (Err(e), 0),
+    };
+    let owned = engine.own_saved();
+    let mut run = run?;
+    owned?;
+    run.saved_in_grads = lent as u64;
+    Ok(run)
+}
+
+/// [`train_with`]'s steps, after the strategy's start, into `grads`.
+#[allow(clippy::too_many_arguments)]
+fn run_steps<E, S, L>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut L,
+    batch: &mut E::Batch,
+    o: &LoopOptions,
+    ckpt: Checkpoints<'_>,
+    grads: &mut <E::Space as Space>::Flat,
+    progress: &mut dyn FnMut(&StepReport),
+) -> Result<RunReport>
+where
+    E: Engine,
+    S: Strategy<E> + ?Sized,
+    L: Loader<E::Batch>,
+{
+    let Checkpoints { resume, mut save } = ckpt;
+    let rank = strategy.rank();
     let first = match resume {
         None => 0,
         Some(from) => {
@@ -201,7 +254,7 @@ where
     let state = StateBytes {
         params: engine_state.params + own.params,
         master: engine_state.master + own.master,
-        grads: 4 * <E::Space as Space>::len(&grads) as u64 + engine_state.grads + own.grads,
+        grads: 4 * <E::Space as Space>::len(grads) as u64 + engine_state.grads + own.grads,
         optimizer: engine_state.optimizer + own.optimizer,
         offloaded: engine_state.offloaded + own.offloaded,
     };
@@ -218,7 +271,7 @@ where
         tl.clear();
         let mut trace = StepTrace::begin(engine.stream())?;
         let m_start = tl.mark(engine.stream())?;
-        strategy.zero_grads(engine, &mut grads)?;
+        strategy.zero_grads(engine, grads)?;
         let mut data = 0.0;
         let mut loss_sum = 0.0f64;
         let mut m_computed = m_start;
@@ -244,20 +297,20 @@ where
             }
             loss_sum += loss as f64;
             if micro + 1 < o.accum {
-                strategy.accumulate(engine, &mut grads)?;
+                strategy.accumulate(engine, grads)?;
                 let m_b = trace.mark(&mut tl, engine.stream())?;
                 trace.between("backward", Cat::Pass, m_f1, m_b, micro);
             } else {
-                m_computed = strategy.backward(engine, &mut grads, &mut tl)?;
+                m_computed = strategy.backward(engine, grads, &mut tl)?;
                 trace.between("backward", Cat::Pass, m_f1, m_computed, micro);
             }
         }
-        strategy.before_update(engine, &mut grads)?;
+        strategy.before_update(engine, grads)?;
         let m_reduced = tl.mark(engine.stream())?;
         let lr = o.schedule.lr(step);
         let mut grad_norm = 0.0;
         if o.update {
-            grad_norm = strategy.grad_sq_norm(engine, &grads)?.sqrt() / divide;
+            grad_norm = strategy.grad_sq_norm(engine, grads)?.sqrt() / divide;
             let clip = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
                 o.grad_clip / (grad_norm + 1e-6)
             } else {
@@ -265,7 +318,7 @@ where
             };
             strategy.update(
                 engine,
-                &grads,
+                grads,
                 UpdateStep {
                     lr,
                     step: step as u32 + 1,
@@ -351,7 +404,7 @@ where
         ck.wait(&mut |v| strategy.mean(v))?;
     }
     let unoverlapped_comm = if o.measure_unoverlapped {
-        strategy.time_unoverlapped(engine, &mut grads)?
+        strategy.time_unoverlapped(engine, grads)?
     } else {
         None
     };
@@ -362,6 +415,7 @@ where
         unoverlapped_comm,
         state,
         sharded,
+        saved_in_grads: 0,
     })
 }
 

@@ -74,7 +74,7 @@ use crate::timeline::Timeline;
 use crate::zero::{group_of, hybrid_split, replicate_sharded};
 use crate::Result;
 use braid_comm::ReduceOp;
-use braid_model::placement::{self, Region, Want};
+use braid_model::placement::Region;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -491,17 +491,6 @@ impl<C: Collective> Zero3<C> {
     /// memory where blocks' slices are idle through their last read.
     fn lend_grads<E: Engine<Space = C::Space>>(&mut self, engine: &mut E) -> Result<()> {
         let st = self.state.as_mut().ok_or("ZeRO-3: lending before start")?;
-        let wants: Vec<Want> = engine
-            .saved_buffers()?
-            .iter()
-            .map(|b| Want {
-                bytes: b.bytes as u64,
-                last_read: b.last_read,
-            })
-            .collect();
-        if wants.is_empty() {
-            return Ok(());
-        }
         let regions: Vec<Region> = st
             .slots
             .iter()
@@ -514,10 +503,10 @@ impl<C: Collective> Zero3<C> {
                 })
             })
             .collect();
-        let at: Vec<Option<usize>> = placement::place(&wants, &regions)
-            .into_iter()
-            .map(|a| a.map(|a| a as usize))
-            .collect();
+        let at = crate::lend::offsets_in(engine, &regions)?;
+        if at.is_empty() {
+            return Ok(());
+        }
         // SAFETY: `st.grads` stays until `finish`, which calls `own_saved`
         // before replacing it (and the engine never reads lent buffers
         // after this strategy is gone: the run ends with it). Each buffer

@@ -353,6 +353,17 @@ fn run_saving(
     (model, doc)
 }
 
+/// Every step's training loss and evaluation loss (if it evaluated) from
+/// a run's JSON record.
+fn train_and_eval_losses(doc: &serde_json::Value) -> Vec<(f64, Option<f64>)> {
+    doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["loss"].as_f64().unwrap(), s["eval_loss"].as_f64()))
+        .collect()
+}
+
 /// Stated tolerance of the GPU equivalence: f32 on 2 GPUs against one GPU
 /// with the whole batch, parameters after 20 AdamW steps (lr 3e-3).
 const GPU_TOLERANCE: f32 = 1e-4;
@@ -1012,6 +1023,98 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
+/// One process in bf16 lends its gradient buffer's memory to the
+/// activations the forward pass saves, until the backward pass writes
+/// it (`BRAID_SAVED_IN_GRADS`, on by default with one micro-batch per
+/// step): the same saved model and every training and evaluation loss,
+/// bit for bit, against keeping them apart — fused attention (head size
+/// 32) and batched attention with a vocabulary padded to 64, with and
+/// without checkpointing, evaluation passes between steps; the record
+/// says how much was lent; the peak is lower and the estimate within 5 %
+/// of it; two micro-batches lend nothing, and asking for it then is
+/// refused.
+#[test]
+fn gpu_one_process_saved_activations_in_the_gradient_buffer_change_no_bits() {
+    if gpus(1).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-one-lend");
+    let off = [("BRAID_SAVED_IN_GRADS", "off")];
+    for (model, ckpt) in [
+        ("L4-H4-C128-V50304-T64", false),
+        ("L4-H4-C128-V50304-T64", true),
+        ("L3-H2-C96-V50257-T64", false),
+        ("L3-H2-C96-V50257-T64", true),
+    ] {
+        let run_with = |name: &str, env: &[(&str, &str)]| {
+            let mut cmd = braid();
+            cmd.args(["train", "--device", "cuda", "--model", model])
+                .args(["--seq", "64", "--batch", "8", "--steps", "8", "--seed", "3"])
+                .args(["--eval-every", "2", "--grad-clip", "1.0"])
+                .args(if ckpt { &["--checkpointing"][..] } else { &[] });
+            let (path, doc) = run_saving(&dir, name, cmd, env);
+            let losses = train_and_eval_losses(&doc);
+            let lent = doc["saved_in_grads_bytes"].as_u64().unwrap();
+            (std::fs::read(&path).unwrap(), losses, lent)
+        };
+        let name = format!("one-{model}-{ckpt}");
+        let (a, la, lent) = run_with(&format!("{name}-default"), &[]);
+        let (b, lb, lent_off) = run_with(&format!("{name}-off"), &off);
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name}: {lent} bytes of saved activations in the gradient buffer"
+        );
+        assert!(
+            lent > 0 && lent_off == 0,
+            "{name}: lent {lent} / {lent_off}"
+        );
+        assert!(la.iter().filter(|l| l.1.is_some()).count() >= 3, "{la:?}");
+        assert_eq!(la, lb, "{name}: losses differ with {off:?}");
+        assert!(a == b, "{name}: the saved models differ with {off:?}");
+    }
+    // A model large enough for the saving to show, and the estimate.
+    let l12 = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = braid();
+        cmd.args(["train", "--device", "cuda", "--model"])
+            .arg("L12-H10-C1280-V50304-T1024")
+            .args(["--data", "random", "--batch", "8", "--seq", "1024"])
+            .args(["--eval-every", "0", "--steps", "3"])
+            .args(extra)
+            .env("NCCL_NVLS_ENABLE", "0")
+            .envs(env.iter().copied());
+        run(cmd, Duration::from_secs(180))
+    };
+    let figures = |f: &common::Finished| {
+        assert_eq!(f.code, Some(0), "{f:?}");
+        [
+            figure(&f.stdout, "GPU memory estimate:"),
+            figure(&f.stdout, "peak device memory"),
+        ]
+    };
+    let [est, peak] = figures(&l12(&[], &[]));
+    let [est_off, peak_off] = figures(&l12(&off, &[]));
+    let _ = writeln!(
+        std::io::stderr(),
+        "L12-H10-C1280 B8 T1024: saved activations in the gradient buffer: estimate {est} GiB, \
+         peak {peak} GiB; apart: estimate {est_off} GiB, peak {peak_off} GiB"
+    );
+    for (e, p) in [(est, peak), (est_off, peak_off)] {
+        assert!((e - p).abs() <= 0.05 * p, "estimate {e} GiB, peak {p} GiB");
+    }
+    assert!(
+        peak < peak_off - 0.5,
+        "peak {peak} GiB against {peak_off} GiB apart"
+    );
+    // Two micro-batches: nothing lent by default, refused when asked for.
+    let accum = ["--accum", "2"];
+    let c = l12(&[], &accum);
+    assert_eq!(c.code, Some(0), "{c:?}");
+    assert!(!c.stdout.contains("gradient buffer's memory"), "{c:?}");
+    let d = l12(&[("BRAID_SAVED_IN_GRADS", "on")], &accum);
+    assert_eq!(d.code, Some(2), "{d:?}");
+    assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
+}
+
 /// ZeRO-3 on the tiny model in bf16 (6 steps; one rank, and two where
 /// there are two; with and without checkpointing), by default and with
 /// `env`: the same losses and parameters, bit for bit.
@@ -1062,12 +1165,7 @@ fn zero3_evaluating_same_bits_with(dir: &common::TempDir, env: &[(&str, &str)]) 
             .args(["--eval-every", "2", "--zero", "3", "--nproc", "1"])
             .args(if ckpt { &["--checkpointing"][..] } else { &[] });
             let (model, doc) = run_saving(dir, name, cmd, env);
-            let losses: Vec<(f64, Option<f64>)> = doc["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| (s["loss"].as_f64().unwrap(), s["eval_loss"].as_f64()))
-                .collect();
+            let losses = train_and_eval_losses(&doc);
             (std::fs::read(&model).unwrap(), losses)
         };
         let name = format!("z3-eval-{ckpt}");

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 mod fresh;
 mod saved;
+pub use fresh::first_writes;
 pub use saved::SavedFor;
 
 /// What a layer's forward pass keeps for its backward pass (besides its

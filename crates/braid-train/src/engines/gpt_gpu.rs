@@ -152,6 +152,10 @@ pub struct GpuGpt {
     released: bool,
     /// Under ZeRO-3 with the bf16 model, see [`BiasCarry`].
     carry: Option<BiasCarry>,
+    /// After [`Engine::grads_by_unit`]: for each backward unit, the runs
+    /// of the whole gradient buffer it writes first (and zeroes, of those,
+    /// what it adds into, at a step's first backward pass).
+    by_unit: Option<Vec<Vec<Range<usize>>>>,
     /// Under ZeRO-3 with bf16 gathers, see [`HalfBlocks`].
     half: Option<HalfBlocks>,
     /// How long the wait for a step's GPU work may take
@@ -330,6 +334,7 @@ impl GpuGpt {
             v: DeviceBuffer::zeros(device, 0).map_err(e)?,
             steps: plan(&layout, 0),
             carry: None,
+            by_unit: None,
             half: None,
             sync_limit: braid_core::world::WorldInfo::timeout_from_env(
                 braid_comm::communicator::DEFAULT_TIMEOUT,
@@ -368,6 +373,11 @@ impl GpuGpt {
     /// overlap those products instead of ending the step exposed. The
     /// gradients are the same bit for bit.
     pub fn defer_weight_grads(&mut self, layers: usize) -> Result<()> {
+        if self.by_unit.is_some() && layers > 0 {
+            return Err(
+                "deferred weight gradients: the gradients are already written unit by unit".into(),
+            );
+        }
         match &mut self.model {
             Model::Mixed(m, _) => m.defer_weight_grads(layers).map_err(e)?,
             Model::F32(_) if layers == 0 => {}
@@ -816,6 +826,11 @@ impl Engine for GpuGpt {
 
     fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
         match &mut self.model {
+            // Each backward unit zeroes what it writes first.
+            Model::Mixed(m, _) if self.by_unit.is_some() && grads.len() == self.layout.len => {
+                m.begin_grads_by_unit();
+                Ok(())
+            }
             // The whole buffer of the bf16 engine: its next backward pass
             // overwrites the weight matrices' gradients, so only the rest
             // is zeroed (the same values).
@@ -874,6 +889,9 @@ impl Engine for GpuGpt {
             .get(unit)
             .map(|s| s.1)
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        if let (Some(runs), Model::Mixed(m, _)) = (&self.by_unit, &mut self.model) {
+            m.zero_unit_grads(&runs[unit], g).map_err(e)?;
+        }
         let pf = f32_params(&self.p, &self.offload);
         backward_step(&mut self.model, step, pf, g)
     }
@@ -1351,14 +1369,33 @@ impl Engine for GpuGpt {
         self.adamw(Some(params), grads, true, step)
     }
 
+    fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
+        // The bf16 model over its whole parameters, every layer one unit
+        // (no deferred weight gradients), its optimizer on the GPU.
+        let whole_plan = self.steps == plan(&self.layout, 0);
+        let Model::Mixed(m, _) = &mut self.model else {
+            return Ok(None);
+        };
+        if self.sharded || !whole_plan || self.offload.is_some() {
+            return Ok(None);
+        }
+        let runs = braid_model::cuda::model_mixed::first_writes(&self.layout);
+        m.drop_saved().map_err(e)?;
+        self.by_unit = Some(runs.clone());
+        Ok(Some(runs))
+    }
+
     fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
-        self.in_units("saved_buffers")?;
+        if self.by_unit.is_none() {
+            self.in_units("saved_buffers")?;
+        }
         let n = self.layout.config.n_layer;
         let Model::Mixed(m, _) = &mut self.model else {
             return Ok(Vec::new());
         };
-        // The unit plan ZeRO-3 runs (`shard_params` refuses others):
-        // unit 0 the head, unit n - l layer l.
+        // The unit plan ZeRO-3 runs (`shard_params` refuses others), and
+        // the whole model's by unit (`grads_by_unit` refuses others): unit
+        // 0 the head, unit n - l layer l.
         Ok(m.saved_buffers()
             .into_iter()
             .map(|(part, bytes)| SavedBuffer {
@@ -1377,7 +1414,9 @@ impl Engine for GpuGpt {
         memory: &DeviceBuffer<f32>,
         at: &[Option<usize>],
     ) -> Result<usize> {
-        self.in_units("place_saved")?;
+        if self.by_unit.is_none() {
+            self.in_units("place_saved")?;
+        }
         match &mut self.model {
             // SAFETY: the caller's contract, passed on.
             Model::Mixed(m, _) => unsafe { m.place_saved(memory, at) }.map_err(e),

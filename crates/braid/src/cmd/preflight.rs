@@ -169,8 +169,9 @@ pub struct DevicePlan {
     pub stored_score_grads: bool,
     /// Under checkpointing, keep each layer's fused attention state.
     pub keep_attention: bool,
-    /// ZeRO-3: the saved activations live in the gradient shard's memory
-    /// (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
+    /// The saved activations live in gradient memory until the backward
+    /// pass writes it: ZeRO-3's gradient shard, or one process's gradient
+    /// buffer (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
     pub saved_in_grads: bool,
     /// ZeRO-3 in bf16: the layers gathered in bf16 (`BRAID_ZERO3_GATHER`).
     pub half_gathers: bool,
@@ -188,9 +189,11 @@ pub struct DevicePlan {
 /// - `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
 ///   `kept` (each layer keeps the attention's state, and the
 ///   recomputation starts at its output) or `recomputed`;
-/// - `BRAID_SAVED_IN_GRADS`: under ZeRO-3 with one micro-batch per step,
-///   `on` (the activations saved for the backward pass live in the
-///   gradient shard's memory until it fills; the default) or `off`;
+/// - `BRAID_SAVED_IN_GRADS`: in bf16 with one micro-batch per step, under
+///   ZeRO-3 or in one process without `--offload`, `on` (the activations
+///   saved for the backward pass live in gradient memory that is idle
+///   until the backward pass writes it: the gradient shard, or the
+///   gradient buffer; the default) or `off`;
 /// - `BRAID_ZERO3_GATHER`: under ZeRO-3 in bf16, `bf16` (each rank rounds
 ///   its slice of a layer and the layer is gathered as the bf16 weights
 ///   its products read; the default) or `f32` (gathered in f32 and cast
@@ -264,16 +267,23 @@ pub fn device(
         );
     }
     let stage3 = a.sharding.stage == 3;
+    // Where the saved activations may live in gradient memory: ZeRO-3's
+    // gradient shard, or the whole gradient buffer of one process that
+    // writes it unit by unit.
+    let lends_in = |sharding: Sharding, offload: bool| {
+        sharding.stage == 3 || (sharding.stage == 0 && a.ranks == 1 && !offload && deferred == 0)
+    };
     let saved_in_grads = match env_choice("BRAID_SAVED_IN_GRADS", "on", "off")? {
-        Some(true) if !(stage3 && mixed && a.accum == 1) => {
+        Some(true) if !(mixed && a.accum == 1 && lends_in(a.sharding, a.offload)) => {
             return Err(
-                "BRAID_SAVED_IN_GRADS=on: only ZeRO-3 in bf16 with one micro-batch per step \
-                 (no --accum) keeps saved activations in the gradient shard"
+                "BRAID_SAVED_IN_GRADS=on: only bf16 runs with one micro-batch per step (no \
+                 --accum) keep saved activations in gradient memory: ZeRO-3's gradient shard, \
+                 or the gradient buffer of one process without --offload"
                     .into(),
             )
         }
         Some(on) => on,
-        None => stage3 && mixed && a.accum == 1,
+        None => mixed && a.accum == 1 && lends_in(a.sharding, a.offload),
     };
     let half_gathers = match env_choice("BRAID_ZERO3_GATHER", "bf16", "f32")? {
         Some(true) if !(stage3 && mixed) => {
@@ -341,7 +351,7 @@ pub fn device(
             keep_attention,
             sharding,
             offload,
-            saved_in_grads: saved_in_grads && sharding.stage == 3,
+            saved_in_grads: saved_in_grads && lends_in(sharding, offload),
             half_gathers: half_gathers && sharding.stage == 3,
         };
         gpu_training(cfg, &run)

@@ -483,7 +483,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let (data, data_desc) = open_data(&a.data, tokenizer, a.seq, a.seed)?;
     check_fits(&cfg, a.seq, &*data)?;
     let mut loader = TokenWindows::new(&*data, batch, a.seq, rank, ranks, a.seed)?;
-    let opts = LoopOptions {
+    let mut opts = LoopOptions {
         steps: a.steps,
         accum: a.accum,
         schedule: Schedule {
@@ -498,6 +498,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         update: !a.fwd_bwd_only,
         profile_warmup: 5,
         measure_unoverlapped: ranks > 1,
+        // The GPU pre-flight decides (below).
+        saved_in_grads: false,
     };
     if lead {
         println!(
@@ -697,8 +699,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if plan.fused_attention && a.checkpointing && !plan.keep_attention {
                 lean.push("the attention recomputed too");
             }
-            if plan.saved_in_grads {
-                lean.push("saved activations in the gradient shard until it fills");
+            match (plan.saved_in_grads, zero) {
+                (true, Some(_)) => {
+                    lean.push("saved activations in the gradient shard until it fills")
+                }
+                (true, None) => lean.push(
+                    "saved activations in the gradient buffer until the backward pass writes it",
+                ),
+                (false, _) => {}
             }
             if plan.half_gathers {
                 lean.push("layers gathered in bf16");
@@ -713,6 +721,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             );
         }
         shard_choice.saved_in_grads = plan.saved_in_grads;
+        opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
         shard_choice.half_gathers = plan.half_gathers;
         braid_cuda::pool::reset_peak();
         let options = braid_model::cuda::model_mixed::MixedOptions {

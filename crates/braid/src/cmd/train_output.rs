@@ -170,6 +170,13 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
             },
         );
     }
+    if run.saved_in_grads > 0 {
+        println!(
+            "saved activations in the gradient buffer's memory until the backward pass wrote it: \
+             {:.1} MB",
+            mb(run.saved_in_grads)
+        );
+    }
     if st.offloaded > 0 {
         println!(
             "offloaded to host memory: {:.1} MB (f32 master weights, AdamW moments, pinned \
@@ -203,6 +210,7 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
             "optimizer": st.optimizer, "offloaded": st.offloaded, "total": st.total()},
         "zero3_bytes": {"units_peak": run.sharded.units_peak,
             "saved_in_grads": run.sharded.saved_in_grads},
+        "saved_in_grads_bytes": run.saved_in_grads,
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))

@@ -12,10 +12,17 @@
 //! zeroing the whole buffer (up to the sign of zeros). Under ZeRO-3 and
 //! stage 2 every backward unit writes its blocks' buffers afresh, and
 //! [`GpuGptMixed::begin_block_grads`] does the same for one block.
+//!
+//! Unit by unit ([`GpuGptMixed::begin_grads_by_unit`]), nothing is zeroed
+//! when the step starts: each backward unit first zeroes what it adds into
+//! of the runs it writes first ([`first_writes`]), so that until then the
+//! memory of those runs holds nothing the step needs (one process lends it
+//! to the activations saved for the backward pass: [`crate::placement`]).
 
 use super::GpuGptMixed;
+use crate::layout::Layout;
 use braid_cuda::memory::zero_async;
-use braid_cuda::{CudaError, DeviceBuffer, Result};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result};
 use std::ops::Range;
 
 /// Whether the next backward pass overwrites the weight gradients.
@@ -98,6 +105,43 @@ impl GpuGptMixed {
         Ok(())
     }
 
+    /// Prepares the whole gradient buffer for a step written unit by unit:
+    /// nothing is zeroed now; the next backward pass overwrites the weight
+    /// matrices' gradients, and each of its units first zeroes the rest of
+    /// what it writes first ([`zero_unit_grads`](Self::zero_unit_grads)).
+    /// Same values as [`begin_grads`](Self::begin_grads).
+    pub fn begin_grads_by_unit(&mut self) {
+        self.fresh.on = true;
+        self.fresh.ran = false;
+    }
+
+    /// Before a backward unit of a step begun by
+    /// [`begin_grads_by_unit`](Self::begin_grads_by_unit): zeroes, of
+    /// `runs` (the gradient buffer's elements that unit writes first,
+    /// [`first_writes`]), what its products add into rather than
+    /// overwrite. Nothing in later micro-batches (they add).
+    pub fn zero_unit_grads(
+        &mut self,
+        runs: &[Range<usize>],
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        if !self.fresh.on {
+            return Ok(());
+        }
+        let added = self.added_runs();
+        let zeroed = runs.iter().try_for_each(|r| {
+            added.iter().try_for_each(|a| {
+                let (from, to) = (r.start.max(a.start), r.end.min(a.end));
+                match from < to {
+                    true => zero_async(&mut g.view_mut(from..to)?, &self.stream),
+                    false => Ok(()),
+                }
+            })
+        });
+        self.fresh.runs = Some(added);
+        zeroed
+    }
+
     /// The elements of the gradient buffer outside what a fresh pass's
     /// products overwrite, as runs in layout order (fixed by the model's
     /// shapes: worked out once; the caller puts them back in
@@ -125,6 +169,49 @@ impl GpuGptMixed {
     }
 }
 
+/// For each backward unit of the bf16 model's whole-model plan (unit 0
+/// the head, unit `n - l` layer `l`, unit `n + 1` the embeddings), the
+/// runs of the gradient buffer it writes before any other unit does, in
+/// layout order, adjacent runs merged: the head the token embeddings
+/// (the tied classifier), the final norm and the last layer's output
+/// bias (its LayerNorm backward's column sums); layer `l` the rest of its
+/// block and the output bias of layer `l - 1`; the embeddings the
+/// position embeddings. Together they are every parameter, once; a
+/// padded layout's gaps are in none (nothing writes them).
+pub fn first_writes(layout: &Layout) -> Vec<Vec<Range<usize>>> {
+    let n = layout.config.n_layer;
+    let bias = |l: usize| format!("h.{l}.mlp.c_proj.bias");
+    let mut units: Vec<Vec<Range<usize>>> = vec![Vec::new(); n + 2];
+    for p in &layout.params {
+        let unit = match p.name.as_str() {
+            "wte.weight" | "ln_f.weight" | "ln_f.bias" => 0,
+            "wpe.weight" => n + 1,
+            name => {
+                let l: usize = name
+                    .strip_prefix("h.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(n);
+                match name == bias(l) {
+                    // Written by the pass of the layer above (or the head).
+                    true => n - l - 1,
+                    false => n - l,
+                }
+            }
+        };
+        if let Some(runs) = units.get_mut(unit) {
+            match runs.last_mut() {
+                Some(last) if last.end == p.offset => last.end = p.offset + p.len,
+                _ => runs.push(p.range()),
+            }
+        }
+    }
+    for runs in &mut units {
+        runs.sort_by_key(|r| r.start);
+    }
+    units
+}
+
 /// The runs of `0..len` outside `ranges` (which do not overlap).
 fn complement(mut ranges: Vec<Range<usize>>, len: usize) -> Vec<Range<usize>> {
     ranges.sort_by_key(|r| r.start);
@@ -144,7 +231,58 @@ fn complement(mut ranges: Vec<Range<usize>>, len: usize) -> Vec<Range<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::complement;
+    use super::{complement, first_writes};
+    use crate::{GptConfig, Layout};
+
+    #[test]
+    fn first_writes_cover_every_parameter_once_in_the_units_that_write_them() {
+        for (name, multiple) in [("L3-H2-C16-V50-T8", 1), ("L12-H4-C32-V97-T16", 64)] {
+            let layout = Layout::padded(&GptConfig::parse(name).unwrap(), multiple);
+            let n = layout.config.n_layer;
+            let units = first_writes(&layout);
+            assert_eq!(units.len(), n + 2);
+            let mut seen = vec![0u8; layout.len];
+            for runs in &units {
+                for r in runs {
+                    seen[r.clone()].iter_mut().for_each(|s| *s += 1);
+                }
+            }
+            for p in &layout.params {
+                assert!(
+                    seen[p.range()].iter().all(|&s| s == 1),
+                    "{name}: {}",
+                    p.name
+                );
+            }
+            let params: usize = layout.params.iter().map(|p| p.len).sum();
+            assert_eq!(seen.iter().filter(|&&s| s == 1).count(), params);
+            // Layer l's unit: its block but its own output bias, and the
+            // output bias of the layer below; the head: the token
+            // embeddings, the last layer's output bias, the final norm.
+            let range = |s: &str| layout.get(s).unwrap().range();
+            let elems = |runs: &[std::ops::Range<usize>]| {
+                let mut e: Vec<usize> = runs.iter().flat_map(|r| r.clone()).collect();
+                e.sort();
+                e
+            };
+            let l = 1;
+            let block = layout.block_range(crate::Block::Layer(l));
+            let own = range(&format!("h.{l}.mlp.c_proj.bias"));
+            let below = range(&format!("h.{}.mlp.c_proj.bias", l - 1));
+            assert_eq!(
+                elems(&units[n - l]),
+                elems(&[below, block.start..own.start])
+            );
+            let head = [
+                range("wte.weight"),
+                range(&format!("h.{}.mlp.c_proj.bias", n - 1)),
+                range("ln_f.weight"),
+                range("ln_f.bias"),
+            ];
+            assert_eq!(elems(&units[0]), elems(&head));
+            assert_eq!(units[n + 1], vec![range("wpe.weight")]);
+        }
+    }
 
     #[test]
     fn complement_lists_the_gaps_in_order() {

@@ -2,12 +2,14 @@
 //! what its forward pass saves for its backward pass, and the scratch
 //! both passes share — listed by the part of the backward pass that reads
 //! each for the last time, so that a strategy can lend them memory that
-//! is idle while they live (ZeRO-3's gradient shard:
-//! [`crate::placement`]).
+//! is idle while they live (ZeRO-3's gradient shard, or one process's
+//! gradient buffer written unit by unit: [`crate::placement`]).
 //!
 //! Lent buffers ([`GpuGptMixed::place_saved`]) are views of the lender's
 //! allocation; [`GpuGptMixed::own_saved`] drops them before the lender's
 //! memory goes, and the next forward pass allocates them again.
+//! [`GpuGptMixed::drop_saved`] gives all of them back before the lender's
+//! memory is allocated, so that it can take their room.
 
 use super::{AttnSaved, AttnShared, GpuGptMixed};
 use braid_cuda::{CudaError, DeviceBuffer, DevicePool, Result, Stream};
@@ -60,8 +62,7 @@ impl SavedMut<'_> {
     ///
     /// # Safety
     /// As [`DeviceBuffer::lent_from`].
-    unsafe fn lend(&mut self, memory: &DeviceBuffer<f32>, at: usize) -> Result<()> {
-        let len = self.len();
+    unsafe fn lend(&mut self, memory: &DeviceBuffer<f32>, at: usize, len: usize) -> Result<()> {
         match self {
             // SAFETY: passed on to the caller.
             SavedMut::F32(b) => **b = unsafe { DeviceBuffer::lent_from(memory, at, len)? },
@@ -236,21 +237,32 @@ impl GpuGptMixed {
         memory: &DeviceBuffer<f32>,
         at: &[Option<usize>],
     ) -> Result<usize> {
-        self.own_missing()?;
-        let (mut saved, _, _) = saved_of(self);
-        if at.len() != saved.len() {
+        let count = saved_of(self).0.len();
+        if at.len() != count {
             return Err(CudaError::Invalid(format!(
-                "place_saved: {} offsets for {} saved buffers",
+                "place_saved: {} offsets for {count} saved buffers",
                 at.len(),
-                saved.len()
             )));
         }
+        // Buffers given back by `drop_saved` are lent without being made
+        // first, or made if they are not lent.
+        let missing = std::mem::take(&mut self.unowned_saved);
+        let (mut saved, pool, s) = saved_of(self);
         let mut moved = 0;
-        for ((_, buf), at) in saved.iter_mut().zip(at) {
-            if let Some(at) = *at {
-                moved += buf.bytes();
-                // SAFETY: passed on to the caller.
-                unsafe { buf.lend(memory, at)? };
+        for (i, ((_, buf), at)) in saved.iter_mut().zip(at).enumerate() {
+            let missing = missing.get(i).copied().filter(|&len| len > 0);
+            let len = missing.unwrap_or_else(|| buf.len());
+            match *at {
+                Some(at) => {
+                    moved += len * buf.elem_size();
+                    // SAFETY: passed on to the caller.
+                    unsafe { buf.lend(memory, at, len)? };
+                }
+                None => {
+                    if let Some(len) = missing {
+                        buf.own(pool, s, len)?;
+                    }
+                }
             }
         }
         // What the pool cached of the old buffers goes back to the driver.
@@ -259,12 +271,35 @@ impl GpuGptMixed {
         Ok(moved)
     }
 
+    /// Gives the memory of every saved buffer back to the device (they
+    /// hold nothing between steps): the next forward pass allocates them
+    /// again, or [`place_saved`](Self::place_saved) lends them memory
+    /// without their own being made first — so that the lender's memory
+    /// can be allocated in their room.
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let missing = std::mem::take(&mut self.unowned_saved);
+        let (saved, pool, _) = saved_of(self);
+        let mut lens = vec![0; saved.len()];
+        for (i, (_, mut buf)) in saved.into_iter().enumerate() {
+            lens[i] = match missing.get(i).copied().filter(|&len| len > 0) {
+                Some(len) => len,
+                None => buf.len(),
+            };
+            buf.empty(pool)?;
+        }
+        self.unowned_saved = lens;
+        self.stream.synchronize()?;
+        self.pool.release()
+    }
+
     /// Drops the buffers lent by [`place_saved`](Self::place_saved) (their
     /// contents are not needed between steps); the next forward pass
     /// allocates them again from the model's own memory.
     pub fn own_saved(&mut self) -> Result<()> {
+        // Buffers still missing (given back by `drop_saved`) stay so.
+        let mut lens = std::mem::take(&mut self.unowned_saved);
         let (saved, pool, _) = saved_of(self);
-        let mut lens = vec![0; saved.len()];
+        lens.resize(saved.len(), 0);
         for (i, (_, mut buf)) in saved.into_iter().enumerate() {
             if buf.is_lent() {
                 lens[i] = buf.len();
