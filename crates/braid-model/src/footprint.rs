@@ -563,6 +563,18 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         mixed && run.checkpointing,
     );
     let lent = gpu_saved_in_grads(cfg, run);
+    let acts = match mixed {
+        true => gpu_mixed_activation_bytes(cfg, run),
+        false => 4 * cpu_activation_elements(cfg, b, t, false),
+    };
+    // While a ZeRO-3 run starts, the saved activations that will live in
+    // the gradient shard hold no memory of their own (they give it back
+    // before the shard is made; otherwise they have it from the start),
+    // and when it ends none does (they give it back before the gather).
+    let starting_acts = match mixed && stage3 && run.saved_in_grads {
+        true => acts.saturating_sub(saved_wants(cfg, run).iter().map(|w| w.bytes as u128).sum()),
+        false => acts,
+    };
     let mut parts = vec![
         Part {
             name: "parameters",
@@ -572,12 +584,12 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
                 // when it ends (gathering the model to save it), a rank
                 // holds the whole model instead of the gradient shard,
                 // the moments and the gathered units it holds while
-                // training: whichever is more counts. (Starting, the
-                // activations that later move into the gradient shard
-                // still have memory of their own.)
+                // training, with the activations each holds: whichever is
+                // more counts.
                 _ if stage3 => {
-                    let training = sharding.shard(12 * params) + units;
-                    sharding.shard(4 * params) + (4 * params + lent).saturating_sub(training)
+                    let training = sharding.shard(12 * params) + units + acts - lent;
+                    sharding.shard(4 * params)
+                        + (4 * params + starting_acts).saturating_sub(training)
                 }
                 _ => 4 * params,
             },
@@ -621,11 +633,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     }
     parts.push(Part {
         name: "activations",
-        bytes: if mixed {
-            gpu_mixed_activation_bytes(cfg, run) - lent
-        } else {
-            4 * cpu_activation_elements(cfg, b, t, false)
-        },
+        bytes: acts - lent,
     });
     Footprint { parts }
 }
@@ -738,6 +746,24 @@ mod tests {
         // One rank: training is the larger; eight: the ends are.
         let (one, eight) = (gpu_training(&cfg, &run(1)), gpu_training(&cfg, &run(8)));
         assert!(one.total() - others > 16 * p && eight.total() - others > 4 * p);
+        // With the saved activations lent to the gradient shard, they hold
+        // no memory of their own while the run starts or ends: at eight
+        // ranks the ends hold all of them less than apart, and the larger
+        // of that and training counts.
+        let lending = GpuRun {
+            saved_in_grads: true,
+            ..run(8)
+        };
+        let saved: u128 = saved_wants(&cfg, &lending)
+            .iter()
+            .map(|w| w.bytes as u128)
+            .sum();
+        let on = gpu_training(&cfg, &lending);
+        assert!(saved > 0 && gpu_saved_in_grads(&cfg, &lending) > 0);
+        let training = on.total() - on.part("parameters") + (4 * p).div_ceil(8);
+        let ends = eight.total() - saved;
+        assert!(on.total().abs_diff(training.max(ends)) <= 1);
+        assert!(on.total() < eight.total());
     }
 
     #[test]

@@ -599,7 +599,8 @@ pub trait Engine {
     ///
     /// # Safety
     /// `memory` must outlive the engine's use of it: the caller calls
-    /// [`own_saved`](Self::own_saved) before it drops or replaces
+    /// [`own_saved`](Self::own_saved) (or
+    /// [`drop_saved`](Self::drop_saved)) before it drops or replaces
     /// `memory`, and writes the lent bytes only after the backward unit
     /// that reads them last, ordered after the engine's work.
     unsafe fn place_saved(&mut self, memory: &Flat<Self>, at: &[Option<usize>]) -> Result<usize> {
@@ -608,6 +609,15 @@ pub trait Engine {
             true => Ok(0),
             false => Err("this engine cannot place its saved buffers in lent memory".into()),
         }
+    }
+
+    /// Gives back the memory of the saved buffers now (they hold nothing
+    /// between steps): [`place_saved`](Self::place_saved) lends them
+    /// memory without making their own first, and the next forward pass
+    /// makes what was not lent — so that the lender's memory can be
+    /// allocated in their room. Nothing by default.
+    fn drop_saved(&mut self) -> Result<()> {
+        Ok(())
     }
 
     /// Stops using memory lent by [`place_saved`](Self::place_saved): the

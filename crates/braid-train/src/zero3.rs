@@ -781,6 +781,12 @@ where
         units
             .check(len, engine.unit_count())
             .map_err(|e| format!("{name}: {e}"))?;
+        if self.saved_in_grads && self.params_sharded() {
+            // The saved activations will live in the gradient shard: their
+            // own memory goes before the shard is made beside the whole
+            // parameters (the start's peak).
+            engine.drop_saved()?;
+        }
         let (rank, n) = (self.group().rank(), self.group().size());
         let mut shard = Vec::with_capacity(units.blocks.len());
         let mut slots = Vec::with_capacity(units.blocks.len());
@@ -956,11 +962,11 @@ where
         }
         st.spare.clear();
         st.held = 0;
-        if st.lent > 0 {
-            // The gradient memory goes: the saved activations leave it.
-            engine.own_saved()?;
-            st.lent = 0;
-        }
+        // The gradient memory goes, and the whole parameters need room:
+        // the saved activations give back theirs, lent or not (a later
+        // forward pass makes them again).
+        engine.drop_saved()?;
+        st.lent = 0;
         st.grads = group.zeros(0)?;
         let len = st.units.blocks.last().map_or(0, |b| b.end);
         let mut full = group.zeros(len)?;

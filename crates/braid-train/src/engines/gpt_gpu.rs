@@ -1425,6 +1425,13 @@ impl Engine for GpuGpt {
         }
     }
 
+    fn drop_saved(&mut self) -> Result<()> {
+        match &mut self.model {
+            Model::Mixed(m, _) => m.drop_saved().map_err(e),
+            Model::F32(_) => Ok(()),
+        }
+    }
+
     fn own_saved(&mut self) -> Result<()> {
         match &mut self.model {
             Model::Mixed(m, _) => m.own_saved().map_err(e),
