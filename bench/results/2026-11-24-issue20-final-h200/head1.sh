@@ -1,0 +1,25 @@
+#!/bin/bash
+# HEAD (9528861) on one H200: ZeRO-3 bits against a914ae9, then every GPU test.
+export NCCL_NVLS_ENABLE=0 BRAID_KERNEL_CACHE=/tmp/kc CUDA_VISIBLE_DEVICES=0
+gunzip -c .dev/braid.gz > /tmp/braid-prev && chmod +x /tmp/braid-prev
+gunzip -c .dev/braid-head.gz > /tmp/braid-head && chmod +x /tmp/braid-head
+gunzip -c .dev/gpu-head.gz > /tmp/gpu-tests && chmod +x /tmp/gpu-tests
+mkdir -p /work/main/target/release && ln -sf /tmp/braid-head /work/main/target/release/braid
+nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader | tee $OUT/device.txt
+cd /tmp
+n=0
+for m in L4-H4-C128-V50304-T64 L3-H2-C96-V50257-T64; do
+  for extra in "" "--checkpointing" "--zero 3 --nproc 1" "--zero 3 --nproc 1 --checkpointing"; do
+    n=$((n+1))
+    for b in prev head; do
+      /tmp/braid-$b train --device cuda --model $m --seq 64 --batch 8 --steps 10 --seed 5 --eval-every 3 --grad-clip 1.0 $extra --save $b-$n.safetensors --json $b-$n.json > /tmp/bits-$b-$n.txt 2>&1 || echo "run $b $n failed: $(tail -2 /tmp/bits-$b-$n.txt)"
+    done
+    echo "bits $m [$extra]: $(cmp -s prev-$n.safetensors head-$n.safetensors && echo identical || echo DIFFER) $(python3 -c "
+import json;a=json.load(open('prev-$n.json'));b=json.load(open('head-$n.json'))
+L=lambda d:[(s['loss'],s['eval_loss'],s['grad_norm']) for s in d['steps']]
+print('losses/norms equal' if L(a)==L(b) else 'losses DIFFER')")" | tee -a $OUT/bits.txt
+  done
+done
+cd - > /dev/null
+timeout 420 /tmp/gpu-tests --test-threads 1 --nocapture > $OUT/gpu-tests.txt 2>&1; echo "exit $?" >> $OUT/gpu-tests.txt
+grep -E "^test |test result|panicked|exit|gradient buffer|estimate" $OUT/gpu-tests.txt | cut -c1-250
