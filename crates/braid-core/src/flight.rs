@@ -438,15 +438,7 @@ impl Snapshot {
     pub fn write_atomic(&self, dir: &Path) -> std::io::Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
         let path = dump_path(dir, self.rank);
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            dump_file_name(self.rank),
-            std::process::id()
-        ));
-        std::fs::write(&tmp, self.to_json())?;
-        std::fs::rename(&tmp, &path).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })?;
+        crate::atomic_file::write(&path, self.to_json().as_bytes())?;
         Ok(path)
     }
 

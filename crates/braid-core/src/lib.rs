@@ -12,8 +12,10 @@
 //! - the flight-record format and the diagnosis shared by workers, the
 //!   launcher and `braid doctor` ([`flight`]);
 //! - the deterministic random number generator every crate seeds from
-//!   ([`rng`]: the same seed gives the same model and data everywhere).
+//!   ([`rng`]: the same seed gives the same model and data everywhere);
+//! - files written whole or not at all ([`atomic_file`]).
 
+pub mod atomic_file;
 pub mod dtype;
 pub mod env;
 pub mod flight;

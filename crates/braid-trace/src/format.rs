@@ -185,15 +185,14 @@ fn event_json(e: &TraceEvent) -> Value {
     })
 }
 
-/// Writes `value` to `path` through a temporary file and a rename.
+/// Writes `value` to `path` atomically ([`braid_core::atomic_file`]).
 pub fn write_json(path: &Path, value: &Value) -> Result<PathBuf, String> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)
         .map_err(|e| format!("cannot create the trace directory {}: {e}", dir.display()))?;
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec(value).map_err(|e| e.to_string())?;
-    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))?;
+    braid_core::atomic_file::write(path, &text)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(path.to_path_buf())
 }
 

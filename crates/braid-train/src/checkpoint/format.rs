@@ -287,24 +287,15 @@ pub fn read_tensor(path: &Path, header: &Header, key: &str) -> Result<Vec<f32>> 
 /// Flushes the directory `dir` to the disk (so a rename inside it
 /// survives a crash).
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+    braid_core::atomic_file::sync_dir(dir)
         .map_err(|e| format!("{}: could not be flushed: {e}", dir.display()))
 }
 
 /// Writes `text` to `path` atomically: a temporary file beside it,
-/// flushed, then renamed over it.
+/// flushed, then renamed over it ([`braid_core::atomic_file`]).
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let io = |e: std::io::Error| format!("{}: could not be written: {e}", path.display());
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(text.as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    braid_core::atomic_file::write(path, text.as_bytes())
+        .map_err(|e| format!("{}: could not be written: {e}", path.display()))
 }
 
 #[cfg(test)]
