@@ -507,7 +507,7 @@ impl<C: Collective> Zero3<C> {
         if at.is_empty() {
             return Ok(());
         }
-        // SAFETY: `st.grads` stays until `finish`, which calls `own_saved`
+        // SAFETY: `st.grads` stays until `finish`, which calls `drop_saved`
         // before replacing it (and the engine never reads lent buffers
         // after this strategy is gone: the run ends with it). Each buffer
         // lies in the slices of blocks (one, or several that follow each

@@ -725,8 +725,6 @@ fn backward_step(
     .map_err(e)
 }
 
-/// Blocks `blocks` of `units`, given as `bufs` (in that order), as the
-/// pieces of the flat buffer the models read.
 /// `units` with the head's backward unit reading only the final norm:
 /// the bf16 engine streaming its weights casts the token embeddings for
 /// the classifier in the head's forward pass and its backward pass reads
@@ -766,6 +764,8 @@ fn unit_f32_params<'a>(
     }
 }
 
+/// Blocks `blocks` of `units`, given as `bufs` (in that order), as the
+/// pieces of the flat buffer the models read.
 fn pieces<'a>(
     units: &ParamUnits,
     blocks: &[usize],

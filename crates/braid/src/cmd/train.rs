@@ -57,7 +57,9 @@ pub struct TrainArgs {
     #[arg(long)]
     global_batch: Option<usize>,
     /// Micro-batches per step (gradient accumulation: only the last one
-    /// communicates).
+    /// communicates). With more than one, a bf16 GPU run keeps the
+    /// activations saved for the backward pass in memory of their own
+    /// rather than in idle gradient memory (BRAID_SAVED_IN_GRADS)
     #[arg(long, default_value_t = 1)]
     accum: usize,
     /// Tokens per sequence (at most the model's context).

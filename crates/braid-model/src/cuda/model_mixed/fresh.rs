@@ -88,19 +88,12 @@ impl GpuGptMixed {
                 self.layout.len
             )));
         }
-        let runs = self.added_runs();
-        let zeroed = runs.iter().try_for_each(|r| {
-            let (from, to) = (r.start.max(block.start), r.end.min(block.end));
-            match from < to {
-                true => zero_async(
-                    &mut g.view_mut(from - block.start..to - block.start),
-                    &self.stream,
-                ),
-                false => Ok(()),
-            }
-        });
-        self.fresh.runs = Some(runs);
-        zeroed?;
+        for r in self.added_within(std::slice::from_ref(&block)) {
+            zero_async(
+                &mut g.view_mut(r.start - block.start..r.end - block.start),
+                &self.stream,
+            )?;
+        }
         self.fresh.on = true;
         Ok(())
     }
@@ -128,18 +121,27 @@ impl GpuGptMixed {
         if !self.fresh.on {
             return Ok(());
         }
+        for r in self.added_within(runs) {
+            zero_async(&mut g.view_mut(r)?, &self.stream)?;
+        }
+        Ok(())
+    }
+
+    /// The elements of `ranges` (in layout order, not overlapping) that a
+    /// fresh pass's products do not overwrite, as runs.
+    fn added_within(&mut self, ranges: &[Range<usize>]) -> Vec<Range<usize>> {
         let added = self.added_runs();
-        let zeroed = runs.iter().try_for_each(|r| {
-            added.iter().try_for_each(|a| {
-                let (from, to) = (r.start.max(a.start), r.end.min(a.end));
-                match from < to {
-                    true => zero_async(&mut g.view_mut(from..to)?, &self.stream),
-                    false => Ok(()),
-                }
+        let within = ranges
+            .iter()
+            .flat_map(|r| {
+                added.iter().filter_map(|a| {
+                    let (from, to) = (r.start.max(a.start), r.end.min(a.end));
+                    (from < to).then_some(from..to)
+                })
             })
-        });
+            .collect();
         self.fresh.runs = Some(added);
-        zeroed
+        within
     }
 
     /// The elements of the gradient buffer outside what a fresh pass's
