@@ -11,7 +11,10 @@
 //!
 //! [`allocated_bytes`] and [`peak_allocated_bytes`] count every live
 //! `DeviceBuffer` of the process (pooled or not; cached blocks excluded),
-//! like PyTorch's `memory_allocated` / `max_memory_allocated`.
+//! like PyTorch's `memory_allocated` / `max_memory_allocated`. The
+//! training loop names the part of its work running now
+//! ([`enter_phase`]); the counters keep the part in which the peak was
+//! reached ([`peak_phase`]) and the most bytes live in each part.
 
 use crate::driver::{Device, Stream};
 use crate::error::{driver, CudaError, Result};
@@ -19,11 +22,14 @@ use crate::memory::DeviceBuffer;
 use braid_core::Element;
 use cudarc::driver::{result, sys};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+static PHASE: AtomicU64 = AtomicU64::new(0);
+static PEAK_PHASE: AtomicU64 = AtomicU64::new(0);
+static PHASE_PEAK: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes held by live device buffers of this process.
 pub fn allocated_bytes() -> usize {
@@ -39,11 +45,29 @@ pub fn peak_allocated_bytes() -> usize {
 /// Starts a new peak measurement from what is live now.
 pub fn reset_peak() {
     PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+    PEAK_PHASE.store(PHASE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// Names the part of the work that runs from now on (`code`, a number
+/// its caller gives meaning to) and returns the most bytes live during
+/// the part before (counted from what was live when it was entered).
+pub fn enter_phase(code: u64) -> usize {
+    PHASE.store(code, Ordering::Relaxed);
+    PHASE_PEAK.swap(LIVE.load(Ordering::Relaxed), Ordering::Relaxed)
+}
+
+/// The code of the part of the work (see [`enter_phase`]) that was
+/// running when [`peak_allocated_bytes`] was reached.
+pub fn peak_phase() -> u64 {
+    PEAK_PHASE.load(Ordering::Relaxed)
 }
 
 pub(crate) fn count_alloc(bytes: usize) {
     let now = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(now, Ordering::Relaxed);
+    PHASE_PEAK.fetch_max(now, Ordering::Relaxed);
+    if PEAK.fetch_max(now, Ordering::Relaxed) < now {
+        PEAK_PHASE.store(PHASE.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn count_free(bytes: usize) {

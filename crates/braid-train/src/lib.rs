@@ -15,6 +15,7 @@
 //!   stage 3 (FSDP), parameters sharded too, gathered unit by unit;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock;
+//! - [`memory_phase`]: which part of a step holds the most device memory;
 //! - [`lend`]: one process's gradient buffer lent to the activations
 //!   saved for the backward pass;
 //! - [`checkpoint`]: sharded checkpoints — written in the background by
@@ -29,6 +30,7 @@ pub mod engine;
 pub mod engines;
 pub mod lend;
 pub mod loader;
+pub mod memory_phase;
 pub mod space;
 mod step_trace;
 pub mod strategy;

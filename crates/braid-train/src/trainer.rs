@@ -11,6 +11,7 @@
 
 use crate::checkpoint::{Checkpointer, StateSource};
 use crate::engine::{Engine, ShardedBytes, StateBytes, UpdateStep};
+use crate::memory_phase::{self, Phase};
 use crate::space::Space;
 use crate::step_trace::StepTrace;
 use crate::strategy::{CommStep, Strategy};
@@ -120,6 +121,9 @@ pub struct RunReport {
     /// Bytes of the engine's saved activations that lived in the loop's
     /// gradient buffer ([`crate::lend`]; one process).
     pub saved_in_grads: u64,
+    /// The parts of the last step, in order, each with the most device
+    /// bytes live during it ([`crate::memory_phase`]; zeros on a CPU).
+    pub memory_phases: Vec<(Phase, u64)>,
 }
 
 /// Trains `engine` under `strategy` on batches from `loader` (into
@@ -178,7 +182,9 @@ where
     if o.accum == 0 {
         return Err("--accum must be at least 1".into());
     }
+    memory_phase::enter(Phase::Start);
     strategy.start(engine)?;
+    memory_phase::enter(Phase::Idle);
     let by_unit = match o.saved_in_grads && o.accum == 1 && strategy.lends_whole_grads() {
         true => engine.grads_by_unit()?,
         false => None,
@@ -263,12 +269,16 @@ where
     let divide = (strategy.replicas() * o.accum) as f64;
     let start = Instant::now();
     let mut reports = Vec::with_capacity(o.steps);
+    let mut memory_phases = Vec::new();
     for step in first..o.steps {
         if step == o.profile_warmup.min(o.steps / 2) {
             engine.profile_reset();
         }
         let t0 = Instant::now();
         tl.clear();
+        // This step's parts are logged afresh (evaluation's and saving's
+        // belong to no step).
+        memory_phase::take();
         let mut trace = StepTrace::begin(engine.stream())?;
         let m_start = tl.mark(engine.stream())?;
         strategy.zero_grads(engine, grads)?;
@@ -286,6 +296,7 @@ where
                 recorder::record_between("data", Cat::Data, track::HOST, td, tde, args);
             }
             let m_f0 = trace.mark(&mut tl, engine.stream())?;
+            memory_phase::enter(Phase::Forward);
             let loss = strategy.forward(engine, batch, true)?;
             test_delay::apply(rank, "compute");
             let m_f1 = trace.mark(&mut tl, engine.stream())?;
@@ -296,6 +307,7 @@ where
                 ));
             }
             loss_sum += loss as f64;
+            memory_phase::enter(Phase::Backward);
             if micro + 1 < o.accum {
                 strategy.accumulate(engine, grads)?;
                 let m_b = trace.mark(&mut tl, engine.stream())?;
@@ -310,6 +322,7 @@ where
         let lr = o.schedule.lr(step);
         let mut grad_norm = 0.0;
         if o.update {
+            memory_phase::enter(Phase::Update);
             grad_norm = strategy.grad_sq_norm(engine, grads)?.sqrt() / divide;
             let clip = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
                 o.grad_clip / (grad_norm + 1e-6)
@@ -333,6 +346,8 @@ where
         engine
             .synchronize()
             .map_err(|e| format!("rank {rank}, step {}: {e}", step + 1))?;
+        memory_phase::enter(Phase::Idle);
+        memory_phases = memory_phase::take();
         let mut mean = [loss_sum / o.accum as f64];
         let t_mean = Instant::now();
         strategy.mean(&mut mean)?;
@@ -409,13 +424,16 @@ where
         None
     };
     let sharded = strategy.sharded_bytes();
+    memory_phase::enter(Phase::Finish);
     strategy.finish(engine)?;
+    memory_phase::enter(Phase::Idle);
     Ok(RunReport {
         steps: reports,
         unoverlapped_comm,
         state,
         sharded,
         saved_in_grads: 0,
+        memory_phases,
     })
 }
 
@@ -432,6 +450,7 @@ where
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
+    memory_phase::enter(Phase::Evaluation);
     let k = o.eval_batches.max(1);
     let mut sum = 0.0f64;
     for i in 0..k {

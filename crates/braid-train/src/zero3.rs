@@ -68,6 +68,7 @@ use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
 use crate::ddp::mean_over;
 use crate::engine::{Engine, Flat, ParamUnits, ShardedBytes, StateBytes, UpdateStep};
+use crate::memory_phase::{self, Phase};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -382,6 +383,7 @@ impl<C: Collective> Zero3<C> {
         step.add(st.exchange(group, &units[0], &[], &mut || Ok(()))?);
         let mut loss = None;
         for (u, reads) in units.iter().enumerate() {
+            memory_phase::enter(Phase::ForwardUnit(u));
             let next: &[usize] = units.get(u + 1).map_or(&[], |r| r);
             let (done, s) = st.run_unit(group, reads, &[], next, &[], &mut |params, _| {
                 engine.forward_unit(u, params)
@@ -423,6 +425,7 @@ impl<C: Collective> Zero3<C> {
         let mut pending: Vec<usize> = Vec::new();
         for u in 0..reads.len() {
             if !whole && !pending.is_empty() && engine.recomputes_unit(u) {
+                memory_phase::enter(Phase::Recompute(u));
                 // The unit first recomputes its activations (writing no
                 // gradient) while the blocks final after the unit before
                 // are reduce-scattered; their buffers are then free for
@@ -446,6 +449,7 @@ impl<C: Collective> Zero3<C> {
                     st.drop_grads(b);
                 }
             }
+            memory_phase::enter(Phase::BackwardUnit(u));
             for &b in &writes[u] {
                 st.grad_block(group, b, &mut |g| engine.zero_block_grads(b, g))?;
             }

@@ -662,6 +662,13 @@ fn the_gpu_memory_estimate_matches_the_peak_and_refuses_what_cannot_fit() {
             (est - peak).abs() <= 0.05 * peak,
             "{model}: estimate {est} GiB, peak {peak} GiB"
         );
+        // The run names the part of the step where the memory peaked.
+        let parts = ["forward", "backward", "update", "between steps"];
+        let named = f
+            .stdout
+            .split_once("device memory: peak reached in ")
+            .is_some_and(|(_, at)| parts.iter().any(|p| at.starts_with(p)));
+        assert!(named, "no part named for the peak: {}", f.stdout);
     }
     assert!(
         peaks[2] < peaks[1] - 1.0,

@@ -884,6 +884,7 @@ impl Engine for GpuGpt {
             backward_unit_name(unit, layers)
         });
         self.whole("the backward pass")?;
+        crate::memory_phase::enter(crate::memory_phase::Phase::BackwardUnit(unit));
         let step = self
             .steps
             .get(unit)

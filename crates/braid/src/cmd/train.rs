@@ -813,7 +813,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         );
         print_state(&run, &cfg, zero.unwrap_or(0), shard_group);
         if let Some(path) = &a.json {
-            write_json(path, &run, summary.as_ref())?;
+            write_json(path, &run, summary.as_ref(), cfg.n_layer)?;
         }
         if a.fwd_bwd_only && run.steps.len() > 1 {
             let mut tps: Vec<f64> = run.steps[1..].iter().map(|r| r.tokens_per_s).collect();

@@ -4,6 +4,7 @@
 
 use braid_model::GptConfig;
 use braid_train::engines::Precision;
+use braid_train::memory_phase::{self, Phase};
 use braid_train::summary::{summarize, Summary};
 use braid_train::zero::paper_bytes;
 use braid_train::{RunReport, StepReport};
@@ -115,8 +116,39 @@ pub fn print_summary(
             mfu,
             braid_cuda::pool::peak_allocated_bytes() as f64 / (1u64 << 30) as f64
         );
+        if let Some(line) = memory_parts_line(run, cfg.n_layer) {
+            println!("{line}");
+        }
     }
     Some(s)
+}
+
+/// How many of the last step's parts the memory line names.
+const PARTS_NAMED: usize = 4;
+
+/// `"device memory: peak in backward layer 0; the last step's fullest
+/// parts: …"`, when device memory was used.
+fn memory_parts_line(run: &RunReport, n_layer: usize) -> Option<String> {
+    let peak = memory_phase::peak()?;
+    if braid_cuda::pool::peak_allocated_bytes() == 0 {
+        return None;
+    }
+    let mut parts: Vec<&(Phase, u64)> = run.memory_phases.iter().collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    let named: Vec<String> = parts
+        .iter()
+        .take(PARTS_NAMED)
+        .map(|(p, bytes)| format!("{} {:.2} GiB", p.name(n_layer), gib(*bytes)))
+        .collect();
+    Some(format!(
+        "device memory: peak reached in {}; the last step's fullest parts: {}",
+        peak.name(n_layer),
+        named.join(", ")
+    ))
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
 }
 
 /// Prints the model state this rank held beside ZeRO's formula for
@@ -189,7 +221,12 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
 }
 
 /// Writes every step and the summary as JSON to `path`.
-pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Result<(), String> {
+pub fn write_json(
+    path: &Path,
+    run: &RunReport,
+    summary: Option<&Summary>,
+    n_layer: usize,
+) -> Result<(), String> {
     let rows: Vec<serde_json::Value> = run
         .steps
         .iter()
@@ -203,7 +240,7 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
         })
         .collect();
     let st = run.state;
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "steps": rows,
         "summary": summary.map(|s| s.to_json()),
         "model_state_bytes": {"params": st.params, "master": st.master, "grads": st.grads,
@@ -212,6 +249,18 @@ pub fn write_json(path: &Path, run: &RunReport, summary: Option<&Summary>) -> Re
             "saved_in_grads": run.sharded.saved_in_grads},
         "saved_in_grads_bytes": run.saved_in_grads,
     });
+    if braid_cuda::pool::peak_allocated_bytes() > 0 {
+        // Where the device memory went: the peak's part, and the last
+        // step part by part.
+        let parts: Vec<serde_json::Value> = run
+            .memory_phases
+            .iter()
+            .map(|(p, bytes)| serde_json::json!({"part": p.name(n_layer), "most_bytes": bytes}))
+            .collect();
+        doc["peak_device_bytes"] = braid_cuda::pool::peak_allocated_bytes().into();
+        doc["peak_device_part"] = memory_phase::peak().map(|p| p.name(n_layer)).into();
+        doc["device_memory_by_part"] = parts.into();
+    }
     std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
