@@ -417,11 +417,18 @@ pub fn gpu_saved_in_grads(cfg: &GptConfig, run: &GpuRun) -> u128 {
     placed_bytes(&saved_wants(cfg, run), &regions) as u128
 }
 
+/// Elements of the token embeddings the bf16 engine streaming its weights
+/// casts for the classifier each step (in bf16).
+fn cast_embeddings(cfg: &GptConfig) -> u64 {
+    cfg.vocab_size as u64 * cfg.n_embd as u64
+}
+
 /// The buffers the bf16 engine saves for the backward pass, each with the
 /// backward unit that reads it last (unit 0 the head, `l - i` layer `i`,
 /// `l + 1` the embeddings): each layer's input, LayerNorm statistics,
 /// attention output and what checkpointing keeps; the head's input, final
-/// LayerNorm and logits; the layers' shared scratch, checkpointing's one
+/// LayerNorm and logits (and with streamed weights the token embeddings
+/// it cast); the layers' shared scratch, checkpointing's one
 /// block and the fused attention's scratch, which hold nothing between
 /// steps either (`cuda::model_mixed`'s `saved.rs` lists the same).
 fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
@@ -460,6 +467,13 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
             last_read: 0,
         }),
     );
+    // With streamed weights, the token embeddings the head casts to bf16.
+    if run.streamed_weights {
+        wants.push(Want {
+            bytes: 2 * cast_embeddings(cfg),
+            last_read: 0,
+        });
+    }
     // The layers' shared scratch (the embeddings' backward pass reads
     // dresid): gelu, dgelu, qkv, dresid, ln, dresid_bf, dln, datty.
     let scratch = [
@@ -563,8 +577,15 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         mixed && run.checkpointing,
     );
     let lent = gpu_saved_in_grads(cfg, run);
+    // With streamed weights the token embeddings cast for the classifier
+    // are saved for its backward pass like an activation (and may be lent
+    // memory like one): they count here.
+    let cast = match mixed && streamed_weights {
+        true => 2 * cast_embeddings(cfg) as u128,
+        false => 0,
+    };
     let acts = match mixed {
-        true => gpu_mixed_activation_bytes(cfg, run),
+        true => gpu_mixed_activation_bytes(cfg, run) + cast,
         false => 4 * cpu_activation_elements(cfg, b, t, false),
     };
     // While a ZeRO-3 run starts, the saved activations that will live in
@@ -614,14 +635,14 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
     sharding.add_grad_shard(&mut grads, 4 * params);
     parts.extend(grads.parts);
     if mixed {
-        let wte = cfg.vocab_size as u128 * cfg.n_embd as u128;
         parts.push(Part {
             name: "bf16 weights",
             bytes: match (streamed_weights, half_layers) {
                 (false, _) => 2 * params,
-                // Layers arrive in bf16: none is cast.
-                (true, true) => 2 * wte,
-                (true, false) => 2 * (cfg.block_params_u128() + wte),
+                // Layers arrive in bf16: none is cast (the token
+                // embeddings' cast counts with the activations).
+                (true, true) => 0,
+                (true, false) => 2 * cfg.block_params_u128(),
             },
         });
     }

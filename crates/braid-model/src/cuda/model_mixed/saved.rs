@@ -109,9 +109,10 @@ fn attn_saved<'a>(a: &'a mut AttnSaved, out: &mut Vec<SavedMut<'a>>) {
 /// Every buffer that holds nothing between steps, in a fixed order:
 /// each layer's saved ones (its input from the residual stream,
 /// LayerNorm statistics, attention output, and what else it keeps); the
-/// head's (its input, the final LayerNorm's output and statistics, and
-/// the logits, which its forward pass turns into the loss's gradient for
-/// its backward pass); the scratch the layers share (read last by the
+/// head's (its input, the final LayerNorm's output and statistics, the
+/// logits, which its forward pass turns into the loss's gradient for its
+/// backward pass, and with streamed weights the token embeddings it cast
+/// to bf16); the scratch the layers share (read last by the
 /// embeddings' backward pass, which reads `dresid`); checkpointing's
 /// one block of activations and the fused attention's scratch (read last
 /// by layer 0's). With them, the model's pool and stream (to allocate or
@@ -134,6 +135,7 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         datty,
         work,
         attn,
+        streamed,
         pool,
         stream,
         ..
@@ -171,6 +173,11 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         SavedMut::F32(lnf_rstd),
         SavedMut::Bf16(logits),
     ]);
+    if let Some(st) = streamed {
+        // The token embeddings cast for the classifier: its backward pass
+        // reads them last.
+        bufs.push(SavedMut::Bf16(&mut st.wte));
+    }
     out.extend(bufs.into_iter().map(|b| (SavedFor::Head, b)));
     let scratch = [
         SavedMut::Bf16(gelu),
