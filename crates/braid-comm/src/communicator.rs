@@ -140,13 +140,50 @@ pub(crate) struct Inner {
     pub(crate) _worker_store: Option<WorkerStore>,
 }
 
+/// The longest the rank serving the store waits, at its communicator's
+/// end, for the other ranks to leave (less where the operations' timeout
+/// is shorter).
+const DEPARTURES_WAIT: Duration = Duration::from_secs(60);
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // Tell the other ranks' monitors that this rank is leaving cleanly.
         if !self.health.is_aborted() {
             let _ = self.store.set(&health::left_key(self.rank), b"1");
+            if self._worker_store.is_some() {
+                self.wait_for_departures();
+            }
         }
         self.health.stop_monitor();
+    }
+}
+
+impl Inner {
+    /// On the rank whose process serves the store: waits until every other
+    /// rank has left cleanly (its `left` key set), the communicator is
+    /// aborted (a peer died: the monitor still runs) or the wait's limit
+    /// passes. The other ranks' monitors tell a rank that finished and
+    /// exited from one that died by reading its departure from the store:
+    /// were the store gone first, a rank still finishing its last
+    /// collective would take a finished peer for a dead one.
+    fn wait_for_departures(&self) {
+        let keys: Vec<String> = (0..self.size)
+            .filter(|&r| r != self.rank)
+            .map(health::left_key)
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let deadline = Instant::now() + self.options.timeout.min(DEPARTURES_WAIT);
+        loop {
+            match self.store.check(&keys) {
+                Ok(present) if present.iter().all(|&p| p) => return,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+            if self.health.is_aborted() || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -158,6 +195,22 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Communicator {
     pub(crate) inner: Arc<Inner>,
+}
+
+/// A handle on a [`Communicator`] that does not keep it alive: a watcher
+/// (a signal handler's thread) holds one, so that the communicator still
+/// ends — and announces its rank's clean departure — when its users drop
+/// it.
+#[derive(Clone)]
+pub struct WeakCommunicator {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl WeakCommunicator {
+    /// The communicator, if it has not ended.
+    pub fn upgrade(&self) -> Option<Communicator> {
+        self.inner.upgrade().map(|inner| Communicator { inner })
+    }
 }
 
 impl Communicator {
@@ -341,6 +394,13 @@ impl Communicator {
             .health
             .is_aborted()
             .then(|| self.inner.health.reason())
+    }
+
+    /// A handle that does not keep the communicator alive.
+    pub fn downgrade(&self) -> WeakCommunicator {
+        WeakCommunicator {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// Aborts the communicator on every rank with `reason`.

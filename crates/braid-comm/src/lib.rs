@@ -46,7 +46,7 @@ pub mod verify;
 pub mod work;
 
 pub use braid_core::{DType, Element, ReduceOp};
-pub use communicator::{CommOptions, Communicator};
+pub use communicator::{CommOptions, Communicator, WeakCommunicator};
 pub use error::{CommError, Result};
 pub use group::Group;
 pub use setup::BackendKind;

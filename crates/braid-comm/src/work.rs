@@ -175,6 +175,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let record = self.comm.record_queued(&desc);
         self.comm.inner.progress.enqueue(Box::new(move || {
             let r = comm.execute_queued(desc, Some(record), run);
+            // The job's handle goes before the waiter hears: otherwise the
+            // waiter's may be dropped first, the communicator would end
+            // here, or not at all if the process exits meanwhile (and its
+            // rank's clean departure would go unannounced).
+            drop(comm);
             done.complete(r);
         }));
         Work {

@@ -2,9 +2,12 @@
 //! RANK sleep MS milliseconds in every micro-batch's PHASE (`data`: after
 //! loading its batch, counted as data time; `compute`: after its forward
 //! pass, traced as computation on the host — on a GPU rank the device
-//! idles meanwhile). It exists to make a straggler on
-//! purpose, so that `braid report` can be checked to name it; a
-//! malformed value is reported once and ignored.
+//! idles meanwhile; `end`: once, after the run's last step and the
+//! strategy's finish, before the communicator is dropped). It exists to
+//! make a straggler on purpose, so that `braid report` can be checked to
+//! name it, and a rank that finishes late, so that the others' departure
+//! can be checked not to look like a death to it; a malformed value is
+//! reported once and ignored.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -19,7 +22,7 @@ fn delays() -> &'static [(usize, String, u64)] {
         for item in v.split(',').filter(|s| !s.is_empty()) {
             let parts: Vec<&str> = item.split(':').collect();
             let parsed = match parts.as_slice() {
-                [r, p, ms] if ["data", "compute"].contains(p) => {
+                [r, p, ms] if ["data", "compute", "end"].contains(p) => {
                     r.parse().ok().zip(ms.parse().ok()).map(|(r, ms)| (r, p.to_string(), ms))
                 }
                 _ => None,
@@ -27,7 +30,7 @@ fn delays() -> &'static [(usize, String, u64)] {
             match parsed {
                 Some(d) => out.push(d),
                 None => eprintln!(
-                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute:MS)"
+                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute|end:MS)"
                 ),
             }
         }

@@ -427,6 +427,7 @@ where
     memory_phase::enter(Phase::Finish);
     strategy.finish(engine)?;
     memory_phase::enter(Phase::Idle);
+    test_delay::apply(rank, "end");
     Ok(RunReport {
         steps: reports,
         unoverlapped_comm,

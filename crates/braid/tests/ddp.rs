@@ -288,3 +288,35 @@ fn the_scaling_run_writes_its_table_json_and_plot() {
         f.stderr
     );
 }
+
+/// A rank that finishes after the others (delayed at its end, before its
+/// communicator goes) sees them leave, not die: the rank serving the store
+/// stays until every rank has left, so the late rank's monitor can still
+/// read each departure. Without that, the late rank took its finished
+/// peers for dead ones (an abort and a flight record; inside a last
+/// collective, a failed job) — seen once under CI load.
+#[test]
+fn a_rank_that_finishes_late_does_not_take_the_others_for_dead() {
+    let dir = TempDir::new("ddp-late");
+    for backend in ["shm", "tcp"] {
+        let name = format!("late-{backend}");
+        let start = std::time::Instant::now();
+        let (_, f) = train(
+            &dir,
+            &name,
+            &["--nproc", "3", "--steps", "3", "--batch", "2"],
+            &[
+                ("BRAID_BACKEND", backend),
+                ("BRAID_TEST_DELAY", "2:end:1500"),
+                ("BRAID_LOG_DIR", dir.path().to_str().unwrap()),
+            ],
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(1500),
+            "{name}: the delay did not apply: {f:?}"
+        );
+        for bad in ["died", "flight record (", "aborted"] {
+            assert!(!f.stderr.contains(bad), "{name}: {bad:?} in {f:?}");
+        }
+    }
+}

@@ -51,7 +51,10 @@ pub fn stop_on_sigterm(comm: &Communicator) {
     if signal_hook::flag::register(signal_hook::consts::SIGTERM, flag.clone()).is_err() {
         return; // SIGTERM keeps its default action.
     }
-    let comm = comm.clone();
+    // A weak handle: the watcher must not keep the communicator alive, or
+    // it never ends and never tells the other ranks that this one left
+    // cleanly (they would take its exit for a death).
+    let (weak, rank) = (comm.downgrade(), comm.rank());
     let _ = std::thread::Builder::new()
         .name("braid-sigterm".into())
         .spawn(move || {
@@ -59,16 +62,20 @@ pub fn stop_on_sigterm(comm: &Communicator) {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             std::thread::sleep(std::time::Duration::from_millis(500));
-            comm.abort(
-                "stopped by signal SIGTERM (the launcher stops every worker when one fails)",
-            );
+            let comm = weak.upgrade();
+            if let Some(comm) = &comm {
+                comm.abort(
+                    "stopped by signal SIGTERM (the launcher stops every worker when one fails)",
+                );
+            }
             std::thread::sleep(std::time::Duration::from_secs(2));
             // Still here: the worker is stuck in device work that waits for
             // a peer. Say why, as its error would have.
-            let why = comm.aborted().unwrap_or_else(|| "no cause known".into());
+            let why = comm
+                .and_then(|c| c.aborted())
+                .unwrap_or_else(|| "no cause known".into());
             eprintln!(
-                "braid: error: rank {}: communicator aborted: {why} (the worker was stopped by signal SIGTERM while still busy: computing, or waiting on a peer or the GPU)",
-                comm.rank()
+                "braid: error: rank {rank}: communicator aborted: {why} (the worker was stopped by signal SIGTERM while still busy: computing, or waiting on a peer or the GPU)"
             );
             std::process::exit(128 + 15);
         });
