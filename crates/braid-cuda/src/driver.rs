@@ -248,6 +248,17 @@ impl Device {
     }
 }
 
+/// The longest a plain [`Stream::synchronize`] waits: `BRAID_TIMEOUT`
+/// (read once; a value that does not parse leaves the default, and the
+/// communicators report it), else 300 s.
+pub fn wait_limit() -> std::time::Duration {
+    static LIMIT: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let default = std::time::Duration::from_secs(300);
+        braid_core::WorldInfo::timeout_from_env(default).unwrap_or(default)
+    })
+}
+
 /// A CUDA stream. Streams made with [`Stream::new`] are non-blocking and
 /// destroyed on drop; [`Device::main_stream`] is a view of the device's own.
 pub struct Stream {
@@ -295,11 +306,12 @@ impl Stream {
         &self.device
     }
 
-    /// Blocks until everything queued on the stream has run.
+    /// Blocks until everything queued on the stream has run, at most the
+    /// process's wait limit (`BRAID_TIMEOUT`, else 300 s): work that never
+    /// ends (a kernel waiting on a stopped peer's flag, a driver fault)
+    /// is an error naming the limit, not a hang.
     pub fn synchronize(&self) -> Result<()> {
-        self.device.bind()?;
-        // SAFETY: valid stream.
-        unsafe { result::stream::synchronize(self.raw) }.map_err(driver("cuStreamSynchronize"))
+        self.synchronize_within(wait_limit(), "waiting for a GPU stream")
     }
 
     /// [`synchronize`](Self::synchronize), bounded: waits at most `limit`
