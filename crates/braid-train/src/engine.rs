@@ -352,6 +352,15 @@ pub trait Engine {
         None
     }
 
+    /// The parameters, while they wait in host memory for a ZeRO-3
+    /// strategy to upload its shard of them (an engine built for
+    /// sharding): [`params`](Self::params) is empty meanwhile, no pass
+    /// runs, and ranks compare these instead of broadcasting. `None` by
+    /// default.
+    fn pending_params(&self) -> Option<&[f32]> {
+        None
+    }
+
     /// A zeroed gradient buffer the size of the parameters.
     fn new_grads(&self) -> Result<Flat<Self>>;
 

@@ -66,7 +66,7 @@
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
-use crate::ddp::mean_over;
+use crate::ddp::{agree, mean_over};
 use crate::engine::{Engine, Flat, ParamUnits, ShardedBytes, StateBytes, UpdateStep};
 use crate::memory_phase::{self, Phase};
 use crate::space::Space;
@@ -97,6 +97,8 @@ pub struct Zero3<C: Collective> {
     /// Gather in bf16 the blocks the engine takes so, where the
     /// collectives can.
     half_gathers: bool,
+    /// [`Zero3::with_final_gather`].
+    final_gather: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -245,6 +247,7 @@ impl<C: Collective> Zero3<C> {
             reshard_after_forward,
             saved_in_grads: false,
             half_gathers: true,
+            final_gather: true,
             state: None,
             last: CommStep::default(),
         })
@@ -280,6 +283,15 @@ impl<C: Collective> Zero3<C> {
     /// [`Strategy::start`].
     pub fn with_half_gathers(mut self, on: bool) -> Self {
         self.half_gathers = on;
+        self
+    }
+
+    /// Whether [`Strategy::finish`] gathers the whole parameters back
+    /// into the engine (on by default: for a run that saves its model);
+    /// without it the run ends with the shards (a GPU never holds the
+    /// whole model).
+    pub fn with_final_gather(mut self, on: bool) -> Self {
+        self.final_gather = on;
         self
     }
 
@@ -780,7 +792,24 @@ where
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
         let name = self.label();
-        let len = replicate_sharded(&self.comm, engine, name)?;
+        let len = match engine.pending_params() {
+            // Built for sharding: the parameters wait in host memory; the
+            // ranks compare them, and each uploads only its shard.
+            Some(_) if !self.params_sharded() => {
+                return Err(format!(
+                    "{name} keeps whole parameters in the engine: build it with them on the \
+                     device, not for sharding"
+                ))
+            }
+            Some(host) => {
+                agree::same_description(self.comm.host(), &engine.describe())?;
+                let when = "at the start (each rank's parameters come from its own \
+                            initialisation or --load: give every rank the same --seed and file)";
+                agree::same_checksum(self.comm.host(), agree::checksum(host), when)?;
+                host.len()
+            }
+            None => replicate_sharded(&self.comm, engine, name)?,
+        };
         let units = engine.param_units().map_err(|e| format!("{name}: {e}"))?;
         units
             .check(len, engine.unit_count())
@@ -951,6 +980,10 @@ where
     fn finish(&mut self, engine: &mut E) -> Result<()> {
         if !self.params_sharded() {
             // Stage 2: the engine holds the whole parameters throughout.
+            return Ok(());
+        }
+        if !self.final_gather {
+            // Nothing reads the whole parameters after the run.
             return Ok(());
         }
         // Training is over: make room for the whole parameters (on a GPU

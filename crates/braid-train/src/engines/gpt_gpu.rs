@@ -128,6 +128,11 @@ pub struct GpuGpt {
     p: DeviceBuffer<f32>,
     /// The optimizer and master weights in host memory, if offloaded.
     offload: Option<Offload>,
+    /// Built for ZeRO-3 ([`GpuGpt::for_sharding`]): the parameters in host
+    /// memory until [`Engine::shard_params`] uploads this rank's shard of
+    /// them (`p` is empty meanwhile), so that the whole model is never on
+    /// the GPU.
+    pending: Option<Vec<f32>>,
     m: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
     adam: AdamWConfig,
@@ -189,6 +194,16 @@ struct BiasCarry {
     for_layer: Option<usize>,
 }
 
+/// Where an engine's f32 master weights live.
+enum Master {
+    /// On the GPU, uploaded whole at the start.
+    OnGpu,
+    /// In host memory with the optimizer (offloaded).
+    Offloaded(Vec<f32>),
+    /// In host memory until the strategy uploads its shard (ZeRO-3).
+    Pending(Vec<f32>),
+}
+
 impl GpuGpt {
     /// An engine on `device` starting from `params`, for batches of
     /// `(b, t)`, with AdamW's decoupled `weight_decay`; `options` (bf16
@@ -208,7 +223,40 @@ impl GpuGpt {
             precision,
             options,
             weight_decay,
-            None,
+            Master::OnGpu,
+        )
+    }
+
+    /// [`new`](Self::new) for ZeRO-3: the parameters stay in host memory
+    /// (taken from `params.data` without a copy, leaving it empty) until
+    /// the strategy shards them, and the GPU receives only this rank's
+    /// shard ([`Engine::shard_params`]). Until then the engine runs no
+    /// pass; its ranks compare the parameters' checksums instead of
+    /// broadcasting them ([`Engine::pending_params`]).
+    pub fn for_sharding(
+        device: &Device,
+        params: &mut Params,
+        shape: (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        if precision == Precision::Bf16 && !options.streamed_weights {
+            return Err(
+                "ZeRO-3 on the GPU casts each gathered layer to bf16 as it runs: build the bf16 \
+                 engine with streamed weights (MixedOptions::streamed_weights)"
+                    .into(),
+            );
+        }
+        let host = std::mem::take(&mut params.data);
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            Master::Pending(host),
         )
     }
 
@@ -237,12 +285,12 @@ impl GpuGpt {
             precision,
             options,
             weight_decay,
-            Some(master),
+            Master::Offloaded(master),
         )
     }
 
-    /// The engine; `master`: the master weights, kept in host memory with
-    /// the optimizer (`params.data` is not read then).
+    /// The engine, its master weights where `master` says (`params.data`
+    /// is not read unless they go on the GPU).
     fn build(
         device: &Device,
         params: &Params,
@@ -250,8 +298,13 @@ impl GpuGpt {
         precision: Precision,
         options: MixedOptions,
         weight_decay: f32,
-        master: Option<Vec<f32>>,
+        master: Master,
     ) -> Result<GpuGpt> {
+        let (master, pending) = match master {
+            Master::OnGpu => (None, None),
+            Master::Offloaded(m) => (Some(m), None),
+            Master::Pending(h) => (None, Some(h)),
+        };
         let offload = master.is_some();
         if offload && options.streamed_weights {
             return Err(
@@ -271,7 +324,10 @@ impl GpuGpt {
             weight_decay,
             ..Default::default()
         };
-        let data = master.as_deref().unwrap_or(&params.data);
+        let data = master
+            .as_deref()
+            .or(pending.as_deref())
+            .unwrap_or(&params.data);
         if data.len() != layout.len {
             return Err(format!(
                 "{} parameter values for a model of {}",
@@ -281,6 +337,8 @@ impl GpuGpt {
         }
         let side = (offload && precision == Precision::Bf16).then(|| SideMap::for_mixed(&layout));
         let p = match &side {
+            // This rank's shard comes up when the strategy shards.
+            None if pending.is_some() => DeviceBuffer::zeros(device, 0).map_err(e)?,
             None => DeviceBuffer::from_host(device, data).map_err(e)?,
             Some(map) => {
                 let mut packed = vec![0f32; map.len()];
@@ -361,6 +419,7 @@ impl GpuGpt {
             mk,
             p,
             offload,
+            pending,
             adam,
             b,
             t,
@@ -400,7 +459,7 @@ impl GpuGpt {
     /// Copies the trained (f32 master) parameters into `params`.
     pub fn copy_params_to(&self, params: &mut Params) -> Result<()> {
         params.data.resize(self.layout.len, 0.0);
-        match self.host_master() {
+        match self.host_master().or(self.pending.as_deref()) {
             Some(master) => {
                 params.data.copy_from_slice(master);
                 Ok(())
@@ -524,6 +583,12 @@ impl GpuGpt {
     /// Refuses `what` once the parameters are sharded (ZeRO-3 runs the
     /// unit passes instead).
     fn whole(&self, what: &str) -> Result<()> {
+        if self.pending.is_some() {
+            return Err(format!(
+                "{what}: the engine was built for ZeRO-3 (GpuGpt::for_sharding) and its \
+                 parameters wait in host memory for the strategy to shard them"
+            ));
+        }
         match self.sharded {
             false => Ok(()),
             true => Err(format!(
@@ -818,6 +883,10 @@ impl Engine for GpuGpt {
 
     fn host_params(&self) -> Option<&[f32]> {
         self.host_master()
+    }
+
+    fn pending_params(&self) -> Option<&[f32]> {
+        self.pending.as_deref()
     }
 
     fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
@@ -1160,7 +1229,9 @@ impl Engine for GpuGpt {
     }
 
     fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<DeviceBuffer<f32>> {
-        self.whole("shard_params")?;
+        if self.sharded {
+            return Err("shard_params: the parameters are sharded already".into());
+        }
         if self.offload.is_some() {
             return Err(
                 "ZeRO-3 with an optimizer offloaded to host memory is not built (the master \
@@ -1186,16 +1257,28 @@ impl Engine for GpuGpt {
         self.shard_optimizer(shard)?;
         let len = self.state_len();
         let mut master = DeviceBuffer::zeros(self.p.device(), len).map_err(e)?;
-        let s = self.compute_stream();
-        for (r, at, _) in &self.shard {
-            copy_async(
-                &mut master.view_mut(*at..at + r.len()),
-                &self.p.view(r.clone()),
-                s,
-            )
-            .map_err(e)?;
+        match self.pending.take() {
+            // Only this rank's shard comes up from host memory.
+            Some(host) => {
+                for (r, at, _) in &self.shard {
+                    master
+                        .copy_range_from_host(*at..at + r.len(), &host[r.clone()])
+                        .map_err(e)?;
+                }
+            }
+            None => {
+                let s = self.compute_stream();
+                for (r, at, _) in &self.shard {
+                    copy_async(
+                        &mut master.view_mut(*at..at + r.len()),
+                        &self.p.view(r.clone()),
+                        s,
+                    )
+                    .map_err(e)?;
+                }
+                s.synchronize().map_err(e)?;
+            }
         }
-        s.synchronize().map_err(e)?;
         self.start_bias_carry()?;
         self.p = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
         self.sharded = true;

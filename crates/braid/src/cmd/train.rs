@@ -444,6 +444,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
         offload,
         accum: a.accum,
+        saves: a.save.is_some(),
     };
     // Both arms give the parameters in the layout the run trains on.
     let (mut params, saved_tok) = match &a.load {
@@ -537,6 +538,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         keep_params: a.no_reshard_after_forward,
         saved_in_grads: false,
         half_gathers: true,
+        final_gather: a.save.is_some(),
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
@@ -734,7 +736,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         };
         let shape = (batch, a.seq);
         let started = Instant::now();
+        // ZeRO-3 uploads only each rank's shard: the whole model never
+        // sits on one GPU (the parameters wait in host memory until then).
+        let sharded_start = zero == Some(3) && !offload;
         let mut engine = match offload {
+            false if sharded_start => {
+                GpuGpt::for_sharding(&dev, &mut params, shape, precision, options, a.weight_decay)?
+            }
             false => GpuGpt::new(&dev, &params, shape, precision, options, a.weight_decay)?,
             // The master weights move into the engine (host memory holds
             // them once).

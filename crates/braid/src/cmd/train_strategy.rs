@@ -96,6 +96,9 @@ pub struct ShardChoice {
     /// Stage 3: gather in bf16 the blocks the engine takes so, where the
     /// collectives can (the pre-flight's choice on a GPU).
     pub half_gathers: bool,
+    /// Stage 3: gather the whole parameters back at the end (for
+    /// `--save`).
+    pub final_gather: bool,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -117,12 +120,14 @@ where
         keep_params,
         saved_in_grads,
         half_gathers,
+        final_gather,
     } = choice;
     Ok(match stage {
         Some(3) => Box::new(
             Zero3::new(comm, shard_group, !keep_params)?
                 .with_saved_in_grads(saved_in_grads)
-                .with_half_gathers(half_gathers),
+                .with_half_gathers(half_gathers)
+                .with_final_gather(final_gather),
         ),
         // Stage 2 writes gradients block by block (no whole buffer).
         Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),
