@@ -367,9 +367,6 @@ pub struct GpuRun {
     /// Stage 3 in bf16: the layers are gathered in bf16 and read as such
     /// (no layer cast, [`stage3_unit_bytes`]).
     pub half_gathers: bool,
-    /// Stage 3: the run gathers the whole model back at its end (to save
-    /// it). Its start uploads only the rank's shard either way.
-    pub gathers_at_end: bool,
 }
 
 /// Bytes of the bf16 engine's saved activations that live in gradient
@@ -591,31 +588,15 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         true => gpu_mixed_activation_bytes(cfg, run) + cast,
         false => 4 * cpu_activation_elements(cfg, b, t, false),
     };
-    // When a ZeRO-3 run ends, no saved activation holds memory of its own
-    // (they give it back before the gather).
-    let ending_acts = match mixed && stage3 && run.saved_in_grads {
-        true => acts.saturating_sub(saved_wants(cfg, run).iter().map(|w| w.bytes as u128).sum()),
-        false => acts,
-    };
     let mut parts = vec![
         Part {
             name: "parameters",
             bytes: match (offload, mixed) {
                 (true, true) => 4 * side_params(cfg),
-                // The shard's master weights. A rank uploads only its
-                // shard at the start; when the run ends to save its model
-                // it gathers the whole model instead of the gradient
-                // shard, the moments and the gathered units it holds
-                // while training, with the activations each holds:
-                // whichever is more counts.
-                _ if stage3 => {
-                    let training = sharding.shard(12 * params) + units + acts - lent;
-                    let end = match run.gathers_at_end {
-                        true => 4 * params + ending_acts,
-                        false => 0,
-                    };
-                    sharding.shard(4 * params) + end.saturating_sub(training)
-                }
+                // The shard's master weights: a rank uploads only its
+                // shard at the start, and gathers the model back at the
+                // end block by block into host memory (to save it).
+                _ if stage3 => sharding.shard(4 * params),
                 _ => 4 * params,
             },
         },
@@ -724,7 +705,7 @@ mod tests {
     }
 
     #[test]
-    fn gpu_stage_3_counts_the_shard_and_the_whole_model_at_a_saving_end() {
+    fn gpu_stage_3_counts_the_shard_never_the_whole_model() {
         let cfg = GptConfig::parse("1558M").unwrap();
         let p = cfg.num_params() as u128;
         let run = |ranks| GpuRun {
@@ -741,7 +722,6 @@ mod tests {
             offload: false,
             saved_in_grads: false,
             half_gathers: false,
-            gathers_at_end: true,
         };
         let plain = GpuRun {
             sharding: Sharding::NONE,
@@ -759,49 +739,31 @@ mod tests {
         let emb = 4 * (v + t) * c;
         let layer = 4 * (12 * c * c + 13 * c);
         let units = 4 * stage3_unit_elements(&cfg) - emb - layer;
-        let training_of = |n: u128| 2 * (4 * p).div_ceil(n) + (8 * p).div_ceil(n) + units;
+        // Training holds 16Ψ/N and the units (within the rounding of the
+        // shards); the start uploads only the shard and the end gathers
+        // block by block into host memory, so nothing more counts, at any
+        // number of ranks.
         for n in [1u128, 2, 8] {
             let f = gpu_training(&cfg, &run(n as usize));
-            // Training holds 16Ψ/N and the units; ending to save, the
-            // whole model beside the master shard: the larger counts
-            // (within the rounding of the shards).
-            let training = training_of(n);
-            let ends = (4 * p).div_ceil(n) + 4 * p;
+            let training = 2 * (4 * p).div_ceil(n) + (8 * p).div_ceil(n) + units;
             let got = f.total() - others;
-            assert!(got.abs_diff(training.max(ends)) <= 1, "N = {n}: {got}");
+            assert!(
+                got.abs_diff(training) <= 1,
+                "N = {n}: {got} against {training}"
+            );
         }
-        // One rank: training is the larger; eight: the ends are.
-        let (one, eight) = (gpu_training(&cfg, &run(1)), gpu_training(&cfg, &run(8)));
-        assert!(one.total() - others > 16 * p && eight.total() - others > 4 * p);
-        // With the saved activations lent to the gradient shard, they hold
-        // no memory of their own while the run starts or ends: at eight
-        // ranks the ends hold all of them less than apart, and the larger
-        // of that and training counts.
+        // The saved activations lent to the gradient shard hold no memory
+        // of their own.
         let lending = GpuRun {
             saved_in_grads: true,
             ..run(8)
         };
-        let saved: u128 = saved_wants(&cfg, &lending)
-            .iter()
-            .map(|w| w.bytes as u128)
-            .sum();
-        let on = gpu_training(&cfg, &lending);
-        assert!(saved > 0 && gpu_saved_in_grads(&cfg, &lending) > 0);
-        let training = on.total() - on.part("parameters") + (4 * p).div_ceil(8);
-        let ends = eight.total() - saved;
-        assert!(on.total().abs_diff(training.max(ends)) <= 1);
-        assert!(on.total() < eight.total());
-        // A run that does not save never holds the whole model: its start
-        // uploads only the shard, and its end gathers nothing.
-        let unsaved = gpu_training(
-            &cfg,
-            &GpuRun {
-                gathers_at_end: false,
-                ..run(8)
-            },
+        let lent = gpu_saved_in_grads(&cfg, &lending);
+        assert!(lent > 0);
+        assert_eq!(
+            gpu_training(&cfg, &lending).total() + lent,
+            gpu_training(&cfg, &run(8)).total()
         );
-        assert_eq!(unsaved.total() - others, training_of(8));
-        assert!(unsaved.total() < eight.total());
     }
 
     #[test]

@@ -473,9 +473,11 @@ pub trait Engine {
         Err("this engine cannot shard its parameters".into())
     }
 
-    /// Takes whole parameters back (`full`, the flat buffer), after
-    /// [`shard_params`](Self::shard_params): the engine runs as before.
-    fn unshard_params(&mut self, full: Flat<Self>) -> Result<()> {
+    /// Takes whole parameters back (`full`, the flat parameters in host
+    /// memory), after [`shard_params`](Self::shard_params): the engine's
+    /// parameters are whole again (a GPU engine keeps them in host memory,
+    /// to be saved, and runs no further pass).
+    fn unshard_params(&mut self, full: Vec<f32>) -> Result<()> {
         let _ = full;
         Err("this engine cannot shard its parameters".into())
     }

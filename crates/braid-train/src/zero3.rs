@@ -986,6 +986,7 @@ where
             // Nothing reads the whole parameters after the run.
             return Ok(());
         }
+        let lead = self.comm.rank() == 0;
         // Training is over: make room for the whole parameters (on a GPU
         // they would not fit beside everything else) — the gathered
         // blocks, the spares, the gradient shard, the optimizer's state.
@@ -1006,18 +1007,33 @@ where
         st.lent = 0;
         st.grads = group.zeros(0)?;
         let len = st.units.blocks.last().map_or(0, |b| b.end);
-        let mut full = group.zeros(len)?;
-        // Every block from every rank's master shard into its place.
+        // Block by block, every rank's master shard gathered into one
+        // block's buffer, and from it into host memory: rank 0, which
+        // saves, keeps the whole model there; no device holds it.
+        let mut full = vec![0f32; if lead { len } else { 0 }];
+        let biggest = st.units.blocks.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut block = group.zeros(biggest)?;
         for (b, r) in st.units.blocks.iter().enumerate() {
             let mut gather = [GatherPart {
                 from: st.slots[b].clone(),
-                into: &mut full,
-                at: r.start,
+                into: &mut block,
+                at: 0,
                 half: false,
             }];
             group.shard_exchange(&st.master, &mut gather, &mut st.grads, &mut [], &mut || {
                 Ok(())
             })?;
+            if lead {
+                <C::Space as Space>::read_ranges_into(
+                    &block,
+                    std::slice::from_ref(&(0..r.len())),
+                    &mut full[r.clone()],
+                )?;
+            }
+        }
+        if !lead {
+            // Only rank 0 saves the model.
+            return Ok(());
         }
         engine
             .unshard_params(full)

@@ -130,8 +130,8 @@ pub struct GpuGpt {
     offload: Option<Offload>,
     /// Built for ZeRO-3 ([`GpuGpt::for_sharding`]): the parameters in host
     /// memory until [`Engine::shard_params`] uploads this rank's shard of
-    /// them (`p` is empty meanwhile), so that the whole model is never on
-    /// the GPU.
+    /// them, and again after [`Engine::unshard_params`] (`p` is empty
+    /// meanwhile), so that the whole model is never on the GPU.
     pending: Option<Vec<f32>>,
     m: DeviceBuffer<f32>,
     v: DeviceBuffer<f32>,
@@ -469,16 +469,18 @@ impl GpuGpt {
     }
 
     /// Hands the trained (f32 master) parameters to `params`, ending the
-    /// engine: an offloaded optimizer's master weights move over without
-    /// a copy, after the engine's other memory is freed.
-    pub fn into_params(self, params: &mut Params) -> Result<()> {
-        match self.offload {
-            Some(o) => {
-                params.data = o.into_master();
-                Ok(())
-            }
-            None => self.copy_params_to(params),
+    /// engine: master weights in host memory (an offloaded optimizer's,
+    /// or ZeRO-3's gathered at its end) move over without a copy.
+    pub fn into_params(mut self, params: &mut Params) -> Result<()> {
+        if let Some(o) = self.offload.take() {
+            params.data = o.into_master();
+            return Ok(());
         }
+        if let Some(host) = self.pending.take() {
+            params.data = host;
+            return Ok(());
+        }
+        self.copy_params_to(params)
     }
 
     /// The master weights in host memory, when the optimizer is offloaded.
@@ -585,8 +587,8 @@ impl GpuGpt {
     fn whole(&self, what: &str) -> Result<()> {
         if self.pending.is_some() {
             return Err(format!(
-                "{what}: the engine was built for ZeRO-3 (GpuGpt::for_sharding) and its \
-                 parameters wait in host memory for the strategy to shard them"
+                "{what}: the engine's parameters are in host memory, before ZeRO-3 shards \
+                 them (GpuGpt::for_sharding) or after it gathered them back to be saved"
             ));
         }
         match self.sharded {
@@ -1285,7 +1287,7 @@ impl Engine for GpuGpt {
         Ok(master)
     }
 
-    fn unshard_params(&mut self, full: DeviceBuffer<f32>) -> Result<()> {
+    fn unshard_params(&mut self, full: Vec<f32>) -> Result<()> {
         self.in_units("unshard_params")?;
         if full.len() != self.layout.len {
             return Err(format!(
@@ -1294,7 +1296,8 @@ impl Engine for GpuGpt {
                 self.layout.len
             ));
         }
-        self.p = full;
+        // The whole model stays in host memory: it is there to be saved.
+        self.pending = Some(full);
         self.sharded = false;
         Ok(())
     }

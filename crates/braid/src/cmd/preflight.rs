@@ -26,9 +26,6 @@ pub struct Shape<'a> {
     pub offload: bool,
     /// `--accum`: micro-batches per step.
     pub accum: usize,
-    /// `--save`: the model is saved at the end (ZeRO-3 gathers it whole
-    /// for that).
-    pub saves: bool,
 }
 
 impl Shape<'_> {
@@ -356,7 +353,6 @@ pub fn device(
             offload,
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
             half_gathers: half_gathers && sharding.stage == 3,
-            gathers_at_end: a.saves,
         };
         gpu_training(cfg, &run)
     };

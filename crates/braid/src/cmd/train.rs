@@ -444,7 +444,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
         offload,
         accum: a.accum,
-        saves: a.save.is_some(),
     };
     // Both arms give the parameters in the layout the run trains on.
     let (mut params, saved_tok) = match &a.load {
