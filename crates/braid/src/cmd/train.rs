@@ -750,7 +750,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
         };
         if lead {
-            slow_note("model copied to the GPU", started, cfg.num_params());
+            let what = match sharded_start {
+                // Each rank's shard goes up when the strategy starts.
+                true => "engine built (the parameters wait in host memory for their shards)",
+                false => "model copied to the GPU",
+            };
+            slow_note(what, started, cfg.num_params());
         }
         if !offload {
             // The engine holds the parameters now; a --save makes the host
