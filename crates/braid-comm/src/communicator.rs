@@ -174,12 +174,25 @@ impl Inner {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let deadline = Instant::now() + self.options.timeout.min(DEPARTURES_WAIT);
         loop {
-            match self.store.check(&keys) {
-                Ok(present) if present.iter().all(|&p| p) => return,
-                Ok(_) => {}
+            let missing: Vec<usize> = match self.store.check(&keys) {
+                Ok(present) => (0..self.size)
+                    .filter(|&r| r != self.rank)
+                    .zip(present)
+                    .filter_map(|(r, there)| (!there).then_some(r))
+                    .collect(),
                 Err(_) => return,
+            };
+            if missing.is_empty() || self.health.is_aborted() {
+                return;
             }
-            if self.health.is_aborted() || Instant::now() >= deadline {
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "braid: rank {}: leaving without rank(s) {missing:?} having left the \
+                     communicator after {:?} (the store this rank serves closes now; they may \
+                     report it gone)",
+                    self.rank,
+                    self.options.timeout.min(DEPARTURES_WAIT)
+                );
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -66,7 +66,7 @@
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
-use crate::ddp::{agree, mean_over};
+use crate::ddp::mean_over;
 use crate::engine::{Engine, Flat, ParamUnits, ShardedBytes, StateBytes, UpdateStep};
 use crate::memory_phase::{self, Phase};
 use crate::space::Space;
@@ -792,24 +792,15 @@ where
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
         let name = self.label();
-        let len = match engine.pending_params() {
-            // Built for sharding: the parameters wait in host memory; the
-            // ranks compare them, and each uploads only its shard.
-            Some(_) if !self.params_sharded() => {
-                return Err(format!(
-                    "{name} keeps whole parameters in the engine: build it with them on the \
-                     device, not for sharding"
-                ))
-            }
-            Some(host) => {
-                agree::same_description(self.comm.host(), &engine.describe())?;
-                let when = "at the start (each rank's parameters come from its own \
-                            initialisation or --load: give every rank the same --seed and file)";
-                agree::same_checksum(self.comm.host(), agree::checksum(host), when)?;
-                host.len()
-            }
-            None => replicate_sharded(&self.comm, engine, name)?,
-        };
+        if engine.pending_params().is_some() && !self.params_sharded() {
+            return Err(format!(
+                "{name} keeps whole parameters in the engine: build it with them on the \
+                 device, not for sharding"
+            ));
+        }
+        // An engine built for sharding has its parameters in host memory:
+        // the ranks compare them, and each uploads only its shard.
+        let len = replicate_sharded(&self.comm, engine, name)?;
         let units = engine.param_units().map_err(|e| format!("{name}: {e}"))?;
         units
             .check(len, engine.unit_count())

@@ -66,16 +66,21 @@ pub struct DataParallel<C: Collective> {
 /// Makes every rank's engine start from rank 0's parameters, after
 /// checking that the engines describe the same model; then compares
 /// checksums. Parameters held in host memory
-/// ([`Engine::host_params`]: an offloaded optimizer's master weights) are
-/// compared only: every rank built them from the same seed or checkpoint.
+/// ([`Engine::host_params`]: an offloaded optimizer's master weights;
+/// [`Engine::pending_params`]: an engine's waiting for ZeRO-3 to shard
+/// them) are compared only: every rank built them from the same seed or
+/// checkpoint.
 /// Returns the number of parameters.
 pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
     comm: &C,
     engine: &mut E,
 ) -> Result<usize> {
     agree::same_description(comm.host(), &engine.describe())?;
-    if let Some(host) = engine.host_params() {
-        let when = "at the start (each rank's offloaded master weights come from its own \
+    // Parameters in host memory (an offloaded optimizer's master weights,
+    // or an engine's waiting for ZeRO-3 to shard them) are compared, not
+    // broadcast.
+    if let Some(host) = engine.host_params().or_else(|| engine.pending_params()) {
+        let when = "at the start (each rank's parameters in host memory come from its own \
                     initialisation or --load: give every rank the same --seed and file)";
         agree::same_checksum(comm.host(), agree::checksum(host), when)?;
         return Ok(host.len());

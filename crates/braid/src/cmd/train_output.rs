@@ -2,6 +2,7 @@
 //! the end-of-run summary (time breakdown, communication, GPU figures)
 //! and the JSON record of every step.
 
+use braid_model::footprint::gib;
 use braid_model::GptConfig;
 use braid_train::engines::Precision;
 use braid_train::memory_phase::{self, Phase};
@@ -138,17 +139,13 @@ fn memory_parts_line(run: &RunReport, n_layer: usize) -> Option<String> {
     let named: Vec<String> = parts
         .iter()
         .take(PARTS_NAMED)
-        .map(|(p, bytes)| format!("{} {:.2} GiB", p.name(n_layer), gib(*bytes)))
+        .map(|(p, bytes)| format!("{} {:.2} GiB", p.name(n_layer), gib(*bytes as u128)))
         .collect();
     Some(format!(
         "device memory: peak reached in {}; the last step's fullest parts: {}",
         peak.name(n_layer),
         named.join(", ")
     ))
-}
-
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
 }
 
 /// Prints the model state this rank held beside ZeRO's formula for
