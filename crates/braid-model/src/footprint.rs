@@ -311,8 +311,9 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     let residual = 4 * nc * (l + 1);
     let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
-    // ln, qkv, gelu, dgelu, dresid (f32), dresid_bf, dln, datty.
-    let scratch = 2 * nc + 6 * nc + 8 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc + 2 * nc;
+    // ln, the wide scratch (qkv or GELU or their gradients, with datty),
+    // dresid (f32), dresid_bf, dln.
+    let scratch = 2 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc;
     let (nn, cc) = (n as usize, c as usize);
     let partial = MixedKernels::partial_len(nn, 4 * cc, 1)
         .max(MixedKernels::partial_len(nn, cc, 3))
@@ -475,17 +476,8 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
         });
     }
     // The layers' shared scratch (the embeddings' backward pass reads
-    // dresid): gelu, dgelu, qkv, dresid, ln, dresid_bf, dln, datty.
-    let scratch = [
-        8 * nc,
-        8 * nc,
-        6 * nc,
-        4 * nc,
-        2 * nc,
-        2 * nc,
-        2 * nc,
-        2 * nc,
-    ];
+    // dresid): the wide scratch, dresid, ln, dresid_bf, dln.
+    let scratch = [8 * nc, 4 * nc, 2 * nc, 2 * nc, 2 * nc];
     wants.extend(scratch.map(|bytes| Want {
         bytes,
         last_read: l + 1,

@@ -10,6 +10,7 @@ use crate::cpu;
 use crate::rng::Rng;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::memory::copy_async;
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, DevicePool, Result, Stream};
 use half::bf16;
 
@@ -161,6 +162,30 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
             .max(rel_err(&gdb.to_vec()?, &cdb))
             .max(rel_err(&down_bf(&regelu)?, &cg)),
         BF16_OUT,
+    ));
+    // The recomputed GELU written over the pre-activation: the same bits.
+    let mut over = up_bf(device, &dh)?;
+    let mut over_db = DeviceBuffer::<f32>::zeros(device, 4 * c)?;
+    let mut over_pre = DeviceBuffer::<bf16>::zeros(device, h.len())?;
+    copy_async(&mut over_pre, &gpre, &s)?;
+    mk.gelu_backward_bias_over_pre(
+        &s,
+        &mut over,
+        &mut over_pre,
+        &mut over_db,
+        &mut partial,
+        n,
+        4 * c,
+    )?;
+    s.synchronize()?;
+    let same = over.to_vec()? == gdh.to_vec()?
+        && over_pre.to_vec()? == regelu.to_vec()?
+        && over_db.to_vec()? == gdb.to_vec()?;
+    out.push(check(
+        "gelu_backward, gelu over the pre-activation (bit-exact)",
+        format!("N={n} C={}", 4 * c),
+        if same { 0.0 } else { 1.0 },
+        0.0,
     ));
 
     // Mixed products: bf16 inputs, f32 and bf16 results, transposes and a

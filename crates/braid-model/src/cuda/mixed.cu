@@ -865,8 +865,11 @@ extern "C" __global__ void bias_partial_bf8(float* __restrict__ partial, const b
 // threads, each thread 8 columns (one 16-byte word), each row lane taking
 // every 8th row of the chunk in order; partial[chunk][col] sums the 8
 // lanes in order.
-extern "C" __global__ void gelu_backward_bias_bf(bf8* __restrict__ dx, const bf8* __restrict__ pre,
-                                                 float* __restrict__ partial, bf8* __restrict__ out,
+// `out` may be `pre` itself (the GELU written over the pre-activation it
+// came from, read here for the last time): each element is read before the
+// thread writes it, so neither is `__restrict__`.
+extern "C" __global__ void gelu_backward_bias_bf(bf8* __restrict__ dx, const bf8* pre,
+                                                 float* __restrict__ partial, bf8* out,
                                                  int N, int C, int rpb) {
     __shared__ float red[8][256];
     int tc = threadIdx.x % 32, rl = threadIdx.x / 32;

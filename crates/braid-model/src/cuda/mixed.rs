@@ -638,6 +638,42 @@ impl MixedKernels {
             }
             None => 0,
         };
+        self.gelu_backward_launch(s, dx.dptr(), pre.dptr(), out, dbias, partial, n, c)
+    }
+
+    /// As [`gelu_backward_bias`](Self::gelu_backward_bias) with the
+    /// recomputed activation written over `pre` (whose pre-activation is
+    /// not needed after this): the same bits, in no memory of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gelu_backward_bias_over_pre(
+        &self,
+        s: &Stream,
+        dx: &mut impl DeviceMem<bf16>,
+        pre: &mut impl DeviceMem<bf16>,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("gelu backward", dx.dlen().min(pre.dlen()), n * c)?;
+        self.gelu_backward_launch(s, dx.dptr(), pre.dptr(), pre.dptr(), dbias, partial, n, c)
+    }
+
+    /// The GELU backward kernel over `n` rows of `c` at device addresses
+    /// `dx`, `pre` and `out` (0: no activation written; it may be `pre`),
+    /// then the bias gradient's column sums.
+    #[allow(clippy::too_many_arguments)]
+    fn gelu_backward_launch(
+        &self,
+        s: &Stream,
+        dx: u64,
+        pre: u64,
+        out: u64,
+        dbias: &mut impl DeviceMem<f32>,
+        partial: &mut impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
         need("gelu backward bias grad", dbias.dlen(), c)?;
         if c % 8 != 0 {
             return Err(CudaError::Invalid(format!(
@@ -648,8 +684,8 @@ impl MixedKernels {
         let grid_rows = grid_y("gelu backward", chunks, GELU_ROWS_PER_BLOCK)?;
         need("gelu backward partials", partial.dlen(), chunks * c)?;
         let args = vec![
-            A::P(dx.dptr()),
-            A::P(pre.dptr()),
+            A::P(dx),
+            A::P(pre),
             A::P(partial.dptr()),
             A::P(out),
             A::I(n as i32),

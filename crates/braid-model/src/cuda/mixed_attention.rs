@@ -309,7 +309,7 @@ pub fn restore(
     k: &MixedKernels,
     st: &Stream,
     saved: &mut AttnSaved,
-    unbiased: Option<(&DeviceBuffer<bf16>, &impl DeviceMem<f32>)>,
+    unbiased: Option<(&impl DeviceMem<bf16>, &impl DeviceMem<f32>)>,
     kept: &DeviceBuffer<f32>,
     s: AttnShape,
 ) -> Result<()> {

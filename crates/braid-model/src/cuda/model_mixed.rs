@@ -372,6 +372,24 @@ struct DeferredDy {
     qkv: DeviceBuffer<bf16>,
 }
 
+/// Where the wide scratch ([`GpuGptMixed`]'s `wide`, `b·t × 4·width`)
+/// holds its two parts that live at once in the attention's backward pass:
+/// the attention's input gradient (or, in the forward pass, the unbiased
+/// qkv product) and its output gradient.
+struct Wide;
+
+impl Wide {
+    /// The qkv product or its gradient: `n × 3c`, first.
+    fn qkv(n: usize, c: usize) -> Range<usize> {
+        0..n * 3 * c
+    }
+
+    /// The attention's output gradient: `n × c`, last.
+    fn datty(n: usize, c: usize) -> Range<usize> {
+        n * 3 * c..n * 4 * c
+    }
+}
+
 /// Address and length of a device vector (a bias for [`Product::fused`]).
 fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
     (v.dptr(), v.dlen())
@@ -446,15 +464,17 @@ pub struct GpuGptMixed {
     /// it feeds, recomputed by the backward pass for that product's
     /// weight gradient.
     ln: DeviceBuffer<bf16>,
-    qkv: DeviceBuffer<bf16>,
-    /// The MLP's GELU: written by the forward pass for the output
-    /// projection, recomputed by the backward pass for its weights.
-    gelu: DeviceBuffer<bf16>,
-    dgelu: DeviceBuffer<bf16>,
+    /// The wide scratch (`b·t × 4·width` bf16), holding one thing at a
+    /// time. Forward: the qkv product where the attention does not take
+    /// it into its saved state (the first `b·t × 3·width`), then the
+    /// MLP's GELU, the output projection's input. Backward: the GELU's
+    /// input gradient (made the pre-activation's in place), then the
+    /// attention's output gradient (the last `b·t × width`) and its input
+    /// gradient dqkv (the first `b·t × 3·width`). See [`Wide`].
+    wide: DeviceBuffer<bf16>,
     dresid: DeviceBuffer<f32>,
     dresid_bf: DeviceBuffer<bf16>,
     dln: DeviceBuffer<bf16>,
-    datty: DeviceBuffer<bf16>,
     partial: DeviceBuffer<f32>,
     /// Layers `0..deferred.len()` defer their weight gradients.
     deferred: Vec<DeferredDy>,
@@ -581,13 +601,10 @@ impl GpuGptMixed {
             batch: DeviceBatch::new(device, n, v)?,
             attn: AttnShared::new(p, s, shape, path, options.stored_score_grads)?,
             ln: p.zeros(n * c, s)?,
-            qkv: p.zeros(n * 3 * c, s)?,
-            gelu: p.zeros(n * 4 * c, s)?,
-            dgelu: p.zeros(n * 4 * c, s)?,
+            wide: p.zeros(n * 4 * c, s)?,
             dresid: p.zeros(n * c, s)?,
             dresid_bf: p.zeros(n * c, s)?,
             dln: p.zeros(n * c, s)?,
-            datty: p.zeros(n * c, s)?,
             partial: p.zeros(partial_len, s)?,
             deferred: Vec::new(),
             backward_sms: std::env::var("BRAID_BACKWARD_SM_TARGET")
@@ -982,23 +999,23 @@ impl GpuGptMixed {
                 AttnSaved::Batched { .. } => false,
             };
             if !into_saved {
-                qkv_product.plain(blas, s, Mat::of(&self.qkv, 3 * c), 0.0)?;
+                let raw = self.wide.view(Wide::qkv(n, c));
+                qkv_product.plain(blas, s, Mat::of(&raw, 3 * c), 0.0)?;
             }
             prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
             let qkv_b = p.view(r.qkv_b.clone())?;
             match (pass, kept_lse.as_mut()) {
                 (Pass::Recompute, Some(kept)) => {
-                    let unbiased = (!into_saved).then_some((&self.qkv, &qkv_b));
+                    let raw = self.wide.view(Wide::qkv(n, c));
+                    let unbiased = (!into_saved).then_some((&raw, &qkv_b));
                     attention::restore(mk, s, attn, unbiased, kept, shape)?;
                 }
                 _ => {
                     if into_saved {
                         attention::forward_prebiased(mk, s, atty, attn, shape)?;
                     } else {
-                        let sh = &mut self.attn;
-                        attention::forward(
-                            mk, blas, s, atty, &self.qkv, &qkv_b, attn, sh, shape, prof,
-                        )?;
+                        let (sh, raw) = (&mut self.attn, self.wide.view(Wide::qkv(n, c)));
+                        attention::forward(mk, blas, s, atty, &raw, &qkv_b, attn, sh, shape, prof)?;
                     }
                     if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
                         attention::keep_lse(s, attn, kept)?;
@@ -1051,12 +1068,12 @@ impl GpuGptMixed {
             aux: span(&*fch),
             aux_ld: 4 * c,
         };
-        if fc.fused(lt, s, None, Mat::of(&self.gelu, 4 * c), gelu)? {
+        if fc.fused(lt, s, None, Mat::of(&self.wide, 4 * c), gelu)? {
             prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
         } else {
             fc.plain(blas, s, Mat::of(&*fch, 4 * c), 0.0)?;
             prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
-            mk.bias_gelu(s, fch, &mut self.gelu, &p.view(r.fc_b.clone())?, n, 4 * c)?;
+            mk.bias_gelu(s, fch, &mut self.wide, &p.view(r.fc_b.clone())?, n, 4 * c)?;
             prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
         }
         if pass == Pass::Recompute {
@@ -1066,7 +1083,7 @@ impl GpuGptMixed {
             m: n,
             n: c,
             k: 4 * c,
-            a: Mat::of(&self.gelu, 4 * c),
+            a: Mat::of(&self.wide, 4 * c),
             b: Mat::of(&w(&r.fcproj_w), c),
         };
         let bias = Epilogue::Bias {
@@ -1269,16 +1286,15 @@ impl GpuGptMixed {
         let blas = &mut self.blas;
         let prof = &mut self.prof;
         let r = &self.ranges[l];
-        let a = &self.layers[l];
-        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         let defer = l < self.deferred.len();
         // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
         // measured 2.4× slower than this product plus the two passes
         // on an H200, so the backward keeps them separate.)
-        // The input gradient first; the GELU backward then recomputes
-        // gelu(fch) for the weight gradient (into the deferred layer's
-        // buffer when its weight gradients come later).
+        // The input gradient first (dgelu, in the wide scratch); the GELU
+        // backward then recomputes gelu(fch) for the weight gradient, over
+        // fch itself (read there for the last time), or into the deferred
+        // layer's buffer when its weight gradients come later.
         input_grad(
             blas,
             s,
@@ -1287,26 +1303,39 @@ impl GpuGptMixed {
             c,
             Mat::of(&self.dresid_bf, c),
             Mat::of(&w(&r.fcproj_w), c),
-            Mat::of(&self.dgelu, 4 * c),
+            Mat::of(&self.wide, 4 * c),
         )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
-        let gelu: &mut DeviceBuffer<bf16> = if defer {
-            &mut self.deferred[l].gelu
-        } else {
-            &mut self.gelu
+        let fch = match self.layers[l].acts.as_mut() {
+            Some(acts) => &mut acts.fch,
+            None => &mut self.work.as_mut().ok_or_else(no_acts)?.fch,
         };
-        mk.gelu_backward_bias(
-            s,
-            &mut self.dgelu,
-            &acts.fch,
-            &mut g.view_mut(r.fc_b.clone())?,
-            &mut self.partial,
-            Some(gelu),
-            n,
-            4 * c,
-        )?;
+        let mut dbias = g.view_mut(r.fc_b.clone())?;
+        match self.deferred.get_mut(l) {
+            Some(d) => mk.gelu_backward_bias(
+                s,
+                &mut self.wide,
+                &*fch,
+                &mut dbias,
+                &mut self.partial,
+                Some(&mut d.gelu),
+                n,
+                4 * c,
+            )?,
+            None => mk.gelu_backward_bias_over_pre(
+                s,
+                &mut self.wide,
+                fch,
+                &mut dbias,
+                &mut self.partial,
+                n,
+                4 * c,
+            )?,
+        }
         prof.mark(s, "bwd gelu+bias")?;
+        let a = &self.layers[l];
+        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         if defer {
             std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
         } else {
@@ -1316,7 +1345,8 @@ impl GpuGptMixed {
                 n,
                 4 * c,
                 c,
-                Mat::of(&self.gelu, 4 * c),
+                // The GELU, over fch.
+                Mat::of(&acts.fch, 4 * c),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
                 self.fresh.beta(),
@@ -1331,7 +1361,7 @@ impl GpuGptMixed {
             n,
             c,
             4 * c,
-            Mat::of(&self.dgelu, 4 * c),
+            Mat::of(&self.wide, 4 * c),
             Mat::of(&w(&r.fc_w), 4 * c),
             Mat::of(&self.dln, c),
         )?;
@@ -1366,7 +1396,7 @@ impl GpuGptMixed {
             prof.mark(s, "bwd layernorm")?;
         }
         if defer {
-            std::mem::swap(&mut self.dgelu, &mut self.deferred[l].fc);
+            std::mem::swap(&mut self.wide, &mut self.deferred[l].fc);
         } else {
             weight_grad(
                 blas,
@@ -1375,7 +1405,7 @@ impl GpuGptMixed {
                 c,
                 4 * c,
                 Mat::of(&self.ln, c),
-                Mat::of(&self.dgelu, 4 * c),
+                Mat::of(&self.wide, 4 * c),
                 Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
                 self.fresh.beta(),
             )?;
@@ -1390,7 +1420,7 @@ impl GpuGptMixed {
             c,
             Mat::of(&self.dresid_bf, c),
             Mat::of(&w(&r.proj_w), c),
-            Mat::of(&self.datty, c),
+            Mat::of(&self.wide.view(Wide::datty(n, c)), c),
         )?;
         if defer {
             std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].proj);
@@ -1408,13 +1438,23 @@ impl GpuGptMixed {
             )?;
         }
         prof.mark(s, "bwd gemm proj")?;
-        // dqkv goes into the qkv scratch (free in the backward pass).
+        // dqkv goes beside datty in the wide scratch, or into the deferred
+        // layer's buffer (kept for its weight gradient).
+        let (deferred_qkv, deferred_ln1) = match self.deferred.get_mut(l) {
+            Some(d) => (Some(&mut d.qkv), Some(&mut d.ln1)),
+            None => (None, None),
+        };
+        let [wide_qkv, datty] = self.wide.views_mut_n([Wide::qkv(n, c), Wide::datty(n, c)]);
+        let mut dqkv = match deferred_qkv {
+            Some(q) => q.view_mut(Wide::qkv(n, c)),
+            None => wide_qkv,
+        };
         attention::backward(
             mk,
             blas,
             s,
-            &mut self.qkv,
-            &self.datty,
+            &mut dqkv,
+            &datty,
             &a.atty,
             a.attn.as_ref().or(acts.attn.as_ref()).ok_or_else(no_acts)?,
             &mut self.attn,
@@ -1430,7 +1470,7 @@ impl GpuGptMixed {
             n,
             c,
             3 * c,
-            Mat::of(&self.qkv, 3 * c),
+            Mat::of(&dqkv, 3 * c),
             Mat::of(&w(&r.qkv_w), 3 * c),
             Mat::of(&self.dln, c),
         )?;
@@ -1439,7 +1479,7 @@ impl GpuGptMixed {
             s,
             &mut g.view_mut(r.qkv_b.clone())?,
             &mut self.partial,
-            &self.qkv,
+            &dqkv,
             n,
             3 * c,
         )?;
@@ -1450,10 +1490,9 @@ impl GpuGptMixed {
         } else {
             0..0
         };
-        let ln1: &mut DeviceBuffer<bf16> = if defer {
-            &mut self.deferred[l].ln1
-        } else {
-            &mut self.ln
+        let ln1: &mut DeviceBuffer<bf16> = match deferred_ln1 {
+            Some(ln1) => ln1,
+            None => &mut self.ln,
         };
         {
             let [mut gw, mut gb, mut gnext] =
@@ -1479,7 +1518,6 @@ impl GpuGptMixed {
             prof.mark(s, "bwd layernorm")?;
         }
         if defer {
-            std::mem::swap(&mut self.qkv, &mut self.deferred[l].qkv);
             Ok(())
         } else {
             weight_grad(
@@ -1489,7 +1527,7 @@ impl GpuGptMixed {
                 c,
                 3 * c,
                 Mat::of(&self.ln, c),
-                Mat::of(&self.qkv, 3 * c),
+                Mat::of(&dqkv, 3 * c),
                 Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
                 self.fresh.beta(),
             )?;

@@ -126,13 +126,10 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         lnf_rstd,
         logits,
         ln,
-        qkv,
-        gelu,
-        dgelu,
+        wide,
         dresid,
         dresid_bf,
         dln,
-        datty,
         work,
         attn,
         streamed,
@@ -180,14 +177,11 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
     }
     out.extend(bufs.into_iter().map(|b| (SavedFor::Head, b)));
     let scratch = [
-        SavedMut::Bf16(gelu),
-        SavedMut::Bf16(dgelu),
-        SavedMut::Bf16(qkv),
+        SavedMut::Bf16(wide),
         SavedMut::F32(dresid),
         SavedMut::Bf16(ln),
         SavedMut::Bf16(dresid_bf),
         SavedMut::Bf16(dln),
-        SavedMut::Bf16(datty),
     ];
     out.extend(scratch.map(|b| (SavedFor::Embedding, b)));
     let mut bufs = Vec::new();
