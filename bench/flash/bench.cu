@@ -53,9 +53,9 @@ static float time_ms(F f, int reps) {
 
 typedef void (*Fwd)(bf16*, float*, const bf16*, int, int, float);
 typedef void (*Dsum)(float*, const bf16*, const bf16*, int, int);
-typedef void (*Dkdv)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, float, float, bf16*);
+typedef void (*Dkdv)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, float, float, bf16*, bf16*, int);
 typedef void (*Dq)(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, float, float);
-typedef void (*DqStored)(bf16*, const bf16*, const bf16*, int, int, float);
+typedef void (*DqStored)(bf16*, const bf16*, bf16*, bf16*, int, int, int, float);
 
 template <int HS>
 static void run(int B, int NH, int T, Fwd fwd, Dsum dsum_k, Dkdv dkdv, Dq dq, DqStored dqs) {
@@ -87,9 +87,9 @@ static void run(int B, int NH, int T, Fwd fwd, Dsum dsum_k, Dkdv dkdv, Dq dq, Dq
     CK(cudaFuncSetAttribute(dqs, cudaFuncAttributeMaxDynamicSharedMemorySize, dqs_b));
     auto F = [&] { fwd<<<grid, 128, fwd_b>>>(out, lse, qkv, T, NH, sl2); };
     auto S = [&] { dsum_k<<<B * T, 128>>>(dsum, dout, out, T, NH); };
-    auto K = [&](bf16* d) { dkdv<<<grid, 128, dkdv_b>>>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, d); };
+    auto K = [&](bf16* d) { dkdv<<<grid, 128, dkdv_b>>>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, d, d, B * NH); };
     auto Q = [&] { dq<<<grid, 128, fwd_b>>>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale); };
-    auto QS = [&] { dqs<<<grid, 128, dqs_b>>>(dqkv, qkv, ds, T, NH, scale); };
+    auto QS = [&] { dqs<<<grid, 128, dqs_b>>>(dqkv, qkv, ds, ds, B * NH, T, NH, scale); };
     auto hash = [&] {
         std::vector<unsigned short> g(n3);
         CK(cudaMemcpy(g.data(), dqkv, n3 * 2, cudaMemcpyDeviceToHost));

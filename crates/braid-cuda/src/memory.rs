@@ -509,6 +509,17 @@ impl<T: Element> DeviceBuffer<T> {
         }
     }
 
+    /// The buffer's bytes as a writable view of `U` elements (as many
+    /// whole ones as fit), so that memory idle for a while can hold values
+    /// of another type (device memory holds plain values either way).
+    pub fn bytes_as_mut<U: Element>(&mut self) -> DeviceViewMut<'_, U> {
+        DeviceViewMut {
+            ptr: self.device_ptr(),
+            len: self.byte_len() / U::DTYPE.size(),
+            _borrow: PhantomData,
+        }
+    }
+
     /// Two disjoint writable views. Panics if they overlap or are out of
     /// bounds.
     pub fn views_mut2(

@@ -283,7 +283,9 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
             c: cfg.n_embd,
             nh: cfg.n_head,
         };
-        let score_grads = match stored_score_grads {
+        // Stored in each block's idle resid2 and fch where they fit.
+        let own = stored_score_grads && !crate::cuda::model_mixed::score_grads_fit_in_block(shape);
+        let score_grads = match own {
             true => 2 * FlashKernels::score_grads_len(shape),
             false => 0,
         };
@@ -494,13 +496,13 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
     }
     if fused {
         w.push(4 * rows);
-        if run.stored_score_grads {
-            let shape = crate::cpu::attention::AttnShape {
-                b: run.b,
-                t: run.t,
-                c: cfg.n_embd,
-                nh: cfg.n_head,
-            };
+        let shape = crate::cpu::attention::AttnShape {
+            b: run.b,
+            t: run.t,
+            c: cfg.n_embd,
+            nh: cfg.n_head,
+        };
+        if run.stored_score_grads && !crate::cuda::model_mixed::score_grads_fit_in_block(shape) {
             w.push(2 * crate::cuda::flash::FlashKernels::score_grads_len(shape) as u64);
         }
     }
@@ -696,11 +698,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gpu_stage_3_counts_the_shard_never_the_whole_model() {
-        let cfg = GptConfig::parse("1558M").unwrap();
-        let p = cfg.num_params() as u128;
-        let run = |ranks| GpuRun {
+    /// A bf16 ZeRO-3 run over `ranks` at B 8 × 1024 with checkpointing
+    /// and streamed weights, nothing lent, stored or kept.
+    fn stage3_run(ranks: usize) -> GpuRun {
+        GpuRun {
             b: 8,
             t: 1024,
             mixed: true,
@@ -714,7 +715,14 @@ mod tests {
             offload: false,
             saved_in_grads: false,
             half_gathers: false,
-        };
+        }
+    }
+
+    #[test]
+    fn gpu_stage_3_counts_the_shard_never_the_whole_model() {
+        let cfg = GptConfig::parse("1558M").unwrap();
+        let p = cfg.num_params() as u128;
+        let run = stage3_run;
         let plain = GpuRun {
             sharding: Sharding::NONE,
             ..run(1)
@@ -755,6 +763,60 @@ mod tests {
         assert_eq!(
             gpu_training(&cfg, &lending).total() + lent,
             gpu_training(&cfg, &run(8)).total()
+        );
+    }
+
+    #[test]
+    fn stored_score_gradients_cost_nothing_where_a_block_holds_them() {
+        use crate::cuda::flash::FlashKernels;
+        use crate::cuda::model_mixed::score_grads_fit_in_block;
+        let run = |stored| GpuRun {
+            stored_score_grads: stored,
+            keep_attention: true,
+            saved_in_grads: true,
+            half_gathers: true,
+            ..stage3_run(2)
+        };
+        // Head size 128 (the 12.85B model): the block's resid2 and fch
+        // take them; head size 64 (1558M): they keep their own scratch.
+        for (name, fits) in [("L40-H40-C5120-V50304-T1024", true), ("1558M", false)] {
+            let cfg = GptConfig::parse(name).unwrap();
+            let shape = crate::cpu::attention::AttnShape {
+                b: 8,
+                t: 1024,
+                c: cfg.n_embd,
+                nh: cfg.n_head,
+            };
+            assert_eq!(score_grads_fit_in_block(shape), fits, "{name}");
+            let extra = gpu_mixed_activation_bytes(&cfg, &run(true))
+                - gpu_mixed_activation_bytes(&cfg, &run(false));
+            let own = 2 * FlashKernels::score_grads_len(shape);
+            assert_eq!(extra, if fits { 0 } else { own }, "{name}");
+        }
+        // Whole heads only: a first piece one element short of a head
+        // moves that head to the second.
+        let shape = crate::cpu::attention::AttnShape {
+            b: 2,
+            t: 128,
+            c: 64,
+            nh: 2,
+        };
+        let per = (FlashKernels::score_grads_len(shape) / 4) as usize;
+        assert_eq!(
+            FlashKernels::score_grads_split(shape, 2 * per, 2 * per),
+            (2, true)
+        );
+        assert_eq!(
+            FlashKernels::score_grads_split(shape, 2 * per - 1, 2 * per),
+            (1, false)
+        );
+        assert_eq!(
+            FlashKernels::score_grads_split(shape, 2 * per - 1, 3 * per),
+            (1, true)
+        );
+        assert_eq!(
+            FlashKernels::score_grads_split(shape, 9 * per, 0),
+            (4, true)
         );
     }
 

@@ -4,6 +4,7 @@
 //! arithmetic and the rounding of its bf16 outputs (about 2⁻⁹ relative).
 
 use super::check::{rel_err, up, KernelCheck, ModelReference};
+use super::flash::{FlashKernels, ScoreGrads};
 use super::mixed::{AdamSegments, AdamStep, MixedKernels};
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use crate::cpu;
@@ -816,27 +817,50 @@ fn attention_checks(
     let mut cd = vec![0.0f32; qkv.len()];
     cpu::attention::attention_backward(&mut cd, &dy, &biased, &catt, sh);
     let gdy = up_bf(device, &dy)?;
-    let mut backward = |shared: &mut AttnShared| -> Result<Vec<f32>> {
+    let mut backward = |shared: &mut AttnShared, idle: Option<ScoreGrads>| -> Result<Vec<f32>> {
         let mut gd = DeviceBuffer::<bf16>::zeros(device, qkv.len())?;
         attention::backward(
-            mk, blas, s, &mut gd, &gdy, &gy, &saved, shared, sh, &mut prof,
+            mk, blas, s, &mut gd, &gdy, &gy, &saved, shared, idle, sh, &mut prof,
         )?;
         s.synchronize()?;
         down_bf(&gd)
     };
-    let gd = backward(&mut shared)?;
+    let gd = backward(&mut shared, None)?;
     let mut out = vec![
         forward,
         check(bwd, ashape.clone(), rel_err(&gd, &cd), 2.0 * BF16_OUT),
     ];
     if path == AttnPath::Fused {
         let mut stored = AttnShared::new(&pool, s, sh, path, true)?;
-        let same = backward(&mut stored)?
+        let same = backward(&mut stored, None)?
             .iter()
             .zip(&gd)
             .all(|(x, y)| x.to_bits() == y.to_bits());
         out.push(check(
             "attention_backward (bf16, fused, stored dS) = recomputed, bit for bit",
+            ashape.clone(),
+            if same { 0.0 } else { 1.0 },
+            0.0,
+        ));
+        // The score gradients in two pieces of memory: the first heads'
+        // in one (with room to spare that is not a whole head), the rest
+        // in the other.
+        let total = FlashKernels::score_grads_len(sh) as usize;
+        let per = total / (sh.b * sh.nh);
+        let first_heads = (sh.b * sh.nh).div_ceil(2);
+        let mut first = DeviceBuffer::<bf16>::zeros(device, first_heads * per + per / 2)?;
+        let mut rest = DeviceBuffer::<bf16>::zeros(device, total - first_heads * per)?;
+        let idle = ScoreGrads {
+            first: first.view_mut(0..first.len()),
+            rest: rest.view_mut(0..rest.len()),
+        };
+        let mut plain = AttnShared::new(&pool, s, sh, path, false)?;
+        let same = backward(&mut plain, Some(idle))?
+            .iter()
+            .zip(&gd)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        out.push(check(
+            "attention_backward (bf16, fused, stored dS in two pieces) = recomputed, bit for bit",
             ashape,
             if same { 0.0 } else { 1.0 },
             0.0,

@@ -345,11 +345,19 @@ __device__ __forceinline__ long score_tile(int bh, int nb, int qb, int kb) {
     return ((long)bh * ((long)nb * (nb + 1) / 2) + (long)qb * (qb + 1) / 2 + kb) * BLK * BLK;
 }
 
+// The dS tiles of head bh: heads below `split` in `dS`, the others in
+// `dS2` (the scratch may be two pieces of memory idle at the time); null
+// where `dS` is (nothing stored).
+__device__ __forceinline__ bf16* score_head(bf16* dS, bf16* dS2, int split, int bh, int nb) {
+    if (!dS) return nullptr;
+    return bh < split ? dS + score_tile(bh, nb, 0, 0) : dS2 + score_tile(bh - split, nb, 0, 0);
+}
+
 // dK, dV for key block kb of head bh (the grid is described at the entry
 // points below). The block keeps its 64 keys' K and V in shared memory;
 // each warp owns 16 keys and walks the query blocks at or after its own
 // (causal), recomputing P^T = exp2(K Q^T * sl2 - lse). With `dS`, it also
-// stores each tile's dS^T for the dQ kernel. `sm`, `sL`, `sD` are the
+// stores each tile's dS^T for the dQ kernel (`dS`: this head's tiles). `sm`, `sL`, `sD` are the
 // block's shared tiles.
 template <int HS>
 __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], float (*sL)[BLK],
@@ -434,7 +442,7 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
                 // keys, and each thread's 8 values of a row go out as one
                 // 16-byte word (slot 8 t + e holds query 8 (e / 2) + 2 t +
                 // e % 2 of this half; the dQ kernel maps slots back).
-                uint4* tile = (uint4*)(dS + score_tile(bh, nb, qb, kb));
+                uint4* tile = (uint4*)(dS + score_tile(0, nb, qb, kb));
                 int kr = warp * 16 + g, slot = (half * SUB + t * 8) / 8;
                 tile[kr * (BLK / 8) + slot] = make_uint4(af[0][0], af[0][2], af[1][0], af[1][2]);
                 tile[(kr + 8) * (BLK / 8) + slot] = make_uint4(af[0][1], af[0][3], af[1][1], af[1][3]);
@@ -520,7 +528,7 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
 
 // dQ for query block qb of head bh from the dS tiles the dK/dV kernel
 // stored: dQ = sum over key blocks j <= qb of dS(qb, j) K_j, K and dS
-// tiles double-buffered in `sK` and `sS`.
+// tiles double-buffered in `sK` and `sS` (`dS`: this head's tiles).
 template <int HS>
 __device__ void flash_dq_ds(int qb, int bh, bf16 (*sK)[BLK * (HS + PAD)], bf16 (*sS)[BLK * (BLK + PAD)],
                             bf16* dqkv, const bf16* qkv, const bf16* dS, int T, int NH, float scale) {
@@ -529,7 +537,7 @@ __device__ void flash_dq_ds(int qb, int bh, bf16 (*sK)[BLK * (HS + PAD)], bf16 (
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* k = qkv + (long)b * T * stride + h * HS + C;
-    const bf16* ds = dS + score_tile(bh, nb, qb, 0);
+    const bf16* ds = dS + score_tile(0, nb, qb, 0);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     auto stage = [&](int st, int j) {
         load_tile<HS>(sK[st], k, j * BLK, T, stride);
@@ -607,11 +615,14 @@ __device__ void flash_forward_entry(bf16* out, float* lse, const bf16* qkv, int 
 // dS keeps two K tiles, then two dS tiles.
 template <int HS>
 __device__ void flash_dkdv_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
-                                 const float* dsum, int T, int NH, float sl2, float scale, bf16* dS) {
+                                 const float* dsum, int T, int NH, float sl2, float scale, bf16* dS,
+                                 bf16* dS2, int split) {
     bf16 (*sm)[2][BLK * (HS + PAD)] = tiles<HS>();
     float(*sL)[BLK] = (float(*)[BLK])(sm + 3);
     float(*sD)[BLK] = sL + 2;
-    flash_dkdv<HS>(blockIdx.y, blockIdx.x, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, dS);
+    int nb = (T + BLK - 1) / BLK;
+    bf16* head = score_head(dS, dS2, split, blockIdx.x, nb);
+    flash_dkdv<HS>(blockIdx.y, blockIdx.x, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, head);
 }
 
 template <int HS>
@@ -623,11 +634,13 @@ __device__ void flash_dq_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, co
 }
 
 template <int HS>
-__device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, const bf16* dS, int T, int NH, float scale) {
+__device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, bf16* dS, bf16* dS2, int split, int T,
+                                  int NH, float scale) {
     int nb = (T + BLK - 1) / BLK;
     bf16 (*sK)[BLK * (HS + PAD)] = tiles<HS>()[0];
     bf16 (*sS)[BLK * (BLK + PAD)] = (bf16 (*)[BLK * (BLK + PAD)])(sK + 2);
-    flash_dq_ds<HS>(nb - 1 - blockIdx.y, blockIdx.x, sK, sS, dqkv, qkv, dS, T, NH, scale);
+    const bf16* head = score_head(dS, dS2, split, blockIdx.x, nb);
+    flash_dq_ds<HS>(nb - 1 - blockIdx.y, blockIdx.x, sK, sS, dqkv, qkv, head, T, NH, scale);
 }
 
 // Entry points per head size, with the blocks per SM the register
@@ -639,7 +652,8 @@ __device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, const bf16* dS, i
 // 0.48 -> 0.44 / 0.28 -> 0.28 / 0.92 -> 0.85 ms; storing dS costs it
 // 0.05 ms and takes dQ from 0.32 to 0.17 ms at head size 80 (backward
 // 0.86 -> 0.69 ms in all, with the coalesced row sums).
-// `dS` null: dK/dV stores nothing.
+// `dS` null: dK/dV stores nothing. Heads `split` and up keep their dS
+// tiles in `dS2` (from its start), the others in `dS`.
 #define FLASH_ENTRIES(HS, FWD_BLOCKS, DKDV_BLOCKS, DQ_BLOCKS)                                    \
     extern "C" __global__ void __launch_bounds__(THREADS, FWD_BLOCKS) flash_forward_##HS(        \
         bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                      \
@@ -651,8 +665,8 @@ __device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, const bf16* dS, i
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS, DKDV_BLOCKS) flash_dkdv_##HS(          \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
-        int T, int NH, float sl2, float scale, bf16* dS) {                                       \
-        flash_dkdv_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, dS);                 \
+        int T, int NH, float sl2, float scale, bf16* dS, bf16* dS2, int split) {                 \
+        flash_dkdv_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, dS, dS2, split);     \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS, DQ_BLOCKS) flash_dq_##HS(              \
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
@@ -660,8 +674,8 @@ __device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, const bf16* dS, i
         flash_dq_entry<HS>(dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                       \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS, 4) flash_dq_ds_##HS(                   \
-        bf16* dqkv, const bf16* qkv, const bf16* dS, int T, int NH, float scale) {               \
-        flash_dq_ds_entry<HS>(dqkv, qkv, dS, T, NH, scale);                                      \
+        bf16* dqkv, const bf16* qkv, bf16* dS, bf16* dS2, int split, int T, int NH, float scale) { \
+        flash_dq_ds_entry<HS>(dqkv, qkv, dS, dS2, split, T, NH, scale);                          \
     }
 
 FLASH_ENTRIES(16, 4, 3, 3)

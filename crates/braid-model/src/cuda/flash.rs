@@ -11,8 +11,31 @@ use super::mixed::{MixedKernels, A};
 use super::SOURCES;
 use crate::cpu::attention::AttnShape;
 use braid_cuda::nvrtc::{Function, Module};
-use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, DeviceViewMut, Result, Stream};
 use half::bf16;
+
+/// Memory the dK/dV kernel stores the score gradients in for the dQ
+/// kernel: the first heads' tiles in `first` (as many whole heads as it
+/// holds), the others in `rest` (empty where `first` holds them all). Two
+/// pieces, so that the memory of two buffers idle during the attention's
+/// backward pass can take them.
+pub struct ScoreGrads<'a> {
+    /// The first heads' tiles.
+    pub first: DeviceViewMut<'a, bf16>,
+    /// The other heads' tiles, from its start.
+    pub rest: DeviceViewMut<'a, bf16>,
+}
+
+impl<'a> ScoreGrads<'a> {
+    /// All of them in one buffer.
+    pub fn one(buf: &'a mut DeviceBuffer<bf16>) -> ScoreGrads<'a> {
+        let len = buf.len();
+        ScoreGrads {
+            first: buf.view_mut(0..len),
+            rest: DeviceViewMut::empty(),
+        }
+    }
+}
 
 /// Rows (and keys) per block of the fused kernels.
 const TILE: usize = 64;
@@ -110,8 +133,23 @@ impl FlashKernels {
     /// triangle of 64 × 64 tiles (u128: the memory estimate takes any
     /// shape).
     pub fn score_grads_len(s: AttnShape) -> u128 {
+        (s.b * s.nh) as u128 * Self::score_grads_per_head(s)
+    }
+
+    /// Elements (bf16) of one head's score gradients.
+    fn score_grads_per_head(s: AttnShape) -> u128 {
         let nb = s.t.div_ceil(TILE) as u128;
-        (s.b * s.nh) as u128 * (nb * (nb + 1) / 2) * (TILE * TILE) as u128
+        (nb * (nb + 1) / 2) * (TILE * TILE) as u128
+    }
+
+    /// How many heads' score gradients go into a first piece of `first`
+    /// elements, and whether a second of `rest` takes the others
+    /// ([`ScoreGrads`]).
+    pub fn score_grads_split(s: AttnShape, first: usize, rest: usize) -> (usize, bool) {
+        let per = Self::score_grads_per_head(s).max(1);
+        let heads = (s.b * s.nh) as u128;
+        let split = (first as u128 / per).min(heads);
+        (split as usize, rest as u128 / per >= heads - split)
     }
 
     /// Whether the fused kernels take shape `s` (an error saying why not).
@@ -208,16 +246,16 @@ impl FlashKernels {
 
     /// `dqkv[B,T,3C]` (overwritten) from `dout[B,T,C]`, with the forward
     /// pass's `qkv`, `out` and `lse`; `dsum[B*NH,T]` is scratch, and so is
-    /// `score_grads` ([`Self::score_grads_len`]), which, when given, spares
-    /// the dQ kernel two of its three products. The gradients are the same
-    /// bits either way.
+    /// `score_grads` ([`Self::score_grads_len`] elements, in one piece or
+    /// two), which, when given, spares the dQ kernel two of its three
+    /// products. The gradients are the same bits either way.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         st: &Stream,
         dqkv: &mut impl DeviceMem<bf16>,
         dsum: &mut impl DeviceMem<f32>,
-        score_grads: Option<&mut DeviceBuffer<bf16>>,
+        score_grads: Option<ScoreGrads<'_>>,
         dout: &impl DeviceMem<bf16>,
         qkv: &impl DeviceMem<bf16>,
         out: &impl DeviceMem<bf16>,
@@ -232,18 +270,29 @@ impl FlashKernels {
         need("dout", dout.dlen(), rows * s.c)?;
         need("lse", lse.dlen(), heads)?;
         need("dsum", dsum.dlen(), heads)?;
-        let ds = match score_grads {
+        let heads_total = s.b * s.nh;
+        let (ds, ds2, split) = match &score_grads {
             Some(d) => {
-                let len = Self::score_grads_len(s);
-                if (d.dlen() as u128) < len {
+                let (split, fits) = Self::score_grads_split(s, d.first.len(), d.rest.len());
+                if !fits {
                     return Err(CudaError::Invalid(format!(
-                        "flash attention: score gradients hold {} elements, the shape needs {len}",
-                        d.dlen()
+                        "flash attention: score gradients hold {} + {} elements, the shape \
+                         needs {} in whole heads of {}",
+                        d.first.len(),
+                        d.rest.len(),
+                        Self::score_grads_len(s),
+                        Self::score_grads_per_head(s)
                     )));
                 }
-                d.dptr()
+                let first = d.first.dptr();
+                let rest = if split < heads_total {
+                    d.rest.dptr()
+                } else {
+                    first
+                };
+                (first, rest, split)
             }
-            None => 0,
+            None => (0, 0, heads_total),
         };
         if rows > i32::MAX as usize {
             return Err(CudaError::Invalid(format!(
@@ -276,7 +325,7 @@ impl FlashKernels {
             A::F(scale),
         ];
         let mut args = recompute.clone();
-        args.push(A::P(ds));
+        args.extend([A::P(ds), A::P(ds2), A::I(split as i32)]);
         let shared = dkdv_bytes(k.hs) as u32;
         MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?;
         if ds != 0 {
@@ -284,6 +333,8 @@ impl FlashKernels {
                 A::P(dqkv.dptr()),
                 A::P(qkv.dptr()),
                 A::P(ds),
+                A::P(ds2),
+                A::I(split as i32),
                 A::I(s.t as i32),
                 A::I(s.nh as i32),
                 A::F(scale),

@@ -13,7 +13,7 @@
 //! `BRAID_ATTENTION=fused|batched` forces one. Per-layer tensors live in
 //! [`AttnSaved`]; the scratch every layer reuses in [`AttnShared`].
 
-use super::flash::FlashKernels;
+use super::flash::{FlashKernels, ScoreGrads};
 use super::mixed::{MixedKernels, A};
 use super::profile::PhaseTimer;
 use crate::cpu::attention::AttnShape;
@@ -400,7 +400,10 @@ fn batched_forward(
 }
 
 /// `dqkv[B,T,3C]` (bf16, overwritten) from `dout[B,T,C]` (bf16); `out`
-/// is the forward pass's output.
+/// is the forward pass's output. The fused path stores its score
+/// gradients in the shared buffers' scratch where they keep one, else in
+/// `idle` (memory idle during this pass) where given, else recomputes
+/// them.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     k: &MixedKernels,
@@ -411,13 +414,15 @@ pub fn backward(
     out: &impl DeviceMem<bf16>,
     saved: &AttnSaved,
     sh: &mut AttnShared,
+    idle: Option<ScoreGrads<'_>>,
     s: AttnShape,
     prof: &mut PhaseTimer,
 ) -> Result<()> {
     match (saved, sh) {
         (AttnSaved::Fused { qkv, lse }, AttnShared::Fused { dsum, score_grads }) => {
             let f = k.flash.as_ref().ok_or_else(mismatch)?;
-            f.backward(st, dqkv, dsum, score_grads.as_mut(), dout, qkv, out, lse, s)
+            let stored = score_grads.as_mut().map(ScoreGrads::one).or(idle);
+            f.backward(st, dqkv, dsum, stored, dout, qkv, out, lse, s)
         }
         (
             AttnSaved::Batched { q, k: kk, v, att },

@@ -16,6 +16,7 @@
 
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
+use super::flash::{FlashKernels, ScoreGrads};
 use super::mixed::MixedKernels;
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use super::model::LayerRanges;
@@ -98,6 +99,18 @@ impl BlockActs {
     }
 }
 
+/// Whether the fused attention's stored score gradients fit in a block's
+/// `resid2` and `fch` (their heads split between the two, whole heads
+/// each), which the backward pass has read for the last time when the
+/// attention's backward pass runs: then they need no memory of their own.
+/// At head size 128 and a sequence of 1024 they do (with 40 % to spare);
+/// at head size 64 they do not.
+pub fn score_grads_fit_in_block(shape: AttnShape) -> bool {
+    let nc = shape.b * shape.t * shape.c;
+    // fch: 4·nc bf16; resid2: nc f32, 2·nc bf16.
+    FlashKernels::score_grads_split(shape, 4 * nc, 2 * nc).1
+}
+
 /// Whether a block's forward pass runs for the loss, or again under
 /// checkpointing for its backward pass (then it stops before the last
 /// product, whose output is the kept residual stream).
@@ -145,9 +158,12 @@ pub struct MixedOptions {
     /// No full bf16 copy of the parameters: the forward and backward
     /// passes take `pb = None` and cast each layer's weights as they go.
     pub streamed_weights: bool,
-    /// With the fused attention, keep scratch for the score gradients
+    /// With the fused attention, store the score gradients
     /// (`FlashKernels::score_grads_len`) so that the backward pass's dQ
     /// kernel reads them instead of recomputing them: faster, same bits.
+    /// They go into the block's `resid2` and `fch`, idle by then, where
+    /// they fit ([`score_grads_fit_in_block`]), else into scratch of their
+    /// own.
     pub stored_score_grads: bool,
     /// Under checkpointing with the fused attention, each layer keeps the
     /// attention's saved state (the biased qkv and the log-sum-exp, 6
@@ -490,6 +506,10 @@ pub struct GpuGptMixed {
     /// The block whose activations [`recompute_layer`](Self::recompute_layer)
     /// rebuilt for its backward pass, next.
     recomputed: Option<usize>,
+    /// The stored score gradients live in the block's `resid2` and `fch`
+    /// during the attention's backward pass ([`score_grads_fit_in_block`]),
+    /// not in scratch of their own.
+    score_grads_in_block: bool,
 }
 
 impl GpuGptMixed {
@@ -567,6 +587,11 @@ impl GpuGptMixed {
             }),
             false => None,
         };
+        // Stored score gradients go into each block's idle resid2 and fch
+        // where they fit, else into scratch of their own.
+        let score_grads_in_block =
+            fused && options.stored_score_grads && score_grads_fit_in_block(shape);
+        let stored_own = options.stored_score_grads && !score_grads_in_block;
         let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
             .max(MixedKernels::partial_len(n, c, 3))
             .max(MixedKernels::gelu_partial_len(n, 4 * c));
@@ -599,7 +624,7 @@ impl GpuGptMixed {
             },
             losses: p.zeros(n, s)?,
             batch: DeviceBatch::new(device, n, v)?,
-            attn: AttnShared::new(p, s, shape, path, options.stored_score_grads)?,
+            attn: AttnShared::new(p, s, shape, path, stored_own)?,
             ln: p.zeros(n * c, s)?,
             wide: p.zeros(n * 4 * c, s)?,
             dresid: p.zeros(n * c, s)?,
@@ -615,6 +640,7 @@ impl GpuGptMixed {
             unowned_saved: Vec::new(),
             fresh: fresh::FreshGrads::default(),
             recomputed: None,
+            score_grads_in_block,
             layout,
             pool,
             stream,
@@ -1449,19 +1475,44 @@ impl GpuGptMixed {
             Some(q) => q.view_mut(Wide::qkv(n, c)),
             None => wide_qkv,
         };
+        let LayerSaved {
+            atty,
+            attn: kept_attn,
+            acts: own_acts,
+            ..
+        } = &mut self.layers[l];
+        let BlockActs {
+            attn: block_attn,
+            resid2,
+            fch,
+        } = match own_acts {
+            Some(acts) => acts,
+            None => self.work.as_mut().ok_or_else(no_acts)?,
+        };
+        // The score gradients, where the model stores them in the block's
+        // resid2 and fch: both were read for the last time above.
+        let idle = self.score_grads_in_block.then(|| ScoreGrads {
+            first: fch.bytes_as_mut(),
+            rest: resid2.bytes_as_mut(),
+        });
         attention::backward(
             mk,
             blas,
             s,
             &mut dqkv,
             &datty,
-            &a.atty,
-            a.attn.as_ref().or(acts.attn.as_ref()).ok_or_else(no_acts)?,
+            &*atty,
+            kept_attn
+                .as_ref()
+                .or(block_attn.as_ref())
+                .ok_or_else(no_acts)?,
             &mut self.attn,
+            idle,
             shape,
             prof,
         )?;
         prof.mark(s, "bwd attention")?;
+        let a = &self.layers[l];
         // qkv: the input gradient and the bias gradient, then the
         // LayerNorm backward (recomputing ln1), then the weight gradient.
         input_grad(
