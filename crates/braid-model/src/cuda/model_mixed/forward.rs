@@ -1,0 +1,395 @@
+//! [`GpuGptMixed`]'s forward pass: the batch, the embeddings, each
+//! transformer block (also run again under checkpointing, as
+//! [`Pass::Recompute`], to rebuild what its backward pass reads), and the
+//! head with its loss.
+
+use super::*;
+
+impl GpuGptMixed {
+    /// Forward pass with master parameters `p` and their bf16 copy `pb`
+    /// (`None` when the model streams its bf16 weights).
+    /// With `grad`, the logits become the loss's gradient for
+    /// [`backward`](Self::backward). Returns the mean loss over targets
+    /// that are not `u32::MAX`. The same as
+    /// [`forward_begin`](Self::forward_begin),
+    /// [`forward_encoder`](Self::forward_encoder), every
+    /// [`forward_block`](Self::forward_block) and
+    /// [`forward_head`](Self::forward_head).
+    pub fn forward<'p>(
+        &mut self,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        tokens: &[u32],
+        targets: &[u32],
+        grad: bool,
+    ) -> Result<f32> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        self.forward_begin(tokens, targets)?;
+        let span = |name: &dyn Fn() -> String, s: &Stream| {
+            braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, name)
+        };
+        let t = span(&|| "forward embedding".into(), &self.stream);
+        self.forward_encoder(p)?;
+        drop(t);
+        for l in 0..self.layout.config.n_layer {
+            let _t = span(&|| format!("forward layer {l}"), &self.stream);
+            self.forward_layer(l, p, pb, Pass::Forward)?;
+        }
+        let _t = span(&|| "forward head".into(), &self.stream);
+        self.forward_head(p, pb, grad)
+    }
+
+    /// Hands the next passes layer `l`'s bf16 weights, `w` (the layer's
+    /// block of the layout, in layout order: what a cast of its f32
+    /// parameters would give), to use instead of casting them; `None`
+    /// takes them back (later passes cast again). Only for a model built
+    /// to stream its weights. The caller keeps `w`'s memory until the
+    /// passes queued with it have run.
+    pub fn give_layer_weights(&mut self, given: Option<(usize, DeviceBuffer<bf16>)>) -> Result<()> {
+        let Some(st) = &mut self.streamed else {
+            return Err(CudaError::Invalid(
+                "bf16 layer weights handed to a model that keeps a whole bf16 copy".into(),
+            ));
+        };
+        if let Some((l, w)) = &given {
+            let cfg = self.layout.config;
+            if *l >= cfg.n_layer {
+                return Err(CudaError::Invalid(format!(
+                    "bf16 weights of layer {l} for a model of {}",
+                    cfg.n_layer
+                )));
+            }
+            let want = self.layout.block_range(Block::Layer(*l)).len();
+            if w.len() != want {
+                return Err(CudaError::Invalid(format!(
+                    "layer {l}'s bf16 weights: {} elements, the layer has {want}",
+                    w.len()
+                )));
+            }
+        }
+        st.given = given;
+        Ok(())
+    }
+
+    /// Starts a forward pass in parts on a batch (`b × t` tokens and their
+    /// targets): uploads it.
+    pub fn forward_begin(&mut self, tokens: &[u32], targets: &[u32]) -> Result<()> {
+        self.own_missing()?;
+        self.fresh.forward_starts();
+        self.recomputed = None;
+        if let Some(st) = &mut self.streamed {
+            // The parameters may have changed since the last cast.
+            st.holds = None;
+        }
+        if self.backward_sms > 0 {
+            self.blas.set_sm_count_target(0)?;
+        }
+        let cfg = self.layout.config;
+        self.batch
+            .upload(tokens, targets, self.b, self.t, cfg.context)
+    }
+
+    /// The token and position embeddings' forward pass (after
+    /// [`forward_begin`](Self::forward_begin)): reads `wte` and `wpe` from
+    /// `p`. Queued; nothing waits.
+    pub fn forward_encoder<'p>(&mut self, p: impl Into<F32Params<'p>>) -> Result<()> {
+        let p = p.into();
+        p.check(self.layout.len)?;
+        let c = self.layout.config.n_embd;
+        let (b, t) = (self.b, self.t);
+        let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        let (s, k, prof) = (&self.stream, &self.kernels, &mut self.prof);
+        prof.mark(s, "start")?;
+        k.encoder_forward(
+            s,
+            &mut self.resid[0],
+            self.batch.tokens(),
+            &p.view(wte)?,
+            &p.view(wpe)?,
+            b * t,
+            t,
+            c,
+        )?;
+        prof.mark(s, "fwd encoder")
+    }
+
+    /// Transformer block `l`'s forward pass (after the blocks below it):
+    /// reads the block's parameters from `p` (and its bf16 weights from
+    /// `pb`, or cast from `p` when streaming). Queued; nothing waits.
+    pub fn forward_block<'p>(
+        &mut self,
+        l: usize,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+    ) -> Result<()> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        if l >= self.layout.config.n_layer {
+            return Err(CudaError::Invalid(format!(
+                "layer {l} of a model of {}",
+                self.layout.config.n_layer
+            )));
+        }
+        self.forward_layer(l, p, pb, Pass::Forward)
+    }
+
+    /// The head's forward pass (after the last block): the final
+    /// LayerNorm, the classifier (the token embeddings, bf16) and the loss.
+    /// With `grad`, the logits become the loss's gradient for the backward
+    /// pass. Waits, and returns the mean loss over targets that are not
+    /// `u32::MAX`.
+    pub fn forward_head<'p>(
+        &mut self,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        grad: bool,
+    ) -> Result<f32> {
+        let p = p.into();
+        self.check_params(p, pb)?;
+        let cfg = self.layout.config;
+        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (b, t, vp) = (self.b, self.t, self.vp);
+        let n = b * t;
+        let wte = self.range("wte.weight");
+        let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        let (s, mk) = (&self.stream, &self.mk);
+        let blas = &mut self.blas;
+        let prof = &mut self.prof;
+        mk.layernorm_forward(
+            s,
+            &mut self.lnf,
+            &mut self.lnf_mean,
+            &mut self.lnf_rstd,
+            &self.resid[cfg.n_layer],
+            &p.view(lw)?,
+            &p.view(lb)?,
+            n,
+            c,
+        )?;
+        prof.mark(s, "fwd layernorm")?;
+        let wte_b = match (pb, &mut self.streamed) {
+            (Some(pb), _) => pb.view(wte.clone()),
+            (None, Some(st)) => {
+                mk.to_bf16(s, &mut st.wte, &p.view(wte.clone())?)?;
+                st.wte.view(0..v * c)
+            }
+            (None, None) => return Err(no_weights()),
+        };
+        let wte_mat = match &mut self.pad {
+            Some((wte_pad, _)) => {
+                copy_async(&mut wte_pad.view_mut(0..v * c), &wte_b, s)?;
+                Mat::of(wte_pad, c)
+            }
+            None => Mat::of(&wte_b, c),
+        };
+        mm(
+            blas,
+            s,
+            n,
+            vp,
+            c,
+            Mat::of(&self.lnf, c),
+            wte_mat.t(),
+            Mat::of(&self.logits, vp),
+            0.0,
+        )?;
+        prof.mark(s, "fwd gemm classifier")?;
+        let scale = self.batch.loss_scale(grad);
+        mk.softmax_cross_entropy(
+            s,
+            &mut self.logits,
+            &mut self.losses,
+            self.batch.targets(),
+            n,
+            v,
+            vp,
+            scale,
+        )?;
+        prof.mark(s, "softmax+cross-entropy")?;
+        s.synchronize()?;
+        self.batch.mean_loss(&self.losses)
+    }
+
+    /// Transformer block `l`'s forward pass. [`Pass::Forward`] computes its
+    /// output, the next residual stream. [`Pass::Recompute`] (under
+    /// checkpointing, at the start of the block's backward pass) rebuilds
+    /// what that pass reads, in the same arithmetic: the LayerNorm
+    /// statistics, the attention's saved state, `resid2` and `fch`. With
+    /// the fused attention it keeps the attention output and restores the
+    /// log-sum-exp instead of running the attention again, and it stops
+    /// before the last product.
+    pub(super) fn forward_layer(
+        &mut self,
+        l: usize,
+        p: F32Params<'_>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        pass: Pass,
+    ) -> Result<()> {
+        let cfg = self.layout.config;
+        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let (b, t) = (self.b, self.t);
+        let n = b * t;
+        let shape = AttnShape { b, t, c, nh };
+        let (s, mk) = (&self.stream, &self.mk);
+        let block = self.layout.block_range(Block::Layer(l));
+        let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
+        let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
+        let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
+        let r = &self.ranges[l];
+        let (before, after) = self.resid.split_at_mut(l + 1);
+        let (x, out) = (&before[l], &mut after[0]);
+        let LayerSaved {
+            ln1_mean,
+            ln1_rstd,
+            ln2_mean,
+            ln2_rstd,
+            atty,
+            acts,
+            lse: kept_lse,
+            attn: kept_attn,
+        } = &mut self.layers[l];
+        let BlockActs {
+            attn: block_attn,
+            resid2,
+            fch,
+        } = acts.as_mut().or(self.work.as_mut()).ok_or_else(no_acts)?;
+        // With the attention kept, the recomputation starts at its output.
+        let from_atty = pass == Pass::Recompute && kept_attn.is_some();
+        let attn = kept_attn
+            .as_mut()
+            .or(block_attn.as_mut())
+            .ok_or_else(no_acts)?;
+        if !from_atty {
+            mk.layernorm_forward(
+                s,
+                &mut self.ln,
+                ln1_mean,
+                ln1_rstd,
+                x,
+                &p.view(r.ln1_w.clone())?,
+                &p.view(r.ln1_b.clone())?,
+                n,
+                c,
+            )?;
+            prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
+            // The fused attention keeps qkv with its bias: one product
+            // writes it there when cuBLASLt can add the bias.
+            let qkv_product = Product {
+                m: n,
+                n: 3 * c,
+                k: c,
+                a: Mat::of(&self.ln, c),
+                b: Mat::of(&w(&r.qkv_w), 3 * c),
+            };
+            let into_saved = match &mut *attn {
+                AttnSaved::Fused { qkv, .. } => qkv_product.fused(
+                    lt,
+                    s,
+                    None,
+                    Mat::of(qkv, 3 * c),
+                    Epilogue::Bias {
+                        bias: span(&w(&r.qkv_b)),
+                    },
+                )?,
+                AttnSaved::Batched { .. } => false,
+            };
+            if !into_saved {
+                let raw = self.wide.view(Wide::qkv(n, c));
+                qkv_product.plain(blas, s, Mat::of(&raw, 3 * c), 0.0)?;
+            }
+            prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
+            let qkv_b = p.view(r.qkv_b.clone())?;
+            match (pass, kept_lse.as_mut()) {
+                (Pass::Recompute, Some(kept)) => {
+                    let raw = self.wide.view(Wide::qkv(n, c));
+                    let unbiased = (!into_saved).then_some((&raw, &qkv_b));
+                    attention::restore(mk, s, attn, unbiased, kept, shape)?;
+                }
+                _ => {
+                    if into_saved {
+                        attention::forward_prebiased(mk, s, atty, attn, shape)?;
+                    } else {
+                        let (sh, raw) = (&mut self.attn, self.wide.view(Wide::qkv(n, c)));
+                        attention::forward(mk, blas, s, atty, &raw, &qkv_b, attn, sh, shape, prof)?;
+                    }
+                    if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
+                        attention::keep_lse(s, attn, kept)?;
+                    }
+                }
+            }
+            prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
+        }
+        let proj = Product {
+            m: n,
+            n: c,
+            k: c,
+            a: Mat::of(&*atty, c),
+            b: Mat::of(&w(&r.proj_w), c),
+        };
+        let bias = Epilogue::Bias {
+            bias: span(&p.view(r.proj_b.clone())?),
+        };
+        if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
+            mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone())?, n, c)?;
+            prof.mark(
+                s,
+                pass.phase("fwd residual+bias", "recompute residual+bias"),
+            )?;
+            proj.plain(blas, s, Mat::of(&*resid2, c), 1.0)?;
+        }
+        prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
+        mk.layernorm_forward(
+            s,
+            &mut self.ln,
+            ln2_mean,
+            ln2_rstd,
+            &*resid2,
+            &p.view(r.ln2_w.clone())?,
+            &p.view(r.ln2_b.clone())?,
+            n,
+            c,
+        )?;
+        prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
+        // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
+        let fc = Product {
+            m: n,
+            n: 4 * c,
+            k: c,
+            a: Mat::of(&self.ln, c),
+            b: Mat::of(&w(&r.fc_w), 4 * c),
+        };
+        let gelu = Epilogue::GeluAuxBias {
+            bias: span(&w(&r.fc_b)),
+            aux: span(&*fch),
+            aux_ld: 4 * c,
+        };
+        if fc.fused(lt, s, None, Mat::of(&self.wide, 4 * c), gelu)? {
+            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
+        } else {
+            fc.plain(blas, s, Mat::of(&*fch, 4 * c), 0.0)?;
+            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
+            mk.bias_gelu(s, fch, &mut self.wide, &p.view(r.fc_b.clone())?, n, 4 * c)?;
+            prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
+        }
+        if pass == Pass::Recompute {
+            return Ok(());
+        }
+        let fcproj = Product {
+            m: n,
+            n: c,
+            k: 4 * c,
+            a: Mat::of(&self.wide, 4 * c),
+            b: Mat::of(&w(&r.fcproj_w), c),
+        };
+        let bias = Epilogue::Bias {
+            bias: span(&p.view(r.fcproj_b.clone())?),
+        };
+        if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
+            mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone())?, n, c)?;
+            prof.mark(s, "fwd residual+bias")?;
+            fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
+        }
+        prof.mark(s, "fwd gemm fcproj")
+    }
+}
