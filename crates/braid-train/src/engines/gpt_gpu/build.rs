@@ -1,0 +1,228 @@
+//! Building a [`GpuGpt`]: the f32 or bf16 model on its device, the
+//! parameters copied up (or kept in host memory for ZeRO-3's shards, or
+//! with an offloaded optimizer), AdamW's state and the units' plan.
+
+use super::*;
+
+impl GpuGpt {
+    /// An engine on `device` starting from `params`, for batches of
+    /// `(b, t)`, with AdamW's decoupled `weight_decay`; `options` (bf16
+    /// only): activation checkpointing, streamed bf16 weights.
+    pub fn new(
+        device: &Device,
+        params: &Params,
+        shape: (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            Master::OnGpu,
+        )
+    }
+
+    /// [`new`](Self::new) for ZeRO-3: the parameters stay in host memory
+    /// (taken from `params.data` without a copy, leaving it empty) until
+    /// the strategy shards them, and the GPU receives only this rank's
+    /// shard ([`Engine::shard_params`]). Until then the engine runs no
+    /// pass; its ranks compare the parameters' checksums instead of
+    /// broadcasting them ([`Engine::pending_params`]).
+    pub fn for_sharding(
+        device: &Device,
+        params: &mut Params,
+        shape: (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        if precision == Precision::Bf16 && !options.streamed_weights {
+            return Err(
+                "ZeRO-3 on the GPU casts each gathered layer to bf16 as it runs: build the bf16 \
+                 engine with streamed weights (MixedOptions::streamed_weights)"
+                    .into(),
+            );
+        }
+        let host = std::mem::take(&mut params.data);
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            Master::Pending(host),
+        )
+    }
+
+    /// [`new`](Self::new) with the optimizer offloaded to host memory: the
+    /// f32 master weights and AdamW's moments there (12 bytes per
+    /// parameter), the update on the CPU, and on the GPU only the weights
+    /// the passes read (bf16: 2 bytes per parameter and the f32
+    /// embeddings, LayerNorms and biases; f32: 4) besides the gradients.
+    /// Not with streamed weights (they are cast from f32 master weights on
+    /// the GPU). Takes `params.data` as its master weights without a copy,
+    /// leaving it empty ([`copy_params_to`](Self::copy_params_to) fills it
+    /// again).
+    pub fn offloaded(
+        device: &Device,
+        params: &mut Params,
+        shape: (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+    ) -> Result<GpuGpt> {
+        let master = std::mem::take(&mut params.data);
+        Self::build(
+            device,
+            params,
+            shape,
+            precision,
+            options,
+            weight_decay,
+            Master::Offloaded(master),
+        )
+    }
+
+    /// The engine, its master weights where `master` says (`params.data`
+    /// is not read unless they go on the GPU).
+    fn build(
+        device: &Device,
+        params: &Params,
+        (b, t): (usize, usize),
+        precision: Precision,
+        options: MixedOptions,
+        weight_decay: f32,
+        master: Master,
+    ) -> Result<GpuGpt> {
+        let (master, pending) = match master {
+            Master::OnGpu => (None, None),
+            Master::Offloaded(m) => (Some(m), None),
+            Master::Pending(h) => (None, Some(h)),
+        };
+        let offload = master.is_some();
+        if offload && options.streamed_weights {
+            return Err(
+                "an offloaded optimizer keeps the bf16 weights whole on the GPU: streamed \
+                 weights (cast from f32 master weights on the GPU) do not go with it"
+                    .into(),
+            );
+        }
+        if options != MixedOptions::default() && precision != Precision::Bf16 {
+            return Err(format!(
+                "checkpointing and streamed weights are bf16-only in the GPU engine, not {}",
+                precision.name()
+            ));
+        }
+        let layout = params.layout.clone();
+        let adam = AdamWConfig {
+            weight_decay,
+            ..Default::default()
+        };
+        let data = master
+            .as_deref()
+            .or(pending.as_deref())
+            .unwrap_or(&params.data);
+        if data.len() != layout.len {
+            return Err(format!(
+                "{} parameter values for a model of {}",
+                data.len(),
+                layout.len
+            ));
+        }
+        let side = (offload && precision == Precision::Bf16).then(|| SideMap::for_mixed(&layout));
+        let p = match &side {
+            // This rank's shard comes up when the strategy shards.
+            None if pending.is_some() => DeviceBuffer::zeros(device, 0).map_err(e)?,
+            None => DeviceBuffer::from_host(device, data).map_err(e)?,
+            Some(map) => {
+                let mut packed = vec![0f32; map.len()];
+                for (r, at) in map.parts() {
+                    packed[*at..at + r.len()].copy_from_slice(&data[r.clone()]);
+                }
+                DeviceBuffer::from_host(device, &packed).map_err(e)?
+            }
+        };
+        let mk = MixedKernels::load(device).map_err(e)?;
+        let mut model = match precision {
+            Precision::F32 => Model::F32(Box::new(
+                GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?,
+            )),
+            Precision::Bf16 => {
+                let m =
+                    GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
+                let pb = match options.streamed_weights {
+                    true => None,
+                    // Filled from the host below.
+                    false if offload => Some(DeviceBuffer::zeros(device, layout.len).map_err(e)?),
+                    false => {
+                        let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
+                        mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+                        Some(pb)
+                    }
+                };
+                Model::Mixed(Box::new(m), pb)
+            }
+        };
+        let mut p = p;
+        let offload = match (master, &mut model) {
+            (None, _) => None,
+            (Some(master), Model::F32(_)) => Some(Offload::F32(HostOptimizer::new(
+                device, &layout, master, adam, None,
+            )?)),
+            (Some(master), Model::Mixed(m, pb)) => {
+                let map = side.clone().expect("bf16 offload packs its side tensors");
+                let mut host =
+                    HostOptimizer::new(device, &layout, master, adam, Some(map.clone()))?;
+                let pb = pb.as_mut().expect("offload keeps the bf16 weights whole");
+                host.upload(pb, Some(&mut p), m.stream())?;
+                Some(Offload::Bf16(host, map))
+            }
+        };
+        Ok(GpuGpt {
+            // AdamW's moments come at the first update (for the shard the
+            // optimizer owns by then), so that a sharded run never holds
+            // the whole buffer's.
+            m: DeviceBuffer::zeros(device, 0).map_err(e)?,
+            v: DeviceBuffer::zeros(device, 0).map_err(e)?,
+            steps: plan(&layout, 0),
+            carry: None,
+            by_unit: None,
+            half: None,
+            sync_limit: braid_core::world::WorldInfo::timeout_from_env(
+                braid_comm::communicator::DEFAULT_TIMEOUT,
+            )
+            .map_err(e)?,
+            units: match &model {
+                // The head's backward pass reads the bf16 token embeddings
+                // its forward pass cast, not the f32 ones.
+                Model::Mixed(_, None) => head_reads_cast_embeddings(gpt_param_units(&layout)),
+                _ => gpt_param_units(&layout),
+            },
+            sharded: false,
+            forward_grad: false,
+            released: false,
+            shard: vec![(
+                0..layout.len,
+                0,
+                AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
+            )],
+            updates: 0,
+            layout,
+            model,
+            precision,
+            mk,
+            p,
+            offload,
+            pending,
+            adam,
+            b,
+            t,
+        })
+    }
+}
