@@ -21,7 +21,7 @@
 //!   completed and current operation to the store every second or so; a
 //!   stopped process publishes nothing, so its heartbeat goes stale while
 //!   still saying where it stopped;
-//! - the *timeout diagnosis* ([`diagnose_timeout`]): the rank whose
+//! - the *timeout diagnosis* (`diagnose_timeout`): the rank whose
 //!   operation timed out reads its peers' heartbeats and names the culprit
 //!   with [`braid_core::flight::diagnose`], as the launcher and `braid
 //!   doctor` do from the dumps.

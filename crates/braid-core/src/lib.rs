@@ -3,7 +3,7 @@
 //! This crate sits at the bottom of the dependency graph and depends on no
 //! other braid crate. It holds:
 //!
-//! - the *worker environment contract* ([`env`], [`world`], [`slurm`]): the
+//! - the *worker environment contract* ([`env`](mod@env), [`world`], [`slurm`]): the
 //!   variables a launcher (braid's own, torchrun or SLURM) sets for each
 //!   worker, and [`WorldInfo`], which reads them back with errors that say
 //!   which variable was wrong and what to do about it;

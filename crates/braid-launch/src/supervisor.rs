@@ -93,8 +93,8 @@ pub fn worker_env(
 /// the store seen through the attempt's [`worker_prefix`] (the workers'
 /// heartbeats).
 ///
-/// Between two spawns, and every [`POLL`] once all are started, the attempt
-/// is checked ([`Attempt::check`]): exited children are reaped, and a signal
+/// Between two spawns, and every `POLL` once all are started, the attempt
+/// is checked (`Attempt::check`): exited children are reaped, and a signal
 /// to the launcher, a failed worker or news from other nodes ends the
 /// attempt at once, spawning included.
 pub fn run_attempt(

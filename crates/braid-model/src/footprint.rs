@@ -374,7 +374,7 @@ pub struct GpuRun {
 
 /// Bytes of the bf16 engine's saved activations that live in gradient
 /// memory (`run.saved_in_grads`), by [`crate::placement::place`] over the
-/// buffers the engine saves ([`saved_wants`]) and the memory idle while
+/// buffers the engine saves (`saved_wants`) and the memory idle while
 /// they live: under ZeRO-3 the slices of the gradient shard's blocks (the
 /// embeddings' idle through the whole backward pass, layer `l`'s through
 /// its own backward unit, the final norm's through the head's); in one

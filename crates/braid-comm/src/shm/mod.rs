@@ -9,7 +9,7 @@
 //! (all-gather); the two halves of each slot alternate so that the next
 //! piece's copy-in overlaps the previous piece's reads. The other
 //! collectives are rounds of the same protocol ([`channel`]);
-//! point-to-point messages use per-pair rings ([`p2p`]).
+//! point-to-point messages use per-pair rings ([`rings`]).
 
 pub mod channel;
 pub mod flag;

@@ -7,7 +7,7 @@
 //! it: a checkpoint written by N ranks under one strategy loads under M
 //! ranks and another (resharding).
 //!
-//! - [`format`]: the files (safetensors with a CRC-32 per tensor, headers
+//! - [`format`](mod@format): the files (safetensors with a CRC-32 per tensor, headers
 //!   read without trusting a length, piece names);
 //! - [`save`]: [`Checkpointer`] — the background writer, the agreement
 //!   that every rank's files are on the disk, rank 0's atomic commit

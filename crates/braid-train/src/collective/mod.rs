@@ -5,7 +5,7 @@
 //! The central call is [`Collective::reduce`]: a *reduction session*
 //! during a backward pass. The strategy's `drive` closure runs the
 //! engine's backward units and hands each finished bucket — a part split
-//! off the gradient [`Window`](crate::Window) — to a launcher, which starts
+//! off the gradient [`Window`] — to a launcher, which starts
 //! its reduction at once (on the progress thread of the host communicator,
 //! or on the GPU's communication stream) through the bucket's
 //! communication hook ([`GradComm`]). The session returns when every
