@@ -270,10 +270,8 @@ impl GpuGptMixed {
         )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
-        let fch = match self.layers[l].acts.as_mut() {
-            Some(acts) => &mut acts.fch,
-            None => &mut self.work.as_mut().ok_or_else(no_acts)?.fch,
-        };
+        let block = self.layers[l].acts.as_mut().or(self.work.as_mut());
+        let fch = &mut block.ok_or_else(no_acts)?.fch;
         let mut dbias = g.view_mut(r.fc_b.clone())?;
         match self.deferred.get_mut(l) {
             Some(d) => mk.gelu_backward_bias(
@@ -422,10 +420,10 @@ impl GpuGptMixed {
             attn: block_attn,
             resid2,
             fch,
-        } = match own_acts {
-            Some(acts) => acts,
-            None => self.work.as_mut().ok_or_else(no_acts)?,
-        };
+        } = own_acts
+            .as_mut()
+            .or(self.work.as_mut())
+            .ok_or_else(no_acts)?;
         // The score gradients, where the model stores them in the block's
         // resid2 and fch: both were read for the last time above.
         let idle = self.score_grads_in_block.then(|| ScoreGrads {
