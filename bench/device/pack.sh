@@ -1,0 +1,27 @@
+#!/bin/bash
+# Builds what the device scripts carry into .dev/ at the repository root
+# (ignored by git): braid and the two GPU test binaries, debug info
+# stripped and gzipped, a copy of the peers' scripts (../shared/anchors,
+# DeepSpeed's wheels included), and the commit they were built at.
+# Run it here, on the build machine; the device has no Rust toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .dev
+echo "building braid (release)"
+cargo build --release --bin braid
+objcopy --strip-debug target/release/braid .dev/braid
+gzip -9f .dev/braid
+for t in gpu gpu_faults; do
+  echo "building the $t test binary"
+  exe=$(cargo test --release -p braid --test "$t" --no-run 2>&1 |
+    grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)
+  [ -n "$exe" ] || { echo "pack.sh: no $t test binary found" >&2; exit 1; }
+  objcopy --strip-debug "$exe" ".dev/${t/_/-}-tests"
+  gzip -9f ".dev/${t/_/-}-tests"
+done
+rm -rf .dev/anchors
+cp -r ../shared/anchors .dev/anchors
+git rev-parse --short HEAD > .dev/commit
+git diff --quiet HEAD || echo "dirty" >> .dev/commit
+ls -l .dev
+echo "packed at $(tr '\n' ' ' < .dev/commit)"

@@ -1,0 +1,33 @@
+# Sourced by the device scripts: unpacks .dev/ into /tmp, points the GPU
+# tests' compiled-in braid path at it, keeps NVLink multicast off, and
+# records the machine. Needs $OUT (the device tool sets it). Logs go to
+# $L and come back as one archive ($OUT/logs.tgz, by `finish`): the tool
+# brings back only a few files.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+for f in braid gpu-tests gpu-faults-tests; do
+  if [ -f ".dev/$f.gz" ]; then
+    gunzip -c ".dev/$f.gz" > "/tmp/$f" && chmod +x "/tmp/$f"
+  fi
+done
+B=/tmp/braid
+# The test binaries run braid from the path they were built with.
+mkdir -p /work/main/target/release
+ln -sf /tmp/braid /work/main/target/release/braid
+ANCHORS=$PWD/.dev/anchors
+L=/tmp/logs
+mkdir -p "$L"
+{
+  echo "braid at $(tr '\n' ' ' < .dev/commit 2>/dev/null)"
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  nproc
+} > "$L/device.txt" 2>&1
+cat "$L/device.txt"
+# Installs DeepSpeed from the wheels beside the anchors (no network there).
+ds_install() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ANCHORS"/wheels/*.whl > "$L/pip.txt" 2>&1
+  export PYTHONPATH=/tmp/site
+}
+# Packs the logs into $OUT.
+finish() {
+  tar czf "$OUT/logs.tgz" -C /tmp logs
+}
