@@ -24,8 +24,8 @@ pub struct DeviceBuffer<T: Element> {
 
 /// Where a [`DeviceBuffer`]'s memory goes when it is dropped.
 enum Owner {
-    /// Its own allocation: freed.
-    Driver,
+    /// Its own allocation of `bytes` bytes: freed.
+    Driver { bytes: usize },
     /// A pool block: given back to the pool.
     Pool(PoolSlot),
     /// Bytes of another buffer ([`DeviceBuffer::lent_from`]): nothing.
@@ -84,7 +84,7 @@ impl<T: Element> DeviceBuffer<T> {
             ptr,
             len,
             device: device.clone(),
-            owner: Owner::Driver,
+            owner: Owner::Driver { bytes },
             _t: PhantomData,
         })
     }
@@ -168,6 +168,34 @@ impl<T: Element> DeviceBuffer<T> {
     /// Size in bytes.
     pub fn byte_len(&self) -> usize {
         self.len * T::DTYPE.size()
+    }
+
+    /// Elements its own allocation has room for: its length, or more
+    /// after [`set_len`](Self::set_len) shortened it (pool blocks and
+    /// lent memory: its length).
+    pub fn capacity(&self) -> usize {
+        match self.owner {
+            Owner::Driver { bytes } => bytes / T::DTYPE.size(),
+            _ => self.len,
+        }
+    }
+
+    /// Makes the buffer `len` elements long within its own allocation
+    /// (`len <= capacity()`), keeping the contents of the elements both
+    /// lengths have: one allocation serves blocks of different lengths
+    /// in turn. Refused for pool blocks and lent memory.
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        match self.owner {
+            Owner::Driver { .. } if len <= self.capacity() => {
+                self.len = len;
+                Ok(())
+            }
+            _ => Err(CudaError::Invalid(format!(
+                "a device buffer of {} elements ({} room) cannot be made {len} long",
+                self.len,
+                self.capacity()
+            ))),
+        }
     }
 
     /// The device address of element 0.
@@ -618,7 +646,10 @@ impl<T: Element> Drop for DeviceBuffer<T> {
         if self.ptr == 0 || self.is_lent() {
             return;
         }
-        count_free(self.byte_len());
+        count_free(match self.owner {
+            Owner::Driver { bytes } => bytes,
+            _ => self.byte_len(),
+        });
         if let Owner::Pool(slot) = &self.owner {
             // Stream-ordered reuse: the pool's users run on one stream.
             slot.give_back(self.ptr);

@@ -173,12 +173,16 @@ pub fn stage2_grad_elements(cfg: &GptConfig) -> u128 {
 /// refreshes it). With `one_grad_block` (the bf16 engine under
 /// checkpointing: a layer's gradients are reduce-scattered while the next
 /// layer recomputes, before it writes its own) one layer's gradients
-/// instead of two.
+/// instead of two. With `split_embeddings` as well (the tied embeddings'
+/// gradients reduce-scattered in two parts, [`splits_embedding_grads`])
+/// no buffer holds the embeddings' gradients through the layers: the one
+/// layer's gradient buffer holds them before and after.
 pub fn stage3_unit_bytes(
     cfg: &GptConfig,
     cast_head: bool,
     half_layers: bool,
     one_grad_block: bool,
+    split_embeddings: bool,
 ) -> u128 {
     let (c, v, t, l) = (
         cfg.n_embd as u128,
@@ -196,8 +200,33 @@ pub fn stage3_unit_bytes(
     }
     if one_grad_block {
         bytes -= 4 * layer;
+        if cast_head && split_embeddings && embeddings_fit_a_layer_buffer(cfg) {
+            bytes -= 4 * (v + t) * c;
+        }
     }
     bytes
+}
+
+/// Whether a ZeRO-3 rank's buffer for a layer's f32 block can hold the
+/// embeddings' block in turn: no shorter, and at most 1.5 times as long
+/// (the strategy's rule for sharing buffers).
+pub fn embeddings_fit_a_layer_buffer(cfg: &GptConfig) -> bool {
+    let (c, v, t) = (
+        cfg.n_embd as u128,
+        cfg.vocab_size as u128,
+        cfg.context as u128,
+    );
+    let (emb, layer) = ((v + t) * c, 12 * c * c + 13 * c);
+    emb <= layer && 2 * layer <= 3 * emb
+}
+
+/// Whether a ZeRO-3 run reduce-scatters the tied embeddings' gradients in
+/// two parts by default (the head's, then the embedding unit's): under
+/// activation checkpointing (a run short of memory), where one layer's
+/// gradient buffer can hold them, so that none holds them through the
+/// layers' backward units.
+pub fn splits_embedding_grads(cfg: &GptConfig, checkpointing: bool) -> bool {
+    checkpointing && embeddings_fit_a_layer_buffer(cfg)
 }
 
 /// How a run shards its model states over ranks (ZeRO), as the footprint
@@ -370,6 +399,9 @@ pub struct GpuRun {
     /// Stage 3 in bf16: the layers are gathered in bf16 and read as such
     /// (no layer cast, [`stage3_unit_bytes`]).
     pub half_gathers: bool,
+    /// Stage 3: the tied embeddings' gradients reduce-scattered in two
+    /// parts ([`splits_embedding_grads`]).
+    pub split_embeddings: bool,
 }
 
 /// Bytes of the bf16 engine's saved activations that live in gradient
@@ -402,6 +434,8 @@ pub fn gpu_saved_in_grads(cfg: &GptConfig, run: &GpuRun) -> u128 {
                         start: at,
                         end: at + len,
                         free_through: match block {
+                            // Split: the head's part arrives after unit 0.
+                            crate::Block::Embedding if run.split_embeddings => 0,
                             crate::Block::Embedding => l + 1,
                             crate::Block::Layer(i) => l - i,
                             crate::Block::FinalNorm => 0,
@@ -569,6 +603,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         mixed && streamed_weights,
         half_layers,
         mixed && run.checkpointing,
+        stage3 && run.split_embeddings,
     );
     let lent = gpu_saved_in_grads(cfg, run);
     // With streamed weights the token embeddings cast for the classifier
@@ -715,6 +750,7 @@ mod tests {
             offload: false,
             saved_in_grads: false,
             half_gathers: false,
+            split_embeddings: false,
         }
     }
 
@@ -764,6 +800,44 @@ mod tests {
             gpu_training(&cfg, &lending).total() + lent,
             gpu_training(&cfg, &run(8)).total()
         );
+    }
+
+    #[test]
+    fn embeddings_reduced_in_two_parts_hold_no_buffer_where_a_layer_buffer_takes_them() {
+        let run = |split, lend| GpuRun {
+            split_embeddings: split,
+            saved_in_grads: lend,
+            half_gathers: true,
+            ..stage3_run(2)
+        };
+        for (name, fits) in [
+            ("L40-H40-C5120-V50304-T1024", true),
+            ("1558M", false),
+            ("124M", false),
+        ] {
+            let cfg = GptConfig::parse(name).unwrap();
+            assert_eq!(embeddings_fit_a_layer_buffer(&cfg), fits, "{name}");
+            assert_eq!(splits_embedding_grads(&cfg, true), fits, "{name}");
+            assert!(!splits_embedding_grads(&cfg, false), "{name}");
+            let (c, v, t) = (
+                cfg.n_embd as u128,
+                cfg.vocab_size as u128,
+                cfg.context as u128,
+            );
+            // Through the layers' backward units: one embeddings' f32
+            // block less, where a layer's buffer holds them.
+            let units = |split| stage3_unit_bytes(&cfg, true, true, true, split);
+            let saved = if fits { 4 * (v + t) * c } else { 0 };
+            assert_eq!(units(false) - units(true), saved, "{name}");
+            // The embeddings' slice of the gradient shard takes the head's
+            // part after unit 0: it lends no more than before.
+            let lent = |split| gpu_saved_in_grads(&cfg, &run(split, true));
+            assert!(lent(true) <= lent(false), "{name}");
+            let total = |split| gpu_training(&cfg, &run(split, true)).total();
+            if fits {
+                assert!(total(true) < total(false), "{name}");
+            }
+        }
     }
 
     #[test]

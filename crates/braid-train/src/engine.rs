@@ -291,16 +291,26 @@ impl ParamUnits {
         }
     }
 
-    /// For each block, the backward unit after which its gradient is
-    /// final (`None`: no unit writes it).
-    pub fn final_after(&self) -> Vec<Option<usize>> {
-        let mut last = vec![None; self.blocks.len()];
+    /// For each block, the backward units after which its gradients are
+    /// reduced, in order (none: no unit writes it): the last unit writing
+    /// it (then its gradient is final) and, when `split`, also the last
+    /// unit of every earlier run of consecutive units writing it — the
+    /// tied embeddings, written by the head first and by the embedding
+    /// unit last, are reduced in two parts, and no buffer holds their
+    /// gradients in between.
+    pub fn reduce_after(&self, split: bool) -> Vec<Vec<usize>> {
+        let mut after: Vec<Vec<usize>> = vec![Vec::new(); self.blocks.len()];
+        let units = self.backward_writes.len();
         for (u, writes) in self.backward_writes.iter().enumerate() {
             for &b in writes {
-                last[b] = Some(u);
+                let written_next = u + 1 < units && self.backward_writes[u + 1].contains(&b);
+                let written_later = self.backward_writes[u + 1..].iter().any(|w| w.contains(&b));
+                if !written_later || (split && !written_next) {
+                    after[b].push(u);
+                }
             }
         }
-        last
+        after
     }
 }
 
@@ -708,4 +718,29 @@ pub fn backward_local<E: Engine>(engine: &mut E, grads: &mut Flat<E>) -> Result<
         engine.backward_unit(u, &mut w)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_reduced_after_their_last_writer_or_after_each_run_of_writers() {
+        // The embeddings (block 0) written by the head (unit 0) and the
+        // embedding unit (3); layer 1 (block 2) by units 1 and 2 in a row.
+        let units = ParamUnits {
+            blocks: vec![0..4, 4..8, 8..12, 12..14],
+            forward: vec![vec![0], vec![1], vec![2], vec![3, 0]],
+            backward_reads: vec![vec![3, 0], vec![2], vec![2, 1], vec![0]],
+            backward_writes: vec![vec![3, 0], vec![2], vec![2, 1], vec![0]],
+        };
+        assert_eq!(
+            units.reduce_after(false),
+            vec![vec![3], vec![2], vec![2], vec![0]]
+        );
+        assert_eq!(
+            units.reduce_after(true),
+            vec![vec![0, 3], vec![2], vec![2], vec![0]]
+        );
+    }
 }

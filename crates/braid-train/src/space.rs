@@ -20,6 +20,14 @@ pub trait Space: 'static {
     type Window<'a>: Window<'a>;
     /// Number of elements of `flat`.
     fn len(flat: &Self::Flat) -> usize;
+    /// Elements `flat` has room for without a new allocation.
+    fn capacity(flat: &Self::Flat) -> usize;
+    /// Makes `flat` `len` elements long within its capacity, keeping the
+    /// elements both lengths have (the others: unspecified).
+    fn set_len(flat: &mut Self::Flat, len: usize) -> Result<()>;
+    /// Sets every element of `flat` to 0 (a GPU's memset queued on its
+    /// main stream, after what is queued there).
+    fn zero(flat: &mut Self::Flat) -> Result<()>;
     /// The whole of `flat` as a window.
     fn window(flat: &mut Self::Flat) -> Self::Window<'_>;
     /// Short name for messages (`host`, `cuda`).
@@ -91,6 +99,24 @@ impl Space for Host {
     fn len(flat: &Vec<f32>) -> usize {
         flat.len()
     }
+    fn capacity(flat: &Vec<f32>) -> usize {
+        flat.capacity()
+    }
+    fn set_len(flat: &mut Vec<f32>, len: usize) -> Result<()> {
+        if len > flat.capacity() {
+            return Err(format!(
+                "a host buffer with room for {} elements cannot be made {len} long",
+                flat.capacity()
+            ));
+        }
+        // Within the capacity: no new allocation.
+        flat.resize(len, 0.0);
+        Ok(())
+    }
+    fn zero(flat: &mut Vec<f32>) -> Result<()> {
+        flat.fill(0.0);
+        Ok(())
+    }
     fn window(flat: &mut Vec<f32>) -> HostWindow<'_> {
         HostWindow {
             start: 0,
@@ -132,6 +158,16 @@ impl Space for Gpu {
     type Window<'a> = DeviceWindow<'a, f32>;
     fn len(flat: &DeviceBuffer<f32>) -> usize {
         flat.len()
+    }
+    fn capacity(flat: &DeviceBuffer<f32>) -> usize {
+        flat.capacity()
+    }
+    fn set_len(flat: &mut DeviceBuffer<f32>, len: usize) -> Result<()> {
+        flat.set_len(len).map_err(|e| e.to_string())
+    }
+    fn zero(flat: &mut DeviceBuffer<f32>) -> Result<()> {
+        let main = flat.device().main_stream();
+        braid_cuda::memory::zero_async(flat, &main).map_err(|e| e.to_string())
     }
     fn window(flat: &mut DeviceBuffer<f32>) -> DeviceWindow<'_, f32> {
         flat.window()

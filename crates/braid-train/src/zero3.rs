@@ -42,6 +42,14 @@
 //!   few f32 tensors in those blocks (LayerNorms, biases) stay whole on
 //!   every rank: after each update each rank's elements of them are
 //!   all-gathered into the engine's packed copy;
+//! - with [`Zero3::with_split_reduce`], a block written by two runs of
+//!   backward units (the tied embeddings: by the head first, by the
+//!   embedding unit last) is reduce-scattered after each run, the second
+//!   part added to the first, and no buffer holds its gradients in
+//!   between: where its length is near a layer's (within 1.5×) one
+//!   allocation serves the embeddings' and the layers' blocks in turn,
+//!   and the embedding unit waits for the first layer's reduce-scatter
+//!   to take its memory;
 //! - clipping sums the shards' squares across the ranks; the update
 //!   changes the master shard only ([`Engine::update_compact`]); nothing
 //!   is gathered after it — the next forward pass does that.
@@ -99,6 +107,8 @@ pub struct Zero3<C: Collective> {
     half_gathers: bool,
     /// [`Zero3::with_final_gather`].
     final_gather: bool,
+    /// [`Zero3::with_split_reduce`].
+    split_reduce: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -119,6 +129,7 @@ impl<C: Collective> Zero3<C> {
             saved_in_grads: false,
             half_gathers: true,
             final_gather: true,
+            split_reduce: false,
             state: None,
             last: CommStep::default(),
         })
@@ -163,6 +174,17 @@ impl<C: Collective> Zero3<C> {
     /// whole model).
     pub fn with_final_gather(mut self, on: bool) -> Self {
         self.final_gather = on;
+        self
+    }
+
+    /// Reduce-scatters a block written by two runs of backward units (the
+    /// tied embeddings) after each run, and lets blocks of near lengths
+    /// share buffers (see the module documentation): one embeddings'
+    /// gradient buffer less through the layers' backward units, for one
+    /// more reduce-scatter of the embeddings per micro-batch. Off by
+    /// default. Set before [`Strategy::start`].
+    pub fn with_split_reduce(mut self, on: bool) -> Self {
+        self.split_reduce = on;
         self
     }
 
@@ -211,11 +233,15 @@ impl<C: Collective> Zero3<C> {
         format!(
             "ZeRO stage 3 over {n} ranks ({}):{hybrid} parameters, gradients and optimizer state \
              sharded (1/{g} per rank); each unit's parameters all-gathered{half} before it runs \
-             (the next unit's prefetched), {}; gradients reduce-scattered per unit",
+             (the next unit's prefetched), {}; gradients reduce-scattered per unit{}",
             self.comm.backend(),
             match self.reshard_after_forward {
                 true => "freed after the forward pass (gathered again for the backward)",
                 false => "kept from the forward pass to the backward",
+            },
+            match self.split_reduce {
+                true => " (the tied embeddings' in two parts, no buffer between)",
+                false => "",
             },
         )
     }
@@ -304,6 +330,7 @@ impl<C: Collective> Zero3<C> {
         let none = vec![Vec::new(); reads.len()];
         let reads = if whole { &none } else { reads };
         let mut step = CommStep::default();
+        st.reduced.fill(false);
         step.add(st.exchange(group, &reads[0], &[], &mut || Ok(()))?);
         let mut pending: Vec<usize> = Vec::new();
         for u in 0..reads.len() {
@@ -332,6 +359,15 @@ impl<C: Collective> Zero3<C> {
                     st.drop_grads(b);
                 }
             }
+            if !pending.is_empty() && writes[u].iter().any(|&b| st.reduced[b]) {
+                // A block's second part: its buffer comes once the blocks
+                // final before are reduce-scattered, taking their memory
+                // (the embedding unit after the first layer's).
+                step.add(st.exchange(group, &[], &pending, &mut || Ok(()))?);
+                for b in pending.drain(..) {
+                    st.drop_grads(b);
+                }
+            }
             memory_phase::enter(Phase::BackwardUnit(u));
             for &b in &writes[u] {
                 st.grad_block(group, b, &mut |g| engine.zero_block_grads(b, g))?;
@@ -355,7 +391,7 @@ impl<C: Collective> Zero3<C> {
             for b in pending.drain(..) {
                 st.drop_grads(b);
             }
-            pending.extend((0..st.final_after.len()).filter(|&b| st.final_after[b] == Some(u)));
+            pending.extend((0..st.reduce_after.len()).filter(|&b| st.reduce_after[b].contains(&u)));
             for &b in &reads[u] {
                 if !reads[u + 1..].iter().any(|r| r.contains(&b)) {
                     st.release(b);
@@ -373,6 +409,22 @@ impl<C: Collective> Zero3<C> {
     }
 }
 
+/// The lengths of buffers a rank asks for (each block's in f32, or half
+/// that where it is gathered in bf16), each once, shortest first.
+fn size_classes(blocks: &[Range<usize>], half: &[bool]) -> Vec<usize> {
+    let mut sizes: Vec<usize> = blocks.iter().map(|b| b.len()).collect();
+    sizes.extend(
+        blocks
+            .iter()
+            .zip(half)
+            .filter(|(_, &h)| h)
+            .map(|(b, _)| b.len() / 2),
+    );
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
 impl<C: Collective> Zero3<C> {
     /// Places the engine's saved activations in the gradient shard's
     /// memory where blocks' slices are idle through their last read.
@@ -381,9 +433,10 @@ impl<C: Collective> Zero3<C> {
         let regions: Vec<Region> = st
             .slots
             .iter()
-            .zip(&st.final_after)
-            .filter_map(|(slot, done)| {
-                done.map(|free_through| Region {
+            .zip(&st.reduce_after)
+            .filter_map(|(slot, after)| {
+                // Idle until the block's first part arrives.
+                after.first().map(|&free_through| Region {
                     start: 4 * slot.start as u64,
                     end: 4 * slot.end as u64,
                     free_through,
@@ -400,8 +453,9 @@ impl<C: Collective> Zero3<C> {
         // lies in the slices of blocks (one, or several that follow each
         // other in the shard) whose reduced gradients are written (on the
         // communication stream, ordered after the engine's work queued so
-        // far) only once the unit after which the block is final has been
-        // queued, which is no earlier than the buffer's last read;
+        // far) only once the unit after which the block's first part is
+        // reduced has been queued, which is no earlier than the buffer's
+        // last read;
         // the next forward pass writes them after the update has read the
         // gradients, on the engine's stream.
         st.lent = unsafe { engine.place_saved(&st.grads, &at) }
@@ -500,7 +554,12 @@ where
             }
         }
         self.state = Some(Sharded {
-            final_after: units.final_after(),
+            reduce_after: units.reduce_after(self.split_reduce),
+            reduced: vec![false; blocks],
+            sizes: match self.split_reduce {
+                true => size_classes(&units.blocks, &half),
+                false => Vec::new(),
+            },
             units: Arc::new(units),
             slots,
             shard: shard_ranges,

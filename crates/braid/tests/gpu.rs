@@ -1285,6 +1285,62 @@ fn gpu_zero3_bf16_gathers_change_no_bits() {
     assert!(c.stderr.contains("BRAID_ZERO3_GATHER=bf16"), "{c:?}");
 }
 
+/// ZeRO-3 reducing the tied embeddings' gradients in two parts
+/// (`BRAID_SPLIT_REDUCE=on`, the default under checkpointing where a
+/// layer's gradient buffer can hold them): over one rank the two parts
+/// add the same numbers as one, so the bits are those without it — on
+/// the tiny model (its vocabulary needs no padding: the classifier's
+/// product overwrites its part, and the embedding unit's part must start
+/// from zeros) and on one whose embeddings' block shares the layers'
+/// buffer, with and without checkpointing; over two ranks, in f32, the
+/// same within rounding (the ranks' head parts and embedding parts are
+/// summed apart).
+#[test]
+fn gpu_zero3_embeddings_reduced_in_two_parts_change_no_bits_on_one_rank() {
+    if gpus(1).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-zero3-split");
+    let on = [("BRAID_SPLIT_REDUCE", "on")];
+    let off = [("BRAID_SPLIT_REDUCE", "off")];
+    let base = ["--steps", "6", "--grad-clip", "1.0", "--zero", "3"];
+    for model in ["tiny", "L2-H2-C64-V576-T64"] {
+        for ckpt in [true, false] {
+            let mut args: Vec<&str> =
+                [&base[..], &["--model", model, "--tokenizer", "bytes"]].concat();
+            args.extend(["--nproc", "1", "--batch", "8"]);
+            if ckpt {
+                args.push("--checkpointing");
+            }
+            let name = format!("{model}-{ckpt}");
+            let (a, da) = train_gpu_env(&dir, &format!("{name}-off"), &args, &off);
+            let (b, db) = train_gpu_env(&dir, &format!("{name}-on"), &args, &on);
+            assert_eq!(
+                common::step_losses(&da),
+                common::step_losses(&db),
+                "{name}: losses differ"
+            );
+            let d = common::max_diff(&a, &b);
+            assert!(d == 0.0, "{name}: parameters differ by {d}");
+        }
+    }
+    if gpus(2).is_some() {
+        let args = [
+            &base[..],
+            &["--precision", "f32", "--nproc", "2", "--batch", "4"],
+        ]
+        .concat();
+        let (a, _) = train_gpu_env(&dir, "two-off", &args, &off);
+        let (b, db) = train_gpu_env(&dir, "two-on", &args, &on);
+        let d = common::max_diff(&a, &b);
+        let _ = writeln!(
+            std::io::stderr(),
+            "ZeRO-3 over 2 GPUs, f32: embeddings in two parts against one: max |diff| {d:e}"
+        );
+        assert!(d <= 1e-5, "two ranks: parameters differ by {d}: {db}");
+    }
+}
+
 /// A bounded stream sync (what the training loop waits on at the end of
 /// every step) gives up on work that never finishes — here a stream
 /// waiting for a flag nobody raises, as a stopped peer's copy engine

@@ -185,6 +185,64 @@ fn zero_3_matches_data_parallel_and_one_process() {
 }
 
 #[test]
+fn zero_3_reducing_the_embeddings_in_two_parts_matches_data_parallel() {
+    // A model whose embeddings' block is a little shorter than a layer's
+    // (664 × 64 against 12 × 64² + 13 × 64), so that one buffer serves
+    // both; and the tiny model, whose embeddings' block is far longer.
+    let dir = TempDir::new("zero3-split");
+    for (model, shares) in [("L2-H2-C64-V600-T64", true), ("tiny", false)] {
+        let m = ["--model", model, "--tokenizer", "bytes"];
+        let (one, _) = train(&dir, "one", &[&m[..], &["--batch", "8"]].concat(), &[]);
+        let reference = params(&one);
+        let (ddp, _) = train(
+            &dir,
+            "ddp2",
+            &[&m[..], &["--nproc", "2", "--batch", "4"]].concat(),
+            &[],
+        );
+        let ddp = params(&ddp);
+        let on = [("BRAID_SPLIT_REDUCE", "on")];
+        for (name, args, env) in [
+            // Checkpointing chooses it where one buffer serves both.
+            (
+                "shm2-ckpt",
+                &["--nproc", "2", "--batch", "4", "--checkpointing"][..],
+                &[][..],
+            ),
+            ("tcp2", &["--nproc", "2", "--batch", "4"][..], &on[..]),
+            (
+                "shm4-accum",
+                &["--nproc", "4", "--batch", "1", "--accum", "2"][..],
+                &on[..],
+            ),
+        ] {
+            let forced = !env.is_empty();
+            let env = match name {
+                "tcp2" => [env, &[("BRAID_BACKEND", "tcp")][..]].concat(),
+                _ => env.to_vec(),
+            };
+            let args = [&m[..], &["--zero", "3"], args].concat();
+            let (path, f) = train(&dir, name, &args, &env);
+            let split = f.stdout.contains("the tied embeddings' in two parts");
+            assert_eq!(split, shares || forced, "{model} {name}: {}", f.stdout);
+            let ddp = name.contains('2').then_some(&ddp[..]);
+            assert_close(&format!("{model} {name}"), &params(&path), &reference, ddp);
+        }
+    }
+    // Only ZeRO-3 reduces per block.
+    let mut cmd = braid();
+    cmd.args(["train", "--nproc", "2", "--zero", "2", "--steps", "1"])
+        .env("BRAID_SPLIT_REDUCE", "on");
+    let f = run(cmd, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stderr.contains("BRAID_SPLIT_REDUCE=on: only --zero 3"),
+        "{}",
+        f.stderr
+    );
+}
+
+#[test]
 fn impossible_zero_setups_are_refused_at_start() {
     for (args, want) in [
         (&["--zero", "3"][..], "start several"),

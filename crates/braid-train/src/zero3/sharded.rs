@@ -18,9 +18,16 @@ pub(super) struct Sharded<C: Collective> {
     /// The same slices as elements of the flat buffer (what the
     /// optimizer owns; what a checkpoint stores them as).
     pub(super) shard: Vec<Range<usize>>,
-    /// For every block, the backward unit after which its gradient is
-    /// final.
-    pub(super) final_after: Vec<Option<usize>>,
+    /// For every block, the backward units after which its gradients are
+    /// reduce-scattered into the shard (in order; the last: once final).
+    pub(super) reduce_after: Vec<Vec<usize>>,
+    /// Per block: some of its gradients reached the shard in this
+    /// backward pass (the next part adds to them).
+    pub(super) reduced: Vec<bool>,
+    /// The lengths a new buffer is allocated with when one is within
+    /// 1.5 times of what is asked ([`Sharded::room_for`]); empty: each
+    /// buffer as long as asked.
+    pub(super) sizes: Vec<usize>,
     /// The rank's f32 master weights.
     pub(super) master: Flat2<C>,
     /// The shard's reduced gradients, laid out like `master`.
@@ -29,9 +36,10 @@ pub(super) struct Sharded<C: Collective> {
     pub(super) gathered: Vec<Option<Flat2<C>>>,
     /// The blocks' gradients during a backward pass.
     pub(super) block_grads: Vec<Option<Flat2<C>>>,
-    /// Freed block buffers kept for the next block of the same length
-    /// (at most [`SPARES`]): fresh memory costs a page fault per page,
-    /// which on the CPU took as long as the passes themselves.
+    /// Freed block buffers kept for the next block of the same length,
+    /// or of one they have room for (at most [`SPARES`]): fresh memory
+    /// costs a page fault per page, which on the CPU took as long as the
+    /// passes themselves.
     pub(super) spare: Vec<Flat2<C>>,
     /// Bytes of gathered blocks, block gradients and spares held now,
     /// and the most held at once.
@@ -193,28 +201,52 @@ impl<C: Collective> Sharded<C> {
         self.spare.push(buf);
         if self.spare.len() > SPARES {
             let old = self.spare.remove(0);
-            self.held -= 4 * <C::Space as Space>::len(&old) as u64;
+            self.held -= 4 * <C::Space as Space>::capacity(&old) as u64;
         }
     }
 
-    /// A buffer of `len` elements: a spare of that length (its contents
-    /// left over), or a new zeroed one.
+    /// The elements a buffer of `len` is allocated with: the longest of
+    /// [`sizes`](Self::sizes) from `len` to 1.5 × `len` (so that one
+    /// allocation can serve blocks of near lengths in turn), else `len`.
+    pub(super) fn room_for(&self, len: usize) -> usize {
+        self.sizes
+            .iter()
+            .copied()
+            .filter(|&s| s >= len && 2 * s <= 3 * len)
+            .max()
+            .unwrap_or(len)
+    }
+
+    /// A buffer of `len` elements: the spare with the least room that
+    /// has room for them, within [`room_for`](Self::room_for) (its
+    /// contents left over), or a new zeroed one.
     pub(super) fn buffer(&mut self, group: &C, len: usize) -> Result<(Flat2<C>, bool)> {
-        match self
+        let room = self.room_for(len);
+        let fit = self
             .spare
             .iter()
-            .position(|s| <C::Space as Space>::len(s) == len)
-        {
-            Some(i) => Ok((self.spare.swap_remove(i), false)),
+            .enumerate()
+            .map(|(i, s)| (i, <C::Space as Space>::capacity(s)))
+            .filter(|&(_, c)| c >= len && c <= room)
+            .min_by_key(|&(_, c)| c)
+            .map(|(i, _)| i);
+        let (mut buf, fresh) = match fit {
+            Some(i) => (self.spare.swap_remove(i), false),
             None => {
-                let buf = group.zeros(len)?;
-                self.hold(4 * len as u64);
-                Ok((buf, true))
+                let buf = group.zeros(room)?;
+                self.hold(4 * room as u64);
+                (buf, true)
             }
-        }
+        };
+        <C::Space as Space>::set_len(&mut buf, len)
+            .map_err(|e| format!("{}: a block buffer: {e}", self.label))?;
+        Ok((buf, fresh))
     }
 
-    /// Block `b`'s gradient buffer, zeroed (by `zero`) when new.
+    /// Block `b`'s gradient buffer, prepared (by `zero`: the engine
+    /// zeroes what the unit writing the block first adds into) when new.
+    /// A later part of a block reduced in parts is zeroed whole: the
+    /// units writing it then only add.
     pub(super) fn grad_block(
         &mut self,
         group: &C,
@@ -223,8 +255,10 @@ impl<C: Collective> Sharded<C> {
     ) -> Result<()> {
         if self.block_grads[b].is_none() {
             let (mut buf, zeroed) = self.buffer(group, self.units.blocks[b].len())?;
-            if !zeroed {
-                zero(&mut buf)?;
+            match (zeroed, self.reduced[b]) {
+                (true, _) => {}
+                (false, false) => zero(&mut buf)?,
+                (false, true) => <C::Space as Space>::zero(&mut buf)?,
             }
             self.block_grads[b] = Some(buf);
         }
@@ -250,7 +284,7 @@ impl<C: Collective> Sharded<C> {
                 fresh.push((b, buf));
             }
         }
-        let (slots, micro, half) = (&self.slots, self.micro, &self.half);
+        let (slots, micro, half, reduced) = (&self.slots, self.micro, &self.half, &self.reduced);
         let mut gathers: Vec<GatherPart<'_, Flat2<C>>> = fresh
             .iter_mut()
             .map(|(b, buf)| GatherPart {
@@ -275,7 +309,8 @@ impl<C: Collective> Sharded<C> {
                 g.as_mut().map(|grads| ScatterPart {
                     grads,
                     to: slots[b].clone(),
-                    add: micro > 0,
+                    // A step's first part overwrites the shard's gradients.
+                    add: micro > 0 || reduced[b],
                 })
             })
             .collect();
@@ -288,6 +323,9 @@ impl<C: Collective> Sharded<C> {
         )?;
         drop(scatters);
         drop(gathers);
+        for &b in scatter {
+            self.reduced[b] = true;
+        }
         for (b, buf) in fresh {
             self.gathered[b] = Some(buf);
         }

@@ -175,6 +175,9 @@ pub struct DevicePlan {
     pub saved_in_grads: bool,
     /// ZeRO-3 in bf16: the layers gathered in bf16 (`BRAID_ZERO3_GATHER`).
     pub half_gathers: bool,
+    /// ZeRO-3: the tied embeddings' gradients reduce-scattered in two parts
+    /// ([`split_embedding_grads`]).
+    pub split_embeddings: bool,
 }
 
 /// A memory-for-speed choice the pre-flight makes unless the environment
@@ -198,12 +201,43 @@ pub struct DevicePlan {
 ///   its slice of a layer and the layer is gathered as the bf16 weights
 ///   its products read; the default) or `f32` (gathered in f32 and cast
 ///   as it runs).
+///
+/// One more, `BRAID_SPLIT_REDUCE`, changes the order of a sum: see
+/// [`split_embedding_grads`].
 fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
     match std::env::var(var).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
         Ok(v) if v == yes => Ok(Some(true)),
         Ok(v) if v == no => Ok(Some(false)),
         Ok(other) => Err(format!("{var}={other}: expected {yes}, {no} or auto")),
+    }
+}
+
+/// Whether ZeRO-3 (`stage`) reduce-scatters the tied embeddings'
+/// gradients in two parts — the head's as soon as it is done, the
+/// embedding unit's at the end, added to it — so that no buffer holds
+/// them through the layers' backward units, for one more reduce-scatter
+/// of the embeddings per micro-batch: `BRAID_SPLIT_REDUCE` `on` or `off`,
+/// or by default under `checkpointing` where a layer's gradient buffer
+/// can hold them (`braid_model::footprint::splits_embedding_grads`).
+/// Over several ranks the embeddings' sum then adds the ranks' head parts
+/// and embedding parts apart: the same within rounding, not the same
+/// bits.
+pub fn split_embedding_grads(
+    cfg: &GptConfig,
+    stage: u8,
+    checkpointing: bool,
+) -> Result<bool, String> {
+    match (env_choice("BRAID_SPLIT_REDUCE", "on", "off")?, stage) {
+        (Some(true), s) if s != 3 => Err(
+            "BRAID_SPLIT_REDUCE=on: only --zero 3 reduce-scatters the embeddings' gradients in \
+             parts"
+                .into(),
+        ),
+        (Some(on), _) => Ok(on),
+        (None, s) => {
+            Ok(s == 3 && braid_model::footprint::splits_embedding_grads(cfg, checkpointing))
+        }
     }
 }
 
@@ -301,6 +335,17 @@ pub fn device(
                 .into(),
         );
     }
+    let split = split_embedding_grads(cfg, a.sharding.stage, a.checkpointing)?;
+    // What the hints' other setups would choose.
+    let split_in = |sharding: Sharding, checkpointing: bool| match sharding == a.sharding
+        && checkpointing == a.checkpointing
+    {
+        true => split,
+        false => {
+            sharding.stage == 3
+                && braid_model::footprint::splits_embedding_grads(cfg, checkpointing)
+        }
+    };
     let weights = match forced {
         Some(streamed) => vec![streamed],
         // ZeRO-3 casts each gathered layer as it runs.
@@ -329,6 +374,7 @@ pub fn device(
         keep_attention,
         saved_in_grads,
         half_gathers,
+        split_embeddings: split,
     };
     let Ok(free) = dev.free_memory() else {
         return Ok(plan(0, forms[0]));
@@ -353,6 +399,7 @@ pub fn device(
             offload,
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
             half_gathers: half_gathers && sharding.stage == 3,
+            split_embeddings: split_in(sharding, checkpointing),
         };
         gpu_training(cfg, &run)
     };

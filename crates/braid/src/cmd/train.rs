@@ -538,6 +538,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         saved_in_grads: false,
         half_gathers: true,
         final_gather: a.save.is_some(),
+        split_reduce: super::preflight::split_embedding_grads(
+            &cfg,
+            zero.unwrap_or(0),
+            a.checkpointing,
+        )?,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
@@ -714,6 +719,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if plan.half_gathers {
                 lean.push("layers gathered in bf16");
             }
+            if plan.split_embeddings {
+                lean.push("the embeddings' gradients reduce-scattered in two parts");
+            }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
                 braid_model::footprint::gib(plan.estimate),
@@ -726,6 +734,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         shard_choice.saved_in_grads = plan.saved_in_grads;
         opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
         shard_choice.half_gathers = plan.half_gathers;
+        shard_choice.split_reduce = plan.split_embeddings;
         braid_cuda::pool::reset_peak();
         let options = braid_model::cuda::model_mixed::MixedOptions {
             checkpointing: a.checkpointing,

@@ -99,6 +99,9 @@ pub struct ShardChoice {
     /// Stage 3: gather the whole parameters back at the end (for
     /// `--save`).
     pub final_gather: bool,
+    /// Stage 3: the tied embeddings' gradients reduce-scattered in two
+    /// parts (`preflight::split_embedding_grads`).
+    pub split_reduce: bool,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -121,13 +124,15 @@ where
         saved_in_grads,
         half_gathers,
         final_gather,
+        split_reduce,
     } = choice;
     Ok(match stage {
         Some(3) => Box::new(
             Zero3::new(comm, shard_group, !keep_params)?
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers)
-                .with_final_gather(final_gather),
+                .with_final_gather(final_gather)
+                .with_split_reduce(split_reduce),
         ),
         // Stage 2 writes gradients block by block (no whole buffer).
         Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),
