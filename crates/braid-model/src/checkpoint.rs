@@ -276,19 +276,72 @@ fn verify(
     Ok(())
 }
 
-/// Reads a checkpoint written by [`save`] or a Hugging Face GPT-2
-/// `model.safetensors`.
-pub fn load(path: &Path) -> Result<(Params, LoadReport), CheckpointError> {
-    let buf = std::fs::read(path).map_err(|source| CheckpointError::Io {
+/// The bytes of the file at `path`, mapped read-only (no copy in the
+/// process's memory: loading a model holds its parameters once, not
+/// twice); `None` for an empty file.
+fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>, CheckpointError> {
+    let io = |source| CheckpointError::Io {
         path: path.into(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the mapping is read-only and private to this call; braid
+    // never writes a checkpoint it is reading (saves go to a temporary
+    // file renamed into place), and a file truncated under a live mapping
+    // by another program is outside what any mmap reader can defend.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Some(map))
+}
+
+/// The model configuration of the checkpoint at `path` (from its header:
+/// `braid.config`, or the shapes of a Hugging Face file), without reading
+/// its tensors: what a run checks its memory for before loading.
+pub fn config_of(path: &Path) -> Result<GptConfig, CheckpointError> {
+    let map = map_file(path)?;
+    let buf: &[u8] = map.as_deref().unwrap_or(&[]);
     let format = |why: String| CheckpointError::Format {
         path: path.into(),
         why,
     };
-    let (_, meta) = SafeTensors::read_metadata(&buf).map_err(|e| format(format!("{e:?}")))?;
-    let st = SafeTensors::deserialize(&buf).map_err(|e| format(format!("{e:?}")))?;
+    let (_, meta) = SafeTensors::read_metadata(buf).map_err(|e| format(format!("{e:?}")))?;
+    let config = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
+        Some(json) => serde_json::from_str::<GptConfig>(json)
+            .map_err(|e| format(format!("bad {CONFIG_KEY} metadata: {e}")))?,
+        None => {
+            let st = SafeTensors::deserialize(buf).map_err(|e| format(format!("{e:?}")))?;
+            infer_config(&st).map_err(format)?
+        }
+    };
+    config
+        .validate()
+        .map_err(|e| format(format!("configuration {config:?}: {e}")))?;
+    Ok(config)
+}
+
+/// Reads a checkpoint written by [`save`] or a Hugging Face GPT-2
+/// `model.safetensors`.
+pub fn load(path: &Path) -> Result<(Params, LoadReport), CheckpointError> {
+    load_as(path, Layout::new)
+}
+
+/// [`load`] into the layout `layout` makes for the file's configuration
+/// (tensors are placed by name: a padded layout, as ZeRO trains on, is
+/// filled directly rather than copied into afterwards).
+pub fn load_as(
+    path: &Path,
+    layout: impl FnOnce(&GptConfig) -> Layout,
+) -> Result<(Params, LoadReport), CheckpointError> {
+    let map = map_file(path)?;
+    let buf: &[u8] = map.as_deref().unwrap_or(&[]);
+    let format = |why: String| CheckpointError::Format {
+        path: path.into(),
+        why,
+    };
+    let (_, meta) = SafeTensors::read_metadata(buf).map_err(|e| format(format!("{e:?}")))?;
+    let st = SafeTensors::deserialize(buf).map_err(|e| format(format!("{e:?}")))?;
     let mut report = LoadReport {
         metadata: meta.metadata().clone().unwrap_or_default(),
         ..Default::default()
@@ -327,7 +380,13 @@ pub fn load(path: &Path) -> Result<(Params, LoadReport), CheckpointError> {
     config
         .validate()
         .map_err(|e| format(format!("configuration {config:?}: {e}")))?;
-    let layout = Arc::new(Layout::new(&config));
+    let layout = Arc::new(layout(&config));
+    if layout.config != config {
+        return Err(format(format!(
+            "laid out as {:?}, but the file holds {config:?}",
+            layout.config
+        )));
+    }
     let mut params = Params::zeros(layout.clone());
     for p in &layout.params {
         let tensor_err = |why: String| CheckpointError::Tensor {

@@ -172,3 +172,56 @@ fn a_model_that_cannot_fit_is_refused_with_the_estimate() {
         }
     }
 }
+
+/// `--load` checks memory from the file's header before reading its
+/// tensors: a file whose header names a model far too large for this
+/// machine is refused with the estimate, naming the file (no tensors are
+/// read: the file holds none). A real checkpoint loads under ZeRO-3
+/// (read straight into its padded layout) and trains as data parallelism
+/// does from it.
+#[test]
+fn a_loaded_model_is_checked_before_it_is_read_and_loads_into_zero_3() {
+    let dir = TempDir::new("train-load");
+    let huge = dir.path().join("huge.safetensors");
+    let config =
+        r#"{"n_layer":99999,"n_head":64,"n_embd":65536,"vocab_size":50304,"context":1024}"#;
+    let header = serde_json::json!({ "__metadata__": { "braid.config": config } }).to_string();
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    std::fs::write(&huge, bytes).unwrap();
+    let mut cmd = braid();
+    cmd.args(["train", "--steps", "1", "--load"]).arg(&huge);
+    let f = run(cmd, Duration::from_secs(30));
+    assert_eq!(f.code, Some(2), "{f:?}");
+    for part in [
+        "huge.safetensors",
+        "of host memory",
+        "a model of at most about",
+    ] {
+        assert!(
+            f.stderr.contains(part),
+            "expected {part:?} in:\n{}",
+            f.stderr
+        );
+    }
+    let (saved, _) = common::train(&dir, "tiny", &["--steps", "5"], &[]);
+    let from = saved.to_str().unwrap();
+    let (ddp, _) = common::train(
+        &dir,
+        "ddp",
+        &[
+            "--load", from, "--nproc", "2", "--batch", "4", "--steps", "3",
+        ],
+        &[],
+    );
+    let (z3, _) = common::train(
+        &dir,
+        "z3",
+        &[
+            "--load", from, "--nproc", "2", "--batch", "4", "--steps", "3", "--zero", "3",
+        ],
+        &[],
+    );
+    let d = common::max_diff(&common::params(&ddp), &common::params(&z3));
+    assert!(d <= 1e-4, "ZeRO-3 from the loaded model differs by {d}");
+}

@@ -432,8 +432,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         Some(_) => 0,
         None => defer_layers(a.defer_layers, precision, ranks, layers),
     };
+    // A loaded model is named by its file in the pre-flight's messages.
+    let model_name = match &a.load {
+        Some(path) => path.display().to_string(),
+        None => a.model.clone(),
+    };
     let shape = super::preflight::Shape {
-        model: &a.model,
+        model: &model_name,
         seq: a.seq,
         checkpointing: a.checkpointing,
         sharding: Sharding {
@@ -445,30 +450,32 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         offload,
         accum: a.accum,
     };
+    // Before the host spends time reading or initialising a model it (or
+    // the GPU) cannot hold; the GPU is checked again, with the same
+    // figures, once the run's device is set up.
+    let preflight = |cfg: &GptConfig| -> Result<(), String> {
+        let adamw = optimizer == OptimizerKind::AdamW;
+        super::preflight::host(&shape, cfg, batch, cuda, precision, adamw)?;
+        if cuda {
+            let local = braid_core::world::local_rank_from_env().unwrap_or(0);
+            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
+            let defer = defer_for(cfg.n_layer);
+            super::preflight::device(&shape, cfg, &dev, precision, batch, defer)?;
+        }
+        Ok(())
+    };
     // Both arms give the parameters in the layout the run trains on.
     let (mut params, saved_tok) = match &a.load {
         Some(path) => {
-            let (mut p, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
-            let wanted = train_layout(&p.layout.config, zero, shard_group);
-            if *p.layout != wanted {
-                p = p.relayout(Arc::new(wanted))?;
-            }
+            preflight(&checkpoint::config_of(path).map_err(|e| e.to_string())?)?;
+            // Read straight into that layout: one copy of the model.
+            let (p, report) = checkpoint::load_as(path, |cfg| train_layout(cfg, zero, shard_group))
+                .map_err(|e| e.to_string())?;
             (p, report.metadata.get("braid.tokenizer").cloned())
         }
         None => {
             let cfg = GptConfig::parse(&a.model)?;
-            let adamw = optimizer == OptimizerKind::AdamW;
-            super::preflight::host(&shape, &cfg, batch, cuda, precision, adamw)?;
-            if cuda {
-                // Before the host spends time initialising a model the GPU
-                // cannot hold (checked again, with the same figures, once
-                // the run's device is set up).
-                let local = braid_core::world::local_rank_from_env().unwrap_or(0);
-                let dev =
-                    braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-                let defer = defer_for(cfg.n_layer);
-                super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
-            }
+            preflight(&cfg)?;
             let started = Instant::now();
             // Drawn straight into the layout the run trains on (values by
             // tensor and chunk, not by offset: the same either way).
