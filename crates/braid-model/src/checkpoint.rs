@@ -307,18 +307,31 @@ pub fn config_of(path: &Path) -> Result<GptConfig, CheckpointError> {
         why,
     };
     let (_, meta) = SafeTensors::read_metadata(buf).map_err(|e| format(format!("{e:?}")))?;
-    let config = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
-        Some(json) => serde_json::from_str::<GptConfig>(json)
-            .map_err(|e| format(format!("bad {CONFIG_KEY} metadata: {e}")))?,
+    Ok(config_in(&meta, buf).map_err(format)?.0)
+}
+
+/// The configuration a file's header names (`braid.config`), or else its
+/// tensors' shapes (a Hugging Face file: the second value is then true),
+/// validated.
+fn config_in(
+    meta: &safetensors::tensor::Metadata,
+    buf: &[u8],
+) -> Result<(GptConfig, bool), String> {
+    let (config, inferred) = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
+        Some(json) => (
+            serde_json::from_str::<GptConfig>(json)
+                .map_err(|e| format!("bad {CONFIG_KEY} metadata: {e}"))?,
+            false,
+        ),
         None => {
-            let st = SafeTensors::deserialize(buf).map_err(|e| format(format!("{e:?}")))?;
-            infer_config(&st).map_err(format)?
+            let st = SafeTensors::deserialize(buf).map_err(|e| format!("{e:?}"))?;
+            (infer_config(&st)?, true)
         }
     };
     config
         .validate()
-        .map_err(|e| format(format!("configuration {config:?}: {e}")))?;
-    Ok(config)
+        .map_err(|e| format!("configuration {config:?}: {e}"))?;
+    Ok((config, inferred))
 }
 
 /// Reads a checkpoint written by [`save`] or a Hugging Face GPT-2
@@ -369,17 +382,8 @@ pub fn load_as(
         let view = st.tensor(name).map_err(|e| format(format!("{e:?}")))?;
         verify(path, name, &view, &report.metadata)?;
     }
-    let config = match meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)) {
-        Some(json) => serde_json::from_str::<GptConfig>(json)
-            .map_err(|e| format(format!("bad {CONFIG_KEY} metadata: {e}")))?,
-        None => {
-            report.inferred_config = true;
-            infer_config(&st).map_err(format)?
-        }
-    };
-    config
-        .validate()
-        .map_err(|e| format(format!("configuration {config:?}: {e}")))?;
+    let (config, inferred) = config_in(&meta, buf).map_err(format)?;
+    report.inferred_config = inferred;
     let layout = Arc::new(layout(&config));
     if layout.config != config {
         return Err(format(format!(
