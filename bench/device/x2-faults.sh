@@ -11,9 +11,9 @@
 #       the report's exposed communication beside the run's own summary;
 #     - `braid verify --device cuda --np 2` (every collective and dtype).
 #   bash bench/device/x2-faults.sh tests
-#     - every GPU test, the 2-GPU legs included.
-# Carry: .dev/braid.gz .dev/gpu-tests.gz .dev/gpu-faults-tests.gz
-# .dev/commit (bench/device/pack.sh makes them).
+#     - every GPU test (gpu.rs, gpu_zero.rs), the 2-GPU legs included.
+# Carry: .dev/braid.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz
+# .dev/gpu-faults-tests.gz .dev/commit (bench/device/pack.sh makes them).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh
 [ "$(nvidia-smi -L | grep -c GPU)" = 2 ] || echo "warning: not 2 GPUs"
 case ${1:-} in
@@ -40,10 +40,12 @@ faults)
   cd - > /dev/null
   ;;
 tests)
-  timeout 500 /tmp/gpu-tests --test-threads 1 > "$L/gpu-tests.txt" 2>&1
-  echo "exit $?" >> "$L/gpu-tests.txt"
-  echo "== gpu-tests"
-  grep -E "test result|FAILED|panicked|exit" "$L/gpu-tests.txt" | head -20
+  for t in gpu-tests gpu-zero-tests; do
+    timeout 250 /tmp/$t --test-threads 1 > "$L/$t.txt" 2>&1
+    echo "exit $?" >> "$L/$t.txt"
+    echo "== $t"
+    grep -E "test result|FAILED|panicked|exit" "$L/$t.txt" | head -20
+  done
   ;;
 *)
   echo "usage: x2-faults.sh faults|tests" >&2

@@ -1,6 +1,8 @@
 //! Helpers for tests that run the real `braid` binary.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
