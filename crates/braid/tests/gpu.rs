@@ -6,7 +6,8 @@
 mod common;
 
 use common::gpu::{
-    figure, run_saving, token_batch, train_and_eval_losses, train_gpu, train_gpu_env, GPU_TOLERANCE,
+    assert_windows_track, figure, run_saving, token_batch, train_and_eval_losses, train_gpu,
+    train_gpu_env, GPU_TOLERANCE,
 };
 use common::{braid, gpus, run};
 use std::io::Write;
@@ -306,16 +307,7 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     let run = ["--nproc", "2", "--batch", "8", "--steps", "100"];
     let (_, f) = train_gpu(&dir, "f32", &[&run[..], &["--precision", "f32"]].concat());
     let (_, b) = train_gpu(&dir, "bf16", &[&run[..], &["--precision", "bf16"]].concat());
-    let (lf, lb) = (common::step_losses(&f), common::step_losses(&b));
-    for w in 0..5 {
-        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
-        assert!(
-            (mean(&lf) - mean(&lb)).abs() < 0.05,
-            "window {w}: f32 {} bf16 {}",
-            mean(&lf),
-            mean(&lb)
-        );
-    }
+    assert_windows_track(&f, &b, 0.05, ("f32", "bf16"));
 }
 
 /// `--checkpointing` on the GPU recomputes the blocks' activations (all,
@@ -639,16 +631,7 @@ fn gpu_offloaded_optimizer_matches_the_gpu_one() {
     let run = ["--steps", "100", "--batch", "8"];
     let (_, plain) = train_gpu(&dir, "bf16", &run);
     let (_, off) = train_gpu(&dir, "bf16-host", &[&run[..], &offload].concat());
-    let (lp, lo) = (common::step_losses(&plain), common::step_losses(&off));
-    for w in 0..5 {
-        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
-        assert!(
-            (mean(&lp) - mean(&lo)).abs() < 0.02,
-            "window {w}: optimizer on the GPU {} on the host {}",
-            mean(&lp),
-            mean(&lo)
-        );
-    }
+    assert_windows_track(&plain, &off, 0.02, ("optimizer on the GPU", "on the host"));
     if gpus(2).is_some() {
         let two = [
             "--precision",

@@ -7,7 +7,8 @@
 mod common;
 
 use common::gpu::{
-    figure, run_saving, token_batch, train_and_eval_losses, train_gpu, train_gpu_env, GPU_TOLERANCE,
+    assert_windows_track, figure, run_saving, token_batch, train_and_eval_losses, train_gpu,
+    train_gpu_env, GPU_TOLERANCE,
 };
 use common::{braid, gpus, run};
 use std::io::Write;
@@ -42,16 +43,7 @@ fn gpu_zero_matches_data_parallel() {
     let run = ["--nproc", "2", "--batch", "8", "--steps", "60"];
     let (_, a) = train_gpu(&dir, "ddp-bf16", &run);
     let (_, b) = train_gpu(&dir, "zero2-bf16", &[&run[..], &["--zero", "2"]].concat());
-    let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
-    for w in 0..3 {
-        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
-        assert!(
-            (mean(&la) - mean(&lb)).abs() < 0.02,
-            "window {w}: data parallel {} ZeRO-2 {}",
-            mean(&la),
-            mean(&lb)
-        );
-    }
+    assert_windows_track(&a, &b, 0.02, ("data parallel", "ZeRO-2"));
 }
 
 /// ZeRO-3 on GPUs (each unit's blocks all-gathered by NCCL before it

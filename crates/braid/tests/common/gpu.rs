@@ -103,3 +103,34 @@ pub fn token_batch(b: usize, t: usize, a: usize, c: usize) -> braid_train::engin
     }
     batch
 }
+
+/// Asserts that two runs' loss curves track each other: the mean loss of
+/// every 20-step window of record `a` within `tol` of record `b`'s
+/// (`names` say which run is which in the message).
+pub fn assert_windows_track(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    tol: f64,
+    names: (&str, &str),
+) {
+    let (la, lb) = (super::step_losses(a), super::step_losses(b));
+    assert_eq!(
+        la.len(),
+        lb.len(),
+        "{} and {}: step counts",
+        names.0,
+        names.1
+    );
+    assert!(la.len() >= 20, "fewer than 20 steps to compare");
+    for w in 0..la.len() / 20 {
+        let mean = |l: &[f64]| l[w * 20..(w + 1) * 20].iter().sum::<f64>() / 20.0;
+        assert!(
+            (mean(&la) - mean(&lb)).abs() < tol,
+            "window {w}: {} {} {} {}",
+            names.0,
+            mean(&la),
+            names.1,
+            mean(&lb)
+        );
+    }
+}
