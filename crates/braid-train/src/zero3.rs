@@ -355,18 +355,13 @@ impl<C: Collective> Zero3<C> {
                     },
                 )?;
                 step.add(s);
-                for b in pending.drain(..) {
-                    st.drop_grads(b);
-                }
+                st.drop_all_grads(&mut pending);
             }
             if !pending.is_empty() && writes[u].iter().any(|&b| st.reduced[b]) {
                 // A block's second part: its buffer comes once the blocks
                 // final before are reduce-scattered, taking their memory
                 // (the embedding unit after the first layer's).
-                step.add(st.exchange(group, &[], &pending, &mut || Ok(()))?);
-                for b in pending.drain(..) {
-                    st.drop_grads(b);
-                }
+                step.add(st.reduce_alone(group, &mut pending)?);
             }
             memory_phase::enter(Phase::BackwardUnit(u));
             for &b in &writes[u] {
@@ -388,9 +383,7 @@ impl<C: Collective> Zero3<C> {
                 },
             )?;
             step.add(s);
-            for b in pending.drain(..) {
-                st.drop_grads(b);
-            }
+            st.drop_all_grads(&mut pending);
             pending.extend((0..st.reduce_after.len()).filter(|&b| st.reduce_after[b].contains(&u)));
             for &b in &reads[u] {
                 if !reads[u + 1..].iter().any(|r| r.contains(&b)) {
@@ -399,10 +392,7 @@ impl<C: Collective> Zero3<C> {
             }
         }
         let computed = timeline.mark(engine.stream())?;
-        step.add(st.exchange(group, &[], &pending, &mut || Ok(()))?);
-        for b in pending {
-            st.drop_grads(b);
-        }
+        step.add(st.reduce_alone(group, &mut pending)?);
         st.micro += 1;
         self.last.add(step);
         Ok(computed)

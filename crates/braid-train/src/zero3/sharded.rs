@@ -195,6 +195,22 @@ impl<C: Collective> Sharded<C> {
         }
     }
 
+    /// Frees the gradient buffers of `blocks` (whose reduce-scatter is
+    /// queued), emptying the list.
+    pub(super) fn drop_all_grads(&mut self, blocks: &mut Vec<usize>) {
+        for b in blocks.drain(..) {
+            self.drop_grads(b);
+        }
+    }
+
+    /// Reduce-scatters the gradients of `blocks` with no unit beside it,
+    /// then frees their buffers (emptying the list).
+    pub(super) fn reduce_alone(&mut self, group: &C, blocks: &mut Vec<usize>) -> Result<CommStep> {
+        let step = self.exchange(group, &[], blocks, &mut || Ok(()))?;
+        self.drop_all_grads(blocks);
+        Ok(step)
+    }
+
     /// Keeps `buf` as a spare, or frees it (the oldest spare goes when
     /// there are enough).
     pub(super) fn recycle(&mut self, buf: Flat2<C>) {

@@ -336,15 +336,10 @@ pub fn device(
         );
     }
     let split = split_embedding_grads(cfg, a.sharding.stage, a.checkpointing)?;
-    // What the hints' other setups would choose.
-    let split_in = |sharding: Sharding, checkpointing: bool| match sharding == a.sharding
-        && checkpointing == a.checkpointing
-    {
-        true => split,
-        false => {
-            sharding.stage == 3
-                && braid_model::footprint::splits_embedding_grads(cfg, checkpointing)
-        }
+    // What the hints' other setups would choose (a forced `on` that a
+    // setup refuses: not split).
+    let split_in = |sharding: Sharding, checkpointing: bool| {
+        split_embedding_grads(cfg, sharding.stage, checkpointing).unwrap_or(false)
     };
     let weights = match forced {
         Some(streamed) => vec![streamed],

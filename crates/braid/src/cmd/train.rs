@@ -180,7 +180,9 @@ pub struct TrainArgs {
     /// update), 2 (gradients reduce-scattered bucket by bucket during the
     /// backward pass, only the shard's kept) or 3 (parameters sharded too:
     /// each transformer block's gathered just before it runs and freed
-    /// after).
+    /// after; under --checkpointing, where a layer's gradient buffer can
+    /// hold them, the tied embeddings' gradients reduce-scattered in two
+    /// parts: BRAID_SPLIT_REDUCE=on|off|auto).
     #[arg(long, value_name = "STAGE")]
     zero: Option<u8>,
     /// FSDP: an alias of --zero 3.
