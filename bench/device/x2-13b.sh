@@ -29,9 +29,9 @@ if [ "$phase" = all ] || [ "$phase" = big ]; then
   ds_install
   peer ds-13b 200 ds_gpt2_bench.py --zero 3 --act-ckpt --model L40-H40-C5120 --B 8 --steps 8 --warmup 3
 fi
-if [ "$phase" = small ] || { [ "$phase" = all ] && [ $SECONDS -lt 380 ]; }; then
-  br z3-124m 90 --zero 3 --model 124M --batch 16 --steps 30
-  br ddp-124m 90 --model 124M --batch 16 --steps 30
+if [ "$phase" = small ] || { [ "$phase" = all ] && [ $SECONDS -lt 400 ]; }; then
+  br z3-124m 45 --zero 3 --model 124M --batch 16 --steps 30
+  br ddp-124m 45 --model 124M --batch 16 --steps 30
   peer fsdp2-124m 90 torch_gpt2_bench.py --fsdp --model 124M --B 16 --steps 20
 fi
 finish
