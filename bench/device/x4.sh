@@ -40,6 +40,8 @@
 # under $L and come back as $OUT/logs.tgz.
 # Carry: .dev/braid.gz .dev/commit .dev/anchors (bench/device/pack.sh).
 #
+# X4_COUNTS="1 2" sets the GPU counts of `scale` (a dry run on 2 GPUs).
+#
 # On a CPU-only machine: X4_LOCAL=1 bash bench/device/x4.sh PHASE runs
 # without setup.sh (which would replace target/release/braid by a link):
 # braid from $B (default target/release/braid), logs in $OUT/logs ($OUT
@@ -165,6 +167,7 @@ ratio() {
 phase_scale() {
   local counts="1 2 4" n top
   [ "$G" -ge 8 ] && counts="1 2 4 8"
+  counts=${X4_COUNTS:-$counts}
   top=${counts##* }
   local M=(--model 124M --batch 16 --seq 1024 --data random)
   for n in $counts; do
