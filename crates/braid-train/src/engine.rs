@@ -354,6 +354,21 @@ pub trait Engine {
     /// they were overwritten.
     fn params_changed(&mut self) -> Result<()>;
 
+    /// Replaces the whole parameters by `values` (a resumed run's): by
+    /// default written into [`params_mut`](Self::params_mut), then
+    /// [`params_changed`](Self::params_changed). An engine whose master
+    /// weights live elsewhere (an offloaded optimizer's, in host memory)
+    /// puts them there.
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        let whole = 0..<Self::Space as Space>::len(self.params());
+        <Self::Space as Space>::write_ranges(
+            self.params_mut(),
+            std::slice::from_ref(&whole),
+            values,
+        )?;
+        self.params_changed()
+    }
+
     /// The parameters, when their master copy lives in host memory
     /// instead of the engine's space (an optimizer offloaded to the host):
     /// then [`params`](Self::params) may be empty, and strategies compare

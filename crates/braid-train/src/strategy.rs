@@ -31,7 +31,6 @@
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::engine::{backward_local, Engine, Flat, ShardedBytes, StateBytes, UpdateStep};
-use crate::space::Space;
 use crate::timeline::Timeline;
 use crate::Result;
 
@@ -188,9 +187,8 @@ pub trait Strategy<E: Engine> {
     /// optimizer state.
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
         checkpoint::restore_whole_params(engine, from)?;
-        let whole = 0..E::Space::len(engine.params());
-        let all = std::slice::from_ref(&whole);
-        checkpoint::restore_optimizer(engine, from, all)
+        let whole = 0..checkpoint::whole_len(engine);
+        checkpoint::restore_optimizer(engine, from, std::slice::from_ref(&whole))
     }
 
     /// Whether nothing but the engine's backward units writes the loop's

@@ -530,6 +530,22 @@ fn gpu_resume_from_a_sharded_checkpoint_is_bit_identical() {
             "zero3-1",
             vec!["--zero", "3", "--nproc", "1", "--batch", "8"],
         ),
+        // Master weights and AdamW's moments in host memory.
+        (
+            "offload-f32",
+            vec![
+                "--precision",
+                "f32",
+                "--batch",
+                "8",
+                "--offload",
+                "optimizer",
+            ],
+        ),
+        (
+            "offload-bf16",
+            vec!["--batch", "8", "--offload", "optimizer"],
+        ),
     ];
     if gpus(2).is_some() {
         cases.push(("ddp2", vec!["--nproc", "2", "--batch", "4"]));

@@ -138,11 +138,21 @@ pub fn whole_part<E: Engine>(
     staging: &mut Staging,
 ) -> Result<StatePart> {
     engine.synchronize()?;
-    if engine.host_params().is_some() {
-        return Err("checkpoints of an offloaded optimizer are not supported yet (train without --offload to checkpoint)".into());
-    }
     let mut params = staging.take(ranges.iter().map(|r| r.len()).sum())?;
-    E::Space::read_ranges_into(engine.params(), &ranges, &mut params)?;
+    match engine.host_params() {
+        // An offloaded optimizer's master weights, in host memory.
+        Some(host) => {
+            let mut at = 0;
+            for r in &ranges {
+                let from = host
+                    .get(r.clone())
+                    .ok_or_else(|| format!("elements {r:?} of {} master weights", host.len()))?;
+                params[at..at + r.len()].copy_from_slice(from);
+                at += r.len();
+            }
+        }
+        None => E::Space::read_ranges_into(engine.params(), &ranges, &mut params)?,
+    }
     let (kind, moments) = moments_part(engine, &ranges, staging)?;
     Ok(StatePart {
         ranges,
@@ -152,17 +162,22 @@ pub fn whole_part<E: Engine>(
     })
 }
 
+/// The elements of an engine's whole flat buffer: its master weights',
+/// which live in host memory when the optimizer is offloaded (the GPU's
+/// buffer then holds only what its passes read in f32).
+pub fn whole_len<E: Engine>(engine: &E) -> usize {
+    match engine.host_params() {
+        Some(host) => host.len(),
+        None => E::Space::len(engine.params()),
+    }
+}
+
 /// Loads whole parameters from `from` into `engine`.
 pub fn restore_whole_params<E: Engine>(engine: &mut E, from: &dyn StateSource) -> Result<()> {
     let tensors = tensors_of(engine)?;
-    if engine.host_params().is_some() {
-        return Err("resuming an offloaded optimizer is not supported yet (train without --offload to checkpoint)".into());
-    }
-    let whole = 0..E::Space::len(engine.params());
-    let all = std::slice::from_ref(&whole);
-    let p = from.read("params", &tensors, all)?;
-    E::Space::write_ranges(engine.params_mut(), all, &p)?;
-    engine.params_changed()
+    let whole = 0..whole_len(engine);
+    let p = from.read("params", &tensors, std::slice::from_ref(&whole))?;
+    engine.load_params(&p)
 }
 
 /// Loads the optimizer state of the elements `shard` (all the optimizer

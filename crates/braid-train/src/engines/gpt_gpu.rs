@@ -103,6 +103,20 @@ impl Offload {
             Offload::Bf16(h, _) => h.into_master(),
         }
     }
+
+    fn moment(&self, i: usize) -> Result<&[f32]> {
+        match self {
+            Offload::F32(h) => h.moment(i),
+            Offload::Bf16(h, _) => h.moment(i),
+        }
+    }
+
+    fn set_moments(&mut self, m: &[f32], v: &[f32], updates: u64) -> Result<()> {
+        match self {
+            Offload::F32(h) => h.set_moments(m, v, updates),
+            Offload::Bf16(h, _) => h.set_moments(m, v, updates),
+        }
+    }
 }
 
 /// One backward unit of the GPU engine.
@@ -350,14 +364,8 @@ impl GpuGpt {
     }
 
     /// Refuses checkpointing the optimizer where its state is not in
-    /// `m` and `v` (offloaded to the host, or released after training).
+    /// `m` and `v` (released after training).
     fn checkpointable(&self, what: &str) -> Result<()> {
-        if self.offload.is_some() {
-            return Err(format!(
-                "{what}: checkpoints of an offloaded optimizer are not supported yet \
-                 (train without --offload to checkpoint)"
-            ));
-        }
         if self.released {
             return Err(format!(
                 "{what}: the optimizer's state was released (training ended)"
@@ -494,6 +502,32 @@ impl Engine for GpuGpt {
             self.mk.to_bf16(m.stream(), pb, &self.p).map_err(e)?;
         }
         Ok(())
+    }
+
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        match (&mut self.offload, &mut self.model) {
+            (None, _) => {
+                if values.len() != self.p.len() {
+                    return Err(format!(
+                        "{} parameter values for a buffer of {}",
+                        values.len(),
+                        self.p.len()
+                    ));
+                }
+                self.p.copy_from_host(values).map_err(e)?;
+                self.params_changed()
+            }
+            // The master weights are the host's; the GPU's copies follow.
+            (Some(Offload::F32(h)), Model::F32(m)) => {
+                h.set_master(values)?;
+                h.upload(&mut self.p, None, m.stream())
+            }
+            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
+                h.set_master(values)?;
+                h.upload(pb, Some(&mut self.p), m.stream())
+            }
+            _ => Err("the offloaded optimizer does not match the model's form".into()),
+        }
     }
 
     fn host_params(&self) -> Option<&[f32]> {
@@ -768,6 +802,16 @@ impl Engine for GpuGpt {
                 out.len()
             ));
         }
+        if let Some(host) = &self.offload {
+            // The offloaded optimizer owns every element, in flat order.
+            let state = host.moment(moment)?;
+            let mut o = 0;
+            for r in at {
+                out[o..o + r.len()].copy_from_slice(&state[r.clone()]);
+                o += r.len();
+            }
+            return Ok(());
+        }
         // Before the first update the moments are zero (and not yet
         // allocated).
         if self.m.len() != self.state_len() {
@@ -796,6 +840,11 @@ impl Engine for GpuGpt {
         self.synchronize()?;
         let m = moment(state, "adamw", "exp_avg", len)?;
         let v = moment(state, "adamw", "exp_avg_sq", len)?;
+        if let Some(host) = &mut self.offload {
+            host.set_moments(m, v, updates)?;
+            self.updates = updates;
+            return Ok(());
+        }
         self.m = DeviceBuffer::from_host(&device, m).map_err(e)?;
         self.v = DeviceBuffer::from_host(&device, v).map_err(e)?;
         self.updates = updates;

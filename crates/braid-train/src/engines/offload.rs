@@ -175,6 +175,53 @@ impl<T: Narrow> HostOptimizer<T> {
         master
     }
 
+    /// AdamW's moment `i` (0: `exp_avg`, 1: `exp_avg_sq`), laid out like
+    /// the master weights (zeros before the first update).
+    pub fn moment(&self, i: usize) -> Result<&[f32]> {
+        match (&self.opt, i) {
+            (Optimizer::AdamW { m, .. }, 0) => Ok(m),
+            (Optimizer::AdamW { v, .. }, 1) => Ok(v),
+            _ => Err(format!("offloaded optimizer: AdamW has no moment {i}")),
+        }
+    }
+
+    /// Replaces AdamW's moments by `m` and `v` (laid out like the master
+    /// weights), as after `updates` updates: a resumed run's state.
+    pub fn set_moments(&mut self, m: &[f32], v: &[f32], updates: u64) -> Result<()> {
+        let n = self.master.len();
+        let Optimizer::AdamW {
+            m: om, v: ov, t, ..
+        } = &mut self.opt
+        else {
+            return Err("offloaded optimizer: not AdamW".into());
+        };
+        if m.len() != n || v.len() != n {
+            return Err(format!(
+                "offloaded optimizer: moments of {} and {} elements for {n} master weights",
+                m.len(),
+                v.len()
+            ));
+        }
+        *t = u32::try_from(updates).map_err(|_| format!("{updates} updates"))?;
+        om.copy_from_slice(m);
+        ov.copy_from_slice(v);
+        Ok(())
+    }
+
+    /// Replaces the master weights by `values` (a resumed run's); the
+    /// GPU's copies follow with [`upload`](Self::upload).
+    pub fn set_master(&mut self, values: &[f32]) -> Result<()> {
+        if values.len() != self.master.len() {
+            return Err(format!(
+                "offloaded optimizer: {} values for {} master weights",
+                values.len(),
+                self.master.len()
+            ));
+        }
+        self.master.copy_from_slice(values);
+        Ok(())
+    }
+
     /// Bytes of host memory it holds: master weights, moments, staging.
     pub fn host_bytes(&self) -> (u64, u64, u64) {
         let staging = 4 * self.grads_in[0].as_slice().len() * 2

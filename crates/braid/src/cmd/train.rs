@@ -319,13 +319,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ("--save", a.save.as_deref()),
         ("--json", a.json.as_deref()),
     ])?;
-    if a.offload != "none" && (a.ckpt_dir.is_some() || a.resume.is_some()) {
-        return Err(
-            "--ckpt-dir/--resume with --offload are not supported yet (the offloaded optimizer's \
-             state is not written to checkpoints): train without --offload to checkpoint"
-                .into(),
-        );
-    }
     let zero = zero_stage(&ZeroFlags {
         zero: a.zero,
         fsdp: a.fsdp,
