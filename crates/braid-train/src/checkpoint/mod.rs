@@ -32,6 +32,7 @@ pub use save::{Checkpointer, SaveReport};
 pub use staging::{HostBuf, Staging};
 
 use crate::engine::{Engine, NamedTensor, OptimizerState};
+use crate::engines::copy_at;
 use crate::space::Space;
 use crate::Result;
 use std::ops::Range;
@@ -141,16 +142,7 @@ pub fn whole_part<E: Engine>(
     let mut params = staging.take(ranges.iter().map(|r| r.len()).sum())?;
     match engine.host_params() {
         // An offloaded optimizer's master weights, in host memory.
-        Some(host) => {
-            let mut at = 0;
-            for r in &ranges {
-                let from = host
-                    .get(r.clone())
-                    .ok_or_else(|| format!("elements {r:?} of {} master weights", host.len()))?;
-                params[at..at + r.len()].copy_from_slice(from);
-                at += r.len();
-            }
-        }
+        Some(host) => copy_at(host, &ranges, &mut params)?,
         None => E::Space::read_ranges_into(engine.params(), &ranges, &mut params)?,
     }
     let (kind, moments) = moments_part(engine, &ranges, staging)?;

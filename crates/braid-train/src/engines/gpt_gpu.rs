@@ -8,7 +8,8 @@
 use super::offload::HostOptimizer;
 use super::{backward_unit_name, forward_unit_name};
 use super::{
-    gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment, TokenBatch,
+    copy_at, gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment,
+    TokenBatch,
 };
 use crate::engine::{
     check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits,
@@ -507,13 +508,6 @@ impl Engine for GpuGpt {
     fn load_params(&mut self, values: &[f32]) -> Result<()> {
         match (&mut self.offload, &mut self.model) {
             (None, _) => {
-                if values.len() != self.p.len() {
-                    return Err(format!(
-                        "{} parameter values for a buffer of {}",
-                        values.len(),
-                        self.p.len()
-                    ));
-                }
                 self.p.copy_from_host(values).map_err(e)?;
                 self.params_changed()
             }
@@ -804,13 +798,7 @@ impl Engine for GpuGpt {
         }
         if let Some(host) = &self.offload {
             // The offloaded optimizer owns every element, in flat order.
-            let state = host.moment(moment)?;
-            let mut o = 0;
-            for r in at {
-                out[o..o + r.len()].copy_from_slice(&state[r.clone()]);
-                o += r.len();
-            }
-            return Ok(());
+            return copy_at(host.moment(moment)?, &at, out);
         }
         // Before the first update the moments are zero (and not yet
         // allocated).

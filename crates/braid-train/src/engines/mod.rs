@@ -90,7 +90,7 @@ pub fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
 }
 
 /// Copies the elements `at` (state indices) of `state` into `out`, one
-/// range after another.
+/// range after another; a range outside `state` is an error.
 pub(crate) fn copy_at(
     state: &[f32],
     at: &[std::ops::Range<usize>],
@@ -106,7 +106,10 @@ pub(crate) fn copy_at(
     }
     let mut o = 0;
     for r in at {
-        out[o..o + r.len()].copy_from_slice(&state[r.clone()]);
+        let from = state
+            .get(r.clone())
+            .ok_or_else(|| format!("elements {r:?} asked of {}", state.len()))?;
+        out[o..o + r.len()].copy_from_slice(from);
         o += r.len();
     }
     Ok(())
