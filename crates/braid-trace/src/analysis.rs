@@ -223,24 +223,34 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// How far (a share of the median rank's step) a rank's own work per
+/// step must exceed the other ranks' median for [`straggler`] to name it.
+/// A shared or oversubscribed machine makes ranks differ by a few percent
+/// on their own: only a tenth of the step is called a straggler. Every
+/// text that states the threshold (`braid report`, its HTML page) takes
+/// it from here.
+pub const STRAGGLER_SHARE: f64 = 0.10;
+
+/// The least excess (microseconds) [`straggler`] names, however short the
+/// step.
+pub const STRAGGLER_MIN_US: f64 = 1000.0;
+
 /// The straggler among `ranks`, if one stands out. A rank's own work per
 /// step is its computation, data loading and other host work; in a
 /// synchronous run the others wait for the rank with the most of it, so
 /// the straggler is the rank whose own work exceeds the other ranks'
-/// median by more than 10% of the step (and 1 ms), in the part that
-/// exceeds most. With
-/// no such rank, a rank whose collectives take longest while the others
-/// wait in theirs less is slow in communication.
+/// median by more than [`STRAGGLER_SHARE`] of the step (and
+/// [`STRAGGLER_MIN_US`]), in the part that exceeds most. With no such
+/// rank, a rank whose collectives take longer than the other ranks'
+/// median by as much is slow in communication, not counting the time it
+/// waits in them for the others because its own work is shorter.
 pub fn straggler(ranks: &[RankMeans]) -> Option<Straggler> {
     if ranks.len() < 2 {
         return None;
     }
     let own = |m: &RankMeans| m.mean.compute + m.mean.data + m.mean.other;
     let step = median(ranks.iter().map(|m| m.mean.total).collect());
-    // A shared or oversubscribed machine makes ranks differ by a few
-    // percent on their own: only a tenth of the step is called a
-    // straggler.
-    let threshold = (0.10 * step).max(1000.0);
+    let threshold = (STRAGGLER_SHARE * step).max(STRAGGLER_MIN_US);
     let slow = ranks.iter().max_by(|a, b| {
         own(a)
             .partial_cmp(&own(b))
@@ -292,16 +302,29 @@ pub fn straggler(ranks: &[RankMeans]) -> Option<Straggler> {
             .unwrap_or(std::cmp::Ordering::Equal)
     })?;
     let med_comm = others(busiest.rank, &|m| m.mean.comm);
-    if busiest.mean.comm - med_comm > threshold {
+    // A rank that reaches each collective early waits in it for the
+    // others: as much of its longer collectives as its own work falls
+    // short of the other ranks' is waiting, not slowness (the fastest
+    // rank has the longest collectives).
+    let early = (others(busiest.rank, &own) - own(busiest)).max(0.0);
+    if busiest.mean.comm - med_comm - early > threshold {
         return Some(Straggler {
             rank: busiest.rank,
             category: "communication",
             excess_us: busiest.mean.comm - med_comm,
             evidence: format!(
-                "no rank's own work stands out, but rank {}'s collectives run {} per step against the other ranks' median {}",
+                "no rank's own work stands out, but rank {}'s collectives run {} per step against the other ranks' median {}{}",
                 busiest.rank,
                 ms(busiest.mean.comm),
-                ms(med_comm)
+                ms(med_comm),
+                if early > 0.0 {
+                    format!(
+                        " (its own work is {} shorter than theirs: that much is waiting for them)",
+                        ms(early)
+                    )
+                } else {
+                    String::new()
+                }
             ),
         });
     }
@@ -373,6 +396,91 @@ pub fn op_stats(events: &[TraceEvent], world: usize, windows: &[(f64, f64)]) -> 
     out
 }
 
+/// A rank's collectives per step, told apart by what runs them: the
+/// training strategy's gradient reductions and parameter gathers; the
+/// all-reduce of the gradient norm's square that a strategy with sharded
+/// gradients runs in the optimizer's part of the step; and the training
+/// loop's all-reduce of the step's loss (its mean over the ranks, for the
+/// progress line), which runs once the optimizer is done.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepCollectives {
+    /// Steps looked at.
+    pub steps: usize,
+    /// The strategy's collectives over those steps but the gradient
+    /// norm's, per operation (operation, count), in the order first seen.
+    pub strategy: Vec<(String, u64)>,
+    /// The all-reduces of the gradient norm over those steps.
+    pub norm: u64,
+    /// The loop's all-reduces of the step's loss over those steps.
+    pub loss: u64,
+}
+
+impl StepCollectives {
+    /// All collectives per step.
+    pub fn per_step(&self) -> f64 {
+        (self.strategy_count() + self.norm + self.loss) as f64 / self.steps.max(1) as f64
+    }
+
+    /// The strategy's collectives over the steps.
+    pub fn strategy_count(&self) -> u64 {
+        self.strategy.iter().map(|(_, k)| k).sum()
+    }
+}
+
+/// The collectives that start inside each of the step `windows` (start,
+/// end) of a rank. The loop averages the loss after everything else in
+/// the step, so the step's last all-reduce, where it starts after the
+/// optimizer's span has begun, is the loss's; other all-reduces that start
+/// inside the optimizer's span are the gradient norm's; the rest are the
+/// strategy's (a step without an optimizer span counts all as the
+/// strategy's). Which is the last is read on the rank's own clock: a GPU
+/// rank's optimizer span, timed on the device, may end a few microseconds
+/// off the host's.
+pub fn step_collectives(events: &[TraceEvent], windows: &[(f64, f64)]) -> StepCollectives {
+    let mut out = StepCollectives {
+        steps: windows.len(),
+        ..Default::default()
+    };
+    for &(a, b) in windows {
+        let inside = |e: &&TraceEvent| e.ts >= a && e.ts < b;
+        let optimizer = events
+            .iter()
+            .filter(inside)
+            .filter(|e| e.cat == "optimizer")
+            .map(|e| (e.ts, e.end()))
+            .reduce(|x, y| (x.0.min(y.0), x.1.max(y.1)));
+        let comm: Vec<&TraceEvent> = events
+            .iter()
+            .filter(inside)
+            .filter(|e| e.cat == "comm")
+            .collect();
+        let last = comm
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.name == "all_reduce")
+            .max_by(|x, y| x.1.ts.total_cmp(&y.1.ts))
+            .map(|(i, _)| i);
+        for (i, e) in comm.into_iter().enumerate() {
+            match optimizer {
+                Some((start, _)) if Some(i) == last && e.ts >= start => {
+                    out.loss += 1;
+                    continue;
+                }
+                Some((start, end)) if e.name == "all_reduce" && e.ts >= start && e.ts < end => {
+                    out.norm += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            match out.strategy.iter_mut().find(|(op, _)| *op == e.name) {
+                Some((_, k)) => *k += 1,
+                None => out.strategy.push((e.name.clone(), 1)),
+            }
+        }
+    }
+    out
+}
+
 /// The traced steps of every rank, with their means.
 pub struct RunAnalysis {
     /// Per rank, every step.
@@ -381,6 +489,8 @@ pub struct RunAnalysis {
     pub means: Vec<RankMeans>,
     /// Per rank, its collectives.
     pub ops: Vec<Vec<OpStats>>,
+    /// Per rank, its collectives in the counted steps by what runs them.
+    pub collectives: Vec<StepCollectives>,
     /// The straggler, if any.
     pub straggler: Option<Straggler>,
     /// Whether the ranks ran on GPUs.
@@ -395,17 +505,25 @@ pub fn analyse(traces: &[RankTrace], warmup: usize) -> RunAnalysis {
         .zip(&steps)
         .map(|(t, s)| means(t.rank, s, warmup))
         .collect();
-    let ops = traces
+    let windows: Vec<Vec<(f64, f64)>> = steps
         .iter()
-        .zip(&steps)
-        .map(|(t, s)| {
+        .map(|s| {
             let warm = warmup.min(s.len().saturating_sub(1));
-            let windows: Vec<(f64, f64)> = s[warm..]
+            s[warm..]
                 .iter()
                 .map(|b| (b.start, b.start + b.total))
-                .collect();
-            op_stats(&t.events, t.world_size, &windows)
+                .collect()
         })
+        .collect();
+    let ops = traces
+        .iter()
+        .zip(&windows)
+        .map(|(t, w)| op_stats(&t.events, t.world_size, w))
+        .collect();
+    let collectives = traces
+        .iter()
+        .zip(&windows)
+        .map(|(t, w)| step_collectives(&t.events, w))
         .collect();
     RunAnalysis {
         straggler: straggler(&means),
@@ -413,6 +531,7 @@ pub fn analyse(traces: &[RankTrace], warmup: usize) -> RunAnalysis {
         steps,
         means,
         ops,
+        collectives,
     }
 }
 
@@ -511,6 +630,75 @@ mod tests {
         ];
         let s = straggler(&slow_comm).unwrap();
         assert_eq!((s.rank, s.category), (1, "communication"));
+        // The fastest rank waits longest in the collectives: it is not
+        // slow in communication (nor is anyone a straggler).
+        let early = [
+            rank(0, 70e3, 5e3, 10e3),
+            rank(1, 73e3, 5e3, 10e3),
+            rank(2, 50e3, 5e3, 34e3),
+            rank(3, 72e3, 5e3, 10e3),
+        ];
+        assert_eq!(straggler(&early), None);
+    }
+
+    #[test]
+    fn the_straggler_threshold_is_one_constant() {
+        // Just under and just over STRAGGLER_SHARE of the 100 ms step.
+        let under = STRAGGLER_SHARE * 100e3 - 100.0;
+        let over = STRAGGLER_SHARE * 100e3 + 100.0;
+        let with = |extra: f64| {
+            [
+                rank(0, 50e3, 5e3, 10e3),
+                rank(1, 50e3 + extra, 5e3, 10e3),
+                rank(2, 50e3, 5e3, 10e3),
+            ]
+        };
+        assert_eq!(straggler(&with(under)), None);
+        assert_eq!(straggler(&with(over)).map(|s| s.rank), Some(1));
+    }
+
+    #[test]
+    fn the_loss_all_reduce_after_the_optimizer_is_told_from_the_strategy_s() {
+        let mut events = Vec::new();
+        for k in 0..3u32 {
+            let t = k as f64 * 100.0;
+            events.push(ev(track::HOST, "step", "step", t, 100.0));
+            events.push(ev(track::HOST, "compute", "backward", t, 40.0));
+            events.push(ev(track::COLLECTIVES, "comm", "all_reduce", t + 20.0, 30.0));
+            events.push(ev(track::COLLECTIVES, "comm", "all_reduce", t + 40.0, 20.0));
+            events.push(ev(track::HOST, "optimizer", "optimizer", t + 60.0, 20.0));
+            events.push(ev(track::COLLECTIVES, "comm", "all_reduce", t + 85.0, 5.0));
+        }
+        // A sharded strategy's gradient norm, inside the optimizer span,
+        // and its parameter gather after the update.
+        events.push(ev(track::COLLECTIVES, "comm", "all_reduce", 262.0, 2.0));
+        events.push(ev(track::COLLECTIVES, "comm", "all_gather", 270.0, 5.0));
+        // Outside every step window: not counted.
+        events.push(ev(track::COLLECTIVES, "comm", "all_reduce", 400.0, 5.0));
+        // A third step whose device-timed optimizer span ends a little
+        // after the host's loss all-reduce starts.
+        events.push(ev(track::HOST, "step", "step", 300.0, 100.0));
+        events.push(ev(track::COLLECTIVES, "comm", "all_reduce", 320.0, 30.0));
+        events.push(ev(
+            track::GPU_COMPUTE,
+            "optimizer",
+            "optimizer",
+            360.0,
+            22.0,
+        ));
+        events.push(ev(track::COLLECTIVES, "comm", "all_reduce", 381.0, 5.0));
+        let c3 = step_collectives(&events, &[(300.0, 400.0)]);
+        assert_eq!((c3.strategy_count(), c3.norm, c3.loss), (1, 0, 1));
+        let c = step_collectives(&events, &[(100.0, 200.0), (200.0, 300.0)]);
+        assert_eq!(
+            c.strategy,
+            vec![("all_reduce".to_string(), 4), ("all_gather".to_string(), 1)]
+        );
+        assert_eq!((c.norm, c.loss, c.steps, c.per_step()), (1, 2, 2, 4.0));
+        // The same count as the per-operation table.
+        let ops = op_stats(&events, 2, &[(100.0, 200.0), (200.0, 300.0)]);
+        let all: u64 = ops.iter().map(|o| o.count).sum();
+        assert_eq!(all, c.strategy_count() + c.norm + c.loss);
     }
 
     #[test]

@@ -162,6 +162,17 @@ pub fn build(inp: &Inputs<'_>) -> Value {
             .find(|o| o.op == op)
             .map_or(0.0, |o| ms(o.total_us / steps_counted as f64))
     };
+    // Collectives per step by what runs them, on rank 0 (as the table).
+    let per = |k: u64| (k as f64 / steps_counted as f64 * 100.0).round() / 100.0;
+    let sc = &a.collectives[0];
+    let collectives = json!({
+        "per_step": per(sc.strategy_count() + sc.norm + sc.loss),
+        "strategy_per_step": per(sc.strategy_count()),
+        "strategy_ops": sc.strategy.iter().map(|(op, k)| json!({"op": op, "per_step": per(*k)})).collect::<Vec<_>>(),
+        "grad_norm_all_reduce_per_step": per(sc.norm),
+        "loss_all_reduce_per_step": per(sc.loss),
+        "summary_strategy_per_step": summary["collectives_per_step"],
+    });
     let unoverlapped = first.run["unoverlapped_comm_s"].as_f64();
     let summary_exposed = summary["exposed_comm_s"].as_f64();
     let communication = json!({
@@ -189,6 +200,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
             .map(|(u, e)| pct((u - e).max(0.0), u)),
         "wire_bytes_per_step": summary["wire_bytes_per_step"],
         "steps_counted": steps_counted,
+        "collectives_per_step": collectives,
     });
 
     // Synchronisation and stragglers.
@@ -217,6 +229,9 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         "own_work_spread_ms": ms(spread(&own)),
         "own_work_spread_pct": pct(spread(&own), avg.total),
         "wait_ms_per_rank": waits.iter().map(|w| ms(*w)).collect::<Vec<_>>(),
+        "wait_ranks": a.means.iter().map(|m| m.rank).collect::<Vec<_>>(),
+        "straggler_threshold_pct": (analysis::STRAGGLER_SHARE * 1e5).round() / 1e3,
+        "straggler_threshold_min_ms": ms(analysis::STRAGGLER_MIN_US),
         "straggler": a.straggler.as_ref().map(|s| json!({
             "rank": s.rank, "category": s.category, "excess_ms": ms(s.excess_us), "evidence": s.evidence,
         })),
@@ -326,7 +341,8 @@ fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<Str
     let mut ev = Vec::new();
     let f = |x: f64| format!("{:.1}%", x);
     ev.push(format!(
-        "an average step: compute {}, exposed communication {}, data {}, other {}, idle {}",
+        "an average step, mean over the {} traced ranks: compute {} (optimizer included), exposed communication {}, data {}, other {}, idle {}",
+        a.means.len(),
         f(share(avg.compute)),
         f(share(avg.exposed_comm)),
         f(share(avg.data)),
@@ -339,7 +355,9 @@ fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<Str
         .map(|m| m.mean.exposed_comm + m.mean.idle)
         .fold(f64::MAX, f64::min);
     let mean_wait = avg.exposed_comm + avg.idle;
-    let kind = if let Some(s) = a.straggler.as_ref().filter(|s| s.excess_us > 0.1 * step) {
+    // A straggler named in the synchronisation section is the bottleneck
+    // here too (the same threshold, [`analysis::STRAGGLER_SHARE`]).
+    let kind = if let Some(s) = a.straggler.as_ref() {
         ev.push(s.evidence.clone());
         "load imbalance"
     } else if share(avg.data) > 15.0 {
@@ -447,6 +465,116 @@ fn num(v: &Value) -> String {
     }
 }
 
+/// The straggler rule as the report states it, from its
+/// `synchronisation` section (the terminal text and the HTML page alike).
+pub fn straggler_rule(sync: &Value) -> String {
+    format!(
+        "a rank whose own work per step (compute, data, other host work) exceeds the other ranks' median by more than {}% of the step (and at least {} ms); failing that, a rank whose collectives take that much longer than the other ranks' median, not counting the time it waits in them for the others because its own work is shorter",
+        num(&sync["straggler_threshold_pct"]),
+        num(&sync["straggler_threshold_min_ms"]),
+    )
+}
+
+/// The straggler verdict, from the report's `synchronisation` section.
+pub fn straggler_verdict(sync: &Value) -> String {
+    match sync["straggler"].as_object() {
+        Some(st) => format!(
+            "rank {} (slow in {}, {} ms per step over the other ranks' median): {}",
+            num(&st["rank"]),
+            st["category"].as_str().unwrap_or("?"),
+            num(&st["excess_ms"]),
+            st["evidence"].as_str().unwrap_or("")
+        ),
+        None => format!(
+            "none (no rank's own work, nor its collectives beyond its wait for the others, exceeds the other ranks' median by more than {}% of the step)",
+            num(&sync["straggler_threshold_pct"])
+        ),
+    }
+}
+
+/// The waits per rank as `rank N: ms` pairs, from the report's
+/// `synchronisation` section.
+pub fn waits_text(sync: &Value) -> String {
+    let ranks = sync["wait_ranks"].as_array();
+    sync["wait_ms_per_rank"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, w)| {
+            let rank = ranks.and_then(|r| r.get(i)).map_or(i.to_string(), num);
+            format!("rank {rank}: {}", num(w))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn count(x: f64, one: &str, many: &str) -> String {
+    format!("{x} {}", if x == 1.0 { one } else { many })
+}
+
+/// The collectives per step by what runs them, from the report's
+/// `communication` section, as `braid train`'s summary counts them: "2 =
+/// 1 of the training strategy (all_reduce 1) + 1 all-reduce of the step's
+/// loss" (`None` without the figures).
+pub fn collectives_text(comm: &Value) -> Option<String> {
+    let c = &comm["collectives_per_step"];
+    let total = c["per_step"].as_f64()?;
+    let ops: Vec<String> = c["strategy_ops"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            format!(
+                "{} {}",
+                o["op"].as_str().unwrap_or("?"),
+                num(&o["per_step"])
+            )
+        })
+        .collect();
+    let norm = c["grad_norm_all_reduce_per_step"].as_f64().unwrap_or(0.0);
+    let mut s = format!(
+        "{total} = {} of the training strategy{}{} + {}",
+        num(&c["strategy_per_step"]),
+        match ops.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", ops.join(", ")),
+        },
+        match norm > 0.0 {
+            true => format!(
+                " + {}",
+                count(
+                    norm,
+                    "all-reduce of the gradient norm",
+                    "all-reduces of the gradient norm"
+                )
+            ),
+            false => String::new(),
+        },
+        count(
+            c["loss_all_reduce_per_step"].as_f64().unwrap_or(0.0),
+            "all-reduce of the step's loss",
+            "all-reduces of the step's loss"
+        ),
+    );
+    if let (Some(mine), Some(theirs)) = (
+        c["strategy_per_step"].as_f64(),
+        c["summary_strategy_per_step"].as_f64(),
+    ) {
+        let near = |a: f64, b: f64| (a - b).abs() <= 0.01;
+        if near(mine, theirs) && norm > 0.0 {
+            s.push_str(&format!(
+                " (braid train's summary counts the strategy's {theirs} without the gradient norm's)"
+            ));
+        } else if !near(mine, theirs) && !near(mine + norm, theirs) {
+            s.push_str(&format!(
+                " (braid train's summary counted {theirs} of the strategy's per step)"
+            ));
+        }
+    }
+    Some(s)
+}
+
 /// The report as terminal text.
 pub fn render_text(r: &Value) -> String {
     let mut o = String::new();
@@ -475,7 +603,7 @@ pub fn render_text(r: &Value) -> String {
     ));
     let t = &r["throughput"];
     let mut tl = format!(
-        "\n-- throughput --\n{} tokens/s | median step {} ms | computing {}% of the step",
+        "\n-- throughput --\n{} tokens/s | median step {} ms | computing {}% of the step (mean over ranks, optimizer included)",
         t["tokens_per_s"]
             .as_f64()
             .map_or("-".into(), |x| format!("{x:.0}")),
@@ -492,7 +620,7 @@ pub fn render_text(r: &Value) -> String {
         tl.push_str(&format!(" | peak device memory {g:.2} GiB"));
     }
     line(tl);
-    line("\n-- temporal breakdown per rank (ms per step; as Holistic Trace Analysis: compute / non-overlapped communication / idle) --".into());
+    line("\n-- temporal breakdown per rank (ms per counted step; as Holistic Trace Analysis: compute (optimizer included) / non-overlapped communication / idle) --".into());
     line(format!(
         "{:>5} {:>9} {:>14} {:>16} {:>9} {:>9} {:>9} {:>9} {:>12}",
         "rank", "step", "compute", "exposed comm", "data", "other", "idle", "overlap", "accounted"
@@ -547,8 +675,11 @@ pub fn render_text(r: &Value) -> String {
             op["busbw_GBps"].as_f64().unwrap_or(0.0),
         ));
     }
+    if let Some(k) = collectives_text(c) {
+        line(format!("rank 0's collectives per step: {k}"));
+    }
     line(format!(
-        "rank 0 per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | all ranks' mean per step: collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
+        "rank 0 per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | all ranks' mean per step: time in collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
         num(&c["all_reduce_ms_per_step"]),
         num(&c["broadcast_ms_per_step"]),
         num(&c["barrier_ms_per_step"]),
@@ -559,7 +690,7 @@ pub fn render_text(r: &Value) -> String {
     ));
     if let Some(u) = c["unoverlapped_comm_ms"].as_f64() {
         line(format!(
-            "against the same reductions run alone ({u:.2} ms): {}% hidden over all ranks | rank 0: {} ms exposed, {}% hidden (its own summary: {} ms, {}%)",
+            "the strategy's reductions run alone take {u:.2} ms per step: {}% of that hidden over all ranks (exposed time beyond it is waiting for slower ranks) | rank 0: {} ms exposed, {}% hidden (its own summary: {} ms, {}%)",
             num(&c["hidden_pct"]),
             num(&c["rank0_exposed_comm_ms"]),
             num(&c["rank0_hidden_pct"]),
@@ -570,28 +701,14 @@ pub fn render_text(r: &Value) -> String {
     let s = &r["synchronisation"];
     line("\n-- synchronisation and stragglers --".into());
     line(format!(
-        "step-time spread across ranks {} ms | own-work spread {} ms ({}% of the step) | waiting per rank (ms): {}",
+        "spread of the ranks' mean step times {} ms | own-work spread {} ms ({}% of the step) | waiting per step (ms, in collectives or idle): {}",
         num(&s["step_spread_ms"]),
         num(&s["own_work_spread_ms"]),
         num(&s["own_work_spread_pct"]),
-        s["wait_ms_per_rank"]
-            .as_array()
-            .map(|v| v.iter().map(num).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default()
+        waits_text(s)
     ));
-    match s["straggler"].as_object() {
-        Some(st) => line(format!(
-            "straggler: rank {} (slow in {}, {} ms per step over the median rank): {}",
-            num(&st["rank"]),
-            st["category"].as_str().unwrap_or("?"),
-            num(&st["excess_ms"]),
-            st["evidence"].as_str().unwrap_or("")
-        )),
-        None => line(
-            "straggler: none (no rank's own work exceeds the others' by more than 10% of the step)"
-                .into(),
-        ),
-    }
+    line(format!("straggler rule: {}", straggler_rule(s)));
+    line(format!("straggler: {}", straggler_verdict(s)));
     if let Some(points) = r["scaling"]["points"].as_array() {
         line("\n-- scaling efficiency --".into());
         for p in points {

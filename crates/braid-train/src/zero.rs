@@ -301,6 +301,7 @@ where
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("ZeRO: the gradient norm: {e}"))?;
+        self.last.collectives += 1;
         Ok(sum[0])
     }
 

@@ -621,6 +621,7 @@ where
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("{}: the gradient norm: {e}", st.label))?;
+        self.last.collectives += 1;
         Ok(sum[0])
     }
 

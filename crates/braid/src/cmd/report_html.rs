@@ -11,6 +11,7 @@
 use super::svg::{self, Chart, LaneGroup, Options, Series, Timeline, XAxis};
 use braid_trace::analysis;
 use braid_trace::format::{RankTrace, TraceEvent};
+use braid_trace::report;
 use serde_json::Value;
 use std::fmt::Write as _;
 
@@ -119,6 +120,16 @@ fn kv(rows: &[(&str, String)]) -> String {
     s
 }
 
+/// Bytes in decimal megabytes, as `braid train`'s summary states them
+/// ("0.72 MB"); under 10 kB in bytes.
+fn megabytes(b: f64) -> String {
+    if b < 1e4 {
+        format!("{b:.0} B")
+    } else {
+        format!("{:.2} MB", b / 1e6)
+    }
+}
+
 fn note(text: &str) -> String {
     format!("<p class=\"note\">{text}</p>\n")
 }
@@ -206,7 +217,10 @@ fn throughput_section(r: &Value) -> String {
         ),
         (
             "computing",
-            format!("{}% of the step", num(&t["compute_share_pct"], 1)),
+            format!(
+                "{}% of the step (mean over ranks, optimizer included)",
+                num(&t["compute_share_pct"], 1)
+            ),
         ),
     ];
     if !t["mfu_pct"].is_null() {
@@ -257,8 +271,8 @@ fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
     rows.push(row("<b>mean</b>".into(), &r["breakdown"]["mean"]));
     let mut s = String::from(
         "<h2>Time per step, per rank</h2>\n<p>Milliseconds per counted step; as Holistic Trace \
-         Analysis: computation, communication not hidden by it, data loading, other host work \
-         and idle time add up to the step. <i>Overlap</i>: the share of collective time hidden \
+         Analysis: computation (the optimizer included), communication not hidden by it, data \
+         loading, other host work and idle time add up to the step. <i>Overlap</i>: the share of collective time hidden \
          by computation; <i>accounted</i>: the worst gap between the traced and the measured \
          step.</p>\n",
     );
@@ -277,51 +291,400 @@ fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
         ],
         &rows,
     ));
-    s.push_str(&steps_plot(r));
+    s.push_str(&steps_plot(r, traces));
     s.push_str(&timeline_plot(r, traces));
     s
 }
 
-fn steps_plot(r: &Value) -> String {
-    let series: Vec<Series> = r["step_times"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, st)| Series {
+/// Dash patterns of the step plot's ranks (with [`PALETTE`] and
+/// [`MARKERS`], a rank's line stays told apart where it crosses others).
+const DASHES: [&str; 4] = ["", "7 3", "2 2", "9 3 2 3"];
+/// Marker shapes of the step plot's ranks.
+const MARKERS: [Marker; 5] = [
+    Marker::Circle,
+    Marker::Square,
+    Marker::Up,
+    Marker::Diamond,
+    Marker::Down,
+];
+/// Markers drawn per rank and panel, at most (evenly spread).
+const MARKS_PER_LINE: usize = 40;
+/// Ranks drawn in the legend at most (then "+N more").
+const STEPS_LEGEND: usize = 12;
+
+#[derive(Clone, Copy)]
+enum Marker {
+    Circle,
+    Square,
+    Up,
+    Diamond,
+    Down,
+}
+
+impl Marker {
+    /// The marker at (x, y) in `color`.
+    fn svg(self, x: f64, y: f64, color: &str) -> String {
+        let r = 3.6;
+        let poly = |pts: &[(f64, f64)]| {
+            let p: Vec<String> = pts
+                .iter()
+                .map(|(dx, dy)| format!("{:.1},{:.1}", x + dx, y + dy))
+                .collect();
+            format!("<polygon points=\"{}\" fill=\"{color}\"/>", p.join(" "))
+        };
+        match self {
+            Marker::Circle => {
+                format!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r}\" fill=\"{color}\"/>")
+            }
+            Marker::Square => format!(
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>",
+                x - r * 0.85,
+                y - r * 0.85,
+                r * 1.7,
+                r * 1.7
+            ),
+            Marker::Up => poly(&[(0.0, -r * 1.15), (r, r * 0.75), (-r, r * 0.75)]),
+            Marker::Down => poly(&[(0.0, r * 1.15), (r, -r * 0.75), (-r, -r * 0.75)]),
+            Marker::Diamond => poly(&[(0.0, -r * 1.2), (r, 0.0), (0.0, r * 1.2), (-r, 0.0)]),
+        }
+    }
+}
+
+/// One rank's line in the step plot: its style and its counted steps as
+/// (step number as `braid train` prints it, ms).
+struct RankLine {
+    name: String,
+    color: &'static str,
+    dash: &'static str,
+    marker: Marker,
+    points: Vec<(f64, f64)>,
+}
+
+/// Whole multiples of a "nice" step over `[lo, hi]` (about `n` of them).
+fn ticks(lo: f64, hi: f64, n: f64) -> (f64, Vec<f64>) {
+    let st = svg::tick_step((hi - lo).max(1e-9), n);
+    let (k0, k1) = (
+        (lo / st + 1e-9).floor() as i64,
+        (hi / st - 1e-9).ceil() as i64,
+    );
+    (st, (k0..=k1).map(|k| k as f64 * st).collect())
+}
+
+/// Step time per rank over the counted steps (the warm-up steps, which
+/// the analysis leaves out, are left out here too and named in the
+/// caption), and under it each rank's difference from the median across
+/// ranks at each step: in a synchronous run every rank waits for the
+/// others, so the step times coincide and only the differences tell the
+/// ranks apart. Each rank has its own colour, dash pattern and marker.
+fn steps_plot(r: &Value, traces: &[RankTrace]) -> String {
+    let warmup = r["run"]["warmup_steps"].as_u64().unwrap_or(0) as usize;
+    let mut lines: Vec<RankLine> = Vec::new();
+    let mut warm_max = f64::NEG_INFINITY;
+    // The warm-up steps left out: how many, and their numbers.
+    let (mut warm_n, mut warm_steps) = (0, (u64::MAX, 0));
+    for (i, st) in r["step_times"].as_array().into_iter().flatten().enumerate() {
+        let times: Vec<f64> = st["step_ms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .collect();
+        // The trace's step numbers (0-based) where they can be read; braid
+        // train prints them from 1.
+        let numbers: Vec<u64> = traces
+            .iter()
+            .find(|t| Some(t.rank as u64) == st["rank"].as_u64())
+            .map(|t| analysis::steps(&t.events).iter().map(|s| s.0).collect())
+            .filter(|n: &Vec<u64>| n.len() == times.len())
+            .unwrap_or_else(|| (0..times.len() as u64).collect());
+        // As the analysis: the first `warmup`, fewer if the run is short.
+        let warm = warmup.min(times.len().saturating_sub(1));
+        warm_n = warm_n.max(warm);
+        for (&k, &t) in numbers[..warm].iter().zip(&times[..warm]) {
+            warm_max = warm_max.max(t);
+            warm_steps = (warm_steps.0.min(k + 1), warm_steps.1.max(k + 1));
+        }
+        lines.push(RankLine {
             name: format!("rank {}", num(&st["rank"], 0)),
             color: PALETTE[i % PALETTE.len()],
-            dashed: false,
-            points: st["step_ms"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .filter_map(|(k, v)| Some((k as f64, v.as_f64()?)))
+            dash: DASHES[i % DASHES.len()],
+            marker: MARKERS[i % MARKERS.len()],
+            points: numbers[warm..]
+                .iter()
+                .zip(&times[warm..])
+                .map(|(&k, &t)| ((k + 1) as f64, t))
                 .collect(),
-        })
-        .collect();
-    if series.iter().all(|s| s.points.is_empty()) {
+        });
+    }
+    let all: Vec<(f64, f64)> = lines.iter().flat_map(|l| l.points.clone()).collect();
+    if all.is_empty() {
         return note("No step times in the report.");
     }
-    let warmup = r["run"]["warmup_steps"].as_f64().unwrap_or(0.0);
-    let chart = Chart {
-        title: "Step time per rank".into(),
-        x_label: "step (index in the trace)".into(),
-        y_label: "step time (ms)".into(),
-        series,
+    // Each step's median across ranks, and each rank's difference from it.
+    let mut by_step: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for &(k, t) in &all {
+        by_step.entry(k as u64).or_default().push(t);
+    }
+    let med: std::collections::BTreeMap<u64, f64> = by_step
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            (
+                k,
+                if n % 2 == 1 {
+                    v[n / 2]
+                } else {
+                    0.5 * (v[n / 2 - 1] + v[n / 2])
+                },
+            )
+        })
+        .collect();
+    let diffs: Vec<Vec<(f64, f64)>> = lines
+        .iter()
+        .map(|l| {
+            l.points
+                .iter()
+                .map(|&(k, t)| (k, t - med[&(k as u64)]))
+                .collect()
+        })
+        .collect();
+    let spread = med
+        .keys()
+        .map(|k| {
+            let v: Vec<f64> = all
+                .iter()
+                .filter(|p| p.0 as u64 == *k)
+                .map(|p| p.1)
+                .collect();
+            v.iter().cloned().fold(f64::MIN, f64::max) - v.iter().cloned().fold(f64::MAX, f64::min)
+        })
+        .fold(0.0, f64::max);
+    let (x0, x1) = (
+        all.iter().map(|p| p.0).fold(f64::INFINITY, f64::min),
+        all.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max),
+    );
+    let counted = (x0, x1);
+    let (x0, x1) = if x1 > x0 {
+        (x0, x1)
+    } else {
+        (x0 - 1.0, x1 + 1.0)
     };
-    chart.svg_with(
-        W,
-        360.0,
-        &Options {
-            x_axis: XAxis::Linear,
-            legend_outside: true,
-            shade: (warmup > 0.0).then(|| (0.0, warmup - 0.5, "warm-up (not counted)".into())),
-            data_plot: Some("steps"),
-            tapered: true,
-        },
-    )
+    let y_max = all.iter().map(|p| p.1).fold(0.0, f64::max);
+    let d_max = diffs
+        .iter()
+        .flatten()
+        .map(|p| p.1.abs())
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let several = lines.len() > 1;
+
+    // Layout: the step-time panel, then (several ranks) the differences.
+    let legend_w = 130.0;
+    let (l, rr) = (80.0, 30.0 + legend_w);
+    let (a_top, a_h, gap, b_h) = (56.0, 250.0, 58.0, 170.0);
+    let b_top = a_top + a_h + gap;
+    let bottom = if several { b_top + b_h } else { a_top + a_h };
+    let h = bottom + 56.0;
+    let px = |x: f64| l + (x - x0) / (x1 - x0) * (W - l - rr);
+    let warm_text = match warm_steps {
+        (a, b) if a > b => String::new(),
+        (a, b) if a == b => format!("; warm-up step {a} left out"),
+        (a, b) => format!("; warm-up steps {a}–{b} left out"),
+    };
+    let title = format!(
+        "Step time per rank, counted steps {}–{}{warm_text}",
+        counted.0, counted.1
+    );
+    let mut s = format!(
+        "<svg data-plot=\"steps\" role=\"img\" width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<title>{}</title>\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{:.1}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
+        esc(&title),
+        W / 2.0,
+        esc(&title)
+    );
+    // One panel: y ticks and grid over [lo, hi], its lines, its frame.
+    let panel = |s: &mut String,
+                 name: &str,
+                 label: &str,
+                 top: f64,
+                 ph: f64,
+                 lo: f64,
+                 hi: f64,
+                 data: &[Vec<(f64, f64)>]| {
+        let py = |y: f64| top + (1.0 - (y - lo) / (hi - lo)) * ph;
+        let _ = writeln!(s, "<g data-panel=\"{name}\">");
+        let (st, ys) = ticks(lo, hi, 5.0);
+        for y in ys
+            .into_iter()
+            .filter(|y| *y >= lo - st * 1e-6 && *y <= hi + st * 1e-6)
+        {
+            let yy = py(y);
+            let _ = writeln!(
+                s,
+                "<line x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"{}\"/>\
+                 <text class=\"tick\" data-y=\"{y}\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                W - rr,
+                if y.abs() < st * 1e-6 && lo < 0.0 { "#999" } else { "#ddd" },
+                l - 6.0,
+                yy + 4.0,
+                svg::label(y)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text transform=\"translate(18 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+            top + ph / 2.0,
+            esc(label)
+        );
+        for (i, (line, pts)) in lines.iter().zip(data).enumerate() {
+            let path: Vec<String> = pts
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+                .collect();
+            let dash = match line.dash {
+                "" => String::new(),
+                d => format!(" stroke-dasharray=\"{d}\""),
+            };
+            let _ = writeln!(
+                s,
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"{dash}/>",
+                path.join(" "),
+                line.color
+            );
+            // Every k-th point, each rank from its own offset: markers of
+            // coinciding lines fall side by side.
+            let every = pts.len().div_ceil(MARKS_PER_LINE).max(1);
+            for &(x, y) in pts.iter().skip(i % every).step_by(every) {
+                s.push_str(&line.marker.svg(px(x), py(y), line.color));
+                s.push('\n');
+            }
+        }
+        let _ = writeln!(
+            s,
+            "<line x1=\"{l}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\
+             <line x1=\"{l}\" y1=\"{top}\" x2=\"{l}\" y2=\"{:.1}\" stroke=\"black\"/>\n</g>",
+            top + ph,
+            W - rr,
+            top + ph,
+            top + ph
+        );
+    };
+    let (_, a_ticks) = ticks(0.0, y_max.max(1e-3), 5.0);
+    let a_hi = a_ticks.last().copied().unwrap_or(1.0).max(1e-3);
+    let times: Vec<Vec<(f64, f64)>> = lines.iter().map(|l| l.points.clone()).collect();
+    panel(
+        &mut s,
+        "step-time",
+        "step time (ms)",
+        a_top,
+        a_h,
+        0.0,
+        a_hi,
+        &times,
+    );
+    if several {
+        let (_, b_ticks) = ticks(0.0, d_max, 3.0);
+        let b_hi = b_ticks.last().copied().unwrap_or(d_max);
+        let _ = writeln!(
+            s,
+            "<text x=\"{l}\" y=\"{:.1}\">each rank's step time minus the median across ranks at that step (ms)</text>",
+            b_top - 8.0
+        );
+        panel(
+            &mut s,
+            "difference",
+            "difference (ms)",
+            b_top,
+            b_h,
+            -b_hi,
+            b_hi,
+            &diffs,
+        );
+    }
+    // x ticks under the last panel, at whole steps.
+    let xst = svg::tick_step(x1 - x0, 8.0).max(1.0).round();
+    let (k0, k1) = ((x0 / xst).ceil() as i64, (x1 / xst).floor() as i64);
+    for x in (k0..=k1).map(|k| k as f64 * xst) {
+        let _ = writeln!(
+            s,
+            "<line x1=\"{0:.1}\" y1=\"{bottom:.1}\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"#999\"/>\
+             <text class=\"tick\" x=\"{0:.1}\" y=\"{2:.1}\" text-anchor=\"middle\">{3}</text>",
+            px(x),
+            bottom + 5.0,
+            bottom + 20.0,
+            svg::label(x)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step (numbered as braid train prints them, from 1)</text>",
+        (l + W - rr) / 2.0,
+        h - 14.0
+    );
+    // Legend: colour, dash and marker per rank.
+    let lx = W - rr + 14.0;
+    for (i, line) in lines.iter().enumerate() {
+        let ly = a_top + 10.0 + 18.0 * i as f64;
+        if i == STEPS_LEGEND && lines.len() > STEPS_LEGEND {
+            let _ = writeln!(
+                s,
+                "<text x=\"{lx:.1}\" y=\"{:.1}\">+{} more</text>",
+                ly + 4.0,
+                lines.len() - i
+            );
+            break;
+        }
+        let dash = match line.dash {
+            "" => String::new(),
+            d => format!(" stroke-dasharray=\"{d}\""),
+        };
+        let _ = writeln!(
+            s,
+            "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{}\" stroke-width=\"1.8\"{dash}/>{}\
+             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            lx + 32.0,
+            line.color,
+            line.marker.svg(lx + 16.0, ly, line.color),
+            lx + 38.0,
+            ly + 4.0,
+            esc(&line.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    // The caption: what is left out, and whether the lines coincide.
+    let mut cap = String::from("Counted steps only");
+    if warm_n > 0 {
+        let _ = write!(
+            cap,
+            ": the first {warm_n} step{} (warm-up, not counted by the analysis either; up to {:.2} ms) {} left out, so the axis covers the counted steps",
+            if warm_n == 1 { "" } else { "s" },
+            warm_max,
+            if warm_n == 1 { "is" } else { "are" }
+        );
+    }
+    cap.push('.');
+    if several {
+        let y_per_px = a_hi / a_h;
+        if spread <= 2.0 * y_per_px {
+            let _ = write!(
+                cap,
+                " The ranks' step times coincide (at any step they differ by at most {spread:.3} ms, \
+                 under a pixel or two: each rank waits for the others in the step's collectives), so \
+                 their lines lie on one another; the lower panel tells them apart: each rank's \
+                 difference from the median across ranks."
+            );
+        } else {
+            let _ = write!(
+                cap,
+                " At any step the ranks' step times differ by at most {spread:.3} ms; the lower \
+                 panel shows each rank's difference from the median across ranks."
+            );
+        }
+    }
+    s + &note(&cap)
 }
 
 /// A time window (start, end), µs.
@@ -417,7 +780,8 @@ fn timeline_plot(r: &Value, traces: &[RankTrace]) -> String {
     };
     let tl = Timeline {
         title: format!(
-            "Step {step} across ranks ({:.2} ms, the union of the ranks' windows)",
+            "Step {} across ranks (as braid train numbers it; trace span \"step {step}\"; {:.2} ms, the union of the ranks' windows)",
+            step + 1,
             ms(b)
         ),
         x_label: "ms from the step's start (grey band: the rank's own step)".into(),
@@ -442,14 +806,14 @@ fn communication_section(r: &Value) -> String {
                 num(&o["per_step"], 2),
                 num(&o["total_ms"], 3),
                 num(&o["mean_ms"], 3),
-                o["bytes"].as_f64().map_or("–".into(), svg::bytes_label),
+                o["bytes"].as_f64().map_or("–".into(), megabytes),
                 num(&o["algbw_GBps"], 3),
                 num(&o["busbw_GBps"], 3),
             ]
         })
         .collect();
     let mut s = format!(
-        "<h2>Communication</h2>\n<p>Backend: {}. Per operation, on rank 0:</p>\n",
+        "<h2>Communication</h2>\n<p>Backend: {}. Per operation, on rank 0, over the counted steps:</p>\n",
         text(&c["backend"])
     );
     if rows.is_empty() {
@@ -463,7 +827,7 @@ fn communication_section(r: &Value) -> String {
                 "per step",
                 "total ms",
                 "mean ms",
-                "bytes (all)",
+                "bytes (all counted)",
                 "algbw GB/s",
                 "busbw GB/s",
             ],
@@ -471,12 +835,22 @@ fn communication_section(r: &Value) -> String {
         ));
     }
     let ms = |k: &str| format!("{} ms", num(&c[k], 3));
-    let mut facts = vec![
-        ("all-reduce per step", ms("all_reduce_ms_per_step")),
-        ("broadcast per step", ms("broadcast_ms_per_step")),
-        ("barrier per step", ms("barrier_ms_per_step")),
+    let mut facts = Vec::new();
+    if let Some(k) = report::collectives_text(c) {
+        facts.push(("collectives per step (rank 0)", esc(&k)));
+    }
+    facts.extend([
         (
-            "collectives per step (mean over ranks)",
+            "all-reduce time per step (rank 0)",
+            ms("all_reduce_ms_per_step"),
+        ),
+        (
+            "broadcast time per step (rank 0)",
+            ms("broadcast_ms_per_step"),
+        ),
+        ("barrier time per step (rank 0)", ms("barrier_ms_per_step")),
+        (
+            "time in collectives per step (mean over ranks)",
             ms("comm_ms_per_step"),
         ),
         ("of which exposed", ms("exposed_comm_ms_per_step")),
@@ -491,20 +865,32 @@ fn communication_section(r: &Value) -> String {
                 num(&c["overlap_pct"], 1)
             ),
         ),
-    ];
+    ]);
     if !c["unoverlapped_comm_ms"].is_null() {
-        facts.push(("the same reductions run alone", ms("unoverlapped_comm_ms")));
         facts.push((
-            "hidden against that",
-            format!("{}%", num(&c["hidden_pct"], 1)),
+            "the strategy's reductions run alone",
+            format!("{} per step", ms("unoverlapped_comm_ms")),
         ));
         facts.push((
-            "the run's own summary: exposed",
-            ms("summary_exposed_comm_ms"),
+            "hidden against that (mean over ranks)",
+            format!(
+                "{}% (exposed time beyond the reductions' own is waiting for slower ranks)",
+                num(&c["hidden_pct"], 1)
+            ),
+        ));
+        facts.push((
+            "rank 0: exposed, hidden",
+            format!(
+                "{}, {}% (its own summary: {}, {}%)",
+                ms("rank0_exposed_comm_ms"),
+                num(&c["rank0_hidden_pct"], 1),
+                ms("summary_exposed_comm_ms"),
+                num(&c["summary_hidden_pct"], 1)
+            ),
         ));
     }
     if let Some(b) = c["wire_bytes_per_step"].as_f64() {
-        facts.push(("bytes sent per rank per step", svg::bytes_label(b)));
+        facts.push(("bytes sent per rank per step", megabytes(b)));
     }
     s.push_str(&kv(&facts));
     s
@@ -512,28 +898,15 @@ fn communication_section(r: &Value) -> String {
 
 fn synchronisation_section(r: &Value) -> String {
     let y = &r["synchronisation"];
-    let waits: Vec<String> = y["wait_ms_per_rank"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, w)| format!("rank {i}: {}", num(w, 2)))
-        .collect();
-    let straggler = match y["straggler"].as_object() {
-        Some(st) => format!(
-            "rank {} (slow in {}, {} ms per step over the median rank): {}",
-            num(&st["rank"], 0),
-            text(&st["category"]),
-            num(&st["excess_ms"], 2),
-            text(&st["evidence"])
-        ),
-        None => "none (no rank's work stands out by more than 5% of the step)".into(),
-    };
+    // The same sentences as the text report's, from the same figures.
+    let waits = esc(&report::waits_text(y));
+    let rule = esc(&report::straggler_rule(y));
+    let straggler = esc(&report::straggler_verdict(y));
     format!(
         "<h2>Synchronisation and stragglers</h2>\n{}",
         kv(&[
             (
-                "step-time spread across ranks",
+                "spread of the ranks' mean step times",
                 format!("{} ms", num(&y["step_spread_ms"], 3))
             ),
             (
@@ -544,7 +917,8 @@ fn synchronisation_section(r: &Value) -> String {
                     num(&y["own_work_spread_pct"], 1)
                 ),
             ),
-            ("waiting per step (ms)", waits.join(", ")),
+            ("waiting per step (ms, in collectives or idle)", waits),
+            ("straggler rule", rule),
             ("straggler", straggler),
         ])
     )
@@ -777,6 +1151,77 @@ mod tests {
         assert!(p.contains("tiny &lt;m&gt;") && p.contains("a &amp; b"));
         assert!(!p.contains("src=") && !p.contains("href="));
         assert!(!p.contains("http://") && !p.contains("https://") && !p.contains("url("));
+    }
+
+    /// The numbers X of "more than X% of the step" in `text`.
+    fn thresholds(text: &str) -> Vec<String> {
+        text.split("more than ")
+            .skip(1)
+            .filter_map(|t| t.split_once("% of the step").map(|(x, _)| x.to_string()))
+            .filter(|x| x.len() < 8)
+            .collect()
+    }
+
+    #[test]
+    fn the_straggler_threshold_is_the_text_report_s_and_the_analysis_s() {
+        let traces = [trace(0, vec![]), trace(1, vec![])];
+        let r = report::build(&report::Inputs {
+            traces: &traces,
+            missing: &[],
+            others: &[],
+            bench: &[],
+        });
+        let want = format!("{}", analysis::STRAGGLER_SHARE * 100.0);
+        let text = report::render_text(&r);
+        let page = page(&r, &traces);
+        let (t, h) = (thresholds(&text), thresholds(&page));
+        assert!(!t.is_empty() && !h.is_empty(), "{text}");
+        assert!(t.iter().chain(&h).all(|x| *x == want), "{t:?} {h:?}");
+        // The page states the rule and the verdict as the text does.
+        assert!(page.contains(&esc(&report::straggler_rule(&r["synchronisation"]))));
+        assert!(text.contains(&report::straggler_verdict(&r["synchronisation"])));
+    }
+
+    /// The `data-y` ticks of panel `name` of the step plot in `page`.
+    fn y_ticks(page: &str, name: &str) -> Vec<f64> {
+        let svg = plot(page, "steps");
+        let at = svg
+            .find(&format!("<g data-panel=\"{name}\""))
+            .unwrap_or_else(|| panic!("no {name} panel"));
+        let panel = &svg[at..at + svg[at..].find("</g>").unwrap()];
+        panel
+            .split("data-y=\"")
+            .skip(1)
+            .map(|t| t[..t.find('"').unwrap()].parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_step_plot_leaves_the_warm_up_out_and_tells_the_ranks_apart() {
+        let mut r = report();
+        r["step_times"] = json!([
+            {"rank": 0, "step_ms": [420.0, 39.0, 41.0]},
+            {"rank": 1, "step_ms": [410.0, 39.5, 41.0]},
+        ]);
+        let p = page(&r, &[trace(0, vec![]), trace(1, vec![])]);
+        let top = y_ticks(&p, "step-time").into_iter().fold(0.0, f64::max);
+        assert!((41.0..60.0).contains(&top), "top tick {top}");
+        let diff = y_ticks(&p, "difference");
+        assert!(diff.iter().any(|y| *y < 0.0) && diff.iter().any(|y| *y > 0.0));
+        let svg = plot(&p, "steps");
+        assert!(
+            svg.contains("counted steps 2–3; warm-up step 1 left out"),
+            "{svg}"
+        );
+        assert!(p.contains("(warm-up, not counted by the analysis either; up to 420.00 ms)"));
+        // Two ranks: two colours, a dashed line, a circle and a square (in
+        // the legend too), and both names.
+        assert!(svg.contains(PALETTE[0]) && svg.contains(PALETTE[1]));
+        assert!(
+            svg.contains("stroke-dasharray") && svg.contains("<circle") && svg.contains("<rect x")
+        );
+        assert!(svg.contains(">rank 0<") && svg.contains(">rank 1<"));
+        assert_eq!(svg.matches("<polyline").count(), 4, "2 ranks × 2 panels");
     }
 
     #[test]

@@ -1,0 +1,242 @@
+//! What braid says about one traced run agrees with itself: `braid
+//! train`'s summary, `braid report DIR` (text) and `braid report DIR
+//! --html FILE` state the same straggler threshold, count the same
+//! collectives per step, and draw and state percentages that mean
+//! something (a hidden share of at most 100%, a step plot whose axis is
+//! the counted steps', not the warm-up's).
+
+mod common;
+
+use common::{braid, run, TempDir};
+use serde_json::Value;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Everything braid printed and wrote about one run.
+struct Outputs {
+    /// `braid train`'s stdout.
+    train: String,
+    /// `braid report DIR`.
+    text: String,
+    /// `braid report DIR --json`.
+    json: Value,
+    /// `braid report DIR --html FILE`: the file.
+    html: String,
+}
+
+/// One traced 4-rank run (the issue's: 4 CPU ranks, data parallel) and
+/// its reports, made once for the tests of this file; the trace
+/// directory is removed once they are read.
+fn outputs() -> &'static Outputs {
+    static RUN: OnceLock<Outputs> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = TempDir::new("report-truth");
+        let tr = dir.path().join("tr");
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--nproc",
+            "4",
+            "--steps",
+            "12",
+            "--model",
+            "L2-H2-C64",
+            "--batch",
+            "4",
+            "--seed",
+            "5",
+            "--trace",
+        ])
+        .arg(&tr);
+        let t = run(cmd, Duration::from_secs(120));
+        assert_eq!(t.code, Some(0), "{t:?}");
+        let report = |extra: &[&str]| {
+            let mut cmd = braid();
+            cmd.arg("report").arg(&tr).args(extra);
+            let r = run(cmd, Duration::from_secs(60));
+            assert_eq!(r.code, Some(0), "{r:?}");
+            r.stdout
+        };
+        let html_path = dir.path().join("r.html");
+        let text = report(&["--html", html_path.to_str().unwrap()]);
+        let json = serde_json::from_str(&report(&["--json"])).expect("report JSON");
+        let html = std::fs::read_to_string(&html_path).unwrap();
+        Outputs {
+            train: t.stdout,
+            text,
+            json,
+            html,
+        }
+    })
+}
+
+/// The train summary's line that starts (after `summary: `) with `start`.
+fn summary_line<'a>(train: &'a str, start: &str) -> &'a str {
+    train
+        .lines()
+        .filter_map(|l| l.split_once("summary: ").map(|(_, s)| s))
+        .find(|s| s.starts_with(start))
+        .unwrap_or_else(|| panic!("no summary line {start:?} in:\n{train}"))
+}
+
+/// The number that starts `s`.
+fn leading_number(s: &str) -> f64 {
+    let n: String = s
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    n.parse()
+        .unwrap_or_else(|_| panic!("no number at the start of {s:?}"))
+}
+
+/// The numbers X of "more than X% of the step" in `text`.
+fn thresholds(text: &str) -> Vec<String> {
+    text.split("more than ")
+        .skip(1)
+        .filter_map(|t| t.split_once("% of the step").map(|(x, _)| x.to_string()))
+        .filter(|x| x.len() < 8)
+        .collect()
+}
+
+#[test]
+fn the_html_straggler_threshold_is_the_text_report_s() {
+    let o = outputs();
+    let (text, html) = (thresholds(&o.text), thresholds(&o.html));
+    assert!(
+        !text.is_empty(),
+        "the text report states no threshold:\n{}",
+        o.text
+    );
+    assert!(!html.is_empty(), "the HTML page states no threshold");
+    for x in &html {
+        assert!(
+            text.contains(x),
+            "the HTML page says a straggler stands out by more than {x}% of the step, the text report {text:?}"
+        );
+    }
+    assert!(text.iter().all(|x| *x == text[0]), "{text:?}");
+}
+
+#[test]
+fn the_html_step_plot_axis_covers_the_counted_steps_not_the_warm_up() {
+    let o = outputs();
+    let warmup = o.json["run"]["warmup_steps"].as_u64().unwrap() as usize;
+    assert!(warmup > 0);
+    let (mut counted, mut warm) = (0.0f64, 0.0f64);
+    for r in o.json["step_times"].as_array().unwrap() {
+        let ms: Vec<f64> = r["step_ms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        warm = ms[..warmup].iter().fold(warm, |a, b| a.max(*b));
+        counted = ms[warmup..].iter().fold(counted, |a, b| a.max(*b));
+    }
+    // The step-time panel's y ticks (data-y) in the page; a plot without
+    // panels: its y tick labels (the right-aligned texts).
+    let at = o
+        .html
+        .find("<svg data-plot=\"steps\"")
+        .expect("a step plot");
+    let svg = &o.html[at..at + o.html[at..].find("</svg>").unwrap()];
+    let ticks: Vec<f64> = match svg.find("data-panel=\"step-time\"") {
+        Some(p) => svg[p..p + svg[p..].find("</g>").unwrap()]
+            .split("data-y=\"")
+            .skip(1)
+            .map(|t| t[..t.find('"').unwrap()].parse().unwrap())
+            .collect(),
+        None => svg
+            .split("text-anchor=\"end\">")
+            .skip(1)
+            .filter_map(|t| t[..t.find('<').unwrap()].parse().ok())
+            .collect(),
+    };
+    assert!(ticks.len() >= 2, "{svg}");
+    let top = ticks.iter().cloned().fold(f64::MIN, f64::max);
+    let step = top
+        - ticks
+            .iter()
+            .cloned()
+            .filter(|t| *t < top)
+            .fold(f64::MIN, f64::max);
+    // The axis ends at the first tick at or above the slowest counted
+    // step: the warm-up does not stretch it.
+    assert!(
+        top >= counted && top - step < counted,
+        "y axis to {top} ms (ticks every {step}) for counted steps up to {counted} ms (warm-up up to {warm} ms)"
+    );
+    if warm > top {
+        assert!(
+            o.html
+                .contains("(warm-up, not counted by the analysis either; up to"),
+            "the warm-up left out of the plot is not stated"
+        );
+    }
+}
+
+#[test]
+fn train_summary_and_report_count_the_same_collectives_per_step() {
+    let o = outputs();
+    let line = summary_line(&o.train, "communication per step:");
+    let train = leading_number(&line["communication per step:".len()..]);
+    let text_line = o
+        .text
+        .lines()
+        .find_map(|l| l.split_once("collectives per step: "))
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("the report counts no collectives per step:\n{}", o.text));
+    let report = leading_number(text_line);
+    // The per-operation table of the same report, summed.
+    let table: f64 = o.json["communication"]["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["per_step"].as_f64().unwrap())
+        .sum();
+    assert_eq!(
+        train, report,
+        "train: {line}\nreport: collectives per step: {text_line}"
+    );
+    assert!(
+        (report - table).abs() < 0.01,
+        "{report} against the table's {table}"
+    );
+    // Both name them alike: the data-parallel gradient bucket and the
+    // loop's all-reduce of the loss.
+    for part in [
+        "1 of the training strategy",
+        "1 all-reduce of the step's loss",
+    ] {
+        assert!(line.contains(part), "train: {line}");
+        assert!(text_line.contains(part), "report: {text_line}");
+    }
+}
+
+#[test]
+fn train_overlap_line_has_no_percentage_over_100() {
+    let o = outputs();
+    let line = summary_line(&o.train, "overlap:");
+    let percents: Vec<f64> = line
+        .split('%')
+        .filter_map(|before| {
+            let digits: String = before
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            digits.chars().rev().collect::<String>().parse().ok()
+        })
+        .collect();
+    assert!(!percents.is_empty(), "{line}");
+    assert!(percents.iter().all(|p| (0.0..=100.0).contains(p)), "{line}");
+    // The same share the report gives for the run's own summary.
+    let theirs = o.json["communication"]["summary_hidden_pct"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (percents[0] - theirs).abs() <= 0.11,
+        "train: {line}; report: its own summary {theirs}% hidden"
+    );
+}
