@@ -60,7 +60,7 @@ step "bench smoke: -g $ngpu with --graph and --check; 2 processes with --graph"
 if $BRAID bench all_reduce,all_gather,reduce_scatter,broadcast,all_to_all --device cuda -g "$ngpu" --np 1 \
      --graph --check -b 8 -e 64M -f 8 -n 5 -d bf16 > "$OUT_DIR/bench-graph-g.txt" 2>&1 \
    && $BRAID bench all_reduce --device cuda --np 2 --graph --check -b 1K -e 16M -f 16 -n 5 > "$OUT_DIR/bench-graph-2.txt" 2>&1; then
-  grep -h 'wrong total\|# braid bench' "$OUT_DIR"/bench-graph-*.txt
+  grep -h 'Out of bounds values\|# braid bench' "$OUT_DIR"/bench-graph-*.txt
   pass "bench --graph --check"
 else
   tail -20 "$OUT_DIR"/bench-graph-*.txt; fail "bench --graph --check"

@@ -29,6 +29,23 @@ pub struct JpegInfo {
     pub components: u32,
 }
 
+/// Whether this build reads and writes JPEG images (libjpeg-turbo was
+/// found and linked when braid was built).
+pub const SUPPORTED: bool = cfg!(not(braid_no_libjpeg));
+
+/// One line on this build's JPEG support, for `--help` texts.
+pub fn support_note() -> &'static str {
+    match SUPPORTED {
+        true => "JPEG support: on (libjpeg-turbo, linked statically)",
+        false => {
+            "JPEG support: OFF in this build (libjpeg-turbo was not found when braid was \
+                  built): --images and image .beton files fail; install libjpeg-turbo's static \
+                  library and headers (Debian: libjpeg62-turbo-dev) or set BRAID_LIBJPEG_DIR, \
+                  then rebuild"
+        }
+    }
+}
+
 /// Reads `jpeg`'s header only.
 pub fn info(jpeg: &[u8]) -> Result<JpegInfo, String> {
     ffi::info(jpeg)

@@ -48,6 +48,46 @@ pub struct LaunchOptions {
     pub store_bind: Option<String>,
     /// The worker program and its arguments.
     pub command: Vec<OsString>,
+    /// How a Python program is started (torchrun's habits).
+    pub python: PythonMode,
+    /// Whether workers' stdout lines get the `[rank N] ` prefix.
+    pub prefix_stdout: bool,
+}
+
+/// How `braid launch` treats a Python program, as torchrun does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PythonMode {
+    /// A program ending in `.py` runs as `python3 PROGRAM ARGS`; anything
+    /// else is executed directly.
+    #[default]
+    Script,
+    /// The program is a Python module: `python3 -m MODULE ARGS`
+    /// (torchrun's `-m`).
+    Module,
+    /// Execute the program directly, whatever its name (torchrun's
+    /// `--no-python`).
+    Direct,
+}
+
+/// The interpreter a Python program runs under.
+pub const PYTHON: &str = "python3";
+
+/// The command line each worker runs: `command` with the interpreter put
+/// in front where `mode` says so.
+pub fn worker_command(command: &[OsString], mode: PythonMode) -> Vec<OsString> {
+    let is_script = command.first().is_some_and(|p| {
+        std::path::Path::new(p)
+            .extension()
+            .is_some_and(|e| e == "py")
+    });
+    let mut out = Vec::with_capacity(command.len() + 2);
+    match mode {
+        PythonMode::Script if is_script => out.push(OsString::from(PYTHON)),
+        PythonMode::Module => out.extend([OsString::from(PYTHON), OsString::from("-m")]),
+        _ => {}
+    }
+    out.extend(command.iter().cloned());
+    out
 }
 
 impl Default for LaunchOptions {
@@ -69,6 +109,8 @@ impl Default for LaunchOptions {
             run_id: None,
             store_bind: None,
             command: Vec::new(),
+            python: PythonMode::Script,
+            prefix_stdout: true,
         }
     }
 }
@@ -108,6 +150,8 @@ pub struct LaunchPlan {
     pub command: Vec<OsString>,
     /// Where the node layout came from, for the start-up banner.
     pub source: &'static str,
+    /// Whether workers' stdout lines get the `[rank N] ` prefix.
+    pub prefix_stdout: bool,
 }
 
 impl LaunchPlan {
@@ -140,7 +184,7 @@ impl LaunchOptions {
     ) -> Result<LaunchPlan, LaunchError> {
         let config = |m: String| LaunchError::Config(m);
         if self.command.is_empty() {
-            return Err(config("no program to launch: put it after `--`, e.g. `braid launch --nproc-per-node 2 -- python train.py`".into()));
+            return Err(config("no program to launch: name it last, e.g. `braid launch --nproc-per-node 2 train.py` (a .py program runs under python3, as with torchrun)".into()));
         }
         if self.nproc_per_node == 0 {
             return Err(config("--nproc-per-node must be at least 1".into()));
@@ -253,8 +297,9 @@ impl LaunchOptions {
             grace_period: self.grace_period,
             log_dir: self.log_dir.clone(),
             run_id,
-            command: self.command.clone(),
+            command: worker_command(&self.command, self.python),
             source,
+            prefix_stdout: self.prefix_stdout,
         })
     }
 }
@@ -405,7 +450,7 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("node rank 2"), "{err}");
         let err = LaunchOptions::default().resolve_with(env(&[])).unwrap_err();
-        assert!(err.to_string().contains("after `--`"), "{err}");
+        assert!(err.to_string().contains("name it last"), "{err}");
         let err = LaunchOptions {
             nproc_per_node: 0,
             ..opts()

@@ -15,7 +15,10 @@ pub enum LaunchError {
     #[error("rendezvous failed: {0}")]
     Rendezvous(String),
     /// A worker process could not be started.
-    #[error("could not start {program:?} for rank {rank}: {source}")]
+    #[error(
+        "could not start {program:?} for rank {rank}: {source}{}",
+        spawn_hint(program, source)
+    )]
     Spawn {
         /// Rank that was being started.
         rank: usize,
@@ -32,4 +35,26 @@ pub enum LaunchError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// What to do about a program that could not be started, where the cause
+/// is a common one: a program in the current directory named without
+/// `./` (looked up on `PATH` instead), or an interpreter that is missing.
+fn spawn_hint(program: &str, source: &std::io::Error) -> String {
+    if source.kind() != std::io::ErrorKind::NotFound || program.contains('/') {
+        return String::new();
+    }
+    if program == crate::config::PYTHON {
+        return format!(
+            " (a .py program runs under {program}, which is not on PATH: install Python 3 or \
+             name the interpreter yourself with --no-python)"
+        );
+    }
+    if std::path::Path::new(program).exists() {
+        return format!(
+            " (a program named without a / is looked up on PATH; the one in this directory is \
+             ./{program})"
+        );
+    }
+    " (not on PATH; name it with its path)".into()
 }

@@ -31,7 +31,7 @@ pub mod signals;
 pub mod summary;
 pub mod supervisor;
 
-pub use config::{LaunchOptions, LaunchPlan};
+pub use config::{LaunchOptions, LaunchPlan, PythonMode};
 pub use error::LaunchError;
 pub use signals::Signals;
 
@@ -47,7 +47,12 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
     let mut plan = plan.clone();
     let _server = if plan.node_rank == 0 {
         let bind = braid_store::worker::join_host_port(&plan.store_bind, plan.master_port);
-        let server = StoreServer::bind(bind.as_str(), ServerOptions::from_env())?;
+        let server = StoreServer::bind(bind.as_str(), ServerOptions::from_env()).map_err(|e| {
+            e.advise_port_in_use(
+                "choose another --master-port, or --standalone to pick a free one \
+                 (one node)",
+            )
+        })?;
         plan.master_port = server.local_addr().port();
         Some(server)
     } else {

@@ -17,8 +17,11 @@ pub const TAIL_LINES: usize = 20;
 /// Which of the launcher's streams a worker stream is forwarded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
-    /// The launcher's stdout.
-    Stdout,
+    /// The launcher's stdout, each line prefixed `[rank N] ` or not.
+    Stdout {
+        /// Whether lines get the prefix.
+        prefix: bool,
+    },
     /// The launcher's stderr.
     Stderr,
 }
@@ -74,7 +77,10 @@ pub fn pump(
     std::thread::Builder::new()
         .name(format!("braid-out-{rank}"))
         .spawn(move || {
-            let prefix = format!("[rank {rank}] ");
+            let prefix = match stream {
+                Stream::Stdout { prefix: false } => String::new(),
+                _ => format!("[rank {rank}] "),
+            };
             for_each_line(source, |line| {
                 let text = String::from_utf8_lossy(line);
                 let mut out = Vec::with_capacity(prefix.len() + line.len() + 1);
@@ -83,7 +89,7 @@ pub fn pump(
                 out.push(b'\n');
                 // A closed stdout (e.g. `| head`) must not stop the job.
                 let _ = match stream {
-                    Stream::Stdout => std::io::stdout().lock().write_all(&out),
+                    Stream::Stdout { .. } => std::io::stdout().lock().write_all(&out),
                     Stream::Stderr => std::io::stderr().lock().write_all(&out),
                 };
                 if let Some(log) = &log {

@@ -32,6 +32,9 @@ pub struct WorkerSpec {
     pub command: Vec<OsString>,
     /// Variables added to the launcher's environment.
     pub env: Vec<(String, String)>,
+    /// Whether the worker's stdout lines get the `[rank N] ` prefix (its
+    /// stderr lines always do).
+    pub prefix_stdout: bool,
 }
 
 /// A running (or finished) worker.
@@ -116,7 +119,9 @@ impl Worker {
             pumps.push(output::pump(
                 out,
                 spec.rank,
-                Stream::Stdout,
+                Stream::Stdout {
+                    prefix: spec.prefix_stdout,
+                },
                 log.clone(),
                 None,
             ));
@@ -310,6 +315,7 @@ mod tests {
             local_rank: 0,
             command: vec!["sh".into(), "-c".into(), "exit 3".into()],
             env: vec![],
+            prefix_stdout: true,
         };
         let mut w = Worker::spawn(&spec, None, 0).unwrap();
         assert!(until_reported(w.pid()));

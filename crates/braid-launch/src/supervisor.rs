@@ -191,6 +191,7 @@ impl<'a> Attempt<'a> {
             local_rank,
             command: plan.command.clone(),
             env: worker_env(plan, world, self.attempt, local_rank),
+            prefix_stdout: plan.prefix_stdout,
         };
         match Worker::spawn(&spec, plan.log_dir.as_deref(), self.attempt) {
             Ok(w) => {

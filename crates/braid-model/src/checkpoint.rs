@@ -300,14 +300,51 @@ fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>, CheckpointError> {
 /// `braid.config`, or the shapes of a Hugging Face file), without reading
 /// its tensors: what a run checks its memory for before loading.
 pub fn config_of(path: &Path) -> Result<GptConfig, CheckpointError> {
+    Ok(header_of(path)?.0)
+}
+
+/// [`config_of`] and the header's string metadata (`braid.tokenizer`,
+/// ...), still without reading a tensor.
+pub fn header_of(path: &Path) -> Result<(GptConfig, HashMap<String, String>), CheckpointError> {
     let map = map_file(path)?;
     let buf: &[u8] = map.as_deref().unwrap_or(&[]);
     let format = |why: String| CheckpointError::Format {
         path: path.into(),
         why,
     };
-    let (_, meta) = SafeTensors::read_metadata(buf).map_err(|e| format(format!("{e:?}")))?;
-    Ok(config_in(&meta, buf).map_err(format)?.0)
+    let meta = read_header(buf).map_err(format)?;
+    let config = config_in(&meta, buf).map_err(format)?.0;
+    Ok((config, meta.metadata().clone().unwrap_or_default()))
+}
+
+/// The safetensors header of `buf`, or why the file is not one, in words
+/// (the library's names, such as `HeaderTooLarge`, say what failed inside
+/// it, not that the file is something else).
+fn read_header(buf: &[u8]) -> Result<safetensors::tensor::Metadata, String> {
+    use safetensors::SafeTensorError as E;
+    let not_model = "is it a model written by `braid train --save` or a Hugging Face \
+                     model.safetensors?";
+    SafeTensors::read_metadata(buf)
+        .map(|(_, m)| m)
+        .map_err(|e| match e {
+            E::HeaderTooSmall | E::HeaderTooLarge | E::InvalidHeaderLength => {
+                let declared = buf
+                    .get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+                format!(
+                    "not a safetensors file: {}, and the file holds {} bytes ({not_model})",
+                    match declared {
+                        Some(n) => format!("its first 8 bytes give a header of {n} bytes"),
+                        None => "it is shorter than the 8-byte header length".into(),
+                    },
+                    buf.len()
+                )
+            }
+            E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization => {
+                format!("not a safetensors file: its header is not the JSON one ({not_model})")
+            }
+            other => format!("a damaged safetensors file: {other:?}"),
+        })
 }
 
 /// The configuration a file's header names (`braid.config`), or else its
@@ -353,7 +390,7 @@ pub fn load_as(
         path: path.into(),
         why,
     };
-    let (_, meta) = SafeTensors::read_metadata(buf).map_err(|e| format(format!("{e:?}")))?;
+    let meta = read_header(buf).map_err(format)?;
     let st = SafeTensors::deserialize(buf).map_err(|e| format(format!("{e:?}")))?;
     let mut report = LoadReport {
         metadata: meta.metadata().clone().unwrap_or_default(),

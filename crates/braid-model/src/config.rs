@@ -92,12 +92,25 @@ impl GptConfig {
             return Ok(*c);
         }
         Self::parse_custom(name).map_err(|why| {
+            if let Some(near) = nearest_name(name) {
+                return format!("unknown model {name:?}: did you mean {near}?");
+            }
             let names: Vec<&str> = NAMED.iter().map(|(n, _)| *n).collect();
             format!(
-                "unknown model {name:?} ({why}): expected one of {} or a custom L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>]",
+                "unknown model {name:?} ({why}): expected one of {} (or gpt2, gpt2-medium, gpt2-large, gpt2-xl), or a custom L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>]",
                 names.join(", ")
             )
         })
+    }
+
+    /// Whether the model `name` sets its vocabulary itself (a custom
+    /// configuration with a `-V` part); a named model, or a custom one
+    /// without it, may take its data's vocabulary instead.
+    pub fn names_vocab(name: &str) -> bool {
+        NAMED.iter().all(|(n, _)| !n.eq_ignore_ascii_case(name))
+            && name
+                .split('-')
+                .any(|p| p.len() > 1 && (p.starts_with('V') || p.starts_with('v')))
     }
 
     fn parse_custom(s: &str) -> Result<GptConfig, String> {
@@ -180,9 +193,97 @@ impl GptConfig {
     }
 }
 
+/// The named model a mistyped name most likely meant: a size such as
+/// `125M` or `1.5B` goes to the named size nearest it (within a factor of
+/// 1.5), anything else to a name or alias within two edits.
+fn nearest_name(name: &str) -> Option<&'static str> {
+    const ALIASES: [&str; 4] = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"];
+    let lower = name.to_ascii_lowercase();
+    let size = |s: &str| -> Option<f64> {
+        let (num, mult) = match s.chars().last()? {
+            'm' => (&s[..s.len() - 1], 1e6),
+            'b' => (&s[..s.len() - 1], 1e9),
+            _ => return None,
+        };
+        num.parse::<f64>()
+            .ok()
+            .filter(|v| *v > 0.0)
+            .map(|v| v * mult)
+    };
+    if let Some(want) = size(&lower) {
+        return NAMED
+            .iter()
+            .filter_map(|(n, _)| size(&n.to_ascii_lowercase()).map(|v| (*n, (v / want).ln().abs())))
+            .filter(|(_, d)| *d < 1.5f64.ln())
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(n, _)| n);
+    }
+    NAMED
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(ALIASES)
+        .map(|n| (n, edit_distance(&lower, &n.to_ascii_lowercase())))
+        .filter(|(_, d)| *d <= 2)
+        .min_by_key(|(_, d)| *d)
+        .map(|(n, _)| n)
+}
+
+/// Levenshtein distance between two short strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mistyped_names_get_the_nearest_model() {
+        let err = |m: &str| GptConfig::parse(m).unwrap_err();
+        assert!(
+            err("125M").contains("did you mean 124M?"),
+            "{}",
+            err("125M")
+        );
+        assert!(
+            err("1.5B").contains("did you mean 1558M?"),
+            "{}",
+            err("1.5B")
+        );
+        assert!(
+            err("gtp2").contains("did you mean gpt2?"),
+            "{}",
+            err("gtp2")
+        );
+        assert!(
+            err("tinyy").contains("did you mean tiny?"),
+            "{}",
+            err("tinyy")
+        );
+        assert!(!err("7B").contains("did you mean"), "{}", err("7B"));
+        assert!(!err("L2-H3-C64").contains("did you mean"));
+    }
+
+    #[test]
+    fn only_a_custom_v_part_pins_the_vocabulary() {
+        assert!(!GptConfig::names_vocab("tiny"));
+        assert!(!GptConfig::names_vocab("124M"));
+        assert!(!GptConfig::names_vocab("L2-H4-C64"));
+        assert!(GptConfig::names_vocab("L2-H4-C64-V512"));
+    }
 
     #[test]
     fn parameter_counts_never_overflow_and_impossible_ones_are_refused() {

@@ -16,7 +16,7 @@ pub enum StoreError {
         /// The operating system's error.
         source: std::io::Error,
         /// What to do about it.
-        hint: &'static str,
+        hint: String,
     },
     /// No connection could be made before the deadline.
     #[error("could not connect to the store at {addr} within {waited:.1?} (last error: {last_error}); is the launcher or rank 0 running, and is the address reachable from here?")]
@@ -71,4 +71,24 @@ pub enum StoreError {
     /// The caller asked for something invalid (e.g. a key over the limit).
     #[error("invalid store request: {0}")]
     Invalid(String),
+}
+
+impl StoreError {
+    /// Adds the caller's own advice to a failed bind whose port was taken
+    /// (the store knows the port is in use; only its caller knows which
+    /// flag or variable chose it).
+    pub fn advise_port_in_use(self, advice: &str) -> StoreError {
+        match self {
+            StoreError::Bind { addr, source, hint }
+                if source.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                StoreError::Bind {
+                    addr,
+                    source,
+                    hint: format!("{hint}; {advice}"),
+                }
+            }
+            other => other,
+        }
+    }
 }

@@ -162,19 +162,23 @@ impl StoreServer {
         let listener = TcpListener::bind(&addr).map_err(|source| {
             let hint = match source.kind() {
                 std::io::ErrorKind::AddrInUse => {
-                    " (the port is already in use: another job may be running; choose another --master-port, or use --standalone to pick a free one)"
+                    " (the port is already in use: another job or store may be running there)"
                 }
                 std::io::ErrorKind::AddrNotAvailable => {
-                    " (this host has no interface with that address: check --master-addr, or set the bind address)"
+                    " (this host has no interface with that address)"
                 }
                 _ => "",
             };
-            StoreError::Bind { addr: shown.clone(), source, hint }
+            StoreError::Bind {
+                addr: shown.clone(),
+                source,
+                hint: hint.into(),
+            }
         })?;
         let addr = listener.local_addr().map_err(|source| StoreError::Bind {
             addr: shown,
             source,
-            hint: "",
+            hint: String::new(),
         })?;
         let shared = Arc::new(Shared {
             map: Mutex::new(HashMap::new()),

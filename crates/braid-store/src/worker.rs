@@ -45,7 +45,12 @@ impl WorkerStore {
                     let bind = bind
                         .map(|b| join_host_port(&b, info.braid_store_port()))
                         .unwrap_or_else(|| addr.clone());
-                    Some(StoreServer::bind(bind.as_str(), server)?)
+                    Some(StoreServer::bind(bind.as_str(), server).map_err(|e| {
+                        e.advise_port_in_use(
+                            "rank 0 hosts braid's store on the port MASTER_PORT names (under \
+                             torchrun, MASTER_PORT + 1): pick another MASTER_PORT",
+                        )
+                    })?)
                 } else {
                     None
                 };

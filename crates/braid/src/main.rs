@@ -13,6 +13,7 @@ use std::process::ExitCode;
 #[command(
     name = "braid",
     version,
+    max_term_width = 100,
     about = "braid: distributed deep-learning training in one binary",
     after_help = "Examples:\n  braid launch --standalone --nproc-per-node 4 -- ./target/release/examples/hello\n  braid bench all_reduce --np 4 -b 8 -e 64M --check\n  braid verify --np 4\n  braid bench all_reduce --device cuda --np 4 --check\n  braid train --model tiny\n  braid train --nproc 2\n  braid scale -- --steps 60\n  braid generate --load model.safetensors --prompt \"the \"\n  braid doctor /tmp/braid-<run id>"
 )]

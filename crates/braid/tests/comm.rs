@@ -180,7 +180,11 @@ fn bench_checks_every_operation() {
         ]);
         let f = run(cmd, Duration::from_secs(60));
         assert_eq!(f.code, Some(0), "{op}: {f:?}");
-        assert!(f.stdout.contains("# #wrong total: 0"), "{op}: {}", f.stdout);
+        assert!(
+            f.stdout.contains("# Out of bounds values : 0 OK"),
+            "{op}: {}",
+            f.stdout
+        );
         assert!(f.stdout.contains("busbw"), "{op}: {}", f.stdout);
     }
 }
@@ -205,7 +209,7 @@ fn tcp_algorithms_can_be_forced_and_stay_correct() {
         let f = run(cmd, Duration::from_secs(60));
         assert_eq!(f.code, Some(0), "{algo}: {f:?}");
         assert!(
-            f.stdout.contains("backend tcp") && f.stdout.contains("# #wrong total: 0"),
+            f.stdout.contains("backend tcp") && f.stdout.contains("# Out of bounds values : 0 OK"),
             "{algo}: {}",
             f.stdout
         );

@@ -17,9 +17,9 @@ use std::time::Instant;
     about = "Benchmark collectives like nccl-tests: time, algbw, busbw, #wrong per size",
     after_help = "\
 Examples:
-  braid bench all_reduce --np 4 -b 8 -e 64M -f 4 --check
+  braid bench all_reduce --nproc-per-node 4 -b 8 -e 64M -f 4 --check
   braid launch --standalone --nproc-per-node 2 -- braid bench all_gather -d bf16
-  braid bench all_reduce --device cuda --np 4 -b 8 -e 1G -f 4 --check
+  braid bench all_reduce --device cuda --nproc-per-node 4 -b 8 -e 1G -f 4 --check
   braid bench all_reduce --device cuda -g 4 --graph
 Operations: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather scatter sendrecv"
 )]
@@ -53,18 +53,25 @@ pub struct BenchArgs {
     /// Verify every element of every result.
     #[arg(long)]
     pub(crate) check: bool,
-    /// Also write the results as JSON to FILE (rank 0).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) json: Option<std::path::PathBuf>,
+    /// The results as JSON, one array of rows (rank 0).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    pub(crate) json: Option<super::json_out::JsonOut>,
     /// Backend: auto, shm, tcp, hier (default: BRAID_BACKEND, else auto).
     #[arg(long)]
     pub(crate) backend: Option<String>,
     /// Algorithm for the tcp backend: ring or tree (sets BRAID_ALGO).
     #[arg(long)]
     pub(crate) algo: Option<String>,
-    /// Start N local workers (instead of running under `braid launch`).
-    #[arg(long, value_name = "N")]
-    pub(crate) np: Option<usize>,
+    /// Start N local workers (instead of running under `braid launch`; default: one when
+    /// not launched): a number, or auto, gpu or cpu.
+    #[arg(long = "nproc-per-node", visible_alias = "np", aliases = ["nproc", "nproc_per_node"],
+          value_name = "N", value_parser = super::parse_nproc)]
+    pub(crate) np: Option<super::Nproc>,
+    /// Prefix the table's lines with `[rank 0] ` as `braid launch` does (by default they are
+    /// printed as nccl-tests prints them, for scripts that parse its output).
+    #[arg(long)]
+    pub(crate) prefix_ranks: bool,
     /// Whose time to report: max (the slowest rank's, default) or rank0
     /// (rank 0's own, as torch_collectives_bench.py reports).
     #[arg(long, default_value = "max", value_parser = ["max", "rank0"])]
@@ -129,6 +136,12 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         .as_deref()
         .map(BackendKind::parse)
         .transpose()?;
+    if args.min_bytes > args.max_bytes {
+        return Err(format!(
+            "-b {} is larger than -e {}: the sweep goes from -b (minbytes) up to -e (maxbytes)",
+            args.min_bytes, args.max_bytes
+        ));
+    }
     if args.factor < 2 && args.min_bytes != args.max_bytes {
         return Err("-f must be at least 2".into());
     }
@@ -145,8 +158,13 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     if args.gpus == 0 {
         return Err("-g must be at least 1".into());
     }
-    if let Some(np) = args.np {
-        return super::workers::relaunch_locally(np, "--np");
+    match args.np {
+        Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
+        // Not launched and no count: one local worker, as nccl-tests runs.
+        None if !super::workers::launched() => {
+            return super::workers::relaunch_locally(1, args.prefix_ranks)
+        }
+        None => {}
     }
     if let Some(algo) = &args.algo {
         // Set before the communicator (or any other thread) reads it.
@@ -157,11 +175,8 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         options.backend = b;
     }
     let comm = super::workers::init(options)?;
-    if let Some(path) = &args.json {
-        if comm.rank() == 0 && path.exists() {
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot replace {}: {e}", path.display()))?;
-        }
+    if let (Some(j), 0) = (&args.json, comm.rank()) {
+        j.claim_stdout()?;
     }
     let mut tracing = super::train_trace::start(
         args.trace.as_deref(),
@@ -172,6 +187,10 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         0.0,
     )?;
     let code = bench_all(&comm, &args, cuda, dtype, redop)?;
+    if let (Some(out), 0) = (&args.json, comm.rank()) {
+        let rows = std::mem::take(&mut *JSON_ROWS.lock().unwrap_or_else(|p| p.into_inner()));
+        out.write(&serde_json::to_string_pretty(&rows).expect("json"))?;
+    }
     tracing.write(
         serde_json::json!({"desc": {"command": "bench", "op": args.op,
         "dtype": args.dtype, "device": args.device, "ranks": comm.size()}}),
@@ -216,21 +235,9 @@ fn bench_all(
     Ok(code)
 }
 
-/// Appends `rows` to the JSON array in `path` (several operations in one
-/// run share the file; `run` removes an old one first).
-pub(crate) fn append_json(
-    path: &std::path::Path,
-    rows: Vec<serde_json::Value>,
-) -> Result<(), String> {
-    let mut all: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not a JSON array: {e}", path.display()))?,
-        Err(_) => Vec::new(),
-    };
-    all.extend(rows);
-    std::fs::write(path, serde_json::to_string_pretty(&all).expect("json"))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
+/// Every operation's JSON rows of this run (rank 0), written once at the
+/// end.
+static JSON_ROWS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
 
 /// Fills rank `r`'s input with [`value`].
 fn fill<T: Element>(buf: &mut [T], r: usize, op: ReduceOp) {
@@ -363,7 +370,7 @@ pub(crate) fn sweep<T: Element>(
         size = (size * a.factor).min(a.max_bytes);
     }
     if info.prints {
-        if let Some(path) = &a.json {
+        if a.json.is_some() {
             let f = braid_trace::analysis::busbw_factor(op, n);
             let json: Vec<serde_json::Value> = rows
                 .iter()
@@ -383,11 +390,35 @@ pub(crate) fn sweep<T: Element>(
                     v
                 })
                 .collect();
-            append_json(path, json)?;
+            JSON_ROWS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(json);
         }
-        if a.check {
-            println!("# #wrong total: {total_wrong}");
+        // nccl-tests' footer: wrong values, then the mean bus bandwidth
+        // over every size and both columns.
+        let f = braid_trace::analysis::busbw_factor(op, n);
+        let busbw: Vec<f64> = rows
+            .iter()
+            .flat_map(|row| {
+                row.times
+                    .iter()
+                    .flatten()
+                    .map(|t| row.bytes as f64 / t / 1e9 * f)
+            })
+            .collect();
+        match a.check {
+            true => println!(
+                "# Out of bounds values : {total_wrong} {}",
+                if total_wrong == 0 { "OK" } else { "FAILED" }
+            ),
+            false => println!("# Out of bounds values : N/A (no --check)"),
         }
+        println!(
+            "# Avg bus bandwidth    : {:.4} ",
+            busbw.iter().sum::<f64>() / busbw.len().max(1) as f64
+        );
+        println!("#");
     }
     Ok(total_wrong)
 }

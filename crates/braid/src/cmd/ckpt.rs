@@ -32,9 +32,10 @@ enum CkptCommand {
         /// Also read every tensor and check it against its checksum.
         #[arg(long)]
         verify: bool,
-        /// Print it as JSON (the manifest).
-        #[arg(long)]
-        json: bool,
+        /// The manifest as JSON.
+        #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+              value_parser = super::json_out::parse, help = super::json_out::HELP)]
+        json: Option<super::json_out::JsonOut>,
     },
     /// One safetensors file of the whole model's parameters (f32 or
     /// bf16), with braid's configuration in its header.
@@ -53,7 +54,7 @@ enum CkptCommand {
 /// Runs `braid ckpt`.
 pub fn run(a: CkptArgs) -> Result<i32, String> {
     match a.what {
-        CkptCommand::Inspect { dir, verify, json } => inspect(&dir, verify, json),
+        CkptCommand::Inspect { dir, verify, json } => inspect(&dir, verify, json.as_ref()),
         CkptCommand::Consolidate { dir, output, dtype } => consolidate(&dir, &output, &dtype),
     }
 }
@@ -77,12 +78,17 @@ fn config_of(r: &CheckpointReader) -> Result<GptConfig, String> {
         .map_err(|e| format!("{}: bad model configuration: {e}", r.dir().display()))
 }
 
-fn inspect(dir: &Path, verify: bool, json: bool) -> Result<i32, String> {
+fn inspect(
+    dir: &Path,
+    verify: bool,
+    json: Option<&super::json_out::JsonOut>,
+) -> Result<i32, String> {
     let r = open(dir)?;
     let m = r.manifest();
-    if json {
-        println!("{}", serde_json::to_string_pretty(m).expect("json"));
-    } else {
+    if let Some(out) = json {
+        out.write(&serde_json::to_string_pretty(m).expect("json"))?;
+    }
+    if !json.is_some_and(|j| j.is_stdout()) {
         let elements: usize = m
             .tensors
             .iter()

@@ -2,7 +2,6 @@
 //! into them (`inspect`), and read images through the loader (`load`, in
 //! `data_load`).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -18,7 +17,7 @@ use serde_json::Value as Json;
 #[derive(Args)]
 #[command(
     about = "Write FFCV-compatible .beton datasets, inspect them, and load images from them",
-    after_help = "Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all\n  braid data inspect imgs.beton --sheet imgs.png --sheet-count 64\n  braid data load imgs.beton --res 160 --epochs 3 --device cuda   # the image loader's images/s"
+    after_help = format!("Examples:\n  braid data write train.beton --tokens shards/ --seq 1024     # GPT windows for braid train --data\n  braid data write docs.beton --jsonl docs.jsonl\n  braid data write train.beton --images imagenet/train --max-resolution 256 --mode jpg --quality 90\n  braid data inspect train.beton\n  braid data inspect train.beton --json --samples all\n  braid data inspect imgs.beton --sheet imgs.png --sheet-count 64\n  braid data load imgs.beton --res 160 --epochs 3 --device cuda   # the image loader's images/s\n\n{}", braid_data::jpeg::support_note())
 )]
 pub struct DataArgs {
     #[command(subcommand)]
@@ -97,10 +96,11 @@ pub struct WriteArgs {
     #[arg(long, default_value_t = DEFAULT_PAGE_SIZE)]
     page_size: u64,
     /// Threads encoding samples (default: every core).
-    #[arg(long)]
-    workers: Option<usize>,
-    /// Seed of the synthetic corpus, and of --mode proportion's draws.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, alias = "workers", value_name = "N")]
+    threads: Option<usize>,
+    /// Seed of the synthetic corpus (the one `braid train --data synthetic` trains on for the
+    /// same seed), and of --mode proportion's draws.
+    #[arg(long, default_value_t = super::DEFAULT_SEED)]
     seed: u64,
 }
 
@@ -109,10 +109,11 @@ pub struct WriteArgs {
 pub struct InspectArgs {
     /// The .beton file.
     file: PathBuf,
-    /// Print one JSON object: {"num_samples", "page_size", "fields":
-    /// {name: type}, "samples": [{field: value}]}.
-    #[arg(long)]
-    json: bool,
+    /// One JSON object: {"num_samples", "page_size", "fields": {name: type}, "samples":
+    /// [{field: value}]}.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
     /// How many samples to show: a number or `all` (default: 3; with
     /// --json, 3 too).
     #[arg(long, default_value = "3")]
@@ -142,9 +143,9 @@ pub fn run(a: DataArgs) -> Result<i32, String> {
 }
 
 fn write(mut a: WriteArgs) -> Result<i32, String> {
-    if let Some(n) = a.workers.take() {
+    if let Some(n) = a.threads.take() {
         if n == 0 {
-            return Err("--workers 0: use at least 1".into());
+            return Err("--threads 0: use at least 1".into());
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -153,7 +154,7 @@ fn write(mut a: WriteArgs) -> Result<i32, String> {
         return pool.install(|| write(a));
     }
     let start = Instant::now();
-    let mut bar = Bar::new("writing");
+    let mut bar = super::progress::Progress::new("writing", "samples");
     let written = if let Some(src) = &a.tokens {
         let source = Source::parse(src)?;
         let tokenizer = match (&a.tokenizer, &source) {
@@ -217,7 +218,7 @@ fn write(mut a: WriteArgs) -> Result<i32, String> {
     } else {
         return Err("say what to write from: --tokens SOURCE, --jsonl FILE or --images DIR".into());
     };
-    bar.done();
+    bar.finish();
     report_written(&a.output, &written, start.elapsed().as_secs_f64());
     Ok(0)
 }
@@ -231,53 +232,6 @@ fn report_written(out: &Path, w: &Written, secs: f64) {
         w.bytes as f64 / (1 << 20) as f64,
         w.samples as f64 / secs.max(1e-9)
     );
-}
-
-/// A progress bar on stderr, redrawn at most ten times a second.
-struct Bar {
-    what: &'static str,
-    start: Instant,
-    last: Option<Instant>,
-}
-
-impl Bar {
-    fn new(what: &'static str) -> Bar {
-        Bar {
-            what,
-            start: Instant::now(),
-            last: None,
-        }
-    }
-
-    fn show(&mut self, done: u64, all: u64) {
-        let now = Instant::now();
-        if self
-            .last
-            .is_some_and(|l| now - l < std::time::Duration::from_millis(100))
-            && done < all
-        {
-            return;
-        }
-        self.last = Some(now);
-        let frac = done as f64 / all.max(1) as f64;
-        let filled = (frac * 30.0) as usize;
-        let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        let eta = (all - done) as f64 / rate.max(1e-9);
-        eprint!(
-            "\r{} [{}{}] {done}/{all} {:.0}/s eta {eta:.0}s ",
-            self.what,
-            "#".repeat(filled),
-            " ".repeat(30 - filled),
-            rate
-        );
-        let _ = std::io::stderr().flush();
-    }
-
-    fn done(&self) {
-        if self.last.is_some() {
-            eprintln!();
-        }
-    }
 }
 
 fn inspect(a: InspectArgs) -> Result<i32, String> {
@@ -310,8 +264,10 @@ fn inspect(a: InspectArgs) -> Result<i32, String> {
             .min(b.len()),
     };
     let json = b.to_json(n)?;
-    if a.json {
-        println!("{json}");
+    if let Some(out) = &a.json {
+        out.write(&json.to_string())?;
+    }
+    if a.json.as_ref().is_some_and(|j| j.is_stdout()) {
         return Ok(0);
     }
     let samples = json["samples"].as_array().cloned().unwrap_or_default();

@@ -8,7 +8,7 @@
 //! asynchronously.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use braid_data::augment::{Augment, Crop, Layout, Pixels};
 use braid_data::images::{Cache, HostBuffer, ImageBatch, ImageLoader, ImageLoaderOptions};
@@ -73,7 +73,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "label")]
     label_field: String,
     /// Seed of the order and the augmentations.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = super::DEFAULT_SEED)]
     seed: u64,
     /// This rank (of --ranks) for a distributed share (default: RANK
     /// from `braid launch`, else 0).
@@ -93,9 +93,10 @@ pub struct LoadArgs {
     /// cpu, or cuda: batches in page-locked memory, copied to GPU 0.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
-    /// Print one JSON object at the end.
-    #[arg(long)]
-    json: bool,
+    /// One JSON object at the end.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
 }
 
 /// Runs `braid data load`.
@@ -178,7 +179,6 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         a.cache,
         if gpu.is_some() { ", copied to GPU 0" } else { "" }
     );
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut record = String::new();
     let mut rates = Vec::new();
     for e in 0..a.epochs {
@@ -187,6 +187,7 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         let mut batches = loader.epoch();
         let total = batches.total();
         let mut k = 0;
+        let mut bar = super::progress::Progress::new(format!("  epoch {e}"), "batches");
         let mut line = format!("epoch {e} batches {total}:");
         while let Some(b) = batches.next() {
             let b = b?;
@@ -208,22 +209,20 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
                 None => batches.recycle(b),
             }
             k += 1;
-            if tty && (k % 16 == 0 || k == total) {
-                progress(e, k, total, check.images, t.elapsed());
-            }
+            bar.show(k as u64, total as u64);
         }
         if let Some(done) = gpu.as_ref().map(|g| g.finish()).transpose()?.flatten() {
             batches.recycle(done);
         }
         drop(batches);
+        bar.finish();
         let secs = t.elapsed().as_secs_f64();
         record.push_str(&line);
         record.push('\n');
         check.finish(ranks, a.drop_last)?;
         let rate = check.images as f64 / secs;
         eprintln!(
-            "{}  epoch {e}: {} images, {rate:.0} images/s, {:.2} s, mean first byte {:.1}{}",
-            if tty { "\r" } else { "" },
+            "  epoch {e}: {} images, {rate:.0} images/s, {:.2} s, mean first byte {:.1}{}",
             check.images,
             secs,
             check.mean_first_byte(),
@@ -244,17 +243,18 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         .iter()
         .skip(if rates.len() > 1 { 1 } else { 0 })
         .fold(0.0f64, |m, &r| m.max(r));
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({
+    if let Some(out) = &a.json {
+        out.write(
+            &serde_json::json!({
                 "peer": "braid", "images_per_s": best.round(), "epochs": a.epochs,
                 "threads": threads, "width": augment.width, "height": augment.height,
                 "cache": a.cache, "device": a.device, "per_epoch": rates,
                 "cache_bound_bytes": loader.cache_bound().map(|b| b.0),
             })
-        );
-    } else {
+            .to_string(),
+        )?;
+    }
+    if !a.json.as_ref().is_some_and(|j| j.is_stdout()) {
         println!(
             "braid images/s {best:.0} epochs {} workers {threads} res {} os_cache {}",
             a.epochs,
@@ -263,17 +263,6 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         );
     }
     Ok(0)
-}
-
-fn progress(epoch: u64, k: usize, total: usize, images: usize, t: Duration) {
-    use std::io::Write as _;
-    let mut err = std::io::stderr();
-    let _ = write!(
-        err,
-        "\r  epoch {epoch}: batch {k}/{total}, {:.0} images/s   ",
-        images as f64 / t.as_secs_f64().max(1e-9)
-    );
-    let _ = err.flush();
 }
 
 /// What one epoch must hold.

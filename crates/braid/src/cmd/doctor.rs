@@ -17,9 +17,10 @@ use std::path::PathBuf;
 pub struct DoctorArgs {
     /// The log directory (`braid launch --log-dir`, or the one the launcher printed).
     dir: PathBuf,
-    /// Print the diagnosis as JSON.
-    #[arg(long)]
-    json: bool,
+    /// The diagnosis as JSON.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
 }
 
 /// Runs `braid doctor`.
@@ -67,7 +68,7 @@ pub fn run(a: DoctorArgs) -> Result<i32, String> {
         .collect();
     let diagnoses = flight::diagnose_world(&ranks);
 
-    if a.json {
+    if let Some(out) = &a.json {
         let records: Vec<serde_json::Value> = chosen
             .iter()
             .map(|(path, s)| {
@@ -93,11 +94,10 @@ pub fn run(a: DoctorArgs) -> Result<i32, String> {
             "unreadable": loaded.problems,
             "diagnoses": diagnoses,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
-        return Ok(0);
+        out.write(&serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?)?;
+        if out.is_stdout() {
+            return Ok(0);
+        }
     }
 
     let attempt_text = attempt

@@ -25,7 +25,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
     /// Sampling seed.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = super::DEFAULT_SEED)]
     seed: u64,
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]

@@ -27,9 +27,10 @@ pub struct ReportArgs {
     /// against message size per backend).
     #[arg(long, value_name = "FILE")]
     bench: Vec<PathBuf>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
+    /// The report as JSON.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
     /// Also write the report as one self-contained HTML page with plots.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
@@ -80,9 +81,11 @@ pub fn run(a: ReportArgs) -> Result<i32, String> {
         others: &others,
         bench: &bench,
     });
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r).expect("json"));
-    } else {
+    let json_only = a.json.as_ref().is_some_and(|j| j.is_stdout());
+    if let Some(out) = &a.json {
+        out.write(&serde_json::to_string_pretty(&r).expect("json"))?;
+    }
+    if !json_only {
         print!("{}", report::render_text(&r));
         if !missing.is_empty() {
             eprintln!(
@@ -95,7 +98,7 @@ pub fn run(a: ReportArgs) -> Result<i32, String> {
         let page = super::report_html::page(&r, &traces);
         std::fs::write(path, page)
             .map_err(|e| format!("--html {}: cannot write: {e}", path.display()))?;
-        if !a.json {
+        if !json_only {
             println!("wrote {}", path.display());
         }
     }

@@ -61,7 +61,11 @@ pub fn run(args: StoreArgs) -> Result<i32, String> {
 
 fn serve(addr: &str) -> Result<i32, String> {
     let signals = braid_launch::Signals::install().map_err(|e| e.to_string())?;
-    let server = StoreServer::bind(addr, ServerOptions::from_env()).map_err(|e| e.to_string())?;
+    let server = StoreServer::bind(addr, ServerOptions::from_env())
+        .map_err(|e| {
+            e.advise_port_in_use("choose another port in --addr (port 0 picks a free one)")
+        })
+        .map_err(|e| e.to_string())?;
     eprintln!(
         "braid store: serving on {} (Ctrl-C to stop)",
         server.local_addr()

@@ -86,17 +86,23 @@ pub(crate) fn tick_step(span: f64, n: f64) -> f64 {
     nice * mag
 }
 
+/// A tick's value as short text: 0, 0.25, 500, 1.5k, 250k, 1.2M. Up to two
+/// decimals are kept with a suffix, so the 1-2-5 steps of [`tick_step`]
+/// keep their own value (1,500 is "1.5k", not "2k").
 pub(crate) fn label(v: f64) -> String {
     let a = v.abs();
+    let short = |x: f64, unit: &str| {
+        let s = format!("{x:.2}");
+        format!("{}{unit}", s.trim_end_matches('0').trim_end_matches('.'))
+    };
     if a >= 1e6 {
-        let m = format!("{:.2}", v / 1e6);
-        format!("{}M", m.trim_end_matches('0').trim_end_matches('.'))
+        short(v / 1e6, "M")
     } else if a >= 1e3 {
-        format!("{:.0}k", v / 1e3)
+        short(v / 1e3, "k")
     } else if v.fract() == 0.0 {
         format!("{v:.0}")
-    } else if a >= 0.01 {
-        let s = format!("{v:.2}");
+    } else if a >= 0.001 {
+        let s = format!("{v:.3}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
     } else {
         format!("{v:.1e}")
@@ -141,13 +147,14 @@ fn x_ticks(axis: XAxis, xs: &[f64], x0: f64, x1: f64) -> Vec<(f64, String, bool)
         XAxis::DataTicks => xs.iter().map(|&x| (x, label(x), true)).collect(),
         XAxis::Linear => {
             let st = tick_step(x1 - x0, 8.0);
-            let mut x = (x0 / st).ceil() * st;
-            let mut out = Vec::new();
-            while x <= x1 + st * 1e-9 {
-                out.push((x, label(x), true));
-                x += st;
-            }
-            out
+            // Whole multiples of the step (no running sum: 0.1 + 0.2 ≠ 0.3).
+            let (k0, k1) = ((x0 / st).ceil() as i64, (x1 / st + 1e-9).floor() as i64);
+            (k0..=k1)
+                .map(|k| {
+                    let x = k as f64 * st;
+                    (x, label(x), true)
+                })
+                .collect()
         }
         XAxis::Log2Bytes => {
             let (a, b) = (x0.log2().floor() as i32, x1.log2().ceil() as i32);
@@ -213,20 +220,19 @@ impl Chart {
                 );
             }
         }
-        // Grid and y ticks.
-        let mut y = 0.0;
-        while y <= y1 + ys / 2.0 {
+        // Grid and y ticks, at whole multiples of the step.
+        for k in 0..=(y1 / ys).round() as i64 {
+            let y = k as f64 * ys;
             let yy = py(y);
             let _ = writeln!(
                 s,
                 "<line x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/>\
-                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                 <text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
                 w - r,
                 l - 6.0,
                 yy + 4.0,
                 label(y)
             );
-            y += ys;
         }
         // x ticks.
         let mut xs: Vec<f64> = self
@@ -248,7 +254,7 @@ impl Chart {
             if labelled {
                 let _ = write!(
                     s,
-                    "<text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{text}</text>",
+                    "<text class=\"tick\" x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{text}</text>",
                     h - b + 20.0,
                 );
             }
@@ -421,20 +427,19 @@ impl Timeline {
                 );
             }
         }
-        // Ticks and grid.
+        // Ticks and grid, whole multiples of the step from the span's start.
         let st = tick_step(x1 - x0, 10.0);
-        let mut x = (x0 / st).ceil() * st;
-        while x <= x1 + st * 1e-9 {
+        for k in 0..=((x1 - x0) / st + 1e-9).floor() as i64 {
+            let x = x0 + k as f64 * st;
             let xx = px(x);
             let _ = writeln!(
                 s,
                 "<line x1=\"{xx:.1}\" y1=\"{t}\" x2=\"{xx:.1}\" y2=\"{:.1}\" stroke=\"#d8d8d8\"/>\
-                 <text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                 <text class=\"tick\" x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
                 t + plot_h,
                 t + plot_h + 16.0,
-                label(x - x0)
+                label(k as f64 * st)
             );
-            x += st;
         }
         let _ = writeln!(
             s,
@@ -525,6 +530,17 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 2);
         assert_eq!(tick_step(1900.0, 5.0), 500.0);
         assert_eq!(label(2_500_000.0), "2.5M");
+        // Every tick keeps its value: 1,500 was drawn as "2k".
+        assert_eq!(label(1500.0), "1.5k");
+        assert_eq!(label(250_000.0), "250k");
+        assert_eq!(label(0.6000000000000001), "0.6");
+        assert_eq!(label(0.015), "0.015");
+        let ticks: Vec<&str> = svg
+            .split("<text class=\"tick\"")
+            .skip(1)
+            .map(|t| &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()])
+            .collect();
+        assert_eq!(ticks, ["0", "500", "1k", "1.5k", "2k", "1", "2"]);
     }
 
     #[test]

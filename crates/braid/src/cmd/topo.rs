@@ -10,9 +10,10 @@ use clap::Args;
     after_help = "Examples:\n  braid topo\n  braid topo --no-measure\n  braid topo --bytes 256M --json topo.json"
 )]
 pub struct TopoArgs {
-    /// Also write the topology (and measurements) as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    json: Option<std::path::PathBuf>,
+    /// The topology (and measurements) as JSON.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
     /// Only list GPUs and links; skip the bandwidth and latency measurements.
     #[arg(long)]
     no_measure: bool,
@@ -33,6 +34,9 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 /// Runs `braid topo`; exits 1 with the reason when no GPU can be seen.
 pub fn run(args: TopoArgs) -> Result<i32, String> {
+    if let Some(j) = &args.json {
+        j.claim_stdout()?;
+    }
     let topology = match braid_cuda::topo::discover() {
         Ok(t) => t,
         Err(e) => {
@@ -58,7 +62,7 @@ pub fn run(args: TopoArgs) -> Result<i32, String> {
             }
         }
     }
-    if let Some(path) = args.json {
+    if let Some(out) = args.json {
         let mut value = serde_json::to_value(&topology).map_err(|e| e.to_string())?;
         if let (Some(m), Some(obj)) = (&measured, value.as_object_mut()) {
             obj.insert(
@@ -67,7 +71,7 @@ pub fn run(args: TopoArgs) -> Result<i32, String> {
             );
         }
         let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        out.write(&text)?;
     }
     Ok(0)
 }

@@ -12,6 +12,7 @@ use braid_data::loader::WindowSource;
 use braid_data::token_beton::BetonTokens;
 use braid_data::tokens::{Dataset, Source, Tokenizer};
 use braid_model::checkpoint;
+use braid_model::config::GPT2_VOCAB;
 use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
@@ -30,187 +31,242 @@ const BUCKET_MB: f64 = 25.0;
 /// `--first-bucket-mb`'s default (PyTorch DDP's).
 const FIRST_BUCKET_MB: f64 = 1.0;
 
+/// Option groups of `braid train --help`.
+const H_MODEL: &str = "Model and data";
+const H_RUN: &str = "Steps, batch and optimizer";
+const H_DEVICE: &str = "Devices and processes";
+const H_PARALLEL: &str = "Parallelism and communication";
+const H_CKPT: &str = "Checkpoints";
+const H_OUTPUT: &str = "Output and tracing";
+
 /// Train a GPT model.
 #[derive(Args)]
 #[command(
-    about = "Train a GPT-2 family model on CPUs or GPUs, in one process or data-parallel",
-    after_help = "Examples:\n  braid train                                   # tiny model, synthetic data, one process\n  braid train --nproc 2 --ckpt-dir ck --save-every 100 --resume auto   # checkpointed, resumable\n  braid train --nproc 2                         # data parallel over 2 local workers\n  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors\n  braid train --model 124M --data shards/ --tokenizer gpt2 --batch 4 --seq 256\n  braid train --model 124M --device cuda --nproc 2 --batch 16 --seq 1024 --data random\n  braid launch --nnodes 2 ... -- braid train --device cuda --grad-comm bf16   # multi-node"
+    about = "Train a GPT-2 family model on CPUs or GPUs, in one process or distributed",
+    long_about = "Train a GPT-2 family model on CPUs or GPUs: in one process, data-parallel over \
+                  several (--nproc-per-node, or under braid launch, torchrun or SLURM), or \
+                  sharded with ZeRO (--zero).",
+    after_help = "Examples:
+  braid train                                 # tiny model, built-in corpus, one process
+  braid train --nproc-per-node 2              # data parallel over 2 local workers
+  braid data write --tokens text.txt d.beton && braid train --data d.beton
+(-h: the common options; --help: every option, by group)",
+    after_long_help = "Examples:
+  braid train                                   # tiny model, built-in corpus, one process
+  braid train --nproc-per-node 2 --ckpt-dir ck --save-every 100 --resume auto
+  braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors
+  braid train --model 124M --data shards/ --batch 4 --seq 256
+  braid train --model 124M --device cuda --nproc-per-node gpu --batch 16 --seq 1024 --data random
+  braid launch --nnodes 2 ... -- braid train --device cuda --grad-comm bf16   # multi-node
+
+Environment (for experiments; the defaults are chosen by the memory pre-flight):
+  BRAID_SAVED_IN_GRADS=on|off       keep saved activations in idle gradient memory
+  BRAID_CKPT_ATTENTION=kept|recomputed|auto
+                                    with --checkpointing: keep or recompute the attention's state
+  BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
+                                    parts (under --checkpointing)
+  BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
 pub struct TrainArgs {
-    /// tiny, 124M, 350M, 774M, 1558M, or L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>].
-    #[arg(long, default_value = "tiny")]
+    /// tiny, gpt2 (124M) to gpt2-xl (1558M), or L-H-C[-V][-T].
+    ///
+    /// Named sizes: tiny (2 layers, width 64, vocabulary 256), 124M, 350M, 774M and 1558M (GPT-2
+    /// small to XL; also called gpt2, gpt2-medium, gpt2-large, gpt2-xl). Custom:
+    /// L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>], e.g. L4-H4-C128. A model that names
+    /// no vocabulary (no -V) takes the data's when the data's is larger.
+    #[arg(long, default_value = "tiny", help_heading = H_MODEL)]
     model: String,
-    /// synthetic, random (uniform tokens, for throughput), a UTF-8 text file, u16 token shards (.bin file or directory), or a .beton file of token windows (braid data write --tokens).
-    #[arg(long, default_value = "synthetic")]
+    /// synthetic, random, a text file, token shards or a .beton.
+    ///
+    /// synthetic: a built-in corpus (the same for a seed as `braid data write --tokens
+    /// synthetic`); random: uniform tokens, for throughput; a UTF-8 text file; u16 token shards
+    /// (.bin file or directory); or a .beton file of token windows (braid data write --tokens).
+    #[arg(long, default_value = "synthetic", help_heading = H_MODEL)]
     data: String,
-    /// bytes or gpt2 (default: bytes for a 256-token vocabulary, else gpt2).
-    #[arg(long)]
+    /// bytes or gpt2 (default: the data's, else bytes for a 256-token vocabulary, else gpt2).
+    #[arg(long, hide_short_help = true, help_heading = H_MODEL)]
     tokenizer: Option<String>,
+    /// Tokens per sequence (default: a .beton's windows, else 64).
+    ///
+    /// At most the model's context; a .beton file's windows, capped at the context, by default.
+    #[arg(long, help_heading = H_MODEL)]
+    seq: Option<usize>,
+    /// Seed of initialisation, data order and sampling (one default across braid's commands).
+    #[arg(long, default_value_t = super::DEFAULT_SEED, hide_short_help = true,
+          help_heading = H_MODEL)]
+    seed: u64,
+
     /// Training steps.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 400, help_heading = H_RUN)]
     steps: usize,
     /// Sequences per micro-batch on each rank.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = H_RUN)]
     batch: usize,
-    /// Sequences per step over all ranks and micro-batches, instead of
-    /// --batch (must divide by ranks x --accum).
-    #[arg(long)]
+    /// Sequences per step over all ranks and micro-batches, instead of --batch.
+    ///
+    /// Must divide by ranks x --accum.
+    #[arg(long, hide_short_help = true, help_heading = H_RUN)]
     global_batch: Option<usize>,
-    /// Micro-batches per step (gradient accumulation: only the last one
-    /// communicates). With more than one, a bf16 GPU run keeps the
-    /// activations saved for the backward pass in memory of their own
-    /// rather than in idle gradient memory (BRAID_SAVED_IN_GRADS)
-    #[arg(long, default_value_t = 1)]
+    /// Micro-batches per step (gradient accumulation: only the last one communicates).
+    #[arg(long, default_value_t = 1, hide_short_help = true, help_heading = H_RUN)]
     accum: usize,
-    /// Tokens per sequence (at most the model's context).
-    #[arg(long, default_value_t = 64)]
-    seq: usize,
-    /// Peak learning rate (default: by model size, 3e-3 below 50M
-    /// parameters, then GPT-3's choices: 6e-4 for 124M, 3e-4 for 350M,
-    /// 2.5e-4 for 774M, 2e-4 above).
-    #[arg(long)]
+    /// Peak learning rate (default: by model size).
+    ///
+    /// Default: 3e-3 below 50M parameters, then GPT-3's choices: 6e-4 for 124M, 3e-4 for 350M,
+    /// 2.5e-4 for 774M, 2e-4 above.
+    #[arg(long, help_heading = H_RUN)]
     lr: Option<f32>,
     /// Warmup steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, hide_short_help = true, help_heading = H_RUN)]
     warmup: usize,
     /// Weight decay on matrices and embeddings.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, hide_short_help = true, help_heading = H_RUN)]
     weight_decay: f32,
     /// Clip the gradients' global norm (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, hide_short_help = true, help_heading = H_RUN)]
     grad_clip: f64,
     /// adamw or sgd.
-    #[arg(long, default_value = "adamw")]
+    #[arg(long, default_value = "adamw", hide_short_help = true, help_heading = H_RUN)]
     optimizer: String,
-    /// Seed of initialisation, data order and sampling.
-    #[arg(long, default_value_t = 1337)]
-    seed: u64,
-    /// Evaluate on held-out data every K steps and at the end (0: never).
-    #[arg(long, default_value_t = 100)]
-    eval_every: usize,
-    /// Recompute activations in the backward pass instead of keeping them
-    /// (less memory, more compute). GPU (bf16): layers keep their input,
-    /// attention output and, where it fits, the attention's state; each
-    /// block's backward pass runs two of its four products and a LayerNorm
-    /// again (three products and both LayerNorms where the attention's
-    /// state is not kept: BRAID_CKPT_ATTENTION=kept|recomputed|auto)
-    #[arg(long)]
-    checkpointing: bool,
-    /// Print a progress line every K steps (default: about once a second).
-    #[arg(long)]
-    log_every: Option<usize>,
-    /// Start from this checkpoint instead of a fresh initialisation.
-    #[arg(long)]
-    load: Option<PathBuf>,
-    /// Save the trained model (safetensors) here.
-    #[arg(long)]
-    save: Option<PathBuf>,
-    /// Element type of the saved checkpoint: f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    save_dtype: String,
-    /// Sharded checkpoints go here (one `step-NNNNNNNN` directory per
-    /// save: every rank's parameters and optimizer state, the trainer's
-    /// state, a manifest); saved at the end, and every --save-every steps.
-    #[arg(long, value_name = "DIR")]
-    ckpt_dir: Option<PathBuf>,
-    /// Save a checkpoint into --ckpt-dir every K steps (in the background:
-    /// training stalls only while the state is copied to host memory).
-    #[arg(long, value_name = "K", default_value_t = 0)]
-    save_every: usize,
-    /// Keep only the N newest checkpoints in --ckpt-dir (0: all).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    keep: usize,
-    /// Resume from a checkpoint: a checkpoint directory, a --ckpt-dir (its
-    /// newest), or `auto` (--ckpt-dir's newest if there is one, else start
-    /// afresh). Any world size and strategy: the state is resharded.
-    #[arg(long, value_name = "DIR|auto")]
-    resume: Option<String>,
-    /// Write each checkpoint before training goes on, instead of in the
-    /// background (to measure what the background write saves).
-    #[arg(long)]
-    ckpt_sync: bool,
-    /// Also write every step (loss, eval loss, lr, norm, tokens/s, time
-    /// breakdown) and the run's summary as JSON here.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Trace the run into DIR: every rank writes a Chrome/Perfetto
-    /// trace (steps, data, forward and backward per block, collectives,
-    /// optimizer, checkpoint copies, idle gaps; GPU work timed with CUDA
-    /// events), clocks aligned through the store, merged into
-    /// DIR/trace.json. `braid report DIR` analyses it.
-    #[arg(long, value_name = "DIR")]
-    trace: Option<PathBuf>,
-    /// Serve live metrics (Prometheus text format) at HOST:PORT while
-    /// training: step, loss, tokens/s, step-time split, collectives,
-    /// memory. Each rank of a node serves on PORT + its local rank.
-    #[arg(long, value_name = "HOST:PORT")]
-    metrics_addr: Option<String>,
-    /// Where to train: cpu, or cuda (one GPU per process; LOCAL_RANK picks it).
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Arithmetic on the GPU: bf16 (mixed precision: bf16 products and
-    /// activations, f32 master weights; the default on cuda) or f32. The
-    /// CPU engine is f32.
-    #[arg(long)]
-    precision: Option<String>,
-    /// Benchmark mode: time forward + backward only (no optimizer step).
-    #[arg(long)]
+    /// Time forward + backward only, no optimizer step (a benchmark).
+    #[arg(long, hide_short_help = true, help_heading = H_RUN)]
     fwd_bwd_only: bool,
-    /// Start N local workers (data parallel) through the launcher.
-    #[arg(long, value_name = "N")]
-    nproc: Option<usize>,
-    /// How gradients travel between ranks: plain (f32), bf16, fp16, or
-    /// powersgd[:RANK[:START_STEP]] (PyTorch's defaults: rank 1, from step 1000).
-    #[arg(long, default_value = "plain")]
-    grad_comm: String,
-    /// Gradient bucket size in MiB (PyTorch's default 25; data parallelism
-    /// and --zero 1).
-    #[arg(long, default_value_t = BUCKET_MB)]
-    bucket_mb: f64,
-    /// First bucket's size in MiB (PyTorch's default 1).
-    #[arg(long, default_value_t = FIRST_BUCKET_MB)]
-    first_bucket_mb: f64,
-    /// Reduce gradients after the backward pass instead of bucket by
-    /// bucket during it (to measure what the overlap saves).
-    #[arg(long)]
-    no_overlap: bool,
-    /// Shard the model states over the ranks: ZeRO stage 1 (AdamW state
-    /// and master weights' updates sharded; gradients reduce-scattered
-    /// after the backward pass, parameters all-gathered after every
-    /// update), 2 (gradients reduce-scattered bucket by bucket during the
-    /// backward pass, only the shard's kept) or 3 (parameters sharded too:
-    /// each transformer block's gathered just before it runs and freed
-    /// after; under --checkpointing, where a layer's gradient buffer can
-    /// hold them, the tied embeddings' gradients reduce-scattered in two
-    /// parts: BRAID_SPLIT_REDUCE=on|off|auto).
-    #[arg(long, value_name = "STAGE")]
+
+    /// auto (a GPU if there is one), cpu, or cuda.
+    ///
+    /// auto trains on the GPUs when this machine has enough of them for its workers (one GPU
+    /// per process, LOCAL_RANK picks it) and says so at start; cpu and cuda choose.
+    #[arg(long, default_value = "auto", help_heading = H_DEVICE)]
+    device: String,
+    /// Local workers (data parallel): N, auto, gpu or cpu.
+    ///
+    /// The worker processes are started through braid launch; under braid launch, torchrun or
+    /// SLURM each process is one rank already. auto: one per GPU if there are GPUs, else one
+    /// per core.
+    #[arg(long = "nproc-per-node", visible_alias = "nproc",
+          aliases = ["nproc_per_node", "np"], value_name = "N", value_parser = super::parse_nproc,
+          help_heading = H_DEVICE)]
+    nproc: Option<super::Nproc>,
+    /// GPU arithmetic: bf16 (mixed precision, the default) or f32.
+    ///
+    /// bf16: bf16 products and activations, f32 master weights. The CPU engine is f32.
+    #[arg(long, hide_short_help = true, help_heading = H_DEVICE)]
+    precision: Option<String>,
+    /// Recompute activations in the backward pass instead of keeping them.
+    ///
+    /// Less memory, more compute. On a GPU (bf16) layers keep their input, attention output
+    /// and, where it fits, the attention's state; each block's backward pass runs two of its
+    /// four products and a LayerNorm again.
+    #[arg(long, help_heading = H_DEVICE)]
+    checkpointing: bool,
+    /// Move model state to host memory: optimizer or none.
+    ///
+    /// optimizer keeps the f32 master weights and AdamW's moments in host memory and runs the
+    /// update on the CPU's cores (ZeRO-Offload's split: 12 bytes per parameter leave the GPU).
+    /// GPU only, one process or data-parallel.
+    #[arg(long, default_value = "none", value_name = "WHAT", hide_short_help = true,
+          help_heading = H_DEVICE)]
+    offload: String,
+
+    /// Shard model states over the ranks: ZeRO stage 1, 2 or 3.
+    ///
+    /// 1: optimizer state sharded (gradients reduce-scattered after the backward pass,
+    /// parameters all-gathered after every update); 2: gradients reduce-scattered bucket by
+    /// bucket during the backward pass too; 3: parameters sharded as well, each block gathered
+    /// just before it runs and freed after.
+    #[arg(long, value_name = "STAGE", help_heading = H_PARALLEL)]
     zero: Option<u8>,
     /// FSDP: an alias of --zero 3.
-    #[arg(long)]
+    #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     fsdp: bool,
-    /// With --zero 3: keep each block's gathered parameters from the
-    /// forward pass until its backward pass (FSDP2's
-    /// reshard_after_forward=False): one gather per block and step instead
-    /// of two, the whole model's parameters held at the peak.
-    #[arg(long)]
+    /// With --zero 3: keep gathered parameters from forward to backward.
+    ///
+    /// FSDP2's reshard_after_forward=False: one gather per block and step instead of two, the
+    /// whole model's parameters held at the peak.
+    #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     no_reshard_after_forward: bool,
-    /// With --zero: hybrid sharding (HSDP) — shard within groups of N
-    /// consecutive ranks (e.g. a node's GPUs), replicate across the groups.
-    #[arg(long, value_name = "N")]
+    /// With --zero: shard within groups of N ranks, replicate across them (HSDP).
+    #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     shard_group: Option<usize>,
-    /// Move model state off the GPU into host memory: `optimizer` keeps the
-    /// f32 master weights and AdamW's moments there and runs the update on
-    /// the CPU's cores (ZeRO-Offload's split: 12 bytes per parameter leave
-    /// the GPU, which keeps the bf16 weights and the gradients); `none`.
-    /// GPU only, one process or data-parallel.
-    #[arg(long, default_value = "none", value_name = "WHAT")]
-    offload: String,
-    /// GPU, bf16: run the weight gradients of the first N layers after the
-    /// embeddings' backward, so that the embeddings' gradient reduction
-    /// (the largest, and final only at the end) overlaps them (default: 2
-    /// when data-parallel, else 0).
-    #[arg(long, value_name = "N")]
+    /// Gradients on the wire: plain (f32), bf16, fp16, or powersgd[:RANK[:START]].
+    ///
+    /// powersgd takes PyTorch's defaults: rank 1, from step 1000.
+    #[arg(long, default_value = "plain", hide_short_help = true, help_heading = H_PARALLEL)]
+    grad_comm: String,
+    /// Gradient bucket size in MiB (data parallelism and --zero 1).
+    #[arg(long, default_value_t = BUCKET_MB, hide_short_help = true, help_heading = H_PARALLEL)]
+    bucket_mb: f64,
+    /// First bucket's size in MiB.
+    #[arg(long, default_value_t = FIRST_BUCKET_MB, hide_short_help = true,
+          help_heading = H_PARALLEL)]
+    first_bucket_mb: f64,
+    /// Reduce gradients after the backward pass, not during it (to measure the overlap).
+    #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
+    no_overlap: bool,
+    /// GPU, bf16: run the first N layers' weight gradients after the embeddings' backward.
+    ///
+    /// So that the embeddings' gradient reduction (the largest, final only at the end)
+    /// overlaps them. Default: 2 when data-parallel, else 0.
+    #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     defer_layers: Option<usize>,
+
+    /// Start from this model file (safetensors) instead of a fresh initialisation.
+    #[arg(long, value_name = "FILE", hide_short_help = true, help_heading = H_CKPT)]
+    load: Option<PathBuf>,
+    /// Save the trained model (safetensors, Hugging Face GPT-2 names) here.
+    #[arg(long, value_name = "FILE", help_heading = H_CKPT)]
+    save: Option<PathBuf>,
+    /// Element type of --save: f32 or bf16.
+    #[arg(long, default_value = "f32", hide_short_help = true, help_heading = H_CKPT)]
+    save_dtype: String,
+    /// Sharded checkpoints go here (at the end; see --save-every).
+    ///
+    /// One step-NNNNNNNN directory per save: every rank's parameters and optimizer state, the
+    /// trainer's state, a manifest.
+    #[arg(long, value_name = "DIR", help_heading = H_CKPT)]
+    ckpt_dir: Option<PathBuf>,
+    /// Save a checkpoint into --ckpt-dir every K steps (in the background).
+    #[arg(long, value_name = "K", default_value_t = 0, hide_short_help = true,
+          help_heading = H_CKPT)]
+    save_every: usize,
+    /// Keep only the N newest checkpoints in --ckpt-dir (0: all).
+    #[arg(long, value_name = "N", default_value_t = 0, hide_short_help = true,
+          help_heading = H_CKPT)]
+    keep: usize,
+    /// Resume from a checkpoint directory, a --ckpt-dir (its newest), or auto.
+    ///
+    /// auto: --ckpt-dir's newest if there is one, else start afresh. Any world size and
+    /// strategy: the state is resharded.
+    #[arg(long, value_name = "DIR|auto", help_heading = H_CKPT)]
+    resume: Option<String>,
+    /// Write each checkpoint before training goes on, not in the background.
+    #[arg(long, hide_short_help = true, help_heading = H_CKPT)]
+    ckpt_sync: bool,
+
+    /// Print a progress line every K steps (default: about once a second).
+    #[arg(long, value_name = "K", hide_short_help = true, help_heading = H_OUTPUT)]
+    log_every: Option<usize>,
+    /// Evaluate on held-out data every K steps and at the end (0: never).
+    #[arg(long, value_name = "K", default_value_t = 100, hide_short_help = true,
+          help_heading = H_OUTPUT)]
+    eval_every: usize,
+    /// Every step and the run's summary as JSON (see --json in braid --help).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP,
+          help_heading = H_OUTPUT)]
+    json: Option<super::json_out::JsonOut>,
+    /// Trace every rank into DIR; `braid report DIR` analyses it.
+    ///
+    /// Chrome/Perfetto traces.
+    ///
+    /// Steps, data, forward and backward per block, collectives, optimizer, checkpoint copies,
+    /// idle gaps; GPU work timed with CUDA events; clocks aligned through the store; merged into
+    /// DIR/trace.json.
+    #[arg(long, value_name = "DIR", help_heading = H_OUTPUT)]
+    trace: Option<PathBuf>,
+    /// Serve live Prometheus metrics at HOST:PORT (each local rank on PORT + its rank).
+    #[arg(long, value_name = "HOST:PORT", hide_short_help = true, help_heading = H_OUTPUT)]
+    metrics_addr: Option<String>,
 }
 
 /// The tokenizer: the one asked for, else the one the checkpoint names,
@@ -291,10 +347,25 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "sgd" => OptimizerKind::Sgd,
         o => return Err(format!("--optimizer {o:?}: expected adamw or sgd")),
     };
-    if a.batch == 0 || a.seq == 0 || a.steps == 0 || a.accum == 0 {
+    if a.batch == 0 || a.seq == Some(0) || a.steps == 0 || a.accum == 0 {
         return Err("--batch, --seq, --steps and --accum must be positive".into());
     }
-    let cuda = super::wants_cuda(&a.device)?;
+    if a.resume.as_deref() == Some("auto") && a.ckpt_dir.is_none() {
+        return Err(
+            "--resume auto resumes from --ckpt-dir's newest checkpoint: give --ckpt-dir DIR too \
+             (or --resume DIR for one checkpoint)"
+                .into(),
+        );
+    }
+    let world = world()?;
+    let nproc = a.nproc.map(|n| n.count()).transpose()?;
+    // Workers on this node: the launcher's, or those --nproc-per-node starts.
+    let local_workers = match &world {
+        Some(w) => w.local_world_size,
+        None => nproc.unwrap_or(1),
+    };
+    let device = super::Device::resolve(&a.device, local_workers)?;
+    let cuda = device.cuda;
     let precision = match (cuda, a.precision.as_deref()) {
         (true, p) => Precision::parse(p.unwrap_or("bf16"))?,
         (false, Some(p)) if Precision::parse(p) != Ok(Precision::F32) => {
@@ -317,7 +388,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let grad_comm = GradComm::parse(&a.grad_comm)?;
     super::train_ckpt::check_outputs(&[
         ("--save", a.save.as_deref()),
-        ("--json", a.json.as_deref()),
+        ("--json", a.json.as_ref().and_then(|j| j.path())),
     ])?;
     let zero = zero_stage(&ZeroFlags {
         zero: a.zero,
@@ -354,23 +425,21 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
              without it"
         ));
     }
-    let world = world()?;
-    if let (Some(n), None) = (a.nproc, &world) {
-        if n == 0 {
-            return Err("--nproc must be at least 1".into());
-        }
+    if let (Some(n), None) = (nproc, &world) {
         if cuda {
             let gpus = braid_cuda::device_count().map_err(|e| format!("--device cuda: {e}"))?;
             if n > gpus {
                 return Err(format!(
-                    "--nproc {n} with --device cuda needs {n} GPUs, but this machine has {gpus} \
-                     (one GPU per process: use --nproc {gpus} or fewer)"
+                    "--nproc-per-node {n} with --device cuda needs {n} GPUs, but this machine has \
+                     {gpus} (one GPU per process: use --nproc-per-node {gpus} or fewer)"
                 ));
             }
         }
         // `--zero S --nproc 1`: a world of one rank, sharded over itself.
         if n > 1 || zero.is_some() {
-            return super::workers::relaunch_locally(n, "--nproc");
+            // JSON on stdout reaches it unprefixed.
+            let json_stdout = a.json.as_ref().is_some_and(|j| j.is_stdout());
+            return super::workers::relaunch_locally(n, !json_stdout);
         }
     }
     let ranks = world.as_ref().map_or(1, |w| w.world_size);
@@ -391,6 +460,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ));
     }
     let lead = rank == 0;
+    if let (true, Some(j)) = (lead, &a.json) {
+        j.claim_stdout()?;
+    }
     if let Some(w) = &world {
         if cuda {
             let gpus = braid_cuda::device_count()
@@ -432,9 +504,44 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         Some(path) => path.display().to_string(),
         None => a.model.clone(),
     };
+    // The model's configuration before anything is allocated: a loaded
+    // file's, or the named one, whose vocabulary grows to the data's
+    // where the name sets none (as nanoGPT takes its data's).
+    let (mut cfg, saved_tok) = match &a.load {
+        Some(path) => {
+            let (cfg, meta) = checkpoint::header_of(path).map_err(|e| e.to_string())?;
+            (cfg, meta.get("braid.tokenizer").cloned())
+        }
+        None => (GptConfig::parse(&a.model)?, None),
+    };
+    let mut tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
+    let data = open_data(&a.data, tokenizer, a.seed)?;
+    let data_vocab = data.source.max_token() as usize + 1;
+    let mut vocab_note = None;
+    if a.load.is_none() && !GptConfig::names_vocab(&a.model) && data_vocab > cfg.vocab_size {
+        let vocab = match data_vocab <= GPT2_VOCAB {
+            true => GPT2_VOCAB,
+            false => data_vocab,
+        };
+        vocab_note = Some(format!(
+            "vocabulary {vocab} from the data (it holds tokens up to {}; the model {} has {}: \
+             name one with -V to choose)",
+            data_vocab - 1,
+            a.model,
+            cfg.vocab_size
+        ));
+        cfg.vocab_size = vocab;
+        cfg.validate()?;
+        tokenizer = tokenizer_for(a.tokenizer.as_deref(), None, vocab)?;
+    }
+    let seq = match (a.seq, data.window) {
+        (Some(s), _) => s,
+        (None, Some(w)) => w.min(cfg.context),
+        (None, None) => 64.min(cfg.context),
+    };
     let shape = super::preflight::Shape {
         model: &model_name,
-        seq: a.seq,
+        seq,
         checkpointing: a.checkpointing,
         sharding: Sharding {
             stage: zero.unwrap_or(0),
@@ -460,16 +567,15 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         Ok(())
     };
     // Both arms give the parameters in the layout the run trains on.
-    let (mut params, saved_tok) = match &a.load {
+    let mut params = match &a.load {
         Some(path) => {
-            preflight(&checkpoint::config_of(path).map_err(|e| e.to_string())?)?;
+            preflight(&cfg)?;
             // Read straight into that layout: one copy of the model.
-            let (p, report) = checkpoint::load_as(path, |cfg| train_layout(cfg, zero, shard_group))
-                .map_err(|e| e.to_string())?;
-            (p, report.metadata.get("braid.tokenizer").cloned())
+            checkpoint::load_as(path, |cfg| train_layout(cfg, zero, shard_group))
+                .map_err(|e| e.to_string())?
+                .0
         }
         None => {
-            let cfg = GptConfig::parse(&a.model)?;
             preflight(&cfg)?;
             let started = Instant::now();
             // Drawn straight into the layout the run trains on (values by
@@ -478,15 +584,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if lead {
                 slow_note("parameters initialised", started, cfg.num_params());
             }
-            (p, None)
+            p
         }
     };
     let cfg = params.layout.config;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
-    let tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
-    let (data, data_desc) = open_data(&a.data, tokenizer, a.seq, a.seed)?;
-    check_fits(&cfg, a.seq, &*data)?;
-    let mut loader = TokenWindows::new(&*data, batch, a.seq, rank, ranks, a.seed)?;
+    let data_desc = data.describe(seq)?;
+    check_fits(&cfg, seq, &*data.source)?;
+    let mut loader = TokenWindows::new(&*data.source, batch, seq, rank, ranks, a.seed)?;
     let mut opts = LoopOptions {
         steps: a.steps,
         accum: a.accum,
@@ -506,6 +611,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         saved_in_grads: false,
     };
     if lead {
+        for note in device.chosen.iter().chain(&vocab_note) {
+            println!("{note}");
+        }
         println!(
             "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({}, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
             a.model,
@@ -519,7 +627,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             data_desc,
             tokenizer.name(),
             batch,
-            a.seq,
+            seq,
             if a.accum > 1 { format!(" x {} micro-batches", a.accum) } else { String::new() },
             a.steps,
             lr,
@@ -584,7 +692,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "tokenizer": tokenizer.name(),
         "data": a.data,
         "seed": a.seed,
-        "seq": a.seq,
+        "seq": seq,
         "batch_per_rank": batch,
         "accum": a.accum,
         "ranks": ranks,
@@ -617,11 +725,22 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         a.metrics_addr.as_deref(),
         comm.as_ref(),
         run_desc.clone(),
-        (batch * a.seq * a.accum * ranks) as f64,
+        (batch * seq * a.accum * ranks) as f64,
     )?;
     let mut progress = Progress::new(lead, a.log_every, a.steps);
     progress.metrics = tracing.live();
-    let mut tb = TokenBatch::new(batch, a.seq);
+    if !cuda {
+        progress.slow_hint = Some(match braid_cuda::device_count().unwrap_or(0) {
+            0 => "this CPU run will take over an hour: a smaller --model, fewer --steps or a \
+                  machine with a GPU finish sooner"
+                .to_string(),
+            g => format!(
+                "this run is on the CPU; --device cuda trains on the {g} GPU(s) here (--device \
+                 auto picks them when there is one per worker)"
+            ),
+        });
+    }
+    let mut tb = TokenBatch::new(batch, seq);
     let mut run_with =
         |engine: &mut dyn FnMut(
             &mut Progress,
@@ -637,7 +756,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 weight_decay: a.weight_decay,
             },
         };
-        let mut engine = CpuGpt::new(params, batch, a.seq, a.checkpointing, how);
+        let mut engine = CpuGpt::new(params, batch, seq, a.checkpointing, how);
         let run = match comm {
             None => run_with(&mut |p, l, b| {
                 run_loop(
@@ -744,7 +863,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             stored_score_grads: plan.stored_score_grads,
             keep_attention: plan.keep_attention,
         };
-        let shape = (batch, a.seq);
+        let shape = (batch, seq);
         let started = Instant::now();
         // ZeRO-3 uploads only each rank's shard: the whole model never
         // sits on one GPU (the parameters wait in host memory until then).
@@ -824,19 +943,19 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         run
     };
-    let tokens_per_step = (batch * a.seq * a.accum * ranks) as f64;
+    let tokens_per_step = (batch * seq * a.accum * ranks) as f64;
     if lead {
         let summary = print_summary(
             &run,
             &cfg,
-            a.seq,
+            seq,
             tokens_per_step,
             cuda.then_some(precision),
             ranks,
         );
         print_state(&run, &cfg, zero.unwrap_or(0), shard_group);
-        if let Some(path) = &a.json {
-            write_json(path, &run, summary.as_ref(), cfg.n_layer)?;
+        if let Some(out) = &a.json {
+            write_json(out, &run, summary.as_ref(), cfg.n_layer)?;
         }
         if a.fwd_bwd_only && run.steps.len() > 1 {
             let mut tps: Vec<f64> = run.steps[1..].iter().map(|r| r.tokens_per_s).collect();
@@ -880,36 +999,58 @@ fn slow_note(what: &str, started: Instant, params: usize) {
     }
 }
 
+/// The training data, opened.
+struct TrainData {
+    source: Box<dyn WindowSource>,
+    /// A `.beton` file's window length (`T`, the tokens before the last).
+    window: Option<usize>,
+    path: String,
+    beton: bool,
+}
+
+impl TrainData {
+    /// What the data holds at sequence length `seq`, for the banner;
+    /// refuses a `.beton` file whose windows are shorter.
+    fn describe(&self, seq: usize) -> Result<String, String> {
+        match self.window {
+            Some(w) if w < seq => Err(format!(
+                "{}: its windows hold {w} tokens; --seq {seq} needs more: use --seq {w} or less, \
+                 or rewrite it with braid data write --seq {seq}",
+                self.path
+            )),
+            Some(_) if self.beton => Ok(format!(
+                "{} training and {} held-out windows of {seq} tokens, memory-mapped",
+                self.source.windows(seq, false),
+                self.source.windows(seq, true),
+            )),
+            _ => Ok(format!(
+                "{} training windows of {seq} tokens",
+                self.source.windows(seq, false)
+            )),
+        }
+    }
+}
+
 /// The training data: a `.beton` file's token windows, or a token
-/// dataset (synthetic, random, text, shards) loaded into memory; and how
-/// to describe it.
-fn open_data(
-    data: &str,
-    tokenizer: Tokenizer,
-    seq: usize,
-    seed: u64,
-) -> Result<(Box<dyn WindowSource>, String), String> {
+/// dataset (synthetic, random, text, shards) loaded into memory.
+fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, String> {
     let path = std::path::Path::new(data);
     if path.extension().is_some_and(|e| e == "beton") {
         let b = BetonTokens::open(path, None)?;
-        let desc = format!(
-            "{} training and {} held-out windows of {} tokens, memory-mapped",
-            b.windows(seq, false),
-            b.windows(seq, true),
-            b.window_len() - 1
-        );
-        if b.window_len() < seq + 1 {
-            return Err(format!(
-                "{data}: its windows hold {} tokens; --seq {seq} needs more: use --seq {} or less, or rewrite it with braid data write --seq {seq}",
-                b.window_len() - 1,
-                b.window_len() - 1
-            ));
-        }
-        return Ok((Box::new(b), desc));
+        return Ok(TrainData {
+            window: Some(b.window_len() - 1),
+            source: Box::new(b),
+            path: data.to_string(),
+            beton: true,
+        });
     }
     let d = Dataset::load(&Source::parse(data)?, tokenizer, seed)?;
-    let desc = format!("{} tokens", d.len());
-    Ok((Box::new(d), desc))
+    Ok(TrainData {
+        source: Box::new(d),
+        window: None,
+        path: data.to_string(),
+        beton: false,
+    })
 }
 
 /// The loop with `strategy`, progress printed by the lead rank;

@@ -9,22 +9,20 @@ use braid_train::memory_phase::{self, Phase};
 use braid_train::summary::{summarize, Summary};
 use braid_train::zero::paper_bytes;
 use braid_train::{RunReport, StepReport};
-use std::path::Path;
 use std::time::Instant;
 
 /// Steps not counted in the summary (warm-up).
 pub const WARMUP: usize = 5;
 
-fn fmt_duration(secs: f64) -> String {
-    let s = secs.max(0.0).round() as u64;
-    format!("{}:{:02}", s / 60, s % 60)
-}
+use super::progress::fmt_duration;
 
 /// The progress line, about once a second (or every `--log-every`
 /// steps), on the lead rank only.
 pub struct Progress {
     /// Live metrics to update at every step (every rank).
     pub metrics: Option<super::train_trace::LiveMetrics>,
+    /// Said once, after a progress line whose ETA is past an hour.
+    pub slow_hint: Option<String>,
     lead: bool,
     every: Option<usize>,
     steps: usize,
@@ -36,6 +34,7 @@ impl Progress {
     pub fn new(lead: bool, every: Option<usize>, steps: usize) -> Progress {
         Progress {
             metrics: None,
+            slow_hint: None,
             lead,
             every,
             steps,
@@ -76,6 +75,11 @@ impl Progress {
             fmt_duration(r.elapsed),
             fmt_duration(eta)
         );
+        if eta > 3600.0 {
+            if let Some(hint) = self.slow_hint.take() {
+                println!("hint: {hint}");
+            }
+        }
     }
 }
 
@@ -217,9 +221,9 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
     }
 }
 
-/// Writes every step and the summary as JSON to `path`.
+/// Writes every step and the summary as JSON where `out` says.
 pub fn write_json(
-    path: &Path,
+    out: &super::json_out::JsonOut,
     run: &RunReport,
     summary: Option<&Summary>,
     n_layer: usize,
@@ -258,6 +262,5 @@ pub fn write_json(
         doc["peak_device_part"] = memory_phase::peak().map(|p| p.name(n_layer)).into();
         doc["device_memory_by_part"] = parts.into();
     }
-    std::fs::write(path, serde_json::to_string_pretty(&doc).expect("json"))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    out.write(&serde_json::to_string_pretty(&doc).expect("json"))
 }

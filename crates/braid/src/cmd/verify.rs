@@ -8,15 +8,17 @@ use clap::Args;
 #[derive(Args)]
 #[command(
     about = "Check every collective on every dtype and reduce op, element by element",
-    after_help = "Examples:\n  braid verify --np 4\n  braid verify --device cuda --np 4\n  braid launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 2 -- braid verify"
+    after_help = "Examples:\n  braid verify --nproc-per-node 4\n  braid verify --device cuda --nproc-per-node gpu\n  braid launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 2 -- braid verify"
 )]
 pub struct VerifyArgs {
     /// Backend: auto, shm, tcp, hier (default: BRAID_BACKEND, else auto).
     #[arg(long)]
     backend: Option<String>,
-    /// Start N local workers (instead of running under `braid launch`).
-    #[arg(long, value_name = "N")]
-    np: Option<usize>,
+    /// Start N local workers (instead of running under `braid launch`; default: one when not
+    /// launched): a number, or auto, gpu or cpu.
+    #[arg(long = "nproc-per-node", visible_alias = "np", aliases = ["nproc", "nproc_per_node"],
+          value_name = "N", value_parser = super::parse_nproc)]
+    np: Option<super::Nproc>,
     /// cpu (shm/tcp/hier backends) or cuda (NCCL on device memory).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -36,8 +38,10 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
     if args.gpus == 0 || (!cuda && args.gpus != 1) {
         return Err("-g needs --device cuda and at least 1".into());
     }
-    if let Some(np) = args.np {
-        return super::workers::relaunch_locally(np, "--np");
+    match args.np {
+        Some(np) => return super::workers::relaunch_locally(np.count()?, true),
+        None if !super::workers::launched() => return super::workers::relaunch_locally(1, true),
+        None => {}
     }
     let mut options = CommOptions::from_env().map_err(|e| e.to_string())?;
     if let Some(b) = backend {

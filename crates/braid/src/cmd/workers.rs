@@ -4,26 +4,44 @@
 
 use braid_comm::{CommOptions, Communicator};
 
+/// Whether this process was started as a worker of a distributed run
+/// (`braid launch`, torchrun, or SLURM's task variables).
+pub fn launched() -> bool {
+    std::env::var_os(braid_core::env::WORLD_SIZE).is_some()
+        || std::env::var_os(braid_core::slurm::PROCID_VAR).is_some()
+}
+
 /// Joins the world described by the environment with `options`.
 pub fn init(options: CommOptions) -> Result<Communicator, String> {
     braid_core::WorldInfo::from_env()
-        .map_err(|e| format!("{e}\n(run under `braid launch`, or pass --np N)"))?;
+        .map_err(|e| format!("{e}\n(run under `braid launch`, or pass --nproc-per-node N)"))?;
     Communicator::init_from_env_with(options).map_err(|e| e.to_string())
 }
 
-/// Re-runs the current command line, minus `flag N` (`--np`, `--nproc`),
-/// as `np` local workers under the launcher; returns the launcher's exit
-/// code.
-pub fn relaunch_locally(np: usize, flag: &str) -> Result<i32, String> {
+/// Every spelling of the worker count a command accepts: the one name
+/// (torchrun's) and the aliases kept for old command lines.
+pub const NPROC_FLAGS: [&str; 5] = [
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "--nproc",
+    "--np",
+    "--workers",
+];
+
+/// Re-runs the current command line, minus its worker count (any of
+/// [`NPROC_FLAGS`]), as `np` local workers under the launcher; their
+/// stdout lines carry `[rank N] ` only if `prefix_stdout`. Returns the
+/// launcher's exit code.
+pub fn relaunch_locally(np: usize, prefix_stdout: bool) -> Result<i32, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the braid executable: {e}"))?;
     let mut command: Vec<std::ffi::OsString> = vec![exe.into()];
     let mut args = std::env::args_os().skip(1);
     while let Some(a) = args.next() {
         let s = a.to_string_lossy();
-        if s == flag {
+        if NPROC_FLAGS.contains(&&*s) {
             args.next();
-        } else if !s.starts_with(&format!("{flag}=")) {
+        } else if !NPROC_FLAGS.iter().any(|f| s.starts_with(&format!("{f}="))) {
             command.push(a);
         }
     }
@@ -31,6 +49,7 @@ pub fn relaunch_locally(np: usize, flag: &str) -> Result<i32, String> {
         nproc_per_node: np,
         standalone: true,
         command,
+        prefix_stdout,
         ..Default::default()
     };
     let plan = options.resolve().map_err(|e| e.to_string())?;
