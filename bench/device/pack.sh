@@ -3,10 +3,28 @@
 # (ignored by git): braid and the three GPU test binaries, debug info
 # stripped and gzipped, a copy of the peers' scripts (../shared/anchors,
 # DeepSpeed's wheels included), and the commit they were built at.
+# PREV=REV also builds braid at commit REV (a `git archive` of it in
+# target/prev-src, compiled into target/prev) as .dev/braid-prev.gz, the
+# binary that `one.sh bits` and `one.sh proxy` compare against; .dev/commit
+# then names both commits.
 # Run it here, on the build machine; the device has no Rust toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+root=$PWD
 mkdir -p .dev
+if [ -n "${PREV:-}" ]; then
+  rev=$(git rev-parse --short "$PREV^{commit}")
+  src=$root/target/prev-src
+  rm -rf "$src"
+  mkdir -p "$src"
+  git archive "$rev" | tar -x -C "$src"
+  echo "building braid at $rev (release)"
+  (cd "$src" && CARGO_TARGET_DIR="$root/target/prev" cargo build --release --bin braid)
+  rm -rf "$src"
+  objcopy --strip-debug target/prev/release/braid .dev/braid-prev
+  gzip -9f .dev/braid-prev
+  echo "$rev" > .dev/prev-commit
+fi
 echo "building braid (release)"
 cargo build --release --bin braid
 objcopy --strip-debug target/release/braid .dev/braid
@@ -23,5 +41,8 @@ rm -rf .dev/anchors
 cp -r ../shared/anchors .dev/anchors
 git rev-parse --short HEAD > .dev/commit
 git diff --quiet HEAD || echo "dirty" >> .dev/commit
+if [ -f .dev/braid-prev.gz ] && [ -f .dev/prev-commit ]; then
+  echo "prev $(cat .dev/prev-commit)" >> .dev/commit
+fi
 ls -l .dev
 echo "packed at $(tr '\n' ' ' < .dev/commit)"

@@ -1,12 +1,15 @@
-# Sourced by the device scripts: unpacks .dev/ into /tmp, points the GPU
+# Sourced by the device scripts: unpacks .dev/ into /tmp (braid, the
+# previous braid where carried, the GPU test binaries), points the GPU
 # tests' compiled-in braid path at it, keeps NVLink multicast off, and
 # records the machine. Needs $OUT (the device tool sets it). Logs go to
 # $L and come back as one archive ($OUT/logs.tgz, by `finish`): the tool
 # brings back only a few files.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-for f in braid gpu-tests gpu-zero-tests gpu-faults-tests; do
+for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests; do
   if [ -f ".dev/$f.gz" ]; then
     gunzip -c ".dev/$f.gz" > "/tmp/$f" && chmod +x "/tmp/$f"
+  else
+    rm -f "/tmp/$f" # not carried this call: none from an earlier one
   fi
 done
 B=/tmp/braid

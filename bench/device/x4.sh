@@ -11,8 +11,9 @@
 #     (torch_gpt2_bench.py) at the same counts, DDP --compile at G; then
 #     traced braid runs (15 steps) at each count and `braid report` of
 #     the largest with the others as --compare (the scaling section and
-#     plot: $L/report-scaling.txt and .html); $L/scaling.svg and
-#     $L/scaling.tsv put braid and PyTorch on one plot.
+#     plot: $L/report-scaling.txt and .html); $L/scaling.tsv holds
+#     braid's and PyTorch's points and $L/scaling.svg draws them on one
+#     plot (`braid scale --plot-only`).
 #   bash bench/device/x4.sh zero    (~4 min)
 #     124M at G GPUs: braid data parallel, ZeRO-3 (--zero 3), hybrid
 #     sharding (--zero 3 --shard-group G/2) and PyTorch FSDP2 (--fsdp),
@@ -198,7 +199,7 @@ phase_scale() {
   fi
   # Scaling against each system's own 1-GPU run, and braid against PyTorch.
   echo "== scaling (tokens/s; efficiency against the same system's 1-GPU run)"
-  printf 'system\tgpus\ttokens_per_s\tefficiency\n' > "$L/scaling.tsv"
+  printf 'series\tgpus\ttokens_per_s\tefficiency\n' > "$L/scaling.tsv"
   local sys
   for sys in dp:braid ddp:pytorch-ddp ddpc:pytorch-ddp-compile; do
     for n in $counts; do
@@ -215,58 +216,13 @@ phase_scale() {
   plot_scaling
 }
 
-# $L/scaling.svg from $L/scaling.tsv: tokens/s against GPUs, braid and
-# PyTorch, with braid's ideal (linear from its 1-GPU run).
+# $L/scaling.svg from $L/scaling.tsv, drawn by braid (`braid scale
+# --plot-only`): tokens/s against GPUs, braid and PyTorch, with braid's
+# ideal (linear from its 1-GPU run).
 plot_scaling() {
-  python3 - "$L/scaling.tsv" "$L/scaling.svg" << 'EOF' || echo "plot: failed"
-import sys
-rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
-series = {}
-for s, n, v, _ in rows:
-    series.setdefault(s, []).append((int(n), float(v)))
-if not series:
-    sys.exit("no data")
-W, H, m = 640, 420, 70
-xs = sorted({n for pts in series.values() for n, _ in pts} | {1})
-ymax = max(v for pts in series.values() for _, v in pts)
-b1 = dict(series.get("braid", [])).get(1)
-if b1:
-    ymax = max(ymax, b1 * xs[-1])
-ymax *= 1.08
-X = lambda n: m + (W - 2 * m) * n / xs[-1]  # linear: the ideal is a straight line
-Y = lambda v: H - m - (H - 2 * m) * v / ymax
-out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-       f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="{W/2}" y="24" text-anchor="middle" font-size="15">GPT-2 124M data parallel, 16 x 1024 tokens per GPU, bf16</text>',
-       f'<line x1="{m}" y1="{H-m}" x2="{W-m}" y2="{H-m}" stroke="black"/>',
-       f'<line x1="{m}" y1="{m}" x2="{m}" y2="{H-m}" stroke="black"/>',
-       f'<text x="{W/2}" y="{H-25}" text-anchor="middle">GPUs</text>',
-       f'<text x="18" y="{H/2}" transform="rotate(-90 18 {H/2})" text-anchor="middle">M tokens/s</text>']
-for n in xs:
-    out.append(f'<text x="{X(n)}" y="{H-m+18}" text-anchor="middle">{n}</text>')
-for k in range(6):
-    v = ymax * k / 5
-    out.append(f'<text x="{m-8}" y="{Y(v)+4}" text-anchor="end">{v/1e6:.2f}</text>')
-    out.append(f'<line x1="{m}" y1="{Y(v)}" x2="{W-m}" y2="{Y(v)}" stroke="#ddd"/>')
-if b1:
-    pts = " ".join(f"{X(n)},{Y(b1*n)}" for n in xs)
-    out.append(f'<polyline points="{pts}" fill="none" stroke="#999" stroke-dasharray="4 4"/>')
-colors = {"braid": "#d62728", "pytorch-ddp": "#1f77b4", "pytorch-ddp-compile": "#2ca02c"}
-legend = [("braid ideal", "#999")] + [(s, colors.get(s, "black")) for s in series]
-for s, pts in series.items():
-    c = colors.get(s, "black")
-    pts.sort()
-    out.append(f'<polyline points="{" ".join(f"{X(n)},{Y(v)}" for n, v in pts)}" fill="none" stroke="{c}" stroke-width="2"/>')
-    for n, v in pts:
-        out.append(f'<circle cx="{X(n)}" cy="{Y(v)}" r="4" fill="{c}"/>')
-        out.append(f'<text x="{X(n)+6}" y="{Y(v)-6}" fill="{c}">{v/1e6:.2f}</text>')
-for i, (s, c) in enumerate(legend):
-    out.append(f'<rect x="{m+10}" y="{m+i*18}" width="12" height="3" fill="{c}"/>')
-    out.append(f'<text x="{m+28}" y="{m+i*18+5}">{s}</text>')
-out.append("</svg>")
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
-print(f"plot: {sys.argv[2]}")
-EOF
+  local title="GPT-2 124M data parallel, 16 x 1024 tokens per GPU, bf16"
+  [ "$LOCAL" = 1 ] && title="x4.sh scale, dry run on CPU ranks: tiny model, 3 steps"
+  "$B" scale --plot-only "$L/scaling.tsv" --out "$L" --title "$title" || echo "plot: failed"
 }
 
 phase_zero() {

@@ -1,0 +1,183 @@
+#!/bin/bash
+# One GPU (nvidia-h100-x1 or nvidia-h200): the checks that most one-GPU
+# results in bench/results were made with. One phase per device call (the
+# device tool stops a command at 600 s; a phase stops starting runs when
+# its ONE_LIMIT seconds, default 540, would be passed):
+#
+#   bash bench/device/one.sh tests [FILTER...]
+#     every GPU test (gpu.rs, gpu_zero.rs, gpu_faults.rs), or those whose
+#     names contain a FILTER; their 2-GPU legs skip on one GPU.
+#   bash bench/device/one.sh bits
+#     the previous binary (.dev/braid-prev.gz, built by
+#     `PREV=REV bash bench/device/pack.sh`) against this one on 32 small
+#     configurations: 2 models (L4-H4-C128 at T 64, L2-H2-C256 at T 1024:
+#     head size 128) × 16 settings (plain; checkpointing with the
+#     attention kept, recomputed, batched; deferred weight gradients;
+#     recomputed score gradients; --accum 2; f32; ZeRO-2; ZeRO-3 plain,
+#     with checkpointing, in f32, with f32 gathers, with the saved
+#     activations apart, without resharding after forward; the optimizer
+#     offloaded), 6 steps from seed 5, an evaluation every 3. It passes
+#     when every saved model is byte-identical and every loss, evaluation
+#     loss and gradient norm is equal.
+#   bash bench/device/one.sh proxy
+#     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
+#     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
+#     N = 2) under ZeRO-3 over one rank, batch 8 x 1024, activation
+#     checkpointing, 8 steps; this binary and the previous one (when
+#     carried) in turns, twice, then each with the saved activations apart
+#     (BRAID_SAVED_IN_GRADS=off); then PyTorch FSDP2 over one rank
+#     (torch_gpt2_bench.py --fsdp --act-ckpt). Peak memory about 101 GiB:
+#     an H200. PROXY=L4-H8-C1024 is a dry run that fits an H100.
+#
+# Each run's output is under $L (in $OUT/logs.tgz), its command first.
+# Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/gpu-tests.gz
+# .dev/gpu-zero-tests.gz .dev/gpu-faults-tests.gz, for `bits`
+# .dev/braid-prev.gz, for `proxy` .dev/anchors (and .dev/braid-prev.gz to
+# compare). bench/device/pack.sh makes them.
+cd "$(dirname "$0")/../.." && source bench/device/setup.sh
+export BRAID_KERNEL_CACHE=/tmp/kc
+LIMIT=${ONE_LIMIT:-540}
+PREV=/tmp/braid-prev
+[ -x "$PREV" ] || PREV=
+
+# Seconds a run may take: at most WANT, and what the phase has left; fails
+# (the run is skipped) under 20.
+budget() {
+  local t=$1 left=$((LIMIT - SECONDS))
+  [ "$t" -gt "$left" ] && t=$left
+  [ "$t" -ge 20 ] || return 1
+  echo "$t"
+}
+
+# A braid run: log name, seconds, binary, arguments. Its output goes to
+# $L/NAME.txt, the command first.
+run() {
+  local name=$1 t=$2 bin=$3
+  shift 3
+  if ! t=$(budget "$t"); then
+    echo "$name: skipped ($((LIMIT - SECONDS)) s left)"
+    return 1
+  fi
+  echo "cmd: ${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }$bin $*" > "$L/$name.txt"
+  timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
+  local rc=$?
+  echo "exit $rc" >> "$L/$name.txt"
+  return $rc
+}
+
+phase_tests() {
+  local t filter=("$@")
+  for t in gpu-tests gpu-zero-tests gpu-faults-tests; do
+    if [ ! -x "/tmp/$t" ]; then
+      echo "$t: not carried (.dev/$t.gz)"
+      continue
+    fi
+    local s
+    s=$(budget 400) || { echo "$t: skipped (no time left)"; continue; }
+    timeout -k 10 "$s" "/tmp/$t" --test-threads 1 --nocapture "${filter[@]}" > "$L/$t.txt" 2>&1
+    echo "exit $?" >> "$L/$t.txt"
+    echo "== $t ${filter[*]}"
+    grep -E "^test |test result|panicked|^exit" "$L/$t.txt" | cut -c1-200
+  done
+}
+
+phase_bits() {
+  [ -n "$PREV" ] || { echo "bits: no previous binary (carry .dev/braid-prev.gz)"; return 2; }
+  local n=0 same=0 spec m t bs extra envs args b
+  cd /tmp || return 2
+  for spec in "L4-H4-C128-V50304-T64 64 8" "L2-H2-C256-V50304-T1024 1024 2"; do
+    read -r m t bs <<< "$spec"
+    for extra in "|" "|--checkpointing" "BRAID_CKPT_ATTENTION=recomputed|--checkpointing" \
+      "BRAID_ATTENTION=batched|--checkpointing" "|--defer-layers 2 --checkpointing" \
+      "BRAID_SCORE_GRADS=recomputed|--checkpointing" "|--accum 2" "|--precision f32" \
+      "|--zero 2" "|--zero 3" "|--zero 3 --checkpointing" "|--precision f32 --zero 3" \
+      "BRAID_ZERO3_GATHER=f32|--zero 3" "BRAID_SAVED_IN_GRADS=off|--zero 3 --checkpointing" \
+      "|--zero 3 --no-reshard-after-forward" "|--offload optimizer"; do
+      n=$((n + 1))
+      envs=${extra%%|*} args=${extra#*|}
+      for b in prev new; do
+        local bin=$B
+        [ $b = prev ] && bin=$PREV
+        # shellcheck disable=SC2086 # envs and args are word lists
+        env $envs timeout 90 "$bin" train --device cuda --model "$m" --seq "$t" --batch "$bs" \
+          --steps 6 --seed 5 --eval-every 3 --nproc 1 $args --save "$b-$n.safetensors" \
+          --json "$b-$n.json" > "$L/bits-$b-$n.txt" 2>&1 ||
+          echo "bits $n ($b) failed: $(tail -n 2 "$L/bits-$b-$n.txt" | tr '\n' ' ')"
+      done
+      local r
+      r="$(cmp -s "prev-$n.safetensors" "new-$n.safetensors" && echo identical || echo DIFFER) $(
+        python3 - "prev-$n.json" "new-$n.json" 2>&1 << 'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+L = lambda d: [(s["loss"], s["eval_loss"], s["grad_norm"]) for s in d["steps"]]
+print("losses/norms equal" if L(a) == L(b) else "losses DIFFER")
+EOF
+      )"
+      if [ "$r" = "identical losses/norms equal" ]; then
+        same=$((same + 1))
+      else
+        echo "bits $n $m [$extra]: $r"
+      fi
+      echo "bits $n $m [$extra]: $r" >> "$L/bits.txt"
+      rm -f "prev-$n.safetensors" "new-$n.safetensors"
+      [ $((LIMIT - SECONDS)) -ge 30 ] || { echo "bits: stopped after $n (no time left)"; break 2; }
+    done
+  done
+  cd - > /dev/null || return 2
+  echo "bits: $same of $n configurations identical (saved model, losses, evaluation losses, norms)"
+  [ "$same" = "$n" ]
+}
+
+phase_proxy() {
+  local P=${PROXY:-L20-H40-C5120} b turn name
+  local A=(train --device cuda --model "$P-V50304-T1024" --batch 8 --seq 1024 --checkpointing
+    --data random --eval-every 0 --steps 8 --log-every 4 --zero 3 --nproc 1)
+  local bins=(new)
+  [ -n "$PREV" ] && bins=(new prev)
+  show() {
+    echo "$1: $(grep -hE 'memory estimate|gpu summary|besides model states|error|^exit [^0]' "$L/$1.txt" |
+      sed 's/^\[rank 0\] //' | cut -c1-200 | tr '\n' ' ')"
+  }
+  for turn in 1 2; do
+    for b in "${bins[@]}"; do
+      local bin=$B
+      [ "$b" = prev ] && bin=$PREV
+      name=proxy-$b-$turn
+      run "$name" 150 "$bin" "${A[@]}"
+      show "$name"
+    done
+  done
+  for b in "${bins[@]}"; do
+    local bin=$B
+    [ "$b" = prev ] && bin=$PREV
+    name=proxy-apart-$b
+    BRAID_SAVED_IN_GRADS=off run "$name" 150 "$bin" "${A[@]}"
+    show "$name"
+  done
+  local t
+  if t=$(budget 200); then
+    echo "cmd: (cd \$ANCHORS && torchrun --standalone --nproc_per_node 1 torch_gpt2_bench.py --fsdp --act-ckpt --model $P --B 8 --steps 10 --warmup 3)" > "$L/fsdp2.txt"
+    (cd "$ANCHORS" && timeout -k 10 "$t" torchrun --standalone --nproc_per_node 1 torch_gpt2_bench.py \
+      --fsdp --act-ckpt --model "$P" --B 8 --steps 10 --warmup 3 >> "$L/fsdp2.txt" 2>&1
+     echo "exit $?" >> "$L/fsdp2.txt")
+    echo "fsdp2: $(grep -hE 'RESULT|Error|^exit [^0]' "$L/fsdp2.txt" | tail -n 3 | tr '\n' ' ')"
+  else
+    echo "fsdp2: skipped (no time left)"
+  fi
+}
+
+phase=${1:-}
+shift
+case $phase in
+tests) phase_tests "$@" ;;
+bits) phase_bits ;;
+proxy) phase_proxy ;;
+*)
+  echo "usage: one.sh tests [FILTER...] | bits | proxy" >&2
+  exit 2
+  ;;
+esac
+rc=$?
+echo "one.sh $phase: ${SECONDS} s"
+finish
+exit $rc
