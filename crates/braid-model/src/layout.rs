@@ -8,6 +8,7 @@
 //! its safetensors file loads directly.
 
 use crate::config::GptConfig;
+use crate::place::Place;
 use std::ops::Range;
 
 /// What a parameter is (decides weight decay and initialisation).
@@ -49,12 +50,75 @@ pub struct Param {
     pub len: usize,
     /// What it is.
     pub kind: Kind,
+    /// Where its elements sit in the whole model's tensor, when this
+    /// layout holds only part of it (a tensor-parallel shard); `None`:
+    /// held whole.
+    pub place: Option<Place>,
 }
 
 impl Param {
     /// Its elements' range in the flat buffer.
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len
+    }
+
+    /// The whole model's shape of this tensor.
+    pub fn full_shape(&self) -> &[usize] {
+        match &self.place {
+            Some(p) => &p.full,
+            None => &self.shape,
+        }
+    }
+}
+
+/// Which share of the model a layout holds: a tensor-parallel rank's
+/// (`rank` of `size`), or all of it (`size` 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorShard {
+    /// This rank among the tensor-parallel group.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub size: usize,
+}
+
+impl TensorShard {
+    /// The whole model, in one process.
+    pub const WHOLE: TensorShard = TensorShard { rank: 0, size: 1 };
+
+    /// This rank's rows of a vocabulary of `v`: (first, count). The
+    /// vocabulary splits into near-equal runs, the first `v % size` ranks
+    /// one row more: no padding, no row held twice.
+    pub fn vocab(&self, v: usize) -> (usize, usize) {
+        let (base, extra) = (v / self.size, v % self.size);
+        (
+            self.rank * base + self.rank.min(extra),
+            base + usize::from(self.rank < extra),
+        )
+    }
+
+    /// Why `config` cannot be split over `size` ranks, if it cannot: each
+    /// rank runs whole attention heads.
+    pub fn check(&self, config: &GptConfig) -> Result<(), String> {
+        if self.size == 0 || self.rank >= self.size {
+            return Err(format!(
+                "tensor-parallel rank {} of {}",
+                self.rank, self.size
+            ));
+        }
+        if config.n_head % self.size != 0 {
+            return Err(format!(
+                "the model's {} attention heads do not split over {} tensor-parallel ranks \
+                 (each rank runs whole heads): use a --tp that divides {}",
+                config.n_head, self.size, config.n_head
+            ));
+        }
+        if config.vocab_size < self.size {
+            return Err(format!(
+                "a vocabulary of {} cannot be split over {} ranks",
+                config.vocab_size, self.size
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -79,6 +143,8 @@ pub struct Layout {
     pub params: Vec<Param>,
     /// Element ranges of the blocks: embedding, layers 0.., final norm.
     pub blocks: Vec<(Block, Range<usize>)>,
+    /// The share of the model it holds.
+    pub shard: TensorShard,
     /// Total number of elements.
     pub len: usize,
 }
@@ -96,12 +162,48 @@ impl Layout {
     /// strategies split blocks into equal, aligned slices this way.
     /// `multiple` 1 is [`Layout::new`]'s.
     pub fn padded(config: &GptConfig, multiple: usize) -> Layout {
+        Self::tensor_parallel(config, TensorShard::WHOLE, multiple)
+            .expect("the whole model is always one shard")
+    }
+
+    /// The layout of tensor-parallel rank `shard.rank`'s share of
+    /// `config`, blocks padded to `multiple` as [`padded`](Self::padded)
+    /// does: Megatron's split of every layer — `c_attn` by whole heads
+    /// (its query, key and value columns of this rank's heads), the MLP's
+    /// `c_fc` by columns, both `c_proj` by rows, the token embedding by
+    /// vocabulary rows ([`TensorShard::vocab`]); LayerNorms, biases after
+    /// a row split and the position embedding whole. Names stay the
+    /// whole model's; each cut tensor records its [`Place`].
+    pub fn tensor_parallel(
+        config: &GptConfig,
+        shard: TensorShard,
+        multiple: usize,
+    ) -> Result<Layout, String> {
+        shard.check(config)?;
         let multiple = multiple.max(1);
         let (c, v, t) = (config.n_embd, config.vocab_size, config.context);
+        let (n, r) = (shard.size, shard.rank);
+        let (ca, f) = (c / n, 4 * c / n);
+        let (v0, vl) = shard.vocab(v);
         let mut params = Vec::new();
         let mut blocks = Vec::new();
         let offset = std::cell::Cell::new(0usize);
-        let add = |params: &mut Vec<Param>, name: String, shape: Vec<usize>, kind: Kind| {
+        // Adds a tensor of the whole shape `full`, cut along `dim` into
+        // `slices` (none: whole).
+        let add = |params: &mut Vec<Param>,
+                   name: String,
+                   full: Vec<usize>,
+                   kind: Kind,
+                   cut: Option<(usize, Vec<(usize, usize)>)>| {
+            let place = match (n, cut) {
+                (1, _) | (_, None) => None,
+                (_, Some((dim, slices))) => Some(Place {
+                    full: full.clone(),
+                    dim,
+                    slices,
+                }),
+            };
+            let shape = place.as_ref().map_or(full, Place::local_shape);
             let len = shape.iter().product();
             params.push(Param {
                 name,
@@ -109,9 +211,12 @@ impl Layout {
                 offset: offset.get(),
                 len,
                 kind,
+                place,
             });
             offset.set(offset.get() + len);
         };
+        // This rank's query, key and value columns of a [.., 3C] tensor.
+        let qkv_cols = || vec![(r * ca, ca), (c + r * ca, ca), (2 * c + r * ca, ca)];
         // Ends the block begun at `first`: the offset moves up to the next
         // multiple, and the block's range takes the gap.
         let end_block = |first: usize| {
@@ -124,62 +229,111 @@ impl Layout {
             "wte.weight".into(),
             vec![v, c],
             Kind::Embedding,
+            Some((0, vec![(v0, vl)])),
         );
         add(
             &mut params,
             "wpe.weight".into(),
             vec![t, c],
             Kind::Embedding,
+            None,
         );
         blocks.push((Block::Embedding, end_block(start)));
         for i in 0..config.n_layer {
             let p = |s: &str| format!("h.{i}.{s}");
             let first = offset.get();
-            add(&mut params, p("ln_1.weight"), vec![c], Kind::NormWeight);
-            add(&mut params, p("ln_1.bias"), vec![c], Kind::NormBias);
+            add(
+                &mut params,
+                p("ln_1.weight"),
+                vec![c],
+                Kind::NormWeight,
+                None,
+            );
+            add(&mut params, p("ln_1.bias"), vec![c], Kind::NormBias, None);
             add(
                 &mut params,
                 p("attn.c_attn.weight"),
                 vec![c, 3 * c],
                 Kind::Weight,
+                Some((1, qkv_cols())),
             );
-            add(&mut params, p("attn.c_attn.bias"), vec![3 * c], Kind::Bias);
+            add(
+                &mut params,
+                p("attn.c_attn.bias"),
+                vec![3 * c],
+                Kind::Bias,
+                Some((0, qkv_cols())),
+            );
             add(
                 &mut params,
                 p("attn.c_proj.weight"),
                 vec![c, c],
                 Kind::ResidualWeight,
+                Some((0, vec![(r * ca, ca)])),
             );
-            add(&mut params, p("attn.c_proj.bias"), vec![c], Kind::Bias);
-            add(&mut params, p("ln_2.weight"), vec![c], Kind::NormWeight);
-            add(&mut params, p("ln_2.bias"), vec![c], Kind::NormBias);
+            add(
+                &mut params,
+                p("attn.c_proj.bias"),
+                vec![c],
+                Kind::Bias,
+                None,
+            );
+            add(
+                &mut params,
+                p("ln_2.weight"),
+                vec![c],
+                Kind::NormWeight,
+                None,
+            );
+            add(&mut params, p("ln_2.bias"), vec![c], Kind::NormBias, None);
             add(
                 &mut params,
                 p("mlp.c_fc.weight"),
                 vec![c, 4 * c],
                 Kind::Weight,
+                Some((1, vec![(r * f, f)])),
             );
-            add(&mut params, p("mlp.c_fc.bias"), vec![4 * c], Kind::Bias);
+            add(
+                &mut params,
+                p("mlp.c_fc.bias"),
+                vec![4 * c],
+                Kind::Bias,
+                Some((0, vec![(r * f, f)])),
+            );
             add(
                 &mut params,
                 p("mlp.c_proj.weight"),
                 vec![4 * c, c],
                 Kind::ResidualWeight,
+                Some((0, vec![(r * f, f)])),
             );
-            add(&mut params, p("mlp.c_proj.bias"), vec![c], Kind::Bias);
+            add(&mut params, p("mlp.c_proj.bias"), vec![c], Kind::Bias, None);
             blocks.push((Block::Layer(i), end_block(first)));
         }
         let first = offset.get();
-        add(&mut params, "ln_f.weight".into(), vec![c], Kind::NormWeight);
-        add(&mut params, "ln_f.bias".into(), vec![c], Kind::NormBias);
+        add(
+            &mut params,
+            "ln_f.weight".into(),
+            vec![c],
+            Kind::NormWeight,
+            None,
+        );
+        add(
+            &mut params,
+            "ln_f.bias".into(),
+            vec![c],
+            Kind::NormBias,
+            None,
+        );
         blocks.push((Block::FinalNorm, end_block(first)));
         let len = offset.get();
-        Layout {
+        Ok(Layout {
             config: *config,
             params,
             blocks,
+            shard,
             len,
-        }
+        })
     }
 
     /// The parameter called `name`.
@@ -236,6 +390,68 @@ mod tests {
         assert_eq!(l.get("ln_f.bias").unwrap().shape, vec![768]);
         assert!(!l.get("h.3.ln_2.weight").unwrap().kind.decays());
         assert!(l.get("h.3.mlp.c_fc.weight").unwrap().kind.decays());
+    }
+}
+
+#[cfg(test)]
+mod tensor_parallel_tests {
+    use super::*;
+    use crate::params::Params;
+    use std::sync::Arc;
+
+    /// The ranks' shares of every tensor, put back at their places, are
+    /// the whole model's initial values, every element held by exactly
+    /// one rank (cut tensors) or by all (whole ones); the vocabulary
+    /// splits unevenly without padding.
+    #[test]
+    fn shards_put_together_are_the_whole_model() {
+        let cfg = GptConfig::parse("L2-H4-C16-V37-T8").unwrap();
+        let whole = Params::init_gpt2(Arc::new(Layout::new(&cfg)), 3);
+        for n in [2, 4] {
+            let mut seen: std::collections::HashMap<String, Vec<u32>> = Default::default();
+            for r in 0..n {
+                let shard = TensorShard { rank: r, size: n };
+                let l = Arc::new(Layout::tensor_parallel(&cfg, shard, 8).unwrap());
+                assert_eq!(l.len % 8, 0);
+                let p = Params::init_gpt2(l.clone(), 3);
+                for spec in &l.params {
+                    let want = whole.view(&spec.name);
+                    let count = seen
+                        .entry(spec.name.clone())
+                        .or_insert_with(|| vec![0; want.len()]);
+                    let place = spec
+                        .place
+                        .clone()
+                        .unwrap_or_else(|| crate::place::Place::whole(&spec.shape));
+                    assert_eq!(place.local_shape(), spec.shape, "{}", spec.name);
+                    for run in place.full_runs(0..spec.len) {
+                        for k in 0..run.len {
+                            let (f, x) = (run.full + k, p.data[spec.offset + run.local + k]);
+                            assert_eq!(x.to_bits(), want[f].to_bits(), "{} [{f}]", spec.name);
+                            count[f] += 1;
+                        }
+                    }
+                }
+            }
+            for (name, count) in seen {
+                let cut = name.contains("c_attn")
+                    || name.contains("c_fc")
+                    || name.contains("c_proj.weight")
+                    || name == "wte.weight";
+                let want = if cut { 1 } else { n as u32 };
+                assert!(
+                    count.iter().all(|&k| k == want),
+                    "{name} over {n}: {count:?}"
+                );
+            }
+        }
+        let shard = |r| TensorShard { rank: r, size: 4 };
+        assert_eq!(
+            (0..4).map(|r| shard(r).vocab(37)).collect::<Vec<_>>(),
+            vec![(0, 10), (10, 9), (19, 9), (28, 9)]
+        );
+        let err = Layout::tensor_parallel(&cfg, TensorShard { rank: 0, size: 3 }, 1).unwrap_err();
+        assert!(err.contains("4 attention heads"), "{err}");
     }
 }
 

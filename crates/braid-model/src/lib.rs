@@ -33,6 +33,7 @@ pub mod layout;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod place;
 pub mod placement;
 pub use braid_core::rng;
 pub mod sample;

@@ -52,14 +52,29 @@ impl Params {
                     continue;
                 }
             };
-            slot.par_chunks_mut(INIT_CHUNK)
-                .enumerate()
-                .for_each(|(k, chunk)| {
-                    let mut rng = Rng::new(base ^ ((i as u64) << 40) ^ k as u64);
-                    chunk
-                        .iter_mut()
-                        .for_each(|x| *x = (rng.normal() * std) as f32);
-                });
+            let draw = |slot: &mut [f32]| {
+                slot.par_chunks_mut(INIT_CHUNK)
+                    .enumerate()
+                    .for_each(|(k, chunk)| {
+                        let mut rng = Rng::new(base ^ ((i as u64) << 40) ^ k as u64);
+                        chunk
+                            .iter_mut()
+                            .for_each(|x| *x = (rng.normal() * std) as f32);
+                    })
+            };
+            match &spec.place {
+                None => draw(slot),
+                // A tensor-parallel rank's part: the whole tensor's
+                // values at its place, as one process draws them.
+                Some(place) => {
+                    let mut whole = vec![0.0f32; place.full_numel()];
+                    draw(&mut whole);
+                    for r in place.full_runs(0..spec.len) {
+                        slot[r.local..r.local + r.len]
+                            .copy_from_slice(&whole[r.full..r.full + r.len]);
+                    }
+                }
+            }
         }
         p
     }

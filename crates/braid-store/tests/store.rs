@@ -421,7 +421,10 @@ fn port_in_use_is_a_clear_error() {
     // The store says the port is taken; only its caller knows which flag
     // chose it, and adds that.
     let text = err.to_string();
-    assert!(text.contains("already in use") && !text.contains("--"), "{text}");
+    assert!(
+        text.contains("already in use") && !text.contains("--"),
+        "{text}"
+    );
     let advised = err.advise_port_in_use("choose another --port").to_string();
     assert!(advised.ends_with("; choose another --port"), "{advised}");
 }

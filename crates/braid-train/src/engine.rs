@@ -123,10 +123,36 @@ pub struct ShardedBytes {
 pub struct NamedTensor {
     /// Its name (Hugging Face's, for the GPT engines).
     pub name: String,
-    /// Its shape (row-major).
+    /// The whole model's shape of it (row-major).
     pub shape: Vec<usize>,
     /// Its elements of the flat buffer.
     pub range: Range<usize>,
+    /// Where those elements sit in the whole tensor when the buffer holds
+    /// only part of it (a tensor-parallel rank's); `None`: all of it.
+    pub place: Option<braid_model::place::Place>,
+    /// Whether this rank's checkpoints store it: a tensor that every
+    /// tensor-parallel rank holds whole is stored by the first only.
+    pub stored: bool,
+}
+
+impl NamedTensor {
+    /// A tensor held whole.
+    pub fn whole(name: impl Into<String>, shape: Vec<usize>, range: Range<usize>) -> NamedTensor {
+        NamedTensor {
+            name: name.into(),
+            shape,
+            range,
+            place: None,
+            stored: true,
+        }
+    }
+
+    /// Its place: the one it records, or the whole tensor.
+    pub fn place(&self) -> braid_model::place::Place {
+        self.place
+            .clone()
+            .unwrap_or_else(|| braid_model::place::Place::whole(&self.shape))
+    }
 }
 
 /// An optimizer's state copied to host memory (for a checkpoint): each

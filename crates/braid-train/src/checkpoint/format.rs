@@ -6,9 +6,14 @@
 //! stored under its own name and shape (so a data-parallel checkpoint's
 //! weight files are ordinary Hugging Face shards); part of one, as a ZeRO
 //! rank holds it, is stored flat under `name[start:end]` (element offsets
-//! inside the tensor).
+//! inside the tensor). A tensor-parallel rank holds slices of one
+//! dimension of a tensor (its [`Place`]); its pieces are runs of that
+//! local tensor, stored under `name@DIM:START+LEN,...[start:end]` — the
+//! cut written into the key, so that any reader finds where each element
+//! sits in the whole tensor.
 
 use crate::Result;
+use braid_model::place::Place;
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
@@ -21,44 +26,95 @@ pub const CRC_PREFIX: &str = "braid.crc32.";
 /// Largest safetensors header braid reads (the format's own limit).
 const MAX_HEADER: u64 = 100 << 20;
 
+/// A cut of a tensor: the dimension and the slices of it a rank holds
+/// (see [`Place`]); the whole tensor's shape comes from the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cut {
+    /// The dimension cut.
+    pub dim: usize,
+    /// Its slices held, in the local tensor's order: (first, length).
+    pub slices: Vec<(usize, usize)>,
+}
+
+impl Cut {
+    /// The cut of `place` (`None`: whole).
+    pub fn of(place: &Place) -> Option<Cut> {
+        (!place.is_whole()).then(|| Cut {
+            dim: place.dim,
+            slices: place.slices.clone(),
+        })
+    }
+
+    /// The place it makes in a tensor of the whole `shape`, checked.
+    pub fn place(&self, shape: &[usize]) -> Result<Place> {
+        let p = Place {
+            full: shape.to_vec(),
+            dim: self.dim,
+            slices: self.slices.clone(),
+        };
+        p.check()?;
+        Ok(p)
+    }
+}
+
 /// One stored run of a tensor's elements.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PieceName {
     /// The tensor.
     pub tensor: String,
-    /// Its elements stored here (offsets inside the tensor).
+    /// Its elements stored here (offsets inside the tensor as the writer
+    /// held it: the whole tensor, or its cut).
     pub start: usize,
     /// One past the last.
     pub end: usize,
+    /// The writer's cut of the tensor (tensor parallelism); none: whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
 }
 
 impl PieceName {
     /// The key it is stored under: the tensor's name when whole
-    /// (`numel` elements), else `name[start:end]`.
+    /// (`numel` elements, no cut), else `name[start:end]`, or with a cut
+    /// `name@DIM:FIRST+LEN,...[start:end]`.
     pub fn key(&self, numel: usize) -> String {
-        match (self.start, self.end) {
-            (0, e) if e == numel => self.tensor.clone(),
-            (s, e) => format!("{}[{s}:{e}]", self.tensor),
+        let (s, e) = (self.start, self.end);
+        match &self.cut {
+            None if s == 0 && e == numel => self.tensor.clone(),
+            None => format!("{}[{s}:{e}]", self.tensor),
+            Some(c) => {
+                let slices: Vec<String> =
+                    c.slices.iter().map(|(a, l)| format!("{a}+{l}")).collect();
+                format!("{}@{}:{}[{s}:{e}]", self.tensor, c.dim, slices.join(","))
+            }
         }
     }
 
     /// The piece a key names (a bare name: the whole tensor of `numel`
     /// elements, looked up by the caller).
     pub fn parse(key: &str, numel_of: impl Fn(&str) -> Option<usize>) -> Result<PieceName> {
+        let bad = |what: &str| format!("tensor key {key:?}: {what}");
         if let Some(open) = key.rfind('[') {
             if let Some(body) = key[open + 1..].strip_suffix(']') {
                 let (a, b) = body
                     .split_once(':')
-                    .ok_or_else(|| format!("tensor key {key:?}: expected name[start:end]"))?;
-                let (start, end) = (a.parse::<usize>(), b.parse::<usize>());
-                return match (start, end) {
-                    (Ok(start), Ok(end)) if start < end => Ok(PieceName {
-                        tensor: key[..open].to_string(),
-                        start,
-                        end,
-                    }),
-                    _ => Err(format!("tensor key {key:?}: bad element range")),
+                    .ok_or_else(|| bad("expected name[start:end]"))?;
+                let (start, end) = match (a.parse::<usize>(), b.parse::<usize>()) {
+                    (Ok(start), Ok(end)) if start < end => (start, end),
+                    _ => return Err(bad("bad element range")),
                 };
+                let name = &key[..open];
+                let (tensor, cut) = match name.split_once('@') {
+                    None => (name, None),
+                    Some((tensor, cut)) => {
+                        (tensor, Some(parse_cut(cut).ok_or_else(|| bad("bad cut"))?))
+                    }
+                };
+                return Ok(PieceName {
+                    tensor: tensor.to_string(),
+                    start,
+                    end,
+                    cut,
+                });
             }
         }
         let numel = numel_of(key).ok_or_else(|| format!("tensor {key:?} is not in the model"))?;
@@ -66,8 +122,25 @@ impl PieceName {
             tensor: key.to_string(),
             start: 0,
             end: numel,
+            cut: None,
         })
     }
+}
+
+/// `DIM:FIRST+LEN,...` of a piece key.
+fn parse_cut(s: &str) -> Option<Cut> {
+    let (dim, slices) = s.split_once(':')?;
+    let slices = slices
+        .split(',')
+        .map(|p| {
+            let (a, l) = p.split_once('+')?;
+            Some((a.parse().ok()?, l.parse().ok()?))
+        })
+        .collect::<Option<Vec<(usize, usize)>>>()?;
+    Some(Cut {
+        dim: dim.parse().ok()?,
+        slices,
+    })
 }
 
 /// A tensor to write: its key, shape and f32 values.
@@ -362,6 +435,7 @@ mod tests {
             tensor: "h.0.mlp.c_fc.weight".into(),
             start: 0,
             end: 10,
+            cut: None,
         };
         assert_eq!(p.key(10), "h.0.mlp.c_fc.weight");
         assert_eq!(p.key(20), "h.0.mlp.c_fc.weight[0:10]");
@@ -372,10 +446,25 @@ mod tests {
             PieceName {
                 tensor: "a".into(),
                 start: 2,
-                end: 5
+                end: 5,
+                cut: None,
             }
         );
         assert!(PieceName::parse("b", numel).is_err());
         assert!(PieceName::parse("a[5:2]", numel).is_err());
+        // A tensor-parallel rank's piece carries its cut in the key.
+        let cut = PieceName {
+            tensor: "h.0.attn.c_attn.weight".into(),
+            start: 0,
+            end: 96,
+            cut: Some(Cut {
+                dim: 1,
+                slices: vec![(0, 4), (16, 4), (32, 4)],
+            }),
+        };
+        let key = cut.key(96);
+        assert_eq!(key, "h.0.attn.c_attn.weight@1:0+4,16+4,32+4[0:96]");
+        assert_eq!(PieceName::parse(&key, numel).unwrap(), cut);
+        assert!(PieceName::parse("a@1:0+x[0:4]", numel).is_err());
     }
 }

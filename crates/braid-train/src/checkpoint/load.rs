@@ -18,12 +18,28 @@ use std::sync::{Arc, Mutex};
 pub struct CheckpointReader {
     dir: PathBuf,
     manifest: Manifest,
-    /// For every tensor, the pieces that hold it: (elements, rank).
-    pieces: BTreeMap<String, Vec<(Range<usize>, usize)>>,
-    /// Every tensor's element count.
-    numel: HashMap<String, usize>,
+    /// For every tensor, the pieces that hold it and the rank of each.
+    pieces: BTreeMap<String, Vec<(PieceName, usize)>>,
+    /// Every tensor's whole shape.
+    shapes: HashMap<String, Vec<usize>>,
     /// Headers read so far, by file.
     headers: Mutex<HashMap<String, Arc<Header>>>,
+    /// For the tensors read so far, where their pieces' elements sit in
+    /// the whole tensor.
+    runs: Mutex<HashMap<String, Arc<Vec<StoredRun>>>>,
+}
+
+/// A run of a whole tensor's elements stored contiguously in one piece.
+#[derive(Debug, Clone, Copy)]
+struct StoredRun {
+    /// First element in the whole tensor.
+    full: usize,
+    /// Elements.
+    len: usize,
+    /// The piece (index into the tensor's pieces).
+    piece: usize,
+    /// Where the run starts in the piece's stored values.
+    at: usize,
 }
 
 /// The checkpoint `path` names: a checkpoint directory, or a root whose
@@ -72,12 +88,12 @@ impl CheckpointReader {
                 manifest.format
             ));
         }
-        let numel: HashMap<String, usize> = manifest
+        let shapes: HashMap<String, Vec<usize>> = manifest
             .tensors
             .iter()
-            .map(|t| (t.name.clone(), t.shape.iter().product()))
+            .map(|t| (t.name.clone(), t.shape.clone()))
             .collect();
-        let mut pieces: BTreeMap<String, Vec<(Range<usize>, usize)>> = BTreeMap::new();
+        let mut pieces: BTreeMap<String, Vec<(PieceName, usize)>> = BTreeMap::new();
         for (i, r) in manifest.ranks.iter().enumerate() {
             for f in [&r.model, &r.optimizer] {
                 if !dir.join(f).exists() {
@@ -89,9 +105,17 @@ impl CheckpointReader {
                 }
             }
             for p in &r.pieces {
-                let n = numel.get(p.tensor.as_str()).copied().ok_or_else(|| {
+                let shape = shapes.get(p.tensor.as_str()).ok_or_else(|| {
                     format!("{}: piece of unknown tensor {}", path.display(), p.tensor)
                 })?;
+                // Elements of the tensor as its writer held it.
+                let n = match &p.cut {
+                    None => shape.iter().product(),
+                    Some(c) => c
+                        .place(shape)
+                        .map_err(|e| format!("{}: piece of {}: {e}", path.display(), p.tensor))?
+                        .local_numel(),
+                };
                 if p.start >= p.end || p.end > n {
                     return Err(format!(
                         "{}: piece {}..{} of {} ({n} elements)",
@@ -104,15 +128,16 @@ impl CheckpointReader {
                 pieces
                     .entry(p.tensor.clone())
                     .or_default()
-                    .push((p.start..p.end, i));
+                    .push((p.clone(), i));
             }
         }
         Ok(CheckpointReader {
             dir: dir.to_path_buf(),
             manifest,
             pieces,
-            numel,
+            shapes,
             headers: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -168,52 +193,97 @@ impl CheckpointReader {
         Ok(())
     }
 
-    /// The values of `what` for elements `want` of `tensor` (in the
-    /// tensor), from the pieces that hold them.
+    /// Where the pieces of `tensor` put its elements in the whole
+    /// tensor, sorted (built once per tensor).
+    fn stored_runs(&self, tensor: &str) -> Result<Arc<Vec<StoredRun>>> {
+        if let Some(r) = self.runs.lock().expect("runs").get(tensor) {
+            return Ok(r.clone());
+        }
+        let shape = self.shapes.get(tensor).map(Vec::as_slice).unwrap_or(&[]);
+        let mut runs = Vec::new();
+        for (k, (p, _)) in self.pieces.get(tensor).into_iter().flatten().enumerate() {
+            let place = match &p.cut {
+                Some(c) => c.place(shape)?,
+                None => braid_model::place::Place::whole(shape),
+            };
+            runs.extend(
+                place
+                    .full_runs(p.start..p.end)
+                    .into_iter()
+                    .map(|r| StoredRun {
+                        full: r.full,
+                        len: r.len,
+                        piece: k,
+                        at: r.local,
+                    }),
+            );
+        }
+        runs.sort_unstable_by_key(|r| r.full);
+        let runs = Arc::new(runs);
+        self.runs
+            .lock()
+            .expect("runs")
+            .insert(tensor.to_string(), runs.clone());
+        Ok(runs)
+    }
+
+    /// The values of `what` for the elements `local` of tensor `t` as
+    /// this run holds it (its place in the whole tensor), from whichever
+    /// pieces hold them: each piece read once.
     fn tensor_run(
         &self,
         what: &str,
-        tensor: &str,
-        want: Range<usize>,
+        t: &NamedTensor,
+        local: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        let pieces = self.pieces.get(tensor).map(Vec::as_slice).unwrap_or(&[]);
+        let stored = self.stored_runs(&t.name)?;
+        // For each piece: (offset in its values, offset in `out`, length).
+        let mut copies: BTreeMap<usize, Vec<(usize, usize, usize)>> = BTreeMap::new();
         let mut filled = 0;
-        for (have, i) in pieces {
-            let cut = have.start.max(want.start)..have.end.min(want.end);
-            if cut.is_empty() {
-                continue;
+        for w in t.place().full_runs(local.clone()) {
+            let (ws, we) = (w.full, w.full + w.len);
+            let mut k = stored.partition_point(|s| s.full + s.len <= ws);
+            while let Some(s) = stored.get(k).filter(|s| s.full < we) {
+                let (a, b) = (ws.max(s.full), we.min(s.full + s.len));
+                copies.entry(s.piece).or_default().push((
+                    s.at + (a - s.full),
+                    w.local + (a - ws),
+                    b - a,
+                ));
+                filled += b - a;
+                k += 1;
             }
-            let r = &self.manifest.ranks[*i];
-            let numel = self.numel.get(tensor).copied().unwrap_or(0);
-            let key = PieceName {
-                tensor: tensor.to_string(),
-                start: have.start,
-                end: have.end,
-            }
-            .key(numel);
+        }
+        if filled != local.len() {
+            return Err(format!(
+                "{}: elements {local:?} of tensor {} (as held here) are not all in the checkpoint",
+                self.dir.display(),
+                t.name
+            ));
+        }
+        let pieces = &self.pieces[&t.name];
+        let numel: usize = t.shape.iter().product();
+        for (k, list) in copies {
+            let (p, rank) = &pieces[k];
+            let r = &self.manifest.ranks[*rank];
+            let key = p.key(numel);
             let (file, key) = match what {
                 "params" => (&r.model, key),
                 moment => (&r.optimizer, format!("{moment}/{key}")),
             };
             let values = self.read_stored(file, &key)?;
-            if values.len() != have.len() {
+            if values.len() != p.end - p.start {
                 return Err(format!(
                     "{}: tensor {key:?} holds {} elements, the manifest says {}",
                     self.dir.join(file).display(),
                     values.len(),
-                    have.len()
+                    p.end - p.start
                 ));
             }
-            out[cut.start - want.start..cut.end - want.start]
-                .copy_from_slice(&values[cut.start - have.start..cut.end - have.start]);
-            filled += cut.len();
-        }
-        if filled != want.len() {
-            return Err(format!(
-                "{}: elements {want:?} of tensor {tensor} are not all in the checkpoint",
-                self.dir.display()
-            ));
+            for (from, to, len) in list {
+                out[to..to + len].copy_from_slice(&values[from..from + len]);
+            }
         }
         Ok(())
     }
@@ -258,7 +328,7 @@ impl StateSource for CheckpointReader {
                 }
                 let dst = at + (cut.start - r.start);
                 let want = cut.start - t.range.start..cut.end - t.range.start;
-                self.tensor_run(what, &t.name, want, &mut out[dst..dst + cut.len()])?;
+                self.tensor_run(what, t, want, &mut out[dst..dst + cut.len()])?;
             }
             at += r.len();
         }

@@ -216,11 +216,7 @@ mod tests {
         let tensors: Vec<NamedTensor> = [(0, 10), (10, 11), (16, 40), (40, 41), (41, 100)]
             .iter()
             .enumerate()
-            .map(|(i, &(a, b))| NamedTensor {
-                name: format!("t{i}"),
-                shape: vec![b - a],
-                range: a..b,
-            })
+            .map(|(i, &(a, b))| NamedTensor::whole(format!("t{i}"), vec![b - a], a..b))
             .collect();
         for ranks in 1..=7 {
             let mut all: Vec<Range<usize>> = (0..ranks)

@@ -193,16 +193,17 @@ fn pieces_of(tensors: &[NamedTensor], ranges: &[Range<usize>]) -> Vec<PieceAt> {
     for r in ranges {
         for t in tensors {
             let cut = r.start.max(t.range.start)..r.end.min(t.range.end);
-            if cut.is_empty() {
+            if cut.is_empty() || !t.stored {
                 continue;
             }
             let name = PieceName {
                 tensor: t.name.clone(),
                 start: cut.start - t.range.start,
                 end: cut.end - t.range.start,
+                cut: t.place.as_ref().and_then(format::Cut::of),
             };
             let numel = t.range.len();
-            let shape = match name.end - name.start == numel {
+            let shape = match name.end - name.start == numel && name.cut.is_none() {
                 true => t.shape.clone(),
                 false => vec![cut.len()],
             };
@@ -502,10 +503,16 @@ impl Checkpointer {
 
     /// Rank 0: every rank's files are on the disk; makes the checkpoint.
     fn commit(&self, f: &InFlight) -> Result<()> {
+        // Elements of each whole tensor (what a bare key stores).
         let numel: BTreeMap<&str, usize> = f
             .tensors
             .iter()
-            .map(|t| (t.name.as_str(), t.range.len()))
+            .map(|t| (t.name.as_str(), t.shape.iter().product()))
+            .collect();
+        let shapes: BTreeMap<&str, &[usize]> = f
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.shape.as_slice()))
             .collect();
         let mut ranks = Vec::with_capacity(self.world);
         let mut weight_map = BTreeMap::new();
@@ -519,8 +526,17 @@ impl Checkpointer {
                 let p = PieceName::parse(key, |n| numel.get(n).copied())?;
                 weight_map.insert(key.clone(), model.clone());
                 total_size += t.bytes.end - t.bytes.start;
-                if let Some((name, _)) = numel.get_key_value(p.tensor.as_str()) {
-                    covered.entry(name).or_default().push((p.start, p.end));
+                if let Some((name, shape)) = shapes.get_key_value(p.tensor.as_str()) {
+                    // Where the piece's elements sit in the whole tensor.
+                    let place = match &p.cut {
+                        Some(c) => c.place(shape)?,
+                        None => braid_model::place::Place::whole(shape),
+                    };
+                    let runs = place.full_runs(p.start..p.end);
+                    covered
+                        .entry(name)
+                        .or_default()
+                        .extend(runs.iter().map(|r| (r.full, r.full + r.len)));
                 }
                 pieces.push(p);
             }
@@ -547,7 +563,7 @@ impl Checkpointer {
                 }
                 at = e;
             }
-            if at != t.range.len() {
+            if at != numel[t.name.as_str()] {
                 return Err(format!(
                     "checkpoint at step {}: tensor {} has elements {at}.. written by no rank (a bug: please report it)",
                     f.step, t.name

@@ -83,8 +83,10 @@ pub fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
         .iter()
         .map(|p| crate::NamedTensor {
             name: p.name.clone(),
-            shape: p.shape.clone(),
+            shape: p.full_shape().to_vec(),
             range: p.range(),
+            place: p.place.clone(),
+            stored: p.place.is_some() || layout.shard.rank == 0,
         })
         .collect()
 }

@@ -15,204 +15,18 @@
 //! checkpointing only each layer's input is kept and the layer is
 //! recomputed just before its backward pass.
 
-use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use crate::cpu::classifier::{classifier, ClassifierIo};
 use crate::cpu::embed::{embed_backward, embed_forward};
-use crate::cpu::gelu::{gelu_backward, gelu_forward};
-use crate::cpu::matmul::{linear_backward, linear_forward};
 use crate::cpu::norm::{layernorm_backward, layernorm_forward};
 use crate::cpu::Real;
 use crate::layout::{Block, Layout};
 use std::ops::Range;
 
-/// Ranges of one layer's parameters in the layer's block.
-#[derive(Debug, Clone)]
-struct LayerParams {
-    ln1_w: Range<usize>,
-    ln1_b: Range<usize>,
-    qkv_w: Range<usize>,
-    qkv_b: Range<usize>,
-    proj_w: Range<usize>,
-    proj_b: Range<usize>,
-    ln2_w: Range<usize>,
-    ln2_b: Range<usize>,
-    fc_w: Range<usize>,
-    fc_b: Range<usize>,
-    fcproj_w: Range<usize>,
-    fcproj_b: Range<usize>,
-}
+mod acts;
+mod layer;
 
-impl LayerParams {
-    fn of(layout: &Layout, i: usize) -> LayerParams {
-        let base = layout.block_range(Block::Layer(i)).start;
-        let r = |s: &str| {
-            let at = layout
-                .get(&format!("h.{i}.{s}"))
-                .expect("layout has every layer parameter")
-                .range();
-            at.start - base..at.end - base
-        };
-        LayerParams {
-            ln1_w: r("ln_1.weight"),
-            ln1_b: r("ln_1.bias"),
-            qkv_w: r("attn.c_attn.weight"),
-            qkv_b: r("attn.c_attn.bias"),
-            proj_w: r("attn.c_proj.weight"),
-            proj_b: r("attn.c_proj.bias"),
-            ln2_w: r("ln_2.weight"),
-            ln2_b: r("ln_2.bias"),
-            fc_w: r("mlp.c_fc.weight"),
-            fc_b: r("mlp.c_fc.bias"),
-            fcproj_w: r("mlp.c_proj.weight"),
-            fcproj_b: r("mlp.c_proj.bias"),
-        }
-    }
-}
-
-/// One layer's saved activations.
-#[derive(Debug, Clone)]
-struct LayerActs<T> {
-    ln1: Vec<T>,
-    ln1_mean: Vec<T>,
-    ln1_rstd: Vec<T>,
-    qkv: Vec<T>,
-    att: Vec<T>,
-    atty: Vec<T>,
-    resid2: Vec<T>,
-    ln2: Vec<T>,
-    ln2_mean: Vec<T>,
-    ln2_rstd: Vec<T>,
-    fch: Vec<T>,
-    fch_gelu: Vec<T>,
-}
-
-impl<T: Real> LayerActs<T> {
-    fn new(b: usize, t: usize, c: usize, nh: usize) -> Self {
-        let n = b * t;
-        let z = |k: usize| vec![T::ZERO; k];
-        LayerActs {
-            ln1: z(n * c),
-            ln1_mean: z(n),
-            ln1_rstd: z(n),
-            qkv: z(n * 3 * c),
-            att: z(b * nh * t * t),
-            atty: z(n * c),
-            resid2: z(n * c),
-            ln2: z(n * c),
-            ln2_mean: z(n),
-            ln2_rstd: z(n),
-            fch: z(n * 4 * c),
-            fch_gelu: z(n * 4 * c),
-        }
-    }
-}
-
-/// Gradient scratch shared by all layers.
-#[derive(Debug, Clone)]
-struct LayerGrads<T> {
-    dresid2: Vec<T>,
-    dln2: Vec<T>,
-    dfch: Vec<T>,
-    dgelu: Vec<T>,
-    datty: Vec<T>,
-    dqkv: Vec<T>,
-    dln1: Vec<T>,
-}
-
-/// Everything a forward pass keeps for its backward pass, sized for one
-/// (batch, sequence) shape.
-#[derive(Debug, Clone)]
-pub struct Activations<T> {
-    b: usize,
-    t: usize,
-    checkpointing: bool,
-    /// Residual stream entering each layer, and after the last (`L + 1`).
-    resid: Vec<Vec<T>>,
-    /// Saved internals per layer (one shared set when checkpointing).
-    layers: Vec<LayerActs<T>>,
-    lnf: Vec<T>,
-    lnf_mean: Vec<T>,
-    lnf_rstd: Vec<T>,
-    losses: Vec<T>,
-    logits: Vec<T>,
-    grads: LayerGrads<T>,
-    dresid: Vec<T>,
-}
-
-impl<T: Real> Activations<T> {
-    /// Buffers for batches of `b` sequences of `t` tokens; with
-    /// `checkpointing`, one layer's internals instead of all of them.
-    pub fn new(layout: &Layout, b: usize, t: usize, checkpointing: bool) -> Self {
-        let cfg = &layout.config;
-        let (c, nh, l) = (cfg.n_embd, cfg.n_head, cfg.n_layer);
-        let n = b * t;
-        let z = |k: usize| vec![T::ZERO; k];
-        let kept = if checkpointing { 1 } else { l };
-        Activations {
-            b,
-            t,
-            checkpointing,
-            resid: (0..=l).map(|_| z(n * c)).collect(),
-            layers: (0..kept).map(|_| LayerActs::new(b, t, c, nh)).collect(),
-            lnf: z(n * c),
-            lnf_mean: z(n),
-            lnf_rstd: z(n),
-            losses: z(n),
-            logits: Vec::new(),
-            grads: LayerGrads {
-                dresid2: z(n * c),
-                dln2: z(n * c),
-                dfch: z(n * 4 * c),
-                dgelu: z(n * 4 * c),
-                datty: z(n * c),
-                dqkv: z(n * 3 * c),
-                dln1: z(n * c),
-            },
-            dresid: z(n * c),
-        }
-    }
-
-    /// Elements held now (the classifier's chunk of logits counts once
-    /// the first forward pass has sized it).
-    pub fn elements(&self) -> usize {
-        let layer = |a: &LayerActs<T>| {
-            a.ln1.len()
-                + a.ln1_mean.len()
-                + a.ln1_rstd.len()
-                + a.qkv.len()
-                + a.att.len()
-                + a.atty.len()
-                + a.resid2.len()
-                + a.ln2.len()
-                + a.ln2_mean.len()
-                + a.ln2_rstd.len()
-                + a.fch.len()
-                + a.fch_gelu.len()
-        };
-        let g = &self.grads;
-        self.resid.iter().map(Vec::len).sum::<usize>()
-            + self.layers.iter().map(layer).sum::<usize>()
-            + self.lnf.len()
-            + self.lnf_mean.len()
-            + self.lnf_rstd.len()
-            + self.losses.len()
-            + self.logits.len()
-            + g.dresid2.len()
-            + g.dln2.len()
-            + g.dfch.len()
-            + g.dgelu.len()
-            + g.datty.len()
-            + g.dqkv.len()
-            + g.dln1.len()
-            + self.dresid.len()
-    }
-
-    /// Each position's loss from the last forward pass (0 where the target
-    /// was masked).
-    pub fn losses(&self) -> &[T] {
-        &self.losses
-    }
-}
+pub use acts::{Activations, Widths};
+use layer::LayerParams;
 
 /// Why a step cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,6 +50,8 @@ pub enum StepError {
 #[derive(Debug, Clone)]
 pub struct Gpt {
     layout: std::sync::Arc<Layout>,
+    /// The widths of this rank's passes.
+    widths: Widths,
     layers: Vec<LayerParams>,
     /// `wte` and `wpe` in the embedding block.
     wte: Range<usize>,
@@ -266,6 +82,7 @@ impl Gpt {
             wpe: within("wpe.weight", Block::Embedding),
             lnf_w: within("ln_f.weight", Block::FinalNorm),
             lnf_b: within("ln_f.bias", Block::FinalNorm),
+            widths: Widths::of(&layout),
             layers,
             layout,
         }
@@ -274,6 +91,11 @@ impl Gpt {
     /// The layout.
     pub fn layout(&self) -> &std::sync::Arc<Layout> {
         &self.layout
+    }
+
+    /// The widths of its passes.
+    pub fn widths(&self) -> Widths {
+        self.widths
     }
 
     fn check<T: Real>(
@@ -318,85 +140,6 @@ impl Gpt {
             }
         }
         Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward<T: Real>(
-        &self,
-        l: usize,
-        p: &[T],
-        x: &[T],
-        out: &mut [T],
-        a: &mut LayerActs<T>,
-        b: usize,
-        t: usize,
-    ) {
-        let cfg = &self.layout.config;
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
-        let n = b * t;
-        let lp = &self.layers[l];
-        layernorm_forward(
-            &mut a.ln1,
-            &mut a.ln1_mean,
-            &mut a.ln1_rstd,
-            x,
-            &p[lp.ln1_w.clone()],
-            &p[lp.ln1_b.clone()],
-            c,
-        );
-        linear_forward(
-            &mut a.qkv,
-            &a.ln1,
-            &p[lp.qkv_w.clone()],
-            Some(&p[lp.qkv_b.clone()]),
-            n,
-            c,
-            3 * c,
-        );
-        attention_forward(&mut a.atty, &mut a.att, &a.qkv, AttnShape { b, t, c, nh });
-        linear_forward(
-            &mut a.resid2,
-            &a.atty,
-            &p[lp.proj_w.clone()],
-            Some(&p[lp.proj_b.clone()]),
-            n,
-            c,
-            c,
-        );
-        for (r, &xi) in a.resid2.iter_mut().zip(x) {
-            *r += xi;
-        }
-        layernorm_forward(
-            &mut a.ln2,
-            &mut a.ln2_mean,
-            &mut a.ln2_rstd,
-            &a.resid2,
-            &p[lp.ln2_w.clone()],
-            &p[lp.ln2_b.clone()],
-            c,
-        );
-        linear_forward(
-            &mut a.fch,
-            &a.ln2,
-            &p[lp.fc_w.clone()],
-            Some(&p[lp.fc_b.clone()]),
-            n,
-            c,
-            4 * c,
-        );
-        gelu_forward(&mut a.fch_gelu, &a.fch);
-        linear_forward(
-            out,
-            &a.fch_gelu,
-            &p[lp.fcproj_w.clone()],
-            Some(&p[lp.fcproj_b.clone()]),
-            n,
-            4 * c,
-            c,
-        );
-        for (o, &r) in out.iter_mut().zip(&a.resid2) {
-            *o += r;
-        }
     }
 
     /// Forward pass: returns the mean loss over positions whose target is
@@ -637,7 +380,6 @@ impl Gpt {
         grads: &mut [T],
         acts: &mut Activations<T>,
     ) {
-        let cfg = &self.layout.config;
         let (b, t) = (acts.b, acts.t);
         let slot = if acts.checkpointing { 0 } else { l };
         if acts.checkpointing {
@@ -655,12 +397,7 @@ impl Gpt {
             );
             acts.grads.dln1 = scratch_out;
         }
-        let shape = AttnShape {
-            b,
-            t,
-            c: cfg.n_embd,
-            nh: cfg.n_head,
-        };
+        let shape = self.attn_shape(b, t);
         self.layer_backward(
             l,
             p,
@@ -684,121 +421,6 @@ impl Gpt {
         let c = self.layout.config.n_embd;
         let (gte, gpe) = two_mut(g_emb, self.wte.clone(), self.wpe.clone());
         embed_backward(gte, gpe, &acts.dresid, tokens, acts.t, c);
-    }
-
-    /// Backward of layer `l`: `dx` holds the gradient of the layer's
-    /// output on entry and of its input on return.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_backward<T: Real>(
-        &self,
-        l: usize,
-        p: &[T],
-        grads: &mut [T],
-        dx: &mut [T],
-        x: &[T],
-        a: &LayerActs<T>,
-        g: &mut LayerGrads<T>,
-        s: AttnShape,
-    ) {
-        let c = s.c;
-        let n = s.b * s.t;
-        let lp = &self.layers[l];
-        // MLP: out = resid2 + fcproj(gelu(fc(ln2(resid2)))).
-        g.dresid2.copy_from_slice(dx);
-        g.dgelu.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.fcproj_w.clone(), lp.fcproj_b.clone());
-            linear_backward(
-                &mut g.dgelu,
-                gw,
-                Some(gb),
-                dx,
-                &a.fch_gelu,
-                &p[lp.fcproj_w.clone()],
-                n,
-                4 * c,
-                c,
-            );
-        }
-        g.dfch.fill(T::ZERO);
-        gelu_backward(&mut g.dfch, &a.fch, &g.dgelu);
-        g.dln2.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.fc_w.clone(), lp.fc_b.clone());
-            linear_backward(
-                &mut g.dln2,
-                gw,
-                Some(gb),
-                &g.dfch,
-                &a.ln2,
-                &p[lp.fc_w.clone()],
-                n,
-                c,
-                4 * c,
-            );
-        }
-        {
-            let (gw, gb) = two_mut(grads, lp.ln2_w.clone(), lp.ln2_b.clone());
-            layernorm_backward(
-                &mut g.dresid2,
-                gw,
-                gb,
-                &g.dln2,
-                &a.resid2,
-                &p[lp.ln2_w.clone()],
-                &a.ln2_mean,
-                &a.ln2_rstd,
-                c,
-            );
-        }
-        // Attention: resid2 = x + proj(attn(qkv(ln1(x)))).
-        dx.copy_from_slice(&g.dresid2);
-        g.datty.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.proj_w.clone(), lp.proj_b.clone());
-            linear_backward(
-                &mut g.datty,
-                gw,
-                Some(gb),
-                &g.dresid2,
-                &a.atty,
-                &p[lp.proj_w.clone()],
-                n,
-                c,
-                c,
-            );
-        }
-        g.dqkv.fill(T::ZERO);
-        attention_backward(&mut g.dqkv, &g.datty, &a.qkv, &a.att, s);
-        g.dln1.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.qkv_w.clone(), lp.qkv_b.clone());
-            linear_backward(
-                &mut g.dln1,
-                gw,
-                Some(gb),
-                &g.dqkv,
-                &a.ln1,
-                &p[lp.qkv_w.clone()],
-                n,
-                c,
-                3 * c,
-            );
-        }
-        {
-            let (gw, gb) = two_mut(grads, lp.ln1_w.clone(), lp.ln1_b.clone());
-            layernorm_backward(
-                dx,
-                gw,
-                gb,
-                &g.dln1,
-                x,
-                &p[lp.ln1_w.clone()],
-                &a.ln1_mean,
-                &a.ln1_rstd,
-                c,
-            );
-        }
     }
 }
 

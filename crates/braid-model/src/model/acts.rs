@@ -1,0 +1,204 @@
+//! What a forward pass keeps for its backward pass ([`Activations`]), and
+//! the widths every buffer and product of one rank's passes have
+//! ([`Widths`]).
+
+use crate::cpu::Real;
+use crate::layout::Layout;
+
+/// The widths one rank's passes run at. The residual stream is always the
+/// model's width; the attention (its heads), the MLP's hidden layer and
+/// the vocabulary are the whole model's in one process, and a slice of
+/// them on a tensor-parallel rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Widths {
+    /// The residual stream's width (`C`).
+    pub c: usize,
+    /// Attention heads run here.
+    pub heads: usize,
+    /// Their width: heads × head size (`qkv` is `3 ×` this, the output
+    /// projection's input this).
+    pub attn: usize,
+    /// The MLP's hidden width here.
+    pub mlp: usize,
+    /// Vocabulary rows of the token embedding (and logits) here.
+    pub vocab: usize,
+    /// The first of them, in the whole vocabulary.
+    pub vocab_start: usize,
+}
+
+impl Widths {
+    /// The widths of `layout`'s passes.
+    pub fn of(layout: &Layout) -> Widths {
+        let (cfg, n) = (&layout.config, layout.shard.size);
+        let (vocab_start, vocab) = layout.shard.vocab(cfg.vocab_size);
+        Widths {
+            c: cfg.n_embd,
+            heads: cfg.n_head / n,
+            attn: cfg.n_embd / n,
+            mlp: 4 * cfg.n_embd / n,
+            vocab,
+            vocab_start,
+        }
+    }
+}
+
+/// One layer's saved activations.
+#[derive(Debug, Clone)]
+pub(super) struct LayerActs<T> {
+    pub ln1: Vec<T>,
+    pub ln1_mean: Vec<T>,
+    pub ln1_rstd: Vec<T>,
+    pub qkv: Vec<T>,
+    pub att: Vec<T>,
+    pub atty: Vec<T>,
+    pub resid2: Vec<T>,
+    pub ln2: Vec<T>,
+    pub ln2_mean: Vec<T>,
+    pub ln2_rstd: Vec<T>,
+    pub fch: Vec<T>,
+    pub fch_gelu: Vec<T>,
+}
+
+impl<T: Real> LayerActs<T> {
+    fn new(b: usize, t: usize, w: Widths) -> Self {
+        let n = b * t;
+        let z = |k: usize| vec![T::ZERO; k];
+        LayerActs {
+            ln1: z(n * w.c),
+            ln1_mean: z(n),
+            ln1_rstd: z(n),
+            qkv: z(n * 3 * w.attn),
+            att: z(b * w.heads * t * t),
+            atty: z(n * w.attn),
+            resid2: z(n * w.c),
+            ln2: z(n * w.c),
+            ln2_mean: z(n),
+            ln2_rstd: z(n),
+            fch: z(n * w.mlp),
+            fch_gelu: z(n * w.mlp),
+        }
+    }
+
+    fn elements(&self) -> usize {
+        [
+            &self.ln1,
+            &self.ln1_mean,
+            &self.ln1_rstd,
+            &self.qkv,
+            &self.att,
+            &self.atty,
+            &self.resid2,
+            &self.ln2,
+            &self.ln2_mean,
+            &self.ln2_rstd,
+            &self.fch,
+            &self.fch_gelu,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum()
+    }
+}
+
+/// Gradient scratch shared by all layers.
+#[derive(Debug, Clone)]
+pub(super) struct LayerGrads<T> {
+    pub dresid2: Vec<T>,
+    pub dln2: Vec<T>,
+    pub dfch: Vec<T>,
+    pub dgelu: Vec<T>,
+    pub datty: Vec<T>,
+    pub dqkv: Vec<T>,
+    pub dln1: Vec<T>,
+}
+
+impl<T> LayerGrads<T> {
+    fn elements(&self) -> usize {
+        [
+            &self.dresid2,
+            &self.dln2,
+            &self.dfch,
+            &self.dgelu,
+            &self.datty,
+            &self.dqkv,
+            &self.dln1,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum()
+    }
+}
+
+/// Everything a forward pass keeps for its backward pass, sized for one
+/// (batch, sequence) shape.
+#[derive(Debug, Clone)]
+pub struct Activations<T> {
+    pub(super) b: usize,
+    pub(super) t: usize,
+    pub(super) checkpointing: bool,
+    /// Residual stream entering each layer, and after the last (`L + 1`).
+    pub(super) resid: Vec<Vec<T>>,
+    /// Saved internals per layer (one shared set when checkpointing).
+    pub(super) layers: Vec<LayerActs<T>>,
+    pub(super) lnf: Vec<T>,
+    pub(super) lnf_mean: Vec<T>,
+    pub(super) lnf_rstd: Vec<T>,
+    pub(super) losses: Vec<T>,
+    pub(super) logits: Vec<T>,
+    pub(super) grads: LayerGrads<T>,
+    pub(super) dresid: Vec<T>,
+}
+
+impl<T: Real> Activations<T> {
+    /// Buffers for batches of `b` sequences of `t` tokens; with
+    /// `checkpointing`, one layer's internals instead of all of them.
+    pub fn new(layout: &Layout, b: usize, t: usize, checkpointing: bool) -> Self {
+        let w = Widths::of(layout);
+        let l = layout.config.n_layer;
+        let n = b * t;
+        let z = |k: usize| vec![T::ZERO; k];
+        let kept = if checkpointing { 1 } else { l };
+        Activations {
+            b,
+            t,
+            checkpointing,
+            resid: (0..=l).map(|_| z(n * w.c)).collect(),
+            layers: (0..kept).map(|_| LayerActs::new(b, t, w)).collect(),
+            lnf: z(n * w.c),
+            lnf_mean: z(n),
+            lnf_rstd: z(n),
+            losses: z(n),
+            logits: Vec::new(),
+            grads: LayerGrads {
+                dresid2: z(n * w.c),
+                dln2: z(n * w.c),
+                dfch: z(n * w.mlp),
+                dgelu: z(n * w.mlp),
+                datty: z(n * w.attn),
+                dqkv: z(n * 3 * w.attn),
+                dln1: z(n * w.c),
+            },
+            dresid: z(n * w.c),
+        }
+    }
+
+    /// Elements held now (the classifier's chunk of logits counts once
+    /// the first forward pass has sized it).
+    pub fn elements(&self) -> usize {
+        self.resid.iter().map(Vec::len).sum::<usize>()
+            + self.layers.iter().map(LayerActs::elements).sum::<usize>()
+            + self.lnf.len()
+            + self.lnf_mean.len()
+            + self.lnf_rstd.len()
+            + self.losses.len()
+            + self.logits.len()
+            + self.grads.elements()
+            + self.dresid.len()
+    }
+
+    /// Each position's loss from the last forward pass (0 where the target
+    /// was masked).
+    pub fn losses(&self) -> &[T] {
+        &self.losses
+    }
+}
