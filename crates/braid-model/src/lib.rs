@@ -38,6 +38,7 @@ pub mod placement;
 pub use braid_core::rng;
 pub mod sample;
 pub mod tensor;
+pub mod tensor_comm;
 
 pub use config::GptConfig;
 pub use layout::{Block, Kind, Layout};

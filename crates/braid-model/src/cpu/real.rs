@@ -1,6 +1,7 @@
 //! [`Real`]: the element types the CPU kernels run in — f32 for training,
 //! f64 for the finite-difference checks of every backward pass.
 
+use crate::tensor_comm::{ReduceKind, TensorComm};
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 /// A floating-point element of the CPU kernels.
@@ -38,10 +39,20 @@ pub trait Real:
     fn tanh(self) -> Self;
     /// The larger of two values.
     fn max(self, other: Self) -> Self;
+    /// [`TensorComm`]'s all-reduce in this element type.
+    fn all_reduce(comm: &dyn TensorComm, x: &mut [Self], op: ReduceKind) -> Result<(), String>;
+    /// [`TensorComm`]'s all-gather in this element type.
+    fn all_gather(comm: &dyn TensorComm, local: &[Self], full: &mut [Self]) -> Result<(), String>;
+    /// [`TensorComm`]'s reduce-scatter in this element type.
+    fn reduce_scatter(
+        comm: &dyn TensorComm,
+        full: &[Self],
+        local: &mut [Self],
+    ) -> Result<(), String>;
 }
 
 macro_rules! real {
-    ($t:ty) => {
+    ($t:ty, $ar:ident, $ag:ident, $rs:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -73,8 +84,29 @@ macro_rules! real {
             fn max(self, other: Self) -> Self {
                 <$t>::max(self, other)
             }
+            fn all_reduce(
+                comm: &dyn TensorComm,
+                x: &mut [Self],
+                op: ReduceKind,
+            ) -> Result<(), String> {
+                comm.$ar(x, op)
+            }
+            fn all_gather(
+                comm: &dyn TensorComm,
+                local: &[Self],
+                full: &mut [Self],
+            ) -> Result<(), String> {
+                comm.$ag(local, full)
+            }
+            fn reduce_scatter(
+                comm: &dyn TensorComm,
+                full: &[Self],
+                local: &mut [Self],
+            ) -> Result<(), String> {
+                comm.$rs(full, local)
+            }
         }
     };
 }
-real!(f32);
-real!(f64);
+real!(f32, all_reduce_f32, all_gather_f32, reduce_scatter_f32);
+real!(f64, all_reduce_f64, all_gather_f64, reduce_scatter_f64);

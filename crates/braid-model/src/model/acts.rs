@@ -60,20 +60,23 @@ pub(super) struct LayerActs<T> {
 }
 
 impl<T: Real> LayerActs<T> {
-    fn new(b: usize, t: usize, w: Widths) -> Self {
+    /// A layer's buffers; `nl` of the `b × t` rows are this rank's
+    /// (sequence parallelism: the LayerNorms' statistics and the residual
+    /// stream; the LayerNorms' outputs are gathered whole).
+    fn new(b: usize, t: usize, nl: usize, w: Widths) -> Self {
         let n = b * t;
         let z = |k: usize| vec![T::ZERO; k];
         LayerActs {
             ln1: z(n * w.c),
-            ln1_mean: z(n),
-            ln1_rstd: z(n),
+            ln1_mean: z(nl),
+            ln1_rstd: z(nl),
             qkv: z(n * 3 * w.attn),
             att: z(b * w.heads * t * t),
             atty: z(n * w.attn),
-            resid2: z(n * w.c),
+            resid2: z(nl * w.c),
             ln2: z(n * w.c),
-            ln2_mean: z(n),
-            ln2_rstd: z(n),
+            ln2_mean: z(nl),
+            ln2_rstd: z(nl),
             fch: z(n * w.mlp),
             fch_gelu: z(n * w.mlp),
         }
@@ -129,12 +132,26 @@ impl<T> LayerGrads<T> {
     }
 }
 
+/// Buffers the passes of a sequence-parallel rank use between a
+/// collective and the next step (empty otherwise).
+#[derive(Debug, Clone)]
+pub(super) struct Scratch<T> {
+    /// All rows (`b × t × C`): a row-split product's partial sums before
+    /// their reduce-scatter, a gathered gradient.
+    pub full: Vec<T>,
+    /// This rank's rows (`b × t / N × C`): a LayerNorm's output before its
+    /// all-gather, a gradient after its reduce-scatter.
+    pub local: Vec<T>,
+}
+
 /// Everything a forward pass keeps for its backward pass, sized for one
 /// (batch, sequence) shape.
 #[derive(Debug, Clone)]
 pub struct Activations<T> {
     pub(super) b: usize,
     pub(super) t: usize,
+    /// Ways the residual stream's rows are split (sequence parallelism).
+    pub(super) split: usize,
     pub(super) checkpointing: bool,
     /// Residual stream entering each layer, and after the last (`L + 1`).
     pub(super) resid: Vec<Vec<T>>,
@@ -147,30 +164,47 @@ pub struct Activations<T> {
     pub(super) logits: Vec<T>,
     pub(super) grads: LayerGrads<T>,
     pub(super) dresid: Vec<T>,
+    pub(super) scratch: Scratch<T>,
 }
 
 impl<T: Real> Activations<T> {
     /// Buffers for batches of `b` sequences of `t` tokens; with
     /// `checkpointing`, one layer's internals instead of all of them.
     pub fn new(layout: &Layout, b: usize, t: usize, checkpointing: bool) -> Self {
+        Self::sharded(layout, b, t, checkpointing, 1)
+    }
+
+    /// [`new`](Self::new) for a rank whose residual stream holds one of
+    /// `split` equal slices of the `b × t` rows (sequence parallelism;
+    /// [`crate::Gpt::activations`] checks that they split).
+    pub(super) fn sharded(
+        layout: &Layout,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+        split: usize,
+    ) -> Self {
         let w = Widths::of(layout);
         let l = layout.config.n_layer;
         let n = b * t;
+        let nl = n / split;
         let z = |k: usize| vec![T::ZERO; k];
         let kept = if checkpointing { 1 } else { l };
+        let split_only = |k: usize| if split > 1 { z(k) } else { Vec::new() };
         Activations {
             b,
             t,
+            split,
             checkpointing,
-            resid: (0..=l).map(|_| z(n * w.c)).collect(),
-            layers: (0..kept).map(|_| LayerActs::new(b, t, w)).collect(),
+            resid: (0..=l).map(|_| z(nl * w.c)).collect(),
+            layers: (0..kept).map(|_| LayerActs::new(b, t, nl, w)).collect(),
             lnf: z(n * w.c),
-            lnf_mean: z(n),
-            lnf_rstd: z(n),
+            lnf_mean: z(nl),
+            lnf_rstd: z(nl),
             losses: z(n),
             logits: Vec::new(),
             grads: LayerGrads {
-                dresid2: z(n * w.c),
+                dresid2: z(nl * w.c),
                 dln2: z(n * w.c),
                 dfch: z(n * w.mlp),
                 dgelu: z(n * w.mlp),
@@ -178,7 +212,11 @@ impl<T: Real> Activations<T> {
                 dqkv: z(n * 3 * w.attn),
                 dln1: z(n * w.c),
             },
-            dresid: z(n * w.c),
+            dresid: z(nl * w.c),
+            scratch: Scratch {
+                full: split_only(n * w.c),
+                local: split_only(nl * w.c),
+            },
         }
     }
 
@@ -194,6 +232,8 @@ impl<T: Real> Activations<T> {
             + self.logits.len()
             + self.grads.elements()
             + self.dresid.len()
+            + self.scratch.full.len()
+            + self.scratch.local.len()
     }
 
     /// Each position's loss from the last forward pass (0 where the target

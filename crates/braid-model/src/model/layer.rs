@@ -2,8 +2,8 @@
 //! `resid2 = x + proj(attn(qkv(ln1(x))))`, `out = resid2 +
 //! fcproj(gelu(fc(ln2(resid2))))`, at the rank's [`Widths`].
 
-use super::acts::{LayerActs, LayerGrads, Widths};
-use super::{two_mut, Gpt};
+use super::acts::{LayerActs, LayerGrads, Scratch, Widths};
+use super::{two_mut, Gpt, StepError};
 use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use crate::cpu::gelu::{gelu_backward, gelu_forward};
 use crate::cpu::matmul::{linear_backward, linear_forward};
@@ -67,8 +67,76 @@ impl Gpt {
         }
     }
 
-    /// Forward pass of layer `l` (`p`: its block) from `x` into `out`,
-    /// keeping its internals in `a`.
+    /// A LayerNorm of this rank's rows of `x` into `out` (all rows):
+    /// under sequence parallelism through the local scratch and an
+    /// all-gather.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_forward<T: Real>(
+        &self,
+        out: &mut [T],
+        mean: &mut [T],
+        rstd: &mut [T],
+        x: &[T],
+        w: &[T],
+        bias: &[T],
+        local: &mut [T],
+        what: &str,
+    ) -> Result<(), StepError> {
+        let c = self.widths.c;
+        match self.sequence_parallel() {
+            false => layernorm_forward(out, mean, rstd, x, w, bias, c),
+            true => {
+                layernorm_forward(local, mean, rstd, x, w, bias, c);
+                self.gather_rows(local, out, what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A row-split product's output: `out` (this rank's rows) becomes
+    /// `resid + bias + Σ_ranks inp · w` (`inp` `n × k`, this rank's share
+    /// of the inner dimension). In one process the product and its bias
+    /// are one call, as always.
+    #[allow(clippy::too_many_arguments)]
+    fn row_split_forward<T: Real>(
+        &self,
+        out: &mut [T],
+        inp: &[T],
+        w: &[T],
+        bias: &[T],
+        resid: &[T],
+        full: &mut [T],
+        n: usize,
+        k: usize,
+        what: &str,
+    ) -> Result<(), StepError> {
+        let c = self.widths.c;
+        match (self.group()?.is_some(), self.sequence_parallel()) {
+            (false, _) => linear_forward(out, inp, w, Some(bias), n, k, c),
+            (true, false) => {
+                linear_forward(out, inp, w, None, n, k, c);
+                self.all_reduce(out, what)?;
+            }
+            (true, true) => {
+                linear_forward(full, inp, w, None, n, k, c);
+                self.scatter_rows(full, out, what)?;
+            }
+        }
+        let with_bias = self.group.is_some();
+        for (row, r) in out.chunks_exact_mut(c).zip(resid.chunks_exact(c)) {
+            for ((o, &x), &bb) in row.iter_mut().zip(r).zip(bias) {
+                *o = match with_bias {
+                    true => *o + bb + x,
+                    false => *o + x,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward pass of layer `l` (`p`: its block) from `x` into `out`
+    /// (this rank's rows of the residual stream), keeping its internals
+    /// in `a`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn layer_forward<T: Real>(
         &self,
@@ -77,21 +145,23 @@ impl Gpt {
         x: &[T],
         out: &mut [T],
         a: &mut LayerActs<T>,
+        s: &mut Scratch<T>,
         b: usize,
         t: usize,
-    ) {
+    ) -> Result<(), StepError> {
         let Widths { c, attn, mlp, .. } = self.widths;
         let n = b * t;
         let lp = &self.layers[l];
-        layernorm_forward(
+        self.norm_forward(
             &mut a.ln1,
             &mut a.ln1_mean,
             &mut a.ln1_rstd,
             x,
             &p[lp.ln1_w.clone()],
             &p[lp.ln1_b.clone()],
-            c,
-        );
+            &mut s.local,
+            "layer forward: gathering ln_1's rows",
+        )?;
         linear_forward(
             &mut a.qkv,
             &a.ln1,
@@ -102,27 +172,27 @@ impl Gpt {
             3 * attn,
         );
         attention_forward(&mut a.atty, &mut a.att, &a.qkv, self.attn_shape(b, t));
-        linear_forward(
+        self.row_split_forward(
             &mut a.resid2,
             &a.atty,
             &p[lp.proj_w.clone()],
-            Some(&p[lp.proj_b.clone()]),
+            &p[lp.proj_b.clone()],
+            x,
+            &mut s.full,
             n,
             attn,
-            c,
-        );
-        for (r, &xi) in a.resid2.iter_mut().zip(x) {
-            *r += xi;
-        }
-        layernorm_forward(
+            "layer forward: summing attn.c_proj",
+        )?;
+        self.norm_forward(
             &mut a.ln2,
             &mut a.ln2_mean,
             &mut a.ln2_rstd,
             &a.resid2,
             &p[lp.ln2_w.clone()],
             &p[lp.ln2_b.clone()],
-            c,
-        );
+            &mut s.local,
+            "layer forward: gathering ln_2's rows",
+        )?;
         linear_forward(
             &mut a.fch,
             &a.ln2,
@@ -133,22 +203,60 @@ impl Gpt {
             mlp,
         );
         gelu_forward(&mut a.fch_gelu, &a.fch);
-        linear_forward(
+        self.row_split_forward(
             out,
             &a.fch_gelu,
             &p[lp.fcproj_w.clone()],
-            Some(&p[lp.fcproj_b.clone()]),
+            &p[lp.fcproj_b.clone()],
+            &a.resid2,
+            &mut s.full,
             n,
             mlp,
-            c,
-        );
-        for (o, &r) in out.iter_mut().zip(&a.resid2) {
-            *o += r;
+            "layer forward: summing mlp.c_proj",
+        )
+    }
+
+    /// The gradient of a row-split product's output for its backward
+    /// pass: all rows (`d`, this rank's rows, gathered under sequence
+    /// parallelism into `full`).
+    fn rows_of<'a, T: Real>(
+        &self,
+        d: &'a [T],
+        full: &'a mut [T],
+        what: &str,
+    ) -> Result<&'a [T], StepError> {
+        match self.sequence_parallel() {
+            false => Ok(d),
+            true => {
+                self.gather_rows(d, full, what)?;
+                Ok(full)
+            }
+        }
+    }
+
+    /// A column-split product's input gradient `d` (all rows, this rank's
+    /// share of the sum): the whole sum, or this rank's rows of it (in
+    /// `local`) under sequence parallelism.
+    fn sum_input_grad<'a, T: Real>(
+        &self,
+        d: &'a mut [T],
+        local: &'a mut [T],
+        what: &str,
+    ) -> Result<&'a [T], StepError> {
+        match self.sequence_parallel() {
+            false => {
+                self.all_reduce(d, what)?;
+                Ok(d)
+            }
+            true => {
+                self.scatter_rows(d, local, what)?;
+                Ok(local)
+            }
         }
     }
 
     /// Backward of layer `l`: `dx` holds the gradient of the layer's
-    /// output on entry and of its input on return.
+    /// output on entry and of its input on return (this rank's rows).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn layer_backward<T: Real>(
         &self,
@@ -159,21 +267,33 @@ impl Gpt {
         x: &[T],
         a: &LayerActs<T>,
         g: &mut LayerGrads<T>,
-        s: AttnShape,
-    ) {
+        s: &mut Scratch<T>,
+        shape: AttnShape,
+    ) -> Result<(), StepError> {
         let Widths { c, attn, mlp, .. } = self.widths;
-        let n = s.b * s.t;
+        let n = shape.b * shape.t;
         let lp = &self.layers[l];
+        // Under sequence parallelism each rank's LayerNorm gradients are
+        // its rows' share: summed over the group at the end.
+        let norms = [lp.ln1_w.start..lp.ln1_b.end, lp.ln2_w.start..lp.ln2_b.end];
+        let before: Vec<T> = match self.sequence_parallel() {
+            true => norms
+                .iter()
+                .flat_map(|r| grads[r.clone()].to_vec())
+                .collect(),
+            false => Vec::new(),
+        };
         // MLP: out = resid2 + fcproj(gelu(fc(ln2(resid2)))).
         g.dresid2.copy_from_slice(dx);
         g.dgelu.fill(T::ZERO);
         {
+            let dout = self.rows_of(dx, &mut s.full, "layer backward: gathering rows")?;
             let (gw, gb) = two_mut(grads, lp.fcproj_w.clone(), lp.fcproj_b.clone());
             linear_backward(
                 &mut g.dgelu,
                 gw,
                 Some(gb),
-                dx,
+                dout,
                 &a.fch_gelu,
                 &p[lp.fcproj_w.clone()],
                 n,
@@ -199,12 +319,17 @@ impl Gpt {
             );
         }
         {
+            let dln2 = self.sum_input_grad(
+                &mut g.dln2,
+                &mut s.local,
+                "layer backward: summing ln_2's gradient",
+            )?;
             let (gw, gb) = two_mut(grads, lp.ln2_w.clone(), lp.ln2_b.clone());
             layernorm_backward(
                 &mut g.dresid2,
                 gw,
                 gb,
-                &g.dln2,
+                dln2,
                 &a.resid2,
                 &p[lp.ln2_w.clone()],
                 &a.ln2_mean,
@@ -216,12 +341,13 @@ impl Gpt {
         dx.copy_from_slice(&g.dresid2);
         g.datty.fill(T::ZERO);
         {
+            let dout = self.rows_of(&g.dresid2, &mut s.full, "layer backward: gathering rows")?;
             let (gw, gb) = two_mut(grads, lp.proj_w.clone(), lp.proj_b.clone());
             linear_backward(
                 &mut g.datty,
                 gw,
                 Some(gb),
-                &g.dresid2,
+                dout,
                 &a.atty,
                 &p[lp.proj_w.clone()],
                 n,
@@ -230,7 +356,7 @@ impl Gpt {
             );
         }
         g.dqkv.fill(T::ZERO);
-        attention_backward(&mut g.dqkv, &g.datty, &a.qkv, &a.att, s);
+        attention_backward(&mut g.dqkv, &g.datty, &a.qkv, &a.att, shape);
         g.dln1.fill(T::ZERO);
         {
             let (gw, gb) = two_mut(grads, lp.qkv_w.clone(), lp.qkv_b.clone());
@@ -247,12 +373,17 @@ impl Gpt {
             );
         }
         {
+            let dln1 = self.sum_input_grad(
+                &mut g.dln1,
+                &mut s.local,
+                "layer backward: summing ln_1's gradient",
+            )?;
             let (gw, gb) = two_mut(grads, lp.ln1_w.clone(), lp.ln1_b.clone());
             layernorm_backward(
                 dx,
                 gw,
                 gb,
-                &g.dln1,
+                dln1,
                 x,
                 &p[lp.ln1_w.clone()],
                 &a.ln1_mean,
@@ -260,5 +391,14 @@ impl Gpt {
                 c,
             );
         }
+        if self.sequence_parallel() {
+            self.sum_row_grads(
+                grads,
+                &norms,
+                &before,
+                "layer backward: LayerNorm gradients",
+            )?;
+        }
+        Ok(())
     }
 }

@@ -9,21 +9,33 @@
 //! gathered copy. [`Gpt::forward`] and [`Gpt::forward_backward`] take the
 //! whole flat buffers and slice them.
 //!
+//! A model may be one tensor-parallel rank's share ([`Gpt::tensor_parallel`]
+//! over a [`Layout::tensor_parallel`] layout): Megatron's split, with its
+//! collectives through the group's [`TensorComm`] — one all-reduce after
+//! each row-split product forward and one after each column-split product
+//! backward (`g` and `f`), a vocabulary-parallel embedding and
+//! cross-entropy (no rank holds all the logits). With sequence
+//! parallelism the LayerNorms, residual adds and the position embedding
+//! run on a slice of the rows; an all-gather comes before each column-split
+//! product and a reduce-scatter after each row-split one instead.
+//!
 //! Generic over the element type: f32 trains, f64 checks the whole
 //! model's gradients by finite differences. Activations are allocated once
 //! per (batch, sequence) shape in [`Activations`]; with activation
 //! checkpointing only each layer's input is kept and the layer is
 //! recomputed just before its backward pass.
 
-use crate::cpu::classifier::{classifier, ClassifierIo};
-use crate::cpu::embed::{embed_backward, embed_forward};
-use crate::cpu::norm::{layernorm_backward, layernorm_forward};
 use crate::cpu::Real;
 use crate::layout::{Block, Layout};
+use crate::tensor_comm::{ReduceKind, TensorComm};
 use std::ops::Range;
+use std::sync::Arc;
 
 mod acts;
+mod ends;
 mod layer;
+#[cfg(test)]
+mod tp_tests;
 
 pub use acts::{Activations, Widths};
 use layer::LayerParams;
@@ -44,6 +56,29 @@ pub enum StepError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A tensor-parallel collective failed.
+    #[error("tensor parallelism: {0}")]
+    Group(String),
+}
+
+/// How this model takes part in tensor parallelism.
+#[derive(Clone)]
+struct Group {
+    comm: Arc<dyn TensorComm>,
+    /// Sequence parallelism: the residual stream's rows split too.
+    sequence: bool,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Group {{ rank {} of {}, sequence {} }}",
+            self.comm.rank(),
+            self.comm.size(),
+            self.sequence
+        )
+    }
 }
 
 /// Forward and backward passes of one model layout.
@@ -52,6 +87,8 @@ pub struct Gpt {
     layout: std::sync::Arc<Layout>,
     /// The widths of this rank's passes.
     widths: Widths,
+    /// Its tensor-parallel group, when it is one rank's share.
+    group: Option<Group>,
     layers: Vec<LayerParams>,
     /// `wte` and `wpe` in the embedding block.
     wte: Range<usize>,
@@ -67,7 +104,8 @@ fn block_of<'a, T>(layout: &Layout, flat: &'a [T], block: Block) -> &'a [T] {
 }
 
 impl Gpt {
-    /// The model of `layout`.
+    /// The model of `layout` (the whole model: a tensor-parallel share is
+    /// made by [`tensor_parallel`](Self::tensor_parallel)).
     pub fn new(layout: std::sync::Arc<Layout>) -> Gpt {
         let layers = (0..layout.config.n_layer)
             .map(|i| LayerParams::of(&layout, i))
@@ -83,9 +121,33 @@ impl Gpt {
             lnf_w: within("ln_f.weight", Block::FinalNorm),
             lnf_b: within("ln_f.bias", Block::FinalNorm),
             widths: Widths::of(&layout),
+            group: None,
             layers,
             layout,
         }
+    }
+
+    /// Tensor-parallel rank `comm.rank()`'s share of the model, `layout`
+    /// that rank's [`Layout::tensor_parallel`] layout; with `sequence`,
+    /// sequence parallelism too.
+    pub fn tensor_parallel(
+        layout: std::sync::Arc<Layout>,
+        comm: Arc<dyn TensorComm>,
+        sequence: bool,
+    ) -> Result<Gpt, String> {
+        let shard = layout.shard;
+        if (comm.rank(), comm.size()) != (shard.rank, shard.size) {
+            return Err(format!(
+                "a layout of tensor-parallel rank {} of {} over a group where this is rank {} of {}",
+                shard.rank,
+                shard.size,
+                comm.rank(),
+                comm.size()
+            ));
+        }
+        let mut m = Gpt::new(layout);
+        m.group = Some(Group { comm, sequence });
+        Ok(m)
     }
 
     /// The layout.
@@ -96,6 +158,115 @@ impl Gpt {
     /// The widths of its passes.
     pub fn widths(&self) -> Widths {
         self.widths
+    }
+
+    /// Whether its residual stream's rows are split (sequence parallelism).
+    pub fn sequence_parallel(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.sequence)
+    }
+
+    /// Activations for batches of `b × t` on this model (a
+    /// sequence-parallel rank holds its rows of the residual stream:
+    /// `b × t` must split over the group).
+    pub fn activations<T: Real>(
+        &self,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+    ) -> Result<Activations<T>, StepError> {
+        let split = match &self.group {
+            Some(g) if g.sequence => g.comm.size(),
+            _ => 1,
+        };
+        if (b * t) % split != 0 {
+            return Err(StepError::Shape(format!(
+                "sequence parallelism over {split} ranks splits the batch's {b} x {t} = {} tokens \
+                 into equal slices: use a batch or --seq whose product divides by {split}",
+                b * t
+            )));
+        }
+        Ok(Activations::sharded(
+            &self.layout,
+            b,
+            t,
+            checkpointing,
+            split,
+        ))
+    }
+
+    /// The group, when the passes need one (a share of the model without
+    /// its group is refused).
+    fn group(&self) -> Result<Option<&Group>, StepError> {
+        match (&self.group, self.layout.shard.size) {
+            (None, 1) => Ok(None),
+            (None, n) => Err(StepError::Group(format!(
+                "this is one of {n} tensor-parallel shares of the model, built without its group"
+            ))),
+            (Some(g), _) => Ok(Some(g)),
+        }
+    }
+
+    /// Sums `x` over the group (a partial sum of each rank's share).
+    fn all_reduce<T: Real>(&self, x: &mut [T], what: &str) -> Result<(), StepError> {
+        match self.group()? {
+            None => Ok(()),
+            Some(g) => T::all_reduce(&*g.comm, x, ReduceKind::Sum)
+                .map_err(|e| StepError::Group(format!("{what}: {e}"))),
+        }
+    }
+
+    /// The group's rows: every rank's `local` into `full`.
+    fn gather_rows<T: Real>(
+        &self,
+        local: &[T],
+        full: &mut [T],
+        what: &str,
+    ) -> Result<(), StepError> {
+        let g = self.group()?.expect("rows are split only in a group");
+        T::all_gather(&*g.comm, local, full).map_err(|e| StepError::Group(format!("{what}: {e}")))
+    }
+
+    /// This rank's rows of the sum of every rank's `full`.
+    fn scatter_rows<T: Real>(
+        &self,
+        full: &[T],
+        local: &mut [T],
+        what: &str,
+    ) -> Result<(), StepError> {
+        let g = self.group()?.expect("rows are split only in a group");
+        T::reduce_scatter(&*g.comm, full, local)
+            .map_err(|e| StepError::Group(format!("{what}: {e}")))
+    }
+
+    /// Under sequence parallelism, each rank's LayerNorm gradients are
+    /// those of its rows: adds the other ranks' share of what this pass
+    /// added to `grads[ranges]` since `before` (their values then).
+    fn sum_row_grads<T: Real>(
+        &self,
+        grads: &mut [T],
+        ranges: &[Range<usize>],
+        before: &[T],
+        what: &str,
+    ) -> Result<(), StepError> {
+        let mut delta: Vec<T> = ranges
+            .iter()
+            .flat_map(|r| grads[r.clone()].to_vec())
+            .collect();
+        for (d, &b) in delta.iter_mut().zip(before) {
+            *d -= b;
+        }
+        self.all_reduce(&mut delta, what)?;
+        let mut at = 0;
+        for r in ranges {
+            for (g, (&b, &d)) in grads[r.clone()]
+                .iter_mut()
+                .zip(before[at..].iter().zip(&delta[at..]))
+            {
+                *g = b + d;
+            }
+            at += r.len();
+        }
+        Ok(())
     }
 
     fn check<T: Real>(
@@ -121,6 +292,14 @@ impl Gpt {
                 acts.t, cfg.context
             )));
         }
+        if acts.split != self.sequence_split() {
+            return Err(StepError::Shape(format!(
+                "activations made for rows split {} ways, the model splits them {} (make them \
+                 with Gpt::activations)",
+                acts.split,
+                self.sequence_split()
+            )));
+        }
         for (pos, &tok) in tokens.iter().enumerate() {
             if tok as usize >= cfg.vocab_size {
                 return Err(StepError::Token {
@@ -140,6 +319,15 @@ impl Gpt {
             }
         }
         Ok(())
+    }
+
+    /// Ways the residual stream's rows are split (1 without sequence
+    /// parallelism).
+    fn sequence_split(&self) -> usize {
+        match &self.group {
+            Some(g) if g.sequence => g.comm.size(),
+            _ => 1,
+        }
     }
 
     /// Forward pass: returns the mean loss over positions whose target is
@@ -164,33 +352,22 @@ impl Gpt {
         drop(t);
         for l in 0..ly.config.n_layer {
             let _t = span(&|| format!("forward layer {l}"));
-            self.layer_forward_at(l, block_of(ly, p, Block::Layer(l)), acts);
+            self.layer_forward_at(l, block_of(ly, p, Block::Layer(l)), acts)?;
         }
         let norm = block_of(ly, p, Block::FinalNorm);
         let _t = span(&|| "forward head".into());
-        Ok(self.head_forward(norm, emb, acts, targets))
-    }
-
-    /// The embedding block (`emb`: its parameters): checks the batch,
-    /// then writes the residual stream entering layer 0.
-    pub fn embedding_forward<T: Real>(
-        &self,
-        emb: &[T],
-        acts: &mut Activations<T>,
-        tokens: &[u32],
-        targets: &[u32],
-    ) -> Result<(), StepError> {
-        self.check(acts, tokens, targets)?;
-        let c = self.layout.config.n_embd;
-        let (wte, wpe) = (&emb[self.wte.clone()], &emb[self.wpe.clone()]);
-        embed_forward(&mut acts.resid[0], tokens, wte, wpe, acts.t, c);
-        Ok(())
+        self.head_forward(norm, emb, acts, targets)
     }
 
     /// Transformer block `l` (`p`: its parameters, the layer's block):
     /// residual stream `l` → `l + 1`, keeping what its backward pass needs
     /// (or only its input, when checkpointing).
-    pub fn layer_forward_at<T: Real>(&self, l: usize, p: &[T], acts: &mut Activations<T>) {
+    pub fn layer_forward_at<T: Real>(
+        &self,
+        l: usize,
+        p: &[T],
+        acts: &mut Activations<T>,
+    ) -> Result<(), StepError> {
         let (b, t) = (acts.b, acts.t);
         let (before, after) = acts.resid.split_at_mut(l + 1);
         let slot = if acts.checkpointing { 0 } else { l };
@@ -200,55 +377,21 @@ impl Gpt {
             &before[l],
             &mut after[0],
             &mut acts.layers[slot],
+            &mut acts.scratch,
             b,
             t,
-        );
-    }
-
-    /// The head (`norm`: the final norm's block, `emb`: the embedding
-    /// block, whose token embedding is the LM head): final LayerNorm, LM
-    /// head, cross-entropy. Returns the mean loss over unmasked positions
-    /// (the LM head is skipped when every target is masked, as in
-    /// generation).
-    pub fn head_forward<T: Real>(
-        &self,
-        norm: &[T],
-        emb: &[T],
-        acts: &mut Activations<T>,
-        targets: &[u32],
-    ) -> T {
-        let cfg = &self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
-        let n = acts.b * acts.t;
-        layernorm_forward(
-            &mut acts.lnf,
-            &mut acts.lnf_mean,
-            &mut acts.lnf_rstd,
-            &acts.resid[cfg.n_layer],
-            &norm[self.lnf_w.clone()],
-            &norm[self.lnf_b.clone()],
-            c,
-        );
-        if targets.iter().all(|&x| x == u32::MAX) {
-            acts.losses.fill(T::ZERO);
-            return T::ZERO;
-        }
-        let io = ClassifierIo {
-            x: &acts.lnf,
-            wte: &emb[self.wte.clone()],
-            targets,
-            rows: n,
-            c,
-            v,
-        };
-        classifier(&io, &mut acts.losses, None, &mut acts.logits);
-        mean_loss(&acts.losses, targets)
+        )
     }
 
     /// Logits of the token after `tokens` (the last `context` of them).
     pub fn next_token_logits<T: Real>(&self, p: &[T], tokens: &[u32]) -> Result<Vec<T>, StepError> {
         let cfg = &self.layout.config;
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        if self.layout.shard.size > 1 {
+            return Err(StepError::Group(
+                "sampling runs on the whole model (consolidate the checkpoint first)".into(),
+            ));
+        }
         if tokens.is_empty() {
             return Err(StepError::Shape("no tokens to continue".into()));
         }
@@ -297,75 +440,17 @@ impl Gpt {
         let g_emb = &mut front[block(Block::Embedding)];
         let g_norm = &mut back[..block(Block::FinalNorm).len()];
         let norm_p = block_of(ly, p, Block::FinalNorm);
-        self.head_backward(norm_p, emb_p, g_norm, g_emb, acts, targets);
+        self.head_backward(norm_p, emb_p, g_norm, g_emb, acts, targets)?;
         ready(Block::FinalNorm, g_norm);
         for l in (0..ly.config.n_layer).rev() {
             let r = block(Block::Layer(l));
-            self.layer_backward_at(l, &p[r.clone()], &mut front[r.clone()], acts);
+            self.layer_backward_at(l, &p[r.clone()], &mut front[r.clone()], acts)?;
             ready(Block::Layer(l), &mut front[r]);
         }
         let g_emb = &mut front[block(Block::Embedding)];
-        self.embedding_backward(g_emb, acts, tokens);
+        self.embedding_backward(g_emb, acts, tokens)?;
         ready(Block::Embedding, g_emb);
         Ok(loss)
-    }
-
-    /// Backward of the head (after [`head_forward`](Self::head_forward)
-    /// with the same targets; `norm`/`emb` the final norm's and the
-    /// embedding block's parameters, `g_norm`/`g_emb` their gradients):
-    /// the LM head's share of the token embedding's gradient, the final
-    /// norm's gradients, and the gradient of the last residual stream
-    /// (kept in `acts` for the layers).
-    pub fn head_backward<T: Real>(
-        &self,
-        norm: &[T],
-        emb: &[T],
-        g_norm: &mut [T],
-        g_emb: &mut [T],
-        acts: &mut Activations<T>,
-        targets: &[u32],
-    ) {
-        let cfg = &self.layout.config;
-        let (c, v, nl) = (cfg.n_embd, cfg.vocab_size, cfg.n_layer);
-        let n = acts.b * acts.t;
-        let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
-        let scale = if counted == 0 {
-            T::ZERO
-        } else {
-            T::ONE / T::of(counted as f64)
-        };
-        let dlnf = &mut acts.grads.dresid2;
-        dlnf.fill(T::ZERO);
-        {
-            let io = ClassifierIo {
-                x: &acts.lnf,
-                wte: &emb[self.wte.clone()],
-                targets,
-                rows: n,
-                c,
-                v,
-            };
-            let dwte = &mut g_emb[self.wte.clone()];
-            classifier(
-                &io,
-                &mut acts.losses,
-                Some((dlnf, dwte, scale)),
-                &mut acts.logits,
-            );
-        }
-        acts.dresid.fill(T::ZERO);
-        let (gw, gb) = two_mut(g_norm, self.lnf_w.clone(), self.lnf_b.clone());
-        layernorm_backward(
-            &mut acts.dresid,
-            gw,
-            gb,
-            &acts.grads.dresid2,
-            &acts.resid[nl],
-            &norm[self.lnf_w.clone()],
-            &acts.lnf_mean,
-            &acts.lnf_rstd,
-            c,
-        );
     }
 
     /// Backward of transformer block `l` (after the blocks above it; `p`
@@ -379,23 +464,26 @@ impl Gpt {
         p: &[T],
         grads: &mut [T],
         acts: &mut Activations<T>,
-    ) {
+    ) -> Result<(), StepError> {
         let (b, t) = (acts.b, acts.t);
         let slot = if acts.checkpointing { 0 } else { l };
         if acts.checkpointing {
             // Recompute this layer's internals from its saved input; the
             // output lands in a scratch buffer the backward refills anyway.
+            let rows = acts.resid[l].len();
             let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
-            self.layer_forward(
+            let r = self.layer_forward(
                 l,
                 p,
                 &acts.resid[l],
-                &mut scratch_out,
+                &mut scratch_out[..rows],
                 &mut acts.layers[0],
+                &mut acts.scratch,
                 b,
                 t,
             );
             acts.grads.dln1 = scratch_out;
+            r?;
         }
         let shape = self.attn_shape(b, t);
         self.layer_backward(
@@ -406,21 +494,9 @@ impl Gpt {
             &acts.resid[l],
             &acts.layers[slot],
             &mut acts.grads,
+            &mut acts.scratch,
             shape,
-        );
-    }
-
-    /// Backward of the embedding block (last; `g_emb` its gradients):
-    /// token and position embedding gradients.
-    pub fn embedding_backward<T: Real>(
-        &self,
-        g_emb: &mut [T],
-        acts: &Activations<T>,
-        tokens: &[u32],
-    ) {
-        let c = self.layout.config.n_embd;
-        let (gte, gpe) = two_mut(g_emb, self.wte.clone(), self.wpe.clone());
-        embed_backward(gte, gpe, &acts.dresid, tokens, acts.t, c);
+        )
     }
 }
 

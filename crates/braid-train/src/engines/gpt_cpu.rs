@@ -253,12 +253,12 @@ impl Engine for CpuGpt {
             }
             u if u == n_layer + 1 => self.model.embedding_backward(
                 &mut g[block(Block::Embedding)],
-                &self.acts,
+                &mut self.acts,
                 &self.last.tokens,
             ),
             u => return Err(format!("backward unit {u} does not exist")),
         }
-        Ok(())
+        .map_err(|e| e.to_string())
     }
 
     fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
@@ -417,20 +417,17 @@ impl Engine for CpuGpt {
         self.units.forward_given(unit, &lens)?;
         let n_layer = self.params.layout.config.n_layer;
         let (acts, last) = (&mut self.acts, &self.last);
+        let m = &self.model;
         match unit {
-            0 => self
-                .model
+            0 => m
                 .embedding_forward(params[0], acts, &last.tokens, &last.targets)
-                .map_err(|e| e.to_string())?,
-            u if u <= n_layer => self.model.layer_forward_at(u - 1, params[0], acts),
-            _ => {
-                let loss = self
-                    .model
-                    .head_forward(params[0], params[1], acts, &last.targets);
-                return Ok(Some(loss));
-            }
+                .map(|_| None),
+            u if u <= n_layer => m.layer_forward_at(u - 1, params[0], acts).map(|_| None),
+            _ => m
+                .head_forward(params[0], params[1], acts, &last.targets)
+                .map(Some),
         }
-        Ok(None)
+        .map_err(|e| e.to_string())
     }
 
     fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
@@ -518,7 +515,7 @@ fn unit_backward(
         (_, [g_emb]) => model.embedding_backward(g_emb, acts, &last.tokens),
         _ => return Err(format!("backward unit {unit}: unexpected gradient blocks")),
     }
-    Ok(())
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
