@@ -61,19 +61,68 @@ impl Footprint {
 /// batches of `b × t` (see `Activations::new`, which this mirrors; a test
 /// holds the two together).
 pub fn cpu_activation_elements(cfg: &GptConfig, b: usize, t: usize, checkpointing: bool) -> u128 {
+    cpu_activation_elements_split(cfg, b, t, checkpointing, TensorSplit::NONE)
+}
+
+/// How a run splits each layer over tensor-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorSplit {
+    /// Ranks in a tensor group (1: none).
+    pub ranks: usize,
+    /// Sequence parallelism: the residual stream's rows split too.
+    pub sequence: bool,
+}
+
+impl TensorSplit {
+    /// No tensor parallelism.
+    pub const NONE: TensorSplit = TensorSplit {
+        ranks: 1,
+        sequence: false,
+    };
+
+    /// Rows of the residual stream split this many ways.
+    fn rows(&self) -> u128 {
+        match self.sequence {
+            true => self.ranks as u128,
+            false => 1,
+        }
+    }
+}
+
+/// [`cpu_activation_elements`] of a tensor-parallel rank (its heads, MLP
+/// columns and vocabulary rows; under sequence parallelism its rows of
+/// the residual stream), as `Gpt::activations` allocates them (the rank
+/// holding the most vocabulary rows).
+pub fn cpu_activation_elements_split(
+    cfg: &GptConfig,
+    b: usize,
+    t: usize,
+    checkpointing: bool,
+    tp: TensorSplit,
+) -> u128 {
     let (b, t) = (b as u128, t as u128);
-    let (c, nh, l) = (cfg.n_embd as u128, cfg.n_head as u128, cfg.n_layer as u128);
+    let ranks = tp.ranks.max(1) as u128;
+    let (c, l) = (cfg.n_embd as u128, cfg.n_layer as u128);
+    let (heads, a, f) = (cfg.n_head as u128 / ranks, c / ranks, 4 * c / ranks);
+    let vocab = (cfg.vocab_size as u128).div_ceil(ranks);
     let n = b * t;
-    let layer = 15 * n * c + 4 * n + b * nh * t * t;
+    let nl = n / tp.rows();
+    // ln1, ln2 (all rows), qkv, atty, fch and its GELU, the attention's
+    // probabilities; resid2 and the two norms' statistics (this rank's).
+    let layer = 2 * n * c + 3 * n * a + n * a + 2 * n * f + b * heads * t * t + nl * c + 4 * nl;
     let kept = if checkpointing { 1 } else { l };
-    let residual = (l + 1) * n * c;
-    let final_norm = n * c + 2 * n;
+    let residual = (l + 1) * nl * c;
+    let final_norm = n * c + 2 * nl;
     let losses = n;
-    let grads = n * c * (1 + 1 + 4 + 4 + 1 + 3 + 1) + n * c;
+    // dresid2, dln2, dfch, dgelu, datty, dqkv, dln1, then dresid.
+    let grads = nl * c + n * c + 2 * n * f + n * a + 3 * n * a + n * c + nl * c;
+    let scratch = match tp.rows() {
+        1 => 0,
+        _ => n * c + nl * c,
+    };
     // The classifier's logits, one chunk of rows at a time.
-    let logits =
-        (crate::cpu::classifier::CHUNK_ROWS as u128).min(n.max(1)) * cfg.vocab_size as u128;
-    residual + kept * layer + final_norm + losses + grads + logits
+    let logits = (crate::cpu::classifier::CHUNK_ROWS as u128).min(n.max(1)) * vocab;
+    residual + kept * layer + final_norm + losses + grads + scratch + logits
 }
 
 /// What the CPU engine (f32) allocates to train `cfg` on batches of
@@ -87,7 +136,37 @@ pub fn cpu_training(
     optimizer_states: u32,
     sharding: Sharding,
 ) -> Footprint {
-    let p = 4 * cfg.num_params() as u128;
+    cpu_training_split(
+        cfg,
+        b,
+        t,
+        checkpointing,
+        optimizer_states,
+        sharding,
+        TensorSplit::NONE,
+    )
+}
+
+/// [`cpu_training`] for a rank of tensor groups of `tp.ranks`: its share
+/// of the parameters (the rank holding the most) and its activations.
+pub fn cpu_training_split(
+    cfg: &GptConfig,
+    b: usize,
+    t: usize,
+    checkpointing: bool,
+    optimizer_states: u32,
+    sharding: Sharding,
+    tp: TensorSplit,
+) -> Footprint {
+    let p = 4 * match tp.ranks {
+        0 | 1 => cfg.num_params() as u128,
+        n => crate::layout::Layout::tensor_parallel(
+            cfg,
+            crate::layout::TensorShard { rank: 0, size: n },
+            1,
+        )
+        .map_or(cfg.num_params(), |l| l.len) as u128,
+    };
     // Stage 3 trains with the shard's master weights only (and no whole
     // gradient buffer; whole blocks exist while a unit runs), but a worker
     // builds the whole model before sharding it and gathers it back at the
@@ -113,7 +192,7 @@ pub fn cpu_training(
             },
             Part {
                 name: "activations",
-                bytes: 4 * cpu_activation_elements(cfg, b, t, checkpointing),
+                bytes: 4 * cpu_activation_elements_split(cfg, b, t, checkpointing, tp),
             },
         ],
     };
@@ -729,6 +808,31 @@ mod tests {
                     allocated,
                     "{name} b {b} t {t} checkpointing {ckpt}"
                 );
+                // A tensor-parallel rank 0 (the most vocabulary rows), with
+                // and without sequence parallelism.
+                for (ranks, sequence) in [(2, false), (2, true), (4, true)] {
+                    if cfg.n_head % ranks != 0 || (b * t) % ranks != 0 {
+                        continue;
+                    }
+                    let shard = crate::layout::TensorShard {
+                        rank: 0,
+                        size: ranks,
+                    };
+                    let l = std::sync::Arc::new(Layout::tensor_parallel(&cfg, shard, 1).unwrap());
+                    let g = crate::tensor_comm::LocalGroup::new(ranks).swap_remove(0);
+                    let m =
+                        crate::Gpt::tensor_parallel(l, std::sync::Arc::new(g), sequence).unwrap();
+                    let acts = m.activations::<f32>(b, t, ckpt).unwrap();
+                    let vocab = cfg.vocab_size.div_ceil(ranks);
+                    let allocated = acts.elements() as u128
+                        + (crate::cpu::classifier::CHUNK_ROWS.min(b * t) * vocab) as u128;
+                    let tp = TensorSplit { ranks, sequence };
+                    assert_eq!(
+                        cpu_activation_elements_split(&cfg, b, t, ckpt, tp),
+                        allocated,
+                        "{name} b {b} t {t} checkpointing {ckpt}, {ranks} ranks, sequence {sequence}"
+                    );
+                }
             }
         }
     }

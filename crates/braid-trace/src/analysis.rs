@@ -23,8 +23,12 @@ pub struct StepBreakdown {
     pub start: f64,
     /// The whole step.
     pub total: f64,
-    /// Computation.
+    /// Computation (a tensor-parallel pass's waits for its own
+    /// collectives excluded: see `tensor_comm`).
     pub compute: f64,
+    /// Tensor-parallel collectives inside the passes (the computation
+    /// waits for them): their own category.
+    pub tensor_comm: f64,
     /// Collectives while nothing computes.
     pub exposed_comm: f64,
     /// Host data loading outside computation and collectives.
@@ -42,6 +46,7 @@ pub struct StepBreakdown {
 /// The categories of a rank's spans, as interval sets.
 struct Sets {
     compute: Intervals,
+    tensor: Intervals,
     comm: Intervals,
     data: Intervals,
     other: Intervals,
@@ -67,6 +72,7 @@ fn sets(events: &[TraceEvent]) -> Sets {
     };
     Sets {
         compute: pick(&|e| computing(e) && (!gpu || e.tid == track::GPU_COMPUTE)),
+        tensor: pick(&|e| e.cat == "tensor-comm"),
         comm: pick(&|e| e.cat == "comm"),
         data: pick(&|e| e.cat == "data"),
         other: pick(&|e| (e.cat == "checkpoint" || e.cat == "eval") && e.tid == track::HOST),
@@ -94,11 +100,14 @@ pub fn breakdown(events: &[TraceEvent]) -> Vec<StepBreakdown> {
             let cmd = cm.or(&s.data.clip(a, b));
             let busy = cmd.or(&s.other.clip(a, b));
             let overlapped = m.overlap_len(&c);
+            // The tensor group's collectives run inside the passes' spans.
+            let tensor = s.tensor.clip(a, b).overlap_len(&c);
             StepBreakdown {
                 step,
                 start: a,
                 total: b - a,
-                compute: c.len(),
+                compute: (c.len() - tensor).max(0.0),
+                tensor_comm: tensor,
                 // (Differences of sums: clamped against rounding.)
                 exposed_comm: (m.len() - overlapped).max(0.0),
                 data: (cmd.len() - cm.len()).max(0.0),
@@ -169,6 +178,7 @@ impl StepBreakdown {
         for s in items {
             sum.total += s.total;
             sum.compute += s.compute;
+            sum.tensor_comm += s.tensor_comm;
             sum.exposed_comm += s.exposed_comm;
             sum.data += s.data;
             sum.other += s.other;
@@ -183,6 +193,7 @@ impl StepBreakdown {
             start: 0.0,
             total: sum.total / k,
             compute: sum.compute / k,
+            tensor_comm: sum.tensor_comm / k,
             exposed_comm: sum.exposed_comm / k,
             data: sum.data / k,
             other: sum.other / k,

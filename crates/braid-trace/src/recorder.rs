@@ -69,6 +69,9 @@ pub enum Cat {
     Optimizer,
     /// A collective operation while it runs.
     Comm,
+    /// A tensor-parallel collective inside a forward or backward pass
+    /// (the model waits for it: it is part of the pass's time).
+    TensorComm,
     /// The loop waiting for collectives to finish.
     Wait,
     /// Copying state out for a checkpoint, or writing it.
@@ -89,6 +92,7 @@ impl Cat {
             Cat::Pass => "pass",
             Cat::Optimizer => "optimizer",
             Cat::Comm => "comm",
+            Cat::TensorComm => "tensor-comm",
             Cat::Wait => "wait",
             Cat::Checkpoint => "checkpoint",
             Cat::Eval => "eval",

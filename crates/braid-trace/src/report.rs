@@ -54,6 +54,7 @@ fn breakdown_json(m: &StepBreakdown) -> Value {
     json!({
         "step_ms": ms(m.total),
         "compute_ms": ms(m.compute),
+        "tensor_comm_ms": ms(m.tensor_comm),
         "exposed_comm_ms": ms(m.exposed_comm),
         "data_ms": ms(m.data),
         "other_ms": ms(m.other),
@@ -61,6 +62,7 @@ fn breakdown_json(m: &StepBreakdown) -> Value {
         "comm_ms": ms(m.comm),
         "overlapped_comm_ms": ms(m.overlapped),
         "compute_pct": pct(m.compute, m.total),
+        "tensor_comm_pct": pct(m.tensor_comm, m.total),
         "exposed_comm_pct": pct(m.exposed_comm, m.total),
         "data_pct": pct(m.data, m.total),
         "other_pct": pct(m.other, m.total),
@@ -83,7 +85,7 @@ fn accounting(t: &RankTrace, steps: &[StepBreakdown], warmup: usize) -> Option<f
         let Some(&(_, m)) = measured.iter().find(|(k, _)| *k == s.step) else {
             continue;
         };
-        let traced = s.compute + s.exposed_comm + s.data + s.other + s.idle;
+        let traced = s.compute + s.tensor_comm + s.exposed_comm + s.data + s.other + s.idle;
         let gap = (traced - m).abs() / m.max(1e-9);
         worst = Some(worst.map_or(gap, |w: f64| w.max(gap)));
     }
@@ -641,6 +643,30 @@ pub fn render_text(r: &Value) -> String {
             k["accounting_gap_pct"]
                 .as_f64()
                 .map_or("-".into(), |g| format!("±{g:.1}%")),
+        ));
+    }
+    let ranks = r["breakdown"]["ranks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if ranks
+        .iter()
+        .any(|k| k["tensor_comm_ms"].as_f64().unwrap_or(0.0) > 0.0)
+    {
+        let each: Vec<String> = ranks
+            .iter()
+            .map(|k| {
+                format!(
+                    "rank {} {:.2} ms ({:.0}%)",
+                    num(&k["rank"]),
+                    k["tensor_comm_ms"].as_f64().unwrap_or(0.0),
+                    k["tensor_comm_pct"].as_f64().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        line(format!(
+            "tensor-parallel collectives inside the passes (not in compute above), per step: {}",
+            each.join(", ")
         ));
     }
     let c = &r["communication"];

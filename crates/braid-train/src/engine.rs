@@ -467,6 +467,19 @@ pub trait Engine {
         ))
     }
 
+    /// The sum of squares of `compact`, the gradients of the flat elements
+    /// `ranges` one after another (a ZeRO-3 rank's reduce-scattered
+    /// shard). By default that of `compact` alone; an engine whose norm
+    /// weighs elements by where they sit (a tensor-parallel rank counts
+    /// the tensors its whole group holds once) looks at `ranges`.
+    fn grad_sq_norm_compact(
+        &mut self,
+        compact: &Flat<Self>,
+        _ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        self.grad_sq_norm(compact)
+    }
+
     /// One optimizer update of the parameters from `grads` (of the
     /// optimizer's shard only, after [`shard_optimizer`](Self::shard_optimizer)).
     fn update(&mut self, grads: &Flat<Self>, step: UpdateStep) -> Result<()>;

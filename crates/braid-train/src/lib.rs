@@ -13,6 +13,10 @@
 //! - [`ddp`] and [`zero`]: data parallelism, and ZeRO's sharded
 //!   optimizer (stages 1 and 2) on the same buckets; [`zero3`]: ZeRO
 //!   stage 3 (FSDP), parameters sharded too, gathered unit by unit;
+//! - [`mesh`]: the world's ranks on named dimensions (data, tensor; hybrid
+//!   sharding's replicate and shard), groups as communicator splits;
+//!   [`tensor_parallel`]: the model's collectives over the tensor group
+//!   and the wrapper that runs a strategy over the data groups;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock;
 //! - [`memory_phase`]: which part of a step holds the most device memory;
@@ -31,10 +35,12 @@ pub mod engines;
 pub mod lend;
 pub mod loader;
 pub mod memory_phase;
+pub mod mesh;
 pub mod space;
 mod step_trace;
 pub mod strategy;
 pub mod summary;
+pub mod tensor_parallel;
 mod test_delay;
 pub mod timeline;
 pub mod trainer;

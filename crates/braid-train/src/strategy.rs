@@ -53,6 +53,20 @@ pub struct CommStep {
     /// sums, queued between its units): communication the computation did
     /// not hide, though it ends before the pass does.
     pub in_stream_s: f64,
+    /// The tensor groups' collectives inside the passes (tensor
+    /// parallelism), apart: another dimension of the mesh.
+    pub tensor: TensorStep,
+}
+
+/// The tensor groups' collectives of one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TensorStep {
+    /// Collectives run.
+    pub collectives: u64,
+    /// Bytes handed to them.
+    pub payload_bytes: u64,
+    /// Bytes each rank sent for them.
+    pub wire_bytes: u64,
 }
 
 impl CommStep {

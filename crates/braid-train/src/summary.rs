@@ -40,6 +40,9 @@ pub struct Summary {
     pub via: &'static str,
     /// Seconds the same reductions take per step with nothing to overlap.
     pub unoverlapped_comm: Option<f64>,
+    /// The tensor groups' collectives per step (tensor parallelism; the
+    /// mesh's other dimension).
+    pub tensor: crate::strategy::TensorStep,
 }
 
 /// All-reduces of the step's loss per step: the training loop averages
@@ -87,6 +90,7 @@ pub fn summarize(run: &RunReport, warmup: usize, items_per_step: f64) -> Option<
         },
         via: last.via,
         unoverlapped_comm: run.unoverlapped_comm,
+        tensor: last.tensor,
     })
 }
 
@@ -108,6 +112,9 @@ impl Summary {
             "collectives_per_step": self.collectives,
             "collectives_via": self.via,
             "unoverlapped_comm_s": self.unoverlapped_comm,
+            "tensor_collectives_per_step": self.tensor.collectives,
+            "tensor_payload_bytes_per_step": self.tensor.payload_bytes,
+            "tensor_wire_bytes_per_step": self.tensor.wire_bytes,
         })
     }
 
@@ -155,6 +162,16 @@ impl Summary {
                 self.collectives,
                 self.payload_bytes as f64 / 1e6,
                 self.wire_bytes as f64 / 1e6
+            ));
+        }
+        let t = self.tensor;
+        if t.collectives > 0 {
+            out.push(format!(
+                "communication per step in the tensor groups (inside the passes): {} collectives, \
+                 {:.2} MB of activations reduced or gathered, {:.2} MB sent per rank",
+                t.collectives,
+                t.payload_bytes as f64 / 1e6,
+                t.wire_bytes as f64 / 1e6
             ));
         }
         if let Some(u) = self.unoverlapped_comm {
@@ -214,6 +231,7 @@ mod tests {
             loss_all_reduces: LOSS_ALL_REDUCES,
             via: "",
             unoverlapped_comm: Some(unoverlapped),
+            tensor: Default::default(),
         }
     }
 

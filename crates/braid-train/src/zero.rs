@@ -204,8 +204,10 @@ pub(crate) fn hybrid_split<C: Collective>(
             "shard groups of {g} do not divide the {n} ranks (pick a divisor of {n})"
         )),
         Some(g) if g < n => {
-            let group = comm.split((rank / g) as u32, rank)?;
-            let replicas = comm.split((rank % g) as u32, rank)?;
+            // A 2-D mesh: shard groups of consecutive ranks, replicated.
+            let mesh = crate::mesh::Mesh::new(n, rank, &[("replicate", n / g), ("shard", g)])?;
+            let group = mesh.split(comm, "shard")?;
+            let replicas = mesh.split(comm, "replicate")?;
             Ok(Some((group, replicas)))
         }
         _ => Ok(None),

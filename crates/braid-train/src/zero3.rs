@@ -616,7 +616,7 @@ where
 
     fn grad_sq_norm(&mut self, engine: &mut E, _grads: &Flat<E>) -> Result<f64> {
         let (group, st) = self.started()?;
-        let mut sum = [engine.grad_sq_norm(&st.grads)?];
+        let mut sum = [engine.grad_sq_norm_compact(&st.grads, &st.shard)?];
         group
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)

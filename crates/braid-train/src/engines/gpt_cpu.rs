@@ -1,5 +1,8 @@
 //! [`CpuGpt`]: the CPU GPT model (`braid_model::Gpt`, f32) as an
-//! [`Engine`]: parameters, activations and optimizer state in host memory.
+//! [`Engine`]: parameters, activations and optimizer state in host memory
+//! — the whole model, or one tensor-parallel rank's share of it
+//! ([`CpuGpt::tensor_parallel`]), whose gradient norm is summed over its
+//! tensor group (the tensors every rank holds whole counted once).
 
 use super::{
     backward_unit_name, copy_at, forward_unit_name, gpt_describe, gpt_matrices, gpt_param_units,
@@ -12,9 +15,11 @@ use crate::engine::{
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
+use braid_model::tensor_comm::{ReduceKind, TensorComm};
 use braid_model::{Activations, Block, Gpt, Layout, Params};
 use braid_trace::Cat;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The GPT model on this machine's CPUs, sized for batches of `b × t`.
 pub struct CpuGpt {
@@ -41,6 +46,44 @@ pub struct CpuGpt {
     /// ([`Engine::shard_params`]): `params.data` is empty and only the
     /// unit passes run.
     sharded: bool,
+    /// The tensor group, when this is one rank's share of the model.
+    group: Option<TensorGroup>,
+}
+
+/// A tensor-parallel rank's group, for its gradient norm.
+struct TensorGroup {
+    comm: Arc<dyn TensorComm>,
+    /// The flat ranges of the tensors every rank of the group holds whole
+    /// (increasing): their squares count on the group's first rank only.
+    whole: Vec<Range<usize>>,
+}
+
+impl TensorGroup {
+    /// Σ x² of the elements at the flat positions `ranges`, held one
+    /// range after another in `values`, each counted once over the group;
+    /// summed over the group.
+    fn sq_norm(&self, values: &[f32], ranges: &[Range<usize>]) -> Result<f64> {
+        let skip: &[Range<usize>] = match self.comm.rank() {
+            0 => &[],
+            _ => &self.whole,
+        };
+        let mut sum = [0.0f64];
+        let mut at = 0;
+        for r in ranges {
+            let mut from = r.start;
+            for s in skip.iter().filter(|s| s.end > r.start && s.start < r.end) {
+                let cut = s.start.max(r.start);
+                sum[0] += sum_of_squares(&values[at + from - r.start..at + cut - r.start]);
+                from = s.end.min(r.end);
+            }
+            sum[0] += sum_of_squares(&values[at + from - r.start..at + r.len()]);
+            at += r.len();
+        }
+        self.comm
+            .all_reduce_f64(&mut sum, ReduceKind::Sum)
+            .map_err(|e| format!("the gradient norm over the tensor group: {e}"))?;
+        Ok(sum[0])
+    }
 }
 
 /// Which optimizer a [`CpuGpt`] steps with.
@@ -101,7 +144,39 @@ impl CpuGpt {
             last: TokenBatch::new(b, t),
             units: gpt_param_units(&layout),
             sharded: false,
+            group: None,
         }
+    }
+
+    /// Tensor-parallel rank `comm.rank()`'s share of the model: `params`
+    /// laid out by [`Layout::tensor_parallel`] for that rank, its
+    /// collectives through `comm`; with `sequence`, sequence parallelism
+    /// (`b × t` must split over the group).
+    pub fn tensor_parallel(
+        params: Params,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+        optimizer: CpuOptimizer,
+        comm: Arc<dyn TensorComm>,
+        sequence: bool,
+    ) -> Result<CpuGpt> {
+        let layout = params.layout.clone();
+        let model = Gpt::tensor_parallel(layout.clone(), comm.clone(), sequence)?;
+        let acts = model
+            .activations(b, t, checkpointing)
+            .map_err(|e| e.to_string())?;
+        let whole = layout
+            .params
+            .iter()
+            .filter(|p| p.place.is_none())
+            .map(|p| p.range())
+            .collect();
+        let mut e = CpuGpt::new(params, b, t, checkpointing, optimizer);
+        e.model = model;
+        e.acts = acts;
+        e.group = Some(TensorGroup { comm, whole });
+        Ok(e)
     }
 
     /// Refuses the whole-buffer passes once the parameters are sharded.
@@ -149,7 +224,17 @@ impl Engine for CpuGpt {
     type Batch = TokenBatch;
 
     fn describe(&self) -> String {
-        gpt_describe(&self.params.layout.config, self.b, self.t, "f32 on the CPU")
+        let shard = self.params.layout.shard;
+        let how = match (&self.group, self.model.sequence_parallel()) {
+            (None, _) => "f32 on the CPU".to_string(),
+            (Some(_), sp) => format!(
+                "f32 on the CPU, tensor-parallel rank {} of {}{}",
+                shard.rank,
+                shard.size,
+                if sp { ", sequence parallel" } else { "" }
+            ),
+        };
+        gpt_describe(&self.params.layout.config, self.b, self.t, &how)
     }
 
     fn params(&self) -> &Vec<f32> {
@@ -262,7 +347,17 @@ impl Engine for CpuGpt {
     }
 
     fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
-        Ok(sum_of_squares(grads))
+        match &self.group {
+            None => Ok(sum_of_squares(grads)),
+            Some(g) => g.sq_norm(grads, std::slice::from_ref(&(0..grads.len()))),
+        }
+    }
+
+    fn grad_sq_norm_compact(&mut self, compact: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        match &self.group {
+            None => Ok(sum_of_squares(compact)),
+            Some(g) => g.sq_norm(compact, ranges),
+        }
     }
 
     fn state_bytes(&self) -> StateBytes {
@@ -285,10 +380,19 @@ impl Engine for CpuGpt {
 
     fn grad_sq_norm_of(&mut self, grads: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
         check_shard(ranges, grads.len())?;
-        Ok(ranges
-            .iter()
-            .map(|r| sum_of_squares(&grads[r.clone()]))
-            .sum())
+        match &self.group {
+            None => Ok(ranges
+                .iter()
+                .map(|r| sum_of_squares(&grads[r.clone()]))
+                .sum()),
+            Some(g) => {
+                let values: Vec<f32> = ranges
+                    .iter()
+                    .flat_map(|r| grads[r.clone()].to_vec())
+                    .collect();
+                g.sq_norm(&values, ranges)
+            }
+        }
     }
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {

@@ -20,6 +20,7 @@ pub mod svg;
 pub mod topo;
 pub mod train;
 pub mod train_ckpt;
+pub mod train_mesh;
 pub mod train_output;
 pub mod train_strategy;
 pub mod train_trace;

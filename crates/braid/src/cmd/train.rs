@@ -20,6 +20,7 @@ use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
+use braid_train::tensor_parallel::TensorParallel;
 use braid_train::{train_with, Engine, LoopOptions, RunReport, Single, Strategy};
 use clap::Args;
 use std::path::PathBuf;
@@ -188,6 +189,22 @@ pub struct TrainArgs {
     /// With --zero: shard within groups of N ranks, replicate across them (HSDP).
     #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     shard_group: Option<usize>,
+    /// Tensor parallelism: split every layer over groups of N consecutive ranks.
+    ///
+    /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;
+    /// the rest of the world is data parallel over the groups (with --zero over the data
+    /// dimension). N must divide the heads and the workers of a node.
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
+    tp: usize,
+    /// With --tp: no sequence parallelism (LayerNorms on every row on every rank).
+    ///
+    /// Sequence parallelism (the default with --tp) runs the LayerNorms, residual adds and
+    /// position embedding on a slice of the rows: those activations shrink by N.
+    #[arg(long, hide_short_help = true, conflicts_with = "sp", help_heading = H_PARALLEL)]
+    no_sp: bool,
+    /// With --tp: sequence parallelism (the default).
+    #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
+    sp: bool,
     /// Gradients on the wire: plain (f32), bf16, fp16, or powersgd[:RANK[:START]].
     ///
     /// powersgd takes PyTorch's defaults: rank 1, from step 1000.
@@ -358,7 +375,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         );
     }
     let world = world()?;
-    let nproc = a.nproc.map(|n| n.count()).transpose()?;
+    // A tensor-parallel run started alone starts its group.
+    let nproc = match (a.nproc, a.tp, &world) {
+        (None, tp, None) if tp > 1 => Some(tp),
+        (n, _, _) => n.map(|n| n.count()).transpose()?,
+    };
     // Workers on this node: the launcher's, or those --nproc-per-node starts.
     let local_workers = match &world {
         Some(w) => w.local_world_size,
@@ -366,6 +387,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     let device = super::Device::resolve(&a.device, local_workers)?;
     let cuda = device.cuda;
+    if a.tp > 1 && cuda {
+        return Err(format!(
+            "--tp {} on GPUs is not built yet (tensor parallelism runs on the CPU engine so far): \
+             use --device cpu, or shard the model over GPUs with --zero 3",
+            a.tp
+        ));
+    }
+    if a.tp > 1 && a.offload != "none" {
+        return Err(format!(
+            "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
+             parallelism (drop one of them)",
+            a.tp, a.offload
+        ));
+    }
     let precision = match (cuda, a.precision.as_deref()) {
         (true, p) => Precision::parse(p.unwrap_or("bf16"))?,
         (false, Some(p)) if Precision::parse(p) != Ok(Precision::F32) => {
@@ -426,6 +461,24 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ));
     }
     if let (Some(n), None) = (nproc, &world) {
+        // What --tp cannot do, said once here rather than by every worker.
+        if a.tp > 1 {
+            super::train_mesh::Place {
+                world: n,
+                rank: 0,
+                tensor: a.tp,
+                sequence: !a.no_sp,
+            }
+            .check(n)?;
+            if a.load.is_none() {
+                let cfg = GptConfig::parse(&a.model)?;
+                braid_model::layout::TensorShard {
+                    rank: 0,
+                    size: a.tp,
+                }
+                .check(&cfg)?;
+            }
+        }
         if cuda {
             let gpus = braid_cuda::device_count().map_err(|e| format!("--device cuda: {e}"))?;
             if n > gpus {
@@ -442,8 +495,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             return super::workers::relaunch_locally(n, !json_stdout);
         }
     }
-    let ranks = world.as_ref().map_or(1, |w| w.world_size);
+    let world_size = world.as_ref().map_or(1, |w| w.world_size);
     let rank = world.as_ref().map_or(0, |w| w.rank);
+    let place = super::train_mesh::Place {
+        world: world_size,
+        rank,
+        tensor: a.tp,
+        sequence: a.tp > 1 && !a.no_sp,
+    };
+    place.check(world.as_ref().map_or(world_size, |w| w.local_world_size))?;
+    // Data-parallel replicas: what gradients are averaged over and what
+    // the batch is dealt to (every rank of a tensor group sees one batch).
+    let ranks = place.data();
     // A launched world of one rank may run a stage (over itself: what the
     // sharding machinery costs on one GPU); a lone process is told.
     if let (Some(stage), 1, None) = (zero, ranks, &world) {
@@ -455,11 +518,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let shard_group = a.shard_group.unwrap_or(ranks);
     if zero.is_some() && (shard_group == 0 || ranks % shard_group != 0) {
         return Err(format!(
-            "--shard-group {shard_group} does not divide the {ranks} ranks: pick a divisor of {ranks} \
-             (the ranks form groups of that many, each holding one copy of the sharded state)"
+            "--shard-group {shard_group} does not divide the {ranks} data-parallel ranks: pick a \
+             divisor of {ranks} (the ranks form groups of that many, each holding one copy of the \
+             sharded state)"
         ));
     }
+
     let lead = rank == 0;
+    let tensor = place.shard();
     if let (true, Some(j)) = (lead, &a.json) {
         j.claim_stdout()?;
     }
@@ -539,6 +605,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (None, Some(w)) => w.min(cfg.context),
         (None, None) => 64.min(cfg.context),
     };
+    if place.sequence && (batch * seq) % a.tp != 0 {
+        return Err(format!(
+            "sequence parallelism splits a batch's {batch} x {seq} tokens over the {} ranks of a \
+             tensor group: pick a --batch or --seq whose product divides by {} (or --no-sp)",
+            a.tp, a.tp
+        ));
+    }
+    if a.tp > 1 {
+        // Heads that do not split: refused here, before any memory.
+        braid_model::layout::Layout::tensor_parallel(&cfg, tensor, 1)?;
+    }
     let shape = super::preflight::Shape {
         model: &model_name,
         seq,
@@ -571,7 +648,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         Some(path) => {
             preflight(&cfg)?;
             // Read straight into that layout: one copy of the model.
-            checkpoint::load_as(path, |cfg| train_layout(cfg, zero, shard_group))
+            let layout = train_layout(&cfg, zero, shard_group, tensor)?;
+            checkpoint::load_as(path, |_| layout)
                 .map_err(|e| e.to_string())?
                 .0
         }
@@ -580,7 +658,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             let started = Instant::now();
             // Drawn straight into the layout the run trains on (values by
             // tensor and chunk, not by offset: the same either way).
-            let p = Params::init_gpt2(Arc::new(train_layout(&cfg, zero, shard_group)), a.seed);
+            let p = Params::init_gpt2(
+                Arc::new(train_layout(&cfg, zero, shard_group, tensor)?),
+                a.seed,
+            );
             if lead {
                 slow_note("parameters initialised", started, cfg.num_params());
             }
@@ -591,7 +672,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let data_desc = data.describe(seq)?;
     check_fits(&cfg, seq, &*data.source)?;
-    let mut loader = TokenWindows::new(&*data.source, batch, seq, rank, ranks, a.seed)?;
+    let mut loader =
+        TokenWindows::new(&*data.source, batch, seq, place.data_rank(), ranks, a.seed)?;
     let mut opts = LoopOptions {
         steps: a.steps,
         accum: a.accum,
@@ -661,7 +743,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         overlap: !a.no_overlap,
     };
     let comm = match &world {
-        Some(_) if ranks > 1 || zero.is_some() => {
+        Some(_) if world_size > 1 || zero.is_some() => {
             let c = super::workers::init(CommOptions::from_env().map_err(|e| e.to_string())?)?;
             super::workers::stop_on_sigterm(&c);
             Some(c)
@@ -673,6 +755,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (None, _) => "one process".to_string(),
         (Some(z), None) => format!("ZeRO-{z}"),
         (Some(z), Some(g)) => format!("ZeRO-{z}, shard groups of {g}"),
+    };
+    let strategy_name = match place.tensor {
+        1 => strategy_name,
+        n => format!(
+            "tensor parallel {n}{} x {strategy_name}",
+            if place.sequence {
+                " (sequence parallel)"
+            } else {
+                ""
+            }
+        ),
     };
     if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
         println!(
@@ -695,7 +788,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "seq": seq,
         "batch_per_rank": batch,
         "accum": a.accum,
-        "ranks": ranks,
+        "ranks": world_size,
+        "data_parallel": ranks,
+        "tensor_parallel": place.tensor,
+        "sequence_parallel": place.sequence,
         "global_batch": batch * ranks * a.accum,
         "strategy": strategy_name,
         "optimizer": a.optimizer,
@@ -715,7 +811,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             sync: a.ckpt_sync,
         },
         rank,
-        ranks,
+        world_size,
         &strategy_name,
         run_desc.clone(),
         lead,
@@ -756,9 +852,29 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 weight_decay: a.weight_decay,
             },
         };
-        let mut engine = CpuGpt::new(params, batch, seq, a.checkpointing, how);
-        let run = match comm {
-            None => run_with(&mut |p, l, b| {
+        // Under --tp: the tensor and data groups, split from the world.
+        let groups = match (&comm, place.tensor) {
+            (Some(c), n) if n > 1 => Some(super::train_mesh::split(c, &place)?),
+            _ => None,
+        };
+        if let (true, Some(g)) = (lead, &groups) {
+            println!("mesh: {}", g.layout);
+        }
+        let mut engine = match &groups {
+            None => CpuGpt::new(params, batch, seq, a.checkpointing, how),
+            Some(g) => CpuGpt::tensor_parallel(
+                params,
+                batch,
+                seq,
+                a.checkpointing,
+                how,
+                g.tensor.clone(),
+                place.sequence,
+            )?,
+        };
+        let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
+        let run = match (comm, groups) {
+            (None, _) => run_with(&mut |p, l, b| {
                 run_loop(
                     &mut engine,
                     &mut Single,
@@ -771,7 +887,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     (&mut ckpt, &mut tracing),
                 )
             })?,
-            Some(c) => {
+            (Some(c), None) => {
                 let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
                 run_with(&mut |p, l, b| {
                     run_loop(
@@ -787,8 +903,31 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     )
                 })?
             }
+            (Some(c), Some(g)) => {
+                let inner = distributed(g.data, shard_choice, ddp)?;
+                let mut s = TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
+                    .counting(g.tensor.traffic());
+                run_with(&mut |p, l, b| {
+                    run_loop(
+                        &mut engine,
+                        &mut s,
+                        l,
+                        b,
+                        &opts,
+                        p,
+                        lead,
+                        true,
+                        (&mut ckpt, &mut tracing),
+                    )
+                })?
+            }
         };
         params = engine.into_params();
+        if let (Some(g), true, 0) = (&tensor_group, a.save.is_some(), place.data_rank()) {
+            // The whole model, from every rank's share (the first data
+            // group's ranks hold whole shares after the run).
+            params = braid_train::tensor_parallel::gather_whole(&params, &**g)?;
+        }
         run
     } else {
         let gpu = match &comm {
@@ -981,13 +1120,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-/// The layout a run trains on: under `--zero`, every block padded so that
-/// it splits into one equal, aligned block per rank of the shard group.
-fn train_layout(cfg: &GptConfig, zero: Option<u8>, shard_group: usize) -> Layout {
-    match zero {
-        Some(_) => Layout::padded(cfg, ZERO_ALIGN * shard_group),
-        None => Layout::new(cfg),
-    }
+/// The layout a run trains on: this rank's share of the model under
+/// `--tp`; under `--zero`, every block padded so that it splits into one
+/// equal, aligned block per rank of the shard group.
+fn train_layout(
+    cfg: &GptConfig,
+    zero: Option<u8>,
+    shard_group: usize,
+    tensor: braid_model::layout::TensorShard,
+) -> Result<Layout, String> {
+    let multiple = match zero {
+        Some(_) => ZERO_ALIGN * shard_group,
+        None => 1,
+    };
+    Layout::tensor_parallel(cfg, tensor, multiple)
 }
 
 /// Says how long a start-up phase of a large model took, when it took

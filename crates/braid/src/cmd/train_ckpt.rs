@@ -141,7 +141,8 @@ fn differences(saved: &serde_json::Value, now: &serde_json::Value) -> Vec<String
             Some(old) if old != v => out.push(format!(
                 "{k} was {old} when the checkpoint was written, now {v}{}",
                 match k.as_str() {
-                    "ranks" | "batch_per_rank" | "strategy" => " (resharded)",
+                    "ranks" | "batch_per_rank" | "strategy" | "data_parallel"
+                    | "tensor_parallel" | "sequence_parallel" => " (resharded)",
                     _ => " (the run will not continue the first exactly)",
                 }
             )),

@@ -1,0 +1,127 @@
+//! `braid train`'s mesh: the world's ranks as data × tensor groups from
+//! `--tp` (tensor groups of consecutive ranks, inside a node), every
+//! choice checked at start with one clear error; and the communicators
+//! a rank of such a mesh trains over.
+
+use braid_comm::Communicator;
+use braid_model::layout::TensorShard;
+use braid_train::collective::HostCollective;
+use braid_train::mesh::Mesh;
+use braid_train::tensor_parallel::HostTensorGroup;
+use std::sync::Arc;
+
+/// Where this rank sits: the world, its tensor group and its data group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Ranks in the world, and this one.
+    pub world: usize,
+    /// This rank in the world.
+    pub rank: usize,
+    /// Ranks per tensor group (`--tp`; 1: none).
+    pub tensor: usize,
+    /// Sequence parallelism in the tensor groups.
+    pub sequence: bool,
+}
+
+impl Place {
+    /// Data-parallel replicas: the world over the tensor groups.
+    pub fn data(&self) -> usize {
+        self.world / self.tensor
+    }
+
+    /// This rank among its data group's (its replica's index).
+    pub fn data_rank(&self) -> usize {
+        self.rank / self.tensor
+    }
+
+    /// This rank's share of the model.
+    pub fn shard(&self) -> TensorShard {
+        TensorShard {
+            rank: self.rank % self.tensor,
+            size: self.tensor,
+        }
+    }
+
+    /// The mesh (data outermost, tensor groups consecutive ranks).
+    pub fn mesh(&self) -> Result<Mesh, String> {
+        Mesh::new(
+            self.world,
+            self.rank,
+            &[("data", self.data()), ("tensor", self.tensor)],
+        )
+    }
+
+    /// Checks `--tp` against the world and the node at start: it divides
+    /// the world, and a tensor group fits in one node (`local` workers).
+    pub fn check(&self, local: usize) -> Result<(), String> {
+        let n = self.tensor;
+        if n == 0 {
+            return Err("--tp 0: use 1 (no tensor parallelism) or more".into());
+        }
+        if self.world % n != 0 {
+            return Err(format!(
+                "--tp {n} does not divide the {} ranks: the ranks form tensor groups of {n}, the \
+                 rest data parallel (use a --tp that divides {}, or start a multiple of {n} ranks)",
+                self.world, self.world
+            ));
+        }
+        if n > 1 && local % n != 0 {
+            return Err(format!(
+                "--tp {n}: a tensor group is consecutive ranks on one node, and this node has {local} \
+                 worker(s) (its collectives run in every layer: keep them inside a node; use a --tp \
+                 that divides {local})"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The communicators of a tensor-parallel rank: its tensor group (as the
+/// model's collectives) and its data group (what the strategy reduces
+/// gradients over); the layout, printed at start.
+pub struct Groups {
+    /// The model's collectives.
+    pub tensor: Arc<HostTensorGroup>,
+    /// The strategy's.
+    pub data: HostCollective,
+    /// The mesh in one line.
+    pub layout: String,
+}
+
+/// Splits the world's communicator as `place` says (every rank calls it).
+pub fn split(world: &Communicator, place: &Place) -> Result<Groups, String> {
+    let mesh = place.mesh()?;
+    let all = HostCollective::new(world.clone());
+    let tensor = mesh.split(&all, "tensor")?;
+    let data = mesh.split(&all, "data")?;
+    use braid_train::collective::Collective;
+    Ok(Groups {
+        tensor: Arc::new(HostTensorGroup::new(tensor.host().clone())),
+        data,
+        layout: mesh.describe(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_groups_must_divide_the_world_and_fit_a_node() {
+        let p = |world, tensor| Place {
+            world,
+            rank: 0,
+            tensor,
+            sequence: true,
+        };
+        assert!(p(4, 2).check(4).is_ok());
+        assert!(p(6, 4)
+            .check(6)
+            .unwrap_err()
+            .contains("does not divide the 6 ranks"));
+        assert!(p(8, 4).check(2).unwrap_err().contains("one node"));
+        assert_eq!((p(8, 2).data(), p(8, 2).shard().size), (4, 2));
+        let q = Place { rank: 5, ..p(8, 2) };
+        assert_eq!((q.data_rank(), q.shard().rank), (2, 1));
+    }
+}
