@@ -50,11 +50,12 @@ const H_OUTPUT: &str = "Output and tracing";
     after_help = "Examples:
   braid train                                 # tiny model, built-in corpus, one process
   braid train --nproc-per-node 2              # data parallel over 2 local workers
-  braid data write --tokens text.txt d.beton && braid train --data d.beton
 (-h: the common options; --help: every option, by group)",
     after_long_help = "Examples:
   braid train                                   # tiny model, built-in corpus, one process
   braid train --nproc-per-node 2 --ckpt-dir ck --save-every 100 --resume auto
+  braid data write --tokens text.txt d.beton && braid train --data d.beton
+  braid train --nproc-per-node 4 --tp 2 --zero 1     # a mesh: data 2 x tensor 2
   braid train --model L4-H4-C128 --steps 1000 --save tiny.safetensors
   braid train --model 124M --data shards/ --batch 4 --seq 256
   braid train --model 124M --device cuda --nproc-per-node gpu --batch 16 --seq 1024 --data random
@@ -189,7 +190,7 @@ pub struct TrainArgs {
     /// With --zero: shard within groups of N ranks, replicate across them (HSDP).
     #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     shard_group: Option<usize>,
-    /// Tensor parallelism: split every layer over groups of N consecutive ranks.
+    /// Tensor parallelism: every layer split over groups of N ranks.
     ///
     /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;
     /// the rest of the world is data parallel over the groups (with --zero over the data
@@ -518,9 +519,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let shard_group = a.shard_group.unwrap_or(ranks);
     if zero.is_some() && (shard_group == 0 || ranks % shard_group != 0) {
         return Err(format!(
-            "--shard-group {shard_group} does not divide the {ranks} data-parallel ranks: pick a \
-             divisor of {ranks} (the ranks form groups of that many, each holding one copy of the \
-             sharded state)"
+            "--shard-group {shard_group} does not divide the {ranks} {}ranks: pick a divisor of \
+             {ranks} (the ranks form groups of that many, each holding one copy of the sharded \
+             state)",
+            if a.tp > 1 { "data-parallel " } else { "" }
         ));
     }
 
