@@ -33,6 +33,10 @@ pub enum CudaError {
     /// A wait ran out of time or was abandoned (what, and why).
     #[error("{0}")]
     Timeout(String),
+    /// A collective of a model's tensor-parallel group failed (what, and
+    /// why).
+    #[error("tensor parallelism: {0}")]
+    Group(String),
 }
 
 /// Result of GPU-layer calls.

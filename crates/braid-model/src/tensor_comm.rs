@@ -50,6 +50,28 @@ pub trait TensorComm: Send + Sync {
     }
 }
 
+/// A tensor-parallel group's collectives on device memory, as one rank's
+/// GPU model calls them: each queued after the work already on the
+/// model's `stream`, and the stream's later work after it (so the pass
+/// goes on with the reduced values). braid-train implements it over NCCL.
+pub trait DeviceTensorComm: Send + Sync {
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// This rank's place in it.
+    fn rank(&self) -> usize;
+    /// `x` (f32 on this rank's GPU) becomes the element-wise reduction of
+    /// every rank's `x`.
+    fn all_reduce_f32(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, f32>,
+        op: ReduceKind,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
+    /// `x` (host memory) becomes the sum of every rank's (a gradient
+    /// norm's parts).
+    fn host_sum_f64(&self, x: &mut [f64]) -> Result<(), String>;
+}
+
 fn f64_refused() -> String {
     "this tensor-parallel group carries f32 only (f64 passes are the model's own checks)".into()
 }

@@ -77,6 +77,13 @@ impl Mesh {
             .fold(0, |acc, (i, &(_, n))| acc * n + c[i])
     }
 
+    /// This rank's group along `name` (its coordinates on the other
+    /// dimensions, as one number): the color of a communicator split
+    /// whose key is [`coord`](Self::coord).
+    pub fn color(&self, name: &str) -> u32 {
+        self.color_of(self.rank, name) as u32
+    }
+
     /// The ranks of each group along `name` (for the layout printed at
     /// start), groups in order.
     pub fn groups(&self, name: &str) -> Vec<Vec<usize>> {

@@ -355,3 +355,64 @@ pub fn gather_whole(
     }
     Ok(whole)
 }
+
+/// The model's collectives over a GPU communicator (the tensor group,
+/// NCCL): each queued after the model's stream's work, the stream's later
+/// work after it; counted like [`HostTensorGroup`]'s.
+pub struct DeviceTensorGroup {
+    gpu: braid_comm::gpu::GpuCommunicator,
+    traffic: Arc<TensorTraffic>,
+}
+
+impl DeviceTensorGroup {
+    /// The tensor group's collectives over `gpu`.
+    pub fn new(gpu: braid_comm::gpu::GpuCommunicator) -> DeviceTensorGroup {
+        DeviceTensorGroup {
+            gpu,
+            traffic: Arc::new(TensorTraffic::default()),
+        }
+    }
+
+    /// What its collectives moved so far (shared).
+    pub fn traffic(&self) -> Arc<TensorTraffic> {
+        self.traffic.clone()
+    }
+}
+
+impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
+    fn size(&self) -> usize {
+        self.gpu.size()
+    }
+    fn rank(&self) -> usize {
+        self.gpu.rank()
+    }
+    fn all_reduce_f32(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, f32>,
+        op: ReduceKind,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 4 * braid_cuda::DeviceMem::dlen(&x);
+        let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
+            format!("tensor all_reduce ({bytes} B)")
+        });
+        self.gpu
+            .all_reduce_view(x, op_of(op))
+            .and_then(|w| w.then_on(stream))
+            .map_err(|e| format!("all_reduce over the tensor group: {e}"))?;
+        let (n, t) = (self.size() as f64, &self.traffic);
+        t.collectives.fetch_add(1, Ordering::Relaxed);
+        t.payload.fetch_add(bytes as u64, Ordering::Relaxed);
+        t.wire.fetch_add(
+            (bytes as f64 * 2.0 * (n - 1.0) / n) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+    fn host_sum_f64(&self, x: &mut [f64]) -> Result<()> {
+        self.gpu
+            .host()
+            .all_reduce(x, ReduceOp::Sum)
+            .map_err(|e| format!("a sum over the tensor group: {e}"))
+    }
+}

@@ -134,4 +134,43 @@ impl DeviceBatch {
             self.vocab,
         )
     }
+
+    /// [`embedding_backward`](Self::embedding_backward) of a
+    /// tensor-parallel rank: `dwte` holds the vocabulary's `rows` only
+    /// (the tokens of other rows add nothing here); `dwpe` whole.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embedding_backward_rows(
+        &mut self,
+        k: &Kernels,
+        s: &Stream,
+        dwte: &mut impl DeviceMem<f32>,
+        dwpe: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        t: usize,
+        c: usize,
+        rows: super::VocabRows,
+    ) -> Result<()> {
+        if rows.first + rows.v > self.vocab {
+            return Err(CudaError::Invalid(format!(
+                "vocabulary rows {}..{} of {}",
+                rows.first,
+                rows.first + rows.v,
+                self.vocab
+            )));
+        }
+        // The buckets of this rank's tokens: `starts` from its first row.
+        let starts = self.bucket_starts.view(rows.first..rows.first + rows.v + 1);
+        k.encoder_backward(
+            s,
+            dwte,
+            dwpe,
+            dout,
+            &self.bucket_order,
+            &starts,
+            self.host_tokens.len(),
+            t,
+            c,
+            rows.v,
+        )
+    }
 }

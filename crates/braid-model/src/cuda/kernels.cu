@@ -162,6 +162,84 @@ extern "C" __global__ void softmax_cross_entropy(float* logits, float* losses, c
     }
 }
 
+// ---- tensor parallelism: this rank's rows of the vocabulary -------------
+// (tokens and targets are whole-vocabulary ids; the rank holds rows
+// v0 .. v0 + V.)
+
+// out[n, c] = (v0 <= tokens[n] < v0 + V ? wte[tokens[n] - v0, c] : 0)
+//           + (with_wpe ? wpe[n % T, c] : 0): this rank's share, summed over
+// the group afterwards (one rank adds the position embedding).
+extern "C" __global__ void encoder_forward_part(float* out, const unsigned* tokens, const float* wte,
+                                                const float* wpe, int N, int T, int C, int v0, int V,
+                                                int with_wpe) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    int n = i / C, c = i % C;
+    unsigned k = tokens[n] - (unsigned)v0;
+    float x = k < (unsigned)V ? wte[(long)k * C + c] : 0.f;
+    if (with_wpe) x += wpe[(long)(n % T) * C + c];
+    out[i] = x;
+}
+
+// One warp per row of this rank's V logits: mx[row] = their maximum.
+extern "C" __global__ void vocab_row_max(const float* logits, float* mx, int N, int V) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* l = logits + (long)row * V;
+    float m = __int_as_float(0xff800000);  // -inf
+    for (int i = lane; i < V; i += WARP) m = fmaxf(m, l[i]);
+    m = warp_max(m);
+    if (lane == 0) mx[row] = m;
+}
+
+// One warp per row, after the group's maximum mx: sums[row] = this rank's
+// sum of exp(l - mx); sums[N + row] = its target's l - mx where this rank
+// holds the target, else 0 (both summed over the group afterwards).
+extern "C" __global__ void vocab_row_sums(const float* logits, const float* mx, float* sums,
+                                          const unsigned* targets, int N, int V, int v0) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const float* l = logits + (long)row * V;
+    float m = mx[row];
+    float s = 0.f;
+    for (int i = lane; i < V; i += WARP) s += expf(l[i] - m);
+    s = warp_sum(s);
+    if (lane == 0) {
+        unsigned k = targets[row] - (unsigned)v0;
+        sums[row] = s;
+        sums[N + row] = k < (unsigned)V ? l[k] - m : 0.f;
+    }
+}
+
+// One warp per row, after the group's sums: loss[row] = log(sum) - (l[t] -
+// mx) over the whole vocabulary; with scale != 0 the logits become scale *
+// (softmax - onehot) in this rank's rows (target 0xffffffff: no loss, zero
+// gradient).
+extern "C" __global__ void vocab_softmax_ce(float* logits, float* losses, const float* mx,
+                                            const float* sums, const unsigned* targets, int N,
+                                            int V, int v0, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    float* l = logits + (long)row * V;
+    unsigned t = targets[row];
+    bool counted = t != 0xffffffffu;
+    float s = sums[row], m = mx[row];
+    if (lane == 0) losses[row] = counted ? logf(s) - sums[N + row] : 0.f;
+    __syncwarp();
+    if (scale != 0.f) {
+        float inv = 1.f / s;
+        unsigned k = t - (unsigned)v0;
+        for (int i = lane; i < V; i += WARP) {
+            float g = counted ? expf(l[i] - m) * inv * scale : 0.f;
+            if (counted && (unsigned)i == k) g -= scale;
+            l[i] = g;
+        }
+    }
+}
+
 // ---- attention ---------------------------------------------------------
 // qkv [B, T, 3, NH, HS] -> q, k, v each [B, NH, T, HS]
 extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float* qkv,

@@ -69,6 +69,10 @@ pub struct Kernels {
     add_bias: Function,
     bias_backward: Function,
     sumsq_partial: Function,
+    encoder_forward_part: Function,
+    vocab_row_max: Function,
+    vocab_row_sums: Function,
+    vocab_softmax_ce: Function,
 }
 
 impl Kernels {
@@ -97,6 +101,10 @@ impl Kernels {
             add_bias: f("add_bias")?,
             bias_backward: f("bias_backward")?,
             sumsq_partial: f("sumsq_partial")?,
+            encoder_forward_part: f("encoder_forward_part")?,
+            vocab_row_max: f("vocab_row_max")?,
+            vocab_row_sums: f("vocab_row_sums")?,
+            vocab_softmax_ce: f("vocab_softmax_ce")?,
             _module: module,
         })
     }
@@ -408,6 +416,169 @@ impl Kernels {
                     arg(&t),
                     arg(&n32),
                     arg(&v32),
+                    arg(&scale),
+                ],
+            )
+        }
+    }
+}
+
+/// A tensor-parallel rank's rows of the vocabulary: `v` rows from
+/// `first` (the kernels take whole-vocabulary token ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VocabRows {
+    /// The first row held.
+    pub first: usize,
+    /// Rows held.
+    pub v: usize,
+}
+
+impl Kernels {
+    /// This rank's share of the embeddings (tensor parallelism): `out[n] =
+    /// wte[tokens[n] - first]` where this rank holds that token's row
+    /// (else 0), plus `wpe[n % t]` when `with_positions`. Summed over the
+    /// group afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_forward_part(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        tokens: &impl DeviceMem<i32>,
+        wte: &impl DeviceMem<f32>,
+        wpe: &impl DeviceMem<f32>,
+        n: usize,
+        t: usize,
+        c: usize,
+        rows: VocabRows,
+        with_positions: bool,
+    ) -> Result<()> {
+        let (o, tk, e, p) = (out.dptr(), tokens.dptr(), wte.dptr(), wpe.dptr());
+        let (n32, t32, c32) = (n as i32, t as i32, c as i32);
+        let (v0, v, w) = (rows.first as i32, rows.v as i32, with_positions as i32);
+        // SAFETY: out n*c, tokens n, wte rows.v*c, wpe t*c elements (the
+        // caller's shapes), alive until the stream has run the kernel;
+        // tokens outside this rank's rows are never read from wte.
+        unsafe {
+            self.encoder_forward_part.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&o),
+                    arg(&tk),
+                    arg(&e),
+                    arg(&p),
+                    arg(&n32),
+                    arg(&t32),
+                    arg(&c32),
+                    arg(&v0),
+                    arg(&v),
+                    arg(&w),
+                ],
+            )
+        }
+    }
+
+    /// Each row's maximum of this rank's `v` logits into `mx` (`n` rows).
+    pub fn vocab_row_max(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<f32>,
+        mx: &mut impl DeviceMem<f32>,
+        n: usize,
+        v: usize,
+    ) -> Result<()> {
+        let (l, m) = (logits.dptr(), mx.dptr());
+        let (n32, v32) = (n as i32, v as i32);
+        // SAFETY: logits n*v, mx n.
+        unsafe {
+            self.vocab_row_max.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&l), arg(&m), arg(&n32), arg(&v32)],
+            )
+        }
+    }
+
+    /// After the group's row maxima `mx`: `sums[row]` this rank's sum of
+    /// exponentials, `sums[n + row]` its target's logit minus the maximum
+    /// where this rank holds the target, else 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_row_sums(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<f32>,
+        mx: &impl DeviceMem<f32>,
+        sums: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: VocabRows,
+    ) -> Result<()> {
+        let (l, m, su, t) = (logits.dptr(), mx.dptr(), sums.dptr(), targets.dptr());
+        let (n32, v32, v0) = (n as i32, rows.v as i32, rows.first as i32);
+        // SAFETY: logits n*v, mx and targets n, sums 2n.
+        unsafe {
+            self.vocab_row_sums.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&m),
+                    arg(&su),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&v0),
+                ],
+            )
+        }
+    }
+
+    /// After the group's sums: each row's loss over the whole vocabulary,
+    /// and (scale ≠ 0) the logits become `scale · (softmax − onehot)` in
+    /// this rank's rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_softmax_ce(
+        &self,
+        s: &Stream,
+        logits: &mut impl DeviceMem<f32>,
+        losses: &mut impl DeviceMem<f32>,
+        mx: &impl DeviceMem<f32>,
+        sums: &impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: VocabRows,
+        scale: f32,
+    ) -> Result<()> {
+        let (l, lo, m, su, t) = (
+            logits.dptr(),
+            losses.dptr(),
+            mx.dptr(),
+            sums.dptr(),
+            targets.dptr(),
+        );
+        let (n32, v32, v0) = (n as i32, rows.v as i32, rows.first as i32);
+        // SAFETY: logits n*v, losses, mx and targets n, sums 2n.
+        unsafe {
+            self.vocab_softmax_ce.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&lo),
+                    arg(&m),
+                    arg(&su),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&v0),
                     arg(&scale),
                 ],
             )

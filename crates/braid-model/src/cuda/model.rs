@@ -3,13 +3,22 @@
 //! the checked kernels and cuBLAS. Parameters, gradients and activations
 //! live in device memory; parameters are addressed as views of the flat
 //! buffer.
+//!
+//! A model may be one tensor-parallel rank's share
+//! ([`GpuGpt::tensor_parallel`], over a `Layout::tensor_parallel` layout):
+//! the CPU model's split (Megatron's), its collectives through the
+//! group's [`DeviceTensorComm`] on the model's stream — one all-reduce
+//! after each row-split product forward, one after each column-split
+//! product backward, the vocabulary-parallel embedding and cross-entropy.
 
 use super::attention::{attention_backward, attention_forward, AttnScratch};
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
-use super::Kernels;
+use super::{Kernels, VocabRows};
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
+use crate::model::Widths;
+use crate::tensor_comm::{DeviceTensorComm, ReduceKind};
 use braid_cuda::blas::Blas;
 use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceWindow, Result, Stream};
@@ -73,10 +82,22 @@ impl LayerRanges {
     }
 }
 
+/// A tensor-parallel rank's group: its collectives, and the rows' maxima
+/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`).
+struct Group {
+    comm: Arc<dyn DeviceTensorComm>,
+    mx: DeviceBuffer<f32>,
+    sums: DeviceBuffer<f32>,
+}
+
 /// A GPT model's forward and backward passes on one GPU, sized for one
 /// (batch, sequence) shape.
 pub struct GpuGpt {
     layout: Arc<Layout>,
+    /// The widths of this rank's passes.
+    widths: Widths,
+    /// The tensor-parallel group, when this is one rank's share.
+    group: Option<Group>,
     stream: Stream,
     kernels: Kernels,
     blas: Blas,
@@ -105,7 +126,10 @@ impl GpuGpt {
     /// Buffers for batches of `b × t` tokens on `device`.
     pub fn new(device: &Device, layout: Arc<Layout>, b: usize, t: usize) -> Result<GpuGpt> {
         let cfg = layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
+        let w = Widths::of(&layout);
+        // This rank's widths: the whole model's in one process.
+        let (c, v, nh) = (cfg.n_embd, w.vocab, w.heads);
+        let (a, f) = (w.attn, w.mlp);
         let n = b * t;
         let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
         let mut layers = Vec::new();
@@ -116,15 +140,15 @@ impl GpuGpt {
                 ln1: z(n * c)?,
                 ln1_mean: z(n)?,
                 ln1_rstd: z(n)?,
-                qkv: z(n * 3 * c)?,
-                atty: z(n * c)?,
-                attn: AttnScratch::new(device, AttnShape { b, t, c, nh })?,
+                qkv: z(n * 3 * a)?,
+                atty: z(n * a)?,
+                attn: AttnScratch::new(device, AttnShape { b, t, c: a, nh })?,
                 resid2: z(n * c)?,
                 ln2: z(n * c)?,
                 ln2_mean: z(n)?,
                 ln2_rstd: z(n)?,
-                fch: z(n * 4 * c)?,
-                fch_gelu: z(n * 4 * c)?,
+                fch: z(n * f)?,
+                fch_gelu: z(n * f)?,
             });
         }
         Ok(GpuGpt {
@@ -142,16 +166,69 @@ impl GpuGpt {
             lnf_rstd: z(n)?,
             logits: z(n * v)?,
             losses: z(n)?,
-            batch: DeviceBatch::new(device, n, v)?,
+            // Tokens and targets are whole-vocabulary ids.
+            batch: DeviceBatch::new(device, n, cfg.vocab_size)?,
             dresid: z(n * c)?,
             dresid2: z(n * c)?,
             dln: z(n * c)?,
-            dfch: z(n * 4 * c)?,
-            dgelu: z(n * 4 * c)?,
-            datty: z(n * c)?,
-            dqkv: z(n * 3 * c)?,
+            dfch: z(n * f)?,
+            dgelu: z(n * f)?,
+            datty: z(n * a)?,
+            dqkv: z(n * 3 * a)?,
+            widths: w,
+            group: None,
             layout,
         })
+    }
+
+    /// Makes this model tensor-parallel rank `comm.rank()`'s share: its
+    /// layout must be that rank's `Layout::tensor_parallel` layout.
+    pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGpt> {
+        let shard = self.layout.shard;
+        if (comm.rank(), comm.size()) != (shard.rank, shard.size) {
+            return Err(CudaError::Invalid(format!(
+                "a layout of tensor-parallel rank {} of {} over a group where this is rank {} of {}",
+                shard.rank,
+                shard.size,
+                comm.rank(),
+                comm.size()
+            )));
+        }
+        let n = self.b * self.t;
+        let device = self.stream.device().clone();
+        let mx = DeviceBuffer::<f32>::zeros(&device, n)?;
+        let sums = DeviceBuffer::<f32>::zeros(&device, 2 * n)?;
+        self.group = Some(Group { comm, mx, sums });
+        Ok(self)
+    }
+
+    /// This rank's rows of the vocabulary.
+    fn vocab_rows(&self) -> VocabRows {
+        VocabRows {
+            first: self.widths.vocab_start,
+            v: self.widths.vocab,
+        }
+    }
+
+    /// The group's all-reduce (sum) of `x` on the model's stream; nothing
+    /// in one process. A share of the model without its group is refused.
+    fn sum_over_group(
+        group: &Option<Group>,
+        shards: usize,
+        x: &mut DeviceBuffer<f32>,
+        s: &Stream,
+        what: &str,
+    ) -> Result<()> {
+        match (group, shards) {
+            (None, 1) => Ok(()),
+            (None, n) => Err(CudaError::Group(format!(
+                "this is one of {n} tensor-parallel shares of the model, built without its group"
+            ))),
+            (Some(g), _) => g
+                .comm
+                .all_reduce_f32(x.view_mut(0..x.len()), ReduceKind::Sum, s)
+                .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
+        }
     }
 
     /// The loaded kernels.
@@ -211,9 +288,24 @@ impl GpuGpt {
         let c = self.layout.config.n_embd;
         let (b, t) = (self.b, self.t);
         let n = b * t;
+        let rows = self.vocab_rows();
         let (s, k) = (&self.stream, &self.kernels);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
-        k.encoder_forward(
+        if self.group.is_none() {
+            return k.encoder_forward(
+                s,
+                &mut self.resid[0],
+                self.batch.tokens(),
+                &p.view(wte)?,
+                &p.view(wpe)?,
+                n,
+                t,
+                c,
+            );
+        }
+        // This rank's rows of the vocabulary (the first rank adds the
+        // positions), summed over the group.
+        k.encoder_forward_part(
             s,
             &mut self.resid[0],
             self.batch.tokens(),
@@ -222,6 +314,16 @@ impl GpuGpt {
             n,
             t,
             c,
+            rows,
+            self.layout.shard.rank == 0,
+        )?;
+        let shards = self.layout.shard.size;
+        Self::sum_over_group(
+            &self.group,
+            shards,
+            &mut self.resid[0],
+            s,
+            "embedding forward",
         )
     }
 
@@ -236,14 +338,22 @@ impl GpuGpt {
                 cfg.n_layer
             )));
         }
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let Widths {
+            c,
+            heads: nh,
+            attn: ca,
+            mlp: f,
+            ..
+        } = self.widths;
         let (b, t) = (self.b, self.t);
         let n = b * t;
+        let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let r = &self.ranges[l];
         let (before, after) = self.resid.split_at_mut(l + 1);
         let (x, out) = (&before[l], &mut after[0]);
         let a = &mut self.layers[l];
+        let group = &self.group;
         k.layernorm_forward(
             s,
             &mut a.ln1,
@@ -263,11 +373,11 @@ impl GpuGpt {
             &p.view(r.qkv_w.clone())?,
             false,
             n,
-            3 * c,
+            3 * ca,
             c,
             false,
         )?;
-        k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone())?, n, 3 * c)?;
+        k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone())?, n, 3 * ca)?;
         attention_forward(
             k,
             &mut self.blas,
@@ -275,7 +385,7 @@ impl GpuGpt {
             &mut a.atty,
             &a.qkv,
             &mut a.attn,
-            AttnShape { b, t, c, nh },
+            AttnShape { b, t, c: ca, nh },
         )?;
         self.blas.gemm_rm(
             s,
@@ -286,9 +396,11 @@ impl GpuGpt {
             false,
             n,
             c,
-            c,
+            ca,
             false,
         )?;
+        // A row-split product: each rank's share summed, then the bias once.
+        Self::sum_over_group(group, shards, &mut a.resid2, s, "attn.c_proj forward")?;
         k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone())?, n, c)?;
         // resid2 += x (in place: out = a + b with out == a).
         k.add_inplace(s, &mut a.resid2, x)?;
@@ -311,11 +423,11 @@ impl GpuGpt {
             &p.view(r.fc_w.clone())?,
             false,
             n,
-            4 * c,
+            f,
             c,
             false,
         )?;
-        k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone())?, n, 4 * c)?;
+        k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone())?, n, f)?;
         k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
         self.blas.gemm_rm(
             s,
@@ -326,9 +438,10 @@ impl GpuGpt {
             false,
             n,
             c,
-            4 * c,
+            f,
             false,
         )?;
+        Self::sum_over_group(group, shards, out, s, "mlp.c_proj forward")?;
         k.add_bias(s, out, &p.view(r.fcproj_b.clone())?, n, c)?;
         k.add_inplace(s, out, &a.resid2)?;
         Ok(())
@@ -340,8 +453,9 @@ impl GpuGpt {
     pub fn forward_head<'p>(&mut self, p: impl Into<F32Params<'p>>, grad: bool) -> Result<f32> {
         let p = p.into();
         let cfg = self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (c, v) = (cfg.n_embd, self.widths.vocab);
         let n = self.b * self.t;
+        let rows = self.vocab_rows();
         let (s, k) = (&self.stream, &self.kernels);
         let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
@@ -369,15 +483,40 @@ impl GpuGpt {
             false,
         )?;
         let scale = self.batch.loss_scale(grad);
-        k.softmax_cross_entropy(
-            s,
-            &mut self.logits,
-            &mut self.losses,
-            self.batch.targets(),
-            n,
-            v,
-            scale,
-        )?;
+        match &mut self.group {
+            None => k.softmax_cross_entropy(
+                s,
+                &mut self.logits,
+                &mut self.losses,
+                self.batch.targets(),
+                n,
+                v,
+                scale,
+            )?,
+            // Vocabulary-parallel: each row's maximum, then its sum of
+            // exponentials and target logit, through the group.
+            Some(Group { comm, mx, sums }) => {
+                let group = |e: String| CudaError::Group(format!("cross-entropy: {e}"));
+                k.vocab_row_max(s, &self.logits, mx, n, v)?;
+                comm.all_reduce_f32(mx.view_mut(0..n), ReduceKind::Max, s)
+                    .map_err(group)?;
+                let targets = self.batch.targets();
+                k.vocab_row_sums(s, &self.logits, mx, sums, targets, n, rows)?;
+                comm.all_reduce_f32(sums.view_mut(0..2 * n), ReduceKind::Sum, s)
+                    .map_err(group)?;
+                k.vocab_softmax_ce(
+                    s,
+                    &mut self.logits,
+                    &mut self.losses,
+                    mx,
+                    sums,
+                    targets,
+                    n,
+                    rows,
+                    scale,
+                )?;
+            }
+        }
         s.synchronize()?;
         self.batch.mean_loss(&self.losses)
     }
@@ -411,8 +550,9 @@ impl GpuGpt {
     ) -> Result<()> {
         let p = p.into();
         let cfg = self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (c, v) = (cfg.n_embd, self.widths.vocab);
         let n = self.b * self.t;
+        let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
@@ -441,6 +581,8 @@ impl GpuGpt {
             n,
             true,
         )?;
+        // Each rank's share of the vocabulary's gradient, summed.
+        Self::sum_over_group(&self.group, shards, &mut self.dln, s, "head backward")?;
         zero_async(&mut self.dresid, s)?;
         {
             let [mut gw, mut gb] = g.views_mut_n([lw.clone(), lb])?;
@@ -470,14 +612,21 @@ impl GpuGpt {
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
         let p = p.into();
-        let cfg = self.layout.config;
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let Widths {
+            c,
+            heads: nh,
+            attn: ca,
+            mlp: f,
+            ..
+        } = self.widths;
         let (b, t) = (self.b, self.t);
         let n = b * t;
+        let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let r = &self.ranges[l];
         let a = &mut self.layers[l];
         let x = &self.resid[l];
+        let group = &self.group;
         // MLP.
         copy_async(&mut self.dresid2, &self.dresid, s)?;
         zero_async(&mut self.dgelu, s)?;
@@ -489,7 +638,7 @@ impl GpuGpt {
             &p.view(r.fcproj_w.clone())?,
             true,
             n,
-            4 * c,
+            f,
             c,
             true,
         )?;
@@ -500,7 +649,7 @@ impl GpuGpt {
             true,
             &self.dresid,
             false,
-            4 * c,
+            f,
             c,
             n,
             true,
@@ -518,7 +667,7 @@ impl GpuGpt {
             true,
             n,
             c,
-            4 * c,
+            f,
             true,
         )?;
         self.blas.gemm_rm(
@@ -529,11 +678,13 @@ impl GpuGpt {
             &self.dfch,
             false,
             c,
-            4 * c,
+            f,
             n,
             true,
         )?;
-        k.bias_backward(s, &mut g.view_mut(r.fc_b.clone())?, &self.dfch, n, 4 * c)?;
+        k.bias_backward(s, &mut g.view_mut(r.fc_b.clone())?, &self.dfch, n, f)?;
+        // A column-split product's input gradient: each rank's share summed.
+        Self::sum_over_group(group, shards, &mut self.dln, s, "mlp.c_fc backward")?;
         {
             let [mut gw, mut gb] = g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone()])?;
             k.layernorm_backward(
@@ -561,7 +712,7 @@ impl GpuGpt {
             &p.view(r.proj_w.clone())?,
             true,
             n,
-            c,
+            ca,
             c,
             true,
         )?;
@@ -572,7 +723,7 @@ impl GpuGpt {
             true,
             &self.dresid2,
             false,
-            c,
+            ca,
             c,
             n,
             true,
@@ -586,7 +737,7 @@ impl GpuGpt {
             &mut self.dqkv,
             &self.datty,
             &mut a.attn,
-            AttnShape { b, t, c, nh },
+            AttnShape { b, t, c: ca, nh },
         )?;
         zero_async(&mut self.dln, s)?;
         self.blas.gemm_rm(
@@ -598,7 +749,7 @@ impl GpuGpt {
             true,
             n,
             c,
-            3 * c,
+            3 * ca,
             true,
         )?;
         self.blas.gemm_rm(
@@ -609,11 +760,12 @@ impl GpuGpt {
             &self.dqkv,
             false,
             c,
-            3 * c,
+            3 * ca,
             n,
             true,
         )?;
-        k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone())?, &self.dqkv, n, 3 * c)?;
+        k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone())?, &self.dqkv, n, 3 * ca)?;
+        Self::sum_over_group(group, shards, &mut self.dln, s, "attn.c_attn backward")?;
         {
             let [mut gw, mut gb] = g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone()])?;
             k.layernorm_backward(
@@ -638,7 +790,20 @@ impl GpuGpt {
         let (c, t) = (self.layout.config.n_embd, self.t);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         let [mut gte, mut gpe] = g.views_mut_n([wte, wpe])?;
-        self.batch.embedding_backward(
+        if self.group.is_none() {
+            return self.batch.embedding_backward(
+                &self.kernels,
+                &self.stream,
+                &mut gte,
+                &mut gpe,
+                &self.dresid,
+                t,
+                c,
+            );
+        }
+        // Every rank's position embedding whole, its vocabulary rows'.
+        let rows = self.vocab_rows();
+        self.batch.embedding_backward_rows(
             &self.kernels,
             &self.stream,
             &mut gte,
@@ -646,6 +811,7 @@ impl GpuGpt {
             &self.dresid,
             t,
             c,
+            rows,
         )
     }
 }

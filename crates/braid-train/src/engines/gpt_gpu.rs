@@ -24,10 +24,12 @@ use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, SavedFor, WeightGrads};
 use braid_model::optim::AdamWConfig;
+use braid_model::tensor_comm::DeviceTensorComm;
 use braid_model::{Block, Params};
 use braid_trace::{scope, Cat};
 use half::bf16;
 use std::ops::Range;
+use std::sync::Arc;
 
 mod build;
 mod sharded;
@@ -186,7 +188,15 @@ pub struct GpuGpt {
     /// How long the wait for a step's GPU work may take
     /// (`BRAID_TIMEOUT`, like the collectives').
     sync_limit: std::time::Duration,
+    /// The tensor group, when this is one rank's share of the model: its
+    /// collectives, and the flat ranges of the tensors every rank of the
+    /// group holds whole (counted once in the gradient norm).
+    group: Option<TensorGroup>,
 }
+
+/// A tensor-parallel rank's group: its collectives, and the flat ranges
+/// of the tensors every rank of it holds whole.
+type TensorGroup = (Arc<dyn DeviceTensorComm>, Vec<Range<usize>>);
 
 /// Under ZeRO-3 with bf16 gathers ([`Engine::start_half_blocks`]) the
 /// bf16 model takes each layer's block as the bf16 weights its products
@@ -470,16 +480,106 @@ impl GpuGpt {
     }
 }
 
+impl GpuGpt {
+    /// Makes this engine tensor-parallel rank `comm.rank()`'s share (its
+    /// layout that rank's `Layout::tensor_parallel` one): the f32 model
+    /// runs the group's collectives in its passes, and the gradient norm
+    /// is summed over the group. The bf16 model is refused (not built yet).
+    pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGpt> {
+        self.model =
+            match self.model {
+                Model::F32(m) => Model::F32(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?)),
+                Model::Mixed(..) => return Err(
+                    "tensor parallelism on the GPU runs the f32 model so far (--precision f32); \
+                     the bf16 model's is not built yet"
+                        .into(),
+                ),
+            };
+        let whole = self
+            .layout
+            .params
+            .iter()
+            .filter(|p| p.place.is_none())
+            .map(|p| p.range())
+            .collect();
+        self.group = Some((comm, whole));
+        Ok(self)
+    }
+
+    /// The parts of `ranges` (flat positions, held one after another)
+    /// that count in this rank's share of the gradient norm, as (flat
+    /// range, offset in the held values): everything on the group's first
+    /// rank, else all but the tensors every rank holds whole.
+    fn kept_ranges(&self, ranges: &[Range<usize>]) -> Vec<(Range<usize>, usize)> {
+        let skip: &[Range<usize>] = match &self.group {
+            Some((comm, whole)) if comm.rank() > 0 => whole,
+            _ => &[],
+        };
+        let mut out = Vec::new();
+        let mut at = 0;
+        for r in ranges {
+            let mut from = r.start;
+            for s in skip.iter().filter(|s| s.end > r.start && s.start < r.end) {
+                let cut = s.start.max(r.start);
+                if cut > from {
+                    out.push((from..cut, at + from - r.start));
+                }
+                from = s.end.min(r.end);
+            }
+            if r.end > from {
+                out.push((from..r.end, at + from - r.start));
+            }
+            at += r.len();
+        }
+        out
+    }
+
+    /// Σ x² of the kept parts (`values` holding them at their offsets),
+    /// summed over the tensor group.
+    fn sum_kept(&self, values: &DeviceBuffer<f32>, kept: &[(Range<usize>, usize)]) -> Result<f64> {
+        let (k, s) = match &self.model {
+            Model::F32(m) => (m.kernels(), m.stream()),
+            Model::Mixed(m, _) => (m.kernels(), m.stream()),
+        };
+        let views: Vec<_> = kept
+            .iter()
+            .map(|(r, at)| values.view(*at..at + r.len()))
+            .collect();
+        let parts: Vec<&dyn braid_cuda::DeviceMem<f32>> = views.iter().map(|v| v as _).collect();
+        let mut sum = [match parts.is_empty() {
+            true => 0.0,
+            false => k.sum_of_squares(s, &parts).map_err(e)?,
+        }];
+        if let Some((comm, _)) = &self.group {
+            comm.host_sum_f64(&mut sum)
+                .map_err(|e| format!("the gradient norm over the tensor group: {e}"))?;
+        }
+        Ok(sum[0])
+    }
+
+    /// The group's gradient norm of `values`, which hold the flat
+    /// `ranges` one after another.
+    fn group_sq_norm(&self, values: &DeviceBuffer<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        let kept = self.kept_ranges(ranges);
+        self.sum_kept(values, &kept)
+    }
+}
+
 impl Engine for GpuGpt {
     type Space = Gpu;
     type Batch = TokenBatch;
 
     fn describe(&self) -> String {
+        let shard = self.layout.shard;
+        let tp = match shard.size {
+            1 => String::new(),
+            n => format!(", tensor-parallel rank {} of {n}", shard.rank),
+        };
         gpt_describe(
             &self.layout.config,
             self.b,
             self.t,
-            &format!("{} on a GPU", self.precision.name()),
+            &format!("{} on a GPU{tp}", self.precision.name()),
         )
     }
 
@@ -655,12 +755,27 @@ impl Engine for GpuGpt {
     }
 
     fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
+        if self.group.is_some() {
+            let all = 0..grads.len();
+            return self.group_sq_norm(grads, std::slice::from_ref(&all));
+        }
         let norm = match &self.model {
             Model::F32(m) => m.kernels().global_norm(m.stream(), grads),
             Model::Mixed(m, _) => m.kernels().global_norm(m.stream(), grads),
         }
         .map_err(e)?;
         Ok(norm * norm)
+    }
+
+    fn grad_sq_norm_compact(
+        &mut self,
+        compact: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        match self.group {
+            None => self.grad_sq_norm(compact),
+            Some(_) => self.group_sq_norm(compact, ranges),
+        }
     }
 
     fn state_bytes(&self) -> StateBytes {
@@ -704,6 +819,11 @@ impl Engine for GpuGpt {
         ranges: &[Range<usize>],
     ) -> Result<f64> {
         check_shard(ranges, grads.len())?;
+        if self.group.is_some() {
+            // The elements of `ranges`, each where it is in `grads`.
+            let kept = self.kept_ranges(ranges);
+            return self.sum_kept(grads, &kept);
+        }
         let (k, s) = match &self.model {
             Model::F32(m) => (m.kernels(), m.stream()),
             Model::Mixed(m, _) => (m.kernels(), m.stream()),

@@ -389,11 +389,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let device = super::Device::resolve(&a.device, local_workers)?;
     let cuda = device.cuda;
     if a.tp > 1 && cuda {
-        return Err(format!(
-            "--tp {} on GPUs is not built yet (tensor parallelism runs on the CPU engine so far): \
-             use --device cpu, or shard the model over GPUs with --zero 3",
-            a.tp
-        ));
+        if a.precision.as_deref() != Some("f32") {
+            return Err(format!(
+                "--tp {} on GPUs runs the f32 engine so far (its bf16 engine's tensor \
+                 parallelism is not built yet): add --precision f32, or shard the model over \
+                 GPUs with --zero 3",
+                a.tp
+            ));
+        }
+        if !a.no_sp {
+            return Err(format!(
+                "--tp {} on GPUs runs without sequence parallelism so far: add --no-sp",
+                a.tp
+            ));
+        }
     }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
@@ -936,6 +945,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             Some(c) => Some(GpuCommunicator::init_from_env(c).map_err(|e| e.to_string())?),
             None => None,
         };
+        // Under --tp: the tensor and data groups, split from the world.
+        let groups = match (&gpu, place.tensor) {
+            (Some(g), n) if n > 1 => Some(super::train_mesh::split_gpu(g, &place)?),
+            _ => None,
+        };
+        if let (true, Some(g)) = (lead, &groups) {
+            println!("mesh: {}", g.layout);
+        }
         let dev = match &gpu {
             Some(g) => g.device().clone(),
             None => {
@@ -1035,8 +1052,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             params.data = Vec::new();
         }
         engine.defer_weight_grads(defer)?;
-        let run = match gpu {
-            None => run_with(&mut |p, l, b| {
+        let mut engine = match &groups {
+            Some(g) => engine.tensor_parallel(g.tensor.clone())?,
+            None => engine,
+        };
+        let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());
+        let run = match (gpu, groups) {
+            (None, _) => run_with(&mut |p, l, b| {
                 run_loop(
                     &mut engine,
                     &mut Single,
@@ -1049,12 +1071,31 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     (&mut ckpt, &mut tracing),
                 )
             })?,
-            Some(g) => {
+            (Some(g), None) => {
                 let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
                 run_with(&mut |p, l, b| {
                     run_loop(
                         &mut engine,
                         &mut *s,
+                        l,
+                        b,
+                        &opts,
+                        p,
+                        lead,
+                        true,
+                        (&mut ckpt, &mut tracing),
+                    )
+                })?
+            }
+            (Some(g), Some(gr)) => {
+                let inner = distributed(DeviceCollective::new(gr.data)?, shard_choice, ddp)?;
+                let world = g.host().clone();
+                let mut s = TensorParallel::new(inner, world, place.tensor, false, gr.layout)
+                    .counting(gr.tensor.traffic());
+                run_with(&mut |p, l, b| {
+                    run_loop(
+                        &mut engine,
+                        &mut s,
                         l,
                         b,
                         &opts,
@@ -1077,10 +1118,15 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 );
             }
         }
-        if lead && a.save.is_some() {
+        // Under --tp every rank of the first data group holds a share.
+        let saves = lead || (tensor_host.is_some() && place.data_rank() == 0);
+        if saves && a.save.is_some() {
             // Ends the engine first: an offloaded optimizer's master
             // weights move over instead of being copied.
             engine.into_params(&mut params)?;
+            if let Some(g) = &tensor_host {
+                params = braid_train::tensor_parallel::gather_whole(&params, &**g)?;
+            }
         }
         run
     };
@@ -1092,7 +1138,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             seq,
             tokens_per_step,
             cuda.then_some(precision),
-            ranks,
+            world_size,
         );
         print_state(&run, &cfg, zero.unwrap_or(0), shard_group);
         if let Some(out) = &a.json {

@@ -102,6 +102,44 @@ pub fn split(world: &Communicator, place: &Place) -> Result<Groups, String> {
     })
 }
 
+/// The groups of a tensor-parallel rank on GPUs: its tensor group's NCCL
+/// collectives (as the model's), the same group's host communicator (to
+/// put the whole model together for --save), and its data group (the
+/// strategy's).
+pub struct GpuGroups {
+    /// The model's collectives.
+    pub tensor: Arc<braid_train::tensor_parallel::DeviceTensorGroup>,
+    /// The tensor group on the host.
+    pub tensor_host: Arc<HostTensorGroup>,
+    /// The strategy's.
+    pub data: braid_comm::gpu::GpuCommunicator,
+    /// The mesh in one line.
+    pub layout: String,
+}
+
+/// Splits the world's GPU communicator as `place` says (every rank calls
+/// it).
+pub fn split_gpu(
+    world: &braid_comm::gpu::GpuCommunicator,
+    place: &Place,
+) -> Result<GpuGroups, String> {
+    let mesh = place.mesh()?;
+    let part = |name: &str| -> Result<braid_comm::gpu::GpuCommunicator, String> {
+        world
+            .split(Some(mesh.color(name)), mesh.coord(name) as i64)
+            .map_err(|e| format!("splitting the {name} groups: {e}"))?
+            .ok_or_else(|| format!("splitting the {name} groups: this rank joined none"))
+    };
+    let tensor = part("tensor")?;
+    let data = part("data")?;
+    Ok(GpuGroups {
+        tensor_host: Arc::new(HostTensorGroup::new(tensor.host().clone())),
+        tensor: Arc::new(braid_train::tensor_parallel::DeviceTensorGroup::new(tensor)),
+        data,
+        layout: mesh.describe(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

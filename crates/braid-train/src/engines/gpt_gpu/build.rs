@@ -198,6 +198,7 @@ impl GpuGpt {
                 braid_comm::communicator::DEFAULT_TIMEOUT,
             )
             .map_err(e)?,
+            group: None,
             units: match &model {
                 // The head's backward pass reads the bf16 token embeddings
                 // its forward pass cast, not the f32 ones.

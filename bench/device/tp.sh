@@ -1,0 +1,67 @@
+#!/bin/bash
+# Tensor parallelism on 2 or 4 GPUs (issue 46). One phase per device call
+# (the device tool stops a command at 600 s; a phase stops starting runs
+# when its TP_LIMIT seconds, default 540, would be passed):
+#
+#   bash bench/device/tp.sh tests
+#     the tensor-parallel GPU tests (gpu_tp.rs: --tp 2 against one GPU on 2
+#     GPUs, --tp 2 x data 2 against data parallelism on 4), then the GPU
+#     tests that read and write checkpoints (the piece format changed for
+#     tensor parallelism: every earlier layout must still resume
+#     bit-identical) and the padded-layout test.
+#   bash bench/device/tp.sh run
+#     one --tp 2 f32 run on the 124M model beside one GPU's, 20 steps: the
+#     loss curves side by side and the tensor groups' traffic per step.
+#
+# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
+# .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz (made by
+# bench/device/pack.sh).
+cd "$(dirname "$0")/../.." && source bench/device/setup.sh
+export BRAID_KERNEL_CACHE=/tmp/kc
+LIMIT=${TP_LIMIT:-540}
+
+left() { echo $((LIMIT - SECONDS)); }
+
+# A test binary, optionally filtered: NAME BIN FILTER...
+tests() {
+  local name=$1 bin=$2
+  shift 2
+  [ -x "$bin" ] || { echo "$name: not carried"; return; }
+  local t
+  t=$(left)
+  [ "$t" -ge 30 ] || { echo "$name: skipped ($t s left)"; return; }
+  timeout -k 10 "$t" "$bin" --test-threads 1 --nocapture "$@" > "$L/$name.txt" 2>&1
+  echo "exit $?" >> "$L/$name.txt"
+  echo "== $name $*"
+  grep -E "^test |test result|panicked|max \|diff\||^exit" "$L/$name.txt" | cut -c1-240
+}
+
+phase_tests() {
+  tests gpu-tp /tmp/gpu-tp-tests
+  tests gpu-zero-resume /tmp/gpu-zero-tests resume
+  tests gpu-padded /tmp/gpu-tests padded
+}
+
+phase_run() {
+  local common=(train --device cuda --precision f32 --model 124M --data random --batch 8
+    --seq 256 --steps 20 --eval-every 0 --log-every 5)
+  timeout 200 "$B" "${common[@]}" --json "$L/one.json" > "$L/one.txt" 2>&1
+  echo "one GPU: exit $? | $(grep -h 'summary: median' "$L/one.txt")"
+  timeout 200 "$B" "${common[@]}" --tp 2 --no-sp --nproc-per-node 2 --json "$L/tp2.json" \
+    > "$L/tp2.txt" 2>&1
+  echo "--tp 2: exit $? | $(grep -h 'summary: median' "$L/tp2.txt")"
+  grep -h 'tensor groups' "$L/tp2.txt"
+  python3 - "$L/one.json" "$L/tp2.json" << 'PY'
+import json, sys
+a, b = (json.load(open(p))["steps"] for p in sys.argv[1:])
+for x, y in zip(a, b):
+    print(f'step {x["step"]:>3}: one GPU {x["loss"]:.5f}  --tp 2 {y["loss"]:.5f}  diff {abs(x["loss"] - y["loss"]):.2e}')
+PY
+}
+
+case "${1:-}" in
+  tests) phase_tests ;;
+  run) phase_run ;;
+  *) echo "usage: tp.sh tests|run" >&2; exit 2 ;;
+esac
+finish

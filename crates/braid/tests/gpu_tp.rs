@@ -1,0 +1,80 @@
+//! Tensor parallelism on GPUs through the real binary (the f32 engine,
+//! NCCL in the passes): `--tp 2` on 2 GPUs reaches one GPU's parameters
+//! after 10 f32 steps, and `--tp 2` x data parallel 2 on 4 GPUs data
+//! parallelism over 4, within the GPU tolerance; a `--tp 2` checkpoint
+//! resumes on one GPU. Without the GPUs a test says "skipped".
+
+mod common;
+
+use common::gpu::{train_gpu, GPU_TOLERANCE};
+use common::{gpus, max_diff, TempDir};
+use std::io::Write;
+
+/// 4 heads and a vocabulary of 259 (uneven over 2 ranks), on the byte
+/// corpus.
+const MODEL: [&str; 6] = [
+    "--model",
+    "L2-H4-C64-V259-T32",
+    "--tokenizer",
+    "bytes",
+    "--precision",
+    "f32",
+];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a: Vec<&str> = MODEL.to_vec();
+    a.extend(["--steps", "10"]);
+    a.extend(extra);
+    a
+}
+
+#[test]
+fn gpu_tp_2_matches_one_gpu() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-tp");
+    let (one, _) = train_gpu(&dir, "one", &args(&["--batch", "8"]));
+    let (tp, doc) = train_gpu(
+        &dir,
+        "tp2",
+        &args(&[
+            "--batch",
+            "8",
+            "--tp",
+            "2",
+            "--no-sp",
+            "--nproc-per-node",
+            "2",
+        ]),
+    );
+    let d = max_diff(&one, &tp);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --tp 2 vs one GPU after 10 steps: max |diff| {d:e}; tensor traffic {}",
+        doc["summary"]["tensor_payload_bytes_per_step"]
+    );
+    assert!(d <= GPU_TOLERANCE, "--tp 2 differs from one GPU by {d}");
+}
+
+#[test]
+fn gpu_tp_2_times_data_2_matches_data_parallel_over_4() {
+    if gpus(4).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-tp-dp");
+    let common = ["--nproc-per-node", "4", "--global-batch", "16"];
+    let (dp, _) = train_gpu(&dir, "dp4", &args(&common));
+    let with_tp: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain(["--tp", "2", "--no-sp"])
+        .collect();
+    let (tp, _) = train_gpu(&dir, "tp2-dp2", &args(&with_tp));
+    let d = max_diff(&dp, &tp);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --tp 2 x data 2 vs data parallel over 4 GPUs: max |diff| {d:e}"
+    );
+    assert!(d <= GPU_TOLERANCE, "--tp 2 x data 2 differs by {d}");
+}
