@@ -9,13 +9,18 @@
 #     tests that read and write checkpoints (the piece format changed for
 #     tensor parallelism: every earlier layout must still resume
 #     bit-identical) and the padded-layout test.
+#   bash bench/device/tp.sh bench
+#     bf16 on 4 GPUs, global batch 16 x 1024, the 2.65B model
+#     (L32-H32-C2560-V50304-T1024): braid --tp 4 beside PyTorch TP 4 + SP
+#     (anchors/torch_tp_bench.py), then braid --tp 2 x data 2 beside
+#     PyTorch TP 2 x FSDP2 2, each pair in this call.
 #   bash bench/device/tp.sh run
 #     one --tp 2 f32 run on the 124M model beside one GPU's, 20 steps: the
 #     loss curves side by side and the tensor groups' traffic per step.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
-# .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz (made by
-# bench/device/pack.sh).
+# .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
+# bench .dev/anchors (made by bench/device/pack.sh).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh
 export BRAID_KERNEL_CACHE=/tmp/kc
 LIMIT=${TP_LIMIT:-540}
@@ -59,9 +64,36 @@ for x, y in zip(a, b):
 PY
 }
 
+# braid and the PyTorch peer on the same layout: NAME, braid's extra
+# arguments, the peer's arguments.
+pair() {
+  local name=$1 ours=$2 theirs=$3 t
+  t=$(left)
+  [ "$t" -ge 60 ] || { echo "$name: skipped ($t s left)"; return; }
+  [ "$t" -gt 200 ] && t=200
+  # shellcheck disable=SC2086 # word lists
+  timeout -k 10 "$t" "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 --data random \
+    --global-batch 16 --seq 1024 --steps 12 --eval-every 0 --log-every 4 --nproc-per-node 4 \
+    $ours > "$L/$name-braid.txt" 2>&1
+  echo "$name braid ($ours): exit $? | $(grep -h 'gpu summary' "$L/$name-braid.txt" | sed 's/.*gpu summary: //')"
+  t=$(left)
+  [ "$t" -ge 60 ] || { echo "$name peer: skipped ($t s left)"; return; }
+  [ "$t" -gt 200 ] && t=200
+  # shellcheck disable=SC2086
+  timeout -k 10 "$t" torchrun --standalone --nproc_per_node=4 "$ANCHORS/torch_tp_bench.py" \
+    --model L32-H32-C2560 --T 1024 --steps 10 $theirs > "$L/$name-torch.txt" 2>&1
+  echo "$name torch ($theirs): exit $? | $(grep -h RESULT "$L/$name-torch.txt")"
+}
+
+phase_bench() {
+  pair tp4 "--tp 4 --no-sp" "--tp 4 --B 16"
+  pair tp2dp2 "--tp 2 --no-sp" "--tp 2 --dp 2 --B 8"
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
+  bench) phase_bench ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|run" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|run" >&2; exit 2 ;;
 esac
 finish

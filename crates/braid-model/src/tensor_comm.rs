@@ -67,6 +67,13 @@ pub trait DeviceTensorComm: Send + Sync {
         op: ReduceKind,
         stream: &braid_cuda::Stream,
     ) -> Result<(), String>;
+    /// `x` (bf16 on this rank's GPU) becomes the sum of every rank's `x`
+    /// (NCCL adds in bf16, as Megatron's activation all-reduces do).
+    fn all_reduce_bf16(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
     /// `x` (host memory) becomes the sum of every rank's (a gradient
     /// norm's parts).
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<(), String>;

@@ -409,6 +409,28 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
         );
         Ok(())
     }
+    fn all_reduce_bf16(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 2 * braid_cuda::DeviceMem::dlen(&x);
+        let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
+            format!("tensor all_reduce bf16 ({bytes} B)")
+        });
+        self.gpu
+            .all_reduce_view(x, ReduceOp::Sum)
+            .and_then(|w| w.then_on(stream))
+            .map_err(|e| format!("all_reduce over the tensor group: {e}"))?;
+        let (n, t) = (self.size() as f64, &self.traffic);
+        t.collectives.fetch_add(1, Ordering::Relaxed);
+        t.payload.fetch_add(bytes as u64, Ordering::Relaxed);
+        t.wire.fetch_add(
+            (bytes as f64 * 2.0 * (n - 1.0) / n) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<()> {
         self.gpu
             .host()

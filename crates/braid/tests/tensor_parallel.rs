@@ -165,10 +165,6 @@ fn what_tensor_parallelism_cannot_do_is_one_clear_error_at_start() {
     // Strategies it does not compose with yet.
     refused(
         &["--tp", "2", "--device", "cuda"],
-        "runs the f32 engine so far",
-    );
-    refused(
-        &["--tp", "2", "--device", "cuda", "--precision", "f32"],
         "without sequence parallelism so far",
     );
     refused(&["--tp", "2", "--offload", "optimizer"], "--offload");

@@ -746,6 +746,67 @@ extern "C" __global__ void softmax_cross_entropy_bf(bf16* logits, float* losses,
     }
 }
 
+// ---- tensor parallelism: this rank's rows of the vocabulary ----------------------------
+// bf16 logits, rows of ld (>= V) values; targets are whole-vocabulary ids,
+// this rank holds rows v0 .. v0 + V. One warp per row, as the kernel above.
+
+// mx[row] = the maximum of this rank's V logits.
+extern "C" __global__ void vocab_row_max_bf(const bf16* logits, float* mx, int N, int V, int ld) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const bf16* l = logits + (long)row * ld;
+    float m = -3.0e38f;
+    for (int i = lane; i < V; i += WARP) m = fmaxf(m, wide(l[i]));
+    for (int o = WARP / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+    if (lane == 0) mx[row] = m;
+}
+
+// After the group's maxima: sums[row] = this rank's sum of exp(l - mx),
+// sums[N + row] = its target's l - mx where it holds the target, else 0.
+extern "C" __global__ void vocab_row_sums_bf(const bf16* logits, const float* mx, float* sums,
+                                             const unsigned* targets, int N, int V, int ld, int v0) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const bf16* l = logits + (long)row * ld;
+    float m = mx[row], s = 0.f;
+    for (int i = lane; i < V; i += WARP) s += __expf(wide(l[i]) - m);
+    s = warp_sum(s);
+    if (lane == 0) {
+        unsigned k = targets[row] - (unsigned)v0;
+        sums[row] = s;
+        sums[N + row] = k < (unsigned)V ? wide(l[k]) - m : 0.f;
+    }
+}
+
+// After the group's sums: loss[row] = log(sum) - (l[t] - mx) over the whole
+// vocabulary; with scale != 0 this rank's logits become scale * (softmax -
+// onehot), the padding past V zero (target 0xffffffff: no loss, zero
+// gradient).
+extern "C" __global__ void vocab_softmax_ce_bf(bf16* logits, float* losses, const float* mx,
+                                               const float* sums, const unsigned* targets, int N,
+                                               int V, int ld, int v0, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    bf16* l = logits + (long)row * ld;
+    unsigned t = targets[row];
+    bool counted = t != 0xffffffffu;
+    float s = sums[row], m = mx[row];
+    if (lane == 0) losses[row] = counted ? logf(s) - sums[N + row] : 0.f;
+    __syncwarp();
+    if (scale != 0.f) {
+        float inv = 1.f / s;
+        unsigned k = t - (unsigned)v0;
+        for (int i = lane; i < ld; i += WARP) {
+            float g = counted && i < V ? __expf(wide(l[i]) - m) * inv * scale : 0.f;
+            if (counted && (unsigned)i == k) g -= scale;
+            l[i] = narrow(g);
+        }
+    }
+}
+
 // ---- optimizer ----------------------------------------------------------------------
 // AdamW over the whole flat parameter buffer in one launch: segment k
 // covers [seg_end[k-1], seg_end[k]) with decay seg_wd[k]; the gradient is

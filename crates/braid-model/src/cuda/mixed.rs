@@ -163,6 +163,9 @@ pub struct MixedKernels {
     pub(crate) softmax_forward: Function,
     pub(crate) softmax_backward: Function,
     softmax_cross_entropy: Function,
+    vocab_row_max: Function,
+    vocab_row_sums: Function,
+    vocab_softmax_ce: Function,
     adamw_multi: Function,
     adamw_multi4: Function,
     /// The fused attention kernels, where the GPU has bf16 tensor cores.
@@ -212,6 +215,9 @@ impl MixedKernels {
             softmax_forward: f("softmax_causal_forward_bf")?,
             softmax_backward: f("softmax_causal_backward_bf")?,
             softmax_cross_entropy: f("softmax_cross_entropy_bf")?,
+            vocab_row_max: f("vocab_row_max_bf")?,
+            vocab_row_sums: f("vocab_row_sums_bf")?,
+            vocab_softmax_ce: f("vocab_softmax_ce_bf")?,
             adamw_multi: f("adamw_multi")?,
             adamw_multi4: f("adamw_multi4")?,
             flash: FlashKernels::load(device)?,
@@ -746,6 +752,99 @@ impl MixedKernels {
             A::F(scale),
         ];
         self.rows(&self.softmax_cross_entropy, s, n, args)
+    }
+
+    /// A tensor-parallel rank's bf16 logits (`n` rows of `ld`, this rank's
+    /// `rows.v` of the vocabulary): each row's maximum into `mx`.
+    pub fn vocab_row_max(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<bf16>,
+        mx: &mut impl DeviceMem<f32>,
+        n: usize,
+        v: usize,
+        ld: usize,
+    ) -> Result<()> {
+        need("logits", logits.dlen(), n * ld)?;
+        need("row maxima", mx.dlen(), n)?;
+        let args = vec![
+            A::P(logits.dptr()),
+            A::P(mx.dptr()),
+            A::I(n as i32),
+            A::I(v as i32),
+            A::I(ld as i32),
+        ];
+        self.rows(&self.vocab_row_max, s, n, args)
+    }
+
+    /// After the group's maxima: `sums[row]` this rank's sum of
+    /// exponentials, `sums[n + row]` its target's logit minus the maximum
+    /// where this rank holds the target.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_row_sums(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<bf16>,
+        mx: &impl DeviceMem<f32>,
+        sums: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: super::VocabRows,
+        ld: usize,
+    ) -> Result<()> {
+        need("logits", logits.dlen(), n * ld)?;
+        need("row sums", sums.dlen(), 2 * n)?;
+        need("row maxima", mx.dlen().min(targets.dlen()), n)?;
+        let args = vec![
+            A::P(logits.dptr()),
+            A::P(mx.dptr()),
+            A::P(sums.dptr()),
+            A::P(targets.dptr()),
+            A::I(n as i32),
+            A::I(rows.v as i32),
+            A::I(ld as i32),
+            A::I(rows.first as i32),
+        ];
+        self.rows(&self.vocab_row_sums, s, n, args)
+    }
+
+    /// After the group's sums: each row's loss over the whole vocabulary,
+    /// and (scale ≠ 0) this rank's logits become `scale · (softmax −
+    /// onehot)`, the padding past its rows zero.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_softmax_ce(
+        &self,
+        s: &Stream,
+        logits: &mut impl DeviceMem<bf16>,
+        losses: &mut impl DeviceMem<f32>,
+        mx: &impl DeviceMem<f32>,
+        sums: &impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: super::VocabRows,
+        ld: usize,
+        scale: f32,
+    ) -> Result<()> {
+        need("logits", logits.dlen(), n * ld)?;
+        need("row sums", sums.dlen(), 2 * n)?;
+        need(
+            "losses",
+            losses.dlen().min(targets.dlen()).min(mx.dlen()),
+            n,
+        )?;
+        let args = vec![
+            A::P(logits.dptr()),
+            A::P(losses.dptr()),
+            A::P(mx.dptr()),
+            A::P(sums.dptr()),
+            A::P(targets.dptr()),
+            A::I(n as i32),
+            A::I(rows.v as i32),
+            A::I(ld as i32),
+            A::I(rows.first as i32),
+            A::F(scale),
+        ];
+        self.rows(&self.vocab_softmax_ce, s, n, args)
     }
 
     /// One AdamW step over the whole flat buffer (see [`AdamSegments`]);

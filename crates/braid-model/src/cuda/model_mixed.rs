@@ -24,9 +24,11 @@ use super::mixed::MixedKernels;
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use super::model::LayerRanges;
 use super::profile::PhaseTimer;
-use super::Kernels;
+use super::{Kernels, VocabRows};
 use crate::cpu::attention::AttnShape;
 use crate::layout::{Block, Layout};
+use crate::model::Widths;
+use crate::tensor_comm::{DeviceTensorComm, ReduceKind};
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
 use braid_cuda::memory::{copy_async, zero_async};
@@ -86,12 +88,15 @@ struct BlockActs {
 }
 
 impl BlockActs {
+    /// A block's buffers: the attention's at `shape` (this rank's heads),
+    /// `resid2` at the residual width `c`, `fch` at the MLP's width `f`.
     fn new(
         p: &DevicePool,
         s: &Stream,
         shape: AttnShape,
         path: AttnPath,
         with_attention: bool,
+        (c, f): (usize, usize),
     ) -> Result<BlockActs> {
         let n = shape.b * shape.t;
         Ok(BlockActs {
@@ -99,8 +104,8 @@ impl BlockActs {
                 true => Some(AttnSaved::new(p, s, shape, path)?),
                 false => None,
             },
-            resid2: p.zeros(n * shape.c, s)?,
-            fch: p.zeros(n * 4 * shape.c, s)?,
+            resid2: p.zeros(n * c, s)?,
+            fch: p.zeros(n * f, s)?,
         })
     }
 }
@@ -339,6 +344,41 @@ struct DeferredDy {
     qkv: DeviceBuffer<bf16>,
 }
 
+/// A tensor-parallel rank's group: its collectives, and the rows' maxima
+/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`).
+struct Group {
+    comm: Arc<dyn DeviceTensorComm>,
+    mx: DeviceBuffer<f32>,
+    sums: DeviceBuffer<f32>,
+}
+
+/// Sums `x` (f32) over the group, on `s`; nothing without one.
+fn sum_f32(group: &Option<Group>, x: &mut DeviceBuffer<f32>, s: &Stream, what: &str) -> Result<()> {
+    match group {
+        None => Ok(()),
+        Some(g) => g
+            .comm
+            .all_reduce_f32(x.view_mut(0..x.len()), ReduceKind::Sum, s)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
+    }
+}
+
+/// Sums `x` (bf16) over the group, on `s`; nothing without one.
+fn sum_bf16(
+    group: &Option<Group>,
+    x: &mut DeviceBuffer<bf16>,
+    s: &Stream,
+    what: &str,
+) -> Result<()> {
+    match group {
+        None => Ok(()),
+        Some(g) => g
+            .comm
+            .all_reduce_bf16(x.view_mut(0..x.len()), s)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
+    }
+}
+
 /// Where the wide scratch ([`GpuGptMixed`]'s `wide`, `b·t × 4·width`)
 /// holds its two parts that live at once in the attention's backward pass:
 /// the attention's input gradient (or, in the forward pass, the unbiased
@@ -391,6 +431,12 @@ fn fused_products(device: &Device) -> Result<Option<FusedProducts>> {
 /// sized for one (batch, sequence) shape.
 pub struct GpuGptMixed {
     layout: Arc<Layout>,
+    /// The widths of this rank's passes (the whole model's in one
+    /// process; a tensor-parallel rank's heads, MLP columns and
+    /// vocabulary rows).
+    widths: Widths,
+    /// The tensor-parallel group, when this is one rank's share.
+    group: Option<Group>,
     stream: Stream,
     kernels: Kernels,
     mk: MixedKernels,
@@ -402,7 +448,7 @@ pub struct GpuGptMixed {
     pool: DevicePool,
     b: usize,
     t: usize,
-    /// The vocabulary rounded up to a multiple of 64: the classifier's
+    /// This rank's vocabulary rounded up to a multiple of 64: the classifier's
     /// products run over `vp` rows of a zero-padded embedding copy (an odd
     /// vocabulary makes cuBLAS several times slower).
     vp: usize,
@@ -486,15 +532,19 @@ impl GpuGptMixed {
     ) -> Result<GpuGptMixed> {
         let checkpointing = options.checkpointing;
         let cfg = layout.config;
-        let (c, v, nh) = (cfg.n_embd, cfg.vocab_size, cfg.n_head);
-        if c % nh != 0 {
+        let w = Widths::of(&layout);
+        // This rank's widths (the whole model's in one process).
+        let (c, v, nh) = (cfg.n_embd, w.vocab, w.heads);
+        let (a, f) = (w.attn, w.mlp);
+        if c % cfg.n_head != 0 {
             return Err(CudaError::Invalid(format!(
-                "width {c} is not a multiple of the {nh} heads"
+                "width {c} is not a multiple of the {} heads",
+                cfg.n_head
             )));
         }
         let n = b * t;
         let vp = v.div_ceil(64) * 64;
-        let shape = AttnShape { b, t, c, nh };
+        let shape = AttnShape { b, t, c: a, nh };
         let mk = MixedKernels::load(device)?;
         let path = AttnPath::choose(&mk, shape)?;
         // The device's own stream: collectives order themselves after it.
@@ -510,9 +560,9 @@ impl GpuGptMixed {
                 ln1_rstd: p.zeros(n, s)?,
                 ln2_mean: p.zeros(n, s)?,
                 ln2_rstd: p.zeros(n, s)?,
-                atty: p.zeros(n * c, s)?,
+                atty: p.zeros(n * a, s)?,
                 acts: match checkpointing {
-                    false => Some(BlockActs::new(p, s, shape, path, true)?),
+                    false => Some(BlockActs::new(p, s, shape, path, true, (c, f))?),
                     true => None,
                 },
                 lse: match checkpointing && fused && !keep_attention {
@@ -526,7 +576,7 @@ impl GpuGptMixed {
             });
         }
         let work = match checkpointing {
-            true => Some(BlockActs::new(p, s, shape, path, !keep_attention)?),
+            true => Some(BlockActs::new(p, s, shape, path, !keep_attention, (c, f))?),
             false => None,
         };
         let streamed = match options.streamed_weights {
@@ -540,12 +590,16 @@ impl GpuGptMixed {
         };
         // Stored score gradients go into each block's idle resid2 and fch
         // where they fit, else into scratch of their own.
-        let score_grads_in_block =
-            fused && options.stored_score_grads && score_grads_fit_in_block(shape);
+        // (Sized for the whole model's block; a tensor-parallel rank keeps
+        // its score gradients apart.)
+        let score_grads_in_block = fused
+            && options.stored_score_grads
+            && layout.shard.size == 1
+            && score_grads_fit_in_block(shape);
         let stored_own = options.stored_score_grads && !score_grads_in_block;
-        let partial_len = MixedKernels::partial_len(n, 4 * c, 1)
+        let partial_len = MixedKernels::partial_len(n, f.max(3 * a), 1)
             .max(MixedKernels::partial_len(n, c, 3))
-            .max(MixedKernels::gelu_partial_len(n, 4 * c));
+            .max(MixedKernels::gelu_partial_len(n, f));
         let model = GpuGptMixed {
             kernels: Kernels::load(device)?,
             mk,
@@ -574,10 +628,11 @@ impl GpuGptMixed {
                 Some((p.zeros(vp * c, s)?, p.zeros(vp * c, s)?))
             },
             losses: p.zeros(n, s)?,
-            batch: DeviceBatch::new(device, n, v)?,
+            // Tokens and targets are whole-vocabulary ids.
+            batch: DeviceBatch::new(device, n, cfg.vocab_size)?,
             attn: AttnShared::new(p, s, shape, path, stored_own)?,
             ln: p.zeros(n * c, s)?,
-            wide: p.zeros(n * 4 * c, s)?,
+            wide: p.zeros(n * (4 * a).max(f), s)?,
             dresid: p.zeros(n * c, s)?,
             dresid_bf: p.zeros(n * c, s)?,
             dln: p.zeros(n * c, s)?,
@@ -592,6 +647,8 @@ impl GpuGptMixed {
             fresh: fresh::FreshGrads::default(),
             recomputed: None,
             score_grads_in_block,
+            widths: w,
+            group: None,
             layout,
             pool,
             stream,
@@ -640,18 +697,20 @@ impl GpuGptMixed {
             )));
         }
         let n = self.b * self.t;
-        let c = cfg.n_embd;
+        let Widths {
+            c, attn: a, mlp: f, ..
+        } = self.widths;
         let (s, p) = (&self.stream, &self.pool);
         self.deferred.clear();
         for _ in 0..layers {
             self.deferred.push(DeferredDy {
-                gelu: p.zeros(n * 4 * c, s)?,
+                gelu: p.zeros(n * f, s)?,
                 ln2: p.zeros(n * c, s)?,
                 ln1: p.zeros(n * c, s)?,
                 fcproj: p.zeros(n * c, s)?,
-                fc: p.zeros(n * 4 * c, s)?,
+                fc: p.zeros(n * (4 * a).max(f), s)?,
                 proj: p.zeros(n * c, s)?,
-                qkv: p.zeros(n * 3 * c, s)?,
+                qkv: p.zeros(n * 3 * a, s)?,
             });
         }
         s.synchronize()
@@ -664,6 +723,44 @@ impl GpuGptMixed {
 
     fn range(&self, name: &str) -> Range<usize> {
         self.layout.get(name).expect("model parameter").range()
+    }
+
+    /// Makes this model tensor-parallel rank `comm.rank()`'s share: its
+    /// layout must be that rank's `Layout::tensor_parallel` layout.
+    pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGptMixed> {
+        let shard = self.layout.shard;
+        if (comm.rank(), comm.size()) != (shard.rank, shard.size) {
+            return Err(CudaError::Invalid(format!(
+                "a layout of tensor-parallel rank {} of {} over a group where this is rank {} of {}",
+                shard.rank,
+                shard.size,
+                comm.rank(),
+                comm.size()
+            )));
+        }
+        let n = self.b * self.t;
+        let (s, p) = (&self.stream, &self.pool);
+        let (mx, sums) = (p.zeros(n, s)?, p.zeros(2 * n, s)?);
+        self.group = Some(Group { comm, mx, sums });
+        Ok(self)
+    }
+
+    /// This rank's rows of the vocabulary.
+    fn vocab_rows(&self) -> VocabRows {
+        VocabRows {
+            first: self.widths.vocab_start,
+            v: self.widths.vocab,
+        }
+    }
+
+    /// A share of the model without its group is refused.
+    fn check_group(&self) -> Result<()> {
+        match (&self.group, self.layout.shard.size) {
+            (None, n) if n > 1 => Err(CudaError::Group(format!(
+                "this is one of {n} tensor-parallel shares of the model, built without its group"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Checks the parameters' lengths; without a full bf16 copy (`pb`

@@ -482,19 +482,16 @@ impl GpuGpt {
 
 impl GpuGpt {
     /// Makes this engine tensor-parallel rank `comm.rank()`'s share (its
-    /// layout that rank's `Layout::tensor_parallel` one): the f32 model
-    /// runs the group's collectives in its passes, and the gradient norm
-    /// is summed over the group. The bf16 model is refused (not built yet).
+    /// layout that rank's `Layout::tensor_parallel` one): the model (f32
+    /// or bf16) runs the group's collectives in its passes, and the
+    /// gradient norm is summed over the group.
     pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGpt> {
-        self.model =
-            match self.model {
-                Model::F32(m) => Model::F32(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?)),
-                Model::Mixed(..) => return Err(
-                    "tensor parallelism on the GPU runs the f32 model so far (--precision f32); \
-                     the bf16 model's is not built yet"
-                        .into(),
-                ),
-            };
+        self.model = match self.model {
+            Model::F32(m) => Model::F32(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?)),
+            Model::Mixed(m, pb) => {
+                Model::Mixed(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?), pb)
+            }
+        };
         let whole = self
             .layout
             .params

@@ -26,6 +26,8 @@ pub struct Shape<'a> {
     pub offload: bool,
     /// `--accum`: micro-batches per step.
     pub accum: usize,
+    /// `--tp`: ranks per tensor group (1: none).
+    pub tensor: usize,
 }
 
 impl Shape<'_> {
@@ -270,6 +272,21 @@ pub fn device(
         && FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
+    if a.tensor > 1 {
+        // The GPU estimate does not know a tensor-parallel rank's widths
+        // yet: no estimate, the fast forms (ZeRO-3 casts its layers as
+        // they run).
+        return Ok(DevicePlan {
+            estimate: 0,
+            streamed_weights: mixed && a.sharding.stage == 3,
+            fused_attention: fused,
+            stored_score_grads: fused,
+            keep_attention: fused && a.checkpointing,
+            saved_in_grads: false,
+            half_gathers: false,
+            split_embeddings: false,
+        });
+    }
     let forced_scores = env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?;
     if forced_scores == Some(true) && !fused {
         return Err(

@@ -388,21 +388,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     let device = super::Device::resolve(&a.device, local_workers)?;
     let cuda = device.cuda;
-    if a.tp > 1 && cuda {
-        if a.precision.as_deref() != Some("f32") {
-            return Err(format!(
-                "--tp {} on GPUs runs the f32 engine so far (its bf16 engine's tensor \
-                 parallelism is not built yet): add --precision f32, or shard the model over \
-                 GPUs with --zero 3",
-                a.tp
-            ));
-        }
-        if !a.no_sp {
-            return Err(format!(
-                "--tp {} on GPUs runs without sequence parallelism so far: add --no-sp",
-                a.tp
-            ));
-        }
+    if a.tp > 1 && cuda && !a.no_sp {
+        return Err(format!(
+            "--tp {} on GPUs runs without sequence parallelism so far: add --no-sp",
+            a.tp
+        ));
     }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
@@ -639,6 +629,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
         offload,
         accum: a.accum,
+        tensor: a.tp,
     };
     // Before the host spends time reading or initialising a model it (or
     // the GPU) cannot hold; the GPU is checked again, with the same

@@ -108,7 +108,7 @@ impl GpuGptMixed {
         let p = p.into();
         self.check_params(p, pb)?;
         let cfg = self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (c, v) = (cfg.n_embd, self.widths.vocab);
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
         let wte = self.range("wte.weight");
@@ -166,6 +166,8 @@ impl GpuGptMixed {
             k.add_inplace(s, &mut gwte, &dwte_pad.view(0..v * c))?;
         }
         prof.mark(s, "bwd gemm classifier")?;
+        // Each rank's share of the vocabulary's gradient, summed.
+        sum_bf16(&self.group, &mut self.dln, s, "head backward")?;
         zero_async(&mut self.dresid, s)?;
         prof.mark(s, "bwd zero")?;
         // The column sums of the LayerNorm's dres are the last layer's
@@ -237,11 +239,16 @@ impl GpuGptMixed {
         if self.work.is_some() && !recomputed {
             self.forward_layer(l, p, pb, Pass::Recompute)?;
         }
-        let cfg = self.layout.config;
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let Widths {
+            c,
+            heads: nh,
+            attn: ca,
+            mlp: f,
+            ..
+        } = self.widths;
         let (b, t) = (self.b, self.t);
         let n = b * t;
-        let shape = AttnShape { b, t, c, nh };
+        let shape = AttnShape { b, t, c: ca, nh };
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
@@ -262,11 +269,11 @@ impl GpuGptMixed {
             blas,
             s,
             n,
-            4 * c,
+            f,
             c,
             Mat::of(&self.dresid_bf, c),
             Mat::of(&w(&r.fcproj_w), c),
-            Mat::of(&self.wide, 4 * c),
+            Mat::of(&self.wide, f),
         )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
@@ -282,7 +289,7 @@ impl GpuGptMixed {
                 &mut self.partial,
                 Some(&mut d.gelu),
                 n,
-                4 * c,
+                f,
             )?,
             None => mk.gelu_backward_bias_over_pre(
                 s,
@@ -291,7 +298,7 @@ impl GpuGptMixed {
                 &mut dbias,
                 &mut self.partial,
                 n,
-                4 * c,
+                f,
             )?,
         }
         prof.mark(s, "bwd gelu+bias")?;
@@ -304,10 +311,10 @@ impl GpuGptMixed {
                 blas,
                 s,
                 n,
-                4 * c,
+                f,
                 c,
                 // The GELU, over fch.
-                Mat::of(&acts.fch, 4 * c),
+                Mat::of(&acts.fch, f),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
                 self.fresh.beta(),
@@ -321,12 +328,14 @@ impl GpuGptMixed {
             s,
             n,
             c,
-            4 * c,
-            Mat::of(&self.wide, 4 * c),
-            Mat::of(&w(&r.fc_w), 4 * c),
+            f,
+            Mat::of(&self.wide, f),
+            Mat::of(&w(&r.fc_w), f),
             Mat::of(&self.dln, c),
         )?;
         prof.mark(s, "bwd gemm fc")?;
+        // A column-split product's input gradient: each rank's share summed.
+        sum_bf16(&self.group, &mut self.dln, s, "mlp.c_fc backward")?;
         let ln2: &mut DeviceBuffer<bf16> = if defer {
             &mut self.deferred[l].ln2
         } else {
@@ -364,10 +373,10 @@ impl GpuGptMixed {
                 s,
                 n,
                 c,
-                4 * c,
+                f,
                 Mat::of(&self.ln, c),
-                Mat::of(&self.wide, 4 * c),
-                Mat::of(&g.view_mut(r.fc_w.clone())?, 4 * c),
+                Mat::of(&self.wide, f),
+                Mat::of(&g.view_mut(r.fc_w.clone())?, f),
                 self.fresh.beta(),
             )?;
             prof.mark(s, "bwd gemm fc")?;
@@ -377,11 +386,11 @@ impl GpuGptMixed {
             blas,
             s,
             n,
-            c,
+            ca,
             c,
             Mat::of(&self.dresid_bf, c),
             Mat::of(&w(&r.proj_w), c),
-            Mat::of(&self.wide.view(Wide::datty(n, c)), c),
+            Mat::of(&self.wide.view(Wide::datty(n, ca)), ca),
         )?;
         if defer {
             std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].proj);
@@ -390,9 +399,9 @@ impl GpuGptMixed {
                 blas,
                 s,
                 n,
+                ca,
                 c,
-                c,
-                Mat::of(&a.atty, c),
+                Mat::of(&a.atty, ca),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.proj_w.clone())?, c),
                 self.fresh.beta(),
@@ -405,9 +414,11 @@ impl GpuGptMixed {
             Some(d) => (Some(&mut d.qkv), Some(&mut d.ln1)),
             None => (None, None),
         };
-        let [wide_qkv, datty] = self.wide.views_mut_n([Wide::qkv(n, c), Wide::datty(n, c)]);
+        let [wide_qkv, datty] = self
+            .wide
+            .views_mut_n([Wide::qkv(n, ca), Wide::datty(n, ca)]);
         let mut dqkv = match deferred_qkv {
-            Some(q) => q.view_mut(Wide::qkv(n, c)),
+            Some(q) => q.view_mut(Wide::qkv(n, ca)),
             None => wide_qkv,
         };
         let LayerSaved {
@@ -455,19 +466,20 @@ impl GpuGptMixed {
             s,
             n,
             c,
-            3 * c,
-            Mat::of(&dqkv, 3 * c),
-            Mat::of(&w(&r.qkv_w), 3 * c),
+            3 * ca,
+            Mat::of(&dqkv, 3 * ca),
+            Mat::of(&w(&r.qkv_w), 3 * ca),
             Mat::of(&self.dln, c),
         )?;
         prof.mark(s, "bwd gemm qkv")?;
+        sum_bf16(&self.group, &mut self.dln, s, "attn.c_attn backward")?;
         mk.bias_backward_bf(
             s,
             &mut g.view_mut(r.qkv_b.clone())?,
             &mut self.partial,
             &dqkv,
             n,
-            3 * c,
+            3 * ca,
         )?;
         prof.mark(s, "bwd bias")?;
         // The layer below's fcproj bias gradient comes with this one.
@@ -511,10 +523,10 @@ impl GpuGptMixed {
                 s,
                 n,
                 c,
-                3 * c,
+                3 * ca,
                 Mat::of(&self.ln, c),
-                Mat::of(&dqkv, 3 * c),
-                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * c),
+                Mat::of(&dqkv, 3 * ca),
+                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * ca),
                 self.fresh.beta(),
             )?;
             prof.mark(s, "bwd gemm qkv")
@@ -547,16 +559,21 @@ impl GpuGptMixed {
                 self.deferred.len()
             )));
         };
-        let c = self.layout.config.n_embd;
+        let Widths {
+            c,
+            attn: ca,
+            mlp: f,
+            ..
+        } = self.widths;
         let n = self.b * self.t;
         let (s, blas) = (&self.stream, &mut self.blas);
         let (r, a) = (&self.ranges[l], &self.layers[l]);
         for w in which {
             let (x, dy, range, inp, out) = match w {
-                WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), 4 * c, c),
-                WeightGrads::Fc => (&d.ln2, &d.fc, r.fc_w.clone(), c, 4 * c),
-                WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), c, c),
-                WeightGrads::Qkv => (&d.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * c),
+                WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), f, c),
+                WeightGrads::Fc => (&d.ln2, &d.fc, r.fc_w.clone(), c, f),
+                WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), ca, c),
+                WeightGrads::Qkv => (&d.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * ca),
             };
             let dw = g.view_mut(range)?;
             weight_grad(
@@ -581,15 +598,31 @@ impl GpuGptMixed {
         let (c, t) = (cfg.n_embd, self.t);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         let [mut gte, mut gpe] = g.views_mut_n([wte, wpe])?;
-        self.batch.embedding_backward(
-            &self.kernels,
-            &self.stream,
-            &mut gte,
-            &mut gpe,
-            &self.dresid,
-            t,
-            c,
-        )?;
+        match &self.group {
+            None => self.batch.embedding_backward(
+                &self.kernels,
+                &self.stream,
+                &mut gte,
+                &mut gpe,
+                &self.dresid,
+                t,
+                c,
+            )?,
+            // Every rank's position embedding whole, its vocabulary rows'.
+            Some(_) => {
+                let rows = self.vocab_rows();
+                self.batch.embedding_backward_rows(
+                    &self.kernels,
+                    &self.stream,
+                    &mut gte,
+                    &mut gpe,
+                    &self.dresid,
+                    t,
+                    c,
+                    rows,
+                )?
+            }
+        }
         self.prof.mark(&self.stream, "bwd encoder")
     }
 }

@@ -96,21 +96,43 @@ impl GpuGptMixed {
     pub fn forward_encoder<'p>(&mut self, p: impl Into<F32Params<'p>>) -> Result<()> {
         let p = p.into();
         p.check(self.layout.len)?;
+        self.check_group()?;
         let c = self.layout.config.n_embd;
         let (b, t) = (self.b, self.t);
+        let rows = self.vocab_rows();
+        let first_rank = self.layout.shard.rank == 0;
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
         let (s, k, prof) = (&self.stream, &self.kernels, &mut self.prof);
         prof.mark(s, "start")?;
-        k.encoder_forward(
-            s,
-            &mut self.resid[0],
-            self.batch.tokens(),
-            &p.view(wte)?,
-            &p.view(wpe)?,
-            b * t,
-            t,
-            c,
-        )?;
+        match &self.group {
+            None => k.encoder_forward(
+                s,
+                &mut self.resid[0],
+                self.batch.tokens(),
+                &p.view(wte)?,
+                &p.view(wpe)?,
+                b * t,
+                t,
+                c,
+            )?,
+            // This rank's rows of the vocabulary (the first rank adds the
+            // positions), summed over the group.
+            Some(_) => {
+                k.encoder_forward_part(
+                    s,
+                    &mut self.resid[0],
+                    self.batch.tokens(),
+                    &p.view(wte)?,
+                    &p.view(wpe)?,
+                    b * t,
+                    t,
+                    c,
+                    rows,
+                    first_rank,
+                )?;
+                sum_f32(&self.group, &mut self.resid[0], s, "embedding forward")?;
+            }
+        }
         prof.mark(s, "fwd encoder")
     }
 
@@ -148,7 +170,8 @@ impl GpuGptMixed {
         let p = p.into();
         self.check_params(p, pb)?;
         let cfg = self.layout.config;
-        let (c, v) = (cfg.n_embd, cfg.vocab_size);
+        let (c, v) = (cfg.n_embd, self.widths.vocab);
+        let rows = self.vocab_rows();
         let (b, t, vp) = (self.b, self.t, self.vp);
         let n = b * t;
         let wte = self.range("wte.weight");
@@ -196,16 +219,42 @@ impl GpuGptMixed {
         )?;
         prof.mark(s, "fwd gemm classifier")?;
         let scale = self.batch.loss_scale(grad);
-        mk.softmax_cross_entropy(
-            s,
-            &mut self.logits,
-            &mut self.losses,
-            self.batch.targets(),
-            n,
-            v,
-            vp,
-            scale,
-        )?;
+        match &mut self.group {
+            None => mk.softmax_cross_entropy(
+                s,
+                &mut self.logits,
+                &mut self.losses,
+                self.batch.targets(),
+                n,
+                v,
+                vp,
+                scale,
+            )?,
+            // Vocabulary-parallel: each row's maximum, then its sum of
+            // exponentials and target logit, through the group.
+            Some(Group { comm, mx, sums }) => {
+                let group = |e: String| CudaError::Group(format!("cross-entropy: {e}"));
+                mk.vocab_row_max(s, &self.logits, mx, n, v, vp)?;
+                comm.all_reduce_f32(mx.view_mut(0..n), ReduceKind::Max, s)
+                    .map_err(group)?;
+                let targets = self.batch.targets();
+                mk.vocab_row_sums(s, &self.logits, mx, sums, targets, n, rows, vp)?;
+                comm.all_reduce_f32(sums.view_mut(0..2 * n), ReduceKind::Sum, s)
+                    .map_err(group)?;
+                mk.vocab_softmax_ce(
+                    s,
+                    &mut self.logits,
+                    &mut self.losses,
+                    mx,
+                    sums,
+                    targets,
+                    n,
+                    rows,
+                    vp,
+                    scale,
+                )?;
+            }
+        }
         prof.mark(s, "softmax+cross-entropy")?;
         s.synchronize()?;
         self.batch.mean_loss(&self.losses)
@@ -226,11 +275,21 @@ impl GpuGptMixed {
         pb: Option<&DeviceBuffer<bf16>>,
         pass: Pass,
     ) -> Result<()> {
-        let cfg = self.layout.config;
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
+        let Widths {
+            c,
+            heads: nh,
+            attn: ca,
+            mlp: f,
+            ..
+        } = self.widths;
         let (b, t) = (self.b, self.t);
         let n = b * t;
-        let shape = AttnShape { b, t, c, nh };
+        let shape = AttnShape { b, t, c: ca, nh };
+        // A tensor-parallel rank other than the first adds neither the
+        // residual nor the bias to its share of a row-split product (they
+        // are added once, by the first, before the sum).
+        let adds_residual = self.layout.shard.rank == 0;
+        let group = &self.group;
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
@@ -277,17 +336,17 @@ impl GpuGptMixed {
             // writes it there when cuBLASLt can add the bias.
             let qkv_product = Product {
                 m: n,
-                n: 3 * c,
+                n: 3 * ca,
                 k: c,
                 a: Mat::of(&self.ln, c),
-                b: Mat::of(&w(&r.qkv_w), 3 * c),
+                b: Mat::of(&w(&r.qkv_w), 3 * ca),
             };
             let into_saved = match &mut *attn {
                 AttnSaved::Fused { qkv, .. } => qkv_product.fused(
                     lt,
                     s,
                     None,
-                    Mat::of(qkv, 3 * c),
+                    Mat::of(qkv, 3 * ca),
                     Epilogue::Bias {
                         bias: span(&w(&r.qkv_b)),
                     },
@@ -295,14 +354,14 @@ impl GpuGptMixed {
                 AttnSaved::Batched { .. } => false,
             };
             if !into_saved {
-                let raw = self.wide.view(Wide::qkv(n, c));
-                qkv_product.plain(blas, s, Mat::of(&raw, 3 * c), 0.0)?;
+                let raw = self.wide.view(Wide::qkv(n, ca));
+                qkv_product.plain(blas, s, Mat::of(&raw, 3 * ca), 0.0)?;
             }
             prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
             let qkv_b = p.view(r.qkv_b.clone())?;
             match (pass, kept_lse.as_mut()) {
                 (Pass::Recompute, Some(kept)) => {
-                    let raw = self.wide.view(Wide::qkv(n, c));
+                    let raw = self.wide.view(Wide::qkv(n, ca));
                     let unbiased = (!into_saved).then_some((&raw, &qkv_b));
                     attention::restore(mk, s, attn, unbiased, kept, shape)?;
                 }
@@ -310,7 +369,7 @@ impl GpuGptMixed {
                     if into_saved {
                         attention::forward_prebiased(mk, s, atty, attn, shape)?;
                     } else {
-                        let (sh, raw) = (&mut self.attn, self.wide.view(Wide::qkv(n, c)));
+                        let (sh, raw) = (&mut self.attn, self.wide.view(Wide::qkv(n, ca)));
                         attention::forward(mk, blas, s, atty, &raw, &qkv_b, attn, sh, shape, prof)?;
                     }
                     if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
@@ -323,14 +382,17 @@ impl GpuGptMixed {
         let proj = Product {
             m: n,
             n: c,
-            k: c,
-            a: Mat::of(&*atty, c),
+            k: ca,
+            a: Mat::of(&*atty, ca),
             b: Mat::of(&w(&r.proj_w), c),
         };
         let bias = Epilogue::Bias {
             bias: span(&p.view(r.proj_b.clone())?),
         };
-        if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
+        if !adds_residual {
+            // This rank's share of a row-split product, alone.
+            proj.plain(blas, s, Mat::of(&*resid2, c), 0.0)?;
+        } else if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
             mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone())?, n, c)?;
             prof.mark(
                 s,
@@ -338,6 +400,7 @@ impl GpuGptMixed {
             )?;
             proj.plain(blas, s, Mat::of(&*resid2, c), 1.0)?;
         }
+        sum_f32(group, resid2, s, "attn.c_proj forward")?;
         prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
         mk.layernorm_forward(
             s,
@@ -354,22 +417,22 @@ impl GpuGptMixed {
         // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
         let fc = Product {
             m: n,
-            n: 4 * c,
+            n: f,
             k: c,
             a: Mat::of(&self.ln, c),
-            b: Mat::of(&w(&r.fc_w), 4 * c),
+            b: Mat::of(&w(&r.fc_w), f),
         };
         let gelu = Epilogue::GeluAuxBias {
             bias: span(&w(&r.fc_b)),
             aux: span(&*fch),
-            aux_ld: 4 * c,
+            aux_ld: f,
         };
-        if fc.fused(lt, s, None, Mat::of(&self.wide, 4 * c), gelu)? {
+        if fc.fused(lt, s, None, Mat::of(&self.wide, f), gelu)? {
             prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
         } else {
-            fc.plain(blas, s, Mat::of(&*fch, 4 * c), 0.0)?;
+            fc.plain(blas, s, Mat::of(&*fch, f), 0.0)?;
             prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
-            mk.bias_gelu(s, fch, &mut self.wide, &p.view(r.fc_b.clone())?, n, 4 * c)?;
+            mk.bias_gelu(s, fch, &mut self.wide, &p.view(r.fc_b.clone())?, n, f)?;
             prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
         }
         if pass == Pass::Recompute {
@@ -378,18 +441,21 @@ impl GpuGptMixed {
         let fcproj = Product {
             m: n,
             n: c,
-            k: 4 * c,
-            a: Mat::of(&self.wide, 4 * c),
+            k: f,
+            a: Mat::of(&self.wide, f),
             b: Mat::of(&w(&r.fcproj_w), c),
         };
         let bias = Epilogue::Bias {
             bias: span(&p.view(r.fcproj_b.clone())?),
         };
-        if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
+        if !adds_residual {
+            fcproj.plain(blas, s, Mat::of(out, c), 0.0)?;
+        } else if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
             mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone())?, n, c)?;
             prof.mark(s, "fwd residual+bias")?;
             fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
         }
+        sum_f32(group, out, s, "mlp.c_proj forward")?;
         prof.mark(s, "fwd gemm fcproj")
     }
 }
