@@ -90,9 +90,32 @@ phase_bench() {
   pair tp2dp2 "--tp 2 --no-sp" "--tp 2 --dp 2 --B 8"
 }
 
+# The 12.85B model (L40-H40-C5120) on 4 GPUs, batch 8 x 1024, activation
+# checkpointing, bf16 weights cast layer by layer: braid --tp 4 beside
+# PyTorch TP 4 + SP.
+phase_big() {
+  local t
+  t=$(left)
+  [ "$t" -gt 260 ] && t=260
+  BRAID_BF16_WEIGHTS=streamed timeout -k 10 "$t" "$B" train --device cuda \
+    --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
+    --eval-every 0 --log-every 2 --checkpointing --nproc-per-node 4 --tp 4 --no-sp \
+    > "$L/big-braid.txt" 2>&1
+  echo "12.85B braid --tp 4: exit $? | $(grep -h 'gpu summary' "$L/big-braid.txt" | sed 's/.*gpu summary: //')"
+  grep -h 'error' "$L/big-braid.txt" | head -3
+  t=$(left)
+  [ "$t" -ge 60 ] || { echo "12.85B peer: skipped ($t s left)"; return; }
+  [ "$t" -gt 260 ] && t=260
+  timeout -k 10 "$t" torchrun --standalone --nproc_per_node=4 "$ANCHORS/torch_tp_bench.py" \
+    --model L40-H40-C5120 --T 1024 --steps 6 --warmup 2 --tp 4 --B 8 --act-ckpt \
+    > "$L/big-torch.txt" 2>&1
+  echo "12.85B torch TP 4 + SP: exit $? | $(grep -h RESULT "$L/big-torch.txt")"
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
   bench) phase_bench ;;
+  big) phase_big ;;
   run) phase_run ;;
   *) echo "usage: tp.sh tests|bench|run" >&2; exit 2 ;;
 esac

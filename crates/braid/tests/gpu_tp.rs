@@ -95,8 +95,6 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
         "L4-H4-C128-V259-T64",
         "--tokenizer",
         "bytes",
-        "--seq",
-        "64",
         "--batch",
         "8",
         "--steps",

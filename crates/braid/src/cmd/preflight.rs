@@ -278,7 +278,7 @@ pub fn device(
         // they run).
         return Ok(DevicePlan {
             estimate: 0,
-            streamed_weights: mixed && a.sharding.stage == 3,
+            streamed_weights: forced.unwrap_or(mixed && a.sharding.stage == 3),
             fused_attention: fused,
             stored_score_grads: fused,
             keep_attention: fused && a.checkpointing,
