@@ -14,6 +14,16 @@
 #     (L32-H32-C2560-V50304-T1024): braid --tp 4 beside PyTorch TP 4 + SP
 #     (anchors/torch_tp_bench.py), then braid --tp 2 x data 2 beside
 #     PyTorch TP 2 x FSDP2 2, each pair in this call.
+#   bash bench/device/tp.sh big
+#     the 12.85B model (L40-H40-C5120) on 4 GPUs, batch 8 x 1024 with
+#     activation checkpointing: braid --tp 4 beside PyTorch TP 4 + SP.
+#   bash bench/device/tp.sh two
+#     the 2.65B pair on 2 of the GPUs: braid --tp 2 beside PyTorch TP 2 + SP;
+#     with TWO_BIG=1 (H200s) the 12.85B pair of `big` on the same 2 GPUs.
+#   bash bench/device/tp.sh cross
+#     where tensor parallelism beats ZeRO-3: the 2.65B model on 4 GPUs,
+#     braid --tp 4 beside braid --zero 3 at global batches 4 to 32
+#     (CROSS_BATCHES) of 1024 tokens.
 #   bash bench/device/tp.sh run
 #     one --tp 2 f32 run on the 124M model beside one GPU's, 20 steps: the
 #     loss curves side by side and the tensor groups' traffic per step.
@@ -73,16 +83,29 @@ pair() {
   [ "$t" -gt 200 ] && t=200
   # shellcheck disable=SC2086 # word lists
   timeout -k 10 "$t" "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 --data random \
-    --global-batch 16 --seq 1024 --steps 12 --eval-every 0 --log-every 4 --nproc-per-node 4 \
+    --global-batch 16 --seq 1024 --steps 12 --eval-every 0 --log-every 4 --nproc-per-node "$NPROC" \
     $ours > "$L/$name-braid.txt" 2>&1
   echo "$name braid ($ours): exit $? | $(grep -h 'gpu summary' "$L/$name-braid.txt" | sed 's/.*gpu summary: //')"
   t=$(left)
   [ "$t" -ge 60 ] || { echo "$name peer: skipped ($t s left)"; return; }
   [ "$t" -gt 200 ] && t=200
   # shellcheck disable=SC2086
-  timeout -k 10 "$t" torchrun --standalone --nproc_per_node=4 "$ANCHORS/torch_tp_bench.py" \
+  timeout -k 10 "$t" torchrun --standalone --nproc_per_node="$NPROC" "$ANCHORS/torch_tp_bench.py" \
     --model L32-H32-C2560 --T 1024 --steps 10 $theirs > "$L/$name-torch.txt" 2>&1
   echo "$name torch ($theirs): exit $? | $(grep -h RESULT "$L/$name-torch.txt")"
+}
+
+NPROC=4
+
+# The same 2.65B pair on 2 GPUs (the first two of the machine): braid --tp 2
+# beside PyTorch TP 2 + SP.
+phase_two() {
+  export CUDA_VISIBLE_DEVICES=0,1
+  NPROC=2
+  pair tp2 "--tp 2 --no-sp" "--tp 2 --B 16"
+  # 12.85B on two GPUs needs H200s' memory (about 16 bytes a parameter
+  # over 2: 103 GB per GPU before activations).
+  if [ -n "${TWO_BIG:-}" ]; then phase_big; fi
 }
 
 phase_bench() {
@@ -99,24 +122,46 @@ phase_big() {
   [ "$t" -gt 260 ] && t=260
   BRAID_BF16_WEIGHTS=streamed timeout -k 10 "$t" "$B" train --device cuda \
     --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
-    --eval-every 0 --log-every 2 --checkpointing --nproc-per-node 4 --tp 4 --no-sp \
+    --eval-every 0 --log-every 2 --checkpointing --nproc-per-node "$NPROC" --tp "$NPROC" --no-sp \
     > "$L/big-braid.txt" 2>&1
-  echo "12.85B braid --tp 4: exit $? | $(grep -h 'gpu summary' "$L/big-braid.txt" | sed 's/.*gpu summary: //')"
+  echo "12.85B braid --tp $NPROC: exit $? | $(grep -h 'gpu summary' "$L/big-braid.txt" | sed 's/.*gpu summary: //')"
   grep -h 'error' "$L/big-braid.txt" | head -3
   t=$(left)
   [ "$t" -ge 60 ] || { echo "12.85B peer: skipped ($t s left)"; return; }
   [ "$t" -gt 260 ] && t=260
-  timeout -k 10 "$t" torchrun --standalone --nproc_per_node=4 "$ANCHORS/torch_tp_bench.py" \
-    --model L40-H40-C5120 --T 1024 --steps 6 --warmup 2 --tp 4 --B 8 --act-ckpt \
+  timeout -k 10 "$t" torchrun --standalone --nproc_per_node="$NPROC" "$ANCHORS/torch_tp_bench.py" \
+    --model L40-H40-C5120 --T 1024 --steps 6 --warmup 2 --tp "$NPROC" --B 8 --act-ckpt \
     > "$L/big-torch.txt" 2>&1
-  echo "12.85B torch TP 4 + SP: exit $? | $(grep -h RESULT "$L/big-torch.txt")"
+  echo "12.85B torch TP $NPROC + SP: exit $? | $(grep -h RESULT "$L/big-torch.txt")"
+}
+
+# Where tensor parallelism wins: the 2.65B model on 4 GPUs, sequence 1024,
+# braid --tp 4 beside braid's own ZeRO-3 at global batches 4, 8, 16 and
+# 32 (ZeRO-3's gathers hide under less computation as the batch shrinks).
+phase_cross() {
+  local b how t f
+  for b in ${CROSS_BATCHES:-4 8 16 32}; do
+    for how in "--tp 4 --no-sp" "--zero 3"; do
+      f="$L/cross-b$b-$(echo "$how" | tr -d ' -').txt"
+      t=$(left)
+      [ "$t" -ge 45 ] || { echo "batch $b $how: skipped ($t s left)"; continue; }
+      [ "$t" -gt 120 ] && t=120
+      # shellcheck disable=SC2086 # word list
+      timeout -k 10 "$t" "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 \
+        --data random --global-batch "$b" --seq 1024 --steps 12 --eval-every 0 --log-every 4 \
+        --nproc-per-node 4 $how > "$f" 2>&1
+      echo "batch $b x 1024, $how: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*gpu summary: //')"
+    done
+  done
 }
 
 case "${1:-}" in
   tests) phase_tests ;;
   bench) phase_bench ;;
   big) phase_big ;;
+  two) phase_two ;;
+  cross) phase_cross ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|run" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|run" >&2; exit 2 ;;
 esac
 finish

@@ -126,6 +126,9 @@ impl<C: Collective> DataParallel<C> {
 
     /// One line: ranks, backend, hook, buckets.
     pub fn describe(&self) -> String {
+        if self.comm.size() == 1 {
+            return "one data-parallel replica (no gradient reduction)".into();
+        }
         format!(
             "data parallel over {} ranks ({}), gradients {}, buckets {} MiB (first {} MiB){}",
             self.comm.size(),
@@ -175,6 +178,22 @@ impl<C: Collective> DataParallel<C> {
         };
         let mut computed = None;
         let window = <E::Space as Space>::window(grads);
+        if comm.size() == 1 {
+            // One replica (a tensor group's data dimension of one): the
+            // gradients are already the mean; nothing goes on the wire.
+            let mut nothing = |_: usize, _| Ok(());
+            let at = run_units(
+                engine,
+                plan,
+                window,
+                &mut nothing,
+                timeline,
+                compute,
+                overlap,
+            )?;
+            self.last = CommStep::default();
+            return Ok(at);
+        }
         let step = comm.reduce(window, &plan.buckets, hooks, &mut |w, launch| {
             computed = Some(run_units(
                 engine, plan, w, launch, timeline, compute, overlap,
