@@ -74,6 +74,24 @@ pub trait DeviceTensorComm: Send + Sync {
         x: braid_cuda::DeviceViewMut<'_, half::bf16>,
         stream: &braid_cuda::Stream,
     ) -> Result<(), String>;
+    /// In place over `full` (f32, `size` equal blocks, this rank's block
+    /// already at its offset): every other rank's block lands at its own
+    /// (sequence parallelism's gather of the rows before a column-split
+    /// product).
+    fn all_gather_f32(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
+    /// In place over `full` (f32, `size` equal blocks): this rank's block
+    /// becomes the sum of every rank's same block; the others are left
+    /// undefined (sequence parallelism's reduction after a row-split
+    /// product).
+    fn reduce_scatter_f32(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
     /// `x` (host memory) becomes the sum of every rank's (a gradient
     /// norm's parts).
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<(), String>;

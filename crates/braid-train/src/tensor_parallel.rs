@@ -377,6 +377,35 @@ impl DeviceTensorGroup {
     pub fn traffic(&self) -> Arc<TensorTraffic> {
         self.traffic.clone()
     }
+
+    /// Queues the collective `start` launches (`what`, over `bytes` in
+    /// all) after the model's `stream` and the stream's later work after
+    /// it; traced as tensor-group communication and counted (each rank
+    /// sends `rounds × (n - 1) / n` of the bytes: 2 for an all-reduce, 1
+    /// for an all-gather or reduce-scatter).
+    fn run<'a>(
+        &'a self,
+        what: &str,
+        bytes: usize,
+        rounds: f64,
+        stream: &braid_cuda::Stream,
+        start: impl FnOnce() -> braid_comm::Result<braid_comm::gpu::DeviceWork<'a>>,
+    ) -> Result<()> {
+        let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
+            format!("tensor {what} ({bytes} B)")
+        });
+        start()
+            .and_then(|w| w.then_on(stream))
+            .map_err(|e| format!("{what} over the tensor group: {e}"))?;
+        let (n, t) = (self.gpu.size() as f64, &self.traffic);
+        t.collectives.fetch_add(1, Ordering::Relaxed);
+        t.payload.fetch_add(bytes as u64, Ordering::Relaxed);
+        t.wire.fetch_add(
+            (bytes as f64 * rounds * (n - 1.0) / n) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
 }
 
 impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
@@ -393,21 +422,9 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
         stream: &braid_cuda::Stream,
     ) -> Result<()> {
         let bytes = 4 * braid_cuda::DeviceMem::dlen(&x);
-        let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
-            format!("tensor all_reduce ({bytes} B)")
-        });
-        self.gpu
-            .all_reduce_view(x, op_of(op))
-            .and_then(|w| w.then_on(stream))
-            .map_err(|e| format!("all_reduce over the tensor group: {e}"))?;
-        let (n, t) = (self.size() as f64, &self.traffic);
-        t.collectives.fetch_add(1, Ordering::Relaxed);
-        t.payload.fetch_add(bytes as u64, Ordering::Relaxed);
-        t.wire.fetch_add(
-            (bytes as f64 * 2.0 * (n - 1.0) / n) as u64,
-            Ordering::Relaxed,
-        );
-        Ok(())
+        self.run("all_reduce", bytes, 2.0, stream, || {
+            self.gpu.all_reduce_view(x, op_of(op))
+        })
     }
     fn all_reduce_bf16(
         &self,
@@ -415,21 +432,29 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
         stream: &braid_cuda::Stream,
     ) -> Result<()> {
         let bytes = 2 * braid_cuda::DeviceMem::dlen(&x);
-        let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
-            format!("tensor all_reduce bf16 ({bytes} B)")
-        });
-        self.gpu
-            .all_reduce_view(x, ReduceOp::Sum)
-            .and_then(|w| w.then_on(stream))
-            .map_err(|e| format!("all_reduce over the tensor group: {e}"))?;
-        let (n, t) = (self.size() as f64, &self.traffic);
-        t.collectives.fetch_add(1, Ordering::Relaxed);
-        t.payload.fetch_add(bytes as u64, Ordering::Relaxed);
-        t.wire.fetch_add(
-            (bytes as f64 * 2.0 * (n - 1.0) / n) as u64,
-            Ordering::Relaxed,
-        );
-        Ok(())
+        self.run("all_reduce bf16", bytes, 2.0, stream, || {
+            self.gpu.all_reduce_view(x, ReduceOp::Sum)
+        })
+    }
+    fn all_gather_f32(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 4 * braid_cuda::DeviceMem::dlen(&full);
+        self.run("all_gather", bytes, 1.0, stream, || {
+            self.gpu.all_gather_view(full)
+        })
+    }
+    fn reduce_scatter_f32(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 4 * braid_cuda::DeviceMem::dlen(&full);
+        self.run("reduce_scatter", bytes, 1.0, stream, || {
+            self.gpu.reduce_scatter_view(full, ReduceOp::Sum)
+        })
     }
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<()> {
         self.gpu

@@ -124,6 +124,10 @@ pub struct RunReport {
     /// The parts of the last step, in order, each with the most device
     /// bytes live during it ([`crate::memory_phase`]; zeros on a CPU).
     pub memory_phases: Vec<(Phase, u64)>,
+    /// Device bytes the model's own buffers hold (activations and the
+    /// passes' scratch, by the allocator's counters), where the caller
+    /// measured them (0 otherwise).
+    pub model_buffer_bytes: u64,
 }
 
 /// Trains `engine` under `strategy` on batches from `loader` (into
@@ -435,6 +439,7 @@ where
         sharded,
         saved_in_grads: 0,
         memory_phases,
+        model_buffer_bytes: 0,
     })
 }
 

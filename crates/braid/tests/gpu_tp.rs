@@ -1,8 +1,10 @@
 //! Tensor parallelism on GPUs through the real binary (NCCL in the
-//! passes): `--tp 2` on 2 GPUs reaches one GPU's parameters after 10 f32
-//! steps, and `--tp 2` x data parallel 2 on 4 GPUs data parallelism over
-//! 4, within the GPU tolerance; in bf16 `--tp 2` tracks one GPU. Without
-//! the GPUs a test says "skipped".
+//! passes): `--tp 2` and `--tp 4`, with sequence parallelism and without,
+//! reach one GPU's parameters after 10 f32 steps, and `--tp 2` x data
+//! parallel 2 on 4 GPUs data parallelism over 4, within the GPU
+//! tolerance; sequence parallelism shrinks the activations by the group's
+//! size; in bf16 `--tp 2` tracks one GPU. Without the GPUs a test says
+//! "skipped".
 
 mod common;
 
@@ -28,33 +30,105 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
+/// `--tp 2` (and `--tp 4` where there are 4 GPUs), with sequence
+/// parallelism and without, against one GPU after 10 f32 steps.
 #[test]
-fn gpu_tp_2_matches_one_gpu() {
+fn gpu_tp_matches_one_gpu_with_and_without_sp() {
     if gpus(2).is_none() {
         return;
     }
     let dir = TempDir::new("gpu-tp");
     let (one, _) = train_gpu(&dir, "one", &args(&["--batch", "8"]));
-    let (tp, doc) = train_gpu(
-        &dir,
-        "tp2",
-        &args(&[
-            "--batch",
-            "8",
-            "--tp",
-            "2",
-            "--no-sp",
-            "--nproc-per-node",
-            "2",
-        ]),
-    );
-    let d = max_diff(&one, &tp);
-    let _ = writeln!(
-        std::io::stderr(),
-        "f32, --tp 2 vs one GPU after 10 steps: max |diff| {d:e}; tensor traffic {}",
-        doc["summary"]["tensor_payload_bytes_per_step"]
-    );
-    assert!(d <= GPU_TOLERANCE, "--tp 2 differs from one GPU by {d}");
+    let sizes: &[&str] = match gpus(4) {
+        Some(_) => &["2", "4"],
+        None => &["2"],
+    };
+    for &n in sizes {
+        for sp in ["--sp", "--no-sp"] {
+            let (tp, doc) = train_gpu(
+                &dir,
+                &format!("tp{n}{sp}"),
+                &args(&["--batch", "8", "--tp", n, sp, "--nproc-per-node", n]),
+            );
+            let d = max_diff(&one, &tp);
+            let _ = writeln!(
+                std::io::stderr(),
+                "f32, --tp {n} {sp} vs one GPU after 10 steps: max |diff| {d:e}; tensor traffic {} B \
+                 per step",
+                doc["summary"]["tensor_payload_bytes_per_step"]
+            );
+            assert!(
+                d <= GPU_TOLERANCE,
+                "--tp {n} {sp} differs from one GPU by {d}"
+            );
+        }
+    }
+}
+
+/// Sequence parallelism's point: the activations a rank holds. The
+/// model's buffers (activations and the passes' scratch, by the
+/// allocator's counters) under `--tp N --sp` are within 10 % of one
+/// GPU's over N; without sequence parallelism the residual stream and
+/// the LayerNorms stay whole on every rank.
+#[test]
+fn gpu_tp_sequence_parallel_activations_shrink_by_n() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-tp-memory");
+    let shape = [
+        "--model",
+        "L4-H8-C256-V259-T128",
+        "--tokenizer",
+        "bytes",
+        "--precision",
+        "f32",
+        "--batch",
+        "16",
+        "--steps",
+        "2",
+    ];
+    let bytes = |name: &str, extra: &[&str]| -> f64 {
+        let a: Vec<&str> = shape.iter().chain(extra).copied().collect();
+        let (_, doc) = train_gpu(&dir, name, &a);
+        doc["model_buffer_bytes"]
+            .as_f64()
+            .expect("model_buffer_bytes in the run's JSON")
+    };
+    let one = bytes("one", &[]);
+    let sizes: &[usize] = match gpus(4) {
+        Some(_) => &[2, 4],
+        None => &[2],
+    };
+    for &n in sizes {
+        let ns = n.to_string();
+        let group = ["--tp", &ns, "--nproc-per-node", &ns];
+        let with: Vec<&str> = group.iter().copied().chain(["--sp"]).collect();
+        let without: Vec<&str> = group.iter().copied().chain(["--no-sp"]).collect();
+        let (sp, no_sp) = (
+            bytes(&format!("sp{n}"), &with),
+            bytes(&format!("nosp{n}"), &without),
+        );
+        let share = one / n as f64;
+        let _ = writeln!(
+            std::io::stderr(),
+            "activations and pass buffers per GPU: one GPU {:.2} MB; --tp {n}: with sequence \
+             parallelism {:.2} MB ({:.3} of one GPU's / {n}), without {:.2} MB ({:.3})",
+            one / 1e6,
+            sp / 1e6,
+            sp / share,
+            no_sp / 1e6,
+            no_sp / share
+        );
+        assert!(
+            sp <= 1.10 * share,
+            "--tp {n} --sp holds {sp} bytes, one GPU's / {n} is {share}"
+        );
+        assert!(
+            sp < no_sp,
+            "sequence parallelism did not shrink the activations"
+        );
+    }
 }
 
 #[test]
@@ -65,18 +139,16 @@ fn gpu_tp_2_times_data_2_matches_data_parallel_over_4() {
     let dir = TempDir::new("gpu-tp-dp");
     let common = ["--nproc-per-node", "4", "--global-batch", "16"];
     let (dp, _) = train_gpu(&dir, "dp4", &args(&common));
-    let with_tp: Vec<&str> = common
-        .iter()
-        .copied()
-        .chain(["--tp", "2", "--no-sp"])
-        .collect();
-    let (tp, _) = train_gpu(&dir, "tp2-dp2", &args(&with_tp));
-    let d = max_diff(&dp, &tp);
-    let _ = writeln!(
-        std::io::stderr(),
-        "f32, --tp 2 x data 2 vs data parallel over 4 GPUs: max |diff| {d:e}"
-    );
-    assert!(d <= GPU_TOLERANCE, "--tp 2 x data 2 differs by {d}");
+    for sp in ["--sp", "--no-sp"] {
+        let with_tp: Vec<&str> = common.iter().copied().chain(["--tp", "2", sp]).collect();
+        let (tp, _) = train_gpu(&dir, &format!("tp2-dp2{sp}"), &args(&with_tp));
+        let d = max_diff(&dp, &tp);
+        let _ = writeln!(
+            std::io::stderr(),
+            "f32, --tp 2 {sp} x data 2 vs data parallel over 4 GPUs: max |diff| {d:e}"
+        );
+        assert!(d <= GPU_TOLERANCE, "--tp 2 {sp} x data 2 differs by {d}");
+    }
 }
 
 /// bf16 (the mixed engine: fused attention, cuBLASLt epilogues, its

@@ -10,6 +10,13 @@
 //! group's [`DeviceTensorComm`] on the model's stream — one all-reduce
 //! after each row-split product forward, one after each column-split
 //! product backward, the vocabulary-parallel embedding and cross-entropy.
+//! With sequence parallelism the residual stream, the LayerNorms and
+//! their saved outputs hold only the rank's slice of the `b × t` rows: an
+//! all-gather comes before each column-split product (and again, of the
+//! saved LayerNorm output, for its weight gradient), a reduce-scatter
+//! after each row-split one (and after each column-split product's input
+//! gradient), and the LayerNorms' gradients of the rank's rows are summed
+//! over the group after each block.
 
 use super::attention::{attention_backward, attention_forward, AttnScratch};
 use super::batch::DeviceBatch;
@@ -21,7 +28,7 @@ use crate::model::Widths;
 use crate::tensor_comm::{DeviceTensorComm, ReduceKind};
 use braid_cuda::blas::Blas;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceWindow, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceView, DeviceWindow, Result, Stream};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -82,12 +89,108 @@ impl LayerRanges {
     }
 }
 
-/// A tensor-parallel rank's group: its collectives, and the rows' maxima
-/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`).
+/// A tensor-parallel rank's group: its collectives, the rows' maxima
+/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`), and
+/// under sequence parallelism the rank's rows.
 struct Group {
     comm: Arc<dyn DeviceTensorComm>,
     mx: DeviceBuffer<f32>,
     sums: DeviceBuffer<f32>,
+    seq: Option<SeqRows>,
+}
+
+/// A sequence-parallel rank's slice of the rows and its whole-row
+/// scratch.
+struct SeqRows {
+    /// This rank's rows of the `b × t`: the `rank`-th of `size` slices.
+    rows: Range<usize>,
+    /// Whole rows gathered from every rank's slice (`n × c`): a
+    /// LayerNorm's output before a column-split product or its weight
+    /// gradient, a row-split product's output gradient.
+    gathered: DeviceBuffer<f32>,
+    /// The gradients of one block's (or the head's) LayerNorms from this
+    /// rank's rows (`ln_1` weight and bias, `ln_2` weight and bias: `4c`),
+    /// summed over the group before they join the gradient buffer.
+    norm_grads: DeviceBuffer<f32>,
+}
+
+impl Group {
+    /// `local` (this rank's rows of `c`) into its block of the whole-row
+    /// buffer, then every rank's block gathered there.
+    fn gather(
+        &mut self,
+        local: &DeviceBuffer<f32>,
+        c: usize,
+        s: &Stream,
+        what: &str,
+    ) -> Result<()> {
+        let Group { comm, seq, .. } = self;
+        let seq = seq.as_mut().ok_or_else(no_rows)?;
+        let block = seq.rows.start * c..seq.rows.end * c;
+        copy_async(&mut seq.gathered.view_mut(block), local, s)?;
+        let len = seq.gathered.len();
+        comm.all_gather_f32(seq.gathered.view_mut(0..len), s)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}")))
+    }
+
+    /// Sums `full` (whole rows of `c`) over the group into this rank's
+    /// block, in place; returns the block's elements.
+    fn scatter(
+        &self,
+        full: &mut DeviceBuffer<f32>,
+        c: usize,
+        s: &Stream,
+        what: &str,
+    ) -> Result<Range<usize>> {
+        let seq = self.seq.as_ref().ok_or_else(no_rows)?;
+        self.comm
+            .reduce_scatter_f32(full.view_mut(0..full.len()), s)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}")))?;
+        Ok(seq.rows.start * c..seq.rows.end * c)
+    }
+
+    /// The whole rows last gathered.
+    fn gathered(&self) -> Result<&DeviceBuffer<f32>> {
+        Ok(&self.seq.as_ref().ok_or_else(no_rows)?.gathered)
+    }
+
+    /// Sums the first `len` LayerNorm gradients of this rank's rows over
+    /// the group and adds them into `g` at `into` (`c` each, in order).
+    fn add_norm_grads(
+        &mut self,
+        k: &Kernels,
+        g: &mut DeviceWindow<'_, f32>,
+        into: &[Range<usize>],
+        s: &Stream,
+        what: &str,
+    ) -> Result<()> {
+        let Group { comm, seq, .. } = self;
+        let seq = seq.as_mut().ok_or_else(no_rows)?;
+        let len: usize = into.iter().map(|r| r.len()).sum();
+        comm.all_reduce_f32(seq.norm_grads.view_mut(0..len), ReduceKind::Sum, s)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}")))?;
+        let mut at = 0;
+        for r in into {
+            k.add_inplace(
+                s,
+                &mut g.view_mut(r.clone())?,
+                &seq.norm_grads.view(at..at + r.len()),
+            )?;
+            at += r.len();
+        }
+        Ok(())
+    }
+}
+
+fn no_rows() -> CudaError {
+    CudaError::Invalid(
+        "sequence-parallel buffers asked of a model without sequence parallelism".into(),
+    )
+}
+
+/// Whether `group` runs sequence parallelism.
+fn sequence(group: &Option<Group>) -> bool {
+    matches!(group, Some(Group { seq: Some(_), .. }))
 }
 
 /// A GPT model's forward and backward passes on one GPU, sized for one
@@ -182,8 +285,14 @@ impl GpuGpt {
     }
 
     /// Makes this model tensor-parallel rank `comm.rank()`'s share: its
-    /// layout must be that rank's `Layout::tensor_parallel` layout.
-    pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGpt> {
+    /// layout must be that rank's `Layout::tensor_parallel` layout. With
+    /// `sequence`, sequence parallelism too: the `b × t` rows must divide
+    /// by the group's size (the row-wide buffers shrink to a slice).
+    pub fn tensor_parallel(
+        mut self,
+        comm: Arc<dyn DeviceTensorComm>,
+        sequence: bool,
+    ) -> Result<GpuGpt> {
         let shard = self.layout.shard;
         if (comm.rank(), comm.size()) != (shard.rank, shard.size) {
             return Err(CudaError::Invalid(format!(
@@ -198,8 +307,69 @@ impl GpuGpt {
         let device = self.stream.device().clone();
         let mx = DeviceBuffer::<f32>::zeros(&device, n)?;
         let sums = DeviceBuffer::<f32>::zeros(&device, 2 * n)?;
-        self.group = Some(Group { comm, mx, sums });
+        let seq = match sequence {
+            false => None,
+            true => Some(self.split_rows(comm.rank(), comm.size())?),
+        };
+        self.group = Some(Group {
+            comm,
+            mx,
+            sums,
+            seq,
+        });
         Ok(self)
+    }
+
+    /// Sequence parallelism: shrinks the row-wide buffers (the residual
+    /// stream, the LayerNorms' inputs, outputs and statistics, their
+    /// gradients) to rank `rank`'s slice of `size`.
+    fn split_rows(&mut self, rank: usize, size: usize) -> Result<SeqRows> {
+        let n = self.b * self.t;
+        if n % size != 0 {
+            return Err(CudaError::Invalid(format!(
+                "sequence parallelism over {size} ranks splits the batch's {} x {} = {n} tokens \
+                 into equal slices: use a batch or --seq whose product divides by {size} (or --no-sp)",
+                self.b, self.t
+            )));
+        }
+        let (m, c) = (n / size, self.layout.config.n_embd);
+        let device = self.stream.device().clone();
+        let z = |k: usize| DeviceBuffer::<f32>::zeros(&device, k);
+        for a in &mut self.layers {
+            for buf in [&mut a.ln1, &mut a.resid2, &mut a.ln2] {
+                *buf = z(m * c)?;
+            }
+            for buf in [
+                &mut a.ln1_mean,
+                &mut a.ln1_rstd,
+                &mut a.ln2_mean,
+                &mut a.ln2_rstd,
+            ] {
+                *buf = z(m)?;
+            }
+        }
+        for buf in self.resid.iter_mut() {
+            *buf = z(m * c)?;
+        }
+        for buf in [&mut self.lnf, &mut self.dresid, &mut self.dresid2] {
+            *buf = z(m * c)?;
+        }
+        self.lnf_mean = z(m)?;
+        self.lnf_rstd = z(m)?;
+        Ok(SeqRows {
+            rows: rank * m..(rank + 1) * m,
+            gathered: z(n * c)?,
+            norm_grads: z(4 * c)?,
+        })
+    }
+
+    /// The rows of the residual stream this rank holds (all of them
+    /// without sequence parallelism).
+    fn rows(&self) -> usize {
+        match &self.group {
+            Some(Group { seq: Some(q), .. }) => q.rows.len(),
+            _ => self.b * self.t,
+        }
     }
 
     /// This rank's rows of the vocabulary.
@@ -304,10 +474,15 @@ impl GpuGpt {
             );
         }
         // This rank's rows of the vocabulary (the first rank adds the
-        // positions), summed over the group.
+        // positions), summed over the group (into this rank's rows of the
+        // stream under sequence parallelism).
+        let sp = sequence(&self.group);
         k.encoder_forward_part(
             s,
-            &mut self.resid[0],
+            match sp {
+                true => &mut self.dln,
+                false => &mut self.resid[0],
+            },
             self.batch.tokens(),
             &p.view(wte)?,
             &p.view(wpe)?,
@@ -317,6 +492,10 @@ impl GpuGpt {
             rows,
             self.layout.shard.rank == 0,
         )?;
+        if let (true, Some(g)) = (sp, &self.group) {
+            let mine = g.scatter(&mut self.dln, c, s, "embedding forward")?;
+            return copy_async(&mut self.resid[0], &self.dln.view(mine), s);
+        }
         let shards = self.layout.shard.size;
         Self::sum_over_group(
             &self.group,
@@ -347,13 +526,15 @@ impl GpuGpt {
         } = self.widths;
         let (b, t) = (self.b, self.t);
         let n = b * t;
+        let rows = self.rows();
         let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let r = &self.ranges[l];
         let (before, after) = self.resid.split_at_mut(l + 1);
         let (x, out) = (&before[l], &mut after[0]);
         let a = &mut self.layers[l];
-        let group = &self.group;
+        let group = &mut self.group;
+        let sp = sequence(group);
         k.layernorm_forward(
             s,
             &mut a.ln1,
@@ -362,13 +543,21 @@ impl GpuGpt {
             x,
             &p.view(r.ln1_w.clone())?,
             &p.view(r.ln1_b.clone())?,
-            n,
+            rows,
             c,
         )?;
+        // Under sequence parallelism every rank's rows, gathered.
+        let ln1 = match group {
+            Some(g) if sp => {
+                g.gather(&a.ln1, c, s, "attn.c_attn forward: gathering rows")?;
+                g.gathered()?
+            }
+            _ => &a.ln1,
+        };
         self.blas.gemm_rm(
             s,
             &mut a.qkv,
-            &a.ln1,
+            ln1,
             false,
             &p.view(r.qkv_w.clone())?,
             false,
@@ -387,9 +576,15 @@ impl GpuGpt {
             &mut a.attn,
             AttnShape { b, t, c: ca, nh },
         )?;
+        // A row-split product: each rank's share summed (into this rank's
+        // rows under sequence parallelism), then the bias once.
+        let into = match sp {
+            true => &mut self.dln,
+            false => &mut a.resid2,
+        };
         self.blas.gemm_rm(
             s,
-            &mut a.resid2,
+            into,
             &a.atty,
             false,
             &p.view(r.proj_w.clone())?,
@@ -399,9 +594,14 @@ impl GpuGpt {
             ca,
             false,
         )?;
-        // A row-split product: each rank's share summed, then the bias once.
-        Self::sum_over_group(group, shards, &mut a.resid2, s, "attn.c_proj forward")?;
-        k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone())?, n, c)?;
+        match group {
+            Some(g) if sp => {
+                let mine = g.scatter(&mut self.dln, c, s, "attn.c_proj forward")?;
+                copy_async(&mut a.resid2, &self.dln.view(mine), s)?;
+            }
+            _ => Self::sum_over_group(group, shards, &mut a.resid2, s, "attn.c_proj forward")?,
+        }
+        k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone())?, rows, c)?;
         // resid2 += x (in place: out = a + b with out == a).
         k.add_inplace(s, &mut a.resid2, x)?;
         k.layernorm_forward(
@@ -412,13 +612,20 @@ impl GpuGpt {
             &a.resid2,
             &p.view(r.ln2_w.clone())?,
             &p.view(r.ln2_b.clone())?,
-            n,
+            rows,
             c,
         )?;
+        let ln2 = match group {
+            Some(g) if sp => {
+                g.gather(&a.ln2, c, s, "mlp.c_fc forward: gathering rows")?;
+                g.gathered()?
+            }
+            _ => &a.ln2,
+        };
         self.blas.gemm_rm(
             s,
             &mut a.fch,
-            &a.ln2,
+            ln2,
             false,
             &p.view(r.fc_w.clone())?,
             false,
@@ -429,9 +636,13 @@ impl GpuGpt {
         )?;
         k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone())?, n, f)?;
         k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
+        let into = match sp {
+            true => &mut self.dln,
+            false => &mut *out,
+        };
         self.blas.gemm_rm(
             s,
-            out,
+            into,
             &a.fch_gelu,
             false,
             &p.view(r.fcproj_w.clone())?,
@@ -441,8 +652,14 @@ impl GpuGpt {
             f,
             false,
         )?;
-        Self::sum_over_group(group, shards, out, s, "mlp.c_proj forward")?;
-        k.add_bias(s, out, &p.view(r.fcproj_b.clone())?, n, c)?;
+        match group {
+            Some(g) if sp => {
+                let mine = g.scatter(&mut self.dln, c, s, "mlp.c_proj forward")?;
+                copy_async(out, &self.dln.view(mine), s)?;
+            }
+            _ => Self::sum_over_group(group, shards, out, s, "mlp.c_proj forward")?,
+        }
+        k.add_bias(s, out, &p.view(r.fcproj_b.clone())?, rows, c)?;
         k.add_inplace(s, out, &a.resid2)?;
         Ok(())
     }
@@ -455,7 +672,7 @@ impl GpuGpt {
         let cfg = self.layout.config;
         let (c, v) = (cfg.n_embd, self.widths.vocab);
         let n = self.b * self.t;
-        let rows = self.vocab_rows();
+        let (rows, mine) = (self.vocab_rows(), self.rows());
         let (s, k) = (&self.stream, &self.kernels);
         let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
@@ -467,13 +684,20 @@ impl GpuGpt {
             &self.resid[cfg.n_layer],
             &p.view(lw)?,
             &p.view(lb)?,
-            n,
+            mine,
             c,
         )?;
+        let lnf = match &mut self.group {
+            Some(g) if g.seq.is_some() => {
+                g.gather(&self.lnf, c, s, "head forward: gathering rows")?;
+                g.gathered()?
+            }
+            _ => &self.lnf,
+        };
         self.blas.gemm_rm(
             s,
             &mut self.logits,
-            &self.lnf,
+            lnf,
             false,
             &p.view(wte)?,
             true,
@@ -495,7 +719,7 @@ impl GpuGpt {
             )?,
             // Vocabulary-parallel: each row's maximum, then its sum of
             // exponentials and target logit, through the group.
-            Some(Group { comm, mx, sums }) => {
+            Some(Group { comm, mx, sums, .. }) => {
                 let group = |e: String| CudaError::Group(format!("cross-entropy: {e}"));
                 k.vocab_row_max(s, &self.logits, mx, n, v)?;
                 comm.all_reduce_f32(mx.view_mut(0..n), ReduceKind::Max, s)
@@ -551,11 +775,13 @@ impl GpuGpt {
         let p = p.into();
         let cfg = self.layout.config;
         let (c, v) = (cfg.n_embd, self.widths.vocab);
-        let n = self.b * self.t;
+        let (n, rows) = (self.b * self.t, self.rows());
         let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let wte = self.range("wte.weight");
         let (lw, lb) = (self.range("ln_f.weight"), self.range("ln_f.bias"));
+        let group = &mut self.group;
+        let sp = sequence(group);
         // Head: dlnf = dlogits · wte ; dwte += dlogitsᵀ · lnf.
         self.blas.gemm_rm(
             s,
@@ -569,36 +795,73 @@ impl GpuGpt {
             v,
             false,
         )?;
+        // Under sequence parallelism the LayerNorm's output of every row,
+        // gathered again.
+        let lnf = match group {
+            Some(grp) if sp => {
+                grp.gather(&self.lnf, c, s, "head backward: gathering rows")?;
+                grp.gathered()?
+            }
+            _ => &self.lnf,
+        };
         self.blas.gemm_rm(
             s,
             &mut g.view_mut(wte.clone())?,
             &self.logits,
             true,
-            &self.lnf,
+            lnf,
             false,
             v,
             c,
             n,
             true,
         )?;
-        // Each rank's share of the vocabulary's gradient, summed.
-        Self::sum_over_group(&self.group, shards, &mut self.dln, s, "head backward")?;
+        // Each rank's share of the vocabulary's gradient, summed (into this
+        // rank's rows under sequence parallelism).
+        let dlnf = match group {
+            Some(grp) if sp => grp.scatter(&mut self.dln, c, s, "head backward")?,
+            _ => {
+                Self::sum_over_group(group, shards, &mut self.dln, s, "head backward")?;
+                0..n * c
+            }
+        };
         zero_async(&mut self.dresid, s)?;
-        {
-            let [mut gw, mut gb] = g.views_mut_n([lw.clone(), lb])?;
-            k.layernorm_backward(
-                s,
-                &mut self.dresid,
-                &mut gw,
-                &mut gb,
-                &self.dln,
-                &self.resid[cfg.n_layer],
-                &p.view(lw)?,
-                &self.lnf_mean,
-                &self.lnf_rstd,
-                n,
-                c,
-            )?;
+        match group {
+            Some(grp) if sp => {
+                let ng = &mut grp.seq.as_mut().ok_or_else(no_rows)?.norm_grads;
+                zero_async(ng, s)?;
+                let [mut gw, mut gb] = ng.views_mut_n([0..c, c..2 * c]);
+                k.layernorm_backward(
+                    s,
+                    &mut self.dresid,
+                    &mut gw,
+                    &mut gb,
+                    &self.dln.view(dlnf),
+                    &self.resid[cfg.n_layer],
+                    &p.view(lw.clone())?,
+                    &self.lnf_mean,
+                    &self.lnf_rstd,
+                    rows,
+                    c,
+                )?;
+                grp.add_norm_grads(k, g, &[lw, lb], s, "head backward: LayerNorm gradients")?;
+            }
+            _ => {
+                let [mut gw, mut gb] = g.views_mut_n([lw.clone(), lb])?;
+                k.layernorm_backward(
+                    s,
+                    &mut self.dresid,
+                    &mut gw,
+                    &mut gb,
+                    &self.dln,
+                    &self.resid[cfg.n_layer],
+                    &p.view(lw)?,
+                    &self.lnf_mean,
+                    &self.lnf_rstd,
+                    n,
+                    c,
+                )?;
+            }
         }
         Ok(())
     }
@@ -620,20 +883,32 @@ impl GpuGpt {
             ..
         } = self.widths;
         let (b, t) = (self.b, self.t);
-        let n = b * t;
+        let (n, rows) = (b * t, self.rows());
         let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
         let r = &self.ranges[l];
         let a = &mut self.layers[l];
         let x = &self.resid[l];
-        let group = &self.group;
-        // MLP.
+        let group = &mut self.group;
+        let sp = sequence(group);
+        if let Some(grp) = group.as_mut().filter(|_| sp) {
+            zero_async(&mut grp.seq.as_mut().ok_or_else(no_rows)?.norm_grads, s)?;
+        }
+        // MLP. Under sequence parallelism the output's gradient of every
+        // row, gathered.
         copy_async(&mut self.dresid2, &self.dresid, s)?;
+        let dout = match group {
+            Some(grp) if sp => {
+                grp.gather(&self.dresid, c, s, "mlp.c_proj backward: gathering rows")?;
+                grp.gathered()?
+            }
+            _ => &self.dresid,
+        };
         zero_async(&mut self.dgelu, s)?;
         self.blas.gemm_rm(
             s,
             &mut self.dgelu,
-            &self.dresid,
+            dout,
             false,
             &p.view(r.fcproj_w.clone())?,
             true,
@@ -647,14 +922,14 @@ impl GpuGpt {
             &mut g.view_mut(r.fcproj_w.clone())?,
             &a.fch_gelu,
             true,
-            &self.dresid,
+            dout,
             false,
             f,
             c,
             n,
             true,
         )?;
-        k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone())?, &self.dresid, n, c)?;
+        k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone())?, dout, n, c)?;
         zero_async(&mut self.dfch, s)?;
         k.gelu_backward(s, &mut self.dfch, &a.fch, &self.dgelu)?;
         zero_async(&mut self.dln, s)?;
@@ -670,10 +945,17 @@ impl GpuGpt {
             f,
             true,
         )?;
+        let ln2 = match group {
+            Some(grp) if sp => {
+                grp.gather(&a.ln2, c, s, "mlp.c_fc backward: gathering rows")?;
+                grp.gathered()?
+            }
+            _ => &a.ln2,
+        };
         self.blas.gemm_rm(
             s,
             &mut g.view_mut(r.fc_w.clone())?,
-            &a.ln2,
+            ln2,
             true,
             &self.dfch,
             false,
@@ -683,31 +965,38 @@ impl GpuGpt {
             true,
         )?;
         k.bias_backward(s, &mut g.view_mut(r.fc_b.clone())?, &self.dfch, n, f)?;
-        // A column-split product's input gradient: each rank's share summed.
-        Self::sum_over_group(group, shards, &mut self.dln, s, "mlp.c_fc backward")?;
-        {
-            let [mut gw, mut gb] = g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone()])?;
-            k.layernorm_backward(
-                s,
-                &mut self.dresid2,
-                &mut gw,
-                &mut gb,
-                &self.dln,
-                &a.resid2,
-                &p.view(r.ln2_w.clone())?,
-                &a.ln2_mean,
-                &a.ln2_rstd,
-                n,
-                c,
-            )?;
-        }
+        // A column-split product's input gradient: each rank's share summed
+        // (into this rank's rows under sequence parallelism).
+        let dln2 = Self::sum_input_grad(group, shards, &mut self.dln, c, s, "mlp.c_fc backward")?;
+        Self::layernorm_backward_of(
+            k,
+            s,
+            group.as_mut().filter(|_| sp),
+            g,
+            (&mut self.dresid2, &self.dln.view(dln2)),
+            (&a.resid2, &a.ln2_mean, &a.ln2_rstd),
+            (
+                p.view(r.ln2_w.clone())?,
+                [r.ln2_w.clone(), r.ln2_b.clone()],
+                2,
+            ),
+            rows,
+            c,
+        )?;
         // Attention.
         copy_async(&mut self.dresid, &self.dresid2, s)?;
+        let dout = match group {
+            Some(grp) if sp => {
+                grp.gather(&self.dresid2, c, s, "attn.c_proj backward: gathering rows")?;
+                grp.gathered()?
+            }
+            _ => &self.dresid2,
+        };
         zero_async(&mut self.datty, s)?;
         self.blas.gemm_rm(
             s,
             &mut self.datty,
-            &self.dresid2,
+            dout,
             false,
             &p.view(r.proj_w.clone())?,
             true,
@@ -721,14 +1010,14 @@ impl GpuGpt {
             &mut g.view_mut(r.proj_w.clone())?,
             &a.atty,
             true,
-            &self.dresid2,
+            dout,
             false,
             ca,
             c,
             n,
             true,
         )?;
-        k.bias_backward(s, &mut g.view_mut(r.proj_b.clone())?, &self.dresid2, n, c)?;
+        k.bias_backward(s, &mut g.view_mut(r.proj_b.clone())?, dout, n, c)?;
         zero_async(&mut self.dqkv, s)?;
         attention_backward(
             k,
@@ -752,10 +1041,17 @@ impl GpuGpt {
             3 * ca,
             true,
         )?;
+        let ln1 = match group {
+            Some(grp) if sp => {
+                grp.gather(&a.ln1, c, s, "attn.c_attn backward: gathering rows")?;
+                grp.gathered()?
+            }
+            _ => &a.ln1,
+        };
         self.blas.gemm_rm(
             s,
             &mut g.view_mut(r.qkv_w.clone())?,
-            &a.ln1,
+            ln1,
             true,
             &self.dqkv,
             false,
@@ -765,24 +1061,85 @@ impl GpuGpt {
             true,
         )?;
         k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone())?, &self.dqkv, n, 3 * ca)?;
-        Self::sum_over_group(group, shards, &mut self.dln, s, "attn.c_attn backward")?;
-        {
-            let [mut gw, mut gb] = g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone()])?;
-            k.layernorm_backward(
-                s,
-                &mut self.dresid,
-                &mut gw,
-                &mut gb,
-                &self.dln,
-                x,
-                &p.view(r.ln1_w.clone())?,
-                &a.ln1_mean,
-                &a.ln1_rstd,
-                n,
-                c,
-            )?;
+        let dln1 =
+            Self::sum_input_grad(group, shards, &mut self.dln, c, s, "attn.c_attn backward")?;
+        Self::layernorm_backward_of(
+            k,
+            s,
+            group.as_mut().filter(|_| sp),
+            g,
+            (&mut self.dresid, &self.dln.view(dln1)),
+            (x, &a.ln1_mean, &a.ln1_rstd),
+            (
+                p.view(r.ln1_w.clone())?,
+                [r.ln1_w.clone(), r.ln1_b.clone()],
+                0,
+            ),
+            rows,
+            c,
+        )?;
+        // Under sequence parallelism both LayerNorms' gradients of this
+        // rank's rows, summed over the group.
+        if let Some(grp) = group.as_mut().filter(|_| sp) {
+            let into = [
+                r.ln1_w.clone(),
+                r.ln1_b.clone(),
+                r.ln2_w.clone(),
+                r.ln2_b.clone(),
+            ];
+            grp.add_norm_grads(k, g, &into, s, "layer backward: LayerNorm gradients")?;
         }
         Ok(())
+    }
+
+    /// A column-split product's input gradient in `dln` (whole rows),
+    /// summed over the group: all-reduced, or reduce-scattered into this
+    /// rank's rows under sequence parallelism. Returns the elements of
+    /// `dln` that hold this rank's rows.
+    fn sum_input_grad(
+        group: &Option<Group>,
+        shards: usize,
+        dln: &mut DeviceBuffer<f32>,
+        c: usize,
+        s: &Stream,
+        what: &str,
+    ) -> Result<Range<usize>> {
+        match group {
+            Some(grp) if grp.seq.is_some() => grp.scatter(dln, c, s, what),
+            _ => {
+                Self::sum_over_group(group, shards, dln, s, what)?;
+                Ok(0..dln.len())
+            }
+        }
+    }
+
+    /// A block's LayerNorm backward over this rank's `rows`: the input's
+    /// gradient added into `d.0` from the output's `d.1`; the weight and
+    /// bias gradients into the gradient buffer at `norm.1`, or under
+    /// sequence parallelism (`seq`) into the group's LayerNorm scratch at
+    /// slot `norm.2` (summed over the group at the end of the block).
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_of(
+        k: &Kernels,
+        s: &Stream,
+        seq: Option<&mut Group>,
+        g: &mut DeviceWindow<'_, f32>,
+        d: (&mut DeviceBuffer<f32>, &DeviceView<'_, f32>),
+        saved: (&DeviceBuffer<f32>, &DeviceBuffer<f32>, &DeviceBuffer<f32>),
+        norm: (DeviceView<'_, f32>, [Range<usize>; 2], usize),
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (x, mean, rstd) = saved;
+        let (w, [rw, rb], slot) = norm;
+        let [mut gw, mut gb] = match seq {
+            Some(grp) => {
+                let ng = &mut grp.seq.as_mut().ok_or_else(no_rows)?.norm_grads;
+                ng.views_mut_n([slot * c..(slot + 1) * c, (slot + 1) * c..(slot + 2) * c])
+            }
+            None => g.views_mut_n([rw, rb])?,
+        };
+        k.layernorm_backward(s, d.0, &mut gw, &mut gb, d.1, x, &w, mean, rstd, rows, c)
     }
 
     /// Backward of the embeddings (last); final after this. Queued.
@@ -801,14 +1158,27 @@ impl GpuGpt {
                 c,
             );
         }
-        // Every rank's position embedding whole, its vocabulary rows'.
+        // Every rank's position embedding whole, its vocabulary rows', from
+        // every row's gradient (gathered under sequence parallelism).
         let rows = self.vocab_rows();
+        let dout = match &mut self.group {
+            Some(grp) if grp.seq.is_some() => {
+                grp.gather(
+                    &self.dresid,
+                    c,
+                    &self.stream,
+                    "embedding backward: gathering rows",
+                )?;
+                grp.gathered()?
+            }
+            _ => &self.dresid,
+        };
         self.batch.embedding_backward_rows(
             &self.kernels,
             &self.stream,
             &mut gte,
             &mut gpe,
-            &self.dresid,
+            dout,
             t,
             c,
             rows,

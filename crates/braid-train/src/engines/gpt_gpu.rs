@@ -142,6 +142,9 @@ enum Step {
 pub struct GpuGpt {
     layout: std::sync::Arc<braid_model::Layout>,
     model: Model,
+    /// Device bytes the model's buffers hold (activations and the passes'
+    /// scratch), by the allocator's counters around their allocation.
+    model_bytes: usize,
     precision: Precision,
     mk: MixedKernels,
     /// The f32 parameters on the GPU: the master weights, or under an
@@ -301,6 +304,13 @@ impl GpuGpt {
     /// offload).
     pub fn offload_cpu_seconds(&self) -> Option<f64> {
         self.offload.as_ref().map(Offload::cpu_seconds)
+    }
+
+    /// Device bytes the model's own buffers hold: its activations and
+    /// the passes' scratch (not the parameters, gradients or optimizer
+    /// state), by the allocator's counters.
+    pub fn model_bytes(&self) -> usize {
+        self.model_bytes
     }
 
     /// The arithmetic in use.
@@ -484,14 +494,33 @@ impl GpuGpt {
     /// Makes this engine tensor-parallel rank `comm.rank()`'s share (its
     /// layout that rank's `Layout::tensor_parallel` one): the model (f32
     /// or bf16) runs the group's collectives in its passes, and the
-    /// gradient norm is summed over the group.
-    pub fn tensor_parallel(mut self, comm: Arc<dyn DeviceTensorComm>) -> Result<GpuGpt> {
+    /// gradient norm is summed over the group. With `sequence`, sequence
+    /// parallelism too (the f32 engine only so far).
+    pub fn tensor_parallel(
+        mut self,
+        comm: Arc<dyn DeviceTensorComm>,
+        sequence: bool,
+    ) -> Result<GpuGpt> {
+        let before = braid_cuda::pool::allocated_bytes();
         self.model = match self.model {
-            Model::F32(m) => Model::F32(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?)),
+            Model::F32(m) => Model::F32(Box::new(
+                m.tensor_parallel(comm.clone(), sequence).map_err(e)?,
+            )),
+            Model::Mixed(..) if sequence => {
+                return Err(
+                    "sequence parallelism on GPUs runs in the f32 engine only so far: \
+                            add --no-sp, or --precision f32"
+                        .into(),
+                )
+            }
             Model::Mixed(m, pb) => {
                 Model::Mixed(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?), pb)
             }
         };
+        // The share's buffers: sequence parallelism shrinks some, the
+        // group adds its own.
+        let after = braid_cuda::pool::allocated_bytes();
+        self.model_bytes = (self.model_bytes + after).saturating_sub(before);
         let whole = self
             .layout
             .params

@@ -388,12 +388,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     let device = super::Device::resolve(&a.device, local_workers)?;
     let cuda = device.cuda;
-    if a.tp > 1 && cuda && !a.no_sp {
-        return Err(format!(
-            "--tp {} on GPUs runs without sequence parallelism so far: add --no-sp",
-            a.tp
-        ));
-    }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
             "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
@@ -410,6 +404,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         (false, _) => Precision::F32,
     };
+    if a.tp > 1 && cuda && !a.no_sp && precision == Precision::Bf16 {
+        return Err(format!(
+            "--tp {} with sequence parallelism on GPUs runs in f32 only so far (the bf16 \
+             engine's share is built without it): add --no-sp, or --precision f32",
+            a.tp
+        ));
+    }
     if cuda && a.checkpointing && precision != Precision::Bf16 {
         return Err(format!(
             "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
@@ -1044,11 +1045,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         engine.defer_weight_grads(defer)?;
         let mut engine = match &groups {
-            Some(g) => engine.tensor_parallel(g.tensor.clone())?,
+            Some(g) => engine.tensor_parallel(g.tensor.clone(), place.sequence)?,
             None => engine,
         };
         let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());
-        let run = match (gpu, groups) {
+        let mut run = match (gpu, groups) {
             (None, _) => run_with(&mut |p, l, b| {
                 run_loop(
                     &mut engine,
@@ -1098,7 +1099,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 })?
             }
         };
+        run.model_buffer_bytes = engine.model_bytes() as u64;
         if lead {
+            println!(
+                "device memory of the model's activations and pass buffers: {:.1} MB per GPU",
+                engine.model_bytes() as f64 / 1e6
+            );
             if let Some(report) = engine.profile_report() {
                 println!("{report}");
             }

@@ -259,6 +259,7 @@ pub fn write_json(
             .map(|(p, bytes)| serde_json::json!({"part": p.name(n_layer), "most_bytes": bytes}))
             .collect();
         doc["peak_device_bytes"] = braid_cuda::pool::peak_allocated_bytes().into();
+        doc["model_buffer_bytes"] = run.model_buffer_bytes.into();
         doc["peak_device_part"] = memory_phase::peak().map(|p| p.name(n_layer)).into();
         doc["device_memory_by_part"] = parts.into();
     }

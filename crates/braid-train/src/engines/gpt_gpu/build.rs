@@ -149,13 +149,18 @@ impl GpuGpt {
             }
         };
         let mk = MixedKernels::load(device).map_err(e)?;
+        let before = braid_cuda::pool::allocated_bytes();
+        let model_bytes;
         let mut model = match precision {
-            Precision::F32 => Model::F32(Box::new(
-                GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?,
-            )),
+            Precision::F32 => {
+                let m = GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?;
+                model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
+                Model::F32(Box::new(m))
+            }
             Precision::Bf16 => {
                 let m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
+                model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 let pb = match options.streamed_weights {
                     true => None,
                     // Filled from the host below.
@@ -224,6 +229,7 @@ impl GpuGpt {
             adam,
             b,
             t,
+            model_bytes,
         })
     }
 }
