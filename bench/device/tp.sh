@@ -24,6 +24,9 @@
 #     where tensor parallelism beats ZeRO-3: the 2.65B model on 4 GPUs,
 #     braid --tp 4 beside braid --zero 3 at global batches 4 to 32
 #     (CROSS_BATCHES) of 1024 tokens.
+#   bash bench/device/tp.sh estimate
+#     the memory pre-flight under --tp: its estimate beside the measured
+#     peak, and its refusal of what cannot fit.
 #   bash bench/device/tp.sh run
 #     one --tp 2 f32 run on the 124M model beside one GPU's, 20 steps: the
 #     loss curves side by side and the tensor groups' traffic per step.
@@ -155,13 +158,35 @@ phase_cross() {
   done
 }
 
+# The memory pre-flight under --tp: the estimate it prints beside the
+# measured peak (2.65B, --tp 2 on 2 GPUs and --tp 2 x data 2 on 4, batch
+# 16 x 1024), and the refusal of the 12.85B model at --tp 2 on 80 GB cards.
+phase_estimate() {
+  local f n how
+  for how in "2 --tp 2 --no-sp" "4 --tp 2 --no-sp"; do
+    n=${how%% *}
+    f="$L/estimate-$n.txt"
+    # shellcheck disable=SC2086 # word list
+    timeout -k 10 120 "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 --data random \
+      --global-batch 16 --seq 1024 --steps 8 --eval-every 0 --log-every 4 \
+      --nproc-per-node ${how} > "$f" 2>&1
+    echo "$n GPUs, --tp 2: exit $? | $(grep -h 'GPU memory estimate' "$f" | head -1 | sed 's/.*\] //') | $(grep -h 'gpu summary' "$f" | sed 's/.*peak/peak/')"
+  done
+  f="$L/estimate-refused.txt"
+  timeout -k 10 120 "$B" train --device cuda --model L40-H40-C5120-V50304-T1024 --data random \
+    --global-batch 8 --seq 1024 --steps 2 --checkpointing --nproc-per-node 2 --tp 2 --no-sp \
+    > "$f" 2>&1
+  echo "12.85B --tp 2 on 2 GPUs: exit $? | $(grep -h 'error' "$f" | head -1 | cut -c1-400)"
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
   bench) phase_bench ;;
   big) phase_big ;;
   two) phase_two ;;
   cross) phase_cross ;;
+  estimate) phase_estimate ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|big|two|cross|run" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run" >&2; exit 2 ;;
 esac
 finish

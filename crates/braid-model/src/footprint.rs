@@ -158,15 +158,7 @@ pub fn cpu_training_split(
     sharding: Sharding,
     tp: TensorSplit,
 ) -> Footprint {
-    let p = 4 * match tp.ranks {
-        0 | 1 => cfg.num_params() as u128,
-        n => crate::layout::Layout::tensor_parallel(
-            cfg,
-            crate::layout::TensorShard { rank: 0, size: n },
-            1,
-        )
-        .map_or(cfg.num_params(), |l| l.len) as u128,
-    };
+    let p = 4 * share_params(cfg, tp);
     // Stage 3 trains with the shard's master weights only (and no whole
     // gradient buffer; whole blocks exist while a unit runs), but a worker
     // builds the whole model before sharding it and gathers it back at the
@@ -374,12 +366,17 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     } = *run;
     let keep_attention = checkpointing && fused && keep_attention;
     let (bu, tu) = (b as u128, t as u128);
+    // A tensor-parallel rank's widths: its heads (attention width `a`),
+    // MLP columns `f` and vocabulary rows; the residual stream stays whole
+    // (the bf16 engine has no sequence parallelism).
+    let ranks = run.tensor.ranks.max(1);
     let (c, nh, l, v) = (
         cfg.n_embd as u128,
-        cfg.n_head as u128,
+        (cfg.n_head / ranks) as u128,
         cfg.n_layer as u128,
-        cfg.vocab_size as u128,
+        (cfg.vocab_size as u128).div_ceil(ranks as u128),
     );
+    let (a, f) = (c / ranks as u128, 4 * c / ranks as u128);
     let n = bu * tu;
     let nc = n * c;
     let vp = v.div_ceil(64) * 64;
@@ -388,24 +385,26 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
         let shape = crate::cpu::attention::AttnShape {
             b,
             t,
-            c: cfg.n_embd,
-            nh: cfg.n_head,
+            c: cfg.n_embd / ranks,
+            nh: cfg.n_head / ranks,
         };
-        // Stored in each block's idle resid2 and fch where they fit.
-        let own = stored_score_grads && !crate::cuda::model_mixed::score_grads_fit_in_block(shape);
+        // Stored in each block's idle resid2 and fch where they fit (one
+        // process's blocks only: a tensor-parallel rank keeps them apart).
+        let own = stored_score_grads
+            && (ranks > 1 || !crate::cuda::model_mixed::score_grads_fit_in_block(shape));
         let score_grads = match own {
             true => 2 * FlashKernels::score_grads_len(shape),
             false => 0,
         };
-        (6 * nc + 4 * rows, 4 * rows + score_grads)
+        (6 * n * a + 4 * rows, 4 * rows + score_grads)
     } else {
-        (6 * nc + 2 * rows * tu, 4 * rows * tu + 8 * nc)
+        (6 * n * a + 2 * rows * tu, 4 * rows * tu + 8 * n * a)
     };
     // The block's recomputable activations: the attention's, resid2
-    // (f32), fch (bf16, 4c).
-    let block = attn_saved + 4 * nc + 8 * nc;
+    // (f32), fch (bf16, the MLP's width).
+    let block = attn_saved + 4 * nc + 2 * n * f;
     // Every layer: atty (bf16), two pairs of f32 LayerNorm statistics.
-    let layer = 2 * nc
+    let layer = 2 * n * a
         + 16 * n
         + match (checkpointing, fused) {
             (false, _) => block,
@@ -423,12 +422,14 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     let pad = if vp == v { 0 } else { 6 * vp * c };
     // ln, the wide scratch (qkv or GELU or their gradients, with datty),
     // dresid (f32), dresid_bf, dln.
-    let scratch = 2 * nc + 8 * nc + 4 * nc + 2 * nc + 2 * nc;
-    let (nn, cc) = (n as usize, c as usize);
-    let partial = MixedKernels::partial_len(nn, 4 * cc, 1)
+    let scratch = 2 * nc + 2 * n * (4 * a).max(f) + 4 * nc + 2 * nc + 2 * nc;
+    let (nn, cc, aa, ff) = (n as usize, c as usize, a as usize, f as usize);
+    let partial = MixedKernels::partial_len(nn, ff.max(3 * aa), 1)
         .max(MixedKernels::partial_len(nn, cc, 3))
-        .max(MixedKernels::gelu_partial_len(nn, 4 * cc)) as u128
+        .max(MixedKernels::gelu_partial_len(nn, ff)) as u128
         * 4;
+    // A rank's group: the cross-entropy's row maxima and sums.
+    let group = if ranks > 1 { 12 * n } else { 0 };
     // Tokens, targets and the embedding backward's bucket order (i32).
     let batch = 4 * (3 * n + v + 1);
     l * layer
@@ -440,7 +441,11 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
         + scratch
         + partial
         + batch
-        + 30 * nc * deferred as u128
+        + group
+        // Each deferred layer's output gradients and recomputed inputs,
+        // bf16: the GELU, ln2, ln1, the two projections' gradients, the
+        // wide scratch's and qkv's (15 · n · c in one process).
+        + 2 * n * (f + 4 * c + (4 * a).max(f) + 3 * a) * deferred as u128
 }
 
 /// A GPU training run's shape and choices, as the footprint needs them.
@@ -481,6 +486,10 @@ pub struct GpuRun {
     /// Stage 3: the tied embeddings' gradients reduce-scattered in two
     /// parts ([`splits_embedding_grads`]).
     pub split_embeddings: bool,
+    /// A tensor-parallel rank's share of each layer (its heads, MLP
+    /// columns and vocabulary rows; under sequence parallelism, f32 only,
+    /// its rows of the residual stream).
+    pub tensor: TensorSplit,
 }
 
 /// Bytes of the bf16 engine's saved activations that live in gradient
@@ -674,7 +683,10 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         offload,
         ..
     } = *run;
-    let params = cfg.num_params() as u128;
+    // A tensor-parallel rank holds its share (the first rank's: the most
+    // vocabulary rows).
+    let ranks = run.tensor.ranks.max(1) as u128;
+    let params = share_params(cfg, run.tensor);
     let stage3 = sharding.stage == 3;
     let half_layers = stage3 && mixed && run.half_gathers;
     let units = stage3_unit_bytes(
@@ -683,18 +695,18 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         half_layers,
         mixed && run.checkpointing,
         stage3 && run.split_embeddings,
-    );
+    ) / ranks;
     let lent = gpu_saved_in_grads(cfg, run);
     // With streamed weights the token embeddings cast for the classifier
     // are saved for its backward pass like an activation (and may be lent
     // memory like one): they count here.
     let cast = match mixed && streamed_weights {
-        true => 2 * cast_embeddings(cfg) as u128,
+        true => 2 * cast_embeddings(cfg) as u128 / ranks,
         false => 0,
     };
     let acts = match mixed {
         true => gpu_mixed_activation_bytes(cfg, run) + cast,
-        false => 4 * cpu_activation_elements(cfg, b, t, false),
+        false => 4 * cpu_activation_elements_split(cfg, b, t, false, run.tensor),
     };
     let mut parts = vec![
         Part {
@@ -735,7 +747,7 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
                 // Layers arrive in bf16: none is cast (the token
                 // embeddings' cast counts with the activations).
                 (true, true) => 0,
-                (true, false) => 2 * cfg.block_params_u128(),
+                (true, false) => 2 * cfg.block_params_u128() / ranks,
             },
         });
     }
@@ -750,6 +762,20 @@ pub fn gpu_training(cfg: &GptConfig, run: &GpuRun) -> Footprint {
         bytes: acts - lent,
     });
     Footprint { parts }
+}
+
+/// The parameters a tensor-parallel rank holds: the first rank's share
+/// (the most vocabulary rows), or the whole model's.
+pub fn share_params(cfg: &GptConfig, tp: TensorSplit) -> u128 {
+    match tp.ranks {
+        0 | 1 => cfg.num_params() as u128,
+        n => crate::layout::Layout::tensor_parallel(
+            cfg,
+            crate::layout::TensorShard { rank: 0, size: n },
+            1,
+        )
+        .map_or(cfg.num_params(), |l| l.len) as u128,
+    }
 }
 
 /// Bytes of host memory available to a new allocation (Linux's
@@ -855,6 +881,48 @@ mod tests {
             saved_in_grads: false,
             half_gathers: false,
             split_embeddings: false,
+            tensor: TensorSplit::NONE,
+        }
+    }
+
+    /// A tensor-parallel rank's estimate: its share of the model states
+    /// (the vocabulary and every layer's products split, the norms and
+    /// biases whole), activations between one GPU's / N and one GPU's
+    /// (the bf16 engine keeps the residual stream whole), and in f32 with
+    /// sequence parallelism less than without.
+    #[test]
+    fn gpu_tensor_parallel_rank_holds_its_share() {
+        let cfg = GptConfig::parse("L32-H32-C2560-V50304-T1024").unwrap();
+        let run = |ranks, sequence, mixed| GpuRun {
+            b: 16,
+            mixed,
+            checkpointing: false,
+            streamed_weights: false,
+            keep_attention: false,
+            sharding: Sharding::NONE,
+            tensor: TensorSplit { ranks, sequence },
+            ..stage3_run(1)
+        };
+        let part = |f: &Footprint, name: &str| {
+            f.parts
+                .iter()
+                .filter(|p| p.name == name)
+                .map(|p| p.bytes)
+                .sum::<u128>()
+        };
+        let one = gpu_training(&cfg, &run(1, false, true));
+        for n in [2u128, 4] {
+            let tp = gpu_training(&cfg, &run(n as usize, false, true));
+            let (p1, pn) = (part(&one, "parameters"), part(&tp, "parameters"));
+            assert!(
+                pn > p1 / n && pn < p1 / n + p1 / 100,
+                "parameters {pn} of {p1} over {n}"
+            );
+            let (a1, an) = (part(&one, "activations"), part(&tp, "activations"));
+            assert!(an > a1 / n && an < a1, "activations {an} of {a1} over {n}");
+            let whole = gpu_training(&cfg, &run(n as usize, false, false)).total();
+            let sp = gpu_training(&cfg, &run(n as usize, true, false)).total();
+            assert!(sp < whole, "sequence parallelism saved nothing at {n}");
         }
     }
 

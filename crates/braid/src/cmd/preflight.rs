@@ -3,7 +3,7 @@
 //! available memory and the GPU's capacity; a run that would not fit is
 //! refused with the estimate, the capacity and what would fit.
 
-use braid_model::footprint::Sharding;
+use braid_model::footprint::{Footprint, Sharding};
 use braid_model::GptConfig;
 
 /// What the run asked for, as the messages name it.
@@ -16,8 +16,8 @@ pub struct Shape<'a> {
     pub checkpointing: bool,
     /// `--zero` over the shard group.
     pub sharding: Sharding,
-    /// Ranks in the run (a data-parallel run over several is told which
-    /// ZeRO stage would fit).
+    /// Data-parallel ranks in the run (the world over `tensor`; a run over
+    /// several is told which ZeRO stage would fit).
     pub ranks: usize,
     /// Workers on this host: they share its memory.
     pub local_workers: usize,
@@ -28,6 +28,43 @@ pub struct Shape<'a> {
     pub accum: usize,
     /// `--tp`: ranks per tensor group (1: none).
     pub tensor: usize,
+    /// Sequence parallelism in the tensor groups.
+    pub sequence: bool,
+    /// `--grad-comm plain`: data parallelism reduces the f32 gradients as
+    /// they are.
+    pub plain_grads: bool,
+}
+
+impl Shape<'_> {
+    /// Device bytes of the copy-engine all-reduce's landing buffer (one
+    /// f32 per gradient element, `params`): what plain data parallelism
+    /// over 2 GPUs of one host holds beside the gradients
+    /// (`BRAID_GPU_ALLREDUCE` auto or ce), under `sharding`.
+    fn landing_bytes(&self, sharding: Sharding, params: u128) -> u128 {
+        let off = std::env::var("BRAID_GPU_ALLREDUCE").as_deref() == Ok("nccl");
+        match sharding.stage == 0
+            && self.ranks == 2
+            && self.local_workers >= self.ranks * self.tensor.max(1)
+            && self.plain_grads
+            && !off
+        {
+            true => 4 * params,
+            false => 0,
+        }
+    }
+
+    /// `f` with the landing buffer ([`landing_bytes`](Self::landing_bytes))
+    /// as a part of its own where there is one.
+    fn with_landing(&self, mut f: Footprint, sharding: Sharding, params: u128) -> Footprint {
+        let bytes = self.landing_bytes(sharding, params);
+        if bytes > 0 {
+            f.parts.push(braid_model::footprint::Part {
+                name: "copy-engine landing buffer",
+                bytes,
+            });
+        }
+        f
+    }
 }
 
 impl Shape<'_> {
@@ -39,6 +76,105 @@ impl Shape<'_> {
             _ => Vec::new(),
         }
     }
+}
+
+/// [`device`] for a tensor-parallel rank: its share of the model states
+/// and of the activations (`footprint::gpu_training` with the rank's
+/// widths), in the fast forms (ZeRO-3 casts its layers as they run);
+/// refused with what would fit when it exceeds the GPU's free memory.
+fn tensor_parallel(
+    a: &Shape<'_>,
+    cfg: &GptConfig,
+    dev: &braid_cuda::Device,
+    (mixed, fused, forced): (bool, bool, Option<bool>),
+    batch: usize,
+    deferred: usize,
+) -> Result<DevicePlan, String> {
+    use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun, TensorSplit};
+    let stage3 = a.sharding.stage == 3;
+    let plan = |estimate| DevicePlan {
+        estimate,
+        streamed_weights: forced.unwrap_or(mixed && stage3),
+        fused_attention: fused,
+        stored_score_grads: fused,
+        keep_attention: fused && a.checkpointing,
+        saved_in_grads: false,
+        half_gathers: false,
+        split_embeddings: false,
+    };
+    let p = plan(0);
+    let tensor = TensorSplit {
+        ranks: a.tensor,
+        // The bf16 engine runs without it.
+        sequence: a.sequence && !mixed,
+    };
+    let share = braid_model::footprint::share_params(cfg, tensor);
+    let need = |b: usize, checkpointing: bool, sharding: Sharding| {
+        let f = gpu_training(
+            cfg,
+            &GpuRun {
+                b,
+                t: a.seq,
+                mixed,
+                fused_attention: fused,
+                deferred,
+                checkpointing,
+                streamed_weights: p.streamed_weights || (mixed && sharding.stage == 3),
+                stored_score_grads: p.stored_score_grads,
+                keep_attention: fused && checkpointing,
+                sharding,
+                offload: false,
+                saved_in_grads: false,
+                half_gathers: false,
+                split_embeddings: false,
+                tensor,
+            },
+        );
+        a.with_landing(f, sharding, share)
+    };
+    let f = need(batch, a.checkpointing, a.sharding);
+    let Ok(free) = dev.free_memory() else {
+        return Ok(plan(f.total()));
+    };
+    let free = free as u128;
+    if f.total() + DEVICE_MARGIN <= free {
+        return Ok(plan(f.total()));
+    }
+    let room = free.saturating_sub(DEVICE_MARGIN);
+    let mut fits = Vec::new();
+    if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, a.sharding)) {
+        fits.push(format!("--batch {b}"));
+    }
+    if mixed && !a.checkpointing && need(batch, true, a.sharding).total() <= room {
+        fits.push("--checkpointing".into());
+    }
+    let zero3 = Sharding {
+        stage: 3,
+        ranks: a.ranks,
+    };
+    if !stage3 && a.ranks > 1 && need(batch, a.checkpointing, zero3).total() <= room {
+        fits.push("--zero 3 (over the data dimension)".into());
+    }
+    let hint = match fits.is_empty() {
+        false => format!("what would fit: {}", fits.join(" or ")),
+        true => format!(
+            "even batch 1 does not fit: a larger --tp (a share of 1/{} of the model is {:.2e} \
+             parameters), --zero 3 over more data-parallel ranks, or a smaller model",
+            a.tensor, share as f64
+        ),
+    };
+    Err(format!(
+        "{} at batch {batch} x {} under --tp {} needs about {:.2} GiB per GPU ({} + workspace \
+         {:.2} GiB), but {:.2} GiB is free on GPU {}; {hint}",
+        a.model,
+        a.seq,
+        a.tensor,
+        gib(f.total() + DEVICE_MARGIN),
+        f.breakdown(),
+        gib(DEVICE_MARGIN),
+        gib(free),
+        dev.ordinal()
+    ))
 }
 
 /// `--zero S` for a hint.
@@ -60,7 +196,7 @@ pub fn host(
     precision: Precision,
     adamw: bool,
 ) -> Result<(), String> {
-    use braid_model::footprint::{self, gib, Footprint, Part};
+    use braid_model::footprint::{self, gib, Part};
     let Some(host_avail) = footprint::host_available() else {
         return Ok(());
     };
@@ -273,19 +409,7 @@ pub fn device(
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
         && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
     if a.tensor > 1 {
-        // The GPU estimate does not know a tensor-parallel rank's widths
-        // yet: no estimate, the fast forms (ZeRO-3 casts its layers as
-        // they run).
-        return Ok(DevicePlan {
-            estimate: 0,
-            streamed_weights: forced.unwrap_or(mixed && a.sharding.stage == 3),
-            fused_attention: fused,
-            stored_score_grads: fused,
-            keep_attention: fused && a.checkpointing,
-            saved_in_grads: false,
-            half_gathers: false,
-            split_embeddings: false,
-        });
+        return tensor_parallel(a, cfg, dev, (mixed, fused, forced), batch, deferred);
     }
     let forced_scores = env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?;
     if forced_scores == Some(true) && !fused {
@@ -412,8 +536,9 @@ pub fn device(
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
             half_gathers: half_gathers && sharding.stage == 3,
             split_embeddings: split_in(sharding, checkpointing),
+            tensor: braid_model::footprint::TensorSplit::NONE,
         };
-        gpu_training(cfg, &run)
+        a.with_landing(gpu_training(cfg, &run), sharding, cfg.num_params() as u128)
     };
     let need = |b: usize, checkpointing: bool, form| {
         need_with(b, checkpointing, form, a.sharding, a.offload)

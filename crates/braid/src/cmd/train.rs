@@ -631,6 +631,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         offload,
         accum: a.accum,
         tensor: a.tp,
+        sequence: a.tp > 1 && !a.no_sp,
+        plain_grads: grad_comm == GradComm::Plain,
     };
     // Before the host spends time reading or initialising a model it (or
     // the GPU) cannot hold; the GPU is checked again, with the same
