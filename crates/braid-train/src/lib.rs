@@ -17,6 +17,9 @@
 //!   sharding's replicate and shard), groups as communicator splits;
 //!   [`tensor_parallel`]: the model's collectives over the tensor group
 //!   and the wrapper that runs a strategy over the data groups;
+//! - [`schedule`]: pipeline schedules as data (every rank's list of
+//!   forward, backward, send and receive actions), built or read from a
+//!   file, checked before they run;
 //! - [`loader`]: where the GPT engines' batches come from;
 //! - [`timeline`]: step timings on the engine's clock;
 //! - [`memory_phase`]: which part of a step holds the most device memory;
@@ -36,6 +39,7 @@ pub mod lend;
 pub mod loader;
 pub mod memory_phase;
 pub mod mesh;
+pub mod schedule;
 pub mod space;
 mod step_trace;
 pub mod strategy;
