@@ -134,6 +134,45 @@ pub enum Block {
     FinalNorm,
 }
 
+/// The blocks a pipeline stage holds: a range of layers; the embeddings
+/// on the first stage, and on the last too (its head reads the token
+/// embedding, tied to the input's: the two copies' gradients are summed
+/// every step); the final norm on the last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    /// Its layers.
+    pub layers: Range<usize>,
+    /// The first stage: it embeds the tokens.
+    pub first: bool,
+    /// The last stage: the final norm, the head and the loss.
+    pub last: bool,
+}
+
+impl Stage {
+    /// The whole model (no pipeline).
+    pub fn whole(config: &GptConfig) -> Stage {
+        Stage {
+            layers: 0..config.n_layer,
+            first: true,
+            last: true,
+        }
+    }
+
+    /// Whether it holds `block`.
+    pub fn holds(&self, block: Block) -> bool {
+        match block {
+            Block::Embedding => self.first || self.last,
+            Block::Layer(i) => self.layers.contains(&i),
+            Block::FinalNorm => self.last,
+        }
+    }
+
+    /// Whether it is the whole model.
+    pub fn is_whole(&self, config: &GptConfig) -> bool {
+        *self == Stage::whole(config)
+    }
+}
+
 /// The layout of a model's flat parameter buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -145,6 +184,9 @@ pub struct Layout {
     pub blocks: Vec<(Block, Range<usize>)>,
     /// The share of the model it holds.
     pub shard: TensorShard,
+    /// The pipeline stage whose blocks it holds (the whole model without
+    /// a pipeline).
+    pub stage: Stage,
     /// Total number of elements.
     pub len: usize,
 }
@@ -332,7 +374,51 @@ impl Layout {
             params,
             blocks,
             shard,
+            stage: Stage::whole(config),
             len,
+        })
+    }
+
+    /// The part of this layout pipeline stage `stage` holds: its blocks
+    /// only, one after another from element 0 (each keeps its padding), the
+    /// tensors' names and places unchanged. Refused where it is not a
+    /// stage of a whole layout: layers outside the model, or none.
+    pub fn pipeline_stage(&self, stage: Stage) -> Result<Layout, String> {
+        let n = self.config.n_layer;
+        if !self.stage.is_whole(&self.config) {
+            return Err("a pipeline stage is cut from the whole model's layout".into());
+        }
+        if stage.layers.is_empty() || stage.layers.end > n {
+            return Err(format!(
+                "a pipeline stage of layers {:?} in a model of {n}: each stage holds at least \
+                 one of its layers",
+                stage.layers
+            ));
+        }
+        let mut params = Vec::new();
+        let mut blocks = Vec::new();
+        let mut at = 0;
+        for (block, range) in &self.blocks {
+            if !stage.holds(*block) {
+                continue;
+            }
+            let shift = range.start;
+            for p in self.params.iter().filter(|p| range.contains(&p.offset)) {
+                params.push(Param {
+                    offset: p.offset - shift + at,
+                    ..p.clone()
+                });
+            }
+            blocks.push((*block, at..at + range.len()));
+            at += range.len();
+        }
+        Ok(Layout {
+            config: self.config,
+            params,
+            blocks,
+            shard: self.shard,
+            stage,
+            len: at,
         })
     }
 
@@ -354,6 +440,53 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pipeline_stage_holds_its_blocks_packed() {
+        let cfg = GptConfig::parse("L4-H2-C8-V32-T16").unwrap();
+        let whole = Layout::padded(&cfg, 8);
+        let stage = |layers: Range<usize>, first, last| {
+            whole
+                .pipeline_stage(Stage {
+                    layers,
+                    first,
+                    last,
+                })
+                .unwrap()
+        };
+        let middle = stage(1..3, false, false);
+        assert_eq!(
+            middle.blocks.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+            [Block::Layer(1), Block::Layer(2)]
+        );
+        assert_eq!(
+            middle.block_range(Block::Layer(1)),
+            0..whole.block_range(Block::Layer(1)).len()
+        );
+        assert!(middle.get("wte.weight").is_none());
+        let p = middle.get("h.2.ln_1.weight").unwrap();
+        assert_eq!(p.offset, middle.block_range(Block::Layer(2)).start);
+        let last = stage(3..4, false, true);
+        assert!(last.get("wte.weight").is_some() && last.get("ln_f.bias").is_some());
+        let first = stage(0..1, true, false);
+        let parts = first.len + middle.len + last.len;
+        // The tied embeddings, twice.
+        assert_eq!(parts, whole.len + whole.block_range(Block::Embedding).len());
+        assert!(whole
+            .pipeline_stage(Stage {
+                layers: 4..4,
+                first: false,
+                last: true
+            })
+            .is_err());
+        assert!(middle
+            .pipeline_stage(Stage {
+                layers: 1..2,
+                first: false,
+                last: false
+            })
+            .is_err());
+    }
 
     #[test]
     fn the_buffer_is_contiguous_block_by_block_and_matches_the_count() {

@@ -153,7 +153,11 @@ pub struct Activations<T> {
     /// Ways the residual stream's rows are split (sequence parallelism).
     pub(super) split: usize,
     pub(super) checkpointing: bool,
-    /// Residual stream entering each layer, and after the last (`L + 1`).
+    /// The first layer they are for (a pipeline stage's; 0 for the whole
+    /// model): layer `l`'s buffers are at `l - first`.
+    pub(super) first: usize,
+    /// Residual stream entering each of the layers, and after the last
+    /// (`L + 1` for the whole model).
     pub(super) resid: Vec<Vec<T>>,
     /// Saved internals per layer (one shared set when checkpointing).
     pub(super) layers: Vec<LayerActs<T>>,
@@ -185,10 +189,14 @@ impl<T: Real> Activations<T> {
         split: usize,
     ) -> Self {
         let w = Widths::of(layout);
-        let l = layout.config.n_layer;
+        // A pipeline stage's layers (the whole model's by default); the
+        // head's buffers on the last stage only.
+        let stage = &layout.stage;
+        let l = stage.layers.len();
         let n = b * t;
         let nl = n / split;
         let z = |k: usize| vec![T::ZERO; k];
+        let head = |k: usize| if stage.last { z(k) } else { Vec::new() };
         let kept = if checkpointing { 1 } else { l };
         let split_only = |k: usize| if split > 1 { z(k) } else { Vec::new() };
         Activations {
@@ -196,12 +204,13 @@ impl<T: Real> Activations<T> {
             t,
             split,
             checkpointing,
+            first: stage.layers.start,
             resid: (0..=l).map(|_| z(nl * w.c)).collect(),
             layers: (0..kept).map(|_| LayerActs::new(b, t, nl, w)).collect(),
-            lnf: z(n * w.c),
-            lnf_mean: z(nl),
-            lnf_rstd: z(nl),
-            losses: z(n),
+            lnf: head(n * w.c),
+            lnf_mean: head(nl),
+            lnf_rstd: head(nl),
+            losses: head(n),
             logits: Vec::new(),
             grads: LayerGrads {
                 dresid2: z(nl * w.c),
@@ -240,5 +249,41 @@ impl<T: Real> Activations<T> {
     /// was masked).
     pub fn losses(&self) -> &[T] {
         &self.losses
+    }
+
+    /// Where layer `l`'s buffers are (its index among these layers).
+    pub(super) fn index(&self, l: usize) -> Result<usize, super::StepError> {
+        match l.checked_sub(self.first) {
+            Some(i) if i + 1 < self.resid.len() => Ok(i),
+            _ => Err(super::StepError::Shape(format!(
+                "layer {l}: these activations are for layers {}..{}",
+                self.first,
+                self.first + self.resid.len() - 1
+            ))),
+        }
+    }
+
+    /// The residual stream after the last of their layers: a pipeline
+    /// stage's output.
+    pub fn output(&self) -> &[T] {
+        self.resid.last().expect("at least the input")
+    }
+
+    /// The residual stream entering the first of their layers: a pipeline
+    /// stage's input, written by the previous stage's output.
+    pub fn input_mut(&mut self) -> &mut [T] {
+        &mut self.resid[0]
+    }
+
+    /// The gradient of the residual stream: of the output before a
+    /// stage's backward pass (the next stage's input gradient), of the
+    /// input after it.
+    pub fn residual_grad(&self) -> &[T] {
+        &self.dresid
+    }
+
+    /// [`residual_grad`](Self::residual_grad), to write.
+    pub fn residual_grad_mut(&mut self) -> &mut [T] {
+        &mut self.dresid
     }
 }

@@ -130,7 +130,7 @@ impl Gpt {
         let c = cfg.n_embd;
         let n = acts.b * acts.t;
         let (w, b) = (&norm[self.lnf_w.clone()], &norm[self.lnf_b.clone()]);
-        let x = &acts.resid[cfg.n_layer];
+        let x = acts.resid.last().expect("at least the input");
         match self.sequence_parallel() {
             false => layernorm_forward(
                 &mut acts.lnf,
@@ -184,7 +184,7 @@ impl Gpt {
         targets: &[u32],
     ) -> Result<(), StepError> {
         let cfg = &self.layout.config;
-        let (c, nl) = (cfg.n_embd, cfg.n_layer);
+        let c = cfg.n_embd;
         let n = acts.b * acts.t;
         let counted = targets.iter().filter(|&&x| x != u32::MAX).count();
         let scale = if counted == 0 {
@@ -240,7 +240,7 @@ impl Gpt {
             gw,
             gb,
             dlnf,
-            &acts.resid[nl],
+            acts.resid.last().expect("at least the input"),
             &norm[self.lnf_w.clone()],
             &acts.lnf_mean,
             &acts.lnf_rstd,

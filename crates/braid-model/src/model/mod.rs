@@ -34,6 +34,7 @@ use std::sync::Arc;
 mod acts;
 mod ends;
 mod layer;
+mod stage;
 #[cfg(test)]
 mod tp_tests;
 
@@ -107,12 +108,19 @@ impl Gpt {
     /// The model of `layout` (the whole model: a tensor-parallel share is
     /// made by [`tensor_parallel`](Self::tensor_parallel)).
     pub fn new(layout: std::sync::Arc<Layout>) -> Gpt {
+        // Where each tensor sits inside its block: the same in every
+        // layout of this share (a pipeline stage's holds only some blocks).
+        let template = match layout.stage.is_whole(&layout.config) {
+            true => (*layout).clone(),
+            false => Layout::tensor_parallel(&layout.config, layout.shard, 1)
+                .expect("a stage's share is a valid share"),
+        };
         let layers = (0..layout.config.n_layer)
-            .map(|i| LayerParams::of(&layout, i))
+            .map(|i| LayerParams::of(&template, i))
             .collect();
         let within = |name: &str, block: Block| {
-            let base = layout.block_range(block).start;
-            let r = layout.get(name).expect("layout names").range();
+            let base = template.block_range(block).start;
+            let r = template.get(name).expect("layout names").range();
             r.start - base..r.end - base
         };
         Gpt {
@@ -369,12 +377,13 @@ impl Gpt {
         acts: &mut Activations<T>,
     ) -> Result<(), StepError> {
         let (b, t) = (acts.b, acts.t);
-        let (before, after) = acts.resid.split_at_mut(l + 1);
-        let slot = if acts.checkpointing { 0 } else { l };
+        let i = acts.index(l)?;
+        let (before, after) = acts.resid.split_at_mut(i + 1);
+        let slot = if acts.checkpointing { 0 } else { i };
         self.layer_forward(
             l,
             p,
-            &before[l],
+            &before[i],
             &mut after[0],
             &mut acts.layers[slot],
             &mut acts.scratch,
@@ -466,16 +475,17 @@ impl Gpt {
         acts: &mut Activations<T>,
     ) -> Result<(), StepError> {
         let (b, t) = (acts.b, acts.t);
-        let slot = if acts.checkpointing { 0 } else { l };
+        let i = acts.index(l)?;
+        let slot = if acts.checkpointing { 0 } else { i };
         if acts.checkpointing {
             // Recompute this layer's internals from its saved input; the
             // output lands in a scratch buffer the backward refills anyway.
-            let rows = acts.resid[l].len();
+            let rows = acts.resid[i].len();
             let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
             let r = self.layer_forward(
                 l,
                 p,
-                &acts.resid[l],
+                &acts.resid[i],
                 &mut scratch_out[..rows],
                 &mut acts.layers[0],
                 &mut acts.scratch,
@@ -491,7 +501,7 @@ impl Gpt {
             p,
             grads,
             &mut acts.dresid,
-            &acts.resid[l],
+            &acts.resid[i],
             &acts.layers[slot],
             &mut acts.grads,
             &mut acts.scratch,

@@ -1,0 +1,210 @@
+//! A pipeline stage's passes over one micro-batch ([`Gpt::stage_forward`],
+//! [`Gpt::stage_backward`]): the model of a [`Layout::pipeline_stage`]
+//! layout runs only its blocks. The first stage embeds the tokens, the
+//! others start from the previous stage's output written into their
+//! activations' input; the last ends in the head and the loss, the others
+//! hand their output on. Backward mirrors it: the last stage starts from
+//! the loss, the others from the gradient of their output (the next
+//! stage's input gradient) written into their activations; each leaves
+//! its input's gradient there for the previous stage. One
+//! [`Activations`] per micro-batch in flight.
+
+use super::{Activations, Gpt, StepError};
+use crate::cpu::Real;
+use crate::layout::{Block, Stage};
+
+impl Gpt {
+    /// The pipeline stage this model's layout holds (the whole model
+    /// without a pipeline).
+    pub fn stage(&self) -> &Stage {
+        &self.layout.stage
+    }
+
+    /// One micro-batch through this stage (`p`: the stage's flat
+    /// parameters). Returns the mean loss on the last stage; elsewhere the
+    /// output is [`Activations::output`]. `tokens` are read on the first
+    /// stage, `targets` on the last.
+    pub fn stage_forward<T: Real>(
+        &self,
+        p: &[T],
+        acts: &mut Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<Option<T>, StepError> {
+        let ly = &*self.layout;
+        let st = &ly.stage;
+        let emb = &p[ly.block_range(Block::Embedding)];
+        match st.first {
+            true => self.embedding_forward(emb, acts, tokens, targets)?,
+            // The batch is checked where the embeddings would.
+            false => self.check(acts, tokens, targets)?,
+        }
+        for l in st.layers.clone() {
+            let _t = braid_trace::scope::start(None, braid_trace::Cat::Compute, || {
+                format!("forward layer {l}")
+            });
+            self.layer_forward_at(l, &p[ly.block_range(Block::Layer(l))], acts)?;
+        }
+        match st.last {
+            true => {
+                let norm = &p[ly.block_range(Block::FinalNorm)];
+                self.head_forward(norm, emb, acts, targets).map(Some)
+            }
+            false => Ok(None),
+        }
+    }
+
+    /// The backward pass of the micro-batch `acts` last went forward with:
+    /// accumulates into `grads` (the stage's layout) and calls
+    /// `ready(block, its gradients)` as each block's are final for this
+    /// micro-batch — the final norm, the layers from the last down, the
+    /// embeddings (on the last stage not also the first: the head's share
+    /// of the tied token embedding). Leaves the gradient of the stage's
+    /// input in [`Activations::residual_grad`].
+    pub fn stage_backward<T: Real>(
+        &self,
+        p: &[T],
+        grads: &mut [T],
+        acts: &mut Activations<T>,
+        tokens: &[u32],
+        targets: &[u32],
+        ready: &mut dyn FnMut(Block, &mut [T]),
+    ) -> Result<(), StepError> {
+        let ly = &*self.layout;
+        let st = &ly.stage;
+        let er = ly.block_range(Block::Embedding);
+        if st.last {
+            let nr = ly.block_range(Block::FinalNorm);
+            // The embeddings come first in the layout, the final norm last.
+            let (front, back) = grads.split_at_mut(nr.start);
+            let g_norm = &mut back[..nr.len()];
+            self.head_backward(
+                &p[nr.clone()],
+                &p[er.clone()],
+                g_norm,
+                &mut front[er.clone()],
+                acts,
+                targets,
+            )?;
+            ready(Block::FinalNorm, g_norm);
+        }
+        for l in st.layers.clone().rev() {
+            let r = ly.block_range(Block::Layer(l));
+            self.layer_backward_at(l, &p[r.clone()], &mut grads[r.clone()], acts)?;
+            ready(Block::Layer(l), &mut grads[r]);
+        }
+        if st.first {
+            self.embedding_backward(&mut grads[er.clone()], acts, tokens)?;
+        }
+        if st.first || st.last {
+            ready(Block::Embedding, &mut grads[er]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::GptConfig;
+    use crate::layout::{Block, Layout, Stage};
+    use crate::params::Params;
+    use crate::Gpt;
+    use std::sync::Arc;
+
+    /// Three stages passing activations and gradients by hand give the
+    /// whole model's loss and gradients (f64): every layer's exactly, the
+    /// tied embeddings as the sum of the first and last stages' copies;
+    /// with activation checkpointing too.
+    #[test]
+    fn stages_in_a_row_are_the_whole_model() {
+        let cfg = GptConfig::parse("L4-H2-C8-V29-T8").unwrap();
+        let whole = Arc::new(Layout::padded(&cfg, 4));
+        let init = Params::init_gpt2(whole.clone(), 7);
+        let p: Vec<f64> = init.data.iter().map(|&x| x as f64 * 10.0 + 0.01).collect();
+        let (b, t) = (2, 8);
+        let mut r = crate::rng::Rng::new(5);
+        let toks: Vec<u32> = (0..b * t).map(|_| (r.next_u64() % 29) as u32).collect();
+        let tg: Vec<u32> = (0..b * t).map(|_| (r.next_u64() % 29) as u32).collect();
+        for ckpt in [false, true] {
+            let m = Gpt::new(whole.clone());
+            let mut acts = m.activations::<f64>(b, t, ckpt).unwrap();
+            let mut g = vec![0.0; p.len()];
+            let loss = m
+                .forward_backward(&p, &mut g, &mut acts, &toks, &tg, &mut |_, _| {})
+                .unwrap();
+            let cuts = [
+                (0..1, true, false),
+                (1..3, false, false),
+                (3..4, false, true),
+            ];
+            let stages: Vec<(Arc<Layout>, Gpt)> = cuts
+                .iter()
+                .map(|(layers, first, last)| {
+                    let st = Stage {
+                        layers: layers.clone(),
+                        first: *first,
+                        last: *last,
+                    };
+                    let l = Arc::new(whole.pipeline_stage(st).unwrap());
+                    (l.clone(), Gpt::new(l))
+                })
+                .collect();
+            // Each stage's parameters: the whole model's blocks it holds.
+            let part = |l: &Layout, flat: &[f64]| -> Vec<f64> {
+                let mut out = vec![0.0; l.len];
+                for (block, range) in &l.blocks {
+                    out[range.clone()].copy_from_slice(&flat[whole.block_range(*block)]);
+                }
+                out
+            };
+            let ps: Vec<Vec<f64>> = stages.iter().map(|(l, _)| part(l, &p)).collect();
+            let mut acts: Vec<_> = stages
+                .iter()
+                .map(|(_, m)| m.activations::<f64>(b, t, ckpt).unwrap())
+                .collect();
+            let mut handed = Vec::new();
+            let mut got = None;
+            for (i, (_, m)) in stages.iter().enumerate() {
+                if i > 0 {
+                    acts[i].input_mut().copy_from_slice(&handed);
+                }
+                got = m.stage_forward(&ps[i], &mut acts[i], &toks, &tg).unwrap();
+                handed = acts[i].output().to_vec();
+            }
+            assert_eq!(got, Some(loss), "checkpointing {ckpt}");
+            let mut gs: Vec<Vec<f64>> = ps.iter().map(|q| vec![0.0; q.len()]).collect();
+            for i in (0..stages.len()).rev() {
+                if i + 1 < stages.len() {
+                    acts[i].residual_grad_mut().copy_from_slice(&handed);
+                }
+                let m = &stages[i].1;
+                m.stage_backward(&ps[i], &mut gs[i], &mut acts[i], &toks, &tg, &mut |_, _| {})
+                    .unwrap();
+                handed = acts[i].residual_grad().to_vec();
+            }
+            for (i, (l, _)) in stages.iter().enumerate() {
+                for (block, range) in &l.blocks {
+                    let want = &g[whole.block_range(*block)];
+                    let mut have = gs[i][range.clone()].to_vec();
+                    if *block == Block::Embedding {
+                        // The other copy's share.
+                        let other = if i == 0 { stages.len() - 1 } else { 0 };
+                        let or = stages[other].0.block_range(Block::Embedding);
+                        for (h, o) in have.iter_mut().zip(&gs[other][or]) {
+                            *h += o;
+                        }
+                    }
+                    let d = want
+                        .iter()
+                        .zip(&have)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0, f64::max);
+                    assert!(
+                        d <= 1e-12,
+                        "{block:?} on stage {i}, checkpointing {ckpt}: {d}"
+                    );
+                }
+            }
+        }
+    }
+}
