@@ -184,9 +184,9 @@ pub struct Layout {
     pub blocks: Vec<(Block, Range<usize>)>,
     /// The share of the model it holds.
     pub shard: TensorShard,
-    /// The pipeline stage whose blocks it holds (the whole model without
-    /// a pipeline).
-    pub stage: Stage,
+    /// The pipeline stages whose blocks it holds (one rank's: several
+    /// when interleaved), in order; the whole model without a pipeline.
+    pub stages: Vec<Stage>,
     /// Total number of elements.
     pub len: usize,
 }
@@ -374,9 +374,14 @@ impl Layout {
             params,
             blocks,
             shard,
-            stage: Stage::whole(config),
+            stages: vec![Stage::whole(config)],
             len,
         })
+    }
+
+    /// Whether it holds the whole model (no pipeline).
+    pub fn is_whole(&self) -> bool {
+        self.stages.len() == 1 && self.stages[0].is_whole(&self.config)
     }
 
     /// The part of this layout pipeline stage `stage` holds: its blocks
@@ -384,22 +389,31 @@ impl Layout {
     /// tensors' names and places unchanged. Refused where it is not a
     /// stage of a whole layout: layers outside the model, or none.
     pub fn pipeline_stage(&self, stage: Stage) -> Result<Layout, String> {
+        self.pipeline_stages(vec![stage])
+    }
+
+    /// [`pipeline_stage`](Self::pipeline_stage) for the stages one rank
+    /// runs (interleaving gives it several): the blocks any of them holds,
+    /// in the whole layout's order, each once.
+    pub fn pipeline_stages(&self, stages: Vec<Stage>) -> Result<Layout, String> {
         let n = self.config.n_layer;
-        if !self.stage.is_whole(&self.config) {
+        if !self.is_whole() {
             return Err("a pipeline stage is cut from the whole model's layout".into());
         }
-        if stage.layers.is_empty() || stage.layers.end > n {
-            return Err(format!(
-                "a pipeline stage of layers {:?} in a model of {n}: each stage holds at least \
-                 one of its layers",
-                stage.layers
-            ));
+        for stage in &stages {
+            if stage.layers.is_empty() || stage.layers.end > n {
+                return Err(format!(
+                    "a pipeline stage of layers {:?} in a model of {n}: each stage holds at \
+                     least one of its layers",
+                    stage.layers
+                ));
+            }
         }
         let mut params = Vec::new();
         let mut blocks = Vec::new();
         let mut at = 0;
         for (block, range) in &self.blocks {
-            if !stage.holds(*block) {
+            if !stages.iter().any(|s| s.holds(*block)) {
                 continue;
             }
             let shift = range.start;
@@ -417,7 +431,7 @@ impl Layout {
             params,
             blocks,
             shard: self.shard,
-            stage,
+            stages,
             len: at,
         })
     }
@@ -479,6 +493,19 @@ mod tests {
                 last: true
             })
             .is_err());
+        // Interleaved: one rank's two stages, their blocks once each.
+        let st = |layers: Range<usize>, first| Stage {
+            layers,
+            first,
+            last: false,
+        };
+        let two = whole
+            .pipeline_stages(vec![st(0..1, true), st(2..3, false)])
+            .unwrap();
+        assert_eq!(
+            two.blocks.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+            [Block::Embedding, Block::Layer(0), Block::Layer(2)]
+        );
         assert!(middle
             .pipeline_stage(Stage {
                 layers: 1..2,

@@ -175,7 +175,7 @@ impl<T: Real> Activations<T> {
     /// Buffers for batches of `b` sequences of `t` tokens; with
     /// `checkpointing`, one layer's internals instead of all of them.
     pub fn new(layout: &Layout, b: usize, t: usize, checkpointing: bool) -> Self {
-        Self::sharded(layout, b, t, checkpointing, 1)
+        Self::sharded(layout, &layout.stages[0], b, t, checkpointing, 1)
     }
 
     /// [`new`](Self::new) for a rank whose residual stream holds one of
@@ -183,6 +183,7 @@ impl<T: Real> Activations<T> {
     /// [`crate::Gpt::activations`] checks that they split).
     pub(super) fn sharded(
         layout: &Layout,
+        stage: &crate::layout::Stage,
         b: usize,
         t: usize,
         checkpointing: bool,
@@ -191,7 +192,6 @@ impl<T: Real> Activations<T> {
         let w = Widths::of(layout);
         // A pipeline stage's layers (the whole model's by default); the
         // head's buffers on the last stage only.
-        let stage = &layout.stage;
         let l = stage.layers.len();
         let n = b * t;
         let nl = n / split;

@@ -110,7 +110,7 @@ impl Gpt {
     pub fn new(layout: std::sync::Arc<Layout>) -> Gpt {
         // Where each tensor sits inside its block: the same in every
         // layout of this share (a pipeline stage's holds only some blocks).
-        let template = match layout.stage.is_whole(&layout.config) {
+        let template = match layout.is_whole() {
             true => (*layout).clone(),
             false => Layout::tensor_parallel(&layout.config, layout.shard, 1)
                 .expect("a stage's share is a valid share"),
@@ -182,6 +182,20 @@ impl Gpt {
         t: usize,
         checkpointing: bool,
     ) -> Result<Activations<T>, StepError> {
+        let stage = self.layout.stages[0].clone();
+        self.stage_activations(&stage, b, t, checkpointing)
+    }
+
+    /// [`activations`](Self::activations) for pipeline stage `stage` of
+    /// those this model's layout holds (its layers only; the head's
+    /// buffers on the last stage).
+    pub fn stage_activations<T: Real>(
+        &self,
+        stage: &crate::layout::Stage,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+    ) -> Result<Activations<T>, StepError> {
         let split = match &self.group {
             Some(g) if g.sequence => g.comm.size(),
             _ => 1,
@@ -195,6 +209,7 @@ impl Gpt {
         }
         Ok(Activations::sharded(
             &self.layout,
+            stage,
             b,
             t,
             checkpointing,

@@ -1,6 +1,7 @@
 //! A pipeline stage's passes over one micro-batch ([`Gpt::stage_forward`],
-//! [`Gpt::stage_backward`]): the model of a [`Layout::pipeline_stage`]
-//! layout runs only its blocks. The first stage embeds the tokens, the
+//! [`Gpt::stage_backward`]): the model of a [`Layout::pipeline_stages`]
+//! layout runs one of its stages' blocks (a rank of an interleaved
+//! pipeline holds several stages). The first stage embeds the tokens, the
 //! others start from the previous stage's output written into their
 //! activations' input; the last ends in the head and the loss, the others
 //! hand their output on. Backward mirrors it: the last stage starts from
@@ -14,25 +15,43 @@ use crate::cpu::Real;
 use crate::layout::{Block, Stage};
 
 impl Gpt {
-    /// The pipeline stage this model's layout holds (the whole model
+    /// The pipeline stages this model's layout holds (the whole model
     /// without a pipeline).
-    pub fn stage(&self) -> &Stage {
-        &self.layout.stage
+    pub fn stages(&self) -> &[Stage] {
+        &self.layout.stages
     }
 
-    /// One micro-batch through this stage (`p`: the stage's flat
-    /// parameters). Returns the mean loss on the last stage; elsewhere the
-    /// output is [`Activations::output`]. `tokens` are read on the first
-    /// stage, `targets` on the last.
+    /// Refuses a stage the layout does not hold.
+    fn held(&self, st: &Stage) -> Result<(), StepError> {
+        match self.layout.stages.contains(st) {
+            true => Ok(()),
+            false => Err(StepError::Shape(format!(
+                "pipeline stage of layers {:?}: this model's layout holds {:?}",
+                st.layers,
+                self.layout
+                    .stages
+                    .iter()
+                    .map(|s| s.layers.clone())
+                    .collect::<Vec<_>>()
+            ))),
+        }
+    }
+
+    /// One micro-batch through stage `st` (`p`: the layout's flat
+    /// parameters; `acts` made by [`Gpt::stage_activations`] for `st`).
+    /// Returns the mean loss on the last stage; elsewhere the output is
+    /// [`Activations::output`]. `tokens` are read on the first stage,
+    /// `targets` on the last.
     pub fn stage_forward<T: Real>(
         &self,
+        st: &Stage,
         p: &[T],
         acts: &mut Activations<T>,
         tokens: &[u32],
         targets: &[u32],
     ) -> Result<Option<T>, StepError> {
+        self.held(st)?;
         let ly = &*self.layout;
-        let st = &ly.stage;
         let emb = &p[ly.block_range(Block::Embedding)];
         match st.first {
             true => self.embedding_forward(emb, acts, tokens, targets)?,
@@ -61,8 +80,10 @@ impl Gpt {
     /// embeddings (on the last stage not also the first: the head's share
     /// of the tied token embedding). Leaves the gradient of the stage's
     /// input in [`Activations::residual_grad`].
+    #[allow(clippy::too_many_arguments)]
     pub fn stage_backward<T: Real>(
         &self,
+        st: &Stage,
         p: &[T],
         grads: &mut [T],
         acts: &mut Activations<T>,
@@ -70,8 +91,8 @@ impl Gpt {
         targets: &[u32],
         ready: &mut dyn FnMut(Block, &mut [T]),
     ) -> Result<(), StepError> {
+        self.held(st)?;
         let ly = &*self.layout;
-        let st = &ly.stage;
         let er = ly.block_range(Block::Embedding);
         if st.last {
             let nr = ly.block_range(Block::FinalNorm);
@@ -137,7 +158,7 @@ mod tests {
                 (1..3, false, false),
                 (3..4, false, true),
             ];
-            let stages: Vec<(Arc<Layout>, Gpt)> = cuts
+            let stages: Vec<(Arc<Layout>, Gpt, Stage)> = cuts
                 .iter()
                 .map(|(layers, first, last)| {
                     let st = Stage {
@@ -145,8 +166,8 @@ mod tests {
                         first: *first,
                         last: *last,
                     };
-                    let l = Arc::new(whole.pipeline_stage(st).unwrap());
-                    (l.clone(), Gpt::new(l))
+                    let l = Arc::new(whole.pipeline_stage(st.clone()).unwrap());
+                    (l.clone(), Gpt::new(l), st)
                 })
                 .collect();
             // Each stage's parameters: the whole model's blocks it holds.
@@ -157,18 +178,20 @@ mod tests {
                 }
                 out
             };
-            let ps: Vec<Vec<f64>> = stages.iter().map(|(l, _)| part(l, &p)).collect();
+            let ps: Vec<Vec<f64>> = stages.iter().map(|(l, _, _)| part(l, &p)).collect();
             let mut acts: Vec<_> = stages
                 .iter()
-                .map(|(_, m)| m.activations::<f64>(b, t, ckpt).unwrap())
+                .map(|(_, m, st)| m.stage_activations::<f64>(st, b, t, ckpt).unwrap())
                 .collect();
             let mut handed = Vec::new();
             let mut got = None;
-            for (i, (_, m)) in stages.iter().enumerate() {
+            for (i, (_, m, st)) in stages.iter().enumerate() {
                 if i > 0 {
                     acts[i].input_mut().copy_from_slice(&handed);
                 }
-                got = m.stage_forward(&ps[i], &mut acts[i], &toks, &tg).unwrap();
+                got = m
+                    .stage_forward(st, &ps[i], &mut acts[i], &toks, &tg)
+                    .unwrap();
                 handed = acts[i].output().to_vec();
             }
             assert_eq!(got, Some(loss), "checkpointing {ckpt}");
@@ -177,12 +200,20 @@ mod tests {
                 if i + 1 < stages.len() {
                     acts[i].residual_grad_mut().copy_from_slice(&handed);
                 }
-                let m = &stages[i].1;
-                m.stage_backward(&ps[i], &mut gs[i], &mut acts[i], &toks, &tg, &mut |_, _| {})
-                    .unwrap();
+                let (_, m, st) = &stages[i];
+                m.stage_backward(
+                    st,
+                    &ps[i],
+                    &mut gs[i],
+                    &mut acts[i],
+                    &toks,
+                    &tg,
+                    &mut |_, _| {},
+                )
+                .unwrap();
                 handed = acts[i].residual_grad().to_vec();
             }
-            for (i, (l, _)) in stages.iter().enumerate() {
+            for (i, (l, _, _)) in stages.iter().enumerate() {
                 for (block, range) in &l.blocks {
                     let want = &g[whole.block_range(*block)];
                     let mut have = gs[i][range.clone()].to_vec();
