@@ -41,6 +41,6 @@ pub mod tensor;
 pub mod tensor_comm;
 
 pub use config::GptConfig;
-pub use layout::{Block, Kind, Layout};
+pub use layout::{Block, Kind, Layout, Stage};
 pub use model::{Activations, Gpt, StepError};
 pub use params::Params;

@@ -17,6 +17,8 @@
 //!   sharding's replicate and shard), groups as communicator splits;
 //!   [`tensor_parallel`]: the model's collectives over the tensor group
 //!   and the wrapper that runs a strategy over the data groups;
+//! - [`pipeline`]: the executor that runs a schedule on one pipeline
+//!   rank, and the links its messages take;
 //! - [`schedule`]: pipeline schedules as data (every rank's list of
 //!   forward, backward, send and receive actions), built or read from a
 //!   file, checked before they run;
@@ -39,6 +41,7 @@ pub mod lend;
 pub mod loader;
 pub mod memory_phase;
 pub mod mesh;
+pub mod pipeline;
 pub mod schedule;
 pub mod space;
 mod step_trace;

@@ -206,6 +206,11 @@ impl CpuGpt {
         self.params
     }
 
+    /// The parameters' layout.
+    pub fn layout(&self) -> &Arc<Layout> {
+        &self.params.layout
+    }
+
     /// The optimizer and the parameters it updates (the optimizer built
     /// for the shard on first use).
     fn stepping(&mut self) -> (&mut Optimizer, &mut Params) {

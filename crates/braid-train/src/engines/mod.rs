@@ -1,13 +1,16 @@
 //! The GPT engines of `braid-model` behind the [`Engine`](crate::Engine)
 //! trait: [`CpuGpt`] (f32, this machine's cores) and [`GpuGpt`] (one GPU,
 //! f32 or bf16 mixed precision, optionally with its optimizer offloaded to
-//! host memory: [`offload`]), with the batch type they share.
+//! host memory: [`offload`]), with the batch type they share; and
+//! [`CpuStage`], a pipeline rank's stages of the CPU model.
 
 mod gpt_cpu;
+mod gpt_cpu_stage;
 mod gpt_gpu;
 pub mod offload;
 
 pub use gpt_cpu::{CpuGpt, CpuOptimizer};
+pub use gpt_cpu_stage::CpuStage;
 pub use gpt_gpu::{GpuGpt, Precision};
 
 use crate::engine::{ParamUnits, Unit};

@@ -19,8 +19,7 @@ pub enum JsonOut {
 }
 
 /// `--json`'s help, the same in every command.
-pub const HELP: &str =
-    "Write JSON to FILE beside the usual output; alone (or -): JSON on stdout instead";
+pub const HELP: &str = "JSON to FILE beside the usual output; alone (or -): JSON on stdout instead";
 
 /// Parses `--json`'s value (`-`, the value clap gives a bare `--json`,
 /// is stdout).

@@ -22,6 +22,7 @@ pub mod train;
 pub mod train_ckpt;
 pub mod train_mesh;
 pub mod train_output;
+pub mod train_pipeline;
 pub mod train_strategy;
 pub mod train_trace;
 pub mod verify;

@@ -206,6 +206,21 @@ pub struct TrainArgs {
     /// With --tp: sequence parallelism (the default).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     sp: bool,
+    /// Pipeline parallelism: the layers cut into stages over N ranks.
+    ///
+    /// Micro-batches flow through the stages as --schedule says; the rest of the world is
+    /// data parallel over whole pipelines. CPU runs so far.
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
+    pp: usize,
+    /// With --pp: micro-batches per step (the batch per rank splits into them; default 2 x --pp).
+    #[arg(long, value_name = "M", hide_short_help = true, help_heading = H_PARALLEL)]
+    micro_batches: Option<usize>,
+    /// With --pp: gpipe, 1f1b, interleaved[:V], zb, or a schedule file.
+    #[arg(long, value_name = "S", default_value = "1f1b", hide_short_help = true, help_heading = H_PARALLEL)]
+    schedule: String,
+    /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
+    #[arg(long, value_name = "N,N,..", hide_short_help = true, help_heading = H_PARALLEL)]
+    stage_layers: Option<String>,
     /// Gradients on the wire: plain (f32), bf16, fp16, or powersgd[:RANK[:START]].
     ///
     /// powersgd takes PyTorch's defaults: rank 1, from step 1000.
@@ -301,6 +316,14 @@ pub(super) fn tokenizer_for(
     }
 }
 
+/// The CPU engine's optimizer for `--optimizer` with `weight_decay`.
+fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimizer {
+    match kind {
+        OptimizerKind::AdamW => CpuOptimizer::AdamW { weight_decay },
+        OptimizerKind::Sgd => CpuOptimizer::Sgd { weight_decay },
+    }
+}
+
 /// How many layers defer their weight gradients (`--defer-layers`; by
 /// default 2 in bf16 when data-parallel, so the embeddings' reduction
 /// overlaps them, else none).
@@ -377,8 +400,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     }
     let world = world()?;
     // A tensor-parallel run started alone starts its group.
-    let nproc = match (a.nproc, a.tp, &world) {
-        (None, tp, None) if tp > 1 => Some(tp),
+    let nproc = match (a.nproc, a.tp * a.pp, &world) {
+        (None, model, None) if model > 1 => Some(model),
         (n, _, _) => n.map(|n| n.count()).transpose()?,
     };
     // Workers on this node: the launcher's, or those --nproc-per-node starts.
@@ -388,6 +411,30 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     let device = super::Device::resolve(&a.device, local_workers)?;
     let cuda = device.cuda;
+    if a.pp > 1 {
+        let not_yet = |what: &str| {
+            Err(format!(
+                "--pp {} with {what}: not built yet (pipelines run on CPUs, data parallel over \
+                 whole pipelines, without --tp, --zero or checkpoints so far)",
+                a.pp
+            ))
+        };
+        if cuda {
+            return not_yet("--device cuda");
+        }
+        if a.tp > 1 {
+            return not_yet("--tp");
+        }
+        if a.zero.is_some() {
+            return not_yet("--zero");
+        }
+        if a.ckpt_dir.is_some() || a.resume.is_some() {
+            return not_yet("--ckpt-dir/--resume");
+        }
+        if a.offload != "none" {
+            return not_yet("--offload");
+        }
+    }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
             "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
@@ -463,14 +510,29 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     }
     if let (Some(n), None) = (nproc, &world) {
         // What --tp cannot do, said once here rather than by every worker.
-        if a.tp > 1 {
+        if a.tp > 1 || a.pp > 1 {
             super::train_mesh::Place {
                 world: n,
                 rank: 0,
                 tensor: a.tp,
+                pipe: a.pp,
                 sequence: !a.no_sp,
             }
             .check(n)?;
+            if a.pp > 1 {
+                // The schedule and the stages, checked once here.
+                let flags = super::train_pipeline::PipeFlags {
+                    ranks: a.pp,
+                    micro: a.micro_batches.unwrap_or(2 * a.pp),
+                    schedule: &a.schedule,
+                    stage_layers: a.stage_layers.as_deref(),
+                };
+                let s = super::train_pipeline::schedule(&flags)?;
+                if a.load.is_none() {
+                    let cfg = GptConfig::parse(&a.model)?;
+                    super::train_pipeline::stages(cfg.n_layer, &s, &flags)?;
+                }
+            }
             if a.load.is_none() {
                 let cfg = GptConfig::parse(&a.model)?;
                 braid_model::layout::TensorShard {
@@ -502,6 +564,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         world: world_size,
         rank,
         tensor: a.tp,
+        pipe: a.pp,
         sequence: a.tp > 1 && !a.no_sp,
     };
     place.check(world.as_ref().map_or(world_size, |w| w.local_world_size))?;
@@ -560,6 +623,27 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 ));
             }
             g / per
+        }
+    };
+    // Under --pp: the schedule, checked, and the micro-batches' rows.
+    let pipe_flags = super::train_pipeline::PipeFlags {
+        ranks: a.pp,
+        micro: a.micro_batches.unwrap_or(2 * a.pp),
+        schedule: &a.schedule,
+        stage_layers: a.stage_layers.as_deref(),
+    };
+    let pipe_schedule = match a.pp {
+        1 => None,
+        _ => {
+            let m = pipe_flags.micro;
+            if m == 0 || batch % m != 0 {
+                return Err(format!(
+                    "--micro-batches {m}: the batch of {batch} per rank does not split into {m} \
+                     micro-batches (pick --micro-batches dividing {batch}, or a --batch or \
+                     --global-batch that {m} divides)"
+                ));
+            }
+            Some(super::train_pipeline::schedule(&pipe_flags)?)
         }
     };
     // ZeRO's buckets hold whole layers: no deferred weight gradients.
@@ -848,15 +932,72 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &mut TokenWindows,
             &mut TokenBatch,
         ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
-    let run = if !cuda {
-        let how = match optimizer {
-            OptimizerKind::AdamW => CpuOptimizer::AdamW {
-                weight_decay: a.weight_decay,
-            },
-            OptimizerKind::Sgd => CpuOptimizer::Sgd {
-                weight_decay: a.weight_decay,
-            },
-        };
+    let run = if let Some(schedule) = pipe_schedule {
+        let how = cpu_optimizer(optimizer, a.weight_decay);
+        let c = comm.ok_or("a pipeline runs over several ranks")?;
+        let groups = super::train_mesh::split_pipeline(&c, &place)?;
+        if lead {
+            println!("mesh: {}", groups.layout);
+        }
+        let all = super::train_pipeline::stages(cfg.n_layer, &schedule, &pipe_flags)?;
+        if lead {
+            let shown: Vec<String> = all
+                .iter()
+                .enumerate()
+                .map(|(i, s)| format!("{i}: layers {}..{}", s.layers.start, s.layers.end))
+                .collect();
+            println!(
+                "pipeline: {} stages over {} ranks ({}), schedule {}, {} micro-batches of {} x {}",
+                all.len(),
+                schedule.ranks,
+                shown.join(", "),
+                schedule.name,
+                schedule.micro_batches,
+                batch / schedule.micro_batches,
+                seq
+            );
+        }
+        let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
+        let whole = params.layout.clone();
+        let pipe = groups.pipe.clone();
+        let micro = batch / schedule.micro_batches;
+        let mut engine = super::train_pipeline::engine(
+            &params,
+            schedule,
+            &all,
+            groups.pipe,
+            how,
+            micro,
+            seq,
+            a.checkpointing,
+        )?;
+        let mut s = distributed(groups.data, shard_choice, ddp)?;
+        let run = run_with(&mut |p, l, b| {
+            run_loop(
+                &mut engine,
+                &mut *s,
+                l,
+                b,
+                &opts,
+                p,
+                lead,
+                true,
+                (&mut ckpt, &mut tracing),
+            )
+        })?;
+        let mine = engine.into_params();
+        if a.save.is_some() && place.data_rank() == 0 {
+            // The whole model, from every stage (pipeline rank 0 of the
+            // first data group is the lead).
+            if let Some(p) =
+                braid_train::pipeline::gather::gather_whole(&mine, whole, &layouts, &pipe)?
+            {
+                params = p;
+            }
+        }
+        run
+    } else if !cuda {
+        let how = cpu_optimizer(optimizer, a.weight_decay);
         // Under --tp: the tensor and data groups, split from the world.
         let groups = match (&comm, place.tensor) {
             (Some(c), n) if n > 1 => Some(super::train_mesh::split(c, &place)?),

@@ -1,7 +1,8 @@
-//! `braid train`'s mesh: the world's ranks as data × tensor groups from
-//! `--tp` (tensor groups of consecutive ranks, inside a node), every
-//! choice checked at start with one clear error; and the communicators
-//! a rank of such a mesh trains over.
+//! `braid train`'s mesh: the world's ranks as data × pipeline × tensor
+//! groups from `--pp` and `--tp` (tensor groups of consecutive ranks,
+//! inside a node; pipeline groups over them), every choice checked at
+//! start with one clear error; and the communicators a rank of such a
+//! mesh trains over.
 
 use braid_comm::Communicator;
 use braid_model::layout::TensorShard;
@@ -19,19 +20,22 @@ pub struct Place {
     pub rank: usize,
     /// Ranks per tensor group (`--tp`; 1: none).
     pub tensor: usize,
+    /// Pipeline stages' ranks (`--pp`; 1: none).
+    pub pipe: usize,
     /// Sequence parallelism in the tensor groups.
     pub sequence: bool,
 }
 
 impl Place {
-    /// Data-parallel replicas: the world over the tensor groups.
+    /// Data-parallel replicas: the world over the tensor and pipeline
+    /// groups.
     pub fn data(&self) -> usize {
-        self.world / self.tensor
+        self.world / (self.tensor * self.pipe)
     }
 
     /// This rank among its data group's (its replica's index).
     pub fn data_rank(&self) -> usize {
-        self.rank / self.tensor
+        self.rank / (self.tensor * self.pipe)
     }
 
     /// This rank's share of the model.
@@ -42,13 +46,15 @@ impl Place {
         }
     }
 
-    /// The mesh (data outermost, tensor groups consecutive ranks).
+    /// The mesh (data outermost, then the pipeline where there is one,
+    /// tensor groups consecutive ranks).
     pub fn mesh(&self) -> Result<Mesh, String> {
-        Mesh::new(
-            self.world,
-            self.rank,
-            &[("data", self.data()), ("tensor", self.tensor)],
-        )
+        let mut dims = vec![("data", self.data())];
+        if self.pipe > 1 {
+            dims.push(("pipe", self.pipe));
+        }
+        dims.push(("tensor", self.tensor));
+        Mesh::new(self.world, self.rank, &dims)
     }
 
     /// Checks `--tp` against the world and the node at start: it divides
@@ -57,6 +63,18 @@ impl Place {
         let n = self.tensor;
         if n == 0 {
             return Err("--tp 0: use 1 (no tensor parallelism) or more".into());
+        }
+        if self.pipe == 0 {
+            return Err("--pp 0: use 1 (no pipeline) or more".into());
+        }
+        let both = n * self.pipe;
+        if self.pipe > 1 && self.world % both != 0 {
+            return Err(format!(
+                "--tp {n} x --pp {} = {both} ranks per model does not divide the {} ranks: the \
+                 rest of the world is data parallel over whole models (start a multiple of \
+                 {both} ranks)",
+                self.pipe, self.world
+            ));
         }
         if self.world % n != 0 {
             return Err(format!(
@@ -97,6 +115,32 @@ pub fn split(world: &Communicator, place: &Place) -> Result<Groups, String> {
     use braid_train::collective::Collective;
     Ok(Groups {
         tensor: Arc::new(HostTensorGroup::new(tensor.host().clone())),
+        data,
+        layout: mesh.describe(),
+    })
+}
+
+/// The communicators of a pipeline rank: its pipeline group and its data
+/// group; the layout, printed at start.
+pub struct PipeGroups {
+    /// The stages' ranks of this rank's model.
+    pub pipe: Communicator,
+    /// The strategy's.
+    pub data: HostCollective,
+    /// The mesh in one line.
+    pub layout: String,
+}
+
+/// Splits the world's communicator into pipeline and data groups (every
+/// rank calls it).
+pub fn split_pipeline(world: &Communicator, place: &Place) -> Result<PipeGroups, String> {
+    let mesh = place.mesh()?;
+    let all = HostCollective::new(world.clone());
+    let pipe = mesh.split(&all, "pipe")?;
+    let data = mesh.split(&all, "data")?;
+    use braid_train::collective::Collective;
+    Ok(PipeGroups {
+        pipe: pipe.host().clone(),
         data,
         layout: mesh.describe(),
     })
@@ -150,6 +194,7 @@ mod tests {
             world,
             rank: 0,
             tensor,
+            pipe: 1,
             sequence: true,
         };
         assert!(p(4, 2).check(4).is_ok());
@@ -161,5 +206,13 @@ mod tests {
         assert_eq!((p(8, 2).data(), p(8, 2).shard().size), (4, 2));
         let q = Place { rank: 5, ..p(8, 2) };
         assert_eq!((q.data_rank(), q.shard().rank), (2, 1));
+        // data 2 x pipe 2 x tensor 2: rank 5 is data 1, stage 0, tensor 1.
+        let r = Place { pipe: 2, ..q };
+        assert_eq!((r.data(), r.data_rank()), (2, 1));
+        assert_eq!(r.mesh().unwrap().coord("pipe"), 0);
+        assert!(Place { pipe: 4, ..p(6, 1) }
+            .check(6)
+            .unwrap_err()
+            .contains("does not divide"));
     }
 }

@@ -1,0 +1,560 @@
+//! [`CpuStage`]: one pipeline rank's stages of the CPU GPT model as an
+//! [`Engine`]. Its forward pass with gradients runs the whole step's
+//! schedule on this rank — every micro-batch's forward and backward
+//! passes, the activations and their gradients sent and received between
+//! the pipeline's ranks ([`crate::pipeline`]) — accumulating the stage's
+//! gradients; its backward units then hand them to the strategy (data
+//! parallelism over the data dimension reduces them as usual). So the
+//! training loop and the data-parallel strategies run unchanged.
+//!
+//! Every rank of a pipeline reads the same batch; micro-batch `m` is its
+//! rows `m·b..(m+1)·b`. The loss is the last stage's, sent to every
+//! pipeline rank. The tied token embedding lives on the first and the last
+//! stage: their gradients are summed between the two every step, so the
+//! copies stay equal; the last stage's copy is not saved in checkpoints,
+//! nor counted twice in the gradient norm. Split backward passes (ZB-H1)
+//! run whole at their input half on CPUs (the weight half is a no-op).
+
+use super::gpt_cpu::CpuGpt;
+use super::{gpt_describe, TokenBatch};
+use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
+use crate::pipeline::exec::{self, StagePasses};
+use crate::pipeline::links::HostLinks;
+use crate::schedule::Schedule;
+use crate::space::{Host, HostWindow};
+use crate::Result;
+use braid_comm::{Communicator, ReduceOp};
+use braid_model::optim::sum_of_squares;
+use braid_model::{Activations, Block, Gpt, Layout, Stage};
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// One pipeline rank's stages on this machine's CPUs.
+pub struct CpuStage {
+    passes: Passes,
+    links: HostLinks,
+    schedule: Schedule,
+    /// This rank in the pipeline group.
+    rank: usize,
+    /// The pipeline group (the loss, the tied embeddings, the norm).
+    group: Communicator,
+    step: u64,
+}
+
+/// What the executor runs on: the stages' model, parameters, in-flight
+/// activations and the step's gradients.
+struct Passes {
+    /// The parameters (this rank's stages' layout) and the optimizer.
+    inner: CpuGpt,
+    model: Gpt,
+    /// This rank's stages: their global index and blocks.
+    stages: Vec<(usize, Stage)>,
+    /// Stages in the pipeline.
+    total: usize,
+    /// Pipeline ranks.
+    ranks: usize,
+    /// Micro-batch rows, tokens per row.
+    b: usize,
+    t: usize,
+    checkpointing: bool,
+    /// Activations not in use, per stage of this rank.
+    free: Vec<Vec<Activations<f32>>>,
+    /// Activations of the micro-batches in flight, by (stage, micro).
+    live: HashMap<(usize, usize), Activations<f32>>,
+    /// A micro-batch whose input gradient went out: its activations go
+    /// back to the pool at the next call.
+    done: Option<(usize, usize)>,
+    /// The step's batch (every micro-batch's rows).
+    batch: TokenBatch,
+    /// The step's gradients, accumulated over its micro-batches.
+    acc: Vec<f32>,
+}
+
+/// What one stage's pass of one micro-batch works on.
+struct Pass<'a> {
+    model: &'a Gpt,
+    stage: &'a Stage,
+    params: &'a [f32],
+    grads: &'a mut [f32],
+    acts: &'a mut Activations<f32>,
+    tokens: &'a [u32],
+    targets: &'a [u32],
+}
+
+impl Passes {
+    /// Where `stage` is among this rank's.
+    fn local(&self, stage: usize) -> Result<usize> {
+        self.stages
+            .iter()
+            .position(|(s, _)| *s == stage)
+            .ok_or_else(|| format!("stage {stage} does not run on this pipeline rank"))
+    }
+
+    /// Rows of micro-batch `m`.
+    fn rows(&self, m: usize) -> Range<usize> {
+        m * self.b * self.t..(m + 1) * self.b * self.t
+    }
+
+    /// Returns finished activations to the pool.
+    fn tidy(&mut self) -> Result<()> {
+        if let Some((s, m)) = self.done.take() {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, stage: usize, m: usize) -> Result<()> {
+        let i = self.local(stage)?;
+        if let Some(a) = self.live.remove(&(stage, m)) {
+            self.free[i].push(a);
+        }
+        Ok(())
+    }
+
+    /// The activations of (`stage`, `m`), from the pool when new.
+    fn acts(&mut self, stage: usize, m: usize) -> Result<&mut Activations<f32>> {
+        let i = self.local(stage)?;
+        if !self.live.contains_key(&(stage, m)) {
+            let a = match self.free[i].pop() {
+                Some(a) => a,
+                None => self
+                    .model
+                    .stage_activations(&self.stages[i].1, self.b, self.t, self.checkpointing)
+                    .map_err(|e| e.to_string())?,
+            };
+            self.live.insert((stage, m), a);
+        }
+        Ok(self.live.get_mut(&(stage, m)).expect("inserted"))
+    }
+
+    /// Runs `f` on stage `stage`'s pass of micro-batch `m`: the model, the
+    /// stage, the parameters, the step's gradients, the micro-batch's
+    /// activations and its rows' tokens and targets.
+    fn with_micro<R>(
+        &mut self,
+        stage: usize,
+        m: usize,
+        f: impl FnOnce(Pass<'_>) -> std::result::Result<R, braid_model::StepError>,
+    ) -> Result<R> {
+        let i = self.local(stage)?;
+        let _ = self.acts(stage, m)?;
+        let rows = self.rows(m);
+        let Passes {
+            inner,
+            model,
+            stages,
+            live,
+            batch,
+            acc,
+            ..
+        } = self;
+        f(Pass {
+            model,
+            stage: &stages[i].1,
+            params: inner.params(),
+            grads: acc,
+            acts: live.get_mut(&(stage, m)).expect("made above"),
+            tokens: &batch.tokens[rows.clone()],
+            targets: &batch.targets[rows],
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// Whether `a` and `b` run on this rank (a hand-over without a
+    /// message).
+    fn both_here(&self, a: usize, b: usize) -> bool {
+        a % self.ranks == b % self.ranks
+    }
+
+    /// Ends the step: every micro-batch's activations back in the pool.
+    fn end_step(&mut self) -> Result<()> {
+        self.done = None;
+        let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
+        for (s, m) in keys {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+}
+
+impl StagePasses for Passes {
+    fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
+        self.tidy()?;
+        // The previous stage on this rank hands its output over.
+        if stage > 0 && self.both_here(stage - 1, stage) {
+            let out = self.acts(stage - 1, m)?.output().to_vec();
+            self.acts(stage, m)?.input_mut().copy_from_slice(&out);
+        }
+        self.with_micro(stage, m, |p| {
+            p.model
+                .stage_forward(p.stage, p.params, p.acts, p.tokens, p.targets)
+        })
+    }
+
+    fn backward(&mut self, stage: usize, m: usize, _input_only: bool) -> Result<()> {
+        self.tidy()?;
+        // The next stage on this rank hands its input's gradient over.
+        if stage + 1 < self.total && self.both_here(stage, stage + 1) {
+            let g = self.acts(stage + 1, m)?.residual_grad().to_vec();
+            self.acts(stage, m)?.residual_grad_mut().copy_from_slice(&g);
+            self.release(stage + 1, m)?;
+        }
+        self.with_micro(stage, m, |p| {
+            p.model.stage_backward(
+                p.stage,
+                p.params,
+                p.grads,
+                p.acts,
+                p.tokens,
+                p.targets,
+                &mut |_, _| {},
+            )
+        })?;
+        if stage == 0 {
+            self.release(stage, m)?;
+        }
+        Ok(())
+    }
+
+    fn backward_weights(&mut self, _stage: usize, _micro: usize) -> Result<()> {
+        // The CPU engine ran the whole backward at the input half.
+        self.tidy()
+    }
+
+    fn output(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
+        self.tidy()?;
+        Ok(self.acts(stage, m)?.output())
+    }
+
+    fn input(&mut self, stage: usize, m: usize) -> Result<&mut [f32]> {
+        self.tidy()?;
+        Ok(self.acts(stage, m)?.input_mut())
+    }
+
+    fn input_grad(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
+        self.tidy()?;
+        // Sent out by the caller before the next call: then the
+        // micro-batch's activations are done with.
+        self.done = Some((stage, m));
+        Ok(self.acts(stage, m)?.residual_grad())
+    }
+
+    fn output_grad(&mut self, stage: usize, m: usize) -> Result<&mut [f32]> {
+        self.tidy()?;
+        Ok(self.acts(stage, m)?.residual_grad_mut())
+    }
+}
+
+impl CpuStage {
+    /// Pipeline rank `group.rank()`'s stages of the schedule `schedule`
+    /// (checked), over `inner` (its parameters laid out by
+    /// [`Layout::pipeline_stages`] for `stages`, given by global index),
+    /// for micro-batches of `b × t`.
+    pub fn new(
+        inner: CpuGpt,
+        stages: Vec<(usize, Stage)>,
+        schedule: Schedule,
+        group: Communicator,
+        b: usize,
+        t: usize,
+        checkpointing: bool,
+    ) -> Result<CpuStage> {
+        crate::schedule::check::check(&schedule)?;
+        let rank = group.rank();
+        if group.size() != schedule.ranks {
+            return Err(format!(
+                "a pipeline group of {} ranks for a schedule of {}",
+                group.size(),
+                schedule.ranks
+            ));
+        }
+        let layout = inner.layout().clone();
+        let links = HostLinks::new(&group)?;
+        let model = Gpt::new(layout.clone());
+        let n = stages.len();
+        Ok(CpuStage {
+            passes: Passes {
+                acc: vec![0.0; layout.len],
+                inner,
+                model,
+                total: schedule.stages(),
+                ranks: schedule.ranks,
+                stages,
+                b,
+                t,
+                checkpointing,
+                free: (0..n).map(|_| Vec::new()).collect(),
+                live: HashMap::new(),
+                done: None,
+                batch: TokenBatch::new(0, t),
+            },
+            links,
+            schedule,
+            rank,
+            group,
+            step: 0,
+        })
+    }
+
+    fn layout(&self) -> &Layout {
+        self.passes.inner.layout()
+    }
+
+    /// Whether this rank holds the last stage's copy of the tied
+    /// embeddings and not the first's (that copy is not saved or
+    /// counted).
+    fn second_copy(&self) -> bool {
+        let holds = |s: usize| self.passes.stages.iter().any(|(i, _)| *i == s);
+        holds(self.schedule.stages() - 1) && !holds(0)
+    }
+
+    /// The pipeline rank holding the last stage.
+    fn last_rank(&self) -> usize {
+        self.schedule.rank_of(self.schedule.stages() - 1)
+    }
+
+    /// Sums the tied embeddings' gradients of the first and last stage
+    /// (on different ranks) into both.
+    fn sum_tied(&mut self) -> Result<()> {
+        let (first, last) = (0, self.last_rank());
+        if first == last || (self.rank != first && self.rank != last) {
+            return Ok(());
+        }
+        let peer = if self.rank == first { last } else { first };
+        let er = self.layout().block_range(Block::Embedding);
+        let mut theirs = vec![0.0f32; er.len()];
+        self.group
+            .send_recv(&self.passes.acc[er.clone()], peer, &mut theirs, peer, 1)
+            .map_err(|e| format!("summing the tied embeddings' gradients with rank {peer}: {e}"))?;
+        for (g, o) in self.passes.acc[er].iter_mut().zip(&theirs) {
+            *g += o;
+        }
+        Ok(())
+    }
+
+    /// Σ x² of `values` at the flat positions `ranges` (held one after
+    /// another), the second copy of the tied embeddings left out, summed
+    /// over the pipeline group.
+    fn sq_norm(&self, values: &[f32], ranges: &[Range<usize>]) -> Result<f64> {
+        let skip = match self.second_copy() {
+            true => self.layout().block_range(Block::Embedding),
+            false => 0..0,
+        };
+        let mut sum = [0.0f64];
+        let mut at = 0;
+        for r in ranges {
+            let v = &values[at..at + r.len()];
+            // The parts of `r` before and after the skipped block.
+            let cut = |x: usize| x.clamp(r.start, r.end) - r.start;
+            sum[0] += sum_of_squares(&v[..cut(skip.start)]);
+            sum[0] += sum_of_squares(&v[cut(skip.end.max(skip.start))..]);
+            at += r.len();
+        }
+        self.group
+            .all_reduce(&mut sum, ReduceOp::Sum)
+            .map_err(|e| format!("the gradient norm over the pipeline: {e}"))?;
+        Ok(sum[0])
+    }
+
+    /// The parameters with their layout (this rank's stages).
+    pub fn into_params(self) -> braid_model::Params {
+        self.passes.inner.into_params()
+    }
+}
+
+impl Engine for CpuStage {
+    type Space = Host;
+    type Batch = TokenBatch;
+
+    fn describe(&self) -> String {
+        let ly = self.layout();
+        let stages: Vec<String> = self
+            .passes
+            .stages
+            .iter()
+            .map(|(i, s)| format!("stage {i} (layers {}..{})", s.layers.start, s.layers.end))
+            .collect();
+        let how = format!(
+            "f32 on the CPU, pipeline rank {} of {} ({}), schedule {}, {} micro-batches",
+            self.rank,
+            self.schedule.ranks,
+            stages.join(", "),
+            self.schedule.name,
+            self.schedule.micro_batches
+        );
+        gpt_describe(&ly.config, self.passes.b, self.passes.t, &how)
+    }
+
+    fn params(&self) -> &Vec<f32> {
+        self.passes.inner.params()
+    }
+
+    fn params_mut(&mut self) -> &mut Vec<f32> {
+        self.passes.inner.params_mut()
+    }
+
+    fn params_changed(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn new_grads(&self) -> Result<Vec<f32>> {
+        Ok(vec![0.0; self.layout().len])
+    }
+
+    fn zero_grads(&mut self, grads: &mut Vec<f32>) -> Result<()> {
+        grads.fill(0.0);
+        Ok(())
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        // The blocks this rank holds, from the buffer's end.
+        self.layout()
+            .blocks
+            .iter()
+            .rev()
+            .map(|(b, r)| Unit {
+                name: match b {
+                    Block::Embedding => "embedding".into(),
+                    Block::Layer(l) => format!("layer {l}"),
+                    Block::FinalNorm => "head".into(),
+                },
+                finalizes: r.clone(),
+            })
+            .collect()
+    }
+
+    fn matrices(&self) -> Vec<Matrix> {
+        self.passes.inner.matrices()
+    }
+
+    fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        let micro = self.schedule.micro_batches;
+        let (b, t) = (self.passes.b, self.passes.t);
+        if batch.b != micro * b || batch.t != t {
+            return Err(format!(
+                "a batch of {} x {} for {micro} micro-batches of {b} x {t}",
+                batch.b, batch.t
+            ));
+        }
+        self.passes.batch.clone_from(batch);
+        let schedule = match grad {
+            true => {
+                self.passes.acc.fill(0.0);
+                self.schedule.clone()
+            }
+            false => exec::forward_only(&self.schedule),
+        };
+        let run = exec::run(
+            &schedule,
+            self.rank,
+            &mut self.passes,
+            &mut self.links,
+            self.step,
+        );
+        self.step += 1;
+        let ended = self.passes.end_step();
+        let losses = run?;
+        ended?;
+        // The last stage's mean over the micro-batches, to every rank.
+        let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
+        self.group
+            .broadcast(&mut loss, self.last_rank())
+            .map_err(|e| format!("the loss from the last pipeline stage: {e}"))?;
+        if grad {
+            self.sum_tied()?;
+            let scale = 1.0 / micro as f32;
+            self.passes.acc.iter_mut().for_each(|g| *g *= scale);
+        }
+        Ok(loss[0] as f32)
+    }
+
+    fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
+        let units = self.units();
+        let u = units
+            .get(unit)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let r = u.finalizes.clone();
+        let g = grads.prefix_mut()?;
+        if g.len() < r.end {
+            return Err(format!(
+                "backward unit {unit} writes gradients up to {} but only {} are still being written",
+                r.end,
+                g.len()
+            ));
+        }
+        for (d, s) in g[r.clone()].iter_mut().zip(&self.passes.acc[r]) {
+            *d += s;
+        }
+        Ok(())
+    }
+
+    fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
+        self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
+    }
+
+    fn grad_sq_norm_of(&mut self, grads: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        crate::engine::check_shard(ranges, grads.len())?;
+        let values: Vec<f32> = ranges
+            .iter()
+            .flat_map(|r| grads[r.clone()].to_vec())
+            .collect();
+        self.sq_norm(&values, ranges)
+    }
+
+    fn grad_sq_norm_compact(&mut self, compact: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        self.sq_norm(compact, ranges)
+    }
+
+    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.passes.inner.update(grads, step)
+    }
+
+    fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.passes.inner.update_shard(grads, step)
+    }
+
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        self.passes.inner.shard_optimizer(shard)
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        self.passes.inner.state_bytes()
+    }
+
+    fn tensors(&self) -> Vec<NamedTensor> {
+        let second = self.second_copy();
+        let er = self.layout().block_range(Block::Embedding);
+        self.passes
+            .inner
+            .tensors()
+            .into_iter()
+            .map(|mut t| {
+                if second && er.contains(&t.range.start) {
+                    t.stored = false;
+                }
+                t
+            })
+            .collect()
+    }
+
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        self.passes.inner.optimizer_moments()
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.passes.inner.read_moment(moment, ranges, out)
+    }
+
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        self.passes.inner.set_optimizer_state(state, updates)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,16 @@
+//! Pipeline parallelism: the model cut into stages over the ranks of a
+//! pipeline group, micro-batches flowing through them as a
+//! [`crate::schedule`] says.
+//!
+//! - [`assign`]: which layers each stage holds;
+//! - [`gather`]: the whole model put together from the stages (`--save`);
+//! - [`exec`]: runs one rank's list of actions over what its stages do
+//!   ([`exec::StagePasses`]) and how messages move ([`exec::Links`]);
+//! - [`links`]: [`links::HostLinks`], messages between pipeline ranks over
+//!   host communicators, sends on a thread of their own (a send never
+//!   holds its rank up, as the schedules' checks assume).
+
+pub mod assign;
+pub mod exec;
+pub mod gather;
+pub mod links;

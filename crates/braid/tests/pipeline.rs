@@ -1,0 +1,226 @@
+//! Pipeline parallelism (`braid train --pp N`) through the real binary, on
+//! CPU worker processes: every built-in schedule at 2 and 4 stages
+//! reaches the parameters of one process after 10 f32 steps, and a
+//! pipeline of 2 × data parallel 2 those of data parallelism over 4; a
+//! schedule file that would hang or skip a backward pass is refused with
+//! the action named; what cannot work is refused at start.
+
+mod common;
+
+use common::{braid, max_diff, params, run, train, TempDir};
+use std::time::Duration;
+
+/// Every element of the parameters within this of the reference.
+const TOL: f32 = 1e-4;
+
+/// 4 layers: up to 4 stages, or 2 ranks of 2 interleaved stages.
+const MODEL: &str = "L4-H4-C32-V259-T32";
+
+fn run_train(dir: &TempDir, name: &str, extra: &[&str]) -> Vec<f32> {
+    let mut args = vec!["--model", MODEL, "--tokenizer", "bytes", "--steps", "10"];
+    args.extend(extra);
+    let (model, f) = train(dir, name, &args, &[]);
+    if extra.contains(&"--pp") {
+        assert!(
+            f.stdout.contains("pipeline: ") && f.stdout.contains("mesh: "),
+            "{name}: the stages and the mesh are printed\n{}",
+            f.stdout
+        );
+    }
+    params(&model)
+}
+
+#[test]
+fn every_schedule_at_2_and_4_stages_matches_one_process() {
+    let dir = TempDir::new("pp-one");
+    let one = run_train(&dir, "one", &["--batch", "8"]);
+    for (pp, micro) in [("2", "4"), ("4", "4")] {
+        for schedule in ["gpipe", "1f1b", "interleaved", "zb"] {
+            // Interleaving 4 ranks needs 8 stages: the model has 4 layers.
+            if pp == "4" && schedule == "interleaved" {
+                continue;
+            }
+            let name = format!("pp{pp}-{schedule}");
+            let got = run_train(
+                &dir,
+                &name,
+                &[
+                    "--batch",
+                    "8",
+                    "--pp",
+                    pp,
+                    "--micro-batches",
+                    micro,
+                    "--schedule",
+                    schedule,
+                ],
+            );
+            let d = max_diff(&one, &got);
+            assert!(d <= TOL, "{name}: max |diff| {d} against one process");
+        }
+    }
+}
+
+#[test]
+fn a_pipeline_of_2_times_data_parallel_2_matches_data_parallelism_over_4() {
+    let dir = TempDir::new("pp-dp");
+    let common = ["--nproc-per-node", "4", "--global-batch", "16"];
+    let dp = run_train(&dir, "dp4", &common);
+    let args: Vec<&str> = common
+        .iter()
+        .chain(&["--pp", "2", "--micro-batches", "2"])
+        .copied()
+        .collect();
+    let got = run_train(&dir, "pp2-dp2", &args);
+    let d = max_diff(&dp, &got);
+    assert!(
+        d <= TOL,
+        "pp2 x dp2: max |diff| {d} against data parallelism over 4"
+    );
+}
+
+/// `braid train` with `args` fails at start with `want` in its error.
+fn refused(args: &[&str], want: &str) {
+    let mut c = braid();
+    c.args([
+        "train",
+        "--model",
+        MODEL,
+        "--tokenizer",
+        "bytes",
+        "--steps",
+        "1",
+    ])
+    .args(args);
+    let f = run(c, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0), "{args:?} ran");
+    assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
+    assert!(!f.stdout.contains("step     1"), "{args:?} trained first");
+}
+
+#[test]
+fn schedule_files_run_and_bad_ones_are_refused_with_the_action_named() {
+    let dir = TempDir::new("pp-files");
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    // GPipe for 2 ranks and 2 micro-batches, by hand: trains like one
+    // process.
+    let good = write(
+        "gpipe.txt",
+        "# by hand\nrank 0: 0F0 0SF0 0F1 0SF1 0RB0 0B0 0RB1 0B1\n\
+         rank 1: 1RF0 1F0 1RF1 1F1 1B0 1SB0 1B1 1SB1\n",
+    );
+    let one = run_train(&dir, "one", &["--batch", "4"]);
+    let got = run_train(
+        &dir,
+        "file",
+        &[
+            "--batch",
+            "4",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "2",
+            "--schedule",
+            &good,
+        ],
+    );
+    let d = max_diff(&one, &got);
+    assert!(d <= TOL, "the schedule file: max |diff| {d}");
+    let flags = |path: &str| -> Vec<String> {
+        [
+            "--batch",
+            "4",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "2",
+            "--schedule",
+            path,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // A deadlock: rank 0 waits for a gradient before it sends the
+    // activation rank 1 waits for.
+    let dead = write(
+        "dead.txt",
+        "rank 0: 0F0 0RB0 0B0 0SF0 0F1 0SF1 0RB1 0B1\n\
+         rank 1: 1RF0 1F0 1B0 1SB0 1RF1 1F1 1B1 1SB1\n",
+    );
+    let a = flags(&dead);
+    refused(
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        "deadlock",
+    );
+    // A missing backward.
+    let short = write(
+        "short.txt",
+        "rank 0: 0F0 0SF0 0F1 0SF1 0RB0 0B0\nrank 1: 1RF0 1F0 1RF1 1F1 1B0 1SB0 1B1\n",
+    );
+    let a = flags(&short);
+    refused(
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        "never runs 0B1 (the backward pass)",
+    );
+}
+
+#[test]
+fn what_cannot_work_is_refused_at_start() {
+    refused(&["--pp", "8"], "8 pipeline stages for a model of 4 layers");
+    refused(
+        &["--pp", "2", "--batch", "6", "--micro-batches", "4"],
+        "does not split into 4 micro-batches",
+    );
+    refused(
+        &["--pp", "2", "--schedule", "looped"],
+        "expected gpipe, 1f1b",
+    );
+    refused(
+        &[
+            "--pp",
+            "4",
+            "--schedule",
+            "interleaved",
+            "--batch",
+            "8",
+            "--micro-batches",
+            "4",
+        ],
+        "8 pipeline stages for a model of 4 layers",
+    );
+    refused(
+        &[
+            "--pp",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--micro-batches",
+            "3",
+            "--batch",
+            "6",
+        ],
+        "must divide by the 2 pipeline ranks",
+    );
+    refused(
+        &["--nproc-per-node", "3", "--pp", "2"],
+        "does not divide the 3 ranks",
+    );
+    refused(
+        &["--pp", "2", "--stage-layers", "3,2"],
+        "add up to the model's 4",
+    );
+    refused(
+        &["--pp", "2", "--tp", "2"],
+        "--pp 2 with --tp: not built yet",
+    );
+    refused(
+        &["--pp", "2", "--zero", "1"],
+        "--pp 2 with --zero: not built yet",
+    );
+    refused(&["--pp", "0"], "--pp 0");
+}
