@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds what the device scripts carry into .dev/ at the repository root
-# (ignored by git): braid and the four GPU test binaries, debug info
+# (ignored by git): braid and the five GPU test binaries, debug info
 # stripped and gzipped, a copy of the peers' scripts (../shared/anchors,
 # DeepSpeed's wheels included), and the commit they were built at.
 # PREV=REV also builds braid at commit REV (a `git archive` of it in
@@ -29,7 +29,7 @@ echo "building braid (release)"
 cargo build --release --bin braid
 objcopy --strip-debug target/release/braid .dev/braid
 gzip -9f .dev/braid
-for t in gpu gpu_zero gpu_faults gpu_tp; do
+for t in gpu gpu_zero gpu_faults gpu_tp gpu_pp; do
   echo "building the $t test binary"
   exe=$(cargo test --release -p braid --test "$t" --no-run 2>&1 |
     grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)

@@ -5,7 +5,7 @@
 # $L and come back as one archive ($OUT/logs.tgz, by `finish`): the tool
 # brings back only a few files.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests; do
+for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests gpu-pp-tests; do
   if [ -f ".dev/$f.gz" ]; then
     gunzip -c ".dev/$f.gz" > "/tmp/$f" && chmod +x "/tmp/$f"
   else

@@ -436,6 +436,11 @@ impl Layout {
         })
     }
 
+    /// Whether it holds `block` (a pipeline stage's layout holds some).
+    pub fn holds(&self, block: Block) -> bool {
+        self.blocks.iter().any(|(b, _)| *b == block)
+    }
+
     /// The parameter called `name`.
     pub fn get(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)

@@ -43,9 +43,12 @@ mod backward;
 mod forward;
 mod fresh;
 mod saved;
+mod stage;
 pub use backward::WeightGrads;
 pub use fresh::first_writes;
 pub use saved::SavedFor;
+use stage::MicroPlan;
+pub use stage::MicroSaved;
 
 /// What a layer's forward pass keeps for its backward pass (besides its
 /// input, the residual stream below it). The two LayerNorms keep only
@@ -397,6 +400,25 @@ impl Wide {
     }
 }
 
+/// A layer (or residual stream) this model's layout does not hold.
+fn not_held(l: usize) -> CudaError {
+    CudaError::Invalid(format!(
+        "layer {l}: this model holds another part of the model (a pipeline stage's layout)"
+    ))
+}
+
+/// Entry `l` of a per-layer vector, where the layout holds that layer.
+fn held<T>(v: &[Option<T>], l: usize) -> Result<&T> {
+    v.get(l).and_then(Option::as_ref).ok_or_else(|| not_held(l))
+}
+
+/// [`held`], to write.
+fn held_mut<T>(v: &mut [Option<T>], l: usize) -> Result<&mut T> {
+    v.get_mut(l)
+        .and_then(Option::as_mut)
+        .ok_or_else(|| not_held(l))
+}
+
 /// Address and length of a device vector (a bias for [`Product::fused`]).
 fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
     (v.dptr(), v.dlen())
@@ -457,14 +479,18 @@ pub struct GpuGptMixed {
     /// classifier's f32 embedding gradient over `vp` rows. Otherwise the
     /// products use the parameters and the gradient buffer directly.
     pad: Option<(DeviceBuffer<bf16>, DeviceBuffer<f32>)>,
-    ranges: Vec<LayerRanges>,
-    layers: Vec<LayerSaved>,
+    /// Per layer of the model: its ranges and what its forward pass keeps,
+    /// where this model's layout holds it (a pipeline stage's holds some).
+    ranges: Vec<Option<LayerRanges>>,
+    layers: Vec<Option<LayerSaved>>,
     /// Under checkpointing (`--checkpointing`): the one block's
     /// activations, recomputed at the start of each block's backward pass.
     work: Option<BlockActs>,
     /// Without a full bf16 copy of the parameters: the cast weights.
     streamed: Option<StreamedWeights>,
-    resid: Vec<DeviceBuffer<f32>>,
+    /// The residual stream at each layer's input (and the last's output),
+    /// where a held layer reads or writes it.
+    resid: Vec<Option<DeviceBuffer<f32>>>,
     lnf: DeviceBuffer<bf16>,
     lnf_mean: DeviceBuffer<f32>,
     lnf_rstd: DeviceBuffer<f32>,
@@ -507,6 +533,17 @@ pub struct GpuGptMixed {
     /// during the attention's backward pass ([`score_grads_fit_in_block`]),
     /// not in scratch of their own.
     score_grads_in_block: bool,
+    /// The first layer of the pipeline stage whose backward pass runs (0
+    /// for the whole model): its pass leaves the gradient of the stage's
+    /// input in `dresid`, and no bias gradient of the layer below.
+    bottom: usize,
+    /// What the forward pass keeps per micro-batch, and how to make more
+    /// ([`MicroSaved`]).
+    plan: MicroPlan,
+    device: Device,
+    /// What the loss's gradient is multiplied by (1 / micro-batches where
+    /// a step's gradients add up several: a pipeline's).
+    loss_weight: f32,
 }
 
 impl GpuGptMixed {
@@ -551,30 +588,21 @@ impl GpuGptMixed {
         let stream = device.main_stream();
         let pool = DevicePool::new(device);
         let (s, p) = (&stream, &pool);
-        let mut layers = Vec::new();
         let fused = path == AttnPath::Fused;
         let keep_attention = checkpointing && fused && options.keep_attention;
-        for _ in 0..cfg.n_layer {
-            layers.push(LayerSaved {
-                ln1_mean: p.zeros(n, s)?,
-                ln1_rstd: p.zeros(n, s)?,
-                ln2_mean: p.zeros(n, s)?,
-                ln2_rstd: p.zeros(n, s)?,
-                atty: p.zeros(n * a, s)?,
-                acts: match checkpointing {
-                    false => Some(BlockActs::new(p, s, shape, path, true, (c, f))?),
-                    true => None,
-                },
-                lse: match checkpointing && fused && !keep_attention {
-                    true => Some(p.zeros(b * nh * t, s)?),
-                    false => None,
-                },
-                attn: match keep_attention {
-                    true => Some(AttnSaved::new(p, s, shape, path)?),
-                    false => None,
-                },
-            });
-        }
+        let plan = MicroPlan {
+            checkpointing,
+            keep_attention,
+            fused,
+            shape,
+            path,
+            c,
+            f,
+            vp,
+        };
+        // What the forward pass keeps, for the layers the layout holds.
+        let held = |l: usize| layout.holds(Block::Layer(l));
+        let saved = plan.make(device, p, s, &layout, &held, layout.holds(Block::FinalNorm))?;
         let work = match checkpointing {
             true => Some(BlockActs::new(p, s, shape, path, !keep_attention, (c, f))?),
             false => None,
@@ -610,26 +638,23 @@ impl GpuGptMixed {
             t,
             vp,
             ranges: (0..cfg.n_layer)
-                .map(|i| LayerRanges::of(&layout, i))
+                .map(|i| held(i).then(|| LayerRanges::of(&layout, i)))
                 .collect(),
-            layers,
+            layers: saved.layers,
             work,
             streamed,
-            resid: (0..=cfg.n_layer)
-                .map(|_| p.zeros(n * c, s))
-                .collect::<Result<_>>()?,
-            lnf: p.zeros(n * c, s)?,
-            lnf_mean: p.zeros(n, s)?,
-            lnf_rstd: p.zeros(n, s)?,
-            logits: p.zeros(n * vp, s)?,
+            resid: saved.resid,
+            lnf: saved.lnf,
+            lnf_mean: saved.lnf_mean,
+            lnf_rstd: saved.lnf_rstd,
+            logits: saved.logits,
             pad: if vp == v {
                 None
             } else {
                 Some((p.zeros(vp * c, s)?, p.zeros(vp * c, s)?))
             },
-            losses: p.zeros(n, s)?,
-            // Tokens and targets are whole-vocabulary ids.
-            batch: DeviceBatch::new(device, n, cfg.vocab_size)?,
+            losses: saved.losses,
+            batch: saved.batch,
             attn: AttnShared::new(p, s, shape, path, stored_own)?,
             ln: p.zeros(n * c, s)?,
             wide: p.zeros(n * (4 * a).max(f), s)?,
@@ -647,6 +672,10 @@ impl GpuGptMixed {
             fresh: fresh::FreshGrads::default(),
             recomputed: None,
             score_grads_in_block,
+            bottom: 0,
+            plan,
+            device: device.clone(),
+            loss_weight: 1.0,
             widths: w,
             group: None,
             layout,

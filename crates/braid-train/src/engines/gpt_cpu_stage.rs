@@ -177,7 +177,7 @@ impl Passes {
     }
 }
 
-impl StagePasses for Passes {
+impl StagePasses<[f32]> for Passes {
     fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
         self.tidy()?;
         // The previous stage on this rank hands its output over.

@@ -260,6 +260,36 @@ impl GpuGpt {
         Ok(())
     }
 
+    /// The parameters' layout.
+    pub fn layout(&self) -> &braid_model::Layout {
+        &self.layout
+    }
+
+    /// The bf16 model, the f32 parameters its passes read and their bf16
+    /// copy (`None` with streamed weights): what a pipeline stage's passes
+    /// run on ([`super::gpt_gpu_stage`]).
+    pub(crate) fn mixed_parts(
+        &mut self,
+    ) -> Result<(&mut GpuGptMixed, F32Params<'_>, Option<&DeviceBuffer<bf16>>)> {
+        let pf = f32_params(&self.p, &self.offload);
+        match &mut self.model {
+            Model::Mixed(m, pb) => Ok((m, pf, pb.as_ref())),
+            Model::F32(_) => Err(
+                "pipeline stages on GPUs run the bf16 model (--precision bf16); f32 stages are \
+                 not built yet"
+                    .into(),
+            ),
+        }
+    }
+
+    /// The f32 kernels (sums of squares, additions).
+    pub(crate) fn kernels(&self) -> &braid_model::cuda::Kernels {
+        match &self.model {
+            Model::F32(m) => m.kernels(),
+            Model::Mixed(m, _) => m.kernels(),
+        }
+    }
+
     /// The stream every kernel of the engine runs on.
     pub fn compute_stream(&self) -> &Stream {
         match &self.model {

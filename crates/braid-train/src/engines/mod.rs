@@ -2,16 +2,19 @@
 //! trait: [`CpuGpt`] (f32, this machine's cores) and [`GpuGpt`] (one GPU,
 //! f32 or bf16 mixed precision, optionally with its optimizer offloaded to
 //! host memory: [`offload`]), with the batch type they share; and
-//! [`CpuStage`], a pipeline rank's stages of the CPU model.
+//! [`CpuStage`] and [`GpuStage`], a pipeline rank's stages of the CPU
+//! model and of the bf16 GPU model.
 
 mod gpt_cpu;
 mod gpt_cpu_stage;
 mod gpt_gpu;
+mod gpt_gpu_stage;
 pub mod offload;
 
 pub use gpt_cpu::{CpuGpt, CpuOptimizer};
 pub use gpt_cpu_stage::CpuStage;
 pub use gpt_gpu::{GpuGpt, Precision};
+pub use gpt_gpu_stage::GpuStage;
 
 use crate::engine::{ParamUnits, Unit};
 use braid_model::{Block, GptConfig, Layout};

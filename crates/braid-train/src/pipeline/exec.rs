@@ -2,13 +2,15 @@
 //! stage's forward or backward pass of a micro-batch, the sends and
 //! receives around them — over the rank's stages ([`StagePasses`]) and
 //! its links to the other pipeline ranks ([`Links`]). It knows nothing of
-//! models or memory: the schedule is data, checked before it runs.
+//! models or memory (activations are host slices on CPUs, device buffers
+//! on GPUs: `B`): the schedule is data, checked before it runs.
 
 use crate::schedule::{Action, Op, Schedule};
 use crate::Result;
 
-/// What a rank's pipeline stages do, micro-batch by micro-batch.
-pub trait StagePasses {
+/// What a rank's pipeline stages do, micro-batch by micro-batch, with
+/// activations and their gradients in `B`.
+pub trait StagePasses<B: ?Sized> {
     /// Stage `stage`'s forward pass of `micro`: the loss on the last
     /// stage.
     fn forward(&mut self, stage: usize, micro: usize) -> Result<Option<f32>>;
@@ -18,24 +20,24 @@ pub trait StagePasses {
     /// The weight gradients' half of a split backward pass.
     fn backward_weights(&mut self, stage: usize, micro: usize) -> Result<()>;
     /// The stage's output activation of `micro` (after its forward).
-    fn output(&mut self, stage: usize, micro: usize) -> Result<&[f32]>;
+    fn output(&mut self, stage: usize, micro: usize) -> Result<&B>;
     /// Where the stage's input activation of `micro` goes (before its
     /// forward).
-    fn input(&mut self, stage: usize, micro: usize) -> Result<&mut [f32]>;
+    fn input(&mut self, stage: usize, micro: usize) -> Result<&mut B>;
     /// The gradient of the stage's input (after its backward).
-    fn input_grad(&mut self, stage: usize, micro: usize) -> Result<&[f32]>;
+    fn input_grad(&mut self, stage: usize, micro: usize) -> Result<&B>;
     /// Where the gradient of the stage's output goes (before its
     /// backward).
-    fn output_grad(&mut self, stage: usize, micro: usize) -> Result<&mut [f32]>;
+    fn output_grad(&mut self, stage: usize, micro: usize) -> Result<&mut B>;
 }
 
 /// How a rank's messages move: sends never hold the rank up; a receive
 /// waits for its message (within the communicator's timeout).
-pub trait Links {
+pub trait Links<B: ?Sized> {
     /// Sends `data` to pipeline rank `to`, tagged `tag`.
-    fn send(&mut self, to: usize, tag: u64, data: &[f32]) -> Result<()>;
+    fn send(&mut self, to: usize, tag: u64, data: &B) -> Result<()>;
     /// Receives from pipeline rank `from` the message tagged `tag`.
-    fn recv(&mut self, from: usize, tag: u64, into: &mut [f32]) -> Result<()>;
+    fn recv(&mut self, from: usize, tag: u64, into: &mut B) -> Result<()>;
     /// Waits until every send so far has gone out (the end of a step).
     fn flush(&mut self) -> Result<()>;
 }
@@ -51,11 +53,11 @@ pub fn tag(gradient: bool, stage: usize, micro: usize, step: u64) -> u64 {
 
 /// Runs rank `rank`'s actions of `s` for step `step`; returns the losses
 /// of the micro-batches whose last stage it runs, by micro-batch.
-pub fn run(
+pub fn run<B: ?Sized>(
     s: &Schedule,
     rank: usize,
-    passes: &mut dyn StagePasses,
-    links: &mut dyn Links,
+    passes: &mut dyn StagePasses<B>,
+    links: &mut dyn Links<B>,
     step: u64,
 ) -> Result<Vec<(usize, f32)>> {
     let mut losses = Vec::new();

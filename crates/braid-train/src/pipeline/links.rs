@@ -94,7 +94,7 @@ fn sender(comm: Communicator, rx: Receiver<Job>, outbox: Arc<(Mutex<Outbox>, Con
     }
 }
 
-impl Links for HostLinks {
+impl Links<[f32]> for HostLinks {
     fn send(&mut self, to: usize, tag: u64, data: &[f32]) -> Result<()> {
         if let Some(e) = &self.lock().error {
             return Err(e.clone());

@@ -8,9 +8,12 @@
 //!   ([`exec::StagePasses`]) and how messages move ([`exec::Links`]);
 //! - [`links`]: [`links::HostLinks`], messages between pipeline ranks over
 //!   host communicators, sends on a thread of their own (a send never
-//!   holds its rank up, as the schedules' checks assume).
+//!   holds its rank up, as the schedules' checks assume);
+//! - [`device_links`]: [`device_links::DeviceLinks`], the same between
+//!   GPUs over NCCL point-to-point, one communicator per direction.
 
 pub mod assign;
+pub mod device_links;
 pub mod exec;
 pub mod gather;
 pub mod links;

@@ -419,8 +419,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.pp
             ))
         };
-        if cuda {
-            return not_yet("--device cuda");
+        if cuda && a.precision.as_deref().is_some_and(|p| p != "bf16") {
+            return not_yet("--precision f32 on GPUs (the bf16 engine runs stages)");
         }
         if a.tp > 1 {
             return not_yet("--tp");
@@ -724,7 +724,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let preflight = |cfg: &GptConfig| -> Result<(), String> {
         let adamw = optimizer == OptimizerKind::AdamW;
         super::preflight::host(&shape, cfg, batch, cuda, precision, adamw)?;
-        if cuda {
+        // (A pipeline rank holds its stages only: the whole model's
+        // figures do not apply; not estimated yet.)
+        if cuda && a.pp == 1 {
             let local = braid_core::world::local_rank_from_env().unwrap_or(0);
             let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
             let defer = defer_for(cfg.n_layer);
@@ -933,59 +935,92 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &mut TokenBatch,
         ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
     let run = if let Some(schedule) = pipe_schedule {
-        let how = cpu_optimizer(optimizer, a.weight_decay);
         let c = comm.ok_or("a pipeline runs over several ranks")?;
-        let groups = super::train_mesh::split_pipeline(&c, &place)?;
-        if lead {
-            println!("mesh: {}", groups.layout);
-        }
         let all = super::train_pipeline::stages(cfg.n_layer, &schedule, &pipe_flags)?;
-        if lead {
-            let shown: Vec<String> = all
-                .iter()
-                .enumerate()
-                .map(|(i, s)| format!("{i}: layers {}..{}", s.layers.start, s.layers.end))
-                .collect();
-            println!(
-                "pipeline: {} stages over {} ranks ({}), schedule {}, {} micro-batches of {} x {}",
-                all.len(),
-                schedule.ranks,
-                shown.join(", "),
-                schedule.name,
-                schedule.micro_batches,
-                batch / schedule.micro_batches,
-                seq
-            );
-        }
         let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
         let whole = params.layout.clone();
-        let pipe = groups.pipe.clone();
         let micro = batch / schedule.micro_batches;
-        let mut engine = super::train_pipeline::engine(
-            &params,
-            schedule,
-            &all,
-            groups.pipe,
-            how,
-            micro,
-            seq,
-            a.checkpointing,
-        )?;
-        let mut s = distributed(groups.data, shard_choice, ddp)?;
-        let run = run_with(&mut |p, l, b| {
-            run_loop(
-                &mut engine,
-                &mut *s,
-                l,
-                b,
-                &opts,
-                p,
-                lead,
-                true,
-                (&mut ckpt, &mut tracing),
-            )
-        })?;
-        let mine = engine.into_params();
+        let mesh = place.mesh()?;
+        if lead {
+            println!("mesh: {}", mesh.describe());
+            super::train_pipeline::print_plan(&all, &schedule, batch, seq);
+        }
+        let (run, mine, pipe) = if cuda {
+            let gpu = GpuCommunicator::init_from_env(&c).map_err(|e| e.to_string())?;
+            let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
+            let (pipe, data) = (part("pipe")?, part("data")?);
+            let pipe_host = pipe.host().clone();
+            if lead {
+                let dev = gpu.device();
+                println!(
+                    "training on GPU {} ({}), bf16, one GPU per rank",
+                    dev.ordinal(),
+                    dev.name().unwrap_or_default()
+                );
+            }
+            let options = braid_model::cuda::model_mixed::MixedOptions {
+                checkpointing: a.checkpointing,
+                streamed_weights: false,
+                stored_score_grads: true,
+                keep_attention: false,
+            };
+            braid_cuda::pool::reset_peak();
+            let mut engine = super::train_pipeline::gpu_engine(
+                &params,
+                schedule,
+                &all,
+                pipe,
+                options,
+                a.weight_decay,
+                micro,
+                seq,
+            )?;
+            params.data = Vec::new();
+            let mut s = distributed(DeviceCollective::new(data)?, shard_choice, ddp)?;
+            let run = run_with(&mut |p, l, b| {
+                run_loop(
+                    &mut engine,
+                    &mut *s,
+                    l,
+                    b,
+                    &opts,
+                    p,
+                    lead,
+                    true,
+                    (&mut ckpt, &mut tracing),
+                )
+            })?;
+            (run, engine.into_params()?, pipe_host)
+        } else {
+            let how = cpu_optimizer(optimizer, a.weight_decay);
+            let groups = super::train_mesh::split_pipeline(&c, &place)?;
+            let pipe = groups.pipe.clone();
+            let mut engine = super::train_pipeline::engine(
+                &params,
+                schedule,
+                &all,
+                groups.pipe,
+                how,
+                micro,
+                seq,
+                a.checkpointing,
+            )?;
+            let mut s = distributed(groups.data, shard_choice, ddp)?;
+            let run = run_with(&mut |p, l, b| {
+                run_loop(
+                    &mut engine,
+                    &mut *s,
+                    l,
+                    b,
+                    &opts,
+                    p,
+                    lead,
+                    true,
+                    (&mut ckpt, &mut tracing),
+                )
+            })?;
+            (run, engine.into_params(), pipe)
+        };
         if a.save.is_some() && place.data_rank() == 0 {
             // The whole model, from every stage (pipeline rank 0 of the
             // first data group is the lead).

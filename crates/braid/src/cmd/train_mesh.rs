@@ -121,14 +121,12 @@ pub fn split(world: &Communicator, place: &Place) -> Result<Groups, String> {
 }
 
 /// The communicators of a pipeline rank: its pipeline group and its data
-/// group; the layout, printed at start.
+/// group.
 pub struct PipeGroups {
     /// The stages' ranks of this rank's model.
     pub pipe: Communicator,
     /// The strategy's.
     pub data: HostCollective,
-    /// The mesh in one line.
-    pub layout: String,
 }
 
 /// Splits the world's communicator into pipeline and data groups (every
@@ -142,8 +140,20 @@ pub fn split_pipeline(world: &Communicator, place: &Place) -> Result<PipeGroups,
     Ok(PipeGroups {
         pipe: pipe.host().clone(),
         data,
-        layout: mesh.describe(),
     })
+}
+
+/// This rank's group of the mesh's dimension `name` over GPUs (every
+/// rank calls it).
+pub fn split_gpu_part(
+    world: &braid_comm::gpu::GpuCommunicator,
+    mesh: &braid_train::mesh::Mesh,
+    name: &str,
+) -> Result<braid_comm::gpu::GpuCommunicator, String> {
+    world
+        .split(Some(mesh.color(name)), mesh.coord(name) as i64)
+        .map_err(|e| format!("splitting the {name} groups: {e}"))?
+        .ok_or_else(|| format!("splitting the {name} groups: this rank joined none"))
 }
 
 /// The groups of a tensor-parallel rank on GPUs: its tensor group's NCCL
@@ -168,12 +178,7 @@ pub fn split_gpu(
     place: &Place,
 ) -> Result<GpuGroups, String> {
     let mesh = place.mesh()?;
-    let part = |name: &str| -> Result<braid_comm::gpu::GpuCommunicator, String> {
-        world
-            .split(Some(mesh.color(name)), mesh.coord(name) as i64)
-            .map_err(|e| format!("splitting the {name} groups: {e}"))?
-            .ok_or_else(|| format!("splitting the {name} groups: this rank joined none"))
-    };
+    let part = |name: &str| split_gpu_part(world, &mesh, name);
     let tensor = part("tensor")?;
     let data = part("data")?;
     Ok(GpuGroups {

@@ -1,10 +1,11 @@
-//! `braid train --pp N`: a rank's pipeline stages on the CPU — the
+//! `braid train --pp N`: a rank's pipeline stages on CPUs or a GPU — the
 //! schedule (`--schedule`, a built-in or a file, checked), the stages'
 //! layers (`--stage-layers` or balanced), the rank's part of the model
 //! cut from the whole, and the engine that runs its stages.
 
+use braid_model::cuda::model_mixed::MixedOptions;
 use braid_model::{Layout, Params, Stage};
-use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage};
+use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
 use braid_train::pipeline::assign::assign;
 use braid_train::schedule::build::ScheduleKind;
 use braid_train::schedule::Schedule;
@@ -79,8 +80,29 @@ pub fn layouts(whole: &Layout, s: &Schedule, all: &[Stage]) -> Result<Vec<Arc<La
         .collect()
 }
 
-/// Pipeline rank `group.rank()`'s engine: its stages' parameters cut out
-/// of `whole` (the whole model's), for micro-batches of `b × t`.
+/// Pipeline rank `rank`'s part of `whole` (the whole model's parameters):
+/// its stages' blocks, and the stages by global index.
+fn part(
+    whole: &Params,
+    s: &Schedule,
+    all: &[Stage],
+    rank: usize,
+) -> Result<(Params, Vec<(usize, Stage)>), String> {
+    let layout = layouts(&whole.layout, s, all)?.swap_remove(rank);
+    let mut data = vec![0.0f32; layout.len];
+    for (block, range) in &layout.blocks {
+        data[range.clone()].copy_from_slice(&whole.data[whole.layout.block_range(*block)]);
+    }
+    let mine = s
+        .stages_of(rank)
+        .into_iter()
+        .map(|i| (i, all[i].clone()))
+        .collect();
+    Ok((Params { layout, data }, mine))
+}
+
+/// Pipeline rank `group.rank()`'s engine on the CPU: its stages'
+/// parameters cut out of `whole`, for micro-batches of `b × t`.
 #[allow(clippy::too_many_arguments)]
 pub fn engine(
     whole: &Params,
@@ -92,17 +114,52 @@ pub fn engine(
     t: usize,
     checkpointing: bool,
 ) -> Result<CpuStage, String> {
-    let rank = group.rank();
-    let layout = layouts(&whole.layout, &s, all)?.swap_remove(rank);
-    let mut data = vec![0.0f32; layout.len];
-    for (block, range) in &layout.blocks {
-        data[range.clone()].copy_from_slice(&whole.data[whole.layout.block_range(*block)]);
-    }
-    let mine = s
-        .stages_of(rank)
-        .into_iter()
-        .map(|i| (i, all[i].clone()))
-        .collect();
-    let inner = CpuGpt::new(Params { layout, data }, b, t, checkpointing, how);
+    let (params, mine) = part(whole, &s, all, group.rank())?;
+    let inner = CpuGpt::new(params, b, t, checkpointing, how);
     CpuStage::new(inner, mine, s, group, b, t, checkpointing)
+}
+
+/// Pipeline rank `group.rank()`'s engine on its GPU (bf16): as
+/// [`engine`], with the GPU engine's `options`.
+#[allow(clippy::too_many_arguments)]
+pub fn gpu_engine(
+    whole: &Params,
+    s: Schedule,
+    all: &[Stage],
+    group: braid_comm::gpu::GpuCommunicator,
+    options: MixedOptions,
+    weight_decay: f32,
+    b: usize,
+    t: usize,
+) -> Result<GpuStage, String> {
+    let (params, mine) = part(whole, &s, all, group.rank())?;
+    let device = group.device().clone();
+    let inner = GpuGpt::new(
+        &device,
+        &params,
+        (b, t),
+        Precision::Bf16,
+        options,
+        weight_decay,
+    )?;
+    GpuStage::new(inner, mine, s, group, b, t)
+}
+
+/// Prints the stages' layers and the schedule (the lead rank, at start).
+pub fn print_plan(all: &[Stage], s: &Schedule, batch: usize, seq: usize) {
+    let shown: Vec<String> = all
+        .iter()
+        .enumerate()
+        .map(|(i, st)| format!("{i}: layers {}..{}", st.layers.start, st.layers.end))
+        .collect();
+    println!(
+        "pipeline: {} stages over {} ranks ({}), schedule {}, {} micro-batches of {} x {}",
+        all.len(),
+        s.ranks,
+        shown.join(", "),
+        s.name,
+        s.micro_batches,
+        batch / s.micro_batches,
+        seq
+    );
 }

@@ -172,7 +172,7 @@ impl GpuGptMixed {
         prof.mark(s, "bwd zero")?;
         // The column sums of the LayerNorm's dres are the last layer's
         // fcproj bias gradient.
-        let top = self.ranges[cfg.n_layer - 1].fcproj_b.clone();
+        let top = held(&self.ranges, cfg.n_layer - 1)?.fcproj_b.clone();
         let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb.clone(), top])?;
         mk.layernorm_backward(
             s,
@@ -184,7 +184,7 @@ impl GpuGptMixed {
             Some(&mut gnext),
             &mut self.partial,
             &self.dln,
-            &self.resid[cfg.n_layer],
+            held(&self.resid, cfg.n_layer)?,
             &p.view(lw)?,
             &p.view(lb.clone())?,
             &self.lnf_mean,
@@ -255,7 +255,7 @@ impl GpuGptMixed {
         let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
-        let r = &self.ranges[l];
+        let r = held(&self.ranges, l)?;
         let defer = l < self.deferred.len();
         // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
@@ -277,7 +277,10 @@ impl GpuGptMixed {
         )?;
         prof.mark(s, "bwd gemm fcproj")?;
         // (fcproj's bias gradient came with the LayerNorm backward above.)
-        let block = self.layers[l].acts.as_mut().or(self.work.as_mut());
+        let block = held_mut(&mut self.layers, l)?
+            .acts
+            .as_mut()
+            .or(self.work.as_mut());
         let fch = &mut block.ok_or_else(no_acts)?.fch;
         let mut dbias = g.view_mut(r.fc_b.clone())?;
         match self.deferred.get_mut(l) {
@@ -302,7 +305,7 @@ impl GpuGptMixed {
             )?,
         }
         prof.mark(s, "bwd gelu+bias")?;
-        let a = &self.layers[l];
+        let a = held(&self.layers, l)?;
         let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         if defer {
             std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
@@ -426,7 +429,7 @@ impl GpuGptMixed {
             attn: kept_attn,
             acts: own_acts,
             ..
-        } = &mut self.layers[l];
+        } = held_mut(&mut self.layers, l)?;
         let BlockActs {
             attn: block_attn,
             resid2,
@@ -458,7 +461,7 @@ impl GpuGptMixed {
             prof,
         )?;
         prof.mark(s, "bwd attention")?;
-        let a = &self.layers[l];
+        let a = held(&self.layers, l)?;
         // qkv: the input gradient and the bias gradient, then the
         // LayerNorm backward (recomputing ln1), then the weight gradient.
         input_grad(
@@ -483,8 +486,9 @@ impl GpuGptMixed {
         )?;
         prof.mark(s, "bwd bias")?;
         // The layer below's fcproj bias gradient comes with this one.
-        let below = if l > 0 {
-            self.ranges[l - 1].fcproj_b.clone()
+        // (Not below a pipeline stage's lowest layer: another stage's.)
+        let below = if l > self.bottom {
+            held(&self.ranges, l - 1)?.fcproj_b.clone()
         } else {
             0..0
         };
@@ -502,10 +506,14 @@ impl GpuGptMixed {
                 Some(ln1),
                 &mut gw,
                 &mut gb,
-                if l > 0 { Some(&mut gnext) } else { None },
+                if l > self.bottom {
+                    Some(&mut gnext)
+                } else {
+                    None
+                },
                 &mut self.partial,
                 &self.dln,
-                &self.resid[l],
+                held(&self.resid, l)?,
                 &p.view(r.ln1_w.clone())?,
                 &p.view(r.ln1_b.clone())?,
                 &a.ln1_mean,
@@ -567,7 +575,7 @@ impl GpuGptMixed {
         } = self.widths;
         let n = self.b * self.t;
         let (s, blas) = (&self.stream, &mut self.blas);
-        let (r, a) = (&self.ranges[l], &self.layers[l]);
+        let (r, a) = (held(&self.ranges, l)?, held(&self.layers, l)?);
         for w in which {
             let (x, dy, range, inp, out) = match w {
                 WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), f, c),

@@ -107,7 +107,7 @@ impl GpuGptMixed {
         match &self.group {
             None => k.encoder_forward(
                 s,
-                &mut self.resid[0],
+                held_mut(&mut self.resid, 0)?,
                 self.batch.tokens(),
                 &p.view(wte)?,
                 &p.view(wpe)?,
@@ -120,7 +120,7 @@ impl GpuGptMixed {
             Some(_) => {
                 k.encoder_forward_part(
                     s,
-                    &mut self.resid[0],
+                    held_mut(&mut self.resid, 0)?,
                     self.batch.tokens(),
                     &p.view(wte)?,
                     &p.view(wpe)?,
@@ -130,7 +130,12 @@ impl GpuGptMixed {
                     rows,
                     first_rank,
                 )?;
-                sum_f32(&self.group, &mut self.resid[0], s, "embedding forward")?;
+                sum_f32(
+                    &self.group,
+                    held_mut(&mut self.resid, 0)?,
+                    s,
+                    "embedding forward",
+                )?;
             }
         }
         prof.mark(s, "fwd encoder")
@@ -184,7 +189,7 @@ impl GpuGptMixed {
             &mut self.lnf,
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
-            &self.resid[cfg.n_layer],
+            held(&self.resid, cfg.n_layer)?,
             &p.view(lw)?,
             &p.view(lb)?,
             n,
@@ -218,7 +223,7 @@ impl GpuGptMixed {
             0.0,
         )?;
         prof.mark(s, "fwd gemm classifier")?;
-        let scale = self.batch.loss_scale(grad);
+        let scale = self.batch.loss_scale(grad) * self.loss_weight;
         match &mut self.group {
             None => mk.softmax_cross_entropy(
                 s,
@@ -295,9 +300,12 @@ impl GpuGptMixed {
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
         let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
         let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
-        let r = &self.ranges[l];
+        let r = held(&self.ranges, l)?;
         let (before, after) = self.resid.split_at_mut(l + 1);
-        let (x, out) = (&before[l], &mut after[0]);
+        let (x, out) = (
+            before[l].as_ref().ok_or_else(|| not_held(l))?,
+            after[0].as_mut().ok_or_else(|| not_held(l + 1))?,
+        );
         let LayerSaved {
             ln1_mean,
             ln1_rstd,
@@ -307,7 +315,7 @@ impl GpuGptMixed {
             acts,
             lse: kept_lse,
             attn: kept_attn,
-        } = &mut self.layers[l];
+        } = held_mut(&mut self.layers, l)?;
         let BlockActs {
             attn: block_attn,
             resid2,

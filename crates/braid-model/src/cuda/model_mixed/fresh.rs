@@ -155,6 +155,7 @@ impl GpuGptMixed {
         let mut written: Vec<Range<usize>> = self
             .ranges
             .iter()
+            .flatten()
             .flat_map(|r| {
                 [
                     r.qkv_w.clone(),

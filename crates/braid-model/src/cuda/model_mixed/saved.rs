@@ -140,6 +140,10 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
     let (inputs, head) = resid.split_at_mut(layers.len());
     let mut out = Vec::new();
     for (l, (layer, input)) in layers.iter_mut().zip(inputs).enumerate() {
+        // (A pipeline stage's layout holds some of the layers.)
+        let (Some(layer), Some(input)) = (layer, input) else {
+            continue;
+        };
         let mut bufs = vec![
             SavedMut::F32(input),
             SavedMut::F32(&mut layer.ln1_mean),
@@ -163,7 +167,7 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         }
         out.extend(bufs.into_iter().map(|b| (SavedFor::Layer(l), b)));
     }
-    let mut bufs: Vec<SavedMut<'_>> = head.iter_mut().map(SavedMut::F32).collect();
+    let mut bufs: Vec<SavedMut<'_>> = head.iter_mut().flatten().map(SavedMut::F32).collect();
     bufs.extend([
         SavedMut::Bf16(lnf),
         SavedMut::F32(lnf_mean),

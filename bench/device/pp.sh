@@ -1,0 +1,95 @@
+#!/bin/bash
+# Pipeline parallelism on 2 or 4 GPUs (issue 47). One phase per device
+# call (the device tool stops a command at 600 s; a phase stops starting
+# runs when its PP_LIMIT seconds, default 540, would be passed):
+#
+#   bash bench/device/pp.sh tests
+#     the pipeline GPU tests (gpu_pp.rs: every schedule at --pp 2 and 4
+#     against one GPU, 1F1B tracking one GPU over 60 steps).
+#   bash bench/device/pp.sh bench
+#     bf16 on 4 GPUs, global batch 16 x 1024 in 8 micro-batches, the 2.65B
+#     model (L32-H32-C2560-V50304-T1024): braid --pp 4 beside PyTorch's
+#     pipelining (anchors/torch_pp_bench.py), 1F1B then interleaved (2
+#     stages per rank), each pair in this call.
+#   bash bench/device/pp.sh more
+#     the same for GPipe and the zero-bubble schedules (braid's ZB-H1,
+#     PyTorch's interleaved zero bubble), and PyTorch's interleaved alone
+#     (PP_PEER=interleaved).
+#   bash bench/device/pp.sh big
+#     the 12.85B model (L40-H40-C5120) on 4 GPUs, batch 16 x 1024 in 8
+#     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
+#     PyTorch 1F1B.
+#
+# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
+# .dev/gpu-pp-tests.gz, and for bench and big .dev/anchors (made by
+# bench/device/pack.sh).
+cd "$(dirname "$0")/../.." && source bench/device/setup.sh
+export BRAID_KERNEL_CACHE=/tmp/kc
+LIMIT=${PP_LIMIT:-540}
+NPROC=${PP_GPUS:-4}
+
+left() { echo $((LIMIT - SECONDS)); }
+
+phase_tests() {
+  local t
+  t=$(left)
+  [ -x /tmp/gpu-pp-tests ] || { echo "gpu-pp: not carried"; return; }
+  timeout -k 10 "$t" /tmp/gpu-pp-tests --test-threads 1 --nocapture > "$L/gpu-pp.txt" 2>&1
+  echo "exit $?" >> "$L/gpu-pp.txt"
+  grep -E "^test |test result|panicked|max \|diff\||bf16|^exit|error" "$L/gpu-pp.txt" | cut -c1-300
+}
+
+# braid and the PyTorch peer on the same model and schedule: NAME, MODEL,
+# braid's extra arguments, the peer's arguments, the time limit of each.
+pair() {
+  local name=$1 model=$2 ours=$3 theirs=$4 cap=${5:-200} t
+  [ "$ours" = "-" ] && { peer "$name" "$model" "$theirs" "$cap"; return; }
+  t=$(left)
+  [ "$t" -ge 60 ] || { echo "$name: skipped ($t s left)"; return; }
+  [ "$t" -gt "$cap" ] && t=$cap
+  # shellcheck disable=SC2086 # word lists
+  timeout -k 10 "$t" "$B" train --device cuda --model "$model-V50304-T1024" --data random \
+    --global-batch 16 --seq 1024 --steps 12 --eval-every 0 --log-every 4 --nproc-per-node "$NPROC" \
+    --pp "$NPROC" --micro-batches 8 $ours > "$L/$name-braid.txt" 2>&1
+  echo "$name braid ($ours): exit $? | $(grep -h 'gpu summary' "$L/$name-braid.txt" | sed 's/.*gpu summary: //')"
+  grep -h 'error' "$L/$name-braid.txt" | head -3 | cut -c1-400
+  [ -n "$theirs" ] || return
+  peer "$name" "$model" "$theirs" "$cap"
+}
+
+# The PyTorch peer alone: NAME, MODEL, its arguments, the time limit.
+peer() {
+  local name=$1 model=$2 theirs=$3 cap=$4 t
+  t=$(left)
+  [ "$t" -ge 60 ] || { echo "$name peer: skipped ($t s left)"; return; }
+  [ "$t" -gt "$cap" ] && t=$cap
+  # shellcheck disable=SC2086
+  timeout -k 10 "$t" torchrun --standalone --nproc_per_node="$NPROC" "$ANCHORS/torch_pp_bench.py" \
+    --model "$model" --T 1024 --B 16 --micro-batches 8 --steps 10 $theirs > "$L/$name-torch.txt" 2>&1
+  echo "$name torch ($theirs): exit $? | $(grep -h RESULT "$L/$name-torch.txt")"
+}
+
+phase_bench() {
+  pair 1f1b L32-H32-C2560 "--schedule 1f1b" "--schedule 1f1b"
+  # (torchrun takes --virtual as its own flag: the peer's default is 2.)
+  pair interleaved L32-H32-C2560 "--schedule interleaved:2" "--schedule interleaved"
+}
+
+phase_more() {
+  [ "${PP_PEER:-}" = interleaved ] && pair interleaved L32-H32-C2560 - "--schedule interleaved"
+  pair zb L32-H32-C2560 "--schedule zb" "--schedule zb"
+  pair gpipe L32-H32-C2560 "--schedule gpipe" "--schedule gpipe"
+}
+
+phase_big() {
+  pair big L40-H40-C5120 "--schedule 1f1b --checkpointing" "--schedule 1f1b --act-ckpt" 260
+}
+
+case "${1:-}" in
+  tests) phase_tests ;;
+  bench) phase_bench ;;
+  more) phase_more ;;
+  big) phase_big ;;
+  *) echo "usage: pp.sh tests|bench|more|big" >&2; exit 2 ;;
+esac
+finish

@@ -1,0 +1,336 @@
+//! A pipeline stage's passes of [`GpuGptMixed`], one micro-batch at a time
+//! with several in flight: what a forward pass keeps for its backward pass
+//! (each held layer's saved buffers, the residual streams, the batch and,
+//! on the last stage, the head's output and the loss's gradient) is a
+//! [`MicroSaved`], swapped into the model for each pass of its
+//! micro-batch ([`GpuGptMixed::swap_micro`]); the scratch the passes share
+//! stays. A stage other than the first starts from its input written into
+//! the micro-batch's residual stream ([`MicroSaved::input_mut`]); one
+//! other than the last starts its backward pass from the gradient of its
+//! output ([`MicroSaved::output_grad_mut`]) and computes its top layer's
+//! output-projection bias gradient from it (the head's LayerNorm backward
+//! does that on the last stage). The backward pass of a stage's lowest
+//! layer leaves the gradient of the stage's input in
+//! [`GpuGptMixed::input_grad`] and no bias gradient for the layer below
+//! (another stage's).
+
+use super::*;
+use crate::layout::Stage;
+
+/// How the per-micro-batch buffers of a model are shaped.
+#[derive(Clone, Copy)]
+pub(super) struct MicroPlan {
+    pub(super) checkpointing: bool,
+    pub(super) keep_attention: bool,
+    pub(super) fused: bool,
+    pub(super) shape: AttnShape,
+    pub(super) path: AttnPath,
+    /// The residual width and the MLP's.
+    pub(super) c: usize,
+    pub(super) f: usize,
+    /// The classifier's padded vocabulary.
+    pub(super) vp: usize,
+}
+
+/// What one micro-batch's forward pass through a stage keeps for its
+/// backward pass (see the [module docs](self)).
+pub struct MicroSaved {
+    pub(super) layers: Vec<Option<LayerSaved>>,
+    pub(super) resid: Vec<Option<DeviceBuffer<f32>>>,
+    pub(super) batch: DeviceBatch,
+    pub(super) lnf: DeviceBuffer<bf16>,
+    pub(super) lnf_mean: DeviceBuffer<f32>,
+    pub(super) lnf_rstd: DeviceBuffer<f32>,
+    pub(super) logits: DeviceBuffer<bf16>,
+    pub(super) losses: DeviceBuffer<f32>,
+    /// The gradient of the stage's output (received from the next stage).
+    dout: DeviceBuffer<f32>,
+}
+
+impl MicroPlan {
+    /// The buffers for the layers `held` says and, with `head`, the head's.
+    pub(super) fn make(
+        &self,
+        device: &Device,
+        p: &DevicePool,
+        s: &Stream,
+        layout: &Layout,
+        held: &dyn Fn(usize) -> bool,
+        head: bool,
+    ) -> Result<MicroSaved> {
+        let MicroPlan {
+            checkpointing,
+            keep_attention,
+            fused,
+            shape,
+            path,
+            c,
+            f,
+            vp,
+        } = *self;
+        let (b, t, nh, a) = (shape.b, shape.t, shape.nh, shape.c);
+        let n = b * t;
+        let layers = layout.config.n_layer;
+        let mut saved = Vec::with_capacity(layers);
+        for l in 0..layers {
+            if !held(l) {
+                saved.push(None);
+                continue;
+            }
+            saved.push(Some(LayerSaved {
+                ln1_mean: p.zeros(n, s)?,
+                ln1_rstd: p.zeros(n, s)?,
+                ln2_mean: p.zeros(n, s)?,
+                ln2_rstd: p.zeros(n, s)?,
+                atty: p.zeros(n * a, s)?,
+                acts: match checkpointing {
+                    false => Some(BlockActs::new(p, s, shape, path, true, (c, f))?),
+                    true => None,
+                },
+                lse: match checkpointing && fused && !keep_attention {
+                    true => Some(p.zeros(b * nh * t, s)?),
+                    false => None,
+                },
+                attn: match keep_attention {
+                    true => Some(AttnSaved::new(p, s, shape, path)?),
+                    false => None,
+                },
+            }));
+        }
+        // A layer's input and output streams.
+        let stream_at = |j: usize| (j < layers && held(j)) || (j > 0 && held(j - 1));
+        let resid = (0..=layers)
+            .map(|j| stream_at(j).then(|| p.zeros(n * c, s)).transpose())
+            .collect::<Result<_>>()?;
+        // The head's buffers only where it runs.
+        let (hn, hc) = if head { (n, n * c) } else { (1, 1) };
+        Ok(MicroSaved {
+            layers: saved,
+            resid,
+            // Tokens and targets are whole-vocabulary ids.
+            batch: DeviceBatch::new(device, n, layout.config.vocab_size)?,
+            lnf: p.zeros(hc, s)?,
+            lnf_mean: p.zeros(hn, s)?,
+            lnf_rstd: p.zeros(hn, s)?,
+            logits: p.zeros(if head { n * vp } else { 1 }, s)?,
+            losses: p.zeros(hn, s)?,
+            dout: p.zeros(if head { 1 } else { n * c }, s)?,
+        })
+    }
+}
+
+fn missing(what: &str, st: &Stage) -> CudaError {
+    CudaError::Invalid(format!(
+        "the {what} of the pipeline stage of layers {:?}: these buffers were made for another stage",
+        st.layers
+    ))
+}
+
+impl MicroSaved {
+    /// Where the stage's input goes (a stage other than the first, before
+    /// its forward pass).
+    pub fn input_mut(&mut self, st: &Stage) -> Result<&mut DeviceBuffer<f32>> {
+        self.resid
+            .get_mut(st.layers.start)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| missing("input", st))
+    }
+
+    /// The stage's output (after its forward pass).
+    pub fn output(&self, st: &Stage) -> Result<&DeviceBuffer<f32>> {
+        self.resid
+            .get(st.layers.end)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| missing("output", st))
+    }
+
+    /// Where the gradient of the stage's output goes (a stage other than
+    /// the last, before its backward pass).
+    pub fn output_grad_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        &mut self.dout
+    }
+}
+
+impl GpuGptMixed {
+    /// Buffers for one micro-batch in flight through stage `st` (one of
+    /// the layout's).
+    pub fn micro_saved(&self, st: &Stage) -> Result<MicroSaved> {
+        self.held_stage(st)?;
+        let held = |l: usize| st.layers.contains(&l);
+        self.plan.make(
+            &self.device,
+            &self.pool,
+            &self.stream,
+            &self.layout,
+            &held,
+            st.last,
+        )
+    }
+
+    /// Buffers for no micro-batch (to park in the model while none is
+    /// swapped in: the memory of its own set goes back).
+    pub fn no_micro_saved(&self) -> Result<MicroSaved> {
+        self.plan.make(
+            &self.device,
+            &self.pool,
+            &self.stream,
+            &self.layout,
+            &|_| false,
+            false,
+        )
+    }
+
+    /// Multiplies the loss's gradient by `w` from the next forward pass on
+    /// (`1 / M` where `M` micro-batches' gradients add up to a step's).
+    pub fn set_loss_weight(&mut self, w: f32) {
+        self.loss_weight = w;
+    }
+
+    /// Swaps `m` with what the model holds: the micro-batch's buffers in,
+    /// the previous ones out (`m` then holds them).
+    pub fn swap_micro(&mut self, m: &mut MicroSaved) {
+        use std::mem::swap;
+        swap(&mut self.layers, &mut m.layers);
+        swap(&mut self.resid, &mut m.resid);
+        swap(&mut self.batch, &mut m.batch);
+        swap(&mut self.lnf, &mut m.lnf);
+        swap(&mut self.lnf_mean, &mut m.lnf_mean);
+        swap(&mut self.lnf_rstd, &mut m.lnf_rstd);
+        swap(&mut self.logits, &mut m.logits);
+        swap(&mut self.losses, &mut m.losses);
+    }
+
+    /// Refuses a stage the layout does not hold.
+    fn held_stage(&self, st: &Stage) -> Result<()> {
+        match self.layout.stages.contains(st) {
+            true => Ok(()),
+            false => Err(CudaError::Invalid(format!(
+                "pipeline stage of layers {:?}: this model's layout holds {:?}",
+                st.layers,
+                self.layout
+                    .stages
+                    .iter()
+                    .map(|s| s.layers.clone())
+                    .collect::<Vec<_>>()
+            ))),
+        }
+    }
+
+    /// Stage `st`'s forward pass of the micro-batch swapped in (its input
+    /// written there unless `st` is the first stage): the loss on the last
+    /// stage (waits for it), `None` elsewhere (queued). `tokens` are read
+    /// on the first stage, `targets` on the last.
+    pub fn stage_forward<'p>(
+        &mut self,
+        st: &Stage,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        tokens: &[u32],
+        targets: &[u32],
+        grad: bool,
+    ) -> Result<Option<f32>> {
+        let p = p.into();
+        self.held_stage(st)?;
+        self.check_params(p, pb)?;
+        self.forward_begin(tokens, targets)?;
+        let span = |name: &dyn Fn() -> String, s: &Stream| {
+            braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, name)
+        };
+        if st.first {
+            let _t = span(&|| "forward embedding".into(), &self.stream);
+            self.forward_encoder(p)?;
+        }
+        for l in st.layers.clone() {
+            let _t = span(&|| format!("forward layer {l}"), &self.stream);
+            self.forward_layer(l, p, pb, Pass::Forward)?;
+        }
+        if !st.last {
+            return Ok(None);
+        }
+        let _t = span(&|| "forward head".into(), &self.stream);
+        self.forward_head(p, pb, grad).map(Some)
+    }
+
+    /// Stage `st`'s backward pass of the micro-batch swapped in, adding
+    /// its gradients into `g`: from the loss on the last stage, else from
+    /// `dout` (the gradient of its output). Leaves the gradient of its
+    /// input in [`input_grad`](Self::input_grad) (the first stage: the
+    /// embeddings' gradients instead). Queued; nothing waits.
+    pub fn stage_backward<'p>(
+        &mut self,
+        st: &Stage,
+        p: impl Into<F32Params<'p>>,
+        pb: Option<&DeviceBuffer<bf16>>,
+        dout: &MicroSaved,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        let p = p.into();
+        self.held_stage(st)?;
+        self.check_params(p, pb)?;
+        let span = |name: &dyn Fn() -> String, s: &Stream| {
+            braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, name)
+        };
+        if st.last {
+            let _t = span(&|| "backward head".into(), &self.stream);
+            self.backward_head(p, pb, g)?;
+        } else {
+            self.backward_from_output(st, &dout.dout, g)?;
+        }
+        self.bottom = st.layers.start;
+        let run = st.layers.clone().rev().try_for_each(|l| {
+            let _t = span(&|| format!("backward layer {l}"), &self.stream);
+            self.backward_layer(l, p, pb, g)
+        });
+        self.bottom = 0;
+        run?;
+        if st.first {
+            let _t = span(&|| "backward embedding".into(), &self.stream);
+            self.backward_embedding(g)?;
+        }
+        Ok(())
+    }
+
+    /// A stage other than the last: its backward pass starts from the
+    /// gradient of its output, `dout` (the residual stream's gradient, in
+    /// f32 and bf16), whose column sums are its top layer's
+    /// output-projection bias gradient.
+    fn backward_from_output(
+        &mut self,
+        st: &Stage,
+        dout: &DeviceBuffer<f32>,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        let c = self.layout.config.n_embd;
+        let n = self.b * self.t;
+        if dout.len() != n * c {
+            return Err(missing("output gradient", st));
+        }
+        if self.backward_sms > 0 {
+            self.blas.set_sm_count_target(self.backward_sms)?;
+        }
+        self.fresh.backward_starts();
+        let top = st.layers.end - 1;
+        let bias = self.ranges[top]
+            .as_ref()
+            .ok_or_else(|| missing("top layer", st))?
+            .fcproj_b
+            .clone();
+        let s = &self.stream;
+        copy_async(&mut self.dresid, dout, s)?;
+        self.mk.to_bf16(s, &mut self.dresid_bf, &self.dresid)?;
+        self.mk.bias_backward_f32(
+            s,
+            &mut g.view_mut(bias)?,
+            &mut self.partial,
+            &self.dresid,
+            n,
+            c,
+        )
+    }
+
+    /// The gradient of the input of the stage whose backward pass ran
+    /// last (valid until the next backward pass).
+    pub fn input_grad(&self) -> &DeviceBuffer<f32> {
+        &self.dresid
+    }
+}

@@ -1,0 +1,612 @@
+//! [`GpuStage`]: one pipeline rank's stages of the bf16 GPU model as an
+//! [`Engine`], as [`super::CpuStage`] is on CPUs: its forward pass with
+//! gradients runs the whole step's schedule on this rank — every
+//! micro-batch's forward and backward passes, activations and their
+//! gradients moving between the pipeline's GPUs over NCCL
+//! ([`DeviceLinks`]) — adding the stage's gradients into its own buffer;
+//! its backward units then hand them to the strategy (data parallelism
+//! over the data dimension reduces them as usual).
+//!
+//! What a micro-batch's forward pass keeps for its backward pass is a
+//! [`MicroSaved`] per (stage, micro-batch) in flight, swapped into the
+//! model for each of its passes; a schedule keeps as many as it has in
+//! flight (1F1B: at most the pipeline's depth on the first stage). The
+//! loss's gradient is weighted `1 / M`, so the micro-batches' gradients
+//! add up to the batch's. The tied token embedding lives on the first and
+//! the last stage: their gradients are summed between the two every step;
+//! the last stage's copy is not saved in checkpoints, nor counted twice in
+//! the gradient norm. Split backward passes (ZB-H1) run whole at their
+//! input half (the weight half is a no-op).
+
+use super::gpt_gpu::GpuGpt;
+use super::{gpt_describe, TokenBatch};
+use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
+use crate::pipeline::device_links::DeviceLinks;
+use crate::pipeline::exec::{self, StagePasses};
+use crate::schedule::{Op, Schedule};
+use crate::space::Gpu;
+use crate::Result;
+use braid_comm::gpu::GpuCommunicator;
+use braid_comm::ReduceOp;
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{DeviceBuffer, DeviceMem, DeviceWindow, Stream};
+use braid_model::cuda::model_mixed::MicroSaved;
+use braid_model::{Block, Layout, Stage};
+use std::collections::HashMap;
+use std::ops::Range;
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+/// One pipeline rank's stages on its GPU.
+pub struct GpuStage {
+    passes: Passes,
+    links: DeviceLinks,
+    schedule: Schedule,
+    /// This rank in the pipeline group.
+    rank: usize,
+    /// The pipeline group (the loss, the tied embeddings, the norm).
+    group: GpuCommunicator,
+    step: u64,
+}
+
+/// What the executor runs on: the engine (parameters, optimizer, model),
+/// the micro-batches' saved buffers in flight and the step's gradients.
+struct Passes {
+    inner: GpuGpt,
+    /// This rank's stages: their global index and blocks.
+    stages: Vec<(usize, Stage)>,
+    /// Pipeline ranks.
+    ranks: usize,
+    /// Micro-batch rows, tokens per row.
+    b: usize,
+    t: usize,
+    /// Saved buffers not in use, per stage of this rank.
+    free: Vec<Vec<MicroSaved>>,
+    /// Saved buffers of the micro-batches in flight, by (stage, micro).
+    live: HashMap<(usize, usize), MicroSaved>,
+    /// A micro-batch whose input gradient went out: its buffers go back to
+    /// the pool at the next call.
+    done: Option<(usize, usize)>,
+    /// The step's batch (every micro-batch's rows).
+    batch: TokenBatch,
+    /// Whether this step's passes keep what the backward pass needs.
+    grad: bool,
+    /// The step's gradients, added up over its micro-batches.
+    acc: DeviceBuffer<f32>,
+}
+
+impl Passes {
+    /// Where `stage` is among this rank's.
+    fn local(&self, stage: usize) -> Result<usize> {
+        self.stages
+            .iter()
+            .position(|(s, _)| *s == stage)
+            .ok_or_else(|| format!("stage {stage} does not run on this pipeline rank"))
+    }
+
+    /// Rows of micro-batch `m`.
+    fn rows(&self, m: usize) -> Range<usize> {
+        m * self.b * self.t..(m + 1) * self.b * self.t
+    }
+
+    /// Returns finished buffers to the pool.
+    fn tidy(&mut self) -> Result<()> {
+        if let Some((s, m)) = self.done.take() {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, stage: usize, m: usize) -> Result<()> {
+        let i = self.local(stage)?;
+        if let Some(a) = self.live.remove(&(stage, m)) {
+            self.free[i].push(a);
+        }
+        Ok(())
+    }
+
+    /// The saved buffers of (`stage`, `m`), from the pool when new.
+    fn saved(&mut self, stage: usize, m: usize) -> Result<&mut MicroSaved> {
+        let i = self.local(stage)?;
+        if !self.live.contains_key(&(stage, m)) {
+            let a = match self.free[i].pop() {
+                Some(a) => a,
+                None => {
+                    let st = &self.stages[i].1;
+                    let (model, _, _) = self.inner.mixed_parts()?;
+                    model.micro_saved(st).map_err(e)?
+                }
+            };
+            self.live.insert((stage, m), a);
+        }
+        Ok(self.live.get_mut(&(stage, m)).expect("inserted"))
+    }
+
+    /// Whether `a` and `b` run on this rank (a hand-over without a
+    /// message).
+    fn both_here(&self, a: usize, b: usize) -> bool {
+        a % self.ranks == b % self.ranks
+    }
+
+    fn stream(&self) -> Stream {
+        self.inner.compute_stream().borrowed()
+    }
+
+    /// Ends the step: every micro-batch's buffers back in the pool.
+    fn end_step(&mut self) -> Result<()> {
+        self.done = None;
+        let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
+        for (s, m) in keys {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+}
+
+impl StagePasses<DeviceBuffer<f32>> for Passes {
+    fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
+        self.tidy()?;
+        let i = self.local(stage)?;
+        let st = self.stages[i].1.clone();
+        // The previous stage on this rank hands its output over.
+        if stage > 0 && self.both_here(stage - 1, stage) {
+            let prev = self.stages[self.local(stage - 1)?].1.clone();
+            self.saved(stage, m)?;
+            let mut here = self.live.remove(&(stage, m)).expect("made above");
+            let s = self.stream();
+            let out = self.saved(stage - 1, m)?.output(&prev).map_err(e)?;
+            copy_async(here.input_mut(&st).map_err(e)?, out, &s).map_err(e)?;
+            self.live.insert((stage, m), here);
+        }
+        self.saved(stage, m)?;
+        let mut set = self.live.remove(&(stage, m)).expect("made above");
+        let rows = self.rows(m);
+        let grad = self.grad;
+        let (model, pf, pb) = self.inner.mixed_parts()?;
+        model.swap_micro(&mut set);
+        let loss = model.stage_forward(
+            &st,
+            pf,
+            pb,
+            &self.batch.tokens[rows.clone()],
+            &self.batch.targets[rows],
+            grad,
+        );
+        model.swap_micro(&mut set);
+        self.live.insert((stage, m), set);
+        loss.map_err(e)
+    }
+
+    fn backward(&mut self, stage: usize, m: usize, _input_only: bool) -> Result<()> {
+        self.tidy()?;
+        let i = self.local(stage)?;
+        let st = self.stages[i].1.clone();
+        let mut set = self.live.remove(&(stage, m)).ok_or_else(|| {
+            format!("stage {stage}: micro-batch {m}'s backward before its forward")
+        })?;
+        let mut acc = std::mem::replace(
+            &mut self.acc,
+            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
+        );
+        let s = self.stream();
+        let (model, pf, pb) = self.inner.mixed_parts()?;
+        model.swap_micro(&mut set);
+        let ran = model.stage_backward(&st, pf, pb, &set, &mut acc.window());
+        model.swap_micro(&mut set);
+        self.acc = acc;
+        ran.map_err(e)?;
+        if !st.first {
+            // The input's gradient, kept where the input was (read no more).
+            let (model, _, _) = self.inner.mixed_parts()?;
+            let g = model.input_grad();
+            copy_async(set.input_mut(&st).map_err(e)?, g, &s).map_err(e)?;
+        }
+        self.live.insert((stage, m), set);
+        if stage > 0 && self.both_here(stage - 1, stage) {
+            // The previous stage on this rank takes it over.
+            let mut mine = self.live.remove(&(stage, m)).expect("inserted");
+            let dst = self
+                .live
+                .get_mut(&(stage - 1, m))
+                .ok_or_else(|| format!("stage {}: micro-batch {m} was not run", stage - 1))?;
+            copy_async(dst.output_grad_mut(), &*mine.input_mut(&st).map_err(e)?, &s).map_err(e)?;
+            self.live.insert((stage, m), mine);
+            self.release(stage, m)?;
+        }
+        if st.first {
+            self.release(stage, m)?;
+        }
+        Ok(())
+    }
+
+    fn backward_weights(&mut self, _stage: usize, _micro: usize) -> Result<()> {
+        // The whole backward pass ran at the input half.
+        self.tidy()
+    }
+
+    fn output(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
+        self.tidy()?;
+        let st = self.stages[self.local(stage)?].1.clone();
+        self.saved(stage, m)?.output(&st).map_err(e)
+    }
+
+    fn input(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
+        self.tidy()?;
+        let st = self.stages[self.local(stage)?].1.clone();
+        self.saved(stage, m)?.input_mut(&st).map_err(e)
+    }
+
+    fn input_grad(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
+        self.tidy()?;
+        // Sent out by the caller before the next call (the link copies
+        // it): then the micro-batch's buffers are done with.
+        self.done = Some((stage, m));
+        let st = self.stages[self.local(stage)?].1.clone();
+        Ok(&*self.saved(stage, m)?.input_mut(&st).map_err(e)?)
+    }
+
+    fn output_grad(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
+        self.tidy()?;
+        Ok(self.saved(stage, m)?.output_grad_mut())
+    }
+}
+
+/// The directed pairs of pipeline ranks that `s`'s messages go between.
+fn link_pairs(s: &Schedule) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    for (rank, actions) in s.actions.iter().enumerate() {
+        for a in actions {
+            let to = match a.op {
+                Op::SendActivation => s.rank_of(a.stage + 1),
+                Op::SendGrad => s.rank_of(a.stage - 1),
+                _ => continue,
+            };
+            if to != rank {
+                pairs.push((rank, to));
+            }
+        }
+    }
+    pairs.sort_unstable();
+    pairs.dedup();
+    pairs
+}
+
+impl GpuStage {
+    /// Pipeline rank `group.rank()`'s stages of the schedule `schedule`
+    /// (checked), over `inner` (the bf16 engine of its parameters laid out
+    /// by [`Layout::pipeline_stages`] for `stages`, given by global index,
+    /// built for micro-batches of `b × t`).
+    pub fn new(
+        mut inner: GpuGpt,
+        stages: Vec<(usize, Stage)>,
+        schedule: Schedule,
+        group: GpuCommunicator,
+        b: usize,
+        t: usize,
+    ) -> Result<GpuStage> {
+        crate::schedule::check::check(&schedule)?;
+        let rank = group.rank();
+        if group.size() != schedule.ranks {
+            return Err(format!(
+                "a pipeline group of {} ranks for a schedule of {}",
+                group.size(),
+                schedule.ranks
+            ));
+        }
+        let links = DeviceLinks::new(&group, &link_pairs(&schedule))?;
+        let len = inner.layout().len;
+        let device = inner.params().device().clone();
+        {
+            let (model, _, _) = inner.mixed_parts()?;
+            // The model's own buffers were made for all its layers at
+            // once: each micro-batch in flight gets its own instead.
+            let mut none = model.no_micro_saved().map_err(e)?;
+            model.swap_micro(&mut none);
+            model.set_loss_weight(1.0 / schedule.micro_batches as f32);
+        }
+        let n = stages.len();
+        Ok(GpuStage {
+            passes: Passes {
+                acc: DeviceBuffer::zeros(&device, len).map_err(e)?,
+                inner,
+                ranks: schedule.ranks,
+                stages,
+                b,
+                t,
+                free: (0..n).map(|_| Vec::new()).collect(),
+                live: HashMap::new(),
+                done: None,
+                batch: TokenBatch::new(0, t),
+                grad: false,
+            },
+            links,
+            schedule,
+            rank,
+            group,
+            step: 0,
+        })
+    }
+
+    fn layout(&self) -> &Layout {
+        self.passes.inner.layout()
+    }
+
+    /// Whether this rank holds the last stage's copy of the tied
+    /// embeddings and not the first's (that copy is not saved or
+    /// counted).
+    fn second_copy(&self) -> bool {
+        let holds = |s: usize| self.passes.stages.iter().any(|(i, _)| *i == s);
+        holds(self.schedule.stages() - 1) && !holds(0)
+    }
+
+    /// The pipeline rank holding the last stage.
+    fn last_rank(&self) -> usize {
+        self.schedule.rank_of(self.schedule.stages() - 1)
+    }
+
+    /// Sums the tied embeddings' gradients of the first and last stage
+    /// (on different ranks) into both.
+    fn sum_tied(&mut self) -> Result<()> {
+        let (first, last) = (0, self.last_rank());
+        if first == last || (self.rank != first && self.rank != last) {
+            return Ok(());
+        }
+        let peer = if self.rank == first { last } else { first };
+        let er = self.layout().block_range(Block::Embedding);
+        let s = self.passes.stream();
+        let device = self.passes.acc.device().clone();
+        let mut mine = DeviceBuffer::zeros(&device, er.len()).map_err(e)?;
+        let mut theirs = DeviceBuffer::zeros(&device, er.len()).map_err(e)?;
+        copy_async(&mut mine, &self.passes.acc.view(er.clone()), &s).map_err(e)?;
+        self.group
+            .send_recv(&mine, peer, &mut theirs, peer)
+            .and_then(|w| w.wait())
+            .map_err(|x| format!("summing the tied embeddings' gradients with rank {peer}: {x}"))?;
+        let k = self.passes.inner.kernels();
+        k.add_inplace(&s, &mut self.passes.acc.view_mut(er), &theirs)
+            .map_err(e)?;
+        s.synchronize().map_err(e)
+    }
+
+    /// Σ x² of `values` at the flat positions `ranges` (held one after
+    /// another), the second copy of the tied embeddings left out, summed
+    /// over the pipeline group.
+    fn sq_norm(&self, values: &DeviceBuffer<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        let skip = match self.second_copy() {
+            true => self.layout().block_range(Block::Embedding),
+            false => 0..0,
+        };
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for r in ranges {
+            // The parts of `r` before and after the skipped block.
+            let cut = |x: usize| x.clamp(r.start, r.end) - r.start;
+            for piece in [0..cut(skip.start), cut(skip.end.max(skip.start))..r.len()] {
+                if !piece.is_empty() {
+                    parts.push(values.view(at + piece.start..at + piece.end));
+                }
+            }
+            at += r.len();
+        }
+        let refs: Vec<&dyn DeviceMem<f32>> =
+            parts.iter().map(|p| p as &dyn DeviceMem<f32>).collect();
+        let s = self.passes.stream();
+        let mut sum = [self
+            .passes
+            .inner
+            .kernels()
+            .sum_of_squares(&s, &refs)
+            .map_err(e)?];
+        self.group
+            .host()
+            .all_reduce(&mut sum, ReduceOp::Sum)
+            .map_err(|x| format!("the gradient norm over the pipeline: {x}"))?;
+        Ok(sum[0])
+    }
+
+    /// The parameters with their layout (this rank's stages).
+    pub fn into_params(self) -> Result<braid_model::Params> {
+        let layout = self.passes.inner.layout().clone();
+        let mut params = braid_model::Params::zeros(std::sync::Arc::new(layout));
+        self.passes.inner.into_params(&mut params)?;
+        Ok(params)
+    }
+}
+
+impl Engine for GpuStage {
+    type Space = Gpu;
+    type Batch = TokenBatch;
+
+    fn describe(&self) -> String {
+        let ly = self.layout();
+        let stages: Vec<String> = self
+            .passes
+            .stages
+            .iter()
+            .map(|(i, s)| format!("stage {i} (layers {}..{})", s.layers.start, s.layers.end))
+            .collect();
+        let how = format!(
+            "bf16 on a GPU, pipeline rank {} of {} ({}), schedule {}, {} micro-batches",
+            self.rank,
+            self.schedule.ranks,
+            stages.join(", "),
+            self.schedule.name,
+            self.schedule.micro_batches
+        );
+        gpt_describe(&ly.config, self.passes.b, self.passes.t, &how)
+    }
+
+    fn params(&self) -> &DeviceBuffer<f32> {
+        self.passes.inner.params()
+    }
+
+    fn params_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        self.passes.inner.params_mut()
+    }
+
+    fn params_changed(&mut self) -> Result<()> {
+        self.passes.inner.params_changed()
+    }
+
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        self.passes.inner.load_params(values)
+    }
+
+    fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
+        DeviceBuffer::zeros(self.passes.acc.device(), self.layout().len).map_err(e)
+    }
+
+    fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
+        // (Not the engine's: its passes write their own buffer.)
+        zero_async(grads, &self.passes.stream()).map_err(e)
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        // The blocks this rank holds, from the buffer's end.
+        self.layout()
+            .blocks
+            .iter()
+            .rev()
+            .map(|(b, r)| Unit {
+                name: match b {
+                    Block::Embedding => "embedding".into(),
+                    Block::Layer(l) => format!("layer {l}"),
+                    Block::FinalNorm => "head".into(),
+                },
+                finalizes: r.clone(),
+            })
+            .collect()
+    }
+
+    fn matrices(&self) -> Vec<Matrix> {
+        self.passes.inner.matrices()
+    }
+
+    fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
+        let micro = self.schedule.micro_batches;
+        let (b, t) = (self.passes.b, self.passes.t);
+        if batch.b != micro * b || batch.t != t {
+            return Err(format!(
+                "a batch of {} x {} for {micro} micro-batches of {b} x {t}",
+                batch.b, batch.t
+            ));
+        }
+        self.passes.batch.clone_from(batch);
+        self.passes.grad = grad;
+        let schedule = match grad {
+            true => {
+                let s = self.passes.stream();
+                zero_async(&mut self.passes.acc, &s).map_err(e)?;
+                self.schedule.clone()
+            }
+            false => exec::forward_only(&self.schedule),
+        };
+        let run = exec::run(
+            &schedule,
+            self.rank,
+            &mut self.passes,
+            &mut self.links,
+            self.step,
+        );
+        self.step += 1;
+        let ended = self.passes.end_step();
+        let losses = run?;
+        ended?;
+        // The last stage's mean over the micro-batches, to every rank.
+        let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
+        self.group
+            .host()
+            .broadcast(&mut loss, self.last_rank())
+            .map_err(|x| format!("the loss from the last pipeline stage: {x}"))?;
+        if grad {
+            self.sum_tied()?;
+        }
+        Ok(loss[0] as f32)
+    }
+
+    fn backward_unit(&mut self, unit: usize, grads: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        let units = self.units();
+        let u = units
+            .get(unit)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let r = u.finalizes.clone();
+        let s = self.passes.stream();
+        let mut g = grads.view_mut(r.clone()).map_err(e)?;
+        self.passes
+            .inner
+            .kernels()
+            .add_inplace(&s, &mut g, &self.passes.acc.view(r))
+            .map_err(e)
+    }
+
+    fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
+        self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
+    }
+
+    fn grad_sq_norm_compact(
+        &mut self,
+        compact: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        self.sq_norm(compact, ranges)
+    }
+
+    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        self.passes.inner.update(grads, step)
+    }
+
+    fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        self.passes.inner.update_shard(grads, step)
+    }
+
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        self.passes.inner.shard_optimizer(shard)
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        self.passes.inner.state_bytes()
+    }
+
+    fn tensors(&self) -> Vec<NamedTensor> {
+        let second = self.second_copy();
+        let er = self.layout().block_range(Block::Embedding);
+        self.passes
+            .inner
+            .tensors()
+            .into_iter()
+            .map(|mut t| {
+                if second && er.contains(&t.range.start) {
+                    t.stored = false;
+                }
+                t
+            })
+            .collect()
+    }
+
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        self.passes.inner.optimizer_moments()
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.passes.inner.read_moment(moment, ranges, out)
+    }
+
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        self.passes.inner.set_optimizer_state(state, updates)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.passes.inner.synchronize()
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(self.passes.inner.compute_stream())
+    }
+}

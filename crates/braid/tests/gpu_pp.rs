@@ -1,0 +1,121 @@
+//! Pipeline parallelism on GPUs through the real binary (bf16 stages,
+//! activations and their gradients over NCCL point-to-point): every
+//! schedule at `--pp 2` (and `--pp 4` where there are 4 GPUs) reaches one
+//! GPU's parameters after 10 steps within the bf16 tolerance (the same
+//! micro-batches' arithmetic; the gradients add up in another order), and
+//! tracks its loss over 60 steps. Without the GPUs a test says "skipped".
+
+mod common;
+
+use common::gpu::train_gpu;
+use common::{gpus, max_diff, TempDir};
+use std::io::Write;
+
+/// 8 layers (4 stages of 2, or 8 of 1 interleaved over 4 GPUs), on the
+/// byte corpus.
+const MODEL: [&str; 4] = ["--model", "L8-H4-C64-V259-T32", "--tokenizer", "bytes"];
+
+/// bf16 parameters after 10 steps at the small model's learning rate
+/// (3e-3): the same products on the same rows, their sums in another order
+/// (a step's micro-batches add up in a stage's buffer). A gradient near
+/// zero can change sign with its last bit, and AdamW moves such a
+/// parameter by up to the learning rate either way: a few such steps.
+const BF16_TOLERANCE: f32 = 1.5e-2;
+
+/// Each step's loss (bf16).
+const LOSS_TOLERANCE: f64 = 5e-3;
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a: Vec<&str> = MODEL.to_vec();
+    a.extend(["--batch", "8"]);
+    a.extend(extra);
+    a
+}
+
+/// Every schedule at `--pp 2` and `--pp 4` against one GPU, 10 steps.
+#[test]
+fn gpu_pp_every_schedule_matches_one_gpu() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-pp");
+    let (one, one_doc) = train_gpu(&dir, "one", &args(&["--steps", "10"]));
+    let one_losses = common::step_losses(&one_doc);
+    let sizes: &[&str] = match gpus(4) {
+        Some(_) => &["2", "4"],
+        None => &["2"],
+    };
+    for &n in sizes {
+        for schedule in ["gpipe", "1f1b", "interleaved", "zb"] {
+            let (pp, doc) = train_gpu(
+                &dir,
+                &format!("pp{n}-{schedule}"),
+                &args(&[
+                    "--steps",
+                    "10",
+                    "--pp",
+                    n,
+                    "--nproc-per-node",
+                    n,
+                    "--micro-batches",
+                    "4",
+                    "--schedule",
+                    schedule,
+                ]),
+            );
+            let d = max_diff(&one, &pp);
+            let losses = common::step_losses(&doc);
+            let worst = one_losses
+                .iter()
+                .zip(&losses)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f64, f64::max);
+            let _ = writeln!(
+                std::io::stderr(),
+                "bf16, --pp {n} --schedule {schedule} vs one GPU after 10 steps: max |diff| {d:e}, \
+                 losses within {worst:e} (one GPU {:.4} -> {:.4}, pipeline {:.4} -> {:.4})",
+                one_losses[0],
+                one_losses[9],
+                losses[0],
+                losses[9]
+            );
+            assert!(
+                worst <= LOSS_TOLERANCE,
+                "--pp {n} --schedule {schedule}: a step's loss differs from one GPU's by {worst}"
+            );
+            assert!(
+                d <= BF16_TOLERANCE,
+                "--pp {n} --schedule {schedule} differs from one GPU by {d}"
+            );
+        }
+    }
+}
+
+/// 1F1B over 2 GPUs tracks one GPU over 60 steps (mean loss of every
+/// 20-step window within 0.02), with activation checkpointing too.
+#[test]
+fn gpu_pp_2_tracks_one_gpu() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-pp-track");
+    for ckpt in [false, true] {
+        let mut extra = vec!["--steps", "60"];
+        if ckpt {
+            extra.push("--checkpointing");
+        }
+        let (_, a) = train_gpu(&dir, &format!("one-{ckpt}"), &args(&extra));
+        extra.extend(["--pp", "2", "--nproc-per-node", "2"]);
+        let (_, b) = train_gpu(&dir, &format!("pp2-{ckpt}"), &args(&extra));
+        let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
+        let _ = writeln!(
+            std::io::stderr(),
+            "bf16, checkpointing {ckpt}: one GPU {:.4} -> {:.4}, --pp 2 {:.4} -> {:.4}",
+            la[0],
+            la[59],
+            lb[0],
+            lb[59]
+        );
+        common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--pp 2"));
+    }
+}
