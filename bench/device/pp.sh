@@ -18,7 +18,8 @@
 #   bash bench/device/pp.sh big
 #     the 12.85B model (L40-H40-C5120) on 4 GPUs, batch 16 x 1024 in 8
 #     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
-#     PyTorch 1F1B.
+#     PyTorch 1F1B (PP_BIG_PEER= skips the peer); PP_STREAMED=1 adds braid
+#     with its bf16 weights cast layer by layer.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-pp-tests.gz, and for bench and big .dev/anchors (made by
@@ -82,7 +83,12 @@ phase_more() {
 }
 
 phase_big() {
-  pair big L40-H40-C5120 "--schedule 1f1b --checkpointing" "--schedule 1f1b --act-ckpt" 260
+  pair big L40-H40-C5120 "--schedule 1f1b --checkpointing" "${PP_BIG_PEER---schedule 1f1b --act-ckpt}" 260
+  # The bf16 weights cast layer by layer (no full bf16 copy: 2 bytes a
+  # parameter less) with PP_STREAMED=1.
+  if [ -n "${PP_STREAMED:-}" ]; then
+    BRAID_BF16_WEIGHTS=streamed pair big-streamed L40-H40-C5120 "--schedule 1f1b --checkpointing" "" 260
+  fi
 }
 
 case "${1:-}" in

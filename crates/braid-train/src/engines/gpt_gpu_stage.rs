@@ -17,6 +17,11 @@
 //! the last stage's copy is not saved in checkpoints, nor counted twice in
 //! the gradient norm. Split backward passes (ZB-H1) run whole at their
 //! input half (the weight half is a no-op).
+//!
+//! Without data parallelism ([`GpuStage::owning_grads`]) the stage's
+//! buffer is the step's gradient buffer: the strategy's is empty, the
+//! norm and the update read the stage's (one gradient buffer on the GPU,
+//! not two).
 
 use super::gpt_gpu::GpuGpt;
 use super::{gpt_describe, TokenBatch};
@@ -49,6 +54,9 @@ pub struct GpuStage {
     /// The pipeline group (the loss, the tied embeddings, the norm).
     group: GpuCommunicator,
     step: u64,
+    /// The stage's buffer is the step's gradient buffer (no strategy
+    /// reads gradients of its own).
+    owns_grads: bool,
 }
 
 /// What the executor runs on: the engine (parameters, optimizer, model),
@@ -326,7 +334,19 @@ impl GpuStage {
             rank,
             group,
             step: 0,
+            owns_grads: false,
         })
+    }
+
+    /// Makes the stage's buffer the step's gradient buffer, for a strategy
+    /// without data parallelism (one replica: nothing reduces gradients,
+    /// which then need no second buffer). The strategy's buffer is empty,
+    /// the engine has no backward units (its forward pass ran them), and
+    /// the norm and the update read the stage's buffer. Not with
+    /// gradient accumulation over several forward passes.
+    pub fn owning_grads(mut self) -> GpuStage {
+        self.owns_grads = true;
+        self
     }
 
     fn layout(&self) -> &Layout {
@@ -455,15 +475,23 @@ impl Engine for GpuStage {
     }
 
     fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
-        DeviceBuffer::zeros(self.passes.acc.device(), self.layout().len).map_err(e)
+        let len = match self.owns_grads {
+            true => 0,
+            false => self.layout().len,
+        };
+        DeviceBuffer::zeros(self.passes.acc.device(), len).map_err(e)
     }
 
     fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
-        // (Not the engine's: its passes write their own buffer.)
+        // (Not the engine's: its passes write their own buffer, zeroed
+        // by each forward pass with gradients.)
         zero_async(grads, &self.passes.stream()).map_err(e)
     }
 
     fn units(&self) -> Vec<Unit> {
+        if self.owns_grads {
+            return Vec::new();
+        }
         // The blocks this rank holds, from the buffer's end.
         self.layout()
             .blocks
@@ -542,6 +570,10 @@ impl Engine for GpuStage {
     }
 
     fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
+        let grads = match self.owns_grads {
+            true => &self.passes.acc,
+            false => grads,
+        };
         self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
     }
 
@@ -554,7 +586,10 @@ impl Engine for GpuStage {
     }
 
     fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        self.passes.inner.update(grads, step)
+        match self.owns_grads {
+            true => self.passes.inner.update(&self.passes.acc, step),
+            false => self.passes.inner.update(grads, step),
+        }
     }
 
     fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
@@ -566,7 +601,10 @@ impl Engine for GpuStage {
     }
 
     fn state_bytes(&self) -> StateBytes {
-        self.passes.inner.state_bytes()
+        // The stage's own gradient buffer besides the strategy's.
+        let mut s = self.passes.inner.state_bytes();
+        s.grads += 4 * self.passes.acc.len() as u64;
+        s
     }
 
     fn tensors(&self) -> Vec<NamedTensor> {

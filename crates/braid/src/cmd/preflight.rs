@@ -342,7 +342,7 @@ pub struct DevicePlan {
 ///
 /// One more, `BRAID_SPLIT_REDUCE`, changes the order of a sum: see
 /// [`split_embedding_grads`].
-fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
+pub fn env_choice(var: &str, yes: &str, no: &str) -> Result<Option<bool>, String> {
     match std::env::var(var).as_deref() {
         Err(_) | Ok("") | Ok("auto") => Ok(None),
         Ok(v) if v == yes => Ok(Some(true)),

@@ -434,6 +434,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         if a.offload != "none" {
             return not_yet("--offload");
         }
+        if a.accum > 1 {
+            return Err(format!(
+                "--accum {} with --pp {}: a pipeline's step is its --micro-batches already (use \
+                 --micro-batches for more of them)",
+                a.accum, a.pp
+            ));
+        }
     }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
@@ -958,11 +965,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     dev.name().unwrap_or_default()
                 );
             }
+            // (The pre-flight does not size pipeline stages yet: its
+            // environment choices decide, the faster by default.)
+            use super::preflight::env_choice;
             let options = braid_model::cuda::model_mixed::MixedOptions {
                 checkpointing: a.checkpointing,
-                streamed_weights: false,
-                stored_score_grads: true,
-                keep_attention: false,
+                streamed_weights: env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?
+                    == Some(true),
+                stored_score_grads: env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?
+                    != Some(false),
+                keep_attention: env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?
+                    == Some(true),
             };
             braid_cuda::pool::reset_peak();
             let mut engine = super::train_pipeline::gpu_engine(
@@ -976,7 +989,15 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 seq,
             )?;
             params.data = Vec::new();
-            let mut s = distributed(DeviceCollective::new(data)?, shard_choice, ddp)?;
+            // One replica: nothing reduces the gradients, and the stage's
+            // buffer is the step's (one gradient buffer on the GPU).
+            let mut s: Box<dyn Strategy<_>> = match data.size() {
+                1 => {
+                    engine = engine.owning_grads();
+                    Box::new(Single)
+                }
+                _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
+            };
             let run = run_with(&mut |p, l, b| {
                 run_loop(
                     &mut engine,
