@@ -147,6 +147,20 @@ impl NamedTensor {
         }
     }
 
+    /// A tensor of the model that another rank holds (a pipeline's other
+    /// stages): listed so that a checkpoint names the whole model and
+    /// checks every tensor is covered; no elements here, never stored by
+    /// this rank.
+    pub fn elsewhere(name: impl Into<String>, shape: Vec<usize>) -> NamedTensor {
+        NamedTensor {
+            name: name.into(),
+            shape,
+            range: 0..0,
+            place: None,
+            stored: false,
+        }
+    }
+
     /// Its place: the one it records, or the whole tensor.
     pub fn place(&self) -> braid_model::place::Place {
         self.place

@@ -522,19 +522,7 @@ impl Engine for CpuStage {
     }
 
     fn tensors(&self) -> Vec<NamedTensor> {
-        let second = self.second_copy();
-        let er = self.layout().block_range(Block::Embedding);
-        self.passes
-            .inner
-            .tensors()
-            .into_iter()
-            .map(|mut t| {
-                if second && er.contains(&t.range.start) {
-                    t.stored = false;
-                }
-                t
-            })
-            .collect()
+        super::stage_tensors(self.layout(), self.second_copy())
     }
 
     fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {

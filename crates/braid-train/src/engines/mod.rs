@@ -97,6 +97,27 @@ pub fn gpt_tensors(layout: &Layout) -> Vec<crate::NamedTensor> {
         .collect()
 }
 
+/// A pipeline rank's tensors in the whole model's order: those of its
+/// stages (`layout`, cut by `Layout::pipeline_stages`) where they are, the
+/// rest [`NamedTensor::elsewhere`](crate::NamedTensor::elsewhere); with
+/// `second_copy` (the last stage's copy of the tied token embedding,
+/// where the first stage is another rank's) that copy is not stored.
+pub(crate) fn stage_tensors(layout: &Layout, second_copy: bool) -> Vec<crate::NamedTensor> {
+    let held = gpt_tensors(layout);
+    let er = layout.block_range(Block::Embedding);
+    Layout::new(&layout.config)
+        .params
+        .iter()
+        .map(|p| match held.iter().find(|t| t.name == p.name) {
+            Some(t) => crate::NamedTensor {
+                stored: t.stored && !(second_copy && er.contains(&t.range.start)),
+                ..t.clone()
+            },
+            None => crate::NamedTensor::elsewhere(p.name.clone(), p.full_shape().to_vec()),
+        })
+        .collect()
+}
+
 /// Copies the elements `at` (state indices) of `state` into `out`, one
 /// range after another; a range outside `state` is an error.
 pub(crate) fn copy_at(

@@ -425,11 +425,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         if a.tp > 1 {
             return not_yet("--tp");
         }
-        if a.zero.is_some() {
-            return not_yet("--zero");
+        if let Some(z @ (2 | 3)) = a.zero {
+            return Err(format!(
+                "--pp {} with --zero {z}: ZeRO-2 and ZeRO-3 run on ZeRO-3's block machinery (each \
+                 pass handed its parameters and gradient buffers block by block), and a pipeline \
+                 stage's passes run inside its schedule: not built yet. --zero 1 shards the \
+                 optimizer state over the data dimension of a pipeline",
+                a.pp
+            ));
         }
-        if a.ckpt_dir.is_some() || a.resume.is_some() {
-            return not_yet("--ckpt-dir/--resume");
+        if cuda && a.zero.is_some() {
+            return not_yet("--zero on GPUs");
+        }
+        if cuda && (a.ckpt_dir.is_some() || a.resume.is_some()) {
+            return not_yet("--ckpt-dir/--resume on GPUs");
         }
         if a.offload != "none" {
             return not_yet("--offload");
