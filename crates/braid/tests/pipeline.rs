@@ -1,7 +1,10 @@
 //! Pipeline parallelism (`braid train --pp N`) through the real binary, on
 //! CPU worker processes: every built-in schedule at 2 and 4 stages
-//! reaches the parameters of one process after 10 f32 steps, and a
-//! pipeline of 2 × data parallel 2 those of data parallelism over 4; a
+//! reaches the parameters of one process after 10 f32 steps, a pipeline
+//! of 2 × data parallel 2 (and × ZeRO-1) those of data parallelism over
+//! 4, the 3-D mesh 2 × 2 × 2 those of data parallelism over 2; a
+//! pipeline's checkpoint resumes under other pipeline, tensor and data
+//! degrees; a
 //! schedule file that would hang or skip a backward pass is refused with
 //! the action named; what cannot work is refused at start.
 
@@ -155,7 +158,7 @@ fn a_pipeline_checkpoint_resumes_under_any_pipeline_and_data_degree() {
     save("saving-one", &["--batch", "8"], &ck_one);
     let step3 = |root: &str| format!("{root}/step-00000003");
     let (from_pp, from_one) = (step3(&ck), step3(&ck_one));
-    let cases: [(&str, &str, &[&str]); 6] = [
+    let cases: [(&str, &str, &[&str]); 7] = [
         ("pp2", &from_pp, &pp2),
         ("one", &from_pp, &["--batch", "8"]),
         (
@@ -174,6 +177,20 @@ fn a_pipeline_checkpoint_resumes_under_any_pipeline_and_data_degree() {
             &["--nproc-per-node", "4", "--pp", "2", "--global-batch", "8"],
         ),
         ("one-to-pp2", &from_one, &pp2),
+        (
+            "tp2-pp2",
+            &from_pp,
+            &[
+                "--nproc-per-node",
+                "4",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--global-batch",
+                "8",
+            ],
+        ),
     ];
     for (name, from, how) in cases {
         let mut a = how.to_vec();
@@ -186,6 +203,40 @@ fn a_pipeline_checkpoint_resumes_under_any_pipeline_and_data_degree() {
                 "resumed as {name}: step {step}'s loss {y} against {x} without the stop"
             );
         }
+    }
+}
+
+/// The 3-D mesh: data 2 × pipeline 2 × tensor 2 on 8 ranks (tensor
+/// groups inside each stage, with sequence parallelism and without)
+/// reaches the parameters of data parallelism over 2 at the same global
+/// batch.
+#[test]
+fn the_3d_mesh_2x2x2_on_8_ranks_matches_data_parallelism_over_2() {
+    let dir = TempDir::new("pp-3d");
+    let dp = run_train(
+        &dir,
+        "dp2",
+        &["--nproc-per-node", "2", "--global-batch", "16"],
+    );
+    for sp in ["--sp", "--no-sp"] {
+        let name = format!("3d{sp}");
+        let args = [
+            "--nproc-per-node",
+            "8",
+            "--global-batch",
+            "16",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            sp,
+        ];
+        let got = run_train(&dir, &name, &args);
+        let d = max_diff(&dp, &got);
+        assert!(
+            d <= TOL,
+            "{name}: max |diff| {d} against data parallelism over 2"
+        );
     }
 }
 
@@ -323,10 +374,6 @@ fn what_cannot_work_is_refused_at_start() {
     refused(
         &["--pp", "2", "--stage-layers", "3,2"],
         "add up to the model's 4",
-    );
-    refused(
-        &["--pp", "2", "--tp", "2"],
-        "--pp 2 with --tp: not built yet",
     );
     refused(
         &["--pp", "2", "--zero", "2"],

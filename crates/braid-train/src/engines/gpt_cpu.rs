@@ -207,6 +207,12 @@ impl CpuGpt {
     }
 
     /// The parameters' layout.
+    /// The model (a tensor-parallel rank's share, with its group).
+    pub fn model(&self) -> &Gpt {
+        &self.model
+    }
+
+    /// The parameters' layout.
     pub fn layout(&self) -> &Arc<Layout> {
         &self.params.layout
     }

@@ -24,7 +24,6 @@ use crate::schedule::Schedule;
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_comm::{Communicator, ReduceOp};
-use braid_model::optim::sum_of_squares;
 use braid_model::{Activations, Block, Gpt, Layout, Stage};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -270,7 +269,8 @@ impl CpuStage {
         }
         let layout = inner.layout().clone();
         let links = HostLinks::new(&group)?;
-        let model = Gpt::new(layout.clone());
+        // (A tensor-parallel rank's share runs with its group.)
+        let model = inner.model().clone();
         let n = stages.len();
         Ok(CpuStage {
             passes: Passes {
@@ -334,22 +334,35 @@ impl CpuStage {
 
     /// Σ x² of `values` at the flat positions `ranges` (held one after
     /// another), the second copy of the tied embeddings left out, summed
-    /// over the pipeline group.
-    fn sq_norm(&self, values: &[f32], ranges: &[Range<usize>]) -> Result<f64> {
+    /// over the tensor group (by the inner engine: what every rank of it
+    /// holds whole counted once) and the pipeline group.
+    fn sq_norm(&mut self, values: &[f32], ranges: &[Range<usize>]) -> Result<f64> {
         let skip = match self.second_copy() {
             true => self.layout().block_range(Block::Embedding),
             false => 0..0,
         };
-        let mut sum = [0.0f64];
+        let (mut kept, mut kept_ranges) = (Vec::new(), Vec::new());
         let mut at = 0;
         for r in ranges {
-            let v = &values[at..at + r.len()];
             // The parts of `r` before and after the skipped block.
-            let cut = |x: usize| x.clamp(r.start, r.end) - r.start;
-            sum[0] += sum_of_squares(&v[..cut(skip.start)]);
-            sum[0] += sum_of_squares(&v[cut(skip.end.max(skip.start))..]);
+            let cut = |x: usize| x.clamp(r.start, r.end);
+            for part in [
+                r.start..cut(skip.start),
+                cut(skip.end.max(skip.start))..r.end,
+            ] {
+                if !part.is_empty() {
+                    kept.extend_from_slice(
+                        &values[at + part.start - r.start..at + part.end - r.start],
+                    );
+                    kept_ranges.push(part);
+                }
+            }
             at += r.len();
         }
+        let mut sum = [self
+            .passes
+            .inner
+            .grad_sq_norm_compact(&kept, &kept_ranges)?];
         self.group
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("the gradient norm over the pipeline: {e}"))?;

@@ -422,8 +422,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         if cuda && a.precision.as_deref().is_some_and(|p| p != "bf16") {
             return not_yet("--precision f32 on GPUs (the bf16 engine runs stages)");
         }
-        if a.tp > 1 {
-            return not_yet("--tp");
+        if cuda && a.tp > 1 {
+            return not_yet("--tp on GPUs");
         }
         if let Some(z @ (2 | 3)) = a.zero {
             return Err(format!(
@@ -662,6 +662,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             Some(super::train_pipeline::schedule(&pipe_flags)?)
         }
     };
+    if let (Some(s), true) = (&pipe_schedule, a.tp > 1 && !a.no_sp) {
+        let rows = batch / s.micro_batches;
+        if let Some(seq) = a.seq.filter(|seq| (rows * seq) % a.tp != 0) {
+            return Err(format!(
+                "sequence parallelism splits a micro-batch's {rows} x {seq} tokens over the {} \
+                 ranks of a tensor group: pick a --batch, --micro-batches or --seq whose \
+                 micro-batch divides by {} (or --no-sp)",
+                a.tp, a.tp
+            ));
+        }
+    }
     // ZeRO's buckets hold whole layers: no deferred weight gradients.
     let defer_for = |layers| match zero {
         Some(_) => 0,
@@ -961,6 +972,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             println!("mesh: {}", mesh.describe());
             super::train_pipeline::print_plan(&all, &schedule, batch, seq);
         }
+        // Under --tp: the tensor group, for --save.
+        let mut tensor_host = None;
         let (run, mine, pipe) = if cuda {
             let gpu = GpuCommunicator::init_from_env(&c).map_err(|e| e.to_string())?;
             let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
@@ -1025,11 +1038,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             let how = cpu_optimizer(optimizer, a.weight_decay);
             let groups = super::train_mesh::split_pipeline(&c, &place)?;
             let pipe = groups.pipe.clone();
+            tensor_host = groups.tensor.clone();
+            let tensor = groups.tensor.clone().map(|g| {
+                let comm: Arc<dyn braid_model::tensor_comm::TensorComm> = g;
+                (comm, place.sequence)
+            });
             let mut engine = super::train_pipeline::engine(
                 &params,
                 schedule,
                 &all,
                 groups.pipe,
+                tensor,
                 how,
                 micro,
                 seq,
@@ -1057,7 +1076,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if let Some(p) =
                 braid_train::pipeline::gather::gather_whole(&mine, whole, &layouts, &pipe)?
             {
-                params = p;
+                // Pipeline rank 0 of each tensor rank holds its share of
+                // the whole model: the tensor group puts them together.
+                params = match &tensor_host {
+                    Some(g) => braid_train::tensor_parallel::gather_whole(&p, &**g)?,
+                    None => p,
+                };
             }
         }
         run

@@ -120,11 +120,13 @@ pub fn split(world: &Communicator, place: &Place) -> Result<Groups, String> {
     })
 }
 
-/// The communicators of a pipeline rank: its pipeline group and its data
-/// group.
+/// The communicators of a pipeline rank: its pipeline group, its tensor
+/// group under `--tp` (the model's collectives) and its data group.
 pub struct PipeGroups {
     /// The stages' ranks of this rank's model.
     pub pipe: Communicator,
+    /// The model's collectives, under `--tp`.
+    pub tensor: Option<Arc<HostTensorGroup>>,
     /// The strategy's.
     pub data: HostCollective,
 }
@@ -135,10 +137,15 @@ pub fn split_pipeline(world: &Communicator, place: &Place) -> Result<PipeGroups,
     let mesh = place.mesh()?;
     let all = HostCollective::new(world.clone());
     let pipe = mesh.split(&all, "pipe")?;
+    let tensor = match place.tensor {
+        1 => None,
+        _ => Some(mesh.split(&all, "tensor")?),
+    };
     let data = mesh.split(&all, "data")?;
     use braid_train::collective::Collective;
     Ok(PipeGroups {
         pipe: pipe.host().clone(),
+        tensor: tensor.map(|t| Arc::new(HostTensorGroup::new(t.host().clone()))),
         data,
     })
 }

@@ -4,6 +4,7 @@
 //! cut from the whole, and the engine that runs its stages.
 
 use braid_model::cuda::model_mixed::MixedOptions;
+use braid_model::tensor_comm::TensorComm;
 use braid_model::{Layout, Params, Stage};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
 use braid_train::pipeline::assign::assign;
@@ -102,20 +103,28 @@ fn part(
 }
 
 /// Pipeline rank `group.rank()`'s engine on the CPU: its stages'
-/// parameters cut out of `whole`, for micro-batches of `b × t`.
+/// parameters cut out of `whole` (a tensor-parallel rank's share under
+/// `--tp`, whose group and sequence parallelism `tensor` gives), for
+/// micro-batches of `b × t`.
 #[allow(clippy::too_many_arguments)]
 pub fn engine(
     whole: &Params,
     s: Schedule,
     all: &[Stage],
     group: braid_comm::Communicator,
+    tensor: Option<(Arc<dyn TensorComm>, bool)>,
     how: CpuOptimizer,
     b: usize,
     t: usize,
     checkpointing: bool,
 ) -> Result<CpuStage, String> {
     let (params, mine) = part(whole, &s, all, group.rank())?;
-    let inner = CpuGpt::new(params, b, t, checkpointing, how);
+    let inner = match tensor {
+        None => CpuGpt::new(params, b, t, checkpointing, how),
+        Some((comm, sequence)) => {
+            CpuGpt::tensor_parallel(params, b, t, checkpointing, how, comm, sequence)?
+        }
+    };
     CpuStage::new(inner, mine, s, group, b, t, checkpointing)
 }
 
