@@ -15,6 +15,10 @@
 #     the same for GPipe and the zero-bubble schedules (braid's ZB-H1,
 #     PyTorch's interleaved zero bubble), and PyTorch's interleaved alone
 #     (PP_PEER=interleaved).
+#   bash bench/device/pp.sh bubble
+#     braid alone, the 2.65B model on 4 GPUs, 8 steps of each schedule:
+#     the timeline chart of the last step and the measured idle fraction
+#     beside the theory's.
 #   bash bench/device/pp.sh big
 #     the 12.85B model (L40-H40-C5120) on 4 GPUs, batch 16 x 1024 in 8
 #     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
@@ -82,6 +86,22 @@ phase_more() {
   pair gpipe L32-H32-C2560 "--schedule gpipe" "--schedule gpipe"
 }
 
+phase_bubble() {
+  local s t f
+  for s in ${PP_SCHEDULES:-gpipe 1f1b interleaved:2 zb}; do
+    f="$L/bubble-${s/:/-}.txt"
+    t=$(left)
+    [ "$t" -ge 40 ] || { echo "$s: skipped ($t s left)"; continue; }
+    [ "$t" -gt 90 ] && t=90
+    timeout -k 10 "$t" "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 --data random \
+      --global-batch 16 --seq 1024 --steps 8 --eval-every 0 --log-every 4 --nproc-per-node "$NPROC" \
+      --pp "$NPROC" --micro-batches 8 --schedule "$s" > "$f" 2>&1
+    echo "$s: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
+    grep -h -A6 'pipeline timeline' "$f" | sed 's/^\[rank 0\] //'
+    grep -h 'error' "$f" | head -2 | cut -c1-300
+  done
+}
+
 phase_big() {
   pair big L40-H40-C5120 "--schedule 1f1b --checkpointing" "${PP_BIG_PEER---schedule 1f1b --act-ckpt}" 260
   # The bf16 weights cast layer by layer (no full bf16 copy: 2 bytes a
@@ -95,7 +115,8 @@ case "${1:-}" in
   tests) phase_tests ;;
   bench) phase_bench ;;
   more) phase_more ;;
+  bubble) phase_bubble ;;
   big) phase_big ;;
-  *) echo "usage: pp.sh tests|bench|more|big" >&2; exit 2 ;;
+  *) echo "usage: pp.sh tests|bench|more|bubble|big" >&2; exit 2 ;;
 esac
 finish

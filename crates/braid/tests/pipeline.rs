@@ -29,6 +29,33 @@ fn run_train(dir: &TempDir, name: &str, extra: &[&str]) -> Vec<f32> {
             "{name}: the stages and the mesh are printed\n{}",
             f.stdout
         );
+        // The last step's chart, a row per pipeline rank, and the
+        // measured idle fraction beside the theory's.
+        let pp: usize = extra[extra.iter().position(|a| *a == "--pp").unwrap() + 1]
+            .parse()
+            .unwrap();
+        let rows = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("  rank ") && l.ends_with('|'));
+        assert_eq!(
+            rows.count(),
+            pp,
+            "{name}: a chart row per rank\n{}",
+            f.stdout
+        );
+        let line = f
+            .stdout
+            .lines()
+            .find(|l| l.contains("pipeline bubble: measured "))
+            .unwrap_or_else(|| panic!("{name}: no bubble line\n{}", f.stdout));
+        let measured: f64 = line
+            .split("measured ")
+            .nth(1)
+            .and_then(|s| s.split('%').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {line}"));
+        assert!((0.0..100.0).contains(&measured), "{name}: {line}");
     }
     params(&model)
 }

@@ -20,6 +20,7 @@ use super::{gpt_describe, TokenBatch};
 use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
 use crate::pipeline::exec::{self, StagePasses};
 use crate::pipeline::links::HostLinks;
+use crate::pipeline::timeline::{self, Measured};
 use crate::schedule::Schedule;
 use crate::space::{Host, HostWindow};
 use crate::Result;
@@ -38,6 +39,8 @@ pub struct CpuStage {
     /// The pipeline group (the loss, the tied embeddings, the norm).
     group: Communicator,
     step: u64,
+    /// The training steps' timelines.
+    measured: Measured,
 }
 
 /// What the executor runs on: the stages' model, parameters, in-flight
@@ -67,6 +70,8 @@ struct Passes {
     batch: TokenBatch,
     /// The step's gradients, accumulated over its micro-batches.
     acc: Vec<f32>,
+    /// The step's time marks (the host's wall clock, seconds).
+    stamps: Vec<f64>,
 }
 
 /// What one stage's pass of one micro-batch works on.
@@ -242,6 +247,19 @@ impl StagePasses<[f32]> for Passes {
         self.tidy()?;
         Ok(self.acts(stage, m)?.residual_grad_mut())
     }
+
+    fn stamp(&mut self) -> Result<usize> {
+        self.stamps.push(wall_seconds());
+        Ok(self.stamps.len() - 1)
+    }
+}
+
+/// The host's wall clock in seconds (shared by the processes of a host,
+/// so the pipeline's ranks' marks compare).
+pub(crate) fn wall_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl CpuStage {
@@ -287,12 +305,14 @@ impl CpuStage {
                 live: HashMap::new(),
                 done: None,
                 batch: TokenBatch::new(0, t),
+                stamps: Vec::new(),
             },
             links,
             schedule,
             rank,
             group,
             step: 0,
+            measured: Measured::default(),
         })
     }
 
@@ -367,6 +387,12 @@ impl CpuStage {
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("the gradient norm over the pipeline: {e}"))?;
         Ok(sum[0])
+    }
+
+    /// The last step's timeline as a chart, and the measured idle
+    /// fraction beside the theory's (printed at the end of a run).
+    pub fn timeline_report(&self) -> Option<String> {
+        self.measured.report(&self.schedule)
     }
 
     /// The parameters with their layout (this rank's stages).
@@ -450,6 +476,7 @@ impl Engine for CpuStage {
             ));
         }
         self.passes.batch.clone_from(batch);
+        self.passes.stamps.clear();
         let schedule = match grad {
             true => {
                 self.passes.acc.fill(0.0);
@@ -466,8 +493,19 @@ impl Engine for CpuStage {
         );
         self.step += 1;
         let ended = self.passes.end_step();
-        let losses = run?;
+        let ran = run?;
         ended?;
+        if grad {
+            let at = &self.passes.stamps;
+            let spans: Vec<_> = ran
+                .spans
+                .iter()
+                .map(|(a, b, e)| (*a, at[*b], at[*e]))
+                .collect();
+            let t = timeline::gather(&schedule, &spans, &self.group)?;
+            self.measured.add(t);
+        }
+        let losses = ran.losses;
         // The last stage's mean over the micro-batches, to every rank.
         let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
         self.group

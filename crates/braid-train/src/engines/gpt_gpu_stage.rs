@@ -28,13 +28,14 @@ use super::{gpt_describe, TokenBatch};
 use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
 use crate::pipeline::device_links::DeviceLinks;
 use crate::pipeline::exec::{self, StagePasses};
+use crate::pipeline::timeline::{self, Measured};
 use crate::schedule::{Op, Schedule};
 use crate::space::Gpu;
 use crate::Result;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::ReduceOp;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{DeviceBuffer, DeviceMem, DeviceWindow, Stream};
+use braid_cuda::{DeviceBuffer, DeviceMem, DeviceWindow, Event, Stream};
 use braid_model::cuda::model_mixed::MicroSaved;
 use braid_model::{Block, Layout, Stage};
 use std::collections::HashMap;
@@ -57,6 +58,8 @@ pub struct GpuStage {
     /// The stage's buffer is the step's gradient buffer (no strategy
     /// reads gradients of its own).
     owns_grads: bool,
+    /// The training steps' timelines.
+    measured: Measured,
 }
 
 /// What the executor runs on: the engine (parameters, optimizer, model),
@@ -83,6 +86,12 @@ struct Passes {
     grad: bool,
     /// The step's gradients, added up over its micro-batches.
     acc: DeviceBuffer<f32>,
+    /// Time marks on the compute stream: reused timed events, how many
+    /// the step recorded, and the step's origin (an event recorded while
+    /// the stream was idle, and the host's wall clock then).
+    marks: Vec<Event>,
+    marked: usize,
+    origin: Option<(Event, f64)>,
 }
 
 impl Passes {
@@ -259,6 +268,45 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         self.tidy()?;
         Ok(self.saved(stage, m)?.output_grad_mut())
     }
+
+    fn stamp(&mut self) -> Result<usize> {
+        if self.marked == self.marks.len() {
+            let device = self.acc.device().clone();
+            self.marks.push(Event::timed(&device).map_err(e)?);
+        }
+        let s = self.stream();
+        self.marks[self.marked].record(&s).map_err(e)?;
+        self.marked += 1;
+        Ok(self.marked - 1)
+    }
+}
+
+impl Passes {
+    /// Starts the step's time marks: waits for the stream to be idle (the
+    /// previous step's update), then marks the origin.
+    fn start_marks(&mut self) -> Result<()> {
+        let s = self.stream();
+        s.synchronize().map_err(e)?;
+        let origin = match self.origin.take() {
+            Some((ev, _)) => ev,
+            None => Event::timed(self.acc.device()).map_err(e)?,
+        };
+        origin.record(&s).map_err(e)?;
+        self.origin = Some((origin, super::gpt_cpu_stage::wall_seconds()));
+        self.marked = 0;
+        Ok(())
+    }
+
+    /// The step's marks in seconds of the host's wall clock (waits for
+    /// the stream).
+    fn mark_times(&mut self) -> Result<Vec<f64>> {
+        self.stream().synchronize().map_err(e)?;
+        let (o, h0) = self.origin.as_ref().ok_or("no time marks this step")?;
+        self.marks[..self.marked]
+            .iter()
+            .map(|m| Ok(h0 + m.elapsed_ms(o).map_err(e)? as f64 / 1e3))
+            .collect()
+    }
 }
 
 /// The directed pairs of pipeline ranks that `s`'s messages go between.
@@ -328,6 +376,9 @@ impl GpuStage {
                 done: None,
                 batch: TokenBatch::new(0, t),
                 grad: false,
+                marks: Vec::new(),
+                marked: 0,
+                origin: None,
             },
             links,
             schedule,
@@ -335,6 +386,7 @@ impl GpuStage {
             group,
             step: 0,
             owns_grads: false,
+            measured: Measured::default(),
         })
     }
 
@@ -424,6 +476,12 @@ impl GpuStage {
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|x| format!("the gradient norm over the pipeline: {x}"))?;
         Ok(sum[0])
+    }
+
+    /// The last step's timeline as a chart, and the measured idle
+    /// fraction beside the theory's (printed at the end of a run).
+    pub fn timeline_report(&self) -> Option<String> {
+        self.measured.report(&self.schedule)
     }
 
     /// The parameters with their layout (this rank's stages).
@@ -523,6 +581,7 @@ impl Engine for GpuStage {
         }
         self.passes.batch.clone_from(batch);
         self.passes.grad = grad;
+        self.passes.start_marks()?;
         let schedule = match grad {
             true => {
                 let s = self.passes.stream();
@@ -540,8 +599,19 @@ impl Engine for GpuStage {
         );
         self.step += 1;
         let ended = self.passes.end_step();
-        let losses = run?;
+        let ran = run?;
         ended?;
+        if grad {
+            let at = self.passes.mark_times()?;
+            let spans: Vec<_> = ran
+                .spans
+                .iter()
+                .map(|(a, b, e)| (*a, at[*b], at[*e]))
+                .collect();
+            let t = timeline::gather(&schedule, &spans, self.group.host())?;
+            self.measured.add(t);
+        }
+        let losses = ran.losses;
         // The last stage's mean over the micro-batches, to every rank.
         let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
         self.group

@@ -29,6 +29,20 @@ pub trait StagePasses<B: ?Sized> {
     /// Where the gradient of the stage's output goes (before its
     /// backward).
     fn output_grad(&mut self, stage: usize, micro: usize) -> Result<&mut B>;
+    /// Marks the time at this point of the rank's work (on a GPU: of its
+    /// stream), returning the mark's index in the step; the engine turns
+    /// the step's marks into times afterwards.
+    fn stamp(&mut self) -> Result<usize>;
+}
+
+/// What a rank's step gave: the losses of the micro-batches whose last
+/// stage it runs, and each compute action between two of its stamps.
+#[derive(Debug, Default)]
+pub struct Ran {
+    /// (micro-batch, loss).
+    pub losses: Vec<(usize, f32)>,
+    /// (action, stamp before, stamp after).
+    pub spans: Vec<(Action, usize, usize)>,
 }
 
 /// How a rank's messages move: sends never hold the rank up; a receive
@@ -51,16 +65,18 @@ pub fn tag(gradient: bool, stage: usize, micro: usize, step: u64) -> u64 {
         | (micro as u64 & 0x3f_ffff)
 }
 
-/// Runs rank `rank`'s actions of `s` for step `step`; returns the losses
-/// of the micro-batches whose last stage it runs, by micro-batch.
+/// Runs rank `rank`'s actions of `s` for step `step`: the losses of the
+/// micro-batches whose last stage it runs, and when each compute action
+/// ran.
 pub fn run<B: ?Sized>(
     s: &Schedule,
     rank: usize,
     passes: &mut dyn StagePasses<B>,
     links: &mut dyn Links<B>,
     step: u64,
-) -> Result<Vec<(usize, f32)>> {
+) -> Result<Ran> {
     let mut losses = Vec::new();
+    let mut spans = Vec::new();
     let actions = s
         .actions
         .get(rank)
@@ -68,6 +84,10 @@ pub fn run<B: ?Sized>(
     for (i, a) in actions.iter().enumerate() {
         let Action { stage, op, micro } = *a;
         let named = |e: String| format!("pipeline rank {rank}, action {i} ({a}): {e}");
+        let before = match op.communicates() {
+            false => Some(passes.stamp().map_err(named)?),
+            true => None,
+        };
         match op {
             Op::Forward => {
                 if let Some(l) = passes.forward(stage, micro).map_err(named)? {
@@ -106,11 +126,14 @@ pub fn run<B: ?Sized>(
                     .map_err(named)?;
             }
         }
+        if let Some(b) = before {
+            spans.push((*a, b, passes.stamp().map_err(named)?));
+        }
     }
     links
         .flush()
         .map_err(|e| format!("pipeline rank {rank}, end of step: {e}"))?;
-    Ok(losses)
+    Ok(Ran { losses, spans })
 }
 
 /// `s` with only its forward passes and their messages (evaluation): each

@@ -10,10 +10,13 @@
 //!   host communicators, sends on a thread of their own (a send never
 //!   holds its rank up, as the schedules' checks assume);
 //! - [`device_links`]: [`device_links::DeviceLinks`], the same between
-//!   GPUs over NCCL point-to-point, one communicator per direction.
+//!   GPUs over NCCL point-to-point, one communicator per direction;
+//! - [`timeline`]: when each rank ran each action, gathered per step: the
+//!   measured idle fraction beside the theory's, and a chart.
 
 pub mod assign;
 pub mod device_links;
 pub mod exec;
 pub mod gather;
 pub mod links;
+pub mod timeline;

@@ -546,7 +546,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 let s = super::train_pipeline::schedule(&flags)?;
                 if a.load.is_none() {
                     let cfg = GptConfig::parse(&a.model)?;
-                    super::train_pipeline::stages(cfg.n_layer, &s, &flags)?;
+                    super::train_pipeline::stages(&cfg, &s, &flags)?;
                 }
             }
             if a.load.is_none() {
@@ -963,7 +963,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
     let run = if let Some(schedule) = pipe_schedule {
         let c = comm.ok_or("a pipeline runs over several ranks")?;
-        let all = super::train_pipeline::stages(cfg.n_layer, &schedule, &pipe_flags)?;
+        let all = super::train_pipeline::stages(&cfg, &schedule, &pipe_flags)?;
         let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
         let whole = params.layout.clone();
         let micro = batch / schedule.micro_batches;
@@ -1033,6 +1033,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     (&mut ckpt, &mut tracing),
                 )
             })?;
+            if let (true, Some(r)) = (lead, engine.timeline_report()) {
+                println!("{r}");
+            }
             (run, engine.into_params()?, pipe_host)
         } else {
             let how = cpu_optimizer(optimizer, a.weight_decay);
@@ -1068,6 +1071,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     (&mut ckpt, &mut tracing),
                 )
             })?;
+            if let (true, Some(r)) = (lead, engine.timeline_report()) {
+                println!("{r}");
+            }
             (run, engine.into_params(), pipe)
         };
         if a.save.is_some() && place.data_rank() == 0 {

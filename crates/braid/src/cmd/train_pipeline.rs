@@ -5,9 +5,9 @@
 
 use braid_model::cuda::model_mixed::MixedOptions;
 use braid_model::tensor_comm::TensorComm;
-use braid_model::{Layout, Params, Stage};
+use braid_model::{GptConfig, Layout, Params, Stage};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
-use braid_train::pipeline::assign::assign;
+use braid_train::pipeline::assign::{assign, head_cost};
 use braid_train::schedule::build::ScheduleKind;
 use braid_train::schedule::Schedule;
 use std::sync::Arc;
@@ -54,8 +54,8 @@ pub fn schedule(flags: &PipeFlags<'_>) -> Result<Schedule, String> {
     Ok(s)
 }
 
-/// Every stage's layers for a model of `layers` layers under `s`.
-pub fn stages(layers: usize, s: &Schedule, flags: &PipeFlags<'_>) -> Result<Vec<Stage>, String> {
+/// Every stage's layers for a model of `cfg` under `s`.
+pub fn stages(cfg: &GptConfig, s: &Schedule, flags: &PipeFlags<'_>) -> Result<Vec<Stage>, String> {
     let given = match flags.stage_layers {
         None => None,
         Some(text) => Some(
@@ -68,7 +68,8 @@ pub fn stages(layers: usize, s: &Schedule, flags: &PipeFlags<'_>) -> Result<Vec<
                 .collect::<Result<Vec<_>, _>>()?,
         ),
     };
-    assign(layers, s.stages(), given.as_deref())
+    let head = head_cost(cfg.n_embd, cfg.vocab_size, cfg.context);
+    assign(cfg.n_layer, s.stages(), given.as_deref(), head)
 }
 
 /// The layout of pipeline rank `rank`'s stages, for every rank.

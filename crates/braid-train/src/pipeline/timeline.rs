@@ -1,0 +1,252 @@
+//! What a pipeline's step looked like: when every rank ran each of its
+//! compute actions (from the stamps the executor takes around them, see
+//! [`super::exec::StagePasses::stamp`]), put together over the pipeline
+//! group into the [`Simulated`] form the schedules' paper runs use, so the
+//! measured idle fraction ([`Simulated::bubble`]) sits beside the
+//! theory's, and a compact chart of it ([`chart`]).
+
+use crate::schedule::check::{RankTimeline, Simulated};
+use crate::schedule::{Action, Op, Schedule};
+use crate::Result;
+use braid_comm::Communicator;
+
+/// Fields per compute action in the gathered buffer: stage, op, micro,
+/// start, end.
+const FIELDS: usize = 5;
+
+fn op_code(op: Op) -> f64 {
+    match op {
+        Op::Forward => 0.0,
+        Op::Backward => 1.0,
+        Op::BackwardInput => 2.0,
+        _ => 3.0,
+    }
+}
+
+fn op_of(code: f64) -> Op {
+    match code as u8 {
+        0 => Op::Forward,
+        1 => Op::Backward,
+        2 => Op::BackwardInput,
+        _ => Op::BackwardWeight,
+    }
+}
+
+/// The most compute actions any rank of `s` runs in a step.
+fn most_actions(s: &Schedule) -> usize {
+    s.actions
+        .iter()
+        .map(|l| l.iter().filter(|a| !a.op.communicates()).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every rank's compute actions of a step, from this rank's `spans`
+/// (action, start, end in seconds of a clock every rank of `group` shares:
+/// the host's wall clock), gathered over the pipeline group (every rank
+/// calls it); times from the earliest start.
+pub fn gather(
+    s: &Schedule,
+    spans: &[(Action, f64, f64)],
+    group: &Communicator,
+) -> Result<Simulated> {
+    let per = most_actions(s) * FIELDS;
+    if spans.len() * FIELDS > per {
+        return Err(format!(
+            "pipeline timeline: {} compute actions on this rank, the schedule lists at most {}",
+            spans.len(),
+            per / FIELDS
+        ));
+    }
+    // Unused slots: a negative stage.
+    let mut mine = vec![-1.0f64; per];
+    for (i, (a, t0, t1)) in spans.iter().enumerate() {
+        mine[i * FIELDS..(i + 1) * FIELDS].copy_from_slice(&[
+            a.stage as f64,
+            op_code(a.op),
+            a.micro as f64,
+            *t0,
+            *t1,
+        ]);
+    }
+    let mut all = vec![0.0f64; per * group.size()];
+    group
+        .all_gather(&mine, &mut all)
+        .map_err(|e| format!("the pipeline's timeline: {e}"))?;
+    let origin = all
+        .chunks_exact(FIELDS)
+        .filter(|f| f[0] >= 0.0)
+        .map(|f| f[3])
+        .fold(f64::INFINITY, f64::min);
+    let mut ranks = Vec::with_capacity(group.size());
+    for r in all.chunks_exact(per.max(1)) {
+        let spans: Vec<(Action, f64, f64)> = r
+            .chunks_exact(FIELDS)
+            .filter(|f| f[0] >= 0.0)
+            .map(|f| {
+                let a = Action::new(f[0] as usize, op_of(f[1]), f[2] as usize);
+                (a, f[3] - origin, f[4] - origin)
+            })
+            .collect();
+        ranks.push(RankTimeline {
+            end: spans.iter().map(|s| s.2).fold(0.0, f64::max),
+            busy: spans.iter().map(|s| s.2 - s.1).sum(),
+            spans,
+        });
+    }
+    let makespan = ranks.iter().map(|r| r.end).fold(0.0, f64::max);
+    Ok(Simulated { ranks, makespan })
+}
+
+/// The character of a compute action in the chart: forward passes the
+/// micro-batch's digit, backward passes its letter (`a` for 0), weight
+/// halves `w`.
+fn glyph(a: &Action) -> char {
+    let m = a.micro as u8;
+    match a.op {
+        Op::Forward => (b'0' + m % 10) as char,
+        Op::Backward | Op::BackwardInput => (b'a' + m % 26) as char,
+        _ => 'w',
+    }
+}
+
+/// A chart of `t`, `width` columns per rank: each column the action
+/// running at its middle, `.` where the rank waits.
+pub fn chart(t: &Simulated, width: usize) -> String {
+    let mut out = String::new();
+    let width = width.max(1);
+    for (r, rank) in t.ranks.iter().enumerate() {
+        let row: String = (0..width)
+            .map(|c| {
+                let at = (c as f64 + 0.5) / width as f64 * t.makespan;
+                rank.spans
+                    .iter()
+                    .find(|(_, s, e)| *s <= at && at < *e)
+                    .map_or('.', |(a, _, _)| glyph(a))
+            })
+            .collect();
+        out.push_str(&format!("  rank {r:>2} |{row}|\n"));
+    }
+    out
+}
+
+/// The theory's idle fraction of `s`: the schedule run on paper with a
+/// backward pass twice a forward's (its halves one each).
+pub fn on_paper(s: &Schedule) -> Result<f64> {
+    let sim = crate::schedule::check::simulate(s, &|op| match op {
+        Op::Forward | Op::BackwardInput | Op::BackwardWeight => 1.0,
+        Op::Backward => 2.0,
+        _ => 0.0,
+    })?;
+    Ok(sim.bubble())
+}
+
+/// A pipeline's steps as they ran: the last step's timeline and the
+/// measured idle fractions of the steps after the first `skip`.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// The last step's.
+    pub last: Option<Simulated>,
+    /// Idle fractions of the steps counted.
+    pub bubbles: Vec<f64>,
+    /// Steps seen.
+    pub steps: usize,
+}
+
+impl Measured {
+    /// Steps not counted (warm-up).
+    pub const SKIP: usize = 2;
+
+    /// Adds a step's timeline.
+    pub fn add(&mut self, t: Simulated) {
+        self.steps += 1;
+        if self.steps > Self::SKIP {
+            self.bubbles.push(t.bubble());
+        }
+        self.last = Some(t);
+    }
+
+    /// The report printed at the end of a run: the last step's chart, the
+    /// measured idle fraction beside the paper's (and, for GPipe and
+    /// 1F1B, `(N−1)/(M+N−1)`).
+    pub fn report(&self, s: &Schedule) -> Option<String> {
+        let last = self.last.as_ref()?;
+        let measured = match self.bubbles.is_empty() {
+            true => last.bubble(),
+            false => self.bubbles.iter().sum::<f64>() / self.bubbles.len() as f64,
+        };
+        let counted = match self.bubbles.len() {
+            0 => "the last step".to_string(),
+            n => format!("the mean of {n} steps after {}", Self::SKIP),
+        };
+        let (n, m) = (s.ranks as f64, s.micro_batches as f64);
+        let formula = match s.virtual_stages {
+            1 => format!(
+                ", (N-1)/(M+N-1) = {:.1}%",
+                100.0 * (n - 1.0) / (m + n - 1.0)
+            ),
+            v => format!(
+                ", (N-1)/(V*M+N-1) = {:.1}%",
+                100.0 * (n - 1.0) / (v as f64 * m + n - 1.0)
+            ),
+        };
+        let paper = on_paper(s)
+            .map(|b| format!("{:.1}%", 100.0 * b))
+            .unwrap_or_else(|e| e);
+        let per_rank: Vec<String> = last
+            .ranks
+            .iter()
+            .map(|r| match last.makespan > 0.0 {
+                true => format!("{:.0}%", 100.0 * (1.0 - r.busy / last.makespan)),
+                false => "-".into(),
+            })
+            .collect();
+        Some(format!(
+            "pipeline timeline of the last step ({:.1} ms; digits: forward of micro-batch n, \
+             letters: its backward, w: weight half, '.': waiting):\n{}pipeline bubble: measured \
+             {:.1}% ({counted}; last step by rank {}), on paper {paper} (backward 2x forward){formula}",
+            1e3 * last.makespan,
+            chart(last, 64),
+            100.0 * measured,
+            per_rank.join(" "),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::build::ScheduleKind;
+
+    #[test]
+    fn the_chart_of_a_paper_run_shows_the_1f1b_bubble() {
+        let s = ScheduleKind::OneFOneB.build(2, 4).unwrap();
+        let sim = crate::schedule::check::simulate(&s, &|op| match op {
+            Op::Forward => 1.0,
+            Op::Backward => 2.0,
+            _ => 0.0,
+        })
+        .unwrap();
+        let c = chart(&sim, 15);
+        let rows: Vec<&str> = c.lines().collect();
+        // Rank 1 waits for its first activation; rank 0 for its last
+        // gradient.
+        assert!(rows[1].contains("|.0"), "{c}");
+        assert!(rows[0].starts_with("  rank  0 |0"), "{c}");
+        assert!(rows[0].ends_with(".d|") || rows[0].contains(".d"), "{c}");
+        // (N−1)/(M+N−1) with a backward twice a forward: 1/5.
+        assert!((sim.bubble() - 0.2).abs() < 1e-9, "{}", sim.bubble());
+    }
+
+    #[test]
+    fn gathered_spans_keep_their_actions() {
+        let spans = [
+            (Action::new(0, Op::Forward, 3), 10.0, 11.0),
+            (Action::new(0, Op::BackwardInput, 3), 11.0, 12.5),
+        ];
+        for (a, _, _) in &spans {
+            let f = [a.stage as f64, op_code(a.op), a.micro as f64];
+            assert_eq!(Action::new(f[0] as usize, op_of(f[1]), f[2] as usize), *a);
+        }
+    }
+}
