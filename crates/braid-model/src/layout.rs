@@ -436,6 +436,22 @@ impl Layout {
         })
     }
 
+    /// Refuses a pipeline stage this layout does not hold, naming those
+    /// it does.
+    pub fn check_stage(&self, st: &Stage) -> Result<(), String> {
+        match self.stages.contains(st) {
+            true => Ok(()),
+            false => Err(format!(
+                "pipeline stage of layers {:?}: this model's layout holds {:?}",
+                st.layers,
+                self.stages
+                    .iter()
+                    .map(|s| s.layers.clone())
+                    .collect::<Vec<_>>()
+            )),
+        }
+    }
+
     /// Whether it holds `block` (a pipeline stage's layout holds some).
     pub fn holds(&self, block: Block) -> bool {
         self.blocks.iter().any(|(b, _)| *b == block)

@@ -1,13 +1,16 @@
-//! Pipeline parallelism on GPUs through the real binary (bf16 stages,
-//! activations and their gradients over NCCL point-to-point): every
-//! schedule at `--pp 2` (and `--pp 4` where there are 4 GPUs) reaches one
-//! GPU's parameters after 10 steps within the bf16 tolerance (the same
-//! micro-batches' arithmetic; the gradients add up in another order), and
-//! tracks its loss over 60 steps. Without the GPUs a test says "skipped".
+//! Pipeline parallelism on GPUs through the real binary (activations and
+//! their gradients over NCCL point-to-point): in f32 every schedule at
+//! `--pp 2` (and `--pp 4` where there are 4 GPUs) reaches one GPU's
+//! parameters after 10 steps within the GPU tolerance, and a pipeline of
+//! 2 × data parallel 2 those of data parallelism over 4; in bf16 every
+//! schedule reaches them within the bf16 tolerance (the same
+//! micro-batches' arithmetic; the gradients add up in another order) and
+//! 1F1B tracks one GPU's loss over 60 steps. Without the GPUs a test says
+//! "skipped".
 
 mod common;
 
-use common::gpu::train_gpu;
+use common::gpu::{train_gpu, GPU_TOLERANCE};
 use common::{gpus, max_diff, TempDir};
 use std::io::Write;
 
@@ -32,7 +35,77 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
-/// Every schedule at `--pp 2` and `--pp 4` against one GPU, 10 steps.
+/// f32: every schedule at `--pp 2` and `--pp 4` against one GPU, 10
+/// steps, and `--pp 2` × data parallel 2 against data parallelism over 4.
+#[test]
+fn gpu_pp_f32_every_schedule_matches_one_gpu() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-pp-f32");
+    // (A global batch of 16 throughout.)
+    let f32_args = |extra: &[&'static str]| {
+        let mut a: Vec<&str> = MODEL.to_vec();
+        a.extend([
+            "--precision",
+            "f32",
+            "--steps",
+            "10",
+            "--global-batch",
+            "16",
+        ]);
+        a.extend(extra);
+        a
+    };
+    let (one, _) = train_gpu(&dir, "one", &f32_args(&[]));
+    let sizes: &[&str] = match gpus(4) {
+        Some(_) => &["2", "4"],
+        None => &["2"],
+    };
+    for &n in sizes {
+        for schedule in ["gpipe", "1f1b", "interleaved", "zb"] {
+            let name = format!("f32-pp{n}-{schedule}");
+            let (pp, _) = train_gpu(
+                &dir,
+                &name,
+                &f32_args(&[
+                    "--pp",
+                    n,
+                    "--nproc-per-node",
+                    n,
+                    "--micro-batches",
+                    "4",
+                    "--schedule",
+                    schedule,
+                ]),
+            );
+            let d = max_diff(&one, &pp);
+            let _ = writeln!(
+                std::io::stderr(),
+                "f32, --pp {n} --schedule {schedule} vs one GPU after 10 steps: max |diff| {d:e}"
+            );
+            assert!(d <= GPU_TOLERANCE, "{name}: max |diff| {d} against one GPU");
+        }
+    }
+    if gpus(4).is_none() {
+        return;
+    }
+    let (dp, _) = train_gpu(&dir, "dp4", &f32_args(&["--nproc-per-node", "4"]));
+    let (ppdp, _) = train_gpu(
+        &dir,
+        "pp2-dp2",
+        &f32_args(&["--nproc-per-node", "4", "--pp", "2", "--micro-batches", "4"]),
+    );
+    let d = max_diff(&dp, &ppdp);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --pp 2 x data 2 vs data parallelism over 4 after 10 steps: max |diff| {d:e}"
+    );
+    assert!(d <= GPU_TOLERANCE, "pp2 x dp2: max |diff| {d} against dp4");
+}
+
+/// bf16: every schedule at `--pp 2` and `--pp 4` against one GPU, 10
+/// steps.
 #[test]
 fn gpu_pp_every_schedule_matches_one_gpu() {
     if gpus(2).is_none() {

@@ -12,6 +12,7 @@ pub mod check;
 pub mod check_mixed;
 pub mod f32_params;
 pub mod flash;
+mod held;
 pub mod mixed;
 pub mod mixed_attention;
 pub mod model;

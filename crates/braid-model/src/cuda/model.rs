@@ -21,6 +21,7 @@
 use super::attention::{attention_backward, attention_forward, AttnScratch};
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
+use super::held::{held, held_mut, not_held};
 use super::{Kernels, VocabRows};
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
@@ -31,6 +32,9 @@ use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceView, DeviceWindow, Result, Stream};
 use std::ops::Range;
 use std::sync::Arc;
+
+mod stage;
+pub use stage::F32MicroSaved;
 
 /// One layer's parameter ranges in the flat buffer.
 pub(crate) struct LayerRanges {
@@ -206,9 +210,12 @@ pub struct GpuGpt {
     blas: Blas,
     b: usize,
     t: usize,
-    ranges: Vec<LayerRanges>,
-    layers: Vec<LayerActs>,
-    resid: Vec<DeviceBuffer<f32>>,
+    /// Per layer of the model: its ranges and activations, where this
+    /// model's layout holds it (a pipeline stage's holds some).
+    ranges: Vec<Option<LayerRanges>>,
+    layers: Vec<Option<LayerActs>>,
+    /// The residual stream at each held layer's input and output.
+    resid: Vec<Option<DeviceBuffer<f32>>>,
     lnf: DeviceBuffer<f32>,
     lnf_mean: DeviceBuffer<f32>,
     lnf_rstd: DeviceBuffer<f32>,
@@ -223,6 +230,9 @@ pub struct GpuGpt {
     dgelu: DeviceBuffer<f32>,
     datty: DeviceBuffer<f32>,
     dqkv: DeviceBuffer<f32>,
+    /// What the loss's gradient is multiplied by (1 / micro-batches where
+    /// a step's gradients add up several: a pipeline's).
+    loss_weight: f32,
 }
 
 impl GpuGpt {
@@ -231,29 +241,14 @@ impl GpuGpt {
         let cfg = layout.config;
         let w = Widths::of(&layout);
         // This rank's widths: the whole model's in one process.
-        let (c, v, nh) = (cfg.n_embd, w.vocab, w.heads);
-        let (a, f) = (w.attn, w.mlp);
+        let (c, a, f) = (cfg.n_embd, w.attn, w.mlp);
         let n = b * t;
         let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
-        let mut layers = Vec::new();
-        let mut ranges = Vec::new();
-        for i in 0..cfg.n_layer {
-            ranges.push(LayerRanges::of(&layout, i));
-            layers.push(LayerActs {
-                ln1: z(n * c)?,
-                ln1_mean: z(n)?,
-                ln1_rstd: z(n)?,
-                qkv: z(n * 3 * a)?,
-                atty: z(n * a)?,
-                attn: AttnScratch::new(device, AttnShape { b, t, c: a, nh })?,
-                resid2: z(n * c)?,
-                ln2: z(n * c)?,
-                ln2_mean: z(n)?,
-                ln2_rstd: z(n)?,
-                fch: z(n * f)?,
-                fch_gelu: z(n * f)?,
-            });
-        }
+        // What the forward pass keeps, for the layers the layout holds.
+        use crate::layout::Block;
+        let held = |l: usize| layout.holds(Block::Layer(l));
+        let head = layout.holds(Block::FinalNorm);
+        let saved = stage::make(device, &layout, (b, t), &held, head)?;
         Ok(GpuGpt {
             // The device's own stream: collectives order themselves after it.
             stream: device.main_stream(),
@@ -261,16 +256,17 @@ impl GpuGpt {
             blas: Blas::new(device)?,
             b,
             t,
-            ranges,
-            layers,
-            resid: (0..=cfg.n_layer).map(|_| z(n * c)).collect::<Result<_>>()?,
-            lnf: z(n * c)?,
-            lnf_mean: z(n)?,
-            lnf_rstd: z(n)?,
-            logits: z(n * v)?,
-            losses: z(n)?,
-            // Tokens and targets are whole-vocabulary ids.
-            batch: DeviceBatch::new(device, n, cfg.vocab_size)?,
+            ranges: (0..cfg.n_layer)
+                .map(|i| held(i).then(|| LayerRanges::of(&layout, i)))
+                .collect(),
+            layers: saved.layers,
+            resid: saved.resid,
+            lnf: saved.lnf,
+            lnf_mean: saved.lnf_mean,
+            lnf_rstd: saved.lnf_rstd,
+            logits: saved.logits,
+            losses: saved.losses,
+            batch: saved.batch,
             dresid: z(n * c)?,
             dresid2: z(n * c)?,
             dln: z(n * c)?,
@@ -278,6 +274,7 @@ impl GpuGpt {
             dgelu: z(n * f)?,
             datty: z(n * a)?,
             dqkv: z(n * 3 * a)?,
+            loss_weight: 1.0,
             widths: w,
             group: None,
             layout,
@@ -335,7 +332,7 @@ impl GpuGpt {
         let (m, c) = (n / size, self.layout.config.n_embd);
         let device = self.stream.device().clone();
         let z = |k: usize| DeviceBuffer::<f32>::zeros(&device, k);
-        for a in &mut self.layers {
+        for a in self.layers.iter_mut().flatten() {
             for buf in [&mut a.ln1, &mut a.resid2, &mut a.ln2] {
                 *buf = z(m * c)?;
             }
@@ -348,7 +345,7 @@ impl GpuGpt {
                 *buf = z(m)?;
             }
         }
-        for buf in self.resid.iter_mut() {
+        for buf in self.resid.iter_mut().flatten() {
             *buf = z(m * c)?;
         }
         for buf in [&mut self.lnf, &mut self.dresid, &mut self.dresid2] {
@@ -464,7 +461,7 @@ impl GpuGpt {
         if self.group.is_none() {
             return k.encoder_forward(
                 s,
-                &mut self.resid[0],
+                held_mut(&mut self.resid, 0)?,
                 self.batch.tokens(),
                 &p.view(wte)?,
                 &p.view(wpe)?,
@@ -481,7 +478,7 @@ impl GpuGpt {
             s,
             match sp {
                 true => &mut self.dln,
-                false => &mut self.resid[0],
+                false => held_mut(&mut self.resid, 0)?,
             },
             self.batch.tokens(),
             &p.view(wte)?,
@@ -494,13 +491,13 @@ impl GpuGpt {
         )?;
         if let (true, Some(g)) = (sp, &self.group) {
             let mine = g.scatter(&mut self.dln, c, s, "embedding forward")?;
-            return copy_async(&mut self.resid[0], &self.dln.view(mine), s);
+            return copy_async(held_mut(&mut self.resid, 0)?, &self.dln.view(mine), s);
         }
         let shards = self.layout.shard.size;
         Self::sum_over_group(
             &self.group,
             shards,
-            &mut self.resid[0],
+            held_mut(&mut self.resid, 0)?,
             s,
             "embedding forward",
         )
@@ -529,10 +526,13 @@ impl GpuGpt {
         let rows = self.rows();
         let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
-        let r = &self.ranges[l];
+        let r = held(&self.ranges, l)?;
         let (before, after) = self.resid.split_at_mut(l + 1);
-        let (x, out) = (&before[l], &mut after[0]);
-        let a = &mut self.layers[l];
+        let (x, out) = (
+            before[l].as_ref().ok_or_else(|| not_held(l))?,
+            after[0].as_mut().ok_or_else(|| not_held(l + 1))?,
+        );
+        let a = held_mut(&mut self.layers, l)?;
         let group = &mut self.group;
         let sp = sequence(group);
         k.layernorm_forward(
@@ -681,7 +681,7 @@ impl GpuGpt {
             &mut self.lnf,
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
-            &self.resid[cfg.n_layer],
+            held(&self.resid, cfg.n_layer)?,
             &p.view(lw)?,
             &p.view(lb)?,
             mine,
@@ -706,7 +706,7 @@ impl GpuGpt {
             c,
             false,
         )?;
-        let scale = self.batch.loss_scale(grad);
+        let scale = self.batch.loss_scale(grad) * self.loss_weight;
         match &mut self.group {
             None => k.softmax_cross_entropy(
                 s,
@@ -837,7 +837,7 @@ impl GpuGpt {
                     &mut gw,
                     &mut gb,
                     &self.dln.view(dlnf),
-                    &self.resid[cfg.n_layer],
+                    held(&self.resid, cfg.n_layer)?,
                     &p.view(lw.clone())?,
                     &self.lnf_mean,
                     &self.lnf_rstd,
@@ -854,7 +854,7 @@ impl GpuGpt {
                     &mut gw,
                     &mut gb,
                     &self.dln,
-                    &self.resid[cfg.n_layer],
+                    held(&self.resid, cfg.n_layer)?,
                     &p.view(lw)?,
                     &self.lnf_mean,
                     &self.lnf_rstd,
@@ -886,9 +886,9 @@ impl GpuGpt {
         let (n, rows) = (b * t, self.rows());
         let shards = self.layout.shard.size;
         let (s, k) = (&self.stream, &self.kernels);
-        let r = &self.ranges[l];
-        let a = &mut self.layers[l];
-        let x = &self.resid[l];
+        let r = held(&self.ranges, l)?;
+        let a = held_mut(&mut self.layers, l)?;
+        let x = held(&self.resid, l)?;
         let group = &mut self.group;
         let sp = sequence(group);
         if let Some(grp) = group.as_mut().filter(|_| sp) {

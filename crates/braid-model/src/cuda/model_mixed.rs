@@ -20,6 +20,7 @@
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
 use super::flash::{FlashKernels, ScoreGrads};
+use super::held::{held, held_mut, not_held};
 use super::mixed::MixedKernels;
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use super::model::LayerRanges;
@@ -398,25 +399,6 @@ impl Wide {
     fn datty(n: usize, c: usize) -> Range<usize> {
         n * 3 * c..n * 4 * c
     }
-}
-
-/// A layer (or residual stream) this model's layout does not hold.
-fn not_held(l: usize) -> CudaError {
-    CudaError::Invalid(format!(
-        "layer {l}: this model holds another part of the model (a pipeline stage's layout)"
-    ))
-}
-
-/// Entry `l` of a per-layer vector, where the layout holds that layer.
-fn held<T>(v: &[Option<T>], l: usize) -> Result<&T> {
-    v.get(l).and_then(Option::as_ref).ok_or_else(|| not_held(l))
-}
-
-/// [`held`], to write.
-fn held_mut<T>(v: &mut [Option<T>], l: usize) -> Result<&mut T> {
-    v.get_mut(l)
-        .and_then(Option::as_mut)
-        .ok_or_else(|| not_held(l))
 }
 
 /// Address and length of a device vector (a bias for [`Product::fused`]).

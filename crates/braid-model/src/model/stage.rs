@@ -23,18 +23,7 @@ impl Gpt {
 
     /// Refuses a stage the layout does not hold.
     fn held(&self, st: &Stage) -> Result<(), StepError> {
-        match self.layout.stages.contains(st) {
-            true => Ok(()),
-            false => Err(StepError::Shape(format!(
-                "pipeline stage of layers {:?}: this model's layout holds {:?}",
-                st.layers,
-                self.layout
-                    .stages
-                    .iter()
-                    .map(|s| s.layers.clone())
-                    .collect::<Vec<_>>()
-            ))),
-        }
+        self.layout.check_stage(st).map_err(StepError::Shape)
     }
 
     /// One micro-batch through stage `st` (`p`: the layout's flat

@@ -265,20 +265,14 @@ impl GpuGpt {
         &self.layout
     }
 
-    /// The bf16 model, the f32 parameters its passes read and their bf16
-    /// copy (`None` with streamed weights): what a pipeline stage's passes
-    /// run on ([`super::gpt_gpu_stage`]).
-    pub(crate) fn mixed_parts(
-        &mut self,
-    ) -> Result<(&mut GpuGptMixed, F32Params<'_>, Option<&DeviceBuffer<bf16>>)> {
+    /// The model with the parameters its passes read: what a pipeline
+    /// stage's passes run on ([`super::gpt_gpu_stage`]).
+    pub(crate) fn stage_model(&mut self) -> super::gpt_gpu_stage::StageModel<'_> {
+        use super::gpt_gpu_stage::StageModel;
         let pf = f32_params(&self.p, &self.offload);
         match &mut self.model {
-            Model::Mixed(m, pb) => Ok((m, pf, pb.as_ref())),
-            Model::F32(_) => Err(
-                "pipeline stages on GPUs run the bf16 model (--precision bf16); f32 stages are \
-                 not built yet"
-                    .into(),
-            ),
+            Model::Mixed(m, pb) => StageModel::Mixed(m, pf, pb.as_ref()),
+            Model::F32(m) => StageModel::F32(m, pf),
         }
     }
 

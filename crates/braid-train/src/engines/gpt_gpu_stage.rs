@@ -1,6 +1,7 @@
-//! [`GpuStage`]: one pipeline rank's stages of the bf16 GPU model as an
-//! [`Engine`], as [`super::CpuStage`] is on CPUs: its forward pass with
-//! gradients runs the whole step's schedule on this rank — every
+//! [`GpuStage`]: one pipeline rank's stages of a GPU model (bf16 or f32,
+//! through [`StageModel`]) as an [`Engine`], as [`super::CpuStage`] is on
+//! CPUs: its forward pass with gradients runs the whole step's schedule
+//! on this rank — every
 //! micro-batch's forward and backward passes, activations and their
 //! gradients moving between the pipeline's GPUs over NCCL
 //! ([`DeviceLinks`]) — adding the stage's gradients into its own buffer;
@@ -8,7 +9,7 @@
 //! over the data dimension reduces them as usual).
 //!
 //! What a micro-batch's forward pass keeps for its backward pass is a
-//! [`MicroSaved`] per (stage, micro-batch) in flight, swapped into the
+//! `MicroSaved` (`F32MicroSaved`) per (stage, micro-batch) in flight, swapped into the
 //! model for each of its passes; a schedule keeps as many as it has in
 //! flight (1F1B: at most the pipeline's depth on the first stage). The
 //! loss's gradient is weighted `1 / M`, so the micro-batches' gradients
@@ -36,8 +37,11 @@ use braid_comm::gpu::GpuCommunicator;
 use braid_comm::ReduceOp;
 use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{DeviceBuffer, DeviceMem, DeviceWindow, Event, Stream};
-use braid_model::cuda::model_mixed::MicroSaved;
+use braid_model::cuda::f32_params::F32Params;
+use braid_model::cuda::model::{F32MicroSaved, GpuGpt as GpuGptF32};
+use braid_model::cuda::model_mixed::{GpuGptMixed, MicroSaved};
 use braid_model::{Block, Layout, Stage};
+use half::bf16;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -74,9 +78,9 @@ struct Passes {
     b: usize,
     t: usize,
     /// Saved buffers not in use, per stage of this rank.
-    free: Vec<Vec<MicroSaved>>,
+    free: Vec<Vec<Saved>>,
     /// Saved buffers of the micro-batches in flight, by (stage, micro).
-    live: HashMap<(usize, usize), MicroSaved>,
+    live: HashMap<(usize, usize), Saved>,
     /// A micro-batch whose input gradient went out: its buffers go back to
     /// the pool at the next call.
     done: Option<(usize, usize)>,
@@ -125,15 +129,14 @@ impl Passes {
     }
 
     /// The saved buffers of (`stage`, `m`), from the pool when new.
-    fn saved(&mut self, stage: usize, m: usize) -> Result<&mut MicroSaved> {
+    fn saved(&mut self, stage: usize, m: usize) -> Result<&mut Saved> {
         let i = self.local(stage)?;
         if !self.live.contains_key(&(stage, m)) {
             let a = match self.free[i].pop() {
                 Some(a) => a,
                 None => {
                     let st = &self.stages[i].1;
-                    let (model, _, _) = self.inner.mixed_parts()?;
-                    model.micro_saved(st).map_err(e)?
+                    self.inner.stage_model().micro_saved(st)?
                 }
             };
             self.live.insert((stage, m), a);
@@ -181,19 +184,17 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         let mut set = self.live.remove(&(stage, m)).expect("made above");
         let rows = self.rows(m);
         let grad = self.grad;
-        let (model, pf, pb) = self.inner.mixed_parts()?;
-        model.swap_micro(&mut set);
-        let loss = model.stage_forward(
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let loss = model.forward(
             &st,
-            pf,
-            pb,
             &self.batch.tokens[rows.clone()],
             &self.batch.targets[rows],
             grad,
         );
-        model.swap_micro(&mut set);
+        model.swap(&mut set)?;
         self.live.insert((stage, m), set);
-        loss.map_err(e)
+        loss
     }
 
     fn backward(&mut self, stage: usize, m: usize, _input_only: bool) -> Result<()> {
@@ -208,17 +209,16 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
             DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
         );
         let s = self.stream();
-        let (model, pf, pb) = self.inner.mixed_parts()?;
-        model.swap_micro(&mut set);
-        let ran = model.stage_backward(&st, pf, pb, &set, &mut acc.window());
-        model.swap_micro(&mut set);
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let ran = model.backward(&st, &set, &mut acc.window());
+        model.swap(&mut set)?;
         self.acc = acc;
-        ran.map_err(e)?;
+        ran?;
         if !st.first {
             // The input's gradient, kept where the input was (read no more).
-            let (model, _, _) = self.inner.mixed_parts()?;
-            let g = model.input_grad();
-            copy_async(set.input_mut(&st).map_err(e)?, g, &s).map_err(e)?;
+            let model = self.inner.stage_model();
+            copy_async(set.input_mut(&st).map_err(e)?, model.input_grad(), &s).map_err(e)?;
         }
         self.live.insert((stage, m), set);
         if stage > 0 && self.both_here(stage - 1, stage) {
@@ -309,6 +309,120 @@ impl Passes {
     }
 }
 
+/// A micro-batch's saved buffers, for either model form.
+enum Saved {
+    Mixed(MicroSaved),
+    F32(F32MicroSaved),
+}
+
+impl Saved {
+    fn input_mut(&mut self, st: &Stage) -> braid_cuda::Result<&mut DeviceBuffer<f32>> {
+        match self {
+            Saved::Mixed(m) => m.input_mut(st),
+            Saved::F32(m) => m.input_mut(st),
+        }
+    }
+
+    fn output(&self, st: &Stage) -> braid_cuda::Result<&DeviceBuffer<f32>> {
+        match self {
+            Saved::Mixed(m) => m.output(st),
+            Saved::F32(m) => m.output(st),
+        }
+    }
+
+    fn output_grad_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        match self {
+            Saved::Mixed(m) => m.output_grad_mut(),
+            Saved::F32(m) => m.output_grad_mut(),
+        }
+    }
+}
+
+/// The engine's model, either form, with the parameters its passes read
+/// ([`GpuGpt::stage_model`]): the stage passes the executor runs.
+pub(crate) enum StageModel<'a> {
+    /// The bf16 model, its f32 parameters and their bf16 copy (`None`
+    /// with streamed weights).
+    Mixed(
+        &'a mut GpuGptMixed,
+        F32Params<'a>,
+        Option<&'a DeviceBuffer<bf16>>,
+    ),
+    /// The f32 model and its parameters.
+    F32(&'a mut GpuGptF32, F32Params<'a>),
+}
+
+/// Buffers of one form handed to a model of the other.
+fn mismatch() -> String {
+    "a micro-batch's buffers of one model form handed to the other (a bug: please report it)".into()
+}
+
+impl StageModel<'_> {
+    fn micro_saved(&self, st: &Stage) -> Result<Saved> {
+        match self {
+            StageModel::Mixed(m, ..) => m.micro_saved(st).map(Saved::Mixed),
+            StageModel::F32(m, _) => m.micro_saved(st).map(Saved::F32),
+        }
+        .map_err(e)
+    }
+
+    fn no_micro_saved(&self) -> Result<Saved> {
+        match self {
+            StageModel::Mixed(m, ..) => m.no_micro_saved().map(Saved::Mixed),
+            StageModel::F32(m, _) => m.no_micro_saved().map(Saved::F32),
+        }
+        .map_err(e)
+    }
+
+    fn set_loss_weight(&mut self, w: f32) {
+        match self {
+            StageModel::Mixed(m, ..) => m.set_loss_weight(w),
+            StageModel::F32(m, _) => m.set_loss_weight(w),
+        }
+    }
+
+    /// Swaps `set` with the buffers the model holds.
+    fn swap(&mut self, set: &mut Saved) -> Result<()> {
+        match (self, set) {
+            (StageModel::Mixed(m, ..), Saved::Mixed(s)) => m.swap_micro(s),
+            (StageModel::F32(m, _), Saved::F32(s)) => m.swap_micro(s),
+            _ => return Err(mismatch()),
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        st: &Stage,
+        tokens: &[u32],
+        targets: &[u32],
+        grad: bool,
+    ) -> Result<Option<f32>> {
+        match self {
+            StageModel::Mixed(m, pf, pb) => m.stage_forward(st, *pf, *pb, tokens, targets, grad),
+            StageModel::F32(m, pf) => m.stage_forward(st, *pf, tokens, targets, grad),
+        }
+        .map_err(e)
+    }
+
+    fn backward(&mut self, st: &Stage, set: &Saved, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        match (self, set) {
+            (StageModel::Mixed(m, pf, pb), Saved::Mixed(s)) => {
+                m.stage_backward(st, *pf, *pb, s, g).map_err(e)
+            }
+            (StageModel::F32(m, pf), Saved::F32(s)) => m.stage_backward(st, *pf, s, g).map_err(e),
+            _ => Err(mismatch()),
+        }
+    }
+
+    fn input_grad(&self) -> &DeviceBuffer<f32> {
+        match self {
+            StageModel::Mixed(m, ..) => m.input_grad(),
+            StageModel::F32(m, _) => m.input_grad(),
+        }
+    }
+}
+
 /// The directed pairs of pipeline ranks that `s`'s messages go between.
 fn link_pairs(s: &Schedule) -> Vec<(usize, usize)> {
     let mut pairs = Vec::new();
@@ -355,11 +469,11 @@ impl GpuStage {
         let len = inner.layout().len;
         let device = inner.params().device().clone();
         {
-            let (model, _, _) = inner.mixed_parts()?;
+            let mut model = inner.stage_model();
             // The model's own buffers were made for all its layers at
             // once: each micro-batch in flight gets its own instead.
-            let mut none = model.no_micro_saved().map_err(e)?;
-            model.swap_micro(&mut none);
+            let mut none = model.no_micro_saved()?;
+            model.swap(&mut none)?;
             model.set_loss_weight(1.0 / schedule.micro_batches as f32);
         }
         let n = stages.len();
@@ -506,7 +620,8 @@ impl Engine for GpuStage {
             .map(|(i, s)| format!("stage {i} (layers {}..{})", s.layers.start, s.layers.end))
             .collect();
         let how = format!(
-            "bf16 on a GPU, pipeline rank {} of {} ({}), schedule {}, {} micro-batches",
+            "{} on a GPU, pipeline rank {} of {} ({}), schedule {}, {} micro-batches",
+            self.passes.inner.precision().name(),
             self.rank,
             self.schedule.ranks,
             stages.join(", "),

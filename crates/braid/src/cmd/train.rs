@@ -1005,6 +1005,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 schedule,
                 &all,
                 pipe,
+                precision,
                 options,
                 a.weight_decay,
                 micro,

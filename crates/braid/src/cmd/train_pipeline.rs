@@ -129,14 +129,15 @@ pub fn engine(
     CpuStage::new(inner, mine, s, group, b, t, checkpointing)
 }
 
-/// Pipeline rank `group.rank()`'s engine on its GPU (bf16): as
-/// [`engine`], with the GPU engine's `options`.
+/// Pipeline rank `group.rank()`'s engine on its GPU: as [`engine`], in
+/// `precision` with the bf16 engine's `options`.
 #[allow(clippy::too_many_arguments)]
 pub fn gpu_engine(
     whole: &Params,
     s: Schedule,
     all: &[Stage],
     group: braid_comm::gpu::GpuCommunicator,
+    precision: Precision,
     options: MixedOptions,
     weight_decay: f32,
     b: usize,
@@ -144,14 +145,12 @@ pub fn gpu_engine(
 ) -> Result<GpuStage, String> {
     let (params, mine) = part(whole, &s, all, group.rank())?;
     let device = group.device().clone();
-    let inner = GpuGpt::new(
-        &device,
-        &params,
-        (b, t),
-        Precision::Bf16,
-        options,
-        weight_decay,
-    )?;
+    // (The f32 engine takes no bf16 options.)
+    let options = match precision {
+        Precision::Bf16 => options,
+        Precision::F32 => MixedOptions::default(),
+    };
+    let inner = GpuGpt::new(&device, &params, (b, t), precision, options, weight_decay)?;
     GpuStage::new(inner, mine, s, group, b, t)
 }
 

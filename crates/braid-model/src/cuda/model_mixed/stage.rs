@@ -15,6 +15,7 @@
 //! (another stage's).
 
 use super::*;
+use crate::cuda::held::{output_grad, stage_input, stage_output};
 use crate::layout::Stage;
 
 /// How the per-micro-batch buffers of a model are shaped.
@@ -119,29 +120,16 @@ impl MicroPlan {
     }
 }
 
-fn missing(what: &str, st: &Stage) -> CudaError {
-    CudaError::Invalid(format!(
-        "the {what} of the pipeline stage of layers {:?}: these buffers were made for another stage",
-        st.layers
-    ))
-}
-
 impl MicroSaved {
     /// Where the stage's input goes (a stage other than the first, before
     /// its forward pass).
     pub fn input_mut(&mut self, st: &Stage) -> Result<&mut DeviceBuffer<f32>> {
-        self.resid
-            .get_mut(st.layers.start)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| missing("input", st))
+        stage_input(&mut self.resid, st)
     }
 
     /// The stage's output (after its forward pass).
     pub fn output(&self, st: &Stage) -> Result<&DeviceBuffer<f32>> {
-        self.resid
-            .get(st.layers.end)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| missing("output", st))
+        stage_output(&self.resid, st)
     }
 
     /// Where the gradient of the stage's output goes (a stage other than
@@ -202,18 +190,7 @@ impl GpuGptMixed {
 
     /// Refuses a stage the layout does not hold.
     fn held_stage(&self, st: &Stage) -> Result<()> {
-        match self.layout.stages.contains(st) {
-            true => Ok(()),
-            false => Err(CudaError::Invalid(format!(
-                "pipeline stage of layers {:?}: this model's layout holds {:?}",
-                st.layers,
-                self.layout
-                    .stages
-                    .iter()
-                    .map(|s| s.layers.clone())
-                    .collect::<Vec<_>>()
-            ))),
-        }
+        self.layout.check_stage(st).map_err(CudaError::Invalid)
     }
 
     /// Stage `st`'s forward pass of the micro-batch swapped in (its input
@@ -302,9 +279,7 @@ impl GpuGptMixed {
     ) -> Result<()> {
         let c = self.layout.config.n_embd;
         let n = self.b * self.t;
-        if dout.len() != n * c {
-            return Err(missing("output gradient", st));
-        }
+        let dout = output_grad(dout, n * c, st)?;
         if self.backward_sms > 0 {
             self.blas.set_sm_count_target(self.backward_sms)?;
         }
@@ -312,7 +287,7 @@ impl GpuGptMixed {
         let top = st.layers.end - 1;
         let bias = self.ranges[top]
             .as_ref()
-            .ok_or_else(|| missing("top layer", st))?
+            .ok_or_else(|| crate::cuda::held::not_held(top))?
             .fcproj_b
             .clone();
         let s = &self.stream;
