@@ -56,6 +56,26 @@ fn run_train(dir: &TempDir, name: &str, extra: &[&str]) -> Vec<f32> {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("{name}: {line}"));
         assert!((0.0..100.0).contains(&measured), "{name}: {line}");
+        // Under 1F1B (the default) the first stage holds at most N
+        // micro-batches' activations at once.
+        let one_f_one_b = match extra.iter().position(|a| *a == "--schedule") {
+            Some(i) => extra[i + 1] == "1f1b",
+            None => true,
+        };
+        let held = f
+            .stdout
+            .lines()
+            .find(|l| l.contains("held at once, at most: stage 0: "))
+            .and_then(|l| l.split("stage 0: ").nth(1))
+            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|s| s.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("{name}: no activations line\n{}", f.stdout));
+        if one_f_one_b {
+            assert!(
+                held <= pp,
+                "{name}: the first stage held {held} micro-batches"
+            );
+        }
     }
     params(&model)
 }

@@ -63,6 +63,9 @@ struct Passes {
     free: Vec<Vec<Activations<f32>>>,
     /// Activations of the micro-batches in flight, by (stage, micro).
     live: HashMap<(usize, usize), Activations<f32>>,
+    /// Per stage of this rank: activations made (the most micro-batches
+    /// in flight at once).
+    made: Vec<usize>,
     /// A micro-batch whose input gradient went out: its activations go
     /// back to the pool at the next call.
     done: Option<(usize, usize)>,
@@ -121,10 +124,12 @@ impl Passes {
         if !self.live.contains_key(&(stage, m)) {
             let a = match self.free[i].pop() {
                 Some(a) => a,
-                None => self
-                    .model
-                    .stage_activations(&self.stages[i].1, self.b, self.t, self.checkpointing)
-                    .map_err(|e| e.to_string())?,
+                None => {
+                    self.made[i] += 1;
+                    self.model
+                        .stage_activations(&self.stages[i].1, self.b, self.t, self.checkpointing)
+                        .map_err(|e| e.to_string())?
+                }
             };
             self.live.insert((stage, m), a);
         }
@@ -303,6 +308,7 @@ impl CpuStage {
                 checkpointing,
                 free: (0..n).map(|_| Vec::new()).collect(),
                 live: HashMap::new(),
+                made: vec![0; n],
                 done: None,
                 batch: TokenBatch::new(0, t),
                 stamps: Vec::new(),
@@ -392,7 +398,19 @@ impl CpuStage {
     /// The last step's timeline as a chart, and the measured idle
     /// fraction beside the theory's (printed at the end of a run).
     pub fn timeline_report(&self) -> Option<String> {
-        self.measured.report(&self.schedule)
+        let held: Vec<String> = self
+            .passes
+            .stages
+            .iter()
+            .zip(&self.passes.made)
+            .map(|((i, _), n)| format!("stage {i}: {n}"))
+            .collect();
+        let report = self.measured.report(&self.schedule)?;
+        Some(format!(
+            "{report}\nmicro-batches whose activations pipeline rank {} held at once, at most: {}",
+            self.rank,
+            held.join(", ")
+        ))
     }
 
     /// The parameters with their layout (this rank's stages).

@@ -81,6 +81,10 @@ struct Passes {
     free: Vec<Vec<Saved>>,
     /// Saved buffers of the micro-batches in flight, by (stage, micro).
     live: HashMap<(usize, usize), Saved>,
+    /// Per stage of this rank: sets of saved buffers made (the most
+    /// micro-batches in flight at once), and the device bytes of one.
+    made: Vec<usize>,
+    set_bytes: Vec<usize>,
     /// A micro-batch whose input gradient went out: its buffers go back to
     /// the pool at the next call.
     done: Option<(usize, usize)>,
@@ -136,7 +140,11 @@ impl Passes {
                 Some(a) => a,
                 None => {
                     let st = &self.stages[i].1;
-                    self.inner.stage_model().micro_saved(st)?
+                    let before = braid_cuda::pool::allocated_bytes();
+                    let set = self.inner.stage_model().micro_saved(st)?;
+                    self.made[i] += 1;
+                    self.set_bytes[i] = braid_cuda::pool::allocated_bytes().saturating_sub(before);
+                    set
                 }
             };
             self.live.insert((stage, m), a);
@@ -487,6 +495,8 @@ impl GpuStage {
                 t,
                 free: (0..n).map(|_| Vec::new()).collect(),
                 live: HashMap::new(),
+                made: vec![0; n],
+                set_bytes: vec![0; n],
                 done: None,
                 batch: TokenBatch::new(0, t),
                 grad: false,
@@ -595,7 +605,19 @@ impl GpuStage {
     /// The last step's timeline as a chart, and the measured idle
     /// fraction beside the theory's (printed at the end of a run).
     pub fn timeline_report(&self) -> Option<String> {
-        self.measured.report(&self.schedule)
+        let held: Vec<String> = self
+            .passes
+            .stages
+            .iter()
+            .zip(self.passes.made.iter().zip(&self.passes.set_bytes))
+            .map(|((i, _), (n, b))| format!("stage {i}: {n} ({:.1} MB each)", *b as f64 / 1e6))
+            .collect();
+        let report = self.measured.report(&self.schedule)?;
+        Some(format!(
+            "{report}\nmicro-batches whose activations pipeline rank {} held at once, at most: {}",
+            self.rank,
+            held.join(", ")
+        ))
     }
 
     /// The parameters with their layout (this rank's stages).
