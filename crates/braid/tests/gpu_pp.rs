@@ -1,8 +1,9 @@
 //! Pipeline parallelism on GPUs through the real binary (activations and
 //! their gradients over NCCL point-to-point): in f32 every schedule at
 //! `--pp 2` (and `--pp 4` where there are 4 GPUs) reaches one GPU's
-//! parameters after 10 steps within the GPU tolerance, and a pipeline of
-//! 2 × data parallel 2 those of data parallelism over 4; in bf16 every
+//! parameters after 10 steps within the GPU tolerance, a pipeline of 2 ×
+//! data parallel 2 those of data parallelism over 4, and TP 2 × PP 2
+//! those of one GPU; in bf16 every
 //! schedule reaches them within the bf16 tolerance (the same
 //! micro-batches' arithmetic; the gradients add up in another order) and
 //! 1F1B tracks one GPU's loss over 60 steps. Without the GPUs a test says
@@ -36,7 +37,8 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// f32: every schedule at `--pp 2` and `--pp 4` against one GPU, 10
-/// steps, and `--pp 2` × data parallel 2 against data parallelism over 4.
+/// steps; `--pp 2` × data parallel 2 against data parallelism over 4 and
+/// `--tp 2 --pp 2` against one GPU (4 GPUs).
 #[test]
 fn gpu_pp_f32_every_schedule_matches_one_gpu() {
     if gpus(2).is_none() {
@@ -102,6 +104,31 @@ fn gpu_pp_f32_every_schedule_matches_one_gpu() {
         "f32, --pp 2 x data 2 vs data parallelism over 4 after 10 steps: max |diff| {d:e}"
     );
     assert!(d <= GPU_TOLERANCE, "pp2 x dp2: max |diff| {d} against dp4");
+    // Tensor parallelism inside the stages: TP 2 x PP 2 on 4 GPUs.
+    let (tppp, _) = train_gpu(
+        &dir,
+        "tp2-pp2",
+        &f32_args(&[
+            "--nproc-per-node",
+            "4",
+            "--tp",
+            "2",
+            "--no-sp",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "4",
+        ]),
+    );
+    let d = max_diff(&one, &tppp);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --tp 2 x --pp 2 vs one GPU after 10 steps: max |diff| {d:e}"
+    );
+    assert!(
+        d <= GPU_TOLERANCE,
+        "tp2 x pp2: max |diff| {d} against one GPU"
+    );
 }
 
 /// bf16: every schedule at `--pp 2` and `--pp 4` against one GPU, 10

@@ -560,7 +560,7 @@ impl GpuGpt {
     /// that count in this rank's share of the gradient norm, as (flat
     /// range, offset in the held values): everything on the group's first
     /// rank, else all but the tensors every rank holds whole.
-    fn kept_ranges(&self, ranges: &[Range<usize>]) -> Vec<(Range<usize>, usize)> {
+    pub(crate) fn kept_ranges(&self, ranges: &[Range<usize>]) -> Vec<(Range<usize>, usize)> {
         let skip: &[Range<usize>] = match &self.group {
             Some((comm, whole)) if comm.rank() > 0 => whole,
             _ => &[],
@@ -586,7 +586,11 @@ impl GpuGpt {
 
     /// Σ x² of the kept parts (`values` holding them at their offsets),
     /// summed over the tensor group.
-    fn sum_kept(&self, values: &DeviceBuffer<f32>, kept: &[(Range<usize>, usize)]) -> Result<f64> {
+    pub(crate) fn sum_kept(
+        &self,
+        values: &DeviceBuffer<f32>,
+        kept: &[(Range<usize>, usize)],
+    ) -> Result<f64> {
         let (k, s) = match &self.model {
             Model::F32(m) => (m.kernels(), m.stream()),
             Model::Mixed(m, _) => (m.kernels(), m.stream()),

@@ -36,7 +36,7 @@ use crate::Result;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::ReduceOp;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{DeviceBuffer, DeviceMem, DeviceWindow, Event, Stream};
+use braid_cuda::{DeviceBuffer, DeviceWindow, Event, Stream};
 use braid_model::cuda::f32_params::F32Params;
 use braid_model::cuda::model::{F32MicroSaved, GpuGpt as GpuGptF32};
 use braid_model::cuda::model_mixed::{GpuGptMixed, MicroSaved};
@@ -574,27 +574,22 @@ impl GpuStage {
             true => self.layout().block_range(Block::Embedding),
             false => 0..0,
         };
-        let mut parts = Vec::new();
-        let mut at = 0;
-        for r in ranges {
-            // The parts of `r` before and after the skipped block.
-            let cut = |x: usize| x.clamp(r.start, r.end) - r.start;
-            for piece in [0..cut(skip.start), cut(skip.end.max(skip.start))..r.len()] {
-                if !piece.is_empty() {
-                    parts.push(values.view(at + piece.start..at + piece.end));
+        // What counts on this rank of a tensor group, less the skipped
+        // block: (flat range, offset in `values`).
+        let inner = &self.passes.inner;
+        let mut kept = Vec::new();
+        for (r, at) in inner.kept_ranges(ranges) {
+            let cut = |x: usize| x.clamp(r.start, r.end);
+            for part in [
+                r.start..cut(skip.start),
+                cut(skip.end.max(skip.start))..r.end,
+            ] {
+                if !part.is_empty() {
+                    kept.push((part.clone(), at + part.start - r.start));
                 }
             }
-            at += r.len();
         }
-        let refs: Vec<&dyn DeviceMem<f32>> =
-            parts.iter().map(|p| p as &dyn DeviceMem<f32>).collect();
-        let s = self.passes.stream();
-        let mut sum = [self
-            .passes
-            .inner
-            .kernels()
-            .sum_of_squares(&s, &refs)
-            .map_err(e)?];
+        let mut sum = [inner.sum_kept(values, &kept)?];
         self.group
             .host()
             .all_reduce(&mut sum, ReduceOp::Sum)

@@ -422,8 +422,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         if cuda && a.precision.as_deref().is_some_and(|p| p != "bf16") {
             return not_yet("--precision f32 on GPUs (the bf16 engine runs stages)");
         }
-        if cuda && a.tp > 1 {
-            return not_yet("--tp on GPUs");
+        if cuda && a.tp > 1 && !a.no_sp {
+            return not_yet(
+                "--tp and sequence parallelism on GPUs (the stages' passes run without it: add \
+                 --no-sp)",
+            );
         }
         if let Some(z @ (2 | 3)) = a.zero {
             return Err(format!(
@@ -979,6 +982,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
             let (pipe, data) = (part("pipe")?, part("data")?);
             let pipe_host = pipe.host().clone();
+            // Under --tp: the tensor group (the model's collectives; on
+            // the host for --save).
+            let tensor = match place.tensor {
+                1 => None,
+                _ => {
+                    let t = part("tensor")?;
+                    tensor_host = Some(Arc::new(
+                        braid_train::tensor_parallel::HostTensorGroup::new(t.host().clone()),
+                    ));
+                    let comm: Arc<dyn braid_model::tensor_comm::DeviceTensorComm> =
+                        Arc::new(braid_train::tensor_parallel::DeviceTensorGroup::new(t));
+                    Some(comm)
+                }
+            };
             if lead {
                 let dev = gpu.device();
                 println!(
@@ -1005,6 +1022,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 schedule,
                 &all,
                 pipe,
+                tensor,
                 precision,
                 options,
                 a.weight_decay,

@@ -130,13 +130,15 @@ pub fn engine(
 }
 
 /// Pipeline rank `group.rank()`'s engine on its GPU: as [`engine`], in
-/// `precision` with the bf16 engine's `options`.
+/// `precision` with the bf16 engine's `options`; under `--tp` a share of
+/// the stages over the tensor group `tensor`.
 #[allow(clippy::too_many_arguments)]
 pub fn gpu_engine(
     whole: &Params,
     s: Schedule,
     all: &[Stage],
     group: braid_comm::gpu::GpuCommunicator,
+    tensor: Option<Arc<dyn braid_model::tensor_comm::DeviceTensorComm>>,
     precision: Precision,
     options: MixedOptions,
     weight_decay: f32,
@@ -151,6 +153,11 @@ pub fn gpu_engine(
         Precision::F32 => MixedOptions::default(),
     };
     let inner = GpuGpt::new(&device, &params, (b, t), precision, options, weight_decay)?;
+    // A tensor-parallel rank's share, without sequence parallelism.
+    let inner = match tensor {
+        Some(comm) => inner.tensor_parallel(comm, false)?,
+        None => inner,
+    };
     GpuStage::new(inner, mine, s, group, b, t)
 }
 
