@@ -587,7 +587,10 @@ impl Engine for CpuStage {
     }
 
     fn state_bytes(&self) -> StateBytes {
-        self.passes.inner.state_bytes()
+        // The stage's own gradient buffer besides the strategy's.
+        let mut s = self.passes.inner.state_bytes();
+        s.grads += 4 * self.passes.acc.len() as u64;
+        s
     }
 
     fn tensors(&self) -> Vec<NamedTensor> {

@@ -964,6 +964,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &mut TokenWindows,
             &mut TokenBatch,
         ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
+    // Under --pp: the parameters of this rank's stages.
+    let mut stage_params = None;
     let run = if let Some(schedule) = pipe_schedule {
         let c = comm.ok_or("a pipeline runs over several ranks")?;
         let all = super::train_pipeline::stages(&cfg, &schedule, &pipe_flags)?;
@@ -1095,6 +1097,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
             (run, engine.into_params(), pipe)
         };
+        stage_params = Some(layouts[pipe.rank()].len as u64);
         if a.save.is_some() && place.data_rank() == 0 {
             // The whole model, from every stage (pipeline rank 0 of the
             // first data group is the lead).
@@ -1394,7 +1397,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cuda.then_some(precision),
             world_size,
         );
-        print_state(&run, &cfg, zero.unwrap_or(0), shard_group);
+        print_state(&run, &cfg, stage_params, zero.unwrap_or(0), shard_group);
         if let Some(out) = &a.json {
             write_json(out, &run, summary.as_ref(), cfg.n_layer)?;
         }

@@ -154,13 +154,15 @@ fn memory_parts_line(run: &RunReport, n_layer: usize) -> Option<String> {
 
 /// Prints the model state this rank held beside ZeRO's formula for
 /// `stage` (0: data parallel or one process) sharded over `ranks` (the
-/// shard group), in mixed precision where there are master weights.
-pub fn print_state(run: &RunReport, cfg: &GptConfig, stage: u8, ranks: usize) {
+/// shard group), in mixed precision where there are master weights; Ψ is
+/// the model's parameters, or `held` (a pipeline rank's stages').
+pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u8, ranks: usize) {
     let st = run.state;
     if st.total() == 0 {
         return;
     }
-    let psi = cfg.num_params() as u64;
+    // A pipeline rank's parameters are its stages' (`held`).
+    let psi = held.unwrap_or(cfg.num_params() as u64);
     let per = |b: u64| b as f64 / psi as f64;
     let mb = |b: u64| b as f64 / 1e6;
     let (formula, name) = paper_bytes(psi, stage, ranks as u64, st.master > 0);
