@@ -104,6 +104,30 @@ fn gpu_pp_f32_every_schedule_matches_one_gpu() {
         "f32, --pp 2 x data 2 vs data parallelism over 4 after 10 steps: max |diff| {d:e}"
     );
     assert!(d <= GPU_TOLERANCE, "pp2 x dp2: max |diff| {d} against dp4");
+    // ZeRO-1 over the data dimension.
+    let (z1, _) = train_gpu(
+        &dir,
+        "pp2-zero1",
+        &f32_args(&[
+            "--nproc-per-node",
+            "4",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "4",
+            "--zero",
+            "1",
+        ]),
+    );
+    let d = max_diff(&dp, &z1);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --pp 2 x ZeRO-1 over 2 vs data parallelism over 4 after 10 steps: max |diff| {d:e}"
+    );
+    assert!(
+        d <= GPU_TOLERANCE,
+        "pp2 x zero1: max |diff| {d} against dp4"
+    );
     // Tensor parallelism inside the stages: TP 2 x PP 2 on 4 GPUs.
     let (tppp, _) = train_gpu(
         &dir,
@@ -129,6 +153,65 @@ fn gpu_pp_f32_every_schedule_matches_one_gpu() {
         d <= GPU_TOLERANCE,
         "tp2 x pp2: max |diff| {d} against one GPU"
     );
+}
+
+/// f32: a checkpoint of a pipeline of 2 GPUs resumes under the same
+/// pipeline and on one GPU, the next steps' losses those of the run that
+/// never stopped.
+#[test]
+fn gpu_pp_checkpoint_resumes_on_one_gpu_and_the_same_pipeline() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-pp-ckpt");
+    let ck = dir.path().join("ck").display().to_string();
+    let pp2 = ["--pp", "2", "--nproc-per-node", "2", "--micro-batches", "4"];
+    let go = |name: &str, extra: &[&str]| {
+        let mut c = common::braid();
+        c.args([
+            "train",
+            "--device",
+            "cuda",
+            "--seq",
+            "32",
+            "--eval-every",
+            "0",
+            "--seed",
+            "11",
+        ])
+        .args(MODEL)
+        .args(["--precision", "f32", "--steps", "6", "--global-batch", "8"])
+        .args(extra);
+        let (_, doc) = common::gpu::run_saving(&dir, name, c, &[]);
+        // Each step's loss, by step.
+        doc["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["step"].as_u64().unwrap(), s["loss"].as_f64().unwrap()))
+            .collect::<std::collections::BTreeMap<u64, f64>>()
+    };
+    let full = go("full", &pp2);
+    let mut saving = pp2.to_vec();
+    saving.extend(["--ckpt-dir", &ck, "--save-every", "3"]);
+    go("saving", &saving);
+    let from = format!("{ck}/step-00000003");
+    for (name, how) in [("pp2", &pp2[..]), ("one", &[][..])] {
+        let mut a = how.to_vec();
+        a.extend(["--resume", &from]);
+        let got = go(name, &a);
+        for step in [4, 5] {
+            let (x, y) = (full[&step], got[&step]);
+            let _ = writeln!(
+                std::io::stderr(),
+                "f32, pp2 checkpoint resumed as {name}: step {step} {y} against {x}"
+            );
+            assert!(
+                (x - y).abs() <= 1e-5,
+                "resumed as {name}: step {step} {y} against {x}"
+            );
+        }
+    }
 }
 
 /// bf16: every schedule at `--pp 2` and `--pp 4` against one GPU, 10

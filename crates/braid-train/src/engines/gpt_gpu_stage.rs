@@ -570,6 +570,17 @@ impl GpuStage {
     /// another), the second copy of the tied embeddings left out, summed
     /// over the pipeline group.
     fn sq_norm(&self, values: &DeviceBuffer<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        self.sq_norm_at(values, ranges, true)
+    }
+
+    /// [`sq_norm`](Self::sq_norm) of `values` holding `ranges` one after
+    /// another (`compact`), or the whole flat buffer (`values[r]` is `r`).
+    fn sq_norm_at(
+        &self,
+        values: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+        compact: bool,
+    ) -> Result<f64> {
         let skip = match self.second_copy() {
             true => self.layout().block_range(Block::Embedding),
             false => 0..0,
@@ -579,6 +590,7 @@ impl GpuStage {
         let inner = &self.passes.inner;
         let mut kept = Vec::new();
         for (r, at) in inner.kept_ranges(ranges) {
+            let at = if compact { at } else { r.start };
             let cut = |x: usize| x.clamp(r.start, r.end);
             for part in [
                 r.start..cut(skip.start),
@@ -785,6 +797,15 @@ impl Engine for GpuStage {
         ranges: &[Range<usize>],
     ) -> Result<f64> {
         self.sq_norm(compact, ranges)
+    }
+
+    fn grad_sq_norm_of(
+        &mut self,
+        grads: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        crate::engine::check_shard(ranges, grads.len())?;
+        self.sq_norm_at(grads, ranges, false)
     }
 
     fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {

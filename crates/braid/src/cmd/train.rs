@@ -437,12 +437,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.pp
             ));
         }
-        if cuda && a.zero.is_some() {
-            return not_yet("--zero on GPUs");
-        }
-        if cuda && (a.ckpt_dir.is_some() || a.resume.is_some()) {
-            return not_yet("--ckpt-dir/--resume on GPUs");
-        }
         if a.offload != "none" {
             return not_yet("--offload");
         }
