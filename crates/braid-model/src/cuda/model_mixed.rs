@@ -348,6 +348,29 @@ struct DeferredDy {
     qkv: DeviceBuffer<bf16>,
 }
 
+impl DeferredDy {
+    /// The buffers for `n` rows at the widths `w`.
+    fn new(p: &DevicePool, s: &Stream, n: usize, w: Widths) -> Result<DeferredDy> {
+        let Widths {
+            c, attn: a, mlp: f, ..
+        } = w;
+        Ok(DeferredDy {
+            gelu: p.zeros(n * f, s)?,
+            ln2: p.zeros(n * c, s)?,
+            ln1: p.zeros(n * c, s)?,
+            fcproj: p.zeros(n * c, s)?,
+            fc: p.zeros(n * (4 * a).max(f), s)?,
+            proj: p.zeros(n * c, s)?,
+            qkv: p.zeros(n * 3 * a, s)?,
+        })
+    }
+}
+
+/// A layer that does not defer its weight gradients.
+fn not_deferred(l: usize) -> CudaError {
+    CudaError::Invalid(format!("layer {l} does not defer its weight gradients"))
+}
+
 /// A tensor-parallel rank's group: its collectives, and the rows' maxima
 /// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`).
 struct Group {
@@ -497,8 +520,8 @@ pub struct GpuGptMixed {
     dresid_bf: DeviceBuffer<bf16>,
     dln: DeviceBuffer<bf16>,
     partial: DeviceBuffer<f32>,
-    /// Layers `0..deferred.len()` defer their weight gradients.
-    deferred: Vec<DeferredDy>,
+    /// Per layer: `Some` where the layer defers its weight gradients.
+    deferred: Vec<Option<DeferredDy>>,
     /// SMs the backward pass's products are planned for (0: all), when
     /// communication kernels hold the others (`BRAID_BACKWARD_SM_TARGET`).
     backward_sms: usize,
@@ -584,7 +607,8 @@ impl GpuGptMixed {
         };
         // What the forward pass keeps, for the layers the layout holds.
         let held = |l: usize| layout.holds(Block::Layer(l));
-        let saved = plan.make(device, p, s, &layout, &held, layout.holds(Block::FinalNorm))?;
+        let head = layout.holds(Block::FinalNorm);
+        let saved = plan.make(device, p, s, &layout, &held, head, false)?;
         let work = match checkpointing {
             true => Some(BlockActs::new(p, s, shape, path, !keep_attention, (c, f))?),
             false => None,
@@ -707,29 +731,23 @@ impl GpuGptMixed {
                 cfg.n_layer
             )));
         }
-        let n = self.b * self.t;
-        let Widths {
-            c, attn: a, mlp: f, ..
-        } = self.widths;
         let (s, p) = (&self.stream, &self.pool);
         self.deferred.clear();
         for _ in 0..layers {
-            self.deferred.push(DeferredDy {
-                gelu: p.zeros(n * f, s)?,
-                ln2: p.zeros(n * c, s)?,
-                ln1: p.zeros(n * c, s)?,
-                fcproj: p.zeros(n * c, s)?,
-                fc: p.zeros(n * (4 * a).max(f), s)?,
-                proj: p.zeros(n * c, s)?,
-                qkv: p.zeros(n * 3 * a, s)?,
-            });
+            let d = DeferredDy::new(p, s, self.b * self.t, self.widths)?;
+            self.deferred.push(Some(d));
         }
         s.synchronize()
     }
 
     /// How many layers defer their weight gradients.
     pub fn deferred_layers(&self) -> usize {
-        self.deferred.len()
+        self.deferred.iter().flatten().count()
+    }
+
+    /// Whether layer `l` defers its weight gradients.
+    fn defers(&self, l: usize) -> bool {
+        self.deferred.get(l).is_some_and(Option::is_some)
     }
 
     fn range(&self, name: &str) -> Range<usize> {

@@ -16,8 +16,10 @@
 //! add up to the batch's. The tied token embedding lives on the first and
 //! the last stage: their gradients are summed between the two every step;
 //! the last stage's copy is not saved in checkpoints, nor counted twice in
-//! the gradient norm. Split backward passes (ZB-H1) run whole at their
-//! input half (the weight half is a no-op).
+//! the gradient norm. Split backward passes (ZB-H1) run in two halves on
+//! the bf16 model (the input half defers the layers' weight gradients,
+//! the weight half runs them from the micro-batch's buffers, kept until
+//! then); the f32 model runs them whole at the input half.
 //!
 //! Without data parallelism ([`GpuStage::owning_grads`]) the stage's
 //! buffer is the step's gradient buffer: the strategy's is empty, the
@@ -94,6 +96,11 @@ struct Passes {
     grad: bool,
     /// The step's gradients, added up over its micro-batches.
     acc: DeviceBuffer<f32>,
+    /// The schedule splits backward passes and the model can: the input
+    /// half defers the weight gradients to the weight half.
+    split: bool,
+    /// (stage, micro) whose weight half has not run yet.
+    pending: std::collections::HashSet<(usize, usize)>,
     /// Time marks on the compute stream: reused timed events, how many
     /// the step recorded, and the step's origin (an event recorded while
     /// the stream was idle, and the host's wall clock then).
@@ -126,6 +133,10 @@ impl Passes {
 
     fn release(&mut self, stage: usize, m: usize) -> Result<()> {
         let i = self.local(stage)?;
+        if self.pending.contains(&(stage, m)) {
+            // Its weight half still reads them.
+            return Ok(());
+        }
         if let Some(a) = self.live.remove(&(stage, m)) {
             self.free[i].push(a);
         }
@@ -141,7 +152,7 @@ impl Passes {
                 None => {
                     let st = &self.stages[i].1;
                     let before = braid_cuda::pool::allocated_bytes();
-                    let set = self.inner.stage_model().micro_saved(st)?;
+                    let set = self.inner.stage_model().micro_saved(st, self.split)?;
                     self.made[i] += 1;
                     self.set_bytes[i] = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                     set
@@ -165,6 +176,7 @@ impl Passes {
     /// Ends the step: every micro-batch's buffers back in the pool.
     fn end_step(&mut self) -> Result<()> {
         self.done = None;
+        self.pending.clear();
         let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
         for (s, m) in keys {
             self.release(s, m)?;
@@ -205,8 +217,12 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         loss
     }
 
-    fn backward(&mut self, stage: usize, m: usize, _input_only: bool) -> Result<()> {
+    fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
         self.tidy()?;
+        if input_only && self.split {
+            // The weight half comes later, from these buffers.
+            self.pending.insert((stage, m));
+        }
         let i = self.local(stage)?;
         let st = self.stages[i].1.clone();
         let mut set = self.live.remove(&(stage, m)).ok_or_else(|| {
@@ -246,9 +262,29 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         Ok(())
     }
 
-    fn backward_weights(&mut self, _stage: usize, _micro: usize) -> Result<()> {
-        // The whole backward pass ran at the input half.
-        self.tidy()
+    fn backward_weights(&mut self, stage: usize, m: usize) -> Result<()> {
+        self.tidy()?;
+        if !self.pending.remove(&(stage, m)) {
+            // (The f32 model ran the whole backward pass at the input half.)
+            return Ok(());
+        }
+        let st = self.stages[self.local(stage)?].1.clone();
+        let mut set = self
+            .live
+            .remove(&(stage, m))
+            .ok_or_else(|| format!("stage {stage}: micro-batch {m}'s buffers are gone"))?;
+        let mut acc = std::mem::replace(
+            &mut self.acc,
+            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
+        );
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let ran = model.backward_weights(&st, &mut acc.window());
+        model.swap(&mut set)?;
+        self.acc = acc;
+        self.live.insert((stage, m), set);
+        ran?;
+        self.release(stage, m)
     }
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
@@ -366,9 +402,9 @@ fn mismatch() -> String {
 }
 
 impl StageModel<'_> {
-    fn micro_saved(&self, st: &Stage) -> Result<Saved> {
+    fn micro_saved(&self, st: &Stage, split: bool) -> Result<Saved> {
         match self {
-            StageModel::Mixed(m, ..) => m.micro_saved(st).map(Saved::Mixed),
+            StageModel::Mixed(m, ..) => m.micro_saved(st, split).map(Saved::Mixed),
             StageModel::F32(m, _) => m.micro_saved(st).map(Saved::F32),
         }
         .map_err(e)
@@ -423,6 +459,14 @@ impl StageModel<'_> {
         }
     }
 
+    /// The weight half of a split backward pass (the bf16 model's).
+    fn backward_weights(&mut self, st: &Stage, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
+        match self {
+            StageModel::Mixed(m, ..) => m.stage_backward_weights(st, g).map_err(e),
+            StageModel::F32(..) => Ok(()),
+        }
+    }
+
     fn input_grad(&self) -> &DeviceBuffer<f32> {
         match self {
             StageModel::Mixed(m, ..) => m.input_grad(),
@@ -474,6 +518,14 @@ impl GpuStage {
             ));
         }
         let links = DeviceLinks::new(&group, &link_pairs(&schedule))?;
+        // Split backward passes where the schedule has them and the model
+        // defers weight gradients (bf16).
+        let split = schedule
+            .actions
+            .iter()
+            .flatten()
+            .any(|a| a.op == Op::BackwardInput)
+            && matches!(inner.stage_model(), StageModel::Mixed(..));
         let len = inner.layout().len;
         let device = inner.params().device().clone();
         {
@@ -503,6 +555,8 @@ impl GpuStage {
                 marks: Vec::new(),
                 marked: 0,
                 origin: None,
+                split,
+                pending: Default::default(),
             },
             links,
             schedule,

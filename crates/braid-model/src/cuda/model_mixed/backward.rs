@@ -87,7 +87,9 @@ impl GpuGptMixed {
         }
         self.backward_embedding(&mut w)?;
         for l in (0..self.deferred.len()).rev() {
-            self.backward_layer_weights(l, &mut w)?;
+            if self.defers(l) {
+                self.backward_layer_weights(l, &mut w)?;
+            }
         }
         self.stream.synchronize()?;
         self.end_step()
@@ -256,7 +258,7 @@ impl GpuGptMixed {
         let blas = &mut self.blas;
         let prof = &mut self.prof;
         let r = held(&self.ranges, l)?;
-        let defer = l < self.deferred.len();
+        let defer = self.deferred.get(l).is_some_and(Option::is_some);
         // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
         // (cuBLASLt's GELU-backward epilogue with the bias gradient
         // measured 2.4× slower than this product plus the two passes
@@ -283,7 +285,7 @@ impl GpuGptMixed {
             .or(self.work.as_mut());
         let fch = &mut block.ok_or_else(no_acts)?.fch;
         let mut dbias = g.view_mut(r.fc_b.clone())?;
-        match self.deferred.get_mut(l) {
+        match self.deferred.get_mut(l).and_then(Option::as_mut) {
             Some(d) => mk.gelu_backward_bias(
                 s,
                 &mut self.wide,
@@ -308,7 +310,13 @@ impl GpuGptMixed {
         let a = held(&self.layers, l)?;
         let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         if defer {
-            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].fcproj);
+            std::mem::swap(
+                &mut self.dresid_bf,
+                &mut self.deferred[l]
+                    .as_mut()
+                    .ok_or_else(|| not_deferred(l))?
+                    .fcproj,
+            );
         } else {
             weight_grad(
                 blas,
@@ -340,7 +348,10 @@ impl GpuGptMixed {
         // A column-split product's input gradient: each rank's share summed.
         sum_bf16(&self.group, &mut self.dln, s, "mlp.c_fc backward")?;
         let ln2: &mut DeviceBuffer<bf16> = if defer {
-            &mut self.deferred[l].ln2
+            &mut self.deferred[l]
+                .as_mut()
+                .ok_or_else(|| not_deferred(l))?
+                .ln2
         } else {
             &mut self.ln
         };
@@ -369,7 +380,10 @@ impl GpuGptMixed {
             prof.mark(s, "bwd layernorm")?;
         }
         if defer {
-            std::mem::swap(&mut self.wide, &mut self.deferred[l].fc);
+            std::mem::swap(
+                &mut self.wide,
+                &mut self.deferred[l].as_mut().ok_or_else(|| not_deferred(l))?.fc,
+            );
         } else {
             weight_grad(
                 blas,
@@ -396,7 +410,13 @@ impl GpuGptMixed {
             Mat::of(&self.wide.view(Wide::datty(n, ca)), ca),
         )?;
         if defer {
-            std::mem::swap(&mut self.dresid_bf, &mut self.deferred[l].proj);
+            std::mem::swap(
+                &mut self.dresid_bf,
+                &mut self.deferred[l]
+                    .as_mut()
+                    .ok_or_else(|| not_deferred(l))?
+                    .proj,
+            );
         } else {
             weight_grad(
                 blas,
@@ -413,7 +433,7 @@ impl GpuGptMixed {
         prof.mark(s, "bwd gemm proj")?;
         // dqkv goes beside datty in the wide scratch, or into the deferred
         // layer's buffer (kept for its weight gradient).
-        let (deferred_qkv, deferred_ln1) = match self.deferred.get_mut(l) {
+        let (deferred_qkv, deferred_ln1) = match self.deferred.get_mut(l).and_then(Option::as_mut) {
             Some(d) => (Some(&mut d.qkv), Some(&mut d.ln1)),
             None => (None, None),
         };
@@ -561,11 +581,8 @@ impl GpuGptMixed {
         which: &[WeightGrads],
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
-        let Some(d) = self.deferred.get(l) else {
-            return Err(CudaError::Invalid(format!(
-                "layer {l} does not defer its weight gradients ({} layers do)",
-                self.deferred.len()
-            )));
+        let Some(d) = self.deferred.get(l).and_then(Option::as_ref) else {
+            return Err(not_deferred(l));
         };
         let Widths {
             c,

@@ -12,7 +12,11 @@
 //! does that on the last stage). The backward pass of a stage's lowest
 //! layer leaves the gradient of the stage's input in
 //! [`GpuGptMixed::input_grad`] and no bias gradient for the layer below
-//! (another stage's).
+//! (another stage's). Where the schedule splits backward passes (ZB-H1)
+//! a micro-batch's buffers also keep each layer's output gradients: the
+//! input half defers the weight gradients, and the weight half
+//! ([`GpuGptMixed::stage_backward_weights`]) runs them later, with the
+//! micro-batch's buffers swapped in again.
 
 use super::*;
 use crate::cuda::held::{output_grad, stage_input, stage_output};
@@ -44,12 +48,17 @@ pub struct MicroSaved {
     pub(super) lnf_rstd: DeviceBuffer<f32>,
     pub(super) logits: DeviceBuffer<bf16>,
     pub(super) losses: DeviceBuffer<f32>,
+    /// Per layer, where the stage's backward pass is split: the output
+    /// gradients kept for the weight half ([`GpuGptMixed::stage_backward_weights`]).
+    pub(super) deferred: Vec<Option<DeferredDy>>,
     /// The gradient of the stage's output (received from the next stage).
     dout: DeviceBuffer<f32>,
 }
 
 impl MicroPlan {
-    /// The buffers for the layers `held` says and, with `head`, the head's.
+    /// The buffers for the layers `held` says and, with `head`, the head's;
+    /// with `split`, what the layers' weight halves read later.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn make(
         &self,
         device: &Device,
@@ -58,6 +67,7 @@ impl MicroPlan {
         layout: &Layout,
         held: &dyn Fn(usize) -> bool,
         head: bool,
+        split: bool,
     ) -> Result<MicroSaved> {
         let MicroPlan {
             checkpointing,
@@ -115,6 +125,13 @@ impl MicroPlan {
             lnf_rstd: p.zeros(hn, s)?,
             logits: p.zeros(if head { n * vp } else { 1 }, s)?,
             losses: p.zeros(hn, s)?,
+            deferred: (0..layers)
+                .map(|l| {
+                    (split && held(l))
+                        .then(|| DeferredDy::new(p, s, n, Widths::of(layout)))
+                        .transpose()
+                })
+                .collect::<Result<_>>()?,
             dout: p.zeros(if head { 1 } else { n * c }, s)?,
         })
     }
@@ -141,8 +158,9 @@ impl MicroSaved {
 
 impl GpuGptMixed {
     /// Buffers for one micro-batch in flight through stage `st` (one of
-    /// the layout's).
-    pub fn micro_saved(&self, st: &Stage) -> Result<MicroSaved> {
+    /// the layout's); with `split`, for a backward pass in two halves
+    /// ([`stage_backward_weights`](Self::stage_backward_weights)).
+    pub fn micro_saved(&self, st: &Stage, split: bool) -> Result<MicroSaved> {
         self.held_stage(st)?;
         let held = |l: usize| st.layers.contains(&l);
         self.plan.make(
@@ -152,6 +170,7 @@ impl GpuGptMixed {
             &self.layout,
             &held,
             st.last,
+            split,
         )
     }
 
@@ -164,6 +183,7 @@ impl GpuGptMixed {
             &self.stream,
             &self.layout,
             &|_| false,
+            false,
             false,
         )
     }
@@ -186,6 +206,7 @@ impl GpuGptMixed {
         swap(&mut self.lnf_rstd, &mut m.lnf_rstd);
         swap(&mut self.logits, &mut m.logits);
         swap(&mut self.losses, &mut m.losses);
+        swap(&mut self.deferred, &mut m.deferred);
     }
 
     /// Refuses a stage the layout does not hold.
@@ -263,6 +284,26 @@ impl GpuGptMixed {
         if st.first {
             let _t = span(&|| "backward embedding".into(), &self.stream);
             self.backward_embedding(g)?;
+        }
+        Ok(())
+    }
+
+    /// The weight half of stage `st`'s backward pass of the micro-batch
+    /// swapped in, after [`stage_backward`](Self::stage_backward) ran its
+    /// input half (its buffers were made with `split`): every layer's
+    /// weight gradients into `g`. Queued; nothing waits.
+    pub fn stage_backward_weights(
+        &mut self,
+        st: &Stage,
+        g: &mut DeviceWindow<'_, f32>,
+    ) -> Result<()> {
+        self.held_stage(st)?;
+        for l in st.layers.clone().rev() {
+            let _t =
+                braid_trace::scope::start(Some(&self.stream), braid_trace::Cat::Compute, || {
+                    format!("backward layer {l} weights")
+                });
+            self.backward_layer_weights(l, g)?;
         }
         Ok(())
     }
