@@ -293,7 +293,7 @@ pub fn host(
 /// Device memory the estimate leaves aside for what it does not count:
 /// cuBLAS and cuBLASLt workspaces, the kernel modules, the pool's
 /// rounding of each buffer up to its size class.
-const DEVICE_MARGIN: u128 = 768 << 20;
+pub const DEVICE_MARGIN: u128 = 768 << 20;
 
 /// What the GPU pre-flight decided.
 pub struct DevicePlan {

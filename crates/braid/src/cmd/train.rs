@@ -1012,6 +1012,21 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 keep_attention: env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?
                     == Some(true),
             };
+            let states = super::train_pipeline::check_stage_fits(
+                gpu.device(),
+                pipe.rank(),
+                layouts[pipe.rank()].len,
+                precision,
+                options.streamed_weights,
+                data.size() > 1,
+            )?;
+            if lead {
+                println!(
+                    "GPU memory: this rank's stages' model states {:.2} GiB (activations not \
+                     estimated for pipeline stages yet)",
+                    states as f64 / (1u64 << 30) as f64
+                );
+            }
             braid_cuda::pool::reset_peak();
             let mut engine = super::train_pipeline::gpu_engine(
                 &params,

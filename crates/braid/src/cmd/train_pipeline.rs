@@ -161,6 +161,55 @@ pub fn gpu_engine(
     GpuStage::new(inner, mine, s, group, b, t)
 }
 
+/// Refuses, before anything is allocated, a pipeline rank whose stages'
+/// model states alone (`held` parameters: f32 weights, the bf16 copy
+/// unless `streamed`, the stage's gradients and, with `reduced`, the
+/// strategy's, AdamW's two moments) exceed the GPU's free memory; returns
+/// those bytes. Activations are not estimated for stages yet.
+pub fn check_stage_fits(
+    dev: &braid_cuda::Device,
+    rank: usize,
+    held: usize,
+    precision: Precision,
+    streamed: bool,
+    reduced: bool,
+) -> Result<u64, String> {
+    let per = 4
+        + 4
+        + 8
+        + if reduced { 4 } else { 0 }
+        + match precision {
+            Precision::Bf16 if !streamed => 2,
+            _ => 0,
+        };
+    let need = (held * per) as u64;
+    let Ok(free) = dev.free_memory() else {
+        return Ok(need);
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if need as u128 + super::preflight::DEVICE_MARGIN > free as u128 {
+        return Err(format!(
+            "pipeline rank {rank}'s stages hold {held} parameters: their model states need {:.2} \
+             GiB ({per} bytes a parameter: weights, {}gradients, AdamW's moments) of the {:.2} GiB \
+             free on this GPU, before activations. Use more pipeline stages (--pp), move layers \
+             off this stage (--stage-layers){}",
+            gib(need),
+            match precision {
+                Precision::Bf16 if !streamed => "their bf16 copy, ",
+                _ => "",
+            },
+            gib(free as u64),
+            match precision {
+                Precision::Bf16 if !streamed => {
+                    ", or cast the bf16 weights layer by layer (BRAID_BF16_WEIGHTS=streamed)"
+                }
+                _ => "",
+            }
+        ));
+    }
+    Ok(need)
+}
+
 /// Prints the stages' layers and the schedule (the lead rank, at start).
 pub fn print_plan(all: &[Stage], s: &Schedule, batch: usize, seq: usize) {
     let shown: Vec<String> = all
