@@ -76,6 +76,29 @@ fn run_train(dir: &TempDir, name: &str, extra: &[&str]) -> Vec<f32> {
                 "{name}: the first stage held {held} micro-batches"
             );
         }
+        // The same in the --json record: the timeline of the last step, a
+        // row per rank, and the bubbles.
+        let json = dir.path().join(format!("{name}.json"));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let p = &doc["pipeline"];
+        assert_eq!(p["ranks"].as_u64(), Some(pp as u64), "{name}: {p}");
+        let rows = p["last_step"]["ranks"].as_array().unwrap();
+        assert_eq!(rows.len(), pp, "{name}: {p}");
+        assert!(rows
+            .iter()
+            .all(|r| !r["spans"].as_array().unwrap().is_empty()));
+        let m = p["bubble_measured"].as_f64().unwrap();
+        assert!(
+            (m - measured / 100.0).abs() < 1e-3,
+            "{name}: {m} against {measured}%"
+        );
+        assert!(p["bubble_on_paper"].as_f64().is_some(), "{name}: {p}");
+        assert_eq!(
+            p["in_flight"][0]["micro_batches"].as_u64(),
+            Some(held as u64),
+            "{name}: {p}"
+        );
     }
     params(&model)
 }

@@ -663,6 +663,21 @@ impl GpuStage {
         Ok(sum[0])
     }
 
+    /// [`timeline_report`](Self::timeline_report) as JSON, with the most
+    /// micro-batches each stage held at once (and the bytes of one).
+    pub fn timeline_json(&self) -> Option<serde_json::Value> {
+        let mut doc = self.measured.to_json(&self.schedule)?;
+        let p = &self.passes;
+        doc["in_flight"] = p
+            .stages
+            .iter()
+            .zip(p.made.iter().zip(&p.set_bytes))
+            .map(|((i, _), (n, b))| serde_json::json!({"stage": i, "micro_batches": n, "bytes": b}))
+            .collect();
+        doc["pipeline_rank"] = self.rank.into();
+        Some(doc)
+    }
+
     /// The last step's timeline as a chart, and the measured idle
     /// fraction beside the theory's (printed at the end of a run).
     pub fn timeline_report(&self) -> Option<String> {

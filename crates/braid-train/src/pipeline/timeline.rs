@@ -166,15 +166,65 @@ impl Measured {
         self.last = Some(t);
     }
 
+    /// The idle fraction of the steps counted (the last step's when none
+    /// are).
+    pub fn measured(&self) -> Option<f64> {
+        let last = self.last.as_ref()?;
+        Some(match self.bubbles.is_empty() {
+            true => last.bubble(),
+            false => self.bubbles.iter().sum::<f64>() / self.bubbles.len() as f64,
+        })
+    }
+
+    /// The same as JSON (for `--json`): the schedule, the measured idle
+    /// fraction beside the paper's and the formula's, and the last step's
+    /// compute actions per rank (stage, op, micro-batch, start and end in
+    /// seconds from the step's first).
+    pub fn to_json(&self, s: &Schedule) -> Option<serde_json::Value> {
+        let last = self.last.as_ref()?;
+        let (n, m, v) = (
+            s.ranks as f64,
+            s.micro_batches as f64,
+            s.virtual_stages as f64,
+        );
+        let op = |o: Op| match o {
+            Op::Forward => "F",
+            Op::Backward => "B",
+            Op::BackwardInput => "I",
+            _ => "W",
+        };
+        let ranks: Vec<serde_json::Value> = last
+            .ranks
+            .iter()
+            .map(|r| {
+                let spans: Vec<serde_json::Value> = r
+                    .spans
+                    .iter()
+                    .map(|(a, t0, t1)| serde_json::json!([a.stage, op(a.op), a.micro, t0, t1]))
+                    .collect();
+                serde_json::json!({"busy_s": r.busy, "spans": spans})
+            })
+            .collect();
+        Some(serde_json::json!({
+            "schedule": s.name,
+            "ranks": s.ranks,
+            "micro_batches": s.micro_batches,
+            "virtual_stages": s.virtual_stages,
+            "bubble_measured": self.measured()?,
+            "bubble_last_step": last.bubble(),
+            "bubble_on_paper": on_paper(s).ok(),
+            "bubble_formula": (n - 1.0) / (v * m + n - 1.0),
+            "steps_counted": self.bubbles.len(),
+            "last_step": {"step_s": last.makespan, "ranks": ranks},
+        }))
+    }
+
     /// The report printed at the end of a run: the last step's chart, the
     /// measured idle fraction beside the paper's (and, for GPipe and
     /// 1F1B, `(N−1)/(M+N−1)`).
     pub fn report(&self, s: &Schedule) -> Option<String> {
         let last = self.last.as_ref()?;
-        let measured = match self.bubbles.is_empty() {
-            true => last.bubble(),
-            false => self.bubbles.iter().sum::<f64>() / self.bubbles.len() as f64,
-        };
+        let measured = self.measured()?;
         let counted = match self.bubbles.len() {
             0 => "the last step".to_string(),
             n => format!("the mean of {n} steps after {}", Self::SKIP),

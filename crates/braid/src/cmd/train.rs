@@ -958,8 +958,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &mut TokenWindows,
             &mut TokenBatch,
         ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
-    // Under --pp: the parameters of this rank's stages.
+    // Under --pp: the parameters of this rank's stages, and the timeline.
     let mut stage_params = None;
+    let mut pipeline_json = None;
     let run = if let Some(schedule) = pipe_schedule {
         let c = comm.ok_or("a pipeline runs over several ranks")?;
         let all = super::train_pipeline::stages(&cfg, &schedule, &pipe_flags)?;
@@ -1066,6 +1067,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if let (true, Some(r)) = (lead, engine.timeline_report()) {
                 println!("{r}");
             }
+            pipeline_json = engine.timeline_json();
             (run, engine.into_params()?, pipe_host)
         } else {
             let how = cpu_optimizer(optimizer, a.weight_decay);
@@ -1104,6 +1106,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if let (true, Some(r)) = (lead, engine.timeline_report()) {
                 println!("{r}");
             }
+            pipeline_json = engine.timeline_json();
             (run, engine.into_params(), pipe)
         };
         stage_params = Some(layouts[pipe.rank()].len as u64);
@@ -1408,7 +1411,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         );
         print_state(&run, &cfg, stage_params, zero.unwrap_or(0), shard_group);
         if let Some(out) = &a.json {
-            write_json(out, &run, summary.as_ref(), cfg.n_layer)?;
+            write_json(out, &run, summary.as_ref(), cfg.n_layer, pipeline_json)?;
         }
         if a.fwd_bwd_only && run.steps.len() > 1 {
             let mut tps: Vec<f64> = run.steps[1..].iter().map(|r| r.tokens_per_s).collect();

@@ -229,6 +229,7 @@ pub fn write_json(
     run: &RunReport,
     summary: Option<&Summary>,
     n_layer: usize,
+    pipeline: Option<serde_json::Value>,
 ) -> Result<(), String> {
     let rows: Vec<serde_json::Value> = run
         .steps
@@ -252,6 +253,10 @@ pub fn write_json(
             "saved_in_grads": run.sharded.saved_in_grads},
         "saved_in_grads_bytes": run.saved_in_grads,
     });
+    if let Some(p) = pipeline {
+        // The pipeline's timeline and bubble (`--pp`).
+        doc["pipeline"] = p;
+    }
     if braid_cuda::pool::peak_allocated_bytes() > 0 {
         // Where the device memory went: the peak's part, and the last
         // step part by part.
