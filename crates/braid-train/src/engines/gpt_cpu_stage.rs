@@ -26,6 +26,7 @@ use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_comm::{Communicator, ReduceOp};
 use braid_model::{Activations, Block, Gpt, Layout, Stage};
+use braid_trace::{scope, Cat};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -194,6 +195,11 @@ impl StagePasses<[f32]> for Passes {
             let out = self.acts(stage - 1, m)?.output().to_vec();
             self.acts(stage, m)?.input_mut().copy_from_slice(&out);
         }
+        // (Traced as computation: `braid report` shows the waits between
+        // a pipeline's passes as idle.)
+        let _t = scope::start(None, Cat::Compute, || {
+            format!("stage {stage} forward micro-batch {m}")
+        });
         self.with_micro(stage, m, |p| {
             p.model
                 .stage_forward(p.stage, p.params, p.acts, p.tokens, p.targets)
@@ -208,6 +214,9 @@ impl StagePasses<[f32]> for Passes {
             self.acts(stage, m)?.residual_grad_mut().copy_from_slice(&g);
             self.release(stage + 1, m)?;
         }
+        let _t = scope::start(None, Cat::Compute, || {
+            format!("stage {stage} backward micro-batch {m}")
+        });
         self.with_micro(stage, m, |p| {
             p.model.stage_backward(
                 p.stage,
