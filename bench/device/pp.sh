@@ -24,6 +24,11 @@
 #     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
 #     PyTorch 1F1B (PP_BIG_PEER= skips the peer); PP_STREAMED=1 adds braid
 #     with its bf16 weights cast layer by layer.
+#   bash bench/device/pp.sh layouts
+#     the 12.85B model on 4 GPUs, global batch 16 x 1024 with activation
+#     checkpointing, braid alone in each 3-D layout that fits (PP_LAYOUTS,
+#     by default --pp 4; --tp 2 --pp 2; --pp 2 x data 2 with ZeRO-1;
+#     --tp 4; --zero 3): the best beside ZeRO-3.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-pp-tests.gz, and for bench and big .dev/anchors (made by
@@ -102,6 +107,24 @@ phase_bubble() {
   done
 }
 
+phase_layouts() {
+  local how t f i=0
+  local IFS=';'
+  for how in ${PP_LAYOUTS:---pp 4 --micro-batches 8;--tp 2 --no-sp --pp 2 --micro-batches 8;--pp 2 --micro-batches 8 --zero 1;--tp 4 --no-sp;--zero 3}; do
+    i=$((i + 1))
+    f="$L/layout-$i.txt"
+    t=$(left)
+    [ "$t" -ge 60 ] || { echo "$how: skipped ($t s left)"; continue; }
+    [ "$t" -gt 150 ] && t=150
+    # shellcheck disable=SC2086 # word list
+    (IFS=' '; timeout -k 10 "$t" "$B" train --device cuda --model L40-H40-C5120-V50304-T1024 \
+      --data random --global-batch 16 --seq 1024 --steps 8 --eval-every 0 --log-every 4 \
+      --checkpointing --nproc-per-node "$NPROC" $how > "$f" 2>&1)
+    echo "$how: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
+    grep -h 'error' "$f" | head -2 | cut -c1-300
+  done
+}
+
 phase_big() {
   pair big L40-H40-C5120 "--schedule 1f1b --checkpointing" "${PP_BIG_PEER---schedule 1f1b --act-ckpt}" 260
   # The bf16 weights cast layer by layer (no full bf16 copy: 2 bytes a
@@ -116,7 +139,8 @@ case "${1:-}" in
   bench) phase_bench ;;
   more) phase_more ;;
   bubble) phase_bubble ;;
+  layouts) phase_layouts ;;
   big) phase_big ;;
-  *) echo "usage: pp.sh tests|bench|more|bubble|big" >&2; exit 2 ;;
+  *) echo "usage: pp.sh tests|bench|more|bubble|layouts|big" >&2; exit 2 ;;
 esac
 finish
