@@ -24,6 +24,10 @@
 #     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
 #     PyTorch 1F1B (PP_BIG_PEER= skips the peer); PP_STREAMED=1 adds braid
 #     with its bf16 weights cast layer by layer.
+#   bash bench/device/pp.sh two
+#     the 2.65B pairs of `bench` on 2 of the GPUs (--pp 2): 1F1B and
+#     interleaved, beside PyTorch's (ANCHORS.md has its 2-H200 figures);
+#     with TWO_BIG=1 (H200s) the 12.85B 1F1B pair with checkpointing.
 #   bash bench/device/pp.sh layouts
 #     the 12.85B model on 4 GPUs, global batch 16 x 1024 with activation
 #     checkpointing, braid alone in each 3-D layout that fits (PP_LAYOUTS,
@@ -107,6 +111,13 @@ phase_bubble() {
   done
 }
 
+phase_two() {
+  export CUDA_VISIBLE_DEVICES=0,1
+  NPROC=2
+  phase_bench
+  if [ -n "${TWO_BIG:-}" ]; then phase_big; fi
+}
+
 phase_layouts() {
   local how t f i=0
   local IFS=';'
@@ -140,7 +151,8 @@ case "${1:-}" in
   more) phase_more ;;
   bubble) phase_bubble ;;
   layouts) phase_layouts ;;
+  two) phase_two ;;
   big) phase_big ;;
-  *) echo "usage: pp.sh tests|bench|more|bubble|layouts|big" >&2; exit 2 ;;
+  *) echo "usage: pp.sh tests|bench|more|bubble|layouts|two|big" >&2; exit 2 ;;
 esac
 finish
