@@ -66,7 +66,12 @@ pub struct GpuStage {
     owns_grads: bool,
     /// The training steps' timelines.
     measured: Measured,
+    /// The two buffers the tied embeddings' gradients go through.
+    tied: Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
 }
+
+/// Elements of the tied embeddings' gradients summed at once (64 MB).
+const TIED_CHUNK: usize = 16 << 20;
 
 /// What the executor runs on: the engine (parameters, optimizer, model),
 /// the micro-batches' saved buffers in flight and the step's gradients.
@@ -565,6 +570,7 @@ impl GpuStage {
             step: 0,
             owns_grads: false,
             measured: Measured::default(),
+            tied: None,
         })
     }
 
@@ -606,17 +612,41 @@ impl GpuStage {
         let peer = if self.rank == first { last } else { first };
         let er = self.layout().block_range(Block::Embedding);
         let s = self.passes.stream();
-        let device = self.passes.acc.device().clone();
-        let mut mine = DeviceBuffer::zeros(&device, er.len()).map_err(e)?;
-        let mut theirs = DeviceBuffer::zeros(&device, er.len()).map_err(e)?;
-        copy_async(&mut mine, &self.passes.acc.view(er.clone()), &s).map_err(e)?;
-        self.group
-            .send_recv(&mine, peer, &mut theirs, peer)
-            .and_then(|w| w.wait())
-            .map_err(|x| format!("summing the tied embeddings' gradients with rank {peer}: {x}"))?;
+        // In pieces of at most TIED_CHUNK elements through two buffers
+        // kept for it (the whole block twice is a GB at 12.85B).
+        let chunk = TIED_CHUNK.min(er.len());
+        if self.tied.as_ref().is_none_or(|(a, _)| a.len() != chunk) {
+            let device = self.passes.acc.device().clone();
+            let z = || DeviceBuffer::zeros(&device, chunk).map_err(e);
+            self.tied = Some((z()?, z()?));
+        }
+        let (mine, theirs) = self.tied.as_mut().expect("made above");
         let k = self.passes.inner.kernels();
-        k.add_inplace(&s, &mut self.passes.acc.view_mut(er), &theirs)
+        let mut at = er.start;
+        while at < er.end {
+            let n = chunk.min(er.end - at);
+            copy_async(
+                &mut mine.view_mut(0..n),
+                &self.passes.acc.view(at..at + n),
+                &s,
+            )
             .map_err(e)?;
+            // (Both ranks cut the block alike: whole buffers go, the
+            // first `n` elements count.)
+            self.group
+                .send_recv(mine, peer, theirs, peer)
+                .and_then(|w| w.wait())
+                .map_err(|x| {
+                    format!("summing the tied embeddings' gradients with rank {peer}: {x}")
+                })?;
+            k.add_inplace(
+                &s,
+                &mut self.passes.acc.view_mut(at..at + n),
+                &theirs.view(0..n),
+            )
+            .map_err(e)?;
+            at += n;
+        }
         s.synchronize().map_err(e)
     }
 
