@@ -9,8 +9,9 @@
 //! CPUs).
 //!
 //! A send copies the activation (or gradient) into a buffer of the link
-//! (one per message of a step, so no send waits for an earlier one's
-//! buffer), queues `ncclSend` after the compute stream's work so far and
+//! whose last send has gone out (a new one where none has: no send waits
+//! for an earlier one's buffer, and the link keeps as many as were out at
+//! once), queues `ncclSend` after the compute stream's work so far and
 //! returns; the compute stream never waits for it. A receive queues
 //! `ncclRecv` into the stage's buffer and the compute stream waits for
 //! it (on the GPU: the host goes on queueing). The end of a step waits,
@@ -23,7 +24,7 @@ use super::exec::Links;
 use crate::Result;
 use braid_comm::gpu::GpuCommunicator;
 use braid_cuda::memory::copy_async;
-use braid_cuda::{DeviceBuffer, Stream};
+use braid_cuda::{DeviceBuffer, Event, Stream};
 use std::time::Duration;
 
 /// One direction between two pipeline ranks.
@@ -35,10 +36,9 @@ struct Link {
     comm: GpuCommunicator,
     /// The other rank's index in it.
     peer: usize,
-    /// Send buffers (outgoing links only): one per message of the step.
-    staging: Vec<DeviceBuffer<f32>>,
-    /// Messages sent this step.
-    used: usize,
+    /// Send buffers (outgoing links only), each with an event recorded
+    /// once its last send went out.
+    staging: Vec<(DeviceBuffer<f32>, Event)>,
 }
 
 /// One pipeline rank's links to the others over NCCL.
@@ -86,7 +86,6 @@ impl DeviceLinks {
                 // Ordered by pipeline rank: the lower is 0.
                 peer: usize::from(other > rank),
                 staging: Vec::new(),
-                used: 0,
             });
         }
         let device = group.device().clone();
@@ -109,22 +108,31 @@ impl Links<DeviceBuffer<f32>> for DeviceLinks {
             .find(|l| (l.from, l.to) == (rank, to))
             .ok_or_else(|| format!("pipeline rank {rank} has no link to rank {to}"))?;
         let e = |x: String| format!("sending to pipeline rank {to}: {x}");
-        if link.used == link.staging.len() {
-            let buf = DeviceBuffer::zeros(link.comm.device(), data.len())
-                .map_err(|x| e(x.to_string()))?;
-            link.staging.push(buf);
+        // A buffer of the right size whose last send has gone out.
+        let mut free = None;
+        for (i, (buf, done)) in link.staging.iter().enumerate() {
+            if buf.len() == data.len() && done.query().map_err(|x| e(x.to_string()))? {
+                free = Some(i);
+                break;
+            }
         }
-        let slot = &mut link.staging[link.used];
-        if slot.len() != data.len() {
-            *slot = DeviceBuffer::zeros(link.comm.device(), data.len())
-                .map_err(|x| e(x.to_string()))?;
-        }
-        link.used += 1;
+        let i = match free {
+            Some(i) => i,
+            None => {
+                let device = link.comm.device();
+                let buf = DeviceBuffer::zeros(device, data.len()).map_err(|x| e(x.to_string()))?;
+                let done = Event::new(device).map_err(|x| e(x.to_string()))?;
+                link.staging.push((buf, done));
+                link.staging.len() - 1
+            }
+        };
+        let (slot, done) = &mut link.staging[i];
         copy_async(slot, data, &self.main).map_err(|x| e(x.to_string()))?;
         link.comm
             .send(slot, link.peer)
             .and_then(|w| w.then_on(&self.sent))
-            .map_err(|x| e(x.to_string()))
+            .map_err(|x| e(x.to_string()))?;
+        done.record(&self.sent).map_err(|x| e(x.to_string()))
     }
 
     fn recv(&mut self, from: usize, _tag: u64, into: &mut DeviceBuffer<f32>) -> Result<()> {
@@ -144,9 +152,6 @@ impl Links<DeviceBuffer<f32>> for DeviceLinks {
     }
 
     fn flush(&mut self) -> Result<()> {
-        for link in &mut self.links {
-            link.used = 0;
-        }
         self.sent
             .synchronize_within(self.timeout, "the pipeline's sends of the step")
             .map_err(|e| {
