@@ -1,0 +1,300 @@
+//! What a [`GpuStage`](super::GpuStage)'s executor runs on: the engine,
+//! the micro-batches' saved buffers in flight (made, reused and released
+//! as the schedule goes), the step's gradients, and the time marks on the
+//! compute stream.
+
+use super::model::Saved;
+use super::{e, GpuGpt, TokenBatch};
+use crate::engine::Engine;
+use crate::pipeline::exec::StagePasses;
+use crate::Result;
+use braid_cuda::memory::copy_async;
+use braid_cuda::{DeviceBuffer, Event, Stream};
+use braid_model::Stage;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// What the executor runs on: the engine (parameters, optimizer, model),
+/// the micro-batches' saved buffers in flight and the step's gradients.
+pub(super) struct Passes {
+    pub(super) inner: GpuGpt,
+    /// This rank's stages: their global index and blocks.
+    pub(super) stages: Vec<(usize, Stage)>,
+    /// Pipeline ranks.
+    pub(super) ranks: usize,
+    /// Micro-batch rows, tokens per row.
+    pub(super) b: usize,
+    pub(super) t: usize,
+    /// Saved buffers not in use, per stage of this rank.
+    pub(super) free: Vec<Vec<Saved>>,
+    /// Saved buffers of the micro-batches in flight, by (stage, micro).
+    pub(super) live: HashMap<(usize, usize), Saved>,
+    /// Per stage of this rank: sets of saved buffers made (the most
+    /// micro-batches in flight at once), and the device bytes of one.
+    pub(super) made: Vec<usize>,
+    pub(super) set_bytes: Vec<usize>,
+    /// A micro-batch whose input gradient went out: its buffers go back to
+    /// the pool at the next call.
+    pub(super) done: Option<(usize, usize)>,
+    /// The step's batch (every micro-batch's rows).
+    pub(super) batch: TokenBatch,
+    /// Whether this step's passes keep what the backward pass needs.
+    pub(super) grad: bool,
+    /// The step's gradients, added up over its micro-batches.
+    pub(super) acc: DeviceBuffer<f32>,
+    /// The schedule splits backward passes and the model can: the input
+    /// half defers the weight gradients to the weight half.
+    pub(super) split: bool,
+    /// (stage, micro) whose weight half has not run yet.
+    pub(super) pending: std::collections::HashSet<(usize, usize)>,
+    /// Time marks on the compute stream: reused timed events, how many
+    /// the step recorded, and the step's origin (an event recorded while
+    /// the stream was idle, and the host's wall clock then).
+    pub(super) marks: Vec<Event>,
+    pub(super) marked: usize,
+    pub(super) origin: Option<(Event, f64)>,
+}
+
+impl Passes {
+    /// Where `stage` is among this rank's.
+    pub(super) fn local(&self, stage: usize) -> Result<usize> {
+        self.stages
+            .iter()
+            .position(|(s, _)| *s == stage)
+            .ok_or_else(|| format!("stage {stage} does not run on this pipeline rank"))
+    }
+
+    /// Rows of micro-batch `m`.
+    pub(super) fn rows(&self, m: usize) -> Range<usize> {
+        m * self.b * self.t..(m + 1) * self.b * self.t
+    }
+
+    /// Returns finished buffers to the pool.
+    pub(super) fn tidy(&mut self) -> Result<()> {
+        if let Some((s, m)) = self.done.take() {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn release(&mut self, stage: usize, m: usize) -> Result<()> {
+        let i = self.local(stage)?;
+        if self.pending.contains(&(stage, m)) {
+            // Its weight half still reads them.
+            return Ok(());
+        }
+        if let Some(a) = self.live.remove(&(stage, m)) {
+            self.free[i].push(a);
+        }
+        Ok(())
+    }
+
+    /// The saved buffers of (`stage`, `m`), from the pool when new.
+    pub(super) fn saved(&mut self, stage: usize, m: usize) -> Result<&mut Saved> {
+        let i = self.local(stage)?;
+        if !self.live.contains_key(&(stage, m)) {
+            let a = match self.free[i].pop() {
+                Some(a) => a,
+                None => {
+                    let st = &self.stages[i].1;
+                    let before = braid_cuda::pool::allocated_bytes();
+                    let set = self.inner.stage_model().micro_saved(st, self.split)?;
+                    self.made[i] += 1;
+                    self.set_bytes[i] = braid_cuda::pool::allocated_bytes().saturating_sub(before);
+                    set
+                }
+            };
+            self.live.insert((stage, m), a);
+        }
+        Ok(self.live.get_mut(&(stage, m)).expect("inserted"))
+    }
+
+    /// Whether `a` and `b` run on this rank (a hand-over without a
+    /// message).
+    pub(super) fn both_here(&self, a: usize, b: usize) -> bool {
+        a % self.ranks == b % self.ranks
+    }
+
+    pub(super) fn stream(&self) -> Stream {
+        self.inner.compute_stream().borrowed()
+    }
+
+    /// Ends the step: every micro-batch's buffers back in the pool.
+    pub(super) fn end_step(&mut self) -> Result<()> {
+        self.done = None;
+        self.pending.clear();
+        let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
+        for (s, m) in keys {
+            self.release(s, m)?;
+        }
+        Ok(())
+    }
+}
+
+impl StagePasses<DeviceBuffer<f32>> for Passes {
+    fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
+        self.tidy()?;
+        let i = self.local(stage)?;
+        let st = self.stages[i].1.clone();
+        // The previous stage on this rank hands its output over.
+        if stage > 0 && self.both_here(stage - 1, stage) {
+            let prev = self.stages[self.local(stage - 1)?].1.clone();
+            self.saved(stage, m)?;
+            let mut here = self.live.remove(&(stage, m)).expect("made above");
+            let s = self.stream();
+            let out = self.saved(stage - 1, m)?.output(&prev).map_err(e)?;
+            copy_async(here.input_mut(&st).map_err(e)?, out, &s).map_err(e)?;
+            self.live.insert((stage, m), here);
+        }
+        self.saved(stage, m)?;
+        let mut set = self.live.remove(&(stage, m)).expect("made above");
+        let rows = self.rows(m);
+        let grad = self.grad;
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let loss = model.forward(
+            &st,
+            &self.batch.tokens[rows.clone()],
+            &self.batch.targets[rows],
+            grad,
+        );
+        model.swap(&mut set)?;
+        self.live.insert((stage, m), set);
+        loss
+    }
+
+    fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
+        self.tidy()?;
+        if input_only && self.split {
+            // The weight half comes later, from these buffers.
+            self.pending.insert((stage, m));
+        }
+        let i = self.local(stage)?;
+        let st = self.stages[i].1.clone();
+        let mut set = self.live.remove(&(stage, m)).ok_or_else(|| {
+            format!("stage {stage}: micro-batch {m}'s backward before its forward")
+        })?;
+        let mut acc = std::mem::replace(
+            &mut self.acc,
+            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
+        );
+        let s = self.stream();
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let ran = model.backward(&st, &set, &mut acc.window());
+        model.swap(&mut set)?;
+        self.acc = acc;
+        ran?;
+        if !st.first {
+            // The input's gradient, kept where the input was (read no more).
+            let model = self.inner.stage_model();
+            copy_async(set.input_mut(&st).map_err(e)?, model.input_grad(), &s).map_err(e)?;
+        }
+        self.live.insert((stage, m), set);
+        if stage > 0 && self.both_here(stage - 1, stage) {
+            // The previous stage on this rank takes it over.
+            let mut mine = self.live.remove(&(stage, m)).expect("inserted");
+            let dst = self
+                .live
+                .get_mut(&(stage - 1, m))
+                .ok_or_else(|| format!("stage {}: micro-batch {m} was not run", stage - 1))?;
+            copy_async(dst.output_grad_mut(), &*mine.input_mut(&st).map_err(e)?, &s).map_err(e)?;
+            self.live.insert((stage, m), mine);
+            self.release(stage, m)?;
+        }
+        if st.first {
+            self.release(stage, m)?;
+        }
+        Ok(())
+    }
+
+    fn backward_weights(&mut self, stage: usize, m: usize) -> Result<()> {
+        self.tidy()?;
+        if !self.pending.remove(&(stage, m)) {
+            // (The f32 model ran the whole backward pass at the input half.)
+            return Ok(());
+        }
+        let st = self.stages[self.local(stage)?].1.clone();
+        let mut set = self
+            .live
+            .remove(&(stage, m))
+            .ok_or_else(|| format!("stage {stage}: micro-batch {m}'s buffers are gone"))?;
+        let mut acc = std::mem::replace(
+            &mut self.acc,
+            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
+        );
+        let mut model = self.inner.stage_model();
+        model.swap(&mut set)?;
+        let ran = model.backward_weights(&st, &mut acc.window());
+        model.swap(&mut set)?;
+        self.acc = acc;
+        self.live.insert((stage, m), set);
+        ran?;
+        self.release(stage, m)
+    }
+
+    fn output(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
+        self.tidy()?;
+        let st = self.stages[self.local(stage)?].1.clone();
+        self.saved(stage, m)?.output(&st).map_err(e)
+    }
+
+    fn input(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
+        self.tidy()?;
+        let st = self.stages[self.local(stage)?].1.clone();
+        self.saved(stage, m)?.input_mut(&st).map_err(e)
+    }
+
+    fn input_grad(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
+        self.tidy()?;
+        // Sent out by the caller before the next call (the link copies
+        // it): then the micro-batch's buffers are done with.
+        self.done = Some((stage, m));
+        let st = self.stages[self.local(stage)?].1.clone();
+        Ok(&*self.saved(stage, m)?.input_mut(&st).map_err(e)?)
+    }
+
+    fn output_grad(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
+        self.tidy()?;
+        Ok(self.saved(stage, m)?.output_grad_mut())
+    }
+
+    fn stamp(&mut self) -> Result<usize> {
+        if self.marked == self.marks.len() {
+            let device = self.acc.device().clone();
+            self.marks.push(Event::timed(&device).map_err(e)?);
+        }
+        let s = self.stream();
+        self.marks[self.marked].record(&s).map_err(e)?;
+        self.marked += 1;
+        Ok(self.marked - 1)
+    }
+}
+
+impl Passes {
+    /// Starts the step's time marks: waits for the stream to be idle (the
+    /// previous step's update), then marks the origin.
+    pub(super) fn start_marks(&mut self) -> Result<()> {
+        let s = self.stream();
+        s.synchronize().map_err(e)?;
+        let origin = match self.origin.take() {
+            Some((ev, _)) => ev,
+            None => Event::timed(self.acc.device()).map_err(e)?,
+        };
+        origin.record(&s).map_err(e)?;
+        self.origin = Some((origin, crate::engines::gpt_cpu_stage::wall_seconds()));
+        self.marked = 0;
+        Ok(())
+    }
+
+    /// The step's marks in seconds of the host's wall clock (waits for
+    /// the stream).
+    pub(super) fn mark_times(&mut self) -> Result<Vec<f64>> {
+        self.stream().synchronize().map_err(e)?;
+        let (o, h0) = self.origin.as_ref().ok_or("no time marks this step")?;
+        self.marks[..self.marked]
+            .iter()
+            .map(|m| Ok(h0 + m.elapsed_ms(o).map_err(e)? as f64 / 1e3))
+            .collect()
+    }
+}
