@@ -1,7 +1,7 @@
 //! The built-in schedules as lists: GPipe, 1F1B, interleaved 1F1B and
 //! ZB-H1, each the order of the computations on every rank, with the
 //! sends and receives a stage on another rank needs put around them
-//! ([`Lists`]). The kind is parsed from `--schedule`
+//! (`Lists`). The kind is parsed from `--schedule`
 //! ([`ScheduleKind::parse`]).
 
 use super::{Action, Op, Schedule};

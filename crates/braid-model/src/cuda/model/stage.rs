@@ -16,7 +16,7 @@ use crate::cuda::held::{output_grad, stage_input, stage_output};
 use crate::layout::Stage;
 
 /// What one micro-batch's forward pass through a stage keeps for its
-/// backward pass (see the [module docs](self)).
+/// backward pass (see the module docs of `stage`).
 pub struct F32MicroSaved {
     pub(super) layers: Vec<Option<LayerActs>>,
     pub(super) resid: Vec<Option<DeviceBuffer<f32>>>,

@@ -38,7 +38,7 @@ pub(super) struct MicroPlan {
 }
 
 /// What one micro-batch's forward pass through a stage keeps for its
-/// backward pass (see the [module docs](self)).
+/// backward pass (see the module docs of `stage`).
 pub struct MicroSaved {
     pub(super) layers: Vec<Option<LayerSaved>>,
     pub(super) resid: Vec<Option<DeviceBuffer<f32>>>,
