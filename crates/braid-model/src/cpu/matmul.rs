@@ -115,8 +115,22 @@ pub fn linear_backward<T: Real>(
     ic: usize,
     oc: usize,
 ) {
+    linear_backward_input(dinp, dbias, dout, w, rows, ic, oc);
+    linear_backward_weight(dw, dout, inp, rows, ic, oc);
+}
+
+/// The input's half of [`linear_backward`]: `dinp += dout · wᵀ`,
+/// `dbias += Σ_rows dout`.
+pub fn linear_backward_input<T: Real>(
+    dinp: &mut [T],
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    w: &[T],
+    rows: usize,
+    ic: usize,
+    oc: usize,
+) {
     gemm_rm(dinp, dout, false, w, true, rows, ic, oc, true);
-    gemm_rm(dw, inp, true, dout, false, ic, oc, rows, true);
     if let Some(db) = dbias {
         for row in dout.chunks_exact(oc) {
             for (d, &g) in db.iter_mut().zip(row) {
@@ -124,4 +138,16 @@ pub fn linear_backward<T: Real>(
             }
         }
     }
+}
+
+/// The weight's half of [`linear_backward`]: `dw += inpᵀ · dout`.
+pub fn linear_backward_weight<T: Real>(
+    dw: &mut [T],
+    dout: &[T],
+    inp: &[T],
+    rows: usize,
+    ic: usize,
+    oc: usize,
+) {
+    gemm_rm(dw, inp, true, dout, false, ic, oc, rows, true);
 }

@@ -103,6 +103,29 @@ impl<T: Real> LayerActs<T> {
     }
 }
 
+/// What a layer's split backward pass keeps from its input half for its
+/// weight half: the output gradient each of its four products saw (whole
+/// rows).
+#[derive(Debug, Clone)]
+pub(super) struct LayerDy<T> {
+    pub fcproj: Vec<T>,
+    pub fc: Vec<T>,
+    pub proj: Vec<T>,
+    pub qkv: Vec<T>,
+}
+
+impl<T: Real> LayerDy<T> {
+    fn new(n: usize, w: Widths) -> Self {
+        let z = |k: usize| vec![T::ZERO; k];
+        LayerDy {
+            fcproj: z(n * w.c),
+            fc: z(n * w.mlp),
+            proj: z(n * w.c),
+            qkv: z(n * 3 * w.attn),
+        }
+    }
+}
+
 /// Gradient scratch shared by all layers.
 #[derive(Debug, Clone)]
 pub(super) struct LayerGrads<T> {
@@ -169,6 +192,9 @@ pub struct Activations<T> {
     pub(super) grads: LayerGrads<T>,
     pub(super) dresid: Vec<T>,
     pub(super) scratch: Scratch<T>,
+    /// Per layer, where the backward pass is split in halves
+    /// ([`split_backward`](Self::split_backward)); empty otherwise.
+    pub(super) deferred: Vec<LayerDy<T>>,
 }
 
 impl<T: Real> Activations<T> {
@@ -226,7 +252,24 @@ impl<T: Real> Activations<T> {
                 full: split_only(n * w.c),
                 local: split_only(nl * w.c),
             },
+            deferred: Vec::new(),
         }
+    }
+
+    /// Splits the backward passes run with these activations in halves:
+    /// the input half keeps each layer's output gradients and leaves its
+    /// weight gradients to the weight half
+    /// ([`crate::Gpt::stage_backward_weights`]), which reads the layer's
+    /// saved internals — so not under activation checkpointing (there the
+    /// passes stay whole; returns whether they split).
+    pub fn split_backward(&mut self, layout: &Layout) -> bool {
+        if self.checkpointing {
+            return false;
+        }
+        let w = Widths::of(layout);
+        let n = self.b * self.t;
+        self.deferred = (0..self.layers.len()).map(|_| LayerDy::new(n, w)).collect();
+        true
     }
 
     /// Elements held now (the classifier's chunk of logits counts once
@@ -243,6 +286,11 @@ impl<T: Real> Activations<T> {
             + self.dresid.len()
             + self.scratch.full.len()
             + self.scratch.local.len()
+            + self
+                .deferred
+                .iter()
+                .map(|d| d.fcproj.len() + d.fc.len() + d.proj.len() + d.qkv.len())
+                .sum::<usize>()
     }
 
     /// Each position's loss from the last forward pass (0 where the target

@@ -2,11 +2,13 @@
 //! `resid2 = x + proj(attn(qkv(ln1(x))))`, `out = resid2 +
 //! fcproj(gelu(fc(ln2(resid2))))`, at the rank's [`Widths`].
 
-use super::acts::{LayerActs, LayerGrads, Scratch, Widths};
+use super::acts::{LayerActs, LayerDy, LayerGrads, Scratch, Widths};
 use super::{two_mut, Gpt, StepError};
 use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use crate::cpu::gelu::{gelu_backward, gelu_forward};
-use crate::cpu::matmul::{linear_backward, linear_forward};
+use crate::cpu::matmul::{
+    linear_backward, linear_backward_input, linear_backward_weight, linear_forward,
+};
 use crate::cpu::norm::{layernorm_backward, layernorm_forward};
 use crate::cpu::Real;
 use crate::layout::{Block, Layout};
@@ -257,6 +259,9 @@ impl Gpt {
 
     /// Backward of layer `l`: `dx` holds the gradient of the layer's
     /// output on entry and of its input on return (this rank's rows).
+    /// With `defer`, its input half only: the four products' weight
+    /// gradients are left to [`layer_backward_weights`](Self::layer_backward_weights),
+    /// their output gradients kept in `defer`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn layer_backward<T: Real>(
         &self,
@@ -269,6 +274,7 @@ impl Gpt {
         g: &mut LayerGrads<T>,
         s: &mut Scratch<T>,
         shape: AttnShape,
+        mut defer: Option<&mut LayerDy<T>>,
     ) -> Result<(), StepError> {
         let Widths { c, attn, mlp, .. } = self.widths;
         let n = shape.b * shape.t;
@@ -289,7 +295,8 @@ impl Gpt {
         {
             let dout = self.rows_of(dx, &mut s.full, "layer backward: gathering rows")?;
             let (gw, gb) = two_mut(grads, lp.fcproj_w.clone(), lp.fcproj_b.clone());
-            linear_backward(
+            linear_backward_or_keep(
+                defer.as_mut().map(|d| &mut d.fcproj),
                 &mut g.dgelu,
                 gw,
                 Some(gb),
@@ -306,7 +313,8 @@ impl Gpt {
         g.dln2.fill(T::ZERO);
         {
             let (gw, gb) = two_mut(grads, lp.fc_w.clone(), lp.fc_b.clone());
-            linear_backward(
+            linear_backward_or_keep(
+                defer.as_mut().map(|d| &mut d.fc),
                 &mut g.dln2,
                 gw,
                 Some(gb),
@@ -343,7 +351,8 @@ impl Gpt {
         {
             let dout = self.rows_of(&g.dresid2, &mut s.full, "layer backward: gathering rows")?;
             let (gw, gb) = two_mut(grads, lp.proj_w.clone(), lp.proj_b.clone());
-            linear_backward(
+            linear_backward_or_keep(
+                defer.as_mut().map(|d| &mut d.proj),
                 &mut g.datty,
                 gw,
                 Some(gb),
@@ -360,7 +369,8 @@ impl Gpt {
         g.dln1.fill(T::ZERO);
         {
             let (gw, gb) = two_mut(grads, lp.qkv_w.clone(), lp.qkv_b.clone());
-            linear_backward(
+            linear_backward_or_keep(
+                defer.as_mut().map(|d| &mut d.qkv),
                 &mut g.dln1,
                 gw,
                 Some(gb),
@@ -400,5 +410,54 @@ impl Gpt {
             )?;
         }
         Ok(())
+    }
+
+    /// The weight half of layer `l`'s split backward pass: the four
+    /// products' weight gradients into `grads` (the layer's block) from
+    /// the output gradients its input half kept (`dy`) and its saved
+    /// inputs (`a`), for `n` rows.
+    pub(super) fn layer_backward_weights<T: Real>(
+        &self,
+        l: usize,
+        grads: &mut [T],
+        a: &LayerActs<T>,
+        dy: &LayerDy<T>,
+        n: usize,
+    ) {
+        let Widths { c, attn, mlp, .. } = self.widths;
+        let lp = &self.layers[l];
+        let products = [
+            (lp.fcproj_w.clone(), &dy.fcproj, &a.fch_gelu, mlp, c),
+            (lp.fc_w.clone(), &dy.fc, &a.ln2, c, mlp),
+            (lp.proj_w.clone(), &dy.proj, &a.atty, attn, c),
+            (lp.qkv_w.clone(), &dy.qkv, &a.ln1, c, 3 * attn),
+        ];
+        for (w, dout, inp, ic, oc) in products {
+            linear_backward_weight(&mut grads[w], dout, inp, n, ic, oc);
+        }
+    }
+}
+
+/// [`linear_backward`], or with `keep` its input half only, `dout` kept
+/// there for the weight half.
+#[allow(clippy::too_many_arguments)]
+fn linear_backward_or_keep<T: Real>(
+    keep: Option<&mut Vec<T>>,
+    dinp: &mut [T],
+    dw: &mut [T],
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    inp: &[T],
+    w: &[T],
+    rows: usize,
+    ic: usize,
+    oc: usize,
+) {
+    match keep {
+        Some(k) => {
+            linear_backward_input(dinp, dbias, dout, w, rows, ic, oc);
+            k.copy_from_slice(dout);
+        }
+        None => linear_backward(dinp, dw, dbias, dout, inp, w, rows, ic, oc),
     }
 }

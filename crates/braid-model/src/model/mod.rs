@@ -511,6 +511,8 @@ impl Gpt {
             r?;
         }
         let shape = self.attn_shape(b, t);
+        // Split backward passes keep this layer's output gradients.
+        let defer = acts.deferred.get_mut(i);
         self.layer_backward(
             l,
             p,
@@ -521,6 +523,7 @@ impl Gpt {
             &mut acts.grads,
             &mut acts.scratch,
             shape,
+            defer,
         )
     }
 }

@@ -113,6 +113,34 @@ impl Gpt {
     }
 }
 
+impl Gpt {
+    /// The weight half of stage `st`'s backward pass of the micro-batch of
+    /// `acts` (made [`Activations::split_backward`], after
+    /// [`stage_backward`](Self::stage_backward) ran the input half): each
+    /// layer's weight gradients into `grads`.
+    pub fn stage_backward_weights<T: Real>(
+        &self,
+        st: &Stage,
+        grads: &mut [T],
+        acts: &Activations<T>,
+    ) -> Result<(), StepError> {
+        self.held(st)?;
+        let n = acts.b * acts.t;
+        for l in st.layers.clone().rev() {
+            let i = acts.index(l)?;
+            let dy = acts.deferred.get(i).ok_or_else(|| {
+                StepError::Shape(format!(
+                    "layer {l}: its backward pass was not split (these activations keep no \
+                     output gradients)"
+                ))
+            })?;
+            let r = self.layout.block_range(Block::Layer(l));
+            self.layer_backward_weights(l, &mut grads[r], &acts.layers[i], dy, n);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::GptConfig;

@@ -13,7 +13,10 @@
 //! stage: their gradients are summed between the two every step, so the
 //! copies stay equal; the last stage's copy is not saved in checkpoints,
 //! nor counted twice in the gradient norm. Split backward passes (ZB-H1)
-//! run whole at their input half on CPUs (the weight half is a no-op).
+//! run in halves: the input half keeps each layer's output gradients in
+//! the micro-batch's activations and the weight half forms the weight
+//! gradients from them later (under activation checkpointing the whole
+//! pass runs at the input half).
 
 use super::gpt_cpu::CpuGpt;
 use super::{gpt_describe, TokenBatch};
@@ -67,6 +70,12 @@ struct Passes {
     /// Per stage of this rank: activations made (the most micro-batches
     /// in flight at once).
     made: Vec<usize>,
+    /// The schedule splits backward passes (and the activations are kept
+    /// whole: no checkpointing): the input half leaves the weight
+    /// gradients to the weight half.
+    split: bool,
+    /// (stage, micro) whose weight half has not run yet.
+    pending: std::collections::HashSet<(usize, usize)>,
     /// A micro-batch whose input gradient went out: its activations go
     /// back to the pool at the next call.
     done: Option<(usize, usize)>,
@@ -113,6 +122,10 @@ impl Passes {
 
     fn release(&mut self, stage: usize, m: usize) -> Result<()> {
         let i = self.local(stage)?;
+        if self.pending.contains(&(stage, m)) {
+            // Its weight half still reads them.
+            return Ok(());
+        }
         if let Some(a) = self.live.remove(&(stage, m)) {
             self.free[i].push(a);
         }
@@ -127,9 +140,14 @@ impl Passes {
                 Some(a) => a,
                 None => {
                     self.made[i] += 1;
-                    self.model
+                    let mut a = self
+                        .model
                         .stage_activations(&self.stages[i].1, self.b, self.t, self.checkpointing)
-                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                    if self.split {
+                        a.split_backward(self.inner.layout());
+                    }
+                    a
                 }
             };
             self.live.insert((stage, m), a);
@@ -179,6 +197,7 @@ impl Passes {
     /// Ends the step: every micro-batch's activations back in the pool.
     fn end_step(&mut self) -> Result<()> {
         self.done = None;
+        self.pending.clear();
         let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
         for (s, m) in keys {
             self.release(s, m)?;
@@ -206,8 +225,12 @@ impl StagePasses<[f32]> for Passes {
         })
     }
 
-    fn backward(&mut self, stage: usize, m: usize, _input_only: bool) -> Result<()> {
+    fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
         self.tidy()?;
+        if input_only && self.split {
+            // The weight half comes later, from these activations.
+            self.pending.insert((stage, m));
+        }
         // The next stage on this rank hands its input's gradient over.
         if stage + 1 < self.total && self.both_here(stage, stage + 1) {
             let g = self.acts(stage + 1, m)?.residual_grad().to_vec();
@@ -234,9 +257,19 @@ impl StagePasses<[f32]> for Passes {
         Ok(())
     }
 
-    fn backward_weights(&mut self, _stage: usize, _micro: usize) -> Result<()> {
-        // The CPU engine ran the whole backward at the input half.
-        self.tidy()
+    fn backward_weights(&mut self, stage: usize, m: usize) -> Result<()> {
+        self.tidy()?;
+        if !self.pending.remove(&(stage, m)) {
+            // (Under checkpointing the whole pass ran at the input half.)
+            return Ok(());
+        }
+        let _t = scope::start(None, Cat::Compute, || {
+            format!("stage {stage} backward weights micro-batch {m}")
+        });
+        self.with_micro(stage, m, |p| {
+            p.model.stage_backward_weights(p.stage, p.grads, p.acts)
+        })?;
+        self.release(stage, m)
     }
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
@@ -318,6 +351,13 @@ impl CpuStage {
                 free: (0..n).map(|_| Vec::new()).collect(),
                 live: HashMap::new(),
                 made: vec![0; n],
+                split: !checkpointing
+                    && schedule
+                        .actions
+                        .iter()
+                        .flatten()
+                        .any(|a| a.op == crate::schedule::Op::BackwardInput),
+                pending: Default::default(),
                 done: None,
                 batch: TokenBatch::new(0, t),
                 stamps: Vec::new(),
