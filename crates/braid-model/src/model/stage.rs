@@ -163,7 +163,8 @@ mod tests {
         let mut r = crate::rng::Rng::new(5);
         let toks: Vec<u32> = (0..b * t).map(|_| (r.next_u64() % 29) as u32).collect();
         let tg: Vec<u32> = (0..b * t).map(|_| (r.next_u64() % 29) as u32).collect();
-        for ckpt in [false, true] {
+        // Whole backward passes, with checkpointing, and split in halves.
+        for (ckpt, split) in [(false, false), (true, false), (false, true)] {
             let m = Gpt::new(whole.clone());
             let mut acts = m.activations::<f64>(b, t, ckpt).unwrap();
             let mut g = vec![0.0; p.len()];
@@ -198,7 +199,13 @@ mod tests {
             let ps: Vec<Vec<f64>> = stages.iter().map(|(l, _, _)| part(l, &p)).collect();
             let mut acts: Vec<_> = stages
                 .iter()
-                .map(|(_, m, st)| m.stage_activations::<f64>(st, b, t, ckpt).unwrap())
+                .map(|(l, m, st)| {
+                    let mut a = m.stage_activations::<f64>(st, b, t, ckpt).unwrap();
+                    if split {
+                        assert!(a.split_backward(l));
+                    }
+                    a
+                })
                 .collect();
             let mut handed = Vec::new();
             let mut got = None;
@@ -229,6 +236,10 @@ mod tests {
                 )
                 .unwrap();
                 handed = acts[i].residual_grad().to_vec();
+                if split {
+                    // The weight half, after the input half went on.
+                    m.stage_backward_weights(st, &mut gs[i], &acts[i]).unwrap();
+                }
             }
             for (i, (l, _, _)) in stages.iter().enumerate() {
                 for (block, range) in &l.blocks {
