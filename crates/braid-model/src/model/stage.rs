@@ -152,7 +152,8 @@ mod tests {
     /// Three stages passing activations and gradients by hand give the
     /// whole model's loss and gradients (f64): every layer's exactly, the
     /// tied embeddings as the sum of the first and last stages' copies;
-    /// with activation checkpointing too.
+    /// with activation checkpointing too, and with the backward passes
+    /// split in halves (the weight half after the input half went on).
     #[test]
     fn stages_in_a_row_are_the_whole_model() {
         let cfg = GptConfig::parse("L4-H2-C8-V29-T8").unwrap();
