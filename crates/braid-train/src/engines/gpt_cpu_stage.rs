@@ -22,15 +22,15 @@ use super::gpt_cpu::CpuGpt;
 use super::{gpt_describe, TokenBatch};
 use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
 use crate::pipeline::exec::{self, StagePasses};
+use crate::pipeline::in_flight::InFlight;
 use crate::pipeline::links::HostLinks;
-use crate::pipeline::timeline::{self, Measured};
+use crate::pipeline::timeline::{self, Held, Measured};
 use crate::schedule::Schedule;
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_comm::{Communicator, ReduceOp};
 use braid_model::{Activations, Block, Gpt, Layout, Stage};
 use braid_trace::{scope, Cat};
-use std::collections::HashMap;
 use std::ops::Range;
 
 /// One pipeline rank's stages on this machine's CPUs.
@@ -57,28 +57,16 @@ struct Passes {
     stages: Vec<(usize, Stage)>,
     /// Stages in the pipeline.
     total: usize,
-    /// Pipeline ranks.
-    ranks: usize,
     /// Micro-batch rows, tokens per row.
     b: usize,
     t: usize,
     checkpointing: bool,
-    /// Activations not in use, per stage of this rank.
-    free: Vec<Vec<Activations<f32>>>,
-    /// Activations of the micro-batches in flight, by (stage, micro).
-    live: HashMap<(usize, usize), Activations<f32>>,
-    /// Per stage of this rank: activations made (the most micro-batches
-    /// in flight at once).
-    made: Vec<usize>,
+    /// The activations of the micro-batches in flight.
+    flight: InFlight<Activations<f32>>,
     /// The schedule splits backward passes (and the activations are kept
     /// whole: no checkpointing): the input half leaves the weight
     /// gradients to the weight half.
     split: bool,
-    /// (stage, micro) whose weight half has not run yet.
-    pending: std::collections::HashSet<(usize, usize)>,
-    /// A micro-batch whose input gradient went out: its activations go
-    /// back to the pool at the next call.
-    done: Option<(usize, usize)>,
     /// The step's batch (every micro-batch's rows).
     batch: TokenBatch,
     /// The step's gradients, accumulated over its micro-batches.
@@ -101,10 +89,7 @@ struct Pass<'a> {
 impl Passes {
     /// Where `stage` is among this rank's.
     fn local(&self, stage: usize) -> Result<usize> {
-        self.stages
-            .iter()
-            .position(|(s, _)| *s == stage)
-            .ok_or_else(|| format!("stage {stage} does not run on this pipeline rank"))
+        self.flight.local(stage)
     }
 
     /// Rows of micro-batch `m`.
@@ -112,47 +97,28 @@ impl Passes {
         m * self.b * self.t..(m + 1) * self.b * self.t
     }
 
-    /// Returns finished activations to the pool.
-    fn tidy(&mut self) -> Result<()> {
-        if let Some((s, m)) = self.done.take() {
-            self.release(s, m)?;
-        }
-        Ok(())
-    }
-
-    fn release(&mut self, stage: usize, m: usize) -> Result<()> {
-        let i = self.local(stage)?;
-        if self.pending.contains(&(stage, m)) {
-            // Its weight half still reads them.
-            return Ok(());
-        }
-        if let Some(a) = self.live.remove(&(stage, m)) {
-            self.free[i].push(a);
-        }
-        Ok(())
-    }
-
-    /// The activations of (`stage`, `m`), from the pool when new.
+    /// The activations of (`stage`, `m`), made when the pool has none.
     fn acts(&mut self, stage: usize, m: usize) -> Result<&mut Activations<f32>> {
-        let i = self.local(stage)?;
-        if !self.live.contains_key(&(stage, m)) {
-            let a = match self.free[i].pop() {
-                Some(a) => a,
-                None => {
-                    self.made[i] += 1;
-                    let mut a = self
-                        .model
-                        .stage_activations(&self.stages[i].1, self.b, self.t, self.checkpointing)
-                        .map_err(|e| e.to_string())?;
-                    if self.split {
-                        a.split_backward(self.inner.layout());
-                    }
-                    a
-                }
-            };
-            self.live.insert((stage, m), a);
-        }
-        Ok(self.live.get_mut(&(stage, m)).expect("inserted"))
+        let Passes {
+            model,
+            stages,
+            b,
+            t,
+            checkpointing,
+            split,
+            inner,
+            flight,
+            ..
+        } = self;
+        flight.get(stage, m, |i| {
+            let mut a = model
+                .stage_activations(&stages[i].1, *b, *t, *checkpointing)
+                .map_err(|e| e.to_string())?;
+            if *split {
+                a.split_backward(inner.layout());
+            }
+            Ok(a)
+        })
     }
 
     /// Runs `f` on stage `stage`'s pass of micro-batch `m`: the model, the
@@ -171,7 +137,7 @@ impl Passes {
             inner,
             model,
             stages,
-            live,
+            flight,
             batch,
             acc,
             ..
@@ -181,36 +147,19 @@ impl Passes {
             stage: &stages[i].1,
             params: inner.params(),
             grads: acc,
-            acts: live.get_mut(&(stage, m)).expect("made above"),
+            acts: flight.get_live(stage, m).expect("made above"),
             tokens: &batch.tokens[rows.clone()],
             targets: &batch.targets[rows],
         })
         .map_err(|e| e.to_string())
     }
-
-    /// Whether `a` and `b` run on this rank (a hand-over without a
-    /// message).
-    fn both_here(&self, a: usize, b: usize) -> bool {
-        a % self.ranks == b % self.ranks
-    }
-
-    /// Ends the step: every micro-batch's activations back in the pool.
-    fn end_step(&mut self) -> Result<()> {
-        self.done = None;
-        self.pending.clear();
-        let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
-        for (s, m) in keys {
-            self.release(s, m)?;
-        }
-        Ok(())
-    }
 }
 
 impl StagePasses<[f32]> for Passes {
     fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         // The previous stage on this rank hands its output over.
-        if stage > 0 && self.both_here(stage - 1, stage) {
+        if stage > 0 && self.flight.both_here(stage - 1, stage) {
             let out = self.acts(stage - 1, m)?.output().to_vec();
             self.acts(stage, m)?.input_mut().copy_from_slice(&out);
         }
@@ -226,16 +175,16 @@ impl StagePasses<[f32]> for Passes {
     }
 
     fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
-        self.tidy()?;
+        self.flight.tidy()?;
         if input_only && self.split {
             // The weight half comes later, from these activations.
-            self.pending.insert((stage, m));
+            self.flight.defer(stage, m);
         }
         // The next stage on this rank hands its input's gradient over.
-        if stage + 1 < self.total && self.both_here(stage, stage + 1) {
+        if stage + 1 < self.total && self.flight.both_here(stage, stage + 1) {
             let g = self.acts(stage + 1, m)?.residual_grad().to_vec();
             self.acts(stage, m)?.residual_grad_mut().copy_from_slice(&g);
-            self.release(stage + 1, m)?;
+            self.flight.release(stage + 1, m)?;
         }
         let _t = scope::start(None, Cat::Compute, || {
             format!("stage {stage} backward micro-batch {m}")
@@ -252,14 +201,14 @@ impl StagePasses<[f32]> for Passes {
             )
         })?;
         if stage == 0 {
-            self.release(stage, m)?;
+            self.flight.release(stage, m)?;
         }
         Ok(())
     }
 
     fn backward_weights(&mut self, stage: usize, m: usize) -> Result<()> {
-        self.tidy()?;
-        if !self.pending.remove(&(stage, m)) {
+        self.flight.tidy()?;
+        if !self.flight.undefer(stage, m) {
             // (Under checkpointing the whole pass ran at the input half.)
             return Ok(());
         }
@@ -269,29 +218,29 @@ impl StagePasses<[f32]> for Passes {
         self.with_micro(stage, m, |p| {
             p.model.stage_backward_weights(p.stage, p.grads, p.acts)
         })?;
-        self.release(stage, m)
+        self.flight.release(stage, m)
     }
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
-        self.tidy()?;
+        self.flight.tidy()?;
         Ok(self.acts(stage, m)?.output())
     }
 
     fn input(&mut self, stage: usize, m: usize) -> Result<&mut [f32]> {
-        self.tidy()?;
+        self.flight.tidy()?;
         Ok(self.acts(stage, m)?.input_mut())
     }
 
     fn input_grad(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
-        self.tidy()?;
+        self.flight.tidy()?;
         // Sent out by the caller before the next call: then the
         // micro-batch's activations are done with.
-        self.done = Some((stage, m));
+        self.flight.hand_out(stage, m);
         Ok(self.acts(stage, m)?.residual_grad())
     }
 
     fn output_grad(&mut self, stage: usize, m: usize) -> Result<&mut [f32]> {
-        self.tidy()?;
+        self.flight.tidy()?;
         Ok(self.acts(stage, m)?.residual_grad_mut())
     }
 
@@ -336,29 +285,24 @@ impl CpuStage {
         let links = HostLinks::new(&group)?;
         // (A tensor-parallel rank's share runs with its group.)
         let model = inner.model().clone();
-        let n = stages.len();
+        let flight = InFlight::new(stages.iter().map(|(i, _)| *i).collect(), schedule.ranks);
         Ok(CpuStage {
             passes: Passes {
                 acc: vec![0.0; layout.len],
                 inner,
                 model,
                 total: schedule.stages(),
-                ranks: schedule.ranks,
                 stages,
                 b,
                 t,
                 checkpointing,
-                free: (0..n).map(|_| Vec::new()).collect(),
-                live: HashMap::new(),
-                made: vec![0; n],
+                flight,
                 split: !checkpointing
                     && schedule
                         .actions
                         .iter()
                         .flatten()
                         .any(|a| a.op == crate::schedule::Op::BackwardInput),
-                pending: Default::default(),
-                done: None,
                 batch: TokenBatch::new(0, t),
                 stamps: Vec::new(),
             },
@@ -444,37 +388,26 @@ impl CpuStage {
         Ok(sum[0])
     }
 
-    /// [`timeline_report`](Self::timeline_report) as JSON, with the most
-    /// micro-batches each stage held at once.
-    pub fn timeline_json(&self) -> Option<serde_json::Value> {
-        let mut doc = self.measured.to_json(&self.schedule)?;
-        let p = &self.passes;
-        doc["in_flight"] = p
-            .stages
-            .iter()
-            .zip(&p.made)
-            .map(|((i, _), n)| serde_json::json!({"stage": i, "micro_batches": n}))
-            .collect();
-        doc["pipeline_rank"] = self.rank.into();
-        Some(doc)
+    /// What this rank's stages held at once.
+    fn held(&self) -> Held<'_> {
+        Held {
+            rank: self.rank,
+            stages: self.passes.stages.iter().map(|(i, _)| *i).collect(),
+            made: self.passes.flight.made(),
+            bytes: None,
+        }
     }
 
-    /// The last step's timeline as a chart, and the measured idle
-    /// fraction beside the theory's (printed at the end of a run).
+    /// [`timeline_report`](Self::timeline_report) as JSON.
+    pub fn timeline_json(&self) -> Option<serde_json::Value> {
+        self.measured.json_held(&self.schedule, &self.held())
+    }
+
+    /// The last step's timeline as a chart, the measured idle fraction
+    /// beside the theory's, and the most micro-batches each stage held at
+    /// once (printed at the end of a run).
     pub fn timeline_report(&self) -> Option<String> {
-        let held: Vec<String> = self
-            .passes
-            .stages
-            .iter()
-            .zip(&self.passes.made)
-            .map(|((i, _), n)| format!("stage {i}: {n}"))
-            .collect();
-        let report = self.measured.report(&self.schedule)?;
-        Some(format!(
-            "{report}\nmicro-batches whose activations pipeline rank {} held at once, at most: {}",
-            self.rank,
-            held.join(", ")
-        ))
+        self.measured.report_held(&self.schedule, &self.held())
     }
 
     /// The parameters with their layout (this rank's stages).
@@ -574,7 +507,7 @@ impl Engine for CpuStage {
             self.step,
         );
         self.step += 1;
-        let ended = self.passes.end_step();
+        let ended = self.passes.flight.end_step();
         let ran = run?;
         ended?;
         if grad {

@@ -34,7 +34,8 @@ mod passes;
 use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
 use crate::pipeline::device_links::DeviceLinks;
 use crate::pipeline::exec;
-use crate::pipeline::timeline::{self, Measured};
+use crate::pipeline::in_flight::InFlight;
+use crate::pipeline::timeline::{self, Held, Measured};
 use crate::schedule::{Op, Schedule};
 use crate::space::Gpu;
 use crate::Result;
@@ -45,7 +46,6 @@ use braid_cuda::{DeviceBuffer, DeviceWindow, Stream};
 use braid_model::{Block, Layout, Stage};
 pub(crate) use model::StageModel;
 use passes::Passes;
-use std::collections::HashMap;
 use std::ops::Range;
 
 pub(super) fn e(x: impl std::fmt::Display) -> String {
@@ -136,26 +136,22 @@ impl GpuStage {
             model.set_loss_weight(1.0 / schedule.micro_batches as f32);
         }
         let n = stages.len();
+        let flight = InFlight::new(stages.iter().map(|(i, _)| *i).collect(), schedule.ranks);
         Ok(GpuStage {
             passes: Passes {
                 acc: DeviceBuffer::zeros(&device, len).map_err(e)?,
                 inner,
-                ranks: schedule.ranks,
                 stages,
                 b,
                 t,
-                free: (0..n).map(|_| Vec::new()).collect(),
-                live: HashMap::new(),
-                made: vec![0; n],
+                flight,
                 set_bytes: vec![0; n],
-                done: None,
                 batch: TokenBatch::new(0, t),
                 grad: false,
                 marks: Vec::new(),
                 marked: 0,
                 origin: None,
                 split,
-                pending: Default::default(),
             },
             links,
             schedule,
@@ -287,37 +283,26 @@ impl GpuStage {
         Ok(sum[0])
     }
 
-    /// [`timeline_report`](Self::timeline_report) as JSON, with the most
-    /// micro-batches each stage held at once (and the bytes of one).
-    pub fn timeline_json(&self) -> Option<serde_json::Value> {
-        let mut doc = self.measured.to_json(&self.schedule)?;
-        let p = &self.passes;
-        doc["in_flight"] = p
-            .stages
-            .iter()
-            .zip(p.made.iter().zip(&p.set_bytes))
-            .map(|((i, _), (n, b))| serde_json::json!({"stage": i, "micro_batches": n, "bytes": b}))
-            .collect();
-        doc["pipeline_rank"] = self.rank.into();
-        Some(doc)
+    /// What this rank's stages held at once.
+    fn held(&self) -> Held<'_> {
+        Held {
+            rank: self.rank,
+            stages: self.passes.stages.iter().map(|(i, _)| *i).collect(),
+            made: self.passes.flight.made(),
+            bytes: Some(&self.passes.set_bytes),
+        }
     }
 
-    /// The last step's timeline as a chart, and the measured idle
-    /// fraction beside the theory's (printed at the end of a run).
+    /// [`timeline_report`](Self::timeline_report) as JSON.
+    pub fn timeline_json(&self) -> Option<serde_json::Value> {
+        self.measured.json_held(&self.schedule, &self.held())
+    }
+
+    /// The last step's timeline as a chart, the measured idle fraction
+    /// beside the theory's, and the most micro-batches each stage held at
+    /// once (printed at the end of a run).
     pub fn timeline_report(&self) -> Option<String> {
-        let held: Vec<String> = self
-            .passes
-            .stages
-            .iter()
-            .zip(self.passes.made.iter().zip(&self.passes.set_bytes))
-            .map(|((i, _), (n, b))| format!("stage {i}: {n} ({:.1} MB each)", *b as f64 / 1e6))
-            .collect();
-        let report = self.measured.report(&self.schedule)?;
-        Some(format!(
-            "{report}\nmicro-batches whose activations pipeline rank {} held at once, at most: {}",
-            self.rank,
-            held.join(", ")
-        ))
+        self.measured.report_held(&self.schedule, &self.held())
     }
 
     /// The parameters with their layout (this rank's stages).
@@ -435,7 +420,7 @@ impl Engine for GpuStage {
             self.step,
         );
         self.step += 1;
-        let ended = self.passes.end_step();
+        let ended = self.passes.flight.end_step();
         let ran = run?;
         ended?;
         if grad {

@@ -6,6 +6,8 @@
 //! - [`gather`]: the whole model put together from the stages (`--save`);
 //! - [`exec`]: runs one rank's list of actions over what its stages do
 //!   ([`exec::StagePasses`]) and how messages move ([`exec::Links`]);
+//! - [`in_flight`]: a rank's buffers of the micro-batches between their
+//!   forward and backward passes, pooled;
 //! - [`links`]: [`links::HostLinks`], messages between pipeline ranks over
 //!   host communicators, sends on a thread of their own (a send never
 //!   holds its rank up, as the schedules' checks assume);
@@ -18,5 +20,6 @@ pub mod assign;
 pub mod device_links;
 pub mod exec;
 pub mod gather;
+pub mod in_flight;
 pub mod links;
 pub mod timeline;

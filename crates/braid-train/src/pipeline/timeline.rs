@@ -141,6 +141,57 @@ pub fn on_paper(s: &Schedule) -> Result<f64> {
     Ok(sim.bubble())
 }
 
+/// What a rank's stages held at once: per stage (global index) the most
+/// micro-batches' buffers in flight, and where known the bytes of one.
+pub struct Held<'a> {
+    /// The pipeline rank.
+    pub rank: usize,
+    /// Its stages.
+    pub stages: Vec<usize>,
+    /// Buffers made per stage.
+    pub made: &'a [usize],
+    /// Bytes of one, per stage (GPUs).
+    pub bytes: Option<&'a [usize]>,
+}
+
+impl Held<'_> {
+    /// The line printed after the timeline.
+    fn line(&self) -> String {
+        let parts: Vec<String> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(k, i)| {
+                let n = self.made.get(k).copied().unwrap_or(0);
+                match self.bytes.and_then(|b| b.get(k)) {
+                    Some(b) => format!("stage {i}: {n} ({:.1} MB each)", *b as f64 / 1e6),
+                    None => format!("stage {i}: {n}"),
+                }
+            })
+            .collect();
+        format!(
+            "micro-batches whose activations pipeline rank {} held at once, at most: {}",
+            self.rank,
+            parts.join(", ")
+        )
+    }
+
+    /// The same as JSON.
+    fn json(&self) -> serde_json::Value {
+        self.stages
+            .iter()
+            .enumerate()
+            .map(|(k, i)| {
+                let mut v = serde_json::json!({"stage": i, "micro_batches": self.made.get(k)});
+                if let Some(b) = self.bytes.and_then(|b| b.get(k)) {
+                    v["bytes"] = (*b).into();
+                }
+                v
+            })
+            .collect()
+    }
+}
+
 /// A pipeline's steps as they ran: the last step's timeline and the
 /// measured idle fractions of the steps after the first `skip`.
 #[derive(Debug, Default)]
@@ -174,6 +225,19 @@ impl Measured {
             true => last.bubble(),
             false => self.bubbles.iter().sum::<f64>() / self.bubbles.len() as f64,
         })
+    }
+
+    /// [`report`](Self::report) followed by what the rank's stages held.
+    pub fn report_held(&self, s: &Schedule, held: &Held<'_>) -> Option<String> {
+        Some(format!("{}\n{}", self.report(s)?, held.line()))
+    }
+
+    /// [`to_json`](Self::to_json) with what the rank's stages held.
+    pub fn json_held(&self, s: &Schedule, held: &Held<'_>) -> Option<serde_json::Value> {
+        let mut doc = self.to_json(s)?;
+        doc["in_flight"] = held.json();
+        doc["pipeline_rank"] = held.rank.into();
+        Some(doc)
     }
 
     /// The same as JSON (for `--json`): the schedule, the measured idle

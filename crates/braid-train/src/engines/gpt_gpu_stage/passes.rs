@@ -7,11 +7,11 @@ use super::model::Saved;
 use super::{e, GpuGpt, TokenBatch};
 use crate::engine::Engine;
 use crate::pipeline::exec::StagePasses;
+use crate::pipeline::in_flight::InFlight;
 use crate::Result;
 use braid_cuda::memory::copy_async;
 use braid_cuda::{DeviceBuffer, Event, Stream};
 use braid_model::Stage;
-use std::collections::HashMap;
 use std::ops::Range;
 
 /// What the executor runs on: the engine (parameters, optimizer, model),
@@ -20,22 +20,13 @@ pub(super) struct Passes {
     pub(super) inner: GpuGpt,
     /// This rank's stages: their global index and blocks.
     pub(super) stages: Vec<(usize, Stage)>,
-    /// Pipeline ranks.
-    pub(super) ranks: usize,
     /// Micro-batch rows, tokens per row.
     pub(super) b: usize,
     pub(super) t: usize,
-    /// Saved buffers not in use, per stage of this rank.
-    pub(super) free: Vec<Vec<Saved>>,
-    /// Saved buffers of the micro-batches in flight, by (stage, micro).
-    pub(super) live: HashMap<(usize, usize), Saved>,
-    /// Per stage of this rank: sets of saved buffers made (the most
-    /// micro-batches in flight at once), and the device bytes of one.
-    pub(super) made: Vec<usize>,
+    /// The saved buffers of the micro-batches in flight.
+    pub(super) flight: InFlight<Saved>,
+    /// Per stage of this rank: the device bytes of one set of them.
     pub(super) set_bytes: Vec<usize>,
-    /// A micro-batch whose input gradient went out: its buffers go back to
-    /// the pool at the next call.
-    pub(super) done: Option<(usize, usize)>,
     /// The step's batch (every micro-batch's rows).
     pub(super) batch: TokenBatch,
     /// Whether this step's passes keep what the backward pass needs.
@@ -45,8 +36,6 @@ pub(super) struct Passes {
     /// The schedule splits backward passes and the model can: the input
     /// half defers the weight gradients to the weight half.
     pub(super) split: bool,
-    /// (stage, micro) whose weight half has not run yet.
-    pub(super) pending: std::collections::HashSet<(usize, usize)>,
     /// Time marks on the compute stream: reused timed events, how many
     /// the step recorded, and the step's origin (an event recorded while
     /// the stream was idle, and the host's wall clock then).
@@ -58,10 +47,7 @@ pub(super) struct Passes {
 impl Passes {
     /// Where `stage` is among this rank's.
     pub(super) fn local(&self, stage: usize) -> Result<usize> {
-        self.stages
-            .iter()
-            .position(|(s, _)| *s == stage)
-            .ok_or_else(|| format!("stage {stage} does not run on this pipeline rank"))
+        self.flight.local(stage)
     }
 
     /// Rows of micro-batch `m`.
@@ -69,85 +55,46 @@ impl Passes {
         m * self.b * self.t..(m + 1) * self.b * self.t
     }
 
-    /// Returns finished buffers to the pool.
-    pub(super) fn tidy(&mut self) -> Result<()> {
-        if let Some((s, m)) = self.done.take() {
-            self.release(s, m)?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn release(&mut self, stage: usize, m: usize) -> Result<()> {
-        let i = self.local(stage)?;
-        if self.pending.contains(&(stage, m)) {
-            // Its weight half still reads them.
-            return Ok(());
-        }
-        if let Some(a) = self.live.remove(&(stage, m)) {
-            self.free[i].push(a);
-        }
-        Ok(())
-    }
-
-    /// The saved buffers of (`stage`, `m`), from the pool when new.
+    /// The saved buffers of (`stage`, `m`), made when the pool has none.
     pub(super) fn saved(&mut self, stage: usize, m: usize) -> Result<&mut Saved> {
-        let i = self.local(stage)?;
-        if !self.live.contains_key(&(stage, m)) {
-            let a = match self.free[i].pop() {
-                Some(a) => a,
-                None => {
-                    let st = &self.stages[i].1;
-                    let before = braid_cuda::pool::allocated_bytes();
-                    let set = self.inner.stage_model().micro_saved(st, self.split)?;
-                    self.made[i] += 1;
-                    self.set_bytes[i] = braid_cuda::pool::allocated_bytes().saturating_sub(before);
-                    set
-                }
-            };
-            self.live.insert((stage, m), a);
-        }
-        Ok(self.live.get_mut(&(stage, m)).expect("inserted"))
-    }
-
-    /// Whether `a` and `b` run on this rank (a hand-over without a
-    /// message).
-    pub(super) fn both_here(&self, a: usize, b: usize) -> bool {
-        a % self.ranks == b % self.ranks
+        let Passes {
+            inner,
+            stages,
+            flight,
+            set_bytes,
+            split,
+            ..
+        } = self;
+        flight.get(stage, m, |i| {
+            let before = braid_cuda::pool::allocated_bytes();
+            let set = inner.stage_model().micro_saved(&stages[i].1, *split)?;
+            set_bytes[i] = braid_cuda::pool::allocated_bytes().saturating_sub(before);
+            Ok(set)
+        })
     }
 
     pub(super) fn stream(&self) -> Stream {
         self.inner.compute_stream().borrowed()
     }
-
-    /// Ends the step: every micro-batch's buffers back in the pool.
-    pub(super) fn end_step(&mut self) -> Result<()> {
-        self.done = None;
-        self.pending.clear();
-        let keys: Vec<(usize, usize)> = self.live.keys().copied().collect();
-        for (s, m) in keys {
-            self.release(s, m)?;
-        }
-        Ok(())
-    }
 }
 
 impl StagePasses<DeviceBuffer<f32>> for Passes {
     fn forward(&mut self, stage: usize, m: usize) -> Result<Option<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         let i = self.local(stage)?;
         let st = self.stages[i].1.clone();
         // The previous stage on this rank hands its output over.
-        if stage > 0 && self.both_here(stage - 1, stage) {
+        if stage > 0 && self.flight.both_here(stage - 1, stage) {
             let prev = self.stages[self.local(stage - 1)?].1.clone();
             self.saved(stage, m)?;
-            let mut here = self.live.remove(&(stage, m)).expect("made above");
+            let mut here = self.flight.take(stage, m)?;
             let s = self.stream();
             let out = self.saved(stage - 1, m)?.output(&prev).map_err(e)?;
             copy_async(here.input_mut(&st).map_err(e)?, out, &s).map_err(e)?;
-            self.live.insert((stage, m), here);
+            self.flight.put(stage, m, here);
         }
         self.saved(stage, m)?;
-        let mut set = self.live.remove(&(stage, m)).expect("made above");
+        let mut set = self.flight.take(stage, m)?;
         let rows = self.rows(m);
         let grad = self.grad;
         let mut model = self.inner.stage_model();
@@ -159,21 +106,19 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
             grad,
         );
         model.swap(&mut set)?;
-        self.live.insert((stage, m), set);
+        self.flight.put(stage, m, set);
         loss
     }
 
     fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
-        self.tidy()?;
+        self.flight.tidy()?;
         if input_only && self.split {
             // The weight half comes later, from these buffers.
-            self.pending.insert((stage, m));
+            self.flight.defer(stage, m);
         }
         let i = self.local(stage)?;
         let st = self.stages[i].1.clone();
-        let mut set = self.live.remove(&(stage, m)).ok_or_else(|| {
-            format!("stage {stage}: micro-batch {m}'s backward before its forward")
-        })?;
+        let mut set = self.flight.take(stage, m)?;
         let mut acc = std::mem::replace(
             &mut self.acc,
             DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
@@ -190,35 +135,32 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
             let model = self.inner.stage_model();
             copy_async(set.input_mut(&st).map_err(e)?, model.input_grad(), &s).map_err(e)?;
         }
-        self.live.insert((stage, m), set);
-        if stage > 0 && self.both_here(stage - 1, stage) {
+        self.flight.put(stage, m, set);
+        if stage > 0 && self.flight.both_here(stage - 1, stage) {
             // The previous stage on this rank takes it over.
-            let mut mine = self.live.remove(&(stage, m)).expect("inserted");
+            let mut mine = self.flight.take(stage, m)?;
             let dst = self
-                .live
-                .get_mut(&(stage - 1, m))
+                .flight
+                .get_live(stage - 1, m)
                 .ok_or_else(|| format!("stage {}: micro-batch {m} was not run", stage - 1))?;
             copy_async(dst.output_grad_mut(), &*mine.input_mut(&st).map_err(e)?, &s).map_err(e)?;
-            self.live.insert((stage, m), mine);
-            self.release(stage, m)?;
+            self.flight.put(stage, m, mine);
+            self.flight.release(stage, m)?;
         }
         if st.first {
-            self.release(stage, m)?;
+            self.flight.release(stage, m)?;
         }
         Ok(())
     }
 
     fn backward_weights(&mut self, stage: usize, m: usize) -> Result<()> {
-        self.tidy()?;
-        if !self.pending.remove(&(stage, m)) {
+        self.flight.tidy()?;
+        if !self.flight.undefer(stage, m) {
             // (The f32 model ran the whole backward pass at the input half.)
             return Ok(());
         }
         let st = self.stages[self.local(stage)?].1.clone();
-        let mut set = self
-            .live
-            .remove(&(stage, m))
-            .ok_or_else(|| format!("stage {stage}: micro-batch {m}'s buffers are gone"))?;
+        let mut set = self.flight.take(stage, m)?;
         let mut acc = std::mem::replace(
             &mut self.acc,
             DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
@@ -228,34 +170,34 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         let ran = model.backward_weights(&st, &mut acc.window());
         model.swap(&mut set)?;
         self.acc = acc;
-        self.live.insert((stage, m), set);
+        self.flight.put(stage, m, set);
         ran?;
-        self.release(stage, m)
+        self.flight.release(stage, m)
     }
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         let st = self.stages[self.local(stage)?].1.clone();
         self.saved(stage, m)?.output(&st).map_err(e)
     }
 
     fn input(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         let st = self.stages[self.local(stage)?].1.clone();
         self.saved(stage, m)?.input_mut(&st).map_err(e)
     }
 
     fn input_grad(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         // Sent out by the caller before the next call (the link copies
         // it): then the micro-batch's buffers are done with.
-        self.done = Some((stage, m));
+        self.flight.hand_out(stage, m);
         let st = self.stages[self.local(stage)?].1.clone();
         Ok(&*self.saved(stage, m)?.input_mut(&st).map_err(e)?)
     }
 
     fn output_grad(&mut self, stage: usize, m: usize) -> Result<&mut DeviceBuffer<f32>> {
-        self.tidy()?;
+        self.flight.tidy()?;
         Ok(self.saved(stage, m)?.output_grad_mut())
     }
 
