@@ -541,6 +541,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     stage_layers: a.stage_layers.as_deref(),
                 };
                 let s = super::train_pipeline::schedule(&flags)?;
+                // A rank's batch: --batch, or its share of --global-batch
+                // (a share that does not divide is refused below).
+                let data = n / (a.tp * a.pp);
+                let batch = match a.global_batch {
+                    Some(g) if g % (data * a.accum) == 0 => Some(g / (data * a.accum)),
+                    Some(_) => None,
+                    None => Some(a.batch),
+                };
+                if let Some(b) = batch {
+                    super::train_pipeline::check_micro(b, flags.micro)?;
+                }
                 if a.load.is_none() {
                     let cfg = GptConfig::parse(&a.model)?;
                     super::train_pipeline::stages(&cfg, &s, &flags)?;
@@ -648,14 +659,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let pipe_schedule = match a.pp {
         1 => None,
         _ => {
-            let m = pipe_flags.micro;
-            if m == 0 || batch % m != 0 {
-                return Err(format!(
-                    "--micro-batches {m}: the batch of {batch} per rank does not split into {m} \
-                     micro-batches (pick --micro-batches dividing {batch}, or a --batch or \
-                     --global-batch that {m} divides)"
-                ));
-            }
+            super::train_pipeline::check_micro(batch, pipe_flags.micro)?;
             Some(super::train_pipeline::schedule(&pipe_flags)?)
         }
     };

@@ -54,6 +54,18 @@ pub fn schedule(flags: &PipeFlags<'_>) -> Result<Schedule, String> {
     Ok(s)
 }
 
+/// Refuses `micro` micro-batches that do not split a rank's `batch`.
+pub fn check_micro(batch: usize, micro: usize) -> Result<(), String> {
+    if micro == 0 || batch % micro != 0 {
+        return Err(format!(
+            "--micro-batches {micro}: the batch of {batch} per rank does not split into {micro} \
+             micro-batches (pick --micro-batches dividing {batch}, or a --batch or \
+             --global-batch that {micro} divides)"
+        ));
+    }
+    Ok(())
+}
+
 /// Every stage's layers for a model of `cfg` under `s`.
 pub fn stages(cfg: &GptConfig, s: &Schedule, flags: &PipeFlags<'_>) -> Result<Vec<Stage>, String> {
     let given = match flags.stage_layers {
