@@ -355,33 +355,38 @@ impl CpuStage {
     /// another), the second copy of the tied embeddings left out, summed
     /// over the tensor group (by the inner engine: what every rank of it
     /// holds whole counted once) and the pipeline group.
-    fn sq_norm(&mut self, values: &[f32], ranges: &[Range<usize>]) -> Result<f64> {
+    fn sq_norm(&mut self, values: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
         let skip = match self.second_copy() {
             true => self.layout().block_range(Block::Embedding),
             false => 0..0,
         };
-        let (mut kept, mut kept_ranges) = (Vec::new(), Vec::new());
-        let mut at = 0;
-        for r in ranges {
-            // The parts of `r` before and after the skipped block.
-            let cut = |x: usize| x.clamp(r.start, r.end);
-            for part in [
-                r.start..cut(skip.start),
-                cut(skip.end.max(skip.start))..r.end,
-            ] {
-                if !part.is_empty() {
-                    kept.extend_from_slice(
-                        &values[at + part.start - r.start..at + part.end - r.start],
-                    );
-                    kept_ranges.push(part);
+        let inner = &mut self.passes.inner;
+        let local = match skip.is_empty() {
+            // Nothing left out: no copy.
+            true => inner.grad_sq_norm_compact(values, ranges)?,
+            false => {
+                let (mut kept, mut kept_ranges) = (Vec::new(), Vec::new());
+                let mut at = 0;
+                for r in ranges {
+                    // The parts of `r` before and after the skipped block.
+                    let cut = |x: usize| x.clamp(r.start, r.end);
+                    for part in [
+                        r.start..cut(skip.start),
+                        cut(skip.end.max(skip.start))..r.end,
+                    ] {
+                        if !part.is_empty() {
+                            kept.extend_from_slice(
+                                &values[at + part.start - r.start..at + part.end - r.start],
+                            );
+                            kept_ranges.push(part);
+                        }
+                    }
+                    at += r.len();
                 }
+                inner.grad_sq_norm_compact(&kept, &kept_ranges)?
             }
-            at += r.len();
-        }
-        let mut sum = [self
-            .passes
-            .inner
-            .grad_sq_norm_compact(&kept, &kept_ranges)?];
+        };
+        let mut sum = [local];
         self.group
             .all_reduce(&mut sum, ReduceOp::Sum)
             .map_err(|e| format!("the gradient norm over the pipeline: {e}"))?;

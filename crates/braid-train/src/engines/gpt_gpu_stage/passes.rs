@@ -5,7 +5,6 @@
 
 use super::model::Saved;
 use super::{e, GpuGpt, TokenBatch};
-use crate::engine::Engine;
 use crate::pipeline::exec::StagePasses;
 use crate::pipeline::in_flight::InFlight;
 use crate::Result;
@@ -37,11 +36,11 @@ pub(super) struct Passes {
     /// half defers the weight gradients to the weight half.
     pub(super) split: bool,
     /// Time marks on the compute stream: reused timed events, how many
-    /// the step recorded, and the step's origin (an event recorded while
-    /// the stream was idle, and the host's wall clock then).
+    /// the step recorded, and the step's first and last marks (the last
+    /// puts them on the host's clock, [`Passes::mark_times`]).
     pub(super) marks: Vec<Event>,
     pub(super) marked: usize,
-    pub(super) origin: Option<(Event, f64)>,
+    pub(super) origin: Option<(Event, Event)>,
 }
 
 impl Passes {
@@ -119,16 +118,12 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         let i = self.local(stage)?;
         let st = self.stages[i].1.clone();
         let mut set = self.flight.take(stage, m)?;
-        let mut acc = std::mem::replace(
-            &mut self.acc,
-            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
-        );
         let s = self.stream();
-        let mut model = self.inner.stage_model();
+        let Passes { inner, acc, .. } = self;
+        let mut model = inner.stage_model();
         model.swap(&mut set)?;
         let ran = model.backward(&st, &set, &mut acc.window());
         model.swap(&mut set)?;
-        self.acc = acc;
         ran?;
         if !st.first {
             // The input's gradient, kept where the input was (read no more).
@@ -161,15 +156,11 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         }
         let st = self.stages[self.local(stage)?].1.clone();
         let mut set = self.flight.take(stage, m)?;
-        let mut acc = std::mem::replace(
-            &mut self.acc,
-            DeviceBuffer::zeros(self.inner.params().device(), 0).map_err(e)?,
-        );
-        let mut model = self.inner.stage_model();
+        let Passes { inner, acc, .. } = self;
+        let mut model = inner.stage_model();
         model.swap(&mut set)?;
         let ran = model.backward_weights(&st, &mut acc.window());
         model.swap(&mut set)?;
-        self.acc = acc;
         self.flight.put(stage, m, set);
         ran?;
         self.flight.release(stage, m)
@@ -214,26 +205,31 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
 }
 
 impl Passes {
-    /// Starts the step's time marks: waits for the stream to be idle (the
-    /// previous step's update), then marks the origin.
+    /// Starts the step's time marks: the origin, queued (nothing waits).
     pub(super) fn start_marks(&mut self) -> Result<()> {
-        let s = self.stream();
-        s.synchronize().map_err(e)?;
-        let origin = match self.origin.take() {
-            Some((ev, _)) => ev,
-            None => Event::timed(self.acc.device()).map_err(e)?,
+        let device = self.acc.device().clone();
+        let timed = || Event::timed(&device).map_err(e);
+        let (origin, end) = match self.origin.take() {
+            Some(pair) => pair,
+            None => (timed()?, timed()?),
         };
-        origin.record(&s).map_err(e)?;
-        self.origin = Some((origin, crate::engines::gpt_cpu_stage::wall_seconds()));
+        origin.record(&self.stream()).map_err(e)?;
+        self.origin = Some((origin, end));
         self.marked = 0;
         Ok(())
     }
 
-    /// The step's marks in seconds of the host's wall clock (waits for
-    /// the stream).
+    /// The step's marks in seconds of the host's wall clock: a last mark,
+    /// queued, is taken as ending when the wait for the stream returns,
+    /// which puts the others on the host's clock (no wait at the step's
+    /// start).
     pub(super) fn mark_times(&mut self) -> Result<Vec<f64>> {
-        self.stream().synchronize().map_err(e)?;
-        let (o, h0) = self.origin.as_ref().ok_or("no time marks this step")?;
+        let s = self.stream();
+        let (o, end) = self.origin.as_ref().ok_or("no time marks this step")?;
+        end.record(&s).map_err(e)?;
+        s.synchronize().map_err(e)?;
+        let now = crate::engines::gpt_cpu_stage::wall_seconds();
+        let h0 = now - end.elapsed_ms(o).map_err(e)? as f64 / 1e3;
         self.marks[..self.marked]
             .iter()
             .map(|m| Ok(h0 + m.elapsed_ms(o).map_err(e)? as f64 / 1e3))
