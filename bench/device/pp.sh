@@ -44,6 +44,25 @@ NPROC=${PP_GPUS:-4}
 
 left() { echo $((LIMIT - SECONDS)); }
 
+# Each GPU's SM clock, temperature, power and throttle reasons every 2 s
+# into $L/NAME-smi.txt while a run goes (`watch_gpus NAME`, then
+# `unwatch_gpus`), and a line per GPU of the lowest clock and the hottest
+# reading: a rank whose GPU slows down shows here, not only in the chart.
+watch_gpus() {
+  SMI_FILE="$L/$1-smi.txt"
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 2000 > "$SMI_FILE" 2>&1 &
+  SMI_PID=$!
+}
+unwatch_gpus() {
+  kill "$SMI_PID" 2>/dev/null
+  wait "$SMI_PID" 2>/dev/null
+  awk -F', ' 'NF >= 6 { i = $2; if (!(i in lo) || $3 < lo[i]) lo[i] = $3; if ($4 > hot[i]) hot[i] = $4;
+      if ($6 != "0x0000000000000000" && $6 != "0x0000000000000001") th[i] = $6 }
+    END { for (i in lo) printf "  GPU %s: lowest SM clock %s MHz, hottest %s C%s\n", i, lo[i], hot[i],
+      (i in th) ? ", throttled (" th[i] ")" : "" }' "$SMI_FILE" | sort
+}
+
 phase_tests() {
   local t
   t=$(left)
@@ -61,11 +80,13 @@ pair() {
   t=$(left)
   [ "$t" -ge 60 ] || { echo "$name: skipped ($t s left)"; return; }
   [ "$t" -gt "$cap" ] && t=$cap
+  watch_gpus "$name-braid"
   # shellcheck disable=SC2086 # word lists
   timeout -k 10 "$t" "$B" train --device cuda --model "$model-V50304-T1024" --data random \
     --global-batch 16 --seq 1024 --steps 12 --eval-every 0 --log-every 4 --nproc-per-node "$NPROC" \
     --pp "$NPROC" --micro-batches 8 $ours > "$L/$name-braid.txt" 2>&1
   echo "$name braid ($ours): exit $? | $(grep -h 'gpu summary' "$L/$name-braid.txt" | sed 's/.*gpu summary: //')"
+  unwatch_gpus
   grep -h 'error' "$L/$name-braid.txt" | head -3 | cut -c1-400
   [ -n "$theirs" ] || return
   peer "$name" "$model" "$theirs" "$cap"

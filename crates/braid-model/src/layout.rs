@@ -394,7 +394,10 @@ impl Layout {
 
     /// [`pipeline_stage`](Self::pipeline_stage) for the stages one rank
     /// runs (interleaving gives it several): the blocks any of them holds,
-    /// in the whole layout's order, each once.
+    /// in the whole layout's order, each once — except on the first stage's
+    /// rank where no stage is the last: there the embeddings come after
+    /// the layers, so that a bf16 copy of the parameters can leave them
+    /// out ([`bf16_len`](Self::bf16_len)).
     pub fn pipeline_stages(&self, stages: Vec<Stage>) -> Result<Layout, String> {
         let n = self.config.n_layer;
         if !self.is_whole() {
@@ -409,10 +412,20 @@ impl Layout {
                 ));
             }
         }
+        let embeddings_last = stages.iter().any(|s| s.first) && !stages.iter().any(|s| s.last);
+        let order = self
+            .blocks
+            .iter()
+            .filter(|(b, _)| !(embeddings_last && *b == Block::Embedding))
+            .chain(
+                self.blocks
+                    .iter()
+                    .filter(|(b, _)| embeddings_last && *b == Block::Embedding),
+            );
         let mut params = Vec::new();
         let mut blocks = Vec::new();
         let mut at = 0;
-        for (block, range) in &self.blocks {
+        for (block, range) in order {
             if !stages.iter().any(|s| s.holds(*block)) {
                 continue;
             }
@@ -462,6 +475,19 @@ impl Layout {
         self.params.iter().find(|p| p.name == name)
     }
 
+    /// The elements (from 0) that a bf16 copy of the parameters needs:
+    /// all, except where the layout holds the embeddings but not the head
+    /// (a pipeline's first stage, not also its last). There the embedding
+    /// lookup reads the f32 weights, no product reads them in bf16, and
+    /// the embeddings come last ([`pipeline_stages`](Self::pipeline_stages)):
+    /// up to them.
+    pub fn bf16_len(&self) -> usize {
+        match self.blocks.last() {
+            Some((Block::Embedding, r)) if !self.holds(Block::FinalNorm) => r.start,
+            _ => self.len,
+        }
+    }
+
     /// The element range of `block`.
     pub fn block_range(&self, block: Block) -> Range<usize> {
         self.blocks
@@ -504,6 +530,20 @@ mod tests {
         let last = stage(3..4, false, true);
         assert!(last.get("wte.weight").is_some() && last.get("ln_f.bias").is_some());
         let first = stage(0..1, true, false);
+        // The first stage's embeddings after its layers, left out of a
+        // bf16 copy; the last stage's head reads them in bf16.
+        assert_eq!(
+            first.blocks.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+            [Block::Layer(0), Block::Embedding]
+        );
+        assert_eq!(first.bf16_len(), first.block_range(Block::Embedding).start);
+        assert_eq!(first.get("h.0.ln_1.weight").unwrap().offset, 0);
+        assert_eq!(
+            first.get("wte.weight").unwrap().offset,
+            first.block_range(Block::Layer(0)).end
+        );
+        assert_eq!((last.bf16_len(), middle.bf16_len()), (last.len, middle.len));
+        assert_eq!(whole.bf16_len(), whole.len);
         let parts = first.len + middle.len + last.len;
         // The tied embeddings, twice.
         assert_eq!(parts, whole.len + whole.block_range(Block::Embedding).len());
@@ -525,7 +565,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             two.blocks.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
-            [Block::Embedding, Block::Layer(0), Block::Layer(2)]
+            [Block::Layer(0), Block::Layer(2), Block::Embedding]
         );
         assert!(middle
             .pipeline_stage(Stage {

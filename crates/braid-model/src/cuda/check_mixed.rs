@@ -448,8 +448,8 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         if same { 0.0 } else { 1.0 },
         0.0,
     ));
-    // Checkpointing recomputes the blocks' activations (all, or from the
-    // attention's output on), streamed bf16 weights cast each layer as it
+    // Checkpointing recomputes the blocks' activations (all, from the
+    // attention's output on, or the attention's output too), streamed bf16 weights cast each layer as it
     // is needed, and stored score gradients spare the attention's dQ
     // kernel their recomputation, all in the same arithmetic: the same
     // gradients bit for bit, with the weight gradients in place or
@@ -466,6 +466,11 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         streamed_weights: true,
         stored_score_grads: true,
         keep_attention: true,
+        recompute_attention_output: false,
+    };
+    let no_output = MixedOptions {
+        recompute_attention_output: true,
+        ..ckpt
     };
     for (what, options, defer) in [
         ("model bwd, checkpointing (bit-exact)", ckpt, 0),
@@ -477,6 +482,16 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
                 ..ckpt
             },
             0,
+        ),
+        (
+            "model bwd, checkpointing recomputing the attention's output (bit-exact)",
+            no_output,
+            0,
+        ),
+        (
+            "model bwd, checkpointing recomputing the attention's output (bit-exact)",
+            no_output,
+            n_layer,
         ),
         (
             "model bwd, streamed bf16 weights (bit-exact)",

@@ -61,8 +61,10 @@ struct LayerSaved {
     ln1_rstd: DeviceBuffer<f32>,
     ln2_mean: DeviceBuffer<f32>,
     ln2_rstd: DeviceBuffer<f32>,
-    /// The attention's output (the proj product's input).
-    atty: DeviceBuffer<bf16>,
+    /// The attention's output (the proj product's input); `None` where
+    /// checkpointing recomputes it ([`MixedOptions::recompute_attention_output`]):
+    /// the model's `work` buffers receive it again.
+    atty: Option<DeviceBuffer<bf16>>,
     /// The rest of the block's activations; `None` under checkpointing,
     /// where the model's `work` buffers receive them again at the start of
     /// the block's backward pass.
@@ -89,6 +91,9 @@ struct BlockActs {
     /// the backward pass recomputes it (one write in the pass that reads
     /// `fch` anyway), saving 8 bytes per token and width of every layer.
     fch: DeviceBuffer<bf16>,
+    /// The attention's output, in the shared buffers where the layers keep
+    /// none of their own ([`MixedOptions::recompute_attention_output`]).
+    atty: Option<DeviceBuffer<bf16>>,
 }
 
 impl BlockActs {
@@ -100,6 +105,7 @@ impl BlockActs {
         shape: AttnShape,
         path: AttnPath,
         with_attention: bool,
+        with_output: bool,
         (c, f): (usize, usize),
     ) -> Result<BlockActs> {
         let n = shape.b * shape.t;
@@ -110,6 +116,10 @@ impl BlockActs {
             },
             resid2: p.zeros(n * c, s)?,
             fch: p.zeros(n * f, s)?,
+            atty: match with_output {
+                true => Some(p.zeros(n * shape.c, s)?),
+                false => None,
+            },
         })
     }
 }
@@ -186,6 +196,13 @@ pub struct MixedOptions {
     /// backward pass recomputes only from the attention's output on: two
     /// products of four instead of three, same bits.
     pub keep_attention: bool,
+    /// Under checkpointing without [`keep_attention`](Self::keep_attention),
+    /// no layer keeps its attention output or log-sum-exp either: the
+    /// recomputation runs the attention again (one attention forward per
+    /// layer more, 2 bytes per token and width of every layer less; what a
+    /// pipeline stage keeps for each micro-batch in flight). Layers whose
+    /// weight gradients are deferred keep theirs.
+    pub recompute_attention_output: bool,
 }
 
 /// Layer `l`'s bf16 weights (`block`, its range of the layout): the full
@@ -598,6 +615,7 @@ impl GpuGptMixed {
         let plan = MicroPlan {
             checkpointing,
             keep_attention,
+            shared_atty: checkpointing && !keep_attention && options.recompute_attention_output,
             fused,
             shape,
             path,
@@ -610,7 +628,15 @@ impl GpuGptMixed {
         let head = layout.holds(Block::FinalNorm);
         let saved = plan.make(device, p, s, &layout, &held, head, false)?;
         let work = match checkpointing {
-            true => Some(BlockActs::new(p, s, shape, path, !keep_attention, (c, f))?),
+            true => Some(BlockActs::new(
+                p,
+                s,
+                shape,
+                path,
+                !keep_attention,
+                plan.shared_atty,
+                (c, f),
+            )?),
             false => None,
         };
         let streamed = match options.streamed_weights {
@@ -733,9 +759,15 @@ impl GpuGptMixed {
         }
         let (s, p) = (&self.stream, &self.pool);
         self.deferred.clear();
-        for _ in 0..layers {
+        for l in 0..layers {
             let d = DeferredDy::new(p, s, self.b * self.t, self.widths)?;
             self.deferred.push(Some(d));
+            // Its weight half reads its attention output late: its own.
+            if let Some(layer) = self.layers.get_mut(l).and_then(Option::as_mut) {
+                if layer.atty.is_none() {
+                    layer.atty = Some(p.zeros(self.b * self.t * self.widths.attn, s)?);
+                }
+            }
         }
         s.synchronize()
     }
@@ -803,10 +835,12 @@ impl GpuGptMixed {
             ));
         }
         p.check(self.layout.len)?;
-        let pb_len = pb.map_or(self.layout.len, |b| b.len());
-        if pb_len != self.layout.len {
+        let want = self.layout.bf16_len();
+        let pb_len = pb.map_or(want, |b| b.len());
+        if pb_len != want {
             return Err(CudaError::Invalid(format!(
-                "parameters: {pb_len} bf16 elements for a model of {}",
+                "parameters: {pb_len} bf16 elements for a model whose bf16 copy has {want} \
+                 (of {})",
                 self.layout.len
             )));
         }

@@ -40,6 +40,28 @@ fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
 
+/// The optimizer's ranges of the parameters (`shard`, in order), each cut
+/// where the bf16 copy ends (`bf16_len`: a pipeline's first stage has none
+/// of its embeddings, see `Layout::bf16_len`), so that one AdamW launch
+/// writes bf16 for all of its range or none; with each range, where its
+/// state starts (the moments hold the ranges one after another).
+fn optimizer_ranges(shard: &[Range<usize>], bf16_len: usize) -> Vec<(Range<usize>, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for r in shard {
+        let cuts = match r.start < bf16_len && bf16_len < r.end {
+            true => vec![r.start..bf16_len, bf16_len..r.end],
+            false => vec![r.clone()],
+        };
+        for c in cuts {
+            let len = c.len();
+            out.push((c, at));
+            at += len;
+        }
+    }
+    out
+}
+
 /// Arithmetic of the GPU engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -392,7 +414,12 @@ impl GpuGpt {
             let mut v = self.v.view_mut(*at..at + len);
             match &mut self.model {
                 Model::Mixed(mm, pb) => {
-                    let mut pb = pb.as_mut().map(|b| b.view_mut(r.clone()));
+                    // (Past a short bf16 copy's end no bf16 is written:
+                    // `optimizer_ranges` cut the ranges there.)
+                    let mut pb = pb
+                        .as_mut()
+                        .filter(|b| r.end <= b.len())
+                        .map(|b| b.view_mut(r.clone()));
                     let pb = pb.as_mut().map(|b| b as _);
                     self.mk
                         .adamw_multi(mm.stream(), &mut p, pb, &g, &mut m, &mut v, segs, h)
@@ -654,7 +681,10 @@ impl Engine for GpuGpt {
             );
         }
         if let Model::Mixed(m, Some(pb)) = &mut self.model {
-            self.mk.to_bf16(m.stream(), pb, &self.p).map_err(e)?;
+            let n = pb.len();
+            self.mk
+                .to_bf16(m.stream(), pb, &self.p.view(0..n))
+                .map_err(e)?;
         }
         Ok(())
     }
@@ -931,15 +961,12 @@ impl Engine for GpuGpt {
             return Err("the optimizer can be sharded only before the first update".into());
         }
         let device = self.p.device().clone();
-        let mut at = 0;
-        self.shard = shard
-            .iter()
-            .map(|r| {
+        self.shard = optimizer_ranges(shard, self.layout.bf16_len())
+            .into_iter()
+            .map(|(r, at)| {
                 let segs =
                     AdamSegments::shard(&device, &self.layout, self.adam.weight_decay, r.clone());
-                let piece = (r.clone(), at, segs.map_err(e)?);
-                at += r.len();
-                Ok(piece)
+                Ok((r, at, segs.map_err(e)?))
             })
             .collect::<Result<_>>()?;
         Ok(())
@@ -961,7 +988,14 @@ impl Engine for GpuGpt {
         out: &mut [f32],
     ) -> Result<()> {
         self.checkpointable("read_moment")?;
-        let shard: Vec<Range<usize>> = self.shard.iter().map(|(r, _, _)| r.clone()).collect();
+        // (Ranges cut where the bf16 copy ends run on in the state.)
+        let mut shard: Vec<Range<usize>> = Vec::new();
+        for (r, _, _) in &self.shard {
+            match shard.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => shard.push(r.clone()),
+            }
+        }
         let at = state_ranges(&shard, ranges)?;
         let total: usize = at.iter().map(|r| r.len()).sum();
         if total != out.len() || moment > 1 {
@@ -1186,6 +1220,24 @@ impl Engine for GpuGpt {
 mod tests {
     use super::*;
     use braid_model::{GptConfig, Layout};
+
+    #[test]
+    fn optimizer_ranges_are_cut_where_the_bf16_copy_ends() {
+        assert_eq!(
+            optimizer_ranges(std::slice::from_ref(&(0..10)), 10),
+            [(0..10, 0)]
+        );
+        assert_eq!(
+            optimizer_ranges(std::slice::from_ref(&(0..10)), 6),
+            [(0..6, 0), (6..10, 6)]
+        );
+        // ZeRO-1's ranges: only the one across the end is cut, the state
+        // offsets run on.
+        assert_eq!(
+            optimizer_ranges(&[2..4, 5..9, 9..12], 6),
+            [(2..4, 0), (5..6, 2), (6..9, 3), (9..12, 6)]
+        );
+    }
 
     #[test]
     fn deferred_plans_finish_the_buffer_from_its_ends() {

@@ -414,14 +414,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     if a.pp > 1 {
         let not_yet = |what: &str| {
             Err(format!(
-                "--pp {} with {what}: not built yet (pipelines run on CPUs, data parallel over \
-                 whole pipelines, without --tp, --zero or checkpoints so far)",
+                "--pp {} with {what}: not built yet (pipelines compose with data parallelism, \
+                 --zero 1, --tp and checkpoints)",
                 a.pp
             ))
         };
-        if cuda && a.precision.as_deref().is_some_and(|p| p != "bf16") {
-            return not_yet("--precision f32 on GPUs (the bf16 engine runs stages)");
-        }
         if cuda && a.tp > 1 && !a.no_sp {
             return not_yet(
                 "--tp and sequence parallelism on GPUs (the stages' passes run without it: add \
@@ -1016,11 +1013,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     != Some(false),
                 keep_attention: env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?
                     == Some(true),
+                // Each micro-batch in flight keeps its layers' inputs only:
+                // the attention runs again in the backward pass.
+                recompute_attention_output: env_choice(
+                    "BRAID_CKPT_ATTENTION_OUTPUT",
+                    "recomputed",
+                    "kept",
+                )? != Some(false),
             };
             let states = super::train_pipeline::check_stage_fits(
                 gpu.device(),
                 pipe.rank(),
-                layouts[pipe.rank()].len,
+                &layouts[pipe.rank()],
                 precision,
                 options.streamed_weights,
                 data.size() > 1,
@@ -1028,8 +1032,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if lead {
                 println!(
                     "GPU memory: this rank's stages' model states {:.2} GiB (activations not \
-                     estimated for pipeline stages yet)",
-                    states as f64 / (1u64 << 30) as f64
+                     estimated for pipeline stages yet){}",
+                    states as f64 / (1u64 << 30) as f64,
+                    match a.checkpointing && options.recompute_attention_output {
+                        true =>
+                            "; under checkpointing each micro-batch in flight keeps its \
+                                 layers' inputs alone (the attention runs again)",
+                        false => "",
+                    }
                 );
             }
             braid_cuda::pool::reset_peak();
@@ -1288,6 +1298,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             streamed_weights: plan.streamed_weights,
             stored_score_grads: plan.stored_score_grads,
             keep_attention: plan.keep_attention,
+            recompute_attention_output: false,
         };
         let shape = (batch, seq);
         let started = Instant::now();

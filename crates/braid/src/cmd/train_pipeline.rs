@@ -174,27 +174,27 @@ pub fn gpu_engine(
 }
 
 /// Refuses, before anything is allocated, a pipeline rank whose stages'
-/// model states alone (`held` parameters: f32 weights, the bf16 copy
-/// unless `streamed`, the stage's gradients and, with `reduced`, the
-/// strategy's, AdamW's two moments) exceed the GPU's free memory; returns
-/// those bytes. Activations are not estimated for stages yet.
+/// model states alone (the parameters of `layout`: f32 weights, the bf16
+/// copy unless `streamed` — of all but a first stage's embeddings —, the
+/// stage's gradients and, with `reduced`, the strategy's, AdamW's two
+/// moments) exceed the GPU's free memory; returns those bytes.
+/// Activations are not estimated for stages yet.
 pub fn check_stage_fits(
     dev: &braid_cuda::Device,
     rank: usize,
-    held: usize,
+    layout: &braid_model::Layout,
     precision: Precision,
     streamed: bool,
     reduced: bool,
 ) -> Result<u64, String> {
-    let per = 4
-        + 4
-        + 8
-        + if reduced { 4 } else { 0 }
-        + match precision {
-            Precision::Bf16 if !streamed => 2,
-            _ => 0,
-        };
-    let need = (held * per) as u64;
+    let held = layout.len;
+    let bf16 = match precision {
+        Precision::Bf16 if !streamed => layout.bf16_len(),
+        _ => 0,
+    };
+    let per = 4 + 4 + 8 + if reduced { 4 } else { 0 };
+    let need = (held * per + bf16 * 2) as u64;
+    let per = per + if bf16 > 0 { 2 } else { 0 };
     let Ok(free) = dev.free_memory() else {
         return Ok(need);
     };
@@ -202,7 +202,7 @@ pub fn check_stage_fits(
     if need as u128 + super::preflight::DEVICE_MARGIN > free as u128 {
         return Err(format!(
             "pipeline rank {rank}'s stages hold {held} parameters: their model states need {:.2} \
-             GiB ({per} bytes a parameter: weights, {}gradients, AdamW's moments) of the {:.2} GiB \
+             GiB (up to {per} bytes a parameter: weights, {}gradients, AdamW's moments) of the {:.2} GiB \
              free on this GPU, before activations. Use more pipeline stages (--pp), move layers \
              off this stage (--stage-layers){}",
             gib(need),

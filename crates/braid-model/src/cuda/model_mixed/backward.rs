@@ -424,7 +424,10 @@ impl GpuGptMixed {
                 n,
                 ca,
                 c,
-                Mat::of(&a.atty, ca),
+                Mat::of(
+                    a.atty.as_ref().or(acts.atty.as_ref()).ok_or_else(no_acts)?,
+                    ca,
+                ),
                 Mat::of(&self.dresid_bf, c),
                 Mat::of(&g.view_mut(r.proj_w.clone())?, c),
                 self.fresh.beta(),
@@ -454,10 +457,12 @@ impl GpuGptMixed {
             attn: block_attn,
             resid2,
             fch,
+            atty: shared_atty,
         } = own_acts
             .as_mut()
             .or(self.work.as_mut())
             .ok_or_else(no_acts)?;
+        let atty = atty.as_ref().or(shared_atty.as_ref()).ok_or_else(no_acts)?;
         // The score gradients, where the model stores them in the block's
         // resid2 and fch: both were read for the last time above.
         let idle = self.score_grads_in_block.then(|| ScoreGrads {
@@ -470,7 +475,7 @@ impl GpuGptMixed {
             s,
             &mut dqkv,
             &datty,
-            &*atty,
+            atty,
             kept_attn
                 .as_ref()
                 .or(block_attn.as_ref())
@@ -597,7 +602,13 @@ impl GpuGptMixed {
             let (x, dy, range, inp, out) = match w {
                 WeightGrads::FcProj => (&d.gelu, &d.fcproj, r.fcproj_w.clone(), f, c),
                 WeightGrads::Fc => (&d.ln2, &d.fc, r.fc_w.clone(), c, f),
-                WeightGrads::Proj => (&a.atty, &d.proj, r.proj_w.clone(), ca, c),
+                WeightGrads::Proj => (
+                    a.atty.as_ref().ok_or_else(|| not_deferred(l))?,
+                    &d.proj,
+                    r.proj_w.clone(),
+                    ca,
+                    c,
+                ),
                 WeightGrads::Qkv => (&d.ln1, &d.qkv, r.qkv_w.clone(), c, 3 * ca),
             };
             let dw = g.view_mut(range)?;

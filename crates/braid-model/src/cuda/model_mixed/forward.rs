@@ -320,7 +320,9 @@ impl GpuGptMixed {
             attn: block_attn,
             resid2,
             fch,
+            atty: shared_atty,
         } = acts.as_mut().or(self.work.as_mut()).ok_or_else(no_acts)?;
+        let atty = atty.as_mut().or(shared_atty.as_mut()).ok_or_else(no_acts)?;
         // With the attention kept, the recomputation starts at its output.
         let from_atty = pass == Pass::Recompute && kept_attn.is_some();
         let attn = kept_attn

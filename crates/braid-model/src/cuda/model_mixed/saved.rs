@@ -150,8 +150,10 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
             SavedMut::F32(&mut layer.ln1_rstd),
             SavedMut::F32(&mut layer.ln2_mean),
             SavedMut::F32(&mut layer.ln2_rstd),
-            SavedMut::Bf16(&mut layer.atty),
         ];
+        if let Some(atty) = &mut layer.atty {
+            bufs.push(SavedMut::Bf16(atty));
+        }
         if let Some(lse) = &mut layer.lse {
             bufs.push(SavedMut::F32(lse));
         }
@@ -195,6 +197,9 @@ fn saved_of(m: &mut GpuGptMixed) -> (Vec<(SavedFor, SavedMut<'_>)>, &DevicePool,
         }
         bufs.push(SavedMut::F32(&mut acts.resid2));
         bufs.push(SavedMut::Bf16(&mut acts.fch));
+        if let Some(atty) = &mut acts.atty {
+            bufs.push(SavedMut::Bf16(atty));
+        }
     }
     if let AttnShared::Fused { dsum, score_grads } = attn {
         bufs.push(SavedMut::F32(dsum));

@@ -27,6 +27,9 @@ use crate::layout::Stage;
 pub(super) struct MicroPlan {
     pub(super) checkpointing: bool,
     pub(super) keep_attention: bool,
+    /// The layers keep no attention output: the recomputation writes it
+    /// into the model's `work` buffers ([`MixedOptions::recompute_attention_output`]).
+    pub(super) shared_atty: bool,
     pub(super) fused: bool,
     pub(super) shape: AttnShape,
     pub(super) path: AttnPath,
@@ -72,6 +75,7 @@ impl MicroPlan {
         let MicroPlan {
             checkpointing,
             keep_attention,
+            shared_atty,
             fused,
             shape,
             path,
@@ -83,6 +87,9 @@ impl MicroPlan {
         let n = b * t;
         let layers = layout.config.n_layer;
         let mut saved = Vec::with_capacity(layers);
+        // A layer split for a later weight half reads its attention
+        // output there.
+        let own_atty = !shared_atty || split;
         for l in 0..layers {
             if !held(l) {
                 saved.push(None);
@@ -93,12 +100,12 @@ impl MicroPlan {
                 ln1_rstd: p.zeros(n, s)?,
                 ln2_mean: p.zeros(n, s)?,
                 ln2_rstd: p.zeros(n, s)?,
-                atty: p.zeros(n * a, s)?,
+                atty: own_atty.then(|| p.zeros(n * a, s)).transpose()?,
                 acts: match checkpointing {
-                    false => Some(BlockActs::new(p, s, shape, path, true, (c, f))?),
+                    false => Some(BlockActs::new(p, s, shape, path, true, false, (c, f))?),
                     true => None,
                 },
-                lse: match checkpointing && fused && !keep_attention {
+                lse: match checkpointing && fused && !keep_attention && own_atty {
                     true => Some(p.zeros(b * nh * t, s)?),
                     false => None,
                 },

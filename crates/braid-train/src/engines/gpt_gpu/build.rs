@@ -161,13 +161,16 @@ impl GpuGpt {
                 let m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
+                // (A pipeline's first stage leaves its embeddings out.)
+                let bf16_len = layout.bf16_len();
                 let pb = match options.streamed_weights {
                     true => None,
                     // Filled from the host below.
                     false if offload => Some(DeviceBuffer::zeros(device, layout.len).map_err(e)?),
                     false => {
-                        let mut pb = DeviceBuffer::zeros(device, layout.len).map_err(e)?;
-                        mk.to_bf16(m.stream(), &mut pb, &p).map_err(e)?;
+                        let mut pb = DeviceBuffer::zeros(device, bf16_len).map_err(e)?;
+                        mk.to_bf16(m.stream(), &mut pb, &p.view(0..bf16_len))
+                            .map_err(e)?;
                         Some(pb)
                     }
                 };
@@ -213,11 +216,13 @@ impl GpuGpt {
             sharded: false,
             forward_grad: false,
             released: false,
-            shard: vec![(
-                0..layout.len,
-                0,
-                AdamSegments::new(device, &layout, adam.weight_decay).map_err(e)?,
-            )],
+            shard: optimizer_ranges(std::slice::from_ref(&(0..layout.len)), layout.bf16_len())
+                .into_iter()
+                .map(|(r, at)| {
+                    let segs = AdamSegments::shard(device, &layout, adam.weight_decay, r.clone());
+                    Ok((r, at, segs.map_err(e)?))
+                })
+                .collect::<Result<_>>()?,
             updates: 0,
             layout,
             model,
