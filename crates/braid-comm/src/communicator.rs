@@ -487,6 +487,8 @@ impl Communicator {
     ) -> Result<()> {
         let inner = &self.inner;
         let name = op_name(&desc);
+        // An NVTX range around the operation, for Nsight (where attached).
+        let _range = braid_trace::nvtx::range(|| format!("{name} {}", desc.count));
         if inner.health.is_aborted() {
             if let Some(id) = queued {
                 inner.flight.drop_queued(id);

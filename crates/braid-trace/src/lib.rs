@@ -7,6 +7,8 @@
 //! - [`clock`]: the ranks' clock offsets from a reference (the store);
 //! - [`format`](mod@format): Chrome/Perfetto trace-event files, per rank and merged;
 //! - [`scope`]: one-line spans around work on the host or a GPU stream;
+//! - [`nvtx`]: the same spans as NVTX ranges for Nsight, when a tool is
+//!   attached;
 //! - [`stats`]: per-operation collective counts, bytes and time;
 //! - [`metrics`]: live metrics over HTTP in Prometheus' text format,
 //!   with the collective statistics on every scrape;
@@ -24,6 +26,7 @@ pub mod device;
 pub mod format;
 pub mod intervals;
 pub mod metrics;
+pub mod nvtx;
 pub mod recorder;
 pub mod report;
 pub mod scope;

@@ -1,10 +1,11 @@
 //! [`timed`] and [`Timed`]: a piece of work as a span on the clock it runs
 //! on — a GPU stream's (CUDA events) or the host's — in one line at the
-//! call site. A trace's failure to record (a CUDA error on an event) is
-//! reported once on stderr and never fails the work itself.
+//! call site, and as an NVTX range for Nsight where a tool is attached. A
+//! trace's failure to record (a CUDA error on an event) is reported once on
+//! stderr and never fails the work itself.
 
-use crate::device;
 use crate::recorder::{self, track, Cat};
+use crate::{device, nvtx};
 use braid_cuda::Stream;
 use std::sync::Once;
 
@@ -15,8 +16,9 @@ fn warn(e: impl std::fmt::Display) {
 
 /// Runs `f` as a span named `name()` of category `cat`: timed on
 /// `stream`'s device (on the GPU compute track) when given, on the host
-/// (on the training loop's track) otherwise. Costs one atomic load when
-/// nothing records.
+/// (on the training loop's track) otherwise; and as an NVTX range where a
+/// tool is attached ([`nvtx`]). Costs two atomic loads when nothing
+/// records.
 #[inline]
 pub fn timed<R>(
     stream: Option<&Stream>,
@@ -24,32 +26,17 @@ pub fn timed<R>(
     name: impl FnOnce() -> String,
     f: impl FnOnce() -> R,
 ) -> R {
-    if !recorder::active() {
-        return f();
-    }
-    match stream {
-        None => {
-            let _s = recorder::span(name(), cat, track::HOST);
-            f()
-        }
-        Some(s) => {
-            let mark = device::begin(s).unwrap_or_else(|e| {
-                warn(e);
-                None
-            });
-            let r = f();
-            if let Err(e) = device::end(mark, s, name(), cat, track::GPU_COMPUTE, Vec::new()) {
-                warn(e);
-            }
-            r
-        }
-    }
+    let _t = start(stream, cat, name);
+    f()
 }
 
-/// A span that ends when dropped ([`start`]), on a GPU stream or the host.
+/// A span that ends when dropped ([`start`]), on a GPU stream or the host,
+/// with its NVTX range.
 #[must_use = "a span ends when dropped: bind it to a name"]
 pub struct Timed {
     inner: Option<Inner>,
+    // (Dropped after `inner`'s span ends: the range encloses it.)
+    _range: Option<nvtx::Range>,
 }
 
 enum Inner {
@@ -66,17 +53,31 @@ enum Inner {
 
 /// Starts a span named `name()` of category `cat` on `stream` (the GPU
 /// compute track) or, without one, on the host (the training loop's
-/// track); it ends when the returned guard is dropped, which must happen
-/// while `stream` lives. One atomic load when nothing records.
+/// track), and an NVTX range of that name where a tool is attached; they
+/// end when the returned guard is dropped, which must happen while
+/// `stream` lives. Two atomic loads when nothing records.
 #[inline]
 pub fn start(stream: Option<&Stream>, cat: Cat, name: impl FnOnce() -> String) -> Timed {
-    if !recorder::active() {
-        return Timed { inner: None };
+    let traced = recorder::active();
+    if !traced && !nvtx::on() {
+        return Timed {
+            inner: None,
+            _range: None,
+        };
+    }
+    let name = name();
+    let range = nvtx::on().then(|| nvtx::range_str(&name));
+    if !traced {
+        return Timed {
+            inner: None,
+            _range: range,
+        };
     }
     Timed {
+        _range: range,
         inner: Some(match stream {
             None => Inner::Host {
-                _span: recorder::span(name(), cat, track::HOST),
+                _span: recorder::span(name, cat, track::HOST),
             },
             Some(s) => Inner::Device {
                 mark: device::begin(s).unwrap_or_else(|e| {
@@ -84,7 +85,7 @@ pub fn start(stream: Option<&Stream>, cat: Cat, name: impl FnOnce() -> String) -
                     None
                 }),
                 stream: s.borrowed(),
-                name: name(),
+                name,
                 cat,
             },
         }),

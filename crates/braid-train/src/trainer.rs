@@ -18,6 +18,7 @@ use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
 use crate::{test_delay, Result};
 use braid_model::optim::Schedule;
+use braid_trace::nvtx;
 use braid_trace::recorder::{self, track};
 use braid_trace::Cat;
 use std::time::Instant;
@@ -284,6 +285,9 @@ where
         // belong to no step).
         memory_phase::take();
         let mut trace = StepTrace::begin(engine.stream())?;
+        // NVTX ranges for Nsight (where a tool is attached): the step and
+        // its parts, on the host's timeline around the work they queue.
+        let step_range = nvtx::range(|| format!("step {}", step + 1));
         let m_start = tl.mark(engine.stream())?;
         strategy.zero_grads(engine, grads)?;
         let mut data = 0.0;
@@ -291,8 +295,10 @@ where
         let mut m_computed = m_start;
         for micro in 0..o.accum {
             let td = Instant::now();
+            let data_range = nvtx::range_str("data");
             loader.next_train(batch)?;
             test_delay::apply(rank, "data");
+            drop(data_range);
             let tde = Instant::now();
             data += tde.duration_since(td).as_secs_f64();
             if trace.on() {
@@ -301,7 +307,9 @@ where
             }
             let m_f0 = trace.mark(&mut tl, engine.stream())?;
             memory_phase::enter(Phase::Forward);
+            let forward_range = nvtx::range_str("forward");
             let loss = strategy.forward(engine, batch, true)?;
+            drop(forward_range);
             test_delay::apply(rank, "compute");
             let m_f1 = trace.mark(&mut tl, engine.stream())?;
             trace.between("forward", Cat::Pass, m_f0, m_f1, micro);
@@ -312,6 +320,7 @@ where
             }
             loss_sum += loss as f64;
             memory_phase::enter(Phase::Backward);
+            let _backward_range = nvtx::range_str("backward");
             if micro + 1 < o.accum {
                 strategy.accumulate(engine, grads)?;
                 let m_b = trace.mark(&mut tl, engine.stream())?;
@@ -321,12 +330,16 @@ where
                 trace.between("backward", Cat::Pass, m_f1, m_computed, micro);
             }
         }
-        strategy.before_update(engine, grads)?;
+        {
+            let _wait_range = nvtx::range_str("wait for reductions");
+            strategy.before_update(engine, grads)?;
+        }
         let m_reduced = tl.mark(engine.stream())?;
         let lr = o.schedule.lr(step);
         let mut grad_norm = 0.0;
         if o.update {
             memory_phase::enter(Phase::Update);
+            let _optimizer_range = nvtx::range_str("optimizer");
             grad_norm = strategy.grad_sq_norm(engine, grads)?.sqrt() / divide;
             let clip = if o.grad_clip > 0.0 && grad_norm > o.grad_clip {
                 o.grad_clip / (grad_norm + 1e-6)
@@ -350,6 +363,7 @@ where
         engine
             .synchronize()
             .map_err(|e| format!("rank {rank}, step {}: {e}", step + 1))?;
+        drop(step_range);
         memory_phase::enter(Phase::Idle);
         memory_phases = memory_phase::take();
         let mut mean = [loss_sum / o.accum as f64];
@@ -377,6 +391,7 @@ where
         )?;
         let eval_loss = if o.evaluates_after(step) {
             let _s = braid_trace::span("evaluation", Cat::Eval, track::HOST);
+            let _r = nvtx::range_str("evaluation");
             Some(evaluate(engine, strategy, loader, batch, o)?)
         } else {
             None
@@ -405,8 +420,9 @@ where
                 let t = Instant::now();
                 let device = engine.stream().map(|s| s.device().clone());
                 let copy = braid_trace::span("checkpoint copy", Cat::Checkpoint, track::HOST);
+                let copy_range = nvtx::range_str("checkpoint copy");
                 let part = strategy.save_part(engine, ck.staging(device.as_ref()))?;
-                drop(copy);
+                drop((copy, copy_range));
                 let stall = crate::checkpoint::save::Stall {
                     waited_s,
                     copied_s: t.elapsed().as_secs_f64(),

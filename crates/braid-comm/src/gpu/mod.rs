@@ -335,6 +335,12 @@ impl GpuCommunicator {
     ) -> Result<DeviceWork<'a>> {
         self.check_usable()?;
         let seq = self.next_seq();
+        // An NVTX range around the launch (Nsight puts NCCL's kernels under
+        // it), where a tool is attached.
+        let _range = braid_trace::nvtx::range(|| match shape {
+            Some((count, dtype)) => format!("nccl {op} {count} x {dtype:?}"),
+            None => format!("nccl {op}"),
+        });
         let record =
             self.flight
                 .gpu_enqueued(seq, op, shape.map(|s| s.1), shape.map(|s| s.0 as u64));

@@ -34,6 +34,30 @@ pub struct TraceSetup {
     world: usize,
 }
 
+/// NVTX ranges for Nsight: `BRAID_NVTX=1` asks for them, `0` refuses
+/// them, and by default a trace (`traced`) asks. They go to the tool that
+/// profiles the process (`NVTX_INJECTION64_PATH`, set by `nsys profile`
+/// or `ncu`); without one they cost one atomic load each. A tool that
+/// cannot attach is a warning, not a failed run.
+fn start_nvtx(rank: usize, traced: bool) -> Result<(), String> {
+    let asked = match std::env::var("BRAID_NVTX").as_deref() {
+        Ok("1" | "on") => Some(true),
+        Ok("0" | "off") => Some(false),
+        Ok("") | Err(_) => None,
+        Ok(other) => return Err(format!("BRAID_NVTX={other}: expected 1 (on) or 0 (off)")),
+    };
+    match braid_trace::nvtx::init(asked.unwrap_or(traced)) {
+        Ok(true) if rank == 0 => println!("NVTX: ranges go to the attached profiler"),
+        Ok(false) if asked == Some(true) && rank == 0 => println!(
+            "note: BRAID_NVTX=1 but no profiler is attached (NVTX_INJECTION64_PATH is unset): \
+             run braid under `nsys profile` or `ncu --nvtx`"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("braid: warning: rank {rank}: {e}; NVTX ranges are off"),
+    }
+    Ok(())
+}
+
 /// Checks `--trace DIR` (made if missing, must be writable) and starts
 /// recording; starts the metrics endpoint of `--metrics-addr`. `comm`:
 /// the run's communicator (its store aligns the clocks and collects the
@@ -71,6 +95,7 @@ pub fn start(
         }
         braid_trace::recorder::start();
     }
+    start_nvtx(rank, dir.is_some())?;
     let metrics = match metrics_addr {
         None => None,
         Some(addr) => {
