@@ -352,13 +352,51 @@ impl Sharding {
 /// scratch the layers share (with the fused attention's score gradients
 /// when `stored_score_grads`).
 pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
+    let p = mixed_parts(cfg, run);
+    let l = cfg.n_layer as u128;
+    l * p.layer
+        + (l + 1) * p.stream
+        + p.head
+        + p.pad
+        + p.shared
+        + p.batch
+        + p.deferred * run.deferred as u128
+}
+
+/// The mixed engine's activation memory in parts (bytes), which
+/// [`gpu_mixed_activation_bytes`] (the whole model) and
+/// [`gpu_mixed_stage_bytes`] (a pipeline stage's micro-batches) add up
+/// differently.
+struct MixedParts {
+    /// What each layer keeps for its backward pass.
+    layer: u128,
+    /// Each layer's LayerNorm statistics alone (f32).
+    layer_stats: u128,
+    /// One attention output (bf16).
+    atty: u128,
+    /// One f32 residual stream (a layer's input or output).
+    stream: u128,
+    /// The head's: the final norm's output and statistics, the logits,
+    /// the losses.
+    head: u128,
+    /// The padded classifier's copies, where the vocabulary is padded.
+    pad: u128,
+    /// Shared by the layers: checkpointing's one block, the attention's
+    /// shared buffers, the scratch, the partial sums, a tensor group's.
+    shared: u128,
+    /// Tokens, targets and the embedding backward's bucket order.
+    batch: u128,
+    /// Per layer whose weight gradients wait.
+    deferred: u128,
+}
+
+fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
     use crate::cuda::flash::FlashKernels;
     use crate::cuda::mixed::MixedKernels;
     let GpuRun {
         b,
         t,
         fused_attention: fused,
-        deferred,
         checkpointing,
         stored_score_grads,
         keep_attention,
@@ -370,10 +408,9 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     // MLP columns `f` and vocabulary rows; the residual stream stays whole
     // (the bf16 engine has no sequence parallelism).
     let ranks = run.tensor.ranks.max(1);
-    let (c, nh, l, v) = (
+    let (c, nh, v) = (
         cfg.n_embd as u128,
         (cfg.n_head / ranks) as u128,
-        cfg.n_layer as u128,
         (cfg.vocab_size as u128).div_ceil(ranks as u128),
     );
     let (a, f) = (c / ranks as u128, 4 * c / ranks as u128);
@@ -417,7 +454,6 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
         (true, false) => block,
         (true, true) => block - attn_saved,
     };
-    let residual = 4 * nc * (l + 1);
     let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
     // ln, the wide scratch (qkv or GELU or their gradients, with datty),
@@ -432,20 +468,75 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     let group = if ranks > 1 { 12 * n } else { 0 };
     // Tokens, targets and the embedding backward's bucket order (i32).
     let batch = 4 * (3 * n + v + 1);
-    l * layer
-        + work
-        + residual
-        + head
-        + pad
-        + attn_shared
-        + scratch
-        + partial
-        + batch
-        + group
+    MixedParts {
+        layer,
+        layer_stats: 16 * n,
+        atty: 2 * n * a,
+        stream: 4 * nc,
+        head,
+        pad,
+        shared: work + attn_shared + scratch + partial + group,
+        batch,
         // Each deferred layer's output gradients and recomputed inputs,
         // bf16: the GELU, ln2, ln1, the two projections' gradients, the
         // wide scratch's and qkv's (15 · n · c in one process).
-        + 2 * n * (f + 4 * c + (4 * a).max(f) + 3 * a) * deferred as u128
+        deferred: 2 * n * (f + 4 * c + (4 * a).max(f) + 3 * a),
+    }
+}
+
+/// A pipeline stage of the mixed engine, as [`gpu_mixed_stage_bytes`]
+/// needs it: the run's shape and choices (`b`: a micro-batch's rows), the
+/// stage's layers, whether it is the last (the head, no output gradient
+/// received), whether its backward passes are split (its layers keep
+/// their output gradients for the weight half), and whether under
+/// checkpointing its layers leave their attention output to the
+/// recomputation (`MixedOptions::recompute_attention_output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageRun {
+    pub run: GpuRun,
+    pub layers: usize,
+    pub last: bool,
+    pub split: bool,
+    pub recompute_attention_output: bool,
+}
+
+/// A pipeline stage's activation memory in the mixed engine (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageBytes {
+    /// One micro-batch in flight: its layers' saved tensors, their input
+    /// and output streams, the output's gradient (a stage other than the
+    /// last) or the head's (the last), its tokens.
+    pub per_micro_batch: u128,
+    /// Once per model, whatever is in flight: the scratch the layers
+    /// share (and the padded classifier's copies on the last stage).
+    pub shared: u128,
+}
+
+/// [`StageBytes`] of stage `s` (`MicroPlan::make` in
+/// `cuda::model_mixed::stage` allocates these).
+pub fn gpu_mixed_stage_bytes(cfg: &GptConfig, s: &StageRun) -> StageBytes {
+    let p = mixed_parts(cfg, &s.run);
+    let l = s.layers as u128;
+    let keeps_output = !(s.recompute_attention_output
+        && s.run.checkpointing
+        && !(s.run.keep_attention && s.run.fused_attention))
+        || s.split;
+    let layer = match keeps_output {
+        true => p.layer,
+        false => p.layer_stats,
+    };
+    let (head, pad) = match s.last {
+        true => (p.head, p.pad),
+        // The gradient of the stage's output, received (f32).
+        false => (p.stream, 0),
+    };
+    let deferred = if s.split { p.deferred * l } else { 0 };
+    // Where the layers keep none, the recomputation's one attention output.
+    let atty = if keeps_output { 0 } else { p.atty };
+    StageBytes {
+        per_micro_batch: l * layer + (l + 1) * p.stream + head + p.batch + deferred,
+        shared: p.shared + pad + atty,
+    }
 }
 
 /// A GPU training run's shape and choices, as the footprint needs them.
@@ -1096,5 +1187,71 @@ mod tests {
         assert_eq!(largest_batch(100 + 10 * 37 + 9, 1000, f), Some(37));
         assert_eq!(largest_batch(105, 1000, f), None);
         assert_eq!(largest_batch(1_000_000, 64, f), Some(64));
+    }
+
+    /// A pipeline stage's bytes per micro-batch in flight, against what
+    /// the first stage's buffers measured on 4 H100s (the "held at once"
+    /// line, MB of 10^6 bytes; `bench/results/2026-11-27-pp-split-h100x4/`
+    /// and `2026-11-27-pp-mem-h100x4/`): 2.65B micro-batches of 2 × 1024
+    /// through 8 layers (1F1B), 4 (interleaved), 8 split (ZB-H1); 12.85B
+    /// through 10 layers with checkpointing, the attention output kept and
+    /// recomputed.
+    #[test]
+    fn stage_estimate_is_what_the_first_stage_measured() {
+        let small = GptConfig::parse("L32-H32-C2560-V50304-T1024").unwrap();
+        let big = GptConfig::parse("L40-H40-C5120-V50304-T1024").unwrap();
+        let run = |checkpointing| GpuRun {
+            b: 2,
+            streamed_weights: false,
+            stored_score_grads: true,
+            checkpointing,
+            sharding: Sharding::NONE,
+            ..stage3_run(1)
+        };
+        let stage = |checkpointing, layers, split, recompute| StageRun {
+            run: run(checkpointing),
+            layers,
+            last: false,
+            split,
+            recompute_attention_output: recompute,
+        };
+        for (what, cfg, s, measured_mb) in [
+            ("2.65B 1F1B", &small, stage(false, 8, false, true), 1051.2),
+            (
+                "2.65B interleaved",
+                &small,
+                stage(false, 4, false, true),
+                546.7,
+            ),
+            ("2.65B ZB-H1", &small, stage(false, 8, true, true), 2309.5),
+            ("12.85B kept", &big, stage(true, 10, false, false), 716.9),
+            (
+                "12.85B recomputed",
+                &big,
+                stage(true, 10, false, true),
+                503.9,
+            ),
+        ] {
+            let mb = gpu_mixed_stage_bytes(cfg, &s).per_micro_batch as f64 / 1e6;
+            assert!(
+                (mb - measured_mb).abs() < 0.1,
+                "{what}: {mb:.2} MB, measured {measured_mb}"
+            );
+        }
+        // The last stage keeps the head's logits instead of an output
+        // gradient, and the padded classifier's copies are shared.
+        let last = StageRun {
+            last: true,
+            ..stage(false, 8, false, true)
+        };
+        let (l, f) = (
+            gpu_mixed_stage_bytes(&small, &last),
+            gpu_mixed_stage_bytes(&small, &stage(false, 8, false, true)),
+        );
+        let n = 2 * 1024u128;
+        assert_eq!(
+            l.per_micro_batch - f.per_micro_batch,
+            2 * n * 2560 + 8 * n + 2 * n * 50304 + 4 * n - 4 * n * 2560
+        );
     }
 }

@@ -302,3 +302,43 @@ fn gpu_pp_2_tracks_one_gpu() {
         common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--pp 2"));
     }
 }
+
+/// The stage's memory estimate printed at start is within 10 % of the
+/// first stage's measured peak (1F1B over 2 GPUs, a model whose
+/// activations are hundreds of MB, with and without checkpointing).
+#[test]
+fn gpu_pp_stage_estimate_is_near_the_measured_peak() {
+    use common::gpu::figure;
+    use common::{braid, run};
+    use std::time::Duration;
+    if gpus(2).is_none() {
+        return;
+    }
+    for ckpt in [false, true] {
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--device",
+            "cuda",
+            "--model",
+            "L8-H8-C1024-V50304-T1024",
+        ])
+        .args(["--data", "random", "--global-batch", "16", "--seq", "1024"])
+        .args(["--steps", "3", "--eval-every", "0", "--nproc-per-node", "2"])
+        .args(["--pp", "2", "--micro-batches", "8"])
+        .args(ckpt.then_some("--checkpointing"))
+        .env("NCCL_NVLS_ENABLE", "0");
+        let f = run(cmd, Duration::from_secs(120));
+        assert_eq!(f.code, Some(0), "{f:?}");
+        let est = figure(&f.stdout, "GPU memory estimate:");
+        let peak = figure(&f.stdout, "peak device memory");
+        let _ = writeln!(
+            std::io::stderr(),
+            "--pp 2, checkpointing {ckpt}: estimate {est} GiB, first stage's peak {peak} GiB"
+        );
+        assert!(
+            (est - peak).abs() <= 0.1 * peak,
+            "checkpointing {ckpt}: estimate {est} GiB, peak {peak} GiB"
+        );
+    }
+}

@@ -369,6 +369,22 @@ mod tests {
         }
     }
 
+    /// Bytes held at once, with stages of a rank weighing differently: on
+    /// 4 H100s the first rank of interleaved 1F1B (2 stages per rank, 8
+    /// micro-batches) held at most 8 micro-batches of its first stage and
+    /// 4 of its second (stage 4), as on paper.
+    #[test]
+    fn peak_held_weighs_each_stage_by_its_bytes() {
+        let s = ScheduleKind::OneFOneB.build(4, 8).unwrap();
+        assert_eq!(s.peak_held(0, |_| 10), 40);
+        let i = ScheduleKind::Interleaved(2).build(4, 8).unwrap();
+        assert_eq!(i.peak_held(0, |st| (st == 0) as u128), 8);
+        assert_eq!(i.peak_held(0, |st| (st == 4) as u128), 4);
+        // Together they never all wait at once.
+        let both = i.peak_held(0, |st| if st == 0 { 1 } else { 100 });
+        assert!((400..408).contains(&both), "{both}");
+    }
+
     #[test]
     fn the_trivial_schedule_is_forward_then_backward() {
         let s = trivial(2);

@@ -114,14 +114,21 @@ impl Schedule {
     /// counted from a stage's forward to its backward (to its weight half
     /// where the backward is split), over all its stages.
     pub fn in_flight(&self, rank: usize) -> usize {
-        let (mut now, mut most) = (0usize, 0usize);
+        self.peak_held(rank, |_| 1) as usize
+    }
+
+    /// The most bytes rank `rank` holds for micro-batches in flight at
+    /// once, where one micro-batch through stage `s` holds `bytes(s)`
+    /// (stages of a rank may differ): counted as [`in_flight`](Self::in_flight).
+    pub fn peak_held(&self, rank: usize, bytes: impl Fn(usize) -> u128) -> u128 {
+        let (mut now, mut most) = (0u128, 0u128);
         for a in &self.actions[rank] {
             match a.op {
                 Op::Forward => {
-                    now += 1;
+                    now += bytes(a.stage);
                     most = most.max(now);
                 }
-                Op::Backward | Op::BackwardWeight => now = now.saturating_sub(1),
+                Op::Backward | Op::BackwardWeight => now = now.saturating_sub(bytes(a.stage)),
                 _ => {}
             }
         }

@@ -1021,6 +1021,26 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     "kept",
                 )? != Some(false),
             };
+            // The bf16 engine's activations, from the sizes it allocates.
+            let acts = (precision == Precision::Bf16).then(|| {
+                let hs = cfg.n_embd / cfg.n_head.max(1);
+                let fused = braid_model::cuda::flash::FlashKernels::HEAD_SIZES.contains(&hs)
+                    && gpu
+                        .device()
+                        .compute_capability()
+                        .is_ok_and(|(major, _)| major >= 8)
+                    && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
+                super::train_pipeline::stage_activations(
+                    &cfg,
+                    &schedule,
+                    &all,
+                    pipe.rank(),
+                    (micro, seq),
+                    &options,
+                    fused,
+                    place.tensor,
+                )
+            });
             let states = super::train_pipeline::check_stage_fits(
                 gpu.device(),
                 pipe.rank(),
@@ -1028,19 +1048,32 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 precision,
                 options.streamed_weights,
                 data.size() > 1,
+                acts.as_ref(),
             )?;
             if lead {
-                println!(
-                    "GPU memory: this rank's stages' model states {:.2} GiB (activations not \
-                     estimated for pipeline stages yet){}",
-                    states as f64 / (1u64 << 30) as f64,
-                    match a.checkpointing && options.recompute_attention_output {
-                        true =>
-                            "; under checkpointing each micro-batch in flight keeps its \
-                                 layers' inputs alone (the attention runs again)",
-                        false => "",
-                    }
-                );
+                let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+                match &acts {
+                    Some(x) => println!(
+                        "GPU memory estimate: {:.2} GiB on this rank = model states {:.2} GiB + \
+                         activations {:.2} GiB (up to {} micro-batches in flight, {:.1} MB each \
+                         on its first stage{}) + scratch {:.2} GiB",
+                        gib(states as u128 + x.total()),
+                        gib(states as u128),
+                        gib(x.held),
+                        x.in_flight,
+                        x.per_micro_batch as f64 / 1e6,
+                        match a.checkpointing && options.recompute_attention_output {
+                            true => ": each layer's input, the attention runs again",
+                            false => "",
+                        },
+                        gib(x.shared),
+                    ),
+                    None => println!(
+                        "GPU memory: this rank's stages' model states {:.2} GiB (activations \
+                         not estimated for f32 stages)",
+                        gib(states as u128)
+                    ),
+                }
             }
             braid_cuda::pool::reset_peak();
             let mut engine = super::train_pipeline::gpu_engine(

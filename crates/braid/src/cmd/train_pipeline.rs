@@ -173,12 +173,103 @@ pub fn gpu_engine(
     GpuStage::new(inner, mine, s, group, b, t)
 }
 
+/// A pipeline rank's activation memory in the bf16 engine (estimated
+/// from the sizes its buffers are made with,
+/// `braid_model::footprint::gpu_mixed_stage_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub struct StageActivations {
+    /// The most its stages' micro-batches in flight hold at once, by the
+    /// schedule on paper.
+    pub held: u128,
+    /// The most micro-batches in flight at once, and one's bytes on the
+    /// rank's first stage.
+    pub in_flight: usize,
+    pub per_micro_batch: u128,
+    /// The scratch shared by the layers, the send buffers (two per link
+    /// out) and the tied embeddings' sum (in 64 MB pieces).
+    pub shared: u128,
+}
+
+impl StageActivations {
+    pub fn total(&self) -> u128 {
+        self.held + self.shared
+    }
+}
+
+/// [`StageActivations`] of pipeline rank `rank` under schedule `s` over
+/// stages `all`, micro-batches of `b × t`, with the model built from
+/// `options` (`fused`: the fused attention runs; `tensor` ranks split each
+/// layer).
+#[allow(clippy::too_many_arguments)]
+pub fn stage_activations(
+    cfg: &GptConfig,
+    s: &Schedule,
+    all: &[Stage],
+    rank: usize,
+    (b, t): (usize, usize),
+    options: &MixedOptions,
+    fused: bool,
+    tensor: usize,
+) -> StageActivations {
+    use braid_model::footprint::{gpu_mixed_stage_bytes, GpuRun, Sharding, StageRun, TensorSplit};
+    let run = GpuRun {
+        b,
+        t,
+        mixed: true,
+        fused_attention: fused,
+        deferred: 0,
+        checkpointing: options.checkpointing,
+        streamed_weights: options.streamed_weights,
+        stored_score_grads: fused && options.stored_score_grads,
+        keep_attention: fused && options.keep_attention,
+        sharding: Sharding::NONE,
+        offload: false,
+        saved_in_grads: false,
+        half_gathers: false,
+        split_embeddings: false,
+        tensor: TensorSplit {
+            ranks: tensor,
+            sequence: false,
+        },
+    };
+    let split = s.splits_backward();
+    let bytes = |stage: usize| {
+        let st = &all[stage];
+        gpu_mixed_stage_bytes(
+            cfg,
+            &StageRun {
+                run,
+                layers: st.layers.len(),
+                last: st.last,
+                split,
+                recompute_attention_output: options.recompute_attention_output,
+            },
+        )
+    };
+    let mine = s.stages_of(rank);
+    let first = bytes(mine[0]);
+    // One output stream per send buffer: two per link to another rank.
+    let links = usize::from(mine.iter().any(|&st| !all[st].last))
+        + usize::from(mine.iter().any(|&st| !all[st].first));
+    let stream = 4 * (b * t * cfg.n_embd) as u128;
+    let tied = match mine.iter().any(|&st| all[st].first || all[st].last) && all.len() > 1 {
+        true => 64 << 20,
+        false => 0,
+    };
+    StageActivations {
+        held: s.peak_held(rank, |st| bytes(st).per_micro_batch),
+        in_flight: s.in_flight(rank),
+        per_micro_batch: first.per_micro_batch,
+        shared: first.shared + 2 * links as u128 * stream + tied,
+    }
+}
+
 /// Refuses, before anything is allocated, a pipeline rank whose stages'
-/// model states alone (the parameters of `layout`: f32 weights, the bf16
-/// copy unless `streamed` — of all but a first stage's embeddings —, the
+/// model states (the parameters of `layout`: f32 weights, the bf16 copy
+/// unless `streamed` — of all but a first stage's embeddings —, the
 /// stage's gradients and, with `reduced`, the strategy's, AdamW's two
-/// moments) exceed the GPU's free memory; returns those bytes.
-/// Activations are not estimated for stages yet.
+/// moments) and `activations` (where estimated: the bf16 engine's)
+/// exceed the GPU's free memory; returns the model states' bytes.
 pub fn check_stage_fits(
     dev: &braid_cuda::Device,
     rank: usize,
@@ -186,6 +277,7 @@ pub fn check_stage_fits(
     precision: Precision,
     streamed: bool,
     reduced: bool,
+    activations: Option<&StageActivations>,
 ) -> Result<u64, String> {
     let held = layout.len;
     let bf16 = match precision {
@@ -193,19 +285,40 @@ pub fn check_stage_fits(
         _ => 0,
     };
     let per = 4 + 4 + 8 + if reduced { 4 } else { 0 };
-    let need = (held * per + bf16 * 2) as u64;
+    let states = (held * per + bf16 * 2) as u64;
     let per = per + if bf16 > 0 { 2 } else { 0 };
     let Ok(free) = dev.free_memory() else {
-        return Ok(need);
+        return Ok(states);
     };
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    if need as u128 + super::preflight::DEVICE_MARGIN > free as u128 {
+    let acts = activations.map_or(0, |a| a.total() as u64);
+    let margin = super::preflight::DEVICE_MARGIN;
+    if let Some(a) = activations {
+        let fits_states = states as u128 + margin <= free as u128;
+        if fits_states && states as u128 + a.total() + margin > free as u128 {
+            return Err(format!(
+                "pipeline rank {rank}'s stages need about {:.2} GiB of the {:.2} GiB free on this \
+                 GPU: model states {:.2} GiB, and activations {:.2} GiB ({} micro-batches in \
+                 flight at once, {:.1} MB each on its first stage, and {:.2} GiB of scratch). Use \
+                 --checkpointing, more micro-batches of fewer rows (--micro-batches), more \
+                 pipeline stages (--pp), or move layers off this stage (--stage-layers)",
+                gib(states + acts),
+                gib(free as u64),
+                gib(states),
+                gib(acts),
+                a.in_flight,
+                a.per_micro_batch as f64 / 1e6,
+                gib(a.shared as u64),
+            ));
+        }
+    }
+    if states as u128 + margin > free as u128 {
         return Err(format!(
             "pipeline rank {rank}'s stages hold {held} parameters: their model states need {:.2} \
              GiB (up to {per} bytes a parameter: weights, {}gradients, AdamW's moments) of the {:.2} GiB \
              free on this GPU, before activations. Use more pipeline stages (--pp), move layers \
              off this stage (--stage-layers){}",
-            gib(need),
+            gib(states),
             match precision {
                 Precision::Bf16 if !streamed => "their bf16 copy, ",
                 _ => "",
@@ -219,7 +332,7 @@ pub fn check_stage_fits(
             }
         ));
     }
-    Ok(need)
+    Ok(states)
 }
 
 /// Prints the stages' layers and the schedule (the lead rank, at start).
