@@ -121,6 +121,13 @@ impl CpuOptimizer {
 }
 
 impl CpuGpt {
+    /// Gives back the activations this engine's own passes would use (a
+    /// pipeline stage keeps one set per micro-batch in flight instead and
+    /// never runs these passes): none are kept from now on.
+    pub(crate) fn release_activations(&mut self) {
+        self.acts = Activations::new(&self.params.layout, 0, 0, false);
+    }
+
     /// An engine over `params` for batches of `b × t`, recomputing
     /// activations in the backward pass when `checkpointing`.
     pub fn new(

@@ -264,7 +264,7 @@ impl CpuStage {
     /// [`Layout::pipeline_stages`] for `stages`, given by global index),
     /// for micro-batches of `b × t`.
     pub fn new(
-        inner: CpuGpt,
+        mut inner: CpuGpt,
         stages: Vec<(usize, Stage)>,
         schedule: Schedule,
         group: Communicator,
@@ -282,6 +282,9 @@ impl CpuStage {
             ));
         }
         let layout = inner.layout().clone();
+        // Each micro-batch in flight has its own activations: the
+        // engine's whole set is never used.
+        inner.release_activations();
         let links = HostLinks::new(&group)?;
         // (A tensor-parallel rank's share runs with its group.)
         let model = inner.model().clone();
