@@ -301,6 +301,13 @@ impl GpuStage {
     /// The last step's timeline as a chart, the measured idle fraction
     /// beside the theory's, and the most micro-batches each stage held at
     /// once (printed at the end of a run).
+    /// Each stage's estimated time (all the pipeline's stages, by global
+    /// index), for the timeline's bubble on paper with the stages as split.
+    pub fn with_stage_costs(mut self, costs: Vec<f64>) -> Self {
+        self.measured.stage_costs = Some(costs);
+        self
+    }
+
     pub fn timeline_report(&self) -> Option<String> {
         self.measured.report_held(&self.schedule, &self.held())
     }

@@ -99,6 +99,12 @@ fn message(a: &Action) -> Option<(Message, bool)> {
 /// Runs `s` on paper with `cost(op)` per action; refuses a deadlock,
 /// naming where every stuck rank waits.
 pub fn simulate(s: &Schedule, cost: &dyn Fn(Op) -> f64) -> Result<Simulated> {
+    simulate_actions(s, &|a: &Action| cost(a.op))
+}
+
+/// [`simulate`] with a cost per action (a stage's passes may take longer
+/// than another's).
+pub fn simulate_actions(s: &Schedule, cost: &dyn Fn(&Action) -> f64) -> Result<Simulated> {
     let n = s.ranks;
     let mut pc = vec![0usize; n];
     let mut clock = vec![0.0f64; n];
@@ -119,8 +125,8 @@ pub fn simulate(s: &Schedule, cost: &dyn Fn(Op) -> f64) -> Result<Simulated> {
                 let a = list[pc[r]];
                 if !a.op.communicates() {
                     let start = clock[r];
-                    clock[r] += cost(a.op);
-                    ranks[r].busy += cost(a.op);
+                    clock[r] += cost(&a);
+                    ranks[r].busy += cost(&a);
                     ranks[r].spans.push((a, start, clock[r]));
                     pc[r] += 1;
                     moved = true;

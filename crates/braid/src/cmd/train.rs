@@ -1087,7 +1087,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.weight_decay,
                 micro,
                 seq,
-            )?;
+            )?
+            .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
             params.data = Vec::new();
             // One replica: nothing reduces the gradients, and the stage's
             // buffer is the step's (one gradient buffer on the GPU).
@@ -1135,7 +1136,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 micro,
                 seq,
                 a.checkpointing,
-            )?;
+            )?
+            .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
             let mut s = distributed(groups.data, shard_choice, ddp)?;
             let run = run_with(&mut |p, l, b| {
                 run_loop(

@@ -84,6 +84,16 @@ pub fn stages(cfg: &GptConfig, s: &Schedule, flags: &PipeFlags<'_>) -> Result<Ve
     assign(cfg.n_layer, s.stages(), given.as_deref(), head)
 }
 
+/// Each stage's estimated time, in layers (the head counted on the last,
+/// as the split by time counts it): the timeline's paper bubble with the
+/// stages as split.
+pub fn stage_costs(cfg: &GptConfig, all: &[Stage]) -> Vec<f64> {
+    let head = head_cost(cfg.n_embd, cfg.vocab_size, cfg.context);
+    all.iter()
+        .map(|st| st.layers.len() as f64 + if st.last { head } else { 0.0 })
+        .collect()
+}
+
 /// The layout of pipeline rank `rank`'s stages, for every rank.
 pub fn layouts(whole: &Layout, s: &Schedule, all: &[Stage]) -> Result<Vec<Arc<Layout>>, String> {
     (0..s.ranks)
