@@ -30,6 +30,11 @@
 #   bash bench/device/tp.sh run
 #     one --tp 2 f32 run on the 124M model beside one GPU's, 20 steps: the
 #     loss curves side by side and the tensor groups' traffic per step.
+#   bash bench/device/tp.sh overlap
+#     braid alone, 2.65B --tp 4 --no-sp: the tensor group's sums after
+#     each row-split product against in 2, 4, 8 row blocks beside the
+#     next block's product (BRAID_TP_OVERLAP; TP_BLOCKS lists them), twice
+#     each in turns.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
@@ -179,14 +184,36 @@ phase_estimate() {
   echo "12.85B --tp 2 on 2 GPUs: exit $? | $(grep -h 'error' "$f" | head -1 | cut -c1-400)"
 }
 
+# braid alone at 2.65B --tp 4 --no-sp, batch 16 x 1024: the row-split
+# products' sums over the tensor group after each product (1 block) or
+# in 2, 4 and 8 row blocks beside the next block's product
+# (BRAID_TP_OVERLAP), twice each in turns; the exposed communication and
+# the step of each.
+phase_overlap() {
+  local k i f t
+  for i in 1 2; do
+    for k in ${TP_BLOCKS:-1 2 4 8}; do
+      f="$L/overlap-$k-$i.txt"
+      t=$(left)
+      [ "$t" -ge 40 ] || { echo "overlap $k: skipped ($t s left)"; continue; }
+      [ "$t" -gt 100 ] && t=100
+      BRAID_TP_OVERLAP=$k timeout -k 10 "$t" "$B" train --device cuda \
+        --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
+        --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
+      echo "blocks $k ($i): exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/') | $(grep -h 'exposed communication' "$f" | head -1 | grep -o 'exposed communication [0-9.]* ms')"
+    done
+  done
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
+  overlap) phase_overlap ;;
   bench) phase_bench ;;
   big) phase_big ;;
   two) phase_two ;;
   cross) phase_cross ;;
   estimate) phase_estimate ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap" >&2; exit 2 ;;
 esac
 finish

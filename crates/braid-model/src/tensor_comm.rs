@@ -95,6 +95,24 @@ pub trait DeviceTensorComm: Send + Sync {
     /// `x` (host memory) becomes the sum of every rank's (a gradient
     /// norm's parts).
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<(), String>;
+    /// Starts summing `x` (f32) over the group after `stream`'s work so
+    /// far, without ordering `stream`'s later work after it: that runs
+    /// beside the sum until [`wait_started`](Self::wait_started). By
+    /// default the plain [`all_reduce_f32`](Self::all_reduce_f32), which
+    /// orders it.
+    fn start_all_reduce_f32(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String> {
+        self.all_reduce_f32(x, ReduceKind::Sum, stream)
+    }
+    /// Orders `stream`'s later work after every sum
+    /// [`start_all_reduce_f32`](Self::start_all_reduce_f32) started (by
+    /// default nothing is left to wait for).
+    fn wait_started(&self, _stream: &braid_cuda::Stream) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 fn f64_refused() -> String {

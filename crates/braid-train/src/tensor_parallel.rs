@@ -362,6 +362,10 @@ pub fn gather_whole(
 pub struct DeviceTensorGroup {
     gpu: braid_comm::gpu::GpuCommunicator,
     traffic: Arc<TensorTraffic>,
+    /// For collectives started beside the model's stream: a stream that
+    /// waits for each (the model's stream goes on), and the event the
+    /// model's stream then waits on; made at the first.
+    started: std::sync::OnceLock<(braid_cuda::Stream, braid_cuda::Event)>,
 }
 
 impl DeviceTensorGroup {
@@ -370,7 +374,21 @@ impl DeviceTensorGroup {
         DeviceTensorGroup {
             gpu,
             traffic: Arc::new(TensorTraffic::default()),
+            started: std::sync::OnceLock::new(),
         }
+    }
+
+    fn started(&self) -> Result<&(braid_cuda::Stream, braid_cuda::Event)> {
+        if let Some(s) = self.started.get() {
+            return Ok(s);
+        }
+        let device = self.gpu.device();
+        let e = |x: braid_cuda::CudaError| format!("the tensor group's side stream: {x}");
+        let made = (
+            braid_cuda::Stream::new(device).map_err(e)?,
+            braid_cuda::Event::new(device).map_err(e)?,
+        );
+        Ok(self.started.get_or_init(|| made))
     }
 
     /// What its collectives moved so far (shared).
@@ -391,11 +409,25 @@ impl DeviceTensorGroup {
         stream: &braid_cuda::Stream,
         start: impl FnOnce() -> braid_comm::Result<braid_comm::gpu::DeviceWork<'a>>,
     ) -> Result<()> {
+        self.run_then(what, bytes, rounds, stream, stream, start)
+    }
+
+    /// [`run`](Self::run), with `then`'s later work ordered after the
+    /// collective instead of `stream`'s.
+    fn run_then<'a>(
+        &'a self,
+        what: &str,
+        bytes: usize,
+        rounds: f64,
+        stream: &braid_cuda::Stream,
+        then: &braid_cuda::Stream,
+        start: impl FnOnce() -> braid_comm::Result<braid_comm::gpu::DeviceWork<'a>>,
+    ) -> Result<()> {
         let _span = braid_trace::scope::start(Some(stream), Cat::TensorComm, || {
             format!("tensor {what} ({bytes} B)")
         });
         start()
-            .and_then(|w| w.then_on(stream))
+            .and_then(|w| w.then_on(then))
             .map_err(|e| format!("{what} over the tensor group: {e}"))?;
         let (n, t) = (self.gpu.size() as f64, &self.traffic);
         t.collectives.fetch_add(1, Ordering::Relaxed);
@@ -461,5 +493,22 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
             .host()
             .all_reduce(x, ReduceOp::Sum)
             .map_err(|e| format!("a sum over the tensor group: {e}"))
+    }
+    fn start_all_reduce_f32(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, f32>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 4 * braid_cuda::DeviceMem::dlen(&x);
+        let (side, _) = self.started()?;
+        self.run_then("all_reduce", bytes, 2.0, stream, side, || {
+            self.gpu.all_reduce_view(x, ReduceOp::Sum)
+        })
+    }
+    fn wait_started(&self, stream: &braid_cuda::Stream) -> Result<()> {
+        let (side, joined) = self.started()?;
+        let e = |x: braid_cuda::CudaError| format!("waiting for the tensor group's sums: {x}");
+        joined.record(side).map_err(e)?;
+        stream.wait_event(joined).map_err(e)
     }
 }

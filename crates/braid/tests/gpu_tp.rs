@@ -194,3 +194,60 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
         common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--tp 2"));
     }
 }
+
+/// The row-split products in row blocks whose sums over the tensor group
+/// run beside the next block's product (`BRAID_TP_OVERLAP=4`) train as the
+/// whole products do: `--tp 2` bf16, with and without checkpointing, 10
+/// steps' losses within the bf16 tolerance of the unblocked run's (the
+/// same numbers added; NCCL may add a block's in another order).
+#[test]
+fn gpu_tp_2_bf16_overlapped_sums_match() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-tp-overlap");
+    let base = [
+        "--model",
+        "L4-H4-C128-V259-T64",
+        "--tokenizer",
+        "bytes",
+        "--batch",
+        "8",
+        "--steps",
+        "10",
+        "--tp",
+        "2",
+        "--no-sp",
+        "--nproc-per-node",
+        "2",
+    ];
+    for ckpt in [false, true] {
+        let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (_, a) = train_gpu(&dir, &format!("whole-{ckpt}"), &args);
+        let (_, b) = common::gpu::train_gpu_env(
+            &dir,
+            &format!("blocks-{ckpt}"),
+            &args,
+            &[("BRAID_TP_OVERLAP", "4")],
+        );
+        let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
+        let worst = la
+            .iter()
+            .zip(&lb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            std::io::stderr(),
+            "bf16, checkpointing {ckpt}: whole {:.4} -> {:.4}, 4 blocks {:.4} -> {:.4}, worst step {worst:.2e}",
+            la[0],
+            la[9],
+            lb[0],
+            lb[9]
+        );
+        assert!(
+            worst < 5e-3,
+            "checkpointing {ckpt}: losses differ by {worst}"
+        );
+    }
+}

@@ -43,6 +43,7 @@ use std::sync::Arc;
 mod backward;
 mod forward;
 mod fresh;
+mod row_sum;
 mod saved;
 mod stage;
 pub use backward::WeightGrads;
@@ -481,6 +482,10 @@ pub struct GpuGptMixed {
     widths: Widths,
     /// The tensor-parallel group, when this is one rank's share.
     group: Option<Group>,
+    /// Row blocks of the row-split products whose sums over the group run
+    /// beside the next block's product (1: the product, then its sum;
+    /// [`overlap_tensor_sums`](Self::overlap_tensor_sums)).
+    tensor_blocks: usize,
     stream: Stream,
     kernels: Kernels,
     mk: MixedKernels,
@@ -710,6 +715,7 @@ impl GpuGptMixed {
             loss_weight: 1.0,
             widths: w,
             group: None,
+            tensor_blocks: 1,
             layout,
             pool,
             stream,
@@ -784,6 +790,16 @@ impl GpuGptMixed {
 
     fn range(&self, name: &str) -> Range<usize> {
         self.layout.get(name).expect("model parameter").range()
+    }
+
+    /// Splits each row-split product of the forward pass (the attention's
+    /// output projection, the MLP's second product) into `blocks` row
+    /// blocks, each block's sum over the tensor group running beside the
+    /// next block's product (1, the default: the whole product, then its
+    /// sum). Rows that do not split evenly run in one block. The sums add
+    /// the same numbers; NCCL may add them in another order per block.
+    pub fn overlap_tensor_sums(&mut self, blocks: usize) {
+        self.tensor_blocks = blocks.max(1);
     }
 
     /// Makes this model tensor-parallel rank `comm.rank()`'s share: its

@@ -542,6 +542,16 @@ impl GpuGpt {
 }
 
 impl GpuGpt {
+    /// The bf16 model's row-split products in `blocks` row blocks, each
+    /// block's sum over the tensor group beside the next block's product
+    /// (`GpuGptMixed::overlap_tensor_sums`; the f32 model runs them whole).
+    pub fn overlap_tensor_sums(mut self, blocks: usize) -> GpuGpt {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.overlap_tensor_sums(blocks);
+        }
+        self
+    }
+
     /// Makes this engine tensor-parallel rank `comm.rank()`'s share (its
     /// layout that rank's `Layout::tensor_parallel` one): the model (f32
     /// or bf16) runs the group's collectives in its passes, and the

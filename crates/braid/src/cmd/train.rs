@@ -1367,7 +1367,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         engine.defer_weight_grads(defer)?;
         let mut engine = match &groups {
-            Some(g) => engine.tensor_parallel(g.tensor.clone(), place.sequence)?,
+            Some(g) => engine
+                .tensor_parallel(g.tensor.clone(), place.sequence)?
+                .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?),
             None => engine,
         };
         let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());

@@ -196,6 +196,22 @@ pub fn split_gpu(
     })
 }
 
+/// `BRAID_TP_OVERLAP=K`: the bf16 engine's row-split products run in K
+/// row blocks, each block's sum over the tensor group beside the next
+/// block's product; unset or 1, the whole product then its sum (to be
+/// chosen by measurement: `bash bench/device/tp.sh overlap`).
+pub fn tensor_overlap_blocks() -> Result<usize, String> {
+    match std::env::var("BRAID_TP_OVERLAP").as_deref() {
+        Err(_) | Ok("") => Ok(1),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(k) if (1..=64).contains(&k) => Ok(k),
+            _ => Err(format!(
+                "BRAID_TP_OVERLAP={v}: expected a number of row blocks from 1 to 64"
+            )),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,7 +177,9 @@ pub fn gpu_engine(
     let inner = GpuGpt::new(&device, &params, (b, t), precision, options, weight_decay)?;
     // A tensor-parallel rank's share, without sequence parallelism.
     let inner = match tensor {
-        Some(comm) => inner.tensor_parallel(comm, false)?,
+        Some(comm) => inner
+            .tensor_parallel(comm, false)?
+            .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?),
         None => inner,
     };
     GpuStage::new(inner, mine, s, group, b, t)

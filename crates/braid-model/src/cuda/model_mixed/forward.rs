@@ -389,28 +389,30 @@ impl GpuGptMixed {
             }
             prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
         }
-        let proj = Product {
+        // resid2 = x + atty · Wproj + b (the residual and bias on the
+        // group's first rank), summed over the group.
+        let proj_b = p.view(r.proj_b.clone())?;
+        let proj = row_sum::RowSplit {
             m: n,
             n: c,
             k: ca,
-            a: Mat::of(&*atty, ca),
+            a: &*atty,
             b: Mat::of(&w(&r.proj_w), c),
+            residual: adds_residual.then_some(x),
+            bias: &proj_b,
         };
-        let bias = Epilogue::Bias {
-            bias: span(&p.view(r.proj_b.clone())?),
-        };
-        if !adds_residual {
-            // This rank's share of a row-split product, alone.
-            proj.plain(blas, s, Mat::of(&*resid2, c), 0.0)?;
-        } else if !proj.fused(lt, s, Some(Mat::of(x, c)), Mat::of(&*resid2, c), bias)? {
-            mk.residual_bias(s, resid2, x, &p.view(r.proj_b.clone())?, n, c)?;
-            prof.mark(
-                s,
-                pass.phase("fwd residual+bias", "recompute residual+bias"),
-            )?;
-            proj.plain(blas, s, Mat::of(&*resid2, c), 1.0)?;
-        }
-        sum_f32(group, resid2, s, "attn.c_proj forward")?;
+        let blocks = self.tensor_blocks;
+        row_sum::row_split_sum(
+            blas,
+            lt,
+            mk,
+            s,
+            group,
+            blocks,
+            proj,
+            resid2,
+            "attn.c_proj forward",
+        )?;
         prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
         mk.layernorm_forward(
             s,
@@ -448,24 +450,28 @@ impl GpuGptMixed {
         if pass == Pass::Recompute {
             return Ok(());
         }
-        let fcproj = Product {
+        // out = resid2 + gelu · Wfcproj + b, summed over the group.
+        let fcproj_b = p.view(r.fcproj_b.clone())?;
+        let fcproj = row_sum::RowSplit {
             m: n,
             n: c,
             k: f,
-            a: Mat::of(&self.wide, f),
+            a: &self.wide,
             b: Mat::of(&w(&r.fcproj_w), c),
+            residual: adds_residual.then_some(&*resid2),
+            bias: &fcproj_b,
         };
-        let bias = Epilogue::Bias {
-            bias: span(&p.view(r.fcproj_b.clone())?),
-        };
-        if !adds_residual {
-            fcproj.plain(blas, s, Mat::of(out, c), 0.0)?;
-        } else if !fcproj.fused(lt, s, Some(Mat::of(&*resid2, c)), Mat::of(out, c), bias)? {
-            mk.residual_bias(s, out, &*resid2, &p.view(r.fcproj_b.clone())?, n, c)?;
-            prof.mark(s, "fwd residual+bias")?;
-            fcproj.plain(blas, s, Mat::of(out, c), 1.0)?;
-        }
-        sum_f32(group, out, s, "mlp.c_proj forward")?;
+        row_sum::row_split_sum(
+            blas,
+            lt,
+            mk,
+            s,
+            group,
+            self.tensor_blocks,
+            fcproj,
+            out,
+            "mlp.c_proj forward",
+        )?;
         prof.mark(s, "fwd gemm fcproj")
     }
 }

@@ -1,0 +1,89 @@
+//! A row-split product and its sum over the tensor group — the attention's
+//! output projection and the MLP's second product, Megatron's `g` — in
+//! blocks of rows: each block's all-reduce starts as soon as its product is
+//! queued and runs on the group's stream beside the next block's product;
+//! the model's stream waits for all of them at the end
+//! ([`GpuGptMixed::overlap_tensor_sums`]). In one block, or without a
+//! group, it is the plain product and sum.
+
+use super::*;
+
+/// What [`row_split_sum`] computes: `d = a · b` over `m` rows (`a`: `m ×
+/// k` bf16, `b`: the `k × n` weights), then `+ residual + bias` where
+/// `residual` is given (the group's first rank adds them once, before the
+/// sum).
+pub(super) struct RowSplit<'a, B: DeviceMem<f32>> {
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) a: &'a DeviceBuffer<bf16>,
+    pub(super) b: Mat,
+    pub(super) residual: Option<&'a DeviceBuffer<f32>>,
+    pub(super) bias: &'a B,
+}
+
+/// Runs `x` into `d` and sums `d` over `group` (`what` names it in errors),
+/// in `blocks` row blocks where the rows split evenly, else in one.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn row_split_sum<B: DeviceMem<f32>>(
+    blas: &mut Blas,
+    lt: &mut Option<FusedProducts>,
+    mk: &MixedKernels,
+    s: &Stream,
+    group: &Option<Group>,
+    blocks: usize,
+    x: RowSplit<'_, B>,
+    d: &mut DeviceBuffer<f32>,
+    what: &str,
+) -> Result<()> {
+    let g = match group {
+        Some(g) if blocks > 1 && x.m % blocks == 0 => g,
+        _ => {
+            product_rows(blas, lt, mk, s, &x, 0..x.m, d)?;
+            return sum_f32(group, d, s, what);
+        }
+    };
+    let rows = x.m / blocks;
+    let err = |e: String| CudaError::Group(format!("{what}: {e}"));
+    for i in 0..blocks {
+        let r = i * rows..(i + 1) * rows;
+        product_rows(blas, lt, mk, s, &x, r.clone(), d)?;
+        g.comm
+            .start_all_reduce_f32(d.view_mut(r.start * x.n..r.end * x.n), s)
+            .map_err(err)?;
+    }
+    g.comm.wait_started(s).map_err(err)
+}
+
+/// Rows `r` of `x`'s product into the same rows of `d`.
+fn product_rows<B: DeviceMem<f32>>(
+    blas: &mut Blas,
+    lt: &mut Option<FusedProducts>,
+    mk: &MixedKernels,
+    s: &Stream,
+    x: &RowSplit<'_, B>,
+    r: Range<usize>,
+    d: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    let (n, k) = (x.n, x.k);
+    let a = x.a.view(r.start * k..r.end * k);
+    let product = || Product {
+        m: r.len(),
+        n,
+        k,
+        a: Mat::of(&a, k),
+        b: x.b,
+    };
+    let mut out = d.view_mut(r.start * n..r.end * n);
+    let Some(residual) = x.residual else {
+        // This rank's share of a row-split product, alone.
+        return product().plain(blas, s, Mat::of(&out, n), 0.0);
+    };
+    let residual = residual.view(r.start * n..r.end * n);
+    let bias = Epilogue::Bias { bias: span(x.bias) };
+    if !product().fused(lt, s, Some(Mat::of(&residual, n)), Mat::of(&out, n), bias)? {
+        mk.residual_bias(s, &mut out, &residual, x.bias, r.len(), n)?;
+        product().plain(blas, s, Mat::of(&out, n), 1.0)?;
+    }
+    Ok(())
+}
