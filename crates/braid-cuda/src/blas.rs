@@ -274,6 +274,22 @@ impl Mat {
         }
     }
 
+    /// Rows `r` of a matrix stored untransposed, unbatched (a block of
+    /// rows of a row-major operand, `ld` elements apart). `None` for a
+    /// transposed or batched one, or rows past its storage.
+    pub fn rows(self, r: std::ops::Range<usize>) -> Option<Mat> {
+        let len = r.len().checked_mul(self.ld)?;
+        let start = r.start.checked_mul(self.ld)?;
+        if self.transposed || self.stride != 0 || start.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(Mat {
+            ptr: self.ptr + (start * self.ty.size()) as u64,
+            len,
+            ..self
+        })
+    }
+
     /// The same matrix used transposed.
     pub fn t(mut self) -> Mat {
         self.transposed = true;
@@ -459,5 +475,28 @@ impl Drop for Blas {
             // SAFETY: created in `new`, destroyed once.
             let _ = unsafe { result::destroy_handle(self.handle) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_of_rows_starts_rows_times_ld_elements_in() {
+        let m = Mat {
+            ptr: 0x1000,
+            len: 8 * 6,
+            ty: DType::BF16,
+            ld: 6,
+            transposed: false,
+            stride: 0,
+        };
+        let r = m.rows(2..5).unwrap();
+        assert_eq!((r.ptr, r.len, r.ld), (0x1000 + 2 * 6 * 2, 3 * 6, 6));
+        assert!(m.rows(6..8).is_some());
+        assert!(m.rows(6..9).is_none(), "past the storage");
+        assert!(m.t().rows(0..1).is_none(), "transposed");
+        assert!(m.batched(48).rows(0..1).is_none(), "batched");
     }
 }

@@ -107,6 +107,15 @@ pub trait DeviceTensorComm: Send + Sync {
     ) -> Result<(), String> {
         self.all_reduce_f32(x, ReduceKind::Sum, stream)
     }
+    /// [`start_all_reduce_f32`](Self::start_all_reduce_f32) for bf16 (by
+    /// default the plain [`all_reduce_bf16`](Self::all_reduce_bf16)).
+    fn start_all_reduce_bf16(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String> {
+        self.all_reduce_bf16(x, stream)
+    }
     /// Orders `stream`'s later work after every sum
     /// [`start_all_reduce_f32`](Self::start_all_reduce_f32) started (by
     /// default nothing is left to wait for).

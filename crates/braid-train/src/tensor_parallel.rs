@@ -505,6 +505,17 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
             self.gpu.all_reduce_view(x, ReduceOp::Sum)
         })
     }
+    fn start_all_reduce_bf16(
+        &self,
+        x: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 2 * braid_cuda::DeviceMem::dlen(&x);
+        let (side, _) = self.started()?;
+        self.run_then("all_reduce bf16", bytes, 2.0, stream, side, || {
+            self.gpu.all_reduce_view(x, ReduceOp::Sum)
+        })
+    }
     fn wait_started(&self, stream: &braid_cuda::Stream) -> Result<()> {
         let (side, joined) = self.started()?;
         let e = |x: braid_cuda::CudaError| format!("waiting for the tensor group's sums: {x}");

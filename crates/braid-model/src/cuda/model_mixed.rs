@@ -792,11 +792,12 @@ impl GpuGptMixed {
         self.layout.get(name).expect("model parameter").range()
     }
 
-    /// Splits each row-split product of the forward pass (the attention's
-    /// output projection, the MLP's second product) into `blocks` row
-    /// blocks, each block's sum over the tensor group running beside the
-    /// next block's product (1, the default: the whole product, then its
-    /// sum). Rows that do not split evenly run in one block. The sums add
+    /// Splits each product whose result the tensor group sums (forward,
+    /// the attention's output projection and the MLP's second product;
+    /// backward, the qkv and MLP-first products' input gradients) into
+    /// `blocks` row blocks, each block's sum over the group running beside
+    /// the next block's product (1, the default: the whole product, then
+    /// its sum). Rows that do not split evenly run in one block. The sums add
     /// the same numbers; NCCL may add them in another order per block.
     pub fn overlap_tensor_sums(&mut self, blocks: usize) {
         self.tensor_blocks = blocks.max(1);

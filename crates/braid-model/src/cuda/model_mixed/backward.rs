@@ -334,19 +334,19 @@ impl GpuGptMixed {
         }
         // fc: the input gradient, then the LayerNorm backward (which
         // recomputes ln2, the product's input), then the weight gradient.
-        input_grad(
+        // A column-split product's input gradient: each rank's share summed.
+        row_sum::input_grad_sum(
             blas,
             s,
-            n,
-            c,
-            f,
+            &self.group,
+            self.tensor_blocks,
+            (n, c, f),
             Mat::of(&self.wide, f),
             Mat::of(&w(&r.fc_w), f),
-            Mat::of(&self.dln, c),
+            &mut self.dln,
+            "mlp.c_fc backward",
         )?;
         prof.mark(s, "bwd gemm fc")?;
-        // A column-split product's input gradient: each rank's share summed.
-        sum_bf16(&self.group, &mut self.dln, s, "mlp.c_fc backward")?;
         let ln2: &mut DeviceBuffer<bf16> = if defer {
             &mut self.deferred[l]
                 .as_mut()
@@ -489,18 +489,18 @@ impl GpuGptMixed {
         let a = held(&self.layers, l)?;
         // qkv: the input gradient and the bias gradient, then the
         // LayerNorm backward (recomputing ln1), then the weight gradient.
-        input_grad(
+        row_sum::input_grad_sum(
             blas,
             s,
-            n,
-            c,
-            3 * ca,
+            &self.group,
+            self.tensor_blocks,
+            (n, c, 3 * ca),
             Mat::of(&dqkv, 3 * ca),
             Mat::of(&w(&r.qkv_w), 3 * ca),
-            Mat::of(&self.dln, c),
+            &mut self.dln,
+            "attn.c_attn backward",
         )?;
         prof.mark(s, "bwd gemm qkv")?;
-        sum_bf16(&self.group, &mut self.dln, s, "attn.c_attn backward")?;
         mk.bias_backward_bf(
             s,
             &mut g.view_mut(r.qkv_b.clone())?,

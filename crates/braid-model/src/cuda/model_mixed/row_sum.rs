@@ -1,8 +1,10 @@
-//! A row-split product and its sum over the tensor group — the attention's
-//! output projection and the MLP's second product, Megatron's `g` — in
-//! blocks of rows: each block's all-reduce starts as soon as its product is
-//! queued and runs on the group's stream beside the next block's product;
-//! the model's stream waits for all of them at the end
+//! The products whose results the tensor group sums, in blocks of rows:
+//! forward, a row-split product (the attention's output projection and the
+//! MLP's second product, Megatron's `g`); backward, a column-split
+//! product's input gradient (qkv's and the MLP's first, Megatron's `f`).
+//! Each block's all-reduce starts as soon as its product is queued and runs
+//! on the group's stream beside the next block's product; the model's
+//! stream waits for all of them at the end
 //! ([`GpuGptMixed::overlap_tensor_sums`]). In one block, or without a
 //! group, it is the plain product and sum.
 
@@ -86,4 +88,55 @@ fn product_rows<B: DeviceMem<f32>>(
         product().plain(blas, s, Mat::of(&out, n), 1.0)?;
     }
     Ok(())
+}
+
+/// The input gradient of a column-split product, `dx = dy · wᵀ` over `m`
+/// rows (`dy`: `m × out`, `w`: the `inp × out` weights, `dx`: `m × inp`
+/// bf16), summed over `group` — in `blocks` row blocks whose sums run
+/// beside the next block's product, where the rows split evenly and `dy`
+/// is a plain row-major operand; else whole, then summed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn input_grad_sum(
+    blas: &mut Blas,
+    s: &Stream,
+    group: &Option<Group>,
+    blocks: usize,
+    (m, inp, out): (usize, usize, usize),
+    dy: Mat,
+    w: Mat,
+    dx: &mut DeviceBuffer<bf16>,
+    what: &str,
+) -> Result<()> {
+    let rows = m / blocks.max(1);
+    let split = match group {
+        Some(g) if blocks > 1 && m % blocks == 0 && dy.rows(0..rows).is_some() => Some(g),
+        _ => None,
+    };
+    let Some(g) = split else {
+        mm(blas, s, m, inp, out, dy, w.t(), Mat::of(&*dx, inp), 0.0)?;
+        return sum_bf16(group, dx, s, what);
+    };
+    let err = |e: String| CudaError::Group(format!("{what}: {e}"));
+    for i in 0..blocks {
+        let r = i * rows..(i + 1) * rows;
+        let dy_r = dy.rows(r.clone()).ok_or_else(|| {
+            CudaError::Invalid(format!("{what}: rows {r:?} of the output gradient"))
+        })?;
+        let dx_r = dx.view(r.start * inp..r.end * inp);
+        mm(
+            blas,
+            s,
+            rows,
+            inp,
+            out,
+            dy_r,
+            w.t(),
+            Mat::of(&dx_r, inp),
+            0.0,
+        )?;
+        g.comm
+            .start_all_reduce_bf16(dx.view_mut(r.start * inp..r.end * inp), s)
+            .map_err(err)?;
+    }
+    g.comm.wait_started(s).map_err(err)
 }
