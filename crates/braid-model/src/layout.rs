@@ -399,6 +399,17 @@ impl Layout {
     /// the layers, so that a bf16 copy of the parameters can leave them
     /// out ([`bf16_len`](Self::bf16_len)).
     pub fn pipeline_stages(&self, stages: Vec<Stage>) -> Result<Layout, String> {
+        self.pipeline_stages_ordered(stages, true)
+    }
+
+    /// [`pipeline_stages`](Self::pipeline_stages), with the first stage's
+    /// embeddings after its layers only where `embeddings_last` (else in
+    /// the whole layout's order, and a bf16 copy covers them).
+    pub fn pipeline_stages_ordered(
+        &self,
+        stages: Vec<Stage>,
+        embeddings_last: bool,
+    ) -> Result<Layout, String> {
         let n = self.config.n_layer;
         if !self.is_whole() {
             return Err("a pipeline stage is cut from the whole model's layout".into());
@@ -412,7 +423,8 @@ impl Layout {
                 ));
             }
         }
-        let embeddings_last = stages.iter().any(|s| s.first) && !stages.iter().any(|s| s.last);
+        let embeddings_last =
+            embeddings_last && stages.iter().any(|s| s.first) && !stages.iter().any(|s| s.last);
         let order = self
             .blocks
             .iter()
@@ -544,6 +556,12 @@ mod tests {
         );
         assert_eq!((last.bf16_len(), middle.bf16_len()), (last.len, middle.len));
         assert_eq!(whole.bf16_len(), whole.len);
+        // Kept in the whole layout's order on request.
+        let kept = whole
+            .pipeline_stages_ordered(vec![first.stages[0].clone()], false)
+            .unwrap();
+        assert_eq!(kept.blocks[0].0, Block::Embedding);
+        assert_eq!(kept.bf16_len(), kept.len);
         let parts = first.len + middle.len + last.len;
         // The tied embeddings, twice.
         assert_eq!(parts, whole.len + whole.block_range(Block::Embedding).len());
