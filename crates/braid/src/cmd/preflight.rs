@@ -101,6 +101,7 @@ fn tensor_parallel(
         saved_in_grads: false,
         half_gathers: false,
         split_embeddings: false,
+        per_ranks: Vec::new(),
     };
     let p = plan(0);
     let tensor = TensorSplit {
@@ -316,6 +317,10 @@ pub struct DevicePlan {
     /// ZeRO-3: the tied embeddings' gradients reduce-scattered in two parts
     /// ([`split_embedding_grads`]).
     pub split_embeddings: bool,
+    /// ZeRO-3: the estimate of the chosen form at 2, 4 and 8 ranks (how
+    /// the per-rank memory falls with N, for the scaling tables beside
+    /// FSDP2's measured peaks).
+    pub per_ranks: Vec<(usize, u128)>,
 }
 
 /// A memory-for-speed choice the pre-flight makes unless the environment
@@ -511,6 +516,7 @@ pub fn device(
         saved_in_grads,
         half_gathers,
         split_embeddings: split,
+        per_ranks: Vec::new(),
     };
     let Ok(free) = dev.free_memory() else {
         return Ok(plan(0, forms[0]));
@@ -546,7 +552,20 @@ pub fn device(
     for &form in &forms {
         let f = need(batch, a.checkpointing, form);
         if f.total() + DEVICE_MARGIN <= free {
-            return Ok(plan(f.total(), form));
+            let mut chosen = plan(f.total(), form);
+            if a.sharding.stage == 3 && !a.offload {
+                chosen.per_ranks = [2, 4, 8]
+                    .into_iter()
+                    .map(|ranks| {
+                        let s = Sharding { stage: 3, ranks };
+                        (
+                            ranks,
+                            need_with(batch, a.checkpointing, form, s, false).total(),
+                        )
+                    })
+                    .collect();
+            }
+            return Ok(chosen);
         }
     }
     let form = *forms.last().expect("one form at least");

@@ -1322,6 +1322,17 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     false => format!(" ({})", lean.join("; ")),
                 }
             );
+            if !plan.per_ranks.is_empty() {
+                let at: Vec<String> = plan
+                    .per_ranks
+                    .iter()
+                    .map(|(n, b)| format!("{n} ranks {:.2} GiB", braid_model::footprint::gib(*b)))
+                    .collect();
+                println!(
+                    "GPU memory estimate per rank under ZeRO-3 at: {}",
+                    at.join(", ")
+                );
+            }
         }
         shard_choice.saved_in_grads = plan.saved_in_grads;
         opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
