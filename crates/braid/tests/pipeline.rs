@@ -454,4 +454,30 @@ fn what_cannot_work_is_refused_at_start() {
         "a pipeline's step is its --micro-batches already",
     );
     refused(&["--pp", "0"], "--pp 0");
+    // A bad pipeline choice in the environment: one error, before any
+    // worker starts.
+    let mut c = braid();
+    c.args([
+        "train",
+        "--model",
+        MODEL,
+        "--tokenizer",
+        "bytes",
+        "--steps",
+        "1",
+    ])
+    .args(["--pp", "2"])
+    .env("BRAID_PP_EMBEDDINGS", "middle");
+    let f = run(c, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0));
+    assert!(
+        f.stderr.contains("BRAID_PP_EMBEDDINGS=middle"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stdout.contains("braid launch"),
+        "workers started: {}",
+        f.stdout
+    );
 }

@@ -529,6 +529,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 sequence: !a.no_sp,
             }
             .check(n)?;
+            if a.tp > 1 {
+                super::train_mesh::tensor_overlap_blocks()?;
+            }
             if a.pp > 1 {
                 // The schedule and the stages, checked once here.
                 let flags = super::train_pipeline::PipeFlags {
@@ -552,6 +555,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 if a.load.is_none() {
                     let cfg = GptConfig::parse(&a.model)?;
                     super::train_pipeline::stages(&cfg, &s, &flags)?;
+                }
+                // The pipeline's environment choices, once here too.
+                for (var, yes, no) in [
+                    ("BRAID_PP_EMBEDDINGS", "last", "first"),
+                    ("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept"),
+                ] {
+                    super::preflight::env_choice(var, yes, no)?;
                 }
             }
             if a.load.is_none() {
