@@ -151,6 +151,16 @@ fn gpu_tp_2_times_data_2_matches_data_parallel_over_4() {
     }
 }
 
+/// The bf16 tests' model (4 layers, 4 heads, on the byte corpus) and batch.
+const BF16_MODEL: [&str; 6] = [
+    "--model",
+    "L4-H4-C128-V259-T64",
+    "--tokenizer",
+    "bytes",
+    "--batch",
+    "8",
+];
+
 /// bf16 (the mixed engine: fused attention, cuBLASLt epilogues, its
 /// all-reduces of bf16 input gradients): `--tp 2` tracks one GPU over 60
 /// steps (mean loss of every 20-step window within 0.02), with and
@@ -162,16 +172,11 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
         return;
     }
     let dir = TempDir::new("gpu-tp-bf16");
-    let base = [
-        "--model",
-        "L4-H4-C128-V259-T64",
-        "--tokenizer",
-        "bytes",
-        "--batch",
-        "8",
-        "--steps",
-        "60",
-    ];
+    let base: Vec<&str> = BF16_MODEL
+        .iter()
+        .copied()
+        .chain(["--steps", "60"])
+        .collect();
     for ckpt in [false, true] {
         let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
         let one: Vec<&str> = base.iter().chain(extra).copied().collect();
@@ -206,21 +211,19 @@ fn gpu_tp_2_bf16_overlapped_sums_match() {
         return;
     }
     let dir = TempDir::new("gpu-tp-overlap");
-    let base = [
-        "--model",
-        "L4-H4-C128-V259-T64",
-        "--tokenizer",
-        "bytes",
-        "--batch",
-        "8",
-        "--steps",
-        "10",
-        "--tp",
-        "2",
-        "--no-sp",
-        "--nproc-per-node",
-        "2",
-    ];
+    let base: Vec<&str> = BF16_MODEL
+        .iter()
+        .copied()
+        .chain([
+            "--steps",
+            "10",
+            "--tp",
+            "2",
+            "--no-sp",
+            "--nproc-per-node",
+            "2",
+        ])
+        .collect();
     for ckpt in [false, true] {
         let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();

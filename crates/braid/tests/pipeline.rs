@@ -312,6 +312,11 @@ fn the_3d_mesh_2x2x2_on_8_ranks_matches_data_parallelism_over_2() {
 
 /// `braid train` with `args` fails at start with `want` in its error.
 fn refused(args: &[&str], want: &str) {
+    refused_with(args, &[], want);
+}
+
+/// [`refused`] with environment variables `env`; what the run printed.
+fn refused_with(args: &[&str], env: &[(&str, &str)], want: &str) -> common::Finished {
     let mut c = braid();
     c.args([
         "train",
@@ -322,11 +327,13 @@ fn refused(args: &[&str], want: &str) {
         "--steps",
         "1",
     ])
-    .args(args);
+    .args(args)
+    .envs(env.iter().copied());
     let f = run(c, Duration::from_secs(60));
     assert_ne!(f.code, Some(0), "{args:?} ran");
     assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
     assert!(!f.stdout.contains("step     1"), "{args:?} trained first");
+    f
 }
 
 #[test]
@@ -456,24 +463,10 @@ fn what_cannot_work_is_refused_at_start() {
     refused(&["--pp", "0"], "--pp 0");
     // A bad pipeline choice in the environment: one error, before any
     // worker starts.
-    let mut c = braid();
-    c.args([
-        "train",
-        "--model",
-        MODEL,
-        "--tokenizer",
-        "bytes",
-        "--steps",
-        "1",
-    ])
-    .args(["--pp", "2"])
-    .env("BRAID_PP_EMBEDDINGS", "middle");
-    let f = run(c, Duration::from_secs(60));
-    assert_ne!(f.code, Some(0));
-    assert!(
-        f.stderr.contains("BRAID_PP_EMBEDDINGS=middle"),
-        "{}",
-        f.stderr
+    let f = refused_with(
+        &["--pp", "2"],
+        &[("BRAID_PP_EMBEDDINGS", "middle")],
+        "BRAID_PP_EMBEDDINGS=middle",
     );
     assert!(
         !f.stdout.contains("braid launch"),

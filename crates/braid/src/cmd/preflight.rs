@@ -296,6 +296,16 @@ pub fn host(
 /// rounding of each buffer up to its size class.
 pub const DEVICE_MARGIN: u128 = 768 << 20;
 
+/// Whether the bf16 engine runs the fused attention for `cfg` on `dev`: a
+/// head size the flash kernels take, compute capability 8 or newer, and
+/// not `BRAID_ATTENTION=batched`.
+pub fn fused_attention(cfg: &GptConfig, dev: &braid_cuda::Device) -> bool {
+    let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
+    braid_model::cuda::flash::FlashKernels::HEAD_SIZES.contains(&hs)
+        && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
+        && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched")
+}
+
 /// What the GPU pre-flight decided.
 pub struct DevicePlan {
     /// The estimate's bytes (0 where the free memory cannot be read).
@@ -401,18 +411,13 @@ pub fn device(
     batch: usize,
     deferred: usize,
 ) -> Result<DevicePlan, String> {
-    use braid_model::cuda::flash::FlashKernels;
     use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
     let mixed = precision == Precision::Bf16;
     let forced = env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?;
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
-    let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
-    let fused = mixed
-        && FlashKernels::HEAD_SIZES.contains(&hs)
-        && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
-        && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
+    let fused = mixed && fused_attention(cfg, dev);
     if a.tensor > 1 {
         return tensor_parallel(a, cfg, dev, (mixed, fused, forced), batch, deferred);
     }

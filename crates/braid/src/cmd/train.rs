@@ -1033,13 +1033,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             };
             // The bf16 engine's activations, from the sizes it allocates.
             let acts = (precision == Precision::Bf16).then(|| {
-                let hs = cfg.n_embd / cfg.n_head.max(1);
-                let fused = braid_model::cuda::flash::FlashKernels::HEAD_SIZES.contains(&hs)
-                    && gpu
-                        .device()
-                        .compute_capability()
-                        .is_ok_and(|(major, _)| major >= 8)
-                    && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched");
+                let fused = super::preflight::fused_attention(&cfg, gpu.device());
                 super::train_pipeline::stage_activations(
                     &cfg,
                     &schedule,
