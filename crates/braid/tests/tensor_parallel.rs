@@ -164,7 +164,7 @@ fn what_tensor_parallelism_cannot_do_is_one_clear_error_at_start() {
     refused(&["--tp", "2", "--batch", "1", "--seq", "3"], "divides by 2");
     // Strategies it does not compose with yet.
     refused(
-        &["--tp", "2", "--device", "cuda"],
+        &["--tp", "2", "--device", "cuda", "--sp"],
         "sequence parallelism on GPUs runs in f32 only so far",
     );
     refused(&["--tp", "2", "--offload", "optimizer"], "--offload");

@@ -199,11 +199,13 @@ pub struct TrainArgs {
     tp: usize,
     /// With --tp: no sequence parallelism (LayerNorms on every row on every rank).
     ///
-    /// Sequence parallelism (the default with --tp) runs the LayerNorms, residual adds and
-    /// position embedding on a slice of the rows: those activations shrink by N.
+    /// Sequence parallelism (the default with --tp where the engine has it: CPUs and f32 on
+    /// GPUs) runs the LayerNorms, residual adds and position embedding on a slice of the rows:
+    /// those activations shrink by N.
     #[arg(long, hide_short_help = true, conflicts_with = "sp", help_heading = H_PARALLEL)]
     no_sp: bool,
-    /// With --tp: sequence parallelism (the default).
+    /// With --tp: sequence parallelism (the default where the engine has it; refused where
+    /// not: bf16 on GPUs, a pipeline's GPU stages).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     sp: bool,
     /// Pipeline parallelism: the layers cut into stages over N ranks.
@@ -324,6 +326,45 @@ fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimizer {
     }
 }
 
+/// Whether a `--tp` run splits its sequence over the tensor group, and a
+/// note where the default is off. Sequence parallelism is the default
+/// with `--tp` where the engine has it; where it has not (the bf16 GPU
+/// engine, a pipeline's GPU stages) the run goes without it and says so,
+/// and an explicit `--sp` is refused.
+fn sequence_parallel(
+    a: &TrainArgs,
+    cuda: bool,
+    precision: Precision,
+) -> Result<(bool, Option<String>), String> {
+    if a.tp <= 1 || a.no_sp {
+        return Ok((false, None));
+    }
+    let missing = match (cuda, a.pp > 1, precision) {
+        (true, true, _) => Some((
+            format!("--tp {} --pp {}", a.tp, a.pp),
+            "a pipeline's GPU stages run their tensor-parallel passes without it",
+        )),
+        (true, false, Precision::Bf16) => Some((
+            format!("--tp {}", a.tp),
+            "sequence parallelism on GPUs runs in f32 only so far: the bf16 engine's share is \
+             built without it",
+        )),
+        _ => None,
+    };
+    match (missing, a.sp) {
+        (None, _) => Ok((true, None)),
+        (Some((run, why)), true) => Err(format!(
+            "--sp with {run}: {why} (drop --sp, or train in --precision f32 without --pp)"
+        )),
+        (Some((run, why)), false) => Ok((
+            false,
+            Some(format!(
+                "sequence parallelism: off for {run} ({why}; --no-sp says so and silences this)"
+            )),
+        )),
+    }
+}
+
 /// How many layers defer their weight gradients (`--defer-layers`; by
 /// default 2 in bf16 when data-parallel, so the embeddings' reduction
 /// overlaps them, else none).
@@ -419,12 +460,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.pp
             ))
         };
-        if cuda && a.tp > 1 && !a.no_sp {
-            return not_yet(
-                "--tp and sequence parallelism on GPUs (the stages' passes run without it: add \
-                 --no-sp)",
-            );
-        }
         if let Some(z @ (2 | 3)) = a.zero {
             return Err(format!(
                 "--pp {} with --zero {z}: ZeRO-2 and ZeRO-3 run on ZeRO-3's block machinery (each \
@@ -461,13 +496,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         (false, _) => Precision::F32,
     };
-    if a.tp > 1 && cuda && !a.no_sp && precision == Precision::Bf16 {
-        return Err(format!(
-            "--tp {} with sequence parallelism on GPUs runs in f32 only so far (the bf16 \
-             engine's share is built without it): add --no-sp, or --precision f32",
-            a.tp
-        ));
-    }
+    let (sequence, sequence_note) = sequence_parallel(&a, cuda, precision)?;
     if cuda && a.checkpointing && precision != Precision::Bf16 {
         return Err(format!(
             "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
@@ -526,7 +555,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 rank: 0,
                 tensor: a.tp,
                 pipe: a.pp,
-                sequence: !a.no_sp,
+                sequence,
             }
             .check(n)?;
             if a.tp > 1 {
@@ -596,7 +625,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         rank,
         tensor: a.tp,
         pipe: a.pp,
-        sequence: a.tp > 1 && !a.no_sp,
+        sequence,
     };
     place.check(world.as_ref().map_or(world_size, |w| w.local_world_size))?;
     // Data-parallel replicas: what gradients are averaged over and what
@@ -670,7 +699,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             Some(super::train_pipeline::schedule(&pipe_flags)?)
         }
     };
-    if let (Some(s), true) = (&pipe_schedule, a.tp > 1 && !a.no_sp) {
+    if let (Some(s), true) = (&pipe_schedule, sequence) {
         let rows = batch / s.micro_batches;
         if let Some(seq) = a.seq.filter(|seq| (rows * seq) % a.tp != 0) {
             return Err(format!(
@@ -750,7 +779,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         offload,
         accum: a.accum,
         tensor: a.tp,
-        sequence: a.tp > 1 && !a.no_sp,
+        sequence,
         plain_grads: grad_comm == GradComm::Plain,
     };
     // Before the host spends time reading or initialising a model it (or
@@ -819,7 +848,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         saved_in_grads: false,
     };
     if lead {
-        for note in device.chosen.iter().chain(&vocab_note) {
+        for note in device
+            .chosen
+            .iter()
+            .chain(&vocab_note)
+            .chain(&sequence_note)
+        {
             println!("{note}");
         }
         println!(
