@@ -310,6 +310,54 @@ fn gpu_data_parallel_matches_one_gpu_and_bf16_tracks_f32() {
     assert_windows_track(&f, &b, 0.05, ("f32", "bf16"));
 }
 
+/// The copy-engine all-reduce beyond 2 ranks: over 3 GPUs (parts of
+/// uneven length) and 4, in f32, data parallelism reaches one GPU's
+/// parameters after 20 steps, as over NCCL, and says which path it took.
+#[test]
+fn gpu_copy_engine_all_reduce_over_3_and_4_matches_one_gpu_and_nccl() {
+    if gpus(4).is_none() {
+        return;
+    }
+    let dir = common::TempDir::new("gpu-ce-n");
+    let f32_args = ["--precision", "f32", "--steps", "20"];
+    for (n, per_rank) in [(3, "2"), (4, "2")] {
+        let whole = (2 * n).to_string();
+        let (one, _) = train_gpu(
+            &dir,
+            &format!("one-{n}"),
+            &[&f32_args[..], &["--batch", &whole]].concat(),
+        );
+        let ranks = n.to_string();
+        let run = [&f32_args[..], &["--nproc", &ranks, "--batch", per_rank]].concat();
+        let mut nccl = None;
+        for via in ["ce", "nccl"] {
+            let env = [("BRAID_GPU_ALLREDUCE", via)];
+            let (params, doc) = train_gpu_env(&dir, &format!("{via}-{n}"), &run, &env);
+            let path = doc["summary"]["collectives_via"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let d = common::max_diff(&one, &params);
+            let _ = writeln!(
+                std::io::stderr(),
+                "f32, {n} GPUs via {via} ({path}) vs 1: max |diff| {d:e}"
+            );
+            assert!(
+                d <= GPU_TOLERANCE,
+                "{n} GPUs via {via} differ from one by {d}"
+            );
+            assert_eq!(via == "ce", path.contains("copy engines"), "{via}: {path}");
+            match &nccl {
+                None => nccl = Some(params),
+                Some(other) => {
+                    let d = common::max_diff(other, &params);
+                    assert!(d <= GPU_TOLERANCE, "{n} GPUs: ce and nccl differ by {d}");
+                }
+            }
+        }
+    }
+}
+
 /// `--checkpointing` on the GPU recomputes the blocks' activations (all,
 /// or with `BRAID_CKPT_ATTENTION=kept` from the attention's output on),
 /// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer

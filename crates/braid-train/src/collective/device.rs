@@ -11,7 +11,7 @@
 //! queued): each wait watches NCCL's errors, the peers' health and the
 //! timeout, so a dead or stuck peer becomes an error, not a hang.
 
-use super::copy_engine::{AllReduceChoice, CopyEngineReduce};
+use super::copy_engine::{nccl_tail, AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
 use super::{
@@ -61,9 +61,11 @@ impl DeviceCollective {
     pub fn new(gpu: GpuCommunicator) -> Result<DeviceCollective> {
         let device = gpu.device().clone();
         let choice = AllReduceChoice::from_env()?;
-        if choice == AllReduceChoice::CopyEngines && gpu.size() != 2 {
+        let most = super::copy_engine::MAX_RANKS;
+        if choice == AllReduceChoice::CopyEngines && !(2..=most).contains(&gpu.size()) {
             return Err(format!(
-                "BRAID_GPU_ALLREDUCE=ce needs exactly 2 ranks, not {} (use auto or nccl)",
+                "BRAID_GPU_ALLREDUCE=ce needs 2 to {most} ranks of one host, not {} (use auto or \
+                 nccl)",
                 gpu.size()
             ));
         }
@@ -188,15 +190,30 @@ impl Collective for DeviceCollective {
             if let CopyEngineSlot::Set(ce) = &mut *slot {
                 ce.begin_step(&self.gpu)?;
                 let main = self.gpu.device().main_stream();
+                let lens: Vec<usize> = buckets.iter().map(|b| b.range.len()).collect();
+                let tail = nccl_tail(&lens, n);
                 let r = drive(grads, &mut |i, part| {
                     count(&mut step, 4 * part.len() as u64, n);
+                    if i >= tail {
+                        works.push(self.gpu.all_reduce_view(part, ReduceOp::Sum).map_err(err)?);
+                        return Ok(());
+                    }
                     ce.launch(k, i, bucket(i)?.range.clone(), &main)
                 });
-                let waited = ce.wait(k, &self.gpu, &main);
+                let mut waited = ce.wait(k, &self.gpu, &main);
+                for w in works {
+                    let r = w.wait().map_err(err);
+                    if waited.is_ok() {
+                        waited = r;
+                    }
+                }
                 r?;
                 waited?;
                 step.in_stream_s = ce.in_stream_s();
-                step.via = "the copy engines (NVLink)";
+                step.via = match tail < buckets.len() {
+                    true => "the copy engines (NVLink), the last buckets NCCL",
+                    false => "the copy engines (NVLink)",
+                };
                 return Ok(step);
             }
         }

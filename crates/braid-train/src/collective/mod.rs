@@ -18,7 +18,7 @@ mod device;
 mod host;
 pub(crate) mod powersgd;
 
-pub use copy_engine::CopyEngineReduce;
+pub use copy_engine::{CopyEngineReduce, MAX_RANKS as COPY_ENGINE_MAX_RANKS};
 pub use device::DeviceCollective;
 pub use host::HostCollective;
 pub use powersgd::PowerSgdOptions;

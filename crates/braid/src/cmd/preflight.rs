@@ -36,19 +36,21 @@ pub struct Shape<'a> {
 }
 
 impl Shape<'_> {
-    /// Device bytes of the copy-engine all-reduce's landing buffer (one
-    /// f32 per gradient element, `params`): what plain data parallelism
-    /// over 2 GPUs of one host holds beside the gradients
-    /// (`BRAID_GPU_ALLREDUCE` auto or ce), under `sharding`.
+    /// Device bytes of the copy-engine all-reduce's landing buffer (an
+    /// f32 for each gradient element, `params`, that the other N − 1
+    /// ranks own: (N − 1)/N of them, to a bucket's rounding): what plain
+    /// data parallelism over 2 to 8 GPUs of one host holds beside the
+    /// gradients (`BRAID_GPU_ALLREDUCE` auto or ce), under `sharding`.
     fn landing_bytes(&self, sharding: Sharding, params: u128) -> u128 {
         let off = std::env::var("BRAID_GPU_ALLREDUCE").as_deref() == Ok("nccl");
+        let n = self.ranks as u128;
         match sharding.stage == 0
-            && self.ranks == 2
+            && (2..=braid_train::collective::COPY_ENGINE_MAX_RANKS).contains(&self.ranks)
             && self.local_workers >= self.ranks * self.tensor.max(1)
             && self.plain_grads
             && !off
         {
-            true => 4 * params,
+            true => 4 * (n - 1) * params.div_ceil(n),
             false => 0,
         }
     }
