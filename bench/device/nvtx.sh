@@ -4,7 +4,8 @@
 #
 #   bash bench/device/nvtx.sh check
 #     Nsight Compute with its NVTX support (`ncu --nvtx`), on one GPU and
-#     then two (data parallel, so that NCCL's kernels run): the kernels of
+#     then two (data parallel, the gradients over NCCL rather than the
+#     copy engines, so that NCCL's kernels run): the kernels of
 #     step 3 only (`--nvtx-include "step 3/"`), each printed with the
 #     stack of braid's ranges around it (step > forward > unit, step >
 #     nccl all_reduce ...). The clocks are left alone (--clock-control
@@ -13,7 +14,7 @@
 #   bash bench/device/nvtx.sh overhead
 #     the 124M model on one GPU, batch 16 x 1024, braid at this commit and
 #     the previous binary (PREV=REV bash bench/device/pack.sh) in turns,
-#     5 runs each, and this binary with BRAID_NVTX=1 but no tool: the
+#     5 runs each (NVTX_ROUNDS), and this binary with BRAID_NVTX=1 but no tool: the
 #     median step of each run (NVTX off must cost nothing).
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit, and
@@ -37,7 +38,8 @@ ncu_step() {
 phase_check() {
   export BRAID_NVTX=1
   ncu_step one-gpu 1
-  ncu_step two-gpus 2
+  # NCCL for the gradients (the copy engines launch no NCCL kernel).
+  BRAID_GPU_ALLREDUCE=nccl ncu_step two-gpus 2
   local nsys
   nsys=$(command -v nsys || ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
   if [ -n "$nsys" ]; then
@@ -57,7 +59,7 @@ phase_overhead() {
   local i b
   local m=(--model 124M --data random --batch 16 --seq 1024 --steps 30 --eval-every 0
     --log-every 10 --device cuda)
-  for i in 1 2 3 4 5; do
+  for i in $(seq "${NVTX_ROUNDS:-5}"); do
     for b in prev this nvtx-no-tool; do
       case $b in
         prev) timeout 120 /tmp/braid-prev train "${m[@]}" > "$L/overhead-$b-$i.txt" 2>&1 ;;

@@ -26,7 +26,15 @@
 #     the 12.85B model L40-H40-C5120-V50304-T1024 on 4 GPUs, batch 8 x
 #     1024 per GPU, activation checkpointing: braid ZeRO-3 (12 steps),
 #     PyTorch FSDP2 and DeepSpeed ZeRO-3 (8 steps after 3 warm-up), each
-#     with its MFU.
+#     with its MFU. X4_BIG_RECOMPUTE=1 adds braid with the attention
+#     output recomputed (BRAID_CKPT_ATTENTION=recomputed); X4_BIG_DS=0
+#     skips DeepSpeed.
+#   bash bench/device/x4.sh paths   (~4 min)
+#     the gradients' path at G GPUs: braid data parallel, 124M, batch 16 x
+#     1024 per GPU, its all-reduce over the copy engines
+#     (BRAID_GPU_ALLREDUCE=ce) and over NCCL in turns (X4_ROUNDS, default
+#     3), each round beside one GPU: the scaling of each run (X4_PATHS:
+#     the BRAID_GPU_ALLREDUCE values, default "ce nccl").
 #   bash bench/device/x4.sh fault   (~2 min)
 #     a G-GPU data-parallel 124M run (300 steps, a checkpoint every 50)
 #     under `braid launch --max-restarts 1` with --resume auto; one rank,
@@ -41,7 +49,8 @@
 # under $L and come back as $OUT/logs.tgz.
 # Carry: .dev/braid.gz .dev/commit .dev/anchors (bench/device/pack.sh).
 #
-# X4_COUNTS="1 2" sets the GPU counts of `scale` (a dry run on 2 GPUs).
+# X4_COUNTS="1 2" sets the GPU counts of `scale` (a dry run on 2 GPUs);
+# X4_PEERS=0 skips the PyTorch runs (braid alone, e.g. its traces).
 #
 # On a CPU-only machine: X4_LOCAL=1 bash bench/device/x4.sh PHASE runs
 # without setup.sh (which would replace target/release/braid by a link):
@@ -140,6 +149,10 @@ peer() {
   local cmd=(torchrun --standalone --nproc_per_node "$n" "$script" "$@")
   if [ "$LOCAL" = 1 ]; then
     echo "$name: not run locally: (cd \$ANCHORS && ${cmd[*]})"
+    return 0
+  fi
+  if [ "${X4_PEERS:-1}" = 0 ]; then
+    echo "$name: skipped (X4_PEERS=0)"
     return 0
   fi
   if ! t=$(budget "$t"); then
@@ -263,7 +276,14 @@ phase_big() {
   local M=L40-H40-C5120-V50304-T1024
   br z3-13b 170 4 --zero 3 --model $M --batch 8 --seq 1024 --data random --checkpointing --steps 12 \
     --log-every 2 --json "$L/z3-13b.json"
+  # X4_BIG_RECOMPUTE=1: again with the attention output recomputed under
+  # checkpointing (FSDP2 saves only each layer's input).
+  if [ "${X4_BIG_RECOMPUTE:-0}" = 1 ]; then
+    BRAID_CKPT_ATTENTION=recomputed br z3-13b-recomputed 170 4 --zero 3 --model $M --batch 8 \
+      --seq 1024 --data random --checkpointing --steps 12 --log-every 2 --json "$L/z3-13b-recomputed.json"
+  fi
   peer fsdp2-13b 150 4 torch_gpt2_bench.py --fsdp --act-ckpt --model L40-H40-C5120 --B 8 --T 1024 --steps 8 --warmup 3
+  [ "${X4_BIG_DS:-1}" = 0 ] && { ratio z3-13b fsdp2-13b; ratio z3-13b-recomputed fsdp2-13b; return; }
   ds_install
   peer ds-13b 210 4 ds_gpt2_bench.py --zero 3 --act-ckpt --model L40-H40-C5120 --B 8 --T 1024 --steps 8 --warmup 3
   echo "== 12.85B on 4 GPUs"
@@ -356,14 +376,37 @@ phase_fault() {
   [ $ok = 1 ]
 }
 
+# The gradients' path at G GPUs: braid data parallel on the 124M model
+# with its all-reduce over the copy engines and over NCCL, in turns
+# (X4_ROUNDS rounds, default 3), beside one GPU: the median step and its
+# parts of each run.
+phase_paths() {
+  local M=(--model 124M --batch 16 --seq 1024 --data random --steps 30 --log-every 10)
+  local i via
+  for i in $(seq "${X4_ROUNDS:-3}"); do
+    br one-$i 60 1 "${M[@]}"
+    for via in ${X4_PATHS:-ce nccl}; do
+      BRAID_GPU_ALLREDUCE=$via br $via-$G-$i 80 "$G" "${M[@]}"
+      grep -h 'an average step of this rank' "$L/$via-$G-$i.txt" | sed 's/^\[rank 0\] summary: /    /'
+    done
+  done
+  for via in ${X4_PATHS:-ce nccl}; do
+    for i in $(seq "${X4_ROUNDS:-3}"); do
+      awk -F'\t' -v v="$via-$G-$i" -v o="one-$i" -v g="$G" '$1 == v { x = $2 } $1 == o { y = $2 }
+        END { if (x && y) printf "%s: %d tokens/s, scaling %.1f%% against one-%s\n", v, x, 100 * x / (g * y), substr(o, 5) }' "$L/tok.tsv"
+    done
+  done
+}
+
 phase=${1:-}
 case $phase in
 scale) phase_scale ;;
+paths) phase_paths ;;
 zero) phase_zero ;;
 big) phase_big ;;
 fault) phase_fault ;;
 *)
-  echo "usage: x4.sh scale|zero|big|fault (X4_LOCAL=1 for a CPU run here)" >&2
+  echo "usage: x4.sh scale|zero|big|fault|paths (X4_LOCAL=1 for a CPU run here)" >&2
   exit 2
   ;;
 esac
