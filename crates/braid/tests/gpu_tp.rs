@@ -132,7 +132,7 @@ fn gpu_tp_sequence_parallel_activations_shrink_by_n() {
 }
 
 #[test]
-fn gpu_tp_2_times_data_2_matches_data_parallel_over_4() {
+fn gpu_tp_2_times_data_2_and_zero_3_match_data_parallel_over_4() {
     if gpus(4).is_none() {
         return;
     }
@@ -149,6 +149,20 @@ fn gpu_tp_2_times_data_2_matches_data_parallel_over_4() {
         );
         assert!(d <= GPU_TOLERANCE, "--tp 2 {sp} x data 2 differs by {d}");
     }
+    // ZeRO-3 over the data dimension: each tensor rank's share sharded
+    // over its data group.
+    let zero: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain(["--tp", "2", "--zero", "3"])
+        .collect();
+    let (z3, _) = train_gpu(&dir, "tp2-zero3", &args(&zero));
+    let d = max_diff(&dp, &z3);
+    let _ = writeln!(
+        std::io::stderr(),
+        "f32, --tp 2 x ZeRO-3 over data 2 vs data parallel over 4 GPUs: max |diff| {d:e}"
+    );
+    assert!(d <= GPU_TOLERANCE, "--tp 2 x ZeRO-3 2 differs by {d}");
 }
 
 /// The bf16 tests' model (4 layers, 4 heads, on the byte corpus) and batch.

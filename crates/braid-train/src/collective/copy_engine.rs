@@ -518,11 +518,11 @@ impl CopyEngineReduce {
                 ptr: addr(self.grads, mine.start),
                 len: mine.len(),
             };
-            for q in self.peers.iter().map(|q| q.rank) {
-                let at = self.region(q, self.rank) + p.landed_at;
-                k.add_into(main, &mut own, &self.landing.view(at..at + mine.len()))
-                    .map_err(e)?;
-            }
+            // The senders' regions lie in rank order, `per_sender` apart:
+            // their copies added in that order, in one pass.
+            let landed = self.landing.view(p.landed_at..self.landing.len());
+            k.add_parts_into(main, &mut own, &landed, self.per_sender, self.ranks - 1)
+                .map_err(e)?;
             if timed {
                 self.sums[j].1.record(main).map_err(e)?;
             }

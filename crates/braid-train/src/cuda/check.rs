@@ -75,7 +75,31 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let want_sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
     let want_e: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a - b * 0.5).collect();
     let err = max_abs(&sum.to_vec()?, &want_sum).max(max_abs(&e.to_vec()?, &want_e));
-    out.push(check("hook add / residual error", shape, err, 0.0));
+    out.push(check("hook add / residual error", shape.clone(), err, 0.0));
+
+    // x += y0 + y1 + y2 in one pass, against three add passes: bit for bit.
+    let stride = n + 17;
+    let parts: Vec<f32> = (0..3 * stride).map(|_| r.normal() as f32).collect();
+    let gp = DeviceBuffer::from_host(device, &parts)?;
+    let mut fused = DeviceBuffer::from_host(device, &x)?;
+    k.add_parts_into(&s, &mut fused, &gp, stride, 3)?;
+    let mut passes = DeviceBuffer::from_host(device, &x)?;
+    for j in 0..3 {
+        k.add_into(&s, &mut passes, &gp.view(j * stride..j * stride + n))?;
+    }
+    s.synchronize()?;
+    let (a, b) = (fused.to_vec()?, passes.to_vec()?);
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    out.push(check(
+        "hook add parts (against add passes, bits)",
+        shape,
+        differ as f64,
+        0.0,
+    ));
 
     // Gram-Schmidt on tall matrices (PowerSGD's P and Q).
     let mut worst = 0.0f64;

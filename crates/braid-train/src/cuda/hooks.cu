@@ -48,6 +48,17 @@ extern "C" __global__ void add_into(float* x, const float* y, long n) {
         x[i] += y[i];
 }
 
+// x[i] += y[i] + y[stride + i] + ... (`parts` of them, added to x one
+// after another in that order: the same rounding as `parts` add_into
+// passes, in one pass over memory).
+extern "C" __global__ void add_parts_into(float* x, const float* y, long n, long stride, int parts) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        float v = x[i];
+        for (int k = 0; k < parts; k++) v += y[k * stride + i];
+        x[i] = v;
+    }
+}
+
 // e[i] = before[i] - x[i] * scale (PowerSGD's error feedback).
 extern "C" __global__ void residual_error(float* e, const float* before, const float* x, long n, float scale) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)

@@ -33,6 +33,7 @@ pub struct HookKernels {
     pack_half: Function,
     unpack_half: Function,
     add_into: Function,
+    add_parts_into: Function,
     residual_error: Function,
     orthogonalize: Function,
     _module: Module,
@@ -63,6 +64,7 @@ impl HookKernels {
             pack_half: f("pack_half")?,
             unpack_half: f("unpack_half")?,
             add_into: f("add_into")?,
+            add_parts_into: f("add_parts_into")?,
             residual_error: f("residual_error")?,
             orthogonalize: f("orthogonalize")?,
             _module: module,
@@ -145,6 +147,45 @@ impl HookKernels {
                 KernelArg::Ptr(x.dptr()),
                 KernelArg::Ptr(y.dptr()),
                 KernelArg::I64(n as i64),
+            ],
+        )
+    }
+
+    /// `x += y[0] + y[1] + …`: `parts` spans of `x`'s length in `y`, the
+    /// `k`-th from element `k · stride`, added to `x` one after another in
+    /// that order (bit for bit `parts` calls of
+    /// [`add_into`](Self::add_into), in one pass over memory).
+    pub fn add_parts_into(
+        &self,
+        s: &Stream,
+        x: &mut impl DeviceMem<f32>,
+        y: &impl DeviceMem<f32>,
+        stride: usize,
+        parts: usize,
+    ) -> Result<()> {
+        let n = x.dlen();
+        if parts == 0 {
+            return Ok(());
+        }
+        if stride < n || (parts - 1) * stride + n > y.dlen() {
+            return Err(CudaError::Invalid(format!(
+                "add_parts_into: {parts} parts of {n} elements {stride} apart do not fit {} \
+                 elements",
+                y.dlen()
+            )));
+        }
+        let parts = i32::try_from(parts)
+            .map_err(|_| CudaError::Invalid(format!("add_parts_into: {parts} parts")))?;
+        Self::go(
+            &self.add_parts_into,
+            s,
+            n,
+            vec![
+                KernelArg::Ptr(x.dptr()),
+                KernelArg::Ptr(y.dptr()),
+                KernelArg::I64(n as i64),
+                KernelArg::I64(stride as i64),
+                KernelArg::I32(parts),
             ],
         )
     }
