@@ -1235,55 +1235,32 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             )?,
         };
         let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
-        let run = match (comm, groups) {
-            (None, _) => run_with(&mut |p, l, b| {
-                run_loop(
-                    &mut engine,
-                    &mut Single,
-                    l,
-                    b,
-                    &opts,
-                    p,
-                    lead,
-                    false,
-                    (&mut ckpt, &mut tracing),
-                )
-            })?,
-            (Some(c), None) => {
-                let mut s = distributed(HostCollective::new(c), shard_choice, ddp)?;
-                run_with(&mut |p, l, b| {
-                    run_loop(
-                        &mut engine,
-                        &mut *s,
-                        l,
-                        b,
-                        &opts,
-                        p,
-                        lead,
-                        true,
-                        (&mut ckpt, &mut tracing),
-                    )
-                })?
-            }
+        let several = comm.is_some();
+        let mut s: Box<dyn Strategy<_>> = match (comm, groups) {
+            (None, _) => Box::new(Single),
+            (Some(c), None) => distributed(HostCollective::new(c), shard_choice, ddp)?,
             (Some(c), Some(g)) => {
                 let inner = distributed(g.data, shard_choice, ddp)?;
-                let mut s = TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
-                    .counting(g.tensor.traffic());
-                run_with(&mut |p, l, b| {
-                    run_loop(
-                        &mut engine,
-                        &mut s,
-                        l,
-                        b,
-                        &opts,
-                        p,
-                        lead,
-                        true,
-                        (&mut ckpt, &mut tracing),
-                    )
-                })?
+                Box::new(
+                    TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
+                        .counting(g.tensor.traffic()),
+                )
             }
         };
+        let run = run_with(&mut |p, l, b| {
+            run_loop(
+                &mut engine,
+                &mut *s,
+                l,
+                b,
+                &opts,
+                p,
+                lead,
+                several,
+                (&mut ckpt, &mut tracing),
+            )
+        })?;
+        drop(s);
         params = engine.into_params();
         if let (Some(g), true, 0) = (&tensor_group, a.save.is_some(), place.data_rank()) {
             // The whole model, from every rank's share (the first data
@@ -1422,56 +1399,34 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             None => engine,
         };
         let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());
-        let mut run = match (gpu, groups) {
-            (None, _) => run_with(&mut |p, l, b| {
-                run_loop(
-                    &mut engine,
-                    &mut Single,
-                    l,
-                    b,
-                    &opts,
-                    p,
-                    lead,
-                    false,
-                    (&mut ckpt, &mut tracing),
-                )
-            })?,
-            (Some(g), None) => {
-                let mut s = distributed(DeviceCollective::new(g)?, shard_choice, ddp)?;
-                run_with(&mut |p, l, b| {
-                    run_loop(
-                        &mut engine,
-                        &mut *s,
-                        l,
-                        b,
-                        &opts,
-                        p,
-                        lead,
-                        true,
-                        (&mut ckpt, &mut tracing),
-                    )
-                })?
-            }
+        let several = gpu.is_some();
+        let mut s: Box<dyn Strategy<_>> = match (gpu, groups) {
+            (None, _) => Box::new(Single),
+            (Some(g), None) => distributed(DeviceCollective::new(g)?, shard_choice, ddp)?,
             (Some(g), Some(gr)) => {
                 let inner = distributed(DeviceCollective::new(gr.data)?, shard_choice, ddp)?;
                 let world = g.host().clone();
-                let mut s = TensorParallel::new(inner, world, place.tensor, false, gr.layout)
-                    .counting(gr.tensor.traffic());
-                run_with(&mut |p, l, b| {
-                    run_loop(
-                        &mut engine,
-                        &mut s,
-                        l,
-                        b,
-                        &opts,
-                        p,
-                        lead,
-                        true,
-                        (&mut ckpt, &mut tracing),
-                    )
-                })?
+                Box::new(
+                    TensorParallel::new(inner, world, place.tensor, false, gr.layout)
+                        .counting(gr.tensor.traffic()),
+                )
             }
         };
+        let run = run_with(&mut |p, l, b| {
+            run_loop(
+                &mut engine,
+                &mut *s,
+                l,
+                b,
+                &opts,
+                p,
+                lead,
+                several,
+                (&mut ckpt, &mut tracing),
+            )
+        });
+        drop(s);
+        let mut run = run?;
         run.model_buffer_bytes = engine.model_bytes() as u64;
         if lead {
             println!(
