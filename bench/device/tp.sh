@@ -35,6 +35,10 @@
 #     each row-split product against in 2, 4, 8 row blocks beside the
 #     next block's product (BRAID_TP_OVERLAP; TP_BLOCKS lists them), twice
 #     each in turns.
+#   bash bench/device/tp.sh sums
+#     braid alone, 2.65B --tp 4 --no-sp: the row-split products summed over
+#     the tensor group in f32 (the default) and in bf16 (BRAID_TP_SUMS),
+#     twice each in turns; TP_SUMS_BIG=1 adds the 12.85B pair of `big`.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
@@ -205,15 +209,47 @@ phase_overlap() {
   done
 }
 
+# braid alone at 2.65B --tp 4 --no-sp, batch 16 x 1024: the row-split
+# products summed over the tensor group in f32 (the default) and in bf16
+# (BRAID_TP_SUMS=bf16), twice each in turns; with TP_SUMS_BIG=1 the
+# 12.85B pair of `big` (checkpointing, batch 8) too, once each.
+phase_sums() {
+  local d i f t
+  for i in 1 2; do
+    for d in f32 bf16; do
+      f="$L/sums-$d-$i.txt"
+      t=$(left)
+      [ "$t" -ge 40 ] || { echo "sums $d: skipped ($t s left)"; continue; }
+      [ "$t" -gt 100 ] && t=100
+      BRAID_TP_SUMS=$d timeout -k 10 "$t" "$B" train --device cuda \
+        --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
+        --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
+      echo "sums in $d ($i): exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/') | $(grep -h '^\[rank 0\] step    12' "$f" | grep -o 'loss [0-9.]*')"
+    done
+  done
+  [ -n "${TP_SUMS_BIG:-}" ] || return
+  for d in f32 bf16; do
+    f="$L/sums-big-$d.txt"
+    t=$(left)
+    [ "$t" -ge 90 ] || { echo "sums big $d: skipped ($t s left)"; continue; }
+    [ "$t" -gt 200 ] && t=200
+    BRAID_TP_SUMS=$d BRAID_BF16_WEIGHTS=streamed timeout -k 10 "$t" "$B" train --device cuda \
+      --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
+      --checkpointing --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
+    echo "12.85B sums in $d: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
+  done
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
   overlap) phase_overlap ;;
+  sums) phase_sums ;;
   bench) phase_bench ;;
   big) phase_big ;;
   two) phase_two ;;
   cross) phase_cross ;;
   estimate) phase_estimate ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap|sums" >&2; exit 2 ;;
 esac
 finish

@@ -113,6 +113,38 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         F32_OUT,
     ));
 
+    // The residual and bias added to a row-split product summed in bf16:
+    // (x + bias) + part, bit for bit.
+    let x = randn(&mut r, n * c, 1.0);
+    let bias = randn(&mut r, c, 0.1);
+    let part = randn(&mut r, n * c, 0.5);
+    let mut sum = DeviceBuffer::zeros(device, n * c)?;
+    mk.residual_bias_add(
+        &s,
+        &mut sum,
+        &up(device, &x)?,
+        &up(device, &bias)?,
+        &up_bf(device, &part)?,
+        n,
+        c,
+    )?;
+    s.synchronize()?;
+    let want: Vec<f32> = (0..n * c)
+        .map(|i| (x[i] + bias[i % c]) + bf16::from_f32(part[i]).to_f32())
+        .collect();
+    let differ = sum
+        .to_vec()?
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    out.push(check(
+        "residual_bias_add_bf (elements whose bits differ)",
+        shape.clone(),
+        differ as f64,
+        0.0,
+    ));
+
     // Bias + GELU forward, GELU backward.
     let h = randn(&mut r, n * 4 * c, 2.0);
     let hb = randn(&mut r, 4 * c, 0.5);

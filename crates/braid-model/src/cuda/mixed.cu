@@ -515,6 +515,15 @@ extern "C" __global__ void residual_bias(float* out, const float* x, const float
     if (i < total) out[i] = x[i] + bias[i % C];
 }
 
+// out (f32) = x + bias (broadcast over rows) + part (bf16): a row-split
+// product summed over the tensor group in bf16, then the residual and bias
+// in f32, added in that order.
+extern "C" __global__ void residual_bias_add_bf(float* out, const float* x, const float* bias,
+                                                const bf16* part, int total, int C) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = (x[i] + bias[i % C]) + wide(part[i]);
+}
+
 // Two bf16 values as one 32-bit word.
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }

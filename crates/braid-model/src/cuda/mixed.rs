@@ -153,6 +153,7 @@ pub struct MixedKernels {
     bias_partial_bf8: Function,
     sum_partials: Function,
     residual_bias: Function,
+    residual_bias_add_bf: Function,
     bias_gelu: Function,
     gelu_backward_bias: Function,
     to_bf16: Function,
@@ -205,6 +206,7 @@ impl MixedKernels {
             bias_partial_bf8: f("bias_partial_bf8")?,
             sum_partials: f("sum_partials")?,
             residual_bias: f("residual_bias")?,
+            residual_bias_add_bf: f("residual_bias_add_bf")?,
             bias_gelu: f("bias_gelu_bf")?,
             gelu_backward_bias: f("gelu_backward_bias_bf")?,
             to_bf16: f("to_bf16")?,
@@ -590,6 +592,38 @@ impl MixedKernels {
                 A::I(c as i32),
             ];
             self.elementwise(&self.residual_bias, s, rows * c, args)?;
+        }
+        Ok(())
+    }
+
+    /// `out = (x + bias) + part`: `x` and `out` f32 rows of `c`, `bias`
+    /// broadcast over the `n` rows, `part` bf16 (a row-split product
+    /// summed over the tensor group in bf16).
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_bias_add(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        x: &impl DeviceMem<f32>,
+        bias: &impl DeviceMem<f32>,
+        part: &impl DeviceMem<bf16>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        need("residual", out.dlen().min(x.dlen()), n * c)?;
+        need("residual bias", bias.dlen(), c)?;
+        need("summed product", part.dlen(), n * c)?;
+        for (r0, rows) in row_launches(n, c) {
+            let at = (r0 * c) as u64;
+            let args = vec![
+                A::P(out.dptr() + 4 * at),
+                A::P(x.dptr() + 4 * at),
+                A::P(bias.dptr()),
+                A::P(part.dptr() + 2 * at),
+                A::I((rows * c) as i32),
+                A::I(c as i32),
+            ];
+            self.elementwise(&self.residual_bias_add_bf, s, rows * c, args)?;
         }
         Ok(())
     }

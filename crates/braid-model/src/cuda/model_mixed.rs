@@ -486,6 +486,9 @@ pub struct GpuGptMixed {
     /// beside the next block's product (1: the product, then its sum;
     /// [`overlap_tensor_sums`](Self::overlap_tensor_sums)).
     tensor_blocks: usize,
+    /// Whether the row-split products are summed over the tensor group in
+    /// bf16 ([`sum_tensor_products_in_bf16`](Self::sum_tensor_products_in_bf16)).
+    tensor_sums_bf16: bool,
     stream: Stream,
     kernels: Kernels,
     mk: MixedKernels,
@@ -716,6 +719,7 @@ impl GpuGptMixed {
             widths: w,
             group: None,
             tensor_blocks: 1,
+            tensor_sums_bf16: false,
             layout,
             pool,
             stream,
@@ -801,6 +805,16 @@ impl GpuGptMixed {
     /// the same numbers; NCCL may add them in another order per block.
     pub fn overlap_tensor_sums(&mut self, blocks: usize) {
         self.tensor_blocks = blocks.max(1);
+    }
+
+    /// With `on`, the forward pass's row-split products (the attention's
+    /// output projection and the MLP's second product) are summed over the
+    /// tensor group in bf16, as Megatron sums them — half the bytes of the
+    /// f32 sums, the default — and every rank adds the residual and bias
+    /// to the sum in f32 after it. The sum is rounded to bf16 once before
+    /// it joins the residual stream: not the same bits as the f32 sums.
+    pub fn sum_tensor_products_in_bf16(&mut self, on: bool) {
+        self.tensor_sums_bf16 = on;
     }
 
     /// Makes this model tensor-parallel rank `comm.rank()`'s share: its

@@ -552,6 +552,17 @@ impl GpuGpt {
         self
     }
 
+    /// With `on`, the bf16 model sums its row-split products over the
+    /// tensor group in bf16, every rank adding the residual and bias after
+    /// the sum (`GpuGptMixed::sum_tensor_products_in_bf16`; the f32 model
+    /// sums in f32).
+    pub fn sum_tensor_products_in_bf16(mut self, on: bool) -> GpuGpt {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.sum_tensor_products_in_bf16(on);
+        }
+        self
+    }
+
     /// Makes this engine tensor-parallel rank `comm.rank()`'s share (its
     /// layout that rank's `Layout::tensor_parallel` one): the model (f32
     /// or bf16) runs the group's collectives in its passes, and the

@@ -67,6 +67,7 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     with --checkpointing: keep or recompute the attention's state
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
+  BRAID_TP_SUMS=f32|bf16            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
 pub struct TrainArgs {
@@ -560,6 +561,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             .check(n)?;
             if a.tp > 1 {
                 super::train_mesh::tensor_overlap_blocks()?;
+                super::train_mesh::tensor_sums_in_bf16()?;
             }
             if a.pp > 1 {
                 // The schedule and the stages, checked once here.
@@ -1395,7 +1397,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         let mut engine = match &groups {
             Some(g) => engine
                 .tensor_parallel(g.tensor.clone(), place.sequence)?
-                .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?),
+                .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
+                .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?),
             None => engine,
         };
         let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());

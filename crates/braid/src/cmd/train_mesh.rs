@@ -212,6 +212,22 @@ pub fn tensor_overlap_blocks() -> Result<usize, String> {
     }
 }
 
+/// `BRAID_TP_SUMS=f32|bf16`: the dtype in which the bf16 engine sums its
+/// row-split products (the attention's output projection, the MLP's
+/// second product) over the tensor group — `f32` (the default: the f32
+/// partial products, the residual and bias added by the group's first
+/// rank before the sum) or `bf16` (Megatron's: half the bytes, the sum
+/// rounded to bf16 once before every rank adds the residual and bias in
+/// f32). Whether `bf16` becomes the default is to be measured: `bash
+/// bench/device/tp.sh sums`.
+pub fn tensor_sums_in_bf16() -> Result<bool, String> {
+    match std::env::var("BRAID_TP_SUMS").as_deref() {
+        Err(_) | Ok("") | Ok("f32") => Ok(false),
+        Ok("bf16") => Ok(true),
+        Ok(v) => Err(format!("BRAID_TP_SUMS={v}: expected f32 or bf16")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,7 +183,8 @@ pub fn gpu_engine(
     let inner = match tensor {
         Some(comm) => inner
             .tensor_parallel(comm, false)?
-            .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?),
+            .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
+            .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?),
         None => inner,
     };
     GpuStage::new(inner, mine, s, group, b, t)

@@ -292,8 +292,10 @@ impl GpuGptMixed {
         let shape = AttnShape { b, t, c: ca, nh };
         // A tensor-parallel rank other than the first adds neither the
         // residual nor the bias to its share of a row-split product (they
-        // are added once, by the first, before the sum).
-        let adds_residual = self.layout.shard.rank == 0;
+        // are added once, by the first, before the sum) — unless the sum
+        // runs in bf16, after which every rank adds them in f32.
+        let in_bf16 = self.tensor_sums_bf16 && self.group.is_some();
+        let adds_residual = self.layout.shard.rank == 0 || in_bf16;
         let group = &self.group;
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
@@ -401,14 +403,16 @@ impl GpuGptMixed {
             residual: adds_residual.then_some(x),
             bias: &proj_b,
         };
-        let blocks = self.tensor_blocks;
+        // The LayerNorm's output (read by the qkv product already) is the
+        // scratch of a sum in bf16.
+        let part = in_bf16.then_some(&mut self.ln);
         row_sum::row_split_sum(
             blas,
             lt,
             mk,
             s,
             group,
-            blocks,
+            (self.tensor_blocks, part),
             proj,
             resid2,
             "attn.c_proj forward",
@@ -461,13 +465,15 @@ impl GpuGptMixed {
             residual: adds_residual.then_some(&*resid2),
             bias: &fcproj_b,
         };
+        // The second LayerNorm's output, read by the fc product already.
+        let part = in_bf16.then_some(&mut self.ln);
         row_sum::row_split_sum(
             blas,
             lt,
             mk,
             s,
             group,
-            self.tensor_blocks,
+            (self.tensor_blocks, part),
             fcproj,
             out,
             "mlp.c_proj forward",

@@ -25,7 +25,11 @@ pub(super) struct RowSplit<'a, B: DeviceMem<f32>> {
 }
 
 /// Runs `x` into `d` and sums `d` over `group` (`what` names it in errors),
-/// in `blocks` row blocks where the rows split evenly, else in one.
+/// in `blocks` row blocks where the rows split evenly, else in one. With
+/// `in_bf16` (a bf16 scratch of `m × n`) and a group, the product goes
+/// there in bf16, is summed over the group in bf16 (half the bytes), and
+/// every rank adds the residual and bias after the sum, in f32 (`x` must
+/// then carry the residual on every rank).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn row_split_sum<B: DeviceMem<f32>>(
     blas: &mut Blas,
@@ -33,11 +37,14 @@ pub(super) fn row_split_sum<B: DeviceMem<f32>>(
     mk: &MixedKernels,
     s: &Stream,
     group: &Option<Group>,
-    blocks: usize,
+    (blocks, in_bf16): (usize, Option<&mut DeviceBuffer<bf16>>),
     x: RowSplit<'_, B>,
     d: &mut DeviceBuffer<f32>,
     what: &str,
 ) -> Result<()> {
+    if let (Some(g), Some(part)) = (group, in_bf16) {
+        return bf16_sum(blas, mk, s, g, blocks, x, part, d, what);
+    }
     let g = match group {
         Some(g) if blocks > 1 && x.m % blocks == 0 => g,
         _ => {
@@ -55,6 +62,62 @@ pub(super) fn row_split_sum<B: DeviceMem<f32>>(
             .map_err(err)?;
     }
     g.comm.wait_started(s).map_err(err)
+}
+
+/// [`row_split_sum`] with the sum in bf16: the product into `part`, its
+/// sum over `g` (in row blocks beside the next block's product, as the
+/// f32 sums), then `d = residual + bias + part` on every rank.
+#[allow(clippy::too_many_arguments)]
+fn bf16_sum<B: DeviceMem<f32>>(
+    blas: &mut Blas,
+    mk: &MixedKernels,
+    s: &Stream,
+    g: &Group,
+    blocks: usize,
+    x: RowSplit<'_, B>,
+    part: &mut DeviceBuffer<bf16>,
+    d: &mut DeviceBuffer<f32>,
+    what: &str,
+) -> Result<()> {
+    let (m, n, k) = (x.m, x.n, x.k);
+    let residual = x.residual.ok_or_else(|| {
+        CudaError::Invalid(format!(
+            "{what}: a sum in bf16 adds the residual after it, on every rank: none given"
+        ))
+    })?;
+    let blocks = match blocks > 1 && m % blocks == 0 {
+        true => blocks,
+        false => 1,
+    };
+    let rows = m / blocks;
+    let err = |e: String| CudaError::Group(format!("{what}: {e}"));
+    for i in 0..blocks {
+        let r = i * rows..(i + 1) * rows;
+        let a = x.a.view(r.start * k..r.end * k);
+        let out = part.view(r.start * n..r.end * n);
+        let product = Product {
+            m: rows,
+            n,
+            k,
+            a: Mat::of(&a, k),
+            b: x.b,
+        };
+        product.plain(blas, s, Mat::of(&out, n), 0.0)?;
+        match blocks {
+            1 => g
+                .comm
+                .all_reduce_bf16(part.view_mut(0..m * n), s)
+                .map_err(err)?,
+            _ => g
+                .comm
+                .start_all_reduce_bf16(part.view_mut(r.start * n..r.end * n), s)
+                .map_err(err)?,
+        }
+    }
+    if blocks > 1 {
+        g.comm.wait_started(s).map_err(err)?;
+    }
+    mk.residual_bias_add(s, d, residual, x.bias, &*part, m, n)
 }
 
 /// Rows `r` of `x`'s product into the same rows of `d`.
