@@ -188,23 +188,30 @@ phase_estimate() {
   echo "12.85B --tp 2 on 2 GPUs: exit $? | $(grep -h 'error' "$f" | head -1 | cut -c1-400)"
 }
 
+# One braid run at 2.65B --tp 4 --no-sp, batch 16 x 1024, 12 steps, into
+# $L/NAME.txt, with the environment assignments given (VAR=VALUE ...);
+# prints its exit status and GPU summary, or that it was skipped.
+tp4_run() {
+  local name=$1 t
+  shift
+  t=$(left)
+  [ "$t" -ge 40 ] || { echo "$name: skipped ($t s left)"; return 1; }
+  [ "$t" -gt 100 ] && t=100
+  env "$@" timeout -k 10 "$t" "$B" train --device cuda \
+    --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
+    --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$L/$name.txt" 2>&1
+  echo "$name: exit $? | $(grep -h 'gpu summary' "$L/$name.txt" | sed 's/.*median/median/')"
+}
+
 # braid alone at 2.65B --tp 4 --no-sp, batch 16 x 1024: the row-split
 # products' sums over the tensor group after each product (1 block) or
 # in 2, 4 and 8 row blocks beside the next block's product
-# (BRAID_TP_OVERLAP), twice each in turns; the exposed communication and
-# the step of each.
+# (BRAID_TP_OVERLAP), twice each in turns.
 phase_overlap() {
-  local k i f t
+  local k i
   for i in 1 2; do
     for k in ${TP_BLOCKS:-1 2 4 8}; do
-      f="$L/overlap-$k-$i.txt"
-      t=$(left)
-      [ "$t" -ge 40 ] || { echo "overlap $k: skipped ($t s left)"; continue; }
-      [ "$t" -gt 100 ] && t=100
-      BRAID_TP_OVERLAP=$k timeout -k 10 "$t" "$B" train --device cuda \
-        --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
-        --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
-      echo "blocks $k ($i): exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/') | $(grep -h 'exposed communication' "$f" | head -1 | grep -o 'exposed communication [0-9.]* ms')"
+      tp4_run "overlap-$k-$i" BRAID_TP_OVERLAP="$k"
     done
   done
 }
@@ -217,14 +224,8 @@ phase_sums() {
   local d i f t
   for i in 1 2; do
     for d in f32 bf16; do
-      f="$L/sums-$d-$i.txt"
-      t=$(left)
-      [ "$t" -ge 40 ] || { echo "sums $d: skipped ($t s left)"; continue; }
-      [ "$t" -gt 100 ] && t=100
-      BRAID_TP_SUMS=$d timeout -k 10 "$t" "$B" train --device cuda \
-        --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
-        --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
-      echo "sums in $d ($i): exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/') | $(grep -h '^\[rank 0\] step    12' "$f" | grep -o 'loss [0-9.]*')"
+      tp4_run "sums-$d-$i" BRAID_TP_SUMS="$d" &&
+        grep -h '^\[rank 0\] step    12' "$L/sums-$d-$i.txt" | grep -o 'loss [0-9.]*'
     done
   done
   [ -n "${TP_SUMS_BIG:-}" ] || return
