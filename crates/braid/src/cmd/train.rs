@@ -1637,4 +1637,41 @@ mod tests {
         assert_eq!(lr("774M"), 2.5e-4);
         assert_eq!(lr("1558M"), 2e-4);
     }
+
+    /// `--tp`'s sequence parallelism: on by default where the engine has
+    /// it, off with a note where it does not, `--sp` there refused.
+    #[test]
+    fn sequence_parallelism_is_on_where_built_and_said_off_elsewhere() {
+        use super::{sequence_parallel, Precision, TrainArgs};
+        use clap::{Args, Command};
+        let args = |extra: &[&str]| {
+            let cmd = TrainArgs::augment_args(Command::new("train"));
+            let m = cmd
+                .try_get_matches_from(std::iter::once("train").chain(extra.iter().copied()))
+                .expect("arguments parse");
+            <TrainArgs as clap::FromArgMatches>::from_arg_matches(&m).expect("arguments")
+        };
+        let (bf16, f32) = (Precision::Bf16, Precision::F32);
+        let on = |a: &TrainArgs, cuda, p| sequence_parallel(a, cuda, p);
+        let tp = args(&["--tp", "2"]);
+        assert_eq!(on(&tp, false, f32), Ok((true, None)));
+        assert_eq!(on(&tp, true, f32), Ok((true, None)));
+        let (sp, note) = on(&tp, true, bf16).expect("a default");
+        assert!(!sp);
+        assert!(note
+            .expect("a note")
+            .contains("sequence parallelism: off for --tp 2"));
+        let (sp, note) = on(&args(&["--tp", "2", "--pp", "2"]), true, f32).expect("a default");
+        assert!(!sp && note.expect("a note").contains("--tp 2 --pp 2"));
+        let e = on(&args(&["--tp", "2", "--sp"]), true, bf16).expect_err("refused");
+        assert!(
+            e.contains("--sp with --tp 2") && e.contains("f32 only so far"),
+            "{e}"
+        );
+        assert_eq!(
+            on(&args(&["--tp", "2", "--no-sp"]), true, bf16),
+            Ok((false, None))
+        );
+        assert_eq!(on(&args(&[]), true, bf16), Ok((false, None)));
+    }
 }
