@@ -394,10 +394,12 @@ impl CopyEngineReduce {
     /// same buckets in the same order, so their slots, flags and landing
     /// places match.
     ///
-    /// Only the copies out are queued now; the sum and the copies back are
-    /// queued on `main` at the next bucket's launch (or at
+    /// Between 2 ranks only the copies out are queued now; the sum and the
+    /// copies back are queued on `main` at the next bucket's launch (or at
     /// [`wait`](Self::wait)), so the sum runs between the engine's
-    /// kernels, after its next unit of work, instead of beside them.
+    /// kernels, after its next unit of work, instead of beside them. Over
+    /// more ranks (`SumPlacement::Side`) they are queued now too, on the
+    /// side stream, which waits there for the others' copies.
     pub fn launch(
         &mut self,
         k: &HookKernels,
