@@ -5,7 +5,7 @@
 
 use super::check::{rel_err, up, KernelCheck, ModelReference};
 use super::flash::{FlashKernels, ScoreGrads};
-use super::mixed::{AdamSegments, AdamStep, MixedKernels};
+use super::mixed::{AdamSegments, AdamStep, MixedKernels, ZeroRuns};
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
 use crate::cpu;
 use crate::rng::Rng;
@@ -141,6 +141,31 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     out.push(check(
         "residual_bias_add_bf (elements whose bits differ)",
         shape.clone(),
+        differ as f64,
+        0.0,
+    ));
+
+    // Runs of a buffer zeroed in one launch; the rest untouched.
+    let len = 50_000;
+    let before = randn(&mut r, len, 1.0);
+    let runs = [0..3, 10..10, 17..2_065, 9_999..40_000, 49_990..50_000];
+    let mut g = up(device, &before)?;
+    let z = ZeroRuns::new(device, &runs, len)?;
+    mk.zero_runs(&s, &mut g, &z)?;
+    s.synchronize()?;
+    let mut want = before.clone();
+    for run in &runs {
+        want[run.clone()].iter_mut().for_each(|x| *x = 0.0);
+    }
+    let differ = g
+        .to_vec()?
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    out.push(check(
+        "zero_runs (elements whose bits differ)",
+        format!("{} runs in {len}", runs.len()),
         differ as f64,
         0.0,
     ));

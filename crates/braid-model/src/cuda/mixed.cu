@@ -524,6 +524,16 @@ extern "C" __global__ void residual_bias_add_bf(float* out, const float* x, cons
     if (i < total) out[i] = (x[i] + bias[i % C]) + wide(part[i]);
 }
 
+// Zeroes `count` runs of g, run r being g[runs[2r] .. runs[2r] + runs[2r+1]):
+// a block per run, its threads striding over it (one launch where a memset
+// per run would each cost the host a call).
+extern "C" __global__ void zero_runs(float* g, const long* runs, int count) {
+    int r = blockIdx.x;
+    if (r >= count) return;
+    long at = runs[2 * r], len = runs[2 * r + 1];
+    for (long i = threadIdx.x; i < len; i += blockDim.x) g[at + i] = 0.f;
+}
+
 // Two bf16 values as one 32-bit word.
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }

@@ -6,9 +6,10 @@
 use super::flash::FlashKernels;
 use super::SOURCES;
 use braid_cuda::nvrtc::{Function, Module};
-use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 use half::bf16;
 use std::ffi::c_void;
+use std::ops::Range;
 
 const BLOCK: u32 = 256;
 const WARPS: usize = (BLOCK / 32) as usize;
@@ -89,6 +90,52 @@ fn ptrs(args: &mut [A]) -> Vec<*mut c_void> {
         .collect()
 }
 
+/// Runs of a buffer's elements that [`MixedKernels::zero_runs`] zeroes in
+/// one launch: checked against the buffer's length and uploaded once.
+pub struct ZeroRuns {
+    /// (start, length) of each run.
+    runs: DeviceBuffer<i64>,
+    count: usize,
+    /// The length of the buffer the runs lie in.
+    len: usize,
+}
+
+impl std::fmt::Debug for ZeroRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ZeroRuns({} runs within {})", self.count, self.len)
+    }
+}
+
+impl ZeroRuns {
+    /// `runs` (each within `0..len`) on `device`.
+    pub fn new(device: &Device, runs: &[Range<usize>], len: usize) -> Result<ZeroRuns> {
+        if let Some(r) = runs.iter().find(|r| r.start > r.end || r.end > len) {
+            return Err(CudaError::Invalid(format!(
+                "zero runs: {r:?} outside a buffer of {len} elements"
+            )));
+        }
+        if i32::try_from(runs.len()).is_err() {
+            return Err(CudaError::Invalid(format!(
+                "zero runs: {} runs",
+                runs.len()
+            )));
+        }
+        let flat: Vec<i64> = runs
+            .iter()
+            .flat_map(|r| [r.start as i64, r.len() as i64])
+            .collect();
+        let runs_on_device = match flat.is_empty() {
+            true => DeviceBuffer::zeros(device, 2)?,
+            false => DeviceBuffer::from_host(device, &flat)?,
+        };
+        Ok(ZeroRuns {
+            runs: runs_on_device,
+            count: runs.len(),
+            len,
+        })
+    }
+}
+
 fn need(what: &str, have: usize, want: usize) -> Result<()> {
     if have < want {
         return Err(CudaError::Invalid(format!(
@@ -154,6 +201,7 @@ pub struct MixedKernels {
     sum_partials: Function,
     residual_bias: Function,
     residual_bias_add_bf: Function,
+    zero_runs: Function,
     bias_gelu: Function,
     gelu_backward_bias: Function,
     to_bf16: Function,
@@ -207,6 +255,7 @@ impl MixedKernels {
             sum_partials: f("sum_partials")?,
             residual_bias: f("residual_bias")?,
             residual_bias_add_bf: f("residual_bias_add_bf")?,
+            zero_runs: f("zero_runs")?,
             bias_gelu: f("bias_gelu_bf")?,
             gelu_backward_bias: f("gelu_backward_bias_bf")?,
             to_bf16: f("to_bf16")?,
@@ -626,6 +675,38 @@ impl MixedKernels {
             self.elementwise(&self.residual_bias_add_bf, s, rows * c, args)?;
         }
         Ok(())
+    }
+
+    /// Zeroes `runs`' elements of `g` (a buffer of `runs.len()` f32s) in
+    /// one launch.
+    pub fn zero_runs(
+        &self,
+        s: &Stream,
+        g: &mut impl DeviceMem<f32>,
+        runs: &ZeroRuns,
+    ) -> Result<()> {
+        if g.dlen() != runs.len {
+            return Err(CudaError::Invalid(format!(
+                "zero_runs: a buffer of {} elements for runs within {}",
+                g.dlen(),
+                runs.len
+            )));
+        }
+        if runs.count == 0 {
+            return Ok(());
+        }
+        let args = vec![
+            A::P(g.dptr()),
+            A::P(runs.runs.dptr()),
+            A::I(runs.count as i32),
+        ];
+        Self::go(
+            &self.zero_runs,
+            s,
+            (runs.count as u32, 1, 1),
+            (BLOCK, 1, 1),
+            args,
+        )
     }
 
     /// `pre += bias` (bf16, in place) and `out = gelu(pre)`.

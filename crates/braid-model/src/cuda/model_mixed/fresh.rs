@@ -20,9 +20,11 @@
 //! to the activations saved for the backward pass: [`crate::placement`]).
 
 use super::GpuGptMixed;
+use crate::cuda::mixed::ZeroRuns;
 use crate::layout::Layout;
 use braid_cuda::memory::zero_async;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result};
+use std::collections::HashMap;
 use std::ops::Range;
 
 /// Whether the next backward pass overwrites the weight gradients.
@@ -36,6 +38,9 @@ pub(super) struct FreshGrads {
     ran: bool,
     /// [`GpuGptMixed::added_runs`], worked out at the first use.
     runs: Option<Vec<Range<usize>>>,
+    /// Per parameter block (its elements), the runs
+    /// [`GpuGptMixed::begin_block_grads`] zeroes, on the device.
+    zeroing: HashMap<(usize, usize), ZeroRuns>,
 }
 
 impl FreshGrads {
@@ -88,12 +93,21 @@ impl GpuGptMixed {
                 self.layout.len
             )));
         }
-        for r in self.added_within(std::slice::from_ref(&block)) {
-            zero_async(
-                &mut g.view_mut(r.start - block.start..r.end - block.start),
-                &self.stream,
-            )?;
+        // The block's runs, as the block's elements, zeroed in one launch
+        // (a memset per run costs the host a call each: ~50 at 124M,
+        // 0.2 ms of an idle GPU at a step's start).
+        let key = (block.start, block.end);
+        if !self.fresh.zeroing.contains_key(&key) {
+            let runs: Vec<Range<usize>> = self
+                .added_within(std::slice::from_ref(&block))
+                .into_iter()
+                .map(|r| r.start - block.start..r.end - block.start)
+                .collect();
+            let z = ZeroRuns::new(self.stream.device(), &runs, block.len())?;
+            self.fresh.zeroing.insert(key, z);
         }
+        let z = &self.fresh.zeroing[&key];
+        self.mk.zero_runs(&self.stream, g, z)?;
         self.fresh.on = true;
         Ok(())
     }
