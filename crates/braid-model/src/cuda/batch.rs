@@ -2,9 +2,16 @@
 //! checked against the model's shape and uploaded, the loss-gradient scale
 //! and mean loss over the counted targets (`u32::MAX` = not counted), and
 //! the embedding backward pass over positions grouped by token.
+//!
+//! The uploads are asynchronous, from pinned memory, on the device's main
+//! stream (the models' stream): the host does not wait for them, and the
+//! grouping by token is worked out and uploaded at the embedding backward
+//! pass — while the GPU still runs the layers' backward passes queued
+//! before it — rather than before the forward pass could start.
 
 use super::{token_buckets, Kernels};
-use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
+use braid_cuda::memory::PinnedBuffer;
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Event, Result, Stream};
 
 /// Device and host copies of one batch.
 pub struct DeviceBatch {
@@ -15,6 +22,15 @@ pub struct DeviceBatch {
     bucket_order: DeviceBuffer<i32>,
     bucket_starts: DeviceBuffer<i32>,
     vocab: usize,
+    /// Pinned host memory the uploads go from: the tokens, the targets,
+    /// the grouping's order (`n` each) and its starts (`vocab + 1`).
+    staging: PinnedBuffer<i32>,
+    /// Recorded after the last copies of the tokens and targets out of
+    /// `staging`, and after those of the grouping: the host waits for
+    /// each before writing that part again.
+    copied: [Event; 2],
+    /// Whether this batch's grouping by token is on the device.
+    grouped: bool,
 }
 
 impl DeviceBatch {
@@ -28,6 +44,9 @@ impl DeviceBatch {
             bucket_order: DeviceBuffer::zeros(device, n)?,
             bucket_starts: DeviceBuffer::zeros(device, vocab + 1)?,
             vocab,
+            staging: PinnedBuffer::zeros(device, 3 * n + vocab + 1)?,
+            copied: [Event::new(device)?, Event::new(device)?],
+            grouped: false,
         })
     }
 
@@ -56,15 +75,44 @@ impl DeviceBatch {
         }
         self.host_tokens.copy_from_slice(tokens);
         self.host_targets.copy_from_slice(targets);
-        let ti: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-        let gi: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
-        self.tokens.copy_from_host(&ti)?;
-        self.targets.copy_from_host(&gi)?;
-        // The embedding backward's grouping by token goes up now, with the
-        // batch, so that the backward pass never waits on the host.
+        // The last batch's copies out of this part of the staging memory
+        // are done (the step that used it waited for its loss long ago).
+        self.copied[0].synchronize()?;
+        let s = self.tokens.device().main_stream();
+        let staged = self.staging.as_mut_slice();
+        for (d, &x) in staged[..n].iter_mut().zip(tokens) {
+            *d = x as i32;
+        }
+        for (d, &x) in staged[n..2 * n].iter_mut().zip(targets) {
+            *d = x as i32;
+        }
+        self.staging.copy_out_async(0, &mut self.tokens, &s)?;
+        self.staging.copy_out_async(n, &mut self.targets, &s)?;
+        self.copied[0].record(&s)?;
+        self.grouped = false;
+        Ok(())
+    }
+
+    /// The embedding backward's grouping of positions by token, worked out
+    /// and queued on `s` once per batch, before the first kernel that reads
+    /// it: the host is ahead of the GPU by then.
+    fn group_by_token(&mut self, s: &Stream) -> Result<()> {
+        if self.grouped {
+            return Ok(());
+        }
+        let n = self.host_tokens.len();
         let (order, starts) = token_buckets(&self.host_tokens, self.vocab);
-        self.bucket_order.copy_from_host(&order)?;
-        self.bucket_starts.copy_from_host(&starts)
+        self.copied[1].synchronize()?;
+        let staged = self.staging.as_mut_slice();
+        staged[2 * n..3 * n].copy_from_slice(&order);
+        staged[3 * n..].copy_from_slice(&starts);
+        self.staging
+            .copy_out_async(2 * n, &mut self.bucket_order, s)?;
+        self.staging
+            .copy_out_async(3 * n, &mut self.bucket_starts, s)?;
+        self.copied[1].record(s)?;
+        self.grouped = true;
+        Ok(())
     }
 
     /// The tokens on the device.
@@ -121,6 +169,7 @@ impl DeviceBatch {
         t: usize,
         c: usize,
     ) -> Result<()> {
+        self.group_by_token(s)?;
         k.encoder_backward(
             s,
             dwte,
@@ -150,6 +199,7 @@ impl DeviceBatch {
         c: usize,
         rows: super::VocabRows,
     ) -> Result<()> {
+        self.group_by_token(s)?;
         if rows.first + rows.v > self.vocab {
             return Err(CudaError::Invalid(format!(
                 "vocabulary rows {}..{} of {}",
