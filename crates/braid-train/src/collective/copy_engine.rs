@@ -425,6 +425,12 @@ impl CopyEngineReduce {
                 self.per_sender, self.slots
             ));
         }
+        // Named for Nsight where a tool is attached: what this launch
+        // queues (the bucket's copies and flags; its sum too over more
+        // than 2 ranks, the previous bucket's between 2).
+        let _range = braid_trace::nvtx::range(|| {
+            format!("copy-engine all_reduce bucket {b} {} x F32", range.len())
+        });
         self.finish_pending(k, main)?;
         let j = self.next;
         self.next += 1;
