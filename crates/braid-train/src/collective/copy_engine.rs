@@ -471,8 +471,10 @@ impl CopyEngineReduce {
                 .map_err(e)?;
             }
         }
-        if let (Some(t), Some(p)) = (&mut self.trace, self.peers.first()) {
-            t.mark(&p.out, b, range.len(), Phase::CopiedOut)?;
+        if let Some(t) = &mut self.trace {
+            for p in &self.peers {
+                t.mark(&p.out, b, range.len(), Phase::CopiedOut(p.rank))?;
+            }
         }
         let landed_at = self.owned[self.rank];
         self.owned = ends;
@@ -746,7 +748,8 @@ fn addr(base: u64, i: usize) -> u64 {
 #[derive(Clone, Copy)]
 enum Phase {
     Ready,
-    CopiedOut,
+    /// To this rank.
+    CopiedOut(usize),
     Landed,
     Done,
     BackwardDone,
@@ -796,11 +799,11 @@ impl Trace {
             for (ev, b, n, phase) in &self.points[..self.used] {
                 ev.synchronize().map_err(e)?;
                 let what = match phase {
-                    Phase::Ready => "bucket final",
-                    Phase::CopiedOut => "copied out",
-                    Phase::Landed => "peer's half landed",
-                    Phase::Done => "summed and back",
-                    Phase::BackwardDone => "backward pass queued to here",
+                    Phase::Ready => "bucket final".to_string(),
+                    Phase::CopiedOut(q) => format!("copied out to rank {q}"),
+                    Phase::Landed => "the others' parts landed".to_string(),
+                    Phase::Done => "summed, and every part back".to_string(),
+                    Phase::BackwardDone => "backward pass queued to here".to_string(),
                 };
                 eprintln!(
                     "[ce trace] rank {rank} step {step} +{:.3} ms bucket {b} ({:.1} MB) {what}",
