@@ -59,6 +59,40 @@ fn tp_2_and_4_with_and_without_sequence_parallelism_match_one_process() {
     }
 }
 
+/// A tensor-parallel rank's model states are measured against its share
+/// of the parameters: alone, and sharded by ZeRO-1 and ZeRO-3 over the
+/// data dimension, the formula's bytes per parameter.
+#[test]
+fn tp_model_states_are_measured_against_the_ranks_share() {
+    for (extra, want) in [
+        (
+            &["--nproc-per-node", "2", "--tp", "2"][..],
+            "16.00 bytes per parameter (measured / formula 1.00)",
+        ),
+        (
+            &["--nproc-per-node", "4", "--tp", "2", "--zero", "1"],
+            "12.00 bytes per parameter (measured / formula 1.00)",
+        ),
+        (
+            &["--nproc-per-node", "4", "--tp", "2", "--zero", "3"],
+            "8.00 bytes per parameter (measured / formula 1.00)",
+        ),
+    ] {
+        let mut c = braid();
+        c.arg("train")
+            .args(extra)
+            .args(["--steps", "2", "--eval-every", "0"]);
+        let f = run(c, Duration::from_secs(60));
+        assert_eq!(f.code, Some(0), "{extra:?}: {f:?}");
+        let line = f
+            .stdout
+            .lines()
+            .find(|l| l.contains("model states per rank"))
+            .unwrap_or_default();
+        assert!(line.contains(want), "{extra:?}: {line}");
+    }
+}
+
 #[test]
 fn tp_2_with_data_parallel_or_zero_3_matches_data_parallelism_over_4_ranks() {
     let dir = TempDir::new("tp-dp");

@@ -764,10 +764,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             a.tp, a.tp
         ));
     }
-    if a.tp > 1 {
-        // Heads that do not split: refused here, before any memory.
-        braid_model::layout::Layout::tensor_parallel(&cfg, tensor, 1)?;
-    }
+    // A tensor-parallel rank's share of the parameters (what its model
+    // states are measured against); heads that do not split are refused
+    // here, before any memory.
+    let tensor_share = match a.tp {
+        1 => None,
+        _ => Some(braid_model::layout::Layout::tensor_parallel(&cfg, tensor, 1)?.len as u64),
+    };
     let shape = super::preflight::Shape {
         model: &model_name,
         seq,
@@ -1468,7 +1471,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cuda.then_some(precision),
             world_size,
         );
-        print_state(&run, &cfg, stage_params, zero.unwrap_or(0), shard_group);
+        print_state(
+            &run,
+            &cfg,
+            stage_params.or(tensor_share),
+            zero.unwrap_or(0),
+            shard_group,
+        );
         if let Some(out) = &a.json {
             write_json(out, &run, summary.as_ref(), cfg.n_layer, pipeline_json)?;
         }

@@ -155,13 +155,15 @@ fn memory_parts_line(run: &RunReport, n_layer: usize) -> Option<String> {
 /// Prints the model state this rank held beside ZeRO's formula for
 /// `stage` (0: data parallel or one process) sharded over `ranks` (the
 /// shard group), in mixed precision where there are master weights; Ψ is
-/// the model's parameters, or `held` (a pipeline rank's stages').
+/// the model's parameters, or `held` (a pipeline rank's stages', a
+/// tensor-parallel rank's share).
 pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u8, ranks: usize) {
     let st = run.state;
     if st.total() == 0 {
         return;
     }
-    // A pipeline rank's parameters are its stages' (`held`).
+    // A pipeline rank's parameters are its stages', a tensor-parallel
+    // rank's its share (`held`).
     let psi = held.unwrap_or(cfg.num_params() as u64);
     let per = |b: u64| b as f64 / psi as f64;
     let mb = |b: u64| b as f64 / 1e6;
