@@ -474,3 +474,35 @@ fn what_cannot_work_is_refused_at_start() {
         f.stdout
     );
 }
+
+/// One pipeline replica keeps one gradient buffer per stage (its passes
+/// accumulate there and the update reads it): 16 bytes per parameter of
+/// the rank's stages, as the formula says. With data parallelism the
+/// strategy's buffer, which is reduced, comes beside it.
+#[test]
+fn one_pipeline_replica_holds_one_gradient_buffer() {
+    for (extra, want) in [
+        (
+            &["--nproc-per-node", "2", "--pp", "2"][..],
+            "16.00 bytes per parameter",
+        ),
+        (
+            &["--nproc-per-node", "4", "--pp", "2"],
+            "20.00 bytes per parameter",
+        ),
+    ] {
+        let mut c = braid();
+        c.arg("train")
+            .args(["--model", MODEL, "--tokenizer", "bytes", "--seq", "32"])
+            .args(extra)
+            .args(["--steps", "2", "--eval-every", "0"]);
+        let f = run(c, Duration::from_secs(60));
+        assert_eq!(f.code, Some(0), "{extra:?}: {f:?}");
+        let line = f
+            .stdout
+            .lines()
+            .find(|l| l.contains("model states per rank"))
+            .unwrap_or_default();
+        assert!(line.contains(want), "{extra:?}: {line}");
+    }
+}

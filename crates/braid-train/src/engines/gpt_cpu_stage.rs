@@ -45,6 +45,9 @@ pub struct CpuStage {
     step: u64,
     /// The training steps' timelines.
     measured: Measured,
+    /// The stage's buffer is the step's gradient buffer (no strategy
+    /// reads gradients of its own).
+    owns_grads: bool,
 }
 
 /// What the executor runs on: the stages' model, parameters, in-flight
@@ -315,7 +318,19 @@ impl CpuStage {
             group,
             step: 0,
             measured: Measured::default(),
+            owns_grads: false,
         })
+    }
+
+    /// Makes the stage's buffer the step's gradient buffer, for a strategy
+    /// without data parallelism (one replica: nothing reduces gradients,
+    /// which then need no second buffer). The strategy's buffer is empty,
+    /// the engine has no backward units (its forward pass ran them), and
+    /// the norm and the update read the stage's buffer. Not with
+    /// gradient accumulation over several forward passes.
+    pub fn owning_grads(mut self) -> CpuStage {
+        self.owns_grads = true;
+        self
     }
 
     fn layout(&self) -> &Layout {
@@ -467,7 +482,11 @@ impl Engine for CpuStage {
     }
 
     fn new_grads(&self) -> Result<Vec<f32>> {
-        Ok(vec![0.0; self.layout().len])
+        let len = match self.owns_grads {
+            true => 0,
+            false => self.layout().len,
+        };
+        Ok(vec![0.0; len])
     }
 
     fn zero_grads(&mut self, grads: &mut Vec<f32>) -> Result<()> {
@@ -476,6 +495,9 @@ impl Engine for CpuStage {
     }
 
     fn units(&self) -> Vec<Unit> {
+        if self.owns_grads {
+            return Vec::new();
+        }
         // The blocks this rank holds, from the buffer's end.
         self.layout()
             .blocks
@@ -570,6 +592,12 @@ impl Engine for CpuStage {
     }
 
     fn grad_sq_norm(&mut self, grads: &Vec<f32>) -> Result<f64> {
+        if self.owns_grads {
+            let acc = std::mem::take(&mut self.passes.acc);
+            let norm = self.sq_norm(&acc, std::slice::from_ref(&(0..acc.len())));
+            self.passes.acc = acc;
+            return norm;
+        }
         self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
     }
 
@@ -587,7 +615,10 @@ impl Engine for CpuStage {
     }
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
-        self.passes.inner.update(grads, step)
+        match self.owns_grads {
+            true => self.passes.inner.update(&self.passes.acc, step),
+            false => self.passes.inner.update(grads, step),
+        }
     }
 
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {

@@ -1181,7 +1181,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.checkpointing,
             )?
             .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
-            let mut s = distributed(groups.data, shard_choice, ddp)?;
+            // One replica: nothing reduces the gradients, and the stage's
+            // buffer is the step's (as on GPUs).
+            let mut s: Box<dyn Strategy<_>> =
+                match braid_train::collective::Collective::size(&groups.data) {
+                    1 => {
+                        engine = engine.owning_grads();
+                        Box::new(Single)
+                    }
+                    _ => distributed(groups.data, shard_choice, ddp)?,
+                };
             let run = run_with(&mut |p, l, b| {
                 run_loop(
                     &mut engine,
