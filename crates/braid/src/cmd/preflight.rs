@@ -655,3 +655,48 @@ pub fn device(
         gib(free)
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Shape;
+    use braid_model::footprint::Sharding;
+
+    fn shape(ranks: usize, local_workers: usize, stage: u8, plain_grads: bool) -> Shape<'static> {
+        Shape {
+            model: "124M",
+            seq: 1024,
+            checkpointing: false,
+            sharding: Sharding { stage, ranks },
+            ranks,
+            local_workers,
+            offload: false,
+            accum: 1,
+            tensor: 1,
+            sequence: false,
+            plain_grads,
+        }
+    }
+
+    /// The copy-engine landing buffer: (N − 1)/N of an f32 per gradient
+    /// element over 2 to 8 ranks of one host with plain gradients, none
+    /// otherwise.
+    #[test]
+    fn the_landing_buffer_holds_what_the_other_ranks_send() {
+        if std::env::var_os("BRAID_GPU_ALLREDUCE").is_some() {
+            return; // (the choice decides; this test checks the default)
+        }
+        let params = 1_000_000u128;
+        let none = Sharding { stage: 0, ranks: 1 };
+        for n in 2..=8usize {
+            let s = shape(n, n, 0, true);
+            let want = 4 * (n as u128 - 1) * params.div_ceil(n as u128);
+            assert_eq!(s.landing_bytes(none, params), want, "{n} ranks");
+        }
+        assert_eq!(shape(9, 9, 0, true).landing_bytes(none, params), 0);
+        // Two hosts, ZeRO, a gradient hook: NCCL, no landing buffer.
+        assert_eq!(shape(4, 2, 0, true).landing_bytes(none, params), 0);
+        let z1 = Sharding { stage: 1, ranks: 4 };
+        assert_eq!(shape(4, 4, 1, true).landing_bytes(z1, params), 0);
+        assert_eq!(shape(4, 4, 0, false).landing_bytes(none, params), 0);
+    }
+}
