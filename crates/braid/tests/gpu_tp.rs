@@ -179,7 +179,10 @@ const BF16_MODEL: [&str; 6] = [
 /// all-reduces of bf16 input gradients): `--tp 2` tracks one GPU over 60
 /// steps (mean loss of every 20-step window within 0.02), with and
 /// without activation checkpointing (whose recomputation sums the
-/// attention's output projection over the group again).
+/// attention's output projection over the group again) — with the
+/// row-split products summed in f32 (the default) and in bf16
+/// (`BRAID_TP_SUMS=bf16`: Megatron's sums, the residual and bias added by
+/// every rank after them), whole and in 4 row blocks beside the products.
 #[test]
 fn gpu_tp_2_bf16_tracks_one_gpu() {
     if gpus(2).is_none() {
@@ -191,6 +194,14 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
         .copied()
         .chain(["--steps", "60"])
         .collect();
+    let sums: [(&str, &[(&str, &str)]); 3] = [
+        ("f32 sums", &[]),
+        ("bf16 sums", &[("BRAID_TP_SUMS", "bf16")]),
+        (
+            "bf16 sums in 4 blocks",
+            &[("BRAID_TP_SUMS", "bf16"), ("BRAID_TP_OVERLAP", "4")],
+        ),
+    ];
     for ckpt in [false, true] {
         let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
         let one: Vec<&str> = base.iter().chain(extra).copied().collect();
@@ -200,17 +211,20 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
             .copied()
             .chain(["--tp", "2", "--no-sp", "--nproc-per-node", "2"])
             .collect();
-        let (_, b) = train_gpu(&dir, &format!("tp2-{ckpt}"), &tp);
-        let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
-        let _ = writeln!(
-            std::io::stderr(),
-            "bf16, checkpointing {ckpt}: one GPU {:.4} -> {:.4}, --tp 2 {:.4} -> {:.4}",
-            la[0],
-            la[59],
-            lb[0],
-            lb[59]
-        );
-        common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--tp 2"));
+        for (i, (how, env)) in sums.iter().enumerate() {
+            let name = format!("tp2-{ckpt}-{i}");
+            let (_, b) = common::gpu::train_gpu_env(&dir, &name, &tp, env);
+            let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
+            let _ = writeln!(
+                std::io::stderr(),
+                "bf16, {how}, checkpointing {ckpt}: one GPU {:.4} -> {:.4}, --tp 2 {:.4} -> {:.4}",
+                la[0],
+                la[59],
+                lb[0],
+                lb[59]
+            );
+            common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--tp 2"));
+        }
     }
 }
 
@@ -266,49 +280,5 @@ fn gpu_tp_2_bf16_overlapped_sums_match() {
             worst < 5e-3,
             "checkpointing {ckpt}: losses differ by {worst}"
         );
-    }
-}
-
-/// The row-split products summed over the tensor group in bf16
-/// (`BRAID_TP_SUMS=bf16`: Megatron's sums, the residual and bias added by
-/// every rank after them) train as the f32 sums do: `--tp 2` bf16, with and
-/// without checkpointing (whose recomputation sums again), over 60 steps
-/// every 20-step window's mean loss within 0.02 of one GPU's; with 4 row
-/// blocks too (the sums beside the products).
-#[test]
-fn gpu_tp_2_bf16_sums_in_bf16_track_one_gpu() {
-    if gpus(2).is_none() {
-        return;
-    }
-    let dir = TempDir::new("gpu-tp-bf16-sums");
-    let base: Vec<&str> = BF16_MODEL
-        .iter()
-        .copied()
-        .chain(["--steps", "60"])
-        .collect();
-    for ckpt in [false, true] {
-        let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
-        let one: Vec<&str> = base.iter().chain(extra).copied().collect();
-        let (_, a) = train_gpu(&dir, &format!("one-{ckpt}"), &one);
-        let tp: Vec<&str> = one
-            .iter()
-            .copied()
-            .chain(["--tp", "2", "--no-sp", "--nproc-per-node", "2"])
-            .collect();
-        for blocks in ["1", "4"] {
-            let env = [("BRAID_TP_SUMS", "bf16"), ("BRAID_TP_OVERLAP", blocks)];
-            let name = format!("tp2-bf16-sums-{ckpt}-{blocks}");
-            let (_, b) = common::gpu::train_gpu_env(&dir, &name, &tp, &env);
-            let (la, lb) = (common::step_losses(&a), common::step_losses(&b));
-            let _ = writeln!(
-                std::io::stderr(),
-                "bf16 sums, {blocks} block(s), checkpointing {ckpt}: one GPU {:.4} -> {:.4}, --tp 2 {:.4} -> {:.4}",
-                la[0],
-                la[59],
-                lb[0],
-                lb[59]
-            );
-            common::gpu::assert_windows_track(&a, &b, 0.02, ("one GPU", "--tp 2, bf16 sums"));
-        }
     }
 }

@@ -43,6 +43,15 @@ fn randn(r: &mut Rng, n: usize, s: f64) -> Vec<f32> {
 }
 
 /// Largest |gpu − cpu| relative to max|cpu|.
+/// How many elements of `a` and `b` differ in their bits (the measure of
+/// the checks that must match bit for bit).
+pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 pub(super) fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
     let scale = cpu
         .iter()

@@ -3,7 +3,7 @@
 //! exactly what the GPU sees; the bounds then measure the kernel's own
 //! arithmetic and the rounding of its bf16 outputs (about 2⁻⁹ relative).
 
-use super::check::{rel_err, up, KernelCheck, ModelReference};
+use super::check::{bits_differ, rel_err, up, KernelCheck, ModelReference};
 use super::flash::{FlashKernels, ScoreGrads};
 use super::mixed::{AdamSegments, AdamStep, MixedKernels, ZeroRuns};
 use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
@@ -132,16 +132,10 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let want: Vec<f32> = (0..n * c)
         .map(|i| (x[i] + bias[i % c]) + bf16::from_f32(part[i]).to_f32())
         .collect();
-    let differ = sum
-        .to_vec()?
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
     out.push(check(
         "residual_bias_add_bf (elements whose bits differ)",
         shape.clone(),
-        differ as f64,
+        bits_differ(&sum.to_vec()?, &want) as f64,
         0.0,
     ));
 
@@ -157,16 +151,10 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     for run in &runs {
         want[run.clone()].iter_mut().for_each(|x| *x = 0.0);
     }
-    let differ = g
-        .to_vec()?
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
     out.push(check(
         "zero_runs (elements whose bits differ)",
         format!("{} runs in {len}", runs.len()),
-        differ as f64,
+        bits_differ(&g.to_vec()?, &want) as f64,
         0.0,
     ));
 

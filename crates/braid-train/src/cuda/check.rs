@@ -7,7 +7,7 @@
 use super::HookKernels;
 use crate::collective::powersgd::orthogonalize_host;
 use braid_cuda::{Device, DeviceBuffer, Result, Stream};
-use braid_model::cuda::check::KernelCheck;
+use braid_model::cuda::check::{bits_differ, KernelCheck};
 use braid_model::rng::Rng;
 use half::{bf16, f16};
 
@@ -88,12 +88,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         k.add_into(&s, &mut passes, &gp.view(j * stride..j * stride + n))?;
     }
     s.synchronize()?;
-    let (a, b) = (fused.to_vec()?, passes.to_vec()?);
-    let differ = a
-        .iter()
-        .zip(&b)
-        .filter(|(p, q)| p.to_bits() != q.to_bits())
-        .count();
+    let differ = bits_differ(&fused.to_vec()?, &passes.to_vec()?);
     out.push(check(
         "hook add parts (against add passes, bits)",
         shape,
