@@ -37,7 +37,7 @@
 #     each in turns.
 #   bash bench/device/tp.sh sums
 #     braid alone, 2.65B --tp 4 --no-sp: the row-split products summed over
-#     the tensor group in f32 (the default) and in bf16 (BRAID_TP_SUMS),
+#     the tensor group in f32 and in bf16 (the default; BRAID_TP_SUMS),
 #     twice each in turns; TP_SUMS_BIG=1 adds the 12.85B pair of `big`.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
@@ -217,8 +217,8 @@ phase_overlap() {
 }
 
 # braid alone at 2.65B --tp 4 --no-sp, batch 16 x 1024: the row-split
-# products summed over the tensor group in f32 (the default) and in bf16
-# (BRAID_TP_SUMS=bf16), twice each in turns; with TP_SUMS_BIG=1 the
+# products summed over the tensor group in f32 and in bf16 (the default;
+# BRAID_TP_SUMS), twice each in turns; with TP_SUMS_BIG=1 the
 # 12.85B pair of `big` (checkpointing, batch 8) too, once each.
 phase_sums() {
   local d i f t

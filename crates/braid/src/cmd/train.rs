@@ -67,7 +67,7 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     with --checkpointing: keep or recompute the attention's state
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
-  BRAID_TP_SUMS=f32|bf16            --tp, bf16 on GPUs: the dtype of the row-split products' sums
+  BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
 pub struct TrainArgs {
