@@ -11,6 +11,8 @@
 #     nccl all_reduce ...). The clocks are left alone (--clock-control
 #     none). Then whether Nsight Systems (where its nsys is found) can
 #     record braid's ranges and export them.
+#   bash bench/device/nvtx.sh nccl
+#     only check's two-GPU leg (NCU_LIMIT seconds, default 240).
 #   bash bench/device/nvtx.sh overhead
 #     the 124M model on one GPU, batch 16 x 1024, braid at this commit and
 #     the previous binary (PREV=REV bash bench/device/pack.sh) in turns,
@@ -24,22 +26,21 @@ export BRAID_KERNEL_CACHE=/tmp/kc
 small=(--model L4-H8-C512-V50304-T1024 --data random --batch 4 --seq 1024 --steps 4
   --eval-every 0 --log-every 1 --device cuda)
 
-# ncu over step 3 of a run (`nproc` ranks): the kernels with their NVTX
-# stacks, shortened to what shows braid's ranges.
+# ncu over step 3 of a one-GPU run: the kernels with their NVTX stacks,
+# shortened to what shows braid's ranges.
 ncu_step() {
-  local name=$1 nproc=$2
-  timeout -k 10 240 ncu --nvtx --nvtx-include "step 3/" --clock-control none \
+  local name=$1
+  timeout -k 10 "${NCU_LIMIT:-240}" ncu --nvtx --nvtx-include "step 3/" --clock-control none \
     --target-processes all --metrics gpu__time_duration.sum --print-nvtx-rename none \
-    "$B" train "${small[@]}" --nproc-per-node "$nproc" > "$L/ncu-$name.txt" 2>&1
+    "$B" train "${small[@]}" "${@:2}" > "$L/ncu-$name.txt" 2>&1
   echo "ncu $name: exit $? | kernels profiled: $(grep -c 'gpu__time_duration.sum' "$L/ncu-$name.txt")"
   grep -E "NVTX|Push/Pop|<default domain>|step 3|==PROF==|error" "$L/ncu-$name.txt" | head -40 | cut -c1-200
 }
 
 phase_check() {
   export BRAID_NVTX=1
-  ncu_step one-gpu 1
-  # NCCL for the gradients (the copy engines launch no NCCL kernel).
-  BRAID_GPU_ALLREDUCE=nccl ncu_step two-gpus 2
+  ncu_step one-gpu
+  phase_nccl
   local nsys
   nsys=$(command -v nsys || ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
   if [ -n "$nsys" ]; then
@@ -52,6 +53,23 @@ phase_check() {
   else
     echo "nsys: not found"
   fi
+}
+
+# Two ranks with NCCL for the gradients (the copy engines launch no NCCL
+# kernel): the NCCL kernels of step 3 with braid's ranges around them.
+# Rank 0 runs under ncu and rank 1 beside it, each started by hand
+# (RANK, WORLD_SIZE, MASTER_*): ncu runs the kernels it profiles one at a
+# time across its processes, so with both ranks under it an NCCL kernel
+# waits forever for its peer's, queued behind it (it hung so under
+# `braid train --nproc-per-node 2`, 2026-11-27; this ncu, 2025.3, has no
+# lockstep launch across processes).
+phase_nccl() {
+  export BRAID_NVTX=1 BRAID_GPU_ALLREDUCE=nccl WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561
+  RANK=1 LOCAL_RANK=1 timeout -k 10 "${NCU_LIMIT:-240}" "$B" train "${small[@]}" \
+    > "$L/ncu-two-gpus-rank1.txt" 2>&1 &
+  RANK=0 LOCAL_RANK=0 ncu_step two-gpus
+  wait
+  grep -B2 -A8 "ncclDevKernel" "$L/ncu-two-gpus.txt" | grep -E "nccl|<[0-9]+," | head -30 | cut -c1-200
 }
 
 phase_overhead() {
@@ -73,7 +91,8 @@ phase_overhead() {
 
 case "${1:-}" in
   check) phase_check ;;
+  nccl) phase_nccl ;;
   overhead) phase_overhead ;;
-  *) echo "usage: bash bench/device/nvtx.sh check|overhead" >&2; exit 2 ;;
+  *) echo "usage: bash bench/device/nvtx.sh check|nccl|overhead" >&2; exit 2 ;;
 esac
 finish
