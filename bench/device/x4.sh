@@ -27,8 +27,10 @@
 #     1024 per GPU, activation checkpointing: braid ZeRO-3 (12 steps),
 #     PyTorch FSDP2 and DeepSpeed ZeRO-3 (8 steps after 3 warm-up), each
 #     with its MFU. X4_BIG_RECOMPUTE=1 adds braid with the attention
-#     output recomputed (BRAID_CKPT_ATTENTION=recomputed); X4_BIG_DS=0
-#     skips DeepSpeed.
+#     output recomputed (BRAID_CKPT_ATTENTION=recomputed); X4_BIG_BUDGET=1
+#     adds braid told to fit FSDP2's measured peak of this call
+#     (--gpu-memory: the attention's state kept in as many layers as
+#     fit); X4_BIG_DS=0 skips DeepSpeed.
 #   bash bench/device/x4.sh paths   (~4 min)
 #     the gradients' path at G GPUs: braid data parallel, 124M, batch 16 x
 #     1024 per GPU, its all-reduce over the copy engines
@@ -283,6 +285,19 @@ phase_big() {
       --seq 1024 --data random --checkpointing --steps 12 --log-every 2 --json "$L/z3-13b-recomputed.json"
   fi
   peer fsdp2-13b 150 4 torch_gpt2_bench.py --fsdp --act-ckpt --model L40-H40-C5120 --B 8 --T 1024 --steps 8 --warmup 3
+  # X4_BIG_BUDGET=1: braid within FSDP2's peak of this call.
+  if [ "${X4_BIG_BUDGET:-0}" = 1 ]; then
+    local cap
+    cap=$(grep -ho 'peak_mem_GiB=[0-9.]*' "$L/fsdp2-13b.txt" 2>/dev/null | tail -1 | cut -d= -f2)
+    if [ -n "$cap" ]; then
+      br z3-13b-capped 170 4 --zero 3 --model $M --batch 8 --seq 1024 --data random --checkpointing \
+        --steps 12 --log-every 2 --gpu-memory "$cap" --json "$L/z3-13b-capped.json"
+      grep -h 'GPU memory estimate' "$L/z3-13b-capped.txt" | head -1
+      ratio z3-13b-capped fsdp2-13b
+    else
+      echo "z3-13b-capped: skipped (no FSDP2 peak in fsdp2-13b.txt)"
+    fi
+  fi
   [ "${X4_BIG_DS:-1}" = 0 ] && { ratio z3-13b fsdp2-13b; ratio z3-13b-recomputed fsdp2-13b; return; }
   ds_install
   peer ds-13b 210 4 ds_gpt2_bench.py --zero 3 --act-ckpt --model L40-H40-C5120 --B 8 --T 1024 --steps 8 --warmup 3

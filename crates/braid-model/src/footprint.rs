@@ -347,14 +347,15 @@ impl Sharding {
 /// probabilities), the f32 residual after attention and the MLP's
 /// pre-activation (its GELU and the LayerNorm outputs are recomputed) —
 /// which `checkpointing` keeps for one block only (plus each fused
-/// layer's log-sum-exp, or with `keep_attention` its whole attention
-/// state); the f32 residual stream; the logits; and the
+/// layer's log-sum-exp, or in the last `kept_attention` layers the whole
+/// attention state); the f32 residual stream; the logits; and the
 /// scratch the layers share (with the fused attention's score gradients
 /// when `stored_score_grads`).
 pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     let p = mixed_parts(cfg, run);
     let l = cfg.n_layer as u128;
     l * p.layer
+        + run.kept_attention.min(cfg.n_layer) as u128 * p.kept_extra
         + (l + 1) * p.stream
         + p.head
         + p.pad
@@ -368,8 +369,11 @@ pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
 /// [`gpu_mixed_stage_bytes`] (a pipeline stage's micro-batches) add up
 /// differently.
 struct MixedParts {
-    /// What each layer keeps for its backward pass.
+    /// What each layer keeps for its backward pass (a layer that keeps
+    /// its attention's state under checkpointing: `kept_extra` more).
     layer: u128,
+    /// What a layer keeping its attention's state keeps beyond `layer`.
+    kept_extra: u128,
     /// Each layer's LayerNorm statistics alone (f32).
     layer_stats: u128,
     /// One attention output (bf16).
@@ -399,10 +403,12 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
         fused_attention: fused,
         checkpointing,
         stored_score_grads,
-        keep_attention,
+        kept_attention,
         ..
     } = *run;
-    let keep_attention = checkpointing && fused && keep_attention;
+    // Every layer keeps the attention's state: no recomputation needs
+    // the shared block's.
+    let keep_all = checkpointing && fused && kept_attention >= cfg.n_layer;
     let (bu, tu) = (b as u128, t as u128);
     // A tensor-parallel rank's widths: its heads (attention width `a`),
     // MLP columns `f` and vocabulary rows; the residual stream stays whole
@@ -445,11 +451,14 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
         + 16 * n
         + match (checkpointing, fused) {
             (false, _) => block,
-            (true, true) if keep_attention => attn_saved,
             (true, true) => 4 * rows,
             (true, false) => 0,
         };
-    let work = match (checkpointing, keep_attention) {
+    let kept_extra = match checkpointing && fused {
+        true => attn_saved - 4 * rows,
+        false => 0,
+    };
+    let work = match (checkpointing, keep_all) {
         (false, _) => 0,
         (true, false) => block,
         (true, true) => block - attn_saved,
@@ -470,6 +479,7 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
     let batch = 4 * (3 * n + v + 1);
     MixedParts {
         layer,
+        kept_extra,
         layer_stats: 16 * n,
         atty: 2 * n * a,
         stream: 4 * nc,
@@ -513,15 +523,17 @@ pub struct StageBytes {
 }
 
 /// [`StageBytes`] of stage `s` (`MicroPlan::make` in
-/// `cuda::model_mixed::stage` allocates these).
+/// `cuda::model_mixed::stage` allocates these). A pipeline's layers keep
+/// the attention's state all (`kept_attention` of the model's layers or
+/// more) or none.
 pub fn gpu_mixed_stage_bytes(cfg: &GptConfig, s: &StageRun) -> StageBytes {
     let p = mixed_parts(cfg, &s.run);
     let l = s.layers as u128;
-    let keeps_output = !(s.recompute_attention_output
-        && s.run.checkpointing
-        && !(s.run.keep_attention && s.run.fused_attention))
-        || s.split;
+    let keeps_all = s.run.kept_attention >= cfg.n_layer && s.run.fused_attention;
+    let keeps_output =
+        !(s.recompute_attention_output && s.run.checkpointing && !keeps_all) || s.split;
     let layer = match keeps_output {
+        true if keeps_all && s.run.checkpointing => p.layer + p.kept_extra,
         true => p.layer,
         false => p.layer_stats,
     };
@@ -537,6 +549,12 @@ pub fn gpu_mixed_stage_bytes(cfg: &GptConfig, s: &StageRun) -> StageBytes {
         per_micro_batch: l * layer + (l + 1) * p.stream + head + p.batch + deferred,
         shared: p.shared + pad + atty,
     }
+}
+
+/// Whether layer `layer` of `layers` keeps the attention's state under
+/// checkpointing when `kept` layers do: the last `kept`.
+pub fn keeps_attention(layer: usize, layers: usize, kept: usize) -> bool {
+    layer + kept.min(layers) >= layers
 }
 
 /// A GPU training run's shape and choices, as the footprint needs them.
@@ -559,8 +577,11 @@ pub struct GpuRun {
     pub streamed_weights: bool,
     /// The fused attention's score gradients kept for its dQ kernel.
     pub stored_score_grads: bool,
-    /// Under checkpointing, each layer keeps the fused attention's state.
-    pub keep_attention: bool,
+    /// Under checkpointing, how many layers (the last ones: their state is
+    /// read first, and lent gradient memory can hold it longest) keep the
+    /// fused attention's state; 0 none, the model's layers or more all
+    /// ([`keeps_attention`]).
+    pub kept_attention: usize,
     /// How the model states are sharded over ranks.
     pub sharding: Sharding,
     /// The optimizer offloaded to host memory: no f32 master weights or
@@ -656,10 +677,11 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
         true => w.extend([6 * nc, 4 * rows]),
         false => w.extend([2 * nc, 2 * nc, 2 * nc, 2 * rows * run.t as u64]),
     };
-    let keep = run.checkpointing && fused && run.keep_attention;
+    let keep_all = run.checkpointing && fused && run.kept_attention >= l;
     let mut wants = Vec::new();
     for layer in 0..l {
         let mut w = vec![4 * nc, 4 * n, 4 * n, 4 * n, 4 * n, 2 * nc];
+        let keep = run.checkpointing && fused && keeps_attention(layer, l, run.kept_attention);
         match (run.checkpointing, keep) {
             (true, true) => attn(&mut w),
             (true, false) if fused => w.push(4 * rows),
@@ -702,7 +724,7 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
     // row sums, the score gradients where stored): read last by layer 0.
     let mut w = Vec::new();
     if run.checkpointing {
-        if !keep {
+        if !keep_all {
             attn(&mut w);
         }
         w.extend([4 * nc, 8 * nc]);
@@ -966,7 +988,7 @@ mod tests {
             checkpointing: true,
             streamed_weights: true,
             stored_score_grads: false,
-            keep_attention: false,
+            kept_attention: 0,
             sharding: Sharding { stage: 3, ranks },
             offload: false,
             saved_in_grads: false,
@@ -989,7 +1011,7 @@ mod tests {
             mixed,
             checkpointing: false,
             streamed_weights: false,
-            keep_attention: false,
+            kept_attention: 0,
             sharding: Sharding::NONE,
             tensor: TensorSplit { ranks, sequence },
             ..stage3_run(1)
@@ -1103,13 +1125,49 @@ mod tests {
         }
     }
 
+    /// Some layers keeping the attention's state: the activations grow by
+    /// the state (the biased qkv, 6 bytes per token and width) per layer
+    /// kept, all of them keeping is the old all-or-none `kept`, and with
+    /// the saved activations lent gradient memory (ZeRO-3 over 4, the
+    /// 12.85B model) the peak never falls as layers are added.
+    #[test]
+    fn kept_attention_by_the_last_layers_lies_between_none_and_all() {
+        let cfg = GptConfig::parse("L40-H40-C5120-V50304-T1024").unwrap();
+        let l = cfg.n_layer;
+        assert!(!keeps_attention(0, l, l - 1) && keeps_attention(1, l, l - 1));
+        assert!(keeps_attention(l - 1, l, 1) && !keeps_attention(l - 2, l, 1));
+        assert!((0..l).all(|i| keeps_attention(i, l, usize::MAX) && !keeps_attention(i, l, 0)));
+        let run = |kept, lent| GpuRun {
+            kept_attention: kept,
+            saved_in_grads: lent,
+            half_gathers: true,
+            ..stage3_run(4)
+        };
+        let acts = |kept| gpu_mixed_activation_bytes(&cfg, &run(kept, false));
+        let per_layer = 6 * 8 * 1024 * cfg.n_embd as u128;
+        for k in 1..l {
+            assert_eq!(acts(k) - acts(k - 1), per_layer, "{k} layers");
+        }
+        // All of them: the shared block needs no attention state of its own.
+        assert!(acts(l) < acts(l - 1) + per_layer);
+        assert_eq!(acts(l), acts(usize::MAX));
+        let total = |kept| gpu_training(&cfg, &run(kept, true)).total();
+        let mut last = total(0);
+        for k in 1..l {
+            let now = total(k);
+            assert!(now >= last, "{k} layers: {now} < {last}");
+            last = now;
+        }
+        assert!(total(0) < total(l / 2) && total(l / 2) < total(l));
+    }
+
     #[test]
     fn stored_score_gradients_cost_nothing_where_a_block_holds_them() {
         use crate::cuda::flash::FlashKernels;
         use crate::cuda::model_mixed::score_grads_fit_in_block;
         let run = |stored| GpuRun {
             stored_score_grads: stored,
-            keep_attention: true,
+            kept_attention: usize::MAX,
             saved_in_grads: true,
             half_gathers: true,
             ..stage3_run(2)

@@ -99,6 +99,24 @@ fn gpu_flags_are_rejected_on_the_cpu_path() {
     let f = run(cmd, Duration::from_secs(30));
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("expected cpu or cuda"), "{f:?}");
+    // A GPU memory budget: GPU runs only, not with a pipeline, positive.
+    for (extra, says) in [
+        (&["--gpu-memory", "40"][..], "a budget for GPU memory"),
+        (
+            &["--gpu-memory", "40", "--device", "cuda", "--pp", "2"][..],
+            "does not size pipeline stages",
+        ),
+        (
+            &["--gpu-memory=-3", "--device", "cuda"][..],
+            "expected a positive number",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.args(["train", "--steps", "1"]).args(extra);
+        let f = run(cmd, Duration::from_secs(30));
+        assert_ne!(f.code, Some(0), "{extra:?}");
+        assert!(f.stderr.contains(says), "{extra:?}: {f:?}");
+    }
 }
 
 #[test]
@@ -359,7 +377,8 @@ fn gpu_copy_engine_all_reduce_over_3_and_4_matches_one_gpu_and_nccl() {
 }
 
 /// `--checkpointing` on the GPU recomputes the blocks' activations (all,
-/// or with `BRAID_CKPT_ATTENTION=kept` from the attention's output on),
+/// or with `BRAID_CKPT_ATTENTION=kept` from the attention's output on, or
+/// so in the last 2 of 3 layers with `BRAID_CKPT_ATTENTION=2`),
 /// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer
 /// as it is needed, and the fused attention's dQ kernel recomputes the
 /// score gradients (`BRAID_SCORE_GRADS=recomputed`) rather than reading
@@ -417,6 +436,8 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
         if fused {
             let attn = env("resident", stored, kept_attn);
             runs.push(("checkpointing, attention kept", &ckpt[..], attn));
+            let some = env("resident", stored, "2");
+            runs.push(("checkpointing, attention kept in 2 layers", &ckpt[..], some));
             let scores = env("resident", lean, "auto");
             runs.push(("recomputed scores", &args[..], scores));
         }

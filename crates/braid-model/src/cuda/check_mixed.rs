@@ -510,7 +510,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         checkpointing: true,
         streamed_weights: true,
         stored_score_grads: true,
-        keep_attention: true,
+        kept_attention: usize::MAX,
         recompute_attention_output: false,
     };
     let no_output = MixedOptions {
@@ -523,7 +523,15 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         (
             "model bwd, checkpointing keeping the attention (bit-exact)",
             MixedOptions {
-                keep_attention: true,
+                kept_attention: usize::MAX,
+                ..ckpt
+            },
+            0,
+        ),
+        (
+            "model bwd, checkpointing keeping the attention in the last layer (bit-exact)",
+            MixedOptions {
+                kept_attention: 1,
                 ..ckpt
             },
             0,

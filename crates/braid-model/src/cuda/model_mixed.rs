@@ -73,8 +73,8 @@ struct LayerSaved {
     /// Under checkpointing with the fused attention: the rows'
     /// log-sum-exp, so that the attention itself need not run again.
     lse: Option<DeviceBuffer<f32>>,
-    /// Under checkpointing with the attention kept
-    /// ([`MixedOptions::keep_attention`]): the attention's saved state, so
+    /// Under checkpointing, in a layer that keeps the attention
+    /// ([`MixedOptions::kept_attention`]): the attention's saved state, so
     /// that the recomputation starts after it (no LayerNorm, no qkv
     /// product, no attention).
     attn: Option<AttnSaved>,
@@ -191,13 +191,17 @@ pub struct MixedOptions {
     /// they fit ([`score_grads_fit_in_block`]), else into scratch of their
     /// own.
     pub stored_score_grads: bool,
-    /// Under checkpointing with the fused attention, each layer keeps the
-    /// attention's saved state (the biased qkv and the log-sum-exp, 6
-    /// bytes per token and width more than the log-sum-exp alone), so the
-    /// backward pass recomputes only from the attention's output on: two
-    /// products of four instead of three, same bits.
-    pub keep_attention: bool,
-    /// Under checkpointing without [`keep_attention`](Self::keep_attention),
+    /// Under checkpointing with the fused attention, how many layers (the
+    /// last ones, [`crate::footprint::keeps_attention`]; 0 none,
+    /// `usize::MAX` all) keep the attention's saved state (the biased qkv
+    /// and the log-sum-exp, 6 bytes per token and width more than the
+    /// log-sum-exp alone), so that their backward pass recomputes only
+    /// from the attention's output on: two products of four instead of
+    /// three, same bits. A memory budget between none and all keeps it in
+    /// as many layers as fit.
+    pub kept_attention: usize,
+    /// Under checkpointing where no layer keeps the attention
+    /// ([`kept_attention`](Self::kept_attention) 0),
     /// no layer keeps its attention output or log-sum-exp either: the
     /// recomputation runs the attention again (one attention forward per
     /// layer more, 2 bytes per token and width of every layer less; what a
@@ -619,11 +623,14 @@ impl GpuGptMixed {
         let pool = DevicePool::new(device);
         let (s, p) = (&stream, &pool);
         let fused = path == AttnPath::Fused;
-        let keep_attention = checkpointing && fused && options.keep_attention;
+        let kept_attention = match checkpointing && fused {
+            true => options.kept_attention.min(cfg.n_layer),
+            false => 0,
+        };
         let plan = MicroPlan {
             checkpointing,
-            keep_attention,
-            shared_atty: checkpointing && !keep_attention && options.recompute_attention_output,
+            kept_attention,
+            shared_atty: checkpointing && kept_attention == 0 && options.recompute_attention_output,
             fused,
             shape,
             path,
@@ -641,7 +648,7 @@ impl GpuGptMixed {
                 s,
                 shape,
                 path,
-                !keep_attention,
+                kept_attention < cfg.n_layer,
                 plan.shared_atty,
                 (c, f),
             )?),

@@ -33,6 +33,9 @@ pub struct Shape<'a> {
     /// `--grad-comm plain`: data parallelism reduces the f32 gradients as
     /// they are.
     pub plain_grads: bool,
+    /// `--gpu-memory`, in bytes: what the estimate must fit besides the
+    /// GPU's free memory.
+    pub gpu_memory: Option<u128>,
 }
 
 impl Shape<'_> {
@@ -99,7 +102,10 @@ fn tensor_parallel(
         streamed_weights: forced.unwrap_or(mixed && stage3),
         fused_attention: fused,
         stored_score_grads: fused,
-        keep_attention: fused && a.checkpointing,
+        kept_attention: match fused && a.checkpointing {
+            true => cfg.n_layer,
+            false => 0,
+        },
         saved_in_grads: false,
         half_gathers: false,
         split_embeddings: false,
@@ -124,7 +130,10 @@ fn tensor_parallel(
                 checkpointing,
                 streamed_weights: p.streamed_weights || (mixed && sharding.stage == 3),
                 stored_score_grads: p.stored_score_grads,
-                keep_attention: fused && checkpointing,
+                kept_attention: match fused && checkpointing {
+                    true => cfg.n_layer,
+                    false => 0,
+                },
                 sharding,
                 offload: false,
                 saved_in_grads: false,
@@ -136,14 +145,13 @@ fn tensor_parallel(
         a.with_landing(f, sharding, share)
     };
     let f = need(batch, a.checkpointing, a.sharding);
-    let Ok(free) = dev.free_memory() else {
+    let Some(space) = Room::of(a, dev) else {
         return Ok(plan(f.total()));
     };
-    let free = free as u128;
-    if f.total() + DEVICE_MARGIN <= free {
+    if space.fits(f.total()) {
         return Ok(plan(f.total()));
     }
-    let room = free.saturating_sub(DEVICE_MARGIN);
+    let room = space.room();
     let mut fits = Vec::new();
     if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, a.sharding)) {
         fits.push(format!("--batch {b}"));
@@ -168,15 +176,14 @@ fn tensor_parallel(
     };
     Err(format!(
         "{} at batch {batch} x {} under --tp {} needs about {:.2} GiB per GPU ({} + workspace \
-         {:.2} GiB), but {:.2} GiB is free on GPU {}; {hint}",
+         {:.2} GiB), but there is {}; {hint}",
         a.model,
         a.seq,
         a.tensor,
         gib(f.total() + DEVICE_MARGIN),
         f.breakdown(),
         gib(DEVICE_MARGIN),
-        gib(free),
-        dev.ordinal()
+        space.said(dev)
     ))
 }
 
@@ -293,6 +300,84 @@ pub fn host(
     ))
 }
 
+/// Where a run's GPU memory must fit: the GPU's free memory less
+/// [`DEVICE_MARGIN`], and the estimate (the allocator's peak) within
+/// `--gpu-memory` where given.
+struct Room {
+    free: u128,
+    budget: Option<u128>,
+}
+
+impl Room {
+    /// `dev`'s free memory and `a`'s budget; `None` where neither is known
+    /// (the free memory cannot be read and no budget was given).
+    fn of(a: &Shape<'_>, dev: &braid_cuda::Device) -> Option<Room> {
+        let free = match (dev.free_memory(), a.gpu_memory) {
+            (Ok(free), _) => free as u128,
+            (Err(_), Some(_)) => u128::MAX,
+            (Err(_), None) => return None,
+        };
+        Some(Room {
+            free,
+            budget: a.gpu_memory,
+        })
+    }
+
+    /// Whether an estimate of `total` bytes fits.
+    fn fits(&self, total: u128) -> bool {
+        total.saturating_add(DEVICE_MARGIN) <= self.free && self.budget.is_none_or(|b| total <= b)
+    }
+
+    /// The most an estimate may be.
+    fn room(&self) -> u128 {
+        let room = self.free.saturating_sub(DEVICE_MARGIN);
+        self.budget.map_or(room, |b| room.min(b))
+    }
+
+    /// What bounds the run, for an error: the free memory, or the budget.
+    fn said(&self, dev: &braid_cuda::Device) -> String {
+        let free = match self.free {
+            u128::MAX => "the free memory unknown".to_string(),
+            f => format!("{:.2} GiB free", braid_model::footprint::gib(f)),
+        };
+        match self.budget {
+            Some(b) if b < self.free.saturating_sub(DEVICE_MARGIN) => format!(
+                "--gpu-memory allows {:.2} GiB ({free} on GPU {})",
+                braid_model::footprint::gib(b),
+                dev.ordinal()
+            ),
+            _ => format!("{free} on GPU {}", dev.ordinal()),
+        }
+    }
+}
+
+/// `BRAID_CKPT_ATTENTION`: how many layers of `layers` keep the
+/// attention's state under checkpointing — `kept` (all), `recomputed`
+/// (none), a number of layers (the last ones), or `auto`/unset (`None`:
+/// the pre-flight keeps it in as many as fit).
+pub fn kept_attention_choice(layers: usize) -> Result<Option<usize>, String> {
+    parse_kept_attention(
+        std::env::var("BRAID_CKPT_ATTENTION").ok().as_deref(),
+        layers,
+    )
+}
+
+/// [`kept_attention_choice`] of the variable's value.
+fn parse_kept_attention(value: Option<&str>, layers: usize) -> Result<Option<usize>, String> {
+    match value {
+        None | Some("") | Some("auto") => Ok(None),
+        Some("kept") => Ok(Some(layers)),
+        Some("recomputed") => Ok(Some(0)),
+        Some(v) => match v.parse::<usize>() {
+            Ok(k) if k <= layers => Ok(Some(k)),
+            _ => Err(format!(
+                "BRAID_CKPT_ATTENTION={v}: expected kept, recomputed, auto or a number of layers \
+                 from 0 to {layers}"
+            )),
+        },
+    }
+}
+
 /// Device memory the estimate leaves aside for what it does not count:
 /// cuBLAS and cuBLASLt workspaces, the kernel modules, the pool's
 /// rounding of each buffer up to its size class.
@@ -318,8 +403,9 @@ pub struct DevicePlan {
     pub fused_attention: bool,
     /// Keep the fused attention's score gradients for its dQ kernel.
     pub stored_score_grads: bool,
-    /// Under checkpointing, keep each layer's fused attention state.
-    pub keep_attention: bool,
+    /// Under checkpointing, how many layers (the last ones) keep the fused
+    /// attention's state.
+    pub kept_attention: usize,
     /// The saved activations live in gradient memory until the backward
     /// pass writes it: ZeRO-3's gradient shard, or one process's gradient
     /// buffer (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
@@ -431,18 +517,21 @@ pub fn device(
                 .into(),
         );
     }
-    let forced_keep = env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?;
-    if forced_keep == Some(true) && !(fused && a.checkpointing) {
+    let layers = cfg.n_layer;
+    let forced_keep = kept_attention_choice(layers)?;
+    if forced_keep.is_some_and(|k| k > 0) && !(fused && a.checkpointing) {
         return Err(
-            "BRAID_CKPT_ATTENTION=kept: only --checkpointing with the fused attention keeps \
-             the attention's state"
+            "BRAID_CKPT_ATTENTION: only --checkpointing with the fused attention keeps the \
+             attention's state"
                 .into(),
         );
     }
-    let keeps = match forced_keep {
+    // All layers keeping it, then one layer fewer at a time (the first
+    // ones first: the last layers' state is read first).
+    let keeps: Vec<usize> = match forced_keep {
         Some(keep) => vec![keep],
-        None if fused && a.checkpointing => vec![true, false],
-        None => vec![false],
+        None if fused && a.checkpointing => (0..=layers).rev().collect(),
+        None => vec![0],
     };
     // The (streamed weights, kept attention, stored score gradients)
     // forms to try, fastest first.
@@ -514,24 +603,23 @@ pub fn device(
             }
         }
     }
-    let plan = |estimate, (streamed_weights, keep_attention, stored_score_grads)| DevicePlan {
+    let plan = |estimate, (streamed_weights, kept_attention, stored_score_grads)| DevicePlan {
         estimate,
         streamed_weights,
         fused_attention: fused,
         stored_score_grads,
-        keep_attention,
+        kept_attention,
         saved_in_grads,
         half_gathers,
         split_embeddings: split,
         per_ranks: Vec::new(),
     };
-    let Ok(free) = dev.free_memory() else {
+    let Some(space) = Room::of(a, dev) else {
         return Ok(plan(0, forms[0]));
     };
-    let free = free as u128;
     let need_with = |b: usize,
                      checkpointing: bool,
-                     (streamed_weights, keep_attention, stored_score_grads),
+                     (streamed_weights, kept_attention, stored_score_grads),
                      sharding: Sharding,
                      offload: bool| {
         let run = GpuRun {
@@ -543,7 +631,7 @@ pub fn device(
             checkpointing,
             streamed_weights,
             stored_score_grads,
-            keep_attention,
+            kept_attention,
             sharding,
             offload,
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
@@ -558,7 +646,7 @@ pub fn device(
     };
     for &form in &forms {
         let f = need(batch, a.checkpointing, form);
-        if f.total() + DEVICE_MARGIN <= free {
+        if space.fits(f.total()) {
             let mut chosen = plan(f.total(), form);
             if a.sharding.stage == 3 && !a.offload {
                 chosen.per_ranks = [2, 4, 8]
@@ -578,7 +666,7 @@ pub fn device(
     let form = *forms.last().expect("one form at least");
     let streamed = form.0;
     let f = need(batch, a.checkpointing, form);
-    let room = free.saturating_sub(DEVICE_MARGIN);
+    let room = space.room();
     let mut fits = Vec::new();
     if let Some(b) = largest_batch(room, batch, |b| need(b, a.checkpointing, form)) {
         fits.push(format!("--batch {b}"));
@@ -645,14 +733,14 @@ pub fn device(
     };
     Err(format!(
         "{} at batch {batch} x {} needs about {:.2} GiB on GPU {} ({} + workspace {:.2} GiB), \
-         but {:.2} GiB is free; {hint}",
+         but there is {}; {hint}",
         a.model,
         a.seq,
         gib(f.total() + DEVICE_MARGIN),
         dev.ordinal(),
         f.breakdown(),
         gib(DEVICE_MARGIN),
-        gib(free)
+        space.said(dev)
     ))
 }
 
@@ -674,7 +762,49 @@ mod tests {
             tensor: 1,
             sequence: false,
             plain_grads,
+            gpu_memory: None,
         }
+    }
+
+    #[test]
+    fn the_attention_is_kept_in_all_layers_none_or_a_number_of_them() {
+        use super::parse_kept_attention as parse;
+        assert_eq!(parse(None, 40), Ok(None));
+        assert_eq!(parse(Some("auto"), 40), Ok(None));
+        assert_eq!(parse(Some("kept"), 40), Ok(Some(40)));
+        assert_eq!(parse(Some("recomputed"), 40), Ok(Some(0)));
+        assert_eq!(parse(Some("7"), 40), Ok(Some(7)));
+        assert_eq!(parse(Some("40"), 40), Ok(Some(40)));
+        for bad in ["41", "-1", "some"] {
+            let e = parse(Some(bad), 40).unwrap_err();
+            assert!(e.contains("a number of layers from 0 to 40"), "{bad}: {e}");
+        }
+    }
+
+    /// A budget bounds the estimate alone; the free memory bounds it with
+    /// the workspace margin; the room is the tighter of the two.
+    #[test]
+    fn a_gpu_memory_budget_bounds_the_estimate() {
+        use super::{Room, DEVICE_MARGIN};
+        let gib = 1u128 << 30;
+        let free = Room {
+            free: 80 * gib,
+            budget: None,
+        };
+        assert!(free.fits(80 * gib - DEVICE_MARGIN));
+        assert!(!free.fits(80 * gib - DEVICE_MARGIN + 1));
+        assert_eq!(free.room(), 80 * gib - DEVICE_MARGIN);
+        let budget = Room {
+            budget: Some(52 * gib),
+            ..free
+        };
+        assert!(budget.fits(52 * gib) && !budget.fits(52 * gib + 1));
+        assert_eq!(budget.room(), 52 * gib);
+        let unknown = Room {
+            free: u128::MAX,
+            budget: Some(52 * gib),
+        };
+        assert!(unknown.fits(52 * gib) && !unknown.fits(53 * gib));
     }
 
     /// The copy-engine landing buffer: (N − 1)/N of an f32 per gradient

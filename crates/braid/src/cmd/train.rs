@@ -63,8 +63,9 @@ const H_OUTPUT: &str = "Output and tracing";
 
 Environment (for experiments; the defaults are chosen by the memory pre-flight):
   BRAID_SAVED_IN_GRADS=on|off       keep saved activations in idle gradient memory
-  BRAID_CKPT_ATTENTION=kept|recomputed|auto
+  BRAID_CKPT_ATTENTION=kept|recomputed|auto|N
                                     with --checkpointing: keep or recompute the attention's state
+                                    (N: kept in the last N layers)
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
@@ -170,6 +171,15 @@ pub struct TrainArgs {
     #[arg(long, default_value = "none", value_name = "WHAT", hide_short_help = true,
           help_heading = H_DEVICE)]
     offload: String,
+    /// Fit each GPU's training memory within this many GiB (default: what is free).
+    ///
+    /// The memory pre-flight drops what only buys speed until its estimate of the peak (model
+    /// states, activations, scratch: what the run's summary reports as peak device memory)
+    /// fits: under --checkpointing the attention's kept state layer by layer, the stored score
+    /// gradients, a full bf16 weight copy. A run that cannot fit is refused at start with what
+    /// would. Not with --pp yet.
+    #[arg(long, value_name = "GIB", hide_short_help = true, help_heading = H_DEVICE)]
+    gpu_memory: Option<f64>,
 
     /// Shard model states over the ranks: ZeRO stage 1, 2 or 3.
     ///
@@ -325,6 +335,33 @@ fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimizer {
         OptimizerKind::AdamW => CpuOptimizer::AdamW { weight_decay },
         OptimizerKind::Sgd => CpuOptimizer::Sgd { weight_decay },
     }
+}
+
+/// `--gpu-memory GIB` in bytes: GPU runs only, not with `--pp` (the
+/// pre-flight does not size pipeline stages yet), a positive size.
+fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
+    let Some(g) = a.gpu_memory else {
+        return Ok(None);
+    };
+    if !cuda {
+        return Err(format!(
+            "--gpu-memory {g}: a budget for GPU memory (add --device cuda, or drop it)"
+        ));
+    }
+    if a.pp > 1 {
+        return Err(format!(
+            "--gpu-memory {g} with --pp {}: the memory pre-flight does not size pipeline stages \
+             yet (drop --gpu-memory; BRAID_CKPT_ATTENTION and BRAID_BF16_WEIGHTS choose their \
+             memory)",
+            a.pp
+        ));
+    }
+    if !(g.is_finite() && g > 0.0) {
+        return Err(format!(
+            "--gpu-memory {g}: expected a positive number of GiB"
+        ));
+    }
+    Ok(Some((g * (1u64 << 30) as f64) as u128))
 }
 
 /// Whether a `--tp` run splits its sequence over the tensor group, and a
@@ -498,6 +535,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (false, _) => Precision::F32,
     };
     let (sequence, sequence_note) = sequence_parallel(&a, cuda, precision)?;
+    let gpu_memory = gpu_memory_budget(&a, cuda)?;
     if cuda && a.checkpointing && precision != Precision::Bf16 {
         return Err(format!(
             "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
@@ -786,6 +824,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         tensor: a.tp,
         sequence,
         plain_grads: grad_comm == GradComm::Plain,
+        gpu_memory,
     };
     // Before the host spends time reading or initialising a model it (or
     // the GPU) cannot hold; the GPU is checked again, with the same
@@ -1060,8 +1099,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     == Some(true),
                 stored_score_grads: env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?
                     != Some(false),
-                keep_attention: env_choice("BRAID_CKPT_ATTENTION", "kept", "recomputed")?
-                    == Some(true),
+                kept_attention: match super::preflight::kept_attention_choice(cfg.n_layer)? {
+                    None | Some(0) => 0,
+                    Some(k) if k == cfg.n_layer => usize::MAX,
+                    Some(k) => {
+                        return Err(format!(
+                            "BRAID_CKPT_ATTENTION={k}: a pipeline's layers keep the attention's \
+                             state all (kept) or none (recomputed)"
+                        ))
+                    }
+                },
                 // Each micro-batch in flight keeps its layers' inputs only:
                 // the attention runs again in the backward pass.
                 recompute_attention_output: env_choice(
@@ -1318,30 +1365,39 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         let defer = defer_for(cfg.n_layer);
         let plan = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
         if lead && plan.estimate > 0 {
-            let mut lean = Vec::new();
+            let mut lean: Vec<String> = Vec::new();
             if plan.streamed_weights {
-                lean.push("bf16 weights cast layer by layer instead of a full copy");
+                lean.push("bf16 weights cast layer by layer instead of a full copy".into());
             }
             if plan.fused_attention && !plan.stored_score_grads {
-                lean.push("attention score gradients recomputed, not stored");
+                lean.push("attention score gradients recomputed, not stored".into());
             }
-            if plan.fused_attention && a.checkpointing && !plan.keep_attention {
-                lean.push("the attention recomputed too");
+            if plan.fused_attention && a.checkpointing {
+                match plan.kept_attention {
+                    0 => lean.push("the attention recomputed too".into()),
+                    k if k < cfg.n_layer => lean.push(format!(
+                        "the attention's state kept in the last {k} of {} layers, recomputed \
+                         in the rest",
+                        cfg.n_layer
+                    )),
+                    _ => {}
+                }
             }
             match (plan.saved_in_grads, zero) {
                 (true, Some(_)) => {
-                    lean.push("saved activations in the gradient shard until it fills")
+                    lean.push("saved activations in the gradient shard until it fills".into())
                 }
                 (true, None) => lean.push(
-                    "saved activations in the gradient buffer until the backward pass writes it",
+                    "saved activations in the gradient buffer until the backward pass writes it"
+                        .into(),
                 ),
                 (false, _) => {}
             }
             if plan.half_gathers {
-                lean.push("layers gathered in bf16");
+                lean.push("layers gathered in bf16".into());
             }
             if plan.split_embeddings {
-                lean.push("the embeddings' gradients reduce-scattered in two parts");
+                lean.push("the embeddings' gradients reduce-scattered in two parts".into());
             }
             println!(
                 "GPU memory estimate: {:.2} GiB{}",
@@ -1372,7 +1428,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             checkpointing: a.checkpointing,
             streamed_weights: plan.streamed_weights,
             stored_score_grads: plan.stored_score_grads,
-            keep_attention: plan.keep_attention,
+            kept_attention: plan.kept_attention,
             recompute_attention_output: false,
         };
         let shape = (batch, seq);

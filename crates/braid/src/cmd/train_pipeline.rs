@@ -238,7 +238,10 @@ pub fn stage_activations(
         checkpointing: options.checkpointing,
         streamed_weights: options.streamed_weights,
         stored_score_grads: fused && options.stored_score_grads,
-        keep_attention: fused && options.keep_attention,
+        kept_attention: match fused {
+            true => options.kept_attention,
+            false => 0,
+        },
         sharding: Sharding::NONE,
         offload: false,
         saved_in_grads: false,

@@ -26,7 +26,8 @@ use crate::layout::Stage;
 #[derive(Clone, Copy)]
 pub(super) struct MicroPlan {
     pub(super) checkpointing: bool,
-    pub(super) keep_attention: bool,
+    /// How many layers, the last ones, keep the attention's state.
+    pub(super) kept_attention: usize,
     /// The layers keep no attention output: the recomputation writes it
     /// into the model's `work` buffers ([`MixedOptions::recompute_attention_output`]).
     pub(super) shared_atty: bool,
@@ -74,7 +75,7 @@ impl MicroPlan {
     ) -> Result<MicroSaved> {
         let MicroPlan {
             checkpointing,
-            keep_attention,
+            kept_attention,
             shared_atty,
             fused,
             shape,
@@ -87,6 +88,8 @@ impl MicroPlan {
         let n = b * t;
         let layers = layout.config.n_layer;
         let mut saved = Vec::with_capacity(layers);
+        let keeps =
+            |l| checkpointing && crate::footprint::keeps_attention(l, layers, kept_attention);
         // A layer split for a later weight half reads its attention
         // output there.
         let own_atty = !shared_atty || split;
@@ -105,11 +108,11 @@ impl MicroPlan {
                     false => Some(BlockActs::new(p, s, shape, path, true, false, (c, f))?),
                     true => None,
                 },
-                lse: match checkpointing && fused && !keep_attention && own_atty {
+                lse: match checkpointing && fused && !keeps(l) && own_atty {
                     true => Some(p.zeros(b * nh * t, s)?),
                     false => None,
                 },
-                attn: match keep_attention {
+                attn: match keeps(l) {
                     true => Some(AttnSaved::new(p, s, shape, path)?),
                     false => None,
                 },
