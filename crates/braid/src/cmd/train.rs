@@ -6,7 +6,6 @@
 
 use super::train_output::{print_state, print_summary, write_json, Progress};
 use super::train_strategy::{distributed, zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
-use braid_comm::gpu::GpuCommunicator;
 use braid_comm::CommOptions;
 use braid_data::loader::WindowSource;
 use braid_data::token_beton::BetonTokens;
@@ -16,9 +15,9 @@ use braid_model::config::GPT2_VOCAB;
 use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
-use braid_train::collective::{DeviceCollective, GradComm, HostCollective};
+use braid_train::collective::{GradComm, HostCollective};
 use braid_train::ddp::DdpOptions;
-use braid_train::engines::{CpuGpt, CpuOptimizer, GpuGpt, Precision, TokenBatch};
+use braid_train::engines::{CpuGpt, CpuOptimizer, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
 use braid_train::tensor_parallel::TensorParallel;
 use braid_train::{train_with, Engine, LoopOptions, RunReport, Single, Strategy};
@@ -26,6 +25,11 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The training loop's run, given the progress printer, the loader and
+/// the batch (each path wraps its engine and strategy in one).
+pub(super) type LoopBody<'a> =
+    dyn FnMut(&mut Progress, &mut TokenWindows, &mut TokenBatch) -> Result<RunReport, String> + 'a;
 
 /// `--bucket-mb`'s default (PyTorch DDP's).
 const BUCKET_MB: f64 = 25.0;
@@ -330,7 +334,7 @@ pub(super) fn tokenizer_for(
 }
 
 /// The CPU engine's optimizer for `--optimizer` with `weight_decay`.
-fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimizer {
+pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimizer {
     match kind {
         OptimizerKind::AdamW => CpuOptimizer::AdamW { weight_decay },
         OptimizerKind::Sgd => CpuOptimizer::Sgd { weight_decay },
@@ -430,7 +434,7 @@ pub fn default_lr(params: usize) -> f32 {
 
 /// Which optimizer to train with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OptimizerKind {
+pub(crate) enum OptimizerKind {
     AdamW,
     Sgd,
 }
@@ -927,7 +931,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             (cfg.vocab_size as f64).ln()
         );
     }
-    let mut shard_choice = ShardChoice {
+    let shard_choice = ShardChoice {
         stage: zero,
         shard_group: a.shard_group,
         keep_params: a.no_reshard_after_forward,
@@ -1041,238 +1045,41 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         });
     }
     let mut tb = TokenBatch::new(batch, seq);
-    let mut run_with =
-        |engine: &mut dyn FnMut(
-            &mut Progress,
-            &mut TokenWindows,
-            &mut TokenBatch,
-        ) -> Result<RunReport, String>| { engine(&mut progress, &mut loader, &mut tb) };
+    let mut run_with = |engine: &mut LoopBody<'_>| -> Result<RunReport, String> {
+        engine(&mut progress, &mut loader, &mut tb)
+    };
     // Under --pp: the parameters of this rank's stages, and the timeline.
     let mut stage_params = None;
     let mut pipeline_json = None;
     let run = if let Some(schedule) = pipe_schedule {
-        let c = comm.ok_or("a pipeline runs over several ranks")?;
-        let all = super::train_pipeline::stages(&cfg, &schedule, &pipe_flags)?;
-        let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
-        let whole = params.layout.clone();
-        let micro = batch / schedule.micro_batches;
-        let mesh = place.mesh()?;
-        if lead {
-            println!("mesh: {}", mesh.describe());
-            super::train_pipeline::print_plan(&all, &schedule, batch, seq);
-        }
-        // Under --tp: the tensor group, for --save.
-        let mut tensor_host = None;
-        let (run, mine, pipe) = if cuda {
-            let gpu = GpuCommunicator::init_from_env(&c).map_err(|e| e.to_string())?;
-            let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
-            let (pipe, data) = (part("pipe")?, part("data")?);
-            let pipe_host = pipe.host().clone();
-            // Under --tp: the tensor group (the model's collectives; on
-            // the host for --save).
-            let tensor = match place.tensor {
-                1 => None,
-                _ => {
-                    let t = part("tensor")?;
-                    tensor_host = Some(Arc::new(
-                        braid_train::tensor_parallel::HostTensorGroup::new(t.host().clone()),
-                    ));
-                    let comm: Arc<dyn braid_model::tensor_comm::DeviceTensorComm> =
-                        Arc::new(braid_train::tensor_parallel::DeviceTensorGroup::new(t));
-                    Some(comm)
-                }
-            };
-            if lead {
-                let dev = gpu.device();
-                println!(
-                    "training on GPU {} ({}), bf16, one GPU per rank",
-                    dev.ordinal(),
-                    dev.name().unwrap_or_default()
-                );
-            }
-            // (The pre-flight does not size pipeline stages yet: its
-            // environment choices decide, the faster by default.)
-            use super::preflight::env_choice;
-            let options = braid_model::cuda::model_mixed::MixedOptions {
+        let done = super::train_pipeline_run::run(
+            super::train_pipeline_run::PipelineRun {
+                comm,
+                cfg,
+                schedule,
+                pipe_flags: &pipe_flags,
+                params: &mut params,
+                batch,
+                seq,
+                place: &place,
+                lead,
+                cuda,
+                precision,
+                optimizer,
+                weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
-                streamed_weights: env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?
-                    == Some(true),
-                stored_score_grads: env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?
-                    != Some(false),
-                kept_attention: match super::preflight::kept_attention_choice(cfg.n_layer)? {
-                    None | Some(0) => 0,
-                    Some(k) if k == cfg.n_layer => usize::MAX,
-                    Some(k) => {
-                        return Err(format!(
-                            "BRAID_CKPT_ATTENTION={k}: a pipeline's layers keep the attention's \
-                             state all (kept) or none (recomputed)"
-                        ))
-                    }
-                },
-                // Each micro-batch in flight keeps its layers' inputs only:
-                // the attention runs again in the backward pass.
-                recompute_attention_output: env_choice(
-                    "BRAID_CKPT_ATTENTION_OUTPUT",
-                    "recomputed",
-                    "kept",
-                )? != Some(false),
-            };
-            // The bf16 engine's activations, from the sizes it allocates.
-            let acts = (precision == Precision::Bf16).then(|| {
-                let fused = super::preflight::fused_attention(&cfg, gpu.device());
-                super::train_pipeline::stage_activations(
-                    &cfg,
-                    &schedule,
-                    &all,
-                    pipe.rank(),
-                    (micro, seq),
-                    &options,
-                    fused,
-                    place.tensor,
-                )
-            });
-            let states = super::train_pipeline::check_stage_fits(
-                gpu.device(),
-                pipe.rank(),
-                &layouts[pipe.rank()],
-                precision,
-                options.streamed_weights,
-                data.size() > 1,
-                acts.as_ref(),
-            )?;
-            if lead {
-                let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-                match &acts {
-                    Some(x) => println!(
-                        "GPU memory estimate: {:.2} GiB on this rank = model states {:.2} GiB + \
-                         activations {:.2} GiB (up to {} micro-batches in flight, {:.1} MB each \
-                         on its first stage{}) + scratch {:.2} GiB",
-                        gib(states as u128 + x.total()),
-                        gib(states as u128),
-                        gib(x.held),
-                        x.in_flight,
-                        x.per_micro_batch as f64 / 1e6,
-                        match a.checkpointing && options.recompute_attention_output {
-                            true => ": each layer's input, the attention runs again",
-                            false => "",
-                        },
-                        gib(x.shared),
-                    ),
-                    None => println!(
-                        "GPU memory: this rank's stages' model states {:.2} GiB (activations \
-                         not estimated for f32 stages)",
-                        gib(states as u128)
-                    ),
-                }
-            }
-            braid_cuda::pool::reset_peak();
-            let mut engine = super::train_pipeline::gpu_engine(
-                &params,
-                schedule,
-                &all,
-                pipe,
-                tensor,
-                precision,
-                options,
-                a.weight_decay,
-                micro,
-                seq,
-            )?
-            .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
-            params.data = Vec::new();
-            // One replica: nothing reduces the gradients, and the stage's
-            // buffer is the step's (one gradient buffer on the GPU).
-            let mut s: Box<dyn Strategy<_>> = match data.size() {
-                1 => {
-                    engine = engine.owning_grads();
-                    Box::new(Single)
-                }
-                _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
-            };
-            let run = run_with(&mut |p, l, b| {
-                run_loop(
-                    &mut engine,
-                    &mut *s,
-                    l,
-                    b,
-                    &opts,
-                    p,
-                    lead,
-                    true,
-                    (&mut ckpt, &mut tracing),
-                )
-            })?;
-            if let (true, Some(r)) = (lead, engine.timeline_report()) {
-                println!("{r}");
-            }
-            pipeline_json = engine.timeline_json();
-            (run, engine.into_params()?, pipe_host)
-        } else {
-            let how = cpu_optimizer(optimizer, a.weight_decay);
-            let groups = super::train_mesh::split_pipeline(&c, &place)?;
-            let pipe = groups.pipe.clone();
-            tensor_host = groups.tensor.clone();
-            let tensor = groups.tensor.clone().map(|g| {
-                let comm: Arc<dyn braid_model::tensor_comm::TensorComm> = g;
-                (comm, place.sequence)
-            });
-            let mut engine = super::train_pipeline::engine(
-                &params,
-                schedule,
-                &all,
-                groups.pipe,
-                tensor,
-                how,
-                micro,
-                seq,
-                a.checkpointing,
-            )?
-            .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
-            // One replica: nothing reduces the gradients, and the stage's
-            // buffer is the step's (as on GPUs).
-            let mut s: Box<dyn Strategy<_>> =
-                match braid_train::collective::Collective::size(&groups.data) {
-                    1 => {
-                        engine = engine.owning_grads();
-                        Box::new(Single)
-                    }
-                    _ => distributed(groups.data, shard_choice, ddp)?,
-                };
-            let run = run_with(&mut |p, l, b| {
-                run_loop(
-                    &mut engine,
-                    &mut *s,
-                    l,
-                    b,
-                    &opts,
-                    p,
-                    lead,
-                    true,
-                    (&mut ckpt, &mut tracing),
-                )
-            })?;
-            if let (true, Some(r)) = (lead, engine.timeline_report()) {
-                println!("{r}");
-            }
-            pipeline_json = engine.timeline_json();
-            (run, engine.into_params(), pipe)
-        };
-        stage_params = Some(layouts[pipe.rank()].len as u64);
-        if a.save.is_some() && place.data_rank() == 0 {
-            // The whole model, from every stage (pipeline rank 0 of the
-            // first data group is the lead).
-            if let Some(p) =
-                braid_train::pipeline::gather::gather_whole(&mine, whole, &layouts, &pipe)?
-            {
-                // Pipeline rank 0 of each tensor rank holds its share of
-                // the whole model: the tensor group puts them together.
-                params = match &tensor_host {
-                    Some(g) => braid_train::tensor_parallel::gather_whole(&p, &**g)?,
-                    None => p,
-                };
-            }
-        }
-        run
+                save: a.save.is_some(),
+                shard_choice,
+                ddp,
+                opts: &opts,
+                ckpt: &mut ckpt,
+                tracing: &mut tracing,
+            },
+            &mut run_with,
+        )?;
+        stage_params = Some(done.stage_params);
+        pipeline_json = done.timeline_json;
+        done.report
     } else if !cuda {
         let how = cpu_optimizer(optimizer, a.weight_decay);
         // Under --tp: the tensor and data groups, split from the world.
@@ -1330,201 +1137,32 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         run
     } else {
-        let gpu = match &comm {
-            Some(c) => Some(GpuCommunicator::init_from_env(c).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        // Under --tp: the tensor and data groups, split from the world.
-        let groups = match (&gpu, place.tensor) {
-            (Some(g), n) if n > 1 => Some(super::train_mesh::split_gpu(g, &place)?),
-            _ => None,
-        };
-        if let (true, Some(g)) = (lead, &groups) {
-            println!("mesh: {}", g.layout);
-        }
-        let dev = match &gpu {
-            Some(g) => g.device().clone(),
-            None => {
-                let local = braid_core::world::local_rank_from_env().unwrap_or(0);
-                braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?
-            }
-        };
-        if lead {
-            println!(
-                "training on GPU {} ({}), {}{}{}",
-                dev.ordinal(),
-                dev.name().unwrap_or_default(),
-                precision.name(),
-                match offload {
-                    true => ", optimizer offloaded to host memory",
-                    false => "",
-                },
-                if ranks > 1 { ", one GPU per rank" } else { "" }
-            );
-        }
-        let defer = defer_for(cfg.n_layer);
-        let plan = super::preflight::device(&shape, &cfg, &dev, precision, batch, defer)?;
-        if lead && plan.estimate > 0 {
-            let mut lean: Vec<String> = Vec::new();
-            if plan.streamed_weights {
-                lean.push("bf16 weights cast layer by layer instead of a full copy".into());
-            }
-            if plan.fused_attention && !plan.stored_score_grads {
-                lean.push("attention score gradients recomputed, not stored".into());
-            }
-            if plan.fused_attention && a.checkpointing {
-                match plan.kept_attention {
-                    0 => lean.push("the attention recomputed too".into()),
-                    k if k < cfg.n_layer => lean.push(format!(
-                        "the attention's state kept in the last {k} of {} layers, recomputed \
-                         in the rest",
-                        cfg.n_layer
-                    )),
-                    _ => {}
-                }
-            }
-            match (plan.saved_in_grads, zero) {
-                (true, Some(_)) => {
-                    lean.push("saved activations in the gradient shard until it fills".into())
-                }
-                (true, None) => lean.push(
-                    "saved activations in the gradient buffer until the backward pass writes it"
-                        .into(),
-                ),
-                (false, _) => {}
-            }
-            if plan.half_gathers {
-                lean.push("layers gathered in bf16".into());
-            }
-            if plan.split_embeddings {
-                lean.push("the embeddings' gradients reduce-scattered in two parts".into());
-            }
-            println!(
-                "GPU memory estimate: {:.2} GiB{}",
-                braid_model::footprint::gib(plan.estimate),
-                match lean.is_empty() {
-                    true => String::new(),
-                    false => format!(" ({})", lean.join("; ")),
-                }
-            );
-            if !plan.per_ranks.is_empty() {
-                let at: Vec<String> = plan
-                    .per_ranks
-                    .iter()
-                    .map(|(n, b)| format!("{n} ranks {:.2} GiB", braid_model::footprint::gib(*b)))
-                    .collect();
-                println!(
-                    "GPU memory estimate per rank under ZeRO-3 at: {}",
-                    at.join(", ")
-                );
-            }
-        }
-        shard_choice.saved_in_grads = plan.saved_in_grads;
-        opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
-        shard_choice.half_gathers = plan.half_gathers;
-        shard_choice.split_reduce = plan.split_embeddings;
-        braid_cuda::pool::reset_peak();
-        let options = braid_model::cuda::model_mixed::MixedOptions {
-            checkpointing: a.checkpointing,
-            streamed_weights: plan.streamed_weights,
-            stored_score_grads: plan.stored_score_grads,
-            kept_attention: plan.kept_attention,
-            recompute_attention_output: false,
-        };
-        let shape = (batch, seq);
-        let started = Instant::now();
-        // ZeRO-3 uploads only each rank's shard: the whole model never
-        // sits on one GPU (the parameters wait in host memory until then).
-        let sharded_start = zero == Some(3) && !offload;
-        let mut engine = match offload {
-            false if sharded_start => {
-                GpuGpt::for_sharding(&dev, &mut params, shape, precision, options, a.weight_decay)?
-            }
-            false => GpuGpt::new(&dev, &params, shape, precision, options, a.weight_decay)?,
-            // The master weights move into the engine (host memory holds
-            // them once).
-            true => {
-                GpuGpt::offloaded(&dev, &mut params, shape, precision, options, a.weight_decay)?
-            }
-        };
-        if lead {
-            let what = match sharded_start {
-                // Each rank's shard goes up when the strategy starts.
-                true => "engine built (the parameters wait in host memory for their shards)",
-                false => "model copied to the GPU",
-            };
-            slow_note(what, started, cfg.num_params());
-        }
-        if !offload {
-            // The engine holds the parameters now; a --save makes the host
-            // copy again at the end (at billions of parameters it is tens
-            // of GB per worker).
-            params.data = Vec::new();
-        }
-        engine.defer_weight_grads(defer)?;
-        let mut engine = match &groups {
-            Some(g) => engine
-                .tensor_parallel(g.tensor.clone(), place.sequence)?
-                .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
-                .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?),
-            None => engine,
-        };
-        let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());
-        let several = gpu.is_some();
-        let mut s: Box<dyn Strategy<_>> = match (gpu, groups) {
-            (None, _) => Box::new(Single),
-            (Some(g), None) => distributed(DeviceCollective::new(g)?, shard_choice, ddp)?,
-            (Some(g), Some(gr)) => {
-                let inner = distributed(DeviceCollective::new(gr.data)?, shard_choice, ddp)?;
-                let world = g.host().clone();
-                Box::new(
-                    TensorParallel::new(inner, world, place.tensor, false, gr.layout)
-                        .counting(gr.tensor.traffic()),
-                )
-            }
-        };
-        let run = run_with(&mut |p, l, b| {
-            run_loop(
-                &mut engine,
-                &mut *s,
-                l,
-                b,
-                &opts,
-                p,
+        super::train_gpu_run::run(
+            super::train_gpu_run::GpuRun {
+                comm: comm.as_ref(),
+                cfg,
+                params: &mut params,
+                shape: &shape,
+                batch,
+                seq,
+                place: &place,
+                ranks,
                 lead,
-                several,
-                (&mut ckpt, &mut tracing),
-            )
-        });
-        drop(s);
-        let mut run = run?;
-        run.model_buffer_bytes = engine.model_bytes() as u64;
-        if lead {
-            println!(
-                "device memory of the model's activations and pass buffers: {:.1} MB per GPU",
-                engine.model_bytes() as f64 / 1e6
-            );
-            if let Some(report) = engine.profile_report() {
-                println!("{report}");
-            }
-            if let Some(cpu) = engine.offload_cpu_seconds() {
-                println!(
-                    "offloaded optimizer: the last update took {cpu:.2} s on the CPU ({} threads)",
-                    rayon::current_num_threads()
-                );
-            }
-        }
-        // Under --tp every rank of the first data group holds a share.
-        let saves = lead || (tensor_host.is_some() && place.data_rank() == 0);
-        if saves && a.save.is_some() {
-            // Ends the engine first: an offloaded optimizer's master
-            // weights move over instead of being copied.
-            engine.into_params(&mut params)?;
-            if let Some(g) = &tensor_host {
-                params = braid_train::tensor_parallel::gather_whole(&params, &**g)?;
-            }
-        }
-        run
+                precision,
+                zero,
+                offload,
+                defer: defer_for(cfg.n_layer),
+                weight_decay: a.weight_decay,
+                checkpointing: a.checkpointing,
+                save: a.save.is_some(),
+                shard_choice,
+                ddp,
+                opts: &mut opts,
+                ckpt: &mut ckpt,
+                tracing: &mut tracing,
+            },
+            &mut run_with,
+        )?
     };
     let tokens_per_step = (batch * seq * a.accum * ranks) as f64;
     if lead {
@@ -1588,7 +1226,7 @@ fn train_layout(
 
 /// Says how long a start-up phase of a large model took, when it took
 /// long enough for someone to wonder (a second or more).
-fn slow_note(what: &str, started: Instant, params: usize) {
+pub(super) fn slow_note(what: &str, started: Instant, params: usize) {
     let s = started.elapsed().as_secs_f64();
     if s >= 1.0 {
         println!("{what} in {s:.1} s ({:.2e} parameters)", params as f64);
@@ -1653,7 +1291,7 @@ fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, S
 /// `distributed`: the strategy runs over a communicator (of one rank, or
 /// more).
 #[allow(clippy::too_many_arguments)]
-fn run_loop<E, S>(
+pub(super) fn run_loop<E, S>(
     engine: &mut E,
     strategy: &mut S,
     loader: &mut TokenWindows,

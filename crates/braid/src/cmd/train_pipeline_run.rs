@@ -1,0 +1,315 @@
+//! `braid train --pp N`: the pipeline's run once `braid train` has set it
+//! up — the stages and their layouts, the mesh's pipeline, tensor and data
+//! groups, the engine on GPUs (the memory pre-flight of this rank's stages
+//! first) or on CPUs, the training loop, the timeline, and for `--save`
+//! the whole model gathered from every stage.
+
+use super::train::LoopBody;
+use super::train_ckpt::CkptSetup;
+use super::train_mesh::Place;
+use super::train_pipeline::PipeFlags;
+use super::train_strategy::{distributed, ShardChoice};
+use super::train_trace::TraceSetup;
+use braid_comm::gpu::GpuCommunicator;
+use braid_comm::Communicator;
+use braid_model::{GptConfig, Params};
+use braid_train::collective::DeviceCollective;
+use braid_train::ddp::DdpOptions;
+use braid_train::engines::Precision;
+use braid_train::schedule::Schedule;
+use braid_train::{LoopOptions, RunReport, Single, Strategy};
+use std::sync::Arc;
+
+/// What a pipeline run takes from `braid train`'s set-up.
+pub struct PipelineRun<'r> {
+    /// The world's communicator (a pipeline runs over several ranks).
+    pub comm: Option<Communicator>,
+    pub cfg: GptConfig,
+    pub schedule: Schedule,
+    pub pipe_flags: &'r PipeFlags<'r>,
+    /// The whole model's parameters; with `save`, the whole trained model
+    /// afterwards on the lead (on GPUs the host copy is dropped first).
+    pub params: &'r mut Params,
+    /// A rank's rows per step, and the sequence length.
+    pub batch: usize,
+    pub seq: usize,
+    pub place: &'r Place,
+    pub lead: bool,
+    pub cuda: bool,
+    pub precision: Precision,
+    pub optimizer: super::train::OptimizerKind,
+    pub weight_decay: f32,
+    pub checkpointing: bool,
+    /// `--save`: gather the whole model at the end.
+    pub save: bool,
+    pub shard_choice: ShardChoice,
+    pub ddp: DdpOptions,
+    pub opts: &'r LoopOptions,
+    pub ckpt: &'r mut CkptSetup,
+    pub tracing: &'r mut TraceSetup,
+}
+
+/// What a pipeline run gives back.
+pub struct PipelineDone {
+    pub report: RunReport,
+    /// Parameters of this rank's stages.
+    pub stage_params: u64,
+    /// The timeline as JSON (for `--json`).
+    pub timeline_json: Option<serde_json::Value>,
+}
+
+/// Runs the pipeline; `run_with` runs the loop with the progress printer,
+/// the loader and the batch.
+pub fn run(
+    r: PipelineRun<'_>,
+    run_with: &mut dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String>,
+) -> Result<PipelineDone, String> {
+    let PipelineRun {
+        comm,
+        cfg,
+        schedule,
+        pipe_flags,
+        params,
+        batch,
+        seq,
+        place,
+        lead,
+        cuda,
+        precision,
+        optimizer,
+        weight_decay,
+        checkpointing,
+        save,
+        shard_choice,
+        ddp,
+        opts,
+        ckpt,
+        tracing,
+    } = r;
+    let c = comm.ok_or("a pipeline runs over several ranks")?;
+    let all = super::train_pipeline::stages(&cfg, &schedule, pipe_flags)?;
+    let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
+    let whole = params.layout.clone();
+    let micro = batch / schedule.micro_batches;
+    let mesh = place.mesh()?;
+    if lead {
+        println!("mesh: {}", mesh.describe());
+        super::train_pipeline::print_plan(&all, &schedule, batch, seq);
+    }
+    // Under --tp: the tensor group, for --save.
+    let mut tensor_host = None;
+    let pipeline_json;
+    let (run, mine, pipe) = if cuda {
+        let gpu = GpuCommunicator::init_from_env(&c).map_err(|e| e.to_string())?;
+        let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
+        let (pipe, data) = (part("pipe")?, part("data")?);
+        let pipe_host = pipe.host().clone();
+        // Under --tp: the tensor group (the model's collectives; on
+        // the host for --save).
+        let tensor = match place.tensor {
+            1 => None,
+            _ => {
+                let t = part("tensor")?;
+                tensor_host = Some(Arc::new(
+                    braid_train::tensor_parallel::HostTensorGroup::new(t.host().clone()),
+                ));
+                let comm: Arc<dyn braid_model::tensor_comm::DeviceTensorComm> =
+                    Arc::new(braid_train::tensor_parallel::DeviceTensorGroup::new(t));
+                Some(comm)
+            }
+        };
+        if lead {
+            let dev = gpu.device();
+            println!(
+                "training on GPU {} ({}), bf16, one GPU per rank",
+                dev.ordinal(),
+                dev.name().unwrap_or_default()
+            );
+        }
+        // (The pre-flight does not size pipeline stages yet: its
+        // environment choices decide, the faster by default.)
+        use super::preflight::env_choice;
+        let options = braid_model::cuda::model_mixed::MixedOptions {
+            checkpointing,
+            streamed_weights: env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?
+                == Some(true),
+            stored_score_grads: env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?
+                != Some(false),
+            kept_attention: match super::preflight::kept_attention_choice(cfg.n_layer)? {
+                None | Some(0) => 0,
+                Some(k) if k == cfg.n_layer => usize::MAX,
+                Some(k) => {
+                    return Err(format!(
+                        "BRAID_CKPT_ATTENTION={k}: a pipeline's layers keep the attention's \
+                         state all (kept) or none (recomputed)"
+                    ))
+                }
+            },
+            // Each micro-batch in flight keeps its layers' inputs only:
+            // the attention runs again in the backward pass.
+            recompute_attention_output: env_choice(
+                "BRAID_CKPT_ATTENTION_OUTPUT",
+                "recomputed",
+                "kept",
+            )? != Some(false),
+        };
+        // The bf16 engine's activations, from the sizes it allocates.
+        let acts = (precision == Precision::Bf16).then(|| {
+            let fused = super::preflight::fused_attention(&cfg, gpu.device());
+            super::train_pipeline::stage_activations(
+                &cfg,
+                &schedule,
+                &all,
+                pipe.rank(),
+                (micro, seq),
+                &options,
+                fused,
+                place.tensor,
+            )
+        });
+        let states = super::train_pipeline::check_stage_fits(
+            gpu.device(),
+            pipe.rank(),
+            &layouts[pipe.rank()],
+            precision,
+            options.streamed_weights,
+            data.size() > 1,
+            acts.as_ref(),
+        )?;
+        if lead {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            match &acts {
+                Some(x) => println!(
+                    "GPU memory estimate: {:.2} GiB on this rank = model states {:.2} GiB + \
+                     activations {:.2} GiB (up to {} micro-batches in flight, {:.1} MB each \
+                     on its first stage{}) + scratch {:.2} GiB",
+                    gib(states as u128 + x.total()),
+                    gib(states as u128),
+                    gib(x.held),
+                    x.in_flight,
+                    x.per_micro_batch as f64 / 1e6,
+                    match checkpointing && options.recompute_attention_output {
+                        true => ": each layer's input, the attention runs again",
+                        false => "",
+                    },
+                    gib(x.shared),
+                ),
+                None => println!(
+                    "GPU memory: this rank's stages' model states {:.2} GiB (activations \
+                     not estimated for f32 stages)",
+                    gib(states as u128)
+                ),
+            }
+        }
+        braid_cuda::pool::reset_peak();
+        let mut engine = super::train_pipeline::gpu_engine(
+            params,
+            schedule,
+            &all,
+            pipe,
+            tensor,
+            precision,
+            options,
+            weight_decay,
+            micro,
+            seq,
+        )?
+        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
+        params.data = Vec::new();
+        // One replica: nothing reduces the gradients, and the stage's
+        // buffer is the step's (one gradient buffer on the GPU).
+        let mut s: Box<dyn Strategy<_>> = match data.size() {
+            1 => {
+                engine = engine.owning_grads();
+                Box::new(Single)
+            }
+            _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
+        };
+        let run = run_with(&mut |p, l, b| {
+            super::train::run_loop(
+                &mut engine,
+                &mut *s,
+                l,
+                b,
+                opts,
+                p,
+                lead,
+                true,
+                (&mut *ckpt, &mut *tracing),
+            )
+        })?;
+        if let (true, Some(r)) = (lead, engine.timeline_report()) {
+            println!("{r}");
+        }
+        pipeline_json = engine.timeline_json();
+        (run, engine.into_params()?, pipe_host)
+    } else {
+        let how = super::train::cpu_optimizer(optimizer, weight_decay);
+        let groups = super::train_mesh::split_pipeline(&c, place)?;
+        let pipe = groups.pipe.clone();
+        tensor_host = groups.tensor.clone();
+        let tensor = groups.tensor.clone().map(|g| {
+            let comm: Arc<dyn braid_model::tensor_comm::TensorComm> = g;
+            (comm, place.sequence)
+        });
+        let mut engine = super::train_pipeline::engine(
+            params,
+            schedule,
+            &all,
+            groups.pipe,
+            tensor,
+            how,
+            micro,
+            seq,
+            checkpointing,
+        )?
+        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
+        // One replica: nothing reduces the gradients, and the stage's
+        // buffer is the step's (as on GPUs).
+        let mut s: Box<dyn Strategy<_>> =
+            match braid_train::collective::Collective::size(&groups.data) {
+                1 => {
+                    engine = engine.owning_grads();
+                    Box::new(Single)
+                }
+                _ => distributed(groups.data, shard_choice, ddp)?,
+            };
+        let run = run_with(&mut |p, l, b| {
+            super::train::run_loop(
+                &mut engine,
+                &mut *s,
+                l,
+                b,
+                opts,
+                p,
+                lead,
+                true,
+                (&mut *ckpt, &mut *tracing),
+            )
+        })?;
+        if let (true, Some(r)) = (lead, engine.timeline_report()) {
+            println!("{r}");
+        }
+        pipeline_json = engine.timeline_json();
+        (run, engine.into_params(), pipe)
+    };
+    let stage_params = layouts[pipe.rank()].len as u64;
+    if save && place.data_rank() == 0 {
+        // The whole model, from every stage (pipeline rank 0 of the
+        // first data group is the lead).
+        if let Some(p) = braid_train::pipeline::gather::gather_whole(&mine, whole, &layouts, &pipe)?
+        {
+            // Pipeline rank 0 of each tensor rank holds its share of
+            // the whole model: the tensor group puts them together.
+            *params = match &tensor_host {
+                Some(g) => braid_train::tensor_parallel::gather_whole(&p, &**g)?,
+                None => p,
+            };
+        }
+    }
+    Ok(PipelineDone {
+        report: run,
+        stage_params,
+        timeline_json: pipeline_json,
+    })
+}
