@@ -3,11 +3,13 @@
 //! loading its batch, counted as data time; `compute`: after its forward
 //! pass, traced as computation on the host — on a GPU rank the device
 //! idles meanwhile; `end`: once, after the run's last step and the
-//! strategy's finish, before the communicator is dropped). It exists to
+//! strategy's finish, before the communicator is dropped; `write`: in the
+//! background writer of each checkpoint, before its files). It exists to
 //! make a straggler on purpose, so that `braid report` can be checked to
-//! name it, and a rank that finishes late, so that the others' departure
-//! can be checked not to look like a death to it; a malformed value is
-//! reported once and ignored.
+//! name it, a rank that finishes late, so that the others' departure can
+//! be checked not to look like a death to it, and a rank slow to write a
+//! checkpoint, so that rank 0 can be checked to wait for its files before
+//! committing; a malformed value is reported once and ignored.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -22,7 +24,7 @@ fn delays() -> &'static [(usize, String, u64)] {
         for item in v.split(',').filter(|s| !s.is_empty()) {
             let parts: Vec<&str> = item.split(':').collect();
             let parsed = match parts.as_slice() {
-                [r, p, ms] if ["data", "compute", "end"].contains(p) => {
+                [r, p, ms] if ["data", "compute", "end", "write"].contains(p) => {
                     r.parse().ok().zip(ms.parse().ok()).map(|(r, ms)| (r, p.to_string(), ms))
                 }
                 _ => None,
@@ -30,7 +32,7 @@ fn delays() -> &'static [(usize, String, u64)] {
             match parsed {
                 Some(d) => out.push(d),
                 None => eprintln!(
-                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute|end:MS)"
+                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute|end|write:MS)"
                 ),
             }
         }
@@ -49,6 +51,7 @@ pub(crate) fn apply(rank: usize, phase: &str) {
         if *r == rank && p == phase {
             let cat = match phase {
                 "data" => braid_trace::Cat::Data,
+                "write" => braid_trace::Cat::Checkpoint,
                 _ => braid_trace::Cat::Compute,
             };
             let _s = braid_trace::span("test delay", cat, braid_trace::recorder::track::HOST);

@@ -182,6 +182,37 @@ fn losses_by_step(path: &std::path::Path) -> std::collections::BTreeMap<u64, f64
         .collect()
 }
 
+/// A pipeline's checkpoint is committed once every stage's files are
+/// written: the last stage's writer is held back (`BRAID_TEST_DELAY`
+/// `1:write`), and rank 0 — alone in its data group — waits for it rather
+/// than committing without its files (it did, and failed to read them).
+#[test]
+fn a_pipeline_checkpoint_waits_for_every_stage_s_files() {
+    let dir = TempDir::new("pp-ckpt-wait");
+    let ck = dir.path().join("ck").display().to_string();
+    let mut c = braid();
+    c.arg("train")
+        .args(["--model", MODEL, "--tokenizer", "bytes", "--seq", "32"])
+        .args(["--eval-every", "0", "--steps", "4", "--nproc-per-node", "2"])
+        .args(["--pp", "2", "--global-batch", "8", "--ckpt-dir", &ck])
+        .args(["--save-every", "2"])
+        .env("BRAID_TEST_DELAY", "1:write:400");
+    let f = run(c, Duration::from_secs(120));
+    assert_eq!(f.code, Some(0), "{f:?}");
+    for step in ["step-00000002", "step-00000004"] {
+        let files: Vec<String> = std::fs::read_dir(format!("{ck}/{step}"))
+            .unwrap_or_else(|e| panic!("{step}: {e}\n{f:?}"))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        for rank in ["model-rank00000-of-00002", "model-rank00001-of-00002"] {
+            assert!(
+                files.iter().any(|n| n.starts_with(rank)),
+                "{step}: no {rank} in {files:?}"
+            );
+        }
+    }
+}
+
 /// A checkpoint of a pipeline of 2 (each rank writes its stages' tensors,
 /// the last stage's copy of the tied embedding left out) resumes under 1,
 /// 2 and 4 stages, data parallelism over 2 and a pipeline of 2 x data 2,

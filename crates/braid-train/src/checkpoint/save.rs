@@ -175,6 +175,9 @@ pub struct Checkpointer {
     /// Write each save before training goes on (to compare with the
     /// background write).
     sync: bool,
+    /// Every rank of the run, where the agreements go over it rather than
+    /// over the strategy's ranks ([`agree_over`](Checkpointer::agree_over)).
+    world_comm: Option<braid_comm::Communicator>,
 }
 
 /// A piece of a rank's part: which tensor run, under which key and
@@ -263,7 +266,16 @@ impl Checkpointer {
             announce,
             staging: None,
             sync: false,
+            world_comm: None,
         })
+    }
+
+    /// Agrees over `world` (every rank of the run) instead of the mean the
+    /// loop passes in: where the strategy's ranks are only some of the
+    /// run's — a pipeline's data group holds one stage, and rank 0 must
+    /// not commit before the other stages' files are written.
+    pub fn agree_over(&mut self, world: braid_comm::Communicator) {
+        self.world_comm = Some(world);
     }
 
     /// Whether a save is due after `steps_done` optimizer steps of
@@ -327,9 +339,11 @@ impl Checkpointer {
             ("braid.rank".to_string(), self.rank.to_string()),
             ("braid.step".to_string(), step.to_string()),
         ];
+        let rank = self.rank;
         let handle = std::thread::Builder::new()
             .name("braid-ckpt-writer".into())
             .spawn(move || -> Written {
+                crate::test_delay::apply(rank, "write");
                 let t = Instant::now();
                 let write = || -> Result<u64> {
                     let entries: Vec<Entry<'_>> = pieces
@@ -458,7 +472,21 @@ impl Checkpointer {
             Some(Err(_)) => (1.0, 1.0),
         };
         let mut v = [done, failed];
-        agree(&mut v)?;
+        match &self.world_comm {
+            Some(c) => {
+                c.all_reduce(&mut v, braid_comm::ReduceOp::Sum)
+                    .map_err(|e| {
+                        format!(
+                            "checkpoint at step {}: agreeing with every rank that the files are \
+                         written: {e}",
+                            f.step
+                        )
+                    })?;
+                let n = c.size() as f64;
+                v.iter_mut().for_each(|x| *x /= n);
+            }
+            None => agree(&mut v)?,
+        }
         if v[1] > 0.0 {
             let f = self.inflight.take().expect("in flight");
             let why = match f.outcome {

@@ -34,6 +34,14 @@ pub struct CkptSetup {
 }
 
 impl CkptSetup {
+    /// The saver's agreements over every rank of the run (`world`) rather
+    /// than the strategy's (see [`Checkpointer::agree_over`]).
+    pub fn agree_over(&mut self, world: &braid_comm::Communicator) {
+        if let Some(s) = &mut self.saver {
+            s.agree_over(world.clone());
+        }
+    }
+
     /// The loop's view of it.
     pub fn loop_view(&mut self) -> Checkpoints<'_> {
         Checkpoints {

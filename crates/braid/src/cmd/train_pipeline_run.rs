@@ -87,6 +87,9 @@ pub fn run(
         tracing,
     } = r;
     let c = comm.ok_or("a pipeline runs over several ranks")?;
+    // The strategy's ranks are one stage's data group: a checkpoint is
+    // committed once every stage's files are written.
+    ckpt.agree_over(&c);
     let all = super::train_pipeline::stages(&cfg, &schedule, pipe_flags)?;
     let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
     let whole = params.layout.clone();
