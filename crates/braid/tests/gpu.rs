@@ -99,13 +99,9 @@ fn gpu_flags_are_rejected_on_the_cpu_path() {
     let f = run(cmd, Duration::from_secs(30));
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("expected cpu or cuda"), "{f:?}");
-    // A GPU memory budget: GPU runs only, not with a pipeline, positive.
+    // A GPU memory budget: GPU runs only, positive.
     for (extra, says) in [
         (&["--gpu-memory", "40"][..], "a budget for GPU memory"),
-        (
-            &["--gpu-memory", "40", "--device", "cuda", "--pp", "2"][..],
-            "does not size pipeline stages",
-        ),
         (
             &["--gpu-memory=-3", "--device", "cuda"][..],
             "expected a positive number",

@@ -342,3 +342,62 @@ fn gpu_pp_stage_estimate_is_near_the_measured_peak() {
         );
     }
 }
+
+/// `--gpu-memory` under `--pp`: each rank fits its stages in the budget,
+/// casting the bf16 weights layer by layer where the whole copy does not
+/// fit (its estimate then within the budget), and a budget below the
+/// model states is refused at start, naming it. The first stage holds 6
+/// of the 8 layers, so that it is the fuller rank (the lead prints its
+/// estimate).
+#[test]
+fn gpu_pp_fits_its_stages_in_a_memory_budget() {
+    use common::gpu::figure;
+    use common::{braid, run};
+    use std::time::Duration;
+    if gpus(2).is_none() {
+        return;
+    }
+    let train = |budget: Option<String>| {
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--device",
+            "cuda",
+            "--model",
+            "L8-H8-C1024-V50304-T1024",
+        ])
+        .args(["--data", "random", "--global-batch", "16", "--seq", "1024"])
+        .args(["--steps", "3", "--eval-every", "0", "--nproc-per-node", "2"])
+        .args(["--pp", "2", "--micro-batches", "8", "--stage-layers", "6,2"])
+        .env("NCCL_NVLS_ENABLE", "0");
+        if let Some(b) = budget {
+            cmd.args(["--gpu-memory", &b]);
+        }
+        run(cmd, Duration::from_secs(120))
+    };
+    let whole = train(None);
+    assert_eq!(whole.code, Some(0), "{whole:?}");
+    let est = figure(&whole.stdout, "GPU memory estimate:");
+    assert!(!whole.stdout.contains("cast layer by layer"), "{whole:?}");
+    // Just under the whole copy's estimate: the weights are cast instead.
+    let budget = est - 0.01;
+    let lean = train(Some(format!("{budget:.3}")));
+    assert_eq!(lean.code, Some(0), "{lean:?}");
+    assert!(
+        lean.stdout
+            .contains("pipeline rank 0's stages: bf16 weights cast layer by layer"),
+        "{lean:?}"
+    );
+    let lean_est = figure(&lean.stdout, "GPU memory estimate:");
+    let _ = writeln!(
+        std::io::stderr(),
+        "--pp 2: estimate {est} GiB whole, {lean_est} GiB within --gpu-memory {budget:.3}"
+    );
+    assert!(lean_est <= budget, "{lean_est} GiB over {budget}");
+    let refused = train(Some("0.5".into()));
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    assert!(
+        refused.stderr.contains("--gpu-memory allows 0.50 GiB"),
+        "{refused:?}"
+    );
+}

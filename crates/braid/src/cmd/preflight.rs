@@ -303,7 +303,7 @@ pub fn host(
 /// Where a run's GPU memory must fit: the GPU's free memory less
 /// [`DEVICE_MARGIN`], and the estimate (the allocator's peak) within
 /// `--gpu-memory` where given.
-struct Room {
+pub(super) struct Room {
     free: u128,
     budget: Option<u128>,
 }
@@ -312,19 +312,22 @@ impl Room {
     /// `dev`'s free memory and `a`'s budget; `None` where neither is known
     /// (the free memory cannot be read and no budget was given).
     fn of(a: &Shape<'_>, dev: &braid_cuda::Device) -> Option<Room> {
-        let free = match (dev.free_memory(), a.gpu_memory) {
+        Room::new(dev, a.gpu_memory)
+    }
+
+    /// `dev`'s free memory and `budget` (`--gpu-memory`); `None` where
+    /// neither is known.
+    pub(super) fn new(dev: &braid_cuda::Device, budget: Option<u128>) -> Option<Room> {
+        let free = match (dev.free_memory(), budget) {
             (Ok(free), _) => free as u128,
             (Err(_), Some(_)) => u128::MAX,
             (Err(_), None) => return None,
         };
-        Some(Room {
-            free,
-            budget: a.gpu_memory,
-        })
+        Some(Room { free, budget })
     }
 
     /// Whether an estimate of `total` bytes fits.
-    fn fits(&self, total: u128) -> bool {
+    pub(super) fn fits(&self, total: u128) -> bool {
         total.saturating_add(DEVICE_MARGIN) <= self.free && self.budget.is_none_or(|b| total <= b)
     }
 
@@ -335,7 +338,7 @@ impl Room {
     }
 
     /// What bounds the run, for an error: the free memory, or the budget.
-    fn said(&self, dev: &braid_cuda::Device) -> String {
+    pub(super) fn said(&self, dev: &braid_cuda::Device) -> String {
         let free = match self.free {
             u128::MAX => "the free memory unknown".to_string(),
             f => format!("{:.2} GiB free", braid_model::footprint::gib(f)),

@@ -180,8 +180,8 @@ pub struct TrainArgs {
     /// The memory pre-flight drops what only buys speed until its estimate of the peak (model
     /// states, activations, scratch: what the run's summary reports as peak device memory)
     /// fits: under --checkpointing the attention's kept state layer by layer, the stored score
-    /// gradients, a full bf16 weight copy. A run that cannot fit is refused at start with what
-    /// would. Not with --pp yet.
+    /// gradients, a full bf16 weight copy (under --pp each rank for its own stages). A run that
+    /// cannot fit is refused at start with what would.
     #[arg(long, value_name = "GIB", hide_short_help = true, help_heading = H_DEVICE)]
     gpu_memory: Option<f64>,
 
@@ -341,8 +341,7 @@ pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimi
     }
 }
 
-/// `--gpu-memory GIB` in bytes: GPU runs only, not with `--pp` (the
-/// pre-flight does not size pipeline stages yet), a positive size.
+/// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
 fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
     let Some(g) = a.gpu_memory else {
         return Ok(None);
@@ -350,14 +349,6 @@ fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> 
     if !cuda {
         return Err(format!(
             "--gpu-memory {g}: a budget for GPU memory (add --device cuda, or drop it)"
-        ));
-    }
-    if a.pp > 1 {
-        return Err(format!(
-            "--gpu-memory {g} with --pp {}: the memory pre-flight does not size pipeline stages \
-             yet (drop --gpu-memory; BRAID_CKPT_ATTENTION and BRAID_BF16_WEIGHTS choose their \
-             memory)",
-            a.pp
         ));
     }
     if !(g.is_finite() && g > 0.0) {
@@ -1069,6 +1060,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
+                gpu_memory,
                 shard_choice,
                 ddp,
                 opts: &opts,

@@ -289,7 +289,9 @@ pub fn stage_activations(
 /// unless `streamed` — of all but a first stage's embeddings —, the
 /// stage's gradients and, with `reduced`, the strategy's, AdamW's two
 /// moments) and `activations` (where estimated: the bf16 engine's)
-/// exceed the GPU's free memory; returns the model states' bytes.
+/// exceed the GPU's free memory, or `budget` (`--gpu-memory`); returns
+/// the model states' bytes.
+#[allow(clippy::too_many_arguments)]
 pub fn check_stage_fits(
     dev: &braid_cuda::Device,
     rank: usize,
@@ -298,6 +300,7 @@ pub fn check_stage_fits(
     streamed: bool,
     reduced: bool,
     activations: Option<&StageActivations>,
+    budget: Option<u128>,
 ) -> Result<u64, String> {
     let held = layout.len;
     let bf16 = match precision {
@@ -307,23 +310,21 @@ pub fn check_stage_fits(
     let per = 4 + 4 + 8 + if reduced { 4 } else { 0 };
     let states = (held * per + bf16 * 2) as u64;
     let per = per + if bf16 > 0 { 2 } else { 0 };
-    let Ok(free) = dev.free_memory() else {
+    let Some(space) = super::preflight::Room::new(dev, budget) else {
         return Ok(states);
     };
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let acts = activations.map_or(0, |a| a.total() as u64);
-    let margin = super::preflight::DEVICE_MARGIN;
     if let Some(a) = activations {
-        let fits_states = states as u128 + margin <= free as u128;
-        if fits_states && states as u128 + a.total() + margin > free as u128 {
+        if space.fits(states as u128) && !space.fits(states as u128 + a.total()) {
             return Err(format!(
-                "pipeline rank {rank}'s stages need about {:.2} GiB of the {:.2} GiB free on this \
-                 GPU: model states {:.2} GiB, and activations {:.2} GiB ({} micro-batches in \
-                 flight at once, {:.1} MB each on its first stage, and {:.2} GiB of scratch). Use \
+                "pipeline rank {rank}'s stages need about {:.2} GiB, but there is {}: model \
+                 states {:.2} GiB, and activations {:.2} GiB ({} micro-batches in flight at once, \
+                 {:.1} MB each on its first stage, and {:.2} GiB of scratch). Use \
                  --checkpointing, more micro-batches of fewer rows (--micro-batches), more \
                  pipeline stages (--pp), or move layers off this stage (--stage-layers)",
                 gib(states + acts),
-                gib(free as u64),
+                space.said(dev),
                 gib(states),
                 gib(acts),
                 a.in_flight,
@@ -332,18 +333,18 @@ pub fn check_stage_fits(
             ));
         }
     }
-    if states as u128 + margin > free as u128 {
+    if !space.fits(states as u128) {
         return Err(format!(
             "pipeline rank {rank}'s stages hold {held} parameters: their model states need {:.2} \
-             GiB (up to {per} bytes a parameter: weights, {}gradients, AdamW's moments) of the {:.2} GiB \
-             free on this GPU, before activations. Use more pipeline stages (--pp), move layers \
-             off this stage (--stage-layers){}",
+             GiB (up to {per} bytes a parameter: weights, {}gradients, AdamW's moments), but \
+             there is {} before activations. Use more pipeline stages (--pp), move layers off \
+             this stage (--stage-layers){}",
             gib(states),
             match precision {
                 Precision::Bf16 if !streamed => "their bf16 copy, ",
                 _ => "",
             },
-            gib(free as u64),
+            space.said(dev),
             match precision {
                 Precision::Bf16 if !streamed => {
                     ", or cast the bf16 weights layer by layer (BRAID_BF16_WEIGHTS=streamed)"

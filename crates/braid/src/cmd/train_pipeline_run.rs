@@ -42,6 +42,8 @@ pub struct PipelineRun<'r> {
     pub checkpointing: bool,
     /// `--save`: gather the whole model at the end.
     pub save: bool,
+    /// `--gpu-memory`, in bytes: what each rank's stages must fit.
+    pub gpu_memory: Option<u128>,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
     pub opts: &'r LoopOptions,
@@ -80,6 +82,7 @@ pub fn run(
         weight_decay,
         checkpointing,
         save,
+        gpu_memory,
         shard_choice,
         ddp,
         opts,
@@ -129,56 +132,90 @@ pub fn run(
                 dev.name().unwrap_or_default()
             );
         }
-        // (The pre-flight does not size pipeline stages yet: its
-        // environment choices decide, the faster by default.)
+        // The fastest form that fits this rank's stages (in the free
+        // memory, or `--gpu-memory`): the bf16 weights whole, then cast
+        // layer by layer; the score gradients stored, then recomputed.
+        // Each rank chooses for its own stages (the same results either
+        // way); the environment may decide instead.
         use super::preflight::env_choice;
-        let options = braid_model::cuda::model_mixed::MixedOptions {
-            checkpointing,
-            streamed_weights: env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?
-                == Some(true),
-            stored_score_grads: env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?
-                != Some(false),
-            kept_attention: match super::preflight::kept_attention_choice(cfg.n_layer)? {
-                None | Some(0) => 0,
-                Some(k) if k == cfg.n_layer => usize::MAX,
-                Some(k) => {
-                    return Err(format!(
-                        "BRAID_CKPT_ATTENTION={k}: a pipeline's layers keep the attention's \
-                         state all (kept) or none (recomputed)"
-                    ))
-                }
-            },
-            // Each micro-batch in flight keeps its layers' inputs only:
-            // the attention runs again in the backward pass.
-            recompute_attention_output: env_choice(
-                "BRAID_CKPT_ATTENTION_OUTPUT",
-                "recomputed",
-                "kept",
-            )? != Some(false),
+        let kept_attention = match super::preflight::kept_attention_choice(cfg.n_layer)? {
+            None | Some(0) => 0,
+            Some(k) if k == cfg.n_layer => usize::MAX,
+            Some(k) => {
+                return Err(format!(
+                    "BRAID_CKPT_ATTENTION={k}: a pipeline's layers keep the attention's state \
+                     all (kept) or none (recomputed)"
+                ))
+            }
         };
-        // The bf16 engine's activations, from the sizes it allocates.
-        let acts = (precision == Precision::Bf16).then(|| {
-            let fused = super::preflight::fused_attention(&cfg, gpu.device());
-            super::train_pipeline::stage_activations(
-                &cfg,
-                &schedule,
-                &all,
-                pipe.rank(),
-                (micro, seq),
-                &options,
-                fused,
-                place.tensor,
-            )
-        });
-        let states = super::train_pipeline::check_stage_fits(
-            gpu.device(),
-            pipe.rank(),
-            &layouts[pipe.rank()],
-            precision,
-            options.streamed_weights,
-            data.size() > 1,
-            acts.as_ref(),
-        )?;
+        // Each micro-batch in flight keeps its layers' inputs only: the
+        // attention runs again in the backward pass.
+        let recompute_attention_output =
+            env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")? != Some(false);
+        let mixed = precision == Precision::Bf16;
+        let weights = match env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")? {
+            Some(streamed) => vec![streamed],
+            None if mixed => vec![false, true],
+            None => vec![false],
+        };
+        let scores = match env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")? {
+            Some(stored) => vec![stored],
+            None => vec![true, false],
+        };
+        let fused = mixed && super::preflight::fused_attention(&cfg, gpu.device());
+        let mut refusal = String::new();
+        let mut chosen = None;
+        'forms: for &streamed_weights in &weights {
+            for &stored_score_grads in &scores {
+                let options = braid_model::cuda::model_mixed::MixedOptions {
+                    checkpointing,
+                    streamed_weights,
+                    stored_score_grads,
+                    kept_attention,
+                    recompute_attention_output,
+                };
+                // The bf16 engine's activations, from the sizes it allocates.
+                let acts = mixed.then(|| {
+                    super::train_pipeline::stage_activations(
+                        &cfg,
+                        &schedule,
+                        &all,
+                        pipe.rank(),
+                        (micro, seq),
+                        &options,
+                        fused,
+                        place.tensor,
+                    )
+                });
+                match super::train_pipeline::check_stage_fits(
+                    gpu.device(),
+                    pipe.rank(),
+                    &layouts[pipe.rank()],
+                    precision,
+                    options.streamed_weights,
+                    data.size() > 1,
+                    acts.as_ref(),
+                    gpu_memory,
+                ) {
+                    Ok(states) => {
+                        chosen = Some((options, acts, states));
+                        break 'forms;
+                    }
+                    Err(e) => refusal = e,
+                }
+            }
+        }
+        let (options, acts, states) = chosen.ok_or(refusal)?;
+        let mut lean = Vec::new();
+        if mixed && options.streamed_weights {
+            lean.push("bf16 weights cast layer by layer instead of a full copy");
+        }
+        if fused && !options.stored_score_grads {
+            lean.push("attention score gradients recomputed, not stored");
+        }
+        if !lean.is_empty() && lead {
+            println!("pipeline rank 0's stages: {}", lean.join("; "));
+        }
         if lead {
             let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
             match &acts {
