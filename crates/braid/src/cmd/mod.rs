@@ -20,6 +20,7 @@ pub mod svg;
 pub mod topo;
 pub mod train;
 pub mod train_ckpt;
+pub mod train_cpu_run;
 pub mod train_gpu_run;
 pub mod train_mesh;
 pub mod train_output;

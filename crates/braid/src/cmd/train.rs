@@ -5,7 +5,7 @@
 //! each process is one rank).
 
 use super::train_output::{print_state, print_summary, write_json, Progress};
-use super::train_strategy::{distributed, zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
+use super::train_strategy::{zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
 use braid_comm::CommOptions;
 use braid_data::loader::WindowSource;
 use braid_data::token_beton::BetonTokens;
@@ -15,12 +15,11 @@ use braid_model::config::GPT2_VOCAB;
 use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
-use braid_train::collective::{GradComm, HostCollective};
+use braid_train::collective::GradComm;
 use braid_train::ddp::DdpOptions;
-use braid_train::engines::{CpuGpt, CpuOptimizer, Precision, TokenBatch};
+use braid_train::engines::{CpuOptimizer, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
-use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{train_with, Engine, LoopOptions, RunReport, Single, Strategy};
+use braid_train::{train_with, Engine, LoopOptions, RunReport, Strategy};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -1073,60 +1072,27 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         pipeline_json = done.timeline_json;
         done.report
     } else if !cuda {
-        let how = cpu_optimizer(optimizer, a.weight_decay);
-        // Under --tp: the tensor and data groups, split from the world.
-        let groups = match (&comm, place.tensor) {
-            (Some(c), n) if n > 1 => Some(super::train_mesh::split(c, &place)?),
-            _ => None,
-        };
-        if let (true, Some(g)) = (lead, &groups) {
-            println!("mesh: {}", g.layout);
-        }
-        let mut engine = match &groups {
-            None => CpuGpt::new(params, batch, seq, a.checkpointing, how),
-            Some(g) => CpuGpt::tensor_parallel(
+        let (run, trained) = super::train_cpu_run::run(
+            super::train_cpu_run::CpuRun {
+                comm,
                 params,
                 batch,
                 seq,
-                a.checkpointing,
-                how,
-                g.tensor.clone(),
-                place.sequence,
-            )?,
-        };
-        let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
-        let several = comm.is_some();
-        let mut s: Box<dyn Strategy<_>> = match (comm, groups) {
-            (None, _) => Box::new(Single),
-            (Some(c), None) => distributed(HostCollective::new(c), shard_choice, ddp)?,
-            (Some(c), Some(g)) => {
-                let inner = distributed(g.data, shard_choice, ddp)?;
-                Box::new(
-                    TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
-                        .counting(g.tensor.traffic()),
-                )
-            }
-        };
-        let run = run_with(&mut |p, l, b| {
-            run_loop(
-                &mut engine,
-                &mut *s,
-                l,
-                b,
-                &opts,
-                p,
+                place: &place,
                 lead,
-                several,
-                (&mut ckpt, &mut tracing),
-            )
-        })?;
-        drop(s);
-        params = engine.into_params();
-        if let (Some(g), true, 0) = (&tensor_group, a.save.is_some(), place.data_rank()) {
-            // The whole model, from every rank's share (the first data
-            // group's ranks hold whole shares after the run).
-            params = braid_train::tensor_parallel::gather_whole(&params, &**g)?;
-        }
+                optimizer,
+                weight_decay: a.weight_decay,
+                checkpointing: a.checkpointing,
+                save: a.save.is_some(),
+                shard_choice,
+                ddp,
+                opts: &opts,
+                ckpt: &mut ckpt,
+                tracing: &mut tracing,
+            },
+            &mut run_with,
+        )?;
+        params = trained;
         run
     } else {
         super::train_gpu_run::run(

@@ -1,0 +1,122 @@
+//! `braid train` on CPUs without `--pp`: the run once `braid train` has
+//! set it up — under `--tp` the tensor and data groups split from the
+//! world and a tensor-parallel share of the model, the strategy over the
+//! run's ranks (data parallel or ZeRO, wrapped for the tensor groups), the
+//! loop, and for `--save` the whole model gathered from the shares.
+
+use super::train::LoopBody;
+use super::train_ckpt::CkptSetup;
+use super::train_mesh::Place;
+use super::train_strategy::{distributed, ShardChoice};
+use super::train_trace::TraceSetup;
+use braid_comm::Communicator;
+use braid_model::Params;
+use braid_train::collective::HostCollective;
+use braid_train::ddp::DdpOptions;
+use braid_train::engines::CpuGpt;
+use braid_train::tensor_parallel::TensorParallel;
+use braid_train::{LoopOptions, RunReport, Single, Strategy};
+
+/// What a CPU run takes from `braid train`'s set-up.
+pub struct CpuRun<'r> {
+    /// The world's communicator, where the run has several ranks.
+    pub comm: Option<Communicator>,
+    /// The whole model's parameters (given back after the run).
+    pub params: Params,
+    /// A rank's rows per micro-batch, and the sequence length.
+    pub batch: usize,
+    pub seq: usize,
+    pub place: &'r Place,
+    pub lead: bool,
+    pub optimizer: super::train::OptimizerKind,
+    pub weight_decay: f32,
+    pub checkpointing: bool,
+    /// `--save`: the whole model back from a tensor group's shares.
+    pub save: bool,
+    pub shard_choice: ShardChoice,
+    pub ddp: DdpOptions,
+    pub opts: &'r LoopOptions,
+    pub ckpt: &'r mut CkptSetup,
+    pub tracing: &'r mut TraceSetup,
+}
+
+/// Runs training on the CPUs; `run_with` runs the loop with the progress
+/// printer, the loader and the batch. Returns the run and the parameters
+/// after it (whole where this rank saves).
+pub fn run(
+    r: CpuRun<'_>,
+    run_with: &mut dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String>,
+) -> Result<(RunReport, Params), String> {
+    let CpuRun {
+        comm,
+        params,
+        batch,
+        seq,
+        place,
+        lead,
+        optimizer,
+        weight_decay,
+        checkpointing,
+        save,
+        shard_choice,
+        ddp,
+        opts,
+        ckpt,
+        tracing,
+    } = r;
+    let how = super::train::cpu_optimizer(optimizer, weight_decay);
+    // Under --tp: the tensor and data groups, split from the world.
+    let groups = match (&comm, place.tensor) {
+        (Some(c), n) if n > 1 => Some(super::train_mesh::split(c, place)?),
+        _ => None,
+    };
+    if let (true, Some(g)) = (lead, &groups) {
+        println!("mesh: {}", g.layout);
+    }
+    let mut engine = match &groups {
+        None => CpuGpt::new(params, batch, seq, checkpointing, how),
+        Some(g) => CpuGpt::tensor_parallel(
+            params,
+            batch,
+            seq,
+            checkpointing,
+            how,
+            g.tensor.clone(),
+            place.sequence,
+        )?,
+    };
+    let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
+    let several = comm.is_some();
+    let mut s: Box<dyn Strategy<_>> = match (comm, groups) {
+        (None, _) => Box::new(Single),
+        (Some(c), None) => distributed(HostCollective::new(c), shard_choice, ddp)?,
+        (Some(c), Some(g)) => {
+            let inner = distributed(g.data, shard_choice, ddp)?;
+            Box::new(
+                TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
+                    .counting(g.tensor.traffic()),
+            )
+        }
+    };
+    let run = run_with(&mut |p, l, b| {
+        super::train::run_loop(
+            &mut engine,
+            &mut *s,
+            l,
+            b,
+            opts,
+            p,
+            lead,
+            several,
+            (&mut *ckpt, &mut *tracing),
+        )
+    })?;
+    drop(s);
+    let mut params = engine.into_params();
+    if let (Some(g), true, 0) = (&tensor_group, save, place.data_rank()) {
+        // The whole model, from every rank's share (the first data
+        // group's ranks hold whole shares after the run).
+        params = braid_train::tensor_parallel::gather_whole(&params, &**g)?;
+    }
+    Ok((run, params))
+}
