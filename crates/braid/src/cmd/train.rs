@@ -27,6 +27,10 @@ use std::time::Instant;
 
 /// The training loop's run, given the progress printer, the loader and
 /// the batch (each path wraps its engine and strategy in one).
+/// What runs a [`LoopBody`] with the run's progress printer, loader and
+/// batch.
+pub(super) type RunWith<'a> = dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String> + 'a;
+
 pub(super) type LoopBody<'a> =
     dyn FnMut(&mut Progress, &mut TokenWindows, &mut TokenBatch) -> Result<RunReport, String> + 'a;
 
@@ -1242,6 +1246,41 @@ fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, S
         window: None,
         path: data.to_string(),
         beton: false,
+    })
+}
+
+/// [`run_loop`] through `run_with` (which holds the progress printer, the
+/// loader and the batch): how each of the CPU, GPU and pipeline runs
+/// starts its loop.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_engine<E, S>(
+    run_with: &mut RunWith<'_>,
+    engine: &mut E,
+    strategy: &mut S,
+    opts: &LoopOptions,
+    lead: bool,
+    distributed: bool,
+    (ckpt, tracing): (
+        &mut super::train_ckpt::CkptSetup,
+        &mut super::train_trace::TraceSetup,
+    ),
+) -> Result<RunReport, String>
+where
+    E: Engine<Batch = TokenBatch>,
+    S: Strategy<E> + ?Sized,
+{
+    run_with(&mut |p, l, b| {
+        run_loop(
+            &mut *engine,
+            &mut *strategy,
+            l,
+            b,
+            opts,
+            p,
+            lead,
+            distributed,
+            (&mut *ckpt, &mut *tracing),
+        )
     })
 }
 

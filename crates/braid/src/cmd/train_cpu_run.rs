@@ -4,7 +4,7 @@
 //! run's ranks (data parallel or ZeRO, wrapped for the tensor groups), the
 //! loop, and for `--save` the whole model gathered from the shares.
 
-use super::train::LoopBody;
+use super::train::RunWith;
 use super::train_ckpt::CkptSetup;
 use super::train_mesh::Place;
 use super::train_strategy::{distributed, ShardChoice};
@@ -43,10 +43,7 @@ pub struct CpuRun<'r> {
 /// Runs training on the CPUs; `run_with` runs the loop with the progress
 /// printer, the loader and the batch. Returns the run and the parameters
 /// after it (whole where this rank saves).
-pub fn run(
-    r: CpuRun<'_>,
-    run_with: &mut dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String>,
-) -> Result<(RunReport, Params), String> {
+pub fn run(r: CpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<(RunReport, Params), String> {
     let CpuRun {
         comm,
         params,
@@ -98,19 +95,15 @@ pub fn run(
             )
         }
     };
-    let run = run_with(&mut |p, l, b| {
-        super::train::run_loop(
-            &mut engine,
-            &mut *s,
-            l,
-            b,
-            opts,
-            p,
-            lead,
-            several,
-            (&mut *ckpt, &mut *tracing),
-        )
-    })?;
+    let run = super::train::run_engine(
+        run_with,
+        &mut engine,
+        &mut *s,
+        opts,
+        lead,
+        several,
+        (&mut *ckpt, &mut *tracing),
+    )?;
     drop(s);
     let mut params = engine.into_params();
     if let (Some(g), true, 0) = (&tensor_group, save, place.data_rank()) {

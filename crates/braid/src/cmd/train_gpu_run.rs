@@ -6,7 +6,7 @@
 //! whole model back on the host.
 
 use super::preflight::Shape;
-use super::train::LoopBody;
+use super::train::RunWith;
 use super::train_ckpt::CkptSetup;
 use super::train_mesh::Place;
 use super::train_strategy::{distributed, ShardChoice};
@@ -60,10 +60,7 @@ pub struct GpuRun<'r> {
 
 /// Runs training on the GPUs; `run_with` runs the loop with the progress
 /// printer, the loader and the batch.
-pub fn run(
-    r: GpuRun<'_>,
-    run_with: &mut dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String>,
-) -> Result<RunReport, String> {
+pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, String> {
     let GpuRun {
         comm,
         cfg,
@@ -236,19 +233,15 @@ pub fn run(
             )
         }
     };
-    let run = run_with(&mut |p, l, b| {
-        super::train::run_loop(
-            &mut engine,
-            &mut *s,
-            l,
-            b,
-            opts,
-            p,
-            lead,
-            several,
-            (&mut *ckpt, &mut *tracing),
-        )
-    });
+    let run = super::train::run_engine(
+        run_with,
+        &mut engine,
+        &mut *s,
+        opts,
+        lead,
+        several,
+        (&mut *ckpt, &mut *tracing),
+    );
     drop(s);
     let mut run = run?;
     run.model_buffer_bytes = engine.model_bytes() as u64;

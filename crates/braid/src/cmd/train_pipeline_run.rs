@@ -4,7 +4,7 @@
 //! first) or on CPUs, the training loop, the timeline, and for `--save`
 //! the whole model gathered from every stage.
 
-use super::train::LoopBody;
+use super::train::RunWith;
 use super::train_ckpt::CkptSetup;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
@@ -62,10 +62,7 @@ pub struct PipelineDone {
 
 /// Runs the pipeline; `run_with` runs the loop with the progress printer,
 /// the loader and the batch.
-pub fn run(
-    r: PipelineRun<'_>,
-    run_with: &mut dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String>,
-) -> Result<PipelineDone, String> {
+pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDone, String> {
     let PipelineRun {
         comm,
         cfg,
@@ -265,19 +262,15 @@ pub fn run(
             }
             _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
         };
-        let run = run_with(&mut |p, l, b| {
-            super::train::run_loop(
-                &mut engine,
-                &mut *s,
-                l,
-                b,
-                opts,
-                p,
-                lead,
-                true,
-                (&mut *ckpt, &mut *tracing),
-            )
-        })?;
+        let run = super::train::run_engine(
+            run_with,
+            &mut engine,
+            &mut *s,
+            opts,
+            lead,
+            true,
+            (&mut *ckpt, &mut *tracing),
+        )?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }
@@ -314,19 +307,15 @@ pub fn run(
                 }
                 _ => distributed(groups.data, shard_choice, ddp)?,
             };
-        let run = run_with(&mut |p, l, b| {
-            super::train::run_loop(
-                &mut engine,
-                &mut *s,
-                l,
-                b,
-                opts,
-                p,
-                lead,
-                true,
-                (&mut *ckpt, &mut *tracing),
-            )
-        })?;
+        let run = super::train::run_engine(
+            run_with,
+            &mut engine,
+            &mut *s,
+            opts,
+            lead,
+            true,
+            (&mut *ckpt, &mut *tracing),
+        )?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }
