@@ -27,13 +27,6 @@ use std::time::Instant;
 
 /// The training loop's run, given the progress printer, the loader and
 /// the batch (each path wraps its engine and strategy in one).
-/// What runs a [`LoopBody`] with the run's progress printer, loader and
-/// batch.
-pub(super) type RunWith<'a> = dyn FnMut(&mut LoopBody<'_>) -> Result<RunReport, String> + 'a;
-
-pub(super) type LoopBody<'a> =
-    dyn FnMut(&mut Progress, &mut TokenWindows, &mut TokenBatch) -> Result<RunReport, String> + 'a;
-
 /// `--bucket-mb`'s default (PyTorch DDP's).
 const BUCKET_MB: f64 = 25.0;
 /// `--first-bucket-mb`'s default (PyTorch DDP's).
@@ -1039,8 +1032,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         });
     }
     let mut tb = TokenBatch::new(batch, seq);
-    let mut run_with = |engine: &mut LoopBody<'_>| -> Result<RunReport, String> {
-        engine(&mut progress, &mut loader, &mut tb)
+    let mut parts = LoopParts {
+        progress: &mut progress,
+        loader: &mut loader,
+        batch: &mut tb,
+        opts: &mut opts,
+        ckpt: &mut ckpt,
+        tracing: &mut tracing,
+        lead,
     };
     // Under --pp: the parameters of this rank's stages, and the timeline.
     let mut stage_params = None;
@@ -1056,7 +1055,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 batch,
                 seq,
                 place: &place,
-                lead,
                 cuda,
                 precision,
                 optimizer,
@@ -1066,11 +1064,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 gpu_memory,
                 shard_choice,
                 ddp,
-                opts: &opts,
-                ckpt: &mut ckpt,
-                tracing: &mut tracing,
             },
-            &mut run_with,
+            &mut parts,
         )?;
         stage_params = Some(done.stage_params);
         pipeline_json = done.timeline_json;
@@ -1083,18 +1078,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 batch,
                 seq,
                 place: &place,
-                lead,
                 optimizer,
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
                 shard_choice,
                 ddp,
-                opts: &opts,
-                ckpt: &mut ckpt,
-                tracing: &mut tracing,
             },
-            &mut run_with,
+            &mut parts,
         )?;
         params = trained;
         run
@@ -1109,7 +1100,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 seq,
                 place: &place,
                 ranks,
-                lead,
                 precision,
                 zero,
                 offload,
@@ -1119,11 +1109,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 save: a.save.is_some(),
                 shard_choice,
                 ddp,
-                opts: &mut opts,
-                ckpt: &mut ckpt,
-                tracing: &mut tracing,
             },
-            &mut run_with,
+            &mut parts,
         )?
     };
     let tokens_per_step = (batch * seq * a.accum * ranks) as f64;
@@ -1249,74 +1236,45 @@ fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, S
     })
 }
 
-/// [`run_loop`] through `run_with` (which holds the progress printer, the
-/// loader and the batch): how each of the CPU, GPU and pipeline runs
-/// starts its loop.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run_engine<E, S>(
-    run_with: &mut RunWith<'_>,
-    engine: &mut E,
-    strategy: &mut S,
-    opts: &LoopOptions,
-    lead: bool,
-    distributed: bool,
-    (ckpt, tracing): (
-        &mut super::train_ckpt::CkptSetup,
-        &mut super::train_trace::TraceSetup,
-    ),
-) -> Result<RunReport, String>
-where
-    E: Engine<Batch = TokenBatch>,
-    S: Strategy<E> + ?Sized,
-{
-    run_with(&mut |p, l, b| {
-        run_loop(
-            &mut *engine,
-            &mut *strategy,
-            l,
-            b,
-            opts,
-            p,
-            lead,
-            distributed,
-            (&mut *ckpt, &mut *tracing),
-        )
-    })
+/// What every run's training loop takes besides its engine and strategy:
+/// the progress printer, the loader and its batch, the loop's options,
+/// checkpoints and tracing, and whether this rank leads.
+pub(crate) struct LoopParts<'r, 'd> {
+    pub progress: &'r mut Progress,
+    pub loader: &'r mut TokenWindows<'d>,
+    pub batch: &'r mut TokenBatch,
+    /// The loop's options (a GPU run's pre-flight decides where saved
+    /// activations live before the loop starts).
+    pub opts: &'r mut LoopOptions,
+    pub ckpt: &'r mut super::train_ckpt::CkptSetup,
+    pub tracing: &'r mut super::train_trace::TraceSetup,
+    pub lead: bool,
 }
 
 /// The loop with `strategy`, progress printed by the lead rank;
 /// `distributed`: the strategy runs over a communicator (of one rank, or
 /// more).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run_loop<E, S>(
+    parts: &mut LoopParts<'_, '_>,
     engine: &mut E,
     strategy: &mut S,
-    loader: &mut TokenWindows,
-    batch: &mut TokenBatch,
-    opts: &LoopOptions,
-    progress: &mut Progress,
-    lead: bool,
     distributed: bool,
-    (ckpt, tracing): (
-        &mut super::train_ckpt::CkptSetup,
-        &mut super::train_trace::TraceSetup,
-    ),
 ) -> Result<RunReport, String>
 where
     E: Engine<Batch = TokenBatch>,
     S: Strategy<E> + ?Sized,
 {
-    if lead && distributed {
+    if parts.lead && distributed {
         println!("strategy: {}", strategy.describe());
     }
     let r = train_with(
         engine,
         strategy,
-        loader,
-        batch,
-        opts,
-        ckpt.loop_view(),
-        &mut |r| progress.step(r),
+        &mut *parts.loader,
+        &mut *parts.batch,
+        &*parts.opts,
+        parts.ckpt.loop_view(),
+        &mut |r| parts.progress.step(r),
     );
     if let (Err(e), true) = (&r, distributed) {
         // A failed distributed run may have device work queued that waits
@@ -1328,7 +1286,7 @@ where
     }
     // While the communicator lives: rank 0 may host the store.
     let run = r?;
-    tracing.finish(&run)?;
+    parts.tracing.finish(&run)?;
     Ok(run)
 }
 

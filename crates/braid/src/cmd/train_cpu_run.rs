@@ -4,18 +4,16 @@
 //! run's ranks (data parallel or ZeRO, wrapped for the tensor groups), the
 //! loop, and for `--save` the whole model gathered from the shares.
 
-use super::train::RunWith;
-use super::train_ckpt::CkptSetup;
+use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_strategy::{distributed, ShardChoice};
-use super::train_trace::TraceSetup;
 use braid_comm::Communicator;
 use braid_model::Params;
 use braid_train::collective::HostCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::CpuGpt;
 use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{LoopOptions, RunReport, Single, Strategy};
+use braid_train::{RunReport, Single, Strategy};
 
 /// What a CPU run takes from `braid train`'s set-up.
 pub struct CpuRun<'r> {
@@ -27,7 +25,6 @@ pub struct CpuRun<'r> {
     pub batch: usize,
     pub seq: usize,
     pub place: &'r Place,
-    pub lead: bool,
     pub optimizer: super::train::OptimizerKind,
     pub weight_decay: f32,
     pub checkpointing: bool,
@@ -35,32 +32,26 @@ pub struct CpuRun<'r> {
     pub save: bool,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
-    pub opts: &'r LoopOptions,
-    pub ckpt: &'r mut CkptSetup,
-    pub tracing: &'r mut TraceSetup,
 }
 
-/// Runs training on the CPUs; `run_with` runs the loop with the progress
-/// printer, the loader and the batch. Returns the run and the parameters
+/// Runs training on the CPUs; `parts` is what the loop takes
+/// besides the engine and the strategy. Returns the run and the parameters
 /// after it (whole where this rank saves).
-pub fn run(r: CpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<(RunReport, Params), String> {
+pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, Params), String> {
     let CpuRun {
         comm,
         params,
         batch,
         seq,
         place,
-        lead,
         optimizer,
         weight_decay,
         checkpointing,
         save,
         shard_choice,
         ddp,
-        opts,
-        ckpt,
-        tracing,
     } = r;
+    let lead = parts.lead;
     let how = super::train::cpu_optimizer(optimizer, weight_decay);
     // Under --tp: the tensor and data groups, split from the world.
     let groups = match (&comm, place.tensor) {
@@ -95,15 +86,7 @@ pub fn run(r: CpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<(RunReport, Para
             )
         }
     };
-    let run = super::train::run_engine(
-        run_with,
-        &mut engine,
-        &mut *s,
-        opts,
-        lead,
-        several,
-        (&mut *ckpt, &mut *tracing),
-    )?;
+    let run = super::train::run_loop(parts, &mut engine, &mut *s, several)?;
     drop(s);
     let mut params = engine.into_params();
     if let (Some(g), true, 0) = (&tensor_group, save, place.data_rank()) {

@@ -6,11 +6,9 @@
 //! whole model back on the host.
 
 use super::preflight::Shape;
-use super::train::RunWith;
-use super::train_ckpt::CkptSetup;
+use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_strategy::{distributed, ShardChoice};
-use super::train_trace::TraceSetup;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_model::{GptConfig, Params};
@@ -18,7 +16,7 @@ use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{GpuGpt, Precision};
 use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{Engine, LoopOptions, RunReport, Single, Strategy};
+use braid_train::{Engine, RunReport, Single, Strategy};
 use std::time::Instant;
 
 /// What a GPU run takes from `braid train`'s set-up.
@@ -39,7 +37,6 @@ pub struct GpuRun<'r> {
     pub place: &'r Place,
     /// Data-parallel ranks.
     pub ranks: usize,
-    pub lead: bool,
     pub precision: Precision,
     pub zero: Option<u8>,
     pub offload: bool,
@@ -51,16 +48,11 @@ pub struct GpuRun<'r> {
     pub save: bool,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
-    /// The loop's options (the pre-flight decides where saved
-    /// activations live).
-    pub opts: &'r mut LoopOptions,
-    pub ckpt: &'r mut CkptSetup,
-    pub tracing: &'r mut TraceSetup,
 }
 
-/// Runs training on the GPUs; `run_with` runs the loop with the progress
-/// printer, the loader and the batch.
-pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, String> {
+/// Runs training on the GPUs; `parts` is what the loop takes
+/// besides the engine and the strategy.
+pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, String> {
     let GpuRun {
         comm,
         cfg,
@@ -70,7 +62,6 @@ pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, Strin
         seq,
         place,
         ranks,
-        lead,
         precision,
         zero,
         offload,
@@ -80,10 +71,8 @@ pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, Strin
         save,
         mut shard_choice,
         ddp,
-        opts,
-        ckpt,
-        tracing,
     } = r;
+    let lead = parts.lead;
     let gpu = match comm {
         Some(c) => Some(GpuCommunicator::init_from_env(c).map_err(|e| e.to_string())?),
         None => None,
@@ -172,7 +161,7 @@ pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, Strin
         }
     }
     shard_choice.saved_in_grads = plan.saved_in_grads;
-    opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
+    parts.opts.saved_in_grads = plan.saved_in_grads && zero.is_none();
     shard_choice.half_gathers = plan.half_gathers;
     shard_choice.split_reduce = plan.split_embeddings;
     braid_cuda::pool::reset_peak();
@@ -233,15 +222,7 @@ pub fn run(r: GpuRun<'_>, run_with: &mut RunWith<'_>) -> Result<RunReport, Strin
             )
         }
     };
-    let run = super::train::run_engine(
-        run_with,
-        &mut engine,
-        &mut *s,
-        opts,
-        lead,
-        several,
-        (&mut *ckpt, &mut *tracing),
-    );
+    let run = super::train::run_loop(parts, &mut engine, &mut *s, several);
     drop(s);
     let mut run = run?;
     run.model_buffer_bytes = engine.model_bytes() as u64;

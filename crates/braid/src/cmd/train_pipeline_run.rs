@@ -4,12 +4,10 @@
 //! first) or on CPUs, the training loop, the timeline, and for `--save`
 //! the whole model gathered from every stage.
 
-use super::train::RunWith;
-use super::train_ckpt::CkptSetup;
+use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
 use super::train_strategy::{distributed, ShardChoice};
-use super::train_trace::TraceSetup;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_model::{GptConfig, Params};
@@ -17,7 +15,7 @@ use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
 use braid_train::schedule::Schedule;
-use braid_train::{LoopOptions, RunReport, Single, Strategy};
+use braid_train::{RunReport, Single, Strategy};
 use std::sync::Arc;
 
 /// What a pipeline run takes from `braid train`'s set-up.
@@ -34,7 +32,6 @@ pub struct PipelineRun<'r> {
     pub batch: usize,
     pub seq: usize,
     pub place: &'r Place,
-    pub lead: bool,
     pub cuda: bool,
     pub precision: Precision,
     pub optimizer: super::train::OptimizerKind,
@@ -46,9 +43,6 @@ pub struct PipelineRun<'r> {
     pub gpu_memory: Option<u128>,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
-    pub opts: &'r LoopOptions,
-    pub ckpt: &'r mut CkptSetup,
-    pub tracing: &'r mut TraceSetup,
 }
 
 /// What a pipeline run gives back.
@@ -60,9 +54,9 @@ pub struct PipelineDone {
     pub timeline_json: Option<serde_json::Value>,
 }
 
-/// Runs the pipeline; `run_with` runs the loop with the progress printer,
-/// the loader and the batch.
-pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDone, String> {
+/// Runs the pipeline; `parts` is what the loop takes besides
+/// the engine and the strategy.
+pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<PipelineDone, String> {
     let PipelineRun {
         comm,
         cfg,
@@ -72,7 +66,6 @@ pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDon
         batch,
         seq,
         place,
-        lead,
         cuda,
         precision,
         optimizer,
@@ -82,14 +75,12 @@ pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDon
         gpu_memory,
         shard_choice,
         ddp,
-        opts,
-        ckpt,
-        tracing,
     } = r;
+    let lead = parts.lead;
     let c = comm.ok_or("a pipeline runs over several ranks")?;
     // The strategy's ranks are one stage's data group: a checkpoint is
     // committed once every stage's files are written.
-    ckpt.agree_over(&c);
+    parts.ckpt.agree_over(&c);
     let all = super::train_pipeline::stages(&cfg, &schedule, pipe_flags)?;
     let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
     let whole = params.layout.clone();
@@ -262,15 +253,7 @@ pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDon
             }
             _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
         };
-        let run = super::train::run_engine(
-            run_with,
-            &mut engine,
-            &mut *s,
-            opts,
-            lead,
-            true,
-            (&mut *ckpt, &mut *tracing),
-        )?;
+        let run = super::train::run_loop(parts, &mut engine, &mut *s, true)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }
@@ -307,15 +290,7 @@ pub fn run(r: PipelineRun<'_>, run_with: &mut RunWith<'_>) -> Result<PipelineDon
                 }
                 _ => distributed(groups.data, shard_choice, ddp)?,
             };
-        let run = super::train::run_engine(
-            run_with,
-            &mut engine,
-            &mut *s,
-            opts,
-            lead,
-            true,
-            (&mut *ckpt, &mut *tracing),
-        )?;
+        let run = super::train::run_loop(parts, &mut engine, &mut *s, true)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }
