@@ -175,8 +175,9 @@ pub struct Checkpointer {
     /// Write each save before training goes on (to compare with the
     /// background write).
     sync: bool,
-    /// Every rank of the run, where the agreements go over it rather than
-    /// over the strategy's ranks ([`agree_over`](Checkpointer::agree_over)).
+    /// Every rank of the run, which the agreements go over when given
+    /// ([`agree_over`](Checkpointer::agree_over)), rather than the
+    /// strategy's ranks.
     world_comm: Option<braid_comm::Communicator>,
 }
 
@@ -270,10 +271,11 @@ impl Checkpointer {
         })
     }
 
-    /// Agrees over `world` (every rank of the run) instead of the mean the
-    /// loop passes in: where the strategy's ranks are only some of the
-    /// run's — a pipeline's data group holds one stage, and rank 0 must
-    /// not commit before the other stages' files are written.
+    /// Agrees over `world` (every rank of the run) instead of through the
+    /// mean the loop passes in, which spans the strategy's ranks only — a
+    /// pipeline's data group holds one stage, and rank 0 must not commit
+    /// before the other stages' files are written. `braid train` agrees
+    /// over the world whenever it has one.
     pub fn agree_over(&mut self, world: braid_comm::Communicator) {
         self.world_comm = Some(world);
     }

@@ -1011,6 +1011,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         run_desc.clone(),
         lead,
     )?;
+    // A checkpoint is committed once every rank of the run has written
+    // its files: the agreement goes over the world, not the strategy's
+    // ranks (under --pp those are one stage's data group).
+    if let Some(c) = &comm {
+        ckpt.agree_over(c);
+    }
     let mut tracing = super::train_trace::start(
         a.trace.as_deref(),
         a.metrics_addr.as_deref(),

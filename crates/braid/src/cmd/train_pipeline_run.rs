@@ -78,9 +78,6 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
     } = r;
     let lead = parts.lead;
     let c = comm.ok_or("a pipeline runs over several ranks")?;
-    // The strategy's ranks are one stage's data group: a checkpoint is
-    // committed once every stage's files are written.
-    parts.ckpt.agree_over(&c);
     let all = super::train_pipeline::stages(&cfg, &schedule, pipe_flags)?;
     let layouts = super::train_pipeline::layouts(&params.layout, &schedule, &all)?;
     let whole = params.layout.clone();
