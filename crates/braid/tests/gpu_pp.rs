@@ -303,32 +303,37 @@ fn gpu_pp_2_tracks_one_gpu() {
     }
 }
 
+/// 3 steps of 1F1B over 2 GPUs in 8 micro-batches of the 8-layer model
+/// whose activations are hundreds of MB, global batch 16 × 1024, with
+/// `extra` arguments.
+fn pp2_l8(extra: &[&str]) -> common::Finished {
+    let mut cmd = common::braid();
+    cmd.args([
+        "train",
+        "--device",
+        "cuda",
+        "--model",
+        "L8-H8-C1024-V50304-T1024",
+    ])
+    .args(["--data", "random", "--global-batch", "16", "--seq", "1024"])
+    .args(["--steps", "3", "--eval-every", "0", "--nproc-per-node", "2"])
+    .args(["--pp", "2", "--micro-batches", "8"])
+    .args(extra)
+    .env("NCCL_NVLS_ENABLE", "0");
+    common::run(cmd, std::time::Duration::from_secs(120))
+}
+
 /// The stage's memory estimate printed at start is within 10 % of the
 /// first stage's measured peak (1F1B over 2 GPUs, a model whose
 /// activations are hundreds of MB, with and without checkpointing).
 #[test]
 fn gpu_pp_stage_estimate_is_near_the_measured_peak() {
     use common::gpu::figure;
-    use common::{braid, run};
-    use std::time::Duration;
     if gpus(2).is_none() {
         return;
     }
     for ckpt in [false, true] {
-        let mut cmd = braid();
-        cmd.args([
-            "train",
-            "--device",
-            "cuda",
-            "--model",
-            "L8-H8-C1024-V50304-T1024",
-        ])
-        .args(["--data", "random", "--global-batch", "16", "--seq", "1024"])
-        .args(["--steps", "3", "--eval-every", "0", "--nproc-per-node", "2"])
-        .args(["--pp", "2", "--micro-batches", "8"])
-        .args(ckpt.then_some("--checkpointing"))
-        .env("NCCL_NVLS_ENABLE", "0");
-        let f = run(cmd, Duration::from_secs(120));
+        let f = pp2_l8(if ckpt { &["--checkpointing"] } else { &[] });
         assert_eq!(f.code, Some(0), "{f:?}");
         let est = figure(&f.stdout, "GPU memory estimate:");
         let peak = figure(&f.stdout, "peak device memory");
@@ -352,28 +357,12 @@ fn gpu_pp_stage_estimate_is_near_the_measured_peak() {
 #[test]
 fn gpu_pp_fits_its_stages_in_a_memory_budget() {
     use common::gpu::figure;
-    use common::{braid, run};
-    use std::time::Duration;
     if gpus(2).is_none() {
         return;
     }
-    let train = |budget: Option<String>| {
-        let mut cmd = braid();
-        cmd.args([
-            "train",
-            "--device",
-            "cuda",
-            "--model",
-            "L8-H8-C1024-V50304-T1024",
-        ])
-        .args(["--data", "random", "--global-batch", "16", "--seq", "1024"])
-        .args(["--steps", "3", "--eval-every", "0", "--nproc-per-node", "2"])
-        .args(["--pp", "2", "--micro-batches", "8", "--stage-layers", "6,2"])
-        .env("NCCL_NVLS_ENABLE", "0");
-        if let Some(b) = budget {
-            cmd.args(["--gpu-memory", &b]);
-        }
-        run(cmd, Duration::from_secs(120))
+    let train = |budget: Option<String>| match budget {
+        Some(b) => pp2_l8(&["--stage-layers", "6,2", "--gpu-memory", &b]),
+        None => pp2_l8(&["--stage-layers", "6,2"]),
     };
     let whole = train(None);
     assert_eq!(whole.code, Some(0), "{whole:?}");

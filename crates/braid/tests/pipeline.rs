@@ -522,18 +522,12 @@ fn one_pipeline_replica_holds_one_gradient_buffer() {
             "20.00 bytes per parameter",
         ),
     ] {
-        let mut c = braid();
-        c.arg("train")
-            .args(["--model", MODEL, "--tokenizer", "bytes", "--seq", "32"])
-            .args(extra)
-            .args(["--steps", "2", "--eval-every", "0"]);
-        let f = run(c, Duration::from_secs(60));
-        assert_eq!(f.code, Some(0), "{extra:?}: {f:?}");
-        let line = f
-            .stdout
-            .lines()
-            .find(|l| l.contains("model states per rank"))
-            .unwrap_or_default();
+        let args = [
+            &["--model", MODEL, "--tokenizer", "bytes", "--seq", "32"][..],
+            extra,
+        ]
+        .concat();
+        let line = common::model_states_line(&args);
         assert!(line.contains(want), "{extra:?}: {line}");
     }
 }

@@ -78,17 +78,7 @@ fn tp_model_states_are_measured_against_the_ranks_share() {
             "8.00 bytes per parameter (measured / formula 1.00)",
         ),
     ] {
-        let mut c = braid();
-        c.arg("train")
-            .args(extra)
-            .args(["--steps", "2", "--eval-every", "0"]);
-        let f = run(c, Duration::from_secs(60));
-        assert_eq!(f.code, Some(0), "{extra:?}: {f:?}");
-        let line = f
-            .stdout
-            .lines()
-            .find(|l| l.contains("model states per rank"))
-            .unwrap_or_default();
+        let line = common::model_states_line(extra);
         assert!(line.contains(want), "{extra:?}: {line}");
     }
 }

@@ -145,7 +145,7 @@ fn tensor_parallel(
         a.with_landing(f, sharding, share)
     };
     let f = need(batch, a.checkpointing, a.sharding);
-    let Some(space) = Room::of(a, dev) else {
+    let Some(space) = Room::new(dev, a.gpu_memory) else {
         return Ok(plan(f.total()));
     };
     if space.fits(f.total()) {
@@ -309,14 +309,9 @@ pub(super) struct Room {
 }
 
 impl Room {
-    /// `dev`'s free memory and `a`'s budget; `None` where neither is known
-    /// (the free memory cannot be read and no budget was given).
-    fn of(a: &Shape<'_>, dev: &braid_cuda::Device) -> Option<Room> {
-        Room::new(dev, a.gpu_memory)
-    }
-
     /// `dev`'s free memory and `budget` (`--gpu-memory`); `None` where
-    /// neither is known.
+    /// neither is known (the free memory cannot be read and no budget was
+    /// given).
     pub(super) fn new(dev: &braid_cuda::Device, budget: Option<u128>) -> Option<Room> {
         let free = match (dev.free_memory(), budget) {
             (Ok(free), _) => free as u128,
@@ -617,7 +612,7 @@ pub fn device(
         split_embeddings: split,
         per_ranks: Vec::new(),
     };
-    let Some(space) = Room::of(a, dev) else {
+    let Some(space) = Room::new(dev, a.gpu_memory) else {
         return Ok(plan(0, forms[0]));
     };
     let need_with = |b: usize,

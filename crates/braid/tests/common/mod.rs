@@ -117,6 +117,22 @@ pub fn braid_args(args: &[&str]) -> (bool, String, String) {
     (f.code == Some(0), f.stdout, f.stderr)
 }
 
+/// The "model states per rank" line of `braid train ARGS --steps 2
+/// --eval-every 0`, which must succeed (empty where it printed none).
+pub fn model_states_line(args: &[&str]) -> String {
+    let mut c = braid();
+    c.arg("train")
+        .args(args)
+        .args(["--steps", "2", "--eval-every", "0"]);
+    let f = run(c, Duration::from_secs(60));
+    assert_eq!(f.code, Some(0), "{args:?}: {f:?}");
+    f.stdout
+        .lines()
+        .find(|l| l.contains("model states per rank"))
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Whether a process with this pid exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     braid_comm::health::process_alive(pid)
