@@ -18,7 +18,11 @@
 #   bash bench/device/pp.sh bubble
 #     braid alone, the 2.65B model on 4 GPUs, 8 steps of each schedule:
 #     the timeline chart of the last step and the measured idle fraction
-#     beside the theory's.
+#     beside the theory's. PP_BUBBLE_MODEL (e.g. L30-H32-C2560: 30 layers
+#     and the head split over 4 or 8 stages within 1.5 % of equal, where
+#     32 layers leave one stage 7 % over), PP_BUBBLE_MB micro-batches and
+#     PP_BUBBLE_BATCH the global batch change the run; PP_SCHEDULES the
+#     schedules.
 #   bash bench/device/pp.sh big
 #     the 12.85B model (L40-H40-C5120) on 4 GPUs, batch 16 x 1024 in 8
 #     micro-batches with activation checkpointing: braid --pp 4 1F1B beside
@@ -123,9 +127,10 @@ phase_bubble() {
     t=$(left)
     [ "$t" -ge 40 ] || { echo "$s: skipped ($t s left)"; continue; }
     [ "$t" -gt 90 ] && t=90
-    timeout -k 10 "$t" "$B" train --device cuda --model L32-H32-C2560-V50304-T1024 --data random \
-      --global-batch 16 --seq 1024 --steps 8 --eval-every 0 --log-every 4 --nproc-per-node "$NPROC" \
-      --pp "$NPROC" --micro-batches 8 --schedule "$s" > "$f" 2>&1
+    timeout -k 10 "$t" "$B" train --device cuda --model "${PP_BUBBLE_MODEL:-L32-H32-C2560}-V50304-T1024" \
+      --data random --global-batch "${PP_BUBBLE_BATCH:-16}" --seq 1024 --steps 8 --eval-every 0 \
+      --log-every 4 --nproc-per-node "$NPROC" --pp "$NPROC" --micro-batches "${PP_BUBBLE_MB:-8}" \
+      --schedule "$s" > "$f" 2>&1
     echo "$s: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
     grep -h -A6 'pipeline timeline' "$f" | sed 's/^\[rank 0\] //'
     grep -h 'error' "$f" | head -2 | cut -c1-300

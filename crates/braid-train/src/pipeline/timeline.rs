@@ -158,6 +158,36 @@ pub fn on_paper_weighted(s: &Schedule, costs: &[f64]) -> Result<f64> {
     Ok(sim.bubble())
 }
 
+/// The idle fraction of `s` run on paper with each action taking the
+/// median time its stage and kind took in `measured` (a step as it ran):
+/// the bubble this hardware's own times allow, waits for data and
+/// stragglers aside (an action kind a stage never ran costs nothing).
+pub fn on_paper_measured(s: &Schedule, measured: &Simulated) -> Result<f64> {
+    let mut times: std::collections::HashMap<(usize, u8), Vec<f64>> = Default::default();
+    for rank in &measured.ranks {
+        for (a, t0, t1) in &rank.spans {
+            times
+                .entry((a.stage, op_code(a.op) as u8))
+                .or_default()
+                .push(t1 - t0);
+        }
+    }
+    let medians: std::collections::HashMap<(usize, u8), f64> = times
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (k, v[v.len() / 2])
+        })
+        .collect();
+    let sim = crate::schedule::check::simulate_actions(s, &|a| {
+        medians
+            .get(&(a.stage, op_code(a.op) as u8))
+            .copied()
+            .unwrap_or(0.0)
+    })?;
+    Ok(sim.bubble())
+}
+
 /// What a rank's stages held at once: per stage (global index) the most
 /// micro-batches' buffers in flight, and where known the bytes of one.
 pub struct Held<'a> {
@@ -301,6 +331,7 @@ impl Measured {
                 .stage_costs
                 .as_ref()
                 .and_then(|c| on_paper_weighted(s, c).ok()),
+            "bubble_on_paper_measured_times": on_paper_measured(s, last).ok(),
             "bubble_formula": (n - 1.0) / (v * m + n - 1.0),
             "steps_counted": self.bubbles.len(),
             "last_step": {"step_s": last.makespan, "ranks": ranks},
@@ -337,6 +368,14 @@ impl Measured {
                 .unwrap_or_default(),
             _ => String::new(),
         };
+        let timed = on_paper_measured(s, last)
+            .map(|b| {
+                format!(
+                    ", {:.1}% with the last step's measured action times",
+                    100.0 * b
+                )
+            })
+            .unwrap_or_default();
         let per_rank: Vec<String> = last
             .ranks
             .iter()
@@ -349,7 +388,7 @@ impl Measured {
             "pipeline timeline of the last step ({:.1} ms; digits: forward of micro-batch n, \
              letters: its backward, w: weight half, '.': waiting):\n{}pipeline bubble: measured \
              {:.1}% ({counted}; last step by rank {}), on paper {paper} (backward 2x forward, \
-             equal stages{split}){formula}",
+             equal stages{split}{timed}){formula}",
             1e3 * last.makespan,
             chart(last, 64),
             100.0 * measured,
@@ -408,6 +447,40 @@ mod tests {
         }
         let s = ScheduleKind::OneFOneB.build(4, 8).unwrap();
         assert!(on_paper_weighted(&s, &[1.0; 3]).is_err());
+    }
+
+    /// A paper run fed back as if measured gives its own bubble back, and
+    /// a weight half shorter than the input half leaves ZB-H1 more of
+    /// 1F1B's bubble than the equal halves do.
+    #[test]
+    fn the_measured_times_bubble_replays_a_step() {
+        let cost = |a: &Action| match a.op {
+            Op::Forward => 1.0,
+            Op::Backward => 2.0,
+            Op::BackwardInput => 1.0,
+            Op::BackwardWeight => 1.0,
+            _ => 0.0,
+        };
+        let short_w = |a: &Action| match a.op {
+            Op::BackwardInput => 1.4,
+            Op::BackwardWeight => 0.6,
+            _ => cost(a),
+        };
+        let one = ScheduleKind::OneFOneB.build(4, 8).unwrap();
+        let zb = ScheduleKind::ZeroBubble.build(4, 8).unwrap();
+        let run = |s: &Schedule, c: &dyn Fn(&Action) -> f64| {
+            crate::schedule::check::simulate_actions(s, c).unwrap()
+        };
+        for s in [&one, &zb] {
+            let sim = run(s, &cost);
+            let replay = on_paper_measured(s, &sim).unwrap();
+            assert!((replay - sim.bubble()).abs() < 1e-9, "{}: {replay}", s.name);
+        }
+        let even = on_paper_measured(&zb, &run(&zb, &cost)).unwrap()
+            / on_paper_measured(&one, &run(&one, &cost)).unwrap();
+        let skew = on_paper_measured(&zb, &run(&zb, &short_w)).unwrap()
+            / on_paper_measured(&one, &run(&one, &short_w)).unwrap();
+        assert!(skew > even + 0.05, "{skew} vs {even}");
     }
 
     #[test]
