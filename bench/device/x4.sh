@@ -276,8 +276,9 @@ phase_zero() {
 
 phase_big() {
   local M=L40-H40-C5120-V50304-T1024
-  br z3-13b 170 4 --zero 3 --model $M --batch 8 --seq 1024 --data random --checkpointing --steps 12 \
-    --log-every 2 --json "$L/z3-13b.json"
+  # X4_BIG_PLAIN=0 skips braid's run without a budget.
+  [ "${X4_BIG_PLAIN:-1}" = 0 ] || br z3-13b 170 4 --zero 3 --model $M --batch 8 --seq 1024 --data random \
+    --checkpointing --steps 12 --log-every 2 --json "$L/z3-13b.json"
   # X4_BIG_RECOMPUTE=1: again with the attention output recomputed under
   # checkpointing (FSDP2 saves only each layer's input).
   if [ "${X4_BIG_RECOMPUTE:-0}" = 1 ]; then
