@@ -126,18 +126,22 @@ phase_bench() {
 }
 
 # The 12.85B model (L40-H40-C5120) on 4 GPUs, batch 8 x 1024, activation
-# checkpointing, bf16 weights cast layer by layer: braid --tp 4 beside
-# PyTorch TP 4 + SP.
+# checkpointing: braid --tp 4 beside PyTorch TP 4 + SP. The bf16 weights
+# as the pre-flight chooses (a whole copy where it fits);
+# TP_BIG_WEIGHTS=streamed casts them layer by layer (the form of the
+# rows before 2026-11-27, later). TP_BIG_PEER=0 skips PyTorch.
 phase_big() {
   local t
   t=$(left)
   [ "$t" -gt 260 ] && t=260
-  BRAID_BF16_WEIGHTS=streamed timeout -k 10 "$t" "$B" train --device cuda \
+  BRAID_BF16_WEIGHTS=${TP_BIG_WEIGHTS:-auto} timeout -k 10 "$t" "$B" train --device cuda \
     --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
     --eval-every 0 --log-every 2 --checkpointing --nproc-per-node "$NPROC" --tp "$NPROC" --no-sp \
     > "$L/big-braid.txt" 2>&1
   echo "12.85B braid --tp $NPROC: exit $? | $(grep -h 'gpu summary' "$L/big-braid.txt" | sed 's/.*gpu summary: //')"
   grep -h 'error' "$L/big-braid.txt" | head -3
+  grep -h 'memory estimate' "$L/big-braid.txt" | head -1
+  [ "${TP_BIG_PEER:-1}" = 0 ] && return
   t=$(left)
   [ "$t" -ge 60 ] || { echo "12.85B peer: skipped ($t s left)"; return; }
   [ "$t" -gt 260 ] && t=260
