@@ -324,7 +324,7 @@ pub fn check_stage_fits(
                  --checkpointing, more micro-batches of fewer rows (--micro-batches), more \
                  pipeline stages (--pp), or move layers off this stage (--stage-layers)",
                 gib(states + acts),
-                space.said(dev),
+                space.said(),
                 gib(states),
                 gib(acts),
                 a.in_flight,
@@ -344,7 +344,7 @@ pub fn check_stage_fits(
                 Precision::Bf16 if !streamed => "their bf16 copy, ",
                 _ => "",
             },
-            space.said(dev),
+            space.said(),
             match precision {
                 Precision::Bf16 if !streamed => {
                     ", or cast the bf16 weights layer by layer (BRAID_BF16_WEIGHTS=streamed)"
