@@ -19,6 +19,10 @@ ln -sf /tmp/braid /work/main/target/release/braid
 ANCHORS=$PWD/.dev/anchors
 L=/tmp/logs
 mkdir -p "$L"
+# A machine may come back with an earlier session's logs: keep this
+# session's (the calls of the last hour), drop the rest before they are
+# packed with this call's.
+find "$L" -mindepth 1 -mmin +60 -delete 2> /dev/null
 {
   echo "braid at $(tr '\n' ' ' < .dev/commit 2>/dev/null)"
   nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader

@@ -54,14 +54,53 @@ pub const ALIGN: u64 = 256;
 /// norm's — this packs the buffers one after another from the front,
 /// each within the prefix of the allocation it may use, leaving no gaps
 /// but alignment's.
+///
+/// That order can leave a large buffer read first (the head's) without a
+/// gap long enough, where it could have run from a region that only such
+/// buffers may use into the next: so each buffer of the shortest life
+/// (one per size) is also tried at the front, the rest after it in the
+/// order above, and the placement lending the most bytes kept (the first
+/// of equals). At 12.85B under ZeRO-3 over 4 ranks with the attention's
+/// state kept in the last 8 layers, the token embeddings' bf16 cast
+/// (515 MB) first lends 316 MB more, the estimate 52.62 GiB against
+/// 52.91 (`footprint`'s test `the_cast_embeddings_first_lend_more`).
 pub fn place(wants: &[Want], regions: &[Region]) -> Vec<Option<u64>> {
+    let mut order: Vec<usize> = (0..wants.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(wants[i].last_read), i));
+    let lent = |at: &[Option<u64>]| -> u64 {
+        at.iter()
+            .zip(wants)
+            .filter(|(a, _)| a.is_some())
+            .map(|(_, w)| w.bytes)
+            .sum()
+    };
+    let mut best = place_in_order(wants, regions, &order);
+    let mut most = lent(&best);
+    let shortest = wants.iter().map(|w| w.last_read).min();
+    let mut sizes_tried = Vec::new();
+    for first in (0..wants.len()).filter(|&i| Some(wants[i].last_read) == shortest) {
+        if sizes_tried.contains(&wants[first].bytes) {
+            continue;
+        }
+        sizes_tried.push(wants[first].bytes);
+        let mut order_first = vec![first];
+        order_first.extend(order.iter().copied().filter(|&i| i != first));
+        let at = place_in_order(wants, regions, &order_first);
+        let bytes = lent(&at);
+        if bytes > most {
+            (best, most) = (at, bytes);
+        }
+    }
+    best
+}
+
+/// [`place`] taking the buffers in `order` (indices into `wants`).
+fn place_in_order(wants: &[Want], regions: &[Region], order: &[usize]) -> Vec<Option<u64>> {
     let mut by_address: Vec<usize> = (0..regions.len()).collect();
     by_address.sort_by_key(|&k| (regions[k].start, k));
     let mut cursor: Vec<u64> = regions.iter().map(|r| r.start).collect();
-    let mut order: Vec<usize> = (0..wants.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(wants[i].last_read), i));
     let mut out = vec![None; wants.len()];
-    for i in order {
+    for &i in order {
         let w = wants[i];
         let idle = |r: &Region| r.free_through >= w.last_read;
         for (first, &k) in by_address.iter().enumerate() {
@@ -274,13 +313,20 @@ mod tests {
                 last_read: 0,
             },
         ];
-        let at = place(&wants, &regions);
+        let order = [0, 2, 1, 3];
+        let at = place_in_order(&wants, &regions, &order);
         check(&wants, &regions, &at);
         assert_eq!(at[0], Some(0));
         assert_eq!(at[2], None);
         assert_eq!(at[1], Some(3072));
         // 4972..7000 is left, but 2000 bytes from 5120 would pass the end.
         assert_eq!(at[3], None);
+        // The head's buffer first lends more (5100 bytes against 4800):
+        // the embeddings' 2900 find no room, the rest runs on from 2048.
+        let at = place(&wants, &regions);
+        check(&wants, &regions, &at);
+        assert_eq!(at, vec![None, Some(3328), Some(2048), Some(0)]);
+        assert_eq!(placed_bytes(&wants, &regions), 5100);
     }
 
     #[test]
