@@ -354,7 +354,14 @@ impl Sharding {
 pub fn gpu_mixed_activation_bytes(cfg: &GptConfig, run: &GpuRun) -> u128 {
     let p = mixed_parts(cfg, run);
     let l = cfg.n_layer as u128;
-    l * p.layer
+    // Layers that leave their attention output to the recomputation keep
+    // their statistics alone; the recomputation's one output is shared.
+    let (layer, shared_atty) = match run.shares_atty() {
+        true => (p.layer_stats, p.atty),
+        false => (p.layer, 0),
+    };
+    l * layer
+        + shared_atty
         + run.kept_attention.min(cfg.n_layer) as u128 * p.kept_extra
         + (l + 1) * p.stream
         + p.head
@@ -497,17 +504,16 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
 /// A pipeline stage of the mixed engine, as [`gpu_mixed_stage_bytes`]
 /// needs it: the run's shape and choices (`b`: a micro-batch's rows), the
 /// stage's layers, whether it is the last (the head, no output gradient
-/// received), whether its backward passes are split (its layers keep
-/// their output gradients for the weight half), and whether under
+/// received), and whether its backward passes are split (its layers keep
+/// their output gradients for the weight half); whether under
 /// checkpointing its layers leave their attention output to the
-/// recomputation (`MixedOptions::recompute_attention_output`).
+/// recomputation is the run's (`GpuRun::recompute_attention_output`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageRun {
     pub run: GpuRun,
     pub layers: usize,
     pub last: bool,
     pub split: bool,
-    pub recompute_attention_output: bool,
 }
 
 /// A pipeline stage's activation memory in the mixed engine (bytes).
@@ -531,7 +537,7 @@ pub fn gpu_mixed_stage_bytes(cfg: &GptConfig, s: &StageRun) -> StageBytes {
     let l = s.layers as u128;
     let keeps_all = s.run.kept_attention >= cfg.n_layer && s.run.fused_attention;
     let keeps_output =
-        !(s.recompute_attention_output && s.run.checkpointing && !keeps_all) || s.split;
+        !(s.run.recompute_attention_output && s.run.checkpointing && !keeps_all) || s.split;
     let layer = match keeps_output {
         true if keeps_all && s.run.checkpointing => p.layer + p.kept_extra,
         true => p.layer,
@@ -582,6 +588,11 @@ pub struct GpuRun {
     /// fused attention's state; 0 none, the model's layers or more all
     /// ([`keeps_attention`]).
     pub kept_attention: usize,
+    /// Under checkpointing where no layer keeps the attention's state:
+    /// the layers save their input and LayerNorm statistics alone, and the
+    /// recomputation runs the attention again into one shared output
+    /// (`MixedOptions::recompute_attention_output`; [`GpuRun::shares_atty`]).
+    pub recompute_attention_output: bool,
     /// How the model states are sharded over ranks.
     pub sharding: Sharding,
     /// The optimizer offloaded to host memory: no f32 master weights or
@@ -602,6 +613,20 @@ pub struct GpuRun {
     /// columns and vocabulary rows; under sequence parallelism, f32 only,
     /// its rows of the residual stream).
     pub tensor: TensorSplit,
+}
+
+impl GpuRun {
+    /// Whether the layers leave their attention output (and log-sum-exp)
+    /// to the recomputation, which writes one output all layers share:
+    /// the engine's rule (`model_mixed`'s `MicroPlan::shared_atty`), where
+    /// a run without the fused attention keeps no layer's state.
+    pub fn shares_atty(&self) -> bool {
+        let kept = match self.fused_attention {
+            true => self.kept_attention,
+            false => 0,
+        };
+        self.checkpointing && kept == 0 && self.recompute_attention_output
+    }
 }
 
 /// Bytes of the bf16 engine's saved activations that live in gradient
@@ -678,13 +703,17 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
         false => w.extend([2 * nc, 2 * nc, 2 * nc, 2 * rows * run.t as u64]),
     };
     let keep_all = run.checkpointing && fused && run.kept_attention >= l;
+    let shared_atty = run.shares_atty();
     let mut wants = Vec::new();
     for layer in 0..l {
-        let mut w = vec![4 * nc, 4 * n, 4 * n, 4 * n, 4 * n, 2 * nc];
+        let mut w = vec![4 * nc, 4 * n, 4 * n, 4 * n, 4 * n];
+        if !shared_atty {
+            w.push(2 * nc);
+        }
         let keep = run.checkpointing && fused && keeps_attention(layer, l, run.kept_attention);
         match (run.checkpointing, keep) {
             (true, true) => attn(&mut w),
-            (true, false) if fused => w.push(4 * rows),
+            (true, false) if fused && !shared_atty => w.push(4 * rows),
             (true, false) => {}
             (false, _) => {
                 attn(&mut w);
@@ -728,6 +757,9 @@ fn saved_wants(cfg: &GptConfig, run: &GpuRun) -> Vec<crate::placement::Want> {
             attn(&mut w);
         }
         w.extend([4 * nc, 8 * nc]);
+        if shared_atty {
+            w.push(2 * nc);
+        }
     }
     if fused {
         w.push(4 * rows);
@@ -989,6 +1021,7 @@ mod tests {
             streamed_weights: true,
             stored_score_grads: false,
             kept_attention: 0,
+            recompute_attention_output: false,
             sharding: Sharding { stage: 3, ranks },
             offload: false,
             saved_in_grads: false,
@@ -1186,6 +1219,62 @@ mod tests {
         assert!((est(9) - 52.74).abs() < 0.01, "{}", est(9));
     }
 
+    /// Under checkpointing with no layer keeping the attention's state,
+    /// layers that leave their output to the recomputation save their
+    /// input and statistics alone: each layer's output (bf16) and
+    /// log-sum-exp fewer, one shared output more — with the fused
+    /// attention and without (which keeps no log-sum-exp); the form needs
+    /// checkpointing and no kept layer (`shares_atty`). With the 12.85B
+    /// model's saved activations lent the shard of 8 ranks, 3.1 GiB less.
+    #[test]
+    fn layers_saving_their_input_alone_drop_their_attention_output() {
+        let cfg = GptConfig::parse("L40-H40-C5120-V50304-T1024").unwrap();
+        let (l, nc, rows) = (40u128, 8 * 1024 * 5120u128, 8 * 40 * 1024u128);
+        for fused in [true, false] {
+            let run = |inputs| GpuRun {
+                fused_attention: fused,
+                recompute_attention_output: inputs,
+                ..stage3_run(4)
+            };
+            let (a, b) = (
+                gpu_mixed_activation_bytes(&cfg, &run(false)),
+                gpu_mixed_activation_bytes(&cfg, &run(true)),
+            );
+            let lse = if fused { 4 * rows } else { 0 };
+            assert_eq!(a - b, l * (2 * nc + lse) - 2 * nc, "fused {fused}");
+        }
+        assert!(GpuRun {
+            recompute_attention_output: true,
+            ..stage3_run(4)
+        }
+        .shares_atty());
+        let not = |r: GpuRun| !r.shares_atty();
+        assert!(not(GpuRun {
+            checkpointing: false,
+            recompute_attention_output: true,
+            ..stage3_run(4)
+        }));
+        assert!(not(GpuRun {
+            kept_attention: 1,
+            recompute_attention_output: true,
+            ..stage3_run(4)
+        }));
+        let lent = |inputs| {
+            let run = GpuRun {
+                recompute_attention_output: inputs,
+                saved_in_grads: true,
+                half_gathers: true,
+                split_embeddings: true,
+                stored_score_grads: true,
+                ..stage3_run(8)
+            };
+            gib(gpu_training(&cfg, &run).total())
+        };
+        let (kept, inputs) = (lent(false), lent(true));
+        assert!((kept - 32.67).abs() < 0.01, "{kept}");
+        assert!(kept - inputs > 3.0, "{kept} against {inputs}");
+    }
+
     #[test]
     fn stored_score_gradients_cost_nothing_where_a_block_holds_them() {
         use crate::cuda::flash::FlashKernels;
@@ -1292,11 +1381,13 @@ mod tests {
             ..stage3_run(1)
         };
         let stage = |checkpointing, layers, split, recompute| StageRun {
-            run: run(checkpointing),
+            run: GpuRun {
+                recompute_attention_output: recompute,
+                ..run(checkpointing)
+            },
             layers,
             last: false,
             split,
-            recompute_attention_output: recompute,
         };
         for (what, cfg, s, measured_mb) in [
             ("2.65B 1F1B", &small, stage(false, 8, false, true), 1051.2),

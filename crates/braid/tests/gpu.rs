@@ -374,7 +374,8 @@ fn gpu_copy_engine_all_reduce_over_3_and_4_matches_one_gpu_and_nccl() {
 
 /// `--checkpointing` on the GPU recomputes the blocks' activations (all,
 /// or with `BRAID_CKPT_ATTENTION=kept` from the attention's output on, or
-/// so in the last 2 of 3 layers with `BRAID_CKPT_ATTENTION=2`),
+/// so in the last 2 of 3 layers with `BRAID_CKPT_ATTENTION=2`, or with
+/// `BRAID_CKPT_ATTENTION_OUTPUT=recomputed` from each layer's input),
 /// streamed bf16 weights (`BRAID_BF16_WEIGHTS=streamed`) cast each layer
 /// as it is needed, and the fused attention's dQ kernel recomputes the
 /// score gradients (`BRAID_SCORE_GRADS=recomputed`) rather than reading
@@ -407,14 +408,16 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
             true => ("stored", "kept", "recomputed"),
             false => ("auto", "auto", "auto"),
         };
-        let env = |weights, scores, ckpt_attn| {
+        let env_out = |weights, scores, ckpt_attn, output| {
             [
                 ("BRAID_ATTENTION", path),
                 ("BRAID_BF16_WEIGHTS", weights),
                 ("BRAID_SCORE_GRADS", scores),
                 ("BRAID_CKPT_ATTENTION", ckpt_attn),
+                ("BRAID_CKPT_ATTENTION_OUTPUT", output),
             ]
         };
+        let env = |weights, scores, ckpt_attn| env_out(weights, scores, ckpt_attn, "auto");
         let (kept, a) = train_gpu_env(
             &dir,
             &format!("{path}-kept"),
@@ -438,6 +441,15 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
             runs.push(("recomputed scores", &args[..], scores));
         }
         runs.push(("all", &ckpt[..], env("streamed", lean, lean)));
+        // Each layer saving its input alone: the attention's output and
+        // log-sum-exp recomputed too (the batched path runs the attention
+        // again either way).
+        let inputs = env_out("resident", stored, lean, "recomputed");
+        runs.push((
+            "checkpointing, attention output recomputed",
+            &ckpt[..],
+            inputs,
+        ));
         for (name, run, env) in runs {
             let tag = name.replace([' ', ','], "-");
             let (again, b) = train_gpu_env(&dir, &format!("{path}-{tag}"), run, &env);

@@ -109,6 +109,7 @@ fn tensor_parallel(
             true => cfg.n_layer,
             false => 0,
         },
+        recompute_attention_output: false,
         saved_in_grads: false,
         half_gathers: false,
         split_embeddings: false,
@@ -143,6 +144,7 @@ fn tensor_parallel(
                     true => cfg.n_layer,
                     false => 0,
                 },
+                recompute_attention_output: false,
                 sharding,
                 offload: false,
                 saved_in_grads: false,
@@ -444,6 +446,10 @@ pub struct DevicePlan {
     /// Under checkpointing, how many layers (the last ones) keep the fused
     /// attention's state.
     pub kept_attention: usize,
+    /// Under checkpointing with no layer keeping that state: the layers
+    /// leave their attention output to the recomputation too
+    /// (`BRAID_CKPT_ATTENTION_OUTPUT`).
+    pub recompute_attention_output: bool,
     /// The saved activations live in gradient memory until the backward
     /// pass writes it: ZeRO-3's gradient shard, or one process's gradient
     /// buffer (one micro-batch per step; `BRAID_SAVED_IN_GRADS`).
@@ -471,6 +477,10 @@ pub struct DevicePlan {
 /// - `BRAID_CKPT_ATTENTION`: under checkpointing with the fused attention,
 ///   `kept` (each layer keeps the attention's state, and the
 ///   recomputation starts at its output) or `recomputed`;
+/// - `BRAID_CKPT_ATTENTION_OUTPUT`: under checkpointing in bf16 where no
+///   layer keeps the attention's state, `kept` (each layer keeps the
+///   attention's output and log-sum-exp) or `recomputed` (each keeps its
+///   input and LayerNorm statistics alone; the leanest form, tried last);
 /// - `BRAID_SAVED_IN_GRADS`: in bf16 with one micro-batch per step, under
 ///   ZeRO-3 or in one process without `--offload`, `on` (the activations
 ///   saved for the backward pass live in gradient memory that is idle
@@ -527,8 +537,10 @@ pub fn split_embedding_grads(
 /// speed is dropped where that makes the difference, in this order: under
 /// checkpointing each layer's kept attention state, the attention's
 /// score-gradient scratch, then the weights' full bf16 copy (for weights
-/// cast layer by layer); `BRAID_CKPT_ATTENTION`, `BRAID_SCORE_GRADS` and
-/// `BRAID_BF16_WEIGHTS` decide instead.
+/// cast layer by layer), and last under checkpointing the layers' saved
+/// attention output (each keeping its input alone); `BRAID_CKPT_ATTENTION`,
+/// `BRAID_SCORE_GRADS`, `BRAID_BF16_WEIGHTS` and
+/// `BRAID_CKPT_ATTENTION_OUTPUT` decide instead.
 pub fn device(
     a: &Shape<'_>,
     cfg: &GptConfig,
@@ -562,6 +574,24 @@ pub fn device(
         return Err(
             "BRAID_CKPT_ATTENTION: only --checkpointing with the fused attention keeps the \
              attention's state"
+                .into(),
+        );
+    }
+    // Under checkpointing, the layers may leave their attention output to
+    // the recomputation too (each saves its input and statistics alone):
+    // the leanest form, tried last, or forced.
+    let forced_output = env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")?;
+    if forced_output == Some(true) && !(mixed && a.checkpointing) {
+        return Err(
+            "BRAID_CKPT_ATTENTION_OUTPUT=recomputed: only --checkpointing in bf16 recomputes the \
+             attention's output"
+                .into(),
+        );
+    }
+    if forced_output == Some(true) && forced_keep.is_some_and(|k| k > 0) {
+        return Err(
+            "BRAID_CKPT_ATTENTION_OUTPUT=recomputed with BRAID_CKPT_ATTENTION keeping layers' \
+             state: a layer that keeps the attention's state keeps its output too"
                 .into(),
         );
     }
@@ -635,30 +665,48 @@ pub fn device(
         None => vec![false],
     };
     let mut forms = Vec::new();
-    for &w in &weights {
-        for &k in &keeps {
-            for &s in &scores {
-                forms.push((w, k, s));
+    if forced_output != Some(true) {
+        for &w in &weights {
+            for &k in &keeps {
+                for &s in &scores {
+                    forms.push((w, k, s, false));
+                }
             }
         }
     }
-    let plan = |estimate, (streamed_weights, kept_attention, stored_score_grads)| DevicePlan {
-        estimate,
+    if mixed && a.checkpointing && forced_output != Some(false) {
+        for &w in &weights {
+            for &s in &scores {
+                forms.push((w, 0, s, true));
+            }
+        }
+    }
+    let plan = |estimate,
+                (
         streamed_weights,
-        fused_attention: fused,
-        stored_score_grads,
         kept_attention,
-        saved_in_grads,
-        half_gathers,
-        split_embeddings: split,
-        per_ranks: Vec::new(),
+        stored_score_grads,
+        recompute_attention_output,
+    )| {
+        DevicePlan {
+            estimate,
+            streamed_weights,
+            fused_attention: fused,
+            stored_score_grads,
+            kept_attention,
+            recompute_attention_output,
+            saved_in_grads,
+            half_gathers,
+            split_embeddings: split,
+            per_ranks: Vec::new(),
+        }
     };
     let Some(space) = Room::new(dev, a.gpu_memory) else {
         return Ok(plan(0, forms[0]));
     };
     let need_with = |b: usize,
                      checkpointing: bool,
-                     (streamed_weights, kept_attention, stored_score_grads),
+                     (streamed_weights, kept_attention, stored_score_grads, recompute_output),
                      sharding: Sharding,
                      offload: bool| {
         let run = GpuRun {
@@ -671,6 +719,7 @@ pub fn device(
             streamed_weights,
             stored_score_grads,
             kept_attention,
+            recompute_attention_output: recompute_output && checkpointing,
             sharding,
             offload,
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
@@ -720,7 +769,7 @@ pub fn device(
     for s in a.other_stages() {
         // ZeRO-3 casts each gathered layer: no whole bf16 copy.
         let form = match s.stage == 3 && mixed {
-            true => (true, form.1, form.2),
+            true => (true, form.1, form.2, form.3),
             false => form,
         };
         if need_with(batch, a.checkpointing, form, s, false).total() <= room {
@@ -730,7 +779,7 @@ pub fn device(
     }
     if !a.offload && a.sharding.stage == 0 {
         // Offloaded, the bf16 weights stay whole (not streamed).
-        let whole = (false, form.1, form.2);
+        let whole = (false, form.1, form.2, form.3);
         let ckpts: &[bool] = match a.checkpointing {
             true => &[true],
             false => &[false, true],

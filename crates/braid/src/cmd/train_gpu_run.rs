@@ -116,6 +116,10 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
         }
         if plan.fused_attention && checkpointing {
             match plan.kept_attention {
+                0 if plan.recompute_attention_output => lean.push(
+                    "the attention recomputed with its output: each layer saves its input alone"
+                        .into(),
+                ),
                 0 => lean.push("the attention recomputed too".into()),
                 k if k < cfg.n_layer => lean.push(format!(
                     "the attention's state kept in the last {k} of {} layers, recomputed \
@@ -170,7 +174,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
         streamed_weights: plan.streamed_weights,
         stored_score_grads: plan.stored_score_grads,
         kept_attention: plan.kept_attention,
-        recompute_attention_output: false,
+        recompute_attention_output: plan.recompute_attention_output,
     };
     let shape = (batch, seq);
     let started = Instant::now();

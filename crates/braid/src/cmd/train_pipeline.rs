@@ -242,6 +242,7 @@ pub fn stage_activations(
             true => options.kept_attention,
             false => 0,
         },
+        recompute_attention_output: options.recompute_attention_output,
         sharding: Sharding::NONE,
         offload: false,
         saved_in_grads: false,
@@ -262,7 +263,6 @@ pub fn stage_activations(
                 layers: st.layers.len(),
                 last: st.last,
                 split,
-                recompute_attention_output: options.recompute_attention_output,
             },
         )
     };
