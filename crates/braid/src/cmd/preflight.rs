@@ -557,6 +557,13 @@ pub fn device(
     }
     let fused = mixed && fused_attention(cfg, dev);
     if a.tensor > 1 {
+        if env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")? == Some(true) {
+            return Err(
+                "BRAID_CKPT_ATTENTION_OUTPUT=recomputed: a tensor-parallel rank keeps its layers' \
+                 attention output (not yet under --tp; pipelines and ZeRO-3 take it)"
+                    .into(),
+            );
+        }
         let space = Room::new(dev, a.gpu_memory);
         return tensor_parallel(a, cfg, space, (mixed, fused, forced), batch, deferred);
     }
