@@ -176,8 +176,10 @@ pub struct TrainArgs {
     /// The memory pre-flight drops what only buys speed until its estimate of the peak (model
     /// states, activations, scratch: what the run's summary reports as peak device memory)
     /// fits: under --checkpointing the attention's kept state layer by layer, the stored score
-    /// gradients, a full bf16 weight copy (under --pp each rank for its own stages). A run that
-    /// cannot fit is refused at start with what would.
+    /// gradients, a full bf16 weight copy (under --tp a rank's share of it; under --pp each
+    /// rank for its own stages), and last under --checkpointing each layer's saved attention
+    /// output (the layers then save their input alone). A run that cannot fit is refused at
+    /// start with what would.
     #[arg(long, value_name = "GIB", hide_short_help = true, help_heading = H_DEVICE)]
     gpu_memory: Option<f64>,
 
