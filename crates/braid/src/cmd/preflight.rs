@@ -681,7 +681,9 @@ pub fn device(
             }
         }
     }
-    if mixed && a.checkpointing && forced_output != Some(false) {
+    // (Not where BRAID_CKPT_ATTENTION keeps some layers' state.)
+    let keeps_none_forced = forced_keep.is_none_or(|k| k == 0);
+    if mixed && a.checkpointing && forced_output != Some(false) && keeps_none_forced {
         for &w in &weights {
             for &s in &scores {
                 forms.push((w, 0, s, true));
