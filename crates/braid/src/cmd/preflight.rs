@@ -210,6 +210,34 @@ fn tensor_parallel(
     ))
 }
 
+/// The bf16 engine's memory-for-speed forms to try, fastest first: each
+/// of `weights` (streamed or not), then `keeps` (layers keeping the
+/// attention's state), then `scores` (stored or not), and — where
+/// `inputs_alone` is `None` (the choice left to the pre-flight) — last
+/// the layers saving their inputs alone (no layer keeping the state);
+/// with `Some(true)` only those, with `Some(false)` none of them.
+fn forms_fastest_first(
+    weights: &[bool],
+    keeps: &[usize],
+    scores: &[bool],
+    inputs_alone: Option<bool>,
+) -> Vec<(bool, usize, bool, bool)> {
+    let mut forms = Vec::new();
+    if inputs_alone != Some(true) {
+        for &w in weights {
+            for &k in keeps {
+                forms.extend(scores.iter().map(|&s| (w, k, s, false)));
+            }
+        }
+    }
+    if inputs_alone != Some(false) {
+        for &w in weights {
+            forms.extend(scores.iter().map(|&s| (w, 0, s, true)));
+        }
+    }
+    forms
+}
+
 /// The first of `forms` (fastest first) whose footprint `need(form)` fits
 /// `space`, with that footprint.
 fn first_fit<F: Copy>(
@@ -671,25 +699,13 @@ pub fn device(
         None if fused => vec![true, false],
         None => vec![false],
     };
-    let mut forms = Vec::new();
-    if forced_output != Some(true) {
-        for &w in &weights {
-            for &k in &keeps {
-                for &s in &scores {
-                    forms.push((w, k, s, false));
-                }
-            }
-        }
-    }
-    // (Not where BRAID_CKPT_ATTENTION keeps some layers' state.)
-    let keeps_none_forced = forced_keep.is_none_or(|k| k == 0);
-    if mixed && a.checkpointing && forced_output != Some(false) && keeps_none_forced {
-        for &w in &weights {
-            for &s in &scores {
-                forms.push((w, 0, s, true));
-            }
-        }
-    }
+    // (The layers' inputs alone: under checkpointing in bf16, and not
+    // where BRAID_CKPT_ATTENTION keeps some layers' state.)
+    let inputs_alone = match mixed && a.checkpointing && forced_keep.is_none_or(|k| k == 0) {
+        true => forced_output,
+        false => Some(false),
+    };
+    let forms = forms_fastest_first(&weights, &keeps, &scores, inputs_alone);
     let plan = |estimate,
                 (
         streamed_weights,
@@ -929,6 +945,34 @@ mod tests {
 
     /// A budget bounds the estimate alone; the free memory bounds it with
     /// the workspace margin; the room is the tighter of the two.
+    /// The forms run from the fastest to the leanest: the whole bf16 copy
+    /// before streamed weights, more kept layers before fewer, stored
+    /// score gradients before recomputed, and the layers' inputs alone
+    /// last (or alone, or never, as the variable says).
+    #[test]
+    fn the_memory_forms_run_from_fastest_to_leanest() {
+        use super::forms_fastest_first as forms;
+        let all = forms(&[false, true], &[2, 0], &[true, false], None);
+        assert_eq!(all.len(), 8 + 4);
+        assert_eq!(all[0], (false, 2, true, false));
+        assert_eq!(all[1], (false, 2, false, false));
+        assert_eq!(all[2], (false, 0, true, false));
+        assert_eq!(all[4], (true, 2, true, false));
+        assert_eq!(
+            &all[8..],
+            &[
+                (false, 0, true, true),
+                (false, 0, false, true),
+                (true, 0, true, true),
+                (true, 0, false, true)
+            ]
+        );
+        let only = forms(&[true], &[5], &[false], Some(true));
+        assert_eq!(only, vec![(true, 0, false, true)]);
+        let never = forms(&[true], &[5, 0], &[false], Some(false));
+        assert!(never.iter().all(|f| !f.3) && never.len() == 2);
+    }
+
     #[test]
     fn a_gpu_memory_budget_bounds_the_estimate() {
         use super::{Room, DEVICE_MARGIN};
