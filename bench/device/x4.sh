@@ -299,7 +299,12 @@ phase_big() {
       echo "z3-13b-capped: skipped (no FSDP2 peak in fsdp2-13b.txt)"
     fi
   fi
-  [ "${X4_BIG_DS:-1}" = 0 ] && { ratio z3-13b fsdp2-13b; ratio z3-13b-recomputed fsdp2-13b; return; }
+  if [ "${X4_BIG_DS:-1}" = 0 ]; then
+    # (Only the runs this call made.)
+    [ "${X4_BIG_PLAIN:-1}" = 0 ] || ratio z3-13b fsdp2-13b
+    [ "${X4_BIG_RECOMPUTE:-0}" = 1 ] && ratio z3-13b-recomputed fsdp2-13b
+    return 0
+  fi
   ds_install
   peer ds-13b 210 4 ds_gpt2_bench.py --zero 3 --act-ckpt --model L40-H40-C5120 --B 8 --T 1024 --steps 8 --warmup 3
   echo "== 12.85B on 4 GPUs"
