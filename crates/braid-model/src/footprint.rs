@@ -536,8 +536,8 @@ pub fn gpu_mixed_stage_bytes(cfg: &GptConfig, s: &StageRun) -> StageBytes {
     let p = mixed_parts(cfg, &s.run);
     let l = s.layers as u128;
     let keeps_all = s.run.kept_attention >= cfg.n_layer && s.run.fused_attention;
-    let keeps_output =
-        !(s.run.recompute_attention_output && s.run.checkpointing && !keeps_all) || s.split;
+    // (A pipeline keeps all layers' state or none: the engine's rule.)
+    let keeps_output = !s.run.shares_atty() || s.split;
     let layer = match keeps_output {
         true if keeps_all && s.run.checkpointing => p.layer + p.kept_extra,
         true => p.layer,

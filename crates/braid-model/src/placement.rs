@@ -67,13 +67,7 @@ pub const ALIGN: u64 = 256;
 pub fn place(wants: &[Want], regions: &[Region]) -> Vec<Option<u64>> {
     let mut order: Vec<usize> = (0..wants.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(wants[i].last_read), i));
-    let lent = |at: &[Option<u64>]| -> u64 {
-        at.iter()
-            .zip(wants)
-            .filter(|(a, _)| a.is_some())
-            .map(|(_, w)| w.bytes)
-            .sum()
-    };
+    let lent = |at: &[Option<u64>]| bytes_at(wants, at);
     let mut best = place_in_order(wants, regions, &order);
     let mut most = lent(&best);
     let shortest = wants.iter().map(|w| w.last_read).min();
@@ -171,10 +165,14 @@ pub fn regions_before_first_writes(first: &[Vec<std::ops::Range<usize>>]) -> Vec
 
 /// Bytes of `wants` that [`place`] puts into `regions`.
 pub fn placed_bytes(wants: &[Want], regions: &[Region]) -> u64 {
-    place(wants, regions)
-        .iter()
+    bytes_at(wants, &place(wants, regions))
+}
+
+/// Bytes of `wants` that offsets `at` place.
+fn bytes_at(wants: &[Want], at: &[Option<u64>]) -> u64 {
+    at.iter()
         .zip(wants)
-        .filter(|(at, _)| at.is_some())
+        .filter(|(a, _)| a.is_some())
         .map(|(_, w)| w.bytes)
         .sum()
 }

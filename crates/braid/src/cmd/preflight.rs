@@ -584,8 +584,12 @@ pub fn device(
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
     let fused = mixed && fused_attention(cfg, dev);
+    // Under checkpointing, the layers may leave their attention output to
+    // the recomputation too (each saves its input and statistics alone):
+    // the leanest form, tried last, or forced.
+    let forced_output = env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")?;
     if a.tensor > 1 {
-        if env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")? == Some(true) {
+        if forced_output == Some(true) {
             return Err(
                 "BRAID_CKPT_ATTENTION_OUTPUT=recomputed: a tensor-parallel rank keeps its layers' \
                  attention output (not yet under --tp; pipelines and ZeRO-3 take it)"
@@ -612,10 +616,6 @@ pub fn device(
                 .into(),
         );
     }
-    // Under checkpointing, the layers may leave their attention output to
-    // the recomputation too (each saves its input and statistics alone):
-    // the leanest form, tried last, or forced.
-    let forced_output = env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")?;
     if forced_output == Some(true) && !(mixed && a.checkpointing) {
         return Err(
             "BRAID_CKPT_ATTENTION_OUTPUT=recomputed: only --checkpointing in bf16 recomputes the \
@@ -637,8 +637,6 @@ pub fn device(
         None if fused && a.checkpointing => (0..=layers).rev().collect(),
         None => vec![0],
     };
-    // The (streamed weights, kept attention, stored score gradients)
-    // forms to try, fastest first.
     if forced == Some(true) && a.offload {
         return Err(
             "BRAID_BF16_WEIGHTS=streamed: an offloaded optimizer keeps the bf16 weights whole \
@@ -744,7 +742,7 @@ pub fn device(
             streamed_weights,
             stored_score_grads,
             kept_attention,
-            recompute_attention_output: recompute_output && checkpointing,
+            recompute_attention_output: recompute_output,
             sharding,
             offload,
             saved_in_grads: saved_in_grads && lends_in(sharding, offload),
@@ -757,24 +755,21 @@ pub fn device(
     let need = |b: usize, checkpointing: bool, form| {
         need_with(b, checkpointing, form, a.sharding, a.offload)
     };
-    for &form in &forms {
-        let f = need(batch, a.checkpointing, form);
-        if space.fits(f.total()) {
-            let mut chosen = plan(f.total(), form);
-            if a.sharding.stage == 3 && !a.offload {
-                chosen.per_ranks = [2, 4, 8]
-                    .into_iter()
-                    .map(|ranks| {
-                        let s = Sharding { stage: 3, ranks };
-                        (
-                            ranks,
-                            need_with(batch, a.checkpointing, form, s, false).total(),
-                        )
-                    })
-                    .collect();
-            }
-            return Ok(chosen);
+    if let Some((f, form)) = first_fit(&forms, &space, |form| need(batch, a.checkpointing, form)) {
+        let mut chosen = plan(f.total(), form);
+        if a.sharding.stage == 3 && !a.offload {
+            chosen.per_ranks = [2, 4, 8]
+                .into_iter()
+                .map(|ranks| {
+                    let s = Sharding { stage: 3, ranks };
+                    (
+                        ranks,
+                        need_with(batch, a.checkpointing, form, s, false).total(),
+                    )
+                })
+                .collect();
         }
+        return Ok(chosen);
     }
     let form = *forms.last().expect("one form at least");
     let streamed = form.0;
