@@ -109,6 +109,8 @@ pub struct Zero3<C: Collective> {
     final_gather: bool,
     /// [`Zero3::with_split_reduce`].
     split_reduce: bool,
+    /// [`Zero3::with_update_beside`].
+    update_beside: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -130,6 +132,7 @@ impl<C: Collective> Zero3<C> {
             half_gathers: true,
             final_gather: true,
             split_reduce: false,
+            update_beside: false,
             state: None,
             last: CommStep::default(),
         })
@@ -185,6 +188,17 @@ impl<C: Collective> Zero3<C> {
     /// default. Set before [`Strategy::start`].
     pub fn with_split_reduce(mut self, on: bool) -> Self {
         self.split_reduce = on;
+        self
+    }
+
+    /// Queues each update beside the engine's work where the engine can
+    /// ([`Engine::update_compact_beside`]), in the order the next forward
+    /// pass reads the master shard ([`update_order`]): its units wait for
+    /// the parts they gather or write saved activations into, and the rest
+    /// of the update runs under them. Off by default; stage 3 only. Set
+    /// before [`Strategy::start`].
+    pub fn with_update_beside(mut self, on: bool) -> Self {
+        self.update_beside = on;
         self
     }
 
@@ -284,6 +298,9 @@ impl<C: Collective> Zero3<C> {
                     .into(),
             );
         }
+        // Point 0 of the update's order: the refresh and the first gather
+        // read the master shard.
+        engine.await_update(Some(0))?;
         let mut step = st.refresh_side(group, engine)?;
         engine.forward_begin(batch, grad)?;
         let all = st.units.clone();
@@ -293,6 +310,9 @@ impl<C: Collective> Zero3<C> {
         let mut loss = None;
         for (u, reads) in units.iter().enumerate() {
             memory_phase::enter(Phase::ForwardUnit(u));
+            // Point u + 1: the next unit's gather, this unit's saved
+            // activations in the gradient shard's memory.
+            engine.await_update(Some(u + 1))?;
             let next: &[usize] = units.get(u + 1).map_or(&[], |r| r);
             let (done, s) = st.run_unit(group, reads, &[], next, &[], &mut |params, _| {
                 engine.forward_unit(u, params)
@@ -307,6 +327,8 @@ impl<C: Collective> Zero3<C> {
                 }
             }
         }
+        // The backward pass writes the gradients the update reads.
+        engine.await_update(None)?;
         if grad {
             // Evaluation's gathers are not the step's.
             self.last.add(step);
@@ -437,6 +459,14 @@ impl<C: Collective> Zero3<C> {
         if at.is_empty() {
             return Ok(());
         }
+        // Which elements each forward unit writes first (an update beside
+        // the stream reads their gradients before).
+        let buffers = engine.saved_buffers()?;
+        st.lent_runs = buffers
+            .iter()
+            .zip(&at)
+            .filter_map(|(b, at)| at.map(|at| (at / 4..(at + b.bytes).div_ceil(4), b.first_write)))
+            .collect();
         // SAFETY: `st.grads` stays until `finish`, which calls `drop_saved`
         // before replacing it (and the engine never reads lent buffers
         // after this strategy is gone: the run ends with it). Each buffer
@@ -562,12 +592,18 @@ where
             peak: 0,
             micro: 0,
             lent: 0,
+            lent_runs: Vec::new(),
+            update_parts: Vec::new(),
             half,
             side,
             label: name,
         });
         if self.saved_in_grads && self.params_sharded() {
             self.lend_grads(engine)?;
+        }
+        if self.update_beside && self.params_sharded() {
+            let st = self.state.as_mut().ok_or("ZeRO-3: started without state")?;
+            st.update_parts = st.parts_in_forward_order();
         }
         Ok(())
     }
@@ -604,7 +640,8 @@ where
         self.backward_pass(engine, timeline)
     }
 
-    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+    fn before_update(&mut self, engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
+        engine.await_update(None)?;
         if let (Some((_, replicas)), Some(st)) = (&self.hybrid, &mut self.state) {
             // Each group summed its own share of the batch: add the groups'.
             let all = 0..<C::Space as Space>::len(&st.grads);
@@ -631,6 +668,12 @@ where
         match sharded {
             true => {
                 st.master_changed();
+                let parts = &st.update_parts;
+                if !parts.is_empty()
+                    && engine.update_compact_beside(&mut st.master, &st.grads, step, parts)?
+                {
+                    return Ok(());
+                }
                 engine.update_compact(&mut st.master, &st.grads, step)
             }
             false => engine.update_shard(&st.grads, step),
@@ -656,6 +699,10 @@ where
     }
 
     fn finish(&mut self, engine: &mut E) -> Result<()> {
+        // The last update beside the stream is through before anything
+        // (or the strategy's buffers) goes.
+        engine.await_update(None)?;
+        engine.synchronize()?;
         if !self.params_sharded() {
             // Stage 2: the engine holds the whole parameters throughout.
             return Ok(());
@@ -758,6 +805,8 @@ where
             return checkpoint::whole_part(engine, ranges, staging);
         }
         let writes = !ranges.is_empty();
+        // The update beside the stream wrote the master shard and moments.
+        engine.await_update(None)?;
         engine.synchronize()?;
         let (_, st) = self.started()?;
         let len = ranges.iter().map(|r| r.len()).sum();
@@ -780,6 +829,8 @@ where
     }
 
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+        engine.await_update(None)?;
+        engine.synchronize()?;
         if !self.params_sharded() {
             let (_, st) = self.started()?;
             let shard = st.shard.clone();
@@ -806,4 +857,5 @@ where
 }
 
 mod sharded;
+mod update_order;
 use sharded::{side_runs, Sharded, SideRefresh};

@@ -34,6 +34,7 @@ use std::sync::Arc;
 mod build;
 mod sharded;
 mod units;
+mod update_beside;
 use units::*;
 
 fn e(x: impl std::fmt::Display) -> String {
@@ -162,6 +163,10 @@ enum Step {
 
 /// A GPT model trained on one GPU with AdamW.
 pub struct GpuGpt {
+    /// Under ZeRO-3, the update queued beside the engine's stream (first,
+    /// so that it is dropped first: its stream's work ends before the
+    /// moments go).
+    beside: Option<update_beside::UpdateBeside>,
     layout: std::sync::Arc<braid_model::Layout>,
     model: Model,
     /// Device bytes the model's buffers hold (activations and the passes'
@@ -381,25 +386,10 @@ impl GpuGpt {
         compact: bool,
         step: UpdateStep,
     ) -> Result<()> {
-        if self.released {
-            return Err(
-                "an update after the optimizer's state was released (training ended)".into(),
-            );
-        }
-        let len = self.state_len();
-        if self.m.len() != len {
-            let device = self.p.device().clone();
-            self.m = DeviceBuffer::zeros(&device, len).map_err(e)?;
-            self.v = DeviceBuffer::zeros(&device, len).map_err(e)?;
-        }
-        let h = AdamStep {
-            lr: step.lr,
-            beta1: self.adam.beta1,
-            beta2: self.adam.beta2,
-            step: step.step as i32,
-            eps: self.adam.eps,
-            grad_scale: step.grad_scale,
-        };
+        // An update queued beside the stream is through first.
+        self.await_beside(None)?;
+        self.moments_ready()?;
+        let h = self.adam_step(step);
         for (r, at, segs) in &self.shard {
             let len = r.len();
             let mut p = match master.as_mut() {
@@ -433,6 +423,35 @@ impl GpuGpt {
         }
         self.updates += 1;
         Ok(())
+    }
+
+    /// AdamW's moments, made at the first update for the optimizer's
+    /// ranges; refused after they were released.
+    fn moments_ready(&mut self) -> Result<()> {
+        if self.released {
+            return Err(
+                "an update after the optimizer's state was released (training ended)".into(),
+            );
+        }
+        let len = self.state_len();
+        if self.m.len() != len {
+            let device = self.p.device().clone();
+            self.m = DeviceBuffer::zeros(&device, len).map_err(e)?;
+            self.v = DeviceBuffer::zeros(&device, len).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// One AdamW launch's hyperparameters for `step`.
+    fn adam_step(&self, step: UpdateStep) -> AdamStep {
+        AdamStep {
+            lr: step.lr,
+            beta1: self.adam.beta1,
+            beta2: self.adam.beta2,
+            step: step.step as i32,
+            eps: self.adam.eps,
+            grad_scale: step.grad_scale,
+        }
     }
 
     /// Refuses checkpointing the optimizer where its state is not in
@@ -1129,6 +1148,20 @@ impl Engine for GpuGpt {
         self.update_master_shard(params, grads, step)
     }
 
+    fn update_compact_beside(
+        &mut self,
+        params: &mut DeviceBuffer<f32>,
+        grads: &DeviceBuffer<f32>,
+        step: UpdateStep,
+        parts: &[Vec<Range<usize>>],
+    ) -> Result<bool> {
+        self.update_master_beside(params, grads, step, parts)
+    }
+
+    fn await_update(&mut self, part: Option<usize>) -> Result<()> {
+        self.await_beside(part)
+    }
+
     fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
         // The bf16 model over its whole parameters, every layer one unit
         // (no deferred weight gradients), its optimizer on the GPU.
@@ -1154,17 +1187,26 @@ impl Engine for GpuGpt {
             return Ok(Vec::new());
         };
         // The unit plan ZeRO-3 runs (`shard_params` refuses others), and
-        // the whole model's by unit (`grads_by_unit` refuses others): unit
-        // 0 the head, unit n - l layer l.
+        // the whole model's by unit (`grads_by_unit` refuses others):
+        // backward unit 0 the head, unit n - l layer l; forward unit 0 the
+        // embeddings, unit l + 1 layer l. A layer's buffers are first
+        // written by the unit before its own (its input is that unit's
+        // output), the head's by the last layer's; the shared scratch
+        // (read last by the embeddings' backward, or listed with layer 0)
+        // from the first unit on.
         Ok(m.saved_buffers()
             .into_iter()
-            .map(|(part, bytes)| SavedBuffer {
-                bytes,
-                last_read: match part {
-                    SavedFor::Head => 0,
-                    SavedFor::Layer(l) => n - l,
-                    SavedFor::Embedding => n + 1,
-                },
+            .map(|(part, bytes)| {
+                let (last_read, first_write) = match part {
+                    SavedFor::Head => (0, n),
+                    SavedFor::Layer(l) => (n - l, l),
+                    SavedFor::Embedding => (n + 1, 0),
+                };
+                SavedBuffer {
+                    bytes,
+                    last_read,
+                    first_write,
+                }
             })
             .collect())
     }
@@ -1201,6 +1243,7 @@ impl Engine for GpuGpt {
 
     fn release_optimizer_state(&mut self) -> Result<()> {
         if self.offload.is_none() {
+            self.await_beside(None)?;
             self.compute_stream().synchronize().map_err(e)?;
             self.m = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
             self.v = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;

@@ -50,6 +50,13 @@ pub(super) struct Sharded<C: Collective> {
     /// Bytes of the engine's saved activations in the shard's gradient
     /// memory.
     pub(super) lent: usize,
+    /// Those activations' elements of the gradient shard, each with the
+    /// first forward unit that writes them.
+    pub(super) lent_runs: Vec<(Range<usize>, usize)>,
+    /// The parts of an update queued beside the engine's stream, in the
+    /// order the forward pass needs them ([`update_order`]); empty: the
+    /// update runs on the engine's stream.
+    pub(super) update_parts: Vec<Vec<Range<usize>>>,
     /// Per block: gathered in bf16 (half the elements).
     pub(super) half: Vec<bool>,
     /// The f32 tensors of the bf16 blocks, kept whole on every rank.
@@ -174,6 +181,37 @@ impl<C: Collective> Sharded<C> {
         if let Some(sr) = &mut self.side {
             sr.stale = true;
         }
+    }
+
+    /// The parts of an update beside the engine's stream: point 0 the
+    /// side refresh and the first unit's gather, point `u + 1` (before
+    /// forward unit `u`) the next unit's gather and the saved
+    /// activations unit `u` writes first in the gradient shard's memory.
+    pub(super) fn parts_in_forward_order(&self) -> Vec<Vec<Range<usize>>> {
+        let forward = &self.units.forward;
+        let slots_of = |blocks: Option<&Vec<usize>>| -> Vec<Range<usize>> {
+            blocks
+                .map(|bs| bs.iter().map(|&b| self.slots[b].clone()).collect())
+                .unwrap_or_default()
+        };
+        let mut needs = Vec::with_capacity(forward.len() + 1);
+        let mut first = slots_of(forward.first());
+        if let Some(sr) = &self.side {
+            first.extend(sr.mine.iter().map(|&(at, _, len)| at..at + len));
+        }
+        needs.push(first);
+        for u in 0..forward.len() {
+            let mut need = slots_of(forward.get(u + 1));
+            need.extend(
+                self.lent_runs
+                    .iter()
+                    .filter(|(_, w)| *w == u)
+                    .map(|(r, _)| r.clone()),
+            );
+            needs.push(need);
+        }
+        let len = self.slots.last().map_or(0, |s| s.end);
+        update_order::parts_in_need_order(len, &needs)
     }
 
     pub(super) fn hold(&mut self, bytes: u64) {

@@ -68,6 +68,8 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     (N: kept in the last N layers)
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
+  BRAID_UPDATE_BESIDE=on|off        ZeRO-3 on GPUs: the optimizer's update beside the next forward
+                                    pass, in the order its units read the master shard (on)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
@@ -932,6 +934,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             zero.unwrap_or(0),
             a.checkpointing,
         )?,
+        update_beside: super::preflight::env_choice("BRAID_UPDATE_BESIDE", "on", "off")?
+            .unwrap_or(true),
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,

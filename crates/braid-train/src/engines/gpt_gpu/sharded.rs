@@ -264,6 +264,17 @@ impl GpuGpt {
         step: UpdateStep,
     ) -> Result<()> {
         self.in_units("update_compact")?;
+        self.check_compact(params, grads)?;
+        self.adamw(Some(params), grads, true, step)
+    }
+
+    /// Refuses a master shard or its gradients of other lengths than the
+    /// optimizer's shard.
+    pub(super) fn check_compact(
+        &self,
+        params: &DeviceBuffer<f32>,
+        grads: &DeviceBuffer<f32>,
+    ) -> Result<()> {
         let len = self.state_len();
         if grads.len() != len || params.len() != len {
             return Err(format!(
@@ -272,6 +283,6 @@ impl GpuGpt {
                 grads.len()
             ));
         }
-        self.adamw(Some(params), grads, true, step)
+        Ok(())
     }
 }
