@@ -295,17 +295,22 @@ phase_big() {
         --steps 12 --log-every 2 --gpu-memory "$cap" --json "$L/z3-13b-capped.json"
       grep -h 'GPU memory estimate' "$L/z3-13b-capped.txt" | head -1
       ratio z3-13b-capped fsdp2-13b
-      # X4_BIG_AB=1: in turns with the update on the engine's stream
-      # (BRAID_UPDATE_BESIDE=off), then beside it again.
-      if [ "${X4_BIG_AB:-0}" = 1 ]; then
-        local c=(--zero 3 --model $M --batch 8 --seq 1024 --data random --checkpointing --steps 12
-          --log-every 2 --gpu-memory "$cap")
-        BRAID_UPDATE_BESIDE=off br z3-13b-capped-inline 170 4 "${c[@]}" --json "$L/z3-13b-capped-inline.json"
-        br z3-13b-capped-2 170 4 "${c[@]}" --json "$L/z3-13b-capped-2.json"
-        ratio z3-13b-capped-inline fsdp2-13b
-        ratio z3-13b-capped-2 fsdp2-13b
-        ratio z3-13b-capped z3-13b-capped-inline
-      fi
+      # X4_BIG_VARIANTS="NAME:VAR=VAL,VAR=VAL NAME2:...": the budgeted
+      # run again per variant, in order, with its environment set
+      # (z3-13b-NAME.txt), each against FSDP2 and the first run.
+      local v name envs c=(--zero 3 --model $M --batch 8 --seq 1024 --data random --checkpointing
+        --steps 12 --log-every 2 --gpu-memory "$cap")
+      for v in ${X4_BIG_VARIANTS:-}; do
+        name=${v%%:*} envs=${v#*:}
+        [ "$envs" = "$v" ] && envs=
+        (
+          IFS=, read -ra kvs <<< "$envs"
+          for kv in "${kvs[@]}"; do export "${kv?}"; done
+          br "z3-13b-$name" 170 4 "${c[@]}" --json "$L/z3-13b-$name.json"
+        )
+        ratio "z3-13b-$name" fsdp2-13b
+        ratio "z3-13b-$name" z3-13b-capped
+      done
     else
       echo "z3-13b-capped: skipped (no FSDP2 peak in fsdp2-13b.txt)"
     fi
