@@ -198,9 +198,9 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
-/// ZeRO-3 queues each update beside the engine's stream, in the order the
-/// next forward pass reads the master shard (`BRAID_UPDATE_BESIDE`, on by
-/// default): the same bits as the update on the engine's stream
+/// ZeRO-3 queuing each update beside the engine's stream, in the order the
+/// next forward pass reads the master shard (`BRAID_UPDATE_BESIDE=on`;
+/// off by default): the same bits as the update on the engine's stream
 /// (parameters and every loss, one rank and two where there are two,
 /// with and without checkpointing; with evaluation passes between steps
 /// and the model saved at the end); on `L12-H10-C1280` the step times of
@@ -212,10 +212,10 @@ fn gpu_zero3_update_beside_the_forward_pass_changes_no_bits() {
         return;
     }
     let dir = common::TempDir::new("gpu-zero3-beside");
-    let off = [("BRAID_UPDATE_BESIDE", "off")];
-    zero3_same_bits_with(&dir, &off);
-    zero3_evaluating_same_bits_with(&dir, &off);
-    let ([_, peak, step], [_, peak_off, step_off], _) = zero3_l12_beside(&off);
+    let on = [("BRAID_UPDATE_BESIDE", "on")];
+    zero3_same_bits_with(&dir, &on);
+    zero3_evaluating_same_bits_with(&dir, &on);
+    let ([_, peak_off, step_off], [_, peak, step], _) = zero3_l12_beside(&on);
     let _ = writeln!(
         std::io::stderr(),
         "ZeRO-3 L12-H10-C1280 B8 T1024 checkpointing: update beside the stream: median step \

@@ -104,8 +104,8 @@ pub struct ShardChoice {
     pub split_reduce: bool,
     /// Stage 3: each update queued beside the engine's stream, in the
     /// order the next forward pass reads the master shard
-    /// (`BRAID_UPDATE_BESIDE`, on by default; engines without a second
-    /// stream update in place).
+    /// (`BRAID_UPDATE_BESIDE`, off by default: measured no faster;
+    /// engines without a second stream update in place).
     pub update_beside: bool,
 }
 
