@@ -19,6 +19,10 @@
 #     offloaded), 6 steps from seed 5, an evaluation every 3. It passes
 #     when every saved model is byte-identical and every loss, evaluation
 #     loss and gradient norm is equal.
+#   bash bench/device/one.sh flash
+#     the head-size-128 attention kernels' blocks per SM
+#     (BRAID_FLASH128_BLOCKS) in turns on a one-GPU model of the 12.85B
+#     width, profiled: see phase_flash.
 #   bash bench/device/one.sh proxy
 #     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
 #     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
@@ -166,14 +170,42 @@ phase_proxy() {
   fi
 }
 
+# The head-size-128 attention kernels' blocks per SM
+# (BRAID_FLASH128_BLOCKS=F,K,Q) in turns, FLASH_ROUNDS times, on GPU 0:
+# the 12.85B model's width (FLASH_MODEL, default L4-H40-C5120: 4 layers,
+# head size 128) at batch 8 x 1024 with checkpointing, 8 steps, profiled
+# (BRAID_PROFILE=1); per run the attention's GPU time per step (forward,
+# recompute and backward rows) and the median step. The variant with the
+# least attention time, over its rounds, goes to $L/flash-best.txt.
+phase_flash() {
+  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r ms best= best_ms=
+  local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
+  for r in $(seq "${FLASH_ROUNDS:-1}"); do
+    for v in $variants; do
+      BRAID_FLASH128_BLOCKS=$v BRAID_PROFILE=1 run "flash-$v-$r" 90 "$B" train --device cuda \
+        --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
+        --eval-every 0 --log-every 4 || continue
+      ms=$(grep -h ' attention  ' "$L/flash-$v-$r.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')
+      echo "flash $v round $r: attention $ms ms a step; $(grep -ho 'median step [0-9.]* ms' "$L/flash-$v-$r.txt" | tail -1)"
+      echo "$v $ms" >> "$L/flash-times.txt"
+    done
+  done
+  best=$(awk '{ s[$1] += $2 } END { for (v in s) print s[v], v }' "$L/flash-times.txt" 2>/dev/null |
+    sort -n | head -1 | cut -d' ' -f2)
+  best_ms=$(grep -h "^$best " "$L/flash-times.txt" 2>/dev/null | awk '{ s += $2; n++ } END { if (n) printf "%.3f", s / n }')
+  echo "${best:-2,2,2}" > "$L/flash-best.txt"
+  echo "flash: fastest ${best:-none} (attention ${best_ms:-?} ms a step)"
+}
+
 phase=${1:-}
 shift
 case $phase in
 tests) phase_tests "$@" ;;
 bits) phase_bits ;;
 proxy) phase_proxy ;;
+flash) phase_flash ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | proxy" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash" >&2
   exit 2
   ;;
 esac

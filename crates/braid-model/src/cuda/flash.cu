@@ -683,7 +683,18 @@ FLASH_ENTRIES(32, 4, 3, 3)
 FLASH_ENTRIES(64, 4, 3, 3)
 FLASH_ENTRIES(80, 3, 3, 3)
 FLASH_ENTRIES(96, 2, 2, 2)
-FLASH_ENTRIES(128, 2, 2, 2)
+// Head size 128's blocks per SM may come from the loader
+// (`BRAID_FLASH128_BLOCKS`), for measuring: 2, 2, 2 otherwise.
+#ifndef FLASH128_FWD
+#define FLASH128_FWD 2
+#endif
+#ifndef FLASH128_DKDV
+#define FLASH128_DKDV 2
+#endif
+#ifndef FLASH128_DQ
+#define FLASH128_DQ 2
+#endif
+FLASH_ENTRIES(128, FLASH128_FWD, FLASH128_DKDV, FLASH128_DQ)
 
 // dst [N, 3C] (bf16) = src + bias [3C] (f32), 8 values per thread (may be in place).
 extern "C" __global__ void add_bias_bf(bf16* dst, const bf16* src, const float* bias, int N, int C3) {

@@ -64,6 +64,38 @@ fn dq_stored_bytes(hs: usize) -> usize {
     2 * tile(hs) + 2 * tile(TILE)
 }
 
+/// `BRAID_FLASH128_BLOCKS=F,K,Q`: the blocks per SM the head-size-128
+/// kernels' registers are planned for (forward, dK/dV, dQ recomputing the
+/// score gradients; each 1 to 8), as `#define`s ahead of the source; the
+/// source's own (2, 2, 2) when unset. For measuring occupancy: the bits do
+/// not change (the same arithmetic in the same order), the speed may.
+fn blocks_128_from_env() -> Result<String> {
+    blocks_128(std::env::var("BRAID_FLASH128_BLOCKS").ok().as_deref())
+}
+
+/// [`blocks_128_from_env`] for the variable's value `v`.
+fn blocks_128(v: Option<&str>) -> Result<String> {
+    let Some(v) = v else {
+        return Ok(String::new());
+    };
+    let bad = || {
+        CudaError::Invalid(format!(
+            "BRAID_FLASH128_BLOCKS={v}: expected three blocks per SM from 1 to 8, as F,K,Q \
+             (forward, dK/dV, dQ), e.g. 2,2,2"
+        ))
+    };
+    let n: Vec<u32> = v
+        .split(',')
+        .map(|x| x.trim().parse::<u32>().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    match n[..] {
+        [f, k, q] if [f, k, q].iter().all(|b| (1..=8).contains(b)) => Ok(format!(
+            "#define FLASH128_FWD {f}\n#define FLASH128_DKDV {k}\n#define FLASH128_DQ {q}\n"
+        )),
+        _ => Err(bad()),
+    }
+}
+
 /// Threads per block of the row-sum kernel (one block per token).
 const DSUM_THREADS: u32 = 128;
 
@@ -103,7 +135,8 @@ impl FlashKernels {
         if device.compute_capability()?.0 < 8 {
             return Ok(None);
         }
-        let module = Module::compile(device, SOURCES[2].0, SOURCES[2].1)?;
+        let source = format!("{}{}", blocks_128_from_env()?, SOURCES[2].1);
+        let module = Module::compile(device, SOURCES[2].0, &source)?;
         let mut heads = Vec::new();
         for hs in Self::HEAD_SIZES {
             let f = |n: &str| module.function(&format!("{n}_{hs}"));
@@ -344,6 +377,31 @@ impl FlashKernels {
         } else {
             let shared = tile_bytes(k.hs) as u32;
             MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, recompute)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_size_128_blocks_become_defines_or_a_clear_refusal() {
+        assert_eq!(blocks_128(None).unwrap(), "");
+        let d = blocks_128(Some("3, 2,2")).unwrap();
+        assert_eq!(
+            d,
+            "#define FLASH128_FWD 3\n#define FLASH128_DKDV 2\n#define FLASH128_DQ 2\n"
+        );
+        for bad in ["3,2", "0,2,2", "9,2,2", "a,b,c", ""] {
+            let e = blocks_128(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("BRAID_FLASH128_BLOCKS"), "{bad}: {e}");
+        }
+        // With NVRTC at hand (CI unpacks it), the defines compile.
+        if braid_cuda::nvrtc::version().is_ok() {
+            let src = format!("{d}{}", SOURCES[2].1);
+            let ptx = braid_cuda::nvrtc::compile_ptx("flash-blocks", &src, "compute_90").unwrap();
+            assert!(ptx.contains("flash_forward_128"));
         }
     }
 }
