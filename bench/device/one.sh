@@ -178,15 +178,16 @@ phase_proxy() {
 # recompute and backward rows) and the median step. The variant with the
 # least attention time, over its rounds, goes to $L/flash-best.txt.
 phase_flash() {
-  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r ms best= best_ms=
+  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r n ms best= best_ms=
   local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
   for r in $(seq "${FLASH_ROUNDS:-1}"); do
     for v in $variants; do
-      BRAID_FLASH128_BLOCKS=$v BRAID_PROFILE=1 run "flash-$v-$r" 90 "$B" train --device cuda \
+      n="flash-${v//,/-}-$r"
+      BRAID_FLASH128_BLOCKS=$v BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
         --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
         --eval-every 0 --log-every 4 || continue
-      ms=$(grep -h ' attention  ' "$L/flash-$v-$r.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')
-      echo "flash $v round $r: attention $ms ms a step; $(grep -ho 'median step [0-9.]* ms' "$L/flash-$v-$r.txt" | tail -1)"
+      ms=$(grep -h ' attention  ' "$L/$n.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')
+      echo "flash $v round $r: attention $ms ms a step; $(grep -ho 'median step [0-9.]* ms' "$L/$n.txt" | tail -1)"
       echo "$v $ms" >> "$L/flash-times.txt"
     done
   done
