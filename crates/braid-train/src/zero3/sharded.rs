@@ -188,30 +188,12 @@ impl<C: Collective> Sharded<C> {
     /// forward unit `u`) the next unit's gather and the saved
     /// activations unit `u` writes first in the gradient shard's memory.
     pub(super) fn parts_in_forward_order(&self) -> Vec<Vec<Range<usize>>> {
-        let forward = &self.units.forward;
-        let slots_of = |blocks: Option<&Vec<usize>>| -> Vec<Range<usize>> {
-            blocks
-                .map(|bs| bs.iter().map(|&b| self.slots[b].clone()).collect())
-                .unwrap_or_default()
-        };
-        let mut needs = Vec::with_capacity(forward.len() + 1);
-        let mut first = slots_of(forward.first());
-        if let Some(sr) = &self.side {
-            first.extend(sr.mine.iter().map(|&(at, _, len)| at..at + len));
-        }
-        needs.push(first);
-        for u in 0..forward.len() {
-            let mut need = slots_of(forward.get(u + 1));
-            need.extend(
-                self.lent_runs
-                    .iter()
-                    .filter(|(_, w)| *w == u)
-                    .map(|(r, _)| r.clone()),
-            );
-            needs.push(need);
-        }
-        let len = self.slots.last().map_or(0, |s| s.end);
-        update_order::parts_in_need_order(len, &needs)
+        let side: Vec<Range<usize>> = self
+            .side
+            .iter()
+            .flat_map(|sr| sr.mine.iter().map(|&(at, _, len)| at..at + len))
+            .collect();
+        update_order::forward_order(&self.units.forward, &self.slots, &side, &self.lent_runs)
     }
 
     pub(super) fn hold(&mut self, bytes: u64) {

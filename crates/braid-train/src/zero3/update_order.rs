@@ -15,6 +15,37 @@
 
 use std::ops::Range;
 
+/// The parts of an update for a forward pass whose unit `u` reads the
+/// blocks `forward[u]` (block `b`: elements `slots[b]` of the shard), after
+/// a refresh that reads `side`, and writes first the lent runs of
+/// `lent` whose unit (the second of each pair) is `u`: point 0 the refresh
+/// and unit 0's gather, point `u + 1` (before unit `u` runs, while unit
+/// `u + 1`'s gather is queued) unit `u + 1`'s blocks and unit `u`'s lent
+/// runs.
+pub(crate) fn forward_order(
+    forward: &[Vec<usize>],
+    slots: &[Range<usize>],
+    side: &[Range<usize>],
+    lent: &[(Range<usize>, usize)],
+) -> Vec<Vec<Range<usize>>> {
+    let slots_of = |blocks: Option<&Vec<usize>>| -> Vec<Range<usize>> {
+        blocks
+            .map(|bs| bs.iter().map(|&b| slots[b].clone()).collect())
+            .unwrap_or_default()
+    };
+    let mut needs = Vec::with_capacity(forward.len() + 1);
+    let mut first = slots_of(forward.first());
+    first.extend(side.iter().cloned());
+    needs.push(first);
+    for u in 0..forward.len() {
+        let mut need = slots_of(forward.get(u + 1));
+        need.extend(lent.iter().filter(|(_, w)| *w == u).map(|(r, _)| r.clone()));
+        needs.push(need);
+    }
+    let len = slots.last().map_or(0, |s| s.end);
+    parts_in_need_order(len, &needs)
+}
+
 /// Part `k` of the update: the elements of `needs[k]` (ranges of the
 /// shard, `len` elements) that no earlier part holds, as increasing
 /// disjoint runs; then one last part with every element no point needs.
@@ -104,6 +135,32 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&c| c == 1), "every element once: {seen:?}");
+    }
+
+    #[test]
+    fn a_gpt_forward_pass_gets_its_blocks_and_lent_runs_in_time() {
+        // Blocks: embeddings 0..10, layer 0 10..20, layer 1 20..30, the
+        // final norm 30..32; units: embeddings, layer 0, layer 1, head
+        // (which reads the tied embeddings again).
+        let slots = vec![0..10, 10..20, 20..30, 30..32];
+        let forward = vec![vec![0], vec![1], vec![2], vec![0, 3]];
+        // Side tensors inside the layers; lent runs: scratch written from
+        // unit 0 in layer 1's slice, layer 1's input written by unit 1
+        // in the norm's and layer 0's slices.
+        let side = vec![18..20, 28..30];
+        let lent = vec![(24..27, 0), (31..32, 1), (12..14, 1)];
+        let parts = forward_order(&forward, &slots, &side, &lent);
+        assert_eq!(
+            parts,
+            vec![
+                vec![0..10, 18..20, 28..30],
+                vec![10..18, 24..27],
+                vec![20..24, 27..28, 31..32],
+                vec![30..31],
+                vec![],
+                vec![],
+            ]
+        );
     }
 
     #[test]
