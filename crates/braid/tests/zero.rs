@@ -284,6 +284,38 @@ fn impossible_zero_setups_are_refused_at_start() {
         assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
         assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
     }
+    // ZeRO-3's update beside the forward pass: on GPUs only, and a bad
+    // value named.
+    for (args, value, want) in [
+        (
+            &["--zero", "3", "--nproc", "2"][..],
+            "on",
+            "ZeRO-3's on GPUs",
+        ),
+        (
+            &["--zero", "1", "--nproc", "2"][..],
+            "on",
+            "ZeRO-3's on GPUs",
+        ),
+        (
+            &["--zero", "3", "--nproc", "2"][..],
+            "yes",
+            "BRAID_UPDATE_BESIDE=yes: expected on, off or auto",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.arg("train")
+            .args(args)
+            .env("BRAID_UPDATE_BESIDE", value);
+        let f = run(cmd, Duration::from_secs(60));
+        assert_eq!(f.code, Some(2), "{args:?} {value}: {f:?}");
+        assert!(f.stderr.contains(want), "{args:?} {value}: {}", f.stderr);
+        assert!(
+            !f.stderr.contains("[rank"),
+            "said by a worker: {}",
+            f.stderr
+        );
+    }
 }
 
 /// Workers on one host share its memory: a data-parallel run of a model

@@ -342,6 +342,22 @@ pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimi
 }
 
 /// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
+/// `BRAID_UPDATE_BESIDE=on|off`: ZeRO-3's update queued beside the next
+/// forward pass. Off by default: measured on 4 H100s at 12.85B, no faster
+/// (the forward pass's products leave AdamW no idle SMs). Asked for where
+/// no such update exists (no ZeRO-3, or the CPU engine, which has one
+/// stream), refused with what it needs.
+fn update_beside_choice(zero: Option<u8>, cuda: bool) -> Result<bool, String> {
+    match super::preflight::env_choice("BRAID_UPDATE_BESIDE", "on", "off")? {
+        Some(true) if zero != Some(3) || !cuda => Err(
+            "BRAID_UPDATE_BESIDE=on: the update beside the next forward pass is ZeRO-3's on \
+             GPUs (--zero 3 or --fsdp, with --device cuda); drop the variable or add them"
+                .into(),
+        ),
+        choice => Ok(choice.unwrap_or(false)),
+    }
+}
+
 fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
     let Some(g) = a.gpu_memory else {
         return Ok(None);
@@ -646,6 +662,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 ));
             }
         }
+        // Said once here too, not by every worker.
+        update_beside_choice(zero, cuda)?;
         // `--zero S --nproc 1`: a world of one rank, sharded over itself.
         if n > 1 || zero.is_some() {
             // JSON on stdout reaches it unprefixed.
@@ -934,10 +952,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             zero.unwrap_or(0),
             a.checkpointing,
         )?,
-        // Measured on 4 H100s at 12.85B: no faster (the forward pass's
-        // products leave AdamW no idle SMs), so off unless asked for.
-        update_beside: super::preflight::env_choice("BRAID_UPDATE_BESIDE", "on", "off")?
-            .unwrap_or(false),
+        update_beside: update_beside_choice(zero, cuda)?,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
