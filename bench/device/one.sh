@@ -62,7 +62,10 @@ run() {
     echo "$name: skipped ($((LIMIT - SECONDS)) s left)"
     return 1
   fi
-  echo "cmd: ${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }$bin $*" > "$L/$name.txt"
+  local envs="${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }"
+  envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
+  envs+="${BRAID_FLASH128_BLOCKS:+BRAID_FLASH128_BLOCKS=$BRAID_FLASH128_BLOCKS }"
+  echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
   echo "exit $rc" >> "$L/$name.txt"
