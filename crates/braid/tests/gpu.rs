@@ -87,6 +87,44 @@ fn without_a_gpu_the_gpu_path_fails_with_one_clear_message() {
     assert_eq!(f.code, Some(0), "{f:?}");
 }
 
+/// The fused attention's measuring knobs, given a bad value, are refused
+/// once before any worker starts (with or without a GPU), naming the value.
+#[test]
+fn bad_attention_kernel_knobs_are_refused_before_any_worker_starts() {
+    for (var, value, want) in [
+        (
+            "BRAID_FLASH_FORWARD",
+            "huge",
+            "BRAID_FLASH_FORWARD=huge: expected wide",
+        ),
+        (
+            "BRAID_FLASH128_BLOCKS",
+            "2,2",
+            "BRAID_FLASH128_BLOCKS=2,2: expected three",
+        ),
+    ] {
+        let mut cmd = braid();
+        cmd.args([
+            "train",
+            "--device",
+            "cuda",
+            "--nproc-per-node",
+            "2",
+            "--steps",
+            "1",
+        ])
+        .env(var, value);
+        let f = run(cmd, Duration::from_secs(60));
+        assert_eq!(f.code, Some(2), "{var}={value}: {f:?}");
+        assert!(f.stderr.contains(want), "{var}={value}: {}", f.stderr);
+        assert!(
+            !f.stderr.contains("[rank"),
+            "said by a worker: {}",
+            f.stderr
+        );
+    }
+}
+
 #[test]
 fn gpu_flags_are_rejected_on_the_cpu_path() {
     let mut cmd = braid();

@@ -154,6 +154,14 @@ impl FlashKernels {
     /// Head sizes with fused kernels.
     pub const HEAD_SIZES: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
+    /// Checks the kernels' measuring knobs (`BRAID_FLASH_FORWARD`,
+    /// `BRAID_FLASH128_BLOCKS`) without a GPU, so that a bad value is said
+    /// once before workers start rather than by each of them.
+    pub fn check_env() -> Result<()> {
+        forward_wide(std::env::var("BRAID_FLASH_FORWARD").ok().as_deref())?;
+        blocks_128_from_env().map(|_| ())
+    }
+
     /// Compiles (through the cache) and loads the kernels, or `None` on a
     /// GPU older than compute capability 8.0.
     pub fn load(device: &Device) -> Result<Option<FlashKernels>> {

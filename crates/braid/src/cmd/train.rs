@@ -654,6 +654,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
         }
         if cuda {
+            braid_model::cuda::flash::FlashKernels::check_env().map_err(|e| e.to_string())?;
             let gpus = braid_cuda::device_count().map_err(|e| format!("--device cuda: {e}"))?;
             if n > gpus {
                 return Err(format!(
