@@ -18,7 +18,7 @@ use crate::engine::{
 use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{Device, DeviceBuffer, DeviceWindow, Stream};
+use braid_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, DeviceWindow, Stream};
 use braid_model::cuda::f32_params::{F32Params, Piece, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
@@ -61,6 +61,42 @@ fn optimizer_ranges(shard: &[Range<usize>], bf16_len: usize) -> Vec<(Range<usize
         }
     }
     out
+}
+
+/// The views one AdamW launch reads and writes: parameters, gradients and
+/// the two moments, alike in length.
+type AdamViews<'a, 'b> = (
+    &'a mut DeviceViewMut<'b, f32>,
+    &'a DeviceView<'b, f32>,
+    &'a mut DeviceViewMut<'b, f32>,
+    &'a mut DeviceViewMut<'b, f32>,
+);
+
+/// One AdamW launch over the optimizer's flat parameters `r` (their
+/// `views`), on `stream` or else the model's own; the bf16 model's whole
+/// bf16 copy gets `r` too where the copy reaches that far (past a short
+/// copy's end no bf16 is written: `optimizer_ranges` cut the ranges there).
+fn adamw_launch(
+    mk: &MixedKernels,
+    model: &mut Model,
+    stream: Option<&Stream>,
+    (p, g, m, v): AdamViews<'_, '_>,
+    r: &Range<usize>,
+    segs: &AdamSegments,
+    h: AdamStep,
+) -> Result<()> {
+    match model {
+        Model::Mixed(mm, pb) => {
+            let mut pb = pb
+                .as_mut()
+                .filter(|b| r.end <= b.len())
+                .map(|b| b.view_mut(r.clone()));
+            let pb = pb.as_mut().map(|b| b as _);
+            mk.adamw_multi(stream.unwrap_or(mm.stream()), p, pb, g, m, v, segs, h)
+        }
+        Model::F32(mm) => mk.adamw_multi(stream.unwrap_or(mm.stream()), p, None, g, m, v, segs, h),
+    }
+    .map_err(e)
 }
 
 /// Arithmetic of the GPU engine.
@@ -402,24 +438,8 @@ impl GpuGpt {
             };
             let mut m = self.m.view_mut(*at..at + len);
             let mut v = self.v.view_mut(*at..at + len);
-            match &mut self.model {
-                Model::Mixed(mm, pb) => {
-                    // (Past a short bf16 copy's end no bf16 is written:
-                    // `optimizer_ranges` cut the ranges there.)
-                    let mut pb = pb
-                        .as_mut()
-                        .filter(|b| r.end <= b.len())
-                        .map(|b| b.view_mut(r.clone()));
-                    let pb = pb.as_mut().map(|b| b as _);
-                    self.mk
-                        .adamw_multi(mm.stream(), &mut p, pb, &g, &mut m, &mut v, segs, h)
-                }
-                Model::F32(mm) => {
-                    self.mk
-                        .adamw_multi(mm.stream(), &mut p, None, &g, &mut m, &mut v, segs, h)
-                }
-            }
-            .map_err(e)?;
+            let views = (&mut p, &g, &mut m, &mut v);
+            adamw_launch(&self.mk, &mut self.model, None, views, r, segs, h)?;
         }
         self.updates += 1;
         Ok(())

@@ -59,11 +59,7 @@ impl GpuGpt {
         let Some(b) = self.beside.as_ref() else {
             unreachable!("planned above");
         };
-        let compute = match &self.model {
-            Model::F32(m) => m.stream(),
-            Model::Mixed(m, _) => m.stream(),
-        };
-        b.ready.record(compute).map_err(e)?;
+        b.ready.record(self.compute_stream()).map_err(e)?;
         b.stream.wait_event(&b.ready).map_err(e)?;
         for (launches, done) in b.launches.iter().zip(&b.done) {
             for (at, r, segs) in launches {
@@ -71,22 +67,16 @@ impl GpuGpt {
                 let g = grads.view(at.clone());
                 let mut m = self.m.view_mut(at.clone());
                 let mut v = self.v.view_mut(at.clone());
-                match &mut self.model {
-                    Model::Mixed(_, pb) => {
-                        // (As `adamw`: no bf16 written past a short copy.)
-                        let mut pb = pb
-                            .as_mut()
-                            .filter(|b| r.end <= b.len())
-                            .map(|b| b.view_mut(r.clone()));
-                        let pb = pb.as_mut().map(|b| b as _);
-                        self.mk
-                            .adamw_multi(&b.stream, &mut p, pb, &g, &mut m, &mut v, segs, h)
-                    }
-                    Model::F32(_) => self
-                        .mk
-                        .adamw_multi(&b.stream, &mut p, None, &g, &mut m, &mut v, segs, h),
-                }
-                .map_err(e)?;
+                let views = (&mut p, &g, &mut m, &mut v);
+                adamw_launch(
+                    &self.mk,
+                    &mut self.model,
+                    Some(&b.stream),
+                    views,
+                    r,
+                    segs,
+                    h,
+                )?;
             }
             done.record(&b.stream).map_err(e)?;
         }
