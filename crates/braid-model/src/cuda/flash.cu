@@ -217,6 +217,56 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
+// Scores s (16 x 64, this thread's C fragments) of keys after the row
+// (row0 for elements 0, 1; row1 for 2, 3) set to -inf; `key0` is the key
+// of element 0 of column tile 0 (the tile's first key + 2 t).
+__device__ __forceinline__ void mask_past_rows(float (*s)[4], int key0, int row0, int row1) {
+    for (int nt = 0; nt < BLK / 8; nt++) {
+        int key = key0 + nt * 8;
+        if (key > row0) s[nt][0] = NEG_INF;
+        if (key + 1 > row0) s[nt][1] = NEG_INF;
+        if (key > row1) s[nt][2] = NEG_INF;
+        if (key + 1 > row1) s[nt][3] = NEG_INF;
+    }
+}
+
+// One key tile's step of the online softmax for this thread's two rows:
+// the running maxima m (of the scaled scores, log2 units) and sums l move
+// on, the accumulator o (NT column tiles) is rescaled, and the scores
+// become probabilities (exp2(s * sl2 - max)). Maxima are of the raw
+// scores (scaling by sl2 > 0 keeps the order, and rounds the maximum
+// exactly as it would the scaled one). Each row needs a finite score in
+// the tile.
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float (*s)[4], float (*o)[4], float& m0, float& m1,
+                                             float& l0, float& l1, float sl2) {
+    float mx0 = NEG_INF, mx1 = NEG_INF;
+    for (int nt = 0; nt < BLK / 8; nt++) {
+        mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    float n0 = fmaxf(m0, quad_max(mx0) * sl2), n1 = fmaxf(m1, quad_max(mx1) * sl2);
+    float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    l0 *= c0;
+    l1 *= c1;
+    for (int nt = 0; nt < NT; nt++) {
+        o[nt][0] *= c0;
+        o[nt][1] *= c0;
+        o[nt][2] *= c1;
+        o[nt][3] *= c1;
+    }
+    for (int nt = 0; nt < BLK / 8; nt++) {
+        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -n0));
+        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -n0));
+        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -n1));
+        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -n1));
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+    }
+}
+
 // ---- forward --------------------------------------------------------------
 // grid (B*NH, ceil(T/64)); lse [B*NH, T] in log2 units of the scaled scores.
 template <int HS>
@@ -253,45 +303,10 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
         float s[BLK / 8][4];
         mul_bt<HS>(s, qf, sm[cur][0], lane);
         // Only the diagonal tile (j == qb) has keys past some of its rows;
-        // the others skip the mask. Maxima are of the raw scores (scaling
-        // by sl2 > 0 keeps the order, and rounds the maximum exactly as it
-        // would the scaled one), so each probability is one fused
-        // exp2(s * sl2 - max).
-        if (j == qb) {
-            for (int nt = 0; nt < BLK / 8; nt++) {
-                int key = j * BLK + nt * 8 + 2 * t;
-                if (key > row0) s[nt][0] = NEG_INF;
-                if (key + 1 > row0) s[nt][1] = NEG_INF;
-                if (key > row1) s[nt][2] = NEG_INF;
-                if (key + 1 > row1) s[nt][3] = NEG_INF;
-            }
-        }
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-        for (int nt = 0; nt < BLK / 8; nt++) {
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
+        // the others skip the mask.
+        if (j == qb) mask_past_rows(s, j * BLK + 2 * t, row0, row1);
         // Key j*64 <= every row of this block, so each row has a finite score.
-        float n0 = fmaxf(m0, quad_max(mx0) * sl2), n1 = fmaxf(m1, quad_max(mx1) * sl2);
-        float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
-        m0 = n0;
-        m1 = n1;
-        l0 *= c0;
-        l1 *= c1;
-        for (int nt = 0; nt < NT; nt++) {
-            o[nt][0] *= c0;
-            o[nt][1] *= c0;
-            o[nt][2] *= c1;
-            o[nt][3] *= c1;
-        }
-        for (int nt = 0; nt < BLK / 8; nt++) {
-            s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -n0));
-            s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -n0));
-            s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -n1));
-            s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -n1));
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
+        softmax_tile<NT>(s, o, m0, m1, l0, l1, sl2);
         unsigned pf[BLK / 16][4];
         to_a(pf, s);
         mul_acc<HS>(o, pf, sm[cur][1], lane);
@@ -406,43 +421,10 @@ __device__ void flash_forward_wide(bf16* sq, bf16 (*sm)[2][BLK * (HS + PAD)], bf
                 // Keys past some rows: masked (where none is, nothing
                 // changes, as in the 64-row kernel's tiles below the
                 // diagonal).
-                if (j * BLK + BLK - 1 > rw + 16 * f) {
-                    for (int nt = 0; nt < BLK / 8; nt++) {
-                        int key = j * BLK + nt * 8 + 2 * t;
-                        if (key > row0) s[f][nt][0] = NEG_INF;
-                        if (key + 1 > row0) s[f][nt][1] = NEG_INF;
-                        if (key > row1) s[f][nt][2] = NEG_INF;
-                        if (key + 1 > row1) s[f][nt][3] = NEG_INF;
-                    }
-                }
-                float mx0 = NEG_INF, mx1 = NEG_INF;
-                for (int nt = 0; nt < BLK / 8; nt++) {
-                    mx0 = fmaxf(mx0, fmaxf(s[f][nt][0], s[f][nt][1]));
-                    mx1 = fmaxf(mx1, fmaxf(s[f][nt][2], s[f][nt][3]));
-                }
+                if (j * BLK + BLK - 1 > rw + 16 * f) mask_past_rows(s[f], j * BLK + 2 * t, row0, row1);
                 // Every row read here has a key at or before it in this
                 // tile (key j*64 <= its row), so a finite maximum.
-                float n0 = fmaxf(m[f][0], quad_max(mx0) * sl2);
-                float n1 = fmaxf(m[f][1], quad_max(mx1) * sl2);
-                float c0 = exp2f(m[f][0] - n0), c1 = exp2f(m[f][1] - n1);
-                m[f][0] = n0;
-                m[f][1] = n1;
-                l[f][0] *= c0;
-                l[f][1] *= c1;
-                for (int nt = 0; nt < NT; nt++) {
-                    o[f][nt][0] *= c0;
-                    o[f][nt][1] *= c0;
-                    o[f][nt][2] *= c1;
-                    o[f][nt][3] *= c1;
-                }
-                for (int nt = 0; nt < BLK / 8; nt++) {
-                    s[f][nt][0] = exp2f(fmaf(s[f][nt][0], sl2, -n0));
-                    s[f][nt][1] = exp2f(fmaf(s[f][nt][1], sl2, -n0));
-                    s[f][nt][2] = exp2f(fmaf(s[f][nt][2], sl2, -n1));
-                    s[f][nt][3] = exp2f(fmaf(s[f][nt][3], sl2, -n1));
-                    l[f][0] += s[f][nt][0] + s[f][nt][1];
-                    l[f][1] += s[f][nt][2] + s[f][nt][3];
-                }
+                softmax_tile<NT>(s[f], o[f], m[f][0], m[f][1], l[f][0], l[f][1], sl2);
                 to_a(pf[f], s[f]);
             }
             mul_acc2<HS>(o, pf, sm[cur][1], lane);
