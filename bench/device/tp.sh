@@ -39,6 +39,11 @@
 #     braid alone, 2.65B --tp 4 --no-sp: the row-split products summed over
 #     the tensor group in f32 and in bf16 (the default; BRAID_TP_SUMS),
 #     twice each in turns; TP_SUMS_BIG=1 adds the 12.85B pair of `big`.
+#   bash bench/device/tp.sh grads
+#     braid alone, 2.65B --tp 4 --no-sp: the backward pass's input-gradient
+#     sums first, then beside the weight gradients (BRAID_TP_GRAD_OVERLAP),
+#     in turns TP_GRADS_ROUNDS times (default 3); TP_GRADS_BIG=1 adds the
+#     12.85B pair of `big`, once each.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
@@ -245,8 +250,33 @@ phase_sums() {
   done
 }
 
+# braid alone at 2.65B --tp 4 --no-sp, batch 16 x 1024: the input
+# gradients' sums first (off) and beside the weight gradients (on), in
+# turns; with TP_GRADS_BIG=1 the 12.85B pair of `big` too, once each.
+phase_grads() {
+  local i o t f
+  for i in $(seq "${TP_GRADS_ROUNDS:-3}"); do
+    for o in off on; do
+      tp4_run "grads-$o-$i" BRAID_TP_GRAD_OVERLAP="$o" &&
+        grep -h '^\[rank 0\] step    12' "$L/grads-$o-$i.txt" | grep -o 'loss [0-9.]*'
+    done
+  done
+  [ -n "${TP_GRADS_BIG:-}" ] || return
+  for o in off on; do
+    f="$L/grads-big-$o.txt"
+    t=$(left)
+    [ "$t" -ge 90 ] || { echo "grads big $o: skipped ($t s left)"; continue; }
+    [ "$t" -gt 150 ] && t=150
+    BRAID_TP_GRAD_OVERLAP=$o timeout -k 10 "$t" "$B" train --device cuda \
+      --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
+      --checkpointing --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$f" 2>&1
+    echo "12.85B input-gradient sums beside $o: exit $? | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
+  done
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
+  grads) phase_grads ;;
   overlap) phase_overlap ;;
   sums) phase_sums ;;
   bench) phase_bench ;;
@@ -255,6 +285,6 @@ case "${1:-}" in
   cross) phase_cross ;;
   estimate) phase_estimate ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap|sums" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap|sums|grads" >&2; exit 2 ;;
 esac
 finish

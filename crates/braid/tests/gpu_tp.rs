@@ -225,6 +225,60 @@ fn gpu_tp_2_bf16_tracks_one_gpu() {
     }
 }
 
+/// The input gradients' sums over the tensor group beside the weight
+/// gradients (`BRAID_TP_GRAD_OVERLAP=on`: the LayerNorm's output
+/// recomputed for the weight gradient while the sum runs) add the same
+/// numbers in the same order as the sums first: `--tp 2` bf16, 10 steps,
+/// with and without checkpointing, the same parameters and losses bit for
+/// bit.
+#[test]
+fn gpu_tp_2_grad_sums_beside_weight_grads_change_no_bits() {
+    if gpus(2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("gpu-tp-grad-beside");
+    let base: Vec<&str> = BF16_MODEL
+        .iter()
+        .copied()
+        .chain([
+            "--steps",
+            "10",
+            "--tp",
+            "2",
+            "--no-sp",
+            "--nproc-per-node",
+            "2",
+        ])
+        .collect();
+    for ckpt in [false, true] {
+        let extra: &[&str] = if ckpt { &["--checkpointing"] } else { &[] };
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (a, da) = common::gpu::train_gpu_env(&dir, &format!("first-{ckpt}"), &args, &[]);
+        let (b, db) = common::gpu::train_gpu_env(
+            &dir,
+            &format!("beside-{ckpt}"),
+            &args,
+            &[("BRAID_TP_GRAD_OVERLAP", "on")],
+        );
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let _ = writeln!(
+            std::io::stderr(),
+            "bf16 --tp 2, checkpointing {ckpt}: {differ} of {} parameters differ with the sums beside",
+            a.len()
+        );
+        assert_eq!(differ, 0, "checkpointing {ckpt}: the parameters changed");
+        assert_eq!(
+            common::step_losses(&da),
+            common::step_losses(&db),
+            "checkpointing {ckpt}"
+        );
+    }
+}
+
 /// The row-split products in row blocks whose sums over the tensor group
 /// run beside the next block's product (`BRAID_TP_OVERLAP=4`) train as the
 /// whole products do: `--tp 2` bf16, with and without checkpointing, 10

@@ -192,29 +192,39 @@ fn what_tensor_parallelism_cannot_do_is_one_clear_error_at_start() {
         "sequence parallelism on GPUs runs in f32 only so far",
     );
     refused(&["--tp", "2", "--offload", "optimizer"], "--offload");
-    // A bad choice of the sums' dtype: said before any worker starts.
-    let mut c = braid();
-    c.args([
-        "train",
-        "--nproc-per-node",
-        "2",
-        "--tp",
-        "2",
-        "--steps",
-        "1",
-    ])
-    .env("BRAID_TP_SUMS", "f16");
-    let f = run(c, Duration::from_secs(60));
-    assert_ne!(f.code, Some(0), "BRAID_TP_SUMS=f16 ran");
-    assert!(
-        f.stderr.contains("BRAID_TP_SUMS=f16: expected f32 or bf16"),
-        "{}",
-        f.stderr
-    );
-    assert!(
-        !f.stderr.contains("[rank"),
-        "a worker said it: {}",
-        f.stderr
-    );
+    // A bad choice of the sums' dtype or of their overlap: said before
+    // any worker starts.
+    for (var, value, want) in [
+        (
+            "BRAID_TP_SUMS",
+            "f16",
+            "BRAID_TP_SUMS=f16: expected f32 or bf16",
+        ),
+        (
+            "BRAID_TP_GRAD_OVERLAP",
+            "maybe",
+            "BRAID_TP_GRAD_OVERLAP=maybe: expected on or off",
+        ),
+    ] {
+        let mut c = braid();
+        c.args([
+            "train",
+            "--nproc-per-node",
+            "2",
+            "--tp",
+            "2",
+            "--steps",
+            "1",
+        ])
+        .env(var, value);
+        let f = run(c, Duration::from_secs(60));
+        assert_ne!(f.code, Some(0), "{var}={value} ran");
+        assert!(f.stderr.contains(want), "{}", f.stderr);
+        assert!(
+            !f.stderr.contains("[rank"),
+            "a worker said it: {}",
+            f.stderr
+        );
+    }
     refused(&["--tp", "0"], "--tp 0");
 }

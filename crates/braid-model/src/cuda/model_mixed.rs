@@ -493,6 +493,10 @@ pub struct GpuGptMixed {
     /// Whether the row-split products are summed over the tensor group in
     /// bf16 ([`sum_tensor_products_in_bf16`](Self::sum_tensor_products_in_bf16)).
     tensor_sums_bf16: bool,
+    /// Whether each column-split product's input gradient is summed over
+    /// the tensor group beside its weight gradient
+    /// ([`sum_input_grads_beside_weight_grads`](Self::sum_input_grads_beside_weight_grads)).
+    grad_sums_beside: bool,
     stream: Stream,
     kernels: Kernels,
     mk: MixedKernels,
@@ -727,6 +731,7 @@ impl GpuGptMixed {
             group: None,
             tensor_blocks: 1,
             tensor_sums_bf16: false,
+            grad_sums_beside: false,
             layout,
             pool,
             stream,
@@ -822,6 +827,21 @@ impl GpuGptMixed {
     /// it joins the residual stream: not the same bits as the f32 sums.
     pub fn sum_tensor_products_in_bf16(&mut self, on: bool) {
         self.tensor_sums_bf16 = on;
+    }
+
+    /// With `on`, the backward pass sums each column-split product's input
+    /// gradient (qkv's, the MLP's first) over the tensor group on the
+    /// group's stream while the model's stream recomputes the product's
+    /// input (the LayerNorm's output, from its kept statistics) and runs
+    /// the weight gradient, which needs no sum: Megatron's overlap of the
+    /// input gradient's all-reduce with the weight gradient. The
+    /// LayerNorm backward then waits for the sum. The same numbers in the
+    /// same order: the same bits. Layers whose weight gradients are
+    /// deferred, and products split in row blocks
+    /// ([`overlap_tensor_sums`](Self::overlap_tensor_sums)), keep the
+    /// plain order.
+    pub fn sum_input_grads_beside_weight_grads(&mut self, on: bool) {
+        self.grad_sums_beside = on;
     }
 
     /// Makes this model tensor-parallel rank `comm.rank()`'s share: its

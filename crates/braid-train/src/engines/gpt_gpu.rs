@@ -591,6 +591,18 @@ impl GpuGpt {
         self
     }
 
+    /// With `on`, the bf16 model's backward pass sums each column-split
+    /// product's input gradient over the tensor group beside the product's
+    /// weight gradient
+    /// (`GpuGptMixed::sum_input_grads_beside_weight_grads`; the f32 model
+    /// sums first).
+    pub fn sum_input_grads_beside_weight_grads(mut self, on: bool) -> GpuGpt {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.sum_input_grads_beside_weight_grads(on);
+        }
+        self
+    }
+
     /// With `on`, the bf16 model sums its row-split products over the
     /// tensor group in bf16, every rank adding the residual and bias after
     /// the sum (`GpuGptMixed::sum_tensor_products_in_bf16`; the f32 model

@@ -71,6 +71,8 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
   BRAID_UPDATE_BESIDE=on|off        ZeRO-3 on GPUs: the optimizer's update beside the next forward
                                     pass, in the order its units read the master shard (off)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
+  BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
+                                    gradients (off)
   BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
 pub struct TrainArgs {
@@ -611,6 +613,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             if a.tp > 1 {
                 super::train_mesh::tensor_overlap_blocks()?;
                 super::train_mesh::tensor_sums_in_bf16()?;
+                super::train_mesh::tensor_grad_sums_beside()?;
             }
             if a.pp > 1 {
                 // The schedule and the stages, checked once here.

@@ -209,7 +209,8 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
         Some(g) => engine
             .tensor_parallel(g.tensor.clone(), place.sequence)?
             .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
-            .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?),
+            .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?)
+            .sum_input_grads_beside_weight_grads(super::train_mesh::tensor_grad_sums_beside()?),
         None => engine,
     };
     let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());

@@ -212,6 +212,20 @@ pub fn tensor_overlap_blocks() -> Result<usize, String> {
     }
 }
 
+/// `BRAID_TP_GRAD_OVERLAP=on|off`: the bf16 engine's backward pass sums
+/// each column-split product's input gradient (qkv's, the MLP's first)
+/// over the tensor group on the group's stream while its weight gradient
+/// runs (Megatron's overlap; the LayerNorm's output recomputed for it
+/// first), or sums first (`off`, the default until measured: `bash
+/// bench/device/tp.sh grads`). The same bits either way.
+pub fn tensor_grad_sums_beside() -> Result<bool, String> {
+    match std::env::var("BRAID_TP_GRAD_OVERLAP").as_deref() {
+        Err(_) | Ok("") | Ok("off") => Ok(false),
+        Ok("on") => Ok(true),
+        Ok(v) => Err(format!("BRAID_TP_GRAD_OVERLAP={v}: expected on or off")),
+    }
+}
+
 /// `BRAID_TP_SUMS=f32|bf16`: the dtype in which the bf16 engine sums its
 /// row-split products (the attention's output projection, the MLP's
 /// second product) over the tensor group — `bf16` (the default,

@@ -184,7 +184,8 @@ pub fn gpu_engine(
         Some(comm) => inner
             .tensor_parallel(comm, false)?
             .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
-            .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?),
+            .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?)
+            .sum_input_grads_beside_weight_grads(super::train_mesh::tensor_grad_sums_beside()?),
         None => inner,
     };
     GpuStage::new(inner, mine, s, group, b, t)

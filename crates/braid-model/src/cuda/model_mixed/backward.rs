@@ -334,19 +334,80 @@ impl GpuGptMixed {
         }
         // fc: the input gradient, then the LayerNorm backward (which
         // recomputes ln2, the product's input), then the weight gradient.
-        // A column-split product's input gradient: each rank's share summed.
-        row_sum::input_grad_sum(
-            blas,
-            s,
-            &self.group,
-            self.tensor_blocks,
-            (n, c, f),
-            Mat::of(&self.wide, f),
-            Mat::of(&w(&r.fc_w), f),
-            &mut self.dln,
-            "mlp.c_fc backward",
-        )?;
-        prof.mark(s, "bwd gemm fc")?;
+        // A column-split product's input gradient: each rank's share summed
+        // — beside the weight gradient where asked (ln2 recomputed first).
+        let beside = match &self.group {
+            Some(group) if self.grad_sums_beside && !defer && self.tensor_blocks <= 1 => {
+                Some(group)
+            }
+            _ => None,
+        };
+        if let Some(group) = beside {
+            row_sum::start_input_grad_sum(
+                blas,
+                s,
+                group,
+                (n, c, f),
+                Mat::of(&self.wide, f),
+                Mat::of(&w(&r.fc_w), f),
+                &mut self.dln,
+                "mlp.c_fc backward",
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
+            // ln2 from resid2 and its statistics, recomputed in the
+            // forward's arithmetic (the same bits, written over the same).
+            let LayerSaved {
+                ln2_mean,
+                ln2_rstd,
+                acts: own,
+                ..
+            } = held_mut(&mut self.layers, l)?;
+            let resid2 = &own
+                .as_ref()
+                .or(self.work.as_ref())
+                .ok_or_else(no_acts)?
+                .resid2;
+            mk.layernorm_forward(
+                s,
+                &mut self.ln,
+                ln2_mean,
+                ln2_rstd,
+                resid2,
+                &p.view(r.ln2_w.clone())?,
+                &p.view(r.ln2_b.clone())?,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd layernorm")?;
+            weight_grad(
+                blas,
+                s,
+                n,
+                c,
+                f,
+                Mat::of(&self.ln, c),
+                Mat::of(&self.wide, f),
+                Mat::of(&g.view_mut(r.fc_w.clone())?, f),
+                self.fresh.beta(),
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
+            row_sum::wait_for_sums(group, s, "mlp.c_fc backward")?;
+        } else {
+            row_sum::input_grad_sum(
+                blas,
+                s,
+                &self.group,
+                self.tensor_blocks,
+                (n, c, f),
+                Mat::of(&self.wide, f),
+                Mat::of(&w(&r.fc_w), f),
+                &mut self.dln,
+                "mlp.c_fc backward",
+            )?;
+            prof.mark(s, "bwd gemm fc")?;
+        }
+        let a = held(&self.layers, l)?;
+        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
         let ln2: &mut DeviceBuffer<bf16> = if defer {
             &mut self.deferred[l]
                 .as_mut()
@@ -363,7 +424,7 @@ impl GpuGptMixed {
                 s,
                 &mut self.dresid,
                 &mut self.dresid_bf,
-                Some(ln2),
+                beside.is_none().then_some(ln2),
                 &mut gw,
                 &mut gb,
                 Some(&mut gnext),
@@ -384,7 +445,7 @@ impl GpuGptMixed {
                 &mut self.wide,
                 &mut self.deferred[l].as_mut().ok_or_else(|| not_deferred(l))?.fc,
             );
-        } else {
+        } else if beside.is_none() {
             weight_grad(
                 blas,
                 s,
@@ -486,20 +547,33 @@ impl GpuGptMixed {
             prof,
         )?;
         prof.mark(s, "bwd attention")?;
-        let a = held(&self.layers, l)?;
         // qkv: the input gradient and the bias gradient, then the
-        // LayerNorm backward (recomputing ln1), then the weight gradient.
-        row_sum::input_grad_sum(
-            blas,
-            s,
-            &self.group,
-            self.tensor_blocks,
-            (n, c, 3 * ca),
-            Mat::of(&dqkv, 3 * ca),
-            Mat::of(&w(&r.qkv_w), 3 * ca),
-            &mut self.dln,
-            "attn.c_attn backward",
-        )?;
+        // LayerNorm backward (recomputing ln1), then the weight gradient
+        // — or, with the input gradient's sum beside, ln1 recomputed and
+        // the weight gradient while the sum runs.
+        match beside {
+            Some(group) => row_sum::start_input_grad_sum(
+                blas,
+                s,
+                group,
+                (n, c, 3 * ca),
+                Mat::of(&dqkv, 3 * ca),
+                Mat::of(&w(&r.qkv_w), 3 * ca),
+                &mut self.dln,
+                "attn.c_attn backward",
+            )?,
+            None => row_sum::input_grad_sum(
+                blas,
+                s,
+                &self.group,
+                self.tensor_blocks,
+                (n, c, 3 * ca),
+                Mat::of(&dqkv, 3 * ca),
+                Mat::of(&w(&r.qkv_w), 3 * ca),
+                &mut self.dln,
+                "attn.c_attn backward",
+            )?,
+        }
         prof.mark(s, "bwd gemm qkv")?;
         mk.bias_backward_bf(
             s,
@@ -510,6 +584,37 @@ impl GpuGptMixed {
             3 * ca,
         )?;
         prof.mark(s, "bwd bias")?;
+        if let Some(group) = beside {
+            let LayerSaved {
+                ln1_mean, ln1_rstd, ..
+            } = held_mut(&mut self.layers, l)?;
+            mk.layernorm_forward(
+                s,
+                &mut self.ln,
+                ln1_mean,
+                ln1_rstd,
+                held(&self.resid, l)?,
+                &p.view(r.ln1_w.clone())?,
+                &p.view(r.ln1_b.clone())?,
+                n,
+                c,
+            )?;
+            prof.mark(s, "bwd layernorm")?;
+            weight_grad(
+                blas,
+                s,
+                n,
+                c,
+                3 * ca,
+                Mat::of(&self.ln, c),
+                Mat::of(&dqkv, 3 * ca),
+                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * ca),
+                self.fresh.beta(),
+            )?;
+            prof.mark(s, "bwd gemm qkv")?;
+            row_sum::wait_for_sums(group, s, "attn.c_attn backward")?;
+        }
+        let a = held(&self.layers, l)?;
         // The layer below's fcproj bias gradient comes with this one.
         // (Not below a pipeline stage's lowest layer: another stage's.)
         let below = if l > self.bottom {
@@ -528,7 +633,7 @@ impl GpuGptMixed {
                 s,
                 &mut self.dresid,
                 &mut self.dresid_bf,
-                Some(ln1),
+                beside.is_none().then_some(ln1),
                 &mut gw,
                 &mut gb,
                 if l > self.bottom {
@@ -548,7 +653,7 @@ impl GpuGptMixed {
             )?;
             prof.mark(s, "bwd layernorm")?;
         }
-        if defer {
+        if defer || beside.is_some() {
             Ok(())
         } else {
             weight_grad(

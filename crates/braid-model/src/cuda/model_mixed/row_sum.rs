@@ -155,6 +155,35 @@ fn product_rows<B: DeviceMem<f32>>(
 
 /// The input gradient of a column-split product, `dx = dy · wᵀ` over `m`
 /// rows (`dy`: `m × out`, `w`: the `inp × out` weights, `dx`: `m × inp`
+/// bf16), its sum over `g` started on the group's stream: the model's
+/// stream goes on with work that neither reads nor writes `dx` until
+/// [`wait_for_sums`] joins it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_input_grad_sum(
+    blas: &mut Blas,
+    s: &Stream,
+    g: &Group,
+    (m, inp, out): (usize, usize, usize),
+    dy: Mat,
+    w: Mat,
+    dx: &mut DeviceBuffer<bf16>,
+    what: &str,
+) -> Result<()> {
+    mm(blas, s, m, inp, out, dy, w.t(), Mat::of(&*dx, inp), 0.0)?;
+    g.comm
+        .start_all_reduce_bf16(dx.view_mut(0..m * inp), s)
+        .map_err(|e| CudaError::Group(format!("{what}: {e}")))
+}
+
+/// The model's stream `s` waits for the sums started over `g`.
+pub(super) fn wait_for_sums(g: &Group, s: &Stream, what: &str) -> Result<()> {
+    g.comm
+        .wait_started(s)
+        .map_err(|e| CudaError::Group(format!("{what}: {e}")))
+}
+
+/// The input gradient of a column-split product, `dx = dy · wᵀ` over `m`
+/// rows (`dy`: `m × out`, `w`: the `inp × out` weights, `dx`: `m × inp`
 /// bf16), summed over `group` — in `blocks` row blocks whose sums run
 /// beside the next block's product, where the rows split evenly and `dy`
 /// is a plain row-major operand; else whole, then summed.
