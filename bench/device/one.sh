@@ -63,7 +63,6 @@ run() {
     return 1
   fi
   local envs="${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }"
-  envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
   envs+="${BRAID_FLASH128_BLOCKS:+BRAID_FLASH128_BLOCKS=$BRAID_FLASH128_BLOCKS }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
@@ -174,8 +173,7 @@ phase_proxy() {
 }
 
 # The head-size-128 attention kernels' blocks per SM
-# (BRAID_FLASH128_BLOCKS=F,K,Q; "F,K,Q/wide" also runs the forward over
-# 128 rows a block, BRAID_FLASH_FORWARD=wide) in turns, FLASH_ROUNDS times, on GPU 0:
+# (BRAID_FLASH128_BLOCKS=F,K,Q) in turns, FLASH_ROUNDS times, on GPU 0:
 # the 12.85B model's width (FLASH_MODEL, default L4-H40-C5120: 4 layers,
 # head size 128) at batch 8 x 1024 with checkpointing, 8 steps, profiled
 # (BRAID_PROFILE=1); per run the attention's GPU time per step (forward,
@@ -186,11 +184,8 @@ phase_flash() {
   local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
   for r in $(seq "${FLASH_ROUNDS:-1}"); do
     for v in $variants; do
-      # "F,K,Q/wide": the forward over 128 rows a block (BRAID_FLASH_FORWARD).
-      local blocks=${v%%/*} fwd=narrow
-      [ "$blocks" != "$v" ] && fwd=${v#*/}
-      n="flash-${v//[,\/]/-}-$r"
-      BRAID_FLASH_FORWARD=$fwd BRAID_FLASH128_BLOCKS=$blocks BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
+      n="flash-${v//,/-}-$r"
+      BRAID_FLASH128_BLOCKS=$v BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
         --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
         --eval-every 0 --log-every 4 || continue
       ms=$(grep -h ' attention  ' "$L/$n.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')

@@ -87,42 +87,34 @@ fn without_a_gpu_the_gpu_path_fails_with_one_clear_message() {
     assert_eq!(f.code, Some(0), "{f:?}");
 }
 
-/// The fused attention's measuring knobs, given a bad value, are refused
+/// The fused attention's measuring knob, given a bad value, is refused
 /// once before any worker starts (with or without a GPU), naming the value.
 #[test]
-fn bad_attention_kernel_knobs_are_refused_before_any_worker_starts() {
-    for (var, value, want) in [
-        (
-            "BRAID_FLASH_FORWARD",
-            "huge",
-            "BRAID_FLASH_FORWARD=huge: expected wide",
-        ),
-        (
-            "BRAID_FLASH128_BLOCKS",
-            "2,2",
-            "BRAID_FLASH128_BLOCKS=2,2: expected three",
-        ),
-    ] {
-        let mut cmd = braid();
-        cmd.args([
-            "train",
-            "--device",
-            "cuda",
-            "--nproc-per-node",
-            "2",
-            "--steps",
-            "1",
-        ])
-        .env(var, value);
-        let f = run(cmd, Duration::from_secs(60));
-        assert_eq!(f.code, Some(2), "{var}={value}: {f:?}");
-        assert!(f.stderr.contains(want), "{var}={value}: {}", f.stderr);
-        assert!(
-            !f.stderr.contains("[rank"),
-            "said by a worker: {}",
-            f.stderr
-        );
-    }
+fn a_bad_attention_kernel_knob_is_refused_before_any_worker_starts() {
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--device",
+        "cuda",
+        "--nproc-per-node",
+        "2",
+        "--steps",
+        "1",
+    ])
+    .env("BRAID_FLASH128_BLOCKS", "2,2");
+    let f = run(cmd, Duration::from_secs(60));
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(
+        f.stderr
+            .contains("BRAID_FLASH128_BLOCKS=2,2: expected three"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stderr.contains("[rank"),
+        "said by a worker: {}",
+        f.stderr
+    );
 }
 
 #[test]
@@ -503,54 +495,6 @@ fn gpu_checkpointing_and_streamed_weights_train_bit_for_bit_alike() {
             );
             assert_eq!(differ, 0, "{path}, {name}: the parameters changed");
             assert_eq!(common::step_losses(&a), common::step_losses(&b));
-        }
-    }
-}
-
-/// The fused attention's forward kernel over 128 query rows a block
-/// (`BRAID_FLASH_FORWARD=wide`) computes each row as the 64-row one does,
-/// in the same order: the same parameters and losses, bit for bit, at
-/// head sizes 128, 80 and 64, a sequence that 128 does not divide (200),
-/// with and without checkpointing.
-#[test]
-fn gpu_flash_forward_over_128_rows_changes_no_bits() {
-    if gpus(1).is_none() {
-        return;
-    }
-    let dir = common::TempDir::new("gpu-flash-wide");
-    for (model, seq) in [
-        ("L2-H2-C256-V256-T256", "256"),
-        ("L2-H2-C256-V256-T256", "200"),
-        ("L2-H2-C160-V256-T256", "200"),
-        ("L2-H4-C256-V256-T256", "256"),
-    ] {
-        for ckpt in [false, true] {
-            let mut args = vec![
-                "--model", model, "--data", "random", "--seq", seq, "--batch", "4", "--steps", "4",
-            ];
-            if ckpt {
-                args.push("--checkpointing");
-            }
-            let name = format!("{model}-{seq}-{ckpt}");
-            let narrow = [("BRAID_ATTENTION", "fused")];
-            let wide = [
-                ("BRAID_ATTENTION", "fused"),
-                ("BRAID_FLASH_FORWARD", "wide"),
-            ];
-            let (a, da) = train_gpu_env(&dir, &format!("{name}-narrow"), &args, &narrow);
-            let (b, db) = train_gpu_env(&dir, &format!("{name}-wide"), &args, &wide);
-            let differ = a
-                .iter()
-                .zip(&b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            let _ = writeln!(
-                std::io::stderr(),
-                "{name}: {differ} of {} parameters differ with the 128-row forward",
-                a.len()
-            );
-            assert_eq!(differ, 0, "{name}: the parameters changed");
-            assert_eq!(common::step_losses(&da), common::step_losses(&db), "{name}");
         }
     }
 }

@@ -322,128 +322,6 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
     }
 }
 
-// ---- forward, 128 rows a block (BRAID_FLASH_FORWARD=wide) ----------------
-// flash_forward's arithmetic, row for row and in the same order (so the
-// same bits), with 128 query rows per block: each warp owns 32 rows, two
-// 16-row fragments, and every K and V fragment it loads from shared
-// memory feeds both (half the shared-memory reads per product), each K/V
-// tile serves 128 rows (half the tile loads per row). Q stays in its own
-// shared tile and its fragments are loaded per k-step, so that two
-// fragments' accumulators fit the registers.
-
-#define WBLK 128 // query rows per block
-
-// s[f] (16 x N) = rows [r0 + 16 f, +16) of the shared tile `at` (x HS)
-// * tile^T, f = 0, 1, each B fragment loaded once for both; per element
-// the k-steps accumulate in the order mul_bt's do.
-template <int HS, int N = BLK>
-__device__ __forceinline__ void mul_bt_s2(float (*s)[N / 8][4], const bf16* at, int r0,
-                                          const bf16* tile, int lane) {
-    constexpr int LD = HS + PAD;
-    int q = lane >> 3, r = lane & 7;
-    const bf16* base = tile + ((q >> 1) * 8 + r) * LD + (q & 1) * 8;
-    const bf16* abase = at + (r0 + (q & 1) * 8 + r) * LD + (q >> 1) * 8;
-    for (int f = 0; f < 2; f++)
-        for (int nt = 0; nt < N / 8; nt++) s[f][nt][0] = s[f][nt][1] = s[f][nt][2] = s[f][nt][3] = 0.f;
-    for (int ks = 0; ks < HS / 16; ks++) {
-        unsigned a0[4], a1[4];
-        ldsm4(a0, abase + ks * 16);
-        ldsm4(a1, abase + 16 * LD + ks * 16);
-        for (int nt = 0; nt < N / 8; nt += 2) {
-            unsigned b[4];
-            ldsm4(b, base + nt * 8 * LD + ks * 16);
-            mma(s[0][nt], a0, b[0], b[1]);
-            mma(s[0][nt + 1], a0, b[2], b[3]);
-            mma(s[1][nt], a1, b[0], b[1]);
-            mma(s[1][nt + 1], a1, b[2], b[3]);
-        }
-    }
-}
-
-// acc[f] (16 x HS) += p[f] (16 x N) * tile (N x HS), f = 0, 1, each B
-// fragment loaded once for both; per element in mul_acc's order.
-template <int HS, int N = BLK>
-__device__ __forceinline__ void mul_acc2(float (*acc)[HS / 8][4], const unsigned (*p)[N / 16][4],
-                                         const bf16* tile, int lane) {
-    constexpr int LD = HS + PAD;
-    const bf16* base = tile + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
-    for (int kk = 0; kk < N / 16; kk++) {
-        for (int nt = 0; nt < HS / 8; nt += 2) {
-            unsigned b[4];
-            ldsm4t(b, base + kk * 16 * LD + nt * 8);
-            mma(acc[0][nt], p[0][kk], b[0], b[1]);
-            mma(acc[0][nt + 1], p[0][kk], b[2], b[3]);
-            mma(acc[1][nt], p[1][kk], b[0], b[1]);
-            mma(acc[1][nt + 1], p[1][kk], b[2], b[3]);
-        }
-    }
-}
-
-// grid (B*NH, ceil(T/128)); `sq` the 128-row Q tile, `sm` [stage][K, V].
-template <int HS>
-__device__ void flash_forward_wide(bf16* sq, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out,
-                                   float* lse, const bf16* qkv, int T, int NH, float sl2) {
-    constexpr int NT = HS / 8, LD = HS + PAD;
-    int nqb = (T + WBLK - 1) / WBLK, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
-    int b = bh / NH, h = bh % NH, C = NH * HS;
-    long stride = 3L * C;
-    const bf16* q = qkv + (long)b * T * stride + h * HS;
-    const bf16 *k = q + C, *v = q + 2 * C;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    int q0 = qb * WBLK, rw = q0 + warp * 32; // the block's and this warp's first rows
-    // Key tiles up to the block's last row's, none wholly past T (the
-    // 64-row kernel reads the same tiles for each row).
-    int jmax = min((q0 + WBLK - 1) / BLK, (T - 1) / BLK);
-
-    load_tile<HS>(sq, q, q0, T, stride);
-    load_tile<HS>(sq + BLK * LD, q, q0 + BLK, T, stride);
-    load_tile<HS>(sm[0][0], k, 0, T, stride);
-    load_tile<HS>(sm[0][1], v, 0, T, stride);
-    cp_commit();
-
-    float o[2][NT][4];
-    for (int f = 0; f < 2; f++)
-        for (int nt = 0; nt < NT; nt++) o[f][nt][0] = o[f][nt][1] = o[f][nt][2] = o[f][nt][3] = 0.f;
-    float m[2][2] = {{NEG_INF, NEG_INF}, {NEG_INF, NEG_INF}};
-    float l[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-    for (int j = 0; j <= jmax; j++) {
-        int cur = j & 1;
-        // (The first call also waits for Q and the first K, V tiles.)
-        next_kv<HS>(sm[cur ^ 1][0], sm[cur ^ 1][1], k, v, j + 1, j < jmax, T, stride);
-        // A tile whose keys all come after this warp's rows: the 64-row
-        // kernel's blocks of these rows never read it.
-        if (j * BLK <= rw + 31) {
-            float s[2][BLK / 8][4];
-            mul_bt_s2<HS>(s, sq, warp * 32, sm[cur][0], lane);
-            unsigned pf[2][BLK / 16][4];
-            for (int f = 0; f < 2; f++) {
-                int row0 = rw + 16 * f + g, row1 = row0 + 8;
-                // Keys past some rows: masked (where none is, nothing
-                // changes, as in the 64-row kernel's tiles below the
-                // diagonal).
-                if (j * BLK + BLK - 1 > rw + 16 * f) mask_past_rows(s[f], j * BLK + 2 * t, row0, row1);
-                // Every row read here has a key at or before it in this
-                // tile (key j*64 <= its row), so a finite maximum.
-                softmax_tile<NT>(s[f], o[f], m[f][0], m[f][1], l[f][0], l[f][1], sl2);
-                to_a(pf[f], s[f]);
-            }
-            mul_acc2<HS>(o, pf, sm[cur][1], lane);
-        }
-        __syncthreads();
-    }
-    for (int f = 0; f < 2; f++) {
-        float l0 = quad_sum(l[f][0]), l1 = quad_sum(l[f][1]);
-        int row0 = rw + 16 * f + g, row1 = row0 + 8;
-        store_rows<HS>(out + (long)b * T * C + h * HS, o[f], 1.f / l0, 1.f / l1, rw + 16 * f, T, C,
-                       0, lane);
-        if (t == 0) {
-            float* L = lse + (long)bh * T;
-            if (row0 < T) L[row0] = m[f][0] + __log2f(l0);
-            if (row1 < T) L[row1] = m[f][1] + __log2f(l1);
-        }
-    }
-}
-
 // ---- backward ---------------------------------------------------------------
 // dsum [B*NH, T] = rowsum(dout * out) per head: one block per row of
 // [B, T, C]; a thread per 8 values, then each head's partials summed in
@@ -746,16 +624,6 @@ __device__ void flash_forward_entry(bf16* out, float* lse, const bf16* qkv, int 
     flash_forward<HS>(tiles<HS>(), out, lse, qkv, T, NH, sl2);
 }
 
-// The 128-row forward's shared memory: its Q tile (two 64-row tiles),
-// then two stages of K and V.
-template <int HS>
-__device__ void flash_forward_wide_entry(bf16* out, float* lse, const bf16* qkv, int T, int NH,
-                                         float sl2) {
-    bf16 (*sm)[2][BLK * (HS + PAD)] = tiles<HS>();
-    bf16* sq = sm[0][0];
-    flash_forward_wide<HS>(sq, sm + 1, out, lse, qkv, T, NH, sl2);
-}
-
 // The backward kernels' grids are (B*NH, row blocks), rank y = 0 the
 // longest walk, so blocks go out longest first across all heads. dK/dV
 // keeps three pairs of tiles, then the rows' lse and dsum; dQ from stored
@@ -842,21 +710,6 @@ FLASH_ENTRIES(96, 2, 2, 2)
 #define FLASH128_DQ 2
 #endif
 FLASH_ENTRIES(128, FLASH128_FWD, FLASH128_DKDV, FLASH128_DQ)
-
-// The 128-row forward per head size, with the blocks per SM its registers
-// are planned for (two fragments' accumulators per thread).
-#define FLASH_WIDE(HS, BLOCKS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) flash_forward_wide_##HS(       \
-        bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                      \
-        flash_forward_wide_entry<HS>(out, lse, qkv, T, NH, sl2);                                 \
-    }
-
-FLASH_WIDE(16, 4)
-FLASH_WIDE(32, 3)
-FLASH_WIDE(64, 2)
-FLASH_WIDE(80, 2)
-FLASH_WIDE(96, 2)
-FLASH_WIDE(128, 2)
 
 // dst [N, 3C] (bf16) = src + bias [3C] (f32), 8 values per thread (may be in place).
 extern "C" __global__ void add_bias_bf(bf16* dst, const bf16* src, const float* bias, int N, int C3) {

@@ -53,26 +53,6 @@ fn tile_bytes(hs: usize) -> usize {
     4 * tile(hs)
 }
 
-/// ... of the 128-row forward kernel: its Q tile (two 64-row tiles), then
-/// two stages of K and V.
-fn wide_bytes(hs: usize) -> usize {
-    6 * tile(hs)
-}
-
-/// `BRAID_FLASH_FORWARD=wide|narrow` (its value `v`): the forward kernel
-/// over 128 query rows a block, or over 64 (the default). Both compute
-/// each row alike, in the same order: the same bits.
-fn forward_wide(v: Option<&str>) -> Result<bool> {
-    match v {
-        None | Some("") | Some("narrow") => Ok(false),
-        Some("wide") => Ok(true),
-        Some(other) => Err(CudaError::Invalid(format!(
-            "BRAID_FLASH_FORWARD={other}: expected wide (128 query rows a block) or narrow (64, \
-             the default)"
-        ))),
-    }
-}
-
 /// ... of the dK/dV kernel: two stages of (Q, dO), K and V, then two
 /// stages of the rows' log-sum-exp and row sums.
 fn dkdv_bytes(hs: usize) -> usize {
@@ -124,7 +104,6 @@ struct HeadKernels {
     hs: usize,
     forward: Function,
     /// The forward pass over 128 query rows a block.
-    forward_wide: Function,
     dsum: Function,
     dkdv: Function,
     dq: Function,
@@ -136,9 +115,6 @@ pub struct FlashKernels {
     _module: Module,
     heads: Vec<(usize, HeadKernels)>,
     add_bias: Function,
-    /// The forward pass runs 128 query rows a block
-    /// (`BRAID_FLASH_FORWARD=wide`), not 64: the same bits.
-    wide: bool,
 }
 
 fn need(what: &str, have: usize, want: usize) -> Result<()> {
@@ -154,11 +130,10 @@ impl FlashKernels {
     /// Head sizes with fused kernels.
     pub const HEAD_SIZES: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
-    /// Checks the kernels' measuring knobs (`BRAID_FLASH_FORWARD`,
-    /// `BRAID_FLASH128_BLOCKS`) without a GPU, so that a bad value is said
-    /// once before workers start rather than by each of them.
+    /// Checks the kernels' measuring knob (`BRAID_FLASH128_BLOCKS`) without
+    /// a GPU, so that a bad value is said once before workers start rather
+    /// than by each of them.
     pub fn check_env() -> Result<()> {
-        forward_wide(std::env::var("BRAID_FLASH_FORWARD").ok().as_deref())?;
         blocks_128_from_env().map(|_| ())
     }
 
@@ -176,14 +151,12 @@ impl FlashKernels {
             let k = HeadKernels {
                 hs,
                 forward: f("flash_forward")?,
-                forward_wide: f("flash_forward_wide")?,
                 dsum: f("flash_dsum")?,
                 dkdv: f("flash_dkdv")?,
                 dq: f("flash_dq")?,
                 dq_stored: f("flash_dq_ds")?,
             };
             k.forward.set_max_dynamic_shared(tile_bytes(hs))?;
-            k.forward_wide.set_max_dynamic_shared(wide_bytes(hs))?;
             k.dq.set_max_dynamic_shared(tile_bytes(hs))?;
             k.dkdv.set_max_dynamic_shared(dkdv_bytes(hs))?;
             k.dq_stored.set_max_dynamic_shared(dq_stored_bytes(hs))?;
@@ -193,7 +166,6 @@ impl FlashKernels {
             add_bias: module.function("add_bias_bf")?,
             heads,
             _module: module,
-            wide: forward_wide(std::env::var("BRAID_FLASH_FORWARD").ok().as_deref())?,
         }))
     }
 
@@ -309,18 +281,6 @@ impl FlashKernels {
             A::I(s.nh as i32),
             A::F(sl2),
         ];
-        if self.wide {
-            let grid = ((s.b * s.nh) as u32, s.t.div_ceil(2 * TILE).max(1) as u32, 1);
-            let shared = wide_bytes(k.hs) as u32;
-            return MixedKernels::go_shared(
-                &k.forward_wide,
-                st,
-                grid,
-                (THREADS, 1, 1),
-                shared,
-                args,
-            );
-        }
         let shared = tile_bytes(k.hs) as u32;
         MixedKernels::go_shared(&k.forward, st, Self::grid(s), (THREADS, 1, 1), shared, args)
     }
@@ -445,16 +405,11 @@ mod tests {
             let e = blocks_128(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("BRAID_FLASH128_BLOCKS"), "{bad}: {e}");
         }
-        assert!(!forward_wide(None).unwrap() && !forward_wide(Some("narrow")).unwrap());
-        assert!(forward_wide(Some("wide")).unwrap());
-        let e = forward_wide(Some("128")).unwrap_err().to_string();
-        assert!(e.contains("BRAID_FLASH_FORWARD=128: expected wide"), "{e}");
         // With NVRTC at hand (CI unpacks it), the defines compile.
         if braid_cuda::nvrtc::version().is_ok() {
             let src = format!("{d}{}", SOURCES[2].1);
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-blocks", &src, "compute_90").unwrap();
             assert!(ptx.contains("flash_forward_128"));
-            assert!(ptx.contains("flash_forward_wide_128"));
         }
     }
 }
