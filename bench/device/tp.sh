@@ -41,7 +41,8 @@
 #     twice each in turns; TP_SUMS_BIG=1 adds the 12.85B pair of `big`.
 #   bash bench/device/tp.sh grads
 #     braid alone, 2.65B --tp 4 --no-sp: the backward pass's input-gradient
-#     sums first, then beside the weight gradients (BRAID_TP_GRAD_OVERLAP),
+#     sums first, then beside the weight gradients (BRAID_TP_GRAD_OVERLAP,
+#     the default),
 #     in turns TP_GRADS_ROUNDS times (default 3); TP_GRADS_BIG=1 adds the
 #     12.85B pair of `big`, once each.
 #

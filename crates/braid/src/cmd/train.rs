@@ -72,7 +72,7 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     pass, in the order its units read the master shard (off)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
-                                    gradients (off)
+                                    gradients (on)
   BRAID_TIMEOUT=SECONDS             how long any collective or device wait may take"
 )]
 pub struct TrainArgs {

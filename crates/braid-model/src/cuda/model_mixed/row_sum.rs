@@ -6,7 +6,10 @@
 //! on the group's stream beside the next block's product; the model's
 //! stream waits for all of them at the end
 //! ([`GpuGptMixed::overlap_tensor_sums`]). In one block, or without a
-//! group, it is the plain product and sum.
+//! group, it is the plain product and sum. A column-split product's input
+//! gradient may also have its sum only started here, the backward pass
+//! running the weight gradient beside it and joining it later
+//! ([`GpuGptMixed::sum_input_grads_beside_weight_grads`]).
 
 use super::*;
 
