@@ -15,6 +15,11 @@
 #     the same for GPipe and the zero-bubble schedules (braid's ZB-H1,
 #     PyTorch's interleaved zero bubble), and PyTorch's interleaved alone
 #     (PP_PEER=interleaved).
+#   bash bench/device/pp.sh h2
+#     braid alone at 2.65B, 8 micro-batches: ZB-H1 (zb) and ZB-H2 (zb-h2)
+#     in turns PP_H2_ROUNDS times (default 2), each run's timeline and
+#     measured idle; then PyTorch's GPipe and interleaved zero bubble
+#     (its best and its zero-bubble schedule; PP_H2_PEERS= skips them).
 #   bash bench/device/pp.sh bubble
 #     braid alone, the 2.65B model on 4 GPUs, 8 steps of each schedule:
 #     the timeline chart of the last step and the measured idle fraction
@@ -120,6 +125,19 @@ phase_more() {
   pair gpipe L32-H32-C2560 "--schedule gpipe" "--schedule gpipe"
 }
 
+phase_h2() {
+  local i s
+  for i in $(seq "${PP_H2_ROUNDS:-2}"); do
+    for s in zb zb-h2; do
+      pair "h2-$s-$i" L32-H32-C2560 "--schedule $s" "" 120
+      grep -h 'pipeline bubble: measured\|held at once' "$L/h2-$s-$i-braid.txt" | sed 's/^\[rank 0\] //' | cut -c1-240
+    done
+  done
+  [ "${PP_H2_PEERS-1}" = "" ] && return
+  peer gpipe L32-H32-C2560 "--schedule gpipe" 150
+  peer zb L32-H32-C2560 "--schedule zb" 150
+}
+
 phase_bubble() {
   local s t f
   for s in ${PP_SCHEDULES:-gpipe 1f1b interleaved:2 zb}; do
@@ -176,9 +194,10 @@ case "${1:-}" in
   bench) phase_bench ;;
   more) phase_more ;;
   bubble) phase_bubble ;;
+  h2) phase_h2 ;;
   layouts) phase_layouts ;;
   two) phase_two ;;
   big) phase_big ;;
-  *) echo "usage: pp.sh tests|bench|more|bubble|layouts|two|big" >&2; exit 2 ;;
+  *) echo "usage: pp.sh tests|bench|more|h2|bubble|layouts|two|big" >&2; exit 2 ;;
 esac
 finish

@@ -1,5 +1,5 @@
-//! The built-in schedules as lists: GPipe, 1F1B, interleaved 1F1B and
-//! ZB-H1, each the order of the computations on every rank, with the
+//! The built-in schedules as lists: GPipe, 1F1B, interleaved 1F1B,
+//! ZB-H1 and ZB-H2, each the order of the computations on every rank, with the
 //! sends and receives a stage on another rank needs put around them
 //! (`Lists`). The kind is parsed from `--schedule`
 //! ([`ScheduleKind::parse`]).
@@ -21,11 +21,16 @@ pub enum ScheduleKind {
     /// 1F1B with each backward split into its input and weight halves,
     /// the weight halves put off to fill the cool-down's bubble (ZB-H1).
     ZeroBubble,
+    /// ZB-H2: as ZB-H1, with up to twice as many micro-batches in flight,
+    /// so that the warm-up's extra forward passes and the cool-down's
+    /// weight halves fill the bubble at both ends (twice the activation
+    /// memory of 1F1B's first rank).
+    ZeroBubbleH2,
 }
 
 impl ScheduleKind {
     /// `gpipe`, `1f1b`, `interleaved` (2 stages per rank),
-    /// `interleaved:V` or `zb`.
+    /// `interleaved:V`, `zb` (ZB-H1) or `zb-h2`.
     pub fn parse(s: &str) -> Result<ScheduleKind> {
         let s = s.trim().to_ascii_lowercase();
         Ok(match s.as_str() {
@@ -33,12 +38,13 @@ impl ScheduleKind {
             "1f1b" => ScheduleKind::OneFOneB,
             "interleaved" => ScheduleKind::Interleaved(2),
             "zb" | "zb-h1" | "zbh1" | "zero-bubble" => ScheduleKind::ZeroBubble,
+            "zb-h2" | "zbh2" => ScheduleKind::ZeroBubbleH2,
             _ => match s.strip_prefix("interleaved:").map(str::parse::<usize>) {
                 Some(Ok(v)) if v >= 1 => ScheduleKind::Interleaved(v),
                 _ => {
                     return Err(format!(
                         "--schedule {s}: expected gpipe, 1f1b, interleaved[:V] (V stages per \
-                         rank, 2 by default) or zb, or a schedule file's path"
+                         rank, 2 by default), zb (ZB-H1) or zb-h2, or a schedule file's path"
                     ))
                 }
             },
@@ -60,6 +66,7 @@ impl ScheduleKind {
             ScheduleKind::OneFOneB => "1f1b".into(),
             ScheduleKind::Interleaved(v) => format!("interleaved:{v}"),
             ScheduleKind::ZeroBubble => "zb".into(),
+            ScheduleKind::ZeroBubbleH2 => "zb-h2".into(),
         }
     }
 
@@ -88,7 +95,8 @@ impl ScheduleKind {
             micro,
         };
         let actions = match self {
-            ScheduleKind::ZeroBubble => shape.zero_bubble(),
+            ScheduleKind::ZeroBubble => shape.zero_bubble(ranks),
+            ScheduleKind::ZeroBubbleH2 => shape.zero_bubble(h2_in_flight(ranks)),
             _ => (0..ranks)
                 .map(|r| match self {
                     ScheduleKind::GPipe => shape.gpipe(r),
@@ -105,6 +113,12 @@ impl ScheduleKind {
             actions,
         })
     }
+}
+
+/// Micro-batches ZB-H2 lets a rank hold (until their weight halves) over
+/// `ranks` pipeline ranks.
+fn h2_in_flight(ranks: usize) -> usize {
+    2 * ranks
 }
 
 /// The trivial schedule: one rank, one stage, each micro-batch's forward
@@ -238,15 +252,16 @@ impl Lists {
         out
     }
 
-    /// ZB-H1, built by running the pipeline on paper with the passes'
-    /// halves of equal cost (forward, input half, weight half): whenever a
-    /// rank is free it runs an input half whose gradient has arrived (the
-    /// critical path), else a forward pass while it holds at most `P`
-    /// micro-batches (counted until their weight half: one more than
-    /// 1F1B's first rank, the most any rank holds there), else a weight
-    /// half — which so fills the time 1F1B spends waiting. On paper its
-    /// bubble is about 40 % of 1F1B's (`check`'s tests).
-    fn zero_bubble(&self) -> Vec<Vec<Action>> {
+    /// ZB-H1 (`cap` = `P`) and ZB-H2 (a larger `cap`), built by running
+    /// the pipeline on paper with the passes' halves of equal cost
+    /// (forward, input half, weight half): whenever a rank is free it runs
+    /// an input half whose gradient has arrived (the critical path), else
+    /// a forward pass while it holds at most `cap` micro-batches (counted
+    /// until their weight half; at `P`, one more than 1F1B's first rank,
+    /// the most any rank holds there), else a weight half — which so fills
+    /// the time 1F1B spends waiting. On paper ZB-H1's bubble is about 40 %
+    /// of 1F1B's (`check`'s tests).
+    fn zero_bubble(&self, cap: usize) -> Vec<Vec<Action>> {
         let (p, m) = (self.ranks, self.micro);
         const COST: f64 = 1.0;
         let mut out: Vec<Vec<Action>> = vec![Vec::new(); p];
@@ -271,7 +286,7 @@ impl Lists {
                 let i = (next_i[r] < m)
                     .then(|| ready(grad_at[r][next_i[r]]))
                     .flatten();
-                let f = (next_f[r] < m && held[r] <= p)
+                let f = (next_f[r] < m && held[r] <= cap)
                     .then(|| ready(act_at[r][next_f[r]]))
                     .flatten();
                 let w = (!weights[r].is_empty()).then_some(t);
@@ -342,6 +357,7 @@ mod tests {
             ("interleaved", ScheduleKind::Interleaved(2)),
             ("interleaved:4", ScheduleKind::Interleaved(4)),
             ("zb", ScheduleKind::ZeroBubble),
+            ("zb-h2", ScheduleKind::ZeroBubbleH2),
         ] {
             assert_eq!(ScheduleKind::parse(s).unwrap(), k);
             assert_eq!(ScheduleKind::parse(&k.name()).unwrap(), k);

@@ -436,12 +436,13 @@ mod tests {
     use crate::schedule::build::{trivial, ScheduleKind};
     use crate::schedule::text::parse;
 
-    const KINDS: [ScheduleKind; 5] = [
+    const KINDS: [ScheduleKind; 6] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved(2),
         ScheduleKind::Interleaved(4),
         ScheduleKind::ZeroBubble,
+        ScheduleKind::ZeroBubbleH2,
     ];
 
     #[test]
@@ -504,6 +505,39 @@ mod tests {
                 zb.bubble(),
                 one.bubble()
             );
+        }
+    }
+
+    /// With the halves as measured on 4 H100s at 2.65B (forward 4.65 ms,
+    /// input half 7.13, weight half 5.02: the input half the longest),
+    /// ZB-H2's lists leave less idle than ZB-H1's on paper — 9.4 % against
+    /// 12.1 % at P 4, M 8 — holding up to twice the ranks' micro-batches.
+    #[test]
+    fn zb_h2_waits_less_than_zb_h1_with_a_longer_input_half() {
+        let cost = |op: Op| match op {
+            Op::Forward => 4.65,
+            Op::BackwardInput => 7.13,
+            Op::BackwardWeight => 5.02,
+            Op::Backward => 12.15,
+            _ => 0.0,
+        };
+        for (p, m) in [(4usize, 8usize), (4, 16)] {
+            let h1 = simulate(&ScheduleKind::ZeroBubble.build(p, m).unwrap(), &cost).unwrap();
+            let h2s = ScheduleKind::ZeroBubbleH2.build(p, m).unwrap();
+            let h2 = simulate(&h2s, &cost).unwrap();
+            assert!(
+                h2.bubble() < 0.8 * h1.bubble(),
+                "P{p} M{m}: zb-h2 {} against zb {}",
+                h2.bubble(),
+                h1.bubble()
+            );
+            for r in 0..p {
+                assert!(
+                    h2s.in_flight(r) <= 2 * p + 1,
+                    "rank {r}: {}",
+                    h2s.in_flight(r)
+                );
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 //! weight-gradient halves), and the sends and receives of activations and
 //! their gradients between stages. One executor runs any list; a new
 //! schedule is a new list ([`build`]: GPipe, 1F1B, interleaved 1F1B,
-//! ZB-H1; or a file in the text form of [`text`]), checked before it runs
+//! ZB-H1, ZB-H2; or a file in the text form of [`text`]), checked before it runs
 //! ([`check`]: every micro-batch through every stage once, sends matched
 //! by receives, no deadlock).
 //!

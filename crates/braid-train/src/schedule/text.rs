@@ -151,6 +151,7 @@ mod tests {
             ScheduleKind::OneFOneB,
             ScheduleKind::Interleaved(2),
             ScheduleKind::ZeroBubble,
+            ScheduleKind::ZeroBubbleH2,
         ] {
             let s = kind.build(4, 8).unwrap();
             let back = parse(&s.name, &s.to_string()).unwrap();

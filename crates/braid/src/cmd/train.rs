@@ -228,13 +228,13 @@ pub struct TrainArgs {
     /// Pipeline parallelism: the layers cut into stages over N ranks.
     ///
     /// Micro-batches flow through the stages as --schedule says; the rest of the world is
-    /// data parallel over whole pipelines. CPU runs so far.
+    /// data parallel over whole pipelines.
     #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
     pp: usize,
     /// With --pp: micro-batches per step (the batch per rank splits into them; default 2 x --pp).
     #[arg(long, value_name = "M", hide_short_help = true, help_heading = H_PARALLEL)]
     micro_batches: Option<usize>,
-    /// With --pp: gpipe, 1f1b, interleaved[:V], zb, or a schedule file.
+    /// With --pp: gpipe, 1f1b, interleaved[:V], zb (ZB-H1), zb-h2, or a schedule file.
     #[arg(long, value_name = "S", default_value = "1f1b", hide_short_help = true, help_heading = H_PARALLEL)]
     schedule: String,
     /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
