@@ -16,10 +16,11 @@
 #     PyTorch's interleaved zero bubble), and PyTorch's interleaved alone
 #     (PP_PEER=interleaved).
 #   bash bench/device/pp.sh h2
-#     braid alone at 2.65B, 8 micro-batches: ZB-H1 (zb) and ZB-H2 (zb-h2)
-#     in turns PP_H2_ROUNDS times (default 2), each run's timeline and
-#     measured idle; then PyTorch's GPipe and interleaved zero bubble
-#     (its best and its zero-bubble schedule; PP_H2_PEERS= skips them).
+#     braid alone at 2.65B, 8 micro-batches: the zero-bubble schedules
+#     PP_H2_SCHEDULES (default: ZB-H1 and ZB-H2, "zb zb-h2") in turns
+#     PP_H2_ROUNDS times (default 2), each run's measured idle and
+#     activations held; then PyTorch's schedules PP_H2_PEERS (default its
+#     best and its zero bubble, "gpipe zb"; empty skips them).
 #   bash bench/device/pp.sh bubble
 #     braid alone, the 2.65B model on 4 GPUs, 8 steps of each schedule:
 #     the timeline chart of the last step and the measured idle fraction
@@ -128,14 +129,14 @@ phase_more() {
 phase_h2() {
   local i s
   for i in $(seq "${PP_H2_ROUNDS:-2}"); do
-    for s in zb zb-h2; do
+    for s in ${PP_H2_SCHEDULES:-zb zb-h2}; do
       pair "h2-$s-$i" L32-H32-C2560 "--schedule $s" "" 120
       grep -h 'pipeline bubble: measured\|held at once' "$L/h2-$s-$i-braid.txt" | sed 's/^\[rank 0\] //' | cut -c1-240
     done
   done
-  [ "${PP_H2_PEERS-1}" = "" ] && return
-  peer gpipe L32-H32-C2560 "--schedule gpipe" 150
-  peer zb L32-H32-C2560 "--schedule zb" 150
+  for s in ${PP_H2_PEERS-gpipe zb}; do
+    peer "$s" L32-H32-C2560 "--schedule $s" 150
+  done
 }
 
 phase_bubble() {

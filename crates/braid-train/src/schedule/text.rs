@@ -152,6 +152,7 @@ mod tests {
             ScheduleKind::Interleaved(2),
             ScheduleKind::ZeroBubble,
             ScheduleKind::ZeroBubbleH2,
+            ScheduleKind::InterleavedZeroBubble(2),
         ] {
             let s = kind.build(4, 8).unwrap();
             let back = parse(&s.name, &s.to_string()).unwrap();
