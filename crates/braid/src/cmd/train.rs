@@ -234,7 +234,8 @@ pub struct TrainArgs {
     /// With --pp: micro-batches per step (the batch per rank splits into them; default 2 x --pp).
     #[arg(long, value_name = "M", hide_short_help = true, help_heading = H_PARALLEL)]
     micro_batches: Option<usize>,
-    /// With --pp: gpipe, 1f1b, interleaved[:V], zb (ZB-H1), zb-h2, or a schedule file.
+    /// With --pp: gpipe, 1f1b, interleaved[:V], zb (ZB-H1), zb-h2, interleaved-zb[:V], or a
+    /// schedule file.
     #[arg(long, value_name = "S", default_value = "1f1b", hide_short_help = true, help_heading = H_PARALLEL)]
     schedule: String,
     /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
