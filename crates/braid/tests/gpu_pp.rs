@@ -65,14 +65,7 @@ fn gpu_pp_f32_every_schedule_matches_one_gpu() {
         None => &["2"],
     };
     for &n in sizes {
-        for schedule in [
-            "gpipe",
-            "1f1b",
-            "interleaved",
-            "zb",
-            "zb-h2",
-            "interleaved-zb",
-        ] {
+        for schedule in common::SCHEDULES {
             let name = format!("f32-pp{n}-{schedule}");
             let (pp, _) = train_gpu(
                 &dir,
@@ -236,14 +229,7 @@ fn gpu_pp_every_schedule_matches_one_gpu() {
         None => &["2"],
     };
     for &n in sizes {
-        for schedule in [
-            "gpipe",
-            "1f1b",
-            "interleaved",
-            "zb",
-            "zb-h2",
-            "interleaved-zb",
-        ] {
+        for schedule in common::SCHEDULES {
             let (pp, doc) = train_gpu(
                 &dir,
                 &format!("pp{n}-{schedule}"),

@@ -108,14 +108,7 @@ fn every_schedule_at_2_and_4_stages_matches_one_process() {
     let dir = TempDir::new("pp-one");
     let one = run_train(&dir, "one", &["--batch", "8"]);
     for (pp, micro) in [("2", "4"), ("4", "4")] {
-        for schedule in [
-            "gpipe",
-            "1f1b",
-            "interleaved",
-            "zb",
-            "zb-h2",
-            "interleaved-zb",
-        ] {
+        for schedule in common::SCHEDULES {
             // Interleaving 4 ranks needs 8 stages: the model has 4 layers.
             if pp == "4" && schedule.starts_with("interleaved") {
                 continue;

@@ -8,6 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Every built-in pipeline schedule, as `--schedule` names it (the
+/// every-schedule tests run each).
+pub const SCHEDULES: [&str; 6] = [
+    "gpipe",
+    "1f1b",
+    "interleaved",
+    "zb",
+    "zb-h2",
+    "interleaved-zb",
+];
+
 /// The `braid` binary under test.
 pub fn braid() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_braid"));
