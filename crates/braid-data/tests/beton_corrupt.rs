@@ -6,6 +6,9 @@
 //! reads (it is only bytes) but gets an error naming its sample when it
 //! is decoded.
 
+mod common;
+use common::ffcv_fixture;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -374,12 +377,6 @@ fn random_mutations_never_panic_or_over_allocate() {
     );
 }
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ffcv")
-        .join(name)
-}
-
 #[test]
 fn damaged_jpeg_payloads_read_but_do_not_decode() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
@@ -391,8 +388,8 @@ fn damaged_jpeg_payloads_read_but_do_not_decode() {
         _ => {}
     }
     // ffcv's file: field 'jpg' holds every sample as JPEG.
-    let good = std::fs::read(fixture("images.beton")).unwrap();
-    let b = Beton::open(&fixture("images.beton")).unwrap();
+    let good = std::fs::read(ffcv_fixture("images.beton")).unwrap();
+    let b = Beton::open(&ffcv_fixture("images.beton")).unwrap();
     let f = b.index().field("jpg").unwrap();
     let e = b.index().extent(0, f).unwrap();
     let jpg = b.payload(e);

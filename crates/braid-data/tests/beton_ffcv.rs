@@ -4,20 +4,18 @@
 //! from them. braid must read every value equal, and — given those values
 //! — write the same bytes ffcv wrote (files from one writer process).
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::ffcv_fixture;
+
+use std::path::Path;
 
 use braid_data::beton::{Beton, FieldValue, Value, Writer};
 use serde_json::Value as Json;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ffcv")
-        .join(name)
-}
-
 fn check_reads_equal(name: &str) -> Beton {
-    let b = Beton::open(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let text = std::fs::read_to_string(fixture(&name.replace(".beton", ".expected.json"))).unwrap();
+    let b = Beton::open(&ffcv_fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let text =
+        std::fs::read_to_string(ffcv_fixture(&name.replace(".beton", ".expected.json"))).unwrap();
     let want: Json = serde_json::from_str(&text).unwrap();
     let got = b.to_json(b.len()).unwrap();
     for key in ["num_samples", "page_size", "fields"] {
@@ -75,7 +73,7 @@ fn ffcv_files_read_equal_and_braid_writes_them_byte_for_byte() {
         rewrite(&b, &out);
         let (ours, theirs) = (
             std::fs::read(&out).unwrap(),
-            std::fs::read(fixture(name)).unwrap(),
+            std::fs::read(ffcv_fixture(name)).unwrap(),
         );
         assert_eq!(ours.len(), theirs.len(), "{name}: file length");
         if let Some(at) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {

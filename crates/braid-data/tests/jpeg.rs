@@ -5,16 +5,11 @@
 //! scaled decodes against the full decode, an encode/decode round trip,
 //! and corrupt data, which must give errors (never a panic or an abort).
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::ffcv_fixture;
 
 use braid_data::beton::{Beton, ImageMode, Value};
 use braid_data::jpeg::{decode, decode_crop, decode_crop_wide, encode, info, scaled_size};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/ffcv")
-        .join(name)
-}
 
 /// Whether braid was built with libjpeg-turbo; says so when it was not
 /// (`build.rs` turns JPEG support off, with a warning, without it).
@@ -41,7 +36,7 @@ struct Stored {
 
 /// Every image of `images.beton`, in sample order then field order.
 fn stored_images() -> Vec<Stored> {
-    let b = Beton::open(&fixture("images.beton")).unwrap();
+    let b = Beton::open(&ffcv_fixture("images.beton")).unwrap();
     let fields: Vec<String> = b.index().fields.iter().map(|f| f.name.clone()).collect();
     let mut out = vec![];
     for s in 0..b.len() {
@@ -137,7 +132,7 @@ fn decodes_ffcv_jpegs_to_ffcvs_pixels() {
     if !libjpeg() {
         return;
     }
-    let want = std::fs::read(fixture("images.jpeg-decoded.bin")).unwrap();
+    let want = std::fs::read(ffcv_fixture("images.jpeg-decoded.bin")).unwrap();
     let (mut at, mut images, mut max, mut differing) = (0, 0, 0u8, 0usize);
     for img in stored_images() {
         if img.mode != ImageMode::Jpeg {

@@ -2,7 +2,10 @@
 //! windows and JSON lines written, inspected as text and as JSON, contact
 //! sheets drawn, and bad input refused with a message.
 
-use std::path::PathBuf;
+/// braid-data's ffcv fixtures (`ffcv_fixture`).
+#[path = "../../braid-data/tests/common/mod.rs"]
+mod ffcv;
+use ffcv::ffcv_fixture;
 
 mod common;
 
@@ -204,13 +207,6 @@ fn image_folders_are_written_as_ffcv_writes_them() {
     assert!(!ok && err.contains("no class folders"), "{err}");
     assert!(!bad.exists());
     std::fs::remove_dir_all(&d).unwrap();
-}
-
-/// A fixture of braid-data's: ffcv's files.
-fn ffcv_fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../braid-data/tests/fixtures/ffcv")
-        .join(name)
 }
 
 /// A PNG's size and 8-bit RGB pixels.

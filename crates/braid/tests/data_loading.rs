@@ -5,6 +5,11 @@
 //! `braid data load` reads an image file for a few epochs through the OS
 //! cache and the process cache.
 
+/// braid-data's ffcv fixtures (`ffcv_fixture`).
+#[path = "../../braid-data/tests/common/mod.rs"]
+mod ffcv;
+use ffcv::ffcv_fixture;
+
 use std::collections::BTreeSet;
 
 mod common;
@@ -71,10 +76,8 @@ fn training_from_a_beton_follows_the_flat_data_it_was_written_from() {
 
 #[test]
 fn a_beton_without_token_windows_is_refused_with_its_fields_named() {
-    let fixture = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../braid-data/tests/fixtures/ffcv/images.beton"
-    );
+    let images = ffcv_fixture("images.beton");
+    let fixture = images.to_str().unwrap();
     let (ok, _, err) = braid(&["train", "--steps", "2", "--data", fixture]);
     assert!(!ok);
     assert!(
@@ -85,10 +88,8 @@ fn a_beton_without_token_windows_is_refused_with_its_fields_named() {
 
 #[test]
 fn images_load_for_several_epochs_through_both_caches() {
-    let fixture = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../braid-data/tests/fixtures/ffcv/images.beton"
-    );
+    let images = ffcv_fixture("images.beton");
+    let fixture = images.to_str().unwrap();
     for (field, cache) in [("jpg", "os"), ("mixed", "process")] {
         let (ok, out, err) = braid(&[
             "data",
@@ -139,10 +140,8 @@ fn recorded(dir: &std::path::Path, rank: usize) -> Vec<(usize, Vec<usize>)> {
 
 #[test]
 fn launched_ranks_read_every_sample_once_per_epoch_between_them() {
-    let fixture = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../braid-data/tests/fixtures/ffcv/images.beton"
-    );
+    let images = ffcv_fixture("images.beton");
+    let fixture = images.to_str().unwrap();
     for nproc in [1usize, 2, 4] {
         let d = TempDir::new(&format!("data-loading-ranks{nproc}"));
         let rec = d.0.join("rec");
