@@ -283,7 +283,6 @@ impl Lists {
     /// end.
     fn interleaved_zero_bubble(&self, cap: usize) -> Vec<Vec<Action>> {
         let (p, m, n) = (self.ranks, self.micro, self.stages());
-        const COST: f64 = 1.0;
         let base: Vec<Vec<Action>> = (0..p)
             .map(|r| {
                 self.interleaved(r)
@@ -296,29 +295,17 @@ impl Lists {
                     .collect()
             })
             .collect();
-        let mut out: Vec<Vec<Action>> = vec![Vec::new(); p];
+        let mut run = PaperRun::new(self);
         let mut pc = vec![0usize; p];
-        let mut free = vec![0.0f64; p];
-        let mut weights: Vec<std::collections::VecDeque<(usize, usize)>> =
-            vec![Default::default(); p];
-        let mut act_at = vec![vec![None::<f64>; m]; n];
-        let mut grad_at = vec![vec![None::<f64>; m]; n];
-        for slot in act_at[0].iter_mut() {
-            *slot = Some(0.0);
-        }
-        let mut left = 3 * n * m;
-        while left > 0 {
+        for _ in 0..3 * n * m {
             let mut best: Option<(f64, usize, Option<Action>)> = None;
             for r in 0..p {
-                let t = free[r];
+                let t = run.free[r];
                 let next = base[r].get(pc[r]).copied();
-                let ready = next.and_then(|a| match a.op {
-                    Op::Forward => act_at[a.stage][a.micro],
-                    _ => grad_at[a.stage][a.micro],
-                });
-                let w = !weights[r].is_empty();
-                let full =
-                    w && weights[r].len() >= cap && next.is_some_and(|a| a.op == Op::Forward);
+                let ready = next.and_then(|a| run.arrives(a.op, a.stage, a.micro));
+                let pending = run.pending(r);
+                let w = pending > 0;
+                let full = w && pending >= cap && next.is_some_and(|a| a.op == Op::Forward);
                 // (start, the base action or None for a weight half)
                 let choice = match (next, ready) {
                     _ if full => Some((t, None)),
@@ -332,146 +319,166 @@ impl Lists {
                     }
                 }
             }
-            let (start, r, a) = best.expect("a rank can always act");
-            let end = start + COST;
-            free[r] = end;
-            left -= 1;
-            match a {
-                Some(a) if a.op == Op::Forward => {
+            match best.expect("a rank can always act") {
+                (start, r, Some(a)) => {
                     pc[r] += 1;
-                    self.forward(&mut out[r], a.stage, a.micro);
-                    match a.stage + 1 < n {
-                        true => act_at[a.stage + 1][a.micro] = Some(end),
-                        false => grad_at[a.stage][a.micro] = Some(end),
-                    }
+                    run.run(r, start, a.op, a.stage, a.micro);
                 }
-                Some(a) => {
-                    pc[r] += 1;
-                    self.backward(&mut out[r], a.stage, a.micro, Op::BackwardInput);
-                    weights[r].push_back((a.stage, a.micro));
-                    if a.stage > 0 {
-                        grad_at[a.stage - 1][a.micro] = Some(end);
-                    }
-                }
-                None => {
-                    let (st, mb) = weights[r].pop_front().expect("a pending weight half");
-                    out[r].push(Action::new(st, Op::BackwardWeight, mb));
-                }
+                (start, r, None) => run.run_weight(r, start),
             }
         }
-        out
+        run.lists()
     }
 
     /// ZB-H1 (`cap` = `P`) and ZB-H2 (a larger `cap`), built by running
     /// the pipeline on paper with the passes' halves of equal cost
     /// (forward, input half, weight half): whenever a rank is free it runs
-    /// an input half whose gradient has arrived (the critical path; the
-    /// lowest such stage first, the nearest the pipeline's start), else a
-    /// forward pass while it holds at most `cap` micro-batches' stages
-    /// (counted until their weight half; at `P`, one more than 1F1B's first
-    /// rank, the most any rank holds there; the highest such stage first,
-    /// so that micro-batches reach the end sooner), else its oldest weight
-    /// half — which so fills the time 1F1B spends waiting. On paper
-    /// ZB-H1's bubble is about 40 % of 1F1B's (`check`'s tests).
+    /// an input half whose gradient has arrived (the critical path), else a
+    /// forward pass while it holds at most `cap` micro-batches (counted
+    /// until their weight half; at `P`, one more than 1F1B's first rank,
+    /// the most any rank holds there), else a weight half — which so fills
+    /// the time 1F1B spends waiting. On paper ZB-H1's bubble is about 40 %
+    /// of 1F1B's (`check`'s tests).
     fn zero_bubble(&self, cap: usize) -> Vec<Vec<Action>> {
-        let (p, m, n) = (self.ranks, self.micro, self.stages());
-        const COST: f64 = 1.0;
-        let mut out: Vec<Vec<Action>> = vec![Vec::new(); p];
-        let mut free = vec![0.0f64; p];
+        let (p, m) = (self.ranks, self.micro);
+        let mut run = PaperRun::new(self);
+        let mut next_f = vec![0usize; p];
+        let mut next_i = vec![0usize; p];
         let mut held = vec![0usize; p];
-        let mut weights: Vec<std::collections::VecDeque<(usize, usize)>> =
-            vec![Default::default(); p];
-        // By stage: the next micro-batch to run forward and backward, and
-        // when each micro-batch's input and output gradient arrive there.
-        let mut next_f = vec![0usize; n];
-        let mut next_i = vec![0usize; n];
-        let mut act_at = vec![vec![None::<f64>; m]; n];
-        let mut grad_at = vec![vec![None::<f64>; m]; n];
-        for slot in act_at[0].iter_mut() {
-            *slot = Some(0.0);
-        }
-        let mut left = 3 * n * m;
-        while left > 0 {
+        for _ in 0..3 * p * m {
             // The rank that is free first and can act, with its choice.
-            let mut best: Option<(f64, usize, Op, usize)> = None;
+            let mut best: Option<(f64, usize, Op)> = None;
             for r in 0..p {
-                let t = free[r];
+                let t = run.free[r];
                 let ready = |at: Option<f64>| at.map(|a| a.max(t));
-                let stages = (r..n).step_by(p);
-                // The earliest input half (lowest stage on a tie) and
-                // forward pass (highest stage on a tie).
-                let mut i: Option<(f64, usize)> = None;
-                let mut f: Option<(f64, usize)> = None;
-                for st in stages {
-                    if let Some(at) = (next_i[st] < m)
-                        .then(|| ready(grad_at[st][next_i[st]]))
-                        .flatten()
-                    {
-                        if i.is_none_or(|(s, _)| at < s) {
-                            i = Some((at, st));
-                        }
-                    }
-                    if let Some(at) = (next_f[st] < m && held[r] <= cap)
-                        .then(|| ready(act_at[st][next_f[st]]))
-                        .flatten()
-                    {
-                        if f.is_none_or(|(s, _)| at <= s) {
-                            f = Some((at, st));
-                        }
-                    }
-                }
-                let w = weights[r].front().map(|&(st, _)| (t, st));
+                let i = (next_i[r] < m)
+                    .then(|| ready(run.arrives(Op::BackwardInput, r, next_i[r])))
+                    .flatten();
+                let f = (next_f[r] < m && held[r] <= cap)
+                    .then(|| ready(run.arrives(Op::Forward, r, next_f[r])))
+                    .flatten();
+                let w = (run.pending(r) > 0).then_some(t);
                 // At the earliest time anything can start, by priority.
                 let start = [i, f, w]
                     .into_iter()
                     .flatten()
-                    .fold(f64::INFINITY, |a, (s, _)| a.min(s));
+                    .fold(f64::INFINITY, f64::min);
                 if start.is_infinite() {
                     continue;
                 }
-                let (op, st) = match (i, f, w) {
-                    (Some((s, st)), _, _) if s == start => (Op::BackwardInput, st),
-                    (_, Some((s, st)), _) if s == start => (Op::Forward, st),
-                    (_, _, Some((_, st))) => (Op::BackwardWeight, st),
-                    _ => unreachable!("the earliest start is one of the three"),
+                let op = if i == Some(start) {
+                    Op::BackwardInput
+                } else if f == Some(start) {
+                    Op::Forward
+                } else {
+                    Op::BackwardWeight
                 };
-                if best.is_none_or(|(s, _, _, _)| start < s) {
-                    best = Some((start, r, op, st));
+                if best.is_none_or(|(s, _, _)| start < s) {
+                    best = Some((start, r, op));
                 }
             }
-            let (start, r, op, st) = best.expect("a free rank can always act");
-            let end = start + COST;
-            free[r] = end;
-            left -= 1;
+            let (start, r, op) = best.expect("a free rank can always act");
             match op {
                 Op::Forward => {
-                    let mb = next_f[st];
-                    next_f[st] += 1;
+                    run.run(r, start, op, r, next_f[r]);
+                    next_f[r] += 1;
                     held[r] += 1;
-                    self.forward(&mut out[r], st, mb);
-                    match st + 1 < n {
-                        true => act_at[st + 1][mb] = Some(end),
-                        // The loss: its gradient is here.
-                        false => grad_at[st][mb] = Some(end),
-                    }
                 }
                 Op::BackwardInput => {
-                    let mb = next_i[st];
-                    next_i[st] += 1;
-                    self.backward(&mut out[r], st, mb, Op::BackwardInput);
-                    weights[r].push_back((st, mb));
-                    if st > 0 {
-                        grad_at[st - 1][mb] = Some(end);
-                    }
+                    run.run(r, start, op, r, next_i[r]);
+                    next_i[r] += 1;
                 }
                 _ => {
-                    let (st, mb) = weights[r].pop_front().expect("a pending weight half");
+                    run.run_weight(r, start);
                     held[r] -= 1;
-                    out[r].push(Action::new(st, Op::BackwardWeight, mb));
                 }
             }
         }
-        out
+        run.lists()
+    }
+}
+
+/// A pipeline run on paper while its lists are built, every pass taking
+/// one unit of time: when each rank is free, when each micro-batch's input
+/// and output gradient reach each stage, each rank's weight halves not yet
+/// run (oldest first), and the lists so far (with their sends and
+/// receives).
+struct PaperRun<'a> {
+    shape: &'a Lists,
+    out: Vec<Vec<Action>>,
+    free: Vec<f64>,
+    weights: Vec<std::collections::VecDeque<(usize, usize)>>,
+    act_at: Vec<Vec<Option<f64>>>,
+    grad_at: Vec<Vec<Option<f64>>>,
+}
+
+impl<'a> PaperRun<'a> {
+    /// Every micro-batch's input at the first stage from the start.
+    fn new(shape: &'a Lists) -> PaperRun<'a> {
+        let (p, m, n) = (shape.ranks, shape.micro, shape.stages());
+        let mut act_at = vec![vec![None; m]; n];
+        act_at[0].fill(Some(0.0));
+        PaperRun {
+            shape,
+            out: vec![Vec::new(); p],
+            free: vec![0.0; p],
+            weights: vec![Default::default(); p],
+            act_at,
+            grad_at: vec![vec![None; m]; n],
+        }
+    }
+
+    /// When what a forward pass (its input) or an input half (its output's
+    /// gradient) of micro-batch `mb` at `stage` needs arrives, if it has.
+    fn arrives(&self, op: Op, stage: usize, mb: usize) -> Option<f64> {
+        match op {
+            Op::Forward => self.act_at[stage][mb],
+            _ => self.grad_at[stage][mb],
+        }
+    }
+
+    /// Weight halves rank `r` has not run yet.
+    fn pending(&self, r: usize) -> usize {
+        self.weights[r].len()
+    }
+
+    /// Rank `r` runs the forward pass or the input half (`op`) of
+    /// micro-batch `mb` at `stage` from `start`: its list gains it with its
+    /// receive and send, and what it hands on arrives when it ends.
+    fn run(&mut self, r: usize, start: f64, op: Op, stage: usize, mb: usize) {
+        let end = start + 1.0;
+        self.free[r] = end;
+        let last = stage + 1 == self.shape.stages();
+        match op {
+            Op::Forward => {
+                self.shape.forward(&mut self.out[r], stage, mb);
+                match last {
+                    false => self.act_at[stage + 1][mb] = Some(end),
+                    // The loss: its gradient is here.
+                    true => self.grad_at[stage][mb] = Some(end),
+                }
+            }
+            _ => {
+                self.shape
+                    .backward(&mut self.out[r], stage, mb, Op::BackwardInput);
+                self.weights[r].push_back((stage, mb));
+                if stage > 0 {
+                    self.grad_at[stage - 1][mb] = Some(end);
+                }
+            }
+        }
+    }
+
+    /// Rank `r` runs its oldest pending weight half from `start`.
+    fn run_weight(&mut self, r: usize, start: f64) {
+        self.free[r] = start + 1.0;
+        let (stage, mb) = self.weights[r].pop_front().expect("a pending weight half");
+        self.out[r].push(Action::new(stage, Op::BackwardWeight, mb));
+    }
+
+    /// The lists built.
+    fn lists(self) -> Vec<Vec<Action>> {
+        self.out
     }
 }
 
