@@ -45,6 +45,13 @@
 #     the default),
 #     in turns TP_GRADS_ROUNDS times (default 3); TP_GRADS_BIG=1 adds the
 #     12.85B pair of `big`, once each.
+#   bash bench/device/tp.sh sp
+#     sequence parallelism in the bf16 engine: its GPU tests (gpu_tp.rs,
+#     `sequence_parallel`), then braid alone at 2.65B --tp 4 with --sp and
+#     --no-sp in turns, TP_SP_ROUNDS times (default 2); TP_SP_PEERS=1
+#     adds the pairs of `bench` with
+#     --sp; TP_SP_BIG=1 the 12.85B pair of `big` with --sp and --no-sp,
+#     once each; TP_SP_TESTS=0 skips the tests.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
@@ -198,9 +205,10 @@ phase_estimate() {
   echo "12.85B --tp 2 on 2 GPUs: exit $? | $(grep -h 'error' "$f" | head -1 | cut -c1-400)"
 }
 
-# One braid run at 2.65B --tp 4 --no-sp, batch 16 x 1024, 12 steps, into
-# $L/NAME.txt, with the environment assignments given (VAR=VALUE ...);
-# prints its exit status and GPU summary, or that it was skipped.
+# One braid run at 2.65B --tp 4 ($SP_FLAG, by default --no-sp), batch
+# 16 x 1024, 12 steps, into $L/NAME.txt, with the environment assignments
+# given (VAR=VALUE ...); prints its exit status and GPU summary, or that
+# it was skipped.
 tp4_run() {
   local name=$1 t
   shift
@@ -209,7 +217,7 @@ tp4_run() {
   [ "$t" -gt 100 ] && t=100
   env "$@" timeout -k 10 "$t" "$B" train --device cuda \
     --model L32-H32-C2560-V50304-T1024 --data random --global-batch 16 --seq 1024 --steps 12 \
-    --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 --no-sp > "$L/$name.txt" 2>&1
+    --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 "${SP_FLAG:---no-sp}" > "$L/$name.txt" 2>&1
   echo "$name: exit $? | $(grep -h 'gpu summary' "$L/$name.txt" | sed 's/.*median/median/')"
 }
 
@@ -275,8 +283,38 @@ phase_grads() {
   done
 }
 
+# Sequence parallelism in the bf16 engine: its tests, then braid alone at
+# 2.65B --tp 4 with and without it, in turns; TP_SP_BIG=1 adds 12.85B.
+phase_sp() {
+  local i s t f
+  [ "${TP_SP_TESTS:-1}" = 0 ] || tests gpu-tp-sp /tmp/gpu-tp-tests sequence_parallel
+  for i in $(seq "${TP_SP_ROUNDS:-2}"); do
+    for s in --sp --no-sp; do
+      f="sp${s#--}-$i"
+      SP_FLAG=$s tp4_run "$f" &&
+        grep -h '^\[rank 0\] step    12' "$L/$f.txt" | grep -o 'loss [0-9.]*'
+    done
+  done
+  if [ -n "${TP_SP_PEERS:-}" ]; then
+    pair tp4-sp "--tp 4 --sp" "--tp 4 --B 16"
+    pair tp2dp2-sp "--tp 2 --sp" "--tp 2 --dp 2 --B 8"
+  fi
+  [ -n "${TP_SP_BIG:-}" ] || return
+  for s in --sp --no-sp; do
+    f="$L/sp-big${s#--}.txt"
+    t=$(left)
+    [ "$t" -ge 90 ] || { echo "12.85B $s: skipped ($t s left)"; continue; }
+    [ "$t" -gt 160 ] && t=160
+    timeout -k 10 "$t" "$B" train --device cuda \
+      --model L40-H40-C5120-V50304-T1024 --data random --global-batch 8 --seq 1024 --steps 8 \
+      --checkpointing --eval-every 0 --log-every 4 --nproc-per-node 4 --tp 4 "$s" > "$f" 2>&1
+    echo "12.85B $s: exit $? | $(grep -h 'GPU memory estimate' "$f" | head -1 | sed 's/.*\] //') | $(grep -h 'gpu summary' "$f" | sed 's/.*median/median/')"
+  done
+}
+
 case "${1:-}" in
   tests) phase_tests ;;
+  sp) phase_sp ;;
   grads) phase_grads ;;
   overlap) phase_overlap ;;
   sums) phase_sums ;;
@@ -286,6 +324,6 @@ case "${1:-}" in
   cross) phase_cross ;;
   estimate) phase_estimate ;;
   run) phase_run ;;
-  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap|sums|grads" >&2; exit 2 ;;
+  *) echo "usage: tp.sh tests|bench|big|two|cross|estimate|run|overlap|sums|grads|sp" >&2; exit 2 ;;
 esac
 finish

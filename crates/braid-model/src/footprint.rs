@@ -418,8 +418,9 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
     let keep_all = checkpointing && fused && kept_attention >= cfg.n_layer;
     let (bu, tu) = (b as u128, t as u128);
     // A tensor-parallel rank's widths: its heads (attention width `a`),
-    // MLP columns `f` and vocabulary rows; the residual stream stays whole
-    // (the bf16 engine has no sequence parallelism).
+    // MLP columns `f` and vocabulary rows; the residual stream and the
+    // LayerNorms' statistics over its rows `nl` under sequence
+    // parallelism, else every row.
     let ranks = run.tensor.ranks.max(1);
     let (c, nh, v) = (
         cfg.n_embd as u128,
@@ -429,6 +430,11 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
     let (a, f) = (c / ranks as u128, 4 * c / ranks as u128);
     let n = bu * tu;
     let nc = n * c;
+    let sequence = run.tensor.sequence && ranks > 1;
+    let nl = match sequence {
+        true => n.div_ceil(ranks as u128),
+        false => n,
+    };
     let vp = v.div_ceil(64) * 64;
     let rows = bu * nh * tu;
     let (attn_saved, attn_shared) = if fused {
@@ -451,11 +457,11 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
         (6 * n * a + 2 * rows * tu, 4 * rows * tu + 8 * n * a)
     };
     // The block's recomputable activations: the attention's, resid2
-    // (f32), fch (bf16, the MLP's width).
-    let block = attn_saved + 4 * nc + 2 * n * f;
+    // (f32, the rank's rows), fch (bf16, the MLP's width).
+    let block = attn_saved + 4 * nl * c + 2 * n * f;
     // Every layer: atty (bf16), two pairs of f32 LayerNorm statistics.
     let layer = 2 * n * a
-        + 16 * n
+        + 16 * nl
         + match (checkpointing, fused) {
             (false, _) => block,
             (true, true) => 4 * rows,
@@ -470,7 +476,9 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
         (true, false) => block,
         (true, true) => block - attn_saved,
     };
-    let head = 2 * nc + 8 * n + 2 * n * vp + 4 * n;
+    // The final norm's output over every row (gathered), its statistics
+    // over the rank's, the logits, the losses.
+    let head = 2 * nc + 8 * nl + 2 * n * vp + 4 * n;
     let pad = if vp == v { 0 } else { 6 * vp * c };
     // ln, the wide scratch (qkv or GELU or their gradients, with datty),
     // dresid (f32), dresid_bf, dln.
@@ -480,16 +488,21 @@ fn mixed_parts(cfg: &GptConfig, run: &GpuRun) -> MixedParts {
         .max(MixedKernels::partial_len(nn, cc, 3))
         .max(MixedKernels::gelu_partial_len(nn, ff)) as u128
         * 4;
-    // A rank's group: the cross-entropy's row maxima and sums.
-    let group = if ranks > 1 { 12 * n } else { 0 };
+    // A rank's group: the cross-entropy's row maxima and sums (and under
+    // sequence parallelism the LayerNorms' gradients, 6c).
+    let group = match (ranks > 1, sequence) {
+        (false, _) => 0,
+        (true, false) => 12 * n,
+        (true, true) => 12 * n + 24 * c,
+    };
     // Tokens, targets and the embedding backward's bucket order (i32).
     let batch = 4 * (3 * n + v + 1);
     MixedParts {
         layer,
         kept_extra,
-        layer_stats: 16 * n,
+        layer_stats: 16 * nl,
         atty: 2 * n * a,
-        stream: 4 * nc,
+        stream: 4 * nl * c,
         head,
         pad,
         shared: work + attn_shared + scratch + partial + group,
@@ -610,8 +623,8 @@ pub struct GpuRun {
     /// parts ([`splits_embedding_grads`]).
     pub split_embeddings: bool,
     /// A tensor-parallel rank's share of each layer (its heads, MLP
-    /// columns and vocabulary rows; under sequence parallelism, f32 only,
-    /// its rows of the residual stream).
+    /// columns and vocabulary rows; under sequence parallelism its rows of
+    /// the residual stream).
     pub tensor: TensorSplit,
 }
 
@@ -1034,8 +1047,8 @@ mod tests {
     /// A tensor-parallel rank's estimate: its share of the model states
     /// (the vocabulary and every layer's products split, the norms and
     /// biases whole), activations between one GPU's / N and one GPU's
-    /// (the bf16 engine keeps the residual stream whole), and in f32 with
-    /// sequence parallelism less than without.
+    /// (the residual stream whole without sequence parallelism), and with
+    /// sequence parallelism less than without, in f32 and bf16.
     #[test]
     fn gpu_tensor_parallel_rank_holds_its_share() {
         let cfg = GptConfig::parse("L32-H32-C2560-V50304-T1024").unwrap();
@@ -1066,9 +1079,14 @@ mod tests {
             );
             let (a1, an) = (part(&one, "activations"), part(&tp, "activations"));
             assert!(an > a1 / n && an < a1, "activations {an} of {a1} over {n}");
-            let whole = gpu_training(&cfg, &run(n as usize, false, false)).total();
-            let sp = gpu_training(&cfg, &run(n as usize, true, false)).total();
-            assert!(sp < whole, "sequence parallelism saved nothing at {n}");
+            for mixed in [false, true] {
+                let whole = gpu_training(&cfg, &run(n as usize, false, mixed)).total();
+                let sp = gpu_training(&cfg, &run(n as usize, true, mixed)).total();
+                assert!(
+                    sp < whole,
+                    "sequence parallelism saved nothing at {n}, bf16 {mixed}"
+                );
+            }
         }
     }
 

@@ -92,6 +92,23 @@ pub trait DeviceTensorComm: Send + Sync {
         full: braid_cuda::DeviceViewMut<'_, f32>,
         stream: &braid_cuda::Stream,
     ) -> Result<(), String>;
+    /// [`all_gather_f32`](Self::all_gather_f32) in bf16 (the bf16
+    /// engine's gather of a LayerNorm's output, or of the residual
+    /// stream's gradient, before the products that read every row).
+    fn all_gather_bf16(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
+    /// [`reduce_scatter_f32`](Self::reduce_scatter_f32) in bf16 (NCCL
+    /// adds in bf16): the bf16 engine's reduction of a row-split
+    /// product's shares, or of a column-split product's input gradients,
+    /// onto each rank's rows.
+    fn reduce_scatter_bf16(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<(), String>;
     /// `x` (host memory) becomes the sum of every rank's (a gradient
     /// norm's parts).
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<(), String>;

@@ -488,6 +488,26 @@ impl braid_model::tensor_comm::DeviceTensorComm for DeviceTensorGroup {
             self.gpu.reduce_scatter_view(full, ReduceOp::Sum)
         })
     }
+    fn all_gather_bf16(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 2 * braid_cuda::DeviceMem::dlen(&full);
+        self.run("all_gather bf16", bytes, 1.0, stream, || {
+            self.gpu.all_gather_view(full)
+        })
+    }
+    fn reduce_scatter_bf16(
+        &self,
+        full: braid_cuda::DeviceViewMut<'_, half::bf16>,
+        stream: &braid_cuda::Stream,
+    ) -> Result<()> {
+        let bytes = 2 * braid_cuda::DeviceMem::dlen(&full);
+        self.run("reduce_scatter bf16", bytes, 1.0, stream, || {
+            self.gpu.reduce_scatter_view(full, ReduceOp::Sum)
+        })
+    }
     fn host_sum_f64(&self, x: &mut [f64]) -> Result<()> {
         self.gpu
             .host()

@@ -188,9 +188,29 @@ fn what_tensor_parallelism_cannot_do_is_one_clear_error_at_start() {
     refused(&["--tp", "2", "--batch", "1", "--seq", "3"], "divides by 2");
     // Strategies it does not compose with yet.
     refused(
-        &["--tp", "2", "--device", "cuda", "--sp"],
-        "sequence parallelism on GPUs runs in f32 only so far",
+        &["--tp", "2", "--pp", "2", "--device", "cuda", "--sp"],
+        "a pipeline's GPU stages run their tensor-parallel passes without it",
     );
+    // Row blocks and f32 sums are not built with the bf16 engine's
+    // sequence parallelism (the default with --tp on GPUs).
+    for (var, value) in [("BRAID_TP_OVERLAP", "4"), ("BRAID_TP_SUMS", "f32")] {
+        let mut c = braid();
+        c.args(["train", "--device", "cuda", "--nproc-per-node", "2"])
+            .args(["--tp", "2", "--steps", "1"])
+            .env(var, value);
+        let f = run(c, Duration::from_secs(60));
+        assert_ne!(f.code, Some(0), "{var}={value} ran");
+        assert!(
+            f.stderr.contains(var) && f.stderr.contains("--no-sp"),
+            "{}",
+            f.stderr
+        );
+        assert!(
+            !f.stderr.contains("[rank"),
+            "a worker said it: {}",
+            f.stderr
+        );
+    }
     refused(&["--tp", "2", "--offload", "optimizer"], "--offload");
     // A bad choice of the sums' dtype or of their overlap: said before
     // any worker starts.

@@ -512,6 +512,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         stored_score_grads: true,
         kept_attention: usize::MAX,
         recompute_attention_output: false,
+        sequence_parallel: false,
     };
     let no_output = MixedOptions {
         recompute_attention_output: true,

@@ -618,7 +618,8 @@ impl GpuGpt {
     /// layout that rank's `Layout::tensor_parallel` one): the model (f32
     /// or bf16) runs the group's collectives in its passes, and the
     /// gradient norm is summed over the group. With `sequence`, sequence
-    /// parallelism too (the f32 engine only so far).
+    /// parallelism too (the bf16 engine must have been built for it:
+    /// `MixedOptions::sequence_parallel`).
     pub fn tensor_parallel(
         mut self,
         comm: Arc<dyn DeviceTensorComm>,
@@ -629,12 +630,14 @@ impl GpuGpt {
             Model::F32(m) => Model::F32(Box::new(
                 m.tensor_parallel(comm.clone(), sequence).map_err(e)?,
             )),
-            Model::Mixed(..) if sequence => {
-                return Err(
-                    "sequence parallelism on GPUs runs in the f32 engine only so far: \
-                            add --no-sp, or --precision f32"
-                        .into(),
-                )
+            // The bf16 engine sizes its buffers for its rows when built.
+            Model::Mixed(m, _) if sequence != m.sequence_parallel() => {
+                return Err(format!(
+                    "a bf16 model built {} sequence parallelism made a tensor-parallel share {} it \
+                     (MixedOptions::sequence_parallel must say what the share runs)",
+                    if m.sequence_parallel() { "with" } else { "without" },
+                    if sequence { "with" } else { "without" },
+                ))
             }
             Model::Mixed(m, pb) => {
                 Model::Mixed(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?), pb)

@@ -124,8 +124,7 @@ fn tensor_parallel(
     };
     let tensor = TensorSplit {
         ranks: a.tensor,
-        // The bf16 engine runs without it.
-        sequence: a.sequence && !mixed,
+        sequence: a.sequence,
     };
     let share = braid_model::footprint::share_params(cfg, tensor);
     let need_with = |b: usize, checkpointing: bool, sharding: Sharding, streamed: bool| {

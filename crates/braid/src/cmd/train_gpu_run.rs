@@ -169,12 +169,16 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
     shard_choice.half_gathers = plan.half_gathers;
     shard_choice.split_reduce = plan.split_embeddings;
     braid_cuda::pool::reset_peak();
+    // The bf16 engine sizes its rows for sequence parallelism when built.
+    let bf16_sequence = place.sequence && groups.is_some() && precision == Precision::Bf16;
+    super::train_mesh::sequence_knobs(bf16_sequence)?;
     let options = braid_model::cuda::model_mixed::MixedOptions {
         checkpointing,
         streamed_weights: plan.streamed_weights,
         stored_score_grads: plan.stored_score_grads,
         kept_attention: plan.kept_attention,
         recompute_attention_output: plan.recompute_attention_output,
+        sequence_parallel: bf16_sequence,
     };
     let shape = (batch, seq);
     let started = Instant::now();
@@ -222,7 +226,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
             let inner = distributed(DeviceCollective::new(gr.data)?, shard_choice, ddp)?;
             let world = g.host().clone();
             Box::new(
-                TensorParallel::new(inner, world, place.tensor, false, gr.layout)
+                TensorParallel::new(inner, world, place.tensor, place.sequence, gr.layout)
                     .counting(gr.tensor.traffic()),
             )
         }

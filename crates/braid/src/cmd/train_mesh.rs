@@ -245,6 +245,32 @@ pub fn tensor_sums_in_bf16() -> Result<bool, String> {
     }
 }
 
+/// The tensor-group knobs that sequence parallelism in the bf16 engine
+/// does not take, refused with the way out: its row-split products are
+/// always summed in bf16 (a reduce-scatter onto each rank's rows), whole.
+/// (`BRAID_TP_GRAD_OVERLAP` is allowed and does nothing there: the input
+/// gradients' reductions run in order.)
+pub fn sequence_knobs(bf16_sequence: bool) -> Result<(), String> {
+    if !bf16_sequence {
+        return Ok(());
+    }
+    if tensor_overlap_blocks()? > 1 {
+        return Err(
+            "BRAID_TP_OVERLAP: row blocks are not built with sequence parallelism in the bf16 \
+             engine (unset it, or add --no-sp)"
+                .into(),
+        );
+    }
+    if !tensor_sums_in_bf16()? {
+        return Err(
+            "BRAID_TP_SUMS=f32: sequence parallelism in the bf16 engine reduce-scatters in bf16 \
+             (unset it, or add --no-sp)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,6 +158,8 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
                     stored_score_grads,
                     kept_attention,
                     recompute_attention_output,
+                    // (Pipeline stages run without it.)
+                    sequence_parallel: false,
                 };
                 // The bf16 engine's activations, from the sizes it allocates.
                 let acts = mixed.then(|| {

@@ -168,31 +168,57 @@ impl GpuGptMixed {
             k.add_inplace(s, &mut gwte, &dwte_pad.view(0..v * c))?;
         }
         prof.mark(s, "bwd gemm classifier")?;
-        // Each rank's share of the vocabulary's gradient, summed.
-        sum_bf16(&self.group, &mut self.dln, s, "head backward")?;
+        // Each rank's share of the vocabulary's gradient, summed (onto
+        // each rank's rows under sequence parallelism).
+        match (&self.group, &self.seq) {
+            (Some(grp), Some(_)) => seq::scatter(grp, &mut self.dln, n * c, s, "head backward")?,
+            _ => sum_bf16(&self.group, &mut self.dln, s, "head backward")?,
+        }
         zero_async(&mut self.dresid, s)?;
         prof.mark(s, "bwd zero")?;
         // The column sums of the LayerNorm's dres are the last layer's
-        // fcproj bias gradient.
+        // fcproj bias gradient. Under sequence parallelism the three
+        // vectors from this rank's rows go to the scratch, summed below.
         let top = held(&self.ranges, cfg.n_layer - 1)?.fcproj_b.clone();
-        let [mut gw, mut gb, mut gnext] = g.views_mut_n([lw.clone(), lb.clone(), top])?;
-        mk.layernorm_backward(
-            s,
-            &mut self.dresid,
+        let into = [lw.clone(), lb.clone(), top];
+        let (nl, mine) = seq::local(&self.seq, n, c);
+        {
+            let [mut gw, mut gb, mut gnext] = match &mut self.seq {
+                Some(q) => {
+                    zero_async(&mut q.norm_grads, s)?;
+                    q.norm_grads.views_mut_n([0..c, c..2 * c, 2 * c..3 * c])
+                }
+                None => g.views_mut_n(into.clone())?,
+            };
+            mk.layernorm_backward(
+                s,
+                &mut self.dresid.view_mut(mine.clone()),
+                &mut self.dresid_bf.view_mut(mine.clone()),
+                None,
+                &mut gw,
+                &mut gb,
+                Some(&mut gnext),
+                &mut self.partial,
+                &self.dln.view(mine),
+                held(&self.resid, cfg.n_layer)?,
+                &p.view(lw)?,
+                &p.view(lb.clone())?,
+                &self.lnf_mean,
+                &self.lnf_rstd,
+                nl,
+                c,
+            )?;
+        }
+        if let Some(q) = &mut self.seq {
+            seq::add_norm_grads(&self.group, q, k, g, &into, c, s, "ln_f backward")?;
+        }
+        seq::gather(
+            &self.group,
+            &self.seq,
             &mut self.dresid_bf,
-            None,
-            &mut gw,
-            &mut gb,
-            Some(&mut gnext),
-            &mut self.partial,
-            &self.dln,
-            held(&self.resid, cfg.n_layer)?,
-            &p.view(lw)?,
-            &p.view(lb.clone())?,
-            &self.lnf_mean,
-            &self.lnf_rstd,
-            n,
-            c,
+            n * c,
+            s,
+            "head backward gather",
         )?;
         prof.mark(s, "bwd layernorm")
     }
@@ -251,6 +277,10 @@ impl GpuGptMixed {
         let (b, t) = (self.b, self.t);
         let n = b * t;
         let shape = AttnShape { b, t, c: ca, nh };
+        // The rows of the residual stream and the LayerNorms (this rank's
+        // under sequence parallelism), and their elements.
+        let (nl, mine) = seq::local(&self.seq, n, c);
+        let sp = self.seq.is_some();
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
@@ -337,7 +367,7 @@ impl GpuGptMixed {
         // A column-split product's input gradient: each rank's share summed
         // — beside the weight gradient where asked (ln2 recomputed first).
         let beside = match &self.group {
-            Some(group) if self.grad_sums_beside && !defer && self.tensor_blocks <= 1 => {
+            Some(group) if self.grad_sums_beside && !defer && self.tensor_blocks <= 1 && !sp => {
                 Some(group)
             }
             _ => None,
@@ -396,7 +426,7 @@ impl GpuGptMixed {
             row_sum::input_grad_sum(
                 blas,
                 s,
-                &self.group,
+                (&self.group, sp),
                 self.tensor_blocks,
                 (n, c, f),
                 Mat::of(&self.wide, f),
@@ -417,26 +447,54 @@ impl GpuGptMixed {
             &mut self.ln
         };
         {
-            // ... and proj's bias gradient comes with this one.
-            let [mut gw, mut gb, mut gnext] =
-                g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()])?;
+            // ... and proj's bias gradient comes with this one (into the
+            // scratch under sequence parallelism, summed after ln_1's).
+            let [mut gw, mut gb, mut gnext] = match &mut self.seq {
+                Some(q) => {
+                    zero_async(&mut q.norm_grads, s)?;
+                    q.norm_grads.views_mut_n([0..c, c..2 * c, 2 * c..3 * c])
+                }
+                None => g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()])?,
+            };
+            let mut ln2_rows = ln2.view_mut(mine.clone());
+            let recomputed = beside.is_some();
             mk.layernorm_backward(
                 s,
-                &mut self.dresid,
-                &mut self.dresid_bf,
-                beside.is_none().then_some(ln2),
+                &mut self.dresid.view_mut(mine.clone()),
+                &mut self.dresid_bf.view_mut(mine.clone()),
+                (!recomputed).then_some(&mut ln2_rows as &mut dyn DeviceMem<bf16>),
                 &mut gw,
                 &mut gb,
                 Some(&mut gnext),
                 &mut self.partial,
-                &self.dln,
+                &self.dln.view(mine.clone()),
                 &acts.resid2,
                 &p.view(r.ln2_w.clone())?,
                 &p.view(r.ln2_b.clone())?,
                 &a.ln2_mean,
                 &a.ln2_rstd,
-                n,
+                nl,
                 c,
+            )?;
+            // Every row's ln2 (the weight gradient's input) and output
+            // gradient (the next products').
+            if !recomputed {
+                seq::gather(
+                    &self.group,
+                    &self.seq,
+                    ln2,
+                    n * c,
+                    s,
+                    "ln_2 backward gather",
+                )?;
+            }
+            seq::gather(
+                &self.group,
+                &self.seq,
+                &mut self.dresid_bf,
+                n * c,
+                s,
+                "ln_2 backward gather",
             )?;
             prof.mark(s, "bwd layernorm")?;
         }
@@ -565,7 +623,7 @@ impl GpuGptMixed {
             None => row_sum::input_grad_sum(
                 blas,
                 s,
-                &self.group,
+                (&self.group, sp),
                 self.tensor_blocks,
                 (n, c, 3 * ca),
                 Mat::of(&dqkv, 3 * ca),
@@ -627,13 +685,20 @@ impl GpuGptMixed {
             None => &mut self.ln,
         };
         {
-            let [mut gw, mut gb, mut gnext] =
-                g.views_mut_n([r.ln1_w.clone(), r.ln1_b.clone(), below])?;
+            let into = [r.ln1_w.clone(), r.ln1_b.clone(), below.clone()];
+            let [mut gw, mut gb, mut gnext] = match &mut self.seq {
+                Some(q) => q
+                    .norm_grads
+                    .views_mut_n([3 * c..4 * c, 4 * c..5 * c, 5 * c..6 * c]),
+                None => g.views_mut_n(into)?,
+            };
+            let mut ln1_rows = ln1.view_mut(mine.clone());
+            let recomputed = beside.is_some();
             mk.layernorm_backward(
                 s,
-                &mut self.dresid,
-                &mut self.dresid_bf,
-                beside.is_none().then_some(ln1),
+                &mut self.dresid.view_mut(mine.clone()),
+                &mut self.dresid_bf.view_mut(mine.clone()),
+                (!recomputed).then_some(&mut ln1_rows as &mut dyn DeviceMem<bf16>),
                 &mut gw,
                 &mut gb,
                 if l > self.bottom {
@@ -642,15 +707,54 @@ impl GpuGptMixed {
                     None
                 },
                 &mut self.partial,
-                &self.dln,
+                &self.dln.view(mine),
                 held(&self.resid, l)?,
                 &p.view(r.ln1_w.clone())?,
                 &p.view(r.ln1_b.clone())?,
                 &a.ln1_mean,
                 &a.ln1_rstd,
-                n,
+                nl,
                 c,
             )?;
+            if let Some(q) = &mut self.seq {
+                // Both LayerNorms' gradients from this rank's rows, summed.
+                let into = [
+                    r.ln2_w.clone(),
+                    r.ln2_b.clone(),
+                    r.proj_b.clone(),
+                    r.ln1_w.clone(),
+                    r.ln1_b.clone(),
+                    below,
+                ];
+                seq::add_norm_grads(
+                    &self.group,
+                    q,
+                    &self.kernels,
+                    g,
+                    &into,
+                    c,
+                    s,
+                    "layernorm backward",
+                )?;
+                if !recomputed {
+                    seq::gather(
+                        &self.group,
+                        &self.seq,
+                        ln1,
+                        n * c,
+                        s,
+                        "ln_1 backward gather",
+                    )?;
+                }
+                seq::gather(
+                    &self.group,
+                    &self.seq,
+                    &mut self.dresid_bf,
+                    n * c,
+                    s,
+                    "ln_1 backward gather",
+                )?;
+            }
             prof.mark(s, "bwd layernorm")?;
         }
         if defer || beside.is_some() {
@@ -738,6 +842,16 @@ impl GpuGptMixed {
         let cfg = self.layout.config;
         let (c, t) = (cfg.n_embd, self.t);
         let (wte, wpe) = (self.range("wte.weight"), self.range("wpe.weight"));
+        // Every row's gradient (gathered under sequence parallelism).
+        let n = self.b * self.t;
+        seq::gather_f32(
+            &self.group,
+            &self.seq,
+            &mut self.dresid,
+            n * c,
+            &self.stream,
+            "embedding backward gather",
+        )?;
         let [mut gte, mut gpe] = g.views_mut_n([wte, wpe])?;
         match &self.group {
             None => self.batch.embedding_backward(

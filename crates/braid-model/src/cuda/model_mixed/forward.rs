@@ -116,11 +116,18 @@ impl GpuGptMixed {
                 c,
             )?,
             // This rank's rows of the vocabulary (the first rank adds the
-            // positions), summed over the group.
-            Some(_) => {
+            // positions) for every row, summed over the group — under
+            // sequence parallelism in the idle gradient scratch, the sum
+            // scattered onto this rank's rows.
+            Some(g) => {
+                let sp = self.seq.is_some();
+                let full = match sp {
+                    true => &mut self.dresid,
+                    false => held_mut(&mut self.resid, 0)?,
+                };
                 k.encoder_forward_part(
                     s,
-                    held_mut(&mut self.resid, 0)?,
+                    full,
                     self.batch.tokens(),
                     &p.view(wte)?,
                     &p.view(wpe)?,
@@ -130,12 +137,18 @@ impl GpuGptMixed {
                     rows,
                     first_rank,
                 )?;
-                sum_f32(
-                    &self.group,
-                    held_mut(&mut self.resid, 0)?,
-                    s,
-                    "embedding forward",
-                )?;
+                let what = "embedding forward";
+                match sp {
+                    false => sum_f32(&self.group, held_mut(&mut self.resid, 0)?, s, what)?,
+                    true => {
+                        g.comm
+                            .reduce_scatter_f32(self.dresid.view_mut(0..b * t * c), s)
+                            .map_err(|e| CudaError::Group(format!("{what}: {e}")))?;
+                        let (nl, mine) = seq::local(&self.seq, b * t, c);
+                        let x = held_mut(&mut self.resid, 0)?;
+                        copy_async(&mut x.view_mut(0..nl * c), &self.dresid.view(mine), s)?;
+                    }
+                }
             }
         }
         prof.mark(s, "fwd encoder")
@@ -184,16 +197,26 @@ impl GpuGptMixed {
         let (s, mk) = (&self.stream, &self.mk);
         let blas = &mut self.blas;
         let prof = &mut self.prof;
+        // (This rank's rows under sequence parallelism, then every row's.)
+        let (nl, mine) = seq::local(&self.seq, n, c);
         mk.layernorm_forward(
             s,
-            &mut self.lnf,
+            &mut self.lnf.view_mut(mine),
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
             held(&self.resid, cfg.n_layer)?,
             &p.view(lw)?,
             &p.view(lb)?,
-            n,
+            nl,
             c,
+        )?;
+        seq::gather(
+            &self.group,
+            &self.seq,
+            &mut self.lnf,
+            n * c,
+            s,
+            "ln_f gather",
         )?;
         prof.mark(s, "fwd layernorm")?;
         let wte_b = match (pb, &mut self.streamed) {
@@ -293,10 +316,14 @@ impl GpuGptMixed {
         // A tensor-parallel rank other than the first adds neither the
         // residual nor the bias to its share of a row-split product (they
         // are added once, by the first, before the sum) — unless the sum
-        // runs in bf16, after which every rank adds them in f32.
+        // runs in bf16, after which every rank adds them in f32. Under
+        // sequence parallelism every rank adds them to its own rows.
         let in_bf16 = self.tensor_sums_bf16 && self.group.is_some();
-        let adds_residual = self.layout.shard.rank == 0 || in_bf16;
-        let group = &self.group;
+        let adds_residual = self.layout.shard.rank == 0 || in_bf16 || self.seq.is_some();
+        let (group, sp) = (&self.group, &self.seq);
+        // The rows of the residual stream and the LayerNorms (this rank's
+        // under sequence parallelism), and their elements.
+        let (nl, mine) = seq::local(sp, n, c);
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
@@ -334,15 +361,16 @@ impl GpuGptMixed {
         if !from_atty {
             mk.layernorm_forward(
                 s,
-                &mut self.ln,
+                &mut self.ln.view_mut(mine.clone()),
                 ln1_mean,
                 ln1_rstd,
                 x,
                 &p.view(r.ln1_w.clone())?,
                 &p.view(r.ln1_b.clone())?,
-                n,
+                nl,
                 c,
             )?;
+            seq::gather(group, sp, &mut self.ln, n * c, s, "ln_1 gather")?;
             prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
             // The fused attention keeps qkv with its bias: one product
             // writes it there when cuBLASLt can add the bias.
@@ -404,31 +432,32 @@ impl GpuGptMixed {
             bias: &proj_b,
         };
         // The LayerNorm's output (read by the qkv product already) is the
-        // scratch of a sum in bf16.
-        let part = in_bf16.then_some(&mut self.ln);
-        row_sum::row_split_sum(
+        // scratch of a sum in bf16 (always so under sequence parallelism).
+        row_sum::row_split_product(
             blas,
             lt,
             mk,
             s,
-            group,
-            (self.tensor_blocks, part),
+            (group, sp),
+            (self.tensor_blocks, in_bf16),
             proj,
+            &mut self.ln,
             resid2,
             "attn.c_proj forward",
         )?;
         prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
         mk.layernorm_forward(
             s,
-            &mut self.ln,
+            &mut self.ln.view_mut(mine.clone()),
             ln2_mean,
             ln2_rstd,
             &*resid2,
             &p.view(r.ln2_w.clone())?,
             &p.view(r.ln2_b.clone())?,
-            n,
+            nl,
             c,
         )?;
+        seq::gather(group, sp, &mut self.ln, n * c, s, "ln_2 gather")?;
         prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
         // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
         let fc = Product {
@@ -466,15 +495,15 @@ impl GpuGptMixed {
             bias: &fcproj_b,
         };
         // The second LayerNorm's output, read by the fc product already.
-        let part = in_bf16.then_some(&mut self.ln);
-        row_sum::row_split_sum(
+        row_sum::row_split_product(
             blas,
             lt,
             mk,
             s,
-            group,
-            (self.tensor_blocks, part),
+            (group, sp),
+            (self.tensor_blocks, in_bf16),
             fcproj,
+            &mut self.ln,
             out,
             "mlp.c_proj forward",
         )?;

@@ -34,7 +34,7 @@ pub(super) struct RowSplit<'a, B: DeviceMem<f32>> {
 /// every rank adds the residual and bias after the sum, in f32 (`x` must
 /// then carry the residual on every rank).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn row_split_sum<B: DeviceMem<f32>>(
+fn row_split_sum<B: DeviceMem<f32>>(
     blas: &mut Blas,
     lt: &mut Option<FusedProducts>,
     mk: &MixedKernels,
@@ -123,6 +123,68 @@ fn bf16_sum<B: DeviceMem<f32>>(
     mk.residual_bias_add(s, d, residual, x.bias, &*part, m, n)
 }
 
+/// A row-split product and its sum over the group, as the forward pass
+/// runs it: reduce-scattered onto this rank's rows under sequence
+/// parallelism ([`row_split_scatter`], `part` its bf16 scratch), else
+/// [`row_split_sum`] (in `blocks` row blocks; in bf16 into `part` where
+/// `in_bf16`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn row_split_product<B: DeviceMem<f32>>(
+    blas: &mut Blas,
+    lt: &mut Option<FusedProducts>,
+    mk: &MixedKernels,
+    s: &Stream,
+    (group, seq): (&Option<Group>, &Option<super::seq::SeqRows>),
+    (blocks, in_bf16): (usize, bool),
+    x: RowSplit<'_, B>,
+    part: &mut DeviceBuffer<bf16>,
+    d: &mut DeviceBuffer<f32>,
+    what: &str,
+) -> Result<()> {
+    match (group, seq) {
+        (Some(g), Some(q)) => row_split_scatter(blas, mk, s, g, q.rows.clone(), x, part, d, what),
+        _ => {
+            let part = in_bf16.then_some(part);
+            row_split_sum(blas, lt, mk, s, group, (blocks, part), x, d, what)
+        }
+    }
+}
+
+/// Sequence parallelism's row-split product: `x`'s product over all `m`
+/// rows into `part` (bf16), the group's sum of it scattered onto each
+/// rank's rows (`rows`, in place), then `d = residual + bias + part` over
+/// this rank's rows alone (`d` and the residual hold only those).
+#[allow(clippy::too_many_arguments)]
+fn row_split_scatter<B: DeviceMem<f32>>(
+    blas: &mut Blas,
+    mk: &MixedKernels,
+    s: &Stream,
+    g: &Group,
+    rows: Range<usize>,
+    x: RowSplit<'_, B>,
+    part: &mut DeviceBuffer<bf16>,
+    d: &mut DeviceBuffer<f32>,
+    what: &str,
+) -> Result<()> {
+    let (m, n, k) = (x.m, x.n, x.k);
+    let residual = x.residual.ok_or_else(|| {
+        CudaError::Invalid(format!(
+            "{what}: under sequence parallelism every rank adds its rows' residual: none given"
+        ))
+    })?;
+    let product = Product {
+        m,
+        n,
+        k,
+        a: Mat::of(x.a, k),
+        b: x.b,
+    };
+    product.plain(blas, s, Mat::of(&*part, n), 0.0)?;
+    super::seq::scatter(g, part, m * n, s, what)?;
+    let mine = part.view(rows.start * n..rows.end * n);
+    mk.residual_bias_add(s, d, residual, x.bias, &mine, rows.len(), n)
+}
+
 /// Rows `r` of `x`'s product into the same rows of `d`.
 fn product_rows<B: DeviceMem<f32>>(
     blas: &mut Blas,
@@ -189,12 +251,13 @@ pub(super) fn wait_for_sums(g: &Group, s: &Stream, what: &str) -> Result<()> {
 /// rows (`dy`: `m × out`, `w`: the `inp × out` weights, `dx`: `m × inp`
 /// bf16), summed over `group` — in `blocks` row blocks whose sums run
 /// beside the next block's product, where the rows split evenly and `dy`
-/// is a plain row-major operand; else whole, then summed.
+/// is a plain row-major operand; else whole, then summed. Under sequence
+/// parallelism (`seq`) whole, its sum scattered onto each rank's rows.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn input_grad_sum(
     blas: &mut Blas,
     s: &Stream,
-    group: &Option<Group>,
+    (group, seq): (&Option<Group>, bool),
     blocks: usize,
     (m, inp, out): (usize, usize, usize),
     dy: Mat,
@@ -202,6 +265,11 @@ pub(super) fn input_grad_sum(
     dx: &mut DeviceBuffer<bf16>,
     what: &str,
 ) -> Result<()> {
+    if let (Some(g), true) = (group, seq) {
+        // Sequence parallelism: the sum onto each rank's rows.
+        mm(blas, s, m, inp, out, dy, w.t(), Mat::of(&*dx, inp), 0.0)?;
+        return super::seq::scatter(g, dx, m * inp, s, what);
+    }
     let rows = m / blocks.max(1);
     let split = match group {
         Some(g) if blocks > 1 && m % blocks == 0 && dy.rows(0..rows).is_some() => Some(g),

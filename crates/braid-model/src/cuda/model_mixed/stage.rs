@@ -39,6 +39,9 @@ pub(super) struct MicroPlan {
     pub(super) f: usize,
     /// The classifier's padded vocabulary.
     pub(super) vp: usize,
+    /// The rows of the residual stream and the LayerNorms' statistics:
+    /// the batch's, or a sequence-parallel rank's slice.
+    pub(super) rows: usize,
 }
 
 /// What one micro-batch's forward pass through a stage keeps for its
@@ -83,6 +86,7 @@ impl MicroPlan {
             c,
             f,
             vp,
+            rows,
         } = *self;
         let (b, t, nh, a) = (shape.b, shape.t, shape.nh, shape.c);
         let n = b * t;
@@ -99,13 +103,22 @@ impl MicroPlan {
                 continue;
             }
             saved.push(Some(LayerSaved {
-                ln1_mean: p.zeros(n, s)?,
-                ln1_rstd: p.zeros(n, s)?,
-                ln2_mean: p.zeros(n, s)?,
-                ln2_rstd: p.zeros(n, s)?,
+                ln1_mean: p.zeros(rows, s)?,
+                ln1_rstd: p.zeros(rows, s)?,
+                ln2_mean: p.zeros(rows, s)?,
+                ln2_rstd: p.zeros(rows, s)?,
                 atty: own_atty.then(|| p.zeros(n * a, s)).transpose()?,
                 acts: match checkpointing {
-                    false => Some(BlockActs::new(p, s, shape, path, true, false, (c, f))?),
+                    false => Some(BlockActs::new(
+                        p,
+                        s,
+                        shape,
+                        path,
+                        true,
+                        false,
+                        (c, f),
+                        rows,
+                    )?),
                     true => None,
                 },
                 lse: match checkpointing && fused && !keeps(l) && own_atty {
@@ -121,18 +134,20 @@ impl MicroPlan {
         // A layer's input and output streams.
         let stream_at = |j: usize| (j < layers && held(j)) || (j > 0 && held(j - 1));
         let resid = (0..=layers)
-            .map(|j| stream_at(j).then(|| p.zeros(n * c, s)).transpose())
+            .map(|j| stream_at(j).then(|| p.zeros(rows * c, s)).transpose())
             .collect::<Result<_>>()?;
-        // The head's buffers only where it runs.
-        let (hn, hc) = if head { (n, n * c) } else { (1, 1) };
+        // The head's buffers only where it runs (its LayerNorm's output
+        // and the losses over every row, its statistics over the rows of
+        // the residual stream).
+        let (hn, hr, hc) = if head { (n, rows, n * c) } else { (1, 1, 1) };
         Ok(MicroSaved {
             layers: saved,
             resid,
             // Tokens and targets are whole-vocabulary ids.
             batch: DeviceBatch::new(device, n, layout.config.vocab_size)?,
             lnf: p.zeros(hc, s)?,
-            lnf_mean: p.zeros(hn, s)?,
-            lnf_rstd: p.zeros(hn, s)?,
+            lnf_mean: p.zeros(hr, s)?,
+            lnf_rstd: p.zeros(hr, s)?,
             logits: p.zeros(if head { n * vp } else { 1 }, s)?,
             losses: p.zeros(hn, s)?,
             deferred: (0..layers)
@@ -219,8 +234,16 @@ impl GpuGptMixed {
         swap(&mut self.deferred, &mut m.deferred);
     }
 
-    /// Refuses a stage the layout does not hold.
+    /// Refuses a stage the layout does not hold, and stages of a model
+    /// built with sequence parallelism (not built for pipelines yet).
     fn held_stage(&self, st: &Stage) -> Result<()> {
+        if self.seq.is_some() {
+            return Err(CudaError::Invalid(
+                "pipeline stages of the bf16 GPU model with sequence parallelism: not built yet \
+                 (add --no-sp)"
+                    .into(),
+            ));
+        }
         self.layout.check_stage(st).map_err(CudaError::Invalid)
     }
 
