@@ -188,8 +188,18 @@ fn what_tensor_parallelism_cannot_do_is_one_clear_error_at_start() {
     refused(&["--tp", "2", "--batch", "1", "--seq", "3"], "divides by 2");
     // Strategies it does not compose with yet.
     refused(
-        &["--tp", "2", "--pp", "2", "--device", "cuda", "--sp"],
-        "a pipeline's GPU stages run their tensor-parallel passes without it",
+        &[
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--device",
+            "cuda",
+            "--precision",
+            "f32",
+            "--sp",
+        ],
+        "a pipeline's f32 GPU stages run their tensor-parallel passes without it",
     );
     // Row blocks and f32 sums are not built with the bf16 engine's
     // sequence parallelism (the default with --tp on GPUs).

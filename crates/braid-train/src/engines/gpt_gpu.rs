@@ -312,8 +312,14 @@ impl GpuGpt {
                 "deferred weight gradients: the gradients are already written unit by unit".into(),
             );
         }
+        // The deferred layers' buffers are the model's too.
+        let before = braid_cuda::pool::allocated_bytes();
         match &mut self.model {
-            Model::Mixed(m, _) => m.defer_weight_grads(layers).map_err(e)?,
+            Model::Mixed(m, _) => {
+                m.defer_weight_grads(layers).map_err(e)?;
+                let after = braid_cuda::pool::allocated_bytes();
+                self.model_bytes = (self.model_bytes + after).saturating_sub(before);
+            }
             Model::F32(_) if layers == 0 => {}
             Model::F32(_) => {
                 return Err("only the bf16 engine defers weight gradients".into());

@@ -216,15 +216,14 @@ pub struct TrainArgs {
     tp: usize,
     /// With --tp: no sequence parallelism (LayerNorms on every row on every rank).
     ///
-    /// Sequence parallelism (the default with --tp where the engine has it: CPUs, and GPUs
-    /// outside a pipeline) runs the LayerNorms, residual adds and position embedding on a slice
-    /// of the rows: those activations shrink by N. Without it the bf16 GPU engine gathers no
-    /// LayerNorm output in its backward pass (2 % faster at 2.65B --tp 4 on 4 H100s, 7.6 GiB
-    /// more per GPU).
+    /// Sequence parallelism (the default with --tp, except in a pipeline's GPU stages) runs the
+    /// LayerNorms, residual adds and position embedding on a slice of the rows: those
+    /// activations shrink by N. Without it the bf16 GPU engine gathers no LayerNorm output in
+    /// its backward pass (2 % faster at 2.65B --tp 4 on 4 H100s, 7.6 GiB more per GPU).
     #[arg(long, hide_short_help = true, conflicts_with = "sp", help_heading = H_PARALLEL)]
     no_sp: bool,
-    /// With --tp: sequence parallelism (the default where the engine has it; refused where
-    /// not: a pipeline's GPU stages).
+    /// With --tp: sequence parallelism (the default, except in a pipeline's GPU stages: there
+    /// bf16 takes it on this flag, f32 refuses it).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     sp: bool,
     /// Pipeline parallelism: the layers cut into stages over N ranks.
@@ -382,27 +381,40 @@ fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> 
 
 /// Whether a `--tp` run splits its sequence over the tensor group, and a
 /// note where the default is off. Sequence parallelism is the default
-/// with `--tp` where the engine has it; where it has not (a pipeline's
-/// GPU stages) the run goes without it and says so, and an explicit
-/// `--sp` is refused.
-fn sequence_parallel(a: &TrainArgs, cuda: bool) -> Result<(bool, Option<String>), String> {
+/// with `--tp`, except in a pipeline's GPU stages: in bf16 it is there on
+/// `--sp` only (a micro-batch's rows are few, and its extra collectives
+/// measured 15 % slower at 2.65B `--tp 2 --pp 2` on 4 H100s, for 0.7 GiB);
+/// the f32 stages do not have it (`--sp` refused). Where the default is
+/// off the run says so.
+fn sequence_parallel(
+    a: &TrainArgs,
+    cuda: bool,
+    precision: Precision,
+) -> Result<(bool, Option<String>), String> {
     if a.tp <= 1 || a.no_sp {
         return Ok((false, None));
     }
-    let missing = match (cuda, a.pp > 1) {
-        (true, true) => Some((
-            format!("--tp {} --pp {}", a.tp, a.pp),
-            "a pipeline's GPU stages run their tensor-parallel passes without it",
+    let run = format!("--tp {} --pp {}", a.tp, a.pp);
+    match (cuda && a.pp > 1, precision, a.sp) {
+        (false, _, _) | (true, Precision::Bf16, true) => Ok((true, None)),
+        (true, Precision::F32, true) => Err(format!(
+            "--sp with {run} --precision f32: a pipeline's f32 GPU stages run their \
+             tensor-parallel passes without it (drop --sp, or train in bf16)"
         )),
-        _ => None,
-    };
-    match (missing, a.sp) {
-        (None, _) => Ok((true, None)),
-        (Some((run, why)), true) => Err(format!("--sp with {run}: {why} (drop --sp, or --pp)")),
-        (Some((run, why)), false) => Ok((
+        (true, Precision::F32, false) => Ok((
             false,
             Some(format!(
-                "sequence parallelism: off for {run} ({why}; --no-sp says so and silences this)"
+                "sequence parallelism: off for {run} --precision f32 (a pipeline's f32 GPU \
+                 stages run their tensor-parallel passes without it; --no-sp says so and \
+                 silences this)"
+            )),
+        )),
+        (true, Precision::Bf16, false) => Ok((
+            false,
+            Some(format!(
+                "sequence parallelism: off for {run} by default (a micro-batch's rows are few: \
+                 its extra collectives measured 15 % slower at 2.65B --tp 2 --pp 2 on 4 H100s; \
+                 --sp turns it on, --no-sp silences this)"
             )),
         )),
     }
@@ -539,7 +551,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         (false, _) => Precision::F32,
     };
-    let (sequence, sequence_note) = sequence_parallel(&a, cuda)?;
+    let (sequence, sequence_note) = sequence_parallel(&a, cuda, precision)?;
     let gpu_memory = gpu_memory_budget(&a, cuda)?;
     if cuda && a.checkpointing && precision != Precision::Bf16 {
         return Err(format!(
@@ -1333,12 +1345,12 @@ mod tests {
         assert_eq!(lr("1558M"), 2e-4);
     }
 
-    /// `--tp`'s sequence parallelism: on by default where the engine has
-    /// it (CPU, GPU f32 and bf16), off with a note where it does not (a
-    /// pipeline's GPU stages), `--sp` there refused.
+    /// `--tp`'s sequence parallelism: on by default (CPU, GPU f32 and
+    /// bf16), off with a note in a pipeline's GPU stages (bf16: on with
+    /// `--sp`; f32: `--sp` refused).
     #[test]
     fn sequence_parallelism_is_on_where_built_and_said_off_elsewhere() {
-        use super::{sequence_parallel, TrainArgs};
+        use super::{sequence_parallel, Precision, TrainArgs};
         use clap::{Args, Command};
         let args = |extra: &[&str]| {
             let cmd = TrainArgs::augment_args(Command::new("train"));
@@ -1347,25 +1359,28 @@ mod tests {
                 .expect("arguments parse");
             <TrainArgs as clap::FromArgMatches>::from_arg_matches(&m).expect("arguments")
         };
-        let on = |a: &TrainArgs, cuda| sequence_parallel(a, cuda);
+        let (bf16, f32) = (Precision::Bf16, Precision::F32);
+        let on = |a: &TrainArgs, cuda, p| sequence_parallel(a, cuda, p);
         let tp = args(&["--tp", "2"]);
-        assert_eq!(on(&tp, false), Ok((true, None)));
-        assert_eq!(on(&tp, true), Ok((true, None)));
+        assert_eq!(on(&tp, false, f32), Ok((true, None)));
+        assert_eq!(on(&tp, true, f32), Ok((true, None)));
+        assert_eq!(on(&tp, true, bf16), Ok((true, None)));
         let pp = args(&["--tp", "2", "--pp", "2"]);
-        let (sp, note) = on(&pp, true).expect("a default");
-        assert!(!sp);
-        let note = note.expect("a note");
-        assert!(
-            note.contains("sequence parallelism: off for --tp 2 --pp 2"),
-            "{note}"
-        );
-        assert_eq!(on(&pp, false), Ok((true, None)));
-        let e = on(&args(&["--tp", "2", "--pp", "2", "--sp"]), true).expect_err("refused");
-        assert!(e.contains("--sp with --tp 2 --pp 2"), "{e}");
-        assert_eq!(
-            on(&args(&["--tp", "2", "--no-sp"]), true),
-            Ok((false, None))
-        );
-        assert_eq!(on(&args(&[]), true), Ok((false, None)));
+        assert_eq!(on(&pp, false, f32), Ok((true, None)));
+        for (p, want) in [
+            (bf16, "off for --tp 2 --pp 2 by default"),
+            (f32, "off for --tp 2 --pp 2 --precision f32"),
+        ] {
+            let (sp, note) = on(&pp, true, p).expect("a default");
+            let note = note.expect("a note");
+            assert!(!sp && note.contains(want), "{note}");
+        }
+        let sp_pp = args(&["--tp", "2", "--pp", "2", "--sp"]);
+        assert_eq!(on(&sp_pp, true, bf16), Ok((true, None)));
+        let e = on(&sp_pp, true, f32).expect_err("refused");
+        assert!(e.contains("--sp with --tp 2 --pp 2 --precision f32"), "{e}");
+        let no = args(&["--tp", "2", "--no-sp"]);
+        assert_eq!(on(&no, true, bf16), Ok((false, None)));
+        assert_eq!(on(&args(&[]), true, bf16), Ok((false, None)));
     }
 }

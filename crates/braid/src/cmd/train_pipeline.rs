@@ -179,10 +179,11 @@ pub fn gpu_engine(
         Precision::F32 => MixedOptions::default(),
     };
     let inner = GpuGpt::new(&device, &params, (b, t), precision, options, weight_decay)?;
-    // A tensor-parallel rank's share, without sequence parallelism.
+    // A tensor-parallel rank's share (with sequence parallelism where the
+    // bf16 model was built for it).
     let inner = match tensor {
         Some(comm) => inner
-            .tensor_parallel(comm, false)?
+            .tensor_parallel(comm, options.sequence_parallel)?
             .overlap_tensor_sums(super::train_mesh::tensor_overlap_blocks()?)
             .sum_tensor_products_in_bf16(super::train_mesh::tensor_sums_in_bf16()?)
             .sum_input_grads_beside_weight_grads(super::train_mesh::tensor_grad_sums_beside()?),
@@ -251,7 +252,7 @@ pub fn stage_activations(
         split_embeddings: false,
         tensor: TensorSplit {
             ranks: tensor,
-            sequence: false,
+            sequence: options.sequence_parallel,
         },
     };
     let split = s.splits_backward();

@@ -148,6 +148,9 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             None => vec![true, false],
         };
         let fused = mixed && super::preflight::fused_attention(&cfg, gpu.device());
+        // The bf16 stages size their rows for sequence parallelism when built.
+        let bf16_sequence = mixed && place.sequence && tensor.is_some();
+        super::train_mesh::sequence_knobs(bf16_sequence)?;
         let mut refusal = String::new();
         let mut chosen = None;
         'forms: for &streamed_weights in &weights {
@@ -158,8 +161,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
                     stored_score_grads,
                     kept_attention,
                     recompute_attention_output,
-                    // (Pipeline stages run without it.)
-                    sequence_parallel: false,
+                    sequence_parallel: bf16_sequence,
                 };
                 // The bf16 engine's activations, from the sizes it allocates.
                 let acts = mixed.then(|| {

@@ -12,7 +12,9 @@
 //! does that on the last stage). The backward pass of a stage's lowest
 //! layer leaves the gradient of the stage's input in
 //! [`GpuGptMixed::input_grad`] and no bias gradient for the layer below
-//! (another stage's). Where the schedule splits backward passes (ZB-H1)
+//! (another stage's). Under sequence parallelism a stage's input, output
+//! and their gradients are the rank's rows of the residual stream: what
+//! goes between stages shrinks with the tensor group. Where the schedule splits backward passes (ZB-H1)
 //! a micro-batch's buffers also keep each layer's output gradients: the
 //! input half defers the weight gradients, and the weight half
 //! ([`GpuGptMixed::stage_backward_weights`]) runs them later, with the
@@ -157,7 +159,10 @@ impl MicroPlan {
                         .transpose()
                 })
                 .collect::<Result<_>>()?,
-            dout: p.zeros(if head { 1 } else { n * c }, s)?,
+            // (Over the rows of the residual stream, as the stage's input
+            // and output: a sequence-parallel rank's sends and receives
+            // carry its rows alone.)
+            dout: p.zeros(if head { 1 } else { rows * c }, s)?,
         })
     }
 }
@@ -234,16 +239,8 @@ impl GpuGptMixed {
         swap(&mut self.deferred, &mut m.deferred);
     }
 
-    /// Refuses a stage the layout does not hold, and stages of a model
-    /// built with sequence parallelism (not built for pipelines yet).
+    /// Refuses a stage the layout does not hold.
     fn held_stage(&self, st: &Stage) -> Result<()> {
-        if self.seq.is_some() {
-            return Err(CudaError::Invalid(
-                "pipeline stages of the bf16 GPU model with sequence parallelism: not built yet \
-                 (add --no-sp)"
-                    .into(),
-            ));
-        }
         self.layout.check_stage(st).map_err(CudaError::Invalid)
     }
 
@@ -344,7 +341,9 @@ impl GpuGptMixed {
     /// A stage other than the last: its backward pass starts from the
     /// gradient of its output, `dout` (the residual stream's gradient, in
     /// f32 and bf16), whose column sums are its top layer's
-    /// output-projection bias gradient.
+    /// output-projection bias gradient. Under sequence parallelism `dout`
+    /// holds this rank's rows: the bf16 copy is gathered for the products,
+    /// and the bias gradient of those rows summed over the group.
     fn backward_from_output(
         &mut self,
         st: &Stage,
@@ -353,7 +352,8 @@ impl GpuGptMixed {
     ) -> Result<()> {
         let c = self.layout.config.n_embd;
         let n = self.b * self.t;
-        let dout = output_grad(dout, n * c, st)?;
+        let (nl, mine) = seq::local(&self.seq, n, c);
+        let dout = output_grad(dout, nl * c, st)?;
         if self.backward_sms > 0 {
             self.blas.set_sm_count_target(self.backward_sms)?;
         }
@@ -365,21 +365,37 @@ impl GpuGptMixed {
             .fcproj_b
             .clone();
         let s = &self.stream;
-        copy_async(&mut self.dresid, dout, s)?;
-        self.mk.to_bf16(s, &mut self.dresid_bf, &self.dresid)?;
-        self.mk.bias_backward_f32(
+        copy_async(&mut self.dresid.view_mut(mine.clone()), dout, s)?;
+        self.mk.to_bf16(
             s,
-            &mut g.view_mut(bias)?,
-            &mut self.partial,
-            &self.dresid,
-            n,
-            c,
-        )
+            &mut self.dresid_bf.view_mut(mine.clone()),
+            &self.dresid.view(mine.clone()),
+        )?;
+        let what = "stage output gradient";
+        seq::gather(&self.group, &self.seq, &mut self.dresid_bf, n * c, s, what)?;
+        let rows = self.dresid.view(mine);
+        match &mut self.seq {
+            None => {
+                let mut into = g.view_mut(bias)?;
+                self.mk
+                    .bias_backward_f32(s, &mut into, &mut self.partial, &rows, nl, c)
+            }
+            Some(q) => {
+                zero_async(&mut q.norm_grads, s)?;
+                let mut into = q.norm_grads.view_mut(0..c);
+                self.mk
+                    .bias_backward_f32(s, &mut into, &mut self.partial, &rows, nl, c)?;
+                seq::add_norm_grads(&self.group, q, &self.kernels, g, &[bias], c, s, what)
+            }
+        }
     }
 
     /// The gradient of the input of the stage whose backward pass ran
-    /// last (valid until the next backward pass).
-    pub fn input_grad(&self) -> &DeviceBuffer<f32> {
-        &self.dresid
+    /// last (valid until the next backward pass): this rank's rows under
+    /// sequence parallelism.
+    pub fn input_grad(&self) -> braid_cuda::DeviceView<'_, f32> {
+        let c = self.layout.config.n_embd;
+        let (_, mine) = seq::local(&self.seq, self.b * self.t, c);
+        self.dresid.view(mine)
     }
 }

@@ -134,10 +134,13 @@ impl StageModel<'_> {
         }
     }
 
-    pub(super) fn input_grad(&self) -> &DeviceBuffer<f32> {
+    pub(super) fn input_grad(&self) -> braid_cuda::DeviceView<'_, f32> {
         match self {
             StageModel::Mixed(m, ..) => m.input_grad(),
-            StageModel::F32(m, _) => m.input_grad(),
+            StageModel::F32(m, _) => {
+                let g = m.input_grad();
+                g.view(0..g.len())
+            }
         }
     }
 }

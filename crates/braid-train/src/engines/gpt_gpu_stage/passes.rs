@@ -128,7 +128,7 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         if !st.first {
             // The input's gradient, kept where the input was (read no more).
             let model = self.inner.stage_model();
-            copy_async(set.input_mut(&st).map_err(e)?, model.input_grad(), &s).map_err(e)?;
+            copy_async(set.input_mut(&st).map_err(e)?, &model.input_grad(), &s).map_err(e)?;
         }
         self.flight.put(stage, m, set);
         if stage > 0 && self.flight.both_here(stage - 1, stage) {
