@@ -478,23 +478,15 @@ impl GpuGptMixed {
             )?;
             // Every row's ln2 (the weight gradient's input) and output
             // gradient (the next products').
-            if !recomputed {
-                seq::gather(
-                    &self.group,
-                    &self.seq,
-                    ln2,
-                    n * c,
-                    s,
-                    "ln_2 backward gather",
-                )?;
-            }
-            seq::gather(
+            let ln2 = (!recomputed).then_some(ln2);
+            let what = "ln_2 backward gather";
+            seq::gather_after_norm(
                 &self.group,
                 &self.seq,
-                &mut self.dresid_bf,
-                n * c,
+                ln2,
+                (&mut self.dresid_bf, n * c),
                 s,
-                "ln_2 backward gather",
+                what,
             )?;
             prof.mark(s, "bwd layernorm")?;
         }
@@ -736,23 +728,15 @@ impl GpuGptMixed {
                     s,
                     "layernorm backward",
                 )?;
-                if !recomputed {
-                    seq::gather(
-                        &self.group,
-                        &self.seq,
-                        ln1,
-                        n * c,
-                        s,
-                        "ln_1 backward gather",
-                    )?;
-                }
-                seq::gather(
+                let ln1 = (!recomputed).then_some(ln1);
+                let what = "ln_1 backward gather";
+                seq::gather_after_norm(
                     &self.group,
                     &self.seq,
-                    &mut self.dresid_bf,
-                    n * c,
+                    ln1,
+                    (&mut self.dresid_bf, n * c),
                     s,
-                    "ln_1 backward gather",
+                    what,
                 )?;
             }
             prof.mark(s, "bwd layernorm")?;

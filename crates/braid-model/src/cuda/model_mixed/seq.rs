@@ -85,6 +85,25 @@ pub(super) fn gather(
     }
 }
 
+/// After a LayerNorm's backward pass over this rank's rows: every row of
+/// its recomputed output `ln` (where it was recomputed there, for the
+/// weight gradient of the product it feeds) and of the residual stream's
+/// bf16 gradient `dres_bf` (the next products' output gradient), each
+/// `b·t × c`.
+pub(super) fn gather_after_norm(
+    group: &Option<Group>,
+    seq: &Option<SeqRows>,
+    ln: Option<&mut DeviceBuffer<bf16>>,
+    (dres_bf, len): (&mut DeviceBuffer<bf16>, usize),
+    s: &Stream,
+    what: &str,
+) -> Result<()> {
+    if let Some(ln) = ln {
+        gather(group, seq, ln, len, s, what)?;
+    }
+    gather(group, seq, dres_bf, len, s, what)
+}
+
 /// [`gather`] for f32 (the residual stream's gradient before the
 /// embeddings' backward pass).
 pub(super) fn gather_f32(
