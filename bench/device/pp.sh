@@ -42,8 +42,9 @@
 #     the 12.85B model on 4 GPUs, global batch 16 x 1024 with activation
 #     checkpointing, braid alone in each 3-D layout that fits (PP_LAYOUTS,
 #     by default --pp 4 with 1F1B and with interleaved zero bubble; --tp 2
-#     --pp 2; --pp 2 x data 2 with ZeRO-1; --tp 4; --zero 3): the best
-#     beside ZeRO-3.
+#     --pp 2; --pp 2 x data 2 with ZeRO-1; --tp 4 with sequence
+#     parallelism, its default, lighter and faster than --no-sp at this
+#     size; --zero 3): the best beside ZeRO-3.
 #
 # Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
 # .dev/gpu-pp-tests.gz, and for bench and big .dev/anchors (made by
@@ -167,7 +168,7 @@ phase_two() {
 phase_layouts() {
   local how t f i=0
   local IFS=';'
-  for how in ${PP_LAYOUTS:---pp 4 --micro-batches 8;--pp 4 --micro-batches 8 --schedule interleaved-zb;--tp 2 --no-sp --pp 2 --micro-batches 8;--pp 2 --micro-batches 8 --zero 1;--tp 4 --no-sp;--zero 3}; do
+  for how in ${PP_LAYOUTS:---pp 4 --micro-batches 8;--pp 4 --micro-batches 8 --schedule interleaved-zb;--tp 2 --no-sp --pp 2 --micro-batches 8;--pp 2 --micro-batches 8 --zero 1;--tp 4;--zero 3}; do
     i=$((i + 1))
     f="$L/layout-$i.txt"
     t=$(left)
