@@ -391,6 +391,13 @@ fn sequence_parallel(
     cuda: bool,
     precision: Precision,
 ) -> Result<(bool, Option<String>), String> {
+    if a.tp <= 1 && a.sp {
+        return Err(
+            "--sp: sequence parallelism splits each tensor group's rows; it needs --tp N with N \
+             above 1"
+                .into(),
+        );
+    }
     if a.tp <= 1 || a.no_sp {
         return Ok((false, None));
     }
@@ -1382,5 +1389,7 @@ mod tests {
         let no = args(&["--tp", "2", "--no-sp"]);
         assert_eq!(on(&no, true, bf16), Ok((false, None)));
         assert_eq!(on(&args(&[]), true, bf16), Ok((false, None)));
+        let e = on(&args(&["--sp"]), false, f32).expect_err("refused");
+        assert!(e.contains("--sp") && e.contains("--tp N"), "{e}");
     }
 }
