@@ -46,7 +46,7 @@ fn row_split_sum<B: DeviceMem<f32>>(
     what: &str,
 ) -> Result<()> {
     if let (Some(g), Some(part)) = (group, in_bf16) {
-        return bf16_sum(blas, mk, s, g, blocks, x, part, d, what);
+        return bf16_sum(blas, mk, s, g, (blocks, None), x, part, d, what);
     }
     let g = match group {
         Some(g) if blocks > 1 && x.m % blocks == 0 => g,
@@ -69,14 +69,17 @@ fn row_split_sum<B: DeviceMem<f32>>(
 
 /// [`row_split_sum`] with the sum in bf16: the product into `part`, its
 /// sum over `g` (in row blocks beside the next block's product, as the
-/// f32 sums), then `d = residual + bias + part` on every rank.
+/// f32 sums), then `d = residual + bias + part` on every rank. Under
+/// sequence parallelism (`mine`, this rank's rows: one block) the sum is
+/// reduce-scattered onto each rank's rows instead, and `d` and the
+/// residual hold this rank's rows alone.
 #[allow(clippy::too_many_arguments)]
 fn bf16_sum<B: DeviceMem<f32>>(
     blas: &mut Blas,
     mk: &MixedKernels,
     s: &Stream,
     g: &Group,
-    blocks: usize,
+    (blocks, mine): (usize, Option<Range<usize>>),
     x: RowSplit<'_, B>,
     part: &mut DeviceBuffer<bf16>,
     d: &mut DeviceBuffer<f32>,
@@ -88,7 +91,7 @@ fn bf16_sum<B: DeviceMem<f32>>(
             "{what}: a sum in bf16 adds the residual after it, on every rank: none given"
         ))
     })?;
-    let blocks = match blocks > 1 && m % blocks == 0 {
+    let blocks = match blocks > 1 && m % blocks == 0 && mine.is_none() {
         true => blocks,
         false => 1,
     };
@@ -106,8 +109,9 @@ fn bf16_sum<B: DeviceMem<f32>>(
             b: x.b,
         };
         product.plain(blas, s, Mat::of(&out, n), 0.0)?;
-        match blocks {
-            1 => g
+        match (blocks, &mine) {
+            (_, Some(_)) => super::seq::scatter(g, part, m * n, s, what)?,
+            (1, None) => g
                 .comm
                 .all_reduce_bf16(part.view_mut(0..m * n), s)
                 .map_err(err)?,
@@ -120,12 +124,18 @@ fn bf16_sum<B: DeviceMem<f32>>(
     if blocks > 1 {
         g.comm.wait_started(s).map_err(err)?;
     }
-    mk.residual_bias_add(s, d, residual, x.bias, &*part, m, n)
+    match mine {
+        None => mk.residual_bias_add(s, d, residual, x.bias, &*part, m, n),
+        Some(r) => {
+            let part = part.view(r.start * n..r.end * n);
+            mk.residual_bias_add(s, d, residual, x.bias, &part, r.len(), n)
+        }
+    }
 }
 
 /// A row-split product and its sum over the group, as the forward pass
 /// runs it: reduce-scattered onto this rank's rows under sequence
-/// parallelism ([`row_split_scatter`], `part` its bf16 scratch), else
+/// parallelism ([`bf16_sum`], `part` its bf16 scratch), else
 /// [`row_split_sum`] (in `blocks` row blocks; in bf16 into `part` where
 /// `in_bf16`).
 #[allow(clippy::too_many_arguments)]
@@ -142,47 +152,12 @@ pub(super) fn row_split_product<B: DeviceMem<f32>>(
     what: &str,
 ) -> Result<()> {
     match (group, seq) {
-        (Some(g), Some(q)) => row_split_scatter(blas, mk, s, g, q.rows.clone(), x, part, d, what),
+        (Some(g), Some(q)) => bf16_sum(blas, mk, s, g, (1, Some(q.rows.clone())), x, part, d, what),
         _ => {
             let part = in_bf16.then_some(part);
             row_split_sum(blas, lt, mk, s, group, (blocks, part), x, d, what)
         }
     }
-}
-
-/// Sequence parallelism's row-split product: `x`'s product over all `m`
-/// rows into `part` (bf16), the group's sum of it scattered onto each
-/// rank's rows (`rows`, in place), then `d = residual + bias + part` over
-/// this rank's rows alone (`d` and the residual hold only those).
-#[allow(clippy::too_many_arguments)]
-fn row_split_scatter<B: DeviceMem<f32>>(
-    blas: &mut Blas,
-    mk: &MixedKernels,
-    s: &Stream,
-    g: &Group,
-    rows: Range<usize>,
-    x: RowSplit<'_, B>,
-    part: &mut DeviceBuffer<bf16>,
-    d: &mut DeviceBuffer<f32>,
-    what: &str,
-) -> Result<()> {
-    let (m, n, k) = (x.m, x.n, x.k);
-    let residual = x.residual.ok_or_else(|| {
-        CudaError::Invalid(format!(
-            "{what}: under sequence parallelism every rank adds its rows' residual: none given"
-        ))
-    })?;
-    let product = Product {
-        m,
-        n,
-        k,
-        a: Mat::of(x.a, k),
-        b: x.b,
-    };
-    product.plain(blas, s, Mat::of(&*part, n), 0.0)?;
-    super::seq::scatter(g, part, m * n, s, what)?;
-    let mine = part.view(rows.start * n..rows.end * n);
-    mk.residual_bias_add(s, d, residual, x.bias, &mine, rows.len(), n)
 }
 
 /// Rows `r` of `x`'s product into the same rows of `d`.

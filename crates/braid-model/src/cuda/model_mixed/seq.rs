@@ -56,12 +56,18 @@ fn no_group() -> CudaError {
     CudaError::Group("sequence parallelism without a tensor-parallel group".into())
 }
 
-/// The group to gather over under sequence parallelism (`None` without
-/// it: nothing to gather).
-fn gathering<'a>(group: &'a Option<Group>, seq: &Option<SeqRows>) -> Result<Option<&'a Group>> {
+/// Runs `gather` over the group under sequence parallelism (nothing
+/// without it), its error named `what`.
+fn gathering(
+    group: &Option<Group>,
+    seq: &Option<SeqRows>,
+    what: &str,
+    gather: impl FnOnce(&Group) -> std::result::Result<(), String>,
+) -> Result<()> {
     match seq {
-        None => Ok(None),
-        Some(_) => group.as_ref().map(Some).ok_or_else(no_group),
+        None => Ok(()),
+        Some(_) => gather(group.as_ref().ok_or_else(no_group)?)
+            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
     }
 }
 
@@ -76,13 +82,9 @@ pub(super) fn gather(
     s: &Stream,
     what: &str,
 ) -> Result<()> {
-    match gathering(group, seq)? {
-        None => Ok(()),
-        Some(g) => g
-            .comm
-            .all_gather_bf16(full.view_mut(0..len), s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
-    }
+    gathering(group, seq, what, |g| {
+        g.comm.all_gather_bf16(full.view_mut(0..len), s)
+    })
 }
 
 /// After a LayerNorm's backward pass over this rank's rows: every row of
@@ -114,13 +116,9 @@ pub(super) fn gather_f32(
     s: &Stream,
     what: &str,
 ) -> Result<()> {
-    match gathering(group, seq)? {
-        None => Ok(()),
-        Some(g) => g
-            .comm
-            .all_gather_f32(full.view_mut(0..len), s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
-    }
+    gathering(group, seq, what, |g| {
+        g.comm.all_gather_f32(full.view_mut(0..len), s)
+    })
 }
 
 /// The first `len` elements of `full` (bf16, every row): this rank's
