@@ -30,6 +30,13 @@ enum Owner {
     Pool(PoolSlot),
     /// Bytes of another buffer ([`DeviceBuffer::lent_from`]): nothing.
     Lent,
+    /// NCCL's memory registered as a symmetric window of `bytes` bytes
+    /// ([`DeviceBuffer::symmetric_zeros`]): deregistered and freed.
+    Symmetric {
+        bytes: usize,
+        /// (Boxed: every buffer carries an `Owner`.)
+        mem: Option<Box<crate::nccl::SymmetricMemory>>,
+    },
 }
 
 // SAFETY: the buffer is plain device memory owned by this value.
@@ -50,6 +57,41 @@ impl<T: Element> DeviceBuffer<T> {
             stream.synchronize()?;
         }
         Ok(buf)
+    }
+
+    /// `len` zeroed elements of NCCL's memory registered as a symmetric
+    /// window of `comm` ([`NcclComm::symmetric_alloc`](crate::nccl::NcclComm::symmetric_alloc)):
+    /// with NCCL's zero-CTA policy, all-gathers into it run on the copy
+    /// engines. Collective, like the registration: every rank calls it at
+    /// the same point with the same `len`.
+    pub fn symmetric_zeros(comm: &crate::nccl::NcclComm, len: usize) -> Result<Self> {
+        let device = comm.device().clone();
+        let bytes = len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
+            CudaError::Invalid(format!("{len} elements of {} overflow", T::DTYPE))
+        })?;
+        let mem = comm.symmetric_alloc(bytes.max(1))?;
+        let stream = device.main_stream();
+        // SAFETY: the allocation holds at least `bytes` bytes; zero bytes
+        // are a valid value of every `Element`.
+        let zeroed = unsafe { result::memset_d8_async(mem.dptr(), 0, bytes, stream.raw()) }
+            .map_err(driver("cuMemsetD8Async"))
+            .and_then(|_| stream.synchronize());
+        if let Err(e) = zeroed {
+            // SAFETY: nothing else has seen the memory.
+            unsafe { mem.release() };
+            return Err(e);
+        }
+        count_alloc(bytes);
+        Ok(DeviceBuffer {
+            ptr: mem.dptr(),
+            len,
+            device,
+            owner: Owner::Symmetric {
+                bytes,
+                mem: Some(Box::new(mem)),
+            },
+            _t: PhantomData,
+        })
     }
 
     /// A copy of `data` on `device`.
@@ -175,7 +217,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// lent memory: its length).
     pub fn capacity(&self) -> usize {
         match self.owner {
-            Owner::Driver { bytes } => bytes / T::DTYPE.size(),
+            Owner::Driver { bytes } | Owner::Symmetric { bytes, .. } => bytes / T::DTYPE.size(),
             _ => self.len,
         }
     }
@@ -186,7 +228,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// in turn. Refused for pool blocks and lent memory.
     pub fn set_len(&mut self, len: usize) -> Result<()> {
         match self.owner {
-            Owner::Driver { .. } if len <= self.capacity() => {
+            Owner::Driver { .. } | Owner::Symmetric { .. } if len <= self.capacity() => {
                 self.len = len;
                 Ok(())
             }
@@ -647,9 +689,21 @@ impl<T: Element> Drop for DeviceBuffer<T> {
             return;
         }
         count_free(match self.owner {
-            Owner::Driver { bytes } => bytes,
+            Owner::Driver { bytes } | Owner::Symmetric { bytes, .. } => bytes,
             _ => self.byte_len(),
         });
+        if let Owner::Symmetric { mem, .. } = &mut self.owner {
+            let _ = self.device.bind();
+            // SAFETY: work using the buffer was ordered on the main stream
+            // (or waited for); finish it, then deregister and free.
+            unsafe {
+                let _ = result::stream::synchronize(self.device.main_stream().raw());
+                if let Some(m) = mem.take() {
+                    m.release();
+                }
+            }
+            return;
+        }
         if let Owner::Pool(slot) = &self.owner {
             // Stream-ordered reuse: the pool's users run on one stream.
             slot.give_back(self.ptr);

@@ -17,7 +17,8 @@ use braid_core::{DType, ReduceOp};
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The variable naming an NCCL library to load instead of the system one.
 pub const NCCL_LIB_VAR: &str = "BRAID_NCCL_LIB";
@@ -119,7 +120,21 @@ struct Api {
     recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> Res,
     group_start: unsafe extern "C" fn() -> Res,
     group_end: unsafe extern "C" fn() -> Res,
+    /// Symmetric memory (NCCL 2.27 and later; `None` before).
+    symmetric: Option<SymmetricApi>,
 }
+
+/// NCCL's allocator and window registration (nccl.h, 2.27 and later).
+struct SymmetricApi {
+    mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Res,
+    mem_free: unsafe extern "C" fn(*mut c_void) -> Res,
+    window_register: unsafe extern "C" fn(Comm, *mut c_void, usize, *mut *mut c_void, c_int) -> Res,
+    window_deregister: unsafe extern "C" fn(Comm, *mut c_void) -> Res,
+}
+
+/// `NCCL_WIN_COLL_SYMMETRIC` (nccl.h): every rank passes buffers at the
+/// same offset into its window.
+const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
 // SAFETY: the table holds function pointers into a library that stays
 // loaded for the life of the process.
@@ -223,6 +238,15 @@ fn load() -> std::result::Result<Api, String> {
                 recv: sym(&lib, "ncclRecv")?,
                 group_start: sym(&lib, "ncclGroupStart")?,
                 group_end: sym(&lib, "ncclGroupEnd")?,
+                symmetric: (|| -> std::result::Result<SymmetricApi, String> {
+                    Ok(SymmetricApi {
+                        mem_alloc: sym(&lib, "ncclMemAlloc")?,
+                        mem_free: sym(&lib, "ncclMemFree")?,
+                        window_register: sym(&lib, "ncclCommWindowRegister")?,
+                        window_deregister: sym(&lib, "ncclCommWindowDeregister")?,
+                    })
+                })()
+                .ok(),
                 path: path.clone(),
                 _lib: lib,
             }
@@ -355,6 +379,9 @@ pub struct NcclComm {
     rank: usize,
     size: usize,
     aborted: bool,
+    /// Cleared when the communicator is aborted or destroyed: the
+    /// symmetric memory registered with it then skips deregistration.
+    alive: Arc<AtomicBool>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls
@@ -382,6 +409,7 @@ impl NcclComm {
             rank,
             size,
             aborted: false,
+            alive: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -483,6 +511,7 @@ impl NcclComm {
                 rank,
                 size: devices.len(),
                 aborted: false,
+                alive: Arc::new(AtomicBool::new(true)),
             })
             .collect())
     }
@@ -512,6 +541,7 @@ impl NcclComm {
             rank: 0,
             size: 0,
             aborted: false,
+            alive: Arc::new(AtomicBool::new(true)),
         };
         comm.read_rank_size(a)?;
         Ok(Some(comm))
@@ -574,6 +604,7 @@ impl NcclComm {
             return;
         }
         self.aborted = true;
+        self.alive.store(false, Ordering::SeqCst);
         if let Ok(a) = api() {
             let _ = self.device.bind();
             // SAFETY: valid communicator, aborted at most once.
@@ -677,6 +708,54 @@ impl NcclComm {
         check(a, "ncclBroadcast", r, Some(self.raw))
     }
 
+    /// Whether this NCCL has symmetric memory windows (2.27 and later).
+    pub fn has_symmetric_memory() -> bool {
+        api().is_ok_and(|a| a.symmetric.is_some())
+    }
+
+    /// `bytes` of device memory from NCCL's allocator (`ncclMemAlloc`:
+    /// CUDA virtual memory), registered with this communicator as a
+    /// symmetric window (`ncclCommWindowRegister`), so that NCCL's
+    /// zero-CTA policy (`NCCL_CTA_POLICY=2`) can all-gather into it with
+    /// the copy engines. Collective: every rank calls it at the same
+    /// point with the same `bytes`, and buffers meant to meet in one
+    /// collective must come from the same call on every rank.
+    pub fn symmetric_alloc(&self, bytes: usize) -> Result<SymmetricMemory> {
+        let a = self.usable("ncclCommWindowRegister")?;
+        let s = a.symmetric.as_ref().ok_or_else(|| {
+            CudaError::Unavailable(format!(
+                "NCCL at {} has no symmetric memory (ncclMemAlloc, ncclCommWindowRegister: \
+                 NCCL 2.27 or later)",
+                a.path
+            ))
+        })?;
+        self.device.bind()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the size is the caller's.
+        check(
+            a,
+            "ncclMemAlloc",
+            unsafe { (s.mem_alloc)(&mut p, bytes) },
+            None,
+        )?;
+        let mut win: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` holds `bytes` bytes of NCCL's allocation on this
+        // communicator's device; valid out pointer.
+        let r = unsafe { (s.window_register)(self.raw, p, bytes, &mut win, WIN_COLL_SYMMETRIC) };
+        if let Err(e) = check(a, "ncclCommWindowRegister", r, Some(self.raw)) {
+            // SAFETY: allocated above, registered nowhere.
+            unsafe { (s.mem_free)(p) };
+            return Err(e);
+        }
+        Ok(SymmetricMemory {
+            comm: self.raw,
+            alive: self.alive.clone(),
+            win,
+            ptr: p as usize as u64,
+            bytes,
+        })
+    }
+
     /// Enqueues `ncclAllGather` (`count` elements from each rank).
     ///
     /// # Safety
@@ -776,8 +855,53 @@ impl NcclComm {
     }
 }
 
+/// Device memory from NCCL's allocator registered as a symmetric window
+/// of a communicator ([`NcclComm::symmetric_alloc`]). It is not freed on
+/// drop: [`release`](Self::release) deregisters and frees it.
+pub struct SymmetricMemory {
+    comm: Comm,
+    alive: Arc<AtomicBool>,
+    win: *mut c_void,
+    ptr: u64,
+    bytes: usize,
+}
+
+// SAFETY: plain device memory and handles; `release` is the only call
+// into NCCL, made by the one owner.
+unsafe impl Send for SymmetricMemory {}
+
+impl SymmetricMemory {
+    /// The device address of its first byte.
+    pub fn dptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Deregisters the window (while the communicator lives) and frees
+    /// the memory.
+    ///
+    /// # Safety
+    /// No work that uses the memory may still be pending on any stream,
+    /// and no NCCL call may run on the communicator concurrently.
+    pub unsafe fn release(self) {
+        let Ok(a) = api() else { return };
+        let Some(s) = a.symmetric.as_ref() else {
+            return;
+        };
+        if self.alive.load(Ordering::SeqCst) {
+            (s.window_deregister)(self.comm, self.win);
+        }
+        (s.mem_free)(ptr(self.ptr));
+    }
+}
+
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        self.alive.store(false, Ordering::SeqCst);
         if self.aborted {
             return;
         }

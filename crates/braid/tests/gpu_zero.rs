@@ -227,6 +227,47 @@ fn gpu_zero3_update_beside_the_forward_pass_changes_no_bits() {
     );
 }
 
+/// ZeRO-3's bf16 gathers on the copy engines (`BRAID_ZERO3_GATHER_VIA=ce`
+/// with NCCL's zero-CTA policy, the block buffers registered as symmetric
+/// windows of a split that runs only the gathers): the same losses and
+/// parameters as NCCL's kernels, bit for bit (a gather only moves bytes,
+/// and the reduce-scatters keep their ring kernels), over two ranks with
+/// and without checkpointing and over four where there are four; asked
+/// for without `NCCL_CTA_POLICY=2`, refused at start with the variable
+/// named.
+#[test]
+fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
+    let Some(n) = gpus(2) else {
+        return;
+    };
+    let dir = common::TempDir::new("gpu-zero3-ce-gathers");
+    let ce = [("BRAID_ZERO3_GATHER_VIA", "ce"), ("NCCL_CTA_POLICY", "2")];
+    zero3_same_bits_with(&dir, &ce);
+    if n < 4 {
+        let _ = writeln!(
+            std::io::stderr(),
+            "the 4-rank leg needs 4 GPUs ({n} here): not run"
+        );
+    } else {
+        // Over 4 ranks the order of a sum matters: a reduce-scatter on
+        // NCCL's symmetric kernels would show here.
+        let four = vec![(vec!["--nproc", "4", "--batch", "2"], "4")];
+        zero3_same_bits_over(&dir, &ce, four, &[false]);
+    }
+    let mut cmd = common::gpu::tiny_gpu_train();
+    cmd.args(["--batch", "4", "--steps", "1"])
+        .args(["--zero", "3", "--nproc", "2"])
+        .env("NCCL_NVLS_ENABLE", "0")
+        .env("BRAID_ZERO3_GATHER_VIA", "ce")
+        .env_remove("NCCL_CTA_POLICY");
+    let f = run(cmd, Duration::from_secs(120));
+    let out = format!("{}{}", f.stdout, f.stderr);
+    assert!(
+        f.code != Some(0) && out.contains("NCCL_CTA_POLICY=2"),
+        "{f:?}"
+    );
+}
+
 /// ZeRO-3 on the tiny model in bf16 (6 steps; one rank, and two where
 /// there are two; with and without checkpointing), by default and with
 /// `env`: the same losses and parameters, bit for bit.
@@ -236,11 +277,22 @@ fn zero3_same_bits_with(dir: &common::TempDir, env: &[(&str, &str)]) {
 
 /// [`zero3_same_bits_with`] with checkpointing as `ckpts` says.
 fn zero3_same_bits_under(dir: &common::TempDir, env: &[(&str, &str)], ckpts: &[bool]) {
-    let base = ["--steps", "6", "--grad-clip", "1.0", "--zero", "3"];
     let mut runs = vec![(vec!["--nproc", "1", "--batch", "8"], "1")];
     if gpus(2).is_some() {
         runs.push((vec!["--nproc", "2", "--batch", "4"], "2"));
     }
+    zero3_same_bits_over(dir, env, runs, ckpts);
+}
+
+/// [`zero3_same_bits_under`] over the given rank counts (each its
+/// arguments and a name).
+fn zero3_same_bits_over(
+    dir: &common::TempDir,
+    env: &[(&str, &str)],
+    runs: Vec<(Vec<&str>, &str)>,
+    ckpts: &[bool],
+) {
+    let base = ["--steps", "6", "--grad-clip", "1.0", "--zero", "3"];
     let tag = env.first().map_or("default", |e| e.1);
     for (ranks, n) in runs {
         for &ckpt in ckpts {

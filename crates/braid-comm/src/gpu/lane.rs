@@ -16,6 +16,10 @@ use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, Result, Stream};
 /// [`GpuCommunicator::group`]: super::GpuCommunicator::group
 pub struct Lane<'c> {
     nccl: &'c NcclComm,
+    /// Where the in-place all-gathers run, if not on `nccl`: the split
+    /// that owns the symmetric windows
+    /// ([`GpuCommunicator::symmetric_zeros`](super::GpuCommunicator::symmetric_zeros)).
+    gathers: Option<&'c NcclComm>,
     stream: &'c Stream,
     rank: usize,
     size: usize,
@@ -26,9 +30,16 @@ fn invalid(op: &str, why: String) -> CudaError {
 }
 
 impl<'c> Lane<'c> {
-    pub(crate) fn new(nccl: &'c NcclComm, stream: &'c Stream, rank: usize, size: usize) -> Self {
+    pub(crate) fn new(
+        nccl: &'c NcclComm,
+        gathers: Option<&'c NcclComm>,
+        stream: &'c Stream,
+        rank: usize,
+        size: usize,
+    ) -> Self {
         Lane {
             nccl,
+            gathers,
             stream,
             rank,
             size,
@@ -516,9 +527,12 @@ impl<'c> Lane<'c> {
         }
         let p = buf.dptr();
         let mine = p + (self.rank * c * std::mem::size_of::<T>()) as u64;
+        // The split that owns the symmetric windows, where there is one
+        // (the same ranks in the same order).
+        let comm = self.gathers.unwrap_or(self.nccl);
         // SAFETY: NCCL's in-place form (send = recv + rank * count) inside
         // the `dlen` elements `buf` addresses; it outlives the operation.
-        unsafe { self.nccl.all_gather(mine, p, c, T::DTYPE, self.stream) }
+        unsafe { comm.all_gather(mine, p, c, T::DTYPE, self.stream) }
     }
 
     /// All-gather from device memory that is not a whole buffer into

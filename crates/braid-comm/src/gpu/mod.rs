@@ -53,6 +53,12 @@ use watchdog::Watchdog;
 pub(crate) struct Member {
     pub(crate) device: Device,
     pub(crate) nccl: Mutex<NcclComm>,
+    /// A split of `nccl` that owns the symmetric windows (made by the
+    /// first [`GpuCommunicator::symmetric_zeros`]): the in-place
+    /// all-gathers run on it, with the copy engines, while every other
+    /// operation stays on `nccl`, whose reduce-scatters see no window and
+    /// keep their ring kernels (and their bits).
+    pub(crate) gathers: Mutex<Option<NcclComm>>,
     pub(crate) stream: Stream,
     /// Recorded on the main stream before each operation.
     pub(crate) before: Event,
@@ -67,12 +73,17 @@ impl Member {
             before: Event::new(&device)?,
             device,
             nccl: Mutex::new(nccl),
+            gathers: Mutex::new(None),
             pool: Mutex::new(Vec::new()),
         })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, NcclComm> {
         self.nccl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn lock_gathers(&self) -> MutexGuard<'_, Option<NcclComm>> {
+        self.gathers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn event(&self) -> braid_cuda::Result<Event> {
@@ -253,6 +264,33 @@ impl GpuCommunicator {
         &self.members[0].device
     }
 
+    /// `len` zeroed elements registered as a symmetric window of this
+    /// communicator's NCCL communicator (one GPU per process), for the
+    /// all-gathers NCCL runs on the copy engines under its zero-CTA policy
+    /// ([`DeviceBuffer::symmetric_zeros`]). Collective: every rank calls
+    /// it at the same point with the same `len`; blocks until all have.
+    pub fn symmetric_zeros<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        if self.members.len() != 1 {
+            return Err(CommError::Setup(format!(
+                "symmetric memory: one GPU per process, not {}",
+                self.members.len()
+            )));
+        }
+        self.check_usable()?;
+        let m = &self.members[0];
+        // (Locked in `enqueue`'s order: the communicator, then the split.)
+        let nccl = m.lock();
+        let mut gathers = m.lock_gathers();
+        if gathers.is_none() {
+            let split = nccl.split(Some(0), self.rank as i64);
+            *gathers = Some(split.map_err(cuda_setup_err)?.ok_or_else(|| {
+                CommError::Setup("splitting the communicator for symmetric gathers".to_string())
+            })?);
+        }
+        let comm = gathers.as_ref().expect("made above");
+        DeviceBuffer::symmetric_zeros(comm, len).map_err(cuda_setup_err)
+    }
+
     /// The host communicator this one was made from.
     pub fn host(&self) -> &Communicator {
         &self.host
@@ -367,6 +405,7 @@ impl GpuCommunicator {
         let err = |e| self.gpu_err(op, seq, e);
         let _enqueue = self.watchdog.enter(op, seq);
         let guards: Vec<_> = self.members.iter().map(|m| m.lock()).collect();
+        let gathers: Vec<_> = self.members.iter().map(|m| m.lock_gathers()).collect();
         for m in &self.members {
             m.order_after_main().map_err(err)?;
         }
@@ -382,9 +421,9 @@ impl GpuCommunicator {
         let mut lanes: Vec<Lane<'_>> = self
             .members
             .iter()
-            .zip(&guards)
+            .zip(guards.iter().zip(&gathers))
             .enumerate()
-            .map(|(k, (m, g))| Lane::new(g, &m.stream, self.rank + k, self.size))
+            .map(|(k, (m, (g, a)))| Lane::new(g, a.as_ref(), &m.stream, self.rank + k, self.size))
             .collect();
         let group = grouped || lanes.len() > 1;
         if group {
@@ -400,6 +439,7 @@ impl GpuCommunicator {
             queued.map_err(err)?;
         }
         drop(lanes);
+        drop(gathers);
         drop(guards);
         for (m, mark) in self.members.iter().zip(marks) {
             self.trace_op(m, mark, op, seq, shape).map_err(err)?;
@@ -497,7 +537,7 @@ impl GpuCommunicator {
             .iter()
             .zip(&guards)
             .enumerate()
-            .map(|(k, (m, g))| Lane::new(g, &m.stream, self.rank + k, self.size))
+            .map(|(k, (m, g))| Lane::new(g, None, &m.stream, self.rank + k, self.size))
             .collect();
         let many = lanes.len() > 1;
         let queued = (|| {
@@ -567,6 +607,9 @@ impl GpuCommunicator {
     pub(crate) fn abort_nccl(&self) {
         for m in &self.members {
             m.lock().abort();
+            if let Some(g) = m.lock_gathers().as_mut() {
+                g.abort();
+            }
         }
     }
 

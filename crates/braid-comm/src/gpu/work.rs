@@ -190,6 +190,13 @@ impl<'a> DeviceWork<'a> {
             if let Err(e) = err {
                 return Err(self.fail(e.to_string()));
             }
+            let err = m
+                .lock_gathers()
+                .as_ref()
+                .map_or(Ok(()), |g| g.async_error());
+            if let Err(e) = err {
+                return Err(self.fail(format!("(the gathers' communicator) {e}")));
+            }
         }
         let health = &self.comm.host().inner.health;
         if health.is_aborted() {

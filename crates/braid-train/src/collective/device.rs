@@ -50,6 +50,57 @@ pub struct DeviceCollective {
     /// Plain buckets through the copy engines instead of NCCL where they
     /// can serve (`BRAID_GPU_ALLREDUCE`): decided at the first session.
     copy_engine: Mutex<CopyEngineSlot>,
+    /// Block buffers registered as NCCL symmetric windows, so that the
+    /// parameter-sharded all-gathers into them run on the copy engines
+    /// (`BRAID_ZERO3_GATHER_VIA=ce`).
+    symmetric_blocks: bool,
+}
+
+/// Whether `BRAID_ZERO3_GATHER_VIA` asks for the copy engines (`ce`)
+/// rather than NCCL's kernels (`nccl`, the default), and whether that can
+/// run here: NCCL 2.27 or later, with `NCCL_CTA_POLICY=2` (its zero-CTA
+/// policy, read when the communicator was made).
+fn gathers_via_copy_engines(ranks: usize) -> Result<bool> {
+    gathers_via(
+        std::env::var("BRAID_ZERO3_GATHER_VIA").ok().as_deref(),
+        std::env::var("NCCL_CTA_POLICY").ok().as_deref(),
+        braid_cuda::nccl::NcclComm::has_symmetric_memory,
+        ranks,
+    )
+}
+
+/// [`gathers_via_copy_engines`] given the two variables' values and
+/// whether NCCL has symmetric memory.
+fn gathers_via(
+    choice: Option<&str>,
+    policy: Option<&str>,
+    symmetric: impl Fn() -> bool,
+    ranks: usize,
+) -> Result<bool> {
+    match choice.map(str::trim) {
+        None | Some("") | Some("nccl") => Ok(false),
+        Some("ce") => {
+            let policy = policy.unwrap_or_default();
+            if policy.trim() != "2" {
+                return Err(format!(
+                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy: set NCCL_CTA_POLICY=2 \
+                     as well (it is {}), or BRAID_ZERO3_GATHER_VIA=nccl",
+                    if policy.is_empty() { "unset".to_string() } else { format!("{policy:?}") }
+                ));
+            }
+            if !symmetric() {
+                return Err(
+                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL 2.28 or later (symmetric memory \
+                            windows and copy-engine all-gathers); use nccl"
+                        .to_string(),
+                );
+            }
+            Ok(ranks > 1)
+        }
+        Some(other) => Err(format!(
+            "BRAID_ZERO3_GATHER_VIA={other:?}: expected nccl or ce"
+        )),
+    }
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -70,7 +121,9 @@ impl DeviceCollective {
             ));
         }
         let copy_engine = CopyEngineSlot::Unset(choice);
+        let symmetric_blocks = gathers_via_copy_engines(gpu.size())?;
         Ok(DeviceCollective {
+            symmetric_blocks,
             kernels: HookKernels::load(&device).map_err(err)?,
             blas: Mutex::new(Blas::new(&device).map_err(err)?),
             copy_engine: Mutex::new(copy_engine),
@@ -317,6 +370,16 @@ impl Collective for DeviceCollective {
 
     fn zeros(&self, len: usize) -> Result<DeviceBuffer<f32>> {
         DeviceBuffer::zeros(self.gpu.device(), len).map_err(err)
+    }
+
+    fn block_buffer(&self, len: usize) -> Result<DeviceBuffer<f32>> {
+        match self.symmetric_blocks {
+            true => self
+                .gpu
+                .symmetric_zeros(len)
+                .map_err(|e| format!("a block buffer in an NCCL symmetric window: {e}")),
+            false => self.zeros(len),
+        }
     }
 
     fn all_gather_ranges(
@@ -767,5 +830,30 @@ impl DeviceMem<bf16> for Bf16Part {
     }
     fn dlen(&self) -> usize {
         self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gathers_via;
+
+    #[test]
+    fn copy_engine_gathers_are_asked_for_and_need_the_zero_cta_policy() {
+        let yes = || true;
+        assert_eq!(gathers_via(None, None, yes, 4), Ok(false));
+        assert_eq!(gathers_via(Some("nccl"), Some("2"), yes, 4), Ok(false));
+        assert_eq!(gathers_via(Some("ce"), Some("2"), yes, 4), Ok(true));
+        assert_eq!(gathers_via(Some("ce"), Some("2"), yes, 1), Ok(false));
+        let e = gathers_via(Some("ce"), None, yes, 4).unwrap_err();
+        assert!(
+            e.contains("NCCL_CTA_POLICY=2") && e.contains("unset"),
+            "{e}"
+        );
+        let e = gathers_via(Some("ce"), Some("1"), yes, 4).unwrap_err();
+        assert!(e.contains("\"1\""), "{e}");
+        let e = gathers_via(Some("ce"), Some("2"), || false, 4).unwrap_err();
+        assert!(e.contains("NCCL 2.28"), "{e}");
+        let e = gathers_via(Some("kernels"), None, yes, 4).unwrap_err();
+        assert!(e.contains("expected nccl or ce"), "{e}");
     }
 }

@@ -219,6 +219,17 @@ pub trait Collective {
     /// work.
     fn zeros(&self, len: usize) -> Result<<Self::Space as Space>::Flat>;
 
+    /// A zeroed buffer of `len` elements for a parameter-sharded
+    /// strategy's gathered blocks and block gradients
+    /// ([`shard_exchange`](Self::shard_exchange)'s `into` and `grads`).
+    /// Collective: every rank asks at the same point for the same `len`.
+    /// [`zeros`](Self::zeros) unless the collectives keep such buffers
+    /// apart (GPUs: registered for copy-engine all-gathers,
+    /// `BRAID_ZERO3_GATHER_VIA=ce`).
+    fn block_buffer(&self, len: usize) -> Result<<Self::Space as Space>::Flat> {
+        self.zeros(len)
+    }
+
     /// Sums each of `ranges` of `flat` over the ranks, in place (a
     /// hybrid-sharded run's replicas adding up their shards).
     fn all_reduce_ranges(

@@ -269,7 +269,7 @@ impl<C: Collective> Sharded<C> {
         let (mut buf, fresh) = match fit {
             Some(i) => (self.spare.swap_remove(i), false),
             None => {
-                let buf = group.zeros(room)?;
+                let buf = group.block_buffer(room)?;
                 self.hold(4 * room as u64);
                 (buf, true)
             }

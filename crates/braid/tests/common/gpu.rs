@@ -25,6 +25,15 @@ pub fn train_gpu(dir: &super::TempDir, name: &str, args: &[&str]) -> (Vec<f32>, 
     train_gpu_env(dir, name, args, &[])
 }
 
+/// `braid train --device cuda` on the tiny model (sequences of 32, seed
+/// 11, no evaluation): the command [`train_gpu`] runs, for more arguments.
+pub fn tiny_gpu_train() -> std::process::Command {
+    let mut cmd = braid();
+    cmd.args(["train", "--device", "cuda", "--seq", "32"])
+        .args(["--eval-every", "0", "--seed", "11"]);
+    cmd
+}
+
 /// [`train_gpu`] with extra environment variables.
 pub fn train_gpu_env(
     dir: &super::TempDir,
@@ -32,19 +41,8 @@ pub fn train_gpu_env(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Vec<f32>, serde_json::Value) {
-    let mut cmd = braid();
-    cmd.args([
-        "train",
-        "--device",
-        "cuda",
-        "--seq",
-        "32",
-        "--eval-every",
-        "0",
-        "--seed",
-        "11",
-    ])
-    .args(args);
+    let mut cmd = tiny_gpu_train();
+    cmd.args(args);
     let (model, doc) = run_saving(dir, name, cmd, env);
     let params = braid_model::checkpoint::load(&model)
         .expect("checkpoint")
