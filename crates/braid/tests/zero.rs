@@ -284,32 +284,50 @@ fn impossible_zero_setups_are_refused_at_start() {
         assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
         assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
     }
-    // ZeRO-3's update beside the forward pass: on GPUs only, and a bad
-    // value named.
-    for (args, value, want) in [
+    // ZeRO-3's update beside the forward pass and its copy-engine
+    // gathers: on GPUs only, and a bad value named.
+    let (beside, via) = ("BRAID_UPDATE_BESIDE", "BRAID_ZERO3_GATHER_VIA");
+    for (args, var, value, want) in [
         (
             &["--zero", "3", "--nproc", "2"][..],
+            beside,
             "on",
             "ZeRO-3's on GPUs",
         ),
         (
             &["--zero", "1", "--nproc", "2"][..],
+            beside,
             "on",
             "ZeRO-3's on GPUs",
         ),
         (
             &["--zero", "3", "--nproc", "2"][..],
+            beside,
             "yes",
             "BRAID_UPDATE_BESIDE=yes: expected on, off or auto",
         ),
+        (
+            &["--zero", "3", "--nproc", "2"][..],
+            via,
+            "ce",
+            "copy-engine gathers are ZeRO-3's on GPUs",
+        ),
+        (
+            &["--zero", "3", "--nproc", "2"][..],
+            via,
+            "kernels",
+            "BRAID_ZERO3_GATHER_VIA=\"kernels\": expected nccl or ce",
+        ),
     ] {
         let mut cmd = braid();
-        cmd.arg("train")
-            .args(args)
-            .env("BRAID_UPDATE_BESIDE", value);
+        cmd.arg("train").args(args).env(var, value);
         let f = run(cmd, Duration::from_secs(60));
-        assert_eq!(f.code, Some(2), "{args:?} {value}: {f:?}");
-        assert!(f.stderr.contains(want), "{args:?} {value}: {}", f.stderr);
+        assert_eq!(f.code, Some(2), "{args:?} {var}={value}: {f:?}");
+        assert!(
+            f.stderr.contains(want),
+            "{args:?} {var}={value}: {}",
+            f.stderr
+        );
         assert!(
             !f.stderr.contains("[rank"),
             "said by a worker: {}",

@@ -83,9 +83,14 @@ fn gathers_via(
             let policy = policy.unwrap_or_default();
             if policy.trim() != "2" {
                 return Err(format!(
-                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy: set NCCL_CTA_POLICY=2 \
-                     as well (it is {}), or BRAID_ZERO3_GATHER_VIA=nccl",
-                    if policy.is_empty() { "unset".to_string() } else { format!("{policy:?}") }
+                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 \
+                     (it is {}; `braid train` sets it for its workers when unset, another \
+                     launcher needs it set), or BRAID_ZERO3_GATHER_VIA=nccl",
+                    if policy.is_empty() {
+                        "unset".to_string()
+                    } else {
+                        format!("{policy:?}")
+                    }
                 ));
             }
             if !symmetric() {

@@ -362,6 +362,42 @@ fn update_beside_choice(zero: Option<u8>, cuda: bool) -> Result<bool, String> {
     }
 }
 
+/// `BRAID_ZERO3_GATHER_VIA=ce` (ZeRO-3's gathers on the copy engines) is
+/// ZeRO-3's on GPUs, and needs NCCL's zero-CTA policy, which NCCL reads
+/// when a communicator is made: the workers get `NCCL_CTA_POLICY=2` unless
+/// it is set (a value other than 2 is then refused by the workers).
+fn gather_via_env(zero: Option<u8>, cuda: bool) -> Result<Vec<(String, String)>, String> {
+    let policy = std::env::var("NCCL_CTA_POLICY").ok();
+    gather_via_env_given(
+        std::env::var("BRAID_ZERO3_GATHER_VIA").ok().as_deref(),
+        policy.as_deref(),
+        zero,
+        cuda,
+    )
+}
+
+fn gather_via_env_given(
+    via: Option<&str>,
+    policy: Option<&str>,
+    zero: Option<u8>,
+    cuda: bool,
+) -> Result<Vec<(String, String)>, String> {
+    match via.map(str::trim) {
+        Some("ce") if zero != Some(3) || !cuda => Err(
+            "BRAID_ZERO3_GATHER_VIA=ce: copy-engine gathers are ZeRO-3's on GPUs (--zero 3 or \
+             --fsdp, with --device cuda); drop the variable or add them"
+                .into(),
+        ),
+        Some("ce") if policy.is_none() => {
+            Ok(vec![("NCCL_CTA_POLICY".to_string(), "2".to_string())])
+        }
+        None | Some("" | "nccl" | "ce") => Ok(Vec::new()),
+        Some(other) => Err(format!(
+            "BRAID_ZERO3_GATHER_VIA={other:?}: expected nccl or ce"
+        )),
+    }
+}
+
 fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
     let Some(g) = a.gpu_memory else {
         return Ok(None);
@@ -682,11 +718,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         // Said once here too, not by every worker.
         update_beside_choice(zero, cuda)?;
+        let workers_env = gather_via_env(zero, cuda)?;
         // `--zero S --nproc 1`: a world of one rank, sharded over itself.
         if n > 1 || zero.is_some() {
             // JSON on stdout reaches it unprefixed.
             let json_stdout = a.json.as_ref().is_some_and(|j| j.is_stdout());
-            return super::workers::relaunch_locally(n, !json_stdout);
+            return super::workers::relaunch_locally_with(n, !json_stdout, workers_env);
         }
     }
     let world_size = world.as_ref().map_or(1, |w| w.world_size);
@@ -1339,8 +1376,38 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::default_lr;
+    use super::{default_lr, gather_via_env_given};
     use braid_model::config::GptConfig;
+
+    /// `BRAID_ZERO3_GATHER_VIA=ce`: ZeRO-3's on GPUs; the workers get
+    /// NCCL's zero-CTA policy unless the policy is set already.
+    #[test]
+    fn copy_engine_gathers_bring_the_zero_cta_policy() {
+        let policy = vec![("NCCL_CTA_POLICY".to_string(), "2".to_string())];
+        assert_eq!(
+            gather_via_env_given(Some("ce"), None, Some(3), true),
+            Ok(policy)
+        );
+        assert_eq!(
+            gather_via_env_given(Some("ce"), Some("2"), Some(3), true),
+            Ok(vec![])
+        );
+        assert_eq!(
+            gather_via_env_given(Some("ce"), Some("1"), Some(3), true),
+            Ok(vec![])
+        );
+        assert_eq!(gather_via_env_given(None, None, Some(3), true), Ok(vec![]));
+        assert_eq!(
+            gather_via_env_given(Some("nccl"), None, Some(3), true),
+            Ok(vec![])
+        );
+        let e = gather_via_env_given(Some("kernels"), None, Some(3), true).unwrap_err();
+        assert!(e.contains("expected nccl or ce"), "{e}");
+        for (zero, cuda) in [(Some(3), false), (Some(1), true), (None, true)] {
+            let e = gather_via_env_given(Some("ce"), None, zero, cuda).unwrap_err();
+            assert!(e.contains("--zero 3") && e.contains("--device cuda"), "{e}");
+        }
+    }
 
     #[test]
     fn default_learning_rate_follows_the_model_size() {
