@@ -659,35 +659,6 @@ pub trait Engine {
         Err("this engine cannot update sharded parameters".into())
     }
 
-    /// [`update_compact`](Self::update_compact) queued on a stream beside
-    /// the engine's, after the work queued on the engine's so far, in
-    /// `parts`: each a list of element ranges of `params` (together they
-    /// hold every element once), updated in that order, so that later
-    /// work can wait for the first parts only
-    /// ([`await_update`](Self::await_update)). Whatever reads or writes
-    /// `params`, `grads` or the optimizer's state must wait first.
-    /// `false`, with nothing queued, where the engine has no such stream
-    /// (the default): the caller then calls `update_compact`.
-    fn update_compact_beside(
-        &mut self,
-        params: &mut Flat<Self>,
-        grads: &Flat<Self>,
-        step: UpdateStep,
-        parts: &[Vec<Range<usize>>],
-    ) -> Result<bool> {
-        let _ = (params, grads, step, parts);
-        Ok(false)
-    }
-
-    /// The engine's stream waits for parts `..=part` of the update that
-    /// [`update_compact_beside`](Self::update_compact_beside) queued (all
-    /// of them: `None`); nothing where no update is in flight (the
-    /// default).
-    fn await_update(&mut self, part: Option<usize>) -> Result<()> {
-        let _ = part;
-        Ok(())
-    }
-
     /// Has the whole gradient buffer written unit by unit from the next
     /// step on: [`zero_grads`](Self::zero_grads) then clears nothing, and
     /// each backward unit of a step's first micro-batch first clears what

@@ -109,8 +109,6 @@ pub struct Zero3<C: Collective> {
     final_gather: bool,
     /// [`Zero3::with_split_reduce`].
     split_reduce: bool,
-    /// [`Zero3::with_update_beside`].
-    update_beside: bool,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -132,7 +130,6 @@ impl<C: Collective> Zero3<C> {
             half_gathers: true,
             final_gather: true,
             split_reduce: false,
-            update_beside: false,
             state: None,
             last: CommStep::default(),
         })
@@ -188,18 +185,6 @@ impl<C: Collective> Zero3<C> {
     /// default. Set before [`Strategy::start`].
     pub fn with_split_reduce(mut self, on: bool) -> Self {
         self.split_reduce = on;
-        self
-    }
-
-    /// Queues each update beside the engine's work where the engine can
-    /// ([`Engine::update_compact_beside`]), in the order the next forward
-    /// pass reads the master shard ([`update_order`]): its units wait for
-    /// the parts they gather or write saved activations into, and the rest
-    /// of the update runs under them. Off by default (on 4 H100s at 12.85B
-    /// no faster: the products leave AdamW no idle SMs); stage 3 only.
-    /// Set before [`Strategy::start`].
-    pub fn with_update_beside(mut self, on: bool) -> Self {
-        self.update_beside = on;
         self
     }
 
@@ -299,9 +284,6 @@ impl<C: Collective> Zero3<C> {
                     .into(),
             );
         }
-        // Point 0 of the update's order: the refresh and the first gather
-        // read the master shard.
-        engine.await_update(Some(0))?;
         let mut step = st.refresh_side(group, engine)?;
         engine.forward_begin(batch, grad)?;
         let all = st.units.clone();
@@ -311,9 +293,6 @@ impl<C: Collective> Zero3<C> {
         let mut loss = None;
         for (u, reads) in units.iter().enumerate() {
             memory_phase::enter(Phase::ForwardUnit(u));
-            // Point u + 1: the next unit's gather, this unit's saved
-            // activations in the gradient shard's memory.
-            engine.await_update(Some(u + 1))?;
             let next: &[usize] = units.get(u + 1).map_or(&[], |r| r);
             let (done, s) = st.run_unit(group, reads, &[], next, &[], &mut |params, _| {
                 engine.forward_unit(u, params)
@@ -328,8 +307,6 @@ impl<C: Collective> Zero3<C> {
                 }
             }
         }
-        // The backward pass writes the gradients the update reads.
-        engine.await_update(None)?;
         if grad {
             // Evaluation's gathers are not the step's.
             self.last.add(step);
@@ -594,17 +571,12 @@ where
             micro: 0,
             lent: 0,
             lent_runs: Vec::new(),
-            update_parts: Vec::new(),
             half,
             side,
             label: name,
         });
         if self.saved_in_grads && self.params_sharded() {
             self.lend_grads(engine)?;
-        }
-        if self.update_beside && self.params_sharded() {
-            let st = self.state.as_mut().ok_or("ZeRO-3: started without state")?;
-            st.update_parts = st.parts_in_forward_order();
         }
         Ok(())
     }
@@ -641,8 +613,7 @@ where
         self.backward_pass(engine, timeline)
     }
 
-    fn before_update(&mut self, engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
-        engine.await_update(None)?;
+    fn before_update(&mut self, _engine: &mut E, _grads: &mut Flat<E>) -> Result<()> {
         if let (Some((_, replicas)), Some(st)) = (&self.hybrid, &mut self.state) {
             // Each group summed its own share of the batch: add the groups'.
             let all = 0..<C::Space as Space>::len(&st.grads);
@@ -669,12 +640,6 @@ where
         match sharded {
             true => {
                 st.master_changed();
-                let parts = &st.update_parts;
-                if !parts.is_empty()
-                    && engine.update_compact_beside(&mut st.master, &st.grads, step, parts)?
-                {
-                    return Ok(());
-                }
                 engine.update_compact(&mut st.master, &st.grads, step)
             }
             false => engine.update_shard(&st.grads, step),
@@ -700,9 +665,6 @@ where
     }
 
     fn finish(&mut self, engine: &mut E) -> Result<()> {
-        // The last update beside the stream is through before anything
-        // (or the strategy's buffers) goes.
-        engine.await_update(None)?;
         engine.synchronize()?;
         if !self.params_sharded() {
             // Stage 2: the engine holds the whole parameters throughout.
@@ -806,8 +768,6 @@ where
             return checkpoint::whole_part(engine, ranges, staging);
         }
         let writes = !ranges.is_empty();
-        // The update beside the stream wrote the master shard and moments.
-        engine.await_update(None)?;
         engine.synchronize()?;
         let (_, st) = self.started()?;
         let len = ranges.iter().map(|r| r.len()).sum();
@@ -830,7 +790,6 @@ where
     }
 
     fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
-        engine.await_update(None)?;
         engine.synchronize()?;
         if !self.params_sharded() {
             let (_, st) = self.started()?;
@@ -858,5 +817,4 @@ where
 }
 
 mod sharded;
-mod update_order;
 use sharded::{side_runs, Sharded, SideRefresh};

@@ -198,35 +198,6 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
-/// ZeRO-3 queuing each update beside the engine's stream, in the order the
-/// next forward pass reads the master shard (`BRAID_UPDATE_BESIDE=on`;
-/// off by default): the same bits as the update on the engine's stream
-/// (parameters and every loss, one rank and two where there are two,
-/// with and without checkpointing; with evaluation passes between steps
-/// and the model saved at the end); on `L12-H10-C1280` the step times of
-/// both are printed (the speed is a benchmark's to judge) and the peaks
-/// are the same.
-#[test]
-fn gpu_zero3_update_beside_the_forward_pass_changes_no_bits() {
-    if gpus(1).is_none() {
-        return;
-    }
-    let dir = common::TempDir::new("gpu-zero3-beside");
-    let on = [("BRAID_UPDATE_BESIDE", "on")];
-    zero3_same_bits_with(&dir, &on);
-    zero3_evaluating_same_bits_with(&dir, &on);
-    let ([_, peak_off, step_off], [_, peak, step], _) = zero3_l12_beside(&on);
-    let _ = writeln!(
-        std::io::stderr(),
-        "ZeRO-3 L12-H10-C1280 B8 T1024 checkpointing: update beside the stream: median step \
-         {step} ms, peak {peak} GiB; on the stream: {step_off} ms, {peak_off} GiB"
-    );
-    assert!(
-        (peak - peak_off).abs() <= 0.01,
-        "peak {peak} GiB beside, {peak_off} GiB on the stream"
-    );
-}
-
 /// ZeRO-3's bf16 gathers on the copy engines (`BRAID_ZERO3_GATHER_VIA=ce`
 /// with NCCL's zero-CTA policy, the block buffers registered as symmetric
 /// windows of a split that runs only the gathers): the same losses and

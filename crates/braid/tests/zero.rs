@@ -284,27 +284,15 @@ fn impossible_zero_setups_are_refused_at_start() {
         assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
         assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
     }
-    // ZeRO-3's update beside the forward pass and its copy-engine
-    // gathers: on GPUs only, and a bad value named.
+    // ZeRO-3's update beside the forward pass: removed, and said so; its
+    // copy-engine gathers: on GPUs only, and a bad value named.
     let (beside, via) = ("BRAID_UPDATE_BESIDE", "BRAID_ZERO3_GATHER_VIA");
     for (args, var, value, want) in [
         (
             &["--zero", "3", "--nproc", "2"][..],
             beside,
             "on",
-            "ZeRO-3's on GPUs",
-        ),
-        (
-            &["--zero", "1", "--nproc", "2"][..],
-            beside,
-            "on",
-            "ZeRO-3's on GPUs",
-        ),
-        (
-            &["--zero", "3", "--nproc", "2"][..],
-            beside,
-            "yes",
-            "BRAID_UPDATE_BESIDE=yes: expected on, off or auto",
+            "BRAID_UPDATE_BESIDE=on: ZeRO-3's update beside the forward pass was removed",
         ),
         (
             &["--zero", "3", "--nproc", "2"][..],

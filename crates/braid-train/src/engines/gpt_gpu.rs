@@ -34,7 +34,6 @@ use std::sync::Arc;
 mod build;
 mod sharded;
 mod units;
-mod update_beside;
 use units::*;
 
 fn e(x: impl std::fmt::Display) -> String {
@@ -199,10 +198,6 @@ enum Step {
 
 /// A GPT model trained on one GPU with AdamW.
 pub struct GpuGpt {
-    /// Under ZeRO-3, the update queued beside the engine's stream (first,
-    /// so that it is dropped first: its stream's work ends before the
-    /// moments go).
-    beside: Option<update_beside::UpdateBeside>,
     layout: std::sync::Arc<braid_model::Layout>,
     model: Model,
     /// Device bytes the model's buffers hold (activations and the passes'
@@ -428,8 +423,6 @@ impl GpuGpt {
         compact: bool,
         step: UpdateStep,
     ) -> Result<()> {
-        // An update queued beside the stream is through first.
-        self.await_beside(None)?;
         self.moments_ready()?;
         let h = self.adam_step(step);
         for (r, at, segs) in &self.shard {
@@ -1189,20 +1182,6 @@ impl Engine for GpuGpt {
         self.update_master_shard(params, grads, step)
     }
 
-    fn update_compact_beside(
-        &mut self,
-        params: &mut DeviceBuffer<f32>,
-        grads: &DeviceBuffer<f32>,
-        step: UpdateStep,
-        parts: &[Vec<Range<usize>>],
-    ) -> Result<bool> {
-        self.update_master_beside(params, grads, step, parts)
-    }
-
-    fn await_update(&mut self, part: Option<usize>) -> Result<()> {
-        self.await_beside(part)
-    }
-
     fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
         // The bf16 model over its whole parameters, every layer one unit
         // (no deferred weight gradients), its optimizer on the GPU.
@@ -1284,7 +1263,6 @@ impl Engine for GpuGpt {
 
     fn release_optimizer_state(&mut self) -> Result<()> {
         if self.offload.is_none() {
-            self.await_beside(None)?;
             self.compute_stream().synchronize().map_err(e)?;
             self.m = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
             self.v = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;

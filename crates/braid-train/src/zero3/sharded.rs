@@ -53,10 +53,6 @@ pub(super) struct Sharded<C: Collective> {
     /// Those activations' elements of the gradient shard, each with the
     /// first forward unit that writes them.
     pub(super) lent_runs: Vec<(Range<usize>, usize)>,
-    /// The parts of an update queued beside the engine's stream, in the
-    /// order the forward pass needs them ([`update_order`]); empty: the
-    /// update runs on the engine's stream.
-    pub(super) update_parts: Vec<Vec<Range<usize>>>,
     /// Per block: gathered in bf16 (half the elements).
     pub(super) half: Vec<bool>,
     /// The f32 tensors of the bf16 blocks, kept whole on every rank.
@@ -181,19 +177,6 @@ impl<C: Collective> Sharded<C> {
         if let Some(sr) = &mut self.side {
             sr.stale = true;
         }
-    }
-
-    /// The parts of an update beside the engine's stream: point 0 the
-    /// side refresh and the first unit's gather, point `u + 1` (before
-    /// forward unit `u`) the next unit's gather and the saved
-    /// activations unit `u` writes first in the gradient shard's memory.
-    pub(super) fn parts_in_forward_order(&self) -> Vec<Vec<Range<usize>>> {
-        let side: Vec<Range<usize>> = self
-            .side
-            .iter()
-            .flat_map(|sr| sr.mine.iter().map(|&(at, _, len)| at..at + len))
-            .collect();
-        update_order::forward_order(&self.units.forward, &self.slots, &side, &self.lent_runs)
     }
 
     pub(super) fn hold(&mut self, bytes: u64) {

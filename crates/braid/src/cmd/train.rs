@@ -68,8 +68,8 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     (N: kept in the last N layers)
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
-  BRAID_UPDATE_BESIDE=on|off        ZeRO-3 on GPUs: the optimizer's update beside the next forward
-                                    pass, in the order its units read the master shard (off)
+  BRAID_ZERO3_GATHER_VIA=nccl|ce    ZeRO-3 on GPUs: gather the layers with NCCL's kernels or, with
+                                    NCCL 2.28's zero-CTA policy, its copy engines (nccl)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
                                     gradients (on)
@@ -345,20 +345,21 @@ pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimi
     }
 }
 
-/// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
-/// `BRAID_UPDATE_BESIDE=on|off`: ZeRO-3's update queued beside the next
-/// forward pass. Off by default: measured on 4 H100s at 12.85B, no faster
-/// (the forward pass's products leave AdamW no idle SMs). Asked for where
-/// no such update exists (no ZeRO-3, or the CPU engine, which has one
-/// stream), refused with what it needs.
-fn update_beside_choice(zero: Option<u8>, cuda: bool) -> Result<bool, String> {
-    match super::preflight::env_choice("BRAID_UPDATE_BESIDE", "on", "off")? {
-        Some(true) if zero != Some(3) || !cuda => Err(
-            "BRAID_UPDATE_BESIDE=on: the update beside the next forward pass is ZeRO-3's on \
-             GPUs (--zero 3 or --fsdp, with --device cuda); drop the variable or add them"
-                .into(),
-        ),
-        choice => Ok(choice.unwrap_or(false)),
+/// `BRAID_UPDATE_BESIDE` is gone: ZeRO-3's update queued beside the next
+/// forward pass measured no faster on 4 H100s at 12.85B (the forward
+/// pass's products leave AdamW no idle SMs; `BENCHMARKS.md`) and was
+/// removed. `off`, what it did by default, is still accepted; anything
+/// else is refused rather than silently ignored.
+fn update_beside_removed() -> Result<(), String> {
+    match std::env::var("BRAID_UPDATE_BESIDE")
+        .as_deref()
+        .map(str::trim)
+    {
+        Err(_) | Ok("" | "off") => Ok(()),
+        Ok(v) => Err(format!(
+            "BRAID_UPDATE_BESIDE={v}: ZeRO-3's update beside the forward pass was removed \
+             (measured no faster; BENCHMARKS.md); unset the variable"
+        )),
     }
 }
 
@@ -398,6 +399,7 @@ fn gather_via_env_given(
     }
 }
 
+/// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
 fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
     let Some(g) = a.gpu_memory else {
         return Ok(None);
@@ -717,7 +719,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
         }
         // Said once here too, not by every worker.
-        update_beside_choice(zero, cuda)?;
+        update_beside_removed()?;
         let workers_env = gather_via_env(zero, cuda)?;
         // `--zero S --nproc 1`: a world of one rank, sharded over itself.
         if n > 1 || zero.is_some() {
@@ -995,6 +997,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             (cfg.vocab_size as f64).ln()
         );
     }
+    // (A worker started by another launcher checks it too.)
+    update_beside_removed()?;
     let shard_choice = ShardChoice {
         stage: zero,
         shard_group: a.shard_group,
@@ -1007,7 +1011,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             zero.unwrap_or(0),
             a.checkpointing,
         )?,
-        update_beside: update_beside_choice(zero, cuda)?,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,

@@ -102,11 +102,6 @@ pub struct ShardChoice {
     /// Stage 3: the tied embeddings' gradients reduce-scattered in two
     /// parts (`preflight::split_embedding_grads`).
     pub split_reduce: bool,
-    /// Stage 3: each update queued beside the engine's stream, in the
-    /// order the next forward pass reads the master shard
-    /// (`BRAID_UPDATE_BESIDE`, off by default: measured no faster;
-    /// engines without a second stream update in place).
-    pub update_beside: bool,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -130,7 +125,6 @@ where
         half_gathers,
         final_gather,
         split_reduce,
-        update_beside,
     } = choice;
     Ok(match stage {
         Some(3) => Box::new(
@@ -138,8 +132,7 @@ where
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers)
                 .with_final_gather(final_gather)
-                .with_split_reduce(split_reduce)
-                .with_update_beside(update_beside),
+                .with_split_reduce(split_reduce),
         ),
         // Stage 2 writes gradients block by block (no whole buffer).
         Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),

@@ -193,7 +193,6 @@ impl GpuGpt {
             }
         };
         Ok(GpuGpt {
-            beside: None,
             // AdamW's moments come at the first update (for the shard the
             // optimizer owns by then), so that a sharded run never holds
             // the whole buffer's.
