@@ -302,6 +302,18 @@ fn output_is_plain_where_it_is_read_by_programs() {
     let f = braid_in(dir.path(), &["bench", "all_reduce", "-b", "1G", "-e", "8"]);
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("larger than -e"), "{}", f.stderr);
+    // --symmetric: NCCL's windows, for all_gather on GPUs only.
+    for (args, want) in [
+        (&["all_gather", "--symmetric"][..], "needs --device cuda"),
+        (
+            &["all_reduce", "--device", "cuda", "--symmetric"][..],
+            "has no all_gather",
+        ),
+    ] {
+        let f = braid_in(dir.path(), &[&["bench"][..], args].concat());
+        assert_ne!(f.code, Some(0), "{args:?}");
+        assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
+    }
     // JSON on stdout alone, the table moved to stderr.
     let f = braid_in(
         dir.path(),

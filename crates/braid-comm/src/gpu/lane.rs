@@ -325,9 +325,11 @@ impl<'c> Lane<'c> {
         if c == 0 {
             return Ok(());
         }
+        // On the split that owns the symmetric windows, where there is one.
+        let comm = self.gathers.unwrap_or(self.nccl);
         // SAFETY: NCCL's in-place form: send = recv + rank * count.
         unsafe {
-            self.nccl.all_gather(
+            comm.all_gather(
                 buf.ptr_at(self.rank * c),
                 buf.device_ptr(),
                 c,

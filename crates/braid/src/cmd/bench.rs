@@ -21,6 +21,7 @@ Examples:
   braid launch --standalone --nproc-per-node 2 -- braid bench all_gather -d bf16
   braid bench all_reduce --device cuda --nproc-per-node 4 -b 8 -e 1G -f 4 --check
   braid bench all_reduce --device cuda -g 4 --graph
+  braid bench all_gather --device cuda --nproc-per-node 4 --symmetric
 Operations: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather scatter sendrecv"
 )]
 pub struct BenchArgs {
@@ -92,6 +93,14 @@ pub struct BenchArgs {
     /// --graph, whose replays are one launch).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace: Option<std::path::PathBuf>,
+    /// all_gather's output buffers in NCCL symmetric windows (NCCL 2.27 or
+    /// later) of a communicator that runs only the in-place all-gathers,
+    /// under NCCL's zero-CTA policy (NCCL_CTA_POLICY=2, given to the
+    /// workers when unset): with NCCL 2.28 the in-place column runs on the
+    /// copy engines, the out-of-place column on NCCL's kernels
+    /// (--device cuda, one GPU per process; nccl-tests' -R 2).
+    #[arg(long)]
+    pub(crate) symmetric: bool,
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -118,6 +127,36 @@ const OPS: [&str; 9] = [
     "scatter",
     "sendrecv",
 ];
+
+/// `--symmetric`'s checks, and what the workers need for it: NCCL's
+/// zero-CTA policy where it is not set (another value is refused: the
+/// in-place all-gathers would not run on the copy engines).
+fn symmetric_env(args: &BenchArgs, cuda: bool) -> Result<Vec<(String, String)>, String> {
+    if !args.symmetric {
+        return Ok(Vec::new());
+    }
+    if !cuda || args.gpus != 1 {
+        return Err("--symmetric needs --device cuda and one GPU per process (-g 1)".into());
+    }
+    if !args.op.split(',').any(|op| op == "all_gather") {
+        return Err(format!(
+            "--symmetric registers all_gather's buffers; the operation {:?} has no all_gather",
+            args.op
+        ));
+    }
+    match std::env::var("NCCL_CTA_POLICY")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        None => Ok(vec![("NCCL_CTA_POLICY".into(), "2".into())]),
+        Some("2") => Ok(Vec::new()),
+        Some(other) => Err(format!(
+            "--symmetric needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 (it is {other:?}); \
+             unset it or set it to 2"
+        )),
+    }
+}
 
 /// Runs `braid bench`.
 pub fn run(args: BenchArgs) -> Result<i32, String> {
@@ -158,11 +197,18 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     if args.gpus == 0 {
         return Err("-g must be at least 1".into());
     }
+    let workers_env = symmetric_env(&args, cuda)?;
     match args.np {
-        Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
+        Some(np) => {
+            return super::workers::relaunch_locally_with(
+                np.count()?,
+                args.prefix_ranks,
+                workers_env,
+            )
+        }
         // Not launched and no count: one local worker, as nccl-tests runs.
         None if !super::workers::launched() => {
-            return super::workers::relaunch_locally(1, args.prefix_ranks)
+            return super::workers::relaunch_locally_with(1, args.prefix_ranks, workers_env)
         }
         None => {}
     }

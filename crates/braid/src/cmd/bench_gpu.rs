@@ -221,6 +221,9 @@ fn gpu_error(gpu: &GpuCommunicator, e: braid_cuda::CudaError) -> braid_comm::Com
 
 impl<'g, T: Element> Case<'g, T> {
     /// Allocates the buffers; `count` is per rank for per-rank operations.
+    /// With `symmetric` the output buffers lie in NCCL symmetric windows
+    /// (`--symmetric`: one GPU per process; collective, every rank
+    /// allocates its case at the same point).
     pub(crate) fn new(
         gpu: &'g GpuCommunicator,
         op: &str,
@@ -228,6 +231,7 @@ impl<'g, T: Element> Case<'g, T> {
         in_place: bool,
         root: usize,
         redop: ReduceOp,
+        symmetric: bool,
     ) -> braid_comm::Result<Self> {
         let n = gpu.size();
         let mut bufs = Vec::new();
@@ -249,7 +253,10 @@ impl<'g, T: Element> Case<'g, T> {
             } else {
                 out_len
             };
-            let out = DeviceBuffer::zeros(dev, out_alloc).map_err(|e| gpu_error(gpu, e))?;
+            let out = match symmetric {
+                true => gpu.symmetric_zeros(out_alloc)?,
+                false => DeviceBuffer::zeros(dev, out_alloc).map_err(|e| gpu_error(gpu, e))?,
+            };
             bufs.push(Bufs {
                 rank: r,
                 input,
@@ -393,7 +400,8 @@ fn time_op<T: Element>(
     a: &BenchArgs,
     redop: ReduceOp,
 ) -> braid_comm::Result<(f64, Option<u64>)> {
-    let mut case = Case::<T>::new(gpu, op, count, in_place, a.root, redop)?;
+    let symmetric = a.symmetric && op == "all_gather";
+    let mut case = Case::<T>::new(gpu, op, count, in_place, a.root, redop, symmetric)?;
     let t = case.time(a.warmup, iters, a.graph, a.timer == "rank0")?;
     let wrong = if a.check {
         let mut w = [case.check()? as i64];

@@ -118,7 +118,7 @@ fn group<T: Element>(gpu: &GpuCommunicator, op: &str) -> Result<u64, String> {
                 let bad = match op {
                     "all_gather_v" => all_gather_v::<T>(gpu, count)?,
                     "all_to_all_v" => all_to_all_v::<T>(gpu, count)?,
-                    _ => Case::<T>::new(gpu, op, count, in_place, root, redop)
+                    _ => Case::<T>::new(gpu, op, count, in_place, root, redop, false)
                         .and_then(|mut c| c.check())
                         .map_err(|e| format!("{op} {} count {count}: {e}", T::DTYPE))?,
                 };
