@@ -752,7 +752,6 @@ impl NcclComm {
             alive: self.alive.clone(),
             win,
             ptr: p as usize as u64,
-            bytes,
         })
     }
 
@@ -863,7 +862,6 @@ pub struct SymmetricMemory {
     alive: Arc<AtomicBool>,
     win: *mut c_void,
     ptr: u64,
-    bytes: usize,
 }
 
 // SAFETY: plain device memory and handles; `release` is the only call
@@ -874,11 +872,6 @@ impl SymmetricMemory {
     /// The device address of its first byte.
     pub fn dptr(&self) -> u64 {
         self.ptr
-    }
-
-    /// Its size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 
     /// Deregisters the window (while the communicator lives) and frees

@@ -77,35 +77,30 @@ fn gathers_via(
     symmetric: impl Fn() -> bool,
     ranks: usize,
 ) -> Result<bool> {
-    match choice.map(str::trim) {
-        None | Some("") | Some("nccl") => Ok(false),
-        Some("ce") => {
-            let policy = policy.unwrap_or_default();
-            if policy.trim() != "2" {
-                return Err(format!(
-                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 \
-                     (it is {}; `braid train` sets it for its workers when unset, another \
-                     launcher needs it set), or BRAID_ZERO3_GATHER_VIA=nccl",
-                    if policy.is_empty() {
-                        "unset".to_string()
-                    } else {
-                        format!("{policy:?}")
-                    }
-                ));
-            }
-            if !symmetric() {
-                return Err(
-                    "BRAID_ZERO3_GATHER_VIA=ce needs NCCL 2.28 or later (symmetric memory \
-                            windows and copy-engine all-gathers); use nccl"
-                        .to_string(),
-                );
-            }
-            Ok(ranks > 1)
-        }
-        Some(other) => Err(format!(
-            "BRAID_ZERO3_GATHER_VIA={other:?}: expected nccl or ce"
-        )),
+    if !super::zero_cta::gathers_via_copy_engines(choice)? {
+        return Ok(false);
     }
+    let policy = policy.unwrap_or_default();
+    if policy.trim() != super::zero_cta::ZERO_CTA_POLICY.1 {
+        return Err(format!(
+            "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 \
+             (it is {}; `braid train` sets it for its workers when unset, another \
+             launcher needs it set), or BRAID_ZERO3_GATHER_VIA=nccl",
+            if policy.is_empty() {
+                "unset".to_string()
+            } else {
+                format!("{policy:?}")
+            }
+        ));
+    }
+    if !symmetric() {
+        return Err(
+            "BRAID_ZERO3_GATHER_VIA=ce needs NCCL 2.28 or later (symmetric memory windows and \
+             copy-engine all-gathers); use nccl"
+                .to_string(),
+        );
+    }
+    Ok(ranks > 1)
 }
 
 fn err(e: impl std::fmt::Display) -> String {

@@ -144,17 +144,14 @@ fn symmetric_env(args: &BenchArgs, cuda: bool) -> Result<Vec<(String, String)>, 
             args.op
         ));
     }
-    match std::env::var("NCCL_CTA_POLICY")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
-        None => Ok(vec![("NCCL_CTA_POLICY".into(), "2".into())]),
-        Some("2") => Ok(Vec::new()),
-        Some(other) => Err(format!(
+    use braid_train::collective::zero_cta;
+    let policy = std::env::var(zero_cta::ZERO_CTA_POLICY.0).ok();
+    match policy.as_deref().map(str::trim) {
+        Some(other) if other != zero_cta::ZERO_CTA_POLICY.1 => Err(format!(
             "--symmetric needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 (it is {other:?}); \
              unset it or set it to 2"
         )),
+        _ => Ok(zero_cta::zero_cta_policy_for_workers(policy.as_deref())),
     }
 }
 

@@ -383,20 +383,18 @@ fn gather_via_env_given(
     zero: Option<u8>,
     cuda: bool,
 ) -> Result<Vec<(String, String)>, String> {
-    match via.map(str::trim) {
-        Some("ce") if zero != Some(3) || !cuda => Err(
+    use braid_train::collective::zero_cta;
+    if !zero_cta::gathers_via_copy_engines(via)? {
+        return Ok(Vec::new());
+    }
+    if zero != Some(3) || !cuda {
+        return Err(
             "BRAID_ZERO3_GATHER_VIA=ce: copy-engine gathers are ZeRO-3's on GPUs (--zero 3 or \
              --fsdp, with --device cuda); drop the variable or add them"
                 .into(),
-        ),
-        Some("ce") if policy.is_none() => {
-            Ok(vec![("NCCL_CTA_POLICY".to_string(), "2".to_string())])
-        }
-        None | Some("" | "nccl" | "ce") => Ok(Vec::new()),
-        Some(other) => Err(format!(
-            "BRAID_ZERO3_GATHER_VIA={other:?}: expected nccl or ce"
-        )),
+        );
     }
+    Ok(zero_cta::zero_cta_policy_for_workers(policy))
 }
 
 /// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
