@@ -268,7 +268,8 @@ impl GpuCommunicator {
     /// communicator's NCCL communicator (one GPU per process), for the
     /// all-gathers NCCL runs on the copy engines under its zero-CTA policy
     /// ([`DeviceBuffer::symmetric_zeros`]). Collective: every rank calls
-    /// it at the same point with the same `len`; blocks until all have.
+    /// it at the same point with the same `len`; blocks until all have
+    /// (within the host communicator's timeout).
     pub fn symmetric_zeros<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         if self.members.len() != 1 {
             return Err(CommError::Setup(format!(
@@ -277,6 +278,10 @@ impl GpuCommunicator {
             )));
         }
         self.check_usable()?;
+        // NCCL's split and registration wait for every rank without a
+        // bound: meet first on the host, where a missing rank times out
+        // and is named (as `split` does).
+        self.host.barrier()?;
         let m = &self.members[0];
         // (Locked in `enqueue`'s order: the communicator, then the split.)
         let nccl = m.lock();
