@@ -136,6 +136,65 @@ struct SymmetricApi {
 /// same offset into its window.
 const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
+/// `ncclConfig_t` as nccl.h declares it from 2.28 (`ncclConfig_v22800`).
+/// NCCL reads `size` bytes of it at most and ignores the fields newer than
+/// `version`, so an older 2.27 library takes it too.
+#[repr(C)]
+struct Config {
+    size: usize,
+    magic: std::ffi::c_uint,
+    version: std::ffi::c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+    traffic_class: c_int,
+    comm_name: *const c_char,
+    collnet_enable: c_int,
+    cta_policy: c_int,
+    shrink_share: c_int,
+    nvls_ctas: c_int,
+    n_channels_per_net_peer: c_int,
+    nvlink_centric_sched: c_int,
+}
+
+/// `NCCL_CONFIG_UNDEF_INT`: a field NCCL fills with its default.
+const CONFIG_UNDEF: c_int = c_int::MIN;
+
+/// `NCCL_CTA_POLICY_ZERO`: collectives that can run on the copy engines
+/// (all-gathers into symmetric windows, one node) do, using no SMs.
+const CTA_POLICY_ZERO: c_int = 0x02;
+
+/// The first NCCL version that all-gathers on the copy engines (2.28.0).
+const COPY_ENGINE_GATHERS_VERSION: c_int = 22800;
+
+impl Config {
+    /// `NCCL_CONFIG_INITIALIZER` with the CTA policy set to `policy`.
+    fn with_cta_policy(policy: c_int) -> Config {
+        Config {
+            size: std::mem::size_of::<Config>(),
+            magic: 0xcafe_beef,
+            version: COPY_ENGINE_GATHERS_VERSION as std::ffi::c_uint,
+            blocking: CONFIG_UNDEF,
+            cga_cluster_size: CONFIG_UNDEF,
+            min_ctas: CONFIG_UNDEF,
+            max_ctas: CONFIG_UNDEF,
+            net_name: std::ptr::null(),
+            split_share: CONFIG_UNDEF,
+            traffic_class: CONFIG_UNDEF,
+            comm_name: std::ptr::null(),
+            collnet_enable: CONFIG_UNDEF,
+            cta_policy: policy,
+            shrink_share: CONFIG_UNDEF,
+            nvls_ctas: CONFIG_UNDEF,
+            n_channels_per_net_peer: CONFIG_UNDEF,
+            nvlink_centric_sched: CONFIG_UNDEF,
+        }
+    }
+}
+
 // SAFETY: the table holds function pointers into a library that stays
 // loaded for the life of the process.
 unsafe impl Send for Api {}
@@ -520,6 +579,32 @@ impl NcclComm {
     /// ordered by `key`; `None` takes part without joining one. Collective
     /// over this communicator.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<NcclComm>> {
+        self.split_with(color, key, None)
+    }
+
+    /// [`split`](Self::split) into a communicator under NCCL's zero-CTA
+    /// policy (`NCCL_CTA_POLICY_ZERO`, NCCL 2.28 and later): its
+    /// all-gathers into symmetric windows on one node run on the copy
+    /// engines. The parent keeps its own policy. `NCCL_CTA_POLICY`, where
+    /// set, overrides the policy asked for here (NCCL's rule).
+    pub fn split_zero_cta(&self, color: Option<u32>, key: i64) -> Result<Option<NcclComm>> {
+        if !Self::has_copy_engine_gathers() {
+            return Err(CudaError::Unavailable(format!(
+                "NCCL's zero-CTA policy needs NCCL 2.28 or later with symmetric memory (this \
+                 is {})",
+                version().map_or_else(|e| e.to_string(), |(v, p)| format!("{v} at {p}"))
+            )));
+        }
+        let mut config = Config::with_cta_policy(CTA_POLICY_ZERO);
+        self.split_with(color, key, Some(&mut config))
+    }
+
+    fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i64,
+        config: Option<&mut Config>,
+    ) -> Result<Option<NcclComm>> {
         let a = api()?;
         self.device.bind()?;
         let mut raw: Comm = std::ptr::null_mut();
@@ -527,10 +612,11 @@ impl NcclComm {
             Some(c) => c as c_int,
             None => -1, // NCCL_SPLIT_NOCOLOR
         };
+        let config = config.map_or(std::ptr::null_mut(), |c| c as *mut Config as *mut c_void);
         // SAFETY: valid communicator and out pointer; a null config
-        // inherits the parent's.
-        let r =
-            unsafe { (a.comm_split)(self.raw, c, key as c_int, &mut raw, std::ptr::null_mut()) };
+        // inherits the parent's, another is an `ncclConfig_t` NCCL reads
+        // during the call (`size` bytes at most).
+        let r = unsafe { (a.comm_split)(self.raw, c, key as c_int, &mut raw, config) };
         check(a, "ncclCommSplit", r, Some(self.raw))?;
         if raw.is_null() {
             return Ok(None);
@@ -713,11 +799,19 @@ impl NcclComm {
         api().is_ok_and(|a| a.symmetric.is_some())
     }
 
+    /// Whether this NCCL all-gathers into symmetric windows on the copy
+    /// engines under its zero-CTA policy (2.28 and later, with symmetric
+    /// memory).
+    pub fn has_copy_engine_gathers() -> bool {
+        Self::has_symmetric_memory()
+            && version().is_ok_and(|(v, _)| v >= COPY_ENGINE_GATHERS_VERSION)
+    }
+
     /// `bytes` of device memory from NCCL's allocator (`ncclMemAlloc`:
     /// CUDA virtual memory), registered with this communicator as a
-    /// symmetric window (`ncclCommWindowRegister`), so that NCCL's
-    /// zero-CTA policy (`NCCL_CTA_POLICY=2`) can all-gather into it with
-    /// the copy engines. Collective: every rank calls it at the same
+    /// symmetric window (`ncclCommWindowRegister`), so that a communicator
+    /// under NCCL's zero-CTA policy ([`split_zero_cta`](Self::split_zero_cta))
+    /// can all-gather into it with the copy engines. Collective: every rank calls it at the same
     /// point with the same `bytes`, and buffers meant to meet in one
     /// collective must come from the same call on every rank.
     pub fn symmetric_alloc(&self, bytes: usize) -> Result<SymmetricMemory> {
@@ -909,6 +1003,17 @@ impl Drop for NcclComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_is_laid_out_as_nccl_h_declares_it() {
+        // nccl.h 2.28, on a 64-bit target: CTAPolicy at byte 60 of 80.
+        assert_eq!(std::mem::size_of::<Config>(), 80);
+        assert_eq!(std::mem::offset_of!(Config, net_name), 32);
+        assert_eq!(std::mem::offset_of!(Config, cta_policy), 60);
+        let c = Config::with_cta_policy(CTA_POLICY_ZERO);
+        assert_eq!((c.size, c.magic, c.cta_policy), (80, 0xcafe_beef, 2));
+        assert_eq!(c.blocking, i32::MIN);
+    }
 
     #[test]
     fn unique_ids_round_trip_through_bytes() {

@@ -52,10 +52,6 @@ pub struct LaunchOptions {
     pub python: PythonMode,
     /// Whether workers' stdout lines get the `[rank N] ` prefix.
     pub prefix_stdout: bool,
-    /// Variables set for the workers besides the launcher's own
-    /// environment (never over the variables that give a worker its
-    /// rank and world).
-    pub env: Vec<(String, String)>,
 }
 
 /// How `braid launch` treats a Python program, as torchrun does.
@@ -115,7 +111,6 @@ impl Default for LaunchOptions {
             command: Vec::new(),
             python: PythonMode::Script,
             prefix_stdout: true,
-            env: Vec::new(),
         }
     }
 }
@@ -157,8 +152,6 @@ pub struct LaunchPlan {
     pub source: &'static str,
     /// Whether workers' stdout lines get the `[rank N] ` prefix.
     pub prefix_stdout: bool,
-    /// Extra variables for the workers ([`LaunchOptions::env`]).
-    pub env: Vec<(String, String)>,
 }
 
 impl LaunchPlan {
@@ -307,7 +300,6 @@ impl LaunchOptions {
             command: worker_command(&self.command, self.python),
             source,
             prefix_stdout: self.prefix_stdout,
-            env: self.env.clone(),
         })
     }
 }

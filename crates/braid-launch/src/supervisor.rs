@@ -86,15 +86,7 @@ pub fn worker_env(
     if plan.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         vars.push(("OMP_NUM_THREADS", "1".to_string()));
     }
-    let mut vars: Vec<(String, String)> =
-        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    // The caller's extras, but never over the rank's identity above.
-    for (k, v) in &plan.env {
-        if !vars.iter().any(|(have, _)| have == k) {
-            vars.push((k.clone(), v.clone()));
-        }
-    }
-    vars
+    vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 /// Runs attempt `attempt` on this node to its end; `workers_store` is
@@ -511,49 +503,5 @@ pub fn stop_workers(workers: &mut [Worker], first: Signal, grace: Duration, sign
     let drain_deadline = Instant::now() + Duration::from_secs(2);
     for w in workers.iter_mut() {
         w.finish_output(drain_deadline);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::worker_env;
-    use crate::config::LaunchOptions;
-    use crate::rendezvous::{NodeInfo, World};
-
-    #[test]
-    fn the_callers_extra_variables_reach_the_workers_but_never_over_their_rank() {
-        let plan = LaunchOptions {
-            command: vec!["true".into()],
-            standalone: true,
-            nproc_per_node: 2,
-            env: vec![
-                ("NCCL_CTA_POLICY".into(), "2".into()),
-                ("RANK".into(), "7".into()),
-            ],
-            ..Default::default()
-        }
-        .resolve_with(|_| None)
-        .expect("a standalone plan");
-        let world = World {
-            run_id: "run".into(),
-            nodes: vec![NodeInfo {
-                node_rank: 0,
-                nnodes: 1,
-                nproc: 2,
-                host: "here".into(),
-                pid: 1,
-            }],
-            worker_master_port: 1234,
-            error: None,
-        };
-        let vars = worker_env(&plan, &world, 0, 1);
-        let get = |k: &str| {
-            let mut v = vars.iter().filter(|(name, _)| name == k);
-            let first = v.next().map(|(_, x)| x.clone());
-            assert!(v.next().is_none(), "{k} set twice: {vars:?}");
-            first
-        };
-        assert_eq!(get("NCCL_CTA_POLICY").as_deref(), Some("2"));
-        assert_eq!(get("RANK").as_deref(), Some("1"));
     }
 }

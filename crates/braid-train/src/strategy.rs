@@ -71,8 +71,15 @@ pub struct TensorStep {
 
 impl CommStep {
     /// Adds the bytes and collectives of `other` (more communication in
-    /// the same step; `via` stays).
+    /// the same step). `via` stays, unless it is unsaid or `other` says
+    /// more of the same path ("NCCL", then "NCCL, the gathers on the copy
+    /// engines").
     pub fn add(&mut self, other: CommStep) {
+        if self.via.is_empty()
+            || (other.via.len() > self.via.len() && other.via.starts_with(self.via))
+        {
+            self.via = other.via;
+        }
         self.payload_bytes += other.payload_bytes;
         self.wire_bytes += other.wire_bytes;
         self.collectives += other.collectives;
@@ -271,5 +278,31 @@ impl<E: Engine> Strategy<E> for Single {
 
     fn lends_whole_grads(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CommStep;
+
+    #[test]
+    fn adding_steps_keeps_the_most_said_of_one_path() {
+        let step = |via| CommStep {
+            collectives: 1,
+            via,
+            ..Default::default()
+        };
+        let mut s = step("");
+        s.add(step("NCCL"));
+        assert_eq!(s.via, "NCCL");
+        s.add(step("NCCL, the gathers on the copy engines"));
+        s.add(step("NCCL"));
+        assert_eq!(
+            (s.via, s.collectives),
+            ("NCCL, the gathers on the copy engines", 4)
+        );
+        let mut ce = step("the copy engines (NVLink)");
+        ce.add(step("NCCL"));
+        assert_eq!(ce.via, "the copy engines (NVLink)");
     }
 }

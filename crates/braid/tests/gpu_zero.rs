@@ -198,22 +198,22 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
-/// ZeRO-3's bf16 gathers on the copy engines (`BRAID_ZERO3_GATHER_VIA=ce`
-/// with NCCL's zero-CTA policy, the block buffers registered as symmetric
-/// windows of a split that runs only the gathers): the same losses and
-/// parameters as NCCL's kernels, bit for bit (a gather only moves bytes,
-/// and the reduce-scatters keep their ring kernels), over two ranks with
-/// and without checkpointing and over four where there are four (there
-/// without `NCCL_CTA_POLICY`: `braid train` gives its workers the
-/// policy); asked for with another policy, refused at start with the
-/// variable named.
+/// ZeRO-3's bf16 gathers on the copy engines (`BRAID_ZERO3_GATHER_VIA=ce`:
+/// the block buffers registered as symmetric windows of a split under
+/// NCCL's zero-CTA policy that runs only the gathers): the same losses and
+/// parameters as on NCCL's kernels (the default), bit for bit (a gather
+/// only moves bytes, and the reduce-scatters keep their ring kernels),
+/// over two ranks with and without checkpointing and over four where
+/// there are four; the summary says where the gathers ran; asked for
+/// under another `NCCL_CTA_POLICY`, refused at start with the variable
+/// named.
 #[test]
 fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
     let Some(n) = gpus(2) else {
         return;
     };
     let dir = common::TempDir::new("gpu-zero3-ce-gathers");
-    let ce = [("BRAID_ZERO3_GATHER_VIA", "ce"), ("NCCL_CTA_POLICY", "2")];
+    let ce = [("BRAID_ZERO3_GATHER_VIA", "ce")];
     zero3_same_bits_with(&dir, &ce);
     if n < 4 {
         let _ = writeln!(
@@ -224,8 +224,17 @@ fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
         // Over 4 ranks the order of a sum matters: a reduce-scatter on
         // NCCL's symmetric kernels would show here.
         let four = vec![(vec!["--nproc", "4", "--batch", "2"], "4")];
-        zero3_same_bits_over(&dir, &ce[..1], four, &[false]);
+        zero3_same_bits_over(&dir, &ce, four, &[false]);
     }
+    let args = [
+        "--zero", "3", "--nproc", "2", "--batch", "4", "--steps", "2",
+    ];
+    let via = |name: &str, env: &[(&str, &str)]| {
+        let (_, doc) = train_gpu_env(&dir, name, &args, env);
+        doc.to_string().contains("the gathers on the copy engines")
+    };
+    assert!(via("via-ce", &ce), "ce: not on the copy engines");
+    assert!(!via("via-default", &[]));
     let mut cmd = common::gpu::tiny_gpu_train();
     cmd.args(["--batch", "4", "--steps", "1"])
         .args(["--zero", "3", "--nproc", "2"])

@@ -53,9 +53,10 @@ use watchdog::Watchdog;
 pub(crate) struct Member {
     pub(crate) device: Device,
     pub(crate) nccl: Mutex<NcclComm>,
-    /// A split of `nccl` that owns the symmetric windows (made by the
-    /// first [`GpuCommunicator::symmetric_zeros`]): the in-place
-    /// all-gathers run on it, with the copy engines, while every other
+    /// A split of `nccl` under NCCL's zero-CTA policy that owns the
+    /// symmetric windows (made by the first
+    /// [`GpuCommunicator::symmetric_zeros`]): the in-place all-gathers run
+    /// on it, with the copy engines, while every other
     /// operation stays on `nccl`, whose reduce-scatters see no window and
     /// keep their ring kernels (and their bits).
     pub(crate) gathers: Mutex<Option<NcclComm>>,
@@ -264,9 +265,10 @@ impl GpuCommunicator {
         &self.members[0].device
     }
 
-    /// `len` zeroed elements registered as a symmetric window of this
-    /// communicator's NCCL communicator (one GPU per process), for the
-    /// all-gathers NCCL runs on the copy engines under its zero-CTA policy
+    /// `len` zeroed elements registered as a symmetric window of a split
+    /// of this communicator's NCCL communicator under NCCL's zero-CTA
+    /// policy (one GPU per process, NCCL 2.28 or later), for the in-place
+    /// all-gathers NCCL runs there on the copy engines
     /// ([`DeviceBuffer::symmetric_zeros`]). Collective: every rank calls
     /// it at the same point with the same `len`; blocks until all have
     /// (within the host communicator's timeout).
@@ -287,7 +289,7 @@ impl GpuCommunicator {
         let nccl = m.lock();
         let mut gathers = m.lock_gathers();
         if gathers.is_none() {
-            let split = nccl.split(Some(0), self.rank as i64);
+            let split = nccl.split_zero_cta(Some(0), self.rank as i64);
             *gathers = Some(split.map_err(cuda_setup_err)?.ok_or_else(|| {
                 CommError::Setup("splitting the communicator for symmetric gathers".to_string())
             })?);

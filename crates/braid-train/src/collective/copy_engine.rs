@@ -208,7 +208,7 @@ impl DeviceMem<f32> for Raw {
 
 /// This host's identity for telling apart ranks on one machine: the
 /// kernel's boot id (the host name where that is missing).
-fn host_identity() -> [u8; 64] {
+pub(super) fn host_identity() -> [u8; 64] {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .unwrap_or_default();

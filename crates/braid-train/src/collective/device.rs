@@ -14,6 +14,7 @@
 use super::copy_engine::{nccl_tail, AllReduceChoice, CopyEngineReduce};
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
+use super::symmetric_blocks::Wish;
 use super::{
     block_of, check_exchange, Bucket, Collective, Drive, During, End, GatherPart, GradComm,
     ScatterPart,
@@ -50,57 +51,11 @@ pub struct DeviceCollective {
     /// Plain buckets through the copy engines instead of NCCL where they
     /// can serve (`BRAID_GPU_ALLREDUCE`): decided at the first session.
     copy_engine: Mutex<CopyEngineSlot>,
-    /// Block buffers registered as NCCL symmetric windows, so that the
-    /// parameter-sharded all-gathers into them run on the copy engines
-    /// (`BRAID_ZERO3_GATHER_VIA=ce`).
-    symmetric_blocks: bool,
-}
-
-/// Whether `BRAID_ZERO3_GATHER_VIA` asks for the copy engines (`ce`)
-/// rather than NCCL's kernels (`nccl`, the default), and whether that can
-/// run here: NCCL 2.27 or later, with `NCCL_CTA_POLICY=2` (its zero-CTA
-/// policy, read when the communicator was made).
-fn gathers_via_copy_engines(ranks: usize) -> Result<bool> {
-    gathers_via(
-        std::env::var("BRAID_ZERO3_GATHER_VIA").ok().as_deref(),
-        std::env::var("NCCL_CTA_POLICY").ok().as_deref(),
-        braid_cuda::nccl::NcclComm::has_symmetric_memory,
-        ranks,
-    )
-}
-
-/// [`gathers_via_copy_engines`] given the two variables' values and
-/// whether NCCL has symmetric memory.
-fn gathers_via(
-    choice: Option<&str>,
-    policy: Option<&str>,
-    symmetric: impl Fn() -> bool,
-    ranks: usize,
-) -> Result<bool> {
-    if !super::zero_cta::gathers_via_copy_engines(choice)? {
-        return Ok(false);
-    }
-    let policy = policy.unwrap_or_default();
-    if policy.trim() != super::zero_cta::ZERO_CTA_POLICY.1 {
-        return Err(format!(
-            "BRAID_ZERO3_GATHER_VIA=ce needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 \
-             (it is {}; `braid train` sets it for its workers when unset, another \
-             launcher needs it set), or BRAID_ZERO3_GATHER_VIA=nccl",
-            if policy.is_empty() {
-                "unset".to_string()
-            } else {
-                format!("{policy:?}")
-            }
-        ));
-    }
-    if !symmetric() {
-        return Err(
-            "BRAID_ZERO3_GATHER_VIA=ce needs NCCL 2.28 or later (symmetric memory windows and \
-             copy-engine all-gathers); use nccl"
-                .to_string(),
-        );
-    }
-    Ok(ranks > 1)
+    /// Whether block buffers are registered as NCCL symmetric windows, so
+    /// that the parameter-sharded all-gathers into them run on the copy
+    /// engines (`BRAID_ZERO3_GATHER_VIA`): this rank's wish, and the
+    /// ranks' answer once agreed (at the first block buffer).
+    symmetric_blocks: (Wish, Mutex<Option<bool>>),
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -121,7 +76,7 @@ impl DeviceCollective {
             ));
         }
         let copy_engine = CopyEngineSlot::Unset(choice);
-        let symmetric_blocks = gathers_via_copy_engines(gpu.size())?;
+        let symmetric_blocks = (Wish::from_env(gpu.size())?, Mutex::new(None));
         Ok(DeviceCollective {
             symmetric_blocks,
             kernels: HookKernels::load(&device).map_err(err)?,
@@ -373,7 +328,7 @@ impl Collective for DeviceCollective {
     }
 
     fn block_buffer(&self, len: usize) -> Result<DeviceBuffer<f32>> {
-        match self.symmetric_blocks {
+        match self.symmetric_blocks()? {
             true => self
                 .gpu
                 .symmetric_zeros(len)
@@ -537,7 +492,7 @@ impl Collective for DeviceCollective {
         }
         computed?;
         waited?;
-        step.via = "NCCL";
+        step.via = self.exchange_via();
         Ok(step)
     }
 
@@ -556,6 +511,30 @@ impl Collective for DeviceCollective {
 }
 
 impl DeviceCollective {
+    /// Whether block buffers are symmetric windows: agreed by all ranks at
+    /// the first call (every rank's first block buffer), remembered after.
+    fn symmetric_blocks(&self) -> Result<bool> {
+        let (wish, agreed) = &self.symmetric_blocks;
+        let mut agreed = agreed.lock().expect("symmetric-blocks lock");
+        if agreed.is_none() {
+            *agreed = Some(wish.agree(self.gpu.host())?);
+        }
+        Ok(agreed.expect("set above"))
+    }
+
+    /// How the shard exchanges travel, for the summary.
+    fn exchange_via(&self) -> &'static str {
+        match *self
+            .symmetric_blocks
+            .1
+            .lock()
+            .expect("symmetric-blocks lock")
+        {
+            Some(true) => "NCCL, the gathers on the copy engines",
+            _ => "NCCL",
+        }
+    }
+
     /// Queues `op` on each of `ranges` of `flat` (views split off a window
     /// in increasing order) and waits for all of them.
     fn on_ranges<'a>(
@@ -830,30 +809,5 @@ impl DeviceMem<bf16> for Bf16Part {
     }
     fn dlen(&self) -> usize {
         self.len
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gathers_via;
-
-    #[test]
-    fn copy_engine_gathers_are_asked_for_and_need_the_zero_cta_policy() {
-        let yes = || true;
-        assert_eq!(gathers_via(None, None, yes, 4), Ok(false));
-        assert_eq!(gathers_via(Some("nccl"), Some("2"), yes, 4), Ok(false));
-        assert_eq!(gathers_via(Some("ce"), Some("2"), yes, 4), Ok(true));
-        assert_eq!(gathers_via(Some("ce"), Some("2"), yes, 1), Ok(false));
-        let e = gathers_via(Some("ce"), None, yes, 4).unwrap_err();
-        assert!(
-            e.contains("NCCL_CTA_POLICY=2") && e.contains("unset"),
-            "{e}"
-        );
-        let e = gathers_via(Some("ce"), Some("1"), yes, 4).unwrap_err();
-        assert!(e.contains("\"1\""), "{e}");
-        let e = gathers_via(Some("ce"), Some("2"), || false, 4).unwrap_err();
-        assert!(e.contains("NCCL 2.28"), "{e}");
-        let e = gathers_via(Some("kernels"), None, yes, 4).unwrap_err();
-        assert!(e.contains("expected nccl or ce"), "{e}");
     }
 }

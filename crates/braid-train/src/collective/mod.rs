@@ -17,6 +17,7 @@ mod copy_engine;
 mod device;
 mod host;
 pub(crate) mod powersgd;
+mod symmetric_blocks;
 pub mod zero_cta;
 
 pub use copy_engine::{CopyEngineReduce, MAX_RANKS as COPY_ENGINE_MAX_RANKS};

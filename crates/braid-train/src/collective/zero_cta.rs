@@ -1,34 +1,61 @@
-//! The two settings behind copy-engine all-gathers, read in one place:
-//! `BRAID_ZERO3_GATHER_VIA` (ZeRO-3's bf16 gathers through NCCL's kernels,
-//! `nccl`, or its copy engines, `ce`) and NCCL's zero-CTA policy
-//! (`NCCL_CTA_POLICY=2`), which NCCL reads when a communicator is made,
-//! so the command that starts the workers gives it to them.
+//! Where ZeRO-3's bf16 gathers run on GPUs, read in one place:
+//! `BRAID_ZERO3_GATHER_VIA` is `nccl` (the default: NCCL's kernels) or
+//! `ce` (NCCL's copy engines, or a refusal naming why not). The copy
+//! engines need NCCL's zero-CTA policy, which braid asks for on the
+//! gathers' own communicator; `NCCL_CTA_POLICY`, where set, overrides
+//! what a program asks for (NCCL's rule), so a value other than 2 is in
+//! the way. The copy engines are not the default: measured on 4 H200s,
+//! they gather 1 % faster at 12.85B and up to 3x slower at 124M
+//! (BENCHMARKS.md).
 
-/// The variable and value of NCCL's zero-CTA policy.
-pub const ZERO_CTA_POLICY: (&str, &str) = ("NCCL_CTA_POLICY", "2");
+/// The variable naming where ZeRO-3's gathers run.
+pub const GATHER_VIA_VAR: &str = "BRAID_ZERO3_GATHER_VIA";
 
-/// Whether `BRAID_ZERO3_GATHER_VIA`'s value (`None`: unset) asks for the
-/// copy engines: `ce` yes; unset, empty or `nccl` no; anything else
-/// refused with what is expected.
-pub fn gathers_via_copy_engines(value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("" | "nccl") => Ok(false),
-        Some("ce") => Ok(true),
-        Some(other) => Err(format!(
-            "BRAID_ZERO3_GATHER_VIA={other:?}: expected nccl or ce"
+/// NCCL's variable for its CTA policy, and the zero-CTA policy's value.
+pub const CTA_POLICY: (&str, &str) = ("NCCL_CTA_POLICY", "2");
+
+/// `BRAID_ZERO3_GATHER_VIA`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatherVia {
+    /// NCCL's kernels.
+    Kernels,
+    /// The copy engines, or a refusal.
+    CopyEngines,
+}
+
+impl GatherVia {
+    /// The choice `value` names (`None`: unset, which is `nccl`), or what
+    /// is expected.
+    pub fn parse(value: Option<&str>) -> Result<GatherVia, String> {
+        match value.map(str::trim) {
+            None | Some("" | "nccl") => Ok(GatherVia::Kernels),
+            Some("ce") => Ok(GatherVia::CopyEngines),
+            Some(other) => Err(format!("{GATHER_VIA_VAR}={other:?}: expected nccl or ce")),
+        }
+    }
+
+    /// The choice in this process's environment.
+    pub fn from_env() -> Result<GatherVia, String> {
+        GatherVia::parse(std::env::var(GATHER_VIA_VAR).ok().as_deref())
+    }
+}
+
+/// Why `NCCL_CTA_POLICY`'s value (`None`: unset) keeps NCCL from the copy
+/// engines, if it does: set to anything but the zero-CTA policy.
+pub fn policy_in_the_way(policy: Option<&str>) -> Option<String> {
+    match policy.map(str::trim) {
+        None | Some("") => None,
+        Some(p) if p == CTA_POLICY.1 => None,
+        Some(p) => Some(format!(
+            "{}={p:?} overrides the zero-CTA policy ({}={}) the gathers' communicator asks for",
+            CTA_POLICY.0, CTA_POLICY.0, CTA_POLICY.1
         )),
     }
 }
 
-/// What workers need in their environment for the zero-CTA policy, given
-/// `NCCL_CTA_POLICY`'s value here (`None`: unset): the policy where it is
-/// unset, nothing where it is set (whether it is 2 is the caller's to
-/// check).
-pub fn zero_cta_policy_for_workers(policy: Option<&str>) -> Vec<(String, String)> {
-    match policy {
-        None => vec![(ZERO_CTA_POLICY.0.into(), ZERO_CTA_POLICY.1.into())],
-        Some(_) => Vec::new(),
-    }
+/// This process's `NCCL_CTA_POLICY`, where set.
+pub fn policy_from_env() -> Option<String> {
+    std::env::var(CTA_POLICY.0).ok()
 }
 
 #[cfg(test)]
@@ -36,16 +63,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gather_choice_and_the_policy_for_workers() {
-        assert_eq!(gathers_via_copy_engines(None), Ok(false));
-        assert_eq!(gathers_via_copy_engines(Some(" nccl")), Ok(false));
-        assert_eq!(gathers_via_copy_engines(Some("ce")), Ok(true));
-        let e = gathers_via_copy_engines(Some("kernels")).unwrap_err();
+    fn the_gather_choice_and_the_policy_in_the_way() {
+        assert_eq!(GatherVia::parse(None), Ok(GatherVia::Kernels));
+        assert_eq!(GatherVia::parse(Some(" nccl")), Ok(GatherVia::Kernels));
+        assert_eq!(GatherVia::parse(Some("ce")), Ok(GatherVia::CopyEngines));
+        let e = GatherVia::parse(Some("auto")).unwrap_err();
         assert!(e.contains("expected nccl or ce"), "{e}");
-        assert_eq!(
-            zero_cta_policy_for_workers(None),
-            vec![("NCCL_CTA_POLICY".to_string(), "2".to_string())]
+        assert_eq!(policy_in_the_way(None), None);
+        assert_eq!(policy_in_the_way(Some("2")), None);
+        let e = policy_in_the_way(Some("1")).unwrap();
+        assert!(
+            e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("=2"),
+            "{e}"
         );
-        assert!(zero_cta_policy_for_workers(Some("1")).is_empty());
     }
 }

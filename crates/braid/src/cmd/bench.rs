@@ -93,11 +93,11 @@ pub struct BenchArgs {
     /// --graph, whose replays are one launch).
     #[arg(long, value_name = "DIR")]
     pub(crate) trace: Option<std::path::PathBuf>,
-    /// all_gather's output buffers in NCCL symmetric windows (NCCL 2.27 or
-    /// later) of a communicator that runs only the in-place all-gathers,
-    /// under NCCL's zero-CTA policy (NCCL_CTA_POLICY=2, given to the
-    /// workers when unset): with NCCL 2.28 the in-place column runs on the
-    /// copy engines, the out-of-place column on NCCL's kernels
+    /// all_gather's output buffers in NCCL symmetric windows of a
+    /// communicator that runs only the in-place all-gathers, under NCCL's
+    /// zero-CTA policy (NCCL 2.28 or later; refused under another
+    /// NCCL_CTA_POLICY): the in-place column runs on the copy engines,
+    /// the out-of-place column on NCCL's kernels
     /// (--device cuda, one GPU per process; nccl-tests' -R 2).
     #[arg(long)]
     pub(crate) symmetric: bool,
@@ -128,12 +128,12 @@ const OPS: [&str; 9] = [
     "sendrecv",
 ];
 
-/// `--symmetric`'s checks, and what the workers need for it: NCCL's
-/// zero-CTA policy where it is not set (another value is refused: the
-/// in-place all-gathers would not run on the copy engines).
-fn symmetric_env(args: &BenchArgs, cuda: bool) -> Result<Vec<(String, String)>, String> {
+/// `--symmetric`'s checks: GPUs, one per process, an all_gather, and no
+/// other `NCCL_CTA_POLICY` in the zero-CTA policy's way (the in-place
+/// all-gathers would not run on the copy engines).
+fn symmetric_checked(args: &BenchArgs, cuda: bool) -> Result<(), String> {
     if !args.symmetric {
-        return Ok(Vec::new());
+        return Ok(());
     }
     if !cuda || args.gpus != 1 {
         return Err("--symmetric needs --device cuda and one GPU per process (-g 1)".into());
@@ -145,13 +145,9 @@ fn symmetric_env(args: &BenchArgs, cuda: bool) -> Result<Vec<(String, String)>, 
         ));
     }
     use braid_train::collective::zero_cta;
-    let policy = std::env::var(zero_cta::ZERO_CTA_POLICY.0).ok();
-    match policy.as_deref().map(str::trim) {
-        Some(other) if other != zero_cta::ZERO_CTA_POLICY.1 => Err(format!(
-            "--symmetric needs NCCL's zero-CTA policy, NCCL_CTA_POLICY=2 (it is {other:?}); \
-             unset it or set it to 2"
-        )),
-        _ => Ok(zero_cta::zero_cta_policy_for_workers(policy.as_deref())),
+    match zero_cta::policy_in_the_way(zero_cta::policy_from_env().as_deref()) {
+        Some(why) => Err(format!("--symmetric: {why}; unset it or set it to 2")),
+        None => Ok(()),
     }
 }
 
@@ -194,18 +190,12 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
     if args.gpus == 0 {
         return Err("-g must be at least 1".into());
     }
-    let workers_env = symmetric_env(&args, cuda)?;
+    symmetric_checked(&args, cuda)?;
     match args.np {
-        Some(np) => {
-            return super::workers::relaunch_locally_with(
-                np.count()?,
-                args.prefix_ranks,
-                workers_env,
-            )
-        }
+        Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
         // Not launched and no count: one local worker, as nccl-tests runs.
         None if !super::workers::launched() => {
-            return super::workers::relaunch_locally_with(1, args.prefix_ranks, workers_env)
+            return super::workers::relaunch_locally(1, args.prefix_ranks)
         }
         None => {}
     }

@@ -171,7 +171,6 @@ pub fn run(a: LaunchArgs) -> Result<i32, String> {
             _ => PythonMode::Script,
         },
         prefix_stdout: !a.no_prefix,
-        env: Vec::new(),
     };
     let plan = options.resolve().map_err(|e| e.to_string())?;
     let signals = Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -68,8 +68,9 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     (N: kept in the last N layers)
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
-  BRAID_ZERO3_GATHER_VIA=nccl|ce    ZeRO-3 on GPUs: gather the layers with NCCL's kernels or, with
-                                    NCCL 2.28's zero-CTA policy, its copy engines (nccl)
+  BRAID_ZERO3_GATHER_VIA=nccl|ce    ZeRO-3 on GPUs: gather the layers with NCCL's kernels or its
+                                    copy engines (NCCL 2.28, one host; faster only at the largest
+                                    layers) (nccl)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
                                     gradients (on)
@@ -363,29 +364,28 @@ fn update_beside_removed() -> Result<(), String> {
     }
 }
 
-/// `BRAID_ZERO3_GATHER_VIA=ce` (ZeRO-3's gathers on the copy engines) is
-/// ZeRO-3's on GPUs, and needs NCCL's zero-CTA policy, which NCCL reads
-/// when a communicator is made: the workers get `NCCL_CTA_POLICY=2` unless
-/// it is set (a value other than 2 is then refused by the workers).
-fn gather_via_env(zero: Option<u8>, cuda: bool) -> Result<Vec<(String, String)>, String> {
-    let policy = std::env::var("NCCL_CTA_POLICY").ok();
-    gather_via_env_given(
-        std::env::var("BRAID_ZERO3_GATHER_VIA").ok().as_deref(),
-        policy.as_deref(),
+/// `BRAID_ZERO3_GATHER_VIA` checked at start: a known value, and `ce`
+/// only for ZeRO-3 on GPUs with no other `NCCL_CTA_POLICY` in its way
+/// (the workers check the rest: their NCCL, and that all ranks can).
+fn gather_via_checked(zero: Option<u8>, cuda: bool) -> Result<(), String> {
+    use braid_train::collective::zero_cta;
+    gather_via_checked_given(
+        std::env::var(zero_cta::GATHER_VIA_VAR).ok().as_deref(),
+        zero_cta::policy_from_env().as_deref(),
         zero,
         cuda,
     )
 }
 
-fn gather_via_env_given(
+fn gather_via_checked_given(
     via: Option<&str>,
     policy: Option<&str>,
     zero: Option<u8>,
     cuda: bool,
-) -> Result<Vec<(String, String)>, String> {
-    use braid_train::collective::zero_cta;
-    if !zero_cta::gathers_via_copy_engines(via)? {
-        return Ok(Vec::new());
+) -> Result<(), String> {
+    use braid_train::collective::zero_cta::{self, GatherVia};
+    if GatherVia::parse(via)? != GatherVia::CopyEngines {
+        return Ok(());
     }
     if zero != Some(3) || !cuda {
         return Err(
@@ -394,7 +394,13 @@ fn gather_via_env_given(
                 .into(),
         );
     }
-    Ok(zero_cta::zero_cta_policy_for_workers(policy))
+    match zero_cta::policy_in_the_way(policy) {
+        Some(why) => Err(format!(
+            "BRAID_ZERO3_GATHER_VIA=ce: {why}; unset NCCL_CTA_POLICY or use \
+             BRAID_ZERO3_GATHER_VIA=nccl"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
@@ -718,12 +724,12 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         // Said once here too, not by every worker.
         update_beside_removed()?;
-        let workers_env = gather_via_env(zero, cuda)?;
+        gather_via_checked(zero, cuda)?;
         // `--zero S --nproc 1`: a world of one rank, sharded over itself.
         if n > 1 || zero.is_some() {
             // JSON on stdout reaches it unprefixed.
             let json_stdout = a.json.as_ref().is_some_and(|j| j.is_stdout());
-            return super::workers::relaunch_locally_with(n, !json_stdout, workers_env);
+            return super::workers::relaunch_locally(n, !json_stdout);
         }
     }
     let world_size = world.as_ref().map_or(1, |w| w.world_size);
@@ -1377,35 +1383,30 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{default_lr, gather_via_env_given};
+    use super::{default_lr, gather_via_checked_given};
     use braid_model::config::GptConfig;
 
-    /// `BRAID_ZERO3_GATHER_VIA=ce`: ZeRO-3's on GPUs; the workers get
-    /// NCCL's zero-CTA policy unless the policy is set already.
+    /// `BRAID_ZERO3_GATHER_VIA`: nccl by default; ce only for ZeRO-3 on
+    /// GPUs, and not under another NCCL_CTA_POLICY.
     #[test]
-    fn copy_engine_gathers_bring_the_zero_cta_policy() {
-        let policy = vec![("NCCL_CTA_POLICY".to_string(), "2".to_string())];
+    fn copy_engine_gathers_are_zero3_on_gpus_under_the_zero_cta_policy() {
+        for via in [None, Some("nccl"), Some("ce")] {
+            assert_eq!(gather_via_checked_given(via, None, Some(3), true), Ok(()));
+        }
+        assert_eq!(gather_via_checked_given(None, None, None, false), Ok(()));
         assert_eq!(
-            gather_via_env_given(Some("ce"), None, Some(3), true),
-            Ok(policy)
+            gather_via_checked_given(Some("ce"), Some("2"), Some(3), true),
+            Ok(())
         );
-        assert_eq!(
-            gather_via_env_given(Some("ce"), Some("2"), Some(3), true),
-            Ok(vec![])
+        let e = gather_via_checked_given(Some("ce"), Some("1"), Some(3), true).unwrap_err();
+        assert!(
+            e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("unset"),
+            "{e}"
         );
-        assert_eq!(
-            gather_via_env_given(Some("ce"), Some("1"), Some(3), true),
-            Ok(vec![])
-        );
-        assert_eq!(gather_via_env_given(None, None, Some(3), true), Ok(vec![]));
-        assert_eq!(
-            gather_via_env_given(Some("nccl"), None, Some(3), true),
-            Ok(vec![])
-        );
-        let e = gather_via_env_given(Some("kernels"), None, Some(3), true).unwrap_err();
+        let e = gather_via_checked_given(Some("kernels"), None, Some(3), true).unwrap_err();
         assert!(e.contains("expected nccl or ce"), "{e}");
         for (zero, cuda) in [(Some(3), false), (Some(1), true), (None, true)] {
-            let e = gather_via_env_given(Some("ce"), None, zero, cuda).unwrap_err();
+            let e = gather_via_checked_given(Some("ce"), None, zero, cuda).unwrap_err();
             assert!(e.contains("--zero 3") && e.contains("--device cuda"), "{e}");
         }
     }

@@ -33,16 +33,6 @@ pub const NPROC_FLAGS: [&str; 5] = [
 /// stdout lines carry `[rank N] ` only if `prefix_stdout`. Returns the
 /// launcher's exit code.
 pub fn relaunch_locally(np: usize, prefix_stdout: bool) -> Result<i32, String> {
-    relaunch_locally_with(np, prefix_stdout, Vec::new())
-}
-
-/// [`relaunch_locally`] with `env` set for the workers besides this
-/// process's environment.
-pub fn relaunch_locally_with(
-    np: usize,
-    prefix_stdout: bool,
-    env: Vec<(String, String)>,
-) -> Result<i32, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the braid executable: {e}"))?;
     let mut command: Vec<std::ffi::OsString> = vec![exe.into()];
@@ -60,7 +50,6 @@ pub fn relaunch_locally_with(
         standalone: true,
         command,
         prefix_stdout,
-        env,
         ..Default::default()
     };
     let plan = options.resolve().map_err(|e| e.to_string())?;

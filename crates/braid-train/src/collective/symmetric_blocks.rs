@@ -1,0 +1,185 @@
+//! Whether the GPU collectives keep ZeRO-3's block buffers in NCCL
+//! symmetric windows, so that the gathers into them run on the copy
+//! engines (`BRAID_ZERO3_GATHER_VIA=ce`): each rank's wish, checked
+//! against `NCCL_CTA_POLICY` and its NCCL ([`Wish::from_env`]), then one
+//! answer for all ranks ([`Wish::agree`]), because registering a window is
+//! collective: ranks that ask differently, or ranks on more than one host
+//! (NCCL's copy engines serve one node), are an error on every rank that
+//! names one of them.
+
+use super::copy_engine::host_identity;
+use super::zero_cta::{self, GatherVia, GATHER_VIA_VAR};
+use crate::Result;
+use braid_comm::Communicator;
+
+/// One rank's side of the choice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Wish {
+    /// Whether this rank asks for copy-engine gathers (and can).
+    wants: bool,
+    ranks: usize,
+}
+
+impl Wish {
+    /// This rank's wish over `ranks` ranks, from its environment and NCCL.
+    /// `ce` that cannot be served here is refused at once.
+    pub(crate) fn from_env(ranks: usize) -> Result<Wish> {
+        Wish::given(
+            GatherVia::from_env()?,
+            zero_cta::policy_from_env().as_deref(),
+            braid_cuda::nccl::NcclComm::has_copy_engine_gathers(),
+            ranks,
+        )
+    }
+
+    /// [`from_env`](Self::from_env) given the choice, `NCCL_CTA_POLICY`
+    /// and whether NCCL all-gathers on the copy engines.
+    pub(crate) fn given(
+        choice: GatherVia,
+        policy: Option<&str>,
+        nccl_can: bool,
+        ranks: usize,
+    ) -> Result<Wish> {
+        let wants = choice == GatherVia::CopyEngines;
+        if wants {
+            if let Some(why) = zero_cta::policy_in_the_way(policy) {
+                return Err(format!(
+                    "{GATHER_VIA_VAR}=ce: {why}; unset {} or use {GATHER_VIA_VAR}=nccl",
+                    zero_cta::CTA_POLICY.0
+                ));
+            }
+            if !nccl_can {
+                return Err(format!(
+                    "{GATHER_VIA_VAR}=ce: the copy-engine all-gathers need NCCL 2.28 or later \
+                     (symmetric memory windows); use {GATHER_VIA_VAR}=nccl"
+                ));
+            }
+        }
+        Ok(Wish { wants, ranks })
+    }
+
+    /// Every rank's answer, the same on all: whether they all ask for the
+    /// copy engines, on one host; an error on every rank where they ask
+    /// differently or some run elsewhere. Collective over `host` (the
+    /// ranks of this collective), called by every rank at the same point.
+    pub(crate) fn agree(&self, host: &Communicator) -> Result<bool> {
+        self.agree_on(host, &host_identity())
+    }
+
+    /// [`agree`](Self::agree) with this rank's host named by `identity`.
+    fn agree_on(&self, host: &Communicator, identity: &[u8; 64]) -> Result<bool> {
+        if self.ranks < 2 {
+            return Ok(false);
+        }
+        let mut mine = vec![self.wants as u8];
+        mine.extend_from_slice(identity);
+        let n = host.size();
+        let mut all = vec![0u8; n * mine.len()];
+        host.all_gather(&mine, &mut all)
+            .map_err(|e| format!("agreeing on where ZeRO-3's gathers run: {e}"))?;
+        let of = |q: usize| &all[q * mine.len()..(q + 1) * mine.len()];
+        let asking: Vec<usize> = (0..n).filter(|&q| of(q)[0] == 1).collect();
+        if asking.is_empty() {
+            return Ok(false);
+        }
+        let why = if asking.len() < n {
+            let q = (0..n)
+                .find(|q| !asking.contains(q))
+                .expect("one not asking");
+            format!(
+                "rank {} asks for the copy engines and rank {q} for NCCL's kernels; set it \
+                 the same on every rank",
+                asking[0]
+            )
+        } else if let Some(q) = (0..n).find(|&q| of(q)[1..] != of(0)[1..]) {
+            format!(
+                "rank {q} runs on another host than rank 0 (NCCL's copy-engine gathers serve \
+                 one node); use {GATHER_VIA_VAR}=nccl"
+            )
+        } else {
+            return Ok(true);
+        };
+        Err(format!("{GATHER_VIA_VAR}=ce: {why}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wish_is_refused_where_it_cannot_be_served() {
+        let k = Wish::given(GatherVia::Kernels, Some("1"), false, 4).unwrap();
+        assert!(!k.wants);
+        assert!(
+            Wish::given(GatherVia::CopyEngines, Some("2"), true, 4)
+                .unwrap()
+                .wants
+        );
+        let e = Wish::given(GatherVia::CopyEngines, Some("1"), true, 4).unwrap_err();
+        assert!(
+            e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("unset NCCL_CTA_POLICY or use"),
+            "{e}"
+        );
+        let e = Wish::given(GatherVia::CopyEngines, None, false, 4).unwrap_err();
+        assert!(e.contains("NCCL 2.28") && e.contains("); use BRAID"), "{e}");
+    }
+
+    /// Runs `f(rank, host)` on 3 ranks of a real host world (threads, a
+    /// TCP store) and returns their answers.
+    fn three_ranks<R: Send>(f: impl Fn(usize, &Communicator) -> R + Sync) -> Vec<R> {
+        use braid_comm::{BackendKind, CommOptions};
+        use braid_store::{ClientOptions, ServerOptions, StoreClient, StoreServer};
+        let server = StoreServer::bind("127.0.0.1:0", ServerOptions::default()).unwrap();
+        let addr = server.local_addr().to_string();
+        std::thread::scope(|s| {
+            let f = &f;
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let addr = addr.clone();
+                    s.spawn(move || {
+                        let store = StoreClient::connect(&addr, ClientOptions::default())
+                            .unwrap()
+                            .with_prefix("agree/");
+                        let options = CommOptions {
+                            timeout: std::time::Duration::from_secs(30),
+                            backend: BackendKind::Tcp,
+                            debug: false,
+                            run_id: "agree".into(),
+                            host_id: None,
+                            shm_half: None,
+                        };
+                        let host = Communicator::init(rank, 3, store, options).unwrap();
+                        f(rank, &host)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn the_ranks_agree_on_one_answer() {
+        let here = [7u8; 64];
+        let wish = |c| Wish::given(c, None, true, 3).unwrap();
+        let (ce, nccl) = (GatherVia::CopyEngines, GatherVia::Kernels);
+        // All ask, on one host: the copy engines; none ask: the kernels.
+        let all = three_ranks(|_, h| wish(ce).agree_on(h, &here));
+        assert_eq!(all, vec![Ok(true); 3]);
+        let all = three_ranks(|_, h| wish(nccl).agree_on(h, &here));
+        assert_eq!(all, vec![Ok(false); 3]);
+        // Asked differently: an error on every rank, naming both.
+        let all = three_ranks(|r, h| wish([ce, nccl][(r == 1) as usize]).agree_on(h, &here));
+        for a in all {
+            let e = a.unwrap_err();
+            assert!(
+                e.contains("rank 0 asks") && e.contains("rank 1 for NCCL's"),
+                "{e}"
+            );
+        }
+        // A rank on another host: NCCL's copy engines serve one node.
+        let all = three_ranks(|r, h| wish(ce).agree_on(h, &[7u8 + (r == 2) as u8; 64]));
+        let e = all[0].clone().unwrap_err();
+        assert!(e.contains("rank 2 runs on another host"), "{e}");
+    }
+}
