@@ -21,7 +21,8 @@
 #     communication per step" line); then an f32 equivalence check
 #     (L4-H4-C256-T256, 10 steps, seed 7, --precision f32): data parallel,
 #     ZeRO-3 and HSDP each --save their parameters, compared by cmp.py
-#     within a max abs diff of 1e-4.
+#     within a max abs diff of 1e-4. X4_ZERO_VARIANTS="NAME:VAR=VAL,..."
+#     runs ZeRO-3 again per variant with its environment, in order.
 #   bash bench/device/x4.sh big     (~8 min)
 #     the 12.85B model L40-H40-C5120-V50304-T1024 on 4 GPUs, batch 8 x
 #     1024 per GPU, activation checkpointing: braid ZeRO-3 (12 steps),
@@ -245,6 +246,19 @@ phase_zero() {
   local g=$((G / 2))
   br dp-$G 100 $G "${M[@]}" --json "$L/dp-$G.json"
   br z3-$G 120 $G --zero 3 "${M[@]}" --json "$L/z3-$G.json"
+  # X4_ZERO_VARIANTS="NAME:VAR=VAL,VAR=VAL ...": the ZeRO-3 run again per
+  # variant, with its environment set (z3-G-NAME.txt), each against it.
+  local v name envs
+  for v in ${X4_ZERO_VARIANTS:-}; do
+    name=${v%%:*} envs=${v#*:}
+    [ "$envs" = "$v" ] && envs=
+    (
+      IFS=, read -ra kvs <<< "$envs"
+      for kv in "${kvs[@]}"; do export "${kv?}"; done
+      br "z3-$G-$name" 120 $G --zero 3 "${M[@]}" --json "$L/z3-$G-$name.json"
+    )
+    ratio "z3-$G-$name" "z3-$G"
+  done
   br hsdp$g-$G 120 $G --zero 3 --shard-group $g "${M[@]}" --json "$L/hsdp$g-$G.json"
   peer fsdp2-$G 120 $G torch_gpt2_bench.py --fsdp --model 124M --B 16 --T 1024 --steps 20 --warmup 5
   echo "== 124M on $G GPUs"

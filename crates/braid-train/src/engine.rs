@@ -115,6 +115,11 @@ pub struct ShardedBytes {
     /// Bytes of the engine's saved activations living in the gradient
     /// shard's memory.
     pub saved_in_grads: u64,
+    /// Block buffers made (none of the spares fitted) in the last step,
+    /// and in all steps before it: each costs an allocation, and on GPUs a
+    /// wait for the engine's stream (or, for copy-engine gathers, a
+    /// window registration on every rank).
+    pub buffers_made: (u64, u64),
 }
 
 /// A named tensor of the flat parameter buffer: checkpoints store the

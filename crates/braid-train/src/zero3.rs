@@ -109,6 +109,8 @@ pub struct Zero3<C: Collective> {
     final_gather: bool,
     /// [`Zero3::with_split_reduce`].
     split_reduce: bool,
+    /// [`Zero3::with_kept_spares`].
+    kept_spares: Option<bool>,
     /// Set by [`Strategy::start`].
     state: Option<Sharded<C>>,
     last: CommStep,
@@ -130,6 +132,7 @@ impl<C: Collective> Zero3<C> {
             half_gathers: true,
             final_gather: true,
             split_reduce: false,
+            kept_spares: None,
             state: None,
             last: CommStep::default(),
         })
@@ -185,6 +188,17 @@ impl<C: Collective> Zero3<C> {
     /// default. Set before [`Strategy::start`].
     pub fn with_split_reduce(mut self, on: bool) -> Self {
         self.split_reduce = on;
+        self
+    }
+
+    /// Whether every freed block buffer is kept for reuse (`Some(true)`)
+    /// or at most the few a unit's work has in flight (`Some(false)`);
+    /// `None`, the default: kept where the collectives' block buffers are
+    /// costly to make ([`Collective::block_buffers_kept`]: copy-engine
+    /// gathers, where they are always kept and `Some(false)` is refused at
+    /// the first buffer), capped elsewhere. Set before [`Strategy::start`].
+    pub fn with_kept_spares(mut self, kept: Option<bool>) -> Self {
+        self.kept_spares = kept;
         self
     }
 
@@ -566,6 +580,9 @@ where
             gathered: (0..blocks).map(|_| None).collect(),
             block_grads: (0..blocks).map(|_| None).collect(),
             spare: Vec::new(),
+            keep_spares: false,
+            kept_spares: self.kept_spares,
+            made: (0, 0),
             held: 0,
             peak: 0,
             micro: 0,
@@ -592,6 +609,7 @@ where
         self.last = CommStep::default();
         let (_, st) = self.started()?;
         st.micro = 0;
+        st.made = (0, st.made.0 + st.made.1);
         Ok(())
     }
 
@@ -749,6 +767,7 @@ where
         ShardedBytes {
             units_peak: self.peak_unit_bytes(),
             saved_in_grads: self.saved_in_grads_bytes() as u64,
+            buffers_made: self.state.as_ref().map_or((0, 0), |s| s.made),
         }
     }
 

@@ -204,9 +204,9 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
 /// parameters as on NCCL's kernels (the default), bit for bit (a gather
 /// only moves bytes, and the reduce-scatters keep their ring kernels),
 /// over two ranks with and without checkpointing and over four where
-/// there are four; the summary says where the gathers ran; asked for
-/// under another `NCCL_CTA_POLICY`, refused at start with the variable
-/// named.
+/// there are four; the summary says where the gathers ran, and that the
+/// last step registered no new window; asked for under another
+/// `NCCL_CTA_POLICY`, refused at start with the variable named.
 #[test]
 fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
     let Some(n) = gpus(2) else {
@@ -227,14 +227,20 @@ fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
         zero3_same_bits_over(&dir, &ce, four, &[false]);
     }
     let args = [
-        "--zero", "3", "--nproc", "2", "--batch", "4", "--steps", "2",
+        "--zero", "3", "--nproc", "2", "--batch", "4", "--steps", "3",
     ];
     let via = |name: &str, env: &[(&str, &str)]| {
         let (_, doc) = train_gpu_env(&dir, name, &args, env);
-        doc.to_string().contains("the gathers on the copy engines")
+        let made = doc["zero3_bytes"]["buffers_made_last_step"].as_u64();
+        (
+            doc.to_string().contains("the gathers on the copy engines"),
+            made,
+        )
     };
-    assert!(via("via-ce", &ce), "ce: not on the copy engines");
-    assert!(!via("via-default", &[]));
+    // With the copy engines every freed window is kept: none is made
+    // (registered on every rank) after the first steps.
+    assert_eq!(via("via-ce", &ce), (true, Some(0)), "ce");
+    assert!(!via("via-default", &[]).0);
     let mut cmd = common::gpu::tiny_gpu_train();
     cmd.args(["--batch", "4", "--steps", "1"])
         .args(["--zero", "3", "--nproc", "2"])

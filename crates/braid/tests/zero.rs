@@ -242,6 +242,41 @@ fn zero_3_reducing_the_embeddings_in_two_parts_matches_data_parallel() {
     );
 }
 
+/// ZeRO-3 keeping every freed block buffer for reuse
+/// (`BRAID_ZERO3_SPARES=kept`) makes none after its first steps and
+/// trains to the same bits as the default, which on CPUs keeps at most a
+/// few and makes some every step; a bad value is refused.
+#[test]
+fn zero_3_keeping_every_spare_changes_no_bits() {
+    let dir = TempDir::new("zero3-spares");
+    let args = ["--zero", "3", "--nproc", "2", "--batch", "4"];
+    let made = |f: &Finished| -> u64 {
+        let line = f
+            .stdout
+            .lines()
+            .find_map(|l| l.split("block buffers made: ").nth(1))
+            .unwrap_or_else(|| panic!("no block-buffer line: {}", f.stdout));
+        line.split(' ').next().unwrap().parse().unwrap()
+    };
+    let (capped, f) = train(&dir, "capped", &args, &[]);
+    assert!(made(&f) > 0, "{}", f.stdout);
+    let (kept, f) = train(&dir, "kept", &args, &[("BRAID_ZERO3_SPARES", "kept")]);
+    assert_eq!(made(&f), 0, "{}", f.stdout);
+    let d = max_diff(&params(&capped), &params(&kept));
+    assert!(d == 0.0, "kept spares changed the parameters by {d}");
+    let mut cmd = braid();
+    cmd.args(["train", "--nproc", "2", "--zero", "3", "--steps", "1"])
+        .env("BRAID_ZERO3_SPARES", "all");
+    let f = run(cmd, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stderr
+            .contains("BRAID_ZERO3_SPARES=all: expected kept, capped or auto"),
+        "{}",
+        f.stderr
+    );
+}
+
 #[test]
 fn impossible_zero_setups_are_refused_at_start() {
     for (args, want) in [

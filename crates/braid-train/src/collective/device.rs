@@ -337,6 +337,10 @@ impl Collective for DeviceCollective {
         }
     }
 
+    fn block_buffers_kept(&self) -> bool {
+        self.symmetric_agreed()
+    }
+
     fn all_gather_ranges(
         &self,
         flat: &mut DeviceBuffer<f32>,
@@ -522,16 +526,22 @@ impl DeviceCollective {
         Ok(agreed.expect("set above"))
     }
 
-    /// How the shard exchanges travel, for the summary.
-    fn exchange_via(&self) -> &'static str {
-        match *self
+    /// Whether the ranks agreed on symmetric block buffers (false before
+    /// the first).
+    fn symmetric_agreed(&self) -> bool {
+        *self
             .symmetric_blocks
             .1
             .lock()
             .expect("symmetric-blocks lock")
-        {
-            Some(true) => "NCCL, the gathers on the copy engines",
-            _ => "NCCL",
+            == Some(true)
+    }
+
+    /// How the shard exchanges travel, for the summary.
+    fn exchange_via(&self) -> &'static str {
+        match self.symmetric_agreed() {
+            true => "NCCL, the gathers on the copy engines",
+            false => "NCCL",
         }
     }
 

@@ -232,6 +232,15 @@ pub trait Collective {
         self.zeros(len)
     }
 
+    /// Whether a [`block_buffer`](Self::block_buffer) costs enough to
+    /// make that a strategy should keep every one it frees for reuse
+    /// rather than give some back (GPUs with copy-engine gathers: each is
+    /// NCCL memory registered as a window, collective and slow). Known
+    /// once the first block buffer is made.
+    fn block_buffers_kept(&self) -> bool {
+        false
+    }
+
     /// Sums each of `ranges` of `flat` over the ranks, in place (a
     /// hybrid-sharded run's replicas adding up their shards).
     fn all_reduce_ranges(

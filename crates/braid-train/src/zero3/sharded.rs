@@ -41,6 +41,15 @@ pub(super) struct Sharded<C: Collective> {
     /// costs a page fault per page, which on the CPU took as long as the
     /// passes themselves.
     pub(super) spare: Vec<Flat2<C>>,
+    /// Every freed block buffer is kept as a spare, none given back: the
+    /// collectives' block buffers are costly to make
+    /// ([`Collective::block_buffers_kept`]).
+    pub(super) keep_spares: bool,
+    /// What was asked of [`keep_spares`](Self::keep_spares)
+    /// ([`Zero3::with_kept_spares`](super::Zero3::with_kept_spares)).
+    pub(super) kept_spares: Option<bool>,
+    /// Block buffers made in this step, and in the steps before it.
+    pub(super) made: (u64, u64),
     /// Bytes of gathered blocks, block gradients and spares held now,
     /// and the most held at once.
     pub(super) held: u64,
@@ -215,10 +224,10 @@ impl<C: Collective> Sharded<C> {
     }
 
     /// Keeps `buf` as a spare, or frees it (the oldest spare goes when
-    /// there are enough).
+    /// there are enough, unless [`keep_spares`](Self::keep_spares)).
     pub(super) fn recycle(&mut self, buf: Flat2<C>) {
         self.spare.push(buf);
-        if self.spare.len() > SPARES {
+        if !self.keep_spares && self.spare.len() > SPARES {
             let old = self.spare.remove(0);
             self.held -= 4 * <C::Space as Space>::capacity(&old) as u64;
         }
@@ -253,6 +262,18 @@ impl<C: Collective> Sharded<C> {
             Some(i) => (self.spare.swap_remove(i), false),
             None => {
                 let buf = group.block_buffer(room)?;
+                self.made.0 += 1;
+                // Windows must be asked for alike on every rank: with
+                // them, every buffer is kept, whatever a rank was told.
+                let costly = group.block_buffers_kept();
+                if costly && self.kept_spares == Some(false) {
+                    return Err(format!(
+                        "{}: BRAID_ZERO3_SPARES=capped: with copy-engine gathers every block \
+                         buffer is kept (each is a window registered on every rank); unset it",
+                        self.label
+                    ));
+                }
+                self.keep_spares = costly || self.kept_spares == Some(true);
                 self.hold(4 * room as u64);
                 (buf, true)
             }

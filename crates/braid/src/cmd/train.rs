@@ -68,6 +68,9 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     (N: kept in the last N layers)
   BRAID_SPLIT_REDUCE=on|off|auto    ZeRO-3: reduce-scatter the tied embeddings' gradients in two
                                     parts (under --checkpointing)
+  BRAID_ZERO3_SPARES=kept|capped|auto
+                                    ZeRO-3: keep every freed block buffer for reuse, or at most 4
+                                    (auto: capped; copy-engine gathers always keep them)
   BRAID_ZERO3_GATHER_VIA=nccl|ce    ZeRO-3 on GPUs: gather the layers with NCCL's kernels or its
                                     copy engines (NCCL 2.28, one host; faster only at the largest
                                     layers) (nccl)
@@ -1015,6 +1018,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             zero.unwrap_or(0),
             a.checkpointing,
         )?,
+        kept_spares: super::preflight::env_choice("BRAID_ZERO3_SPARES", "kept", "capped")?,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,

@@ -206,6 +206,10 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
                 _ => String::new(),
             },
         );
+        println!(
+            "ZeRO-{stage} block buffers made: {} in the last step, {} in the steps before",
+            sh.buffers_made.0, sh.buffers_made.1
+        );
     }
     if run.saved_in_grads > 0 {
         println!(
@@ -252,7 +256,9 @@ pub fn write_json(
         "model_state_bytes": {"params": st.params, "master": st.master, "grads": st.grads,
             "optimizer": st.optimizer, "offloaded": st.offloaded, "total": st.total()},
         "zero3_bytes": {"units_peak": run.sharded.units_peak,
-            "saved_in_grads": run.sharded.saved_in_grads},
+            "saved_in_grads": run.sharded.saved_in_grads,
+            "buffers_made_last_step": run.sharded.buffers_made.0,
+            "buffers_made_before": run.sharded.buffers_made.1},
         "saved_in_grads_bytes": run.saved_in_grads,
     });
     if let Some(p) = pipeline {

@@ -102,6 +102,9 @@ pub struct ShardChoice {
     /// Stage 3: the tied embeddings' gradients reduce-scattered in two
     /// parts (`preflight::split_embedding_grads`).
     pub split_reduce: bool,
+    /// Stage 3: every freed block buffer kept for reuse, or at most a few
+    /// (`BRAID_ZERO3_SPARES`; `None`: as the collectives suit).
+    pub kept_spares: Option<bool>,
 }
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
@@ -125,6 +128,7 @@ where
         half_gathers,
         final_gather,
         split_reduce,
+        kept_spares,
     } = choice;
     Ok(match stage {
         Some(3) => Box::new(
@@ -132,7 +136,8 @@ where
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers)
                 .with_final_gather(final_gather)
-                .with_split_reduce(split_reduce),
+                .with_split_reduce(split_reduce)
+                .with_kept_spares(kept_spares),
         ),
         // Stage 2 writes gradients block by block (no whole buffer).
         Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),
