@@ -581,7 +581,7 @@ where
             block_grads: (0..blocks).map(|_| None).collect(),
             spare: Vec::new(),
             keep_spares: false,
-            kept_spares: self.kept_spares,
+            spares_asked: self.kept_spares,
             made: (0, 0),
             held: 0,
             peak: 0,

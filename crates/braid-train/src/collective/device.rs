@@ -76,7 +76,7 @@ impl DeviceCollective {
             ));
         }
         let copy_engine = CopyEngineSlot::Unset(choice);
-        let symmetric_blocks = (Wish::from_env(gpu.size())?, Mutex::new(None));
+        let symmetric_blocks = (Wish::from_env()?, Mutex::new(None));
         Ok(DeviceCollective {
             symmetric_blocks,
             kernels: HookKernels::load(&device).map_err(err)?,

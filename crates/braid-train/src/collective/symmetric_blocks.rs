@@ -17,36 +17,26 @@ use braid_comm::Communicator;
 pub(crate) struct Wish {
     /// Whether this rank asks for copy-engine gathers (and can).
     wants: bool,
-    ranks: usize,
 }
 
 impl Wish {
-    /// This rank's wish over `ranks` ranks, from its environment and NCCL.
-    /// `ce` that cannot be served here is refused at once.
-    pub(crate) fn from_env(ranks: usize) -> Result<Wish> {
+    /// This rank's wish, from its environment and NCCL. `ce` that cannot
+    /// be served here is refused at once.
+    pub(crate) fn from_env() -> Result<Wish> {
         Wish::given(
             GatherVia::from_env()?,
             zero_cta::policy_from_env().as_deref(),
             braid_cuda::nccl::NcclComm::has_copy_engine_gathers(),
-            ranks,
         )
     }
 
     /// [`from_env`](Self::from_env) given the choice, `NCCL_CTA_POLICY`
     /// and whether NCCL all-gathers on the copy engines.
-    pub(crate) fn given(
-        choice: GatherVia,
-        policy: Option<&str>,
-        nccl_can: bool,
-        ranks: usize,
-    ) -> Result<Wish> {
+    pub(crate) fn given(choice: GatherVia, policy: Option<&str>, nccl_can: bool) -> Result<Wish> {
         let wants = choice == GatherVia::CopyEngines;
         if wants {
-            if let Some(why) = zero_cta::policy_in_the_way(policy) {
-                return Err(format!(
-                    "{GATHER_VIA_VAR}=ce: {why}; unset {} or use {GATHER_VIA_VAR}=nccl",
-                    zero_cta::CTA_POLICY.0
-                ));
+            if let Some(refusal) = zero_cta::copy_engines_refused(policy) {
+                return Err(refusal);
             }
             if !nccl_can {
                 return Err(format!(
@@ -55,7 +45,7 @@ impl Wish {
                 ));
             }
         }
-        Ok(Wish { wants, ranks })
+        Ok(Wish { wants })
     }
 
     /// Every rank's answer, the same on all: whether they all ask for the
@@ -68,12 +58,12 @@ impl Wish {
 
     /// [`agree`](Self::agree) with this rank's host named by `identity`.
     fn agree_on(&self, host: &Communicator, identity: &[u8; 64]) -> Result<bool> {
-        if self.ranks < 2 {
+        let n = host.size();
+        if n < 2 {
             return Ok(false);
         }
         let mut mine = vec![self.wants as u8];
         mine.extend_from_slice(identity);
-        let n = host.size();
         let mut all = vec![0u8; n * mine.len()];
         host.all_gather(&mine, &mut all)
             .map_err(|e| format!("agreeing on where ZeRO-3's gathers run: {e}"))?;
@@ -109,19 +99,19 @@ mod tests {
 
     #[test]
     fn a_wish_is_refused_where_it_cannot_be_served() {
-        let k = Wish::given(GatherVia::Kernels, Some("1"), false, 4).unwrap();
+        let k = Wish::given(GatherVia::Kernels, Some("1"), false).unwrap();
         assert!(!k.wants);
         assert!(
-            Wish::given(GatherVia::CopyEngines, Some("2"), true, 4)
+            Wish::given(GatherVia::CopyEngines, Some("2"), true)
                 .unwrap()
                 .wants
         );
-        let e = Wish::given(GatherVia::CopyEngines, Some("1"), true, 4).unwrap_err();
+        let e = Wish::given(GatherVia::CopyEngines, Some("1"), true).unwrap_err();
         assert!(
             e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("unset NCCL_CTA_POLICY or use"),
             "{e}"
         );
-        let e = Wish::given(GatherVia::CopyEngines, None, false, 4).unwrap_err();
+        let e = Wish::given(GatherVia::CopyEngines, None, false).unwrap_err();
         assert!(e.contains("NCCL 2.28") && e.contains("); use BRAID"), "{e}");
     }
 
@@ -161,7 +151,7 @@ mod tests {
     #[test]
     fn the_ranks_agree_on_one_answer() {
         let here = [7u8; 64];
-        let wish = |c| Wish::given(c, None, true, 3).unwrap();
+        let wish = |c| Wish::given(c, None, true).unwrap();
         let (ce, nccl) = (GatherVia::CopyEngines, GatherVia::Kernels);
         // All ask, on one host: the copy engines; none ask: the kernels.
         let all = three_ranks(|_, h| wish(ce).agree_on(h, &here));

@@ -53,6 +53,17 @@ pub fn policy_in_the_way(policy: Option<&str>) -> Option<String> {
     }
 }
 
+/// The refusal of `BRAID_ZERO3_GATHER_VIA=ce` under `NCCL_CTA_POLICY`'s
+/// value (`None`: unset), if another policy is in its way.
+pub fn copy_engines_refused(policy: Option<&str>) -> Option<String> {
+    policy_in_the_way(policy).map(|why| {
+        format!(
+            "{GATHER_VIA_VAR}=ce: {why}; unset {} or use {GATHER_VIA_VAR}=nccl",
+            CTA_POLICY.0
+        )
+    })
+}
+
 /// This process's `NCCL_CTA_POLICY`, where set.
 pub fn policy_from_env() -> Option<String> {
     std::env::var(CTA_POLICY.0).ok()
@@ -76,5 +87,8 @@ mod tests {
             e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("=2"),
             "{e}"
         );
+        assert_eq!(copy_engines_refused(Some("2")), None);
+        let e = copy_engines_refused(Some("1")).unwrap();
+        assert!(e.contains("unset NCCL_CTA_POLICY or use"), "{e}");
     }
 }

@@ -47,7 +47,7 @@ pub(super) struct Sharded<C: Collective> {
     pub(super) keep_spares: bool,
     /// What was asked of [`keep_spares`](Self::keep_spares)
     /// ([`Zero3::with_kept_spares`](super::Zero3::with_kept_spares)).
-    pub(super) kept_spares: Option<bool>,
+    pub(super) spares_asked: Option<bool>,
     /// Block buffers made in this step, and in the steps before it.
     pub(super) made: (u64, u64),
     /// Bytes of gathered blocks, block gradients and spares held now,
@@ -266,14 +266,14 @@ impl<C: Collective> Sharded<C> {
                 // Windows must be asked for alike on every rank: with
                 // them, every buffer is kept, whatever a rank was told.
                 let costly = group.block_buffers_kept();
-                if costly && self.kept_spares == Some(false) {
+                if costly && self.spares_asked == Some(false) {
                     return Err(format!(
                         "{}: BRAID_ZERO3_SPARES=capped: with copy-engine gathers every block \
                          buffer is kept (each is a window registered on every rank); unset it",
                         self.label
                     ));
                 }
-                self.keep_spares = costly || self.kept_spares == Some(true);
+                self.keep_spares = costly || self.spares_asked == Some(true);
                 self.hold(4 * room as u64);
                 (buf, true)
             }

@@ -397,11 +397,8 @@ fn gather_via_checked_given(
                 .into(),
         );
     }
-    match zero_cta::policy_in_the_way(policy) {
-        Some(why) => Err(format!(
-            "BRAID_ZERO3_GATHER_VIA=ce: {why}; unset NCCL_CTA_POLICY or use \
-             BRAID_ZERO3_GATHER_VIA=nccl"
-        )),
+    match zero_cta::copy_engines_refused(policy) {
+        Some(refusal) => Err(refusal),
         None => Ok(()),
     }
 }
