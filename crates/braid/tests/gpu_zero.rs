@@ -198,23 +198,26 @@ fn gpu_zero3_saved_activations_in_the_gradient_shard_change_no_bits() {
     assert!(d.stderr.contains("one micro-batch per step"), "{d:?}");
 }
 
-/// ZeRO-3's bf16 gathers on the copy engines (`BRAID_ZERO3_GATHER_VIA=ce`:
-/// the block buffers registered as symmetric windows of a split under
-/// NCCL's zero-CTA policy that runs only the gathers): the same losses and
-/// parameters as on NCCL's kernels (the default), bit for bit (a gather
-/// only moves bytes, and the reduce-scatters keep their ring kernels),
-/// over two ranks with and without checkpointing and over four where
-/// there are four; the summary says where the gathers ran, and that the
-/// last step registered no new window; asked for under another
-/// `NCCL_CTA_POLICY`, refused at start with the variable named.
+/// ZeRO-3's bf16 gathers on the copy engines (the default where they can
+/// serve, `BRAID_ZERO3_GATHER_VIA=auto`: the block buffers registered as
+/// symmetric windows of a split under NCCL's zero-CTA policy that runs
+/// only the gathers): the same losses and parameters as on NCCL's kernels
+/// (`BRAID_ZERO3_GATHER_VIA=nccl`), bit for bit (a gather only moves
+/// bytes, and the reduce-scatters keep their ring kernels), over two ranks
+/// with and without checkpointing and over four where there are four; the
+/// summary says where the gathers ran (by default and under `ce`, not
+/// under `nccl`), and that the last step registered no new window; `ce`
+/// under another `NCCL_CTA_POLICY` refused at start with the variable
+/// named, while the default falls back to the kernels there.
 #[test]
 fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
     let Some(n) = gpus(2) else {
         return;
     };
     let dir = common::TempDir::new("gpu-zero3-ce-gathers");
+    let nccl = [("BRAID_ZERO3_GATHER_VIA", "nccl")];
     let ce = [("BRAID_ZERO3_GATHER_VIA", "ce")];
-    zero3_same_bits_with(&dir, &ce);
+    zero3_same_bits_with(&dir, &nccl);
     if n < 4 {
         let _ = writeln!(
             std::io::stderr(),
@@ -224,7 +227,7 @@ fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
         // Over 4 ranks the order of a sum matters: a reduce-scatter on
         // NCCL's symmetric kernels would show here.
         let four = vec![(vec!["--nproc", "4", "--batch", "2"], "4")];
-        zero3_same_bits_over(&dir, &ce, four, &[false]);
+        zero3_same_bits_over(&dir, &nccl, four, &[false]);
     }
     let args = [
         "--zero", "3", "--nproc", "2", "--batch", "4", "--steps", "3",
@@ -240,7 +243,10 @@ fn gpu_zero3_gathers_on_the_copy_engines_change_no_bits() {
     // With the copy engines every freed window is kept: none is made
     // (registered on every rank) after the first steps.
     assert_eq!(via("via-ce", &ce), (true, Some(0)), "ce");
-    assert!(!via("via-default", &[]).0);
+    assert_eq!(via("via-default", &[]), (true, Some(0)), "default");
+    assert!(!via("via-nccl", &nccl).0);
+    let policy = [("NCCL_CTA_POLICY", "1")];
+    assert!(!via("via-default-policy-1", &policy).0);
     let mut cmd = common::gpu::tiny_gpu_train();
     cmd.args(["--batch", "4", "--steps", "1"])
         .args(["--zero", "3", "--nproc", "2"])

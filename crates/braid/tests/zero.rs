@@ -339,7 +339,7 @@ fn impossible_zero_setups_are_refused_at_start() {
             &["--zero", "3", "--nproc", "2"][..],
             via,
             "kernels",
-            "BRAID_ZERO3_GATHER_VIA=\"kernels\": expected nccl or ce",
+            "BRAID_ZERO3_GATHER_VIA=\"kernels\": expected auto, ce or nccl",
         ),
     ] {
         let mut cmd = braid();

@@ -226,8 +226,8 @@ pub trait Collective {
     /// ([`shard_exchange`](Self::shard_exchange)'s `into` and `grads`).
     /// Collective: every rank asks at the same point for the same `len`.
     /// [`zeros`](Self::zeros) unless the collectives keep such buffers
-    /// apart (GPUs: registered for copy-engine all-gathers,
-    /// `BRAID_ZERO3_GATHER_VIA=ce`).
+    /// apart (GPUs: registered for copy-engine all-gathers where every
+    /// rank can have them, `BRAID_ZERO3_GATHER_VIA`).
     fn block_buffer(&self, len: usize) -> Result<<Self::Space as Space>::Flat> {
         self.zeros(len)
     }

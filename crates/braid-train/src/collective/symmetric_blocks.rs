@@ -1,11 +1,13 @@
 //! Whether the GPU collectives keep ZeRO-3's block buffers in NCCL
 //! symmetric windows, so that the gathers into them run on the copy
-//! engines (`BRAID_ZERO3_GATHER_VIA=ce`): each rank's wish, checked
-//! against `NCCL_CTA_POLICY` and its NCCL ([`Wish::from_env`]), then one
-//! answer for all ranks ([`Wish::agree`]), because registering a window is
-//! collective: ranks that ask differently, or ranks on more than one host
-//! (NCCL's copy engines serve one node), are an error on every rank that
-//! names one of them.
+//! engines (`BRAID_ZERO3_GATHER_VIA`, `auto` by default): each rank's
+//! wish, checked against `NCCL_CTA_POLICY` and its NCCL
+//! ([`Wish::from_env`]), then one answer for all ranks ([`Wish::agree`]),
+//! because registering a window is collective. Under `auto` the ranks
+//! take the copy engines only when every one can, on one host (NCCL's
+//! copy engines serve one node), and NCCL's kernels otherwise; where one
+//! rank insists (`ce`) and another cannot or asks for the kernels, or the
+//! ranks span hosts, every rank gets an error naming one of them.
 
 use super::copy_engine::host_identity;
 use super::zero_cta::{self, GatherVia, GATHER_VIA_VAR};
@@ -15,8 +17,21 @@ use braid_comm::Communicator;
 /// One rank's side of the choice.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Wish {
-    /// Whether this rank asks for copy-engine gathers (and can).
-    wants: bool,
+    /// What this rank asks for.
+    ask: Ask,
+}
+
+/// A rank's ask, as the ranks exchange it (one byte).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(u8)]
+enum Ask {
+    /// NCCL's kernels: asked for, or all this rank can have.
+    Kernels = 0,
+    /// The copy engines if every rank can have them (`auto`, and this
+    /// rank can).
+    IfAll = 1,
+    /// The copy engines, or an error (`ce`).
+    CopyEngines = 2,
 }
 
 impl Wish {
@@ -33,8 +48,14 @@ impl Wish {
     /// [`from_env`](Self::from_env) given the choice, `NCCL_CTA_POLICY`
     /// and whether NCCL all-gathers on the copy engines.
     pub(crate) fn given(choice: GatherVia, policy: Option<&str>, nccl_can: bool) -> Result<Wish> {
-        let wants = choice == GatherVia::CopyEngines;
-        if wants {
+        let can = nccl_can && zero_cta::policy_in_the_way(policy).is_none();
+        let ask = match choice {
+            GatherVia::Kernels => Ask::Kernels,
+            GatherVia::Auto if can => Ask::IfAll,
+            GatherVia::Auto => Ask::Kernels,
+            GatherVia::CopyEngines => Ask::CopyEngines,
+        };
+        if ask == Ask::CopyEngines {
             if let Some(refusal) = zero_cta::copy_engines_refused(policy) {
                 return Err(refusal);
             }
@@ -45,13 +66,14 @@ impl Wish {
                 ));
             }
         }
-        Ok(Wish { wants })
+        Ok(Wish { ask })
     }
 
-    /// Every rank's answer, the same on all: whether they all ask for the
-    /// copy engines, on one host; an error on every rank where they ask
-    /// differently or some run elsewhere. Collective over `host` (the
-    /// ranks of this collective), called by every rank at the same point.
+    /// Every rank's answer, the same on all: whether they all ask for (or
+    /// accept) the copy engines, on one host; an error on every rank where
+    /// one insists on them and another does not take them, or the ranks
+    /// span hosts. Collective over `host` (the ranks of this collective),
+    /// called by every rank at the same point.
     pub(crate) fn agree(&self, host: &Communicator) -> Result<bool> {
         self.agree_on(host, &host_identity())
     }
@@ -62,26 +84,25 @@ impl Wish {
         if n < 2 {
             return Ok(false);
         }
-        let mut mine = vec![self.wants as u8];
+        let mut mine = vec![self.ask as u8];
         mine.extend_from_slice(identity);
         let mut all = vec![0u8; n * mine.len()];
         host.all_gather(&mine, &mut all)
             .map_err(|e| format!("agreeing on where ZeRO-3's gathers run: {e}"))?;
         let of = |q: usize| &all[q * mine.len()..(q + 1) * mine.len()];
-        let asking: Vec<usize> = (0..n).filter(|&q| of(q)[0] == 1).collect();
-        if asking.is_empty() {
-            return Ok(false);
-        }
-        let why = if asking.len() < n {
-            let q = (0..n)
-                .find(|q| !asking.contains(q))
-                .expect("one not asking");
+        let asks = |a: Ask| (0..n).find(|&q| of(q)[0] == a as u8);
+        let other_host = (0..n).find(|&q| of(q)[1..] != of(0)[1..]);
+        let Some(insisting) = asks(Ask::CopyEngines) else {
+            // `auto` everywhere it was not `nccl`: all or none.
+            return Ok(asks(Ask::Kernels).is_none() && other_host.is_none());
+        };
+        let why = if let Some(q) = asks(Ask::Kernels) {
             format!(
-                "rank {} asks for the copy engines and rank {q} for NCCL's kernels; set it \
-                 the same on every rank",
-                asking[0]
+                "rank {insisting} asks for the copy engines and rank {q} gathers with NCCL's \
+                 kernels (asked for, or its NCCL or NCCL_CTA_POLICY cannot serve the copy \
+                 engines); set it the same on every rank"
             )
-        } else if let Some(q) = (0..n).find(|&q| of(q)[1..] != of(0)[1..]) {
+        } else if let Some(q) = other_host {
             format!(
                 "rank {q} runs on another host than rank 0 (NCCL's copy-engine gathers serve \
                  one node); use {GATHER_VIA_VAR}=nccl"
@@ -99,13 +120,18 @@ mod tests {
 
     #[test]
     fn a_wish_is_refused_where_it_cannot_be_served() {
-        let k = Wish::given(GatherVia::Kernels, Some("1"), false).unwrap();
-        assert!(!k.wants);
-        assert!(
-            Wish::given(GatherVia::CopyEngines, Some("2"), true)
-                .unwrap()
-                .wants
+        let ask = |c, policy, can| Wish::given(c, policy, can).unwrap().ask;
+        assert_eq!(ask(GatherVia::Kernels, Some("1"), false), Ask::Kernels);
+        assert_eq!(ask(GatherVia::Kernels, None, true), Ask::Kernels);
+        assert_eq!(
+            ask(GatherVia::CopyEngines, Some("2"), true),
+            Ask::CopyEngines
         );
+        // `auto` takes the copy engines only where this rank can.
+        assert_eq!(ask(GatherVia::Auto, None, true), Ask::IfAll);
+        assert_eq!(ask(GatherVia::Auto, Some("2"), true), Ask::IfAll);
+        assert_eq!(ask(GatherVia::Auto, Some("1"), true), Ask::Kernels);
+        assert_eq!(ask(GatherVia::Auto, None, false), Ask::Kernels);
         let e = Wish::given(GatherVia::CopyEngines, Some("1"), true).unwrap_err();
         assert!(
             e.contains("NCCL_CTA_POLICY=\"1\"") && e.contains("unset NCCL_CTA_POLICY or use"),
@@ -152,23 +178,34 @@ mod tests {
     fn the_ranks_agree_on_one_answer() {
         let here = [7u8; 64];
         let wish = |c| Wish::given(c, None, true).unwrap();
-        let (ce, nccl) = (GatherVia::CopyEngines, GatherVia::Kernels);
-        // All ask, on one host: the copy engines; none ask: the kernels.
-        let all = three_ranks(|_, h| wish(ce).agree_on(h, &here));
-        assert_eq!(all, vec![Ok(true); 3]);
+        let (ce, nccl, auto) = (GatherVia::CopyEngines, GatherVia::Kernels, GatherVia::Auto);
+        let two_hosts = |r: usize| [7u8 + (r == 2) as u8; 64];
+        // All ask or accept, on one host: the copy engines; none: the
+        // kernels.
+        for asks in [[ce, ce, ce], [auto, auto, auto], [ce, auto, auto]] {
+            let all = three_ranks(|r, h| wish(asks[r]).agree_on(h, &here));
+            assert_eq!(all, vec![Ok(true); 3], "{asks:?}");
+        }
         let all = three_ranks(|_, h| wish(nccl).agree_on(h, &here));
         assert_eq!(all, vec![Ok(false); 3]);
-        // Asked differently: an error on every rank, naming both.
+        // `auto` falls back together where one rank takes the kernels, or
+        // the ranks span hosts.
+        let all = three_ranks(|r, h| wish([auto, nccl][(r == 1) as usize]).agree_on(h, &here));
+        assert_eq!(all, vec![Ok(false); 3]);
+        let all = three_ranks(|r, h| wish(auto).agree_on(h, &two_hosts(r)));
+        assert_eq!(all, vec![Ok(false); 3]);
+        // One insisting and another taking the kernels: an error on every
+        // rank, naming both.
         let all = three_ranks(|r, h| wish([ce, nccl][(r == 1) as usize]).agree_on(h, &here));
         for a in all {
             let e = a.unwrap_err();
             assert!(
-                e.contains("rank 0 asks") && e.contains("rank 1 for NCCL's"),
+                e.contains("rank 0 asks") && e.contains("rank 1 gathers with NCCL's"),
                 "{e}"
             );
         }
-        // A rank on another host: NCCL's copy engines serve one node.
-        let all = three_ranks(|r, h| wish(ce).agree_on(h, &[7u8 + (r == 2) as u8; 64]));
+        // Insisting across hosts: NCCL's copy engines serve one node.
+        let all = three_ranks(|r, h| wish([ce, auto][r % 2]).agree_on(h, &two_hosts(r)));
         let e = all[0].clone().unwrap_err();
         assert!(e.contains("rank 2 runs on another host"), "{e}");
     }

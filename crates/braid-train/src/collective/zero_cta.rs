@@ -1,12 +1,13 @@
 //! Where ZeRO-3's bf16 gathers run on GPUs, read in one place:
-//! `BRAID_ZERO3_GATHER_VIA` is `nccl` (the default: NCCL's kernels) or
-//! `ce` (NCCL's copy engines, or a refusal naming why not). The copy
-//! engines need NCCL's zero-CTA policy, which braid asks for on the
-//! gathers' own communicator; `NCCL_CTA_POLICY`, where set, overrides
-//! what a program asks for (NCCL's rule), so a value other than 2 is in
-//! the way. The copy engines are not the default: measured on 4 H200s,
-//! they gather 1 % faster at 12.85B and up to 3x slower at 124M
-//! (BENCHMARKS.md).
+//! `BRAID_ZERO3_GATHER_VIA` is `auto` (the default: NCCL's copy engines
+//! where every rank can have them, NCCL's kernels otherwise), `ce` (the
+//! copy engines, or a refusal naming why not) or `nccl` (the kernels).
+//! The copy engines need NCCL 2.28's symmetric windows, one host, and
+//! NCCL's zero-CTA policy, which braid asks for on the gathers' own
+//! communicator; `NCCL_CTA_POLICY`, where set, overrides what a program
+//! asks for (NCCL's rule), so a value other than 2 is in the way.
+//! Measured on 4 H200s with every freed window kept, the copy engines
+//! are 2-6 % faster from 124M to 12.85B (BENCHMARKS.md).
 
 /// The variable naming where ZeRO-3's gathers run.
 pub const GATHER_VIA_VAR: &str = "BRAID_ZERO3_GATHER_VIA";
@@ -17,6 +18,8 @@ pub const CTA_POLICY: (&str, &str) = ("NCCL_CTA_POLICY", "2");
 /// `BRAID_ZERO3_GATHER_VIA`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatherVia {
+    /// The copy engines where all ranks can have them, else the kernels.
+    Auto,
     /// NCCL's kernels.
     Kernels,
     /// The copy engines, or a refusal.
@@ -24,13 +27,16 @@ pub enum GatherVia {
 }
 
 impl GatherVia {
-    /// The choice `value` names (`None`: unset, which is `nccl`), or what
+    /// The choice `value` names (`None`: unset, which is `auto`), or what
     /// is expected.
     pub fn parse(value: Option<&str>) -> Result<GatherVia, String> {
         match value.map(str::trim) {
-            None | Some("" | "nccl") => Ok(GatherVia::Kernels),
+            None | Some("" | "auto") => Ok(GatherVia::Auto),
+            Some("nccl") => Ok(GatherVia::Kernels),
             Some("ce") => Ok(GatherVia::CopyEngines),
-            Some(other) => Err(format!("{GATHER_VIA_VAR}={other:?}: expected nccl or ce")),
+            Some(other) => Err(format!(
+                "{GATHER_VIA_VAR}={other:?}: expected auto, ce or nccl"
+            )),
         }
     }
 
@@ -75,11 +81,12 @@ mod tests {
 
     #[test]
     fn the_gather_choice_and_the_policy_in_the_way() {
-        assert_eq!(GatherVia::parse(None), Ok(GatherVia::Kernels));
+        assert_eq!(GatherVia::parse(None), Ok(GatherVia::Auto));
+        assert_eq!(GatherVia::parse(Some("auto")), Ok(GatherVia::Auto));
         assert_eq!(GatherVia::parse(Some(" nccl")), Ok(GatherVia::Kernels));
         assert_eq!(GatherVia::parse(Some("ce")), Ok(GatherVia::CopyEngines));
-        let e = GatherVia::parse(Some("auto")).unwrap_err();
-        assert!(e.contains("expected nccl or ce"), "{e}");
+        let e = GatherVia::parse(Some("kernels")).unwrap_err();
+        assert!(e.contains("expected auto, ce or nccl"), "{e}");
         assert_eq!(policy_in_the_way(None), None);
         assert_eq!(policy_in_the_way(Some("2")), None);
         let e = policy_in_the_way(Some("1")).unwrap();

@@ -71,9 +71,10 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
   BRAID_ZERO3_SPARES=kept|capped|auto
                                     ZeRO-3: keep every freed block buffer for reuse, or at most 4
                                     (auto: capped; copy-engine gathers always keep them)
-  BRAID_ZERO3_GATHER_VIA=nccl|ce    ZeRO-3 on GPUs: gather the layers with NCCL's kernels or its
-                                    copy engines (NCCL 2.28, one host; faster only at the largest
-                                    layers) (nccl)
+  BRAID_ZERO3_GATHER_VIA=auto|ce|nccl
+                                    ZeRO-3 on GPUs: gather the layers with NCCL's copy engines
+                                    (NCCL 2.28, one host), or its kernels (auto: the copy engines
+                                    where every rank can have them)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
                                     gradients (on)
@@ -1387,14 +1388,20 @@ mod tests {
     use super::{default_lr, gather_via_checked_given};
     use braid_model::config::GptConfig;
 
-    /// `BRAID_ZERO3_GATHER_VIA`: nccl by default; ce only for ZeRO-3 on
-    /// GPUs, and not under another NCCL_CTA_POLICY.
+    /// `BRAID_ZERO3_GATHER_VIA`: auto by default (anywhere); ce only for
+    /// ZeRO-3 on GPUs, and not under another NCCL_CTA_POLICY.
     #[test]
     fn copy_engine_gathers_are_zero3_on_gpus_under_the_zero_cta_policy() {
-        for via in [None, Some("nccl"), Some("ce")] {
+        for via in [None, Some("auto"), Some("nccl"), Some("ce")] {
             assert_eq!(gather_via_checked_given(via, None, Some(3), true), Ok(()));
         }
-        assert_eq!(gather_via_checked_given(None, None, None, false), Ok(()));
+        for via in [None, Some("auto"), Some("nccl")] {
+            assert_eq!(gather_via_checked_given(via, None, None, false), Ok(()));
+            assert_eq!(
+                gather_via_checked_given(via, Some("1"), Some(3), true),
+                Ok(())
+            );
+        }
         assert_eq!(
             gather_via_checked_given(Some("ce"), Some("2"), Some(3), true),
             Ok(())
@@ -1405,7 +1412,7 @@ mod tests {
             "{e}"
         );
         let e = gather_via_checked_given(Some("kernels"), None, Some(3), true).unwrap_err();
-        assert!(e.contains("expected nccl or ce"), "{e}");
+        assert!(e.contains("expected auto, ce or nccl"), "{e}");
         for (zero, cuda) in [(Some(3), false), (Some(1), true), (None, true)] {
             let e = gather_via_checked_given(Some("ce"), None, zero, cuda).unwrap_err();
             assert!(e.contains("--zero 3") && e.contains("--device cuda"), "{e}");
