@@ -173,19 +173,22 @@ phase_proxy() {
 }
 
 # The head-size-128 attention kernels' blocks per SM
-# (BRAID_FLASH128_BLOCKS=F,K,Q) in turns, FLASH_ROUNDS times, on GPU 0:
+# (BRAID_FLASH128_BLOCKS=F,K,Q; a variant F,K,Q/KIND also sets
+# BRAID_FLASH_FORWARD=KIND, e.g. 2,2,2/wgmma) in turns, FLASH_ROUNDS times, on GPU 0:
 # the 12.85B model's width (FLASH_MODEL, default L4-H40-C5120: 4 layers,
 # head size 128) at batch 8 x 1024 with checkpointing, 8 steps, profiled
 # (BRAID_PROFILE=1); per run the attention's GPU time per step (forward,
 # recompute and backward rows) and the median step. The variant with the
 # least attention time, over its rounds, goes to $L/flash-best.txt.
 phase_flash() {
-  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r n ms best= best_ms=
+  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r n ms fwd best= best_ms=
   local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
   for r in $(seq "${FLASH_ROUNDS:-1}"); do
     for v in $variants; do
-      n="flash-${v//,/-}-$r"
-      BRAID_FLASH128_BLOCKS=$v BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
+      n="flash-${v//[,\/]/-}-$r"
+      fwd=
+      [[ $v == */* ]] && fwd=${v#*/}
+      BRAID_FLASH128_BLOCKS=${v%%/*} BRAID_FLASH_FORWARD=$fwd BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
         --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
         --eval-every 0 --log-every 4 || continue
       ms=$(grep -h ' attention  ' "$L/$n.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')

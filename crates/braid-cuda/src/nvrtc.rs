@@ -186,7 +186,14 @@ impl Module {
 
     /// Compiles (through the cache) and loads `src` for `device`.
     pub fn compile(device: &Device, name: &str, src: &str) -> Result<Module> {
-        let ptx = compile_ptx(name, src, &arch_of(device)?)?;
+        Self::compile_for(device, name, src, &arch_of(device)?)
+    }
+
+    /// [`compile`](Self::compile) for the virtual architecture `arch`
+    /// (e.g. `compute_90a`, whose PTX runs only on that exact GPU family
+    /// and may use its own instructions).
+    pub fn compile_for(device: &Device, name: &str, src: &str, arch: &str) -> Result<Module> {
+        let ptx = compile_ptx(name, src, arch)?;
         Self::load(device, &ptx)
     }
 

@@ -267,6 +267,24 @@ __device__ __forceinline__ void softmax_tile(float (*s)[4], float (*o)[4], float
     }
 }
 
+// The end of a forward pass for this thread's two rows of the head at
+// `out` (row0 = first + 16 warp + g, row1 = row0 + 8; `first` the first
+// row of the warp's 64): the running sums totalled over the quad, the
+// output normalised and stored, the log-sum-exp kept in `L` (the head's).
+template <int HS>
+__device__ __forceinline__ void finish_rows(bf16* out, float* L, const float (*o)[4], float m0,
+                                            float m1, float l0, float l1, int first, int T, int C,
+                                            int warp, int lane) {
+    int row0 = first + warp * 16 + (lane >> 2), row1 = row0 + 8;
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    store_rows<HS>(out, o, 1.f / l0, 1.f / l1, first, T, C, warp, lane);
+    if ((lane & 3) == 0) {
+        if (row0 < T) L[row0] = m0 + __log2f(l0);
+        if (row1 < T) L[row1] = m1 + __log2f(l1);
+    }
+}
+
 // ---- forward --------------------------------------------------------------
 // grid (B*NH, ceil(T/64)); lse [B*NH, T] in log2 units of the scaled scores.
 template <int HS>
@@ -312,14 +330,8 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
         mul_acc<HS>(o, pf, sm[cur][1], lane);
         __syncthreads();
     }
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    store_rows<HS>(out + (long)b * T * C + h * HS, o, 1.f / l0, 1.f / l1, q0, T, C, warp, lane);
-    if (t == 0) {
-        float* L = lse + (long)bh * T;
-        if (row0 < T) L[row0] = m0 + __log2f(l0);
-        if (row1 < T) L[row1] = m1 + __log2f(l1);
-    }
+    finish_rows<HS>(out + (long)b * T * C + h * HS, lse + (long)bh * T, o, m0, m1, l0, l1, q0, T, C,
+                    warp, lane);
 }
 
 // ---- backward ---------------------------------------------------------------

@@ -6,6 +6,11 @@
 //! and a head size the kernels are instantiated for; the mixed engine
 //! falls back to batched cuBLAS products otherwise. Every launcher checks
 //! its buffers against the shape before launching.
+//!
+//! `BRAID_FLASH_FORWARD=wgmma` (compute capability 9.0 only, opt-in until
+//! measured) runs the forward pass at head sizes 64 and 128 on Hopper's
+//! warpgroup products instead (`flash_wgmma.cu`, appended to `flash.cu`
+//! and compiled for `compute_90a`); the backward kernels are the same.
 
 use super::mixed::{MixedKernels, A};
 use super::SOURCES;
@@ -64,6 +69,61 @@ fn dq_stored_bytes(hs: usize) -> usize {
     2 * tile(hs) + 2 * tile(TILE)
 }
 
+/// The Hopper forward kernels' source (appended to `flash.cu`'s).
+pub const HOPPER_SOURCE: (&str, &str) = ("flash_wgmma", include_str!("flash_wgmma.cu"));
+
+/// The virtual architecture the Hopper forward kernels compile for.
+pub const HOPPER_ARCH: &str = "compute_90a";
+
+/// Head sizes with a Hopper forward kernel.
+const HOPPER_HEAD_SIZES: [usize; 2] = [64, 128];
+
+/// Query rows per block, and threads (two warpgroups), of the Hopper
+/// forward kernel.
+const HOPPER_ROWS: usize = 128;
+const HOPPER_THREADS: u32 = 256;
+
+/// Dynamic shared memory of the Hopper forward kernel: two stages of a K
+/// and a V tile (64 × `hs`, unpadded: swizzled), and room to start them on
+/// a 1024-byte boundary.
+fn hopper_bytes(hs: usize) -> usize {
+    4 * TILE * hs * 2 + 1024
+}
+
+/// `flash.cu` with the Hopper forward kernels appended (and the blocks-per-SM
+/// defines `defines` ahead), what [`FlashKernels::load`] compiles for
+/// [`HOPPER_ARCH`] under `BRAID_FLASH_FORWARD=wgmma`.
+pub fn hopper_source(defines: &str) -> String {
+    format!("{defines}{}{}", SOURCES[2].1, HOPPER_SOURCE.1)
+}
+
+/// The forward kernels `BRAID_FLASH_FORWARD` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardKernels {
+    /// `mma` (the default): `mma.sync` tiles, any GPU from 8.0.
+    MmaSync,
+    /// `wgmma`: Hopper's warpgroup products at head sizes 64 and 128.
+    Wgmma,
+}
+
+impl ForwardKernels {
+    /// The choice `value` names (`None`: unset), or what is expected.
+    pub fn parse(value: Option<&str>) -> Result<ForwardKernels> {
+        match value.map(str::trim) {
+            None | Some("" | "mma") => Ok(ForwardKernels::MmaSync),
+            Some("wgmma") => Ok(ForwardKernels::Wgmma),
+            Some(other) => Err(CudaError::Invalid(format!(
+                "BRAID_FLASH_FORWARD={other:?}: expected mma or wgmma"
+            ))),
+        }
+    }
+
+    /// The choice in this process's environment.
+    pub fn from_env() -> Result<ForwardKernels> {
+        Self::parse(std::env::var("BRAID_FLASH_FORWARD").ok().as_deref())
+    }
+}
+
 /// `BRAID_FLASH128_BLOCKS=F,K,Q`: the blocks per SM the head-size-128
 /// kernels' registers are planned for (forward, dK/dV, dQ recomputing the
 /// score gradients; each 1 to 8), as `#define`s ahead of the source; the
@@ -103,7 +163,8 @@ const DSUM_THREADS: u32 = 128;
 struct HeadKernels {
     hs: usize,
     forward: Function,
-    /// The forward pass over 128 query rows a block.
+    /// The forward pass on Hopper's warpgroup products, where chosen.
+    forward_wg: Option<Function>,
     dsum: Function,
     dkdv: Function,
     dq: Function,
@@ -130,27 +191,54 @@ impl FlashKernels {
     /// Head sizes with fused kernels.
     pub const HEAD_SIZES: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
-    /// Checks the kernels' measuring knob (`BRAID_FLASH128_BLOCKS`) without
-    /// a GPU, so that a bad value is said once before workers start rather
-    /// than by each of them.
+    /// Checks the kernels' measuring knobs (`BRAID_FLASH128_BLOCKS`,
+    /// `BRAID_FLASH_FORWARD`) without a GPU, so that a bad value is said
+    /// once before workers start rather than by each of them.
     pub fn check_env() -> Result<()> {
+        ForwardKernels::from_env()?;
         blocks_128_from_env().map(|_| ())
     }
 
     /// Compiles (through the cache) and loads the kernels, or `None` on a
     /// GPU older than compute capability 8.0.
     pub fn load(device: &Device) -> Result<Option<FlashKernels>> {
-        if device.compute_capability()?.0 < 8 {
+        let cc = device.compute_capability()?;
+        if cc.0 < 8 {
             return Ok(None);
         }
-        let source = format!("{}{}", blocks_128_from_env()?, SOURCES[2].1);
-        let module = Module::compile(device, SOURCES[2].0, &source)?;
+        let hopper = ForwardKernels::from_env()? == ForwardKernels::Wgmma;
+        if hopper && cc != (9, 0) {
+            return Err(CudaError::Invalid(format!(
+                "BRAID_FLASH_FORWARD=wgmma: Hopper's warpgroup products need a GPU of compute \
+                 capability 9.0, this one is {}.{}; unset the variable",
+                cc.0, cc.1
+            )));
+        }
+        let defines = blocks_128_from_env()?;
+        let module = match hopper {
+            true => Module::compile_for(
+                device,
+                HOPPER_SOURCE.0,
+                &hopper_source(&defines),
+                HOPPER_ARCH,
+            )?,
+            false => Module::compile(device, SOURCES[2].0, &format!("{defines}{}", SOURCES[2].1))?,
+        };
         let mut heads = Vec::new();
         for hs in Self::HEAD_SIZES {
             let f = |n: &str| module.function(&format!("{n}_{hs}"));
+            let forward_wg = match hopper && HOPPER_HEAD_SIZES.contains(&hs) {
+                true => {
+                    let k = f("flash_forward_wg")?;
+                    k.set_max_dynamic_shared(hopper_bytes(hs))?;
+                    Some(k)
+                }
+                false => None,
+            };
             let k = HeadKernels {
                 hs,
                 forward: f("flash_forward")?,
+                forward_wg,
                 dsum: f("flash_dsum")?,
                 dkdv: f("flash_dkdv")?,
                 dq: f("flash_dq")?,
@@ -281,6 +369,12 @@ impl FlashKernels {
             A::I(s.nh as i32),
             A::F(sl2),
         ];
+        if let Some(wg) = &k.forward_wg {
+            let rows = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
+            let grid = ((s.b * s.nh) as u32, rows, 1);
+            let shared = hopper_bytes(k.hs) as u32;
+            return MixedKernels::go_shared(wg, st, grid, (HOPPER_THREADS, 1, 1), shared, args);
+        }
         let shared = tile_bytes(k.hs) as u32;
         MixedKernels::go_shared(&k.forward, st, Self::grid(s), (THREADS, 1, 1), shared, args)
     }
@@ -410,6 +504,42 @@ mod tests {
             let src = format!("{d}{}", SOURCES[2].1);
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-blocks", &src, "compute_90").unwrap();
             assert!(ptx.contains("flash_forward_128"));
+        }
+    }
+
+    /// `BRAID_FLASH_FORWARD`'s values; the Hopper kernels exist in the
+    /// `compute_90a` build of the appended source only (NVRTC at hand).
+    #[test]
+    fn the_hopper_forward_kernels_are_chosen_and_built_for_compute_90a() {
+        assert_eq!(
+            ForwardKernels::parse(None).unwrap(),
+            ForwardKernels::MmaSync
+        );
+        assert_eq!(
+            ForwardKernels::parse(Some("mma")).unwrap(),
+            ForwardKernels::MmaSync
+        );
+        assert_eq!(
+            ForwardKernels::parse(Some(" wgmma")).unwrap(),
+            ForwardKernels::Wgmma
+        );
+        let e = ForwardKernels::parse(Some("tma")).unwrap_err().to_string();
+        assert!(
+            e.contains("BRAID_FLASH_FORWARD=\"tma\": expected mma or wgmma"),
+            "{e}"
+        );
+        if braid_cuda::nvrtc::version().is_ok() {
+            let src = hopper_source("");
+            let ptx = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, HOPPER_ARCH).unwrap();
+            for hs in HOPPER_HEAD_SIZES {
+                assert!(
+                    ptx.contains(&format!(".entry flash_forward_wg_{hs}(")),
+                    "{hs}"
+                );
+            }
+            assert!(ptx.contains("wgmma.mma_async") && ptx.contains("flash_forward_128"));
+            let plain = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, "compute_90").unwrap();
+            assert!(!plain.contains("flash_forward_wg_") && plain.contains("flash_forward_128"));
         }
     }
 }

@@ -36,6 +36,15 @@ pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
     braid_cuda::nvrtc::compile_sources(&SOURCES, arch)
 }
 
+/// Compiles the Hopper forward kernels (`flash_wgmma.cu` appended to
+/// `flash.cu`) to PTX for their architecture ([`flash::HOPPER_ARCH`]), no
+/// GPU needed: the PTX's size.
+pub fn compile_hopper() -> Result<usize> {
+    let src = flash::hopper_source("");
+    braid_cuda::nvrtc::compile_ptx(flash::HOPPER_SOURCE.0, &src, flash::HOPPER_ARCH)
+        .map(|p| p.len())
+}
+
 const BLOCK: u32 = 256;
 
 fn grid(n: usize, per_block: usize) -> (u32, u32, u32) {

@@ -1,0 +1,201 @@
+// braid's fused causal attention, forward pass, on Hopper's warpgroup
+// products (`wgmma`, sm_90a). Appended to flash.cu's source (whose helpers
+// it uses: cp16, the online softmax, the fragment packing, the row
+// stores) and compiled for compute_90a, so this file is only built for
+// GPUs of compute capability 9.0.
+//
+// A block is two warpgroups of 128 threads; each warpgroup owns 64 query
+// rows of one (batch, head), the block 128. Key and value tiles of 64 rows
+// move global -> shared memory with cp.async, double-buffered, in the
+// 128-byte-swizzled layout `wgmma` reads: per tile, HS / 64 column atoms
+// of 64 rows x 128 bytes, the 16-byte chunk c of row r stored at chunk
+// c ^ (r % 8). Q stays in registers as the A operand (read once from
+// global memory), so the scores S = Q K^T (64 x 64 per warpgroup, K as a
+// K-major B operand) and the output O += P V (P from the scores'
+// registers, V as a transposed, N-major B operand, one product per 64
+// head values) never leave the registers. The accumulators have mma.sync's layout per warp (warp w of
+// the warpgroup holds rows 16 w .. 16 w + 15), so the softmax, the masking
+// and the stores are flash.cu's.
+//
+// Each product is issued, committed and waited for before its registers
+// are read: the two warpgroups of a block, not one warpgroup's pipeline,
+// keep the tensor cores busy while the other runs its softmax.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_THREADS 256    // two warpgroups
+#define WG_ROWS 128       // query rows per block (64 per warpgroup)
+#define WG_KEYS 64        // keys per tile
+
+// A shared-memory matrix descriptor: 128-byte swizzle, `lbo` / `sbo` the
+// leading / stride byte offsets (the distance between column atoms, which
+// no product here spans: each B is one atom wide; between groups of 8
+// rows).
+__device__ __forceinline__ unsigned long long wg_desc(const void* p, unsigned lbo, unsigned sbo) {
+    unsigned long long a = smem_addr(p);
+    return ((a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared memory written by cp.async (the generic proxy) made visible to
+// wgmma's reads (the async proxy).
+__device__ __forceinline__ void wg_smem_visible() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins registers a product reads or writes asynchronously to this point
+// of the program, so the compiler neither reads them early nor reuses
+// them while the product runs.
+template <int N>
+__device__ __forceinline__ void wg_pin(float (*d)[4]) {
+    for (int j = 0; j < N; j++)
+        for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[j][i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_pin_a(unsigned (*a)[4]) {
+    for (int j = 0; j < N; j++)
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[j][i])::"memory");
+}
+
+// The products, m64nNk16 with A (4 registers: mma.sync's A fragment of
+// the warp's 16 rows) and B by descriptor, transposed where TB is 1 (an
+// N-major B); `acc` 0 overwrites d. Inline PTX names each accumulator
+// register, hence the long operand list. 64 x 64 per warpgroup.
+template <int TB>
+__device__ __forceinline__ void wg_n64(float (*d)[4], const unsigned* a, unsigned long long b, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %36, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(b), "n"(TB));
+}
+// Key rows [row0, row0 + 64) of one head's K or V slice (`src` at row 0,
+// rows `stride` apart) into a swizzled tile; rows past T read as 0.
+template <int HS>
+__device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* src, int row0, int T,
+                                             long stride) {
+    constexpr int CH = HS / 8;
+    for (int i = threadIdx.x; i < WG_KEYS * CH; i += WG_THREADS) {
+        int r = i / CH, c = i % CH, row = row0 + r;
+        bool ok = row < T;
+        unsigned char* d = dst + (c >> 3) * (WG_KEYS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+        cp16(d, ok ? src + row * stride + c * 8 : src, ok);
+    }
+}
+
+// grid (B*NH, ceil(T/128)), the longest row blocks first; `smraw` holds
+// two stages of (K, V) tiles, 64 x HS each, from its first 1024-byte
+// boundary. lse as flash_forward's.
+template <int HS>
+__device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, const bf16* qkv, int T,
+                                 int NH, float sl2) {
+    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2;
+    unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
+    int nqb = (T + WG_ROWS - 1) / WG_ROWS, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    int g = lane >> 2, t = lane & 3;
+    int q0 = qb * WG_ROWS + wg * 64;  // this warpgroup's first row
+    int mine = q0 / WG_KEYS;          // its diagonal key tile
+    int tiles = min(2 * qb + 2, (T + WG_KEYS - 1) / WG_KEYS);
+    bool rows = q0 < T;  // the last block's second warpgroup may have none
+
+    wg_load_tile<HS>(sm, k, 0, T, stride);
+    wg_load_tile<HS>(sm + TILE_B, v, 0, T, stride);
+    cp_commit();
+
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    unsigned qf[HS / 16][4];
+    for (int ks = 0; ks < HS / 16; ks++) {
+        const bf16* p = q + ks * 16 + 2 * t;
+        qf[ks][0] = row0 < T ? ld32(p + row0 * stride) : 0u;
+        qf[ks][1] = row1 < T ? ld32(p + row1 * stride) : 0u;
+        qf[ks][2] = row0 < T ? ld32(p + row0 * stride + 8) : 0u;
+        qf[ks][3] = row1 < T ? ld32(p + row1 * stride + 8) : 0u;
+    }
+
+    float o[NT][4];
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    for (int j = 0; j < tiles; j++) {
+        unsigned char* kt = sm + (j & 1) * 2 * TILE_B;
+        if (j + 1 < tiles) {
+            unsigned char* next = sm + ((j + 1) & 1) * 2 * TILE_B;
+            wg_load_tile<HS>(next, k, (j + 1) * WG_KEYS, T, stride);
+            wg_load_tile<HS>(next + TILE_B, v, (j + 1) * WG_KEYS, T, stride);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        wg_smem_visible();
+        __syncthreads();
+        if (rows && j <= mine) {
+            float s[WG_KEYS / 8][4];
+            wg_fence();
+            // K-major K: 16 head values a step, 32 bytes into the
+            // current 64-value column atom.
+            for (int ks = 0; ks < HS / 16; ks++)
+                wg_n64<0>(s, qf[ks], wg_desc(kt + (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32, 16, 1024),
+                         ks);
+            wg_commit();
+            wg_wait();
+            wg_pin<WG_KEYS / 8>(s);
+            wg_pin_a<HS / 16>(qf);
+            // Only the diagonal tile has keys past some of its rows; key
+            // j * 64 <= every row, so each row has a finite score.
+            if (j == mine) mask_past_rows(s, j * WG_KEYS + 2 * t, row0, row1);
+            softmax_tile<NT>(s, o, m0, m1, l0, l1, sl2);
+            unsigned pf[WG_KEYS / 16][4];
+            to_a(pf, s);
+            wg_fence();
+            // N-major V: 16 keys a step (2048 bytes into the tile), one
+            // product per column atom of 64 head values (64 x 128 bytes
+            // apart), into that atom's 8 accumulator tiles.
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                for (int at = 0; at < HS / 64; at++)
+                    wg_n64<1>(o + 8 * at, pf[kk],
+                              wg_desc(kt + TILE_B + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+            wg_commit();
+            wg_wait();
+            wg_pin<NT>(o);
+            wg_pin_a<WG_KEYS / 16>(pf);
+        }
+        __syncthreads();
+    }
+    if (rows)
+        finish_rows<HS>(out + (long)b * T * C + h * HS, lse + (long)bh * T, o, m0, m1, l0, l1, q0, T,
+                        C, warp, lane);
+}
+
+// Entry points: head size 64 at two blocks per SM, 128 at one (its
+// output accumulator alone is 64 registers a thread).
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)
+    flash_forward_wg_64(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+    extern __shared__ unsigned char wg_smem[];
+    flash_forward_wg<64>(wg_smem, out, lse, qkv, T, NH, sl2);
+}
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    flash_forward_wg_128(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+    extern __shared__ unsigned char wg_smem[];
+    flash_forward_wg<128>(wg_smem, out, lse, qkv, T, NH, sl2);
+}
+#endif
