@@ -23,6 +23,13 @@
 #     the head-size-128 attention kernels' blocks per SM
 #     (BRAID_FLASH128_BLOCKS) in turns on a one-GPU model of the 12.85B
 #     width, profiled: see phase_flash.
+#   bash bench/device/one.sh hopper
+#     the attention's forward pass on Hopper's warpgroup products
+#     (BRAID_FLASH_FORWARD=wgmma; an H100 or H200): `braid kernels
+#     --check` under it (the phase stops if a kernel is out of bounds),
+#     then GPT-2 124M (batch 16 x 1024, 25 steps) with the default
+#     forward and with wgmma in turns, HOPPER_ROUNDS times (default 2),
+#     then the `flash` phase with FLASH_VARIANTS="2,2,2 2,2,2/wgmma".
 #   bash bench/device/one.sh proxy
 #     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
 #     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
@@ -64,6 +71,7 @@ run() {
   fi
   local envs="${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }"
   envs+="${BRAID_FLASH128_BLOCKS:+BRAID_FLASH128_BLOCKS=$BRAID_FLASH128_BLOCKS }"
+  envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -203,6 +211,26 @@ phase_flash() {
   echo "flash: fastest ${best:-none} (attention ${best_ms:-?} ms a step)"
 }
 
+# The Hopper forward kernels: checked, then timed against the default.
+phase_hopper() {
+  local r fwd n
+  BRAID_FLASH_FORWARD=wgmma run hopper-check 180 "$B" kernels --check
+  grep -E "attention_forward|kernels within" "$L/hopper-check.txt"
+  if ! grep -q "^exit 0" "$L/hopper-check.txt"; then
+    echo "hopper: the kernels' check failed; nothing timed"
+    return 1
+  fi
+  for r in $(seq "${HOPPER_ROUNDS:-2}"); do
+    for fwd in mma wgmma; do
+      n="hopper-124m-$fwd-$r"
+      BRAID_FLASH_FORWARD=$fwd run "$n" 90 "$B" train --device cuda --model 124M --batch 16 \
+        --seq 1024 --data random --steps 25 --eval-every 0 --log-every 5 || continue
+      echo "124M $fwd round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
+    done
+  done
+  FLASH_VARIANTS=${FLASH_VARIANTS:-2,2,2 2,2,2/wgmma} phase_flash
+}
+
 phase=${1:-}
 shift
 case $phase in
@@ -210,8 +238,9 @@ tests) phase_tests "$@" ;;
 bits) phase_bits ;;
 proxy) phase_proxy ;;
 flash) phase_flash ;;
+hopper) phase_hopper ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper" >&2
   exit 2
   ;;
 esac
