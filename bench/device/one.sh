@@ -24,12 +24,12 @@
 #     (BRAID_FLASH128_BLOCKS) in turns on a one-GPU model of the 12.85B
 #     width, profiled: see phase_flash.
 #   bash bench/device/one.sh hopper
-#     the attention's forward pass on Hopper's warpgroup products
-#     (BRAID_FLASH_FORWARD=wgmma; an H100 or H200): `braid kernels
-#     --check` under it (the phase stops if a kernel is out of bounds),
-#     then GPT-2 124M (batch 16 x 1024, 25 steps) with the default
-#     forward and with wgmma in turns, HOPPER_ROUNDS times (default 2),
-#     then the `flash` phase with FLASH_VARIANTS="2,2,2 2,2,2/wgmma".
+#     the attention's kernels on Hopper's warpgroup products (an H100 or
+#     H200): `braid kernels --check` under BRAID_FLASH_FORWARD=wgmma, then
+#     under BRAID_FLASH_BACKWARD=wgmma; then GPT-2 124M (batch 16 x 1024,
+#     25 steps) with the default kernels and with each that passed its
+#     check (forward, then both), in turns, HOPPER_ROUNDS times (default
+#     2); then the `flash` phase with the default and the same choices.
 #   bash bench/device/one.sh proxy
 #     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
 #     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
@@ -72,6 +72,7 @@ run() {
   local envs="${BRAID_SAVED_IN_GRADS:+BRAID_SAVED_IN_GRADS=$BRAID_SAVED_IN_GRADS }"
   envs+="${BRAID_FLASH128_BLOCKS:+BRAID_FLASH128_BLOCKS=$BRAID_FLASH128_BLOCKS }"
   envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
+  envs+="${BRAID_FLASH_BACKWARD:+BRAID_FLASH_BACKWARD=$BRAID_FLASH_BACKWARD }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -181,22 +182,26 @@ phase_proxy() {
 }
 
 # The head-size-128 attention kernels' blocks per SM
-# (BRAID_FLASH128_BLOCKS=F,K,Q; a variant F,K,Q/KIND also sets
-# BRAID_FLASH_FORWARD=KIND, e.g. 2,2,2/wgmma) in turns, FLASH_ROUNDS times, on GPU 0:
+# (BRAID_FLASH128_BLOCKS=F,K,Q; a variant F,K,Q/FWD[:BWD] also sets
+# BRAID_FLASH_FORWARD=FWD and BRAID_FLASH_BACKWARD=BWD, e.g.
+# 2,2,2/wgmma:mma) in turns, FLASH_ROUNDS times, on GPU 0:
 # the 12.85B model's width (FLASH_MODEL, default L4-H40-C5120: 4 layers,
 # head size 128) at batch 8 x 1024 with checkpointing, 8 steps, profiled
 # (BRAID_PROFILE=1); per run the attention's GPU time per step (forward,
 # recompute and backward rows) and the median step. The variant with the
 # least attention time, over its rounds, goes to $L/flash-best.txt.
 phase_flash() {
-  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r n ms fwd best= best_ms=
+  local M=${FLASH_MODEL:-L4-H40-C5120-V50304-T1024} v r n ms fwd bwd best= best_ms=
   local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
   for r in $(seq "${FLASH_ROUNDS:-1}"); do
     for v in $variants; do
-      n="flash-${v//[,\/]/-}-$r"
-      fwd=
+      n="flash-${v//[,\/:]/-}-$r"
+      fwd= bwd=
       [[ $v == */* ]] && fwd=${v#*/}
-      BRAID_FLASH128_BLOCKS=${v%%/*} BRAID_FLASH_FORWARD=$fwd BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
+      # KIND is FORWARD[:BACKWARD].
+      [[ $fwd == *:* ]] && bwd=${fwd#*:}
+      BRAID_FLASH128_BLOCKS=${v%%/*} BRAID_FLASH_FORWARD=${fwd%%:*} BRAID_FLASH_BACKWARD=$bwd \
+        BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
         --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
         --eval-every 0 --log-every 4 || continue
       ms=$(grep -h ' attention  ' "$L/$n.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')
@@ -211,24 +216,35 @@ phase_flash() {
   echo "flash: fastest ${best:-none} (attention ${best_ms:-?} ms a step)"
 }
 
-# The Hopper forward kernels: checked, then timed against the default.
+# The Hopper kernels: each pass's checked, then those that pass timed
+# against the default. A choice is FORWARD:BACKWARD (mma or wgmma each).
 phase_hopper() {
-  local r fwd n
-  BRAID_FLASH_FORWARD=wgmma run hopper-check 180 "$B" kernels --check
-  grep -E "attention_forward|kernels within" "$L/hopper-check.txt"
-  if ! grep -q "^exit 0" "$L/hopper-check.txt"; then
-    echo "hopper: the kernels' check failed; nothing timed"
+  local r c n pass choices="mma:mma"
+  BRAID_FLASH_FORWARD=wgmma run hopper-check-forward 180 "$B" kernels --check
+  BRAID_FLASH_BACKWARD=wgmma run hopper-check-backward 180 "$B" kernels --check
+  for pass in forward backward; do
+    echo "== kernels --check, the $pass pass on wgmma"
+    grep -E "attention_(forward|backward) \(bf16, fused|kernels within" "$L/hopper-check-$pass.txt"
+  done
+  grep -q "^exit 0" "$L/hopper-check-forward.txt" && choices+=" wgmma:mma"
+  grep -q "^exit 0" "$L/hopper-check-backward.txt" && grep -q "^exit 0" "$L/hopper-check-forward.txt" &&
+    choices+=" wgmma:wgmma"
+  if [ "$choices" = "mma:mma" ]; then
+    echo "hopper: no Hopper kernel passed its check; nothing timed"
     return 1
   fi
   for r in $(seq "${HOPPER_ROUNDS:-2}"); do
-    for fwd in mma wgmma; do
-      n="hopper-124m-$fwd-$r"
-      BRAID_FLASH_FORWARD=$fwd run "$n" 90 "$B" train --device cuda --model 124M --batch 16 \
-        --seq 1024 --data random --steps 25 --eval-every 0 --log-every 5 || continue
-      echo "124M $fwd round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
+    for c in $choices; do
+      n="hopper-124m-${c/:/-}-$r"
+      BRAID_FLASH_FORWARD=${c%:*} BRAID_FLASH_BACKWARD=${c#*:} run "$n" 90 "$B" train --device cuda \
+        --model 124M --batch 16 --seq 1024 --data random --steps 25 --eval-every 0 --log-every 5 ||
+        continue
+      echo "124M $c round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
     done
   done
-  FLASH_VARIANTS=${FLASH_VARIANTS:-2,2,2 2,2,2/wgmma} phase_flash
+  local variants="2,2,2"
+  for c in $choices; do [ "$c" != mma:mma ] && variants+=" 2,2,2/$c"; done
+  FLASH_VARIANTS=${FLASH_VARIANTS:-$variants} phase_flash
 }
 
 phase=${1:-}

@@ -380,6 +380,30 @@ __device__ __forceinline__ bf16* score_head(bf16* dS, bf16* dS2, int split, int 
     return bh < split ? dS + score_tile(bh, nb, 0, 0) : dS2 + score_tile(bh - split, nb, 0, 0);
 }
 
+// One column tile of a thread's transposed scores, in place: P^T =
+// exp2(S^T * sl2 - lse) in `p` and dS^T = P^T (dP^T - D) in `dp`, for its
+// keys key0 (elements 0, 1) and key1 (2, 3) and the queries qrow and
+// qrow + 1 (their lse la, lb and row sums da, db); on the diagonal tile
+// (`diag`) queries before a key get probability 0.
+__device__ __forceinline__ void transposed_grads(float* p, float* dp, float sl2, float la, float lb,
+                                                 float da, float db, bool diag, int qrow, int key0,
+                                                 int key1) {
+    p[0] = exp2f(fmaf(p[0], sl2, -la));
+    p[1] = exp2f(fmaf(p[1], sl2, -lb));
+    p[2] = exp2f(fmaf(p[2], sl2, -la));
+    p[3] = exp2f(fmaf(p[3], sl2, -lb));
+    if (diag) {
+        if (qrow < key0) p[0] = 0.f;
+        if (qrow + 1 < key0) p[1] = 0.f;
+        if (qrow < key1) p[2] = 0.f;
+        if (qrow + 1 < key1) p[3] = 0.f;
+    }
+    dp[0] = p[0] * (dp[0] - da);
+    dp[1] = p[1] * (dp[1] - db);
+    dp[2] = p[2] * (dp[2] - da);
+    dp[3] = p[3] * (dp[3] - db);
+}
+
 // dK, dV for key block kb of head bh (the grid is described at the entry
 // points below). The block keeps its 64 keys' K and V in shared memory;
 // each warp owns 16 keys and walks the query blocks at or after its own
@@ -443,22 +467,10 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
             mul_bt_s<HS, SUB>(p, sm[2][0], sq, warp, lane);   // S^T: keys x queries
             mul_bt_s<HS, SUB>(dp, sm[2][1], sdo, warp, lane); // dP^T = V dO^T
             for (int nt = 0; nt < SUB / 8; nt++) {
-                int c = half * SUB + nt * 8 + 2 * t, qrow = qb * BLK + c;
-                float la = sL[cur][c], lb = sL[cur][c + 1], da = sD[cur][c], db = sD[cur][c + 1];
-                p[nt][0] = exp2f(fmaf(p[nt][0], sl2, -la));
-                p[nt][1] = exp2f(fmaf(p[nt][1], sl2, -lb));
-                p[nt][2] = exp2f(fmaf(p[nt][2], sl2, -la));
-                p[nt][3] = exp2f(fmaf(p[nt][3], sl2, -lb));
-                if (qb == kb) { // the diagonal tile: queries before some keys
-                    if (qrow < key0) p[nt][0] = 0.f;
-                    if (qrow + 1 < key0) p[nt][1] = 0.f;
-                    if (qrow < key1) p[nt][2] = 0.f;
-                    if (qrow + 1 < key1) p[nt][3] = 0.f;
-                }
-                dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
-                dp[nt][1] = p[nt][1] * (dp[nt][1] - db);
-                dp[nt][2] = p[nt][2] * (dp[nt][2] - da);
-                dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+                int c = half * SUB + nt * 8 + 2 * t;
+                // qb == kb: the diagonal tile, queries before some keys.
+                transposed_grads(p[nt], dp[nt], sl2, sL[cur][c], sL[cur][c + 1], sD[cur][c],
+                                 sD[cur][c + 1], qb == kb, qb * BLK + c, key0, key1);
             }
             unsigned af[SUB / 16][4];
             to_a<SUB>(af, p);

@@ -7,10 +7,11 @@
 //! falls back to batched cuBLAS products otherwise. Every launcher checks
 //! its buffers against the shape before launching.
 //!
-//! `BRAID_FLASH_FORWARD=wgmma` (compute capability 9.0 only, opt-in until
-//! measured) runs the forward pass at head sizes 64 and 128 on Hopper's
-//! warpgroup products instead (`flash_wgmma.cu`, appended to `flash.cu`
-//! and compiled for `compute_90a`); the backward kernels are the same.
+//! `BRAID_FLASH_FORWARD=wgmma` and `BRAID_FLASH_BACKWARD=wgmma` (compute
+//! capability 9.0 only, opt-in until measured) run the forward kernel, or
+//! the dK/dV kernel, at head sizes 64 and 128 on Hopper's warpgroup
+//! products instead (`flash_wgmma.cu`, appended to `flash.cu` and
+//! compiled for `compute_90a`); the other kernels are the same.
 
 use super::mixed::{MixedKernels, A};
 use super::SOURCES;
@@ -90,37 +91,50 @@ fn hopper_bytes(hs: usize) -> usize {
     4 * TILE * hs * 2 + 1024
 }
 
-/// `flash.cu` with the Hopper forward kernels appended (and the blocks-per-SM
+/// ... of the Hopper dK/dV kernel: the block's two K and two V tiles, two
+/// stages of a Q and a dO tile, two stages of 64 rows' lse and dsum, and
+/// the room to align.
+fn hopper_dkdv_bytes(hs: usize) -> usize {
+    8 * TILE * hs * 2 + 2 * 2 * TILE * 4 + 1024
+}
+
+/// `flash.cu` with the Hopper kernels appended (and the blocks-per-SM
 /// defines `defines` ahead), what [`FlashKernels::load`] compiles for
-/// [`HOPPER_ARCH`] under `BRAID_FLASH_FORWARD=wgmma`.
+/// [`HOPPER_ARCH`] where a pass asks for `wgmma`.
 pub fn hopper_source(defines: &str) -> String {
     format!("{defines}{}{}", SOURCES[2].1, HOPPER_SOURCE.1)
 }
 
-/// The forward kernels `BRAID_FLASH_FORWARD` names.
+/// The variables choosing each pass's products.
+pub const FORWARD_VAR: &str = "BRAID_FLASH_FORWARD";
+pub const BACKWARD_VAR: &str = "BRAID_FLASH_BACKWARD";
+
+/// The products a pass's kernel is built on (`BRAID_FLASH_FORWARD` for
+/// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ForwardKernels {
+pub enum Products {
     /// `mma` (the default): `mma.sync` tiles, any GPU from 8.0.
     MmaSync,
     /// `wgmma`: Hopper's warpgroup products at head sizes 64 and 128.
     Wgmma,
 }
 
-impl ForwardKernels {
-    /// The choice `value` names (`None`: unset), or what is expected.
-    pub fn parse(value: Option<&str>) -> Result<ForwardKernels> {
+impl Products {
+    /// The choice `value` of variable `var` names (`None`: unset), or what
+    /// is expected.
+    pub fn parse(var: &str, value: Option<&str>) -> Result<Products> {
         match value.map(str::trim) {
-            None | Some("" | "mma") => Ok(ForwardKernels::MmaSync),
-            Some("wgmma") => Ok(ForwardKernels::Wgmma),
+            None | Some("" | "mma") => Ok(Products::MmaSync),
+            Some("wgmma") => Ok(Products::Wgmma),
             Some(other) => Err(CudaError::Invalid(format!(
-                "BRAID_FLASH_FORWARD={other:?}: expected mma or wgmma"
+                "{var}={other:?}: expected mma or wgmma"
             ))),
         }
     }
 
-    /// The choice in this process's environment.
-    pub fn from_env() -> Result<ForwardKernels> {
-        Self::parse(std::env::var("BRAID_FLASH_FORWARD").ok().as_deref())
+    /// The choice of `var` in this process's environment.
+    pub fn from_env(var: &str) -> Result<Products> {
+        Self::parse(var, std::env::var(var).ok().as_deref())
     }
 }
 
@@ -165,6 +179,8 @@ struct HeadKernels {
     forward: Function,
     /// The forward pass on Hopper's warpgroup products, where chosen.
     forward_wg: Option<Function>,
+    /// dK/dV on Hopper's warpgroup products, where chosen.
+    dkdv_wg: Option<Function>,
     dsum: Function,
     dkdv: Function,
     dq: Function,
@@ -195,7 +211,8 @@ impl FlashKernels {
     /// `BRAID_FLASH_FORWARD`) without a GPU, so that a bad value is said
     /// once before workers start rather than by each of them.
     pub fn check_env() -> Result<()> {
-        ForwardKernels::from_env()?;
+        Products::from_env(FORWARD_VAR)?;
+        Products::from_env(BACKWARD_VAR)?;
         blocks_128_from_env().map(|_| ())
     }
 
@@ -206,11 +223,14 @@ impl FlashKernels {
         if cc.0 < 8 {
             return Ok(None);
         }
-        let hopper = ForwardKernels::from_env()? == ForwardKernels::Wgmma;
+        let fwd = Products::from_env(FORWARD_VAR)? == Products::Wgmma;
+        let bwd = Products::from_env(BACKWARD_VAR)? == Products::Wgmma;
+        let hopper = fwd || bwd;
         if hopper && cc != (9, 0) {
+            let var = if fwd { FORWARD_VAR } else { BACKWARD_VAR };
             return Err(CudaError::Invalid(format!(
-                "BRAID_FLASH_FORWARD=wgmma: Hopper's warpgroup products need a GPU of compute \
-                 capability 9.0, this one is {}.{}; unset the variable",
+                "{var}=wgmma: Hopper's warpgroup products need a GPU of compute capability \
+                 9.0, this one is {}.{}; unset the variable",
                 cc.0, cc.1
             )));
         }
@@ -227,18 +247,21 @@ impl FlashKernels {
         let mut heads = Vec::new();
         for hs in Self::HEAD_SIZES {
             let f = |n: &str| module.function(&format!("{n}_{hs}"));
-            let forward_wg = match hopper && HOPPER_HEAD_SIZES.contains(&hs) {
-                true => {
-                    let k = f("flash_forward_wg")?;
-                    k.set_max_dynamic_shared(hopper_bytes(hs))?;
-                    Some(k)
+            let wg = |on: bool, name: &str, bytes: usize| -> Result<Option<Function>> {
+                if !on || !HOPPER_HEAD_SIZES.contains(&hs) {
+                    return Ok(None);
                 }
-                false => None,
+                let k = f(name)?;
+                k.set_max_dynamic_shared(bytes)?;
+                Ok(Some(k))
             };
+            let forward_wg = wg(fwd, "flash_forward_wg", hopper_bytes(hs))?;
+            let dkdv_wg = wg(bwd, "flash_dkdv_wg", hopper_dkdv_bytes(hs))?;
             let k = HeadKernels {
                 hs,
                 forward: f("flash_forward")?,
                 forward_wg,
+                dkdv_wg,
                 dsum: f("flash_dsum")?,
                 dkdv: f("flash_dkdv")?,
                 dq: f("flash_dq")?,
@@ -461,8 +484,18 @@ impl FlashKernels {
         ];
         let mut args = recompute.clone();
         args.extend([A::P(ds), A::P(ds2), A::I(split as i32)]);
-        let shared = dkdv_bytes(k.hs) as u32;
-        MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?;
+        match &k.dkdv_wg {
+            Some(wg) => {
+                let keys = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
+                let wgrid = ((s.b * s.nh) as u32, keys, 1);
+                let shared = hopper_dkdv_bytes(k.hs) as u32;
+                MixedKernels::go_shared(wg, st, wgrid, (HOPPER_THREADS, 1, 1), shared, args)?
+            }
+            None => {
+                let shared = dkdv_bytes(k.hs) as u32;
+                MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?
+            }
+        }
         if ds != 0 {
             let args = vec![
                 A::P(dqkv.dptr()),
@@ -507,39 +540,34 @@ mod tests {
         }
     }
 
-    /// `BRAID_FLASH_FORWARD`'s values; the Hopper kernels exist in the
-    /// `compute_90a` build of the appended source only (NVRTC at hand).
+    /// `BRAID_FLASH_FORWARD`'s and `BRAID_FLASH_BACKWARD`'s values; the
+    /// Hopper kernels exist in the `compute_90a` build of the appended
+    /// source only (NVRTC at hand).
     #[test]
-    fn the_hopper_forward_kernels_are_chosen_and_built_for_compute_90a() {
-        assert_eq!(
-            ForwardKernels::parse(None).unwrap(),
-            ForwardKernels::MmaSync
-        );
-        assert_eq!(
-            ForwardKernels::parse(Some("mma")).unwrap(),
-            ForwardKernels::MmaSync
-        );
-        assert_eq!(
-            ForwardKernels::parse(Some(" wgmma")).unwrap(),
-            ForwardKernels::Wgmma
-        );
-        let e = ForwardKernels::parse(Some("tma")).unwrap_err().to_string();
-        assert!(
-            e.contains("BRAID_FLASH_FORWARD=\"tma\": expected mma or wgmma"),
-            "{e}"
-        );
+    fn the_hopper_kernels_are_chosen_and_built_for_compute_90a() {
+        for var in [FORWARD_VAR, BACKWARD_VAR] {
+            let parse = |v| Products::parse(var, v);
+            assert_eq!(parse(None).unwrap(), Products::MmaSync);
+            assert_eq!(parse(Some("mma")).unwrap(), Products::MmaSync);
+            assert_eq!(parse(Some(" wgmma")).unwrap(), Products::Wgmma);
+            let e = parse(Some("tma")).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{var}=\"tma\": expected mma or wgmma")),
+                "{e}"
+            );
+        }
         if braid_cuda::nvrtc::version().is_ok() {
             let src = hopper_source("");
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, HOPPER_ARCH).unwrap();
             for hs in HOPPER_HEAD_SIZES {
-                assert!(
-                    ptx.contains(&format!(".entry flash_forward_wg_{hs}(")),
-                    "{hs}"
-                );
+                for kernel in ["flash_forward_wg", "flash_dkdv_wg"] {
+                    let entry = format!(".entry {kernel}_{hs}(");
+                    assert!(ptx.contains(&entry), "{entry}");
+                }
             }
             assert!(ptx.contains("wgmma.mma_async") && ptx.contains("flash_forward_128"));
             let plain = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, "compute_90").unwrap();
-            assert!(!plain.contains("flash_forward_wg_") && plain.contains("flash_forward_128"));
+            assert!(!plain.contains("_wg_") && plain.contains("flash_forward_128"));
         }
     }
 }

@@ -60,30 +60,45 @@ __device__ __forceinline__ void wg_pin_a(unsigned (*a)[4]) {
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[j][i])::"memory");
 }
 
-// The products, m64nNk16 with A (4 registers: mma.sync's A fragment of
-// the warp's 16 rows) and B by descriptor, transposed where TB is 1 (an
-// N-major B); `acc` 0 overwrites d. Inline PTX names each accumulator
-// register, hence the long operand list. 64 x 64 per warpgroup.
+// The products, m64n64k16 (64 x 64 per warpgroup) with B by descriptor,
+// transposed where TB is 1 (an N-major B); `acc` 0 overwrites d. A comes
+// from 4 registers (mma.sync's A fragment of the warp's 16 rows: `_rs`)
+// or by descriptor (transposed where TA is 1: `_ss`). Inline PTX names
+// each of the 32 accumulator registers: WG_D lists them as operands,
+// WG_D_NAMES as the instruction's first argument.
+#define WG_D(d) \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),\
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),\
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),\
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),\
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),\
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),\
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),\
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define WG_D_NAMES \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
 template <int TB>
-__device__ __forceinline__ void wg_n64(float (*d)[4], const unsigned* a, unsigned long long b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %36, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(b), "n"(TB));
+__device__ __forceinline__ void wg_n64_rs(float (*d)[4], const unsigned* a, unsigned long long b,
+                                          int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D_NAMES
+                 ", {%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"
+                 : WG_D(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(acc), "l"(b), "n"(TB));
 }
+
+template <int TA, int TB>
+__device__ __forceinline__ void wg_n64_ss(float (*d)[4], unsigned long long a, unsigned long long b,
+                                          int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D_NAMES
+                 ", %33, %34, p, 1, 1, %35, %36;\n}\n"
+                 : WG_D(d)
+                 : "r"(acc), "l"(a), "l"(b), "n"(TA), "n"(TB));
+}
+
 // Key rows [row0, row0 + 64) of one head's K or V slice (`src` at row 0,
 // rows `stride` apart) into a swizzled tile; rows past T read as 0.
 template <int HS>
@@ -154,7 +169,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
             // K-major K: 16 head values a step, 32 bytes into the
             // current 64-value column atom.
             for (int ks = 0; ks < HS / 16; ks++)
-                wg_n64<0>(s, qf[ks], wg_desc(kt + (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32, 16, 1024),
+                wg_n64_rs<0>(s, qf[ks], wg_desc(kt + (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32, 16, 1024),
                          ks);
             wg_commit();
             wg_wait();
@@ -172,7 +187,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
             // apart), into that atom's 8 accumulator tiles.
             for (int kk = 0; kk < WG_KEYS / 16; kk++)
                 for (int at = 0; at < HS / 64; at++)
-                    wg_n64<1>(o + 8 * at, pf[kk],
+                    wg_n64_rs<1>(o + 8 * at, pf[kk],
                               wg_desc(kt + TILE_B + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
             wg_commit();
             wg_wait();
@@ -184,6 +199,139 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
     if (rows)
         finish_rows<HS>(out + (long)b * T * C + h * HS, lse + (long)bh * T, o, m0, m1, l0, l1, q0, T,
                         C, warp, lane);
+}
+
+// ---- backward: dK and dV -------------------------------------------------
+// The keys are the rows: per 64-row query tile, S^T = K Q^T and
+// dP^T = V dO^T take K and V (this warpgroup's 64 keys) and Q and dO by
+// descriptor, all K-major; P^T = exp2(S^T * sl2 - lse) and dS^T = P^T o
+// (dP^T - D) stay in registers and feed dV += P^T dO and dK += dS^T Q as
+// A operands, Q and dO now read N-major (the same swizzled tiles). With
+// `dS` the kernel also stores each tile's dS^T for flash_dq_ds, in the
+// slots flash_dkdv uses.
+//
+// grid (B*NH, ceil(T/128)), rank y = 0 the longest walk; each warpgroup
+// owns 64 keys (the block 128) and walks the query tiles at or after its
+// own. Shared memory from its first 1024-byte boundary: the block's K
+// tiles and V tiles (two of 64 keys each), two stages of (Q, dO) tiles,
+// then two stages of the query rows' lse and dsum.
+template <int HS>
+__device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, const bf16* dout,
+                              const float* lse, const float* dsum, int T, int NH, float sl2,
+                              float scale, bf16* dS) {
+    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2;
+    unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
+    unsigned char *sk = sm, *sv = sm + 2 * TILE_B, *sqd = sm + 4 * TILE_B;
+    float* sLD = (float*)(sm + 8 * TILE_B);  // [stage][lse x 64, dsum x 64]
+    int nqt = (T + WG_KEYS - 1) / WG_KEYS, kb = blockIdx.y, bh = blockIdx.x;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    const bf16* dO = dout + (long)b * T * C + h * HS;
+    const float* L = lse + (long)bh * T;
+    const float* D = dsum + (long)bh * T;
+    int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    int g = lane >> 2, t = lane & 3;
+    int k0 = kb * WG_ROWS + wg * WG_KEYS;  // this warpgroup's first key
+    int mine = k0 / WG_KEYS;               // its diagonal query tile
+    int first = 2 * kb;                    // the block's first query tile
+    bool keys = k0 < T;  // the last block's second warpgroup may have none
+
+    for (int w = 0; w < 2; w++) {
+        wg_load_tile<HS>(sk + w * TILE_B, k, kb * WG_ROWS + w * WG_KEYS, T, stride);
+        wg_load_tile<HS>(sv + w * TILE_B, v, kb * WG_ROWS + w * WG_KEYS, T, stride);
+    }
+    auto stage = [&](int st, int qt) {
+        unsigned char* d = sqd + st * 2 * TILE_B;
+        wg_load_tile<HS>(d, q, qt * WG_KEYS, T, stride);
+        wg_load_tile<HS>(d + TILE_B, dO, qt * WG_KEYS, T, C);
+        if (threadIdx.x < WG_KEYS) {
+            int row = qt * WG_KEYS + threadIdx.x;
+            // Rows past T get lse = +inf: their probabilities are 0.
+            sLD[st * 128 + threadIdx.x] = row < T ? L[row] : -NEG_INF;
+            sLD[st * 128 + WG_KEYS + threadIdx.x] = row < T ? D[row] : 0.f;
+        }
+        cp_commit();
+    };
+    float dk[NT][4], dv[NT][4];
+    for (int nt = 0; nt < NT; nt++)
+        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.f;
+    int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+    stage(0, first);
+    for (int qt = first; qt < nqt; qt++) {
+        int cur = (qt - first) & 1;
+        if (qt + 1 < nqt) {
+            stage(cur ^ 1, qt + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        wg_smem_visible();
+        __syncthreads();
+        if (keys && qt >= mine) {
+            unsigned char *tq = sqd + cur * 2 * TILE_B, *tdo = tq + TILE_B;
+            unsigned char *tk = sk + wg * TILE_B, *tv = sv + wg * TILE_B;
+            const float *sL = sLD + cur * 128, *sD = sL + WG_KEYS;
+            float p[WG_KEYS / 8][4], dp[WG_KEYS / 8][4];
+            wg_fence();
+            // K-major operands: 16 head values a step, 32 bytes into the
+            // current 64-value column atom.
+            for (int ks = 0; ks < HS / 16; ks++) {
+                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
+                wg_n64_ss<0, 0>(p, wg_desc(tk + off, 16, 1024), wg_desc(tq + off, 16, 1024), ks);
+            }
+            for (int ks = 0; ks < HS / 16; ks++) {
+                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
+                wg_n64_ss<0, 0>(dp, wg_desc(tv + off, 16, 1024), wg_desc(tdo + off, 16, 1024), ks);
+            }
+            wg_commit();
+            wg_wait();
+            wg_pin<WG_KEYS / 8>(p);
+            wg_pin<WG_KEYS / 8>(dp);
+            for (int nt = 0; nt < WG_KEYS / 8; nt++) {
+                int c = nt * 8 + 2 * t;
+                transposed_grads(p[nt], dp[nt], sl2, sL[c], sL[c + 1], sD[c], sD[c + 1], qt == mine,
+                                 qt * WG_KEYS + c, key0, key1);
+            }
+            unsigned pa[WG_KEYS / 16][4], sa[WG_KEYS / 16][4];
+            to_a(pa, p);
+            to_a(sa, dp);
+            if (dS) {
+                // dS^T (bf16) into tile (qt, mine), as flash_dkdv stores
+                // it: per half of 32 queries, each thread's 8 values of a
+                // row as one 16-byte word in slot 4 half + t.
+                uint4* tile = (uint4*)(dS + score_tile(0, nqt, qt, mine));
+                int kr = warp * 16 + g;
+                for (int hf = 0; hf < 2; hf++) {
+                    int slot = hf * 4 + t;
+                    const unsigned *a0 = sa[2 * hf], *a1 = sa[2 * hf + 1];
+                    tile[kr * (WG_KEYS / 8) + slot] = make_uint4(a0[0], a0[2], a1[0], a1[2]);
+                    tile[(kr + 8) * (WG_KEYS / 8) + slot] = make_uint4(a0[1], a0[3], a1[1], a1[3]);
+                }
+            }
+            wg_fence();
+            // N-major dO and Q: 16 queries a step (2048 bytes into the
+            // tile), one product per column atom of 64 head values.
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                for (int at = 0; at < HS / 64; at++) {
+                    int off = at * (WG_KEYS * 128) + kk * 16 * 128;
+                    wg_n64_rs<1>(dv + 8 * at, pa[kk], wg_desc(tdo + off, 16, 1024), 1);
+                    wg_n64_rs<1>(dk + 8 * at, sa[kk], wg_desc(tq + off, 16, 1024), 1);
+                }
+            wg_commit();
+            wg_wait();
+            wg_pin<NT>(dk);
+            wg_pin<NT>(dv);
+            wg_pin_a<WG_KEYS / 16>(pa);
+            wg_pin_a<WG_KEYS / 16>(sa);
+        }
+        __syncthreads();
+    }
+    if (!keys) return;
+    bf16* base = dqkv + (long)b * T * stride + h * HS;
+    store_rows<HS>(base + C, dk, scale, scale, k0, T, stride, warp, lane);
+    store_rows<HS>(base + 2 * C, dv, 1.f, 1.f, k0, T, stride, warp, lane);
 }
 
 // Entry points: head size 64 at two blocks per SM, 128 at one (its
@@ -198,4 +346,15 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     extern __shared__ unsigned char wg_smem[];
     flash_forward_wg<128>(wg_smem, out, lse, qkv, T, NH, sl2);
 }
+// dK/dV: one block per SM at either head size (its two accumulators).
+#define FLASH_DKDV_WG(HS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_dkdv_wg_##HS(              \
+        bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
+        int T, int NH, float sl2, float scale, bf16* dS, bf16* dS2, int split) {                 \
+        extern __shared__ unsigned char wg_smem[];                                               \
+        bf16* head = score_head(dS, dS2, split, blockIdx.x, (T + WG_KEYS - 1) / WG_KEYS);       \
+        flash_dkdv_wg<HS>(wg_smem, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, head);         \
+    }
+FLASH_DKDV_WG(64)
+FLASH_DKDV_WG(128)
 #endif
