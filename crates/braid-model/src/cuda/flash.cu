@@ -565,6 +565,26 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
     store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
 }
 
+// Writes a dQ accumulator whose rows are query slots of the stored dS
+// tiles (times `scale`, as bf16) to the query rows of tile `q0`, rows
+// `stride` apart: row s of the tile is slot s, query 32 (s / 32) +
+// 8 (e / 2) + 2 t' + e % 2 with t' = (s % 32) / 8, e = s % 8.
+template <int HS>
+__device__ __forceinline__ void store_query_slots(bf16* dst, const float (*dq)[4], float scale, int q0,
+                                                  int T, long stride, int warp, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    auto query = [](int s) {
+        int u = s % 32, tt = u / 8, e = u % 8;
+        return (s / 32) * 32 + (e / 2) * 8 + 2 * tt + (e % 2);
+    };
+    int r0 = q0 + query(warp * 16 + g), r1 = q0 + query(warp * 16 + g + 8);
+    for (int nt = 0; nt < HS / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        if (r0 < T) *(unsigned*)(dst + r0 * stride + col) = pack2(dq[nt][0] * scale, dq[nt][1] * scale);
+        if (r1 < T) *(unsigned*)(dst + r1 * stride + col) = pack2(dq[nt][2] * scale, dq[nt][3] * scale);
+    }
+}
+
 // dQ for query block qb of head bh from the dS tiles the dK/dV kernel
 // stored: dQ = sum over key blocks j <= qb of dS(qb, j) K_j, K and dS
 // tiles double-buffered in `sK` and `sS` (`dS`: this head's tiles).
@@ -617,20 +637,8 @@ __device__ void flash_dq_ds(int qb, int bh, bf16 (*sK)[BLK * (HS + PAD)], bf16 (
         }
         __syncthreads();
     }
-    // Row s of the tile is slot s: query 32 (s / 32) + 8 (e / 2) + 2 t' + e % 2
-    // with t' = (s % 32) / 8, e = s % 8.
-    int g = lane >> 2, t = lane & 3;
-    auto query = [](int s) {
-        int u = s % 32, tt = u / 8, e = u % 8;
-        return (s / 32) * 32 + (e / 2) * 8 + 2 * tt + (e % 2);
-    };
-    int r0 = qb * BLK + query(warp * 16 + g), r1 = qb * BLK + query(warp * 16 + g + 8);
-    bf16* dst = dqkv + (long)b * T * stride + h * HS;
-    for (int nt = 0; nt < NT; nt++) {
-        int col = nt * 8 + 2 * t;
-        if (r0 < T) *(unsigned*)(dst + r0 * stride + col) = pack2(dq[nt][0] * scale, dq[nt][1] * scale);
-        if (r1 < T) *(unsigned*)(dst + r1 * stride + col) = pack2(dq[nt][2] * scale, dq[nt][3] * scale);
-    }
+    store_query_slots<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, qb * BLK, T, stride, warp,
+                          lane);
 }
 
 // Shared memory is dynamic (head sizes above 64 need more than the

@@ -334,6 +334,73 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
     store_rows<HS>(base + 2 * C, dv, 1.f, 1.f, k0, T, stride, warp, lane);
 }
 
+// ---- backward: dQ from the stored score gradients ------------------------
+// dQ = dS K (times the scale) for 64 query rows per warpgroup (the block
+// 128, the longest walks first), over the key tiles up to its own: A is
+// the tile of dS^T flash_dkdv(_wg) stored (keys x query slots, 128 bytes a
+// key: read transposed, M-major), B the K tile read N-major. The
+// accumulator's rows are query slots, mapped back to queries at the
+// store as flash_dq_ds maps them. Shared memory from its first 1024-byte
+// boundary: two stages of a K tile and the two warpgroups' dS tiles.
+template <int HS>
+__device__ void flash_dq_ds_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, const bf16* dS,
+                               int T, int NH, float scale) {
+    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2, S_B = WG_KEYS * WG_KEYS * 2;
+    constexpr int STAGE_B = TILE_B + 2 * S_B;
+    unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
+    int nqt = (T + WG_KEYS - 1) / WG_KEYS, nblk = (T + WG_ROWS - 1) / WG_ROWS;
+    int qblk = nblk - 1 - blockIdx.y, bh = blockIdx.x;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* k = qkv + (long)b * T * stride + h * HS + C;
+    int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    int qt = 2 * qblk + wg;  // this warpgroup's query tile
+    bool rows = qt < nqt;    // the last block's second warpgroup may have none
+    int last = min(2 * qblk + 1, nqt - 1);
+    auto stage = [&](int st, int j) {
+        unsigned char* d = sm + st * STAGE_B;
+        wg_load_tile<HS>(d, k, j * WG_KEYS, T, stride);
+        for (int w = 0; w < 2; w++) {
+            int qw = 2 * qblk + w;
+            if (qw < nqt && j <= qw)
+                wg_load_tile<WG_KEYS>(d + TILE_B + w * S_B, dS + score_tile(0, nqt, qw, j), 0,
+                                      WG_KEYS, WG_KEYS);
+        }
+        cp_commit();
+    };
+    float dq[NT][4];
+    for (int nt = 0; nt < NT; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.f;
+    stage(0, 0);
+    for (int j = 0; j <= last; j++) {
+        int cur = j & 1;
+        if (j < last) {
+            stage(cur ^ 1, j + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        wg_smem_visible();
+        __syncthreads();
+        if (rows && j <= qt) {
+            unsigned char *kt = sm + cur * STAGE_B, *st = kt + TILE_B + wg * S_B;
+            wg_fence();
+            // 16 keys a step (2048 bytes into both tiles); one product per
+            // column atom of 64 head values.
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                for (int at = 0; at < HS / 64; at++)
+                    wg_n64_ss<1, 1>(dq + 8 * at, wg_desc(st + kk * 16 * 128, 16, 1024),
+                                    wg_desc(kt + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+            wg_commit();
+            wg_wait();
+            wg_pin<NT>(dq);
+        }
+        __syncthreads();
+    }
+    if (rows)
+        store_query_slots<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, qt * WG_KEYS, T, stride,
+                              warp, lane);
+}
+
 // Entry points: head size 64 at two blocks per SM, 128 at one (its
 // output accumulator alone is 64 registers a thread).
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)
@@ -357,4 +424,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 FLASH_DKDV_WG(64)
 FLASH_DKDV_WG(128)
+// dQ from stored dS: two blocks per SM (its accumulator alone).
+#define FLASH_DQ_DS_WG(HS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) flash_dq_ds_wg_##HS(             \
+        bf16* dqkv, const bf16* qkv, bf16* dS, bf16* dS2, int split, int T, int NH, float scale) { \
+        extern __shared__ unsigned char wg_smem[];                                               \
+        const bf16* head = score_head(dS, dS2, split, blockIdx.x, (T + WG_KEYS - 1) / WG_KEYS); \
+        flash_dq_ds_wg<HS>(wg_smem, dqkv, qkv, head, T, NH, scale);                              \
+    }
+FLASH_DQ_DS_WG(64)
+FLASH_DQ_DS_WG(128)
 #endif
