@@ -404,6 +404,28 @@ __device__ __forceinline__ void transposed_grads(float* p, float* dp, float sl2,
     dp[3] = p[3] * (dp[3] - db);
 }
 
+// One column tile of a thread's scores, in place: P = exp2(S * sl2 - lse)
+// in `p` and dS = P (dP - D) in `dp`, for its rows row0 (elements 0, 1:
+// lse la, row sum da) and row1 (2, 3: lb, db) and the keys key and
+// key + 1; on the diagonal tile (`diag`) keys past a row get 0.
+__device__ __forceinline__ void row_grads(float* p, float* dp, float sl2, float la, float lb, float da,
+                                          float db, bool diag, int key, int row0, int row1) {
+    p[0] = exp2f(fmaf(p[0], sl2, -la));
+    p[1] = exp2f(fmaf(p[1], sl2, -la));
+    p[2] = exp2f(fmaf(p[2], sl2, -lb));
+    p[3] = exp2f(fmaf(p[3], sl2, -lb));
+    if (diag) {
+        if (key > row0) p[0] = 0.f;
+        if (key + 1 > row0) p[1] = 0.f;
+        if (key > row1) p[2] = 0.f;
+        if (key + 1 > row1) p[3] = 0.f;
+    }
+    dp[0] = p[0] * (dp[0] - da);
+    dp[1] = p[1] * (dp[1] - da);
+    dp[2] = p[2] * (dp[2] - db);
+    dp[3] = p[3] * (dp[3] - db);
+}
+
 // dK, dV for key block kb of head bh (the grid is described at the entry
 // points below). The block keeps its 64 keys' K and V in shared memory;
 // each warp owns 16 keys and walks the query blocks at or after its own
@@ -540,21 +562,9 @@ __device__ void flash_dq(int qb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], bf16* 
             mul_bt<HS, SUB>(p, qf, sk, lane);
             mul_bt<HS, SUB>(dp, df, sv, lane);
             for (int nt = 0; nt < SUB / 8; nt++) {
+                // j == qb: the diagonal tile, keys past some rows.
                 int key = j * BLK + half * SUB + nt * 8 + 2 * t;
-                p[nt][0] = exp2f(fmaf(p[nt][0], sl2, -la));
-                p[nt][1] = exp2f(fmaf(p[nt][1], sl2, -la));
-                p[nt][2] = exp2f(fmaf(p[nt][2], sl2, -lb));
-                p[nt][3] = exp2f(fmaf(p[nt][3], sl2, -lb));
-                if (j == qb) { // the diagonal tile: keys past some rows
-                    if (key > row0) p[nt][0] = 0.f;
-                    if (key + 1 > row0) p[nt][1] = 0.f;
-                    if (key > row1) p[nt][2] = 0.f;
-                    if (key + 1 > row1) p[nt][3] = 0.f;
-                }
-                dp[nt][0] = p[nt][0] * (dp[nt][0] - da);
-                dp[nt][1] = p[nt][1] * (dp[nt][1] - da);
-                dp[nt][2] = p[nt][2] * (dp[nt][2] - db);
-                dp[nt][3] = p[nt][3] * (dp[nt][3] - db);
+                row_grads(p[nt], dp[nt], sl2, la, lb, da, db, j == qb, key, row0, row1);
             }
             unsigned af[SUB / 16][4];
             to_a<SUB>(af, dp);

@@ -9,10 +9,9 @@
 //!
 //! `BRAID_FLASH_FORWARD=wgmma` and `BRAID_FLASH_BACKWARD=wgmma` (compute
 //! capability 9.0 only, opt-in until measured) run the forward kernel, or
-//! the dK/dV kernel and the dQ kernel reading stored score gradients, at
-//! head sizes 64 and 128 on Hopper's warpgroup products instead
-//! (`flash_wgmma.cu`, appended to `flash.cu` and compiled for
-//! `compute_90a`); the row sums and the recomputing dQ kernel stay.
+//! the dK/dV kernel and both dQ kernels, at head sizes 64 and 128 on
+//! Hopper's warpgroup products instead (`flash_wgmma.cu`, appended to
+//! `flash.cu` and compiled for `compute_90a`); the row sums stay.
 
 use super::mixed::{MixedKernels, A};
 use super::SOURCES;
@@ -105,6 +104,13 @@ fn hopper_dq_bytes(hs: usize) -> usize {
     2 * (TILE * hs * 2 + 2 * TILE * TILE * 2) + 1024
 }
 
+/// ... of the Hopper dQ kernel recomputing the score gradients: the two
+/// warpgroups' Q and dO tiles, two stages of a K and a V tile, and the
+/// room to align.
+fn hopper_dq_recompute_bytes(hs: usize) -> usize {
+    8 * TILE * hs * 2 + 1024
+}
+
 /// `flash.cu` with the Hopper kernels appended (and the blocks-per-SM
 /// defines `defines` ahead), what [`FlashKernels::load`] compiles for
 /// [`HOPPER_ARCH`] where a pass asks for `wgmma`.
@@ -190,6 +196,8 @@ struct HeadKernels {
     dkdv_wg: Option<Function>,
     /// dQ from stored dS on Hopper's warpgroup products, where chosen.
     dq_stored_wg: Option<Function>,
+    /// dQ recomputing dS on Hopper's warpgroup products, where chosen.
+    dq_wg: Option<Function>,
     dsum: Function,
     dkdv: Function,
     dq: Function,
@@ -267,12 +275,14 @@ impl FlashKernels {
             let forward_wg = wg(fwd, "flash_forward_wg", hopper_bytes(hs))?;
             let dkdv_wg = wg(bwd, "flash_dkdv_wg", hopper_dkdv_bytes(hs))?;
             let dq_stored_wg = wg(bwd, "flash_dq_ds_wg", hopper_dq_bytes(hs))?;
+            let dq_wg = wg(bwd, "flash_dq_wg", hopper_dq_recompute_bytes(hs))?;
             let k = HeadKernels {
                 hs,
                 forward: f("flash_forward")?,
                 forward_wg,
                 dkdv_wg,
                 dq_stored_wg,
+                dq_wg,
                 dsum: f("flash_dsum")?,
                 dkdv: f("flash_dkdv")?,
                 dq: f("flash_dq")?,
@@ -531,8 +541,25 @@ impl FlashKernels {
                 }
             }
         } else {
-            let shared = tile_bytes(k.hs) as u32;
-            MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, recompute)
+            match &k.dq_wg {
+                Some(wg) => {
+                    let rows = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
+                    let wgrid = ((s.b * s.nh) as u32, rows, 1);
+                    let shared = hopper_dq_recompute_bytes(k.hs) as u32;
+                    MixedKernels::go_shared(
+                        wg,
+                        st,
+                        wgrid,
+                        (HOPPER_THREADS, 1, 1),
+                        shared,
+                        recompute,
+                    )
+                }
+                None => {
+                    let shared = tile_bytes(k.hs) as u32;
+                    MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, recompute)
+                }
+            }
         }
     }
 }
@@ -581,7 +608,12 @@ mod tests {
             let src = hopper_source("");
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, HOPPER_ARCH).unwrap();
             for hs in HOPPER_HEAD_SIZES {
-                for kernel in ["flash_forward_wg", "flash_dkdv_wg", "flash_dq_ds_wg"] {
+                for kernel in [
+                    "flash_forward_wg",
+                    "flash_dkdv_wg",
+                    "flash_dq_ds_wg",
+                    "flash_dq_wg",
+                ] {
                     let entry = format!(".entry {kernel}_{hs}(");
                     assert!(ptx.contains(&entry), "{entry}");
                 }

@@ -113,6 +113,27 @@ __device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* src
     }
 }
 
+// Key tile j's stage of `kv` (two stages of a K and a V tile), once it
+// has landed and every thread and the products can read it; starts
+// loading tile j + 1 into the other stage first, where there is one.
+template <int HS>
+__device__ __forceinline__ unsigned char* wg_next_kv(unsigned char* kv, const bf16* k, const bf16* v,
+                                                     int j, int tiles, int T, long stride) {
+    constexpr int TILE_B = WG_KEYS * HS * 2;
+    if (j + 1 < tiles) {
+        unsigned char* next = kv + ((j + 1) & 1) * 2 * TILE_B;
+        wg_load_tile<HS>(next, k, (j + 1) * WG_KEYS, T, stride);
+        wg_load_tile<HS>(next + TILE_B, v, (j + 1) * WG_KEYS, T, stride);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+    wg_smem_visible();
+    __syncthreads();
+    return kv + (j & 1) * 2 * TILE_B;
+}
+
 // grid (B*NH, ceil(T/128)), the longest row blocks first; `smraw` holds
 // two stages of (K, V) tiles, 64 x HS each, from its first 1024-byte
 // boundary. lse as flash_forward's.
@@ -151,18 +172,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     for (int j = 0; j < tiles; j++) {
-        unsigned char* kt = sm + (j & 1) * 2 * TILE_B;
-        if (j + 1 < tiles) {
-            unsigned char* next = sm + ((j + 1) & 1) * 2 * TILE_B;
-            wg_load_tile<HS>(next, k, (j + 1) * WG_KEYS, T, stride);
-            wg_load_tile<HS>(next + TILE_B, v, (j + 1) * WG_KEYS, T, stride);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        wg_smem_visible();
-        __syncthreads();
+        unsigned char* kt = wg_next_kv<HS>(sm, k, v, j, tiles, T, stride);
         if (rows && j <= mine) {
             float s[WG_KEYS / 8][4];
             wg_fence();
@@ -334,6 +344,90 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
     store_rows<HS>(base + 2 * C, dv, 1.f, 1.f, k0, T, stride, warp, lane);
 }
 
+// ---- backward: dQ, recomputing the score gradients -----------------------
+// dQ = dS K (times the scale) for 64 query rows per warpgroup (the block
+// 128, the longest walks first), recomputing per key tile S = Q K^T and
+// dP = dO V^T (Q and dO of this warpgroup's rows, K and V: all by
+// descriptor, K-major), P and dS = P (dP - D) in registers as flash_dq
+// does, then dQ += dS K with K read N-major. Shared memory from its first
+// 1024-byte boundary: the two warpgroups' Q and dO tiles, then two stages
+// of the K and V tiles.
+template <int HS>
+__device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, const bf16* dout,
+                            const float* lse, const float* dsum, int T, int NH, float sl2,
+                            float scale) {
+    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2;
+    unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
+    unsigned char *sqd = sm, *skv = sm + 4 * TILE_B;
+    int nqt = (T + WG_KEYS - 1) / WG_KEYS, nblk = (T + WG_ROWS - 1) / WG_ROWS;
+    int qblk = nblk - 1 - blockIdx.y, bh = blockIdx.x;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    const bf16* dO = dout + (long)b * T * C + h * HS;
+    int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    int g = lane >> 2, t = lane & 3;
+    int q0 = qblk * WG_ROWS + wg * WG_KEYS;  // this warpgroup's first row
+    int mine = q0 / WG_KEYS;                 // its diagonal key tile
+    int tiles = min(2 * qblk + 2, nqt);
+    bool rows = q0 < T;  // the last block's second warpgroup may have none
+
+    for (int w = 0; w < 2; w++) {
+        unsigned char* d = sqd + w * 2 * TILE_B;
+        wg_load_tile<HS>(d, q, qblk * WG_ROWS + w * WG_KEYS, T, stride);
+        wg_load_tile<HS>(d + TILE_B, dO, qblk * WG_ROWS + w * WG_KEYS, T, C);
+    }
+    wg_load_tile<HS>(skv, k, 0, T, stride);
+    wg_load_tile<HS>(skv + TILE_B, v, 0, T, stride);
+    cp_commit();
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    const float* L = lse + (long)bh * T;
+    const float* D = dsum + (long)bh * T;
+    float la = row0 < T ? L[row0] : -NEG_INF, lb = row1 < T ? L[row1] : -NEG_INF;
+    float da = row0 < T ? D[row0] : 0.f, db = row1 < T ? D[row1] : 0.f;
+
+    float dq[NT][4];
+    for (int nt = 0; nt < NT; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.f;
+    for (int j = 0; j < tiles; j++) {
+        unsigned char* kt = wg_next_kv<HS>(skv, k, v, j, tiles, T, stride);
+        if (rows && j <= mine) {
+            unsigned char *tq = sqd + wg * 2 * TILE_B, *tdo = tq + TILE_B, *vt = kt + TILE_B;
+            float p[WG_KEYS / 8][4], dp[WG_KEYS / 8][4];
+            wg_fence();
+            for (int ks = 0; ks < HS / 16; ks++) {
+                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
+                wg_n64_ss<0, 0>(p, wg_desc(tq + off, 16, 1024), wg_desc(kt + off, 16, 1024), ks);
+            }
+            for (int ks = 0; ks < HS / 16; ks++) {
+                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
+                wg_n64_ss<0, 0>(dp, wg_desc(tdo + off, 16, 1024), wg_desc(vt + off, 16, 1024), ks);
+            }
+            wg_commit();
+            wg_wait();
+            wg_pin<WG_KEYS / 8>(p);
+            wg_pin<WG_KEYS / 8>(dp);
+            for (int nt = 0; nt < WG_KEYS / 8; nt++)
+                row_grads(p[nt], dp[nt], sl2, la, lb, da, db, j == mine, j * WG_KEYS + nt * 8 + 2 * t,
+                          row0, row1);
+            unsigned sa[WG_KEYS / 16][4];
+            to_a(sa, dp);
+            wg_fence();
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                for (int at = 0; at < HS / 64; at++)
+                    wg_n64_rs<1>(dq + 8 * at, sa[kk],
+                                 wg_desc(kt + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+            wg_commit();
+            wg_wait();
+            wg_pin<NT>(dq);
+            wg_pin_a<WG_KEYS / 16>(sa);
+        }
+        __syncthreads();
+    }
+    if (rows)
+        store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
+}
+
 // ---- backward: dQ from the stored score gradients ------------------------
 // dQ = dS K (times the scale) for 64 query rows per warpgroup (the block
 // 128, the longest walks first), over the key tiles up to its own: A is
@@ -434,4 +528,14 @@ FLASH_DKDV_WG(128)
     }
 FLASH_DQ_DS_WG(64)
 FLASH_DQ_DS_WG(128)
+// dQ recomputing dS: one block per SM.
+#define FLASH_DQ_WG(HS)                                                                           \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_dq_wg_##HS(                \
+        bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
+        int T, int NH, float sl2, float scale) {                                                 \
+        extern __shared__ unsigned char wg_smem[];                                               \
+        flash_dq_wg<HS>(wg_smem, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);                 \
+    }
+FLASH_DQ_WG(64)
+FLASH_DQ_WG(128)
 #endif
