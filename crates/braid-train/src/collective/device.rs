@@ -517,11 +517,19 @@ impl Collective for DeviceCollective {
 impl DeviceCollective {
     /// Whether block buffers are symmetric windows: agreed by all ranks at
     /// the first call (every rank's first block buffer), remembered after.
+    /// Where `auto` falls back to NCCL's kernels, rank 0 says why.
     fn symmetric_blocks(&self) -> Result<bool> {
         let (wish, agreed) = &self.symmetric_blocks;
         let mut agreed = agreed.lock().expect("symmetric-blocks lock");
         if agreed.is_none() {
-            *agreed = Some(wish.agree(self.gpu.host())?);
+            let answer = wish.agree(self.gpu.host())?;
+            if let (Some(why), 0) = (&answer.fallback, self.gpu.host().rank()) {
+                eprintln!(
+                    "[rank 0] note: ZeRO-3's gathers run on NCCL's kernels, not the copy \
+                     engines: {why}"
+                );
+            }
+            *agreed = Some(answer.copy_engines);
         }
         Ok(agreed.expect("set above"))
     }
