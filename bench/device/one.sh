@@ -25,11 +25,13 @@
 #     width, profiled: see phase_flash.
 #   bash bench/device/one.sh hopper
 #     the attention's kernels on Hopper's warpgroup products (an H100 or
-#     H200): `braid kernels --check` under BRAID_FLASH_FORWARD=wgmma, then
-#     under BRAID_FLASH_BACKWARD=wgmma; then GPT-2 124M (batch 16 x 1024,
-#     25 steps) with the default kernels and with each that passed its
-#     check (forward, then both), in turns, HOPPER_ROUNDS times (default
-#     2); then the `flash` phase with the default and the same choices.
+#     H200): `braid kernels --check` under BRAID_FLASH_FORWARD=wgmma (one
+#     warpgroup a block), =wgmma2 (two), then BRAID_FLASH_BACKWARD=wgmma;
+#     then GPT-2 124M (batch 16 x 1024, 25 steps) with the default kernels
+#     and with each choice that passed its check (each forward alone, then
+#     the backward beside the first forward that passed), in turns,
+#     HOPPER_ROUNDS times (default 1); then the `flash` phase with the
+#     default and the same choices.
 #   bash bench/device/one.sh proxy
 #     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
 #     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
@@ -219,21 +221,26 @@ phase_flash() {
 # The Hopper kernels: each pass's checked, then those that pass timed
 # against the default. A choice is FORWARD:BACKWARD (mma or wgmma each).
 phase_hopper() {
-  local r c n pass choices="mma:mma"
-  BRAID_FLASH_FORWARD=wgmma run hopper-check-forward 180 "$B" kernels --check
+  local r c n check fwd= choices="mma:mma"
+  BRAID_FLASH_FORWARD=wgmma run hopper-check-wgmma 180 "$B" kernels --check
+  BRAID_FLASH_FORWARD=wgmma2 run hopper-check-wgmma2 180 "$B" kernels --check
   BRAID_FLASH_BACKWARD=wgmma run hopper-check-backward 180 "$B" kernels --check
-  for pass in forward backward; do
-    echo "== kernels --check, the $pass pass on wgmma"
-    grep -E "attention_(forward|backward) \(bf16, fused|kernels within" "$L/hopper-check-$pass.txt"
+  for check in wgmma wgmma2 backward; do
+    echo "== kernels --check: $check"
+    grep -E "attention_(forward|backward) \(bf16, fused|kernels within" "$L/hopper-check-$check.txt"
   done
-  grep -q "^exit 0" "$L/hopper-check-forward.txt" && choices+=" wgmma:mma"
-  grep -q "^exit 0" "$L/hopper-check-backward.txt" && grep -q "^exit 0" "$L/hopper-check-forward.txt" &&
-    choices+=" wgmma:wgmma"
+  for check in wgmma wgmma2; do
+    if grep -q "^exit 0" "$L/hopper-check-$check.txt"; then
+      choices+=" $check:mma"
+      fwd=${fwd:-$check}
+    fi
+  done
+  grep -q "^exit 0" "$L/hopper-check-backward.txt" && choices+=" ${fwd:-mma}:wgmma"
   if [ "$choices" = "mma:mma" ]; then
     echo "hopper: no Hopper kernel passed its check; nothing timed"
     return 1
   fi
-  for r in $(seq "${HOPPER_ROUNDS:-2}"); do
+  for r in $(seq "${HOPPER_ROUNDS:-1}"); do
     for c in $choices; do
       n="hopper-124m-${c/:/-}-$r"
       BRAID_FLASH_FORWARD=${c%:*} BRAID_FLASH_BACKWARD=${c#*:} run "$n" 90 "$B" train --device cuda \

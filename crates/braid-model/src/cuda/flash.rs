@@ -79,8 +79,8 @@ pub const HOPPER_ARCH: &str = "compute_90a";
 /// Head sizes with a Hopper forward kernel.
 const HOPPER_HEAD_SIZES: [usize; 2] = [64, 128];
 
-/// Query rows per block, and threads (two warpgroups), of the Hopper
-/// forward kernel.
+/// Query (or key) rows per block, and threads (two warpgroups), of the
+/// Hopper backward kernels.
 const HOPPER_ROWS: usize = 128;
 const HOPPER_THREADS: u32 = 256;
 
@@ -122,25 +122,32 @@ pub fn hopper_source(defines: &str) -> String {
 pub const FORWARD_VAR: &str = "BRAID_FLASH_FORWARD";
 pub const BACKWARD_VAR: &str = "BRAID_FLASH_BACKWARD";
 
-/// The products a pass's kernel is built on (`BRAID_FLASH_FORWARD` for
-/// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV).
+/// The products a pass's kernels are built on (`BRAID_FLASH_FORWARD` for
+/// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV and dQ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Products {
     /// `mma` (the default): `mma.sync` tiles, any GPU from 8.0.
     MmaSync,
-    /// `wgmma`: Hopper's warpgroup products at head sizes 64 and 128.
+    /// `wgmma`: Hopper's warpgroup products at head sizes 64 and 128, one
+    /// warpgroup of 64 query rows a block in the forward kernel.
     Wgmma,
+    /// `wgmma2` (the forward kernel only): two warpgroups a block sharing
+    /// the key and value tiles.
+    WgmmaPaired,
 }
 
 impl Products {
     /// The choice `value` of variable `var` names (`None`: unset), or what
     /// is expected.
     pub fn parse(var: &str, value: Option<&str>) -> Result<Products> {
+        let forward = var == FORWARD_VAR;
         match value.map(str::trim) {
             None | Some("" | "mma") => Ok(Products::MmaSync),
             Some("wgmma") => Ok(Products::Wgmma),
+            Some("wgmma2") if forward => Ok(Products::WgmmaPaired),
             Some(other) => Err(CudaError::Invalid(format!(
-                "{var}={other:?}: expected mma or wgmma"
+                "{var}={other:?}: expected mma or wgmma{}",
+                if forward { " (or wgmma2)" } else { "" }
             ))),
         }
     }
@@ -190,8 +197,9 @@ const DSUM_THREADS: u32 = 128;
 struct HeadKernels {
     hs: usize,
     forward: Function,
-    /// The forward pass on Hopper's warpgroup products, where chosen.
-    forward_wg: Option<Function>,
+    /// The forward pass on Hopper's warpgroup products, where chosen, and
+    /// its warpgroups a block.
+    forward_wg: Option<(Function, usize)>,
     /// dK/dV on Hopper's warpgroup products, where chosen.
     dkdv_wg: Option<Function>,
     /// dQ from stored dS on Hopper's warpgroup products, where chosen.
@@ -240,7 +248,13 @@ impl FlashKernels {
         if cc.0 < 8 {
             return Ok(None);
         }
-        let fwd = Products::from_env(FORWARD_VAR)? == Products::Wgmma;
+        let fwd_products = Products::from_env(FORWARD_VAR)?;
+        let fwd = fwd_products != Products::MmaSync;
+        let groups = if fwd_products == Products::WgmmaPaired {
+            2
+        } else {
+            1
+        };
         let bwd = Products::from_env(BACKWARD_VAR)? == Products::Wgmma;
         let hopper = fwd || bwd;
         if hopper && cc != (9, 0) {
@@ -264,18 +278,21 @@ impl FlashKernels {
         let mut heads = Vec::new();
         for hs in Self::HEAD_SIZES {
             let f = |n: &str| module.function(&format!("{n}_{hs}"));
-            let wg = |on: bool, name: &str, bytes: usize| -> Result<Option<Function>> {
+            // A Hopper kernel `NAME_HS` + `suffix`, where chosen.
+            let wg = |on: bool, name: &str, suffix: &str, bytes: usize| {
                 if !on || !HOPPER_HEAD_SIZES.contains(&hs) {
                     return Ok(None);
                 }
-                let k = f(name)?;
+                let k = module.function(&format!("{name}_{hs}{suffix}"))?;
                 k.set_max_dynamic_shared(bytes)?;
-                Ok(Some(k))
+                Ok::<_, CudaError>(Some(k))
             };
-            let forward_wg = wg(fwd, "flash_forward_wg", hopper_bytes(hs))?;
-            let dkdv_wg = wg(bwd, "flash_dkdv_wg", hopper_dkdv_bytes(hs))?;
-            let dq_stored_wg = wg(bwd, "flash_dq_ds_wg", hopper_dq_bytes(hs))?;
-            let dq_wg = wg(bwd, "flash_dq_wg", hopper_dq_recompute_bytes(hs))?;
+            let suffix = if groups == 2 { "_2" } else { "" };
+            let forward_wg =
+                wg(fwd, "flash_forward_wg", suffix, hopper_bytes(hs))?.map(|k| (k, groups));
+            let dkdv_wg = wg(bwd, "flash_dkdv_wg", "", hopper_dkdv_bytes(hs))?;
+            let dq_stored_wg = wg(bwd, "flash_dq_ds_wg", "", hopper_dq_bytes(hs))?;
+            let dq_wg = wg(bwd, "flash_dq_wg", "", hopper_dq_recompute_bytes(hs))?;
             let k = HeadKernels {
                 hs,
                 forward: f("flash_forward")?,
@@ -413,11 +430,12 @@ impl FlashKernels {
             A::I(s.nh as i32),
             A::F(sl2),
         ];
-        if let Some(wg) = &k.forward_wg {
-            let rows = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
+        if let Some((wg, groups)) = &k.forward_wg {
+            let rows = s.t.div_ceil(TILE * groups).max(1) as u32;
             let grid = ((s.b * s.nh) as u32, rows, 1);
             let shared = hopper_bytes(k.hs) as u32;
-            return MixedKernels::go_shared(wg, st, grid, (HOPPER_THREADS, 1, 1), shared, args);
+            let threads = (128 * groups) as u32;
+            return MixedKernels::go_shared(wg, st, grid, (threads, 1, 1), shared, args);
         }
         let shared = tile_bytes(k.hs) as u32;
         MixedKernels::go_shared(&k.forward, st, Self::grid(s), (THREADS, 1, 1), shared, args)
@@ -604,6 +622,13 @@ mod tests {
                 "{e}"
             );
         }
+        // Two warpgroups a block: the forward kernel only.
+        let paired = Products::parse(FORWARD_VAR, Some("wgmma2")).unwrap();
+        assert_eq!(paired, Products::WgmmaPaired);
+        let e = Products::parse(BACKWARD_VAR, Some("wgmma2"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("expected mma or wgmma"), "{e}");
         if braid_cuda::nvrtc::version().is_ok() {
             let src = hopper_source("");
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, HOPPER_ARCH).unwrap();
@@ -617,6 +642,10 @@ mod tests {
                     let entry = format!(".entry {kernel}_{hs}(");
                     assert!(ptx.contains(&entry), "{entry}");
                 }
+                assert!(
+                    ptx.contains(&format!(".entry flash_forward_wg_{hs}_2(")),
+                    "{hs}"
+                );
             }
             assert!(ptx.contains("wgmma.mma_async") && ptx.contains("flash_forward_128"));
             let plain = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, "compute_90").unwrap();

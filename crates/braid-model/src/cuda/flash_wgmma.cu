@@ -4,8 +4,10 @@
 // stores) and compiled for compute_90a, so this file is only built for
 // GPUs of compute capability 9.0.
 //
-// A block is two warpgroups of 128 threads; each warpgroup owns 64 query
-// rows of one (batch, head), the block 128. Key and value tiles of 64 rows
+// Each warpgroup of 128 threads owns 64 query rows of one (batch, head);
+// a block is two of them sharing the streamed tiles (the forward kernel
+// also comes with one a block, `BRAID_FLASH_FORWARD=wgmma` against
+// `wgmma2`). Key and value tiles of 64 rows
 // move global -> shared memory with cp.async, double-buffered, in the
 // 128-byte-swizzled layout `wgmma` reads: per tile, HS / 64 column atoms
 // of 64 rows x 128 bytes, the 16-byte chunk c of row r stored at chunk
@@ -18,8 +20,8 @@
 // and the stores are flash.cu's.
 //
 // Each product is issued, committed and waited for before its registers
-// are read: the two warpgroups of a block, not one warpgroup's pipeline,
-// keep the tensor cores busy while the other runs its softmax.
+// are read: other warpgroups on the SM, not one warpgroup's pipeline, keep
+// the tensor cores busy while one runs its softmax.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_THREADS 256    // two warpgroups
@@ -100,12 +102,13 @@ __device__ __forceinline__ void wg_n64_ss(float (*d)[4], unsigned long long a, u
 }
 
 // Key rows [row0, row0 + 64) of one head's K or V slice (`src` at row 0,
-// rows `stride` apart) into a swizzled tile; rows past T read as 0.
-template <int HS>
+// rows `stride` apart) into a swizzled tile, by the block's NTH threads;
+// rows past T read as 0.
+template <int HS, int NTH = WG_THREADS>
 __device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* src, int row0, int T,
                                              long stride) {
     constexpr int CH = HS / 8;
-    for (int i = threadIdx.x; i < WG_KEYS * CH; i += WG_THREADS) {
+    for (int i = threadIdx.x; i < WG_KEYS * CH; i += NTH) {
         int r = i / CH, c = i % CH, row = row0 + r;
         bool ok = row < T;
         unsigned char* d = dst + (c >> 3) * (WG_KEYS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
@@ -116,14 +119,14 @@ __device__ __forceinline__ void wg_load_tile(unsigned char* dst, const bf16* src
 // Key tile j's stage of `kv` (two stages of a K and a V tile), once it
 // has landed and every thread and the products can read it; starts
 // loading tile j + 1 into the other stage first, where there is one.
-template <int HS>
+template <int HS, int NTH = WG_THREADS>
 __device__ __forceinline__ unsigned char* wg_next_kv(unsigned char* kv, const bf16* k, const bf16* v,
                                                      int j, int tiles, int T, long stride) {
     constexpr int TILE_B = WG_KEYS * HS * 2;
     if (j + 1 < tiles) {
         unsigned char* next = kv + ((j + 1) & 1) * 2 * TILE_B;
-        wg_load_tile<HS>(next, k, (j + 1) * WG_KEYS, T, stride);
-        wg_load_tile<HS>(next + TILE_B, v, (j + 1) * WG_KEYS, T, stride);
+        wg_load_tile<HS, NTH>(next, k, (j + 1) * WG_KEYS, T, stride);
+        wg_load_tile<HS, NTH>(next + TILE_B, v, (j + 1) * WG_KEYS, T, stride);
         cp_commit();
         cp_wait<1>();
     } else {
@@ -134,28 +137,30 @@ __device__ __forceinline__ unsigned char* wg_next_kv(unsigned char* kv, const bf
     return kv + (j & 1) * 2 * TILE_B;
 }
 
-// grid (B*NH, ceil(T/128)), the longest row blocks first; `smraw` holds
-// two stages of (K, V) tiles, 64 x HS each, from its first 1024-byte
-// boundary. lse as flash_forward's.
-template <int HS>
+// G warpgroups a block (64 G query rows, sharing the key and value
+// tiles; with G = 1 the blocks on an SM run unsynchronised, so one's
+// products can overlap another's softmax). grid (B*NH, ceil(T/64G)), the
+// longest row blocks first; `smraw` holds two stages of (K, V) tiles,
+// 64 x HS each, from its first 1024-byte boundary. lse as flash_forward's.
+template <int HS, int G>
 __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, const bf16* qkv, int T,
                                  int NH, float sl2) {
-    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2;
+    constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2, NTH = 128 * G, ROWS = 64 * G;
     unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
-    int nqb = (T + WG_ROWS - 1) / WG_ROWS, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
+    int nqb = (T + ROWS - 1) / ROWS, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
     const bf16 *k = q + C, *v = q + 2 * C;
     int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     int g = lane >> 2, t = lane & 3;
-    int q0 = qb * WG_ROWS + wg * 64;  // this warpgroup's first row
-    int mine = q0 / WG_KEYS;          // its diagonal key tile
-    int tiles = min(2 * qb + 2, (T + WG_KEYS - 1) / WG_KEYS);
+    int q0 = qb * ROWS + wg * 64;  // this warpgroup's first row
+    int mine = q0 / WG_KEYS;       // its diagonal key tile
+    int tiles = min(G * qb + G, (T + WG_KEYS - 1) / WG_KEYS);
     bool rows = q0 < T;  // the last block's second warpgroup may have none
 
-    wg_load_tile<HS>(sm, k, 0, T, stride);
-    wg_load_tile<HS>(sm + TILE_B, v, 0, T, stride);
+    wg_load_tile<HS, NTH>(sm, k, 0, T, stride);
+    wg_load_tile<HS, NTH>(sm + TILE_B, v, 0, T, stride);
     cp_commit();
 
     int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
@@ -172,7 +177,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     for (int j = 0; j < tiles; j++) {
-        unsigned char* kt = wg_next_kv<HS>(sm, k, v, j, tiles, T, stride);
+        unsigned char* kt = wg_next_kv<HS, NTH>(sm, k, v, j, tiles, T, stride);
         if (rows && j <= mine) {
             float s[WG_KEYS / 8][4];
             wg_fence();
@@ -495,18 +500,19 @@ __device__ void flash_dq_ds_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv
                               warp, lane);
 }
 
-// Entry points: head size 64 at two blocks per SM, 128 at one (its
-// output accumulator alone is 64 registers a thread).
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)
-    flash_forward_wg_64(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
-    extern __shared__ unsigned char wg_smem[];
-    flash_forward_wg<64>(wg_smem, out, lse, qkv, T, NH, sl2);
-}
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-    flash_forward_wg_128(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
-    extern __shared__ unsigned char wg_smem[];
-    flash_forward_wg<128>(wg_smem, out, lse, qkv, T, NH, sl2);
-}
+// Entry points of the forward pass: `_HS` one warpgroup a block,
+// `_HS_2` two; head size 64 at four (two) blocks per SM, 128 at two (one):
+// its output accumulator alone is 64 registers a thread.
+#define FLASH_FORWARD_WG(HS, G, SUFFIX, BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(128 * G, BLOCKS) flash_forward_wg_##HS##SUFFIX( \
+        bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                       \
+        extern __shared__ unsigned char wg_smem[];                                                \
+        flash_forward_wg<HS, G>(wg_smem, out, lse, qkv, T, NH, sl2);                             \
+    }
+FLASH_FORWARD_WG(64, 1, , 4)
+FLASH_FORWARD_WG(128, 1, , 2)
+FLASH_FORWARD_WG(64, 2, _2, 2)
+FLASH_FORWARD_WG(128, 2, _2, 1)
 // dK/dV: one block per SM at either head size (its two accumulators).
 #define FLASH_DKDV_WG(HS)                                                                         \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_dkdv_wg_##HS(              \
