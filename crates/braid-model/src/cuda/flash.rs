@@ -606,6 +606,28 @@ mod tests {
         }
     }
 
+    /// The Hopper kernels' shared memory fits an H100's or H200's 227 KiB
+    /// per block, and the forward's leaves room for two blocks per SM at
+    /// head size 128 (its `wgmma` form's plan).
+    #[test]
+    fn the_hopper_kernels_fit_hoppers_shared_memory() {
+        const PER_SM: usize = 228 * 1024;
+        const PER_BLOCK: usize = 227 * 1024;
+        for hs in HOPPER_HEAD_SIZES {
+            for bytes in [
+                hopper_bytes(hs),
+                hopper_dkdv_bytes(hs),
+                hopper_dq_bytes(hs),
+                hopper_dq_recompute_bytes(hs),
+            ] {
+                assert!(bytes <= PER_BLOCK, "head size {hs}: {bytes} bytes");
+            }
+        }
+        // Each block also holds 1 KiB the driver reserves.
+        assert!(2 * (hopper_bytes(128) + 1024) <= PER_SM);
+        assert!(4 * (hopper_bytes(64) + 1024) <= PER_SM);
+    }
+
     /// `BRAID_FLASH_FORWARD`'s and `BRAID_FLASH_BACKWARD`'s values; the
     /// Hopper kernels exist in the `compute_90a` build of the appended
     /// source only (NVRTC at hand).
