@@ -380,6 +380,18 @@ __device__ __forceinline__ bf16* score_head(bf16* dS, bf16* dS2, int split, int 
     return bh < split ? dS + score_tile(bh, nb, 0, 0) : dS2 + score_tile(bh - split, nb, 0, 0);
 }
 
+// The lse and row sum of query rows [row0, row0 + 64) of one head into
+// `sl` and `sd`, by the block's threads 0..63; rows past T get lse = +inf
+// (their probabilities are 0) and sum 0.
+__device__ __forceinline__ void stage_rows(float* sl, float* sd, const float* L, const float* D,
+                                           int row0, int T) {
+    if (threadIdx.x < BLK) {
+        int row = row0 + threadIdx.x;
+        sl[threadIdx.x] = row < T ? L[row] : -NEG_INF;
+        sd[threadIdx.x] = row < T ? D[row] : 0.f;
+    }
+}
+
 // One column tile of a thread's transposed scores, in place: P^T =
 // exp2(S^T * sl2 - lse) in `p` and dS^T = P^T (dP^T - D) in `dp`, for its
 // keys key0 (elements 0, 1) and key1 (2, 3) and the queries qrow and
@@ -459,12 +471,7 @@ __device__ void flash_dkdv(int kb, int bh, bf16 (*sm)[2][BLK * (HS + PAD)], floa
     auto stage = [&](int st, int qb) {
         load_tile<HS>(sm[st][0], q, qb * BLK, T, stride);
         load_tile<HS>(sm[st][1], dO, qb * BLK, T, C);
-        if (threadIdx.x < BLK) {
-            int row = qb * BLK + threadIdx.x;
-            // Rows past T get lse = +inf: their probabilities are 0.
-            sL[st][threadIdx.x] = row < T ? L[row] : -NEG_INF;
-            sD[st][threadIdx.x] = row < T ? D[row] : 0.f;
-        }
+        stage_rows(sL[st], sD[st], L, D, qb * BLK, T);
         cp_commit();
     };
     float dk[NT][4], dv[NT][4];

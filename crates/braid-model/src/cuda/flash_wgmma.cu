@@ -28,21 +28,34 @@
 #define WG_ROWS 128       // query rows per block (64 per warpgroup)
 #define WG_KEYS 64        // keys per tile
 
-// A shared-memory matrix descriptor: 128-byte swizzle, `lbo` / `sbo` the
-// leading / stride byte offsets (the distance between column atoms, which
-// no product here spans: each B is one atom wide; between groups of 8
-// rows).
-__device__ __forceinline__ unsigned long long wg_desc(const void* p, unsigned lbo, unsigned sbo) {
+// A shared-memory matrix descriptor of the swizzled tiles at `p`: 128-byte
+// swizzle, groups of 8 rows 1024 bytes apart (the stride byte offset);
+// the leading byte offset, the distance between column atoms, is unused
+// (each product's operand is one atom wide) and set to 16.
+__device__ __forceinline__ unsigned long long wg_desc(const void* p) {
     unsigned long long a = smem_addr(p);
-    return ((a & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+// Byte offset in a swizzled tile of a K-major operand's k-step `ks` (16
+// head values: 32 bytes into the current column atom of 64).
+__device__ __forceinline__ int kmajor_step(int ks) {
+    return (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
+}
+
+// ... of an N-major operand's k-step `kk` (16 rows, 2048 bytes) in column
+// atom `at` (64 head values).
+__device__ __forceinline__ int nmajor_step(int kk, int at) {
+    return at * (WG_KEYS * 128) + kk * 16 * 128;
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
 // Shared memory written by cp.async (the generic proxy) made visible to
 // wgmma's reads (the async proxy).
 __device__ __forceinline__ void wg_smem_visible() {
@@ -99,6 +112,26 @@ __device__ __forceinline__ void wg_n64_ss(float (*d)[4], unsigned long long a, u
                  ", %33, %34, p, 1, 1, %35, %36;\n}\n"
                  : WG_D(d)
                  : "r"(acc), "l"(a), "l"(b), "n"(TA), "n"(TB));
+}
+
+// d (64 x 64) = A B^T over the head: A and B K-major swizzled tiles of 64
+// rows x HS (scores of a warpgroup's rows against a tile's keys, or their
+// transpose).
+template <int HS>
+__device__ __forceinline__ void wg_scores(float (*d)[4], const unsigned char* a,
+                                          const unsigned char* b) {
+    for (int ks = 0; ks < HS / 16; ks++)
+        wg_n64_ss<0, 0>(d, wg_desc(a + kmajor_step(ks)), wg_desc(b + kmajor_step(ks)), ks);
+}
+
+// d (64 x HS) += a (64 x 64 in registers: 4 k-steps of A fragments) * B,
+// an N-major swizzled tile of 64 rows x HS; one product per column atom.
+template <int HS>
+__device__ __forceinline__ void wg_accumulate(float (*d)[4], const unsigned (*a)[4],
+                                              const unsigned char* b) {
+    for (int kk = 0; kk < WG_KEYS / 16; kk++)
+        for (int at = 0; at < HS / 64; at++)
+            wg_n64_rs<1>(d + 8 * at, a[kk], wg_desc(b + nmajor_step(kk, at)), 1);
 }
 
 // Key rows [row0, row0 + 64) of one head's K or V slice (`src` at row 0,
@@ -181,11 +214,8 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
         if (rows && j <= mine) {
             float s[WG_KEYS / 8][4];
             wg_fence();
-            // K-major K: 16 head values a step, 32 bytes into the
-            // current 64-value column atom.
             for (int ks = 0; ks < HS / 16; ks++)
-                wg_n64_rs<0>(s, qf[ks], wg_desc(kt + (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32, 16, 1024),
-                         ks);
+                wg_n64_rs<0>(s, qf[ks], wg_desc(kt + kmajor_step(ks)), ks);
             wg_commit();
             wg_wait();
             wg_pin<WG_KEYS / 8>(s);
@@ -197,13 +227,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
             unsigned pf[WG_KEYS / 16][4];
             to_a(pf, s);
             wg_fence();
-            // N-major V: 16 keys a step (2048 bytes into the tile), one
-            // product per column atom of 64 head values (64 x 128 bytes
-            // apart), into that atom's 8 accumulator tiles.
-            for (int kk = 0; kk < WG_KEYS / 16; kk++)
-                for (int at = 0; at < HS / 64; at++)
-                    wg_n64_rs<1>(o + 8 * at, pf[kk],
-                              wg_desc(kt + TILE_B + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+            wg_accumulate<HS>(o, pf, kt + TILE_B);  // O += P V
             wg_commit();
             wg_wait();
             wg_pin<NT>(o);
@@ -261,12 +285,7 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
         unsigned char* d = sqd + st * 2 * TILE_B;
         wg_load_tile<HS>(d, q, qt * WG_KEYS, T, stride);
         wg_load_tile<HS>(d + TILE_B, dO, qt * WG_KEYS, T, C);
-        if (threadIdx.x < WG_KEYS) {
-            int row = qt * WG_KEYS + threadIdx.x;
-            // Rows past T get lse = +inf: their probabilities are 0.
-            sLD[st * 128 + threadIdx.x] = row < T ? L[row] : -NEG_INF;
-            sLD[st * 128 + WG_KEYS + threadIdx.x] = row < T ? D[row] : 0.f;
-        }
+        stage_rows(sLD + st * 128, sLD + st * 128 + WG_KEYS, L, D, qt * WG_KEYS, T);
         cp_commit();
     };
     float dk[NT][4], dv[NT][4];
@@ -290,16 +309,8 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
             const float *sL = sLD + cur * 128, *sD = sL + WG_KEYS;
             float p[WG_KEYS / 8][4], dp[WG_KEYS / 8][4];
             wg_fence();
-            // K-major operands: 16 head values a step, 32 bytes into the
-            // current 64-value column atom.
-            for (int ks = 0; ks < HS / 16; ks++) {
-                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
-                wg_n64_ss<0, 0>(p, wg_desc(tk + off, 16, 1024), wg_desc(tq + off, 16, 1024), ks);
-            }
-            for (int ks = 0; ks < HS / 16; ks++) {
-                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
-                wg_n64_ss<0, 0>(dp, wg_desc(tv + off, 16, 1024), wg_desc(tdo + off, 16, 1024), ks);
-            }
+            wg_scores<HS>(p, tk, tq);    // S^T = K Q^T
+            wg_scores<HS>(dp, tv, tdo);  // dP^T = V dO^T
             wg_commit();
             wg_wait();
             wg_pin<WG_KEYS / 8>(p);
@@ -326,14 +337,8 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
                 }
             }
             wg_fence();
-            // N-major dO and Q: 16 queries a step (2048 bytes into the
-            // tile), one product per column atom of 64 head values.
-            for (int kk = 0; kk < WG_KEYS / 16; kk++)
-                for (int at = 0; at < HS / 64; at++) {
-                    int off = at * (WG_KEYS * 128) + kk * 16 * 128;
-                    wg_n64_rs<1>(dv + 8 * at, pa[kk], wg_desc(tdo + off, 16, 1024), 1);
-                    wg_n64_rs<1>(dk + 8 * at, sa[kk], wg_desc(tq + off, 16, 1024), 1);
-                }
+            wg_accumulate<HS>(dv, pa, tdo);  // dV += P^T dO
+            wg_accumulate<HS>(dk, sa, tq);   // dK += dS^T Q
             wg_commit();
             wg_wait();
             wg_pin<NT>(dk);
@@ -400,14 +405,8 @@ __device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, c
             unsigned char *tq = sqd + wg * 2 * TILE_B, *tdo = tq + TILE_B, *vt = kt + TILE_B;
             float p[WG_KEYS / 8][4], dp[WG_KEYS / 8][4];
             wg_fence();
-            for (int ks = 0; ks < HS / 16; ks++) {
-                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
-                wg_n64_ss<0, 0>(p, wg_desc(tq + off, 16, 1024), wg_desc(kt + off, 16, 1024), ks);
-            }
-            for (int ks = 0; ks < HS / 16; ks++) {
-                int off = (ks >> 2) * (WG_KEYS * 128) + (ks & 3) * 32;
-                wg_n64_ss<0, 0>(dp, wg_desc(tdo + off, 16, 1024), wg_desc(vt + off, 16, 1024), ks);
-            }
+            wg_scores<HS>(p, tq, kt);    // S = Q K^T
+            wg_scores<HS>(dp, tdo, vt);  // dP = dO V^T
             wg_commit();
             wg_wait();
             wg_pin<WG_KEYS / 8>(p);
@@ -418,10 +417,7 @@ __device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, c
             unsigned sa[WG_KEYS / 16][4];
             to_a(sa, dp);
             wg_fence();
-            for (int kk = 0; kk < WG_KEYS / 16; kk++)
-                for (int at = 0; at < HS / 64; at++)
-                    wg_n64_rs<1>(dq + 8 * at, sa[kk],
-                                 wg_desc(kt + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+            wg_accumulate<HS>(dq, sa, kt);  // dQ += dS K
             wg_commit();
             wg_wait();
             wg_pin<NT>(dq);
@@ -430,7 +426,8 @@ __device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, c
         __syncthreads();
     }
     if (rows)
-        store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp, lane);
+        store_rows<HS>(dqkv + (long)b * T * stride + h * HS, dq, scale, scale, q0, T, stride, warp,
+                       lane);
 }
 
 // ---- backward: dQ from the stored score gradients ------------------------
@@ -487,8 +484,8 @@ __device__ void flash_dq_ds_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv
             // column atom of 64 head values.
             for (int kk = 0; kk < WG_KEYS / 16; kk++)
                 for (int at = 0; at < HS / 64; at++)
-                    wg_n64_ss<1, 1>(dq + 8 * at, wg_desc(st + kk * 16 * 128, 16, 1024),
-                                    wg_desc(kt + at * (WG_KEYS * 128) + kk * 16 * 128, 16, 1024), 1);
+                    wg_n64_ss<1, 1>(dq + 8 * at, wg_desc(st + nmajor_step(kk, 0)),
+                                    wg_desc(kt + nmajor_step(kk, at)), 1);
             wg_commit();
             wg_wait();
             wg_pin<NT>(dq);
