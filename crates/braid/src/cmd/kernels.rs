@@ -33,7 +33,7 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
         }
         let hopper = braid_model::cuda::compile_hopper().map_err(|e| e.to_string())?;
         let harch = braid_model::cuda::flash::HOPPER_ARCH;
-        println!("flash.cu + flash_wgmma.cu -> {hopper} bytes of PTX for {harch} (BRAID_FLASH_FORWARD=wgmma)");
+        println!("flash.cu + flash_wgmma.cu -> {hopper} bytes of PTX for {harch} (BRAID_FLASH_FORWARD, BRAID_FLASH_BACKWARD=wgmma)");
         let (maj, min) = braid_cuda::nvrtc::version().map_err(|e| e.to_string())?;
         println!(
             "every kernel compiles (NVRTC {maj}.{min}, {:.1?})",
