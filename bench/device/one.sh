@@ -26,10 +26,11 @@
 #   bash bench/device/one.sh hopper
 #     the attention's kernels on Hopper's warpgroup products (an H100 or
 #     H200): `braid kernels --check` under BRAID_FLASH_FORWARD=wgmma (one
-#     warpgroup a block), =wgmma2 (two), then BRAID_FLASH_BACKWARD=wgmma;
-#     then GPT-2 124M (batch 16 x 1024, 25 steps) with the default kernels
-#     and with each choice that passed its check (each forward alone, then
-#     the backward beside the first forward that passed), in turns,
+#     warpgroup a block), =wgmma2 (two), then BRAID_FLASH_BACKWARD=wgmma,
+#     the other pass on mma.sync tiles; then GPT-2 124M (batch 16 x 1024,
+#     25 steps) with mma.sync tiles in both passes and with each choice
+#     that passed its check (each forward alone, then the backward beside
+#     the first forward that passed), in turns,
 #     HOPPER_ROUNDS times (default 1); then the `flash` phase with the
 #     default and the same choices.
 #   bash bench/device/one.sh proxy
@@ -222,9 +223,9 @@ phase_flash() {
 # against the default. A choice is FORWARD:BACKWARD (mma or wgmma each).
 phase_hopper() {
   local r c n check fwd= choices="mma:mma"
-  BRAID_FLASH_FORWARD=wgmma run hopper-check-wgmma 180 "$B" kernels --check
-  BRAID_FLASH_FORWARD=wgmma2 run hopper-check-wgmma2 180 "$B" kernels --check
-  BRAID_FLASH_BACKWARD=wgmma run hopper-check-backward 180 "$B" kernels --check
+  BRAID_FLASH_FORWARD=wgmma BRAID_FLASH_BACKWARD=mma run hopper-check-wgmma 180 "$B" kernels --check
+  BRAID_FLASH_FORWARD=wgmma2 BRAID_FLASH_BACKWARD=mma run hopper-check-wgmma2 180 "$B" kernels --check
+  BRAID_FLASH_FORWARD=mma BRAID_FLASH_BACKWARD=wgmma run hopper-check-backward 180 "$B" kernels --check
   for check in wgmma wgmma2 backward; do
     echo "== kernels --check: $check"
     grep -E "attention_(forward|backward) \(bf16, fused|kernels within" "$L/hopper-check-$check.txt"
@@ -249,8 +250,8 @@ phase_hopper() {
       echo "124M $c round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
     done
   done
-  local variants="2,2,2"
-  for c in $choices; do [ "$c" != mma:mma ] && variants+=" 2,2,2/$c"; done
+  local variants=
+  for c in $choices; do variants+=" 2,2,2/$c"; done
   FLASH_VARIANTS=${FLASH_VARIANTS:-$variants} phase_flash
 }
 

@@ -7,11 +7,12 @@
 //! falls back to batched cuBLAS products otherwise. Every launcher checks
 //! its buffers against the shape before launching.
 //!
-//! `BRAID_FLASH_FORWARD=wgmma` and `BRAID_FLASH_BACKWARD=wgmma` (compute
-//! capability 9.0 only, opt-in until measured) run the forward kernel, or
-//! the dK/dV kernel and both dQ kernels, at head sizes 64 and 128 on
-//! Hopper's warpgroup products instead (`flash_wgmma.cu`, appended to
-//! `flash.cu` and compiled for `compute_90a`); the row sums stay.
+//! On GPUs of compute capability 9.0 the forward kernel, the dK/dV kernel
+//! and both dQ kernels run at head sizes 64 and 128 on Hopper's warpgroup
+//! products by default (`flash_wgmma.cu`, appended to `flash.cu` and
+//! compiled for `compute_90a`; measured faster, BENCHMARKS.md); the row
+//! sums stay. `BRAID_FLASH_FORWARD` and `BRAID_FLASH_BACKWARD` choose
+//! each pass's products ([`Products`]).
 
 use super::mixed::{MixedKernels, A};
 use super::SOURCES;
@@ -113,7 +114,7 @@ fn hopper_dq_recompute_bytes(hs: usize) -> usize {
 
 /// `flash.cu` with the Hopper kernels appended (and the blocks-per-SM
 /// defines `defines` ahead), what [`FlashKernels::load`] compiles for
-/// [`HOPPER_ARCH`] where a pass asks for `wgmma`.
+/// [`HOPPER_ARCH`] where a pass runs on `wgmma`.
 pub fn hopper_source(defines: &str) -> String {
     format!("{defines}{}{}", SOURCES[2].1, HOPPER_SOURCE.1)
 }
@@ -123,10 +124,12 @@ pub const FORWARD_VAR: &str = "BRAID_FLASH_FORWARD";
 pub const BACKWARD_VAR: &str = "BRAID_FLASH_BACKWARD";
 
 /// The products a pass's kernels are built on (`BRAID_FLASH_FORWARD` for
-/// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV and dQ).
+/// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV and dQ). Unset
+/// (or `auto`): [`Products::default_for`] the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Products {
-    /// `mma` (the default): `mma.sync` tiles, any GPU from 8.0.
+    /// `mma`: `mma.sync` tiles, any GPU from 8.0 (the default on GPUs
+    /// other than 9.0).
     MmaSync,
     /// `wgmma`: Hopper's warpgroup products at head sizes 64 and 128, one
     /// warpgroup of 64 query rows a block in the forward kernel.
@@ -137,24 +140,69 @@ pub enum Products {
 }
 
 impl Products {
-    /// The choice `value` of variable `var` names (`None`: unset), or what
-    /// is expected.
-    pub fn parse(var: &str, value: Option<&str>) -> Result<Products> {
+    /// The choice `value` of variable `var` names (`None`: unset, or
+    /// `auto`: the GPU's default), or what is expected.
+    pub fn parse(var: &str, value: Option<&str>) -> Result<Option<Products>> {
         let forward = var == FORWARD_VAR;
         match value.map(str::trim) {
-            None | Some("" | "mma") => Ok(Products::MmaSync),
-            Some("wgmma") => Ok(Products::Wgmma),
-            Some("wgmma2") if forward => Ok(Products::WgmmaPaired),
+            None | Some("" | "auto") => Ok(None),
+            Some("mma") => Ok(Some(Products::MmaSync)),
+            Some("wgmma") => Ok(Some(Products::Wgmma)),
+            Some("wgmma2") if forward => Ok(Some(Products::WgmmaPaired)),
             Some(other) => Err(CudaError::Invalid(format!(
-                "{var}={other:?}: expected mma or wgmma{}",
+                "{var}={other:?}: expected auto, mma or wgmma{}",
                 if forward { " (or wgmma2)" } else { "" }
             ))),
         }
     }
 
     /// The choice of `var` in this process's environment.
-    pub fn from_env(var: &str) -> Result<Products> {
+    pub fn from_env(var: &str) -> Result<Option<Products>> {
         Self::parse(var, std::env::var(var).ok().as_deref())
+    }
+
+    /// What a pass (`var`) runs on where its variable is unset, on a GPU of
+    /// compute capability `cc`: Hopper's products on 9.0 (the forward's
+    /// two-warpgroup form, measured the faster of the two), `mma.sync`
+    /// tiles elsewhere.
+    pub fn default_for(var: &str, cc: (i32, i32)) -> Products {
+        match (cc == (9, 0), var == FORWARD_VAR) {
+            (true, true) => Products::WgmmaPaired,
+            (true, false) => Products::Wgmma,
+            (false, _) => Products::MmaSync,
+        }
+    }
+
+    /// What `var` chooses on a GPU of compute capability `cc`: its value,
+    /// or the GPU's default; a Hopper choice elsewhere than 9.0 is refused.
+    pub fn choose(var: &str, value: Option<&str>, cc: (i32, i32)) -> Result<Products> {
+        let chosen = Self::parse(var, value)?.unwrap_or_else(|| Self::default_for(var, cc));
+        if chosen != Products::MmaSync && cc != (9, 0) {
+            return Err(CudaError::Invalid(format!(
+                "{var}={}: Hopper's warpgroup products need a GPU of compute capability \
+                 9.0, this one is {}.{}; unset the variable",
+                value.unwrap_or_default().trim(),
+                cc.0,
+                cc.1
+            )));
+        }
+        Ok(chosen)
+    }
+
+    /// The passes' choices in this process's environment on a GPU of
+    /// compute capability `cc`: (forward, backward).
+    pub fn chosen(cc: (i32, i32)) -> Result<(Products, Products)> {
+        let pick = |var: &str| Self::choose(var, std::env::var(var).ok().as_deref(), cc);
+        Ok((pick(FORWARD_VAR)?, pick(BACKWARD_VAR)?))
+    }
+
+    /// The value naming this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            Products::MmaSync => "mma",
+            Products::Wgmma => "wgmma",
+            Products::WgmmaPaired => "wgmma2",
+        }
     }
 }
 
@@ -248,23 +296,15 @@ impl FlashKernels {
         if cc.0 < 8 {
             return Ok(None);
         }
-        let fwd_products = Products::from_env(FORWARD_VAR)?;
+        let (fwd_products, bwd_products) = Products::chosen(cc)?;
         let fwd = fwd_products != Products::MmaSync;
         let groups = if fwd_products == Products::WgmmaPaired {
             2
         } else {
             1
         };
-        let bwd = Products::from_env(BACKWARD_VAR)? == Products::Wgmma;
+        let bwd = bwd_products == Products::Wgmma;
         let hopper = fwd || bwd;
-        if hopper && cc != (9, 0) {
-            let var = if fwd { FORWARD_VAR } else { BACKWARD_VAR };
-            return Err(CudaError::Invalid(format!(
-                "{var}=wgmma: Hopper's warpgroup products need a GPU of compute capability \
-                 9.0, this one is {}.{}; unset the variable",
-                cc.0, cc.1
-            )));
-        }
         let defines = blocks_128_from_env()?;
         let module = match hopper {
             true => Module::compile_for(
@@ -635,22 +675,39 @@ mod tests {
     fn the_hopper_kernels_are_chosen_and_built_for_compute_90a() {
         for var in [FORWARD_VAR, BACKWARD_VAR] {
             let parse = |v| Products::parse(var, v);
-            assert_eq!(parse(None).unwrap(), Products::MmaSync);
-            assert_eq!(parse(Some("mma")).unwrap(), Products::MmaSync);
-            assert_eq!(parse(Some(" wgmma")).unwrap(), Products::Wgmma);
+            assert_eq!(parse(None).unwrap(), None);
+            assert_eq!(parse(Some("auto")).unwrap(), None);
+            assert_eq!(parse(Some("mma")).unwrap(), Some(Products::MmaSync));
+            assert_eq!(parse(Some(" wgmma")).unwrap(), Some(Products::Wgmma));
             let e = parse(Some("tma")).unwrap_err().to_string();
             assert!(
-                e.contains(&format!("{var}=\"tma\": expected mma or wgmma")),
+                e.contains(&format!("{var}=\"tma\": expected auto, mma or wgmma")),
                 "{e}"
             );
+            // Unset: Hopper's products on 9.0 only; a Hopper choice
+            // elsewhere is refused, naming the variable and the GPU.
+            let choose = |v, cc| Products::choose(var, v, cc);
+            assert_ne!(choose(None, (9, 0)).unwrap(), Products::MmaSync);
+            assert_eq!(choose(Some("mma"), (9, 0)).unwrap(), Products::MmaSync);
+            for cc in [(8, 0), (8, 9), (10, 0), (12, 0)] {
+                assert_eq!(choose(None, cc).unwrap(), Products::MmaSync);
+                let e = choose(Some("wgmma"), cc).unwrap_err().to_string();
+                assert!(e.contains(&format!("{var}=wgmma: Hopper's")), "{e}");
+                assert!(e.contains(&format!("this one is {}.{}", cc.0, cc.1)), "{e}");
+            }
         }
+        assert_eq!(
+            Products::default_for(FORWARD_VAR, (9, 0)),
+            Products::WgmmaPaired
+        );
+        assert_eq!(Products::default_for(BACKWARD_VAR, (9, 0)), Products::Wgmma);
         // Two warpgroups a block: the forward kernel only.
         let paired = Products::parse(FORWARD_VAR, Some("wgmma2")).unwrap();
-        assert_eq!(paired, Products::WgmmaPaired);
+        assert_eq!(paired, Some(Products::WgmmaPaired));
         let e = Products::parse(BACKWARD_VAR, Some("wgmma2"))
             .unwrap_err()
             .to_string();
-        assert!(e.ends_with("expected mma or wgmma"), "{e}");
+        assert!(e.ends_with("expected auto, mma or wgmma"), "{e}");
         if braid_cuda::nvrtc::version().is_ok() {
             let src = hopper_source("");
             let ptx = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, HOPPER_ARCH).unwrap();

@@ -33,7 +33,7 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
         }
         let hopper = braid_model::cuda::compile_hopper().map_err(|e| e.to_string())?;
         let harch = braid_model::cuda::flash::HOPPER_ARCH;
-        println!("flash.cu + flash_wgmma.cu -> {hopper} bytes of PTX for {harch} (BRAID_FLASH_FORWARD, BRAID_FLASH_BACKWARD=wgmma)");
+        println!("flash.cu + flash_wgmma.cu -> {hopper} bytes of PTX for {harch} (compute capability 9.0's attention)");
         let (maj, min) = braid_cuda::nvrtc::version().map_err(|e| e.to_string())?;
         println!(
             "every kernel compiles (NVRTC {maj}.{min}, {:.1?})",
@@ -45,6 +45,9 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
         let mut results = braid_model::cuda::check::run(&device).map_err(|e| e.to_string())?;
         results.extend(braid_model::cuda::check_mixed::run(&device).map_err(|e| e.to_string())?);
         results.extend(braid_train::cuda::check::run(&device).map_err(|e| e.to_string())?);
+        let cc = device.compute_capability().map_err(|e| e.to_string())?;
+        let (fwd, bwd) =
+            braid_model::cuda::flash::Products::chosen(cc).map_err(|e| e.to_string())?;
         let mut bad = 0;
         for r in &results {
             println!(
@@ -58,10 +61,12 @@ pub fn run(a: KernelsArgs) -> Result<i32, String> {
             bad += usize::from(!r.ok());
         }
         println!(
-            "{} of {} kernels within their bounds on {}",
+            "{} of {} kernels within their bounds on {} (attention's products: forward {}, backward {})",
             results.len() - bad,
             results.len(),
-            device.name().unwrap_or_default()
+            device.name().unwrap_or_default(),
+            fwd.name(),
+            bwd.name()
         );
         if bad > 0 {
             return Ok(1);

@@ -75,10 +75,10 @@ Environment (for experiments; the defaults are chosen by the memory pre-flight):
                                     ZeRO-3 on GPUs: gather the layers with NCCL's copy engines
                                     (NCCL 2.28, one host), or its kernels (auto: the copy engines
                                     where every rank can have them)
-  BRAID_FLASH_FORWARD=mma|wgmma|wgmma2, BRAID_FLASH_BACKWARD=mma|wgmma
-                                    GPUs of compute capability 9.0: the attention's forward or
-                                    backward kernels on Hopper's warpgroup products (opt-in, not
-                                    yet measured) (mma)
+  BRAID_FLASH_FORWARD=auto|mma|wgmma|wgmma2, BRAID_FLASH_BACKWARD=auto|mma|wgmma
+                                    the attention's forward or backward kernels on mma.sync tiles,
+                                    or Hopper's warpgroup products (compute capability 9.0 only)
+                                    (auto: wgmma2 and wgmma on 9.0, mma elsewhere)
   BRAID_TP_SUMS=bf16|f32            --tp, bf16 on GPUs: the dtype of the row-split products' sums
   BRAID_TP_GRAD_OVERLAP=on|off      --tp, bf16 on GPUs: sum input gradients beside the weight
                                     gradients (on)
