@@ -25,12 +25,14 @@
 #     width, profiled: see phase_flash.
 #   bash bench/device/one.sh hopper
 #     the attention's kernels on Hopper's warpgroup products (an H100 or
-#     H200): `braid kernels --check` under BRAID_FLASH_FORWARD=wgmma (one
-#     warpgroup a block), =wgmma2 (two), then BRAID_FLASH_BACKWARD=wgmma,
+#     H200): `braid kernels --check` under each BRAID_FLASH_FORWARD of
+#     HOPPER_FORWARDS (default "wgmma wgmma2": one or two warpgroups a
+#     block), then BRAID_FLASH_BACKWARD=wgmma,
 #     the other pass on mma.sync tiles; then GPT-2 124M (batch 16 x 1024,
-#     25 steps) with mma.sync tiles in both passes and with each choice
-#     that passed its check (each forward alone, then the backward beside
-#     the first forward that passed), in turns,
+#     25 steps) with mma.sync tiles in both passes, with the default
+#     (auto) and with each choice that passed its check (each forward
+#     alone, then the backward beside the first forward that passed), in
+#     turns,
 #     HOPPER_ROUNDS times (default 1); then the `flash` phase with the
 #     default and the same choices.
 #   bash bench/device/one.sh proxy
@@ -220,24 +222,27 @@ phase_flash() {
 }
 
 # The Hopper kernels: each pass's checked, then those that pass timed
-# against the default. A choice is FORWARD:BACKWARD (mma or wgmma each).
+# against mma.sync tiles and the default (auto). A choice is
+# FORWARD:BACKWARD.
 phase_hopper() {
-  local r c n check fwd= choices="mma:mma"
-  BRAID_FLASH_FORWARD=wgmma BRAID_FLASH_BACKWARD=mma run hopper-check-wgmma 180 "$B" kernels --check
-  BRAID_FLASH_FORWARD=wgmma2 BRAID_FLASH_BACKWARD=mma run hopper-check-wgmma2 180 "$B" kernels --check
+  local r c n check fwd= choices="mma:mma auto:auto"
+  local forwards=${HOPPER_FORWARDS:-wgmma wgmma2}
+  for check in $forwards; do
+    BRAID_FLASH_FORWARD=$check BRAID_FLASH_BACKWARD=mma run "hopper-check-$check" 180 "$B" kernels --check
+  done
   BRAID_FLASH_FORWARD=mma BRAID_FLASH_BACKWARD=wgmma run hopper-check-backward 180 "$B" kernels --check
-  for check in wgmma wgmma2 backward; do
+  for check in $forwards backward; do
     echo "== kernels --check: $check"
     grep -E "attention_(forward|backward) \(bf16, fused|kernels within" "$L/hopper-check-$check.txt"
   done
-  for check in wgmma wgmma2; do
+  for check in $forwards; do
     if grep -q "^exit 0" "$L/hopper-check-$check.txt"; then
       choices+=" $check:mma"
       fwd=${fwd:-$check}
     fi
   done
   grep -q "^exit 0" "$L/hopper-check-backward.txt" && choices+=" ${fwd:-mma}:wgmma"
-  if [ "$choices" = "mma:mma" ]; then
+  if [ "$choices" = "mma:mma auto:auto" ]; then
     echo "hopper: no Hopper kernel passed its check; nothing timed"
     return 1
   fi

@@ -129,9 +129,13 @@ fn gpu_flags_are_rejected_on_the_cpu_path() {
     let f = run(cmd, Duration::from_secs(30));
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("expected cpu or cuda"), "{f:?}");
-    // A GPU memory budget: GPU runs only, positive.
+    // A GPU memory budget: GPU runs only (`--device` chooses the GPU by
+    // default where there is one), positive.
     for (extra, says) in [
-        (&["--gpu-memory", "40"][..], "a budget for GPU memory"),
+        (
+            &["--gpu-memory", "40", "--device", "cpu"][..],
+            "a budget for GPU memory",
+        ),
         (
             &["--gpu-memory=-3", "--device", "cuda"][..],
             "expected a positive number",
