@@ -38,6 +38,9 @@
 #     (BRAID_GPU_ALLREDUCE=ce) and over NCCL in turns (X4_ROUNDS, default
 #     3), each round beside one GPU: the scaling of each run (X4_PATHS:
 #     the BRAID_GPU_ALLREDUCE values, default "ce nccl").
+#     X4_DP_VARIANTS="NAME|VAR=VAL,...|ARGS;NAME2|...|..." runs these
+#     variants instead, each with its environment and extra arguments
+#     (e.g. "default||;defer3||--defer-layers 3").
 #   bash bench/device/x4.sh fault   (~2 min)
 #     a G-GPU data-parallel 124M run (300 steps, a checkpoint every 50)
 #     under `braid launch --max-restarts 1` with --resume auto; one rank,
@@ -433,15 +436,28 @@ phase_fault() {
 # parts of each run.
 phase_paths() {
   local M=(--model 124M --batch 16 --seq 1024 --data random --steps 30 --log-every 10)
-  local i via
+  local i via s name envs extra specs=() names=()
+  # Each variant is NAME|VAR=VAL,...|EXTRA ARGUMENTS.
+  if [ -n "${X4_DP_VARIANTS:-}" ]; then
+    IFS=';' read -ra specs <<< "$X4_DP_VARIANTS"
+  else
+    for via in ${X4_PATHS:-ce nccl}; do specs+=("$via|BRAID_GPU_ALLREDUCE=$via|"); done
+  fi
+  for s in "${specs[@]}"; do names+=("${s%%|*}"); done
   for i in $(seq "${X4_ROUNDS:-3}"); do
     br one-$i 60 1 "${M[@]}"
-    for via in ${X4_PATHS:-ce nccl}; do
-      BRAID_GPU_ALLREDUCE=$via br $via-$G-$i 80 "$G" "${M[@]}"
-      grep -h 'an average step of this rank' "$L/$via-$G-$i.txt" | sed 's/^\[rank 0\] summary: /    /'
+    for s in "${specs[@]}"; do
+      IFS='|' read -r name envs extra <<< "$s"
+      (
+        IFS=, read -ra kvs <<< "$envs"
+        for kv in "${kvs[@]}"; do [ -n "$kv" ] && export "${kv?}"; done
+        # shellcheck disable=SC2086 # the extra arguments split on spaces
+        br "$name-$G-$i" 80 "$G" "${M[@]}" $extra
+      )
+      grep -h 'an average step of this rank' "$L/$name-$G-$i.txt" | sed 's/^\[rank 0\] summary: /    /'
     done
   done
-  for via in ${X4_PATHS:-ce nccl}; do
+  for via in "${names[@]}"; do
     for i in $(seq "${X4_ROUNDS:-3}"); do
       awk -F'\t' -v v="$via-$G-$i" -v o="one-$i" -v g="$G" '$1 == v { x = $2 } $1 == o { y = $2 }
         END { if (x && y) printf "%s: %d tokens/s, scaling %.1f%% against one-%s\n", v, x, 100 * x / (g * y), substr(o, 5) }' "$L/tok.tsv"
