@@ -35,6 +35,14 @@
 #     turns,
 #     HOPPER_ROUNDS times (default 1); then the `flash` phase with the
 #     default and the same choices.
+#   bash bench/device/one.sh ncu
+#     Nsight Compute over the attention's kernels (flash_*) of step 3 of
+#     the `flash` phase's model (L4-H40-C5120, head size 128, batch
+#     8 x 1024, checkpointing) under each choice of NCU_CHOICES
+#     (FORWARD:BACKWARD, default "mma:mma auto:auto"): speed of light,
+#     warp states, scheduler, occupancy, compute and memory workload
+#     sections, the clocks left alone; the figures that say what bounds
+#     each kernel are printed, the whole report is in $L/ncu-*.txt.
 #   bash bench/device/one.sh proxy
 #     the one-GPU proxy of the 12.85B model on 2 GPUs: PROXY (default
 #     L20-H40-C5120: 6.56B parameters, the model state per rank of 12.85B at
@@ -260,6 +268,28 @@ phase_hopper() {
   FLASH_VARIANTS=${FLASH_VARIANTS:-$variants} phase_flash
 }
 
+phase_ncu() {
+  local c n t
+  export BRAID_NVTX=1
+  for c in ${NCU_CHOICES:-mma:mma auto:auto}; do
+    n="ncu-${c/:/-}"
+    t=$(budget 240) || { echo "$n: skipped (no time left)"; continue; }
+    {
+      echo "cmd: BRAID_FLASH_FORWARD=${c%:*} BRAID_FLASH_BACKWARD=${c#*:} ncu (flash_*, step 3) $B train ..."
+      BRAID_FLASH_FORWARD=${c%:*} BRAID_FLASH_BACKWARD=${c#*:} timeout -k 10 "$t" ncu --nvtx \
+        --nvtx-include "step 3/" --kernel-name regex:flash_ --launch-count 24 --clock-control none \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        "$B" train --device cuda --model L4-H40-C5120-V50304-T1024 --batch 8 --seq 1024 \
+        --data random --checkpointing --steps 4 --eval-every 0 --log-every 1
+      echo "exit $?"
+    } > "$L/$n.txt" 2>&1
+    echo "== $c: $(tail -1 "$L/$n.txt")"
+    grep -E "^  flash_|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|Executed Ipc A" \
+      "$L/$n.txt" | awk '/^  flash_/ { if (seen[$1]++) skip = 1; else skip = 0 } !skip' | cut -c1-150
+  done
+}
+
 phase=${1:-}
 shift
 case $phase in
@@ -268,8 +298,9 @@ bits) phase_bits ;;
 proxy) phase_proxy ;;
 flash) phase_flash ;;
 hopper) phase_hopper ;;
+ncu) phase_ncu ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper | ncu" >&2
   exit 2
   ;;
 esac
