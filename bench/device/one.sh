@@ -35,6 +35,11 @@
 #     turns,
 #     HOPPER_ROUNDS times (default 1); then the `flash` phase with the
 #     default and the same choices.
+#   bash bench/device/one.sh groups
+#     the attention's blocks sent out G heads at a time
+#     (BRAID_FLASH_GROUP_HEADS): `braid kernels --check` under G = 2 and
+#     each of HEAD_GROUPS (default "8 16 32"), then 124M and the `flash` phase
+#     with the default grid and each G that passed, in turns.
 #   bash bench/device/one.sh ncu
 #     Nsight Compute over the attention's kernels (flash_*) of step 3 of
 #     the `flash` phase's model (L4-H40-C5120, head size 128, batch
@@ -86,6 +91,7 @@ run() {
   envs+="${BRAID_FLASH128_BLOCKS:+BRAID_FLASH128_BLOCKS=$BRAID_FLASH128_BLOCKS }"
   envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
   envs+="${BRAID_FLASH_BACKWARD:+BRAID_FLASH_BACKWARD=$BRAID_FLASH_BACKWARD }"
+  envs+="${BRAID_FLASH_GROUP_HEADS:+BRAID_FLASH_GROUP_HEADS=$BRAID_FLASH_GROUP_HEADS }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -197,7 +203,8 @@ phase_proxy() {
 # The head-size-128 attention kernels' blocks per SM
 # (BRAID_FLASH128_BLOCKS=F,K,Q; a variant F,K,Q/FWD[:BWD] also sets
 # BRAID_FLASH_FORWARD=FWD and BRAID_FLASH_BACKWARD=BWD, e.g.
-# 2,2,2/wgmma:mma) in turns, FLASH_ROUNDS times, on GPU 0:
+# 2,2,2/wgmma:mma, and a suffix @G BRAID_FLASH_GROUP_HEADS=G, e.g.
+# 2,2,2@16) in turns, FLASH_ROUNDS times, on GPU 0:
 # the 12.85B model's width (FLASH_MODEL, default L4-H40-C5120: 4 layers,
 # head size 128) at batch 8 x 1024 with checkpointing, 8 steps, profiled
 # (BRAID_PROFILE=1); per run the attention's GPU time per step (forward,
@@ -208,13 +215,15 @@ phase_flash() {
   local variants=${FLASH_VARIANTS:-2,2,2 3,2,2 3,3,3}
   for r in $(seq "${FLASH_ROUNDS:-1}"); do
     for v in $variants; do
-      n="flash-${v//[,\/:]/-}-$r"
-      fwd= bwd=
-      [[ $v == */* ]] && fwd=${v#*/}
+      n="flash-${v//[,\/:@]/-}-$r"
+      fwd= bwd= grp=
+      [[ $v == *@* ]] && grp=${v##*@}
+      local base=${v%@*}
+      [[ $base == */* ]] && fwd=${base#*/}
       # KIND is FORWARD[:BACKWARD].
       [[ $fwd == *:* ]] && bwd=${fwd#*:}
-      BRAID_FLASH128_BLOCKS=${v%%/*} BRAID_FLASH_FORWARD=${fwd%%:*} BRAID_FLASH_BACKWARD=$bwd \
-        BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
+      BRAID_FLASH128_BLOCKS=${base%%/*} BRAID_FLASH_FORWARD=${fwd%%:*} BRAID_FLASH_BACKWARD=$bwd \
+        BRAID_FLASH_GROUP_HEADS=$grp BRAID_PROFILE=1 run "$n" 90 "$B" train --device cuda \
         --model "$M" --batch 8 --seq 1024 --data random --checkpointing --steps 8 \
         --eval-every 0 --log-every 4 || continue
       ms=$(grep -h ' attention  ' "$L/$n.txt" | awk '{ s += $(NF-5) } END { printf "%.3f", s }')
@@ -268,6 +277,30 @@ phase_hopper() {
   FLASH_VARIANTS=${FLASH_VARIANTS:-$variants} phase_flash
 }
 
+# The attention's blocks sent out by groups of heads: `braid kernels
+# --check` under BRAID_FLASH_GROUP_HEADS=2 (full groups and a partial one
+# in the check's shapes) and each of HEAD_GROUPS (default "8 16 32"); then
+# 124M with the default grid and each G that passed, in turns, and the
+# `flash` phase with the same.
+phase_groups() {
+  local g pass= n
+  for g in 2 ${HEAD_GROUPS:-8 16 32}; do
+    BRAID_FLASH_GROUP_HEADS=$g run "groups-check-$g" 180 "$B" kernels --check
+    echo "== kernels --check, $g heads a group: $(grep -E 'kernels within' "$L/groups-check-$g.txt")"
+    grep -q "^exit 0" "$L/groups-check-$g.txt" && [ "$g" != 2 ] && pass+=" $g"
+  done
+  [ -n "$pass" ] || { echo "groups: no grouping passed its check; nothing timed"; return 1; }
+  for g in "" $pass; do
+    n="groups-124m-${g:-none}"
+    BRAID_FLASH_GROUP_HEADS=$g run "$n" 90 "$B" train --device cuda --model 124M --batch 16 \
+      --seq 1024 --data random --steps 25 --eval-every 0 --log-every 5 || continue
+    echo "124M, ${g:+$g heads a group}${g:-the default grid}: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
+  done
+  local variants="2,2,2"
+  for g in $pass; do variants+=" 2,2,2@$g"; done
+  FLASH_VARIANTS=${FLASH_VARIANTS:-$variants} phase_flash
+}
+
 phase_ncu() {
   local c n t
   export BRAID_NVTX=1
@@ -299,8 +332,9 @@ proxy) phase_proxy ;;
 flash) phase_flash ;;
 hopper) phase_hopper ;;
 ncu) phase_ncu ;;
+groups) phase_groups ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper | ncu" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper | ncu | groups" >&2
   exit 2
   ;;
 esac

@@ -32,6 +32,30 @@ typedef unsigned short bf16;
 #define SUB 32            // the backward kernels' sub-tiles (BLK / SUB per tile)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Where a block works: its (batch, head) `bh` and its rank `y` among the
+// head's ny row blocks (rank 0 the longest walk). By default the grid is
+// (B*NH, ny), so every head's rank 0 goes out before any head's rank 1.
+// With FLASH_GROUP_HEADS = G > 0 (a define ahead of the source) the grid
+// is one-dimensional, B*NH*ny blocks going out G heads at a time (the
+// group's ranks in order, each over its G heads), so that the tiles a
+// head's blocks share are read again while they are still in L2.
+#ifndef FLASH_GROUP_HEADS
+#define FLASH_GROUP_HEADS 0
+#endif
+struct Place {
+    int bh, y;
+};
+__device__ __forceinline__ Place block_place(int ny) {
+#if FLASH_GROUP_HEADS > 0
+    int per = ny * FLASH_GROUP_HEADS;
+    int g = blockIdx.x / per, r = blockIdx.x % per;
+    int n = min(FLASH_GROUP_HEADS, (int)(gridDim.x / ny) - g * FLASH_GROUP_HEADS);
+    return {g * FLASH_GROUP_HEADS + r % n, r / n};
+#else
+    return {(int)blockIdx.x, (int)blockIdx.y};
+#endif
+}
+
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -292,8 +316,10 @@ __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float*
                               const bf16* qkv, int T, int NH, float sl2) {
     constexpr int NT = HS / 8;
     // sm: [stage][K, V]; Q parks in stage 1.
-    // grid (B*NH, row blocks): all heads' longest row blocks first.
-    int nqb = (T + BLK - 1) / BLK, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
+    // Longest row blocks first (block_place).
+    int nqb = (T + BLK - 1) / BLK;
+    Place at = block_place(nqb);
+    int qb = nqb - 1 - at.y, bh = at.bh;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
@@ -673,8 +699,8 @@ __device__ void flash_forward_entry(bf16* out, float* lse, const bf16* qkv, int 
     flash_forward<HS>(tiles<HS>(), out, lse, qkv, T, NH, sl2);
 }
 
-// The backward kernels' grids are (B*NH, row blocks), rank y = 0 the
-// longest walk, so blocks go out longest first across all heads. dK/dV
+// The backward kernels' blocks are placed by block_place, rank 0 the
+// longest walk. dK/dV
 // keeps three pairs of tiles, then the rows' lse and dsum; dQ from stored
 // dS keeps two K tiles, then two dS tiles.
 template <int HS>
@@ -685,16 +711,17 @@ __device__ void flash_dkdv_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, 
     float(*sL)[BLK] = (float(*)[BLK])(sm + 3);
     float(*sD)[BLK] = sL + 2;
     int nb = (T + BLK - 1) / BLK;
-    bf16* head = score_head(dS, dS2, split, blockIdx.x, nb);
-    flash_dkdv<HS>(blockIdx.y, blockIdx.x, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, head);
+    Place at = block_place(nb);
+    bf16* head = score_head(dS, dS2, split, at.bh, nb);
+    flash_dkdv<HS>(at.y, at.bh, sm, sL, sD, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, head);
 }
 
 template <int HS>
 __device__ void flash_dq_entry(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
                                const float* dsum, int T, int NH, float sl2, float scale) {
     int nb = (T + BLK - 1) / BLK;
-    flash_dq<HS>(nb - 1 - blockIdx.y, blockIdx.x, tiles<HS>(), dqkv, qkv, dout, lse, dsum, T, NH,
-                 sl2, scale);
+    Place at = block_place(nb);
+    flash_dq<HS>(nb - 1 - at.y, at.bh, tiles<HS>(), dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale);
 }
 
 template <int HS>
@@ -703,8 +730,9 @@ __device__ void flash_dq_ds_entry(bf16* dqkv, const bf16* qkv, bf16* dS, bf16* d
     int nb = (T + BLK - 1) / BLK;
     bf16 (*sK)[BLK * (HS + PAD)] = tiles<HS>()[0];
     bf16 (*sS)[BLK * (BLK + PAD)] = (bf16 (*)[BLK * (BLK + PAD)])(sK + 2);
-    const bf16* head = score_head(dS, dS2, split, blockIdx.x, nb);
-    flash_dq_ds<HS>(nb - 1 - blockIdx.y, blockIdx.x, sK, sS, dqkv, qkv, head, T, NH, scale);
+    Place at = block_place(nb);
+    const bf16* head = score_head(dS, dS2, split, at.bh, nb);
+    flash_dq_ds<HS>(nb - 1 - at.y, at.bh, sK, sS, dqkv, qkv, head, T, NH, scale);
 }
 
 // Entry points per head size, with the blocks per SM the register

@@ -238,6 +238,31 @@ fn blocks_128(v: Option<&str>) -> Result<String> {
     }
 }
 
+/// `BRAID_FLASH_GROUP_HEADS=G`: the attention's blocks go out G heads at a
+/// time, each group's blocks of every rank before the next group's, so
+/// that the tiles a head's blocks share stay in L2 (0 or unset: the 2-D
+/// grid, every head's longest blocks first). For measuring: the bits do
+/// not change, only the order the blocks run in.
+fn group_heads_from_env() -> Result<usize> {
+    group_heads(std::env::var("BRAID_FLASH_GROUP_HEADS").ok().as_deref())
+}
+
+/// [`group_heads_from_env`] for the variable's value `v`.
+fn group_heads(v: Option<&str>) -> Result<usize> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(x) => x
+            .parse::<usize>()
+            .ok()
+            .filter(|g| *g <= 4096)
+            .ok_or_else(|| {
+                CudaError::Invalid(format!(
+                    "BRAID_FLASH_GROUP_HEADS={x}: expected the heads a group, 0 (off) to 4096"
+                ))
+            }),
+    }
+}
+
 /// Threads per block of the row-sum kernel (one block per token).
 const DSUM_THREADS: u32 = 128;
 
@@ -265,6 +290,8 @@ pub struct FlashKernels {
     _module: Module,
     heads: Vec<(usize, HeadKernels)>,
     add_bias: Function,
+    /// Heads a group under `BRAID_FLASH_GROUP_HEADS` (0: the 2-D grid).
+    group_heads: usize,
 }
 
 fn need(what: &str, have: usize, want: usize) -> Result<()> {
@@ -286,6 +313,7 @@ impl FlashKernels {
     pub fn check_env() -> Result<()> {
         Products::from_env(FORWARD_VAR)?;
         Products::from_env(BACKWARD_VAR)?;
+        group_heads_from_env()?;
         blocks_128_from_env().map(|_| ())
     }
 
@@ -305,7 +333,11 @@ impl FlashKernels {
         };
         let bwd = bwd_products == Products::Wgmma;
         let hopper = fwd || bwd;
-        let defines = blocks_128_from_env()?;
+        let group_heads = group_heads_from_env()?;
+        let mut defines = blocks_128_from_env()?;
+        if group_heads > 0 {
+            defines += &format!("#define FLASH_GROUP_HEADS {group_heads}\n");
+        }
         let module = match hopper {
             true => Module::compile_for(
                 device,
@@ -355,6 +387,7 @@ impl FlashKernels {
             add_bias: module.function("add_bias_bf")?,
             heads,
             _module: module,
+            group_heads,
         }))
     }
 
@@ -412,10 +445,12 @@ impl FlashKernels {
             })
     }
 
-    /// `(B*NH, row blocks)`: the kernels map rank y to row blocks so that
-    /// blocks go out longest first across all heads.
-    fn grid(s: AttnShape) -> (u32, u32, u32) {
-        ((s.b * s.nh) as u32, s.t.div_ceil(TILE).max(1) as u32, 1)
+    /// The grid of a kernel with `ny` row blocks a head: `(B*NH, ny)`, the
+    /// kernels going out longest first across all heads, or under head
+    /// groups one dimension of `B*NH*ny` blocks (`block_place` in
+    /// flash.cu).
+    fn grid(&self, s: AttnShape, ny: usize) -> Result<(u32, u32, u32)> {
+        launch_grid(self.group_heads, s.b * s.nh, ny)
     }
 
     /// `dst[N, 3C] = src + bias` (bf16 rows, f32 bias).
@@ -471,14 +506,14 @@ impl FlashKernels {
             A::F(sl2),
         ];
         if let Some((wg, groups)) = &k.forward_wg {
-            let rows = s.t.div_ceil(TILE * groups).max(1) as u32;
-            let grid = ((s.b * s.nh) as u32, rows, 1);
+            let grid = self.grid(s, s.t.div_ceil(TILE * groups))?;
             let shared = hopper_bytes(k.hs) as u32;
             let threads = (128 * groups) as u32;
             return MixedKernels::go_shared(wg, st, grid, (threads, 1, 1), shared, args);
         }
         let shared = tile_bytes(k.hs) as u32;
-        MixedKernels::go_shared(&k.forward, st, Self::grid(s), (THREADS, 1, 1), shared, args)
+        let grid = self.grid(s, s.t.div_ceil(TILE))?;
+        MixedKernels::go_shared(&k.forward, st, grid, (THREADS, 1, 1), shared, args)
     }
 
     /// `dqkv[B,T,3C]` (overwritten) from `dout[B,T,C]`, with the forward
@@ -548,7 +583,7 @@ impl FlashKernels {
         ];
         let dsum_grid = (rows as u32, 1, 1);
         MixedKernels::go(&k.dsum, st, dsum_grid, (DSUM_THREADS, 1, 1), args)?;
-        let grid = Self::grid(s);
+        let grid = self.grid(s, s.t.div_ceil(TILE))?;
         // The arguments of the kernels that recompute the probabilities.
         let recompute = vec![
             A::P(dqkv.dptr()),
@@ -565,8 +600,7 @@ impl FlashKernels {
         args.extend([A::P(ds), A::P(ds2), A::I(split as i32)]);
         match &k.dkdv_wg {
             Some(wg) => {
-                let keys = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
-                let wgrid = ((s.b * s.nh) as u32, keys, 1);
+                let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
                 let shared = hopper_dkdv_bytes(k.hs) as u32;
                 MixedKernels::go_shared(wg, st, wgrid, (HOPPER_THREADS, 1, 1), shared, args)?
             }
@@ -588,8 +622,7 @@ impl FlashKernels {
             ];
             match &k.dq_stored_wg {
                 Some(wg) => {
-                    let rows = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
-                    let wgrid = ((s.b * s.nh) as u32, rows, 1);
+                    let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
                     let shared = hopper_dq_bytes(k.hs) as u32;
                     MixedKernels::go_shared(wg, st, wgrid, (HOPPER_THREADS, 1, 1), shared, args)
                 }
@@ -601,8 +634,7 @@ impl FlashKernels {
         } else {
             match &k.dq_wg {
                 Some(wg) => {
-                    let rows = s.t.div_ceil(HOPPER_ROWS).max(1) as u32;
-                    let wgrid = ((s.b * s.nh) as u32, rows, 1);
+                    let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
                     let shared = hopper_dq_recompute_bytes(k.hs) as u32;
                     MixedKernels::go_shared(
                         wg,
@@ -622,9 +654,59 @@ impl FlashKernels {
     }
 }
 
+/// [`FlashKernels::grid`] for `heads` (B*NH) heads of `ny` row blocks and
+/// `group_heads` heads a group (0: none).
+fn launch_grid(group_heads: usize, heads: usize, ny: usize) -> Result<(u32, u32, u32)> {
+    let ny = ny.max(1);
+    let too_many = || {
+        CudaError::Invalid(format!(
+            "flash attention: {heads} heads x {ny} row blocks are too many blocks for one launch"
+        ))
+    };
+    if group_heads == 0 {
+        if ny > 65535 || heads > i32::MAX as usize {
+            return Err(too_many());
+        }
+        return Ok((heads as u32, ny as u32, 1));
+    }
+    match heads.checked_mul(ny) {
+        Some(n) if n <= i32::MAX as usize => Ok((n as u32, 1, 1)),
+        _ => Err(too_many()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `BRAID_FLASH_GROUP_HEADS`: a count of heads or a clear refusal; the
+    /// grid two-dimensional without it, one-dimensional with it, and too
+    /// many blocks refused; both sources compile with the define (NVRTC at
+    /// hand).
+    #[test]
+    fn head_groups_change_the_grid_and_compile() {
+        assert_eq!(group_heads(None).unwrap(), 0);
+        assert_eq!(group_heads(Some(" 16")).unwrap(), 16);
+        for bad in ["-1", "x", "4097", "1.5"] {
+            let e = group_heads(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("BRAID_FLASH_GROUP_HEADS"), "{bad}: {e}");
+        }
+        assert_eq!(launch_grid(0, 320, 8).unwrap(), (320, 8, 1));
+        assert_eq!(launch_grid(16, 320, 8).unwrap(), (2560, 1, 1));
+        assert_eq!(launch_grid(16, 320, 0).unwrap(), (320, 1, 1));
+        assert!(launch_grid(0, 4, 65536).is_err());
+        assert!(launch_grid(16, 1 << 20, 1 << 12).is_err());
+        if braid_cuda::nvrtc::version().is_ok() {
+            let d = "#define FLASH_GROUP_HEADS 16\n";
+            let src = format!("{d}{}", SOURCES[2].1);
+            let ptx = braid_cuda::nvrtc::compile_ptx("flash-groups", &src, "compute_80").unwrap();
+            assert!(ptx.contains("flash_forward_64") && ptx.contains("%nctaid.x"));
+            let ptx =
+                braid_cuda::nvrtc::compile_ptx("flash-groups", &hopper_source(d), HOPPER_ARCH)
+                    .unwrap();
+            assert!(ptx.contains("flash_forward_wg_128_2"));
+        }
+    }
 
     #[test]
     fn head_size_128_blocks_become_defines_or_a_clear_refusal() {

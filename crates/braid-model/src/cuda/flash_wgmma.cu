@@ -180,7 +180,9 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
                                  int NH, float sl2) {
     constexpr int NT = HS / 8, TILE_B = WG_KEYS * HS * 2, NTH = 128 * G, ROWS = 64 * G;
     unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
-    int nqb = (T + ROWS - 1) / ROWS, qb = nqb - 1 - blockIdx.y, bh = blockIdx.x;
+    int nqb = (T + ROWS - 1) / ROWS;
+    Place at = block_place(nqb);
+    int qb = nqb - 1 - at.y, bh = at.bh;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
@@ -262,7 +264,9 @@ __device__ void flash_dkdv_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv,
     unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
     unsigned char *sk = sm, *sv = sm + 2 * TILE_B, *sqd = sm + 4 * TILE_B;
     float* sLD = (float*)(sm + 8 * TILE_B);  // [stage][lse x 64, dsum x 64]
-    int nqt = (T + WG_KEYS - 1) / WG_KEYS, kb = blockIdx.y, bh = blockIdx.x;
+    int nqt = (T + WG_KEYS - 1) / WG_KEYS;
+    Place at = block_place((T + WG_ROWS - 1) / WG_ROWS);
+    int kb = at.y, bh = at.bh;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
@@ -370,7 +374,8 @@ __device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, c
     unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
     unsigned char *sqd = sm, *skv = sm + 4 * TILE_B;
     int nqt = (T + WG_KEYS - 1) / WG_KEYS, nblk = (T + WG_ROWS - 1) / WG_ROWS;
-    int qblk = nblk - 1 - blockIdx.y, bh = blockIdx.x;
+    Place at = block_place(nblk);
+    int qblk = nblk - 1 - at.y, bh = at.bh;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* q = qkv + (long)b * T * stride + h * HS;
@@ -445,7 +450,8 @@ __device__ void flash_dq_ds_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv
     constexpr int STAGE_B = TILE_B + 2 * S_B;
     unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
     int nqt = (T + WG_KEYS - 1) / WG_KEYS, nblk = (T + WG_ROWS - 1) / WG_ROWS;
-    int qblk = nblk - 1 - blockIdx.y, bh = blockIdx.x;
+    Place at = block_place(nblk);
+    int qblk = nblk - 1 - at.y, bh = at.bh;
     int b = bh / NH, h = bh % NH, C = NH * HS;
     long stride = 3L * C;
     const bf16* k = qkv + (long)b * T * stride + h * HS + C;
@@ -516,7 +522,8 @@ FLASH_FORWARD_WG(128, 2, _2, 1)
         bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* dsum,      \
         int T, int NH, float sl2, float scale, bf16* dS, bf16* dS2, int split) {                 \
         extern __shared__ unsigned char wg_smem[];                                               \
-        bf16* head = score_head(dS, dS2, split, blockIdx.x, (T + WG_KEYS - 1) / WG_KEYS);       \
+        int bh = block_place((T + WG_ROWS - 1) / WG_ROWS).bh;                                   \
+        bf16* head = score_head(dS, dS2, split, bh, (T + WG_KEYS - 1) / WG_KEYS);               \
         flash_dkdv_wg<HS>(wg_smem, dqkv, qkv, dout, lse, dsum, T, NH, sl2, scale, head);         \
     }
 FLASH_DKDV_WG(64)
@@ -526,7 +533,8 @@ FLASH_DKDV_WG(128)
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) flash_dq_ds_wg_##HS(             \
         bf16* dqkv, const bf16* qkv, bf16* dS, bf16* dS2, int split, int T, int NH, float scale) { \
         extern __shared__ unsigned char wg_smem[];                                               \
-        const bf16* head = score_head(dS, dS2, split, blockIdx.x, (T + WG_KEYS - 1) / WG_KEYS); \
+        int bh = block_place((T + WG_ROWS - 1) / WG_ROWS).bh;                                   \
+        const bf16* head = score_head(dS, dS2, split, bh, (T + WG_KEYS - 1) / WG_KEYS);         \
         flash_dq_ds_wg<HS>(wg_smem, dqkv, qkv, head, T, NH, scale);                              \
     }
 FLASH_DQ_DS_WG(64)
