@@ -310,7 +310,8 @@ __device__ __forceinline__ void finish_rows(bf16* out, float* L, const float (*o
 }
 
 // ---- forward --------------------------------------------------------------
-// grid (B*NH, ceil(T/64)); lse [B*NH, T] in log2 units of the scaled scores.
+// B*NH*ceil(T/64) blocks (block_place); lse [B*NH, T] in log2 units of the
+// scaled scores.
 template <int HS>
 __device__ void flash_forward(bf16 (*sm)[2][BLK * (HS + PAD)], bf16* out, float* lse,
                               const bf16* qkv, int T, int NH, float sl2) {

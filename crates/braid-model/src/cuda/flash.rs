@@ -71,13 +71,13 @@ fn dq_stored_bytes(hs: usize) -> usize {
     2 * tile(hs) + 2 * tile(TILE)
 }
 
-/// The Hopper forward kernels' source (appended to `flash.cu`'s).
+/// The Hopper kernels' source (appended to `flash.cu`'s).
 pub const HOPPER_SOURCE: (&str, &str) = ("flash_wgmma", include_str!("flash_wgmma.cu"));
 
-/// The virtual architecture the Hopper forward kernels compile for.
+/// The virtual architecture the Hopper kernels compile for.
 pub const HOPPER_ARCH: &str = "compute_90a";
 
-/// Head sizes with a Hopper forward kernel.
+/// Head sizes with Hopper kernels.
 const HOPPER_HEAD_SIZES: [usize; 2] = [64, 128];
 
 /// Query (or key) rows per block, and threads (two warpgroups), of the
@@ -307,8 +307,9 @@ impl FlashKernels {
     /// Head sizes with fused kernels.
     pub const HEAD_SIZES: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
-    /// Checks the kernels' measuring knobs (`BRAID_FLASH128_BLOCKS`,
-    /// `BRAID_FLASH_FORWARD`) without a GPU, so that a bad value is said
+    /// Checks the kernels' variables (`BRAID_FLASH_FORWARD`,
+    /// `BRAID_FLASH_BACKWARD`, `BRAID_FLASH_GROUP_HEADS`,
+    /// `BRAID_FLASH128_BLOCKS`) without a GPU, so that a bad value is said
     /// once before workers start rather than by each of them.
     pub fn check_env() -> Result<()> {
         Products::from_env(FORWARD_VAR)?;
@@ -596,19 +597,24 @@ impl FlashKernels {
             A::F(sl2),
             A::F(scale),
         ];
+        // A backward kernel: its Hopper form where chosen (`wg`, with its
+        // shared memory `wg_bytes`), else the `mma.sync` one.
+        let go =
+            |wg: &Option<Function>, wg_bytes: usize, plain: &Function, bytes: usize, args| match wg
+            {
+                Some(f) => {
+                    let grid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
+                    let shared = wg_bytes as u32;
+                    MixedKernels::go_shared(f, st, grid, (HOPPER_THREADS, 1, 1), shared, args)
+                }
+                None => {
+                    MixedKernels::go_shared(plain, st, grid, (THREADS, 1, 1), bytes as u32, args)
+                }
+            };
         let mut args = recompute.clone();
         args.extend([A::P(ds), A::P(ds2), A::I(split as i32)]);
-        match &k.dkdv_wg {
-            Some(wg) => {
-                let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
-                let shared = hopper_dkdv_bytes(k.hs) as u32;
-                MixedKernels::go_shared(wg, st, wgrid, (HOPPER_THREADS, 1, 1), shared, args)?
-            }
-            None => {
-                let shared = dkdv_bytes(k.hs) as u32;
-                MixedKernels::go_shared(&k.dkdv, st, grid, (THREADS, 1, 1), shared, args)?
-            }
-        }
+        let (dkdv_bytes, hopper_dkdv) = (dkdv_bytes(k.hs), hopper_dkdv_bytes(k.hs));
+        go(&k.dkdv_wg, hopper_dkdv, &k.dkdv, dkdv_bytes, args)?;
         if ds != 0 {
             let args = vec![
                 A::P(dqkv.dptr()),
@@ -620,36 +626,17 @@ impl FlashKernels {
                 A::I(s.nh as i32),
                 A::F(scale),
             ];
-            match &k.dq_stored_wg {
-                Some(wg) => {
-                    let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
-                    let shared = hopper_dq_bytes(k.hs) as u32;
-                    MixedKernels::go_shared(wg, st, wgrid, (HOPPER_THREADS, 1, 1), shared, args)
-                }
-                None => {
-                    let shared = dq_stored_bytes(k.hs) as u32;
-                    MixedKernels::go_shared(&k.dq_stored, st, grid, (THREADS, 1, 1), shared, args)
-                }
-            }
+            let bytes = dq_stored_bytes(k.hs);
+            go(
+                &k.dq_stored_wg,
+                hopper_dq_bytes(k.hs),
+                &k.dq_stored,
+                bytes,
+                args,
+            )
         } else {
-            match &k.dq_wg {
-                Some(wg) => {
-                    let wgrid = self.grid(s, s.t.div_ceil(HOPPER_ROWS))?;
-                    let shared = hopper_dq_recompute_bytes(k.hs) as u32;
-                    MixedKernels::go_shared(
-                        wg,
-                        st,
-                        wgrid,
-                        (HOPPER_THREADS, 1, 1),
-                        shared,
-                        recompute,
-                    )
-                }
-                None => {
-                    let shared = tile_bytes(k.hs) as u32;
-                    MixedKernels::go_shared(&k.dq, st, grid, (THREADS, 1, 1), shared, recompute)
-                }
-            }
+            let hopper = hopper_dq_recompute_bytes(k.hs);
+            go(&k.dq_wg, hopper, &k.dq, tile_bytes(k.hs), recompute)
         }
     }
 }

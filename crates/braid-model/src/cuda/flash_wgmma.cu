@@ -1,5 +1,5 @@
-// braid's fused causal attention, forward pass, on Hopper's warpgroup
-// products (`wgmma`, sm_90a). Appended to flash.cu's source (whose helpers
+// braid's fused causal attention, forward and backward passes, on
+// Hopper's warpgroup products (`wgmma`, sm_90a). Appended to flash.cu's source (whose helpers
 // it uses: cp16, the online softmax, the fragment packing, the row
 // stores) and compiled for compute_90a, so this file is only built for
 // GPUs of compute capability 9.0.
@@ -134,6 +134,19 @@ __device__ __forceinline__ void wg_accumulate(float (*d)[4], const unsigned (*a)
             wg_n64_rs<1>(d + 8 * at, a[kk], wg_desc(b + nmajor_step(kk, at)), 1);
 }
 
+// wg_accumulate issued alone and waited for: d and a are the program's
+// again when it returns.
+template <int HS>
+__device__ __forceinline__ void wg_accumulate_now(float (*d)[4], unsigned (*a)[4],
+                                                  const unsigned char* b) {
+    wg_fence();
+    wg_accumulate<HS>(d, a, b);
+    wg_commit();
+    wg_wait();
+    wg_pin<HS / 8>(d);
+    wg_pin_a<WG_KEYS / 16>(a);
+}
+
 // Key rows [row0, row0 + 64) of one head's K or V slice (`src` at row 0,
 // rows `stride` apart) into a swizzled tile, by the block's NTH threads;
 // rows past T read as 0.
@@ -228,12 +241,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
             softmax_tile<NT>(s, o, m0, m1, l0, l1, sl2);
             unsigned pf[WG_KEYS / 16][4];
             to_a(pf, s);
-            wg_fence();
-            wg_accumulate<HS>(o, pf, kt + TILE_B);  // O += P V
-            wg_commit();
-            wg_wait();
-            wg_pin<NT>(o);
-            wg_pin_a<WG_KEYS / 16>(pf);
+            wg_accumulate_now<HS>(o, pf, kt + TILE_B);  // O += P V
         }
         __syncthreads();
     }
@@ -421,12 +429,7 @@ __device__ void flash_dq_wg(unsigned char* smraw, bf16* dqkv, const bf16* qkv, c
                           row0, row1);
             unsigned sa[WG_KEYS / 16][4];
             to_a(sa, dp);
-            wg_fence();
-            wg_accumulate<HS>(dq, sa, kt);  // dQ += dS K
-            wg_commit();
-            wg_wait();
-            wg_pin<NT>(dq);
-            wg_pin_a<WG_KEYS / 16>(sa);
+            wg_accumulate_now<HS>(dq, sa, kt);  // dQ += dS K
         }
         __syncthreads();
     }

@@ -36,7 +36,7 @@ pub fn compile_all(arch: &str) -> Result<Vec<(String, usize)>> {
     braid_cuda::nvrtc::compile_sources(&SOURCES, arch)
 }
 
-/// Compiles the Hopper forward kernels (`flash_wgmma.cu` appended to
+/// Compiles the Hopper attention kernels (`flash_wgmma.cu` appended to
 /// `flash.cu`) to PTX for their architecture ([`flash::HOPPER_ARCH`]), no
 /// GPU needed: the PTX's size.
 pub fn compile_hopper() -> Result<usize> {

@@ -141,15 +141,18 @@ impl Wish {
         // A rank that takes NCCL's kernels, asked for or all it can have.
         let kernels = (0..n).find(|&q| !matches!(ask_of(q), Ask::IfAll | Ask::CopyEngines));
         let other_host = (0..n).find(|&q| of(q)[1..] != of(0)[1..]);
+        let on_another_host = |q: usize| {
+            format!(
+                "rank {q} runs on another host than rank 0 (NCCL's copy-engine gathers serve \
+                 one node)"
+            )
+        };
         let Some(insisting) = asks(Ask::CopyEngines) else {
             // `auto` everywhere it was not `nccl`: all or none.
             let fallback = match (kernels, other_host) {
                 (None, None) => return Ok(Agreed::plain(true)),
                 (Some(q), _) => ask_of(q).why_kernels(q),
-                (None, Some(q)) => format!(
-                    "rank {q} runs on another host than rank 0 (NCCL's copy-engine gathers \
-                     serve one node)"
-                ),
+                (None, Some(q)) => on_another_host(q),
             };
             let asked_auto = self.ask != Ask::Kernels;
             return Ok(Agreed {
@@ -164,10 +167,7 @@ impl Wish {
                 ask_of(q).why_kernels(q)
             )
         } else if let Some(q) = other_host {
-            format!(
-                "rank {q} runs on another host than rank 0 (NCCL's copy-engine gathers serve \
-                 one node); use {GATHER_VIA_VAR}=nccl"
-            )
+            format!("{}; use {GATHER_VIA_VAR}=nccl", on_another_host(q))
         } else {
             return Ok(Agreed::plain(true));
         };
