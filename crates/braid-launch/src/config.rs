@@ -2,6 +2,7 @@
 //! into a [`LaunchPlan`] with every choice made and checked.
 
 use crate::error::LaunchError;
+use crate::output::OutputOptions;
 use braid_core::slurm;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -52,6 +53,12 @@ pub struct LaunchOptions {
     pub python: PythonMode,
     /// Whether workers' stdout lines get the `[rank N] ` prefix.
     pub prefix_stdout: bool,
+    /// Which workers' streams reach the console and which their log files
+    /// (`--tee`, `--redirects`, `--local-ranks-filter`; `--log-dir` adds
+    /// every stream to the files).
+    pub output: OutputOptions,
+    /// The workers' role (`ROLE_NAME`, torchrun's `--role`).
+    pub role: String,
 }
 
 /// How `braid launch` treats a Python program, as torchrun does.
@@ -111,9 +118,14 @@ impl Default for LaunchOptions {
             command: Vec::new(),
             python: PythonMode::Script,
             prefix_stdout: true,
+            output: OutputOptions::default(),
+            role: DEFAULT_ROLE.to_string(),
         }
     }
 }
+
+/// torchrun's default `--role`.
+pub const DEFAULT_ROLE: &str = "default";
 
 /// Every launch decision, made.
 #[derive(Debug, Clone)]
@@ -152,6 +164,10 @@ pub struct LaunchPlan {
     pub source: &'static str,
     /// Whether workers' stdout lines get the `[rank N] ` prefix.
     pub prefix_stdout: bool,
+    /// Where the workers' streams go (console, log files).
+    pub output: OutputOptions,
+    /// The workers' role (`ROLE_NAME`).
+    pub role: String,
 }
 
 impl LaunchPlan {
@@ -266,10 +282,14 @@ impl LaunchOptions {
                 "node rank {node_rank} is not below the number of nodes {nnodes}"
             )));
         }
-        if master_port == 0 && !self.standalone {
-            return Err(config(
-                "--master-port must be 1-65535 (use --standalone for a free port)".into(),
-            ));
+        // Port 0 (torchrun's `--rdzv-endpoint HOST:0`): the store binds a
+        // free port, which only a single node can learn.
+        if master_port == 0 && nnodes > 1 {
+            return Err(config(format!(
+                "port 0 lets the operating system pick a free port, which the other {} nodes \
+                 cannot know: give node 0's port (--master-port or --rdzv-endpoint HOST:PORT)",
+                nnodes - 1
+            )));
         }
         let run_id = match &self.run_id {
             Some(id) => id.clone(),
@@ -300,6 +320,11 @@ impl LaunchOptions {
             command: worker_command(&self.command, self.python),
             source,
             prefix_stdout: self.prefix_stdout,
+            output: OutputOptions {
+                log_all: self.log_dir.is_some(),
+                ..self.output.clone()
+            },
+            role: self.role.clone(),
         })
     }
 }
@@ -429,6 +454,22 @@ mod tests {
         .unwrap();
         assert_eq!(p.master_addr, "127.0.0.1");
         assert_eq!(p.master_port, 0, "bound by the store itself");
+    }
+
+    #[test]
+    fn port_zero_picks_a_free_port_on_one_node_only() {
+        let one = LaunchOptions {
+            master_port: Some(0),
+            ..opts()
+        };
+        assert_eq!(one.resolve_with(env(&[])).unwrap().master_port, 0);
+        let two = LaunchOptions {
+            master_port: Some(0),
+            nnodes: Some(2),
+            ..opts()
+        };
+        let e = two.resolve_with(env(&[])).unwrap_err().to_string();
+        assert!(e.contains("port 0") && e.contains("other 1 nodes"), "{e}");
     }
 
     #[test]

@@ -90,13 +90,17 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
         if attempt == 0 || plan.nnodes != joining.nnodes {
             let first = world.rank_offset(plan.node_rank);
             eprintln!(
-                "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}; flight records to {}",
+                "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}; {} to {}",
                 plan.node_rank,
                 plan.nnodes,
                 first + plan.nproc_per_node - 1,
                 world.world_size(),
                 plan.source,
                 plan.store_addr(),
+                match plan.output.any_file() {
+                    true => "logs (rank<N>.log) and flight records",
+                    false => "flight records",
+                },
                 flight::log_dir(plan, &world.run_id).display()
             );
         }

@@ -1,6 +1,9 @@
 //! Worker output: every line a worker prints is forwarded with a
 //! `[rank N] ` prefix, optionally appended to that rank's log file, and the
-//! last lines of its stderr are kept for the failure summary.
+//! last lines of its stderr are kept for the failure summary. Which of a
+//! worker's streams reach the console and which its log file is torchrun's
+//! choice, made per local rank by `--tee`, `--redirects` and
+//! `--local-ranks-filter` ([`Streams`], [`Routes`]).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -24,6 +27,198 @@ pub enum Stream {
     },
     /// The launcher's stderr.
     Stderr,
+    /// Nowhere on the console (the line still reaches the log and the
+    /// tail): a redirected stream, or a local rank the console filter
+    /// leaves out.
+    Hidden,
+}
+
+/// A set of a worker's standard streams, as torchrun's `Std` numbers them:
+/// 0 none, 1 stdout, 2 stderr, 3 both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Streams {
+    /// stdout is in the set.
+    pub stdout: bool,
+    /// stderr is in the set.
+    pub stderr: bool,
+}
+
+impl Streams {
+    /// torchrun's number for a set of streams: 0, 1, 2 or 3.
+    pub fn from_number(n: u8) -> Option<Streams> {
+        (n <= 3).then_some(Streams {
+            stdout: n & 1 != 0,
+            stderr: n & 2 != 0,
+        })
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        !self.stdout && !self.stderr
+    }
+}
+
+/// torchrun's `--tee`/`--redirects` value: one set of streams for every
+/// local rank (`3`), or a set per local rank (`0:1,1:2`; ranks not named
+/// get none).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StreamSpec {
+    /// No stream of any rank (`0`, torchrun's default).
+    #[default]
+    None,
+    /// The same streams for every local rank.
+    All(Streams),
+    /// Streams per local rank.
+    PerRank(Vec<(usize, Streams)>),
+}
+
+impl StreamSpec {
+    /// Parses `3` or `0:1,1:2` (`flag` names the option in errors).
+    pub fn parse(flag: &str, s: &str) -> Result<StreamSpec, String> {
+        let bad = || {
+            format!(
+                "{flag} {s:?}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every \
+                 local rank, or LOCAL_RANK:N pairs such as 0:3,1:2"
+            )
+        };
+        let number = |v: &str| {
+            v.trim()
+                .parse::<u8>()
+                .ok()
+                .and_then(Streams::from_number)
+                .ok_or_else(bad)
+        };
+        let s_trim = s.trim();
+        if !s_trim.contains(':') {
+            let streams = number(s_trim)?;
+            return Ok(match streams.is_empty() {
+                true => StreamSpec::None,
+                false => StreamSpec::All(streams),
+            });
+        }
+        let mut per = Vec::new();
+        for pair in s_trim.split(',').filter(|p| !p.trim().is_empty()) {
+            let (rank, n) = pair.split_once(':').ok_or_else(bad)?;
+            let rank = rank.trim().parse::<usize>().map_err(|_| bad())?;
+            per.push((rank, number(n)?));
+        }
+        Ok(StreamSpec::PerRank(per))
+    }
+
+    /// The streams of local rank `local_rank`.
+    pub fn of(&self, local_rank: usize) -> Streams {
+        match self {
+            StreamSpec::None => Streams::default(),
+            StreamSpec::All(s) => *s,
+            StreamSpec::PerRank(per) => per
+                .iter()
+                .find(|(r, _)| *r == local_rank)
+                .map_or(Streams::default(), |(_, s)| *s),
+        }
+    }
+
+    /// Whether any rank's stream is in the spec.
+    pub fn any(&self) -> bool {
+        match self {
+            StreamSpec::None => false,
+            StreamSpec::All(s) => !s.is_empty(),
+            StreamSpec::PerRank(per) => per.iter().any(|(_, s)| !s.is_empty()),
+        }
+    }
+}
+
+/// Where a worker's output goes, as torchrun's options decide it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OutputOptions {
+    /// Every stream of every rank also to its log file (braid's
+    /// `--log-dir`).
+    pub log_all: bool,
+    /// Streams copied to the log file as well as the console (`--tee`).
+    pub tee: StreamSpec,
+    /// Streams sent to the log file instead of the console
+    /// (`--redirects`).
+    pub redirects: StreamSpec,
+    /// The local ranks whose output reaches the console; `None`: all
+    /// (`--local-ranks-filter`).
+    pub console_ranks: Option<Vec<usize>>,
+}
+
+/// Where one stream of one worker goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// To the launcher's console.
+    pub console: bool,
+    /// To the rank's log file.
+    pub file: bool,
+}
+
+/// Where both streams of one worker go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routes {
+    /// The worker's stdout.
+    pub stdout: Route,
+    /// The worker's stderr.
+    pub stderr: Route,
+}
+
+impl Default for Routes {
+    /// Both streams to the console, neither to a file.
+    fn default() -> Self {
+        let console = Route {
+            console: true,
+            file: false,
+        };
+        Routes {
+            stdout: console,
+            stderr: console,
+        }
+    }
+}
+
+impl Routes {
+    /// Whether either stream goes to the log file.
+    pub fn any_file(&self) -> bool {
+        self.stdout.file || self.stderr.file
+    }
+}
+
+impl OutputOptions {
+    /// The routes of local rank `local_rank`'s streams.
+    pub fn routes(&self, local_rank: usize) -> Routes {
+        let shown = self
+            .console_ranks
+            .as_ref()
+            .is_none_or(|r| r.contains(&local_rank));
+        let (tee, redirect) = (self.tee.of(local_rank), self.redirects.of(local_rank));
+        let route = |teed: bool, redirected: bool| Route {
+            console: shown && !redirected,
+            file: self.log_all || teed || redirected,
+        };
+        Routes {
+            stdout: route(tee.stdout, redirect.stdout),
+            stderr: route(tee.stderr, redirect.stderr),
+        }
+    }
+
+    /// Whether some stream of some rank goes to a log file.
+    pub fn any_file(&self) -> bool {
+        self.log_all || self.tee.any() || self.redirects.any()
+    }
+}
+
+/// Parses `--local-ranks-filter`: local ranks, comma-separated (`0,1,2`).
+pub fn parse_ranks_filter(s: &str) -> Result<Vec<usize>, String> {
+    let ranks: Result<Vec<usize>, _> = s
+        .split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| p.trim().parse::<usize>())
+        .collect();
+    match ranks {
+        Ok(r) if !r.is_empty() => Ok(r),
+        _ => Err(format!(
+            "--local-ranks-filter {s:?}: expected local ranks separated by commas, e.g. 0 or 0,1,2"
+        )),
+    }
 }
 
 /// The last lines a worker wrote to stderr.
@@ -78,7 +273,7 @@ pub fn pump(
         .name(format!("braid-out-{rank}"))
         .spawn(move || {
             let prefix = match stream {
-                Stream::Stdout { prefix: false } => String::new(),
+                Stream::Stdout { prefix: false } | Stream::Hidden => String::new(),
                 _ => format!("[rank {rank}] "),
             };
             for_each_line(source, |line| {
@@ -91,6 +286,7 @@ pub fn pump(
                 let _ = match stream {
                     Stream::Stdout { .. } => std::io::stdout().lock().write_all(&out),
                     Stream::Stderr => std::io::stderr().lock().write_all(&out),
+                    Stream::Hidden => Ok(()),
                 };
                 if let Some(log) = &log {
                     let mut f = log.lock().unwrap_or_else(|p| p.into_inner());
@@ -160,6 +356,68 @@ mod tests {
         let got = lines(&long);
         assert_eq!(got.iter().map(|l| l.len()).sum::<usize>(), long.len());
         assert!(got.len() >= 2);
+    }
+
+    #[test]
+    fn stream_specs_read_as_torchrun_writes_them() {
+        let both = Streams {
+            stdout: true,
+            stderr: true,
+        };
+        assert_eq!(StreamSpec::parse("--tee", "3"), Ok(StreamSpec::All(both)));
+        assert_eq!(StreamSpec::parse("--tee", "0"), Ok(StreamSpec::None));
+        let per = StreamSpec::parse("--redirects", "0:1,1:2").unwrap();
+        assert!(per.of(0).stdout && !per.of(0).stderr);
+        assert!(!per.of(1).stdout && per.of(1).stderr);
+        assert!(per.of(2).is_empty());
+        for bad in ["4", "x", "0:5", "a:1", "0-1"] {
+            let e = StreamSpec::parse("--tee", bad).unwrap_err();
+            assert!(e.contains("--tee") && e.contains("LOCAL_RANK:N"), "{e}");
+        }
+        assert_eq!(parse_ranks_filter("0, 2"), Ok(vec![0, 2]));
+        assert!(parse_ranks_filter("one").is_err());
+        assert!(parse_ranks_filter("").is_err());
+    }
+
+    #[test]
+    fn routes_follow_tee_redirects_and_the_console_filter() {
+        let o = OutputOptions {
+            tee: StreamSpec::parse("--tee", "1").unwrap(),
+            redirects: StreamSpec::parse("--redirects", "1:2").unwrap(),
+            console_ranks: Some(vec![0, 1]),
+            ..Default::default()
+        };
+        let r0 = o.routes(0);
+        assert_eq!(
+            r0.stdout,
+            Route {
+                console: true,
+                file: true
+            }
+        );
+        assert_eq!(
+            r0.stderr,
+            Route {
+                console: true,
+                file: false
+            }
+        );
+        let r1 = o.routes(1);
+        assert_eq!(
+            r1.stderr,
+            Route {
+                console: false,
+                file: true
+            }
+        );
+        let r2 = o.routes(2);
+        assert!(!r2.stdout.console && !r2.stderr.console && r2.stdout.file);
+        assert!(!OutputOptions::default().routes(0).any_file());
+        let all = OutputOptions {
+            log_all: true,
+            ..Default::default()
+        };
+        assert!(all.routes(5).stderr.file && all.routes(5).stderr.console);
     }
 
     #[test]

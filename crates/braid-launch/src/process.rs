@@ -10,7 +10,7 @@
 //! left a zombie while the launcher starts or watches the others.
 
 use crate::error::LaunchError;
-use crate::output::{self, Stream, Tail};
+use crate::output::{self, Routes, Stream, Tail};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag};
 use nix::unistd::Pid;
@@ -35,6 +35,8 @@ pub struct WorkerSpec {
     /// Whether the worker's stdout lines get the `[rank N] ` prefix (its
     /// stderr lines always do).
     pub prefix_stdout: bool,
+    /// Which of its streams reach the console and which its log file.
+    pub routes: Routes,
 }
 
 /// A running (or finished) worker.
@@ -99,7 +101,7 @@ impl Worker {
             program: program.to_string_lossy().into_owned(),
             source,
         };
-        let log = match log_dir {
+        let log = match log_dir.filter(|_| spec.routes.any_file()) {
             Some(dir) => Some(output::open_log(dir, spec.rank, attempt).map_err(|source| {
                 LaunchError::Io {
                     what: format!(
@@ -115,14 +117,19 @@ impl Worker {
         let mut child = cmd.spawn().map_err(spawn_error)?;
         let tail = Tail::default();
         let mut pumps = Vec::new();
+        let routes = spec.routes;
+        let console = |shown: bool, stream: Stream| if shown { stream } else { Stream::Hidden };
         if let Some(out) = child.stdout.take() {
             pumps.push(output::pump(
                 out,
                 spec.rank,
-                Stream::Stdout {
-                    prefix: spec.prefix_stdout,
-                },
-                log.clone(),
+                console(
+                    routes.stdout.console,
+                    Stream::Stdout {
+                        prefix: spec.prefix_stdout,
+                    },
+                ),
+                log.clone().filter(|_| routes.stdout.file),
                 None,
             ));
         }
@@ -130,8 +137,8 @@ impl Worker {
             pumps.push(output::pump(
                 err,
                 spec.rank,
-                Stream::Stderr,
-                log,
+                console(routes.stderr.console, Stream::Stderr),
+                log.filter(|_| routes.stderr.file),
                 Some(tail.clone()),
             ));
         }
@@ -316,6 +323,7 @@ mod tests {
             command: vec!["sh".into(), "-c".into(), "exit 3".into()],
             env: vec![],
             prefix_stdout: true,
+            routes: Routes::default(),
         };
         let mut w = Worker::spawn(&spec, None, 0).unwrap();
         assert!(until_reported(w.pid()));

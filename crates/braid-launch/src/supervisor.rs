@@ -63,7 +63,7 @@ pub fn worker_env(
         ("GROUP_WORLD_SIZE", plan.nnodes.to_string()),
         ("ROLE_RANK", rank.to_string()),
         ("ROLE_WORLD_SIZE", world.world_size().to_string()),
-        ("ROLE_NAME", "default".to_string()),
+        ("ROLE_NAME", plan.role.clone()),
         (env::MASTER_ADDR, plan.master_addr.clone()),
         (env::MASTER_PORT, world.worker_master_port.to_string()),
         (env::BRAID_RUN_ID, world.run_id.clone()),
@@ -192,8 +192,9 @@ impl<'a> Attempt<'a> {
             command: plan.command.clone(),
             env: worker_env(plan, world, self.attempt, local_rank),
             prefix_stdout: plan.prefix_stdout,
+            routes: plan.output.routes(local_rank),
         };
-        match Worker::spawn(&spec, plan.log_dir.as_deref(), self.attempt) {
+        match Worker::spawn(&spec, Some(&self.log_dir), self.attempt) {
             Ok(w) => {
                 self.running.insert(w.pid(), self.workers.len());
                 self.workers.push(w);

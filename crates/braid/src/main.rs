@@ -5,7 +5,7 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// braid: distributed deep-learning training, one binary.
@@ -40,7 +40,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => match cmd::unknown_flag::explain(&e, &Cli::command(), &argv) {
+            Some(message) => {
+                eprintln!("{message}");
+                return ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
+    };
     let result = match cli.command {
         Command::Launch(args) => cmd::launch::run(args),
         Command::Bench(args) => cmd::bench::run(args),

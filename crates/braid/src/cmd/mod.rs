@@ -28,6 +28,7 @@ pub mod train_pipeline;
 pub mod train_pipeline_run;
 pub mod train_strategy;
 pub mod train_trace;
+pub mod unknown_flag;
 pub mod verify;
 pub mod verify_gpu;
 pub mod workers;
