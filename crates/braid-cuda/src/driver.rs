@@ -16,9 +16,11 @@ pub fn init() -> Result<()> {
     INIT.get_or_init(|| {
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { sys::is_culib_present() } {
-            return Err("the CUDA driver library (libcuda.so) was not found; \
-                 install the NVIDIA driver, or use the CPU backends (shm, tcp)"
-                .into());
+            return Err(
+                "the CUDA driver library (libcuda.so) was not found: this machine has no \
+                 NVIDIA driver"
+                    .into(),
+            );
         }
         result::init().map_err(|e| {
             format!("cuInit failed: {} (is a GPU visible to this process? check CUDA_VISIBLE_DEVICES and nvidia-smi)", driver("cuInit")(e))

@@ -7,7 +7,9 @@
 //! cache, shared by the ranks of a node), so a window costs a copy of its
 //! tokens, and [`crate::loader::TokenWindows`] deals the windows out to
 //! ranks exactly as it deals a flat token file's: the same `T` and seed
-//! give the same batches from either.
+//! give the same batches from either. Shorter sequences are cut from the
+//! stored windows, as many from each as it holds (`T / t`), so that a
+//! run at a shorter length still reads the whole corpus.
 
 use std::path::Path;
 
@@ -135,16 +137,21 @@ fn fields_of(b: &Beton) -> String {
         .join(", ")
 }
 
+impl BetonTokens {
+    /// Windows of `t` tokens cut from each stored window (its `T` tokens
+    /// and the one after them; consecutive windows share no input token).
+    pub fn windows_per_sample(&self, t: usize) -> usize {
+        match t {
+            0 => 0,
+            _ => (self.width - 1) / t,
+        }
+    }
+}
+
 impl WindowSource for BetonTokens {
     fn windows(&self, t: usize, eval: bool) -> usize {
-        if t == 0 || t + 1 > self.width {
-            return 0;
-        }
-        if eval {
-            self.held.len()
-        } else {
-            self.train.len()
-        }
+        let part = if eval { &self.held } else { &self.train };
+        part.len() * self.windows_per_sample(t)
     }
 
     fn window(
@@ -165,13 +172,16 @@ impl WindowSource for BetonTokens {
             ));
         }
         let part = if eval { &self.held } else { &self.train };
-        let s = *part.get(i).ok_or_else(|| {
+        let per = self.windows_per_sample(t);
+        let s = *part.get(i / per).ok_or_else(|| {
             format!(
                 "window {i} of {} in the {} part",
-                part.len(),
+                part.len() * per,
                 if eval { "held-out" } else { "training" }
             )
         })?;
+        // The window's first token in the stored one.
+        let first = (i % per) * t;
         if tokens.len() != t || targets.len() != t {
             return Err(format!(
                 "{} tokens / {} targets for a window of {t}",
@@ -184,12 +194,12 @@ impl WindowSource for BetonTokens {
             Value::Array { dtype, data, .. } => (dtype, data),
             _ => unreachable!("the field was checked to hold token windows"),
         };
-        if data.len() < (t + 1) * dtype.size() {
+        if data.len() < (first + t + 1) * dtype.size() {
             return Err(format!(
                 "{}: sample {s}'s window has {} bytes, fewer than {} tokens",
                 self.file.index().path,
                 data.len(),
-                t + 1
+                first + t + 1
             ));
         }
         let at = |k: usize| -> u32 {
@@ -204,8 +214,8 @@ impl WindowSource for BetonTokens {
             }
         };
         for k in 0..t {
-            tokens[k] = at(k);
-            targets[k] = at(k + 1);
+            tokens[k] = at(first + k);
+            targets[k] = at(first + k + 1);
         }
         if let Some(bad) = tokens
             .iter()
@@ -223,5 +233,38 @@ impl WindowSource for BetonTokens {
 
     fn max_token(&self) -> u32 {
         self.max_token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::Dataset;
+
+    /// A sequence shorter than the stored windows is cut from them, as
+    /// many as each holds, the same windows the flat data gives where the
+    /// stored length divides by it.
+    #[test]
+    fn shorter_sequences_are_cut_from_every_stored_window() {
+        let d = Dataset::from_tokens((0..2000).map(|x| x % 251).collect()).unwrap();
+        let out = std::env::temp_dir().join(format!("braid-subwin-{}.beton", std::process::id()));
+        crate::convert::token_windows(&out, &d, 32, 256, 1 << 16, &mut |_, _| {}).unwrap();
+        let b = BetonTokens::open(&out, None).unwrap();
+        std::fs::remove_file(&out).unwrap();
+        assert_eq!(b.windows(32, false), d.windows(32, false));
+        assert_eq!(b.windows_per_sample(8), 4);
+        assert_eq!(b.windows(8, false), 4 * d.windows(32, false));
+        assert_eq!(b.windows(8, true), 4 * d.windows(32, true));
+        assert_eq!(b.windows(33, false), 0);
+        let (mut x, mut y) = (vec![0; 8], vec![0; 8]);
+        let (mut fx, mut fy) = (vec![0; 8], vec![0; 8]);
+        for i in [0, 1, 3, 4, 17, b.windows(8, false) - 1] {
+            b.window(i, 8, false, &mut x, &mut y).unwrap();
+            d.window(i, 8, false, &mut fx, &mut fy).unwrap();
+            assert_eq!((&x, &y), (&fx, &fy), "window {i}");
+        }
+        assert!(b
+            .window(b.windows(8, false), 8, false, &mut x, &mut y)
+            .is_err());
     }
 }

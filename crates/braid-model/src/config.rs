@@ -113,6 +113,16 @@ impl GptConfig {
                 .any(|p| p.len() > 1 && (p.starts_with('V') || p.starts_with('v')))
     }
 
+    /// Whether the model `name` sets its context itself (a named model, or
+    /// a custom one with a `-T` part); a custom one without it may take
+    /// its context from the run's sequence length instead.
+    pub fn names_context(name: &str) -> bool {
+        Self::parse_custom(name).is_err()
+            || name
+                .split('-')
+                .any(|p| p.len() > 1 && (p.starts_with('T') || p.starts_with('t')))
+    }
+
     fn parse_custom(s: &str) -> Result<GptConfig, String> {
         let mut c = GptConfig {
             n_layer: 0,
@@ -283,6 +293,10 @@ mod tests {
         assert!(!GptConfig::names_vocab("124M"));
         assert!(!GptConfig::names_vocab("L2-H4-C64"));
         assert!(GptConfig::names_vocab("L2-H4-C64-V512"));
+        for named in ["tiny", "124M", "gpt2-xl", "L2-H4-C64-T128"] {
+            assert!(GptConfig::names_context(named), "{named}");
+        }
+        assert!(!GptConfig::names_context("L2-H4-C64-V512"));
     }
 
     #[test]

@@ -9,8 +9,10 @@ use braid_data::loader::WindowSource;
 pub fn check_fits(cfg: &braid_model::GptConfig, seq: usize, data: &dyn WindowSource) -> Result<()> {
     if seq > cfg.context {
         return Err(format!(
-            "--seq {seq} exceeds the model's context {}",
-            cfg.context
+            "--seq {seq} exceeds the model's context {}: use --seq {} or less, or a model with a \
+             longer context (a custom model without -T takes --seq's, e.g. --model \
+             L{}-H{}-C{})",
+            cfg.context, cfg.context, cfg.n_layer, cfg.n_head, cfg.n_embd
         ));
     }
     if data.max_token() as usize >= cfg.vocab_size {

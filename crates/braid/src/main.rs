@@ -39,7 +39,29 @@ enum Command {
     Data(cmd::data::DataArgs),
 }
 
+/// `braid ... | head`: a stdout closed by its reader ends the command
+/// quietly with 141 (128 + SIGPIPE), as a Unix tool killed by SIGPIPE
+/// would, rather than with a panic and its backtrace. (Rust ignores
+/// SIGPIPE, so printing to a closed pipe panics; the signal itself stays
+/// ignored, for the sockets and pipes braid's own workers use.)
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,

@@ -254,3 +254,212 @@ fn launch_reads_torchruns_pet_variables() {
     assert!(f.stderr.contains("starts ranks 0..0 of 1"), "{}", f.stderr);
     assert!(!dir.path().join("seen.1").exists());
 }
+
+/// Whether this machine has no usable GPU (the no-GPU messages are only
+/// checked there).
+fn no_gpu() -> bool {
+    common::gpus(1).is_none()
+}
+
+/// Point 3: errors name the real cause, the most basic first — the layers
+/// a pipeline's stages need before the micro-batches, the launcher for a
+/// launcher's flag, `--device cpu` where there is no GPU, a custom model
+/// whose context follows `--seq`.
+#[test]
+fn errors_name_the_real_cause_first() {
+    let dir = TempDir::new("first2-errors");
+    let f = braid_in(dir.path(), &["train", "--pp", "3", "--steps", "1"]);
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(
+        f.stderr
+            .contains("3 pipeline stages for a model of 2 layers")
+            && f.stderr.contains("--model L4-H4-C64"),
+        "{}",
+        f.stderr
+    );
+    assert!(!f.stderr.contains("--micro-batches"), "{}", f.stderr);
+
+    let f = braid_in(dir.path(), &["train", "--nnodes", "2"]);
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(f.stderr.contains("braid launch --nnodes"), "{}", f.stderr);
+    assert!(!f.stderr.contains("--no-sp"), "{}", f.stderr);
+
+    let f = braid_in(dir.path(), &["train", "--nproc-per-node", "100000"]);
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(
+        f.stderr.contains("braid launch --force-nproc"),
+        "{}",
+        f.stderr
+    );
+    assert!(!f.stderr.contains("starts ranks"), "{}", f.stderr);
+
+    if no_gpu() {
+        for args in [
+            &["train", "--device", "cuda", "--steps", "1"][..],
+            &[
+                "train",
+                "--device",
+                "cuda",
+                "--nproc-per-node",
+                "2",
+                "--steps",
+                "1",
+            ][..],
+            &["bench", "all_reduce", "--device", "cuda"][..],
+        ] {
+            let f = braid_in(dir.path(), args);
+            assert_ne!(f.code, Some(0), "{args:?}: {f:?}");
+            assert!(
+                f.stderr.contains("no GPU to use here") && f.stderr.contains("--device cpu"),
+                "{args:?}: {}",
+                f.stderr
+            );
+            assert!(!f.stderr.contains("shm, tcp"), "{}", f.stderr);
+            assert!(
+                !f.stderr.contains("[rank"),
+                "said by a worker: {}",
+                f.stderr
+            );
+        }
+    }
+
+    // A custom model without -T takes its context from --seq (and says so);
+    // a named model's context is its own, and the error says what to do.
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            "L2-H2-C32",
+            "--seq",
+            "512",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("context 512 from --seq"), "{}", f.stdout);
+    let f = braid_in(dir.path(), &["train", "--seq", "128", "--device", "cpu"]);
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(
+        f.stderr.contains("exceeds the model's context 64") && f.stderr.contains("--seq 64"),
+        "{}",
+        f.stderr
+    );
+}
+
+/// Point 4: a pipeline's flags without `--pp` are refused, not ignored.
+#[test]
+fn pipeline_flags_need_a_pipeline() {
+    let dir = TempDir::new("first2-pipe-flags");
+    for (args, flag) in [
+        (&["train", "--schedule", "zb"][..], "--schedule zb"),
+        (&["train", "--micro-batches", "0"][..], "--micro-batches 0"),
+        (
+            &["train", "--stage-layers", "1,1"][..],
+            "--stage-layers 1,1",
+        ),
+    ] {
+        let f = braid_in(dir.path(), args);
+        assert_eq!(f.code, Some(2), "{args:?}: {f:?}");
+        assert!(
+            f.stderr.contains(flag) && f.stderr.contains("add --pp N"),
+            "{args:?}: {}",
+            f.stderr
+        );
+        assert!(
+            !f.stdout.contains("step "),
+            "{args:?} trained: {}",
+            f.stdout
+        );
+    }
+}
+
+/// The number before `pat` in `text` (`14745 training windows`).
+fn count_before(text: &str, pat: &str) -> usize {
+    let at = text
+        .find(pat)
+        .unwrap_or_else(|| panic!("no {pat:?} in:\n{text}"));
+    text[..at]
+        .split(|c: char| !c.is_ascii_digit())
+        .rfind(|w| !w.is_empty())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number before {pat:?} in:\n{text}"))
+}
+
+/// Point 5: `data write` with its defaults, then `train --data` with its
+/// defaults, trains on the whole corpus (the shorter sequences cut from
+/// every stored window), and says how.
+#[test]
+fn a_beton_written_with_defaults_trains_on_the_whole_corpus() {
+    let dir = TempDir::new("first2-beton");
+    let f = braid_in(
+        dir.path(),
+        &["data", "write", "--tokens", "synthetic", "X.beton"],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let common = [
+        "train",
+        "--steps",
+        "1",
+        "--eval-every",
+        "0",
+        "--device",
+        "cpu",
+    ];
+    let f = braid_in(
+        dir.path(),
+        &[&common[..], &["--data", "synthetic"]].concat(),
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let flat = count_before(&f.stdout, " training windows of 64 tokens");
+    let f = braid_in(dir.path(), &[&common[..], &["--data", "X.beton"]].concat());
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let beton = count_before(&f.stdout, " training and ");
+    assert!(
+        beton * 100 >= flat * 99 && beton <= flat,
+        "the .beton gives {beton} windows, the flat corpus {flat}: {}",
+        f.stdout
+    );
+    assert!(
+        f.stdout
+            .contains("16 cut from each of the file's windows of 1024"),
+        "{}",
+        f.stdout
+    );
+}
+
+/// `braid train | head`: a reader that stops reading ends braid quietly
+/// (141, as SIGPIPE), not with a panic's backtrace.
+#[test]
+fn a_closed_stdout_ends_braid_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = braid()
+        .args([
+            "train",
+            "--steps",
+            "400",
+            "--log-every",
+            "1",
+            "--device",
+            "cpu",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    drop(out);
+    let f = common::Running::adopt(child).finish(LIMIT);
+    assert_eq!(f.code, Some(141), "{f:?}");
+    assert!(!f.stderr.contains("panicked"), "{}", f.stderr);
+}

@@ -76,9 +76,10 @@ fn without_a_gpu_the_gpu_path_fails_with_one_clear_message() {
         assert_ne!(f.code, Some(0), "{args:?} succeeded without a GPU: {f:?}");
         let all = format!("{}{}", f.stdout, f.stderr);
         assert!(
-            all.contains("GPU collectives are unavailable"),
+            all.contains("--device cuda: no GPU to use here") && all.contains("--device cpu"),
             "{args:?}: no clear message:\n{all}"
         );
+        assert!(!all.contains("[rank"), "{args:?}: said by a worker:\n{all}");
     }
     // The CPU backends keep working in the same binary.
     let mut cmd = braid();

@@ -191,6 +191,9 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         return Err("-g must be at least 1".into());
     }
     symmetric_checked(&args, cuda)?;
+    if cuda && !super::workers::launched() {
+        super::gpus_for(&args.device)?;
+    }
     match args.np {
         Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
         // Not launched and no count: one local worker, as nccl-tests runs.

@@ -50,6 +50,21 @@ pub fn wants_cuda(device: &str) -> Result<bool, String> {
     }
 }
 
+/// The GPUs `--device DEVICE` (cuda or gpu) may use here, or an error
+/// pointing at `--device cpu` on a machine without one. Called where the
+/// GPUs are first needed, after the flags are checked (so that a bad flag
+/// is named on any machine).
+pub fn gpus_for(device: &str) -> Result<usize, String> {
+    let why = match braid_cuda::device_count() {
+        Ok(0) => "the driver shows no GPU".to_string(),
+        Ok(n) => return Ok(n),
+        Err(e) => e.to_string(),
+    };
+    Err(format!(
+        "--device {device}: no GPU to use here ({why}); --device cpu runs on the CPU"
+    ))
+}
+
 /// Where a command runs, `--device auto|cpu|cuda` resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {

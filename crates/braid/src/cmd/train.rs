@@ -246,8 +246,10 @@ pub struct TrainArgs {
     micro_batches: Option<usize>,
     /// With --pp: gpipe, 1f1b, interleaved[:V], zb (ZB-H1), zb-h2, interleaved-zb[:V], or a
     /// schedule file.
-    #[arg(long, value_name = "S", default_value = "1f1b", hide_short_help = true, help_heading = H_PARALLEL)]
-    schedule: String,
+    ///
+    /// Default: 1f1b.
+    #[arg(long, value_name = "S", hide_short_help = true, help_heading = H_PARALLEL)]
+    schedule: Option<String>,
     /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
     #[arg(long, value_name = "N,N,..", hide_short_help = true, help_heading = H_PARALLEL)]
     stage_layers: Option<String>,
@@ -589,6 +591,20 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             ));
         }
     }
+    if a.pp <= 1 {
+        for (flag, given) in [
+            ("--schedule", a.schedule.clone()),
+            ("--micro-batches", a.micro_batches.map(|m| m.to_string())),
+            ("--stage-layers", a.stage_layers.clone()),
+        ] {
+            if let Some(v) = given {
+                return Err(format!(
+                    "{flag} {v}: a pipeline's setting, and this run has no pipeline: add --pp N \
+                     (N stages, at least 2), or drop {flag}"
+                ));
+            }
+        }
+    }
     if a.tp > 1 && a.offload != "none" {
         return Err(format!(
             "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
@@ -678,13 +694,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
             if a.pp > 1 {
                 // The schedule and the stages, checked once here.
-                let flags = super::train_pipeline::PipeFlags {
-                    ranks: a.pp,
-                    micro: a.micro_batches.unwrap_or(2 * a.pp),
-                    schedule: &a.schedule,
-                    stage_layers: a.stage_layers.as_deref(),
-                };
-                let s = super::train_pipeline::schedule(&flags)?;
+                let flags = pipe_flags(&a);
                 // A rank's batch: --batch, or its share of --global-batch
                 // (a share that does not divide is refused below).
                 let data = n / (a.tp * a.pp);
@@ -693,13 +703,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     Some(_) => None,
                     None => Some(a.batch),
                 };
-                if let Some(b) = batch {
-                    super::train_pipeline::check_micro(b, flags.micro)?;
-                }
-                if a.load.is_none() {
-                    let cfg = GptConfig::parse(&a.model)?;
-                    super::train_pipeline::stages(&cfg, &s, &flags)?;
-                }
+                let cfg = match &a.load {
+                    None => Some(GptConfig::parse(&a.model)?),
+                    Some(_) => None,
+                };
+                super::train_pipeline::checked(&flags, cfg.as_ref(), &a.model, batch)?;
                 // The pipeline's environment choices, once here too.
                 for (var, yes, no) in [
                     ("BRAID_PP_EMBEDDINGS", "last", "first"),
@@ -719,7 +727,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         if cuda {
             braid_model::cuda::flash::FlashKernels::check_env().map_err(|e| e.to_string())?;
-            let gpus = braid_cuda::device_count().map_err(|e| format!("--device cuda: {e}"))?;
+            let gpus = super::gpus_for(&a.device)?;
             if n > gpus {
                 return Err(format!(
                     "--nproc-per-node {n} with --device cuda needs {n} GPUs, but this machine has \
@@ -804,31 +812,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             g / per
         }
     };
-    // Under --pp: the schedule, checked, and the micro-batches' rows.
-    let pipe_flags = super::train_pipeline::PipeFlags {
-        ranks: a.pp,
-        micro: a.micro_batches.unwrap_or(2 * a.pp),
-        schedule: &a.schedule,
-        stage_layers: a.stage_layers.as_deref(),
-    };
-    let pipe_schedule = match a.pp {
-        1 => None,
-        _ => {
-            super::train_pipeline::check_micro(batch, pipe_flags.micro)?;
-            Some(super::train_pipeline::schedule(&pipe_flags)?)
-        }
-    };
-    if let (Some(s), true) = (&pipe_schedule, sequence) {
-        let rows = batch / s.micro_batches;
-        if let Some(seq) = a.seq.filter(|seq| (rows * seq) % a.tp != 0) {
-            return Err(format!(
-                "sequence parallelism splits a micro-batch's {rows} x {seq} tokens over the {} \
-                 ranks of a tensor group: pick a --batch, --micro-batches or --seq whose \
-                 micro-batch divides by {} (or --no-sp)",
-                a.tp, a.tp
-            ));
-        }
-    }
+    let pipe_flags = pipe_flags(&a);
     // ZeRO's buckets hold whole layers: no deferred weight gradients.
     let defer_for = |layers| match zero {
         Some(_) => 0,
@@ -874,6 +858,37 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (None, Some(w)) => w.min(cfg.context),
         (None, None) => 64.min(cfg.context),
     };
+    // A custom model that names no context (-T) takes the run's.
+    let mut context_note = None;
+    if a.load.is_none() && seq > cfg.context && !GptConfig::names_context(&a.model) {
+        context_note = Some(format!(
+            "context {seq} from --seq (the model {} names none; -T<context> in its name sets it)",
+            a.model
+        ));
+        cfg.context = seq;
+    }
+    // Under --pp: the schedule and the stages, checked (the most basic
+    // first), and the micro-batches' rows.
+    let pipe_schedule = match a.pp {
+        1 => None,
+        _ => Some(super::train_pipeline::checked(
+            &pipe_flags,
+            Some(&cfg),
+            &model_name,
+            Some(batch),
+        )?),
+    };
+    if let (Some(s), true) = (&pipe_schedule, sequence) {
+        let rows = batch / s.micro_batches;
+        if (rows * seq) % a.tp != 0 {
+            return Err(format!(
+                "sequence parallelism splits a micro-batch's {rows} x {seq} tokens over the {} \
+                 ranks of a tensor group: pick a --batch, --micro-batches or --seq whose \
+                 micro-batch divides by {} (or --no-sp)",
+                a.tp, a.tp
+            ));
+        }
+    }
     if place.sequence && (batch * seq) % a.tp != 0 {
         return Err(format!(
             "sequence parallelism splits a batch's {batch} x {seq} tokens over the {} ranks of a \
@@ -905,6 +920,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         plain_grads: grad_comm == GradComm::Plain,
         gpu_memory,
     };
+    if cuda && world.is_none() {
+        super::gpus_for(&a.device)?;
+    }
     // Before the host spends time reading or initialising a model it (or
     // the GPU) cannot hold; the GPU is checked again, with the same
     // figures, once the run's device is set up.
@@ -975,6 +993,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             .chosen
             .iter()
             .chain(&vocab_note)
+            .chain(&context_note)
             .chain(&sequence_note)
         {
             println!("{note}");
@@ -1254,6 +1273,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     Ok(0)
 }
 
+/// What `--pp`, `--micro-batches`, `--schedule` and `--stage-layers` ask
+/// (the schedule 1F1B and twice as many micro-batches as stages unless
+/// told).
+fn pipe_flags(a: &TrainArgs) -> super::train_pipeline::PipeFlags<'_> {
+    super::train_pipeline::PipeFlags {
+        ranks: a.pp,
+        micro: a.micro_batches.unwrap_or(2 * a.pp),
+        schedule: a.schedule.as_deref().unwrap_or("1f1b"),
+        stage_layers: a.stage_layers.as_deref(),
+    }
+}
+
 /// The layout a run trains on: this rank's share of the model under
 /// `--tp`; under `--zero`, every block padded so that it splits into one
 /// equal, aligned block per rank of the shard group.
@@ -1298,10 +1329,14 @@ impl TrainData {
                  or rewrite it with braid data write --seq {seq}",
                 self.path
             )),
-            Some(_) if self.beton => Ok(format!(
-                "{} training and {} held-out windows of {seq} tokens, memory-mapped",
+            Some(w) if self.beton => Ok(format!(
+                "{} training and {} held-out windows of {seq} tokens{}, memory-mapped",
                 self.source.windows(seq, false),
                 self.source.windows(seq, true),
+                match w / seq {
+                    1 => String::new(),
+                    per => format!(", {per} cut from each of the file's windows of {w}"),
+                }
             )),
             _ => Ok(format!(
                 "{} training windows of {seq} tokens",

@@ -54,6 +54,43 @@ pub fn schedule(flags: &PipeFlags<'_>) -> Result<Schedule, String> {
     Ok(s)
 }
 
+/// The schedule `flags` ask for, checked with the run's other settings in
+/// one order, the most basic first: the schedule itself, then the stages
+/// against the model's layers (`cfg`, when known before loading; `model`
+/// names it in advice), then the micro-batches against the batch per rank
+/// (`batch`, when known).
+pub fn checked(
+    flags: &PipeFlags<'_>,
+    cfg: Option<&GptConfig>,
+    model: &str,
+    batch: Option<usize>,
+) -> Result<Schedule, String> {
+    let s = schedule(flags)?;
+    if let Some(cfg) = cfg {
+        stages(cfg, &s, flags).map_err(|e| deeper_model_advice(e, cfg, model, s.stages()))?;
+    }
+    if let Some(b) = batch {
+        check_micro(b, flags.micro)?;
+    }
+    Ok(s)
+}
+
+/// `why` (a split the model's layers cannot make), with a model deep
+/// enough named where the model has fewer layers than stages.
+fn deeper_model_advice(why: String, cfg: &GptConfig, model: &str, stages: usize) -> String {
+    if cfg.n_layer >= stages {
+        return why;
+    }
+    format!(
+        "{why}; the model {model} has {} layers: one with a layer per stage, e.g. --model \
+         L{}-H{}-C{}, runs this schedule",
+        cfg.n_layer,
+        stages.max(4),
+        cfg.n_head,
+        cfg.n_embd
+    )
+}
+
 /// Refuses `micro` micro-batches that do not split a rank's `batch`.
 pub fn check_micro(batch: usize, micro: usize) -> Result<(), String> {
     if micro == 0 || batch % micro != 0 {

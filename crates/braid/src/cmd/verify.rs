@@ -38,6 +38,9 @@ pub fn run(args: VerifyArgs) -> Result<i32, String> {
     if args.gpus == 0 || (!cuda && args.gpus != 1) {
         return Err("-g needs --device cuda and at least 1".into());
     }
+    if cuda && !super::workers::launched() {
+        super::gpus_for(&args.device)?;
+    }
     match args.np {
         Some(np) => return super::workers::relaunch_locally(np.count()?, true),
         None if !super::workers::launched() => return super::workers::relaunch_locally(1, true),

@@ -45,6 +45,16 @@ pub fn relaunch_locally(np: usize, prefix_stdout: bool) -> Result<i32, String> {
             command.push(a);
         }
     }
+    let cores = braid_launch::config::host_cores();
+    let limit = braid_launch::config::nproc_limit(cores);
+    if np > limit {
+        return Err(format!(
+            "--nproc-per-node {np}: this host has {cores} CPU core(s), and more than {limit} local \
+             workers is most likely a mistake; lower it, or start them under the launcher \
+             anyway: `braid launch --force-nproc --nproc-per-node {np} -- braid ...` with this \
+             command's other flags"
+        ));
+    }
     let options = braid_launch::LaunchOptions {
         nproc_per_node: np,
         standalone: true,

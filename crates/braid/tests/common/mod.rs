@@ -89,6 +89,28 @@ pub fn start(mut cmd: Command) -> Running {
 }
 
 impl Running {
+    /// A child started by the test itself (its stdout may be taken
+    /// already: then none is collected), waited for as [`start`]'s.
+    pub fn adopt(mut child: Child) -> Running {
+        let so = child.stdout.take();
+        let se = child.stderr.take();
+        let read = |s: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                if let Some(mut s) = s {
+                    let _ = s.read_to_string(&mut text);
+                }
+                text
+            })
+        };
+        Running {
+            child,
+            started: Instant::now(),
+            out: read(so.map(|s| Box::new(s) as Box<dyn Read + Send>)),
+            err: read(se.map(|s| Box::new(s) as Box<dyn Read + Send>)),
+        }
+    }
+
     /// Waits up to `limit`; a process still running then is killed and the
     /// test fails, so no test can hang.
     pub fn finish(mut self, limit: Duration) -> Finished {
