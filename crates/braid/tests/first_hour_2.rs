@@ -463,3 +463,88 @@ fn a_closed_stdout_ends_braid_quietly() {
     assert_eq!(f.code, Some(141), "{f:?}");
     assert!(!f.stderr.contains("panicked"), "{}", f.stderr);
 }
+
+/// Point 7: `--resume` takes the checkpoint's model (saying so) unless
+/// `--model` names another, which is refused naming the checkpoint's; a
+/// change of transport is not said to change the run.
+#[test]
+fn resume_takes_the_checkpoints_model() {
+    let dir = TempDir::new("first2-resume");
+    let base = [
+        "train",
+        "--steps",
+        "4",
+        "--eval-every",
+        "0",
+        "--device",
+        "cpu",
+    ];
+    let f = braid_in(
+        dir.path(),
+        &[&base[..], &["--model", "L4-H4-C64", "--ckpt-dir", "ck4"]].concat(),
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train",
+            "--resume",
+            "ck4",
+            "--steps",
+            "6",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stdout.contains("model L4-H4-C64 from the checkpoint")
+            && f.stdout.contains("model L4-H4-C64 (4 layers"),
+        "{}",
+        f.stdout
+    );
+    assert!(!f.stdout.contains("config was"), "{}", f.stdout);
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train", "--resume", "ck4", "--model", "tiny", "--device", "cpu",
+        ],
+    );
+    assert_eq!(f.code, Some(2), "{f:?}");
+    assert!(
+        f.stderr.contains("--model L4-H4-C64") && f.stderr.contains("leave --model out"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stdout.contains("note:"),
+        "notes before the error: {}",
+        f.stdout
+    );
+
+    // Two ranks over shared memory, resumed by one process: no note that
+    // the transport changed the run.
+    let f = braid_in(
+        dir.path(),
+        &[&base[..], &["--nproc-per-node", "2", "--ckpt-dir", "ck2"]].concat(),
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train",
+            "--resume",
+            "ck2",
+            "--steps",
+            "5",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(!f.stdout.contains("backend was"), "{}", f.stdout);
+}

@@ -15,13 +15,14 @@ use braid_model::config::GPT2_VOCAB;
 use braid_model::footprint::Sharding;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
+use braid_train::checkpoint::load::resolve;
 use braid_train::collective::GradComm;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuOptimizer, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
 use braid_train::{train_with, Engine, LoopOptions, RunReport, Strategy};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -91,8 +92,10 @@ pub struct TrainArgs {
     /// small to XL; also called gpt2, gpt2-medium, gpt2-large, gpt2-xl). Custom:
     /// L<layers>-H<heads>-C<width>[-V<vocab>][-T<context>], e.g. L4-H4-C128. A model that names
     /// no vocabulary (no -V) takes the data's when the data's is larger.
-    #[arg(long, default_value = "tiny", help_heading = H_MODEL)]
-    model: String,
+    ///
+    /// Default: tiny; with --resume, the checkpoint's model.
+    #[arg(long, help_heading = H_MODEL)]
+    model: Option<String>,
     /// synthetic, random, a text file, token shards or a .beton.
     ///
     /// synthetic: a built-in corpus (the same for a seed as `braid data write --tokens
@@ -533,8 +536,101 @@ fn share_cores(local_workers: usize) {
         .build_global();
 }
 
+/// The model a run trains: `--model`, else with `--resume` (and no
+/// `--load`) the checkpoint's, else tiny; and, when it came from the
+/// checkpoint, a note saying so.
+fn model_of(a: &TrainArgs) -> Result<ModelChoice, String> {
+    let dir = match (a.resume.as_deref(), &a.ckpt_dir, &a.load) {
+        (Some(_), _, Some(_)) | (None, _, _) => None,
+        (Some("auto"), Some(dir), None) => resolve(dir)?,
+        (Some("auto"), None, None) => None,
+        (Some(path), _, None) => resolve(Path::new(path))?,
+    };
+    let resumed = match &dir {
+        Some(dir) => Some((
+            dir.clone(),
+            braid_train::checkpoint::CheckpointReader::open(dir)?
+                .manifest()
+                .run
+                .clone(),
+        )),
+        None => None,
+    };
+    let saved = resumed
+        .as_ref()
+        .and_then(|(_, run)| run.get("model").and_then(|m| m.as_str()));
+    let (name, note) = match (&a.model, saved, &resumed) {
+        (Some(m), _, _) => (m.clone(), None),
+        (None, Some(m), Some((dir, _))) => (
+            m.to_string(),
+            Some(format!(
+                "model {m} from the checkpoint {} (--model chooses another)",
+                dir.display()
+            )),
+        ),
+        _ => (DEFAULT_MODEL.to_string(), None),
+    };
+    Ok(ModelChoice {
+        name,
+        note,
+        resumed,
+    })
+}
+
+/// The model a run trains, and the checkpoint it resumes (its directory
+/// and its run's description), when it resumes one.
+struct ModelChoice {
+    name: String,
+    note: Option<String>,
+    resumed: Option<(PathBuf, serde_json::Value)>,
+}
+
+/// Refuses to resume a checkpoint of another model than `cfg`, naming
+/// the checkpoint's (before the first step, rather than at the first
+/// tensor that differs).
+fn same_model_as_checkpoint(
+    cfg: &GptConfig,
+    model: &str,
+    resumed: Option<&(PathBuf, serde_json::Value)>,
+) -> Result<(), String> {
+    let Some((dir, run)) = resumed else {
+        return Ok(());
+    };
+    let saved: Option<GptConfig> = run
+        .get("config")
+        .and_then(|c| serde_json::from_value(c.clone()).ok());
+    match saved {
+        Some(saved) if saved != *cfg => Err(format!(
+            "--resume {}: a checkpoint of another model ({} layers, {} heads, width {}, vocab \
+             {}, context {}: --model {}), not {model}'s ({} layers, {} heads, width {}, vocab \
+             {}, context {}): leave --model out to train the checkpoint's",
+            dir.display(),
+            saved.n_layer,
+            saved.n_head,
+            saved.n_embd,
+            saved.vocab_size,
+            saved.context,
+            run.get("model").and_then(|m| m.as_str()).unwrap_or("?"),
+            cfg.n_layer,
+            cfg.n_head,
+            cfg.n_embd,
+            cfg.vocab_size,
+            cfg.context,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `--model`'s default.
+const DEFAULT_MODEL: &str = "tiny";
+
 /// Runs `braid train`.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
+    let ModelChoice {
+        name: model,
+        note: model_note,
+        resumed,
+    } = model_of(&a)?;
     let optimizer = match a.optimizer.as_str() {
         "adamw" => OptimizerKind::AdamW,
         "sgd" => OptimizerKind::Sgd,
@@ -704,10 +800,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                     None => Some(a.batch),
                 };
                 let cfg = match &a.load {
-                    None => Some(GptConfig::parse(&a.model)?),
+                    None => Some(GptConfig::parse(&model)?),
                     Some(_) => None,
                 };
-                super::train_pipeline::checked(&flags, cfg.as_ref(), &a.model, batch)?;
+                super::train_pipeline::checked(&flags, cfg.as_ref(), &model, batch)?;
                 // The pipeline's environment choices, once here too.
                 for (var, yes, no) in [
                     ("BRAID_PP_EMBEDDINGS", "last", "first"),
@@ -717,7 +813,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 }
             }
             if a.load.is_none() {
-                let cfg = GptConfig::parse(&a.model)?;
+                let cfg = GptConfig::parse(&model)?;
                 braid_model::layout::TensorShard {
                     rank: 0,
                     size: a.tp,
@@ -821,7 +917,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     // A loaded model is named by its file in the pre-flight's messages.
     let model_name = match &a.load {
         Some(path) => path.display().to_string(),
-        None => a.model.clone(),
+        None => model.clone(),
     };
     // The model's configuration before anything is allocated: a loaded
     // file's, or the named one, whose vocabulary grows to the data's
@@ -831,13 +927,13 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             let (cfg, meta) = checkpoint::header_of(path).map_err(|e| e.to_string())?;
             (cfg, meta.get("braid.tokenizer").cloned())
         }
-        None => (GptConfig::parse(&a.model)?, None),
+        None => (GptConfig::parse(&model)?, None),
     };
     let mut tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
     let data = open_data(&a.data, tokenizer, a.seed)?;
     let data_vocab = data.source.max_token() as usize + 1;
     let mut vocab_note = None;
-    if a.load.is_none() && !GptConfig::names_vocab(&a.model) && data_vocab > cfg.vocab_size {
+    if a.load.is_none() && !GptConfig::names_vocab(&model) && data_vocab > cfg.vocab_size {
         let vocab = match data_vocab <= GPT2_VOCAB {
             true => GPT2_VOCAB,
             false => data_vocab,
@@ -846,7 +942,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             "vocabulary {vocab} from the data (it holds tokens up to {}; the model {} has {}: \
              name one with -V to choose)",
             data_vocab - 1,
-            a.model,
+            model,
             cfg.vocab_size
         ));
         cfg.vocab_size = vocab;
@@ -860,10 +956,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     // A custom model that names no context (-T) takes the run's.
     let mut context_note = None;
-    if a.load.is_none() && seq > cfg.context && !GptConfig::names_context(&a.model) {
+    if a.load.is_none() && seq > cfg.context && !GptConfig::names_context(&model) {
         context_note = Some(format!(
             "context {seq} from --seq (the model {} names none; -T<context> in its name sets it)",
-            a.model
+            model
         ));
         cfg.context = seq;
     }
@@ -899,6 +995,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     // A tensor-parallel rank's share of the parameters (what its model
     // states are measured against); heads that do not split are refused
     // here, before any memory.
+    same_model_as_checkpoint(&cfg, &model, resumed.as_ref())?;
     let tensor_share = match a.tp {
         1 => None,
         _ => Some(braid_model::layout::Layout::tensor_parallel(&cfg, tensor, 1)?.len as u64),
@@ -992,6 +1089,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         for note in device
             .chosen
             .iter()
+            .chain(&model_note)
             .chain(&vocab_note)
             .chain(&context_note)
             .chain(&sequence_note)
@@ -1000,7 +1098,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
         println!(
             "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({}, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
-            a.model,
+            model,
             cfg.n_layer,
             cfg.n_head,
             cfg.n_embd,
@@ -1079,7 +1177,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         );
     }
     let run_desc = serde_json::json!({
-        "model": a.model,
+        "model": model,
         "config": cfg,
         "params": cfg.num_params(),
         "backend": match (&comm, cuda) {
