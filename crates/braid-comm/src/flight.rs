@@ -12,9 +12,11 @@
 //!
 //! - *dumps* ([`Recorder::dump`]): the records as JSON in the log
 //!   directory (`BRAID_LOG_DIR`, which `braid launch` always sets;
-//!   `flight-rankNNNNN.json`, written atomically) on a collective timeout
-//!   or any other abort (the health flag's first raise), SIGUSR1, or the
-//!   GPU watchdog ending the process. Without `BRAID_LOG_DIR` (torchrun,
+//!   `flight-rankNNNNN-attemptA.json`, A the launcher's attempt counted
+//!   from 1, or `flight-rankNNNNN.json` without `BRAID_RESTART_COUNT`;
+//!   written atomically) on a collective timeout or any other abort (the
+//!   health flag's first raise), SIGUSR1, or the GPU watchdog ending the
+//!   process. Without `BRAID_LOG_DIR` (torchrun,
 //!   srun, in-process worlds) nothing is written;
 //! - *heartbeats* ([`Recorder::publish_heartbeat`]): the world
 //!   communicator's health monitor publishes each communicator's last

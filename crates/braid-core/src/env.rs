@@ -38,8 +38,9 @@ pub const BRAID_STORE_TOKEN: &str = "BRAID_STORE_TOKEN";
 pub const BRAID_STORE_MAX_CONNECTIONS: &str = "BRAID_STORE_MAX_CONNECTIONS";
 /// Default timeout in seconds for every blocking wait (store, collectives).
 pub const BRAID_TIMEOUT: &str = "BRAID_TIMEOUT";
-/// Directory for the run's logs and flight records (`flight-rankNNNNN.json`):
-/// the launcher's `--log-dir`, else a directory it names at start-up.
+/// Directory for the run's logs and flight records
+/// (`flight-rankNNNNN-attemptA.json`, `crate::flight::dump_file_name`): the
+/// launcher's `--log-dir`, else a directory it names at start-up.
 pub const BRAID_LOG_DIR: &str = "BRAID_LOG_DIR";
 /// How many collective records each rank keeps for its flight record
 /// (default 2048; 0 keeps only each communicator's last and current one).

@@ -12,7 +12,8 @@
 //! launcher's report and `braid doctor` say the same thing.
 //!
 //! The names shared by both sides live here too: the dump file of a rank
-//! ([`dump_path`]), the heartbeat key ([`heartbeat_key`]), the default log
+//! and attempt ([`dump_path`], read back by [`parse_dump_file_name`]), the
+//! heartbeat key ([`heartbeat_key`]), the default log
 //! directory ([`default_log_dir`]) and how stale a heartbeat may get
 //! ([`stale_after`]).
 
@@ -58,14 +59,45 @@ pub fn log_dir_from_env() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// File name of world rank `rank`'s dump.
-pub fn dump_file_name(rank: usize) -> String {
-    format!("flight-rank{rank:05}.json")
+/// File name of world rank `rank`'s dump in launcher attempt `attempt`
+/// (its `BRAID_RESTART_COUNT`, from 0): `flight-rank00001-attempt1.json`,
+/// the attempt counted from 1 as the launcher and `braid doctor` say it,
+/// so that a restart never replaces an earlier attempt's record. Without
+/// an attempt (a rank not started by `braid launch`) the name has none:
+/// `flight-rank00001.json`, the only form older braids wrote, which
+/// [`parse_dump_file_name`] and [`load_dir`] still read.
+pub fn dump_file_name(rank: usize, attempt: Option<u32>) -> String {
+    match attempt {
+        Some(a) => format!("flight-rank{rank:05}-attempt{}.json", u64::from(a) + 1),
+        None => format!("flight-rank{rank:05}.json"),
+    }
 }
 
-/// Path of world rank `rank`'s dump in `dir`.
-pub fn dump_path(dir: &Path, rank: usize) -> PathBuf {
-    dir.join(dump_file_name(rank))
+/// Path of world rank `rank`'s dump of attempt `attempt` in `dir`
+/// ([`dump_file_name`]).
+pub fn dump_path(dir: &Path, rank: usize, attempt: Option<u32>) -> PathBuf {
+    dir.join(dump_file_name(rank, attempt))
+}
+
+/// The world rank and attempt (from 0, as in `BRAID_RESTART_COUNT`) a
+/// dump's file name stands for, in either form of [`dump_file_name`]
+/// (`None` for the attempt: the form without one); `None` for any other
+/// name, a dump's temporary file included.
+pub fn parse_dump_file_name(name: &str) -> Option<(usize, Option<u32>)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let stem = name.strip_prefix("flight-rank")?.strip_suffix(".json")?;
+    let (rank, attempt) = match stem.split_once("-attempt") {
+        Some((rank, attempt)) if digits(attempt) => {
+            let n: u32 = attempt.parse().ok()?;
+            (rank, Some(n.checked_sub(1)?))
+        }
+        Some(_) => return None,
+        None => (stem, None),
+    };
+    if !digits(rank) {
+        return None;
+    }
+    Some((rank.parse().ok()?, attempt))
 }
 
 /// Store key (under the workers' run prefix) of world rank `rank`'s

@@ -13,7 +13,8 @@
 //!
 //! then, once they are stopped, it reads every record of the attempt and
 //! every rank's last heartbeat, writes the last heartbeat of each local
-//! rank that left no record in its place (so `braid doctor` sees it too),
+//! rank that left no record in its place (under the attempt's name,
+//! `flight-rank00001-attempt2.json`, so `braid doctor` sees it too),
 //! and prints the diagnosis of [`braid_core::flight::diagnose_world`]
 //! ([`report`]): which rank is behind and where, ranks that called
 //! different operations, ranks never heard from.
@@ -91,11 +92,13 @@ fn catches_sigusr1(pid: u32) -> bool {
 /// Sends SIGUSR1 to every process of a running, not stopped, local
 /// worker's process group that catches it (only those: to others it would
 /// be fatal), then waits up to `limit` (less on another signal to the
-/// launcher) for those workers' records to appear in `dir`.
+/// launcher) for those workers' records of attempt `attempt` to appear in
+/// `dir`.
 pub fn request_dumps(
     workers: &[Worker],
     observed: &Observed,
     dir: &Path,
+    attempt: u32,
     limit: Duration,
     signals: &Signals,
 ) {
@@ -136,7 +139,7 @@ pub fn request_dumps(
     let signals_before = signals.count();
     while !expected.is_empty() && Instant::now() < deadline && signals.count() == signals_before {
         expected.retain(|&rank| {
-            let fresh = std::fs::metadata(format::dump_path(dir, rank))
+            let fresh = std::fs::metadata(format::dump_path(dir, rank, Some(attempt)))
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t >= asked_at);
             !fresh

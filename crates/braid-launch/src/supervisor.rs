@@ -228,6 +228,7 @@ impl<'a> Attempt<'a> {
             &self.workers,
             &observed,
             &self.log_dir,
+            self.attempt,
             flight::DUMP_WAIT,
             self.signals,
         );

@@ -144,7 +144,8 @@ fn a_stopped_rank_is_named_by_the_waiting_rank_the_launcher_and_doctor() {
     // Rank 0 wrote its record (the failed operation last); the launcher
     // wrote rank 1's last heartbeat in its place.
     let dump: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(logs.path().join("flight-rank00000.json")).expect("rank 0's record"),
+        &std::fs::read(logs.path().join("flight-rank00000-attempt1.json"))
+            .expect("rank 0's record"),
     )
     .unwrap();
     let records = dump["records"].as_array().unwrap();
@@ -156,7 +157,8 @@ fn a_stopped_rank_is_named_by_the_waiting_rank_the_launcher_and_doctor() {
     assert_eq!(last["dtype"], "f32", "{last}");
     assert_eq!(last["count"], 65536, "{last}");
     let stand_in: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(logs.path().join("flight-rank00001.json")).expect("rank 1's stand-in"),
+        &std::fs::read(logs.path().join("flight-rank00001-attempt1.json"))
+            .expect("rank 1's stand-in"),
     )
     .unwrap();
     assert_eq!(stand_in["kind"], "heartbeat", "{stand_in}");
@@ -201,7 +203,7 @@ fn sigusr1_writes_the_record_of_a_running_rank() {
     wait_for_pids(&pids, 2, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1000));
     let rank0 = pid_of(&pids, 0);
-    let path = logs.path().join("flight-rank00000.json");
+    let path = logs.path().join("flight-rank00000-attempt1.json");
     kill(Pid::from_raw(rank0 as i32), Signal::SIGUSR1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !path.exists() {
@@ -274,7 +276,8 @@ fn a_killed_rank_is_diagnosed_from_its_last_heartbeat() {
     // A dead rank writes nothing: the launcher wrote its last heartbeat,
     // with how it ended, in its place.
     let stand_in: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(logs.path().join("flight-rank00001.json")).expect("rank 1's stand-in"),
+        &std::fs::read(logs.path().join("flight-rank00001-attempt1.json"))
+            .expect("rank 1's stand-in"),
     )
     .unwrap();
     assert_eq!(stand_in["kind"], "heartbeat", "{stand_in}");

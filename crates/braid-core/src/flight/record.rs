@@ -343,11 +343,12 @@ impl Snapshot {
         Ok(s)
     }
 
-    /// Writes the snapshot as `dir`/[`dump_file_name`], atomically (a
-    /// temporary file renamed over it); returns the path.
+    /// Writes the snapshot as `dir`/[`dump_file_name`] of its rank and
+    /// attempt, atomically (a temporary file renamed over it); returns the
+    /// path.
     pub fn write_atomic(&self, dir: &Path) -> std::io::Result<PathBuf> {
         std::fs::create_dir_all(dir)?;
-        let path = dump_path(dir, self.rank);
+        let path = dump_path(dir, self.rank, self.attempt);
         crate::atomic_file::write(&path, self.to_json().as_bytes())?;
         Ok(path)
     }
@@ -378,14 +379,26 @@ pub struct Loaded {
     pub problems: Vec<String>,
 }
 
-/// Reads every `flight-rank*.json` in `dir`.
+/// Reads every flight record in `dir`: each file named by
+/// [`dump_file_name`], with an attempt in its name or, as older braids
+/// wrote them, without.
 pub fn load_dir(dir: &Path) -> std::io::Result<Loaded> {
+    load_dir_where(dir, |_, _| true)
+}
+
+/// [`load_dir`], reading only the files whose name's rank and attempt
+/// (`None`: a name without one) pass `keep`; the others are not opened.
+pub fn load_dir_where(
+    dir: &Path,
+    keep: impl Fn(usize, Option<u32>) -> bool,
+) -> std::io::Result<Loaded> {
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("flight-rank") && n.ends_with(".json"))
+                .and_then(parse_dump_file_name)
+                .is_some_and(|(rank, attempt)| keep(rank, attempt))
         })
         .collect();
     names.sort();

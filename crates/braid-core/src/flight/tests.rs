@@ -442,3 +442,76 @@ fn liveness_tells_stale_from_fresh() {
         ProcessState::Running
     );
 }
+
+#[test]
+fn dump_names_carry_the_attempt_and_both_forms_are_read_back() {
+    assert_eq!(dump_file_name(1, Some(0)), "flight-rank00001-attempt1.json");
+    assert_eq!(
+        dump_file_name(12, Some(4)),
+        "flight-rank00012-attempt5.json"
+    );
+    assert_eq!(dump_file_name(3, None), "flight-rank00003.json");
+    for (rank, attempt) in [
+        (0, None),
+        (1, Some(0)),
+        (123456, Some(9)),
+        (7, Some(u32::MAX - 1)),
+    ] {
+        assert_eq!(
+            parse_dump_file_name(&dump_file_name(rank, attempt)),
+            Some((rank, attempt)),
+            "{rank} {attempt:?}"
+        );
+    }
+    for other in [
+        ".flight-rank00001-attempt1.json.77.tmp",
+        "flight-rank00001-attempt0.json",
+        "flight-rank00001-attempt.json",
+        "flight-rank-1.json",
+        "flight-rank00001.json.bak",
+        "flight-rank.json",
+        "rank1.log",
+    ] {
+        assert_eq!(parse_dump_file_name(other), None, "{other}");
+    }
+
+    // A directory with both forms, another attempt and a cut-off dump.
+    let dir = std::env::temp_dir().join(format!("braid-flight-names-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snap = |rank, attempt| Snapshot {
+        version: FORMAT_VERSION,
+        kind: SnapshotKind::Dump,
+        rank,
+        world_size: 2,
+        pid: 1,
+        host: "h".into(),
+        run_id: "r".into(),
+        attempt,
+        wall_us: 5,
+        heartbeat_ms: 1000,
+        reason: None,
+        observed: None,
+        comms: vec![],
+        records: vec![],
+    };
+    let written = [
+        snap(0, None).write_atomic(&dir).unwrap(),
+        snap(0, Some(0)).write_atomic(&dir).unwrap(),
+        snap(1, Some(0)).write_atomic(&dir).unwrap(),
+        snap(1, Some(1)).write_atomic(&dir).unwrap(),
+    ];
+    assert_eq!(written[1], dir.join("flight-rank00000-attempt1.json"));
+    assert_eq!(written[3], dir.join("flight-rank00001-attempt2.json"));
+    std::fs::write(dir.join(".flight-rank00000-attempt2.json.9.tmp"), "{ cut").unwrap();
+    let all = load_dir(&dir).unwrap();
+    assert_eq!(all.snapshots.len(), 4);
+    assert!(all.problems.is_empty(), "{:?}", all.problems);
+    let second = load_dir_where(&dir, |_, a| a.is_none() || a == Some(1)).unwrap();
+    let got: Vec<(usize, Option<u32>)> = second
+        .snapshots
+        .iter()
+        .map(|(_, s)| (s.rank, s.attempt))
+        .collect();
+    assert_eq!(got, [(0, None), (1, Some(1))]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
