@@ -14,10 +14,15 @@
 //!   directory (`BRAID_LOG_DIR`, which `braid launch` always sets;
 //!   `flight-rankNNNNN-attemptA.json`, A the launcher's attempt counted
 //!   from 1, or `flight-rankNNNNN.json` without `BRAID_RESTART_COUNT`;
-//!   written atomically) on a collective timeout or any other abort (the
-//!   health flag's first raise), SIGUSR1, or the GPU watchdog ending the
-//!   process. Without `BRAID_LOG_DIR` (torchrun,
-//!   srun, in-process worlds) nothing is written;
+//!   written atomically) on a collective timeout or any other abort (the health
+//!   flag's first raise), SIGUSR1, or the GPU watchdog ending the process.
+//!   Without `BRAID_LOG_DIR` (torchrun, srun, in-process worlds) nothing is
+//!   written. A dump's temporary file is created before its snapshot is
+//!   taken, so that the launcher, which asked with SIGUSR1, sees it begun
+//!   and waits for it; a rank's dumps are written one at a time, and a
+//!   process that exits while one is being written (its main thread
+//!   erroring out of the collective the dump is about) first waits for it,
+//!   up to [`EXIT_WAITS_FOR_DUMP`];
 //! - *heartbeats* ([`Recorder::publish_heartbeat`]): the world
 //!   communicator's health monitor publishes each communicator's last
 //!   completed and current operation to the store every second or so; a
@@ -27,6 +32,15 @@
 //!   operation timed out reads its peers' heartbeats and names the culprit
 //!   with [`braid_core::flight::diagnose`], as the launcher and `braid
 //!   doctor` do from the dumps.
+//!
+//! A dump never waits on a thread stuck in a collective. It takes three
+//! locks of its own, none of which such a thread can hold: the ring's
+//! (held only inside this module, for a copy or an update of a few slots —
+//! see `Recorder::lock`), the rank's dump lock (held only by a dump, around
+//! its snapshot and file write) and the live-recorder list's (held only to
+//! register a recorder or copy the list); besides, only stderr's, for its
+//! one line. A thread blocked in a wait loop, in NCCL or on a socket holds
+//! none of them: it records before and after it blocks, never while.
 
 use braid_core::flight::{
     self as format, CommInfo, Liveness, OpRecord, OpState, ProcessState, RankInput, Snapshot,
@@ -34,10 +48,15 @@ use braid_core::flight::{
 };
 use braid_core::DType;
 use braid_store::StoreClient;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// The longest a process that exits while one of its flight records is
+/// being written waits for it (an `atexit` handler): as long as the
+/// launcher waits for a record it asked for.
+pub const EXIT_WAITS_FOR_DUMP: Duration = Duration::from_secs(30);
 
 /// One operation in the ring (fixed size, no allocation).
 #[derive(Clone, Copy)]
@@ -107,12 +126,19 @@ pub struct Recorder {
     heartbeat: Duration,
     announced: AtomicBool,
     write_failed: AtomicBool,
+    /// Held by a dump, around its snapshot and write (two dumps of a rank
+    /// share a file and its temporary name); by nothing else.
+    dumping: Mutex<()>,
 }
 
 /// The live recorders of this process (several ranks may share one in
 /// tests), for SIGUSR1.
 static RECORDERS: Mutex<Vec<Weak<Recorder>>> = Mutex::new(Vec::new());
 static SIGUSR1_THREAD: Once = Once::new();
+/// Dumps of this process begun and not yet ended (the exit waits for
+/// them).
+static DUMPS_IN_PROGRESS: AtomicUsize = AtomicUsize::new(0);
+static EXIT_WAIT: Once = Once::new();
 
 fn empty_slot() -> Slot {
     Slot {
@@ -159,15 +185,26 @@ impl Recorder {
             heartbeat: format::heartbeat_interval(timeout),
             announced: AtomicBool::new(false),
             write_failed: AtomicBool::new(false),
+            dumping: Mutex::new(()),
         });
         let mut live = RECORDERS.lock().unwrap_or_else(|p| p.into_inner());
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(&rec));
         drop(live);
         SIGUSR1_THREAD.call_once(start_sigusr1_thread);
+        if rec.dir.is_some() {
+            EXIT_WAIT.call_once(register_exit_wait);
+        }
         Ok(rec)
     }
 
+    /// The ring, locked. What a dump relies on (see the module docs): the
+    /// guard never leaves this module, and no critical section in it calls
+    /// out — no I/O, no store, no wait on a peer or the GPU, no other lock
+    /// taken —, it only copies or updates a few slots (a dump's snapshot:
+    /// the whole ring, into memory). So the lock is never held by a thread
+    /// blocked in a collective, and whoever takes it waits at most for one
+    /// such copy.
     fn lock(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -287,9 +324,11 @@ impl Recorder {
             }
             return None;
         };
-        let snap = self.snapshot(SnapshotKind::Dump, Some(format!("{why}: {reason}")));
-        match snap.write_atomic(dir) {
-            Ok(path) => {
+        let _counted = InProgress::begin();
+        let _one_at_a_time = self.dumping.lock().unwrap_or_else(|p| p.into_inner());
+        let path = format::dump_path(dir, self.rank, self.attempt);
+        match self.write_dump(dir, &path, &format!("{why}: {reason}")) {
+            Ok(()) => {
                 if !self.announced.swap(true, Ordering::SeqCst) {
                     eprintln!(
                         "braid: rank {}: flight record ({why}) written to {}",
@@ -312,6 +351,21 @@ impl Recorder {
         }
     }
 
+    /// Writes a dump to `path` in `dir`: its temporary file first (the
+    /// dump is seen begun), then the snapshot, then the file made whole.
+    fn write_dump(&self, dir: &Path, path: &Path, reason: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut file = braid_core::atomic_file::Pending::create(path)?;
+        let json = self
+            .snapshot(SnapshotKind::Dump, Some(reason.to_string()))
+            .to_json();
+        let (head, tail) = json.as_bytes().split_at(json.len() / 2);
+        file.write_all(head)?;
+        test_dump_delay(self.rank);
+        file.write_all(tail)?;
+        file.commit()
+    }
+
     /// Publishes this rank's heartbeat to `store` (the run's prefix).
     pub fn publish_heartbeat(&self, store: &StoreClient) {
         let snap = self.snapshot(SnapshotKind::Heartbeat, None);
@@ -331,6 +385,85 @@ fn record(comm: &str, s: &Slot) -> OpRecord {
         enqueued_us: s.enqueued_us,
         started_us: opt(s.started_us),
         ended_us: opt(s.ended_us),
+    }
+}
+
+/// Counts a dump in [`DUMPS_IN_PROGRESS`] while it lives.
+struct InProgress;
+
+impl InProgress {
+    fn begin() -> InProgress {
+        DUMPS_IN_PROGRESS.fetch_add(1, Ordering::SeqCst);
+        InProgress
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        DUMPS_IN_PROGRESS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Makes the process's exit (`exit`, a return from `main`) wait for the
+/// dumps being written, up to [`EXIT_WAITS_FOR_DUMP`]: a rank's main
+/// thread that errors out of a collective the health monitor has just
+/// aborted would otherwise end the process in the middle of the abort's
+/// dump, or of one SIGUSR1 asked for. (A kill or `_exit` does not wait.)
+fn register_exit_wait() {
+    extern "C" fn wait_for_dumps() {
+        let deadline = Instant::now().checked_add(EXIT_WAITS_FOR_DUMP);
+        while DUMPS_IN_PROGRESS.load(Ordering::SeqCst) > 0 {
+            if deadline.is_none_or(|d| Instant::now() >= d) {
+                eprintln!(
+                    "braid: exiting with a flight record still being written after {} s",
+                    EXIT_WAITS_FOR_DUMP.as_secs()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // SAFETY: `atexit` only stores the pointer; `wait_for_dumps` is a
+    // plain function that takes no lock the exiting thread could hold (one
+    // atomic, a clock, sleep and, at worst, one line on stderr) and cannot
+    // unwind (nothing in it panics).
+    let _ = unsafe { libc::atexit(wait_for_dumps) };
+}
+
+/// The test-only slowdown of this rank's dumps: `BRAID_TEST_DELAY`'s
+/// `RANK:dump:MS` items (its other phases are braid-train's), a sleep of MS
+/// milliseconds in the middle of writing each of rank RANK's flight
+/// records (half of it written), as a slow disk would; a malformed `dump`
+/// item is reported once and ignored.
+fn test_dump_delay(rank: usize) {
+    static DELAYS: OnceLock<Vec<(usize, u64)>> = OnceLock::new();
+    let delays = DELAYS.get_or_init(|| {
+        let Ok(v) = std::env::var("BRAID_TEST_DELAY") else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for item in v.split(',') {
+            let parts: Vec<&str> = item.split(':').collect();
+            if parts.get(1) != Some(&"dump") {
+                continue;
+            }
+            let parsed = match parts.as_slice() {
+                [r, _, ms] => r.parse().ok().zip(ms.parse().ok()),
+                _ => None,
+            };
+            match parsed {
+                Some(d) => out.push(d),
+                None => eprintln!(
+                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:dump:MS)"
+                ),
+            }
+        }
+        out
+    });
+    for &(r, ms) in delays {
+        if r == rank {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
     }
 }
 
@@ -759,7 +892,55 @@ mod tests {
             heartbeat: Duration::from_secs(1),
             announced: AtomicBool::new(false),
             write_failed: AtomicBool::new(false),
+            dumping: Mutex::new(()),
         })
+    }
+
+    #[test]
+    fn dumps_at_once_are_written_one_at_a_time_under_the_attempts_name() {
+        let dir = std::env::temp_dir().join(format!("braid-comm-dumps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rec = Arc::new(Recorder {
+            dir: Some(dir.clone()),
+            attempt: Some(2),
+            rank: 5,
+            ..Arc::into_inner(with_capacity(64)).unwrap()
+        });
+        let f = rec.register("world".into(), "host", 0, 1, vec![5]);
+        for seq in 1..=40 {
+            let id = f.start(None, seq, "all_reduce", Some(DType::F32), 8);
+            f.finish(id, true);
+        }
+        // Two dumps of a rank share a file and its temporary: four at
+        // once (SIGUSR1, an abort, ...) must each leave it whole.
+        let paths: Vec<Option<PathBuf>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| {
+                    let rec = &rec;
+                    s.spawn(move || rec.dump("requested", &format!("test {i}")))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected = dir.join("flight-rank00005-attempt3.json");
+        assert!(
+            paths.iter().all(|p| p.as_ref() == Some(&expected)),
+            "{paths:?}"
+        );
+        let snap = Snapshot::from_json(&std::fs::read(&expected).unwrap()).unwrap();
+        assert_eq!((snap.rank, snap.attempt), (5, Some(2)));
+        assert_eq!(snap.records.len(), 40);
+        assert!(snap.reason.unwrap().starts_with("requested: test "));
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["flight-rank00005-attempt3.json"],
+            "no temporary left"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

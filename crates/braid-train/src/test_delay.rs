@@ -9,7 +9,9 @@
 //! name it, a rank that finishes late, so that the others' departure can
 //! be checked not to look like a death to it, and a rank slow to write a
 //! checkpoint, so that rank 0 can be checked to wait for its files before
-//! committing; a malformed value is reported once and ignored.
+//! committing; a malformed value is reported once and ignored. (Its
+//! `dump` items — a rank slow to write its flight record — are read by
+//! braid-comm's flight recorder, and skipped here.)
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -24,6 +26,7 @@ fn delays() -> &'static [(usize, String, u64)] {
         for item in v.split(',').filter(|s| !s.is_empty()) {
             let parts: Vec<&str> = item.split(':').collect();
             let parsed = match parts.as_slice() {
+                [_, "dump", _] => continue, // braid-comm's.
                 [r, p, ms] if ["data", "compute", "end", "write"].contains(p) => {
                     r.parse().ok().zip(ms.parse().ok()).map(|(r, ms)| (r, p.to_string(), ms))
                 }
@@ -32,7 +35,7 @@ fn delays() -> &'static [(usize, String, u64)] {
             match parsed {
                 Some(d) => out.push(d),
                 None => eprintln!(
-                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute|end|write:MS)"
+                    "braid: warning: ignoring BRAID_TEST_DELAY item {item:?} (want RANK:data|compute|end|write|dump:MS)"
                 ),
             }
         }
