@@ -4,8 +4,9 @@
 //! worker: between two spawns, exited children are reaped and a signal or
 //! failure ends the attempt, so a long spawn phase neither piles up zombies
 //! nor delays Ctrl-C. Before the workers are stopped the launcher notes how
-//! each is doing and asks for their flight records; after, it diagnoses
-//! the attempt from them ([`crate::flight`]).
+//! each is doing, asks for their flight records and waits (bounded) for
+//! those being written; after, it diagnoses the attempt from them
+//! ([`crate::flight`]).
 
 use crate::config::LaunchPlan;
 use crate::error::LaunchError;
@@ -219,25 +220,21 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Stops every worker started so far: first notes how each is doing
-    /// and asks the running ones for their flight records, and afterwards
-    /// diagnoses the attempt from the records and heartbeats.
+    /// Stops every worker started so far: first notes how each is doing,
+    /// asks the running ones for their flight records and waits for them
+    /// (bounded: [`flight::wait_for_dumps`]), and afterwards diagnoses the
+    /// attempt from the records and heartbeats.
     fn stop(&mut self, first: Signal) {
         let observed = flight::observe(&mut self.workers);
-        flight::request_dumps(
-            &self.workers,
-            &observed,
-            &self.log_dir,
-            self.attempt,
-            flight::DUMP_WAIT,
-            self.signals,
-        );
+        let asked = flight::request_dumps(&self.workers, &observed, &self.log_dir, self.attempt);
+        let unfinished = flight::wait_for_dumps(&asked, self.signals);
         stop_workers(
             &mut self.workers,
             first,
             self.plan.grace_period,
             self.signals,
         );
+        flight::remove_cut_dumps(&self.workers, &asked, &self.log_dir, self.attempt);
         self.diagnosis = flight::report(&flight::Attempt {
             dir: &self.log_dir,
             run_id: &self.world.run_id,
@@ -245,6 +242,7 @@ impl<'a> Attempt<'a> {
             world_size: self.world.world_size(),
             observed: &observed,
             store: self.workers_store,
+            unfinished: &unfinished,
         });
     }
 
