@@ -2,7 +2,9 @@
 //! an all-reduce loop (and in data-parallel training) is named — with the operation it did not reach — by
 //! the rank waiting for it, by the launcher and by `braid doctor`, and
 //! everything ends within BRAID_TIMEOUT + 10 s; SIGUSR1 writes a running
-//! rank's record; `braid doctor` on a directory without records says so.
+//! rank's record; `braid doctor` on a directory without records says so;
+//! a record slow to write (3 s) is waited for, and a restarted job keeps
+//! each attempt's records, which `braid doctor` reads.
 //!
 //! Every launcher here runs with a unique marker variable that its workers
 //! inherit; a guard SIGKILLs every process carrying it (the stopped one
@@ -333,5 +335,185 @@ fn a_stopped_rank_in_data_parallel_training_is_named_within_the_timeout() {
         "{}",
         f.stderr
     );
+    drop(marked);
+}
+
+/// The pid rank `rank` of attempt `attempt` (`BRAID_RESTART_COUNT`) wrote
+/// to `pids/pid.RANK.ATTEMPT`, waited for up to 30 s.
+fn pid_of_attempt(pids: &TempDir, rank: usize, attempt: u32) -> u32 {
+    let path = pids.path().join(format!("pid.{rank}.{attempt}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pid from rank {rank} of attempt {attempt} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_slow_record_is_waited_for_and_each_attempt_keeps_its_own() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let marked = Marked::new(MARKER_VAR, "slow-dump");
+    let pids = TempDir::new("flight-slow-pids");
+    let logs = TempDir::new("flight-slow-logs");
+    let exe = env!("CARGO_BIN_EXE_braid");
+    let script = format!(
+        "echo $$ > {d}/pid.$RANK.$BRAID_RESTART_COUNT; exec {exe} bench all_reduce -b 256K -e 256K -n 100000000 -w 0",
+        d = pids.path().display()
+    );
+    let mut cmd = braid();
+    marked
+        .mark(&mut cmd)
+        .env("BRAID_TIMEOUT", TIMEOUT_S.to_string())
+        // Rank 1 sleeps 3 s halfway through writing each flight record:
+        // longer than the launcher used to wait (2 s) before stopping it.
+        .env("BRAID_TEST_DELAY", "1:dump:3000")
+        .env_remove("BRAID_LOG_DIR")
+        .env_remove("BRAID_FLIGHT_RECORDS")
+        .args([
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--log-dir",
+        ])
+        .arg(logs.path())
+        .args(["--", "sh", "-c", &script]);
+    let running = start(cmd);
+    // Each attempt: let the loop run (and heartbeats flow), then kill rank
+    // 0; the launcher asks rank 1 for its record with SIGUSR1.
+    for attempt in 0..2 {
+        let rank0 = pid_of_attempt(&pids, 0, attempt);
+        let rank1 = pid_of_attempt(&pids, 1, attempt);
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(
+            alive(rank0) && alive(rank1),
+            "a rank of attempt {attempt} ended before the kill"
+        );
+        kill(Pid::from_raw(rank0 as i32), Signal::SIGKILL).unwrap();
+    }
+    let f = running.finish(Duration::from_secs(50));
+    assert_ne!(f.code, Some(0), "{f:?}");
+    for attempt in [1, 2] {
+        assert!(
+            f.stderr.contains(&format!(
+                "braid launch: flight records of attempt {attempt} "
+            )),
+            "{}",
+            f.stderr
+        );
+    }
+    assert!(
+        f.stderr
+            .contains("braid launch: waiting for the flight record of rank 1 (being written"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !f.stderr.contains("did not come"),
+        "a record asked for did not come:\n{}",
+        f.stderr
+    );
+
+    // Both attempts' records are there, under their own names: rank 1's
+    // own (complete, though slow), rank 0's last heartbeat in its place.
+    let read = |name: &str| -> serde_json::Value {
+        let bytes = std::fs::read(logs.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", f.stderr));
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let mut writers = Vec::new();
+    for attempt in [1u32, 2] {
+        let own = read(&format!("flight-rank00001-attempt{attempt}.json"));
+        assert_eq!(own["kind"], "dump", "attempt {attempt}: {own}");
+        assert_eq!(own["attempt"], attempt - 1, "{own}");
+        assert!(!own["records"].as_array().unwrap().is_empty(), "{own}");
+        let reason = own["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("SIGUSR1") || reason.starts_with("abort"),
+            "{reason}"
+        );
+        writers.push(own["pid"].as_u64().unwrap());
+        let stand_in = read(&format!("flight-rank00000-attempt{attempt}.json"));
+        assert_eq!(stand_in["kind"], "heartbeat", "{stand_in}");
+        assert_eq!(stand_in["attempt"], attempt - 1, "{stand_in}");
+        assert_eq!(stand_in["observed"]["how"], "signal SIGKILL", "{stand_in}");
+    }
+    assert_ne!(
+        writers[0], writers[1],
+        "one process wrote both attempts' records"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(logs.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("flight-") || n.ends_with(".tmp"))
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "flight-rank00000-attempt1.json",
+            "flight-rank00000-attempt2.json",
+            "flight-rank00001-attempt1.json",
+            "flight-rank00001-attempt2.json"
+        ],
+        "records, and no cut-off temporary file"
+    );
+
+    // `braid doctor` diagnoses both attempts, the newest last.
+    let mut doctor = braid();
+    doctor.arg("doctor").arg(logs.path());
+    let d = run(doctor, Duration::from_secs(20));
+    assert_eq!(d.code, Some(0), "{d:?}");
+    let first = d
+        .stdout
+        .find("attempt 1: records of 2 of 2 rank(s)")
+        .unwrap_or_else(|| panic!("{}", d.stdout));
+    let second = d
+        .stdout
+        .find("attempt 2 (the newest): records of 2 of 2 rank(s)")
+        .unwrap_or_else(|| panic!("{}", d.stdout));
+    assert!(first < second, "{}", d.stdout);
+    assert!(
+        d.stdout.contains("2 attempt(s), oldest first"),
+        "{}",
+        d.stdout
+    );
+    for attempt in [1, 2] {
+        let heading = format!("diagnosis of attempt {attempt}:\n");
+        let at = d
+            .stdout
+            .find(&heading)
+            .unwrap_or_else(|| panic!("{}", d.stdout));
+        let section = &d.stdout[at + heading.len()..];
+        let section = &section[..section.find("\nattempt ").unwrap_or(section.len())];
+        assert!(
+            section.contains("rank 0 exited") && section.contains("signal SIGKILL"),
+            "attempt {attempt}: {section}"
+        );
+    }
+    let mut doctor = braid();
+    doctor.arg("doctor").arg(logs.path()).arg("--json");
+    let d = run(doctor, Duration::from_secs(20));
+    assert_eq!(d.code, Some(0), "{d:?}");
+    let doc: serde_json::Value = serde_json::from_str(&d.stdout).unwrap();
+    let attempts = doc["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{doc}");
+    assert_eq!(attempts[0]["attempt"], 0, "{doc}");
+    assert_eq!(attempts[1]["attempt"], 1, "{doc}");
+    assert_eq!(doc["attempt"], 1, "{doc}");
+    for a in attempts {
+        assert_eq!(a["records"].as_array().unwrap().len(), 2, "{doc}");
+    }
     drop(marked);
 }
