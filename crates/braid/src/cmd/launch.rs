@@ -33,9 +33,13 @@ Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GRO
 ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a port free for the workers' own
 use), TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, BRAID_RUN_ID,
 BRAID_RESTART_COUNT, BRAID_MAX_RESTARTS, BRAID_STORE_ADDR and BRAID_STORE_PREFIX (the launcher's
-rendezvous store), BRAID_LOG_DIR (where workers dump their flight records: --log-dir, else a
-directory printed at start), and OMP_NUM_THREADS=1 when several workers share a node and it is
-not already set. Set BRAID_STORE_TOKEN on every node to make the store demand a shared secret."
+rendezvous store), BRAID_LOG_DIR (where workers dump their flight records,
+flight-rankNNNNN-attemptA.json: --log-dir, else a directory printed at start), and
+OMP_NUM_THREADS=1 when several workers share a node and it is not already set. Set
+BRAID_STORE_TOKEN on every node to make the store demand a shared secret.
+
+When an attempt fails, the running workers are asked for their flight records (SIGUSR1) and
+waited for while they write them, up to 30 s; `braid doctor DIR` diagnoses every attempt's."
 )]
 pub struct LaunchArgs {
     /// Workers to start on this node: a number, or auto (one per GPU if
