@@ -414,7 +414,11 @@ fn register_exit_wait() {
         let deadline = Instant::now().checked_add(EXIT_WAITS_FOR_DUMP);
         while DUMPS_IN_PROGRESS.load(Ordering::SeqCst) > 0 {
             if deadline.is_none_or(|d| Instant::now() >= d) {
-                eprintln!(
+                // Not eprintln!: it panics on a closed stderr, and a panic
+                // must not unwind out of this C callback.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
                     "braid: exiting with a flight record still being written after {} s",
                     EXIT_WAITS_FOR_DUMP.as_secs()
                 );
@@ -425,8 +429,8 @@ fn register_exit_wait() {
     }
     // SAFETY: `atexit` only stores the pointer; `wait_for_dumps` is a
     // plain function that takes no lock the exiting thread could hold (one
-    // atomic, a clock, sleep and, at worst, one line on stderr) and cannot
-    // unwind (nothing in it panics).
+    // atomic, a clock, sleep and, at worst, one line on stderr, whose
+    // error is ignored) and cannot unwind (nothing in it panics).
     let _ = unsafe { libc::atexit(wait_for_dumps) };
 }
 
