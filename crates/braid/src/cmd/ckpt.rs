@@ -1,6 +1,8 @@
 //! `braid ckpt`: look into sharded checkpoints (`inspect`) and turn one
 //! into a single safetensors file (`consolidate`) that `braid generate`,
-//! `braid train --load` and Hugging Face load.
+//! `braid train --load` and Hugging Face load. The whole model assembled
+//! in memory from the ranks' pieces ([`whole_model`]) is also what
+//! `braid generate --load CKPT_DIR` samples from.
 
 use braid_model::{checkpoint, GptConfig, Layout, Params};
 use braid_train::checkpoint::load::resolve;
@@ -67,7 +69,7 @@ fn open(dir: &Path) -> Result<CheckpointReader, String> {
 }
 
 /// The model configuration a checkpoint's run recorded.
-fn config_of(r: &CheckpointReader) -> Result<GptConfig, String> {
+pub(super) fn config_of(r: &CheckpointReader) -> Result<GptConfig, String> {
     let cfg = r.manifest().run.get("config").cloned().ok_or_else(|| {
         format!(
             "{}: the manifest records no model configuration",
@@ -160,16 +162,48 @@ fn inspect(
     Ok(0)
 }
 
+/// The whole model of the checkpoint `r` (in the configuration its run
+/// recorded), assembled in memory from every rank's pieces, each tensor
+/// checked against its checksum. Progress goes to stderr as `verb: …%`:
+/// every second, and at the end when `always` or when a line was printed
+/// before (a quick read then prints nothing).
+pub(super) fn whole_model(
+    r: &CheckpointReader,
+    verb: &str,
+    always: bool,
+) -> Result<Params, String> {
+    let cfg = config_of(r)?;
+    let layout = Arc::new(Layout::new(&cfg));
+    let tensors = gpt_tensors(&layout);
+    let mut params = Params::zeros(layout.clone());
+    params.data = read_with_progress(r, &tensors, layout.len, verb, always)?;
+    Ok(params)
+}
+
+/// The tokenizer the checkpoint's run trained with, when it recorded one.
+pub(super) fn tokenizer_of(r: &CheckpointReader) -> Option<String> {
+    r.manifest()
+        .run
+        .get("tokenizer")
+        .and_then(|t| t.as_str())
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+}
+
 /// Every parameter (`len` of them) of `r`, read a run of whole tensors at
-/// a time (about a twentieth of the model), with progress on stderr.
+/// a time (about a twentieth of the model), with progress on stderr (see
+/// [`whole_model`]).
 fn read_with_progress(
     r: &CheckpointReader,
     tensors: &[NamedTensor],
     len: usize,
+    verb: &str,
+    always: bool,
 ) -> Result<Vec<f32>, String> {
     let started = std::time::Instant::now();
     let mut out = Vec::with_capacity(len);
     let mut last_print = started;
+    let mut printed = false;
     // Cut the flat buffer at tensor boundaries (in buffer order), so each
     // stored tensor is read once.
     let mut cuts: Vec<usize> = tensors.iter().map(|t| t.range.end).collect();
@@ -183,10 +217,11 @@ fn read_with_progress(
         out.extend(r.read("params", tensors, std::slice::from_ref(&(start..end)))?);
         start = end;
         let secs = started.elapsed().as_secs_f64();
-        if last_print.elapsed().as_secs_f64() >= 1.0 || out.len() == len {
+        if last_print.elapsed().as_secs_f64() >= 1.0 || (out.len() == len && (always || printed)) {
             last_print = std::time::Instant::now();
+            printed = true;
             eprintln!(
-                "consolidating: {:.0}% ({:.2} of {:.2} GB read, {:.2} GB/s, {secs:.1} s)",
+                "{verb}: {:.0}% ({:.2} of {:.2} GB read, {:.2} GB/s, {secs:.1} s)",
                 100.0 * out.len() as f64 / len.max(1) as f64,
                 4.0 * out.len() as f64 / 1e9,
                 4.0 * len as f64 / 1e9,
@@ -207,20 +242,9 @@ fn read_with_progress(
 fn consolidate(dir: &Path, output: &Path, dtype: &str) -> Result<i32, String> {
     let dtype = braid_core::DType::parse(dtype)?;
     let r = open(dir)?;
-    let cfg = config_of(&r)?;
-    let layout = Arc::new(Layout::new(&cfg));
-    let tensors = gpt_tensors(&layout);
-    let mut params = Params::zeros(layout.clone());
-    params.data = read_with_progress(&r, &tensors, layout.len)?;
-    let tokenizer = r
-        .manifest()
-        .run
-        .get("tokenizer")
-        .and_then(|t| t.as_str())
-        .unwrap_or("")
-        .to_string();
+    let params = whole_model(&r, "consolidating", true)?;
     let mut extra = vec![("braid.step", r.manifest().step.to_string())];
-    if !tokenizer.is_empty() {
+    if let Some(tokenizer) = tokenizer_of(&r) {
         extra.push(("braid.tokenizer", tokenizer));
     }
     let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -229,7 +253,7 @@ fn consolidate(dir: &Path, output: &Path, dtype: &str) -> Result<i32, String> {
         "consolidated {} (step {}, {} parameters, written by {} rank(s)) into {}",
         r.dir().display(),
         r.manifest().step,
-        layout.len,
+        params.layout.len,
         r.manifest().world_size,
         output.display()
     );
