@@ -1,61 +1,399 @@
-//! `braid generate`: text from a model saved by `braid train --save`.
+//! `braid generate`: text from a trained model, on the CPU — a
+//! safetensors file (`braid train --save`, `braid ckpt consolidate`, a
+//! Hugging Face `model.safetensors`) or a sharded checkpoint
+//! (`braid train --ckpt-dir`), whose ranks' pieces are assembled in memory
+//! as `braid ckpt consolidate` assembles them. stdout carries only the
+//! prompt and its continuation; notes and the closing rate line (prompt
+//! and new tokens, time to first token, tokens/s) go to stderr.
 
+use super::ckpt;
 use super::train::tokenizer_for;
 use braid_model::checkpoint;
+use braid_model::sample::{self, Sampler, Sampling};
+use braid_model::Params;
+use braid_train::checkpoint::load::resolve;
+use braid_train::checkpoint::{CheckpointReader, LATEST, MANIFEST};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// Sample text from a saved model.
+/// What `--load` accepts, for the errors that find something else.
+const ACCEPTED: &str = "--load takes a safetensors file (`braid train --save`, \
+    `braid ckpt consolidate`, a Hugging Face model.safetensors), a directory holding a \
+    model.safetensors, or a `braid train --ckpt-dir` directory (its newest checkpoint) or one \
+    of its step-NNNNNNNN directories";
+
+/// Sample text from a trained model.
 #[derive(Args)]
 #[command(
-    about = "Continue a prompt with a model saved by `braid train --save`",
-    after_help = "Example:\n  braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80"
+    about = "Continue a prompt with a trained model (a --save file or a --ckpt-dir), on the CPU",
+    after_help = "Examples:\n  \
+        braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80\n  \
+        braid generate --load ck --prompt 'the quick'           # --ckpt-dir ck's newest checkpoint\n  \
+        braid generate --load ck/step-00000100 --temperature 0  # greedy\n  \
+        braid generate --load gpt2/model.safetensors --top-k 40 --top-p 0.9 --seed 7\n\n\
+        The text goes to stdout; the rate line (prompt and new tokens, time to first token, tokens/s) \
+        to stderr. A prompt longer than the model's context is predicted from its last context \
+        tokens (a note says so), as are tokens generated past the context. Decoding runs on the \
+        CPU, the whole window recomputed for each token; GPU decoding with a KV cache comes with \
+        `braid serve`."
 )]
 pub struct GenerateArgs {
-    /// The checkpoint.
-    #[arg(long)]
+    /// The model: a safetensors file, a directory holding a
+    /// model.safetensors, or a `braid train --ckpt-dir` directory (its
+    /// newest checkpoint) or one of its step-NNNNNNNN directories.
+    #[arg(long, value_name = "PATH")]
     load: PathBuf,
     /// Text to continue.
     #[arg(long, default_value = "")]
     prompt: String,
-    /// Tokens to generate.
+    /// Tokens to generate (0: print the prompt).
     #[arg(long, default_value_t = 100)]
     tokens: usize,
-    /// Sampling temperature (0: always the most likely token).
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature, >= 0 (0: greedy, always the most likely token).
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
     temperature: f32,
-    /// Sampling seed.
+    /// Sample from the K most likely tokens only (0: off; 1: greedy).
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = parse_top_k,
+          allow_negative_numbers = true)]
+    top_k: usize,
+    /// Nucleus sampling: from the fewest most likely tokens whose
+    /// probability reaches P, in (0, 1] (1: off).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    top_p: f32,
+    /// Sampling seed (the same seed, model, prompt and flags give the same text).
     #[arg(long, default_value_t = super::DEFAULT_SEED)]
     seed: u64,
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]
     tokenizer: Option<String>,
+    /// auto or cpu (auto: the CPU; GPU decoding comes with `braid serve`).
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+fn parse_top_k(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(k) if k >= 0 => Ok(k as usize),
+        Ok(_) => Err("top-k must be >= 0 (0: off; 1: greedy)".into()),
+        Err(_) => Err("expected a whole number of tokens >= 0 (0: off)".into()),
+    }
+}
+
+/// `--device`: `Ok(Some(note))` when there is something to say.
+fn decoding_device(device: &str) -> Result<Option<String>, String> {
+    match device {
+        "cpu" => Ok(None),
+        "auto" => Ok(braid_cuda::device_count().is_ok_and(|n| n > 0).then(|| {
+            "device: cpu (--device auto: braid generate decodes on the CPU; GPU decoding \
+                 with a KV cache comes with `braid serve`)"
+                .to_string()
+        })),
+        "cuda" | "gpu" => Err(format!(
+            "--device {device}: braid generate decodes on the CPU only; GPU decoding (with a KV \
+             cache) comes with `braid serve`, not yet built. --device cpu works (--device auto, \
+             the default, picks it)"
+        )),
+        other => Err(format!("--device {other:?}: expected auto or cpu")),
+    }
+}
+
+/// Where `--load` points.
+#[derive(Debug, PartialEq)]
+enum Source {
+    /// One safetensors file.
+    File(PathBuf),
+    /// A committed sharded checkpoint directory.
+    Sharded(PathBuf),
+}
+
+/// What `path` is, or why it is none of what `--load` takes.
+fn locate(path: &Path) -> Result<Source, String> {
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "--load {shown}: no such file or directory; {ACCEPTED}"
+            ))
+        }
+        Err(e) => return Err(format!("--load {shown}: cannot be read: {e}")),
+    };
+    if meta.is_file() {
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if parent.join(MANIFEST).is_file() {
+            return Err(format!(
+                "--load {shown}: one file of the sharded checkpoint {}; --load {} assembles the \
+                 whole model from every rank's pieces",
+                parent.display(),
+                parent.display()
+            ));
+        }
+        if path.file_name().is_some_and(|n| n == LATEST) {
+            return Err(format!(
+                "--load {shown}: the file naming the newest checkpoint of {}; --load {} reads \
+                 that checkpoint",
+                parent.display(),
+                parent.display()
+            ));
+        }
+        return Ok(Source::File(path.to_path_buf()));
+    }
+    if !meta.is_dir() {
+        return Err(format!(
+            "--load {shown}: neither a file nor a directory; {ACCEPTED}"
+        ));
+    }
+    let single = path.join("model.safetensors");
+    match (single.is_file(), resolve(path)?) {
+        (true, Some(d)) => Err(format!(
+            "--load {shown}: holds both a model.safetensors and a sharded checkpoint ({}); name \
+             one: --load {} or --load {}",
+            d.display(),
+            single.display(),
+            d.display()
+        )),
+        (true, None) => Ok(Source::File(single)),
+        (false, Some(d)) => Ok(Source::Sharded(d)),
+        (false, None) => Err(format!("--load {shown}: {}", describe(path))),
+    }
+}
+
+/// What the directory `dir`, holding no model `--load` reads, holds.
+fn describe(dir: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if e.path().is_dir() {
+                        format!("{name}/")
+                    } else {
+                        name
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    if names.is_empty() {
+        return format!("an empty directory; {ACCEPTED}");
+    }
+    let mut what = "a directory with neither a model.safetensors nor a committed checkpoint \
+                    (braid-checkpoint.json, or step-NNNNNNNN directories holding one); it holds "
+        .to_string();
+    let shown = 8;
+    what += &names[..names.len().min(shown)].join(", ");
+    if names.len() > shown {
+        what += &format!(" and {} more", names.len() - shown);
+    }
+    if names
+        .iter()
+        .any(|n| n.starts_with(".step-") && n.ends_with(".tmp/"))
+    {
+        what += " (a .step-NNNNNNNN.tmp directory is a checkpoint still being written, or one a \
+                  crash left unfinished)";
+    }
+    let files: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    if let Some(f) = files.first() {
+        what += &format!("; to load {f}: --load {}", dir.join(f).display());
+    }
+    format!("{what}; {ACCEPTED}")
+}
+
+/// The model at `source` and the tokenizer it was trained with, if it
+/// says.
+fn load(source: &Source) -> Result<(Params, Option<String>), String> {
+    match source {
+        Source::File(path) => {
+            let (params, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
+            Ok((params, report.metadata.get("braid.tokenizer").cloned()))
+        }
+        Source::Sharded(dir) => {
+            let r = CheckpointReader::open(dir)?;
+            let m = r.manifest();
+            eprintln!(
+                "loading {} (step {}, written by {} rank{} under {}), assembled in memory",
+                dir.display(),
+                m.step,
+                m.world_size,
+                if m.world_size == 1 { "" } else { "s" },
+                m.strategy
+            );
+            let params = ckpt::whole_model(&r, "loading", false)?;
+            Ok((params, ckpt::tokenizer_of(&r)))
+        }
+    }
+}
+
+/// Milliseconds or seconds, whichever reads better.
+fn duration(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
 }
 
 /// Runs `braid generate`.
 pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
-    let (params, report) = checkpoint::load(&a.load).map_err(|e| e.to_string())?;
+    let mut sampler = Sampler::new(Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    })
+    .map_err(|e| format!("--{e}"))?;
+    let device_note = decoding_device(&a.device)?;
+    let source = locate(&a.load)?;
+    if let Some(note) = device_note {
+        eprintln!("{note}");
+    }
+    let (params, saved_tokenizer) = load(&source)?;
+    let cfg = params.layout.config;
     let tokenizer = tokenizer_for(
         a.tokenizer.as_deref(),
-        report.metadata.get("braid.tokenizer"),
-        params.layout.config.vocab_size,
+        saved_tokenizer.as_ref(),
+        cfg.vocab_size,
     )?;
-    if tokenizer.vocab_size() > params.layout.config.vocab_size {
+    if tokenizer.vocab_size() > cfg.vocab_size {
         return Err(format!(
-            "tokenizer {} has {} tokens but the model's vocabulary is {}",
+            "tokenizer {} has {} tokens but the model's vocabulary is {}: {}",
             tokenizer.name(),
             tokenizer.vocab_size(),
-            params.layout.config.vocab_size
+            cfg.vocab_size,
+            if cfg.vocab_size <= 256 {
+                "--tokenizer bytes fits it"
+            } else {
+                "the model was not trained with this tokenizer"
+            }
         ));
     }
-    let text = braid_model::sample::generate(
-        &params,
-        tokenizer,
-        &a.prompt,
-        a.tokens,
-        a.temperature,
-        a.seed,
-    )?;
-    println!("{}{}", a.prompt, text);
+    let prompt_tokens = tokenizer.encode(&a.prompt).len();
+    if prompt_tokens > cfg.context {
+        eprintln!(
+            "note: the prompt is {prompt_tokens} tokens, longer than the model's context of {}: \
+             the model sees only its last {} (the whole prompt is still printed); shorten the \
+             prompt to keep its start in view",
+            cfg.context, cfg.context
+        );
+    } else if a.tokens > 0 && prompt_tokens + a.tokens > cfg.context {
+        eprintln!(
+            "note: {prompt_tokens} prompt and {} new tokens pass the model's context of {}: \
+             tokens past it are predicted from the last {}",
+            a.tokens, cfg.context, cfg.context
+        );
+    }
+    let g = sample::generate(&params, tokenizer, &a.prompt, a.tokens, &mut sampler)?;
+    println!("{}{}", a.prompt, g.text);
+    let mut rate = format!(
+        "generate: {} prompt tokens, {} new tokens",
+        g.prompt_tokens,
+        g.tokens.len()
+    );
+    if let Some(first) = g.time_to_first {
+        rate += &format!(
+            " in {}; time to first token {}",
+            duration(g.elapsed),
+            duration(first)
+        );
+    }
+    if let Some(tps) = g.tokens_per_second() {
+        rate += &format!("; {tps:.1} tokens/s (CPU, no KV cache)");
+    }
+    eprintln!("{rate}");
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn tempdir(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("braid-gen-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    #[test]
+    fn load_paths_are_told_apart() {
+        let d = tempdir("locate");
+        let root = &d.0;
+        let missing = locate(&root.join("nope")).unwrap_err();
+        assert!(
+            missing.contains("no such file") && missing.contains("--ckpt-dir"),
+            "{missing}"
+        );
+        let empty = locate(root).unwrap_err();
+        assert!(empty.contains("an empty directory"), "{empty}");
+        std::fs::write(root.join("notes.txt"), "x").unwrap();
+        std::fs::write(root.join("m.safetensors"), "x").unwrap();
+        let other = locate(root).unwrap_err();
+        assert!(
+            other.contains("notes.txt")
+                && other.contains(&format!("--load {}", root.join("m.safetensors").display())),
+            "{other}"
+        );
+        assert_eq!(
+            locate(&root.join("m.safetensors")).unwrap(),
+            Source::File(root.join("m.safetensors"))
+        );
+        std::fs::write(root.join("model.safetensors"), "x").unwrap();
+        assert_eq!(
+            locate(root).unwrap(),
+            Source::File(root.join("model.safetensors"))
+        );
+        // A step directory, the root naming it, and both kinds at once.
+        let step = root.join("step-00000004");
+        std::fs::create_dir_all(&step).unwrap();
+        std::fs::write(step.join(MANIFEST), "{}").unwrap();
+        std::fs::write(step.join("model-rank00000-of-00001.safetensors"), "x").unwrap();
+        assert_eq!(locate(&step).unwrap(), Source::Sharded(step.clone()));
+        let both = locate(root).unwrap_err();
+        assert!(both.contains("holds both"), "{both}");
+        std::fs::remove_file(root.join("model.safetensors")).unwrap();
+        assert_eq!(locate(root).unwrap(), Source::Sharded(step.clone()));
+        let piece = locate(&step.join("model-rank00000-of-00001.safetensors")).unwrap_err();
+        assert!(
+            piece.contains("one file of the sharded checkpoint"),
+            "{piece}"
+        );
+    }
+
+    #[test]
+    fn devices_and_top_k() {
+        assert_eq!(decoding_device("cpu"), Ok(None));
+        let cuda = decoding_device("cuda").unwrap_err();
+        assert!(
+            cuda.contains("braid serve") && cuda.contains("--device cpu works"),
+            "{cuda}"
+        );
+        assert!(decoding_device("tpu").is_err());
+        assert_eq!(parse_top_k("40"), Ok(40));
+        assert!(parse_top_k("-1").unwrap_err().contains(">= 0"));
+    }
 }
