@@ -133,7 +133,7 @@ phase_h2() {
   for i in $(seq "${PP_H2_ROUNDS:-2}"); do
     for s in ${PP_H2_SCHEDULES:-zb zb-h2}; do
       pair "h2-$s-$i" L32-H32-C2560 "--schedule $s" "" 120
-      grep -h 'pipeline bubble: measured\|held at once' "$L/h2-$s-$i-braid.txt" | sed 's/^\[rank 0\] //' | cut -c1-240
+      grep -h 'pipeline bubble\|held at once' "$L/h2-$s-$i-braid.txt" | sed 's/^\[rank 0\] //' | cut -c1-240
     done
   done
   for s in ${PP_H2_PEERS-gpipe zb}; do

@@ -13,7 +13,8 @@
 //!   launcher and `braid doctor` ([`flight`]);
 //! - the deterministic random number generator every crate seeds from
 //!   ([`rng`]: the same seed gives the same model and data everywhere);
-//! - files written whole or not at all ([`atomic_file`]).
+//! - files written whole or not at all ([`atomic_file`]);
+//! - counts in words (`1 step`, `2 steps`: [`words`]).
 
 pub mod atomic_file;
 pub mod dtype;
@@ -22,6 +23,7 @@ pub mod flight;
 pub mod reduce;
 pub mod rng;
 pub mod slurm;
+pub mod words;
 pub mod world;
 
 pub use dtype::{DType, Element};

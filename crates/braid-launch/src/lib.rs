@@ -89,6 +89,13 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
         };
         if attempt == 0 || plan.nnodes != joining.nnodes {
             let first = world.rank_offset(plan.node_rank);
+            // Made now, so that the directory announced exists whatever
+            // the workers write (`braid doctor` reads it even empty).
+            let dir = flight::log_dir(plan, &world.run_id);
+            std::fs::create_dir_all(&dir).map_err(|source| LaunchError::Io {
+                what: format!("cannot create the log directory {}", dir.display()),
+                source,
+            })?;
             eprintln!(
                 "braid launch: run {run_id}: node {}/{} starts ranks {first}..{} of {} ({}); store at {}; {} to {}",
                 plan.node_rank,
@@ -112,6 +119,11 @@ pub fn launch(plan: &LaunchPlan, signals: &Signals) -> Result<i32, LaunchError> 
         match outcome {
             AttemptOutcome::Success => {
                 acknowledge(&store, plan, &keys, &others, Duration::from_secs(10));
+                // The run's own log directory, left empty by a run that
+                // went well, goes (a directory that holds anything stays).
+                if plan.log_dir.is_none() && braid_core::flight::log_dir_from_env().is_none() {
+                    let _ = std::fs::remove_dir(flight::log_dir(plan, &world.run_id));
+                }
                 return Ok(0);
             }
             AttemptOutcome::Failed(failure, diagnosis) => {

@@ -123,9 +123,9 @@ impl Summary {
         let ms = |s: f64| format!("{:.2} ms", s * 1e3);
         let pct = |s: f64| 100.0 * s / self.mean_step.max(1e-12);
         let mut out = vec![format!(
-            "median step {} over {} steps (first {} not counted) | {:.0} tokens/s",
+            "median step {} over {} (first {} not counted) | {:.0} tokens/s",
             ms(self.median_step),
-            self.steps,
+            braid_core::words::count(self.steps, "step"),
             self.warmup,
             self.tokens_per_s
         )];

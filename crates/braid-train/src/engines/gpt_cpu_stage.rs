@@ -76,6 +76,10 @@ struct Passes {
     acc: Vec<f32>,
     /// The step's time marks (the host's wall clock, seconds).
     stamps: Vec<f64>,
+    /// Whether this step's passes keep what the backward pass needs
+    /// (evaluation: a micro-batch's activations go back to the pool once
+    /// its output has left).
+    grad: bool,
 }
 
 /// What one stage's pass of one micro-batch works on.
@@ -165,16 +169,24 @@ impl StagePasses<[f32]> for Passes {
         if stage > 0 && self.flight.both_here(stage - 1, stage) {
             let out = self.acts(stage - 1, m)?.output().to_vec();
             self.acts(stage, m)?.input_mut().copy_from_slice(&out);
+            if !self.grad {
+                self.flight.release(stage - 1, m)?;
+            }
         }
         // (Traced as computation: `braid report` shows the waits between
         // a pipeline's passes as idle.)
         let _t = scope::start(None, Cat::Compute, || {
             format!("stage {stage} forward micro-batch {m}")
         });
-        self.with_micro(stage, m, |p| {
+        let loss = self.with_micro(stage, m, |p| {
             p.model
                 .stage_forward(p.stage, p.params, p.acts, p.tokens, p.targets)
-        })
+        })?;
+        if !self.grad && stage + 1 == self.total {
+            // Evaluation: the loss is all the last stage leaves.
+            self.flight.release(stage, m)?;
+        }
+        Ok(loss)
     }
 
     fn backward(&mut self, stage: usize, m: usize, input_only: bool) -> Result<()> {
@@ -226,6 +238,11 @@ impl StagePasses<[f32]> for Passes {
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&[f32]> {
         self.flight.tidy()?;
+        if !self.grad {
+            // Evaluation: sent out by the caller before the next call, and
+            // no backward pass follows.
+            self.flight.hand_out(stage, m);
+        }
         Ok(self.acts(stage, m)?.output())
     }
 
@@ -311,6 +328,7 @@ impl CpuStage {
                         .any(|a| a.op == crate::schedule::Op::BackwardInput),
                 batch: TokenBatch::new(0, t),
                 stamps: Vec::new(),
+                grad: true,
             },
             links,
             schedule,
@@ -436,6 +454,13 @@ impl CpuStage {
         self
     }
 
+    /// The world ranks of the pipeline's ranks, in pipeline order: the
+    /// timeline's rows are named by them.
+    pub fn with_world_ranks(mut self, ranks: Vec<usize>) -> Self {
+        self.measured.world_ranks = ranks;
+        self
+    }
+
     pub fn timeline_report(&self) -> Option<String> {
         self.measured.report_held(&self.schedule, &self.held())
     }
@@ -529,6 +554,7 @@ impl Engine for CpuStage {
         }
         self.passes.batch.clone_from(batch);
         self.passes.stamps.clear();
+        self.passes.grad = grad;
         let schedule = match grad {
             true => {
                 self.passes.acc.fill(0.0);

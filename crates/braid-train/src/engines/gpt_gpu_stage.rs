@@ -308,6 +308,13 @@ impl GpuStage {
         self
     }
 
+    /// The world ranks of the pipeline's ranks, in pipeline order: the
+    /// timeline's rows are named by them.
+    pub fn with_world_ranks(mut self, ranks: Vec<usize>) -> Self {
+        self.measured.world_ranks = ranks;
+        self
+    }
+
     pub fn timeline_report(&self) -> Option<String> {
         self.measured.report_held(&self.schedule, &self.held())
     }

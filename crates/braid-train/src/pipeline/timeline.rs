@@ -122,8 +122,18 @@ fn glyph(a: &Action) -> char {
 /// A chart of `t`, `width` columns per rank: each column the action
 /// running at its middle, `.` where the rank waits.
 pub fn chart(t: &Simulated, width: usize) -> String {
+    chart_named(t, width, &[])
+}
+
+/// [`chart`] with row `r` named `rank names[r]` (a world rank), where
+/// `names` has it; else `pipeline rank r`.
+pub fn chart_named(t: &Simulated, width: usize, names: &[usize]) -> String {
     let mut out = String::new();
     let width = width.max(1);
+    let label = |r: usize| match names.get(r) {
+        Some(w) => format!("rank {w:>2}"),
+        None => format!("pipeline rank {r:>2}"),
+    };
     for (r, rank) in t.ranks.iter().enumerate() {
         let row: String = (0..width)
             .map(|c| {
@@ -134,7 +144,7 @@ pub fn chart(t: &Simulated, width: usize) -> String {
                     .map_or('.', |(a, _, _)| glyph(a))
             })
             .collect();
-        out.push_str(&format!("  rank {r:>2} |{row}|\n"));
+        out.push_str(&format!("  {} |{row}|\n", label(r)));
     }
     out
 }
@@ -297,6 +307,9 @@ pub struct Measured {
     /// Each stage's estimated time (its layers, the head counted), where
     /// known: the paper's bubble with the stages as split.
     pub stage_costs: Option<Vec<f64>>,
+    /// The world rank of each pipeline rank, where known (the chart's
+    /// rows are named by them; else by pipeline rank).
+    pub world_ranks: Vec<usize>,
 }
 
 impl Measured {
@@ -436,10 +449,11 @@ impl Measured {
         Some(format!(
             "pipeline timeline of the last step ({:.1} ms; digits: forward of micro-batch n, \
              letters: its backward, w: weight half, '.': waiting):\n{}pipeline bubble: measured \
-             {:.1}% ({counted}; last step by rank {}), on paper {paper} (backward 2x forward, \
-             equal stages{split}{timed}){formula}\nmedian action times of the last step: {}",
+             {:.1}% ({counted}; last step by rank {})\npipeline bubble on paper: {paper} \
+             (backward 2x forward, equal stages{split}{timed}){formula}\nmedian action times of \
+             the last step: {}",
             1e3 * last.makespan,
-            chart(last, 64),
+            chart_named(last, 64, &self.world_ranks),
             100.0 * measured,
             per_rank.join(" "),
             action_times(last),
@@ -466,7 +480,7 @@ mod tests {
         // Rank 1 waits for its first activation; rank 0 for its last
         // gradient.
         assert!(rows[1].contains("|.0"), "{c}");
-        assert!(rows[0].starts_with("  rank  0 |0"), "{c}");
+        assert!(rows[0].starts_with("  pipeline rank  0 |0"), "{c}");
         assert!(rows[0].ends_with(".d|") || rows[0].contains(".d"), "{c}");
         // (N−1)/(M+N−1) with a backward twice a forward: 1/5.
         assert!((sim.bubble() - 0.2).abs() < 1e-9, "{}", sim.bubble());

@@ -51,9 +51,15 @@ pub struct BenchArgs {
     /// Root rank for rooted operations.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub(crate) root: usize,
-    /// Verify every element of every result.
-    #[arg(long)]
+    /// Verify every element of every result: 1 (the default, as nccl-tests' -c) or 0.
+    ///
+    /// --check alone is 1; --no-check is 0.
+    #[arg(short = 'c', long = "check", value_name = "0|1", num_args = 0..=1,
+          default_value = "1", default_missing_value = "1", value_parser = parse_check)]
     pub(crate) check: bool,
+    /// Do not verify the results (-c 0).
+    #[arg(long, overrides_with = "check")]
+    pub(crate) no_check: bool,
     /// The results as JSON, one array of rows (rank 0).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
           value_parser = super::json_out::parse, help = super::json_out::HELP)]
@@ -128,6 +134,15 @@ const OPS: [&str; 9] = [
     "sendrecv",
 ];
 
+/// `-c`/`--check`: 1 or 0, as nccl-tests takes it.
+fn parse_check(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "1" | "true" | "on" => Ok(true),
+        "0" | "false" | "off" => Ok(false),
+        other => Err(format!("{other:?}: expected 1 (check every result) or 0")),
+    }
+}
+
 /// `--symmetric`'s checks: GPUs, one per process, an all_gather, and no
 /// other `NCCL_CTA_POLICY` in the zero-CTA policy's way (the in-place
 /// all-gathers would not run on the copy engines).
@@ -152,7 +167,10 @@ fn symmetric_checked(args: &BenchArgs, cuda: bool) -> Result<(), String> {
 }
 
 /// Runs `braid bench`.
-pub fn run(args: BenchArgs) -> Result<i32, String> {
+pub fn run(mut args: BenchArgs) -> Result<i32, String> {
+    if args.no_check {
+        args.check = false;
+    }
     for op in args.op.split(',') {
         if !OPS.contains(&op) {
             return Err(format!(
@@ -366,6 +384,15 @@ pub(crate) fn sweep<T: Element>(
     let mut rows = Vec::new();
     let mut size = a.min_bytes.max(es);
     let mut total_wrong = 0u64;
+    // One untimed pass of the first size before the table (as nccl-tests
+    // warms up before its first size): the sweep's one-time costs —
+    // threads started, memory mapped, connections made — stay out of its
+    // first row.
+    let first = match per_rank_op {
+        true => (size / es / n).max(1),
+        false => (size / es).max(1),
+    };
+    time(first, false, a.iters.unwrap_or(100).min(20))?;
     loop {
         // Elements per rank block, rounded so the total splits evenly.
         let count = if per_rank_op {
@@ -448,7 +475,7 @@ pub(crate) fn sweep<T: Element>(
                 "# Out of bounds values : {total_wrong} {}",
                 if total_wrong == 0 { "OK" } else { "FAILED" }
             ),
-            false => println!("# Out of bounds values : N/A (no --check)"),
+            false => println!("# Out of bounds values : N/A (not checked: -c 0)"),
         }
         println!(
             "# Avg bus bandwidth    : {:.4} ",

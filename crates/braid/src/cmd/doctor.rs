@@ -123,7 +123,7 @@ pub fn run(a: DoctorArgs) -> Result<i32, String> {
         .max_by_key(|s| s.wall_us)
     else {
         let mut msg = format!(
-            "no flight records (flight-rankNNNNN-attemptA.json, or flight-rankNNNNN.json) in {}: ranks write them on a collective timeout, an abort or SIGUSR1, into BRAID_LOG_DIR (braid launch sets it and prints it)",
+            "no flight records (flight-rankNNNNN-attemptA.json, or flight-rankNNNNN.json) in {}: ranks that use braid's communicators write them on a collective timeout, an abort or SIGUSR1, into BRAID_LOG_DIR (braid launch sets it and prints it); other programs' ranks (a Python script's, say) keep none, and the launcher's failure report is what there is",
             a.dir.display()
         );
         for p in &loaded.problems {

@@ -1097,7 +1097,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             println!("{note}");
         }
         println!(
-            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M parameters), data {} ({}, {}), batch {} x {} per rank{}, {} steps, lr {}, seed {}, {} threads{}",
+            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M \
+             parameters), {}, lr {}, seed {}",
             model,
             cfg.n_layer,
             cfg.n_head,
@@ -1105,17 +1106,28 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             cfg.vocab_size,
             cfg.context,
             cfg.num_params() as f64 / 1e6,
+            braid_core::words::count(a.steps, "step"),
+            lr,
+            a.seed,
+        );
+        println!(
+            "data: {} ({}, {}), batch {} x {} per rank{}, {}{}",
             a.data,
             data_desc,
             tokenizer.name(),
             batch,
             seq,
-            if a.accum > 1 { format!(" x {} micro-batches", a.accum) } else { String::new() },
-            a.steps,
-            lr,
-            a.seed,
-            rayon::current_num_threads(),
-            if ranks > 1 { format!(" per rank, {ranks} ranks") } else { String::new() },
+            if a.accum > 1 {
+                format!(" x {} micro-batches", a.accum)
+            } else {
+                String::new()
+            },
+            braid_core::words::count(rayon::current_num_threads(), "thread"),
+            if ranks > 1 {
+                format!(" per rank, {ranks} ranks")
+            } else {
+                String::new()
+            },
         );
         println!(
             "initial loss should be about ln({}) = {:.3}",
@@ -1495,7 +1507,11 @@ where
     S: Strategy<E> + ?Sized,
 {
     if parts.lead && distributed {
-        println!("strategy: {}", strategy.describe());
+        let line = format!("strategy: {}", strategy.describe());
+        println!(
+            "{}",
+            braid_core::words::wrap(&line, braid_core::words::WIDTH, "  ")
+        );
     }
     let r = train_with(
         engine,

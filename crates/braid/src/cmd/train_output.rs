@@ -27,6 +27,9 @@ pub struct Progress {
     every: Option<usize>,
     steps: usize,
     last: Instant,
+    /// The first step this run took (after a resume, not 0): the ETA
+    /// counts only the steps this run has timed.
+    first: Option<usize>,
 }
 
 impl Progress {
@@ -39,6 +42,7 @@ impl Progress {
             every,
             steps,
             last: Instant::now() - std::time::Duration::from_secs(10),
+            first: None,
         }
     }
 
@@ -47,6 +51,7 @@ impl Progress {
         if let Some(m) = &self.metrics {
             m.step(r);
         }
+        let first = *self.first.get_or_insert(r.step);
         if !self.lead {
             return;
         }
@@ -55,11 +60,11 @@ impl Progress {
             None => self.last.elapsed().as_secs_f64() >= 1.0,
         };
         let last = r.step + 1 == self.steps;
-        if !(due || last || r.step == 0 || r.eval_loss.is_some()) {
+        if !(due || last || r.step == first || r.eval_loss.is_some()) {
             return;
         }
         self.last = Instant::now();
-        let eta = r.elapsed / (r.step + 1) as f64 * (self.steps - r.step - 1) as f64;
+        let eta = eta_seconds(r.elapsed, r.step + 1 - first, self.steps - r.step - 1);
         let eval = r
             .eval_loss
             .map(|e| format!(" | eval {e:.4}"))
@@ -81,6 +86,12 @@ impl Progress {
             }
         }
     }
+}
+
+/// Seconds left for `left` more steps at the pace of the `done` steps
+/// this run took in `elapsed` seconds.
+fn eta_seconds(elapsed: f64, done: usize, left: usize) -> f64 {
+    elapsed / done.max(1) as f64 * left as f64
 }
 
 /// Prints the end of a run: the final loss, the time breakdown and, on a
@@ -111,11 +122,11 @@ pub fn print_summary(
             6.0 * cfg.num_params() as f64 + 12.0 * (cfg.n_layer * cfg.n_embd * seq) as f64;
         let mfu = s.tokens_per_s * flops_per_tok / (989e12 * ranks as f64) * 100.0;
         println!(
-            "gpu summary: {} | {} GPU(s) | median step {:.1} ms over {} steps (first {} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s per GPU) | peak device memory {:.2} GiB",
+            "gpu summary: {} | {} GPU(s) | median step {:.1} ms over {} (first {} not counted) | {:.0} tokens/s | MFU {:.1}% (of 989 TFLOP/s per GPU) | peak device memory {:.2} GiB",
             precision.name(),
             ranks,
             s.median_step * 1e3,
-            s.steps,
+            braid_core::words::count(s.steps, "step"),
             s.warmup,
             s.tokens_per_s,
             mfu,
@@ -174,13 +185,16 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
     };
     println!(
         "model states per rank: parameters {:.1} MB{master} | gradients {:.1} MB | optimizer state \
-         {:.1} MB = {:.1} MB, {:.2} bytes per parameter; ZeRO's formula{} ({name}, Ψ = {psi}, N = {ranks}): \
-         {:.2} bytes per parameter (measured / formula {:.2})",
+         {:.1} MB = {:.1} MB, {:.2} bytes per parameter",
         mb(st.params),
         mb(st.grads),
         mb(st.optimizer),
         mb(st.total()),
         per(st.total()),
+    );
+    println!(
+        "model states by ZeRO's formula{} ({name}, Ψ = {psi}, N = {ranks}): {:.2} bytes per \
+         parameter (measured / formula {:.2})",
         match stage {
             0 => String::new(),
             s => format!(" for stage {s}"),
@@ -190,7 +204,7 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
     );
     let sh = run.sharded;
     if sh.units_peak > 0 {
-        println!(
+        let line = format!(
             "ZeRO-{stage} besides model states: whole blocks held at once, at most, {:.1} MB \
              ({}block gradients, buffers kept for reuse){}",
             mb(sh.units_peak),
@@ -205,6 +219,10 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
                 ),
                 _ => String::new(),
             },
+        );
+        println!(
+            "{}",
+            braid_core::words::wrap(&line, braid_core::words::WIDTH, "  ")
         );
         println!(
             "ZeRO-{stage} block buffers made: {} in the last step, {} in the steps before",

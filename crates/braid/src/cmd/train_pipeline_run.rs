@@ -83,6 +83,13 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
     let whole = params.layout.clone();
     let micro = batch / schedule.micro_batches;
     let mesh = place.mesh()?;
+    // The world ranks of this rank's pipeline, in stage order (the
+    // timeline's rows are named by them).
+    let pipe_members = mesh
+        .groups("pipe")
+        .into_iter()
+        .find(|g| g.contains(&place.rank))
+        .unwrap_or_default();
     if lead {
         println!("mesh: {}", mesh.describe());
         super::train_pipeline::print_plan(&all, &schedule, batch, seq);
@@ -243,7 +250,8 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             micro,
             seq,
         )?
-        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
+        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all))
+        .with_world_ranks(pipe_members.clone());
         params.data = Vec::new();
         // One replica: nothing reduces the gradients, and the stage's
         // buffer is the step's (one gradient buffer on the GPU).
@@ -280,7 +288,8 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             seq,
             checkpointing,
         )?
-        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all));
+        .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all))
+        .with_world_ranks(pipe_members.clone());
         // One replica: nothing reduces the gradients, and the stage's
         // buffer is the step's (as on GPUs).
         let mut s: Box<dyn Strategy<_>> =

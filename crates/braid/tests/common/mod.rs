@@ -150,8 +150,9 @@ pub fn braid_args(args: &[&str]) -> (bool, String, String) {
     (f.code == Some(0), f.stdout, f.stderr)
 }
 
-/// The "model states per rank" line of `braid train ARGS --steps 2
-/// --eval-every 0`, which must succeed (empty where it printed none).
+/// The "model states" lines of `braid train ARGS --steps 2 --eval-every
+/// 0` (what the rank held, then ZeRO's formula), joined; the run must
+/// succeed (empty where it printed none).
 pub fn model_states_line(args: &[&str]) -> String {
     let mut c = braid();
     c.arg("train")
@@ -161,9 +162,9 @@ pub fn model_states_line(args: &[&str]) -> String {
     assert_eq!(f.code, Some(0), "{args:?}: {f:?}");
     f.stdout
         .lines()
-        .find(|l| l.contains("model states per rank"))
-        .unwrap_or_default()
-        .to_string()
+        .filter(|l| l.contains("model states "))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Whether a process with this pid exists and is not a zombie.

@@ -91,6 +91,11 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
             let out = self.saved(stage - 1, m)?.output(&prev).map_err(e)?;
             copy_async(here.input_mut(&st).map_err(e)?, out, &s).map_err(e)?;
             self.flight.put(stage, m, here);
+            if !self.grad {
+                // Evaluation: no backward pass will read the previous
+                // stage's buffers.
+                self.flight.release(stage - 1, m)?;
+            }
         }
         self.saved(stage, m)?;
         let mut set = self.flight.take(stage, m)?;
@@ -106,6 +111,10 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
         );
         model.swap(&mut set)?;
         self.flight.put(stage, m, set);
+        if !self.grad && st.last {
+            // Evaluation: the loss is all the last stage leaves.
+            self.flight.release(stage, m)?;
+        }
         loss
     }
 
@@ -168,6 +177,11 @@ impl StagePasses<DeviceBuffer<f32>> for Passes {
 
     fn output(&mut self, stage: usize, m: usize) -> Result<&DeviceBuffer<f32>> {
         self.flight.tidy()?;
+        if !self.grad {
+            // Evaluation: sent out by the caller before the next call (the
+            // link copies it), and no backward pass follows.
+            self.flight.hand_out(stage, m);
+        }
         let st = self.stages[self.local(stage)?].1.clone();
         self.saved(stage, m)?.output(&st).map_err(e)
     }
