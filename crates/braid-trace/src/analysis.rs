@@ -9,6 +9,19 @@
 //! *data* and *other* (checkpoint copies, evaluation) the host work
 //! outside both; *idle* the rest. The five add up to the step. The
 //! *overlap* is the share of collective time that computation hid.
+//!
+//! Under a pipeline (`braid train --pp`) a rank's *pipelined passes* — the
+//! engine's forward pass, which runs the whole schedule: its stages'
+//! forward and backward passes of every micro-batch, the sends and
+//! receives between stages, the loss from the last stage, the tied
+//! embeddings' sum — split into computation and the *pipeline bubble*:
+//! the time in them that the rank computes nothing, waiting for the other
+//! stages. The bubble is a sixth part of the step, not exposed
+//! communication; the collectives outside those passes (data-parallel
+//! reductions, the loss's all-reduce) stay communication. The straggler
+//! is then sought among the ranks of one pipeline stage (its data-parallel
+//! replicas): the stages' differing work is stage imbalance, which
+//! `report` weighs on its own.
 
 use crate::format::{RankTrace, TraceEvent};
 use crate::intervals::Intervals;
@@ -29,17 +42,32 @@ pub struct StepBreakdown {
     /// Tensor-parallel collectives inside the passes (the computation
     /// waits for them): their own category.
     pub tensor_comm: f64,
-    /// Collectives while nothing computes.
+    /// Collectives while nothing computes (under a pipeline, outside its
+    /// passes).
     pub exposed_comm: f64,
+    /// Under a pipeline: the time in the rank's pipelined passes that it
+    /// computes nothing (waiting for the other stages: in the receives
+    /// between stages, in the step's last exchanges, idle between its
+    /// actions). Zero otherwise.
+    pub bubble: f64,
+    /// Under a pipeline: the computation inside the pipelined passes (its
+    /// stages' forward and backward passes; not the optimizer, nor the
+    /// tensor group's collectives). Zero otherwise.
+    pub stage_compute: f64,
+    /// Under a pipeline: the pipelined passes' length (`stage_compute`,
+    /// the tensor group's collectives in them and `bubble`). Zero
+    /// otherwise.
+    pub passes: f64,
     /// Host data loading outside computation and collectives.
     pub data: f64,
     /// Checkpoint copies and evaluation outside the above.
     pub other: f64,
     /// Nothing running.
     pub idle: f64,
-    /// All collective time.
+    /// All collective time (under a pipeline, outside its passes: the
+    /// pipeline's own transfers are in `bubble` and `stage_compute`).
     pub comm: f64,
-    /// Collective time during computation.
+    /// Collective time during computation (likewise).
     pub overlapped: f64,
 }
 
@@ -50,6 +78,8 @@ struct Sets {
     comm: Intervals,
     data: Intervals,
     other: Intervals,
+    /// The forward passes (under a pipeline: the pipelined passes).
+    forward: Intervals,
 }
 
 /// Whether `t` has spans timed on a GPU's compute stream.
@@ -76,6 +106,7 @@ fn sets(events: &[TraceEvent]) -> Sets {
         comm: pick(&|e| e.cat == "comm"),
         data: pick(&|e| e.cat == "data"),
         other: pick(&|e| (e.cat == "checkpoint" || e.cat == "eval") && e.tid == track::HOST),
+        forward: pick(&|e| e.cat == "pass" && e.name == "forward"),
     }
 }
 
@@ -90,18 +121,33 @@ pub fn steps(events: &[TraceEvent]) -> Vec<(u64, f64, f64)> {
 
 /// Every step's breakdown on one rank.
 pub fn breakdown(events: &[TraceEvent]) -> Vec<StepBreakdown> {
+    breakdown_as(events, false)
+}
+
+/// Every step's breakdown on one rank; `pipelined`: the rank is a
+/// pipeline's (its forward passes are the pipelined passes, see the
+/// module's documentation).
+pub fn breakdown_as(events: &[TraceEvent], pipelined: bool) -> Vec<StepBreakdown> {
     let s = sets(events);
     steps(events)
         .into_iter()
         .map(|(step, a, b)| {
             let c = s.compute.clip(a, b);
+            let p = match pipelined {
+                true => s.forward.clip(a, b),
+                false => Intervals::default(),
+            };
             let m = s.comm.clip(a, b);
-            let cm = c.or(&m);
-            let cmd = cm.or(&s.data.clip(a, b));
-            let busy = cmd.or(&s.other.clip(a, b));
-            let overlapped = m.overlap_len(&c);
+            // The pipeline's own transfers: inside its passes.
+            let m_in = m.and(&p);
+            let cp = c.or(&p);
+            let cpm = cp.or(&m);
+            let cpmd = cpm.or(&s.data.clip(a, b));
+            let busy = cpmd.or(&s.other.clip(a, b));
+            let overlapped = m.overlap_len(&c) - m_in.overlap_len(&c);
             // The tensor group's collectives run inside the passes' spans.
-            let tensor = s.tensor.clip(a, b).overlap_len(&c);
+            let tensor_in = s.tensor.clip(a, b).and(&c);
+            let tensor = tensor_in.len();
             StepBreakdown {
                 step,
                 start: a,
@@ -109,12 +155,15 @@ pub fn breakdown(events: &[TraceEvent]) -> Vec<StepBreakdown> {
                 compute: (c.len() - tensor).max(0.0),
                 tensor_comm: tensor,
                 // (Differences of sums: clamped against rounding.)
-                exposed_comm: (m.len() - overlapped).max(0.0),
-                data: (cmd.len() - cm.len()).max(0.0),
-                other: (busy.len() - cmd.len()).max(0.0),
+                exposed_comm: (cpm.len() - cp.len()).max(0.0),
+                bubble: (cp.len() - c.len()).max(0.0),
+                stage_compute: (c.overlap_len(&p) - tensor_in.overlap_len(&p)).max(0.0),
+                passes: p.len(),
+                data: (cpmd.len() - cpm.len()).max(0.0),
+                other: (busy.len() - cpmd.len()).max(0.0),
                 idle: ((b - a) - busy.len()).max(0.0),
-                comm: m.len(),
-                overlapped,
+                comm: (m.len() - m_in.len()).max(0.0),
+                overlapped: overlapped.max(0.0),
             }
         })
         .collect()
@@ -180,6 +229,9 @@ impl StepBreakdown {
             sum.compute += s.compute;
             sum.tensor_comm += s.tensor_comm;
             sum.exposed_comm += s.exposed_comm;
+            sum.bubble += s.bubble;
+            sum.stage_compute += s.stage_compute;
+            sum.passes += s.passes;
             sum.data += s.data;
             sum.other += s.other;
             sum.idle += s.idle;
@@ -195,6 +247,9 @@ impl StepBreakdown {
             compute: sum.compute / k,
             tensor_comm: sum.tensor_comm / k,
             exposed_comm: sum.exposed_comm / k,
+            bubble: sum.bubble / k,
+            stage_compute: sum.stage_compute / k,
+            passes: sum.passes / k,
             data: sum.data / k,
             other: sum.other / k,
             idle: sum.idle / k,
@@ -256,6 +311,36 @@ pub const STRAGGLER_MIN_US: f64 = 1000.0;
 /// median by as much is slow in communication, not counting the time it
 /// waits in them for the others because its own work is shorter.
 pub fn straggler(ranks: &[RankMeans]) -> Option<Straggler> {
+    straggler_among(ranks, "the other ranks")
+}
+
+/// [`straggler`] sought among the ranks that do the same work: `stage[i]`
+/// is the pipeline rank of `ranks[i]`, and a straggler is looked for
+/// within each pipeline stage's ranks (its data-parallel replicas), the
+/// one that exceeds its stage's others most named. Ranks of different
+/// stages differ by their stages' work (stage imbalance), not by
+/// slowness; a stage on one rank has no straggler.
+pub fn stage_straggler(ranks: &[RankMeans], stage: &[usize]) -> Option<Straggler> {
+    let mut stages: Vec<usize> = stage.to_vec();
+    stages.sort_unstable();
+    stages.dedup();
+    stages
+        .into_iter()
+        .filter_map(|st| {
+            let mine: Vec<RankMeans> = ranks
+                .iter()
+                .zip(stage)
+                .filter(|(_, s)| **s == st)
+                .map(|(m, _)| *m)
+                .collect();
+            straggler_among(&mine, &format!("pipeline rank {st}'s other ranks"))
+        })
+        .max_by(|a, b| a.excess_us.total_cmp(&b.excess_us))
+}
+
+/// [`straggler`], the others called `peers` in the evidence (a plural
+/// that takes a possessive `'`).
+fn straggler_among(ranks: &[RankMeans], peers: &str) -> Option<Straggler> {
     if ranks.len() < 2 {
         return None;
     }
@@ -296,7 +381,7 @@ pub fn straggler(ranks: &[RankMeans]) -> Option<Straggler> {
             category,
             excess_us: excess,
             evidence: format!(
-                "rank {} works {} per step ({category} {} more than the other ranks' median); the other ranks wait {} per step in collectives or idle, rank {} {}",
+                "rank {} works {} per step ({category} {} more than {peers}' median); {peers} wait {} per step in collectives or idle, rank {} {}",
                 slow.rank,
                 ms(own(slow)),
                 ms(part_excess),
@@ -324,7 +409,7 @@ pub fn straggler(ranks: &[RankMeans]) -> Option<Straggler> {
             category: "communication",
             excess_us: busiest.mean.comm - med_comm,
             evidence: format!(
-                "no rank's own work stands out, but rank {}'s collectives run {} per step against the other ranks' median {}{}",
+                "no rank's own work stands out, but rank {}'s collectives run {} per step against {peers}' median {}{}",
                 busiest.rank,
                 ms(busiest.mean.comm),
                 ms(med_comm),
@@ -412,11 +497,21 @@ pub fn op_stats(events: &[TraceEvent], world: usize, windows: &[(f64, f64)]) -> 
 /// all-reduce of the gradient norm's square that a strategy with sharded
 /// gradients runs in the optimizer's part of the step; and the training
 /// loop's all-reduce of the step's loss (its mean over the ranks, for the
-/// progress line), which runs once the optimizer is done.
+/// progress line), which runs once the optimizer is done; under a
+/// pipeline, the pipeline's own (inside its passes: the sends and
+/// receives between stages, the loss from the last stage, the timeline's
+/// gather, the tied embeddings' sum); and the tensor group's, inside the
+/// model's own `tensor-comm` spans.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepCollectives {
     /// Steps looked at.
     pub steps: usize,
+    /// The tensor group's over those steps, per operation (operation,
+    /// count), in the order first seen.
+    pub tensor: Vec<(String, u64)>,
+    /// The pipeline's over those steps, per operation (operation, count),
+    /// in the order first seen.
+    pub pipeline: Vec<(String, u64)>,
     /// The strategy's collectives over those steps but the gradient
     /// norm's, per operation (operation, count), in the order first seen.
     pub strategy: Vec<(String, u64)>,
@@ -429,7 +524,22 @@ pub struct StepCollectives {
 impl StepCollectives {
     /// All collectives per step.
     pub fn per_step(&self) -> f64 {
-        (self.strategy_count() + self.norm + self.loss) as f64 / self.steps.max(1) as f64
+        (self.strategy_count()
+            + self.tensor_count()
+            + self.pipeline_count()
+            + self.norm
+            + self.loss) as f64
+            / self.steps.max(1) as f64
+    }
+
+    /// The tensor group's operations over the steps.
+    pub fn tensor_count(&self) -> u64 {
+        self.tensor.iter().map(|(_, k)| k).sum()
+    }
+
+    /// The pipeline's operations over the steps.
+    pub fn pipeline_count(&self) -> u64 {
+        self.pipeline.iter().map(|(_, k)| k).sum()
     }
 
     /// The strategy's collectives over the steps.
@@ -446,14 +556,38 @@ impl StepCollectives {
 /// strategy's (a step without an optimizer span counts all as the
 /// strategy's). Which is the last is read on the rank's own clock: a GPU
 /// rank's optimizer span, timed on the device, may end a few microseconds
-/// off the host's.
-pub fn step_collectives(events: &[TraceEvent], windows: &[(f64, f64)]) -> StepCollectives {
+/// off the host's. Those that start inside a `tensor-comm` span are the
+/// tensor group's; with `pipelined`, the others that start inside the
+/// forward passes are the pipeline's.
+pub fn step_collectives(
+    events: &[TraceEvent],
+    windows: &[(f64, f64)],
+    pipelined: bool,
+) -> StepCollectives {
     let mut out = StepCollectives {
         steps: windows.len(),
         ..Default::default()
     };
+    let passes = match pipelined {
+        true => sets(events).forward,
+        false => Intervals::default(),
+    };
+    let tensor = TensorSpans::of(events);
+    let in_passes = |t: f64| passes.spans().iter().any(|(a, b)| t >= *a && t < *b);
+    let count =
+        |list: &mut Vec<(String, u64)>, op: &str| match list.iter_mut().find(|(o, _)| o == op) {
+            Some((_, k)) => *k += 1,
+            None => list.push((op.to_string(), 1)),
+        };
     for &(a, b) in windows {
         let inside = |e: &&TraceEvent| e.ts >= a && e.ts < b;
+        for e in events.iter().filter(inside).filter(|e| e.cat == "comm") {
+            if tensor.holds(e) {
+                count(&mut out.tensor, &e.name);
+            } else if in_passes(e.ts) {
+                count(&mut out.pipeline, &e.name);
+            }
+        }
         let optimizer = events
             .iter()
             .filter(inside)
@@ -463,7 +597,7 @@ pub fn step_collectives(events: &[TraceEvent], windows: &[(f64, f64)]) -> StepCo
         let comm: Vec<&TraceEvent> = events
             .iter()
             .filter(inside)
-            .filter(|e| e.cat == "comm")
+            .filter(|e| e.cat == "comm" && !in_passes(e.ts) && !tensor.holds(e))
             .collect();
         let last = comm
             .iter()
@@ -483,13 +617,47 @@ pub fn step_collectives(events: &[TraceEvent], windows: &[(f64, f64)]) -> StepCo
                 }
                 _ => {}
             }
-            match out.strategy.iter_mut().find(|(op, _)| *op == e.name) {
-                Some((_, k)) => *k += 1,
-                None => out.strategy.push((e.name.clone(), 1)),
-            }
+            count(&mut out.strategy, &e.name);
         }
     }
     out
+}
+
+/// The model's `tensor-comm` spans ("tensor all_gather (65536 B)"),
+/// sorted by start: a collective of the same operation that starts inside
+/// one is the tensor group's.
+struct TensorSpans {
+    /// (start, end, operation).
+    spans: Vec<(f64, f64, String)>,
+    /// The longest one's length.
+    longest: f64,
+}
+
+impl TensorSpans {
+    fn of(events: &[TraceEvent]) -> TensorSpans {
+        let mut spans: Vec<(f64, f64, String)> = events
+            .iter()
+            .filter(|e| e.cat == "tensor-comm")
+            .map(|e| {
+                let name = e.name.strip_prefix("tensor ").unwrap_or(&e.name);
+                let op = name.split(' ').next().unwrap_or("");
+                (e.ts, e.end(), op.to_string())
+            })
+            .collect();
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let longest = spans.iter().map(|s| s.1 - s.0).fold(0.0, f64::max);
+        TensorSpans { spans, longest }
+    }
+
+    /// Whether collective `e` is the tensor group's.
+    fn holds(&self, e: &TraceEvent) -> bool {
+        let i = self.spans.partition_point(|s| s.0 <= e.ts);
+        self.spans[..i]
+            .iter()
+            .rev()
+            .take_while(|s| s.0 >= e.ts - self.longest)
+            .any(|s| e.ts < s.1 && s.2 == e.name)
+    }
 }
 
 /// The traced steps of every rank, with their means.
@@ -502,15 +670,39 @@ pub struct RunAnalysis {
     pub ops: Vec<Vec<OpStats>>,
     /// Per rank, its collectives in the counted steps by what runs them.
     pub collectives: Vec<StepCollectives>,
-    /// The straggler, if any.
+    /// The straggler, if any (under a pipeline, among the ranks of one
+    /// pipeline stage).
     pub straggler: Option<Straggler>,
     /// Whether the ranks ran on GPUs.
     pub gpu: bool,
+    /// Under a pipeline, per rank its pipeline rank.
+    pub pipe_ranks: Option<Vec<usize>>,
 }
 
 /// Analyses `traces`, not counting the first `warmup` steps.
 pub fn analyse(traces: &[RankTrace], warmup: usize) -> RunAnalysis {
-    let steps: Vec<Vec<StepBreakdown>> = traces.iter().map(|t| breakdown(&t.events)).collect();
+    analyse_layout(traces, warmup, None)
+}
+
+/// [`analyse`] knowing the run's layout: under a pipeline,
+/// `pipe_rank_of[r]` is world rank `r`'s pipeline rank (a trace of a rank
+/// it does not name is analysed as no pipeline's, and so is every other).
+pub fn analyse_layout(
+    traces: &[RankTrace],
+    warmup: usize,
+    pipe_rank_of: Option<&[usize]>,
+) -> RunAnalysis {
+    let pipe_ranks: Option<Vec<usize>> = pipe_rank_of.and_then(|of| {
+        traces
+            .iter()
+            .map(|t| of.get(t.rank).copied())
+            .collect::<Option<Vec<usize>>>()
+    });
+    let pipelined = pipe_ranks.is_some();
+    let steps: Vec<Vec<StepBreakdown>> = traces
+        .iter()
+        .map(|t| breakdown_as(&t.events, pipelined))
+        .collect();
     let means: Vec<RankMeans> = traces
         .iter()
         .zip(&steps)
@@ -534,11 +726,15 @@ pub fn analyse(traces: &[RankTrace], warmup: usize) -> RunAnalysis {
     let collectives = traces
         .iter()
         .zip(&windows)
-        .map(|(t, w)| step_collectives(&t.events, w))
+        .map(|(t, w)| step_collectives(&t.events, w, pipelined))
         .collect();
     RunAnalysis {
-        straggler: straggler(&means),
+        straggler: match &pipe_ranks {
+            Some(p) => stage_straggler(&means, p),
+            None => straggler(&means),
+        },
         gpu: traces.iter().any(|t| on_gpu(&t.events)),
+        pipe_ranks,
         steps,
         means,
         ops,
@@ -595,6 +791,99 @@ mod tests {
         gpu.push(ev(track::GPU_COMPUTE, "compute", "backward", 50.0, 20.0));
         let g = breakdown(&gpu)[0];
         assert_eq!(g.compute, 20.0);
+    }
+
+    /// A pipeline rank's step: its pipelined passes (the forward pass)
+    /// compute, wait in a receive and idle; after them the data-parallel
+    /// all-reduce and the optimizer.
+    #[test]
+    fn a_pipeline_s_waits_in_its_passes_are_the_bubble_not_exposed_comm() {
+        let events = vec![
+            ev(track::HOST, "step", "step 0", 0.0, 100.0),
+            ev(track::HOST, "data", "data", 0.0, 5.0),
+            ev(track::HOST, "pass", "forward", 5.0, 70.0),
+            ev(
+                track::HOST,
+                "compute",
+                "stage 0 forward micro-batch 0",
+                5.0,
+                10.0,
+            ),
+            ev(track::COLLECTIVES, "comm", "send", 15.0, 1.0),
+            ev(track::COLLECTIVES, "comm", "recv", 16.0, 24.0),
+            ev(
+                track::HOST,
+                "compute",
+                "stage 0 backward micro-batch 0",
+                40.0,
+                20.0,
+            ),
+            // A tensor-parallel layer's collective, inside the computation.
+            ev(
+                track::HOST,
+                "tensor-comm",
+                "tensor all_reduce (8 B)",
+                45.0,
+                2.0,
+            ),
+            ev(track::COLLECTIVES, "comm", "all_reduce", 45.0, 2.0),
+            ev(track::COLLECTIVES, "comm", "all_gather", 70.0, 5.0),
+            ev(track::HOST, "pass", "backward", 75.0, 1.0),
+            ev(track::COLLECTIVES, "comm", "all_reduce", 76.0, 9.0),
+            ev(track::HOST, "optimizer", "optimizer", 85.0, 10.0),
+            ev(track::COLLECTIVES, "comm", "all_reduce", 96.0, 2.0),
+        ];
+        let s = breakdown_as(&events, true)[0];
+        assert_eq!((s.compute, s.stage_compute, s.passes), (38.0, 28.0, 70.0));
+        // 70 ms of passes, 30 of them computing (2 in the tensor group's
+        // collective).
+        assert_eq!((s.bubble, s.tensor_comm), (40.0, 2.0));
+        assert_eq!((s.comm, s.exposed_comm, s.overlapped), (11.0, 11.0, 0.0));
+        assert_eq!((s.data, s.idle), (5.0, 4.0));
+        let parts =
+            s.compute + s.tensor_comm + s.bubble + s.exposed_comm + s.data + s.other + s.idle;
+        assert_eq!(parts, s.total);
+        // Without the layout the waits are exposed communication.
+        let flat = breakdown(&events)[0];
+        assert_eq!((flat.bubble, flat.exposed_comm), (0.0, 41.0));
+        let c = step_collectives(&events, &[(0.0, 100.0)], true);
+        assert_eq!(
+            c.pipeline,
+            vec![
+                ("send".to_string(), 1),
+                ("recv".to_string(), 1),
+                ("all_gather".to_string(), 1)
+            ]
+        );
+        assert_eq!(c.strategy, vec![("all_reduce".to_string(), 1)]);
+        assert_eq!(c.tensor, vec![("all_reduce".to_string(), 1)]);
+        assert_eq!((c.norm, c.loss, c.per_step()), (0, 1, 6.0));
+    }
+
+    #[test]
+    fn under_a_pipeline_a_straggler_is_sought_among_one_stage_s_ranks() {
+        // Stage 1 holds the head: its ranks compute 30 ms more.
+        let stages = [0, 1, 0, 1];
+        let even = [
+            rank(0, 50e3, 1e3, 10e3),
+            rank(1, 80e3, 1e3, 10e3),
+            rank(2, 51e3, 1e3, 10e3),
+            rank(3, 81e3, 1e3, 10e3),
+        ];
+        assert!(straggler(&even).is_some());
+        assert_eq!(stage_straggler(&even, &stages), None);
+        // One replica of stage 1 is slow against the other.
+        let mut slow = even;
+        slow[3] = rank(3, 100e3, 1e3, 10e3);
+        let s = stage_straggler(&slow, &stages).unwrap();
+        assert_eq!((s.rank, s.category), (3, "compute"));
+        assert!(
+            s.evidence.contains("pipeline rank 1's other ranks"),
+            "{}",
+            s.evidence
+        );
+        // One rank per stage: nothing to compare.
+        assert_eq!(stage_straggler(&even[..2], &stages[..2]), None);
     }
 
     fn rank(rank: usize, compute: f64, data: f64, comm: f64) -> RankMeans {
@@ -698,9 +987,9 @@ mod tests {
             22.0,
         ));
         events.push(ev(track::COLLECTIVES, "comm", "all_reduce", 381.0, 5.0));
-        let c3 = step_collectives(&events, &[(300.0, 400.0)]);
+        let c3 = step_collectives(&events, &[(300.0, 400.0)], false);
         assert_eq!((c3.strategy_count(), c3.norm, c3.loss), (1, 0, 1));
-        let c = step_collectives(&events, &[(100.0, 200.0), (200.0, 300.0)]);
+        let c = step_collectives(&events, &[(100.0, 200.0), (200.0, 300.0)], false);
         assert_eq!(
             c.strategy,
             vec![("all_reduce".to_string(), 4), ("all_gather".to_string(), 1)]

@@ -1,5 +1,5 @@
-//! Sets of time intervals (sorted, disjoint): union, intersection and
-//! difference lengths — what the temporal breakdown is computed with.
+//! Sets of time intervals (sorted, disjoint): union, intersection, gaps
+//! and their lengths — what the temporal breakdown is computed with.
 
 /// A set of disjoint intervals `[start, end)`, sorted.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -52,6 +52,25 @@ impl Intervals {
         Intervals::union(self.0.iter().chain(other.0.iter()).copied())
     }
 
+    /// The part also in `other`.
+    pub fn and(&self, other: &Intervals) -> Intervals {
+        let (mut i, mut j, mut out) = (0, 0, Vec::new());
+        while i < self.0.len() && j < other.0.len() {
+            let (a, b) = self.0[i];
+            let (c, d) = other.0[j];
+            let (lo, hi) = (a.max(c), b.min(d));
+            if hi > lo {
+                out.push((lo, hi));
+            }
+            if b < d {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        Intervals(out)
+    }
+
     /// Length of the part also in `other`.
     pub fn overlap_len(&self, other: &Intervals) -> f64 {
         let (mut i, mut j, mut sum) = (0, 0, 0.0);
@@ -100,6 +119,8 @@ mod tests {
         assert_eq!(a.len(), 5.0);
         let b = Intervals::union([(2.0, 6.0)]);
         assert_eq!(a.overlap_len(&b), 2.0);
+        assert_eq!(a.and(&b).spans(), &[(2.0, 3.0), (5.0, 6.0)]);
+        assert_eq!(a.and(&b).len(), a.overlap_len(&b));
         assert_eq!(a.or(&b).spans(), &[(0.0, 7.0)]);
         assert_eq!(
             a.gaps(-1.0, 8.0).spans(),
