@@ -13,8 +13,8 @@
 //! - [`metrics`]: live metrics over HTTP in Prometheus' text format,
 //!   with the collective statistics on every scrape;
 //! - [`intervals`], [`analysis`] and [`report`]: the temporal breakdown of each step,
-//!   overlap, stragglers and per-operation bandwidths behind `braid
-//!   report`.
+//!   overlap, stragglers, a pipeline's bubble and stage imbalance, and
+//!   per-operation bandwidths behind `braid report`.
 //!
 //! This crate sits beside `braid-comm` and below the training crates: the
 //! collectives, the engines and the loop all record into it, and it

@@ -1,10 +1,17 @@
 //! The distributed-training analysis report (`braid report`): the
 //! course's sections — run, throughput and utilisation, the temporal
 //! breakdown per rank, communication (per operation: time, bytes,
-//! bandwidth; overhead; overlap), synchronisation and stragglers, scaling
-//! efficiency (over several runs), the backend comparison (over `braid
-//! bench --json` files), the bottleneck with its evidence, and
+//! bandwidth; overhead; overlap), synchronisation and stragglers, under a
+//! pipeline the pipeline (its bubble measured per rank and overall beside
+//! the schedule's on paper, the stages' computation and their imbalance),
+//! scaling efficiency (over several runs), the backend comparison (over
+//! `braid bench --json` files), the bottleneck with its evidence, and
 //! suggestions that follow from the figures.
+//!
+//! A pipeline run's layout comes from the run's description in the trace
+//! (`desc.pipeline`, written by `braid train --pp`): without it a
+//! pipeline's waits read as exposed communication and its stages'
+//! differing work as stragglers.
 //!
 //! [`build`] computes it as one JSON value (what `--json` prints and the
 //! HTML page draws); [`render_text`] prints it for a terminal.
@@ -27,6 +34,16 @@ pub struct Inputs<'a> {
 
 /// Peak dense bf16 FLOP/s of an H100/H200 GPU (what MFU is against).
 const GPU_PEAK_FLOPS: f64 = 989e12;
+
+/// The share of the step (mean over ranks) above which a pipeline's
+/// bubble, where it is the largest part besides computation, is the
+/// bottleneck.
+pub const BUBBLE_SHARE: f64 = 0.10;
+
+/// How far (a share of the stages' mean) the slowest pipeline stage's
+/// computation per step must exceed the stages' mean to be called stage
+/// imbalance.
+pub const IMBALANCE_SHARE: f64 = 0.10;
 
 fn ms(us: f64) -> f64 {
     (us / 1e3 * 1000.0).round() / 1000.0
@@ -56,6 +73,7 @@ fn breakdown_json(m: &StepBreakdown) -> Value {
         "compute_ms": ms(m.compute),
         "tensor_comm_ms": ms(m.tensor_comm),
         "exposed_comm_ms": ms(m.exposed_comm),
+        "bubble_ms": ms(m.bubble),
         "data_ms": ms(m.data),
         "other_ms": ms(m.other),
         "idle_ms": ms(m.idle),
@@ -64,6 +82,7 @@ fn breakdown_json(m: &StepBreakdown) -> Value {
         "compute_pct": pct(m.compute, m.total),
         "tensor_comm_pct": pct(m.tensor_comm, m.total),
         "exposed_comm_pct": pct(m.exposed_comm, m.total),
+        "bubble_pct": pct(m.bubble, m.total),
         "data_pct": pct(m.data, m.total),
         "other_pct": pct(m.other, m.total),
         "idle_pct": pct(m.idle, m.total),
@@ -72,8 +91,8 @@ fn breakdown_json(m: &StepBreakdown) -> Value {
 }
 
 /// The worst relative gap, over the counted steps of each rank, between
-/// the traced step (compute + exposed communication + data + other +
-/// idle) and the step time the training loop measured.
+/// the traced step (compute + exposed communication + pipeline bubble +
+/// data + other + idle) and the step time the training loop measured.
 fn accounting(t: &RankTrace, steps: &[StepBreakdown], warmup: usize) -> Option<f64> {
     let measured: Vec<(u64, f64)> = t.run["steps"]
         .as_array()?
@@ -85,7 +104,8 @@ fn accounting(t: &RankTrace, steps: &[StepBreakdown], warmup: usize) -> Option<f
         let Some(&(_, m)) = measured.iter().find(|(k, _)| *k == s.step) else {
             continue;
         };
-        let traced = s.compute + s.tensor_comm + s.exposed_comm + s.data + s.other + s.idle;
+        let traced =
+            s.compute + s.tensor_comm + s.exposed_comm + s.bubble + s.data + s.other + s.idle;
         let gap = (traced - m).abs() / m.max(1e-9);
         worst = Some(worst.map_or(gap, |w: f64| w.max(gap)));
     }
@@ -99,9 +119,13 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         return json!({"error": "no traces"});
     };
     let warmup = warmup_of(first);
-    let a = analysis::analyse(traces, warmup);
-    let world = first.world_size;
     let d = desc(first);
+    // Under a pipeline: each world rank's pipeline rank.
+    let rank_pipe: Option<Vec<usize>> = d["pipeline"]["rank_pipe"]
+        .as_array()
+        .map(|v| v.iter().map(|x| x.as_u64().unwrap_or(0) as usize).collect());
+    let a = analysis::analyse_layout(traces, warmup, rank_pipe.as_deref());
+    let world = first.world_size;
     let avg = StepBreakdown::mean_of(a.means.iter().map(|m| &m.mean));
     let ranks: Vec<Value> = traces
         .iter()
@@ -168,8 +192,12 @@ pub fn build(inp: &Inputs<'_>) -> Value {
     let per = |k: u64| (k as f64 / steps_counted as f64 * 100.0).round() / 100.0;
     let sc = &a.collectives[0];
     let collectives = json!({
-        "per_step": per(sc.strategy_count() + sc.norm + sc.loss),
+        "per_step": per(sc.strategy_count() + sc.tensor_count() + sc.pipeline_count() + sc.norm + sc.loss),
         "strategy_per_step": per(sc.strategy_count()),
+        "pipeline_per_step": per(sc.pipeline_count()),
+        "tensor_per_step": per(sc.tensor_count()),
+        "tensor_ops": sc.tensor.iter().map(|(op, k)| json!({"op": op, "per_step": per(*k)})).collect::<Vec<_>>(),
+        "pipeline_ops": sc.pipeline.iter().map(|(op, k)| json!({"op": op, "per_step": per(*k)})).collect::<Vec<_>>(),
         "strategy_ops": sc.strategy.iter().map(|(op, k)| json!({"op": op, "per_step": per(*k)})).collect::<Vec<_>>(),
         "grad_norm_all_reduce_per_step": per(sc.norm),
         "loss_all_reduce_per_step": per(sc.loss),
@@ -202,6 +230,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
             .map(|(u, e)| pct((u - e).max(0.0), u)),
         "wire_bytes_per_step": summary["wire_bytes_per_step"],
         "steps_counted": steps_counted,
+        "pipelined": a.pipe_ranks.is_some(),
         "collectives_per_step": collectives,
     });
 
@@ -234,15 +263,24 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         "wait_ranks": a.means.iter().map(|m| m.rank).collect::<Vec<_>>(),
         "straggler_threshold_pct": (analysis::STRAGGLER_SHARE * 1e5).round() / 1e3,
         "straggler_threshold_min_ms": ms(analysis::STRAGGLER_MIN_US),
+        // Under a pipeline a straggler is sought among one stage's ranks.
+        "straggler_among": match &a.pipe_ranks {
+            Some(_) => "stage",
+            None => "all",
+        },
+        "stages_replicated": a.pipe_ranks.as_ref().is_some_and(|p| {
+            p.iter().any(|r| p.iter().filter(|x| *x == r).count() > 1)
+        }),
         "straggler": a.straggler.as_ref().map(|s| json!({
             "rank": s.rank, "category": s.category, "excess_ms": ms(s.excess_us), "evidence": s.evidence,
         })),
     });
 
+    let pipeline = pipeline(&a, d);
     let scaling = scaling(traces, inp.others);
     let backends = backends(inp.bench);
-    let (bottleneck, evidence) = classify(&a, &avg, d);
-    let suggestions = suggest(&a, &avg, &bottleneck, d);
+    let (bottleneck, evidence) = classify(&a, &avg, d, &pipeline);
+    let suggestions = suggest(&a, &avg, &bottleneck, d, &pipeline);
     json!({
         "run": {
             "ranks": world,
@@ -263,6 +301,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         "step_times": step_times,
         "communication": communication,
         "synchronisation": synchronisation,
+        "pipeline": pipeline,
         "scaling": scaling,
         "backends": backends,
         "bottleneck": {"kind": bottleneck, "evidence": evidence},
@@ -276,6 +315,197 @@ fn flops_per_token(d: &Value) -> Option<f64> {
     let c = &d["config"];
     let (l, e) = (c["n_layer"].as_f64()?, c["n_embd"].as_f64()?);
     Some(6.0 * d["params"].as_f64()? + 12.0 * l * e * d["seq"].as_f64()?)
+}
+
+/// Pipeline rank `r`'s stages in words, from the layout `p` (the run
+/// description's `pipeline`): "stage 1 with layers 1..2 and the head".
+fn stages_text(p: &Value, r: usize) -> String {
+    let list: Vec<String> = p["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|st| st["pipe_rank"].as_u64() == Some(r as u64))
+        .map(|st| {
+            format!(
+                "stage {} with {}layers {}..{}{}",
+                num(&st["stage"]),
+                if st["first"] == true {
+                    "the embeddings and "
+                } else {
+                    ""
+                },
+                num(&st["layers"][0]),
+                num(&st["layers"][1]),
+                if st["last"] == true {
+                    " and the head"
+                } else {
+                    ""
+                },
+            )
+        })
+        .collect();
+    match list.is_empty() {
+        true => format!("pipeline rank {r}"),
+        false => list.join("; "),
+    }
+}
+
+/// The pipeline section (`Null` without a pipeline): per rank and per
+/// pipeline rank (the mean of its data and tensor replicas) the
+/// computation in the pipelined passes and the bubble; the bubble
+/// measured overall (the idle share of all ranks' pipelined passes, as
+/// `braid train`'s timeline measures it) beside the schedule's on paper —
+/// `(N-1)/(V*M+N-1)`, the schedule run on paper with equal stages and
+/// with the stages' estimated times, and for GPipe and 1F1B the bubble
+/// the stages' measured computation allows, `1 - M·Σt / (N·(Σt + (M-1)·max
+/// t))`; the stage imbalance (the slowest pipeline rank's computation
+/// against the mean), and where one layer moved would even it out, the
+/// `--stage-layers` that does.
+fn pipeline(a: &RunAnalysis, d: &Value) -> Value {
+    let (Some(pr), p) = (&a.pipe_ranks, &d["pipeline"]) else {
+        return Value::Null;
+    };
+    let n = p["degree"].as_u64().unwrap_or(1).max(1) as usize;
+    let m = p["micro_batches"].as_f64().unwrap_or(1.0);
+    let v = p["virtual_stages"].as_u64().unwrap_or(1);
+    let ranks: Vec<Value> = a
+        .means
+        .iter()
+        .zip(pr)
+        .map(|(k, &r)| {
+            let passes = k.mean.passes;
+            json!({
+                "rank": k.rank,
+                "pipe_rank": r,
+                "passes_ms": ms(passes),
+                "compute_ms": ms(k.mean.stage_compute),
+                "bubble_ms": ms(k.mean.bubble),
+                "bubble_pct": pct(k.mean.bubble, passes),
+                "bubble_step_pct": pct(k.mean.bubble, k.mean.total),
+            })
+        })
+        .collect();
+    // Per pipeline rank: (pipeline rank, computation, bubble, its ranks,
+    // passes).
+    let mut per: Vec<(usize, f64, f64, Vec<usize>, f64)> = Vec::new();
+    for r in 0..n {
+        let mine: Vec<&analysis::RankMeans> = a
+            .means
+            .iter()
+            .zip(pr)
+            .filter(|(_, x)| **x == r)
+            .map(|(k, _)| k)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let k = mine.len() as f64;
+        per.push((
+            r,
+            mine.iter().map(|x| x.mean.stage_compute).sum::<f64>() / k,
+            mine.iter().map(|x| x.mean.bubble).sum::<f64>() / k,
+            mine.iter().map(|x| x.rank).collect(),
+            mine.iter().map(|x| x.mean.passes).sum::<f64>() / k,
+        ));
+    }
+    let pipe_ranks: Vec<Value> = per
+        .iter()
+        .map(|(r, c, b, ranks, passes)| {
+            json!({
+                "pipe_rank": r,
+                "stages": stages_text(p, *r),
+                "ranks": ranks,
+                "compute_ms": ms(*c),
+                "bubble_ms": ms(*b),
+                "bubble_pct": pct(*b, *passes),
+            })
+        })
+        .collect();
+    let sum = |f: &dyn Fn(&StepBreakdown) -> f64| a.means.iter().map(|k| f(&k.mean)).sum::<f64>();
+    let (passes, waiting) = (sum(&|b| b.passes), sum(&|b| b.bubble));
+    let mean_c = per.iter().map(|x| x.1).sum::<f64>() / per.len().max(1) as f64;
+    let max_c = per.iter().map(|x| x.1).fold(0.0, f64::max);
+    let slowest = per.iter().max_by(|x, y| x.1.total_cmp(&y.1));
+    let imbalance = slowest.map(|s| {
+        json!({
+            "pipe_rank": s.0,
+            "stages": stages_text(p, s.0),
+            "compute_ms": ms(s.1),
+            "mean_compute_ms": ms(mean_c),
+            "pct": pct(s.1 - mean_c, mean_c),
+            "layers": p["pipe_ranks"][s.0]["layers"],
+        })
+    });
+    // GPipe and 1F1B, one stage per rank, every stage traced: the bubble
+    // these stages' computation allows on paper.
+    let flush = v == 1
+        && matches!(p["schedule"].as_str(), Some("gpipe" | "1f1b"))
+        && per.len() == n
+        && mean_c > 0.0;
+    let stage_times = flush.then(|| {
+        let total: f64 = per.iter().map(|x| x.1).sum();
+        1.0 - m * total / (n as f64 * (total + (m - 1.0) * max_c))
+    });
+    // One layer off the slowest stage onto its faster neighbour, where
+    // that lowers the slowest stage's time (one stage per rank).
+    let layers: Vec<u64> = p["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|st| {
+            st["layers"][1]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(st["layers"][0].as_u64().unwrap_or(0))
+        })
+        .collect();
+    let rebalance = match (v, slowest) {
+        (1, Some(&(s, t_s, _, _, _))) if per.len() == n && layers.len() == n && layers[s] > 1 => {
+            let cost = p["stages"][s]["cost_layers"]
+                .as_f64()
+                .unwrap_or(layers[s] as f64)
+                .max(1.0);
+            let per_layer = t_s / cost;
+            [s.wrapping_sub(1), s + 1]
+                .into_iter()
+                .filter(|&k| k < n)
+                .map(|k| (k, per[k].1))
+                .min_by(|x, y| x.1.total_cmp(&y.1))
+                .filter(|&(_, t_k)| t_k + per_layer < t_s)
+                .map(|(k, _)| {
+                    let mut moved = layers.clone();
+                    moved[s] -= 1;
+                    moved[k] += 1;
+                    moved
+                })
+        }
+        _ => None,
+    };
+    let list = |l: &[u64]| {
+        l.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    json!({
+        "degree": n,
+        "tensor": p["tensor"],
+        "data": p["data"],
+        "schedule": p["schedule"],
+        "micro_batches": p["micro_batches"],
+        "virtual_stages": v,
+        "bubble_measured_pct": pct(waiting, passes),
+        "bubble_step_pct": pct(waiting, sum(&|b| b.total)),
+        "bubble_formula_pct": p["bubble_formula"].as_f64().map(|x| pct(x, 1.0)),
+        "bubble_on_paper_pct": p["bubble_on_paper"].as_f64().map(|x| pct(x, 1.0)),
+        "bubble_on_paper_these_stages_pct": p["bubble_on_paper_these_stages"].as_f64().map(|x| pct(x, 1.0)),
+        "bubble_stage_times_pct": stage_times.map(|x| pct(x, 1.0)),
+        "ranks": ranks,
+        "pipe_ranks": pipe_ranks,
+        "imbalance": imbalance,
+        "stage_layers": list(&layers),
+        "rebalanced_stage_layers": rebalance.map(|l| list(&l)),
+    })
 }
 
 /// Scaling efficiency against the smallest run given.
@@ -337,16 +567,20 @@ fn backends(rows: &[Value]) -> Value {
 }
 
 /// The bottleneck: the first of these that holds, with the figures.
-fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<String>) {
+fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value, pl: &Value) -> (String, Vec<String>) {
     let step = avg.total.max(1e-9);
     let share = |x: f64| 100.0 * x / step;
     let mut ev = Vec::new();
     let f = |x: f64| format!("{:.1}%", x);
     ev.push(format!(
-        "an average step, mean over the {} traced ranks: compute {} (optimizer included), exposed communication {}, data {}, other {}, idle {}",
+        "an average step, mean over the {} traced ranks: compute {} (optimizer included), exposed communication {}{}, data {}, other {}, idle {}",
         a.means.len(),
         f(share(avg.compute)),
         f(share(avg.exposed_comm)),
+        match pl.is_null() {
+            true => String::new(),
+            false => format!(", pipeline bubble {}", f(share(avg.bubble))),
+        },
         f(share(avg.data)),
         f(share(avg.other)),
         f(share(avg.idle))
@@ -362,6 +596,8 @@ fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<Str
     let kind = if let Some(s) = a.straggler.as_ref() {
         ev.push(s.evidence.clone());
         "load imbalance"
+    } else if let Some(kind) = pipeline_bound(pl, avg, &mut ev) {
+        kind
     } else if share(avg.data) > 15.0 {
         ev.push(format!(
             "data loading takes {} of the step",
@@ -406,12 +642,185 @@ fn classify(a: &RunAnalysis, avg: &StepBreakdown, d: &Value) -> (String, Vec<Str
     (kind.to_string(), ev)
 }
 
+/// The pipeline as the bottleneck (`pl`: the report's `pipeline`
+/// section): its bubble takes more than [`BUBBLE_SHARE`] of the step and
+/// more than any other part besides computation; "stage imbalance" where
+/// the slowest stage computes more than [`IMBALANCE_SHARE`] above the
+/// stages' mean, "pipeline bubble" otherwise. The figures go to `ev`.
+fn pipeline_bound(pl: &Value, avg: &StepBreakdown, ev: &mut Vec<String>) -> Option<&'static str> {
+    if pl.is_null() {
+        return None;
+    }
+    let step = avg.total.max(1e-9);
+    let others = avg.exposed_comm.max(avg.data).max(avg.other).max(avg.idle);
+    if avg.bubble <= BUBBLE_SHARE * step || avg.bubble < others {
+        return None;
+    }
+    ev.push(format!(
+        "the pipeline bubble takes {:.1}% of the step (mean over ranks): the time in a rank's pipelined passes that it computes nothing, waiting for the other stages",
+        100.0 * avg.bubble / step
+    ));
+    ev.push(format!("pipeline bubble: {}", bubble_text(pl)));
+    if let Some(t) = imbalance_text(pl) {
+        ev.push(format!("stage imbalance: {t}"));
+    }
+    let imbalance = pl["imbalance"]["pct"].as_f64().unwrap_or(0.0);
+    Some(match imbalance > 100.0 * IMBALANCE_SHARE {
+        true => "stage imbalance",
+        false => "pipeline bubble",
+    })
+}
+
+/// The bubble measured beside the schedule's on paper, from the report's
+/// `pipeline` section: "measured 29.5% of the pipelined passes (…); on
+/// paper (N-1)/(M+N-1) = 20.0% (N = 2, M = 4), …".
+pub fn bubble_text(pl: &Value) -> String {
+    let v = pl["virtual_stages"].as_u64().unwrap_or(1);
+    let mut paper = vec![format!(
+        "{} = {}% (N = {}, M = {}{})",
+        match v {
+            1 => "(N-1)/(M+N-1)",
+            _ => "(N-1)/(V*M+N-1)",
+        },
+        num(&pl["bubble_formula_pct"]),
+        num(&pl["degree"]),
+        num(&pl["micro_batches"]),
+        match v {
+            1 => String::new(),
+            v => format!(", V = {v}"),
+        }
+    )];
+    if let Some(x) = pl["bubble_on_paper_pct"].as_f64() {
+        paper.push(format!(
+            "the schedule {} run on paper {x}% (backward 2x forward, equal stages)",
+            pl["schedule"].as_str().unwrap_or("?")
+        ));
+    }
+    if let Some(x) = pl["bubble_on_paper_these_stages_pct"].as_f64() {
+        if Some(x) != pl["bubble_on_paper_pct"].as_f64() {
+            paper.push(format!("{x}% with these stages' estimated times"));
+        }
+    }
+    if let Some(x) = pl["bubble_stage_times_pct"].as_f64() {
+        paper.push(format!(
+            "{x}% with the stages' measured computation (1 - M·Σt / (N·(Σt + (M-1)·max t)))"
+        ));
+    }
+    format!(
+        "measured {}% of the pipelined passes (all ranks' time in them that computes nothing, over the counted steps; {}% of the step); on paper {}",
+        num(&pl["bubble_measured_pct"]),
+        num(&pl["bubble_step_pct"]),
+        paper.join(", ")
+    )
+}
+
+/// The slowest stage against the stages' mean, from the report's
+/// `pipeline` section (`None` with one pipeline rank traced).
+pub fn imbalance_text(pl: &Value) -> Option<String> {
+    let i = &pl["imbalance"];
+    let each: Vec<String> = pl["pipe_ranks"]
+        .as_array()?
+        .iter()
+        .map(|r| format!("{} ms", num(&r["compute_ms"])))
+        .collect();
+    if each.len() < 2 {
+        return None;
+    }
+    Some(format!(
+        "the slowest, pipeline rank {} ({}), computes {} ms per step in the pipelined passes, {}% above the stages' mean {} ms (pipeline ranks in order: {})",
+        num(&i["pipe_rank"]),
+        i["stages"].as_str().unwrap_or("?"),
+        num(&i["compute_ms"]),
+        num(&i["pct"]),
+        num(&i["mean_compute_ms"]),
+        each.join(", ")
+    ))
+}
+
+/// What shrinks a pipeline's bubble: more micro-batches, a zero-bubble or
+/// interleaved schedule (from the report's `pipeline` section and the
+/// run's description).
+fn bubble_suggestions(pl: &Value, d: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let (Some(n), Some(m)) = (pl["degree"].as_u64(), pl["micro_batches"].as_u64()) else {
+        return out;
+    };
+    let v = pl["virtual_stages"].as_u64().unwrap_or(1);
+    let paper = |v: u64, m: u64| {
+        let (n, v, m) = (n as f64, v as f64, m as f64);
+        (1000.0 * (n - 1.0) / (v * m + n - 1.0)).round() / 10.0
+    };
+    let m2 = 2 * m;
+    let rows = match d["batch_per_rank"].as_u64() {
+        Some(b) if b % m2 == 0 => match b / m2 {
+            1 => " (1 row each)".to_string(),
+            k => format!(" ({k} rows each)"),
+        },
+        Some(b) => format!(" (with a --batch that {m2} divides: the batch per rank is {b})"),
+        None => String::new(),
+    };
+    let formula = match v {
+        1 => "(N-1)/(M+N-1)",
+        _ => "(N-1)/(V*M+N-1)",
+    };
+    out.push(format!(
+        "more micro-batches: --micro-batches {m2}{rows} takes {formula} to {}% (now {}%); each holds its activations until its backward pass",
+        paper(v, m2),
+        paper(v, m)
+    ));
+    let zero_bubble = pl["schedule"].as_str().unwrap_or("").contains("zb");
+    if !zero_bubble {
+        out.push(
+            "a zero-bubble schedule: --schedule zb (ZB-H1) splits each backward pass and runs the weight halves in the waits".into(),
+        );
+    }
+    let layers = d["config"]["n_layer"].as_u64().unwrap_or(0);
+    if v == 1 && layers >= 2 * n {
+        out.push(match zero_bubble {
+            true => "an interleaved zero-bubble schedule: --schedule interleaved-zb:2 (two stages per rank), for twice the transfers between ranks".into(),
+            false => format!(
+                "an interleaved schedule: --schedule interleaved:2 (two stages per rank) takes (N-1)/(V*M+N-1) to {}%, for twice the transfers between ranks",
+                paper(2, m)
+            ),
+        });
+    }
+    out
+}
+
+/// What evens out the stages (from the report's `pipeline` section).
+fn rebalance_suggestion(pl: &Value) -> Option<String> {
+    let i = &pl["imbalance"];
+    let now = pl["stage_layers"].as_str()?;
+    let who = format!(
+        "pipeline rank {} ({}) computes {}% above the stages' mean",
+        num(&i["pipe_rank"]),
+        i["stages"].as_str().unwrap_or("?"),
+        num(&i["pct"])
+    );
+    Some(match pl["rebalanced_stage_layers"].as_str() {
+        Some(new) => format!(
+            "even out the stages: {who}; --stage-layers {new} (now {now}) moves a layer off it"
+        ),
+        None if i["layers"].as_u64() == Some(1) => format!(
+            "{who} with a single layer: no layer can move off it (--stage-layers now {now}); with more layers per stage (a deeper model, or fewer stages) the head and the embeddings weigh less"
+        ),
+        None => format!(
+            "{who}, but a layer moved onto its neighbour would make that stage the slowest (--stage-layers now {now}): more, smaller layers per stage split more evenly"
+        ),
+    })
+}
+
 /// Suggestions that follow from the figures.
-fn suggest(a: &RunAnalysis, avg: &StepBreakdown, kind: &str, d: &Value) -> Vec<String> {
+fn suggest(a: &RunAnalysis, avg: &StepBreakdown, kind: &str, d: &Value, pl: &Value) -> Vec<String> {
     let mut out = Vec::new();
     let step = avg.total.max(1e-9);
     let strategy = d["strategy"].as_str().unwrap_or("");
     match kind {
+        "stage imbalance" => {
+            out.extend(rebalance_suggestion(pl));
+            out.extend(bubble_suggestions(pl, d));
+        }
+        "pipeline bubble" => out.extend(bubble_suggestions(pl, d)),
         "load imbalance" => {
             if let Some(s) = &a.straggler {
                 out.push(format!(
@@ -471,7 +880,11 @@ fn num(v: &Value) -> String {
 /// `synchronisation` section (the terminal text and the HTML page alike).
 pub fn straggler_rule(sync: &Value) -> String {
     format!(
-        "a rank whose own work per step (compute, data, other host work) exceeds the other ranks' median by more than {}% of the step (and at least {} ms); failing that, a rank whose collectives take that much longer than the other ranks' median, not counting the time it waits in them for the others because its own work is shorter",
+        "{}a rank whose own work per step (compute, data, other host work) exceeds the other ranks' median by more than {}% of the step (and at least {} ms); failing that, a rank whose collectives take that much longer than the other ranks' median, not counting the time it waits in them for the others because its own work is shorter",
+        match sync["straggler_among"].as_str() {
+            Some("stage") => "under a pipeline, among the ranks of one pipeline stage (its data-parallel replicas; the stages' differing work is stage imbalance, see the pipeline section): ",
+            _ => "",
+        },
         num(&sync["straggler_threshold_pct"]),
         num(&sync["straggler_threshold_min_ms"]),
     )
@@ -487,8 +900,15 @@ pub fn straggler_verdict(sync: &Value) -> String {
             num(&st["excess_ms"]),
             st["evidence"].as_str().unwrap_or("")
         ),
+        None if sync["straggler_among"] == "stage" && sync["stages_replicated"] != true => {
+            "none sought: each pipeline stage runs on one rank, and ranks of different stages differ by their stages' work (stage imbalance: see the pipeline section)".into()
+        }
         None => format!(
-            "none (no rank's own work, nor its collectives beyond its wait for the others, exceeds the other ranks' median by more than {}% of the step)",
+            "none (no rank's own work, nor its collectives beyond its wait for the others, exceeds the median of the other ranks{} by more than {}% of the step)",
+            match sync["straggler_among"].as_str() {
+                Some("stage") => " of its pipeline stage",
+                _ => "",
+            },
             num(&sync["straggler_threshold_pct"])
         ),
     }
@@ -535,13 +955,38 @@ pub fn collectives_text(comm: &Value) -> Option<String> {
         })
         .collect();
     let norm = c["grad_norm_all_reduce_per_step"].as_f64().unwrap_or(0.0);
+    // The tensor group's and the pipeline's, where there are any.
+    let part = |ops: &str, per: &str, whose: &str| {
+        let list: Vec<String> = c[ops]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                format!(
+                    "{} {}",
+                    o["op"].as_str().unwrap_or("?"),
+                    num(&o["per_step"])
+                )
+            })
+            .collect();
+        match list.is_empty() {
+            true => String::new(),
+            false => format!(" + {} {whose} ({})", num(&c[per]), list.join(", ")),
+        }
+    };
     let mut s = format!(
-        "{total} = {} of the training strategy{}{} + {}",
+        "{total} = {} of the training strategy{}{}{}{} + {}",
         num(&c["strategy_per_step"]),
         match ops.is_empty() {
             true => String::new(),
             false => format!(" ({})", ops.join(", ")),
         },
+        part(
+            "tensor_ops",
+            "tensor_per_step",
+            "of the tensor-parallel layers"
+        ),
+        part("pipeline_ops", "pipeline_per_step", "of the pipeline"),
         match norm > 0.0 {
             true => format!(
                 " + {}",
@@ -575,6 +1020,33 @@ pub fn collectives_text(comm: &Value) -> Option<String> {
         }
     }
     Some(s)
+}
+
+/// The pipeline's layout in words, from the report's `pipeline` section:
+/// "2 pipeline ranks x tensor 1 x data 1, schedule 1f1b, 4 micro-batches".
+pub fn pipeline_layout(pl: &Value) -> String {
+    format!(
+        "{} pipeline ranks x tensor {} x data {}, schedule {}, {} micro-batches{}",
+        num(&pl["degree"]),
+        num(&pl["tensor"]),
+        num(&pl["data"]),
+        pl["schedule"].as_str().unwrap_or("?"),
+        num(&pl["micro_batches"]),
+        match pl["virtual_stages"].as_u64() {
+            Some(v) if v > 1 => format!(", {v} stages per rank"),
+            _ => String::new(),
+        }
+    )
+}
+
+/// A JSON list of ranks as "0, 2".
+pub fn ranks_list(v: &Value) -> String {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(num)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The report as terminal text.
@@ -622,20 +1094,47 @@ pub fn render_text(r: &Value) -> String {
         tl.push_str(&format!(" | peak device memory {g:.2} GiB"));
     }
     line(tl);
-    line("\n-- temporal breakdown per rank (ms per counted step; as Holistic Trace Analysis: compute (optimizer included) / non-overlapped communication / idle) --".into());
+    // Under a pipeline, its bubble is a column of its own.
+    let pipelined = !r["pipeline"].is_null();
     line(format!(
-        "{:>5} {:>9} {:>14} {:>16} {:>9} {:>9} {:>9} {:>9} {:>12}",
-        "rank", "step", "compute", "exposed comm", "data", "other", "idle", "overlap", "accounted"
+        "\n-- temporal breakdown per rank (ms per counted step; as Holistic Trace Analysis: compute (optimizer included) / non-overlapped communication{} / idle) --",
+        if pipelined { " / pipeline bubble (waiting for the other stages in the pipelined passes)" } else { "" }
+    ));
+    line(format!(
+        "{:>5} {:>9} {:>14} {:>16}{} {:>9} {:>9} {:>9} {:>9} {:>12}",
+        "rank",
+        "step",
+        "compute",
+        "exposed comm",
+        if pipelined {
+            format!(" {:>16}", "pipeline bubble")
+        } else {
+            String::new()
+        },
+        "data",
+        "other",
+        "idle",
+        "overlap",
+        "accounted"
     ));
     for k in r["breakdown"]["ranks"].as_array().into_iter().flatten() {
         line(format!(
-            "{:>5} {:>9.2} {:>8.2} {:>4.0}% {:>10.2} {:>4.0}% {:>9.2} {:>9.2} {:>9.2} {:>8.0}% {:>12}",
+            "{:>5} {:>9.2} {:>8.2} {:>4.0}% {:>10.2} {:>4.0}%{} {:>9.2} {:>9.2} {:>9.2} {:>8.0}% {:>12}",
             num(&k["rank"]),
             k["step_ms"].as_f64().unwrap_or(0.0),
             k["compute_ms"].as_f64().unwrap_or(0.0),
             k["compute_pct"].as_f64().unwrap_or(0.0),
             k["exposed_comm_ms"].as_f64().unwrap_or(0.0),
             k["exposed_comm_pct"].as_f64().unwrap_or(0.0),
+            if pipelined {
+                format!(
+                    " {:>10.2} {:>4.0}%",
+                    k["bubble_ms"].as_f64().unwrap_or(0.0),
+                    k["bubble_pct"].as_f64().unwrap_or(0.0)
+                )
+            } else {
+                String::new()
+            },
             k["data_ms"].as_f64().unwrap_or(0.0),
             k["other_ms"].as_f64().unwrap_or(0.0),
             k["idle_ms"].as_f64().unwrap_or(0.0),
@@ -704,6 +1203,9 @@ pub fn render_text(r: &Value) -> String {
     if let Some(k) = collectives_text(c) {
         line(format!("rank 0's collectives per step: {k}"));
     }
+    if pipelined {
+        line("the pipeline's own operations (inside its passes: the transfers between stages, the loss from the last stage, the timeline's gather, the tied embeddings' sum) are in the table, not in the times in collectives below: their waits are the pipeline bubble (see the pipeline section)".into());
+    }
     line(format!(
         "rank 0 per step: all-reduce {} ms, broadcast {} ms, barrier {} ms | all ranks' mean per step: time in collectives {} ms, of which exposed {} ms = communication overhead {}% of the step | overlap {}% of collective time hidden by computation",
         num(&c["all_reduce_ms_per_step"]),
@@ -727,14 +1229,35 @@ pub fn render_text(r: &Value) -> String {
     let s = &r["synchronisation"];
     line("\n-- synchronisation and stragglers --".into());
     line(format!(
-        "spread of the ranks' mean step times {} ms | own-work spread {} ms ({}% of the step) | waiting per step (ms, in collectives or idle): {}",
+        "spread of the ranks' mean step times {} ms | own-work spread {} ms ({}% of the step) | waiting per step (ms, in collectives or idle{}): {}",
         num(&s["step_spread_ms"]),
         num(&s["own_work_spread_ms"]),
         num(&s["own_work_spread_pct"]),
+        if pipelined { "; the pipeline bubble apart" } else { "" },
         waits_text(s)
     ));
     line(format!("straggler rule: {}", straggler_rule(s)));
     line(format!("straggler: {}", straggler_verdict(s)));
+    let pl = &r["pipeline"];
+    if pipelined {
+        line(format!("\n-- pipeline: {} --", pipeline_layout(pl)));
+        for k in pl["pipe_ranks"].as_array().into_iter().flatten() {
+            line(format!(
+                "pipeline rank {} on rank{} {}: {} | computes {} ms per step in the pipelined passes | bubble {} ms ({}% of its passes)",
+                num(&k["pipe_rank"]),
+                if k["ranks"].as_array().map_or(0, Vec::len) > 1 { "s" } else { "" },
+                ranks_list(&k["ranks"]),
+                k["stages"].as_str().unwrap_or("?"),
+                num(&k["compute_ms"]),
+                num(&k["bubble_ms"]),
+                num(&k["bubble_pct"]),
+            ));
+        }
+        line(format!("pipeline bubble: {}", bubble_text(pl)));
+        if let Some(t) = imbalance_text(pl) {
+            line(format!("stage imbalance: {t}"));
+        }
+    }
     if let Some(points) = r["scaling"]["points"].as_array() {
         line("\n-- scaling efficiency --".into());
         for p in points {
