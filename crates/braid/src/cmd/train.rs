@@ -1182,6 +1182,11 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             }
         ),
     };
+    // Under --pp the whole mesh names the strategy.
+    let strategy_name = match &pipe_schedule {
+        Some(s) => super::train_pipeline_run::strategy_name(s, &place, zero, a.shard_group),
+        None => strategy_name,
+    };
     if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
         println!(
             "note: --grad-comm {}: its state (error feedback) is not in checkpoints; a resumed run starts it afresh",
@@ -1237,11 +1242,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     if let Some(c) = &comm {
         ckpt.agree_over(c);
     }
+    // Under --pp the trace also records the pipeline's layout (`braid report`).
+    let trace_desc = match &pipe_schedule {
+        Some(s) if a.trace.is_some() => {
+            super::train_pipeline_run::traced_desc(run_desc.clone(), &cfg, s, &pipe_flags, &place)?
+        }
+        _ => run_desc.clone(),
+    };
     let mut tracing = super::train_trace::start(
         a.trace.as_deref(),
         a.metrics_addr.as_deref(),
         comm.as_ref(),
-        run_desc.clone(),
+        trace_desc,
         (batch * seq * a.accum * ranks) as f64,
     )?;
     let mut progress = Progress::new(lead, a.log_every, a.steps);

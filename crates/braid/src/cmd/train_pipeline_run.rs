@@ -2,7 +2,10 @@
 //! up — the stages and their layouts, the mesh's pipeline, tensor and data
 //! groups, the engine on GPUs (the memory pre-flight of this rank's stages
 //! first) or on CPUs, the training loop, the timeline, and for `--save`
-//! the whole model gathered from every stage.
+//! the whole model gathered from every stage. Before it, the strategy's
+//! name with the whole mesh in it, and the layout (stages, layers, the
+//! schedule and its bubble on paper) the trace records for `braid
+//! report`.
 
 use super::train::LoopParts;
 use super::train_mesh::Place;
@@ -326,4 +329,145 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         stage_params,
         timeline_json: pipeline_json,
     })
+}
+
+/// The strategy's name under a pipeline, the whole mesh in it: "pipeline 2
+/// (1f1b, 4 micro-batches)", "pipeline 2 (1f1b, 4 micro-batches) x tensor
+/// 2 x data 2"; `zero` and `shard_group` as `--zero` and `--shard-group`
+/// (over the data dimension).
+pub fn strategy_name(
+    s: &Schedule,
+    place: &Place,
+    zero: Option<u8>,
+    shard_group: Option<usize>,
+) -> String {
+    let mut name = format!(
+        "pipeline {} ({}, {} micro-batches{})",
+        s.ranks,
+        s.name,
+        s.micro_batches,
+        match s.virtual_stages {
+            1 => String::new(),
+            v => format!(", {v} stages per rank"),
+        }
+    );
+    if place.tensor > 1 {
+        name.push_str(&format!(" x tensor {}", place.tensor));
+        if place.sequence {
+            name.push_str(" (sequence parallel)");
+        }
+    }
+    match (zero, shard_group) {
+        (None, _) if place.data() > 1 => name.push_str(&format!(" x data {}", place.data())),
+        (None, _) => {}
+        (Some(z), None) => name.push_str(&format!(" x data {} (ZeRO-{z})", place.data())),
+        (Some(z), Some(g)) => name.push_str(&format!(
+            " x data {} (ZeRO-{z}, shard groups of {g})",
+            place.data()
+        )),
+    }
+    name
+}
+
+/// `desc` (the run's description) with the pipeline's layout under
+/// `"pipeline"`, for the trace (`braid report` reads it): the mesh's
+/// degrees, the schedule, its micro-batches, every stage's layers and
+/// pipeline rank, each pipeline rank's stages, each world rank's pipeline
+/// rank, and the bubble on paper — `(N-1)/(V*M+N-1)`, the schedule's own
+/// run on paper with equal stages and with these stages' estimated times
+/// (the figures the pipeline's timeline prints at the end).
+pub fn traced_desc(
+    mut desc: serde_json::Value,
+    cfg: &GptConfig,
+    s: &Schedule,
+    flags: &PipeFlags<'_>,
+    place: &Place,
+) -> Result<serde_json::Value, String> {
+    use braid_train::pipeline::timeline;
+    let all = super::train_pipeline::stages(cfg, s, flags)?;
+    let costs = super::train_pipeline::stage_costs(cfg, &all);
+    let (n, m, v) = (
+        s.ranks as f64,
+        s.micro_batches as f64,
+        s.virtual_stages as f64,
+    );
+    let stages: Vec<serde_json::Value> = all
+        .iter()
+        .enumerate()
+        .map(|(i, st)| {
+            serde_json::json!({
+                "stage": i,
+                "pipe_rank": i % s.ranks,
+                "layers": [st.layers.start, st.layers.end],
+                "first": st.first,
+                "last": st.last,
+                "cost_layers": costs[i],
+            })
+        })
+        .collect();
+    let pipe_ranks: Vec<serde_json::Value> = (0..s.ranks)
+        .map(|r| {
+            let mine = s.stages_of(r);
+            let layers: usize = mine.iter().map(|&i| all[i].layers.len()).sum();
+            serde_json::json!({"pipe_rank": r, "stages": mine, "layers": layers})
+        })
+        .collect();
+    // Data outermost, then the pipeline, tensor groups consecutive ranks
+    // (`Place::mesh`).
+    let rank_pipe: Vec<usize> = (0..place.world)
+        .map(|r| (r / place.tensor) % place.pipe)
+        .collect();
+    desc["pipeline"] = serde_json::json!({
+        "degree": s.ranks,
+        "tensor": place.tensor,
+        "data": place.data(),
+        "schedule": s.name,
+        "micro_batches": s.micro_batches,
+        "virtual_stages": s.virtual_stages,
+        "stages": stages,
+        "pipe_ranks": pipe_ranks,
+        "rank_pipe": rank_pipe,
+        "bubble_formula": (n - 1.0) / (v * m + n - 1.0),
+        "bubble_on_paper": timeline::on_paper(s).ok(),
+        "bubble_on_paper_these_stages": timeline::on_paper_weighted(s, &costs).ok(),
+    });
+    Ok(desc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_train::schedule::build::ScheduleKind;
+
+    fn place(world: usize, tensor: usize, sequence: bool) -> Place {
+        Place {
+            world,
+            rank: 0,
+            tensor,
+            pipe: 2,
+            sequence,
+        }
+    }
+
+    #[test]
+    fn a_pipeline_s_strategy_names_its_mesh() {
+        let s = ScheduleKind::OneFOneB.build(2, 4).unwrap();
+        assert_eq!(
+            strategy_name(&s, &place(2, 1, false), None, None),
+            "pipeline 2 (1f1b, 4 micro-batches)"
+        );
+        assert_eq!(
+            strategy_name(&s, &place(8, 2, false), None, None),
+            "pipeline 2 (1f1b, 4 micro-batches) x tensor 2 x data 2"
+        );
+        assert_eq!(
+            strategy_name(&s, &place(8, 1, false), Some(1), None),
+            "pipeline 2 (1f1b, 4 micro-batches) x data 4 (ZeRO-1)"
+        );
+        let v = ScheduleKind::Interleaved(2).build(2, 4).unwrap();
+        assert_eq!(
+            strategy_name(&v, &place(4, 2, true), None, None),
+            "pipeline 2 (interleaved:2, 4 micro-batches, 2 stages per rank) x tensor 2 (sequence parallel)"
+        );
+    }
 }
