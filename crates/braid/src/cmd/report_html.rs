@@ -1,5 +1,7 @@
 //! `braid report --html`: the report as one self-contained HTML page — the
-//! report's sections as headings and tables, and its figures as inline
+//! report's sections as headings and tables (under a pipeline, its own:
+//! the bubble measured beside the schedule's on paper, the stages'
+//! computation and their imbalance), and its figures as inline
 //! SVG (the scaling curve, bus bandwidth against message size per
 //! backend, step time per rank, and one step's timeline across ranks).
 //! Nothing is fetched: no scripts, fonts, style sheets or images, so the
@@ -64,6 +66,7 @@ pub fn page(r: &Value, traces: &[RankTrace]) -> String {
     h.push_str(&breakdown_section(r, traces));
     h.push_str(&communication_section(r));
     h.push_str(&synchronisation_section(r));
+    h.push_str(&pipeline_section(r));
     h.push_str(&scaling_section(r));
     h.push_str(&backends_section(r));
     let _ = write!(
@@ -239,8 +242,10 @@ fn throughput_section(r: &Value) -> String {
 }
 
 fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
+    // Under a pipeline, its bubble is a column of its own.
+    let pipelined = !r["pipeline"].is_null();
     let row = |label: String, k: &Value| {
-        vec![
+        let mut cells = vec![
             label,
             num(&k["step_ms"], 2),
             format!(
@@ -253,6 +258,15 @@ fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
                 num(&k["exposed_comm_ms"], 2),
                 num(&k["exposed_comm_pct"], 1)
             ),
+        ];
+        if pipelined {
+            cells.push(format!(
+                "{} ({}%)",
+                num(&k["bubble_ms"], 2),
+                num(&k["bubble_pct"], 1)
+            ));
+        }
+        cells.extend([
             num(&k["data_ms"], 2),
             num(&k["other_ms"], 2),
             format!("{} ({}%)", num(&k["idle_ms"], 2), num(&k["idle_pct"], 1)),
@@ -260,7 +274,8 @@ fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
             k["accounting_gap_pct"]
                 .as_f64()
                 .map_or("–".into(), |g| format!("±{g:.1}%")),
-        ]
+        ]);
+        cells
     };
     let mut rows: Vec<Vec<String>> = r["breakdown"]["ranks"]
         .as_array()
@@ -276,21 +291,20 @@ fn breakdown_section(r: &Value, traces: &[RankTrace]) -> String {
          by computation; <i>accounted</i>: the worst gap between the traced and the measured \
          step.</p>\n",
     );
-    s.push_str(&table(
-        "",
-        &[
-            "rank",
-            "step",
-            "compute",
-            "exposed comm",
-            "data",
-            "other",
-            "idle",
-            "overlap",
-            "accounted",
-        ],
-        &rows,
-    ));
+    if pipelined {
+        s.push_str(
+            "<p>Under the pipeline, the <i>pipeline bubble</i> is a part of its own: the time in a \
+             rank's pipelined passes that it computes nothing, waiting for the other stages (in the \
+             receives between stages and the step's last exchanges). Exposed communication is the \
+             collectives outside those passes.</p>\n",
+        );
+    }
+    let mut head = vec!["rank", "step", "compute", "exposed comm"];
+    if pipelined {
+        head.push("pipeline bubble");
+    }
+    head.extend(["data", "other", "idle", "overlap", "accounted"]);
+    s.push_str(&table("", &head, &rows));
     s.push_str(&steps_plot(r, traces));
     s.push_str(&timeline_plot(r, traces));
     s
@@ -917,11 +931,70 @@ fn synchronisation_section(r: &Value) -> String {
                     num(&y["own_work_spread_pct"], 1)
                 ),
             ),
-            ("waiting per step (ms, in collectives or idle)", waits),
+            (
+                match r["pipeline"].is_null() {
+                    true => "waiting per step (ms, in collectives or idle)",
+                    false =>
+                        "waiting per step (ms, in collectives or idle; the pipeline bubble apart)",
+                },
+                waits
+            ),
             ("straggler rule", rule),
             ("straggler", straggler),
         ])
     )
+}
+
+/// The pipeline's section (nothing without a pipeline): the stages per
+/// pipeline rank with their computation and bubble, the bubble measured
+/// beside the schedule's on paper, the stage imbalance — the text
+/// report's sentences, from the same figures.
+fn pipeline_section(r: &Value) -> String {
+    let pl = &r["pipeline"];
+    if pl.is_null() {
+        return String::new();
+    }
+    let mut s = format!(
+        "<h2>Pipeline</h2>\n<p>Layout: {}. The <i>pipeline bubble</i>: the time in a rank's pipelined \
+         passes (every stage's forward and backward passes of every micro-batch and the transfers \
+         between them) that it computes nothing, waiting for the other stages.</p>\n",
+        esc(&report::pipeline_layout(pl))
+    );
+    let rows: Vec<Vec<String>> = pl["pipe_ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|k| {
+            vec![
+                num(&k["pipe_rank"], 0),
+                text(&k["stages"]),
+                esc(&report::ranks_list(&k["ranks"])),
+                num(&k["compute_ms"], 2),
+                format!(
+                    "{} ({}%)",
+                    num(&k["bubble_ms"], 2),
+                    num(&k["bubble_pct"], 1)
+                ),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        "",
+        &[
+            "pipeline rank",
+            "stages",
+            "ranks",
+            "computes (ms per step)",
+            "bubble (ms per step, % of its passes)",
+        ],
+        &rows,
+    ));
+    let mut facts = vec![("pipeline bubble", esc(&report::bubble_text(pl)))];
+    if let Some(t) = report::imbalance_text(pl) {
+        facts.push(("stage imbalance", esc(&t)));
+    }
+    s.push_str(&kv(&facts));
+    s
 }
 
 fn scaling_section(r: &Value) -> String {
