@@ -3,7 +3,10 @@
 //! --html FILE` state the same straggler threshold, count the same
 //! collectives per step, and draw and state percentages that mean
 //! something (a hidden share of at most 100%, a step plot whose axis is
-//! the counted steps', not the warm-up's).
+//! the counted steps', not the warm-up's). On a pipeline run, the report
+//! knows the layout: the waits between stages are the pipeline bubble and
+//! the stages' differing work stage imbalance, not exposed communication
+//! and a straggler.
 
 mod common;
 
@@ -30,44 +33,79 @@ struct Outputs {
 fn outputs() -> &'static Outputs {
     static RUN: OnceLock<Outputs> = OnceLock::new();
     RUN.get_or_init(|| {
-        let dir = TempDir::new("report-truth");
-        let tr = dir.path().join("tr");
-        let mut cmd = braid();
-        cmd.args([
-            "train",
-            "--nproc",
-            "4",
-            "--steps",
-            "12",
-            "--model",
-            "L2-H2-C64",
-            "--batch",
-            "4",
-            "--seed",
-            "5",
-            "--trace",
-        ])
-        .arg(&tr);
-        let t = run(cmd, Duration::from_secs(120));
-        assert_eq!(t.code, Some(0), "{t:?}");
-        let report = |extra: &[&str]| {
-            let mut cmd = braid();
-            cmd.arg("report").arg(&tr).args(extra);
-            let r = run(cmd, Duration::from_secs(60));
-            assert_eq!(r.code, Some(0), "{r:?}");
-            r.stdout
-        };
-        let html_path = dir.path().join("r.html");
-        let text = report(&["--html", html_path.to_str().unwrap()]);
-        let json = serde_json::from_str(&report(&["--json"])).expect("report JSON");
-        let html = std::fs::read_to_string(&html_path).unwrap();
-        Outputs {
-            train: t.stdout,
-            text,
-            json,
-            html,
-        }
+        traced_run(
+            "report-truth",
+            &[
+                "--nproc",
+                "4",
+                "--steps",
+                "12",
+                "--model",
+                "L2-H2-C64",
+                "--batch",
+                "4",
+            ],
+        )
     })
+}
+
+/// A traced 2-stage pipeline (issue 63, point 6): 6 layers split 1,5 on
+/// purpose, so that the last stage (5 layers and the head) computes far
+/// more than the first (a layer moved off it evens them out however busy
+/// the machine); 4 micro-batches of 1F1B.
+fn pipeline_outputs() -> &'static Outputs {
+    static RUN: OnceLock<Outputs> = OnceLock::new();
+    RUN.get_or_init(|| {
+        traced_run(
+            "report-pipeline",
+            &[
+                "--pp",
+                "2",
+                "--stage-layers",
+                "1,5",
+                "--micro-batches",
+                "4",
+                "--steps",
+                "16",
+                "--model",
+                "L6-H2-C64",
+                "--batch",
+                "8",
+            ],
+        )
+    })
+}
+
+/// `braid train ARGS --seed 5 --trace DIR` and its reports (text with
+/// `--html`, and `--json`), in a temporary directory named after `name`
+/// that is removed once they are read.
+fn traced_run(name: &str, args: &[&str]) -> Outputs {
+    let dir = TempDir::new(name);
+    let tr = dir.path().join("tr");
+    let mut cmd = braid();
+    cmd.arg("train")
+        .args(args)
+        .args(["--seed", "5", "--trace"])
+        .arg(&tr);
+    let t = run(cmd, Duration::from_secs(120));
+    assert_eq!(t.code, Some(0), "{t:?}");
+    let report = |extra: &[&str]| {
+        let mut cmd = braid();
+        cmd.arg("report").arg(&tr).args(extra);
+        let r = run(cmd, Duration::from_secs(60));
+        assert_eq!(r.code, Some(0), "{r:?}");
+        r.stdout
+    };
+    let html_path = dir.path().join("r.html");
+    let text = report(&["--html", html_path.to_str().unwrap()]);
+    let json = serde_json::from_str(&report(&["--json"])).expect("report JSON");
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    Outputs {
+        train: t.stdout,
+        text,
+        json,
+        html,
+    }
 }
 
 /// The train summary's line that starts (after `summary: `) with `start`.
@@ -239,4 +277,62 @@ fn train_overlap_line_has_no_percentage_over_100() {
         (percents[0] - theirs).abs() <= 0.11,
         "train: {line}; report: its own summary {theirs}% hidden"
     );
+}
+
+/// The report's line that starts with `start`.
+fn report_line<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line {start:?} in:\n{text}"))
+}
+
+#[test]
+fn a_pipeline_s_waits_are_its_bubble_and_its_stages_imbalance_not_a_straggler() {
+    let o = pipeline_outputs();
+    let (text, html, json) = (&o.text, &o.html, &o.json);
+    // The header names the layout, not "one process".
+    let run = report_line(text, "run: ");
+    assert!(
+        run.contains("pipeline 2 (1f1b, 4 micro-batches)") && !run.contains("one process"),
+        "{run}"
+    );
+    assert!(
+        !html.contains("one process"),
+        "the HTML page says one process"
+    );
+    // The bubble is its own part of the step, beside the schedule's on
+    // paper, (N-1)/(M+N-1) = 1/5.
+    for page in [text.as_str(), html.as_str()] {
+        for said in [
+            "pipeline bubble",
+            "stage imbalance",
+            "(N-1)/(M+N-1) = 20",
+            "--stage-layers 2,4 (now 1,5)",
+        ] {
+            assert!(page.contains(said), "no {said:?} in:\n{text}");
+        }
+        // Rank 1 holds the head: heavier, not slow.
+        for never in ["noisy neighbour", "straggler: rank", "slow in compute"] {
+            assert!(!page.contains(never), "{never:?} in:\n{text}");
+        }
+    }
+    assert!(html.contains("<h2>Pipeline</h2>"));
+    assert_eq!(json["bottleneck"]["kind"], "stage imbalance", "{text}");
+    assert!(json["synchronisation"]["straggler"].is_null(), "{text}");
+    let pl = &json["pipeline"];
+    assert_eq!(pl["imbalance"]["pipe_rank"], 1, "{text}");
+    assert_eq!(pl["bubble_formula_pct"], 20.0);
+    let measured = pl["bubble_measured_pct"].as_f64().unwrap();
+    assert!(measured > 20.0 && measured < 100.0, "{text}");
+    // Rank 0 waits for rank 1 in the pipeline, not in exposed
+    // communication; every step is still accounted for.
+    let r0 = &json["breakdown"]["ranks"][0];
+    let pct = |k: &str| r0[k].as_f64().unwrap_or_else(|| panic!("{k}: {r0}"));
+    assert!(pct("bubble_pct") > 20.0, "{r0}");
+    assert!(pct("exposed_comm_pct") < 10.0, "{r0}");
+    for r in json["breakdown"]["ranks"].as_array().unwrap() {
+        assert!(r["accounting_gap_pct"].as_f64().unwrap() < 2.0, "{r}");
+    }
+    // braid train printed the same bubble on paper.
+    assert!(o.train.contains("(N-1)/(M+N-1) = 20.0%"), "{}", o.train);
 }
