@@ -548,3 +548,195 @@ fn resume_takes_the_checkpoints_model() {
     assert_eq!(f.code, Some(0), "{f:?}");
     assert!(!f.stdout.contains("backend was"), "{}", f.stdout);
 }
+
+/// The longest line braid's training output may print (the issue found
+/// summary lines of 260-330 characters).
+const LONGEST: usize = 200;
+
+fn no_long_lines(out: &str) {
+    for l in out.lines() {
+        let l = l.trim_start_matches("[rank 0] ");
+        assert!(
+            l.chars().count() <= LONGEST,
+            "a line of {} characters: {l}",
+            l.chars().count()
+        );
+    }
+}
+
+/// Point 8, pipelines: the strategy is named by the layout, not "one
+/// process" (the run and `ckpt inspect`); 1F1B's first stage holds N
+/// micro-batches' activations with evaluation in the run; the 3-D
+/// timeline's rows are the pipe group's world ranks; no line is
+/// hundreds of characters long.
+#[test]
+fn pipeline_output_says_what_is_true() {
+    let dir = TempDir::new("first2-pp-output");
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "8",
+            "--steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--device",
+            "cpu",
+            "--ckpt-dir",
+            "ck",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stdout
+            .contains("strategy: pipeline 2 (1f1b, 8 micro-batches)"),
+        "{}",
+        f.stdout
+    );
+    assert!(!f.stdout.contains("one process"), "{}", f.stdout);
+    assert!(
+        f.stdout.contains("held at once, at most: stage 0: 2"),
+        "{}",
+        f.stdout
+    );
+    no_long_lines(&f.stdout);
+    let f = braid_in(dir.path(), &["ckpt", "inspect", "ck"]);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("under pipeline 2"), "{}", f.stdout);
+
+    let f = braid_in(
+        dir.path(),
+        &[
+            "train",
+            "--nproc-per-node",
+            "4",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--global-batch",
+            "8",
+            "--model",
+            "L4-H4-C64",
+            "--steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("pipe groups [0 2] [1 3]"), "{}", f.stdout);
+    for row in ["  rank  0 |", "  rank  2 |"] {
+        assert!(f.stdout.contains(row), "no row {row:?}: {}", f.stdout);
+    }
+    assert!(!f.stdout.contains("  rank  1 |"), "{}", f.stdout);
+    no_long_lines(&f.stdout);
+}
+
+/// Point 8, the rest: the ETA after a resume counts only this run's
+/// steps; counts in words; `braid bench` checks by default, as
+/// nccl-tests, and its first row is warm; `braid doctor` reads the
+/// directory the launcher announced for a failed Python job.
+#[test]
+fn progress_bench_and_doctor_say_what_is_true() {
+    let dir = TempDir::new("first2-output");
+    let base = [
+        "train",
+        "--eval-every",
+        "0",
+        "--device",
+        "cpu",
+        "--log-every",
+        "1",
+    ];
+    let f = braid_in(
+        dir.path(),
+        &[&base[..], &["--steps", "6", "--ckpt-dir", "ck"]].concat(),
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stdout.contains("over 1 step (first 5 not counted)"),
+        "{}",
+        f.stdout
+    );
+    assert!(f.stdout.contains(", 6 steps,"), "{}", f.stdout);
+    // Resumed at step 6 of 10, each step slowed to a second: after its
+    // first step the ETA is about 3 x 1 s, not the 0.5 s a count from
+    // step 0 would give.
+    let mut cmd = braid();
+    cmd.current_dir(dir.path())
+        .args(&base)
+        .args(["--steps", "10", "--resume", "ck"])
+        .env("BRAID_TEST_DELAY", "0:compute:1000");
+    let f = run(cmd, LIMIT);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let first = f
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("step     7/10"))
+        .unwrap_or_else(|| panic!("no step 7: {}", f.stdout));
+    let eta: u64 = first
+        .rsplit("eta 0:")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    assert!((2..=5).contains(&eta), "{first}");
+
+    // nccl-tests checks every result by default: so does braid bench.
+    let f = braid_in(
+        dir.path(),
+        &["bench", "all_reduce", "--np", "2", "-e", "1K"],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(
+        f.stdout.contains("# Out of bounds values : 0 OK"),
+        "{}",
+        f.stdout
+    );
+    let times: Vec<f64> = f
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().nth(5)?.parse().ok())
+        .collect();
+    assert!(times.len() >= 4, "{}", f.stdout);
+    let rest = times[1..].iter().cloned().fold(f64::INFINITY, f64::min);
+    assert!(
+        times[0] < 20.0 * rest.max(1.0),
+        "a cold first row: {times:?}"
+    );
+    let f = braid_in(
+        dir.path(),
+        &["bench", "all_reduce", "--np", "2", "-e", "64", "-c", "0"],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("N/A (not checked: -c 0)"), "{}", f.stdout);
+
+    // A failed job whose workers keep no flight records: the directory
+    // the launcher announced is there, and doctor says why it is empty.
+    let f = braid_in(
+        dir.path(),
+        &["launch", "--nproc-per-node", "2", "sh", "-c", "exit 3"],
+    );
+    assert_eq!(f.code, Some(3), "{f:?}");
+    let logs = f
+        .stderr
+        .lines()
+        .find_map(|l| l.split("flight records to ").nth(1))
+        .unwrap_or_else(|| panic!("{}", f.stderr))
+        .trim()
+        .to_string();
+    let d = braid_in(dir.path(), &["doctor", &logs]);
+    assert!(!d.stderr.contains("cannot read"), "{}", d.stderr);
+    assert!(
+        d.stdout.contains("rank 0") || d.stderr.contains("keep none"),
+        "{d:?}"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+}

@@ -1171,14 +1171,18 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         (Some(z), None) => format!("ZeRO-{z}"),
         (Some(z), Some(g)) => format!("ZeRO-{z}, shard groups of {g}"),
     };
-    let strategy_name = match place.tensor {
-        1 => strategy_name,
-        n => format!(
-            "tensor parallel {n}{} x {strategy_name}",
+    let strategy_name = match (place.tensor, zero.is_none() && ranks == 1) {
+        (1, _) => strategy_name,
+        (n, one_replica) => format!(
+            "tensor parallel {n}{}{}",
             if place.sequence {
                 " (sequence parallel)"
             } else {
                 ""
+            },
+            match one_replica {
+                true => String::new(),
+                false => format!(" x {strategy_name}"),
             }
         ),
     };
@@ -1278,6 +1282,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         ckpt: &mut ckpt,
         tracing: &mut tracing,
         lead,
+        strategy: strategy_name.clone(),
     };
     // Under --pp: the parameters of this rank's stages, and the timeline.
     let mut stage_params = None;
@@ -1503,6 +1508,10 @@ pub(crate) struct LoopParts<'r, 'd> {
     pub ckpt: &'r mut super::train_ckpt::CkptSetup,
     pub tracing: &'r mut super::train_trace::TraceSetup,
     pub lead: bool,
+    /// The run's layout in words (`data parallel`, `pipeline 2 (1f1b, 4
+    /// micro-batches)`): a pipeline's is printed before the strategy of
+    /// its data dimension.
+    pub strategy: String,
 }
 
 /// The loop with `strategy`, progress printed by the lead rank;
@@ -1519,7 +1528,17 @@ where
     S: Strategy<E> + ?Sized,
 {
     if parts.lead && distributed {
-        let line = format!("strategy: {}", strategy.describe());
+        // A pipeline's data dimension says how it reduces (or, with one
+        // replica, nothing: "one process").
+        let how = strategy.describe();
+        let line = match (parts.strategy.starts_with("pipeline"), how.as_str()) {
+            (false, _) => format!("strategy: {how}"),
+            (true, "one process") => format!("strategy: {}", parts.strategy),
+            (true, _) => format!(
+                "strategy: {}; over the data dimension: {how}",
+                parts.strategy
+            ),
+        };
         println!(
             "{}",
             braid_core::words::wrap(&line, braid_core::words::WIDTH, "  ")
