@@ -1,5 +1,5 @@
 //! Words as braid prints them: counts (`1 step`, `2 steps`) and long
-//! lines wrapped for a terminal.
+//! descriptions one clause a line.
 
 /// `n` and `noun`, the noun in the plural unless `n` is 1 (`noun` + `s`,
 /// or [`count_irregular`] for other plurals).
@@ -18,28 +18,18 @@ pub fn count_irregular(n: usize, one: &str, many: &str) -> String {
     }
 }
 
-/// The columns braid's long descriptive lines are wrapped to.
-pub const WIDTH: usize = 100;
-
-/// `line` wrapped at spaces to lines of at most `width` characters (a
-/// word longer than that stands alone), the lines after the first
-/// indented by `indent`.
-pub fn wrap(line: &str, width: usize, indent: &str) -> String {
-    let mut out = String::new();
-    let mut current = String::new();
-    for word in line.split(' ').filter(|w| !w.is_empty()) {
-        let len = current.chars().count();
-        if len > 0 && len + 1 + word.chars().count() > width {
-            out.push_str(&current);
-            out.push('\n');
-            current = indent.to_string();
-        } else if len > 0 && current != indent {
-            current.push(' ');
-        }
-        current.push_str(word);
-    }
-    out.push_str(&current);
-    out
+/// `line` broken after each `; ` into lines of their own, the lines after
+/// the first indented by `indent`: a long description as one clause a
+/// line, each clause kept whole (so that a search for a phrase finds it).
+pub fn clauses(line: &str, indent: &str) -> String {
+    line.split("; ")
+        .enumerate()
+        .map(|(i, c)| match i {
+            0 => c.to_string(),
+            _ => format!("{indent}{c}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -55,14 +45,11 @@ mod tests {
     }
 
     #[test]
-    fn long_lines_wrap_at_spaces_with_an_indent() {
-        let w = wrap("strategy: one two three four five", 14, "  ");
-        assert_eq!(w, "strategy: one\n  two three\n  four five");
-        assert!(w.lines().all(|l| l.chars().count() <= 14), "{w}");
-        assert_eq!(wrap("short", 100, "  "), "short");
+    fn clauses_go_one_to_a_line() {
         assert_eq!(
-            wrap("a verylongwordhere b", 6, " "),
-            "a\n verylongwordhere\n b"
+            clauses("strategy: one; two, three; four", "  "),
+            "strategy: one\n  two, three\n  four"
         );
+        assert_eq!(clauses("short", "  "), "short");
     }
 }

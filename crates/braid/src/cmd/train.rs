@@ -601,7 +601,7 @@ fn same_model_as_checkpoint(
         .and_then(|c| serde_json::from_value(c.clone()).ok());
     match saved {
         Some(saved) if saved != *cfg => Err(format!(
-            "--resume {}: a checkpoint of another model ({} layers, {} heads, width {}, vocab \
+            "--resume {}: a checkpoint of a different model ({} layers, {} heads, width {}, vocab \
              {}, context {}: --model {}), not {model}'s ({} layers, {} heads, width {}, vocab \
              {}, context {}): leave --model out to train the checkpoint's",
             dir.display(),
@@ -1539,10 +1539,7 @@ where
                 parts.strategy
             ),
         };
-        println!(
-            "{}",
-            braid_core::words::wrap(&line, braid_core::words::WIDTH, "  ")
-        );
+        println!("{}", braid_core::words::clauses(&line, "  "));
     }
     let r = train_with(
         engine,

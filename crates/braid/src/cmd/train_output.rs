@@ -220,10 +220,7 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
                 _ => String::new(),
             },
         );
-        println!(
-            "{}",
-            braid_core::words::wrap(&line, braid_core::words::WIDTH, "  ")
-        );
+        println!("{}", braid_core::words::clauses(&line, "  "));
         println!(
             "ZeRO-{stage} block buffers made: {} in the last step, {} in the steps before",
             sh.buffers_made.0, sh.buffers_made.1
