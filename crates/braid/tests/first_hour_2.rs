@@ -671,7 +671,7 @@ fn progress_bench_and_doctor_say_what_is_true() {
     // step 0 would give.
     let mut cmd = braid();
     cmd.current_dir(dir.path())
-        .args(&base)
+        .args(base)
         .args(["--steps", "10", "--resume", "ck"])
         .env("BRAID_TEST_DELAY", "0:compute:1000");
     let f = run(cmd, LIMIT);
