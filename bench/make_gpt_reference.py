@@ -11,7 +11,7 @@ The file holds the weights under their Hugging Face GPT-2 names prefixed
 prefixed "grad." (Conv1D layout [in, out], like the weights)."""
 import json, os, sys, torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import make_gpt
+from torch_gpt import make_gpt, hf_tensors
 from safetensors.torch import save_file
 
 L, H, C, V, T, B = 2, 2, 16, 64, 8, 2
@@ -26,16 +26,7 @@ idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T))
 loss = m(idx, tgt); loss.backward()
 
 def hf(name_of, get):
-    out = {"wte.weight": get(m.wte.weight), "wpe.weight": get(m.wpe.weight),
-           "ln_f.weight": get(m.lnf.weight), "ln_f.bias": get(m.lnf.bias)}
-    for i, b in enumerate(m.blocks):
-        pairs = [("ln_1", b.ln1, False), ("attn.c_attn", b.attn, True), ("attn.c_proj", b.proj, True),
-                 ("ln_2", b.ln2, False), ("mlp.c_fc", b.fc, True), ("mlp.c_proj", b.fc2, True)]
-        for n, mod, linear in pairs:
-            w = get(mod.weight)
-            out[f"h.{i}.{n}.weight"] = w.T.contiguous() if linear else w  # Conv1D is [in, out]
-            out[f"h.{i}.{n}.bias"] = get(mod.bias)
-    return {name_of + k: v for k, v in out.items()}
+    return {name_of + k: v for k, v in hf_tensors(m, get).items()}
 
 tensors = {}
 tensors.update(hf("param.", lambda p: p.detach().clone()))

@@ -238,6 +238,41 @@ impl Dataset {
         Ok(Dataset { tokens, split })
     }
 
+    /// Writes the whole stream (the training part, then the held-out
+    /// one) to `path` as an llm.c shard: a 1 KiB header (256 i32: magic,
+    /// version 1, the token count) and the tokens as little-endian u16,
+    /// written whole or not at all. `braid train --data` reads it back as
+    /// this dataset (the same split), and numpy reads it with
+    /// `np.fromfile(path, np.uint16, offset=1024)`. Returns the bytes
+    /// written.
+    pub fn write_shard(&self, path: &Path) -> Result<u64, String> {
+        if self.max_token() > u16::MAX as u32 {
+            return Err(format!(
+                "{}: token {} does not fit a u16 shard (a vocabulary of at most 65536)",
+                path.display(),
+                self.max_token()
+            ));
+        }
+        let n = i32::try_from(self.tokens.len()).map_err(|_| {
+            format!(
+                "{}: {} tokens are more than an llm.c shard's header counts",
+                path.display(),
+                self.tokens.len()
+            )
+        })?;
+        let mut bytes = vec![0u8; 1024];
+        bytes[..4].copy_from_slice(&SHARD_MAGIC.to_le_bytes());
+        bytes[4..8].copy_from_slice(&1i32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&n.to_le_bytes());
+        bytes.reserve(self.tokens.len() * 2);
+        for &t in &self.tokens {
+            bytes.extend_from_slice(&(t as u16).to_le_bytes());
+        }
+        braid_core::atomic_file::write(path, &bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(bytes.len() as u64)
+    }
+
     /// The largest token id.
     pub fn max_token(&self) -> u32 {
         self.tokens.iter().copied().max().unwrap_or(0)
@@ -356,5 +391,15 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(d.len(), 100);
         assert_eq!(d.max_token(), 99 * 7);
+        // Written back as a shard: read as the same dataset, split and all.
+        d.write_shard(&path).unwrap();
+        let again = Dataset::load(&Source::Shards(vec![path.clone()]), Tokenizer::Gpt2, 0).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            (again.tokens.clone(), again.split),
+            (d.tokens.clone(), d.split)
+        );
+        let wide = Dataset::from_tokens(vec![70_000; 64]).unwrap();
+        assert!(wide.write_shard(&path).unwrap_err().contains("u16"));
     }
 }

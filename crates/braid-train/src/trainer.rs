@@ -52,6 +52,12 @@ pub struct LoopOptions {
     /// the gradient buffer's memory to the engine's saved activations
     /// until the backward pass writes it ([`crate::lend`]).
     pub saved_in_grads: bool,
+    /// Keep a host copy of the first step's gradients, as the update sees
+    /// them (summed over the ranks and micro-batches, not yet divided,
+    /// clipped or scaled), in [`RunReport::first_grads`]: a diagnostic
+    /// for one process (`BRAID_DUMP_GRADS`), comparing one step with
+    /// another trainer's.
+    pub keep_first_grads: bool,
 }
 
 impl LoopOptions {
@@ -125,6 +131,10 @@ pub struct RunReport {
     /// The parts of the last step, in order, each with the most device
     /// bytes live during it ([`crate::memory_phase`]; zeros on a CPU).
     pub memory_phases: Vec<(Phase, u64)>,
+    /// The first step's gradients over the whole flat buffer, divided by
+    /// the step's divisor (ranks × micro-batches), before clipping, where
+    /// [`LoopOptions::keep_first_grads`] asked for them.
+    pub first_grads: Option<Vec<f32>>,
     /// Device bytes the model's own buffers hold (activations and the
     /// passes' scratch, by the allocator's counters), where the caller
     /// measured them (0 otherwise).
@@ -275,6 +285,7 @@ where
     let start = Instant::now();
     let mut reports = Vec::with_capacity(o.steps);
     let mut memory_phases = Vec::new();
+    let mut first_grads = None;
     for step in first..o.steps {
         if step == o.profile_warmup.min(o.steps / 2) {
             engine.profile_reset();
@@ -335,6 +346,15 @@ where
             strategy.before_update(engine, grads)?;
         }
         let m_reduced = tl.mark(engine.stream())?;
+        if o.keep_first_grads && first_grads.is_none() {
+            engine.synchronize()?;
+            let n = <E::Space as Space>::len(grads);
+            let mut host = vec![0.0f32; n];
+            <E::Space as Space>::read_ranges_into(grads, &[0..n], &mut host)?;
+            let scale = (1.0 / divide) as f32;
+            host.iter_mut().for_each(|g| *g *= scale);
+            first_grads = Some(host);
+        }
         let lr = o.schedule.lr(step);
         let mut grad_norm = 0.0;
         if o.update {
@@ -455,6 +475,7 @@ where
         sharded,
         saved_in_grads: 0,
         memory_phases,
+        first_grads,
         model_buffer_bytes: 0,
     })
 }

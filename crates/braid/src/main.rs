@@ -37,6 +37,7 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     Report(cmd::report::ReportArgs),
     Data(cmd::data::DataArgs),
+    Plot(cmd::plot::PlotArgs),
 }
 
 /// `braid ... | head`: a stdout closed by its reader ends the command
@@ -87,6 +88,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Report(args) => cmd::report::run(args),
         Command::Data(args) => cmd::data::run(args),
+        Command::Plot(args) => cmd::plot::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -39,7 +39,10 @@ enum DataCommand {
 /// `braid data write`.
 #[derive(Args)]
 pub struct WriteArgs {
-    /// The .beton file to write (it appears only when complete).
+    /// The .beton file to write (it appears only when complete); with
+    /// --tokens, a .bin name writes the token stream instead, as an llm.c
+    /// shard (u16 tokens after a 1 KiB header) that braid train --data and
+    /// numpy read.
     output: PathBuf,
     /// GPT token windows from `synthetic`, a text file, or u16 .bin
     /// shards (a file or a directory): fields `tokens` (--seq + 1 tokens)
@@ -167,6 +170,19 @@ fn write(mut a: WriteArgs) -> Result<i32, String> {
             tokenizer.name()
         );
         let dataset = Dataset::load(&source, tokenizer, a.seed)?;
+        if a.output.extension().is_some_and(|e| e == "bin") {
+            // A flat token stream (llm.c's shard) instead of windows.
+            let bytes = dataset.write_shard(&a.output)?;
+            eprintln!(
+                "braid data: wrote {} ({} tokens, {:.1} MiB, the last tenth held out when read) \
+                 in {:.1} s",
+                a.output.display(),
+                dataset.len(),
+                bytes as f64 / (1u64 << 20) as f64,
+                start.elapsed().as_secs_f64()
+            );
+            return Ok(0);
+        }
         convert::token_windows(
             &a.output,
             &dataset,

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod json_out;
 pub mod kernels;
 pub mod launch;
+pub mod plot;
 pub mod preflight;
 pub mod progress;
 pub mod report;

@@ -1062,6 +1062,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         }
     };
     let cfg = params.layout.config;
+    let dump_grads = dump_grads_path(world_size, &place, zero)?;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
     let data_desc = data.describe(seq)?;
     check_fits(&cfg, seq, &*data.source)?;
@@ -1084,6 +1085,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         measure_unoverlapped: ranks > 1,
         // The GPU pre-flight decides (below).
         saved_in_grads: false,
+        keep_first_grads: dump_grads.is_some(),
     };
     if lead {
         for note in device
@@ -1357,6 +1359,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         )?
     };
     let tokens_per_step = (batch * seq * a.accum * ranks) as f64;
+    if let (Some(path), Some(grads)) = (&dump_grads, &run.first_grads) {
+        write_first_grads(path, &params.layout, grads)?;
+    }
     if lead {
         let summary = print_summary(
             &run,
@@ -1410,6 +1415,57 @@ fn pipe_flags(a: &TrainArgs) -> super::train_pipeline::PipeFlags<'_> {
         schedule: a.schedule.as_deref().unwrap_or("1f1b"),
         stage_layers: a.stage_layers.as_deref(),
     }
+}
+
+/// `BRAID_DUMP_GRADS=FILE` (a diagnostic): where to write the first
+/// step's gradients, in one process without model parallelism or ZeRO
+/// (where the gradient buffer is the whole model's, in its layout).
+fn dump_grads_path(
+    world_size: usize,
+    place: &super::train_mesh::Place,
+    zero: Option<u8>,
+) -> Result<Option<PathBuf>, String> {
+    let Some(path) = std::env::var_os("BRAID_DUMP_GRADS").filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    if world_size > 1 || place.tensor > 1 || place.pipe > 1 || zero.is_some() {
+        return Err(
+            "BRAID_DUMP_GRADS writes one process's whole gradient buffer: train in one \
+             process without --tp, --pp or --zero (or unset it)"
+                .into(),
+        );
+    }
+    let path = PathBuf::from(path);
+    super::train_ckpt::check_outputs(&[("BRAID_DUMP_GRADS", Some(&path))])?;
+    Ok(Some(path))
+}
+
+/// Writes the first step's gradients (`grads`, in `layout`) to `path` as
+/// safetensors under the parameters' Hugging Face names (f32).
+fn write_first_grads(path: &Path, layout: &Arc<Layout>, grads: &[f32]) -> Result<(), String> {
+    if grads.len() != layout.len {
+        return Err(format!(
+            "BRAID_DUMP_GRADS: {} gradients for a layout of {} parameters",
+            grads.len(),
+            layout.len
+        ));
+    }
+    let p = Params {
+        layout: layout.clone(),
+        data: grads.to_vec(),
+    };
+    checkpoint::save_as(
+        &p,
+        path,
+        braid_core::DType::F32,
+        &[(
+            "braid.kind",
+            "the first step's gradients (BRAID_DUMP_GRADS)",
+        )],
+    )
+    .map_err(|e| e.to_string())?;
+    println!("first step's gradients written to {}", path.display());
+    Ok(())
 }
 
 /// The layout a run trains on: this rank's share of the model under
