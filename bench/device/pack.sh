@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds what the device scripts carry into .dev/ at the repository root
 # (ignored by git): braid and the five GPU test binaries, debug info
-# stripped and gzipped, a copy of the peers' scripts (../shared/anchors,
+# stripped and gzipped (ONLY=braid: braid alone), a copy of the peers' scripts (../shared/anchors,
 # DeepSpeed's wheels included), and the commit they were built at.
 # PREV=REV also builds braid at commit REV (a `git archive` of it in
 # target/prev-src, compiled into target/prev) as .dev/braid-prev.gz, the
@@ -29,7 +29,10 @@ echo "building braid (release)"
 cargo build --release --bin braid
 objcopy --strip-debug target/release/braid .dev/braid
 gzip -9f .dev/braid
-for t in gpu gpu_zero gpu_faults gpu_tp gpu_pp; do
+# ONLY=braid: braid alone (the scripts that run no test binary, parity.sh).
+tests="gpu gpu_zero gpu_faults gpu_tp gpu_pp"
+[ "${ONLY:-}" = braid ] && tests=""
+for t in $tests; do
   echo "building the $t test binary"
   exe=$(cargo test --release -p braid --test "$t" --no-run 2>&1 |
     grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)

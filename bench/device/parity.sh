@@ -1,0 +1,123 @@
+#!/bin/bash
+# Issue 64: learning parity with PyTorch on real text, on one GPU.
+#
+#   bash bench/device/parity.sh onestep          # the one-step check, bf16 and f32 (124M)
+#   bash bench/device/parity.sh bf16 1337 7      # 124M, 2,000 steps (PARITY_STEPS), per seed: braid, then PyTorch
+#   bash bench/device/parity.sh f32 1337 7       # the same in f32, 600 steps
+#   bash bench/device/parity.sh big 1337 7       # 1558M, batch 8, 400 steps
+#   bash bench/device/parity.sh plot             # the table and curves of every run in $L
+#
+# Every phase first makes the corpus (once per machine): the Python sources
+# that ship with the machine's packages (the standard library, then torch's
+# and transformers', in sorted order: code with its comments and
+# docstrings, decoded as UTF-8 with broken bytes dropped), PARITY_BYTES of
+# it (default 48 MB: about 20 M GPT-2 tokens, so 2,000 steps of 16 x 1,024
+# see each training window at most twice), tokenised by braid into an
+# llm.c shard (`braid data write --tokens corpus.txt corpus.bin`), which
+# braid and bench/torch_gpt_recipe.py both read: the last tenth held out,
+# evaluated on the same windows. Both follow braid's recipe (its init, its
+# sampler's order, warm-up PARITY_WARMUP, default a tenth of the steps,
+# then a cosine to a tenth of the peak, AdamW 0.9/0.95, weight decay 0.1,
+# clip 1.0), PyTorch from braid's initial weights for the seed
+# (PARITY_SAME_INIT=0: its own draw). Runs write
+# $L/parity-<phase>-<system>-<seed>.json; `plot`
+# (and the end of each run phase) draws them with `braid plot`.
+#
+# Carry: .dev/braid.gz .dev/commit (after `bash bench/device/pack.sh`).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. bench/device/setup.sh
+phase=${1:-onestep}
+shift || true
+SEEDS=${*:-1337 7}
+CORPUS=/tmp/corpus.bin
+PY=python3
+export PYTHONUNBUFFERED=1
+
+corpus() {
+  [ -s "$CORPUS" ] && return 0
+  local t0=$SECONDS
+  $PY - "${PARITY_BYTES:-48000000}" > /tmp/corpus.txt <<'EOF'
+import os, sys, sysconfig, importlib.util
+want = int(sys.argv[1])
+roots = [sysconfig.get_paths()["stdlib"]]
+for pkg in ["torch", "transformers"]:
+    spec = importlib.util.find_spec(pkg)
+    if spec and spec.origin:
+        roots.append(os.path.dirname(spec.origin))
+files = []
+for root in roots:
+    for d, _, names in os.walk(root):
+        files += [os.path.join(d, n) for n in names if n.endswith(".py")]
+got = 0
+out = sys.stdout
+for path in sorted(files):
+    try:
+        text = open(path, "rb").read().decode("utf-8", errors="ignore")
+    except OSError:
+        continue
+    out.write(text + "\n")
+    got += len(text) + 1
+    if got >= want:
+        break
+print(f"corpus: {got} characters from {len(files)} files under {roots}", file=sys.stderr)
+EOF
+  $B data write --tokens /tmp/corpus.txt "$CORPUS" --tokenizer gpt2 2>&1 | tee "$L/parity-corpus.txt"
+  echo "corpus made in $((SECONDS - t0)) s" | tee -a "$L/parity-corpus.txt"
+}
+
+# run_pair PHASE SEED MODEL BATCH STEPS PRECISION: braid, then PyTorch.
+run_pair() {
+  local phase=$1 seed=$2 model=$3 batch=$4 steps=$5 precision=$6
+  local warmup=${PARITY_WARMUP:-$((steps / 10))} every=${PARITY_EVERY:-100}
+  local t0=$SECONDS init=()
+  if [ "${PARITY_SAME_INIT:-1}" = 1 ]; then
+    # braid's own initial weights for this seed (one step at a vanishing
+    # learning rate leaves them unchanged in f32): PyTorch starts from them,
+    # so that the two differ in their arithmetic alone (seeds still vary
+    # both the init and the data order).
+    $B train --device cuda --model "$model" --data "$CORPUS" --tokenizer gpt2 --batch "$batch" \
+      --seq 1024 --steps 1 --lr 1e-30 --warmup 1 --eval-every 0 --seed "$seed" \
+      --precision "$precision" --save "/tmp/init-$model-$seed.safetensors" > /dev/null 2>&1 &&
+      init=(--init "/tmp/init-$model-$seed.safetensors")
+  fi
+  $B train --device cuda --model "$model" --data "$CORPUS" --tokenizer gpt2 --batch "$batch" \
+    --seq 1024 --steps "$steps" --warmup "$warmup" --eval-every "$every" --seed "$seed" \
+    --precision "$precision" --log-every 100 --json "$L/parity-$phase-braid-$seed.json" \
+    > "$L/parity-$phase-braid-$seed.txt" 2>&1
+  echo "$phase braid seed $seed: exit $? in $((SECONDS - t0)) s | $(grep -h 'gpu summary' "$L/parity-$phase-braid-$seed.txt" | sed 's/.*median/median/')"
+  t0=$SECONDS
+  $PY bench/torch_gpt_recipe.py --data "$CORPUS" --model "$model" --batch "$batch" --seq 1024 \
+    --steps "$steps" --warmup "$warmup" --eval-every "$every" --seed "$seed" \
+    --precision "$precision" "${init[@]}" --json "$L/parity-$phase-torch-$seed.json" \
+    > "$L/parity-$phase-torch-$seed.txt" 2>&1
+  echo "$phase torch seed $seed: exit $? in $((SECONDS - t0)) s | $(tail -1 "$L/parity-$phase-torch-$seed.txt")"
+}
+
+# plot PHASE: braid's and PyTorch's runs of PHASE in $L, as curves and a table.
+plot() {
+  local phase=$1 b t
+  b=$(ls "$L"/parity-"$phase"-braid-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+  t=$(ls "$L"/parity-"$phase"-torch-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+  [ -n "$b" ] && [ -n "$t" ] || return 0
+  $B plot --series "braid=$b" --series "PyTorch=$t" --title "GPT-2 $phase: held-out loss" \
+    --out "$OUT/parity-$phase.svg" --json "$L/parity-$phase-table.json" | tee "$L/parity-$phase-table.md"
+}
+
+case $phase in
+  corpus) corpus ;;
+  onestep)
+    corpus
+    for p in f32 bf16; do
+      $PY bench/torch_one_step.py --braid "$B" --dir "/tmp/onestep-$p" --model 124M \
+        --data "$CORPUS" --precision "$p" 2>&1 | tee "$L/parity-onestep-$p.txt"
+      echo "onestep $p: exit ${PIPESTATUS[0]}"
+    done
+    ;;
+  bf16) corpus; for s in $SEEDS; do run_pair bf16 "$s" 124M 16 "${PARITY_STEPS:-2000}" bf16; done; plot bf16 ;;
+  f32) corpus; for s in $SEEDS; do run_pair f32 "$s" 124M 16 "${PARITY_STEPS:-600}" f32; done; plot f32 ;;
+  big) corpus; for s in $SEEDS; do run_pair big "$s" 1558M 8 "${PARITY_STEPS:-400}" bf16; done; plot big ;;
+  plot) for p in bf16 f32 big; do plot "$p"; done ;;
+  *) echo "parity.sh: unknown phase $phase (onestep, bf16, f32, big, plot, corpus)"; exit 2 ;;
+esac
+finish
