@@ -166,6 +166,17 @@ def main():
                 failed.append(f"{k}: update {u:.3e} > {a.bf16_factor} x torch bf16's {tu:.3e}")
     print("errors are ||x - torch f32|| / ||torch f32|| per kind of tensor; updates are after - before")
     if failed:
+        # Where it goes wrong: the worst tensors of the failing kinds, and
+        # the worst one's elements that differ by far more than the rest.
+        bad = {f.split(":")[0] for f in failed}
+        worst = sorted(((rel(braid_grads[k], ref_g[k]), k) for k in ref_g if kind(k) in bad), reverse=True)
+        for e, k in worst[:8]:
+            d = (braid_grads[k].double() - ref_g[k].double()).abs().flatten()
+            typical = d.median().item()
+            far = (d > 100 * max(typical, 1e-30)).nonzero().flatten().tolist()
+            print(f"  {k}: gradient error {e:.3e}; braid norm {braid_grads[k].norm():.4e}, torch "
+                  f"{ref_g[k].norm():.4e}; {len(far)} of {d.numel()} elements off by over 100x the median "
+                  f"difference{': ' + str(far[:12]) if far else ''}")
         print("FAILED:\n  " + "\n  ".join(failed))
         sys.exit(1)
     print(f"one-step check passed ({a.precision})")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 64: learning parity with PyTorch on real text, on one GPU.
 #
-#   bash bench/device/parity.sh onestep          # the one-step check, bf16 and f32 (124M)
+#   bash bench/device/parity.sh onestep          # the one-step check, bf16 and f32 (124M; ONESTEP_VARIANTS)
 #   bash bench/device/parity.sh bf16 1337 7      # 124M, 2,000 steps (PARITY_STEPS), per seed: braid, then PyTorch
 #   bash bench/device/parity.sh f32 1337 7       # the same in f32, 600 steps
 #   bash bench/device/parity.sh big 1337 7       # 1558M, batch 8, 400 steps
@@ -107,11 +107,18 @@ plot() {
 case $phase in
   corpus) corpus ;;
   onestep)
+    # ONESTEP_PRECISIONS (default "f32 bf16"); ONESTEP_VARIANTS: braid's
+    # environment per check, "default" or VAR=VAL[,VAR=VAL] (e.g.
+    # "default BRAID_SAVED_IN_GRADS=off").
     corpus
-    for p in f32 bf16; do
-      $PY bench/torch_one_step.py --braid "$B" --dir "/tmp/onestep-$p" --model 124M \
-        --data "$CORPUS" --precision "$p" 2>&1 | tee "$L/parity-onestep-$p.txt"
-      echo "onestep $p: exit ${PIPESTATUS[0]}"
+    for p in ${ONESTEP_PRECISIONS:-f32 bf16}; do
+      for v in ${ONESTEP_VARIANTS:-default}; do
+        vars=()
+        [ "$v" = default ] || IFS=, read -ra vars <<< "$v"
+        env "${vars[@]}" $PY bench/torch_one_step.py --braid "$B" --dir "/tmp/onestep-$p" \
+          --model 124M --data "$CORPUS" --precision "$p" 2>&1 | tee "$L/parity-onestep-$p-$v.txt"
+        echo "onestep $p $v: exit ${PIPESTATUS[0]}"
+      done
     done
     ;;
   bf16) corpus; for s in $SEEDS; do run_pair bf16 "$s" 124M 16 "${PARITY_STEPS:-2000}" bf16; done; plot bf16 ;;
