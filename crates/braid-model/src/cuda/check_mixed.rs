@@ -1057,6 +1057,41 @@ fn check_layernorm(
         rel_err(&down_bf(&gres_bf)?, &cres),
         BF16_OUT,
     ));
+    // A model's bottom layer: no bias gradient below to fold in (the
+    // partial rows are still the kernel's full width).
+    let mut gres = up(device, &base)?;
+    let (mut gdw, mut gdb) = (
+        DeviceBuffer::zeros(device, c)?,
+        DeviceBuffer::zeros(device, c)?,
+    );
+    mk.layernorm_backward(
+        s,
+        &mut gres,
+        &mut gres_bf,
+        None,
+        &mut gdw,
+        &mut gdb,
+        None,
+        &mut partial,
+        &gdout,
+        &gx,
+        &gw,
+        &gb,
+        &gm,
+        &gr,
+        n,
+        c,
+    )?;
+    s.synchronize()?;
+    let e = rel_err(&gres.to_vec()?, &cres)
+        .max(rel_err(&gdw.to_vec()?, &cdw))
+        .max(rel_err(&gdb.to_vec()?, &cdb));
+    out.push(check(
+        "layernorm_backward, no next bias grad",
+        shape.clone(),
+        e,
+        F32_OUT,
+    ));
     // Bit for bit: any difference counts fully.
     let (fwd, again) = (go.to_vec()?, gln.to_vec()?);
     let differ = fwd

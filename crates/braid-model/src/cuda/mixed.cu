@@ -479,19 +479,23 @@ extern "C" __global__ void bias_partial_bf(float* partial, const bf16* dout, int
     bias_partial(partial, dout, N, C, rpb);
 }
 
-// Sums `blocks` partial rows of `parts * C` columns: columns [0, C) go to
-// d0, [C, 2C) to d1, [2C, 3C) to d2 (each skipped when null). A block of
-// 32 columns x 8 row lanes, lane y summing partial rows y, y + 8, ... in
-// order, then the 8 lanes in order (hundreds of partial rows, as the wide
-// LayerNorm backward leaves, are then read by 8 times the threads).
+// Sums `blocks` partial rows of `stride * C` columns, the first `parts *
+// C` of each: columns [0, C) go to d0, [C, 2C) to d1, [2C, 3C) to d2 (each
+// skipped when null). The rows' width is the kernel's that wrote them (the
+// fused LayerNorm backward always writes 3 parts), whatever is summed. A
+// block of 32 columns x 8 row lanes, lane y summing partial rows y, y + 8,
+// ... in order, then the 8 lanes in order (hundreds of partial rows, as
+// the wide LayerNorm backward leaves, are then read by 8 times the
+// threads).
 extern "C" __global__ void sum_partials(float* d0, float* d1, float* d2, const float* partial,
-                                        int blocks, int C, int parts) {
+                                        int blocks, int C, int parts, int stride) {
     __shared__ float sh[8][33];
     int i = blockIdx.x * 32 + threadIdx.x;
     int K = C * parts;
+    long row = (long)C * stride;
     float s = 0.f;
     if (i < K)
-        for (int b = threadIdx.y; b < blocks; b += 8) s += partial[(long)b * K + i];
+        for (int b = threadIdx.y; b < blocks; b += 8) s += partial[(long)b * row + i];
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y != 0 || i >= K) return;

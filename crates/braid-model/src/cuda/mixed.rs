@@ -493,8 +493,12 @@ impl MixedKernels {
             let nblocks = n.div_ceil(rows).max(1);
             args.extend([A::P(partial.dptr()), A::I(rows as i32)]);
             Self::go(f, s, blocks(nblocks, 1)?, (threads, 1, 1), args)?;
+            // The fused kernels write all three parts of every partial
+            // row, the next bias gradient's too: read them as three wide,
+            // even where that gradient is not wanted (a model's bottom
+            // layer).
             let next = dnext.map_or(0, |d| d.dptr());
-            return self.sum_partials(s, [dw.dptr(), db.dptr(), next], partial, nblocks, c);
+            return self.sum_partials(s, [dw.dptr(), db.dptr(), next], partial, nblocks, c, 3);
         }
         let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
         args.push(A::I(c as i32));
@@ -511,7 +515,7 @@ impl MixedKernels {
         ];
         let (grid, block) = Self::column_grid("layernorm backward", n, c)?;
         Self::go(&self.ln_param_partial, s, grid, block, args)?;
-        self.sum_partials(s, [dw.dptr(), db.dptr(), 0], partial, nblocks, c)?;
+        self.sum_partials(s, [dw.dptr(), db.dptr(), 0], partial, nblocks, c, 2)?;
         if let Some(d) = dnext {
             self.bias_backward_f32(s, d, partial, &*dres, n, c)?;
         }
@@ -536,9 +540,11 @@ impl MixedKernels {
             .map(|(_, f)| f)
     }
 
-    /// Adds the sums over `nblocks` partial rows of `parts × c` columns to
-    /// the destinations (device addresses of `c` f32 values each, checked
-    /// by the callers; 0 for none), in order.
+    /// Adds the sums over `nblocks` partial rows of `stride × c` columns
+    /// (as wide as the kernel that wrote them made them) to the
+    /// destinations (device addresses of `c` f32 values each, checked by
+    /// the callers; 0 for none: the trailing ones are not summed), in
+    /// order.
     fn sum_partials(
         &self,
         s: &Stream,
@@ -546,8 +552,13 @@ impl MixedKernels {
         partial: &impl DeviceMem<f32>,
         nblocks: usize,
         c: usize,
+        stride: usize,
     ) -> Result<()> {
         let parts = 3 - dst.iter().rev().take_while(|&&d| d == 0).count();
+        debug_assert!(
+            parts <= stride,
+            "{parts} parts of partial rows {stride} wide"
+        );
         let args = vec![
             A::P(dst[0]),
             A::P(dst[1]),
@@ -556,6 +567,7 @@ impl MixedKernels {
             A::I(nblocks as i32),
             A::I(c as i32),
             A::I(parts as i32),
+            A::I(stride as i32),
         ];
         let tiles = blocks(c * parts, 32)?;
         Self::go(&self.sum_partials, s, tiles, (32, 8, 1), args)
@@ -604,7 +616,7 @@ impl MixedKernels {
         ];
         Self::go(&self.bias_partial_bf8, s, grid, block, args)?;
         let nblocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
-        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c)
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c, 1)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -629,7 +641,7 @@ impl MixedKernels {
         ];
         let (grid, block) = Self::column_grid("bias backward", n, c)?;
         Self::go(f, s, grid, block, args)?;
-        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c)
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, nblocks, c, 1)
     }
 
     /// `out = x + bias` over rows of `c` (f32).
@@ -828,7 +840,7 @@ impl MixedKernels {
         ];
         let grid = (c.div_ceil(256) as u32, grid_rows, 1);
         Self::go(&self.gelu_backward_bias, s, grid, (256, 1, 1), args)?;
-        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, chunks, c)
+        self.sum_partials(s, [dbias.dptr(), 0, 0], partial, chunks, c, 1)
     }
 
     /// Elements of partial-sum scratch [`Self::gelu_backward_bias`] needs.
