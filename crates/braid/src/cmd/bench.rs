@@ -117,9 +117,41 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         Some('G') | Some('g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    num.parse::<usize>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("{s:?} is not a size (e.g. 8, 64K, 16M)"))
+    let n = num
+        .parse::<usize>()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 8, 64K, 16M)"))?;
+    n.checked_mul(mult).ok_or_else(|| {
+        format!("{s:?} is too large a size (more bytes than this machine can address)")
+    })
+}
+
+/// Bytes of host memory the CPU sweep's largest size takes on one rank:
+/// at most an input and an output of `max_bytes` each (all_reduce,
+/// all_to_all; the others hold less).
+fn host_bytes_per_rank(max_bytes: usize) -> u128 {
+    2 * max_bytes as u128
+}
+
+/// Refuses a CPU sweep whose largest size's buffers, on `local` ranks of
+/// this host, exceed its available memory (the allocation would abort a
+/// rank mid-sweep).
+fn check_host_memory(max_bytes: usize, local: usize) -> Result<(), String> {
+    let Some(available) = braid_model::footprint::host_available() else {
+        return Ok(());
+    };
+    let need = host_bytes_per_rank(max_bytes) * local as u128;
+    if need <= available {
+        return Ok(());
+    }
+    let gib = |b: u128| b as f64 / (1u128 << 30) as f64;
+    Err(format!(
+        "-e {max_bytes}: the largest size's buffers take about {:.1} GiB on each of the {local} \
+         rank(s) on this host ({:.1} GiB in all; an input and an output), but {:.1} GiB of memory \
+         is available: lower -e (--maxbytes)",
+        gib(host_bytes_per_rank(max_bytes)),
+        gib(need),
+        gib(available)
+    ))
 }
 
 const OPS: [&str; 9] = [
@@ -195,8 +227,21 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
     if args.factor < 2 && args.min_bytes != args.max_bytes {
         return Err("-f must be at least 2".into());
     }
+    if args.iters == Some(0) {
+        return Err(
+            "-n 0: each size needs at least 1 timed iteration (-n 1 or more; without -n, 100, \
+             fewer for large sizes)"
+                .into(),
+        );
+    }
     if let Some(algo) = &args.algo {
         braid_comm::tuning::Algo::parse(algo)?;
+        if backend == Some(BackendKind::Shm) {
+            return Err(format!(
+                "--algo {algo} with --backend shm: the algorithm is the tcp backend's (and hier's \
+                 between hosts); shm always runs its own rings. Use --backend tcp, or drop --algo"
+            ));
+        }
     }
     let cuda = super::wants_cuda(&args.device)?;
     if args.trace.is_some() && args.graph {
@@ -211,6 +256,41 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
     symmetric_checked(&args, cuda)?;
     if cuda && !super::workers::launched() {
         super::gpus_for(&args.device)?;
+    }
+    if let Some(j) = &args.json {
+        j.check()?;
+    }
+    if let Some(d) = args.trace.as_deref().filter(|d| d.exists() && !d.is_dir()) {
+        return Err(format!(
+            "--trace {}: a file, not a directory (--trace names the directory the traces go to)",
+            d.display()
+        ));
+    }
+    // The ranks of the world (when this process starts them) and of this
+    // host, known before any starts.
+    let starts = match args.np {
+        Some(np) => Some(np.count()?),
+        None if !super::workers::launched() => Some(1),
+        None => None,
+    };
+    // (On GPUs the world counts each process's -g GPUs: checked there.)
+    if let (Some(n), false) = (starts, cuda) {
+        if args.root >= n {
+            return Err(format!(
+                "--root {} is not below the world size {n}: use a rank from 0 to {}",
+                args.root,
+                n - 1
+            ));
+        }
+    }
+    if !cuda {
+        let local = starts.unwrap_or_else(|| {
+            std::env::var(braid_core::env::LOCAL_WORLD_SIZE)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(1)
+        });
+        check_host_memory(args.max_bytes, local)?;
     }
     match args.np {
         Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
@@ -229,6 +309,12 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
         options.backend = b;
     }
     let comm = super::workers::init(options)?;
+    if let (Some(algo), 0, false, "shm") = (&args.algo, comm.rank(), cuda, comm.backend_name()) {
+        eprintln!(
+            "braid bench: note: --algo {algo} is not used: the backend (auto) is shm, which runs \
+             its own rings; --backend tcp runs the algorithm"
+        );
+    }
     if let (Some(j), 0) = (&args.json, comm.rank()) {
         j.claim_stdout()?;
     }

@@ -51,6 +51,13 @@ impl JsonOut {
         }
     }
 
+    /// Checks, before the command's work, that the file can be written:
+    /// its directory exists, a file can be made there, and it is not a
+    /// directory (stdout always can).
+    pub fn check(&self) -> Result<(), String> {
+        super::train_ckpt::check_outputs(&[("--json", self.path())])
+    }
+
     /// For a command that prints as it works: with the JSON on stdout,
     /// everything else this process prints to stdout goes to stderr from
     /// now on, and [`write`](Self::write) alone reaches the real stdout.

@@ -1,0 +1,109 @@
+//! Wrong but plausible input to every subcommand, as a new user types it
+//! (issue 63: "look for more of the same kind while there"): each is
+//! refused at once with an error that names the input and what to do —
+//! not a panic, a hang, a raw OS error, a flag silently ignored, nor an
+//! error found only after the work it spoils.
+
+mod common;
+
+use common::{braid, run, Finished, TempDir};
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// `braid ARGS` in `dir`.
+fn braid_in(dir: &Path, args: &[&str]) -> Finished {
+    let mut cmd = braid();
+    cmd.current_dir(dir).args(args);
+    run(cmd, LIMIT)
+}
+
+/// Asserts that `f` was refused (exit 2) with every phrase of `want` in
+/// its stderr and none of `not` in its output.
+#[track_caller]
+fn refused(f: &Finished, want: &[&str], not: &[&str]) {
+    assert_eq!(f.code, Some(2), "{f:?}");
+    for w in want {
+        assert!(f.stderr.contains(w), "wanted {w:?} in:\n{}", f.stderr);
+    }
+    for n in not {
+        assert!(
+            !f.stderr.contains(n) && !f.stdout.contains(n),
+            "did not want {n:?} in:\n{}\n{}",
+            f.stdout,
+            f.stderr
+        );
+    }
+}
+
+/// The launcher's report of a failed worker: what a check made in the
+/// worker instead of before it says.
+const LAUNCHER_NOISE: &str = "flight records of attempt";
+
+#[test]
+fn bench_refuses_a_sweep_it_cannot_run_before_starting_ranks() {
+    let dir = TempDir::new("wrong-bench");
+    let d = dir.path();
+    // No timed iteration: the table would read "inf".
+    let f = braid_in(d, &["bench", "all_reduce", "-n", "0", "-e", "64"]);
+    refused(&f, &["-n 0", "at least 1"], &["inf"]);
+    // Buffers larger than any host's memory: refused, not an aborted
+    // allocation with a backtrace.
+    let f = braid_in(d, &["bench", "all_reduce", "-b", "16384G", "-e", "16384G"]);
+    refused(
+        &f,
+        &["-e ", "GiB of memory is available", "lower -e"],
+        &["memory allocation", LAUNCHER_NOISE],
+    );
+    // A size past the address space is not wrapped round to a small one.
+    let f = braid_in(d, &["bench", "all_reduce", "-e", "99999999999G"]);
+    refused(&f, &["99999999999G", "too large"], &[]);
+    // A root outside the world: said by the command, not by a failed rank.
+    let f = braid_in(d, &["bench", "all_reduce", "-r", "5", "-e", "64"]);
+    refused(&f, &["--root 5", "world size 1"], &[LAUNCHER_NOISE]);
+    // A JSON file that cannot be written: refused before the sweep.
+    let f = braid_in(d, &["bench", "all_reduce", "-e", "64", "--json", "."]);
+    refused(&f, &["--json .", "is a directory"], &["Avg bus bandwidth"]);
+    let f = braid_in(
+        d,
+        &["bench", "all_reduce", "-e", "64", "--json", "no/x.json"],
+    );
+    refused(
+        &f,
+        &["--json no/x.json", "does not exist"],
+        &["Avg bus bandwidth"],
+    );
+    // --algo is the tcp backend's: refused with shm, noted where auto
+    // chose shm.
+    let f = braid_in(
+        d,
+        &["bench", "all_reduce", "--backend", "shm", "--algo", "tree"],
+    );
+    refused(
+        &f,
+        &["--algo tree with --backend shm", "--backend tcp"],
+        &[],
+    );
+    let f = braid_in(
+        d,
+        &[
+            "bench",
+            "all_reduce",
+            "--algo",
+            "tree",
+            "-e",
+            "64",
+            "-n",
+            "2",
+            "-w",
+            "0",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stderr.contains("--algo tree is not used"), "{}", f.stderr);
+    // A trace directory that is a file.
+    std::fs::write(d.join("afile"), "x").unwrap();
+    let f = braid_in(d, &["bench", "all_reduce", "--trace", "afile", "-e", "64"]);
+    refused(&f, &["--trace afile", "a file"], &[LAUNCHER_NOISE]);
+}
