@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{braid, run, Finished, TempDir};
+use common::{braid, free_port, run, Finished, TempDir};
 use std::path::Path;
 use std::time::Duration;
 
@@ -106,4 +106,35 @@ fn bench_refuses_a_sweep_it_cannot_run_before_starting_ranks() {
     std::fs::write(d.join("afile"), "x").unwrap();
     let f = braid_in(d, &["bench", "all_reduce", "--trace", "afile", "-e", "64"]);
     refused(&f, &["--trace afile", "a file"], &[LAUNCHER_NOISE]);
+}
+
+#[test]
+fn store_bench_and_serve_refuse_bad_counts_and_addresses_at_once() {
+    let dir = TempDir::new("wrong-store");
+    let d = dir.path();
+    for flag in ["--clients", "--ops"] {
+        let f = braid_in(d, &["store", "bench", flag, "0"]);
+        refused(&f, &[&format!("{flag} 0"), "at least 1"], &["ops/s"]);
+    }
+    let f = braid_in(d, &["store", "bench", "--clients", "100000"]);
+    refused(&f, &["--clients 100000", "at most"], &["panicked"]);
+    // No store at the address: said in seconds, not after a silent minute.
+    let addr = format!("127.0.0.1:{}", free_port());
+    let f = braid_in(d, &["store", "bench", "--addr", &addr, "--ops", "10"]);
+    refused(
+        &f,
+        &[
+            &format!("--addr {addr}: no store answers there"),
+            "braid store serve",
+        ],
+        &[],
+    );
+    assert!(f.elapsed < Duration::from_secs(20), "{:?}", f.elapsed);
+    let f = braid_in(d, &["store", "bench", "--addr", "127.0.0.1", "--ops", "10"]);
+    refused(&f, &["--addr 127.0.0.1: expected HOST:PORT"], &[]);
+    assert!(f.elapsed < Duration::from_secs(20), "{:?}", f.elapsed);
+    let f = braid_in(d, &["store", "serve", "--addr", ":29999"]);
+    refused(&f, &["--addr :29999: no host", "0.0.0.0:29999"], &[]);
+    let f = braid_in(d, &["store", "serve", "--addr", "127.0.0.1"]);
+    refused(&f, &["expected HOST:PORT"], &["invalid socket address"]);
 }

@@ -55,11 +55,52 @@ pub fn run(args: StoreArgs) -> Result<i32, String> {
             clients,
             ops,
             value_size,
-        } => bench(addr, clients.max(1), ops.max(1), value_size),
+        } => {
+            if let Some(a) = &addr {
+                host_port(a)?;
+            }
+            if clients == 0 || ops == 0 {
+                let (flag, _) = [("--clients", clients), ("--ops", ops)]
+                    .into_iter()
+                    .find(|(_, n)| *n == 0)
+                    .expect("one is 0");
+                return Err(format!("{flag} 0: use at least 1"));
+            }
+            let most = braid_store::server::DEFAULT_MAX_CONNECTIONS;
+            if clients > most {
+                return Err(format!(
+                    "--clients {clients}: at most {most} (each client is a thread with its own \
+                     connection, and the store admits {most} at once)"
+                ));
+            }
+            bench(addr, clients, ops, value_size)
+        }
     }
 }
 
+/// Checks that `--addr` is `HOST:PORT`, before anything binds or connects.
+fn host_port(addr: &str) -> Result<(), String> {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        Some(("", port)) if port.parse::<u16>().is_ok() => Err(format!(
+            "--addr {addr}: no host before the port: use 127.0.0.1:{port} (this host only) or \
+             0.0.0.0:{port} (every interface)"
+        )),
+        Some((_, port)) => Err(format!(
+            "--addr {addr}: {port:?} is not a port (0 to 65535): expected HOST:PORT, e.g. \
+             127.0.0.1:29500"
+        )),
+        None => Err(format!(
+            "--addr {addr}: expected HOST:PORT, e.g. 127.0.0.1:29500"
+        )),
+    }
+}
+
+/// How long `store bench --addr` waits for a store that should be up.
+const BENCH_CONNECT: Duration = Duration::from_secs(5);
+
 fn serve(addr: &str) -> Result<i32, String> {
+    host_port(addr)?;
     let signals = braid_launch::Signals::install().map_err(|e| e.to_string())?;
     let server = StoreServer::bind(addr, ServerOptions::from_env())
         .map_err(|e| {
@@ -104,6 +145,25 @@ fn bench(
             .local_addr()
             .to_string()
     });
+    let options = || -> Result<ClientOptions, String> {
+        let mut o = ClientOptions::from_env().map_err(|e| e.to_string())?;
+        o.connect_timeout = BENCH_CONNECT;
+        Ok(o)
+    };
+    if server.is_none() {
+        // A store named by --addr should be serving already: say so at
+        // once rather than from every client after its retries.
+        StoreClient::connect(&addr, options()?).map_err(|e| match e {
+            braid_store::StoreError::Connect {
+                waited, last_error, ..
+            } => format!(
+                "--addr {addr}: no store answers there (tried for {waited:.1?}; last error: \
+                 {last_error}); start one with `braid store serve --addr {addr}`, or leave --addr \
+                 out to measure one in this process"
+            ),
+            other => format!("--addr {addr}: {other}"),
+        })?;
+    }
     let value = vec![0xabu8; value_size];
     let mut results = Vec::new();
     for name in ["set", "get", "add"] {
@@ -113,12 +173,9 @@ fn bench(
                 let addr = addr.clone();
                 let value = value.clone();
                 std::thread::spawn(move || -> Result<Vec<Duration>, String> {
-                    let store = StoreClient::connect(
-                        &addr,
-                        ClientOptions::from_env().map_err(|e| e.to_string())?,
-                    )
-                    .map_err(|e| e.to_string())?
-                    .with_prefix(&format!("bench/{c}/"));
+                    let store = StoreClient::connect(&addr, options()?)
+                        .map_err(|e| e.to_string())?
+                        .with_prefix(&format!("bench/{c}/"));
                     let mut lat = Vec::with_capacity(ops);
                     for i in 0..ops {
                         let key = format!("k{}", i % 1024);
