@@ -223,7 +223,12 @@ impl Dataset {
                 t
             }
         };
-        Self::from_tokens(tokens)
+        // Name the file that holds too few.
+        Self::from_tokens(tokens).map_err(|e| match source {
+            Source::Text(p) => format!("{}: {e}", p.display()),
+            Source::Shards(files) if files.len() == 1 => format!("{}: {e}", files[0].display()),
+            _ => e,
+        })
     }
 
     /// A dataset from tokens (the last tenth held out).

@@ -138,3 +138,70 @@ fn store_bench_and_serve_refuse_bad_counts_and_addresses_at_once() {
     let f = braid_in(d, &["store", "serve", "--addr", "127.0.0.1"]);
     refused(&f, &["expected HOST:PORT"], &["invalid socket address"]);
 }
+
+#[test]
+fn train_refuses_bad_numbers_and_paths_before_it_trains() {
+    let dir = TempDir::new("wrong-train");
+    let d = dir.path();
+    let train = |args: &[&str]| {
+        let mut all = vec!["train", "--eval-every", "0"];
+        all.extend_from_slice(args);
+        braid_in(d, &all)
+    };
+    // Numbers that would train the model away from the data, or into NaN.
+    for (flag, value) in [
+        ("--lr", "-1"),
+        ("--lr", "nan"),
+        ("--weight-decay", "-0.1"),
+        ("--grad-clip", "-1"),
+    ] {
+        let f = train(&[&format!("{flag}={value}"), "--steps", "2"]);
+        refused(&f, &[flag, "expected a finite number >= 0"], &["step "]);
+    }
+    // The flag that is zero is the one named.
+    let f = train(&["--steps", "0"]);
+    refused(&f, &["--steps 0"], &["--batch 0"]);
+    let f = train(&["--global-batch", "0"]);
+    refused(&f, &["--global-batch 0"], &["multiple of"]);
+    // --save-dtype: checked before training, not after it (the model lost),
+    // and not ignored without --save.
+    let f = train(&[
+        "--steps",
+        "2",
+        "--save",
+        "m.safetensors",
+        "--save-dtype",
+        "f16",
+    ]);
+    refused(&f, &["--save-dtype \"f16\"", "f32 or bf16"], &["step "]);
+    let f = train(&["--steps", "2", "--save-dtype", "bf16"]);
+    refused(&f, &["--save-dtype bf16", "add --save FILE"], &["step "]);
+    // A --seq past the context is the cause, not the memory it would take.
+    let f = train(&["--seq", "100000"]);
+    refused(&f, &["exceeds the model's context 64"], &["host memory"]);
+    // Paths of the wrong kind, named before the run's banner.
+    std::fs::create_dir(d.join("adir")).unwrap();
+    std::fs::write(d.join("afile"), "x").unwrap();
+    let f = train(&["--load", "adir"]);
+    refused(
+        &f,
+        &["--load adir: a directory", "--resume adir"],
+        &["os error"],
+    );
+    let f = train(&["--load", "nothing.safetensors"]);
+    refused(&f, &["--load nothing.safetensors: no such file"], &[]);
+    for flag in ["--trace", "--ckpt-dir"] {
+        let f = train(&[flag, "afile", "--steps", "1"]);
+        refused(
+            &f,
+            &[&format!("{flag} afile"), "a file is there"],
+            &["braid train: model"],
+        );
+    }
+    let f = train(&["--keep", "3", "--steps", "1"]);
+    refused(&f, &["--keep need --ckpt-dir"], &["braid train: model"]);
+    // Text too short to train on: the file is named.
+    std::fs::write(d.join("empty.txt"), "").unwrap();
+    let f = train(&["--data", "empty.txt"]);
+    refused(&f, &["empty.txt: only 0 tokens"], &[]);
+}

@@ -624,8 +624,42 @@ fn same_model_as_checkpoint(
 /// `--model`'s default.
 const DEFAULT_MODEL: &str = "tiny";
 
+/// Refuses paths of the wrong kind before anything else is read or
+/// printed: `--load` a file that is there, `--trace` and `--ckpt-dir`
+/// directories (or not there yet).
+fn paths_checked(a: &TrainArgs) -> Result<(), String> {
+    if let Some(load) = &a.load {
+        if load.is_dir() {
+            return Err(format!(
+                "--load {}: a directory; --load takes a safetensors file (`braid train --save`, \
+                 `braid ckpt consolidate`, a Hugging Face model.safetensors). A --ckpt-dir goes \
+                 on with --resume {}",
+                load.display(),
+                load.display()
+            ));
+        }
+        if !load.exists() {
+            return Err(format!(
+                "--load {}: no such file (--load takes a safetensors file: `braid train --save`, \
+                 `braid ckpt consolidate`, a Hugging Face model.safetensors)",
+                load.display()
+            ));
+        }
+    }
+    for (flag, dir) in [("--trace", &a.trace), ("--ckpt-dir", &a.ckpt_dir)] {
+        if let Some(d) = dir.as_deref().filter(|d| d.exists() && !d.is_dir()) {
+            return Err(format!(
+                "{flag} {}: could not be created: a file is there ({flag} names a directory)",
+                d.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `braid train`.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
+    paths_checked(&a)?;
     let ModelChoice {
         name: model,
         note: model_note,
@@ -636,14 +670,61 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         "sgd" => OptimizerKind::Sgd,
         o => return Err(format!("--optimizer {o:?}: expected adamw or sgd")),
     };
-    if a.batch == 0 || a.seq == Some(0) || a.steps == 0 || a.accum == 0 {
-        return Err("--batch, --seq, --steps and --accum must be positive".into());
+    for (flag, value) in [
+        ("--batch", a.batch),
+        ("--seq", a.seq.unwrap_or(1)),
+        ("--steps", a.steps),
+        ("--accum", a.accum),
+    ] {
+        if value == 0 {
+            return Err(format!(
+                "{flag} 0: use 1 or more (--batch, --seq, --steps and --accum must be positive)"
+            ));
+        }
+    }
+    if a.global_batch == Some(0) {
+        return Err("--global-batch 0: use 1 or more sequences per step".into());
+    }
+    // Non-negative, finite numbers (0: no learning, no decay, no clipping).
+    for (flag, value) in [
+        ("--lr", a.lr.map_or(0.0, f64::from)),
+        ("--weight-decay", f64::from(a.weight_decay)),
+        ("--grad-clip", a.grad_clip),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!(
+                "{flag} {value}: expected a finite number >= 0 (0 turns it off)"
+            ));
+        }
+    }
+    match (braid_core::DType::parse(&a.save_dtype), &a.save) {
+        (Ok(braid_core::DType::F32), _) => {}
+        (Ok(braid_core::DType::BF16), Some(_)) => {}
+        (Ok(braid_core::DType::BF16), None) => {
+            return Err(format!(
+                "--save-dtype {}: the element type of --save FILE, and this run saves no model \
+                 file: add --save FILE, or drop --save-dtype",
+                a.save_dtype
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "--save-dtype {:?}: expected f32 or bf16 (what a checkpoint stores)",
+                a.save_dtype
+            ))
+        }
     }
     if a.resume.as_deref() == Some("auto") && a.ckpt_dir.is_none() {
         return Err(
             "--resume auto resumes from --ckpt-dir's newest checkpoint: give --ckpt-dir DIR too \
              (or --resume DIR for one checkpoint)"
                 .into(),
+        );
+    }
+    if a.ckpt_dir.is_none() && (a.save_every > 0 || a.keep > 0) {
+        // (Said before the run starts, not after its data is read.)
+        return Err(
+            "--save-every and --keep need --ckpt-dir DIR (where the checkpoints go)".into(),
         );
     }
     let world = world()?;
@@ -1017,6 +1098,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         plain_grads: grad_comm == GradComm::Plain,
         gpu_memory,
     };
+    // Before the memory pre-flight: a --seq past the context is the
+    // cause, not the memory it would take.
+    check_fits(&cfg, seq, &*data.source)?;
     if cuda && world.is_none() {
         super::gpus_for(&a.device)?;
     }
