@@ -205,3 +205,63 @@ fn train_refuses_bad_numbers_and_paths_before_it_trains() {
     let f = train(&["--data", "empty.txt"]);
     refused(&f, &["empty.txt: only 0 tokens"], &[]);
 }
+
+#[test]
+fn ckpt_consolidate_checks_its_output_before_reading_and_spares_the_checkpoint() {
+    let dir = TempDir::new("wrong-ckpt");
+    let d = dir.path();
+    let f = braid_in(
+        d,
+        &[
+            "train",
+            "--steps",
+            "1",
+            "--eval-every",
+            "0",
+            "--ckpt-dir",
+            "ck",
+        ],
+    );
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let step = std::fs::read_dir(d.join("ck"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("step-"))
+        .unwrap()
+        .path();
+    let manifest = step.join("braid-checkpoint.json");
+    let before = std::fs::read(&manifest).unwrap();
+    // Onto the checkpoint's own files: refused, the checkpoint intact.
+    for out in [manifest.clone(), d.join("ck/latest")] {
+        let o = out.to_str().unwrap();
+        let f = braid_in(d, &["ckpt", "consolidate", "ck", "-o", o]);
+        refused(
+            &f,
+            &["--output", "would replace the checkpoint's own files"],
+            &[],
+        );
+    }
+    assert_eq!(std::fs::read(&manifest).unwrap(), before);
+    let f = braid_in(d, &["ckpt", "inspect", "ck", "--verify"]);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    // Outputs that cannot be written, and a type a checkpoint does not
+    // store: refused before the model is read.
+    for (args, want) in [
+        (
+            &["-o", "no/x.safetensors"][..],
+            "--output no/x.safetensors: the directory no does not exist",
+        ),
+        (&["-o", "ck"][..], "--output ck: is a directory"),
+        (
+            &["-o", "x.safetensors", "--dtype", "f16"][..],
+            "--dtype \"f16\": expected f32 or bf16",
+        ),
+    ] {
+        let mut all = vec!["ckpt", "consolidate", "ck"];
+        all.extend_from_slice(args);
+        let f = braid_in(d, &all);
+        refused(&f, &[want], &["consolidating", ".tmp", "os error"]);
+    }
+    let f = braid_in(d, &["ckpt", "inspect", "ck", "--json", "ck"]);
+    refused(&f, &["--json ck: is a directory"], &["os error"]);
+}

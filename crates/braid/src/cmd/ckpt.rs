@@ -85,6 +85,9 @@ fn inspect(
     verify: bool,
     json: Option<&super::json_out::JsonOut>,
 ) -> Result<i32, String> {
+    if let Some(out) = json {
+        out.check()?;
+    }
     let r = open(dir)?;
     let m = r.manifest();
     if let Some(out) = json {
@@ -239,9 +242,47 @@ fn read_with_progress(
     Ok(out)
 }
 
+/// Refuses an output that would replace a file of the checkpoint `r`
+/// reads: one inside its step directory, or its --ckpt-dir's `latest`.
+fn outside_checkpoint(r: &CheckpointReader, output: &Path) -> Result<(), String> {
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let (Ok(parent), Ok(step)) = (parent.canonicalize(), r.dir().canonicalize()) else {
+        return Ok(());
+    };
+    let latest = output.file_name().is_some_and(|n| n == "latest");
+    let what = if parent == step {
+        format!(
+            "inside the checkpoint {} that it is made from",
+            r.dir().display()
+        )
+    } else if latest && step.parent() == Some(parent.as_path()) {
+        "the checkpoint directory's pointer to its newest checkpoint".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--output {}: {what}: writing there would replace the checkpoint's own files; pick a \
+         path outside it (e.g. model.safetensors)",
+        output.display()
+    ))
+}
+
 fn consolidate(dir: &Path, output: &Path, dtype: &str) -> Result<i32, String> {
-    let dtype = braid_core::DType::parse(dtype)?;
+    // Checked before the model is read: its type, and where it goes.
+    let dtype = match braid_core::DType::parse(dtype) {
+        Ok(d @ (braid_core::DType::F32 | braid_core::DType::BF16)) => d,
+        _ => {
+            return Err(format!(
+                "--dtype {dtype:?}: expected f32 or bf16 (what a checkpoint stores)"
+            ))
+        }
+    };
+    super::train_ckpt::check_outputs(&[("--output", Some(output))])?;
     let r = open(dir)?;
+    outside_checkpoint(&r, output)?;
     let params = whole_model(&r, "consolidating", true)?;
     let mut extra = vec![("braid.step", r.manifest().step.to_string())];
     if let Some(tokenizer) = tokenizer_of(&r) {
