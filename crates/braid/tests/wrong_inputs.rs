@@ -265,3 +265,84 @@ fn ckpt_consolidate_checks_its_output_before_reading_and_spares_the_checkpoint()
     let f = braid_in(d, &["ckpt", "inspect", "ck", "--json", "ck"]);
     refused(&f, &["--json ck: is a directory"], &["os error"]);
 }
+
+/// A JPEG of `w` x `h` pixels.
+fn jpeg(w: usize, h: usize) -> Vec<u8> {
+    let rgb: Vec<u8> = (0..w * h * 3).map(|k| (k * 7 % 251) as u8).collect();
+    braid_data::jpeg::encode(&rgb, w as u32, h as u32, 90).unwrap()
+}
+
+#[test]
+fn data_commands_check_their_flags_and_outputs_first() {
+    let dir = TempDir::new("wrong-data");
+    let d = dir.path();
+    // Text that is not ASCII, cut for the sample listing: no panic.
+    let line = format!("{{\"data\": \"a{}\"}}\n", "é".repeat(100));
+    std::fs::write(d.join("u.jsonl"), line.repeat(3)).unwrap();
+    let f = braid_in(d, &["data", "write", "u.beton", "--jsonl", "u.jsonl"]);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let f = braid_in(d, &["data", "inspect", "u.beton"]);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    assert!(f.stdout.contains("... (101 chars)"), "{}", f.stdout);
+    // Outputs named wrongly: refused before anything is read.
+    std::fs::create_dir(d.join("adir")).unwrap();
+    std::fs::write(d.join("afile"), "x").unwrap();
+    let write = |out: &str, more: &[&str]| {
+        let mut all = vec!["data", "write", out, "--tokens", "synthetic"];
+        all.extend_from_slice(more);
+        braid_in(d, &all)
+    };
+    let f = write("no/o.beton", &["--seq", "8"]);
+    refused(
+        &f,
+        &["no/o.beton: the directory no does not exist"],
+        &["reading tokens", ".tmp"],
+    );
+    let f = write("adir", &["--seq", "8"]);
+    refused(&f, &["adir: is a directory"], &["reading tokens", ".tmp"]);
+    // A window of no tokens, and another input's flags.
+    let f = write("o.beton", &["--seq", "0"]);
+    refused(&f, &["--seq 0"], &["more data"]);
+    let f = write("o.beton", &["--max-resolution", "64"]);
+    refused(&f, &["--max-resolution is for --images", "--tokens"], &[]);
+    let f = braid_in(
+        d,
+        &[
+            "data", "write", "o.beton", "--jsonl", "u.jsonl", "--seq", "64",
+        ],
+    );
+    refused(&f, &["--seq is for --tokens"], &[]);
+    let f = braid_in(d, &["data", "inspect", "adir"]);
+    refused(&f, &["adir: a directory, not a .beton file"], &["os error"]);
+
+    // An image file for the loader.
+    for class in ["cat", "dog"] {
+        let c = d.join("imgs").join(class);
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::write(c.join("0.jpg"), jpeg(40, 30)).unwrap();
+        std::fs::write(c.join("1.jpg"), jpeg(30, 40)).unwrap();
+    }
+    let f = braid_in(d, &["data", "write", "img.beton", "--images", "imgs"]);
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let load = |more: &[&str]| {
+        let mut all = vec!["data", "load", "img.beton", "--res", "8", "--threads", "1"];
+        all.extend_from_slice(more);
+        braid_in(d, &all)
+    };
+    for (flag, want) in [
+        ("--epochs", "--epochs 0"),
+        ("--batch", "--batch 0"),
+        ("--ranks", "--ranks 0"),
+    ] {
+        let f = load(&[flag, "0"]);
+        refused(&f, &[want], &["images/s"]);
+    }
+    let f = load(&["--cache-pages", "4"]);
+    refused(&f, &["--cache-pages", "--cache process"], &["images/s"]);
+    let f = load(&["--record", "afile"]);
+    refused(&f, &["--record afile: a file"], &["images/s"]);
+    let f = load(&["--json", "adir"]);
+    refused(&f, &["--json adir: is a directory"], &["images/s"]);
+    let f = braid_in(d, &["data", "load", "adir"]);
+    refused(&f, &["adir: a directory, not a .beton file"], &["os error"]);
+}

@@ -145,7 +145,82 @@ pub fn run(a: DataArgs) -> Result<i32, String> {
     }
 }
 
+/// Refuses the flags of one input given with another (they would be
+/// ignored), and sizes that make no file, before anything is read.
+fn write_flags_checked(a: &WriteArgs) -> Result<(), String> {
+    let (input, takes): (&str, &[&str]) = if a.tokens.is_some() {
+        ("--tokens", &["--seq", "--tokenizer"])
+    } else if a.jsonl.is_some() {
+        ("--jsonl", &["--field"])
+    } else if a.images.is_some() {
+        (
+            "--images",
+            &[
+                "--max-resolution",
+                "--exact-resize",
+                "--mode",
+                "--quality",
+                "--compress-probability",
+                "--smart-threshold",
+            ],
+        )
+    } else {
+        return Ok(());
+    };
+    let given = [
+        ("--seq", a.seq != 1024),
+        ("--tokenizer", a.tokenizer.is_some()),
+        ("--field", a.field != "data"),
+        ("--max-resolution", a.max_resolution.is_some()),
+        ("--exact-resize", a.exact_resize),
+        ("--mode", a.mode != "jpg"),
+        ("--quality", a.quality != 90),
+        ("--compress-probability", a.compress_probability != 0.5),
+        ("--smart-threshold", a.smart_threshold.is_some()),
+    ];
+    if let Some((flag, _)) = given
+        .iter()
+        .find(|(flag, set)| *set && !takes.contains(flag))
+    {
+        let owner = match *flag {
+            "--seq" | "--tokenizer" => "--tokens",
+            "--field" => "--jsonl",
+            _ => "--images",
+        };
+        return Err(format!(
+            "{flag} is for {owner}, and this file is written from {input}: drop {flag}"
+        ));
+    }
+    if a.tokens.is_some() && a.seq == 0 {
+        return Err("--seq 0: a window needs at least 1 token (e.g. --seq 1024)".into());
+    }
+    if a.exact_resize && a.max_resolution.is_none() {
+        return Err(
+            "--exact-resize changes how --max-resolution shrinks images, and no \
+             --max-resolution is given: add it, or drop --exact-resize"
+                .into(),
+        );
+    }
+    if a.mode != "proportion" && a.compress_probability != 0.5 {
+        return Err(format!(
+            "--compress-probability is for --mode proportion (this file's mode is {}): add \
+             --mode proportion, or drop it",
+            a.mode
+        ));
+    }
+    if a.mode != "smart" && a.smart_threshold.is_some() {
+        return Err(format!(
+            "--smart-threshold is for --mode smart (this file's mode is {}): add --mode smart, \
+             or drop it",
+            a.mode
+        ));
+    }
+    Ok(())
+}
+
 fn write(mut a: WriteArgs) -> Result<i32, String> {
+    write_flags_checked(&a)?;
+    super::train_ckpt::check_outputs(&[("braid data write", Some(&a.output))])?;
     if let Some(n) = a.threads.take() {
         if n == 0 {
             return Err("--threads 0: use at least 1".into());
@@ -251,7 +326,11 @@ fn report_written(out: &Path, w: &Written, secs: f64) {
 }
 
 fn inspect(a: InspectArgs) -> Result<i32, String> {
-    let b = Beton::open(&a.file)?;
+    if let Some(j) = &a.json {
+        j.check()?;
+    }
+    super::train_ckpt::check_outputs(&[("--sheet", a.sheet.as_deref())])?;
+    let b = open_beton(&a.file)?;
     if let Some(out) = &a.sheet {
         let opts = sheet::SheetOptions {
             field: a.sheet_field.as_deref(),
@@ -322,6 +401,17 @@ fn inspect(a: InspectArgs) -> Result<i32, String> {
     Ok(0)
 }
 
+/// Opens a .beton file, a directory named as one refused in words.
+pub(super) fn open_beton(file: &Path) -> Result<Beton, String> {
+    if file.is_dir() {
+        return Err(format!(
+            "{}: a directory, not a .beton file (`braid data write` makes one)",
+            file.display()
+        ));
+    }
+    Beton::open(file)
+}
+
 /// Writes `s` to `out` as an 8-bit RGB PNG, atomically: under a
 /// temporary name beside it, synced, then renamed over it.
 fn write_png(out: &Path, s: &sheet::Sheet) -> Result<(), String> {
@@ -384,9 +474,11 @@ fn shorten(v: &Json) -> String {
                 Json::Array(head)
             }
             Json::Array(a) => Json::Array(a.iter().map(cut).collect()),
-            Json::String(s) if s.len() > 64 => {
-                Json::from(format!("{}... ({} chars)", &s[..48], s.len()))
-            }
+            Json::String(s) if s.chars().count() > 64 => Json::from(format!(
+                "{}... ({} chars)",
+                s.chars().take(48).collect::<String>(),
+                s.chars().count()
+            )),
             Json::Object(o) => Json::Object(o.iter().map(|(k, v)| (k.clone(), cut(v))).collect()),
             other => other.clone(),
         }

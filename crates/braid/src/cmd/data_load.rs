@@ -115,6 +115,7 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         Some(r) => r,
         None => env("WORLD_SIZE")?.unwrap_or(1),
     };
+    flags_checked(&a, rank, ranks)?;
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -263,6 +264,65 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
         );
     }
     Ok(0)
+}
+
+/// Refuses counts that read nothing and flags that would go unused,
+/// naming the flag, before the file is opened; makes `--record`'s
+/// directory and checks `--json`'s file, so that neither fails after the
+/// epochs.
+fn flags_checked(a: &LoadArgs, rank: usize, ranks: usize) -> Result<(), String> {
+    for (flag, value) in [
+        ("--res", Some(a.res)),
+        ("--width", a.width),
+        ("--height", a.height),
+        ("--batch", Some(a.batch)),
+        ("--epochs", Some(a.epochs as usize)),
+        ("--threads", a.threads),
+        ("--ranks", Some(ranks)),
+        ("--cache-pages", a.cache_pages),
+    ] {
+        if value == Some(0) {
+            return Err(format!("{flag} 0: use 1 or more"));
+        }
+    }
+    if rank >= ranks {
+        return Err(format!(
+            "rank {rank} of {ranks} ranks (--rank, --ranks, or RANK and WORLD_SIZE from the \
+             launcher): a rank is 0 to {}",
+            ranks - 1
+        ));
+    }
+    if a.cache_pages.is_some() && a.cache != "process" {
+        return Err(
+            "--cache-pages sizes the process cache (--cache process), and this run reads \
+             through the OS cache: add --cache process, or drop --cache-pages"
+                .into(),
+        );
+    }
+    if a.file.is_dir() {
+        return Err(format!(
+            "{}: a directory, not a .beton file (`braid data write --images` makes one)",
+            a.file.display()
+        ));
+    }
+    if let Some(j) = &a.json {
+        j.check()?;
+    }
+    if let Some(dir) = &a.record {
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!(
+                "--record {}: a file; --record names the directory samples-rank<R>.txt go to",
+                dir.display()
+            ));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "--record {}: cannot make the directory ({e}); --record names a directory",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// What one epoch must hold.
