@@ -346,3 +346,41 @@ fn data_commands_check_their_flags_and_outputs_first() {
     let f = braid_in(d, &["data", "load", "adir"]);
     refused(&f, &["adir: a directory, not a .beton file"], &["os error"]);
 }
+
+#[test]
+fn report_and_doctor_name_a_file_given_for_their_directory_and_check_outputs_first() {
+    let dir = TempDir::new("wrong-report");
+    let d = dir.path();
+    std::fs::create_dir(d.join("empty")).unwrap();
+    std::fs::write(d.join("trace-rank00000.json"), "{}").unwrap();
+    std::fs::write(d.join("flight-rank00000.json"), "{}").unwrap();
+    let f = braid_in(d, &["report", "trace-rank00000.json"]);
+    refused(
+        &f,
+        &[
+            "a file; braid report reads a trace directory",
+            "try `braid report",
+        ],
+        &["os error"],
+    );
+    let f = braid_in(d, &["doctor", "flight-rank00000.json"]);
+    refused(
+        &f,
+        &[
+            "a file; braid doctor reads a log directory",
+            "try `braid doctor",
+        ],
+        &["os error"],
+    );
+    // The outputs are checked before the inputs are read.
+    let f = braid_in(d, &["report", "empty", "--html", "no/r.html"]);
+    refused(
+        &f,
+        &["--html no/r.html: the directory no does not exist"],
+        &[],
+    );
+    let f = braid_in(d, &["report", "empty", "--json", "empty"]);
+    refused(&f, &["--json empty: is a directory"], &[]);
+    let f = braid_in(d, &["doctor", "empty", "--json", "empty"]);
+    refused(&f, &["--json empty: is a directory"], &[]);
+}

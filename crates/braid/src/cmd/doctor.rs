@@ -114,6 +114,25 @@ fn by_attempt<'a>(
 
 /// Runs `braid doctor`.
 pub fn run(a: DoctorArgs) -> Result<i32, String> {
+    if a.dir.is_file() {
+        let parent = match a.dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = a.dir.file_name().unwrap_or_default().to_string_lossy();
+        return Err(format!(
+            "{}: a file; braid doctor reads a log directory (the one `braid launch` printed, or \
+             its --log-dir) and diagnoses every record in it{}",
+            a.dir.display(),
+            match name.starts_with("flight-") {
+                true => format!(": try `braid doctor {}`", parent.display()),
+                false => String::new(),
+            }
+        ));
+    }
+    if let Some(j) = &a.json {
+        j.check()?;
+    }
     let loaded = flight::load_dir(&a.dir)
         .map_err(|e| format!("cannot read the log directory {}: {e}", a.dir.display()))?;
     let Some(newest) = loaded

@@ -37,6 +37,22 @@ pub struct ReportArgs {
 }
 
 fn load(dir: &std::path::Path) -> Result<(Vec<RankTrace>, Vec<usize>), String> {
+    if dir.is_file() {
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        return Err(format!(
+            "{}: a file; braid report reads a trace directory (the DIR of `braid train --trace \
+             DIR`, holding trace-rank*.json){}",
+            dir.display(),
+            match name.starts_with("trace") {
+                true => format!(": try `braid report {}`", parent.display()),
+                false => String::new(),
+            }
+        ));
+    }
     let (traces, missing) = format::read_dir(dir)?;
     if let Some(t) = traces.iter().find(|t| t.run["steps"].as_array().is_none()) {
         return Err(format!(
@@ -50,6 +66,11 @@ fn load(dir: &std::path::Path) -> Result<(Vec<RankTrace>, Vec<usize>), String> {
 
 /// Runs `braid report`.
 pub fn run(a: ReportArgs) -> Result<i32, String> {
+    // The outputs first, so that a bad path is not found after the work.
+    if let Some(j) = &a.json {
+        j.check()?;
+    }
+    super::train_ckpt::check_outputs(&[("--html", a.html.as_deref())])?;
     let (traces, missing) = load(&a.dir)?;
     let mut others = Vec::new();
     for d in &a.compare {
