@@ -384,3 +384,31 @@ fn report_and_doctor_name_a_file_given_for_their_directory_and_check_outputs_fir
     let f = braid_in(d, &["doctor", "empty", "--json", "empty"]);
     refused(&f, &["--json empty: is a directory"], &[]);
 }
+
+#[test]
+fn scale_checks_its_counts_and_its_out_directory_before_any_run() {
+    let dir = TempDir::new("wrong-scale");
+    let d = dir.path();
+    let train = ["--", "--steps", "1", "--eval-every", "0"];
+    for counts in ["1,1", "1,4,2"] {
+        let mut all = vec!["scale", "--nproc-per-node", counts];
+        all.extend_from_slice(&train);
+        let f = braid_in(d, &all);
+        refused(
+            &f,
+            &["each count once, rising"],
+            &["process(es): braid train"],
+        );
+    }
+    std::fs::write(d.join("afile"), "x").unwrap();
+    let mut all = vec!["scale", "--nproc-per-node", "1, 2", "--out", "afile"];
+    all.extend_from_slice(&train);
+    let f = braid_in(d, &all);
+    refused(
+        &f,
+        &["--out afile: a file"],
+        &["process(es): braid train", "invalid digit"],
+    );
+    let f = braid_in(d, &["scale", "--plot-only", "missing.tsv"]);
+    refused(&f, &["--plot-only missing.tsv"], &[]);
+}

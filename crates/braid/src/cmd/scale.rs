@@ -32,7 +32,8 @@ pub struct ScaleArgs {
         long = "nproc-per-node",
         visible_aliases = ["workers", "nproc"],
         value_delimiter = ',',
-        value_name = "N,..."
+        value_name = "N,...",
+        value_parser = parse_count
     )]
     nproc_per_node: Vec<usize>,
     /// Directory for scaling.json, scaling.svg and each run's record
@@ -66,6 +67,26 @@ const COLORS: [&str; 5] = ["#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"
 /// braid's colour, and its ideal line's.
 const BRAID_COLOR: &str = "#1f77b4";
 const IDEAL_COLOR: &str = "#888888";
+
+/// One of `--nproc-per-node`'s counts (spaces around it allowed: `1, 2`).
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a process count: give whole numbers, e.g. 1,2,4"))
+}
+
+/// `--out` names a directory: refused when it is a file (before any run).
+fn out_dir_checked(out: &Path) -> Result<(), String> {
+    if out.exists() && !out.is_dir() {
+        return Err(format!(
+            "--out {}: a file; --out names the directory that scaling.json, scaling.svg and \
+             the runs' records go to",
+            out.display()
+        ));
+    }
+    std::fs::create_dir_all(out)
+        .map_err(|e| format!("--out {}: cannot make the directory: {e}", out.display()))
+}
 
 fn parse_peer(s: &str) -> Result<(String, Vec<(f64, f64)>), String> {
     let bad = || {
@@ -303,7 +324,8 @@ fn write_svg(out: &Path, chart: &Chart) -> Result<PathBuf, String> {
 
 /// `--plot-only`: the plot of measured points.
 fn plot_only(a: &ScaleArgs, tsv: &Path) -> Result<i32, String> {
-    let (measured, column) = read_points(tsv)?;
+    let (measured, column) = read_points(tsv).map_err(|e| format!("--plot-only {e}"))?;
+    out_dir_checked(&a.out)?;
     let (x_label, unit) = match column.as_str() {
         "gpus" => ("GPUs", "GPU"),
         "workers" => ("workers", "worker"),
@@ -359,16 +381,30 @@ pub fn run(a: ScaleArgs) -> Result<i32, String> {
         return Err("--nproc-per-node: give counts of at least 1 (e.g. 1,2,4)".into());
     }
     if counts[0] != 1 {
-        return Err(
-            "--nproc-per-node must start at 1: efficiency is measured against one process".into(),
-        );
+        return Err(format!(
+            "--nproc-per-node must start at 1: efficiency is measured against one process (e.g. \
+             1,{})",
+            counts[counts.len() - 1].max(2)
+        ));
+    }
+    if let Some(w) = counts.windows(2).find(|w| w[1] <= w[0]) {
+        return Err(format!(
+            "--nproc-per-node {}: each count once, rising ({} after {}); e.g. 1,2,4",
+            a.nproc_per_node
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            w[1],
+            w[0]
+        ));
     }
     let peers = a
         .peer
         .iter()
         .map(|p| parse_peer(p))
         .collect::<Result<Vec<_>, _>>()?;
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    out_dir_checked(&a.out)?;
     let mut points = Vec::new();
     for &w in &counts {
         let json = a.out.join(format!("train-{w}.json"));
