@@ -41,6 +41,23 @@ pub enum LaunchError {
 /// is a common one: a program in the current directory named without
 /// `./` (looked up on `PATH` instead), or an interpreter that is missing.
 fn spawn_hint(program: &str, source: &std::io::Error) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::path::Path::new(program);
+    // Named with a path, or found beside us without one: what it is.
+    let here = program.contains('/') || source.kind() == std::io::ErrorKind::NotFound;
+    if here && path.is_dir() {
+        return " (that is a directory, not a program: name the program inside it)".into();
+    }
+    let runnable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if source.kind() == std::io::ErrorKind::PermissionDenied && path.is_file() && !runnable(path) {
+        return format!(
+            " (the file is not executable: `chmod +x {program}`, or name its interpreter, e.g. \
+             `sh {program}` or `python3 {program}`)"
+        );
+    }
     if source.kind() != std::io::ErrorKind::NotFound || program.contains('/') {
         return String::new();
     }
@@ -50,7 +67,14 @@ fn spawn_hint(program: &str, source: &std::io::Error) -> String {
              name the interpreter yourself with --no-python)"
         );
     }
-    if std::path::Path::new(program).exists() {
+    if path.is_file() && !runnable(path) {
+        return format!(
+            " (a program named without a / is looked up on PATH; ./{program} in this directory \
+             is not executable: `chmod +x {program}`, or name its interpreter, e.g. `sh \
+             {program}`)"
+        );
+    }
+    if path.exists() {
         return format!(
             " (a program named without a / is looked up on PATH; the one in this directory is \
              ./{program})"

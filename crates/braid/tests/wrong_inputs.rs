@@ -412,3 +412,32 @@ fn scale_checks_its_counts_and_its_out_directory_before_any_run() {
     let f = braid_in(d, &["scale", "--plot-only", "missing.tsv"]);
     refused(&f, &["--plot-only missing.tsv"], &[]);
 }
+
+#[test]
+fn launch_refuses_ranks_not_on_the_node_and_says_what_a_program_path_is() {
+    let dir = TempDir::new("wrong-launch");
+    let d = dir.path();
+    for flag in [&["--local-ranks-filter", "5"][..], &["--tee", "5:3"][..]] {
+        let mut all = vec!["launch", "--nproc-per-node", "2"];
+        all.extend_from_slice(flag);
+        all.extend_from_slice(&["--", "true"]);
+        let f = braid_in(d, &all);
+        refused(
+            &f,
+            &[flag[0], "local rank 5 is not on this node"],
+            &["starts ranks"],
+        );
+    }
+    std::fs::create_dir(d.join("adir")).unwrap();
+    std::fs::write(d.join("script.txt"), "echo hi\n").unwrap();
+    let f = braid_in(d, &["launch", "--log-dir", "script.txt", "--", "true"]);
+    refused(&f, &["--log-dir script.txt: a file"], &["starts ranks"]);
+    let f = braid_in(d, &["launch", "--", "./adir"]);
+    refused(&f, &["that is a directory, not a program"], &[]);
+    let f = braid_in(d, &["launch", "--", "./script.txt"]);
+    refused(
+        &f,
+        &["not executable", "chmod +x ./script.txt", "sh ./script.txt"],
+        &[],
+    );
+}

@@ -413,6 +413,18 @@ pub fn run(a: LaunchArgs) -> Result<i32, String> {
         output,
         role: a.role,
     };
+    local_ranks_checked(&options)?;
+    if let Some(d) = options
+        .log_dir
+        .as_deref()
+        .filter(|d| d.exists() && !d.is_dir())
+    {
+        return Err(format!(
+            "--log-dir {}: a file; --log-dir names the directory the ranks' logs and flight \
+             records go to",
+            d.display()
+        ));
+    }
     let plan = options.resolve().map_err(|e| e.to_string())?;
     for note in &notes {
         eprintln!("braid launch: note: {note}");
@@ -423,6 +435,35 @@ pub fn run(a: LaunchArgs) -> Result<i32, String> {
 }
 
 /// `--tee`/`--redirects`, parsed (absent: no stream).
+/// Refuses local ranks in `--local-ranks-filter`, `--tee` or
+/// `--redirects` that this node does not start (they would silently
+/// match none: a filter of only such ranks hides every worker's output).
+fn local_ranks_checked(o: &LaunchOptions) -> Result<(), String> {
+    let n = o.nproc_per_node;
+    let per_rank = |spec: &StreamSpec| match spec {
+        StreamSpec::PerRank(pairs) => pairs.iter().map(|(r, _)| *r).collect(),
+        _ => Vec::new(),
+    };
+    for (flag, ranks) in [
+        (
+            "--local-ranks-filter",
+            o.output.console_ranks.clone().unwrap_or_default(),
+        ),
+        ("--tee", per_rank(&o.output.tee)),
+        ("--redirects", per_rank(&o.output.redirects)),
+    ] {
+        if let Some(r) = ranks.iter().find(|&&r| r >= n) {
+            return Err(format!(
+                "{flag}: local rank {r} is not on this node, which starts {} (local ranks 0 to \
+                 {}; --nproc-per-node sets how many)",
+                braid_core::words::count(n, "worker"),
+                n - 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn parse_streams(flag: &str, value: Option<&str>) -> Result<StreamSpec, String> {
     value.map_or(Ok(StreamSpec::None), |v| StreamSpec::parse(flag, v))
 }
