@@ -441,3 +441,17 @@ fn launch_refuses_ranks_not_on_the_node_and_says_what_a_program_path_is() {
         &[],
     );
 }
+
+#[test]
+fn kernels_and_topo_name_a_bad_flag_on_any_machine() {
+    let dir = TempDir::new("wrong-kernels");
+    let d = dir.path();
+    let f = braid_in(d, &["kernels", "--ptx", "hopper"]);
+    refused(&f, &["--ptx hopper", "compute_90"], &["NVRTC library"]);
+    let f = braid_in(d, &["kernels", "--ptx", "sm_90"]);
+    refused(&f, &["--ptx sm_90", "--ptx compute_90"], &["NVRTC library"]);
+    let f = braid_in(d, &["topo", "--reps", "0"]);
+    refused(&f, &["--reps 0"], &["NVML"]);
+    let f = braid_in(d, &["topo", "--no-measure", "--json", "."]);
+    refused(&f, &["--json .: is a directory"], &["NVML"]);
+}

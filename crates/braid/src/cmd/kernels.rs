@@ -19,10 +19,37 @@ pub struct KernelsArgs {
     check: bool,
 }
 
+/// Checks `--ptx`'s architecture's form (`compute_90`, `compute_90a`, ...)
+/// before NVRTC is loaded, so that a typo is named on any machine.
+fn arch_checked(arch: &str) -> Result<(), String> {
+    let number = |prefix: &str| {
+        arch.strip_prefix(prefix)
+            .map(|n| n.trim_end_matches(|c: char| c.is_ascii_lowercase()))
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if number("sm_").is_some() {
+        return Err(format!(
+            "--ptx {arch}: a real architecture (machine code); PTX is made for a virtual one: \
+             --ptx compute_{}",
+            &arch["sm_".len()..]
+        ));
+    }
+    match number("compute_") {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "--ptx {arch}: expected a GPU architecture as NVRTC names it: compute_ and the compute \
+             capability without its dot, e.g. compute_90 (H100), compute_80 (A100), compute_90a"
+        )),
+    }
+}
+
 /// Runs `braid kernels`.
 pub fn run(a: KernelsArgs) -> Result<i32, String> {
     if a.ptx.is_none() && !a.check {
         return Err("nothing to do: pass --ptx ARCH and/or --check".into());
+    }
+    if let Some(arch) = &a.ptx {
+        arch_checked(arch)?;
     }
     if let Some(arch) = &a.ptx {
         let t = std::time::Instant::now();

@@ -34,7 +34,12 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 /// Runs `braid topo`; exits 1 with the reason when no GPU can be seen.
 pub fn run(args: TopoArgs) -> Result<i32, String> {
+    // The flags first, on any machine.
+    if args.reps == 0 {
+        return Err("--reps 0: each figure needs at least 1 timed copy (default 10)".into());
+    }
     if let Some(j) = &args.json {
+        j.check()?;
         j.claim_stdout()?;
     }
     let topology = match braid_cuda::topo::discover() {
@@ -88,7 +93,7 @@ fn measure(args: &TopoArgs) -> braid_cuda::Result<braid_cuda::bandwidth::Measure
     );
     let opts = braid_cuda::bandwidth::MeasureOptions {
         bytes: args.bytes,
-        reps: args.reps.max(1),
+        reps: args.reps,
         ..Default::default()
     };
     braid_cuda::bandwidth::measure(&devices, &opts)
