@@ -125,30 +125,39 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     })
 }
 
-/// Bytes of host memory the CPU sweep's largest size takes on one rank:
-/// at most an input and an output of `max_bytes` each (all_reduce,
-/// all_to_all; the others hold less).
-fn host_bytes_per_rank(max_bytes: usize) -> u128 {
-    2 * max_bytes as u128
+/// Bytes of host memory the CPU sweep's largest size takes on one of
+/// `ranks` ranks (`time_op`'s buffers): an input and an output of
+/// `max_bytes` each, or for the operations whose input (all_gather,
+/// gather) or output (scatter) is one rank's block, one of them a block.
+fn host_bytes_per_rank(ops: &str, max_bytes: usize, ranks: usize) -> u128 {
+    let s = max_bytes as u128;
+    ops.split(',')
+        .map(|op| match op {
+            "all_gather" | "gather" | "scatter" => s + s / ranks.max(1) as u128,
+            _ => 2 * s,
+        })
+        .max()
+        .unwrap_or(2 * s)
 }
 
 /// Refuses a CPU sweep whose largest size's buffers, on `local` ranks of
 /// this host, exceed its available memory (the allocation would abort a
 /// rank mid-sweep).
-fn check_host_memory(max_bytes: usize, local: usize) -> Result<(), String> {
+fn check_host_memory(ops: &str, max_bytes: usize, local: usize) -> Result<(), String> {
     let Some(available) = braid_model::footprint::host_available() else {
         return Ok(());
     };
-    let need = host_bytes_per_rank(max_bytes) * local as u128;
+    let each = host_bytes_per_rank(ops, max_bytes, local);
+    let need = each * local as u128;
     if need <= available {
         return Ok(());
     }
     let gib = |b: u128| b as f64 / (1u128 << 30) as f64;
     Err(format!(
         "-e {max_bytes}: the largest size's buffers take about {:.1} GiB on each of the {local} \
-         rank(s) on this host ({:.1} GiB in all; an input and an output), but {:.1} GiB of memory \
+         rank(s) on this host ({:.1} GiB in all: its input and output), but {:.1} GiB of memory \
          is available: lower -e (--maxbytes)",
-        gib(host_bytes_per_rank(max_bytes)),
+        gib(each),
         gib(need),
         gib(available)
     ))
@@ -290,7 +299,7 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(1)
         });
-        check_host_memory(args.max_bytes, local)?;
+        check_host_memory(&args.op, args.max_bytes, local)?;
     }
     match args.np {
         Some(np) => return super::workers::relaunch_locally(np.count()?, args.prefix_ranks),
