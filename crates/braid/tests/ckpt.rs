@@ -259,11 +259,15 @@ fn damaged_checkpoints_are_named_and_the_previous_one_survives_a_failed_save() {
     let missing = copy("missing");
     std::fs::remove_file(missing.join(shard)).unwrap();
     resume_fails(&missing, &[], &[shard, "missing"]);
-    // Another model.
+    // Another model: both named, before the first tensor is read.
     resume_fails(
         &good,
         &["--model", "L3-H4-C64-V256-T64"],
-        &["different model", "h.2."],
+        &[
+            "different model",
+            "--model tiny",
+            "not L3-H4-C64-V256-T64's",
+        ],
     );
     // A save that died half-way (its temporary directory left behind)
     // is not a checkpoint: --resume auto takes the newest whole one.
