@@ -145,15 +145,15 @@ fn bench(
             .local_addr()
             .to_string()
     });
-    let options = || -> Result<ClientOptions, String> {
-        let mut o = ClientOptions::from_env().map_err(|e| e.to_string())?;
-        o.connect_timeout = BENCH_CONNECT;
-        Ok(o)
-    };
+    let options = || ClientOptions::from_env().map_err(|e| e.to_string());
     if server.is_none() {
         // A store named by --addr should be serving already: say so at
         // once rather than from every client after its retries.
-        StoreClient::connect(&addr, options()?).map_err(|e| match e {
+        let probe = ClientOptions {
+            connect_timeout: BENCH_CONNECT,
+            ..options()?
+        };
+        StoreClient::connect(&addr, probe).map_err(|e| match e {
             braid_store::StoreError::Connect {
                 waited, last_error, ..
             } => format!(
