@@ -6,6 +6,8 @@
 //!   under its Hugging Face GPT-2 name.
 //! - [`params`]: the flat buffer itself, with named views and GPT-2's
 //!   initialisation; gradients and optimizer state use the same type.
+//! - [`block`]: the transformer block described once — its operations in
+//!   order, over which every backend runs, and its per-layer parameters.
 //! - [`model`]: the CPU model, forward and backward block by block;
 //!   [`cpu`]: its kernels.
 //! - [`cuda`]: the GPU models (f32, and bf16 mixed precision), their
@@ -24,6 +26,7 @@
 //!
 //! The training loop and the parallel strategies are in `braid-train`.
 
+pub mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;

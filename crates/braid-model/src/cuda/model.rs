@@ -23,6 +23,7 @@ use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
 use super::held::{held, held_mut, not_held};
 use super::{Kernels, VocabRows};
+use crate::block::LayerRanges;
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use crate::model::Widths;
@@ -35,22 +36,6 @@ use std::sync::Arc;
 
 mod stage;
 pub use stage::F32MicroSaved;
-
-/// One layer's parameter ranges in the flat buffer.
-pub(crate) struct LayerRanges {
-    pub(crate) ln1_w: Range<usize>,
-    pub(crate) ln1_b: Range<usize>,
-    pub(crate) qkv_w: Range<usize>,
-    pub(crate) qkv_b: Range<usize>,
-    pub(crate) proj_w: Range<usize>,
-    pub(crate) proj_b: Range<usize>,
-    pub(crate) ln2_w: Range<usize>,
-    pub(crate) ln2_b: Range<usize>,
-    pub(crate) fc_w: Range<usize>,
-    pub(crate) fc_b: Range<usize>,
-    pub(crate) fcproj_w: Range<usize>,
-    pub(crate) fcproj_b: Range<usize>,
-}
 
 struct LayerActs {
     ln1: DeviceBuffer<f32>,
@@ -65,32 +50,6 @@ struct LayerActs {
     ln2_rstd: DeviceBuffer<f32>,
     fch: DeviceBuffer<f32>,
     fch_gelu: DeviceBuffer<f32>,
-}
-
-impl LayerRanges {
-    /// Layer `i`'s ranges in `layout`.
-    pub(crate) fn of(layout: &Layout, i: usize) -> LayerRanges {
-        let r = |s: &str| {
-            layout
-                .get(&format!("h.{i}.{s}"))
-                .expect("layer parameter")
-                .range()
-        };
-        LayerRanges {
-            ln1_w: r("ln_1.weight"),
-            ln1_b: r("ln_1.bias"),
-            qkv_w: r("attn.c_attn.weight"),
-            qkv_b: r("attn.c_attn.bias"),
-            proj_w: r("attn.c_proj.weight"),
-            proj_b: r("attn.c_proj.bias"),
-            ln2_w: r("ln_2.weight"),
-            ln2_b: r("ln_2.bias"),
-            fc_w: r("mlp.c_fc.weight"),
-            fc_b: r("mlp.c_fc.bias"),
-            fcproj_w: r("mlp.c_proj.weight"),
-            fcproj_b: r("mlp.c_proj.bias"),
-        }
-    }
 }
 
 /// A tensor-parallel rank's group: its collectives, the rows' maxima

@@ -2,6 +2,7 @@
 //! the widths every buffer and product of one rank's passes have
 //! ([`Widths`]).
 
+use crate::block::{Act, Linear};
 use crate::cpu::Real;
 use crate::layout::Layout;
 
@@ -42,21 +43,16 @@ impl Widths {
     }
 }
 
-/// One layer's saved activations.
+/// One layer's saved activations: the block's tensors
+/// ([`Act`], by index; its input and output are the residual stream's,
+/// kept outside), each LayerNorm's statistics and the attention's
+/// probabilities.
 #[derive(Debug, Clone)]
 pub(super) struct LayerActs<T> {
-    pub ln1: Vec<T>,
-    pub ln1_mean: Vec<T>,
-    pub ln1_rstd: Vec<T>,
-    pub qkv: Vec<T>,
+    pub t: [Vec<T>; 9],
+    pub mean: [Vec<T>; 2],
+    pub rstd: [Vec<T>; 2],
     pub att: Vec<T>,
-    pub atty: Vec<T>,
-    pub resid2: Vec<T>,
-    pub ln2: Vec<T>,
-    pub ln2_mean: Vec<T>,
-    pub ln2_rstd: Vec<T>,
-    pub fch: Vec<T>,
-    pub fch_gelu: Vec<T>,
 }
 
 impl<T: Real> LayerActs<T> {
@@ -67,91 +63,59 @@ impl<T: Real> LayerActs<T> {
         let n = b * t;
         let z = |k: usize| vec![T::ZERO; k];
         LayerActs {
-            ln1: z(n * w.c),
-            ln1_mean: z(nl),
-            ln1_rstd: z(nl),
-            qkv: z(n * 3 * w.attn),
+            t: Act::ALL.map(|a| match (a.inside(), a.residual()) {
+                (false, _) => Vec::new(),
+                (true, true) => z(nl * a.width(&w)),
+                (true, false) => z(n * a.width(&w)),
+            }),
+            mean: [z(nl), z(nl)],
+            rstd: [z(nl), z(nl)],
             att: z(b * w.heads * t * t),
-            atty: z(n * w.attn),
-            resid2: z(nl * w.c),
-            ln2: z(n * w.c),
-            ln2_mean: z(nl),
-            ln2_rstd: z(nl),
-            fch: z(n * w.mlp),
-            fch_gelu: z(n * w.mlp),
         }
     }
 
     fn elements(&self) -> usize {
-        [
-            &self.ln1,
-            &self.ln1_mean,
-            &self.ln1_rstd,
-            &self.qkv,
-            &self.att,
-            &self.atty,
-            &self.resid2,
-            &self.ln2,
-            &self.ln2_mean,
-            &self.ln2_rstd,
-            &self.fch,
-            &self.fch_gelu,
-        ]
-        .iter()
-        .map(|v| v.len())
-        .sum()
+        let all = self.t.iter().chain(&self.mean).chain(&self.rstd);
+        all.map(Vec::len).sum::<usize>() + self.att.len()
     }
 }
 
 /// What a layer's split backward pass keeps from its input half for its
 /// weight half: the output gradient each of its four products saw (whole
-/// rows).
+/// rows), by [`Linear`] index.
 #[derive(Debug, Clone)]
 pub(super) struct LayerDy<T> {
-    pub fcproj: Vec<T>,
-    pub fc: Vec<T>,
-    pub proj: Vec<T>,
-    pub qkv: Vec<T>,
+    pub dy: [Vec<T>; 4],
 }
 
 impl<T: Real> LayerDy<T> {
     fn new(n: usize, w: Widths) -> Self {
-        let z = |k: usize| vec![T::ZERO; k];
         LayerDy {
-            fcproj: z(n * w.c),
-            fc: z(n * w.mlp),
-            proj: z(n * w.c),
-            qkv: z(n * 3 * w.attn),
+            dy: Linear::ALL.map(|k| vec![T::ZERO; n * k.widths(&w).1]),
         }
+    }
+
+    fn elements(&self) -> usize {
+        self.dy.iter().map(Vec::len).sum()
     }
 }
 
-/// Gradient scratch shared by all layers.
+/// Gradient scratch shared by all layers: the gradients of the block's
+/// tensors ([`Act`], by index; its input's and output's are the residual
+/// stream's, kept outside).
 #[derive(Debug, Clone)]
 pub(super) struct LayerGrads<T> {
-    pub dresid2: Vec<T>,
-    pub dln2: Vec<T>,
-    pub dfch: Vec<T>,
-    pub dgelu: Vec<T>,
-    pub datty: Vec<T>,
-    pub dqkv: Vec<T>,
-    pub dln1: Vec<T>,
+    pub d: [Vec<T>; 9],
 }
 
 impl<T> LayerGrads<T> {
     fn elements(&self) -> usize {
-        [
-            &self.dresid2,
-            &self.dln2,
-            &self.dfch,
-            &self.dgelu,
-            &self.datty,
-            &self.dqkv,
-            &self.dln1,
-        ]
-        .iter()
-        .map(|v| v.len())
-        .sum()
+        self.d.iter().map(Vec::len).sum()
+    }
+
+    /// The gradient of one of the block's own tensors.
+    pub fn of_mut(&mut self, a: Act) -> &mut Vec<T> {
+        &mut self.d[a.index()]
     }
 }
 
@@ -238,14 +202,14 @@ impl<T: Real> Activations<T> {
             lnf_rstd: head(nl),
             losses: head(n),
             logits: Vec::new(),
+            // The gradients' scratch: the residual stream's rows for the
+            // residual stream, every row for the rest.
             grads: LayerGrads {
-                dresid2: z(nl * w.c),
-                dln2: z(n * w.c),
-                dfch: z(n * w.mlp),
-                dgelu: z(n * w.mlp),
-                datty: z(n * w.attn),
-                dqkv: z(n * 3 * w.attn),
-                dln1: z(n * w.c),
+                d: Act::ALL.map(|a| match (a.inside(), a.residual()) {
+                    (false, _) => Vec::new(),
+                    (true, true) => z(nl * a.width(&w)),
+                    (true, false) => z(n * a.width(&w)),
+                }),
             },
             dresid: z(nl * w.c),
             scratch: Scratch {
@@ -286,11 +250,7 @@ impl<T: Real> Activations<T> {
             + self.dresid.len()
             + self.scratch.full.len()
             + self.scratch.local.len()
-            + self
-                .deferred
-                .iter()
-                .map(|d| d.fcproj.len() + d.fc.len() + d.proj.len() + d.qkv.len())
-                .sum::<usize>()
+            + self.deferred.iter().map(LayerDy::elements).sum::<usize>()
     }
 
     /// Each position's loss from the last forward pass (0 where the target

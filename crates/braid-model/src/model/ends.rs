@@ -7,6 +7,7 @@
 //! no rank ever holds all the logits.
 
 use super::{mean_loss, two_mut, Activations, Gpt, StepError, Widths};
+use crate::block::Act;
 use crate::cpu::classifier::{classifier, ClassifierIo, CHUNK_ROWS};
 use crate::cpu::embed::{embed_backward, embed_forward};
 use crate::cpu::matmul::gemm_rm;
@@ -193,7 +194,7 @@ impl Gpt {
             T::ONE / T::of(counted as f64)
         };
         // The gradient of the final norm's output, all rows.
-        let dlnf = &mut acts.grads.dln2;
+        let dlnf = acts.grads.of_mut(Act::Ln2);
         dlnf.fill(T::ZERO);
         {
             let io = ClassifierIo {
@@ -217,13 +218,17 @@ impl Gpt {
         // this rank's rows.
         let what = "head backward: summing ln_f's gradient";
         let dlnf: &[T] = match (self.group()?.is_some(), self.sequence_parallel()) {
-            (false, _) => &acts.grads.dln2,
+            (false, _) => acts.grads.of_mut(Act::Ln2),
             (true, false) => {
-                self.all_reduce(&mut acts.grads.dln2, what)?;
-                &acts.grads.dln2
+                self.all_reduce(acts.grads.of_mut(Act::Ln2), what)?;
+                acts.grads.of_mut(Act::Ln2)
             }
             (true, true) => {
-                self.scatter_rows(&acts.grads.dln2, &mut acts.scratch.local, what)?;
+                self.scatter_rows(
+                    &acts.grads.d[Act::Ln2.index()],
+                    &mut acts.scratch.local,
+                    what,
+                )?;
                 &acts.scratch.local
             }
         };

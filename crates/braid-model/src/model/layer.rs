@@ -1,9 +1,11 @@
-//! One transformer block's forward and backward passes:
-//! `resid2 = x + proj(attn(qkv(ln1(x))))`, `out = resid2 +
-//! fcproj(gelu(fc(ln2(resid2))))`, at the rank's [`Widths`].
+//! One transformer block's forward and backward passes on the CPU: the
+//! operations of [`crate::block`]'s description at the rank's
+//! widths ([`CpuForward`], [`CpuBackward`]), the sequence walked by
+//! [`block::forward`] and [`block::backward`].
 
-use super::acts::{LayerActs, LayerDy, LayerGrads, Scratch, Widths};
+use super::acts::{LayerActs, LayerDy, LayerGrads, Scratch};
 use super::{two_mut, Gpt, StepError};
+use crate::block::{self, Act, BlockBackward, BlockForward, LayerRanges, Linear, Norm};
 use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use crate::cpu::gelu::{gelu_backward, gelu_forward};
 use crate::cpu::matmul::{
@@ -11,52 +13,6 @@ use crate::cpu::matmul::{
 };
 use crate::cpu::norm::{layernorm_backward, layernorm_forward};
 use crate::cpu::Real;
-use crate::layout::{Block, Layout};
-use std::ops::Range;
-
-/// Ranges of one layer's parameters in the layer's block.
-#[derive(Debug, Clone)]
-pub(super) struct LayerParams {
-    pub ln1_w: Range<usize>,
-    pub ln1_b: Range<usize>,
-    pub qkv_w: Range<usize>,
-    pub qkv_b: Range<usize>,
-    pub proj_w: Range<usize>,
-    pub proj_b: Range<usize>,
-    pub ln2_w: Range<usize>,
-    pub ln2_b: Range<usize>,
-    pub fc_w: Range<usize>,
-    pub fc_b: Range<usize>,
-    pub fcproj_w: Range<usize>,
-    pub fcproj_b: Range<usize>,
-}
-
-impl LayerParams {
-    pub fn of(layout: &Layout, i: usize) -> LayerParams {
-        let base = layout.block_range(Block::Layer(i)).start;
-        let r = |s: &str| {
-            let at = layout
-                .get(&format!("h.{i}.{s}"))
-                .expect("layout has every layer parameter")
-                .range();
-            at.start - base..at.end - base
-        };
-        LayerParams {
-            ln1_w: r("ln_1.weight"),
-            ln1_b: r("ln_1.bias"),
-            qkv_w: r("attn.c_attn.weight"),
-            qkv_b: r("attn.c_attn.bias"),
-            proj_w: r("attn.c_proj.weight"),
-            proj_b: r("attn.c_proj.bias"),
-            ln2_w: r("ln_2.weight"),
-            ln2_b: r("ln_2.bias"),
-            fc_w: r("mlp.c_fc.weight"),
-            fc_b: r("mlp.c_fc.bias"),
-            fcproj_w: r("mlp.c_proj.weight"),
-            fcproj_b: r("mlp.c_proj.bias"),
-        }
-    }
-}
 
 impl Gpt {
     /// The attention's shape at this rank's widths.
@@ -151,71 +107,17 @@ impl Gpt {
         b: usize,
         t: usize,
     ) -> Result<(), StepError> {
-        let Widths { c, attn, mlp, .. } = self.widths;
-        let n = b * t;
-        let lp = &self.layers[l];
-        self.norm_forward(
-            &mut a.ln1,
-            &mut a.ln1_mean,
-            &mut a.ln1_rstd,
+        block::forward(&mut CpuForward {
+            gpt: self,
+            r: &self.layers[l],
+            p,
             x,
-            &p[lp.ln1_w.clone()],
-            &p[lp.ln1_b.clone()],
-            &mut s.local,
-            "layer forward: gathering ln_1's rows",
-        )?;
-        linear_forward(
-            &mut a.qkv,
-            &a.ln1,
-            &p[lp.qkv_w.clone()],
-            Some(&p[lp.qkv_b.clone()]),
-            n,
-            c,
-            3 * attn,
-        );
-        attention_forward(&mut a.atty, &mut a.att, &a.qkv, self.attn_shape(b, t));
-        self.row_split_forward(
-            &mut a.resid2,
-            &a.atty,
-            &p[lp.proj_w.clone()],
-            &p[lp.proj_b.clone()],
-            x,
-            &mut s.full,
-            n,
-            attn,
-            "layer forward: summing attn.c_proj",
-        )?;
-        self.norm_forward(
-            &mut a.ln2,
-            &mut a.ln2_mean,
-            &mut a.ln2_rstd,
-            &a.resid2,
-            &p[lp.ln2_w.clone()],
-            &p[lp.ln2_b.clone()],
-            &mut s.local,
-            "layer forward: gathering ln_2's rows",
-        )?;
-        linear_forward(
-            &mut a.fch,
-            &a.ln2,
-            &p[lp.fc_w.clone()],
-            Some(&p[lp.fc_b.clone()]),
-            n,
-            c,
-            mlp,
-        );
-        gelu_forward(&mut a.fch_gelu, &a.fch);
-        self.row_split_forward(
             out,
-            &a.fch_gelu,
-            &p[lp.fcproj_w.clone()],
-            &p[lp.fcproj_b.clone()],
-            &a.resid2,
-            &mut s.full,
-            n,
-            mlp,
-            "layer forward: summing mlp.c_proj",
-        )
+            a,
+            s,
+            b,
+            t,
+        })
     }
 
     /// The gradient of a row-split product's output for its backward
@@ -274,142 +176,22 @@ impl Gpt {
         g: &mut LayerGrads<T>,
         s: &mut Scratch<T>,
         shape: AttnShape,
-        mut defer: Option<&mut LayerDy<T>>,
+        defer: Option<&mut LayerDy<T>>,
     ) -> Result<(), StepError> {
-        let Widths { c, attn, mlp, .. } = self.widths;
-        let n = shape.b * shape.t;
-        let lp = &self.layers[l];
-        // Under sequence parallelism each rank's LayerNorm gradients are
-        // its rows' share: summed over the group at the end.
-        let norms = [lp.ln1_w.start..lp.ln1_b.end, lp.ln2_w.start..lp.ln2_b.end];
-        let before: Vec<T> = match self.sequence_parallel() {
-            true => norms
-                .iter()
-                .flat_map(|r| grads[r.clone()].to_vec())
-                .collect(),
-            false => Vec::new(),
-        };
-        // MLP: out = resid2 + fcproj(gelu(fc(ln2(resid2)))).
-        g.dresid2.copy_from_slice(dx);
-        g.dgelu.fill(T::ZERO);
-        {
-            let dout = self.rows_of(dx, &mut s.full, "layer backward: gathering rows")?;
-            let (gw, gb) = two_mut(grads, lp.fcproj_w.clone(), lp.fcproj_b.clone());
-            linear_backward_or_keep(
-                defer.as_mut().map(|d| &mut d.fcproj),
-                &mut g.dgelu,
-                gw,
-                Some(gb),
-                dout,
-                &a.fch_gelu,
-                &p[lp.fcproj_w.clone()],
-                n,
-                mlp,
-                c,
-            );
-        }
-        g.dfch.fill(T::ZERO);
-        gelu_backward(&mut g.dfch, &a.fch, &g.dgelu);
-        g.dln2.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.fc_w.clone(), lp.fc_b.clone());
-            linear_backward_or_keep(
-                defer.as_mut().map(|d| &mut d.fc),
-                &mut g.dln2,
-                gw,
-                Some(gb),
-                &g.dfch,
-                &a.ln2,
-                &p[lp.fc_w.clone()],
-                n,
-                c,
-                mlp,
-            );
-        }
-        {
-            let dln2 = self.sum_input_grad(
-                &mut g.dln2,
-                &mut s.local,
-                "layer backward: summing ln_2's gradient",
-            )?;
-            let (gw, gb) = two_mut(grads, lp.ln2_w.clone(), lp.ln2_b.clone());
-            layernorm_backward(
-                &mut g.dresid2,
-                gw,
-                gb,
-                dln2,
-                &a.resid2,
-                &p[lp.ln2_w.clone()],
-                &a.ln2_mean,
-                &a.ln2_rstd,
-                c,
-            );
-        }
-        // Attention: resid2 = x + proj(attn(qkv(ln1(x)))).
-        dx.copy_from_slice(&g.dresid2);
-        g.datty.fill(T::ZERO);
-        {
-            let dout = self.rows_of(&g.dresid2, &mut s.full, "layer backward: gathering rows")?;
-            let (gw, gb) = two_mut(grads, lp.proj_w.clone(), lp.proj_b.clone());
-            linear_backward_or_keep(
-                defer.as_mut().map(|d| &mut d.proj),
-                &mut g.datty,
-                gw,
-                Some(gb),
-                dout,
-                &a.atty,
-                &p[lp.proj_w.clone()],
-                n,
-                attn,
-                c,
-            );
-        }
-        g.dqkv.fill(T::ZERO);
-        attention_backward(&mut g.dqkv, &g.datty, &a.qkv, &a.att, shape);
-        g.dln1.fill(T::ZERO);
-        {
-            let (gw, gb) = two_mut(grads, lp.qkv_w.clone(), lp.qkv_b.clone());
-            linear_backward_or_keep(
-                defer.as_mut().map(|d| &mut d.qkv),
-                &mut g.dln1,
-                gw,
-                Some(gb),
-                &g.dqkv,
-                &a.ln1,
-                &p[lp.qkv_w.clone()],
-                n,
-                c,
-                3 * attn,
-            );
-        }
-        {
-            let dln1 = self.sum_input_grad(
-                &mut g.dln1,
-                &mut s.local,
-                "layer backward: summing ln_1's gradient",
-            )?;
-            let (gw, gb) = two_mut(grads, lp.ln1_w.clone(), lp.ln1_b.clone());
-            layernorm_backward(
-                dx,
-                gw,
-                gb,
-                dln1,
-                x,
-                &p[lp.ln1_w.clone()],
-                &a.ln1_mean,
-                &a.ln1_rstd,
-                c,
-            );
-        }
-        if self.sequence_parallel() {
-            self.sum_row_grads(
-                grads,
-                &norms,
-                &before,
-                "layer backward: LayerNorm gradients",
-            )?;
-        }
-        Ok(())
+        block::backward(&mut CpuBackward {
+            gpt: self,
+            r: &self.layers[l],
+            p,
+            grads,
+            dx,
+            x,
+            a,
+            g,
+            s,
+            shape,
+            defer,
+            before: Vec::new(),
+        })
     }
 
     /// The weight half of layer `l`'s split backward pass: the four
@@ -424,17 +206,303 @@ impl Gpt {
         dy: &LayerDy<T>,
         n: usize,
     ) {
-        let Widths { c, attn, mlp, .. } = self.widths;
-        let lp = &self.layers[l];
-        let products = [
-            (lp.fcproj_w.clone(), &dy.fcproj, &a.fch_gelu, mlp, c),
-            (lp.fc_w.clone(), &dy.fc, &a.ln2, c, mlp),
-            (lp.proj_w.clone(), &dy.proj, &a.atty, attn, c),
-            (lp.qkv_w.clone(), &dy.qkv, &a.ln1, c, 3 * attn),
-        ];
-        for (w, dout, inp, ic, oc) in products {
-            linear_backward_weight(&mut grads[w], dout, inp, n, ic, oc);
+        for (k, input) in block::products_backward() {
+            let (w, _) = self.layers[l].linear(k);
+            let (ic, oc) = k.widths(&self.widths);
+            let inp = &a.t[input.index()];
+            linear_backward_weight(&mut grads[w], &dy.dy[k.index()], inp, n, ic, oc);
         }
+    }
+}
+
+/// The block's tensors (or their gradients) but the one being written:
+/// the residual stream's outside the block's buffers (`ext`: the block's
+/// input in the forward pass, the gradient of its input or output in the
+/// backward pass), the rest in the block's array around a hole.
+struct Others<'b, T> {
+    ext: &'b [T],
+    lo: &'b [Vec<T>],
+    hi: &'b [Vec<T>],
+    hole: usize,
+}
+
+impl<'b, T> Others<'b, T> {
+    fn get(&self, a: Act) -> &'b [T] {
+        let i = a.index();
+        match (a.inside(), i.cmp(&self.hole)) {
+            (false, _) => self.ext,
+            (true, std::cmp::Ordering::Less) => &self.lo[i],
+            (true, std::cmp::Ordering::Greater) => &self.hi[i - self.hole - 1],
+            (true, std::cmp::Ordering::Equal) => {
+                unreachable!("an operation of the block reads the tensor it writes ({a:?})")
+            }
+        }
+    }
+}
+
+/// The buffer of `o` to write — `ext_out` when it is outside the block's
+/// array `t` — and every other tensor to read, `ext_in` for those outside.
+fn split<'b, T>(
+    ext_in: &'b [T],
+    ext_out: &'b mut [T],
+    t: &'b mut [Vec<T>; 9],
+    o: Act,
+) -> (&'b mut [T], Others<'b, T>) {
+    if !o.inside() {
+        let all = Others {
+            ext: ext_in,
+            lo: &t[..],
+            hi: &[],
+            hole: t.len(),
+        };
+        return (ext_out, all);
+    }
+    let (lo, rest) = t.split_at_mut(o.index());
+    let (mid, hi) = rest.split_first_mut().expect("the hole is in the array");
+    let others = Others {
+        ext: ext_in,
+        lo,
+        hi,
+        hole: o.index(),
+    };
+    (mid, others)
+}
+
+/// The gradients of two different tensors of the block, both to write:
+/// `dx` for the block's input's or output's, the rest in `d`.
+fn pair<'b, T>(
+    dx: &'b mut [T],
+    d: &'b mut [Vec<T>; 9],
+    a: Act,
+    b: Act,
+) -> (&'b mut [T], &'b mut [T]) {
+    let (i, j) = (a.index(), b.index());
+    match (a.inside(), b.inside()) {
+        (false, true) => (dx, &mut d[j]),
+        (true, false) => (&mut d[i], dx),
+        (true, true) if i < j => {
+            let (lo, hi) = d.split_at_mut(j);
+            (&mut lo[i], &mut hi[0])
+        }
+        (true, true) if i > j => {
+            let (lo, hi) = d.split_at_mut(i);
+            (&mut hi[0], &mut lo[j])
+        }
+        _ => unreachable!("the block relates {a:?} and {b:?}, which share a buffer"),
+    }
+}
+
+/// Layer `l`'s forward pass on the CPU: the block's tensors in `a`, its
+/// input `x` and output `out` (this rank's rows of the residual stream).
+struct CpuForward<'a, T> {
+    gpt: &'a Gpt,
+    r: &'a LayerRanges,
+    p: &'a [T],
+    x: &'a [T],
+    out: &'a mut [T],
+    a: &'a mut LayerActs<T>,
+    s: &'a mut Scratch<T>,
+    b: usize,
+    t: usize,
+}
+
+impl<T: Real> BlockForward for CpuForward<'_, T> {
+    type Error = StepError;
+
+    fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<(), StepError> {
+        let (w, b) = self.r.norm(norm);
+        let i = norm.index();
+        let (o, t) = split(self.x, self.out, &mut self.a.t, out);
+        self.gpt.norm_forward(
+            o,
+            &mut self.a.mean[i],
+            &mut self.a.rstd[i],
+            t.get(input),
+            &self.p[w],
+            &self.p[b],
+            &mut self.s.local,
+            &format!("layer forward: gathering {}'s rows", norm.name()),
+        )
+    }
+
+    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<(), StepError> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.gpt.widths);
+        let (o, t) = split(self.x, self.out, &mut self.a.t, out);
+        let p = self.p;
+        linear_forward(o, t.get(input), &p[w], Some(&p[b]), self.b * self.t, ic, oc);
+        Ok(())
+    }
+
+    fn attention_forward(&mut self, input: Act, out: Act) -> Result<(), StepError> {
+        let shape = self.gpt.attn_shape(self.b, self.t);
+        let (o, t) = split(self.x, self.out, &mut self.a.t, out);
+        attention_forward(o, &mut self.a.att, t.get(input), shape);
+        Ok(())
+    }
+
+    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<(), StepError> {
+        let (o, t) = split(self.x, self.out, &mut self.a.t, out);
+        gelu_forward(o, t.get(input));
+        Ok(())
+    }
+
+    fn row_forward(
+        &mut self,
+        linear: Linear,
+        input: Act,
+        residual: Act,
+        out: Act,
+    ) -> Result<(), StepError> {
+        let (w, b) = self.r.linear(linear);
+        let (k, _) = linear.widths(&self.gpt.widths);
+        let (o, t) = split(self.x, self.out, &mut self.a.t, out);
+        self.gpt.row_split_forward(
+            o,
+            t.get(input),
+            &self.p[w],
+            &self.p[b],
+            t.get(residual),
+            &mut self.s.full,
+            self.b * self.t,
+            k,
+            &format!("layer forward: summing {}", linear.name()),
+        )
+    }
+}
+
+/// Layer `l`'s backward pass on the CPU: `dx` the gradient of the block's
+/// output on entry and of its input on return (this rank's rows), the
+/// other tensors' gradients in `g`, the parameters' in `grads` (the
+/// layer's block); with `defer`, the products' output gradients kept
+/// there instead of their weight gradients.
+struct CpuBackward<'a, T> {
+    gpt: &'a Gpt,
+    r: &'a LayerRanges,
+    p: &'a [T],
+    grads: &'a mut [T],
+    dx: &'a mut [T],
+    x: &'a [T],
+    a: &'a LayerActs<T>,
+    g: &'a mut LayerGrads<T>,
+    s: &'a mut Scratch<T>,
+    shape: AttnShape,
+    defer: Option<&'a mut LayerDy<T>>,
+    /// Under sequence parallelism, the LayerNorms' gradients before this
+    /// layer's rows added theirs (summed over the group at the end).
+    before: Vec<T>,
+}
+
+/// A saved tensor of the block: its input `x`, or one of its own in `a`.
+fn saved<'a, T>(a: &'a LayerActs<T>, x: &'a [T], t: Act) -> &'a [T] {
+    match t.inside() {
+        true => &a.t[t.index()],
+        false => x,
+    }
+}
+
+impl<T: Real> BlockBackward for CpuBackward<'_, T> {
+    type Error = StepError;
+
+    fn backward_begin(&mut self) -> Result<(), StepError> {
+        // Under sequence parallelism each rank's LayerNorm gradients are
+        // its rows' share: summed over the group at the end.
+        if self.gpt.sequence_parallel() {
+            let grads = &*self.grads;
+            self.before = self
+                .r
+                .norms()
+                .iter()
+                .flat_map(|r| grads[r.clone()].to_vec())
+                .collect();
+        }
+        Ok(())
+    }
+
+    fn norm_backward(&mut self, norm: Norm, input: Act, out: Act) -> Result<(), StepError> {
+        let (w, b) = self.r.norm(norm);
+        let i = norm.index();
+        let x = saved(self.a, self.x, input);
+        let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
+        let what = format!("layer backward: summing {}'s gradient", norm.name());
+        let dln = self.gpt.sum_input_grad(dout, &mut self.s.local, &what)?;
+        let (gw, gb) = two_mut(self.grads, w.clone(), b.clone());
+        layernorm_backward(
+            din,
+            gw,
+            gb,
+            dln,
+            x,
+            &self.p[w],
+            &self.a.mean[i],
+            &self.a.rstd[i],
+            self.gpt.widths.c,
+        );
+        Ok(())
+    }
+
+    fn column_backward(&mut self, linear: Linear, input: Act, out: Act) -> Result<(), StepError> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.gpt.widths);
+        let n = self.shape.b * self.shape.t;
+        let inp = saved(self.a, self.x, input);
+        let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
+        din.fill(T::ZERO);
+        let (gw, gb) = two_mut(self.grads, w.clone(), b);
+        let keep = self.defer.as_deref_mut().map(|d| &mut d.dy[linear.index()]);
+        linear_backward_or_keep(keep, din, gw, Some(gb), dout, inp, &self.p[w], n, ic, oc);
+        Ok(())
+    }
+
+    fn attention_backward(&mut self, input: Act, out: Act) -> Result<(), StepError> {
+        let inp = saved(self.a, self.x, input);
+        let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
+        din.fill(T::ZERO);
+        attention_backward(din, dout, inp, &self.a.att, self.shape);
+        Ok(())
+    }
+
+    fn gelu_backward(&mut self, input: Act, out: Act) -> Result<(), StepError> {
+        let inp = saved(self.a, self.x, input);
+        let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
+        din.fill(T::ZERO);
+        gelu_backward(din, inp, dout);
+        Ok(())
+    }
+
+    fn row_backward(
+        &mut self,
+        linear: Linear,
+        input: Act,
+        residual: Act,
+        out: Act,
+    ) -> Result<(), StepError> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.gpt.widths);
+        let n = self.shape.b * self.shape.t;
+        // The residual's gradient begins as the output's.
+        let (dres, dout) = pair(self.dx, &mut self.g.d, residual, out);
+        dres.copy_from_slice(dout);
+        let inp = saved(self.a, self.x, input);
+        let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
+        din.fill(T::ZERO);
+        let dout = self
+            .gpt
+            .rows_of(dout, &mut self.s.full, "layer backward: gathering rows")?;
+        let (gw, gb) = two_mut(self.grads, w.clone(), b);
+        let keep = self.defer.as_deref_mut().map(|d| &mut d.dy[linear.index()]);
+        linear_backward_or_keep(keep, din, gw, Some(gb), dout, inp, &self.p[w], n, ic, oc);
+        Ok(())
+    }
+
+    fn backward_end(&mut self) -> Result<(), StepError> {
+        if self.gpt.sequence_parallel() {
+            let norms = self.r.norms();
+            let what = "layer backward: LayerNorm gradients";
+            self.gpt
+                .sum_row_grads(self.grads, &norms, &self.before, what)?;
+        }
+        Ok(())
     }
 }
 

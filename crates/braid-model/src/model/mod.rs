@@ -25,6 +25,7 @@
 //! checkpointing only each layer's input is kept and the layer is
 //! recomputed just before its backward pass.
 
+use crate::block::{Act, LayerRanges};
 use crate::cpu::Real;
 use crate::layout::{Block, Layout};
 use crate::tensor_comm::{ReduceKind, TensorComm};
@@ -39,7 +40,6 @@ mod stage;
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
-use layer::LayerParams;
 
 /// Why a step cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,7 +90,8 @@ pub struct Gpt {
     widths: Widths,
     /// Its tensor-parallel group, when it is one rank's share.
     group: Option<Group>,
-    layers: Vec<LayerParams>,
+    /// Each layer's parameters in the layer's block.
+    layers: Vec<LayerRanges>,
     /// `wte` and `wpe` in the embedding block.
     wte: Range<usize>,
     wpe: Range<usize>,
@@ -116,7 +117,7 @@ impl Gpt {
                 .expect("a stage's share is a valid share"),
         };
         let layers = (0..layout.config.n_layer)
-            .map(|i| LayerParams::of(&template, i))
+            .map(|i| LayerRanges::in_block(&template, i))
             .collect();
         let within = |name: &str, block: Block| {
             let base = template.block_range(block).start;
@@ -496,7 +497,7 @@ impl Gpt {
             // Recompute this layer's internals from its saved input; the
             // output lands in a scratch buffer the backward refills anyway.
             let rows = acts.resid[i].len();
-            let mut scratch_out = std::mem::take(&mut acts.grads.dln1);
+            let mut scratch_out = std::mem::take(acts.grads.of_mut(Act::Ln1));
             let r = self.layer_forward(
                 l,
                 p,
@@ -507,7 +508,7 @@ impl Gpt {
                 b,
                 t,
             );
-            acts.grads.dln1 = scratch_out;
+            *acts.grads.of_mut(Act::Ln1) = scratch_out;
             r?;
         }
         let shape = self.attn_shape(b, t);
