@@ -18,7 +18,8 @@
 #     activations apart, without resharding after forward; the optimizer
 #     offloaded), 6 steps from seed 5, an evaluation every 3. It passes
 #     when every saved model is byte-identical and every loss, evaluation
-#     loss and gradient norm is equal.
+#     loss and gradient norm is equal. BITS_ONLY=REGEX: only the settings
+#     it matches (e.g. "f32").
 #   bash bench/device/one.sh flash
 #     the head-size-128 attention kernels' blocks per SM
 #     (BRAID_FLASH128_BLOCKS) in turns on a one-GPU model of the 12.85B
@@ -128,6 +129,8 @@ phase_bits() {
       "BRAID_ZERO3_GATHER=f32|--zero 3" "BRAID_SAVED_IN_GRADS=off|--zero 3 --checkpointing" \
       "|--zero 3 --no-reshard-after-forward" "|--offload optimizer"; do
       n=$((n + 1))
+      # BITS_ONLY=REGEX: only the settings it matches (e.g. "f32").
+      [ -z "${BITS_ONLY:-}" ] || [[ "$extra" =~ $BITS_ONLY ]] || continue
       envs=${extra%%|*} args=${extra#*|}
       for b in prev new; do
         local bin=$B
