@@ -93,7 +93,27 @@ impl Act {
     pub const fn inside(self) -> bool {
         !matches!(self, Act::X | Act::Out)
     }
+
+    /// Its place among the block's own tensors ([`INSIDE`]), if it is one.
+    pub const fn inner(self) -> Option<usize> {
+        match self {
+            Act::X | Act::Out => None,
+            a => Some(a.index() - 1),
+        }
+    }
 }
+
+/// The block's own tensors (all but its input and output), in
+/// [`Act::inner`] order.
+pub const INSIDE: [Act; 7] = [
+    Act::Ln1,
+    Act::Qkv,
+    Act::Atty,
+    Act::Resid2,
+    Act::Ln2,
+    Act::Fch,
+    Act::Gelu,
+];
 
 /// One of the block's LayerNorms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -499,6 +519,9 @@ mod tests {
             );
         }
         assert_eq!(written.len(), Act::ALL.len());
+        for (i, a) in INSIDE.iter().enumerate() {
+            assert_eq!(a.inner(), Some(i));
+        }
         assert_eq!(BLOCK.last().map(Op::out), Some(Act::Out));
     }
 

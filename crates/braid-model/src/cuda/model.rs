@@ -23,7 +23,7 @@ use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
 use super::held::{held, held_mut, not_held};
 use super::{Kernels, VocabRows};
-use crate::block::LayerRanges;
+use crate::block::{Act, LayerRanges};
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use crate::model::Widths;
@@ -34,22 +34,19 @@ use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceView, DeviceWindow, Resu
 use std::ops::Range;
 use std::sync::Arc;
 
+mod block;
 mod stage;
+use block::{BlockEnv, F32Backward, F32Forward, DLN, DRESID};
 pub use stage::F32MicroSaved;
 
+/// One layer's saved tensors: the block's own ([`crate::block::INSIDE`],
+/// by [`Act::inner`]), each LayerNorm's statistics and the attention's
+/// state.
 struct LayerActs {
-    ln1: DeviceBuffer<f32>,
-    ln1_mean: DeviceBuffer<f32>,
-    ln1_rstd: DeviceBuffer<f32>,
-    qkv: DeviceBuffer<f32>,
-    atty: DeviceBuffer<f32>,
+    t: [DeviceBuffer<f32>; 7],
+    mean: [DeviceBuffer<f32>; 2],
+    rstd: [DeviceBuffer<f32>; 2],
     attn: AttnScratch,
-    resid2: DeviceBuffer<f32>,
-    ln2: DeviceBuffer<f32>,
-    ln2_mean: DeviceBuffer<f32>,
-    ln2_rstd: DeviceBuffer<f32>,
-    fch: DeviceBuffer<f32>,
-    fch_gelu: DeviceBuffer<f32>,
 }
 
 /// A tensor-parallel rank's group: its collectives, the rows' maxima
@@ -181,14 +178,9 @@ pub struct GpuGpt {
     logits: DeviceBuffer<f32>,
     losses: DeviceBuffer<f32>,
     batch: DeviceBatch,
-    // Gradient scratch.
-    dresid: DeviceBuffer<f32>,
-    dresid2: DeviceBuffer<f32>,
-    dln: DeviceBuffer<f32>,
-    dfch: DeviceBuffer<f32>,
-    dgelu: DeviceBuffer<f32>,
-    datty: DeviceBuffer<f32>,
-    dqkv: DeviceBuffer<f32>,
+    /// Gradient scratch of the block's tensors, shared by every layer (by
+    /// the slots of `block`: `DRESID`, the residual stream's, ...).
+    d: [DeviceBuffer<f32>; 7],
     /// What the loss's gradient is multiplied by (1 / micro-batches where
     /// a step's gradients add up several: a pipeline's).
     loss_weight: f32,
@@ -226,13 +218,15 @@ impl GpuGpt {
             logits: saved.logits,
             losses: saved.losses,
             batch: saved.batch,
-            dresid: z(n * c)?,
-            dresid2: z(n * c)?,
-            dln: z(n * c)?,
-            dfch: z(n * f)?,
-            dgelu: z(n * f)?,
-            datty: z(n * a)?,
-            dqkv: z(n * 3 * a)?,
+            d: [
+                z(n * c)?,
+                z(n * c)?,
+                z(n * c)?,
+                z(n * f)?,
+                z(n * f)?,
+                z(n * a)?,
+                z(n * 3 * a)?,
+            ],
             loss_weight: 1.0,
             widths: w,
             group: None,
@@ -292,22 +286,19 @@ impl GpuGpt {
         let device = self.stream.device().clone();
         let z = |k: usize| DeviceBuffer::<f32>::zeros(&device, k);
         for a in self.layers.iter_mut().flatten() {
-            for buf in [&mut a.ln1, &mut a.resid2, &mut a.ln2] {
-                *buf = z(m * c)?;
+            for t in [Act::Ln1, Act::Resid2, Act::Ln2] {
+                a.t[t.inner().expect("a tensor of the block's own")] = z(m * c)?;
             }
-            for buf in [
-                &mut a.ln1_mean,
-                &mut a.ln1_rstd,
-                &mut a.ln2_mean,
-                &mut a.ln2_rstd,
-            ] {
-                *buf = z(m)?;
+            for i in 0..2 {
+                a.mean[i] = z(m)?;
+                a.rstd[i] = z(m)?;
             }
         }
         for buf in self.resid.iter_mut().flatten() {
             *buf = z(m * c)?;
         }
-        for buf in [&mut self.lnf, &mut self.dresid, &mut self.dresid2] {
+        let [dresid, dresid2, ..] = &mut self.d;
+        for buf in [&mut self.lnf, dresid, dresid2] {
             *buf = z(m * c)?;
         }
         self.lnf_mean = z(m)?;
@@ -436,7 +427,7 @@ impl GpuGpt {
         k.encoder_forward_part(
             s,
             match sp {
-                true => &mut self.dln,
+                true => &mut self.d[DLN],
                 false => held_mut(&mut self.resid, 0)?,
             },
             self.batch.tokens(),
@@ -449,8 +440,8 @@ impl GpuGpt {
             self.layout.shard.rank == 0,
         )?;
         if let (true, Some(g)) = (sp, &self.group) {
-            let mine = g.scatter(&mut self.dln, c, s, "embedding forward")?;
-            return copy_async(held_mut(&mut self.resid, 0)?, &self.dln.view(mine), s);
+            let mine = g.scatter(&mut self.d[DLN], c, s, "embedding forward")?;
+            return copy_async(held_mut(&mut self.resid, 0)?, &self.d[DLN].view(mine), s);
         }
         let shards = self.layout.shard.size;
         Self::sum_over_group(
@@ -473,154 +464,28 @@ impl GpuGpt {
                 cfg.n_layer
             )));
         }
-        let Widths {
-            c,
-            heads: nh,
-            attn: ca,
-            mlp: f,
-            ..
-        } = self.widths;
-        let (b, t) = (self.b, self.t);
-        let n = b * t;
         let rows = self.rows();
-        let shards = self.layout.shard.size;
-        let (s, k) = (&self.stream, &self.kernels);
-        let r = held(&self.ranges, l)?;
         let (before, after) = self.resid.split_at_mut(l + 1);
-        let (x, out) = (
-            before[l].as_ref().ok_or_else(|| not_held(l))?,
-            after[0].as_mut().ok_or_else(|| not_held(l + 1))?,
-        );
-        let a = held_mut(&mut self.layers, l)?;
-        let group = &mut self.group;
-        let sp = sequence(group);
-        k.layernorm_forward(
-            s,
-            &mut a.ln1,
-            &mut a.ln1_mean,
-            &mut a.ln1_rstd,
-            x,
-            &p.view(r.ln1_w.clone())?,
-            &p.view(r.ln1_b.clone())?,
-            rows,
-            c,
-        )?;
-        // Under sequence parallelism every rank's rows, gathered.
-        let ln1 = match group {
-            Some(g) if sp => {
-                g.gather(&a.ln1, c, s, "attn.c_attn forward: gathering rows")?;
-                g.gathered()?
-            }
-            _ => &a.ln1,
-        };
-        self.blas.gemm_rm(
-            s,
-            &mut a.qkv,
-            ln1,
-            false,
-            &p.view(r.qkv_w.clone())?,
-            false,
-            n,
-            3 * ca,
-            c,
-            false,
-        )?;
-        k.add_bias(s, &mut a.qkv, &p.view(r.qkv_b.clone())?, n, 3 * ca)?;
-        attention_forward(
-            k,
-            &mut self.blas,
-            s,
-            &mut a.atty,
-            &a.qkv,
-            &mut a.attn,
-            AttnShape { b, t, c: ca, nh },
-        )?;
-        // A row-split product: each rank's share summed (into this rank's
-        // rows under sequence parallelism), then the bias once.
-        let into = match sp {
-            true => &mut self.dln,
-            false => &mut a.resid2,
-        };
-        self.blas.gemm_rm(
-            s,
-            into,
-            &a.atty,
-            false,
-            &p.view(r.proj_w.clone())?,
-            false,
-            n,
-            c,
-            ca,
-            false,
-        )?;
-        match group {
-            Some(g) if sp => {
-                let mine = g.scatter(&mut self.dln, c, s, "attn.c_proj forward")?;
-                copy_async(&mut a.resid2, &self.dln.view(mine), s)?;
-            }
-            _ => Self::sum_over_group(group, shards, &mut a.resid2, s, "attn.c_proj forward")?,
-        }
-        k.add_bias(s, &mut a.resid2, &p.view(r.proj_b.clone())?, rows, c)?;
-        // resid2 += x (in place: out = a + b with out == a).
-        k.add_inplace(s, &mut a.resid2, x)?;
-        k.layernorm_forward(
-            s,
-            &mut a.ln2,
-            &mut a.ln2_mean,
-            &mut a.ln2_rstd,
-            &a.resid2,
-            &p.view(r.ln2_w.clone())?,
-            &p.view(r.ln2_b.clone())?,
-            rows,
-            c,
-        )?;
-        let ln2 = match group {
-            Some(g) if sp => {
-                g.gather(&a.ln2, c, s, "mlp.c_fc forward: gathering rows")?;
-                g.gathered()?
-            }
-            _ => &a.ln2,
-        };
-        self.blas.gemm_rm(
-            s,
-            &mut a.fch,
-            ln2,
-            false,
-            &p.view(r.fc_w.clone())?,
-            false,
-            n,
-            f,
-            c,
-            false,
-        )?;
-        k.add_bias(s, &mut a.fch, &p.view(r.fc_b.clone())?, n, f)?;
-        k.gelu_forward(s, &mut a.fch_gelu, &a.fch)?;
-        let into = match sp {
-            true => &mut self.dln,
-            false => &mut *out,
-        };
-        self.blas.gemm_rm(
-            s,
-            into,
-            &a.fch_gelu,
-            false,
-            &p.view(r.fcproj_w.clone())?,
-            false,
-            n,
-            c,
-            f,
-            false,
-        )?;
-        match group {
-            Some(g) if sp => {
-                let mine = g.scatter(&mut self.dln, c, s, "mlp.c_proj forward")?;
-                copy_async(out, &self.dln.view(mine), s)?;
-            }
-            _ => Self::sum_over_group(group, shards, out, s, "mlp.c_proj forward")?,
-        }
-        k.add_bias(s, out, &p.view(r.fcproj_b.clone())?, rows, c)?;
-        k.add_inplace(s, out, &a.resid2)?;
-        Ok(())
+        let [_, _, dln, ..] = &mut self.d;
+        crate::block::forward(&mut F32Forward {
+            env: BlockEnv {
+                s: &self.stream,
+                k: &self.kernels,
+                blas: &mut self.blas,
+                group: &mut self.group,
+                shards: self.layout.shard.size,
+                r: held(&self.ranges, l)?,
+                p,
+                w: self.widths,
+                b: self.b,
+                t: self.t,
+                rows,
+            },
+            x: before[l].as_ref().ok_or_else(|| not_held(l))?,
+            out: after[0].as_mut().ok_or_else(|| not_held(l + 1))?,
+            a: held_mut(&mut self.layers, l)?,
+            scratch: dln,
+        })
     }
 
     /// The head's forward pass (after the last block): final LayerNorm,
@@ -744,7 +609,7 @@ impl GpuGpt {
         // Head: dlnf = dlogits · wte ; dwte += dlogitsᵀ · lnf.
         self.blas.gemm_rm(
             s,
-            &mut self.dln,
+            &mut self.d[DLN],
             &self.logits,
             false,
             &p.view(wte.clone())?,
@@ -778,13 +643,14 @@ impl GpuGpt {
         // Each rank's share of the vocabulary's gradient, summed (into this
         // rank's rows under sequence parallelism).
         let dlnf = match group {
-            Some(grp) if sp => grp.scatter(&mut self.dln, c, s, "head backward")?,
+            Some(grp) if sp => grp.scatter(&mut self.d[DLN], c, s, "head backward")?,
             _ => {
-                Self::sum_over_group(group, shards, &mut self.dln, s, "head backward")?;
+                Self::sum_over_group(group, shards, &mut self.d[DLN], s, "head backward")?;
                 0..n * c
             }
         };
-        zero_async(&mut self.dresid, s)?;
+        let [dresid, _, dln, ..] = &mut self.d;
+        zero_async(dresid, s)?;
         match group {
             Some(grp) if sp => {
                 let ng = &mut grp.seq.as_mut().ok_or_else(no_rows)?.norm_grads;
@@ -792,10 +658,10 @@ impl GpuGpt {
                 let [mut gw, mut gb] = ng.views_mut_n([0..c, c..2 * c]);
                 k.layernorm_backward(
                     s,
-                    &mut self.dresid,
+                    dresid,
                     &mut gw,
                     &mut gb,
-                    &self.dln.view(dlnf),
+                    &dln.view(dlnf),
                     held(&self.resid, cfg.n_layer)?,
                     &p.view(lw.clone())?,
                     &self.lnf_mean,
@@ -809,10 +675,10 @@ impl GpuGpt {
                 let [mut gw, mut gb] = g.views_mut_n([lw.clone(), lb])?;
                 k.layernorm_backward(
                     s,
-                    &mut self.dresid,
+                    dresid,
                     &mut gw,
                     &mut gb,
-                    &self.dln,
+                    &*dln,
                     held(&self.resid, cfg.n_layer)?,
                     &p.view(lw)?,
                     &self.lnf_mean,
@@ -834,221 +700,26 @@ impl GpuGpt {
         g: &mut DeviceWindow<'_, f32>,
     ) -> Result<()> {
         let p = p.into();
-        let Widths {
-            c,
-            heads: nh,
-            attn: ca,
-            mlp: f,
-            ..
-        } = self.widths;
-        let (b, t) = (self.b, self.t);
-        let (n, rows) = (b * t, self.rows());
-        let shards = self.layout.shard.size;
-        let (s, k) = (&self.stream, &self.kernels);
-        let r = held(&self.ranges, l)?;
-        let a = held_mut(&mut self.layers, l)?;
-        let x = held(&self.resid, l)?;
-        let group = &mut self.group;
-        let sp = sequence(group);
-        if let Some(grp) = group.as_mut().filter(|_| sp) {
-            zero_async(&mut grp.seq.as_mut().ok_or_else(no_rows)?.norm_grads, s)?;
-        }
-        // MLP. Under sequence parallelism the output's gradient of every
-        // row, gathered.
-        copy_async(&mut self.dresid2, &self.dresid, s)?;
-        let dout = match group {
-            Some(grp) if sp => {
-                grp.gather(&self.dresid, c, s, "mlp.c_proj backward: gathering rows")?;
-                grp.gathered()?
-            }
-            _ => &self.dresid,
-        };
-        zero_async(&mut self.dgelu, s)?;
-        self.blas.gemm_rm(
-            s,
-            &mut self.dgelu,
-            dout,
-            false,
-            &p.view(r.fcproj_w.clone())?,
-            true,
-            n,
-            f,
-            c,
-            true,
-        )?;
-        self.blas.gemm_rm(
-            s,
-            &mut g.view_mut(r.fcproj_w.clone())?,
-            &a.fch_gelu,
-            true,
-            dout,
-            false,
-            f,
-            c,
-            n,
-            true,
-        )?;
-        k.bias_backward(s, &mut g.view_mut(r.fcproj_b.clone())?, dout, n, c)?;
-        zero_async(&mut self.dfch, s)?;
-        k.gelu_backward(s, &mut self.dfch, &a.fch, &self.dgelu)?;
-        zero_async(&mut self.dln, s)?;
-        self.blas.gemm_rm(
-            s,
-            &mut self.dln,
-            &self.dfch,
-            false,
-            &p.view(r.fc_w.clone())?,
-            true,
-            n,
-            c,
-            f,
-            true,
-        )?;
-        let ln2 = match group {
-            Some(grp) if sp => {
-                grp.gather(&a.ln2, c, s, "mlp.c_fc backward: gathering rows")?;
-                grp.gathered()?
-            }
-            _ => &a.ln2,
-        };
-        self.blas.gemm_rm(
-            s,
-            &mut g.view_mut(r.fc_w.clone())?,
-            ln2,
-            true,
-            &self.dfch,
-            false,
-            c,
-            f,
-            n,
-            true,
-        )?;
-        k.bias_backward(s, &mut g.view_mut(r.fc_b.clone())?, &self.dfch, n, f)?;
-        // A column-split product's input gradient: each rank's share summed
-        // (into this rank's rows under sequence parallelism).
-        let dln2 = Self::sum_input_grad(group, shards, &mut self.dln, c, s, "mlp.c_fc backward")?;
-        Self::layernorm_backward_of(
-            k,
-            s,
-            group.as_mut().filter(|_| sp),
+        let rows = self.rows();
+        crate::block::backward(&mut F32Backward {
+            env: BlockEnv {
+                s: &self.stream,
+                k: &self.kernels,
+                blas: &mut self.blas,
+                group: &mut self.group,
+                shards: self.layout.shard.size,
+                r: held(&self.ranges, l)?,
+                p,
+                w: self.widths,
+                b: self.b,
+                t: self.t,
+                rows,
+            },
             g,
-            (&mut self.dresid2, &self.dln.view(dln2)),
-            (&a.resid2, &a.ln2_mean, &a.ln2_rstd),
-            (
-                p.view(r.ln2_w.clone())?,
-                [r.ln2_w.clone(), r.ln2_b.clone()],
-                2,
-            ),
-            rows,
-            c,
-        )?;
-        // Attention.
-        copy_async(&mut self.dresid, &self.dresid2, s)?;
-        let dout = match group {
-            Some(grp) if sp => {
-                grp.gather(&self.dresid2, c, s, "attn.c_proj backward: gathering rows")?;
-                grp.gathered()?
-            }
-            _ => &self.dresid2,
-        };
-        zero_async(&mut self.datty, s)?;
-        self.blas.gemm_rm(
-            s,
-            &mut self.datty,
-            dout,
-            false,
-            &p.view(r.proj_w.clone())?,
-            true,
-            n,
-            ca,
-            c,
-            true,
-        )?;
-        self.blas.gemm_rm(
-            s,
-            &mut g.view_mut(r.proj_w.clone())?,
-            &a.atty,
-            true,
-            dout,
-            false,
-            ca,
-            c,
-            n,
-            true,
-        )?;
-        k.bias_backward(s, &mut g.view_mut(r.proj_b.clone())?, dout, n, c)?;
-        zero_async(&mut self.dqkv, s)?;
-        attention_backward(
-            k,
-            &mut self.blas,
-            s,
-            &mut self.dqkv,
-            &self.datty,
-            &mut a.attn,
-            AttnShape { b, t, c: ca, nh },
-        )?;
-        zero_async(&mut self.dln, s)?;
-        self.blas.gemm_rm(
-            s,
-            &mut self.dln,
-            &self.dqkv,
-            false,
-            &p.view(r.qkv_w.clone())?,
-            true,
-            n,
-            c,
-            3 * ca,
-            true,
-        )?;
-        let ln1 = match group {
-            Some(grp) if sp => {
-                grp.gather(&a.ln1, c, s, "attn.c_attn backward: gathering rows")?;
-                grp.gathered()?
-            }
-            _ => &a.ln1,
-        };
-        self.blas.gemm_rm(
-            s,
-            &mut g.view_mut(r.qkv_w.clone())?,
-            ln1,
-            true,
-            &self.dqkv,
-            false,
-            c,
-            3 * ca,
-            n,
-            true,
-        )?;
-        k.bias_backward(s, &mut g.view_mut(r.qkv_b.clone())?, &self.dqkv, n, 3 * ca)?;
-        let dln1 =
-            Self::sum_input_grad(group, shards, &mut self.dln, c, s, "attn.c_attn backward")?;
-        Self::layernorm_backward_of(
-            k,
-            s,
-            group.as_mut().filter(|_| sp),
-            g,
-            (&mut self.dresid, &self.dln.view(dln1)),
-            (x, &a.ln1_mean, &a.ln1_rstd),
-            (
-                p.view(r.ln1_w.clone())?,
-                [r.ln1_w.clone(), r.ln1_b.clone()],
-                0,
-            ),
-            rows,
-            c,
-        )?;
-        // Under sequence parallelism both LayerNorms' gradients of this
-        // rank's rows, summed over the group.
-        if let Some(grp) = group.as_mut().filter(|_| sp) {
-            let into = [
-                r.ln1_w.clone(),
-                r.ln1_b.clone(),
-                r.ln2_w.clone(),
-                r.ln2_b.clone(),
-            ];
-            grp.add_norm_grads(k, g, &into, s, "layer backward: LayerNorm gradients")?;
-        }
-        Ok(())
+            x: held(&self.resid, l)?,
+            a: held_mut(&mut self.layers, l)?,
+            d: &mut self.d,
+        })
     }
 
     /// A column-split product's input gradient in `dln` (whole rows),
@@ -1112,7 +783,7 @@ impl GpuGpt {
                 &self.stream,
                 &mut gte,
                 &mut gpe,
-                &self.dresid,
+                &self.d[DRESID],
                 t,
                 c,
             );
@@ -1123,14 +794,14 @@ impl GpuGpt {
         let dout = match &mut self.group {
             Some(grp) if grp.seq.is_some() => {
                 grp.gather(
-                    &self.dresid,
+                    &self.d[DRESID],
                     c,
                     &self.stream,
                     "embedding backward: gathering rows",
                 )?;
                 grp.gathered()?
             }
-            _ => &self.dresid,
+            _ => &self.d[DRESID],
         };
         self.batch.embedding_backward_rows(
             &self.kernels,

@@ -50,19 +50,17 @@ pub(super) fn make(
             acts.push(None);
             continue;
         }
+        // Allocated in the block's order.
+        let (ln1, ln1_mean, ln1_rstd) = (z(n * c)?, z(n)?, z(n)?);
+        let (qkv, atty) = (z(n * 3 * a)?, z(n * a)?);
+        let attn = AttnScratch::new(device, AttnShape { b, t, c: a, nh })?;
+        let (resid2, ln2, ln2_mean, ln2_rstd) = (z(n * c)?, z(n * c)?, z(n)?, z(n)?);
+        let (fch, fch_gelu) = (z(n * f)?, z(n * f)?);
         acts.push(Some(LayerActs {
-            ln1: z(n * c)?,
-            ln1_mean: z(n)?,
-            ln1_rstd: z(n)?,
-            qkv: z(n * 3 * a)?,
-            atty: z(n * a)?,
-            attn: AttnScratch::new(device, AttnShape { b, t, c: a, nh })?,
-            resid2: z(n * c)?,
-            ln2: z(n * c)?,
-            ln2_mean: z(n)?,
-            ln2_rstd: z(n)?,
-            fch: z(n * f)?,
-            fch_gelu: z(n * f)?,
+            t: [ln1, qkv, atty, resid2, ln2, fch, fch_gelu],
+            mean: [ln1_mean, ln2_mean],
+            rstd: [ln1_rstd, ln2_rstd],
+            attn,
         }));
     }
     // A layer's input and output streams.
@@ -217,8 +215,8 @@ impl GpuGpt {
             let _t = span(&|| "backward head".into(), &self.stream);
             self.backward_head(p, g)?;
         } else {
-            let d = output_grad(&dout.dout, self.dresid.len(), st)?;
-            copy_async(&mut self.dresid, d, &self.stream)?;
+            let d = output_grad(&dout.dout, self.d[DRESID].len(), st)?;
+            copy_async(&mut self.d[DRESID], d, &self.stream)?;
         }
         for l in st.layers.clone().rev() {
             let _t = span(&|| format!("backward layer {l}"), &self.stream);
@@ -234,6 +232,6 @@ impl GpuGpt {
     /// The gradient of the input of the stage whose backward pass ran
     /// last (valid until the next backward pass).
     pub fn input_grad(&self) -> &DeviceBuffer<f32> {
-        &self.dresid
+        &self.d[DRESID]
     }
 }
