@@ -350,7 +350,7 @@ where
             engine.synchronize()?;
             let n = <E::Space as Space>::len(grads);
             let mut host = vec![0.0f32; n];
-            <E::Space as Space>::read_ranges_into(grads, &[0..n], &mut host)?;
+            <E::Space as Space>::read_ranges_into(grads, std::slice::from_ref(&(0..n)), &mut host)?;
             let scale = (1.0 / divide) as f32;
             host.iter_mut().for_each(|g| *g *= scale);
             first_grads = Some(host);
