@@ -213,17 +213,12 @@ fn a_pipeline_of_4_stages_matches_one_process_over_shared_memory() {
     );
 }
 
-/// The same over TCP fails at the first step's gradient norm (a bug of
-/// `CpuStage`, not fixed here): the tied embeddings' gradients are summed
-/// by `Communicator::send_recv` between the first and the last pipeline
-/// rank alone, an operation numbered on the pipeline group's
-/// communicator, so the middle ranks' numbering falls one behind and the
-/// TCP backend refuses the next all-reduce ("rank 1 sent data for
-/// operation #7; the ranks have called different sequences of
-/// operations"). Shared memory does not check the numbers. `braid train
-/// --nproc-per-node 4 --pp 4` with `BRAID_BACKEND=tcp` fails the same way.
+/// The same over TCP, whose backend checks that every rank of a group
+/// calls the same sequence of operations: the tied embeddings' gradients
+/// are summed between the first and the last pipeline rank alone, point to
+/// point, so that the middle ranks' numbering does not fall behind (it
+/// did, when the sum was a `send_recv`, an operation of the whole group).
 #[test]
-#[ignore = "bug: a pipeline of more than 2 ranks over TCP (CpuStage::sum_tied)"]
 fn a_pipeline_of_4_stages_matches_one_process_over_tcp() {
     check("pp 4 over tcp", pipeline(4, "1f1b"));
 }

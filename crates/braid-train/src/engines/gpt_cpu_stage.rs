@@ -40,8 +40,11 @@ pub struct CpuStage {
     schedule: Schedule,
     /// This rank in the pipeline group.
     rank: usize,
-    /// The pipeline group (the loss, the tied embeddings, the norm).
+    /// The pipeline group (the loss, the norm).
     group: Communicator,
+    /// The first and the last pipeline rank's own communicator (the tied
+    /// embeddings' gradients); `None` on the ranks between.
+    ends: Option<Communicator>,
     step: u64,
     /// The training steps' timelines.
     measured: Measured,
@@ -306,6 +309,14 @@ impl CpuStage {
         // engine's whole set is never used.
         inner.release_activations();
         let links = HostLinks::new(&group)?;
+        // The first and the last stage's ranks (the first stage's first;
+        // one rank when both are on it).
+        let last = schedule.rank_of(schedule.stages() - 1);
+        let ends = match rank == 0 || rank == last {
+            true => group.split(Some(0), rank as i64),
+            false => group.split(None, 0),
+        }
+        .map_err(|e| format!("the pipeline's first and last rank's communicator: {e}"))?;
         // (A tensor-parallel rank's share runs with its group.)
         let model = inner.model().clone();
         let flight = InFlight::new(stages.iter().map(|(i, _)| *i).collect(), schedule.ranks);
@@ -334,6 +345,7 @@ impl CpuStage {
             schedule,
             rank,
             group,
+            ends,
             step: 0,
             measured: Measured::default(),
             owns_grads: false,
@@ -378,9 +390,23 @@ impl CpuStage {
         let peer = if self.rank == first { last } else { first };
         let er = self.layout().block_range(Block::Embedding);
         let mut theirs = vec![0.0f32; er.len()];
-        self.group
-            .send_recv(&self.passes.acc[er.clone()], peer, &mut theirs, peer, 1)
-            .map_err(|e| format!("summing the tied embeddings' gradients with rank {peer}: {e}"))?;
+        // Over the two ends' own communicator: the stages between take no
+        // part in it (on the pipeline group an exchange of two ranks would
+        // leave the others' operation count behind, which TCP refuses).
+        let ends = self
+            .ends
+            .as_ref()
+            .ok_or("the first and last stage have no communicator of their own")?;
+        // The peer's place in it: the first rank is 0 there.
+        let peer_at = usize::from(self.rank == first);
+        ends.send_recv(
+            &self.passes.acc[er.clone()],
+            peer_at,
+            &mut theirs,
+            peer_at,
+            1,
+        )
+        .map_err(|e| format!("summing the tied embeddings' gradients with rank {peer}: {e}"))?;
         for (g, o) in self.passes.acc[er].iter_mut().zip(&theirs) {
             *g += o;
         }
