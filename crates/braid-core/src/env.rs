@@ -19,6 +19,28 @@ pub const GROUP_RANK: &str = "GROUP_RANK";
 pub const MASTER_ADDR: &str = "MASTER_ADDR";
 /// Port on [`MASTER_ADDR`] that is free for the workers' own rendezvous.
 pub const MASTER_PORT: &str = "MASTER_PORT";
+/// Number of nodes (torchrun's name; written for torchrun's programs).
+pub const GROUP_WORLD_SIZE: &str = "GROUP_WORLD_SIZE";
+/// Rank among the workers of this worker's role: braid runs one role, so
+/// the global rank (torchrun's name).
+pub const ROLE_RANK: &str = "ROLE_RANK";
+/// Number of workers of this worker's role: the world size (torchrun's).
+pub const ROLE_WORLD_SIZE: &str = "ROLE_WORLD_SIZE";
+/// The workers' role, `braid launch --role` (torchrun's name).
+pub const ROLE_NAME: &str = "ROLE_NAME";
+/// torchrun's name for [`BRAID_RUN_ID`].
+pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+/// torchrun's name for [`BRAID_RESTART_COUNT`].
+pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+/// torchrun's name for [`BRAID_MAX_RESTARTS`].
+pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
+/// `True` when torchrun started the worker and its agent's own store
+/// already listens on [`MASTER_PORT`] (braid's store then takes the port
+/// after it; `braid launch` never sets it).
+pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
+/// OpenMP's thread count: `braid launch` sets it to 1 for each of several
+/// workers on a node unless it is set already, as torchrun does.
+pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 
 /// Identifier of the run, the same on every node and across restarts.
 pub const BRAID_RUN_ID: &str = "BRAID_RUN_ID";

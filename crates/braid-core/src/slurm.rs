@@ -9,6 +9,9 @@ pub const PROCID_VAR: &str = "SLURM_PROCID";
 pub const LOCALID_VAR: &str = "SLURM_LOCALID";
 /// Total number of tasks.
 pub const NTASKS_VAR: &str = "SLURM_NTASKS";
+/// Tasks per node, as SLURM writes them (`4`, or `4(x2),3`: the first
+/// node's count is read).
+pub const NTASKS_PER_NODE_VAR: &str = "SLURM_NTASKS_PER_NODE";
 /// Number of nodes in the allocation.
 pub const NNODES_VAR: &str = "SLURM_NNODES";
 /// Index of this node in the allocation.

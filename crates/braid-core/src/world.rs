@@ -97,7 +97,7 @@ impl WorldInfo {
                 Some(v) => parse_usize(slurm::NNODES_VAR, Some(v))?.max(1),
                 None => 1,
             };
-            let local_world = match get("SLURM_NTASKS_PER_NODE") {
+            let local_world = match get(slurm::NTASKS_PER_NODE_VAR) {
                 Some(v) => v
                     .split(['(', ','])
                     .next()
@@ -205,7 +205,7 @@ impl WorldInfo {
             max_restarts,
             store_addr: get(env::BRAID_STORE_ADDR),
             store_prefix,
-            torchrun_agent_store: get("TORCHELASTIC_USE_AGENT_STORE")
+            torchrun_agent_store: get(env::TORCHELASTIC_USE_AGENT_STORE)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         })
     }

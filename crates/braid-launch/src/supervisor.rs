@@ -61,10 +61,10 @@ pub fn worker_env(
         (env::WORLD_SIZE, world.world_size().to_string()),
         (env::LOCAL_WORLD_SIZE, plan.nproc_per_node.to_string()),
         (env::GROUP_RANK, plan.node_rank.to_string()),
-        ("GROUP_WORLD_SIZE", plan.nnodes.to_string()),
-        ("ROLE_RANK", rank.to_string()),
-        ("ROLE_WORLD_SIZE", world.world_size().to_string()),
-        ("ROLE_NAME", plan.role.clone()),
+        (env::GROUP_WORLD_SIZE, plan.nnodes.to_string()),
+        (env::ROLE_RANK, rank.to_string()),
+        (env::ROLE_WORLD_SIZE, world.world_size().to_string()),
+        (env::ROLE_NAME, plan.role.clone()),
         (env::MASTER_ADDR, plan.master_addr.clone()),
         (env::MASTER_PORT, world.worker_master_port.to_string()),
         (env::BRAID_RUN_ID, world.run_id.clone()),
@@ -78,14 +78,17 @@ pub fn worker_env(
                 .to_string_lossy()
                 .into_owned(),
         ),
-        ("TORCHELASTIC_RUN_ID", world.run_id.clone()),
-        ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
-        ("TORCHELASTIC_MAX_RESTARTS", plan.max_restarts.to_string()),
+        (env::TORCHELASTIC_RUN_ID, world.run_id.clone()),
+        (env::TORCHELASTIC_RESTART_COUNT, attempt.to_string()),
+        (
+            env::TORCHELASTIC_MAX_RESTARTS,
+            plan.max_restarts.to_string(),
+        ),
     ];
     // Like torchrun: several workers per node each get one thread by
     // default instead of all of them claiming every core.
-    if plan.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
-        vars.push(("OMP_NUM_THREADS", "1".to_string()));
+    if plan.nproc_per_node > 1 && std::env::var_os(env::OMP_NUM_THREADS).is_none() {
+        vars.push((env::OMP_NUM_THREADS, "1".to_string()));
     }
     vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

@@ -109,11 +109,11 @@ pub fn run(a: LoadArgs) -> Result<i32, String> {
     };
     let rank = match a.rank {
         Some(r) => r,
-        None => env("RANK")?.unwrap_or(0),
+        None => env(braid_core::env::RANK)?.unwrap_or(0),
     };
     let ranks = match a.ranks {
         Some(r) => r,
-        None => env("WORLD_SIZE")?.unwrap_or(1),
+        None => env(braid_core::env::WORLD_SIZE)?.unwrap_or(1),
     };
     flags_checked(&a, rank, ranks)?;
     let threads = a
