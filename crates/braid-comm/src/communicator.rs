@@ -90,7 +90,7 @@ impl CommOptions {
             .map_err(|e| CommError::Setup(e.to_string()))?;
         let backend = BackendKind::from_env().map_err(CommError::Setup)?;
         let debug = matches!(
-            std::env::var("BRAID_DEBUG").as_deref(),
+            std::env::var(braid_core::env::BRAID_DEBUG).as_deref(),
             Ok("detail") | Ok("DETAIL") | Ok("1")
         );
         let run_id =

@@ -442,7 +442,7 @@ fn register_exit_wait() {
 fn test_dump_delay(rank: usize) {
     static DELAYS: OnceLock<Vec<(usize, u64)>> = OnceLock::new();
     let delays = DELAYS.get_or_init(|| {
-        let Ok(v) = std::env::var("BRAID_TEST_DELAY") else {
+        let Ok(v) = std::env::var(braid_core::env::BRAID_TEST_DELAY) else {
             return Vec::new();
         };
         let mut out = Vec::new();

@@ -41,7 +41,7 @@ impl BackendKind {
 
     /// Reads `BRAID_BACKEND`.
     pub fn from_env() -> std::result::Result<BackendKind, String> {
-        BackendKind::parse(&std::env::var("BRAID_BACKEND").unwrap_or_default())
+        BackendKind::parse(&std::env::var(braid_core::env::BRAID_BACKEND).unwrap_or_default())
     }
 }
 
@@ -65,7 +65,7 @@ impl PeerInfo {
             .local_addr()
             .map(|a| a.ip())
             .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-        let host = std::env::var("BRAID_HOST_ID")
+        let host = std::env::var(braid_core::env::BRAID_HOST_ID)
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| {

@@ -77,7 +77,7 @@ pub fn all_reduce_algo(bytes: usize, n: usize, forced: Option<Algo>) -> Algo {
 
 /// Reads `BRAID_ALGO`.
 pub fn forced_from_env() -> Result<Option<Algo>, String> {
-    match std::env::var("BRAID_ALGO") {
+    match std::env::var(braid_core::env::BRAID_ALGO) {
         Ok(v) if !v.trim().is_empty() => Algo::parse(&v).map(Some),
         _ => Ok(None),
     }

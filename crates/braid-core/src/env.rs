@@ -1,9 +1,17 @@
-//! Names of the environment variables that make up the worker contract.
+//! Names of the environment variables braid reads or sets.
 //!
-//! The launcher writes them and workers read them; keeping the names in one
-//! place means the two sides cannot drift apart. The first group is
-//! torchrun-compatible, so programs written for torchrun run unchanged under
-//! `braid launch`.
+//! Code elsewhere uses these constants and never spells a name itself, so
+//! that the launcher and its workers cannot drift apart and this file is
+//! the one list of what the environment changes. SLURM's variables are in
+//! [`crate::slurm`]; `braid launch`'s `PET_<OPTION>` variables (torchrun's,
+//! one for each option) are declared on its options; messages, help text,
+//! build scripts and tests spell names as text.
+//!
+//! The first group is the launcher↔worker contract: the launcher writes
+//! it and workers read it. Its first names are torchrun's, so programs
+//! written for torchrun run unchanged under `braid launch`. The settings
+//! after it are read by one part of braid each; none is needed, and most
+//! exist for experiments and tests.
 
 /// Global rank of this worker, `0..WORLD_SIZE`.
 pub const RANK: &str = "RANK";
@@ -67,3 +75,159 @@ pub const BRAID_LOG_DIR: &str = "BRAID_LOG_DIR";
 /// How many collective records each rank keeps for its flight record
 /// (default 2048; 0 keeps only each communicator's last and current one).
 pub const BRAID_FLIGHT_RECORDS: &str = "BRAID_FLIGHT_RECORDS";
+
+// Settings read by one part of braid each, from the bottom of the stack
+// up. Unset, each takes the default its description names.
+
+// braid-store.
+
+/// The host rank 0 binds the store it hosts to, on the store's port, when
+/// no launcher's store is given (default: [`MASTER_ADDR`]).
+pub const BRAID_STORE_BIND: &str = "BRAID_STORE_BIND";
+
+// braid-comm.
+
+/// The host communicator's backend: `auto` (the default), `shm`, `tcp` or
+/// `hier`.
+pub const BRAID_BACKEND: &str = "BRAID_BACKEND";
+/// The all-reduce algorithm of the tcp and hier backends, `ring` or
+/// `tree`, overriding the size table (`braid bench --algo` sets it).
+pub const BRAID_ALGO: &str = "BRAID_ALGO";
+/// `detail` (or `1`): every collective is checked to be the same call on
+/// every rank before it runs.
+pub const BRAID_DEBUG: &str = "BRAID_DEBUG";
+/// This rank's host identity: ranks with the same one share memory
+/// (default: the host name and the address that reaches the store).
+pub const BRAID_HOST_ID: &str = "BRAID_HOST_ID";
+/// Directory of the shm backend's segments (default: `/dev/shm`).
+pub const BRAID_SHM_DIR: &str = "BRAID_SHM_DIR";
+/// Bytes of each half of a rank's shm data slot (at least 4096).
+pub const BRAID_SHM_HALF: &str = "BRAID_SHM_HALF";
+/// Bytes of each shm point-to-point ring (at least 4096).
+pub const BRAID_SHM_RING: &str = "BRAID_SHM_RING";
+/// Helper threads per rank for the shm backend's copies and sums (1 to 16;
+/// default: the host's cores shared among its ranks, at most 3).
+pub const BRAID_SHM_THREADS: &str = "BRAID_SHM_THREADS";
+/// Tests only: `RANK:PHASE:MS[,…]` makes rank RANK sleep MS milliseconds
+/// in PHASE (`dump`: writing a flight record, read by braid-comm; `data`,
+/// `compute`, `end`, `write`: braid-train's), to make a straggler.
+pub const BRAID_TEST_DELAY: &str = "BRAID_TEST_DELAY";
+
+// braid-cuda.
+
+/// An NCCL library to load before the system's and Python wheels'.
+pub const BRAID_NCCL_LIB: &str = "BRAID_NCCL_LIB";
+/// Directory of the compiled-kernel cache (empty: no cache; default:
+/// `$XDG_CACHE_HOME/braid/kernels`, else `~/.cache/braid/kernels`).
+pub const BRAID_KERNEL_CACHE: &str = "BRAID_KERNEL_CACHE";
+/// cuBLASLt's algorithm choice: `on` (the default: the fastest of the
+/// bit-identical offers, timed once), `off` (the heuristic's first) or
+/// `verbose`.
+pub const BRAID_GEMM_TUNE: &str = "BRAID_GEMM_TUNE";
+/// The priority of each device's main stream (lower is more urgent);
+/// default: CUDA's default priority.
+pub const BRAID_MAIN_STREAM_PRIORITY: &str = "BRAID_MAIN_STREAM_PRIORITY";
+
+// braid-trace.
+
+/// Most spans a process records (default 2,000,000).
+pub const BRAID_TRACE_MAX_EVENTS: &str = "BRAID_TRACE_MAX_EVENTS";
+/// NVTX ranges for Nsight: `1` asks for them, `0` refuses them; by
+/// default a trace asks.
+pub const BRAID_NVTX: &str = "BRAID_NVTX";
+
+// braid-model (the GPU engines).
+
+/// The bf16 engine's attention: `fused` (the flash kernels) or `batched`
+/// (cuBLAS products around a softmax); default: fused where it runs.
+pub const BRAID_ATTENTION: &str = "BRAID_ATTENTION";
+/// The flash attention's forward kernel: `auto`, `mma`, `wgmma` or
+/// `wgmma2` (the last two on compute capability 9.0 only).
+pub const BRAID_FLASH_FORWARD: &str = "BRAID_FLASH_FORWARD";
+/// The flash attention's backward kernels: `auto`, `mma` or `wgmma`.
+pub const BRAID_FLASH_BACKWARD: &str = "BRAID_FLASH_BACKWARD";
+/// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
+/// (measurement only: the bits do not change).
+pub const BRAID_FLASH128_BLOCKS: &str = "BRAID_FLASH128_BLOCKS";
+/// Heads per group of the flash attention's blocks (0, the default: no
+/// groups; measurement only).
+pub const BRAID_FLASH_GROUP_HEADS: &str = "BRAID_FLASH_GROUP_HEADS";
+/// `0`: biases and GELU in separate passes instead of cuBLASLt's fused
+/// epilogues.
+pub const BRAID_FUSED_EPILOGUES: &str = "BRAID_FUSED_EPILOGUES";
+/// SMs the backward pass's products aim for (0, the default: all).
+pub const BRAID_BACKWARD_SM_TARGET: &str = "BRAID_BACKWARD_SM_TARGET";
+/// Set (and not `0`): the bf16 engine times its phases on the device and
+/// prints them.
+pub const BRAID_PROFILE: &str = "BRAID_PROFILE";
+
+// braid-train.
+
+/// GPU data parallelism's all-reduce: `auto` (the default: the copy
+/// engines over 2 to 8 GPUs of one host, NCCL otherwise), `ce` or `nccl`.
+pub const BRAID_GPU_ALLREDUCE: &str = "BRAID_GPU_ALLREDUCE";
+/// `STEP`: the copy-engine reductions of that step timed and printed.
+pub const BRAID_CE_TRACE: &str = "BRAID_CE_TRACE";
+/// Where ZeRO-3's bf16 gathers run on GPUs: `auto` (the default), `ce`
+/// (NCCL's copy engines) or `nccl` (its kernels).
+pub const BRAID_ZERO3_GATHER_VIA: &str = "BRAID_ZERO3_GATHER_VIA";
+
+// The braid binary (`braid train`'s memory-for-speed choices, made by
+// the memory pre-flight unless set; `auto` or unset leaves it the choice).
+
+/// `bf16` or `f32`: the dtype ZeRO-3 gathers bf16 runs' layers in.
+pub const BRAID_ZERO3_GATHER: &str = "BRAID_ZERO3_GATHER";
+/// `kept` or `capped`: ZeRO-3 keeps every freed block buffer for reuse,
+/// or at most 4.
+pub const BRAID_ZERO3_SPARES: &str = "BRAID_ZERO3_SPARES";
+/// `on` or `off`: ZeRO-3 reduce-scatters the tied embeddings' gradients
+/// in two parts (this one changes the order of a sum).
+pub const BRAID_SPLIT_REDUCE: &str = "BRAID_SPLIT_REDUCE";
+/// `on` or `off`: saved activations live in idle gradient memory.
+pub const BRAID_SAVED_IN_GRADS: &str = "BRAID_SAVED_IN_GRADS";
+/// `streamed` or `resident`: the bf16 weights cast layer by layer, or a
+/// whole copy kept.
+pub const BRAID_BF16_WEIGHTS: &str = "BRAID_BF16_WEIGHTS";
+/// `stored` or `recomputed`: the fused attention's score gradients.
+pub const BRAID_SCORE_GRADS: &str = "BRAID_SCORE_GRADS";
+/// Under checkpointing: `kept`, `recomputed` or a number of layers (the
+/// last ones) that keep the attention's state.
+pub const BRAID_CKPT_ATTENTION: &str = "BRAID_CKPT_ATTENTION";
+/// Under checkpointing: `recomputed` or `kept`, the attention's output.
+pub const BRAID_CKPT_ATTENTION_OUTPUT: &str = "BRAID_CKPT_ATTENTION_OUTPUT";
+/// `last` (the default) or `first`: a pipeline's first stage keeps its
+/// embeddings after its layers (out of its bf16 copy), or in the whole
+/// model's order.
+pub const BRAID_PP_EMBEDDINGS: &str = "BRAID_PP_EMBEDDINGS";
+/// `K`: `--tp`'s bf16 row-split products in K row blocks, each summed
+/// beside the next (default 1).
+pub const BRAID_TP_OVERLAP: &str = "BRAID_TP_OVERLAP";
+/// `on` (the default) or `off`: `--tp` in bf16 sums input gradients
+/// beside the weight gradients.
+pub const BRAID_TP_GRAD_OVERLAP: &str = "BRAID_TP_GRAD_OVERLAP";
+/// `bf16` (the default) or `f32`: the dtype of `--tp`'s row-split sums.
+pub const BRAID_TP_SUMS: &str = "BRAID_TP_SUMS";
+/// A file for the first step's gradients (one process only).
+pub const BRAID_DUMP_GRADS: &str = "BRAID_DUMP_GRADS";
+/// Removed (ZeRO-3's update beside the forward pass); only `off` is
+/// accepted.
+pub const BRAID_UPDATE_BESIDE: &str = "BRAID_UPDATE_BESIDE";
+
+// Other programs' variables that braid reads.
+
+/// The user's home directory (the kernel cache, NCCL's Python wheels).
+pub const HOME: &str = "HOME";
+/// The XDG cache directory (the kernel cache).
+pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
+/// A Python virtual environment searched for NCCL's wheel.
+pub const VIRTUAL_ENV: &str = "VIRTUAL_ENV";
+/// A conda environment searched for NCCL's wheel.
+pub const CONDA_PREFIX: &str = "CONDA_PREFIX";
+/// The NVTX tool a profiler (`nsys`, `ncu`) attaches.
+pub const NVTX_INJECTION64_PATH: &str = "NVTX_INJECTION64_PATH";
+/// NCCL's CTA policy, which overrides the zero-CTA policy ZeRO-3's
+/// copy-engine gathers ask for.
+pub const NCCL_CTA_POLICY: &str = "NCCL_CTA_POLICY";
+/// rayon's thread count: where set, `braid train` leaves its CPU thread
+/// pool's size to it.
+pub const RAYON_NUM_THREADS: &str = "RAYON_NUM_THREADS";

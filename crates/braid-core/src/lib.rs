@@ -6,7 +6,8 @@
 //! - the *worker environment contract* ([`env`](mod@env), [`world`], [`slurm`]): the
 //!   variables a launcher (braid's own, torchrun or SLURM) sets for each
 //!   worker, and [`WorldInfo`], which reads them back with errors that say
-//!   which variable was wrong and what to do about it;
+//!   which variable was wrong and what to do about it; [`env`](mod@env)
+//!   also names every other environment variable braid reads;
 //! - element types ([`DType`], [`Element`]) and reduction operators with
 //!   their CPU kernels ([`reduce`]);
 //! - the flight-record format and the diagnosis shared by workers, the

@@ -56,7 +56,7 @@ pub enum Tuning {
 impl Tuning {
     /// `BRAID_GEMM_TUNE`: `off`, `on` (the default) or `verbose`.
     pub fn from_env() -> Result<Tuning> {
-        match std::env::var("BRAID_GEMM_TUNE").as_deref() {
+        match std::env::var(braid_core::env::BRAID_GEMM_TUNE).as_deref() {
             Err(_) | Ok("on") | Ok("1") => Ok(Tuning::Timed),
             Ok("off") | Ok("0") => Ok(Tuning::Heuristic),
             Ok("verbose") => Ok(Tuning::TimedVerbose),

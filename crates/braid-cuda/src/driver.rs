@@ -99,7 +99,7 @@ impl Device {
         // BRAID_MAIN_STREAM_PRIORITY (lower is more urgent; CUDA clamps it
         // to the device's range) lets the main stream's kernels take
         // free SMs before other streams' (the communication stream's).
-        let main = match std::env::var("BRAID_MAIN_STREAM_PRIORITY")
+        let main = match std::env::var(braid_core::env::BRAID_MAIN_STREAM_PRIORITY)
             .ok()
             .and_then(|v| v.trim().parse::<i32>().ok())
         {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The variable naming an NCCL library to load instead of the system one.
-pub const NCCL_LIB_VAR: &str = "BRAID_NCCL_LIB";
+pub const NCCL_LIB_VAR: &str = braid_core::env::BRAID_NCCL_LIB;
 
 type Comm = *mut c_void;
 type Res = c_int;
@@ -218,12 +218,12 @@ fn candidate_paths() -> Vec<String> {
 /// directories this process can see.
 fn wheel_paths() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+    for var in [braid_core::env::VIRTUAL_ENV, braid_core::env::CONDA_PREFIX] {
         if let Ok(v) = std::env::var(var) {
             roots.push(PathBuf::from(v).join("lib"));
         }
     }
-    if let Ok(home) = std::env::var("HOME") {
+    if let Ok(home) = std::env::var(braid_core::env::HOME) {
         roots.push(PathBuf::from(home).join(".local/lib"));
     }
     for r in ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"] {

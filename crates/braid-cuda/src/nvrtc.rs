@@ -61,13 +61,13 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 
 /// Where compiled kernels are cached.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Ok(d) = std::env::var("BRAID_KERNEL_CACHE") {
+    if let Ok(d) = std::env::var(braid_core::env::BRAID_KERNEL_CACHE) {
         return (!d.is_empty()).then(|| PathBuf::from(d));
     }
-    if let Ok(d) = std::env::var("XDG_CACHE_HOME") {
+    if let Ok(d) = std::env::var(braid_core::env::XDG_CACHE_HOME) {
         return Some(PathBuf::from(d).join("braid/kernels"));
     }
-    std::env::var("HOME")
+    std::env::var(braid_core::env::HOME)
         .ok()
         .map(|h| PathBuf::from(h).join(".cache/braid/kernels"))
 }

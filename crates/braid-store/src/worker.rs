@@ -39,7 +39,7 @@ impl WorkerStore {
             None => {
                 let addr = join_host_port(&info.master_addr, info.braid_store_port());
                 let hosted = if info.rank == 0 {
-                    let bind = std::env::var("BRAID_STORE_BIND")
+                    let bind = std::env::var(braid_core::env::BRAID_STORE_BIND)
                         .ok()
                         .filter(|b| !b.is_empty());
                     let bind = bind

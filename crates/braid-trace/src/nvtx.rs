@@ -149,7 +149,9 @@ pub fn init(want: bool) -> Result<bool, String> {
     if !want {
         return Ok(on());
     }
-    let Some(path) = std::env::var_os("NVTX_INJECTION64_PATH").filter(|p| !p.is_empty()) else {
+    let Some(path) =
+        std::env::var_os(braid_core::env::NVTX_INJECTION64_PATH).filter(|p| !p.is_empty())
+    else {
         return Ok(false);
     };
     if LIBRARY.get().is_some() {

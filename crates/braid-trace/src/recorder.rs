@@ -159,7 +159,7 @@ fn epoch() -> &'static Epoch {
 fn max_spans() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("BRAID_TRACE_MAX_EVENTS")
+        std::env::var(braid_core::env::BRAID_TRACE_MAX_EVENTS)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(2_000_000)

@@ -19,7 +19,7 @@ use std::time::Duration;
 fn delays() -> &'static [(usize, String, u64)] {
     static D: OnceLock<Vec<(usize, String, u64)>> = OnceLock::new();
     D.get_or_init(|| {
-        let Ok(v) = std::env::var("BRAID_TEST_DELAY") else {
+        let Ok(v) = std::env::var(braid_core::env::BRAID_TEST_DELAY) else {
             return Vec::new();
         };
         let mut out = Vec::new();

@@ -118,12 +118,12 @@ impl ShmBackend {
         };
         let half = match s.shm_half {
             Some(h) => h.max(4096).div_ceil(4096) * 4096,
-            None => env_bytes("BRAID_SHM_HALF", default_half)?,
+            None => env_bytes(braid_core::env::BRAID_SHM_HALF, default_half)?,
         };
         let layout = Layout {
             n,
             half,
-            ring: env_bytes("BRAID_SHM_RING", DEFAULT_RING)?,
+            ring: env_bytes(braid_core::env::BRAID_SHM_RING, DEFAULT_RING)?,
         };
         let seg = segment::establish(
             s.store,

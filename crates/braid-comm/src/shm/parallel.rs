@@ -28,7 +28,7 @@ impl Helpers {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let wanted = std::env::var("BRAID_SHM_THREADS")
+        let wanted = std::env::var(braid_core::env::BRAID_SHM_THREADS)
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             // Measured on a 16-core host with 4 ranks: 3 threads per rank

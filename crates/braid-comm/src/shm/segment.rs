@@ -55,7 +55,7 @@ impl Drop for Segment {
 
 /// Directory for segments.
 pub fn shm_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("BRAID_SHM_DIR") {
+    if let Ok(d) = std::env::var(braid_core::env::BRAID_SHM_DIR) {
         if !d.is_empty() {
             return PathBuf::from(d);
         }

@@ -17,6 +17,7 @@
 use super::mixed::{MixedKernels, A};
 use super::SOURCES;
 use crate::cpu::attention::AttnShape;
+use braid_core::env;
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, DeviceViewMut, Result, Stream};
 use half::bf16;
@@ -120,8 +121,8 @@ pub fn hopper_source(defines: &str) -> String {
 }
 
 /// The variables choosing each pass's products.
-pub const FORWARD_VAR: &str = "BRAID_FLASH_FORWARD";
-pub const BACKWARD_VAR: &str = "BRAID_FLASH_BACKWARD";
+pub const FORWARD_VAR: &str = env::BRAID_FLASH_FORWARD;
+pub const BACKWARD_VAR: &str = env::BRAID_FLASH_BACKWARD;
 
 /// The products a pass's kernels are built on (`BRAID_FLASH_FORWARD` for
 /// the forward kernel, `BRAID_FLASH_BACKWARD` for dK/dV and dQ). Unset
@@ -212,7 +213,7 @@ impl Products {
 /// source's own (2, 2, 2) when unset. For measuring occupancy: the bits do
 /// not change (the same arithmetic in the same order), the speed may.
 fn blocks_128_from_env() -> Result<String> {
-    blocks_128(std::env::var("BRAID_FLASH128_BLOCKS").ok().as_deref())
+    blocks_128(std::env::var(env::BRAID_FLASH128_BLOCKS).ok().as_deref())
 }
 
 /// [`blocks_128_from_env`] for the variable's value `v`.
@@ -244,7 +245,7 @@ fn blocks_128(v: Option<&str>) -> Result<String> {
 /// grid, every head's longest blocks first). For measuring: the bits do
 /// not change, only the order the blocks run in.
 fn group_heads_from_env() -> Result<usize> {
-    group_heads(std::env::var("BRAID_FLASH_GROUP_HEADS").ok().as_deref())
+    group_heads(std::env::var(env::BRAID_FLASH_GROUP_HEADS).ok().as_deref())
 }
 
 /// [`group_heads_from_env`] for the variable's value `v`.

@@ -46,7 +46,7 @@ impl AttnPath {
             f.check(s)?;
             Ok(AttnPath::Fused)
         };
-        let path = match std::env::var("BRAID_ATTENTION").as_deref() {
+        let path = match std::env::var(braid_core::env::BRAID_ATTENTION).as_deref() {
             Ok("fused") => fused()?,
             Ok("batched") => AttnPath::Batched,
             Ok("") | Err(_) => fused().unwrap_or(AttnPath::Batched),

@@ -474,7 +474,7 @@ struct FusedProducts {
 /// [`Tuning`]).
 fn fused_products(device: &Device) -> Result<Option<FusedProducts>> {
     let tuning = Tuning::from_env()?;
-    if std::env::var("BRAID_FUSED_EPILOGUES").is_ok_and(|v| v == "0") {
+    if std::env::var(braid_core::env::BRAID_FUSED_EPILOGUES).is_ok_and(|v| v == "0") {
         return Ok(None);
     }
     Ok(BlasLt::new(device).ok().map(|mut lt| {
@@ -740,7 +740,7 @@ impl GpuGptMixed {
             dln: p.zeros(n * c, s)?,
             partial: p.zeros(partial_len, s)?,
             deferred: Vec::new(),
-            backward_sms: std::env::var("BRAID_BACKWARD_SM_TARGET")
+            backward_sms: std::env::var(braid_core::env::BRAID_BACKWARD_SM_TARGET)
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0),

@@ -19,7 +19,8 @@ impl PhaseTimer {
     /// A timer on `device`, enabled when `BRAID_PROFILE` is set to
     /// something other than `0`.
     pub fn from_env(device: &Device) -> PhaseTimer {
-        let on = std::env::var("BRAID_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+        let on =
+            std::env::var(braid_core::env::BRAID_PROFILE).is_ok_and(|v| !v.is_empty() && v != "0");
         PhaseTimer {
             device: on.then(|| device.clone()),
             events: Vec::new(),

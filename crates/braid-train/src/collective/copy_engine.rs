@@ -67,7 +67,7 @@ pub enum AllReduceChoice {
 impl AllReduceChoice {
     /// The choice in `BRAID_GPU_ALLREDUCE` (`auto` when unset).
     pub fn from_env() -> Result<AllReduceChoice> {
-        match std::env::var("BRAID_GPU_ALLREDUCE").as_deref() {
+        match std::env::var(braid_core::env::BRAID_GPU_ALLREDUCE).as_deref() {
             Err(_) | Ok("auto") | Ok("") => Ok(AllReduceChoice::Auto),
             Ok("ce") => Ok(AllReduceChoice::CopyEngines),
             Ok("nccl") => Ok(AllReduceChoice::Nccl),
@@ -765,7 +765,7 @@ struct Trace {
 
 impl Trace {
     fn from_env() -> Result<Option<Trace>> {
-        let Ok(v) = std::env::var("BRAID_CE_TRACE") else {
+        let Ok(v) = std::env::var(braid_core::env::BRAID_CE_TRACE) else {
             return Ok(None);
         };
         let step = v

@@ -10,10 +10,10 @@
 //! are 2-6 % faster from 124M to 12.85B (BENCHMARKS.md).
 
 /// The variable naming where ZeRO-3's gathers run.
-pub const GATHER_VIA_VAR: &str = "BRAID_ZERO3_GATHER_VIA";
+pub const GATHER_VIA_VAR: &str = braid_core::env::BRAID_ZERO3_GATHER_VIA;
 
 /// NCCL's variable for its CTA policy, and the zero-CTA policy's value.
-pub const CTA_POLICY: (&str, &str) = ("NCCL_CTA_POLICY", "2");
+pub const CTA_POLICY: (&str, &str) = (braid_core::env::NCCL_CTA_POLICY, "2");
 
 /// `BRAID_ZERO3_GATHER_VIA`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

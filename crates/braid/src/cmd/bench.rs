@@ -311,7 +311,7 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
     }
     if let Some(algo) = &args.algo {
         // Set before the communicator (or any other thread) reads it.
-        std::env::set_var("BRAID_ALGO", algo);
+        std::env::set_var(braid_core::env::BRAID_ALGO, algo);
     }
     let mut options = CommOptions::from_env().map_err(|e| e.to_string())?;
     if let Some(b) = backend {

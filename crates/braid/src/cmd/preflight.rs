@@ -3,6 +3,7 @@
 //! available memory and the GPU's capacity; a run that would not fit is
 //! refused with the estimate, the capacity and what would fit.
 
+use braid_core::env;
 use braid_model::footprint::{Footprint, Sharding};
 use braid_model::GptConfig;
 
@@ -45,7 +46,7 @@ impl Shape<'_> {
     /// data parallelism over 2 to 8 GPUs of one host holds beside the
     /// gradients (`BRAID_GPU_ALLREDUCE` auto or ce), under `sharding`.
     fn landing_bytes(&self, sharding: Sharding, params: u128) -> u128 {
-        let off = std::env::var("BRAID_GPU_ALLREDUCE").as_deref() == Ok("nccl");
+        let off = std::env::var(env::BRAID_GPU_ALLREDUCE).as_deref() == Ok("nccl");
         let n = self.ranks as u128;
         match sharding.stage == 0
             && (2..=braid_train::collective::COPY_ENGINE_MAX_RANKS).contains(&self.ranks)
@@ -424,7 +425,7 @@ impl Room {
 /// the pre-flight keeps it in as many as fit).
 pub fn kept_attention_choice(layers: usize) -> Result<Option<usize>, String> {
     parse_kept_attention(
-        std::env::var("BRAID_CKPT_ATTENTION").ok().as_deref(),
+        std::env::var(env::BRAID_CKPT_ATTENTION).ok().as_deref(),
         layers,
     )
 }
@@ -457,7 +458,7 @@ pub fn fused_attention(cfg: &GptConfig, dev: &braid_cuda::Device) -> bool {
     let hs = cfg.n_embd.checked_div(cfg.n_head).unwrap_or(0);
     braid_model::cuda::flash::FlashKernels::HEAD_SIZES.contains(&hs)
         && dev.compute_capability().is_ok_and(|(major, _)| major >= 8)
-        && std::env::var("BRAID_ATTENTION").as_deref() != Ok("batched")
+        && std::env::var(env::BRAID_ATTENTION).as_deref() != Ok("batched")
 }
 
 /// What the GPU pre-flight decided.
@@ -544,7 +545,7 @@ pub fn split_embedding_grads(
     stage: u8,
     checkpointing: bool,
 ) -> Result<bool, String> {
-    match (env_choice("BRAID_SPLIT_REDUCE", "on", "off")?, stage) {
+    match (env_choice(env::BRAID_SPLIT_REDUCE, "on", "off")?, stage) {
         (Some(true), s) if s != 3 => Err(
             "BRAID_SPLIT_REDUCE=on: only --zero 3 reduce-scatters the embeddings' gradients in \
              parts"
@@ -578,7 +579,7 @@ pub fn device(
 ) -> Result<DevicePlan, String> {
     use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
     let mixed = precision == Precision::Bf16;
-    let forced = env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")?;
+    let forced = env_choice(env::BRAID_BF16_WEIGHTS, "streamed", "resident")?;
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
@@ -586,7 +587,7 @@ pub fn device(
     // Under checkpointing, the layers may leave their attention output to
     // the recomputation too (each saves its input and statistics alone):
     // the leanest form, tried last, or forced.
-    let forced_output = env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")?;
+    let forced_output = env_choice(env::BRAID_CKPT_ATTENTION_OUTPUT, "recomputed", "kept")?;
     if a.tensor > 1 {
         if forced_output == Some(true) {
             return Err(
@@ -598,7 +599,7 @@ pub fn device(
         let space = Room::new(dev, a.gpu_memory);
         return tensor_parallel(a, cfg, space, (mixed, fused, forced), batch, deferred);
     }
-    let forced_scores = env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")?;
+    let forced_scores = env_choice(env::BRAID_SCORE_GRADS, "stored", "recomputed")?;
     if forced_scores == Some(true) && !fused {
         return Err(
             "BRAID_SCORE_GRADS=stored: only the fused attention (bf16, head sizes with fused \
@@ -650,7 +651,7 @@ pub fn device(
     let lends_in = |sharding: Sharding, offload: bool| {
         sharding.stage == 3 || (sharding.stage == 0 && a.ranks == 1 && !offload && deferred == 0)
     };
-    let saved_in_grads = match env_choice("BRAID_SAVED_IN_GRADS", "on", "off")? {
+    let saved_in_grads = match env_choice(env::BRAID_SAVED_IN_GRADS, "on", "off")? {
         Some(true) if !(mixed && a.accum == 1 && lends_in(a.sharding, a.offload)) => {
             return Err(
                 "BRAID_SAVED_IN_GRADS=on: only bf16 runs with one micro-batch per step (no \
@@ -662,7 +663,7 @@ pub fn device(
         Some(on) => on,
         None => mixed && a.accum == 1 && lends_in(a.sharding, a.offload),
     };
-    let half_gathers = match env_choice("BRAID_ZERO3_GATHER", "bf16", "f32")? {
+    let half_gathers = match env_choice(env::BRAID_ZERO3_GATHER, "bf16", "f32")? {
         Some(true) if !(stage3 && mixed) => {
             return Err(
                 "BRAID_ZERO3_GATHER=bf16: only ZeRO-3 in bf16 gathers layers in bf16".into(),

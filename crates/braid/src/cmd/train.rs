@@ -7,6 +7,7 @@
 use super::train_output::{print_state, print_summary, write_json, Progress};
 use super::train_strategy::{zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
 use braid_comm::CommOptions;
+use braid_core::env;
 use braid_data::loader::WindowSource;
 use braid_data::token_beton::BetonTokens;
 use braid_data::tokens::{Dataset, Source, Tokenizer};
@@ -365,7 +366,7 @@ pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimi
 /// removed. `off`, what it did by default, is still accepted; anything
 /// else is refused rather than silently ignored.
 fn update_beside_removed() -> Result<(), String> {
-    match std::env::var("BRAID_UPDATE_BESIDE")
+    match std::env::var(env::BRAID_UPDATE_BESIDE)
         .as_deref()
         .map(str::trim)
     {
@@ -513,7 +514,7 @@ pub(crate) enum OptimizerKind {
 
 /// This process's place in a distributed run, when it is one.
 fn world() -> Result<Option<braid_core::WorldInfo>, String> {
-    if std::env::var_os(braid_core::env::WORLD_SIZE).is_none() {
+    if std::env::var_os(env::WORLD_SIZE).is_none() {
         return Ok(None);
     }
     braid_core::WorldInfo::from_env()
@@ -525,7 +526,7 @@ fn world() -> Result<Option<braid_core::WorldInfo>, String> {
 /// `RAYON_NUM_THREADS` says otherwise): the CPU engine's thread pool gets
 /// cores / local workers threads.
 fn share_cores(local_workers: usize) {
-    if local_workers <= 1 || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+    if local_workers <= 1 || std::env::var_os(env::RAYON_NUM_THREADS).is_some() {
         return;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -887,8 +888,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 super::train_pipeline::checked(&flags, cfg.as_ref(), &model, batch)?;
                 // The pipeline's environment choices, once here too.
                 for (var, yes, no) in [
-                    ("BRAID_PP_EMBEDDINGS", "last", "first"),
-                    ("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept"),
+                    (env::BRAID_PP_EMBEDDINGS, "last", "first"),
+                    (env::BRAID_CKPT_ATTENTION_OUTPUT, "recomputed", "kept"),
                 ] {
                     super::preflight::env_choice(var, yes, no)?;
                 }
@@ -1235,7 +1236,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             zero.unwrap_or(0),
             a.checkpointing,
         )?,
-        kept_spares: super::preflight::env_choice("BRAID_ZERO3_SPARES", "kept", "capped")?,
+        kept_spares: super::preflight::env_choice(env::BRAID_ZERO3_SPARES, "kept", "capped")?,
     };
     let ddp = DdpOptions {
         bucket_cap_mb: a.bucket_mb,
@@ -1509,7 +1510,7 @@ fn dump_grads_path(
     place: &super::train_mesh::Place,
     zero: Option<u8>,
 ) -> Result<Option<PathBuf>, String> {
-    let Some(path) = std::env::var_os("BRAID_DUMP_GRADS").filter(|p| !p.is_empty()) else {
+    let Some(path) = std::env::var_os(env::BRAID_DUMP_GRADS).filter(|p| !p.is_empty()) else {
         return Ok(None);
     };
     if world_size > 1 || place.tensor > 1 || place.pipe > 1 || zero.is_some() {
@@ -1520,7 +1521,7 @@ fn dump_grads_path(
         );
     }
     let path = PathBuf::from(path);
-    super::train_ckpt::check_outputs(&[("BRAID_DUMP_GRADS", Some(&path))])?;
+    super::train_ckpt::check_outputs(&[(env::BRAID_DUMP_GRADS, Some(&path))])?;
     Ok(Some(path))
 }
 

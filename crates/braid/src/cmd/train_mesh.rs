@@ -201,7 +201,7 @@ pub fn split_gpu(
 /// block's product; unset or 1, the whole product then its sum (to be
 /// chosen by measurement: `bash bench/device/tp.sh overlap`).
 pub fn tensor_overlap_blocks() -> Result<usize, String> {
-    match std::env::var("BRAID_TP_OVERLAP").as_deref() {
+    match std::env::var(braid_core::env::BRAID_TP_OVERLAP).as_deref() {
         Err(_) | Ok("") => Ok(1),
         Ok(v) => match v.parse::<usize>() {
             Ok(k) if (1..=64).contains(&k) => Ok(k),
@@ -221,7 +221,7 @@ pub fn tensor_overlap_blocks() -> Result<usize, String> {
 /// ms a step at 2.65B and 447.0 against 451.9 ms at 12.85B (`bash
 /// bench/device/tp.sh grads`).
 pub fn tensor_grad_sums_beside() -> Result<bool, String> {
-    match std::env::var("BRAID_TP_GRAD_OVERLAP").as_deref() {
+    match std::env::var(braid_core::env::BRAID_TP_GRAD_OVERLAP).as_deref() {
         Err(_) | Ok("") | Ok("on") => Ok(true),
         Ok("off") => Ok(false),
         Ok(v) => Err(format!("BRAID_TP_GRAD_OVERLAP={v}: expected on or off")),
@@ -238,7 +238,7 @@ pub fn tensor_grad_sums_beside() -> Result<bool, String> {
 /// against 231.4 ms a step at 2.65B, 477.8 against 503.8 ms at 12.85B
 /// (`bash bench/device/tp.sh sums`), and tracks one GPU as closely.
 pub fn tensor_sums_in_bf16() -> Result<bool, String> {
-    match std::env::var("BRAID_TP_SUMS").as_deref() {
+    match std::env::var(braid_core::env::BRAID_TP_SUMS).as_deref() {
         Ok("f32") => Ok(false),
         Err(_) | Ok("") | Ok("bf16") => Ok(true),
         Ok(v) => Err(format!("BRAID_TP_SUMS={v}: expected f32 or bf16")),

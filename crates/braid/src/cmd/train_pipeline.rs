@@ -136,7 +136,8 @@ pub fn stage_costs(cfg: &GptConfig, all: &[Stage]) -> Vec<f64> {
 /// whole model's order, and in its bf16 copy; `last`, the default, puts
 /// them after its layers and out of the copy: `Layout::bf16_len`.)
 pub fn layouts(whole: &Layout, s: &Schedule, all: &[Stage]) -> Result<Vec<Arc<Layout>>, String> {
-    let last = super::preflight::env_choice("BRAID_PP_EMBEDDINGS", "last", "first")? != Some(false);
+    let last = super::preflight::env_choice(braid_core::env::BRAID_PP_EMBEDDINGS, "last", "first")?
+        != Some(false);
     (0..s.ranks)
         .map(|r| {
             let mine = s.stages_of(r).into_iter().map(|i| all[i].clone()).collect();

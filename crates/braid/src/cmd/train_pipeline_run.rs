@@ -13,6 +13,7 @@ use super::train_pipeline::PipeFlags;
 use super::train_strategy::{distributed, ShardChoice};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
+use braid_core::env;
 use braid_model::{GptConfig, Params};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
@@ -146,14 +147,14 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         // Each micro-batch in flight keeps its layers' inputs only: the
         // attention runs again in the backward pass.
         let recompute_attention_output =
-            env_choice("BRAID_CKPT_ATTENTION_OUTPUT", "recomputed", "kept")? != Some(false);
+            env_choice(env::BRAID_CKPT_ATTENTION_OUTPUT, "recomputed", "kept")? != Some(false);
         let mixed = precision == Precision::Bf16;
-        let weights = match env_choice("BRAID_BF16_WEIGHTS", "streamed", "resident")? {
+        let weights = match env_choice(env::BRAID_BF16_WEIGHTS, "streamed", "resident")? {
             Some(streamed) => vec![streamed],
             None if mixed => vec![false, true],
             None => vec![false],
         };
-        let scores = match env_choice("BRAID_SCORE_GRADS", "stored", "recomputed")? {
+        let scores = match env_choice(env::BRAID_SCORE_GRADS, "stored", "recomputed")? {
             Some(stored) => vec![stored],
             None => vec![true, false],
         };

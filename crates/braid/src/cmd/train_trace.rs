@@ -40,7 +40,7 @@ pub struct TraceSetup {
 /// or `ncu`); without one they cost one atomic load each. A tool that
 /// cannot attach is a warning, not a failed run.
 fn start_nvtx(rank: usize, traced: bool) -> Result<(), String> {
-    let asked = match std::env::var("BRAID_NVTX").as_deref() {
+    let asked = match std::env::var(braid_core::env::BRAID_NVTX).as_deref() {
         Ok("1" | "on") => Some(true),
         Ok("0" | "off") => Some(false),
         Ok("") | Err(_) => None,
