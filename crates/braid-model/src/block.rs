@@ -78,6 +78,15 @@ impl Act {
         matches!(self, Act::X | Act::Resid2 | Act::Out)
     }
 
+    /// Its rows: `nl` (this rank's) for the residual stream, `n` (every
+    /// row) for the rest.
+    pub const fn rows(self, n: usize, nl: usize) -> usize {
+        match self.residual() {
+            true => nl,
+            false => n,
+        }
+    }
+
     /// Its width at a rank's widths.
     pub const fn width(self, w: &Widths) -> usize {
         match self {
@@ -114,6 +123,17 @@ pub const INSIDE: [Act; 7] = [
     Act::Fch,
     Act::Gelu,
 ];
+
+/// Elements of the block's own tensors ([`INSIDE`]) at a rank's widths
+/// over `n` rows (`nl` of them this rank's, for the residual stream): what
+/// a backend that keeps each of them holds per layer, and again for their
+/// gradients — the memory estimate counts from here.
+pub fn inside_elements(w: &Widths, n: usize, nl: usize) -> u128 {
+    INSIDE
+        .iter()
+        .map(|a| a.rows(n, nl) as u128 * a.width(w) as u128)
+        .sum()
+}
 
 /// One of the block's LayerNorms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -8,6 +8,7 @@
 //! the arithmetic that is meant to refuse it.
 
 use crate::config::GptConfig;
+use crate::model::Widths;
 
 /// One part of a footprint.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,22 +101,30 @@ pub fn cpu_activation_elements_split(
     checkpointing: bool,
     tp: TensorSplit,
 ) -> u128 {
+    let ranks = tp.ranks.max(1);
+    let widths = Widths {
+        c: cfg.n_embd,
+        heads: cfg.n_head / ranks,
+        attn: cfg.n_embd / ranks,
+        mlp: 4 * cfg.n_embd / ranks,
+        vocab: cfg.vocab_size.div_ceil(ranks),
+        vocab_start: 0,
+    };
+    let tensors = crate::block::inside_elements(&widths, b * t, b * t / tp.rows() as usize);
     let (b, t) = (b as u128, t as u128);
-    let ranks = tp.ranks.max(1) as u128;
     let (c, l) = (cfg.n_embd as u128, cfg.n_layer as u128);
-    let (heads, a, f) = (cfg.n_head as u128 / ranks, c / ranks, 4 * c / ranks);
-    let vocab = (cfg.vocab_size as u128).div_ceil(ranks);
+    let (heads, vocab) = (widths.heads as u128, widths.vocab as u128);
     let n = b * t;
     let nl = n / tp.rows();
-    // ln1, ln2 (all rows), qkv, atty, fch and its GELU, the attention's
-    // probabilities; resid2 and the two norms' statistics (this rank's).
-    let layer = 2 * n * c + 3 * n * a + n * a + 2 * n * f + b * heads * t * t + nl * c + 4 * nl;
+    // The block's tensors, the attention's probabilities and the two
+    // norms' statistics (this rank's rows).
+    let layer = tensors + b * heads * t * t + 4 * nl;
     let kept = if checkpointing { 1 } else { l };
     let residual = (l + 1) * nl * c;
     let final_norm = n * c + 2 * nl;
     let losses = n;
-    // dresid2, dln2, dfch, dgelu, datty, dqkv, dln1, then dresid.
-    let grads = nl * c + n * c + 2 * n * f + n * a + 3 * n * a + n * c + nl * c;
+    // The block's tensors' gradients, then the residual stream's.
+    let grads = tensors + nl * c;
     let scratch = match tp.rows() {
         1 => 0,
         _ => n * c + nl * c,

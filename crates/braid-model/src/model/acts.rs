@@ -63,10 +63,9 @@ impl<T: Real> LayerActs<T> {
         let n = b * t;
         let z = |k: usize| vec![T::ZERO; k];
         LayerActs {
-            t: Act::ALL.map(|a| match (a.inside(), a.residual()) {
-                (false, _) => Vec::new(),
-                (true, true) => z(nl * a.width(&w)),
-                (true, false) => z(n * a.width(&w)),
+            t: Act::ALL.map(|a| match a.inside() {
+                false => Vec::new(),
+                true => z(a.rows(n, nl) * a.width(&w)),
             }),
             mean: [z(nl), z(nl)],
             rstd: [z(nl), z(nl)],
@@ -205,10 +204,9 @@ impl<T: Real> Activations<T> {
             // The gradients' scratch: the residual stream's rows for the
             // residual stream, every row for the rest.
             grads: LayerGrads {
-                d: Act::ALL.map(|a| match (a.inside(), a.residual()) {
-                    (false, _) => Vec::new(),
-                    (true, true) => z(nl * a.width(&w)),
-                    (true, false) => z(n * a.width(&w)),
+                d: Act::ALL.map(|a| match a.inside() {
+                    false => Vec::new(),
+                    true => z(a.rows(n, nl) * a.width(&w)),
                 }),
             },
             dresid: z(nl * w.c),
