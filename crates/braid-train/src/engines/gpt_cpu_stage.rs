@@ -25,6 +25,7 @@ use crate::pipeline::exec::{self, StagePasses};
 use crate::pipeline::in_flight::InFlight;
 use crate::pipeline::links::HostLinks;
 use crate::pipeline::timeline::{self, Held, Measured};
+use crate::schedule::check::Checked;
 use crate::schedule::Schedule;
 use crate::space::{Host, HostWindow};
 use crate::Result;
@@ -283,19 +284,19 @@ pub(crate) fn wall_seconds() -> f64 {
 
 impl CpuStage {
     /// Pipeline rank `group.rank()`'s stages of the schedule `schedule`
-    /// (checked), over `inner` (its parameters laid out by
+    /// (checked where it was built), over `inner` (its parameters laid out by
     /// [`Layout::pipeline_stages`] for `stages`, given by global index),
     /// for micro-batches of `b × t`.
     pub fn new(
         mut inner: CpuGpt,
         stages: Vec<(usize, Stage)>,
-        schedule: Schedule,
+        schedule: Checked,
         group: Communicator,
         b: usize,
         t: usize,
         checkpointing: bool,
     ) -> Result<CpuStage> {
-        crate::schedule::check::check(&schedule)?;
+        let schedule = schedule.into_schedule();
         let rank = group.rank();
         if group.size() != schedule.ranks {
             return Err(format!(

@@ -36,6 +36,7 @@ use crate::pipeline::device_links::DeviceLinks;
 use crate::pipeline::exec;
 use crate::pipeline::in_flight::InFlight;
 use crate::pipeline::timeline::{self, Held, Measured};
+use crate::schedule::check::Checked;
 use crate::schedule::{Op, Schedule};
 use crate::space::Gpu;
 use crate::Result;
@@ -96,18 +97,18 @@ fn link_pairs(s: &Schedule) -> Vec<(usize, usize)> {
 
 impl GpuStage {
     /// Pipeline rank `group.rank()`'s stages of the schedule `schedule`
-    /// (checked), over `inner` (the bf16 engine of its parameters laid out
+    /// (checked where it was built), over `inner` (the bf16 engine of its parameters laid out
     /// by [`Layout::pipeline_stages`] for `stages`, given by global index,
     /// built for micro-batches of `b × t`).
     pub fn new(
         mut inner: GpuGpt,
         stages: Vec<(usize, Stage)>,
-        schedule: Schedule,
+        schedule: Checked,
         group: GpuCommunicator,
         b: usize,
         t: usize,
     ) -> Result<GpuStage> {
-        crate::schedule::check::check(&schedule)?;
+        let schedule = schedule.into_schedule();
         let rank = group.rank();
         if group.size() != schedule.ranks {
             return Err(format!(

@@ -33,6 +33,32 @@ pub fn check(s: &Schedule) -> Result<()> {
     .map(|_| ())
 }
 
+/// A schedule that passed [`check`]: what a pipeline's engines take, so
+/// that a schedule is checked once, where the run builds or reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked(Schedule);
+
+impl Checked {
+    /// Checks `s` (see [`check`]).
+    pub fn new(s: Schedule) -> Result<Checked> {
+        check(&s)?;
+        Ok(Checked(s))
+    }
+
+    /// The schedule itself.
+    pub fn into_schedule(self) -> Schedule {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Checked {
+    type Target = Schedule;
+
+    fn deref(&self) -> &Schedule {
+        &self.0
+    }
+}
+
 /// What a rank did on paper.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankTimeline {

@@ -23,6 +23,7 @@ use braid_train::loader::TokenWindows;
 use braid_train::mesh::Mesh;
 use braid_train::pipeline::assign::{assign, head_cost};
 use braid_train::schedule::build::ScheduleKind;
+use braid_train::schedule::check::Checked;
 use braid_train::tensor_parallel::{HostTensorGroup, TensorParallel};
 use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::zero3::Zero3;
@@ -440,6 +441,7 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
             let pipe = pipe.host().clone();
             let kind = ScheduleKind::parse(spec.schedule).expect("a schedule");
             let schedule = kind.build(spec.pipe, spec.micro).expect("the schedule");
+            let schedule = Checked::new(schedule).expect("a schedule that passes its checks");
             let head = head_cost(cfg.n_embd, cfg.vocab_size, cfg.context);
             let stages = assign(cfg.n_layer, schedule.stages(), None, head).expect("stages");
             let layouts: Vec<Arc<Layout>> = (0..spec.pipe)

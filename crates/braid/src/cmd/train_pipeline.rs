@@ -9,6 +9,7 @@ use braid_model::{GptConfig, Layout, Params, Stage};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
 use braid_train::pipeline::assign::{assign, head_cost};
 use braid_train::schedule::build::ScheduleKind;
+use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ pub struct PipeFlags<'a> {
 }
 
 /// The schedule `flags` ask for (built, or read from a file), checked.
-pub fn schedule(flags: &PipeFlags<'_>) -> Result<Schedule, String> {
+pub fn schedule(flags: &PipeFlags<'_>) -> Result<Checked, String> {
     let s = match ScheduleKind::parse(flags.schedule) {
         Ok(kind) => kind.build(flags.ranks, flags.micro)?,
         Err(e) => {
@@ -50,8 +51,7 @@ pub fn schedule(flags: &PipeFlags<'_>) -> Result<Schedule, String> {
             s
         }
     };
-    braid_train::schedule::check::check(&s)?;
-    Ok(s)
+    Checked::new(s)
 }
 
 /// The schedule `flags` ask for, checked with the run's other settings in
@@ -64,7 +64,7 @@ pub fn checked(
     cfg: Option<&GptConfig>,
     model: &str,
     batch: Option<usize>,
-) -> Result<Schedule, String> {
+) -> Result<Checked, String> {
     let s = schedule(flags)?;
     if let Some(cfg) = cfg {
         stages(cfg, &s, flags).map_err(|e| deeper_model_advice(e, cfg, model, s.stages()))?;
@@ -174,7 +174,7 @@ fn part(
 #[allow(clippy::too_many_arguments)]
 pub fn engine(
     whole: &Params,
-    s: Schedule,
+    s: Checked,
     all: &[Stage],
     group: braid_comm::Communicator,
     tensor: Option<(Arc<dyn TensorComm>, bool)>,
@@ -199,7 +199,7 @@ pub fn engine(
 #[allow(clippy::too_many_arguments)]
 pub fn gpu_engine(
     whole: &Params,
-    s: Schedule,
+    s: Checked,
     all: &[Stage],
     group: braid_comm::gpu::GpuCommunicator,
     tensor: Option<Arc<dyn braid_model::tensor_comm::DeviceTensorComm>>,

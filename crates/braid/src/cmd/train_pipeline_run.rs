@@ -18,6 +18,7 @@ use braid_model::{GptConfig, Params};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
+use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
 use braid_train::{RunReport, Single, Strategy};
 use std::sync::Arc;
@@ -27,7 +28,7 @@ pub struct PipelineRun<'r> {
     /// The world's communicator (a pipeline runs over several ranks).
     pub comm: Option<Communicator>,
     pub cfg: GptConfig,
-    pub schedule: Schedule,
+    pub schedule: Checked,
     pub pipe_flags: &'r PipeFlags<'r>,
     /// The whole model's parameters; with `save`, the whole trained model
     /// afterwards on the lead (on GPUs the host copy is dropped first).
