@@ -321,7 +321,10 @@ impl<T: Real> BlockForward for CpuForward<'_, T> {
             &self.p[w],
             &self.p[b],
             &mut self.s.local,
-            &format!("layer forward: gathering {}'s rows", norm.name()),
+            match norm {
+                Norm::Ln1 => "layer forward: gathering ln_1's rows",
+                Norm::Ln2 => "layer forward: gathering ln_2's rows",
+            },
         )
     }
 
@@ -366,7 +369,10 @@ impl<T: Real> BlockForward for CpuForward<'_, T> {
             &mut self.s.full,
             self.b * self.t,
             k,
-            &format!("layer forward: summing {}", linear.name()),
+            match linear {
+                Linear::Proj => "layer forward: summing attn.c_proj",
+                _ => "layer forward: summing mlp.c_proj",
+            },
         )
     }
 }
@@ -424,8 +430,11 @@ impl<T: Real> BlockBackward for CpuBackward<'_, T> {
         let i = norm.index();
         let x = saved(self.a, self.x, input);
         let (din, dout) = pair(self.dx, &mut self.g.d, input, out);
-        let what = format!("layer backward: summing {}'s gradient", norm.name());
-        let dln = self.gpt.sum_input_grad(dout, &mut self.s.local, &what)?;
+        let what = match norm {
+            Norm::Ln1 => "layer backward: summing ln_1's gradient",
+            Norm::Ln2 => "layer backward: summing ln_2's gradient",
+        };
+        let dln = self.gpt.sum_input_grad(dout, &mut self.s.local, what)?;
         let (gw, gb) = two_mut(self.grads, w.clone(), b.clone());
         layernorm_backward(
             din,

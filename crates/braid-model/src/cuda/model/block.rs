@@ -223,7 +223,10 @@ impl BlockForward for F32Forward<'_> {
         let (w, b) = e.r.linear(linear);
         let (ic, oc) = linear.widths(&e.w);
         let (n, rows) = (e.n(), e.rows);
-        let what = format!("{} forward", linear.name());
+        let what = match linear {
+            Linear::Proj => "attn.c_proj forward",
+            _ => "mlp.c_proj forward",
+        };
         let (o, t) = split(self.x, self.out, &mut self.a.t, out)?;
         // Each rank's share summed (into this rank's rows under sequence
         // parallelism), then the bias once, then the residual.
@@ -246,10 +249,10 @@ impl BlockForward for F32Forward<'_> {
         )?;
         match e.group.as_ref() {
             Some(g) if sp => {
-                let mine = g.scatter(self.scratch, oc, e.s, &what)?;
+                let mine = g.scatter(self.scratch, oc, e.s, what)?;
                 copy_async(o, &self.scratch.view(mine), e.s)?;
             }
-            _ => GpuGpt::sum_over_group(e.group, e.shards, o, e.s, &what)?,
+            _ => GpuGpt::sum_over_group(e.group, e.shards, o, e.s, what)?,
         }
         e.k.add_bias(e.s, o, &e.p.view(b)?, rows, oc)?;
         // out += residual (in place: out = a + b with out == a).
@@ -289,8 +292,11 @@ impl BlockBackward for F32Backward<'_, '_> {
         let (din, dout) = grad_pair(self.d, input, out)?;
         // The column product's input gradient: each rank's share summed
         // (into this rank's rows under sequence parallelism).
-        let what = format!("{}'s output gradient", norm.name());
-        let mine = GpuGpt::sum_input_grad(e.group, e.shards, dout, c, e.s, &what)?;
+        let what = match norm {
+            Norm::Ln1 => "attn.c_attn backward",
+            Norm::Ln2 => "mlp.c_fc backward",
+        };
+        let mine = GpuGpt::sum_input_grad(e.group, e.shards, dout, c, e.s, what)?;
         GpuGpt::layernorm_backward_of(
             e.k,
             e.s,
