@@ -2,13 +2,13 @@
 //! cross-entropy on top, Adam) written for the examples, with nothing from
 //! braid's GPT engine: it only implements braid-train's `Engine` — flat
 //! parameters, flat gradients, and a backward pass in units (one per layer,
-//! the last layer first) that say which gradients they finish. That is
-//! all data parallelism needs.
+//! the last layer first) that say which gradients they finish — and
+//! `EngineInfo` with nothing to add. That is all data parallelism needs.
 
 use braid_model::cpu::matmul::gemm_rm;
 use braid_model::rng::Rng;
 use braid_train::space::{Host, HostWindow};
-use braid_train::{Engine, Unit, UpdateStep};
+use braid_train::{Engine, EngineInfo, Unit, UpdateStep};
 use std::ops::Range;
 
 /// Inputs (`rows × inputs`, row-major) and class labels.
@@ -254,6 +254,10 @@ impl Engine for Dense {
         Ok(())
     }
 }
+
+/// Nothing to add: no matrices singled out (no low-rank compression),
+/// the parameters in its own memory, no state account, no profile.
+impl EngineInfo for Dense {}
 
 /// Fake data the network can learn: `n` standard-normal inputs of `dim`
 /// values, labelled by a fixed random linear "teacher" (the same on every

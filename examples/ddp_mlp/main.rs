@@ -5,9 +5,10 @@
 //! strategy, for 5 epochs.
 //!
 //! The model is this example's own code (`../common/dense.rs`); it only
-//! implements braid-train's `Engine` trait. The loop is the course's, by
-//! hand: set the epoch, take batches of 32, forward, backward through DDP
-//! (buckets reduced as the layers' gradients become final), Adam.
+//! implements braid-train's `Engine` core (and `EngineInfo`, empty). The
+//! loop is the course's, by hand: set the epoch, take batches of 32,
+//! forward, backward through DDP (buckets reduced as the layers' gradients
+//! become final), Adam.
 //!
 //! ```text
 //! cargo build --release --examples

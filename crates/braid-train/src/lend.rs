@@ -2,7 +2,7 @@
 //! pass saves for the backward pass.
 //!
 //! With one micro-batch per step and the gradients written unit by unit
-//! ([`Engine::grads_by_unit`]), each run of the whole gradient buffer holds
+//! ([`LendsMemory::grads_by_unit`]), each run of the whole gradient buffer holds
 //! nothing the step needs from the step's start until the backward unit
 //! that writes it first — and the activations a layer saves live from its
 //! forward pass until its own backward unit, which runs before the units
@@ -13,21 +13,21 @@
 //! strategy allow ([`crate::Strategy::lends_whole_grads`]) and takes the
 //! memory back before the buffer goes.
 
-use crate::engine::{Engine, Flat};
+use crate::engine::{Flat, LendsMemory};
 use crate::Result;
 use braid_model::placement::{self, Region, Want};
 use std::ops::Range;
 
 /// Places `engine`'s saved buffers in `grads`, the whole gradient buffer
 /// the engine writes unit by unit (`first[u]`: the runs unit `u` writes
-/// first, from [`Engine::grads_by_unit`]); returns the bytes lent.
+/// first, from [`LendsMemory::grads_by_unit`]); returns the bytes lent.
 ///
 /// # Safety
 /// `grads` must stay allocated until the caller has called
-/// [`Engine::own_saved`], and nothing but the engine's backward units may
+/// [`LendsMemory::own_saved`], and nothing but the engine's backward units may
 /// write it meanwhile before they do (a strategy reducing gradients that
 /// are final, or the optimizer reading them, come after).
-pub unsafe fn saved_to_grads<E: Engine>(
+pub unsafe fn saved_to_grads<E: LendsMemory>(
     engine: &mut E,
     grads: &Flat<E>,
     first: &[Vec<Range<usize>>],
@@ -45,9 +45,9 @@ pub unsafe fn saved_to_grads<E: Engine>(
 }
 
 /// Byte offsets in the memory of `regions` for each of `engine`'s saved
-/// buffers ([`Engine::saved_buffers`], in order; `None`: it keeps memory
+/// buffers ([`LendsMemory::saved_buffers`], in order; `None`: it keeps memory
 /// of its own), by [`placement::place`].
-pub(crate) fn offsets_in<E: Engine>(
+pub(crate) fn offsets_in<E: LendsMemory>(
     engine: &mut E,
     regions: &[Region],
 ) -> Result<Vec<Option<usize>>> {

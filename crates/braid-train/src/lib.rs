@@ -1,9 +1,12 @@
 //! braid's distributed training: one training loop over any engine, and
 //! the parallelism strategies that plug into it.
 //!
-//! - [`engine`]: the [`Engine`] trait (flat parameters and gradients, a
+//! - [`engine`]: the [`Engine`] core (flat parameters and gradients, a
 //!   backward pass in units that declare which gradients they finish, an
-//!   optimizer update) and [`engines`], braid's GPT engines behind it;
+//!   optimizer update), the capabilities a strategy may need beyond it
+//!   ([`EngineInfo`], [`ShardedOptimizer`], [`BlockGrads`],
+//!   [`ShardedParams`], [`LendsMemory`], [`Checkpointable`]), and
+//!   [`engines`], braid's GPT engines behind them;
 //! - [`space`]: host or GPU memory, and the gradient [`Window`] a backward
 //!   pass hands finished parts out of;
 //! - [`trainer`]: the loop (micro-batches, clipping, schedule,
@@ -55,13 +58,15 @@ pub mod zero;
 pub mod zero3;
 
 pub use engine::{
-    Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedBytes, StateBytes,
-    Unit, UpdateStep,
+    BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix, NamedTensor,
+    OptimizerState, ParamUnits, SavedBuffer, ShardedBytes, ShardedOptimizer, ShardedParams,
+    StateBytes, Unit, UpdateStep,
 };
 pub use space::{Gpu, Host, Space, Window};
 pub use strategy::{Single, Strategy};
 pub use trainer::{
-    train, train_with, Checkpoints, Loader, LoopOptions, RunReport, StepReport, StepTimes,
+    train, train_lending, train_with, Checkpoints, Loader, LoopOptions, RunReport, StepReport,
+    StepTimes,
 };
 
 /// Errors are messages naming what went wrong and what to do.

@@ -30,7 +30,9 @@
 //!    engine holds whole parameters again (to save or sample them).
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
-use crate::engine::{backward_local, Engine, Flat, ShardedBytes, StateBytes, UpdateStep};
+use crate::engine::{
+    backward_local, Checkpointable, Engine, Flat, ShardedBytes, StateBytes, UpdateStep,
+};
 use crate::timeline::Timeline;
 use crate::Result;
 
@@ -184,8 +186,12 @@ pub trait Strategy<E: Engine> {
     /// This rank's part of the model state for a checkpoint, copied to
     /// host memory from `staging` (after an update). By default that of a model every
     /// rank holds whole: rank `r` of the replicas writes its share of the
-    /// tensors ([`checkpoint::replica_share`]).
-    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+    /// tensors ([`checkpoint::replica_share`]). (This and the other
+    /// checkpoint hooks need a [`Checkpointable`] engine.)
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart>
+    where
+        E: Checkpointable,
+    {
         let ranges = self.save_ranges(engine)?;
         checkpoint::whole_part(engine, ranges, staging)
     }
@@ -194,7 +200,10 @@ pub trait Strategy<E: Engine> {
     /// [`start`](Self::start)). By default, for a model every rank holds
     /// whole, rank `r`'s share of the tensors
     /// ([`checkpoint::replica_share`]).
-    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<std::ops::Range<usize>>> {
+    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<std::ops::Range<usize>>>
+    where
+        E: Checkpointable,
+    {
         let tensors = checkpoint::tensors_of(engine)?;
         Ok(checkpoint::replica_share(
             &tensors,
@@ -206,7 +215,10 @@ pub trait Strategy<E: Engine> {
     /// Loads what this rank holds from a checkpoint (after
     /// [`start`](Self::start)): by default whole parameters and the whole
     /// optimizer state.
-    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()>
+    where
+        E: Checkpointable,
+    {
         checkpoint::restore_whole_params(engine, from)?;
         let whole = 0..checkpoint::whole_len(engine);
         checkpoint::restore_optimizer(engine, from, std::slice::from_ref(&whole))

@@ -8,7 +8,7 @@
 //! agreement that every file is written — spans the whole world.
 
 use crate::checkpoint::{StatePart, StateSource};
-use crate::engine::{Engine, Flat, ShardedBytes, StateBytes, UpdateStep};
+use crate::engine::{Checkpointable, Engine, Flat, ShardedBytes, StateBytes, UpdateStep};
 use crate::strategy::{CommStep, Strategy, TensorStep};
 use crate::timeline::Timeline;
 use crate::Result;
@@ -262,13 +262,22 @@ impl<E: Engine> Strategy<E> for TensorParallel<E> {
         &mut self,
         engine: &mut E,
         staging: &mut crate::checkpoint::Staging,
-    ) -> Result<StatePart> {
+    ) -> Result<StatePart>
+    where
+        E: Checkpointable,
+    {
         self.inner.save_part(engine, staging)
     }
-    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<std::ops::Range<usize>>> {
+    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<std::ops::Range<usize>>>
+    where
+        E: Checkpointable,
+    {
         self.inner.save_ranges(engine)
     }
-    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()>
+    where
+        E: Checkpointable,
+    {
         self.inner.restore(engine, from)
     }
     fn lends_whole_grads(&self) -> bool {

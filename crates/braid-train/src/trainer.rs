@@ -10,7 +10,7 @@
 //! over the whole global batch), together with the clipping factor.
 
 use crate::checkpoint::{Checkpointer, StateSource};
-use crate::engine::{Engine, ShardedBytes, StateBytes, UpdateStep};
+use crate::engine::{Checkpointable, Engine, LendsMemory, ShardedBytes, StateBytes, UpdateStep};
 use crate::memory_phase::{self, Phase};
 use crate::space::Space;
 use crate::step_trace::StepTrace;
@@ -152,7 +152,7 @@ pub fn train<E, S, L>(
     progress: &mut dyn FnMut(&StepReport),
 ) -> Result<RunReport>
 where
-    E: Engine,
+    E: Checkpointable,
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {
@@ -179,7 +179,9 @@ pub struct Checkpoints<'a> {
 }
 
 /// [`train`] with checkpoints: resumed from `ckpt.resume`, saved by
-/// `ckpt.save`.
+/// `ckpt.save`. The gradient buffer is the loop's own: lending it to the
+/// engine's saved activations ([`LoopOptions::saved_in_grads`]) takes an
+/// engine that [`LendsMemory`], through [`train_lending`].
 pub fn train_with<E, S, L>(
     engine: &mut E,
     strategy: &mut S,
@@ -190,9 +192,23 @@ pub fn train_with<E, S, L>(
     progress: &mut dyn FnMut(&StepReport),
 ) -> Result<RunReport>
 where
-    E: Engine,
+    E: Checkpointable,
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
+{
+    start(engine, strategy, o)?;
+    let mut grads = strategy.new_grads(engine)?;
+    run_steps(
+        engine, strategy, loader, batch, o, ckpt, &mut grads, progress,
+    )
+}
+
+/// The loop's checks and the strategy's start (before the gradient
+/// buffer is made).
+fn start<E, S>(engine: &mut E, strategy: &mut S, o: &LoopOptions) -> Result<()>
+where
+    E: Engine,
+    S: Strategy<E> + ?Sized,
 {
     if o.accum == 0 {
         return Err("--accum must be at least 1".into());
@@ -200,6 +216,29 @@ where
     memory_phase::enter(Phase::Start);
     strategy.start(engine)?;
     memory_phase::enter(Phase::Idle);
+    Ok(())
+}
+
+/// [`train_with`] for an engine that [`LendsMemory`]: with one
+/// micro-batch per step and a strategy that allows it
+/// ([`LoopOptions::saved_in_grads`], [`Strategy::lends_whole_grads`]),
+/// the gradient buffer's memory is lent to the engine's saved activations
+/// until the backward pass writes it ([`crate::lend`]).
+pub fn train_lending<E, S, L>(
+    engine: &mut E,
+    strategy: &mut S,
+    loader: &mut L,
+    batch: &mut E::Batch,
+    o: &LoopOptions,
+    ckpt: Checkpoints<'_>,
+    progress: &mut dyn FnMut(&StepReport),
+) -> Result<RunReport>
+where
+    E: Checkpointable + LendsMemory,
+    S: Strategy<E> + ?Sized,
+    L: Loader<E::Batch>,
+{
+    start(engine, strategy, o)?;
     let by_unit = match o.saved_in_grads && o.accum == 1 && strategy.lends_whole_grads() {
         true => engine.grads_by_unit()?,
         false => None,
@@ -230,7 +269,8 @@ where
     Ok(run)
 }
 
-/// [`train_with`]'s steps, after the strategy's start, into `grads`.
+/// [`train_with`]'s (and [`train_lending`]'s) steps, after the
+/// strategy's start, into `grads`.
 #[allow(clippy::too_many_arguments)]
 fn run_steps<E, S, L>(
     engine: &mut E,
@@ -243,7 +283,7 @@ fn run_steps<E, S, L>(
     progress: &mut dyn FnMut(&StepReport),
 ) -> Result<RunReport>
 where
-    E: Engine,
+    E: Checkpointable,
     S: Strategy<E> + ?Sized,
     L: Loader<E::Batch>,
 {

@@ -8,7 +8,7 @@
 //! block per rank (the engine's layout is padded so that they do, see
 //! [`braid_model::Layout::padded`]), and rank `r` owns block `r` of every
 //! bucket: its *shard*. The optimizer keeps master weights' state for the
-//! shard only ([`Engine::shard_optimizer`]), so AdamW's two moments cost
+//! shard only ([`ShardedOptimizer::shard_optimizer`]), so AdamW's two moments cost
 //! `8Ψ/N` bytes per rank instead of `8Ψ`.
 //!
 //! Per step:
@@ -40,7 +40,7 @@ use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
-use crate::engine::{Engine, Flat, UpdateStep};
+use crate::engine::{Checkpointable, Engine, EngineInfo, Flat, ShardedOptimizer, UpdateStep};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -217,7 +217,7 @@ pub(crate) fn hybrid_split<C: Collective>(
 /// [`replicate`] for a strategy (`name`, for the message) that gathers
 /// and shards parameters living in the engine's space: an engine whose
 /// master weights are in host memory (an offloaded optimizer) is refused.
-pub(crate) fn replicate_sharded<C: Collective, E: Engine<Space = C::Space>>(
+pub(crate) fn replicate_sharded<C: Collective, E: EngineInfo<Space = C::Space>>(
     comm: &C,
     engine: &mut E,
     name: &str,
@@ -241,7 +241,7 @@ pub(crate) fn group_of<'a, C>(comm: &'a C, hybrid: &'a Option<(C, C)>) -> &'a C 
 impl<C, E> Strategy<E> for Zero<C>
 where
     C: Collective,
-    E: Engine<Space = C::Space>,
+    E: ShardedOptimizer<Space = C::Space> + EngineInfo,
 {
     fn describe(&self) -> String {
         Zero::describe(self)
@@ -328,12 +328,18 @@ where
         mean_over(self.comm.host(), values)
     }
 
-    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart>
+    where
+        E: Checkpointable,
+    {
         let ranges = self.save_ranges(engine)?;
         checkpoint::whole_part(engine, ranges, staging)
     }
 
-    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>> {
+    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>>
+    where
+        E: Checkpointable,
+    {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
         Ok(match writes {
@@ -342,7 +348,10 @@ where
         })
     }
 
-    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()>
+    where
+        E: Checkpointable,
+    {
         checkpoint::restore_whole_params(engine, from)?;
         checkpoint::restore_optimizer(engine, from, &self.shard)
     }

@@ -1,7 +1,8 @@
 //! ZeRO stages 3 and 2 on parameter blocks ([`Zero3`], FSDP): in stage 3 the parameters are sharded too.
 //!
 //! Every rank keeps, for its slice of every parameter block (one equal
-//! slice per rank of each block of [`Engine::param_units`]: the
+//! slice per rank of each block of
+//! [`BlockGrads::param_units`](crate::BlockGrads::param_units): the
 //! embeddings, each transformer block, the final norm — FSDP's
 //! transformer wrap policy), the f32 master weights, their reduced
 //! gradients and the optimizer's state: `16Ψ/N` bytes of model state in
@@ -19,7 +20,7 @@
 //!   whose gradient is final is reduce-scattered into the shard's
 //!   gradients while the next unit computes, then freed; where the next
 //!   unit first recomputes its activations (activation checkpointing,
-//!   [`Engine::recompute_unit_of`]), the reduce-scatter runs beside that
+//!   [`ShardedParams::recompute_unit_of`]), the reduce-scatter runs beside that
 //!   part, and the freed buffer takes the unit's gradients: one layer's
 //!   gradient buffer at a time;
 //! - micro-batches before a step's last reduce-scatter the same way
@@ -35,7 +36,7 @@
 //!   buffers read for the last time no later than the unit after which
 //!   its gradients are final ([`braid_model::placement`]);
 //! - on a GPU the engine's layers are gathered in bf16
-//!   ([`Engine::start_half_blocks`]; [`Zero3::with_half_gathers`]): each
+//!   ([`ShardedParams::start_half_blocks`]; [`Zero3::with_half_gathers`]): each
 //!   rank rounds its slice to bf16 and the block arrives as the bf16
 //!   weights the layer's products read — half the bytes on the wire and
 //!   in memory, and no cast of a whole layer on the engine's stream. The
@@ -51,18 +52,25 @@
 //!   and the embedding unit waits for the first layer's reduce-scatter
 //!   to take its memory;
 //! - clipping sums the shards' squares across the ranks; the update
-//!   changes the master shard only ([`Engine::update_compact`]); nothing
+//!   changes the master shard only ([`ShardedParams::update_compact`]); nothing
 //!   is gathered after it — the next forward pass does that.
 //!
 //! ZeRO stage 2 runs on the same machinery with the parameters left
 //! whole ([`Zero3::stage_2`]): the engine keeps its whole parameters and
 //! runs its whole forward pass, writes each backward unit's gradients
-//! into block buffers ([`Engine::backward_unit_into`]) that are
-//! reduce-scattered into the shard's gradients once final and reused, so
-//! no whole gradient buffer exists (`4Ψ + 12Ψ/N` bytes of model state in
-//! f32); its optimizer owns the rank's slice of every block
-//! ([`Engine::shard_optimizer`]), and after the update each block's
-//! parameters are all-gathered from the slices' owners.
+//! into block buffers
+//! ([`BlockGrads::backward_unit_into`](crate::BlockGrads::backward_unit_into))
+//! that are reduce-scattered into the shard's gradients once final and
+//! reused, so no whole gradient buffer exists (`4Ψ + 12Ψ/N` bytes of model
+//! state in f32); its optimizer owns the rank's slice of every block
+//! ([`ShardedOptimizer::shard_optimizer`](crate::ShardedOptimizer::shard_optimizer)),
+//! and after the update each block's parameters are all-gathered from the
+//! slices' owners.
+//!
+//! Both stages run one type, so an engine under it implements what stage
+//! 3 needs ([`ShardedParams`], and with it [`BlockGrads`](crate::BlockGrads)
+//! and [`ShardedOptimizer`](crate::ShardedOptimizer)), [`LendsMemory`]
+//! (the saved activations in the gradient shard) and [`EngineInfo`].
 //!
 //! Hybrid sharding (`shard_group`) shards within groups of
 //! consecutive ranks and all-reduces each rank's shard of the gradients
@@ -75,7 +83,10 @@
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
 use crate::ddp::mean_over;
-use crate::engine::{Engine, Flat, ParamUnits, ShardedBytes, StateBytes, UpdateStep};
+use crate::engine::{
+    Checkpointable, EngineInfo, Flat, LendsMemory, ParamUnits, ShardedBytes, ShardedParams,
+    StateBytes, UpdateStep,
+};
 use crate::memory_phase::{self, Phase};
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
@@ -278,7 +289,7 @@ impl<C: Collective> Zero3<C> {
     }
 
     /// A forward pass in units, gathering each unit's blocks.
-    fn forward_pass<E: Engine<Space = C::Space>>(
+    fn forward_pass<E: ShardedParams<Space = C::Space>>(
         &mut self,
         engine: &mut E,
         batch: &E::Batch,
@@ -331,7 +342,7 @@ impl<C: Collective> Zero3<C> {
     /// A backward pass in units: gathers, computes into block gradient
     /// buffers, reduce-scatters each block once final. Returns the mark
     /// where the engine's computation ended.
-    fn backward_pass<E: Engine<Space = C::Space>>(
+    fn backward_pass<E: ShardedParams<Space = C::Space>>(
         &mut self,
         engine: &mut E,
         timeline: &mut Timeline,
@@ -432,7 +443,7 @@ fn size_classes(blocks: &[Range<usize>], half: &[bool]) -> Vec<usize> {
 impl<C: Collective> Zero3<C> {
     /// Places the engine's saved activations in the gradient shard's
     /// memory where blocks' slices are idle through their last read.
-    fn lend_grads<E: Engine<Space = C::Space>>(&mut self, engine: &mut E) -> Result<()> {
+    fn lend_grads<E: LendsMemory<Space = C::Space>>(&mut self, engine: &mut E) -> Result<()> {
         let st = self.state.as_mut().ok_or("ZeRO-3: lending before start")?;
         let regions: Vec<Region> = st
             .slots
@@ -479,7 +490,7 @@ impl<C: Collective> Zero3<C> {
 impl<C, E> Strategy<E> for Zero3<C>
 where
     C: Collective,
-    E: Engine<Space = C::Space>,
+    E: ShardedParams<Space = C::Space> + LendsMemory + EngineInfo,
 {
     fn describe(&self) -> String {
         Zero3::describe(self)
@@ -771,7 +782,10 @@ where
         }
     }
 
-    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>> {
+    fn save_ranges(&mut self, _engine: &mut E) -> Result<Vec<Range<usize>>>
+    where
+        E: Checkpointable,
+    {
         // Under hybrid sharding the first replica's shard group writes.
         let writes = self.hybrid.as_ref().is_none_or(|(_, r)| r.rank() == 0);
         let (_, st) = self.started()?;
@@ -781,7 +795,10 @@ where
         })
     }
 
-    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart> {
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart>
+    where
+        E: Checkpointable,
+    {
         let ranges = self.save_ranges(engine)?;
         if !self.params_sharded() {
             return checkpoint::whole_part(engine, ranges, staging);
@@ -808,7 +825,10 @@ where
         })
     }
 
-    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()> {
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()>
+    where
+        E: Checkpointable,
+    {
         engine.synchronize()?;
         if !self.params_sharded() {
             let (_, st) = self.started()?;

@@ -545,7 +545,7 @@ fn a_sharded_gpu_optimizer_updates_its_blocks_like_the_whole_one() {
     use braid_model::cuda::model_mixed::MixedOptions;
     use braid_model::{GptConfig, Layout, Params};
     use braid_train::engines::{GpuGpt, Precision};
-    use braid_train::{Engine, UpdateStep};
+    use braid_train::{Engine, ShardedOptimizer, UpdateStep};
     use std::sync::Arc;
     if gpus(1).is_none() {
         return;

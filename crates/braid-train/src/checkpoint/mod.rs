@@ -31,7 +31,7 @@ pub use load::CheckpointReader;
 pub use save::{Checkpointer, SaveReport};
 pub use staging::{HostBuf, Staging};
 
-use crate::engine::{Engine, NamedTensor, OptimizerState};
+use crate::engine::{Checkpointable, NamedTensor, OptimizerState};
 use crate::engines::copy_at;
 use crate::space::Space;
 use crate::Result;
@@ -71,7 +71,7 @@ impl StatePart {
 
 /// The optimizer state of the elements `ranges` (each inside one range
 /// the optimizer owns), into buffers from `staging`.
-pub fn moments_part<E: Engine>(
+pub fn moments_part<E: Checkpointable>(
     engine: &mut E,
     ranges: &[Range<usize>],
     staging: &mut Staging,
@@ -122,7 +122,7 @@ pub fn read_optimizer(
 }
 
 /// The engine's named tensors, or why it cannot be checkpointed.
-pub fn tensors_of<E: Engine>(engine: &E) -> Result<Vec<NamedTensor>> {
+pub fn tensors_of<E: Checkpointable>(engine: &E) -> Result<Vec<NamedTensor>> {
     let t = engine.tensors();
     match t.is_empty() {
         true => Err("this engine cannot be checkpointed (it names no tensors)".into()),
@@ -133,7 +133,7 @@ pub fn tensors_of<E: Engine>(engine: &E) -> Result<Vec<NamedTensor>> {
 /// The part a rank holding whole parameters writes: the elements
 /// `ranges` of its parameters and optimizer state, into buffers from
 /// `staging`.
-pub fn whole_part<E: Engine>(
+pub fn whole_part<E: Checkpointable>(
     engine: &mut E,
     ranges: Vec<Range<usize>>,
     staging: &mut Staging,
@@ -157,7 +157,7 @@ pub fn whole_part<E: Engine>(
 /// The elements of an engine's whole flat buffer: its master weights',
 /// which live in host memory when the optimizer is offloaded (the GPU's
 /// buffer then holds only what its passes read in f32).
-pub fn whole_len<E: Engine>(engine: &E) -> usize {
+pub fn whole_len<E: Checkpointable>(engine: &E) -> usize {
     match engine.host_params() {
         Some(host) => host.len(),
         None => E::Space::len(engine.params()),
@@ -165,7 +165,10 @@ pub fn whole_len<E: Engine>(engine: &E) -> usize {
 }
 
 /// Loads whole parameters from `from` into `engine`.
-pub fn restore_whole_params<E: Engine>(engine: &mut E, from: &dyn StateSource) -> Result<()> {
+pub fn restore_whole_params<E: Checkpointable>(
+    engine: &mut E,
+    from: &dyn StateSource,
+) -> Result<()> {
     let tensors = tensors_of(engine)?;
     let whole = 0..whole_len(engine);
     let p = from.read("params", &tensors, std::slice::from_ref(&whole))?;
@@ -174,7 +177,7 @@ pub fn restore_whole_params<E: Engine>(engine: &mut E, from: &dyn StateSource) -
 
 /// Loads the optimizer state of the elements `shard` (all the optimizer
 /// owns) from `from` into `engine`.
-pub fn restore_optimizer<E: Engine>(
+pub fn restore_optimizer<E: Checkpointable>(
     engine: &mut E,
     from: &dyn StateSource,
     shard: &[Range<usize>],

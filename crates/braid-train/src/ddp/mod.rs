@@ -3,7 +3,9 @@
 //! across ranks in buckets that overlap the backward pass.
 //!
 //! Written once over [`Collective`]: the same code runs over host memory
-//! (shm, tcp) and GPUs (NCCL), for any [`Engine`].
+//! (shm, tcp) and GPUs (NCCL), for any [`Engine`] that says what
+//! [`EngineInfo`] asks (an engine with nothing to add implements it
+//! empty).
 //!
 //! - Start ([`Strategy::start`]): every rank's engine description must
 //!   match rank 0's (an error names each rank that differs and how), then
@@ -21,7 +23,7 @@ pub mod agree;
 pub mod buckets;
 
 use crate::collective::{Bucket, Collective, End, GradComm, Launch};
-use crate::engine::{Engine, Flat};
+use crate::engine::{Engine, EngineInfo, Flat};
 use crate::space::{Space, Window};
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -66,12 +68,12 @@ pub struct DataParallel<C: Collective> {
 /// Makes every rank's engine start from rank 0's parameters, after
 /// checking that the engines describe the same model; then compares
 /// checksums. Parameters held in host memory
-/// ([`Engine::host_params`]: an offloaded optimizer's master weights;
-/// [`Engine::pending_params`]: an engine's waiting for ZeRO-3 to shard
+/// ([`EngineInfo::host_params`]: an offloaded optimizer's master weights;
+/// [`EngineInfo::pending_params`]: an engine's waiting for ZeRO-3 to shard
 /// them) are compared only: every rank built them from the same seed or
 /// checkpoint.
 /// Returns the number of parameters.
-pub(crate) fn replicate<C: Collective, E: Engine<Space = C::Space>>(
+pub(crate) fn replicate<C: Collective, E: EngineInfo<Space = C::Space>>(
     comm: &C,
     engine: &mut E,
 ) -> Result<usize> {
@@ -276,7 +278,7 @@ fn start_bucket<'g, S: Space>(
 impl<C, E> Strategy<E> for DataParallel<C>
 where
     C: Collective,
-    E: Engine<Space = C::Space>,
+    E: EngineInfo<Space = C::Space>,
 {
     fn describe(&self) -> String {
         DataParallel::describe(self)

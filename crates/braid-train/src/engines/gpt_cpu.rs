@@ -9,8 +9,9 @@ use super::{
     gpt_tensors, gpt_units, moment, TokenBatch,
 };
 use crate::engine::{
-    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits, StateBytes,
-    Unit, UpdateStep,
+    check_shard, state_ranges, BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix,
+    NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams,
+    StateBytes, Unit, UpdateStep,
 };
 use crate::space::{Host, HostWindow};
 use crate::Result;
@@ -43,7 +44,7 @@ pub struct CpuGpt {
     /// them every call).
     units: ParamUnits,
     /// The parameters were given up to a parameter-sharded strategy
-    /// ([`Engine::shard_params`]): `params.data` is empty and only the
+    /// ([`ShardedParams::shard_params`]): `params.data` is empty and only the
     /// unit passes run.
     sharded: bool,
     /// The tensor group, when this is one rank's share of the model.
@@ -285,10 +286,6 @@ impl Engine for CpuGpt {
         self.params.layout.config.n_layer + 2
     }
 
-    fn matrices(&self) -> Vec<Matrix> {
-        gpt_matrices(&self.params.layout)
-    }
-
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
         self.whole("forward")?;
         let loss = self
@@ -371,11 +368,22 @@ impl Engine for CpuGpt {
         }
     }
 
-    fn grad_sq_norm_compact(&mut self, compact: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
-        match &self.group {
-            None => Ok(sum_of_squares(compact)),
-            Some(g) => g.sq_norm(compact, ranges),
-        }
+    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        self.whole("update")?;
+        let (opt, params) = self.stepping();
+        opt.step_scaled(params, grads, step.lr, step.grad_scale);
+        self.updates += 1;
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl EngineInfo for CpuGpt {
+    fn matrices(&self) -> Vec<Matrix> {
+        gpt_matrices(&self.params.layout)
     }
 
     fn state_bytes(&self) -> StateBytes {
@@ -395,6 +403,15 @@ impl Engine for CpuGpt {
             ..Default::default()
         }
     }
+}
+
+impl ShardedOptimizer for CpuGpt {
+    fn grad_sq_norm_compact(&mut self, compact: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
+        match &self.group {
+            None => Ok(sum_of_squares(compact)),
+            Some(g) => g.sq_norm(compact, ranges),
+        }
+    }
 
     fn grad_sq_norm_of(&mut self, grads: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
         check_shard(ranges, grads.len())?;
@@ -411,14 +428,6 @@ impl Engine for CpuGpt {
                 g.sq_norm(&values, ranges)
             }
         }
-    }
-
-    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
-        self.whole("update")?;
-        let (opt, params) = self.stepping();
-        opt.step_scaled(params, grads, step.lr, step.grad_scale);
-        self.updates += 1;
-        Ok(())
     }
 
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
@@ -445,59 +454,36 @@ impl Engine for CpuGpt {
         self.shard = shard.to_vec();
         Ok(())
     }
+}
 
-    fn tensors(&self) -> Vec<NamedTensor> {
-        gpt_tensors(&self.params.layout)
-    }
-
-    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
-        Ok(match self.optimizer {
-            CpuOptimizer::AdamW { .. } => {
-                ("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()])
-            }
-            CpuOptimizer::Sgd { .. } => ("sgd".into(), vec!["momentum_buffer".into()]),
-        })
-    }
-
-    fn read_moment(
-        &mut self,
-        moment: usize,
-        ranges: &[Range<usize>],
-        out: &mut [f32],
-    ) -> Result<()> {
-        let at = state_ranges(&self.shard, ranges)?;
-        let (opt, _) = self.stepping();
-        let state: &[f32] = match (opt, moment) {
-            (Optimizer::AdamW { m, .. }, 0) => m,
-            (Optimizer::AdamW { v, .. }, 1) => v,
-            (Optimizer::Sgd { buf, .. }, 0) => buf,
-            _ => return Err(format!("the optimizer has no moment {moment}")),
-        };
-        copy_at(state, &at, out)
-    }
-
-    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
-        let (opt, _) = self.stepping();
-        match opt {
-            Optimizer::AdamW { m, v, t, .. } => {
-                let len = m.len();
-                m.copy_from_slice(moment(state, "adamw", "exp_avg", len)?);
-                v.copy_from_slice(moment(state, "adamw", "exp_avg_sq", len)?);
-                *t = u32::try_from(updates).map_err(|_| format!("{updates} updates"))?;
-            }
-            Optimizer::Sgd { buf, .. } => {
-                let len = buf.len();
-                buf.copy_from_slice(moment(state, "sgd", "momentum_buffer", len)?);
-            }
-        }
-        self.updates = updates;
-        Ok(())
-    }
-
+impl BlockGrads for CpuGpt {
     fn param_units(&self) -> Result<ParamUnits> {
         Ok(self.units.clone())
     }
 
+    fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
+        self.whole("backward")?;
+        let reads = self
+            .units
+            .backward_reads
+            .get(unit)
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let data = &self.params.data;
+        let params: Vec<&[f32]> = reads
+            .iter()
+            .map(|&b| &data[self.units.blocks[b].clone()])
+            .collect();
+        let layers = self.params.layout.config.n_layer;
+        let _t = braid_trace::scope::start(None, Cat::Compute, || backward_unit_name(unit, layers));
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+        self.units.backward_given(unit, &lens, &grad_lens)?;
+        let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
+        unit_backward(model, acts, last, layers, unit, &params, grads)
+    }
+}
+
+impl ShardedParams for CpuGpt {
     fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<Vec<f32>> {
         self.whole("shard_params")?;
         self.shard_optimizer(shard)?;
@@ -552,27 +538,6 @@ impl Engine for CpuGpt {
         .map_err(|e| e.to_string())
     }
 
-    fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
-        self.whole("backward")?;
-        let reads = self
-            .units
-            .backward_reads
-            .get(unit)
-            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
-        let data = &self.params.data;
-        let params: Vec<&[f32]> = reads
-            .iter()
-            .map(|&b| &data[self.units.blocks[b].clone()])
-            .collect();
-        let layers = self.params.layout.config.n_layer;
-        let _t = braid_trace::scope::start(None, Cat::Compute, || backward_unit_name(unit, layers));
-        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
-        let grad_lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
-        self.units.backward_given(unit, &lens, &grad_lens)?;
-        let (model, acts, last) = (&self.model, &mut self.acts, &self.last);
-        unit_backward(model, acts, last, layers, unit, &params, grads)
-    }
-
     fn backward_unit_of(
         &mut self,
         unit: usize,
@@ -610,8 +575,83 @@ impl Engine for CpuGpt {
         self.updates += 1;
         Ok(())
     }
+}
 
-    fn synchronize(&mut self) -> Result<()> {
+/// The CPU model's activations keep memory of their own: it saves no
+/// buffer that another part could lend memory to (ZeRO-3 asks, and is
+/// given none), and it clears the whole gradient buffer every step.
+impl LendsMemory for CpuGpt {
+    fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
+        Ok(None)
+    }
+
+    fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
+        Ok(Vec::new())
+    }
+
+    unsafe fn place_saved(&mut self, memory: &Vec<f32>, at: &[Option<usize>]) -> Result<usize> {
+        let _ = memory;
+        match at.iter().all(Option::is_none) {
+            true => Ok(0),
+            false => Err("this engine cannot place its saved buffers in lent memory".into()),
+        }
+    }
+
+    fn drop_saved(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn own_saved(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Checkpointable for CpuGpt {
+    fn tensors(&self) -> Vec<NamedTensor> {
+        gpt_tensors(&self.params.layout)
+    }
+
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        Ok(match self.optimizer {
+            CpuOptimizer::AdamW { .. } => {
+                ("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()])
+            }
+            CpuOptimizer::Sgd { .. } => ("sgd".into(), vec!["momentum_buffer".into()]),
+        })
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let at = state_ranges(&self.shard, ranges)?;
+        let (opt, _) = self.stepping();
+        let state: &[f32] = match (opt, moment) {
+            (Optimizer::AdamW { m, .. }, 0) => m,
+            (Optimizer::AdamW { v, .. }, 1) => v,
+            (Optimizer::Sgd { buf, .. }, 0) => buf,
+            _ => return Err(format!("the optimizer has no moment {moment}")),
+        };
+        copy_at(state, &at, out)
+    }
+
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        let (opt, _) = self.stepping();
+        match opt {
+            Optimizer::AdamW { m, v, t, .. } => {
+                let len = m.len();
+                m.copy_from_slice(moment(state, "adamw", "exp_avg", len)?);
+                v.copy_from_slice(moment(state, "adamw", "exp_avg_sq", len)?);
+                *t = u32::try_from(updates).map_err(|_| format!("{updates} updates"))?;
+            }
+            Optimizer::Sgd { buf, .. } => {
+                let len = buf.len();
+                buf.copy_from_slice(moment(state, "sgd", "momentum_buffer", len)?);
+            }
+        }
+        self.updates = updates;
         Ok(())
     }
 }

@@ -20,7 +20,10 @@
 
 use super::gpt_cpu::CpuGpt;
 use super::{gpt_describe, TokenBatch};
-use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
+use crate::engine::{
+    Checkpointable, Engine, EngineInfo, Matrix, NamedTensor, OptimizerState, ShardedOptimizer,
+    StateBytes, Unit, UpdateStep,
+};
 use crate::pipeline::exec::{self, StagePasses};
 use crate::pipeline::in_flight::InFlight;
 use crate::pipeline::links::HostLinks;
@@ -566,10 +569,6 @@ impl Engine for CpuStage {
             .collect()
     }
 
-    fn matrices(&self) -> Vec<Matrix> {
-        self.passes.inner.matrices()
-    }
-
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
         let micro = self.schedule.micro_batches;
         let (b, t) = (self.passes.b, self.passes.t);
@@ -654,6 +653,32 @@ impl Engine for CpuStage {
         self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
     }
 
+    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        match self.owns_grads {
+            true => self.passes.inner.update(&self.passes.acc, step),
+            false => self.passes.inner.update(grads, step),
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl EngineInfo for CpuStage {
+    fn matrices(&self) -> Vec<Matrix> {
+        self.passes.inner.matrices()
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        // The stage's own gradient buffer besides the strategy's.
+        let mut s = self.passes.inner.state_bytes();
+        s.grads += 4 * self.passes.acc.len() as u64;
+        s
+    }
+}
+
+impl ShardedOptimizer for CpuStage {
     fn grad_sq_norm_of(&mut self, grads: &Vec<f32>, ranges: &[Range<usize>]) -> Result<f64> {
         crate::engine::check_shard(ranges, grads.len())?;
         let values: Vec<f32> = ranges
@@ -667,13 +692,6 @@ impl Engine for CpuStage {
         self.sq_norm(compact, ranges)
     }
 
-    fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
-        match self.owns_grads {
-            true => self.passes.inner.update(&self.passes.acc, step),
-            false => self.passes.inner.update(grads, step),
-        }
-    }
-
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
         self.passes.inner.update_shard(grads, step)
     }
@@ -681,14 +699,9 @@ impl Engine for CpuStage {
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
         self.passes.inner.shard_optimizer(shard)
     }
+}
 
-    fn state_bytes(&self) -> StateBytes {
-        // The stage's own gradient buffer besides the strategy's.
-        let mut s = self.passes.inner.state_bytes();
-        s.grads += 4 * self.passes.acc.len() as u64;
-        s
-    }
-
+impl Checkpointable for CpuStage {
     fn tensors(&self) -> Vec<NamedTensor> {
         super::stage_tensors(self.layout(), self.second_copy())
     }
@@ -708,9 +721,5 @@ impl Engine for CpuStage {
 
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
         self.passes.inner.set_optimizer_state(state, updates)
-    }
-
-    fn synchronize(&mut self) -> Result<()> {
-        Ok(())
     }
 }

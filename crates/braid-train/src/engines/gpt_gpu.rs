@@ -12,8 +12,9 @@ use super::{
     TokenBatch,
 };
 use crate::engine::{
-    check_shard, state_ranges, Engine, Matrix, NamedTensor, OptimizerState, ParamUnits,
-    SavedBuffer, StateBytes, Unit, UpdateStep,
+    check_shard, state_ranges, BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix,
+    NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams,
+    StateBytes, Unit, UpdateStep,
 };
 use crate::space::Gpu;
 use crate::Result;
@@ -212,8 +213,8 @@ pub struct GpuGpt {
     /// The optimizer and master weights in host memory, if offloaded.
     offload: Option<Offload>,
     /// Built for ZeRO-3 ([`GpuGpt::for_sharding`]): the parameters in host
-    /// memory until [`Engine::shard_params`] uploads this rank's shard of
-    /// them, and again after [`Engine::unshard_params`] (`p` is empty
+    /// memory until [`ShardedParams::shard_params`] uploads this rank's shard of
+    /// them, and again after [`ShardedParams::unshard_params`] (`p` is empty
     /// meanwhile), so that the whole model is never on the GPU.
     pending: Option<Vec<f32>>,
     m: DeviceBuffer<f32>,
@@ -230,7 +231,7 @@ pub struct GpuGpt {
     /// The parameter units a ZeRO-3 strategy gathers (which blocks each
     /// pass of this model form reads and writes).
     units: ParamUnits,
-    /// After [`Engine::shard_params`]: `p` is empty, the passes take
+    /// After [`ShardedParams::shard_params`]: `p` is empty, the passes take
     /// their blocks as arguments and the optimizer updates the strategy's
     /// master shard.
     sharded: bool,
@@ -240,7 +241,7 @@ pub struct GpuGpt {
     released: bool,
     /// Under ZeRO-3 with the bf16 model, see [`BiasCarry`].
     carry: Option<BiasCarry>,
-    /// After [`Engine::grads_by_unit`]: for each backward unit, the runs
+    /// After [`LendsMemory::grads_by_unit`]: for each backward unit, the runs
     /// of the whole gradient buffer it writes first (and zeroes, of those,
     /// what it adds into, at a step's first backward pass).
     by_unit: Option<Vec<Vec<Range<usize>>>>,
@@ -259,7 +260,7 @@ pub struct GpuGpt {
 /// of the tensors every rank of it holds whole.
 type TensorGroup = (Arc<dyn DeviceTensorComm>, Vec<Range<usize>>);
 
-/// Under ZeRO-3 with bf16 gathers ([`Engine::start_half_blocks`]) the
+/// Under ZeRO-3 with bf16 gathers ([`ShardedParams::start_half_blocks`]) the
 /// bf16 model takes each layer's block as the bf16 weights its products
 /// read, gathered so, instead of f32 parameters it casts; what it reads
 /// of those blocks in f32 (LayerNorms, biases) comes from `side`, which
@@ -549,7 +550,7 @@ impl GpuGpt {
     /// that one block only), or `None` when it reads f32 blocks.
     ///
     /// `params[0]` then holds the layer's bf16 weights: the strategy
-    /// gathered them so ([`Engine::start_half_blocks`]'s contract), and
+    /// gathered them so ([`ShardedParams::start_half_blocks`]'s contract), and
     /// keeps the buffer until the work queued with it has run, as it does
     /// for f32 blocks.
     fn half_layer(&self, blocks: &[usize], params: &[&DeviceBuffer<f32>]) -> Result<Option<usize>> {
@@ -782,14 +783,6 @@ impl Engine for GpuGpt {
         }
     }
 
-    fn host_params(&self) -> Option<&[f32]> {
-        self.host_master()
-    }
-
-    fn pending_params(&self) -> Option<&[f32]> {
-        self.pending.as_deref()
-    }
-
     fn new_grads(&self) -> Result<DeviceBuffer<f32>> {
         DeviceBuffer::zeros(self.p.device(), self.layout.len).map_err(e)
     }
@@ -809,32 +802,12 @@ impl Engine for GpuGpt {
         }
     }
 
-    fn zero_block_grads(&mut self, block: usize, grads: &mut DeviceBuffer<f32>) -> Result<()> {
-        let range = self
-            .units
-            .blocks
-            .get(block)
-            .cloned()
-            .ok_or_else(|| format!("zero_block_grads: no parameter block {block}"))?;
-        match &mut self.model {
-            // Each backward unit writes its blocks' buffers afresh (the
-            // shard adds micro-batches): the weight matrices are
-            // overwritten, the rest of the block is zeroed.
-            Model::Mixed(m, _) => m.begin_block_grads(range, grads).map_err(e),
-            Model::F32(_) => zero_async(grads, self.compute_stream()).map_err(e),
-        }
-    }
-
     fn units(&self) -> Vec<Unit> {
         self.steps.iter().map(|(u, _)| u.clone()).collect()
     }
 
     fn unit_count(&self) -> usize {
         self.steps.len()
-    }
-
-    fn matrices(&self) -> Vec<Matrix> {
-        gpt_matrices(&self.layout)
     }
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
@@ -865,6 +838,201 @@ impl Engine for GpuGpt {
         }
         let pf = f32_params(&self.p, &self.offload);
         backward_step(&mut self.model, step, pf, g)
+    }
+
+    fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
+        if self.group.is_some() {
+            let all = 0..grads.len();
+            return self.group_sq_norm(grads, std::slice::from_ref(&all));
+        }
+        let norm = match &self.model {
+            Model::F32(m) => m.kernels().global_norm(m.stream(), grads),
+            Model::Mixed(m, _) => m.kernels().global_norm(m.stream(), grads),
+        }
+        .map_err(e)?;
+        Ok(norm * norm)
+    }
+
+    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        if grads.len() != self.layout.len {
+            return Err(format!(
+                "{} gradients for {} parameters",
+                grads.len(),
+                self.layout.len
+            ));
+        }
+        if self.offload.is_none() {
+            return self.adamw(None, grads, false, step);
+        }
+        let done = match (&mut self.offload, &mut self.model) {
+            (Some(Offload::F32(h)), Model::F32(m)) => {
+                h.step(grads, &mut self.p, None, m.stream(), step)
+            }
+            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
+                h.step(grads, pb, Some(&mut self.p), m.stream(), step)
+            }
+            _ => Err("the offloaded optimizer does not match the model's form".into()),
+        };
+        self.updates += 1;
+        done
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.end_step().map_err(e)?;
+        }
+        // Bounded like every other wait: the communicator's timeout.
+        self.compute_stream()
+            .synchronize_within(self.sync_limit, "waiting for the GPU's work of the step")
+            .map_err(e)
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(self.compute_stream())
+    }
+}
+
+impl EngineInfo for GpuGpt {
+    fn host_params(&self) -> Option<&[f32]> {
+        self.host_master()
+    }
+
+    fn pending_params(&self) -> Option<&[f32]> {
+        self.pending.as_deref()
+    }
+
+    fn matrices(&self) -> Vec<Matrix> {
+        gpt_matrices(&self.layout)
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        let f32s = 4 * self.p.len() as u64;
+        if let Some(o) = &self.offload {
+            let ((master, optimizer, staging), on_gpu) = match (o, &self.model) {
+                (Offload::F32(h), _) => (h.host_bytes(), f32s),
+                (Offload::Bf16(h, _), Model::Mixed(_, pb)) => (
+                    h.host_bytes(),
+                    f32s + pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
+                ),
+                (Offload::Bf16(..), Model::F32(_)) => unreachable!("bf16 offload, f32 model"),
+            };
+            return StateBytes {
+                params: on_gpu,
+                master,
+                grads: 0,
+                optimizer: optimizer + staging,
+                offloaded: master + optimizer + staging,
+            };
+        }
+        let optimizer = 8 * self.state_len() as u64;
+        match &self.model {
+            Model::F32(_) => StateBytes {
+                params: f32s,
+                optimizer,
+                ..Default::default()
+            },
+            Model::Mixed(_, pb) => StateBytes {
+                params: pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
+                master: f32s,
+                optimizer,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn profile_reset(&mut self) {
+        if let Model::Mixed(m, _) = &mut self.model {
+            m.profile_reset();
+        }
+    }
+
+    fn profile_report(&self) -> Option<String> {
+        match &self.model {
+            Model::Mixed(m, _) => m.profile_report(),
+            Model::F32(_) => None,
+        }
+    }
+}
+
+impl ShardedOptimizer for GpuGpt {
+    fn grad_sq_norm_compact(
+        &mut self,
+        compact: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        match self.group {
+            None => self.grad_sq_norm(compact),
+            Some(_) => self.group_sq_norm(compact, ranges),
+        }
+    }
+
+    fn grad_sq_norm_of(
+        &mut self,
+        grads: &DeviceBuffer<f32>,
+        ranges: &[Range<usize>],
+    ) -> Result<f64> {
+        check_shard(ranges, grads.len())?;
+        if self.group.is_some() {
+            // The elements of `ranges`, each where it is in `grads`.
+            let kept = self.kept_ranges(ranges);
+            return self.sum_kept(grads, &kept);
+        }
+        let (k, s) = match &self.model {
+            Model::F32(m) => (m.kernels(), m.stream()),
+            Model::Mixed(m, _) => (m.kernels(), m.stream()),
+        };
+        let views: Vec<_> = ranges.iter().map(|r| grads.view(r.clone())).collect();
+        let parts: Vec<&dyn braid_cuda::DeviceMem<f32>> = views.iter().map(|v| v as _).collect();
+        k.sum_of_squares(s, &parts).map_err(e)
+    }
+
+    fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        let len = self.state_len();
+        if grads.len() != len {
+            return Err(format!(
+                "{} shard gradients for an optimizer shard of {len} elements",
+                grads.len()
+            ));
+        }
+        self.adamw(None, grads, true, step)
+    }
+
+    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        check_shard(shard, self.layout.len)?;
+        if self.offload.is_some() {
+            return Err("an optimizer offloaded to the host is not sharded (yet)".into());
+        }
+        if self.updates > 0 {
+            return Err("the optimizer can be sharded only before the first update".into());
+        }
+        let device = self.p.device().clone();
+        self.shard = optimizer_ranges(shard, self.layout.bf16_len())
+            .into_iter()
+            .map(|(r, at)| {
+                let segs =
+                    AdamSegments::shard(&device, &self.layout, self.adam.weight_decay, r.clone());
+                Ok((r, at, segs.map_err(e)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+}
+
+impl BlockGrads for GpuGpt {
+    fn zero_block_grads(&mut self, block: usize, grads: &mut DeviceBuffer<f32>) -> Result<()> {
+        let range = self
+            .units
+            .blocks
+            .get(block)
+            .cloned()
+            .ok_or_else(|| format!("zero_block_grads: no parameter block {block}"))?;
+        match &mut self.model {
+            // Each backward unit writes its blocks' buffers afresh (the
+            // shard adds micro-batches): the weight matrices are
+            // overwritten, the rest of the block is zeroed.
+            Model::Mixed(m, _) => m.begin_block_grads(range, grads).map_err(e),
+            Model::F32(_) => zero_async(grads, self.compute_stream()).map_err(e),
+        }
     }
 
     fn backward_unit_into(
@@ -912,219 +1080,12 @@ impl Engine for GpuGpt {
         backward_step(&mut self.model, step, pf, &mut window)
     }
 
-    fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
-        if self.group.is_some() {
-            let all = 0..grads.len();
-            return self.group_sq_norm(grads, std::slice::from_ref(&all));
-        }
-        let norm = match &self.model {
-            Model::F32(m) => m.kernels().global_norm(m.stream(), grads),
-            Model::Mixed(m, _) => m.kernels().global_norm(m.stream(), grads),
-        }
-        .map_err(e)?;
-        Ok(norm * norm)
-    }
-
-    fn grad_sq_norm_compact(
-        &mut self,
-        compact: &DeviceBuffer<f32>,
-        ranges: &[Range<usize>],
-    ) -> Result<f64> {
-        match self.group {
-            None => self.grad_sq_norm(compact),
-            Some(_) => self.group_sq_norm(compact, ranges),
-        }
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        let f32s = 4 * self.p.len() as u64;
-        if let Some(o) = &self.offload {
-            let ((master, optimizer, staging), on_gpu) = match (o, &self.model) {
-                (Offload::F32(h), _) => (h.host_bytes(), f32s),
-                (Offload::Bf16(h, _), Model::Mixed(_, pb)) => (
-                    h.host_bytes(),
-                    f32s + pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
-                ),
-                (Offload::Bf16(..), Model::F32(_)) => unreachable!("bf16 offload, f32 model"),
-            };
-            return StateBytes {
-                params: on_gpu,
-                master,
-                grads: 0,
-                optimizer: optimizer + staging,
-                offloaded: master + optimizer + staging,
-            };
-        }
-        let optimizer = 8 * self.state_len() as u64;
-        match &self.model {
-            Model::F32(_) => StateBytes {
-                params: f32s,
-                optimizer,
-                ..Default::default()
-            },
-            Model::Mixed(_, pb) => StateBytes {
-                params: pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
-                master: f32s,
-                optimizer,
-                ..Default::default()
-            },
-        }
-    }
-
-    fn grad_sq_norm_of(
-        &mut self,
-        grads: &DeviceBuffer<f32>,
-        ranges: &[Range<usize>],
-    ) -> Result<f64> {
-        check_shard(ranges, grads.len())?;
-        if self.group.is_some() {
-            // The elements of `ranges`, each where it is in `grads`.
-            let kept = self.kept_ranges(ranges);
-            return self.sum_kept(grads, &kept);
-        }
-        let (k, s) = match &self.model {
-            Model::F32(m) => (m.kernels(), m.stream()),
-            Model::Mixed(m, _) => (m.kernels(), m.stream()),
-        };
-        let views: Vec<_> = ranges.iter().map(|r| grads.view(r.clone())).collect();
-        let parts: Vec<&dyn braid_cuda::DeviceMem<f32>> = views.iter().map(|v| v as _).collect();
-        k.sum_of_squares(s, &parts).map_err(e)
-    }
-
-    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        if grads.len() != self.layout.len {
-            return Err(format!(
-                "{} gradients for {} parameters",
-                grads.len(),
-                self.layout.len
-            ));
-        }
-        if self.offload.is_none() {
-            return self.adamw(None, grads, false, step);
-        }
-        let done = match (&mut self.offload, &mut self.model) {
-            (Some(Offload::F32(h)), Model::F32(m)) => {
-                h.step(grads, &mut self.p, None, m.stream(), step)
-            }
-            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
-                h.step(grads, pb, Some(&mut self.p), m.stream(), step)
-            }
-            _ => Err("the offloaded optimizer does not match the model's form".into()),
-        };
-        self.updates += 1;
-        done
-    }
-
-    fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        let len = self.state_len();
-        if grads.len() != len {
-            return Err(format!(
-                "{} shard gradients for an optimizer shard of {len} elements",
-                grads.len()
-            ));
-        }
-        self.adamw(None, grads, true, step)
-    }
-
-    fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
-        check_shard(shard, self.layout.len)?;
-        if self.offload.is_some() {
-            return Err("an optimizer offloaded to the host is not sharded (yet)".into());
-        }
-        if self.updates > 0 {
-            return Err("the optimizer can be sharded only before the first update".into());
-        }
-        let device = self.p.device().clone();
-        self.shard = optimizer_ranges(shard, self.layout.bf16_len())
-            .into_iter()
-            .map(|(r, at)| {
-                let segs =
-                    AdamSegments::shard(&device, &self.layout, self.adam.weight_decay, r.clone());
-                Ok((r, at, segs.map_err(e)?))
-            })
-            .collect::<Result<_>>()?;
-        Ok(())
-    }
-
-    fn tensors(&self) -> Vec<NamedTensor> {
-        gpt_tensors(&self.layout)
-    }
-
-    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
-        self.checkpointable("optimizer_moments")?;
-        Ok(("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()]))
-    }
-
-    fn read_moment(
-        &mut self,
-        moment: usize,
-        ranges: &[Range<usize>],
-        out: &mut [f32],
-    ) -> Result<()> {
-        self.checkpointable("read_moment")?;
-        // (Ranges cut where the bf16 copy ends run on in the state.)
-        let mut shard: Vec<Range<usize>> = Vec::new();
-        for (r, _, _) in &self.shard {
-            match shard.last_mut() {
-                Some(last) if last.end == r.start => last.end = r.end,
-                _ => shard.push(r.clone()),
-            }
-        }
-        let at = state_ranges(&shard, ranges)?;
-        let total: usize = at.iter().map(|r| r.len()).sum();
-        if total != out.len() || moment > 1 {
-            return Err(format!(
-                "read_moment: moment {moment}, {total} elements into a buffer of {}",
-                out.len()
-            ));
-        }
-        if let Some(host) = &self.offload {
-            // The offloaded optimizer owns every element, in flat order.
-            return copy_at(host.moment(moment)?, &at, out);
-        }
-        // Before the first update the moments are zero (and not yet
-        // allocated).
-        if self.m.len() != self.state_len() {
-            out.fill(0.0);
-            return Ok(());
-        }
-        self.synchronize()?;
-        let state = match moment {
-            0 => &self.m,
-            _ => &self.v,
-        };
-        let mut o = 0;
-        for r in at {
-            state
-                .copy_range_to_host(r.clone(), &mut out[o..o + r.len()])
-                .map_err(e)?;
-            o += r.len();
-        }
-        Ok(())
-    }
-
-    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
-        self.checkpointable("set_optimizer_state")?;
-        let len = self.state_len();
-        let device = self.p.device().clone();
-        self.synchronize()?;
-        let m = moment(state, "adamw", "exp_avg", len)?;
-        let v = moment(state, "adamw", "exp_avg_sq", len)?;
-        if let Some(host) = &mut self.offload {
-            host.set_moments(m, v, updates)?;
-            self.updates = updates;
-            return Ok(());
-        }
-        self.m = DeviceBuffer::from_host(&device, m).map_err(e)?;
-        self.v = DeviceBuffer::from_host(&device, v).map_err(e)?;
-        self.updates = updates;
-        Ok(())
-    }
-
     fn param_units(&self) -> Result<ParamUnits> {
         Ok(self.units.clone())
     }
+}
 
+impl ShardedParams for GpuGpt {
     fn start_half_blocks(&mut self) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
         self.take_half_blocks()
     }
@@ -1182,6 +1143,18 @@ impl Engine for GpuGpt {
         self.update_master_shard(params, grads, step)
     }
 
+    fn release_optimizer_state(&mut self) -> Result<()> {
+        if self.offload.is_none() {
+            self.compute_stream().synchronize().map_err(e)?;
+            self.m = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
+            self.v = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
+            self.released = true;
+        }
+        Ok(())
+    }
+}
+
+impl LendsMemory for GpuGpt {
     fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
         // The bf16 model over its whole parameters, every layer one unit
         // (no deferred weight gradients), its optimizer on the GPU.
@@ -1260,42 +1233,82 @@ impl Engine for GpuGpt {
             Model::F32(_) => Ok(()),
         }
     }
+}
 
-    fn release_optimizer_state(&mut self) -> Result<()> {
-        if self.offload.is_none() {
-            self.compute_stream().synchronize().map_err(e)?;
-            self.m = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
-            self.v = DeviceBuffer::zeros(self.p.device(), 0).map_err(e)?;
-            self.released = true;
+impl Checkpointable for GpuGpt {
+    fn tensors(&self) -> Vec<NamedTensor> {
+        gpt_tensors(&self.layout)
+    }
+
+    fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {
+        self.checkpointable("optimizer_moments")?;
+        Ok(("adamw".into(), vec!["exp_avg".into(), "exp_avg_sq".into()]))
+    }
+
+    fn read_moment(
+        &mut self,
+        moment: usize,
+        ranges: &[Range<usize>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.checkpointable("read_moment")?;
+        // (Ranges cut where the bf16 copy ends run on in the state.)
+        let mut shard: Vec<Range<usize>> = Vec::new();
+        for (r, _, _) in &self.shard {
+            match shard.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => shard.push(r.clone()),
+            }
+        }
+        let at = state_ranges(&shard, ranges)?;
+        let total: usize = at.iter().map(|r| r.len()).sum();
+        if total != out.len() || moment > 1 {
+            return Err(format!(
+                "read_moment: moment {moment}, {total} elements into a buffer of {}",
+                out.len()
+            ));
+        }
+        if let Some(host) = &self.offload {
+            // The offloaded optimizer owns every element, in flat order.
+            return copy_at(host.moment(moment)?, &at, out);
+        }
+        // Before the first update the moments are zero (and not yet
+        // allocated).
+        if self.m.len() != self.state_len() {
+            out.fill(0.0);
+            return Ok(());
+        }
+        self.synchronize()?;
+        let state = match moment {
+            0 => &self.m,
+            _ => &self.v,
+        };
+        let mut o = 0;
+        for r in at {
+            state
+                .copy_range_to_host(r.clone(), &mut out[o..o + r.len()])
+                .map_err(e)?;
+            o += r.len();
         }
         Ok(())
     }
 
-    fn synchronize(&mut self) -> Result<()> {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.end_step().map_err(e)?;
+    fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        self.checkpointable("set_optimizer_state")?;
+        let len = self.state_len();
+        let device = self.p.device().clone();
+        self.synchronize()?;
+        let m = moment(state, "adamw", "exp_avg", len)?;
+        let v = moment(state, "adamw", "exp_avg_sq", len)?;
+        if let Some(host) = &mut self.offload {
+            host.set_moments(m, v, updates)?;
+            self.updates = updates;
+            return Ok(());
         }
-        // Bounded like every other wait: the communicator's timeout.
-        self.compute_stream()
-            .synchronize_within(self.sync_limit, "waiting for the GPU's work of the step")
-            .map_err(e)
-    }
-
-    fn stream(&self) -> Option<&Stream> {
-        Some(self.compute_stream())
-    }
-
-    fn profile_reset(&mut self) {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.profile_reset();
-        }
-    }
-
-    fn profile_report(&self) -> Option<String> {
-        match &self.model {
-            Model::Mixed(m, _) => m.profile_report(),
-            Model::F32(_) => None,
-        }
+        self.m = DeviceBuffer::from_host(&device, m).map_err(e)?;
+        self.v = DeviceBuffer::from_host(&device, v).map_err(e)?;
+        self.updates = updates;
+        Ok(())
     }
 }
 

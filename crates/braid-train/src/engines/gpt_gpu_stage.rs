@@ -31,7 +31,10 @@ use super::{gpt_describe, TokenBatch};
 
 mod model;
 mod passes;
-use crate::engine::{Engine, Matrix, NamedTensor, OptimizerState, StateBytes, Unit, UpdateStep};
+use crate::engine::{
+    Checkpointable, Engine, EngineInfo, Matrix, NamedTensor, OptimizerState, ShardedOptimizer,
+    StateBytes, Unit, UpdateStep,
+};
 use crate::pipeline::device_links::DeviceLinks;
 use crate::pipeline::exec;
 use crate::pipeline::in_flight::InFlight;
@@ -403,10 +406,6 @@ impl Engine for GpuStage {
             .collect()
     }
 
-    fn matrices(&self) -> Vec<Matrix> {
-        self.passes.inner.matrices()
-    }
-
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
         let micro = self.schedule.micro_batches;
         let (b, t) = (self.passes.b, self.passes.t);
@@ -484,6 +483,36 @@ impl Engine for GpuStage {
         self.sq_norm(grads, std::slice::from_ref(&(0..grads.len())))
     }
 
+    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
+        match self.owns_grads {
+            true => self.passes.inner.update(&self.passes.acc, step),
+            false => self.passes.inner.update(grads, step),
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.passes.inner.synchronize()
+    }
+
+    fn stream(&self) -> Option<&Stream> {
+        Some(self.passes.inner.compute_stream())
+    }
+}
+
+impl EngineInfo for GpuStage {
+    fn matrices(&self) -> Vec<Matrix> {
+        self.passes.inner.matrices()
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        // The stage's own gradient buffer besides the strategy's.
+        let mut s = self.passes.inner.state_bytes();
+        s.grads += 4 * self.passes.acc.len() as u64;
+        s
+    }
+}
+
+impl ShardedOptimizer for GpuStage {
     fn grad_sq_norm_compact(
         &mut self,
         compact: &DeviceBuffer<f32>,
@@ -501,13 +530,6 @@ impl Engine for GpuStage {
         self.sq_norm_at(grads, ranges, false)
     }
 
-    fn update(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
-        match self.owns_grads {
-            true => self.passes.inner.update(&self.passes.acc, step),
-            false => self.passes.inner.update(grads, step),
-        }
-    }
-
     fn update_shard(&mut self, grads: &DeviceBuffer<f32>, step: UpdateStep) -> Result<()> {
         self.passes.inner.update_shard(grads, step)
     }
@@ -515,14 +537,9 @@ impl Engine for GpuStage {
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
         self.passes.inner.shard_optimizer(shard)
     }
+}
 
-    fn state_bytes(&self) -> StateBytes {
-        // The stage's own gradient buffer besides the strategy's.
-        let mut s = self.passes.inner.state_bytes();
-        s.grads += 4 * self.passes.acc.len() as u64;
-        s
-    }
-
+impl Checkpointable for GpuStage {
     fn tensors(&self) -> Vec<NamedTensor> {
         super::stage_tensors(self.layout(), self.second_copy())
     }
@@ -542,13 +559,5 @@ impl Engine for GpuStage {
 
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
         self.passes.inner.set_optimizer_state(state, updates)
-    }
-
-    fn synchronize(&mut self) -> Result<()> {
-        self.passes.inner.synchronize()
-    }
-
-    fn stream(&self) -> Option<&Stream> {
-        Some(self.passes.inner.compute_stream())
     }
 }

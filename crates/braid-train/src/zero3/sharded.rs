@@ -71,7 +71,7 @@ pub(super) struct Sharded<C: Collective> {
 }
 
 /// The f32 tensors inside the blocks gathered in bf16 (the engine's
-/// [`Engine::half_side`]), refreshed on every rank from every rank's
+/// [`ShardedParams::half_side`]), refreshed on every rank from every rank's
 /// master shard after the master weights change.
 pub(super) struct SideRefresh<C: Collective> {
     /// `n × per_rank` elements: rank `r`'s elements of the tensors in
@@ -159,7 +159,7 @@ type Flat2<C> = <<C as Collective>::Space as Space>::Flat;
 impl<C: Collective> Sharded<C> {
     /// Refreshes the engine's f32 tensors of the bf16 blocks from every
     /// rank's master shard, if the master weights changed since.
-    pub(super) fn refresh_side<E: Engine<Space = C::Space>>(
+    pub(super) fn refresh_side<E: ShardedParams<Space = C::Space>>(
         &mut self,
         group: &C,
         engine: &mut E,

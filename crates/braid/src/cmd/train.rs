@@ -21,7 +21,7 @@ use braid_train::collective::GradComm;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuOptimizer, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
-use braid_train::{train_with, Engine, LoopOptions, RunReport, Strategy};
+use braid_train::{Checkpointable, Checkpoints, LoopOptions, RunReport, StepReport, Strategy};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1655,17 +1655,32 @@ pub(crate) struct LoopParts<'r, 'd> {
     pub strategy: String,
 }
 
-/// The loop with `strategy`, progress printed by the lead rank;
-/// `distributed`: the strategy runs over a communicator (of one rank, or
-/// more).
-pub(super) fn run_loop<E, S>(
-    parts: &mut LoopParts<'_, '_>,
+/// One of braid-train's loops: [`braid_train::train_with`], or
+/// [`braid_train::train_lending`] for an engine that
+/// [`LendsMemory`](braid_train::LendsMemory) (the GPU engine: its saved
+/// activations may live in the loop's gradient buffer).
+pub(super) type Trainer<'d, E, S> = fn(
+    &mut E,
+    &mut S,
+    &mut TokenWindows<'d>,
+    &mut TokenBatch,
+    &LoopOptions,
+    Checkpoints<'_>,
+    &mut dyn FnMut(&StepReport),
+) -> Result<RunReport, String>;
+
+/// The loop with `strategy`, progress printed by the lead rank, run by
+/// `train`; `distributed`: the strategy runs over a communicator (of one
+/// rank, or more).
+pub(super) fn run_loop<'d, E, S>(
+    parts: &mut LoopParts<'_, 'd>,
     engine: &mut E,
     strategy: &mut S,
     distributed: bool,
+    train: Trainer<'d, E, S>,
 ) -> Result<RunReport, String>
 where
-    E: Engine<Batch = TokenBatch>,
+    E: Checkpointable<Batch = TokenBatch>,
     S: Strategy<E> + ?Sized,
 {
     if parts.lead && distributed {
@@ -1682,7 +1697,7 @@ where
         };
         println!("{}", braid_core::words::clauses(&line, "  "));
     }
-    let r = train_with(
+    let r = train(
         engine,
         strategy,
         &mut *parts.loader,

@@ -13,7 +13,7 @@ use braid_train::collective::HostCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::CpuGpt;
 use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{RunReport, Single, Strategy};
+use braid_train::{train_with, RunReport, Single, Strategy};
 
 /// What a CPU run takes from `braid train`'s set-up.
 pub struct CpuRun<'r> {
@@ -86,7 +86,7 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
             )
         }
     };
-    let run = super::train::run_loop(parts, &mut engine, &mut *s, several)?;
+    let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_with)?;
     drop(s);
     let mut params = engine.into_params();
     if let (Some(g), true, 0) = (&tensor_group, save, place.data_rank()) {

@@ -16,7 +16,7 @@ use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{GpuGpt, Precision};
 use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{Engine, RunReport, Single, Strategy};
+use braid_train::{train_lending, EngineInfo, RunReport, Single, Strategy};
 use std::time::Instant;
 
 /// What a GPU run takes from `braid train`'s set-up.
@@ -231,7 +231,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
             )
         }
     };
-    let run = super::train::run_loop(parts, &mut engine, &mut *s, several);
+    let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_lending);
     drop(s);
     let mut run = run?;
     run.model_buffer_bytes = engine.model_bytes() as u64;

@@ -10,7 +10,7 @@
 use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
-use super::train_strategy::{distributed, ShardChoice};
+use super::train_strategy::{replicated, ShardChoice};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_core::env;
@@ -20,7 +20,7 @@ use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
 use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
-use braid_train::{RunReport, Single, Strategy};
+use braid_train::{train_with, RunReport, Single, Strategy};
 use std::sync::Arc;
 
 /// What a pipeline run takes from `braid train`'s set-up.
@@ -259,15 +259,16 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         .with_world_ranks(pipe_members.clone());
         params.data = Vec::new();
         // One replica: nothing reduces the gradients, and the stage's
-        // buffer is the step's (one gradient buffer on the GPU).
+        // buffer is the step's (one gradient buffer on the GPU). Several:
+        // data parallelism or ZeRO-1 (a pipeline refuses --zero 2 and 3).
         let mut s: Box<dyn Strategy<_>> = match data.size() {
             1 => {
                 engine = engine.owning_grads();
                 Box::new(Single)
             }
-            _ => distributed(DeviceCollective::new(data)?, shard_choice, ddp)?,
+            _ => replicated(DeviceCollective::new(data)?, shard_choice, ddp)?,
         };
-        let run = super::train::run_loop(parts, &mut engine, &mut *s, true)?;
+        let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }
@@ -303,9 +304,9 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
                     engine = engine.owning_grads();
                     Box::new(Single)
                 }
-                _ => distributed(groups.data, shard_choice, ddp)?,
+                _ => replicated(groups.data, shard_choice, ddp)?,
             };
-        let run = super::train::run_loop(parts, &mut engine, &mut *s, true)?;
+        let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
         }

@@ -1,13 +1,16 @@
 //! How `braid train` spreads a run over several ranks: the flags that
 //! shard the optimizer (`--zero`, `--fsdp`, `--shard-group`), checked, and
 //! the strategy — data parallelism or ZeRO — built over the run's
-//! collectives (host or GPU).
+//! collectives (host or GPU): [`distributed`] for an engine that can run
+//! under any of them, [`replicated`] (data parallelism or ZeRO-1, every
+//! rank holding the whole model) for one that shards its optimizer only
+//! (a pipeline's stages).
 
 use braid_train::collective::{Collective, GradComm};
 use braid_train::ddp::{DataParallel, DdpOptions};
 use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::zero3::Zero3;
-use braid_train::{Engine, Strategy};
+use braid_train::{EngineInfo, LendsMemory, ShardedOptimizer, ShardedParams, Strategy};
 
 /// The flags that choose how the optimizer is sharded.
 pub struct ZeroFlags<'a> {
@@ -118,7 +121,7 @@ pub fn distributed<C, E>(
 ) -> Result<Box<dyn Strategy<E>>, String>
 where
     C: Collective + 'static,
-    E: Engine<Space = C::Space> + 'static,
+    E: ShardedParams<Space = C::Space> + LendsMemory + EngineInfo + 'static,
 {
     let ShardChoice {
         stage,
@@ -130,17 +133,38 @@ where
         split_reduce,
         kept_spares,
     } = choice;
-    Ok(match stage {
-        Some(3) => Box::new(
+    match stage {
+        Some(3) => Ok(Box::new(
             Zero3::new(comm, shard_group, !keep_params)?
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers)
                 .with_final_gather(final_gather)
                 .with_split_reduce(split_reduce)
                 .with_kept_spares(kept_spares),
-        ),
+        )),
         // Stage 2 writes gradients block by block (no whole buffer).
-        Some(2) => Box::new(Zero3::stage_2(comm, shard_group)?),
+        Some(2) => Ok(Box::new(Zero3::stage_2(comm, shard_group)?)),
+        _ => replicated(comm, choice, ddp),
+    }
+}
+
+/// The strategy over `comm` whose ranks each hold the whole model: ZeRO-1
+/// when `choice` has a stage (stages 2 and 3, which run on ZeRO-3's block
+/// machinery, are refused: [`distributed`] builds them), else data
+/// parallelism, with the buckets of `ddp`.
+pub fn replicated<C, E>(
+    comm: C,
+    choice: ShardChoice,
+    ddp: DdpOptions,
+) -> Result<Box<dyn Strategy<E>>, String>
+where
+    C: Collective + 'static,
+    E: ShardedOptimizer<Space = C::Space> + EngineInfo + 'static,
+{
+    let ShardChoice {
+        stage, shard_group, ..
+    } = choice;
+    Ok(match stage {
         Some(stage) => Box::new(Zero::new(
             comm,
             ZeroOptions {

@@ -30,9 +30,9 @@ impl GpuGpt {
     /// [`new`](Self::new) for ZeRO-3: the parameters stay in host memory
     /// (taken from `params.data` without a copy, leaving it empty) until
     /// the strategy shards them, and the GPU receives only this rank's
-    /// shard ([`Engine::shard_params`]). Until then the engine runs no
+    /// shard ([`ShardedParams::shard_params`]). Until then the engine runs no
     /// pass; its ranks compare the parameters' checksums instead of
-    /// broadcasting them ([`Engine::pending_params`]).
+    /// broadcasting them ([`EngineInfo::pending_params`]).
     pub fn for_sharding(
         device: &Device,
         params: &mut Params,

@@ -7,7 +7,7 @@
 use super::*;
 
 impl GpuGpt {
-    /// Takes the layers in bf16 under ZeRO-3 (`Engine::start_half_blocks`):
+    /// Takes the layers in bf16 under ZeRO-3 (`ShardedParams::start_half_blocks`):
     /// the blocks it takes and the f32 tensors inside them, kept whole in
     /// `HalfBlocks`.
     pub(super) fn take_half_blocks(&mut self) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
@@ -44,7 +44,7 @@ impl GpuGpt {
     }
 
     /// Keeps only this rank's shard of the master weights on the GPU
-    /// (`Engine::shard_params`), from host memory where the parameters wait
+    /// (`ShardedParams::shard_params`), from host memory where the parameters wait
     /// there.
     pub(super) fn upload_shard(&mut self, shard: &[Range<usize>]) -> Result<DeviceBuffer<f32>> {
         if self.sharded {
@@ -104,7 +104,7 @@ impl GpuGpt {
     }
 
     /// One forward unit over the blocks the strategy gathered
-    /// (`Engine::forward_unit`).
+    /// (`ShardedParams::forward_unit`).
     pub(super) fn run_forward_unit(
         &mut self,
         unit: usize,
@@ -150,7 +150,7 @@ impl GpuGpt {
     }
 
     /// The recomputation that starts a layer's backward unit under
-    /// checkpointing (`Engine::recompute_unit_of`).
+    /// checkpointing (`ShardedParams::recompute_unit_of`).
     pub(super) fn run_recompute_unit(
         &mut self,
         unit: usize,
@@ -190,7 +190,7 @@ impl GpuGpt {
     }
 
     /// One backward unit over gathered blocks, writing block gradient buffers
-    /// (`Engine::backward_unit_of`).
+    /// (`ShardedParams::backward_unit_of`).
     pub(super) fn run_backward_unit(
         &mut self,
         unit: usize,
@@ -239,7 +239,7 @@ impl GpuGpt {
     }
 
     /// Takes the whole parameters back from the strategy into host memory, to
-    /// be saved (`Engine::unshard_params`).
+    /// be saved (`ShardedParams::unshard_params`).
     pub(super) fn keep_whole_params(&mut self, full: Vec<f32>) -> Result<()> {
         self.in_units("unshard_params")?;
         if full.len() != self.layout.len {
@@ -256,7 +256,7 @@ impl GpuGpt {
     }
 
     /// AdamW on the shard's master weights from the shard's reduced gradients
-    /// (`Engine::update_compact`).
+    /// (`ShardedParams::update_compact`).
     pub(super) fn update_master_shard(
         &mut self,
         params: &mut DeviceBuffer<f32>,
