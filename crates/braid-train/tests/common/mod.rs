@@ -18,6 +18,9 @@ use braid_model::{GptConfig, Layout, Params};
 use braid_store::{ClientOptions, ServerOptions, StoreClient, StoreServer};
 use braid_train::collective::{Collective, HostCollective};
 use braid_train::ddp::{DataParallel, DdpOptions};
+use braid_train::engine::{
+    Checkpointable, EngineInfo, LendsMemory, ShardedOptimizer, ShardedParams,
+};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage};
 use braid_train::loader::TokenWindows;
 use braid_train::mesh::Mesh;
@@ -150,7 +153,7 @@ pub fn train_rank<E, S>(
     data_ranks: usize,
 ) -> RunReport
 where
-    E: Engine<Batch = TokenBatch>,
+    E: Checkpointable + Engine<Batch = TokenBatch>,
     S: Strategy<E> + ?Sized,
 {
     let mut loader = TokenWindows::new(data(), rows, SEQ, data_rank, data_ranks, SEED)
@@ -322,7 +325,26 @@ impl Spec {
 /// overlap the backward pass).
 fn over_data<E>(spec: &Spec, data: HostCollective) -> Box<dyn Strategy<E>>
 where
-    E: Engine<Space = Host> + 'static,
+    E: ShardedParams + LendsMemory + EngineInfo + Engine<Space = Host> + 'static,
+{
+    let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
+        Over::Ddp | Over::Zero1 => return replicated(spec, data),
+        Over::Zero2 => {
+            Zero3::stage_2(data, spec.shard_group).map(|z| Box::new(z) as Box<dyn Strategy<E>>)
+        }
+        Over::Zero3 {
+            reshard_after_forward,
+        } => Zero3::new(data, spec.shard_group, reshard_after_forward)
+            .map(|z| Box::new(z.with_final_gather(true)) as Box<dyn Strategy<E>>),
+    };
+    built.unwrap_or_else(|e| panic!("the strategy: {e}"))
+}
+
+/// [`over_data`] where the parameters stay whole (data parallelism,
+/// ZeRO-1): what a pipeline's data dimension runs.
+fn replicated<E>(spec: &Spec, data: HostCollective) -> Box<dyn Strategy<E>>
+where
+    E: ShardedOptimizer + EngineInfo + Engine<Space = Host> + 'static,
 {
     let (cap, first) = (0.02, 0.01);
     let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
@@ -344,13 +366,9 @@ where
             },
         )
         .map(|z| Box::new(z) as Box<dyn Strategy<E>>),
-        Over::Zero2 => {
-            Zero3::stage_2(data, spec.shard_group).map(|z| Box::new(z) as Box<dyn Strategy<E>>)
-        }
-        Over::Zero3 {
-            reshard_after_forward,
-        } => Zero3::new(data, spec.shard_group, reshard_after_forward)
-            .map(|z| Box::new(z.with_final_gather(true)) as Box<dyn Strategy<E>>),
+        other => Err(format!(
+            "{other:?} shards the parameters: not over whole ones"
+        )),
     };
     built.unwrap_or_else(|e| panic!("the strategy: {e}"))
 }
@@ -479,7 +497,7 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
                     engine = engine.owning_grads();
                     Box::new(Single)
                 }
-                _ => over_data(spec, data),
+                _ => replicated(spec, data),
             };
             let run = train_rank(&mut engine, &mut *s, spec.rows, 1, data_rank, spec.data);
             drop(s);
