@@ -41,6 +41,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 mod backward;
+mod block;
 mod forward;
 mod fresh;
 mod row_sum;
@@ -48,6 +49,7 @@ mod saved;
 mod seq;
 mod stage;
 pub use backward::WeightGrads;
+use block::MixedForward;
 pub use fresh::first_writes;
 pub use saved::SavedFor;
 use stage::MicroPlan;

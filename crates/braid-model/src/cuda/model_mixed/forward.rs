@@ -304,14 +304,11 @@ impl GpuGptMixed {
         pass: Pass,
     ) -> Result<()> {
         let Widths {
-            c,
             heads: nh,
             attn: ca,
-            mlp: f,
             ..
         } = self.widths;
         let (b, t) = (self.b, self.t);
-        let n = b * t;
         let shape = AttnShape { b, t, c: ca, nh };
         // A tensor-parallel rank other than the first adds neither the
         // residual nor the bias to its share of a row-split product (they
@@ -320,15 +317,9 @@ impl GpuGptMixed {
         // sequence parallelism every rank adds them to its own rows.
         let in_bf16 = self.tensor_sums_bf16 && self.group.is_some();
         let adds_residual = self.layout.shard.rank == 0 || in_bf16 || self.seq.is_some();
-        let (group, sp) = (&self.group, &self.seq);
-        // The rows of the residual stream and the LayerNorms (this rank's
-        // under sequence parallelism), and their elements.
-        let (nl, mine) = seq::local(sp, n, c);
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
-        let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
-        let (blas, lt, prof) = (&mut self.blas, &mut self.lt, &mut self.prof);
         let r = held(&self.ranges, l)?;
         let (before, after) = self.resid.split_at_mut(l + 1);
         let (x, out) = (
@@ -358,155 +349,38 @@ impl GpuGptMixed {
             .as_mut()
             .or(block_attn.as_mut())
             .ok_or_else(no_acts)?;
-        if !from_atty {
-            mk.layernorm_forward(
-                s,
-                &mut self.ln.view_mut(mine.clone()),
-                ln1_mean,
-                ln1_rstd,
-                x,
-                &p.view(r.ln1_w.clone())?,
-                &p.view(r.ln1_b.clone())?,
-                nl,
-                c,
-            )?;
-            seq::gather(group, sp, &mut self.ln, n * c, s, "ln_1 gather")?;
-            prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
-            // The fused attention keeps qkv with its bias: one product
-            // writes it there when cuBLASLt can add the bias.
-            let qkv_product = Product {
-                m: n,
-                n: 3 * ca,
-                k: c,
-                a: Mat::of(&self.ln, c),
-                b: Mat::of(&w(&r.qkv_w), 3 * ca),
-            };
-            let into_saved = match &mut *attn {
-                AttnSaved::Fused { qkv, .. } => qkv_product.fused(
-                    lt,
-                    s,
-                    None,
-                    Mat::of(qkv, 3 * ca),
-                    Epilogue::Bias {
-                        bias: span(&w(&r.qkv_b)),
-                    },
-                )?,
-                AttnSaved::Batched { .. } => false,
-            };
-            if !into_saved {
-                let raw = self.wide.view(Wide::qkv(n, ca));
-                qkv_product.plain(blas, s, Mat::of(&raw, 3 * ca), 0.0)?;
-            }
-            prof.mark(s, pass.phase("fwd gemm qkv", "recompute gemm qkv"))?;
-            let qkv_b = p.view(r.qkv_b.clone())?;
-            match (pass, kept_lse.as_mut()) {
-                (Pass::Recompute, Some(kept)) => {
-                    let raw = self.wide.view(Wide::qkv(n, ca));
-                    let unbiased = (!into_saved).then_some((&raw, &qkv_b));
-                    attention::restore(mk, s, attn, unbiased, kept, shape)?;
-                }
-                _ => {
-                    if into_saved {
-                        attention::forward_prebiased(mk, s, atty, attn, shape)?;
-                    } else {
-                        let (sh, raw) = (&mut self.attn, self.wide.view(Wide::qkv(n, ca)));
-                        attention::forward(mk, blas, s, atty, &raw, &qkv_b, attn, sh, shape, prof)?;
-                    }
-                    if let Some(kept) = kept_lse.as_mut().filter(|_| pass == Pass::Forward) {
-                        attention::keep_lse(s, attn, kept)?;
-                    }
-                }
-            }
-            prof.mark(s, pass.phase("fwd attention", "recompute attention"))?;
-        }
-        // resid2 = x + atty · Wproj + b (the residual and bias on the
-        // group's first rank), summed over the group.
-        let proj_b = p.view(r.proj_b.clone())?;
-        let proj = row_sum::RowSplit {
-            m: n,
-            n: c,
-            k: ca,
-            a: &*atty,
-            b: Mat::of(&w(&r.proj_w), c),
-            residual: adds_residual.then_some(x),
-            bias: &proj_b,
-        };
-        // The LayerNorm's output (read by the qkv product already) is the
-        // scratch of a sum in bf16 (always so under sequence parallelism).
-        row_sum::row_split_product(
-            blas,
-            lt,
+        crate::block::forward(&mut MixedForward {
+            s,
             mk,
-            s,
-            (group, sp),
-            (self.tensor_blocks, in_bf16),
-            proj,
-            &mut self.ln,
-            resid2,
-            "attn.c_proj forward",
-        )?;
-        prof.mark(s, pass.phase("fwd gemm proj", "recompute gemm proj"))?;
-        mk.layernorm_forward(
-            s,
-            &mut self.ln.view_mut(mine.clone()),
-            ln2_mean,
-            ln2_rstd,
-            &*resid2,
-            &p.view(r.ln2_w.clone())?,
-            &p.view(r.ln2_b.clone())?,
-            nl,
-            c,
-        )?;
-        seq::gather(group, sp, &mut self.ln, n * c, s, "ln_2 gather")?;
-        prof.mark(s, pass.phase("fwd layernorm", "recompute layernorm"))?;
-        // gelu = GELU(ln2 · W + b), the pre-activation kept in fch.
-        let fc = Product {
-            m: n,
-            n: f,
-            k: c,
-            a: Mat::of(&self.ln, c),
-            b: Mat::of(&w(&r.fc_w), f),
-        };
-        let gelu = Epilogue::GeluAuxBias {
-            bias: span(&w(&r.fc_b)),
-            aux: span(&*fch),
-            aux_ld: f,
-        };
-        if fc.fused(lt, s, None, Mat::of(&self.wide, f), gelu)? {
-            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
-        } else {
-            fc.plain(blas, s, Mat::of(&*fch, f), 0.0)?;
-            prof.mark(s, pass.phase("fwd gemm fc", "recompute gemm fc"))?;
-            mk.bias_gelu(s, fch, &mut self.wide, &p.view(r.fc_b.clone())?, n, f)?;
-            prof.mark(s, pass.phase("fwd bias+gelu", "recompute bias+gelu"))?;
-        }
-        if pass == Pass::Recompute {
-            return Ok(());
-        }
-        // out = resid2 + gelu · Wfcproj + b, summed over the group.
-        let fcproj_b = p.view(r.fcproj_b.clone())?;
-        let fcproj = row_sum::RowSplit {
-            m: n,
-            n: c,
-            k: f,
-            a: &self.wide,
-            b: Mat::of(&w(&r.fcproj_w), c),
-            residual: adds_residual.then_some(&*resid2),
-            bias: &fcproj_b,
-        };
-        // The second LayerNorm's output, read by the fc product already.
-        row_sum::row_split_product(
-            blas,
-            lt,
-            mk,
-            s,
-            (group, sp),
-            (self.tensor_blocks, in_bf16),
-            fcproj,
-            &mut self.ln,
+            blas: &mut self.blas,
+            lt: &mut self.lt,
+            prof: &mut self.prof,
+            group: &self.group,
+            sp: &self.seq,
+            tensor_blocks: self.tensor_blocks,
+            in_bf16,
+            adds_residual,
+            p,
+            wb,
+            base,
+            r,
+            x,
             out,
-            "mlp.c_proj forward",
-        )?;
-        prof.mark(s, "fwd gemm fcproj")
+            mean: [ln1_mean, ln2_mean],
+            rstd: [ln1_rstd, ln2_rstd],
+            atty,
+            attn,
+            kept_lse: kept_lse.as_mut(),
+            resid2,
+            fch,
+            ln: &mut self.ln,
+            wide: &mut self.wide,
+            shared: &mut self.attn,
+            pass,
+            from_atty,
+            into_saved: false,
+            shape,
+            w: self.widths,
+        })
     }
 }
