@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 mod backward;
 mod block;
+mod block_backward;
 mod forward;
 mod fresh;
 mod row_sum;
@@ -50,6 +51,7 @@ mod seq;
 mod stage;
 pub use backward::WeightGrads;
 use block::MixedForward;
+use block_backward::MixedBackward;
 pub use fresh::first_writes;
 pub use saved::SavedFor;
 use stage::MicroPlan;

@@ -6,7 +6,7 @@ use super::*;
 
 /// `dx = dy · wᵀ` (overwritten) for `y[n,out] = x[n,inp] · w[inp,out]`.
 #[allow(clippy::too_many_arguments)]
-fn input_grad(
+pub(super) fn input_grad(
     blas: &mut Blas,
     s: &Stream,
     n: usize,
@@ -22,7 +22,7 @@ fn input_grad(
 /// `dw = xᵀ · dy + beta · dw` for `y[n,out] = x[n,inp] · w[inp,out]`
 /// (`beta` 1 adds, 0 overwrites: [`fresh`]).
 #[allow(clippy::too_many_arguments)]
-fn weight_grad(
+pub(super) fn weight_grad(
     blas: &mut Blas,
     s: &Stream,
     n: usize,
@@ -268,495 +268,65 @@ impl GpuGptMixed {
             self.forward_layer(l, p, pb, Pass::Recompute)?;
         }
         let Widths {
-            c,
             heads: nh,
             attn: ca,
-            mlp: f,
             ..
         } = self.widths;
         let (b, t) = (self.b, self.t);
-        let n = b * t;
         let shape = AttnShape { b, t, c: ca, nh };
-        // The rows of the residual stream and the LayerNorms (this rank's
-        // under sequence parallelism), and their elements.
-        let (nl, mine) = seq::local(&self.seq, n, c);
         let sp = self.seq.is_some();
         let (s, mk) = (&self.stream, &self.mk);
         let block = self.layout.block_range(Block::Layer(l));
         let (wb, base) = layer_weights(mk, s, &self.pool, &mut self.streamed, pb, p, l, block)?;
-        let w = |r: &Range<usize>| wb.view(r.start - base..r.end - base);
-        let blas = &mut self.blas;
-        let prof = &mut self.prof;
-        let r = held(&self.ranges, l)?;
         let defer = self.deferred.get(l).is_some_and(Option::is_some);
-        // MLP: out = resid2 + gelu(fch) · Wfcproj + b.
-        // (cuBLASLt's GELU-backward epilogue with the bias gradient
-        // measured 2.4× slower than this product plus the two passes
-        // on an H200, so the backward keeps them separate.)
-        // The input gradient first (dgelu, in the wide scratch); the GELU
-        // backward then recomputes gelu(fch) for the weight gradient, over
-        // fch itself (read there for the last time), or into the deferred
-        // layer's buffer when its weight gradients come later.
-        input_grad(
-            blas,
-            s,
-            n,
-            f,
-            c,
-            Mat::of(&self.dresid_bf, c),
-            Mat::of(&w(&r.fcproj_w), c),
-            Mat::of(&self.wide, f),
-        )?;
-        prof.mark(s, "bwd gemm fcproj")?;
-        // (fcproj's bias gradient came with the LayerNorm backward above.)
-        let block = held_mut(&mut self.layers, l)?
-            .acts
-            .as_mut()
-            .or(self.work.as_mut());
-        let fch = &mut block.ok_or_else(no_acts)?.fch;
-        let mut dbias = g.view_mut(r.fc_b.clone())?;
-        match self.deferred.get_mut(l).and_then(Option::as_mut) {
-            Some(d) => mk.gelu_backward_bias(
-                s,
-                &mut self.wide,
-                &*fch,
-                &mut dbias,
-                &mut self.partial,
-                Some(&mut d.gelu),
-                n,
-                f,
-            )?,
-            None => mk.gelu_backward_bias_over_pre(
-                s,
-                &mut self.wide,
-                fch,
-                &mut dbias,
-                &mut self.partial,
-                n,
-                f,
-            )?,
-        }
-        prof.mark(s, "bwd gelu+bias")?;
-        let a = held(&self.layers, l)?;
-        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
-        if defer {
-            std::mem::swap(
-                &mut self.dresid_bf,
-                &mut self.deferred[l]
-                    .as_mut()
-                    .ok_or_else(|| not_deferred(l))?
-                    .fcproj,
-            );
-        } else {
-            weight_grad(
-                blas,
-                s,
-                n,
-                f,
-                c,
-                // The GELU, over fch.
-                Mat::of(&acts.fch, f),
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&g.view_mut(r.fcproj_w.clone())?, c),
-                self.fresh.beta(),
-            )?;
-            prof.mark(s, "bwd gemm fcproj")?;
-        }
-        // fc: the input gradient, then the LayerNorm backward (which
-        // recomputes ln2, the product's input), then the weight gradient.
-        // A column-split product's input gradient: each rank's share summed
-        // — beside the weight gradient where asked (ln2 recomputed first).
-        let beside = match &self.group {
-            Some(group) if self.grad_sums_beside && !defer && self.tensor_blocks <= 1 && !sp => {
-                Some(group)
-            }
-            _ => None,
-        };
-        if let Some(group) = beside {
-            row_sum::start_input_grad_sum(
-                blas,
-                s,
-                group,
-                (n, c, f),
-                Mat::of(&self.wide, f),
-                Mat::of(&w(&r.fc_w), f),
-                &mut self.dln,
-                "mlp.c_fc backward",
-            )?;
-            prof.mark(s, "bwd gemm fc")?;
-            // ln2 from resid2 and its statistics, recomputed in the
-            // forward's arithmetic (the same bits, written over the same).
-            let LayerSaved {
-                ln2_mean,
-                ln2_rstd,
-                acts: own,
-                ..
-            } = held_mut(&mut self.layers, l)?;
-            let resid2 = &own
-                .as_ref()
-                .or(self.work.as_ref())
-                .ok_or_else(no_acts)?
-                .resid2;
-            mk.layernorm_forward(
-                s,
-                &mut self.ln,
-                ln2_mean,
-                ln2_rstd,
-                resid2,
-                &p.view(r.ln2_w.clone())?,
-                &p.view(r.ln2_b.clone())?,
-                n,
-                c,
-            )?;
-            prof.mark(s, "bwd layernorm")?;
-            weight_grad(
-                blas,
-                s,
-                n,
-                c,
-                f,
-                Mat::of(&self.ln, c),
-                Mat::of(&self.wide, f),
-                Mat::of(&g.view_mut(r.fc_w.clone())?, f),
-                self.fresh.beta(),
-            )?;
-            prof.mark(s, "bwd gemm fc")?;
-            row_sum::wait_for_sums(group, s, "mlp.c_fc backward")?;
-        } else {
-            row_sum::input_grad_sum(
-                blas,
-                s,
-                (&self.group, sp),
-                self.tensor_blocks,
-                (n, c, f),
-                Mat::of(&self.wide, f),
-                Mat::of(&w(&r.fc_w), f),
-                &mut self.dln,
-                "mlp.c_fc backward",
-            )?;
-            prof.mark(s, "bwd gemm fc")?;
-        }
-        let a = held(&self.layers, l)?;
-        let acts = a.acts.as_ref().or(self.work.as_ref()).ok_or_else(no_acts)?;
-        let ln2: &mut DeviceBuffer<bf16> = if defer {
-            &mut self.deferred[l]
-                .as_mut()
-                .ok_or_else(|| not_deferred(l))?
-                .ln2
-        } else {
-            &mut self.ln
-        };
-        {
-            // ... and proj's bias gradient comes with this one (into the
-            // scratch under sequence parallelism, summed after ln_1's).
-            let [mut gw, mut gb, mut gnext] = match &mut self.seq {
-                Some(q) => {
-                    zero_async(&mut q.norm_grads, s)?;
-                    q.norm_grads.views_mut_n([0..c, c..2 * c, 2 * c..3 * c])
-                }
-                None => g.views_mut_n([r.ln2_w.clone(), r.ln2_b.clone(), r.proj_b.clone()])?,
-            };
-            let mut ln2_rows = ln2.view_mut(mine.clone());
-            let recomputed = beside.is_some();
-            mk.layernorm_backward(
-                s,
-                &mut self.dresid.view_mut(mine.clone()),
-                &mut self.dresid_bf.view_mut(mine.clone()),
-                (!recomputed).then_some(&mut ln2_rows as &mut dyn DeviceMem<bf16>),
-                &mut gw,
-                &mut gb,
-                Some(&mut gnext),
-                &mut self.partial,
-                &self.dln.view(mine.clone()),
-                &acts.resid2,
-                &p.view(r.ln2_w.clone())?,
-                &p.view(r.ln2_b.clone())?,
-                &a.ln2_mean,
-                &a.ln2_rstd,
-                nl,
-                c,
-            )?;
-            // Every row's ln2 (the weight gradient's input) and output
-            // gradient (the next products').
-            let ln2 = (!recomputed).then_some(ln2);
-            let what = "ln_2 backward gather";
-            seq::gather_after_norm(
-                &self.group,
-                &self.seq,
-                ln2,
-                (&mut self.dresid_bf, n * c),
-                s,
-                what,
-            )?;
-            prof.mark(s, "bwd layernorm")?;
-        }
-        if defer {
-            std::mem::swap(
-                &mut self.wide,
-                &mut self.deferred[l].as_mut().ok_or_else(|| not_deferred(l))?.fc,
-            );
-        } else if beside.is_none() {
-            weight_grad(
-                blas,
-                s,
-                n,
-                c,
-                f,
-                Mat::of(&self.ln, c),
-                Mat::of(&self.wide, f),
-                Mat::of(&g.view_mut(r.fc_w.clone())?, f),
-                self.fresh.beta(),
-            )?;
-            prof.mark(s, "bwd gemm fc")?;
-        }
-        // Attention: resid2 = x + atty · Wproj + b.
-        input_grad(
-            blas,
-            s,
-            n,
-            ca,
-            c,
-            Mat::of(&self.dresid_bf, c),
-            Mat::of(&w(&r.proj_w), c),
-            Mat::of(&self.wide.view(Wide::datty(n, ca)), ca),
-        )?;
-        if defer {
-            std::mem::swap(
-                &mut self.dresid_bf,
-                &mut self.deferred[l]
-                    .as_mut()
-                    .ok_or_else(|| not_deferred(l))?
-                    .proj,
-            );
-        } else {
-            weight_grad(
-                blas,
-                s,
-                n,
-                ca,
-                c,
-                Mat::of(
-                    a.atty.as_ref().or(acts.atty.as_ref()).ok_or_else(no_acts)?,
-                    ca,
-                ),
-                Mat::of(&self.dresid_bf, c),
-                Mat::of(&g.view_mut(r.proj_w.clone())?, c),
-                self.fresh.beta(),
-            )?;
-        }
-        prof.mark(s, "bwd gemm proj")?;
-        // dqkv goes beside datty in the wide scratch, or into the deferred
-        // layer's buffer (kept for its weight gradient).
-        let (deferred_qkv, deferred_ln1) = match self.deferred.get_mut(l).and_then(Option::as_mut) {
-            Some(d) => (Some(&mut d.qkv), Some(&mut d.ln1)),
-            None => (None, None),
-        };
-        let [wide_qkv, datty] = self
-            .wide
-            .views_mut_n([Wide::qkv(n, ca), Wide::datty(n, ca)]);
-        let mut dqkv = match deferred_qkv {
-            Some(q) => q.view_mut(Wide::qkv(n, ca)),
-            None => wide_qkv,
-        };
-        let LayerSaved {
-            atty,
-            attn: kept_attn,
-            acts: own_acts,
-            ..
-        } = held_mut(&mut self.layers, l)?;
-        let BlockActs {
-            attn: block_attn,
-            resid2,
-            fch,
-            atty: shared_atty,
-        } = own_acts
-            .as_mut()
-            .or(self.work.as_mut())
-            .ok_or_else(no_acts)?;
-        let atty = atty.as_ref().or(shared_atty.as_ref()).ok_or_else(no_acts)?;
-        // The score gradients, where the model stores them in the block's
-        // resid2 and fch: both were read for the last time above.
-        let idle = self.score_grads_in_block.then(|| ScoreGrads {
-            first: fch.bytes_as_mut(),
-            rest: resid2.bytes_as_mut(),
-        });
-        attention::backward(
-            mk,
-            blas,
-            s,
-            &mut dqkv,
-            &datty,
-            atty,
-            kept_attn
-                .as_ref()
-                .or(block_attn.as_ref())
-                .ok_or_else(no_acts)?,
-            &mut self.attn,
-            idle,
-            shape,
-            prof,
-        )?;
-        prof.mark(s, "bwd attention")?;
-        // qkv: the input gradient and the bias gradient, then the
-        // LayerNorm backward (recomputing ln1), then the weight gradient
-        // — or, with the input gradient's sum beside, ln1 recomputed and
-        // the weight gradient while the sum runs.
-        match beside {
-            Some(group) => row_sum::start_input_grad_sum(
-                blas,
-                s,
-                group,
-                (n, c, 3 * ca),
-                Mat::of(&dqkv, 3 * ca),
-                Mat::of(&w(&r.qkv_w), 3 * ca),
-                &mut self.dln,
-                "attn.c_attn backward",
-            )?,
-            None => row_sum::input_grad_sum(
-                blas,
-                s,
-                (&self.group, sp),
-                self.tensor_blocks,
-                (n, c, 3 * ca),
-                Mat::of(&dqkv, 3 * ca),
-                Mat::of(&w(&r.qkv_w), 3 * ca),
-                &mut self.dln,
-                "attn.c_attn backward",
-            )?,
-        }
-        prof.mark(s, "bwd gemm qkv")?;
-        mk.bias_backward_bf(
-            s,
-            &mut g.view_mut(r.qkv_b.clone())?,
-            &mut self.partial,
-            &dqkv,
-            n,
-            3 * ca,
-        )?;
-        prof.mark(s, "bwd bias")?;
-        if let Some(group) = beside {
-            let LayerSaved {
-                ln1_mean, ln1_rstd, ..
-            } = held_mut(&mut self.layers, l)?;
-            mk.layernorm_forward(
-                s,
-                &mut self.ln,
-                ln1_mean,
-                ln1_rstd,
-                held(&self.resid, l)?,
-                &p.view(r.ln1_w.clone())?,
-                &p.view(r.ln1_b.clone())?,
-                n,
-                c,
-            )?;
-            prof.mark(s, "bwd layernorm")?;
-            weight_grad(
-                blas,
-                s,
-                n,
-                c,
-                3 * ca,
-                Mat::of(&self.ln, c),
-                Mat::of(&dqkv, 3 * ca),
-                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * ca),
-                self.fresh.beta(),
-            )?;
-            prof.mark(s, "bwd gemm qkv")?;
-            row_sum::wait_for_sums(group, s, "attn.c_attn backward")?;
-        }
-        let a = held(&self.layers, l)?;
-        // The layer below's fcproj bias gradient comes with this one.
-        // (Not below a pipeline stage's lowest layer: another stage's.)
+        // A column product's input gradient summed beside its weight
+        // gradient where asked.
+        let beside = self.group.is_some()
+            && self.grad_sums_beside
+            && !defer
+            && self.tensor_blocks <= 1
+            && !sp;
+        // The layer below's fcproj bias gradient comes with this one's
+        // ln_1. (Not below a pipeline stage's lowest layer: another
+        // stage's.)
         let below = if l > self.bottom {
             held(&self.ranges, l - 1)?.fcproj_b.clone()
         } else {
             0..0
         };
-        let ln1: &mut DeviceBuffer<bf16> = match deferred_ln1 {
-            Some(ln1) => ln1,
-            None => &mut self.ln,
-        };
-        {
-            let into = [r.ln1_w.clone(), r.ln1_b.clone(), below.clone()];
-            let [mut gw, mut gb, mut gnext] = match &mut self.seq {
-                Some(q) => q
-                    .norm_grads
-                    .views_mut_n([3 * c..4 * c, 4 * c..5 * c, 5 * c..6 * c]),
-                None => g.views_mut_n(into)?,
-            };
-            let mut ln1_rows = ln1.view_mut(mine.clone());
-            let recomputed = beside.is_some();
-            mk.layernorm_backward(
-                s,
-                &mut self.dresid.view_mut(mine.clone()),
-                &mut self.dresid_bf.view_mut(mine.clone()),
-                (!recomputed).then_some(&mut ln1_rows as &mut dyn DeviceMem<bf16>),
-                &mut gw,
-                &mut gb,
-                if l > self.bottom {
-                    Some(&mut gnext)
-                } else {
-                    None
-                },
-                &mut self.partial,
-                &self.dln.view(mine),
-                held(&self.resid, l)?,
-                &p.view(r.ln1_w.clone())?,
-                &p.view(r.ln1_b.clone())?,
-                &a.ln1_mean,
-                &a.ln1_rstd,
-                nl,
-                c,
-            )?;
-            if let Some(q) = &mut self.seq {
-                // Both LayerNorms' gradients from this rank's rows, summed.
-                let into = [
-                    r.ln2_w.clone(),
-                    r.ln2_b.clone(),
-                    r.proj_b.clone(),
-                    r.ln1_w.clone(),
-                    r.ln1_b.clone(),
-                    below,
-                ];
-                seq::add_norm_grads(
-                    &self.group,
-                    q,
-                    &self.kernels,
-                    g,
-                    &into,
-                    c,
-                    s,
-                    "layernorm backward",
-                )?;
-                let ln1 = (!recomputed).then_some(ln1);
-                let what = "ln_1 backward gather";
-                seq::gather_after_norm(
-                    &self.group,
-                    &self.seq,
-                    ln1,
-                    (&mut self.dresid_bf, n * c),
-                    s,
-                    what,
-                )?;
-            }
-            prof.mark(s, "bwd layernorm")?;
-        }
-        if defer || beside.is_some() {
-            Ok(())
-        } else {
-            weight_grad(
-                blas,
-                s,
-                n,
-                c,
-                3 * ca,
-                Mat::of(&self.ln, c),
-                Mat::of(&dqkv, 3 * ca),
-                Mat::of(&g.view_mut(r.qkv_w.clone())?, 3 * ca),
-                self.fresh.beta(),
-            )?;
-            prof.mark(s, "bwd gemm qkv")
-        }
+        let deferred = self.deferred.get_mut(l).ok_or_else(|| not_held(l))?;
+        crate::block::backward(&mut MixedBackward {
+            s,
+            mk,
+            kernels: &self.kernels,
+            blas: &mut self.blas,
+            prof: &mut self.prof,
+            group: &self.group,
+            seq: &mut self.seq,
+            tensor_blocks: self.tensor_blocks,
+            fresh: &self.fresh,
+            p,
+            wb,
+            base,
+            r: held(&self.ranges, l)?,
+            g,
+            below,
+            x: held(&self.resid, l)?,
+            saved: held_mut(&mut self.layers, l)?,
+            work: &mut self.work,
+            deferred,
+            ln: &mut self.ln,
+            wide: &mut self.wide,
+            dresid: &mut self.dresid,
+            dresid_bf: &mut self.dresid_bf,
+            dln: &mut self.dln,
+            partial: &mut self.partial,
+            shared: &mut self.attn,
+            score_grads_in_block: self.score_grads_in_block,
+            beside,
+            shape,
+            w: self.widths,
+        })
     }
 
     /// The deferred weight gradients of layer `l` (one of the first
