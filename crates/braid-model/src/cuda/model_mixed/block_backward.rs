@@ -45,7 +45,9 @@ pub(super) struct MixedBackward<'a, 'g> {
     pub(super) x: &'a DeviceBuffer<f32>,
     pub(super) saved: &'a mut LayerSaved,
     pub(super) work: &'a mut Option<BlockActs>,
-    pub(super) deferred: &'a mut Option<DeferredDy>,
+    /// Where the layer defers its weight gradients: their inputs and
+    /// output gradients, kept for later.
+    pub(super) deferred: Option<&'a mut DeferredDy>,
     pub(super) ln: &'a mut DeviceBuffer<bf16>,
     pub(super) wide: &'a mut DeviceBuffer<bf16>,
     pub(super) dresid: &'a mut DeviceBuffer<f32>,
@@ -96,7 +98,7 @@ impl<'a> MixedBackward<'a, '_> {
     /// gradient in the wide scratch, or into the deferred layer's buffer.
     fn dqkv_mat(&self) -> Mat {
         let (n, ca) = (self.n(), self.w.attn);
-        match self.deferred.as_ref() {
+        match self.deferred.as_deref() {
             Some(d) => Mat::of(&d.qkv.view(Wide::qkv(n, ca)), 3 * ca),
             None => Mat::of(&self.wide.view(Wide::qkv(n, ca)), 3 * ca),
         }
@@ -143,7 +145,7 @@ impl<'a> MixedBackward<'a, '_> {
         let beta = self.fresh.beta();
         let (x, dy, phase) = match linear {
             Linear::FcProj => {
-                if let Some(d) = self.deferred.as_mut() {
+                if let Some(d) = self.deferred.as_deref_mut() {
                     std::mem::swap(self.dresid_bf, &mut d.fcproj);
                     return Ok(());
                 }
@@ -153,7 +155,7 @@ impl<'a> MixedBackward<'a, '_> {
                 (fch, Mat::of(&*self.dresid_bf, out), "bwd gemm fcproj")
             }
             Linear::Fc => {
-                if let Some(d) = self.deferred.as_mut() {
+                if let Some(d) = self.deferred.as_deref_mut() {
                     std::mem::swap(self.wide, &mut d.fc);
                     return Ok(());
                 }
@@ -161,7 +163,7 @@ impl<'a> MixedBackward<'a, '_> {
                 (x, dy, "bwd gemm fc")
             }
             Linear::Proj => {
-                if let Some(d) = self.deferred.as_mut() {
+                if let Some(d) = self.deferred.as_deref_mut() {
                     std::mem::swap(self.dresid_bf, &mut d.proj);
                     return Ok(());
                 }
@@ -255,7 +257,7 @@ impl BlockBackward for MixedBackward<'_, '_> {
         let mut dbias = self.g.view_mut(fc_b)?;
         let own = self.saved.acts.as_mut().or(self.work.as_mut());
         let fch = &mut own.ok_or_else(no_acts)?.fch;
-        match self.deferred.as_mut() {
+        match self.deferred.as_deref_mut() {
             Some(d) => self.mk.gelu_backward_bias(
                 self.s,
                 self.wide,
@@ -322,7 +324,7 @@ impl BlockBackward for MixedBackward<'_, '_> {
         self.prof.mark(self.s, phase)?;
         if linear == Linear::Qkv {
             let (_, b) = self.r.linear(linear);
-            let dqkv = match self.deferred.as_ref() {
+            let dqkv = match self.deferred.as_deref() {
                 Some(d) => d.qkv.view(Wide::qkv(n, w.attn)),
                 None => self.wide.view(Wide::qkv(n, w.attn)),
             };
@@ -382,7 +384,7 @@ impl BlockBackward for MixedBackward<'_, '_> {
             Norm::Ln1 => (&self.saved.ln1_mean, &self.saved.ln1_rstd),
             Norm::Ln2 => (&self.saved.ln2_mean, &self.saved.ln2_rstd),
         };
-        let ln: &mut DeviceBuffer<bf16> = match self.deferred.as_mut() {
+        let ln: &mut DeviceBuffer<bf16> = match self.deferred.as_deref_mut() {
             Some(d) => match norm {
                 Norm::Ln1 => &mut d.ln1,
                 Norm::Ln2 => &mut d.ln2,
@@ -477,7 +479,7 @@ impl BlockBackward for MixedBackward<'_, '_> {
 
     fn attention_backward(&mut self, _input: Act, _out: Act) -> Result<()> {
         let (n, ca, shape) = (self.n(), self.w.attn, self.shape);
-        let deferred_qkv = self.deferred.as_mut().map(|d| &mut d.qkv);
+        let deferred_qkv = self.deferred.as_deref_mut().map(|d| &mut d.qkv);
         let [wide_qkv, datty] = self
             .wide
             .views_mut_n([Wide::qkv(n, ca), Wide::datty(n, ca)]);
