@@ -1,12 +1,13 @@
 //! Pipeline parallelism (`braid train --pp N`) through the real binary, on
 //! CPU worker processes: every built-in schedule at 2 and 4 stages
-//! reaches the parameters of one process after 10 f32 steps, a pipeline
-//! of 2 × data parallel 2 (and × ZeRO-1) those of data parallelism over
-//! 4, the 3-D mesh 2 × 2 × 2 those of data parallelism over 2; a
-//! pipeline's checkpoint resumes under other pipeline, tensor and data
-//! degrees; a
-//! schedule file that would hang or skip a backward pass is refused with
-//! the action named; what cannot work is refused at start.
+//! reaches the parameters of one process after 10 f32 steps, as do a
+//! pipeline under ZeRO-1, 2 and 3 over its data dimension and the 3-D
+//! mesh with ZeRO-3; a pipeline of 2 × data parallel 2 those of data
+//! parallelism over 4, the 3-D mesh 2 × 2 × 2 those of data parallelism
+//! over 2; a pipeline's checkpoint resumes under other pipeline, tensor
+//! and data degrees; a schedule file that would hang or skip a backward
+//! pass is refused with the action named; what cannot work is refused at
+//! start.
 
 mod common;
 
@@ -152,21 +153,77 @@ fn a_pipeline_of_2_times_data_parallel_2_matches_data_parallelism_over_4() {
     );
 }
 
+/// ZeRO over a pipeline's data dimension: each stage's optimizer state
+/// (ZeRO-1), also its gradients (ZeRO-2), also its parameters (ZeRO-3)
+/// sharded over the stage's replicas; pipeline 2 x data 2 on 4 ranks, and
+/// ZeRO-3 under the interleaved schedule (a rank holding the first and
+/// the third of four stages), reach one process's parameters.
 #[test]
-fn a_pipeline_of_2_times_zero_1_over_2_matches_data_parallelism_over_4() {
-    let dir = TempDir::new("pp-zero1");
-    let common = ["--nproc-per-node", "4", "--global-batch", "16"];
-    let dp = run_train(&dir, "dp4", &common);
-    let args: Vec<&str> = common
+fn a_pipeline_under_zero_1_2_and_3_over_its_data_dimension_matches_one_process() {
+    let dir = TempDir::new("pp-zero");
+    let one = run_train(&dir, "one", &["--batch", "16"]);
+    let common = ["--nproc-per-node", "4", "--global-batch", "16", "--pp", "2"];
+    for (name, extra) in [
+        ("pp2-zero1", &["--micro-batches", "2", "--zero", "1"][..]),
+        ("pp2-zero2", &["--micro-batches", "2", "--zero", "2"]),
+        ("pp2-zero3", &["--micro-batches", "2", "--zero", "3"]),
+        (
+            "pp2-interleaved-zero3",
+            &[
+                "--micro-batches",
+                "4",
+                "--schedule",
+                "interleaved:2",
+                "--fsdp",
+            ],
+        ),
+    ] {
+        let args: Vec<&str> = common.iter().chain(extra).copied().collect();
+        let got = run_train(&dir, name, &args);
+        let d = max_diff(&one, &got);
+        assert!(d <= TOL, "{name}: max |diff| {d} against one process");
+    }
+}
+
+/// The 3-D mesh with sharded data parallelism (torchtitan's FSDP x TP x
+/// PP): tensor 2 x pipeline 2 x ZeRO-3 over 2 on 8 ranks reaches one
+/// process's parameters, and a checkpoint of it taken halfway resumes
+/// bit-identical to the run that went on.
+#[test]
+fn tensor_2_x_pipeline_2_x_zero_3_on_8_ranks_matches_one_process_and_resumes() {
+    let dir = TempDir::new("pp-3d-zero3");
+    let one = run_train(&dir, "one", &["--batch", "16"]);
+    let ck = dir.path().join("ck").display().to_string();
+    let mesh = [
+        "--nproc-per-node",
+        "8",
+        "--global-batch",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--zero",
+        "3",
+    ];
+    let saving: Vec<&str> = mesh
         .iter()
-        .chain(&["--pp", "2", "--micro-batches", "2", "--zero", "1"])
+        .chain(&["--ckpt-dir", &ck, "--save-every", "5"])
         .copied()
         .collect();
-    let got = run_train(&dir, "pp2-zero1", &args);
-    let d = max_diff(&dp, &got);
+    let whole = run_train(&dir, "3d-zero3", &saving);
+    let d = max_diff(&one, &whole);
     assert!(
         d <= TOL,
-        "pp2 x ZeRO-1 over 2: max |diff| {d} against data parallelism over 4"
+        "tp2 x pp2 x zero3: max |diff| {d} against one process"
+    );
+    let from = dir.path().join("ck/step-00000005").display().to_string();
+    let resuming: Vec<&str> = mesh.iter().chain(&["--resume", &from]).copied().collect();
+    let resumed = run_train(&dir, "3d-zero3-resumed", &resuming);
+    assert_eq!(
+        max_diff(&whole, &resumed),
+        0.0,
+        "resumed from step 5: not bit-identical to the run that went on"
     );
 }
 
@@ -482,10 +539,6 @@ fn what_cannot_work_is_refused_at_start() {
     refused(
         &["--pp", "2", "--stage-layers", "3,2"],
         "add up to the model's 4",
-    );
-    refused(
-        &["--pp", "2", "--zero", "2"],
-        "--zero 1 shards the optimizer state over the data dimension",
     );
     refused(
         &["--pp", "2", "--accum", "2"],

@@ -188,7 +188,7 @@ impl CpuGpt {
     }
 
     /// Refuses the whole-buffer passes once the parameters are sharded.
-    fn whole(&self, what: &str) -> Result<()> {
+    pub(crate) fn whole(&self, what: &str) -> Result<()> {
         match self.sharded {
             false => Ok(()),
             true => Err(format!(
@@ -199,7 +199,7 @@ impl CpuGpt {
     }
 
     /// Refuses the unit passes until the parameters are sharded.
-    fn in_units(&self, what: &str) -> Result<()> {
+    pub(crate) fn in_units(&self, what: &str) -> Result<()> {
         match self.sharded {
             true => Ok(()),
             false => Err(format!(

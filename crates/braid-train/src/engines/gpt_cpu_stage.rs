@@ -21,8 +21,9 @@
 use super::gpt_cpu::CpuGpt;
 use super::{gpt_describe, TokenBatch};
 use crate::engine::{
-    Checkpointable, Engine, EngineInfo, Matrix, NamedTensor, OptimizerState, ShardedOptimizer,
-    StateBytes, Unit, UpdateStep,
+    BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix, NamedTensor,
+    OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams, StateBytes, Unit,
+    UpdateStep,
 };
 use crate::pipeline::exec::{self, StagePasses};
 use crate::pipeline::in_flight::InFlight;
@@ -87,6 +88,10 @@ struct Passes {
     /// (evaluation: a micro-batch's activations go back to the pool once
     /// its output has left).
     grad: bool,
+    /// Under a parameter-sharded strategy (ZeRO-3 over the data
+    /// dimension), the stage's whole parameters gathered for this step's
+    /// schedule (the inner engine holds none); `None` otherwise.
+    gathered: Option<Vec<f32>>,
 }
 
 /// What one stage's pass of one micro-batch works on.
@@ -154,12 +159,16 @@ impl Passes {
             flight,
             batch,
             acc,
+            gathered,
             ..
         } = self;
         f(Pass {
             model,
             stage: &stages[i].1,
-            params: inner.params(),
+            params: match gathered {
+                Some(whole) => whole,
+                None => inner.params(),
+            },
             grads: acc,
             acts: flight.get_live(stage, m).expect("made above"),
             tokens: &batch.tokens[rows.clone()],
@@ -344,6 +353,7 @@ impl CpuStage {
                 batch: TokenBatch::new(0, t),
                 stamps: Vec::new(),
                 grad: true,
+                gathered: None,
             },
             links,
             schedule,
@@ -365,6 +375,70 @@ impl CpuStage {
     pub fn owning_grads(mut self) -> CpuStage {
         self.owns_grads = true;
         self
+    }
+
+    /// Keeps `batch`, the step's every micro-batch, for the schedule.
+    fn take_batch(&mut self, batch: &TokenBatch) -> Result<()> {
+        let micro = self.schedule.micro_batches;
+        let (b, t) = (self.passes.b, self.passes.t);
+        if batch.b != micro * b || batch.t != t {
+            return Err(format!(
+                "a batch of {} x {} for {micro} micro-batches of {b} x {t}",
+                batch.b, batch.t
+            ));
+        }
+        self.passes.batch.clone_from(batch);
+        Ok(())
+    }
+
+    /// Runs this rank's actions of the step's schedule (with `grad`; its
+    /// forward passes alone without) on the batch taken: the loss of the
+    /// last stage, to every pipeline rank; with `grad`, the step's
+    /// gradients in the stage's buffer, the tied embeddings' summed.
+    fn run_schedule(&mut self, grad: bool) -> Result<f32> {
+        let micro = self.schedule.micro_batches;
+        self.passes.stamps.clear();
+        self.passes.grad = grad;
+        let schedule = match grad {
+            true => {
+                self.passes.acc.fill(0.0);
+                self.schedule.clone()
+            }
+            false => exec::forward_only(&self.schedule),
+        };
+        let run = exec::run(
+            &schedule,
+            self.rank,
+            &mut self.passes,
+            &mut self.links,
+            self.step,
+        );
+        self.step += 1;
+        let ended = self.passes.flight.end_step();
+        let ran = run?;
+        ended?;
+        if grad {
+            let at = &self.passes.stamps;
+            let spans: Vec<_> = ran
+                .spans
+                .iter()
+                .map(|(a, b, e)| (*a, at[*b], at[*e]))
+                .collect();
+            let t = timeline::gather(&schedule, &spans, &self.group)?;
+            self.measured.add(t);
+        }
+        let losses = ran.losses;
+        // The last stage's mean over the micro-batches, to every rank.
+        let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
+        self.group
+            .broadcast(&mut loss, self.last_rank())
+            .map_err(|e| format!("the loss from the last pipeline stage: {e}"))?;
+        if grad {
+            self.sum_tied()?;
+            let scale = 1.0 / micro as f32;
+            self.passes.acc.iter_mut().for_each(|g| *g *= scale);
+        }
+        Ok(loss[0] as f32)
     }
 
     fn layout(&self) -> &Layout {
@@ -570,57 +644,9 @@ impl Engine for CpuStage {
     }
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
-        let micro = self.schedule.micro_batches;
-        let (b, t) = (self.passes.b, self.passes.t);
-        if batch.b != micro * b || batch.t != t {
-            return Err(format!(
-                "a batch of {} x {} for {micro} micro-batches of {b} x {t}",
-                batch.b, batch.t
-            ));
-        }
-        self.passes.batch.clone_from(batch);
-        self.passes.stamps.clear();
-        self.passes.grad = grad;
-        let schedule = match grad {
-            true => {
-                self.passes.acc.fill(0.0);
-                self.schedule.clone()
-            }
-            false => exec::forward_only(&self.schedule),
-        };
-        let run = exec::run(
-            &schedule,
-            self.rank,
-            &mut self.passes,
-            &mut self.links,
-            self.step,
-        );
-        self.step += 1;
-        let ended = self.passes.flight.end_step();
-        let ran = run?;
-        ended?;
-        if grad {
-            let at = &self.passes.stamps;
-            let spans: Vec<_> = ran
-                .spans
-                .iter()
-                .map(|(a, b, e)| (*a, at[*b], at[*e]))
-                .collect();
-            let t = timeline::gather(&schedule, &spans, &self.group)?;
-            self.measured.add(t);
-        }
-        let losses = ran.losses;
-        // The last stage's mean over the micro-batches, to every rank.
-        let mut loss = [losses.iter().map(|(_, l)| *l as f64).sum::<f64>() / micro as f64];
-        self.group
-            .broadcast(&mut loss, self.last_rank())
-            .map_err(|e| format!("the loss from the last pipeline stage: {e}"))?;
-        if grad {
-            self.sum_tied()?;
-            let scale = 1.0 / micro as f32;
-            self.passes.acc.iter_mut().for_each(|g| *g *= scale);
-        }
-        Ok(loss[0] as f32)
+        self.passes.inner.whole("forward")?;
+        self.take_batch(batch)?;
+        self.run_schedule(grad)
     }
 
     fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
@@ -698,6 +724,137 @@ impl ShardedOptimizer for CpuStage {
 
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
         self.passes.inner.shard_optimizer(shard)
+    }
+}
+
+/// The stage's parameter blocks are its layout's (the embeddings, each
+/// layer, the final norm); its one forward unit is the whole schedule,
+/// reading every block; each backward unit hands on one block's
+/// gradients, made by the schedule, reading none. So a strategy that
+/// shards gradients or parameters over the data dimension (ZeRO-2, ZeRO-3)
+/// gathers the stage's parameters for the step's schedule and
+/// reduce-scatters each block's gradients after it — as FSDP under a
+/// pipeline does when it keeps the gathered parameters from the forward
+/// passes to the backward ones and accumulates the micro-batches'
+/// gradients before reducing them.
+impl BlockGrads for CpuStage {
+    fn param_units(&self) -> Result<ParamUnits> {
+        let mut blocks: Vec<Range<usize>> = self.units().into_iter().map(|u| u.finalizes).collect();
+        if blocks.is_empty() {
+            return Err(
+                "the stage's buffer is the step's gradient buffer (one replica): no strategy                  shards it"
+                    .into(),
+            );
+        }
+        blocks.sort_by_key(|r| r.start);
+        let units = self.units();
+        let index = |r: &Range<usize>| blocks.iter().position(|b| b == r).unwrap_or(usize::MAX);
+        Ok(ParamUnits {
+            forward: vec![(0..blocks.len()).collect()],
+            backward_reads: vec![Vec::new(); units.len()],
+            backward_writes: units.iter().map(|u| vec![index(&u.finalizes)]).collect(),
+            blocks,
+        })
+    }
+
+    fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
+        let r = self
+            .units()
+            .get(unit)
+            .map(|u| u.finalizes.clone())
+            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        match grads {
+            [g] if g.len() == r.len() => {
+                for (d, s) in g.iter_mut().zip(&self.passes.acc[r]) {
+                    *d += s;
+                }
+                Ok(())
+            }
+            _ => Err(format!(
+                "backward unit {unit} writes one block of {} elements: given {:?}",
+                r.len(),
+                grads.iter().map(|g| g.len()).collect::<Vec<_>>()
+            )),
+        }
+    }
+}
+
+impl ShardedParams for CpuStage {
+    fn shard_params(&mut self, shard: &[Range<usize>]) -> Result<Vec<f32>> {
+        self.passes.inner.shard_params(shard)
+    }
+
+    fn unshard_params(&mut self, full: Vec<f32>) -> Result<()> {
+        self.passes.inner.unshard_params(full)
+    }
+
+    fn forward_begin(&mut self, batch: &TokenBatch, grad: bool) -> Result<()> {
+        self.passes.inner.in_units("forward")?;
+        self.passes.grad = grad;
+        self.take_batch(batch)
+    }
+
+    fn forward_unit(&mut self, unit: usize, params: &[&Vec<f32>]) -> Result<Option<f32>> {
+        self.passes.inner.in_units("forward")?;
+        let units = self.param_units()?;
+        let lens: Vec<usize> = params.iter().map(|p| p.len()).collect();
+        units.forward_given(unit, &lens)?;
+        // The blocks follow one another from 0: the whole stage, for the
+        // schedule's passes, and dropped after them (the backward units
+        // read no parameters).
+        self.passes.gathered = Some(params.iter().flat_map(|p| p.iter().copied()).collect());
+        let loss = self.run_schedule(self.passes.grad);
+        self.passes.gathered = None;
+        loss.map(Some)
+    }
+
+    fn backward_unit_of(
+        &mut self,
+        unit: usize,
+        params: &[&Vec<f32>],
+        grads: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        if !params.is_empty() {
+            return Err(format!(
+                "backward unit {unit} reads no parameters: given {} blocks",
+                params.len()
+            ));
+        }
+        self.backward_unit_into(unit, grads)
+    }
+
+    fn update_compact(
+        &mut self,
+        params: &mut Vec<f32>,
+        grads: &Vec<f32>,
+        step: UpdateStep,
+    ) -> Result<()> {
+        self.passes.inner.update_compact(params, grads, step)
+    }
+}
+
+/// The stage's activations keep memory of their own, as the CPU model's.
+impl LendsMemory for CpuStage {
+    fn grads_by_unit(&mut self) -> Result<Option<Vec<Vec<Range<usize>>>>> {
+        self.passes.inner.grads_by_unit()
+    }
+
+    fn saved_buffers(&mut self) -> Result<Vec<SavedBuffer>> {
+        self.passes.inner.saved_buffers()
+    }
+
+    unsafe fn place_saved(&mut self, memory: &Vec<f32>, at: &[Option<usize>]) -> Result<usize> {
+        // SAFETY: the caller's promise about `memory` is passed on
+        // unchanged; the CPU model places nothing in it.
+        unsafe { self.passes.inner.place_saved(memory, at) }
+    }
+
+    fn drop_saved(&mut self) -> Result<()> {
+        self.passes.inner.drop_saved()
+    }
+
+    fn own_saved(&mut self) -> Result<()> {
+        self.passes.inner.own_saved()
     }
 }
 

@@ -749,12 +749,10 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 a.pp
             ))
         };
-        if let Some(z @ (2 | 3)) = a.zero {
+        if let (Some(z @ (2 | 3)), true) = (a.zero.or(a.fsdp.then_some(3)), cuda) {
             return Err(format!(
-                "--pp {} with --zero {z}: ZeRO-2 and ZeRO-3 run on ZeRO-3's block machinery (each \
-                 pass handed its parameters and gradient buffers block by block), and a pipeline \
-                 stage's passes run inside its schedule: not built yet. --zero 1 shards the \
-                 optimizer state over the data dimension of a pipeline",
+                "--pp {} with --zero {z} on GPUs: not built yet (the CPU stages take it). --zero \
+                 1 shards the optimizer state over the data dimension of a GPU pipeline",
                 a.pp
             ));
         }

@@ -10,7 +10,7 @@
 use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
-use super::train_strategy::{replicated, ShardChoice};
+use super::train_strategy::{distributed, replicated, ShardChoice};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_core::env;
@@ -260,7 +260,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         params.data = Vec::new();
         // One replica: nothing reduces the gradients, and the stage's
         // buffer is the step's (one gradient buffer on the GPU). Several:
-        // data parallelism or ZeRO-1 (a pipeline refuses --zero 2 and 3).
+        // data parallelism or ZeRO-1 (a GPU pipeline refuses --zero 2 and 3).
         let mut s: Box<dyn Strategy<_>> = match data.size() {
             1 => {
                 engine = engine.owning_grads();
@@ -297,14 +297,15 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         .with_stage_costs(super::train_pipeline::stage_costs(&cfg, &all))
         .with_world_ranks(pipe_members.clone());
         // One replica: nothing reduces the gradients, and the stage's
-        // buffer is the step's (as on GPUs).
+        // buffer is the step's (as on GPUs). Several: data parallelism or
+        // ZeRO-1, 2 or 3 over the data dimension.
         let mut s: Box<dyn Strategy<_>> =
             match braid_train::collective::Collective::size(&groups.data) {
                 1 => {
                     engine = engine.owning_grads();
                     Box::new(Single)
                 }
-                _ => replicated(groups.data, shard_choice, ddp)?,
+                _ => distributed(groups.data, shard_choice, ddp)?,
             };
         let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
