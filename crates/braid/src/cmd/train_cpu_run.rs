@@ -6,14 +6,13 @@
 
 use super::train::LoopParts;
 use super::train_mesh::Place;
-use super::train_strategy::{distributed, ShardChoice};
+use super::train_strategy::{strategy, ShardChoice, TensorSide};
 use braid_comm::Communicator;
 use braid_model::Params;
 use braid_train::collective::HostCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::CpuGpt;
-use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{train_with, RunReport, Single, Strategy};
+use braid_train::{train_with, RunReport};
 
 /// What a CPU run takes from `braid train`'s set-up.
 pub struct CpuRun<'r> {
@@ -75,17 +74,21 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
     };
     let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
     let several = comm.is_some();
-    let mut s: Box<dyn Strategy<_>> = match (comm, groups) {
-        (None, _) => Box::new(Single),
-        (Some(c), None) => distributed(HostCollective::new(c), shard_choice, ddp)?,
-        (Some(c), Some(g)) => {
-            let inner = distributed(g.data, shard_choice, ddp)?;
-            Box::new(
-                TensorParallel::new(inner, c, place.tensor, place.sequence, g.layout)
-                    .counting(g.tensor.traffic()),
-            )
-        }
+    let (data, tensor) = match (comm, groups) {
+        (None, _) => (None, None),
+        (Some(c), None) => (Some(HostCollective::new(c)), None),
+        (Some(c), Some(g)) => (
+            Some(g.data),
+            Some(TensorSide {
+                world: c,
+                tensor: place.tensor,
+                sequence: place.sequence,
+                mesh: g.layout,
+                traffic: g.tensor.traffic(),
+            }),
+        ),
     };
+    let mut s = strategy(data, tensor, shard_choice, ddp)?;
     let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_with)?;
     drop(s);
     let mut params = engine.into_params();

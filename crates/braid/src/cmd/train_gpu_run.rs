@@ -8,15 +8,14 @@
 use super::preflight::Shape;
 use super::train::LoopParts;
 use super::train_mesh::Place;
-use super::train_strategy::{distributed, ShardChoice};
+use super::train_strategy::{strategy, ShardChoice, TensorSide};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_model::{GptConfig, Params};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{GpuGpt, Precision};
-use braid_train::tensor_parallel::TensorParallel;
-use braid_train::{train_lending, EngineInfo, RunReport, Single, Strategy};
+use braid_train::{train_lending, EngineInfo, RunReport};
 use std::time::Instant;
 
 /// What a GPU run takes from `braid train`'s set-up.
@@ -219,18 +218,21 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
     };
     let tensor_host = groups.as_ref().map(|g| g.tensor_host.clone());
     let several = gpu.is_some();
-    let mut s: Box<dyn Strategy<_>> = match (gpu, groups) {
-        (None, _) => Box::new(Single),
-        (Some(g), None) => distributed(DeviceCollective::new(g)?, shard_choice, ddp)?,
-        (Some(g), Some(gr)) => {
-            let inner = distributed(DeviceCollective::new(gr.data)?, shard_choice, ddp)?;
-            let world = g.host().clone();
-            Box::new(
-                TensorParallel::new(inner, world, place.tensor, place.sequence, gr.layout)
-                    .counting(gr.tensor.traffic()),
-            )
-        }
+    let (data, tensor) = match (gpu, groups) {
+        (None, _) => (None, None),
+        (Some(g), None) => (Some(DeviceCollective::new(g)?), None),
+        (Some(g), Some(gr)) => (
+            Some(DeviceCollective::new(gr.data)?),
+            Some(TensorSide {
+                world: g.host().clone(),
+                tensor: place.tensor,
+                sequence: place.sequence,
+                mesh: gr.layout,
+                traffic: gr.tensor.traffic(),
+            }),
+        ),
     };
+    let mut s = strategy(data, tensor, shard_choice, ddp)?;
     let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_lending);
     drop(s);
     let mut run = run?;

@@ -10,7 +10,7 @@
 use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
-use super::train_strategy::{distributed, replicated, ShardChoice};
+use super::train_strategy::{strategy, ShardChoice};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_core::env;
@@ -20,7 +20,7 @@ use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
 use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
-use braid_train::{train_with, RunReport, Single, Strategy};
+use braid_train::{train_with, RunReport};
 use std::sync::Arc;
 
 /// What a pipeline run takes from `braid train`'s set-up.
@@ -261,13 +261,14 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         // One replica: nothing reduces the gradients, and the stage's
         // buffer is the step's (one gradient buffer on the GPU). Several:
         // data parallelism or ZeRO-1 (a GPU pipeline refuses --zero 2 and 3).
-        let mut s: Box<dyn Strategy<_>> = match data.size() {
+        let data = match data.size() {
             1 => {
                 engine = engine.owning_grads();
-                Box::new(Single)
+                None
             }
-            _ => replicated(DeviceCollective::new(data)?, shard_choice, ddp)?,
+            _ => Some(DeviceCollective::new(data)?),
         };
+        let mut s = strategy(data, None, shard_choice, ddp)?;
         let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
@@ -299,14 +300,14 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         // One replica: nothing reduces the gradients, and the stage's
         // buffer is the step's (as on GPUs). Several: data parallelism or
         // ZeRO-1, 2 or 3 over the data dimension.
-        let mut s: Box<dyn Strategy<_>> =
-            match braid_train::collective::Collective::size(&groups.data) {
-                1 => {
-                    engine = engine.owning_grads();
-                    Box::new(Single)
-                }
-                _ => distributed(groups.data, shard_choice, ddp)?,
-            };
+        let data = match braid_train::collective::Collective::size(&groups.data) {
+            1 => {
+                engine = engine.owning_grads();
+                None
+            }
+            _ => Some(groups.data),
+        };
+        let mut s = strategy(data, None, shard_choice, ddp)?;
         let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");

@@ -1,16 +1,23 @@
 //! How `braid train` spreads a run over several ranks: the flags that
 //! shard the optimizer (`--zero`, `--fsdp`, `--shard-group`), checked, and
-//! the strategy — data parallelism or ZeRO — built over the run's
-//! collectives (host or GPU): [`distributed`] for an engine that can run
+//! the one place every run's strategy is built ([`strategy`]): one
+//! process alone, or over the run's data group (host or GPU collectives)
+//! data parallelism or ZeRO — [`distributed`] for an engine that can run
 //! under any of them, [`replicated`] (data parallelism or ZeRO-1, every
 //! rank holding the whole model) for one that shards its optimizer only
-//! (a pipeline's stages).
+//! (a GPU pipeline's stages) — wrapped for the tensor groups under `--tp`.
 
-use braid_train::collective::{Collective, GradComm};
+use braid_comm::Communicator;
+use braid_train::collective::{Collective, DeviceCollective, GradComm, HostCollective};
 use braid_train::ddp::{DataParallel, DdpOptions};
+use braid_train::engines::{CpuGpt, CpuStage, GpuGpt, GpuStage};
+use braid_train::tensor_parallel::{TensorParallel, TensorTraffic};
 use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::zero3::Zero3;
-use braid_train::{EngineInfo, LendsMemory, ShardedOptimizer, ShardedParams, Strategy};
+use braid_train::{
+    Engine, EngineInfo, LendsMemory, ShardedOptimizer, ShardedParams, Single, Strategy,
+};
+use std::sync::Arc;
 
 /// The flags that choose how the optimizer is sharded.
 pub struct ZeroFlags<'a> {
@@ -110,11 +117,90 @@ pub struct ShardChoice {
     pub kept_spares: Option<bool>,
 }
 
+/// Under `--tp`, what wraps the data group's strategy: the world's
+/// communicator, the tensor groups' size, sequence parallelism, the mesh
+/// in one line and the tensor group's traffic (counted into every step).
+pub struct TensorSide {
+    pub world: Communicator,
+    pub tensor: usize,
+    pub sequence: bool,
+    pub mesh: String,
+    pub traffic: Arc<TensorTraffic>,
+}
+
+/// Which data-parallel strategies an engine runs under, over collectives
+/// `C`: [`distributed`]'s where it shards its parameters
+/// ([`ShardedParams`]), [`replicated`]'s where it shards its optimizer
+/// only.
+pub trait DataStrategy<C: Collective>: Engine + Sized + 'static {
+    /// The strategy over the data group `comm`.
+    fn over(
+        comm: C,
+        choice: ShardChoice,
+        ddp: DdpOptions,
+    ) -> Result<Box<dyn Strategy<Self>>, String>;
+}
+
+/// A run's strategy — the one place `braid train` builds it: one process
+/// alone (no `data` group), else over the data group as the engine takes
+/// it ([`DataStrategy`]) with `choice` and `ddp`; wrapped for the tensor
+/// groups under `--tp` (`tensor`).
+pub fn strategy<C, E>(
+    data: Option<C>,
+    tensor: Option<TensorSide>,
+    choice: ShardChoice,
+    ddp: DdpOptions,
+) -> Result<Box<dyn Strategy<E>>, String>
+where
+    C: Collective,
+    E: DataStrategy<C>,
+{
+    let inner: Box<dyn Strategy<E>> = match data {
+        None => Box::new(Single),
+        Some(c) => E::over(c, choice, ddp)?,
+    };
+    Ok(match tensor {
+        None => inner,
+        Some(t) => Box::new(
+            TensorParallel::new(inner, t.world, t.tensor, t.sequence, t.mesh).counting(t.traffic),
+        ),
+    })
+}
+
+/// Engines that shard their parameters: every data-parallel strategy.
+macro_rules! distributed_over {
+    ($($engine:ty => $comm:ty),* $(,)?) => {$(
+        impl DataStrategy<$comm> for $engine {
+            fn over(
+                comm: $comm,
+                choice: ShardChoice,
+                ddp: DdpOptions,
+            ) -> Result<Box<dyn Strategy<Self>>, String> {
+                distributed(comm, choice, ddp)
+            }
+        }
+    )*};
+}
+
+distributed_over!(CpuGpt => HostCollective, CpuStage => HostCollective, GpuGpt => DeviceCollective);
+
+/// A GPU pipeline's stages shard their optimizer only (ZeRO-2 and 3 are
+/// refused before they are built).
+impl DataStrategy<DeviceCollective> for GpuStage {
+    fn over(
+        comm: DeviceCollective,
+        choice: ShardChoice,
+        ddp: DdpOptions,
+    ) -> Result<Box<dyn Strategy<Self>>, String> {
+        replicated(comm, choice, ddp)
+    }
+}
+
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
 /// gathered parameters from the forward pass to the backward when
 /// `keep_params`) when there is a stage, else data parallelism, with the
 /// buckets of `ddp`.
-pub fn distributed<C, E>(
+fn distributed<C, E>(
     comm: C,
     choice: ShardChoice,
     ddp: DdpOptions,
@@ -152,7 +238,7 @@ where
 /// when `choice` has a stage (stages 2 and 3, which run on ZeRO-3's block
 /// machinery, are refused: [`distributed`] builds them), else data
 /// parallelism, with the buckets of `ddp`.
-pub fn replicated<C, E>(
+fn replicated<C, E>(
     comm: C,
     choice: ShardChoice,
     ddp: DdpOptions,
