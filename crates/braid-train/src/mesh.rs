@@ -1,13 +1,31 @@
-//! [`Mesh`]: the world's ranks arranged on named dimensions (data,
-//! tensor; replicate and shard for hybrid sharding), groups as pure
-//! arithmetic over the ordered sizes (Megatron's rank generator,
+//! [`Mesh`]: the world's ranks arranged on named dimensions, groups as
+//! pure arithmetic over the ordered sizes (Megatron's rank generator,
 //! torchtitan's named mesh): the last dimension varies fastest, so its
 //! groups are consecutive ranks — tensor-parallel groups, which carry the
 //! most traffic, stay inside a node. A group is one communicator split,
 //! passed explicitly to whoever needs it.
+//!
+//! A training run has one mesh ([`Mesh::training`]): data × pipe ×
+//! tensor, the data dimension itself replicate × shard under hybrid
+//! sharding (shard groups of consecutive data ranks). Every group a run
+//! uses is a view of it: the tensor and pipeline groups, the data group
+//! and, for hybrid sharding, the shard groups and their replicas
+//! ([`DataGroups`]).
 
 use crate::collective::Collective;
 use crate::Result;
+
+/// The degrees of a training run's mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Degrees {
+    /// Ranks per tensor group (1: none).
+    pub tensor: usize,
+    /// Pipeline stages' ranks (1: none).
+    pub pipe: usize,
+    /// Hybrid sharding: data ranks per shard group (`None`, or all of
+    /// them: one group).
+    pub shard_group: Option<usize>,
+}
 
 /// Ranks on named dimensions, outermost first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,16 +55,65 @@ impl Mesh {
         })
     }
 
-    fn index(&self, name: &str) -> usize {
-        self.dims
-            .iter()
-            .position(|(d, _)| *d == name)
-            .unwrap_or_else(|| panic!("the mesh has no dimension {name:?}"))
+    /// A training run's mesh of `world` ranks seen from `rank`: data ×
+    /// pipe (where there is a pipeline) × tensor, outermost first; under
+    /// hybrid sharding (`shard_group` fewer than the data ranks) the data
+    /// dimension is replicate × shard, and `"data"` names the two. Degrees
+    /// that do not divide the world (or the data ranks) are refused.
+    pub fn training(world: usize, rank: usize, d: Degrees) -> Result<Mesh> {
+        let model = d.tensor * d.pipe;
+        if model == 0 || world % model != 0 {
+            return Err(format!(
+                "tensor {} x pipeline {} ranks per model do not divide the world's {world}",
+                d.tensor, d.pipe
+            ));
+        }
+        let data = world / model;
+        let mut dims = match d.shard_group {
+            Some(g) if g == 0 || data % g != 0 => {
+                return Err(format!(
+                    "shard groups of {g} do not divide the {data} ranks (pick a divisor of {data})"
+                ))
+            }
+            Some(g) if g < data => vec![("replicate", data / g), ("shard", g)],
+            _ => vec![("data", data)],
+        };
+        if d.pipe > 1 {
+            dims.push(("pipe", d.pipe));
+        }
+        dims.push(("tensor", d.tensor));
+        Mesh::new(world, rank, &dims)
+    }
+
+    /// The places in `dims` of the dimensions `name` stands for: its own,
+    /// or, for `"data"` in a mesh that splits it, replicate and shard.
+    fn indices(&self, name: &str) -> Vec<usize> {
+        let at = |n: &str| self.dims.iter().position(|(d, _)| *d == n);
+        match (at(name), name, at("replicate"), at("shard")) {
+            (Some(i), ..) => vec![i],
+            (None, "data", Some(r), Some(s)) => vec![r, s],
+            _ => panic!("the mesh has no dimension {name:?}"),
+        }
+    }
+
+    /// The mesh of this rank's group along `name`: the dimensions `name`
+    /// stands for, seen from this rank's place along them (a data group's
+    /// replicate × shard, for its hybrid sharding).
+    pub fn view(&self, name: &str) -> Mesh {
+        Mesh {
+            dims: self.indices(name).iter().map(|&i| self.dims[i]).collect(),
+            rank: self.coord(name),
+        }
+    }
+
+    /// Whether the mesh has a dimension `name` of its own.
+    pub fn has(&self, name: &str) -> bool {
+        self.dims.iter().any(|(d, _)| *d == name)
     }
 
     /// Ranks along `name`.
     pub fn size(&self, name: &str) -> usize {
-        self.dims[self.index(name)].1
+        self.indices(name).iter().map(|&i| self.dims[i].1).product()
     }
 
     /// This rank's coordinates, outermost first.
@@ -60,20 +127,24 @@ impl Mesh {
         c
     }
 
-    /// This rank's place along `name`.
+    /// This rank's place along `name` (along replicate × shard for a
+    /// split data dimension, the shard varying fastest).
     pub fn coord(&self, name: &str) -> usize {
-        self.coords_of(self.rank)[self.index(name)]
+        let c = self.coords_of(self.rank);
+        self.indices(name)
+            .into_iter()
+            .fold(0, |acc, i| acc * self.dims[i].1 + c[i])
     }
 
     /// Which group along `name` `rank` is in: its coordinates on the other
     /// dimensions, as one number.
     fn color_of(&self, rank: usize, name: &str) -> usize {
-        let skip = self.index(name);
+        let skip = self.indices(name);
         let c = self.coords_of(rank);
         self.dims
             .iter()
             .enumerate()
-            .filter(|&(i, _)| i != skip)
+            .filter(|&(i, _)| !skip.contains(&i))
             .fold(0, |acc, (i, &(_, n))| acc * n + c[i])
     }
 
@@ -134,6 +205,59 @@ impl Mesh {
     }
 }
 
+/// A rank's data-parallel communicators, views of the run's mesh: every
+/// data rank, and under hybrid sharding the rank's shard group and its
+/// replicas (the ranks at the same place in the other shard groups).
+pub struct DataGroups<C> {
+    /// Every rank of the data dimension.
+    pub all: C,
+    /// Hybrid sharding: (shard group, replicas).
+    pub hybrid: Option<(C, C)>,
+}
+
+impl<C: Collective> DataGroups<C> {
+    /// The groups of `mesh` split from `world`, the world's communicator
+    /// (every rank calls it for the same mesh); where the data dimension
+    /// is the whole world, `world` itself is its group.
+    pub fn split(mesh: &Mesh, world: C) -> Result<DataGroups<C>> {
+        let hybrid = match mesh.has("shard") {
+            true => Some((
+                mesh.split(&world, "shard")?,
+                mesh.split(&world, "replicate")?,
+            )),
+            false => None,
+        };
+        let all = match mesh.size("data") == world.size() {
+            true => world,
+            false => mesh.split(&world, "data")?,
+        };
+        Ok(DataGroups { all, hybrid })
+    }
+
+    /// The groups of a world that is all data ranks (`comm`), in shard
+    /// groups of `shard_group` consecutive ranks: that world's mesh
+    /// ([`Mesh::training`]). A group size that does not divide the ranks
+    /// is refused.
+    pub fn over(comm: C, shard_group: Option<usize>) -> Result<DataGroups<C>> {
+        let degrees = Degrees {
+            tensor: 1,
+            pipe: 1,
+            shard_group,
+        };
+        let mesh = Mesh::training(comm.size(), comm.rank(), degrees)?;
+        DataGroups::split(&mesh, comm)
+    }
+
+    /// The ranks the state is sharded over: the shard group under hybrid
+    /// sharding, else every data rank.
+    pub fn shard_group(&self) -> &C {
+        match &self.hybrid {
+            Some((group, _)) => group,
+            None => &self.all,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +291,53 @@ mod tests {
         assert!(Mesh::new(6, 0, &[("data", 4), ("tensor", 2)])
             .unwrap_err()
             .contains("not the world's 6"));
+    }
+
+    /// A training mesh with hybrid sharding: the data dimension is
+    /// replicate × shard, shard groups consecutive data ranks; "data"
+    /// still names the two together.
+    #[test]
+    fn a_training_mesh_splits_its_data_dimension_for_hybrid_sharding() {
+        let d = |shard_group| Degrees {
+            tensor: 2,
+            pipe: 1,
+            shard_group,
+        };
+        // 8 ranks: tensor 2, data 4 in shard groups of 2.
+        let m = Mesh::training(8, 6, d(Some(2))).unwrap();
+        assert_eq!(
+            (m.size("data"), m.size("shard"), m.size("replicate")),
+            (4, 2, 2)
+        );
+        // Rank 6: data rank 3 (shard 1 of replica 1), tensor rank 0.
+        assert_eq!(
+            (m.coord("data"), m.coord("shard"), m.coord("replicate")),
+            (3, 1, 1)
+        );
+        assert_eq!(m.groups("data"), vec![vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
+        assert_eq!(
+            m.groups("shard"),
+            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
+        assert_eq!(
+            m.groups("replicate"),
+            vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+        );
+        // A data group's own mesh: replicate × shard, rank 6 at data 3.
+        assert_eq!(
+            m.view("data"),
+            Mesh::new(4, 3, &[("replicate", 2), ("shard", 2)]).unwrap()
+        );
+        // One shard group of all the data ranks: no split dimension.
+        let plain = Mesh::training(8, 6, d(Some(4))).unwrap();
+        assert!(!plain.has("shard"));
+        assert_eq!(plain, Mesh::training(8, 6, d(None)).unwrap());
+        assert_eq!(
+            plain,
+            Mesh::new(8, 6, &[("data", 4), ("tensor", 2)]).unwrap()
+        );
+        assert!(Mesh::training(8, 0, d(Some(3)))
+            .unwrap_err()
+            .contains("shard groups of 3 do not divide the 4 ranks"));
     }
 }

@@ -31,7 +31,7 @@
 //! within a group, and the ranks at the same place in every group are
 //! replicas of one another: after the reduce-scatter inside the group,
 //! each rank's blocks are all-reduced among its replicas (a 2-D mesh of
-//! two [`Collective::split`]s).
+//! two groups of the run's mesh, [`DataGroups`]).
 //!
 //! The reduce-scatter runs in place: the rank's blocks of the whole
 //! gradient buffer hold the sums, and the update reads them there.
@@ -41,6 +41,7 @@ use crate::collective::{block_of, Collective};
 use crate::ddp::buckets::{self, BucketPlan};
 use crate::ddp::{mean_over, mib, replicate, run_units, time_sessions};
 use crate::engine::{Checkpointable, Engine, EngineInfo, Flat, ShardedOptimizer, UpdateStep};
+use crate::mesh::DataGroups;
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
@@ -78,10 +79,6 @@ pub struct ZeroOptions {
     pub bucket_cap_mb: f64,
     /// Cap of the first bucket, in MiB.
     pub first_bucket_mb: f64,
-    /// Hybrid sharding (HSDP): shard within groups of this many
-    /// consecutive ranks (a node) and replicate across the groups; `None`
-    /// or the world size: one group.
-    pub shard_group: Option<usize>,
 }
 
 impl Default for ZeroOptions {
@@ -90,7 +87,6 @@ impl Default for ZeroOptions {
             stage: 1,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
-            shard_group: None,
         }
     }
 }
@@ -110,17 +106,17 @@ pub struct Zero<C: Collective> {
 }
 
 impl<C: Collective> Zero<C> {
-    /// ZeRO over `comm` with `opts` (every rank calls it: hybrid
-    /// sharding splits the communicator); a stage other than 1, or a
-    /// shard group that does not divide the ranks, is refused.
-    pub fn new(comm: C, opts: ZeroOptions) -> Result<Self> {
+    /// ZeRO over the data groups `groups` (hybrid sharding: within the
+    /// shard groups, replicated over the others) with `opts`; a stage
+    /// other than 1 is refused.
+    pub fn new(groups: DataGroups<C>, opts: ZeroOptions) -> Result<Self> {
         if opts.stage != 1 {
             return Err(format!(
                 "ZeRO stage {}: this strategy runs stage 1 (stages 2 and 3: Zero3)",
                 opts.stage
             ));
         }
-        let hybrid = hybrid_split(&comm, opts.shard_group)?;
+        let DataGroups { all: comm, hybrid } = groups;
         Ok(Zero {
             comm,
             hybrid,
@@ -187,30 +183,6 @@ impl<C: Collective> Zero<C> {
         )?;
         self.last = step;
         computed.ok_or_else(|| "ZeRO: the backward pass did not run".into())
-    }
-}
-
-/// Hybrid sharding's two communicators for shard groups of `shard_group`
-/// consecutive ranks: the rank's group and its replicas (the ranks at the
-/// same place in the other groups); `None` for one group. Every rank
-/// calls it; a group size that does not divide the ranks is refused.
-pub(crate) fn hybrid_split<C: Collective>(
-    comm: &C,
-    shard_group: Option<usize>,
-) -> Result<Option<(C, C)>> {
-    let (n, rank) = (comm.size(), comm.rank());
-    match shard_group {
-        Some(g) if g == 0 || n % g != 0 => Err(format!(
-            "shard groups of {g} do not divide the {n} ranks (pick a divisor of {n})"
-        )),
-        Some(g) if g < n => {
-            // A 2-D mesh: shard groups of consecutive ranks, replicated.
-            let mesh = crate::mesh::Mesh::new(n, rank, &[("replicate", n / g), ("shard", g)])?;
-            let group = mesh.split(comm, "shard")?;
-            let replicas = mesh.split(comm, "replicate")?;
-            Ok(Some((group, replicas)))
-        }
-        _ => Ok(None),
     }
 }
 

@@ -88,10 +88,11 @@ use crate::engine::{
     StateBytes, UpdateStep,
 };
 use crate::memory_phase::{self, Phase};
+use crate::mesh::DataGroups;
 use crate::space::Space;
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
-use crate::zero::{group_of, hybrid_split, replicate_sharded};
+use crate::zero::{group_of, replicate_sharded};
 use crate::Result;
 use braid_comm::ReduceOp;
 use braid_model::placement::Region;
@@ -128,12 +129,11 @@ pub struct Zero3<C: Collective> {
 }
 
 impl<C: Collective> Zero3<C> {
-    /// ZeRO-3 over `comm` (every rank calls it: hybrid sharding splits
-    /// the communicator into groups of `shard_group` ranks), freeing
-    /// blocks after the forward pass when `reshard_after_forward`. A shard
-    /// group that does not divide the ranks is refused.
-    pub fn new(comm: C, shard_group: Option<usize>, reshard_after_forward: bool) -> Result<Self> {
-        let hybrid = hybrid_split(&comm, shard_group)?;
+    /// ZeRO-3 over the data groups `groups` (hybrid sharding: within the
+    /// shard groups, replicated over the others), freeing blocks after
+    /// the forward pass when `reshard_after_forward`.
+    pub fn new(groups: DataGroups<C>, reshard_after_forward: bool) -> Result<Self> {
+        let DataGroups { all: comm, hybrid } = groups;
         Ok(Zero3 {
             stage: 3,
             comm,
@@ -149,11 +149,11 @@ impl<C: Collective> Zero3<C> {
         })
     }
 
-    /// ZeRO stage 2 over `comm` (see the module documentation): the
+    /// ZeRO stage 2 over the data groups `groups` (see the module documentation): the
     /// parameters whole on every rank, the gradients block by block
     /// reduce-scattered into the rank's shard, the optimizer sharded.
-    pub fn stage_2(comm: C, shard_group: Option<usize>) -> Result<Self> {
-        let mut z = Self::new(comm, shard_group, true)?;
+    pub fn stage_2(groups: DataGroups<C>) -> Result<Self> {
+        let mut z = Self::new(groups, true)?;
         z.stage = 2;
         z.half_gathers = false;
         Ok(z)

@@ -223,16 +223,56 @@ fn a_pipeline_of_4_stages_matches_one_process_over_tcp() {
     check("pp 4 over tcp", pipeline(4, "1f1b"));
 }
 
-/// A pipeline of 2 × ZeRO-1 over 2 data ranks (the optimizer sharded over
-/// the data dimension of each stage).
+/// A pipeline of 2 under ZeRO-1, 2 and 3 over 2 data ranks (each stage's
+/// optimizer state, also its gradients, also its parameters sharded over
+/// the data dimension), and ZeRO-3 under the interleaved schedule.
 #[test]
-fn pipeline_times_zero_1_matches_one_process() {
+fn pipeline_times_zero_1_2_and_3_matches_one_process() {
+    let zero3 = Over::Zero3 {
+        reshard_after_forward: true,
+    };
+    for (name, over, schedule, micro) in [
+        ("pp 2 x zero-1 over 2", Over::Zero1, "1f1b", 2),
+        ("pp 2 x zero-2 over 2", Over::Zero2, "1f1b", 2),
+        ("pp 2 x zero-3 over 2", zero3, "1f1b", 2),
+        (
+            "pp 2 interleaved x zero-3 over 2",
+            zero3,
+            "interleaved:2",
+            4,
+        ),
+    ] {
+        check(
+            name,
+            Spec {
+                pipe: 2,
+                micro,
+                schedule,
+                ..Spec::data(2, over, micro)
+            },
+        );
+    }
+}
+
+/// The 3-D mesh with sharded data parallelism, FSDP × TP × PP: ZeRO-3 in
+/// shard groups of 2 (hybrid, replicated twice) × pipeline 2 × tensor 2
+/// on 16 ranks.
+#[test]
+fn the_3d_mesh_under_hybrid_zero_3_matches_one_process() {
     check(
-        "pp 2 x zero-1 over 2",
+        "hsdp 2x2 x pp 2 x tp 2",
         Spec {
             pipe: 2,
+            tensor: 2,
             micro: 2,
-            ..Spec::data(2, Over::Zero1, 2)
+            shard_group: Some(2),
+            ..Spec::data(
+                4,
+                Over::Zero3 {
+                    reshard_after_forward: true,
+                },
+                2,
+            )
         },
     );
 }

@@ -23,7 +23,7 @@ use braid_train::engine::{
 };
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage};
 use braid_train::loader::TokenWindows;
-use braid_train::mesh::Mesh;
+use braid_train::mesh::{DataGroups, Degrees, Mesh};
 use braid_train::pipeline::assign::{assign, head_cost};
 use braid_train::schedule::build::ScheduleKind;
 use braid_train::schedule::check::Checked;
@@ -323,18 +323,16 @@ impl Spec {
 /// The data dimension's strategy over `data` (as `braid train` builds it
 /// for `--zero` / `--shard-group`; buckets small enough that several
 /// overlap the backward pass).
-fn over_data<E>(spec: &Spec, data: HostCollective) -> Box<dyn Strategy<E>>
+fn over_data<E>(spec: &Spec, data: DataGroups<HostCollective>) -> Box<dyn Strategy<E>>
 where
     E: ShardedParams + LendsMemory + EngineInfo + Engine<Space = Host> + 'static,
 {
     let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
         Over::Ddp | Over::Zero1 => return replicated(spec, data),
-        Over::Zero2 => {
-            Zero3::stage_2(data, spec.shard_group).map(|z| Box::new(z) as Box<dyn Strategy<E>>)
-        }
+        Over::Zero2 => Zero3::stage_2(data).map(|z| Box::new(z) as Box<dyn Strategy<E>>),
         Over::Zero3 {
             reshard_after_forward,
-        } => Zero3::new(data, spec.shard_group, reshard_after_forward)
+        } => Zero3::new(data, reshard_after_forward)
             .map(|z| Box::new(z.with_final_gather(true)) as Box<dyn Strategy<E>>),
     };
     built.unwrap_or_else(|e| panic!("the strategy: {e}"))
@@ -342,14 +340,14 @@ where
 
 /// [`over_data`] where the parameters stay whole (data parallelism,
 /// ZeRO-1): what a pipeline's data dimension runs.
-fn replicated<E>(spec: &Spec, data: HostCollective) -> Box<dyn Strategy<E>>
+fn replicated<E>(spec: &Spec, data: DataGroups<HostCollective>) -> Box<dyn Strategy<E>>
 where
     E: ShardedOptimizer + EngineInfo + Engine<Space = Host> + 'static,
 {
     let (cap, first) = (0.02, 0.01);
     let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
         Over::Ddp => Ok(Box::new(DataParallel::new(
-            data,
+            data.all,
             DdpOptions {
                 bucket_cap_mb: cap,
                 first_bucket_mb: first,
@@ -362,7 +360,6 @@ where
                 stage: 1,
                 bucket_cap_mb: cap,
                 first_bucket_mb: first,
-                shard_group: spec.shard_group,
             },
         )
         .map(|z| Box::new(z) as Box<dyn Strategy<E>>),
@@ -391,18 +388,18 @@ pub fn run(spec: Spec) -> Vec<Trained> {
 fn rank(spec: &Spec, comm: Communicator) -> Trained {
     let cfg = config();
     let rank = comm.rank();
-    let mut dims = vec![("data", spec.data)];
-    if spec.pipe > 1 {
-        dims.push(("pipe", spec.pipe));
-    }
-    dims.push(("tensor", spec.tensor));
-    let mesh = Mesh::new(spec.ranks(), rank, &dims).expect("the mesh");
+    let degrees = Degrees {
+        tensor: spec.tensor,
+        pipe: spec.pipe,
+        shard_group: spec.shard_group,
+    };
+    let mesh = Mesh::training(spec.ranks(), rank, degrees).expect("the mesh");
     let all = HostCollective::new(comm.clone());
     let split = |name| mesh.split(&all, name).expect("a mesh group");
     // Every rank splits the same dimensions in the same order.
     let pipe = (spec.pipe > 1).then(|| split("pipe"));
     let tensor = (spec.tensor > 1).then(|| split("tensor"));
-    let data = split("data");
+    let data = DataGroups::split(&mesh, all).expect("the data groups");
     let data_rank = mesh.coord("data");
     // ZeRO's blocks split into equal, aligned slices over a shard group.
     let multiple = match spec.sharded() {
@@ -497,18 +494,23 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
                     engine = engine.owning_grads();
                     Box::new(Single)
                 }
-                _ => replicated(spec, data),
+                _ => over_data(spec, data),
             };
             let run = train_rank(&mut engine, &mut *s, spec.rows, 1, data_rank, spec.data);
             drop(s);
             let mine = engine.into_params();
-            let whole = braid_train::pipeline::gather::gather_whole(
-                &mine,
-                whole_share.layout.clone(),
-                &layouts,
-                &pipe,
-            )
-            .expect("the stages gathered");
+            // (Under ZeRO-3 the data dimension's first ranks hold their
+            // stages whole: every rank of their pipeline, or none.)
+            let whole = match mine.data.is_empty() {
+                true => None,
+                false => braid_train::pipeline::gather::gather_whole(
+                    &mine,
+                    whole_share.layout.clone(),
+                    &layouts,
+                    &pipe,
+                )
+                .expect("the stages gathered"),
+            };
             (run, whole)
         }
     };

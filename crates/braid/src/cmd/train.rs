@@ -858,6 +858,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 tensor: a.tp,
                 pipe: a.pp,
                 sequence,
+                shard_group: a.shard_group,
             }
             .check(n)?;
             if a.tp > 1 {
@@ -929,6 +930,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         tensor: a.tp,
         pipe: a.pp,
         sequence,
+        shard_group: a.shard_group,
     };
     place.check(world.as_ref().map_or(world_size, |w| w.local_world_size))?;
     // Data-parallel replicas: what gradients are averaged over and what
@@ -1224,7 +1226,6 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     update_beside_removed()?;
     let shard_choice = ShardChoice {
         stage: zero,
-        shard_group: a.shard_group,
         keep_params: a.no_reshard_after_forward,
         saved_in_grads: false,
         half_gathers: true,

@@ -88,7 +88,7 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
             }),
         ),
     };
-    let mut s = strategy(data, tensor, shard_choice, ddp)?;
+    let mut s = strategy(data, &place.mesh()?, tensor, shard_choice, ddp)?;
     let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_with)?;
     drop(s);
     let mut params = engine.into_params();

@@ -232,7 +232,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
             }),
         ),
     };
-    let mut s = strategy(data, tensor, shard_choice, ddp)?;
+    let mut s = strategy(data, &place.mesh()?, tensor, shard_choice, ddp)?;
     let run = super::train::run_loop(parts, &mut engine, &mut *s, several, train_lending);
     drop(s);
     let mut run = run?;

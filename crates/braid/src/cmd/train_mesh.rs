@@ -7,7 +7,7 @@
 use braid_comm::Communicator;
 use braid_model::layout::TensorShard;
 use braid_train::collective::HostCollective;
-use braid_train::mesh::Mesh;
+use braid_train::mesh::{Degrees, Mesh};
 use braid_train::tensor_parallel::HostTensorGroup;
 use std::sync::Arc;
 
@@ -24,6 +24,8 @@ pub struct Place {
     pub pipe: usize,
     /// Sequence parallelism in the tensor groups.
     pub sequence: bool,
+    /// Hybrid sharding: data ranks per shard group (`--shard-group`).
+    pub shard_group: Option<usize>,
 }
 
 impl Place {
@@ -46,15 +48,16 @@ impl Place {
         }
     }
 
-    /// The mesh (data outermost, then the pipeline where there is one,
-    /// tensor groups consecutive ranks).
+    /// The run's mesh, every group's source (data outermost — replicate
+    /// × shard under hybrid sharding — then the pipeline where there is
+    /// one, tensor groups consecutive ranks): [`Mesh::training`].
     pub fn mesh(&self) -> Result<Mesh, String> {
-        let mut dims = vec![("data", self.data())];
-        if self.pipe > 1 {
-            dims.push(("pipe", self.pipe));
-        }
-        dims.push(("tensor", self.tensor));
-        Mesh::new(self.world, self.rank, &dims)
+        let degrees = Degrees {
+            tensor: self.tensor,
+            pipe: self.pipe,
+            shard_group: self.shard_group,
+        };
+        Mesh::training(self.world, self.rank, degrees)
     }
 
     /// Checks `--tp` against the world and the node at start: it divides
@@ -283,6 +286,7 @@ mod tests {
             tensor,
             pipe: 1,
             sequence: true,
+            shard_group: None,
         };
         assert!(p(4, 2).check(4).is_ok());
         assert!(p(6, 4)

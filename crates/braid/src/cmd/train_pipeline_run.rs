@@ -268,7 +268,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             }
             _ => Some(DeviceCollective::new(data)?),
         };
-        let mut s = strategy(data, None, shard_choice, ddp)?;
+        let mut s = strategy(data, &mesh, None, shard_choice, ddp)?;
         let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
@@ -307,7 +307,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             }
             _ => Some(groups.data),
         };
-        let mut s = strategy(data, None, shard_choice, ddp)?;
+        let mut s = strategy(data, &mesh, None, shard_choice, ddp)?;
         let run = super::train::run_loop(parts, &mut engine, &mut *s, true, train_with)?;
         if let (true, Some(r)) = (lead, engine.timeline_report()) {
             println!("{r}");
@@ -451,6 +451,7 @@ mod tests {
             tensor,
             pipe: 2,
             sequence,
+            shard_group: None,
         }
     }
 

@@ -11,6 +11,7 @@ use braid_comm::Communicator;
 use braid_train::collective::{Collective, DeviceCollective, GradComm, HostCollective};
 use braid_train::ddp::{DataParallel, DdpOptions};
 use braid_train::engines::{CpuGpt, CpuStage, GpuGpt, GpuStage};
+use braid_train::mesh::{DataGroups, Mesh};
 use braid_train::tensor_parallel::{TensorParallel, TensorTraffic};
 use braid_train::zero::{Zero, ZeroOptions};
 use braid_train::zero3::Zero3;
@@ -96,8 +97,6 @@ pub const ZERO_ALIGN: usize = 64;
 pub struct ShardChoice {
     /// The ZeRO stage (`None`: data parallelism).
     pub stage: Option<u8>,
-    /// `--shard-group`: shard within groups of this many ranks.
-    pub shard_group: Option<usize>,
     /// `--no-reshard-after-forward` (stage 3).
     pub keep_params: bool,
     /// Stage 3: the engine's saved activations in the gradient shard's
@@ -133,9 +132,9 @@ pub struct TensorSide {
 /// ([`ShardedParams`]), [`replicated`]'s where it shards its optimizer
 /// only.
 pub trait DataStrategy<C: Collective>: Engine + Sized + 'static {
-    /// The strategy over the data group `comm`.
+    /// The strategy over the data groups `groups`.
     fn over(
-        comm: C,
+        groups: DataGroups<C>,
         choice: ShardChoice,
         ddp: DdpOptions,
     ) -> Result<Box<dyn Strategy<Self>>, String>;
@@ -143,10 +142,12 @@ pub trait DataStrategy<C: Collective>: Engine + Sized + 'static {
 
 /// A run's strategy — the one place `braid train` builds it: one process
 /// alone (no `data` group), else over the data group as the engine takes
-/// it ([`DataStrategy`]) with `choice` and `ddp`; wrapped for the tensor
-/// groups under `--tp` (`tensor`).
+/// it ([`DataStrategy`]) with `choice` and `ddp` — its shard groups and
+/// their replicas under hybrid sharding split from it as the run's
+/// `mesh` says; wrapped for the tensor groups under `--tp` (`tensor`).
 pub fn strategy<C, E>(
     data: Option<C>,
+    mesh: &Mesh,
     tensor: Option<TensorSide>,
     choice: ShardChoice,
     ddp: DdpOptions,
@@ -157,7 +158,7 @@ where
 {
     let inner: Box<dyn Strategy<E>> = match data {
         None => Box::new(Single),
-        Some(c) => E::over(c, choice, ddp)?,
+        Some(c) => E::over(DataGroups::split(&mesh.view("data"), c)?, choice, ddp)?,
     };
     Ok(match tensor {
         None => inner,
@@ -172,11 +173,11 @@ macro_rules! distributed_over {
     ($($engine:ty => $comm:ty),* $(,)?) => {$(
         impl DataStrategy<$comm> for $engine {
             fn over(
-                comm: $comm,
+                groups: DataGroups<$comm>,
                 choice: ShardChoice,
                 ddp: DdpOptions,
             ) -> Result<Box<dyn Strategy<Self>>, String> {
-                distributed(comm, choice, ddp)
+                distributed(groups, choice, ddp)
             }
         }
     )*};
@@ -188,11 +189,11 @@ distributed_over!(CpuGpt => HostCollective, CpuStage => HostCollective, GpuGpt =
 /// refused before they are built).
 impl DataStrategy<DeviceCollective> for GpuStage {
     fn over(
-        comm: DeviceCollective,
+        groups: DataGroups<DeviceCollective>,
         choice: ShardChoice,
         ddp: DdpOptions,
     ) -> Result<Box<dyn Strategy<Self>>, String> {
-        replicated(comm, choice, ddp)
+        replicated(groups, choice, ddp)
     }
 }
 
@@ -201,7 +202,7 @@ impl DataStrategy<DeviceCollective> for GpuStage {
 /// `keep_params`) when there is a stage, else data parallelism, with the
 /// buckets of `ddp`.
 fn distributed<C, E>(
-    comm: C,
+    groups: DataGroups<C>,
     choice: ShardChoice,
     ddp: DdpOptions,
 ) -> Result<Box<dyn Strategy<E>>, String>
@@ -211,7 +212,6 @@ where
 {
     let ShardChoice {
         stage,
-        shard_group,
         keep_params,
         saved_in_grads,
         half_gathers,
@@ -221,7 +221,7 @@ where
     } = choice;
     match stage {
         Some(3) => Ok(Box::new(
-            Zero3::new(comm, shard_group, !keep_params)?
+            Zero3::new(groups, !keep_params)?
                 .with_saved_in_grads(saved_in_grads)
                 .with_half_gathers(half_gathers)
                 .with_final_gather(final_gather)
@@ -229,8 +229,8 @@ where
                 .with_kept_spares(kept_spares),
         )),
         // Stage 2 writes gradients block by block (no whole buffer).
-        Some(2) => Ok(Box::new(Zero3::stage_2(comm, shard_group)?)),
-        _ => replicated(comm, choice, ddp),
+        Some(2) => Ok(Box::new(Zero3::stage_2(groups)?)),
+        _ => replicated(groups, choice, ddp),
     }
 }
 
@@ -239,7 +239,7 @@ where
 /// machinery, are refused: [`distributed`] builds them), else data
 /// parallelism, with the buckets of `ddp`.
 fn replicated<C, E>(
-    comm: C,
+    groups: DataGroups<C>,
     choice: ShardChoice,
     ddp: DdpOptions,
 ) -> Result<Box<dyn Strategy<E>>, String>
@@ -247,19 +247,15 @@ where
     C: Collective + 'static,
     E: ShardedOptimizer<Space = C::Space> + EngineInfo + 'static,
 {
-    let ShardChoice {
-        stage, shard_group, ..
-    } = choice;
-    Ok(match stage {
+    Ok(match choice.stage {
         Some(stage) => Box::new(Zero::new(
-            comm,
+            groups,
             ZeroOptions {
                 stage,
                 bucket_cap_mb: ddp.bucket_cap_mb,
                 first_bucket_mb: ddp.first_bucket_mb,
-                shard_group,
             },
         )?),
-        None => Box::new(DataParallel::new(comm, ddp)),
+        None => Box::new(DataParallel::new(groups.all, ddp)),
     })
 }
