@@ -745,7 +745,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         let not_yet = |what: &str| {
             Err(format!(
                 "--pp {} with {what}: not built yet (pipelines compose with data parallelism, \
-                 --zero 1, --tp and checkpoints)",
+                 ZeRO, --tp and checkpoints)",
                 a.pp
             ))
         };
