@@ -4,21 +4,15 @@
 //! here through the launcher; under `braid launch`, torchrun or SLURM
 //! each process is one rank).
 
-use super::train_output::{print_state, print_summary, write_json, Progress};
-use super::train_strategy::{zero_stage, ShardChoice, ZeroFlags, ZERO_ALIGN};
-use braid_comm::CommOptions;
+use super::train_output::Progress;
+use super::train_strategy::ZERO_ALIGN;
 use braid_core::env;
 use braid_data::loader::WindowSource;
 use braid_data::token_beton::BetonTokens;
 use braid_data::tokens::{Dataset, Source, Tokenizer};
 use braid_model::checkpoint;
-use braid_model::config::GPT2_VOCAB;
-use braid_model::footprint::Sharding;
-use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
 use braid_train::checkpoint::load::resolve;
-use braid_train::collective::GradComm;
-use braid_train::ddp::DdpOptions;
 use braid_train::engines::{CpuOptimizer, Precision, TokenBatch};
 use braid_train::loader::{check_fits, TokenWindows};
 use braid_train::{Checkpointable, Checkpoints, LoopOptions, RunReport, StepReport, Strategy};
@@ -30,9 +24,9 @@ use std::time::Instant;
 /// The training loop's run, given the progress printer, the loader and
 /// the batch (each path wraps its engine and strategy in one).
 /// `--bucket-mb`'s default (PyTorch DDP's).
-const BUCKET_MB: f64 = 25.0;
+pub(super) const BUCKET_MB: f64 = 25.0;
 /// `--first-bucket-mb`'s default (PyTorch DDP's).
-const FIRST_BUCKET_MB: f64 = 1.0;
+pub(super) const FIRST_BUCKET_MB: f64 = 1.0;
 
 /// Option groups of `braid train --help`.
 const H_MODEL: &str = "Model and data";
@@ -96,69 +90,69 @@ pub struct TrainArgs {
     ///
     /// Default: tiny; with --resume, the checkpoint's model.
     #[arg(long, help_heading = H_MODEL)]
-    model: Option<String>,
+    pub(super) model: Option<String>,
     /// synthetic, random, a text file, token shards or a .beton.
     ///
     /// synthetic: a built-in corpus (the same for a seed as `braid data write --tokens
     /// synthetic`); random: uniform tokens, for throughput; a UTF-8 text file; u16 token shards
     /// (.bin file or directory); or a .beton file of token windows (braid data write --tokens).
     #[arg(long, default_value = "synthetic", help_heading = H_MODEL)]
-    data: String,
+    pub(super) data: String,
     /// bytes or gpt2 (default: the data's, else bytes for a 256-token vocabulary, else gpt2).
     #[arg(long, hide_short_help = true, help_heading = H_MODEL)]
-    tokenizer: Option<String>,
+    pub(super) tokenizer: Option<String>,
     /// Tokens per sequence (default: a .beton's windows, else 64).
     ///
     /// At most the model's context; a .beton file's windows, capped at the context, by default.
     #[arg(long, help_heading = H_MODEL)]
-    seq: Option<usize>,
+    pub(super) seq: Option<usize>,
     /// Seed of initialisation, data order and sampling (one default across braid's commands).
     #[arg(long, default_value_t = super::DEFAULT_SEED, hide_short_help = true,
           help_heading = H_MODEL)]
-    seed: u64,
+    pub(super) seed: u64,
 
     /// Training steps.
     #[arg(long, default_value_t = 400, help_heading = H_RUN)]
-    steps: usize,
+    pub(super) steps: usize,
     /// Sequences per micro-batch on each rank.
     #[arg(long, default_value_t = 16, help_heading = H_RUN)]
-    batch: usize,
+    pub(super) batch: usize,
     /// Sequences per step over all ranks and micro-batches, instead of --batch.
     ///
     /// Must divide by ranks x --accum.
     #[arg(long, hide_short_help = true, help_heading = H_RUN)]
-    global_batch: Option<usize>,
+    pub(super) global_batch: Option<usize>,
     /// Micro-batches per step (gradient accumulation: only the last one communicates).
     #[arg(long, default_value_t = 1, hide_short_help = true, help_heading = H_RUN)]
-    accum: usize,
+    pub(super) accum: usize,
     /// Peak learning rate (default: by model size).
     ///
     /// Default: 3e-3 below 50M parameters, then GPT-3's choices: 6e-4 for 124M, 3e-4 for 350M,
     /// 2.5e-4 for 774M, 2e-4 above.
     #[arg(long, help_heading = H_RUN)]
-    lr: Option<f32>,
+    pub(super) lr: Option<f32>,
     /// Warmup steps.
     #[arg(long, default_value_t = 20, hide_short_help = true, help_heading = H_RUN)]
-    warmup: usize,
+    pub(super) warmup: usize,
     /// Weight decay on matrices and embeddings.
     #[arg(long, default_value_t = 0.1, hide_short_help = true, help_heading = H_RUN)]
-    weight_decay: f32,
+    pub(super) weight_decay: f32,
     /// Clip the gradients' global norm (0: off).
     #[arg(long, default_value_t = 1.0, hide_short_help = true, help_heading = H_RUN)]
-    grad_clip: f64,
+    pub(super) grad_clip: f64,
     /// adamw or sgd.
     #[arg(long, default_value = "adamw", hide_short_help = true, help_heading = H_RUN)]
-    optimizer: String,
+    pub(super) optimizer: String,
     /// Time forward + backward only, no optimizer step (a benchmark).
     #[arg(long, hide_short_help = true, help_heading = H_RUN)]
-    fwd_bwd_only: bool,
+    pub(super) fwd_bwd_only: bool,
 
     /// auto (a GPU if there is one), cpu, or cuda.
     ///
     /// auto trains on the GPUs when this machine has enough of them for its workers (one GPU
     /// per process, LOCAL_RANK picks it) and says so at start; cpu and cuda choose.
     #[arg(long, default_value = "auto", help_heading = H_DEVICE)]
-    device: String,
+    pub(super) device: String,
     /// Local workers (data parallel): N, auto, gpu or cpu.
     ///
     /// The worker processes are started through braid launch; under braid launch, torchrun or
@@ -167,19 +161,19 @@ pub struct TrainArgs {
     #[arg(long = "nproc-per-node", visible_alias = "nproc",
           aliases = ["nproc_per_node", "np"], value_name = "N", value_parser = super::parse_nproc,
           help_heading = H_DEVICE)]
-    nproc: Option<super::Nproc>,
+    pub(super) nproc: Option<super::Nproc>,
     /// GPU arithmetic: bf16 (mixed precision, the default) or f32.
     ///
     /// bf16: bf16 products and activations, f32 master weights. The CPU engine is f32.
     #[arg(long, hide_short_help = true, help_heading = H_DEVICE)]
-    precision: Option<String>,
+    pub(super) precision: Option<String>,
     /// Recompute activations in the backward pass instead of keeping them.
     ///
     /// Less memory, more compute. On a GPU (bf16) layers keep their input, attention output
     /// and, where it fits, the attention's state; each block's backward pass runs two of its
     /// four products and a LayerNorm again.
     #[arg(long, help_heading = H_DEVICE)]
-    checkpointing: bool,
+    pub(super) checkpointing: bool,
     /// Move model state to host memory: optimizer or none.
     ///
     /// optimizer keeps the f32 master weights and AdamW's moments in host memory and runs the
@@ -187,7 +181,7 @@ pub struct TrainArgs {
     /// GPU only, one process or data-parallel.
     #[arg(long, default_value = "none", value_name = "WHAT", hide_short_help = true,
           help_heading = H_DEVICE)]
-    offload: String,
+    pub(super) offload: String,
     /// Fit each GPU's training memory within this many GiB (default: what is free).
     ///
     /// The memory pre-flight drops what only buys speed until its estimate of the peak (model
@@ -198,7 +192,7 @@ pub struct TrainArgs {
     /// output (the layers then save their input alone). A run that cannot fit is refused at
     /// start with what would.
     #[arg(long, value_name = "GIB", hide_short_help = true, help_heading = H_DEVICE)]
-    gpu_memory: Option<f64>,
+    pub(super) gpu_memory: Option<f64>,
 
     /// Shard model states over the ranks: ZeRO stage 1, 2 or 3.
     ///
@@ -207,26 +201,26 @@ pub struct TrainArgs {
     /// bucket during the backward pass too; 3: parameters sharded as well, each block gathered
     /// just before it runs and freed after.
     #[arg(long, value_name = "STAGE", help_heading = H_PARALLEL)]
-    zero: Option<u8>,
+    pub(super) zero: Option<u8>,
     /// FSDP: an alias of --zero 3.
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
-    fsdp: bool,
+    pub(super) fsdp: bool,
     /// With --zero 3: keep gathered parameters from forward to backward.
     ///
     /// FSDP2's reshard_after_forward=False: one gather per block and step instead of two, the
     /// whole model's parameters held at the peak.
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
-    no_reshard_after_forward: bool,
+    pub(super) no_reshard_after_forward: bool,
     /// With --zero: shard within groups of N ranks, replicate across them (HSDP).
     #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
-    shard_group: Option<usize>,
+    pub(super) shard_group: Option<usize>,
     /// Tensor parallelism: every layer split over groups of N ranks.
     ///
     /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;
     /// the rest of the world is data parallel over the groups (with --zero over the data
     /// dimension). N must divide the heads and the workers of a node.
     #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
-    tp: usize,
+    pub(super) tp: usize,
     /// With --tp: no sequence parallelism (LayerNorms on every row on every rank).
     ///
     /// Sequence parallelism (the default with --tp, except in a pipeline's GPU stages) runs the
@@ -234,96 +228,96 @@ pub struct TrainArgs {
     /// activations shrink by N. Without it the bf16 GPU engine gathers no LayerNorm output in
     /// its backward pass (2 % faster at 2.65B --tp 4 on 4 H100s, 7.6 GiB more per GPU).
     #[arg(long, hide_short_help = true, conflicts_with = "sp", help_heading = H_PARALLEL)]
-    no_sp: bool,
+    pub(super) no_sp: bool,
     /// With --tp: sequence parallelism (the default, except in a pipeline's GPU stages: there
     /// bf16 takes it on this flag, f32 refuses it).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
-    sp: bool,
+    pub(super) sp: bool,
     /// Pipeline parallelism: the layers cut into stages over N ranks.
     ///
     /// Micro-batches flow through the stages as --schedule says; the rest of the world is
     /// data parallel over whole pipelines.
     #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
-    pp: usize,
+    pub(super) pp: usize,
     /// With --pp: micro-batches per step (the batch per rank splits into them; default 2 x --pp).
     #[arg(long, value_name = "M", hide_short_help = true, help_heading = H_PARALLEL)]
-    micro_batches: Option<usize>,
+    pub(super) micro_batches: Option<usize>,
     /// With --pp: gpipe, 1f1b, interleaved[:V], zb (ZB-H1), zb-h2, interleaved-zb[:V], or a
     /// schedule file.
     ///
     /// Default: 1f1b.
     #[arg(long, value_name = "S", hide_short_help = true, help_heading = H_PARALLEL)]
-    schedule: Option<String>,
+    pub(super) schedule: Option<String>,
     /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
     #[arg(long, value_name = "N,N,..", hide_short_help = true, help_heading = H_PARALLEL)]
-    stage_layers: Option<String>,
+    pub(super) stage_layers: Option<String>,
     /// Gradients on the wire: plain (f32), bf16, fp16, or powersgd[:RANK[:START]].
     ///
     /// powersgd takes PyTorch's defaults: rank 1, from step 1000.
     #[arg(long, default_value = "plain", hide_short_help = true, help_heading = H_PARALLEL)]
-    grad_comm: String,
+    pub(super) grad_comm: String,
     /// Gradient bucket size in MiB (data parallelism and --zero 1).
     #[arg(long, default_value_t = BUCKET_MB, hide_short_help = true, help_heading = H_PARALLEL)]
-    bucket_mb: f64,
+    pub(super) bucket_mb: f64,
     /// First bucket's size in MiB.
     #[arg(long, default_value_t = FIRST_BUCKET_MB, hide_short_help = true,
           help_heading = H_PARALLEL)]
-    first_bucket_mb: f64,
+    pub(super) first_bucket_mb: f64,
     /// Reduce gradients after the backward pass, not during it (to measure the overlap).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
-    no_overlap: bool,
+    pub(super) no_overlap: bool,
     /// GPU, bf16: run the first N layers' weight gradients after the embeddings' backward.
     ///
     /// So that the embeddings' gradient reduction (the largest, final only at the end)
     /// overlaps them. Default: 2 when data-parallel, else 0.
     #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
-    defer_layers: Option<usize>,
+    pub(super) defer_layers: Option<usize>,
 
     /// Start from this model file (safetensors) instead of a fresh initialisation.
     #[arg(long, value_name = "FILE", hide_short_help = true, help_heading = H_CKPT)]
-    load: Option<PathBuf>,
+    pub(super) load: Option<PathBuf>,
     /// Save the trained model (safetensors, Hugging Face GPT-2 names) here.
     #[arg(long, value_name = "FILE", help_heading = H_CKPT)]
-    save: Option<PathBuf>,
+    pub(super) save: Option<PathBuf>,
     /// Element type of --save: f32 or bf16.
     #[arg(long, default_value = "f32", hide_short_help = true, help_heading = H_CKPT)]
-    save_dtype: String,
+    pub(super) save_dtype: String,
     /// Sharded checkpoints go here (at the end; see --save-every).
     ///
     /// One step-NNNNNNNN directory per save: every rank's parameters and optimizer state, the
     /// trainer's state, a manifest.
     #[arg(long, value_name = "DIR", help_heading = H_CKPT)]
-    ckpt_dir: Option<PathBuf>,
+    pub(super) ckpt_dir: Option<PathBuf>,
     /// Save a checkpoint into --ckpt-dir every K steps (in the background).
     #[arg(long, value_name = "K", default_value_t = 0, hide_short_help = true,
           help_heading = H_CKPT)]
-    save_every: usize,
+    pub(super) save_every: usize,
     /// Keep only the N newest checkpoints in --ckpt-dir (0: all).
     #[arg(long, value_name = "N", default_value_t = 0, hide_short_help = true,
           help_heading = H_CKPT)]
-    keep: usize,
+    pub(super) keep: usize,
     /// Resume from a checkpoint directory, a --ckpt-dir (its newest), or auto.
     ///
     /// auto: --ckpt-dir's newest if there is one, else start afresh. Any world size and
     /// strategy: the state is resharded.
     #[arg(long, value_name = "DIR|auto", help_heading = H_CKPT)]
-    resume: Option<String>,
+    pub(super) resume: Option<String>,
     /// Write each checkpoint before training goes on, not in the background.
     #[arg(long, hide_short_help = true, help_heading = H_CKPT)]
-    ckpt_sync: bool,
+    pub(super) ckpt_sync: bool,
 
     /// Print a progress line every K steps (default: about once a second).
     #[arg(long, value_name = "K", hide_short_help = true, help_heading = H_OUTPUT)]
-    log_every: Option<usize>,
+    pub(super) log_every: Option<usize>,
     /// Evaluate on held-out data every K steps and at the end (0: never).
     #[arg(long, value_name = "K", default_value_t = 100, hide_short_help = true,
           help_heading = H_OUTPUT)]
-    eval_every: usize,
+    pub(super) eval_every: usize,
     /// Every step and the run's summary as JSON (see --json in braid --help).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
           value_parser = super::json_out::parse, help = super::json_out::HELP,
           help_heading = H_OUTPUT)]
-    json: Option<super::json_out::JsonOut>,
+    pub(super) json: Option<super::json_out::JsonOut>,
     /// Trace every rank into DIR; `braid report DIR` analyses it.
     ///
     /// Chrome/Perfetto traces.
@@ -332,10 +326,10 @@ pub struct TrainArgs {
     /// idle gaps; GPU work timed with CUDA events; clocks aligned through the store; merged into
     /// DIR/trace.json.
     #[arg(long, value_name = "DIR", help_heading = H_OUTPUT)]
-    trace: Option<PathBuf>,
+    pub(super) trace: Option<PathBuf>,
     /// Serve live Prometheus metrics at HOST:PORT (each local rank on PORT + its rank).
     #[arg(long, value_name = "HOST:PORT", hide_short_help = true, help_heading = H_OUTPUT)]
-    metrics_addr: Option<String>,
+    pub(super) metrics_addr: Option<String>,
 }
 
 /// The tokenizer: the one asked for, else the one the checkpoint names,
@@ -365,7 +359,7 @@ pub(super) fn cpu_optimizer(kind: OptimizerKind, weight_decay: f32) -> CpuOptimi
 /// pass's products leave AdamW no idle SMs; `BENCHMARKS.md`) and was
 /// removed. `off`, what it did by default, is still accepted; anything
 /// else is refused rather than silently ignored.
-fn update_beside_removed() -> Result<(), String> {
+pub(super) fn update_beside_removed() -> Result<(), String> {
     match std::env::var(env::BRAID_UPDATE_BESIDE)
         .as_deref()
         .map(str::trim)
@@ -381,7 +375,7 @@ fn update_beside_removed() -> Result<(), String> {
 /// `BRAID_ZERO3_GATHER_VIA` checked at start: a known value, and `ce`
 /// only for ZeRO-3 on GPUs with no other `NCCL_CTA_POLICY` in its way
 /// (the workers check the rest: their NCCL, and that all ranks can).
-fn gather_via_checked(zero: Option<u8>, cuda: bool) -> Result<(), String> {
+pub(super) fn gather_via_checked(zero: Option<u8>, cuda: bool) -> Result<(), String> {
     use braid_train::collective::zero_cta;
     gather_via_checked_given(
         std::env::var(zero_cta::GATHER_VIA_VAR).ok().as_deref(),
@@ -415,7 +409,7 @@ fn gather_via_checked_given(
 }
 
 /// `--gpu-memory GIB` in bytes: GPU runs only, a positive size.
-fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
+pub(super) fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> {
     let Some(g) = a.gpu_memory else {
         return Ok(None);
     };
@@ -439,7 +433,7 @@ fn gpu_memory_budget(a: &TrainArgs, cuda: bool) -> Result<Option<u128>, String> 
 /// measured 15 % slower at 2.65B `--tp 2 --pp 2` on 4 H100s, for 0.7 GiB);
 /// the f32 stages do not have it (`--sp` refused). Where the default is
 /// off the run says so.
-fn sequence_parallel(
+pub(super) fn sequence_parallel(
     a: &TrainArgs,
     cuda: bool,
     precision: Precision,
@@ -483,7 +477,12 @@ fn sequence_parallel(
 /// How many layers defer their weight gradients (`--defer-layers`; by
 /// default 2 in bf16 when data-parallel, so the embeddings' reduction
 /// overlaps them, else none).
-fn defer_layers(asked: Option<usize>, precision: Precision, ranks: usize, layers: usize) -> usize {
+pub(super) fn defer_layers(
+    asked: Option<usize>,
+    precision: Precision,
+    ranks: usize,
+    layers: usize,
+) -> usize {
     match (asked, precision) {
         (Some(n), _) => n,
         (None, Precision::Bf16) if ranks > 1 => 2.min(layers),
@@ -513,7 +512,7 @@ pub(crate) enum OptimizerKind {
 }
 
 /// This process's place in a distributed run, when it is one.
-fn world() -> Result<Option<braid_core::WorldInfo>, String> {
+pub(super) fn world() -> Result<Option<braid_core::WorldInfo>, String> {
     if std::env::var_os(env::WORLD_SIZE).is_none() {
         return Ok(None);
     }
@@ -525,7 +524,7 @@ fn world() -> Result<Option<braid_core::WorldInfo>, String> {
 /// Shares this machine's cores between the workers on it (unless
 /// `RAYON_NUM_THREADS` says otherwise): the CPU engine's thread pool gets
 /// cores / local workers threads.
-fn share_cores(local_workers: usize) {
+pub(super) fn share_cores(local_workers: usize) {
     if local_workers <= 1 || std::env::var_os(env::RAYON_NUM_THREADS).is_some() {
         return;
     }
@@ -540,7 +539,7 @@ fn share_cores(local_workers: usize) {
 /// The model a run trains: `--model`, else with `--resume` (and no
 /// `--load`) the checkpoint's, else tiny; and, when it came from the
 /// checkpoint, a note saying so.
-fn model_of(a: &TrainArgs) -> Result<ModelChoice, String> {
+pub(super) fn model_of(a: &TrainArgs) -> Result<ModelChoice, String> {
     let dir = match (a.resume.as_deref(), &a.ckpt_dir, &a.load) {
         (Some(_), _, Some(_)) | (None, _, _) => None,
         (Some("auto"), Some(dir), None) => resolve(dir)?,
@@ -580,16 +579,16 @@ fn model_of(a: &TrainArgs) -> Result<ModelChoice, String> {
 
 /// The model a run trains, and the checkpoint it resumes (its directory
 /// and its run's description), when it resumes one.
-struct ModelChoice {
-    name: String,
-    note: Option<String>,
-    resumed: Option<(PathBuf, serde_json::Value)>,
+pub(super) struct ModelChoice {
+    pub(super) name: String,
+    pub(super) note: Option<String>,
+    pub(super) resumed: Option<(PathBuf, serde_json::Value)>,
 }
 
 /// Refuses to resume a checkpoint of another model than `cfg`, naming
 /// the checkpoint's (before the first step, rather than at the first
 /// tensor that differs).
-fn same_model_as_checkpoint(
+pub(super) fn same_model_as_checkpoint(
     cfg: &GptConfig,
     model: &str,
     resumed: Option<&(PathBuf, serde_json::Value)>,
@@ -628,7 +627,7 @@ const DEFAULT_MODEL: &str = "tiny";
 /// Refuses paths of the wrong kind before anything else is read or
 /// printed: `--load` a file that is there, `--trace` and `--ckpt-dir`
 /// directories (or not there yet).
-fn paths_checked(a: &TrainArgs) -> Result<(), String> {
+pub(super) fn paths_checked(a: &TrainArgs) -> Result<(), String> {
     if let Some(load) = &a.load {
         if load.is_dir() {
             return Err(format!(
@@ -658,708 +657,66 @@ fn paths_checked(a: &TrainArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `braid train`.
+/// Runs `braid train`: its flags checked, its workers started (with
+/// `--nproc-per-node`), its place in the world, model, data and
+/// parameters set up, the banner, the run on its engine, the summary.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
-    paths_checked(&a)?;
-    let ModelChoice {
-        name: model,
-        note: model_note,
-        resumed,
-    } = model_of(&a)?;
-    let optimizer = match a.optimizer.as_str() {
-        "adamw" => OptimizerKind::AdamW,
-        "sgd" => OptimizerKind::Sgd,
-        o => return Err(format!("--optimizer {o:?}: expected adamw or sgd")),
-    };
-    for (flag, value) in [
-        ("--batch", a.batch),
-        ("--seq", a.seq.unwrap_or(1)),
-        ("--steps", a.steps),
-        ("--accum", a.accum),
-    ] {
-        if value == 0 {
-            return Err(format!(
-                "{flag} 0: use 1 or more (--batch, --seq, --steps and --accum must be positive)"
-            ));
-        }
+    let c = super::train_check::checked(&a)?;
+    if let Some(status) = super::train_relaunch::relaunched(&a, &c)? {
+        return Ok(status);
     }
-    if a.global_batch == Some(0) {
-        return Err("--global-batch 0: use 1 or more sequences per step".into());
-    }
-    // Non-negative, finite numbers (0: no learning, no decay, no clipping).
-    for (flag, value) in [
-        ("--lr", a.lr.map_or(0.0, f64::from)),
-        ("--weight-decay", f64::from(a.weight_decay)),
-        ("--grad-clip", a.grad_clip),
-    ] {
-        if !(value.is_finite() && value >= 0.0) {
-            return Err(format!(
-                "{flag} {value}: expected a finite number >= 0 (0 turns it off)"
-            ));
-        }
-    }
-    match (braid_core::DType::parse(&a.save_dtype), &a.save) {
-        (Ok(braid_core::DType::F32), _) => {}
-        (Ok(braid_core::DType::BF16), Some(_)) => {}
-        (Ok(braid_core::DType::BF16), None) => {
-            return Err(format!(
-                "--save-dtype {}: the element type of --save FILE, and this run saves no model \
-                 file: add --save FILE, or drop --save-dtype",
-                a.save_dtype
-            ))
-        }
-        _ => {
-            return Err(format!(
-                "--save-dtype {:?}: expected f32 or bf16 (what a checkpoint stores)",
-                a.save_dtype
-            ))
-        }
-    }
-    if a.resume.as_deref() == Some("auto") && a.ckpt_dir.is_none() {
-        return Err(
-            "--resume auto resumes from --ckpt-dir's newest checkpoint: give --ckpt-dir DIR too \
-             (or --resume DIR for one checkpoint)"
-                .into(),
-        );
-    }
-    if a.ckpt_dir.is_none() && (a.save_every > 0 || a.keep > 0) {
-        // (Said before the run starts, not after its data is read.)
-        return Err(
-            "--save-every and --keep need --ckpt-dir DIR (where the checkpoints go)".into(),
-        );
-    }
-    let world = world()?;
-    // A tensor-parallel run started alone starts its group.
-    let nproc = match (a.nproc, a.tp * a.pp, &world) {
-        (None, model, None) if model > 1 => Some(model),
-        (n, _, _) => n.map(|n| n.count()).transpose()?,
-    };
-    // Workers on this node: the launcher's, or those --nproc-per-node starts.
-    let local_workers = match &world {
-        Some(w) => w.local_world_size,
-        None => nproc.unwrap_or(1),
-    };
-    let device = super::Device::resolve(&a.device, local_workers)?;
-    let cuda = device.cuda;
-    if a.pp > 1 {
-        let not_yet = |what: &str| {
-            Err(format!(
-                "--pp {} with {what}: not built yet (pipelines compose with data parallelism, \
-                 ZeRO, --tp and checkpoints)",
-                a.pp
-            ))
-        };
-        if let (Some(z @ (2 | 3)), true) = (a.zero.or(a.fsdp.then_some(3)), cuda) {
-            return Err(format!(
-                "--pp {} with --zero {z} on GPUs: not built yet (the CPU stages take it). --zero \
-                 1 shards the optimizer state over the data dimension of a GPU pipeline",
-                a.pp
-            ));
-        }
-        if a.offload != "none" {
-            return not_yet("--offload");
-        }
-        if a.accum > 1 {
-            return Err(format!(
-                "--accum {} with --pp {}: a pipeline's step is its --micro-batches already (use \
-                 --micro-batches for more of them)",
-                a.accum, a.pp
-            ));
-        }
-    }
-    if a.pp <= 1 {
-        for (flag, given) in [
-            ("--schedule", a.schedule.clone()),
-            ("--micro-batches", a.micro_batches.map(|m| m.to_string())),
-            ("--stage-layers", a.stage_layers.clone()),
-        ] {
-            if let Some(v) = given {
-                return Err(format!(
-                    "{flag} {v}: a pipeline's setting, and this run has no pipeline: add --pp N \
-                     (N stages, at least 2), or drop {flag}"
-                ));
-            }
-        }
-    }
-    if a.tp > 1 && a.offload != "none" {
-        return Err(format!(
-            "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
-             parallelism (drop one of them)",
-            a.tp, a.offload
-        ));
-    }
-    let precision = match (cuda, a.precision.as_deref()) {
-        (true, p) => Precision::parse(p.unwrap_or("bf16"))?,
-        (false, Some(p)) if Precision::parse(p) != Ok(Precision::F32) => {
-            return Err(format!(
-                "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
-            ))
-        }
-        (false, _) => Precision::F32,
-    };
-    let (sequence, sequence_note) = sequence_parallel(&a, cuda, precision)?;
-    let gpu_memory = gpu_memory_budget(&a, cuda)?;
-    if cuda && a.checkpointing && precision != Precision::Bf16 {
-        return Err(format!(
-            "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
-             --precision {} or the flag)",
-            precision.name()
-        ));
-    }
-    if cuda && optimizer != OptimizerKind::AdamW {
-        return Err("--device cuda trains with adamw only (so far)".into());
-    }
-    let grad_comm = GradComm::parse(&a.grad_comm)?;
-    super::train_ckpt::check_outputs(&[
-        ("--save", a.save.as_deref()),
-        ("--json", a.json.as_ref().and_then(|j| j.path())),
-    ])?;
-    let zero = zero_stage(&ZeroFlags {
-        zero: a.zero,
-        fsdp: a.fsdp,
-        shard_group: a.shard_group,
-        keep_params: a.no_reshard_after_forward,
-        grad_comm: (&a.grad_comm, grad_comm),
-        defer_layers: a.defer_layers,
-        buckets: a.bucket_mb != BUCKET_MB || a.first_bucket_mb != FIRST_BUCKET_MB,
-    })?;
-    let offload =
-        match a.offload.as_str() {
-            "none" => false,
-            "optimizer" => true,
-            "params" => return Err(
-                "--offload params (the weights in host memory too, streamed to the GPU block by \
-                 block) is not built yet: it comes with ZeRO-3 on the GPU; --offload optimizer \
-                 moves 12 of the 18 bytes per parameter off the GPU"
-                    .into(),
-            ),
-            other => return Err(format!("--offload {other:?}: expected none or optimizer")),
-        };
-    if offload && !cuda {
-        return Err(
-            "--offload optimizer moves model state from the GPU to host memory; with --device cpu \
-             it is all in host memory already (drop the flag)"
-                .into(),
-        );
-    }
-    if let (true, Some(stage)) = (offload, zero) {
-        return Err(format!(
-            "--offload optimizer with --zero {stage} is not built yet (the sharded stages gather \
-             parameters that live on the GPU): train data-parallel with the offload, or sharded \
-             without it"
-        ));
-    }
-    if let (Some(n), None) = (nproc, &world) {
-        // What --tp cannot do, said once here rather than by every worker.
-        if a.tp > 1 || a.pp > 1 {
-            super::train_mesh::Place {
-                world: n,
-                rank: 0,
-                tensor: a.tp,
-                pipe: a.pp,
-                sequence,
-                shard_group: a.shard_group,
-            }
-            .check(n)?;
-            if a.tp > 1 {
-                super::train_mesh::tensor_overlap_blocks()?;
-                super::train_mesh::tensor_sums_in_bf16()?;
-                super::train_mesh::tensor_grad_sums_beside()?;
-                super::train_mesh::sequence_knobs(
-                    sequence && cuda && precision == Precision::Bf16,
-                )?;
-            }
-            if a.pp > 1 {
-                // The schedule and the stages, checked once here.
-                let flags = pipe_flags(&a);
-                // A rank's batch: --batch, or its share of --global-batch
-                // (a share that does not divide is refused below).
-                let data = n / (a.tp * a.pp);
-                let batch = match a.global_batch {
-                    Some(g) if g % (data * a.accum) == 0 => Some(g / (data * a.accum)),
-                    Some(_) => None,
-                    None => Some(a.batch),
-                };
-                let cfg = match &a.load {
-                    None => Some(GptConfig::parse(&model)?),
-                    Some(_) => None,
-                };
-                super::train_pipeline::checked(&flags, cfg.as_ref(), &model, batch)?;
-                // The pipeline's environment choices, once here too.
-                for (var, yes, no) in [
-                    (env::BRAID_PP_EMBEDDINGS, "last", "first"),
-                    (env::BRAID_CKPT_ATTENTION_OUTPUT, "recomputed", "kept"),
-                ] {
-                    super::preflight::env_choice(var, yes, no)?;
-                }
-            }
-            if a.load.is_none() {
-                let cfg = GptConfig::parse(&model)?;
-                braid_model::layout::TensorShard {
-                    rank: 0,
-                    size: a.tp,
-                }
-                .check(&cfg)?;
-            }
-        }
-        if cuda {
-            braid_model::cuda::flash::FlashKernels::check_env().map_err(|e| e.to_string())?;
-            let gpus = super::gpus_for(&a.device)?;
-            if n > gpus {
-                return Err(format!(
-                    "--nproc-per-node {n} with --device cuda needs {n} GPUs, but this machine has \
-                     {gpus} (one GPU per process: use --nproc-per-node {gpus} or fewer)"
-                ));
-            }
-        }
-        // Said once here too, not by every worker.
-        update_beside_removed()?;
-        gather_via_checked(zero, cuda)?;
-        // `--zero S --nproc 1`: a world of one rank, sharded over itself.
-        if n > 1 || zero.is_some() {
-            // JSON on stdout reaches it unprefixed.
-            let json_stdout = a.json.as_ref().is_some_and(|j| j.is_stdout());
-            return super::workers::relaunch_locally(n, !json_stdout);
-        }
-    }
-    let world_size = world.as_ref().map_or(1, |w| w.world_size);
-    let rank = world.as_ref().map_or(0, |w| w.rank);
-    let place = super::train_mesh::Place {
-        world: world_size,
-        rank,
-        tensor: a.tp,
-        pipe: a.pp,
-        sequence,
-        shard_group: a.shard_group,
-    };
-    place.check(world.as_ref().map_or(world_size, |w| w.local_world_size))?;
-    // Data-parallel replicas: what gradients are averaged over and what
-    // the batch is dealt to (every rank of a tensor group sees one batch).
-    let ranks = place.data();
-    // A launched world of one rank may run a stage (over itself: what the
-    // sharding machinery costs on one GPU); a lone process is told.
-    if let (Some(stage), 1, None) = (zero, ranks, &world) {
-        return Err(format!(
-            "--zero {stage} shards over the ranks, and this run has one: start several \
-             (--nproc N, or braid launch; --nproc 1 runs the stage over one rank)"
-        ));
-    }
-    let shard_group = a.shard_group.unwrap_or(ranks);
-    if zero.is_some() && (shard_group == 0 || ranks % shard_group != 0) {
-        return Err(format!(
-            "--shard-group {shard_group} does not divide the {ranks} {}ranks: pick a divisor of \
-             {ranks} (the ranks form groups of that many, each holding one copy of the sharded \
-             state)",
-            if a.tp > 1 { "data-parallel " } else { "" }
-        ));
-    }
-
-    let lead = rank == 0;
-    let tensor = place.shard();
-    if let (true, Some(j)) = (lead, &a.json) {
-        j.claim_stdout()?;
-    }
-    if let Some(w) = &world {
-        if cuda {
-            let gpus = braid_cuda::device_count()
-                .map_err(|e| format!("rank {rank}: --device cuda: {e}"))?;
-            if w.local_world_size > gpus {
-                return Err(format!(
-                    "rank {rank}: {} workers on this node but only {gpus} GPU(s): one GPU per process \
-                     (start at most {gpus} workers per node)",
-                    w.local_world_size
-                ));
-            }
-        }
-        if !cuda || offload {
-            // The CPU engine's passes, or the offloaded optimizers' updates.
-            share_cores(w.local_world_size);
-        }
-    }
-    let batch = match a.global_batch {
-        None => a.batch,
-        Some(g) => {
-            let per = ranks * a.accum;
-            if g == 0 || g % per != 0 {
-                return Err(format!(
-                    "--global-batch {g} does not divide into {ranks} rank(s) x {} micro-batch(es): \
-                     pick a multiple of {per}",
-                    a.accum
-                ));
-            }
-            g / per
-        }
-    };
+    let p = super::train_place::placed(&a, &c)?;
     let pipe_flags = pipe_flags(&a);
-    // ZeRO's buckets hold whole layers: no deferred weight gradients.
-    let defer_for = |layers| match zero {
-        Some(_) => 0,
-        None => defer_layers(a.defer_layers, precision, ranks, layers),
-    };
-    // A loaded model is named by its file in the pre-flight's messages.
-    let model_name = match &a.load {
-        Some(path) => path.display().to_string(),
-        None => model.clone(),
-    };
-    // The model's configuration before anything is allocated: a loaded
-    // file's, or the named one, whose vocabulary grows to the data's
-    // where the name sets none (as nanoGPT takes its data's).
-    let (mut cfg, saved_tok) = match &a.load {
-        Some(path) => {
-            let (cfg, meta) = checkpoint::header_of(path).map_err(|e| e.to_string())?;
-            (cfg, meta.get("braid.tokenizer").cloned())
-        }
-        None => (GptConfig::parse(&model)?, None),
-    };
-    let mut tokenizer = tokenizer_for(a.tokenizer.as_deref(), saved_tok.as_ref(), cfg.vocab_size)?;
-    let data = open_data(&a.data, tokenizer, a.seed)?;
-    let data_vocab = data.source.max_token() as usize + 1;
-    let mut vocab_note = None;
-    if a.load.is_none() && !GptConfig::names_vocab(&model) && data_vocab > cfg.vocab_size {
-        let vocab = match data_vocab <= GPT2_VOCAB {
-            true => GPT2_VOCAB,
-            false => data_vocab,
-        };
-        vocab_note = Some(format!(
-            "vocabulary {vocab} from the data (it holds tokens up to {}; the model {} has {}: \
-             name one with -V to choose)",
-            data_vocab - 1,
-            model,
-            cfg.vocab_size
-        ));
-        cfg.vocab_size = vocab;
-        cfg.validate()?;
-        tokenizer = tokenizer_for(a.tokenizer.as_deref(), None, vocab)?;
-    }
-    let seq = match (a.seq, data.window) {
-        (Some(s), _) => s,
-        (None, Some(w)) => w.min(cfg.context),
-        (None, None) => 64.min(cfg.context),
-    };
-    // A custom model that names no context (-T) takes the run's.
-    let mut context_note = None;
-    if a.load.is_none() && seq > cfg.context && !GptConfig::names_context(&model) {
-        context_note = Some(format!(
-            "context {seq} from --seq (the model {} names none; -T<context> in its name sets it)",
-            model
-        ));
-        cfg.context = seq;
-    }
-    // Under --pp: the schedule and the stages, checked (the most basic
-    // first), and the micro-batches' rows.
-    let pipe_schedule = match a.pp {
-        1 => None,
-        _ => Some(super::train_pipeline::checked(
-            &pipe_flags,
-            Some(&cfg),
-            &model_name,
-            Some(batch),
-        )?),
-    };
-    if let (Some(s), true) = (&pipe_schedule, sequence) {
-        let rows = batch / s.micro_batches;
-        if (rows * seq) % a.tp != 0 {
-            return Err(format!(
-                "sequence parallelism splits a micro-batch's {rows} x {seq} tokens over the {} \
-                 ranks of a tensor group: pick a --batch, --micro-batches or --seq whose \
-                 micro-batch divides by {} (or --no-sp)",
-                a.tp, a.tp
-            ));
-        }
-    }
-    if place.sequence && (batch * seq) % a.tp != 0 {
-        return Err(format!(
-            "sequence parallelism splits a batch's {batch} x {seq} tokens over the {} ranks of a \
-             tensor group: pick a --batch or --seq whose product divides by {} (or --no-sp)",
-            a.tp, a.tp
-        ));
-    }
-    // A tensor-parallel rank's share of the parameters (what its model
-    // states are measured against); heads that do not split are refused
-    // here, before any memory.
-    same_model_as_checkpoint(&cfg, &model, resumed.as_ref())?;
-    let tensor_share = match a.tp {
-        1 => None,
-        _ => Some(braid_model::layout::Layout::tensor_parallel(&cfg, tensor, 1)?.len as u64),
-    };
-    let shape = super::preflight::Shape {
-        model: &model_name,
-        seq,
-        checkpointing: a.checkpointing,
-        sharding: Sharding {
-            stage: zero.unwrap_or(0),
-            ranks: shard_group,
-        },
-        ranks,
-        local_workers: world.as_ref().map_or(1, |w| w.local_world_size),
-        offload,
-        accum: a.accum,
-        tensor: a.tp,
-        sequence,
-        plain_grads: grad_comm == GradComm::Plain,
-        gpu_memory,
-    };
-    // Before the memory pre-flight: a --seq past the context is the
-    // cause, not the memory it would take.
-    check_fits(&cfg, seq, &*data.source)?;
-    if cuda && world.is_none() {
-        super::gpus_for(&a.device)?;
-    }
-    // Before the host spends time reading or initialising a model it (or
-    // the GPU) cannot hold; the GPU is checked again, with the same
-    // figures, once the run's device is set up.
-    let preflight = |cfg: &GptConfig| -> Result<(), String> {
-        let adamw = optimizer == OptimizerKind::AdamW;
-        super::preflight::host(&shape, cfg, batch, cuda, precision, adamw)?;
-        // (A pipeline rank holds its stages only: the whole model's
-        // figures do not apply; not estimated yet.)
-        if cuda && a.pp == 1 {
-            let local = braid_core::world::local_rank_from_env().unwrap_or(0);
-            let dev = braid_cuda::Device::open(local).map_err(|e| format!("--device cuda: {e}"))?;
-            let defer = defer_for(cfg.n_layer);
-            super::preflight::device(&shape, cfg, &dev, precision, batch, defer)?;
-        }
-        Ok(())
-    };
-    // Both arms give the parameters in the layout the run trains on.
-    let mut params = match &a.load {
-        Some(path) => {
-            preflight(&cfg)?;
-            // Read straight into that layout: one copy of the model.
-            let layout = train_layout(&cfg, zero, shard_group, tensor)?;
-            checkpoint::load_as(path, |_| layout)
-                .map_err(|e| e.to_string())?
-                .0
-        }
-        None => {
-            preflight(&cfg)?;
-            let started = Instant::now();
-            // Drawn straight into the layout the run trains on (values by
-            // tensor and chunk, not by offset: the same either way).
-            let p = Params::init_gpt2(
-                Arc::new(train_layout(&cfg, zero, shard_group, tensor)?),
-                a.seed,
-            );
-            if lead {
-                slow_note("parameters initialised", started, cfg.num_params());
-            }
-            p
-        }
-    };
+    let m = super::train_model::model_and_data(&a, &c)?;
+    let pipe_schedule = super::train_model::pipeline_schedule(&a, &pipe_flags, &m, &p, c.sequence)?;
+    let tensor_share = super::train_params::tensor_share(&a, &c, &p, &m)?;
+    let shape = super::train_params::shape(&a, &c, &p, &m);
+    let mut params = super::train_params::parameters(&a, &c, &p, &m, &shape)?;
     let cfg = params.layout.config;
-    let dump_grads = dump_grads_path(world_size, &place, zero)?;
+    let dump_grads = dump_grads_path(p.world_size, &p.place, c.zero)?;
     let lr = a.lr.unwrap_or_else(|| default_lr(cfg.num_params()));
-    let data_desc = data.describe(seq)?;
-    check_fits(&cfg, seq, &*data.source)?;
-    let mut loader =
-        TokenWindows::new(&*data.source, batch, seq, place.data_rank(), ranks, a.seed)?;
-    let mut opts = LoopOptions {
-        steps: a.steps,
-        accum: a.accum,
-        schedule: Schedule {
-            max_lr: lr,
-            min_lr: lr * 0.1,
-            warmup: a.warmup.min(a.steps.max(1)),
-            total: a.steps,
-        },
-        grad_clip: a.grad_clip,
-        eval_every: a.eval_every,
-        eval_batches: 4,
-        update: !a.fwd_bwd_only,
-        profile_warmup: 5,
-        measure_unoverlapped: ranks > 1,
-        // The GPU pre-flight decides (below).
-        saved_in_grads: false,
-        keep_first_grads: dump_grads.is_some(),
-    };
-    if lead {
-        for note in device
-            .chosen
-            .iter()
-            .chain(&model_note)
-            .chain(&vocab_note)
-            .chain(&context_note)
-            .chain(&sequence_note)
-        {
-            println!("{note}");
-        }
-        println!(
-            "braid train: model {} ({} layers, {} heads, width {}, vocab {}, context {}; {:.2}M \
-             parameters), {}, lr {}, seed {}",
-            model,
-            cfg.n_layer,
-            cfg.n_head,
-            cfg.n_embd,
-            cfg.vocab_size,
-            cfg.context,
-            cfg.num_params() as f64 / 1e6,
-            braid_core::words::count(a.steps, "step"),
-            lr,
-            a.seed,
-        );
-        println!(
-            "data: {} ({}, {}), batch {} x {} per rank{}, {}{}",
-            a.data,
-            data_desc,
-            tokenizer.name(),
-            batch,
-            seq,
-            if a.accum > 1 {
-                format!(" x {} micro-batches", a.accum)
-            } else {
-                String::new()
-            },
-            braid_core::words::count(rayon::current_num_threads(), "thread"),
-            if ranks > 1 {
-                format!(" per rank, {ranks} ranks")
-            } else {
-                String::new()
-            },
-        );
-        println!(
-            "initial loss should be about ln({}) = {:.3}",
-            cfg.vocab_size,
-            (cfg.vocab_size as f64).ln()
-        );
+    let data_desc = m.data.describe(m.seq)?;
+    check_fits(&cfg, m.seq, &*m.data.source)?;
+    let mut loader = TokenWindows::new(
+        &*m.data.source,
+        p.batch,
+        m.seq,
+        p.place.data_rank(),
+        p.ranks,
+        a.seed,
+    )?;
+    let mut opts = super::train_setup::loop_options(&a, lr, p.ranks, dump_grads.is_some());
+    if p.lead {
+        super::train_banner::print_banner(&a, &c, &p, &m, &cfg, lr, &data_desc);
     }
     // (A worker started by another launcher checks it too.)
     update_beside_removed()?;
-    let shard_choice = ShardChoice {
-        stage: zero,
-        keep_params: a.no_reshard_after_forward,
-        saved_in_grads: false,
-        half_gathers: true,
-        final_gather: a.save.is_some(),
-        split_reduce: super::preflight::split_embedding_grads(
-            &cfg,
-            zero.unwrap_or(0),
-            a.checkpointing,
-        )?,
-        kept_spares: super::preflight::env_choice(env::BRAID_ZERO3_SPARES, "kept", "capped")?,
+    let shard_choice = super::train_setup::shard_choice(&a, &c, &cfg)?;
+    let ddp = super::train_setup::ddp_options(&a, &c);
+    let comm = super::train_setup::communicator(&c, p.world_size)?;
+    let strategy_name = super::train_banner::strategy_name(&a, &c, &p, pipe_schedule.as_ref());
+    super::train_banner::grad_comm_note(&a, &c, p.lead);
+    let facts = super::train_banner::RunFacts {
+        cfg: &cfg,
+        lr,
+        warmup: opts.schedule.warmup,
+        comm: comm.as_ref(),
+        strategy: &strategy_name,
     };
-    let ddp = DdpOptions {
-        bucket_cap_mb: a.bucket_mb,
-        first_bucket_mb: a.first_bucket_mb,
-        grad_comm,
-        overlap: !a.no_overlap,
-    };
-    let comm = match &world {
-        Some(_) if world_size > 1 || zero.is_some() => {
-            let c = super::workers::init(CommOptions::from_env().map_err(|e| e.to_string())?)?;
-            super::workers::stop_on_sigterm(&c);
-            Some(c)
-        }
-        _ => None,
-    };
-    let strategy_name = match (zero, a.shard_group) {
-        (None, _) if ranks > 1 => "data parallel".to_string(),
-        (None, _) => "one process".to_string(),
-        (Some(z), None) => format!("ZeRO-{z}"),
-        (Some(z), Some(g)) => format!("ZeRO-{z}, shard groups of {g}"),
-    };
-    let strategy_name = match (place.tensor, zero.is_none() && ranks == 1) {
-        (1, _) => strategy_name,
-        (n, one_replica) => format!(
-            "tensor parallel {n}{}{}",
-            if place.sequence {
-                " (sequence parallel)"
-            } else {
-                ""
-            },
-            match one_replica {
-                true => String::new(),
-                false => format!(" x {strategy_name}"),
-            }
-        ),
-    };
-    // Under --pp the whole mesh names the strategy.
-    let strategy_name = match &pipe_schedule {
-        Some(s) => super::train_pipeline_run::strategy_name(s, &place, zero, a.shard_group),
-        None => strategy_name,
-    };
-    if a.resume.is_some() && grad_comm != GradComm::Plain && lead {
-        println!(
-            "note: --grad-comm {}: its state (error feedback) is not in checkpoints; a resumed run starts it afresh",
-            a.grad_comm
-        );
-    }
-    let run_desc = serde_json::json!({
-        "model": model,
-        "config": cfg,
-        "params": cfg.num_params(),
-        "backend": match (&comm, cuda) {
-            (Some(_), true) => "nccl".to_string(),
-            (Some(c), false) => c.backend_name().to_string(),
-            (None, _) => String::new(),
-        },
-        "tokenizer": tokenizer.name(),
-        "data": a.data,
-        "seed": a.seed,
-        "seq": seq,
-        "batch_per_rank": batch,
-        "accum": a.accum,
-        "ranks": world_size,
-        "data_parallel": ranks,
-        "tensor_parallel": place.tensor,
-        "sequence_parallel": place.sequence,
-        "global_batch": batch * ranks * a.accum,
-        "strategy": strategy_name,
-        "optimizer": a.optimizer,
-        "lr": lr,
-        "warmup": opts.schedule.warmup,
-        "steps": a.steps,
-        "weight_decay": a.weight_decay,
-        "grad_clip": a.grad_clip,
-        "precision": precision.name(),
-    });
-    let mut ckpt = super::train_ckpt::setup(
-        &super::train_ckpt::CkptFlags {
-            dir: a.ckpt_dir.as_deref(),
-            every: a.save_every,
-            keep: a.keep,
-            resume: a.resume.as_deref(),
-            sync: a.ckpt_sync,
-        },
-        rank,
-        world_size,
-        &strategy_name,
-        run_desc.clone(),
-        lead,
+    let run_desc = super::train_banner::run_description(&a, &c, &p, &m, &facts);
+    let mut ckpt =
+        super::train_setup::checkpoints(&a, &p, comm.as_ref(), &strategy_name, run_desc.clone())?;
+    let trace_desc = super::train_setup::trace_desc(
+        &a,
+        &run_desc,
+        &cfg,
+        pipe_schedule.as_ref(),
+        &pipe_flags,
+        &p,
     )?;
-    // A checkpoint is committed once every rank of the run has written
-    // its files: the agreement goes over the world, not the strategy's
-    // ranks (under --pp those are one stage's data group).
-    if let Some(c) = &comm {
-        ckpt.agree_over(c);
-    }
-    // Under --pp the trace also records the pipeline's layout (`braid report`).
-    let trace_desc = match &pipe_schedule {
-        Some(s) if a.trace.is_some() => {
-            super::train_pipeline_run::traced_desc(run_desc.clone(), &cfg, s, &pipe_flags, &place)?
-        }
-        _ => run_desc.clone(),
-    };
-    let mut tracing = super::train_trace::start(
-        a.trace.as_deref(),
-        a.metrics_addr.as_deref(),
-        comm.as_ref(),
-        trace_desc,
-        (batch * seq * a.accum * ranks) as f64,
-    )?;
-    let mut progress = Progress::new(lead, a.log_every, a.steps);
-    progress.metrics = tracing.live();
-    if !cuda {
-        progress.slow_hint = Some(match braid_cuda::device_count().unwrap_or(0) {
-            0 => "this CPU run will take over an hour: a smaller --model, fewer --steps or a \
-                  machine with a GPU finish sooner"
-                .to_string(),
-            g => format!(
-                "this run is on the CPU; --device cuda trains on the {g} GPU(s) here (--device \
-                 auto picks them when there is one per worker)"
-            ),
-        });
-    }
-    let mut tb = TokenBatch::new(batch, seq);
+    let mut tracing = super::train_setup::tracing(&a, &p, m.seq, comm.as_ref(), trace_desc)?;
+    let mut progress = super::train_setup::progress(&a, &c, p.lead, &tracing);
+    let mut tb = TokenBatch::new(p.batch, m.seq);
     let mut parts = LoopParts {
         progress: &mut progress,
         loader: &mut loader,
@@ -1367,7 +724,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         opts: &mut opts,
         ckpt: &mut ckpt,
         tracing: &mut tracing,
-        lead,
+        lead: p.lead,
         strategy: strategy_name.clone(),
     };
     // Under --pp: the parameters of this rank's stages, and the timeline.
@@ -1381,16 +738,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 schedule,
                 pipe_flags: &pipe_flags,
                 params: &mut params,
-                batch,
-                seq,
-                place: &place,
-                cuda,
-                precision,
-                optimizer,
+                batch: p.batch,
+                seq: m.seq,
+                place: &p.place,
+                cuda: c.cuda,
+                precision: c.precision,
+                optimizer: c.optimizer,
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
-                gpu_memory,
+                gpu_memory: c.gpu_memory,
                 shard_choice,
                 ddp,
             },
@@ -1399,15 +756,15 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         stage_params = Some(done.stage_params);
         pipeline_json = done.timeline_json;
         done.report
-    } else if !cuda {
+    } else if !c.cuda {
         let (run, trained) = super::train_cpu_run::run(
             super::train_cpu_run::CpuRun {
                 comm,
                 params,
-                batch,
-                seq,
-                place: &place,
-                optimizer,
+                batch: p.batch,
+                seq: m.seq,
+                place: &p.place,
+                optimizer: c.optimizer,
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
@@ -1425,14 +782,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 cfg,
                 params: &mut params,
                 shape: &shape,
-                batch,
-                seq,
-                place: &place,
-                ranks,
-                precision,
-                zero,
-                offload,
-                defer: defer_for(cfg.n_layer),
+                batch: p.batch,
+                seq: m.seq,
+                place: &p.place,
+                ranks: p.ranks,
+                precision: c.precision,
+                zero: c.zero,
+                offload: c.offload,
+                defer: super::train_params::deferred_layers(&a, &c, p.ranks, cfg.n_layer),
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
@@ -1442,57 +799,22 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
             &mut parts,
         )?
     };
-    let tokens_per_step = (batch * seq * a.accum * ranks) as f64;
-    if let (Some(path), Some(grads)) = (&dump_grads, &run.first_grads) {
-        write_first_grads(path, &params.layout, grads)?;
-    }
-    if lead {
-        let summary = print_summary(
-            &run,
-            &cfg,
-            seq,
-            tokens_per_step,
-            cuda.then_some(precision),
-            world_size,
-        );
-        print_state(
-            &run,
-            &cfg,
-            stage_params.or(tensor_share),
-            zero.unwrap_or(0),
-            shard_group,
-        );
-        if let Some(out) = &a.json {
-            write_json(out, &run, summary.as_ref(), cfg.n_layer, pipeline_json)?;
-        }
-        if a.fwd_bwd_only && run.steps.len() > 1 {
-            let mut tps: Vec<f64> = run.steps[1..].iter().map(|r| r.tokens_per_s).collect();
-            tps.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
-            println!(
-                "forward+backward: median {:.1} tokens/s over {} steps (first step not counted)",
-                tps[tps.len() / 2],
-                tps.len()
-            );
-        }
-        if let Some(path) = &a.save {
-            let dtype = braid_core::DType::parse(&a.save_dtype)?;
-            checkpoint::save_as(
-                &params,
-                path,
-                dtype,
-                &[("braid.tokenizer", tokenizer.name())],
-            )
-            .map_err(|e| e.to_string())?;
-            println!("saved {}", path.display());
-        }
-    }
+    let done = super::train_summary::Finished {
+        run,
+        cfg: &cfg,
+        params: &params,
+        held: stage_params.or(tensor_share),
+        pipeline_json,
+        dump_grads: dump_grads.as_deref(),
+    };
+    super::train_summary::finish(&a, &c, &p, &m, done)?;
     Ok(0)
 }
 
 /// What `--pp`, `--micro-batches`, `--schedule` and `--stage-layers` ask
 /// (the schedule 1F1B and twice as many micro-batches as stages unless
 /// told).
-fn pipe_flags(a: &TrainArgs) -> super::train_pipeline::PipeFlags<'_> {
+pub(super) fn pipe_flags(a: &TrainArgs) -> super::train_pipeline::PipeFlags<'_> {
     super::train_pipeline::PipeFlags {
         ranks: a.pp,
         micro: a.micro_batches.unwrap_or(2 * a.pp),
@@ -1526,7 +848,11 @@ fn dump_grads_path(
 
 /// Writes the first step's gradients (`grads`, in `layout`) to `path` as
 /// safetensors under the parameters' Hugging Face names (f32).
-fn write_first_grads(path: &Path, layout: &Arc<Layout>, grads: &[f32]) -> Result<(), String> {
+pub(super) fn write_first_grads(
+    path: &Path,
+    layout: &Arc<Layout>,
+    grads: &[f32],
+) -> Result<(), String> {
     if grads.len() != layout.len {
         return Err(format!(
             "BRAID_DUMP_GRADS: {} gradients for a layout of {} parameters",
@@ -1555,7 +881,7 @@ fn write_first_grads(path: &Path, layout: &Arc<Layout>, grads: &[f32]) -> Result
 /// The layout a run trains on: this rank's share of the model under
 /// `--tp`; under `--zero`, every block padded so that it splits into one
 /// equal, aligned block per rank of the shard group.
-fn train_layout(
+pub(super) fn train_layout(
     cfg: &GptConfig,
     zero: Option<u8>,
     shard_group: usize,
@@ -1578,10 +904,10 @@ pub(super) fn slow_note(what: &str, started: Instant, params: usize) {
 }
 
 /// The training data, opened.
-struct TrainData {
-    source: Box<dyn WindowSource>,
+pub(crate) struct TrainData {
+    pub(super) source: Box<dyn WindowSource>,
     /// A `.beton` file's window length (`T`, the tokens before the last).
-    window: Option<usize>,
+    pub(super) window: Option<usize>,
     path: String,
     beton: bool,
 }
@@ -1589,7 +915,7 @@ struct TrainData {
 impl TrainData {
     /// What the data holds at sequence length `seq`, for the banner;
     /// refuses a `.beton` file whose windows are shorter.
-    fn describe(&self, seq: usize) -> Result<String, String> {
+    pub(super) fn describe(&self, seq: usize) -> Result<String, String> {
         match self.window {
             Some(w) if w < seq => Err(format!(
                 "{}: its windows hold {w} tokens; --seq {seq} needs more: use --seq {w} or less, \
@@ -1615,7 +941,7 @@ impl TrainData {
 
 /// The training data: a `.beton` file's token windows, or a token
 /// dataset (synthetic, random, text, shards) loaded into memory.
-fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, String> {
+pub(super) fn open_data(data: &str, tokenizer: Tokenizer, seed: u64) -> Result<TrainData, String> {
     let path = std::path::Path::new(data);
     if path.extension().is_some_and(|e| e == "beton") {
         let b = BetonTokens::open(path, None)?;
