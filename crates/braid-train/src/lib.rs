@@ -30,10 +30,13 @@
 //! - [`memory_phase`]: which part of a step holds the most device memory;
 //! - [`lend`]: one process's gradient buffer lent to the activations
 //!   saved for the backward pass;
+//! - [`assemble`]: a run's strategy built in one place from its data
+//!   group and mesh;
 //! - [`checkpoint`]: sharded checkpoints — written in the background by
 //!   every rank, committed atomically, loaded under any strategy and
 //!   world (resharding).
 
+pub mod assemble;
 pub mod checkpoint;
 pub mod collective;
 pub mod cuda;

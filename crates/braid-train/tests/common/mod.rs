@@ -16,22 +16,19 @@ use braid_model::layout::TensorShard;
 use braid_model::optim::Schedule;
 use braid_model::{GptConfig, Layout, Params};
 use braid_store::{ClientOptions, ServerOptions, StoreClient, StoreServer};
+use braid_train::assemble::{strategy, DataStrategy, ShardChoice, TensorSide};
 use braid_train::collective::{Collective, HostCollective};
-use braid_train::ddp::{DataParallel, DdpOptions};
-use braid_train::engine::{
-    Checkpointable, EngineInfo, LendsMemory, ShardedOptimizer, ShardedParams,
-};
+use braid_train::ddp::DdpOptions;
+use braid_train::engine::Checkpointable;
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage};
 use braid_train::loader::TokenWindows;
-use braid_train::mesh::{DataGroups, Degrees, Mesh};
+use braid_train::mesh::{Degrees, Mesh};
 use braid_train::pipeline::assign::{assign, head_cost};
 use braid_train::schedule::build::ScheduleKind;
 use braid_train::schedule::check::Checked;
-use braid_train::tensor_parallel::{HostTensorGroup, TensorParallel};
-use braid_train::zero::{Zero, ZeroOptions};
-use braid_train::zero3::Zero3;
+use braid_train::tensor_parallel::HostTensorGroup;
 use braid_train::{engines::TokenBatch, train};
-use braid_train::{Engine, Host, LoopOptions, RunReport, Single, Strategy};
+use braid_train::{Engine, LoopOptions, RunReport, Single, Strategy};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -320,54 +317,43 @@ impl Spec {
     }
 }
 
-/// The data dimension's strategy over `data` (as `braid train` builds it
-/// for `--zero` / `--shard-group`; buckets small enough that several
-/// overlap the backward pass).
-fn over_data<E>(spec: &Spec, data: DataGroups<HostCollective>) -> Box<dyn Strategy<E>>
+/// The run's strategy as `braid train` assembles it
+/// ([`braid_train::assemble::strategy`]): over the data group `data`
+/// (none: one replica) as `spec.over` says, hybrid sharding's groups from
+/// `mesh`, wrapped for the tensor groups where `tensor` says; buckets
+/// small enough that several overlap the backward pass.
+fn strategy_of<E>(
+    spec: &Spec,
+    data: Option<HostCollective>,
+    mesh: &Mesh,
+    tensor: Option<TensorSide>,
+) -> Box<dyn Strategy<E>>
 where
-    E: ShardedParams + LendsMemory + EngineInfo + Engine<Space = Host> + 'static,
+    E: DataStrategy<HostCollective>,
 {
-    let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
-        Over::Ddp | Over::Zero1 => return replicated(spec, data),
-        Over::Zero2 => Zero3::stage_2(data).map(|z| Box::new(z) as Box<dyn Strategy<E>>),
+    let (stage, keep_params) = match spec.over {
+        Over::Ddp => (None, false),
+        Over::Zero1 => (Some(1), false),
+        Over::Zero2 => (Some(2), false),
         Over::Zero3 {
             reshard_after_forward,
-        } => Zero3::new(data, reshard_after_forward)
-            .map(|z| Box::new(z.with_final_gather(true)) as Box<dyn Strategy<E>>),
+        } => (Some(3), !reshard_after_forward),
     };
-    built.unwrap_or_else(|e| panic!("the strategy: {e}"))
-}
-
-/// [`over_data`] where the parameters stay whole (data parallelism,
-/// ZeRO-1): what a pipeline's data dimension runs.
-fn replicated<E>(spec: &Spec, data: DataGroups<HostCollective>) -> Box<dyn Strategy<E>>
-where
-    E: ShardedOptimizer + EngineInfo + Engine<Space = Host> + 'static,
-{
-    let (cap, first) = (0.02, 0.01);
-    let built: braid_train::Result<Box<dyn Strategy<E>>> = match spec.over {
-        Over::Ddp => Ok(Box::new(DataParallel::new(
-            data.all,
-            DdpOptions {
-                bucket_cap_mb: cap,
-                first_bucket_mb: first,
-                ..DdpOptions::default()
-            },
-        ))),
-        Over::Zero1 => Zero::new(
-            data,
-            ZeroOptions {
-                stage: 1,
-                bucket_cap_mb: cap,
-                first_bucket_mb: first,
-            },
-        )
-        .map(|z| Box::new(z) as Box<dyn Strategy<E>>),
-        other => Err(format!(
-            "{other:?} shards the parameters: not over whole ones"
-        )),
+    let choice = ShardChoice {
+        stage,
+        keep_params,
+        saved_in_grads: false,
+        half_gathers: true,
+        final_gather: true,
+        split_reduce: false,
+        kept_spares: None,
     };
-    built.unwrap_or_else(|e| panic!("the strategy: {e}"))
+    let ddp = DdpOptions {
+        bucket_cap_mb: 0.02,
+        first_bucket_mb: 0.01,
+        ..DdpOptions::default()
+    };
+    strategy(data, mesh, tensor, choice, ddp).unwrap_or_else(|e| panic!("the strategy: {e}"))
 }
 
 /// A tensor group's model collectives.
@@ -399,7 +385,7 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
     // Every rank splits the same dimensions in the same order.
     let pipe = (spec.pipe > 1).then(|| split("pipe"));
     let tensor = (spec.tensor > 1).then(|| split("tensor"));
-    let data = DataGroups::split(&mesh, all).expect("the data groups");
+    let data = split("data");
     let data_rank = mesh.coord("data");
     // ZeRO's blocks split into equal, aligned slices over a shard group.
     let multiple = match spec.sharded() {
@@ -428,17 +414,14 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
     let (run, share) = match pipe {
         None => {
             let mut engine = make(whole_share, spec.rows);
-            let inner = over_data(spec, data);
-            let mut s: Box<dyn Strategy<CpuGpt>> = match spec.tensor {
-                1 => inner,
-                n => Box::new(TensorParallel::new(
-                    inner,
-                    comm.clone(),
-                    n,
-                    spec.sequence,
-                    mesh.describe(),
-                )),
-            };
+            let tensor = groups.as_ref().map(|g| TensorSide {
+                world: comm.clone(),
+                tensor: spec.tensor,
+                sequence: spec.sequence,
+                mesh: mesh.describe(),
+                traffic: g.traffic(),
+            });
+            let mut s: Box<dyn Strategy<CpuGpt>> = strategy_of(spec, Some(data), &mesh, tensor);
             let run = train_rank(
                 &mut engine,
                 &mut *s,
@@ -489,13 +472,14 @@ fn rank(spec: &Spec, comm: Communicator) -> Trained {
                 spec.checkpointing,
             )
             .expect("a pipeline stage");
-            let mut s: Box<dyn Strategy<CpuStage>> = match spec.data {
+            let data = match spec.data {
                 1 => {
                     engine = engine.owning_grads();
-                    Box::new(Single)
+                    None
                 }
-                _ => over_data(spec, data),
+                _ => Some(data),
             };
+            let mut s: Box<dyn Strategy<CpuStage>> = strategy_of(spec, data, &mesh, None);
             let run = train_rank(&mut engine, &mut *s, spec.rows, 1, data_rank, spec.data);
             drop(s);
             let mine = engine.into_params();

@@ -6,9 +6,9 @@
 
 use super::train::LoopParts;
 use super::train_mesh::Place;
-use super::train_strategy::{strategy, ShardChoice, TensorSide};
 use braid_comm::Communicator;
 use braid_model::Params;
+use braid_train::assemble::{strategy, ShardChoice, TensorSide};
 use braid_train::collective::HostCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::CpuGpt;

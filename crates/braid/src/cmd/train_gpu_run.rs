@@ -8,10 +8,10 @@
 use super::preflight::Shape;
 use super::train::LoopParts;
 use super::train_mesh::Place;
-use super::train_strategy::{strategy, ShardChoice, TensorSide};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_model::{GptConfig, Params};
+use braid_train::assemble::{strategy, ShardChoice, TensorSide};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{GpuGpt, Precision};

@@ -10,11 +10,11 @@
 use super::train::LoopParts;
 use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
-use super::train_strategy::{strategy, ShardChoice};
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_core::env;
 use braid_model::{GptConfig, Params};
+use braid_train::assemble::{strategy, ShardChoice};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
