@@ -6,7 +6,8 @@
 //! shard once final, and the buffer reused), which stage 3 builds on
 //! ([`ShardedParams`](super::ShardedParams)).
 
-use super::{Flat, ShardedOptimizer};
+use super::core::Flat;
+use super::sharded_optimizer::ShardedOptimizer;
 use crate::Result;
 use std::ops::Range;
 

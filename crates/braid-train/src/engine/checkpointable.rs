@@ -2,7 +2,7 @@
 //! buffer as named tensors ([`NamedTensor`]) and its optimizer's state,
 //! copied out moment by moment and loaded back ([`OptimizerState`]).
 
-use super::EngineInfo;
+use super::info::EngineInfo;
 use crate::Result;
 use std::ops::Range;
 

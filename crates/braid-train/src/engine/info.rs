@@ -8,7 +8,7 @@
 //! optimizer), as do the loop (the state account, the profile) and
 //! checkpoints (master weights in host memory).
 
-use super::Engine;
+use super::core::Engine;
 use std::ops::Range;
 
 /// A two-dimensional parameter inside the flat buffer: `rows × cols`

@@ -4,7 +4,7 @@
 //! buffer written unit by unit ([`crate::lend`]), or ZeRO-3's gradient
 //! shard — and given their own memory back.
 
-use super::{Engine, Flat};
+use super::core::{Engine, Flat};
 use crate::Result;
 use std::ops::Range;
 

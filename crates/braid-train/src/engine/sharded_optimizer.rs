@@ -4,7 +4,7 @@
 //! updates its slice from its reduce-scattered gradients alone) — with
 //! the gradient norm over such a shard.
 
-use super::{Engine, Flat, UpdateStep};
+use super::core::{Engine, Flat, UpdateStep};
 use crate::Result;
 use std::ops::Range;
 

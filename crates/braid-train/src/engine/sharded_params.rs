@@ -4,7 +4,8 @@
 //! it ([`ParamUnits`](super::ParamUnits)), optionally in bf16, and updates
 //! the shard alone; at the end it takes the whole parameters back.
 
-use super::{BlockGrads, Flat, UpdateStep};
+use super::blocks::BlockGrads;
+use super::core::{Flat, UpdateStep};
 use crate::Result;
 use std::ops::Range;
 
