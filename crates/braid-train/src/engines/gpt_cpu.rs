@@ -4,10 +4,9 @@
 //! ([`CpuGpt::tensor_parallel`]), whose gradient norm is summed over its
 //! tensor group (the tensors every rank holds whole counted once).
 
-use super::{
-    backward_unit_name, copy_at, forward_unit_name, gpt_describe, gpt_matrices, gpt_param_units,
-    gpt_tensors, gpt_units, moment, TokenBatch,
-};
+use super::describe::{gpt_describe, gpt_matrices};
+use super::state::{copy_at, gpt_tensors, moment};
+use super::units::{backward_unit_name, forward_unit_name, gpt_param_units, gpt_units};
 use crate::engine::{
     check_shard, state_ranges, BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix,
     NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams,
@@ -15,6 +14,7 @@ use crate::engine::{
 };
 use crate::space::{Host, HostWindow};
 use crate::Result;
+use braid_data::loader::TokenBatch;
 use braid_model::optim::{sum_of_squares, AdamWConfig, Optimizer};
 use braid_model::tensor_comm::{ReduceKind, TensorComm};
 use braid_model::{Activations, Block, Gpt, Layout, Params};

@@ -18,8 +18,9 @@
 //! gradients from them later (under activation checkpointing the whole
 //! pass runs at the input half).
 
+use super::describe::gpt_describe;
 use super::gpt_cpu::CpuGpt;
-use super::{gpt_describe, TokenBatch};
+use super::state::stage_tensors;
 use crate::engine::{
     BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix, NamedTensor,
     OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams, StateBytes, Unit,
@@ -34,6 +35,7 @@ use crate::schedule::Schedule;
 use crate::space::{Host, HostWindow};
 use crate::Result;
 use braid_comm::{Communicator, ReduceOp};
+use braid_data::loader::TokenBatch;
 use braid_model::{Activations, Block, Gpt, Layout, Stage};
 use braid_trace::{scope, Cat};
 use std::ops::Range;
@@ -860,7 +862,7 @@ impl LendsMemory for CpuStage {
 
 impl Checkpointable for CpuStage {
     fn tensors(&self) -> Vec<NamedTensor> {
-        super::stage_tensors(self.layout(), self.second_copy())
+        stage_tensors(self.layout(), self.second_copy())
     }
 
     fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {

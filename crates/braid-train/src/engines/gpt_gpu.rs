@@ -5,12 +5,10 @@
 //! the optimizer offloaded ([`GpuGpt::offloaded`]), master weights and
 //! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
+use super::describe::{gpt_describe, gpt_matrices};
 use super::offload::HostOptimizer;
-use super::{backward_unit_name, forward_unit_name};
-use super::{
-    copy_at, gpt_describe, gpt_matrices, gpt_param_units, gpt_tensors, gpt_units, moment,
-    TokenBatch,
-};
+use super::state::{copy_at, gpt_tensors, moment};
+use super::units::{backward_unit_name, forward_unit_name, gpt_param_units, gpt_units};
 use crate::engine::{
     check_shard, state_ranges, BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix,
     NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams,
@@ -20,6 +18,7 @@ use crate::space::Gpu;
 use crate::Result;
 use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, DeviceWindow, Stream};
+use braid_data::loader::TokenBatch;
 use braid_model::cuda::f32_params::{F32Params, Piece, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;

@@ -26,9 +26,11 @@
 //! norm and the update read the stage's (one gradient buffer on the GPU,
 //! not two).
 
+use super::describe::gpt_describe;
 use super::gpt_gpu::GpuGpt;
-use super::{gpt_describe, TokenBatch};
+use super::state::stage_tensors;
 
+mod err;
 mod model;
 mod passes;
 use crate::engine::{
@@ -47,14 +49,12 @@ use braid_comm::gpu::GpuCommunicator;
 use braid_comm::ReduceOp;
 use braid_cuda::memory::{copy_async, zero_async};
 use braid_cuda::{DeviceBuffer, DeviceWindow, Stream};
+use braid_data::loader::TokenBatch;
 use braid_model::{Block, Layout, Stage};
+use err::e;
 pub(crate) use model::StageModel;
 use passes::Passes;
 use std::ops::Range;
-
-pub(super) fn e(x: impl std::fmt::Display) -> String {
-    x.to_string()
-}
 
 /// One pipeline rank's stages on its GPU.
 pub struct GpuStage {
@@ -541,7 +541,7 @@ impl ShardedOptimizer for GpuStage {
 
 impl Checkpointable for GpuStage {
     fn tensors(&self) -> Vec<NamedTensor> {
-        super::stage_tensors(self.layout(), self.second_copy())
+        stage_tensors(self.layout(), self.second_copy())
     }
 
     fn optimizer_moments(&self) -> Result<(String, Vec<String>)> {

@@ -2,7 +2,7 @@
 //! [`StageModel`] (the model with the parameters its passes read) and
 //! [`Saved`] (a micro-batch's buffers of that form).
 
-use super::e;
+use super::err::e;
 use crate::Result;
 use braid_cuda::{DeviceBuffer, DeviceWindow};
 use braid_model::cuda::f32_params::F32Params;

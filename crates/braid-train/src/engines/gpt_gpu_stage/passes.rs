@@ -3,13 +3,15 @@
 //! as the schedule goes), the step's gradients, and the time marks on the
 //! compute stream.
 
+use super::err::e;
 use super::model::Saved;
-use super::{e, GpuGpt, TokenBatch};
+use crate::engines::gpt_gpu::GpuGpt;
 use crate::pipeline::exec::StagePasses;
 use crate::pipeline::in_flight::InFlight;
 use crate::Result;
 use braid_cuda::memory::copy_async;
 use braid_cuda::{DeviceBuffer, Event, Stream};
+use braid_data::loader::TokenBatch;
 use braid_model::Stage;
 use std::ops::Range;
 
