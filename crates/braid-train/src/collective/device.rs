@@ -12,13 +12,12 @@
 //! timeout, so a dead or stuck peer becomes an error, not a hang.
 
 use super::copy_engine::{nccl_tail, AllReduceChoice, CopyEngineReduce};
+use super::core::{Bucket, Collective, Drive, During, End, GatherPart, ScatterPart};
+use super::exchange::{block_of, check_exchange};
+use super::grad_comm::GradComm;
 use super::host::{count, count_half};
 use super::powersgd::{self, MatOps, PowerSgdState};
 use super::symmetric_blocks::Wish;
-use super::{
-    block_of, check_exchange, Bucket, Collective, Drive, During, End, GatherPart, GradComm,
-    ScatterPart,
-};
 use crate::cuda::HookKernels;
 use crate::space::{Gpu, Window};
 use crate::strategy::CommStep;

@@ -9,11 +9,11 @@
 //! runs bucket by bucket after the backward pass (its two dependent
 //! all-reduces per bucket block on the CPU).
 
+use super::core::{Bucket, Collective, Drive, During, End, GatherPart, ScatterPart};
+use super::exchange::{block_of, check_exchange, disjoint_mut};
+use super::grad_comm::GradComm;
 use super::powersgd::{self, HostOps, PowerSgdState};
-use super::{
-    block_of, check_exchange, disjoint_mut, ring_half_wire_bytes, ring_wire_bytes, Bucket,
-    Collective, Drive, During, End, GatherPart, GradComm, ScatterPart,
-};
+use super::wire::{ring_half_wire_bytes, ring_wire_bytes};
 use crate::space::{Host, HostWindow, Window};
 use crate::strategy::CommStep;
 use crate::Result;

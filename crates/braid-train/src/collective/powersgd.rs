@@ -13,7 +13,8 @@
 //! the error kept for the next step is `before − result / ranks`, over the
 //! whole bucket, as PyTorch keeps it.
 
-use super::{ring_wire_bytes, Bucket};
+use super::core::Bucket;
+use super::wire::ring_wire_bytes;
 use crate::strategy::CommStep;
 use crate::Result;
 use braid_model::rng::Rng;
