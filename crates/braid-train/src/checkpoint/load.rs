@@ -5,8 +5,9 @@
 //! files, a different model).
 
 use super::format::{self, Header, PieceName};
+use super::names::{FORMAT, LATEST, MANIFEST};
 use super::save::{committed, step_dir_name, Manifest};
-use super::{StateSource, FORMAT, LATEST, MANIFEST};
+use super::state::StateSource;
 use crate::engine::NamedTensor;
 use crate::Result;
 use std::collections::{BTreeMap, HashMap};

@@ -24,50 +24,22 @@
 
 pub mod format;
 pub mod load;
+mod names;
 pub mod save;
 pub mod staging;
+mod state;
 
 pub use load::CheckpointReader;
+pub use names::{FORMAT, INDEX, LATEST, MANIFEST};
 pub use save::{Checkpointer, SaveReport};
 pub use staging::{HostBuf, Staging};
+pub use state::{StatePart, StateSource};
 
 use crate::engine::{Checkpointable, NamedTensor, OptimizerState};
 use crate::engines::copy_at;
 use crate::space::Space;
 use crate::Result;
 use std::ops::Range;
-
-/// The manifest's format tag.
-pub const FORMAT: &str = "braid-checkpoint/1";
-/// The manifest's file name inside a checkpoint.
-pub const MANIFEST: &str = "braid-checkpoint.json";
-/// Hugging Face's index of the weight files.
-pub const INDEX: &str = "model.safetensors.index.json";
-/// The file in the checkpoint root naming the newest checkpoint.
-pub const LATEST: &str = "latest";
-
-/// The part of the model state one rank writes: flat elements `ranges`
-/// (of the engine's buffer, increasing), their parameters and their
-/// optimizer state, each laid out as the ranges one after another, in
-/// host memory from the save's [`Staging`].
-#[derive(Debug)]
-pub struct StatePart {
-    /// The flat elements.
-    pub ranges: Vec<Range<usize>>,
-    /// Their parameters (f32 master weights).
-    pub params: HostBuf,
-    /// The optimizer's kind (`adamw`, `sgd`).
-    pub kind: String,
-    /// Its moments of those elements, by name.
-    pub moments: Vec<(String, HostBuf)>,
-}
-
-impl StatePart {
-    /// Its buffers, to be reused by the next save.
-    pub fn into_bufs(self) -> impl Iterator<Item = HostBuf> {
-        std::iter::once(self.params).chain(self.moments.into_iter().map(|(_, b)| b))
-    }
-}
 
 /// The optimizer state of the elements `ranges` (each inside one range
 /// the optimizer owns), into buffers from `staging`.
@@ -85,25 +57,6 @@ pub fn moments_part<E: Checkpointable>(
         moments.push((name, buf));
     }
     Ok((kind, moments))
-}
-
-/// Where a resumed run reads its state from.
-pub trait StateSource {
-    /// The values of `what` — `params`, or a moment's name — for the
-    /// elements `ranges` of a flat buffer whose tensors are `tensors`,
-    /// one range after another (elements between tensors, the padding of
-    /// a sharded layout, are 0). A tensor the source lacks, or holds in
-    /// another shape, is an error naming it.
-    fn read(
-        &self,
-        what: &str,
-        tensors: &[NamedTensor],
-        ranges: &[Range<usize>],
-    ) -> Result<Vec<f32>>;
-    /// The optimizer's kind (`adamw`, `sgd`) and its moments' names.
-    fn optimizer(&self) -> (String, Vec<String>);
-    /// Optimizer steps taken when it was written.
-    fn step(&self) -> u64;
 }
 
 /// The optimizer state for `ranges` read from `from`.

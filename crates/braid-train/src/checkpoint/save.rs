@@ -13,8 +13,9 @@
 //! previous one.
 
 use super::format::{self, Entry, PieceName};
+use super::names::{FORMAT, INDEX, LATEST, MANIFEST};
 use super::staging::Staging;
-use super::{StatePart, FORMAT, INDEX, LATEST, MANIFEST};
+use super::state::StatePart;
 use crate::engine::NamedTensor;
 use crate::Result;
 use std::collections::BTreeMap;
