@@ -4,7 +4,7 @@
 //! (`Lists`). The kind is parsed from `--schedule`
 //! ([`ScheduleKind::parse`]).
 
-use super::{Action, Op, Schedule};
+use super::actions::{Action, Op, Schedule};
 use crate::Result;
 
 /// A built-in schedule.

@@ -18,7 +18,7 @@
 //! contract — so the same run finds deadlocks, and with the passes'
 //! costs gives the schedule's idle time in theory.
 
-use super::{Action, Op, Schedule};
+use super::actions::{Action, Op, Schedule};
 use crate::Result;
 use std::collections::HashMap;
 

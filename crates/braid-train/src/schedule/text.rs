@@ -7,7 +7,7 @@
 //! input gradient / receive the output's. `#` starts a comment. The ranks,
 //! stages per rank and micro-batches are read off the actions.
 
-use super::{Action, Op, Schedule};
+use super::actions::{Action, Op, Schedule};
 use crate::Result;
 use std::fmt;
 
