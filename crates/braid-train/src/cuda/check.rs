@@ -4,7 +4,7 @@
 //! element-wise passes must match exactly, and the orthogonalisation must
 //! match the CPU's Gram-Schmidt to float precision.
 
-use super::HookKernels;
+use super::hooks::HookKernels;
 use crate::collective::powersgd::orthogonalize_host;
 use braid_cuda::{Device, DeviceBuffer, Result, Stream};
 use braid_model::cuda::check::{bits_differ, KernelCheck};
