@@ -4,7 +4,7 @@
 //! product weighs the values. The backward pass mirrors it. Same inputs and
 //! outputs as the CPU kernel (`cpu::attention`).
 
-use super::{karg, Kernels};
+use super::kernels::{karg, Kernels};
 use crate::cpu::attention::AttnShape;
 use braid_cuda::blas::{Blas, Operand};
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, Result, Stream};

@@ -9,7 +9,7 @@
 //! pass — while the GPU still runs the layers' backward passes queued
 //! before it — rather than before the forward pass could start.
 
-use super::{token_buckets, Kernels};
+use super::kernels::{token_buckets, Kernels, VocabRows};
 use braid_cuda::memory::PinnedBuffer;
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Event, Result, Stream};
 
@@ -197,7 +197,7 @@ impl DeviceBatch {
         dout: &impl DeviceMem<f32>,
         t: usize,
         c: usize,
-        rows: super::VocabRows,
+        rows: VocabRows,
     ) -> Result<()> {
         self.group_by_token(s)?;
         if rows.first + rows.v > self.vocab {

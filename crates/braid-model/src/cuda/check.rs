@@ -3,7 +3,7 @@
 //! per kernel (f32 on both sides; the GPU sums in another order and uses
 //! its own `tanhf`/`expf`).
 
-use super::{token_buckets, Kernels};
+use super::kernels::{token_buckets, Kernels};
 use crate::cpu;
 use crate::rng::Rng;
 use braid_cuda::{Device, DeviceBuffer, Result, Stream};

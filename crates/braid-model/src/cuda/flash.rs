@@ -15,7 +15,7 @@
 //! each pass's products ([`Products`]).
 
 use super::mixed::{MixedKernels, A};
-use super::SOURCES;
+use super::sources::SOURCES;
 use crate::cpu::attention::AttnShape;
 use braid_core::env;
 use braid_cuda::nvrtc::{Function, Module};

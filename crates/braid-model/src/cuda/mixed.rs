@@ -4,7 +4,8 @@
 //! a wrong size is an error rather than an out-of-bounds kernel.
 
 use super::flash::FlashKernels;
-use super::SOURCES;
+use super::kernels::VocabRows;
+use super::sources::SOURCES;
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 use half::bf16;
@@ -929,7 +930,7 @@ impl MixedKernels {
         sums: &mut impl DeviceMem<f32>,
         targets: &impl DeviceMem<i32>,
         n: usize,
-        rows: super::VocabRows,
+        rows: VocabRows,
         ld: usize,
     ) -> Result<()> {
         need("logits", logits.dlen(), n * ld)?;
@@ -961,7 +962,7 @@ impl MixedKernels {
         sums: &impl DeviceMem<f32>,
         targets: &impl DeviceMem<i32>,
         n: usize,
-        rows: super::VocabRows,
+        rows: VocabRows,
         ld: usize,
         scale: f32,
     ) -> Result<()> {

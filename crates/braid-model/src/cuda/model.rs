@@ -22,7 +22,7 @@ use super::attention::{attention_backward, attention_forward, AttnScratch};
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
 use super::held::{held, held_mut, not_held};
-use super::{Kernels, VocabRows};
+use super::kernels::{Kernels, VocabRows};
 use crate::block::{Act, LayerRanges};
 use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;

@@ -1,0 +1,697 @@
+//! [`Kernels`]: the f32 kernels (`kernels.cu`) loaded on one device and
+//! launched on device buffers, with the inputs they take besides
+//! buffers: a tensor-parallel rank's vocabulary rows ([`VocabRows`]) and
+//! the positions grouped by token for the embedding backward pass
+//! ([`token_buckets`]).
+
+use super::sources::SOURCES;
+use braid_cuda::nvrtc::{Function, Module};
+use braid_cuda::{Device, DeviceMem, Result, Stream};
+use std::ffi::c_void;
+
+const BLOCK: u32 = 256;
+
+fn grid(n: usize, per_block: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per_block).max(1) as u32, 1, 1)
+}
+
+/// Pointer to a kernel argument, as cuLaunchKernel wants it.
+fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+/// The loaded kernels of one device.
+pub struct Kernels {
+    _module: Module,
+    pool: braid_cuda::DevicePool,
+    encoder_forward: Function,
+    encoder_backward_wpe: Function,
+    encoder_backward_wte: Function,
+    layernorm_forward: Function,
+    layernorm_backward_inp: Function,
+    layernorm_backward_params: Function,
+    gelu_forward: Function,
+    gelu_backward: Function,
+    residual_forward: Function,
+    softmax_cross_entropy: Function,
+    pub(crate) permute_qkv: Function,
+    pub(crate) unpermute: Function,
+    pub(crate) permute_grad: Function,
+    pub(crate) unpermute_qkv_grad: Function,
+    pub(crate) softmax_causal_forward: Function,
+    pub(crate) softmax_causal_backward: Function,
+    add_bias: Function,
+    bias_backward: Function,
+    sumsq_partial: Function,
+    encoder_forward_part: Function,
+    vocab_row_max: Function,
+    vocab_row_sums: Function,
+    vocab_softmax_ce: Function,
+}
+
+impl Kernels {
+    /// Compiles (through the cache) and loads every kernel on `device`.
+    pub fn load(device: &Device) -> Result<Kernels> {
+        let module = Module::compile(device, SOURCES[0].0, SOURCES[0].1)?;
+        let f = |n: &str| module.function(n);
+        Ok(Kernels {
+            pool: braid_cuda::DevicePool::new(device),
+            encoder_forward: f("encoder_forward")?,
+            encoder_backward_wpe: f("encoder_backward_wpe")?,
+            encoder_backward_wte: f("encoder_backward_wte")?,
+            layernorm_forward: f("layernorm_forward")?,
+            layernorm_backward_inp: f("layernorm_backward_inp")?,
+            layernorm_backward_params: f("layernorm_backward_params")?,
+            gelu_forward: f("gelu_forward")?,
+            gelu_backward: f("gelu_backward")?,
+            residual_forward: f("residual_forward")?,
+            softmax_cross_entropy: f("softmax_cross_entropy")?,
+            permute_qkv: f("permute_qkv")?,
+            unpermute: f("unpermute")?,
+            permute_grad: f("permute_grad")?,
+            unpermute_qkv_grad: f("unpermute_qkv_grad")?,
+            softmax_causal_forward: f("softmax_causal_forward")?,
+            softmax_causal_backward: f("softmax_causal_backward")?,
+            add_bias: f("add_bias")?,
+            bias_backward: f("bias_backward")?,
+            sumsq_partial: f("sumsq_partial")?,
+            encoder_forward_part: f("encoder_forward_part")?,
+            vocab_row_max: f("vocab_row_max")?,
+            vocab_row_sums: f("vocab_row_sums")?,
+            vocab_softmax_ce: f("vocab_softmax_ce")?,
+            _module: module,
+        })
+    }
+
+    /// `out[n] = wte[tokens[n]] + wpe[n % t]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        tokens: &impl DeviceMem<i32>,
+        wte: &impl DeviceMem<f32>,
+        wpe: &impl DeviceMem<f32>,
+        n: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (o, tk, e, p) = (out.dptr(), tokens.dptr(), wte.dptr(), wpe.dptr());
+        let (n32, t32, c32) = (n as i32, t as i32, c as i32);
+        // SAFETY: buffers hold n*c, n, v*c and t*c elements (the caller's
+        // shapes), alive until the stream has run the kernel.
+        unsafe {
+            self.encoder_forward.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&o),
+                    arg(&tk),
+                    arg(&e),
+                    arg(&p),
+                    arg(&n32),
+                    arg(&t32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// Embedding gradients: `order`/`starts` group positions by token
+    /// (see [`token_buckets`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_backward(
+        &self,
+        s: &Stream,
+        dwte: &mut impl DeviceMem<f32>,
+        dwpe: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        order: &impl DeviceMem<i32>,
+        starts: &impl DeviceMem<i32>,
+        n: usize,
+        t: usize,
+        c: usize,
+        v: usize,
+    ) -> Result<()> {
+        let (dte, dpe, d, o, st) = (
+            dwte.dptr(),
+            dwpe.dptr(),
+            dout.dptr(),
+            order.dptr(),
+            starts.dptr(),
+        );
+        let (n32, t32, c32, v32) = (n as i32, t as i32, c as i32, v as i32);
+        // SAFETY: as in `encoder_forward`; `starts` has v + 1 entries.
+        unsafe {
+            self.encoder_backward_wpe.launch(
+                grid(t * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&dpe), arg(&d), arg(&n32), arg(&t32), arg(&c32)],
+            )?;
+            self.encoder_backward_wte.launch(
+                grid(v * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&dte), arg(&d), arg(&o), arg(&st), arg(&v32), arg(&c32)],
+            )
+        }
+    }
+
+    /// LayerNorm over rows of `c`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        mean: &mut impl DeviceMem<f32>,
+        rstd: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        let ptrs = [
+            out.dptr(),
+            mean.dptr(),
+            rstd.dptr(),
+            inp.dptr(),
+            w.dptr(),
+            b.dptr(),
+        ];
+        let (n32, c32) = (n as i32, c as i32);
+        let rows_per_block = (BLOCK / 32) as usize;
+        // SAFETY: rows of `c` elements, `n` rows.
+        unsafe {
+            self.layernorm_forward.launch(
+                grid(n, rows_per_block),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&ptrs[0]),
+                    arg(&ptrs[1]),
+                    arg(&ptrs[2]),
+                    arg(&ptrs[3]),
+                    arg(&ptrs[4]),
+                    arg(&ptrs[5]),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// LayerNorm backward: accumulates into `dinp`, `dw`, `db`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward(
+        &self,
+        s: &Stream,
+        dinp: &mut impl DeviceMem<f32>,
+        dw: &mut impl DeviceMem<f32>,
+        db: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        w: &impl DeviceMem<f32>,
+        mean: &impl DeviceMem<f32>,
+        rstd: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (di, dwp, dbp, dy, x, wp, m, r) = (
+            dinp.dptr(),
+            dw.dptr(),
+            db.dptr(),
+            dout.dptr(),
+            inp.dptr(),
+            w.dptr(),
+            mean.dptr(),
+            rstd.dptr(),
+        );
+        let (n32, c32) = (n as i32, c as i32);
+        let rows_per_block = (BLOCK / 32) as usize;
+        // SAFETY: as in `layernorm_forward`.
+        unsafe {
+            self.layernorm_backward_inp.launch(
+                grid(n, rows_per_block),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&di),
+                    arg(&dy),
+                    arg(&x),
+                    arg(&wp),
+                    arg(&m),
+                    arg(&r),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )?;
+            self.layernorm_backward_params.launch(
+                grid(c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&dwp),
+                    arg(&dbp),
+                    arg(&dy),
+                    arg(&x),
+                    arg(&m),
+                    arg(&r),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// GELU (tanh approximation).
+    pub fn gelu_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        let (o, x, n) = (out.dptr(), inp.dptr(), inp.dlen() as i64);
+        // SAFETY: both hold `n` elements.
+        unsafe {
+            self.gelu_forward.launch(
+                grid(inp.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&x), arg(&n)],
+            )
+        }
+    }
+
+    /// `dinp += gelu'(inp) · dout`.
+    pub fn gelu_backward(
+        &self,
+        s: &Stream,
+        dinp: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        let (d, x, g, n) = (dinp.dptr(), inp.dptr(), dout.dptr(), inp.dlen() as i64);
+        // SAFETY: all hold `n` elements.
+        unsafe {
+            self.gelu_backward.launch(
+                grid(inp.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&d), arg(&x), arg(&g), arg(&n)],
+            )
+        }
+    }
+
+    /// `out = a + b`.
+    pub fn residual_forward(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        a: &impl DeviceMem<f32>,
+        b: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        let (o, x, y, n) = (out.dptr(), a.dptr(), b.dptr(), a.dlen() as i64);
+        // SAFETY: all hold `n` elements.
+        unsafe {
+            self.residual_forward.launch(
+                grid(a.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&x), arg(&y), arg(&n)],
+            )
+        }
+    }
+
+    /// `out += x` (the residual kernel with `out` as its first input: each
+    /// thread reads and writes only its own element).
+    pub fn add_inplace(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        x: &impl DeviceMem<f32>,
+    ) -> Result<()> {
+        if out.dlen() != x.dlen() {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "add_inplace: {} elements += {}",
+                out.dlen(),
+                x.dlen()
+            )));
+        }
+        let (o, y, n) = (out.dptr(), x.dptr(), x.dlen() as i64);
+        // SAFETY: both hold `n` elements.
+        unsafe {
+            self.residual_forward.launch(
+                grid(x.dlen(), BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&o), arg(&y), arg(&n)],
+            )
+        }
+    }
+
+    /// Fused softmax + cross-entropy on `n × v` logits, in place (they
+    /// become `scale ·` their gradient when `scale ≠ 0`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn softmax_cross_entropy(
+        &self,
+        s: &Stream,
+        logits: &mut impl DeviceMem<f32>,
+        losses: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        v: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let (l, lo, t) = (logits.dptr(), losses.dptr(), targets.dptr());
+        let (n32, v32) = (n as i32, v as i32);
+        // SAFETY: logits n*v, losses and targets n.
+        unsafe {
+            self.softmax_cross_entropy.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&lo),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&scale),
+                ],
+            )
+        }
+    }
+}
+
+/// A tensor-parallel rank's rows of the vocabulary: `v` rows from
+/// `first` (the kernels take whole-vocabulary token ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VocabRows {
+    /// The first row held.
+    pub first: usize,
+    /// Rows held.
+    pub v: usize,
+}
+
+impl Kernels {
+    /// This rank's share of the embeddings (tensor parallelism): `out[n] =
+    /// wte[tokens[n] - first]` where this rank holds that token's row
+    /// (else 0), plus `wpe[n % t]` when `with_positions`. Summed over the
+    /// group afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoder_forward_part(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        tokens: &impl DeviceMem<i32>,
+        wte: &impl DeviceMem<f32>,
+        wpe: &impl DeviceMem<f32>,
+        n: usize,
+        t: usize,
+        c: usize,
+        rows: VocabRows,
+        with_positions: bool,
+    ) -> Result<()> {
+        let (o, tk, e, p) = (out.dptr(), tokens.dptr(), wte.dptr(), wpe.dptr());
+        let (n32, t32, c32) = (n as i32, t as i32, c as i32);
+        let (v0, v, w) = (rows.first as i32, rows.v as i32, with_positions as i32);
+        // SAFETY: out n*c, tokens n, wte rows.v*c, wpe t*c elements (the
+        // caller's shapes), alive until the stream has run the kernel;
+        // tokens outside this rank's rows are never read from wte.
+        unsafe {
+            self.encoder_forward_part.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&o),
+                    arg(&tk),
+                    arg(&e),
+                    arg(&p),
+                    arg(&n32),
+                    arg(&t32),
+                    arg(&c32),
+                    arg(&v0),
+                    arg(&v),
+                    arg(&w),
+                ],
+            )
+        }
+    }
+
+    /// Each row's maximum of this rank's `v` logits into `mx` (`n` rows).
+    pub fn vocab_row_max(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<f32>,
+        mx: &mut impl DeviceMem<f32>,
+        n: usize,
+        v: usize,
+    ) -> Result<()> {
+        let (l, m) = (logits.dptr(), mx.dptr());
+        let (n32, v32) = (n as i32, v as i32);
+        // SAFETY: logits n*v, mx n.
+        unsafe {
+            self.vocab_row_max.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&l), arg(&m), arg(&n32), arg(&v32)],
+            )
+        }
+    }
+
+    /// After the group's row maxima `mx`: `sums[row]` this rank's sum of
+    /// exponentials, `sums[n + row]` its target's logit minus the maximum
+    /// where this rank holds the target, else 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_row_sums(
+        &self,
+        s: &Stream,
+        logits: &impl DeviceMem<f32>,
+        mx: &impl DeviceMem<f32>,
+        sums: &mut impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: VocabRows,
+    ) -> Result<()> {
+        let (l, m, su, t) = (logits.dptr(), mx.dptr(), sums.dptr(), targets.dptr());
+        let (n32, v32, v0) = (n as i32, rows.v as i32, rows.first as i32);
+        // SAFETY: logits n*v, mx and targets n, sums 2n.
+        unsafe {
+            self.vocab_row_sums.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&m),
+                    arg(&su),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&v0),
+                ],
+            )
+        }
+    }
+
+    /// After the group's sums: each row's loss over the whole vocabulary,
+    /// and (scale ≠ 0) the logits become `scale · (softmax − onehot)` in
+    /// this rank's rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vocab_softmax_ce(
+        &self,
+        s: &Stream,
+        logits: &mut impl DeviceMem<f32>,
+        losses: &mut impl DeviceMem<f32>,
+        mx: &impl DeviceMem<f32>,
+        sums: &impl DeviceMem<f32>,
+        targets: &impl DeviceMem<i32>,
+        n: usize,
+        rows: VocabRows,
+        scale: f32,
+    ) -> Result<()> {
+        let (l, lo, m, su, t) = (
+            logits.dptr(),
+            losses.dptr(),
+            mx.dptr(),
+            sums.dptr(),
+            targets.dptr(),
+        );
+        let (n32, v32, v0) = (n as i32, rows.v as i32, rows.first as i32);
+        // SAFETY: logits n*v, losses, mx and targets n, sums 2n.
+        unsafe {
+            self.vocab_softmax_ce.launch(
+                grid(n, (BLOCK / 32) as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&l),
+                    arg(&lo),
+                    arg(&m),
+                    arg(&su),
+                    arg(&t),
+                    arg(&n32),
+                    arg(&v32),
+                    arg(&v0),
+                    arg(&scale),
+                ],
+            )
+        }
+    }
+}
+
+impl Kernels {
+    /// `out[rows, c] += bias`.
+    pub fn add_bias(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        bias: &impl DeviceMem<f32>,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (o, b, n, c32) = (out.dptr(), bias.dptr(), rows as i64, c as i32);
+        // SAFETY: out holds rows*c, bias c elements.
+        unsafe {
+            self.add_bias.launch(
+                grid(rows * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&b), arg(&n), arg(&c32)],
+            )
+        }
+    }
+
+    /// `dbias += Σ_rows dout`.
+    pub fn bias_backward(
+        &self,
+        s: &Stream,
+        dbias: &mut impl DeviceMem<f32>,
+        dout: &impl DeviceMem<f32>,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        let (d, g, n32, c32) = (dbias.dptr(), dout.dptr(), rows as i32, c as i32);
+        // SAFETY: dout holds rows*c, dbias c elements.
+        unsafe {
+            self.bias_backward.launch(
+                grid(c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&d), arg(&g), arg(&n32), arg(&c32)],
+            )
+        }
+    }
+
+    /// The L2 norm of `x` (partial sums on the GPU in a fixed order, summed
+    /// on the host in f64).
+    pub fn global_norm(&self, s: &Stream, x: &impl DeviceMem<f32>) -> Result<f64> {
+        Ok(self.sum_of_squares(s, &[x])?.sqrt())
+    }
+
+    /// The sum of the squares of every element of `xs` (a sharded rank's
+    /// ranges of its gradients): partial sums on the GPU, one launch per
+    /// part, then one wait and the partials summed on the host in f64, in
+    /// order.
+    pub fn sum_of_squares(&self, s: &Stream, xs: &[&dyn DeviceMem<f32>]) -> Result<f64> {
+        const CHUNK: usize = 1 << 16;
+        let blocks: Vec<usize> = xs.iter().map(|x| x.dlen().div_ceil(CHUNK).max(1)).collect();
+        // From the pool: no allocation per step; the block returns to the
+        // pool only after the synchronisation below.
+        let partial = self.pool.uninit::<f32>(blocks.iter().sum())?;
+        let mut at = 0;
+        for (x, &nb) in xs.iter().zip(&blocks) {
+            let pp = partial.device_ptr() + (4 * at) as u64;
+            let (xp, n64, ch) = (x.dptr(), x.dlen() as i64, CHUNK as i64);
+            // SAFETY: `partial` has one slot per block of every part, this
+            // part's from `at`; x holds n elements.
+            unsafe {
+                self.sumsq_partial.launch(
+                    (nb as u32, 1, 1),
+                    (BLOCK, 1, 1),
+                    0,
+                    s,
+                    &mut [arg(&pp), arg(&xp), arg(&n64), arg(&ch)],
+                )?;
+            }
+            at += nb;
+        }
+        s.synchronize()?;
+        Ok(partial.to_vec()?.iter().map(|&v| v as f64).sum::<f64>())
+    }
+
+    /// Launches a 1-D elementwise kernel over `total` items.
+    ///
+    /// # Safety
+    /// `args` must match `f`'s parameters and stay valid until it runs.
+    pub(crate) unsafe fn launch_1d(
+        &self,
+        f: &Function,
+        s: &Stream,
+        total: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        f.launch(grid(total, BLOCK as usize), (BLOCK, 1, 1), 0, s, args)
+    }
+
+    /// Launches a one-warp-per-row kernel over `rows`.
+    ///
+    /// # Safety
+    /// As [`launch_1d`](Self::launch_1d).
+    pub(crate) unsafe fn launch_rows(
+        &self,
+        f: &Function,
+        s: &Stream,
+        rows: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        f.launch(grid(rows, (BLOCK / 32) as usize), (BLOCK, 1, 1), 0, s, args)
+    }
+}
+
+/// Pointer to a kernel argument (for sibling modules).
+pub(crate) fn karg<T>(v: &T) -> *mut c_void {
+    arg(v)
+}
+
+/// Positions grouped by token for the deterministic embedding backward:
+/// `order` lists positions sorted by token (stable), `starts[v]..starts[v+1]`
+/// is token `v`'s range.
+pub fn token_buckets(tokens: &[u32], vocab: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut starts = vec![0i32; vocab + 1];
+    for &t in tokens {
+        starts[t as usize + 1] += 1;
+    }
+    for v in 0..vocab {
+        starts[v + 1] += starts[v];
+    }
+    let mut fill = starts.clone();
+    let mut order = vec![0i32; tokens.len()];
+    for (pos, &t) in tokens.iter().enumerate() {
+        order[fill[t as usize] as usize] = pos as i32;
+        fill[t as usize] += 1;
+    }
+    (order, starts)
+}
