@@ -2,6 +2,7 @@
 //! the widths every buffer and product of one rank's passes have
 //! ([`Widths`]).
 
+use super::error::StepError;
 use crate::block::{Act, Linear};
 use crate::cpu::Real;
 use crate::layout::Layout;
@@ -258,10 +259,10 @@ impl<T: Real> Activations<T> {
     }
 
     /// Where layer `l`'s buffers are (its index among these layers).
-    pub(super) fn index(&self, l: usize) -> Result<usize, super::StepError> {
+    pub(super) fn index(&self, l: usize) -> Result<usize, StepError> {
         match l.checked_sub(self.first) {
             Some(i) if i + 1 < self.resid.len() => Ok(i),
-            _ => Err(super::StepError::Shape(format!(
+            _ => Err(StepError::Shape(format!(
                 "layer {l}: these activations are for layers {}..{}",
                 self.first,
                 self.first + self.resid.len() - 1

@@ -6,7 +6,10 @@
 //! exponentials and target logit summed or maxed over the group) so that
 //! no rank ever holds all the logits.
 
-use super::{mean_loss, two_mut, Activations, Gpt, StepError, Widths};
+use super::acts::{Activations, Widths};
+use super::error::StepError;
+use super::gpt::Gpt;
+use super::split::two_mut;
 use crate::block::Act;
 use crate::cpu::classifier::{classifier, ClassifierIo, CHUNK_ROWS};
 use crate::cpu::embed::{embed_backward, embed_forward};
@@ -367,5 +370,22 @@ impl<T: Real> Activations<T> {
             (1, _) | (_, None) => 0,
             (_, Some(g)) => g.comm.rank(),
         }
+    }
+}
+
+/// Mean of the losses at unmasked positions.
+fn mean_loss<T: Real>(losses: &[T], targets: &[u32]) -> T {
+    let mut sum = 0.0f64;
+    let mut k = 0usize;
+    for (&l, &t) in losses.iter().zip(targets) {
+        if t != u32::MAX {
+            sum += l.f64();
+            k += 1;
+        }
+    }
+    if k == 0 {
+        T::ZERO
+    } else {
+        T::of(sum / k as f64)
     }
 }

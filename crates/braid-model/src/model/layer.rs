@@ -4,7 +4,9 @@
 //! [`block::forward`] and [`block::backward`].
 
 use super::acts::{LayerActs, LayerDy, LayerGrads, Scratch};
-use super::{two_mut, Gpt, StepError};
+use super::error::StepError;
+use super::gpt::Gpt;
+use super::split::two_mut;
 use crate::block::{self, Act, BlockBackward, BlockForward, LayerRanges, Linear, Norm};
 use crate::cpu::attention::{attention_backward, attention_forward, AttnShape};
 use crate::cpu::gelu::{gelu_backward, gelu_forward};

@@ -34,71 +34,18 @@ use std::sync::Arc;
 
 mod acts;
 mod ends;
+mod error;
+mod gpt;
 mod layer;
+mod split;
 mod stage;
 #[cfg(test)]
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
-
-/// Why a step cannot run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StepError {
-    /// Token or target counts do not match the activations' shape.
-    #[error("{0}")]
-    Shape(String),
-    /// A token id is outside the vocabulary.
-    #[error("token {token} at position {pos} is not below the vocabulary size {vocab}")]
-    Token {
-        /// The id.
-        token: u32,
-        /// Where.
-        pos: usize,
-        /// Vocabulary size.
-        vocab: usize,
-    },
-    /// A tensor-parallel collective failed.
-    #[error("tensor parallelism: {0}")]
-    Group(String),
-}
-
-/// How this model takes part in tensor parallelism.
-#[derive(Clone)]
-struct Group {
-    comm: Arc<dyn TensorComm>,
-    /// Sequence parallelism: the residual stream's rows split too.
-    sequence: bool,
-}
-
-impl std::fmt::Debug for Group {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Group {{ rank {} of {}, sequence {} }}",
-            self.comm.rank(),
-            self.comm.size(),
-            self.sequence
-        )
-    }
-}
-
-/// Forward and backward passes of one model layout.
-#[derive(Debug, Clone)]
-pub struct Gpt {
-    layout: std::sync::Arc<Layout>,
-    /// The widths of this rank's passes.
-    widths: Widths,
-    /// Its tensor-parallel group, when it is one rank's share.
-    group: Option<Group>,
-    /// Each layer's parameters in the layer's block.
-    layers: Vec<LayerRanges>,
-    /// `wte` and `wpe` in the embedding block.
-    wte: Range<usize>,
-    wpe: Range<usize>,
-    /// `ln_f`'s weight and bias in the final norm's block.
-    lnf_w: Range<usize>,
-    lnf_b: Range<usize>,
-}
+pub use error::StepError;
+pub use gpt::Gpt;
+use gpt::Group;
 
 /// A block's slice of a flat buffer (parameters or gradients).
 fn block_of<'a, T>(layout: &Layout, flat: &'a [T], block: Block) -> &'a [T] {
@@ -527,33 +474,6 @@ impl Gpt {
             defer,
         )
     }
-}
-
-/// Mean of the losses at unmasked positions.
-fn mean_loss<T: Real>(losses: &[T], targets: &[u32]) -> T {
-    let mut sum = 0.0f64;
-    let mut k = 0usize;
-    for (&l, &t) in losses.iter().zip(targets) {
-        if t != u32::MAX {
-            sum += l.f64();
-            k += 1;
-        }
-    }
-    if k == 0 {
-        T::ZERO
-    } else {
-        T::of(sum / k as f64)
-    }
-}
-
-/// Two disjoint ranges of one slice, mutably (the first must come first).
-fn two_mut<T>(v: &mut [T], a: Range<usize>, b: Range<usize>) -> (&mut [T], &mut [T]) {
-    assert!(
-        a.end <= b.start,
-        "ranges {a:?} and {b:?} overlap or are out of order"
-    );
-    let (lo, hi) = v.split_at_mut(b.start);
-    (&mut lo[a], &mut hi[..b.end - b.start])
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@
 //! its input's gradient there for the previous stage. One
 //! [`Activations`] per micro-batch in flight.
 
-use super::{Activations, Gpt, StepError};
+use super::acts::Activations;
+use super::error::StepError;
+use super::gpt::Gpt;
 use crate::cpu::Real;
 use crate::layout::{Block, Stage};
 
