@@ -12,10 +12,10 @@
 //! buffers from [`DeviceBatch`]), so a step allocates nothing. What the
 //! backward pass needs and the forward pass did not keep (the LayerNorm
 //! outputs, the GELU, whole blocks under checkpointing) is recomputed in
-//! the forward pass's arithmetic. This file holds the model's buffers and
-//! construction; the passes are in `forward` and `backward`, what holds
-//! nothing between steps in `saved`, the first writes of each step's
-//! gradients in `fresh`.
+//! the forward pass's arithmetic. This file holds the model's
+//! construction (its buffers are in `state`); the passes are in `forward`
+//! and `backward`, what holds nothing between steps in `saved`, the first
+//! writes of each step's gradients in `fresh`.
 
 use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
@@ -49,6 +49,7 @@ mod row_sum;
 mod saved;
 mod seq;
 mod stage;
+mod state;
 pub use backward::WeightGrads;
 use block::MixedForward;
 use block_backward::MixedBackward;
@@ -56,82 +57,8 @@ pub use fresh::first_writes;
 pub use saved::SavedFor;
 use stage::MicroPlan;
 pub use stage::MicroSaved;
-
-/// What a layer's forward pass keeps for its backward pass (besides its
-/// input, the residual stream below it). The two LayerNorms keep only
-/// their statistics: their outputs (the inputs of the qkv and fc products)
-/// are recomputed by the LayerNorm backward, bit for bit, just before the
-/// weight gradients that read them.
-struct LayerSaved {
-    ln1_mean: DeviceBuffer<f32>,
-    ln1_rstd: DeviceBuffer<f32>,
-    ln2_mean: DeviceBuffer<f32>,
-    ln2_rstd: DeviceBuffer<f32>,
-    /// The attention's output (the proj product's input); `None` where
-    /// checkpointing recomputes it ([`MixedOptions::recompute_attention_output`]):
-    /// the model's `work` buffers receive it again.
-    atty: Option<DeviceBuffer<bf16>>,
-    /// The rest of the block's activations; `None` under checkpointing,
-    /// where the model's `work` buffers receive them again at the start of
-    /// the block's backward pass.
-    acts: Option<BlockActs>,
-    /// Under checkpointing with the fused attention: the rows'
-    /// log-sum-exp, so that the attention itself need not run again.
-    lse: Option<DeviceBuffer<f32>>,
-    /// Under checkpointing, in a layer that keeps the attention
-    /// ([`MixedOptions::kept_attention`]): the attention's saved state, so
-    /// that the recomputation starts after it (no LayerNorm, no qkv
-    /// product, no attention).
-    attn: Option<AttnSaved>,
-}
-
-/// A block's activations that checkpointing recomputes instead of keeping.
-struct BlockActs {
-    /// The attention's saved state (fused: the biased projection and the
-    /// log-sum-exp; batched: per-head q, k, v and the probabilities);
-    /// `None` in the shared buffers when every layer keeps its own.
-    attn: Option<AttnSaved>,
-    /// The residual stream after the attention (the second LayerNorm's input).
-    resid2: DeviceBuffer<f32>,
-    /// The MLP's pre-activation (bias included). Its GELU is not kept:
-    /// the backward pass recomputes it (one write in the pass that reads
-    /// `fch` anyway), saving 8 bytes per token and width of every layer.
-    fch: DeviceBuffer<bf16>,
-    /// The attention's output, in the shared buffers where the layers keep
-    /// none of their own ([`MixedOptions::recompute_attention_output`]).
-    atty: Option<DeviceBuffer<bf16>>,
-}
-
-impl BlockActs {
-    /// A block's buffers: the attention's at `shape` (this rank's heads),
-    /// `resid2` at the residual width `c` over `rows` rows (the batch's,
-    /// or a sequence-parallel rank's slice), `fch` at the MLP's width `f`.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        p: &DevicePool,
-        s: &Stream,
-        shape: AttnShape,
-        path: AttnPath,
-        with_attention: bool,
-        with_output: bool,
-        (c, f): (usize, usize),
-        rows: usize,
-    ) -> Result<BlockActs> {
-        let n = shape.b * shape.t;
-        Ok(BlockActs {
-            attn: match with_attention {
-                true => Some(AttnSaved::new(p, s, shape, path)?),
-                false => None,
-            },
-            resid2: p.zeros(rows * c, s)?,
-            fch: p.zeros(n * f, s)?,
-            atty: match with_output {
-                true => Some(p.zeros(n * shape.c, s)?),
-                false => None,
-            },
-        })
-    }
-}
+pub use state::GpuGptMixed;
+use state::{BlockActs, DeferredDy, FusedProducts, Group, LayerSaved, StreamedWeights};
 
 /// Whether the fused attention's stored score gradients fit in a block's
 /// `resid2` and `fch` (their heads split between the two, whole heads
@@ -162,25 +89,6 @@ impl Pass {
             Pass::Recompute => recompute,
         }
     }
-}
-
-/// The products' bf16 weights when the model keeps no full bf16 copy of
-/// its parameters: each layer's parameters are cast from the f32 master
-/// copy into one layer's buffer just before the layer's forward pass and
-/// again before its backward pass, and the token embeddings (the
-/// classifier's) once per step. 2 bytes per parameter less, for two casts
-/// of every parameter per step.
-struct StreamedWeights {
-    /// One layer's parameters, in layout order (allocated at the first
-    /// cast: a model given its layers in bf16 never casts one).
-    layer: Option<DeviceBuffer<bf16>>,
-    /// The layer whose current parameters `layer` holds.
-    holds: Option<usize>,
-    /// A layer's bf16 parameters handed in by the caller
-    /// ([`GpuGptMixed::give_layer_weights`]): used instead of a cast.
-    given: Option<(usize, DeviceBuffer<bf16>)>,
-    /// The token embeddings, cast by the forward pass for the step.
-    wte: DeviceBuffer<bf16>,
 }
 
 /// How a [`GpuGptMixed`] is built.
@@ -367,52 +275,9 @@ impl Product {
     }
 }
 
-/// The output gradients a layer's four products saw, kept when its
-/// weight gradients are deferred until after the embedding backward (so
-/// that the embeddings' gradient reduction, the largest, overlaps them
-/// instead of ending the backward pass exposed). Swapped with the model's
-/// scratch buffers, never copied.
-struct DeferredDy {
-    /// The MLP's recomputed GELU (the output projection's input).
-    gelu: DeviceBuffer<bf16>,
-    /// The recomputed LayerNorm outputs (the fc and qkv products' inputs).
-    ln2: DeviceBuffer<bf16>,
-    ln1: DeviceBuffer<bf16>,
-    fcproj: DeviceBuffer<bf16>,
-    fc: DeviceBuffer<bf16>,
-    proj: DeviceBuffer<bf16>,
-    qkv: DeviceBuffer<bf16>,
-}
-
-impl DeferredDy {
-    /// The buffers for `n` rows at the widths `w`.
-    fn new(p: &DevicePool, s: &Stream, n: usize, w: Widths) -> Result<DeferredDy> {
-        let Widths {
-            c, attn: a, mlp: f, ..
-        } = w;
-        Ok(DeferredDy {
-            gelu: p.zeros(n * f, s)?,
-            ln2: p.zeros(n * c, s)?,
-            ln1: p.zeros(n * c, s)?,
-            fcproj: p.zeros(n * c, s)?,
-            fc: p.zeros(n * (4 * a).max(f), s)?,
-            proj: p.zeros(n * c, s)?,
-            qkv: p.zeros(n * 3 * a, s)?,
-        })
-    }
-}
-
 /// A layer that does not defer its weight gradients.
 fn not_deferred(l: usize) -> CudaError {
     CudaError::Invalid(format!("layer {l} does not defer its weight gradients"))
-}
-
-/// A tensor-parallel rank's group: its collectives, and the rows' maxima
-/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`).
-struct Group {
-    comm: Arc<dyn DeviceTensorComm>,
-    mx: DeviceBuffer<f32>,
-    sums: DeviceBuffer<f32>,
 }
 
 /// Sums `x` (f32) over the group, on `s`; nothing without one.
@@ -465,13 +330,6 @@ fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
     (v.dptr(), v.dlen())
 }
 
-/// cuBLASLt for fused-epilogue products, and which epilogues it turned
-/// out not to support here (those run as separate passes).
-struct FusedProducts {
-    lt: BlasLt,
-    off: [bool; 4],
-}
-
 /// Fused-epilogue products, unless `BRAID_FUSED_EPILOGUES=0` or cuBLASLt
 /// is missing (then the model adds biases and GELU in separate passes);
 /// their algorithms timed on first use unless `BRAID_GEMM_TUNE=off` (see
@@ -488,116 +346,6 @@ fn fused_products(device: &Device) -> Result<Option<FusedProducts>> {
             off: [false; 4],
         }
     }))
-}
-
-/// A GPT model's mixed-precision forward and backward passes on one GPU,
-/// sized for one (batch, sequence) shape.
-pub struct GpuGptMixed {
-    layout: Arc<Layout>,
-    /// The widths of this rank's passes (the whole model's in one
-    /// process; a tensor-parallel rank's heads, MLP columns and
-    /// vocabulary rows).
-    widths: Widths,
-    /// The tensor-parallel group, when this is one rank's share.
-    group: Option<Group>,
-    /// Under sequence parallelism, this rank's rows and their scratch.
-    seq: Option<seq::SeqRows>,
-    /// Row blocks of the row-split products whose sums over the group run
-    /// beside the next block's product (1: the product, then its sum;
-    /// [`overlap_tensor_sums`](Self::overlap_tensor_sums)).
-    tensor_blocks: usize,
-    /// Whether the row-split products are summed over the tensor group in
-    /// bf16 ([`sum_tensor_products_in_bf16`](Self::sum_tensor_products_in_bf16)).
-    tensor_sums_bf16: bool,
-    /// Whether each column-split product's input gradient is summed over
-    /// the tensor group beside its weight gradient
-    /// ([`sum_input_grads_beside_weight_grads`](Self::sum_input_grads_beside_weight_grads)).
-    grad_sums_beside: bool,
-    stream: Stream,
-    kernels: Kernels,
-    mk: MixedKernels,
-    /// Which attention implementation the layers use.
-    path: AttnPath,
-    /// Fused-epilogue products (cuBLASLt), where available.
-    lt: Option<FusedProducts>,
-    blas: Blas,
-    pool: DevicePool,
-    b: usize,
-    t: usize,
-    /// This rank's vocabulary rounded up to a multiple of 64: the classifier's
-    /// products run over `vp` rows of a zero-padded embedding copy (an odd
-    /// vocabulary makes cuBLAS several times slower).
-    vp: usize,
-    /// Where the vocabulary is not a multiple of 64: the bf16 token
-    /// embeddings over `vp` rows (rows past the vocabulary zero), and the
-    /// classifier's f32 embedding gradient over `vp` rows. Otherwise the
-    /// products use the parameters and the gradient buffer directly.
-    pad: Option<(DeviceBuffer<bf16>, DeviceBuffer<f32>)>,
-    /// Per layer of the model: its ranges and what its forward pass keeps,
-    /// where this model's layout holds it (a pipeline stage's holds some).
-    ranges: Vec<Option<LayerRanges>>,
-    layers: Vec<Option<LayerSaved>>,
-    /// Under checkpointing (`--checkpointing`): the one block's
-    /// activations, recomputed at the start of each block's backward pass.
-    work: Option<BlockActs>,
-    /// Without a full bf16 copy of the parameters: the cast weights.
-    streamed: Option<StreamedWeights>,
-    /// The residual stream at each layer's input (and the last's output),
-    /// where a held layer reads or writes it.
-    resid: Vec<Option<DeviceBuffer<f32>>>,
-    lnf: DeviceBuffer<bf16>,
-    lnf_mean: DeviceBuffer<f32>,
-    lnf_rstd: DeviceBuffer<f32>,
-    logits: DeviceBuffer<bf16>,
-    losses: DeviceBuffer<f32>,
-    batch: DeviceBatch,
-    attn: AttnShared,
-    // Scratch shared by the layers.
-    /// A LayerNorm's output: written by the forward pass for the product
-    /// it feeds, recomputed by the backward pass for that product's
-    /// weight gradient.
-    ln: DeviceBuffer<bf16>,
-    /// The wide scratch (`b·t × 4·width` bf16), holding one thing at a
-    /// time. Forward: the qkv product where the attention does not take
-    /// it into its saved state (the first `b·t × 3·width`), then the
-    /// MLP's GELU, the output projection's input. Backward: the GELU's
-    /// input gradient (made the pre-activation's in place), then the
-    /// attention's output gradient (the last `b·t × width`) and its input
-    /// gradient dqkv (the first `b·t × 3·width`). See [`Wide`].
-    wide: DeviceBuffer<bf16>,
-    dresid: DeviceBuffer<f32>,
-    dresid_bf: DeviceBuffer<bf16>,
-    dln: DeviceBuffer<bf16>,
-    partial: DeviceBuffer<f32>,
-    /// Per layer: `Some` where the layer defers its weight gradients.
-    deferred: Vec<Option<DeferredDy>>,
-    /// SMs the backward pass's products are planned for (0: all), when
-    /// communication kernels hold the others (`BRAID_BACKWARD_SM_TARGET`).
-    backward_sms: usize,
-    prof: PhaseTimer,
-    /// Lengths of the saved buffers [`own_saved`](Self::own_saved)
-    /// dropped, for the next forward pass to allocate (empty: none).
-    unowned_saved: Vec<usize>,
-    /// Whether the backward pass overwrites the weight gradients.
-    fresh: fresh::FreshGrads,
-    /// The block whose activations [`recompute_layer`](Self::recompute_layer)
-    /// rebuilt for its backward pass, next.
-    recomputed: Option<usize>,
-    /// The stored score gradients live in the block's `resid2` and `fch`
-    /// during the attention's backward pass ([`score_grads_fit_in_block`]),
-    /// not in scratch of their own.
-    score_grads_in_block: bool,
-    /// The first layer of the pipeline stage whose backward pass runs (0
-    /// for the whole model): its pass leaves the gradient of the stage's
-    /// input in `dresid`, and no bias gradient of the layer below.
-    bottom: usize,
-    /// What the forward pass keeps per micro-batch, and how to make more
-    /// ([`MicroSaved`]).
-    plan: MicroPlan,
-    device: Device,
-    /// What the loss's gradient is multiplied by (1 / micro-batches where
-    /// a step's gradients add up several: a pipeline's).
-    loss_weight: f32,
 }
 
 impl GpuGptMixed {

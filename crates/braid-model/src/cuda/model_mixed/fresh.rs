@@ -19,7 +19,7 @@
 //! memory of those runs holds nothing the step needs (one process lends it
 //! to the activations saved for the backward pass: [`crate::placement`]).
 
-use super::GpuGptMixed;
+use super::state::GpuGptMixed;
 use crate::cuda::mixed::ZeroRuns;
 use crate::layout::Layout;
 use braid_cuda::memory::zero_async;

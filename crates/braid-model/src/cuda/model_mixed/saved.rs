@@ -11,7 +11,8 @@
 //! [`GpuGptMixed::drop_saved`] gives all of them back before the lender's
 //! memory is allocated, so that it can take their room.
 
-use super::{AttnSaved, AttnShared, GpuGptMixed};
+use super::state::GpuGptMixed;
+use crate::cuda::mixed_attention::{AttnSaved, AttnShared};
 use braid_cuda::{CudaError, DeviceBuffer, DevicePool, Result, Stream};
 use half::bf16;
 
