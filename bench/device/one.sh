@@ -60,7 +60,7 @@
 #     an H200. PROXY=L4-H8-C1024 is a dry run that fits an H100.
 #
 # Each run's output is under $L (in $OUT/logs.tgz), its command first.
-# Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/gpu-tests.gz
+# Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/built-at .dev/gpu-tests.gz
 # .dev/gpu-zero-tests.gz .dev/gpu-faults-tests.gz, for `bits`
 # .dev/braid-prev.gz, for `proxy` .dev/anchors (and .dev/braid-prev.gz to
 # compare). bench/device/pack.sh makes them.

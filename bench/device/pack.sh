@@ -41,7 +41,12 @@ for t in $tests; do
   gzip -9f ".dev/${t/_/-}-tests"
 done
 rm -rf .dev/anchors
-cp -r ../shared/anchors .dev/anchors
+# ../shared beside the main checkout (a worktree elsewhere has none of its own).
+main_checkout=$(cd "$(git rev-parse --git-common-dir)/.." && pwd)
+cp -r "$main_checkout/../shared/anchors" .dev/anchors
+# The test binaries run braid from the path they were built under: setup.sh
+# links that path on the device.
+pwd > .dev/built-at
 git rev-parse --short HEAD > .dev/commit
 git diff --quiet HEAD || echo "dirty" >> .dev/commit
 if [ -f .dev/braid-prev.gz ] && [ -f .dev/prev-commit ]; then

@@ -46,7 +46,7 @@
 #     parallelism, its default, lighter and faster than --no-sp at this
 #     size; --zero 3): the best beside ZeRO-3.
 #
-# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
+# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit .dev/built-at
 # .dev/gpu-pp-tests.gz, and for bench and big .dev/anchors (made by
 # bench/device/pack.sh).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh

@@ -13,9 +13,12 @@ for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests
   fi
 done
 B=/tmp/braid
-# The test binaries run braid from the path they were built with.
-mkdir -p /work/main/target/release
-ln -sf /tmp/braid /work/main/target/release/braid
+# The test binaries run braid from the path they were built with: the
+# checkout pack.sh ran in (.dev/built-at; /work/main before it said).
+for root in /work/main $(cat .dev/built-at 2> /dev/null); do
+  mkdir -p "$root/target/release"
+  ln -sf /tmp/braid "$root/target/release/braid"
+done
 ANCHORS=$PWD/.dev/anchors
 L=/tmp/logs
 mkdir -p "$L"

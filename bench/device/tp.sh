@@ -53,7 +53,7 @@
 #     --sp; TP_SP_BIG=1 the 12.85B pair of `big` with --sp and --no-sp,
 #     once each; TP_SP_TESTS=0 skips the tests.
 #
-# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit
+# Logs under $L (in $OUT/logs.tgz). Carry: .dev/braid.gz .dev/commit .dev/built-at
 # .dev/gpu-tp-tests.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz, and for
 # bench .dev/anchors (made by bench/device/pack.sh).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh

@@ -14,7 +14,7 @@
 #     - every GPU test (gpu.rs, gpu_zero.rs), the 2-GPU legs included;
 #       `braid verify` again where the call has time left.
 # Carry: .dev/braid.gz .dev/gpu-tests.gz .dev/gpu-zero-tests.gz
-# .dev/gpu-faults-tests.gz .dev/commit (bench/device/pack.sh makes them).
+# .dev/gpu-faults-tests.gz .dev/commit .dev/built-at (bench/device/pack.sh makes them).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh
 [ "$(nvidia-smi -L | grep -c GPU)" = 2 ] || echo "warning: not 2 GPUs"
 case ${1:-} in
