@@ -319,6 +319,7 @@ where
         optimizer: engine_state.optimizer + own.optimizer,
         offloaded: engine_state.offloaded + own.offloaded,
     };
+    same_loop_everywhere(strategy, o, rank)?;
     let mut tl = Timeline::new();
     let global_items = (loader.items_per_batch() * o.accum * strategy.replicas()) as f64;
     let divide = (strategy.replicas() * o.accum) as f64;
@@ -518,6 +519,46 @@ where
         first_grads,
         model_buffer_bytes: 0,
     })
+}
+
+/// Checks that every rank the strategy averages over runs the same
+/// number of steps of the same micro-batches, evaluating as often (one
+/// small mean at the start): a rank that would stop early, or
+/// communicate at other steps, would leave the others waiting for it
+/// until the timeout. Equal values have a variance of exactly 0 over the
+/// ranks (small integers, exact in f64); any difference shows on every
+/// rank.
+fn same_loop_everywhere<E, S>(strategy: &mut S, o: &LoopOptions, rank: usize) -> Result<()>
+where
+    E: Engine,
+    S: Strategy<E> + ?Sized,
+{
+    let settings = [
+        ("--steps", o.steps as f64),
+        ("--accum", o.accum as f64),
+        ("--eval-every", o.eval_every as f64),
+    ];
+    let mut moments: Vec<f64> = settings.iter().flat_map(|&(_, v)| [v, v * v]).collect();
+    strategy.mean(&mut moments)?;
+    let differ: Vec<String> = settings
+        .iter()
+        .zip(moments.chunks(2))
+        .filter(|(_, m)| m[1] - m[0] * m[0] != 0.0)
+        .map(|((flag, v), m)| {
+            format!(
+                "{flag} is {v} here and {:.4} on average over the ranks",
+                m[0]
+            )
+        })
+        .collect();
+    match differ.is_empty() {
+        true => Ok(()),
+        false => Err(format!(
+            "rank {rank}: the ranks run different loops: {} (start every rank with the same \
+             --steps, --accum and --eval-every)",
+            differ.join("; ")
+        )),
+    }
 }
 
 /// The mean held-out loss over the evaluation batches of every rank.

@@ -188,6 +188,31 @@ fn mismatched_and_impossible_setups_are_refused_at_start() {
         f.stderr
     );
     assert!(f.elapsed < Duration::from_secs(30), "took {:?}", f.elapsed);
+    // Rank 1 runs more steps (or evaluates at other steps, or
+    // accumulates more micro-batches): both ranks say so at the start
+    // instead of one waiting for the other until the timeout.
+    let ours = "--steps 5 --eval-every 0 --accum 1";
+    for (flag, theirs) in [
+        ("--steps", "--steps 6 --eval-every 0 --accum 1"),
+        ("--eval-every", "--steps 5 --eval-every 2 --accum 1"),
+        ("--accum", "--steps 5 --eval-every 0 --accum 2"),
+    ] {
+        let script = format!(
+            "X='{ours}'; [ $RANK = 1 ] && X='{theirs}'; exec {exe} train --model L2-H4-C64 \\
+             --seq 32 $X"
+        );
+        let f = run(launch_sh(2, &script), Duration::from_secs(60));
+        assert_ne!(f.code, Some(0), "{f:?}");
+        for rank in ["rank 0", "rank 1"] {
+            assert!(
+                f.stderr
+                    .contains(&format!("{rank}: the ranks run different loops: {flag} is")),
+                "{flag}, {rank}: {}",
+                f.stderr
+            );
+        }
+        assert!(f.elapsed < Duration::from_secs(30), "took {:?}", f.elapsed);
+    }
     let _ = dir;
     for (args, want) in [
         (
