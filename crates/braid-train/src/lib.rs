@@ -20,6 +20,8 @@
 //!   sharding's replicate and shard), groups as communicator splits;
 //!   [`tensor_parallel`]: the model's collectives over the tensor group
 //!   and the wrapper that runs a strategy over the data groups;
+//! - [`place`]: a rank's place in a run (its mesh) and the groups it
+//!   trains over;
 //! - [`pipeline`]: the executor that runs a schedule on one pipeline
 //!   rank, and the links its messages take;
 //! - [`schedule`]: pipeline schedules as data (every rank's list of
@@ -48,6 +50,7 @@ pub mod loader;
 pub mod memory_phase;
 pub mod mesh;
 pub mod pipeline;
+pub mod place;
 pub mod schedule;
 pub mod space;
 mod step_trace;

@@ -828,7 +828,7 @@ pub(super) fn pipe_flags(a: &TrainArgs) -> super::train_pipeline::PipeFlags<'_> 
 /// (where the gradient buffer is the whole model's, in its layout).
 fn dump_grads_path(
     world_size: usize,
-    place: &super::train_mesh::Place,
+    place: &braid_train::place::Place,
     zero: Option<u8>,
 ) -> Result<Option<PathBuf>, String> {
     let Some(path) = std::env::var_os(env::BRAID_DUMP_GRADS).filter(|p| !p.is_empty()) else {

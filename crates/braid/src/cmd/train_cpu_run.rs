@@ -5,13 +5,13 @@
 //! loop, and for `--save` the whole model gathered from the shares.
 
 use super::train::LoopParts;
-use super::train_mesh::Place;
 use braid_comm::Communicator;
 use braid_model::Params;
 use braid_train::assemble::{strategy, ShardChoice, TensorSide};
 use braid_train::collective::HostCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::CpuGpt;
+use braid_train::place::Place;
 use braid_train::{train_with, RunReport};
 
 /// What a CPU run takes from `braid train`'s set-up.
@@ -54,7 +54,7 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
     let how = super::train::cpu_optimizer(optimizer, weight_decay);
     // Under --tp: the tensor and data groups, split from the world.
     let groups = match (&comm, place.tensor) {
-        (Some(c), n) if n > 1 => Some(super::train_mesh::split(c, place)?),
+        (Some(c), n) if n > 1 => Some(braid_train::place::split(c, place)?),
         _ => None,
     };
     if let (true, Some(g)) = (lead, &groups) {

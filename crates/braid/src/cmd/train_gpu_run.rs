@@ -7,7 +7,6 @@
 
 use super::preflight::Shape;
 use super::train::LoopParts;
-use super::train_mesh::Place;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
 use braid_model::{GptConfig, Params};
@@ -15,6 +14,7 @@ use braid_train::assemble::{strategy, ShardChoice, TensorSide};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::{GpuGpt, Precision};
+use braid_train::place::Place;
 use braid_train::{train_lending, EngineInfo, RunReport};
 use std::time::Instant;
 
@@ -78,7 +78,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
     };
     // Under --tp: the tensor and data groups, split from the world.
     let groups = match (&gpu, place.tensor) {
-        (Some(g), n) if n > 1 => Some(super::train_mesh::split_gpu(g, place)?),
+        (Some(g), n) if n > 1 => Some(braid_train::place::split_gpu(g, place)?),
         _ => None,
     };
     if let (true, Some(g)) = (lead, &groups) {

@@ -8,7 +8,6 @@
 //! report`.
 
 use super::train::LoopParts;
-use super::train_mesh::Place;
 use super::train_pipeline::PipeFlags;
 use braid_comm::gpu::GpuCommunicator;
 use braid_comm::Communicator;
@@ -18,6 +17,7 @@ use braid_train::assemble::{strategy, ShardChoice};
 use braid_train::collective::DeviceCollective;
 use braid_train::ddp::DdpOptions;
 use braid_train::engines::Precision;
+use braid_train::place::Place;
 use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
 use braid_train::{train_with, RunReport};
@@ -104,7 +104,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
     let pipeline_json;
     let (run, mine, pipe) = if cuda {
         let gpu = GpuCommunicator::init_from_env(&c).map_err(|e| e.to_string())?;
-        let part = |name: &str| super::train_mesh::split_gpu_part(&gpu, &mesh, name);
+        let part = |name: &str| braid_train::place::split_gpu_part(&gpu, &mesh, name);
         let (pipe, data) = (part("pipe")?, part("data")?);
         let pipe_host = pipe.host().clone();
         // Under --tp: the tensor group (the model's collectives; on
@@ -277,7 +277,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         (run, engine.into_params()?, pipe_host)
     } else {
         let how = super::train::cpu_optimizer(optimizer, weight_decay);
-        let groups = super::train_mesh::split_pipeline(&c, place)?;
+        let groups = braid_train::place::split_pipeline(&c, place)?;
         let pipe = groups.pipe.clone();
         tensor_host = groups.tensor.clone();
         let tensor = groups.tensor.clone().map(|g| {

@@ -4,7 +4,7 @@
 
 use super::train::{share_cores, TrainArgs};
 use super::train_check::Choices;
-use super::train_mesh::Place;
+use braid_train::place::Place;
 
 /// Where this process trains, and on what share of the batch.
 pub struct Placement {

@@ -39,7 +39,7 @@ pub fn relaunched(a: &TrainArgs, c: &Choices) -> Result<Option<i32>, String> {
 /// environment, the pipeline and the model's split, checked before they
 /// start.
 fn mesh_checked(a: &TrainArgs, c: &Choices, n: usize) -> Result<(), String> {
-    super::train_mesh::Place {
+    braid_train::place::Place {
         world: n,
         rank: 0,
         tensor: a.tp,
