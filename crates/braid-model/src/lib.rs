@@ -18,6 +18,8 @@
 //! - [`checkpoint`]: safetensors save/load (braid's and Hugging Face's).
 //! - [`footprint`]: the memory pre-flight — what a run will allocate,
 //!   from the shapes, before it allocates.
+//! - [`paged`]: the paged KV cache's bookkeeping for serving — blocks of
+//!   positions, each sequence's block table, shared prompt prefixes.
 //! - [`placement`]: saved activations placed in memory idle while they
 //!   live (ZeRO-3's gradient shard before the backward pass fills it).
 //! - [`rng`]: the deterministic generator behind initialisation and data
@@ -35,6 +37,7 @@ pub mod footprint;
 pub mod layout;
 pub mod model;
 pub mod optim;
+pub mod paged;
 pub mod params;
 pub mod place;
 pub mod placement;
