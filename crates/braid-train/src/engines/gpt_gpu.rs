@@ -6,9 +6,8 @@
 //! AdamW in host memory and the update on the CPU ([`super::offload`]).
 
 use super::describe::{gpt_describe, gpt_matrices};
-use super::offload::HostOptimizer;
 use super::state::{copy_at, gpt_tensors, moment};
-use super::units::{backward_unit_name, forward_unit_name, gpt_param_units, gpt_units};
+use super::units::backward_unit_name;
 use crate::engine::{
     check_shard, state_ranges, BlockGrads, Checkpointable, Engine, EngineInfo, LendsMemory, Matrix,
     NamedTensor, OptimizerState, ParamUnits, SavedBuffer, ShardedOptimizer, ShardedParams,
@@ -16,51 +15,30 @@ use crate::engine::{
 };
 use crate::space::Gpu;
 use crate::Result;
-use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{Device, DeviceBuffer, DeviceView, DeviceViewMut, DeviceWindow, Stream};
+use braid_cuda::memory::zero_async;
+use braid_cuda::{DeviceBuffer, DeviceView, DeviceViewMut, DeviceWindow, Stream};
 use braid_data::loader::TokenBatch;
-use braid_model::cuda::f32_params::{F32Params, Piece, SideMap};
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
-use braid_model::cuda::model::GpuGpt as GpuGptF32;
-use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions, SavedFor, WeightGrads};
-use braid_model::optim::AdamWConfig;
+use braid_model::cuda::model_mixed::SavedFor;
 use braid_model::tensor_comm::DeviceTensorComm;
 use braid_model::{Block, Params};
 use braid_trace::{scope, Cat};
-use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
 
 mod build;
+mod err;
+mod precision;
+mod ranges;
 mod sharded;
+mod state;
 mod units;
+use err::e;
+pub use precision::Precision;
+use ranges::optimizer_ranges;
+pub use state::GpuGpt;
+use state::{BiasCarry, Model, Offload, Step};
 use units::*;
-
-fn e(x: impl std::fmt::Display) -> String {
-    x.to_string()
-}
-
-/// The optimizer's ranges of the parameters (`shard`, in order), each cut
-/// where the bf16 copy ends (`bf16_len`: a pipeline's first stage has none
-/// of its embeddings, see `Layout::bf16_len`), so that one AdamW launch
-/// writes bf16 for all of its range or none; with each range, where its
-/// state starts (the moments hold the ranges one after another).
-fn optimizer_ranges(shard: &[Range<usize>], bf16_len: usize) -> Vec<(Range<usize>, usize)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    for r in shard {
-        let cuts = match r.start < bf16_len && bf16_len < r.end {
-            true => vec![r.start..bf16_len, bf16_len..r.end],
-            false => vec![r.clone()],
-        };
-        for c in cuts {
-            let len = c.len();
-            out.push((c, at));
-            at += len;
-        }
-    }
-    out
-}
 
 /// The views one AdamW launch reads and writes: parameters, gradients and
 /// the two moments, alike in length.
@@ -96,203 +74,6 @@ fn adamw_launch(
         Model::F32(mm) => mk.adamw_multi(stream.unwrap_or(mm.stream()), p, None, g, m, v, segs, h),
     }
     .map_err(e)
-}
-
-/// Arithmetic of the GPU engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 everywhere (matches the CPU engine).
-    F32,
-    /// bf16 products and activations, f32 master weights and state.
-    Bf16,
-}
-
-impl Precision {
-    /// `f32` or `bf16`.
-    pub fn parse(s: &str) -> Result<Precision> {
-        match s {
-            "f32" | "fp32" => Ok(Precision::F32),
-            "bf16" | "mixed" => Ok(Precision::Bf16),
-            other => Err(format!("--precision {other:?}: expected f32 or bf16")),
-        }
-    }
-
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
-
-/// Either model form.
-enum Model {
-    F32(Box<GpuGptF32>),
-    /// The bf16 model and its full bf16 copy of the parameters (`None`
-    /// when it streams its bf16 weights layer by layer).
-    Mixed(Box<GpuGptMixed>, Option<DeviceBuffer<bf16>>),
-}
-
-/// The optimizer in host memory, for either model form.
-enum Offload {
-    /// The f32 model's: the GPU keeps its f32 weights (`p`).
-    F32(HostOptimizer<f32>),
-    /// The bf16 model's: the GPU keeps the bf16 copy and, in `p`, the f32
-    /// tensors the passes read, packed by `SideMap`.
-    Bf16(HostOptimizer<bf16>, SideMap),
-}
-
-impl Offload {
-    fn master(&self) -> &[f32] {
-        match self {
-            Offload::F32(h) => h.master(),
-            Offload::Bf16(h, _) => h.master(),
-        }
-    }
-
-    fn cpu_seconds(&self) -> f64 {
-        match self {
-            Offload::F32(h) => h.last_cpu_s,
-            Offload::Bf16(h, _) => h.last_cpu_s,
-        }
-    }
-
-    fn into_master(self) -> Vec<f32> {
-        match self {
-            Offload::F32(h) => h.into_master(),
-            Offload::Bf16(h, _) => h.into_master(),
-        }
-    }
-
-    fn moment(&self, i: usize) -> Result<&[f32]> {
-        match self {
-            Offload::F32(h) => h.moment(i),
-            Offload::Bf16(h, _) => h.moment(i),
-        }
-    }
-
-    fn set_moments(&mut self, m: &[f32], v: &[f32], updates: u64) -> Result<()> {
-        match self {
-            Offload::F32(h) => h.set_moments(m, v, updates),
-            Offload::Bf16(h, _) => h.set_moments(m, v, updates),
-        }
-    }
-}
-
-/// One backward unit of the GPU engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Head,
-    /// A whole layer.
-    Layer(usize),
-    /// A layer whose weight gradients come later: its input gradient (and
-    /// its biases' and norms' gradients).
-    LayerInput(usize),
-    Embedding,
-    /// A deferred layer's weight gradients.
-    LayerWeights(usize),
-    /// Some of a deferred layer's weight gradients.
-    LayerWeightsOf(usize, &'static [WeightGrads]),
-}
-
-/// A GPT model trained on one GPU with AdamW.
-pub struct GpuGpt {
-    layout: std::sync::Arc<braid_model::Layout>,
-    model: Model,
-    /// Device bytes the model's buffers hold (activations and the passes'
-    /// scratch), by the allocator's counters around their allocation.
-    model_bytes: usize,
-    precision: Precision,
-    mk: MixedKernels,
-    /// The f32 parameters on the GPU: the master weights, or under an
-    /// offloaded optimizer what the passes read in f32 (all of them for
-    /// the f32 model, the packed side tensors for bf16).
-    p: DeviceBuffer<f32>,
-    /// The optimizer and master weights in host memory, if offloaded.
-    offload: Option<Offload>,
-    /// Built for ZeRO-3 ([`GpuGpt::for_sharding`]): the parameters in host
-    /// memory until [`ShardedParams::shard_params`] uploads this rank's shard of
-    /// them, and again after [`ShardedParams::unshard_params`] (`p` is empty
-    /// meanwhile), so that the whole model is never on the GPU.
-    pending: Option<Vec<f32>>,
-    m: DeviceBuffer<f32>,
-    v: DeviceBuffer<f32>,
-    adam: AdamWConfig,
-    /// The ranges of the flat buffer the optimizer owns, each with where
-    /// its state starts in `m` and `v` and its weight-decay segments.
-    shard: Vec<(Range<usize>, usize, AdamSegments)>,
-    /// Updates made (the optimizer may be sharded only before the first).
-    updates: u64,
-    b: usize,
-    t: usize,
-    steps: Vec<(Unit, Step)>,
-    /// The parameter units a ZeRO-3 strategy gathers (which blocks each
-    /// pass of this model form reads and writes).
-    units: ParamUnits,
-    /// After [`ShardedParams::shard_params`]: `p` is empty, the passes take
-    /// their blocks as arguments and the optimizer updates the strategy's
-    /// master shard.
-    sharded: bool,
-    /// The forward pass in units keeps what the backward pass needs.
-    forward_grad: bool,
-    /// AdamW's moments were freed after the last update.
-    released: bool,
-    /// Under ZeRO-3 with the bf16 model, see [`BiasCarry`].
-    carry: Option<BiasCarry>,
-    /// After [`LendsMemory::grads_by_unit`]: for each backward unit, the runs
-    /// of the whole gradient buffer it writes first (and zeroes, of those,
-    /// what it adds into, at a step's first backward pass).
-    by_unit: Option<Vec<Vec<Range<usize>>>>,
-    /// Under ZeRO-3 with bf16 gathers, see [`HalfBlocks`].
-    half: Option<HalfBlocks>,
-    /// How long the wait for a step's GPU work may take
-    /// (`BRAID_TIMEOUT`, like the collectives').
-    sync_limit: std::time::Duration,
-    /// The tensor group, when this is one rank's share of the model: its
-    /// collectives, and the flat ranges of the tensors every rank of the
-    /// group holds whole (counted once in the gradient norm).
-    group: Option<TensorGroup>,
-}
-
-/// A tensor-parallel rank's group: its collectives, and the flat ranges
-/// of the tensors every rank of it holds whole.
-type TensorGroup = (Arc<dyn DeviceTensorComm>, Vec<Range<usize>>);
-
-/// Under ZeRO-3 with bf16 gathers ([`ShardedParams::start_half_blocks`]) the
-/// bf16 model takes each layer's block as the bf16 weights its products
-/// read, gathered so, instead of f32 parameters it casts; what it reads
-/// of those blocks in f32 (LayerNorms, biases) comes from `side`, which
-/// the strategy refreshes after every update.
-struct HalfBlocks {
-    /// Per block of the units: taken in bf16.
-    taken: Vec<bool>,
-    /// The f32 tensors of those blocks, packed as `map` says.
-    side: DeviceBuffer<f32>,
-    map: SideMap,
-}
-
-/// The bf16 model's layer backward pass (and the head's) also computes
-/// the output-projection bias gradient of the layer below (the column
-/// sums its LayerNorm backward forms anyway). Under ZeRO-3 that gradient
-/// waits here, `width` floats, until the layer below's own unit copies it
-/// into that layer's block: so that block's gradient buffer (a whole
-/// layer's) need not exist one unit early. The same bits: the sums are
-/// added into zeros either way.
-struct BiasCarry {
-    buf: DeviceBuffer<f32>,
-    /// The layer whose bias gradient `buf` holds, until its unit runs.
-    for_layer: Option<usize>,
-}
-
-/// Where an engine's f32 master weights live.
-enum Master {
-    /// On the GPU, uploaded whole at the start.
-    OnGpu,
-    /// In host memory with the optimizer (offloaded).
-    Offloaded(Vec<f32>),
-    /// In host memory until the strategy uploads its shard (ZeRO-3).
-    Pending(Vec<f32>),
 }
 
 impl GpuGpt {
@@ -1314,6 +1095,7 @@ impl Checkpointable for GpuGpt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engines::units::gpt_units;
     use braid_model::{GptConfig, Layout};
 
     #[test]

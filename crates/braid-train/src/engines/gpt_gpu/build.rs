@@ -2,7 +2,21 @@
 //! parameters copied up (or kept in host memory for ZeRO-3's shards, or
 //! with an offloaded optimizer), AdamW's state and the units' plan.
 
-use super::*;
+use super::err::e;
+use super::precision::Precision;
+use super::ranges::optimizer_ranges;
+use super::state::{GpuGpt, Master, Model, Offload};
+use super::units::{head_reads_cast_embeddings, plan};
+use crate::engines::offload::HostOptimizer;
+use crate::engines::units::gpt_param_units;
+use crate::Result;
+use braid_cuda::{Device, DeviceBuffer};
+use braid_model::cuda::f32_params::SideMap;
+use braid_model::cuda::mixed::{AdamSegments, MixedKernels};
+use braid_model::cuda::model::GpuGpt as GpuGptF32;
+use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions};
+use braid_model::optim::AdamWConfig;
+use braid_model::Params;
 
 impl GpuGpt {
     /// An engine on `device` starting from `params`, for batches of
@@ -33,6 +47,9 @@ impl GpuGpt {
     /// shard ([`ShardedParams::shard_params`]). Until then the engine runs no
     /// pass; its ranks compare the parameters' checksums instead of
     /// broadcasting them ([`EngineInfo::pending_params`]).
+    ///
+    /// [`ShardedParams::shard_params`]: crate::ShardedParams::shard_params
+    /// [`EngineInfo::pending_params`]: crate::EngineInfo::pending_params
     pub fn for_sharding(
         device: &Device,
         params: &mut Params,

@@ -4,7 +4,21 @@
 //! the blocks the strategy gathered, and the update of the master shard.
 //! The `Engine` methods of the same jobs call these.
 
-use super::*;
+use super::err::e;
+use super::state::{GpuGpt, HalfBlocks, Model, Step};
+use super::units::{
+    backward_step, block_window, lent_bf16, model_stream, pieces, plan, unit_f32_params,
+    unit_pieces,
+};
+use crate::engine::{Engine, ShardedOptimizer, UpdateStep};
+use crate::engines::units::{backward_unit_name, forward_unit_name};
+use crate::Result;
+use braid_cuda::memory::copy_async;
+use braid_cuda::DeviceBuffer;
+use braid_model::cuda::f32_params::{F32Params, SideMap};
+use braid_model::Block;
+use braid_trace::{scope, Cat};
+use std::ops::Range;
 
 impl GpuGpt {
     /// Takes the layers in bf16 under ZeRO-3 (`ShardedParams::start_half_blocks`):

@@ -2,8 +2,19 @@
 //! computes on, the gradient windows and parameter pieces a unit writes
 //! and reads, what the bf16 model reads in f32, and the plan of backward
 //! units when layers defer their weight gradients.
+//!
+//! [`GpuGpt`]: super::state::GpuGpt
 
-use super::*;
+use super::err::e;
+use super::state::{BiasCarry, HalfBlocks, Model, Offload, Step};
+use crate::engine::{ParamUnits, Unit};
+use crate::engines::units::gpt_units;
+use crate::Result;
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{DeviceBuffer, DeviceWindow, Stream};
+use braid_model::cuda::f32_params::{F32Params, Piece};
+use braid_model::cuda::model_mixed::WeightGrads;
+use half::bf16;
 
 /// The stream `model` computes on.
 pub(super) fn model_stream(model: &Model) -> &Stream {
