@@ -81,11 +81,11 @@
 //! agree with a data-parallel run within summation order.
 
 use crate::checkpoint::{self, Staging, StatePart, StateSource};
-use crate::collective::{block_of, Collective, GatherPart, ScatterPart};
+use crate::collective::{block_of, Collective, GatherPart};
 use crate::ddp::mean_over;
 use crate::engine::{
-    Checkpointable, EngineInfo, Flat, LendsMemory, ParamUnits, ShardedBytes, ShardedParams,
-    StateBytes, UpdateStep,
+    Checkpointable, EngineInfo, Flat, LendsMemory, ShardedBytes, ShardedParams, StateBytes,
+    UpdateStep,
 };
 use crate::memory_phase::{self, Phase};
 use crate::mesh::DataGroups;

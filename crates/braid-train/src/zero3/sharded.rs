@@ -5,7 +5,13 @@
 //! shard ([`SideRefresh`]); with the block-level steps of a pass: gather
 //! or reduce-scatter one block, run one unit, put its blocks back.
 
-use super::*;
+use crate::collective::{Collective, GatherPart, ScatterPart};
+use crate::engine::{ParamUnits, ShardedParams};
+use crate::space::Space;
+use crate::strategy::CommStep;
+use crate::Result;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// What a ZeRO-3 rank holds once started.
 pub(super) struct Sharded<C: Collective> {
