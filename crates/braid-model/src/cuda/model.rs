@@ -18,13 +18,10 @@
 //! gradient), and the LayerNorms' gradients of the rank's rows are summed
 //! over the group after each block.
 
-use super::attention::{attention_backward, attention_forward, AttnScratch};
-use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
 use super::held::{held, held_mut, not_held};
 use super::kernels::{Kernels, VocabRows};
 use crate::block::{Act, LayerRanges};
-use crate::cpu::attention::AttnShape;
 use crate::layout::Layout;
 use crate::model::Widths;
 use crate::tensor_comm::{DeviceTensorComm, ReduceKind};
@@ -36,155 +33,11 @@ use std::sync::Arc;
 
 mod block;
 mod stage;
+mod state;
 use block::{BlockEnv, F32Backward, F32Forward, DLN, DRESID};
 pub use stage::F32MicroSaved;
-
-/// One layer's saved tensors: the block's own ([`crate::block::INSIDE`],
-/// by [`Act::inner`]), each LayerNorm's statistics and the attention's
-/// state.
-struct LayerActs {
-    t: [DeviceBuffer<f32>; 7],
-    mean: [DeviceBuffer<f32>; 2],
-    rstd: [DeviceBuffer<f32>; 2],
-    attn: AttnScratch,
-}
-
-/// A tensor-parallel rank's group: its collectives, the rows' maxima
-/// and sums of the vocabulary-parallel cross-entropy (`n` and `2n`), and
-/// under sequence parallelism the rank's rows.
-struct Group {
-    comm: Arc<dyn DeviceTensorComm>,
-    mx: DeviceBuffer<f32>,
-    sums: DeviceBuffer<f32>,
-    seq: Option<SeqRows>,
-}
-
-/// A sequence-parallel rank's slice of the rows and its whole-row
-/// scratch.
-struct SeqRows {
-    /// This rank's rows of the `b × t`: the `rank`-th of `size` slices.
-    rows: Range<usize>,
-    /// Whole rows gathered from every rank's slice (`n × c`): a
-    /// LayerNorm's output before a column-split product or its weight
-    /// gradient, a row-split product's output gradient.
-    gathered: DeviceBuffer<f32>,
-    /// The gradients of one block's (or the head's) LayerNorms from this
-    /// rank's rows (`ln_1` weight and bias, `ln_2` weight and bias: `4c`),
-    /// summed over the group before they join the gradient buffer.
-    norm_grads: DeviceBuffer<f32>,
-}
-
-impl Group {
-    /// `local` (this rank's rows of `c`) into its block of the whole-row
-    /// buffer, then every rank's block gathered there.
-    fn gather(
-        &mut self,
-        local: &DeviceBuffer<f32>,
-        c: usize,
-        s: &Stream,
-        what: &str,
-    ) -> Result<()> {
-        let Group { comm, seq, .. } = self;
-        let seq = seq.as_mut().ok_or_else(no_rows)?;
-        let block = seq.rows.start * c..seq.rows.end * c;
-        copy_async(&mut seq.gathered.view_mut(block), local, s)?;
-        let len = seq.gathered.len();
-        comm.all_gather_f32(seq.gathered.view_mut(0..len), s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}")))
-    }
-
-    /// Sums `full` (whole rows of `c`) over the group into this rank's
-    /// block, in place; returns the block's elements.
-    fn scatter(
-        &self,
-        full: &mut DeviceBuffer<f32>,
-        c: usize,
-        s: &Stream,
-        what: &str,
-    ) -> Result<Range<usize>> {
-        let seq = self.seq.as_ref().ok_or_else(no_rows)?;
-        self.comm
-            .reduce_scatter_f32(full.view_mut(0..full.len()), s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}")))?;
-        Ok(seq.rows.start * c..seq.rows.end * c)
-    }
-
-    /// The whole rows last gathered.
-    fn gathered(&self) -> Result<&DeviceBuffer<f32>> {
-        Ok(&self.seq.as_ref().ok_or_else(no_rows)?.gathered)
-    }
-
-    /// Sums the first `len` LayerNorm gradients of this rank's rows over
-    /// the group and adds them into `g` at `into` (`c` each, in order).
-    fn add_norm_grads(
-        &mut self,
-        k: &Kernels,
-        g: &mut DeviceWindow<'_, f32>,
-        into: &[Range<usize>],
-        s: &Stream,
-        what: &str,
-    ) -> Result<()> {
-        let Group { comm, seq, .. } = self;
-        let seq = seq.as_mut().ok_or_else(no_rows)?;
-        let len: usize = into.iter().map(|r| r.len()).sum();
-        comm.all_reduce_f32(seq.norm_grads.view_mut(0..len), ReduceKind::Sum, s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}")))?;
-        let mut at = 0;
-        for r in into {
-            k.add_inplace(
-                s,
-                &mut g.view_mut(r.clone())?,
-                &seq.norm_grads.view(at..at + r.len()),
-            )?;
-            at += r.len();
-        }
-        Ok(())
-    }
-}
-
-fn no_rows() -> CudaError {
-    CudaError::Invalid(
-        "sequence-parallel buffers asked of a model without sequence parallelism".into(),
-    )
-}
-
-/// Whether `group` runs sequence parallelism.
-fn sequence(group: &Option<Group>) -> bool {
-    matches!(group, Some(Group { seq: Some(_), .. }))
-}
-
-/// A GPT model's forward and backward passes on one GPU, sized for one
-/// (batch, sequence) shape.
-pub struct GpuGpt {
-    layout: Arc<Layout>,
-    /// The widths of this rank's passes.
-    widths: Widths,
-    /// The tensor-parallel group, when this is one rank's share.
-    group: Option<Group>,
-    stream: Stream,
-    kernels: Kernels,
-    blas: Blas,
-    b: usize,
-    t: usize,
-    /// Per layer of the model: its ranges and activations, where this
-    /// model's layout holds it (a pipeline stage's holds some).
-    ranges: Vec<Option<LayerRanges>>,
-    layers: Vec<Option<LayerActs>>,
-    /// The residual stream at each held layer's input and output.
-    resid: Vec<Option<DeviceBuffer<f32>>>,
-    lnf: DeviceBuffer<f32>,
-    lnf_mean: DeviceBuffer<f32>,
-    lnf_rstd: DeviceBuffer<f32>,
-    logits: DeviceBuffer<f32>,
-    losses: DeviceBuffer<f32>,
-    batch: DeviceBatch,
-    /// Gradient scratch of the block's tensors, shared by every layer (by
-    /// the slots of `block`: `DRESID`, the residual stream's, ...).
-    d: [DeviceBuffer<f32>; 7],
-    /// What the loss's gradient is multiplied by (1 / micro-batches where
-    /// a step's gradients add up several: a pipeline's).
-    loss_weight: f32,
-}
+pub use state::GpuGpt;
+use state::{no_rows, sequence, Group, SeqRows};
 
 impl GpuGpt {
     /// Buffers for batches of `b × t` tokens on `device`.

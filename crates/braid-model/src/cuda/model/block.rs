@@ -6,8 +6,16 @@
 //! that reads it gathers them; a row product's sum is reduce-scattered
 //! into this rank's rows.
 
-use super::*;
-use crate::block::{Act, BlockBackward, BlockForward, Linear, Norm};
+use super::state::{no_rows, sequence, GpuGpt, Group, LayerActs};
+use crate::block::{Act, BlockBackward, BlockForward, LayerRanges, Linear, Norm};
+use crate::cpu::attention::AttnShape;
+use crate::cuda::attention::{attention_backward, attention_forward};
+use crate::cuda::f32_params::F32Params;
+use crate::cuda::kernels::Kernels;
+use crate::model::Widths;
+use braid_cuda::blas::Blas;
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result, Stream};
 
 /// Slots of the gradient scratch shared by every layer
 /// ([`GpuGpt`]'s `d`): the residual stream's (the block's input's and

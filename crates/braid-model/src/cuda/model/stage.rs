@@ -11,9 +11,17 @@
 //! computes its own bias gradients here: nothing crosses a stage's edge.)
 //! Not with sequence parallelism yet.
 
-use super::*;
+use super::block::DRESID;
+use super::state::{sequence, GpuGpt, LayerActs};
+use crate::cpu::attention::AttnShape;
+use crate::cuda::attention::AttnScratch;
+use crate::cuda::batch::DeviceBatch;
+use crate::cuda::f32_params::F32Params;
 use crate::cuda::held::{output_grad, stage_input, stage_output};
-use crate::layout::Stage;
+use crate::layout::{Layout, Stage};
+use crate::model::Widths;
+use braid_cuda::memory::copy_async;
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceWindow, Result, Stream};
 
 /// What one micro-batch's forward pass through a stage keeps for its
 /// backward pass (see the module docs of `stage`).
