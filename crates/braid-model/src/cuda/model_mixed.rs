@@ -15,27 +15,25 @@
 //! the forward pass's arithmetic. This file holds the model's
 //! construction (its buffers are in `state`); the passes are in `forward`
 //! and `backward`, what holds nothing between steps in `saved`, the first
-//! writes of each step's gradients in `fresh`.
+//! writes of each step's gradients in `fresh`; what the passes share in
+//! `products`, `sums`, `weights`, `pass`, `wide` and `errors`.
+//!
+//! [`DeviceBatch`]: super::batch::DeviceBatch
 
-use super::batch::DeviceBatch;
 use super::f32_params::F32Params;
-use super::flash::{FlashKernels, ScoreGrads};
-use super::held::{held, held_mut, not_held};
+use super::flash::FlashKernels;
 use super::kernels::{Kernels, VocabRows};
 use super::mixed::MixedKernels;
-use super::mixed_attention::{self as attention, AttnPath, AttnSaved, AttnShared};
+use super::mixed_attention::{AttnPath, AttnShared};
 use super::profile::PhaseTimer;
 use crate::block::LayerRanges;
 use crate::cpu::attention::AttnShape;
 use crate::layout::{Block, Layout};
 use crate::model::Widths;
-use crate::tensor_comm::{DeviceTensorComm, ReduceKind};
-use braid_cuda::blas::{Blas, GemmEx, Mat};
-use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
-use braid_cuda::memory::{copy_async, zero_async};
-use braid_cuda::{
-    CudaError, Device, DeviceBuffer, DeviceMem, DevicePool, DeviceWindow, Result, Stream,
-};
+use crate::tensor_comm::DeviceTensorComm;
+use braid_cuda::blas::Blas;
+use braid_cuda::blaslt::{BlasLt, Tuning};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DevicePool, Result, Stream};
 use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
@@ -43,22 +41,26 @@ use std::sync::Arc;
 mod backward;
 mod block;
 mod block_backward;
+mod errors;
 mod forward;
 mod fresh;
+mod pass;
+mod products;
 mod row_sum;
 mod saved;
 mod seq;
 mod stage;
 mod state;
+mod sums;
+mod weights;
+mod wide;
 pub use backward::WeightGrads;
-use block::MixedForward;
-use block_backward::MixedBackward;
 pub use fresh::first_writes;
 pub use saved::SavedFor;
 use stage::MicroPlan;
 pub use stage::MicroSaved;
 pub use state::GpuGptMixed;
-use state::{BlockActs, DeferredDy, FusedProducts, Group, LayerSaved, StreamedWeights};
+use state::{BlockActs, DeferredDy, FusedProducts, Group, StreamedWeights};
 
 /// Whether the fused attention's stored score gradients fit in a block's
 /// `resid2` and `fch` (their heads split between the two, whole heads
@@ -70,25 +72,6 @@ pub fn score_grads_fit_in_block(shape: AttnShape) -> bool {
     let nc = shape.b * shape.t * shape.c;
     // fch: 4·nc bf16; resid2: nc f32, 2·nc bf16.
     FlashKernels::score_grads_split(shape, 4 * nc, 2 * nc).1
-}
-
-/// Whether a block's forward pass runs for the loss, or again under
-/// checkpointing for its backward pass (then it stops before the last
-/// product, whose output is the kept residual stream).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    Forward,
-    Recompute,
-}
-
-impl Pass {
-    /// The phase timer's name for a phase of this pass.
-    fn phase(self, forward: &'static str, recompute: &'static str) -> &'static str {
-        match self {
-            Pass::Forward => forward,
-            Pass::Recompute => recompute,
-        }
-    }
 }
 
 /// How a [`GpuGptMixed`] is built.
@@ -130,204 +113,6 @@ pub struct MixedOptions {
     /// the products that read every row and reduce-scattered after them
     /// (see `seq`). The row-split products are then summed in bf16.
     pub sequence_parallel: bool,
-}
-
-/// Layer `l`'s bf16 weights (`block`, its range of the layout): the full
-/// copy `pb`, or the streamed layer buffer, cast from `p` now unless it
-/// holds the layer already. Returns the buffer and the layout index of
-/// its first element.
-#[allow(clippy::too_many_arguments)]
-fn layer_weights<'a>(
-    mk: &MixedKernels,
-    s: &Stream,
-    pool: &DevicePool,
-    streamed: &'a mut Option<StreamedWeights>,
-    pb: Option<&'a DeviceBuffer<bf16>>,
-    p: F32Params<'_>,
-    l: usize,
-    block: Range<usize>,
-) -> Result<(&'a DeviceBuffer<bf16>, usize)> {
-    match (pb, streamed) {
-        (Some(pb), _) => Ok((pb, 0)),
-        (None, Some(st)) => {
-            if let Some((given, w)) = &st.given {
-                return match *given == l {
-                    true => Ok((w, block.start)),
-                    false => Err(CudaError::Invalid(format!(
-                        "layer {l}'s pass was given layer {given}'s bf16 weights"
-                    ))),
-                };
-            }
-            let len = block.len();
-            if st.layer.is_none() {
-                st.layer = Some(pool.zeros(len, s)?);
-            }
-            let layer = st.layer.as_mut().expect("allocated above");
-            if st.holds != Some(l) {
-                mk.to_bf16(s, &mut layer.view_mut(0..len), &p.view(block.clone())?)?;
-                st.holds = Some(l);
-            }
-            Ok((layer, block.start))
-        }
-        (None, None) => Err(no_weights()),
-    }
-}
-
-fn no_weights() -> CudaError {
-    CudaError::Invalid("no bf16 weights: pass the bf16 copy or build the model to stream".into())
-}
-
-fn no_acts() -> CudaError {
-    CudaError::Invalid("a layer has neither its own activations nor checkpointing's".into())
-}
-
-/// Row-major `c[m,n] = a · b + beta · c` through cuBLAS.
-#[allow(clippy::too_many_arguments)]
-fn mm(
-    blas: &mut Blas,
-    s: &Stream,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat,
-    b: Mat,
-    c: Mat,
-    beta: f32,
-) -> Result<()> {
-    blas.gemm_ex(
-        s,
-        &GemmEx {
-            m,
-            n,
-            k,
-            a,
-            b,
-            c,
-            alpha: 1.0,
-            beta,
-            batch: 1,
-            tf32: false,
-        },
-    )
-}
-
-/// One row-major product `a[m,k] · b[k,n]`, run plain (cuBLAS) or with a
-/// fused epilogue (cuBLASLt).
-#[derive(Clone, Copy)]
-struct Product {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat,
-    b: Mat,
-}
-
-impl Product {
-    /// `c = a · b + beta · c` through cuBLAS.
-    fn plain(self, blas: &mut Blas, s: &Stream, c: Mat, beta: f32) -> Result<()> {
-        mm(blas, s, self.m, self.n, self.k, self.a, self.b, c, beta)
-    }
-
-    /// `d = a · b (+ residual)` with `epilogue` in one cuBLASLt product
-    /// (the residual may be another buffer than `d`). `false`, with
-    /// nothing run, when there is no cuBLASLt or it has no algorithm for
-    /// this epilogue here (the epilogue is then switched off with a note):
-    /// the caller takes the unfused route.
-    fn fused(
-        self,
-        lt: &mut Option<FusedProducts>,
-        s: &Stream,
-        residual: Option<Mat>,
-        d: Mat,
-        epilogue: Epilogue,
-    ) -> Result<bool> {
-        let Some(fused) = lt.as_mut() else {
-            return Ok(false);
-        };
-        let kind = epilogue.kind() as usize;
-        if fused.off[kind] {
-            return Ok(false);
-        }
-        let g = LtGemm {
-            m: self.m,
-            n: self.n,
-            k: self.k,
-            a: self.a,
-            b: self.b,
-            c: residual.unwrap_or(d),
-            d,
-            epilogue,
-            alpha: 1.0,
-            beta: if residual.is_some() { 1.0 } else { 0.0 },
-        };
-        match fused.lt.gemm(s, &g) {
-            Ok(()) => Ok(true),
-            Err(CudaError::Invalid(e)) => Err(CudaError::Invalid(e)),
-            Err(e) => {
-                eprintln!(
-                    "note: cuBLASLt has no fused product for {epilogue:?} here ({e}); \
-                     using a separate pass"
-                );
-                fused.off[kind] = true;
-                Ok(false)
-            }
-        }
-    }
-}
-
-/// A layer that does not defer its weight gradients.
-fn not_deferred(l: usize) -> CudaError {
-    CudaError::Invalid(format!("layer {l} does not defer its weight gradients"))
-}
-
-/// Sums `x` (f32) over the group, on `s`; nothing without one.
-fn sum_f32(group: &Option<Group>, x: &mut DeviceBuffer<f32>, s: &Stream, what: &str) -> Result<()> {
-    match group {
-        None => Ok(()),
-        Some(g) => g
-            .comm
-            .all_reduce_f32(x.view_mut(0..x.len()), ReduceKind::Sum, s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
-    }
-}
-
-/// Sums `x` (bf16) over the group, on `s`; nothing without one.
-fn sum_bf16(
-    group: &Option<Group>,
-    x: &mut DeviceBuffer<bf16>,
-    s: &Stream,
-    what: &str,
-) -> Result<()> {
-    match group {
-        None => Ok(()),
-        Some(g) => g
-            .comm
-            .all_reduce_bf16(x.view_mut(0..x.len()), s)
-            .map_err(|e| CudaError::Group(format!("{what}: {e}"))),
-    }
-}
-
-/// Where the wide scratch ([`GpuGptMixed`]'s `wide`, `b·t × 4·width`)
-/// holds its two parts that live at once in the attention's backward pass:
-/// the attention's input gradient (or, in the forward pass, the unbiased
-/// qkv product) and its output gradient.
-struct Wide;
-
-impl Wide {
-    /// The qkv product or its gradient: `n × 3c`, first.
-    fn qkv(n: usize, c: usize) -> Range<usize> {
-        0..n * 3 * c
-    }
-
-    /// The attention's output gradient: `n × c`, last.
-    fn datty(n: usize, c: usize) -> Range<usize> {
-        n * 3 * c..n * 4 * c
-    }
-}
-
-/// Address and length of a device vector (a bias for [`Product::fused`]).
-fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
-    (v.dptr(), v.dlen())
 }
 
 /// Fused-epilogue products, unless `BRAID_FUSED_EPILOGUES=0` or cuBLASLt

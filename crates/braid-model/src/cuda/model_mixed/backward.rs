@@ -2,7 +2,23 @@
 //! (recomputed first under checkpointing), the embeddings, and the weight
 //! gradients of the layers that defer theirs.
 
-use super::*;
+use super::block_backward::MixedBackward;
+use super::errors::{no_weights, not_deferred};
+use super::pass::Pass;
+use super::products::mm;
+use super::seq;
+use super::state::GpuGptMixed;
+use super::sums::sum_bf16;
+use super::weights::layer_weights;
+use crate::cpu::attention::AttnShape;
+use crate::cuda::f32_params::F32Params;
+use crate::cuda::held::{held, held_mut};
+use crate::layout::Block;
+use crate::model::Widths;
+use braid_cuda::blas::{Blas, Mat};
+use braid_cuda::memory::zero_async;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result, Stream};
+use half::bf16;
 
 /// `dx = dy · wᵀ` (overwritten) for `y[n,out] = x[n,inp] · w[inp,out]`.
 #[allow(clippy::too_many_arguments)]
@@ -21,6 +37,8 @@ pub(super) fn input_grad(
 
 /// `dw = xᵀ · dy + beta · dw` for `y[n,out] = x[n,inp] · w[inp,out]`
 /// (`beta` 1 adds, 0 overwrites: [`fresh`]).
+///
+/// [`fresh`]: super::fresh
 #[allow(clippy::too_many_arguments)]
 pub(super) fn weight_grad(
     blas: &mut Blas,

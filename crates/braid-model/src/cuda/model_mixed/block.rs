@@ -10,10 +10,28 @@
 //! product after each reads; under checkpointing the recomputation
 //! ([`Pass::Recompute`]) stops before the last product, and starts at the
 //! attention's output where the layer kept the attention.
+//!
+//! [`GpuGptMixed`]: super::state::GpuGptMixed
 
-use super::*;
+use super::pass::Pass;
+use super::products::{span, Product};
+use super::row_sum;
+use super::seq;
+use super::state::{FusedProducts, Group};
+use super::wide::Wide;
+use crate::block::LayerRanges;
 use crate::block::{Act, BlockForward, Linear, Norm};
+use crate::cpu::attention::AttnShape;
+use crate::cuda::f32_params::F32Params;
+use crate::cuda::mixed::MixedKernels;
+use crate::cuda::mixed_attention::{self as attention, AttnSaved, AttnShared};
+use crate::cuda::profile::PhaseTimer;
+use crate::model::Widths;
+use braid_cuda::blas::{Blas, Mat};
+use braid_cuda::blaslt::Epilogue;
 use braid_cuda::DeviceView;
+use braid_cuda::{CudaError, DeviceBuffer, Result, Stream};
+use half::bf16;
 
 /// Block `l`'s forward pass (or its recomputation): the pieces of the
 /// model it reads and writes, borrowed for the pass.

@@ -15,11 +15,32 @@
 //! GELU, a LayerNorm). Under deferred weight gradients (a pipeline's
 //! split backward) each product's output gradient and rebuilt input are
 //! kept for later instead.
+//!
+//! [`GpuGptMixed`]: super::state::GpuGptMixed
 
 use super::backward::{input_grad, weight_grad};
-use super::*;
+use super::errors::no_acts;
+use super::fresh;
+use super::row_sum;
+use super::seq;
+use super::state::{BlockActs, DeferredDy, Group, LayerSaved};
+use super::wide::Wide;
+use crate::block::LayerRanges;
 use crate::block::{Act, BlockBackward, Linear, Norm};
+use crate::cpu::attention::AttnShape;
+use crate::cuda::f32_params::F32Params;
+use crate::cuda::flash::ScoreGrads;
+use crate::cuda::kernels::Kernels;
+use crate::cuda::mixed::MixedKernels;
+use crate::cuda::mixed_attention::{self as attention, AttnShared};
+use crate::cuda::profile::PhaseTimer;
+use crate::model::Widths;
+use braid_cuda::blas::{Blas, Mat};
+use braid_cuda::memory::zero_async;
 use braid_cuda::DeviceView;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceWindow, Result, Stream};
+use half::bf16;
+use std::ops::Range;
 
 /// Block `l`'s backward pass: the pieces of the model it reads and
 /// writes, borrowed for the pass.

@@ -3,7 +3,24 @@
 //! [`Pass::Recompute`], to rebuild what its backward pass reads), and the
 //! head with its loss.
 
-use super::*;
+use super::block::MixedForward;
+use super::errors::{no_acts, no_weights};
+use super::pass::Pass;
+use super::products::mm;
+use super::seq;
+use super::state::{BlockActs, GpuGptMixed, Group, LayerSaved};
+use super::sums::sum_f32;
+use super::weights::layer_weights;
+use crate::cpu::attention::AttnShape;
+use crate::cuda::f32_params::F32Params;
+use crate::cuda::held::{held, held_mut, not_held};
+use crate::layout::Block;
+use crate::model::Widths;
+use crate::tensor_comm::ReduceKind;
+use braid_cuda::blas::Mat;
+use braid_cuda::memory::copy_async;
+use braid_cuda::{CudaError, DeviceBuffer, Result, Stream};
+use half::bf16;
 
 impl GpuGptMixed {
     /// Forward pass with master parameters `p` and their bf16 copy `pb`

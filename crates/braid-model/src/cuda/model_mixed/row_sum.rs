@@ -10,8 +10,19 @@
 //! gradient may also have its sum only started here, the backward pass
 //! running the weight gradient beside it and joining it later
 //! ([`GpuGptMixed::sum_input_grads_beside_weight_grads`]).
+//!
+//! [`GpuGptMixed::overlap_tensor_sums`]: super::state::GpuGptMixed::overlap_tensor_sums
+//! [`GpuGptMixed::sum_input_grads_beside_weight_grads`]: super::state::GpuGptMixed::sum_input_grads_beside_weight_grads
 
-use super::*;
+use super::products::{mm, span, Product};
+use super::state::{FusedProducts, Group};
+use super::sums::{sum_bf16, sum_f32};
+use crate::cuda::mixed::MixedKernels;
+use braid_cuda::blas::{Blas, Mat};
+use braid_cuda::blaslt::Epilogue;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, Result, Stream};
+use half::bf16;
+use std::ops::Range;
 
 /// What [`row_split_sum`] computes: `d = a · b` over `m` rows (`a`: `m ×
 /// k` bf16, `b`: the `k × n` weights), then `+ residual + bias` where

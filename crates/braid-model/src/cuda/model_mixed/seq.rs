@@ -10,8 +10,15 @@
 //! parameter gradients (and the bias gradients that come with them) from
 //! a rank's rows go to [`SeqRows::norm_grads`] first and are summed over
 //! the group before they join the gradient buffer ([`add_norm_grads`]).
+//!
+//! [`MixedOptions::sequence_parallel`]: crate::cuda::model_mixed::MixedOptions::sequence_parallel
 
-use super::*;
+use super::state::Group;
+use crate::cuda::kernels::Kernels;
+use crate::tensor_comm::ReduceKind;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result, Stream};
+use half::bf16;
+use std::ops::Range;
 
 /// A sequence-parallel rank's rows and its scratch.
 pub(super) struct SeqRows {

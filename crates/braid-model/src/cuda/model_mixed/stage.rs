@@ -20,9 +20,20 @@
 //! ([`GpuGptMixed::stage_backward_weights`]) runs them later, with the
 //! micro-batch's buffers swapped in again.
 
-use super::*;
+use super::pass::Pass;
+use super::seq;
+use super::state::{BlockActs, DeferredDy, GpuGptMixed, LayerSaved};
+use crate::cpu::attention::AttnShape;
+use crate::cuda::batch::DeviceBatch;
+use crate::cuda::f32_params::F32Params;
 use crate::cuda::held::{output_grad, stage_input, stage_output};
+use crate::cuda::mixed_attention::{AttnPath, AttnSaved};
+use crate::layout::Layout;
 use crate::layout::Stage;
+use crate::model::Widths;
+use braid_cuda::memory::{copy_async, zero_async};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DevicePool, DeviceWindow, Result, Stream};
+use half::bf16;
 
 /// How the per-micro-batch buffers of a model are shaped.
 #[derive(Clone, Copy)]
@@ -32,6 +43,8 @@ pub(super) struct MicroPlan {
     pub(super) kept_attention: usize,
     /// The layers keep no attention output: the recomputation writes it
     /// into the model's `work` buffers ([`MixedOptions::recompute_attention_output`]).
+    ///
+    /// [`MixedOptions::recompute_attention_output`]: crate::cuda::model_mixed::MixedOptions::recompute_attention_output
     pub(super) shared_atty: bool,
     pub(super) fused: bool,
     pub(super) shape: AttnShape,

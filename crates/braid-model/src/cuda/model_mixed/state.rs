@@ -243,7 +243,7 @@ pub struct GpuGptMixed {
     /// MLP's GELU, the output projection's input. Backward: the GELU's
     /// input gradient (made the pre-activation's in place), then the
     /// attention's output gradient (the last `b·t × width`) and its input
-    /// gradient dqkv (the first `b·t × 3·width`). See [`Wide`](super::Wide).
+    /// gradient dqkv (the first `b·t × 3·width`). See [`Wide`](super::wide::Wide).
     pub(super) wide: DeviceBuffer<bf16>,
     pub(super) dresid: DeviceBuffer<f32>,
     pub(super) dresid_bf: DeviceBuffer<bf16>,
