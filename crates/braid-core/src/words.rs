@@ -1,5 +1,5 @@
-//! Words as braid prints them: counts (`1 step`, `2 steps`) and long
-//! descriptions one clause a line.
+//! Words as braid prints them: counts (`1 step`, `2 steps`), sizes
+//! (`1 KiB`, `2.5 MiB`) and long descriptions one clause a line.
 
 /// `n` and `noun`, the noun in the plural unless `n` is 1 (`noun` + `s`,
 /// or [`count_irregular`] for other plurals).
@@ -15,6 +15,22 @@ pub fn count_irregular(n: usize, one: &str, many: &str) -> String {
     match n {
         1 => format!("1 {one}"),
         _ => format!("{n} {many}"),
+    }
+}
+
+/// `bytes` in the largest binary unit it fills at least once (B, KiB,
+/// MiB, GiB, TiB), with one decimal where it is not whole: `512 B`,
+/// `1 KiB`, `2.5 MiB`.
+pub fn bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    let whole = 1u64 << (10 * unit);
+    match bytes % whole {
+        0 => format!("{} {}", bytes / whole, UNITS[unit]),
+        _ => format!("{:.1} {}", bytes as f64 / whole as f64, UNITS[unit]),
     }
 }
 
@@ -35,6 +51,16 @@ pub fn clauses(line: &str, indent: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_take_the_largest_unit_they_fill() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1024), "1 KiB");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(64 << 20), "64 MiB");
+        assert_eq!(bytes((5 << 30) / 2), "2.5 GiB");
+    }
 
     #[test]
     fn one_is_singular_every_other_count_plural() {

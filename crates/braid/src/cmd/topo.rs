@@ -87,8 +87,8 @@ fn measure(args: &TopoArgs) -> braid_cuda::Result<braid_cuda::bandwidth::Measure
         .map(braid_cuda::Device::open)
         .collect::<braid_cuda::Result<Vec<_>>>()?;
     eprintln!(
-        "measuring copies between {n} GPU(s): {} MiB x {} per figure ...",
-        args.bytes >> 20,
+        "measuring copies between {n} GPU(s): {} x {} per figure ...",
+        braid_core::words::bytes(args.bytes as u64),
         args.reps
     );
     let opts = braid_cuda::bandwidth::MeasureOptions {
