@@ -136,7 +136,9 @@ pub fn json_lines(
     page_size: u64,
     progress: &mut Progress,
 ) -> Result<Written, String> {
-    let text = std::fs::read_to_string(input)
+    let bytes =
+        std::fs::read(input).map_err(|e| format!("cannot read {}: {e}", input.display()))?;
+    let text = crate::tokens::utf8_text(&bytes)
         .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
     let lines: Vec<(usize, &str)> = text
         .lines()

@@ -211,9 +211,8 @@ impl Dataset {
                 (0..1 << 22).map(|_| r.below(v) as u32).collect()
             }
             Source::Text(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("{}: {e} (text data must be UTF-8)", p.display()))?;
-                tokenizer.encode(&text)
+                let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                tokenizer.encode(utf8_text(&bytes).map_err(|e| format!("{}: {e}", p.display()))?)
             }
             Source::Shards(files) => {
                 let mut t = Vec::new();
@@ -337,9 +336,30 @@ impl Dataset {
     }
 }
 
+/// `bytes` as text, or where the first byte that is not UTF-8 sits (its
+/// offset and line) and what to do about it.
+pub(crate) fn utf8_text(bytes: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let at = e.valid_up_to();
+        let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        format!(
+            "not UTF-8 at byte {at} (line {line}): text data must be UTF-8 (convert it, for \
+             instance with iconv -t UTF-8, or remove the bytes that are not)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_that_is_not_utf8_is_refused_with_the_byte_and_line() {
+        assert_eq!(utf8_text("héllo\n".as_bytes()), Ok("héllo\n"));
+        let bad = b"one\ntwo \xff three";
+        let e = utf8_text(bad).unwrap_err();
+        assert!(e.starts_with("not UTF-8 at byte 8 (line 2)"), "{e}");
+    }
 
     #[test]
     fn synthetic_corpus_is_deterministic_and_structured() {
