@@ -95,34 +95,31 @@ where
     })
 }
 
-/// Engines that shard their parameters: every data-parallel strategy.
-macro_rules! distributed_over {
-    ($($engine:ty => $comm:ty),* $(,)?) => {$(
+/// Each engine over its collectives, built by `$build`: [`distributed`]
+/// (every data-parallel strategy) for one that shards its parameters,
+/// [`replicated`] for one that shards its optimizer only — a GPU
+/// pipeline's stages (`--zero 2` and `3` are refused before they are
+/// built).
+macro_rules! data_strategy {
+    ($($engine:ty => $comm:ty, $build:ident);* $(;)?) => {$(
         impl DataStrategy<$comm> for $engine {
             fn over(
                 groups: DataGroups<$comm>,
                 choice: ShardChoice,
                 ddp: DdpOptions,
             ) -> Result<Box<dyn Strategy<Self>>> {
-                distributed(groups, choice, ddp)
+                $build(groups, choice, ddp)
             }
         }
     )*};
 }
 
-distributed_over!(CpuGpt => HostCollective, CpuStage => HostCollective, GpuGpt => DeviceCollective);
-
-/// A GPU pipeline's stages shard their optimizer only (ZeRO-2 and 3 are
-/// refused before they are built).
-impl DataStrategy<DeviceCollective> for GpuStage {
-    fn over(
-        groups: DataGroups<DeviceCollective>,
-        choice: ShardChoice,
-        ddp: DdpOptions,
-    ) -> Result<Box<dyn Strategy<Self>>> {
-        replicated(groups, choice, ddp)
-    }
-}
+data_strategy!(
+    CpuGpt => HostCollective, distributed;
+    CpuStage => HostCollective, distributed;
+    GpuGpt => DeviceCollective, distributed;
+    GpuStage => DeviceCollective, replicated;
+);
 
 /// The strategy over `comm`: ZeRO as `choice` says (stage 3 keeping
 /// gathered parameters from the forward pass to the backward when

@@ -233,29 +233,6 @@ impl<C: Collective> DataGroups<C> {
         };
         Ok(DataGroups { all, hybrid })
     }
-
-    /// The groups of a world that is all data ranks (`comm`), in shard
-    /// groups of `shard_group` consecutive ranks: that world's mesh
-    /// ([`Mesh::training`]). A group size that does not divide the ranks
-    /// is refused.
-    pub fn over(comm: C, shard_group: Option<usize>) -> Result<DataGroups<C>> {
-        let degrees = Degrees {
-            tensor: 1,
-            pipe: 1,
-            shard_group,
-        };
-        let mesh = Mesh::training(comm.size(), comm.rank(), degrees)?;
-        DataGroups::split(&mesh, comm)
-    }
-
-    /// The ranks the state is sharded over: the shard group under hybrid
-    /// sharding, else every data rank.
-    pub fn shard_group(&self) -> &C {
-        match &self.hybrid {
-            Some((group, _)) => group,
-            None => &self.all,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -198,7 +198,7 @@ fn mismatched_and_impossible_setups_are_refused_at_start() {
         ("--accum", "--steps 5 --eval-every 0 --accum 2"),
     ] {
         let script = format!(
-            "X='{ours}'; [ $RANK = 1 ] && X='{theirs}'; exec {exe} train --model L2-H4-C64 \\
+            "X='{ours}'; [ $RANK = 1 ] && X='{theirs}'; exec {exe} train --model L2-H4-C64 \
              --seq 32 $X"
         );
         let f = run(launch_sh(2, &script), Duration::from_secs(60));

@@ -447,6 +447,17 @@ impl CpuStage {
         self.passes.inner.layout()
     }
 
+    /// The gradient elements backward unit `unit` hands on ([`Engine::units`]'
+    /// ranges, without their names: asked for every unit of every step).
+    fn unit_range(&self, unit: usize) -> Result<Range<usize>> {
+        let blocks = &self.layout().blocks;
+        match self.owns_grads {
+            false => blocks.iter().rev().nth(unit).map(|(_, r)| r.clone()),
+            true => None,
+        }
+        .ok_or_else(|| format!("backward unit {unit} does not exist"))
+    }
+
     /// Whether this rank holds the last stage's copy of the tied
     /// embeddings and not the first's (that copy is not saved or
     /// counted).
@@ -652,11 +663,7 @@ impl Engine for CpuStage {
     }
 
     fn backward_unit(&mut self, unit: usize, grads: &mut HostWindow<'_>) -> Result<()> {
-        let units = self.units();
-        let u = units
-            .get(unit)
-            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
-        let r = u.finalizes.clone();
+        let r = self.unit_range(unit)?;
         let g = grads.prefix_mut()?;
         if g.len() < r.end {
             return Err(format!(
@@ -741,15 +748,16 @@ impl ShardedOptimizer for CpuStage {
 /// gradients before reducing them.
 impl BlockGrads for CpuStage {
     fn param_units(&self) -> Result<ParamUnits> {
-        let mut blocks: Vec<Range<usize>> = self.units().into_iter().map(|u| u.finalizes).collect();
-        if blocks.is_empty() {
+        let units = self.units();
+        if units.is_empty() {
             return Err(
-                "the stage's buffer is the step's gradient buffer (one replica): no strategy                  shards it"
+                "the stage's buffer is the step's gradient buffer (one replica): no strategy \
+                 shards it"
                     .into(),
             );
         }
+        let mut blocks: Vec<Range<usize>> = units.iter().map(|u| u.finalizes.clone()).collect();
         blocks.sort_by_key(|r| r.start);
-        let units = self.units();
         let index = |r: &Range<usize>| blocks.iter().position(|b| b == r).unwrap_or(usize::MAX);
         Ok(ParamUnits {
             forward: vec![(0..blocks.len()).collect()],
@@ -760,11 +768,7 @@ impl BlockGrads for CpuStage {
     }
 
     fn backward_unit_into(&mut self, unit: usize, grads: &mut [&mut Vec<f32>]) -> Result<()> {
-        let r = self
-            .units()
-            .get(unit)
-            .map(|u| u.finalizes.clone())
-            .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
+        let r = self.unit_range(unit)?;
         match grads {
             [g] if g.len() == r.len() => {
                 for (d, s) in g.iter_mut().zip(&self.passes.acc[r]) {
