@@ -236,7 +236,7 @@ pub struct TrainArgs {
     /// Pipeline parallelism: the layers cut into stages over N ranks.
     ///
     /// Micro-batches flow through the stages as --schedule says; the rest of the world is
-    /// data parallel over whole pipelines.
+    /// data parallel over whole pipelines (--zero 1 over it; on CPUs --zero 2 and 3 too).
     #[arg(long, value_name = "N", default_value_t = 1, help_heading = H_PARALLEL)]
     pub(super) pp: usize,
     /// With --pp: micro-batches per step (the batch per rank splits into them; default 2 x --pp).
