@@ -20,6 +20,12 @@
 #     when every saved model is byte-identical and every loss, evaluation
 #     loss and gradient norm is equal. BITS_ONLY=REGEX: only the settings
 #     it matches (e.g. "f32").
+#   bash bench/device/one.sh speed
+#     the previous binary (.dev/braid-prev.gz) against this one in turns,
+#     SPEED_ROUNDS times (default 2): GPT-2 124M at batch 16 x 1024 (25
+#     steps) and 1558M at batch 8 x 1024 (15 steps), random tokens, each
+#     run's median step and tokens/s, then each binary's best per model
+#     and new / prev.
 #   bash bench/device/one.sh flash
 #     the head-size-128 attention kernels' blocks per SM
 #     (BRAID_FLASH128_BLOCKS) in turns on a one-GPU model of the 12.85B
@@ -164,6 +170,42 @@ EOF
   cd - > /dev/null || return 2
   echo "bits: $same of $ran configurations identical (saved model, losses, evaluation losses, norms)"
   [ "$same" = "$ran" ]
+}
+
+# The previous binary and this one in turns on 124M B16 and 1558M B8:
+# tokens/s of each run, then each binary's best and new / prev.
+phase_speed() {
+  [ -n "$PREV" ] || { echo "speed: no previous binary (carry .dev/braid-prev.gz)"; return 2; }
+  local r spec m bs steps b bin n
+  for r in $(seq "${SPEED_ROUNDS:-2}"); do
+    for spec in "124M 16 25" "1558M 8 15"; do
+      read -r m bs steps <<< "$spec"
+      for b in prev new; do
+        bin=$B
+        [ $b = prev ] && bin=$PREV
+        n="speed-$m-$b-$r"
+        run "$n" 120 "$bin" train --device cuda --model "$m" --batch "$bs" --seq 1024 \
+          --data random --steps "$steps" --eval-every 0 --log-every 5 || continue
+        echo "$m $b round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1)"
+      done
+    done
+  done
+  for m in 124M 1558M; do
+    python3 - "$m" "$L" << 'EOF'
+import glob, re, sys
+m, L = sys.argv[1:]
+best = {}
+for b in ("prev", "new"):
+    for p in glob.glob(f"{L}/speed-{m}-{b}-*.txt"):
+        got = re.findall(r"\| (\d+) tokens/s", open(p).read())
+        if got:
+            best[b] = max(best.get(b, 0), int(got[-1]))
+if len(best) == 2:
+    print(f"speed {m}: prev {best['prev']} tokens/s, new {best['new']} tokens/s, new/prev {best['new'] / best['prev']:.4f}")
+else:
+    print(f"speed {m}: incomplete ({best})")
+EOF
+  done
 }
 
 phase_proxy() {
@@ -332,13 +374,14 @@ shift
 case $phase in
 tests) phase_tests "$@" ;;
 bits) phase_bits ;;
+speed) phase_speed ;;
 proxy) phase_proxy ;;
 flash) phase_flash ;;
 hopper) phase_hopper ;;
 ncu) phase_ncu ;;
 groups) phase_groups ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | proxy | flash | hopper | ncu | groups" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups" >&2
   exit 2
   ;;
 esac
