@@ -12,6 +12,7 @@ pub mod check;
 pub mod check_mixed;
 pub mod f32_params;
 pub mod flash;
+pub mod gpu_model;
 mod held;
 mod kernels;
 pub mod mixed;

@@ -291,6 +291,7 @@ impl GpuGptMixed {
             device: device.clone(),
             loss_weight: 1.0,
             widths: w,
+            weights_bf16: None,
             group: None,
             seq: match seq_rows {
                 Some(rows) => Some(seq::SeqRows {
@@ -436,6 +437,37 @@ impl GpuGptMixed {
         let (mx, sums) = (p.zeros(n, s)?, p.zeros(2 * n, s)?);
         self.group = Some(Group { comm, mx, sums });
         Ok(self)
+    }
+
+    /// Keeps `weights` as the model's whole bf16 copy of the parameters
+    /// (the bf16 values of the layout's first `bf16_len` elements, which
+    /// the optimizer refreshes), or none when the model streams its
+    /// weights.
+    pub fn keep_weights_bf16(&mut self, weights: Option<DeviceBuffer<bf16>>) {
+        self.weights_bf16 = weights;
+    }
+
+    /// The whole bf16 copy of the parameters, if the model keeps one.
+    pub fn weights_bf16(&self) -> Option<&DeviceBuffer<bf16>> {
+        self.weights_bf16.as_ref()
+    }
+
+    /// The model's stream and its bf16 copy to be written there (by the
+    /// optimizer, or a refresh from the f32 parameters).
+    pub fn stream_and_weights_bf16(&mut self) -> (&Stream, Option<&mut DeviceBuffer<bf16>>) {
+        (&self.stream, self.weights_bf16.as_mut())
+    }
+
+    /// Runs `pass` with the bf16 copy taken out of the model for the
+    /// call (the inherent passes borrow the model and the copy apart).
+    pub(crate) fn with_weights_bf16<R>(
+        &mut self,
+        pass: impl FnOnce(&mut Self, Option<&DeviceBuffer<bf16>>) -> R,
+    ) -> R {
+        let weights = self.weights_bf16.take();
+        let r = pass(self, weights.as_ref());
+        self.weights_bf16 = weights;
+        r
     }
 
     /// Whether the model was built with sequence parallelism

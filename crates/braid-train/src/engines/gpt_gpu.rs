@@ -18,6 +18,7 @@ use crate::Result;
 use braid_cuda::memory::zero_async;
 use braid_cuda::{DeviceBuffer, DeviceView, DeviceViewMut, DeviceWindow, Stream};
 use braid_data::loader::TokenBatch;
+use braid_model::cuda::gpu_model::GpuModel;
 use braid_model::cuda::mixed::{AdamSegments, AdamStep, MixedKernels};
 use braid_model::cuda::model_mixed::SavedFor;
 use braid_model::tensor_comm::DeviceTensorComm;
@@ -37,7 +38,7 @@ use err::e;
 pub use precision::Precision;
 use ranges::optimizer_ranges;
 pub use state::GpuGpt;
-use state::{BiasCarry, Model, Offload, Step};
+use state::{BiasCarry, Offload, Step};
 use units::*;
 
 /// The views one AdamW launch reads and writes: parameters, gradients and
@@ -55,25 +56,20 @@ type AdamViews<'a, 'b> = (
 /// copy's end no bf16 is written: `optimizer_ranges` cut the ranges there).
 fn adamw_launch(
     mk: &MixedKernels,
-    model: &mut Model,
+    model: &mut dyn GpuModel,
     stream: Option<&Stream>,
     (p, g, m, v): AdamViews<'_, '_>,
     r: &Range<usize>,
     segs: &AdamSegments,
     h: AdamStep,
 ) -> Result<()> {
-    match model {
-        Model::Mixed(mm, pb) => {
-            let mut pb = pb
-                .as_mut()
-                .filter(|b| r.end <= b.len())
-                .map(|b| b.view_mut(r.clone()));
-            let pb = pb.as_mut().map(|b| b as _);
-            mk.adamw_multi(stream.unwrap_or(mm.stream()), p, pb, g, m, v, segs, h)
-        }
-        Model::F32(mm) => mk.adamw_multi(stream.unwrap_or(mm.stream()), p, None, g, m, v, segs, h),
-    }
-    .map_err(e)
+    let (own, pb) = model.stream_and_weights_bf16();
+    let mut pb = pb
+        .filter(|b| r.end <= b.len())
+        .map(|b| b.view_mut(r.clone()));
+    let pb = pb.as_mut().map(|b| b as _);
+    mk.adamw_multi(stream.unwrap_or(own), p, pb, g, m, v, segs, h)
+        .map_err(e)
 }
 
 impl GpuGpt {
@@ -90,17 +86,9 @@ impl GpuGpt {
         }
         // The deferred layers' buffers are the model's too.
         let before = braid_cuda::pool::allocated_bytes();
-        match &mut self.model {
-            Model::Mixed(m, _) => {
-                m.defer_weight_grads(layers).map_err(e)?;
-                let after = braid_cuda::pool::allocated_bytes();
-                self.model_bytes = (self.model_bytes + after).saturating_sub(before);
-            }
-            Model::F32(_) if layers == 0 => {}
-            Model::F32(_) => {
-                return Err("only the bf16 engine defers weight gradients".into());
-            }
-        }
+        self.model.defer_weight_grads(layers).map_err(e)?;
+        let after = braid_cuda::pool::allocated_bytes();
+        self.model_bytes = (self.model_bytes + after).saturating_sub(before);
         self.steps = plan(&self.layout, layers);
         Ok(())
     }
@@ -113,28 +101,20 @@ impl GpuGpt {
     /// The model with the parameters its passes read: what a pipeline
     /// stage's passes run on ([`super::gpt_gpu_stage`]).
     pub(crate) fn stage_model(&mut self) -> super::gpt_gpu_stage::StageModel<'_> {
-        use super::gpt_gpu_stage::StageModel;
-        let pf = f32_params(&self.p, &self.offload);
-        match &mut self.model {
-            Model::Mixed(m, pb) => StageModel::Mixed(m, pf, pb.as_ref()),
-            Model::F32(m) => StageModel::F32(m, pf),
+        super::gpt_gpu_stage::StageModel {
+            model: &mut *self.model,
+            p: f32_params(&self.p, &self.offload),
         }
     }
 
     /// The f32 kernels (sums of squares, additions).
     pub(crate) fn kernels(&self) -> &braid_model::cuda::Kernels {
-        match &self.model {
-            Model::F32(m) => m.kernels(),
-            Model::Mixed(m, _) => m.kernels(),
-        }
+        self.model.kernels()
     }
 
     /// The stream every kernel of the engine runs on.
     pub fn compute_stream(&self) -> &Stream {
-        match &self.model {
-            Model::F32(m) => m.stream(),
-            Model::Mixed(m, _) => m.stream(),
-        }
+        self.model.stream()
     }
 
     /// Copies the trained (f32 master) parameters into `params`.
@@ -219,7 +199,7 @@ impl GpuGpt {
             let mut m = self.m.view_mut(*at..at + len);
             let mut v = self.v.view_mut(*at..at + len);
             let views = (&mut p, &g, &mut m, &mut v);
-            adamw_launch(&self.mk, &mut self.model, None, views, r, segs, h)?;
+            adamw_launch(&self.mk, &mut *self.model, None, views, r, segs, h)?;
         }
         self.updates += 1;
         Ok(())
@@ -285,7 +265,7 @@ impl GpuGpt {
     /// Under the bf16 model, starts the [`BiasCarry`] that block-by-block
     /// gradients need (once).
     fn start_bias_carry(&mut self) -> Result<()> {
-        if let (Model::Mixed(..), None) = (&self.model, &self.carry) {
+        if self.model.carries_bias_grads() && self.carry.is_none() {
             let c = self.layout.config.n_embd;
             self.carry = Some(BiasCarry {
                 buf: DeviceBuffer::zeros(self.p.device(), c).map_err(e)?,
@@ -365,9 +345,7 @@ impl GpuGpt {
     /// block's sum over the tensor group beside the next block's product
     /// (`GpuGptMixed::overlap_tensor_sums`; the f32 model runs them whole).
     pub fn overlap_tensor_sums(mut self, blocks: usize) -> GpuGpt {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.overlap_tensor_sums(blocks);
-        }
+        self.model.overlap_tensor_sums(blocks);
         self
     }
 
@@ -377,9 +355,7 @@ impl GpuGpt {
     /// (`GpuGptMixed::sum_input_grads_beside_weight_grads`; the f32 model
     /// sums first).
     pub fn sum_input_grads_beside_weight_grads(mut self, on: bool) -> GpuGpt {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.sum_input_grads_beside_weight_grads(on);
-        }
+        self.model.sum_input_grads_beside_weight_grads(on);
         self
     }
 
@@ -388,9 +364,7 @@ impl GpuGpt {
     /// the sum (`GpuGptMixed::sum_tensor_products_in_bf16`; the f32 model
     /// sums in f32).
     pub fn sum_tensor_products_in_bf16(mut self, on: bool) -> GpuGpt {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.sum_tensor_products_in_bf16(on);
-        }
+        self.model.sum_tensor_products_in_bf16(on);
         self
     }
 
@@ -406,23 +380,10 @@ impl GpuGpt {
         sequence: bool,
     ) -> Result<GpuGpt> {
         let before = braid_cuda::pool::allocated_bytes();
-        self.model = match self.model {
-            Model::F32(m) => Model::F32(Box::new(
-                m.tensor_parallel(comm.clone(), sequence).map_err(e)?,
-            )),
-            // The bf16 engine sizes its buffers for its rows when built.
-            Model::Mixed(m, _) if sequence != m.sequence_parallel() => {
-                return Err(format!(
-                    "a bf16 model built {} sequence parallelism made a tensor-parallel share {} it \
-                     (MixedOptions::sequence_parallel must say what the share runs)",
-                    if m.sequence_parallel() { "with" } else { "without" },
-                    if sequence { "with" } else { "without" },
-                ))
-            }
-            Model::Mixed(m, pb) => {
-                Model::Mixed(Box::new(m.tensor_parallel(comm.clone()).map_err(e)?), pb)
-            }
-        };
+        self.model = self
+            .model
+            .tensor_parallel(comm.clone(), sequence)
+            .map_err(e)?;
         // The share's buffers: sequence parallelism shrinks some, the
         // group adds its own.
         let after = braid_cuda::pool::allocated_bytes();
@@ -473,10 +434,7 @@ impl GpuGpt {
         values: &DeviceBuffer<f32>,
         kept: &[(Range<usize>, usize)],
     ) -> Result<f64> {
-        let (k, s) = match &self.model {
-            Model::F32(m) => (m.kernels(), m.stream()),
-            Model::Mixed(m, _) => (m.kernels(), m.stream()),
-        };
+        let (k, s) = (self.model.kernels(), self.model.stream());
         let views: Vec<_> = kept
             .iter()
             .map(|(r, at)| values.view(*at..at + r.len()))
@@ -535,31 +493,21 @@ impl Engine for GpuGpt {
                     .into(),
             );
         }
-        if let Model::Mixed(m, Some(pb)) = &mut self.model {
+        if let (s, Some(pb)) = self.model.stream_and_weights_bf16() {
             let n = pb.len();
-            self.mk
-                .to_bf16(m.stream(), pb, &self.p.view(0..n))
-                .map_err(e)?;
+            self.mk.to_bf16(s, pb, &self.p.view(0..n)).map_err(e)?;
         }
         Ok(())
     }
 
     fn load_params(&mut self, values: &[f32]) -> Result<()> {
-        match (&mut self.offload, &mut self.model) {
-            (None, _) => {
+        match &mut self.offload {
+            None => {
                 self.p.copy_from_host(values).map_err(e)?;
                 self.params_changed()
             }
             // The master weights are the host's; the GPU's copies follow.
-            (Some(Offload::F32(h)), Model::F32(m)) => {
-                h.set_master(values)?;
-                h.upload(&mut self.p, None, m.stream())
-            }
-            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
-                h.set_master(values)?;
-                h.upload(pb, Some(&mut self.p), m.stream())
-            }
-            _ => Err("the offloaded optimizer does not match the model's form".into()),
+            Some(h) => h.load(values, &mut self.p, &mut *self.model),
         }
     }
 
@@ -568,17 +516,16 @@ impl Engine for GpuGpt {
     }
 
     fn zero_grads(&mut self, grads: &mut DeviceBuffer<f32>) -> Result<()> {
-        match &mut self.model {
-            // Each backward unit zeroes what it writes first.
-            Model::Mixed(m, _) if self.by_unit.is_some() && grads.len() == self.layout.len => {
-                m.begin_grads_by_unit();
-                Ok(())
-            }
-            // The whole buffer of the bf16 engine: its next backward pass
+        match grads.len() == self.layout.len {
+            // The whole buffer: the bf16 model's next backward pass
             // overwrites the weight matrices' gradients, so only the rest
-            // is zeroed (the same values).
-            Model::Mixed(m, _) if grads.len() == self.layout.len => m.begin_grads(grads).map_err(e),
-            _ => zero_async(grads, self.compute_stream()).map_err(e),
+            // is zeroed (the same values), or with gradients by unit each
+            // backward unit zeroes what it writes first.
+            true => self
+                .model
+                .begin_grads(grads, self.by_unit.is_some())
+                .map_err(e),
+            false => zero_async(grads, self.compute_stream()).map_err(e),
         }
     }
 
@@ -592,13 +539,10 @@ impl Engine for GpuGpt {
 
     fn forward(&mut self, batch: &TokenBatch, grad: bool) -> Result<f32> {
         self.whole("the forward pass")?;
-        let p = &self.p;
-        let pf = f32_params(p, &self.offload);
-        match &mut self.model {
-            Model::F32(m) => m.forward(p, &batch.tokens, &batch.targets, grad),
-            Model::Mixed(m, pb) => m.forward(pf, pb.as_ref(), &batch.tokens, &batch.targets, grad),
-        }
-        .map_err(e)
+        let pf = f32_params(&self.p, &self.offload);
+        self.model
+            .forward(pf, &batch.tokens, &batch.targets, grad)
+            .map_err(e)
     }
 
     fn backward_unit(&mut self, unit: usize, g: &mut DeviceWindow<'_, f32>) -> Result<()> {
@@ -613,11 +557,11 @@ impl Engine for GpuGpt {
             .get(unit)
             .map(|s| s.1)
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
-        if let (Some(runs), Model::Mixed(m, _)) = (&self.by_unit, &mut self.model) {
-            m.zero_unit_grads(&runs[unit], g).map_err(e)?;
+        if let Some(runs) = &self.by_unit {
+            self.model.zero_unit_grads(&runs[unit], g).map_err(e)?;
         }
         let pf = f32_params(&self.p, &self.offload);
-        backward_step(&mut self.model, step, pf, g)
+        self.model.backward_part(step, pf, g).map_err(e)
     }
 
     fn grad_sq_norm(&mut self, grads: &DeviceBuffer<f32>) -> Result<f64> {
@@ -625,11 +569,11 @@ impl Engine for GpuGpt {
             let all = 0..grads.len();
             return self.group_sq_norm(grads, std::slice::from_ref(&all));
         }
-        let norm = match &self.model {
-            Model::F32(m) => m.kernels().global_norm(m.stream(), grads),
-            Model::Mixed(m, _) => m.kernels().global_norm(m.stream(), grads),
-        }
-        .map_err(e)?;
+        let norm = self
+            .model
+            .kernels()
+            .global_norm(self.model.stream(), grads)
+            .map_err(e)?;
         Ok(norm * norm)
     }
 
@@ -644,23 +588,16 @@ impl Engine for GpuGpt {
         if self.offload.is_none() {
             return self.adamw(None, grads, false, step);
         }
-        let done = match (&mut self.offload, &mut self.model) {
-            (Some(Offload::F32(h)), Model::F32(m)) => {
-                h.step(grads, &mut self.p, None, m.stream(), step)
-            }
-            (Some(Offload::Bf16(h, _)), Model::Mixed(m, Some(pb))) => {
-                h.step(grads, pb, Some(&mut self.p), m.stream(), step)
-            }
-            _ => Err("the offloaded optimizer does not match the model's form".into()),
+        let Some(h) = &mut self.offload else {
+            unreachable!("offloaded, as checked above");
         };
+        let done = h.step(grads, &mut self.p, &mut *self.model, step);
         self.updates += 1;
         done
     }
 
     fn synchronize(&mut self) -> Result<()> {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.end_step().map_err(e)?;
-        }
+        self.model.end_step().map_err(e)?;
         // Bounded like every other wait: the communicator's timeout.
         self.compute_stream()
             .synchronize_within(self.sync_limit, "waiting for the GPU's work of the step")
@@ -687,15 +624,10 @@ impl EngineInfo for GpuGpt {
 
     fn state_bytes(&self) -> StateBytes {
         let f32s = 4 * self.p.len() as u64;
+        let bf16s = self.model.weights_bf16().map_or(0, |b| 2 * b.len() as u64);
         if let Some(o) = &self.offload {
-            let ((master, optimizer, staging), on_gpu) = match (o, &self.model) {
-                (Offload::F32(h), _) => (h.host_bytes(), f32s),
-                (Offload::Bf16(h, _), Model::Mixed(_, pb)) => (
-                    h.host_bytes(),
-                    f32s + pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
-                ),
-                (Offload::Bf16(..), Model::F32(_)) => unreachable!("bf16 offload, f32 model"),
-            };
+            let (master, optimizer, staging) = o.host_bytes();
+            let on_gpu = f32s + bf16s;
             return StateBytes {
                 params: on_gpu,
                 master,
@@ -705,14 +637,14 @@ impl EngineInfo for GpuGpt {
             };
         }
         let optimizer = 8 * self.state_len() as u64;
-        match &self.model {
-            Model::F32(_) => StateBytes {
+        match self.precision {
+            Precision::F32 => StateBytes {
                 params: f32s,
                 optimizer,
                 ..Default::default()
             },
-            Model::Mixed(_, pb) => StateBytes {
-                params: pb.as_ref().map_or(0, |b| 2 * b.len() as u64),
+            Precision::Bf16 => StateBytes {
+                params: bf16s,
                 master: f32s,
                 optimizer,
                 ..Default::default()
@@ -721,16 +653,11 @@ impl EngineInfo for GpuGpt {
     }
 
     fn profile_reset(&mut self) {
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.profile_reset();
-        }
+        self.model.profile_reset();
     }
 
     fn profile_report(&self) -> Option<String> {
-        match &self.model {
-            Model::Mixed(m, _) => m.profile_report(),
-            Model::F32(_) => None,
-        }
+        self.model.profile_report()
     }
 }
 
@@ -757,10 +684,7 @@ impl ShardedOptimizer for GpuGpt {
             let kept = self.kept_ranges(ranges);
             return self.sum_kept(grads, &kept);
         }
-        let (k, s) = match &self.model {
-            Model::F32(m) => (m.kernels(), m.stream()),
-            Model::Mixed(m, _) => (m.kernels(), m.stream()),
-        };
+        let (k, s) = (self.model.kernels(), self.model.stream());
         let views: Vec<_> = ranges.iter().map(|r| grads.view(r.clone())).collect();
         let parts: Vec<&dyn braid_cuda::DeviceMem<f32>> = views.iter().map(|v| v as _).collect();
         k.sum_of_squares(s, &parts).map_err(e)
@@ -806,13 +730,11 @@ impl BlockGrads for GpuGpt {
             .get(block)
             .cloned()
             .ok_or_else(|| format!("zero_block_grads: no parameter block {block}"))?;
-        match &mut self.model {
-            // Each backward unit writes its blocks' buffers afresh (the
-            // shard adds micro-batches): the weight matrices are
-            // overwritten, the rest of the block is zeroed.
-            Model::Mixed(m, _) => m.begin_block_grads(range, grads).map_err(e),
-            Model::F32(_) => zero_async(grads, self.compute_stream()).map_err(e),
-        }
+        // Each backward unit writes its blocks' buffers afresh (the shard
+        // adds micro-batches): the bf16 model overwrites the weight
+        // matrices and zeroes the rest of the block, the f32 model zeroes
+        // it all.
+        self.model.begin_block_grads(range, grads).map_err(e)
     }
 
     fn backward_unit_into(
@@ -851,13 +773,13 @@ impl BlockGrads for GpuGpt {
             &self.layout,
             &self.units,
             &mut self.carry,
-            model_stream(&self.model),
+            self.model.stream(),
             unit,
             step,
             &writes,
             grads,
         )?;
-        backward_step(&mut self.model, step, pf, &mut window)
+        self.model.backward_part(step, pf, &mut window).map_err(e)
     }
 
     fn param_units(&self) -> Result<ParamUnits> {
@@ -885,11 +807,9 @@ impl ShardedParams for GpuGpt {
     fn forward_begin(&mut self, batch: &TokenBatch, grad: bool) -> Result<()> {
         self.in_units("forward_begin")?;
         self.forward_grad = grad;
-        match &mut self.model {
-            Model::F32(m) => m.forward_begin(&batch.tokens, &batch.targets),
-            Model::Mixed(m, _) => m.forward_begin(&batch.tokens, &batch.targets),
-        }
-        .map_err(e)
+        self.model
+            .forward_begin(&batch.tokens, &batch.targets)
+            .map_err(e)
     }
 
     fn forward_unit(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<Option<f32>> {
@@ -898,7 +818,7 @@ impl ShardedParams for GpuGpt {
 
     fn recomputes_unit(&self, unit: usize) -> bool {
         let layer = matches!(self.steps.get(unit), Some((_, Step::Layer(_))));
-        layer && matches!(&self.model, Model::Mixed(m, _) if m.recomputes())
+        layer && self.model.recomputes()
     }
 
     fn recompute_unit_of(&mut self, unit: usize, params: &[&DeviceBuffer<f32>]) -> Result<bool> {
@@ -939,14 +859,12 @@ impl LendsMemory for GpuGpt {
         // The bf16 model over its whole parameters, every layer one unit
         // (no deferred weight gradients), its optimizer on the GPU.
         let whole_plan = self.steps == plan(&self.layout, 0);
-        let Model::Mixed(m, _) = &mut self.model else {
-            return Ok(None);
-        };
-        if self.sharded || !whole_plan || self.offload.is_some() {
+        let bf16 = self.precision == Precision::Bf16;
+        if !bf16 || self.sharded || !whole_plan || self.offload.is_some() {
             return Ok(None);
         }
         let runs = braid_model::cuda::model_mixed::first_writes(&self.layout);
-        m.drop_saved().map_err(e)?;
+        self.model.drop_saved().map_err(e)?;
         self.by_unit = Some(runs.clone());
         Ok(Some(runs))
     }
@@ -956,9 +874,6 @@ impl LendsMemory for GpuGpt {
             self.in_units("saved_buffers")?;
         }
         let n = self.layout.config.n_layer;
-        let Model::Mixed(m, _) = &mut self.model else {
-            return Ok(Vec::new());
-        };
         // The unit plan ZeRO-3 runs (`shard_params` refuses others), and
         // the whole model's by unit (`grads_by_unit` refuses others):
         // backward unit 0 the head, unit n - l layer l; forward unit 0 the
@@ -967,7 +882,9 @@ impl LendsMemory for GpuGpt {
         // output), the head's by the last layer's; the shared scratch
         // (read last by the embeddings' backward, or listed with layer 0)
         // from the first unit on.
-        Ok(m.saved_buffers()
+        Ok(self
+            .model
+            .saved_buffers()
             .into_iter()
             .map(|(part, bytes)| {
                 let (last_read, first_write) = match part {
@@ -992,26 +909,16 @@ impl LendsMemory for GpuGpt {
         if self.by_unit.is_none() {
             self.in_units("place_saved")?;
         }
-        match &mut self.model {
-            // SAFETY: the caller's contract, passed on.
-            Model::Mixed(m, _) => unsafe { m.place_saved(memory, at) }.map_err(e),
-            Model::F32(_) if at.iter().all(Option::is_none) => Ok(0),
-            Model::F32(_) => Err("the f32 engine places no saved buffers in lent memory".into()),
-        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.model.place_saved(memory, at) }.map_err(e)
     }
 
     fn drop_saved(&mut self) -> Result<()> {
-        match &mut self.model {
-            Model::Mixed(m, _) => m.drop_saved().map_err(e),
-            Model::F32(_) => Ok(()),
-        }
+        self.model.drop_saved().map_err(e)
     }
 
     fn own_saved(&mut self) -> Result<()> {
-        match &mut self.model {
-            Model::Mixed(m, _) => m.own_saved().map_err(e),
-            Model::F32(_) => Ok(()),
-        }
+        self.model.own_saved().map_err(e)
     }
 }
 

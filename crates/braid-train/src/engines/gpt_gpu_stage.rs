@@ -8,8 +8,8 @@
 //! its backward units then hand them to the strategy (data parallelism
 //! over the data dimension reduces them as usual).
 //!
-//! What a micro-batch's forward pass keeps for its backward pass is a
-//! `MicroSaved` (`F32MicroSaved`) per (stage, micro-batch) in flight, swapped into the
+//! What a micro-batch's forward pass keeps for its backward pass is the
+//! model's `StageBuffers` per (stage, micro-batch) in flight, swapped into the
 //! model for each of its passes; a schedule keeps as many as it has in
 //! flight (1F1B: at most the pipeline's depth on the first stage). The
 //! loss's gradient is weighted `1 / M`, so the micro-batches' gradients
@@ -128,7 +128,7 @@ impl GpuStage {
             .iter()
             .flatten()
             .any(|a| a.op == Op::BackwardInput)
-            && matches!(inner.stage_model(), StageModel::Mixed(..));
+            && inner.stage_model().splits_backward();
         let len = inner.layout().len;
         let device = inner.params().device().clone();
         {

@@ -193,6 +193,11 @@ pub struct GpuGptMixed {
     /// the tensor group beside its weight gradient
     /// ([`sum_input_grads_beside_weight_grads`](Self::sum_input_grads_beside_weight_grads)).
     pub(super) grad_sums_beside: bool,
+    /// The whole bf16 copy of the parameters the products read, when the
+    /// engine keeps one ([`keep_weights_bf16`](Self::keep_weights_bf16)):
+    /// what the passes of [`GpuModel`](crate::cuda::gpu_model::GpuModel)
+    /// read (the inherent passes take it as an argument instead).
+    pub(super) weights_bf16: Option<DeviceBuffer<bf16>>,
     pub(super) stream: Stream,
     pub(super) kernels: Kernels,
     pub(super) mk: MixedKernels,

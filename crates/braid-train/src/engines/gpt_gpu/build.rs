@@ -5,13 +5,14 @@
 use super::err::e;
 use super::precision::Precision;
 use super::ranges::optimizer_ranges;
-use super::state::{GpuGpt, Master, Model, Offload};
+use super::state::{GpuGpt, Master, Offload};
 use super::units::{head_reads_cast_embeddings, plan};
 use crate::engines::offload::HostOptimizer;
 use crate::engines::units::gpt_param_units;
 use crate::Result;
 use braid_cuda::{Device, DeviceBuffer};
 use braid_model::cuda::f32_params::SideMap;
+use braid_model::cuda::gpu_model::GpuModel;
 use braid_model::cuda::mixed::{AdamSegments, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions};
@@ -168,14 +169,14 @@ impl GpuGpt {
         let mk = MixedKernels::load(device).map_err(e)?;
         let before = braid_cuda::pool::allocated_bytes();
         let model_bytes;
-        let mut model = match precision {
+        let mut model: Box<dyn GpuModel> = match precision {
             Precision::F32 => {
                 let m = GpuGptF32::new(device, layout.clone(), b, t).map_err(e)?;
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
-                Model::F32(Box::new(m))
+                Box::new(m)
             }
             Precision::Bf16 => {
-                let m =
+                let mut m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 // (A pipeline's first stage leaves its embeddings out.)
@@ -191,21 +192,24 @@ impl GpuGpt {
                         Some(pb)
                     }
                 };
-                Model::Mixed(Box::new(m), pb)
+                m.keep_weights_bf16(pb);
+                Box::new(m)
             }
         };
         let mut p = p;
-        let offload = match (master, &mut model) {
+        // (`side` is there exactly when the bf16 model's optimizer is
+        // offloaded.)
+        let offload = match (master, side) {
             (None, _) => None,
-            (Some(master), Model::F32(_)) => Some(Offload::F32(HostOptimizer::new(
+            (Some(master), None) => Some(Offload::F32(HostOptimizer::new(
                 device, &layout, master, adam, None,
             )?)),
-            (Some(master), Model::Mixed(m, pb)) => {
-                let map = side.clone().expect("bf16 offload packs its side tensors");
+            (Some(master), Some(map)) => {
                 let mut host =
                     HostOptimizer::new(device, &layout, master, adam, Some(map.clone()))?;
-                let pb = pb.as_mut().expect("offload keeps the bf16 weights whole");
-                host.upload(pb, Some(&mut p), m.stream())?;
+                let (s, pb) = model.stream_and_weights_bf16();
+                let pb = pb.expect("offload keeps the bf16 weights whole");
+                host.upload(pb, Some(&mut p), s)?;
                 Some(Offload::Bf16(host, map))
             }
         };
@@ -224,11 +228,11 @@ impl GpuGpt {
             )
             .map_err(e)?,
             group: None,
-            units: match &model {
+            units: match model.streams_weights() {
                 // The head's backward pass reads the bf16 token embeddings
                 // its forward pass cast, not the f32 ones.
-                Model::Mixed(_, None) => head_reads_cast_embeddings(gpt_param_units(&layout)),
-                _ => gpt_param_units(&layout),
+                true => head_reads_cast_embeddings(gpt_param_units(&layout)),
+                false => gpt_param_units(&layout),
             },
             sharded: false,
             forward_grad: false,

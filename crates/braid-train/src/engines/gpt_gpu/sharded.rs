@@ -5,11 +5,8 @@
 //! The `Engine` methods of the same jobs call these.
 
 use super::err::e;
-use super::state::{GpuGpt, HalfBlocks, Model, Step};
-use super::units::{
-    backward_step, block_window, lent_bf16, model_stream, pieces, plan, unit_f32_params,
-    unit_pieces,
-};
+use super::state::{GpuGpt, HalfBlocks, Step};
+use super::units::{block_window, lent_bf16, pieces, plan, unit_f32_params, unit_pieces};
 use crate::engine::{Engine, ShardedOptimizer, UpdateStep};
 use crate::engines::units::{backward_unit_name, forward_unit_name};
 use crate::Result;
@@ -26,10 +23,10 @@ impl GpuGpt {
     /// `HalfBlocks`.
     pub(super) fn take_half_blocks(&mut self) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
         self.in_units("start_half_blocks")?;
-        let Model::Mixed(m, None) = &self.model else {
+        if !self.model.streams_weights() {
             // The f32 model reads its parameters in f32.
             return Ok((Vec::new(), Vec::new()));
-        };
+        }
         let layers: Vec<Range<usize>> = self
             .layout
             .blocks
@@ -51,7 +48,7 @@ impl GpuGpt {
             .map(|t| t.range())
             .filter(|r| map.locate(r).is_some())
             .collect();
-        let side = DeviceBuffer::zeros(m.stream().device(), map.len()).map_err(e)?;
+        let side = DeviceBuffer::zeros(self.model.stream().device(), map.len()).map_err(e)?;
         let blocks = (0..taken.len()).filter(|&b| taken[b]).collect();
         self.half = Some(HalfBlocks { taken, side, map });
         Ok((blocks, tensors))
@@ -78,7 +75,7 @@ impl GpuGpt {
                     .into(),
             );
         }
-        if let Model::Mixed(_, Some(_)) = &self.model {
+        if self.model.weights_bf16().is_some() {
             return Err(
                 "ZeRO-3 on the GPU casts each gathered layer to bf16 as it runs: build the bf16 \
                  engine with streamed weights (MixedOptions::streamed_weights), not a full bf16 \
@@ -134,31 +131,26 @@ impl GpuGpt {
         let want = self.units.forward_given(unit, &lens)?;
         let n_layer = self.layout.config.n_layer;
         if let Some(l) = self.half_layer(want, params)? {
-            let (Model::Mixed(m, _), Some(h)) = (&mut self.model, &self.half) else {
-                unreachable!("half blocks are the bf16 model's");
+            let Some(h) = &self.half else {
+                unreachable!("a layer is taken in bf16 only after take_half_blocks");
             };
             let pf = F32Params::packed(&h.side, &h.map);
             // SAFETY: see `half_layer`.
             let w = unsafe { lent_bf16(params[0]) }?;
+            let m = &mut self.model;
             m.give_layer_weights(Some((l, w))).map_err(e)?;
-            let r = m.forward_block(l, pf, None).map_err(e);
+            let r = m.forward_block(l, pf).map_err(e);
             m.give_layer_weights(None).map_err(e)?;
             return r.map(|_| None);
         }
         let pieces = pieces(&self.units, want, params);
         let pf = F32Params::blocks(&pieces);
         let grad = self.forward_grad;
-        match &mut self.model {
-            Model::F32(m) => match unit {
-                0 => m.forward_encoder(pf).map(|_| None),
-                u if u <= n_layer => m.forward_block(u - 1, pf).map(|_| None),
-                _ => m.forward_head(pf, grad).map(Some),
-            },
-            Model::Mixed(m, pb) => match unit {
-                0 => m.forward_encoder(pf).map(|_| None),
-                u if u <= n_layer => m.forward_block(u - 1, pf, pb.as_ref()).map(|_| None),
-                _ => m.forward_head(pf, pb.as_ref(), grad).map(Some),
-            },
+        let m = &mut self.model;
+        match unit {
+            0 => m.forward_encoder(pf).map(|_| None),
+            u if u <= n_layer => m.forward_block(u - 1, pf).map(|_| None),
+            _ => m.forward_head(pf, grad).map(Some),
         }
         .map_err(e)
     }
@@ -176,7 +168,8 @@ impl GpuGpt {
             .get(unit)
             .map(|s| s.1)
             .ok_or_else(|| format!("backward unit {unit} does not exist"))?;
-        let (Step::Layer(l), Model::Mixed(..)) = (step, &self.model) else {
+        // (The strategy asks only where `recomputes_unit` said so.)
+        let (Step::Layer(l), true) = (step, self.model.recomputes()) else {
             return Ok(false);
         };
         let layers = self.layout.config.n_layer;
@@ -189,16 +182,14 @@ impl GpuGpt {
         let half_layer = self.half_layer(&reads, params)?;
         let pieces = unit_pieces(&self.units, half_layer, &reads, params);
         let pf = unit_f32_params(self.half.as_ref(), half_layer, &pieces);
-        let Model::Mixed(m, pb) = &mut self.model else {
-            unreachable!("matched above");
-        };
+        let m = &mut self.model;
         let Some(hl) = half_layer else {
-            return m.recompute_layer(l, pf, pb.as_ref()).map_err(e);
+            return m.recompute_layer(l, pf).map_err(e);
         };
         // SAFETY: see `half_layer`.
         let w = unsafe { lent_bf16(params[0]) }?;
         m.give_layer_weights(Some((hl, w))).map_err(e)?;
-        let r = m.recompute_layer(l, pf, pb.as_ref()).map_err(e);
+        let r = m.recompute_layer(l, pf).map_err(e);
         m.give_layer_weights(None).map_err(e)?;
         r
     }
@@ -230,25 +221,21 @@ impl GpuGpt {
             &self.layout,
             &self.units,
             &mut self.carry,
-            model_stream(&self.model),
+            self.model.stream(),
             unit,
             step,
             &writes,
             grads,
         )?;
+        let m = &mut self.model;
         let Some(l) = half_layer else {
-            return backward_step(&mut self.model, step, pf, &mut window);
-        };
-        let Model::Mixed(m, _) = &mut self.model else {
-            unreachable!("half blocks are the bf16 model's");
+            return m.backward_part(step, pf, &mut window).map_err(e);
         };
         // SAFETY: see `half_layer`.
         let w = unsafe { lent_bf16(params[0]) }?;
         m.give_layer_weights(Some((l, w))).map_err(e)?;
-        let r = backward_step(&mut self.model, step, pf, &mut window);
-        if let Model::Mixed(m, _) = &mut self.model {
-            m.give_layer_weights(None).map_err(e)?;
-        }
+        let r = m.backward_part(step, pf, &mut window).map_err(e);
+        m.give_layer_weights(None).map_err(e)?;
         r
     }
 

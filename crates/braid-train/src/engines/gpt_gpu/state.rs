@@ -1,32 +1,23 @@
 //! The state of a [`GpuGpt`]: the engine struct and the types of its
-//! fields — the model in either form ([`Model`]), the optimizer in host
-//! memory ([`Offload`]), the backward units ([`Step`]), ZeRO-3's bf16
-//! blocks ([`HalfBlocks`]) and carried bias gradient ([`BiasCarry`]) —
-//! and where the master weights start ([`Master`]). Fields and methods are
+//! fields — the model (either form, a `Box<dyn GpuModel>`), the optimizer
+//! in host memory ([`Offload`]), the backward units ([`Step`]), ZeRO-3's
+//! bf16 blocks ([`HalfBlocks`]) and carried bias gradient
+//! ([`BiasCarry`]) — and where the master weights start ([`Master`]). Fields and methods are
 //! `pub(super)`: seen by `gpt_gpu` and its children, as before.
 
 use super::precision::Precision;
-use crate::engine::{ParamUnits, Unit};
+use crate::engine::{ParamUnits, Unit, UpdateStep};
 use crate::engines::offload::HostOptimizer;
 use crate::Result;
 use braid_cuda::DeviceBuffer;
 use braid_model::cuda::f32_params::SideMap;
+use braid_model::cuda::gpu_model::GpuModel;
 use braid_model::cuda::mixed::{AdamSegments, MixedKernels};
-use braid_model::cuda::model::GpuGpt as GpuGptF32;
-use braid_model::cuda::model_mixed::{GpuGptMixed, WeightGrads};
 use braid_model::optim::AdamWConfig;
 use braid_model::tensor_comm::DeviceTensorComm;
 use half::bf16;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// Either model form.
-pub(super) enum Model {
-    F32(Box<GpuGptF32>),
-    /// The bf16 model and its full bf16 copy of the parameters (`None`
-    /// when it streams its bf16 weights layer by layer).
-    Mixed(Box<GpuGptMixed>, Option<DeviceBuffer<bf16>>),
-}
 
 /// The optimizer in host memory, for either model form.
 pub(super) enum Offload {
@@ -38,10 +29,57 @@ pub(super) enum Offload {
 }
 
 impl Offload {
+    /// Sets the master weights and copies them up into `p` and the
+    /// model's bf16 copy (for the bf16 model's optimizer).
+    pub(super) fn load(
+        &mut self,
+        values: &[f32],
+        p: &mut DeviceBuffer<f32>,
+        model: &mut dyn GpuModel,
+    ) -> Result<()> {
+        let (s, copy) = model.stream_and_weights_bf16();
+        match (self, copy) {
+            (Offload::F32(h), _) => {
+                h.set_master(values)?;
+                h.upload(p, None, s)
+            }
+            (Offload::Bf16(h, _), Some(pb)) => {
+                h.set_master(values)?;
+                h.upload(pb, Some(p), s)
+            }
+            (Offload::Bf16(..), None) => Err(no_bf16_copy()),
+        }
+    }
+
+    /// One AdamW update from `grads`, the new weights copied up into `p`
+    /// and the model's bf16 copy (for the bf16 model's optimizer).
+    pub(super) fn step(
+        &mut self,
+        grads: &DeviceBuffer<f32>,
+        p: &mut DeviceBuffer<f32>,
+        model: &mut dyn GpuModel,
+        step: UpdateStep,
+    ) -> Result<()> {
+        let (s, copy) = model.stream_and_weights_bf16();
+        match (self, copy) {
+            (Offload::F32(h), _) => h.step(grads, p, None, s, step),
+            (Offload::Bf16(h, _), Some(pb)) => h.step(grads, pb, Some(p), s, step),
+            (Offload::Bf16(..), None) => Err(no_bf16_copy()),
+        }
+    }
+
     pub(super) fn master(&self) -> &[f32] {
         match self {
             Offload::F32(h) => h.master(),
             Offload::Bf16(h, _) => h.master(),
+        }
+    }
+
+    /// Host bytes: master weights, optimizer state, staging buffers.
+    pub(super) fn host_bytes(&self) -> (u64, u64, u64) {
+        match self {
+            Offload::F32(h) => h.host_bytes(),
+            Offload::Bf16(h, _) => h.host_bytes(),
         }
     }
 
@@ -74,26 +112,22 @@ impl Offload {
     }
 }
 
-/// One backward unit of the GPU engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Step {
-    Head,
-    /// A whole layer.
-    Layer(usize),
-    /// A layer whose weight gradients come later: its input gradient (and
-    /// its biases' and norms' gradients).
-    LayerInput(usize),
-    Embedding,
-    /// A deferred layer's weight gradients.
-    LayerWeights(usize),
-    /// Some of a deferred layer's weight gradients.
-    LayerWeightsOf(usize, &'static [WeightGrads]),
+/// The bf16 optimizer offloaded for a model without a whole bf16 copy.
+fn no_bf16_copy() -> String {
+    "the offloaded bf16 optimizer writes the model's whole bf16 copy, and this model streams its \
+     weights instead (a bug: please report it)"
+        .into()
 }
+
+/// One backward unit of the GPU engine: a part of the model's backward
+/// pass.
+pub(super) use braid_model::cuda::gpu_model::BackwardPart as Step;
 
 /// A GPT model trained on one GPU with AdamW.
 pub struct GpuGpt {
     pub(super) layout: std::sync::Arc<braid_model::Layout>,
-    pub(super) model: Model,
+    /// The model, either form (f32, or bf16 with its bf16 weights).
+    pub(super) model: Box<dyn GpuModel>,
     /// Device bytes the model's buffers hold (activations and the passes'
     /// scratch), by the allocator's counters around their allocation.
     pub(super) model_bytes: usize,

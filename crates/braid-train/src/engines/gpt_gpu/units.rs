@@ -1,12 +1,12 @@
-//! The unit-by-unit plumbing of a [`GpuGpt`]: which stream a model
-//! computes on, the gradient windows and parameter pieces a unit writes
-//! and reads, what the bf16 model reads in f32, and the plan of backward
-//! units when layers defer their weight gradients.
+//! The unit-by-unit plumbing of a [`GpuGpt`]: the gradient windows and
+//! parameter pieces a unit writes and reads, what the bf16 model reads in
+//! f32, and the plan of backward units when layers defer their weight
+//! gradients.
 //!
 //! [`GpuGpt`]: super::state::GpuGpt
 
 use super::err::e;
-use super::state::{BiasCarry, HalfBlocks, Model, Offload, Step};
+use super::state::{BiasCarry, HalfBlocks, Offload, Step};
 use crate::engine::{ParamUnits, Unit};
 use crate::engines::units::gpt_units;
 use crate::Result;
@@ -15,14 +15,6 @@ use braid_cuda::{DeviceBuffer, DeviceWindow, Stream};
 use braid_model::cuda::f32_params::{F32Params, Piece};
 use braid_model::cuda::model_mixed::WeightGrads;
 use half::bf16;
-
-/// The stream `model` computes on.
-pub(super) fn model_stream(model: &Model) -> &Stream {
-    match model {
-        Model::F32(m) => m.stream(),
-        Model::Mixed(m, _) => m.stream(),
-    }
-}
 
 /// The gradient window of backward unit `unit` (`step`) writing the
 /// blocks `writes` into `grads` (one buffer per block, in that order),
@@ -105,30 +97,6 @@ pub(super) unsafe fn lent_bf16(packed: &DeviceBuffer<f32>) -> Result<DeviceBuffe
     // SAFETY: the caller's contract; the view covers exactly the bytes of
     // `packed`, from byte 0.
     unsafe { DeviceBuffer::<bf16>::lent_from(packed, 0, 2 * packed.len()) }.map_err(e)
-}
-
-/// Runs backward step `step` of `model` reading `p` (the f32 parameters)
-/// and `pb` (the bf16 copy, if any), into the gradient window `g`.
-pub(super) fn backward_step(
-    model: &mut Model,
-    step: Step,
-    p: F32Params<'_>,
-    g: &mut DeviceWindow<'_, f32>,
-) -> Result<()> {
-    match (model, step) {
-        (Model::F32(m), Step::Head) => m.backward_head(p, g),
-        (Model::F32(m), Step::Layer(l)) => m.backward_layer(l, p, g),
-        (Model::F32(m), Step::Embedding) => m.backward_embedding(g),
-        (Model::Mixed(m, pb), Step::Head) => m.backward_head(p, pb.as_ref(), g),
-        (Model::Mixed(m, pb), Step::Layer(l) | Step::LayerInput(l)) => {
-            m.backward_layer(l, p, pb.as_ref(), g)
-        }
-        (Model::Mixed(m, _), Step::Embedding) => m.backward_embedding(g),
-        (Model::Mixed(m, _), Step::LayerWeights(l)) => m.backward_layer_weights(l, g),
-        (Model::Mixed(m, _), Step::LayerWeightsOf(l, w)) => m.backward_layer_weights_of(l, w, g),
-        (Model::F32(_), s) => return Err(format!("the f32 engine has no backward step {s:?}")),
-    }
-    .map_err(e)
 }
 
 /// `units` with the head's backward unit reading only the final norm:
