@@ -221,7 +221,7 @@ impl Gpt {
 /// the residual stream's outside the block's buffers (`ext`: the block's
 /// input in the forward pass, the gradient of its input or output in the
 /// backward pass), the rest in the block's array around a hole.
-struct Others<'b, T> {
+pub(super) struct Others<'b, T> {
     ext: &'b [T],
     lo: &'b [Vec<T>],
     hi: &'b [Vec<T>],
@@ -229,7 +229,7 @@ struct Others<'b, T> {
 }
 
 impl<'b, T> Others<'b, T> {
-    fn get(&self, a: Act) -> &'b [T] {
+    pub(super) fn get(&self, a: Act) -> &'b [T] {
         let i = a.index();
         match (a.inside(), i.cmp(&self.hole)) {
             (false, _) => self.ext,
@@ -244,7 +244,7 @@ impl<'b, T> Others<'b, T> {
 
 /// The buffer of `o` to write — `ext_out` when it is outside the block's
 /// array `t` — and every other tensor to read, `ext_in` for those outside.
-fn split<'b, T>(
+pub(super) fn split<'b, T>(
     ext_in: &'b [T],
     ext_out: &'b mut [T],
     t: &'b mut [Vec<T>; 9],

@@ -33,6 +33,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 mod acts;
+mod decode;
 mod ends;
 mod error;
 mod gpt;
@@ -43,6 +44,7 @@ mod stage;
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
+pub use decode::{DecodeRow, KvPages};
 pub use error::StepError;
 pub use gpt::Gpt;
 use gpt::Group;
