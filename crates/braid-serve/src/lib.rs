@@ -1,0 +1,23 @@
+//! Serving a trained GPT (issue 66): many requests decoded together over
+//! one paged KV cache.
+//!
+//! - [`decoder`]: what a model must do to be served ([`Decoder`]: one
+//!   step over rows of many sequences, block copies) and the CPU's
+//!   ([`CpuDecoder`], the reference, on `braid_model`'s block description);
+//! - [`request`]: a request, its checks, and what comes back ([`Event`]);
+//! - [`text`]: tokens to text as they come, held back where a character
+//!   or a stop string is not finished;
+//! - [`batcher`]: continuous batching ([`Batcher`]): requests join and
+//!   leave at every step, long prompts are prefilled in chunks beside the
+//!   running decodes, shared prompt prefixes are read from the cache, and
+//!   a request is admitted only when the cache can hold all of it (a clear
+//!   queue instead of preemption).
+
+pub mod batcher;
+pub mod decoder;
+pub mod request;
+pub mod text;
+
+pub use batcher::{Batcher, BatcherOptions, Stats};
+pub use decoder::{CpuDecoder, Decoder};
+pub use request::{Event, Finish, Request, RequestError, TokenOut, Usage};
