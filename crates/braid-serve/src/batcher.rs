@@ -185,7 +185,9 @@ impl<D: Decoder> Batcher<D> {
     /// Queues request `id` (checked first).
     pub fn submit(&mut self, id: u64, r: Request) -> Result<(), RequestError> {
         self.check(&r)?;
-        if self.waiting.len() >= self.options.max_waiting {
+        // (A queue of 0 still takes a request while nothing else waits:
+        // every request passes through it on its way in.)
+        if self.waiting.len() >= self.options.max_waiting.max(1) {
             return Err(RequestError::Busy(self.waiting.len()));
         }
         if self.waiting.iter().any(|w| w.0 == id) || self.running.iter().any(|s| s.id == id) {

@@ -11,13 +11,25 @@
 //!   leave at every step, long prompts are prefilled in chunks beside the
 //!   running decodes, shared prompt prefixes are read from the cache, and
 //!   a request is admitted only when the cache can hold all of it (a clear
-//!   queue instead of preemption).
+//!   queue instead of preemption);
+//! - [`engine`]: the batcher on its own thread, and the handle the HTTP
+//!   side submits through ([`EngineHandle`]);
+//! - [`http`]: the OpenAI-compatible API on axum (`/v1/completions`,
+//!   streamed or whole, `/v1/models`, `/health`, `/metrics`, an API key);
+//! - [`metrics`]: the figures `/metrics` gives in Prometheus' format;
+//! - [`offline`]: requests run to the end without a server (`braid
+//!   generate`).
 
 pub mod batcher;
 pub mod decoder;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod offline;
 pub mod request;
 pub mod text;
 
 pub use batcher::{Batcher, BatcherOptions, Stats};
 pub use decoder::{CpuDecoder, Decoder};
+pub use engine::{spawn, EngineHandle};
 pub use request::{Event, Finish, Request, RequestError, TokenOut, Usage};

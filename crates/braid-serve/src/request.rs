@@ -52,6 +52,9 @@ pub enum RequestError {
     /// The id is taken.
     #[error("request id {0} is in use")]
     Duplicate(u64),
+    /// The engine thread is gone.
+    #[error("the serving engine has stopped (see the server's log): restart the server")]
+    Stopped,
 }
 
 /// Why a completion ended (OpenAI's `finish_reason`).

@@ -8,9 +8,12 @@
 
 use super::ckpt;
 use super::train::tokenizer_for;
+use braid_data::tokens::Tokenizer;
 use braid_model::checkpoint;
 use braid_model::sample::{self, Sampler, Sampling};
 use braid_model::Params;
+use braid_serve::offline::complete;
+use braid_serve::{Batcher, BatcherOptions, CpuDecoder, Finish, Request};
 use braid_train::checkpoint::load::resolve;
 use braid_train::checkpoint::{CheckpointReader, LATEST, MANIFEST};
 use clap::Args;
@@ -30,12 +33,13 @@ const ACCEPTED: &str = "--load takes a safetensors file (`braid train --save`, \
         braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80\n  \
         braid generate --load ck --prompt 'the quick'           # --ckpt-dir ck's newest checkpoint\n  \
         braid generate --load ck/step-00000100 --temperature 0  # greedy\n  \
-        braid generate --load gpt2/model.safetensors --top-k 40 --top-p 0.9 --seed 7\n\n\
+        braid generate --load gpt2/model.safetensors --top-k 40 --top-p 0.9 --seed 7\n  \
+        braid generate --load tiny.safetensors --prompts prompts.txt --tokens 40 --temperature 0\n\n\
         The text goes to stdout; the rate line (prompt and new tokens, time to first token, tokens/s) \
-        to stderr. A prompt longer than the model's context is predicted from its last context \
-        tokens (a note says so), as are tokens generated past the context. Decoding runs on the \
-        CPU, the whole window recomputed for each token; GPU decoding with a KV cache comes with \
-        `braid serve`."
+        to stderr. Decoding runs on the CPU with a paged KV cache, the engine `braid serve` runs \
+        (--prompts: every prompt decoded together, continuous batching). A prompt and its new tokens \
+        that pass the model's context are predicted from the last context tokens instead (a note \
+        says so), the whole window recomputed for each token."
 )]
 pub struct GenerateArgs {
     /// The model: a safetensors file, a directory holding a
@@ -76,9 +80,14 @@ pub struct GenerateArgs {
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]
     tokenizer: Option<String>,
-    /// auto or cpu (auto: the CPU; GPU decoding comes with `braid serve`).
+    /// auto or cpu (auto: the CPU; GPU decoding is being built).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// A file of prompts, one a line (blank lines skipped), decoded
+    /// together; each continuation is a JSON line on stdout, in the file's
+    /// order.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    prompts: Option<PathBuf>,
 }
 
 fn parse_top_k(s: &str) -> Result<usize, String> {
@@ -109,7 +118,7 @@ fn decoding_device(device: &str) -> Result<Option<String>, String> {
 
 /// Where `--load` points.
 #[derive(Debug, PartialEq)]
-enum Source {
+pub(super) enum Source {
     /// One safetensors file.
     File(PathBuf),
     /// A committed sharded checkpoint directory.
@@ -117,7 +126,7 @@ enum Source {
 }
 
 /// What `path` is, or why it is none of what `--load` takes.
-fn locate(path: &Path) -> Result<Source, String> {
+pub(super) fn locate(path: &Path) -> Result<Source, String> {
     let shown = path.display();
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -219,7 +228,7 @@ fn describe(dir: &Path) -> String {
 
 /// The model at `source` and the tokenizer it was trained with, if it
 /// says.
-fn load(source: &Source) -> Result<(Params, Option<String>), String> {
+pub(super) fn load(source: &Source) -> Result<(Params, Option<String>), String> {
     match source {
         Source::File(path) => {
             let (params, report) = checkpoint::load(path).map_err(|e| e.to_string())?;
@@ -254,13 +263,13 @@ fn duration(d: std::time::Duration) -> String {
 
 /// Runs `braid generate`.
 pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
-    let mut sampler = Sampler::new(Sampling {
+    let sampling = Sampling {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
         seed: a.seed,
-    })
-    .map_err(|e| format!("--{e}"))?;
+    };
+    sampling.check().map_err(|e| format!("--{e}"))?;
     let device_note = decoding_device(&a.device)?;
     let source = locate(&a.load)?;
     if let Some(note) = device_note {
@@ -301,24 +310,166 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
             a.tokens, cfg.context, cfg.context
         );
     }
-    let g = sample::generate(&params, tokenizer, &a.prompt, a.tokens, &mut sampler)?;
-    println!("{}{}", a.prompt, g.text);
-    let mut rate = format!(
-        "generate: {} prompt tokens, {} new tokens",
-        g.prompt_tokens,
-        g.tokens.len()
-    );
-    if let Some(first) = g.time_to_first {
+    if let Some(file) = &a.prompts {
+        return batch(&a, file, params, tokenizer, sampling);
+    }
+    let mut prompt = tokenizer.encode(&a.prompt);
+    if prompt.is_empty() {
+        prompt = tokenizer.encode("\n");
+    }
+    // Within the context: the serving engine (a paged KV cache); past it,
+    // the whole window recomputed for each token.
+    let (text, new_tokens, first, elapsed, how) =
+        if a.tokens > 0 && prompt.len() + a.tokens <= cfg.context {
+            let mut b = batcher(params, tokenizer, 1);
+            let request = Request {
+                prompt,
+                max_tokens: a.tokens,
+                sampling,
+                stop: Vec::new(),
+                logprobs: false,
+            };
+            let c = complete(&mut b, vec![request])?.remove(0);
+            let how = match c.finish {
+                Finish::Stop => "CPU, KV cache; stopped at the end-of-text token",
+                _ => "CPU, KV cache",
+            };
+            (c.text, c.tokens.len(), c.time_to_first, c.elapsed, how)
+        } else {
+            let mut sampler = Sampler::new(sampling).map_err(|e| format!("--{e}"))?;
+            let g = sample::generate(&params, tokenizer, &a.prompt, a.tokens, &mut sampler)?;
+            let n = g.tokens.len();
+            (
+                g.text,
+                n,
+                g.time_to_first,
+                g.elapsed,
+                "CPU, no KV cache past the context",
+            )
+        };
+    println!("{}{}", a.prompt, text);
+    let mut rate = format!("generate: {prompt_tokens} prompt tokens, {new_tokens} new tokens");
+    if let Some(first) = first {
         rate += &format!(
             " in {}; time to first token {}",
-            duration(g.elapsed),
+            duration(elapsed),
             duration(first)
         );
     }
-    if let Some(tps) = g.tokens_per_second() {
-        rate += &format!("; {tps:.1} tokens/s (CPU, no KV cache)");
+    let secs = elapsed.as_secs_f64();
+    if new_tokens > 0 && secs > 0.0 {
+        rate += &format!("; {:.1} tokens/s ({how})", new_tokens as f64 / secs);
     }
     eprintln!("{rate}");
+    Ok(0)
+}
+
+/// A batcher of `params` on the CPU with room for `running` sequences
+/// filling the context at once (within 1 GiB of KV cache).
+fn batcher(params: Params, tokenizer: Tokenizer, running: usize) -> Batcher<CpuDecoder> {
+    let block = 16;
+    let one = params.layout.config.context.div_ceil(block) + 1;
+    let budget = CpuDecoder::blocks_in(&params, 1 << 30, block);
+    let blocks = (running * one).min(budget).max(one);
+    let running = (blocks / one).max(1);
+    let decoder = CpuDecoder::new(params, blocks, block).expect("a whole model and blocks");
+    let options = BatcherOptions {
+        max_running: running,
+        ..Default::default()
+    };
+    Batcher::new(decoder, tokenizer, options)
+}
+
+/// `--prompts FILE`: every prompt decoded together, each continuation a
+/// JSON line.
+fn batch(
+    a: &GenerateArgs,
+    file: &Path,
+    params: Params,
+    tokenizer: Tokenizer,
+    sampling: Sampling,
+) -> Result<i32, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("--prompts {}: cannot be read: {e}", file.display()))?;
+    let prompts: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
+    if prompts.is_empty() {
+        return Err(format!(
+            "--prompts {}: no prompts (one a line; blank lines are skipped)",
+            file.display()
+        ));
+    }
+    if a.tokens == 0 {
+        return Err("--tokens 0 with --prompts: ask for at least one new token".into());
+    }
+    let context = params.layout.config.context;
+    let requests: Vec<Request> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, (line, p))| {
+            let tokens = tokenizer.encode(p);
+            if tokens.len() >= context {
+                return Err(format!(
+                    "--prompts {}: line {} is {} tokens and the model's context is {context}: \
+                     shorten it to at most {} tokens",
+                    file.display(),
+                    line + 1,
+                    tokens.len(),
+                    context - 1
+                ));
+            }
+            Ok(Request {
+                prompt: tokens,
+                max_tokens: a.tokens,
+                // Each prompt its own draws (the same file and seed, the
+                // same texts).
+                sampling: Sampling {
+                    seed: sampling.seed.wrapping_add(i as u64),
+                    ..sampling
+                },
+                stop: Vec::new(),
+                logprobs: false,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
+    let mut b = batcher(params, tokenizer, requests.len().min(64));
+    let done = complete(&mut b, requests)?;
+    let mut new_tokens = 0;
+    let mut at_context = 0;
+    let mut elapsed = std::time::Duration::ZERO;
+    for ((_, p), c) in prompts.iter().zip(&done) {
+        new_tokens += c.tokens.len();
+        elapsed = elapsed.max(c.elapsed);
+        if c.finish == Finish::Length && c.tokens.len() < a.tokens {
+            at_context += 1;
+        }
+        let line = serde_json::json!({
+            "prompt": p,
+            "text": c.text,
+            "finish_reason": c.finish.as_str(),
+            "completion_tokens": c.tokens.len(),
+        });
+        println!("{line}");
+    }
+    if at_context > 0 {
+        eprintln!(
+            "note: {at_context} continuation(s) stopped at the model's context of {context} \
+             before --tokens {}",
+            a.tokens
+        );
+    }
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    eprintln!(
+        "generate: {} prompts, {prompt_tokens} prompt tokens, {new_tokens} new tokens in {}; \
+         {:.1} tokens/s (CPU, KV cache, decoded together)",
+        done.len(),
+        duration(elapsed),
+        new_tokens as f64 / secs
+    );
     Ok(0)
 }
 

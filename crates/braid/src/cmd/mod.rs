@@ -16,6 +16,7 @@ pub mod progress;
 pub mod report;
 pub mod report_html;
 pub mod scale;
+pub mod serve;
 pub mod store;
 pub mod svg;
 pub mod topo;

@@ -1,0 +1,80 @@
+//! Requests run to the end without a server ([`complete`]): what `braid
+//! generate` uses, one prompt or a file of them decoded together.
+
+use crate::batcher::Batcher;
+use crate::decoder::Decoder;
+use crate::request::{Event, Finish, Request, RequestError};
+use std::time::{Duration, Instant};
+
+/// One request's completion.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: Finish,
+    /// From the start of the run to its first token.
+    pub time_to_first: Option<Duration>,
+    /// From the start of the run to its end.
+    pub elapsed: Duration,
+}
+
+/// Runs `requests` on `batcher` together, in their order; a request it
+/// refuses is said with its index.
+pub fn complete<D: Decoder>(
+    batcher: &mut Batcher<D>,
+    requests: Vec<Request>,
+) -> Result<Vec<Completion>, String> {
+    let n = requests.len();
+    let mut pending = requests.into_iter().enumerate().peekable();
+    let mut out: Vec<Option<Completion>> = vec![None; n];
+    let mut partial: Vec<(Vec<u32>, String, Option<Duration>)> =
+        vec![(Vec::new(), String::new(), None); n];
+    let start = Instant::now();
+    let mut left = n;
+    while left > 0 {
+        // Queue what the batcher's queue takes now.
+        while let Some((i, r)) = pending.peek() {
+            match batcher.submit(*i as u64, r.clone()) {
+                Ok(()) => {
+                    pending.next();
+                }
+                Err(RequestError::Busy(_)) => break,
+                Err(e) => return Err(format!("prompt {}: {e}", i + 1)),
+            }
+        }
+        let events = batcher.step();
+        if events.is_empty() && batcher.idle() && pending.peek().is_none() {
+            return Err(
+                "the batcher stopped with requests unfinished (a bug: please report it)".into(),
+            );
+        }
+        for (id, e) in events {
+            let i = id as usize;
+            match e {
+                Event::Token(t) => {
+                    let p = &mut partial[i];
+                    p.0.push(t.token);
+                    p.1 += &t.text;
+                    p.2.get_or_insert_with(|| start.elapsed());
+                }
+                Event::Done { text, finish, .. } => {
+                    let (tokens, mut all, first) = std::mem::take(&mut partial[i]);
+                    all += &text;
+                    out[i] = Some(Completion {
+                        tokens,
+                        text: all,
+                        finish,
+                        time_to_first: first,
+                        elapsed: start.elapsed(),
+                    });
+                    left -= 1;
+                }
+                Event::Failed(e) => return Err(format!("prompt {}: {e}", i + 1)),
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|c| c.expect("every request ended"))
+        .collect())
+}

@@ -1,0 +1,204 @@
+//! `braid serve`: a trained model behind an OpenAI-compatible HTTP API
+//! (braid-serve): continuous batching over a paged KV cache sized from
+//! `--kv-memory`, listening on 127.0.0.1 unless `--host` says otherwise,
+//! with an optional API key. Loads what `braid generate` loads.
+
+use super::bench::parse_size;
+use super::generate::{load, locate};
+use super::train::tokenizer_for;
+use braid_serve::http::{serve, AppState};
+use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Serve a trained model over HTTP.
+#[derive(Args)]
+#[command(
+    about = "Serve a trained model over an OpenAI-compatible HTTP API (/v1/completions, streaming)",
+    after_help = "Examples:\n  \
+        braid serve --load tiny.safetensors                 # http://127.0.0.1:8000\n  \
+        braid serve --load ck --port 9000 --api-key s3cret  # Authorization: Bearer s3cret\n  \
+        curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\\n    \
+        -d '{\"prompt\": \"the quick\", \"max_tokens\": 20, \"temperature\": 0}'\n\n\
+        Routes: POST /v1/completions (\"stream\": true for server-sent events), GET /v1/models, \
+        GET /health (no key needed), GET /metrics (Prometheus). Requests are decoded together \
+        (continuous batching) over a paged KV cache of --kv-memory bytes; a request is admitted \
+        when the cache can hold its prompt and max_tokens, others wait in a queue of \
+        --max-waiting (beyond it: 429). Decoding runs on the CPU (f32); GPU decoding is being \
+        built."
+)]
+pub struct ServeArgs {
+    /// The model: what `braid generate --load` takes (a safetensors file,
+    /// a directory holding model.safetensors, a --ckpt-dir or one of its
+    /// step directories).
+    #[arg(long, value_name = "PATH")]
+    load: PathBuf,
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every
+    /// interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// A key every request but /health must bring as
+    /// `Authorization: Bearer KEY`.
+    #[arg(
+        long,
+        env = "BRAID_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
+    /// auto or cpu (auto: the CPU; GPU decoding is being built).
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Memory for the KV cache (e.g. 512M, 2G).
+    #[arg(long, default_value = "1G", value_name = "BYTES")]
+    kv_memory: String,
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Requests decoded at once at most.
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// Requests queued at most (more get 429).
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    /// Tokens one model step runs at most (decodes first, then prompt
+    /// chunks).
+    #[arg(long, default_value_t = 512)]
+    step_tokens: usize,
+    /// bytes or gpt2 (default: what the checkpoint was trained with).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// The model's name in the API (default: the file or directory name).
+    #[arg(long)]
+    model_name: Option<String>,
+}
+
+/// Runs `braid serve`.
+pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
+    match a.device.as_str() {
+        "auto" | "cpu" => {}
+        "cuda" | "gpu" => {
+            return Err(format!(
+                "--device {}: GPU decoding is being built (a paged KV cache on the GPU, CUDA \
+                 graphs); braid serve decodes on the CPU for now (--device cpu)",
+                a.device
+            ))
+        }
+        other => return Err(format!("--device {other:?}: expected auto or cpu")),
+    }
+    if a.block_size == 0 {
+        return Err("--block-size 0: a block holds at least one position (16 is usual)".into());
+    }
+    let kv_bytes = parse_size(&a.kv_memory).map_err(|e| format!("--kv-memory: {e}"))?;
+    let source = locate(&a.load)?;
+    let (params, saved_tokenizer) = load(&source)?;
+    let cfg = params.layout.config;
+    let tokenizer = tokenizer_for(
+        a.tokenizer.as_deref(),
+        saved_tokenizer.as_ref(),
+        cfg.vocab_size,
+    )?;
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(format!(
+            "tokenizer {} has {} tokens but the model's vocabulary is {} (--tokenizer bytes fits \
+             a vocabulary of 256)",
+            tokenizer.name(),
+            tokenizer.vocab_size(),
+            cfg.vocab_size
+        ));
+    }
+    let blocks = CpuDecoder::blocks_in(&params, kv_bytes as u64, a.block_size);
+    let one_sequence = cfg.context.div_ceil(a.block_size) + 1;
+    if blocks < one_sequence {
+        let per = kv_bytes / blocks.max(1);
+        return Err(format!(
+            "--kv-memory {}: {blocks} KV block(s) of {} positions, and one sequence filling the \
+             context of {} needs {one_sequence}: give at least {} (--kv-memory)",
+            a.kv_memory,
+            a.block_size,
+            cfg.context,
+            braid_core::words::bytes((one_sequence * per.max(1)) as u64)
+        ));
+    }
+    let name = a.model_name.clone().unwrap_or_else(|| {
+        let p = a.load.canonicalize().unwrap_or_else(|_| a.load.clone());
+        let stem = match p.file_stem().map(|s| s.to_string_lossy().into_owned()) {
+            Some(s) if s == "model" => p
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|d| d.to_string_lossy().into_owned()),
+            s => s,
+        };
+        stem.unwrap_or_else(|| "model".into())
+    });
+    // More than every running sequence can reserve would sit unused.
+    let blocks = blocks.min(a.max_running.max(1) * one_sequence);
+    let decoder = CpuDecoder::new(params, blocks, a.block_size)?;
+    let options = BatcherOptions {
+        step_tokens: a.step_tokens.max(1),
+        max_running: a.max_running.max(1),
+        max_waiting: a.max_waiting,
+    };
+    let described = braid_serve::Decoder::describe(&decoder);
+    let engine = spawn(Batcher::new(decoder, tokenizer, options));
+    let state = Arc::new(AppState {
+        engine,
+        tokenizer,
+        model: name.clone(),
+        context: cfg.context,
+        api_key: a.api_key.clone(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => format!(
+                    "cannot listen on {addr}: the port is in use (another server?); pick another \
+                     with --port, or --port 0 for any free one"
+                ),
+                _ => format!("cannot listen on {addr}: {e}"),
+            })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("the listening address: {e}"))?;
+        eprintln!(
+            "braid serve: model {name} (L{}-H{}-C{}-V{}-T{}, {}, tokenizer {}) on \
+             {described}; listening on http://{local}{}",
+            cfg.n_layer,
+            cfg.n_head,
+            cfg.n_embd,
+            cfg.vocab_size,
+            cfg.context,
+            braid_core::words::count(cfg.num_params(), "parameter"),
+            tokenizer.name(),
+            match &a.api_key {
+                Some(_) => " (API key required)",
+                None => "",
+            }
+        );
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("braid serve: stopping (requests in flight finish first)");
+        };
+        serve(listener, state, shutdown)
+            .await
+            .map_err(|e| format!("serving: {e}"))
+    })?;
+    Ok(0)
+}
