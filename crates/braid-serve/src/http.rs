@@ -366,24 +366,13 @@ async fn whole(
                     true => logprobs_of(&s, &tokens, &lps),
                     false => Value::Null,
                 };
-                return Json(json!({
-                    "id": name,
-                    "object": "text_completion",
-                    "created": now(),
-                    "model": s.model,
-                    "choices": [{
-                        "index": 0,
-                        "text": text,
-                        "logprobs": lp,
-                        "finish_reason": finish.as_str(),
-                    }],
-                    "usage": {
-                        "prompt_tokens": usage.prompt_tokens,
-                        "completion_tokens": usage.completion_tokens,
-                        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-                    },
-                }))
-                .into_response();
+                let mut body = completion(&s, &name, &text, Some(finish), lp);
+                body["usage"] = json!({
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                });
+                return Json(body).into_response();
             }
             Event::Failed(m) => {
                 guard.done = true;
@@ -399,9 +388,10 @@ async fn whole(
     )
 }
 
-/// One streamed chunk.
-fn chunk(s: &AppState, name: &str, text: &str, finish: Option<Finish>, lp: Value) -> SseEvent {
-    let body = json!({
+/// A completion object (OpenAI's legacy shape): the whole answer, or
+/// one streamed chunk of it.
+fn completion(s: &AppState, name: &str, text: &str, finish: Option<Finish>, lp: Value) -> Value {
+    json!({
         "id": name,
         "object": "text_completion",
         "created": now(),
@@ -412,8 +402,12 @@ fn chunk(s: &AppState, name: &str, text: &str, finish: Option<Finish>, lp: Value
             "logprobs": lp,
             "finish_reason": finish.map(Finish::as_str),
         }],
-    });
-    SseEvent::default().data(body.to_string())
+    })
+}
+
+/// One streamed chunk.
+fn chunk(s: &AppState, name: &str, text: &str, finish: Option<Finish>, lp: Value) -> SseEvent {
+    SseEvent::default().data(completion(s, name, text, finish, lp).to_string())
 }
 
 fn streamed(

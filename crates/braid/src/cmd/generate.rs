@@ -251,6 +251,31 @@ pub(super) fn load(source: &Source) -> Result<(Params, Option<String>), String> 
     }
 }
 
+/// The tokenizer for a model: `--tokenizer`, else the one it was saved
+/// with, else by its vocabulary; refused when it has more tokens than the
+/// model.
+pub(super) fn model_tokenizer(
+    explicit: Option<&str>,
+    saved: Option<&String>,
+    cfg: &braid_model::GptConfig,
+) -> Result<Tokenizer, String> {
+    let tokenizer = tokenizer_for(explicit, saved, cfg.vocab_size)?;
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(format!(
+            "tokenizer {} has {} tokens but the model's vocabulary is {}: {}",
+            tokenizer.name(),
+            tokenizer.vocab_size(),
+            cfg.vocab_size,
+            if cfg.vocab_size <= 256 {
+                "--tokenizer bytes fits it"
+            } else {
+                "the model was not trained with this tokenizer"
+            }
+        ));
+    }
+    Ok(tokenizer)
+}
+
 /// Milliseconds or seconds, whichever reads better.
 fn duration(d: std::time::Duration) -> String {
     let s = d.as_secs_f64();
@@ -277,24 +302,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     }
     let (params, saved_tokenizer) = load(&source)?;
     let cfg = params.layout.config;
-    let tokenizer = tokenizer_for(
-        a.tokenizer.as_deref(),
-        saved_tokenizer.as_ref(),
-        cfg.vocab_size,
-    )?;
-    if tokenizer.vocab_size() > cfg.vocab_size {
-        return Err(format!(
-            "tokenizer {} has {} tokens but the model's vocabulary is {}: {}",
-            tokenizer.name(),
-            tokenizer.vocab_size(),
-            cfg.vocab_size,
-            if cfg.vocab_size <= 256 {
-                "--tokenizer bytes fits it"
-            } else {
-                "the model was not trained with this tokenizer"
-            }
-        ));
-    }
+    let tokenizer = model_tokenizer(a.tokenizer.as_deref(), saved_tokenizer.as_ref(), &cfg)?;
     let prompt_tokens = tokenizer.encode(&a.prompt).len();
     if prompt_tokens > cfg.context {
         eprintln!(

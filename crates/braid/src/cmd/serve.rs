@@ -4,8 +4,7 @@
 //! with an optional API key. Loads what `braid generate` loads.
 
 use super::bench::parse_size;
-use super::generate::{load, locate};
-use super::train::tokenizer_for;
+use super::generate::{load, locate, model_tokenizer};
 use braid_serve::http::{serve, AppState};
 use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder};
 use clap::Args;
@@ -97,20 +96,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     let source = locate(&a.load)?;
     let (params, saved_tokenizer) = load(&source)?;
     let cfg = params.layout.config;
-    let tokenizer = tokenizer_for(
-        a.tokenizer.as_deref(),
-        saved_tokenizer.as_ref(),
-        cfg.vocab_size,
-    )?;
-    if tokenizer.vocab_size() > cfg.vocab_size {
-        return Err(format!(
-            "tokenizer {} has {} tokens but the model's vocabulary is {} (--tokenizer bytes fits \
-             a vocabulary of 256)",
-            tokenizer.name(),
-            tokenizer.vocab_size(),
-            cfg.vocab_size
-        ));
-    }
+    let tokenizer = model_tokenizer(a.tokenizer.as_deref(), saved_tokenizer.as_ref(), &cfg)?;
     let blocks = CpuDecoder::blocks_in(&params, kv_bytes as u64, a.block_size);
     let one_sequence = cfg.context.div_ceil(a.block_size) + 1;
     if blocks < one_sequence {

@@ -1,7 +1,7 @@
 //! The f32 model ([`GpuGpt`]) as a [`GpuModel`]: no bf16 weights, no
 //! deferred or split passes, no saved buffers to lend out.
 
-use super::face::{other_form, BackwardPart, GpuModel, StageBuffers};
+use super::face::{other_form, stage_buffers, BackwardPart, GpuModel, StageBuffers};
 use crate::cuda::f32_params::F32Params;
 use crate::cuda::kernels::Kernels;
 use crate::cuda::model::{F32MicroSaved, GpuGpt};
@@ -11,31 +11,10 @@ use crate::tensor_comm::DeviceTensorComm;
 use braid_cuda::memory::zero_async;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceView, DeviceWindow, Result, Stream};
 use half::bf16;
-use std::any::Any;
 use std::ops::Range;
 use std::sync::Arc;
 
-impl StageBuffers for F32MicroSaved {
-    fn input_mut(&mut self, st: &Stage) -> Result<&mut DeviceBuffer<f32>> {
-        F32MicroSaved::input_mut(self, st)
-    }
-
-    fn output(&self, st: &Stage) -> Result<&DeviceBuffer<f32>> {
-        F32MicroSaved::output(self, st)
-    }
-
-    fn output_grad_mut(&mut self) -> &mut DeviceBuffer<f32> {
-        F32MicroSaved::output_grad_mut(self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+stage_buffers!(F32MicroSaved);
 
 impl GpuModel for GpuGpt {
     fn kernels(&self) -> &Kernels {

@@ -212,6 +212,41 @@ pub trait GpuModel {
     fn input_grad(&self) -> DeviceView<'_, f32>;
 }
 
+/// [`StageBuffers`] for a model form's micro-batch buffers, by their
+/// inherent methods of the same names.
+macro_rules! stage_buffers {
+    ($t:ty) => {
+        impl $crate::cuda::gpu_model::StageBuffers for $t {
+            fn input_mut(
+                &mut self,
+                st: &$crate::layout::Stage,
+            ) -> braid_cuda::Result<&mut braid_cuda::DeviceBuffer<f32>> {
+                <$t>::input_mut(self, st)
+            }
+
+            fn output(
+                &self,
+                st: &$crate::layout::Stage,
+            ) -> braid_cuda::Result<&braid_cuda::DeviceBuffer<f32>> {
+                <$t>::output(self, st)
+            }
+
+            fn output_grad_mut(&mut self) -> &mut braid_cuda::DeviceBuffer<f32> {
+                <$t>::output_grad_mut(self)
+            }
+
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+
+            fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+                self
+            }
+        }
+    };
+}
+pub(super) use stage_buffers;
+
 /// A stage's buffers of one form handed to a model of the other.
 pub(super) fn other_form() -> braid_cuda::CudaError {
     braid_cuda::CudaError::Invalid(

@@ -2,7 +2,7 @@
 //! passes read the bf16 copy it keeps (or cast layer by layer when it
 //! streams its weights).
 
-use super::face::{other_form, BackwardPart, GpuModel, StageBuffers};
+use super::face::{other_form, stage_buffers, BackwardPart, GpuModel, StageBuffers};
 use crate::cuda::f32_params::F32Params;
 use crate::cuda::kernels::Kernels;
 use crate::cuda::model_mixed::{GpuGptMixed, MicroSaved, SavedFor};
@@ -10,31 +10,10 @@ use crate::layout::Stage;
 use crate::tensor_comm::DeviceTensorComm;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceView, DeviceWindow, Result, Stream};
 use half::bf16;
-use std::any::Any;
 use std::ops::Range;
 use std::sync::Arc;
 
-impl StageBuffers for MicroSaved {
-    fn input_mut(&mut self, st: &Stage) -> Result<&mut DeviceBuffer<f32>> {
-        MicroSaved::input_mut(self, st)
-    }
-
-    fn output(&self, st: &Stage) -> Result<&DeviceBuffer<f32>> {
-        MicroSaved::output(self, st)
-    }
-
-    fn output_grad_mut(&mut self) -> &mut DeviceBuffer<f32> {
-        MicroSaved::output_grad_mut(self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+stage_buffers!(MicroSaved);
 
 impl GpuModel for GpuGptMixed {
     fn kernels(&self) -> &Kernels {
