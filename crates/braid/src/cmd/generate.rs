@@ -364,9 +364,11 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
             duration(first)
         );
     }
-    let secs = elapsed.as_secs_f64();
-    if new_tokens > 0 && secs > 0.0 {
-        rate += &format!("; {:.1} tokens/s ({how})", new_tokens as f64 / secs);
+    // The tokens after the first, over their time (the first is the
+    // prompt's prefill).
+    let after = first.map(|f| elapsed.saturating_sub(f).as_secs_f64());
+    if let Some(secs) = after.filter(|&s| new_tokens > 1 && s > 0.0) {
+        rate += &format!("; {:.1} tokens/s ({how})", (new_tokens - 1) as f64 / secs);
     }
     eprintln!("{rate}");
     Ok(0)
