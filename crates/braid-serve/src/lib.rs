@@ -18,12 +18,15 @@
 //!   streamed or whole, `/v1/models`, `/health`, `/metrics`, an API key);
 //! - [`metrics`]: the figures `/metrics` gives in Prometheus' format;
 //! - [`offline`]: requests run to the end without a server (`braid
-//!   generate`).
+//!   generate`);
+//! - [`loadgen`]: a load generator for any OpenAI-compatible endpoint
+//!   (`braid bench serve`, in the shape of `vllm bench serve`).
 
 pub mod batcher;
 pub mod decoder;
 pub mod engine;
 pub mod http;
+pub mod loadgen;
 pub mod metrics;
 pub mod offline;
 pub mod request;

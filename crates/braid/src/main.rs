@@ -65,6 +65,18 @@ fn quiet_on_closed_stdout() {
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `braid bench serve` loads an HTTP endpoint: flags of its own, not
+    // the collectives' (`braid bench OP`).
+    if argv.get(1).is_some_and(|a| a == "bench") && argv.get(2).is_some_and(|a| a == "serve") {
+        let args = cmd::bench_serve::BenchServeArgs::parse_from(&argv[2..]);
+        return match cmd::bench_serve::run_bench_serve(args) {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(message) => {
+                eprintln!("braid: error: {message}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => match cmd::unknown_flag::explain(&e, &Cli::command(), &argv) {

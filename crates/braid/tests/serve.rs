@@ -313,3 +313,174 @@ fn a_port_in_use_is_said_and_gpu_decoding_is_refused_for_now() {
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("--device cpu"), "{}", f.stderr);
 }
+
+/// Many requests of random shapes at once against a small queue: good
+/// ones, too-long prompts, broken JSON, streams dropped mid-way, a burst
+/// past the queue. Every request gets an answer (200, 400 or 429), the
+/// server stays up, and when it is idle again no KV block is in use.
+#[test]
+fn a_storm_of_requests_each_gets_an_answer_and_the_cache_empties() {
+    let dir = TempDir::new("serve-storm");
+    let m = model(&dir);
+    runtime().block_on(async {
+        let s = serve(
+            &dir,
+            &m,
+            &[
+                "--max-running",
+                "4",
+                "--max-waiting",
+                "8",
+                "--kv-memory",
+                "4M",
+            ],
+        )
+        .await;
+        let c = reqwest::Client::new();
+        let url = format!("{}/v1/completions", s.url);
+        let mut rng = braid_model_rng(11);
+        // BRAID_STORM=10000 for the long run (the default keeps CI short).
+        let n: u64 = std::env::var("BRAID_STORM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300);
+        let (_, _) = post(&s, None, &json!({"prompt": "warm", "max_tokens": 30})).await;
+        let before = rss_kib(&s);
+        let mut tasks = Vec::new();
+        let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+        for i in 0..n {
+            let kind = rng() % 6;
+            let len = 1 + (rng() % 40) as usize;
+            let (c, url) = (c.clone(), url.clone());
+            let permit = limit.clone().acquire_owned().await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let _permit = permit;
+                let body = match kind {
+                    0 => {
+                        return c
+                            .post(&url)
+                            .body("{\"prompt\": ")
+                            .send()
+                            .await
+                            .map(|r| r.status().as_u16())
+                    }
+                    1 => json!({"prompt": "y".repeat(70 + len)}),
+                    2 => json!({"prompt": "z".repeat(len), "max_tokens": 40, "stream": true}),
+                    _ => json!({"prompt": "w".repeat(len), "max_tokens": 1 + len % 20,
+                                "temperature": 0.7, "seed": i}),
+                };
+                let r = c.post(&url).json(&body).send().await?;
+                let status = r.status().as_u16();
+                if kind == 2 && status == 200 {
+                    // Read one chunk, then go away.
+                    let mut chunks = r.bytes_stream();
+                    let _ = chunks.next().await;
+                } else {
+                    let _ = r.bytes().await?;
+                }
+                Ok(status)
+            }));
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        for t in tasks {
+            let status = t.await.unwrap().expect("every request gets an answer");
+            *seen.entry(status).or_insert(0) += 1;
+        }
+        assert!(seen.keys().all(|s| [200, 400, 429].contains(s)), "{seen:?}");
+        assert!(seen.get(&200).copied().unwrap_or(0) > 0, "{seen:?}");
+        assert!(seen.get(&400).copied().unwrap_or(0) > 0, "{seen:?}");
+        let t0 = Instant::now();
+        loop {
+            let h: Value = c
+                .get(format!("{}/health", s.url))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if h["running"] == 0 && h["waiting"] == 0 && h["kv_blocks_used"] == 0 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{h}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (code, _) = post(&s, None, &json!({"prompt": "ok", "max_tokens": 3})).await;
+        assert_eq!(code, 200, "the server still answers: {seen:?}");
+        let after = rss_kib(&s);
+        eprintln!("{n} requests: {seen:?}; server memory {before} KiB before, {after} KiB after");
+        assert!(
+            after < before + 64 * 1024,
+            "memory grew: {before} -> {after} KiB"
+        );
+    });
+}
+
+/// The server's resident memory, in KiB.
+fn rss_kib(s: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// A small seeded generator (xorshift), for the storm's shapes.
+fn braid_model_rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+#[test]
+fn bench_serve_loads_the_server_and_counts_every_token() {
+    let dir = TempDir::new("serve-bench");
+    let m = model(&dir);
+    let s = runtime().block_on(serve(&dir, &m, &[]));
+    let out = dir.path().join("bench.json");
+    let mut c = braid();
+    c.args(["bench", "serve", "--base-url", &s.url])
+        .args([
+            "--num-prompts",
+            "12",
+            "--input-len",
+            "8",
+            "--output-len",
+            "10",
+        ])
+        .args(["--request-rate", "40", "--max-concurrency", "4", "--json"])
+        .arg(&out);
+    let f = run(c, Duration::from_secs(120));
+    assert_eq!(f.code, Some(0), "{}\n{}", f.stdout, f.stderr);
+    assert!(
+        f.stdout.contains("Serving Benchmark Result"),
+        "{}",
+        f.stdout
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["completed"], 12);
+    assert_eq!(v["failed"], 0);
+    assert_eq!(v["total_output_tokens"], 120);
+    assert_eq!(v["model"], "tiny");
+    for k in ["ttft", "tpot", "itl", "e2el"] {
+        assert!(v[k]["median_ms"].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    // A server that is not there: said, not hung.
+    let mut c = braid();
+    c.args([
+        "bench",
+        "serve",
+        "--url",
+        "http://127.0.0.1:9",
+        "--num-prompts",
+        "1",
+    ]);
+    let f = run(c, Duration::from_secs(60));
+    assert_ne!(f.code, Some(0));
+    assert!(f.stderr.contains("is the server up?"), "{}", f.stderr);
+}

@@ -22,7 +22,8 @@ Examples:
   braid bench all_reduce --device cuda --nproc-per-node 4 -b 8 -e 1G -f 4 --check
   braid bench all_reduce --device cuda -g 4 --graph
   braid bench all_gather --device cuda --nproc-per-node 4 --symmetric
-Operations: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather scatter sendrecv"
+Operations: all_reduce reduce broadcast all_gather reduce_scatter all_to_all gather scatter sendrecv
+A serving endpoint: braid bench serve --url http://HOST:PORT (braid bench serve --help)"
 )]
 pub struct BenchArgs {
     /// Operation to measure.

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_gpu;
+pub mod bench_serve;
 pub mod ckpt;
 pub mod data;
 pub mod data_load;
