@@ -151,6 +151,9 @@ fn skip_reason(line: &str, gpu: bool, jpeg: bool) -> Option<&'static str> {
     if line.contains("cargo ") {
         return Some("builds braid (CI runs the README's first command itself)");
     }
+    if line.contains("bench serve") {
+        return Some("loads a server that must be running (tests/serve.rs runs it against one)");
+    }
     None
 }
 
@@ -219,6 +222,7 @@ fn fixtures(dir: &Path) {
             }
         }
     }
+    std::fs::write(dir.join("prompts.txt"), "the quick\nonce upon a time\n").unwrap();
     std::fs::create_dir_all(dir.join("logs")).unwrap();
     std::fs::write(
         dir.join("logs/scaling.tsv"),

@@ -16,9 +16,9 @@ use std::sync::Arc;
 #[command(
     about = "Serve a trained model over an OpenAI-compatible HTTP API (/v1/completions, streaming)",
     after_help = "Examples:\n  \
-        braid serve --load tiny.safetensors                 # http://127.0.0.1:8000\n  \
+        braid serve --load tiny.safetensors --port 8100     # http://127.0.0.1:8100\n  \
         braid serve --load ck --port 9000 --api-key s3cret  # Authorization: Bearer s3cret\n  \
-        curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\\n    \
+        curl -s localhost:8100/v1/completions -H 'content-type: application/json' \\\n    \
         -d '{\"prompt\": \"the quick\", \"max_tokens\": 20, \"temperature\": 0}'\n\n\
         Routes: POST /v1/completions (\"stream\": true for server-sent events), GET /v1/models, \
         GET /health (no key needed), GET /metrics (Prometheus). Requests are decoded together \

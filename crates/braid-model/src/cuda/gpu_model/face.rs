@@ -213,21 +213,19 @@ pub trait GpuModel {
 }
 
 /// [`StageBuffers`] for a model form's micro-batch buffers, by their
-/// inherent methods of the same names.
+/// inherent methods of the same names (the caller has `StageBuffers` and
+/// `Stage` in scope).
 macro_rules! stage_buffers {
     ($t:ty) => {
-        impl $crate::cuda::gpu_model::StageBuffers for $t {
+        impl StageBuffers for $t {
             fn input_mut(
                 &mut self,
-                st: &$crate::layout::Stage,
+                st: &Stage,
             ) -> braid_cuda::Result<&mut braid_cuda::DeviceBuffer<f32>> {
                 <$t>::input_mut(self, st)
             }
 
-            fn output(
-                &self,
-                st: &$crate::layout::Stage,
-            ) -> braid_cuda::Result<&braid_cuda::DeviceBuffer<f32>> {
+            fn output(&self, st: &Stage) -> braid_cuda::Result<&braid_cuda::DeviceBuffer<f32>> {
                 <$t>::output(self, st)
             }
 
