@@ -228,3 +228,42 @@ fn a_stop_string_ends_the_completion_and_logprobs_are_log_probabilities() {
     let full = Tokenizer::Bytes.decode(&want);
     assert_eq!(text, full[..full.find(&stop).unwrap()]);
 }
+
+/// Paged (blocks of 4) and contiguous (one block holding the whole
+/// context) caches give the same tokens, and 64 requests decoded together
+/// give each the tokens it gets alone (f32, greedy).
+#[test]
+fn sixty_four_requests_batched_equal_each_alone_paged_or_contiguous() {
+    let p = params("L2-H2-C16-V64-T32", 8);
+    let mut rng = braid_model::rng::Rng::new(3);
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|_| {
+            let n = 1 + rng.below(12);
+            (0..n).map(|_| rng.below(64) as u32).collect()
+        })
+        .collect();
+    let run = |block_size: usize, batch: &[Vec<u32>]| {
+        let blocks = batch.len() * (32 / block_size + 2);
+        let d = CpuDecoder::new(p.clone(), blocks, block_size).unwrap();
+        let opts = BatcherOptions {
+            max_running: 64,
+            step_tokens: 64,
+            ..Default::default()
+        };
+        let mut b = Batcher::new(d, Tokenizer::Bytes, opts);
+        for (i, pr) in batch.iter().enumerate() {
+            b.submit(i as u64, greedy(pr, 10)).unwrap();
+        }
+        let got = drain(&mut b);
+        (0..batch.len())
+            .map(|i| got[&(i as u64)].0.clone())
+            .collect::<Vec<_>>()
+    };
+    let together = run(4, &prompts);
+    let contiguous = run(32, &prompts);
+    assert_eq!(together, contiguous, "paged and contiguous differ");
+    for (i, pr) in prompts.iter().enumerate() {
+        let alone = run(4, std::slice::from_ref(pr));
+        assert_eq!(together[i], alone[0], "request {i}");
+    }
+}
