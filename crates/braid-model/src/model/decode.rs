@@ -18,7 +18,7 @@ use super::gpt::Gpt;
 use super::layer::split;
 use crate::block::{self, Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cpu::gelu::gelu_forward;
-use crate::cpu::matmul::linear_forward;
+use crate::cpu::matmul::{gemm_rm, linear_forward};
 use crate::cpu::norm::layernorm_forward;
 use crate::cpu::Real;
 use crate::layout::{Block, Layout};
@@ -200,35 +200,28 @@ impl Gpt {
         }
         let norm = &p[ly.block_range(Block::FinalNorm)];
         let (w, b) = (&norm[self.lnf_w.clone()], &norm[self.lnf_b.clone()]);
-        let mut logits = Vec::new();
-        let mut lnf = vec![T::ZERO; c];
+        // The final norm of the rows that want logits, then one product
+        // with the token embeddings (tied head).
+        let want: Vec<usize> = (0..n).filter(|&i| rows[i].logits).collect();
+        let mut lnf = vec![T::ZERO; want.len() * c];
         let (mut mean, mut rstd) = ([T::ZERO], [T::ZERO]);
-        for (i, r) in rows.iter().enumerate() {
-            if !r.logits {
-                continue;
-            }
-            layernorm_forward(
-                &mut lnf,
-                &mut mean,
-                &mut rstd,
-                &x[i * c..(i + 1) * c],
-                w,
-                b,
-                c,
-            );
-            logits.push(
-                (0..cfg.vocab_size)
-                    .map(|j| {
-                        let w = &wte[j * c..(j + 1) * c];
-                        let mut s = T::ZERO;
-                        for k in 0..c {
-                            s += lnf[k] * w[k];
-                        }
-                        s
-                    })
-                    .collect(),
-            );
+        for (o, &i) in lnf.chunks_exact_mut(c).zip(&want) {
+            layernorm_forward(o, &mut mean, &mut rstd, &x[i * c..(i + 1) * c], w, b, c);
         }
+        let v = cfg.vocab_size;
+        let mut all = vec![T::ZERO; want.len() * v];
+        gemm_rm(
+            &mut all,
+            &lnf,
+            false,
+            &wte[..v * c],
+            true,
+            want.len(),
+            v,
+            c,
+            false,
+        );
+        let logits = all.chunks_exact(v).map(|r| r.to_vec()).collect();
         Ok(logits)
     }
 }
