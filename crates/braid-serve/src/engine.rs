@@ -5,7 +5,7 @@
 //! (its channel closed) has its request cancelled at the next event. The
 //! thread sleeps while nothing waits or runs.
 
-use crate::batcher::{Batcher, Stats};
+use crate::batcher::Batcher;
 use crate::decoder::Decoder;
 use crate::metrics::Metrics;
 use crate::request::{Event, Request, RequestError};
@@ -180,9 +180,4 @@ fn run<D: Decoder>(mut b: Batcher<D>, inbox: mpsc::Receiver<Command>, metrics: &
         }
         metrics.set_stats(b.stats());
     }
-}
-
-/// The engine's state, for `/metrics` and `/health`.
-pub fn stats(h: &EngineHandle) -> Stats {
-    h.metrics.stats()
 }

@@ -78,6 +78,28 @@ async fn serve(dir: &TempDir, model: &Path, args: &[&str]) -> Server {
     }
 }
 
+/// Waits (at most `limit`) until /health says nothing waits or runs and
+/// no KV block is in use.
+async fn idle(s: &Server, limit: Duration) {
+    let c = reqwest::Client::new();
+    let t0 = Instant::now();
+    loop {
+        let h: Value = c
+            .get(format!("{}/health", s.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if h["running"] == 0 && h["waiting"] == 0 && h["kv_blocks_used"] == 0 {
+            return;
+        }
+        assert!(t0.elapsed() < limit, "not idle after {limit:?}: {h}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `braid generate`'s greedy continuation of `prompt`.
 fn generated(model: &Path, prompt: &str, tokens: usize) -> String {
     let mut c = braid();
@@ -271,22 +293,7 @@ fn bad_requests_get_400s_that_say_why_and_a_client_gone_mid_stream_frees_its_blo
         let mut chunks = r.bytes_stream();
         assert!(chunks.next().await.is_some());
         drop(chunks);
-        let t0 = Instant::now();
-        loop {
-            let h: Value = c
-                .get(format!("{}/health", s.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if h["running"] == 0 && h["kv_blocks_used"] == 0 {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(20), "{h}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        idle(&s, Duration::from_secs(20)).await;
         // The server is still up and answers.
         let (code, _) = post(&s, None, &json!({"prompt": "b", "max_tokens": 2})).await;
         assert_eq!(code, 200);
@@ -389,22 +396,7 @@ fn a_storm_of_requests_each_gets_an_answer_and_the_cache_empties() {
         assert!(seen.keys().all(|s| [200, 400, 429].contains(s)), "{seen:?}");
         assert!(seen.get(&200).copied().unwrap_or(0) > 0, "{seen:?}");
         assert!(seen.get(&400).copied().unwrap_or(0) > 0, "{seen:?}");
-        let t0 = Instant::now();
-        loop {
-            let h: Value = c
-                .get(format!("{}/health", s.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if h["running"] == 0 && h["waiting"] == 0 && h["kv_blocks_used"] == 0 {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "{h}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        idle(&s, Duration::from_secs(30)).await;
         let (code, _) = post(&s, None, &json!({"prompt": "ok", "max_tokens": 3})).await;
         assert_eq!(code, 200, "the server still answers: {seen:?}");
         let after = rss_kib(&s);

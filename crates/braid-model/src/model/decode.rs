@@ -342,16 +342,21 @@ impl<T: Real> BlockForward for DecodeForward<'_, T> {
         out: Act,
     ) -> Result<(), StepError> {
         let (w, b) = self.r.linear(linear);
-        let (k, oc) = linear.widths(&self.gpt.widths);
+        let (k, _) = linear.widths(&self.gpt.widths);
         let (o, t) = split(self.x, self.out, self.t, out);
-        let n = self.rows.len();
-        linear_forward(o, t.get(input), &self.p[w], Some(&self.p[b]), n, k, oc);
-        for (row, r) in o.chunks_exact_mut(oc).zip(t.get(residual).chunks_exact(oc)) {
-            for (y, &x) in row.iter_mut().zip(r) {
-                *y += x;
-            }
-        }
-        Ok(())
+        // The training pass's row product (one process: no group, so no
+        // scratch for the sum).
+        self.gpt.row_split_forward(
+            o,
+            t.get(input),
+            &self.p[w],
+            &self.p[b],
+            t.get(residual),
+            &mut [],
+            self.rows.len(),
+            k,
+            "decode: a row product",
+        )
     }
 }
 

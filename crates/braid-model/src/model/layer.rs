@@ -58,7 +58,7 @@ impl Gpt {
     /// of the inner dimension). In one process the product and its bias
     /// are one call, as always.
     #[allow(clippy::too_many_arguments)]
-    fn row_split_forward<T: Real>(
+    pub(super) fn row_split_forward<T: Real>(
         &self,
         out: &mut [T],
         inp: &[T],

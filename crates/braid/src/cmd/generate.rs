@@ -329,7 +329,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     // the whole window recomputed for each token.
     let (text, new_tokens, first, elapsed, how) =
         if a.tokens > 0 && prompt.len() + a.tokens <= cfg.context {
-            let mut b = batcher(params, tokenizer, 1);
+            let mut b = batcher(params, tokenizer, 1)?;
             let request = Request {
                 prompt,
                 max_tokens: a.tokens,
@@ -376,18 +376,22 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
 
 /// A batcher of `params` on the CPU with room for `running` sequences
 /// filling the context at once (within 1 GiB of KV cache).
-fn batcher(params: Params, tokenizer: Tokenizer, running: usize) -> Batcher<CpuDecoder> {
+fn batcher(
+    params: Params,
+    tokenizer: Tokenizer,
+    running: usize,
+) -> Result<Batcher<CpuDecoder>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
     let budget = CpuDecoder::blocks_in(&params, 1 << 30, block);
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
-    let decoder = CpuDecoder::new(params, blocks, block).expect("a whole model and blocks");
+    let decoder = CpuDecoder::new(params, blocks, block)?;
     let options = BatcherOptions {
         max_running: running,
         ..Default::default()
     };
-    Batcher::new(decoder, tokenizer, options)
+    Ok(Batcher::new(decoder, tokenizer, options))
 }
 
 /// `--prompts FILE`: every prompt decoded together, each continuation a
@@ -446,7 +450,7 @@ fn batch(
         })
         .collect::<Result<_, _>>()?;
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
-    let mut b = batcher(params, tokenizer, requests.len().min(64));
+    let mut b = batcher(params, tokenizer, requests.len().min(64))?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
