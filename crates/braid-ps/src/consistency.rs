@@ -1,0 +1,95 @@
+//! How a run's updates relate to its workers' steps: synchronous,
+//! asynchronous or bounded staleness ([`Mode`]), and where the optimizer
+//! runs ([`UpdateAt`]).
+
+use std::fmt;
+
+/// When a server applies gradients and when a worker may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Each step's update is made from every worker's gradients of that
+    /// step (data parallelism through servers).
+    Sync,
+    /// A server applies each worker's push as it comes; nobody waits.
+    Async,
+    /// Bounded staleness: as asynchronous, but a worker may run at most
+    /// this many steps ahead of the slowest live worker.
+    Ssp(u64),
+}
+
+impl Mode {
+    /// `sync`, `async` or `ssp:S`.
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s {
+            "sync" => Ok(Mode::Sync),
+            "async" => Ok(Mode::Async),
+            _ => match s.strip_prefix("ssp:").map(str::parse::<u64>) {
+                Some(Ok(bound)) => Ok(Mode::Ssp(bound)),
+                _ => Err(format!(
+                    "--ps-mode {s:?}: expected sync, async or ssp:S (S, a whole number of steps a \
+                     worker may run ahead of the slowest, e.g. ssp:2)"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Sync => write!(f, "sync"),
+            Mode::Async => write!(f, "async"),
+            Mode::Ssp(s) => write!(f, "ssp:{s}"),
+        }
+    }
+}
+
+/// Where the optimizer step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateAt {
+    /// Servers own their shard's optimizer state and update it; workers
+    /// pull parameters (ps-lite, TensorFlow's ParameterServerStrategy).
+    Server,
+    /// Servers only sum; every worker pulls the sum and updates its own
+    /// copy (BytePS's summation service).
+    Worker,
+}
+
+impl UpdateAt {
+    /// `server` or `worker`.
+    pub fn parse(s: &str) -> Result<UpdateAt, String> {
+        match s {
+            "server" => Ok(UpdateAt::Server),
+            "worker" => Ok(UpdateAt::Worker),
+            _ => Err(format!(
+                "--ps-update {s:?}: expected server (servers own the optimizer) or worker (servers \
+                 only sum, as BytePS does)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for UpdateAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpdateAt::Server => write!(f, "server"),
+            UpdateAt::Worker => write!(f, "worker"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print_back() {
+        for s in ["sync", "async", "ssp:0", "ssp:4"] {
+            assert_eq!(Mode::parse(s).unwrap().to_string(), s);
+        }
+        assert!(Mode::parse("ssp:x").unwrap_err().contains("ssp:S"));
+        assert!(Mode::parse("bsp").is_err());
+        assert_eq!(UpdateAt::parse("worker").unwrap(), UpdateAt::Worker);
+        assert!(UpdateAt::parse("gpu").unwrap_err().contains("BytePS"));
+    }
+}
