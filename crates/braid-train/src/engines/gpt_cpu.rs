@@ -104,7 +104,7 @@ pub enum CpuOptimizer {
 
 impl CpuOptimizer {
     /// The optimizer for the elements `shard` of `layout`'s flat buffer.
-    fn over(self, layout: &Layout, shard: &[Range<usize>]) -> Optimizer {
+    pub fn over(self, layout: &Layout, shard: &[Range<usize>]) -> Optimizer {
         match self {
             CpuOptimizer::AdamW { weight_decay } => Optimizer::adamw_shard(
                 layout,

@@ -214,6 +214,29 @@ pub struct TrainArgs {
     /// With --zero: shard within groups of N ranks, replicate across them (HSDP).
     #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) shard_group: Option<usize>,
+    /// Parameter server: the last N processes serve, the rest are workers.
+    ///
+    /// The servers own balanced ranges of the parameters (and, with --ps-update server, their
+    /// optimizer state) in host memory; workers push gradients by bucket as their backward pass
+    /// makes them and pull parameters back. Start N + workers processes (--nproc-per-node or
+    /// braid launch).
+    #[arg(long, value_name = "N", help_heading = H_PARALLEL)]
+    pub(super) ps: Option<usize>,
+    /// With --ps: sync, async or ssp:S.
+    ///
+    /// sync: every step's update from every worker's gradients (equal to data parallelism);
+    /// async: a server applies each worker's push as it comes; ssp:S: as async, but no worker
+    /// runs more than S steps ahead of the slowest.
+    #[arg(long, default_value = "sync", value_name = "MODE", hide_short_help = true,
+          help_heading = H_PARALLEL)]
+    pub(super) ps_mode: String,
+    /// With --ps: where the optimizer runs, server or worker.
+    ///
+    /// server: servers hold the optimizer state and update; worker: servers only sum the
+    /// gradients and every worker updates its own copy (BytePS's split; synchronous only).
+    #[arg(long, default_value = "server", value_name = "WHERE", hide_short_help = true,
+          help_heading = H_PARALLEL)]
+    pub(super) ps_update: String,
     /// Tensor parallelism: every layer split over groups of N ranks.
     ///
     /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;
@@ -665,6 +688,9 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     if let Some(status) = super::train_relaunch::relaunched(&a, &c)? {
         return Ok(status);
     }
+    if let Some((ps, index)) = c.ps.as_ref().and_then(|p| p.server.map(|i| (p, i))) {
+        return serve_shard(&a, &c, ps, index);
+    }
     let p = super::train_place::placed(&a, &c)?;
     let pipe_flags = pipe_flags(&a);
     let m = super::train_model::model_and_data(&a, &c)?;
@@ -770,6 +796,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 save: a.save.is_some(),
                 shard_choice,
                 ddp,
+                ps: c.ps.as_ref(),
+                model: &c.model,
             },
             &mut parts,
         )?;
@@ -809,6 +837,26 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     };
     super::train_summary::finish(&a, &c, &p, &m, done)?;
     Ok(0)
+}
+
+/// A parameter server's run (`--ps`): its shard of the model `braid
+/// train`'s flags describe, served until the workers are done.
+fn serve_shard(
+    a: &TrainArgs,
+    c: &super::train_check::Choices,
+    ps: &super::train_ps::Ps,
+    index: usize,
+) -> Result<i32, String> {
+    let m = super::train_model::model_and_data(a, c)?;
+    let layout = Layout::new(&m.cfg);
+    share_cores(ps.world.local_world_size);
+    super::train_ps::serve(
+        ps,
+        index,
+        &c.model,
+        &layout,
+        cpu_optimizer(c.optimizer, a.weight_decay),
+    )
 }
 
 /// What `--pp`, `--micro-batches`, `--schedule` and `--stage-layers` ask

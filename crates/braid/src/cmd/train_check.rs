@@ -42,6 +42,9 @@ pub struct Choices {
     pub zero: Option<u8>,
     /// `--offload optimizer`.
     pub offload: bool,
+    /// `--ps`: the parameter server's roles (on a worker, `world` is the
+    /// workers' alone).
+    pub ps: Option<super::train_ps::Ps>,
 }
 
 /// Checks `braid train`'s flags in their order (refusing the first that
@@ -56,8 +59,16 @@ pub fn checked(a: &TrainArgs) -> Result<Choices, String> {
     let optimizer = optimizer_of(a)?;
     numbers_checked(a)?;
     checkpoint_flags_checked(a)?;
-    let world = world()?;
+    let mut world = world()?;
     let nproc = nproc_of(a, world.as_ref())?;
+    let ps = super::train_ps::checked(a, world.as_ref(), nproc)?;
+    if let Some(p) = ps
+        .as_ref()
+        .filter(|p| p.server.is_none() && world.is_some())
+    {
+        // A worker trains in the workers' world.
+        world = Some(p.workers_world());
+    }
     // Workers on this node: the launcher's, or those --nproc-per-node starts.
     let local_workers = match &world {
         Some(w) => w.local_world_size,
@@ -100,6 +111,7 @@ pub fn checked(a: &TrainArgs) -> Result<Choices, String> {
         grad_comm,
         zero,
         offload,
+        ps,
     })
 }
 

@@ -31,6 +31,10 @@ pub struct CpuRun<'r> {
     pub save: bool,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
+    /// `--ps`: this worker's servers (the strategy is then theirs), and
+    /// the model's name they agree on.
+    pub ps: Option<&'r super::train_ps::Ps>,
+    pub model: &'r str,
 }
 
 /// Runs training on the CPUs; `parts` is what the loop takes
@@ -49,6 +53,8 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
         save,
         shard_choice,
         ddp,
+        ps,
+        model,
     } = r;
     let lead = parts.lead;
     let how = super::train::cpu_optimizer(optimizer, weight_decay);
@@ -73,7 +79,14 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
         )?,
     };
     let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
-    let several = comm.is_some();
+    let several = comm.is_some() || ps.is_some();
+    if let Some(ps) = ps {
+        let buckets = (ddp.first_bucket_mb, ddp.bucket_cap_mb);
+        let len = braid_train::Engine::params(&engine).len();
+        let mut s = super::train_ps::worker_strategy(ps, model, len, buckets, comm)?;
+        let run = super::train::run_loop(parts, &mut engine, &mut s, several, train_with)?;
+        return Ok((run, engine.into_params()));
+    }
     let (data, tensor) = match (comm, groups) {
         (None, _) => (None, None),
         (Some(c), None) => (Some(HostCollective::new(c)), None),

@@ -75,6 +75,9 @@ pub fn ddp_options(a: &TrainArgs, c: &Choices) -> DdpOptions {
 /// The world's communicator, where the run has several ranks or shards
 /// over one (stopping the run on SIGTERM).
 pub fn communicator(c: &Choices, world_size: usize) -> Result<Option<Communicator>, String> {
+    if let Some(ps) = &c.ps {
+        return super::train_ps::workers_world(ps);
+    }
     Ok(match &c.world {
         Some(_) if world_size > 1 || c.zero.is_some() => {
             let comm = super::workers::init(CommOptions::from_env().map_err(|e| e.to_string())?)?;

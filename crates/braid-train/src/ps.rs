@@ -1,0 +1,269 @@
+//! [`ParamServer`]: the worker's side of a parameter-server run, as a
+//! strategy of the one loop. Each bucket of gradients goes to the servers
+//! that own it as soon as the backward unit that completes it has run
+//! (the buckets data parallelism would reduce), while the next units
+//! compute; then, by the run's split of the work:
+//!
+//! - servers update ([`UpdateAt::Server`]): the gradient norm for clipping
+//!   is the servers' (the sum of their shards' squared norms of the summed
+//!   gradients, synchronous) or this worker's own (asynchronous), the
+//!   update request carries the loop's learning rate and gradient scale,
+//!   and its reply is the new parameters, written into the engine;
+//! - workers update ([`UpdateAt::Worker`], BytePS's split): the servers'
+//!   sum replaces the gradient buffer before the update, and the engine
+//!   updates as under data parallelism.
+//!
+//! Written for engines in host memory (the CPU engine).
+
+use crate::collective::Bucket;
+use crate::ddp::buckets::{plan, BucketPlan};
+use crate::ddp::mib;
+use crate::engine::{Engine, UpdateStep};
+use crate::space::{Host, Window};
+use crate::strategy::{CommStep, Strategy};
+use crate::timeline::Timeline;
+use crate::Result;
+use braid_comm::{Communicator, ReduceOp};
+use braid_ps::wire::Encoding;
+use braid_ps::{Client, Mode, UpdateAt};
+
+/// How a worker takes part in a parameter-server run.
+pub struct PsOptions {
+    /// This worker, and how many there are.
+    pub worker: usize,
+    pub workers: usize,
+    pub mode: Mode,
+    pub update_at: UpdateAt,
+    /// Bucket caps (MiB): the first bucket's and the others'.
+    pub first_bucket_mb: f64,
+    pub bucket_mb: f64,
+    /// How gradients travel.
+    pub encoding: Encoding,
+    /// The workers' own group, for the mean of the losses in a
+    /// synchronous run (none: each worker's own).
+    pub workers_group: Option<Communicator>,
+    /// Whether the servers already hold parameters when this worker
+    /// joined, and their version then.
+    pub initialized: bool,
+    pub version: u64,
+}
+
+/// What a worker saw of the servers over the run.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerStaleness {
+    /// The staleness of each of its pushes, per step.
+    pub per_step: Vec<u64>,
+}
+
+/// A worker of a parameter-server run.
+pub struct ParamServer {
+    client: Option<Client>,
+    opts: PsOptions,
+    plan: Option<BucketPlan>,
+    /// The step being computed (its pushes carry it).
+    step: u64,
+    last: CommStep,
+    staleness: WorkerStaleness,
+    scratch: Vec<f32>,
+}
+
+impl ParamServer {
+    /// A worker over `client` (connected to every server).
+    pub fn new(client: Client, opts: PsOptions) -> ParamServer {
+        ParamServer {
+            step: match opts.mode {
+                Mode::Sync => opts.version,
+                _ => 0,
+            },
+            client: Some(client),
+            opts,
+            plan: None,
+            last: CommStep::default(),
+            staleness: WorkerStaleness::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The staleness of this worker's pushes so far.
+    pub fn staleness(&self) -> &WorkerStaleness {
+        &self.staleness
+    }
+
+    fn client(&mut self) -> Result<&mut Client> {
+        self.client
+            .as_mut()
+            .ok_or_else(|| "the parameter-server run has finished (its connections closed)".into())
+    }
+
+    fn servers_update(&self) -> bool {
+        self.opts.update_at == UpdateAt::Server
+    }
+
+    fn push_bucket(&mut self, bucket: &Bucket, values: &[f32]) -> Result<()> {
+        let (step, encoding) = (self.step, self.opts.encoding);
+        self.client()?
+            .push(step, bucket.range.clone(), values, encoding)?;
+        self.last.payload_bytes += 4 * values.len() as u64;
+        self.last.wire_bytes += match encoding {
+            Encoding::F32 => 4,
+            Encoding::F16 => 2,
+        } * values.len() as u64;
+        self.last.collectives += 1;
+        Ok(())
+    }
+}
+
+impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
+    fn describe(&self) -> String {
+        let o = &self.opts;
+        let servers = self.client.as_ref().map_or(0, |c| c.shards().len());
+        format!(
+            "parameter server: {servers} server(s), {} worker(s), {} steps, {}, gradients pushed \
+             in {} (buckets {} MiB, first {} MiB)",
+            o.workers,
+            o.mode,
+            match o.update_at {
+                UpdateAt::Server => "the servers update (they hold the optimizer state)",
+                UpdateAt::Worker => "servers only sum, workers update (BytePS's split)",
+            },
+            match o.encoding {
+                Encoding::F32 => "f32",
+                Encoding::F16 => "f16",
+            },
+            o.bucket_mb,
+            o.first_bucket_mb
+        )
+    }
+
+    fn rank(&self) -> usize {
+        self.opts.worker
+    }
+
+    fn replicas(&self) -> usize {
+        match self.opts.mode {
+            Mode::Sync => self.opts.workers,
+            // Each push is applied alone: its gradient is one worker's.
+            Mode::Async | Mode::Ssp(_) => 1,
+        }
+    }
+
+    fn start(&mut self, engine: &mut E) -> Result<()> {
+        let len = engine.params().len();
+        if self.opts.worker == 0 && !self.opts.initialized {
+            let params = engine.params().clone();
+            self.client()?.init(&params)?;
+        }
+        let mut fresh = vec![0f32; len];
+        self.client()?.get_params(&mut fresh)?;
+        engine.params_mut().copy_from_slice(&fresh);
+        engine.params_changed()?;
+        let units = engine.units();
+        self.plan = Some(plan(
+            &units,
+            len,
+            mib(self.opts.first_bucket_mb),
+            mib(self.opts.bucket_mb),
+            &[],
+        )?);
+        Ok(())
+    }
+
+    fn backward(
+        &mut self,
+        engine: &mut E,
+        grads: &mut Vec<f32>,
+        timeline: &mut Timeline,
+    ) -> Result<usize> {
+        self.step += 1;
+        self.last = CommStep {
+            via: "parameter servers (TCP)",
+            ..CommStep::default()
+        };
+        let plan = self
+            .plan
+            .take()
+            .ok_or("the parameter-server strategy was not started")?;
+        let result = (|| {
+            let mut w = <Host as crate::space::Space>::window(grads);
+            for u in 0..plan.after_unit.len() {
+                engine.backward_unit(u, &mut w)?;
+                for &b in &plan.after_unit[u] {
+                    let bucket = &plan.buckets[b];
+                    let part = match bucket.end {
+                        crate::collective::End::Back => w.split_off_back(bucket.range.start)?,
+                        crate::collective::End::Front => w.split_off_front(bucket.range.end)?,
+                    };
+                    self.push_bucket(bucket, part)?;
+                }
+            }
+            timeline.mark(engine.stream())
+        })();
+        self.plan = Some(plan);
+        result
+    }
+
+    fn before_update(&mut self, _engine: &mut E, grads: &mut Vec<f32>) -> Result<()> {
+        if !self.servers_update() {
+            let step = self.step;
+            self.client()?.get_sum(step, grads)?;
+            self.last.payload_bytes += 4 * grads.len() as u64;
+            self.last.wire_bytes += 4 * grads.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn grad_sq_norm(&mut self, engine: &mut E, grads: &Vec<f32>) -> Result<f64> {
+        match (self.opts.update_at, self.opts.mode) {
+            (UpdateAt::Server, Mode::Sync) => {
+                let step = self.step;
+                self.client()?.get_norm(step)
+            }
+            // The workers' own gradients: the summed ones (BytePS), or this
+            // worker's alone (each push is applied alone).
+            _ => engine.grad_sq_norm(grads),
+        }
+    }
+
+    fn update(&mut self, engine: &mut E, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
+        if !self.servers_update() {
+            return engine.update(grads, step);
+        }
+        let id = self.step;
+        let mut fresh = std::mem::take(&mut self.scratch);
+        fresh.resize(grads.len(), 0.0);
+        let (_, staleness) = self
+            .client()?
+            .update(id, step.lr, step.grad_scale, &mut fresh)?;
+        engine.params_mut().copy_from_slice(&fresh);
+        self.scratch = fresh;
+        engine.params_changed()?;
+        self.staleness.per_step.push(staleness);
+        self.last.payload_bytes += 4 * grads.len() as u64;
+        self.last.wire_bytes += 4 * grads.len() as u64;
+        Ok(())
+    }
+
+    fn after_update(&mut self, _engine: &mut E) -> Result<()> {
+        Ok(())
+    }
+
+    fn mean(&mut self, values: &mut [f64]) -> Result<()> {
+        match &self.opts.workers_group {
+            Some(g) => g
+                .all_reduce(values, ReduceOp::Avg)
+                .map_err(|e| format!("the mean of the workers' losses: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, _engine: &mut E) -> Result<()> {
+        match self.client.take() {
+            Some(c) => c.bye(),
+            None => Ok(()),
+        }
+    }
+
+    fn last_step(&self) -> CommStep {
+        self.last
+    }
+}
