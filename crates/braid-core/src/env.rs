@@ -212,6 +212,14 @@ pub const BRAID_DUMP_GRADS: &str = "BRAID_DUMP_GRADS";
 /// Removed (ZeRO-3's update beside the forward pass); only `off` is
 /// accepted.
 pub const BRAID_UPDATE_BESIDE: &str = "BRAID_UPDATE_BESIDE";
+/// Set by `braid train --ps`'s rank process on the child that does its
+/// role (server or worker): the attempt, 0 for the first and counting
+/// each restart after the child died.
+pub const BRAID_PS_CHILD: &str = "BRAID_PS_CHILD";
+/// Tests and experiments only: `P[:SEED]`, with probability P a worker
+/// of a parameter-server run sleeps as long as its step took, once per
+/// step (the transient stragglers of the SSP paper's experiments).
+pub const BRAID_TEST_STRAGGLE: &str = "BRAID_TEST_STRAGGLE";
 
 // Other programs' variables that braid reads.
 

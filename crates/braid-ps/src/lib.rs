@@ -20,8 +20,8 @@ pub mod shard_state;
 pub mod shards;
 pub mod wire;
 
-pub use client::{Client, Joined};
+pub use client::{Client, Joined, WholeState};
 pub use consistency::{Mode, UpdateAt};
 pub use server::{Server, ServerConfig, ServerReport};
-pub use shard_state::Staleness;
+pub use shard_state::{Snapshot, Staleness};
 pub use shards::Shards;

@@ -1,21 +1,30 @@
 //! Where the servers are: each server publishes its address in the run's
-//! store under `ps/server/<index>`, and workers read them.
+//! store under `ps/server/<index>` as `ADDR PID` (the process id tells a
+//! restarted server's entry from its predecessor's), and workers read
+//! them.
 
 use braid_store::StoreClient;
 use std::time::Duration;
 
-fn key(index: usize) -> String {
+/// Server `index`'s key.
+pub fn key(index: usize) -> String {
     format!("ps/server/{index}")
 }
 
-/// Publishes server `index`'s address.
+/// The address in a published value.
+pub fn addr_of(value: &str) -> &str {
+    value.split_whitespace().next().unwrap_or(value)
+}
+
+/// Publishes server `index`'s address (with this process's id).
 pub fn publish(store: &StoreClient, index: usize, addr: &str) -> Result<(), String> {
     store
-        .set(&key(index), addr)
+        .set(&key(index), format!("{addr} {}", std::process::id()))
         .map_err(|e| format!("parameter server {index}: publishing its address in the store: {e}"))
 }
 
-/// The addresses of `servers` servers, waiting up to `timeout` for each.
+/// The published values of `servers` servers (see [`addr_of`]), waiting
+/// up to `timeout` for each.
 pub fn find(store: &StoreClient, servers: usize, timeout: Duration) -> Result<Vec<String>, String> {
     (0..servers)
         .map(|i| {

@@ -10,7 +10,7 @@
 //! again with its rank takes its place.
 
 use crate::consistency::{Mode, UpdateAt};
-use crate::shard_state::{Answer, Presence, ShardState, Staleness};
+use crate::shard_state::{Answer, Presence, ShardState, Snapshot, Staleness};
 use crate::wire::{Encoding, Frame, Kind};
 use braid_model::optim::Optimizer;
 use std::io::{BufReader, BufWriter};
@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub description: String,
     /// The bound of every wait.
     pub timeout: Duration,
+    /// The state to start from (a server restarted from a checkpoint).
+    pub restored: Option<Snapshot>,
 }
 
 /// What a server did, for the run's summary.
@@ -95,13 +97,16 @@ impl Server {
                 }
             )
         })?;
-        let state = ShardState::new(
+        let mut state = ShardState::new(
             cfg.mode,
             cfg.update_at,
             cfg.workers,
             cfg.shard.len(),
             cfg.optimizer.take(),
         )?;
+        if let Some(snap) = cfg.restored.take() {
+            state.restore(snap)?;
+        }
         Ok(Server {
             listener,
             cfg: Arc::new(cfg),
@@ -289,6 +294,7 @@ fn serve(
             step: cfg.shard.len() as u64,
             a: g.state.version() as f64,
             b: if g.state.initialized() { 1.0 } else { 0.0 },
+            payload: g.state.clock(w).to_le_bytes().to_vec(),
             ..Frame::new(Kind::Welcome)
         }
     };
@@ -343,6 +349,15 @@ fn serve(
                     .with_values(&params, Encoding::F32),
                 )
             }
+            Kind::GetState => {
+                let snap = lock(shared).state.snapshot()?;
+                Some(snapshot_frame(&snap))
+            }
+            Kind::State => {
+                let snap = frame_snapshot(&f, cfg.shard.len())?;
+                lock(shared).state.restore(snap)?;
+                None
+            }
             Kind::Bye => return Ok(true),
             other => {
                 return Err(format!(
@@ -389,6 +404,42 @@ fn wait<T>(
             }
         }
     }
+}
+
+/// A shard's state as a [`Kind::State`] frame.
+pub fn snapshot_frame(snap: &Snapshot) -> Frame {
+    let mut values = snap.params.clone();
+    for m in &snap.moments {
+        values.extend_from_slice(m);
+    }
+    Frame {
+        step: snap.version,
+        a: snap.moments.len() as f64,
+        b: snap.updates as f64,
+        ..Frame::new(Kind::State)
+    }
+    .with_values(&values, Encoding::F32)
+}
+
+/// A [`Kind::State`] frame's state, for a shard of `len` elements.
+pub fn frame_snapshot(f: &Frame, len: usize) -> Result<Snapshot, String> {
+    let values = f.values();
+    let moments = f.a as usize;
+    if values.len() != len * (1 + moments) {
+        return Err(format!(
+            "a shard's state of {} values, where {} parameters and {moments} moment(s) make {}",
+            values.len(),
+            len,
+            len * (1 + moments)
+        ));
+    }
+    let mut parts = values.chunks(len.max(1)).map(<[f32]>::to_vec);
+    Ok(Snapshot {
+        params: parts.next().unwrap_or_default(),
+        moments: parts.collect(),
+        updates: f.b as u64,
+        version: f.step,
+    })
 }
 
 fn read(reader: &mut BufReader<TcpStream>) -> Result<Option<Frame>, String> {

@@ -80,6 +80,20 @@ impl Staleness {
     }
 }
 
+/// A shard's whole state, for a checkpoint or from one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The parameters.
+    pub params: Vec<f32>,
+    /// The optimizer's moments (AdamW: the first and second; SGD: the
+    /// momentum; none where workers update).
+    pub moments: Vec<Vec<f32>>,
+    /// The optimizer's update count (AdamW's bias correction).
+    pub updates: u64,
+    /// The shard's version (updates applied; a synchronous run's step).
+    pub version: u64,
+}
+
 /// One synchronous step's gradients: a slot per worker, then their sum.
 #[derive(Debug, Default)]
 struct StepSum {
@@ -222,10 +236,99 @@ impl ShardState {
                 let slowest = self.slowest_live().unwrap_or(self.clocks[w]);
                 self.clocks[w] = slowest;
                 self.pending[w] = Pending::default();
+                // A replacement pushes the step it died in again, whole.
+                for s in self.steps.values_mut().filter(|s| s.sum.is_none()) {
+                    s.covered[w] = 0;
+                }
             }
             Presence::Expected => {}
         }
         self.presence[w] = Presence::Live;
+        Ok(())
+    }
+
+    /// The step worker `w` goes on from when it (re)joins: a synchronous
+    /// run's version where servers update, else its clock.
+    pub fn clock(&self, w: usize) -> u64 {
+        match (self.mode, self.update_at) {
+            (Mode::Sync, UpdateAt::Server) => self.version,
+            (Mode::Sync, UpdateAt::Worker) => self.served_through,
+            _ => self.clocks.get(w).copied().unwrap_or(0),
+        }
+    }
+
+    /// The shard's whole state (after the parameters were given).
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        let params = self
+            .params
+            .clone()
+            .ok_or("the shard's parameters were never given")?;
+        let (moments, updates) = match &self.optimizer {
+            Some(Optimizer::AdamW { m, v, t, .. }) => (vec![m.clone(), v.clone()], *t as u64),
+            Some(Optimizer::Sgd { buf, .. }) => (vec![buf.clone()], self.version),
+            None => (Vec::new(), 0),
+        };
+        Ok(Snapshot {
+            params,
+            moments,
+            updates,
+            version: self.version,
+        })
+    }
+
+    /// Replaces the shard's state by `snap` (a resumed run, or a server
+    /// restarted from a checkpoint). Pushes of the steps after it, which
+    /// other workers may have sent before the state arrived, are kept.
+    pub fn restore(&mut self, snap: Snapshot) -> Result<(), String> {
+        let len = self.len;
+        let bad = |what: &str, n: usize| {
+            format!("a restored shard's {what} has {n} elements, the shard {len}")
+        };
+        if snap.params.len() != len {
+            return Err(bad("parameters", snap.params.len()));
+        }
+        match &mut self.optimizer {
+            Some(Optimizer::AdamW { m, v, t, .. }) => {
+                let [a, b] = snap.moments.as_slice() else {
+                    return Err(format!(
+                        "AdamW's state is two moments, not {}",
+                        snap.moments.len()
+                    ));
+                };
+                for x in [a, b] {
+                    if x.len() != len {
+                        return Err(bad("moment", x.len()));
+                    }
+                }
+                m.copy_from_slice(a);
+                v.copy_from_slice(b);
+                *t =
+                    u32::try_from(snap.updates).map_err(|_| format!("{} updates", snap.updates))?;
+            }
+            Some(Optimizer::Sgd { buf, .. }) => {
+                let [a] = snap.moments.as_slice() else {
+                    return Err(format!(
+                        "SGD's state is one moment, not {}",
+                        snap.moments.len()
+                    ));
+                };
+                if a.len() != len {
+                    return Err(bad("moment", a.len()));
+                }
+                buf.copy_from_slice(a);
+            }
+            None => {}
+        }
+        self.params = Some(snap.params);
+        self.version = snap.version;
+        self.served_through = snap.version;
+        self.steps.retain(|step, _| *step > snap.version);
+        for c in &mut self.clocks {
+            *c = snap.version;
+        }
+        for r in &mut self.read_at {
+            *r = snap.version;
+        }
         Ok(())
     }
 

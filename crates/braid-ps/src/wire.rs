@@ -24,8 +24,10 @@ pub enum Kind {
     /// `offset` = the flat buffer's length, payload = the run's
     /// description, which must agree).
     Hello = 1,
-    /// Server → worker: the shard (`offset`, `step` = its length) and the
-    /// server's version of the parameters (`a`).
+    /// Server → worker: the shard (`offset`, `step` = its length), the
+    /// server's version of the parameters (`a`), whether they were given
+    /// (`b`), and the worker's clock (payload: 8 bytes, little-endian: the
+    /// step it goes on from).
     Welcome = 2,
     /// Worker → server: the shard's initial parameters (payload).
     Init = 3,
@@ -54,6 +56,14 @@ pub enum Kind {
     Bye = 12,
     /// Either way: what went wrong (payload: UTF-8 text).
     Error = 13,
+    /// Worker → server: the shard's whole state wanted (reply
+    /// [`Kind::State`]).
+    GetState = 14,
+    /// Either way: a shard's state — its parameters then each optimizer
+    /// moment, one after another (payload), `a` the number of moments,
+    /// `b` the optimizer's update count, `step` the version. Worker →
+    /// server: replaces the shard's (a resumed run).
+    State = 15,
 }
 
 impl Kind {
@@ -73,6 +83,8 @@ impl Kind {
             11 => Update,
             12 => Bye,
             13 => Error,
+            14 => GetState,
+            15 => State,
             _ => return None,
         })
     }

@@ -54,6 +54,7 @@ fn servers(
                 optimizer,
                 description: description.into(),
                 timeout,
+                restored: None,
             },
         )
         .unwrap();

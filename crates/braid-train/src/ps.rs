@@ -15,17 +15,19 @@
 //!
 //! Written for engines in host memory (the CPU engine).
 
+use crate::checkpoint::{self, Staging, StatePart, StateSource};
 use crate::collective::Bucket;
 use crate::ddp::buckets::{plan, BucketPlan};
 use crate::ddp::mib;
+use crate::engine::{Checkpointable, OptimizerState};
 use crate::engine::{Engine, UpdateStep};
 use crate::space::{Host, Window};
 use crate::strategy::{CommStep, Strategy};
 use crate::timeline::Timeline;
 use crate::Result;
-use braid_comm::{Communicator, ReduceOp};
 use braid_ps::wire::Encoding;
-use braid_ps::{Client, Mode, UpdateAt};
+use braid_ps::{Client, Joined, Mode, UpdateAt, WholeState};
+use std::ops::Range;
 
 /// How a worker takes part in a parameter-server run.
 pub struct PsOptions {
@@ -39,13 +41,10 @@ pub struct PsOptions {
     pub bucket_mb: f64,
     /// How gradients travel.
     pub encoding: Encoding,
-    /// The workers' own group, for the mean of the losses in a
-    /// synchronous run (none: each worker's own).
-    pub workers_group: Option<Communicator>,
-    /// Whether the servers already hold parameters when this worker
-    /// joined, and their version then.
-    pub initialized: bool,
-    pub version: u64,
+    /// What the servers said when this worker joined: whether they hold
+    /// parameters already, and the step it goes on from (a restarted
+    /// worker's).
+    pub joined: Joined,
 }
 
 /// What a worker saw of the servers over the run.
@@ -71,10 +70,7 @@ impl ParamServer {
     /// A worker over `client` (connected to every server).
     pub fn new(client: Client, opts: PsOptions) -> ParamServer {
         ParamServer {
-            step: match opts.mode {
-                Mode::Sync => opts.version,
-                _ => 0,
-            },
+            step: opts.joined.clock,
             client: Some(client),
             opts,
             plan: None,
@@ -149,7 +145,7 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
 
     fn start(&mut self, engine: &mut E) -> Result<()> {
         let len = engine.params().len();
-        if self.opts.worker == 0 && !self.opts.initialized {
+        if self.opts.worker == 0 && !self.opts.joined.initialized {
             let params = engine.params().clone();
             self.client()?.init(&params)?;
         }
@@ -166,6 +162,11 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
             &[],
         )?);
         Ok(())
+    }
+
+    fn joined_at(&self) -> Option<usize> {
+        let j = &self.opts.joined;
+        (j.initialized && j.clock > 0).then_some(j.clock as usize)
     }
 
     fn backward(
@@ -247,13 +248,10 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
         Ok(())
     }
 
-    fn mean(&mut self, values: &mut [f64]) -> Result<()> {
-        match &self.opts.workers_group {
-            Some(g) => g
-                .all_reduce(values, ReduceOp::Avg)
-                .map_err(|e| format!("the mean of the workers' losses: {e}")),
-            None => Ok(()),
-        }
+    /// Each worker's own: the workers share no collective, so that one
+    /// dying stops no other (the lead prints its own losses).
+    fn mean(&mut self, _values: &mut [f64]) -> Result<()> {
+        Ok(())
     }
 
     fn finish(&mut self, _engine: &mut E) -> Result<()> {
@@ -265,5 +263,69 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
 
     fn last_step(&self) -> CommStep {
         self.last
+    }
+
+    /// Worker 0 writes the whole model (the only worker that saves): the
+    /// workers share no collective to agree on a checkpoint over.
+    fn save_ranges(&mut self, engine: &mut E) -> Result<Vec<Range<usize>>>
+    where
+        E: Checkpointable,
+    {
+        let tensors = checkpoint::tensors_of(engine)?;
+        Ok(checkpoint::replica_share(&tensors, 0, 1))
+    }
+
+    /// Where servers update, their optimizer state is gathered into the
+    /// engine's first, so that the checkpoint is data parallelism's.
+    fn save_part(&mut self, engine: &mut E, staging: &mut Staging) -> Result<StatePart>
+    where
+        E: Checkpointable,
+    {
+        if self.servers_update() {
+            let state = self.client()?.get_state()?;
+            let (kind, names) = engine.optimizer_moments()?;
+            if names.len() != state.moments.len() {
+                return Err(format!(
+                    "the servers hold {} optimizer moment(s), this worker's {kind} {}",
+                    state.moments.len(),
+                    names.len()
+                ));
+            }
+            let moments = names.into_iter().zip(state.moments).collect();
+            engine.set_optimizer_state(&OptimizerState { kind, moments }, state.updates)?;
+            let step = self.step;
+            self.client()?.checkpointed(step);
+        }
+        let ranges = <Self as Strategy<E>>::save_ranges(self, engine)?;
+        checkpoint::whole_part(engine, ranges, staging)
+    }
+
+    /// Every worker loads the checkpoint whole; where servers update,
+    /// worker 0 then gives them their shards of it.
+    fn restore(&mut self, engine: &mut E, from: &dyn StateSource) -> Result<()>
+    where
+        E: Checkpointable,
+    {
+        checkpoint::restore_whole_params(engine, from)?;
+        let len = engine.params().len();
+        checkpoint::restore_optimizer(engine, from, std::slice::from_ref(&(0..len)))?;
+        self.step = from.step();
+        if self.servers_update() && self.opts.worker == 0 {
+            let (_, names) = engine.optimizer_moments()?;
+            let mut moments = Vec::with_capacity(names.len());
+            for i in 0..names.len() {
+                let mut m = vec![0f32; len];
+                engine.read_moment(i, std::slice::from_ref(&(0..len)), &mut m)?;
+                moments.push(m);
+            }
+            let state = WholeState {
+                params: engine.params().clone(),
+                moments,
+                updates: from.step(),
+                version: from.step(),
+            };
+            self.client()?.set_state(&state)?;
+        }
+        Ok(())
     }
 }

@@ -105,6 +105,14 @@ pub trait Strategy<E: Engine> {
     /// The parameters are ready (before the first step).
     fn start(&mut self, engine: &mut E) -> Result<()>;
 
+    /// The steps already taken by the run this rank joins, where the
+    /// strategy knows them without a checkpoint (after
+    /// [`start`](Self::start)): a worker restarted into a parameter-server
+    /// run goes on from the servers' step. None by default.
+    fn joined_at(&self) -> Option<usize> {
+        None
+    }
+
     /// The loop's gradient buffer (after [`start`](Self::start)): the
     /// engine's, the size of the parameters, by default.
     fn new_grads(&mut self, engine: &mut E) -> Result<Flat<E>> {

@@ -290,7 +290,13 @@ where
     let Checkpoints { resume, mut save } = ckpt;
     let rank = strategy.rank();
     let first = match resume {
-        None => 0,
+        None => match strategy.joined_at() {
+            Some(k) if k > 0 => {
+                loader.skip_to(k.min(o.steps) * o.accum)?;
+                k.min(o.steps)
+            }
+            _ => 0,
+        },
         Some(from) => {
             strategy.restore(engine, from)?;
             let k = usize::try_from(from.step()).map_err(|_| "checkpoint step".to_string())?;

@@ -35,6 +35,7 @@ pub mod train_pipeline;
 pub mod train_pipeline_run;
 pub mod train_place;
 pub mod train_ps;
+pub mod train_ps_restart;
 pub mod train_relaunch;
 pub mod train_setup;
 pub mod train_strategy;

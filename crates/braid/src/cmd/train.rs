@@ -237,6 +237,14 @@ pub struct TrainArgs {
     #[arg(long, default_value = "server", value_name = "WHERE", hide_short_help = true,
           help_heading = H_PARALLEL)]
     pub(super) ps_update: String,
+    /// With --ps: how many times a server or worker killed by a signal is started again.
+    ///
+    /// A server comes back in a synchronous run whose servers update and which writes
+    /// checkpoints (its shard from the last one, brought level by the workers); a worker where
+    /// the servers update (it rejoins at their step).
+    #[arg(long, default_value_t = 3, value_name = "N", hide_short_help = true,
+          help_heading = H_PARALLEL)]
+    pub(super) ps_restarts: u32,
     /// Tensor parallelism: every layer split over groups of N ranks.
     ///
     /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;
@@ -688,8 +696,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     if let Some(status) = super::train_relaunch::relaunched(&a, &c)? {
         return Ok(status);
     }
-    if let Some((ps, index)) = c.ps.as_ref().and_then(|p| p.server.map(|i| (p, i))) {
-        return serve_shard(&a, &c, ps, index);
+    if let Some(ps) = &c.ps {
+        if super::train_ps_restart::attempt().is_none() {
+            // This rank's process keeps its role in a child.
+            return super::train_ps_restart::supervise(&a, ps);
+        }
+        if let Some(index) = ps.server {
+            return serve_shard(&a, &c, ps, index);
+        }
     }
     let p = super::train_place::placed(&a, &c)?;
     let pipe_flags = pipe_flags(&a);
@@ -730,8 +744,14 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         strategy: &strategy_name,
     };
     let run_desc = super::train_banner::run_description(&a, &c, &p, &m, &facts);
-    let mut ckpt =
-        super::train_setup::checkpoints(&a, &p, comm.as_ref(), &strategy_name, run_desc.clone())?;
+    let mut ckpt = super::train_setup::checkpoints(
+        &a,
+        &p,
+        comm.as_ref(),
+        c.ps.as_ref(),
+        &strategy_name,
+        run_desc.clone(),
+    )?;
     let trace_desc = super::train_setup::trace_desc(
         &a,
         &run_desc,
@@ -856,6 +876,7 @@ fn serve_shard(
         &c.model,
         &layout,
         cpu_optimizer(c.optimizer, a.weight_decay),
+        a.ckpt_dir.as_deref(),
     )
 }
 

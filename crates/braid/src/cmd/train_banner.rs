@@ -84,6 +84,12 @@ pub fn strategy_name(
     pipe_schedule: Option<&PipeSchedule>,
 ) -> String {
     let (zero, ranks, place) = (c.zero, p.ranks, &p.place);
+    if let Some(ps) = &c.ps {
+        return format!(
+            "parameter server ({} server(s), {} worker(s), {}, updates on the {})",
+            ps.servers, ps.workers, ps.mode, ps.update_at
+        );
+    }
     let strategy_name = match (zero, a.shard_group) {
         (None, _) if ranks > 1 => "data parallel".to_string(),
         (None, _) => "one process".to_string(),

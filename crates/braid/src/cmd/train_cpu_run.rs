@@ -83,7 +83,8 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
     if let Some(ps) = ps {
         let buckets = (ddp.first_bucket_mb, ddp.bucket_cap_mb);
         let len = braid_train::Engine::params(&engine).len();
-        let mut s = super::train_ps::worker_strategy(ps, model, len, buckets, comm)?;
+        let checkpoints = parts.ckpt.saver.is_some() || ps.world.rank != 0;
+        let mut s = super::train_ps::worker_strategy(ps, model, len, buckets, checkpoints)?;
         let run = super::train::run_loop(parts, &mut engine, &mut s, several, train_with)?;
         return Ok((run, engine.into_params()));
     }

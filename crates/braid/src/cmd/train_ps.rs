@@ -5,10 +5,10 @@
 //! every server ([`worker_strategy`]).
 
 use super::train::TrainArgs;
-use braid_comm::{CommOptions, Communicator};
 use braid_core::WorldInfo;
-use braid_ps::{Client, Mode, Server, ServerConfig, Shards, UpdateAt};
+use braid_ps::{Client, Mode, Server, ServerConfig, Shards, Snapshot, UpdateAt};
 use braid_store::{StoreClient, WorkerStore};
+use braid_train::checkpoint::{CheckpointReader, StateSource};
 use braid_train::engines::CpuOptimizer;
 use braid_train::ps::{ParamServer, PsOptions};
 use std::sync::OnceLock;
@@ -90,14 +90,6 @@ pub fn checked(
             ));
         }
     }
-    if update_at == UpdateAt::Server && (a.ckpt_dir.is_some() || a.resume.is_some()) {
-        return Err(
-            "--ps with checkpoints (--ckpt-dir, --resume): with --ps-update server the optimizer \
-             state lives on the servers, whose checkpoints are not built yet; --ps-update worker \
-             checkpoints as data parallelism does"
-                .into(),
-        );
-    }
     let Some(world) = world else {
         // Checked here before the processes start; each checks again.
         return Ok(None);
@@ -155,24 +147,6 @@ fn store(world: &WorldInfo) -> Result<&'static StoreClient, String> {
     Ok(&STORE.get_or_init(|| s).client)
 }
 
-/// The workers' own world, for the mean of the losses and checkpoints in
-/// a synchronous run (none for one worker, or asynchronous runs, whose
-/// workers must not stop each other).
-pub fn workers_world(ps: &Ps) -> Result<Option<Communicator>, String> {
-    if ps.workers == 1 || ps.mode != Mode::Sync {
-        return Ok(None);
-    }
-    let store = store(&ps.world)?
-        .reconnect()
-        .map_err(|e| e.to_string())?
-        .with_prefix(&format!("{}ps-workers/", ps.world.store_prefix));
-    let options = CommOptions::from_env().map_err(|e| e.to_string())?;
-    let comm = Communicator::init(ps.world.rank, ps.workers, store, options)
-        .map_err(|e| format!("the workers' group: {e}"))?;
-    super::workers::stop_on_sigterm(&comm);
-    Ok(Some(comm))
-}
-
 /// Server `index`'s life: its range of the `len` parameters of `model`
 /// (and their optimizer, `how`, where servers update) served until every
 /// worker has said goodbye. Prints where it listens and, at the end, what
@@ -183,12 +157,19 @@ pub fn serve(
     model: &str,
     layout: &braid_model::Layout,
     how: CpuOptimizer,
+    ckpt_dir: Option<&std::path::Path>,
 ) -> Result<i32, String> {
     let store = store(&ps.world)?;
     let shards = Shards::balanced(layout.len, ps.servers)?;
     let shard = shards.range(index);
     let optimizer =
         (ps.update_at == UpdateAt::Server).then(|| how.over(layout, std::slice::from_ref(&shard)));
+    // A restarted server: its shard from the last checkpoint.
+    let restarted = super::train_ps_restart::attempt().unwrap_or(0) > 0;
+    let restored = match (restarted, ckpt_dir) {
+        (true, Some(dir)) => restored_shard(dir, layout, &shard, index)?,
+        _ => None,
+    };
     let bind = braid_ps::rendezvous::reachable_addr(store, 0);
     let server = Server::bind(
         &bind,
@@ -202,6 +183,7 @@ pub fn serve(
             optimizer,
             description: ps.description(model, layout.len),
             timeout: ps.timeout()?,
+            restored,
         },
     )?;
     let addr = server.local_addr()?.to_string();
@@ -238,19 +220,62 @@ pub fn serve(
     Ok(0)
 }
 
+/// Server `index`'s shard (`shard` of `layout`) from the newest committed
+/// checkpoint in `dir`, if there is one.
+fn restored_shard(
+    dir: &std::path::Path,
+    layout: &braid_model::Layout,
+    shard: &std::ops::Range<usize>,
+    index: usize,
+) -> Result<Option<Snapshot>, String> {
+    let Some(path) = braid_train::checkpoint::load::resolve(dir)? else {
+        println!(
+            "parameter server {index}: restarted, with no checkpoint in {} yet: from the start",
+            dir.display()
+        );
+        return Ok(None);
+    };
+    let from = CheckpointReader::open(&path)?;
+    let tensors = braid_train::engines::gpt_tensors(layout);
+    let ranges = std::slice::from_ref(shard);
+    let params = from.read("params", &tensors, ranges)?;
+    let (_, names) = from.optimizer();
+    let moments = names
+        .iter()
+        .map(|n| from.read(n, &tensors, ranges))
+        .collect::<Result<Vec<_>, _>>()?;
+    println!(
+        "parameter server {index}: restarted, its shard from {} (step {})",
+        path.display(),
+        from.step()
+    );
+    Ok(Some(Snapshot {
+        params,
+        moments,
+        updates: from.step(),
+        version: from.step(),
+    }))
+}
+
 /// A worker's strategy: connected to every server (their addresses from
-/// the store), the parameters of `len` elements of `model` agreed.
+/// the store), the parameters of `len` elements of `model` agreed; a lost
+/// server waited for and brought level where it can come back
+/// (`checkpoints`: the run writes them).
 pub fn worker_strategy(
     ps: &Ps,
     model: &str,
     len: usize,
     buckets: (f64, f64),
-    workers_group: Option<Communicator>,
+    checkpoints: bool,
 ) -> Result<ParamServer, String> {
     let store = store(&ps.world)?;
     let timeout = ps.timeout()?;
-    let addrs = braid_ps::rendezvous::find(store, ps.servers, timeout)?;
-    let (client, joined) = Client::connect(
+    let seen = braid_ps::rendezvous::find(store, ps.servers, timeout)?;
+    let addrs: Vec<String> = seen
+        .iter()
+        .map(|v| braid_ps::rendezvous::addr_of(v).to_string())
+        .collect();
+    let (mut client, joined) = Client::connect(
         &addrs,
         ps.world.rank,
         ps.workers,
@@ -258,6 +283,16 @@ pub fn worker_strategy(
         &ps.description(model, len),
         timeout,
     )?;
+    if checkpoints && ps.mode == Mode::Sync && ps.update_at == UpdateAt::Server {
+        let own = store.reconnect().map_err(|e| e.to_string())?;
+        client.recover_through(own, seen);
+    }
+    if joined.initialized && joined.clock > 0 {
+        println!(
+            "worker {}: joined the running servers at step {}",
+            ps.world.rank, joined.clock
+        );
+    }
     Ok(ParamServer::new(
         client,
         PsOptions {
@@ -268,9 +303,7 @@ pub fn worker_strategy(
             first_bucket_mb: buckets.0,
             bucket_mb: buckets.1,
             encoding: braid_ps::wire::Encoding::F32,
-            workers_group,
-            initialized: joined.initialized,
-            version: joined.version,
+            joined,
         },
     ))
 }

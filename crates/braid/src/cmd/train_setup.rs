@@ -75,8 +75,9 @@ pub fn ddp_options(a: &TrainArgs, c: &Choices) -> DdpOptions {
 /// The world's communicator, where the run has several ranks or shards
 /// over one (stopping the run on SIGTERM).
 pub fn communicator(c: &Choices, world_size: usize) -> Result<Option<Communicator>, String> {
-    if let Some(ps) = &c.ps {
-        return super::train_ps::workers_world(ps);
+    if c.ps.is_some() {
+        // A parameter-server run's workers share no collective.
+        return Ok(None);
     }
     Ok(match &c.world {
         Some(_) if world_size > 1 || c.zero.is_some() => {
@@ -95,9 +96,13 @@ pub fn checkpoints(
     a: &TrainArgs,
     p: &Placement,
     comm: Option<&Communicator>,
+    ps: Option<&super::train_ps::Ps>,
     strategy: &str,
     run_desc: serde_json::Value,
 ) -> Result<CkptSetup, String> {
+    if ps.is_some() {
+        return ps_checkpoints(a, p, strategy, run_desc);
+    }
     let mut ckpt = super::train_ckpt::setup(
         &CkptFlags {
             dir: a.ckpt_dir.as_deref(),
@@ -117,6 +122,37 @@ pub fn checkpoints(
     // ranks (under --pp those are one stage's data group).
     if let Some(c) = comm {
         ckpt.agree_over(c);
+    }
+    Ok(ckpt)
+}
+
+/// A parameter-server run's checkpoints: worker 0 writes them whole and
+/// commits them alone (the workers share no collective to agree over);
+/// every worker resumes from them, but a worker's process started again
+/// after it died rejoins the servers instead.
+fn ps_checkpoints(
+    a: &TrainArgs,
+    p: &Placement,
+    strategy: &str,
+    run_desc: serde_json::Value,
+) -> Result<CkptSetup, String> {
+    let restarted = super::train_ps_restart::attempt().unwrap_or(0) > 0;
+    let mut ckpt = super::train_ckpt::setup(
+        &CkptFlags {
+            dir: a.ckpt_dir.as_deref(),
+            every: a.save_every,
+            keep: a.keep,
+            resume: a.resume.as_deref().filter(|_| !restarted),
+            sync: a.ckpt_sync,
+        },
+        0,
+        1,
+        strategy,
+        run_desc,
+        p.lead,
+    )?;
+    if p.rank != 0 {
+        ckpt.saver = None;
     }
     Ok(ckpt)
 }
