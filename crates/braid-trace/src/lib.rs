@@ -30,6 +30,7 @@ pub mod nvtx;
 pub mod recorder;
 pub mod report;
 pub mod scope;
+pub mod staleness;
 pub mod stats;
 
 pub use recorder::{enabled, span, Cat, HostSpan, Span};

@@ -306,6 +306,7 @@ pub fn build(inp: &Inputs<'_>) -> Value {
         "backends": backends,
         "bottleneck": {"kind": bottleneck, "evidence": evidence},
         "suggestions": suggestions,
+        "parameter_server": crate::staleness::of(traces),
     })
 }
 
@@ -1279,6 +1280,9 @@ pub fn render_text(r: &Value) -> String {
                 s["peak_busbw_GBps"].as_f64().unwrap_or(0.0)
             ));
         }
+    }
+    for l in crate::staleness::render(&r["parameter_server"]) {
+        line(l);
     }
     line(format!(
         "\n-- bottleneck: {} --",

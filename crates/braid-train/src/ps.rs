@@ -232,9 +232,17 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
         let id = self.step;
         let mut fresh = std::mem::take(&mut self.scratch);
         fresh.resize(grads.len(), 0.0);
+        let mut span = braid_trace::span(
+            braid_trace::staleness::SPAN,
+            braid_trace::Cat::Comm,
+            braid_trace::recorder::track::HOST,
+        );
         let (_, staleness) = self
             .client()?
             .update(id, step.lr, step.grad_scale, &mut fresh)?;
+        span.arg("staleness", staleness);
+        span.arg("step", id);
+        drop(span);
         engine.params_mut().copy_from_slice(&fresh);
         self.scratch = fresh;
         engine.params_changed()?;
@@ -255,6 +263,16 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
     }
 
     fn finish(&mut self, _engine: &mut E) -> Result<()> {
+        let seen = &self.staleness.per_step;
+        if self.opts.mode != Mode::Sync && !seen.is_empty() {
+            println!(
+                "worker {}: staleness of its {} pushes: mean {:.2}, max {}",
+                self.opts.worker,
+                seen.len(),
+                seen.iter().sum::<u64>() as f64 / seen.len() as f64,
+                seen.iter().max().unwrap_or(&0)
+            );
+        }
         match self.client.take() {
             Some(c) => c.bye(),
             None => Ok(()),

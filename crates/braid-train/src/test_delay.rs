@@ -62,3 +62,108 @@ pub(crate) fn apply(rank: usize, phase: &str) {
         }
     }
 }
+
+/// `BRAID_TEST_STRAGGLE=P[@RANK][:SEED]` (experiments and tests): with
+/// probability P, once per step, a rank (RANK alone, else any) sleeps as
+/// long as its step has taken so far — the transient stragglers of the SSP
+/// paper's experiments (`1@1`: rank 1 at half speed throughout). The draw
+/// is a hash of (SEED, rank, step): the same stragglers on every run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Straggle {
+    pub probability: f64,
+    pub rank: Option<usize>,
+    pub seed: u64,
+}
+
+impl Straggle {
+    /// Parses the variable's value.
+    pub fn parse(v: &str) -> Result<Straggle, String> {
+        let bad = || {
+            format!(
+                "BRAID_TEST_STRAGGLE={v:?}: expected P[@RANK][:SEED] (a probability from 0 to 1, \
+                 e.g. 0.2:7, or 1@1 for rank 1 at half speed)"
+            )
+        };
+        let (head, seed) = match v.split_once(':') {
+            Some((h, s)) => (h, s.parse().map_err(|_| bad())?),
+            None => (v, 0),
+        };
+        let (p, rank) = match head.split_once('@') {
+            Some((p, r)) => (p, Some(r.parse().map_err(|_| bad())?)),
+            None => (head, None),
+        };
+        let probability: f64 = p.parse().map_err(|_| bad())?;
+        if !(0.0..=1.0).contains(&probability) {
+            return Err(bad());
+        }
+        Ok(Straggle {
+            probability,
+            rank,
+            seed,
+        })
+    }
+
+    /// Whether rank `rank` straggles in step `step`.
+    pub fn hits(&self, rank: usize, step: usize) -> bool {
+        if self.rank.is_some_and(|r| r != rank) {
+            return false;
+        }
+        // SplitMix64 of the three: a uniform draw in [0, 1).
+        let mut z = self
+            .seed
+            .wrapping_add((rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_add((step as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 / (1u64 << 53) as f64) < self.probability
+    }
+}
+
+fn straggle_setting() -> Option<Straggle> {
+    static S: OnceLock<Option<Straggle>> = OnceLock::new();
+    *S.get_or_init(|| {
+        let v = std::env::var(braid_core::env::BRAID_TEST_STRAGGLE).ok()?;
+        match Straggle::parse(&v) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("braid: warning: ignoring {e}");
+                None
+            }
+        }
+    })
+}
+
+/// Sleeps as long as `took` if rank `rank` straggles in step `step`
+/// (`BRAID_TEST_STRAGGLE`).
+#[inline]
+pub(crate) fn straggle(rank: usize, step: usize, took: Duration) {
+    if let Some(s) = straggle_setting() {
+        if s.hits(rank, step) {
+            let _s = braid_trace::span(
+                "test straggle",
+                braid_trace::Cat::Compute,
+                braid_trace::recorder::track::HOST,
+            );
+            std::thread::sleep(took);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Straggle;
+
+    #[test]
+    fn stragglers_parse_and_hit_at_their_rate() {
+        let s = Straggle::parse("0.25:7").unwrap();
+        let hits = (0..4000).filter(|i| s.hits(i % 4, i / 4)).count();
+        assert!((850..1150).contains(&hits), "{hits} of 4000 at 0.25");
+        assert_eq!(hits, (0..4000).filter(|i| s.hits(i % 4, i / 4)).count());
+        let one = Straggle::parse("1@1").unwrap();
+        assert!(one.hits(1, 5) && !one.hits(0, 5));
+        for bad in ["2", "x", "0.5@y", "0.5:z"] {
+            assert!(Straggle::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

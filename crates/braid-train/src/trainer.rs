@@ -388,6 +388,7 @@ where
                 trace.between("backward", Cat::Pass, m_f1, m_computed, micro);
             }
         }
+        test_delay::straggle(rank, step, t0.elapsed());
         {
             let _wait_range = nvtx::range_str("wait for reductions");
             strategy.before_update(engine, grads)?;

@@ -327,3 +327,53 @@ fn checkpoints_cross_between_data_parallelism_and_a_parameter_server() {
         );
     }
 }
+
+#[test]
+fn the_staleness_of_each_push_is_said_traced_and_reported() {
+    let dir = TempDir::new("ps-staleness");
+    let tr = dir.path().join("trace");
+    let tr = tr.to_str().unwrap();
+    let (_, f) = train(
+        &dir,
+        "ssp",
+        &[
+            "--model",
+            MODEL,
+            "--tokenizer",
+            "bytes",
+            "--steps",
+            "12",
+            "--nproc-per-node",
+            "3",
+            "--ps",
+            "1",
+            "--ps-mode",
+            "ssp:1",
+            "--trace",
+            tr,
+        ],
+        &[("BRAID_TEST_DELAY", "1:compute:30")],
+    );
+    for w in 0..2 {
+        assert!(
+            f.stdout
+                .contains(&format!("worker {w}: staleness of its 12 pushes: mean ")),
+            "{}",
+            f.stdout
+        );
+    }
+    assert!(
+        f.stdout.contains("staleness of the 24 push(es)"),
+        "{}",
+        f.stdout
+    );
+    let (ok, out, err) = braid_args(&["report", tr]);
+    assert!(ok, "{err}");
+    assert!(out.contains("-- parameter server: staleness"), "{out}");
+    for w in 0..2 {
+        assert!(
+            out.contains(&format!("worker {w}: 12 pushes, mean ")),
+            "{out}"
+        );
+    }
+}

@@ -332,6 +332,7 @@ pub fn run(mut args: BenchArgs) -> Result<i32, String> {
         args.trace.as_deref(),
         None,
         Some(&comm),
+        None,
         serde_json::json!({"command": "bench", "op": args.op, "dtype": args.dtype,
             "device": args.device, "ranks": comm.size()}),
         0.0,

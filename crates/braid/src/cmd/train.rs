@@ -760,7 +760,8 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         &pipe_flags,
         &p,
     )?;
-    let mut tracing = super::train_setup::tracing(&a, &p, m.seq, comm.as_ref(), trace_desc)?;
+    let mut tracing =
+        super::train_setup::tracing(&a, &p, m.seq, comm.as_ref(), c.ps.as_ref(), trace_desc)?;
     let mut progress = super::train_setup::progress(&a, &c, p.lead, &tracing);
     let mut tb = TokenBatch::new(p.batch, m.seq);
     let mut parts = LoopParts {

@@ -81,10 +81,9 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
     let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
     let several = comm.is_some() || ps.is_some();
     if let Some(ps) = ps {
-        let buckets = (ddp.first_bucket_mb, ddp.bucket_cap_mb);
         let len = braid_train::Engine::params(&engine).len();
         let checkpoints = parts.ckpt.saver.is_some() || ps.world.rank != 0;
-        let mut s = super::train_ps::worker_strategy(ps, model, len, buckets, checkpoints)?;
+        let mut s = super::train_ps::worker_strategy(ps, model, len, &ddp, checkpoints)?;
         let run = super::train::run_loop(parts, &mut engine, &mut s, several, train_with)?;
         return Ok((run, engine.into_params()));
     }

@@ -257,6 +257,13 @@ fn restored_shard(
     }))
 }
 
+/// A client of the run's store of its own.
+pub fn store_client(ps: &Ps) -> Result<StoreClient, String> {
+    store(&ps.world)?
+        .reconnect()
+        .map_err(|e| format!("the run's store: {e}"))
+}
+
 /// A worker's strategy: connected to every server (their addresses from
 /// the store), the parameters of `len` elements of `model` agreed; a lost
 /// server waited for and brought level where it can come back
@@ -265,9 +272,20 @@ pub fn worker_strategy(
     ps: &Ps,
     model: &str,
     len: usize,
-    buckets: (f64, f64),
+    ddp: &braid_train::ddp::DdpOptions,
     checkpoints: bool,
 ) -> Result<ParamServer, String> {
+    use braid_train::collective::GradComm;
+    let encoding = match ddp.grad_comm {
+        GradComm::Plain => braid_ps::wire::Encoding::F32,
+        GradComm::Fp16 => braid_ps::wire::Encoding::F16,
+        other => {
+            return Err(format!(
+                "--grad-comm {} with --ps: parameter-server pushes travel as plain (f32) or fp16",
+                other.name()
+            ))
+        }
+    };
     let store = store(&ps.world)?;
     let timeout = ps.timeout()?;
     let seen = braid_ps::rendezvous::find(store, ps.servers, timeout)?;
@@ -300,9 +318,9 @@ pub fn worker_strategy(
             workers: ps.workers,
             mode: ps.mode,
             update_at: ps.update_at,
-            first_bucket_mb: buckets.0,
-            bucket_mb: buckets.1,
-            encoding: braid_ps::wire::Encoding::F32,
+            first_bucket_mb: ddp.first_bucket_mb,
+            bucket_mb: ddp.bucket_cap_mb,
+            encoding,
             joined,
         },
     ))

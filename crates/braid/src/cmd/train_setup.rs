@@ -182,12 +182,18 @@ pub fn tracing(
     p: &Placement,
     seq: usize,
     comm: Option<&Communicator>,
+    ps: Option<&super::train_ps::Ps>,
     desc: serde_json::Value,
 ) -> Result<TraceSetup, String> {
+    let ps = match (ps, &a.trace) {
+        (Some(ps), Some(_)) => Some((p.rank, p.world_size, super::train_ps::store_client(ps)?)),
+        _ => None,
+    };
     super::train_trace::start(
         a.trace.as_deref(),
         a.metrics_addr.as_deref(),
         comm,
+        ps,
         desc,
         (p.batch * seq * a.accum * p.ranks) as f64,
     )

@@ -61,17 +61,25 @@ fn start_nvtx(rank: usize, traced: bool) -> Result<(), String> {
 /// Checks `--trace DIR` (made if missing, must be writable) and starts
 /// recording; starts the metrics endpoint of `--metrics-addr`. `comm`:
 /// the run's communicator (its store aligns the clocks and collects the
-/// ranks' files); `desc` describes the run in the trace.
+/// ranks' files; `ps`, a parameter-server worker's rank, worker count and
+/// store instead); `desc` describes the run in the trace.
 pub fn start(
     dir: Option<&Path>,
     metrics_addr: Option<&str>,
     comm: Option<&braid_comm::Communicator>,
+    ps: Option<(usize, usize, braid_store::StoreClient)>,
     desc: serde_json::Value,
     items_per_step: f64,
 ) -> Result<TraceSetup, String> {
-    let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
-    let store = match (dir, comm) {
-        (Some(_), Some(c)) if c.size() > 1 => Some(
+    let (rank, world) = match (&ps, comm) {
+        (Some((r, w, _)), _) => (*r, *w),
+        (None, c) => c.map_or((0, 1), |c| (c.rank(), c.size())),
+    };
+    let store = match (dir, comm, ps) {
+        // A parameter-server run's workers: the run's store, no
+        // communicator.
+        (Some(_), _, Some((_, w, store))) if w > 1 => Some(store),
+        (Some(_), Some(c), None) if c.size() > 1 => Some(
             c.store_client()
                 .map_err(|e| format!("--trace: rank {rank}: cannot reach the store: {e}"))?,
         ),
