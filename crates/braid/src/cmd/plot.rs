@@ -16,7 +16,8 @@ use std::path::PathBuf;
     about = "Draw learning curves of runs (braid train --json files), mean and spread per series",
     after_help = "Examples:
   braid plot --series braid=b1.json,b2.json --series PyTorch=t1.json,t2.json --out parity.svg
-  braid plot --series seeds=run-*.json --y loss --out loss.svg --json table.json"
+  braid plot --series seeds=run-*.json --y loss --out loss.svg --json table.json
+  braid plot --series sync=s.json --series ssp=p.json --x elapsed_s --out time.svg"
 )]
 pub struct PlotArgs {
     /// NAME=FILE[,FILE...]: a series and its runs (repeat for several).
@@ -25,6 +26,15 @@ pub struct PlotArgs {
     /// The field of each step row drawn: eval_loss, loss, lr, grad_norm...
     #[arg(long, default_value = "eval_loss")]
     y: String,
+    /// The field along the x axis: step, or elapsed_s (wall-clock seconds
+    /// since the run's first step: each run drawn as it went; the table
+    /// stays by step).
+    #[arg(long, default_value = "step")]
+    x: String,
+    /// Also say when each run first reached `--y` ≤ this value (its step
+    /// and wall-clock seconds): which run gets to a loss sooner.
+    #[arg(long, value_name = "VALUE")]
+    reach: Option<f64>,
     /// The SVG to write.
     #[arg(long, value_name = "FILE.svg")]
     out: PathBuf,
@@ -42,14 +52,17 @@ const COLORS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
 ];
 
-/// One series: its name and, per run, the points (step, value) it has.
+/// One series: its name and, per run, the points (step, value) it has
+/// and where each is on the x axis.
 struct Runs {
     name: String,
     runs: Vec<(PathBuf, Vec<(f64, f64)>)>,
+    xs: Vec<Vec<f64>>,
 }
 
-/// The points of `field` in the `steps` rows of the run at `path`.
-fn points(path: &PathBuf, field: &str) -> Result<Vec<(f64, f64)>, String> {
+/// The points (step, `field`) in the `steps` rows of the run at `path`,
+/// and each one's `x`.
+fn points(path: &PathBuf, field: &str, x: &str) -> Result<(Vec<(f64, f64)>, Vec<f64>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         format!(
@@ -63,35 +76,49 @@ fn points(path: &PathBuf, field: &str) -> Result<Vec<(f64, f64)>, String> {
             path.display()
         )
     })?;
-    let pts: Vec<(f64, f64)> = rows
+    let rows: Vec<(f64, f64, f64)> = rows
         .iter()
-        .filter_map(|r| Some((r["step"].as_f64()?, r[field].as_f64()?)))
+        .filter_map(|r| Some((r["step"].as_f64()?, r[field].as_f64()?, r[x].as_f64()?)))
         .collect();
+    let pts: Vec<(f64, f64)> = rows.iter().map(|&(s, y, _)| (s, y)).collect();
+    let xs: Vec<f64> = rows.iter().map(|&(_, _, x)| x).collect();
     if pts.is_empty() {
         return Err(format!(
             "{}: no step has a value of {field:?} (is it evaluated? braid train --eval-every)",
             path.display()
         ));
     }
-    Ok(pts)
+    Ok((pts, xs))
+}
+
+/// The first step row of the run at `path` whose `field` is at most
+/// `target`: its step and elapsed seconds.
+fn reached(path: &PathBuf, field: &str, target: f64) -> Option<(f64, f64)> {
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    doc["steps"].as_array()?.iter().find_map(|r| {
+        (r[field].as_f64()? <= target).then_some((r["step"].as_f64()?, r["elapsed_s"].as_f64()?))
+    })
 }
 
 /// `NAME=FILE,FILE`.
-fn parse_series(spec: &str, field: &str) -> Result<Runs, String> {
+fn parse_series(spec: &str, field: &str, x: &str) -> Result<Runs, String> {
     let (name, files) = spec
         .split_once('=')
         .filter(|(n, f)| !n.is_empty() && !f.is_empty())
         .ok_or_else(|| format!("--series {spec:?}: expected NAME=FILE[,FILE...]"))?;
-    let runs = files
+    let (runs, xs) = files
         .split(',')
         .map(|f| {
             let p = PathBuf::from(f.trim());
-            points(&p, field).map(|pts| (p, pts))
+            points(&p, field, x).map(|(pts, xs)| ((p, pts), xs))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     Ok(Runs {
         name: name.to_string(),
         runs,
+        xs,
     })
 }
 
@@ -123,7 +150,7 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
     let all = a
         .series
         .iter()
-        .map(|s| parse_series(s, &a.y))
+        .map(|s| parse_series(s, &a.y, &a.x))
         .collect::<Result<Vec<_>, _>>()?;
     super::train_ckpt::check_outputs(&[("--out", Some(&a.out))])?;
     if let Some(j) = &a.json {
@@ -133,14 +160,33 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
         title: a
             .title
             .clone()
-            .unwrap_or_else(|| format!("{} by step", a.y)),
-        x_label: "step".into(),
+            .unwrap_or_else(|| format!("{} by {}", a.y, a.x)),
+        x_label: a.x.clone(),
         y_label: a.y.clone(),
         series: Vec::new(),
     };
     let table: Vec<_> = all.iter().map(|r| (r, stats(r))).collect();
     for (i, (r, st)) in table.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
+        if a.x != "step" {
+            // Each run as it went: no mean across runs along time.
+            for (k, ((path, pts), xs)) in r.runs.iter().zip(&r.xs).enumerate() {
+                chart.series.push(Series {
+                    name: match r.runs.len() {
+                        1 => r.name.clone(),
+                        _ => format!(
+                            "{} {}",
+                            r.name,
+                            path.file_stem().unwrap_or_default().to_string_lossy()
+                        ),
+                    },
+                    color,
+                    dashed: k > 0,
+                    points: xs.iter().zip(pts).map(|(&x, &(_, y))| (x, y)).collect(),
+                });
+            }
+            continue;
+        }
         chart.series.push(Series {
             name: format!("{} (mean of {})", r.name, r.runs.len()),
             color,
@@ -197,6 +243,23 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
                 .collect();
             println!("| {x} | {} |", cells.join(" | "));
         }
+        if let Some(target) = a.reach {
+            println!("\n| run | first step with {} ≤ {target} | at (s) |", a.y);
+            println!("|---|---|---|");
+            for r in &all {
+                for (path, _) in &r.runs {
+                    let run = format!(
+                        "{} {}",
+                        r.name,
+                        path.file_stem().unwrap_or_default().to_string_lossy()
+                    );
+                    match reached(path, &a.y, target) {
+                        Some((step, t)) => println!("| {run} | {step} | {t:.2} |"),
+                        None => println!("| {run} | not reached | - |"),
+                    }
+                }
+            }
+        }
         eprintln!("braid plot: wrote {}", a.out.display());
     }
     if let Some(j) = &a.json {
@@ -229,14 +292,15 @@ mod tests {
                 ("1".into(), vec![(100.0, 3.0), (200.0, 2.0)]),
                 ("2".into(), vec![(100.0, 5.0)]),
             ],
+            xs: Vec::new(),
         };
         let st = stats(&r);
         assert_eq!(st.len(), 1);
         let (m, sd, n) = st[&100];
         assert_eq!((m, n), (4.0, 2));
         assert!((sd - 2f64.sqrt()).abs() < 1e-12);
-        assert!(parse_series("nofiles", "eval_loss").is_err());
-        assert!(parse_series("a=/nonexistent.json", "eval_loss")
+        assert!(parse_series("nofiles", "eval_loss", "step").is_err());
+        assert!(parse_series("a=/nonexistent.json", "eval_loss", "step")
             .err()
             .unwrap()
             .contains("/nonexistent.json"));

@@ -189,7 +189,8 @@ pub fn serve(
     let addr = server.local_addr()?.to_string();
     braid_ps::rendezvous::publish(store, index, &addr)?;
     println!(
-        "parameter server {index}: {addr}, elements {}..{} of {} ({:.1} MiB{})",
+        "parameter server {index}: pid {}, {addr}, elements {}..{} of {} ({:.1} MiB{})",
+        std::process::id(),
         shard.start,
         shard.end,
         layout.len,
