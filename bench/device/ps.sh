@@ -62,6 +62,6 @@ case $phase in
   throughput) throughput ;;
   *) echo "unknown phase $phase (converge, throughput)"; exit 2 ;;
 esac
-cp -r "$L"/converge "$OUT"/ 2>/dev/null
+mkdir -p "$OUT/converge"; cp "$L"/converge/*.md "$L"/converge/*.svg "$OUT"/converge/ 2>/dev/null
 cp "$L"/throughput.md "$OUT"/ 2>/dev/null
 finish

@@ -13,12 +13,12 @@
 #              slowed by its own length (BRAID_TEST_STRAGGLE: the SSP
 #              paper's transient stragglers)
 #   slow       worker 1 at half speed throughout (BRAID_TEST_STRAGGLE=1@1)
-# (default: all four). Writes OUT/SCENARIO-MODE.json (braid train --json),
+# (default: all four). Writes OUT/SCENARIO-MODE.json (braid train --json; MODE without its colon),
 # OUT/SCENARIO-MODE.txt (its output), OUT/SCENARIO-{step,time}.svg and
 # OUT/SCENARIO.md (braid plot's table and, against the synchronous run's
 # eval loss at the last step, when each run first reached it).
 # BRAID (default: braid on PATH) is the binary. Runs one at a time: each
-# has the machine to itself.
+# has the machine to itself. (Files name ssp:S as sspS.)
 set -euo pipefail
 OUT=${1:?usage: converge.sh OUT [SCENARIO...]}
 shift || true
@@ -32,13 +32,14 @@ mkdir -p "$OUT"
 BETON=$OUT/windows.beton
 run() { # scenario mode data env...
   local sc=$1 mode=$2 data=$3
+  local tag=$sc-${mode/:/}
   shift 3
   echo "== $sc $mode"
   env "$@" "$BRAID" train --ps 1 --nproc-per-node $((W + 1)) --ps-mode "$mode" \
     --steps "$STEPS" --eval-every 50 --log-every 100 --data "$data" \
-    --json "$OUT/$sc-$mode.json" > "$OUT/$sc-$mode.txt" 2>&1 ||
-    { echo "$sc $mode failed:"; tail -5 "$OUT/$sc-$mode.txt"; return 1; }
-  grep -E "step +$STEPS/|staleness of the" "$OUT/$sc-$mode.txt" | sed 's/^/  /'
+    --json "$OUT/$tag.json" > "$OUT/$tag.txt" 2>&1 ||
+    { echo "$sc $mode failed:"; tail -5 "$OUT/$tag.txt"; return 1; }
+  grep -E "step +$STEPS/|staleness of the" "$OUT/$tag.txt" | sed 's/^/  /'
 }
 for sc in $SCENARIOS; do
   data=synthetic
@@ -58,7 +59,7 @@ for sc in $SCENARIOS; do
   # The synchronous run's eval loss at its last step: the target.
   target=$(python3 -c "import json,sys; r=[s for s in json.load(open(sys.argv[1]))['steps'] if s.get('eval_loss') is not None]; print(r[-1]['eval_loss'])" "$OUT/$sc-sync.json")
   series=(--series "sync=$OUT/$sc-sync.json" --series "async=$OUT/$sc-async.json"
-    --series "ssp:$BOUND=$OUT/$sc-ssp:$BOUND.json")
+    --series "ssp:$BOUND=$OUT/$sc-ssp$BOUND.json")
   {
     echo "## $sc ($W workers, 1 server, $STEPS steps)"
     echo
