@@ -44,6 +44,39 @@ impl fmt::Display for Mode {
     }
 }
 
+/// What asynchronous updates change in the optimizer: a push lands after
+/// about W − 1 other workers' updates, and that staleness acts as momentum
+/// of its own (Mitliagkas et al. 2016, "Asynchrony begets momentum"), on
+/// top of the optimizer's. So asynchronous and bounded-staleness runs
+/// lower the optimizer's momentum (AdamW's β₁, SGD's momentum) by the
+/// asynchrony's, 1 − 1/W, and scale the learning rate by min(1, 2/W);
+/// synchronous runs (and one worker) keep both.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Compensation {
+    /// The optimizer's momentum to use.
+    pub momentum: f32,
+    /// The factor on each update's learning rate.
+    pub lr_scale: f32,
+}
+
+impl Mode {
+    /// The compensation for `workers` workers of an optimizer whose
+    /// momentum is `momentum`.
+    pub fn compensation(self, workers: usize, momentum: f32) -> Compensation {
+        let w = workers.max(1) as f32;
+        match self {
+            Mode::Sync => Compensation {
+                momentum,
+                lr_scale: 1.0,
+            },
+            Mode::Async | Mode::Ssp(_) => Compensation {
+                momentum: (momentum - (1.0 - 1.0 / w)).max(0.0),
+                lr_scale: (2.0 / w).min(1.0),
+            },
+        }
+    }
+}
+
 /// Where the optimizer step runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateAt {
@@ -91,5 +124,30 @@ mod tests {
         assert!(Mode::parse("bsp").is_err());
         assert_eq!(UpdateAt::parse("worker").unwrap(), UpdateAt::Worker);
         assert!(UpdateAt::parse("gpu").unwrap_err().contains("BytePS"));
+    }
+
+    #[test]
+    fn asynchrony_lowers_the_momentum_by_its_own() {
+        let c = |m: Mode, w| m.compensation(w, 0.9);
+        assert_eq!(
+            c(Mode::Sync, 8),
+            Compensation {
+                momentum: 0.9,
+                lr_scale: 1.0
+            }
+        );
+        // One worker: nothing stale, nothing changed.
+        assert_eq!(
+            c(Mode::Async, 1),
+            Compensation {
+                momentum: 0.9,
+                lr_scale: 1.0
+            }
+        );
+        let two = c(Mode::Ssp(2), 2);
+        assert!((two.momentum - 0.4).abs() < 1e-6 && two.lr_scale == 1.0);
+        let four = c(Mode::Async, 4);
+        assert!((four.momentum - 0.15).abs() < 1e-6 && four.lr_scale == 0.5);
+        assert_eq!(c(Mode::Async, 16).momentum, 0.0);
     }
 }

@@ -45,6 +45,9 @@ pub struct PsOptions {
     /// parameters already, and the step it goes on from (a restarted
     /// worker's).
     pub joined: Joined,
+    /// The factor on every update's learning rate (asynchronous runs'
+    /// compensation: braid_ps::Compensation).
+    pub lr_scale: f32,
 }
 
 /// What a worker saw of the servers over the run.
@@ -237,9 +240,8 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
             braid_trace::Cat::Comm,
             braid_trace::recorder::track::HOST,
         );
-        let (_, staleness) = self
-            .client()?
-            .update(id, step.lr, step.grad_scale, &mut fresh)?;
+        let lr = step.lr * self.opts.lr_scale;
+        let (_, staleness) = self.client()?.update(id, lr, step.grad_scale, &mut fresh)?;
         span.arg("staleness", staleness);
         span.arg("step", id);
         drop(span);

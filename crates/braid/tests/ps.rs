@@ -377,3 +377,24 @@ fn the_staleness_of_each_push_is_said_traced_and_reported() {
         );
     }
 }
+
+#[test]
+fn one_asynchronous_worker_trains_as_one_process() {
+    // Nothing is stale with one worker: no compensation, the same steps.
+    let dir = TempDir::new("ps-one-async");
+    let one = params(
+        &train(
+            &dir,
+            "one",
+            &["--model", MODEL, "--tokenizer", "bytes", "--steps", "10"],
+            &[],
+        )
+        .0,
+    );
+    let got = run_train(&dir, "async1", 2, &["--ps", "1", "--ps-mode", "async"]);
+    let d = max_diff(&got, &one);
+    assert!(
+        d < TOL,
+        "one async worker: max |diff| {d} against one process"
+    );
+}

@@ -105,17 +105,30 @@ pub enum CpuOptimizer {
 impl CpuOptimizer {
     /// The optimizer for the elements `shard` of `layout`'s flat buffer.
     pub fn over(self, layout: &Layout, shard: &[Range<usize>]) -> Optimizer {
+        self.with_momentum(layout, shard, 0.9)
+    }
+
+    /// [`over`](Self::over) with its momentum (AdamW's β₁, SGD's
+    /// momentum) set to `momentum` — lowered where asynchronous updates
+    /// already act as momentum (a parameter server's).
+    pub fn with_momentum(
+        self,
+        layout: &Layout,
+        shard: &[Range<usize>],
+        momentum: f32,
+    ) -> Optimizer {
         match self {
             CpuOptimizer::AdamW { weight_decay } => Optimizer::adamw_shard(
                 layout,
                 AdamWConfig {
                     weight_decay,
+                    beta1: momentum,
                     ..Default::default()
                 },
                 shard,
             ),
             CpuOptimizer::Sgd { weight_decay } => {
-                Optimizer::sgd_shard(layout, 0.9, weight_decay, shard)
+                Optimizer::sgd_shard(layout, momentum, weight_decay, shard)
             }
         }
     }

@@ -245,6 +245,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 3, value_name = "N", hide_short_help = true,
           help_heading = H_PARALLEL)]
     pub(super) ps_restarts: u32,
+    /// With --ps-mode async or ssp:S: keep the optimizer's momentum and learning rate as given.
+    ///
+    /// By default a push's staleness, which acts as momentum of its own, is compensated: the
+    /// servers' momentum (AdamW's beta1, SGD's momentum) is lowered by 1 - 1/W and each update's
+    /// learning rate scaled by min(1, 2/W), W the workers.
+    #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
+    pub(super) ps_no_compensation: bool,
     /// Tensor parallelism: every layer split over groups of N ranks.
     ///
     /// Megatron's split: attention heads and MLP columns over the group, the vocabulary too;

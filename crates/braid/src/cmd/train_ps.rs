@@ -6,7 +6,7 @@
 
 use super::train::TrainArgs;
 use braid_core::WorldInfo;
-use braid_ps::{Client, Mode, Server, ServerConfig, Shards, Snapshot, UpdateAt};
+use braid_ps::{Client, Compensation, Mode, Server, ServerConfig, Shards, Snapshot, UpdateAt};
 use braid_store::{StoreClient, WorkerStore};
 use braid_train::checkpoint::{CheckpointReader, StateSource};
 use braid_train::engines::CpuOptimizer;
@@ -23,6 +23,9 @@ pub struct Ps {
     pub update_at: UpdateAt,
     /// This process's role: `Some(i)`, server `i`; `None`, a worker.
     pub server: Option<usize>,
+    /// What asynchronous updates change in the optimizer (none in a
+    /// synchronous run or under `--ps-no-compensation`).
+    pub compensation: Compensation,
     /// The launched world, servers included.
     pub world: WorldInfo,
 }
@@ -95,11 +98,16 @@ pub fn checked(
         return Ok(None);
     };
     let workers = total - servers;
+    let compensation = match a.ps_no_compensation {
+        true => Mode::Sync.compensation(workers, 0.9),
+        false => mode.compensation(workers, 0.9),
+    };
     Ok(Some(Ps {
         servers,
         workers,
         mode,
         update_at,
+        compensation,
         server: (world.rank >= workers).then(|| world.rank - workers),
         world: world.clone(),
     }))
@@ -162,8 +170,13 @@ pub fn serve(
     let store = store(&ps.world)?;
     let shards = Shards::balanced(layout.len, ps.servers)?;
     let shard = shards.range(index);
-    let optimizer =
-        (ps.update_at == UpdateAt::Server).then(|| how.over(layout, std::slice::from_ref(&shard)));
+    let optimizer = (ps.update_at == UpdateAt::Server).then(|| {
+        how.with_momentum(
+            layout,
+            std::slice::from_ref(&shard),
+            ps.compensation.momentum,
+        )
+    });
     // A restarted server: its shard from the last checkpoint.
     let restarted = super::train_ps_restart::attempt().unwrap_or(0) > 0;
     let restored = match (restarted, ckpt_dir) {
@@ -200,6 +213,13 @@ pub fn serve(
             UpdateAt::Worker => ", sums only",
         }
     );
+    if ps.compensation.momentum != 0.9 || ps.compensation.lr_scale != 1.0 {
+        println!(
+            "parameter server {index}: {} workers' staleness compensated: momentum {:.2} (from \
+             0.90), learning rate x {:.2} (--ps-no-compensation keeps them)",
+            ps.workers, ps.compensation.momentum, ps.compensation.lr_scale
+        );
+    }
     let r = server.run()?;
     let s = &r.staleness;
     println!(
@@ -323,6 +343,7 @@ pub fn worker_strategy(
             bucket_mb: ddp.bucket_cap_mb,
             encoding,
             joined,
+            lr_scale: ps.compensation.lr_scale,
         },
     ))
 }
