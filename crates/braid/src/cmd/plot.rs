@@ -60,9 +60,12 @@ struct Runs {
     xs: Vec<Vec<f64>>,
 }
 
+/// A run's points (step, value) and each one's place on the x axis.
+type Points = (Vec<(f64, f64)>, Vec<f64>);
+
 /// The points (step, `field`) in the `steps` rows of the run at `path`,
 /// and each one's `x`.
-fn points(path: &PathBuf, field: &str, x: &str) -> Result<(Vec<(f64, f64)>, Vec<f64>), String> {
+fn points(path: &PathBuf, field: &str, x: &str) -> Result<Points, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         format!(
