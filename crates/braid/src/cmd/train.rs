@@ -220,7 +220,7 @@ pub struct TrainArgs {
     /// optimizer state) in host memory; workers push gradients by bucket as their backward pass
     /// makes them and pull parameters back. Start N + workers processes (--nproc-per-node or
     /// braid launch).
-    #[arg(long, value_name = "N", help_heading = H_PARALLEL)]
+    #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) ps: Option<usize>,
     /// With --ps: sync, async or ssp:S.
     ///
