@@ -51,6 +51,7 @@ pub mod memory_phase;
 pub mod mesh;
 pub mod pipeline;
 pub mod place;
+pub mod plan;
 pub mod ps;
 pub mod schedule;
 pub mod space;

@@ -39,6 +39,7 @@ enum Command {
     Report(cmd::report::ReportArgs),
     Data(cmd::data::DataArgs),
     Plot(cmd::plot::PlotArgs),
+    Plan(cmd::plan::PlanArgs),
 }
 
 /// `braid ... | head`: a stdout closed by its reader ends the command
@@ -103,6 +104,7 @@ fn main() -> ExitCode {
         Command::Report(args) => cmd::report::run(args),
         Command::Data(args) => cmd::data::run(args),
         Command::Plot(args) => cmd::plot::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod json_out;
 pub mod kernels;
 pub mod launch;
+pub mod plan;
 pub mod plot;
 pub mod preflight;
 pub mod progress;

@@ -1,0 +1,404 @@
+//! The planner's cost model: one layout's step time on a machine
+//! ([`predict`]), from the products and attention of each stage's
+//! micro-batches (their sizes after tensor parallelism, at the rate the
+//! hardware description gives such products), the tensor groups'
+//! all-reduces in the passes, the pipeline's schedule simulated with the
+//! schedule module's own [`simulate`](crate::schedule::check::simulate),
+//! the data dimension's gradient reduction (and ZeRO-3's gathers) hidden
+//! under the backward pass as far as it lasts, and the optimizer's
+//! memory-bound update.
+
+use super::hardware::{Hardware, Link};
+use crate::schedule::build::ScheduleKind;
+use crate::schedule::check::simulate;
+use crate::schedule::Op;
+use serde::Serialize;
+
+/// What is trained: the model's shape, the sequence and the global batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Workload {
+    pub layers: usize,
+    pub width: usize,
+    pub heads: usize,
+    pub vocab: usize,
+    pub seq: usize,
+    /// Sequences per step over every replica.
+    pub global_batch: usize,
+    /// Whether attention runs fused (braid's flash attention: no scores in
+    /// memory) or as two batched products around a softmax over the
+    /// whole score matrix (Megatron-LM's 2021 runs).
+    pub fused_attention: bool,
+}
+
+impl Workload {
+    /// Parameters (GPT-2's layout: 12 L C² + 13 L C + (V + T) C).
+    pub fn params(&self) -> f64 {
+        let (l, c) = (self.layers as f64, self.width as f64);
+        12.0 * l * c * c + 13.0 * l * c + (self.vocab + self.seq) as f64 * c
+    }
+
+    /// FLOPs of one step as Megatron-LM counts them (its paper's eq.: 96
+    /// B s l h² (1 + s / 6h + V / 16 l h), activation recomputation
+    /// included): the figure its TFLOP/s per GPU divide.
+    pub fn megatron_flops(&self) -> f64 {
+        let (b, s, l, h, v) = (
+            self.global_batch as f64,
+            self.seq as f64,
+            self.layers as f64,
+            self.width as f64,
+            self.vocab as f64,
+        );
+        96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
+    }
+
+    /// FLOPs of one step without recomputation: 6 N + 12 L C T per token.
+    pub fn model_flops(&self) -> f64 {
+        let tokens = (self.global_batch * self.seq) as f64;
+        tokens * (6.0 * self.params() + 12.0 * (self.layers * self.width * self.seq) as f64)
+    }
+}
+
+/// One way to lay the work out over the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Layout {
+    /// Data-parallel replicas, tensor-parallel and pipeline degrees.
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    /// ZeRO stage over the data dimension (0: plain data parallelism).
+    pub zero: u8,
+    /// Sequences per micro-batch, and micro-batches per step per replica.
+    pub micro_batch: usize,
+    pub micro_batches: usize,
+    /// The pipeline's schedule (with `pp` > 1).
+    #[serde(skip)]
+    pub schedule: Option<ScheduleKind>,
+    /// Activation checkpointing (each block's forward pass again in the
+    /// backward).
+    pub checkpointing: bool,
+    /// Whether the data dimension's reduction runs under the backward
+    /// pass (braid's buckets; Megatron-LM's 2021 runs reduced after it).
+    pub overlap_data: bool,
+}
+
+/// Where one step's time goes, and what it comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Prediction {
+    /// The step, seconds.
+    pub step_s: f64,
+    /// Computation of the rank's stages (every micro-batch), tensor
+    /// groups' all-reduces apart.
+    pub compute_s: f64,
+    /// The tensor groups' all-reduces inside the passes (not hidden).
+    pub tensor_comm_s: f64,
+    /// The pipeline's idle time (its bubble) and its sends.
+    pub bubble_s: f64,
+    /// The data dimension's reduction (and ZeRO-3's gathers): in all, and
+    /// what the backward pass did not hide.
+    pub data_comm_s: f64,
+    pub data_exposed_s: f64,
+    /// The optimizer's update.
+    pub optimizer_s: f64,
+}
+
+/// Bytes of a bf16 activation of `tokens` × `width`.
+fn act_bytes(tokens: f64, width: f64) -> f64 {
+    2.0 * tokens * width
+}
+
+/// The link a group of `n` consecutive-stride ranks uses: inside a node
+/// when the group fits in one, else across nodes.
+fn link_for(hw: &Hardware, span: usize) -> Link {
+    match span <= hw.gpus_per_node {
+        true => hw.intra,
+        false => hw.inter,
+    }
+}
+
+/// Seconds of one micro-batch's forward pass through `layers` layers on
+/// one GPU of a tensor group of `tp` (its products, attention and
+/// elementwise work), and of its tensor all-reduces.
+fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64) {
+    let (h, t) = (w.width as f64, l.tp as f64);
+    let tokens = (l.micro_batch * w.seq) as f64;
+    let gemm = |m: f64, k: f64, n: f64| hw.gemm_s(2.0 * m * k * n);
+    let products = gemm(tokens, h, 3.0 * h / t)
+        + gemm(tokens, h / t, h)
+        + gemm(tokens, h, 4.0 * h / t)
+        + gemm(tokens, 4.0 * h / t, h);
+    let (b, s) = (l.micro_batch as f64, w.seq as f64);
+    let heads = w.heads as f64 / t;
+    let attention = match w.fused_attention {
+        // Causal: half of 4 b s² h, split over the heads.
+        true => 2.0 * b * s * s * h / t / (hw.peak_tflops * 1e12 * hw.attention_efficiency),
+        // Q Kᵀ and P V per head, then four passes over the scores (the
+        // fused scale-mask-softmax's read and write, dropout's) in bf16.
+        false => {
+            let per_head = hw.gemm_s(2.0 * s * s * h / w.heads as f64);
+            2.0 * b * heads * per_head + 4.0 * 2.0 * b * heads * s * s / (hw.hbm_gbps * 1e9)
+        }
+    };
+    // LayerNorms, GELU, residuals and their f32 copies: about sixteen
+    // passes over the activation (sequence parallel: its share).
+    let elementwise = 16.0 * act_bytes(tokens, h) / t / (hw.hbm_gbps * 1e9);
+    let tensor = match l.tp {
+        1 => 0.0,
+        _ => 2.0 * link_for(hw, l.tp).all_reduce_s(act_bytes(tokens, h), l.tp),
+    };
+    (
+        layers * (products + attention + elementwise),
+        layers * tensor,
+    )
+}
+
+/// The head's product (vocabulary split over the tensor group) of one
+/// micro-batch, forward, and its share of the loss: the f32 logits
+/// written, read by the softmax and cross-entropy, their gradient written
+/// and read by the backward products (about six passes, a third of them
+/// counted here, in the forward pass's unit).
+fn head_s(w: &Workload, l: &Layout, hw: &Hardware) -> f64 {
+    let tokens = (l.micro_batch * w.seq) as f64;
+    let logits = tokens * w.vocab as f64 / l.tp as f64;
+    hw.gemm_s(2.0 * logits * w.width as f64) + 2.0 * 4.0 * logits / (hw.hbm_gbps * 1e9)
+}
+
+/// Predicts `layout`'s step for `w` on `hw`. Errors where the layout
+/// does not divide the work.
+pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, String> {
+    if l.dp * l.micro_batch * l.micro_batches != w.global_batch {
+        return Err(format!(
+            "{} replicas x {} micro-batches of {} is not the global batch {}",
+            l.dp, l.micro_batches, l.micro_batch, w.global_batch
+        ));
+    }
+    let layers = (w.layers as f64 / l.pp as f64).ceil();
+    let (f_layers, f_tensor) = forward_s(w, l, hw, layers);
+    // The last stage's head (forward and backward: 3 products).
+    let head = head_s(w, l, hw);
+    let recompute = if l.checkpointing { 1.0 } else { 0.0 };
+    // Forward, backward (twice the forward's products), recomputation.
+    let fwd = f_layers + f_tensor + head / l.pp as f64;
+    // (The backward pass all-reduces as often as the forward: its input
+    // gradients.)
+    let bwd =
+        (2.0 + recompute) * f_layers + (1.0 + recompute) * f_tensor + 2.0 * head / l.pp as f64;
+    let m = l.micro_batches;
+    let compute_one = f_layers * (3.0 + recompute) + 3.0 * head / l.pp as f64;
+    let tensor_one = f_tensor * (2.0 + recompute);
+    let (pipeline_s, bubble_s) = match (l.pp, l.schedule) {
+        (1, _) | (_, None) => (m as f64 * (fwd + bwd), 0.0),
+        (p, Some(kind)) => {
+            let sched = kind.build(p, m)?;
+            let v = kind.virtual_stages().max(1) as f64;
+            // Stage costs under interleaving: each of the V stages a rank
+            // holds is 1/V of its layers.
+            let send = link_for(hw, l.tp * l.pp)
+                .send_s(act_bytes((l.micro_batch * w.seq) as f64, w.width as f64) / l.tp as f64);
+            let cost = |op: Op| match op {
+                Op::Forward => fwd / v,
+                Op::Backward => bwd / v,
+                Op::BackwardInput | Op::BackwardWeight => bwd / v / 2.0,
+                _ => send,
+            };
+            let sim = simulate(&sched, &cost)?;
+            let busy = m as f64 * (fwd + bwd);
+            (sim.makespan, (sim.makespan - busy).max(0.0))
+        }
+    };
+    // The data dimension: gradients (f32) reduced over the replicas, the
+    // parameters gathered twice more under ZeRO-3 (bf16).
+    let per_gpu = w.params() / (l.tp * l.pp) as f64;
+    let data_link = link_for(hw, l.tp * l.pp * l.dp);
+    let mut data_comm = data_link.all_reduce_s(4.0 * per_gpu, l.dp);
+    if l.zero == 3 {
+        data_comm += 2.0 * data_link.all_gather_s(2.0 * per_gpu, l.dp);
+    }
+    // Hidden under the last micro-batch's backward pass (and, for
+    // ZeRO-3's gathers, the forward's), all but the last bucket's share.
+    let window = match l.zero {
+        3 => 0.9 * (fwd + bwd),
+        _ => 0.9 * bwd,
+    };
+    let data_exposed = match l.overlap_data {
+        true => (data_comm - window).max(0.0),
+        false => data_comm,
+    };
+    // AdamW: about 36 bytes of memory traffic per parameter it owns.
+    let owned = match l.zero {
+        0 => per_gpu,
+        _ => per_gpu / l.dp as f64,
+    };
+    let optimizer = 36.0 * owned / (hw.hbm_gbps * 1e9);
+    let step = pipeline_s + data_exposed + optimizer;
+    Ok(Prediction {
+        step_s: step,
+        compute_s: m as f64 * compute_one,
+        tensor_comm_s: m as f64 * tensor_one,
+        bubble_s,
+        data_comm_s: data_comm,
+        data_exposed_s: data_exposed,
+        optimizer_s: optimizer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Megatron-LM's Table 1 (Narayanan et al. 2021, A100s, V 51,200, s
+    /// 2,048, activation recomputation, micro-batch 1 — as the paper ran
+    /// them): heads, width, layers, TP, PP, GPUs, global batch, achieved
+    /// TFLOP/s per GPU.
+    /// heads, width, layers, TP, PP, GPUs, global batch, TFLOP/s.
+    type Row = (usize, usize, usize, usize, usize, usize, usize, f64);
+
+    const TABLE_1: [Row; 10] = [
+        (24, 2304, 24, 1, 1, 32, 512, 137.0),
+        (32, 3072, 30, 2, 1, 64, 512, 138.0),
+        (32, 4096, 36, 4, 1, 128, 512, 142.0),
+        (48, 6144, 40, 8, 1, 256, 1024, 135.0),
+        (64, 8192, 48, 8, 2, 512, 1536, 138.0),
+        (80, 10240, 60, 8, 4, 1024, 1792, 140.0),
+        (96, 12288, 80, 8, 8, 1536, 2304, 148.0),
+        (128, 16384, 96, 8, 16, 1920, 2160, 155.0),
+        (128, 20480, 105, 8, 35, 2520, 2520, 163.0),
+        (160, 25600, 128, 8, 64, 3072, 3072, 163.0),
+    ];
+
+    /// The predicted TFLOP/s per GPU of each Table 1 row, and the
+    /// paper's.
+    pub(crate) fn megatron_rows() -> Vec<(String, f64, f64)> {
+        let hw = Hardware::builtin("a100").unwrap();
+        TABLE_1
+            .iter()
+            .map(|&(heads, width, layers, tp, pp, gpus, batch, paper)| {
+                let w = Workload {
+                    layers,
+                    width,
+                    heads,
+                    vocab: 51200,
+                    seq: 2048,
+                    global_batch: batch,
+                    fused_attention: false,
+                };
+                let dp = gpus / (tp * pp);
+                let l = Layout {
+                    dp,
+                    tp,
+                    pp,
+                    zero: 0,
+                    micro_batch: 1,
+                    micro_batches: batch / dp,
+                    schedule: (pp > 1).then_some(ScheduleKind::OneFOneB),
+                    checkpointing: true,
+                    overlap_data: false,
+                };
+                let p = predict(&w, &l, &hw).unwrap();
+                let tflops = w.megatron_flops() / p.step_s / gpus as f64 / 1e12;
+                (format!("{:.1}B", w.params() / 1e9), tflops, paper)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn megatrons_table_1_is_predicted_within_15_percent_for_8_of_10() {
+        let rows = megatron_rows();
+        let within = rows
+            .iter()
+            .filter(|(_, got, paper)| (got / paper - 1.0).abs() <= 0.15)
+            .count();
+        let table: Vec<String> = rows
+            .iter()
+            .map(|(n, got, paper)| {
+                format!(
+                    "{n}: {got:.0} against {paper:.0} ({:+.0} %)",
+                    100.0 * (got / paper - 1.0)
+                )
+            })
+            .collect();
+        eprintln!("{}", table.join("\n"));
+        assert!(
+            within >= 8,
+            "{within} of 10 within 15 %:\n{}",
+            table.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_layout_that_does_not_divide_the_batch_is_refused() {
+        let w = Workload {
+            layers: 12,
+            width: 768,
+            heads: 12,
+            vocab: 50304,
+            seq: 1024,
+            global_batch: 64,
+            fused_attention: true,
+        };
+        let l = Layout {
+            dp: 3,
+            tp: 1,
+            pp: 1,
+            zero: 0,
+            micro_batch: 8,
+            micro_batches: 2,
+            schedule: None,
+            checkpointing: false,
+            overlap_data: true,
+        };
+        assert!(predict(&w, &l, &Hardware::builtin("h100").unwrap())
+            .unwrap_err()
+            .contains("global batch"));
+    }
+}
+
+#[cfg(test)]
+mod one_gpu {
+    use super::*;
+
+    /// braid's own one-H100 figures (BENCHMARKS.md, issue 69's table:
+    /// bf16, T 1024): model (layers, heads, width), batch, tokens/s.
+    const MEASURED: [(usize, usize, usize, usize, f64); 3] = [
+        (12, 12, 768, 16, 462_500.0),
+        (48, 25, 1600, 8, 43_100.0),
+        (32, 32, 2560, 8, 29_550.0),
+    ];
+
+    #[test]
+    fn braids_one_h100_figures_are_predicted_within_15_percent() {
+        let hw = Hardware::builtin("h100").unwrap();
+        let mut lines = Vec::new();
+        let mut worst: f64 = 0.0;
+        for (layers, heads, width, batch, measured) in MEASURED {
+            let w = Workload {
+                layers,
+                width,
+                heads,
+                vocab: 50304,
+                seq: 1024,
+                global_batch: batch,
+                fused_attention: true,
+            };
+            let l = Layout {
+                dp: 1,
+                tp: 1,
+                pp: 1,
+                zero: 0,
+                micro_batch: batch,
+                micro_batches: 1,
+                schedule: None,
+                checkpointing: false,
+                overlap_data: true,
+            };
+            let p = predict(&w, &l, &hw).unwrap();
+            let got = (batch * 1024) as f64 / p.step_s;
+            worst = worst.max((got / measured - 1.0).abs());
+            lines.push(format!(
+                "L{layers}-C{width} B{batch}: {got:.0} against {measured:.0} ({:+.1} %)",
+                100.0 * (got / measured - 1.0)
+            ));
+        }
+        eprintln!("{}", lines.join("\n"));
+        assert!(worst <= 0.15, "{}", lines.join("\n"));
+    }
+}

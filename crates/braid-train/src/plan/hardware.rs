@@ -1,0 +1,233 @@
+//! What a machine can do, as the planner's cost model needs it: one GPU's
+//! product rate, memory and memory bandwidth, and the links between GPUs
+//! inside a node and across nodes ([`Hardware`]). Built-in descriptions
+//! carry short names (`h100`, `h200`, `a100`); a JSON file with the same
+//! fields describes any other machine, one that does not exist yet
+//! included.
+
+use serde::{Deserialize, Serialize};
+
+/// A link's collective bandwidth and latency.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// Bus bandwidth an all-reduce reaches over it, GB/s per GPU
+    /// (nccl-tests' `busbw` at large sizes).
+    pub busbw_gbps: f64,
+    /// Latency of one collective step, microseconds.
+    pub latency_us: f64,
+}
+
+impl Link {
+    /// Seconds a ring all-reduce of `bytes` over `n` ranks takes.
+    pub fn all_reduce_s(&self, bytes: f64, n: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let n = n as f64;
+        2.0 * (n - 1.0) / n * bytes / (self.busbw_gbps * 1e9)
+            + 2.0 * (n - 1.0) * self.latency_us * 1e-6
+    }
+
+    /// Seconds an all-gather (or reduce-scatter) of `bytes` in all over
+    /// `n` ranks takes.
+    pub fn all_gather_s(&self, bytes: f64, n: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let n = n as f64;
+        (n - 1.0) / n * bytes / (self.busbw_gbps * 1e9) + (n - 1.0) * self.latency_us * 1e-6
+    }
+
+    /// Seconds a point-to-point send of `bytes` takes.
+    pub fn send_s(&self, bytes: f64) -> f64 {
+        bytes / (self.busbw_gbps * 1e9) + self.latency_us * 1e-6
+    }
+}
+
+/// A machine: its GPUs and their links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    /// A short name.
+    pub name: String,
+    /// Dense bf16 tensor-core peak of one GPU, TFLOP/s.
+    pub peak_tflops: f64,
+    /// The fraction of the peak a large bf16 product reaches.
+    pub gemm_efficiency: f64,
+    /// A product of this many FLOPs reaches half of that (smaller ones
+    /// are launch- and tile-bound): efficiency × f / (f + this).
+    pub gemm_half_flops: f64,
+    /// The fraction of the peak the fused attention reaches.
+    pub attention_efficiency: f64,
+    /// Memory per GPU, GiB.
+    pub memory_gib: f64,
+    /// Memory bandwidth, GB/s (the elementwise kernels and the optimizer
+    /// are bound by it).
+    pub hbm_gbps: f64,
+    /// GPUs per node.
+    pub gpus_per_node: usize,
+    /// Between the GPUs of a node (NVLink).
+    pub intra: Link,
+    /// Between nodes (InfiniBand), per GPU.
+    pub inter: Link,
+}
+
+impl Hardware {
+    /// The built-in description named `name` (`h100`, `h200`, `a100`).
+    pub fn builtin(name: &str) -> Option<Hardware> {
+        let h = match name.to_ascii_lowercase().as_str() {
+            // One H100 SXM measured by braid (BENCHMARKS.md: the 124M to
+            // 2.65B products at 60-70 % of the 989 TFLOP/s peak), 4 NVLink
+            // GPUs per host measured at about 360 GB/s bus bandwidth; the
+            // inter-node link a 400 Gb/s NIC per GPU.
+            "h100" => Hardware {
+                name: "h100".into(),
+                peak_tflops: 989.0,
+                gemm_efficiency: 0.68,
+                gemm_half_flops: 2.0e9,
+                attention_efficiency: 0.34,
+                memory_gib: 79.6,
+                hbm_gbps: 3000.0,
+                gpus_per_node: 8,
+                intra: Link {
+                    busbw_gbps: 360.0,
+                    latency_us: 8.0,
+                },
+                inter: Link {
+                    busbw_gbps: 45.0,
+                    latency_us: 12.0,
+                },
+            },
+            "h200" => Hardware {
+                name: "h200".into(),
+                memory_gib: 139.8,
+                hbm_gbps: 4300.0,
+                gemm_efficiency: 0.70,
+                ..Hardware::builtin("h100")?
+            },
+            // The machine of Megatron-LM's paper (Narayanan et al. 2021):
+            // A100 80 GB SXM, 312 TFLOP/s bf16, 8 per DGX node over NVLink
+            // 3 (600 GB/s each way), 8 x 200 Gb/s HDR InfiniBand per node.
+            // One constant chosen, not measured: the products' efficiency,
+            // 0.72 of the peak (225 TFLOP/s), which puts all ten of the
+            // paper's Table 1 rows within 12 % (cost.rs's test).
+            "a100" => Hardware {
+                name: "a100".into(),
+                peak_tflops: 312.0,
+                gemm_efficiency: 0.72,
+                gemm_half_flops: 1.0e9,
+                attention_efficiency: 0.45,
+                memory_gib: 79.2,
+                hbm_gbps: 1900.0,
+                gpus_per_node: 8,
+                intra: Link {
+                    busbw_gbps: 230.0,
+                    latency_us: 10.0,
+                },
+                inter: Link {
+                    busbw_gbps: 22.0,
+                    latency_us: 15.0,
+                },
+            },
+            _ => return None,
+        };
+        Some(h)
+    }
+
+    /// The description `spec` names: a built-in name, else a JSON file
+    /// of [`Hardware`]'s fields.
+    pub fn named_or_file(spec: &str) -> Result<Hardware, String> {
+        if let Some(h) = Hardware::builtin(spec) {
+            return Ok(h);
+        }
+        let text = std::fs::read_to_string(spec).map_err(|e| {
+            format!(
+                "--hardware {spec}: neither a built-in machine (h100, h200, a100) nor a readable \
+                 file ({e})"
+            )
+        })?;
+        let h: Hardware = serde_json::from_str(&text)
+            .map_err(|e| format!("--hardware {spec}: not a hardware description ({e})"))?;
+        h.checked()
+    }
+
+    /// Refuses a description no machine could have.
+    pub fn checked(self) -> Result<Hardware, String> {
+        let positive = [
+            ("peak_tflops", self.peak_tflops),
+            ("gemm_efficiency", self.gemm_efficiency),
+            ("attention_efficiency", self.attention_efficiency),
+            ("memory_gib", self.memory_gib),
+            ("hbm_gbps", self.hbm_gbps),
+            ("intra.busbw_gbps", self.intra.busbw_gbps),
+            ("inter.busbw_gbps", self.inter.busbw_gbps),
+        ];
+        if let Some((name, v)) = positive
+            .iter()
+            .find(|(_, v)| v.is_nan() || *v <= 0.0 || !v.is_finite())
+        {
+            return Err(format!(
+                "hardware {}: {name} is {v}; it must be above 0",
+                self.name
+            ));
+        }
+        if self.gemm_efficiency > 1.0 || self.attention_efficiency > 1.0 {
+            return Err(format!(
+                "hardware {}: an efficiency above 1 (a fraction of the peak)",
+                self.name
+            ));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(format!("hardware {}: gpus_per_node is 0", self.name));
+        }
+        Ok(self)
+    }
+
+    /// Seconds a product of `flops` takes on one GPU.
+    pub fn gemm_s(&self, flops: f64) -> f64 {
+        let eff = self.gemm_efficiency * flops / (flops + self.gemm_half_flops);
+        flops / (self.peak_tflops * 1e12 * eff.max(1e-6))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_and_files_are_read_and_checked() {
+        for n in ["h100", "H200", "a100"] {
+            assert!(Hardware::builtin(n).is_some(), "{n}");
+        }
+        let h = Hardware::builtin("a100").unwrap();
+        let dir = std::env::temp_dir().join(format!("braid-hw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pod.json");
+        let mut pod = h.clone();
+        pod.name = "pod".into();
+        pod.inter.busbw_gbps = 50.0;
+        std::fs::write(&file, serde_json::to_string(&pod).unwrap()).unwrap();
+        assert_eq!(
+            Hardware::named_or_file(file.to_str().unwrap()).unwrap(),
+            pod
+        );
+        pod.gemm_efficiency = 1.5;
+        std::fs::write(&file, serde_json::to_string(&pod).unwrap()).unwrap();
+        assert!(Hardware::named_or_file(file.to_str().unwrap())
+            .unwrap_err()
+            .contains("above 1"));
+        assert!(Hardware::named_or_file("v100")
+            .unwrap_err()
+            .contains("built-in"));
+        // A large product runs near the efficiency; a small one well below.
+        let big = 2.0 * 8192.0 * 8192.0 * 8192.0;
+        assert!((big / h.gemm_s(big) / 312e12 - h.gemm_efficiency).abs() < 0.01);
+        assert!(1e8 / h.gemm_s(1e8) / 312e12 < 0.1);
+        // A ring all-reduce over 8 ranks moves 2 x 7/8 of the bytes.
+        let l = Link {
+            busbw_gbps: 100.0,
+            latency_us: 0.0,
+        };
+        assert!((l.all_reduce_s(1e9, 8) - 1.75e-2).abs() < 1e-9);
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

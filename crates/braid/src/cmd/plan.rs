@@ -1,0 +1,202 @@
+//! `braid plan`: the course's parallelism decision guide as a tool —
+//! every layout braid can run for a model over some GPUs, its memory per
+//! GPU and step time predicted by braid-train's planner
+//! (`braid_train::plan`), ranked, with where the time goes and why the
+//! others were refused.
+
+use braid_model::GptConfig;
+use braid_train::plan::{candidates, Candidate, Hardware, Workload};
+use clap::Args;
+
+/// Rank every layout of a model over some GPUs.
+#[derive(Args)]
+#[command(
+    about = "Predict and rank every parallel layout of a model over some GPUs (memory, step time, where the time goes)",
+    after_help = "Examples:
+  braid plan --model 1558M --gpus 4 --global-batch 32 --seq 1024
+  braid plan --model L40-H40-C5120 --gpus 8 --global-batch 16 --seq 1024 --hardware h200
+  braid plan --model L96-H128-C16384-V51200 --gpus 1920 --global-batch 2160 --seq 2048 --hardware a100 --json plan.json"
+)]
+pub struct PlanArgs {
+    /// The model: a named size (124M ... 1558M) or L<layers>-H<heads>-C<width>[-V<vocab>].
+    #[arg(long)]
+    model: String,
+    /// GPUs in all.
+    #[arg(long)]
+    gpus: usize,
+    /// Sequences per step over every replica.
+    #[arg(long)]
+    global_batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 1024)]
+    seq: usize,
+    /// Sequences per micro-batch (default: every power of two that divides a replica's batch).
+    #[arg(long)]
+    micro_batch: Option<usize>,
+    /// The machine: h100, h200, a100, or a JSON file of the same fields.
+    #[arg(long, default_value = "h100")]
+    hardware: String,
+    /// Layouts shown (fastest first).
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Every layout, predicted or refused, as JSON.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
+          value_parser = super::json_out::parse, help = super::json_out::HELP)]
+    json: Option<super::json_out::JsonOut>,
+}
+
+/// A layout in braid train's flags.
+fn flags(c: &Candidate) -> String {
+    let l = &c.layout;
+    let mut f = Vec::new();
+    if l.tp > 1 {
+        f.push(format!("--tp {}", l.tp));
+    }
+    if l.pp > 1 {
+        f.push(format!("--pp {}", l.pp));
+        if let Some(s) = &c.schedule {
+            f.push(format!("--schedule {s}"));
+        }
+        f.push(format!("--micro-batches {}", l.micro_batches));
+    }
+    if l.zero > 0 {
+        f.push(format!("--zero {}", l.zero));
+    }
+    if l.checkpointing {
+        f.push("--checkpointing".into());
+    }
+    let replicas = match l.dp {
+        1 => String::new(),
+        d => format!("data {d} x "),
+    };
+    format!(
+        "{replicas}batch {}{}: {}",
+        l.micro_batch,
+        if l.pp == 1 && l.micro_batches > 1 {
+            format!(" --accum {}", l.micro_batches)
+        } else {
+            String::new()
+        },
+        if f.is_empty() {
+            "(data parallel)".to_string()
+        } else {
+            f.join(" ")
+        }
+    )
+}
+
+/// Runs `braid plan`.
+pub fn run(a: PlanArgs) -> Result<i32, String> {
+    let cfg = GptConfig::parse(&a.model)?;
+    if a.gpus == 0 || a.global_batch == 0 || a.seq == 0 {
+        return Err("--gpus, --global-batch and --seq must be at least 1".into());
+    }
+    if a.micro_batch == Some(0) {
+        return Err("--micro-batch must be at least 1".into());
+    }
+    let hw = Hardware::named_or_file(&a.hardware)?;
+    if let Some(j) = &a.json {
+        j.check()?;
+    }
+    let w = Workload {
+        layers: cfg.n_layer,
+        width: cfg.n_embd,
+        heads: cfg.n_head,
+        vocab: cfg.vocab_size,
+        seq: a.seq,
+        global_batch: a.global_batch,
+        fused_attention: true,
+    };
+    let all = candidates(&w, a.gpus, &hw, a.micro_batch);
+    let json_only = a.json.as_ref().is_some_and(|j| j.is_stdout());
+    if let Some(out) = &a.json {
+        let doc = serde_json::json!({
+            "model": a.model, "params": w.params(), "gpus": a.gpus, "global_batch": a.global_batch,
+            "seq": a.seq, "hardware": hw, "layouts": all,
+        });
+        out.write(&serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?)?;
+    }
+    if json_only {
+        return Ok(0);
+    }
+    let ok: Vec<&Candidate> = all.iter().filter(|c| c.prediction.is_some()).collect();
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    println!(
+        "braid plan: {} ({:.2}B parameters), {} GPUs of {} ({} per node), global batch {} x {} tokens: {} layouts, {} that run",
+        a.model,
+        w.params() / 1e9,
+        a.gpus,
+        hw.name,
+        hw.gpus_per_node,
+        a.global_batch,
+        a.seq,
+        all.len(),
+        ok.len()
+    );
+    if ok.is_empty() {
+        println!("no layout fits; the closest:");
+    } else {
+        println!(
+            "\n{:>3}  {:>9}  {:>12}  {:>9}  where the step goes (ms): compute | tensor comm | bubble | data comm exposed | optimizer",
+            "#", "step ms", "tokens/s", "GiB/GPU"
+        );
+        let tokens = (a.global_batch * a.seq) as f64;
+        for (i, c) in ok.iter().take(a.top).enumerate() {
+            let p = c.prediction.expect("predicted");
+            println!(
+                "{:>3}  {:>9.1}  {:>12.0}  {:>9.1}  {:.0} | {:.0} | {:.0} | {:.0} of {:.0} | {:.1}",
+                i + 1,
+                1e3 * p.step_s,
+                tokens / p.step_s,
+                gib(c.memory_bytes()),
+                1e3 * p.compute_s,
+                1e3 * p.tensor_comm_s,
+                1e3 * p.bubble_s,
+                1e3 * p.data_exposed_s,
+                1e3 * p.data_comm_s,
+                1e3 * p.optimizer_s
+            );
+            println!("     {}", flags(c));
+        }
+    }
+    // Why the rest cannot run, by reason.
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in all.iter().filter_map(|c| c.refused.as_deref()) {
+        let kind = match c {
+            r if r.contains("GiB per GPU") => "too large for a GPU's memory",
+            r if r.contains("micro-batches for") => "fewer micro-batches than stages",
+            r if r.contains("not built yet") => "not built yet (a pipeline under ZeRO-2/3 on GPUs)",
+            r if r.contains("interleaving") => "layers do not divide into the interleaved stages",
+            _ => "other",
+        };
+        *reasons.entry(kind.to_string()).or_default() += 1;
+    }
+    if !reasons.is_empty() {
+        println!("\nrefused:");
+        for (why, n) in reasons {
+            println!("  {n} layout(s): {why}");
+        }
+    }
+    if let Some(first) = ok.first() {
+        println!("\nfirst choice: {}", flags(first));
+    } else if let Some(closest) = all
+        .iter()
+        .filter(|c| {
+            c.refused
+                .as_deref()
+                .is_some_and(|r| r.contains("GiB per GPU"))
+        })
+        .min_by(|a, b| a.memory_bytes().total_cmp(&b.memory_bytes()))
+    {
+        println!(
+            "the smallest needs {:.1} GiB per GPU: {} (more GPUs, --checkpointing or a smaller batch)",
+            gib(closest.memory_bytes()),
+            flags(closest)
+        );
+    }
+    println!(
+        "(a model, not a measurement: memory from the planner's own count, step times from the {} description)",
+        hw.name
+    );
+    Ok(0)
+}
