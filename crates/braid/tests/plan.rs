@@ -1,0 +1,114 @@
+//! `braid plan` through the real binary: a ranked table with a first
+//! choice, every layout as JSON (predicted or refused, with why), a
+//! machine from a file, and bad questions said.
+
+mod common;
+
+use common::{braid_args, TempDir};
+
+#[test]
+fn a_plan_ranks_layouts_and_says_why_the_rest_cannot_run() {
+    let (ok, out, err) = braid_args(&[
+        "plan",
+        "--model",
+        "L40-H40-C5120",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--seq",
+        "1024",
+    ]);
+    assert!(ok, "{err}");
+    for said in [
+        "layouts, ",
+        "first choice: ",
+        "refused:",
+        "too large for a GPU's memory",
+        "where the step goes",
+    ] {
+        assert!(out.contains(said), "{said:?} not in\n{out}");
+    }
+    let (ok, json, err) = braid_args(&[
+        "plan",
+        "--model",
+        "124M",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--seq",
+        "1024",
+        "--hardware",
+        "h200",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON on stdout");
+    let layouts = doc["layouts"].as_array().unwrap();
+    assert!(layouts.len() > 20);
+    let first = &layouts[0];
+    assert!(
+        first["prediction"]["step_s"].as_f64().unwrap() > 0.0,
+        "{first}"
+    );
+    // Fastest first, refusals last with their reason.
+    let steps: Vec<f64> = layouts
+        .iter()
+        .filter_map(|l| l["prediction"]["step_s"].as_f64())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]));
+    assert!(layouts.iter().any(|l| l["refused"].is_string()));
+    assert_eq!(doc["hardware"]["name"], "h200");
+}
+
+#[test]
+fn a_machine_from_a_file_and_bad_questions() {
+    let dir = TempDir::new("plan-hw");
+    let (ok, json, _) = braid_args(&[
+        "plan",
+        "--model",
+        "124M",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--json",
+    ]);
+    assert!(ok);
+    let mut hw: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["hardware"].clone();
+    hw["name"] = "pod".into();
+    hw["gpus_per_node"] = 2.into();
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, hw.to_string()).unwrap();
+    let (ok, out, err) = braid_args(&[
+        "plan",
+        "--model",
+        "124M",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--hardware",
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("GPUs of pod (2 per node)"), "{out}");
+    for (args, want) in [
+        (&["--gpus", "0", "--global-batch", "8"][..], "at least 1"),
+        (
+            &["--gpus", "2", "--global-batch", "8", "--hardware", "v100"],
+            "built-in machine",
+        ),
+        (
+            &["--gpus", "2", "--global-batch", "8", "--micro-batch", "0"],
+            "--micro-batch",
+        ),
+    ] {
+        let mut full = vec!["plan", "--model", "124M"];
+        full.extend(args);
+        let (ok, _, err) = braid_args(&full);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+    }
+}
