@@ -33,6 +33,12 @@ fn run_train(dir: &TempDir, name: &str, procs: usize, extra: &[&str]) -> Vec<f32
     args.extend(extra);
     let (model, f) = train(dir, name, &args, &[]);
     if extra.contains(&"--ps") {
+        // On a GPU host too: the workers are CPU engines.
+        assert!(
+            f.stdout.contains("device: cpu (--device auto with --ps"),
+            "{name}: {}",
+            f.stdout
+        );
         assert!(
             f.stdout.contains("strategy: parameter server: ") && f.stdout.contains("update(s), "),
             "{name}: the strategy and the servers' report are printed\n{}",

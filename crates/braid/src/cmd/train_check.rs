@@ -74,7 +74,19 @@ pub fn checked(a: &TrainArgs) -> Result<Choices, String> {
         Some(w) => w.local_world_size,
         None => nproc.unwrap_or(1),
     };
-    let super::Device { cuda, chosen } = super::Device::resolve(&a.device, local_workers)?;
+    let super::Device { cuda, chosen } = match (a.ps, a.device.as_str()) {
+        // The parameter server's workers train on the CPU engine (--device
+        // cuda is refused with --ps above).
+        (Some(_), "auto") => super::Device {
+            cuda: false,
+            chosen: Some(
+                "device: cpu (--device auto with --ps: the parameter server's workers train on the CPU \
+                 engine)"
+                    .into(),
+            ),
+        },
+        _ => super::Device::resolve(&a.device, local_workers)?,
+    };
     parallel_flags_checked(a, cuda)?;
     let precision = precision_of(a, cuda)?;
     let (sequence, sequence_note) = sequence_parallel(a, cuda, precision)?;
