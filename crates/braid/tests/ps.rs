@@ -239,6 +239,7 @@ fn a_killed_server_or_worker_comes_back_and_the_run_ends_where_an_uninterrupted_
         assert!(out.contains(said), "{said:?} not said:\n{out}");
     }
     let d = max_diff(&params(&model), &want);
+    eprintln!("server killed: max |diff| {d} against the uninterrupted run");
     assert!(
         d < TOL,
         "server killed: max |diff| {d} against the uninterrupted run"
@@ -253,6 +254,7 @@ fn a_killed_server_or_worker_comes_back_and_the_run_ends_where_an_uninterrupted_
         "{out}"
     );
     let d = max_diff(&params(&model), &want);
+    eprintln!("worker killed: max |diff| {d} against the uninterrupted run");
     assert!(
         d < TOL,
         "worker killed: max |diff| {d} against the uninterrupted run"
