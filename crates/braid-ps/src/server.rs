@@ -306,7 +306,9 @@ fn serve(
         };
         let reply = match f.kind {
             Kind::Push => {
-                let values = f.values();
+                let mut values = vec![0f32; f.value_count()];
+                f.values_into(&mut values)
+                    .map_err(|e| format!("worker {w}'s push of step {}: {e}", f.step))?;
                 let mut g = lock(shared);
                 g.state.push(w, f.step, f.offset as usize, &values)?;
                 None

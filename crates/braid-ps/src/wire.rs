@@ -98,6 +98,9 @@ pub enum Encoding {
     F32 = 0,
     /// Little-endian IEEE half floats (2 bytes a value).
     F16 = 1,
+    /// Sparse: the nonzero values only, each as a u32 index and an f32
+    /// (8 bytes), the dense length in the frame's `b` (a top-k push).
+    Sparse = 2,
 }
 
 /// One message.
@@ -136,10 +139,14 @@ impl Frame {
         }
     }
 
-    /// `values` as the payload, in `encoding`.
+    /// `values` as the payload, in `encoding` (sparse: the dense length
+    /// goes in `b`).
     pub fn with_values(mut self, values: &[f32], encoding: Encoding) -> Frame {
         self.encoding = encoding;
         self.payload = encode(values, encoding);
+        if encoding == Encoding::Sparse {
+            self.b = values.len() as f64;
+        }
         self
     }
 
@@ -153,6 +160,7 @@ impl Frame {
         match self.encoding {
             Encoding::F32 => self.payload.len() / 4,
             Encoding::F16 => self.payload.len() / 2,
+            Encoding::Sparse => self.b as usize,
         }
     }
 
@@ -167,14 +175,14 @@ impl Frame {
                 out.len()
             ));
         }
-        decode(&self.payload, self.encoding, out);
-        Ok(())
+        decode(&self.payload, self.encoding, out)
     }
 
-    /// The payload's values.
+    /// The payload's values (a sparse payload whose indices fall outside
+    /// its length leaves those out).
     pub fn values(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.value_count()];
-        decode(&self.payload, self.encoding, &mut out);
+        let _ = decode(&self.payload, self.encoding, &mut out);
         out
     }
 
@@ -229,6 +237,7 @@ impl Frame {
         let encoding = match h[5] {
             0 => Encoding::F32,
             1 => Encoding::F16,
+            2 => Encoding::Sparse,
             e => return Err(bad(format!("unknown payload encoding {e}"))),
         };
         let len = u64_at(44);
@@ -269,11 +278,20 @@ pub fn encode(values: &[f32], encoding: Encoding) -> Vec<u8> {
             }
             out
         }
+        Encoding::Sparse => {
+            let mut out = Vec::new();
+            for (i, v) in values.iter().enumerate().filter(|(_, v)| **v != 0.0) {
+                out.extend_from_slice(&(i as u32).to_le_bytes());
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out
+        }
     }
 }
 
-/// `bytes` in `encoding` decoded into `out` (as many values as fit).
-fn decode(bytes: &[u8], encoding: Encoding, out: &mut [f32]) {
+/// `bytes` in `encoding` decoded into `out` (as many values as fit; a
+/// sparse index outside `out` is an error).
+fn decode(bytes: &[u8], encoding: Encoding, out: &mut [f32]) -> Result<(), String> {
     match encoding {
         Encoding::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -285,7 +303,19 @@ fn decode(bytes: &[u8], encoding: Encoding, out: &mut [f32]) {
                 *o = half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f32();
             }
         }
+        Encoding::Sparse => {
+            out.fill(0.0);
+            let len = out.len();
+            for c in bytes.chunks_exact(8) {
+                let i = u32::from_le_bytes(c[..4].try_into().expect("4 bytes")) as usize;
+                let v = f32::from_le_bytes(c[4..].try_into().expect("4 bytes"));
+                *out.get_mut(i).ok_or_else(|| {
+                    format!("a sparse payload's index {i} past its {len} values")
+                })? = v;
+            }
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -311,6 +341,20 @@ mod tests {
         let h = Frame::new(Kind::Push).with_values(&[0.5, 65504.0], Encoding::F16);
         assert_eq!(h.payload.len(), 4);
         assert_eq!(h.values(), vec![0.5, 65504.0]);
+        let dense = [0.0, 3.0, 0.0, 0.0, -1.5, 0.0];
+        let sp = Frame::new(Kind::Push).with_values(&dense, Encoding::Sparse);
+        assert_eq!(sp.payload.len(), 16);
+        let mut bytes = Vec::new();
+        sp.write_to(&mut bytes).unwrap();
+        let back = Frame::read_from(&mut bytes.as_slice()).unwrap().unwrap();
+        assert_eq!(back.values(), dense.to_vec());
+        let mut bad = back.clone();
+        bad.b = 3.0;
+        let mut out = [0f32; 3];
+        assert!(bad
+            .values_into(&mut out)
+            .unwrap_err()
+            .contains("past its 3 values"));
     }
 
     #[test]

@@ -29,6 +29,40 @@ use braid_ps::wire::Encoding;
 use braid_ps::{Client, Joined, Mode, UpdateAt, WholeState};
 use std::ops::Range;
 
+/// Top-k with error feedback: `values` plus what earlier steps did not
+/// send (`residual`, the same elements), of which the largest `fraction`
+/// by magnitude (at least one) is returned dense (zeros elsewhere) and the
+/// rest left in `residual` for the next step.
+pub fn top_k_with_feedback(values: &[f32], residual: &mut [f32], fraction: f32) -> Vec<f32> {
+    let mut v: Vec<f32> = values
+        .iter()
+        .zip(residual.iter())
+        .map(|(g, r)| g + r)
+        .collect();
+    // (Less a hair: 0.4 as f32 is a hair above 0.4.)
+    let k = ((fraction as f64 * v.len() as f64 - 1e-6).ceil() as usize).clamp(1, v.len().max(1));
+    if k >= v.len() {
+        residual.fill(0.0);
+        return v;
+    }
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.select_nth_unstable_by(k - 1, |a, b| v[*b].abs().total_cmp(&v[*a].abs()));
+    let mut keep = vec![false; v.len()];
+    for &i in &order[..k] {
+        keep[i] = true;
+    }
+    for (i, (r, x)) in residual.iter_mut().zip(v.iter_mut()).enumerate() {
+        match keep[i] {
+            true => *r = 0.0,
+            false => {
+                *r = *x;
+                *x = 0.0;
+            }
+        }
+    }
+    v
+}
+
 /// How a worker takes part in a parameter-server run.
 pub struct PsOptions {
     /// This worker, and how many there are.
@@ -41,6 +75,9 @@ pub struct PsOptions {
     pub bucket_mb: f64,
     /// How gradients travel.
     pub encoding: Encoding,
+    /// Top-k: the fraction of each bucket's gradients sent (the largest by
+    /// magnitude), the rest kept for the next step (error feedback).
+    pub top_k: Option<f32>,
     /// What the servers said when this worker joined: whether they hold
     /// parameters already, and the step it goes on from (a restarted
     /// worker's).
@@ -67,6 +104,8 @@ pub struct ParamServer {
     last: CommStep,
     staleness: WorkerStaleness,
     scratch: Vec<f32>,
+    /// Top-k's error feedback: what was not sent yet, by flat element.
+    residual: Vec<f32>,
 }
 
 impl ParamServer {
@@ -80,6 +119,7 @@ impl ParamServer {
             last: CommStep::default(),
             staleness: WorkerStaleness::default(),
             scratch: Vec::new(),
+            residual: Vec::new(),
         }
     }
 
@@ -100,13 +140,24 @@ impl ParamServer {
 
     fn push_bucket(&mut self, bucket: &Bucket, values: &[f32]) -> Result<()> {
         let (step, encoding) = (self.step, self.opts.encoding);
-        self.client()?
-            .push(step, bucket.range.clone(), values, encoding)?;
+        let r = bucket.range.clone();
+        let sent = match self.opts.top_k {
+            None => {
+                self.client()?.push(step, r, values, encoding)?;
+                values.len() as u64
+            }
+            Some(fraction) => {
+                let kept = top_k_with_feedback(values, &mut self.residual[r.clone()], fraction);
+                self.client()?.push(step, r, &kept, Encoding::Sparse)?;
+                // An index and a value each.
+                2 * kept.iter().filter(|v| **v != 0.0).count() as u64
+            }
+        };
         self.last.payload_bytes += 4 * values.len() as u64;
         self.last.wire_bytes += match encoding {
-            Encoding::F32 => 4,
             Encoding::F16 => 2,
-        } * values.len() as u64;
+            _ => 4,
+        } * sent;
         self.last.collectives += 1;
         Ok(())
     }
@@ -125,9 +176,10 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
                 UpdateAt::Server => "the servers update (they hold the optimizer state)",
                 UpdateAt::Worker => "servers only sum, workers update (BytePS's split)",
             },
-            match o.encoding {
-                Encoding::F32 => "f32",
-                Encoding::F16 => "f16",
+            match (o.top_k, o.encoding) {
+                (Some(f), _) => format!("top-k {f} with error feedback"),
+                (None, Encoding::F16) => "f16".to_string(),
+                (None, _) => "f32".to_string(),
             },
             o.bucket_mb,
             o.first_bucket_mb
@@ -156,6 +208,9 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
         self.client()?.get_params(&mut fresh)?;
         engine.params_mut().copy_from_slice(&fresh);
         engine.params_changed()?;
+        if self.opts.top_k.is_some() {
+            self.residual = vec![0.0; len];
+        }
         let units = engine.units();
         self.plan = Some(plan(
             &units,
@@ -347,5 +402,22 @@ impl<E: Engine<Space = Host>> Strategy<E> for ParamServer {
             self.client()?.set_state(&state)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k_with_feedback;
+
+    #[test]
+    fn top_k_sends_the_largest_and_keeps_the_rest_for_later() {
+        let mut residual = vec![0.0f32; 5];
+        let sent = top_k_with_feedback(&[0.1, -3.0, 0.2, 2.0, -0.05], &mut residual, 0.4);
+        assert_eq!(sent, vec![0.0, -3.0, 0.0, 2.0, 0.0]);
+        assert_eq!(residual, vec![0.1, 0.0, 0.2, 0.0, -0.05]);
+        // What was kept back adds up until it is sent: nothing is lost.
+        let sent2 = top_k_with_feedback(&[0.1, 0.0, 0.25, 0.0, 0.0], &mut residual, 0.2);
+        assert_eq!(sent2, vec![0.0, 0.0, 0.45, 0.0, 0.0]);
+        assert_eq!(residual, vec![0.2, 0.0, 0.0, 0.0, -0.05]);
     }
 }

@@ -113,6 +113,18 @@ fn what_a_parameter_server_run_cannot_do_is_refused_at_start() {
             &["--ps", "1", "--nproc-per-node", "3", "--zero", "1"],
             "--ps with --zero",
         ),
+        (&["--grad-comm", "topk:0.01"], "add --ps N"),
+        (
+            &[
+                "--ps",
+                "1",
+                "--nproc-per-node",
+                "3",
+                "--grad-comm",
+                "topk:2",
+            ],
+            "at most 1",
+        ),
     ] {
         let mut full = vec!["train", "--steps", "2"];
         full.extend(args);
@@ -404,5 +416,44 @@ fn one_asynchronous_worker_trains_as_one_process() {
     assert!(
         d < TOL,
         "one async worker: max |diff| {d} against one process"
+    );
+}
+
+#[test]
+fn top_k_pushes_with_error_feedback_train() {
+    let dir = TempDir::new("ps-topk");
+    let (_, f) = train(
+        &dir,
+        "topk",
+        &[
+            "--model",
+            MODEL,
+            "--tokenizer",
+            "bytes",
+            "--steps",
+            "30",
+            "--nproc-per-node",
+            "3",
+            "--ps",
+            "1",
+            "--grad-comm",
+            "topk:0.05",
+        ],
+        &[],
+    );
+    assert!(
+        f.stdout
+            .contains("gradients pushed in top-k 0.05 with error feedback"),
+        "{}",
+        f.stdout
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("topk.json")).unwrap())
+            .unwrap();
+    let losses = common::step_losses(&doc);
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(
+        last < first - 1.0,
+        "top-k training moved the loss from {first} to {last}"
     );
 }

@@ -151,6 +151,13 @@ impl Collective for DeviceCollective {
             GradComm::PowerSgd(o) => {
                 DeviceHooks::PowerSgd(Box::new(PowerSgdState::new(o, buckets)?))
             }
+            GradComm::TopK(_) => {
+                return Err(
+                    "--grad-comm topk compresses a parameter server's pushes (--ps N): \
+                            an all-reduce sums dense buckets"
+                        .into(),
+                )
+            }
         })
     }
 

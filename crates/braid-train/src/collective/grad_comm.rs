@@ -17,15 +17,20 @@ pub enum GradComm {
     /// PowerSGD low-rank compression of the matrices, with error feedback
     /// and warm start; everything else plain.
     PowerSgd(PowerSgdOptions),
+    /// The largest fraction of each bucket's gradients (by magnitude) sent,
+    /// the rest kept and added to the next step's (error feedback): a
+    /// parameter server's pushes only (an all-reduce sums dense buckets).
+    TopK(f32),
 }
 
 impl GradComm {
-    /// `plain`, `bf16`, `fp16` or `powersgd[:RANK[:START_ITER]]`.
+    /// `plain`, `bf16`, `fp16`, `powersgd[:RANK[:START_ITER]]` or
+    /// `topk:FRACTION`.
     pub fn parse(s: &str) -> Result<GradComm> {
         let bad = || {
             format!(
-                "--grad-comm {s:?}: expected plain, bf16, fp16 or powersgd[:RANK[:START_ITER]] \
-                 (e.g. powersgd:2:10)"
+                "--grad-comm {s:?}: expected plain, bf16, fp16, powersgd[:RANK[:START_ITER]] \
+                 (e.g. powersgd:2:10) or topk:FRACTION (e.g. topk:0.01, with --ps)"
             )
         };
         match s {
@@ -33,6 +38,15 @@ impl GradComm {
             "bf16" => return Ok(GradComm::Bf16),
             "fp16" => return Ok(GradComm::Fp16),
             _ => {}
+        }
+        if let Some(f) = s.strip_prefix("topk:") {
+            return match f.parse::<f32>() {
+                Ok(f) if f > 0.0 && f <= 1.0 => Ok(GradComm::TopK(f)),
+                _ => Err(format!(
+                    "{}: the fraction kept must be above 0 and at most 1",
+                    bad()
+                )),
+            };
         }
         let mut parts = s.split(':');
         if parts.next() != Some("powersgd") {
@@ -64,6 +78,7 @@ impl GradComm {
                 "PowerSGD rank {} from step {} (error feedback, warm start)",
                 o.rank, o.start_iter
             ),
+            GradComm::TopK(f) => format!("top-k {f} (error feedback)"),
         }
     }
 }

@@ -97,6 +97,13 @@ impl Collective for HostCollective {
             GradComm::Bf16 => HostHooks::Bf16(vec![bf16::ZERO; len]),
             GradComm::Fp16 => HostHooks::Fp16(vec![f16::ZERO; len]),
             GradComm::PowerSgd(o) => HostHooks::PowerSgd(Box::new(PowerSgdState::new(o, buckets)?)),
+            GradComm::TopK(_) => {
+                return Err(
+                    "--grad-comm topk compresses a parameter server's pushes (--ps N): \
+                            an all-reduce sums dense buckets"
+                        .into(),
+                )
+            }
         })
     }
 

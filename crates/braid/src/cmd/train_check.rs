@@ -93,6 +93,14 @@ pub fn checked(a: &TrainArgs) -> Result<Choices, String> {
     let gpu_memory = gpu_memory_budget(a, cuda)?;
     gpu_engine_checked(a, cuda, precision, optimizer)?;
     let grad_comm = GradComm::parse(&a.grad_comm)?;
+    if let (GradComm::TopK(_), None) = (grad_comm, a.ps) {
+        return Err(format!(
+            "--grad-comm {}: top-k with error feedback compresses a parameter server's pushes \
+             (add --ps N); data parallelism's all-reduce sums dense buckets (try fp16 or \
+             powersgd)",
+            a.grad_comm
+        ));
+    }
     super::train_ckpt::check_outputs(&[
         ("--save", a.save.as_deref()),
         ("--json", a.json.as_ref().and_then(|j| j.path())),

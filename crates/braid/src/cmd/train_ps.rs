@@ -297,12 +297,14 @@ pub fn worker_strategy(
     checkpoints: bool,
 ) -> Result<ParamServer, String> {
     use braid_train::collective::GradComm;
-    let encoding = match ddp.grad_comm {
-        GradComm::Plain => braid_ps::wire::Encoding::F32,
-        GradComm::Fp16 => braid_ps::wire::Encoding::F16,
+    let (encoding, top_k) = match ddp.grad_comm {
+        GradComm::Plain => (braid_ps::wire::Encoding::F32, None),
+        GradComm::Fp16 => (braid_ps::wire::Encoding::F16, None),
+        GradComm::TopK(f) => (braid_ps::wire::Encoding::Sparse, Some(f)),
         other => {
             return Err(format!(
-                "--grad-comm {} with --ps: parameter-server pushes travel as plain (f32) or fp16",
+                "--grad-comm {} with --ps: parameter-server pushes travel as plain (f32), fp16 or \
+                 topk:FRACTION",
                 other.name()
             ))
         }
@@ -342,6 +344,7 @@ pub fn worker_strategy(
             first_bucket_mb: ddp.first_bucket_mb,
             bucket_mb: ddp.bucket_cap_mb,
             encoding,
+            top_k,
             joined,
             lr_scale: ps.compensation.lr_scale,
         },
