@@ -289,9 +289,10 @@ pub struct TrainArgs {
     /// With --pp: each stage's layer count, e.g. 3,5,5,3 (default: balanced).
     #[arg(long, value_name = "N,N,..", hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) stage_layers: Option<String>,
-    /// Gradients on the wire: plain (f32), bf16, fp16, or powersgd[:RANK[:START]].
+    /// Gradients on the wire: plain (f32), bf16, fp16, powersgd[:RANK[:START]], or topk:F.
     ///
-    /// powersgd takes PyTorch's defaults: rank 1, from step 1000.
+    /// powersgd takes PyTorch's defaults: rank 1, from step 1000. topk:F (with --ps) pushes the
+    /// largest fraction F of each bucket and keeps the rest for the next step.
     #[arg(long, default_value = "plain", hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) grad_comm: String,
     /// Gradient bucket size in MiB (data parallelism and --zero 1).
