@@ -200,6 +200,8 @@ struct Recovery {
     step: u64,
     /// The steps of the last two checkpoints.
     saves: [u64; 2],
+    /// Buffers of trimmed log entries, for the next steps' gradients.
+    spare: Vec<Vec<f32>>,
 }
 
 /// A worker's connections to the servers.
@@ -294,6 +296,7 @@ impl Client {
             pushed: Vec::new(),
             step: 0,
             saves: [0, 0],
+            spare: Vec::new(),
         });
     }
 
@@ -305,7 +308,12 @@ impl Client {
             r.saves = [r.saves[1], step];
             let keep_after = r.saves[0];
             while r.log.front().is_some_and(|e| e.step <= keep_after) {
-                r.log.pop_front();
+                let e = r.log.pop_front().expect("checked above");
+                // (Only the current step's pushed ranges are ever read
+                // back, so a spare's old values do not matter.)
+                if r.spare.len() < 2 {
+                    r.spare.push(e.grads);
+                }
             }
         }
     }
@@ -423,9 +431,9 @@ impl Client {
                 lr,
                 scale,
             });
-            // The next step's buffer: the oldest's when there is one to
-            // reuse (the log is trimmed at checkpoints).
-            r.current = vec![0.0; self.len];
+            // The next step's buffer: a trimmed entry's when there is one
+            // (the log is trimmed at checkpoints).
+            r.current = r.spare.pop().unwrap_or_else(|| vec![0.0; self.len]);
             r.pushed.clear();
         }
         Ok((version, staleness))
