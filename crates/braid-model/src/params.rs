@@ -79,6 +79,36 @@ impl Params {
         p
     }
 
+    /// Tensor-parallel rank `shard`'s share of these whole-model
+    /// parameters (its heads, MLP columns and rows of the vocabulary, laid
+    /// out as [`Layout::tensor_parallel`] lays them): what a rank that
+    /// loaded the whole model keeps.
+    pub fn tensor_share(&self, shard: crate::layout::TensorShard) -> Result<Params, String> {
+        if !self.layout.is_whole() {
+            return Err("a tensor-parallel share is cut from the whole model's parameters".into());
+        }
+        let layout = Arc::new(Layout::tensor_parallel(&self.layout.config, shard, 1)?);
+        let mut share = Params::zeros(layout.clone());
+        for p in &layout.params {
+            let whole = &self.data[self
+                .layout
+                .get(&p.name)
+                .ok_or_else(|| format!("the whole model has no tensor {:?}", p.name))?
+                .range()];
+            let local = &mut share.data[p.range()];
+            match &p.place {
+                None => local.copy_from_slice(whole),
+                Some(place) => {
+                    for r in place.full_runs(0..p.len) {
+                        local[r.local..r.local + r.len]
+                            .copy_from_slice(&whole[r.full..r.full + r.len]);
+                    }
+                }
+            }
+        }
+        Ok(share)
+    }
+
     /// The parameter `name`. Panics on an unknown name (a programming
     /// error: names come from the layout).
     pub fn view(&self, name: &str) -> &[f32] {

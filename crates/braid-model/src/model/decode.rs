@@ -12,6 +12,14 @@
 //! A prompt's prefill is rows at positions `0..n` of one sequence; a
 //! decode step is one row per running sequence; a step may mix both
 //! (continuous batching, chunked prefill).
+//!
+//! A tensor-parallel share ([`Gpt::tensor_parallel`], without sequence
+//! parallelism) decodes its heads and MLP columns the way it trains:
+//! its pages hold its heads' keys and values only, the row products are
+//! summed over the group, the token embedding is looked up in its rows
+//! of the vocabulary and summed, and the logits of its rows of the
+//! vocabulary are gathered, so every rank of the group returns the whole
+//! vocabulary's. Every rank of the group runs the same step.
 
 use super::error::StepError;
 use super::gpt::Gpt;
@@ -21,7 +29,7 @@ use crate::cpu::gelu::gelu_forward;
 use crate::cpu::matmul::{gemm_rm, linear_forward};
 use crate::cpu::norm::layernorm_forward;
 use crate::cpu::Real;
-use crate::layout::{Block, Layout};
+use crate::layout::{Block, Layout, TensorShard};
 use crate::paged::{BlockCopy, BlockId};
 
 /// The keys and values of every sequence being decoded, per layer, in
@@ -39,10 +47,10 @@ pub struct KvPages<T> {
 
 impl<T: Real> KvPages<T> {
     /// `blocks` blocks of `block_size` positions for every layer of
-    /// `layout`'s model (zeroed).
+    /// `layout`'s model (zeroed): a tensor-parallel share's heads only.
     pub fn new(layout: &Layout, blocks: usize, block_size: usize) -> KvPages<T> {
         let cfg = &layout.config;
-        let width = cfg.n_embd;
+        let width = Self::width_of(layout);
         let per = blocks * block_size * width;
         KvPages {
             k: (0..cfg.n_layer).map(|_| vec![T::ZERO; per]).collect(),
@@ -57,7 +65,13 @@ impl<T: Real> KvPages<T> {
     /// `layout`'s model in `T`: what a memory budget divides by.
     pub fn bytes_per_block(layout: &Layout, block_size: usize) -> usize {
         let cfg = &layout.config;
-        2 * cfg.n_layer * block_size * cfg.n_embd * std::mem::size_of::<T>()
+        2 * cfg.n_layer * block_size * Self::width_of(layout) * std::mem::size_of::<T>()
+    }
+
+    /// Keys (or values) per position of one layer: the widths of the
+    /// heads `layout`'s share runs.
+    fn width_of(layout: &Layout) -> usize {
+        layout.config.n_embd / layout.shard.size.max(1)
     }
 
     /// Positions per block.
@@ -131,9 +145,13 @@ impl Gpt {
         let ly = &*self.layout;
         let cfg = &ly.config;
         let c = cfg.n_embd;
-        if self.layout.shard.size > 1 {
+        // A share without its group is refused here, and one that splits
+        // the residual stream's rows: a decode step's rows are few.
+        if self.group()?.is_some() && self.sequence_parallel() {
             return Err(StepError::Group(
-                "decoding runs on the whole model (consolidate the checkpoint first)".into(),
+                "decoding splits no rows: build the tensor-parallel share without sequence \
+                 parallelism"
+                    .into(),
             ));
         }
         if p.len() != ly.len {
@@ -143,9 +161,10 @@ impl Gpt {
                 ly.len
             )));
         }
-        if kv.width != c || kv.k.len() != cfg.n_layer {
+        let heads_width = self.widths.attn;
+        if kv.width != heads_width || kv.k.len() != cfg.n_layer {
             return Err(StepError::Shape(format!(
-                "a KV cache of {} layers × width {} for a model of {} × {c}",
+                "a KV cache of {} layers × width {} for a model (or share) of {} × {heads_width}",
                 kv.k.len(),
                 kv.width,
                 cfg.n_layer
@@ -169,13 +188,7 @@ impl Gpt {
         let emb = &p[ly.block_range(Block::Embedding)];
         let (wte, wpe) = (&emb[self.wte.clone()], &emb[self.wpe.clone()]);
         let mut x = vec![T::ZERO; n * c];
-        for (o, r) in x.chunks_exact_mut(c).zip(rows) {
-            let e = &wte[r.token as usize * c..][..c];
-            let q = &wpe[r.pos * c..][..c];
-            for k in 0..c {
-                o[k] = e[k] + q[k];
-            }
-        }
+        self.decode_embedding(&mut x, wte, wpe, rows)?;
         let mut out = vec![T::ZERO; n * c];
         let mut t: [Vec<T>; 9] =
             std::array::from_fn(|i| vec![T::ZERO; n * Act::ALL[i].width(&self.widths)]);
@@ -208,20 +221,86 @@ impl Gpt {
         for (o, &i) in lnf.chunks_exact_mut(c).zip(&want) {
             layernorm_forward(o, &mut mean, &mut rstd, &x[i * c..(i + 1) * c], w, b, c);
         }
-        let v = cfg.vocab_size;
-        let mut all = vec![T::ZERO; want.len() * v];
+        self.decode_logits(&lnf, wte, want.len())
+    }
+
+    /// The residual stream entering layer 0 for `rows` (`x`: one row of
+    /// `C` each): token plus position embedding. A tensor-parallel share
+    /// looks up the tokens in its rows of the vocabulary (zeros for the
+    /// others') and sums over the group first — adding zeros, so the sum
+    /// is the one process's bit for bit.
+    fn decode_embedding<T: Real>(
+        &self,
+        x: &mut [T],
+        wte: &[T],
+        wpe: &[T],
+        rows: &[DecodeRow<'_>],
+    ) -> Result<(), StepError> {
+        let c = self.widths.c;
+        let (first, held) = (self.widths.vocab_start, self.widths.vocab);
+        for (o, r) in x.chunks_exact_mut(c).zip(rows) {
+            match (r.token as usize).checked_sub(first).filter(|&k| k < held) {
+                Some(k) => o.copy_from_slice(&wte[k * c..][..c]),
+                None => o.fill(T::ZERO),
+            }
+        }
+        self.all_reduce(x, "decode: summing the token embeddings")?;
+        for (o, r) in x.chunks_exact_mut(c).zip(rows) {
+            let q = &wpe[r.pos * c..][..c];
+            for (e, &p) in o.iter_mut().zip(q) {
+                *e += p;
+            }
+        }
+        Ok(())
+    }
+
+    /// The logits over the whole vocabulary after each of the `n` rows of
+    /// `lnf` (the final norm's output): one product with the token
+    /// embeddings (tied head). A tensor-parallel share computes those of
+    /// its rows of the vocabulary, and the group's are gathered, padded
+    /// to the largest share (the vocabulary need not split evenly).
+    fn decode_logits<T: Real>(
+        &self,
+        lnf: &[T],
+        wte: &[T],
+        n: usize,
+    ) -> Result<Vec<Vec<T>>, StepError> {
+        let c = self.widths.c;
+        let v = self.layout.config.vocab_size;
+        let held = self.widths.vocab;
+        let Some(g) = self.group()? else {
+            let mut all = vec![T::ZERO; n * v];
+            gemm_rm(&mut all, lnf, false, &wte[..v * c], true, n, v, c, false);
+            return Ok(all.chunks_exact(v).map(|r| r.to_vec()).collect());
+        };
+        let size = g.comm.size();
+        let widest = v.div_ceil(size);
+        let mut mine = vec![T::ZERO; n * widest];
+        let mut part = vec![T::ZERO; n * held];
         gemm_rm(
-            &mut all,
-            &lnf,
+            &mut part,
+            lnf,
             false,
-            &wte[..v * c],
+            &wte[..held * c],
             true,
-            want.len(),
-            v,
+            n,
+            held,
             c,
             false,
         );
-        let logits = all.chunks_exact(v).map(|r| r.to_vec()).collect();
+        for (o, p) in mine.chunks_exact_mut(widest).zip(part.chunks_exact(held)) {
+            o[..held].copy_from_slice(p);
+        }
+        let mut gathered = vec![T::ZERO; size * n * widest];
+        self.gather_rows(&mine, &mut gathered, "decode: gathering the logits")?;
+        let mut logits = vec![vec![T::ZERO; v]; n];
+        for rank in 0..size {
+            let (start, len) = TensorShard { rank, size }.vocab(v);
+            let from = &gathered[rank * n * widest..][..n * widest];
+            for (row, f) in logits.iter_mut().zip(from.chunks_exact(widest)) {
+                row[start..start + len].copy_from_slice(&f[..len]);
+            }
+        }
         Ok(logits)
     }
 }
@@ -344,8 +423,8 @@ impl<T: Real> BlockForward for DecodeForward<'_, T> {
         let (w, b) = self.r.linear(linear);
         let (k, _) = linear.widths(&self.gpt.widths);
         let (o, t) = split(self.x, self.out, self.t, out);
-        // The training pass's row product (one process: no group, so no
-        // scratch for the sum).
+        // The training pass's row product (summed over a tensor-parallel
+        // group; no rows split, so no scratch for a reduce-scatter).
         self.gpt.row_split_forward(
             o,
             t.get(input),

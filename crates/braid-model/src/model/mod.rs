@@ -41,6 +41,8 @@ mod layer;
 mod split;
 mod stage;
 #[cfg(test)]
+mod tp_decode_tests;
+#[cfg(test)]
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
