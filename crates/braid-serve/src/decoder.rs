@@ -25,6 +25,38 @@ pub trait Decoder {
     fn describe(&self) -> String;
 }
 
+/// A decoder chosen at run time (the CPU's, or rank 0's of a
+/// tensor-parallel server) is a decoder.
+impl<D: Decoder + ?Sized> Decoder for Box<D> {
+    fn context(&self) -> usize {
+        (**self).context()
+    }
+
+    fn vocab(&self) -> usize {
+        (**self).vocab()
+    }
+
+    fn blocks(&self) -> usize {
+        (**self).blocks()
+    }
+
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) {
+        (**self).copy_blocks(copies)
+    }
+
+    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        (**self).decode(rows)
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
 /// The CPU decoder: f32, the model's own block description walked over
 /// the decode backend.
 pub struct CpuDecoder {

@@ -19,6 +19,10 @@
 //! - [`metrics`]: the figures `/metrics` gives in Prometheus' format;
 //! - [`offline`]: requests run to the end without a server (`braid
 //!   generate`);
+//! - [`tensor_parallel`]: `--tp N`: rank 0 serves and sends each step to
+//!   the other ranks, every rank decodes its share of the heads and MLP
+//!   columns ([`tensor_parallel::TensorParallelDecoder`],
+//!   [`tensor_parallel::follow`]);
 //! - [`loadgen`]: a load generator for any OpenAI-compatible endpoint
 //!   (`braid bench serve`, in the shape of `vllm bench serve`).
 
@@ -30,6 +34,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod offline;
 pub mod request;
+pub mod tensor_parallel;
 pub mod text;
 
 pub use batcher::{Batcher, BatcherOptions, Stats};

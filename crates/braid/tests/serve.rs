@@ -47,6 +47,11 @@ fn model(dir: &TempDir) -> std::path::PathBuf {
 
 /// Starts `braid serve --load MODEL ARGS` and waits for /health.
 async fn serve(dir: &TempDir, model: &Path, args: &[&str]) -> Server {
+    serve_with(dir, model, args, &[]).await
+}
+
+/// [`serve`] with environment variables `env`.
+async fn serve_with(dir: &TempDir, model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let log = dir.path().join(format!("serve-{port}.log"));
     let mut c = braid();
@@ -55,6 +60,7 @@ async fn serve(dir: &TempDir, model: &Path, args: &[&str]) -> Server {
         .arg(model)
         .args(["--port", &port.to_string()])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     let server = Server {
@@ -475,4 +481,97 @@ fn bench_serve_loads_the_server_and_counts_every_token() {
     let f = run(c, Duration::from_secs(60));
     assert_ne!(f.code, Some(0));
     assert!(f.stderr.contains("is the server up?"), "{}", f.stderr);
+}
+
+/// `braid serve --tp 2`: two CPU ranks, each with half the heads, MLP
+/// columns and vocabulary, started by the command itself; greedy answers
+/// (alone and eight at once) are `braid generate`'s on the whole model,
+/// and SIGTERM stops both ranks (rank 0 finishing first, then telling
+/// rank 1 to leave). Idle longer than the communicators' timeout (3 s
+/// here), rank 1 waits on: rank 0's keep-alives reach it.
+#[test]
+fn tensor_parallel_serving_over_2_cpu_ranks_answers_what_one_process_answers() {
+    let dir = TempDir::new("serve-tp");
+    let m = model(&dir);
+    let prompts = ["the quick", "once upon a time", "x"];
+    let want: Vec<String> = prompts.iter().map(|p| generated(&m, p, 24)).collect();
+    runtime().block_on(async {
+        let mut s = serve_with(&dir, &m, &["--tp", "2"], &[("BRAID_TIMEOUT", "3")]).await;
+        assert!(
+            s.log().contains("tensor-parallel over 2 ranks"),
+            "{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for (p, w) in prompts.iter().zip(&want) {
+            let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0});
+            let (code, v) = post(&s, None, &body).await;
+            assert_eq!(code, 200, "{v}");
+            assert_eq!(v["choices"][0]["text"].as_str().unwrap(), w, "prompt {p:?}");
+        }
+        let server = &s;
+        let all = futures_util::future::join_all((0..8).map(|i| {
+            let p = prompts[i % prompts.len()];
+            let body = json!({"prompt": p, "max_tokens": 24, "temperature": 0});
+            async move { post(server, None, &body).await }
+        }))
+        .await;
+        for (i, (code, v)) in all.into_iter().enumerate() {
+            assert_eq!(code, 200, "{v}");
+            assert_eq!(
+                v["choices"][0]["text"].as_str().unwrap(),
+                want[i % prompts.len()]
+            );
+        }
+        idle(&s, Duration::from_secs(10)).await;
+        // SIGTERM to the launcher: rank 0 finishes, tells rank 1 to leave.
+        let pid = s.child.id().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let t0 = Instant::now();
+        let code = loop {
+            if let Some(st) = s.child.try_wait().unwrap() {
+                break st.code();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "not stopped: {}",
+                s.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // The launcher says it was stopped by a signal (128 + SIGTERM), as
+        // for any job it is told to stop; both ranks left without error.
+        let log = s.log();
+        assert_eq!(code, Some(143), "{log}");
+        assert!(log.contains("[rank 0] braid serve: stopping"), "{log}");
+        assert!(!log.contains("error"), "{log}");
+    });
+}
+
+/// `--tp` that the model's heads do not divide, or with a GPU, is refused
+/// before any rank starts, saying why.
+#[test]
+fn tensor_parallel_serving_refuses_what_it_cannot_split() {
+    let dir = TempDir::new("serve-tp-refused");
+    let m = model(&dir);
+    for (args, want) in [
+        (&["--tp", "3"][..], "do not split over 3"),
+        (&["--tp", "0"], "--tp 0"),
+        (&["--tp", "2", "--device", "cuda"], "--device"),
+    ] {
+        let mut c = braid();
+        c.arg("serve").arg("--load").arg(&m).args(args);
+        let f = run(c, Duration::from_secs(30));
+        assert!(matches!(f.code, Some(1 | 2)), "{args:?}: {}", f.stderr);
+        assert!(f.stderr.contains(want), "{args:?}: {}", f.stderr);
+        assert!(
+            !f.stderr.contains("[rank"),
+            "refused before any rank started: {}",
+            f.stderr
+        );
+    }
 }

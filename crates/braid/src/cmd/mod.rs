@@ -19,6 +19,7 @@ pub mod report;
 pub mod report_html;
 pub mod scale;
 pub mod serve;
+mod serve_tp;
 pub mod store;
 pub mod svg;
 pub mod topo;

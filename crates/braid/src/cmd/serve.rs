@@ -4,9 +4,12 @@
 //! with an optional API key. Loads what `braid generate` loads.
 
 use super::bench::parse_size;
-use super::generate::{load, locate, model_tokenizer};
+use super::generate::{load, locate, model_tokenizer, Source};
+use super::serve_tp;
+use braid_model::KvPages;
 use braid_serve::http::{serve, AppState};
-use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder};
+use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
+use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, Decoder};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use std::sync::Arc;
     after_help = "Examples:\n  \
         braid serve --load tiny.safetensors --port 8100     # http://127.0.0.1:8100\n  \
         braid serve --load ck --port 9000 --api-key s3cret  # Authorization: Bearer s3cret\n  \
+        braid serve --load tiny.safetensors --port 8102 --tp 2  # 2 CPU ranks, heads split\n  \
         curl -s localhost:8100/v1/completions -H 'content-type: application/json' \\\n    \
         -d '{\"prompt\": \"the quick\", \"max_tokens\": 20, \"temperature\": 0}'\n\n\
         Routes: POST /v1/completions (\"stream\": true for server-sent events), GET /v1/models, \
@@ -25,7 +29,8 @@ use std::sync::Arc;
         (continuous batching) over a paged KV cache of --kv-memory bytes; a request is admitted \
         when the cache can hold its prompt and max_tokens, others wait in a queue of \
         --max-waiting (beyond it: 429). Decoding runs on the CPU (f32); GPU decoding is being \
-        built."
+        built. --tp N splits the model's heads and MLP columns over N CPU ranks, started here; \
+        rank 0 serves."
 )]
 pub struct ServeArgs {
     /// The model: what `braid generate --load` takes (a safetensors file,
@@ -52,9 +57,14 @@ pub struct ServeArgs {
     /// auto or cpu (auto: the CPU; GPU decoding is being built).
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Memory for the KV cache (e.g. 512M, 2G).
+    /// Memory for the KV cache (e.g. 512M, 2G); with --tp, each rank's
+    /// (it holds its heads' keys and values).
     #[arg(long, default_value = "1G", value_name = "BYTES")]
     kv_memory: String,
+    /// Tensor-parallel ranks: the heads and MLP columns split over N
+    /// processes on the CPU, started here (rank 0 serves).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    tp: usize,
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -92,12 +102,36 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     if a.block_size == 0 {
         return Err("--block-size 0: a block holds at least one position (16 is usual)".into());
     }
+    if a.tp == 0 {
+        return Err("--tp 0: a model is served by at least one rank (--tp 1, the default)".into());
+    }
     let kv_bytes = parse_size(&a.kv_memory).map_err(|e| format!("--kv-memory: {e}"))?;
     let source = locate(&a.load)?;
+    let ranks = match a.tp {
+        1 => None,
+        tp => {
+            let cfg = match &source {
+                Source::File(path) => braid_model::checkpoint::config_of(path).ok(),
+                Source::Sharded(_) => None,
+            };
+            match serve_tp::start(tp, false, cfg.as_ref())? {
+                serve_tp::Start::Started(code) => return Ok(code),
+                serve_tp::Start::Rank(r) => Some(r),
+            }
+        }
+    };
     let (params, saved_tokenizer) = load(&source)?;
     let cfg = params.layout.config;
     let tokenizer = model_tokenizer(a.tokenizer.as_deref(), saved_tokenizer.as_ref(), &cfg)?;
-    let blocks = CpuDecoder::blocks_in(&params, kv_bytes as u64, a.block_size);
+    // A tensor-parallel rank's share of the model, and its heads' pages.
+    let share = ranks.as_ref().map(|r| r.share(&params)).transpose()?;
+    let blocks = match &share {
+        Some((gpt, _)) => {
+            let per = KvPages::<f32>::bytes_per_block(gpt.layout(), a.block_size);
+            (kv_bytes as u64 / per.max(1) as u64) as usize
+        }
+        None => CpuDecoder::blocks_in(&params, kv_bytes as u64, a.block_size),
+    };
     let one_sequence = cfg.context.div_ceil(a.block_size) + 1;
     if blocks < one_sequence {
         let per = kv_bytes / blocks.max(1);
@@ -123,13 +157,28 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     });
     // More than every running sequence can reserve would sit unused.
     let blocks = blocks.min(a.max_running.max(1) * one_sequence);
-    let decoder = CpuDecoder::new(params, blocks, a.block_size)?;
+    // Rank 0 of a tensor-parallel server decodes here and sends each step
+    // to the others, which follow it until it stops (`stopping`).
+    let mut stopping = None;
+    let decoder: Box<dyn Decoder + Send> = match (ranks, share) {
+        (Some(r), Some((gpt, data))) if r.rank > 0 => {
+            follow(&r.bus, gpt, data, blocks, a.block_size)?;
+            return Ok(0);
+        }
+        (Some(r), Some((gpt, data))) => {
+            let d = TensorParallelDecoder::new(gpt, data, blocks, a.block_size, r.bus.clone())?;
+            r.bus.keep_alive();
+            stopping = Some(StopFollowers(r.bus));
+            Box::new(d)
+        }
+        _ => Box::new(CpuDecoder::new(params, blocks, a.block_size)?),
+    };
     let options = BatcherOptions {
         step_tokens: a.step_tokens.max(1),
         max_running: a.max_running.max(1),
         max_waiting: a.max_waiting,
     };
-    let described = braid_serve::Decoder::describe(&decoder);
+    let described = decoder.describe();
     let engine = spawn(Batcher::new(decoder, tokenizer, options));
     let state = Arc::new(AppState {
         engine,
@@ -186,5 +235,21 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
             .await
             .map_err(|e| format!("serving: {e}"))
     })?;
+    if let Some(s) = stopping.take() {
+        s.0.stop()?;
+    }
     Ok(0)
+}
+
+/// Tells a tensor-parallel server's other ranks to leave when rank 0
+/// does, whichever way it leaves (stopped, or an error such as a port in
+/// use): they would otherwise wait out their timeout.
+struct StopFollowers(Arc<StepBus>);
+
+impl Drop for StopFollowers {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.stop() {
+            eprintln!("braid serve: {e}");
+        }
+    }
 }
