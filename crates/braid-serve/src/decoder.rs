@@ -76,17 +76,37 @@ impl CpuDecoder {
                     .into(),
             );
         }
+        CpuDecoder::of(
+            Gpt::new(params.layout.clone()),
+            params.data,
+            blocks,
+            block_size,
+        )
+    }
+
+    /// A decoder of `gpt` (the whole model, or a tensor-parallel share
+    /// built with its group: its pages then hold its heads' keys and
+    /// values) over `params`, its layout's.
+    pub fn of(
+        gpt: Gpt,
+        params: Vec<f32>,
+        blocks: usize,
+        block_size: usize,
+    ) -> Result<CpuDecoder, String> {
+        if params.len() != gpt.layout().len {
+            return Err(format!(
+                "{} parameters for a model (or share) of {}",
+                params.len(),
+                gpt.layout().len
+            ));
+        }
         if blocks == 0 || block_size == 0 {
             return Err(format!(
                 "a KV cache of {blocks} block(s) of {block_size} position(s) holds nothing"
             ));
         }
-        let kv = KvPages::new(&params.layout, blocks, block_size);
-        Ok(CpuDecoder {
-            gpt: Gpt::new(params.layout.clone()),
-            params: params.data,
-            kv,
-        })
+        let kv = KvPages::new(gpt.layout(), blocks, block_size);
+        Ok(CpuDecoder { gpt, params, kv })
     }
 
     /// Blocks of `block_size` positions that `bytes` of memory hold for

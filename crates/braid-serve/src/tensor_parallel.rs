@@ -14,10 +14,10 @@
 //! leader died times out (the communicator's timeout, naming rank 0)
 //! instead of hanging.
 
-use crate::decoder::Decoder;
+use crate::decoder::{CpuDecoder, Decoder};
 use braid_comm::Communicator;
 use braid_model::paged::{BlockCopy, BlockId};
-use braid_model::{DecodeRow, Gpt, KvPages};
+use braid_model::{DecodeRow, Gpt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -153,6 +153,8 @@ impl Message {
 /// server: one broadcast of a message's length, then of its words, over
 /// a host communicator of its own (the model's sums run on another).
 pub struct StepBus {
+    /// Ranks on the bus (the tensor group's).
+    pub size: usize,
     comm: Mutex<Communicator>,
     last_sent: Mutex<Instant>,
     stopped: AtomicBool,
@@ -163,6 +165,7 @@ impl StepBus {
     /// leader).
     pub fn new(comm: Communicator) -> Arc<StepBus> {
         Arc::new(StepBus {
+            size: comm.size(),
             comm: Mutex::new(comm),
             last_sent: Mutex::new(Instant::now()),
             stopped: AtomicBool::new(false),
@@ -251,9 +254,7 @@ impl StepBus {
 /// Rank 0's decoder: each step sent to the other ranks, then decoded
 /// here over this rank's share (the model's sums meet the others').
 pub struct TensorParallelDecoder {
-    gpt: Gpt,
-    params: Vec<f32>,
-    kv: KvPages<f32>,
+    share: CpuDecoder,
     bus: Arc<StepBus>,
     /// A block copy that could not be sent, said by the next step.
     failed: Option<String>,
@@ -270,64 +271,36 @@ impl TensorParallelDecoder {
         block_size: usize,
         bus: Arc<StepBus>,
     ) -> Result<TensorParallelDecoder, String> {
-        share_checked(&gpt, &params, blocks, block_size)?;
-        let kv = KvPages::new(gpt.layout(), blocks, block_size);
         Ok(TensorParallelDecoder {
-            gpt,
-            params,
-            kv,
+            share: CpuDecoder::of(gpt, params, blocks, block_size)?,
             bus,
             failed: None,
         })
     }
 }
 
-/// Refuses a share whose parameters are not its layout's or an empty
-/// cache.
-fn share_checked(
-    gpt: &Gpt,
-    params: &[f32],
-    blocks: usize,
-    block_size: usize,
-) -> Result<(), String> {
-    if params.len() != gpt.layout().len {
-        return Err(format!(
-            "{} parameters for a share of {}",
-            params.len(),
-            gpt.layout().len
-        ));
-    }
-    if blocks == 0 || block_size == 0 {
-        return Err(format!(
-            "a KV cache of {blocks} block(s) of {block_size} position(s) holds nothing"
-        ));
-    }
-    Ok(())
-}
-
 impl Decoder for TensorParallelDecoder {
     fn context(&self) -> usize {
-        self.gpt.layout().config.context
+        self.share.context()
     }
 
     fn vocab(&self) -> usize {
-        self.gpt.layout().config.vocab_size
+        self.share.vocab()
     }
 
     fn blocks(&self) -> usize {
-        self.kv.blocks()
+        self.share.blocks()
     }
 
     fn block_size(&self) -> usize {
-        self.kv.block_size()
+        self.share.block_size()
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) {
-        let kv = &mut self.kv;
-        if let Err(e) = self
-            .bus
-            .send_then(&Message::Copies(copies.to_vec()), || kv.copy(copies))
-        {
+        let share = &mut self.share;
+        if let Err(e) = self.bus.send_then(&Message::Copies(copies.to_vec()), || {
+            share.copy_blocks(copies)
+        }) {
             self.failed.get_or_insert(e);
         }
     }
@@ -337,20 +310,17 @@ impl Decoder for TensorParallelDecoder {
             return Err(e);
         }
         let step = Message::Step(rows.iter().map(OwnedRow::of).collect());
-        let (gpt, params, kv) = (&self.gpt, &self.params, &mut self.kv);
-        self.bus
-            .send_then(&step, || gpt.decode(params, kv, rows))?
-            .map_err(|e| e.to_string())
+        let share = &mut self.share;
+        self.bus.send_then(&step, || share.decode(rows))?
     }
 
     fn describe(&self) -> String {
-        let shard = self.gpt.layout().shard;
         format!(
             "cpu, f32, tensor-parallel over {} ranks, KV cache {} blocks of {} (each rank its \
              heads')",
-            shard.size,
-            self.kv.blocks(),
-            self.kv.block_size()
+            self.bus.size,
+            self.share.blocks(),
+            self.share.block_size()
         )
     }
 }
@@ -367,17 +337,16 @@ pub fn follow(
     blocks: usize,
     block_size: usize,
 ) -> Result<(), String> {
-    share_checked(&gpt, &params, blocks, block_size)?;
-    let mut kv = KvPages::<f32>::new(gpt.layout(), blocks, block_size);
+    let mut share = CpuDecoder::of(gpt, params, blocks, block_size)?;
     loop {
         match bus.receive()? {
             Message::Step(rows) => {
                 let rows: Vec<DecodeRow<'_>> = rows.iter().map(OwnedRow::row).collect();
-                if let Err(e) = gpt.decode(&params, &mut kv, &rows) {
+                if let Err(e) = share.decode(&rows) {
                     eprintln!("braid serve: a step refused (as on rank 0): {e}");
                 }
             }
-            Message::Copies(copies) => kv.copy(&copies),
+            Message::Copies(copies) => share.copy_blocks(&copies),
             Message::KeepAlive => {}
             Message::Stop => return Ok(()),
         }
