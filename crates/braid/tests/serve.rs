@@ -468,6 +468,33 @@ fn bench_serve_loads_the_server_and_counts_every_token() {
     for k in ["ttft", "tpot", "itl", "e2el"] {
         assert!(v[k]["median_ms"].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
+    // A sweep of rates: each in turn, the table, the JSON and the curve.
+    let (json, svg) = (dir.path().join("sweep.json"), dir.path().join("curve.svg"));
+    let mut c = braid();
+    c.args(["bench", "serve", "--url", &s.url, "--num-prompts", "6"])
+        .args(["--input-len", "8", "--output-len", "6", "--warmup", "0"])
+        .args(["--request-rate", "20,inf", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg);
+    let f = run(c, Duration::from_secs(120));
+    assert_eq!(f.code, Some(0), "{}\n{}", f.stdout, f.stderr);
+    assert!(f.stdout.contains("Serving Sweep"), "{}", f.stdout);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["sweep"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for r in runs {
+        assert_eq!(r["completed"], 6, "{r}");
+        assert_eq!(r["total_output_tokens"], 36, "{r}");
+    }
+    let curve = std::fs::read_to_string(&svg).unwrap();
+    assert!(curve.starts_with("<svg") && curve.contains("time to first token, p99"));
+    // A rate that is none: said before any request.
+    let mut c = braid();
+    c.args(["bench", "serve", "--url", &s.url, "--request-rate", "4,0"]);
+    let f = run(c, Duration::from_secs(30));
+    assert_ne!(f.code, Some(0));
+    assert!(f.stderr.contains("\"0\" is not a rate"), "{}", f.stderr);
     // A server that is not there: said, not hung.
     let mut c = braid();
     c.args([
