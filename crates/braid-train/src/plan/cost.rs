@@ -99,6 +99,10 @@ pub struct Prediction {
     pub data_exposed_s: f64,
     /// The optimizer's update.
     pub optimizer_s: f64,
+    /// One micro-batch's forward and backward pass on the rank's stages
+    /// (tensor all-reduces included): what communication hides under.
+    pub forward_s: f64,
+    pub backward_s: f64,
 }
 
 /// Bytes of a bf16 activation of `tokens` × `width`.
@@ -106,9 +110,32 @@ fn act_bytes(tokens: f64, width: f64) -> f64 {
     2.0 * tokens * width
 }
 
+/// The payload of one tensor-group all-reduce (a sublayer's output, one
+/// micro-batch, bf16), and how many run per micro-batch per layer: two
+/// forward, two in the backward pass, two more with recomputation.
+pub(super) fn tensor_all_reduce(w: &Workload, l: &Layout) -> (f64, f64) {
+    let tokens = (l.micro_batch * w.seq) as f64;
+    let per_layer = 2.0 * (2.0 + if l.checkpointing { 1.0 } else { 0.0 });
+    (act_bytes(tokens, w.width as f64), per_layer)
+}
+
+/// The payload of one pipeline send (a micro-batch's activation or its
+/// gradient, split over the tensor group).
+pub(super) fn pipeline_send(w: &Workload, l: &Layout) -> f64 {
+    act_bytes((l.micro_batch * w.seq) as f64, w.width as f64) / l.tp as f64
+}
+
+/// The data dimension's collectives in a step: the f32 gradients
+/// all-reduced (payload), and under ZeRO-3 the bf16 parameters gathered
+/// twice (each gather's payload).
+pub(super) fn data_collectives(w: &Workload, l: &Layout) -> (f64, Option<f64>) {
+    let per_gpu = w.params() / (l.tp * l.pp) as f64;
+    (4.0 * per_gpu, (l.zero == 3).then_some(2.0 * per_gpu))
+}
+
 /// The link a group of `n` consecutive-stride ranks uses: inside a node
 /// when the group fits in one, else across nodes.
-fn link_for(hw: &Hardware, span: usize) -> Link {
+pub(super) fn link_for(hw: &Hardware, span: usize) -> Link {
     match span <= hw.gpus_per_node {
         true => hw.intra,
         false => hw.inter,
@@ -143,7 +170,7 @@ fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64)
     let elementwise = 16.0 * act_bytes(tokens, h) / t / (hw.hbm_gbps * 1e9);
     let tensor = match l.tp {
         1 => 0.0,
-        _ => 2.0 * link_for(hw, l.tp).all_reduce_s(act_bytes(tokens, h), l.tp),
+        _ => 2.0 * link_for(hw, l.tp).all_reduce_s(tensor_all_reduce(w, l).0, l.tp),
     };
     (
         layers * (products + attention + elementwise),
@@ -160,6 +187,16 @@ fn head_s(w: &Workload, l: &Layout, hw: &Hardware) -> f64 {
     let tokens = (l.micro_batch * w.seq) as f64;
     let logits = tokens * w.vocab as f64 / l.tp as f64;
     hw.gemm_s(2.0 * logits * w.width as f64) + 2.0 * 4.0 * logits / (hw.hbm_gbps * 1e9)
+}
+
+/// The compute the data dimension's reduction hides under: the last
+/// micro-batch's backward pass (`bwd`; with ZeRO-3's gathers, its forward
+/// `fwd` too), all but the last bucket's share.
+pub(super) fn data_window(l: &Layout, fwd: f64, bwd: f64) -> f64 {
+    match l.zero {
+        3 => 0.9 * (fwd + bwd),
+        _ => 0.9 * bwd,
+    }
 }
 
 /// Predicts `layout`'s step for `w` on `hw`. Errors where the layout
@@ -192,8 +229,7 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
             let v = kind.virtual_stages().max(1) as f64;
             // Stage costs under interleaving: each of the V stages a rank
             // holds is 1/V of its layers.
-            let send = link_for(hw, l.tp * l.pp)
-                .send_s(act_bytes((l.micro_batch * w.seq) as f64, w.width as f64) / l.tp as f64);
+            let send = link_for(hw, l.tp * l.pp).send_s(pipeline_send(w, l));
             let cost = |op: Op| match op {
                 Op::Forward => fwd / v,
                 Op::Backward => bwd / v,
@@ -209,16 +245,12 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
     // parameters gathered twice more under ZeRO-3 (bf16).
     let per_gpu = w.params() / (l.tp * l.pp) as f64;
     let data_link = link_for(hw, l.tp * l.pp * l.dp);
-    let mut data_comm = data_link.all_reduce_s(4.0 * per_gpu, l.dp);
-    if l.zero == 3 {
-        data_comm += 2.0 * data_link.all_gather_s(2.0 * per_gpu, l.dp);
+    let (grads, gathers) = data_collectives(w, l);
+    let mut data_comm = data_link.all_reduce_s(grads, l.dp);
+    if let Some(g) = gathers {
+        data_comm += 2.0 * data_link.all_gather_s(g, l.dp);
     }
-    // Hidden under the last micro-batch's backward pass (and, for
-    // ZeRO-3's gathers, the forward's), all but the last bucket's share.
-    let window = match l.zero {
-        3 => 0.9 * (fwd + bwd),
-        _ => 0.9 * bwd,
-    };
+    let window = data_window(l, fwd, bwd);
     let data_exposed = match l.overlap_data {
         true => (data_comm - window).max(0.0),
         false => data_comm,
@@ -238,6 +270,8 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
         data_comm_s: data_comm,
         data_exposed_s: data_exposed,
         optimizer_s: optimizer,
+        forward_s: fwd,
+        backward_s: bwd,
     })
 }
 
