@@ -1,6 +1,7 @@
 //! `braid plan` through the real binary: a ranked table with a first
-//! choice, every layout as JSON (predicted or refused, with why), a
-//! machine from a file, and bad questions said.
+//! choice and the bandwidth its links need, every layout as JSON
+//! (predicted or refused, with why, with its links' traffic), a machine
+//! from a file, and bad questions said.
 
 mod common;
 
@@ -26,6 +27,9 @@ fn a_plan_ranks_layouts_and_says_why_the_rest_cannot_run() {
         "refused:",
         "too large for a GPU's memory",
         "where the step goes",
+        // The first choice's links: traffic and the bandwidth it needs.
+        "hides under",
+        "GB/s",
     ] {
         assert!(out.contains(said), "{said:?} not in\n{out}");
     }
@@ -60,6 +64,15 @@ fn a_plan_ranks_layouts_and_says_why_the_rest_cannot_run() {
     assert!(steps.windows(2).all(|w| w[0] <= w[1]));
     assert!(layouts.iter().any(|l| l["refused"].is_string()));
     assert_eq!(doc["hardware"]["name"], "h200");
+    // Each predicted layout over several GPUs lists its links' traffic.
+    let data = layouts
+        .iter()
+        .find(|l| l["layout"]["dp"] == 8)
+        .expect("a data-parallel layout");
+    let link = &data["capacity"][0];
+    assert_eq!(link["dimension"], "data", "{data}");
+    assert!(link["wire_bytes"].as_f64().unwrap() > 0.0, "{link}");
+    assert!(link["needed_gbps"].as_f64().unwrap() > 0.0, "{link}");
 }
 
 #[test]

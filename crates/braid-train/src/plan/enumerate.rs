@@ -2,6 +2,7 @@
 //! with what each would cost and why the others cannot run
 //! ([`candidates`]).
 
+use super::capacity::{capacity, LinkLoad};
 use super::cost::{predict, Layout, Prediction, Workload};
 use super::hardware::Hardware;
 use super::memory;
@@ -21,6 +22,9 @@ pub struct Candidate {
     pub prediction: Option<Prediction>,
     /// Why it does not, otherwise.
     pub refused: Option<String>,
+    /// Where it runs: each link's traffic per step and the bandwidth it
+    /// needs to stay hidden.
+    pub capacity: Vec<LinkLoad>,
 }
 
 impl Candidate {
@@ -121,6 +125,7 @@ fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate 
         activation_bytes: acts,
         prediction: None,
         refused: None,
+        capacity: Vec::new(),
     };
     let gib = |x: f64| x / (1u64 << 30) as f64;
     let refuse = if layout.pp > 1 && layout.micro_batches < layout.pp {
@@ -152,7 +157,10 @@ fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate 
     match refuse {
         Some(r) => c.refused = Some(r),
         None => match predict(w, &layout, hw) {
-            Ok(p) => c.prediction = Some(p),
+            Ok(p) => {
+                c.capacity = capacity(w, &layout, hw, &p);
+                c.prediction = Some(p);
+            }
             Err(e) => c.refused = Some(e),
         },
     }

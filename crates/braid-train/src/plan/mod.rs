@@ -1,13 +1,16 @@
 //! `braid plan`'s model of a run: what a machine can do ([`hardware`]),
 //! what a layout of a workload costs on it ([`cost`]) and holds
 //! ([`memory`]), and every layout braid can run, judged
-//! ([`enumerate`]).
+//! ([`enumerate`]); the bandwidth each link of a layout needs
+//! ([`capacity`]).
 
+pub mod capacity;
 pub mod cost;
 pub mod enumerate;
 pub mod hardware;
 pub mod memory;
 
+pub use capacity::{capacity, LinkLoad};
 pub use cost::{predict, Layout, Prediction, Workload};
 pub use enumerate::{candidates, Candidate};
 pub use hardware::{Hardware, Link};

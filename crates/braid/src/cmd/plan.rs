@@ -85,6 +85,48 @@ fn flags(c: &Candidate) -> String {
     )
 }
 
+/// The first choice's links: what each carries per step and the
+/// bandwidth that keeps it hidden (capacity planning).
+fn print_capacity(c: &Candidate) {
+    if c.capacity.is_empty() {
+        println!("  no traffic between GPUs (one GPU)");
+        return;
+    }
+    println!(
+        "  {:<7} {:>5}  {:<22} {:>10} {:>9} {:>12} {:>11}",
+        "link", "ranks", "over", "per step", "at link", "hides under", "needs"
+    );
+    for d in &c.capacity {
+        let over = format!(
+            "{} {:.0} GB/s",
+            if d.across_nodes {
+                "inter-node"
+            } else {
+                "in-node"
+            },
+            d.link_gbps
+        );
+        let under = match d.dimension {
+            "tensor" => "10 % compute".to_string(),
+            _ => format!("{:.1} ms", 1e3 * d.window_s),
+        };
+        println!(
+            "  {:<7} {:>5}  {:<22} {:>8.2}GB {:>7.1}ms {:>12} {:>6} GB/s{}",
+            d.dimension,
+            d.ranks,
+            over,
+            d.wire_bytes / 1e9,
+            1e3 * d.seconds,
+            under,
+            match d.needed_gbps {
+                g if g < 10.0 => format!("{g:.1}"),
+                g => format!("{g:.0}"),
+            },
+            if d.enough { "" } else { "  (short: exposed)" }
+        );
+    }
+}
+
 /// Runs `braid plan`.
 pub fn run(a: PlanArgs) -> Result<i32, String> {
     let cfg = GptConfig::parse(&a.model)?;
@@ -179,6 +221,7 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
     }
     if let Some(first) = ok.first() {
         println!("\nfirst choice: {}", flags(first));
+        print_capacity(first);
     } else if let Some(closest) = all
         .iter()
         .filter(|c| {
