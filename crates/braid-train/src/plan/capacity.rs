@@ -50,7 +50,6 @@ pub struct LinkLoad {
 /// and the bandwidth it needs (`p`: `l`'s prediction on `hw`).
 pub fn capacity(w: &Workload, l: &Layout, hw: &Hardware, p: &Prediction) -> Vec<LinkLoad> {
     let ring = |n: usize| 2.0 * (n as f64 - 1.0) / n as f64;
-    let gather = |n: usize| (n as f64 - 1.0) / n as f64;
     let layers = (w.layers as f64 / l.pp as f64).ceil();
     let m = l.micro_batches as f64;
     let mut out = Vec::new();
@@ -98,17 +97,20 @@ pub fn capacity(w: &Workload, l: &Layout, hw: &Hardware, p: &Prediction) -> Vec<
             sends * p.forward_s / v,
         );
     }
-    if l.dp > 1 {
-        let (grads, gathers) = data_collectives(w, l);
-        let wire = ring(l.dp) * grads + gathers.map_or(0.0, |g| 2.0 * gather(l.dp) * g);
-        push(
-            "data",
-            l.dp,
-            l.tp * l.pp * l.dp,
-            wire,
-            p.data_comm_s,
-            data_window(l, p.forward_s, p.backward_s),
-        );
+    // The data dimension's collectives, by the groups they run over (a
+    // hybrid layout's shard group and its replicas apart).
+    let window = data_window(l, p.forward_s, p.backward_s);
+    let collectives = data_collectives(w, l);
+    for dimension in ["data", "replicas"] {
+        let those: Vec<_> = collectives
+            .iter()
+            .filter(|c| c.dimension == dimension)
+            .collect();
+        if let Some(first) = those.first() {
+            let wire = those.iter().map(|c| c.wire_bytes()).sum();
+            let seconds = those.iter().map(|c| c.seconds(hw)).sum();
+            push(dimension, first.ranks, first.span, wire, seconds, window);
+        }
     }
     out
 }
@@ -141,6 +143,8 @@ mod tests {
             schedule: (pp > 1).then_some(crate::schedule::build::ScheduleKind::OneFOneB),
             checkpointing: false,
             overlap_data: true,
+            shard_group: None,
+            offload: false,
         }
     }
 

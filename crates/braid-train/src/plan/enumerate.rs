@@ -89,19 +89,23 @@ pub fn candidates(
                 let m = per_replica / b;
                 for sched in &schedules {
                     for &zero in &zeros {
-                        for ckpt in [false, true] {
-                            let layout = Layout {
-                                dp,
-                                tp,
-                                pp,
-                                zero,
-                                micro_batch: b,
-                                micro_batches: m,
-                                schedule: *sched,
-                                checkpointing: ckpt,
-                                overlap_data: true,
-                            };
-                            out.push(judge(w, layout, hw, budget));
+                        for (shard_group, offload) in sharding(dp, tp, pp, zero) {
+                            for ckpt in [false, true] {
+                                let layout = Layout {
+                                    dp,
+                                    tp,
+                                    pp,
+                                    zero,
+                                    micro_batch: b,
+                                    micro_batches: m,
+                                    schedule: *sched,
+                                    checkpointing: ckpt,
+                                    overlap_data: true,
+                                    shard_group,
+                                    offload,
+                                };
+                                out.push(judge(w, layout, hw, budget));
+                            }
                         }
                     }
                 }
@@ -112,6 +116,27 @@ pub fn candidates(
         let key = |c: &Candidate| c.prediction.map_or(f64::INFINITY, |p| p.step_s);
         key(a).total_cmp(&key(b))
     });
+    out
+}
+
+/// How the model states of a layout may be placed, as braid train takes
+/// them: sharded over every replica or, without a pipeline, hybrid
+/// (`--shard-group`: each proper divisor of the replicas); the
+/// optimizer offloaded to the host in plain data parallelism (braid
+/// offloads without ZeRO, `--tp` or `--pp`).
+fn sharding(dp: usize, tp: usize, pp: usize, zero: u8) -> Vec<(Option<usize>, bool)> {
+    let mut out = vec![(None, false)];
+    if zero > 0 && pp == 1 {
+        out.extend(
+            divisors(dp)
+                .into_iter()
+                .filter(|&g| g > 1 && g < dp)
+                .map(|g| (Some(g), false)),
+        );
+    }
+    if zero == 0 && tp == 1 && pp == 1 {
+        out.push((None, true));
+    }
     out
 }
 
@@ -200,7 +225,9 @@ mod tests {
         let c = candidates(&big, 4, &hw, None);
         let dp = c
             .iter()
-            .find(|c| c.layout.tp == 1 && c.layout.pp == 1 && c.layout.zero == 0)
+            .find(|c| {
+                c.layout.tp == 1 && c.layout.pp == 1 && c.layout.zero == 0 && !c.layout.offload
+            })
             .unwrap();
         assert!(
             dp.refused.as_deref().unwrap_or("").contains("GiB per GPU"),
@@ -208,5 +235,78 @@ mod tests {
         );
         assert!(c[0].refused.is_none(), "something fits: {:?}", c[0]);
         assert!(c.len() > 40);
+    }
+
+    /// Hybrid sharding is enumerated for ZeRO without a pipeline (shard
+    /// groups strictly inside the replicas), and holds more per GPU than
+    /// sharding over every replica but less than none; the offloaded
+    /// optimizer only in plain data parallelism, holding 6 bytes a
+    /// parameter on the GPU.
+    #[test]
+    fn hybrid_sharding_and_offload_are_enumerated_as_braid_runs_them() {
+        let hw = Hardware::builtin("h100").unwrap();
+        let w = Workload {
+            layers: 24,
+            width: 2048,
+            heads: 16,
+            vocab: 50304,
+            seq: 1024,
+            global_batch: 64,
+            fused_attention: true,
+        };
+        let c = candidates(&w, 16, &hw, Some(4));
+        let hybrid: Vec<&Candidate> = c
+            .iter()
+            .filter(|c| c.layout.shard_group.is_some())
+            .collect();
+        assert!(!hybrid.is_empty());
+        for h in &hybrid {
+            let (l, g) = (h.layout, h.layout.shard_group.unwrap());
+            assert!(
+                l.zero > 0 && l.pp == 1 && g > 1 && g < l.dp && l.dp % g == 0,
+                "{l:?}"
+            );
+            let same = |shard_group| {
+                c.iter()
+                    .find(|o| o.layout == Layout { shard_group, ..l })
+                    .unwrap()
+            };
+            let (full, zero_none) = (
+                same(None),
+                c.iter().find(|o| {
+                    o.layout
+                        == Layout {
+                            zero: 0,
+                            shard_group: None,
+                            ..l
+                        }
+                }),
+            );
+            assert!(h.states_bytes > full.states_bytes, "{l:?}");
+            if let Some(z) = zero_none {
+                assert!(h.states_bytes < z.states_bytes, "{l:?}");
+            }
+        }
+        // Groups of 8 in 16 GPUs: the sum across the groups leaves the node.
+        let across = hybrid
+            .iter()
+            .find(|h| {
+                h.layout.dp == 16 && h.layout.shard_group == Some(8) && h.prediction.is_some()
+            })
+            .expect("a 2 x 8 hybrid layout");
+        let replicas = across
+            .capacity
+            .iter()
+            .find(|d| d.dimension == "replicas")
+            .unwrap();
+        assert!(replicas.across_nodes && replicas.ranks == 2, "{replicas:?}");
+        let offloaded: Vec<&Candidate> = c.iter().filter(|c| c.layout.offload).collect();
+        assert!(!offloaded.is_empty());
+        for o in offloaded {
+            let l = o.layout;
+            assert!(l.zero == 0 && l.tp == 1 && l.pp == 1, "{l:?}");
+            let per = w.params() / (l.tp * l.pp) as f64;
+            assert!((o.states_bytes / per - 6.0).abs() < 1e-9, "{l:?}");
+        }
     }
 }

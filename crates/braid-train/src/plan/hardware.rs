@@ -69,6 +69,17 @@ pub struct Hardware {
     pub intra: Link,
     /// Between nodes (InfiniBand), per GPU.
     pub inter: Link,
+    /// Memory traffic an optimizer offloaded to the host reaches for one
+    /// GPU's share, GB/s (its AdamW moves about 36 bytes a parameter):
+    /// measured 94 on a 16-core H100 host (BENCHMARKS.md, 2.65B and
+    /// 6.35B, 2.6 G parameters a second).
+    #[serde(default = "host_update_default")]
+    pub host_update_gbps: f64,
+}
+
+/// [`Hardware::host_update_gbps`] where a description leaves it out.
+fn host_update_default() -> f64 {
+    94.0
 }
 
 impl Hardware {
@@ -96,6 +107,7 @@ impl Hardware {
                     busbw_gbps: 45.0,
                     latency_us: 12.0,
                 },
+                host_update_gbps: host_update_default(),
             },
             "h200" => Hardware {
                 name: "h200".into(),
@@ -127,6 +139,7 @@ impl Hardware {
                     busbw_gbps: 22.0,
                     latency_us: 15.0,
                 },
+                host_update_gbps: host_update_default(),
             },
             _ => return None,
         };
@@ -160,6 +173,7 @@ impl Hardware {
             ("hbm_gbps", self.hbm_gbps),
             ("intra.busbw_gbps", self.intra.busbw_gbps),
             ("inter.busbw_gbps", self.inter.busbw_gbps),
+            ("host_update_gbps", self.host_update_gbps),
         ];
         if let Some((name, v)) = positive
             .iter()

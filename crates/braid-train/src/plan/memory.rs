@@ -1,7 +1,9 @@
 //! A layout's memory per GPU, as the planner counts it: the model states
 //! (bf16 weights, f32 master weights, gradients and AdamW's two moments:
-//! 18 bytes per parameter, split as the ZeRO stage says) of the rank's
-//! share of the model, and the activations its schedule keeps in flight
+//! 18 bytes per parameter, split as the ZeRO stage says over the replicas
+//! or a hybrid shard group; 6 on the GPU with the optimizer offloaded) of
+//! the rank's share of the model, and the activations its schedule keeps
+//! in flight
 //! (Korthikanti et al.'s 34 s b h bytes per layer and micro-batch under
 //! sequence parallelism, the fused attention's score-free form; 2 s b h
 //! under checkpointing), with the last stage's f32 logits.
@@ -15,12 +17,15 @@ use super::cost::{Layout, Workload};
 /// Bytes per GPU of `l` for `w`: model states and activations.
 pub fn per_gpu(w: &Workload, l: &Layout) -> (f64, f64) {
     let per_gpu = w.params() / (l.tp * l.pp) as f64;
-    let dp = l.dp as f64;
+    // Sharded over the replicas, or a hybrid shard group.
+    let dp = l.shard_ranks() as f64;
     let (weights, master_and_moments, grads) = (2.0 * per_gpu, 12.0 * per_gpu, 4.0 * per_gpu);
-    let states = match l.zero {
-        0 => weights + master_and_moments + grads,
-        1 => weights + grads + master_and_moments / dp,
-        2 => weights + (grads + master_and_moments) / dp,
+    let states = match (l.zero, l.offload) {
+        // Offloaded: the master weights and moments in host memory.
+        (0, true) => weights + grads,
+        (0, false) => weights + master_and_moments + grads,
+        (1, _) => weights + grads + master_and_moments / dp,
+        (2, _) => weights + (grads + master_and_moments) / dp,
         _ => (weights + grads + master_and_moments) / dp,
     };
     let (s, b, h) = (w.seq as f64, l.micro_batch as f64, w.width as f64);
@@ -68,6 +73,8 @@ mod tests {
             schedule: None,
             checkpointing: false,
             overlap_data: true,
+            shard_group: None,
+            offload: false,
         };
         let s: Vec<f64> = (0..4).map(|z| per_gpu(&w, &l(z)).0 / w.params()).collect();
         assert_eq!(s, vec![18.0, 9.0, 6.0, 4.5]);

@@ -62,6 +62,12 @@ fn flags(c: &Candidate) -> String {
     if l.zero > 0 {
         f.push(format!("--zero {}", l.zero));
     }
+    if let Some(g) = l.shard_group {
+        f.push(format!("--shard-group {g}"));
+    }
+    if l.offload {
+        f.push("--offload optimizer".into());
+    }
     if l.checkpointing {
         f.push("--checkpointing".into());
     }
