@@ -7,6 +7,7 @@ use super::cost::{predict, Layout, Prediction, Workload};
 use super::hardware::Hardware;
 use super::memory;
 use crate::schedule::build::ScheduleKind;
+use rayon::prelude::*;
 use serde::Serialize;
 
 /// A layout and its verdict.
@@ -47,7 +48,7 @@ pub fn candidates(
     hw: &Hardware,
     micro: Option<usize>,
 ) -> Vec<Candidate> {
-    let mut out = Vec::new();
+    let mut layouts = Vec::new();
     let budget = hw.memory_gib * (1u64 << 30) as f64 * 0.92;
     for tp in divisors(gpus.min(hw.gpus_per_node)) {
         if w.heads % tp != 0 || w.width % tp != 0 {
@@ -104,7 +105,7 @@ pub fn candidates(
                                     shard_group,
                                     offload,
                                 };
-                                out.push(judge(w, layout, hw, budget));
+                                layouts.push(layout);
                             }
                         }
                     }
@@ -112,6 +113,12 @@ pub fn candidates(
             }
         }
     }
+    // Judged in parallel: a thousand-GPU question simulates hundreds of
+    // pipelines of thousands of micro-batches.
+    let mut out: Vec<Candidate> = layouts
+        .into_par_iter()
+        .map(|layout| judge(w, layout, hw, budget))
+        .collect();
     out.sort_by(|a, b| {
         let key = |c: &Candidate| c.prediction.map_or(f64::INFINITY, |p| p.step_s);
         key(a).total_cmp(&key(b))
