@@ -142,6 +142,8 @@ impl Summary {
             pct(self.data)
         ));
         if self.collectives > 0 {
+            // (The strategy's path: the loss's all-reduce takes the
+            // run's communicator whatever the strategy's path.)
             let via = if self.via.is_empty() {
                 String::new()
             } else {
@@ -157,7 +159,7 @@ impl Summary {
                 ),
             };
             out.push(format!(
-                "communication per step: {total} collective{}{via} = {} of the training strategy ({:.2} MB reduced or gathered, {:.2} MB sent per rank){loss}",
+                "communication per step: {total} collective{} = {} of the training strategy{via} ({:.2} MB reduced or gathered, {:.2} MB sent per rank){loss}",
                 if total == 1 { "" } else { "s" },
                 self.collectives,
                 self.payload_bytes as f64 / 1e6,
