@@ -9,6 +9,8 @@ pub mod cost;
 pub mod enumerate;
 pub mod hardware;
 pub mod memory;
+#[cfg(test)]
+mod recorded;
 
 pub use capacity::{capacity, LinkLoad};
 pub use cost::{predict, Layout, Prediction, Workload};

@@ -1,0 +1,163 @@
+//! braid's own runs on four H100s (BENCHMARKS.md, `bench/results/`) set
+//! beside the planner's predictions from the shipped `h100` description:
+//! the table issue 68 asks for, and a guard on how far off it is today.
+//! The target is 10 % (15 % must). Today the 12.85B layouts land within
+//! 5 %, but at 2.65B every layout is predicted 21-40 % too fast (the
+//! products a tensor or pipeline split leaves are smaller and slower than
+//! the description's fall-off says; a pipeline's sends and its stages'
+//! imbalance add more) and data parallelism at 124M 12 % too fast
+//! (NCCL's kernels slowing the backward pass they overlap is not
+//! modelled). The guard keeps the model from drifting further while it
+//! is calibrated.
+
+use super::cost::{predict, Layout, Workload};
+use super::hardware::Hardware;
+use crate::schedule::build::ScheduleKind;
+
+/// One recorded run: what it was, its layout and its measured tokens/s.
+struct Run {
+    what: &'static str,
+    /// Layers, heads, width.
+    model: (usize, usize, usize),
+    global_batch: usize,
+    layout: Layout,
+    tokens_per_s: f64,
+}
+
+fn layout(dp: usize, tp: usize, pp: usize, micro: usize, m: usize) -> Layout {
+    Layout {
+        dp,
+        tp,
+        pp,
+        zero: 0,
+        micro_batch: micro,
+        micro_batches: m,
+        schedule: None,
+        checkpointing: false,
+        overlap_data: true,
+        shard_group: None,
+        offload: false,
+    }
+}
+
+fn runs() -> Vec<Run> {
+    let pp = |kind, ckpt| Layout {
+        schedule: Some(kind),
+        checkpointing: ckpt,
+        ..layout(1, 1, 4, 2, 8)
+    };
+    let (small, mid, big) = ((12, 12, 768), (32, 32, 2560), (40, 40, 5120));
+    vec![
+        Run {
+            what: "124M, data 4, batch 16 each (x4.sh scale, 2026-11-27)",
+            model: small,
+            global_batch: 64,
+            layout: layout(4, 1, 1, 16, 1),
+            tokens_per_s: 1_713_692.0,
+        },
+        Run {
+            what: "2.65B, --tp 4 (tp.sh bench, 2026-11-28)",
+            model: mid,
+            global_batch: 16,
+            layout: layout(1, 4, 1, 16, 1),
+            tokens_per_s: 77_343.0,
+        },
+        Run {
+            what: "2.65B, --tp 2 x data 2 (tp.sh bench, 2026-11-28)",
+            model: mid,
+            global_batch: 16,
+            layout: layout(2, 2, 1, 8, 1),
+            tokens_per_s: 87_900.0,
+        },
+        Run {
+            what: "12.85B, --tp 4, checkpointing (2026-11-27)",
+            model: big,
+            global_batch: 8,
+            layout: Layout {
+                checkpointing: true,
+                ..layout(1, 4, 1, 8, 1)
+            },
+            tokens_per_s: 17_949.0,
+        },
+        Run {
+            what: "2.65B, --pp 4 1F1B, 8 micro-batches of 2 (pp.sh, 2026-11-27)",
+            model: mid,
+            global_batch: 16,
+            layout: pp(ScheduleKind::OneFOneB, false),
+            tokens_per_s: 73_028.0,
+        },
+        Run {
+            what: "2.65B, --pp 4 interleaved:2 (pp.sh, 2026-11-27)",
+            model: mid,
+            global_batch: 16,
+            layout: pp(ScheduleKind::Interleaved(2), false),
+            tokens_per_s: 79_360.0,
+        },
+        Run {
+            what: "2.65B, --pp 4 GPipe, stages by time (pp.sh, 2026-11-27)",
+            model: mid,
+            global_batch: 16,
+            layout: pp(ScheduleKind::GPipe, false),
+            tokens_per_s: 75_584.0,
+        },
+        Run {
+            what: "2.65B, --pp 4 ZB-H1, stages by time (pp.sh, 2026-11-27)",
+            model: mid,
+            global_batch: 16,
+            layout: pp(ScheduleKind::ZeroBubble, false),
+            tokens_per_s: 89_232.0,
+        },
+        Run {
+            what: "12.85B, --pp 4 1F1B, checkpointing (pp.sh big, 2026-11-27)",
+            model: big,
+            global_batch: 16,
+            layout: pp(ScheduleKind::OneFOneB, true),
+            tokens_per_s: 16_378.0,
+        },
+    ]
+}
+
+/// Each run's predicted tokens/s and its error against the measured.
+pub(crate) fn table() -> Vec<(&'static str, f64, f64, f64)> {
+    let hw = Hardware::builtin("h100").expect("built in");
+    runs()
+        .into_iter()
+        .map(|r| {
+            let (layers, heads, width) = r.model;
+            let w = Workload {
+                layers,
+                width,
+                heads,
+                vocab: 50304,
+                seq: 1024,
+                global_batch: r.global_batch,
+                fused_attention: true,
+            };
+            let p = predict(&w, &r.layout, &hw).expect("a layout that divides");
+            let got = (r.global_batch * 1024) as f64 / p.step_s;
+            (r.what, got, r.tokens_per_s, got / r.tokens_per_s - 1.0)
+        })
+        .collect()
+}
+
+#[test]
+fn braids_four_gpu_runs_beside_their_predictions() {
+    let rows = table();
+    let text: Vec<String> = rows
+        .iter()
+        .map(|(what, got, measured, off)| {
+            format!(
+                "{what}: predicted {got:.0}, measured {measured:.0} ({:+.1} %)",
+                100.0 * off
+            )
+        })
+        .collect();
+    eprintln!("{}", text.join("\n"));
+    // Today's bound (the target is 0.10): no run further off than this.
+    let worst = rows.iter().map(|r| r.3.abs()).fold(0.0, f64::max);
+    assert!(worst <= 0.45, "{}", text.join("\n"));
+    // The 12.85B layouts are within the target already; keep them there.
+    for (what, _, _, off) in rows.iter().filter(|r| r.0.starts_with("12.85B")) {
+        assert!(off.abs() <= 0.10, "{what}: {:+.1} %", 100.0 * off);
+    }
+}
