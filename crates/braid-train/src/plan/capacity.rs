@@ -119,32 +119,17 @@ pub fn capacity(w: &Workload, l: &Layout, hw: &Hardware, p: &Prediction) -> Vec<
 mod tests {
     use super::*;
     use crate::plan::predict;
+    use crate::plan::testing::{gpt, plain};
 
     fn gpt2_1558m(global_batch: usize) -> Workload {
-        Workload {
-            layers: 48,
-            width: 1600,
-            heads: 25,
-            vocab: 50304,
-            seq: 1024,
-            global_batch,
-            fused_attention: true,
-        }
+        gpt(48, 25, 1600, global_batch)
     }
 
     fn layout(dp: usize, tp: usize, pp: usize, zero: u8, b: usize, m: usize) -> Layout {
         Layout {
-            dp,
-            tp,
-            pp,
             zero,
-            micro_batch: b,
-            micro_batches: m,
             schedule: (pp > 1).then_some(crate::schedule::build::ScheduleKind::OneFOneB),
-            checkpointing: false,
-            overlap_data: true,
-            shard_group: None,
-            offload: false,
+            ..plain(dp, tp, pp, b, m)
         }
     }
 

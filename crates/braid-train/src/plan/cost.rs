@@ -369,6 +369,7 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::testing::{gpt, plain};
 
     /// Megatron-LM's Table 1 (Narayanan et al. 2021, A100s, V 51,200, s
     /// 2,048, activation recomputation, micro-batch 1 — as the paper ran
@@ -453,28 +454,7 @@ mod tests {
 
     #[test]
     fn a_layout_that_does_not_divide_the_batch_is_refused() {
-        let w = Workload {
-            layers: 12,
-            width: 768,
-            heads: 12,
-            vocab: 50304,
-            seq: 1024,
-            global_batch: 64,
-            fused_attention: true,
-        };
-        let l = Layout {
-            dp: 3,
-            tp: 1,
-            pp: 1,
-            zero: 0,
-            micro_batch: 8,
-            micro_batches: 2,
-            schedule: None,
-            checkpointing: false,
-            overlap_data: true,
-            shard_group: None,
-            offload: false,
-        };
+        let (w, l) = (gpt(12, 12, 768, 64), plain(3, 1, 1, 8, 2));
         assert!(predict(&w, &l, &Hardware::builtin("h100").unwrap())
             .unwrap_err()
             .contains("global batch"));
@@ -484,6 +464,7 @@ mod tests {
 #[cfg(test)]
 mod one_gpu {
     use super::*;
+    use crate::plan::testing::{gpt, plain};
 
     /// braid's own one-H100 figures (BENCHMARKS.md, issue 69's table:
     /// bf16, T 1024): model (layers, heads, width), batch, tokens/s.
@@ -499,28 +480,8 @@ mod one_gpu {
         let mut lines = Vec::new();
         let mut worst: f64 = 0.0;
         for (layers, heads, width, batch, measured) in MEASURED {
-            let w = Workload {
-                layers,
-                width,
-                heads,
-                vocab: 50304,
-                seq: 1024,
-                global_batch: batch,
-                fused_attention: true,
-            };
-            let l = Layout {
-                dp: 1,
-                tp: 1,
-                pp: 1,
-                zero: 0,
-                micro_batch: batch,
-                micro_batches: 1,
-                schedule: None,
-                checkpointing: false,
-                overlap_data: true,
-                shard_group: None,
-                offload: false,
-            };
+            let w = gpt(layers, heads, width, batch);
+            let l = plain(1, 1, 1, batch, 1);
             let p = predict(&w, &l, &hw).unwrap();
             let got = (batch * 1024) as f64 / p.step_s;
             worst = worst.max((got / measured - 1.0).abs());
@@ -540,27 +501,11 @@ mod one_gpu {
     fn the_offloaded_optimizers_steps_are_predicted_within_15_percent() {
         let hw = Hardware::builtin("h100").unwrap();
         for (layers, heads, width, measured) in [(32, 20, 2560, 1.33), (40, 28, 3584, 3.00)] {
-            let w = Workload {
-                layers,
-                width,
-                heads,
-                vocab: 50304,
-                seq: 1024,
-                global_batch: 8,
-                fused_attention: true,
-            };
+            let w = gpt(layers, heads, width, 8);
             let l = Layout {
-                dp: 1,
-                tp: 1,
-                pp: 1,
-                zero: 0,
-                micro_batch: 8,
-                micro_batches: 1,
-                schedule: None,
                 checkpointing: true,
-                overlap_data: true,
-                shard_group: None,
                 offload: true,
+                ..plain(1, 1, 1, 8, 1)
             };
             let p = predict(&w, &l, &hw).unwrap();
             let off = p.step_s / measured - 1.0;

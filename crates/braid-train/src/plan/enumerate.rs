@@ -202,33 +202,18 @@ fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::testing::gpt;
 
     #[test]
     fn a_small_model_on_one_node_prefers_data_parallelism_and_a_large_one_refuses_it() {
         let hw = Hardware::builtin("h100").unwrap();
-        let small = Workload {
-            layers: 12,
-            width: 768,
-            heads: 12,
-            vocab: 50304,
-            seq: 1024,
-            global_batch: 64,
-            fused_attention: true,
-        };
+        let small = gpt(12, 12, 768, 64);
         let c = candidates(&small, 4, &hw, None);
         let best = &c[0];
         assert!(best.refused.is_none());
         assert_eq!((best.layout.tp, best.layout.pp), (1, 1), "{best:?}");
         // 12.85B: plain data parallelism cannot hold 18 bytes a parameter.
-        let big = Workload {
-            layers: 40,
-            width: 5120,
-            heads: 40,
-            vocab: 50304,
-            seq: 1024,
-            global_batch: 16,
-            fused_attention: true,
-        };
+        let big = gpt(40, 40, 5120, 16);
         let c = candidates(&big, 4, &hw, None);
         let dp = c
             .iter()
@@ -252,15 +237,7 @@ mod tests {
     #[test]
     fn hybrid_sharding_and_offload_are_enumerated_as_braid_runs_them() {
         let hw = Hardware::builtin("h100").unwrap();
-        let w = Workload {
-            layers: 24,
-            width: 2048,
-            heads: 16,
-            vocab: 50304,
-            seq: 1024,
-            global_batch: 64,
-            fused_attention: true,
-        };
+        let w = gpt(24, 16, 2048, 64);
         let c = candidates(&w, 16, &hw, Some(4));
         let hybrid: Vec<&Candidate> = c
             .iter()

@@ -51,18 +51,11 @@ pub fn per_gpu(w: &Workload, l: &Layout) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::testing::gpt;
 
     #[test]
     fn zero_stages_shard_what_they_say() {
-        let w = Workload {
-            layers: 48,
-            width: 1600,
-            heads: 25,
-            vocab: 50304,
-            seq: 1024,
-            global_batch: 32,
-            fused_attention: true,
-        };
+        let w = gpt(48, 25, 1600, 32);
         let l = |zero| Layout {
             dp: 4,
             tp: 1,

@@ -11,6 +11,8 @@ pub mod hardware;
 pub mod memory;
 #[cfg(test)]
 mod recorded;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use capacity::{capacity, LinkLoad};
 pub use cost::{predict, Layout, Prediction, Workload};

@@ -10,8 +10,9 @@
 //! modelled). The guard keeps the model from drifting further while it
 //! is calibrated.
 
-use super::cost::{predict, Layout, Workload};
+use super::cost::{predict, Layout};
 use super::hardware::Hardware;
+use super::testing::{gpt, plain};
 use crate::schedule::build::ScheduleKind;
 
 /// One recorded run: what it was, its layout and its measured tokens/s.
@@ -24,27 +25,11 @@ struct Run {
     tokens_per_s: f64,
 }
 
-fn layout(dp: usize, tp: usize, pp: usize, micro: usize, m: usize) -> Layout {
-    Layout {
-        dp,
-        tp,
-        pp,
-        zero: 0,
-        micro_batch: micro,
-        micro_batches: m,
-        schedule: None,
-        checkpointing: false,
-        overlap_data: true,
-        shard_group: None,
-        offload: false,
-    }
-}
-
 fn runs() -> Vec<Run> {
     let pp = |kind, ckpt| Layout {
         schedule: Some(kind),
         checkpointing: ckpt,
-        ..layout(1, 1, 4, 2, 8)
+        ..plain(1, 1, 4, 2, 8)
     };
     let (small, mid, big) = ((12, 12, 768), (32, 32, 2560), (40, 40, 5120));
     vec![
@@ -52,21 +37,21 @@ fn runs() -> Vec<Run> {
             what: "124M, data 4, batch 16 each (x4.sh scale, 2026-11-27)",
             model: small,
             global_batch: 64,
-            layout: layout(4, 1, 1, 16, 1),
+            layout: plain(4, 1, 1, 16, 1),
             tokens_per_s: 1_713_692.0,
         },
         Run {
             what: "2.65B, --tp 4 (tp.sh bench, 2026-11-28)",
             model: mid,
             global_batch: 16,
-            layout: layout(1, 4, 1, 16, 1),
+            layout: plain(1, 4, 1, 16, 1),
             tokens_per_s: 77_343.0,
         },
         Run {
             what: "2.65B, --tp 2 x data 2 (tp.sh bench, 2026-11-28)",
             model: mid,
             global_batch: 16,
-            layout: layout(2, 2, 1, 8, 1),
+            layout: plain(2, 2, 1, 8, 1),
             tokens_per_s: 87_900.0,
         },
         Run {
@@ -75,7 +60,7 @@ fn runs() -> Vec<Run> {
             global_batch: 8,
             layout: Layout {
                 checkpointing: true,
-                ..layout(1, 4, 1, 8, 1)
+                ..plain(1, 4, 1, 8, 1)
             },
             tokens_per_s: 17_949.0,
         },
@@ -124,15 +109,7 @@ pub(crate) fn table() -> Vec<(&'static str, f64, f64, f64)> {
         .into_iter()
         .map(|r| {
             let (layers, heads, width) = r.model;
-            let w = Workload {
-                layers,
-                width,
-                heads,
-                vocab: 50304,
-                seq: 1024,
-                global_batch: r.global_batch,
-                fused_attention: true,
-            };
+            let w = gpt(layers, heads, width, r.global_batch);
             let p = predict(&w, &r.layout, &hw).expect("a layout that divides");
             let got = (r.global_batch * 1024) as f64 / p.step_s;
             (r.what, got, r.tokens_per_s, got / r.tokens_per_s - 1.0)
