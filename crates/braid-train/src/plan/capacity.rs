@@ -6,7 +6,9 @@
 //!
 //! - The data dimension's reduction (and ZeRO-3's gathers) overlaps the
 //!   backward pass (and, for the gathers, the forward): it is hidden when
-//!   the link moves it within that window.
+//!   the link moves it within that window. Hybrid sharding's two rows
+//!   (the shard group's, the sum across the groups) are each set against
+//!   the whole window, though they share it: their times add.
 //! - A pipeline's sends overlap the next micro-batch's pass on the stage.
 //! - The tensor group's all-reduces sit inside the passes, on the
 //!   critical path: no window hides them, so the bandwidth given is the

@@ -99,7 +99,7 @@ fn print_capacity(c: &Candidate) {
         return;
     }
     println!(
-        "  {:<7} {:>5}  {:<22} {:>10} {:>9} {:>12} {:>11}",
+        "  {:<8} {:>5}  {:<22} {:>10} {:>9} {:>12} {:>11}",
         "link", "ranks", "over", "per step", "at link", "hides under", "needs"
     );
     for d in &c.capacity {
@@ -117,7 +117,7 @@ fn print_capacity(c: &Candidate) {
             _ => format!("{:.1} ms", 1e3 * d.window_s),
         };
         println!(
-            "  {:<7} {:>5}  {:<22} {:>8.2}GB {:>7.1}ms {:>12} {:>6} GB/s{}",
+            "  {:<8} {:>5}  {:<22} {:>8.2}GB {:>7.1}ms {:>12} {:>6} GB/s{}",
             d.dimension,
             d.ranks,
             over,
