@@ -108,6 +108,20 @@ fn a_machine_from_a_file_and_bad_questions() {
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("GPUs of pod (2 per node)"), "{out}");
+    // --nodes: 16 GPUs over 4 nodes, whatever the machine's default.
+    let (ok, out, err) = braid_args(&[
+        "plan",
+        "--model",
+        "124M",
+        "--gpus",
+        "16",
+        "--nodes",
+        "4",
+        "--global-batch",
+        "64",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("16 GPUs of h100 (4 per node)"), "{out}");
     for (args, want) in [
         (&["--gpus", "0", "--global-batch", "8"][..], "at least 1"),
         (
@@ -117,6 +131,10 @@ fn a_machine_from_a_file_and_bad_questions() {
         (
             &["--gpus", "2", "--global-batch", "8", "--micro-batch", "0"],
             "--micro-batch",
+        ),
+        (
+            &["--gpus", "16", "--nodes", "3", "--global-batch", "8"],
+            "split evenly over the nodes",
         ),
     ] {
         let mut full = vec!["plan", "--model", "124M"];

@@ -15,6 +15,7 @@ use clap::Args;
     after_help = "Examples:
   braid plan --model 1558M --gpus 4 --global-batch 32 --seq 1024
   braid plan --model L40-H40-C5120 --gpus 8 --global-batch 16 --seq 1024 --hardware h200
+  braid plan --model 1558M --gpus 16 --nodes 4 --global-batch 64 --seq 1024
   braid plan --model L96-H128-C16384-V51200 --gpus 1920 --global-batch 2160 --seq 2048 --hardware a100 --json plan.json"
 )]
 pub struct PlanArgs {
@@ -24,6 +25,10 @@ pub struct PlanArgs {
     /// GPUs in all.
     #[arg(long)]
     gpus: usize,
+    /// Nodes they sit on, evenly (default: as many as the machine's GPUs
+    /// per node make): which groups cross the inter-node link.
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Sequences per step over every replica.
     #[arg(long)]
     global_batch: usize,
@@ -142,7 +147,17 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
     if a.micro_batch == Some(0) {
         return Err("--micro-batch must be at least 1".into());
     }
-    let hw = Hardware::named_or_file(&a.hardware)?;
+    let mut hw = Hardware::named_or_file(&a.hardware)?;
+    if let Some(k) = a.nodes {
+        if k == 0 || a.gpus % k != 0 {
+            return Err(format!(
+                "--nodes {k}: the {} GPUs must split evenly over the nodes (give a --nodes that \
+                 divides --gpus)",
+                a.gpus
+            ));
+        }
+        hw.gpus_per_node = a.gpus / k;
+    }
     if let Some(j) = &a.json {
         j.check()?;
     }
