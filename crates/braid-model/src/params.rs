@@ -69,10 +69,7 @@ impl Params {
                 Some(place) => {
                     let mut whole = vec![0.0f32; place.full_numel()];
                     draw(&mut whole);
-                    for r in place.full_runs(0..spec.len) {
-                        slot[r.local..r.local + r.len]
-                            .copy_from_slice(&whole[r.full..r.full + r.len]);
-                    }
+                    place.take_from(&whole, slot);
                 }
             }
         }
@@ -98,12 +95,7 @@ impl Params {
             let local = &mut share.data[p.range()];
             match &p.place {
                 None => local.copy_from_slice(whole),
-                Some(place) => {
-                    for r in place.full_runs(0..p.len) {
-                        local[r.local..r.local + r.len]
-                            .copy_from_slice(&whole[r.full..r.full + r.len]);
-                    }
-                }
+                Some(place) => place.take_from(whole, local),
             }
         }
         Ok(share)

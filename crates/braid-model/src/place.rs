@@ -69,6 +69,22 @@ impl Place {
         self.local_shape().iter().product()
     }
 
+    /// Fills `local` (the elements held here, in local order) from
+    /// `whole` (the whole tensor, row-major).
+    pub fn take_from<T: Copy>(&self, whole: &[T], local: &mut [T]) {
+        for r in self.full_runs(0..local.len()) {
+            local[r.local..r.local + r.len].copy_from_slice(&whole[r.full..r.full + r.len]);
+        }
+    }
+
+    /// Writes `local` (the elements held here) at their places in
+    /// `whole`.
+    pub fn put_into<T: Copy>(&self, local: &[T], whole: &mut [T]) {
+        for r in self.full_runs(0..local.len()) {
+            whole[r.full..r.full + r.len].copy_from_slice(&local[r.local..r.local + r.len]);
+        }
+    }
+
     /// Checks that the slices lie inside the cut dimension and do not
     /// overlap, or says what is wrong.
     pub fn check(&self) -> Result<(), String> {

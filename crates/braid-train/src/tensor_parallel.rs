@@ -352,12 +352,7 @@ pub fn gather_whole(
                     whole.data[dst].copy_from_slice(&values[at..at + p.len]);
                 }
                 None => {}
-                Some(place) => {
-                    for r in place.full_runs(0..p.len) {
-                        whole.data[dst.start + r.full..dst.start + r.full + r.len]
-                            .copy_from_slice(&values[at + r.local..at + r.local + r.len]);
-                    }
-                }
+                Some(place) => place.put_into(&values[at..at + p.len], &mut whole.data[dst]),
             }
             at += p.len;
         }
