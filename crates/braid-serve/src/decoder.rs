@@ -4,7 +4,7 @@
 //! [`CpuDecoder`], the CPU's, over `braid_model`'s [`Gpt::decode`].
 
 use braid_model::paged::BlockCopy;
-use braid_model::{DecodeRow, Gpt, KvPages, Params};
+use braid_model::{DecodeRow, Gpt, KvPages, Layout, Params};
 
 /// A model that decodes rows of many sequences over a paged KV cache.
 pub trait Decoder {
@@ -110,9 +110,9 @@ impl CpuDecoder {
     }
 
     /// Blocks of `block_size` positions that `bytes` of memory hold for
-    /// `params`' model.
-    pub fn blocks_in(params: &Params, bytes: u64, block_size: usize) -> usize {
-        let per = KvPages::<f32>::bytes_per_block(&params.layout, block_size) as u64;
+    /// the model (or tensor-parallel share) `layout` lays out.
+    pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize) -> usize {
+        let per = KvPages::<f32>::bytes_per_block(layout, block_size) as u64;
         (bytes / per.max(1)) as usize
     }
 }

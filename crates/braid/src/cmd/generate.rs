@@ -383,7 +383,7 @@ fn batcher(
 ) -> Result<Batcher<CpuDecoder>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
-    let budget = CpuDecoder::blocks_in(&params, 1 << 30, block);
+    let budget = CpuDecoder::blocks_in(&params.layout, 1 << 30, block);
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
     let decoder = CpuDecoder::new(params, blocks, block)?;

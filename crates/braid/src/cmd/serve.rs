@@ -6,7 +6,6 @@
 use super::bench::parse_size;
 use super::generate::{load, locate, model_tokenizer, Source};
 use super::serve_tp;
-use braid_model::KvPages;
 use braid_serve::http::{serve, AppState};
 use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
 use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, Decoder};
@@ -125,13 +124,10 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     let tokenizer = model_tokenizer(a.tokenizer.as_deref(), saved_tokenizer.as_ref(), &cfg)?;
     // A tensor-parallel rank's share of the model, and its heads' pages.
     let share = ranks.as_ref().map(|r| r.share(&params)).transpose()?;
-    let blocks = match &share {
-        Some((gpt, _)) => {
-            let per = KvPages::<f32>::bytes_per_block(gpt.layout(), a.block_size);
-            (kv_bytes as u64 / per.max(1) as u64) as usize
-        }
-        None => CpuDecoder::blocks_in(&params, kv_bytes as u64, a.block_size),
-    };
+    let layout = share
+        .as_ref()
+        .map_or(&params.layout, |(gpt, _)| gpt.layout());
+    let blocks = CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size);
     let one_sequence = cfg.context.div_ceil(a.block_size) + 1;
     if blocks < one_sequence {
         let per = kv_bytes / blocks.max(1);
