@@ -46,15 +46,6 @@ pub struct OwnedRow {
 }
 
 impl OwnedRow {
-    fn of(r: &DecodeRow<'_>) -> OwnedRow {
-        OwnedRow {
-            token: r.token,
-            pos: r.pos,
-            table: r.table.to_vec(),
-            logits: r.logits,
-        }
-    }
-
     fn row(&self) -> DecodeRow<'_> {
         DecodeRow {
             token: self.token,
@@ -70,23 +61,27 @@ const COPIES: i64 = 2;
 const KEEP_ALIVE: i64 = 3;
 const STOP: i64 = 4;
 
+/// A step of `rows` as words ([`Message::Step`]'s encoding), straight
+/// from the batcher's rows: rank 0 sends this every step.
+fn step_words<'a>(rows: impl ExactSizeIterator<Item = DecodeRow<'a>>) -> Vec<i64> {
+    let mut w = vec![STEP, rows.len() as i64];
+    for r in rows {
+        w.extend([
+            i64::from(r.token),
+            r.pos as i64,
+            i64::from(r.logits),
+            r.table.len() as i64,
+        ]);
+        w.extend(r.table.iter().map(|&b| i64::from(b)));
+    }
+    w
+}
+
 impl Message {
     /// The message as words: its kind, then its body.
     fn encode(&self) -> Vec<i64> {
         match self {
-            Message::Step(rows) => {
-                let mut w = vec![STEP, rows.len() as i64];
-                for r in rows {
-                    w.extend([
-                        i64::from(r.token),
-                        r.pos as i64,
-                        i64::from(r.logits),
-                        r.table.len() as i64,
-                    ]);
-                    w.extend(r.table.iter().map(|&b| i64::from(b)));
-                }
-                w
-            }
+            Message::Step(rows) => step_words(rows.iter().map(OwnedRow::row)),
             Message::Copies(copies) => {
                 let mut w = vec![COPIES, copies.len() as i64];
                 for c in copies {
@@ -187,8 +182,16 @@ impl StepBus {
     /// Sends `msg` (rank 0), holding the bus through `then` so that no
     /// keep-alive comes between a step and the work that follows it.
     fn send_then<R>(&self, msg: &Message, then: impl FnOnce() -> R) -> Result<R, String> {
+        self.send_words_then(msg.encode(), then)
+    }
+
+    /// [`send_then`](Self::send_then) of a message already encoded.
+    fn send_words_then<R>(
+        &self,
+        mut words: Vec<i64>,
+        then: impl FnOnce() -> R,
+    ) -> Result<R, String> {
         let comm = self.lock();
-        let mut words = msg.encode();
         let mut len = [words.len() as i64];
         comm.broadcast(&mut len, 0)
             .and_then(|()| comm.broadcast(&mut words, 0))
@@ -309,9 +312,9 @@ impl Decoder for TensorParallelDecoder {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        let step = Message::Step(rows.iter().map(OwnedRow::of).collect());
+        let step = step_words(rows.iter().copied());
         let share = &mut self.share;
-        self.bus.send_then(&step, || share.decode(rows))?
+        self.bus.send_words_then(step, || share.decode(rows))?
     }
 
     fn describe(&self) -> String {
