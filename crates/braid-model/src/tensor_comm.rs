@@ -185,6 +185,23 @@ impl LocalGroup {
             .collect()
     }
 
+    /// Runs `f` on every rank of a new group of `size`, each on a thread
+    /// of its own, and returns their results in rank order (a rank's
+    /// panic is raised again here).
+    pub fn run<R: Send>(size: usize, f: impl Fn(LocalGroup) -> R + Sync) -> Vec<R> {
+        let f = &f;
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = LocalGroup::new(size)
+                .into_iter()
+                .map(|g| s.spawn(move || f(g)))
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    }
+
     /// Publishes `mine`, waits for every rank's, and hands them to `f`
     /// in rank order; then waits until every rank has read them.
     fn exchange<R>(&self, mine: Vec<f64>, f: impl FnOnce(&[Vec<f64>]) -> R) -> R {
@@ -284,28 +301,19 @@ mod tests {
 
     #[test]
     fn a_local_group_reduces_gathers_and_scatters_in_rank_order() {
-        let groups = LocalGroup::new(3);
-        let out: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = groups
-                .iter()
-                .map(|g| {
-                    s.spawn(move || {
-                        let r = g.rank() as f32;
-                        let mut x = [r, -r];
-                        g.all_reduce_f32(&mut x, ReduceKind::Sum).unwrap();
-                        let mut m = [r];
-                        g.all_reduce_f32(&mut m, ReduceKind::Max).unwrap();
-                        let mut full = [0.0; 6];
-                        g.all_gather_f32(&[r, r + 10.0], &mut full).unwrap();
-                        let mut local = [0.0; 2];
-                        g.reduce_scatter_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, r], &mut local)
-                            .unwrap();
-                        assert!(g.all_gather_f32(&[1.0], &mut [0.0; 2]).is_err());
-                        (x, m, full, local)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let out = LocalGroup::run(3, |g| {
+            let r = g.rank() as f32;
+            let mut x = [r, -r];
+            g.all_reduce_f32(&mut x, ReduceKind::Sum).unwrap();
+            let mut m = [r];
+            g.all_reduce_f32(&mut m, ReduceKind::Max).unwrap();
+            let mut full = [0.0; 6];
+            g.all_gather_f32(&[r, r + 10.0], &mut full).unwrap();
+            let mut local = [0.0; 2];
+            g.reduce_scatter_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, r], &mut local)
+                .unwrap();
+            assert!(g.all_gather_f32(&[1.0], &mut [0.0; 2]).is_err());
+            (x, m, full, local)
         });
         for (rank, (x, m, full, local)) in out.into_iter().enumerate() {
             assert_eq!(x, [3.0, -3.0]);

@@ -74,26 +74,18 @@ fn tensor_parallel_shares_decode_the_whole_models_logits() {
     let want = decode_run(&Gpt::new(whole.layout.clone()), &wide(&whole), 6);
     let whole = &whole;
     for n in [2, 4] {
-        let runs: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = LocalGroup::new(n)
-                .into_iter()
-                .map(|g| {
-                    s.spawn(move || {
-                        let shard = TensorShard {
-                            rank: g.rank(),
-                            size: n,
-                        };
-                        // Cut from the whole model's parameters: the same
-                        // values as drawn straight into the share.
-                        let share = whole.tensor_share(shard).unwrap();
-                        let l = share.layout.clone();
-                        assert_eq!(share.data, Params::init_gpt2(l.clone(), 7).data);
-                        let m = Gpt::tensor_parallel(l, Arc::new(g), false).unwrap();
-                        decode_run(&m, &wide(&share), 6)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let runs = LocalGroup::run(n, |g| {
+            let shard = TensorShard {
+                rank: g.rank(),
+                size: n,
+            };
+            // Cut from the whole model's parameters: the same values as
+            // drawn straight into the share.
+            let share = whole.tensor_share(shard).unwrap();
+            let l = share.layout.clone();
+            assert_eq!(share.data, Params::init_gpt2(l.clone(), 7).data);
+            let m = Gpt::tensor_parallel(l, Arc::new(g), false).unwrap();
+            decode_run(&m, &wide(&share), 6)
         });
         for (rank, got) in runs.iter().enumerate() {
             assert_eq!(got.len(), want.len());

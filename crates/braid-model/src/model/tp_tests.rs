@@ -22,30 +22,21 @@ fn tensor_parallel_run(
     batch: (usize, usize, &[u32], &[u32]),
 ) -> Vec<RankRun> {
     let (b, t, toks, tg) = batch;
-    let groups = LocalGroup::new(n);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = groups
-            .into_iter()
-            .map(|g| {
-                s.spawn(move || {
-                    let shard = TensorShard {
-                        rank: g.rank(),
-                        size: n,
-                    };
-                    let l = Arc::new(Layout::tensor_parallel(cfg, shard, 4).unwrap());
-                    let init = Params::init_gpt2(l.clone(), 5);
-                    let p: Vec<f64> = init.data.iter().map(|&x| x as f64 * 10.0 + 0.01).collect();
-                    let m = Gpt::tensor_parallel(l.clone(), Arc::new(g), sequence).unwrap();
-                    let mut acts = m.activations::<f64>(b, t, checkpointing).unwrap();
-                    let mut grads = vec![0.0; p.len()];
-                    let loss = m
-                        .forward_backward(&p, &mut grads, &mut acts, toks, tg, &mut |_, _| {})
-                        .unwrap();
-                    (loss, l, grads)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    LocalGroup::run(n, |g| {
+        let shard = TensorShard {
+            rank: g.rank(),
+            size: n,
+        };
+        let l = Arc::new(Layout::tensor_parallel(cfg, shard, 4).unwrap());
+        let init = Params::init_gpt2(l.clone(), 5);
+        let p: Vec<f64> = init.data.iter().map(|&x| x as f64 * 10.0 + 0.01).collect();
+        let m = Gpt::tensor_parallel(l.clone(), Arc::new(g), sequence).unwrap();
+        let mut acts = m.activations::<f64>(b, t, checkpointing).unwrap();
+        let mut grads = vec![0.0; p.len()];
+        let loss = m
+            .forward_backward(&p, &mut grads, &mut acts, toks, tg, &mut |_, _| {})
+            .unwrap();
+        (loss, l, grads)
     })
 }
 
