@@ -17,21 +17,18 @@
 //! weights and moments never cross the bus, and pinning them would lock
 //! 12 bytes per parameter of the host's memory for nothing.
 
+pub mod update;
+
+pub use update::{HostUpdate, Narrow, CHUNK};
+
 use crate::engine::UpdateStep;
 use crate::Result;
 use braid_cuda::{Device, DeviceBuffer, Event, PinnedBuffer, Stream};
 use braid_model::cuda::f32_params::SideMap;
-use braid_model::optim::{AdamWConfig, Optimizer};
+use braid_model::optim::AdamWConfig;
 use braid_model::Layout;
-use half::bf16;
-use rayon::prelude::*;
 use std::ops::Range;
 use std::time::{Duration, Instant};
-
-/// Elements per chunk: 16 Mi (64 MiB of f32 gradients), large enough for
-/// a copy to run at the link's speed and small enough that filling and
-/// draining the pipeline (one chunk's copy each way) takes milliseconds.
-pub const CHUNK: usize = 1 << 24;
 
 /// How long one chunk's copy may take before the update gives up: a
 /// chunk crosses the bus in milliseconds, so this is a stuck device.
@@ -39,24 +36,6 @@ const COPY_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
-}
-
-/// The element type of the weights the GPU's passes read.
-pub trait Narrow: braid_core::Element + Send + Sync {
-    /// `x` in this type (round to nearest even).
-    fn narrow(x: f32) -> Self;
-}
-
-impl Narrow for f32 {
-    fn narrow(x: f32) -> f32 {
-        x
-    }
-}
-
-impl Narrow for bf16 {
-    fn narrow(x: f32) -> bf16 {
-        bf16::from_f32(x)
-    }
 }
 
 /// Waits for `event`, polling, for at most [`COPY_TIMEOUT`].
@@ -82,10 +61,8 @@ fn wait(event: &Event, what: &str) -> Result<()> {
 /// AdamW over master weights in host memory, refreshing the GPU's weights
 /// of type `T` after each update (see the module's doc).
 pub struct HostOptimizer<T: Narrow> {
-    master: Vec<f32>,
-    opt: Optimizer,
-    /// Elements of the flat buffer in no tensor (a padded layout's).
-    gaps: Vec<Range<usize>>,
+    /// The master weights, the moments and the update itself.
+    core: HostUpdate,
     /// The f32 tensors the GPU reads besides the weights, and their
     /// pinned staging (bf16 engines).
     side: Option<(SideMap, PinnedBuffer<f32>)>,
@@ -111,14 +88,8 @@ impl<T: Narrow> HostOptimizer<T> {
         cfg: AdamWConfig,
         side: Option<SideMap>,
     ) -> Result<Self> {
-        if master.len() != layout.len {
-            return Err(format!(
-                "offloaded optimizer: {} master weights for a model of {}",
-                master.len(),
-                layout.len
-            ));
-        }
-        let chunk = CHUNK.min(master.len().max(1));
+        let core = HostUpdate::new(layout, master, cfg)?;
+        let chunk = CHUNK.min(core.len().max(1));
         let pinned = |n| PinnedBuffer::zeros(device, n).map_err(|x| pin_error(x, n));
         let side = match side {
             Some(map) => {
@@ -129,21 +100,8 @@ impl<T: Narrow> HostOptimizer<T> {
             None => None,
         };
         let weights = || PinnedBuffer::<T>::zeros(device, chunk).map_err(|x| pin_error(x, chunk));
-        let mut gaps = Vec::new();
-        let mut at = 0;
-        for t in &layout.params {
-            if t.offset > at {
-                gaps.push(at..t.offset);
-            }
-            at = at.max(t.offset + t.len);
-        }
-        if at < layout.len {
-            gaps.push(at..layout.len);
-        }
         Ok(HostOptimizer {
-            opt: Optimizer::adamw(layout, cfg),
-            gaps,
-            master,
+            core,
             side,
             grads_in: [pinned(chunk)?, pinned(chunk)?],
             weights_out: [weights()?, weights()?],
@@ -164,62 +122,31 @@ impl<T: Narrow> HostOptimizer<T> {
 
     /// The master weights.
     pub fn master(&self) -> &[f32] {
-        &self.master
+        self.core.master()
     }
 
     /// The master weights, ending the optimizer (its other memory freed
     /// first).
     pub fn into_master(self) -> Vec<f32> {
-        let HostOptimizer { master, opt, .. } = self;
-        drop(opt);
-        master
+        self.core.into_master()
     }
 
     /// AdamW's moment `i` (0: `exp_avg`, 1: `exp_avg_sq`), laid out like
     /// the master weights (zeros before the first update).
     pub fn moment(&self, i: usize) -> Result<&[f32]> {
-        match (&self.opt, i) {
-            (Optimizer::AdamW { m, .. }, 0) => Ok(m),
-            (Optimizer::AdamW { v, .. }, 1) => Ok(v),
-            _ => Err(format!("offloaded optimizer: AdamW has no moment {i}")),
-        }
+        self.core.moment(i)
     }
 
     /// Replaces AdamW's moments by `m` and `v` (laid out like the master
     /// weights), as after `updates` updates: a resumed run's state.
     pub fn set_moments(&mut self, m: &[f32], v: &[f32], updates: u64) -> Result<()> {
-        let n = self.master.len();
-        let Optimizer::AdamW {
-            m: om, v: ov, t, ..
-        } = &mut self.opt
-        else {
-            return Err("offloaded optimizer: not AdamW".into());
-        };
-        if m.len() != n || v.len() != n {
-            return Err(format!(
-                "offloaded optimizer: moments of {} and {} elements for {n} master weights",
-                m.len(),
-                v.len()
-            ));
-        }
-        *t = u32::try_from(updates).map_err(|_| format!("{updates} updates"))?;
-        om.copy_from_slice(m);
-        ov.copy_from_slice(v);
-        Ok(())
+        self.core.set_moments(m, v, updates)
     }
 
     /// Replaces the master weights by `values` (a resumed run's); the
     /// GPU's copies follow with [`upload`](Self::upload).
     pub fn set_master(&mut self, values: &[f32]) -> Result<()> {
-        if values.len() != self.master.len() {
-            return Err(format!(
-                "offloaded optimizer: {} values for {} master weights",
-                values.len(),
-                self.master.len()
-            ));
-        }
-        self.master.copy_from_slice(values);
-        Ok(())
+        self.core.set_master(values)
     }
 
     /// Bytes of host memory it holds: master weights, moments, staging.
@@ -230,19 +157,8 @@ impl<T: Narrow> HostOptimizer<T> {
                 .side
                 .as_ref()
                 .map_or(0, |(_, s)| 4 * s.as_slice().len());
-        (
-            4 * self.master.len() as u64,
-            self.opt.state_bytes() as u64,
-            staging as u64,
-        )
-    }
-
-    /// The chunks of the flat buffer, in order.
-    fn chunks(&self) -> Vec<Range<usize>> {
-        let n = self.master.len();
-        (0..n.div_ceil(CHUNK))
-            .map(|k| k * CHUNK..((k + 1) * CHUNK).min(n))
-            .collect()
+        let (master, moments) = self.core.bytes();
+        (master, moments, staging as u64)
     }
 
     /// Copies the master weights up (narrowed to `T` into `weights`, the
@@ -257,7 +173,7 @@ impl<T: Narrow> HostOptimizer<T> {
         self.check(weights.len(), None)?;
         self.ready.record(compute).map_err(e)?;
         self.up.wait_event(&self.ready).map_err(e)?;
-        for (k, r) in self.chunks().into_iter().enumerate() {
+        for (k, r) in self.core.chunks().into_iter().enumerate() {
             if k >= 2 {
                 wait(&self.sent[k % 2], "copying weights to the GPU")?;
             }
@@ -281,8 +197,8 @@ impl<T: Narrow> HostOptimizer<T> {
         self.ready.record(compute).map_err(e)?;
         self.down.wait_event(&self.ready).map_err(e)?;
         self.up.wait_event(&self.ready).map_err(e)?;
-        let chunks = self.chunks();
-        self.opt.begin_step();
+        let chunks = self.core.chunks();
+        self.core.begin_step();
         let mut cpu = Duration::ZERO;
         if let Some(r) = chunks.first() {
             self.fetch(0, r.clone(), grads)?;
@@ -298,19 +214,8 @@ impl<T: Narrow> HostOptimizer<T> {
             }
             let t0 = Instant::now();
             let g = &self.grads_in[k % 2].as_slice()[..r.len()];
-            let p = &mut self.master[r.clone()];
             let out = &mut self.weights_out[k % 2].as_mut_slice()[..r.len()];
-            let hyper = (step.lr, step.grad_scale);
-            self.opt
-                .step_range_into(p, g, r.clone(), hyper, out, T::narrow);
-            // Padding between tensors (none in a plain layout) is not
-            // the optimizer's: narrowed here.
-            for gap in &self.gaps {
-                let cut = gap.start.max(r.start)..gap.end.min(r.end);
-                for i in cut {
-                    out[i - r.start] = T::narrow(self.master[i]);
-                }
-            }
+            self.core.update_chunk(r.clone(), g, out, step);
             cpu += t0.elapsed();
             self.queue_up(k, r.clone(), weights)?;
         }
@@ -320,7 +225,7 @@ impl<T: Narrow> HostOptimizer<T> {
 
     /// Lengths against the master weights'.
     fn check(&self, weights: usize, grads: Option<usize>) -> Result<()> {
-        let n = self.master.len();
+        let n = self.core.len();
         if weights != n || grads.is_some_and(|g| g != n) {
             return Err(format!(
                 "offloaded optimizer over {n} parameters given {weights} weights{}",
@@ -342,13 +247,7 @@ impl<T: Narrow> HostOptimizer<T> {
     /// k % 2 and queues them up into `weights`.
     fn send(&mut self, k: usize, r: Range<usize>, weights: &mut DeviceBuffer<T>) -> Result<()> {
         let out = &mut self.weights_out[k % 2].as_mut_slice()[..r.len()];
-        out.par_chunks_mut(1 << 14)
-            .zip(self.master[r.clone()].par_chunks(1 << 14))
-            .for_each(|(o, p)| {
-                for (o, &p) in o.iter_mut().zip(p) {
-                    *o = T::narrow(p);
-                }
-            });
+        self.core.narrow_into(r.clone(), out);
         self.queue_up(k, r, weights)
     }
 
@@ -375,7 +274,7 @@ impl<T: Narrow> HostOptimizer<T> {
                 }
                 let out = stage.as_mut_slice();
                 for (r, at) in map.parts() {
-                    out[*at..at + r.len()].copy_from_slice(&self.master[r.clone()]);
+                    out[*at..at + r.len()].copy_from_slice(&self.core.master()[r.clone()]);
                 }
                 if !map.is_empty() {
                     stage.copy_out_async(0, dev, &self.up).map_err(e)?;
