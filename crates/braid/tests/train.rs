@@ -95,8 +95,16 @@ fn bad_training_input_is_explained() {
             "nonexistent.safetensors",
         ),
         (
-            &["train", "--offload", "optimizer", "--steps", "1"][..],
-            "all in host memory already",
+            &[
+                "train",
+                "--offload",
+                "optimizer",
+                "--optimizer",
+                "sgd",
+                "--steps",
+                "1",
+            ][..],
+            "the offloaded optimizer is AdamW",
         ),
         (
             &["train", "--device", "cuda", "--offload", "gpu"][..],

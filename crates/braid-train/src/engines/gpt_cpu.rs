@@ -2,9 +2,13 @@
 //! [`Engine`]: parameters, activations and optimizer state in host memory
 //! — the whole model, or one tensor-parallel rank's share of it
 //! ([`CpuGpt::tensor_parallel`]), whose gradient norm is summed over its
-//! tensor group (the tensors every rank holds whole counted once).
+//! tensor group (the tensors every rank holds whole counted once); with
+//! its optimizer offloaded ([`CpuGpt::offloaded`]), AdamW's update runs
+//! through the same chunked [`HostUpdate`] a GPU's offloaded optimizer
+//! runs, over master weights of its own.
 
 use super::describe::{gpt_describe, gpt_matrices};
+use super::offload::HostUpdate;
 use super::state::{copy_at, gpt_tensors, moment};
 use super::units::{backward_unit_name, forward_unit_name, gpt_param_units, gpt_units};
 use crate::engine::{
@@ -49,6 +53,10 @@ pub struct CpuGpt {
     sharded: bool,
     /// The tensor group, when this is one rank's share of the model.
     group: Option<TensorGroup>,
+    /// The optimizer offloaded (`--offload optimizer`): master weights
+    /// and moments of its own, updated chunk by chunk; `opt` stays
+    /// unused.
+    offload: Option<HostUpdate>,
 }
 
 /// A tensor-parallel rank's group, for its gradient norm.
@@ -166,6 +174,52 @@ impl CpuGpt {
             units: gpt_param_units(&layout),
             sharded: false,
             group: None,
+            offload: None,
+        }
+    }
+
+    /// This engine with its optimizer offloaded, as `--offload optimizer`
+    /// does on a GPU: AdamW's master weights and moments held apart from
+    /// the weights the passes read, and each update run chunk by chunk
+    /// through [`HostUpdate`], the weights rewritten from the master
+    /// copy. On the CPU both copies are in host memory already, so
+    /// nothing is saved: it is there so that a pipeline stage or a
+    /// tensor-parallel share runs the offloaded update on any machine
+    /// (and equals the update in place, bit for bit). AdamW only, before
+    /// the first update, and not under ZeRO.
+    pub fn offloaded(mut self) -> Result<CpuGpt> {
+        let CpuOptimizer::AdamW { weight_decay } = self.optimizer else {
+            return Err(
+                "--offload optimizer offloads AdamW (SGD's momentum stays with the model)".into(),
+            );
+        };
+        if self.updates > 0 || self.sharded || self.shard.len() != 1 {
+            return Err(
+                "the optimizer is offloaded before the first update, and not with ZeRO".into(),
+            );
+        }
+        let cfg = AdamWConfig {
+            weight_decay,
+            ..Default::default()
+        };
+        self.offload = Some(HostUpdate::new(
+            &self.params.layout,
+            self.params.data.clone(),
+            cfg,
+        )?);
+        self.opt = None;
+        Ok(self)
+    }
+
+    /// Refuses a sharded optimizer's or sharded parameters' call with the
+    /// optimizer offloaded.
+    fn not_offloaded(&self, what: &str) -> Result<()> {
+        match self.offload {
+            None => Ok(()),
+            Some(_) => Err(format!(
+                "{what}: the optimizer is offloaded, and an offloaded optimizer is not sharded \
+                 (ZeRO with --offload optimizer is not built)"
+            )),
         }
     }
 
@@ -278,7 +332,11 @@ impl Engine for CpuGpt {
     }
 
     fn params_changed(&mut self) -> Result<()> {
-        Ok(())
+        // In f32 the weights are the master weights exactly.
+        match &mut self.offload {
+            Some(h) => h.set_master(&self.params.data),
+            None => Ok(()),
+        }
     }
 
     fn new_grads(&self) -> Result<Vec<f32>> {
@@ -383,6 +441,11 @@ impl Engine for CpuGpt {
 
     fn update(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
         self.whole("update")?;
+        if let Some(h) = &mut self.offload {
+            h.step(grads, &mut self.params.data, step)?;
+            self.updates += 1;
+            return Ok(());
+        }
         let (opt, params) = self.stepping();
         opt.step_scaled(params, grads, step.lr, step.grad_scale);
         self.updates += 1;
@@ -395,11 +458,25 @@ impl Engine for CpuGpt {
 }
 
 impl EngineInfo for CpuGpt {
+    fn host_params(&self) -> Option<&[f32]> {
+        self.offload.as_ref().map(HostUpdate::master)
+    }
+
     fn matrices(&self) -> Vec<Matrix> {
         gpt_matrices(&self.params.layout)
     }
 
     fn state_bytes(&self) -> StateBytes {
+        if let Some(h) = &self.offload {
+            let (master, optimizer) = h.bytes();
+            return StateBytes {
+                params: 4 * self.params.data.len() as u64,
+                master,
+                optimizer,
+                offloaded: master + optimizer,
+                ..Default::default()
+            };
+        }
         StateBytes {
             params: 4 * self.params.data.len() as u64,
             optimizer: match &self.opt {
@@ -445,6 +522,7 @@ impl ShardedOptimizer for CpuGpt {
 
     fn update_shard(&mut self, grads: &Vec<f32>, step: UpdateStep) -> Result<()> {
         self.whole("update")?;
+        self.not_offloaded("a sharded update")?;
         let len: usize = self.shard.iter().map(|r| r.len()).sum();
         if grads.len() != len {
             return Err(format!(
@@ -459,6 +537,7 @@ impl ShardedOptimizer for CpuGpt {
     }
 
     fn shard_optimizer(&mut self, shard: &[Range<usize>]) -> Result<()> {
+        self.not_offloaded("sharding the optimizer")?;
         check_shard(shard, self.params.data.len())?;
         if self.updates > 0 {
             return Err("the optimizer can be sharded only before the first update".into());
@@ -640,6 +719,9 @@ impl Checkpointable for CpuGpt {
         out: &mut [f32],
     ) -> Result<()> {
         let at = state_ranges(&self.shard, ranges)?;
+        if let Some(h) = &self.offload {
+            return copy_at(h.moment(moment)?, &at, out);
+        }
         let (opt, _) = self.stepping();
         let state: &[f32] = match (opt, moment) {
             (Optimizer::AdamW { m, .. }, 0) => m,
@@ -651,6 +733,14 @@ impl Checkpointable for CpuGpt {
     }
 
     fn set_optimizer_state(&mut self, state: &OptimizerState, updates: u64) -> Result<()> {
+        if let Some(h) = &mut self.offload {
+            let len = h.len();
+            let m = moment(state, "adamw", "exp_avg", len)?;
+            let v = moment(state, "adamw", "exp_avg_sq", len)?;
+            h.set_moments(m, v, updates)?;
+            self.updates = updates;
+            return Ok(());
+        }
         let (opt, _) = self.stepping();
         match opt {
             Optimizer::AdamW { m, v, t, .. } => {
@@ -792,6 +882,68 @@ mod tests {
         assert!(units.update(&got, step).is_err());
         units.unshard_params(master).unwrap();
         assert!(units.forward(&batch, false).is_ok());
+    }
+
+    /// The offloaded update (master weights and moments of its own,
+    /// chunk by chunk through `HostUpdate`) gives the update in place
+    /// bit for bit over three steps, and its moments read back as the
+    /// in-place optimizer's; a sharded optimizer and SGD are refused.
+    #[test]
+    fn the_offloaded_update_equals_the_update_in_place_bit_for_bit() {
+        let layout = Arc::new(Layout::new(&GptConfig::parse("L2-H2-C16-V50-T8").unwrap()));
+        let make = || {
+            CpuGpt::new(
+                Params::init_gpt2(layout.clone(), 4),
+                2,
+                8,
+                false,
+                CpuOptimizer::AdamW { weight_decay: 0.1 },
+            )
+        };
+        let (mut plain, mut off) = (make(), make().offloaded().unwrap());
+        assert_eq!(off.host_params().unwrap(), plain.params().as_slice());
+        assert!(off.state_bytes().offloaded > 0);
+        let mut batch = TokenBatch::new(2, 8);
+        for (i, (x, y)) in batch.tokens.iter_mut().zip(&mut batch.targets).enumerate() {
+            (*x, *y) = ((i * 5 % 50) as u32, (i * 3 % 50) as u32);
+        }
+        for k in 1..=3 {
+            let step = UpdateStep {
+                lr: 1e-2,
+                step: k,
+                grad_scale: 0.7,
+            };
+            for e in [&mut plain, &mut off] {
+                e.forward(&batch, true).unwrap();
+                let mut g = e.new_grads().unwrap();
+                crate::engine::backward_local(e, &mut g).unwrap();
+                e.update(&g, step).unwrap();
+            }
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same(plain.params(), off.params()), "step {k}");
+            assert!(same(off.host_params().unwrap(), off.params()), "step {k}");
+        }
+        let whole = 0..layout.len;
+        let all = std::slice::from_ref(&whole);
+        for i in 0..2 {
+            let (mut a, mut b) = (vec![0.0; layout.len], vec![0.0; layout.len]);
+            plain.read_moment(i, all, &mut a).unwrap();
+            off.read_moment(i, all, &mut b).unwrap();
+            assert_eq!(a, b, "moment {i}");
+        }
+        assert!(off
+            .shard_optimizer(std::slice::from_ref(&(0..4)))
+            .unwrap_err()
+            .contains("offloaded"));
+        let sgd = CpuGpt::new(
+            Params::init_gpt2(layout.clone(), 4),
+            2,
+            8,
+            false,
+            CpuOptimizer::Sgd { weight_decay: 0.0 },
+        );
+        assert!(sgd.offloaded().is_err());
     }
 
     /// A sharded optimizer changes its shard's parameters and no others,

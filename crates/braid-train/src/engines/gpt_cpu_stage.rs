@@ -620,7 +620,8 @@ impl Engine for CpuStage {
     }
 
     fn params_changed(&mut self) -> Result<()> {
-        Ok(())
+        // An offloaded optimizer's master weights follow.
+        self.passes.inner.params_changed()
     }
 
     fn new_grads(&self) -> Result<Vec<f32>> {

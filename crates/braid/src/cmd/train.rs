@@ -178,7 +178,8 @@ pub struct TrainArgs {
     ///
     /// optimizer keeps the f32 master weights and AdamW's moments in host memory and runs the
     /// update on the CPU's cores (ZeRO-Offload's split: 12 bytes per parameter leave the GPU).
-    /// GPU only, one process or data-parallel.
+    /// AdamW, one process or data-parallel on GPUs; on CPUs (where the state is in host memory
+    /// already) it also runs under --pp and --tp, the same update through the same code.
     #[arg(long, default_value = "none", value_name = "WHAT", hide_short_help = true,
           help_heading = H_DEVICE)]
     pub(super) offload: String,
@@ -803,6 +804,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 checkpointing: a.checkpointing,
                 save: a.save.is_some(),
                 gpu_memory: c.gpu_memory,
+                offload: c.offload,
                 shard_choice,
                 ddp,
             },
@@ -822,6 +824,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
                 optimizer: c.optimizer,
                 weight_decay: a.weight_decay,
                 checkpointing: a.checkpointing,
+                offload: c.offload,
                 save: a.save.is_some(),
                 shard_choice,
                 ddp,

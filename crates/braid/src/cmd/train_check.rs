@@ -114,7 +114,7 @@ pub fn checked(a: &TrainArgs) -> Result<Choices, String> {
         defer_layers: a.defer_layers,
         buckets: a.bucket_mb != BUCKET_MB || a.first_bucket_mb != FIRST_BUCKET_MB,
     })?;
-    let offload = offload_of(a, cuda, zero)?;
+    let offload = offload_of(a, zero, optimizer)?;
     Ok(Choices {
         model,
         model_note,
@@ -223,18 +223,11 @@ fn nproc_of(a: &TrainArgs, world: Option<&braid_core::WorldInfo>) -> Result<Opti
     }
 }
 
-/// Refuses what a pipeline does not take yet (`--zero 2` and 3 on GPUs,
-/// `--offload`, `--accum`), a pipeline's flags without `--pp`, and
-/// `--offload` with `--tp`.
+/// Refuses what a pipeline does not take yet (`--zero 2` and 3 and
+/// `--offload` on GPUs, `--accum`), a pipeline's flags without `--pp`,
+/// and `--offload` with `--tp` on GPUs.
 fn parallel_flags_checked(a: &TrainArgs, cuda: bool) -> Result<(), String> {
     if a.pp > 1 {
-        let not_yet = |what: &str| {
-            Err(format!(
-                "--pp {} with {what}: not built yet (pipelines compose with data parallelism, \
-                 ZeRO, --tp and checkpoints)",
-                a.pp
-            ))
-        };
         if let (Some(z @ (2 | 3)), true) = (a.zero.or(a.fsdp.then_some(3)), cuda) {
             return Err(format!(
                 "--pp {} with --zero {z} on GPUs: not built yet (the CPU stages take it). --zero \
@@ -242,8 +235,12 @@ fn parallel_flags_checked(a: &TrainArgs, cuda: bool) -> Result<(), String> {
                 a.pp
             ));
         }
-        if a.offload != "none" {
-            return not_yet("--offload");
+        if a.offload != "none" && cuda {
+            return Err(format!(
+                "--pp {} with --offload {} on GPUs: not built yet (the CPU stages take it; on a \
+                 GPU the offloaded optimizer lives inside the one-process engine)",
+                a.pp, a.offload
+            ));
         }
         if a.accum > 1 {
             return Err(format!(
@@ -267,10 +264,10 @@ fn parallel_flags_checked(a: &TrainArgs, cuda: bool) -> Result<(), String> {
             }
         }
     }
-    if a.tp > 1 && a.offload != "none" {
+    if a.tp > 1 && a.offload != "none" && cuda {
         return Err(format!(
-            "--tp {} with --offload {}: the offloaded optimizer is not built for tensor \
-             parallelism (drop one of them)",
+            "--tp {} with --offload {} on GPUs: not built yet (the CPU shares take it; drop one \
+             of them)",
             a.tp, a.offload
         ));
     }
@@ -309,9 +306,11 @@ fn gpu_engine_checked(
     Ok(())
 }
 
-/// `--offload`: whether the optimizer moves to host memory (GPU runs
-/// without ZeRO only).
-fn offload_of(a: &TrainArgs, cuda: bool, zero: Option<u8>) -> Result<bool, String> {
+/// `--offload`: whether the optimizer moves to host memory (AdamW,
+/// without ZeRO or a parameter server). On the CPU the state is in host
+/// memory already; the offloaded update runs all the same (so a pipeline
+/// or a tensor-parallel run with it can be checked on any machine).
+fn offload_of(a: &TrainArgs, zero: Option<u8>, optimizer: OptimizerKind) -> Result<bool, String> {
     let offload =
         match a.offload.as_str() {
             "none" => false,
@@ -324,10 +323,17 @@ fn offload_of(a: &TrainArgs, cuda: bool, zero: Option<u8>) -> Result<bool, Strin
             ),
             other => return Err(format!("--offload {other:?}: expected none or optimizer")),
         };
-    if offload && !cuda {
+    if offload && optimizer != OptimizerKind::AdamW {
+        return Err(format!(
+            "--offload optimizer with --optimizer {}: the offloaded optimizer is AdamW (drop \
+             one of them)",
+            a.optimizer
+        ));
+    }
+    if offload && a.ps.is_some() {
         return Err(
-            "--offload optimizer moves model state from the GPU to host memory; with --device cpu \
-             it is all in host memory already (drop the flag)"
+            "--offload optimizer with --ps: a parameter server's servers hold the optimizer \
+             already (drop --offload)"
                 .into(),
         );
     }

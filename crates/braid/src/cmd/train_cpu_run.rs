@@ -27,6 +27,8 @@ pub struct CpuRun<'r> {
     pub optimizer: super::train::OptimizerKind,
     pub weight_decay: f32,
     pub checkpointing: bool,
+    /// `--offload optimizer`: AdamW through the offloaded update.
+    pub offload: bool,
     /// `--save`: the whole model back from a tensor group's shares.
     pub save: bool,
     pub shard_choice: ShardChoice,
@@ -50,6 +52,7 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
         optimizer,
         weight_decay,
         checkpointing,
+        offload,
         save,
         shard_choice,
         ddp,
@@ -78,6 +81,9 @@ pub fn run(r: CpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<(RunReport, P
             place.sequence,
         )?,
     };
+    if offload {
+        engine = engine.offloaded()?;
+    }
     let tensor_group = groups.as_ref().map(|g| g.tensor.clone());
     let several = comm.is_some() || ps.is_some();
     if let Some(ps) = ps {

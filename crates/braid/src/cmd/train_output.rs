@@ -233,7 +233,13 @@ pub fn print_state(run: &RunReport, cfg: &GptConfig, held: Option<u64>, stage: u
             mb(run.saved_in_grads)
         );
     }
-    if st.offloaded > 0 {
+    if st.offloaded > 0 && braid_cuda::pool::peak_allocated_bytes() == 0 {
+        println!(
+            "optimizer offloaded: {:.1} MB (f32 master weights, AdamW moments) updated apart \
+             from the model's weights; on the CPU all of it is host memory, so nothing is saved",
+            mb(st.offloaded)
+        );
+    } else if st.offloaded > 0 {
         println!(
             "offloaded to host memory: {:.1} MB (f32 master weights, AdamW moments, pinned \
              transfer buffers); on the GPU: {:.1} MB, {:.2} bytes per parameter",

@@ -170,7 +170,8 @@ fn part(
 /// Pipeline rank `group.rank()`'s engine on the CPU: its stages'
 /// parameters cut out of `whole` (a tensor-parallel rank's share under
 /// `--tp`, whose group and sequence parallelism `tensor` gives), for
-/// micro-batches of `b × t`.
+/// micro-batches of `b × t`, stepping with `how` (offloaded with the
+/// second of the pair: `--offload optimizer`).
 #[allow(clippy::too_many_arguments)]
 pub fn engine(
     whole: &Params,
@@ -178,7 +179,7 @@ pub fn engine(
     all: &[Stage],
     group: braid_comm::Communicator,
     tensor: Option<(Arc<dyn TensorComm>, bool)>,
-    how: CpuOptimizer,
+    (how, offload): (CpuOptimizer, bool),
     b: usize,
     t: usize,
     checkpointing: bool,
@@ -189,6 +190,10 @@ pub fn engine(
         Some((comm, sequence)) => {
             CpuGpt::tensor_parallel(params, b, t, checkpointing, how, comm, sequence)?
         }
+    };
+    let inner = match offload {
+        true => inner.offloaded()?,
+        false => inner,
     };
     CpuStage::new(inner, mine, s, group, b, t, checkpointing)
 }

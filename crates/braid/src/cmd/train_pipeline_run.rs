@@ -46,6 +46,9 @@ pub struct PipelineRun<'r> {
     pub save: bool,
     /// `--gpu-memory`, in bytes: what each rank's stages must fit.
     pub gpu_memory: Option<u128>,
+    /// `--offload optimizer` (the CPU stages: AdamW through the
+    /// offloaded update).
+    pub offload: bool,
     pub shard_choice: ShardChoice,
     pub ddp: DdpOptions,
 }
@@ -78,6 +81,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         checkpointing,
         save,
         gpu_memory,
+        offload,
         shard_choice,
         ddp,
     } = r;
@@ -290,7 +294,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             &all,
             groups.pipe,
             tensor,
-            how,
+            (how, offload),
             micro,
             seq,
             checkpointing,
