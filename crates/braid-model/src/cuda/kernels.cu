@@ -364,3 +364,113 @@ extern "C" __global__ void sumsq_partial(float* partial, const float* x, long n,
     }
     if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
+
+// ---- decoding with a paged KV cache (serving) ----------------------------
+// A step's rows are tokens of many sequences, each at its own position;
+// a layer's keys (and values) are [blocks * BS, C]: position o of block b
+// is slot b * BS + o. A row's table is tabs[tab_off[r] ..], the block ids
+// of its sequence in order (position p in block tabs[tab_off[r] + p / BS]).
+
+// out[n, c] = wte[tokens[n], c] + wpe[pos[n], c]
+extern "C" __global__ void decode_embed(float* out, const int* tokens, const int* pos,
+                                        const float* wte, const float* wpe, int N, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    int n = i / C, c = i % C;
+    out[i] = wte[(long)tokens[n] * C + c] + wpe[(long)pos[n] * C + c];
+}
+
+// Each row's key and value (qkv [N, 3C]: q, k, v) into its slot:
+// kc[slots[n], c] = qkv[n, C + c]; vc[slots[n], c] = qkv[n, 2C + c].
+extern "C" __global__ void kv_write(float* kc, float* vc, const float* qkv, const int* slots,
+                                    int N, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * C) return;
+    int n = i / C, c = i % C;
+    long at = (long)slots[n] * C + c;
+    const float* row = qkv + (long)n * 3 * C;
+    kc[at] = row[C + c];
+    vc[at] = row[2 * C + c];
+}
+
+// The block's maximum (sum) of v, in every thread; red holds a float per
+// warp. blockDim.x is a multiple of WARP, at most WARP * WARP; every
+// thread of the block calls it.
+__device__ float block_max(float v, float* red) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();  // the last reduction's reads of red are done
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    return warp_max(lane < nw ? red[lane] : __int_as_float(0xff800000));
+}
+
+__device__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? red[lane] : 0.f);
+}
+
+// One block per (row, head) (grid N x NH), blockDim.x >= HS, a multiple of
+// WARP; dynamic shared memory (blockDim.x + WARP + HS) floats. Row r's
+// query (qkv[r, h*HS ..]) attends to its sequence's positions 0..=pos[r],
+// read through its table: score = q . k * scale, softmax, out[r, h*HS + d]
+// = sum_j softmax_j v_j[d]. The positions go in tiles of blockDim.x (one
+// thread per position for the scores), with an online softmax: the
+// running maximum m and sum l, and thread d's accumulator rescaled by
+// exp(m_old - m_new) at each tile.
+extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, const float* kc,
+                                                  const float* vc, const int* pos,
+                                                  const int* tab_off, const int* tabs, int NH,
+                                                  int HS, int BS, float scale) {
+    extern __shared__ float sh[];
+    float* wt = sh;                    // blockDim.x: the tile's weights
+    float* red = sh + blockDim.x;      // WARP: reductions
+    float* q = red + WARP;             // HS: the query
+    int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    int C = NH * HS;
+    int P = pos[r] + 1;
+    const int* tab = tabs + tab_off[r];
+    for (int d = tid; d < HS; d += blockDim.x) q[d] = qkv[(long)r * 3 * C + h * HS + d];
+    __syncthreads();
+    float m = __int_as_float(0xff800000), l = 0.f, acc = 0.f;
+    for (int j0 = 0; j0 < P; j0 += blockDim.x) {
+        int j = j0 + tid;
+        float s = __int_as_float(0xff800000);
+        if (j < P) {
+            const float* k = kc + ((long)tab[j / BS] * BS + j % BS) * C + h * HS;
+            float dot = 0.f;
+            for (int e = 0; e < HS; e++) dot += q[e] * k[e];
+            s = dot * scale;
+        }
+        float mn = fmaxf(m, block_max(s, red));  // finite: the tile has a position
+        float p = j < P ? expf(s - mn) : 0.f;
+        float corr = expf(m - mn);  // 0 at the first tile (m = -inf)
+        l = l * corr + block_sum(p, red);
+        wt[tid] = p;
+        __syncthreads();
+        if (tid < HS) {
+            acc *= corr;
+            int cnt = min((int)blockDim.x, P - j0);
+            for (int t = 0; t < cnt; t++) {
+                int jj = j0 + t;
+                const float* v = vc + ((long)tab[jj / BS] * BS + jj % BS) * C + h * HS;
+                acc += wt[t] * v[tid];
+            }
+        }
+        m = mn;
+        __syncthreads();  // wt is read before the next tile writes it
+    }
+    if (tid < HS) out[(long)r * C + h * HS + tid] = acc / l;
+}
+
+// out[m, c] = inp[rows[m], c]: the rows that want logits, gathered.
+extern "C" __global__ void gather_rows(float* out, const float* inp, const int* rows, int M, int C) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)M * C) return;
+    int m = i / C, c = i % C;
+    out[i] = inp[(long)rows[m] * C + c];
+}

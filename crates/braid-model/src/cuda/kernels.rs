@@ -47,6 +47,10 @@ pub struct Kernels {
     vocab_row_max: Function,
     vocab_row_sums: Function,
     vocab_softmax_ce: Function,
+    decode_embed: Function,
+    kv_write: Function,
+    paged_attention_decode: Function,
+    gather_rows: Function,
 }
 
 impl Kernels {
@@ -79,6 +83,10 @@ impl Kernels {
             vocab_row_max: f("vocab_row_max")?,
             vocab_row_sums: f("vocab_row_sums")?,
             vocab_softmax_ce: f("vocab_softmax_ce")?,
+            decode_embed: f("decode_embed")?,
+            kv_write: f("kv_write")?,
+            paged_attention_decode: f("paged_attention_decode")?,
+            gather_rows: f("gather_rows")?,
             _module: module,
         })
     }
@@ -668,6 +676,230 @@ impl Kernels {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         f.launch(grid(rows, (BLOCK / 32) as usize), (BLOCK, 1, 1), 0, s, args)
+    }
+}
+
+/// The shape of one decode step's paged attention
+/// ([`Kernels::paged_attention_decode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedShape {
+    /// The step's rows.
+    pub rows: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Their size (the width is `heads * head_size`).
+    pub head_size: usize,
+    /// Positions per block of the cache.
+    pub block_size: usize,
+}
+
+fn too_short(what: &str, have: usize, want: usize) -> Result<()> {
+    match have >= want {
+        true => Ok(()),
+        false => Err(braid_cuda::CudaError::Invalid(format!(
+            "{what}: {have} elements where {want} are needed"
+        ))),
+    }
+}
+
+/// Threads of one (row, head) block of the paged attention: at least one
+/// per element of a head, a whole number of warps, at least 128.
+fn paged_threads(head_size: usize) -> Result<u32> {
+    let t = head_size.next_multiple_of(32).max(128);
+    match t <= 1024 {
+        true => Ok(t as u32),
+        false => Err(braid_cuda::CudaError::Invalid(format!(
+            "paged attention: heads of {head_size} exceed a block's 1024 threads"
+        ))),
+    }
+}
+
+impl Kernels {
+    /// A decode step's embeddings: `out[n] = wte[tokens[n]] + wpe[pos[n]]`
+    /// for `n` rows of `c` (tokens and positions checked by the caller:
+    /// inside the vocabulary and the context).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_embed(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        tokens: &impl DeviceMem<i32>,
+        pos: &impl DeviceMem<i32>,
+        wte: &impl DeviceMem<f32>,
+        wpe: &impl DeviceMem<f32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        too_short("decode_embed out", out.dlen(), n * c)?;
+        too_short("decode_embed tokens", tokens.dlen(), n)?;
+        too_short("decode_embed positions", pos.dlen(), n)?;
+        let (o, tk, ps, e, p) = (
+            out.dptr(),
+            tokens.dptr(),
+            pos.dptr(),
+            wte.dptr(),
+            wpe.dptr(),
+        );
+        let (n32, c32) = (n as i32, c as i32);
+        // SAFETY: out holds n*c, tokens and pos n elements (checked); every
+        // token indexes a row of wte and every position a row of wpe (the
+        // caller's checks); all alive until the stream has run the kernel.
+        unsafe {
+            self.decode_embed.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [
+                    arg(&o),
+                    arg(&tk),
+                    arg(&ps),
+                    arg(&e),
+                    arg(&p),
+                    arg(&n32),
+                    arg(&c32),
+                ],
+            )
+        }
+    }
+
+    /// Each of `n` rows' key and value (`qkv` rows of `3c`: query, key,
+    /// value) into its slot of a layer's cache: `k[slots[r]] =
+    /// qkv[r][c..2c]`, `v[slots[r]] = qkv[r][2c..]` (slots checked by the
+    /// caller: inside the cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_write(
+        &self,
+        s: &Stream,
+        k: &mut impl DeviceMem<f32>,
+        v: &mut impl DeviceMem<f32>,
+        qkv: &impl DeviceMem<f32>,
+        slots: &impl DeviceMem<i32>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        too_short("kv_write qkv", qkv.dlen(), n * 3 * c)?;
+        too_short("kv_write slots", slots.dlen(), n)?;
+        let (kp, vp, q, sl) = (k.dptr(), v.dptr(), qkv.dptr(), slots.dptr());
+        let (n32, c32) = (n as i32, c as i32);
+        // SAFETY: qkv holds n*3c and slots n elements (checked); every slot
+        // is below the cache's k.dlen() / c (the caller's check); all
+        // alive until the stream has run the kernel.
+        unsafe {
+            self.kv_write.launch(
+                grid(n * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&kp), arg(&vp), arg(&q), arg(&sl), arg(&n32), arg(&c32)],
+            )
+        }
+    }
+
+    /// A decode step's attention over the paged cache of one layer: row
+    /// `r`'s query (in `qkv`, rows of `3c`) attends to its sequence's
+    /// positions `0..=pos[r]`, whose keys and values `k` and `v` hold in
+    /// the slots its table gives — `tabs[tab_off[r]..]`, the sequence's
+    /// block ids in order (position `p` at slot `tab[p / block_size] *
+    /// block_size + p % block_size`). Softmax scale `1/sqrt(head_size)`;
+    /// `out` rows of `c`. One block of threads per (row, head). Tables,
+    /// positions and block ids are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_decode(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        qkv: &impl DeviceMem<f32>,
+        k: &impl DeviceMem<f32>,
+        v: &impl DeviceMem<f32>,
+        pos: &impl DeviceMem<i32>,
+        tab_off: &impl DeviceMem<i32>,
+        tabs: &impl DeviceMem<i32>,
+        shape: PagedShape,
+    ) -> Result<()> {
+        let PagedShape {
+            rows,
+            heads,
+            head_size,
+            block_size,
+        } = shape;
+        let c = heads * head_size;
+        if rows == 0 {
+            return Ok(());
+        }
+        too_short("paged attention out", out.dlen(), rows * c)?;
+        too_short("paged attention qkv", qkv.dlen(), rows * 3 * c)?;
+        too_short("paged attention positions", pos.dlen(), rows)?;
+        too_short("paged attention table offsets", tab_off.dlen(), rows)?;
+        let threads = paged_threads(head_size)?;
+        let shared = (threads as usize + 32 + head_size) * std::mem::size_of::<f32>();
+        let ptrs = [
+            out.dptr(),
+            qkv.dptr(),
+            k.dptr(),
+            v.dptr(),
+            pos.dptr(),
+            tab_off.dptr(),
+            tabs.dptr(),
+        ];
+        let (nh, hs, bs) = (heads as i32, head_size as i32, block_size as i32);
+        let scale = 1.0f32 / (head_size as f32).sqrt();
+        // SAFETY: out holds rows*c, qkv rows*3c, pos and tab_off rows
+        // elements (checked); each row's table holds a block for each of
+        // its positions 0..=pos and every block id is inside the cache
+        // (the caller's checks); the dynamic shared memory is the
+        // kernel's (threads + 32 + head_size) floats, under 48 KiB for
+        // threads <= 1024; all alive until the stream has run the kernel.
+        unsafe {
+            self.paged_attention_decode.launch(
+                (rows as u32, heads as u32, 1),
+                (threads, 1, 1),
+                shared as u32,
+                s,
+                &mut [
+                    arg(&ptrs[0]),
+                    arg(&ptrs[1]),
+                    arg(&ptrs[2]),
+                    arg(&ptrs[3]),
+                    arg(&ptrs[4]),
+                    arg(&ptrs[5]),
+                    arg(&ptrs[6]),
+                    arg(&nh),
+                    arg(&hs),
+                    arg(&bs),
+                    arg(&scale),
+                ],
+            )
+        }
+    }
+
+    /// `out[m] = inp[rows[m]]` for `m` rows of `c` (the row indices
+    /// checked by the caller: rows of `inp`).
+    pub fn gather_rows(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<f32>,
+        inp: &impl DeviceMem<f32>,
+        rows: &impl DeviceMem<i32>,
+        m: usize,
+        c: usize,
+    ) -> Result<()> {
+        too_short("gather_rows out", out.dlen(), m * c)?;
+        too_short("gather_rows rows", rows.dlen(), m)?;
+        let (o, x, r) = (out.dptr(), inp.dptr(), rows.dptr());
+        let (m32, c32) = (m as i32, c as i32);
+        // SAFETY: out holds m*c and rows m elements (checked); every row
+        // index is a row of inp (the caller's check); all alive until the
+        // stream has run the kernel.
+        unsafe {
+            self.gather_rows.launch(
+                grid(m * c, BLOCK as usize),
+                (BLOCK, 1, 1),
+                0,
+                s,
+                &mut [arg(&o), arg(&x), arg(&r), arg(&m32), arg(&c32)],
+            )
+        }
     }
 }
 

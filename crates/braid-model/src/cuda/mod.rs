@@ -1,7 +1,8 @@
 //! The GPU engine: CUDA C kernels compiled by NVRTC at run time for the
 //! GPU found, cached on disk, each one checked against its CPU
 //! counterpart ([`check`], [`check_mixed`]); the f32 model ([`model`]) and
-//! the bf16 mixed-precision model ([`model_mixed`]) built from them.
+//! the bf16 mixed-precision model ([`model_mixed`]) built from them, and
+//! the f32 decoder over a paged KV cache for serving ([`decode`]).
 //!
 //! [`SOURCES`] lists every kernel source; [`Kernels`] loads them on a
 //! device and launches them on device buffers.
@@ -10,6 +11,7 @@ pub mod attention;
 pub mod batch;
 pub mod check;
 pub mod check_mixed;
+pub mod decode;
 pub mod f32_params;
 pub mod flash;
 pub mod gpu_model;
@@ -22,7 +24,7 @@ pub mod model_mixed;
 pub mod profile;
 mod sources;
 
-pub use kernels::{token_buckets, Kernels, VocabRows};
+pub use kernels::{token_buckets, Kernels, PagedShape, VocabRows};
 pub use sources::SOURCES;
 
 use braid_cuda::Result;

@@ -96,6 +96,12 @@ impl<T: Real> KvPages<T> {
         }
     }
 
+    /// Layer `l`'s keys and values (a check's view of the pages).
+    #[cfg(test)]
+    pub(crate) fn layer(&self, l: usize) -> (&[T], &[T]) {
+        (&self.k[l], &self.v[l])
+    }
+
     /// Where position `pos` of a sequence with blocks `table` sits in a
     /// layer's buffers.
     fn at(&self, table: &[BlockId], pos: usize) -> Result<usize, StepError> {

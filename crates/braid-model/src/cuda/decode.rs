@@ -1,0 +1,991 @@
+//! Decoding on one GPU in f32 with a paged KV cache (serving): the GPU
+//! counterpart of the CPU's [`Gpt::decode`](crate::Gpt::decode), for a
+//! serving decoder that holds the model and its cache on the device.
+//!
+//! [`GpuKvPages`] is [`KvPages`]'s layout in device memory (per layer, a
+//! buffer of keys and one of values, block `b`'s position `o` at slot
+//! `b * block_size + o`). [`GpuDecoder`] holds the f32 parameters (the flat
+//! buffer), the kernels, a cuBLAS handle, the device's main stream, the
+//! pages and scratch buffers for a step's rows (grown when a step has
+//! more). A step embeds its rows (`decode_embed`: each row's token and
+//! position), then walks the block's description
+//! ([`crate::block::BLOCK`]) over a GPU backend of its operations — the
+//! f32 model's kernels and products (LayerNorm, GELU, bias and residual
+//! adds, `Blas::gemm_rm`), with the attention replaced by two decode
+//! kernels: every row's key and value written into its slot
+//! (`kv_write`), then each row's attention over its sequence's positions
+//! `0..=pos` read through its block table (`paged_attention_decode`).
+//! Only the rows that want logits go through the head: gathered
+//! (`gather_rows`), the final LayerNorm, then `· wteᵀ`.
+//!
+//! Not yet run on a GPU when written: its check
+//! (`gpu_decoding_gives_the_cpus_logits`) skips without one.
+//!
+//! The host plans each step (`StepPlan`): it checks the rows as the CPU
+//! does (same messages), works out each row's slot, and flattens the
+//! block tables — a run of consecutive rows with the same table (a
+//! prompt's prefill) shares one copy — into one array of `i32`s uploaded
+//! at once: tokens, positions, slots, table offsets, the rows wanting
+//! logits, then the tables.
+
+use super::kernels::{Kernels, PagedShape};
+use crate::block::{self, Act, BlockForward, LayerRanges, Linear, Norm};
+use crate::layout::{Block, Layout};
+use crate::model::{DecodeRow, KvPages, Widths};
+use crate::paged::{BlockCopy, BlockId};
+use crate::params::Params;
+use braid_core::Element;
+use braid_cuda::blas::Blas;
+use braid_cuda::memory::copy_async;
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceView, Result, Stream};
+use std::ops::Range;
+use std::sync::Arc;
+
+fn invalid(msg: String) -> CudaError {
+    CudaError::Invalid(msg)
+}
+
+/// The keys and values of every sequence being decoded, per layer, in
+/// device memory: [`KvPages`]'s layout (block `b`'s position `o` of layer
+/// `l` holds `width` keys at `k[l][(b * block_size + o) * width..]`, the
+/// same for values).
+pub struct GpuKvPages {
+    k: Vec<DeviceBuffer<f32>>,
+    v: Vec<DeviceBuffer<f32>>,
+    block_size: usize,
+    width: usize,
+    blocks: usize,
+}
+
+impl GpuKvPages {
+    /// `blocks` blocks of `block_size` positions for every layer of
+    /// `layout`'s model, zeroed, on `device`.
+    pub fn new(
+        device: &Device,
+        layout: &Layout,
+        blocks: usize,
+        block_size: usize,
+    ) -> Result<GpuKvPages> {
+        let cfg = &layout.config;
+        let width = cfg.n_embd;
+        let per = blocks * block_size * width;
+        let z = || DeviceBuffer::<f32>::zeros(device, per);
+        Ok(GpuKvPages {
+            k: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
+            v: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
+            block_size,
+            width,
+            blocks,
+        })
+    }
+
+    /// Bytes one block takes over every layer (keys and values): the
+    /// CPU's f32 cache's.
+    pub fn bytes_per_block(layout: &Layout, block_size: usize) -> usize {
+        KvPages::<f32>::bytes_per_block(layout, block_size)
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks per layer.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Queues the copies a write into shared blocks asked for
+    /// ([`crate::paged::BlockTable::append`]), in every layer, in order,
+    /// on `s`.
+    pub fn copy(&mut self, copies: &[BlockCopy], s: &Stream) -> Result<()> {
+        let n = self.block_size * self.width;
+        for c in copies {
+            let (from, to) = (c.from as usize, c.to as usize);
+            if from >= self.blocks || to >= self.blocks {
+                return Err(invalid(format!(
+                    "a copy of block {from} into block {to} in a cache of {} blocks",
+                    self.blocks
+                )));
+            }
+            if from == to {
+                continue;
+            }
+            for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+                let (mut dst, src) = buf.views_mut2(to * n..(to + 1) * n, from * n..(from + 1) * n);
+                copy_async(&mut dst, &src, s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s keys and values, copied to the host (waits).
+    pub fn layer_to_host(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        match (self.k.get(l), self.v.get(l)) {
+            (Some(k), Some(v)) => Ok((k.to_vec()?, v.to_vec()?)),
+            _ => Err(invalid(format!(
+                "layer {l} of a cache of {} layers",
+                self.k.len()
+            ))),
+        }
+    }
+
+    /// The slot of position `pos` of a sequence with blocks `table`: the
+    /// CPU's checks and messages ([`KvPages`]).
+    fn slot(&self, table: &[BlockId], pos: usize) -> std::result::Result<usize, String> {
+        let b = table.get(pos / self.block_size).ok_or_else(|| {
+            format!(
+                "position {pos} has no block in its sequence's table of {} block(s) of {}",
+                table.len(),
+                self.block_size
+            )
+        })?;
+        self.check_block(*b)?;
+        Ok(*b as usize * self.block_size + pos % self.block_size)
+    }
+
+    fn check_block(&self, b: BlockId) -> std::result::Result<(), String> {
+        match (b as usize) < self.blocks {
+            true => Ok(()),
+            false => Err(format!(
+                "block {b} of a table is outside the cache's {} blocks",
+                self.blocks
+            )),
+        }
+    }
+}
+
+/// One step's indices, worked out on the host and uploaded as one array
+/// of `i32`s ([`StepPlan::ints`]), in this order: each row's token,
+/// position, slot (`block * block_size + offset`, where its key and
+/// value go) and table offset (where its table starts among the tables),
+/// then the rows that want logits, then the tables (block ids).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StepPlan {
+    /// Rows.
+    n: usize,
+    /// Rows that want logits.
+    m: usize,
+    /// The array: `4n + m +` the tables' length.
+    ints: Vec<i32>,
+}
+
+impl StepPlan {
+    /// Checks `rows` against a model of `context` positions and `vocab`
+    /// tokens and a cache `kv` — the CPU's checks in its order, with its
+    /// messages — and lays out their indices. A run of consecutive rows
+    /// whose tables are the same slice shares one copy of it.
+    fn new(
+        rows: &[DecodeRow<'_>],
+        context: usize,
+        vocab: usize,
+        kv: &GpuKvPages,
+    ) -> std::result::Result<StepPlan, String> {
+        for r in rows {
+            if r.pos >= context {
+                return Err(format!(
+                    "position {} is past the model's context of {context}",
+                    r.pos
+                ));
+            }
+            if r.token as usize >= vocab {
+                return Err(format!(
+                    "token {} is outside the vocabulary of {vocab}",
+                    r.token
+                ));
+            }
+        }
+        // Every row's slot first (the CPU writes every row's key and
+        // value before any row attends), then the blocks each row reads.
+        let slots = rows
+            .iter()
+            .map(|r| kv.slot(r.table, r.pos))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for r in rows {
+            for &b in &r.table[..=r.pos / kv.block_size] {
+                kv.check_block(b)?;
+            }
+        }
+        let n = rows.len();
+        let picked: Vec<i32> = (0..n)
+            .filter(|&i| rows[i].logits)
+            .map(|i| i as i32)
+            .collect();
+        let m = picked.len();
+        let mut ints = Vec::with_capacity(5 * n);
+        ints.extend(rows.iter().map(|r| r.token as i32));
+        ints.extend(rows.iter().map(|r| r.pos as i32));
+        ints.extend(slots.iter().map(|&s| s as i32));
+        let mut tabs: Vec<i32> = Vec::new();
+        let mut offsets = Vec::with_capacity(n);
+        let mut last: Option<&[BlockId]> = None;
+        for r in rows {
+            let same = last.is_some_and(|t| std::ptr::eq(t, r.table));
+            if !same {
+                last = Some(r.table);
+                offsets.push(tabs.len() as i32);
+                tabs.extend(r.table.iter().map(|&b| b as i32));
+            } else {
+                offsets.push(*offsets.last().expect("a row before"));
+            }
+        }
+        ints.extend(offsets);
+        ints.extend(picked);
+        ints.extend(tabs);
+        if ints.len() > i32::MAX as usize {
+            return Err(format!("a step of {} indices", ints.len()));
+        }
+        Ok(StepPlan { n, m, ints })
+    }
+
+    fn part(&self, i: usize) -> Range<usize> {
+        let n = self.n;
+        match i {
+            0..=3 => i * n..(i + 1) * n,
+            4 => 4 * n..4 * n + self.m,
+            _ => 4 * n + self.m..self.ints.len(),
+        }
+    }
+}
+
+/// `buf` made at least `len` elements long (a new zeroed buffer of at
+/// least twice its length when it is shorter; contents not kept).
+fn fit<T: Element>(buf: &mut DeviceBuffer<T>, len: usize) -> Result<()> {
+    if buf.len() < len {
+        let device = buf.device().clone();
+        *buf = DeviceBuffer::zeros(&device, len.max(2 * buf.len()))?;
+    }
+    Ok(())
+}
+
+/// The buffers of a step's rows, each at least as long as the step needs
+/// (views of the front are used).
+struct Scratch {
+    /// Rows the row-wide buffers hold.
+    rows: usize,
+    /// The block's tensors by [`Act::index`]: [`Act::X`] and [`Act::Out`]
+    /// are the residual stream entering and leaving a layer (swapped
+    /// after each).
+    t: [DeviceBuffer<f32>; 9],
+    /// A LayerNorm's row means and reciprocal deviations.
+    mean: DeviceBuffer<f32>,
+    rstd: DeviceBuffer<f32>,
+    /// The rows wanting logits, gathered, and their final LayerNorm.
+    head: DeviceBuffer<f32>,
+    lnf: DeviceBuffer<f32>,
+    /// Their logits.
+    logits: DeviceBuffer<f32>,
+    /// The step's indices ([`StepPlan`]).
+    ints: DeviceBuffer<i32>,
+}
+
+impl Scratch {
+    fn new(device: &Device, w: &Widths, rows: usize) -> Result<Scratch> {
+        let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
+        let t = Act::ALL.map(|a| z(rows * a.width(w)));
+        let [t0, t1, t2, t3, t4, t5, t6, t7, t8] = t;
+        Ok(Scratch {
+            rows,
+            t: [t0?, t1?, t2?, t3?, t4?, t5?, t6?, t7?, t8?],
+            mean: z(rows)?,
+            rstd: z(rows)?,
+            head: z(rows * w.c)?,
+            lnf: z(rows * w.c)?,
+            logits: z(w.vocab)?,
+            ints: DeviceBuffer::zeros(device, 5 * rows)?,
+        })
+    }
+
+    /// Room for `n` rows (at least twice as many as before when it
+    /// grows).
+    fn grow(&mut self, w: &Widths, n: usize) -> Result<()> {
+        if n <= self.rows {
+            return Ok(());
+        }
+        let rows = n.max(2 * self.rows);
+        for (buf, a) in self.t.iter_mut().zip(Act::ALL) {
+            fit(buf, rows * a.width(w))?;
+        }
+        for buf in [&mut self.mean, &mut self.rstd] {
+            fit(buf, rows)?;
+        }
+        for buf in [&mut self.head, &mut self.lnf] {
+            fit(buf, rows * w.c)?;
+        }
+        self.rows = rows;
+        Ok(())
+    }
+}
+
+/// The f32 model decoding on one GPU over its own paged KV cache: see the
+/// module's doc.
+pub struct GpuDecoder {
+    layout: Arc<Layout>,
+    widths: Widths,
+    ranges: Vec<LayerRanges>,
+    wte: Range<usize>,
+    wpe: Range<usize>,
+    lnf_w: Range<usize>,
+    lnf_b: Range<usize>,
+    /// The flat parameters.
+    params: DeviceBuffer<f32>,
+    kernels: Kernels,
+    blas: Blas,
+    stream: Stream,
+    kv: GpuKvPages,
+    scratch: Scratch,
+}
+
+impl GpuDecoder {
+    /// A decoder of `params` on `device` with a cache of `blocks` blocks
+    /// of `block_size` positions and scratch for `rows` rows per step
+    /// (grown when a step has more).
+    pub fn new(
+        device: &Device,
+        params: &Params,
+        blocks: usize,
+        block_size: usize,
+        rows: usize,
+    ) -> Result<GpuDecoder> {
+        let layout = params.layout.clone();
+        let cfg = layout.config;
+        if layout.shard.size > 1 {
+            return Err(invalid(
+                "serving runs the whole model: consolidate a tensor-parallel checkpoint first \
+                 (braid ckpt consolidate)"
+                    .into(),
+            ));
+        }
+        let whole = layout.holds(Block::Embedding)
+            && layout.holds(Block::FinalNorm)
+            && (0..cfg.n_layer).all(|l| layout.holds(Block::Layer(l)));
+        if !whole || params.data.len() != layout.len {
+            return Err(invalid(format!(
+                "decoding runs on the whole model: {} parameters of a layout of {} holding {}",
+                params.data.len(),
+                layout.len,
+                if whole {
+                    "every block"
+                } else {
+                    "only some blocks"
+                }
+            )));
+        }
+        if blocks == 0 || block_size == 0 {
+            return Err(invalid(format!(
+                "a KV cache of {blocks} block(s) of {block_size} position(s) holds nothing"
+            )));
+        }
+        let widths = Widths::of(&layout);
+        if widths.heads == 0 || widths.attn % widths.heads != 0 {
+            return Err(invalid(format!(
+                "{} heads over a width of {}",
+                widths.heads, widths.attn
+            )));
+        }
+        let range = |name: &str| {
+            layout
+                .get(name)
+                .map(|p| p.range())
+                .ok_or_else(|| invalid(format!("the layout has no {name}")))
+        };
+        Ok(GpuDecoder {
+            widths,
+            ranges: (0..cfg.n_layer)
+                .map(|l| LayerRanges::of(&layout, l))
+                .collect(),
+            wte: range("wte.weight")?,
+            wpe: range("wpe.weight")?,
+            lnf_w: range("ln_f.weight")?,
+            lnf_b: range("ln_f.bias")?,
+            params: DeviceBuffer::from_host(device, &params.data)?,
+            kernels: Kernels::load(device)?,
+            blas: Blas::new(device)?,
+            // The device's own stream: uploads from the host
+            // (`copy_range_from_host`) run on it, in order with the step.
+            stream: device.main_stream(),
+            kv: GpuKvPages::new(device, &layout, blocks, block_size)?,
+            scratch: Scratch::new(device, &widths, rows.max(1))?,
+            layout,
+        })
+    }
+
+    /// The model's context: positions a sequence may hold.
+    pub fn context(&self) -> usize {
+        self.layout.config.context
+    }
+
+    /// Its vocabulary (the logits' length).
+    pub fn vocab(&self) -> usize {
+        self.layout.config.vocab_size
+    }
+
+    /// Blocks in its KV cache.
+    pub fn blocks(&self) -> usize {
+        self.kv.blocks()
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size()
+    }
+
+    /// The cache.
+    pub fn pages(&self) -> &GpuKvPages {
+        &self.kv
+    }
+
+    /// Copies blocks before they are written (copy on write): queued on
+    /// the decoder's stream, before the next step.
+    pub fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        self.kv.copy(copies, &self.stream)
+    }
+
+    /// What it runs on, for a banner.
+    pub fn describe(&self) -> String {
+        let dev = self.stream.device();
+        let name = dev.name().unwrap_or_else(|_| "GPU".into());
+        format!(
+            "cuda:{} ({name}), f32, KV cache {} blocks of {}",
+            dev.ordinal(),
+            self.kv.blocks(),
+            self.kv.block_size()
+        )
+    }
+
+    /// One decode step: the rows' keys and values written into the cache,
+    /// and the logits (over the whole vocabulary) after each row that
+    /// asks for them, in row order — [`Gpt::decode`](crate::Gpt::decode)
+    /// on the GPU. Rows of the same sequence come in position order; a
+    /// row sees its sequence's positions up to its own. Bad rows are
+    /// refused before anything runs.
+    pub fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>> {
+        let cfg = self.layout.config;
+        let plan = StepPlan::new(rows, cfg.context, cfg.vocab_size, &self.kv).map_err(invalid)?;
+        let (n, m) = (plan.n, plan.m);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (w, c, v) = (self.widths, self.widths.c, cfg.vocab_size);
+        self.scratch.grow(&w, n)?;
+        fit(&mut self.scratch.logits, m * v)?;
+        fit(&mut self.scratch.ints, plan.ints.len())?;
+        // Synchronous on the main stream: after the last step's kernels
+        // read the indices, before this step's.
+        self.scratch
+            .ints
+            .copy_range_from_host(0..plan.ints.len(), &plan.ints)?;
+        let (s, k, p) = (&self.stream, &self.kernels, &self.params);
+        let Scratch {
+            t,
+            mean,
+            rstd,
+            head,
+            lnf,
+            logits,
+            ints,
+            ..
+        } = &mut self.scratch;
+        let ints = &*ints;
+        let part = |i: usize| ints.view(plan.part(i));
+        k.decode_embed(
+            s,
+            &mut t[Act::X.index()].view_mut(0..n * c),
+            &part(0),
+            &part(1),
+            &p.view(self.wte.clone()),
+            &p.view(self.wpe.clone()),
+            n,
+            c,
+        )?;
+        for (l, r) in self.ranges.iter().enumerate() {
+            let _t = braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, || {
+                format!("gpu decode layer {l}")
+            });
+            block::forward(&mut GpuDecodeForward {
+                k,
+                blas: &mut self.blas,
+                s,
+                p,
+                r,
+                w,
+                n,
+                t,
+                mean,
+                rstd,
+                keys: &mut self.kv.k[l],
+                values: &mut self.kv.v[l],
+                block_size: self.kv.block_size,
+                pos: part(1),
+                slots: part(2),
+                tab_off: part(3),
+                tabs: part(5),
+            })?;
+            t.swap(Act::X.index(), Act::Out.index());
+        }
+        if m == 0 {
+            s.synchronize()?;
+            return Ok(Vec::new());
+        }
+        // The rows that want logits: gathered, the final LayerNorm, then
+        // logits = ln_f(x) · wteᵀ.
+        k.gather_rows(
+            s,
+            &mut head.view_mut(0..m * c),
+            &t[Act::X.index()].view(0..n * c),
+            &part(4),
+            m,
+            c,
+        )?;
+        k.layernorm_forward(
+            s,
+            &mut lnf.view_mut(0..m * c),
+            &mut mean.view_mut(0..m),
+            &mut rstd.view_mut(0..m),
+            &head.view(0..m * c),
+            &p.view(self.lnf_w.clone()),
+            &p.view(self.lnf_b.clone()),
+            m,
+            c,
+        )?;
+        self.blas.gemm_rm(
+            s,
+            &mut logits.view_mut(0..m * v),
+            &lnf.view(0..m * c),
+            false,
+            &p.view(self.wte.clone()),
+            true,
+            m,
+            v,
+            c,
+            false,
+        )?;
+        let mut host = vec![0f32; m * v];
+        // Synchronous on the main stream: after the step.
+        logits.copy_range_to_host(0..m * v, &mut host)?;
+        Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
+    }
+}
+
+/// The block's tensors but the one being written, around a hole.
+struct Others<'b> {
+    lo: &'b [DeviceBuffer<f32>],
+    hi: &'b [DeviceBuffer<f32>],
+    hole: usize,
+}
+
+impl<'b> Others<'b> {
+    fn get(&self, a: Act) -> Result<&'b DeviceBuffer<f32>> {
+        let i = a.index();
+        match i.cmp(&self.hole) {
+            std::cmp::Ordering::Less => Ok(&self.lo[i]),
+            std::cmp::Ordering::Greater => Ok(&self.hi[i - self.hole - 1]),
+            std::cmp::Ordering::Equal => Err(invalid(format!(
+                "an operation of the block reads {a:?}, which it writes"
+            ))),
+        }
+    }
+}
+
+/// The buffer of `o` to write and the others to read.
+fn split(t: &mut [DeviceBuffer<f32>; 9], o: Act) -> (&mut DeviceBuffer<f32>, Others<'_>) {
+    let (lo, rest) = t.split_at_mut(o.index());
+    let (mid, hi) = rest.split_first_mut().expect("the hole is in the array");
+    let hole = o.index();
+    (mid, Others { lo, hi, hole })
+}
+
+/// One layer of a decode step on the GPU: the block's tensors for the
+/// step's `n` rows in `t`, the layer's pages in `keys` and `values`, the
+/// step's indices on the device.
+struct GpuDecodeForward<'a> {
+    k: &'a Kernels,
+    blas: &'a mut Blas,
+    s: &'a Stream,
+    /// The flat parameters, addressed by `r`'s ranges.
+    p: &'a DeviceBuffer<f32>,
+    r: &'a LayerRanges,
+    w: Widths,
+    n: usize,
+    t: &'a mut [DeviceBuffer<f32>; 9],
+    mean: &'a mut DeviceBuffer<f32>,
+    rstd: &'a mut DeviceBuffer<f32>,
+    keys: &'a mut DeviceBuffer<f32>,
+    values: &'a mut DeviceBuffer<f32>,
+    block_size: usize,
+    pos: DeviceView<'a, i32>,
+    slots: DeviceView<'a, i32>,
+    tab_off: DeviceView<'a, i32>,
+    tabs: DeviceView<'a, i32>,
+}
+
+impl BlockForward for GpuDecodeForward<'_> {
+    type Error = CudaError;
+
+    fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
+        let (w, b) = self.r.norm(norm);
+        let (n, c) = (self.n, self.w.c);
+        let (o, t) = split(self.t, out);
+        self.k.layernorm_forward(
+            self.s,
+            &mut o.view_mut(0..n * c),
+            &mut self.mean.view_mut(0..n),
+            &mut self.rstd.view_mut(0..n),
+            &t.get(input)?.view(0..n * c),
+            &self.p.view(w),
+            &self.p.view(b),
+            n,
+            c,
+        )
+    }
+
+    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.w);
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        let mut o = o.view_mut(0..n * oc);
+        self.blas.gemm_rm(
+            self.s,
+            &mut o,
+            &t.get(input)?.view(0..n * ic),
+            false,
+            &self.p.view(w),
+            false,
+            n,
+            oc,
+            ic,
+            false,
+        )?;
+        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)
+    }
+
+    fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        let (c, nh) = (self.w.attn, self.w.heads);
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        let qkv = t.get(input)?.view(0..n * 3 * c);
+        // Every row's key and value into its page first: a prompt's rows
+        // attend to one another.
+        self.k
+            .kv_write(self.s, self.keys, self.values, &qkv, &self.slots, n, c)?;
+        self.k.paged_attention_decode(
+            self.s,
+            &mut o.view_mut(0..n * c),
+            &qkv,
+            &*self.keys,
+            &*self.values,
+            &self.pos,
+            &self.tab_off,
+            &self.tabs,
+            PagedShape {
+                rows: n,
+                heads: nh,
+                head_size: c / nh,
+                block_size: self.block_size,
+            },
+        )
+    }
+
+    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        let n = self.n;
+        let width = out.width(&self.w);
+        let (o, t) = split(self.t, out);
+        self.k.gelu_forward(
+            self.s,
+            &mut o.view_mut(0..n * width),
+            &t.get(input)?.view(0..n * width),
+        )
+    }
+
+    fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.w);
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        let mut o = o.view_mut(0..n * oc);
+        self.blas.gemm_rm(
+            self.s,
+            &mut o,
+            &t.get(input)?.view(0..n * ic),
+            false,
+            &self.p.view(w),
+            false,
+            n,
+            oc,
+            ic,
+            false,
+        )?;
+        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)?;
+        // out += residual (in place).
+        self.k
+            .add_inplace(self.s, &mut o, &t.get(residual)?.view(0..n * oc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GptConfig;
+    use crate::model::Gpt;
+    use crate::paged::{BlockPool, BlockTable};
+    use std::io::Write;
+
+    fn skip(why: &str) {
+        let _ = writeln!(std::io::stderr(), "skipped: {why}");
+    }
+
+    /// The small model of the CPU decode tests, its weights ×8 so the
+    /// attention is far from uniform.
+    fn model(spec: &str, seed: u64) -> Params {
+        let l = Arc::new(Layout::new(&GptConfig::parse(spec).unwrap()));
+        let mut p = Params::init_gpt2(l, seed);
+        for x in &mut p.data {
+            *x *= 8.0;
+        }
+        p
+    }
+
+    /// Largest |gpu − cpu| relative to max|cpu|.
+    fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
+        assert_eq!(gpu.len(), cpu.len());
+        let scale = cpu.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+        let diff = gpu
+            .iter()
+            .zip(cpu)
+            .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+        diff / scale.max(1e-30)
+    }
+
+    fn argmax(x: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &v) in x.iter().enumerate() {
+            if v > x[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    /// The new kernels compile to PTX wherever NVRTC loads (no GPU
+    /// needed).
+    #[test]
+    fn the_decode_kernels_compile_to_ptx_where_nvrtc_exists() {
+        if let Err(e) = braid_cuda::nvrtc::version() {
+            return skip(&format!("kernel PTX check ({e})"));
+        }
+        let (name, src) = crate::cuda::SOURCES[0];
+        let ptx = braid_cuda::nvrtc::compile_ptx(name, src, "compute_90").unwrap();
+        for k in [
+            "decode_embed",
+            "kv_write",
+            "paged_attention_decode",
+            "gather_rows",
+        ] {
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "{k} is not in the PTX"
+            );
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "decode kernels compiled to PTX for compute_90 ({} bytes)",
+            ptx.len()
+        );
+        // Every source still compiles.
+        let all = crate::cuda::compile_all("compute_90").unwrap();
+        let _ = writeln!(std::io::stderr(), "compile_all(compute_90): {all:?}");
+    }
+
+    /// The host's plan of a step: the CPU's refusals and messages, and
+    /// the indices laid out as the kernels read them (a prefill's rows
+    /// share one copy of their table). Needs no GPU: the plan reads only
+    /// the cache's shape.
+    #[test]
+    fn a_step_is_planned_with_the_cpus_checks() {
+        let kv = GpuKvPages {
+            k: Vec::new(),
+            v: Vec::new(),
+            block_size: 4,
+            width: 8,
+            blocks: 3,
+        };
+        fn row(token: u32, pos: usize, table: &[BlockId], logits: bool) -> DecodeRow<'_> {
+            DecodeRow {
+                token,
+                pos,
+                table,
+                logits,
+            }
+        }
+        let table = [2u32, 0];
+        let plan = |rows: &[DecodeRow]| StepPlan::new(rows, 6, 11, &kv);
+        let e = plan(&[row(1, 6, &table, true)]).unwrap_err();
+        assert!(e.contains("past the model's context of 6"), "{e}");
+        let e = plan(&[row(11, 0, &table, true)]).unwrap_err();
+        assert!(e.contains("outside the vocabulary"), "{e}");
+        let e = plan(&[row(1, 5, &table[..1], true)]).unwrap_err();
+        assert!(e.contains("has no block"), "{e}");
+        let far = [3u32];
+        let e = plan(&[row(1, 0, &far, true)]).unwrap_err();
+        assert!(e.contains("outside the cache's 3 blocks"), "{e}");
+        // A block read but not written is checked too.
+        let e = plan(&[row(1, 4, &[7, 1], true)]).unwrap_err();
+        assert!(e.contains("block 7"), "{e}");
+
+        let other = [1u32];
+        let rows = [
+            row(5, 3, &table, false),
+            row(6, 4, &table, true),
+            row(7, 0, &other, true),
+        ];
+        let p = plan(&rows).unwrap();
+        assert_eq!((p.n, p.m), (3, 2));
+        #[rustfmt::skip]
+        let want = vec![
+            5, 6, 7,          // tokens
+            3, 4, 0,          // positions
+            2 * 4 + 3, 0, 4,  // slots: block 2 offset 3, block 0 offset 0, block 1
+            0, 0, 2,          // table offsets: the first two share one copy
+            1, 2,             // rows wanting logits
+            2, 0, 1,          // tables
+        ];
+        assert_eq!(p.ints, want);
+        assert_eq!(p.part(5), 14..17);
+    }
+
+    /// Two sequences of different lengths prefilled in one step, then a
+    /// third forked from the first (its shared last block copied on its
+    /// first write), then every sequence decoded a token per step, all in
+    /// one step each: the GPU's logits are the CPU's `Gpt::decode` in f32
+    /// within 1e-4 of their largest, and so are the caches' pages.
+    #[test]
+    fn gpu_decoding_gives_the_cpus_logits() {
+        if braid_cuda::device_count().unwrap_or(0) == 0 {
+            return skip("no GPU");
+        }
+        let params = model("L2-H2-C16-V37-T24", 3);
+        let layout = params.layout.clone();
+        let gpt = Gpt::new(layout.clone());
+        let device = Device::open(0).unwrap();
+        let (blocks, bs) = (16, 4);
+        // Room for 2 rows: the prefill's 10 make the scratch grow.
+        let mut gpu = GpuDecoder::new(&device, &params, blocks, bs, 2).unwrap();
+        let mut cpu = KvPages::<f32>::new(&layout, blocks, bs);
+        let mut pool = BlockPool::new(blocks, bs);
+        let prompts: [&[u32]; 2] = [&[5, 9, 1, 30, 2, 2, 17], &[3, 11, 8]];
+        let mut tables: Vec<BlockTable> = Vec::new();
+        let mut tokens: Vec<Vec<u32>> = Vec::new();
+        for pr in prompts {
+            let mut t = BlockTable::new();
+            assert_eq!(t.start(&mut pool, pr).unwrap(), 0);
+            tables.push(t);
+            tokens.push(pr.to_vec());
+        }
+        let mut rows = Vec::new();
+        for (s, pr) in prompts.iter().enumerate() {
+            for (i, &token) in pr.iter().enumerate() {
+                rows.push(DecodeRow {
+                    token,
+                    pos: i,
+                    table: tables[s].blocks(),
+                    logits: i + 1 == pr.len(),
+                });
+            }
+        }
+        let check = |step: usize, g: &[Vec<f32>], c: &[Vec<f32>]| {
+            assert_eq!(g.len(), c.len(), "step {step}");
+            for (s, (g, c)) in g.iter().zip(c).enumerate() {
+                let e = rel(g, c);
+                assert!(e < 1e-4, "step {step}, sequence {s}: {e}");
+            }
+        };
+        let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
+        let got = gpu.decode(&rows).unwrap();
+        check(0, &got, &want);
+        let mut next: Vec<u32> = want.iter().map(|l| argmax(l)).collect();
+        // A third sequence continues the first with another token: its
+        // shared, partly filled last block is copied before it writes.
+        let mut fork = tables[0].fork(&mut pool);
+        let alt = (next[0] + 1) % 37;
+        let copies = fork.append(&mut pool, &[alt]).unwrap();
+        assert_eq!(copies.len(), 1);
+        cpu.copy(&copies);
+        gpu.copy_blocks(&copies).unwrap();
+        tables.push(fork);
+        tokens.push(tokens[0].clone());
+        next.push(alt);
+        for (s, t) in tables.iter_mut().enumerate().take(2) {
+            assert!(t.append(&mut pool, &[next[s]]).unwrap().is_empty());
+        }
+        for step in 1..=12 {
+            let rows: Vec<DecodeRow> = tables
+                .iter()
+                .zip(&tokens)
+                .zip(&next)
+                .map(|((t, toks), &token)| DecodeRow {
+                    token,
+                    pos: toks.len(),
+                    table: t.blocks(),
+                    logits: true,
+                })
+                .collect();
+            let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
+            let got = gpu.decode(&rows).unwrap();
+            check(step, &got, &want);
+            for (s, toks) in tokens.iter_mut().enumerate() {
+                toks.push(next[s]);
+            }
+            next = want.iter().map(|l| argmax(l)).collect();
+            if tokens.iter().any(|t| t.len() + 1 >= layout.config.context) {
+                break;
+            }
+            for (s, t) in tables.iter_mut().enumerate() {
+                assert!(t.append(&mut pool, &[next[s]]).unwrap().is_empty());
+            }
+        }
+        // The pages hold the same keys and values (blocks never written
+        // are zero on both sides).
+        for l in 0..layout.config.n_layer {
+            let (gk, gv) = gpu.pages().layer_to_host(l).unwrap();
+            let (ck, cv) = cpu.layer(l);
+            assert!(rel(&gk, ck) < 1e-4, "layer {l} keys: {}", rel(&gk, ck));
+            assert!(rel(&gv, cv) < 1e-4, "layer {l} values: {}", rel(&gv, cv));
+        }
+    }
+
+    /// Bad rows are refused on the GPU with the CPU's messages.
+    #[test]
+    fn gpu_bad_rows_are_refused_with_what_was_wrong() {
+        if braid_cuda::device_count().unwrap_or(0) == 0 {
+            return skip("no GPU");
+        }
+        let params = model("L1-H2-C8-V11-T6", 1);
+        let device = Device::open(0).unwrap();
+        let mut gpu = GpuDecoder::new(&device, &params, 2, 4, 4).unwrap();
+        let table = [0u32, 1];
+        let row = |token, pos| DecodeRow {
+            token,
+            pos,
+            table: &table,
+            logits: true,
+        };
+        let e = gpu.decode(&[row(1, 6)]).unwrap_err().to_string();
+        assert!(e.contains("past the model's context of 6"), "{e}");
+        let e = gpu.decode(&[row(11, 0)]).unwrap_err().to_string();
+        assert!(e.contains("outside the vocabulary"), "{e}");
+        let short = [0u32];
+        let e = gpu
+            .decode(&[DecodeRow {
+                token: 1,
+                pos: 5,
+                table: &short,
+                logits: true,
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no block"), "{e}");
+        // A good row still decodes after the refusals.
+        assert_eq!(gpu.decode(&[row(1, 0)]).unwrap()[0].len(), 11);
+    }
+}
