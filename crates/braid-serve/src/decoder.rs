@@ -1,8 +1,12 @@
 //! [`Decoder`]: what the batcher asks of a model — one step over rows of
 //! many sequences (their keys and values kept in the decoder's paged
-//! cache), and the copies a write into a shared block needs — and
-//! [`CpuDecoder`], the CPU's, over `braid_model`'s [`Gpt::decode`].
+//! cache), and the copies a write into a shared block needs — with
+//! [`CpuDecoder`], the CPU's, over `braid_model`'s [`Gpt::decode`], and
+//! [`CudaDecoder`], one GPU's in f32, over `braid_model`'s
+//! [`GpuDecoder`].
 
+use braid_cuda::Device;
+use braid_model::cuda::decode::{GpuDecoder, GpuKvPages};
 use braid_model::paged::BlockCopy;
 use braid_model::{DecodeRow, Gpt, KvPages, Layout, Params};
 
@@ -25,8 +29,9 @@ pub trait Decoder {
     fn describe(&self) -> String;
 }
 
-/// A decoder chosen at run time (the CPU's, or rank 0's of a
-/// tensor-parallel server) is a decoder.
+/// A decoder chosen at run time (`Box<dyn Decoder + Send>`: the CPU's, a
+/// GPU's by `--device`, or rank 0's of a tensor-parallel server) is a
+/// decoder.
 impl<D: Decoder + ?Sized> Decoder for Box<D> {
     fn context(&self) -> usize {
         (**self).context()
@@ -150,5 +155,108 @@ impl Decoder for CpuDecoder {
             self.kv.blocks(),
             self.kv.block_size()
         )
+    }
+}
+
+/// The GPU decoder: f32 on one GPU, braid-model's [`GpuDecoder`] (the
+/// model and its paged KV cache in device memory), its errors said as
+/// text. A block copy that fails is said by the next step (the copies are
+/// queued before it on the same stream; the batcher then fails the
+/// running requests, as for a failed step).
+pub struct CudaDecoder {
+    gpu: GpuDecoder,
+    /// A failed block copy, not yet said.
+    failed: Option<String>,
+}
+
+impl CudaDecoder {
+    /// A decoder of `params` on `device` with a cache of `blocks` blocks
+    /// of `block_size` positions, and room for `rows` rows a step (more
+    /// grow it).
+    pub fn new(
+        device: &Device,
+        params: &Params,
+        blocks: usize,
+        block_size: usize,
+        rows: usize,
+    ) -> Result<CudaDecoder, String> {
+        let gpu =
+            GpuDecoder::new(device, params, blocks, block_size, rows).map_err(|e| e.to_string())?;
+        Ok(CudaDecoder { gpu, failed: None })
+    }
+
+    /// Blocks of `block_size` positions that `bytes` of GPU memory hold
+    /// for `params`' model: f32 keys and values, `2 × layers × block_size
+    /// × width × 4` bytes a block.
+    pub fn blocks_in(params: &Params, bytes: u64, block_size: usize) -> usize {
+        let per = GpuKvPages::bytes_per_block(&params.layout, block_size) as u64;
+        (bytes / per.max(1)) as usize
+    }
+}
+
+impl Decoder for CudaDecoder {
+    fn context(&self) -> usize {
+        self.gpu.context()
+    }
+
+    fn vocab(&self) -> usize {
+        self.gpu.vocab()
+    }
+
+    fn blocks(&self) -> usize {
+        self.gpu.blocks()
+    }
+
+    fn block_size(&self) -> usize {
+        self.gpu.block_size()
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.gpu.copy_blocks(copies) {
+            self.failed = Some(format!("copying KV blocks on the GPU: {e}"));
+        }
+    }
+
+    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        self.gpu.decode(rows).map_err(|e| e.to_string())
+    }
+
+    fn describe(&self) -> String {
+        self.gpu.describe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_model::{GptConfig, Layout};
+    use std::sync::Arc;
+
+    /// The engine thread takes its decoder: the GPU's must be `Send`.
+    #[test]
+    fn the_gpu_decoder_can_go_to_the_engine_thread() {
+        fn send<T: Send>() {}
+        send::<CudaDecoder>();
+    }
+
+    /// The GPU's cache is sized as the CPU's f32 cache: 2 (keys and
+    /// values) × layers × block size × width × 4 bytes a block.
+    #[test]
+    fn a_gpu_cache_is_sized_from_its_byte_budget() {
+        let cfg = GptConfig::parse("L2-H2-C16-V37-T24").unwrap();
+        let params = Params::init_gpt2(Arc::new(Layout::new(&cfg)), 1);
+        let per = 2 * 2 * 4 * 16 * 4;
+        assert_eq!(CudaDecoder::blocks_in(&params, 10 * per + 1, 4), 10);
+        assert_eq!(
+            CudaDecoder::blocks_in(&params, 10 * per, 4),
+            CpuDecoder::blocks_in(&params, 10 * per, 4)
+        );
+        assert_eq!(CudaDecoder::blocks_in(&params, per - 1, 4), 0);
     }
 }

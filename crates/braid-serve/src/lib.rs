@@ -2,8 +2,9 @@
 //! one paged KV cache.
 //!
 //! - [`decoder`]: what a model must do to be served ([`Decoder`]: one
-//!   step over rows of many sequences, block copies) and the CPU's
-//!   ([`CpuDecoder`], the reference, on `braid_model`'s block description);
+//!   step over rows of many sequences, block copies), the CPU's
+//!   ([`CpuDecoder`], the reference, on `braid_model`'s block description)
+//!   and one GPU's in f32 ([`CudaDecoder`]);
 //! - [`request`]: a request, its checks, and what comes back ([`Event`]);
 //! - [`text`]: tokens to text as they come, held back where a character
 //!   or a stop string is not finished;
@@ -38,6 +39,6 @@ pub mod tensor_parallel;
 pub mod text;
 
 pub use batcher::{Batcher, BatcherOptions, Stats};
-pub use decoder::{CpuDecoder, Decoder};
+pub use decoder::{CpuDecoder, CudaDecoder, Decoder};
 pub use engine::{spawn, EngineHandle};
 pub use request::{Event, Finish, Request, RequestError, TokenOut, Usage};

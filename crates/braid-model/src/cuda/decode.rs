@@ -441,12 +441,13 @@ impl GpuDecoder {
         self.kv.copy(copies, &self.stream)
     }
 
-    /// What it runs on, for a banner.
+    /// What it runs on, for a banner: `cuda (GPU 0: NAME), f32, KV cache
+    /// N blocks of B`.
     pub fn describe(&self) -> String {
         let dev = self.stream.device();
-        let name = dev.name().unwrap_or_else(|_| "GPU".into());
+        let name = dev.name().unwrap_or_else(|_| "unnamed".into());
         format!(
-            "cuda:{} ({name}), f32, KV cache {} blocks of {}",
+            "cuda (GPU {}: {name}), f32, KV cache {} blocks of {}",
             dev.ordinal(),
             self.kv.blocks(),
             self.kv.block_size()
