@@ -188,8 +188,8 @@ impl CudaDecoder {
     /// Blocks of `block_size` positions that `bytes` of GPU memory hold
     /// for `params`' model: f32 keys and values, `2 × layers × block_size
     /// × width × 4` bytes a block.
-    pub fn blocks_in(params: &Params, bytes: u64, block_size: usize) -> usize {
-        let per = GpuKvPages::bytes_per_block(&params.layout, block_size) as u64;
+    pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize) -> usize {
+        let per = GpuKvPages::bytes_per_block(layout, block_size) as u64;
         (bytes / per.max(1)) as usize
     }
 }
@@ -252,11 +252,11 @@ mod tests {
         let cfg = GptConfig::parse("L2-H2-C16-V37-T24").unwrap();
         let params = Params::init_gpt2(Arc::new(Layout::new(&cfg)), 1);
         let per = 2 * 2 * 4 * 16 * 4;
-        assert_eq!(CudaDecoder::blocks_in(&params, 10 * per + 1, 4), 10);
+        assert_eq!(CudaDecoder::blocks_in(&params.layout, 10 * per + 1, 4), 10);
         assert_eq!(
-            CudaDecoder::blocks_in(&params, 10 * per, 4),
-            CpuDecoder::blocks_in(&params, 10 * per, 4)
+            CudaDecoder::blocks_in(&params.layout, 10 * per, 4),
+            CpuDecoder::blocks_in(&params.layout, 10 * per, 4)
         );
-        assert_eq!(CudaDecoder::blocks_in(&params, per - 1, 4), 0);
+        assert_eq!(CudaDecoder::blocks_in(&params.layout, per - 1, 4), 0);
     }
 }

@@ -66,8 +66,8 @@ fn readme_examples() -> Vec<Example> {
 fn help_examples() -> Vec<Example> {
     let mut out = Vec::new();
     for sub in [
-        "launch", "bench", "store", "topo", "verify", "train", "scale", "generate", "kernels",
-        "ckpt", "doctor", "report", "data",
+        "launch", "bench", "store", "topo", "verify", "train", "scale", "generate", "serve",
+        "kernels", "ckpt", "doctor", "report", "data",
     ] {
         let help = braid().args([sub, "--help"]).output().unwrap();
         let text = String::from_utf8_lossy(&help.stdout).into_owned();

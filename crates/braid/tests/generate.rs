@@ -181,10 +181,24 @@ fn bad_generate_input_is_explained() {
     refused(&nowhere, &["--top-p", "0"], &["--top-p 0", "(0, 1]"]);
     refused(&nowhere, &["--top-p", "1.5"], &["--top-p 1.5", "(0, 1]"]);
     refused(&nowhere, &["--top-k", "-2"], &["top-k must be >= 0"]);
+    // Without a GPU, --device cuda is refused first, in one line naming
+    // what is missing (with one, the missing file is said below).
+    if braid_cuda::device_count().unwrap_or(0) == 0 {
+        refused(
+            &nowhere,
+            &["--device", "cuda"],
+            &[
+                "--device cuda: no GPU to use here (",
+                "--device cpu runs on the CPU",
+            ],
+        );
+        let f = generate(&nowhere, &["--device", "cuda"]);
+        assert_eq!(f.stderr.trim().lines().count(), 1, "{}", f.stderr);
+    }
     refused(
         &nowhere,
-        &["--device", "cuda"],
-        &["braid serve", "--device cpu works"],
+        &["--device", "tpu"],
+        &["expected auto, cpu or cuda"],
     );
     refused(
         &nowhere,

@@ -306,8 +306,11 @@ fn bad_requests_get_400s_that_say_why_and_a_client_gone_mid_stream_frees_its_blo
     });
 }
 
+/// A port in use is said; so is `--device cuda` on a machine without a
+/// GPU (one line naming what is missing). With a GPU, `--device cuda`
+/// builds the GPU decoder and then meets the same port.
 #[test]
-fn a_port_in_use_is_said_and_gpu_decoding_is_refused_for_now() {
+fn a_port_in_use_is_said_and_cuda_without_a_gpu_is_refused_in_one_line() {
     let dir = TempDir::new("serve-port");
     let m = model(&dir);
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -321,10 +324,23 @@ fn a_port_in_use_is_said_and_gpu_decoding_is_refused_for_now() {
     c.arg("serve")
         .arg("--load")
         .arg(&m)
+        .args(["--port", &port])
         .args(["--device", "cuda"]);
-    let f = run(c, Duration::from_secs(30));
+    let f = run(c, Duration::from_secs(60));
     assert_ne!(f.code, Some(0));
-    assert!(f.stderr.contains("--device cpu"), "{}", f.stderr);
+    assert!(!f.stderr.contains("panicked"), "{}", f.stderr);
+    if braid_cuda::device_count().unwrap_or(0) > 0 {
+        assert!(f.stderr.contains("the port is in use"), "{}", f.stderr);
+        assert!(f.stderr.contains("on cuda (GPU "), "{}", f.stderr);
+    } else {
+        assert!(
+            f.stderr.contains("--device cuda: no GPU to use here (")
+                && f.stderr.contains("--device cpu runs on the CPU"),
+            "{}",
+            f.stderr
+        );
+        assert_eq!(f.stderr.trim().lines().count(), 1, "{}", f.stderr);
+    }
 }
 
 /// Many requests of random shapes at once against a small queue: good

@@ -1,19 +1,23 @@
-//! `braid generate`: text from a trained model, on the CPU — a
+//! `braid generate`: text from a trained model, on the CPU or one GPU — a
 //! safetensors file (`braid train --save`, `braid ckpt consolidate`, a
 //! Hugging Face `model.safetensors`) or a sharded checkpoint
 //! (`braid train --ckpt-dir`), whose ranks' pieces are assembled in memory
 //! as `braid ckpt consolidate` assembles them. stdout carries only the
 //! prompt and its continuation; notes and the closing rate line (prompt
 //! and new tokens, time to first token, tokens/s) go to stderr.
+//!
+//! Where both commands decode ([`decoding_device`], [`decoder`]) lives
+//! here too: `braid serve` decodes as `braid generate` does.
 
 use super::ckpt;
 use super::train::tokenizer_for;
 use braid_data::tokens::Tokenizer;
 use braid_model::checkpoint;
+use braid_model::cuda::decode::GpuKvPages;
 use braid_model::sample::{self, Sampler, Sampling};
 use braid_model::Params;
 use braid_serve::offline::complete;
-use braid_serve::{Batcher, BatcherOptions, CpuDecoder, Finish, Request};
+use braid_serve::{Batcher, BatcherOptions, CpuDecoder, CudaDecoder, Decoder, Finish, Request};
 use braid_train::checkpoint::load::resolve;
 use braid_train::checkpoint::{CheckpointReader, LATEST, MANIFEST};
 use clap::Args;
@@ -28,7 +32,7 @@ const ACCEPTED: &str = "--load takes a safetensors file (`braid train --save`, \
 /// Sample text from a trained model.
 #[derive(Args)]
 #[command(
-    about = "Continue a prompt with a trained model (a --save file or a --ckpt-dir), on the CPU",
+    about = "Continue a prompt with a trained model (a --save file or a --ckpt-dir), on the CPU or a GPU",
     after_help = "Examples:\n  \
         braid generate --load tiny.safetensors --prompt 'the quick' --tokens 80\n  \
         braid generate --load ck --prompt 'the quick'           # --ckpt-dir ck's newest checkpoint\n  \
@@ -36,10 +40,11 @@ const ACCEPTED: &str = "--load takes a safetensors file (`braid train --save`, \
         braid generate --load gpt2/model.safetensors --top-k 40 --top-p 0.9 --seed 7\n  \
         braid generate --load tiny.safetensors --prompts prompts.txt --tokens 40 --temperature 0\n\n\
         The text goes to stdout; the rate line (prompt and new tokens, time to first token, tokens/s) \
-        to stderr. Decoding runs on the CPU with a paged KV cache, the engine `braid serve` runs \
-        (--prompts: every prompt decoded together, continuous batching). A prompt and its new tokens \
-        that pass the model's context are predicted from the last context tokens instead (a note \
-        says so), the whole window recomputed for each token."
+        to stderr. Decoding runs with a paged KV cache, the engine `braid serve` runs (--prompts: \
+        every prompt decoded together, continuous batching), on the CPU, or on one GPU in f32 with \
+        --device cuda (--device auto, the default, takes a GPU where there is one). A prompt and \
+        its new tokens that pass the model's context are predicted from the last context tokens \
+        instead, on the CPU (a note says so), the whole window recomputed for each token."
 )]
 pub struct GenerateArgs {
     /// The model: a safetensors file, a directory holding a
@@ -80,7 +85,8 @@ pub struct GenerateArgs {
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]
     tokenizer: Option<String>,
-    /// auto or cpu (auto: the CPU; GPU decoding is being built).
+    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0, in f32;
+    /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
     /// A file of prompts, one a line (blank lines skipped), decoded
@@ -98,22 +104,99 @@ fn parse_top_k(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `--device`: `Ok(Some(note))` when there is something to say.
-fn decoding_device(device: &str) -> Result<Option<String>, String> {
+/// Where `braid generate` and `braid serve` decode: `--device` resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DecodeOn {
+    /// The GPU decoding runs on, if any.
+    pub gpu: Option<usize>,
+    /// What `--device auto` chose, to say at start.
+    pub note: Option<String>,
+}
+
+/// Resolves `--device` for decoding: `cpu`; `cuda` (or `gpu`): one GPU,
+/// `LOCAL_RANK`'s, else GPU 0 (as `braid train --device cuda` picks),
+/// refused with what is missing where there is none; `auto`: a GPU where
+/// the driver shows one, else the CPU.
+pub(super) fn decoding_device(device: &str) -> Result<DecodeOn, String> {
     match device {
-        "cpu" => Ok(None),
-        "auto" => Ok(braid_cuda::device_count().is_ok_and(|n| n > 0).then(|| {
-            "device: cpu (--device auto: braid generate decodes on the CPU; GPU decoding \
-                 with a KV cache comes with `braid serve`)"
-                .to_string()
-        })),
-        "cuda" | "gpu" => Err(format!(
-            "--device {device}: braid generate decodes on the CPU only; GPU decoding (with a KV \
-             cache) comes with `braid serve`, not yet built. --device cpu works (--device auto, \
-             the default, picks it)"
-        )),
-        other => Err(format!("--device {other:?}: expected auto or cpu")),
+        "cpu" => Ok(DecodeOn {
+            gpu: None,
+            note: None,
+        }),
+        "cuda" | "gpu" => {
+            let n = super::gpus_for(device)?;
+            Ok(DecodeOn {
+                gpu: Some(gpu_of(device, n)?),
+                note: None,
+            })
+        }
+        "auto" => match braid_cuda::device_count() {
+            Ok(n) if n > 0 => {
+                let g = gpu_of(device, n)?;
+                Ok(DecodeOn {
+                    gpu: Some(g),
+                    note: Some(format!(
+                        "device: cuda, GPU {g} (--device auto: {n} GPU(s) here; --device cpu \
+                         decodes on the CPU)"
+                    )),
+                })
+            }
+            _ => Ok(DecodeOn {
+                gpu: None,
+                note: None,
+            }),
+        },
+        other => Err(format!("--device {other:?}: expected auto, cpu or cuda")),
     }
+}
+
+/// The GPU one decoding process takes of the `n` here: `LOCAL_RANK`'s,
+/// else GPU 0.
+fn gpu_of(device: &str, n: usize) -> Result<usize, String> {
+    let g = braid_core::world::local_rank_from_env().unwrap_or(0);
+    if g >= n {
+        return Err(format!(
+            "--device {device}: LOCAL_RANK={g} asks for GPU {g}, and this machine shows {n} \
+             GPU(s)"
+        ));
+    }
+    Ok(g)
+}
+
+/// A decoder of `params` with a KV cache of `blocks` blocks of
+/// `block_size` positions: on the CPU, or on GPU `gpu` in f32 with room
+/// for `rows` rows a step. The GPU's free memory is checked first (the
+/// f32 parameters and the cache); `hint` says how to ask for less.
+pub(super) fn decoder(
+    params: Params,
+    gpu: Option<usize>,
+    blocks: usize,
+    block_size: usize,
+    rows: usize,
+    hint: &str,
+) -> Result<Box<dyn Decoder + Send>, String> {
+    let Some(g) = gpu else {
+        return Ok(Box::new(CpuDecoder::new(params, blocks, block_size)?));
+    };
+    let dev = braid_cuda::Device::open(g).map_err(|e| format!("--device cuda: GPU {g}: {e}"))?;
+    let weights = (params.data.len() * 4) as u64;
+    let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size)) as u64;
+    if let Ok(free) = dev.free_memory() {
+        if weights + kv > free as u64 {
+            let b = braid_core::words::bytes;
+            return Err(format!(
+                "GPU {g} has {} free, and decoding needs {}: the model's f32 parameters ({}) and \
+                 a KV cache of {blocks} blocks ({}); {hint}",
+                b(free as u64),
+                b(weights + kv),
+                b(weights),
+                b(kv)
+            ));
+        }
+    }
+    let d = CudaDecoder::new(&dev, &params, blocks, block_size, rows)
+        .map_err(|e| format!("decoding on GPU {g}: {e}"))?;
+    Ok(Box::new(d))
 }
 
 /// Where `--load` points.
@@ -295,9 +378,9 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
         seed: a.seed,
     };
     sampling.check().map_err(|e| format!("--{e}"))?;
-    let device_note = decoding_device(&a.device)?;
+    let on = decoding_device(&a.device)?;
     let source = locate(&a.load)?;
-    if let Some(note) = device_note {
+    if let Some(note) = &on.note {
         eprintln!("{note}");
     }
     let (params, saved_tokenizer) = load(&source)?;
@@ -319,7 +402,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
         );
     }
     if let Some(file) = &a.prompts {
-        return batch(&a, file, params, tokenizer, sampling);
+        return batch(&a, file, params, tokenizer, sampling, on.gpu);
     }
     let mut prompt = tokenizer.encode(&a.prompt);
     if prompt.is_empty() {
@@ -329,7 +412,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     // the whole window recomputed for each token.
     let (text, new_tokens, first, elapsed, how) =
         if a.tokens > 0 && prompt.len() + a.tokens <= cfg.context {
-            let mut b = batcher(params, tokenizer, 1)?;
+            let mut b = batcher(params, tokenizer, 1, on.gpu)?;
             let request = Request {
                 prompt,
                 max_tokens: a.tokens,
@@ -338,12 +421,22 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
                 logprobs: false,
             };
             let c = complete(&mut b, vec![request])?.remove(0);
-            let how = match c.finish {
-                Finish::Stop => "CPU, KV cache; stopped at the end-of-text token",
-                _ => "CPU, KV cache",
+            let mut how = match on.gpu {
+                Some(g) => format!("GPU {g}, f32, KV cache"),
+                None => "CPU, KV cache".to_string(),
             };
+            if c.finish == Finish::Stop {
+                how += "; stopped at the end-of-text token";
+            }
             (c.text, c.tokens.len(), c.time_to_first, c.elapsed, how)
         } else {
+            if let (Some(g), true) = (on.gpu, a.tokens > 0) {
+                eprintln!(
+                    "note: --device {}: past the model's context braid generate decodes on the \
+                     CPU (GPU {g} decodes within it)",
+                    a.device
+                );
+            }
             let mut sampler = Sampler::new(sampling).map_err(|e| format!("--{e}"))?;
             let g = sample::generate(&params, tokenizer, &a.prompt, a.tokens, &mut sampler)?;
             let n = g.tokens.len();
@@ -352,7 +445,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
                 n,
                 g.time_to_first,
                 g.elapsed,
-                "CPU, no KV cache past the context",
+                "CPU, no KV cache past the context".to_string(),
             )
         };
     println!("{}{}", a.prompt, text);
@@ -374,23 +467,26 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-/// A batcher of `params` on the CPU with room for `running` sequences
-/// filling the context at once (within 1 GiB of KV cache).
+/// A batcher of `params` on the CPU, or on GPU `gpu`, with room for
+/// `running` sequences filling the context at once (within 1 GiB of KV
+/// cache).
 fn batcher(
     params: Params,
     tokenizer: Tokenizer,
     running: usize,
-) -> Result<Batcher<CpuDecoder>, String> {
+    gpu: Option<usize>,
+) -> Result<Batcher<Box<dyn Decoder + Send>>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
     let budget = CpuDecoder::blocks_in(&params.layout, 1 << 30, block);
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
-    let decoder = CpuDecoder::new(params, blocks, block)?;
     let options = BatcherOptions {
         max_running: running,
         ..Default::default()
     };
+    let hint = "--device cpu decodes on the CPU";
+    let decoder = decoder(params, gpu, blocks, block, options.step_tokens, hint)?;
     Ok(Batcher::new(decoder, tokenizer, options))
 }
 
@@ -402,6 +498,7 @@ fn batch(
     params: Params,
     tokenizer: Tokenizer,
     sampling: Sampling,
+    gpu: Option<usize>,
 ) -> Result<i32, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("--prompts {}: cannot be read: {e}", file.display()))?;
@@ -450,7 +547,7 @@ fn batch(
         })
         .collect::<Result<_, _>>()?;
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
-    let mut b = batcher(params, tokenizer, requests.len().min(64))?;
+    let mut b = batcher(params, tokenizer, requests.len().min(64), gpu)?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
@@ -479,10 +576,14 @@ fn batch(
     let secs = elapsed.as_secs_f64().max(1e-9);
     eprintln!(
         "generate: {} prompts, {prompt_tokens} prompt tokens, {new_tokens} new tokens in {}; \
-         {:.1} tokens/s (CPU, KV cache, decoded together)",
+         {:.1} tokens/s ({}, KV cache, decoded together)",
         done.len(),
         duration(elapsed),
-        new_tokens as f64 / secs
+        new_tokens as f64 / secs,
+        match gpu {
+            Some(g) => format!("GPU {g}, f32"),
+            None => "CPU".into(),
+        }
     );
     Ok(0)
 }
@@ -551,13 +652,30 @@ mod tests {
 
     #[test]
     fn devices_and_top_k() {
-        assert_eq!(decoding_device("cpu"), Ok(None));
-        let cuda = decoding_device("cuda").unwrap_err();
-        assert!(
-            cuda.contains("braid serve") && cuda.contains("--device cpu works"),
-            "{cuda}"
-        );
-        assert!(decoding_device("tpu").is_err());
+        let cpu = DecodeOn {
+            gpu: None,
+            note: None,
+        };
+        assert_eq!(decoding_device("cpu"), Ok(cpu.clone()));
+        match braid_cuda::device_count() {
+            Ok(n) if n > 0 => {
+                assert!(decoding_device("cuda").unwrap().gpu.is_some());
+                assert!(decoding_device("auto").unwrap().note.is_some());
+            }
+            _ => {
+                // No GPU here: cuda is refused naming what is missing,
+                // auto takes the CPU.
+                let cuda = decoding_device("cuda").unwrap_err();
+                assert!(
+                    cuda.contains("--device cuda: no GPU to use here")
+                        && cuda.contains("--device cpu"),
+                    "{cuda}"
+                );
+                assert_eq!(decoding_device("auto"), Ok(cpu));
+            }
+        }
+        let tpu = decoding_device("tpu").unwrap_err();
+        assert!(tpu.contains("expected auto, cpu or cuda"), "{tpu}");
         assert_eq!(parse_top_k("40"), Ok(40));
         assert!(parse_top_k("-1").unwrap_err().contains(">= 0"));
     }

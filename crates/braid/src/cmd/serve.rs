@@ -1,14 +1,16 @@
 //! `braid serve`: a trained model behind an OpenAI-compatible HTTP API
 //! (braid-serve): continuous batching over a paged KV cache sized from
 //! `--kv-memory`, listening on 127.0.0.1 unless `--host` says otherwise,
-//! with an optional API key. Loads what `braid generate` loads.
+//! with an optional API key, on the CPU or one GPU (f32). Loads what
+//! `braid generate` loads, and decodes where it does.
 
 use super::bench::parse_size;
-use super::generate::{load, locate, model_tokenizer, Source};
+use super::generate::Source;
+use super::generate::{decoder, decoding_device, load, locate, model_tokenizer};
 use super::serve_tp;
 use braid_serve::http::{serve, AppState};
 use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
-use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, Decoder};
+use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, CudaDecoder, Decoder};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use std::sync::Arc;
     after_help = "Examples:\n  \
         braid serve --load tiny.safetensors --port 8100     # http://127.0.0.1:8100\n  \
         braid serve --load ck --port 9000 --api-key s3cret  # Authorization: Bearer s3cret\n  \
+        braid serve --load tiny.safetensors --port 8101 --device cuda  # one GPU, f32\n  \
         braid serve --load tiny.safetensors --port 8102 --tp 2  # 2 CPU ranks, heads split\n  \
         curl -s localhost:8100/v1/completions -H 'content-type: application/json' \\\n    \
         -d '{\"prompt\": \"the quick\", \"max_tokens\": 20, \"temperature\": 0}'\n\n\
@@ -27,9 +30,10 @@ use std::sync::Arc;
         GET /health (no key needed), GET /metrics (Prometheus). Requests are decoded together \
         (continuous batching) over a paged KV cache of --kv-memory bytes; a request is admitted \
         when the cache can hold its prompt and max_tokens, others wait in a queue of \
-        --max-waiting (beyond it: 429). Decoding runs on the CPU (f32); GPU decoding is being \
-        built. --tp N splits the model's heads and MLP columns over N CPU ranks, started here; \
-        rank 0 serves."
+        --max-waiting (beyond it: 429). Decoding runs on the CPU (f32), or on one GPU in f32 with \
+        --device cuda (LOCAL_RANK's, else GPU 0; --device auto, the default, takes a GPU where \
+        there is one). --tp N splits the model's heads and MLP columns over N CPU ranks, started \
+        here; rank 0 serves."
 )]
 pub struct ServeArgs {
     /// The model: what `braid generate --load` takes (a safetensors file,
@@ -53,11 +57,12 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
-    /// auto or cpu (auto: the CPU; GPU decoding is being built).
+    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0, in f32;
+    /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Memory for the KV cache (e.g. 512M, 2G); with --tp, each rank's
-    /// (it holds its heads' keys and values).
+    /// Memory for the KV cache (e.g. 512M, 2G), on the device decoding
+    /// (with --tp: on each rank, which holds its heads' keys and values).
     #[arg(long, default_value = "1G", value_name = "BYTES")]
     kv_memory: String,
     /// Tensor-parallel ranks: the heads and MLP columns split over N
@@ -87,22 +92,17 @@ pub struct ServeArgs {
 
 /// Runs `braid serve`.
 pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
-    match a.device.as_str() {
-        "auto" | "cpu" => {}
-        "cuda" | "gpu" => {
-            return Err(format!(
-                "--device {}: GPU decoding is being built (a paged KV cache on the GPU, CUDA \
-                 graphs); braid serve decodes on the CPU for now (--device cpu)",
-                a.device
-            ))
-        }
-        other => return Err(format!("--device {other:?}: expected auto or cpu")),
-    }
-    if a.block_size == 0 {
-        return Err("--block-size 0: a block holds at least one position (16 is usual)".into());
-    }
     if a.tp == 0 {
         return Err("--tp 0: a model is served by at least one rank (--tp 1, the default)".into());
+    }
+    // Tensor-parallel ranks run on the CPU unless a GPU is asked for.
+    let device = match (a.tp > 1, a.device.as_str()) {
+        (true, "auto") => "cpu",
+        (_, d) => d,
+    };
+    let on = decoding_device(device)?;
+    if a.block_size == 0 {
+        return Err("--block-size 0: a block holds at least one position (16 is usual)".into());
     }
     let kv_bytes = parse_size(&a.kv_memory).map_err(|e| format!("--kv-memory: {e}"))?;
     let source = locate(&a.load)?;
@@ -113,7 +113,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
                 Source::File(path) => braid_model::checkpoint::config_of(path).ok(),
                 Source::Sharded(_) => None,
             };
-            match serve_tp::start(tp, false, cfg.as_ref())? {
+            match serve_tp::start(tp, on.gpu.is_some(), cfg.as_ref())? {
                 serve_tp::Start::Started(code) => return Ok(code),
                 serve_tp::Start::Rank(r) => Some(r),
             }
@@ -122,12 +122,18 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     let (params, saved_tokenizer) = load(&source)?;
     let cfg = params.layout.config;
     let tokenizer = model_tokenizer(a.tokenizer.as_deref(), saved_tokenizer.as_ref(), &cfg)?;
+    if let Some(note) = &on.note {
+        eprintln!("{note}");
+    }
     // A tensor-parallel rank's share of the model, and its heads' pages.
     let share = ranks.as_ref().map(|r| r.share(&params)).transpose()?;
     let layout = share
         .as_ref()
         .map_or(&params.layout, |(gpt, _)| gpt.layout());
-    let blocks = CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size);
+    let blocks = match (&share, on.gpu) {
+        (None, Some(_)) => CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size),
+        _ => CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size),
+    };
     let one_sequence = cfg.context.div_ceil(a.block_size) + 1;
     if blocks < one_sequence {
         let per = kv_bytes / blocks.max(1);
@@ -153,6 +159,12 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     });
     // More than every running sequence can reserve would sit unused.
     let blocks = blocks.min(a.max_running.max(1) * one_sequence);
+    let options = BatcherOptions {
+        step_tokens: a.step_tokens.max(1),
+        max_running: a.max_running.max(1),
+        max_waiting: a.max_waiting,
+    };
+    let hint = "give less --kv-memory, or --device cpu";
     // Rank 0 of a tensor-parallel server decodes here and sends each step
     // to the others, which follow it until it stops (`stopping`).
     let mut stopping = None;
@@ -167,12 +179,14 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
             stopping = Some(StopFollowers(r.bus));
             Box::new(d)
         }
-        _ => Box::new(CpuDecoder::new(params, blocks, a.block_size)?),
-    };
-    let options = BatcherOptions {
-        step_tokens: a.step_tokens.max(1),
-        max_running: a.max_running.max(1),
-        max_waiting: a.max_waiting,
+        _ => decoder(
+            params,
+            on.gpu,
+            blocks,
+            a.block_size,
+            options.step_tokens,
+            hint,
+        )?,
     };
     let described = decoder.describe();
     let engine = spawn(Batcher::new(decoder, tokenizer, options));
