@@ -5,7 +5,7 @@
 # $L and come back as one archive ($OUT/logs.tgz, by `finish`): the tool
 # brings back only a few files.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests gpu-pp-tests; do
+for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests gpu-pp-tests model-tests; do
   if [ -f ".dev/$f.gz" ]; then
     gunzip -c ".dev/$f.gz" > "/tmp/$f" && chmod +x "/tmp/$f"
   else
@@ -14,10 +14,17 @@ for f in braid braid-prev gpu-tests gpu-zero-tests gpu-faults-tests gpu-tp-tests
 done
 B=/tmp/braid
 # The test binaries run braid from the path they were built with: the
-# checkout pack.sh ran in (.dev/built-at; /work/main before it said).
-for root in /work/main $(cat .dev/built-at 2> /dev/null); do
-  mkdir -p "$root/target/release"
-  ln -sf /tmp/braid "$root/target/release/braid"
+# checkout pack.sh ran in (.dev/built-at's first line; /work/main before it
+# said) and the target directory it built in (its second line, where
+# CARGO_TARGET_DIR moved it).
+{
+  echo /work/main/target
+  head -n 1 .dev/built-at 2> /dev/null | sed 's|$|/target|'
+  sed -n 2p .dev/built-at 2> /dev/null
+} | while read -r target; do
+  [ -n "$target" ] || continue
+  mkdir -p "$target/release"
+  ln -sf /tmp/braid "$target/release/braid"
 done
 ANCHORS=$PWD/.dev/anchors
 L=/tmp/logs

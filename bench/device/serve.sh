@@ -1,0 +1,199 @@
+#!/bin/bash
+# Serving on one GPU (nvidia-h100-x1 or nvidia-h200): the f32 GPU decoder
+# (crates/braid-model/src/cuda/decode.rs) checked against the CPU, then
+# behind `braid serve --device cuda` under load, beside Hugging Face
+# generate(). Phases are arguments, run in order in one call under one
+# budget (SERVE_LIMIT seconds, default 540; a run that would pass it is
+# skipped):
+#
+#   bash bench/device/serve.sh check
+#     the braid-model library's tests whose names hold "decode" (on a GPU:
+#     gpu_decoding_gives_the_cpus_logits, two sequences prefilled
+#     together, a fork and 12 batched steps against the CPU's
+#     Gpt::decode within 1e-4, and
+#     gpu_bad_rows_are_refused_with_what_was_wrong; with the step's plan
+#     and the kernels' PTX); it fails if they were skipped. Then a small
+#     model trained here (L4-H4-C128-V256-T128, 300 steps) continued
+#     greedily by `braid generate` on the GPU and on the CPU, one prompt
+#     and a file of four decoded together: the texts compared (the same
+#     expected; a near tie in f32 may part them late), and the note that
+#     past the context generate decodes on the CPU.
+#   bash bench/device/serve.sh serve
+#     GPT-2 124M (GPT-2's vocabulary; one training step on the GPU, then
+#     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
+#     default 2G: 64 requests of 256 positions at once), loaded by `braid
+#     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
+#     at 1, 8 and 64 requests in flight (--json into $L); then the peer,
+#     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
+#     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
+#     braid decodes in f32, without CUDA graphs: the first GPU path.
+#
+#   bash bench/device/serve.sh check serve    # both, in one call
+#
+# Carry: .dev/braid.gz .dev/commit .dev/built-at .dev/model-tests.gz
+# .dev/anchors (bash bench/device/pack.sh makes them; `check` needs
+# model-tests, `serve` the anchors for its peer).
+cd "$(dirname "$0")/../.." && source bench/device/setup.sh
+export BRAID_KERNEL_CACHE=/tmp/kc PYTHONUNBUFFERED=1
+LIMIT=${SERVE_LIMIT:-540}
+PORT=${SERVE_PORT:-8123}
+
+# Seconds a run may take: at most WANT, and what the call has left; fails
+# (the run is skipped) under 20.
+budget() {
+  local t=$1 left=$((LIMIT - SECONDS))
+  [ "$t" -gt "$left" ] && t=$left
+  [ "$t" -ge 20 ] || return 1
+  echo "$t"
+}
+
+# A run: log name, seconds, command. Its output goes to $L/NAME.txt, the
+# command first.
+run() {
+  local name=$1 t=$2
+  shift 2
+  if ! t=$(budget "$t"); then
+    echo "$name: skipped ($((LIMIT - SECONDS)) s left)"
+    return 1
+  fi
+  echo "cmd: $*" > "$L/$name.txt"
+  timeout -k 10 "$t" "$@" >> "$L/$name.txt" 2>&1
+  local rc=$?
+  echo "exit $rc" >> "$L/$name.txt"
+  [ $rc = 0 ] || echo "$name: exit $rc: $(grep -v '^exit' "$L/$name.txt" | tail -n 3 | tr '\n' ' ' | cut -c1-300)"
+  return $rc
+}
+
+phase_check() {
+  local ok=0 t
+  if [ ! -x /tmp/model-tests ]; then
+    echo "model-tests: not carried (.dev/model-tests.gz)"
+    ok=1
+  elif t=$(budget 240); then
+    timeout -k 10 "$t" /tmp/model-tests --test-threads 1 --nocapture decode > "$L/model-tests.txt" 2>&1
+    echo "exit $?" >> "$L/model-tests.txt"
+    echo "== braid-model tests matching decode"
+    grep -E "^test |test result|panicked|skipped|compiled to PTX|^exit" "$L/model-tests.txt" | cut -c1-200
+    grep -q "^exit 0" "$L/model-tests.txt" || ok=1
+    if grep -q "skipped: no GPU" "$L/model-tests.txt"; then
+      echo "check: the GPU tests were skipped (no GPU seen)"
+      ok=1
+    fi
+  else
+    echo "model-tests: skipped (no time left)"
+    ok=1
+  fi
+  # The GPU decoder through the batcher and the binary: GPU and CPU
+  # greedy texts of a small trained model.
+  local m=/tmp/serve-small.safetensors
+  run train-small 180 "$B" train --device cuda --model L4-H4-C128-V256-T128 --seq 128 --batch 16 \
+    --steps 300 --eval-every 0 --log-every 100 --save "$m" || return 1
+  printf 'the quick brown fox\nonce upon a time\ndef main():\n    return x\n' > /tmp/serve-prompts.txt
+  local d
+  for d in cuda cpu; do
+    run "generate-$d" 60 "$B" generate --load "$m" --device "$d" --prompt "the quick" \
+      --tokens 100 --temperature 0 || ok=1
+    run "generate-prompts-$d" 60 "$B" generate --load "$m" --device "$d" \
+      --prompts /tmp/serve-prompts.txt --tokens 60 --temperature 0 || ok=1
+  done
+  local what
+  for what in generate generate-prompts; do
+    # The text: every line but the command, the rate line, notes and the exit.
+    local a b
+    a=$(grep -vE '^(cmd:|generate:|note:|device:|exit )' "$L/$what-cuda.txt")
+    b=$(grep -vE '^(cmd:|generate:|note:|device:|exit )' "$L/$what-cpu.txt")
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then
+      echo "$what: GPU and CPU texts identical ($(echo "$a" | wc -c) bytes)"
+    else
+      echo "$what: GPU and CPU texts DIFFER"
+      diff <(echo "$b") <(echo "$a") | head -n 8 | cut -c1-200
+      ok=1
+    fi
+    echo "  cuda: $(grep -h '^generate:' "$L/$what-cuda.txt")"
+    echo "  cpu:  $(grep -h '^generate:' "$L/$what-cpu.txt")"
+  done
+  # Past the context (128): decoded on the CPU, said in a note.
+  run generate-past 60 "$B" generate --load "$m" --device cuda --prompt "the quick" \
+    --tokens 160 --temperature 0 || ok=1
+  if grep -q "past the model's context braid generate decodes on the CPU" "$L/generate-past.txt"; then
+    echo "generate past the context: on the CPU, with its note"
+  else
+    echo "generate past the context: no note ($(grep -h '^note' "$L/generate-past.txt"))"
+    ok=1
+  fi
+  return $ok
+}
+
+# Waits up to 120 s for /health on PORT while PID runs.
+healthy() {
+  local pid=$1 i
+  for i in $(seq 240); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && return 0
+    kill -0 "$pid" 2> /dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+phase_serve() {
+  local m=/tmp/m124.safetensors ok=0 c
+  if [ ! -s "$m" ]; then
+    run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
+      --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
+  fi
+  echo "cmd: $B serve --device cuda --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$L/serve-124m.txt"
+  "$B" serve --device cuda --load "$m" --port "$PORT" --kv-memory "${SERVE_KV:-2G}" \
+    >> "$L/serve-124m.txt" 2>&1 &
+  local pid=$!
+  if ! healthy "$pid"; then
+    echo "serve: no /health within 120 s: $(tail -n 3 "$L/serve-124m.txt" | tr '\n' ' ')"
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    return 1
+  fi
+  grep -h "^braid serve:" "$L/serve-124m.txt" | cut -c1-250
+  for c in 1 8 64; do
+    run "bench-serve-c$c" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
+      --input-len 128 --output-len 128 --max-concurrency "$c" --json "$L/bench-serve-c$c.json" ||
+      ok=1
+    echo "== braid serve --device cuda, 124M f32, concurrency $c"
+    grep -vE '^(cmd:|exit )' "$L/bench-serve-c$c.txt" | head -n 20 | cut -c1-200
+  done
+  curl -sf "http://127.0.0.1:$PORT/metrics" > "$L/serve-124m-metrics.txt" 2>&1
+  kill -TERM "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+  echo "serve: stopped ($(tail -n 1 "$L/serve-124m.txt" | cut -c1-120))"
+  # The peer: Hugging Face generate() at batch 1, 8, 64, the same size.
+  local peer=.dev/anchors/hf_generate_bench.py t
+  if [ ! -f "$peer" ]; then
+    echo "hf generate: not carried ($peer)"
+  elif t=$(budget 240); then
+    echo "cmd: python3 $peer 124M" > "$L/hf-generate.txt"
+    timeout -k 10 "$t" python3 "$peer" 124M >> "$L/hf-generate.txt" 2>&1
+    echo "exit $?" >> "$L/hf-generate.txt"
+    echo "== Hugging Face generate(), 124M bf16"
+    grep -hE "^RESULT|Error|^exit [^0]" "$L/hf-generate.txt" | cut -c1-200
+  else
+    echo "hf generate: skipped (no time left)"
+  fi
+  return $ok
+}
+
+[ $# -gt 0 ] || {
+  echo "usage: serve.sh check | serve | check serve" >&2
+  exit 2
+}
+rc=0
+for phase in "$@"; do
+  case $phase in
+  check) phase_check || rc=1 ;;
+  serve) phase_serve || rc=1 ;;
+  *)
+    echo "serve.sh: unknown phase $phase (check, serve)" >&2
+    rc=2
+    ;;
+  esac
+done
+echo "serve.sh $*: ${SECONDS} s"
+finish
+exit $rc
