@@ -23,7 +23,9 @@
 #     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
 #     default 2G: 64 requests of 256 positions at once), loaded by `braid
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
-#     at 1, 8 and 64 requests in flight (--json into $L); then the peer,
+#     at 1, 8 and 64 requests in flight (--json into $L), then at the
+#     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,
+#     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
 #     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
 #     braid decodes in f32, without CUDA graphs: the first GPU path.
@@ -159,6 +161,13 @@ phase_serve() {
     echo "== braid serve --device cuda, 124M f32, concurrency $c"
     grep -vE '^(cmd:|exit )' "$L/bench-serve-c$c.txt" | head -n 20 | cut -c1-200
   done
+  # The serving curve: Poisson arrivals from light load to saturation,
+  # drawn by braid (output tokens/s against the p99 time to first token).
+  run bench-serve-sweep 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
+    --input-len 128 --output-len 128 --request-rate "${SERVE_RATES:-4,16,64,inf}" \
+    --json "$L/bench-serve-sweep.json" --plot "$L/serve-curve.svg" || ok=1
+  echo "== braid serve --device cuda, 124M f32, the sweep of rates"
+  sed -n '/Serving Sweep/,/^$/p' "$L/bench-serve-sweep.txt" | cut -c1-120
   curl -sf "http://127.0.0.1:$PORT/metrics" > "$L/serve-124m-metrics.txt" 2>&1
   kill -TERM "$pid" 2> /dev/null
   wait "$pid" 2> /dev/null
