@@ -186,8 +186,8 @@ impl CudaDecoder {
     }
 
     /// Blocks of `block_size` positions that `bytes` of GPU memory hold
-    /// for `params`' model: f32 keys and values, `2 × layers × block_size
-    /// × width × 4` bytes a block.
+    /// for the model `layout` lays out: f32 keys and values,
+    /// `2 × layers × block_size × width × 4` bytes a block.
     pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize) -> usize {
         let per = GpuKvPages::bytes_per_block(layout, block_size) as u64;
         (bytes / per.max(1)) as usize
