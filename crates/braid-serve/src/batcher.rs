@@ -24,7 +24,7 @@ use crate::text::TextStream;
 use braid_data::tokens::Tokenizer;
 use braid_model::paged::{BlockPool, BlockTable};
 use braid_model::sample::Sampler;
-use braid_model::DecodeRow;
+use braid_model::{DecodeRow, Logits};
 use std::collections::VecDeque;
 
 /// How the batcher shares out a step.
@@ -92,6 +92,8 @@ pub struct Batcher<D> {
     options: BatcherOptions,
     waiting: VecDeque<(u64, Request)>,
     running: Vec<Seq>,
+    /// The last step's logits (their memory kept for the next step).
+    logits: Logits,
     /// Blocks reserved by the running sequences.
     reserved: usize,
     /// Tokens that may be chosen: the tokenizer's (a model's vocabulary
@@ -120,6 +122,7 @@ impl<D: Decoder> Batcher<D> {
             },
             waiting: VecDeque::new(),
             running: Vec::new(),
+            logits: Logits::new(),
             reserved: 0,
             writable,
             eos,
@@ -347,8 +350,9 @@ impl<D: Decoder> Batcher<D> {
                 logits: p.logits,
             })
             .collect();
-        let logits = match self.decoder.decode(&rows) {
-            Ok(l) => l,
+        let logits = &mut self.logits;
+        match self.decoder.decode(&rows, logits) {
+            Ok(()) => {}
             Err(e) => {
                 // The cache's state is unknown: every running request
                 // fails; the waiting ones run on a clean start.
@@ -364,7 +368,7 @@ impl<D: Decoder> Batcher<D> {
         let mut events = Vec::new();
         let mut done = Vec::new();
         let context = self.decoder.context();
-        for (i, l) in samplers.into_iter().zip(logits) {
+        for (i, l) in samplers.into_iter().zip(self.logits.iter()) {
             let s = &mut self.running[i];
             let l = &l[..self.writable];
             let token = s.sampler.pick(l) as u32;

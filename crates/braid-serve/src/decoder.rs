@@ -8,7 +8,7 @@
 use braid_cuda::Device;
 use braid_model::cuda::decode::{GpuDecoder, GpuKvPages};
 use braid_model::paged::BlockCopy;
-use braid_model::{DecodeRow, Gpt, KvPages, Layout, Params};
+use braid_model::{DecodeRow, Gpt, KvPages, Layout, Logits, Params};
 
 /// A model that decodes rows of many sequences over a paged KV cache.
 pub trait Decoder {
@@ -23,8 +23,9 @@ pub trait Decoder {
     /// Copies blocks before they are written (copy on write).
     fn copy_blocks(&mut self, copies: &[BlockCopy]);
     /// One step: every row's key and value written, the logits after each
-    /// row that asks for them, in row order.
-    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String>;
+    /// row that asks for them, in row order, into `out` (kept by the
+    /// caller from step to step).
+    fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String>;
     /// What it runs on, for the banner (`cpu, f32`).
     fn describe(&self) -> String;
 }
@@ -53,8 +54,8 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
         (**self).copy_blocks(copies)
     }
 
-    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
-        (**self).decode(rows)
+    fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String> {
+        (**self).decode(rows, out)
     }
 
     fn describe(&self) -> String {
@@ -143,10 +144,13 @@ impl Decoder for CpuDecoder {
         self.kv.copy(copies);
     }
 
-    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
-        self.gpt
+    fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String> {
+        let logits = self
+            .gpt
             .decode(&self.params, &mut self.kv, rows)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        out.set(&logits);
+        Ok(())
     }
 
     fn describe(&self) -> String {
@@ -220,11 +224,11 @@ impl Decoder for CudaDecoder {
         }
     }
 
-    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
+    fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String> {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        self.gpu.decode(rows).map_err(|e| e.to_string())
+        self.gpu.decode_into(rows, out).map_err(|e| e.to_string())
     }
 
     fn describe(&self) -> String {

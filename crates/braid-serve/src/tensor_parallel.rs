@@ -17,7 +17,7 @@
 use crate::decoder::{CpuDecoder, Decoder};
 use braid_comm::Communicator;
 use braid_model::paged::{BlockCopy, BlockId};
-use braid_model::{DecodeRow, Gpt};
+use braid_model::{DecodeRow, Gpt, Logits};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -308,13 +308,13 @@ impl Decoder for TensorParallelDecoder {
         }
     }
 
-    fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>, String> {
+    fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String> {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
         let step = step_words(rows.iter().copied());
         let share = &mut self.share;
-        self.bus.send_words_then(step, || share.decode(rows))?
+        self.bus.send_words_then(step, || share.decode(rows, out))?
     }
 
     fn describe(&self) -> String {
@@ -341,11 +341,12 @@ pub fn follow(
     block_size: usize,
 ) -> Result<(), String> {
     let mut share = CpuDecoder::of(gpt, params, blocks, block_size)?;
+    let mut logits = Logits::new();
     loop {
         match bus.receive()? {
             Message::Step(rows) => {
                 let rows: Vec<DecodeRow<'_>> = rows.iter().map(OwnedRow::row).collect();
-                if let Err(e) = share.decode(&rows) {
+                if let Err(e) = share.decode(&rows, &mut logits) {
                     eprintln!("braid serve: a step refused (as on rank 0): {e}");
                 }
             }

@@ -31,7 +31,7 @@
 use super::kernels::{Kernels, PagedShape};
 use crate::block::{self, Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::layout::{Block, Layout};
-use crate::model::{DecodeRow, KvPages, Widths};
+use crate::model::{DecodeRow, KvPages, Logits, Widths};
 use crate::paged::{BlockCopy, BlockId};
 use crate::params::Params;
 use braid_core::Element;
@@ -461,11 +461,20 @@ impl GpuDecoder {
     /// row sees its sequence's positions up to its own. Bad rows are
     /// refused before anything runs.
     pub fn decode(&mut self, rows: &[DecodeRow<'_>]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Logits::new();
+        self.decode_into(rows, &mut out)?;
+        Ok(out.to_vecs())
+    }
+
+    /// [`decode`](Self::decode) into `out`, whose memory is kept from
+    /// step to step (a server's steps allocate nothing on the host).
+    pub fn decode_into(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<()> {
         let cfg = self.layout.config;
         let plan = StepPlan::new(rows, cfg.context, cfg.vocab_size, &self.kv).map_err(invalid)?;
         let (n, m) = (plan.n, plan.m);
         if n == 0 {
-            return Ok(Vec::new());
+            out.fill(0, cfg.vocab_size);
+            return Ok(());
         }
         let (w, c, v) = (self.widths, self.widths.c, cfg.vocab_size);
         self.scratch.grow(&w, n)?;
@@ -526,7 +535,8 @@ impl GpuDecoder {
         }
         if m == 0 {
             s.synchronize()?;
-            return Ok(Vec::new());
+            out.fill(0, v);
+            return Ok(());
         }
         // The rows that want logits: gathered, the final LayerNorm, then
         // logits = ln_f(x) · wteᵀ.
@@ -561,10 +571,9 @@ impl GpuDecoder {
             c,
             false,
         )?;
-        let mut host = vec![0f32; m * v];
         // Synchronous on the main stream: after the step.
-        logits.copy_range_to_host(0..m * v, &mut host)?;
-        Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
+        logits.copy_range_to_host(0..m * v, out.fill(m, v))?;
+        Ok(())
     }
 }
 

@@ -122,6 +122,64 @@ impl<T: Real> KvPages<T> {
     }
 }
 
+/// A decode step's logits, one row of the vocabulary after each row that
+/// asked for them, in one flat buffer that is kept from step to step: a
+/// server's steps write into the same memory instead of allocating (and,
+/// on a GPU, faulting in) a fresh buffer per step and per row.
+#[derive(Debug, Clone, Default)]
+pub struct Logits {
+    data: Vec<f32>,
+    vocab: usize,
+    rows: usize,
+}
+
+impl Logits {
+    /// An empty buffer.
+    pub fn new() -> Logits {
+        Logits::default()
+    }
+
+    /// Makes room for `rows` rows of `vocab` logits and returns them,
+    /// flat, to be written (their old values are left).
+    pub fn fill(&mut self, rows: usize, vocab: usize) -> &mut [f32] {
+        let n = rows * vocab;
+        if self.data.len() < n {
+            self.data.resize(n, 0.0);
+        }
+        (self.rows, self.vocab) = (rows, vocab);
+        &mut self.data[..n]
+    }
+
+    /// Replaces the contents by `rows` (each of the same length).
+    pub fn set(&mut self, rows: &[Vec<f32>]) {
+        let vocab = rows.first().map_or(0, Vec::len);
+        let flat = self.fill(rows.len(), vocab);
+        for (out, r) in flat.chunks_exact_mut(vocab.max(1)).zip(rows) {
+            out.copy_from_slice(r);
+        }
+    }
+
+    /// The number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `i`'s logits.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// Every row, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[f32]> {
+        (0..self.rows).map(|i| self.row(i))
+    }
+
+    /// The rows as owned vectors (tests).
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.iter().map(<[f32]>::to_vec).collect()
+    }
+}
+
 /// One row of a decode step: a token of one sequence.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeRow<'a> {

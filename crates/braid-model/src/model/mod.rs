@@ -46,7 +46,7 @@ mod tp_decode_tests;
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
-pub use decode::{DecodeRow, KvPages};
+pub use decode::{DecodeRow, KvPages, Logits};
 pub use error::StepError;
 pub use gpt::Gpt;
 use gpt::Group;
