@@ -336,3 +336,70 @@ fn a_pipeline_s_waits_are_its_bubble_and_its_stages_imbalance_not_a_straggler() 
     // braid train printed the same bubble on paper.
     assert!(o.train.contains("(N-1)/(M+N-1) = 20.0%"), "{}", o.train);
 }
+
+/// The run's description records its layout in `braid plan`'s terms (the
+/// pipeline's degree, micro-batches and their size; no GPU on a CPU run,
+/// so no prediction); a trace whose layout names an H100 gets `braid
+/// plan`'s prediction beside its median step, in the text and the JSON.
+#[test]
+fn the_report_puts_the_plans_prediction_beside_a_gpu_runs_step() {
+    let dir = TempDir::new("report-plan");
+    let tr = dir.path().join("tr");
+    let mut cmd = braid();
+    cmd.args(["train", "--pp", "2", "--micro-batches", "4", "--batch", "8"])
+        .args([
+            "--steps",
+            "8",
+            "--model",
+            "L2-H2-C64",
+            "--seed",
+            "5",
+            "--trace",
+        ])
+        .arg(&tr);
+    let t = run(cmd, Duration::from_secs(120));
+    assert_eq!(t.code, Some(0), "{t:?}");
+    assert!(!t.stdout.contains("plan: "), "a CPU run: {}", t.stdout);
+    let report = |extra: &[&str]| {
+        let mut cmd = braid();
+        cmd.arg("report").arg(&tr).args(extra);
+        let r = run(cmd, Duration::from_secs(60));
+        assert_eq!(r.code, Some(0), "{r:?}");
+        r.stdout
+    };
+    assert!(!report(&[]).contains("plan: "));
+    let trace = std::fs::read_dir(&tr)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy() == "trace-rank00000.json")
+        .expect("rank 0's trace");
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let layout = &doc["braid"]["run"]["desc"]["layout"];
+    assert_eq!(layout["pp"], 2, "{layout}");
+    assert_eq!(layout["micro_batches"], 4, "{layout}");
+    assert_eq!(layout["micro_batch"], 2, "{layout}");
+    assert_eq!(layout["dp"], 1, "{layout}");
+    assert!(layout["gpu"].is_null(), "{layout}");
+    doc["braid"]["run"]["desc"]["layout"]["gpu"] = "NVIDIA H100 80GB HBM3".into();
+    std::fs::write(&trace, serde_json::to_string(&doc).unwrap()).unwrap();
+    let text = report(&[]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("plan: this layout predicted"))
+        .unwrap_or_else(|| panic!("no plan line:\n{text}"));
+    assert!(
+        line.contains("h100 description") && line.contains("bubble"),
+        "{line}"
+    );
+    let json: Value = serde_json::from_str(&report(&["--json"])).unwrap();
+    let plan = &json["plan"];
+    let measured = doc["braid"]["run"]["summary"]["median_step_s"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(plan["measured_step_s"].as_f64(), Some(measured), "{plan}");
+    let (p, r) = (
+        plan["predicted_step_s"].as_f64().unwrap(),
+        plan["measured_over_predicted"].as_f64().unwrap(),
+    );
+    assert!(p > 0.0 && (r - measured / p).abs() < 1e-9, "{plan}");
+}

@@ -36,6 +36,7 @@ pub mod train_params;
 pub mod train_pipeline;
 pub mod train_pipeline_run;
 pub mod train_place;
+pub mod train_plan;
 pub mod train_ps;
 pub mod train_ps_restart;
 pub mod train_relaunch;

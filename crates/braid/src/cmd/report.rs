@@ -64,6 +64,17 @@ fn load(dir: &std::path::Path) -> Result<(Vec<RankTrace>, Vec<usize>), String> {
     Ok((traces, missing))
 }
 
+/// `braid plan`'s prediction for the run's layout beside its median step
+/// (rank 0's), where the run recorded one it can be made for (a bf16 run
+/// on a GPU braid has a description of).
+fn plan_beside(traces: &[RankTrace]) -> Option<(String, serde_json::Value)> {
+    let t = traces.iter().find(|t| t.rank == 0).or(traces.first())?;
+    let layout: super::train_plan::RunLayout =
+        serde_json::from_value(t.run["desc"]["layout"].clone()).ok()?;
+    let measured = t.run["summary"]["median_step_s"].as_f64()?;
+    super::train_plan::beside(&layout, measured)
+}
+
 /// Runs `braid report`.
 pub fn run(a: ReportArgs) -> Result<i32, String> {
     // The outputs first, so that a bad path is not found after the work.
@@ -103,11 +114,19 @@ pub fn run(a: ReportArgs) -> Result<i32, String> {
         bench: &bench,
     });
     let json_only = a.json.as_ref().is_some_and(|j| j.is_stdout());
+    let plan = plan_beside(&traces);
     if let Some(out) = &a.json {
-        out.write(&serde_json::to_string_pretty(&r).expect("json"))?;
+        let mut doc = serde_json::to_value(&r).expect("json");
+        if let Some((_, p)) = &plan {
+            doc["plan"] = p.clone();
+        }
+        out.write(&serde_json::to_string_pretty(&doc).expect("json"))?;
     }
     if !json_only {
         print!("{}", report::render_text(&r));
+        if let Some((line, _)) = &plan {
+            println!("{line}");
+        }
         if !missing.is_empty() {
             eprintln!(
                 "braid: warning: ranks {missing:?} left no trace in {} (did they fail?)",

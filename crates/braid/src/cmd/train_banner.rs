@@ -181,5 +181,7 @@ pub fn run_description(
         "weight_decay": a.weight_decay,
         "grad_clip": a.grad_clip,
         "precision": c.precision.name(),
+        // braid plan's terms, for `braid report`'s prediction.
+        "layout": super::train_plan::RunLayout::of(a, c, p, m),
     })
 }

@@ -257,6 +257,7 @@ pub fn write_json(
     summary: Option<&Summary>,
     n_layer: usize,
     pipeline: Option<serde_json::Value>,
+    plan: Option<serde_json::Value>,
 ) -> Result<(), String> {
     let rows: Vec<serde_json::Value> = run
         .steps
@@ -282,6 +283,10 @@ pub fn write_json(
             "buffers_made_before": run.sharded.buffers_made.1},
         "saved_in_grads_bytes": run.saved_in_grads,
     });
+    if let Some(p) = plan {
+        // braid plan's prediction for this layout beside the measurement.
+        doc["plan"] = p;
+    }
     if let Some(p) = pipeline {
         // The pipeline's timeline and bubble (`--pp`).
         doc["pipeline"] = p;

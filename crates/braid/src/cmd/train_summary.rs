@@ -64,8 +64,23 @@ pub fn finish(
         p.world_size,
     );
     print_state(&run, cfg, held, c.zero.unwrap_or(0), p.shard_group);
+    let layout = super::train_plan::RunLayout::of(a, c, p, m);
+    let plan = summary
+        .as_ref()
+        .and_then(|s| super::train_plan::beside(&layout, s.median_step));
+    if let Some((line, _)) = &plan {
+        println!("{line}");
+    }
     if let Some(out) = &a.json {
-        write_json(out, &run, summary.as_ref(), cfg.n_layer, pipeline_json)?;
+        let plan = plan.map(|(_, json)| json);
+        write_json(
+            out,
+            &run,
+            summary.as_ref(),
+            cfg.n_layer,
+            pipeline_json,
+            plan,
+        )?;
     }
     if a.fwd_bwd_only && run.steps.len() > 1 {
         print_fwd_bwd_median(&run);
