@@ -111,6 +111,18 @@ fn bad_training_input_is_explained() {
             "expected none or optimizer",
         ),
         (
+            &["train", "--layout", "auto", "--steps", "1"][..],
+            "--layout auto plans for GPUs",
+        ),
+        (
+            &["train", "--layout", "auto", "--zero", "3", "--steps", "1"][..],
+            "drop --zero",
+        ),
+        (
+            &["train", "--layout", "best"][..],
+            "--layout best: expected auto",
+        ),
+        (
             &["train", "--device", "cuda", "--offload", "params"][..],
             "--offload params",
         ),

@@ -29,6 +29,7 @@ pub mod train_check;
 pub mod train_ckpt;
 pub mod train_cpu_run;
 pub mod train_gpu_run;
+pub mod train_layout;
 pub mod train_mesh;
 pub mod train_model;
 pub mod train_output;

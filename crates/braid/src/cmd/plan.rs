@@ -51,7 +51,7 @@ pub struct PlanArgs {
 }
 
 /// A layout in braid train's flags.
-fn flags(c: &Candidate) -> String {
+pub(super) fn flags(c: &Candidate) -> String {
     let l = &c.layout;
     let mut f = Vec::new();
     if l.tp > 1 {

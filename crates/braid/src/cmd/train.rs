@@ -37,7 +37,7 @@ const H_CKPT: &str = "Checkpoints";
 const H_OUTPUT: &str = "Output and tracing";
 
 /// Train a GPT model.
-#[derive(Args)]
+#[derive(Args, Clone)]
 #[command(
     about = "Train a GPT-2 family model on CPUs or GPUs, in one process or distributed",
     long_about = "Train a GPT-2 family model on CPUs or GPUs: in one process, data-parallel over \
@@ -272,6 +272,15 @@ pub struct TrainArgs {
     /// bf16 takes it on this flag, f32 refuses it).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) sp: bool,
+    /// auto: run the layout braid plan ranks first for this model, GPUs and global batch.
+    ///
+    /// On GPUs braid has a description of (H100, H200): the tensor and pipeline degrees, the
+    /// schedule and micro-batches, the ZeRO stage, shard group, offload and checkpointing are
+    /// chosen (so those flags are not given), the first of the ranked layouts that braid train
+    /// takes; the choice and why are printed. The global batch: --global-batch, else --batch
+    /// per GPU.
+    #[arg(long, value_name = "auto", hide_short_help = true, help_heading = H_PARALLEL)]
+    pub(super) layout: Option<String>,
     /// Pipeline parallelism: the layers cut into stages over N ranks.
     ///
     /// Micro-batches flow through the stages as --schedule says; the rest of the world is
@@ -701,6 +710,7 @@ pub(super) fn paths_checked(a: &TrainArgs) -> Result<(), String> {
 /// `--nproc-per-node`), its place in the world, model, data and
 /// parameters set up, the banner, the run on its engine, the summary.
 pub fn run_train(a: TrainArgs) -> Result<i32, String> {
+    let a = super::train_layout::resolved(a)?;
     let c = super::train_check::checked(&a)?;
     if let Some(status) = super::train_relaunch::relaunched(&a, &c)? {
         return Ok(status);
