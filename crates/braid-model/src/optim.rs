@@ -162,6 +162,16 @@ impl Optimizer {
         }
     }
 
+    /// Sets the momentum from the next update on (AdamW's β₁, SGD's
+    /// momentum): a parameter server lowers it by what its pushes'
+    /// staleness already adds.
+    pub fn set_momentum(&mut self, momentum: f32) {
+        match self {
+            Optimizer::AdamW { cfg, .. } => cfg.beta1 = momentum,
+            Optimizer::Sgd { momentum: m, .. } => *m = momentum,
+        }
+    }
+
     /// Bytes of optimizer state it holds.
     pub fn state_bytes(&self) -> usize {
         4 * match self {

@@ -21,7 +21,7 @@ pub mod shards;
 pub mod wire;
 
 pub use client::{Client, Joined, WholeState};
-pub use consistency::{Compensation, Mode, UpdateAt};
+pub use consistency::{Adaptive, Compensation, Mode, UpdateAt};
 pub use server::{Server, ServerConfig, ServerReport};
 pub use shard_state::{Snapshot, Staleness};
 pub use shards::Shards;

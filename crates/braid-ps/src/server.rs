@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// The state to start from (a server restarted from a checkpoint).
     pub restored: Option<Snapshot>,
+    /// Asynchronous and bounded-staleness updates: the momentum and
+    /// learning rate following the pushes' staleness (`None`: as given).
+    pub compensation: Option<crate::Adaptive>,
 }
 
 /// What a server did, for the run's summary.
@@ -60,6 +63,9 @@ pub struct ServerReport {
     /// Workers whose connection closed without a goodbye and did not come
     /// back.
     pub gone: Vec<usize>,
+    /// The staleness compensation at the end: the staleness's moving
+    /// average, and the momentum and learning-rate scale it gave.
+    pub compensation: Option<(f64, crate::Compensation)>,
 }
 
 struct Shared {
@@ -104,6 +110,7 @@ impl Server {
             cfg.shard.len(),
             cfg.optimizer.take(),
         )?;
+        state.compensate(cfg.compensation.take());
         if let Some(snap) = cfg.restored.take() {
             state.restore(snap)?;
         }
@@ -200,6 +207,7 @@ fn report(index: usize, s: &ShardState) -> ServerReport {
         gone: (0..s.workers())
             .filter(|w| matches!(s.presence(*w), Presence::Gone(_)))
             .collect(),
+        compensation: s.compensation(),
     }
 }
 

@@ -11,7 +11,7 @@
 //! other workers made since this worker last read the parameters) is
 //! counted.
 
-use crate::consistency::{Mode, UpdateAt};
+use crate::consistency::{Adaptive, Compensation, Mode, UpdateAt};
 use braid_model::optim::Optimizer;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -138,9 +138,23 @@ pub struct ShardState {
     served_through: u64,
     /// The staleness of each worker's last applied push.
     last_staleness: Vec<u64>,
+    /// The momentum and learning rate following the pushes' staleness
+    /// (asynchronous and bounded-staleness training; `None`: as given).
+    compensation: Option<Adaptive>,
 }
 
 impl ShardState {
+    /// Updates made with `c`'s compensation from now on.
+    pub fn compensate(&mut self, c: Option<Adaptive>) {
+        self.compensation = c;
+    }
+
+    /// The compensation as it stands (its staleness average, momentum and
+    /// learning-rate scale), where there is one.
+    pub fn compensation(&self) -> Option<(f64, Compensation)> {
+        self.compensation.as_ref().map(|a| (a.mean(), a.now()))
+    }
+
     /// A shard of `len` elements for `workers` workers; `optimizer` (over
     /// the shard's elements, compact) where the servers update.
     pub fn new(
@@ -178,6 +192,7 @@ impl ShardState {
             pushed_bytes: 0,
             served_through: 0,
             last_staleness: vec![0; workers],
+            compensation: None,
         })
     }
 
@@ -621,15 +636,23 @@ impl ShardState {
                 ));
             }
             let t = Instant::now();
+            let staleness = self.version - self.read_at[w];
             let params = self.params.as_mut().expect("checked by update");
             let opt = self
                 .optimizer
                 .as_mut()
                 .expect("a server that updates has one");
-            opt.step_compact_scaled(params, &p.grads, lr as f32, scale as f32);
+            let lr = match &mut self.compensation {
+                Some(a) => {
+                    let c = a.record(staleness);
+                    opt.set_momentum(c.momentum);
+                    lr as f32 * c.lr_scale
+                }
+                None => lr as f32,
+            };
+            opt.step_compact_scaled(params, &p.grads, lr, scale as f32);
             self.update_s += t.elapsed().as_secs_f64();
             p.covered = 0;
-            let staleness = self.version - self.read_at[w];
             self.version += 1;
             self.staleness.record(staleness);
             self.per_worker[w].record(staleness);

@@ -55,6 +55,7 @@ fn servers(
                 description: description.into(),
                 timeout,
                 restored: None,
+                compensation: None,
             },
         )
         .unwrap();

@@ -248,9 +248,10 @@ pub struct TrainArgs {
     pub(super) ps_restarts: u32,
     /// With --ps-mode async or ssp:S: keep the optimizer's momentum and learning rate as given.
     ///
-    /// By default a push's staleness, which acts as momentum of its own, is compensated: the
-    /// servers' momentum (AdamW's beta1, SGD's momentum) is lowered by 1 - 1/W and each update's
-    /// learning rate scaled by min(1, 2/W), W the workers.
+    /// By default a push's staleness, which acts as momentum of its own, is compensated as it is
+    /// measured: with t the servers' moving average of their pushes' staleness (about W - 1 for
+    /// async, W the workers), their momentum (AdamW's beta1, SGD's momentum) is lowered by
+    /// t/(1+t) and each update's learning rate scaled by min(1, 2/(1+t)).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) ps_no_compensation: bool,
     /// Tensor parallelism: every layer split over groups of N ranks.

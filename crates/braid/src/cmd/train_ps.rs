@@ -6,7 +6,7 @@
 
 use super::train::TrainArgs;
 use braid_core::WorldInfo;
-use braid_ps::{Client, Compensation, Mode, Server, ServerConfig, Shards, Snapshot, UpdateAt};
+use braid_ps::{Adaptive, Client, Mode, Server, ServerConfig, Shards, Snapshot, UpdateAt};
 use braid_store::{StoreClient, WorkerStore};
 use braid_train::checkpoint::{CheckpointReader, StateSource};
 use braid_train::engines::CpuOptimizer;
@@ -23,9 +23,10 @@ pub struct Ps {
     pub update_at: UpdateAt,
     /// This process's role: `Some(i)`, server `i`; `None`, a worker.
     pub server: Option<usize>,
-    /// What asynchronous updates change in the optimizer (none in a
-    /// synchronous run or under `--ps-no-compensation`).
-    pub compensation: Compensation,
+    /// What asynchronous updates change in the servers' optimizer,
+    /// following the pushes' measured staleness (none in a synchronous run
+    /// or under `--ps-no-compensation`).
+    pub compensation: Option<Adaptive>,
     /// The launched world, servers included.
     pub world: WorldInfo,
 }
@@ -99,8 +100,8 @@ pub fn checked(
     };
     let workers = total - servers;
     let compensation = match a.ps_no_compensation {
-        true => Mode::Sync.compensation(workers, 0.9),
-        false => mode.compensation(workers, 0.9),
+        true => None,
+        false => mode.adaptive(workers, 0.9),
     };
     Ok(Some(Ps {
         servers,
@@ -171,11 +172,8 @@ pub fn serve(
     let shards = Shards::balanced(layout.len, ps.servers)?;
     let shard = shards.range(index);
     let optimizer = (ps.update_at == UpdateAt::Server).then(|| {
-        how.with_momentum(
-            layout,
-            std::slice::from_ref(&shard),
-            ps.compensation.momentum,
-        )
+        // (Compensated runs set the momentum at each update.)
+        how.with_momentum(layout, std::slice::from_ref(&shard), 0.9)
     });
     // A restarted server: its shard from the last checkpoint.
     let restarted = super::train_ps_restart::attempt().unwrap_or(0) > 0;
@@ -197,6 +195,7 @@ pub fn serve(
             description: ps.description(model, layout.len),
             timeout: ps.timeout()?,
             restored,
+            compensation: ps.compensation.clone(),
         },
     )?;
     let addr = server.local_addr()?.to_string();
@@ -213,11 +212,17 @@ pub fn serve(
             UpdateAt::Worker => ", sums only",
         }
     );
-    if ps.compensation.momentum != 0.9 || ps.compensation.lr_scale != 1.0 {
+    if let Some(c) = &ps.compensation {
+        let now = c.now();
         println!(
-            "parameter server {index}: {} workers' staleness compensated: momentum {:.2} (from \
-             0.90), learning rate x {:.2} (--ps-no-compensation keeps them)",
-            ps.workers, ps.compensation.momentum, ps.compensation.lr_scale
+            "parameter server {index}: {} workers' staleness compensated as measured: momentum \
+             lowered by the staleness's own, learning rate x min(1, 2/(1 + staleness)); from \
+             momentum {:.2} (of 0.90) and x {:.2} at the staleness of {:.1} expected \
+             (--ps-no-compensation keeps them)",
+            ps.workers,
+            now.momentum,
+            now.lr_scale,
+            c.mean()
         );
     }
     let r = server.run()?;
@@ -238,6 +243,13 @@ pub fn serve(
             ),
         }
     );
+    if let Some((mean, c)) = r.compensation {
+        println!(
+            "parameter server {index}: compensation at the end: staleness average {mean:.2}, \
+             momentum {:.2}, learning rate x {:.2}",
+            c.momentum, c.lr_scale
+        );
+    }
     Ok(0)
 }
 
@@ -346,7 +358,8 @@ pub fn worker_strategy(
             encoding,
             top_k,
             joined,
-            lr_scale: ps.compensation.lr_scale,
+            // The servers scale it, following the staleness.
+            lr_scale: 1.0,
         },
     ))
 }
