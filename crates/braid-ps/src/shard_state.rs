@@ -141,6 +141,9 @@ pub struct ShardState {
     /// The momentum and learning rate following the pushes' staleness
     /// (asynchronous and bounded-staleness training; `None`: as given).
     compensation: Option<Adaptive>,
+    /// Pushes applied so far by the version they were computed from (the
+    /// versions some worker may still push from).
+    applied_from: BTreeMap<u64, u64>,
 }
 
 impl ShardState {
@@ -193,6 +196,7 @@ impl ShardState {
             served_through: 0,
             last_staleness: vec![0; workers],
             compensation: None,
+            applied_from: BTreeMap::new(),
         })
     }
 
@@ -642,9 +646,19 @@ impl ShardState {
                 .optimizer
                 .as_mut()
                 .expect("a server that updates has one");
+            let read = self.read_at[w];
+            let siblings = self.applied_from.get(&read).copied().unwrap_or(0);
+            *self.applied_from.entry(read).or_insert(0) += 1;
+            // No live worker pushes from before the oldest version read.
+            let oldest = (0..self.read_at.len())
+                .filter(|v| matches!(self.presence[*v], Presence::Live))
+                .map(|v| self.read_at[v])
+                .min()
+                .unwrap_or(read);
+            self.applied_from.retain(|v, _| *v >= oldest);
             let lr = match &mut self.compensation {
                 Some(a) => {
-                    let c = a.record(staleness);
+                    let c = a.record(staleness, siblings);
                     opt.set_momentum(c.momentum);
                     lr as f32 * c.lr_scale
                 }

@@ -250,8 +250,9 @@ pub struct TrainArgs {
     ///
     /// By default a push's staleness, which acts as momentum of its own, is compensated as it is
     /// measured: with t the servers' moving average of their pushes' staleness (about W - 1 for
-    /// async, W the workers), their momentum (AdamW's beta1, SGD's momentum) is lowered by
-    /// t/(1+t) and each update's learning rate scaled by min(1, 2/(1+t)).
+    /// async, W the workers), each update's learning rate is scaled by min(1, 2/(1+t)) and their
+    /// momentum (AdamW's beta1, SGD's momentum) lowered by s/(1+s), s the part of it not computed
+    /// from the same read (workers released together push bursts from one version).
     #[arg(long, hide_short_help = true, help_heading = H_PARALLEL)]
     pub(super) ps_no_compensation: bool,
     /// Tensor parallelism: every layer split over groups of N ranks.
