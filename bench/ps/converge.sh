@@ -17,6 +17,10 @@
 # OUT/SCENARIO-MODE.txt (its output), OUT/SCENARIO-{step,time}.svg and
 # OUT/SCENARIO.md (braid plot's table and, against the synchronous run's
 # eval loss at the last step, when each run first reached it).
+# PS_MODEL and PS_SEQ (default: the tiny model, sequences of 64) set a
+# larger model, so that a step is mostly computation and a straggler's
+# delay (its own step's length) weighs on a synchronous step as in the SSP
+# paper: with the tiny model a step is mostly the servers' round trip.
 # BRAID (default: braid on PATH) is the binary. Runs one at a time: each
 # has the machine to itself. (Files name ssp:S as sspS.)
 set -euo pipefail
@@ -28,6 +32,9 @@ W=${PS_WORKERS:-4}
 STEPS=${PS_STEPS:-400}
 BOUND=${PS_BOUND:-2}
 P=${PS_P:-0.25}
+MODEL=()
+[ -n "${PS_MODEL:-}" ] && MODEL=(--model "$PS_MODEL")
+[ -n "${PS_SEQ:-}" ] && MODEL+=(--seq "$PS_SEQ")
 mkdir -p "$OUT"
 BETON=$OUT/windows.beton
 run() { # scenario mode data env...
@@ -36,7 +43,7 @@ run() { # scenario mode data env...
   shift 3
   echo "== $sc $mode"
   env "$@" "$BRAID" train --ps 1 --nproc-per-node $((W + 1)) --ps-mode "$mode" \
-    --steps "$STEPS" --eval-every 50 --log-every 100 --data "$data" \
+    --steps "$STEPS" --eval-every 50 --log-every 100 --data "$data" "${MODEL[@]}" \
     --json "$OUT/$tag.json" > "$OUT/$tag.txt" 2>&1 ||
     { echo "$sc $mode failed:"; tail -5 "$OUT/$tag.txt"; return 1; }
   grep -E "step +$STEPS/|staleness of the" "$OUT/$tag.txt" | sed 's/^/  /'
