@@ -89,13 +89,7 @@ fn traced_run(name: &str, args: &[&str]) -> Outputs {
         .arg(&tr);
     let t = run(cmd, Duration::from_secs(120));
     assert_eq!(t.code, Some(0), "{t:?}");
-    let report = |extra: &[&str]| {
-        let mut cmd = braid();
-        cmd.arg("report").arg(&tr).args(extra);
-        let r = run(cmd, Duration::from_secs(60));
-        assert_eq!(r.code, Some(0), "{r:?}");
-        r.stdout
-    };
+    let report = |extra: &[&str]| report_of(&tr, extra);
     let html_path = dir.path().join("r.html");
     let text = report(&["--html", html_path.to_str().unwrap()]);
     let json = serde_json::from_str(&report(&["--json"])).expect("report JSON");
@@ -106,6 +100,15 @@ fn traced_run(name: &str, args: &[&str]) -> Outputs {
         json,
         html,
     }
+}
+
+/// `braid report DIR EXTRA`'s standard output (it must succeed).
+fn report_of(dir: &std::path::Path, extra: &[&str]) -> String {
+    let mut cmd = braid();
+    cmd.arg("report").arg(dir).args(extra);
+    let r = run(cmd, Duration::from_secs(60));
+    assert_eq!(r.code, Some(0), "{r:?}");
+    r.stdout
 }
 
 /// The train summary's line that starts (after `summary: `) with `start`.
@@ -360,13 +363,7 @@ fn the_report_puts_the_plans_prediction_beside_a_gpu_runs_step() {
     let t = run(cmd, Duration::from_secs(120));
     assert_eq!(t.code, Some(0), "{t:?}");
     assert!(!t.stdout.contains("plan: "), "a CPU run: {}", t.stdout);
-    let report = |extra: &[&str]| {
-        let mut cmd = braid();
-        cmd.arg("report").arg(&tr).args(extra);
-        let r = run(cmd, Duration::from_secs(60));
-        assert_eq!(r.code, Some(0), "{r:?}");
-        r.stdout
-    };
+    let report = |extra: &[&str]| report_of(&tr, extra);
     assert!(!report(&[]).contains("plan: "));
     let trace = std::fs::read_dir(&tr)
         .unwrap()

@@ -709,27 +709,16 @@ impl BlockForward for GpuDecodeForward<'_> {
     }
 
     fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
-        let (w, b) = self.r.linear(linear);
-        let (ic, oc) = linear.widths(&self.w);
+        self.column_forward(linear, input, out)?;
+        let oc = linear.widths(&self.w).1;
         let n = self.n;
         let (o, t) = split(self.t, out);
-        let mut o = o.view_mut(0..n * oc);
-        self.blas.gemm_rm(
-            self.s,
-            &mut o,
-            &t.get(input)?.view(0..n * ic),
-            false,
-            &self.p.view(w),
-            false,
-            n,
-            oc,
-            ic,
-            false,
-        )?;
-        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)?;
         // out += residual (in place).
-        self.k
-            .add_inplace(self.s, &mut o, &t.get(residual)?.view(0..n * oc))
+        self.k.add_inplace(
+            self.s,
+            &mut o.view_mut(0..n * oc),
+            &t.get(residual)?.view(0..n * oc),
+        )
     }
 }
 
