@@ -9,9 +9,11 @@
 //! memory-bound update.
 
 use super::hardware::{Hardware, Link};
+use crate::pipeline::assign::{assign, head_cost};
 use crate::schedule::build::ScheduleKind;
-use crate::schedule::check::simulate;
-use crate::schedule::Op;
+use crate::schedule::check::simulate_actions;
+use crate::schedule::{Action, Op};
+use braid_model::Stage;
 use serde::Serialize;
 
 /// What is trained: the model's shape, the sequence and the global batch.
@@ -317,18 +319,29 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
         (1, _) | (_, None) => (m as f64 * (fwd + bwd), 0.0),
         (p, Some(kind)) => {
             let sched = kind.build(p, m)?;
-            let v = kind.virtual_stages().max(1) as f64;
-            // Stage costs under interleaving: each of the V stages a rank
-            // holds is 1/V of its layers.
+            let v = kind.virtual_stages().max(1);
+            // The stages as braid train splits them by default: by time,
+            // the head's counted on the last stage, which runs it (the
+            // embedding lookup on the first is negligible).
+            let stages = assign(w.layers, p * v, None, head_cost(w.width, w.vocab, w.seq))?;
+            let (layer_f, layer_t) = forward_s(w, l, hw, 1.0);
+            let fwd_of = |st: &Stage| {
+                st.layers.len() as f64 * (layer_f + layer_t) + if st.last { head } else { 0.0 }
+            };
+            let bwd_of = |st: &Stage| {
+                st.layers.len() as f64 * ((2.0 + recompute) * layer_f + (1.0 + recompute) * layer_t)
+                    + if st.last { 2.0 * head } else { 0.0 }
+            };
             let send = link_for(hw, l.tp * l.pp).send_s(pipeline_send(w, l));
-            let cost = |op: Op| match op {
-                Op::Forward => fwd / v,
-                Op::Backward => bwd / v,
-                Op::BackwardInput | Op::BackwardWeight => bwd / v / 2.0,
+            let cost = |a: &Action| match a.op {
+                Op::Forward => fwd_of(&stages[a.stage]),
+                Op::Backward => bwd_of(&stages[a.stage]),
+                Op::BackwardInput | Op::BackwardWeight => bwd_of(&stages[a.stage]) / 2.0,
                 _ => send,
             };
-            let sim = simulate(&sched, &cost)?;
-            let busy = m as f64 * (fwd + bwd);
+            let sim = simulate_actions(&sched, &cost)?;
+            // The bubble: the busiest rank's idle time.
+            let busy = sim.ranks.iter().map(|r| r.busy).fold(0.0, f64::max);
             (sim.makespan, (sim.makespan - busy).max(0.0))
         }
     };
