@@ -757,12 +757,16 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
     let comm = super::train_setup::communicator(&c, p.world_size)?;
     let strategy_name = super::train_banner::strategy_name(&a, &c, &p, pipe_schedule.as_ref());
     super::train_banner::grad_comm_note(&a, &c, p.lead);
+    // The run's layout in braid plan's terms (read once: the description
+    // records it, the summary sets the plan's prediction beside the run).
+    let layout = super::train_plan::RunLayout::of(&a, &c, &p, &m);
     let facts = super::train_banner::RunFacts {
         cfg: &cfg,
         lr,
         warmup: opts.schedule.warmup,
         comm: comm.as_ref(),
         strategy: &strategy_name,
+        layout: &layout,
     };
     let run_desc = super::train_banner::run_description(&a, &c, &p, &m, &facts);
     let mut ckpt = super::train_setup::checkpoints(
@@ -878,6 +882,7 @@ pub fn run_train(a: TrainArgs) -> Result<i32, String> {
         held: stage_params.or(tensor_share),
         pipeline_json,
         dump_grads: dump_grads.as_deref(),
+        layout: &layout,
     };
     super::train_summary::finish(&a, &c, &p, &m, done)?;
     Ok(0)

@@ -141,6 +141,8 @@ pub struct RunFacts<'r> {
     pub comm: Option<&'r Communicator>,
     /// The strategy in words.
     pub strategy: &'r str,
+    /// The run's layout in braid plan's terms.
+    pub layout: &'r super::train_plan::RunLayout,
 }
 
 /// The run's description: model, data, batch, mesh, strategy and
@@ -182,6 +184,6 @@ pub fn run_description(
         "grad_clip": a.grad_clip,
         "precision": c.precision.name(),
         // braid plan's terms, for `braid report`'s prediction.
-        "layout": super::train_plan::RunLayout::of(a, c, p, m),
+        "layout": f.layout,
     })
 }

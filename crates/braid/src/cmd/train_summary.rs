@@ -28,6 +28,8 @@ pub struct Finished<'r> {
     pub pipeline_json: Option<serde_json::Value>,
     /// Where `BRAID_DUMP_GRADS` writes the first step's gradients.
     pub dump_grads: Option<&'r Path>,
+    /// The run's layout in braid plan's terms.
+    pub layout: &'r super::train_plan::RunLayout,
 }
 
 /// Ends the run: the first step's gradients written where asked, and on
@@ -47,6 +49,7 @@ pub fn finish(
         held,
         pipeline_json,
         dump_grads,
+        layout,
     } = done;
     let tokens_per_step = (p.batch * m.seq * a.accum * p.ranks) as f64;
     if let (Some(path), Some(grads)) = (dump_grads, &run.first_grads) {
@@ -64,10 +67,9 @@ pub fn finish(
         p.world_size,
     );
     print_state(&run, cfg, held, c.zero.unwrap_or(0), p.shard_group);
-    let layout = super::train_plan::RunLayout::of(a, c, p, m);
     let plan = summary
         .as_ref()
-        .and_then(|s| super::train_plan::beside(&layout, s.median_step));
+        .and_then(|s| super::train_plan::beside(layout, s.median_step));
     if let Some((line, _)) = &plan {
         println!("{line}");
     }
