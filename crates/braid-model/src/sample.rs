@@ -151,7 +151,7 @@ fn draw(weights: &[f64], tokens: impl Iterator<Item = usize> + Clone, u: f64) ->
 }
 
 /// The first largest value's index.
-fn argmax(v: &[f32]) -> usize {
+pub(crate) fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
         if x > v[best] {

@@ -757,13 +757,7 @@ mod tests {
     }
 
     fn argmax(x: &[f32]) -> u32 {
-        let mut best = 0;
-        for (i, &v) in x.iter().enumerate() {
-            if v > x[best] {
-                best = i;
-            }
-        }
-        best as u32
+        crate::sample::argmax(x) as u32
     }
 
     /// The new kernels compile to PTX wherever NVRTC loads (no GPU
