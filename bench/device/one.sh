@@ -64,6 +64,11 @@
 #     (BRAID_SAVED_IN_GRADS=off); then PyTorch FSDP2 over one rank
 #     (torch_gpt2_bench.py --fsdp --act-ckpt). Peak memory about 101 GiB:
 #     an H200. PROXY=L4-H8-C1024 is a dry run that fits an H100.
+#   bash bench/device/one.sh plan
+#     `braid plan`'s prediction beside the run: GPT-2 124M (batch 16 x
+#     1024, 30 steps, random tokens) as given and under `--layout auto
+#     --global-batch 16`; the layout auto chose and each run's "plan:"
+#     line (predicted against measured step) printed.
 #
 # Each run's output is under $L (in $OUT/logs.tgz), its command first.
 # Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/built-at .dev/gpu-tests.gz
@@ -369,6 +374,17 @@ phase_ncu() {
   done
 }
 
+phase_plan() {
+  local common=(--device cuda --model 124M --seq 1024 --steps 30 --data random --eval-every 0)
+  run plan-given 150 "$B" train "${common[@]}" --batch 16
+  run plan-auto 150 "$B" train "${common[@]}" --layout auto --global-batch 16
+  local n
+  for n in plan-given plan-auto; do
+    echo "== $n: $(head -n 1 "$L/$n.txt" | cut -c1-200)"
+    grep -hE "layout auto|^plan:|tokens/s|^exit" "$L/$n.txt" | tail -n 6 | cut -c1-250
+  done
+}
+
 phase=${1:-}
 shift
 case $phase in
@@ -380,8 +396,9 @@ flash) phase_flash ;;
 hopper) phase_hopper ;;
 ncu) phase_ncu ;;
 groups) phase_groups ;;
+plan) phase_plan ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups | plan" >&2
   exit 2
   ;;
 esac

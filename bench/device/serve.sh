@@ -30,6 +30,13 @@
 #     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
 #     braid decodes in f32, without CUDA graphs: the first GPU path.
 #
+#   bash bench/device/serve.sh profile
+#     the same server under BRAID_PROFILE=1 (the decoder's GPU time by
+#     phase and the host's time inside and between steps, printed every
+#     100 steps), loaded at 1 in flight (8 prompts) and 64 in flight (128
+#     prompts): where a decode step's time goes. Its figures are not the
+#     benchmark's (the timing events cost time of their own).
+#
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
 # Carry: .dev/braid.gz .dev/commit .dev/built-at .dev/model-tests.gz
@@ -188,8 +195,40 @@ phase_serve() {
   return $ok
 }
 
+phase_profile() {
+  local m=/tmp/m124.safetensors c
+  if [ ! -s "$m" ]; then
+    run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
+      --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
+  fi
+  echo "cmd: BRAID_PROFILE=1 $B serve --device cuda --load $m --port $PORT" > "$L/serve-profile.txt"
+  BRAID_PROFILE=1 "$B" serve --device cuda --load "$m" --port "$PORT" \
+    --kv-memory "${SERVE_KV:-2G}" >> "$L/serve-profile.txt" 2>&1 &
+  local pid=$!
+  if ! healthy "$pid"; then
+    echo "serve (profiled): no /health within 120 s"
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    return 1
+  fi
+  for c in 1 64; do
+    local n=8
+    [ "$c" = 64 ] && n=128
+    local before
+    before=$(grep -c "braid decode profile" "$L/serve-profile.txt")
+    run "profile-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
+      --input-len 128 --output-len 128 --max-concurrency "$c"
+    echo "== profiled at $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-c$c.txt" | tr -s ' ' | tr '\n' ';')"
+    # The last report of this load.
+    awk -v skip="$before" '/braid decode profile/{k++} k>skip' "$L/serve-profile.txt" |
+      awk '/braid decode profile/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' | head -n 20 | cut -c1-160
+  done
+  kill -TERM "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+}
+
 [ $# -gt 0 ] || {
-  echo "usage: serve.sh check | serve | check serve" >&2
+  echo "usage: serve.sh check | serve | profile | check serve profile" >&2
   exit 2
 }
 rc=0
@@ -197,8 +236,9 @@ for phase in "$@"; do
   case $phase in
   check) phase_check || rc=1 ;;
   serve) phase_serve || rc=1 ;;
+  profile) phase_profile || rc=1 ;;
   *)
-    echo "serve.sh: unknown phase $phase (check, serve)" >&2
+    echo "serve.sh: unknown phase $phase (check, serve, profile)" >&2
     rc=2
     ;;
   esac

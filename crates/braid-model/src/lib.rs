@@ -48,5 +48,5 @@ pub mod tensor_comm;
 
 pub use config::GptConfig;
 pub use layout::{Block, Kind, Layout, Stage};
-pub use model::{Activations, DecodeRow, Gpt, KvPages, Logits, StepError};
+pub use model::{log_softmax_at, Activations, DecodeRow, Gpt, KvPages, Logits, Pick, StepError};
 pub use params::Params;

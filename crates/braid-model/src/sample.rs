@@ -87,6 +87,12 @@ impl Sampler {
         })
     }
 
+    /// Whether it always picks the highest logit (then it draws nothing:
+    /// a [`Pick`](crate::Pick) made elsewhere is its choice).
+    pub fn is_greedy(&self) -> bool {
+        self.sampling.is_greedy()
+    }
+
     /// The next token, from one position's logits (not empty).
     pub fn pick(&mut self, logits: &[f32]) -> usize {
         let s = self.sampling;

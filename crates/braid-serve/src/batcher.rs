@@ -24,7 +24,7 @@ use crate::text::TextStream;
 use braid_data::tokens::Tokenizer;
 use braid_model::paged::{BlockPool, BlockTable};
 use braid_model::sample::Sampler;
-use braid_model::{DecodeRow, Logits};
+use braid_model::{log_softmax_at, DecodeRow, Logits};
 use std::collections::VecDeque;
 
 /// How the batcher shares out a step.
@@ -122,7 +122,11 @@ impl<D: Decoder> Batcher<D> {
             },
             waiting: VecDeque::new(),
             running: Vec::new(),
-            logits: Logits::new(),
+            logits: {
+                let mut l = Logits::new();
+                l.pick_among(writable);
+                l
+            },
             reserved: 0,
             writable,
             eos,
@@ -350,7 +354,16 @@ impl<D: Decoder> Batcher<D> {
                 logits: p.logits,
             })
             .collect();
+        // A greedy row needs only its pick (made on the device by a GPU
+        // decoder); a sampled one its whole vector.
         let logits = &mut self.logits;
+        let running = &self.running;
+        logits.want_whole(
+            planned
+                .iter()
+                .filter(|p| p.logits)
+                .map(|p| !running[p.seq].sampler.is_greedy()),
+        );
         match self.decoder.decode(&rows, logits) {
             Ok(()) => {}
             Err(e) => {
@@ -368,11 +381,16 @@ impl<D: Decoder> Batcher<D> {
         let mut events = Vec::new();
         let mut done = Vec::new();
         let context = self.decoder.context();
-        for (i, l) in samplers.into_iter().zip(self.logits.iter()) {
+        for (row, i) in samplers.into_iter().enumerate() {
             let s = &mut self.running[i];
-            let l = &l[..self.writable];
-            let token = s.sampler.pick(l) as u32;
-            let logprob = s.logprobs.then(|| log_softmax_at(l, token as usize));
+            let (token, logprob) = if s.sampler.is_greedy() {
+                let p = self.logits.pick(row);
+                (p.token, s.logprobs.then_some(p.logprob))
+            } else {
+                let l = &self.logits.row(row)[..self.writable];
+                let token = s.sampler.pick(l) as u32;
+                (token, s.logprobs.then(|| log_softmax_at(l, token as usize)))
+            };
             s.generated.push(token);
             let eos = self.eos == Some(token);
             let (text, stopped) = match eos {
@@ -424,11 +442,4 @@ impl<D: Decoder> Batcher<D> {
         }
         events
     }
-}
-
-/// `log softmax(logits)[at]`, in f64.
-fn log_softmax_at(logits: &[f32], at: usize) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
-    (logits[at] as f64 - max - sum.ln()) as f32
 }

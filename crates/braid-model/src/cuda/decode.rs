@@ -29,9 +29,10 @@
 //! logits, then the tables.
 
 use super::kernels::{Kernels, PagedShape};
+use super::profile::PhaseTimer;
 use crate::block::{self, Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::layout::{Block, Layout};
-use crate::model::{DecodeRow, KvPages, Logits, Widths};
+use crate::model::{DecodeRow, KvPages, Logits, Pick, Widths};
 use crate::paged::{BlockCopy, BlockId};
 use crate::params::Params;
 use braid_core::Element;
@@ -277,6 +278,12 @@ struct Scratch {
     logits: DeviceBuffer<f32>,
     /// The step's indices ([`StepPlan`]).
     ints: DeviceBuffer<i32>,
+    /// Each logits row's greedy token and its log-probability, on the
+    /// device and brought back.
+    pick_token: DeviceBuffer<i32>,
+    pick_logprob: DeviceBuffer<f32>,
+    host_token: Vec<i32>,
+    host_logprob: Vec<f32>,
 }
 
 impl Scratch {
@@ -293,6 +300,10 @@ impl Scratch {
             lnf: z(rows * w.c)?,
             logits: z(w.vocab)?,
             ints: DeviceBuffer::zeros(device, 5 * rows)?,
+            pick_token: DeviceBuffer::zeros(device, rows)?,
+            pick_logprob: z(rows)?,
+            host_token: Vec::new(),
+            host_logprob: Vec::new(),
         })
     }
 
@@ -334,6 +345,46 @@ pub struct GpuDecoder {
     stream: Stream,
     kv: GpuKvPages,
     scratch: Scratch,
+    /// Phase times on the GPU and the host's share (`BRAID_PROFILE=1`).
+    prof: PhaseTimer,
+    host: HostClock,
+}
+
+/// The host's side of profiled decode steps: the wall time inside
+/// [`GpuDecoder::decode_into`] and between its calls (the caller's
+/// sampling, scheduling and I/O), printed with the GPU's phases every
+/// [`HostClock::EVERY`] steps.
+#[derive(Default)]
+struct HostClock {
+    last_end: Option<std::time::Instant>,
+    inside: f64,
+    between: f64,
+    rows: usize,
+    steps: usize,
+}
+
+impl HostClock {
+    const EVERY: usize = 100;
+
+    fn report(&mut self, prof: &mut PhaseTimer) {
+        let Some(gpu) = prof.report() else {
+            return;
+        };
+        let k = self.steps.max(1) as f64;
+        eprintln!(
+            "braid decode profile: {:.1} rows per step; host wall {:.3} ms per step inside \
+             decode, {:.3} ms between steps\n{gpu}",
+            self.rows as f64 / k,
+            self.inside / k,
+            self.between / k,
+        );
+        prof.reset();
+        let last_end = self.last_end;
+        *self = HostClock {
+            last_end,
+            ..HostClock::default()
+        };
+    }
 }
 
 impl GpuDecoder {
@@ -406,6 +457,8 @@ impl GpuDecoder {
             stream: device.main_stream(),
             kv: GpuKvPages::new(device, &layout, blocks, block_size)?,
             scratch: Scratch::new(device, &widths, rows.max(1))?,
+            prof: PhaseTimer::from_env(device),
+            host: HostClock::default(),
             layout,
         })
     }
@@ -469,6 +522,29 @@ impl GpuDecoder {
     /// [`decode`](Self::decode) into `out`, whose memory is kept from
     /// step to step (a server's steps allocate nothing on the host).
     pub fn decode_into(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<()> {
+        if !self.prof.enabled() {
+            return self.step(rows, out);
+        }
+        let start = std::time::Instant::now();
+        if let Some(last) = self.host.last_end {
+            self.host.between += (start - last).as_secs_f64() * 1e3;
+        }
+        let ran = self.step(rows, out);
+        self.prof.end_step()?;
+        let end = std::time::Instant::now();
+        self.host.inside += (end - start).as_secs_f64() * 1e3;
+        self.host.last_end = Some(end);
+        self.host.rows += rows.len();
+        self.host.steps += 1;
+        if self.host.steps == HostClock::EVERY {
+            self.host.report(&mut self.prof);
+        }
+        ran
+    }
+
+    /// One step (see [`decode`](Self::decode)), its phases marked when
+    /// profiling.
+    fn step(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<()> {
         let cfg = self.layout.config;
         let plan = StepPlan::new(rows, cfg.context, cfg.vocab_size, &self.kv).map_err(invalid)?;
         let (n, m) = (plan.n, plan.m);
@@ -480,12 +556,16 @@ impl GpuDecoder {
         self.scratch.grow(&w, n)?;
         fit(&mut self.scratch.logits, m * v)?;
         fit(&mut self.scratch.ints, plan.ints.len())?;
+        fit(&mut self.scratch.pick_token, m)?;
+        fit(&mut self.scratch.pick_logprob, m)?;
         // Synchronous on the main stream: after the last step's kernels
         // read the indices, before this step's.
         self.scratch
             .ints
             .copy_range_from_host(0..plan.ints.len(), &plan.ints)?;
         let (s, k, p) = (&self.stream, &self.kernels, &self.params);
+        let prof = &mut self.prof;
+        prof.mark(s, "start")?;
         let Scratch {
             t,
             mean,
@@ -494,6 +574,10 @@ impl GpuDecoder {
             lnf,
             logits,
             ints,
+            pick_token,
+            pick_logprob,
+            host_token,
+            host_logprob,
             ..
         } = &mut self.scratch;
         let ints = &*ints;
@@ -508,6 +592,7 @@ impl GpuDecoder {
             n,
             c,
         )?;
+        prof.mark(s, "embedding")?;
         for (l, r) in self.ranges.iter().enumerate() {
             let _t = braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, || {
                 format!("gpu decode layer {l}")
@@ -530,6 +615,7 @@ impl GpuDecoder {
                 slots: part(2),
                 tab_off: part(3),
                 tabs: part(5),
+                prof: &mut *prof,
             })?;
             t.swap(Act::X.index(), Act::Out.index());
         }
@@ -559,6 +645,7 @@ impl GpuDecoder {
             m,
             c,
         )?;
+        prof.mark(s, "head: gather, ln_f")?;
         self.blas.gemm_rm(
             s,
             &mut logits.view_mut(0..m * v),
@@ -571,8 +658,46 @@ impl GpuDecoder {
             c,
             false,
         )?;
+        prof.mark(s, "head: logits gemm")?;
+        if out.wants_every_row() {
+            // Synchronous on the main stream: after the step.
+            logits.copy_range_to_host(0..m * v, out.fill(m, v))?;
+            prof.mark(s, "logits to the host")?;
+            return Ok(());
+        }
+        // Some rows want only their greedy choice: made here, and only
+        // the rows wanted whole come to the host.
+        k.logits_pick(
+            s,
+            &mut pick_token.view_mut(0..m),
+            &mut pick_logprob.view_mut(0..m),
+            &logits.view(0..m * v),
+            m,
+            v,
+            out.choosable_of(v),
+        )?;
+        prof.mark(s, "head: greedy picks")?;
+        host_token.resize(m, 0);
+        host_logprob.resize(m, 0.0);
         // Synchronous on the main stream: after the step.
-        logits.copy_range_to_host(0..m * v, out.fill(m, v))?;
+        pick_token.copy_range_to_host(0..m, host_token)?;
+        pick_logprob.copy_range_to_host(0..m, host_logprob)?;
+        let whole: Vec<bool> = (0..m).map(|i| out.wants_whole(i)).collect();
+        let data = out.fill(m, v);
+        for (i, _) in whole.iter().enumerate().filter(|w| *w.1) {
+            let at = i * v..(i + 1) * v;
+            logits.copy_range_to_host(at.clone(), &mut data[at])?;
+        }
+        out.set_picks(
+            host_token
+                .iter()
+                .zip(host_logprob.iter())
+                .map(|(&t, &l)| Pick {
+                    token: t as u32,
+                    logprob: l,
+                }),
+        );
+        prof.mark(s, "logits to the host")?;
         Ok(())
     }
 }
@@ -627,6 +752,7 @@ struct GpuDecodeForward<'a> {
     slots: DeviceView<'a, i32>,
     tab_off: DeviceView<'a, i32>,
     tabs: DeviceView<'a, i32>,
+    prof: &'a mut PhaseTimer,
 }
 
 impl BlockForward for GpuDecodeForward<'_> {
@@ -646,7 +772,8 @@ impl BlockForward for GpuDecodeForward<'_> {
             &self.p.view(b),
             n,
             c,
-        )
+        )?;
+        self.prof.mark(self.s, "layernorm")
     }
 
     fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
@@ -667,7 +794,8 @@ impl BlockForward for GpuDecodeForward<'_> {
             ic,
             false,
         )?;
-        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)
+        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)?;
+        self.prof.mark(self.s, "gemm + bias")
     }
 
     fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
@@ -679,6 +807,7 @@ impl BlockForward for GpuDecodeForward<'_> {
         // attend to one another.
         self.k
             .kv_write(self.s, self.keys, self.values, &qkv, &self.slots, n, c)?;
+        self.prof.mark(self.s, "kv write")?;
         self.k.paged_attention_decode(
             self.s,
             &mut o.view_mut(0..n * c),
@@ -694,7 +823,8 @@ impl BlockForward for GpuDecodeForward<'_> {
                 head_size: c / nh,
                 block_size: self.block_size,
             },
-        )
+        )?;
+        self.prof.mark(self.s, "paged attention")
     }
 
     fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
@@ -705,7 +835,8 @@ impl BlockForward for GpuDecodeForward<'_> {
             self.s,
             &mut o.view_mut(0..n * width),
             &t.get(input)?.view(0..n * width),
-        )
+        )?;
+        self.prof.mark(self.s, "gelu")
     }
 
     fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
@@ -718,7 +849,8 @@ impl BlockForward for GpuDecodeForward<'_> {
             self.s,
             &mut o.view_mut(0..n * oc),
             &t.get(residual)?.view(0..n * oc),
-        )
+        )?;
+        self.prof.mark(self.s, "residual add")
     }
 }
 
@@ -774,6 +906,7 @@ mod tests {
             "kv_write",
             "paged_attention_decode",
             "gather_rows",
+            "logits_pick",
         ] {
             assert!(
                 ptx.contains(&format!(".entry {k}(")),
@@ -926,6 +1059,23 @@ mod tests {
             let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
             let got = gpu.decode(&rows).unwrap();
             check(step, &got, &want);
+            // The same step again (it writes the same keys and values),
+            // the odd rows wanted whole and every row's greedy choice made
+            // on the device: the host's choice of the CPU's logits.
+            let mut out = Logits::new();
+            out.want_whole((0..rows.len()).map(|i| i % 2 == 1));
+            gpu.decode_into(&rows, &mut out).unwrap();
+            for (i, w) in want.iter().enumerate() {
+                let (got, host) = (out.pick(i), Pick::of(w));
+                assert_eq!(got.token, host.token, "step {step}, row {i}");
+                assert!(
+                    (got.logprob - host.logprob).abs() < 1e-4,
+                    "step {step}, row {i}: {got:?} against {host:?}"
+                );
+                if i % 2 == 1 {
+                    assert!(rel(out.row(i), w) < 1e-4, "step {step}, row {i}");
+                }
+            }
             for (s, toks) in tokens.iter_mut().enumerate() {
                 toks.push(next[s]);
             }

@@ -467,6 +467,68 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
     if (tid < HS) out[(long)r * C + h * HS + tid] = acc / l;
 }
 
+// One block per row of logits, rows LD apart (blockDim.x a multiple of
+// WARP, at most WARP * WARP): the row's greedy choice among its first V.
+// token[r] = the index of its largest logit (the lowest on a tie, as the
+// host's argmax; 0 when none is above -inf), logprob[r] = its log-softmax
+// over those V, -log(sum_i exp(x_i - max)).
+extern "C" __global__ void logits_pick(int* token, float* logprob, const float* logits, int LD,
+                                       int V) {
+    __shared__ float red[WARP];
+    __shared__ int redi[WARP];
+    __shared__ float top;
+    __shared__ int topi;
+    const float* x = logits + (long)blockIdx.x * LD;
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    float best = __int_as_float(0xff800000);
+    int bi = V;  // none yet
+    // Each thread's indices rise: its first maximum is kept.
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = x[i];
+        if (v > best) {
+            best = v;
+            bi = i;
+        }
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float ov = __shfl_xor_sync(0xffffffff, best, o);
+        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    if (lane == 0) {
+        red[w] = best;
+        redi[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        best = lane < nw ? red[lane] : __int_as_float(0xff800000);
+        bi = lane < nw ? redi[lane] : V;
+        for (int o = WARP / 2; o > 0; o /= 2) {
+            float ov = __shfl_xor_sync(0xffffffff, best, o);
+            int oi = __shfl_xor_sync(0xffffffff, bi, o);
+            if (ov > best || (ov == best && oi < bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            top = best;
+            topi = bi < V ? bi : 0;
+        }
+    }
+    __syncthreads();
+    float m = top, sum = 0.f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(x[i] - m);
+    sum = block_sum(sum, red);
+    if (threadIdx.x == 0) {
+        token[blockIdx.x] = topi;
+        logprob[blockIdx.x] = -logf(sum);
+    }
+}
+
 // out[m, c] = inp[rows[m], c]: the rows that want logits, gathered.
 extern "C" __global__ void gather_rows(float* out, const float* inp, const int* rows, int M, int C) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -51,6 +51,7 @@ pub struct Kernels {
     kv_write: Function,
     paged_attention_decode: Function,
     gather_rows: Function,
+    logits_pick: Function,
 }
 
 impl Kernels {
@@ -87,6 +88,7 @@ impl Kernels {
             kv_write: f("kv_write")?,
             paged_attention_decode: f("paged_attention_decode")?,
             gather_rows: f("gather_rows")?,
+            logits_pick: f("logits_pick")?,
             _module: module,
         })
     }
@@ -875,6 +877,45 @@ impl Kernels {
 
     /// `out[m] = inp[rows[m]]` for `m` rows of `c` (the row indices
     /// checked by the caller: rows of `inp`).
+    /// Each of `m` rows of `ld` logits' greedy choice among its first
+    /// `v`: `token[r]` the largest logit's index (the lowest on a tie),
+    /// `logprob[r]` that token's log-softmax over those `v`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_pick(
+        &self,
+        s: &Stream,
+        token: &mut impl DeviceMem<i32>,
+        logprob: &mut impl DeviceMem<f32>,
+        logits: &impl DeviceMem<f32>,
+        m: usize,
+        ld: usize,
+        v: usize,
+    ) -> Result<()> {
+        too_short("logits_pick token", token.dlen(), m)?;
+        too_short("logits_pick logprob", logprob.dlen(), m)?;
+        too_short("logits_pick logits", logits.dlen(), m * ld)?;
+        if m == 0 || v == 0 || v > ld {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "greedy picks of {m} row(s) among the first {v} of {ld} logits"
+            )));
+        }
+        let (t, l, x) = (token.dptr(), logprob.dptr(), logits.dptr());
+        let (ld32, v32) = (ld as i32, v as i32);
+        // SAFETY: token and logprob hold m elements and logits m*v
+        // (checked); one block per row, 1024 threads (a multiple of the
+        // warp, at most 32 warps: the kernel's reductions); all alive until
+        // the stream has run the kernel.
+        unsafe {
+            self.logits_pick.launch(
+                (m as u32, 1, 1),
+                (1024, 1, 1),
+                0,
+                s,
+                &mut [arg(&t), arg(&l), arg(&x), arg(&ld32), arg(&v32)],
+            )
+        }
+    }
+
     pub fn gather_rows(
         &self,
         s: &Stream,

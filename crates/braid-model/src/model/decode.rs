@@ -126,11 +126,51 @@ impl<T: Real> KvPages<T> {
 /// asked for them, in one flat buffer that is kept from step to step: a
 /// server's steps write into the same memory instead of allocating (and,
 /// on a GPU, faulting in) a fresh buffer per step and per row.
+///
+/// A caller that needs only the greedy choice of some rows says so
+/// ([`want_whole`](Self::want_whole)): a decoder may then leave those
+/// rows' vectors unwritten and hand over each row's [`Pick`] instead
+/// ([`set_picks`](Self::set_picks)), which a GPU makes on the device so
+/// that a step moves a few bytes per row to the host, not the vocabulary.
 #[derive(Debug, Clone, Default)]
 pub struct Logits {
     data: Vec<f32>,
     vocab: usize,
     rows: usize,
+    /// Per output row, whether the caller needs its whole vector; rows
+    /// past its end (or every row, when empty) do.
+    whole: Vec<bool>,
+    /// The decoder's picks of this step's rows, when it made them.
+    picks: Vec<Pick>,
+    picked: bool,
+    /// Picks choose among the first this many tokens (0: every one).
+    choosable: usize,
+}
+
+/// A row's greedy choice: the highest logit's token (the lowest such
+/// token on a tie, as [`crate::sample`]'s argmax) and its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pick {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+impl Pick {
+    /// The pick of `logits`, on the host (the log-softmax in f64).
+    pub fn of(logits: &[f32]) -> Pick {
+        let token = crate::sample::argmax(logits);
+        Pick {
+            token: token as u32,
+            logprob: log_softmax_at(logits, token),
+        }
+    }
+}
+
+/// `log softmax(logits)[at]`, in f64.
+pub fn log_softmax_at(logits: &[f32], at: usize) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    (logits[at] as f64 - max - sum.ln()) as f32
 }
 
 impl Logits {
@@ -140,13 +180,15 @@ impl Logits {
     }
 
     /// Makes room for `rows` rows of `vocab` logits and returns them,
-    /// flat, to be written (their old values are left).
+    /// flat, to be written (their old values are left). Forgets the last
+    /// step's picks.
     pub fn fill(&mut self, rows: usize, vocab: usize) -> &mut [f32] {
         let n = rows * vocab;
         if self.data.len() < n {
             self.data.resize(n, 0.0);
         }
         (self.rows, self.vocab) = (rows, vocab);
+        self.picked = false;
         &mut self.data[..n]
     }
 
@@ -159,12 +201,69 @@ impl Logits {
         }
     }
 
+    /// Says, per output row of the next step, whether its whole vector is
+    /// needed (a sampled row) or only its [`Pick`] (a greedy one). Kept
+    /// until said again; empty: every row whole.
+    pub fn want_whole(&mut self, whole: impl IntoIterator<Item = bool>) {
+        self.whole.clear();
+        self.whole.extend(whole);
+    }
+
+    /// Picks choose among the first `tokens` tokens only (those a
+    /// tokenizer can write, when the model's vocabulary is padded), their
+    /// log-probabilities over those alone. Kept until said again.
+    pub fn pick_among(&mut self, tokens: usize) {
+        self.choosable = tokens;
+    }
+
+    /// How many of a row's first tokens a pick chooses among.
+    pub fn choosable(&self) -> usize {
+        self.choosable_of(self.vocab)
+    }
+
+    /// The same, for rows of `vocab` logits.
+    pub fn choosable_of(&self, vocab: usize) -> usize {
+        match self.choosable {
+            0 => vocab,
+            n => n.min(vocab),
+        }
+    }
+
+    /// Whether the caller needs row `i`'s whole vector.
+    pub fn wants_whole(&self, i: usize) -> bool {
+        self.whole.get(i).copied().unwrap_or(true)
+    }
+
+    /// Whether every row's whole vector is needed.
+    pub fn wants_every_row(&self) -> bool {
+        self.whole.iter().all(|&w| w)
+    }
+
+    /// The decoder's picks of this step's rows (after [`fill`](Self::fill)),
+    /// one per row.
+    pub fn set_picks(&mut self, picks: impl IntoIterator<Item = Pick>) {
+        self.picks.clear();
+        self.picks.extend(picks);
+        debug_assert_eq!(self.picks.len(), self.rows);
+        self.picked = true;
+    }
+
+    /// Row `i`'s greedy choice: the decoder's, or made here from its
+    /// vector.
+    pub fn pick(&self, i: usize) -> Pick {
+        match self.picked {
+            true => self.picks[i],
+            false => Pick::of(&self.row(i)[..self.choosable()]),
+        }
+    }
+
     /// The number of rows.
     pub fn rows(&self) -> usize {
         self.rows
     }
 
-    /// Row `i`'s logits.
+    /// Row `i`'s logits (written when the caller wanted it whole; a
+    /// decoder may leave the others' stale).
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
     }
@@ -539,6 +638,43 @@ mod tests {
     /// Prefill in one step, then one row per step: the logits after every
     /// position equal the whole window recomputed (f64, within rounding),
     /// so the greedy continuation is the same.
+    #[test]
+    fn picks_are_the_rows_argmax_among_the_choosable_tokens() {
+        let mut l = Logits::new();
+        // Every row whole until said otherwise.
+        assert!(l.wants_whole(3) && l.wants_every_row());
+        l.set(&[
+            vec![0.5, 2.0, 2.0, -1.0, 9.0],
+            vec![-3.0, 1.0, 0.0, 1.0, 0.0],
+        ]);
+        // The first of tied maxima, and its log-softmax.
+        let p = l.pick(1);
+        assert_eq!(p.token, 1);
+        let lse = [-3.0f64, 1.0, 0.0, 1.0, 0.0]
+            .iter()
+            .map(|x| x.exp())
+            .sum::<f64>()
+            .ln();
+        assert!((p.logprob as f64 - (1.0 - lse)).abs() < 1e-6);
+        // Among the first 4 only, row 0's 9.0 is out of reach.
+        l.pick_among(4);
+        assert_eq!(l.pick(0).token, 1);
+        assert_eq!(l.choosable(), 4);
+        // A decoder's own picks are handed over as they are, until the
+        // next fill.
+        l.want_whole([false, true]);
+        assert!(!l.wants_whole(0) && l.wants_whole(1) && l.wants_whole(2));
+        assert!(!l.wants_every_row());
+        let mine = Pick {
+            token: 3,
+            logprob: -0.25,
+        };
+        l.set_picks([mine, mine]);
+        assert_eq!(l.pick(0), mine);
+        l.fill(2, 5);
+        assert_eq!(l.pick(0).token, 1);
+    }
+
     #[test]
     fn decoding_with_pages_gives_the_logits_of_the_whole_window() {
         let (m, p) = model("L2-H2-C16-V37-T24", 3);

@@ -46,7 +46,7 @@ mod tp_decode_tests;
 mod tp_tests;
 
 pub use acts::{Activations, Widths};
-pub use decode::{DecodeRow, KvPages, Logits};
+pub use decode::{log_softmax_at, DecodeRow, KvPages, Logits, Pick};
 pub use error::StepError;
 pub use gpt::Gpt;
 use gpt::Group;
