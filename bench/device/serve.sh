@@ -34,8 +34,10 @@
 #     the same server under BRAID_PROFILE=1 (the decoder's GPU time by
 #     phase and the host's time inside and between steps, printed every
 #     100 steps), loaded at 1 in flight (8 prompts) and 64 in flight (128
-#     prompts): where a decode step's time goes. Its figures are not the
-#     benchmark's (the timing events cost time of their own).
+#     prompts), once per decode attention of PROFILE_ATTENTION (default
+#     "warps block": BRAID_DECODE_ATTENTION): where a decode step's time
+#     goes. Its figures are not the benchmark's (the timing events cost
+#     time of their own).
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
@@ -196,35 +198,38 @@ phase_serve() {
 }
 
 phase_profile() {
-  local m=/tmp/m124.safetensors c
+  local m=/tmp/m124.safetensors c a
   if [ ! -s "$m" ]; then
     run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
       --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
-  echo "cmd: BRAID_PROFILE=1 $B serve --device cuda --load $m --port $PORT" > "$L/serve-profile.txt"
-  BRAID_PROFILE=1 "$B" serve --device cuda --load "$m" --port "$PORT" \
-    --kv-memory "${SERVE_KV:-2G}" >> "$L/serve-profile.txt" 2>&1 &
-  local pid=$!
-  if ! healthy "$pid"; then
-    echo "serve (profiled): no /health within 120 s"
-    kill "$pid" 2> /dev/null
+  for a in ${PROFILE_ATTENTION:-warps block}; do
+    local log=$L/serve-profile-$a.txt
+    echo "cmd: BRAID_PROFILE=1 BRAID_DECODE_ATTENTION=$a $B serve --device cuda --load $m --port $PORT" > "$log"
+    BRAID_PROFILE=1 BRAID_DECODE_ATTENTION=$a "$B" serve --device cuda --load "$m" --port "$PORT" \
+      --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
+    local pid=$!
+    if ! healthy "$pid"; then
+      echo "serve (profiled, $a): no /health within 120 s"
+      kill "$pid" 2> /dev/null
+      wait "$pid" 2> /dev/null
+      return 1
+    fi
+    for c in 1 64; do
+      local n=8
+      [ "$c" = 64 ] && n=128
+      local before
+      before=$(grep -c "braid decode profile" "$log")
+      run "profile-$a-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
+        --input-len 128 --output-len 128 --max-concurrency "$c"
+      echo "== profiled, attention $a, $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-$a-c$c.txt" | tr -s ' ' | tr '\n' ';')"
+      # The last report of this load.
+      awk -v skip="$before" '/braid decode profile/{k++} k>skip' "$log" |
+        awk '/braid decode profile/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' | head -n 20 | cut -c1-160
+    done
+    kill -TERM "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
-    return 1
-  fi
-  for c in 1 64; do
-    local n=8
-    [ "$c" = 64 ] && n=128
-    local before
-    before=$(grep -c "braid decode profile" "$L/serve-profile.txt")
-    run "profile-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
-      --input-len 128 --output-len 128 --max-concurrency "$c"
-    echo "== profiled at $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-c$c.txt" | tr -s ' ' | tr '\n' ';')"
-    # The last report of this load.
-    awk -v skip="$before" '/braid decode profile/{k++} k>skip' "$L/serve-profile.txt" |
-      awk '/braid decode profile/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' | head -n 20 | cut -c1-160
   done
-  kill -TERM "$pid" 2> /dev/null
-  wait "$pid" 2> /dev/null
 }
 
 [ $# -gt 0 ] || {

@@ -905,6 +905,7 @@ mod tests {
             "decode_embed",
             "kv_write",
             "paged_attention_decode",
+            "paged_attention_decode_warps",
             "gather_rows",
             "logits_pick",
         ] {
@@ -987,6 +988,16 @@ mod tests {
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
+        decodes_as_the_cpu(true);
+    }
+
+    #[test]
+    fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
+        decodes_as_the_cpu(false);
+    }
+
+    /// The GPU's steps against the CPU's, the attention in warps or not.
+    fn decodes_as_the_cpu(in_warps: bool) {
         if braid_cuda::device_count().unwrap_or(0) == 0 {
             return skip("no GPU");
         }
@@ -997,6 +1008,7 @@ mod tests {
         let (blocks, bs) = (16, 4);
         // Room for 2 rows: the prefill's 10 make the scratch grow.
         let mut gpu = GpuDecoder::new(&device, &params, blocks, bs, 2).unwrap();
+        gpu.kernels.set_decode_in_warps(in_warps);
         let mut cpu = KvPages::<f32>::new(&layout, blocks, bs);
         let mut pool = BlockPool::new(blocks, bs);
         let prompts: [&[u32]; 2] = [&[5, 9, 1, 30, 2, 2, 17], &[3, 11, 8]];

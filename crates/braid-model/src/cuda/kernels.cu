@@ -467,6 +467,99 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
     if (tid < HS) out[(long)r * C + h * HS + tid] = acc / l;
 }
 
+// The decode attention in warps (the default; BRAID_DECODE_ATTENTION=block
+// runs paged_attention_decode above): one block per (row, head) (grid
+// N x NH) of DEC_WARPS warps, HS at most 4 * WARP. Lane t holds the query's
+// (scaled) and the accumulator's elements t, t + WARP, ...; warp w takes
+// positions w * DEC_KEYS.. in steps of DEC_WARPS * DEC_KEYS, DEC_KEYS at a
+// time (their keys and values loaded together, each row of a page read
+// whole by the warp), with its own online softmax; the warps' maxima, sums
+// and accumulators are merged at the end.
+#define DEC_WARPS 8
+#define DEC_KEYS 4
+extern "C" __global__ void paged_attention_decode_warps(float* out, const float* qkv,
+                                                        const float* kc, const float* vc,
+                                                        const int* pos, const int* tab_off,
+                                                        const int* tabs, int NH, int HS, int BS,
+                                                        float scale) {
+    __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][4 * WARP];
+    int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int C = NH * HS, P = pos[r] + 1;
+    const int* tab = tabs + tab_off[r];
+    const float* q = qkv + (long)r * 3 * C + h * HS;
+    float qv[4], acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int d = lane + i * WARP;
+        qv[i] = d < HS ? q[d] * scale : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = __int_as_float(0xff800000), l = 0.f;
+    for (int j0 = w * DEC_KEYS; j0 < P; j0 += DEC_WARPS * DEC_KEYS) {
+        float s[DEC_KEYS], vv[DEC_KEYS][4];
+#pragma unroll
+        for (int u = 0; u < DEC_KEYS; u++) {
+            int j = j0 + u;
+            float dot = 0.f;
+            if (j < P) {
+                long base = ((long)tab[j / BS] * BS + j % BS) * C + h * HS;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int d = lane + i * WARP;
+                    bool in = d < HS;
+                    dot += in ? qv[i] * kc[base + d] : 0.f;
+                    vv[u][i] = in ? vc[base + d] : 0.f;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) vv[u][i] = 0.f;
+            }
+            s[u] = j < P ? warp_sum(dot) : __int_as_float(0xff800000);
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < DEC_KEYS; u++) mn = fmaxf(mn, s[u]);
+        float corr = expf(m - mn);  // 0 at the first keys (m = -inf)
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < DEC_KEYS; u++) {
+            float p = expf(s[u] - mn);  // 0 past P
+            l += p;
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] += p * vv[u][i];
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm[w] = m;
+        sl[w] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sacc[w][lane + i * WARP] = acc[i];
+    __syncthreads();
+    // Warp 0 merges: warps without positions (P < their first) hold
+    // m = -inf and add nothing.
+    if (w == 0) {
+        float M = __int_as_float(0xff800000);
+        for (int x = 0; x < DEC_WARPS; x++) M = fmaxf(M, sm[x]);
+        float L = 0.f, f[DEC_WARPS];
+        for (int x = 0; x < DEC_WARPS; x++) {
+            f[x] = expf(sm[x] - M);
+            L += sl[x] * f[x];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int d = lane + i * WARP;
+            if (d >= HS) continue;
+            float o = 0.f;
+            for (int x = 0; x < DEC_WARPS; x++) o += sacc[x][d] * f[x];
+            out[(long)r * C + h * HS + d] = o / L;
+        }
+    }
+}
+
 // One block per row of logits, rows LD apart (blockDim.x a multiple of
 // WARP, at most WARP * WARP): the row's greedy choice among its first V.
 // token[r] = the index of its largest logit (the lowest on a tie, as the

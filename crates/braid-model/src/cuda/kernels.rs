@@ -50,6 +50,11 @@ pub struct Kernels {
     decode_embed: Function,
     kv_write: Function,
     paged_attention_decode: Function,
+    paged_attention_decode_warps: Function,
+    /// Whether decode attention runs one warp per position
+    /// (`paged_attention_decode_warps`, the default) or one thread
+    /// (`BRAID_DECODE_ATTENTION=block`).
+    decode_in_warps: bool,
     gather_rows: Function,
     logits_pick: Function,
 }
@@ -87,6 +92,9 @@ impl Kernels {
             decode_embed: f("decode_embed")?,
             kv_write: f("kv_write")?,
             paged_attention_decode: f("paged_attention_decode")?,
+            paged_attention_decode_warps: f("paged_attention_decode_warps")?,
+            decode_in_warps: std::env::var(braid_core::env::BRAID_DECODE_ATTENTION)
+                .map_or(true, |v| v != "block"),
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
             _module: module,
@@ -798,6 +806,12 @@ impl Kernels {
         }
     }
 
+    /// Decode attention in warps (true) or a thread per position.
+    #[cfg(test)]
+    pub(crate) fn set_decode_in_warps(&mut self, in_warps: bool) {
+        self.decode_in_warps = in_warps;
+    }
+
     /// A decode step's attention over the paged cache of one layer: row
     /// `r`'s query (in `qkv`, rows of `3c`) attends to its sequence's
     /// positions `0..=pos[r]`, whose keys and values `k` and `v` hold in
@@ -835,6 +849,12 @@ impl Kernels {
         too_short("paged attention table offsets", tab_off.dlen(), rows)?;
         let threads = paged_threads(head_size)?;
         let shared = (threads as usize + 32 + head_size) * std::mem::size_of::<f32>();
+        // The warps' kernel (heads up to 4 warps wide): DEC_WARPS warps,
+        // its shared memory static.
+        let (f, threads, shared) = match self.decode_in_warps && head_size <= 128 {
+            true => (&self.paged_attention_decode_warps, 8 * 32, 0),
+            false => (&self.paged_attention_decode, threads, shared),
+        };
         let ptrs = [
             out.dptr(),
             qkv.dptr(),
@@ -851,9 +871,11 @@ impl Kernels {
         // its positions 0..=pos and every block id is inside the cache
         // (the caller's checks); the dynamic shared memory is the
         // kernel's (threads + 32 + head_size) floats, under 48 KiB for
-        // threads <= 1024; all alive until the stream has run the kernel.
+        // threads <= 1024 (the warps' kernel: head_size <= 128 and
+        // DEC_WARPS = 8 warps, its arrays static);
+        // all alive until the stream has run the kernel.
         unsafe {
-            self.paged_attention_decode.launch(
+            f.launch(
                 (rows as u32, heads as u32, 1),
                 (threads, 1, 1),
                 shared as u32,
@@ -875,8 +897,6 @@ impl Kernels {
         }
     }
 
-    /// `out[m] = inp[rows[m]]` for `m` rows of `c` (the row indices
-    /// checked by the caller: rows of `inp`).
     /// Each of `m` rows of `ld` logits' greedy choice among its first
     /// `v`: `token[r]` the largest logit's index (the lowest on a tie),
     /// `logprob[r]` that token's log-softmax over those `v`.
@@ -916,6 +936,8 @@ impl Kernels {
         }
     }
 
+    /// `out[m] = inp[rows[m]]` for `m` rows of `c` (the row indices
+    /// checked by the caller: rows of `inp`).
     pub fn gather_rows(
         &self,
         s: &Stream,
