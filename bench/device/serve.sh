@@ -1,6 +1,6 @@
 #!/bin/bash
 # Serving on one GPU (nvidia-h100-x1 or nvidia-h200): the f32 GPU decoder
-# (crates/braid-model/src/cuda/decode.rs) checked against the CPU, then
+# (crates/braid-model/src/cuda/decode/) checked against the CPU, then
 # behind `braid serve --device cuda` under load, beside Hugging Face
 # generate(). Phases are arguments, run in order in one call under one
 # budget (SERVE_LIMIT seconds, default 540; a run that would pass it is

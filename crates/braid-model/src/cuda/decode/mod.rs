@@ -18,314 +18,41 @@
 //! Only the rows that want logits go through the head: gathered
 //! (`gather_rows`), the final LayerNorm, then `· wteᵀ`.
 //!
-//! Not yet run on a GPU when written: its check
-//! (`gpu_decoding_gives_the_cpus_logits`) skips without one.
-//!
 //! The host plans each step (`StepPlan`): it checks the rows as the CPU
 //! does (same messages), works out each row's slot, and flattens the
 //! block tables — a run of consecutive rows with the same table (a
 //! prompt's prefill) shares one copy — into one array of `i32`s uploaded
 //! at once: tokens, positions, slots, table offsets, the rows wanting
 //! logits, then the tables.
+//!
+//! Its parts: [`pages`] (the cache in device memory), [`plan`] (a step's
+//! indices), [`scratch`] (a step's buffers), [`forward`] (the block's
+//! operations on the GPU).
 
-use super::kernels::{Kernels, PagedShape};
+mod forward;
+mod pages;
+mod plan;
+mod scratch;
+
+pub use pages::GpuKvPages;
+
+use super::kernels::Kernels;
 use super::profile::PhaseTimer;
-use crate::block::{self, Act, BlockForward, LayerRanges, Linear, Norm};
+use crate::block::{self, Act, LayerRanges};
 use crate::layout::{Block, Layout};
-use crate::model::{DecodeRow, KvPages, Logits, Pick, Widths};
-use crate::paged::{BlockCopy, BlockId};
+use crate::model::{DecodeRow, Logits, Pick, Widths};
+use crate::paged::BlockCopy;
 use crate::params::Params;
-use braid_core::Element;
 use braid_cuda::blas::Blas;
-use braid_cuda::memory::copy_async;
-use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceView, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
+use forward::GpuDecodeForward;
+use plan::StepPlan;
+use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
-}
-
-/// The keys and values of every sequence being decoded, per layer, in
-/// device memory: [`KvPages`]'s layout (block `b`'s position `o` of layer
-/// `l` holds `width` keys at `k[l][(b * block_size + o) * width..]`, the
-/// same for values).
-pub struct GpuKvPages {
-    k: Vec<DeviceBuffer<f32>>,
-    v: Vec<DeviceBuffer<f32>>,
-    block_size: usize,
-    width: usize,
-    blocks: usize,
-}
-
-impl GpuKvPages {
-    /// `blocks` blocks of `block_size` positions for every layer of
-    /// `layout`'s model, zeroed, on `device`.
-    pub fn new(
-        device: &Device,
-        layout: &Layout,
-        blocks: usize,
-        block_size: usize,
-    ) -> Result<GpuKvPages> {
-        let cfg = &layout.config;
-        let width = cfg.n_embd;
-        let per = blocks * block_size * width;
-        let z = || DeviceBuffer::<f32>::zeros(device, per);
-        Ok(GpuKvPages {
-            k: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
-            v: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
-            block_size,
-            width,
-            blocks,
-        })
-    }
-
-    /// Bytes one block takes over every layer (keys and values): the
-    /// CPU's f32 cache's.
-    pub fn bytes_per_block(layout: &Layout, block_size: usize) -> usize {
-        KvPages::<f32>::bytes_per_block(layout, block_size)
-    }
-
-    /// Positions per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Blocks per layer.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Queues the copies a write into shared blocks asked for
-    /// ([`crate::paged::BlockTable::append`]), in every layer, in order,
-    /// on `s`.
-    pub fn copy(&mut self, copies: &[BlockCopy], s: &Stream) -> Result<()> {
-        let n = self.block_size * self.width;
-        for c in copies {
-            let (from, to) = (c.from as usize, c.to as usize);
-            if from >= self.blocks || to >= self.blocks {
-                return Err(invalid(format!(
-                    "a copy of block {from} into block {to} in a cache of {} blocks",
-                    self.blocks
-                )));
-            }
-            if from == to {
-                continue;
-            }
-            for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-                let (mut dst, src) = buf.views_mut2(to * n..(to + 1) * n, from * n..(from + 1) * n);
-                copy_async(&mut dst, &src, s)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Layer `l`'s keys and values, copied to the host (waits).
-    pub fn layer_to_host(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        match (self.k.get(l), self.v.get(l)) {
-            (Some(k), Some(v)) => Ok((k.to_vec()?, v.to_vec()?)),
-            _ => Err(invalid(format!(
-                "layer {l} of a cache of {} layers",
-                self.k.len()
-            ))),
-        }
-    }
-
-    /// The slot of position `pos` of a sequence with blocks `table`: the
-    /// CPU's checks and messages ([`KvPages`]).
-    fn slot(&self, table: &[BlockId], pos: usize) -> std::result::Result<usize, String> {
-        let b = table.get(pos / self.block_size).ok_or_else(|| {
-            format!(
-                "position {pos} has no block in its sequence's table of {} block(s) of {}",
-                table.len(),
-                self.block_size
-            )
-        })?;
-        self.check_block(*b)?;
-        Ok(*b as usize * self.block_size + pos % self.block_size)
-    }
-
-    fn check_block(&self, b: BlockId) -> std::result::Result<(), String> {
-        match (b as usize) < self.blocks {
-            true => Ok(()),
-            false => Err(format!(
-                "block {b} of a table is outside the cache's {} blocks",
-                self.blocks
-            )),
-        }
-    }
-}
-
-/// One step's indices, worked out on the host and uploaded as one array
-/// of `i32`s ([`StepPlan::ints`]), in this order: each row's token,
-/// position, slot (`block * block_size + offset`, where its key and
-/// value go) and table offset (where its table starts among the tables),
-/// then the rows that want logits, then the tables (block ids).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct StepPlan {
-    /// Rows.
-    n: usize,
-    /// Rows that want logits.
-    m: usize,
-    /// The array: `4n + m +` the tables' length.
-    ints: Vec<i32>,
-}
-
-impl StepPlan {
-    /// Checks `rows` against a model of `context` positions and `vocab`
-    /// tokens and a cache `kv` — the CPU's checks in its order, with its
-    /// messages — and lays out their indices. A run of consecutive rows
-    /// whose tables are the same slice shares one copy of it.
-    fn new(
-        rows: &[DecodeRow<'_>],
-        context: usize,
-        vocab: usize,
-        kv: &GpuKvPages,
-    ) -> std::result::Result<StepPlan, String> {
-        for r in rows {
-            if r.pos >= context {
-                return Err(format!(
-                    "position {} is past the model's context of {context}",
-                    r.pos
-                ));
-            }
-            if r.token as usize >= vocab {
-                return Err(format!(
-                    "token {} is outside the vocabulary of {vocab}",
-                    r.token
-                ));
-            }
-        }
-        // Every row's slot first (the CPU writes every row's key and
-        // value before any row attends), then the blocks each row reads.
-        let slots = rows
-            .iter()
-            .map(|r| kv.slot(r.table, r.pos))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        for r in rows {
-            for &b in &r.table[..=r.pos / kv.block_size] {
-                kv.check_block(b)?;
-            }
-        }
-        let n = rows.len();
-        let picked: Vec<i32> = (0..n)
-            .filter(|&i| rows[i].logits)
-            .map(|i| i as i32)
-            .collect();
-        let m = picked.len();
-        let mut ints = Vec::with_capacity(5 * n);
-        ints.extend(rows.iter().map(|r| r.token as i32));
-        ints.extend(rows.iter().map(|r| r.pos as i32));
-        ints.extend(slots.iter().map(|&s| s as i32));
-        let mut tabs: Vec<i32> = Vec::new();
-        let mut offsets = Vec::with_capacity(n);
-        let mut last: Option<&[BlockId]> = None;
-        for r in rows {
-            let same = last.is_some_and(|t| std::ptr::eq(t, r.table));
-            if !same {
-                last = Some(r.table);
-                offsets.push(tabs.len() as i32);
-                tabs.extend(r.table.iter().map(|&b| b as i32));
-            } else {
-                offsets.push(*offsets.last().expect("a row before"));
-            }
-        }
-        ints.extend(offsets);
-        ints.extend(picked);
-        ints.extend(tabs);
-        if ints.len() > i32::MAX as usize {
-            return Err(format!("a step of {} indices", ints.len()));
-        }
-        Ok(StepPlan { n, m, ints })
-    }
-
-    fn part(&self, i: usize) -> Range<usize> {
-        let n = self.n;
-        match i {
-            0..=3 => i * n..(i + 1) * n,
-            4 => 4 * n..4 * n + self.m,
-            _ => 4 * n + self.m..self.ints.len(),
-        }
-    }
-}
-
-/// `buf` made at least `len` elements long (a new zeroed buffer of at
-/// least twice its length when it is shorter; contents not kept).
-fn fit<T: Element>(buf: &mut DeviceBuffer<T>, len: usize) -> Result<()> {
-    if buf.len() < len {
-        let device = buf.device().clone();
-        *buf = DeviceBuffer::zeros(&device, len.max(2 * buf.len()))?;
-    }
-    Ok(())
-}
-
-/// The buffers of a step's rows, each at least as long as the step needs
-/// (views of the front are used).
-struct Scratch {
-    /// Rows the row-wide buffers hold.
-    rows: usize,
-    /// The block's tensors by [`Act::index`]: [`Act::X`] and [`Act::Out`]
-    /// are the residual stream entering and leaving a layer (swapped
-    /// after each).
-    t: [DeviceBuffer<f32>; 9],
-    /// A LayerNorm's row means and reciprocal deviations.
-    mean: DeviceBuffer<f32>,
-    rstd: DeviceBuffer<f32>,
-    /// The rows wanting logits, gathered, and their final LayerNorm.
-    head: DeviceBuffer<f32>,
-    lnf: DeviceBuffer<f32>,
-    /// Their logits.
-    logits: DeviceBuffer<f32>,
-    /// The step's indices ([`StepPlan`]).
-    ints: DeviceBuffer<i32>,
-    /// Each logits row's greedy token and its log-probability, on the
-    /// device and brought back.
-    pick_token: DeviceBuffer<i32>,
-    pick_logprob: DeviceBuffer<f32>,
-    host_token: Vec<i32>,
-    host_logprob: Vec<f32>,
-}
-
-impl Scratch {
-    fn new(device: &Device, w: &Widths, rows: usize) -> Result<Scratch> {
-        let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
-        let t = Act::ALL.map(|a| z(rows * a.width(w)));
-        let [t0, t1, t2, t3, t4, t5, t6, t7, t8] = t;
-        Ok(Scratch {
-            rows,
-            t: [t0?, t1?, t2?, t3?, t4?, t5?, t6?, t7?, t8?],
-            mean: z(rows)?,
-            rstd: z(rows)?,
-            head: z(rows * w.c)?,
-            lnf: z(rows * w.c)?,
-            logits: z(w.vocab)?,
-            ints: DeviceBuffer::zeros(device, 5 * rows)?,
-            pick_token: DeviceBuffer::zeros(device, rows)?,
-            pick_logprob: z(rows)?,
-            host_token: Vec::new(),
-            host_logprob: Vec::new(),
-        })
-    }
-
-    /// Room for `n` rows (at least twice as many as before when it
-    /// grows).
-    fn grow(&mut self, w: &Widths, n: usize) -> Result<()> {
-        if n <= self.rows {
-            return Ok(());
-        }
-        let rows = n.max(2 * self.rows);
-        for (buf, a) in self.t.iter_mut().zip(Act::ALL) {
-            fit(buf, rows * a.width(w))?;
-        }
-        for buf in [&mut self.mean, &mut self.rstd] {
-            fit(buf, rows)?;
-        }
-        for buf in [&mut self.head, &mut self.lnf] {
-            fit(buf, rows * w.c)?;
-        }
-        self.rows = rows;
-        Ok(())
-    }
 }
 
 /// The f32 model decoding on one GPU over its own paged KV cache: see the
@@ -702,163 +429,13 @@ impl GpuDecoder {
     }
 }
 
-/// The block's tensors but the one being written, around a hole.
-struct Others<'b> {
-    lo: &'b [DeviceBuffer<f32>],
-    hi: &'b [DeviceBuffer<f32>],
-    hole: usize,
-}
-
-impl<'b> Others<'b> {
-    fn get(&self, a: Act) -> Result<&'b DeviceBuffer<f32>> {
-        let i = a.index();
-        match i.cmp(&self.hole) {
-            std::cmp::Ordering::Less => Ok(&self.lo[i]),
-            std::cmp::Ordering::Greater => Ok(&self.hi[i - self.hole - 1]),
-            std::cmp::Ordering::Equal => Err(invalid(format!(
-                "an operation of the block reads {a:?}, which it writes"
-            ))),
-        }
-    }
-}
-
-/// The buffer of `o` to write and the others to read.
-fn split(t: &mut [DeviceBuffer<f32>; 9], o: Act) -> (&mut DeviceBuffer<f32>, Others<'_>) {
-    let (lo, rest) = t.split_at_mut(o.index());
-    let (mid, hi) = rest.split_first_mut().expect("the hole is in the array");
-    let hole = o.index();
-    (mid, Others { lo, hi, hole })
-}
-
-/// One layer of a decode step on the GPU: the block's tensors for the
-/// step's `n` rows in `t`, the layer's pages in `keys` and `values`, the
-/// step's indices on the device.
-struct GpuDecodeForward<'a> {
-    k: &'a Kernels,
-    blas: &'a mut Blas,
-    s: &'a Stream,
-    /// The flat parameters, addressed by `r`'s ranges.
-    p: &'a DeviceBuffer<f32>,
-    r: &'a LayerRanges,
-    w: Widths,
-    n: usize,
-    t: &'a mut [DeviceBuffer<f32>; 9],
-    mean: &'a mut DeviceBuffer<f32>,
-    rstd: &'a mut DeviceBuffer<f32>,
-    keys: &'a mut DeviceBuffer<f32>,
-    values: &'a mut DeviceBuffer<f32>,
-    block_size: usize,
-    pos: DeviceView<'a, i32>,
-    slots: DeviceView<'a, i32>,
-    tab_off: DeviceView<'a, i32>,
-    tabs: DeviceView<'a, i32>,
-    prof: &'a mut PhaseTimer,
-}
-
-impl BlockForward for GpuDecodeForward<'_> {
-    type Error = CudaError;
-
-    fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
-        let (w, b) = self.r.norm(norm);
-        let (n, c) = (self.n, self.w.c);
-        let (o, t) = split(self.t, out);
-        self.k.layernorm_forward(
-            self.s,
-            &mut o.view_mut(0..n * c),
-            &mut self.mean.view_mut(0..n),
-            &mut self.rstd.view_mut(0..n),
-            &t.get(input)?.view(0..n * c),
-            &self.p.view(w),
-            &self.p.view(b),
-            n,
-            c,
-        )?;
-        self.prof.mark(self.s, "layernorm")
-    }
-
-    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
-        let (w, b) = self.r.linear(linear);
-        let (ic, oc) = linear.widths(&self.w);
-        let n = self.n;
-        let (o, t) = split(self.t, out);
-        let mut o = o.view_mut(0..n * oc);
-        self.blas.gemm_rm(
-            self.s,
-            &mut o,
-            &t.get(input)?.view(0..n * ic),
-            false,
-            &self.p.view(w),
-            false,
-            n,
-            oc,
-            ic,
-            false,
-        )?;
-        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)?;
-        self.prof.mark(self.s, "gemm + bias")
-    }
-
-    fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
-        let (c, nh) = (self.w.attn, self.w.heads);
-        let n = self.n;
-        let (o, t) = split(self.t, out);
-        let qkv = t.get(input)?.view(0..n * 3 * c);
-        // Every row's key and value into its page first: a prompt's rows
-        // attend to one another.
-        self.k
-            .kv_write(self.s, self.keys, self.values, &qkv, &self.slots, n, c)?;
-        self.prof.mark(self.s, "kv write")?;
-        self.k.paged_attention_decode(
-            self.s,
-            &mut o.view_mut(0..n * c),
-            &qkv,
-            &*self.keys,
-            &*self.values,
-            &self.pos,
-            &self.tab_off,
-            &self.tabs,
-            PagedShape {
-                rows: n,
-                heads: nh,
-                head_size: c / nh,
-                block_size: self.block_size,
-            },
-        )?;
-        self.prof.mark(self.s, "paged attention")
-    }
-
-    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
-        let n = self.n;
-        let width = out.width(&self.w);
-        let (o, t) = split(self.t, out);
-        self.k.gelu_forward(
-            self.s,
-            &mut o.view_mut(0..n * width),
-            &t.get(input)?.view(0..n * width),
-        )?;
-        self.prof.mark(self.s, "gelu")
-    }
-
-    fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
-        self.column_forward(linear, input, out)?;
-        let oc = linear.widths(&self.w).1;
-        let n = self.n;
-        let (o, t) = split(self.t, out);
-        // out += residual (in place).
-        self.k.add_inplace(
-            self.s,
-            &mut o.view_mut(0..n * oc),
-            &t.get(residual)?.view(0..n * oc),
-        )?;
-        self.prof.mark(self.s, "residual add")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::GptConfig;
     use crate::model::Gpt;
+    use crate::model::KvPages;
+    use crate::paged::BlockId;
     use crate::paged::{BlockPool, BlockTable};
     use std::io::Write;
 

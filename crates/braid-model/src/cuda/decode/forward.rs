@@ -1,0 +1,163 @@
+//! One layer of a decode step on the GPU: the block's operations
+//! ([`BlockForward`]) over the f32 kernels and products, the attention
+//! through the paged cache.
+
+use super::invalid;
+use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
+use crate::cuda::kernels::{Kernels, PagedShape};
+use crate::cuda::profile::PhaseTimer;
+use crate::model::Widths;
+use braid_cuda::blas::Blas;
+use braid_cuda::{CudaError, DeviceBuffer, DeviceView, Result, Stream};
+
+/// The block's tensors but the one being written, around a hole.
+struct Others<'b> {
+    lo: &'b [DeviceBuffer<f32>],
+    hi: &'b [DeviceBuffer<f32>],
+    hole: usize,
+}
+
+impl<'b> Others<'b> {
+    fn get(&self, a: Act) -> Result<&'b DeviceBuffer<f32>> {
+        let i = a.index();
+        match i.cmp(&self.hole) {
+            std::cmp::Ordering::Less => Ok(&self.lo[i]),
+            std::cmp::Ordering::Greater => Ok(&self.hi[i - self.hole - 1]),
+            std::cmp::Ordering::Equal => Err(invalid(format!(
+                "an operation of the block reads {a:?}, which it writes"
+            ))),
+        }
+    }
+}
+
+/// The buffer of `o` to write and the others to read.
+fn split(t: &mut [DeviceBuffer<f32>; 9], o: Act) -> (&mut DeviceBuffer<f32>, Others<'_>) {
+    let (lo, rest) = t.split_at_mut(o.index());
+    let (mid, hi) = rest.split_first_mut().expect("the hole is in the array");
+    let hole = o.index();
+    (mid, Others { lo, hi, hole })
+}
+
+/// One layer of a decode step on the GPU: the block's tensors for the
+/// step's `n` rows in `t`, the layer's pages in `keys` and `values`, the
+/// step's indices on the device.
+pub(super) struct GpuDecodeForward<'a> {
+    pub(super) k: &'a Kernels,
+    pub(super) blas: &'a mut Blas,
+    pub(super) s: &'a Stream,
+    /// The flat parameters, addressed by `r`'s ranges.
+    pub(super) p: &'a DeviceBuffer<f32>,
+    pub(super) r: &'a LayerRanges,
+    pub(super) w: Widths,
+    pub(super) n: usize,
+    pub(super) t: &'a mut [DeviceBuffer<f32>; 9],
+    pub(super) mean: &'a mut DeviceBuffer<f32>,
+    pub(super) rstd: &'a mut DeviceBuffer<f32>,
+    pub(super) keys: &'a mut DeviceBuffer<f32>,
+    pub(super) values: &'a mut DeviceBuffer<f32>,
+    pub(super) block_size: usize,
+    pub(super) pos: DeviceView<'a, i32>,
+    pub(super) slots: DeviceView<'a, i32>,
+    pub(super) tab_off: DeviceView<'a, i32>,
+    pub(super) tabs: DeviceView<'a, i32>,
+    pub(super) prof: &'a mut PhaseTimer,
+}
+
+impl BlockForward for GpuDecodeForward<'_> {
+    type Error = CudaError;
+
+    fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
+        let (w, b) = self.r.norm(norm);
+        let (n, c) = (self.n, self.w.c);
+        let (o, t) = split(self.t, out);
+        self.k.layernorm_forward(
+            self.s,
+            &mut o.view_mut(0..n * c),
+            &mut self.mean.view_mut(0..n),
+            &mut self.rstd.view_mut(0..n),
+            &t.get(input)?.view(0..n * c),
+            &self.p.view(w),
+            &self.p.view(b),
+            n,
+            c,
+        )?;
+        self.prof.mark(self.s, "layernorm")
+    }
+
+    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.w);
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        let mut o = o.view_mut(0..n * oc);
+        self.blas.gemm_rm(
+            self.s,
+            &mut o,
+            &t.get(input)?.view(0..n * ic),
+            false,
+            &self.p.view(w),
+            false,
+            n,
+            oc,
+            ic,
+            false,
+        )?;
+        self.k.add_bias(self.s, &mut o, &self.p.view(b), n, oc)?;
+        self.prof.mark(self.s, "gemm + bias")
+    }
+
+    fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        let (c, nh) = (self.w.attn, self.w.heads);
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        let qkv = t.get(input)?.view(0..n * 3 * c);
+        // Every row's key and value into its page first: a prompt's rows
+        // attend to one another.
+        self.k
+            .kv_write(self.s, self.keys, self.values, &qkv, &self.slots, n, c)?;
+        self.prof.mark(self.s, "kv write")?;
+        self.k.paged_attention_decode(
+            self.s,
+            &mut o.view_mut(0..n * c),
+            &qkv,
+            &*self.keys,
+            &*self.values,
+            &self.pos,
+            &self.tab_off,
+            &self.tabs,
+            PagedShape {
+                rows: n,
+                heads: nh,
+                head_size: c / nh,
+                block_size: self.block_size,
+            },
+        )?;
+        self.prof.mark(self.s, "paged attention")
+    }
+
+    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        let n = self.n;
+        let width = out.width(&self.w);
+        let (o, t) = split(self.t, out);
+        self.k.gelu_forward(
+            self.s,
+            &mut o.view_mut(0..n * width),
+            &t.get(input)?.view(0..n * width),
+        )?;
+        self.prof.mark(self.s, "gelu")
+    }
+
+    fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+        self.column_forward(linear, input, out)?;
+        let oc = linear.widths(&self.w).1;
+        let n = self.n;
+        let (o, t) = split(self.t, out);
+        // out += residual (in place).
+        self.k.add_inplace(
+            self.s,
+            &mut o.view_mut(0..n * oc),
+            &t.get(residual)?.view(0..n * oc),
+        )?;
+        self.prof.mark(self.s, "residual add")
+    }
+}
