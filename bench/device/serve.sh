@@ -28,15 +28,17 @@
 #     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
 #     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
-#     braid decodes in f32, without CUDA graphs: the first GPU path.
+#     braid decodes in f32, its steady steps replayed from CUDA graphs.
 #
 #   bash bench/device/serve.sh profile
 #     the same server under BRAID_PROFILE=1 (the decoder's GPU time by
 #     phase and the host's time inside and between steps, printed every
 #     100 steps), loaded at 1 in flight (8 prompts) and 64 in flight (128
-#     prompts), once per decode attention of PROFILE_ATTENTION (default
-#     "warps block": BRAID_DECODE_ATTENTION): where a decode step's time
-#     goes. Its figures are not the benchmark's (the timing events cost
+#     prompts), once per setting of PROFILE_RUNS (default "graphs warps
+#     block": the default, steady steps captured in CUDA graphs; without
+#     graphs, BRAID_DECODE_GRAPHS=0; and without graphs with the first
+#     attention kernel, BRAID_DECODE_ATTENTION=block): where a decode
+#     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
@@ -203,10 +205,15 @@ phase_profile() {
     run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
       --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
-  for a in ${PROFILE_ATTENTION:-warps block}; do
-    local log=$L/serve-profile-$a.txt
-    echo "cmd: BRAID_PROFILE=1 BRAID_DECODE_ATTENTION=$a $B serve --device cuda --load $m --port $PORT" > "$log"
-    BRAID_PROFILE=1 BRAID_DECODE_ATTENTION=$a "$B" serve --device cuda --load "$m" --port "$PORT" \
+  for a in ${PROFILE_RUNS:-graphs warps block}; do
+    local log=$L/serve-profile-$a.txt envs=(BRAID_PROFILE=1)
+    case $a in
+    graphs) ;;
+    warps) envs+=(BRAID_DECODE_GRAPHS=0) ;;
+    block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block) ;;
+    esac
+    echo "cmd: ${envs[*]} $B serve --device cuda --load $m --port $PORT" > "$log"
+    env "${envs[@]}" "$B" serve --device cuda --load "$m" --port "$PORT" \
       --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
     local pid=$!
     if ! healthy "$pid"; then
@@ -222,7 +229,7 @@ phase_profile() {
       before=$(grep -c "braid decode profile" "$log")
       run "profile-$a-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
         --input-len 128 --output-len 128 --max-concurrency "$c"
-      echo "== profiled, attention $a, $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-$a-c$c.txt" | tr -s ' ' | tr '\n' ';')"
+      echo "== profiled, $a, $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-$a-c$c.txt" | tr -s ' ' | tr '\n' ';')"
       # The last report of this load.
       awk -v skip="$before" '/braid decode profile/{k++} k>skip' "$log" |
         awk '/braid decode profile/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' | head -n 20 | cut -c1-160

@@ -149,6 +149,9 @@ pub const BRAID_FLASH_BACKWARD: &str = "BRAID_FLASH_BACKWARD";
 /// The GPU decoder's attention: `warps` (a warp per position, the
 /// default) or `block` (a thread per position, the first kernel).
 pub const BRAID_DECODE_ATTENTION: &str = "BRAID_DECODE_ATTENTION";
+/// `0` or `off`: the GPU decoder runs its steady steps without CUDA
+/// graphs (on by default).
+pub const BRAID_DECODE_GRAPHS: &str = "BRAID_DECODE_GRAPHS";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).
 pub const BRAID_FLASH128_BLOCKS: &str = "BRAID_FLASH128_BLOCKS";

@@ -27,9 +27,11 @@
 //!
 //! Its parts: [`pages`] (the cache in device memory), [`plan`] (a step's
 //! indices), [`scratch`] (a step's buffers), [`forward`] (the block's
-//! operations on the GPU).
+//! operations on the GPU), [`graphs`] (steady steps captured as CUDA
+//! graphs and replayed).
 
 mod forward;
+mod graphs;
 mod pages;
 mod plan;
 mod scratch;
@@ -46,6 +48,7 @@ use crate::params::Params;
 use braid_cuda::blas::Blas;
 use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
 use forward::GpuDecodeForward;
+use graphs::DecodeGraphs;
 use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
@@ -75,6 +78,8 @@ pub struct GpuDecoder {
     /// Phase times on the GPU and the host's share (`BRAID_PROFILE=1`).
     prof: PhaseTimer,
     host: HostClock,
+    /// The steady steps' graphs.
+    graphs: DecodeGraphs,
 }
 
 /// The host's side of profiled decode steps: the wall time inside
@@ -186,6 +191,7 @@ impl GpuDecoder {
             scratch: Scratch::new(device, &widths, rows.max(1))?,
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
+            graphs: DecodeGraphs::from_env(),
             layout,
         })
     }
@@ -270,7 +276,9 @@ impl GpuDecoder {
     }
 
     /// One step (see [`decode`](Self::decode)), its phases marked when
-    /// profiling.
+    /// profiling. A step whose every row wants logits (each sequence's
+    /// next token: the steady state of serving) runs as a replay of a
+    /// graph captured for its bucket of rows when graphs are on.
     fn step(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<()> {
         let cfg = self.layout.config;
         let plan = StepPlan::new(rows, cfg.context, cfg.vocab_size, &self.kv).map_err(invalid)?;
@@ -279,20 +287,82 @@ impl GpuDecoder {
             out.fill(0, cfg.vocab_size);
             return Ok(());
         }
-        let (w, c, v) = (self.widths, self.widths.c, cfg.vocab_size);
-        self.scratch.grow(&w, n)?;
-        fit(&mut self.scratch.logits, m * v)?;
-        fit(&mut self.scratch.ints, plan.ints.len())?;
-        fit(&mut self.scratch.pick_token, m)?;
-        fit(&mut self.scratch.pick_logprob, m)?;
+        let bucket = match m == n && !braid_trace::recorder::active() {
+            true => self.graphs.bucket(n),
+            false => None,
+        };
+        let plan = match bucket {
+            Some(b) => plan.padded(b, self.table_len(), self.kv.block_size, self.kv.trash()),
+            None => plan,
+        };
+        let picks = bucket.is_some() || !out.wants_every_row();
+        self.make_room(&plan)?;
         // Synchronous on the main stream: after the last step's kernels
         // read the indices, before this step's.
         self.scratch
             .ints
             .copy_range_from_host(0..plan.ints.len(), &plan.ints)?;
+        self.prof.mark(&self.stream, "start")?;
+        match bucket {
+            Some(b) => self.replay(b, &plan, out.choosable_of(cfg.vocab_size))?,
+            None => self.enqueue(&plan, picks, out.choosable_of(cfg.vocab_size))?,
+        }
+        self.finish(m, picks, out)
+    }
+
+    /// Blocks a sequence's table holds at most: the context's.
+    fn table_len(&self) -> usize {
+        self.layout.config.context.div_ceil(self.kv.block_size)
+    }
+
+    /// The scratch grown for `plan` (a reallocation makes the captured
+    /// graphs stale: they hold the old addresses).
+    fn make_room(&mut self, plan: &StepPlan) -> Result<()> {
+        let (w, v) = (self.widths, self.layout.config.vocab_size);
+        let m = plan.m;
+        let sc = &mut self.scratch;
+        let mut moved = sc.grow(&w, plan.n)?;
+        moved |= fit(&mut sc.logits, m * v)?;
+        moved |= fit(&mut sc.ints, plan.ints.len())?;
+        moved |= fit(&mut sc.pick_token, m)?;
+        moved |= fit(&mut sc.pick_logprob, m)?;
+        if moved {
+            self.graphs.forget();
+        }
+        Ok(())
+    }
+
+    /// Replays the graph of `rows` rows (captured first when there is
+    /// none); a capture that fails turns graphs off, with a note, and the
+    /// step runs as it is.
+    fn replay(&mut self, rows: usize, plan: &StepPlan, choosable: usize) -> Result<()> {
+        if !self.graphs.has(rows, choosable) {
+            // Timing events and trace marks stay out of the graph.
+            let prof = std::mem::replace(&mut self.prof, PhaseTimer::off());
+            self.stream.begin_capture()?;
+            let queued = self.enqueue(plan, true, choosable);
+            let captured = self.stream.end_capture();
+            self.prof = prof;
+            match queued.and(captured).and_then(|g| g.instantiate()) {
+                Ok(g) => self.graphs.keep(rows, choosable, g),
+                Err(e) => {
+                    self.graphs.give_up(&e);
+                    return self.enqueue(plan, true, choosable);
+                }
+            }
+        }
+        self.graphs.launch(rows, choosable, &self.stream)?;
+        self.prof.mark(&self.stream, "graph of the step")
+    }
+
+    /// Queues a step's kernels for `plan`: the embedding, every layer,
+    /// and for the rows that want logits the head (and their greedy
+    /// picks among the first `choosable` tokens when `picks`).
+    fn enqueue(&mut self, plan: &StepPlan, picks: bool, choosable: usize) -> Result<()> {
+        let (n, m) = (plan.n, plan.m);
+        let (w, c, v) = (self.widths, self.widths.c, self.layout.config.vocab_size);
         let (s, k, p) = (&self.stream, &self.kernels, &self.params);
         let prof = &mut self.prof;
-        prof.mark(s, "start")?;
         let Scratch {
             t,
             mean,
@@ -303,8 +373,6 @@ impl GpuDecoder {
             ints,
             pick_token,
             pick_logprob,
-            host_token,
-            host_logprob,
             ..
         } = &mut self.scratch;
         let ints = &*ints;
@@ -347,8 +415,6 @@ impl GpuDecoder {
             t.swap(Act::X.index(), Act::Out.index());
         }
         if m == 0 {
-            s.synchronize()?;
-            out.fill(0, v);
             return Ok(());
         }
         // The rows that want logits: gathered, the final LayerNorm, then
@@ -386,24 +452,45 @@ impl GpuDecoder {
             false,
         )?;
         prof.mark(s, "head: logits gemm")?;
+        if picks {
+            k.logits_pick(
+                s,
+                &mut pick_token.view_mut(0..m),
+                &mut pick_logprob.view_mut(0..m),
+                &logits.view(0..m * v),
+                m,
+                v,
+                choosable,
+            )?;
+            prof.mark(s, "head: greedy picks")?;
+        }
+        Ok(())
+    }
+
+    /// Brings the step's `m` rows back (waiting for it): every vector
+    /// when the caller wants every row whole, else the picks (made when
+    /// `picks`) and the vectors of the rows wanted whole.
+    fn finish(&mut self, m: usize, picks: bool, out: &mut Logits) -> Result<()> {
+        let v = self.layout.config.vocab_size;
+        let Scratch {
+            logits,
+            pick_token,
+            pick_logprob,
+            host_token,
+            host_logprob,
+            ..
+        } = &mut self.scratch;
+        if m == 0 {
+            self.stream.synchronize()?;
+            out.fill(0, v);
+            return Ok(());
+        }
         if out.wants_every_row() {
             // Synchronous on the main stream: after the step.
             logits.copy_range_to_host(0..m * v, out.fill(m, v))?;
-            prof.mark(s, "logits to the host")?;
-            return Ok(());
+            return self.prof.mark(&self.stream, "logits to the host");
         }
-        // Some rows want only their greedy choice: made here, and only
-        // the rows wanted whole come to the host.
-        k.logits_pick(
-            s,
-            &mut pick_token.view_mut(0..m),
-            &mut pick_logprob.view_mut(0..m),
-            &logits.view(0..m * v),
-            m,
-            v,
-            out.choosable_of(v),
-        )?;
-        prof.mark(s, "head: greedy picks")?;
+        debug_assert!(picks);
         host_token.resize(m, 0);
         host_logprob.resize(m, 0.0);
         // Synchronous on the main stream: after the step.
@@ -424,8 +511,7 @@ impl GpuDecoder {
                     logprob: l,
                 }),
         );
-        prof.mark(s, "logits to the host")?;
-        Ok(())
+        self.prof.mark(&self.stream, "logits to the host")
     }
 }
 
@@ -556,18 +642,39 @@ mod tests {
         ];
         assert_eq!(p.ints, want);
         assert_eq!(p.part(5), 14..17);
+
+        // A steady step (every row wants logits) padded for a graph of 4
+        // rows, tables of 2: the padding decodes token 0 at position 0 into
+        // the trash block (3), each row's table at 2 i, cut after the block
+        // of its position.
+        let rows = [row(6, 4, &table, true), row(7, 0, &other, true)];
+        let p = plan(&rows).unwrap().padded(4, 2, 4, kv.trash());
+        assert_eq!((p.n, p.m), (4, 4));
+        #[rustfmt::skip]
+        let want = vec![
+            6, 7, 0, 0,           // tokens
+            4, 0, 0, 0,           // positions
+            0, 4, 12, 12,         // slots: the padding's in block 3
+            0, 2, 4, 6,           // table offsets
+            0, 1, 2, 3,           // rows wanting logits: all
+            2, 0, 1, 3, 3, 3, 3, 3, // tables
+        ];
+        assert_eq!(p.ints, want);
+        assert_eq!(p.part(5), 20..28);
     }
 
     /// Two sequences of different lengths prefilled in one step, then a
     /// third forked from the first (its shared last block copied on its
     /// first write), then every sequence decoded a token per step, all in
-    /// one step each: the GPU's logits are the CPU's `Gpt::decode` in f32
+    /// one step each (the steady steps replayed from a captured graph):
+    /// the GPU's logits are the CPU's `Gpt::decode` in f32
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
         decodes_as_the_cpu(true);
     }
 
+    /// The same with a thread per position and without graphs.
     #[test]
     fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
         decodes_as_the_cpu(false);
@@ -586,6 +693,11 @@ mod tests {
         // Room for 2 rows: the prefill's 10 make the scratch grow.
         let mut gpu = GpuDecoder::new(&device, &params, blocks, bs, 2).unwrap();
         gpu.kernels.set_decode_in_warps(in_warps);
+        // The first kernel's run is also the run without graphs: every
+        // step as it is.
+        if !in_warps {
+            gpu.graphs = DecodeGraphs::off();
+        }
         let mut cpu = KvPages::<f32>::new(&layout, blocks, bs);
         let mut pool = BlockPool::new(blocks, bs);
         let prompts: [&[u32]; 2] = [&[5, 9, 1, 30, 2, 2, 17], &[3, 11, 8]];

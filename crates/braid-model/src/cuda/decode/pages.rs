@@ -11,7 +11,9 @@ use braid_cuda::{Device, DeviceBuffer, Result, Stream};
 /// The keys and values of every sequence being decoded, per layer, in
 /// device memory: [`KvPages`]'s layout (block `b`'s position `o` of layer
 /// `l` holds `width` keys at `k[l][(b * block_size + o) * width..]`, the
-/// same for values).
+/// same for values). One more block than the tables may name lies past
+/// the last ([`trash`](Self::trash)): the padded rows of a captured
+/// step write there.
 pub struct GpuKvPages {
     pub(super) k: Vec<DeviceBuffer<f32>>,
     pub(super) v: Vec<DeviceBuffer<f32>>,
@@ -31,7 +33,7 @@ impl GpuKvPages {
     ) -> Result<GpuKvPages> {
         let cfg = &layout.config;
         let width = cfg.n_embd;
-        let per = blocks * block_size * width;
+        let per = (blocks + 1) * block_size * width;
         let z = || DeviceBuffer::<f32>::zeros(device, per);
         Ok(GpuKvPages {
             k: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
@@ -53,9 +55,14 @@ impl GpuKvPages {
         self.block_size
     }
 
-    /// Blocks per layer.
+    /// Blocks per layer (the tables').
     pub fn blocks(&self) -> usize {
         self.blocks
+    }
+
+    /// The block past the tables' that padded rows write into.
+    pub(super) fn trash(&self) -> BlockId {
+        self.blocks as BlockId
     }
 
     /// Queues the copies a write into shared blocks asked for
@@ -82,10 +89,17 @@ impl GpuKvPages {
         Ok(())
     }
 
-    /// Layer `l`'s keys and values, copied to the host (waits).
+    /// Layer `l`'s keys and values (the tables' blocks), copied to the
+    /// host (waits).
     pub fn layer_to_host(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = self.blocks * self.block_size * self.width;
         match (self.k.get(l), self.v.get(l)) {
-            (Some(k), Some(v)) => Ok((k.to_vec()?, v.to_vec()?)),
+            (Some(k), Some(v)) => {
+                let (mut hk, mut hv) = (vec![0.0; n], vec![0.0; n]);
+                k.copy_range_to_host(0..n, &mut hk)?;
+                v.copy_range_to_host(0..n, &mut hv)?;
+                Ok((hk, hv))
+            }
             _ => Err(invalid(format!(
                 "layer {l} of a cache of {} layers",
                 self.k.len()

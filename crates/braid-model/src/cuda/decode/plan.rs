@@ -90,6 +90,54 @@ impl StepPlan {
         Ok(StepPlan { n, m, ints })
     }
 
+    /// The same step laid out for a captured graph of `rows` rows (at
+    /// least `self.n`; every row wants logits): each part `rows` long, row
+    /// `i`'s table at `i * table_len` (its blocks up to its position's),
+    /// and the rows past `self.n` decoding token 0 at position 0 into
+    /// slot 0 of block `trash` (outside every table), their logits left
+    /// unread. The array's layout then depends on `rows` and `table_len`
+    /// alone, so one graph serves every step of that many rows.
+    pub(super) fn padded(
+        &self,
+        rows: usize,
+        table_len: usize,
+        block_size: usize,
+        trash: BlockId,
+    ) -> StepPlan {
+        let n = self.n;
+        debug_assert!(rows >= n && self.m == n);
+        let mut ints = Vec::with_capacity(5 * rows + rows * table_len);
+        let pad = |ints: &mut Vec<i32>, part: usize, fill: i32| {
+            ints.extend_from_slice(&self.ints[self.part(part)]);
+            ints.extend(std::iter::repeat_n(fill, rows - n));
+        };
+        pad(&mut ints, 0, 0);
+        pad(&mut ints, 1, 0);
+        pad(&mut ints, 2, (trash as usize * block_size) as i32);
+        ints.extend((0..rows).map(|i| (i * table_len) as i32));
+        ints.extend((0..rows).map(|i| i as i32));
+        let offsets = &self.ints[self.part(3)];
+        let tabs = &self.ints[self.part(5)];
+        let positions = &self.ints[self.part(1)];
+        for i in 0..rows {
+            let used = match i < n {
+                true => {
+                    let from = offsets[i] as usize;
+                    let len = positions[i] as usize / block_size + 1;
+                    ints.extend_from_slice(&tabs[from..from + len]);
+                    len
+                }
+                false => 0,
+            };
+            ints.extend(std::iter::repeat_n(trash as i32, table_len - used));
+        }
+        StepPlan {
+            n: rows,
+            m: rows,
+            ints,
+        }
+    }
+
     pub(super) fn part(&self, i: usize) -> Range<usize> {
         let n = self.n;
         match i {

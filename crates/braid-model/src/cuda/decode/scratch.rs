@@ -7,13 +7,15 @@ use braid_core::Element;
 use braid_cuda::{Device, DeviceBuffer, Result};
 
 /// `buf` made at least `len` elements long (a new zeroed buffer of at
-/// least twice its length when it is shorter; contents not kept).
-pub(super) fn fit<T: Element>(buf: &mut DeviceBuffer<T>, len: usize) -> Result<()> {
+/// least twice its length when it is shorter; contents not kept), and
+/// whether it was reallocated.
+pub(super) fn fit<T: Element>(buf: &mut DeviceBuffer<T>, len: usize) -> Result<bool> {
     if buf.len() < len {
         let device = buf.device().clone();
         *buf = DeviceBuffer::zeros(&device, len.max(2 * buf.len()))?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The buffers of a step's rows, each at least as long as the step needs
@@ -65,10 +67,10 @@ impl Scratch {
     }
 
     /// Room for `n` rows (at least twice as many as before when it
-    /// grows).
-    pub(super) fn grow(&mut self, w: &Widths, n: usize) -> Result<()> {
+    /// grows), and whether any buffer was reallocated.
+    pub(super) fn grow(&mut self, w: &Widths, n: usize) -> Result<bool> {
         if n <= self.rows {
-            return Ok(());
+            return Ok(false);
         }
         let rows = n.max(2 * self.rows);
         for (buf, a) in self.t.iter_mut().zip(Act::ALL) {
@@ -81,6 +83,6 @@ impl Scratch {
             fit(buf, rows * w.c)?;
         }
         self.rows = rows;
-        Ok(())
+        Ok(true)
     }
 }
