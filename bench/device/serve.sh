@@ -16,8 +16,11 @@
 #     model trained here (L4-H4-C128-V256-T128, 300 steps) continued
 #     greedily by `braid generate` on the GPU and on the CPU, one prompt
 #     and a file of four decoded together: the texts compared (the same
-#     expected; a near tie in f32 may part them late), and the note that
-#     past the context generate decodes on the CPU.
+#     expected; a near tie in f32 may part them late), their token ids
+#     against Hugging Face's GPT2LMHeadModel.generate on the same weights
+#     in f32 (bench/device/hf_parity.py: alone and the four left-padded
+#     together), and the note that past the context generate decodes on
+#     the CPU.
 #   bash bench/device/serve.sh serve
 #     GPT-2 124M (GPT-2's vocabulary; one training step on the GPU, then
 #     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
@@ -124,6 +127,18 @@ phase_check() {
     fi
     echo "  cuda: $(grep -h '^generate:' "$L/$what-cuda.txt")"
     echo "  cpu:  $(grep -h '^generate:' "$L/$what-cpu.txt")"
+  done
+  # Greedy parity with Hugging Face on the same weights, in f32: braid's
+  # token ids (GPU and CPU) against GPT2LMHeadModel.generate, one prompt
+  # at a time and the four together (left-padded).
+  for d in cuda cpu; do
+    "$B" generate --load "$m" --device "$d" --prompts /tmp/serve-prompts.txt --tokens 60 \
+      --temperature 0 > "$L/parity-$d.jsonl" 2> /dev/null || ok=1
+    if t=$(budget 90); then
+      timeout -k 10 "$t" python3 bench/device/hf_parity.py "$m" 4 "$L/parity-$d.jsonl" \
+        "small-$d" > "$L/hf-parity-$d.txt" 2>&1 || ok=1
+      grep -hE "^RESULT|Error|error" "$L/hf-parity-$d.txt" | head -n 4 | cut -c1-250
+    fi
   done
   # Past the context (128): decoded on the CPU, said in a note.
   run generate-past 60 "$B" generate --load "$m" --device cuda --prompt "the quick" \

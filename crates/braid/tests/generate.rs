@@ -134,6 +134,46 @@ fn a_file_a_ckpt_dir_and_a_step_dir_give_the_same_text() {
         &[&hot[..], &["--top-k", "1", "--seed", "9"]].concat(),
     );
     assert_eq!(top1, greedy);
+    // A file of prompts decoded together: each greedy continuation is
+    // the one its prompt gets alone, with its token ids (bytes here).
+    let file = dir.path().join("prompts.txt");
+    std::fs::write(&file, "the \n\nonce upon\n").unwrap();
+    let lines = text(
+        &model,
+        &[
+            "--prompts",
+            file.to_str().unwrap(),
+            "--tokens",
+            "30",
+            "--temperature",
+            "0",
+        ],
+    );
+    let lines: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (line, prompt) in lines.iter().zip(["the ", "once upon"]) {
+        let alone = text(
+            &model,
+            &["--prompt", prompt, "--tokens", "30", "--temperature", "0"],
+        );
+        let t = line["text"].as_str().unwrap();
+        assert_eq!(format!("{prompt}{t}\n"), alone, "{line}");
+        let ids = |k: &str| -> Vec<u64> {
+            line[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        };
+        let bytes = |s: &str| -> Vec<u64> { s.bytes().map(u64::from).collect() };
+        assert_eq!(ids("prompt_token_ids"), bytes(prompt), "{line}");
+        assert_eq!(ids("token_ids"), bytes(t), "{line}");
+        assert_eq!(line["completion_tokens"], 30, "{line}");
+    }
 
     // --tokens 0 prints the prompt.
     let f = generate(&model, &["--prompt", "as is", "--tokens", "0"]);

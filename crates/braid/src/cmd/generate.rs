@@ -91,7 +91,8 @@ pub struct GenerateArgs {
     device: String,
     /// A file of prompts, one a line (blank lines skipped), decoded
     /// together; each continuation is a JSON line on stdout, in the file's
-    /// order.
+    /// order (its text, finish reason, and the prompt's and the
+    /// continuation's token ids).
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
     prompts: Option<PathBuf>,
 }
@@ -547,12 +548,13 @@ fn batch(
         })
         .collect::<Result<_, _>>()?;
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
+    let prompt_ids: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
     let mut b = batcher(params, tokenizer, requests.len().min(64), gpu)?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
     let mut elapsed = std::time::Duration::ZERO;
-    for ((_, p), c) in prompts.iter().zip(&done) {
+    for (((_, p), c), ids) in prompts.iter().zip(&done).zip(&prompt_ids) {
         new_tokens += c.tokens.len();
         elapsed = elapsed.max(c.elapsed);
         if c.finish == Finish::Length && c.tokens.len() < a.tokens {
@@ -563,6 +565,8 @@ fn batch(
             "text": c.text,
             "finish_reason": c.finish.as_str(),
             "completion_tokens": c.tokens.len(),
+            "prompt_token_ids": ids,
+            "token_ids": c.tokens,
         });
         println!("{line}");
     }
