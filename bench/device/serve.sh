@@ -26,20 +26,22 @@
 #     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
 #     default 2G: 64 requests of 256 positions at once), loaded by `braid
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
-#     at 1, 8 and 64 requests in flight (--json into $L), then at the
+#     at 1, 8 and 64 requests in flight (--json into $L), once per
+#     --dtype of SERVE_DTYPES (default "bf16 f32"), then (the first) at the
 #     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,
 #     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
 #     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
-#     braid decodes in f32, its steady steps replayed from CUDA graphs.
+#     braid's steady steps are replayed from CUDA graphs.
 #
 #   bash bench/device/serve.sh profile
 #     the same server under BRAID_PROFILE=1 (the decoder's GPU time by
 #     phase and the host's time inside and between steps, printed every
 #     100 steps), loaded at 1 in flight (8 prompts) and 64 in flight (128
-#     prompts), once per setting of PROFILE_RUNS (default "graphs warps
-#     block": the default, steady steps captured in CUDA graphs; without
-#     graphs, BRAID_DECODE_GRAPHS=0; and without graphs with the first
+#     prompts), once per setting of PROFILE_RUNS (default "graphs
+#     nographs f32": the default, bf16 products and steady steps captured
+#     in CUDA graphs; without graphs, BRAID_DECODE_GRAPHS=0; f32 products
+#     without graphs; "block" is f32 without graphs with the first
 #     attention kernel, BRAID_DECODE_ATTENTION=block): where a decode
 #     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
@@ -106,10 +108,11 @@ phase_check() {
     --steps 300 --eval-every 0 --log-every 100 --save "$m" || return 1
   printf 'the quick brown fox\nonce upon a time\ndef main():\n    return x\n' > /tmp/serve-prompts.txt
   local d
+  # In f32 on both (the GPU's products in bf16 by default).
   for d in cuda cpu; do
-    run "generate-$d" 60 "$B" generate --load "$m" --device "$d" --prompt "the quick" \
-      --tokens 100 --temperature 0 || ok=1
-    run "generate-prompts-$d" 60 "$B" generate --load "$m" --device "$d" \
+    run "generate-$d" 60 "$B" generate --load "$m" --device "$d" --dtype f32 \
+      --prompt "the quick" --tokens 100 --temperature 0 || ok=1
+    run "generate-prompts-$d" 60 "$B" generate --load "$m" --device "$d" --dtype f32 \
       --prompts /tmp/serve-prompts.txt --tokens 60 --temperature 0 || ok=1
   done
   local what
@@ -131,13 +134,18 @@ phase_check() {
   # Greedy parity with Hugging Face on the same weights, in f32: braid's
   # token ids (GPU and CPU) against GPT2LMHeadModel.generate, one prompt
   # at a time and the four together (left-padded).
-  for d in cuda cpu; do
-    "$B" generate --load "$m" --device "$d" --prompts /tmp/serve-prompts.txt --tokens 60 \
-      --temperature 0 > "$L/parity-$d.jsonl" 2> /dev/null || ok=1
+  # The GPU's bf16 products too, against HF in f32: divergences allowed
+  # at near ties within bf16's rounding (2e-2 of the logit).
+  local how
+  for how in cuda:f32:1e-4 cpu:f32:1e-4 cuda:bf16:2e-2; do
+    local d=${how%%:*} rest=${how#*:}
+    local dt=${rest%%:*} tie=${rest#*:}
+    "$B" generate --load "$m" --device "$d" --dtype "$dt" --prompts /tmp/serve-prompts.txt \
+      --tokens 60 --temperature 0 > "$L/parity-$d-$dt.jsonl" 2> /dev/null || ok=1
     if t=$(budget 90); then
-      timeout -k 10 "$t" python3 bench/device/hf_parity.py "$m" 4 "$L/parity-$d.jsonl" \
-        "small-$d" > "$L/hf-parity-$d.txt" 2>&1 || ok=1
-      grep -hE "^RESULT|Error|error" "$L/hf-parity-$d.txt" | head -n 4 | cut -c1-250
+      timeout -k 10 "$t" python3 bench/device/hf_parity.py "$m" 4 "$L/parity-$d-$dt.jsonl" \
+        "small-$d-$dt" "$tie" > "$L/hf-parity-$d-$dt.txt" 2>&1 || ok=1
+      grep -hE "^RESULT|Error|error" "$L/hf-parity-$d-$dt.txt" | head -n 4 | cut -c1-250
     fi
   done
   # Past the context (128): decoded on the CPU, said in a note.
@@ -169,35 +177,43 @@ phase_serve() {
     run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
       --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
-  echo "cmd: $B serve --device cuda --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$L/serve-124m.txt"
-  "$B" serve --device cuda --load "$m" --port "$PORT" --kv-memory "${SERVE_KV:-2G}" \
-    >> "$L/serve-124m.txt" 2>&1 &
-  local pid=$!
-  if ! healthy "$pid"; then
-    echo "serve: no /health within 120 s: $(tail -n 3 "$L/serve-124m.txt" | tr '\n' ' ')"
-    kill "$pid" 2> /dev/null
+  local dt first=1
+  for dt in ${SERVE_DTYPES:-bf16 f32}; do
+    local log=$L/serve-124m-$dt.txt
+    echo "cmd: $B serve --device cuda --dtype $dt --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$log"
+    "$B" serve --device cuda --dtype "$dt" --load "$m" --port "$PORT" --kv-memory "${SERVE_KV:-2G}" \
+      >> "$log" 2>&1 &
+    local pid=$!
+    if ! healthy "$pid"; then
+      echo "serve $dt: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
+      kill "$pid" 2> /dev/null
+      wait "$pid" 2> /dev/null
+      return 1
+    fi
+    grep -h "^braid serve:" "$log" | cut -c1-250
+    for c in 1 8 64; do
+      run "bench-serve-$dt-c$c" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
+        --input-len 128 --output-len 128 --max-concurrency "$c" --json "$L/bench-serve-$dt-c$c.json" ||
+        ok=1
+      echo "== braid serve --device cuda, 124M $dt, concurrency $c"
+      grep -vE '^(cmd:|exit )' "$L/bench-serve-$dt-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
+    done
+    # The serving curve (the first dtype): Poisson arrivals from light load
+    # to saturation, drawn by braid (output tokens/s against the p99 time
+    # to first token).
+    if [ "$first" = 1 ]; then
+      run bench-serve-sweep 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
+        --input-len 128 --output-len 128 --request-rate "${SERVE_RATES:-4,16,64,inf}" \
+        --json "$L/bench-serve-sweep.json" --plot "$L/serve-curve.svg" || ok=1
+      echo "== braid serve --device cuda, 124M $dt, the sweep of rates"
+      sed -n '/Serving Sweep/,/^$/p' "$L/bench-serve-sweep.txt" | cut -c1-120
+    fi
+    curl -sf "http://127.0.0.1:$PORT/metrics" > "$L/serve-124m-$dt-metrics.txt" 2>&1
+    kill -TERM "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
-    return 1
-  fi
-  grep -h "^braid serve:" "$L/serve-124m.txt" | cut -c1-250
-  for c in 1 8 64; do
-    run "bench-serve-c$c" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
-      --input-len 128 --output-len 128 --max-concurrency "$c" --json "$L/bench-serve-c$c.json" ||
-      ok=1
-    echo "== braid serve --device cuda, 124M f32, concurrency $c"
-    grep -vE '^(cmd:|exit )' "$L/bench-serve-c$c.txt" | head -n 20 | cut -c1-200
+    echo "serve $dt: stopped ($(tail -n 1 "$log" | cut -c1-120))"
+    first=0
   done
-  # The serving curve: Poisson arrivals from light load to saturation,
-  # drawn by braid (output tokens/s against the p99 time to first token).
-  run bench-serve-sweep 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
-    --input-len 128 --output-len 128 --request-rate "${SERVE_RATES:-4,16,64,inf}" \
-    --json "$L/bench-serve-sweep.json" --plot "$L/serve-curve.svg" || ok=1
-  echo "== braid serve --device cuda, 124M f32, the sweep of rates"
-  sed -n '/Serving Sweep/,/^$/p' "$L/bench-serve-sweep.txt" | cut -c1-120
-  curl -sf "http://127.0.0.1:$PORT/metrics" > "$L/serve-124m-metrics.txt" 2>&1
-  kill -TERM "$pid" 2> /dev/null
-  wait "$pid" 2> /dev/null
-  echo "serve: stopped ($(tail -n 1 "$L/serve-124m.txt" | cut -c1-120))"
   # The peer: Hugging Face generate() at batch 1, 8, 64, the same size.
   local peer=.dev/anchors/hf_generate_bench.py t
   if [ ! -f "$peer" ]; then
@@ -220,15 +236,16 @@ phase_profile() {
     run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
       --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
-  for a in ${PROFILE_RUNS:-graphs warps block}; do
-    local log=$L/serve-profile-$a.txt envs=(BRAID_PROFILE=1)
+  for a in ${PROFILE_RUNS:-graphs nographs f32}; do
+    local log=$L/serve-profile-$a.txt envs=(BRAID_PROFILE=1) dt=bf16
     case $a in
     graphs) ;;
-    warps) envs+=(BRAID_DECODE_GRAPHS=0) ;;
-    block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block) ;;
+    nographs) envs+=(BRAID_DECODE_GRAPHS=0) ;;
+    f32) envs+=(BRAID_DECODE_GRAPHS=0) dt=f32 ;;
+    block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block) dt=f32 ;;
     esac
-    echo "cmd: ${envs[*]} $B serve --device cuda --load $m --port $PORT" > "$log"
-    env "${envs[@]}" "$B" serve --device cuda --load "$m" --port "$PORT" \
+    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $dt --load $m --port $PORT" > "$log"
+    env "${envs[@]}" "$B" serve --device cuda --dtype "$dt" --load "$m" --port "$PORT" \
       --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
     local pid=$!
     if ! healthy "$pid"; then

@@ -162,8 +162,9 @@ impl Decoder for CpuDecoder {
     }
 }
 
-/// The GPU decoder: f32 on one GPU, braid-model's [`GpuDecoder`] (the
-/// model and its paged KV cache in device memory), its errors said as
+/// The GPU decoder: on one GPU with f32 or bf16 products, braid-model's
+/// [`GpuDecoder`] (the model and its paged KV cache in device memory),
+/// its errors said as
 /// text. A block copy that fails is said by the next step (the copies are
 /// queued before it on the same stream; the batcher then fails the
 /// running requests, as for a failed step).
@@ -175,17 +176,18 @@ pub struct CudaDecoder {
 
 impl CudaDecoder {
     /// A decoder of `params` on `device` with a cache of `blocks` blocks
-    /// of `block_size` positions, and room for `rows` rows a step (more
-    /// grow it).
+    /// of `block_size` positions, room for `rows` rows a step (more grow
+    /// it), its products in `dtype` (f32 or bf16).
     pub fn new(
         device: &Device,
         params: &Params,
         blocks: usize,
         block_size: usize,
         rows: usize,
+        dtype: braid_core::DType,
     ) -> Result<CudaDecoder, String> {
-        let gpu =
-            GpuDecoder::new(device, params, blocks, block_size, rows).map_err(|e| e.to_string())?;
+        let gpu = GpuDecoder::with_dtype(device, params, blocks, block_size, rows, dtype)
+            .map_err(|e| e.to_string())?;
         Ok(CudaDecoder { gpu, failed: None })
     }
 

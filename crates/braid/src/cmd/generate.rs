@@ -11,6 +11,7 @@
 
 use super::ckpt;
 use super::train::tokenizer_for;
+use braid_core::DType;
 use braid_data::tokens::Tokenizer;
 use braid_model::checkpoint;
 use braid_model::cuda::decode::GpuKvPages;
@@ -85,10 +86,15 @@ pub struct GenerateArgs {
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]
     tokenizer: Option<String>,
-    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0, in f32;
+    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0;
     /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// The products' precision on a GPU: bf16 (the weights and each
+    /// product's input in bf16, f32 accumulation) or f32 (auto: bf16 on a
+    /// GPU; the CPU decodes in f32).
+    #[arg(long, default_value = "auto", value_name = "DTYPE")]
+    dtype: String,
     /// A file of prompts, one a line (blank lines skipped), decoded
     /// together; each continuation is a JSON line on stdout, in the file's
     /// order (its text, finish reason, and the prompt's and the
@@ -112,23 +118,43 @@ pub(super) struct DecodeOn {
     pub gpu: Option<usize>,
     /// What `--device auto` chose, to say at start.
     pub note: Option<String>,
+    /// The products' precision (`--dtype`): f32 on the CPU.
+    pub dtype: DType,
 }
 
 /// Resolves `--device` for decoding: `cpu`; `cuda` (or `gpu`): one GPU,
 /// `LOCAL_RANK`'s, else GPU 0 (as `braid train --device cuda` picks),
 /// refused with what is missing where there is none; `auto`: a GPU where
 /// the driver shows one, else the CPU.
-pub(super) fn decoding_device(device: &str) -> Result<DecodeOn, String> {
+pub(super) fn decoding_device(device: &str, dtype: &str) -> Result<DecodeOn, String> {
+    let mut on = placed(device)?;
+    on.dtype =
+        match (dtype, on.gpu) {
+            ("auto", Some(_)) | ("bf16", Some(_)) => DType::BF16,
+            ("auto", None) | ("f32", _) => DType::F32,
+            ("bf16", None) => return Err(
+                "--dtype bf16: the CPU decodes in f32 (bf16 products run on a GPU: --device cuda)"
+                    .into(),
+            ),
+            (other, _) => return Err(format!("--dtype {other:?}: expected auto, bf16 or f32")),
+        };
+    Ok(on)
+}
+
+/// `--device` resolved (in f32 until `--dtype` says).
+fn placed(device: &str) -> Result<DecodeOn, String> {
     match device {
         "cpu" => Ok(DecodeOn {
             gpu: None,
             note: None,
+            dtype: DType::F32,
         }),
         "cuda" | "gpu" => {
             let n = super::gpus_for(device)?;
             Ok(DecodeOn {
                 gpu: Some(gpu_of(device, n)?),
                 note: None,
+                dtype: DType::F32,
             })
         }
         "auto" => match braid_cuda::device_count() {
@@ -140,14 +166,24 @@ pub(super) fn decoding_device(device: &str) -> Result<DecodeOn, String> {
                         "device: cuda, GPU {g} (--device auto: {n} GPU(s) here; --device cpu \
                          decodes on the CPU)"
                     )),
+                    dtype: DType::F32,
                 })
             }
             _ => Ok(DecodeOn {
                 gpu: None,
                 note: None,
+                dtype: DType::F32,
             }),
         },
         other => Err(format!("--device {other:?}: expected auto, cpu or cuda")),
+    }
+}
+
+/// How `dtype` is said (`bf16`, `f32`).
+pub(super) fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bf16",
+        _ => "f32",
     }
 }
 
@@ -171,6 +207,7 @@ fn gpu_of(device: &str, n: usize) -> Result<usize, String> {
 pub(super) fn decoder(
     params: Params,
     gpu: Option<usize>,
+    dtype: DType,
     blocks: usize,
     block_size: usize,
     rows: usize,
@@ -180,22 +217,28 @@ pub(super) fn decoder(
         return Ok(Box::new(CpuDecoder::new(params, blocks, block_size)?));
     };
     let dev = braid_cuda::Device::open(g).map_err(|e| format!("--device cuda: GPU {g}: {e}"))?;
-    let weights = (params.data.len() * 4) as u64;
+    // The f32 parameters, and in bf16 their bf16 copy too.
+    let weights = (params.data.len() * if dtype == DType::BF16 { 6 } else { 4 }) as u64;
     let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size)) as u64;
     if let Ok(free) = dev.free_memory() {
         if weights + kv > free as u64 {
             let b = braid_core::words::bytes;
             return Err(format!(
-                "GPU {g} has {} free, and decoding needs {}: the model's f32 parameters ({}) and \
+                "GPU {g} has {} free, and decoding needs {}: the model's parameters ({}{}) and \
                  a KV cache of {blocks} blocks ({}); {hint}",
                 b(free as u64),
                 b(weights + kv),
                 b(weights),
+                if dtype == DType::BF16 {
+                    ", f32 and bf16"
+                } else {
+                    ", f32"
+                },
                 b(kv)
             ));
         }
     }
-    let d = CudaDecoder::new(&dev, &params, blocks, block_size, rows)
+    let d = CudaDecoder::new(&dev, &params, blocks, block_size, rows, dtype)
         .map_err(|e| format!("decoding on GPU {g}: {e}"))?;
     Ok(Box::new(d))
 }
@@ -379,7 +422,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
         seed: a.seed,
     };
     sampling.check().map_err(|e| format!("--{e}"))?;
-    let on = decoding_device(&a.device)?;
+    let on = decoding_device(&a.device, &a.dtype)?;
     let source = locate(&a.load)?;
     if let Some(note) = &on.note {
         eprintln!("{note}");
@@ -403,7 +446,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
         );
     }
     if let Some(file) = &a.prompts {
-        return batch(&a, file, params, tokenizer, sampling, on.gpu);
+        return batch(&a, file, params, tokenizer, sampling, &on);
     }
     let mut prompt = tokenizer.encode(&a.prompt);
     if prompt.is_empty() {
@@ -413,7 +456,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     // the whole window recomputed for each token.
     let (text, new_tokens, first, elapsed, how) =
         if a.tokens > 0 && prompt.len() + a.tokens <= cfg.context {
-            let mut b = batcher(params, tokenizer, 1, on.gpu)?;
+            let mut b = batcher(params, tokenizer, 1, on.gpu, on.dtype)?;
             let request = Request {
                 prompt,
                 max_tokens: a.tokens,
@@ -423,7 +466,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
             };
             let c = complete(&mut b, vec![request])?.remove(0);
             let mut how = match on.gpu {
-                Some(g) => format!("GPU {g}, f32, KV cache"),
+                Some(g) => format!("GPU {g}, {}, KV cache", dtype_name(on.dtype)),
                 None => "CPU, KV cache".to_string(),
             };
             if c.finish == Finish::Stop {
@@ -476,6 +519,7 @@ fn batcher(
     tokenizer: Tokenizer,
     running: usize,
     gpu: Option<usize>,
+    dtype: DType,
 ) -> Result<Batcher<Box<dyn Decoder + Send>>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
@@ -487,7 +531,7 @@ fn batcher(
         ..Default::default()
     };
     let hint = "--device cpu decodes on the CPU";
-    let decoder = decoder(params, gpu, blocks, block, options.step_tokens, hint)?;
+    let decoder = decoder(params, gpu, dtype, blocks, block, options.step_tokens, hint)?;
     Ok(Batcher::new(decoder, tokenizer, options))
 }
 
@@ -499,7 +543,7 @@ fn batch(
     params: Params,
     tokenizer: Tokenizer,
     sampling: Sampling,
-    gpu: Option<usize>,
+    on: &DecodeOn,
 ) -> Result<i32, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("--prompts {}: cannot be read: {e}", file.display()))?;
@@ -549,7 +593,7 @@ fn batch(
         .collect::<Result<_, _>>()?;
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
     let prompt_ids: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-    let mut b = batcher(params, tokenizer, requests.len().min(64), gpu)?;
+    let mut b = batcher(params, tokenizer, requests.len().min(64), on.gpu, on.dtype)?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
@@ -584,8 +628,8 @@ fn batch(
         done.len(),
         duration(elapsed),
         new_tokens as f64 / secs,
-        match gpu {
-            Some(g) => format!("GPU {g}, f32"),
+        match on.gpu {
+            Some(g) => format!("GPU {g}, {}", dtype_name(on.dtype)),
             None => "CPU".into(),
         }
     );
@@ -659,27 +703,38 @@ mod tests {
         let cpu = DecodeOn {
             gpu: None,
             note: None,
+            dtype: DType::F32,
         };
-        assert_eq!(decoding_device("cpu"), Ok(cpu.clone()));
+        assert_eq!(decoding_device("cpu", "auto"), Ok(cpu.clone()));
         match braid_cuda::device_count() {
             Ok(n) if n > 0 => {
-                assert!(decoding_device("cuda").unwrap().gpu.is_some());
-                assert!(decoding_device("auto").unwrap().note.is_some());
+                assert!(decoding_device("cuda", "auto").unwrap().gpu.is_some());
+                assert!(decoding_device("auto", "auto").unwrap().note.is_some());
             }
             _ => {
                 // No GPU here: cuda is refused naming what is missing,
                 // auto takes the CPU.
-                let cuda = decoding_device("cuda").unwrap_err();
+                let cuda = decoding_device("cuda", "auto").unwrap_err();
                 assert!(
                     cuda.contains("--device cuda: no GPU to use here")
                         && cuda.contains("--device cpu"),
                     "{cuda}"
                 );
-                assert_eq!(decoding_device("auto"), Ok(cpu));
+                assert_eq!(decoding_device("auto", "auto"), Ok(cpu.clone()));
             }
         }
-        let tpu = decoding_device("tpu").unwrap_err();
+        let tpu = decoding_device("tpu", "auto").unwrap_err();
         assert!(tpu.contains("expected auto, cpu or cuda"), "{tpu}");
+        // The CPU decodes in f32; a GPU in bf16 unless told.
+        assert_eq!(decoding_device("cpu", "f32"), Ok(cpu.clone()));
+        let bf = decoding_device("cpu", "bf16").unwrap_err();
+        assert!(bf.contains("the CPU decodes in f32"), "{bf}");
+        let f8 = decoding_device("cpu", "fp8").unwrap_err();
+        assert!(f8.contains("expected auto, bf16 or f32"), "{f8}");
+        if braid_cuda::device_count().unwrap_or(0) > 0 {
+            assert_eq!(decoding_device("cuda", "auto").unwrap().dtype, DType::BF16);
+            assert_eq!(decoding_device("cuda", "f32").unwrap().dtype, DType::F32);
+        }
         assert_eq!(parse_top_k("40"), Ok(40));
         assert!(parse_top_k("-1").unwrap_err().contains(">= 0"));
     }

@@ -57,10 +57,15 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
-    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0, in f32;
+    /// auto, cpu or cuda (cuda: one GPU, LOCAL_RANK's or GPU 0;
     /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// The products' precision on a GPU: bf16 (the weights and each
+    /// product's input in bf16, f32 accumulation) or f32 (auto: bf16 on a
+    /// GPU; the CPU and tensor-parallel ranks decode in f32).
+    #[arg(long, default_value = "auto", value_name = "DTYPE")]
+    dtype: String,
     /// Memory for the KV cache (e.g. 512M, 2G), on the device decoding
     /// (with --tp: on each rank, which holds its heads' keys and values).
     #[arg(long, default_value = "1G", value_name = "BYTES")]
@@ -100,7 +105,17 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         (true, "auto") => "cpu",
         (_, d) => d,
     };
-    let on = decoding_device(device)?;
+    let dtype = match (a.tp > 1, a.dtype.as_str()) {
+        (true, "auto" | "f32") => "f32",
+        (true, d) => {
+            return Err(format!(
+                "--dtype {d} with --tp {}: tensor-parallel ranks decode in f32 (--dtype f32)",
+                a.tp
+            ))
+        }
+        (false, d) => d,
+    };
+    let on = decoding_device(device, dtype)?;
     if a.block_size == 0 {
         return Err("--block-size 0: a block holds at least one position (16 is usual)".into());
     }
@@ -182,6 +197,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         _ => decoder(
             params,
             on.gpu,
+            on.dtype,
             blocks,
             a.block_size,
             options.step_tokens,

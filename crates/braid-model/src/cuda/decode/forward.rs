@@ -1,14 +1,23 @@
 //! One layer of a decode step on the GPU: the block's operations
 //! ([`BlockForward`]) over the f32 kernels and products, the attention
-//! through the paged cache.
+//! through the paged cache. With [`Half`], the products read bf16: the
+//! weights' bf16 copy, and a bf16 copy of the tensor each multiplies (the
+//! LayerNorms write theirs directly; the attention's and the GELU's
+//! outputs are cast), accumulating in f32 into the f32 block tensors with
+//! the bias (and for the projections the residual) in cuBLASLt's
+//! epilogue; LayerNorm statistics, the attention, the cache and the
+//! residual stream stay f32.
 
 use super::invalid;
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedShape};
+use crate::cuda::mixed::MixedKernels;
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
-use braid_cuda::blas::Blas;
-use braid_cuda::{CudaError, DeviceBuffer, DeviceView, Result, Stream};
+use braid_cuda::blas::{Blas, Mat};
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceView, Result, Stream};
+use half::bf16;
 
 /// The block's tensors but the one being written, around a hole.
 struct Others<'b> {
@@ -61,6 +70,58 @@ pub(super) struct GpuDecodeForward<'a> {
     pub(super) tab_off: DeviceView<'a, i32>,
     pub(super) tabs: DeviceView<'a, i32>,
     pub(super) prof: &'a mut PhaseTimer,
+    /// The bf16 products' parts, when the decoder runs them.
+    pub(super) half: Option<Half<'a>>,
+}
+
+/// What bf16 products need: cuBLASLt, the mixed kernels (LayerNorm into
+/// bf16, the cast), the flat parameters in bf16 (addressed by the same
+/// ranges) and the bf16 copies of the block tensors (by [`Act::index`]).
+pub(super) struct Half<'a> {
+    pub(super) lt: &'a mut BlasLt,
+    pub(super) mk: &'a MixedKernels,
+    pub(super) wb: &'a DeviceBuffer<bf16>,
+    pub(super) tb: &'a mut [DeviceBuffer<bf16>],
+}
+
+impl Half<'_> {
+    /// `d[n, oc] = tb[input] · wb[w] + bias (+ residual)`, f32 out.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &mut self,
+        s: &Stream,
+        d: &mut impl DeviceMem<f32>,
+        input: Act,
+        w: std::ops::Range<usize>,
+        bias: &impl DeviceMem<f32>,
+        residual: Option<Mat>,
+        (n, ic, oc): (usize, usize, usize),
+    ) -> Result<()> {
+        let a = self.tb[input.index()].view(0..n * ic);
+        let b = self.wb.view(w);
+        let dm = Mat::of(d, oc);
+        let (c, beta) = match residual {
+            Some(r) => (r, 1.0),
+            None => (dm, 0.0),
+        };
+        self.lt.gemm(
+            s,
+            &LtGemm {
+                m: n,
+                n: oc,
+                k: ic,
+                a: Mat::of(&a, ic),
+                b: Mat::of(&b, oc),
+                c,
+                d: dm,
+                epilogue: Epilogue::Bias {
+                    bias: (bias.dptr(), oc),
+                },
+                alpha: 1.0,
+                beta,
+            },
+        )
+    }
 }
 
 impl BlockForward for GpuDecodeForward<'_> {
@@ -70,6 +131,21 @@ impl BlockForward for GpuDecodeForward<'_> {
         let (w, b) = self.r.norm(norm);
         let (n, c) = (self.n, self.w.c);
         let (o, t) = split(self.t, out);
+        if let Some(h) = &mut self.half {
+            // Read only by a product: bf16 alone.
+            h.mk.layernorm_forward(
+                self.s,
+                &mut h.tb[out.index()].view_mut(0..n * c),
+                &mut self.mean.view_mut(0..n),
+                &mut self.rstd.view_mut(0..n),
+                &t.get(input)?.view(0..n * c),
+                &self.p.view(w),
+                &self.p.view(b),
+                n,
+                c,
+            )?;
+            return self.prof.mark(self.s, "layernorm");
+        }
         self.k.layernorm_forward(
             self.s,
             &mut o.view_mut(0..n * c),
@@ -90,6 +166,10 @@ impl BlockForward for GpuDecodeForward<'_> {
         let n = self.n;
         let (o, t) = split(self.t, out);
         let mut o = o.view_mut(0..n * oc);
+        if let Some(h) = &mut self.half {
+            h.product(self.s, &mut o, input, w, &self.p.view(b), None, (n, ic, oc))?;
+            return self.prof.mark(self.s, "gemm + bias");
+        }
         self.blas.gemm_rm(
             self.s,
             &mut o,
@@ -132,6 +212,13 @@ impl BlockForward for GpuDecodeForward<'_> {
                 block_size: self.block_size,
             },
         )?;
+        if let Some(h) = &mut self.half {
+            h.mk.to_bf16(
+                self.s,
+                &mut h.tb[out.index()].view_mut(0..n * c),
+                &o.view(0..n * c),
+            )?;
+        }
         self.prof.mark(self.s, "paged attention")
     }
 
@@ -144,10 +231,35 @@ impl BlockForward for GpuDecodeForward<'_> {
             &mut o.view_mut(0..n * width),
             &t.get(input)?.view(0..n * width),
         )?;
+        if let Some(h) = &mut self.half {
+            h.mk.to_bf16(
+                self.s,
+                &mut h.tb[out.index()].view_mut(0..n * width),
+                &o.view(0..n * width),
+            )?;
+        }
         self.prof.mark(self.s, "gelu")
     }
 
     fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+        if let Some(h) = &mut self.half {
+            // The residual added in the product's epilogue.
+            let (w, b) = self.r.linear(linear);
+            let (ic, oc) = linear.widths(&self.w);
+            let n = self.n;
+            let (o, t) = split(self.t, out);
+            let r = t.get(residual)?.view(0..n * oc);
+            h.product(
+                self.s,
+                &mut o.view_mut(0..n * oc),
+                input,
+                w,
+                &self.p.view(b),
+                Some(Mat::of(&r, oc)),
+                (n, ic, oc),
+            )?;
+            return self.prof.mark(self.s, "gemm + bias + residual");
+        }
         self.column_forward(linear, input, out)?;
         let oc = linear.widths(&self.w).1;
         let n = self.n;

@@ -39,16 +39,21 @@ mod scratch;
 pub use pages::GpuKvPages;
 
 use super::kernels::Kernels;
+use super::mixed::MixedKernels;
 use super::profile::PhaseTimer;
 use crate::block::{self, Act, LayerRanges};
 use crate::layout::{Block, Layout};
 use crate::model::{DecodeRow, Logits, Pick, Widths};
 use crate::paged::BlockCopy;
 use crate::params::Params;
+use braid_core::DType;
 use braid_cuda::blas::Blas;
+use braid_cuda::blas::Mat;
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
-use forward::GpuDecodeForward;
+use forward::{GpuDecodeForward, Half};
 use graphs::DecodeGraphs;
+use half::bf16;
 use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
@@ -80,6 +85,28 @@ pub struct GpuDecoder {
     host: HostClock,
     /// The steady steps' graphs.
     graphs: DecodeGraphs,
+    /// The bf16 products' parts (`None`: f32 products).
+    half: Option<HalfParts>,
+}
+
+/// A decoder's bf16 products: the flat parameters in bf16, cuBLASLt and
+/// the mixed kernels ([`forward::Half`]).
+struct HalfParts {
+    wb: DeviceBuffer<bf16>,
+    lt: BlasLt,
+    mk: MixedKernels,
+}
+
+impl HalfParts {
+    /// `data` rounded to bf16 (to nearest, ties to even) on `device`.
+    fn new(device: &Device, data: &[f32]) -> Result<HalfParts> {
+        let rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+        Ok(HalfParts {
+            wb: DeviceBuffer::from_host(device, &rounded)?,
+            lt: BlasLt::new(device)?,
+            mk: MixedKernels::load(device)?,
+        })
+    }
 }
 
 /// The host's side of profiled decode steps: the wall time inside
@@ -130,6 +157,29 @@ impl GpuDecoder {
         block_size: usize,
         rows: usize,
     ) -> Result<GpuDecoder> {
+        GpuDecoder::with_dtype(device, params, blocks, block_size, rows, DType::F32)
+    }
+
+    /// [`new`](Self::new), the products in `dtype`: `F32`, or `BF16` (the
+    /// weights' bf16 copy and each product's input in bf16, f32
+    /// accumulation; the rest in f32).
+    pub fn with_dtype(
+        device: &Device,
+        params: &Params,
+        blocks: usize,
+        block_size: usize,
+        rows: usize,
+        dtype: DType,
+    ) -> Result<GpuDecoder> {
+        let half = match dtype {
+            DType::F32 => false,
+            DType::BF16 => true,
+            d => {
+                return Err(invalid(format!(
+                    "decoding in {d:?}: the GPU decoder's products are f32 or bf16"
+                )))
+            }
+        };
         let layout = params.layout.clone();
         let cfg = layout.config;
         if layout.shard.size > 1 {
@@ -188,10 +238,14 @@ impl GpuDecoder {
             // (`copy_range_from_host`) run on it, in order with the step.
             stream: device.main_stream(),
             kv: GpuKvPages::new(device, &layout, blocks, block_size)?,
-            scratch: Scratch::new(device, &widths, rows.max(1))?,
+            scratch: Scratch::new(device, &widths, rows.max(1), half)?,
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
             graphs: DecodeGraphs::from_env(),
+            half: match half {
+                true => Some(HalfParts::new(device, &params.data)?),
+                false => None,
+            },
             layout,
         })
     }
@@ -233,8 +287,12 @@ impl GpuDecoder {
         let dev = self.stream.device();
         let name = dev.name().unwrap_or_else(|_| "unnamed".into());
         format!(
-            "cuda (GPU {}: {name}), f32, KV cache {} blocks of {}",
+            "cuda (GPU {}: {name}), {}, KV cache {} blocks of {}",
             dev.ordinal(),
+            match self.half {
+                Some(_) => "bf16 products",
+                None => "f32",
+            },
             self.kv.blocks(),
             self.kv.block_size()
         )
@@ -373,8 +431,11 @@ impl GpuDecoder {
             ints,
             pick_token,
             pick_logprob,
+            tb,
+            lnf_b,
             ..
         } = &mut self.scratch;
+        let mut half = self.half.as_mut();
         let ints = &*ints;
         let part = |i: usize| ints.view(plan.part(i));
         k.decode_embed(
@@ -411,6 +472,12 @@ impl GpuDecoder {
                 tab_off: part(3),
                 tabs: part(5),
                 prof: &mut *prof,
+                half: half.as_mut().map(|h| Half {
+                    lt: &mut h.lt,
+                    mk: &h.mk,
+                    wb: &h.wb,
+                    tb: &mut tb[..],
+                }),
             })?;
             t.swap(Act::X.index(), Act::Out.index());
         }
@@ -427,30 +494,63 @@ impl GpuDecoder {
             m,
             c,
         )?;
-        k.layernorm_forward(
-            s,
-            &mut lnf.view_mut(0..m * c),
-            &mut mean.view_mut(0..m),
-            &mut rstd.view_mut(0..m),
-            &head.view(0..m * c),
-            &p.view(self.lnf_w.clone()),
-            &p.view(self.lnf_b.clone()),
-            m,
-            c,
-        )?;
-        prof.mark(s, "head: gather, ln_f")?;
-        self.blas.gemm_rm(
-            s,
-            &mut logits.view_mut(0..m * v),
-            &lnf.view(0..m * c),
-            false,
-            &p.view(self.wte.clone()),
-            true,
-            m,
-            v,
-            c,
-            false,
-        )?;
+        if let Some(h) = half {
+            // logits = ln_f(x) · wteᵀ with both in bf16, f32 out.
+            h.mk.layernorm_forward(
+                s,
+                &mut lnf_b.view_mut(0..m * c),
+                &mut mean.view_mut(0..m),
+                &mut rstd.view_mut(0..m),
+                &head.view(0..m * c),
+                &p.view(self.lnf_w.clone()),
+                &p.view(self.lnf_b.clone()),
+                m,
+                c,
+            )?;
+            prof.mark(s, "head: gather, ln_f")?;
+            let (a, wte) = (lnf_b.view(0..m * c), h.wb.view(self.wte.clone()));
+            let d = Mat::of(&logits.view(0..m * v), v);
+            h.lt.gemm(
+                s,
+                &LtGemm {
+                    m,
+                    n: v,
+                    k: c,
+                    a: Mat::of(&a, c),
+                    b: Mat::of(&wte, c).t(),
+                    c: d,
+                    d,
+                    epilogue: Epilogue::Plain,
+                    alpha: 1.0,
+                    beta: 0.0,
+                },
+            )?;
+        } else {
+            k.layernorm_forward(
+                s,
+                &mut lnf.view_mut(0..m * c),
+                &mut mean.view_mut(0..m),
+                &mut rstd.view_mut(0..m),
+                &head.view(0..m * c),
+                &p.view(self.lnf_w.clone()),
+                &p.view(self.lnf_b.clone()),
+                m,
+                c,
+            )?;
+            prof.mark(s, "head: gather, ln_f")?;
+            self.blas.gemm_rm(
+                s,
+                &mut logits.view_mut(0..m * v),
+                &lnf.view(0..m * c),
+                false,
+                &p.view(self.wte.clone()),
+                true,
+                m,
+                v,
+                c,
+                false,
+            )?;
+        }
         prof.mark(s, "head: logits gemm")?;
         if picks {
             k.logits_pick(
@@ -671,17 +771,29 @@ mod tests {
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
-        decodes_as_the_cpu(true);
+        decodes_as_the_cpu(true, DType::F32);
+    }
+
+    /// The same with bf16 products, within bf16's rounding (2 % of the
+    /// largest logit: the weights and each product's input rounded to 8
+    /// bits of mantissa).
+    #[test]
+    fn gpu_bf16_decoding_gives_the_cpus_logits_within_bf16s_rounding() {
+        decodes_as_the_cpu(true, DType::BF16);
     }
 
     /// The same with a thread per position and without graphs.
     #[test]
     fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
-        decodes_as_the_cpu(false);
+        decodes_as_the_cpu(false, DType::F32);
     }
 
     /// The GPU's steps against the CPU's, the attention in warps or not.
-    fn decodes_as_the_cpu(in_warps: bool) {
+    fn decodes_as_the_cpu(in_warps: bool, dtype: DType) {
+        let tol = match dtype {
+            DType::F32 => 1e-4,
+            _ => 2e-2,
+        };
         if braid_cuda::device_count().unwrap_or(0) == 0 {
             return skip("no GPU");
         }
@@ -691,7 +803,7 @@ mod tests {
         let device = Device::open(0).unwrap();
         let (blocks, bs) = (16, 4);
         // Room for 2 rows: the prefill's 10 make the scratch grow.
-        let mut gpu = GpuDecoder::new(&device, &params, blocks, bs, 2).unwrap();
+        let mut gpu = GpuDecoder::with_dtype(&device, &params, blocks, bs, 2, dtype).unwrap();
         gpu.kernels.set_decode_in_warps(in_warps);
         // The first kernel's run is also the run without graphs: every
         // step as it is.
@@ -724,7 +836,7 @@ mod tests {
             assert_eq!(g.len(), c.len(), "step {step}");
             for (s, (g, c)) in g.iter().zip(c).enumerate() {
                 let e = rel(g, c);
-                assert!(e < 1e-4, "step {step}, sequence {s}: {e}");
+                assert!(e < tol, "step {step}, sequence {s}: {e}");
             }
         };
         let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
@@ -766,15 +878,17 @@ mod tests {
             let mut out = Logits::new();
             out.want_whole((0..rows.len()).map(|i| i % 2 == 1));
             gpu.decode_into(&rows, &mut out).unwrap();
-            for (i, w) in want.iter().enumerate() {
-                let (got, host) = (out.pick(i), Pick::of(w));
-                assert_eq!(got.token, host.token, "step {step}, row {i}");
+            // (Against the GPU's own logits: in bf16 the CPU's may order
+            // near ties otherwise.)
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                let (pick, host) = (out.pick(i), Pick::of(g));
+                assert_eq!(pick.token, host.token, "step {step}, row {i}");
                 assert!(
-                    (got.logprob - host.logprob).abs() < 1e-4,
-                    "step {step}, row {i}: {got:?} against {host:?}"
+                    (pick.logprob - host.logprob).abs() < 1e-4,
+                    "step {step}, row {i}: {pick:?} against {host:?}"
                 );
                 if i % 2 == 1 {
-                    assert!(rel(out.row(i), w) < 1e-4, "step {step}, row {i}");
+                    assert!(rel(out.row(i), w) < tol, "step {step}, row {i}");
                 }
             }
             for (s, toks) in tokens.iter_mut().enumerate() {
@@ -793,8 +907,8 @@ mod tests {
         for l in 0..layout.config.n_layer {
             let (gk, gv) = gpu.pages().layer_to_host(l).unwrap();
             let (ck, cv) = cpu.layer(l);
-            assert!(rel(&gk, ck) < 1e-4, "layer {l} keys: {}", rel(&gk, ck));
-            assert!(rel(&gv, cv) < 1e-4, "layer {l} values: {}", rel(&gv, cv));
+            assert!(rel(&gk, ck) < tol, "layer {l} keys: {}", rel(&gk, ck));
+            assert!(rel(&gv, cv) < tol, "layer {l} values: {}", rel(&gv, cv));
         }
     }
 

@@ -5,6 +5,7 @@ use crate::block::Act;
 use crate::model::Widths;
 use braid_core::Element;
 use braid_cuda::{Device, DeviceBuffer, Result};
+use half::bf16;
 
 /// `buf` made at least `len` elements long (a new zeroed buffer of at
 /// least twice its length when it is shorter; contents not kept), and
@@ -43,10 +44,15 @@ pub(super) struct Scratch {
     pub(super) pick_logprob: DeviceBuffer<f32>,
     pub(super) host_token: Vec<i32>,
     pub(super) host_logprob: Vec<f32>,
+    /// In bf16 products: each block tensor a product reads, in bf16 (by
+    /// [`Act::index`]; empty in f32), and the final LayerNorm's output.
+    pub(super) tb: Vec<DeviceBuffer<bf16>>,
+    pub(super) lnf_b: DeviceBuffer<bf16>,
 }
 
 impl Scratch {
-    pub(super) fn new(device: &Device, w: &Widths, rows: usize) -> Result<Scratch> {
+    /// Buffers for `rows` rows; with `half`, the bf16 copies too.
+    pub(super) fn new(device: &Device, w: &Widths, rows: usize, half: bool) -> Result<Scratch> {
         let z = |k: usize| DeviceBuffer::<f32>::zeros(device, k);
         let t = Act::ALL.map(|a| z(rows * a.width(w)));
         let [t0, t1, t2, t3, t4, t5, t6, t7, t8] = t;
@@ -63,6 +69,14 @@ impl Scratch {
             pick_logprob: z(rows)?,
             host_token: Vec::new(),
             host_logprob: Vec::new(),
+            tb: match half {
+                true => Act::ALL
+                    .iter()
+                    .map(|a| DeviceBuffer::zeros(device, rows * a.width(w)))
+                    .collect::<Result<_>>()?,
+                false => Vec::new(),
+            },
+            lnf_b: DeviceBuffer::zeros(device, if half { rows * w.c } else { 1 })?,
         })
     }
 
@@ -81,6 +95,12 @@ impl Scratch {
         }
         for buf in [&mut self.head, &mut self.lnf] {
             fit(buf, rows * w.c)?;
+        }
+        for (buf, a) in self.tb.iter_mut().zip(Act::ALL) {
+            fit(buf, rows * a.width(w))?;
+        }
+        if !self.tb.is_empty() {
+            fit(&mut self.lnf_b, rows * w.c)?;
         }
         self.rows = rows;
         Ok(true)
