@@ -8,7 +8,6 @@
 //! epilogue; LayerNorm statistics, the attention, the cache and the
 //! residual stream stay f32.
 
-use super::invalid;
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedShape};
 use crate::cuda::mixed::MixedKernels;
@@ -32,7 +31,7 @@ impl<'b> Others<'b> {
         match i.cmp(&self.hole) {
             std::cmp::Ordering::Less => Ok(&self.lo[i]),
             std::cmp::Ordering::Greater => Ok(&self.hi[i - self.hole - 1]),
-            std::cmp::Ordering::Equal => Err(invalid(format!(
+            std::cmp::Ordering::Equal => Err(CudaError::Invalid(format!(
                 "an operation of the block reads {a:?}, which it writes"
             ))),
         }

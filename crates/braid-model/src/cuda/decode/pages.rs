@@ -1,12 +1,11 @@
 //! The decoder's KV cache in device memory: [`KvPages`]'s layout, per
 //! layer a buffer of keys and one of values.
 
-use super::invalid;
 use crate::layout::Layout;
 use crate::model::KvPages;
 use crate::paged::{BlockCopy, BlockId};
 use braid_cuda::memory::copy_async;
-use braid_cuda::{Device, DeviceBuffer, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
 
 /// The keys and values of every sequence being decoded, per layer, in
 /// device memory: [`KvPages`]'s layout (block `b`'s position `o` of layer
@@ -73,7 +72,7 @@ impl GpuKvPages {
         for c in copies {
             let (from, to) = (c.from as usize, c.to as usize);
             if from >= self.blocks || to >= self.blocks {
-                return Err(invalid(format!(
+                return Err(CudaError::Invalid(format!(
                     "a copy of block {from} into block {to} in a cache of {} blocks",
                     self.blocks
                 )));
@@ -100,7 +99,7 @@ impl GpuKvPages {
                 v.copy_range_to_host(0..n, &mut hv)?;
                 Ok((hk, hv))
             }
-            _ => Err(invalid(format!(
+            _ => Err(CudaError::Invalid(format!(
                 "layer {l} of a cache of {} layers",
                 self.k.len()
             ))),

@@ -2,7 +2,7 @@
 //! the CPU checks them, each row's slot, and the block tables flattened
 //! into one array of `i32`s uploaded at once.
 
-use super::GpuKvPages;
+use super::pages::GpuKvPages;
 use crate::model::DecodeRow;
 use crate::paged::BlockId;
 use std::ops::Range;
