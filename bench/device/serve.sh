@@ -46,6 +46,11 @@
 #     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
 #
+#   bash bench/device/serve.sh xl
+#     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve in
+#     bf16 at 1 in flight (16 prompts) and 64 (64 prompts), then Hugging
+#     Face generate() at 1558M.
+#
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
 # Carry: .dev/braid.gz .dev/commit .dev/built-at .dev/model-tests.gz
@@ -271,8 +276,49 @@ phase_profile() {
   done
 }
 
+# GPT-2 1558M (one bf16 training step on the GPU, then saved) behind
+# braid serve in bf16: 1 in flight (16 prompts) and 64 (64 prompts), 128 +
+# 128 tokens; then Hugging Face generate() at 1558M.
+phase_xl() {
+  local m=/tmp/m1558.safetensors ok=0 c
+  if [ ! -s "$m" ]; then
+    run train-1558m 240 "$B" train --device cuda --model 1558M --tokenizer gpt2 --data random \
+      --seq 1024 --batch 1 --steps 1 --eval-every 0 --save "$m" || return 1
+  fi
+  local log=$L/serve-1558m.txt
+  echo "cmd: $B serve --device cuda --load $m --port $PORT --kv-memory 8G" > "$log"
+  "$B" serve --device cuda --load "$m" --port "$PORT" --kv-memory 8G >> "$log" 2>&1 &
+  local pid=$!
+  if ! healthy "$pid"; then
+    echo "serve 1558M: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    return 1
+  fi
+  grep -h "^braid serve:" "$log" | cut -c1-250
+  for c in 1 64; do
+    local n=64
+    [ "$c" = 1 ] && n=16
+    run "bench-serve-1558m-c$c" 150 "$B" bench serve --url "http://127.0.0.1:$PORT" \
+      --num-prompts "$n" --input-len 128 --output-len 128 --max-concurrency "$c" \
+      --json "$L/bench-serve-1558m-c$c.json" || ok=1
+    echo "== braid serve --device cuda, 1558M bf16, concurrency $c"
+    grep -vE '^(cmd:|exit )' "$L/bench-serve-1558m-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
+  done
+  kill -TERM "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+  local peer=.dev/anchors/hf_generate_bench.py t
+  if [ -f "$peer" ] && t=$(budget 200); then
+    echo "cmd: python3 $peer 1558M" > "$L/hf-generate-1558m.txt"
+    timeout -k 10 "$t" python3 "$peer" 1558M >> "$L/hf-generate-1558m.txt" 2>&1
+    echo "== Hugging Face generate(), 1558M bf16"
+    grep -hE "^RESULT|Error" "$L/hf-generate-1558m.txt" | cut -c1-200
+  fi
+  return $ok
+}
+
 [ $# -gt 0 ] || {
-  echo "usage: serve.sh check | serve | profile | check serve profile" >&2
+  echo "usage: serve.sh check | serve | profile | xl (several in one call)" >&2
   exit 2
 }
 rc=0
@@ -281,8 +327,9 @@ for phase in "$@"; do
   check) phase_check || rc=1 ;;
   serve) phase_serve || rc=1 ;;
   profile) phase_profile || rc=1 ;;
+  xl) phase_xl || rc=1 ;;
   *)
-    echo "serve.sh: unknown phase $phase (check, serve, profile)" >&2
+    echo "serve.sh: unknown phase $phase (check, serve, profile, xl)" >&2
     rc=2
     ;;
   esac
