@@ -58,6 +58,11 @@
 # model-tests, `serve` the anchors for its peer).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh
 export BRAID_KERNEL_CACHE=/tmp/kc PYTHONUNBUFFERED=1
+# The decoder's paths still off by default until checked here: CUDA graphs
+# of the steady steps, greedy choices on the device, the warps' attention
+# (a run below may turn one off to compare).
+export BRAID_DECODE_GRAPHS=${BRAID_DECODE_GRAPHS:-1} BRAID_DECODE_PICKS=${BRAID_DECODE_PICKS:-1}
+export BRAID_DECODE_ATTENTION=${BRAID_DECODE_ATTENTION:-warps}
 LIMIT=${SERVE_LIMIT:-540}
 PORT=${SERVE_PORT:-8123}
 
@@ -113,7 +118,7 @@ phase_check() {
     --steps 300 --eval-every 0 --log-every 100 --save "$m" || return 1
   printf 'the quick brown fox\nonce upon a time\ndef main():\n    return x\n' > /tmp/serve-prompts.txt
   local d
-  # In f32 on both (the GPU's products in bf16 by default).
+  # In f32 on both (--dtype f32: the GPU decodes in f32 unless told).
   for d in cuda cpu; do
     run "generate-$d" 60 "$B" generate --load "$m" --device "$d" --dtype f32 \
       --prompt "the quick" --tokens 100 --temperature 0 || ok=1
@@ -247,7 +252,7 @@ phase_profile() {
     graphs) ;;
     nographs) envs+=(BRAID_DECODE_GRAPHS=0) ;;
     f32) envs+=(BRAID_DECODE_GRAPHS=0) dt=f32 ;;
-    block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block) dt=f32 ;;
+    block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block BRAID_DECODE_PICKS=0) dt=f32 ;;
     esac
     echo "cmd: ${envs[*]} $B serve --device cuda --dtype $dt --load $m --port $PORT" > "$log"
     env "${envs[@]}" "$B" serve --device cuda --dtype "$dt" --load "$m" --port "$PORT" \
@@ -286,8 +291,8 @@ phase_xl() {
       --seq 1024 --batch 1 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
   local log=$L/serve-1558m.txt
-  echo "cmd: $B serve --device cuda --load $m --port $PORT --kv-memory 8G" > "$log"
-  "$B" serve --device cuda --load "$m" --port "$PORT" --kv-memory 8G >> "$log" 2>&1 &
+  echo "cmd: $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G" > "$log"
+  "$B" serve --device cuda --dtype bf16 --load "$m" --port "$PORT" --kv-memory 8G >> "$log" 2>&1 &
   local pid=$!
   if ! healthy "$pid"; then
     echo "serve 1558M: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"

@@ -52,8 +52,9 @@ pub struct Kernels {
     paged_attention_decode: Function,
     paged_attention_decode_warps: Function,
     /// Whether decode attention runs one warp per position
-    /// (`paged_attention_decode_warps`, the default) or one thread
-    /// (`BRAID_DECODE_ATTENTION=block`).
+    /// (`paged_attention_decode_warps`, `BRAID_DECODE_ATTENTION=warps`) or
+    /// one thread (the default until the warps' kernel is checked on a
+    /// GPU).
     decode_in_warps: bool,
     gather_rows: Function,
     logits_pick: Function,
@@ -94,7 +95,7 @@ impl Kernels {
             paged_attention_decode: f("paged_attention_decode")?,
             paged_attention_decode_warps: f("paged_attention_decode_warps")?,
             decode_in_warps: std::env::var(braid_core::env::BRAID_DECODE_ATTENTION)
-                .map_or(true, |v| v != "block"),
+                .is_ok_and(|v| v == "warps"),
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
             _module: module,

@@ -91,8 +91,8 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// The products' precision on a GPU: bf16 (the weights and each
-    /// product's input in bf16, f32 accumulation) or f32 (auto: bf16 on a
-    /// GPU; the CPU decodes in f32).
+    /// product's input in bf16, f32 accumulation) or f32 (auto: f32; the
+    /// CPU decodes in f32).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
     dtype: String,
     /// A file of prompts, one a line (blank lines skipped), decoded
@@ -130,8 +130,9 @@ pub(super) fn decoding_device(device: &str, dtype: &str) -> Result<DecodeOn, Str
     let mut on = placed(device)?;
     on.dtype =
         match (dtype, on.gpu) {
-            ("auto", Some(_)) | ("bf16", Some(_)) => DType::BF16,
-            ("auto", None) | ("f32", _) => DType::F32,
+            // (auto: f32 until the bf16 products are checked on a GPU.)
+            ("bf16", Some(_)) => DType::BF16,
+            ("auto", _) | ("f32", _) => DType::F32,
             ("bf16", None) => return Err(
                 "--dtype bf16: the CPU decodes in f32 (bf16 products run on a GPU: --device cuda)"
                     .into(),
@@ -725,15 +726,15 @@ mod tests {
         }
         let tpu = decoding_device("tpu", "auto").unwrap_err();
         assert!(tpu.contains("expected auto, cpu or cuda"), "{tpu}");
-        // The CPU decodes in f32; a GPU in bf16 unless told.
+        // The CPU decodes in f32; a GPU in bf16 when told.
         assert_eq!(decoding_device("cpu", "f32"), Ok(cpu.clone()));
         let bf = decoding_device("cpu", "bf16").unwrap_err();
         assert!(bf.contains("the CPU decodes in f32"), "{bf}");
         let f8 = decoding_device("cpu", "fp8").unwrap_err();
         assert!(f8.contains("expected auto, bf16 or f32"), "{f8}");
         if braid_cuda::device_count().unwrap_or(0) > 0 {
-            assert_eq!(decoding_device("cuda", "auto").unwrap().dtype, DType::BF16);
-            assert_eq!(decoding_device("cuda", "f32").unwrap().dtype, DType::F32);
+            assert_eq!(decoding_device("cuda", "bf16").unwrap().dtype, DType::BF16);
+            assert_eq!(decoding_device("cuda", "auto").unwrap().dtype, DType::F32);
         }
         assert_eq!(parse_top_k("40"), Ok(40));
         assert!(parse_top_k("-1").unwrap_err().contains(">= 0"));

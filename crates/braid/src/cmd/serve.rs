@@ -62,8 +62,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// The products' precision on a GPU: bf16 (the weights and each
-    /// product's input in bf16, f32 accumulation) or f32 (auto: bf16 on a
-    /// GPU; the CPU and tensor-parallel ranks decode in f32).
+    /// product's input in bf16, f32 accumulation) or f32 (auto: f32; the
+    /// CPU and tensor-parallel ranks decode in f32).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
     dtype: String,
     /// Memory for the KV cache (e.g. 512M, 2G), on the device decoding

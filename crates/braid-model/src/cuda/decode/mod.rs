@@ -87,6 +87,9 @@ pub struct GpuDecoder {
     graphs: DecodeGraphs,
     /// The bf16 products' parts (`None`: f32 products).
     half: Option<HalfParts>,
+    /// Greedy rows chosen on the device (`BRAID_DECODE_PICKS`), else
+    /// every row's logits brought back.
+    device_picks: bool,
 }
 
 /// A decoder's bf16 products: the flat parameters in bf16, cuBLASLt and
@@ -242,6 +245,8 @@ impl GpuDecoder {
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
             graphs: DecodeGraphs::from_env(),
+            device_picks: std::env::var(braid_core::env::BRAID_DECODE_PICKS)
+                .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on")),
             half: match half {
                 true => Some(HalfParts::new(device, &params.data)?),
                 false => None,
@@ -353,7 +358,11 @@ impl GpuDecoder {
             Some(b) => plan.padded(b, self.table_len(), self.kv.block_size, self.kv.trash()),
             None => plan,
         };
-        let picks = bucket.is_some() || !out.wants_every_row();
+        // Greedy choices brought back instead of the vocabulary: when
+        // made on the device and some row wants no more. (A graph always
+        // makes them: one graph serves either way.)
+        let use_picks = self.device_picks && !out.wants_every_row();
+        let picks = bucket.is_some() || use_picks;
         self.make_room(&plan)?;
         // Synchronous on the main stream: after the last step's kernels
         // read the indices, before this step's.
@@ -365,7 +374,7 @@ impl GpuDecoder {
             Some(b) => self.replay(b, &plan, out.choosable_of(cfg.vocab_size))?,
             None => self.enqueue(&plan, picks, out.choosable_of(cfg.vocab_size))?,
         }
-        self.finish(m, picks, out)
+        self.finish(m, use_picks, out)
     }
 
     /// Blocks a sequence's table holds at most: the context's.
@@ -567,9 +576,9 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Brings the step's `m` rows back (waiting for it): every vector
-    /// when the caller wants every row whole, else the picks (made when
-    /// `picks`) and the vectors of the rows wanted whole.
+    /// Brings the step's `m` rows back (waiting for it): the picks and
+    /// the vectors of the rows wanted whole with `picks` (made on the
+    /// device), else every vector.
     fn finish(&mut self, m: usize, picks: bool, out: &mut Logits) -> Result<()> {
         let v = self.layout.config.vocab_size;
         let Scratch {
@@ -585,12 +594,11 @@ impl GpuDecoder {
             out.fill(0, v);
             return Ok(());
         }
-        if out.wants_every_row() {
+        if !picks {
             // Synchronous on the main stream: after the step.
             logits.copy_range_to_host(0..m * v, out.fill(m, v))?;
             return self.prof.mark(&self.stream, "logits to the host");
         }
-        debug_assert!(picks);
         host_token.resize(m, 0);
         host_logprob.resize(m, 0.0);
         // Synchronous on the main stream: after the step.
@@ -805,11 +813,13 @@ mod tests {
         // Room for 2 rows: the prefill's 10 make the scratch grow.
         let mut gpu = GpuDecoder::with_dtype(&device, &params, blocks, bs, 2, dtype).unwrap();
         gpu.kernels.set_decode_in_warps(in_warps);
-        // The first kernel's run is also the run without graphs: every
-        // step as it is.
-        if !in_warps {
-            gpu.graphs = DecodeGraphs::off();
-        }
+        // The warps' run replays graphs and chooses on the device; the
+        // first kernel's runs every step as it is, choosing on the host.
+        gpu.graphs = match in_warps {
+            true => DecodeGraphs::on(),
+            false => DecodeGraphs::off(),
+        };
+        gpu.device_picks = in_warps;
         let mut cpu = KvPages::<f32>::new(&layout, blocks, bs);
         let mut pool = BlockPool::new(blocks, bs);
         let prompts: [&[u32]; 2] = [&[5, 9, 1, 30, 2, 2, 17], &[3, 11, 8]];
