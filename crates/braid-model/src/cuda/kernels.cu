@@ -560,6 +560,19 @@ extern "C" __global__ void paged_attention_decode_warps(float* out, const float*
     }
 }
 
+// The warp's largest (best, bi) in every lane: the larger value, the lower
+// index on a tie.
+__device__ void warp_argmax(float& best, int& bi) {
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float ov = __shfl_xor_sync(0xffffffff, best, o);
+        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+}
+
 // One block per row of logits, rows LD apart (blockDim.x a multiple of
 // WARP, at most WARP * WARP): the row's greedy choice among its first V.
 // token[r] = the index of its largest logit (the lowest on a tie, as the
@@ -583,14 +596,7 @@ extern "C" __global__ void logits_pick(int* token, float* logprob, const float* 
             bi = i;
         }
     }
-    for (int o = WARP / 2; o > 0; o /= 2) {
-        float ov = __shfl_xor_sync(0xffffffff, best, o);
-        int oi = __shfl_xor_sync(0xffffffff, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(best, bi);
     if (lane == 0) {
         red[w] = best;
         redi[w] = bi;
@@ -599,14 +605,7 @@ extern "C" __global__ void logits_pick(int* token, float* logprob, const float* 
     if (w == 0) {
         best = lane < nw ? red[lane] : __int_as_float(0xff800000);
         bi = lane < nw ? redi[lane] : V;
-        for (int o = WARP / 2; o > 0; o /= 2) {
-            float ov = __shfl_xor_sync(0xffffffff, best, o);
-            int oi = __shfl_xor_sync(0xffffffff, bi, o);
-            if (ov > best || (ov == best && oi < bi)) {
-                best = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(best, bi);
         if (lane == 0) {
             top = best;
             topi = bi < V ? bi : 0;
