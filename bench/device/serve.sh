@@ -58,11 +58,6 @@
 # model-tests, `serve` the anchors for its peer).
 cd "$(dirname "$0")/../.." && source bench/device/setup.sh
 export BRAID_KERNEL_CACHE=/tmp/kc PYTHONUNBUFFERED=1
-# The decoder's paths still off by default until checked here: CUDA graphs
-# of the steady steps, greedy choices on the device, the warps' attention
-# (a run below may turn one off to compare).
-export BRAID_DECODE_GRAPHS=${BRAID_DECODE_GRAPHS:-1} BRAID_DECODE_PICKS=${BRAID_DECODE_PICKS:-1}
-export BRAID_DECODE_ATTENTION=${BRAID_DECODE_ATTENTION:-warps}
 LIMIT=${SERVE_LIMIT:-540}
 PORT=${SERVE_PORT:-8123}
 

@@ -146,16 +146,15 @@ pub const BRAID_ATTENTION: &str = "BRAID_ATTENTION";
 pub const BRAID_FLASH_FORWARD: &str = "BRAID_FLASH_FORWARD";
 /// The flash attention's backward kernels: `auto`, `mma` or `wgmma`.
 pub const BRAID_FLASH_BACKWARD: &str = "BRAID_FLASH_BACKWARD";
-/// The GPU decoder's attention: `warps` (a warp per position) or `block`
-/// (a thread per position, the first kernel; the default until the warps'
-/// kernel is checked on a GPU).
+/// The GPU decoder's attention: `warps` (a warp per position, the
+/// default) or `block` (a thread per position, the first kernel).
 pub const BRAID_DECODE_ATTENTION: &str = "BRAID_DECODE_ATTENTION";
-/// `1` or `on`: the GPU decoder replays its steady steps from CUDA graphs
-/// (off by default until checked on a GPU).
+/// `0` or `off`: the GPU decoder runs its steady steps without CUDA
+/// graphs (on by default).
 pub const BRAID_DECODE_GRAPHS: &str = "BRAID_DECODE_GRAPHS";
-/// `1` or `on`: the GPU decoder makes greedy rows' choices on the device
-/// and brings back only those (off by default until checked on a GPU:
-/// every row's logits come back and the host chooses).
+/// `0` or `off`: the GPU decoder brings every row's logits back and the
+/// host makes the greedy choices (by default a greedy row's choice is made
+/// on the device and only it comes back).
 pub const BRAID_DECODE_PICKS: &str = "BRAID_DECODE_PICKS";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).

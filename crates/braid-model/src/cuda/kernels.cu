@@ -467,8 +467,8 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
     if (tid < HS) out[(long)r * C + h * HS + tid] = acc / l;
 }
 
-// The decode attention in warps (BRAID_DECODE_ATTENTION=warps; else
-// paged_attention_decode above): one block per (row, head) (grid
+// The decode attention in warps (the default; BRAID_DECODE_ATTENTION=block
+// runs paged_attention_decode above): one block per (row, head) (grid
 // N x NH) of DEC_WARPS warps, HS at most 4 * WARP. Lane t holds the query's
 // (scaled) and the accumulator's elements t, t + WARP, ...; warp w takes
 // positions w * DEC_KEYS.. in steps of DEC_WARPS * DEC_KEYS, DEC_KEYS at a

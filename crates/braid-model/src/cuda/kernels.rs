@@ -52,9 +52,8 @@ pub struct Kernels {
     paged_attention_decode: Function,
     paged_attention_decode_warps: Function,
     /// Whether decode attention runs one warp per position
-    /// (`paged_attention_decode_warps`, `BRAID_DECODE_ATTENTION=warps`) or
-    /// one thread (the default until the warps' kernel is checked on a
-    /// GPU).
+    /// (`paged_attention_decode_warps`, the default) or one thread
+    /// (`BRAID_DECODE_ATTENTION=block`).
     decode_in_warps: bool,
     gather_rows: Function,
     logits_pick: Function,
@@ -95,7 +94,7 @@ impl Kernels {
             paged_attention_decode: f("paged_attention_decode")?,
             paged_attention_decode_warps: f("paged_attention_decode_warps")?,
             decode_in_warps: std::env::var(braid_core::env::BRAID_DECODE_ATTENTION)
-                .is_ok_and(|v| v == "warps"),
+                .map_or(true, |v| v != "block"),
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
             _module: module,

@@ -4,10 +4,9 @@
 //! host launches one graph instead of some fifteen kernels a layer — at
 //! a batch of one the launches, not the GPU, bound a step. The graphs
 //! hold the scratch buffers' addresses: they are forgotten when one is
-//! reallocated, and captured again as needed. `BRAID_DECODE_GRAPHS=1`
-//! turns them on (off by default until checked on a GPU); a capture the
-//! driver refuses turns them off, with a note, and the steps run as they
-//! are.
+//! reallocated, and captured again as needed. `BRAID_DECODE_GRAPHS=0`
+//! turns them off; a capture the driver refuses turns them off too, with
+//! a note, and the steps run as they are.
 
 use braid_cuda::{CudaError, Graph, Result, Stream};
 use std::collections::HashMap;
@@ -26,12 +25,12 @@ pub(super) struct DecodeGraphs {
 }
 
 impl DecodeGraphs {
-    /// On when `BRAID_DECODE_GRAPHS` is `1` or `on`.
+    /// On unless `BRAID_DECODE_GRAPHS` is `0` or `off`.
     pub(super) fn from_env() -> DecodeGraphs {
-        let on = std::env::var(braid_core::env::BRAID_DECODE_GRAPHS)
-            .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on"));
+        let off = std::env::var(braid_core::env::BRAID_DECODE_GRAPHS)
+            .is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"));
         DecodeGraphs {
-            on,
+            on: !off,
             graphs: HashMap::new(),
         }
     }

@@ -87,8 +87,8 @@ pub struct GpuDecoder {
     graphs: DecodeGraphs,
     /// The bf16 products' parts (`None`: f32 products).
     half: Option<HalfParts>,
-    /// Greedy rows chosen on the device (`BRAID_DECODE_PICKS`), else
-    /// every row's logits brought back.
+    /// Greedy rows chosen on the device (unless `BRAID_DECODE_PICKS=0`),
+    /// else every row's logits brought back.
     device_picks: bool,
 }
 
@@ -245,8 +245,8 @@ impl GpuDecoder {
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
             graphs: DecodeGraphs::from_env(),
-            device_picks: std::env::var(braid_core::env::BRAID_DECODE_PICKS)
-                .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on")),
+            device_picks: !std::env::var(braid_core::env::BRAID_DECODE_PICKS)
+                .is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off")),
             half: match half {
                 true => Some(HalfParts::new(device, &params.data)?),
                 false => None,
