@@ -640,10 +640,16 @@ mod tests {
     /// The small model of the CPU decode tests, its weights ×8 so the
     /// attention is far from uniform.
     fn model(spec: &str, seed: u64) -> Params {
+        model_at(spec, seed, 8.0)
+    }
+
+    /// GPT-2's initialisation times `scale` (8: logits sharp enough that
+    /// greedy choices are far from ties).
+    fn model_at(spec: &str, seed: u64, scale: f32) -> Params {
         let l = Arc::new(Layout::new(&GptConfig::parse(spec).unwrap()));
         let mut p = Params::init_gpt2(l, seed);
         for x in &mut p.data {
-            *x *= 8.0;
+            *x *= scale;
         }
         p
     }
@@ -784,7 +790,10 @@ mod tests {
 
     /// The same with bf16 products, within bf16's rounding (2 % of the
     /// largest logit: the weights and each product's input rounded to 8
-    /// bits of mantissa).
+    /// bits of mantissa), on GPT-2's initialisation unscaled: scaled by 8,
+    /// rounding the weights alone to bf16 moved this model's logits on the
+    /// CPU by up to 9.3 % (and the H200 run of 8b1547e failed at 4.4 %);
+    /// unscaled, by 0.3 % at most.
     #[test]
     fn gpu_bf16_decoding_gives_the_cpus_logits_within_bf16s_rounding() {
         decodes_as_the_cpu(true, DType::BF16);
@@ -798,14 +807,14 @@ mod tests {
 
     /// The GPU's steps against the CPU's, the attention in warps or not.
     fn decodes_as_the_cpu(in_warps: bool, dtype: DType) {
-        let tol = match dtype {
-            DType::F32 => 1e-4,
-            _ => 2e-2,
+        let (tol, scale) = match dtype {
+            DType::F32 => (1e-4, 8.0),
+            _ => (2e-2, 1.0),
         };
         if braid_cuda::device_count().unwrap_or(0) == 0 {
             return skip("no GPU");
         }
-        let params = model("L2-H2-C16-V37-T24", 3);
+        let params = model_at("L2-H2-C16-V37-T24", 3, scale);
         let layout = params.layout.clone();
         let gpt = Gpt::new(layout.clone());
         let device = Device::open(0).unwrap();
