@@ -384,8 +384,8 @@ impl<D: Decoder> Batcher<D> {
         for (row, i) in samplers.into_iter().enumerate() {
             let s = &mut self.running[i];
             let (token, logprob) = if s.sampler.is_greedy() {
-                let p = self.logits.pick(row);
-                (p.token, s.logprobs.then_some(p.logprob))
+                let token = self.logits.token(row);
+                (token, s.logprobs.then(|| self.logits.pick(row).logprob))
             } else {
                 let l = &self.logits.row(row)[..self.writable];
                 let token = s.sampler.pick(l) as u32;

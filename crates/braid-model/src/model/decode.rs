@@ -192,6 +192,21 @@ impl Logits {
         &mut self.data[..n]
     }
 
+    /// [`fill`](Self::fill), then the rows the caller wants whole, each
+    /// with its index, to be written (the others are left).
+    pub fn fill_wanted(
+        &mut self,
+        rows: usize,
+        vocab: usize,
+    ) -> impl Iterator<Item = (usize, &mut [f32])> + '_ {
+        self.fill(rows, vocab);
+        let whole = &self.whole;
+        self.data[..rows * vocab]
+            .chunks_mut(vocab.max(1))
+            .enumerate()
+            .filter(move |(i, _)| whole.get(*i).copied().unwrap_or(true))
+    }
+
     /// Replaces the contents by `rows` (each of the same length).
     pub fn set(&mut self, rows: &[Vec<f32>]) {
         let vocab = rows.first().map_or(0, Vec::len);
@@ -246,6 +261,15 @@ impl Logits {
         self.picks.extend(picks);
         debug_assert_eq!(self.picks.len(), self.rows);
         self.picked = true;
+    }
+
+    /// Row `i`'s greedy token: the decoder's pick, or its vector's argmax
+    /// (no log-softmax: [`pick`](Self::pick) has it).
+    pub fn token(&self, i: usize) -> u32 {
+        match self.picked {
+            true => self.picks[i].token,
+            false => crate::sample::argmax(&self.row(i)[..self.choosable()]) as u32,
+        }
     }
 
     /// Row `i`'s greedy choice: the decoder's, or made here from its
@@ -635,9 +659,6 @@ mod tests {
         best as u32
     }
 
-    /// Prefill in one step, then one row per step: the logits after every
-    /// position equal the whole window recomputed (f64, within rounding),
-    /// so the greedy continuation is the same.
     #[test]
     fn picks_are_the_rows_argmax_among_the_choosable_tokens() {
         let mut l = Logits::new();
@@ -669,12 +690,20 @@ mod tests {
             token: 3,
             logprob: -0.25,
         };
+        // Only row 1 is handed out to be written whole.
+        let wanted: Vec<usize> = l.fill_wanted(2, 5).map(|(i, _)| i).collect();
+        assert_eq!(wanted, vec![1]);
         l.set_picks([mine, mine]);
         assert_eq!(l.pick(0), mine);
+        assert_eq!(l.token(1), 3);
         l.fill(2, 5);
         assert_eq!(l.pick(0).token, 1);
+        assert_eq!(l.token(0), 1);
     }
 
+    /// Prefill in one step, then one row per step: the logits after every
+    /// position equal the whole window recomputed (f64, within rounding),
+    /// so the greedy continuation is the same.
     #[test]
     fn decoding_with_pages_gives_the_logits_of_the_whole_window() {
         let (m, p) = model("L2-H2-C16-V37-T24", 3);

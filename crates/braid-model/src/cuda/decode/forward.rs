@@ -84,6 +84,16 @@ pub(super) struct Half<'a> {
 }
 
 impl Half<'_> {
+    /// The bf16 copy a product reads of `act`, cast from its f32 `x`
+    /// (`len` elements).
+    fn keep(&mut self, s: &Stream, act: Act, x: &DeviceBuffer<f32>, len: usize) -> Result<()> {
+        self.mk.to_bf16(
+            s,
+            &mut self.tb[act.index()].view_mut(0..len),
+            &x.view(0..len),
+        )
+    }
+
     /// `d[n, oc] = tb[input] · wb[w] + bias (+ residual)`, f32 out.
     #[allow(clippy::too_many_arguments)]
     fn product(
@@ -212,11 +222,7 @@ impl BlockForward for GpuDecodeForward<'_> {
             },
         )?;
         if let Some(h) = &mut self.half {
-            h.mk.to_bf16(
-                self.s,
-                &mut h.tb[out.index()].view_mut(0..n * c),
-                &o.view(0..n * c),
-            )?;
+            h.keep(self.s, out, o, n * c)?;
         }
         self.prof.mark(self.s, "paged attention")
     }
@@ -231,11 +237,7 @@ impl BlockForward for GpuDecodeForward<'_> {
             &t.get(input)?.view(0..n * width),
         )?;
         if let Some(h) = &mut self.half {
-            h.mk.to_bf16(
-                self.s,
-                &mut h.tb[out.index()].view_mut(0..n * width),
-                &o.view(0..n * width),
-            )?;
+            h.keep(self.s, out, o, n * width)?;
         }
         self.prof.mark(self.s, "gelu")
     }

@@ -1,4 +1,5 @@
-//! Decoding on one GPU in f32 with a paged KV cache (serving): the GPU
+//! Decoding on one GPU with a paged KV cache (serving), its products in
+//! f32 or in bf16 ([`forward`]'s `Half`): the GPU
 //! counterpart of the CPU's [`Gpt::decode`](crate::Gpt::decode), for a
 //! serving decoder that holds the model and its cache on the device.
 //!
@@ -63,7 +64,7 @@ fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
 }
 
-/// The f32 model decoding on one GPU over its own paged KV cache: see the
+/// The model decoding on one GPU over its own paged KV cache: see the
 /// module's doc.
 pub struct GpuDecoder {
     layout: Arc<Layout>,
@@ -604,11 +605,8 @@ impl GpuDecoder {
         // Synchronous on the main stream: after the step.
         pick_token.copy_range_to_host(0..m, host_token)?;
         pick_logprob.copy_range_to_host(0..m, host_logprob)?;
-        let whole: Vec<bool> = (0..m).map(|i| out.wants_whole(i)).collect();
-        let data = out.fill(m, v);
-        for (i, _) in whole.iter().enumerate().filter(|w| *w.1) {
-            let at = i * v..(i + 1) * v;
-            logits.copy_range_to_host(at.clone(), &mut data[at])?;
+        for (i, row) in out.fill_wanted(m, v) {
+            logits.copy_range_to_host(i * v..(i + 1) * v, row)?;
         }
         out.set_picks(
             host_token
