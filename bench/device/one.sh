@@ -69,6 +69,13 @@
 #     1024, 30 steps, random tokens) as given and under `--layout auto
 #     --global-batch 16`; the layout auto chose and each run's "plan:"
 #     line (predicted against measured step) printed.
+#   bash bench/device/one.sh calibrate
+#     `braid plan calibrate` (this GPU's products, attention, memory and
+#     the host's AdamW timed, $L/calibrated.json written), then GPT-2 124M
+#     B16, 1558M B8 and L32-H32-C2560 B8 (CALIBRATE_RUNS, MODEL:BATCH)
+#     trained 25 steps on random tokens, each run's median step set beside
+#     braid plan's prediction for its layout from the calibrated file and
+#     from the built-in description of the GPU.
 #
 # Each run's output is under $L (in $OUT/logs.tgz), its command first.
 # Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/built-at .dev/gpu-tests.gz
@@ -385,6 +392,45 @@ phase_plan() {
   done
 }
 
+phase_calibrate() {
+  run calibrate 240 "$B" plan calibrate --out "$L/calibrated.json" || return 1
+  echo "== braid plan calibrate"
+  grep -vE "^(cmd:|exit )" "$L/calibrate.txt" | tail -n 12 | cut -c1-200
+  local builtin spec model batch tag hw
+  builtin=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['name'].split('-')[0])" "$L/calibrated.json")
+  for spec in ${CALIBRATE_RUNS:-124M:16 1558M:8 L32-H32-C2560:8}; do
+    model=${spec%%:*} batch=${spec##*:} tag=cal-${spec/:/-b}
+    run "$tag" 200 "$B" train --device cuda --model "$model" --seq 1024 --batch "$batch" \
+      --steps 25 --data random --eval-every 0 --json "$L/$tag.json" || continue
+    for hw in "$L/calibrated.json" "$builtin"; do
+      "$B" plan --model "$model" --gpus 1 --global-batch "$batch" --micro-batch "$batch" \
+        --hardware "$hw" --json "$L/$tag-plan-$(basename "$hw" .json).json" > /dev/null
+    done
+  done
+  echo "== predicted (plain layout, no checkpointing) against measured median steps"
+  python3 - "$L" "$builtin" << 'PY'
+import glob, json, os, sys
+L, builtin = sys.argv[1], sys.argv[2]
+for run in sorted(glob.glob(f"{L}/cal-*-b*.json")):
+    if "-plan-" in run:
+        continue
+    tag = os.path.basename(run)[:-5]
+    step = json.load(open(run))["summary"]["median_step_s"]
+    cells = []
+    for hw in ("calibrated", builtin):
+        p = json.load(open(f"{L}/{tag}-plan-{hw}.json"))
+        plain = [x for x in p["layouts"] if x["prediction"] and x["layout"]["dp"] == 1
+                 and x["layout"]["tp"] == 1 and x["layout"]["pp"] == 1 and x["layout"]["zero"] == 0
+                 and not x["layout"]["checkpointing"] and not x["layout"]["offload"]]
+        if not plain:
+            cells.append(f"{hw}: no such layout")
+            continue
+        s = plain[0]["prediction"]["step_s"]
+        cells.append(f"{hw} {1e3 * s:.1f} ms ({100 * (s / step - 1):+.1f} %)")
+    print(f"{tag}: measured {1e3 * step:.1f} ms | " + " | ".join(cells))
+PY
+}
+
 phase=${1:-}
 shift
 case $phase in
@@ -397,8 +443,9 @@ hopper) phase_hopper ;;
 ncu) phase_ncu ;;
 groups) phase_groups ;;
 plan) phase_plan ;;
+calibrate) phase_calibrate ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups | plan" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups | plan | calibrate" >&2
   exit 2
   ;;
 esac

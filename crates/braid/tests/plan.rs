@@ -143,3 +143,24 @@ fn a_machine_from_a_file_and_bad_questions() {
         assert!(!ok && err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// `braid plan calibrate` where no GPU can be used says so and what to
+/// use instead; a bad --peak is refused before any GPU is looked for. (On
+/// a GPU, bench/device/one.sh calibrate runs it.)
+#[test]
+fn calibrate_without_a_gpu_says_what_to_use_instead() {
+    if braid_cuda::device_count().is_ok_and(|n| n > 0) {
+        eprintln!("skipped: a GPU is here (one.sh calibrate covers it)");
+        return;
+    }
+    let dir = TempDir::new("plan-calibrate");
+    let out = dir.path().join("here.json");
+    let (ok, _, err) = braid_args(&["plan", "calibrate", "--out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("--hardware"), "{err}");
+    assert!(!out.exists());
+    let (ok, _, err) = braid_args(&["plan", "calibrate", "--peak", "0"]);
+    assert!(!ok && err.contains("--peak 0"), "{err}");
+    // A subcommand and the ranking's flags do not mix.
+    let (ok, _, err) = braid_args(&["plan", "--model", "124M", "calibrate"]);
+    assert!(!ok && !err.is_empty());
+}

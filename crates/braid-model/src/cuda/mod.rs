@@ -22,6 +22,7 @@ pub mod mixed_attention;
 pub mod model;
 pub mod model_mixed;
 pub mod profile;
+pub mod rates;
 mod sources;
 
 pub use kernels::{token_buckets, Kernels, PagedShape, VocabRows};

@@ -2,8 +2,10 @@
 //! what a layout of a workload costs on it ([`cost`]) and holds
 //! ([`memory`]), and every layout braid can run, judged
 //! ([`enumerate`]); the bandwidth each link of a layout needs
-//! ([`capacity`]).
+//! ([`capacity`]); a machine's description from its timed kernels
+//! ([`calibrate`]).
 
+pub mod calibrate;
 pub mod capacity;
 pub mod cost;
 pub mod enumerate;

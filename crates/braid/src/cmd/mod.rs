@@ -12,6 +12,7 @@ pub mod json_out;
 pub mod kernels;
 pub mod launch;
 pub mod plan;
+pub mod plan_calibrate;
 pub mod plot;
 pub mod preflight;
 pub mod progress;

@@ -16,22 +16,27 @@ use clap::Args;
   braid plan --model 1558M --gpus 4 --global-batch 32 --seq 1024
   braid plan --model L40-H40-C5120 --gpus 8 --global-batch 16 --seq 1024 --hardware h200
   braid plan --model 1558M --gpus 16 --nodes 4 --global-batch 64 --seq 1024
-  braid plan --model L96-H128-C16384-V51200 --gpus 1920 --global-batch 2160 --seq 2048 --hardware a100 --json plan.json"
+  braid plan --model L96-H128-C16384-V51200 --gpus 1920 --global-batch 2160 --seq 2048 --hardware a100 --json plan.json
+  braid plan calibrate --out here.json          # on a GPU: this machine's rates, for --hardware here.json",
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
 )]
 pub struct PlanArgs {
+    #[command(subcommand)]
+    command: Option<PlanCommand>,
     /// The model: a named size (124M ... 1558M) or L<layers>-H<heads>-C<width>[-V<vocab>].
-    #[arg(long)]
-    model: String,
+    #[arg(long, required = true)]
+    model: Option<String>,
     /// GPUs in all.
-    #[arg(long)]
-    gpus: usize,
+    #[arg(long, required = true)]
+    gpus: Option<usize>,
     /// Nodes they sit on, evenly (default: as many as the machine's GPUs
     /// per node make): which groups cross the inter-node link.
     #[arg(long)]
     nodes: Option<usize>,
     /// Sequences per step over every replica.
-    #[arg(long)]
-    global_batch: usize,
+    #[arg(long, required = true)]
+    global_batch: Option<usize>,
     /// Tokens per sequence.
     #[arg(long, default_value_t = 1024)]
     seq: usize,
@@ -48,6 +53,12 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-",
           value_parser = super::json_out::parse, help = super::json_out::HELP)]
     json: Option<super::json_out::JsonOut>,
+}
+
+/// What `braid plan` does besides ranking layouts.
+#[derive(clap::Subcommand)]
+enum PlanCommand {
+    Calibrate(super::plan_calibrate::CalibrateArgs),
 }
 
 /// A layout in braid train's flags.
@@ -140,8 +151,15 @@ fn print_capacity(c: &Candidate) {
 
 /// Runs `braid plan`.
 pub fn run(a: PlanArgs) -> Result<i32, String> {
-    let cfg = GptConfig::parse(&a.model)?;
-    if a.gpus == 0 || a.global_batch == 0 || a.seq == 0 {
+    if let Some(PlanCommand::Calibrate(c)) = a.command {
+        return super::plan_calibrate::run(c);
+    }
+    // (clap requires the three without a subcommand.)
+    let (Some(model), Some(gpus), Some(global_batch)) = (&a.model, a.gpus, a.global_batch) else {
+        return Err("braid plan needs --model, --gpus and --global-batch".into());
+    };
+    let cfg = GptConfig::parse(model)?;
+    if gpus == 0 || global_batch == 0 || a.seq == 0 {
         return Err("--gpus, --global-batch and --seq must be at least 1".into());
     }
     if a.micro_batch == Some(0) {
@@ -149,14 +167,14 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
     }
     let mut hw = Hardware::named_or_file(&a.hardware)?;
     if let Some(k) = a.nodes {
-        if k == 0 || a.gpus % k != 0 {
+        if k == 0 || gpus % k != 0 {
             return Err(format!(
                 "--nodes {k}: the {} GPUs must split evenly over the nodes (give a --nodes that \
                  divides --gpus)",
-                a.gpus
+                gpus
             ));
         }
-        hw.gpus_per_node = a.gpus / k;
+        hw.gpus_per_node = gpus / k;
     }
     if let Some(j) = &a.json {
         j.check()?;
@@ -167,14 +185,14 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
         heads: cfg.n_head,
         vocab: cfg.vocab_size,
         seq: a.seq,
-        global_batch: a.global_batch,
+        global_batch,
         fused_attention: true,
     };
-    let all = candidates(&w, a.gpus, &hw, a.micro_batch);
+    let all = candidates(&w, gpus, &hw, a.micro_batch);
     let json_only = a.json.as_ref().is_some_and(|j| j.is_stdout());
     if let Some(out) = &a.json {
         let doc = serde_json::json!({
-            "model": a.model, "params": w.params(), "gpus": a.gpus, "global_batch": a.global_batch,
+            "model": model, "params": w.params(), "gpus": gpus, "global_batch": global_batch,
             "seq": a.seq, "hardware": hw, "layouts": all,
         });
         out.write(&serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?)?;
@@ -186,12 +204,12 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
     let gib = |b: f64| b / (1u64 << 30) as f64;
     println!(
         "braid plan: {} ({:.2}B parameters), {} GPUs of {} ({} per node), global batch {} x {} tokens: {} layouts, {} that run",
-        a.model,
+        model,
         w.params() / 1e9,
-        a.gpus,
+        gpus,
         hw.name,
         hw.gpus_per_node,
-        a.global_batch,
+        global_batch,
         a.seq,
         all.len(),
         ok.len()
@@ -203,7 +221,7 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
             "\n{:>3}  {:>9}  {:>12}  {:>9}  where the step goes (ms): compute | tensor comm | bubble | data comm exposed | optimizer",
             "#", "step ms", "tokens/s", "GiB/GPU"
         );
-        let tokens = (a.global_batch * a.seq) as f64;
+        let tokens = (global_batch * a.seq) as f64;
         for (i, c) in ok.iter().take(a.top).enumerate() {
             let p = c.prediction.expect("predicted");
             println!(

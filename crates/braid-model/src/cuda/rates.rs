@@ -1,0 +1,200 @@
+//! What this GPU's training kernels reach, timed one at a time for the
+//! planner's calibration (`braid plan calibrate`): the bf16 products as
+//! the mixed engine runs them (cuBLASLt, f32 accumulation; forward, input
+//! gradient and weight gradient of each shape), the fused attention
+//! forward and backward, and a device-to-device copy (the memory
+//! bandwidth the elementwise kernels and the optimizer are bound by).
+//! Each figure is the best of a few rounds of several back-to-back runs,
+//! after one warm-up, timed by events on one stream.
+
+use super::flash::{FlashKernels, ScoreGrads};
+use crate::cpu::attention::AttnShape;
+use braid_cuda::blas::Mat;
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::memory::copy_async;
+use braid_cuda::{CudaError, Device, DeviceBuffer, Event, Result, Stream};
+use half::bf16;
+
+/// Rounds timed per figure (the best is kept).
+const ROUNDS: usize = 3;
+
+/// One product timed: `m × k · k × n`, seconds per run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProductTime {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub seconds: f64,
+}
+
+impl ProductTime {
+    /// Its floating-point operations.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64
+    }
+}
+
+/// The fused attention timed at one shape: seconds per forward pass and
+/// per backward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionTime {
+    pub shape: AttnShape,
+    pub forward_s: f64,
+    pub backward_s: f64,
+}
+
+/// Seconds per run of `f`: `reps` runs back to back after one warm-up,
+/// the best of [`ROUNDS`].
+fn timed(s: &Stream, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let (a, b) = (Event::timed(s.device())?, Event::timed(s.device())?);
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        a.record(s)?;
+        for _ in 0..reps.max(1) {
+            f()?;
+        }
+        b.record(s)?;
+        b.synchronize()?;
+        best = best.min(b.elapsed_ms(&a)? as f64 * 1e-3 / reps.max(1) as f64);
+    }
+    Ok(best)
+}
+
+/// A zeroed operand: a product's or kernel's time does not depend on
+/// its values.
+fn zeros<T: braid_core::Element>(d: &Device, len: usize) -> Result<DeviceBuffer<T>> {
+    DeviceBuffer::zeros(d, len)
+}
+
+/// Times, for each forward shape `(tokens, in, out)`, the three products
+/// a layer runs with it: the forward `[tokens,in]·[in,out]` (bf16 out),
+/// the input gradient `[tokens,out]·[out,in]ᵀ` (bf16 out) and the weight
+/// gradient `[tokens,in]ᵀ·[tokens,out]` (f32, added into), each `reps`
+/// times.
+pub fn products(
+    device: &Device,
+    shapes: &[(usize, usize, usize)],
+    reps: usize,
+) -> Result<Vec<ProductTime>> {
+    let s = Stream::new(device)?;
+    let mut lt = BlasLt::new(device)?;
+    let mut out = Vec::with_capacity(3 * shapes.len());
+    for &(tokens, cin, cout) in shapes {
+        let x = zeros::<bf16>(device, tokens * cin)?;
+        let w = zeros::<bf16>(device, cin * cout)?;
+        let y = zeros::<bf16>(device, tokens * cout)?;
+        let dx = zeros::<bf16>(device, tokens * cin)?;
+        let yout = zeros::<bf16>(device, tokens * cout)?;
+        let dw = zeros::<f32>(device, cin * cout)?;
+        let forward = LtGemm {
+            m: tokens,
+            n: cout,
+            k: cin,
+            a: Mat::of(&x, cin),
+            b: Mat::of(&w, cout),
+            c: Mat::of(&yout, cout),
+            d: Mat::of(&yout, cout),
+            epilogue: Epilogue::Plain,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let input_grad = LtGemm {
+            m: tokens,
+            n: cin,
+            k: cout,
+            a: Mat::of(&y, cout),
+            b: Mat::of(&w, cout).t(),
+            c: Mat::of(&dx, cin),
+            d: Mat::of(&dx, cin),
+            epilogue: Epilogue::Plain,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let weight_grad = LtGemm {
+            m: cin,
+            n: cout,
+            k: tokens,
+            a: Mat::of(&x, cin).t(),
+            b: Mat::of(&y, cout),
+            c: Mat::of(&dw, cout),
+            d: Mat::of(&dw, cout),
+            epilogue: Epilogue::Plain,
+            alpha: 1.0,
+            beta: 1.0,
+        };
+        for g in [&forward, &input_grad, &weight_grad] {
+            let seconds = timed(&s, reps, || lt.gemm(&s, g))?;
+            out.push(ProductTime {
+                m: g.m,
+                n: g.n,
+                k: g.k,
+                seconds,
+            });
+        }
+        // The buffers stay alive until the products that use them ran.
+        s.synchronize()?;
+    }
+    Ok(out)
+}
+
+/// Times the fused attention (the kernels the bf16 engine runs at this
+/// head size) forward and backward at each shape, `reps` runs each.
+pub fn attention(device: &Device, shapes: &[AttnShape], reps: usize) -> Result<Vec<AttentionTime>> {
+    let flash = FlashKernels::load(device)?.ok_or_else(|| {
+        CudaError::Invalid(
+            "this GPU has no bf16 tensor cores (compute capability below 8.0): no fused attention \
+             to time"
+                .into(),
+        )
+    })?;
+    let s = Stream::new(device)?;
+    let mut out = Vec::with_capacity(shapes.len());
+    for &shape in shapes {
+        flash.check(shape)?;
+        let (rows, heads) = (shape.b * shape.t, shape.b * shape.nh * shape.t);
+        let qkv = zeros::<bf16>(device, rows * 3 * shape.c)?;
+        let mut o = zeros::<bf16>(device, rows * shape.c)?;
+        let mut lse = zeros::<f32>(device, heads)?;
+        let dout = zeros::<bf16>(device, rows * shape.c)?;
+        let mut dqkv = zeros::<bf16>(device, rows * 3 * shape.c)?;
+        let mut dsum = zeros::<f32>(device, heads)?;
+        let len = usize::try_from(FlashKernels::score_grads_len(shape))
+            .map_err(|_| CudaError::Invalid("attention shape too large to time".into()))?;
+        let mut grads = zeros::<bf16>(device, len)?;
+        let forward_s = timed(&s, reps, || {
+            flash.forward(&s, &mut o, &mut lse, &qkv, shape)
+        })?;
+        let backward_s = timed(&s, reps, || {
+            flash.backward(
+                &s,
+                &mut dqkv,
+                &mut dsum,
+                Some(ScoreGrads::one(&mut grads)),
+                &dout,
+                &qkv,
+                &o,
+                &lse,
+                shape,
+            )
+        })?;
+        out.push(AttentionTime {
+            shape,
+            forward_s,
+            backward_s,
+        });
+    }
+    s.synchronize()?;
+    Ok(out)
+}
+
+/// Memory bandwidth, GB/s: a device-to-device copy of `bytes` (read once,
+/// written once), `reps` runs.
+pub fn copy_gbps(device: &Device, bytes: usize, reps: usize) -> Result<f64> {
+    let n = bytes / 4;
+    let src = zeros::<f32>(device, n)?;
+    let mut dst = zeros::<f32>(device, n)?;
+    let s = Stream::new(device)?;
+    let seconds = timed(&s, reps, || copy_async(&mut dst, &src, &s))?;
+    Ok(2.0 * (4 * n) as f64 / seconds / 1e9)
+}
