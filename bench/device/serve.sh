@@ -20,7 +20,9 @@
 #     against Hugging Face's GPT2LMHeadModel.generate on the same weights
 #     in f32 (bench/device/hf_parity.py: alone and the four left-padded
 #     together), and the note that past the context generate decodes on
-#     the CPU.
+#     the CPU; then 64 prompts of mixed lengths decoded together on the
+#     GPU against each alone (--max-running 1), in f32 (identical) and bf16
+#     (at least 99 % of tokens).
 #   bash bench/device/serve.sh serve
 #     GPT-2 124M (GPT-2's vocabulary; one training step on the GPU, then
 #     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
@@ -152,6 +154,44 @@ phase_check() {
         "small-$d-$dt" "$tie" > "$L/hf-parity-$d-$dt.txt" 2>&1 || ok=1
       grep -hE "^RESULT|Error|error" "$L/hf-parity-$d-$dt.txt" | head -n 4 | cut -c1-250
     fi
+  done
+  # A request's greedy output does not depend on what else is in the
+  # batch: 64 prompts of mixed lengths decoded together against each
+  # alone (--max-running 1), on the GPU in f32 (identical expected) and
+  # bf16 (at least 99 % of tokens).
+  python3 -c "
+import random
+r = random.Random(7)
+words = 'the a of to and in is it that was for on are with as his they at be this from'.split()
+for i in range(64):
+    print(' '.join(r.choice(words) for _ in range(r.randint(1, 12))))
+" > /tmp/serve-prompts64.txt
+  for dt in f32 bf16; do
+    for how in together alone; do
+      local extra=()
+      [ $how = alone ] && extra=(--max-running 1)
+      if t=$(budget 90); then
+        timeout -k 10 "$t" "$B" generate --load "$m" --device cuda --dtype "$dt" \
+          --prompts /tmp/serve-prompts64.txt --tokens 60 --temperature 0 "${extra[@]}" \
+          > "$L/batch64-$dt-$how.jsonl" 2> "$L/batch64-$dt-$how.err" || ok=1
+      fi
+    done
+    python3 - "$L/batch64-$dt-together.jsonl" "$L/batch64-$dt-alone.jsonl" "$dt" << 'PY' || ok=1
+import json, sys
+a = [json.loads(l)["token_ids"] for l in open(sys.argv[1])]
+b = [json.loads(l)["token_ids"] for l in open(sys.argv[2])]
+if len(a) != 64 or len(b) != 64:
+    print(f"batch64 {sys.argv[3]}: {len(a)} and {len(b)} lines, 64 expected"); sys.exit(1)
+same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
+total = sum(max(len(p), len(q)) for p, q in zip(a, b))
+parted = [(i, next((k for k, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))))
+          for i, (p, q) in enumerate(zip(a, b)) if p != q]
+print(f"batch64 {sys.argv[3]}: 64 prompts together against each alone: {same}/{total} tokens "
+      f"identical ({100 * same / total:.2f} %), {len(parted)} continuation(s) part"
+      + (f" (prompt:token {parted[:8]})" if parted else ""))
+ok = same == total if sys.argv[3] == "f32" else same >= 0.99 * total
+sys.exit(0 if ok else 1)
+PY
   done
   # Past the context (128): decoded on the CPU, said in a note.
   run generate-past 60 "$B" generate --load "$m" --device cuda --prompt "the quick" \

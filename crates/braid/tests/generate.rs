@@ -174,6 +174,25 @@ fn a_file_a_ckpt_dir_and_a_step_dir_give_the_same_text() {
         assert_eq!(ids("token_ids"), bytes(t), "{line}");
         assert_eq!(line["completion_tokens"], 30, "{line}");
     }
+    // One sequence at a time (--max-running 1): the same lines.
+    let one_by_one = text(
+        &model,
+        &[
+            "--prompts",
+            file.to_str().unwrap(),
+            "--tokens",
+            "30",
+            "--temperature",
+            "0",
+            "--max-running",
+            "1",
+        ],
+    );
+    let alone_lines: Vec<serde_json::Value> = one_by_one
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(alone_lines, lines);
 
     // --tokens 0 prints the prompt.
     let f = generate(&model, &["--prompt", "as is", "--tokens", "0"]);

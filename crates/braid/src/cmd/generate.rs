@@ -101,6 +101,10 @@ pub struct GenerateArgs {
     /// continuation's token ids).
     #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
     prompts: Option<PathBuf>,
+    /// With --prompts: sequences decoded at once at most (1: each prompt
+    /// alone, in turn; the greedy texts are the same either way).
+    #[arg(long, default_value_t = 64, requires = "prompts")]
+    max_running: usize,
 }
 
 fn parse_top_k(s: &str) -> Result<usize, String> {
@@ -562,6 +566,9 @@ fn batch(
     if a.tokens == 0 {
         return Err("--tokens 0 with --prompts: ask for at least one new token".into());
     }
+    if a.max_running == 0 {
+        return Err("--max-running 0: decode at least one sequence at a time".into());
+    }
     let context = params.layout.config.context;
     let requests: Vec<Request> = prompts
         .iter()
@@ -594,7 +601,8 @@ fn batch(
         .collect::<Result<_, _>>()?;
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
     let prompt_ids: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-    let mut b = batcher(params, tokenizer, requests.len().min(64), on.gpu, on.dtype)?;
+    let running = requests.len().min(a.max_running);
+    let mut b = batcher(params, tokenizer, running, on.gpu, on.dtype)?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
@@ -625,13 +633,18 @@ fn batch(
     let secs = elapsed.as_secs_f64().max(1e-9);
     eprintln!(
         "generate: {} prompts, {prompt_tokens} prompt tokens, {new_tokens} new tokens in {}; \
-         {:.1} tokens/s ({}, KV cache, decoded together)",
+         {:.1} tokens/s ({}, KV cache, {})",
         done.len(),
         duration(elapsed),
         new_tokens as f64 / secs,
         match on.gpu {
             Some(g) => format!("GPU {g}, {}", dtype_name(on.dtype)),
             None => "CPU".into(),
+        },
+        match running {
+            1 => "one at a time".to_string(),
+            r if r == done.len() => "decoded together".to_string(),
+            r => format!("{r} at a time"),
         }
     );
     Ok(0)
