@@ -29,7 +29,8 @@
 #     default 2G: 64 requests of 256 positions at once), loaded by `braid
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
 #     at 1, 8 and 64 requests in flight (--json into $L), once per
-#     --dtype of SERVE_DTYPES (default "bf16 f32"), then (the first) at the
+#     --dtype of SERVE_DTYPES (default "bf16 f32"; bf16kv: bf16 over a
+#     bf16 KV cache, BRAID_DECODE_KV=bf16), then (the first) at the
 #     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,
 #     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
@@ -44,14 +45,15 @@
 #     nographs f32": the default, bf16 products and steady steps captured
 #     in CUDA graphs; without graphs, BRAID_DECODE_GRAPHS=0; f32 products
 #     without graphs; "block" is f32 without graphs with the first
-#     attention kernel, BRAID_DECODE_ATTENTION=block): where a decode
+#     attention kernel, BRAID_DECODE_ATTENTION=block; "kvbf16" the default
+#     over a bf16 KV cache): where a decode
 #     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
 #
 #   bash bench/device/serve.sh xl
 #     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve in
-#     bf16 at 1 in flight (16 prompts) and 64 (64 prompts), then Hugging
-#     Face generate() at 1558M.
+#     bf16 at 1 in flight (16 prompts) and 64 (64 prompts) (XL_KV=bf16: over
+#     a bf16 KV cache), then Hugging Face generate() at 1558M.
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
@@ -224,10 +226,12 @@ phase_serve() {
   fi
   local dt first=1
   for dt in ${SERVE_DTYPES:-bf16 f32}; do
-    local log=$L/serve-124m-$dt.txt
-    echo "cmd: $B serve --device cuda --dtype $dt --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$log"
-    "$B" serve --device cuda --dtype "$dt" --load "$m" --port "$PORT" --kv-memory "${SERVE_KV:-2G}" \
-      >> "$log" 2>&1 &
+    local log=$L/serve-124m-$dt.txt flag=$dt envs=()
+    # bf16kv: bf16 products over a bf16 KV cache.
+    [ "$dt" = bf16kv ] && flag=bf16 envs=(BRAID_DECODE_KV=bf16)
+    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$log"
+    env "${envs[@]}" "$B" serve --device cuda --dtype "$flag" --load "$m" --port "$PORT" \
+      --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
     local pid=$!
     if ! healthy "$pid"; then
       echo "serve $dt: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
@@ -287,6 +291,7 @@ phase_profile() {
     graphs) ;;
     nographs) envs+=(BRAID_DECODE_GRAPHS=0) ;;
     f32) envs+=(BRAID_DECODE_GRAPHS=0) dt=f32 ;;
+    kvbf16) envs+=(BRAID_DECODE_KV=bf16) ;;
     block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block BRAID_DECODE_PICKS=0) dt=f32 ;;
     esac
     echo "cmd: ${envs[*]} $B serve --device cuda --dtype $dt --load $m --port $PORT" > "$log"
@@ -325,9 +330,12 @@ phase_xl() {
     run train-1558m 240 "$B" train --device cuda --model 1558M --tokenizer gpt2 --data random \
       --seq 1024 --batch 1 --steps 1 --eval-every 0 --save "$m" || return 1
   fi
-  local log=$L/serve-1558m.txt
-  echo "cmd: $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G" > "$log"
-  "$B" serve --device cuda --dtype bf16 --load "$m" --port "$PORT" --kv-memory 8G >> "$log" 2>&1 &
+  local log=$L/serve-1558m.txt envs=()
+  # XL_KV=bf16: the KV cache in bf16 too.
+  [ -n "${XL_KV:-}" ] && envs=(BRAID_DECODE_KV="$XL_KV")
+  echo "cmd: ${envs[*]} $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G" > "$log"
+  env "${envs[@]}" "$B" serve --device cuda --dtype bf16 --load "$m" --port "$PORT" --kv-memory 8G \
+    >> "$log" 2>&1 &
   local pid=$!
   if ! healthy "$pid"; then
     echo "serve 1558M: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"

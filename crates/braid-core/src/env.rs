@@ -156,6 +156,10 @@ pub const BRAID_DECODE_GRAPHS: &str = "BRAID_DECODE_GRAPHS";
 /// host makes the greedy choices (by default a greedy row's choice is made
 /// on the device and only it comes back).
 pub const BRAID_DECODE_PICKS: &str = "BRAID_DECODE_PICKS";
+/// The GPU decoder's KV cache: `f32` (the default) or `bf16` (half the
+/// bytes a step reads; keys and values rounded to bf16 as they are
+/// written).
+pub const BRAID_DECODE_KV: &str = "BRAID_DECODE_KV";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).
 pub const BRAID_FLASH128_BLOCKS: &str = "BRAID_FLASH128_BLOCKS";

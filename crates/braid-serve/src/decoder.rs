@@ -6,7 +6,7 @@
 //! [`GpuDecoder`].
 
 use braid_cuda::Device;
-use braid_model::cuda::decode::{GpuDecoder, GpuKvPages};
+use braid_model::cuda::decode::{GpuDecoder, GpuKvPages, KvDtype};
 use braid_model::paged::BlockCopy;
 use braid_model::{DecodeRow, Gpt, KvPages, Layout, Logits, Params};
 
@@ -192,10 +192,13 @@ impl CudaDecoder {
     }
 
     /// Blocks of `block_size` positions that `bytes` of GPU memory hold
-    /// for the model `layout` lays out: f32 keys and values,
-    /// `2 × layers × block_size × width × 4` bytes a block.
+    /// for the model `layout` lays out: keys and values in the element
+    /// `BRAID_DECODE_KV` names (f32 unless it says bf16; a bad value is
+    /// refused when the decoder is made), `2 × layers × block_size ×
+    /// width × 4` (or 2) bytes a block.
     pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize) -> usize {
-        let per = GpuKvPages::bytes_per_block(layout, block_size) as u64;
+        let kv = KvDtype::from_env().unwrap_or(KvDtype::F32);
+        let per = GpuKvPages::bytes_per_block(layout, block_size, kv) as u64;
         (bytes / per.max(1)) as usize
     }
 }

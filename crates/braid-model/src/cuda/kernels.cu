@@ -380,17 +380,41 @@ extern "C" __global__ void decode_embed(float* out, const int* tokens, const int
     out[i] = wte[(long)tokens[n] * C + c] + wpe[(long)pos[n] * C + c];
 }
 
+// The KV cache's element: f32, or bf16 held in a 16-bit word (widened
+// exactly; narrowed to the nearest, ties to even, as the host's
+// half::bf16::from_f32 does for every finite value).
+__device__ __forceinline__ float kv_load(const float* p, long i) { return p[i]; }
+__device__ __forceinline__ float kv_load(const unsigned short* p, long i) {
+    return __uint_as_float((unsigned)p[i] << 16);
+}
+__device__ __forceinline__ void kv_store(float* p, long i, float x) { p[i] = x; }
+__device__ __forceinline__ void kv_store(unsigned short* p, long i, float x) {
+    unsigned u = __float_as_uint(x);
+    p[i] = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // Each row's key and value (qkv [N, 3C]: q, k, v) into its slot:
 // kc[slots[n], c] = qkv[n, C + c]; vc[slots[n], c] = qkv[n, 2C + c].
-extern "C" __global__ void kv_write(float* kc, float* vc, const float* qkv, const int* slots,
-                                    int N, int C) {
+template <typename KV>
+__device__ void kv_write_body(KV* kc, KV* vc, const float* qkv, const int* slots, int N, int C) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)N * C) return;
     int n = i / C, c = i % C;
     long at = (long)slots[n] * C + c;
     const float* row = qkv + (long)n * 3 * C;
-    kc[at] = row[C + c];
-    vc[at] = row[2 * C + c];
+    kv_store(kc, at, row[C + c]);
+    kv_store(vc, at, row[2 * C + c]);
+}
+
+extern "C" __global__ void kv_write(float* kc, float* vc, const float* qkv, const int* slots,
+                                    int N, int C) {
+    kv_write_body(kc, vc, qkv, slots, N, C);
+}
+
+// The same into a bf16 cache.
+extern "C" __global__ void kv_write_bf16(unsigned short* kc, unsigned short* vc, const float* qkv,
+                                         const int* slots, int N, int C) {
+    kv_write_body(kc, vc, qkv, slots, N, C);
 }
 
 // The block's maximum (sum) of v, in every thread; red holds a float per
@@ -422,10 +446,10 @@ __device__ float block_sum(float v, float* red) {
 // thread per position for the scores), with an online softmax: the
 // running maximum m and sum l, and thread d's accumulator rescaled by
 // exp(m_old - m_new) at each tile.
-extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, const float* kc,
-                                                  const float* vc, const int* pos,
-                                                  const int* tab_off, const int* tabs, int NH,
-                                                  int HS, int BS, float scale) {
+template <typename KV>
+__device__ void paged_attention_block_body(float* out, const float* qkv, const KV* kc, const KV* vc,
+                                           const int* pos, const int* tab_off, const int* tabs,
+                                           int NH, int HS, int BS, float scale) {
     extern __shared__ float sh[];
     float* wt = sh;                    // blockDim.x: the tile's weights
     float* red = sh + blockDim.x;      // WARP: reductions
@@ -441,9 +465,9 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
         int j = j0 + tid;
         float s = __int_as_float(0xff800000);
         if (j < P) {
-            const float* k = kc + ((long)tab[j / BS] * BS + j % BS) * C + h * HS;
+            long k = ((long)tab[j / BS] * BS + j % BS) * C + h * HS;
             float dot = 0.f;
-            for (int e = 0; e < HS; e++) dot += q[e] * k[e];
+            for (int e = 0; e < HS; e++) dot += q[e] * kv_load(kc, k + e);
             s = dot * scale;
         }
         float mn = fmaxf(m, block_max(s, red));  // finite: the tile has a position
@@ -457,14 +481,30 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
             int cnt = min((int)blockDim.x, P - j0);
             for (int t = 0; t < cnt; t++) {
                 int jj = j0 + t;
-                const float* v = vc + ((long)tab[jj / BS] * BS + jj % BS) * C + h * HS;
-                acc += wt[t] * v[tid];
+                long v = ((long)tab[jj / BS] * BS + jj % BS) * C + h * HS;
+                acc += wt[t] * kv_load(vc, v + tid);
             }
         }
         m = mn;
         __syncthreads();  // wt is read before the next tile writes it
     }
     if (tid < HS) out[(long)r * C + h * HS + tid] = acc / l;
+}
+
+extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, const float* kc,
+                                                  const float* vc, const int* pos,
+                                                  const int* tab_off, const int* tabs, int NH,
+                                                  int HS, int BS, float scale) {
+    paged_attention_block_body(out, qkv, kc, vc, pos, tab_off, tabs, NH, HS, BS, scale);
+}
+
+// The same over a bf16 cache.
+extern "C" __global__ void paged_attention_decode_bf16(float* out, const float* qkv,
+                                                       const unsigned short* kc,
+                                                       const unsigned short* vc, const int* pos,
+                                                       const int* tab_off, const int* tabs, int NH,
+                                                       int HS, int BS, float scale) {
+    paged_attention_block_body(out, qkv, kc, vc, pos, tab_off, tabs, NH, HS, BS, scale);
 }
 
 // The decode attention in warps (the default; BRAID_DECODE_ATTENTION=block
@@ -477,11 +517,10 @@ extern "C" __global__ void paged_attention_decode(float* out, const float* qkv, 
 // and accumulators are merged at the end.
 #define DEC_WARPS 8
 #define DEC_KEYS 4
-extern "C" __global__ void paged_attention_decode_warps(float* out, const float* qkv,
-                                                        const float* kc, const float* vc,
-                                                        const int* pos, const int* tab_off,
-                                                        const int* tabs, int NH, int HS, int BS,
-                                                        float scale) {
+template <typename KV>
+__device__ void paged_attention_warps_body(float* out, const float* qkv, const KV* kc, const KV* vc,
+                                           const int* pos, const int* tab_off, const int* tabs,
+                                           int NH, int HS, int BS, float scale) {
     __shared__ float sm[DEC_WARPS], sl[DEC_WARPS], sacc[DEC_WARPS][4 * WARP];
     int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int C = NH * HS, P = pos[r] + 1;
@@ -507,8 +546,8 @@ extern "C" __global__ void paged_attention_decode_warps(float* out, const float*
                 for (int i = 0; i < 4; i++) {
                     int d = lane + i * WARP;
                     bool in = d < HS;
-                    dot += in ? qv[i] * kc[base + d] : 0.f;
-                    vv[u][i] = in ? vc[base + d] : 0.f;
+                    dot += in ? qv[i] * kv_load(kc, base + d) : 0.f;
+                    vv[u][i] = in ? kv_load(vc, base + d) : 0.f;
                 }
             } else {
 #pragma unroll
@@ -558,6 +597,24 @@ extern "C" __global__ void paged_attention_decode_warps(float* out, const float*
             out[(long)r * C + h * HS + d] = o / L;
         }
     }
+}
+
+extern "C" __global__ void paged_attention_decode_warps(float* out, const float* qkv,
+                                                        const float* kc, const float* vc,
+                                                        const int* pos, const int* tab_off,
+                                                        const int* tabs, int NH, int HS, int BS,
+                                                        float scale) {
+    paged_attention_warps_body(out, qkv, kc, vc, pos, tab_off, tabs, NH, HS, BS, scale);
+}
+
+// The same over a bf16 cache.
+extern "C" __global__ void paged_attention_decode_warps_bf16(float* out, const float* qkv,
+                                                             const unsigned short* kc,
+                                                             const unsigned short* vc,
+                                                             const int* pos, const int* tab_off,
+                                                             const int* tabs, int NH, int HS,
+                                                             int BS, float scale) {
+    paged_attention_warps_body(out, qkv, kc, vc, pos, tab_off, tabs, NH, HS, BS, scale);
 }
 
 // The warp's largest (best, bi) in every lane: the larger value, the lower

@@ -49,8 +49,11 @@ pub struct Kernels {
     vocab_softmax_ce: Function,
     decode_embed: Function,
     kv_write: Function,
+    kv_write_bf16: Function,
     paged_attention_decode: Function,
+    paged_attention_decode_bf16: Function,
     paged_attention_decode_warps: Function,
+    paged_attention_decode_warps_bf16: Function,
     /// Whether decode attention runs one warp per position
     /// (`paged_attention_decode_warps`, the default) or one thread
     /// (`BRAID_DECODE_ATTENTION=block`).
@@ -91,8 +94,11 @@ impl Kernels {
             vocab_softmax_ce: f("vocab_softmax_ce")?,
             decode_embed: f("decode_embed")?,
             kv_write: f("kv_write")?,
+            kv_write_bf16: f("kv_write_bf16")?,
             paged_attention_decode: f("paged_attention_decode")?,
+            paged_attention_decode_bf16: f("paged_attention_decode_bf16")?,
             paged_attention_decode_warps: f("paged_attention_decode_warps")?,
+            paged_attention_decode_warps_bf16: f("paged_attention_decode_warps_bf16")?,
             decode_in_warps: std::env::var(braid_core::env::BRAID_DECODE_ATTENTION)
                 .map_or(true, |v| v != "block"),
             gather_rows: f("gather_rows")?,
@@ -689,6 +695,17 @@ impl Kernels {
     }
 }
 
+/// One layer of the paged KV cache as the decode kernels read and write
+/// it: the addresses of its keys and values, `len` elements each, in
+/// f32 or (`bf16`) in bf16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKv {
+    pub k: u64,
+    pub v: u64,
+    pub len: usize,
+    pub bf16: bool,
+}
+
 /// The shape of one decode step's paged attention
 /// ([`Kernels::paged_attention_decode`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -781,8 +798,7 @@ impl Kernels {
     pub fn kv_write(
         &self,
         s: &Stream,
-        k: &mut impl DeviceMem<f32>,
-        v: &mut impl DeviceMem<f32>,
+        kv: PagedKv,
         qkv: &impl DeviceMem<f32>,
         slots: &impl DeviceMem<i32>,
         n: usize,
@@ -790,13 +806,18 @@ impl Kernels {
     ) -> Result<()> {
         too_short("kv_write qkv", qkv.dlen(), n * 3 * c)?;
         too_short("kv_write slots", slots.dlen(), n)?;
-        let (kp, vp, q, sl) = (k.dptr(), v.dptr(), qkv.dptr(), slots.dptr());
+        let (kp, vp, q, sl) = (kv.k, kv.v, qkv.dptr(), slots.dptr());
         let (n32, c32) = (n as i32, c as i32);
+        let f = match kv.bf16 {
+            true => &self.kv_write_bf16,
+            false => &self.kv_write,
+        };
         // SAFETY: qkv holds n*3c and slots n elements (checked); every slot
-        // is below the cache's k.dlen() / c (the caller's check); all
-        // alive until the stream has run the kernel.
+        // is below the cache's kv.len / c (the caller's check), and the
+        // kernel stores the element kv.bf16 names; all alive until the
+        // stream has run the kernel.
         unsafe {
-            self.kv_write.launch(
+            f.launch(
                 grid(n * c, BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
@@ -826,8 +847,7 @@ impl Kernels {
         s: &Stream,
         out: &mut impl DeviceMem<f32>,
         qkv: &impl DeviceMem<f32>,
-        k: &impl DeviceMem<f32>,
-        v: &impl DeviceMem<f32>,
+        kv: PagedKv,
         pos: &impl DeviceMem<i32>,
         tab_off: &impl DeviceMem<i32>,
         tabs: &impl DeviceMem<i32>,
@@ -851,15 +871,17 @@ impl Kernels {
         let shared = (threads as usize + 32 + head_size) * std::mem::size_of::<f32>();
         // The warps' kernel (heads up to 4 warps wide): DEC_WARPS warps,
         // its shared memory static.
-        let (f, threads, shared) = match self.decode_in_warps && head_size <= 128 {
-            true => (&self.paged_attention_decode_warps, 8 * 32, 0),
-            false => (&self.paged_attention_decode, threads, shared),
+        let (f, threads, shared) = match (self.decode_in_warps && head_size <= 128, kv.bf16) {
+            (true, false) => (&self.paged_attention_decode_warps, 8 * 32, 0),
+            (true, true) => (&self.paged_attention_decode_warps_bf16, 8 * 32, 0),
+            (false, false) => (&self.paged_attention_decode, threads, shared),
+            (false, true) => (&self.paged_attention_decode_bf16, threads, shared),
         };
         let ptrs = [
             out.dptr(),
             qkv.dptr(),
-            k.dptr(),
-            v.dptr(),
+            kv.k,
+            kv.v,
             pos.dptr(),
             tab_off.dptr(),
             tabs.dptr(),
@@ -869,7 +891,8 @@ impl Kernels {
         // SAFETY: out holds rows*c, qkv rows*3c, pos and tab_off rows
         // elements (checked); each row's table holds a block for each of
         // its positions 0..=pos and every block id is inside the cache
-        // (the caller's checks); the dynamic shared memory is the
+        // (the caller's checks), the kernel reading the element kv.bf16
+        // names; the dynamic shared memory is the
         // kernel's (threads + 32 + head_size) floats, under 48 KiB for
         // threads <= 1024 (the warps' kernel: head_size <= 128 and
         // DEC_WARPS = 8 warps, its arrays static);

@@ -25,7 +25,7 @@ pub mod profile;
 pub mod rates;
 mod sources;
 
-pub use kernels::{token_buckets, Kernels, PagedShape, VocabRows};
+pub use kernels::{token_buckets, Kernels, PagedKv, PagedShape, VocabRows};
 pub use sources::SOURCES;
 
 use braid_cuda::Result;

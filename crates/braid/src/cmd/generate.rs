@@ -14,7 +14,7 @@ use super::train::tokenizer_for;
 use braid_core::DType;
 use braid_data::tokens::Tokenizer;
 use braid_model::checkpoint;
-use braid_model::cuda::decode::GpuKvPages;
+use braid_model::cuda::decode::{GpuKvPages, KvDtype};
 use braid_model::sample::{self, Sampler, Sampling};
 use braid_model::Params;
 use braid_serve::offline::complete;
@@ -224,7 +224,8 @@ pub(super) fn decoder(
     let dev = braid_cuda::Device::open(g).map_err(|e| format!("--device cuda: GPU {g}: {e}"))?;
     // The f32 parameters, and in bf16 their bf16 copy too.
     let weights = (params.data.len() * if dtype == DType::BF16 { 6 } else { 4 }) as u64;
-    let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size)) as u64;
+    let kv_dtype = KvDtype::from_env().map_err(|e| e.to_string())?;
+    let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size, kv_dtype)) as u64;
     if let Ok(free) = dev.free_memory() {
         if weights + kv > free as u64 {
             let b = braid_core::words::bytes;

@@ -9,7 +9,7 @@
 //! residual stream stay f32.
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
-use crate::cuda::kernels::{Kernels, PagedShape};
+use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
 use crate::cuda::mixed::MixedKernels;
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
@@ -47,8 +47,8 @@ fn split(t: &mut [DeviceBuffer<f32>; 9], o: Act) -> (&mut DeviceBuffer<f32>, Oth
 }
 
 /// One layer of a decode step on the GPU: the block's tensors for the
-/// step's `n` rows in `t`, the layer's pages in `keys` and `values`, the
-/// step's indices on the device.
+/// step's `n` rows in `t`, the layer's pages in `kv`, the step's indices
+/// on the device.
 pub(super) struct GpuDecodeForward<'a> {
     pub(super) k: &'a Kernels,
     pub(super) blas: &'a mut Blas,
@@ -61,8 +61,7 @@ pub(super) struct GpuDecodeForward<'a> {
     pub(super) t: &'a mut [DeviceBuffer<f32>; 9],
     pub(super) mean: &'a mut DeviceBuffer<f32>,
     pub(super) rstd: &'a mut DeviceBuffer<f32>,
-    pub(super) keys: &'a mut DeviceBuffer<f32>,
-    pub(super) values: &'a mut DeviceBuffer<f32>,
+    pub(super) kv: PagedKv,
     pub(super) block_size: usize,
     pub(super) pos: DeviceView<'a, i32>,
     pub(super) slots: DeviceView<'a, i32>,
@@ -202,15 +201,13 @@ impl BlockForward for GpuDecodeForward<'_> {
         let qkv = t.get(input)?.view(0..n * 3 * c);
         // Every row's key and value into its page first: a prompt's rows
         // attend to one another.
-        self.k
-            .kv_write(self.s, self.keys, self.values, &qkv, &self.slots, n, c)?;
+        self.k.kv_write(self.s, self.kv, &qkv, &self.slots, n, c)?;
         self.prof.mark(self.s, "kv write")?;
         self.k.paged_attention_decode(
             self.s,
             &mut o.view_mut(0..n * c),
             &qkv,
-            &*self.keys,
-            &*self.values,
+            self.kv,
             &self.pos,
             &self.tab_off,
             &self.tabs,

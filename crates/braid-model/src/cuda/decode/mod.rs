@@ -37,7 +37,7 @@ mod pages;
 mod plan;
 mod scratch;
 
-pub use pages::GpuKvPages;
+pub use pages::{GpuKvPages, KvDtype};
 
 use super::kernels::Kernels;
 use super::mixed::MixedKernels;
@@ -175,6 +175,21 @@ impl GpuDecoder {
         rows: usize,
         dtype: DType,
     ) -> Result<GpuDecoder> {
+        let kv = KvDtype::from_env()?;
+        GpuDecoder::with_kv(device, params, blocks, block_size, rows, dtype, kv)
+    }
+
+    /// [`with_dtype`](Self::with_dtype), the KV cache in `kv` (which
+    /// `with_dtype` reads from `BRAID_DECODE_KV`).
+    pub fn with_kv(
+        device: &Device,
+        params: &Params,
+        blocks: usize,
+        block_size: usize,
+        rows: usize,
+        dtype: DType,
+        kv: KvDtype,
+    ) -> Result<GpuDecoder> {
         let half = match dtype {
             DType::F32 => false,
             DType::BF16 => true,
@@ -241,7 +256,7 @@ impl GpuDecoder {
             // The device's own stream: uploads from the host
             // (`copy_range_from_host`) run on it, in order with the step.
             stream: device.main_stream(),
-            kv: GpuKvPages::new(device, &layout, blocks, block_size)?,
+            kv: GpuKvPages::new(device, &layout, blocks, block_size, kv)?,
             scratch: Scratch::new(device, &widths, rows.max(1), half)?,
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
@@ -474,8 +489,7 @@ impl GpuDecoder {
                 t,
                 mean,
                 rstd,
-                keys: &mut self.kv.k[l],
-                values: &mut self.kv.v[l],
+                kv: self.kv.layer(l),
                 block_size: self.kv.block_size,
                 pos: part(1),
                 slots: part(2),
@@ -679,8 +693,11 @@ mod tests {
         for k in [
             "decode_embed",
             "kv_write",
+            "kv_write_bf16",
             "paged_attention_decode",
+            "paged_attention_decode_bf16",
             "paged_attention_decode_warps",
+            "paged_attention_decode_warps_bf16",
             "gather_rows",
             "logits_pick",
         ] {
@@ -705,13 +722,7 @@ mod tests {
     /// the cache's shape.
     #[test]
     fn a_step_is_planned_with_the_cpus_checks() {
-        let kv = GpuKvPages {
-            k: Vec::new(),
-            v: Vec::new(),
-            block_size: 4,
-            width: 8,
-            blocks: 3,
-        };
+        let kv = GpuKvPages::shape_only(4, 8, 3);
         fn row(token: u32, pos: usize, table: &[BlockId], logits: bool) -> DecodeRow<'_> {
             DecodeRow {
                 token,
@@ -783,7 +794,7 @@ mod tests {
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
-        decodes_as_the_cpu(true, DType::F32);
+        decodes_as_the_cpu(true, DType::F32, KvDtype::F32);
     }
 
     /// The same with bf16 products, within bf16's rounding (2 % of the
@@ -794,19 +805,30 @@ mod tests {
     /// unscaled, by 0.3 % at most.
     #[test]
     fn gpu_bf16_decoding_gives_the_cpus_logits_within_bf16s_rounding() {
-        decodes_as_the_cpu(true, DType::BF16);
+        decodes_as_the_cpu(true, DType::BF16, KvDtype::F32);
+    }
+
+    /// f32 products over a bf16 KV cache (`BRAID_DECODE_KV=bf16`): keys and
+    /// values rounded as they are written, within the same 2 % on the
+    /// unscaled model; the cache's pages within bf16's rounding of the
+    /// CPU's f32 ones.
+    #[test]
+    fn gpu_decoding_over_a_bf16_cache_gives_the_cpus_logits_within_its_rounding() {
+        decodes_as_the_cpu(true, DType::F32, KvDtype::Bf16);
+        decodes_as_the_cpu(false, DType::BF16, KvDtype::Bf16);
     }
 
     /// The same with a thread per position and without graphs.
     #[test]
     fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
-        decodes_as_the_cpu(false, DType::F32);
+        decodes_as_the_cpu(false, DType::F32, KvDtype::F32);
     }
 
-    /// The GPU's steps against the CPU's, the attention in warps or not.
-    fn decodes_as_the_cpu(in_warps: bool, dtype: DType) {
-        let (tol, scale) = match dtype {
-            DType::F32 => (1e-4, 8.0),
+    /// The GPU's steps against the CPU's, the attention in warps or not,
+    /// the products in `dtype`, the cache in `kv`.
+    fn decodes_as_the_cpu(in_warps: bool, dtype: DType, kv: KvDtype) {
+        let (tol, scale) = match (dtype, kv) {
+            (DType::F32, KvDtype::F32) => (1e-4, 8.0),
             _ => (2e-2, 1.0),
         };
         if braid_cuda::device_count().unwrap_or(0) == 0 {
@@ -818,7 +840,7 @@ mod tests {
         let device = Device::open(0).unwrap();
         let (blocks, bs) = (16, 4);
         // Room for 2 rows: the prefill's 10 make the scratch grow.
-        let mut gpu = GpuDecoder::with_dtype(&device, &params, blocks, bs, 2, dtype).unwrap();
+        let mut gpu = GpuDecoder::with_kv(&device, &params, blocks, bs, 2, dtype, kv).unwrap();
         gpu.kernels.set_decode_in_warps(in_warps);
         // The warps' run replays graphs and chooses on the device; the
         // first kernel's runs every step as it is, choosing on the host.

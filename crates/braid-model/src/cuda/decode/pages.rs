@@ -1,11 +1,102 @@
 //! The decoder's KV cache in device memory: [`KvPages`]'s layout, per
-//! layer a buffer of keys and one of values.
+//! layer a buffer of keys and one of values, in f32 (the CPU's) or bf16
+//! ([`KvDtype`], `BRAID_DECODE_KV`).
 
+use crate::cuda::kernels::PagedKv;
 use crate::layout::Layout;
 use crate::model::KvPages;
 use crate::paged::{BlockCopy, BlockId};
 use braid_cuda::memory::copy_async;
 use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
+use half::bf16;
+
+/// The element the cache holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    /// Keys and values rounded to bf16 as they are written (to nearest,
+    /// ties to even), widened exactly as the attention reads them.
+    Bf16,
+}
+
+impl KvDtype {
+    /// `BRAID_DECODE_KV`: `f32` (or unset) or `bf16`.
+    pub fn from_env() -> Result<KvDtype> {
+        match std::env::var(braid_core::env::BRAID_DECODE_KV).as_deref() {
+            Err(_) | Ok("") | Ok("f32") => Ok(KvDtype::F32),
+            Ok("bf16") => Ok(KvDtype::Bf16),
+            Ok(other) => Err(CudaError::Invalid(format!(
+                "BRAID_DECODE_KV={other}: expected f32 or bf16"
+            ))),
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+        }
+    }
+}
+
+/// One layer's keys or values.
+pub(super) enum KvBuf {
+    F32(DeviceBuffer<f32>),
+    Bf16(DeviceBuffer<bf16>),
+}
+
+impl KvBuf {
+    fn zeros(device: &Device, len: usize, dtype: KvDtype) -> Result<KvBuf> {
+        Ok(match dtype {
+            KvDtype::F32 => KvBuf::F32(DeviceBuffer::zeros(device, len)?),
+            KvDtype::Bf16 => KvBuf::Bf16(DeviceBuffer::zeros(device, len)?),
+        })
+    }
+
+    fn dptr(&self) -> u64 {
+        use braid_cuda::DeviceMem;
+        match self {
+            KvBuf::F32(b) => b.dptr(),
+            KvBuf::Bf16(b) => b.dptr(),
+        }
+    }
+
+    /// Queues a copy of elements `from` over `to` (the same length, apart).
+    fn copy_within(
+        &mut self,
+        to: std::ops::Range<usize>,
+        from: std::ops::Range<usize>,
+        s: &Stream,
+    ) -> Result<()> {
+        match self {
+            KvBuf::F32(b) => {
+                let (mut dst, src) = b.views_mut2(to, from);
+                copy_async(&mut dst, &src, s)
+            }
+            KvBuf::Bf16(b) => {
+                let (mut dst, src) = b.views_mut2(to, from);
+                copy_async(&mut dst, &src, s)
+            }
+        }
+    }
+
+    /// Its first `n` elements, widened to f32, on the host (waits).
+    fn to_host(&self, n: usize) -> Result<Vec<f32>> {
+        match self {
+            KvBuf::F32(b) => {
+                let mut h = vec![0.0; n];
+                b.copy_range_to_host(0..n, &mut h)?;
+                Ok(h)
+            }
+            KvBuf::Bf16(b) => {
+                let mut h = vec![bf16::ZERO; n];
+                b.copy_range_to_host(0..n, &mut h)?;
+                Ok(h.into_iter().map(f32::from).collect())
+            }
+        }
+    }
+}
 
 /// The keys and values of every sequence being decoded, per layer, in
 /// device memory: [`KvPages`]'s layout (block `b`'s position `o` of layer
@@ -14,39 +105,71 @@ use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
 /// the last ([`trash`](Self::trash)): the padded rows of a captured
 /// step write there.
 pub struct GpuKvPages {
-    pub(super) k: Vec<DeviceBuffer<f32>>,
-    pub(super) v: Vec<DeviceBuffer<f32>>,
+    k: Vec<KvBuf>,
+    v: Vec<KvBuf>,
     pub(super) block_size: usize,
     pub(super) width: usize,
     pub(super) blocks: usize,
+    dtype: KvDtype,
 }
 
 impl GpuKvPages {
-    /// `blocks` blocks of `block_size` positions for every layer of
-    /// `layout`'s model, zeroed, on `device`.
+    /// `blocks` blocks of `block_size` positions of `dtype` for every
+    /// layer of `layout`'s model, zeroed, on `device`.
     pub fn new(
         device: &Device,
         layout: &Layout,
         blocks: usize,
         block_size: usize,
+        dtype: KvDtype,
     ) -> Result<GpuKvPages> {
         let cfg = &layout.config;
         let width = cfg.n_embd;
         let per = (blocks + 1) * block_size * width;
-        let z = || DeviceBuffer::<f32>::zeros(device, per);
+        let z = || KvBuf::zeros(device, per, dtype);
         Ok(GpuKvPages {
             k: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
             v: (0..cfg.n_layer).map(|_| z()).collect::<Result<_>>()?,
             block_size,
             width,
             blocks,
+            dtype,
         })
     }
 
-    /// Bytes one block takes over every layer (keys and values): the
-    /// CPU's f32 cache's.
-    pub fn bytes_per_block(layout: &Layout, block_size: usize) -> usize {
-        KvPages::<f32>::bytes_per_block(layout, block_size)
+    /// A cache of `blocks` blocks of `block_size` positions of `width`
+    /// with no memory: its shape alone, for the step planner's tests.
+    #[cfg(test)]
+    pub(super) fn shape_only(block_size: usize, width: usize, blocks: usize) -> GpuKvPages {
+        GpuKvPages {
+            k: Vec::new(),
+            v: Vec::new(),
+            block_size,
+            width,
+            blocks,
+            dtype: KvDtype::F32,
+        }
+    }
+
+    /// Bytes one block of `dtype` takes over every layer (keys and
+    /// values): in f32 the CPU's cache's.
+    pub fn bytes_per_block(layout: &Layout, block_size: usize, dtype: KvDtype) -> usize {
+        KvPages::<f32>::bytes_per_block(layout, block_size) / 4 * dtype.size()
+    }
+
+    /// The element it holds.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Layer `l`'s keys and values as the decode kernels take them.
+    pub(super) fn layer(&self, l: usize) -> PagedKv {
+        PagedKv {
+            k: self.k[l].dptr(),
+            v: self.v[l].dptr(),
+            len: (self.blocks + 1) * self.block_size * self.width,
+            bf16: self.dtype == KvDtype::Bf16,
+        }
     }
 
     /// Positions per block.
@@ -81,24 +204,18 @@ impl GpuKvPages {
                 continue;
             }
             for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-                let (mut dst, src) = buf.views_mut2(to * n..(to + 1) * n, from * n..(from + 1) * n);
-                copy_async(&mut dst, &src, s)?;
+                buf.copy_within(to * n..(to + 1) * n, from * n..(from + 1) * n, s)?;
             }
         }
         Ok(())
     }
 
     /// Layer `l`'s keys and values (the tables' blocks), copied to the
-    /// host (waits).
+    /// host and widened to f32 (waits).
     pub fn layer_to_host(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.blocks * self.block_size * self.width;
         match (self.k.get(l), self.v.get(l)) {
-            (Some(k), Some(v)) => {
-                let (mut hk, mut hv) = (vec![0.0; n], vec![0.0; n]);
-                k.copy_range_to_host(0..n, &mut hk)?;
-                v.copy_range_to_host(0..n, &mut hv)?;
-                Ok((hk, hv))
-            }
+            (Some(k), Some(v)) => Ok((k.to_host(n)?, v.to_host(n)?)),
             _ => Err(CudaError::Invalid(format!(
                 "layer {l} of a cache of {} layers",
                 self.k.len()
