@@ -649,6 +649,82 @@ impl GpuRun {
         };
         self.checkpointing && kept == 0 && self.recompute_attention_output
     }
+
+    /// The bf16 engine's run of a layout as a planner sees it — `b × t`
+    /// per GPU, `micro_batches` per step, its ZeRO `sharding`, the
+    /// optimizer offloaded or not, `checkpointing`, a `tensor` share, over
+    /// `ranks` data-parallel ranks — in the form `braid train`'s pre-flight
+    /// tries first, where memory allows (no environment override): the
+    /// fused attention, the weights' bf16 copy kept whole (under ZeRO-3
+    /// each gathered layer cast as it runs, gathered in bf16, the tied
+    /// embeddings' gradients reduce-scattered in two parts where
+    /// [`splits_embedding_grads`] says), the fused attention's score
+    /// gradients stored, under checkpointing every layer keeping the
+    /// attention's state, and with one micro-batch the saved activations
+    /// in gradient memory where the engine lends it (ZeRO-3's shard, or
+    /// one process's whole buffer without the offload). A tensor-parallel
+    /// rank keeps its form as the pre-flight's tensor-parallel branch
+    /// counts it (nothing lent, gathers and embeddings whole).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fastest(
+        cfg: &GptConfig,
+        b: usize,
+        t: usize,
+        micro_batches: usize,
+        sharding: Sharding,
+        offload: bool,
+        checkpointing: bool,
+        tensor: TensorSplit,
+        ranks: usize,
+    ) -> GpuRun {
+        let stage3 = sharding.stage == 3;
+        let whole = tensor.ranks <= 1;
+        let lends = stage3 || (sharding.stage == 0 && ranks == 1 && !offload);
+        GpuRun {
+            b,
+            t,
+            mixed: true,
+            fused_attention: true,
+            deferred: 0,
+            checkpointing,
+            streamed_weights: stage3,
+            stored_score_grads: true,
+            kept_attention: match checkpointing {
+                true => cfg.n_layer,
+                false => 0,
+            },
+            recompute_attention_output: false,
+            sharding,
+            offload,
+            saved_in_grads: whole && micro_batches == 1 && lends,
+            half_gathers: whole && stage3,
+            split_embeddings: whole && stage3 && splits_embedding_grads(cfg, checkpointing),
+            tensor,
+        }
+    }
+
+    /// The same run in the pre-flight's leanest form, what it tries last:
+    /// the weights cast layer by layer (kept whole when the optimizer is
+    /// offloaded), no score gradients stored, and under checkpointing no
+    /// layer keeping the attention's state, each saving its input alone.
+    /// (A tensor-parallel rank's leanest form only casts its weights layer
+    /// by layer, as the pre-flight's tensor-parallel branch tries.)
+    pub fn leanest(self) -> GpuRun {
+        let streamed_weights = self.streamed_weights || !self.offload;
+        if self.tensor.ranks > 1 {
+            return GpuRun {
+                streamed_weights,
+                ..self
+            };
+        }
+        GpuRun {
+            streamed_weights,
+            stored_score_grads: false,
+            kept_attention: 0,
+            recompute_attention_output: self.checkpointing,
+            ..self
+        }
+    }
 }
 
 /// Bytes of the bf16 engine's saved activations that live in gradient

@@ -149,7 +149,7 @@ fn sharding(dp: usize, tp: usize, pp: usize, zero: u8) -> Vec<(Option<usize>, bo
 
 /// One layout: refused (and why) or predicted.
 fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate {
-    let (states, acts) = memory::per_gpu(w, &layout);
+    let (states, acts) = memory::per_gpu(w, &layout, budget);
     let mut c = Candidate {
         layout,
         schedule: layout.schedule.map(|s| s.name()),
@@ -290,7 +290,11 @@ mod tests {
             let l = o.layout;
             assert!(l.zero == 0 && l.tp == 1 && l.pp == 1, "{l:?}");
             let per = w.params() / (l.tp * l.pp) as f64;
-            assert!((o.states_bytes / per - 6.0).abs() < 1e-9, "{l:?}");
+            // bf16 weights and f32 gradients on the GPU, and the f32
+            // tensors the passes read besides
+            // (`braid_model::footprint::side_params`).
+            let bytes = o.states_bytes / per;
+            assert!((6.0..6.5).contains(&bytes), "{l:?}: {bytes}");
         }
     }
 }
