@@ -423,24 +423,10 @@ impl Layout {
                 ));
             }
         }
-        let embeddings_last =
-            embeddings_last && stages.iter().any(|s| s.first) && !stages.iter().any(|s| s.last);
-        let order = self
-            .blocks
-            .iter()
-            .filter(|(b, _)| !(embeddings_last && *b == Block::Embedding))
-            .chain(
-                self.blocks
-                    .iter()
-                    .filter(|(b, _)| embeddings_last && *b == Block::Embedding),
-            );
         let mut params = Vec::new();
         let mut blocks = Vec::new();
         let mut at = 0;
-        for (block, range) in order {
-            if !stages.iter().any(|s| s.holds(*block)) {
-                continue;
-            }
+        for (block, range) in self.stages_blocks(&stages, embeddings_last) {
             let shift = range.start;
             for p in self.params.iter().filter(|p| range.contains(&p.offset)) {
                 params.push(Param {
@@ -459,6 +445,42 @@ impl Layout {
             stages,
             len: at,
         })
+    }
+
+    /// The whole layout's blocks that `stages` hold, in the order
+    /// [`pipeline_stages_ordered`](Self::pipeline_stages_ordered) packs
+    /// them.
+    fn stages_blocks<'a>(
+        &'a self,
+        stages: &'a [Stage],
+        embeddings_last: bool,
+    ) -> impl Iterator<Item = &'a (Block, Range<usize>)> + 'a {
+        let embeddings_last =
+            embeddings_last && stages.iter().any(|s| s.first) && !stages.iter().any(|s| s.last);
+        let embeddings = move |b: &Block| embeddings_last && *b == Block::Embedding;
+        self.blocks
+            .iter()
+            .filter(move |(b, _)| !embeddings(b))
+            .chain(self.blocks.iter().filter(move |(b, _)| embeddings(b)))
+            .filter(move |(b, _)| stages.iter().any(|s| s.holds(*b)))
+    }
+
+    /// The `len` and [`bf16_len`](Self::bf16_len) of
+    /// [`pipeline_stages_ordered`](Self::pipeline_stages_ordered)`(stages,
+    /// embeddings_last)`, without building it (a planner sizes thousands).
+    pub fn pipeline_stages_len(&self, stages: &[Stage], embeddings_last: bool) -> (usize, usize) {
+        let (mut len, mut bf16_len) = (0, 0);
+        let holds_head = stages.iter().any(|s| s.holds(Block::FinalNorm));
+        for (block, range) in self.stages_blocks(stages, embeddings_last) {
+            // As bf16_len: the embeddings packed last, without the head,
+            // need no bf16 copy.
+            bf16_len = match (*block == Block::Embedding, holds_head) {
+                (true, false) => len,
+                _ => len + range.len(),
+            };
+            len += range.len();
+        }
+        (len, bf16_len)
     }
 
     /// Refuses a pipeline stage this layout does not hold, naming those
@@ -513,6 +535,38 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sizes alone, as the layouts built have them: every rank of
+    /// plain and interleaved cuts, embeddings last or in order.
+    #[test]
+    fn a_pipeline_ranks_sizes_are_its_layouts() {
+        let cfg = GptConfig::parse("L6-H2-C8-V32-T16").unwrap();
+        let whole = Layout::padded(&cfg, 8);
+        let st = |layers: Range<usize>| Stage {
+            first: layers.start == 0,
+            last: layers.end == 6,
+            layers,
+        };
+        let ranks = [
+            vec![st(0..6)],
+            vec![st(0..2)],
+            vec![st(2..4)],
+            vec![st(4..6)],
+            vec![st(0..1), st(3..4)],
+            vec![st(2..3), st(5..6)],
+            vec![st(0..1), st(5..6)],
+        ];
+        for stages in ranks {
+            for last in [true, false] {
+                let l = whole.pipeline_stages_ordered(stages.clone(), last).unwrap();
+                assert_eq!(
+                    whole.pipeline_stages_len(&stages, last),
+                    (l.len, l.bf16_len()),
+                    "{stages:?}, embeddings last: {last}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_pipeline_stage_holds_its_blocks_packed() {

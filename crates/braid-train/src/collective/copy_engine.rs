@@ -52,6 +52,24 @@ fn e(x: impl std::fmt::Display) -> String {
 /// The most ranks the copy-engine all-reduce serves (one host's GPUs).
 pub const MAX_RANKS: usize = 8;
 
+/// Whether plain data parallelism over `ranks` ranks (all on one host
+/// where `one_host`) sums its gradients with the copy engines by default:
+/// 2 to [`MAX_RANKS`] ranks of one host, unless `BRAID_GPU_ALLREDUCE=nccl`.
+pub fn reduces_by_default(ranks: usize, one_host: bool) -> bool {
+    let off = std::env::var(braid_core::env::BRAID_GPU_ALLREDUCE).as_deref() == Ok("nccl");
+    (2..=MAX_RANKS).contains(&ranks) && one_host && !off
+}
+
+/// Device bytes of a rank's landing buffer for `elements` f32 gradients
+/// summed over `ranks` ranks: an f32 for each element the other N − 1
+/// ranks send it, (N − 1)/N of them (to a part's rounding). What the
+/// memory pre-flight and `braid plan` count beside the gradients where
+/// the copy engines sum them ([`reduces_by_default`]).
+pub fn landing_bytes(ranks: usize, elements: u128) -> u128 {
+    let n = ranks.max(1) as u128;
+    4 * (n - 1) * elements.div_ceil(n)
+}
+
 /// How gradients are summed between GPUs (`BRAID_GPU_ALLREDUCE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllReduceChoice {

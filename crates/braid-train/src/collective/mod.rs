@@ -25,7 +25,10 @@ mod wire;
 pub mod zero_cta;
 
 pub use self::core::{Bucket, Collective, Drive, During, End, GatherPart, Launch, ScatterPart};
-pub use copy_engine::{CopyEngineReduce, MAX_RANKS as COPY_ENGINE_MAX_RANKS};
+pub use copy_engine::{
+    landing_bytes as copy_engine_landing_bytes, reduces_by_default as copy_engines_by_default,
+    CopyEngineReduce, MAX_RANKS as COPY_ENGINE_MAX_RANKS,
+};
 pub use device::DeviceCollective;
 pub use exchange::block_of;
 pub use grad_comm::GradComm;

@@ -8,6 +8,9 @@
 //!   ([`exec::StagePasses`]) and how messages move ([`exec::Links`]);
 //! - [`in_flight`]: a rank's buffers of the micro-batches between their
 //!   forward and backward passes, pooled;
+//! - [`memory`]: a rank's GPU memory (model states, activations held as
+//!   its schedule keeps micro-batches in flight), for the pre-flight and
+//!   `braid plan`;
 //! - [`links`]: [`links::HostLinks`], messages between pipeline ranks over
 //!   host communicators, sends on a thread of their own (a send never
 //!   holds its rank up, as the schedules' checks assume);
@@ -22,4 +25,5 @@ pub mod exec;
 pub mod gather;
 pub mod in_flight;
 pub mod links;
+pub mod memory;
 pub mod timeline;

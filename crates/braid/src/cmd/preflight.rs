@@ -46,15 +46,13 @@ impl Shape<'_> {
     /// data parallelism over 2 to 8 GPUs of one host holds beside the
     /// gradients (`BRAID_GPU_ALLREDUCE` auto or ce), under `sharding`.
     fn landing_bytes(&self, sharding: Sharding, params: u128) -> u128 {
-        let off = std::env::var(env::BRAID_GPU_ALLREDUCE).as_deref() == Ok("nccl");
-        let n = self.ranks as u128;
+        use braid_train::collective::{copy_engine_landing_bytes, copy_engines_by_default};
+        let one_host = self.local_workers >= self.ranks * self.tensor.max(1);
         match sharding.stage == 0
-            && (2..=braid_train::collective::COPY_ENGINE_MAX_RANKS).contains(&self.ranks)
-            && self.local_workers >= self.ranks * self.tensor.max(1)
             && self.plain_grads
-            && !off
+            && copy_engines_by_default(self.ranks, one_host)
         {
-            true => 4 * (n - 1) * params.div_ceil(n),
+            true => copy_engine_landing_bytes(self.ranks, params),
             false => 0,
         }
     }
@@ -577,13 +575,28 @@ pub fn device(
     batch: usize,
     deferred: usize,
 ) -> Result<DevicePlan, String> {
+    let fused = precision == Precision::Bf16 && fused_attention(cfg, dev);
+    let space = Room::new(dev, a.gpu_memory);
+    device_in(a, cfg, (space, fused), precision, batch, deferred)
+}
+
+/// [`device`] in `space` (`None`: the free memory unknown and no budget
+/// given), with the fused attention where `fused` (bf16 only).
+pub(super) fn device_in(
+    a: &Shape<'_>,
+    cfg: &GptConfig,
+    (space, fused): (Option<Room>, bool),
+    precision: Precision,
+    batch: usize,
+    deferred: usize,
+) -> Result<DevicePlan, String> {
     use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
     let mixed = precision == Precision::Bf16;
     let forced = env_choice(env::BRAID_BF16_WEIGHTS, "streamed", "resident")?;
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());
     }
-    let fused = mixed && fused_attention(cfg, dev);
+    let fused = mixed && fused;
     // Under checkpointing, the layers may leave their attention output to
     // the recomputation too (each saves its input and statistics alone):
     // the leanest form, tried last, or forced.
@@ -596,7 +609,6 @@ pub fn device(
                     .into(),
             );
         }
-        let space = Room::new(dev, a.gpu_memory);
         return tensor_parallel(a, cfg, space, (mixed, fused, forced), batch, deferred);
     }
     let forced_scores = env_choice(env::BRAID_SCORE_GRADS, "stored", "recomputed")?;
@@ -724,7 +736,7 @@ pub fn device(
             per_ranks: Vec::new(),
         }
     };
-    let Some(space) = Room::new(dev, a.gpu_memory) else {
+    let Some(space) = space else {
         return Ok(plan(0, forms[0]));
     };
     let need_with = |b: usize,
@@ -845,7 +857,7 @@ pub fn device(
         a.model,
         a.seq,
         gib(f.total() + DEVICE_MARGIN),
-        dev.ordinal(),
+        space.gpu,
         f.breakdown(),
         gib(DEVICE_MARGIN),
         space.said()

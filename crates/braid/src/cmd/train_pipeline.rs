@@ -3,11 +3,15 @@
 //! layers (`--stage-layers` or balanced), the rank's part of the model
 //! cut from the whole, and the engine that runs its stages.
 
+use super::preflight::Room;
 use braid_model::cuda::model_mixed::MixedOptions;
 use braid_model::tensor_comm::TensorComm;
 use braid_model::{GptConfig, Layout, Params, Stage};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
 use braid_train::pipeline::assign::{assign, head_cost};
+use braid_train::pipeline::memory::{
+    stage_activations, stage_states, StageActivations, StageStates,
+};
 use braid_train::schedule::build::ScheduleKind;
 use braid_train::schedule::check::Checked;
 use braid_train::schedule::Schedule;
@@ -235,98 +239,70 @@ pub fn gpu_engine(
     GpuStage::new(inner, mine, s, group, b, t)
 }
 
-/// A pipeline rank's activation memory in the bf16 engine (estimated
-/// from the sizes its buffers are made with,
-/// `braid_model::footprint::gpu_mixed_stage_bytes`).
-#[derive(Debug, Clone, Copy)]
-pub struct StageActivations {
-    /// The most its stages' micro-batches in flight hold at once, by the
-    /// schedule on paper.
-    pub held: u128,
-    /// The most micro-batches in flight at once, and one's bytes on the
-    /// rank's first stage.
-    pub in_flight: usize,
-    pub per_micro_batch: u128,
-    /// The scratch shared by the layers, the send buffers (two per link
-    /// out) and the tied embeddings' sum (in 64 MB pieces).
-    pub shared: u128,
+/// What a pipeline rank's stages are sized by, for [`fitting_form`].
+pub struct StageFit<'a> {
+    pub cfg: &'a GptConfig,
+    pub schedule: &'a Schedule,
+    pub all: &'a [Stage],
+    /// Each pipeline rank's layout.
+    pub layouts: &'a [Arc<Layout>],
+    /// A micro-batch's rows and tokens.
+    pub rows: (usize, usize),
+    pub precision: Precision,
+    /// The fused attention runs (bf16).
+    pub fused: bool,
+    /// Ranks per tensor group.
+    pub tensor: usize,
+    /// Data parallelism reduces the stages' gradients.
+    pub reduced: bool,
+    /// The forms to try, fastest first: the bf16 weights streamed or
+    /// not, then the score gradients stored or not.
+    pub weights: Vec<bool>,
+    pub scores: Vec<bool>,
+    /// The options the forms leave as they are.
+    pub base: MixedOptions,
 }
 
-impl StageActivations {
-    pub fn total(&self) -> u128 {
-        self.held + self.shared
-    }
-}
-
-/// [`StageActivations`] of pipeline rank `rank` under schedule `s` over
-/// stages `all`, micro-batches of `b × t`, with the model built from
-/// `options` (`fused`: the fused attention runs; `tensor` ranks split each
-/// layer).
-#[allow(clippy::too_many_arguments)]
-pub fn stage_activations(
-    cfg: &GptConfig,
-    s: &Schedule,
-    all: &[Stage],
+/// The fastest form of pipeline rank `rank`'s stages that fits `space`
+/// (`None`: the free memory unknown and no budget, the first form), with
+/// its activations (the bf16 engine's, from the sizes it allocates) and
+/// its model states' bytes; else the leanest form's refusal.
+pub(super) fn fitting_form(
+    f: &StageFit<'_>,
     rank: usize,
-    (b, t): (usize, usize),
-    options: &MixedOptions,
-    fused: bool,
-    tensor: usize,
-) -> StageActivations {
-    use braid_model::footprint::{gpu_mixed_stage_bytes, GpuRun, Sharding, StageRun, TensorSplit};
-    let run = GpuRun {
-        b,
-        t,
-        mixed: true,
-        fused_attention: fused,
-        deferred: 0,
-        checkpointing: options.checkpointing,
-        streamed_weights: options.streamed_weights,
-        stored_score_grads: fused && options.stored_score_grads,
-        kept_attention: match fused {
-            true => options.kept_attention,
-            false => 0,
-        },
-        recompute_attention_output: options.recompute_attention_output,
-        sharding: Sharding::NONE,
-        offload: false,
-        saved_in_grads: false,
-        half_gathers: false,
-        split_embeddings: false,
-        tensor: TensorSplit {
-            ranks: tensor,
-            sequence: options.sequence_parallel,
-        },
-    };
-    let split = s.splits_backward();
-    let bytes = |stage: usize| {
-        let st = &all[stage];
-        gpu_mixed_stage_bytes(
-            cfg,
-            &StageRun {
-                run,
-                layers: st.layers.len(),
-                last: st.last,
-                split,
-            },
-        )
-    };
-    let mine = s.stages_of(rank);
-    let first = bytes(mine[0]);
-    // One output stream per send buffer: two per link to another rank.
-    let links = usize::from(mine.iter().any(|&st| !all[st].last))
-        + usize::from(mine.iter().any(|&st| !all[st].first));
-    let stream = 4 * (b * t * cfg.n_embd) as u128;
-    let tied = match mine.iter().any(|&st| all[st].first || all[st].last) && all.len() > 1 {
-        true => 64 << 20,
-        false => 0,
-    };
-    StageActivations {
-        held: s.peak_held(rank, |st| bytes(st).per_micro_batch),
-        in_flight: s.in_flight(rank),
-        per_micro_batch: first.per_micro_batch,
-        shared: first.shared + 2 * links as u128 * stream + tied,
+    space: Option<&Room>,
+) -> Result<(MixedOptions, Option<StageActivations>, u64), String> {
+    let mixed = f.precision == Precision::Bf16;
+    let mut refusal = String::from("no memory form to try");
+    for &streamed_weights in &f.weights {
+        for &stored_score_grads in &f.scores {
+            let options = MixedOptions {
+                streamed_weights,
+                stored_score_grads,
+                ..f.base
+            };
+            let acts = mixed.then(|| {
+                stage_activations(
+                    f.cfg, f.schedule, f.all, rank, f.rows, &options, f.fused, f.tensor,
+                )
+            });
+            let layout = &f.layouts[rank];
+            let streamed = options.streamed_weights;
+            match check_stage_fits(
+                space,
+                rank,
+                layout,
+                f.precision,
+                streamed,
+                f.reduced,
+                acts.as_ref(),
+            ) {
+                Ok(states) => return Ok((options, acts, states)),
+                Err(e) => refusal = e,
+            }
+        }
     }
+    Err(refusal)
 }
 
 /// Refuses, before anything is allocated, a pipeline rank whose stages'
@@ -334,28 +310,28 @@ pub fn stage_activations(
 /// unless `streamed` — of all but a first stage's embeddings —, the
 /// stage's gradients and, with `reduced`, the strategy's, AdamW's two
 /// moments) and `activations` (where estimated: the bf16 engine's)
-/// exceed the GPU's free memory, or `budget` (`--gpu-memory`); returns
-/// the model states' bytes.
-#[allow(clippy::too_many_arguments)]
-pub fn check_stage_fits(
-    dev: &braid_cuda::Device,
+/// exceed `space` (the GPU's free memory, or `--gpu-memory`; `None`:
+/// neither known); returns the model states' bytes.
+fn check_stage_fits(
+    space: Option<&Room>,
     rank: usize,
     layout: &braid_model::Layout,
     precision: Precision,
     streamed: bool,
     reduced: bool,
     activations: Option<&StageActivations>,
-    budget: Option<u128>,
 ) -> Result<u64, String> {
     let held = layout.len;
-    let bf16 = match precision {
-        Precision::Bf16 if !streamed => layout.bf16_len(),
-        _ => 0,
-    };
-    let per = 4 + 4 + 8 + if reduced { 4 } else { 0 };
-    let states = (held * per + bf16 * 2) as u64;
-    let per = per + if bf16 > 0 { 2 } else { 0 };
-    let Some(space) = super::preflight::Room::new(dev, budget) else {
+    let StageStates {
+        bytes: states,
+        per_parameter: per,
+    } = stage_states(
+        (layout.len, layout.bf16_len()),
+        precision == Precision::Bf16 && !streamed,
+        reduced,
+    );
+    let states = states as u64;
+    let Some(space) = space else {
         return Ok(states);
     };
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

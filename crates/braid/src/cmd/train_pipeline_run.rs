@@ -167,50 +167,29 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         // The bf16 stages size their rows for sequence parallelism when built.
         let bf16_sequence = mixed && place.sequence && tensor.is_some();
         super::train_mesh::sequence_knobs(bf16_sequence)?;
-        let mut refusal = String::new();
-        let mut chosen = None;
-        'forms: for &streamed_weights in &weights {
-            for &stored_score_grads in &scores {
-                let options = braid_model::cuda::model_mixed::MixedOptions {
-                    checkpointing,
-                    streamed_weights,
-                    stored_score_grads,
-                    kept_attention,
-                    recompute_attention_output,
-                    sequence_parallel: bf16_sequence,
-                };
-                // The bf16 engine's activations, from the sizes it allocates.
-                let acts = mixed.then(|| {
-                    super::train_pipeline::stage_activations(
-                        &cfg,
-                        &schedule,
-                        &all,
-                        pipe.rank(),
-                        (micro, seq),
-                        &options,
-                        fused,
-                        place.tensor,
-                    )
-                });
-                match super::train_pipeline::check_stage_fits(
-                    gpu.device(),
-                    pipe.rank(),
-                    &layouts[pipe.rank()],
-                    precision,
-                    options.streamed_weights,
-                    data.size() > 1,
-                    acts.as_ref(),
-                    gpu_memory,
-                ) {
-                    Ok(states) => {
-                        chosen = Some((options, acts, states));
-                        break 'forms;
-                    }
-                    Err(e) => refusal = e,
-                }
-            }
-        }
-        let (options, acts, states) = chosen.ok_or(refusal)?;
+        let fit = super::train_pipeline::StageFit {
+            cfg: &cfg,
+            schedule: &schedule,
+            all: &all,
+            layouts: &layouts,
+            rows: (micro, seq),
+            precision,
+            fused,
+            tensor: place.tensor,
+            reduced: data.size() > 1,
+            weights,
+            scores,
+            base: braid_model::cuda::model_mixed::MixedOptions {
+                checkpointing,
+                kept_attention,
+                recompute_attention_output,
+                sequence_parallel: bf16_sequence,
+                ..Default::default()
+            },
+        };
+        let space = super::preflight::Room::new(gpu.device(), gpu_memory);
+        let (options, acts, states) =
+            super::train_pipeline::fitting_form(&fit, pipe.rank(), space.as_ref())?;
         let mut lean = Vec::new();
         if mixed && options.streamed_weights {
             lean.push("bf16 weights cast layer by layer instead of a full copy");
