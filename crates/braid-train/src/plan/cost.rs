@@ -12,6 +12,7 @@ use super::hardware::{Hardware, Link};
 use crate::pipeline::assign::{assign, head_cost};
 use crate::schedule::build::ScheduleKind;
 use crate::schedule::check::simulate_actions;
+use crate::schedule::Schedule;
 use crate::schedule::{Action, Op};
 use braid_model::Stage;
 use serde::Serialize;
@@ -295,6 +296,17 @@ pub(super) fn data_window(l: &Layout, fwd: f64, bwd: f64) -> f64 {
 /// Predicts `layout`'s step for `w` on `hw`. Errors where the layout
 /// does not divide the work.
 pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, String> {
+    predict_with(w, l, hw, None)
+}
+
+/// [`predict`], with `l`'s pipeline schedule already `built` (`None`:
+/// built here).
+pub fn predict_with(
+    w: &Workload,
+    l: &Layout,
+    hw: &Hardware,
+    built: Option<&Schedule>,
+) -> Result<Prediction, String> {
     if l.dp * l.micro_batch * l.micro_batches != w.global_batch {
         return Err(format!(
             "{} replicas x {} micro-batches of {} is not the global batch {}",
@@ -318,7 +330,14 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
     let (pipeline_s, bubble_s) = match (l.pp, l.schedule) {
         (1, _) | (_, None) => (m as f64 * (fwd + bwd), 0.0),
         (p, Some(kind)) => {
-            let sched = kind.build(p, m)?;
+            let owned;
+            let sched = match built {
+                Some(s) => s,
+                None => {
+                    owned = kind.build(p, m)?;
+                    &owned
+                }
+            };
             let v = kind.virtual_stages().max(1);
             // The stages as braid train splits them by default: by time,
             // the head's counted on the last stage, which runs it (the
@@ -339,7 +358,7 @@ pub fn predict(w: &Workload, l: &Layout, hw: &Hardware) -> Result<Prediction, St
                 Op::BackwardInput | Op::BackwardWeight => bwd_of(&stages[a.stage]) / 2.0,
                 _ => send,
             };
-            let sim = simulate_actions(&sched, &cost)?;
+            let sim = simulate_actions(sched, &cost)?;
             // The bubble: the busiest rank's idle time.
             let busy = sim.ranks.iter().map(|r| r.busy).fold(0.0, f64::max);
             (sim.makespan, (sim.makespan - busy).max(0.0))

@@ -3,12 +3,14 @@
 //! ([`candidates`]).
 
 use super::capacity::{capacity, LinkLoad};
-use super::cost::{predict, Layout, Prediction, Workload};
+use super::cost::{predict_with, Layout, Prediction, Workload};
 use super::hardware::Hardware;
 use super::memory;
 use crate::schedule::build::ScheduleKind;
+use crate::schedule::Schedule;
 use rayon::prelude::*;
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// A layout and its verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -49,7 +51,7 @@ pub fn candidates(
     micro: Option<usize>,
 ) -> Vec<Candidate> {
     let mut layouts = Vec::new();
-    let budget = hw.memory_gib * (1u64 << 30) as f64 * 0.92;
+    let budget = hw.memory_budget();
     for tp in divisors(gpus.min(hw.gpus_per_node)) {
         if w.heads % tp != 0 || w.width % tp != 0 {
             continue;
@@ -113,11 +115,28 @@ pub fn candidates(
             }
         }
     }
-    // Judged in parallel: a thousand-GPU question simulates hundreds of
-    // pipelines of thousands of micro-batches.
+    // Each pipeline schedule built once (the layouts of one pipeline
+    // differ in their ZeRO stage, sharding and checkpointing) and, like
+    // the layouts, judged in parallel: a thousand-GPU question simulates
+    // hundreds of pipelines of thousands of micro-batches.
+    let mut keys: Vec<(ScheduleKind, usize, usize)> = layouts
+        .iter()
+        .filter_map(|l| l.schedule.map(|k| (k, l.pp, l.micro_batches)))
+        .collect();
+    keys.sort_by_key(|&(k, p, m)| (k.name(), p, m));
+    keys.dedup();
+    let schedules: HashMap<(ScheduleKind, usize, usize), Schedule> = keys
+        .into_par_iter()
+        .filter_map(|(k, p, m)| Some(((k, p, m), k.build(p, m).ok()?)))
+        .collect();
     let mut out: Vec<Candidate> = layouts
         .into_par_iter()
-        .map(|layout| judge(w, layout, hw, budget))
+        .map(|layout| {
+            let built = layout
+                .schedule
+                .and_then(|k| schedules.get(&(k, layout.pp, layout.micro_batches)));
+            judge(w, layout, hw, budget, built)
+        })
         .collect();
     out.sort_by(|a, b| {
         let key = |c: &Candidate| c.prediction.map_or(f64::INFINITY, |p| p.step_s);
@@ -148,8 +167,15 @@ fn sharding(dp: usize, tp: usize, pp: usize, zero: u8) -> Vec<(Option<usize>, bo
 }
 
 /// One layout: refused (and why) or predicted.
-fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate {
-    let (states, acts) = memory::per_gpu(w, &layout, budget);
+fn judge(
+    w: &Workload,
+    layout: Layout,
+    hw: &Hardware,
+    budget: f64,
+    built: Option<&Schedule>,
+) -> Candidate {
+    let one_host = layout.dp * layout.tp * layout.pp <= hw.gpus_per_node;
+    let (states, acts) = memory::per_gpu(w, &layout, budget, one_host, built);
     let mut c = Candidate {
         layout,
         schedule: layout.schedule.map(|s| s.name()),
@@ -188,7 +214,7 @@ fn judge(w: &Workload, layout: Layout, hw: &Hardware, budget: f64) -> Candidate 
     };
     match refuse {
         Some(r) => c.refused = Some(r),
-        None => match predict(w, &layout, hw) {
+        None => match predict_with(w, &layout, hw, built) {
             Ok(p) => {
                 c.capacity = capacity(w, &layout, hw, &p);
                 c.prediction = Some(p);

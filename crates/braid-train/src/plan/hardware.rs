@@ -196,6 +196,13 @@ impl Hardware {
         Ok(self)
     }
 
+    /// Bytes a layout may hold on one GPU: 92 % of its memory (the rest
+    /// is CUDA's context, the libraries' workspaces and the allocator's
+    /// slack).
+    pub fn memory_budget(&self) -> f64 {
+        self.memory_gib * (1u64 << 30) as f64 * 0.92
+    }
+
     /// Seconds a product of `flops` takes on one GPU.
     pub fn gemm_s(&self, flops: f64) -> f64 {
         let eff = self.gemm_efficiency * flops / (flops + self.gemm_half_flops);

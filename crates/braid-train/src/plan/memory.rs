@@ -3,26 +3,40 @@
 //! `braid train` refuses a run by — of the bf16 engine in the form the
 //! pre-flight tries first ([`GpuRun::fastest`]), or, where that does not
 //! fit, its leanest ([`GpuRun::leanest`]): what `braid train` would run.
-//! A pipeline's stages keep the planner's own count: the model states
-//! (bf16 weights, f32 master weights, gradients and AdamW's two moments:
-//! 18 bytes per parameter, split as the ZeRO stage says over the replicas
-//! or a hybrid shard group; 6 on the GPU with the optimizer offloaded) of
-//! the rank's share of the model, and the activations its schedule keeps
-//! in flight (Korthikanti et al.'s 34 s b h bytes per layer and
-//! micro-batch under sequence parallelism, the fused attention's
-//! score-free form; 2 s b h under checkpointing), with the last stage's
-//! f32 logits.
+//! A pipeline is counted as `braid train --pp`'s pre-flight counts each
+//! of its ranks (`crate::pipeline::memory`: the rank's share of the model
+//! states, and the bf16 engine's activations as the schedule keeps
+//! micro-batches in flight), in the first of the pre-flight's forms that
+//! fits every rank (the bf16 copy whole, then cast layer by layer; score
+//! gradients stored, then recomputed); its bytes per GPU are its fullest
+//! rank's. A pipeline that cannot be cut (more stages than layers, a
+//! schedule refused) keeps the planner's own count (the model states,
+//! 18 bytes per parameter split as the ZeRO stage says, and Korthikanti
+//! et al.'s activations per layer and micro-batch in flight): the
+//! planner refuses it for that reason anyway.
 
 use super::cost::{Layout, Workload};
-use braid_model::footprint::{gpu_training, GpuRun, Sharding, TensorSplit};
+use crate::collective::{copy_engine_landing_bytes, copy_engines_by_default};
+use crate::pipeline::assign::{assign, head_cost};
+use crate::pipeline::memory::{stage_activations, stage_states};
+use crate::schedule::Schedule;
+use braid_model::cuda::model_mixed::MixedOptions;
+use braid_model::footprint::{gpu_training, share_params, GpuRun, Sharding, TensorSplit};
+use braid_model::layout::TensorShard;
 use braid_model::GptConfig;
 
 /// Bytes per GPU of `l` for `w` (model states, activations), within
-/// `budget` bytes where a leaner form of the run fits it.
-pub fn per_gpu(w: &Workload, l: &Layout, budget: f64) -> (f64, f64) {
-    if l.pp > 1 {
-        return planners_count(w, l);
-    }
+/// `budget` bytes where a leaner form of the run fits it; `one_host`:
+/// the layout's GPUs are one node's (plain data parallelism there sums
+/// through the copy engines, whose landing buffer counts as a state);
+/// `built`: a pipeline's schedule, where already built.
+pub fn per_gpu(
+    w: &Workload,
+    l: &Layout,
+    budget: f64,
+    one_host: bool,
+    built: Option<&Schedule>,
+) -> (f64, f64) {
     let cfg = GptConfig {
         n_layer: w.layers,
         n_head: w.heads,
@@ -30,6 +44,9 @@ pub fn per_gpu(w: &Workload, l: &Layout, budget: f64) -> (f64, f64) {
         vocab_size: w.vocab,
         context: w.seq,
     };
+    if l.pp > 1 {
+        return pipeline_count(w, &cfg, l, budget, built).unwrap_or_else(|| planners_count(w, l));
+    }
     let run = GpuRun::fastest(
         &cfg,
         l.micro_batch,
@@ -47,12 +64,102 @@ pub fn per_gpu(w: &Workload, l: &Layout, budget: f64) -> (f64, f64) {
         },
         l.dp,
     );
+    let tensor = TensorSplit {
+        ranks: l.tp,
+        sequence: l.tp > 1,
+    };
+    // The gradients' landing buffer, as the pre-flight counts it.
+    let landing = match l.zero == 0 && copy_engines_by_default(l.dp, one_host) {
+        true => copy_engine_landing_bytes(l.dp, share_params(&cfg, tensor)),
+        false => 0,
+    };
     let mut f = gpu_training(&cfg, &run);
-    if f.total() as f64 > budget {
+    if (f.total() + landing) as f64 > budget {
         f = gpu_training(&cfg, &run.leanest());
     }
     let acts = f.part("activations");
-    ((f.total() - acts) as f64, acts as f64)
+    ((f.total() - acts + landing) as f64, acts as f64)
+}
+
+/// A pipeline's bytes per GPU (model states, activations) as `braid
+/// train --pp`'s pre-flight counts its fullest rank, in the first of its
+/// forms that fits `budget` on every rank, else its leanest; `None` where
+/// the pipeline cannot be cut.
+fn pipeline_count(
+    w: &Workload,
+    cfg: &GptConfig,
+    l: &Layout,
+    budget: f64,
+    built: Option<&Schedule>,
+) -> Option<(f64, f64)> {
+    let owned;
+    let schedule = match built {
+        Some(s) => s,
+        None => {
+            owned = l.schedule?.build(l.pp, l.micro_batches).ok()?;
+            &owned
+        }
+    };
+    let head = head_cost(cfg.n_embd, cfg.vocab_size, cfg.context);
+    let all = assign(cfg.n_layer, schedule.stages(), None, head).ok()?;
+    // Tensor rank 0's share: the ranks' shares differ by the vocabulary's
+    // rounding at most.
+    let share = braid_model::Layout::tensor_parallel(
+        cfg,
+        TensorShard {
+            rank: 0,
+            size: l.tp,
+        },
+        1,
+    )
+    .ok()?;
+    // Each rank's elements and those of its bf16 copy.
+    let sizes: Vec<(usize, usize)> = (0..l.pp)
+        .map(|r| {
+            let mine: Vec<_> = schedule
+                .stages_of(r)
+                .into_iter()
+                .map(|i| all[i].clone())
+                .collect();
+            share.pipeline_stages_len(&mine, true)
+        })
+        .collect();
+    let fused = w.fused_attention;
+    // The fullest rank's (model states, activations) in a form: (bf16
+    // weights streamed, score gradients stored).
+    let count = |(streamed_weights, stored_score_grads): (bool, bool)| {
+        let options = MixedOptions {
+            checkpointing: l.checkpointing,
+            streamed_weights,
+            stored_score_grads,
+            kept_attention: 0,
+            recompute_attention_output: true,
+            sequence_parallel: false,
+        };
+        let rows = (l.micro_batch, w.seq);
+        (0..l.pp)
+            .map(|r| {
+                let states = stage_states(sizes[r], !streamed_weights, l.dp > 1).bytes;
+                let acts = stage_activations(cfg, schedule, &all, r, rows, &options, fused, l.tp);
+                (states as f64, acts.total() as f64)
+            })
+            .max_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)))
+            .unwrap_or((0.0, 0.0))
+    };
+    // The leanest form first: where it does not fit, no form does (most
+    // layouts of a large question), else the fastest that fits.
+    let leanest = count((true, false));
+    if leanest.0 + leanest.1 > budget {
+        return Some(leanest);
+    }
+    let fastest_first = [(false, true), (false, false), (true, true)];
+    Some(
+        fastest_first
+            .into_iter()
+            .map(count)
+            .find(|(s, a)| s + a <= budget)
+            .unwrap_or(leanest),
+    )
 }
 
 /// The planner's own count of a pipeline stage's bytes (model states,
@@ -120,7 +227,7 @@ mod tests {
         let w = gpt(48, 25, 1600, 32);
         let big = f64::INFINITY;
         let s: Vec<f64> = (0..4)
-            .map(|z| per_gpu(&w, &layout(z), big).0 / w.params())
+            .map(|z| per_gpu(&w, &layout(z), big, false, None).0 / w.params())
             .collect();
         assert!((s[0] - 18.0).abs() < 0.05, "{s:?}");
         assert!((s[1] - 12.0).abs() < 0.05, "{s:?}");
@@ -132,9 +239,11 @@ mod tests {
                 ..layout(0)
             },
             big,
+            false,
+            None,
         )
         .1;
-        let without = per_gpu(&w, &layout(0), big).1;
+        let without = per_gpu(&w, &layout(0), big, false, None).1;
         // The fastest form keeps every layer's attention state; the
         // leanest (what a short budget gets) saves each layer's input alone.
         let lean = per_gpu(
@@ -144,6 +253,8 @@ mod tests {
                 ..layout(0)
             },
             1.0,
+            false,
+            None,
         )
         .1;
         assert!(lean < with && with < without, "{lean}, {with}, {without}");
@@ -160,8 +271,8 @@ mod tests {
             checkpointing: true,
             ..layout(0)
         };
-        let (s, a) = per_gpu(&w, &l, f64::INFINITY);
-        let (ls, la) = per_gpu(&w, &l, s + a - 1.0);
+        let (s, a) = per_gpu(&w, &l, f64::INFINITY, false, None);
+        let (ls, la) = per_gpu(&w, &l, s + a - 1.0, false, None);
         assert!(ls + la < s + a, "{ls} + {la} against {s} + {a}");
     }
 }

@@ -8,7 +8,7 @@ use super::actions::{Action, Op, Schedule};
 use crate::Result;
 
 /// A built-in schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScheduleKind {
     /// Every micro-batch's forward pass, then every backward pass.
     GPipe,

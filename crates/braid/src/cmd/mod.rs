@@ -15,6 +15,8 @@ pub mod plan;
 pub mod plan_calibrate;
 pub mod plot;
 pub mod preflight;
+#[cfg(test)]
+mod preflight_plan_tests;
 pub mod progress;
 pub mod report;
 pub mod report_html;

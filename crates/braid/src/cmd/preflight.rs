@@ -389,6 +389,17 @@ impl Room {
         })
     }
 
+    /// A budget alone, the free memory unknown (as a run with
+    /// `--gpu-memory` whose GPU cannot say what is free).
+    #[cfg(test)]
+    pub(super) fn budget_only(budget: u128) -> Room {
+        Room {
+            free: u128::MAX,
+            budget: Some(budget),
+            gpu: 0,
+        }
+    }
+
     /// Whether an estimate of `total` bytes fits.
     pub(super) fn fits(&self, total: u128) -> bool {
         total.saturating_add(DEVICE_MARGIN) <= self.free && self.budget.is_none_or(|b| total <= b)
