@@ -585,6 +585,17 @@ pub fn keeps_attention(layer: usize, layers: usize, kept: usize) -> bool {
     layer + kept.min(layers) >= layers
 }
 
+/// Layers of `layers` whose weight gradients the bf16 engine defers by
+/// default over `ranks` data-parallel ranks without ZeRO (`braid train`
+/// without `--defer-layers`): two, so that the embeddings' reduction
+/// overlaps them; none in one process.
+pub fn deferred_by_default(ranks: usize, layers: usize) -> usize {
+    match ranks {
+        0 | 1 => 0,
+        _ => 2.min(layers),
+    }
+}
+
 /// A GPU training run's shape and choices, as the footprint needs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuRun {
@@ -685,7 +696,10 @@ impl GpuRun {
             t,
             mixed: true,
             fused_attention: true,
-            deferred: 0,
+            deferred: match sharding.stage {
+                0 => deferred_by_default(ranks, cfg.n_layer),
+                _ => 0,
+            },
             checkpointing,
             streamed_weights: stage3,
             stored_score_grads: true,

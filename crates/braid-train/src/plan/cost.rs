@@ -14,7 +14,7 @@ use crate::schedule::build::ScheduleKind;
 use crate::schedule::check::simulate_actions;
 use crate::schedule::Schedule;
 use crate::schedule::{Action, Op};
-use braid_model::Stage;
+use braid_model::{GptConfig, Stage};
 use serde::Serialize;
 
 /// What is trained: the model's shape, the sequence and the global batch.
@@ -34,6 +34,31 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// `cfg`'s model over sequences of `seq` tokens, `global_batch` of
+    /// them a step, with braid's fused attention.
+    pub fn of(cfg: &GptConfig, seq: usize, global_batch: usize) -> Workload {
+        Workload {
+            layers: cfg.n_layer,
+            width: cfg.n_embd,
+            heads: cfg.n_head,
+            vocab: cfg.vocab_size,
+            seq,
+            global_batch,
+            fused_attention: true,
+        }
+    }
+
+    /// The model, with a context of the workload's sequence.
+    pub fn config(&self) -> GptConfig {
+        GptConfig {
+            n_layer: self.layers,
+            n_head: self.heads,
+            n_embd: self.width,
+            vocab_size: self.vocab,
+            context: self.seq,
+        }
+    }
+
     /// Parameters (GPT-2's layout: 12 L C² + 13 L C + (V + T) C).
     pub fn params(&self) -> f64 {
         let (l, c) = (self.layers as f64, self.width as f64);

@@ -37,13 +37,7 @@ pub fn per_gpu(
     one_host: bool,
     built: Option<&Schedule>,
 ) -> (f64, f64) {
-    let cfg = GptConfig {
-        n_layer: w.layers,
-        n_head: w.heads,
-        n_embd: w.width,
-        vocab_size: w.vocab,
-        context: w.seq,
-    };
+    let cfg = w.config();
     if l.pp > 1 {
         return pipeline_count(w, &cfg, l, budget, built).unwrap_or_else(|| planners_count(w, l));
     }
@@ -258,7 +252,9 @@ mod tests {
         )
         .1;
         assert!(lean < with && with < without, "{lean}, {with}, {without}");
-        assert!(lean < without / 4.0, "{lean} against {without}");
+        // (Both keep the two deferred layers' gradients of data
+        // parallelism over 4 ranks.)
+        assert!(lean < without / 3.0, "{lean} against {without}");
     }
 
     /// Where the pre-flight's first form does not fit the budget, the

@@ -179,15 +179,7 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
     if let Some(j) = &a.json {
         j.check()?;
     }
-    let w = Workload {
-        layers: cfg.n_layer,
-        width: cfg.n_embd,
-        heads: cfg.n_head,
-        vocab: cfg.vocab_size,
-        seq: a.seq,
-        global_batch,
-        fused_attention: true,
-    };
+    let w = Workload::of(&cfg, a.seq, global_batch);
     let all = candidates(&w, gpus, &hw, a.micro_batch);
     let json_only = a.json.as_ref().is_some_and(|j| j.is_stdout());
     if let Some(out) = &a.json {

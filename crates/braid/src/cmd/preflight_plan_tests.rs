@@ -17,15 +17,9 @@ use braid_train::plan::{candidates, Hardware, Layout, Workload};
 
 /// A GPT-2-shaped workload of `layers` × `heads` × `width`.
 fn gpt(layers: usize, heads: usize, width: usize, global_batch: usize) -> Workload {
-    Workload {
-        layers,
-        width,
-        heads,
-        vocab: 50304,
-        seq: 1024,
-        global_batch,
-        fused_attention: true,
-    }
+    let name = format!("L{layers}-H{heads}-C{width}");
+    let cfg = GptConfig::parse(&name).expect("a model");
+    Workload::of(&cfg, 1024, global_batch)
 }
 
 /// Layouts without and with a pipeline.
@@ -37,13 +31,7 @@ fn verdicts(w: &Workload, gpus: usize, memory_gib: f64) -> (Pair, Pair, Vec<Stri
     let mut hw = Hardware::builtin("h100").expect("h100 ships");
     hw.memory_gib = memory_gib;
     let budget = hw.memory_budget();
-    let cfg = GptConfig {
-        n_layer: w.layers,
-        n_head: w.heads,
-        n_embd: w.width,
-        vocab_size: w.vocab,
-        context: w.seq,
-    };
+    let cfg = w.config();
     let (mut fits, mut refused, mut wrong) = ((0, 0), (0, 0), Vec::new());
     for c in candidates(w, gpus, &hw, None) {
         let l = c.layout;
@@ -168,7 +156,7 @@ fn pipeline_fits(
     Some(Ok(fullest))
 }
 
-/// 1558M and 2.65B over 4 GPUs at budgets from 24 to 80 GiB, and 12.85B
+/// 1558M and 2.65B over 4 GPUs at budgets from 20 to 80 GiB, and 12.85B
 /// over 8 at 40 to 141 GiB (data, ZeRO, hybrid, offload, tensor,
 /// pipelines under each schedule, their products): every layout the
 /// plan keeps, the pre-flight keeps, and every layout it refuses for
@@ -176,13 +164,21 @@ fn pipeline_fits(
 #[test]
 fn the_plan_refuses_for_memory_exactly_where_the_preflight_does() {
     let (mut fits, mut refused, mut wrong) = ((0, 0), (0, 0), Vec::new());
-    let questions = [
-        (gpt(48, 25, 1600, 32), 4, [24.0, 40.0, 80.0]),
-        (gpt(32, 32, 2560, 16), 4, [24.0, 40.0, 80.0]),
-        (gpt(40, 40, 5120, 16), 8, [40.0, 80.0, 141.0]),
+    let questions: [(Workload, usize, &[f64]); 3] = [
+        (
+            gpt(48, 25, 1600, 32),
+            4,
+            &[20.0, 28.0, 36.0, 44.0, 60.0, 80.0],
+        ),
+        (
+            gpt(32, 32, 2560, 16),
+            4,
+            &[20.0, 28.0, 36.0, 44.0, 60.0, 80.0],
+        ),
+        (gpt(40, 40, 5120, 16), 8, &[40.0, 64.0, 80.0, 141.0]),
     ];
     for (w, gpus, memories) in questions {
-        for memory in memories {
+        for &memory in memories {
             let (f, r, w) = verdicts(&w, gpus, memory);
             (fits.0, fits.1) = (fits.0 + f.0, fits.1 + f.1);
             (refused.0, refused.1) = (refused.0 + r.0, refused.1 + r.1);

@@ -536,7 +536,7 @@ pub(super) fn defer_layers(
 ) -> usize {
     match (asked, precision) {
         (Some(n), _) => n,
-        (None, Precision::Bf16) if ranks > 1 => 2.min(layers),
+        (None, Precision::Bf16) => braid_model::footprint::deferred_by_default(ranks, layers),
         (None, _) => 0,
     }
 }

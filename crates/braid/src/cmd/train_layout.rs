@@ -65,15 +65,7 @@ pub fn resolved(a: TrainArgs) -> Result<TrainArgs, String> {
     let hw = Hardware::named_or_file(name)?;
     let m = super::train_model::model_and_data(&a, &c)?;
     let global = a.global_batch.unwrap_or(a.batch * gpus);
-    let w = Workload {
-        layers: m.cfg.n_layer,
-        width: m.cfg.n_embd,
-        heads: m.cfg.n_head,
-        vocab: m.cfg.vocab_size,
-        seq: m.seq,
-        global_batch: global,
-        fused_attention: true,
-    };
+    let w = Workload::of(&m.cfg, m.seq, global);
     let ranked: Vec<Candidate> = candidates(&w, gpus, &hw, None)
         .into_iter()
         .filter(|c| c.prediction.is_some())

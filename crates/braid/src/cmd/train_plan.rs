@@ -97,15 +97,8 @@ pub fn predicted(run: &RunLayout, hardware: &str) -> Result<Prediction, String> 
         (Some(s), _) => Some(ScheduleKind::parse(s)?),
         (None, _) => Some(ScheduleKind::OneFOneB),
     };
-    let w = Workload {
-        layers: run.cfg.n_layer,
-        width: run.cfg.n_embd,
-        heads: run.cfg.n_head,
-        vocab: run.cfg.vocab_size,
-        seq: run.seq,
-        global_batch: run.dp * run.micro_batch * run.micro_batches,
-        fused_attention: true,
-    };
+    let global_batch = run.dp * run.micro_batch * run.micro_batches;
+    let w = Workload::of(&run.cfg, run.seq, global_batch);
     let l = Layout {
         dp: run.dp,
         tp: run.tp,
