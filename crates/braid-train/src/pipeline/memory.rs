@@ -7,36 +7,49 @@
 
 use crate::schedule::Schedule;
 use braid_model::cuda::model_mixed::MixedOptions;
+use braid_model::footprint::Sharding;
 use braid_model::{GptConfig, Stage};
 
 /// A pipeline rank's model states on its GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageStates {
     pub bytes: u128,
-    /// The most bytes one parameter takes (f32 weights, gradients,
-    /// AdamW's two moments, the strategy's reduced gradients, the bf16
-    /// copy).
-    pub per_parameter: usize,
+    /// Bytes a parameter takes on average (f32 weights and gradients,
+    /// AdamW's moments or their shard, the data parallelism's reduced
+    /// gradients, the bf16 copy).
+    pub per_parameter: f64,
 }
 
 /// The model states of a rank's stages, of `(len, bf16_len)` elements
-/// (`Layout::len`, `Layout::bf16_len`): f32 weights, gradients and
-/// AdamW's two moments, with `reduced` the data parallelism's reduced
-/// gradients, and with `bf16_copy` the bf16 weights of all but a first
+/// (`Layout::len`, `Layout::bf16_len`), over the data dimension `data`:
+/// f32 weights and gradients; AdamW's two moments, under ZeRO-1 the
+/// rank's shard of them (`8Ψ/N`: `ShardedOptimizer::shard_optimizer`
+/// makes them for the shard alone, and the reduce-scatter runs in place);
+/// without ZeRO over several replicas, data parallelism's reduced
+/// gradients; and with `bf16_copy` the bf16 weights of all but a first
 /// stage's embeddings.
 pub fn stage_states(
     (len, bf16_len): (usize, usize),
     bf16_copy: bool,
-    reduced: bool,
+    data: Sharding,
 ) -> StageStates {
+    let len = len as u128;
     let bf16 = match bf16_copy {
-        true => bf16_len,
+        true => bf16_len as u128,
         false => 0,
     };
-    let per = 4 + 4 + 8 + if reduced { 4 } else { 0 };
+    let moments = match data.stage {
+        0 => 8 * len,
+        _ => 8 * len.div_ceil(data.ranks.max(1) as u128),
+    };
+    let reduced = match data.stage == 0 && data.ranks > 1 {
+        true => 4 * len,
+        false => 0,
+    };
+    let bytes = 8 * len + moments + reduced + 2 * bf16;
     StageStates {
-        bytes: (len * per + bf16 * 2) as u128,
-        per_parameter: per + if bf16 > 0 { 2 } else { 0 },
+        bytes,
+        per_parameter: bytes as f64 / len.max(1) as f64,
     }
 }
 
@@ -78,7 +91,7 @@ pub fn stage_activations(
     fused: bool,
     tensor: usize,
 ) -> StageActivations {
-    use braid_model::footprint::{gpu_mixed_stage_bytes, GpuRun, Sharding, StageRun, TensorSplit};
+    use braid_model::footprint::{gpu_mixed_stage_bytes, GpuRun, StageRun, TensorSplit};
     let run = GpuRun {
         b,
         t,
@@ -137,5 +150,25 @@ pub fn stage_activations(
         in_flight: s.in_flight(rank),
         per_micro_batch: first.per_micro_batch,
         shared: first.shared + 2 * links as u128 * stream + tied,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes a parameter: f32 weights and gradients and AdamW's moments
+    /// (16), the reduced gradients of data parallelism (+4), ZeRO-1's
+    /// shard of the moments over 4 replicas (8 / 4), the bf16 copy (+2).
+    #[test]
+    fn a_ranks_states_follow_the_data_dimension() {
+        let per = |bf16, stage, ranks| {
+            let s = stage_states((1000, 800), bf16, Sharding { stage, ranks });
+            (s.bytes as f64 / 1000.0, s.per_parameter)
+        };
+        assert_eq!(per(false, 0, 1), (16.0, 16.0));
+        assert_eq!(per(false, 0, 4), (20.0, 20.0));
+        assert_eq!(per(false, 1, 4), (10.0, 10.0));
+        assert_eq!(per(true, 1, 4), (11.6, 11.6));
     }
 }

@@ -119,6 +119,10 @@ fn pipeline_count(
         })
         .collect();
     let fused = w.fused_attention;
+    let data = Sharding {
+        stage: l.zero,
+        ranks: l.dp,
+    };
     // The fullest rank's (model states, activations) in a form: (bf16
     // weights streamed, score gradients stored).
     let count = |(streamed_weights, stored_score_grads): (bool, bool)| {
@@ -133,7 +137,7 @@ fn pipeline_count(
         let rows = (l.micro_batch, w.seq);
         (0..l.pp)
             .map(|r| {
-                let states = stage_states(sizes[r], !streamed_weights, l.dp > 1).bytes;
+                let states = stage_states(sizes[r], !streamed_weights, data).bytes;
                 let acts = stage_activations(cfg, schedule, &all, r, rows, &options, fused, l.tp);
                 (states as f64, acts.total() as f64)
             })

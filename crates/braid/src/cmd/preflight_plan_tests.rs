@@ -134,7 +134,10 @@ fn pipeline_fits(
         precision: Precision::Bf16,
         fused: true,
         tensor: l.tp,
-        reduced: l.dp > 1,
+        data: Sharding {
+            stage: l.zero,
+            ranks: l.dp,
+        },
         weights: vec![false, true],
         scores: vec![true, false],
         base: MixedOptions {

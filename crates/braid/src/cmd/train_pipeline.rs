@@ -5,6 +5,7 @@
 
 use super::preflight::Room;
 use braid_model::cuda::model_mixed::MixedOptions;
+use braid_model::footprint::Sharding;
 use braid_model::tensor_comm::TensorComm;
 use braid_model::{GptConfig, Layout, Params, Stage};
 use braid_train::engines::{CpuGpt, CpuOptimizer, CpuStage, GpuGpt, GpuStage, Precision};
@@ -253,8 +254,9 @@ pub struct StageFit<'a> {
     pub fused: bool,
     /// Ranks per tensor group.
     pub tensor: usize,
-    /// Data parallelism reduces the stages' gradients.
-    pub reduced: bool,
+    /// The data dimension: its replicas and ZeRO stage (1 shards AdamW's
+    /// moments over them).
+    pub data: Sharding,
     /// The forms to try, fastest first: the bf16 weights streamed or
     /// not, then the score gradients stored or not.
     pub weights: Vec<bool>,
@@ -294,7 +296,7 @@ pub(super) fn fitting_form(
                 layout,
                 f.precision,
                 streamed,
-                f.reduced,
+                f.data,
                 acts.as_ref(),
             ) {
                 Ok(states) => return Ok((options, acts, states)),
@@ -306,10 +308,9 @@ pub(super) fn fitting_form(
 }
 
 /// Refuses, before anything is allocated, a pipeline rank whose stages'
-/// model states (the parameters of `layout`: f32 weights, the bf16 copy
-/// unless `streamed` — of all but a first stage's embeddings —, the
-/// stage's gradients and, with `reduced`, the strategy's, AdamW's two
-/// moments) and `activations` (where estimated: the bf16 engine's)
+/// model states (the parameters of `layout` over the data dimension
+/// `data`, as `pipeline::memory::stage_states` counts them; the bf16 copy
+/// unless `streamed`) and `activations` (where estimated: the bf16 engine's)
 /// exceed `space` (the GPU's free memory, or `--gpu-memory`; `None`:
 /// neither known); returns the model states' bytes.
 fn check_stage_fits(
@@ -318,7 +319,7 @@ fn check_stage_fits(
     layout: &braid_model::Layout,
     precision: Precision,
     streamed: bool,
-    reduced: bool,
+    data: Sharding,
     activations: Option<&StageActivations>,
 ) -> Result<u64, String> {
     let held = layout.len;
@@ -328,7 +329,7 @@ fn check_stage_fits(
     } = stage_states(
         (layout.len, layout.bf16_len()),
         precision == Precision::Bf16 && !streamed,
-        reduced,
+        data,
     );
     let states = states as u64;
     let Some(space) = space else {
@@ -357,15 +358,23 @@ fn check_stage_fits(
     if !space.fits(states as u128) {
         return Err(format!(
             "pipeline rank {rank}'s stages hold {held} parameters: their model states need {:.2} \
-             GiB (up to {per} bytes a parameter: weights, {}gradients, AdamW's moments), but \
+             GiB ({per:.1} bytes a parameter: weights, {}gradients, AdamW's moments{}), but \
              there is {} before activations. Use more pipeline stages (--pp), move layers off \
-             this stage (--stage-layers){}",
+             this stage (--stage-layers){}{}",
             gib(states),
             match precision {
                 Precision::Bf16 if !streamed => "their bf16 copy, ",
                 _ => "",
             },
+            match data.stage {
+                0 => "",
+                _ => " sharded over the data dimension",
+            },
             space.said(),
+            match data.stage == 0 && data.ranks > 1 {
+                true => ", shard AdamW's moments over the data dimension (--zero 1)",
+                false => "",
+            },
             match precision {
                 Precision::Bf16 if !streamed => {
                     ", or cast the bf16 weights layer by layer (BRAID_BF16_WEIGHTS=streamed)"

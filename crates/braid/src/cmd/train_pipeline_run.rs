@@ -176,7 +176,10 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
             precision,
             fused,
             tensor: place.tensor,
-            reduced: data.size() > 1,
+            data: braid_model::footprint::Sharding {
+                stage: shard_choice.stage.unwrap_or(0),
+                ranks: data.size(),
+            },
             weights,
             scores,
             base: braid_model::cuda::model_mixed::MixedOptions {
