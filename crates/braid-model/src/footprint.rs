@@ -585,6 +585,12 @@ pub fn keeps_attention(layer: usize, layers: usize, kept: usize) -> bool {
     layer + kept.min(layers) >= layers
 }
 
+/// Device memory a GPU run's estimate leaves aside for what it does not
+/// count: cuBLAS and cuBLASLt workspaces, the kernel modules, the pool's
+/// rounding of each buffer up to its size class. `braid train`'s
+/// pre-flight fits the estimate in the free memory less this.
+pub const DEVICE_MARGIN: u128 = 768 << 20;
+
 /// Layers of `layers` whose weight gradients the bf16 engine defers by
 /// default over `ranks` data-parallel ranks without ZeRO (`braid train`
 /// without `--defer-layers`): two, so that the embeddings' reduction

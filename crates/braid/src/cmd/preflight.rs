@@ -455,10 +455,7 @@ fn parse_kept_attention(value: Option<&str>, layers: usize) -> Result<Option<usi
     }
 }
 
-/// Device memory the estimate leaves aside for what it does not count:
-/// cuBLAS and cuBLASLt workspaces, the kernel modules, the pool's
-/// rounding of each buffer up to its size class.
-pub const DEVICE_MARGIN: u128 = 768 << 20;
+pub use braid_model::footprint::DEVICE_MARGIN;
 
 /// Whether the bf16 engine runs the fused attention for `cfg` on `dev`: a
 /// head size the flash kernels take, compute capability 8 or newer, and

@@ -2,8 +2,9 @@
 //! for every layout the planner judges, at budgets that leave some
 //! layouts out, the planner calls a layout too large exactly where the
 //! pre-flight would refuse it (`--gpu-memory` set to the planner's
-//! budget; a pipeline's every rank), so that a refusal in the plan is
-//! never wrong.
+//! budget, `Hardware::memory_budget`: the free memory at start less the
+//! pre-flight's margin; a pipeline's every rank), so that a refusal in
+//! the plan is never wrong.
 
 use super::preflight::{device_in, Room, Shape};
 use super::train_pipeline::{fitting_form, layouts, StageFit};
