@@ -203,10 +203,12 @@ fn judge(
         ))
     } else if states + acts > budget {
         Some(format!(
-            "{:.1} GiB per GPU ({:.1} GiB model states, {:.1} GiB activations) over the {:.0} GiB a GPU offers",
+            "{:.1} GiB per GPU ({:.1} GiB model states, {:.1} GiB activations) over the {:.1} GiB \
+             braid train's pre-flight leaves on a {:.1} GiB GPU",
             gib(states + acts),
             gib(states),
             gib(acts),
+            gib(budget),
             hw.memory_gib
         ))
     } else {
