@@ -76,6 +76,16 @@
 #     trained 25 steps on random tokens, each run's median step set beside
 #     braid plan's prediction for its layout from the calibrated file and
 #     from the built-in description of the GPU.
+#   bash bench/device/one.sh memory
+#     `braid plan`'s memory verdicts on this GPU (issue 68: "a layout it
+#     calls too large does not fit, one it says fits does not run out of
+#     memory"): for each question of MEMORY_QUESTIONS (MODEL:GLOBAL_BATCH,
+#     default 2.65B at 32 and 64, 6.35B at 8; the description is the GPU's
+#     built-in one), the layout the plan keeps with the most memory and the
+#     one it refuses with the least, each run by `braid train` for 3 steps:
+#     the first must run (its peak beside the plan's figure), the second be
+#     refused by the pre-flight. MEMORY_DRY=1 prints the runs without them
+#     (checks the script on a machine without a GPU).
 #
 # Each run's output is under $L (in $OUT/logs.tgz), its command first.
 # Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/built-at .dev/gpu-tests.gz
@@ -392,6 +402,52 @@ phase_plan() {
   done
 }
 
+phase_memory() {
+  local hw spec model batch
+  hw=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case $hw in *H200*) hw=h200 ;; *) hw=h100 ;; esac
+  for spec in ${MEMORY_QUESTIONS:-L32-H32-C2560:32 L32-H32-C2560:64 L40-H28-C3584:8}; do
+    model=${spec%%:*} batch=${spec##*:}
+    "$B" plan --model "$model" --gpus 1 --global-batch "$batch" --seq 1024 --hardware "$hw" \
+      --json "$L/memory-$model-b$batch-plan.json" > /dev/null || return 1
+    # The two layouts at the budget's edge, as braid train's flags.
+    local picks
+    picks=$(python3 - "$L/memory-$model-b$batch-plan.json" "$batch" << 'PY'
+import json, sys
+d, batch = json.load(open(sys.argv[1])), sys.argv[2]
+ls = d["layouts"]
+gib = lambda x: (x["states_bytes"] + x["activation_bytes"]) / 2**30
+fits = [x for x in ls if x["prediction"]]
+over = [x for x in ls if "GiB per GPU" in (x["refused"] or "")]
+for verdict, x in (("fits", max(fits, key=gib, default=None)), ("refused", min(over, key=gib, default=None))):
+    if x is None:
+        continue
+    l = x["layout"]
+    flags = f"--batch {batch} --accum {l['micro_batches']}"
+    flags += " --checkpointing" * l["checkpointing"] + " --offload optimizer" * l["offload"]
+    print(f"{verdict} {gib(x):.2f} {flags}")
+PY
+    )
+    local verdict gib flags tag
+    while read -r verdict gib flags; do
+      tag=memory-$model-b$batch-$verdict
+      if [ "${MEMORY_DRY:-0}" = 1 ]; then
+        echo "$tag (plan: $gib GiB): $B train --device cuda --model $model --seq 1024 $flags --steps 3"
+        continue
+      fi
+      # shellcheck disable=SC2086
+      run "$tag" 180 "$B" train --device cuda --model "$model" --seq 1024 $flags --steps 3 \
+        --data random --eval-every 0 --json "$L/$tag.json"
+      local rc=$?
+      echo "== $tag: the plan counts $gib GiB; exit $rc"
+      if [ -f "$L/$tag.json" ]; then
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  peak %.2f GiB (%s)' % (d['peak_device_bytes'] / 2**30, d.get('peak_device_part')))" "$L/$tag.json"
+      fi
+      grep -hE "GPU memory estimate|needs about|out of memory|^exit" "$L/$tag.txt" | tail -n 3 | cut -c1-250
+    done <<< "$picks"
+  done
+}
+
 phase_calibrate() {
   run calibrate 240 "$B" plan calibrate --out "$L/calibrated.json" || return 1
   echo "== braid plan calibrate"
@@ -443,9 +499,10 @@ hopper) phase_hopper ;;
 ncu) phase_ncu ;;
 groups) phase_groups ;;
 plan) phase_plan ;;
+memory) phase_memory ;;
 calibrate) phase_calibrate ;;
 *)
-  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups | plan | calibrate" >&2
+  echo "usage: one.sh tests [FILTER...] | bits | speed | proxy | flash | hopper | ncu | groups | plan | memory | calibrate" >&2
   exit 2
   ;;
 esac
