@@ -41,7 +41,7 @@ pub fn per_gpu(
     if l.pp > 1 {
         return pipeline_count(w, &cfg, l, budget, built).unwrap_or_else(|| planners_count(w, l));
     }
-    let run = GpuRun::fastest(
+    let fastest = GpuRun::fastest(
         &cfg,
         l.micro_batch,
         w.seq,
@@ -58,6 +58,17 @@ pub fn per_gpu(
         },
         l.dp,
     );
+    // The batched attention (a head size without fused kernels, or the
+    // workload's engine): no fused kernels' state to store or keep.
+    let run = match w.fused_attention {
+        true => fastest,
+        false => GpuRun {
+            fused_attention: false,
+            stored_score_grads: false,
+            kept_attention: 0,
+            ..fastest
+        },
+    };
     let tensor = TensorSplit {
         ranks: l.tp,
         sequence: l.tp > 1,

@@ -98,7 +98,7 @@ fn whole_model_fits(
     device_in(
         &shape,
         cfg,
-        (Some(Room::budget_only(budget as u128)), true),
+        (Some(Room::budget_only(budget as u128)), w.fused_attention),
         Precision::Bf16,
         l.micro_batch,
         deferred,
@@ -133,7 +133,7 @@ fn pipeline_fits(
         layouts: &layouts,
         rows: (l.micro_batch, w.seq),
         precision: Precision::Bf16,
-        fused: true,
+        fused: w.fused_attention,
         tensor: l.tp,
         data: Sharding {
             stage: l.zero,
@@ -160,7 +160,8 @@ fn pipeline_fits(
     Some(Ok(fullest))
 }
 
-/// 1558M and 2.65B over 4 GPUs at budgets from 20 to 80 GiB, and 12.85B
+/// 1558M (also through the batched attention) and 2.65B over 4 GPUs at
+/// budgets from 20 to 80 GiB, and 12.85B
 /// over 8 at 40 to 141 GiB (data, ZeRO, hybrid, offload, tensor,
 /// pipelines under each schedule, their products): every layout the
 /// plan keeps, the pre-flight keeps, and every layout it refuses for
@@ -168,12 +169,19 @@ fn pipeline_fits(
 #[test]
 fn the_plan_refuses_for_memory_exactly_where_the_preflight_does() {
     let (mut fits, mut refused, mut wrong) = ((0, 0), (0, 0), Vec::new());
-    let questions: [(Workload, usize, &[f64]); 3] = [
+    // (And 1558M through the batched attention, as for a head size
+    // without fused kernels.)
+    let batched = Workload {
+        fused_attention: false,
+        ..gpt(48, 25, 1600, 32)
+    };
+    let questions: [(Workload, usize, &[f64]); 4] = [
         (
             gpt(48, 25, 1600, 32),
             4,
             &[20.0, 28.0, 36.0, 44.0, 60.0, 80.0],
         ),
+        (batched, 4, &[20.0, 36.0, 60.0, 80.0]),
         (
             gpt(32, 32, 2560, 16),
             4,
