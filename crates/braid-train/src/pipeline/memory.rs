@@ -86,10 +86,41 @@ pub fn stage_activations(
     s: &Schedule,
     all: &[Stage],
     rank: usize,
-    (b, t): (usize, usize),
+    rows: (usize, usize),
     options: &MixedOptions,
     fused: bool,
     tensor: usize,
+) -> StageActivations {
+    let split = s.splits_backward();
+    rank_activations(cfg, s, all, rank, rows, options, (fused, tensor, split))
+}
+
+/// [`stage_activations`] of every rank of `s`, in rank order (whether the
+/// schedule splits its backward passes looked up once: a plan asks for
+/// thousands of ranks).
+pub fn pipeline_activations(
+    cfg: &GptConfig,
+    s: &Schedule,
+    all: &[Stage],
+    rows: (usize, usize),
+    options: &MixedOptions,
+    (fused, tensor): (bool, usize),
+) -> Vec<StageActivations> {
+    let split = s.splits_backward();
+    (0..s.ranks)
+        .map(|rank| rank_activations(cfg, s, all, rank, rows, options, (fused, tensor, split)))
+        .collect()
+}
+
+/// [`stage_activations`], with whether `s` splits its backward passes.
+fn rank_activations(
+    cfg: &GptConfig,
+    s: &Schedule,
+    all: &[Stage],
+    rank: usize,
+    (b, t): (usize, usize),
+    options: &MixedOptions,
+    (fused, tensor, split): (bool, usize, bool),
 ) -> StageActivations {
     use braid_model::footprint::{gpu_mixed_stage_bytes, GpuRun, StageRun, TensorSplit};
     let run = GpuRun {
@@ -116,7 +147,6 @@ pub fn stage_activations(
             sequence: options.sequence_parallel,
         },
     };
-    let split = s.splits_backward();
     let bytes = |stage: usize| {
         let st = &all[stage];
         gpu_mixed_stage_bytes(

@@ -18,7 +18,7 @@
 use super::cost::{Layout, Workload};
 use crate::collective::{copy_engine_landing_bytes, copy_engines_by_default};
 use crate::pipeline::assign::{assign, head_cost};
-use crate::pipeline::memory::{stage_activations, stage_states};
+use crate::pipeline::memory::{pipeline_activations, stage_states};
 use crate::schedule::Schedule;
 use braid_model::cuda::model_mixed::MixedOptions;
 use braid_model::footprint::{gpu_training, share_params, GpuRun, Sharding, TensorSplit};
@@ -146,10 +146,11 @@ fn pipeline_count(
             sequence_parallel: false,
         };
         let rows = (l.micro_batch, w.seq);
-        (0..l.pp)
-            .map(|r| {
+        pipeline_activations(cfg, schedule, &all, rows, &options, (fused, l.tp))
+            .into_iter()
+            .enumerate()
+            .map(|(r, acts)| {
                 let states = stage_states(sizes[r], !streamed_weights, data).bytes;
-                let acts = stage_activations(cfg, schedule, &all, r, rows, &options, fused, l.tp);
                 (states as f64, acts.total() as f64)
             })
             .max_by(|a, b| (a.0 + a.1).total_cmp(&(b.0 + b.1)))

@@ -342,59 +342,100 @@ impl Lists {
     fn zero_bubble(&self, cap: usize) -> Vec<Vec<Action>> {
         let (p, m) = (self.ranks, self.micro);
         let mut run = PaperRun::new(self);
-        let mut next_f = vec![0usize; p];
-        let mut next_i = vec![0usize; p];
-        let mut held = vec![0usize; p];
+        let mut next = Next {
+            forward: vec![0; p],
+            input: vec![0; p],
+            held: vec![0; p],
+            micro: m,
+            cap,
+        };
+        // Each rank's choice, kept between steps: an action changes only
+        // its own rank's and its neighbours' (what it hands on).
+        let mut choice: Vec<Option<(f64, Op)>> = (0..p).map(|r| next.choice(&run, r)).collect();
         for _ in 0..3 * p * m {
-            // The rank that is free first and can act, with its choice.
+            // The rank that is free first and can act (the lowest of a
+            // tie), with its choice.
             let mut best: Option<(f64, usize, Op)> = None;
-            for r in 0..p {
-                let t = run.free[r];
-                let ready = |at: Option<f64>| at.map(|a| a.max(t));
-                let i = (next_i[r] < m)
-                    .then(|| ready(run.arrives(Op::BackwardInput, r, next_i[r])))
-                    .flatten();
-                let f = (next_f[r] < m && held[r] <= cap)
-                    .then(|| ready(run.arrives(Op::Forward, r, next_f[r])))
-                    .flatten();
-                let w = (run.pending(r) > 0).then_some(t);
-                // At the earliest time anything can start, by priority.
-                let start = [i, f, w]
-                    .into_iter()
-                    .flatten()
-                    .fold(f64::INFINITY, f64::min);
-                if start.is_infinite() {
-                    continue;
-                }
-                let op = if i == Some(start) {
-                    Op::BackwardInput
-                } else if f == Some(start) {
-                    Op::Forward
-                } else {
-                    Op::BackwardWeight
-                };
-                if best.is_none_or(|(s, _, _)| start < s) {
-                    best = Some((start, r, op));
+            for (r, c) in choice.iter().enumerate() {
+                if let Some((start, op)) = *c {
+                    if best.is_none_or(|(s, _, _)| start < s) {
+                        best = Some((start, r, op));
+                    }
                 }
             }
             let (start, r, op) = best.expect("a free rank can always act");
             match op {
                 Op::Forward => {
-                    run.run(r, start, op, r, next_f[r]);
-                    next_f[r] += 1;
-                    held[r] += 1;
+                    run.run(r, start, op, r, next.forward[r]);
+                    next.forward[r] += 1;
+                    next.held[r] += 1;
                 }
                 Op::BackwardInput => {
-                    run.run(r, start, op, r, next_i[r]);
-                    next_i[r] += 1;
+                    run.run(r, start, op, r, next.input[r]);
+                    next.input[r] += 1;
                 }
                 _ => {
                     run.run_weight(r, start);
-                    held[r] -= 1;
+                    next.held[r] -= 1;
                 }
+            }
+            let near = r.saturating_sub(1)..(r + 2).min(p);
+            for (q, c) in choice
+                .iter_mut()
+                .enumerate()
+                .take(near.end)
+                .skip(near.start)
+            {
+                *c = next.choice(&run, q);
             }
         }
         run.lists()
+    }
+}
+
+/// Where each rank of a zero-bubble pipeline being built is: the next
+/// micro-batch of its forward passes and of its input halves, and the
+/// micro-batches it holds (forward run, weight half not yet), at most
+/// `cap` before it takes no new forward pass.
+struct Next {
+    forward: Vec<usize>,
+    input: Vec<usize>,
+    held: Vec<usize>,
+    micro: usize,
+    cap: usize,
+}
+
+impl Next {
+    /// What rank `r` would run next and from when: the earliest start of
+    /// an input half, a forward pass or a pending weight half, in that
+    /// order of priority at the same time; `None` where it can do nothing
+    /// yet.
+    fn choice(&self, run: &PaperRun<'_>, r: usize) -> Option<(f64, Op)> {
+        let t = run.free[r];
+        let ready = |at: Option<f64>| at.map(|a| a.max(t));
+        let m = self.micro;
+        let i = (self.input[r] < m)
+            .then(|| ready(run.arrives(Op::BackwardInput, r, self.input[r])))
+            .flatten();
+        let f = (self.forward[r] < m && self.held[r] <= self.cap)
+            .then(|| ready(run.arrives(Op::Forward, r, self.forward[r])))
+            .flatten();
+        let w = (run.pending(r) > 0).then_some(t);
+        let start = [i, f, w]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
+        if start.is_infinite() {
+            return None;
+        }
+        let op = if i == Some(start) {
+            Op::BackwardInput
+        } else if f == Some(start) {
+            Op::Forward
+        } else {
+            Op::BackwardWeight
+        };
+        Some((start, op))
     }
 }
 
