@@ -269,7 +269,7 @@ pub fn run(a: PlanArgs) -> Result<i32, String> {
         );
     }
     println!(
-        "(a model, not a measurement: memory from the planner's own count, step times from the {} description)",
+        "(a model, not a measurement: memory as braid train's pre-flight counts it, step times from the {} description)",
         hw.name
     );
     Ok(0)
