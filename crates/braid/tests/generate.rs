@@ -138,21 +138,17 @@ fn a_file_a_ckpt_dir_and_a_step_dir_give_the_same_text() {
     // the one its prompt gets alone, with its token ids (bytes here).
     let file = dir.path().join("prompts.txt");
     std::fs::write(&file, "the \n\nonce upon\n").unwrap();
-    let lines = text(
-        &model,
-        &[
-            "--prompts",
-            file.to_str().unwrap(),
-            "--tokens",
-            "30",
-            "--temperature",
-            "0",
-        ],
-    );
-    let lines: Vec<serde_json::Value> = lines
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    // The file's JSON lines, with `more` flags.
+    let decoded = |more: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["--prompts", file.to_str().unwrap()];
+        args.extend(["--tokens", "30", "--temperature", "0"]);
+        args.extend(more);
+        text(&model, &args)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let lines = decoded(&[]);
     assert_eq!(lines.len(), 2, "{lines:?}");
     for (line, prompt) in lines.iter().zip(["the ", "once upon"]) {
         let alone = text(
@@ -175,24 +171,7 @@ fn a_file_a_ckpt_dir_and_a_step_dir_give_the_same_text() {
         assert_eq!(line["completion_tokens"], 30, "{line}");
     }
     // One sequence at a time (--max-running 1): the same lines.
-    let one_by_one = text(
-        &model,
-        &[
-            "--prompts",
-            file.to_str().unwrap(),
-            "--tokens",
-            "30",
-            "--temperature",
-            "0",
-            "--max-running",
-            "1",
-        ],
-    );
-    let alone_lines: Vec<serde_json::Value> = one_by_one
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(alone_lines, lines);
+    assert_eq!(decoded(&["--max-running", "1"]), lines);
 
     // --tokens 0 prints the prompt.
     let f = generate(&model, &["--prompt", "as is", "--tokens", "0"]);
