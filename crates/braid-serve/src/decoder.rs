@@ -177,27 +177,23 @@ pub struct CudaDecoder {
 impl CudaDecoder {
     /// A decoder of `params` on `device` with a cache of `blocks` blocks
     /// of `block_size` positions, room for `rows` rows a step (more grow
-    /// it), its products in `dtype` (f32 or bf16).
+    /// it), its products in `dtype` (f32 or bf16), its KV cache in `kv`.
     pub fn new(
         device: &Device,
         params: &Params,
-        blocks: usize,
-        block_size: usize,
-        rows: usize,
+        (blocks, block_size, rows): (usize, usize, usize),
         dtype: braid_core::DType,
+        kv: KvDtype,
     ) -> Result<CudaDecoder, String> {
-        let gpu = GpuDecoder::with_dtype(device, params, blocks, block_size, rows, dtype)
+        let gpu = GpuDecoder::with_kv(device, params, blocks, block_size, rows, dtype, kv)
             .map_err(|e| e.to_string())?;
         Ok(CudaDecoder { gpu, failed: None })
     }
 
     /// Blocks of `block_size` positions that `bytes` of GPU memory hold
-    /// for the model `layout` lays out: keys and values in the element
-    /// `BRAID_DECODE_KV` names (f32 unless it says bf16; a bad value is
-    /// refused when the decoder is made), `2 × layers × block_size ×
-    /// width × 4` (or 2) bytes a block.
-    pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize) -> usize {
-        let kv = KvDtype::from_env().unwrap_or(KvDtype::F32);
+    /// for the model `layout` lays out: keys and values in `kv`, `2 ×
+    /// layers × block_size × width × 4` (or 2, in bf16) bytes a block.
+    pub fn blocks_in(layout: &Layout, bytes: u64, block_size: usize, kv: KvDtype) -> usize {
         let per = GpuKvPages::bytes_per_block(layout, block_size, kv) as u64;
         (bytes / per.max(1)) as usize
     }
@@ -261,11 +257,15 @@ mod tests {
         let cfg = GptConfig::parse("L2-H2-C16-V37-T24").unwrap();
         let params = Params::init_gpt2(Arc::new(Layout::new(&cfg)), 1);
         let per = 2 * 2 * 4 * 16 * 4;
-        assert_eq!(CudaDecoder::blocks_in(&params.layout, 10 * per + 1, 4), 10);
+        let f32 = KvDtype::F32;
         assert_eq!(
-            CudaDecoder::blocks_in(&params.layout, 10 * per, 4),
+            CudaDecoder::blocks_in(&params.layout, 10 * per + 1, 4, f32),
+            10
+        );
+        assert_eq!(
+            CudaDecoder::blocks_in(&params.layout, 10 * per, 4, f32),
             CpuDecoder::blocks_in(&params.layout, 10 * per, 4)
         );
-        assert_eq!(CudaDecoder::blocks_in(&params.layout, per - 1, 4), 0);
+        assert_eq!(CudaDecoder::blocks_in(&params.layout, per - 1, 4, f32), 0);
     }
 }

@@ -244,7 +244,7 @@ pub(super) fn decoder(
             ));
         }
     }
-    let d = CudaDecoder::new(&dev, &params, blocks, block_size, rows, dtype)
+    let d = CudaDecoder::new(&dev, &params, (blocks, block_size, rows), dtype, kv_dtype)
         .map_err(|e| format!("decoding on GPU {g}: {e}"))?;
     Ok(Box::new(d))
 }

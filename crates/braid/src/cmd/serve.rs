@@ -8,6 +8,7 @@ use super::bench::parse_size;
 use super::generate::Source;
 use super::generate::{decoder, decoding_device, load, locate, model_tokenizer};
 use super::serve_tp;
+use braid_model::cuda::decode::KvDtype;
 use braid_serve::http::{serve, AppState};
 use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
 use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, CudaDecoder, Decoder};
@@ -146,7 +147,10 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         .as_ref()
         .map_or(&params.layout, |(gpt, _)| gpt.layout());
     let blocks = match (&share, on.gpu) {
-        (None, Some(_)) => CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size),
+        (None, Some(_)) => {
+            let kv = KvDtype::from_env().map_err(|e| e.to_string())?;
+            CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size, kv)
+        }
         _ => CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size),
     };
     let one_sequence = cfg.context.div_ceil(a.block_size) + 1;

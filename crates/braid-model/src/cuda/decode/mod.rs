@@ -153,7 +153,7 @@ impl HostClock {
 impl GpuDecoder {
     /// A decoder of `params` on `device` with a cache of `blocks` blocks
     /// of `block_size` positions and scratch for `rows` rows per step
-    /// (grown when a step has more).
+    /// (grown when a step has more), in f32 throughout.
     pub fn new(
         device: &Device,
         params: &Params,
@@ -161,26 +161,21 @@ impl GpuDecoder {
         block_size: usize,
         rows: usize,
     ) -> Result<GpuDecoder> {
-        GpuDecoder::with_dtype(device, params, blocks, block_size, rows, DType::F32)
+        GpuDecoder::with_kv(
+            device,
+            params,
+            blocks,
+            block_size,
+            rows,
+            DType::F32,
+            KvDtype::F32,
+        )
     }
 
-    /// [`new`](Self::new), the products in `dtype`: `F32`, or `BF16` (the
+    /// [`new`](Self::new), the products in `dtype` (`F32`, or `BF16`: the
     /// weights' bf16 copy and each product's input in bf16, f32
-    /// accumulation; the rest in f32).
-    pub fn with_dtype(
-        device: &Device,
-        params: &Params,
-        blocks: usize,
-        block_size: usize,
-        rows: usize,
-        dtype: DType,
-    ) -> Result<GpuDecoder> {
-        let kv = KvDtype::from_env()?;
-        GpuDecoder::with_kv(device, params, blocks, block_size, rows, dtype, kv)
-    }
-
-    /// [`with_dtype`](Self::with_dtype), the KV cache in `kv` (which
-    /// `with_dtype` reads from `BRAID_DECODE_KV`).
+    /// accumulation; the rest in f32) and the KV cache in `kv` (the
+    /// caller's choice, `KvDtype::from_env` for `BRAID_DECODE_KV`).
     pub fn with_kv(
         device: &Device,
         params: &Params,
