@@ -41,23 +41,17 @@ pub fn per_gpu(
     if l.pp > 1 {
         return pipeline_count(w, &cfg, l, budget, built).unwrap_or_else(|| planners_count(w, l));
     }
-    let fastest = GpuRun::fastest(
-        &cfg,
-        l.micro_batch,
-        w.seq,
-        l.micro_batches,
-        Sharding {
-            stage: l.zero,
-            ranks: l.shard_ranks(),
-        },
-        l.offload,
-        l.checkpointing,
-        TensorSplit {
-            ranks: l.tp,
-            sequence: l.tp > 1,
-        },
-        l.dp,
-    );
+    let tensor = TensorSplit {
+        ranks: l.tp,
+        sequence: l.tp > 1,
+    };
+    let sharding = Sharding {
+        stage: l.zero,
+        ranks: l.shard_ranks(),
+    };
+    let (b, t, m) = (l.micro_batch, w.seq, l.micro_batches);
+    let (offload, ckpt) = (l.offload, l.checkpointing);
+    let fastest = GpuRun::fastest(&cfg, b, t, m, sharding, offload, ckpt, tensor, l.dp);
     // The batched attention (a head size without fused kernels, or the
     // workload's engine): no fused kernels' state to store or keep.
     let run = match w.fused_attention {
@@ -68,10 +62,6 @@ pub fn per_gpu(
             kept_attention: 0,
             ..fastest
         },
-    };
-    let tensor = TensorSplit {
-        ranks: l.tp,
-        sequence: l.tp > 1,
     };
     // The gradients' landing buffer, as the pre-flight counts it.
     let landing = match l.zero == 0 && copy_engines_by_default(l.dp, one_host) {
