@@ -30,7 +30,9 @@
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
 #     at 1, 8 and 64 requests in flight (--json into $L), once per
 #     --dtype of SERVE_DTYPES (default "bf16 f32"; bf16kv: bf16 over a
-#     bf16 KV cache, BRAID_DECODE_KV=bf16), then (the first) at the
+#     bf16 KV cache, BRAID_DECODE_KV=bf16; a setting may add environment
+#     assignments and flags after a colon, comma-separated:
+#     "bf16kv:BRAID_DECODE_ATTENTION=warps,--step-tokens=2048"), then (the first) at the
 #     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,
 #     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
@@ -46,14 +48,17 @@
 #     in CUDA graphs; without graphs, BRAID_DECODE_GRAPHS=0; f32 products
 #     without graphs; "block" is f32 without graphs with the first
 #     attention kernel, BRAID_DECODE_ATTENTION=block; "kvbf16" the default
-#     over a bf16 KV cache): where a decode
+#     over a bf16 KV cache, "kvbf16nographs" that without graphs, "warps"
+#     that with the warp-per-position attention; PROFILE_MODEL=1558m
+#     profiles GPT-2 1558M instead of 124M): where a decode
 #     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
 #
 #   bash bench/device/serve.sh xl
 #     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve in
 #     bf16 at 1 in flight (16 prompts) and 64 (64 prompts) (XL_KV=bf16: over
-#     a bf16 KV cache), then Hugging Face generate() at 1558M.
+#     a bf16 KV cache; XL_ARGS: more flags of braid serve), then Hugging
+#     Face generate() at 1558M.
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
@@ -218,20 +223,50 @@ healthy() {
   return 1
 }
 
-phase_serve() {
-  local m=/tmp/m124.safetensors ok=0 c
+# The saved model of SIZE (124m or 1558m: one training step on the GPU,
+# GPT-2's vocabulary), trained the first time; prints its path.
+model_file() {
+  local size=$1 m=/tmp/m$1.safetensors
   if [ ! -s "$m" ]; then
-    run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
-      --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
+    case $size in
+    124m) run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
+      --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" >&2 || return 1 ;;
+    1558m) run train-1558m 240 "$B" train --device cuda --model 1558M --tokenizer gpt2 --data random \
+      --seq 1024 --batch 1 --steps 1 --eval-every 0 --save "$m" >&2 || return 1 ;;
+    esac
   fi
-  local dt first=1
+  echo "$m"
+}
+
+# A run's setting, DTYPE[:X,Y,...]: bf16kv is bf16 products over a bf16
+# KV cache (BRAID_DECODE_KV=bf16); each X is an environment assignment
+# (NAME=VALUE) or a flag of braid serve (--name=value). Sets flag (the
+# --dtype), envs and args.
+setting() {
+  local dt=${1%%:*} rest=""
+  [[ $1 == *:* ]] && rest=${1#*:}
+  flag=$dt envs=() args=()
+  [ "$dt" = bf16kv ] && flag=bf16 envs=(BRAID_DECODE_KV=bf16)
+  local x
+  for x in ${rest//,/ }; do
+    case $x in
+    --*=*) args+=("${x%%=*}" "${x#*=}") ;;
+    *=*) envs+=("$x") ;;
+    esac
+  done
+}
+
+phase_serve() {
+  local m ok=0 c
+  m=$(model_file 124m) || return 1
+  local dt first=1 flag envs args
   for dt in ${SERVE_DTYPES:-bf16 f32}; do
-    local log=$L/serve-124m-$dt.txt flag=$dt envs=()
-    # bf16kv: bf16 products over a bf16 KV cache.
-    [ "$dt" = bf16kv ] && flag=bf16 envs=(BRAID_DECODE_KV=bf16)
-    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory ${SERVE_KV:-2G}" > "$log"
+    setting "$dt"
+    local log=$L/serve-124m-${dt//[:=,]/_}.txt
+    dt=${dt//[:=,]/_}
+    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory ${SERVE_KV:-2G} ${args[*]}" > "$log"
     env "${envs[@]}" "$B" serve --device cuda --dtype "$flag" --load "$m" --port "$PORT" \
-      --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
+      --kv-memory "${SERVE_KV:-2G}" "${args[@]}" >> "$log" 2>&1 &
     local pid=$!
     if ! healthy "$pid"; then
       echo "serve $dt: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
@@ -280,18 +315,17 @@ phase_serve() {
 }
 
 phase_profile() {
-  local m=/tmp/m124.safetensors c a
-  if [ ! -s "$m" ]; then
-    run train-124m 180 "$B" train --device cuda --model 124M --tokenizer gpt2 --data random \
-      --seq 1024 --batch 4 --steps 1 --eval-every 0 --save "$m" || return 1
-  fi
+  local size=${PROFILE_MODEL:-124m} m c a
+  m=$(model_file "$size") || return 1
   for a in ${PROFILE_RUNS:-graphs nographs f32}; do
-    local log=$L/serve-profile-$a.txt envs=(BRAID_PROFILE=1) dt=bf16
+    local log=$L/serve-profile-$size-$a.txt envs=(BRAID_PROFILE=1) dt=bf16
     case $a in
     graphs) ;;
     nographs) envs+=(BRAID_DECODE_GRAPHS=0) ;;
     f32) envs+=(BRAID_DECODE_GRAPHS=0) dt=f32 ;;
     kvbf16) envs+=(BRAID_DECODE_KV=bf16) ;;
+    kvbf16nographs) envs+=(BRAID_DECODE_KV=bf16 BRAID_DECODE_GRAPHS=0) ;;
+    warps) envs+=(BRAID_DECODE_KV=bf16 BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=warps) ;;
     block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block BRAID_DECODE_PICKS=0) dt=f32 ;;
     esac
     echo "cmd: ${envs[*]} $B serve --device cuda --dtype $dt --load $m --port $PORT" > "$log"
@@ -309,9 +343,9 @@ phase_profile() {
       [ "$c" = 64 ] && n=128
       local before
       before=$(grep -c "braid decode profile" "$log")
-      run "profile-$a-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
+      run "profile-$size-$a-c$c" 120 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts "$n" \
         --input-len 128 --output-len 128 --max-concurrency "$c"
-      echo "== profiled, $a, $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-$a-c$c.txt" | tr -s ' ' | tr '\n' ';')"
+      echo "== profiled, $size $a, $c in flight: $(grep -hE 'Output token throughput|Mean TPOT' "$L/profile-$size-$a-c$c.txt" | tr -s ' ' | tr '\n' ';')"
       # The last report of this load.
       awk -v skip="$before" '/braid decode profile/{k++} k>skip' "$log" |
         awk '/braid decode profile/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' | head -n 20 | cut -c1-160
@@ -325,17 +359,16 @@ phase_profile() {
 # braid serve in bf16: 1 in flight (16 prompts) and 64 (64 prompts), 128 +
 # 128 tokens; then Hugging Face generate() at 1558M.
 phase_xl() {
-  local m=/tmp/m1558.safetensors ok=0 c
-  if [ ! -s "$m" ]; then
-    run train-1558m 240 "$B" train --device cuda --model 1558M --tokenizer gpt2 --data random \
-      --seq 1024 --batch 1 --steps 1 --eval-every 0 --save "$m" || return 1
-  fi
+  local m ok=0 c
+  m=$(model_file 1558m) || return 1
   local log=$L/serve-1558m.txt envs=()
   # XL_KV=bf16: the KV cache in bf16 too.
   [ -n "${XL_KV:-}" ] && envs=(BRAID_DECODE_KV="$XL_KV")
-  echo "cmd: ${envs[*]} $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G" > "$log"
+  # XL_ARGS: more flags of braid serve (e.g. --step-tokens 2048).
+  echo "cmd: ${envs[*]} $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G ${XL_ARGS:-}" > "$log"
+  # shellcheck disable=SC2086
   env "${envs[@]}" "$B" serve --device cuda --dtype bf16 --load "$m" --port "$PORT" --kv-memory 8G \
-    >> "$log" 2>&1 &
+    ${XL_ARGS:-} >> "$log" 2>&1 &
   local pid=$!
   if ! healthy "$pid"; then
     echo "serve 1558M: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"

@@ -54,10 +54,10 @@ pub struct Kernels {
     paged_attention_decode_bf16: Function,
     paged_attention_decode_warps: Function,
     paged_attention_decode_warps_bf16: Function,
-    /// Whether decode attention runs one warp per position
-    /// (`paged_attention_decode_warps`, the default) or one thread
-    /// (`BRAID_DECODE_ATTENTION=block`).
-    decode_in_warps: bool,
+    paged_attention_decode_pages: Function,
+    paged_attention_decode_pages_bf16: Function,
+    /// Which kernel runs the decode attention.
+    decode_attention: DecodeAttention,
     gather_rows: Function,
     logits_pick: Function,
 }
@@ -99,8 +99,9 @@ impl Kernels {
             paged_attention_decode_bf16: f("paged_attention_decode_bf16")?,
             paged_attention_decode_warps: f("paged_attention_decode_warps")?,
             paged_attention_decode_warps_bf16: f("paged_attention_decode_warps_bf16")?,
-            decode_in_warps: std::env::var(braid_core::env::BRAID_DECODE_ATTENTION)
-                .map_or(true, |v| v != "block"),
+            paged_attention_decode_pages: f("paged_attention_decode_pages")?,
+            paged_attention_decode_pages_bf16: f("paged_attention_decode_pages_bf16")?,
+            decode_attention: DecodeAttention::from_env()?,
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
             _module: module,
@@ -720,6 +721,51 @@ pub struct PagedShape {
     pub block_size: usize,
 }
 
+/// The kernels of the decode attention, all over the same paged cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeAttention {
+    /// Page rows read 16 bytes a lane, several positions a warp
+    /// (`paged_attention_decode_pages`, the default where the head's
+    /// bytes and the buffers' alignment allow; else `Warps`).
+    Pages,
+    /// A warp per position (`paged_attention_decode_warps`).
+    Warps,
+    /// A thread per position (`paged_attention_decode`, the first kernel).
+    Block,
+}
+
+impl DecodeAttention {
+    /// `BRAID_DECODE_ATTENTION`: `pages` (the default), `warps` or
+    /// `block`; anything else refused with what is accepted.
+    pub fn from_env() -> Result<DecodeAttention> {
+        let v = std::env::var(braid_core::env::BRAID_DECODE_ATTENTION).unwrap_or_default();
+        match v.as_str() {
+            "" | "pages" => Ok(DecodeAttention::Pages),
+            "warps" => Ok(DecodeAttention::Warps),
+            "block" => Ok(DecodeAttention::Block),
+            other => Err(braid_cuda::CudaError::Invalid(format!(
+                "{}={other}: the decode attention is pages (the default), warps or block",
+                braid_core::env::BRAID_DECODE_ATTENTION
+            ))),
+        }
+    }
+}
+
+/// Whether the pages kernel reads this head: 16 bytes a lane (`head_size`
+/// a multiple of 4 elements in f32, 8 in bf16), a position in a power of
+/// two of lanes up to a warp, and every 16-byte load aligned (the cache's
+/// and the queries' pointers).
+fn pages_fit(head_size: usize, kv: PagedKv, qkv_ptr: u64) -> bool {
+    let e = if kv.bf16 { 8 } else { 4 };
+    let lanes = head_size / e;
+    head_size % e == 0
+        && lanes.is_power_of_two()
+        && lanes <= 32
+        && kv.k % 16 == 0
+        && kv.v % 16 == 0
+        && qkv_ptr % 16 == 0
+}
+
 fn too_short(what: &str, have: usize, want: usize) -> Result<()> {
     match have >= want {
         true => Ok(()),
@@ -827,10 +873,10 @@ impl Kernels {
         }
     }
 
-    /// Decode attention in warps (true) or a thread per position.
+    /// The decode attention's kernel (the tests try each).
     #[cfg(test)]
-    pub(crate) fn set_decode_in_warps(&mut self, in_warps: bool) {
-        self.decode_in_warps = in_warps;
+    pub(crate) fn set_decode_attention(&mut self, which: DecodeAttention) {
+        self.decode_attention = which;
     }
 
     /// A decode step's attention over the paged cache of one layer: row
@@ -841,18 +887,24 @@ impl Kernels {
     /// block_size + p % block_size`). Softmax scale `1/sqrt(head_size)`;
     /// `out` rows of `c`. One block of threads per (row, head). Tables,
     /// positions and block ids are checked by the caller.
+    ///
+    /// `outb` (a bf16 buffer's pointer and length, `rows * c` at least):
+    /// the output narrowed to bf16 there too, when the kernel that runs
+    /// can (the pages kernel). Returns whether it did; if not, the caller
+    /// narrows `out` itself.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention_decode(
         &self,
         s: &Stream,
         out: &mut impl DeviceMem<f32>,
+        outb: Option<(u64, usize)>,
         qkv: &impl DeviceMem<f32>,
         kv: PagedKv,
         pos: &impl DeviceMem<i32>,
         tab_off: &impl DeviceMem<i32>,
         tabs: &impl DeviceMem<i32>,
         shape: PagedShape,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let PagedShape {
             rows,
             heads,
@@ -861,21 +913,40 @@ impl Kernels {
         } = shape;
         let c = heads * head_size;
         if rows == 0 {
-            return Ok(());
+            return Ok(outb.is_some());
         }
         too_short("paged attention out", out.dlen(), rows * c)?;
         too_short("paged attention qkv", qkv.dlen(), rows * 3 * c)?;
         too_short("paged attention positions", pos.dlen(), rows)?;
         too_short("paged attention table offsets", tab_off.dlen(), rows)?;
+        if let Some((_, len)) = outb {
+            too_short("paged attention bf16 out", len, rows * c)?;
+        }
+        let which = match self.decode_attention {
+            DecodeAttention::Pages if pages_fit(head_size, kv, qkv.dptr()) => {
+                DecodeAttention::Pages
+            }
+            DecodeAttention::Pages | DecodeAttention::Warps if head_size <= 128 => {
+                DecodeAttention::Warps
+            }
+            _ => DecodeAttention::Block,
+        };
         let threads = paged_threads(head_size)?;
         let shared = (threads as usize + 32 + head_size) * std::mem::size_of::<f32>();
-        // The warps' kernel (heads up to 4 warps wide): DEC_WARPS warps,
-        // its shared memory static.
-        let (f, threads, shared) = match (self.decode_in_warps && head_size <= 128, kv.bf16) {
-            (true, false) => (&self.paged_attention_decode_warps, 8 * 32, 0),
-            (true, true) => (&self.paged_attention_decode_warps_bf16, 8 * 32, 0),
-            (false, false) => (&self.paged_attention_decode, threads, shared),
-            (false, true) => (&self.paged_attention_decode_bf16, threads, shared),
+        // The pages' and the warps' kernels: a fixed number of warps
+        // (PG_WARPS, DEC_WARPS), their shared memory static.
+        let (f, threads, shared) = match (which, kv.bf16) {
+            (DecodeAttention::Pages, false) => (&self.paged_attention_decode_pages, 4 * 32, 0),
+            (DecodeAttention::Pages, true) => (&self.paged_attention_decode_pages_bf16, 4 * 32, 0),
+            (DecodeAttention::Warps, false) => (&self.paged_attention_decode_warps, 8 * 32, 0),
+            (DecodeAttention::Warps, true) => (&self.paged_attention_decode_warps_bf16, 8 * 32, 0),
+            (DecodeAttention::Block, false) => (&self.paged_attention_decode, threads, shared),
+            (DecodeAttention::Block, true) => (&self.paged_attention_decode_bf16, threads, shared),
+        };
+        let narrowed = which == DecodeAttention::Pages && outb.is_some();
+        let ob: u64 = match (which, outb) {
+            (DecodeAttention::Pages, Some((p, _))) => p,
+            _ => 0,
         };
         let ptrs = [
             out.dptr(),
@@ -888,14 +959,32 @@ impl Kernels {
         ];
         let (nh, hs, bs) = (heads as i32, head_size as i32, block_size as i32);
         let scale = 1.0f32 / (head_size as f32).sqrt();
+        let mut args = vec![arg(&ptrs[0])];
+        if which == DecodeAttention::Pages {
+            args.push(arg(&ob));
+        }
+        args.extend([
+            arg(&ptrs[1]),
+            arg(&ptrs[2]),
+            arg(&ptrs[3]),
+            arg(&ptrs[4]),
+            arg(&ptrs[5]),
+            arg(&ptrs[6]),
+            arg(&nh),
+            arg(&hs),
+            arg(&bs),
+            arg(&scale),
+        ]);
         // SAFETY: out holds rows*c, qkv rows*3c, pos and tab_off rows
-        // elements (checked); each row's table holds a block for each of
-        // its positions 0..=pos and every block id is inside the cache
-        // (the caller's checks), the kernel reading the element kv.bf16
-        // names; the dynamic shared memory is the
-        // kernel's (threads + 32 + head_size) floats, under 48 KiB for
-        // threads <= 1024 (the warps' kernel: head_size <= 128 and
-        // DEC_WARPS = 8 warps, its arrays static);
+        // elements, and outb (when the pages kernel writes it, else null)
+        // rows*c (checked); each row's table holds a block for each of its
+        // positions 0..=pos and every block id is inside the cache (the
+        // caller's checks), the kernel reading the element kv.bf16 names;
+        // the pages kernel runs only where pages_fit found its 16-byte
+        // loads aligned and a position's lanes a power of two up to a
+        // warp; the first kernel's dynamic shared memory is its (threads +
+        // 32 + head_size) floats, under 48 KiB for threads <= 1024 (the
+        // others' arrays static; the warps' kernel for head_size <= 128);
         // all alive until the stream has run the kernel.
         unsafe {
             f.launch(
@@ -903,21 +992,10 @@ impl Kernels {
                 (threads, 1, 1),
                 shared as u32,
                 s,
-                &mut [
-                    arg(&ptrs[0]),
-                    arg(&ptrs[1]),
-                    arg(&ptrs[2]),
-                    arg(&ptrs[3]),
-                    arg(&ptrs[4]),
-                    arg(&ptrs[5]),
-                    arg(&ptrs[6]),
-                    arg(&nh),
-                    arg(&hs),
-                    arg(&bs),
-                    arg(&scale),
-                ],
-            )
+                &mut args,
+            )?;
         }
+        Ok(narrowed)
     }
 
     /// Each of `m` rows of `ld` logits' greedy choice among its first

@@ -80,6 +80,10 @@ pub(super) struct Half<'a> {
     pub(super) mk: &'a MixedKernels,
     pub(super) wb: &'a DeviceBuffer<bf16>,
     pub(super) tb: &'a mut [DeviceBuffer<bf16>],
+    /// Whether the MLP's first product applies its GELU in cuBLASLt's
+    /// epilogue, straight into the bf16 input of the next (cleared, for
+    /// the decoder's life, the first time cuBLASLt has no such product).
+    pub(super) gelu_fused: &'a mut bool,
 }
 
 impl Half<'_> {
@@ -132,6 +136,54 @@ impl Half<'_> {
     }
 }
 
+impl Half<'_> {
+    /// `tb[Gelu] = gelu(tb[input] · wb[w] + wb[bias])` in bf16, the
+    /// pre-activation into `tb[Fch]`; false (and the fused form off from
+    /// then on, with a note) if cuBLASLt has no such product here.
+    fn gelu_product(
+        &mut self,
+        s: &Stream,
+        input: Act,
+        (w, bias): (std::ops::Range<usize>, std::ops::Range<usize>),
+        (n, ic, oc): (usize, usize, usize),
+    ) -> Result<bool> {
+        let a = self.tb[input.index()].view(0..n * ic);
+        let b = self.wb.view(w);
+        let bias = self.wb.view(bias);
+        let aux = self.tb[Act::Fch.index()].view(0..n * oc);
+        let d = self.tb[Act::Gelu.index()].view(0..n * oc);
+        let dm = Mat::of(&d, oc);
+        let g = LtGemm {
+            m: n,
+            n: oc,
+            k: ic,
+            a: Mat::of(&a, ic),
+            b: Mat::of(&b, oc),
+            c: dm,
+            d: dm,
+            epilogue: Epilogue::GeluAuxBias {
+                bias: (bias.dptr(), oc),
+                aux: (aux.dptr(), n * oc),
+                aux_ld: oc,
+            },
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        match self.lt.gemm(s, &g) {
+            Ok(()) => Ok(true),
+            Err(CudaError::Invalid(e)) => Err(CudaError::Invalid(e)),
+            Err(e) => {
+                eprintln!(
+                    "note: cuBLASLt has no bf16 product with a GELU epilogue here ({e}); \
+                     the decoder applies the GELU in a pass of its own"
+                );
+                *self.gelu_fused = false;
+                Ok(false)
+            }
+        }
+    }
+}
+
 impl BlockForward for GpuDecodeForward<'_> {
     type Error = CudaError;
 
@@ -172,6 +224,14 @@ impl BlockForward for GpuDecodeForward<'_> {
         let (w, b) = self.r.linear(linear);
         let (ic, oc) = linear.widths(&self.w);
         let n = self.n;
+        if let Some(h) = &mut self.half {
+            if linear == Linear::Fc
+                && *h.gelu_fused
+                && h.gelu_product(self.s, input, (w.clone(), b.clone()), (n, ic, oc))?
+            {
+                return self.prof.mark(self.s, "gemm + bias + gelu");
+            }
+        }
         let (o, t) = split(self.t, out);
         let mut o = o.view_mut(0..n * oc);
         if let Some(h) = &mut self.half {
@@ -203,9 +263,16 @@ impl BlockForward for GpuDecodeForward<'_> {
         // attend to one another.
         self.k.kv_write(self.s, self.kv, &qkv, &self.slots, n, c)?;
         self.prof.mark(self.s, "kv write")?;
-        self.k.paged_attention_decode(
+        // With bf16 products the kernel narrows its output into the
+        // product's bf16 input too where it can.
+        let outb = self.half.as_ref().map(|h| {
+            let b = &h.tb[out.index()];
+            (b.dptr(), b.dlen())
+        });
+        let narrowed = self.k.paged_attention_decode(
             self.s,
             &mut o.view_mut(0..n * c),
+            outb,
             &qkv,
             self.kv,
             &self.pos,
@@ -219,12 +286,18 @@ impl BlockForward for GpuDecodeForward<'_> {
             },
         )?;
         if let Some(h) = &mut self.half {
-            h.keep(self.s, out, o, n * c)?;
+            if !narrowed {
+                h.keep(self.s, out, o, n * c)?;
+            }
         }
         self.prof.mark(self.s, "paged attention")
     }
 
     fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        if self.half.as_ref().is_some_and(|h| *h.gelu_fused) {
+            // Applied in the MLP's first product, into its bf16 output.
+            return Ok(());
+        }
         let n = self.n;
         let width = out.width(&self.w);
         let (o, t) = split(self.t, out);

@@ -99,6 +99,8 @@ struct HalfParts {
     wb: DeviceBuffer<bf16>,
     lt: BlasLt,
     mk: MixedKernels,
+    /// The GELU in the MLP's first product ([`forward::Half`]).
+    gelu_fused: bool,
 }
 
 impl HalfParts {
@@ -109,6 +111,7 @@ impl HalfParts {
             wb: DeviceBuffer::from_host(device, &rounded)?,
             lt: BlasLt::new(device)?,
             mk: MixedKernels::load(device)?,
+            gelu_fused: true,
         })
     }
 }
@@ -496,6 +499,7 @@ impl GpuDecoder {
                     mk: &h.mk,
                     wb: &h.wb,
                     tb: &mut tb[..],
+                    gelu_fused: &mut h.gelu_fused,
                 }),
             })?;
             t.swap(Act::X.index(), Act::Out.index());
@@ -634,6 +638,7 @@ impl GpuDecoder {
 mod tests {
     use super::*;
     use crate::config::GptConfig;
+    use crate::cuda::kernels::DecodeAttention;
     use crate::model::Gpt;
     use crate::model::KvPages;
     use crate::paged::BlockId;
@@ -693,6 +698,8 @@ mod tests {
             "paged_attention_decode_bf16",
             "paged_attention_decode_warps",
             "paged_attention_decode_warps_bf16",
+            "paged_attention_decode_pages",
+            "paged_attention_decode_pages_bf16",
             "gather_rows",
             "logits_pick",
         ] {
@@ -789,7 +796,23 @@ mod tests {
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
-        decodes_as_the_cpu(true, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::F32);
+    }
+
+    /// The same on heads of 64 (GPT-2's), whose positions the pages
+    /// kernel reads in 16 (f32) or 8 (bf16) lanes, with bf16 products
+    /// over a bf16 cache too.
+    #[test]
+    fn gpu_decoding_of_heads_of_64_gives_the_cpus_logits() {
+        decodes_as_the_cpu(WIDE, DecodeAttention::Pages, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(WIDE, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16);
+    }
+
+    /// The same with a warp per position (the kernel before the pages').
+    #[test]
+    fn gpu_decoding_with_a_warp_per_position_gives_the_cpus_logits() {
+        decodes_as_the_cpu(SMALL, DecodeAttention::Warps, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(WIDE, DecodeAttention::Warps, DType::BF16, KvDtype::Bf16);
     }
 
     /// The same with bf16 products, within bf16's rounding (2 % of the
@@ -800,7 +823,7 @@ mod tests {
     /// unscaled, by 0.3 % at most.
     #[test]
     fn gpu_bf16_decoding_gives_the_cpus_logits_within_bf16s_rounding() {
-        decodes_as_the_cpu(true, DType::BF16, KvDtype::F32);
+        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::BF16, KvDtype::F32);
     }
 
     /// f32 products over a bf16 KV cache (`BRAID_DECODE_KV=bf16`): keys and
@@ -809,19 +832,25 @@ mod tests {
     /// CPU's f32 ones.
     #[test]
     fn gpu_decoding_over_a_bf16_cache_gives_the_cpus_logits_within_its_rounding() {
-        decodes_as_the_cpu(true, DType::F32, KvDtype::Bf16);
-        decodes_as_the_cpu(false, DType::BF16, KvDtype::Bf16);
+        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::Bf16);
+        decodes_as_the_cpu(SMALL, DecodeAttention::Block, DType::BF16, KvDtype::Bf16);
     }
 
     /// The same with a thread per position and without graphs.
     #[test]
     fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
-        decodes_as_the_cpu(false, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(SMALL, DecodeAttention::Block, DType::F32, KvDtype::F32);
     }
 
-    /// The GPU's steps against the CPU's, the attention in warps or not,
-    /// the products in `dtype`, the cache in `kv`.
-    fn decodes_as_the_cpu(in_warps: bool, dtype: DType, kv: KvDtype) {
+    /// The decode tests' model: heads of 8.
+    const SMALL: &str = "L2-H2-C16-V37-T24";
+    /// Heads of 64.
+    const WIDE: &str = "L2-H2-C128-V37-T24";
+
+    /// The GPU's steps against the CPU's for the model `spec`, the
+    /// attention by `which` kernel, the products in `dtype`, the cache in
+    /// `kv`.
+    fn decodes_as_the_cpu(spec: &str, which: DecodeAttention, dtype: DType, kv: KvDtype) {
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
             _ => (2e-2, 1.0),
@@ -829,21 +858,23 @@ mod tests {
         if braid_cuda::device_count().unwrap_or(0) == 0 {
             return skip("no GPU");
         }
-        let params = model_at("L2-H2-C16-V37-T24", 3, scale);
+        let params = model_at(spec, 3, scale);
         let layout = params.layout.clone();
         let gpt = Gpt::new(layout.clone());
         let device = Device::open(0).unwrap();
         let (blocks, bs) = (16, 4);
         // Room for 2 rows: the prefill's 10 make the scratch grow.
         let mut gpu = GpuDecoder::with_kv(&device, &params, blocks, bs, 2, dtype, kv).unwrap();
-        gpu.kernels.set_decode_in_warps(in_warps);
-        // The warps' run replays graphs and chooses on the device; the
-        // first kernel's runs every step as it is, choosing on the host.
-        gpu.graphs = match in_warps {
+        gpu.kernels.set_decode_attention(which);
+        // The pages' and warps' runs replay graphs and choose on the
+        // device; the first kernel's runs every step as it is, choosing on
+        // the host.
+        let graphs = which != DecodeAttention::Block;
+        gpu.graphs = match graphs {
             true => DecodeGraphs::on(),
             false => DecodeGraphs::off(),
         };
-        gpu.device_picks = in_warps;
+        gpu.device_picks = graphs;
         let mut cpu = KvPages::<f32>::new(&layout, blocks, bs);
         let mut pool = BlockPool::new(blocks, bs);
         let prompts: [&[u32]; 2] = [&[5, 9, 1, 30, 2, 2, 17], &[3, 11, 8]];
