@@ -181,6 +181,19 @@ pub struct BlasLt {
     workspace: DeviceBuffer<u8>,
     plans: HashMap<Key, Plan>,
     tuning: Tuning,
+    /// With [`BlasLt::share_across_rows`]: the algorithm found for each
+    /// bucket of row counts ([`row_bucket`]), reused by the other counts
+    /// of its bucket after cuBLASLt's check instead of a new search.
+    by_rows: Option<HashMap<Key, sys::cublasLtMatmulAlgo_t>>,
+}
+
+/// The bucket of `m` rows whose products share an algorithm: up to 64
+/// rows each count its own, then powers of two.
+fn row_bucket(m: usize) -> usize {
+    match m <= 64 {
+        true => m,
+        false => m.next_power_of_two(),
+    }
 }
 
 // SAFETY: the handle may be used from any thread, one call at a time
@@ -284,7 +297,43 @@ impl BlasLt {
             workspace: DeviceBuffer::zeros(device, WORKSPACE)?,
             plans: HashMap::new(),
             tuning: Tuning::Heuristic,
+            by_rows: None,
         })
+    }
+
+    /// Products whose row counts change at every call (a decoder's
+    /// steps) search cuBLASLt's heuristic once per bucket of row counts
+    /// (`row_bucket`: exact up to 64, then powers of two) instead of once
+    /// per count: a search costs about a millisecond, a step of prompt
+    /// rows a few. A count reuses its bucket's algorithm where cuBLASLt's
+    /// check accepts it for the count's shape, else searches. Off by
+    /// default (training's shapes repeat).
+    pub fn share_across_rows(&mut self) {
+        self.by_rows.get_or_insert_with(HashMap::new);
+    }
+
+    /// Whether cuBLASLt accepts `algo` for `plan`'s shape within the
+    /// workspace.
+    fn algo_fits(&self, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+        // SAFETY: plain-old-data, filled in by the call below.
+        let mut r: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: every descriptor is live and `algo` came from a search
+        // on this handle; `r` is written by the call.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                plan.desc,
+                plan.layouts[0],
+                plan.layouts[1],
+                plan.layouts[2],
+                plan.layouts[3],
+                algo,
+                &mut r,
+            )
+        };
+        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && r.workspaceSize <= WORKSPACE
     }
 
     fn key(g: &LtGemm) -> Key {
@@ -361,11 +410,24 @@ impl BlasLt {
             return Ok(&self.plans[&key]);
         }
         let mut plan = self.describe(g)?;
+        let bucket = Key {
+            mnk: (row_bucket(g.m), g.n, g.k),
+            ..key
+        };
+        if let Some(algo) = self.by_rows.as_ref().and_then(|b| b.get(&bucket)) {
+            if self.algo_fits(&plan, algo) {
+                plan.algo = *algo;
+                return Ok(self.plans.entry(key).or_insert(plan));
+            }
+        }
         let tune = self.tuning != Tuning::Heuristic && repeatable(g);
         let offered = self.heuristics(&plan, &key, if tune { TUNE_OFFERS } else { 1 })?;
         plan.algo = offered[0].algo;
         if offered.len() > 1 {
             plan.algo = self.fastest(&plan, &offered, stream, g)?;
+        }
+        if let Some(b) = self.by_rows.as_mut() {
+            b.entry(bucket).or_insert(plan.algo);
         }
         Ok(self.plans.entry(key).or_insert(plan))
     }
