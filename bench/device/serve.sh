@@ -29,8 +29,9 @@
 #     default 2G: 64 requests of 256 positions at once), loaded by `braid
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
 #     at 1, 8 and 64 requests in flight (--json into $L), once per
-#     --dtype of SERVE_DTYPES (default "bf16 f32"; bf16kv: bf16 over a
-#     bf16 KV cache, BRAID_DECODE_KV=bf16; a setting may add environment
+#     --dtype of SERVE_DTYPES (default "bf16 f32"; bf16 runs over a bf16
+#     KV cache, f32 over an f32 one, unless BRAID_DECODE_KV says; bf16kv
+#     sets BRAID_DECODE_KV=bf16; a setting may add environment
 #     assignments and flags after a colon, comma-separated:
 #     "bf16kv:BRAID_DECODE_ATTENTION=warps,--step-tokens=2048"), then (the first) at the
 #     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,

@@ -146,8 +146,9 @@ pub const BRAID_ATTENTION: &str = "BRAID_ATTENTION";
 pub const BRAID_FLASH_FORWARD: &str = "BRAID_FLASH_FORWARD";
 /// The flash attention's backward kernels: `auto`, `mma` or `wgmma`.
 pub const BRAID_FLASH_BACKWARD: &str = "BRAID_FLASH_BACKWARD";
-/// The GPU decoder's attention: `warps` (a warp per position, the
-/// default) or `block` (a thread per position, the first kernel).
+/// The GPU decoder's attention: `pages` (16 bytes of a page row a lane,
+/// the default), `warps` (a warp per position) or `block` (a thread per
+/// position, the first kernel).
 pub const BRAID_DECODE_ATTENTION: &str = "BRAID_DECODE_ATTENTION";
 /// `0` or `off`: the GPU decoder runs its steady steps without CUDA
 /// graphs (on by default).
@@ -156,10 +157,14 @@ pub const BRAID_DECODE_GRAPHS: &str = "BRAID_DECODE_GRAPHS";
 /// host makes the greedy choices (by default a greedy row's choice is made
 /// on the device and only it comes back).
 pub const BRAID_DECODE_PICKS: &str = "BRAID_DECODE_PICKS";
-/// The GPU decoder's KV cache: `f32` (the default) or `bf16` (half the
-/// bytes a step reads; keys and values rounded to bf16 as they are
-/// written).
+/// The GPU decoder's KV cache: `f32` or `bf16` (half the bytes a step
+/// reads; keys and values rounded to bf16 as they are written); unset,
+/// the products' element.
 pub const BRAID_DECODE_KV: &str = "BRAID_DECODE_KV";
+/// `1` or `on`: the GPU decoder's bf16 products of up to 8 rows run on
+/// braid's skinny kernel instead of cuBLASLt (off by default: on an H100
+/// it was slower, 1558M at one stream 4.24 ms a token against 2.80).
+pub const BRAID_DECODE_SKINNY: &str = "BRAID_DECODE_SKINNY";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).
 pub const BRAID_FLASH128_BLOCKS: &str = "BRAID_FLASH128_BLOCKS";

@@ -1,5 +1,6 @@
 //! Requests run to the end without a server ([`complete`]): what `braid
-//! generate` uses, one prompt or a file of them decoded together.
+//! generate` uses, one prompt or a file of them decoded together; and the
+//! burst `braid serve` runs on a GPU before it listens ([`warm_up`]).
 
 use crate::batcher::Batcher;
 use crate::decoder::Decoder;
@@ -77,4 +78,56 @@ pub fn complete<D: Decoder>(
         .into_iter()
         .map(|c| c.expect("every request ended"))
         .collect())
+}
+
+/// What [`warm_up`] ran.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmUp {
+    pub requests: usize,
+    pub prompt_tokens: usize,
+    pub elapsed: Duration,
+}
+
+/// A burst shaped like a full load, run before a server takes requests,
+/// so that the first clients do not pay for what a decoder does once per
+/// shape (the scratch grown to a full step's rows, CUDA graphs captured
+/// for the steady steps of every running sequence, the products' plans):
+/// as many requests as run at once, with distinct prompts (the prefix
+/// cache shares none) that together fill a step's tokens, three greedy
+/// tokens each. Prompt tokens are ids below `vocab`, each prompt shorter
+/// than `context`.
+pub fn warm_up<D: Decoder>(
+    batcher: &mut Batcher<D>,
+    vocab: usize,
+    context: usize,
+) -> Result<WarmUp, String> {
+    let o = batcher.options();
+    let n = o.max_running.max(1);
+    let len = o
+        .step_tokens
+        .div_ceil(n)
+        .clamp(1, context.saturating_sub(4).max(1));
+    let requests: Vec<Request> = (0..n)
+        .map(|i| Request {
+            prompt: (0..len)
+                .map(|j| ((i * 7919 + j * 104_729 + 1) % vocab.max(1)) as u32)
+                .collect(),
+            max_tokens: 3,
+            sampling: braid_model::sample::Sampling {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            stop: Vec::new(),
+            logprobs: false,
+        })
+        .collect();
+    let start = Instant::now();
+    complete(batcher, requests).map_err(|e| format!("warming up: {e}"))?;
+    Ok(WarmUp {
+        requests: n,
+        prompt_tokens: len,
+        elapsed: start.elapsed(),
+    })
 }

@@ -233,7 +233,27 @@ pub struct MixedKernels {
     adamw_multi4: Function,
     /// The fused attention kernels, where the GPU has bf16 tensor cores.
     pub(crate) flash: Option<FlashKernels>,
+    skinny_gemm: Function,
+    /// The GPU's multiprocessors (the skinny products' tiles are sized to
+    /// cover them).
+    sms: usize,
 }
+
+/// Where a skinny product ([`MixedKernels::skinny_product`]) puts its
+/// rows: buffers as `(device address, elements)`.
+#[derive(Debug, Clone, Copy)]
+pub enum SkinnyTo {
+    /// `out = y`, or `out = y + res` (f32).
+    F32 {
+        out: (u64, usize),
+        res: Option<(u64, usize)>,
+    },
+    /// `out = bf16(gelu(y))`.
+    GeluBf16 { out: (u64, usize) },
+}
+
+/// Rows a skinny product takes at most (the kernel's `SK_ROWS`).
+pub const SKINNY_ROWS: usize = 8;
 
 impl MixedKernels {
     /// Compiles (through the cache) and loads the kernels on `device`.
@@ -273,6 +293,8 @@ impl MixedKernels {
             bias_gelu: f("bias_gelu_bf")?,
             gelu_backward_bias: f("gelu_backward_bias_bf")?,
             to_bf16: f("to_bf16")?,
+            skinny_gemm: f("skinny_gemm_bf")?,
+            sms,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
             permute_grad: f("permute_grad_bf")?,
@@ -847,6 +869,80 @@ impl MixedKernels {
     /// Elements of partial-sum scratch [`Self::gelu_backward_bias`] needs.
     pub fn gelu_partial_len(n: usize, c: usize) -> usize {
         n.div_ceil(GELU_ROWS_PER_BLOCK).max(1) * c
+    }
+
+    /// `y = x · w + bias` for a few rows (`m` up to [`SKINNY_ROWS`]), `x`
+    /// `[m, k]` and `w` `[k, n]` row-major in bf16, `bias` f32 `[n]`,
+    /// accumulated in f32 and written as `to` says: a decode step's
+    /// products at batch sizes where cuBLASLt's tiles leave most of the
+    /// GPU idle. The sums are reduced in a fixed order, so a row's result
+    /// does not depend on the other rows. Returns false, launching
+    /// nothing, where the kernel does not apply (more rows, `n` or `k` not
+    /// a multiple of 8, `x` or `w` not 16-byte aligned).
+    #[allow(clippy::too_many_arguments)]
+    pub fn skinny_product(
+        &self,
+        s: &Stream,
+        to: SkinnyTo,
+        x: &impl DeviceMem<bf16>,
+        w: &impl DeviceMem<bf16>,
+        bias: &impl DeviceMem<f32>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<bool> {
+        if m == 0
+            || m > SKINNY_ROWS
+            || n % 8 != 0
+            || k % 8 != 0
+            || !aligned16(&[x.dptr(), w.dptr()])
+            || n > i32::MAX as usize
+            || k > i32::MAX as usize
+        {
+            return Ok(false);
+        }
+        need("skinny product x", x.dlen(), m * k)?;
+        need("skinny product w", w.dlen(), k * n)?;
+        need("skinny product bias", bias.dlen(), n)?;
+        let (out, outb, res, mode) = match to {
+            SkinnyTo::F32 { out, res } => {
+                need("skinny product out", out.1, m * n)?;
+                if let Some(r) = res {
+                    need("skinny product residual", r.1, m * n)?;
+                }
+                (
+                    out.0,
+                    0,
+                    res.map_or(0, |r| r.0),
+                    if res.is_some() { 1 } else { 0 },
+                )
+            }
+            SkinnyTo::GeluBf16 { out } => {
+                need("skinny product out", out.1, m * n)?;
+                (0, out.0, 0, 2)
+            }
+        };
+        // The widest tile (8 columns a lane, CL lanes across) that still
+        // gives every multiprocessor a block; at least 2 lanes (32
+        // contiguous bytes of a weight row).
+        let cl = [8usize, 4, 2]
+            .into_iter()
+            .find(|&cl| n.div_ceil(8 * cl) >= self.sms)
+            .unwrap_or(2);
+        let args = vec![
+            A::P(out),
+            A::P(outb),
+            A::P(res),
+            A::P(x.dptr()),
+            A::P(w.dptr()),
+            A::P(bias.dptr()),
+            A::I(m as i32),
+            A::I(n as i32),
+            A::I(k as i32),
+            A::I(cl as i32),
+            A::I(mode),
+        ];
+        let grid = (n.div_ceil(8 * cl) as u32, 1, 1);
+        Self::go(&self.skinny_gemm, s, grid, (256, 1, 1), args)?;
+        Ok(true)
     }
 
     /// `out = bf16(x)`.

@@ -90,9 +90,10 @@ pub struct GenerateArgs {
     /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
-    /// The products' precision on a GPU: bf16 (the weights and each
-    /// product's input in bf16, f32 accumulation) or f32 (auto: f32; the
-    /// CPU decodes in f32).
+    /// The products' precision on a GPU: bf16 (the weights, each
+    /// product's input and the KV cache in bf16, f32 accumulation) or f32
+    /// (exact parity with the CPU; auto: bf16 on a GPU; the CPU decodes in
+    /// f32).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
     dtype: String,
     /// A file of prompts, one a line (blank lines skipped), decoded
@@ -134,9 +135,8 @@ pub(super) fn decoding_device(device: &str, dtype: &str) -> Result<DecodeOn, Str
     let mut on = placed(device)?;
     on.dtype =
         match (dtype, on.gpu) {
-            // (auto: f32 until the bf16 products are checked on a GPU.)
-            ("bf16", Some(_)) => DType::BF16,
-            ("auto", _) | ("f32", _) => DType::F32,
+            ("bf16" | "auto", Some(_)) => DType::BF16,
+            ("auto", None) | ("f32", _) => DType::F32,
             ("bf16", None) => return Err(
                 "--dtype bf16: the CPU decodes in f32 (bf16 products run on a GPU: --device cuda)"
                     .into(),
@@ -224,7 +224,7 @@ pub(super) fn decoder(
     let dev = braid_cuda::Device::open(g).map_err(|e| format!("--device cuda: GPU {g}: {e}"))?;
     // The f32 parameters, and in bf16 their bf16 copy too.
     let weights = (params.data.len() * if dtype == DType::BF16 { 6 } else { 4 }) as u64;
-    let kv_dtype = KvDtype::from_env().map_err(|e| e.to_string())?;
+    let kv_dtype = KvDtype::from_env(dtype).map_err(|e| e.to_string())?;
     let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size, kv_dtype)) as u64;
     if let Ok(free) = dev.free_memory() {
         if weights + kv > free as u64 {
@@ -532,9 +532,13 @@ fn batcher(
     let budget = CpuDecoder::blocks_in(&params.layout, 1 << 30, block);
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
+    let base = match gpu {
+        Some(_) => BatcherOptions::on_gpu(),
+        None => BatcherOptions::default(),
+    };
     let options = BatcherOptions {
         max_running: running,
-        ..Default::default()
+        ..base
     };
     let hint = "--device cpu decodes on the CPU";
     let decoder = decoder(params, gpu, dtype, blocks, block, options.step_tokens, hint)?;
@@ -748,7 +752,7 @@ mod tests {
         assert!(f8.contains("expected auto, bf16 or f32"), "{f8}");
         if braid_cuda::device_count().unwrap_or(0) > 0 {
             assert_eq!(decoding_device("cuda", "bf16").unwrap().dtype, DType::BF16);
-            assert_eq!(decoding_device("cuda", "auto").unwrap().dtype, DType::F32);
+            assert_eq!(decoding_device("cuda", "auto").unwrap().dtype, DType::BF16);
         }
         assert_eq!(parse_top_k("40"), Ok(40));
         assert!(parse_top_k("-1").unwrap_err().contains(">= 0"));

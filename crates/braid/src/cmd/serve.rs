@@ -62,9 +62,10 @@ pub struct ServeArgs {
     /// auto: a GPU where there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
-    /// The products' precision on a GPU: bf16 (the weights and each
-    /// product's input in bf16, f32 accumulation) or f32 (auto: f32; the
-    /// CPU and tensor-parallel ranks decode in f32).
+    /// The products' precision on a GPU: bf16 (the weights, each
+    /// product's input and the KV cache in bf16, f32 accumulation) or f32
+    /// (exact parity with the CPU; auto: bf16 on a GPU; the CPU and
+    /// tensor-parallel ranks decode in f32).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
     dtype: String,
     /// Memory for the KV cache (e.g. 512M, 2G), on the device decoding
@@ -85,9 +86,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
     /// Tokens one model step runs at most (decodes first, then prompt
-    /// chunks).
-    #[arg(long, default_value_t = 512)]
-    step_tokens: usize,
+    /// chunks; default: 2048 on a GPU, 512 on the CPU).
+    #[arg(long, value_name = "N")]
+    step_tokens: Option<usize>,
     /// bytes or gpt2 (default: what the checkpoint was trained with).
     #[arg(long)]
     tokenizer: Option<String>,
@@ -148,7 +149,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         .map_or(&params.layout, |(gpt, _)| gpt.layout());
     let blocks = match (&share, on.gpu) {
         (None, Some(_)) => {
-            let kv = KvDtype::from_env().map_err(|e| e.to_string())?;
+            let kv = KvDtype::from_env(on.dtype).map_err(|e| e.to_string())?;
             CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size, kv)
         }
         _ => CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size),
@@ -178,8 +179,12 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     });
     // More than every running sequence can reserve would sit unused.
     let blocks = blocks.min(a.max_running.max(1) * one_sequence);
+    let base = match on.gpu {
+        Some(_) => BatcherOptions::on_gpu(),
+        None => BatcherOptions::default(),
+    };
     let options = BatcherOptions {
-        step_tokens: a.step_tokens.max(1),
+        step_tokens: a.step_tokens.unwrap_or(base.step_tokens).max(1),
         max_running: a.max_running.max(1),
         max_waiting: a.max_waiting,
     };
@@ -209,7 +214,19 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         )?,
     };
     let described = decoder.describe();
-    let engine = spawn(Batcher::new(decoder, tokenizer, options));
+    let mut batcher = Batcher::new(decoder, tokenizer, options);
+    if on.gpu.is_some() && a.tp == 1 {
+        let w = braid_serve::offline::warm_up(&mut batcher, cfg.vocab_size, cfg.context)?;
+        eprintln!(
+            "braid serve: warmed up in {} ms ({} requests of {} prompt tokens at once: the \
+             step's buffers, its products and the CUDA graphs of the steady steps made before \
+             the first request)",
+            w.elapsed.as_millis(),
+            w.requests,
+            w.prompt_tokens
+        );
+    }
+    let engine = spawn(batcher);
     let state = Arc::new(AppState {
         engine,
         tokenizer,

@@ -2,15 +2,16 @@
 //! ([`BlockForward`]) over the f32 kernels and products, the attention
 //! through the paged cache. With [`Half`], the products read bf16: the
 //! weights' bf16 copy, and a bf16 copy of the tensor each multiplies (the
-//! LayerNorms write theirs directly; the attention's and the GELU's
-//! outputs are cast), accumulating in f32 into the f32 block tensors with
-//! the bias (and for the projections the residual) in cuBLASLt's
-//! epilogue; LayerNorm statistics, the attention, the cache and the
-//! residual stream stay f32.
+//! LayerNorms write theirs directly, the attention's pages kernel too;
+//! the MLP's first product applies the GELU in its epilogue straight into
+//! bf16), accumulating in f32 into the f32 block tensors with the bias
+//! (and for the projections the residual) in cuBLASLt's epilogue;
+//! LayerNorm statistics and the residual stream stay f32, the cache is
+//! f32 or bf16.
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::MixedKernels;
+use crate::cuda::mixed::{MixedKernels, SkinnyTo};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
@@ -84,6 +85,8 @@ pub(super) struct Half<'a> {
     /// epilogue, straight into the bf16 input of the next (cleared, for
     /// the decoder's life, the first time cuBLASLt has no such product).
     pub(super) gelu_fused: &'a mut bool,
+    /// Whether products of a few rows run on the skinny kernel.
+    pub(super) skinny: bool,
 }
 
 impl Half<'_> {
@@ -97,7 +100,8 @@ impl Half<'_> {
         )
     }
 
-    /// `d[n, oc] = tb[input] · wb[w] + bias (+ residual)`, f32 out.
+    /// `d[n, oc] = tb[input] · wb[w] + bias (+ residual)`, f32 out: by
+    /// cuBLASLt (or, when turned on, the skinny kernel for a few rows).
     #[allow(clippy::too_many_arguments)]
     fn product(
         &mut self,
@@ -106,14 +110,21 @@ impl Half<'_> {
         input: Act,
         w: std::ops::Range<usize>,
         bias: &impl DeviceMem<f32>,
-        residual: Option<Mat>,
+        residual: Option<&DeviceView<'_, f32>>,
         (n, ic, oc): (usize, usize, usize),
     ) -> Result<()> {
         let a = self.tb[input.index()].view(0..n * ic);
         let b = self.wb.view(w);
+        let to = SkinnyTo::F32 {
+            out: (d.dptr(), d.dlen()),
+            res: residual.map(|r| (r.dptr(), r.dlen())),
+        };
+        if self.skinny && self.mk.skinny_product(s, to, &a, &b, bias, (n, oc, ic))? {
+            return Ok(());
+        }
         let dm = Mat::of(d, oc);
         let (c, beta) = match residual {
-            Some(r) => (r, 1.0),
+            Some(r) => (Mat::of(r, oc), 1.0),
             None => (dm, 0.0),
         };
         self.lt.gemm(
@@ -145,13 +156,21 @@ impl Half<'_> {
         s: &Stream,
         input: Act,
         (w, bias): (std::ops::Range<usize>, std::ops::Range<usize>),
+        bias32: &impl DeviceMem<f32>,
         (n, ic, oc): (usize, usize, usize),
     ) -> Result<bool> {
         let a = self.tb[input.index()].view(0..n * ic);
         let b = self.wb.view(w);
+        let d = self.tb[Act::Gelu.index()].view(0..n * oc);
+        let to = SkinnyTo::GeluBf16 {
+            out: (d.dptr(), d.dlen()),
+        };
+        // (The skinny kernel writes no pre-activation: nothing reads it.)
+        if self.skinny && self.mk.skinny_product(s, to, &a, &b, bias32, (n, oc, ic))? {
+            return Ok(true);
+        }
         let bias = self.wb.view(bias);
         let aux = self.tb[Act::Fch.index()].view(0..n * oc);
-        let d = self.tb[Act::Gelu.index()].view(0..n * oc);
         let dm = Mat::of(&d, oc);
         let g = LtGemm {
             m: n,
@@ -227,7 +246,13 @@ impl BlockForward for GpuDecodeForward<'_> {
         if let Some(h) = &mut self.half {
             if linear == Linear::Fc
                 && *h.gelu_fused
-                && h.gelu_product(self.s, input, (w.clone(), b.clone()), (n, ic, oc))?
+                && h.gelu_product(
+                    self.s,
+                    input,
+                    (w.clone(), b.clone()),
+                    &self.p.view(b.clone()),
+                    (n, ic, oc),
+                )?
             {
                 return self.prof.mark(self.s, "gemm + bias + gelu");
             }
@@ -326,7 +351,7 @@ impl BlockForward for GpuDecodeForward<'_> {
                 input,
                 w,
                 &self.p.view(b),
-                Some(Mat::of(&r, oc)),
+                Some(&r),
                 (n, ic, oc),
             )?;
             return self.prof.mark(self.s, "gemm + bias + residual");

@@ -101,6 +101,9 @@ struct HalfParts {
     mk: MixedKernels,
     /// The GELU in the MLP's first product ([`forward::Half`]).
     gelu_fused: bool,
+    /// Products of a few rows on the skinny kernel
+    /// (`BRAID_DECODE_SKINNY`, off by default).
+    skinny: bool,
 }
 
 impl HalfParts {
@@ -109,9 +112,16 @@ impl HalfParts {
         let rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
         Ok(HalfParts {
             wb: DeviceBuffer::from_host(device, &rounded)?,
-            lt: BlasLt::new(device)?,
+            lt: {
+                // A step's row count changes with its prompts.
+                let mut lt = BlasLt::new(device)?;
+                lt.share_across_rows();
+                lt
+            },
             mk: MixedKernels::load(device)?,
             gelu_fused: true,
+            skinny: std::env::var(braid_core::env::BRAID_DECODE_SKINNY)
+                .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on")),
         })
     }
 }
@@ -127,19 +137,32 @@ struct HostClock {
     between: f64,
     rows: usize,
     steps: usize,
+    /// The steps of more than [`HostClock::BIG`] rows (prompt chunks):
+    /// their number, rows and wall milliseconds.
+    big: (usize, usize, f64),
 }
 
 impl HostClock {
     const EVERY: usize = 100;
+    const BIG: usize = 128;
 
     fn report(&mut self, prof: &mut PhaseTimer) {
         let Some(gpu) = prof.report() else {
             return;
         };
         let k = self.steps.max(1) as f64;
+        let big = match self.big {
+            (0, _, _) => String::new(),
+            (n, rows, ms) => format!(
+                "; {n} of more than {} rows ({:.0} rows, {:.3} ms each)",
+                Self::BIG,
+                rows as f64 / n as f64,
+                ms / n as f64
+            ),
+        };
         eprintln!(
             "braid decode profile: {:.1} rows per step; host wall {:.3} ms per step inside \
-             decode, {:.3} ms between steps\n{gpu}",
+             decode, {:.3} ms between steps{big}\n{gpu}",
             self.rows as f64 / k,
             self.inside / k,
             self.between / k,
@@ -342,9 +365,15 @@ impl GpuDecoder {
         let ran = self.step(rows, out);
         self.prof.end_step()?;
         let end = std::time::Instant::now();
-        self.host.inside += (end - start).as_secs_f64() * 1e3;
+        let ms = (end - start).as_secs_f64() * 1e3;
+        self.host.inside += ms;
         self.host.last_end = Some(end);
         self.host.rows += rows.len();
+        if rows.len() > HostClock::BIG {
+            self.host.big.0 += 1;
+            self.host.big.1 += rows.len();
+            self.host.big.2 += ms;
+        }
         self.host.steps += 1;
         if self.host.steps == HostClock::EVERY {
             self.host.report(&mut self.prof);
@@ -500,6 +529,7 @@ impl GpuDecoder {
                     wb: &h.wb,
                     tb: &mut tb[..],
                     gelu_fused: &mut h.gelu_fused,
+                    skinny: h.skinny,
                 }),
             })?;
             t.swap(Act::X.index(), Act::Out.index());
@@ -975,6 +1005,118 @@ mod tests {
             assert!(rel(&gk, ck) < tol, "layer {l} keys: {}", rel(&gk, ck));
             assert!(rel(&gv, cv) < tol, "layer {l} values: {}", rel(&gv, cv));
         }
+    }
+
+    /// The skinny products of a few rows against the host's sums in f64:
+    /// f32 out (plain and with the residual) within 1e-5 of the largest
+    /// element, bf16 GELU out within bf16's rounding; a row's result the
+    /// same bits whatever the other rows; refused (false) past 8 rows or
+    /// at a width that is not a multiple of 8.
+    #[test]
+    fn gpu_decode_skinny_products_match_the_host() {
+        use crate::cuda::mixed::{SkinnyTo, SKINNY_ROWS};
+        use braid_cuda::DeviceMem;
+        if braid_cuda::device_count().unwrap_or(0) == 0 {
+            return skip("no GPU");
+        }
+        let device = Device::open(0).unwrap();
+        let mk = MixedKernels::load(&device).unwrap();
+        let s = Stream::new(&device).unwrap();
+        let mut r = crate::rng::Rng::new(11);
+        let mut randb = |n: usize, sd: f64| -> Vec<f32> {
+            (0..n)
+                .map(|_| bf16::from_f64(r.normal() * sd).to_f32())
+                .collect()
+        };
+        for (m, n, k) in [
+            (1, 48, 16),
+            (8, 48, 16),
+            (1, 2304, 768),
+            (3, 4800, 1600),
+            (8, 1600, 6400),
+            (5, 768, 3072),
+        ] {
+            let (x, w, bias, res) = (
+                randb(m * k, 1.0),
+                randb(k * n, 0.05),
+                randb(n, 0.1),
+                randb(m * n, 1.0),
+            );
+            let y: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| x[row * k + j] as f64 * w[j * n + col] as f64)
+                        .sum::<f64>()
+                        + bias[col] as f64
+                })
+                .collect();
+            let up_b = |v: &[f32]| {
+                let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+                DeviceBuffer::from_host(&device, &b).unwrap()
+            };
+            let (gx, gw) = (up_b(&x), up_b(&w));
+            let gbias = DeviceBuffer::from_host(&device, &bias).unwrap();
+            let gres = DeviceBuffer::from_host(&device, &res).unwrap();
+            let out = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+            let outr = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+            let outg = DeviceBuffer::<bf16>::zeros(&device, m * n).unwrap();
+            let span = |b: &DeviceBuffer<f32>| (b.dptr(), b.dlen());
+            let shape = (m, n, k);
+            let plain = SkinnyTo::F32 {
+                out: span(&out),
+                res: None,
+            };
+            let with_res = SkinnyTo::F32 {
+                out: span(&outr),
+                res: Some(span(&gres)),
+            };
+            let gelu = SkinnyTo::GeluBf16 {
+                out: (outg.dptr(), outg.dlen()),
+            };
+            for to in [plain, with_res, gelu] {
+                assert!(mk.skinny_product(&s, to, &gx, &gw, &gbias, shape).unwrap());
+            }
+            s.synchronize().unwrap();
+            let scale = y.iter().fold(0f64, |a, v| a.max(v.abs()));
+            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| {
+                got.iter()
+                    .enumerate()
+                    .fold(0f64, |a, (i, &g)| a.max((g as f64 - want(i)).abs()))
+                    / scale
+            };
+            let e = worst(&out.to_vec().unwrap(), &|i| y[i]);
+            assert!(e < 1e-5, "{shape:?} plain: {e}");
+            let e = worst(&outr.to_vec().unwrap(), &|i| y[i] + res[i] as f64);
+            assert!(e < 1e-5, "{shape:?} residual: {e}");
+            let gelu_of =
+                |v: f64| 0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v * v * v)).tanh());
+            let g: Vec<f32> = outg.to_vec().unwrap().iter().map(|b| b.to_f32()).collect();
+            let e = worst(&g, &|i| gelu_of(y[i]));
+            assert!(e < 1e-2, "{shape:?} gelu: {e}");
+            // Row 0 alone gives the same bits as among m rows.
+            let one = DeviceBuffer::<f32>::zeros(&device, n).unwrap();
+            let to = SkinnyTo::F32 {
+                out: (one.dptr(), one.dlen()),
+                res: None,
+            };
+            assert!(mk
+                .skinny_product(&s, to, &gx, &gw, &gbias, (1, n, k))
+                .unwrap());
+            s.synchronize().unwrap();
+            assert_eq!(one.to_vec().unwrap(), out.to_vec().unwrap()[..n].to_vec());
+        }
+        // Where it does not apply: nothing launched, false.
+        let b = DeviceBuffer::<bf16>::zeros(&device, 1 << 16).unwrap();
+        let f = DeviceBuffer::<f32>::zeros(&device, 1 << 16).unwrap();
+        let to = SkinnyTo::F32 {
+            out: (f.dptr(), f.dlen()),
+            res: None,
+        };
+        assert!(!mk
+            .skinny_product(&s, to, &b, &b, &f, (SKINNY_ROWS + 1, 64, 64))
+            .unwrap());
+        assert!(!mk.skinny_product(&s, to, &b, &b, &f, (2, 60, 64)).unwrap());
     }
 
     /// Bad rows are refused on the GPU with the CPU's messages.

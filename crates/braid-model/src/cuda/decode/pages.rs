@@ -20,10 +20,15 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
-    /// `BRAID_DECODE_KV`: `f32` (or unset) or `bf16`.
-    pub fn from_env() -> Result<KvDtype> {
+    /// `BRAID_DECODE_KV`: `f32` or `bf16`; unset, the products' element
+    /// (a bf16 cache under bf16 products, f32 under f32 ones).
+    pub fn from_env(products: braid_core::DType) -> Result<KvDtype> {
         match std::env::var(braid_core::env::BRAID_DECODE_KV).as_deref() {
-            Err(_) | Ok("") | Ok("f32") => Ok(KvDtype::F32),
+            Err(_) | Ok("") => Ok(match products {
+                braid_core::DType::BF16 => KvDtype::Bf16,
+                _ => KvDtype::F32,
+            }),
+            Ok("f32") => Ok(KvDtype::F32),
             Ok("bf16") => Ok(KvDtype::Bf16),
             Ok(other) => Err(CudaError::Invalid(format!(
                 "BRAID_DECODE_KV={other}: expected f32 or bf16"
