@@ -33,12 +33,14 @@
 #     KV cache, f32 over an f32 one, unless BRAID_DECODE_KV says; bf16kv
 #     sets BRAID_DECODE_KV=bf16; a setting may add environment
 #     assignments and flags after a colon, comma-separated:
-#     "bf16kv:BRAID_DECODE_ATTENTION=warps,--step-tokens=2048"), then (the first) at the
+#     "bf16kv:BRAID_DECODE_ATTENTION=warps,--step-tokens=2048"), then (the
+#     first; SERVE_RATES=none: not) at the
 #     Poisson rates SERVE_RATES (default 4,16,64,inf: the serving curve,
 #     $L/serve-curve.svg, drawn by braid); then the peer,
 #     Hugging Face generate() (.dev/anchors/hf_generate_bench.py 124M:
 #     bf16, greedy, prompt 128, 128 new tokens) at batch 1, 8 and 64.
-#     braid's steady steps are replayed from CUDA graphs.
+#     braid's steady steps are replayed from CUDA graphs. SERVE_PEER=0:
+#     no Hugging Face run.
 #
 #   bash bench/device/serve.sh profile
 #     the same server under BRAID_PROFILE=1 (the decoder's GPU time by
@@ -56,10 +58,11 @@
 #     time of their own).
 #
 #   bash bench/device/serve.sh xl
-#     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve in
-#     bf16 at 1 in flight (16 prompts) and 64 (64 prompts) (XL_KV=bf16: over
-#     a bf16 KV cache; XL_ARGS: more flags of braid serve), then Hugging
-#     Face generate() at 1558M.
+#     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve at 1
+#     in flight (16 prompts) and 64 (64 prompts), once per setting of
+#     XL_SETTINGS (default "bf16"; the syntax of SERVE_DTYPES; XL_KV=f32
+#     or bf16 sets the cache, XL_ARGS adds flags of braid serve), then
+#     Hugging Face generate() at 1558M (XL_PEER=0: not).
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
@@ -286,7 +289,8 @@ phase_serve() {
     # The serving curve (the first dtype): Poisson arrivals from light load
     # to saturation, drawn by braid (output tokens/s against the p99 time
     # to first token).
-    if [ "$first" = 1 ]; then
+    # SERVE_RATES=none: no sweep.
+    if [ "$first" = 1 ] && [ "${SERVE_RATES:-}" != none ]; then
       run bench-serve-sweep 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
         --input-len 128 --output-len 128 --request-rate "${SERVE_RATES:-4,16,64,inf}" \
         --json "$L/bench-serve-sweep.json" --plot "$L/serve-curve.svg" || ok=1
@@ -301,7 +305,9 @@ phase_serve() {
   done
   # The peer: Hugging Face generate() at batch 1, 8, 64, the same size.
   local peer=.dev/anchors/hf_generate_bench.py t
-  if [ ! -f "$peer" ]; then
+  if [ "${SERVE_PEER:-1}" = 0 ]; then
+    echo "hf generate: not run (SERVE_PEER=0)"
+  elif [ ! -f "$peer" ]; then
     echo "hf generate: not carried ($peer)"
   elif t=$(budget 240); then
     echo "cmd: python3 $peer 124M" > "$L/hf-generate.txt"
@@ -362,35 +368,42 @@ phase_profile() {
 phase_xl() {
   local m ok=0 c
   m=$(model_file 1558m) || return 1
-  local log=$L/serve-1558m.txt envs=()
-  # XL_KV=bf16: the KV cache in bf16 too.
-  [ -n "${XL_KV:-}" ] && envs=(BRAID_DECODE_KV="$XL_KV")
-  # XL_ARGS: more flags of braid serve (e.g. --step-tokens 2048).
-  echo "cmd: ${envs[*]} $B serve --device cuda --dtype bf16 --load $m --port $PORT --kv-memory 8G ${XL_ARGS:-}" > "$log"
-  # shellcheck disable=SC2086
-  env "${envs[@]}" "$B" serve --device cuda --dtype bf16 --load "$m" --port "$PORT" --kv-memory 8G \
-    ${XL_ARGS:-} >> "$log" 2>&1 &
-  local pid=$!
-  if ! healthy "$pid"; then
-    echo "serve 1558M: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
-    kill "$pid" 2> /dev/null
+  local x flag envs args
+  # XL_SETTINGS: the settings (as SERVE_DTYPES's) served in turn, "bf16"
+  # by default; XL_KV=f32|bf16 sets the cache of each; XL_ARGS: more
+  # flags of braid serve (e.g. --step-tokens 2048).
+  for x in ${XL_SETTINGS:-bf16}; do
+    setting "$x"
+    [ -n "${XL_KV:-}" ] && envs+=(BRAID_DECODE_KV="$XL_KV")
+    local tag=${x//[:=,]/_}
+    local log=$L/serve-1558m-$tag.txt
+    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory 8G ${args[*]} ${XL_ARGS:-}" > "$log"
+    # shellcheck disable=SC2086
+    env "${envs[@]}" "$B" serve --device cuda --dtype "$flag" --load "$m" --port "$PORT" --kv-memory 8G \
+      "${args[@]}" ${XL_ARGS:-} >> "$log" 2>&1 &
+    local pid=$!
+    if ! healthy "$pid"; then
+      echo "serve 1558M $x: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
+      kill "$pid" 2> /dev/null
+      wait "$pid" 2> /dev/null
+      return 1
+    fi
+    grep -h "^braid serve:" "$log" | cut -c1-250
+    for c in 1 64; do
+      local n=64
+      [ "$c" = 1 ] && n=16
+      run "bench-serve-1558m-$tag-c$c" 150 "$B" bench serve --url "http://127.0.0.1:$PORT" \
+        --num-prompts "$n" --input-len 128 --output-len 128 --max-concurrency "$c" \
+        --json "$L/bench-serve-1558m-$tag-c$c.json" || ok=1
+      echo "== braid serve --device cuda, 1558M $x, concurrency $c"
+      grep -vE '^(cmd:|exit )' "$L/bench-serve-1558m-$tag-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
+    done
+    kill -TERM "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
-    return 1
-  fi
-  grep -h "^braid serve:" "$log" | cut -c1-250
-  for c in 1 64; do
-    local n=64
-    [ "$c" = 1 ] && n=16
-    run "bench-serve-1558m-c$c" 150 "$B" bench serve --url "http://127.0.0.1:$PORT" \
-      --num-prompts "$n" --input-len 128 --output-len 128 --max-concurrency "$c" \
-      --json "$L/bench-serve-1558m-c$c.json" || ok=1
-    echo "== braid serve --device cuda, 1558M bf16, concurrency $c"
-    grep -vE '^(cmd:|exit )' "$L/bench-serve-1558m-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
   done
-  kill -TERM "$pid" 2> /dev/null
-  wait "$pid" 2> /dev/null
+  # XL_PEER=0: no Hugging Face run.
   local peer=.dev/anchors/hf_generate_bench.py t
-  if [ -f "$peer" ] && t=$(budget 200); then
+  if [ "${XL_PEER:-1}" != 0 ] && [ -f "$peer" ] && t=$(budget 200); then
     echo "cmd: python3 $peer 1558M" > "$L/hf-generate-1558m.txt"
     timeout -k 10 "$t" python3 "$peer" 1558M >> "$L/hf-generate-1558m.txt" 2>&1
     echo "== Hugging Face generate(), 1558M bf16"

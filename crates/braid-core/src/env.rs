@@ -163,7 +163,7 @@ pub const BRAID_DECODE_PICKS: &str = "BRAID_DECODE_PICKS";
 pub const BRAID_DECODE_KV: &str = "BRAID_DECODE_KV";
 /// `1` or `on`: the GPU decoder's bf16 products of up to 8 rows run on
 /// braid's skinny kernel instead of cuBLASLt (off by default: on an H100
-/// it was slower, 1558M at one stream 4.24 ms a token against 2.80).
+/// it was slower, 1558M at one stream 3.08 ms a token against 2.73).
 pub const BRAID_DECODE_SKINNY: &str = "BRAID_DECODE_SKINNY";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).

@@ -1002,81 +1002,77 @@ extern "C" __global__ void gelu_backward_bias_bf(bf8* __restrict__ dx, const bf8
 }
 
 // ---- skinny products (decode steps of few rows) ---------------------------
-// y[m, n] = x[m, :] . W[:, n] + bias[n] for M <= SK_ROWS rows: x bf16 [M, K],
-// W bf16 [K, N] row-major (the weights' bf16 copy), bias f32 [N]; N and K
-// multiples of 8, x and W 16-byte aligned (the caller checks). One block of
-// SK_WARPS warps per tile of CL * 8 columns (CL 2, 4 or 8 lanes across,
-// WARP / CL down K): lane (cl, kl) holds columns c0 .. c0 + 8 (one 16-byte
-// load of a weight row) and takes the rows k = kl + (WARP / CL) * (w +
-// SK_WARPS * i) of W, SK_UNROLL of them loaded before any is used. The sums
-// are reduced in a fixed order (the lanes of a column by shuffles, then the
-// warps in order through shared memory), so a row's result does not
-// depend on the block's other rows or on timing. mode 0: out = y (f32);
-// 1: out = y + res (f32); 2: outb = bf16(gelu(y)).
+// y[m, n] = x[m, :] . W[:, n] + bias[n] for M <= R rows (R, the kernel's
+// instance, 1, 2, 4 or 8): x bf16 [M, K], W bf16 [K, N] row-major (the
+// weights' bf16 copy), bias f32 [N]; N and K multiples of 8, x and W
+// 16-byte aligned (the caller checks). One block of SK_WARPS warps per tile
+// of CL * 8 columns (CL 2, 4 or 8 lanes across, WARP / CL down K): lane
+// (cl, kl) holds columns c0 .. c0 + 8 (one 16-byte load of a weight row)
+// and takes the rows k = kl + (WARP / CL) * (w + SK_WARPS * i) of W,
+// SK_UNROLL of them (and their x elements) loaded before any is used,
+// rows past K or M predicated to zero rather than branched around. The
+// sums are reduced in a fixed order (the lanes of a column by shuffles,
+// then the warps in order through shared memory), so a row's result does
+// not depend on the block's other rows or on timing. mode 0: out = y
+// (f32); 1: out = y + res (f32); 2: outb = bf16(gelu(y)).
 #define SK_ROWS 8
 #define SK_WARPS 8
 #define SK_UNROLL 8
-extern "C" __global__ void skinny_gemm_bf(float* out, bf16* outb, const float* res, const bf16* x,
-                                          const bf16* W, const float* bias, int M, int N, int K,
-                                          int CL, int mode) {
-    __shared__ float part[SK_WARPS][SK_ROWS][64];
+template <int R>
+__device__ void skinny_body(float* out, bf16* outb, const float* res, const bf16* x,
+                            const bf16* W, const float* bias, int M, int N, int K, int CL,
+                            int mode) {
+    __shared__ float part[SK_WARPS][R][64];
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int cl = lane % CL, kl = lane / CL, KL = WARP / CL, TN = CL * 8;
     int c0 = blockIdx.x * TN + cl * 8;
     bool in = c0 < N;
-    float acc[SK_ROWS][8];
+    float acc[R][8];
 #pragma unroll
-    for (int r = 0; r < SK_ROWS; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[r][e] = 0.f;
     int kstep = KL * SK_WARPS;
     for (int k0 = kl + KL * w; k0 < K; k0 += SK_UNROLL * kstep) {
         uint4 wv[SK_UNROLL];
+        float xv[SK_UNROLL][R];
 #pragma unroll
         for (int u = 0; u < SK_UNROLL; u++) {
             int k = k0 + u * kstep;
-            wv[u] = in && k < K ? *reinterpret_cast<const uint4*>(W + (long)k * N + c0)
-                                : make_uint4(0, 0, 0, 0);
+            bool ok = in && k < K;
+            wv[u] = ok ? *reinterpret_cast<const uint4*>(W + (long)k * N + c0)
+                       : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < R; r++) xv[u][r] = ok && r < M ? wide(x[(long)r * K + k]) : 0.f;
         }
 #pragma unroll
         for (int u = 0; u < SK_UNROLL; u++) {
-            int k = k0 + u * kstep;
-            if (k >= K) break;
-            float wf[8];
             unsigned ws[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                wf[2 * q] = lo(ws[q]);
-                wf[2 * q + 1] = hi(ws[q]);
-            }
+                float a = lo(ws[q]), b = hi(ws[q]);
 #pragma unroll
-            for (int r = 0; r < SK_ROWS; r++) {
-                if (r < M) {
-                    float xv = wide(x[(long)r * K + k]);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][e] += xv * wf[e];
+                for (int r = 0; r < R; r++) {
+                    acc[r][2 * q] += xv[u][r] * a;
+                    acc[r][2 * q + 1] += xv[u][r] * b;
                 }
             }
         }
     }
-    // The lanes of a column group (every lane takes part: M is the block's).
+    // The lanes of a column group (every lane takes part).
 #pragma unroll
-    for (int r = 0; r < SK_ROWS; r++) {
-        if (r < M) {
+    for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float v = acc[r][e];
-                for (int o = CL; o < WARP; o *= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-                acc[r][e] = v;
-            }
+        for (int e = 0; e < 8; e++) {
+            float v = acc[r][e];
+            for (int o = CL; o < WARP; o *= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+            acc[r][e] = v;
         }
-    }
     if (kl == 0) {
 #pragma unroll
-        for (int r = 0; r < SK_ROWS; r++)
-            if (r < M)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int e = 0; e < 8; e++) part[w][r][cl * 8 + e] = acc[r][e];
+            for (int e = 0; e < 8; e++) part[w][r][cl * 8 + e] = acc[r][e];
     }
     __syncthreads();
     for (int t = threadIdx.x; t < M * TN; t += blockDim.x) {
@@ -1093,3 +1089,15 @@ extern "C" __global__ void skinny_gemm_bf(float* out, bf16* outb, const float* r
         }
     }
 }
+
+#define SKINNY(R)                                                                               \
+    extern "C" __global__ void skinny_gemm_bf_##R(float* out, bf16* outb, const float* res,     \
+                                                  const bf16* x, const bf16* W,               \
+                                                  const float* bias, int M, int N, int K,     \
+                                                  int CL, int mode) {                         \
+        skinny_body<R>(out, outb, res, x, W, bias, M, N, K, CL, mode);                        \
+    }
+SKINNY(1)
+SKINNY(2)
+SKINNY(4)
+SKINNY(8)

@@ -233,7 +233,8 @@ pub struct MixedKernels {
     adamw_multi4: Function,
     /// The fused attention kernels, where the GPU has bf16 tensor cores.
     pub(crate) flash: Option<FlashKernels>,
-    skinny_gemm: Function,
+    /// The skinny products for up to 1, 2, 4 and 8 rows.
+    skinny_gemm: [Function; 4],
     /// The GPU's multiprocessors (the skinny products' tiles are sized to
     /// cover them).
     sms: usize,
@@ -293,7 +294,12 @@ impl MixedKernels {
             bias_gelu: f("bias_gelu_bf")?,
             gelu_backward_bias: f("gelu_backward_bias_bf")?,
             to_bf16: f("to_bf16")?,
-            skinny_gemm: f("skinny_gemm_bf")?,
+            skinny_gemm: [
+                f("skinny_gemm_bf_1")?,
+                f("skinny_gemm_bf_2")?,
+                f("skinny_gemm_bf_4")?,
+                f("skinny_gemm_bf_8")?,
+            ],
             sms,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
@@ -941,7 +947,14 @@ impl MixedKernels {
             A::I(mode),
         ];
         let grid = (n.div_ceil(8 * cl) as u32, 1, 1);
-        Self::go(&self.skinny_gemm, s, grid, (256, 1, 1), args)?;
+        // The smallest instance holding m rows.
+        let which = match m {
+            1 => 0,
+            2 => 1,
+            3..=4 => 2,
+            _ => 3,
+        };
+        Self::go(&self.skinny_gemm[which], s, grid, (256, 1, 1), args)?;
         Ok(true)
     }
 
