@@ -185,6 +185,29 @@ pub struct BlasLt {
     /// bucket of row counts ([`row_bucket`]), reused by the other counts
     /// of its bucket after cuBLASLt's check instead of a new search.
     by_rows: Option<HashMap<Key, sys::cublasLtMatmulAlgo_t>>,
+    /// With [`BlasLt::time_any_offer_up_to`]: products of at most this many
+    /// rows time every offer, split-K included (0: none).
+    any_up_to_rows: usize,
+    /// Each timed choice printed to stderr (as [`Tuning::TimedVerbose`]).
+    say_choices: bool,
+}
+
+/// Offers timed for a product of few rows ([`BlasLt::time_any_offer_up_to`]).
+const ANY_OFFERS: usize = 16;
+
+/// cuBLASLt's `CUBLASLT_REDUCTION_SCHEME_INPLACE`: split-K partial sums
+/// added into the output as they come (in no fixed order).
+const REDUCTION_INPLACE: u64 = 1;
+
+/// Every offer whose result does not depend on timing: any kernel family
+/// and split, but no in-place reduction of the splits.
+fn deterministic(
+    offered: &[sys::cublasLtMatmulHeuristicResult_t],
+) -> Vec<&sys::cublasLtMatmulHeuristicResult_t> {
+    offered
+        .iter()
+        .filter(|r| AlgoConfig::of(&r.algo).reduction & REDUCTION_INPLACE == 0)
+        .collect()
 }
 
 /// The bucket of `m` rows whose products share an algorithm: up to 64
@@ -298,7 +321,27 @@ impl BlasLt {
             plans: HashMap::new(),
             tuning: Tuning::Heuristic,
             by_rows: None,
+            any_up_to_rows: 0,
+            say_choices: false,
         })
+    }
+
+    /// Prints each timed choice to stderr from here on, whatever the
+    /// tuning (the products of [`BlasLt::time_any_offer_up_to`] too).
+    pub fn say_choices(&mut self) {
+        self.say_choices = true;
+    }
+
+    /// Products of at most `rows` rows (a decoder's steps of few
+    /// sequences, where the heuristic's first offer can leave most of the
+    /// GPU idle) time up to 16 of the heuristic's offers on first use,
+    /// any kernel family, split over K or not, and keep the fastest; offers
+    /// that reduce the splits in place (atomically, in no fixed order) are
+    /// left out, so a product's result still does not depend on timing.
+    /// Its bits may differ from the first offer's (the sums split
+    /// otherwise). The first use must not be inside a stream capture.
+    pub fn time_any_offer_up_to(&mut self, rows: usize) {
+        self.any_up_to_rows = rows;
     }
 
     /// Products whose row counts change at every call (a decoder's
@@ -420,11 +463,23 @@ impl BlasLt {
                 return Ok(self.plans.entry(key).or_insert(plan));
             }
         }
-        let tune = self.tuning != Tuning::Heuristic && repeatable(g);
-        let offered = self.heuristics(&plan, &key, if tune { TUNE_OFFERS } else { 1 })?;
+        let any = g.m <= self.any_up_to_rows && repeatable(g);
+        let tune = (self.tuning != Tuning::Heuristic || any) && repeatable(g);
+        let max = match (any, tune) {
+            (true, _) => ANY_OFFERS,
+            (false, true) => TUNE_OFFERS,
+            (false, false) => 1,
+        };
+        let offered = self.heuristics(&plan, &key, max)?;
         plan.algo = offered[0].algo;
         if offered.len() > 1 {
-            plan.algo = self.fastest(&plan, &offered, stream, g)?;
+            let candidates = match any {
+                true => deterministic(&offered),
+                false => alike(&offered),
+            };
+            if !candidates.is_empty() {
+                plan.algo = self.fastest(&plan, &candidates, stream, g)?;
+            }
         }
         if let Some(b) = self.by_rows.as_mut() {
             b.entry(bucket).or_insert(plan.algo);
@@ -432,19 +487,24 @@ impl BlasLt {
         Ok(self.plans.entry(key).or_insert(plan))
     }
 
-    /// The fastest of `offered` that computes what the first does (its
-    /// kernel family, no split-K), timed on `stream`; the first unless
-    /// another beats it by [`TUNE_MARGIN`].
+    /// The fastest of the offers `alike` (those of the first one's kernel
+    /// family without split-K when tuning, the deterministic ones for a
+    /// product of few rows), timed on `stream`; the first unless another
+    /// beats it by [`TUNE_MARGIN`].
     fn fastest(
         &self,
         plan: &Plan,
-        offered: &[sys::cublasLtMatmulHeuristicResult_t],
+        alike: &[&sys::cublasLtMatmulHeuristicResult_t],
         stream: &Stream,
         g: &LtGemm,
     ) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let alike = alike(offered);
+        let Some(first) = alike.first() else {
+            return Err(CudaError::Invalid(
+                "lt gemm: no offer to time (a bug: please report it)".into(),
+            ));
+        };
         if alike.len() < 2 {
-            return Ok(offered[0].algo);
+            return Ok(first.algo);
         }
         let events: Vec<(Event, Event)> = (0..alike.len())
             .map(|_| Ok((Event::timed(&self.device)?, Event::timed(&self.device)?)))
@@ -471,9 +531,10 @@ impl BlasLt {
             .min_by(|x, y| x.1.total_cmp(y.1))
             .expect("two or more offers");
         let pick = if ms < best[0] * TUNE_MARGIN { i } else { 0 };
-        if self.tuning == Tuning::TimedVerbose {
+        if self.tuning == Tuning::TimedVerbose || self.say_choices {
             eprintln!(
-                "gemm tuning: {}x{}x{} {:?}->{:?} {}: offer {pick} of {} ({:.4} ms; the first {:.4} ms)",
+                "gemm tuning: {}x{}x{} {:?}->{:?} {}: offer {pick} of {} ({:.4} ms, split-K {}; \
+                 the first {:.4} ms)",
                 g.m,
                 g.n,
                 g.k,
@@ -482,6 +543,7 @@ impl BlasLt {
                 g.epilogue.name(),
                 alike.len(),
                 best[pick],
+                AlgoConfig::of(&alike[pick].algo).split_k.max(1),
                 best[0]
             );
         }
