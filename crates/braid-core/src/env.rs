@@ -163,8 +163,18 @@ pub const BRAID_DECODE_PICKS: &str = "BRAID_DECODE_PICKS";
 pub const BRAID_DECODE_KV: &str = "BRAID_DECODE_KV";
 /// `1` or `on`: the GPU decoder's bf16 products of up to 8 rows run on
 /// braid's skinny kernel instead of cuBLASLt (off by default: on an H100
-/// it was slower, 1558M at one stream 3.08 ms a token against 2.73).
+/// its versions without a split of K were slower, 1558M at one stream
+/// 3.08 ms a token against 2.73; the split version is not yet measured).
 pub const BRAID_DECODE_SKINNY: &str = "BRAID_DECODE_SKINNY";
+/// `1` or `on`: the GPU decoder's bf16 products of up to 64 rows time
+/// cuBLASLt's offers on first use, split over K included (deterministic
+/// reductions only), instead of taking the heuristic's first (off by
+/// default until measured).
+pub const BRAID_DECODE_TUNE: &str = "BRAID_DECODE_TUNE";
+/// Warps per block of the GPU decoder's pages attention kernel: 4 (the
+/// default), 8 or 16 (more for steps of few rows; measurement only until
+/// a GPU has compared them).
+pub const BRAID_DECODE_PAGE_WARPS: &str = "BRAID_DECODE_PAGE_WARPS";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).
 pub const BRAID_FLASH128_BLOCKS: &str = "BRAID_FLASH128_BLOCKS";

@@ -628,8 +628,9 @@ extern "C" __global__ void paged_attention_decode_warps_bf16(float* out, const f
 // the online softmax of its own positions (its maximum, sum and E
 // elements of the accumulator); the block's groups are merged through
 // shared memory at the end. out is written in f32 and, when outb is not
-// null, narrowed to bf16 too (the next product's input).
-#define PG_WARPS 4
+// null, narrowed to bf16 too (the next product's input). PG_WARPS is an
+// instance's parameter (4, 8 or 16; one per process, so a row's sums do
+// not depend on its batch).
 #define PG_LOADS 4
 
 __device__ __forceinline__ unsigned short bf16_narrow(float f) {
@@ -654,7 +655,7 @@ __device__ __forceinline__ void widen16(uint4 v, float (&x)[8]) {
     }
 }
 
-template <typename KV, int E>
+template <typename KV, int E, int PG_WARPS>
 __device__ void paged_attention_pages_body(float* out, unsigned short* outb, const float* qkv,
                                            const KV* kc, const KV* vc, const int* pos,
                                            const int* tab_off, const int* tabs, int NH, int HS,
@@ -751,26 +752,24 @@ __device__ void paged_attention_pages_body(float* out, unsigned short* outb, con
     }
 }
 
-extern "C" __global__ void paged_attention_decode_pages(float* out, unsigned short* outb,
-                                                        const float* qkv, const float* kc,
-                                                        const float* vc, const int* pos,
-                                                        const int* tab_off, const int* tabs,
-                                                        int NH, int HS, int BS, float scale) {
-    paged_attention_pages_body<float, 4>(out, outb, qkv, kc, vc, pos, tab_off, tabs, NH, HS, BS,
-                                         scale);
-}
-
-// The same over a bf16 cache.
-extern "C" __global__ void paged_attention_decode_pages_bf16(float* out, unsigned short* outb,
-                                                             const float* qkv,
-                                                             const unsigned short* kc,
-                                                             const unsigned short* vc,
-                                                             const int* pos, const int* tab_off,
-                                                             const int* tabs, int NH, int HS,
-                                                             int BS, float scale) {
-    paged_attention_pages_body<unsigned short, 8>(out, outb, qkv, kc, vc, pos, tab_off, tabs, NH,
-                                                  HS, BS, scale);
-}
+#define PAGES(NW)                                                                               \
+    extern "C" __global__ void paged_attention_decode_pages_##NW(                               \
+        float* out, unsigned short* outb, const float* qkv, const float* kc, const float* vc,   \
+        const int* pos, const int* tab_off, const int* tabs, int NH, int HS, int BS,            \
+        float scale) {                                                                          \
+        paged_attention_pages_body<float, 4, NW>(out, outb, qkv, kc, vc, pos, tab_off, tabs,    \
+                                                 NH, HS, BS, scale);                            \
+    }                                                                                           \
+    extern "C" __global__ void paged_attention_decode_pages_bf16_##NW(                          \
+        float* out, unsigned short* outb, const float* qkv, const unsigned short* kc,           \
+        const unsigned short* vc, const int* pos, const int* tab_off, const int* tabs, int NH,  \
+        int HS, int BS, float scale) {                                                          \
+        paged_attention_pages_body<unsigned short, 8, NW>(out, outb, qkv, kc, vc, pos, tab_off, \
+                                                          tabs, NH, HS, BS, scale);             \
+    }
+PAGES(4)
+PAGES(8)
+PAGES(16)
 
 // The warp's largest (best, bi) in every lane: the larger value, the lower
 // index on a tie.

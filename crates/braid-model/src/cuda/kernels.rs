@@ -54,8 +54,11 @@ pub struct Kernels {
     paged_attention_decode_bf16: Function,
     paged_attention_decode_warps: Function,
     paged_attention_decode_warps_bf16: Function,
-    paged_attention_decode_pages: Function,
-    paged_attention_decode_pages_bf16: Function,
+    /// The pages kernel's instances (f32 cache, bf16 cache) of 4, 8 and
+    /// 16 warps ([`PAGE_WARPS`]).
+    paged_attention_decode_pages: [(Function, Function); 3],
+    /// Which instance runs (`BRAID_DECODE_PAGE_WARPS`; 4 by default).
+    page_warps: usize,
     /// Which kernel runs the decode attention.
     decode_attention: DecodeAttention,
     gather_rows: Function,
@@ -99,8 +102,21 @@ impl Kernels {
             paged_attention_decode_bf16: f("paged_attention_decode_bf16")?,
             paged_attention_decode_warps: f("paged_attention_decode_warps")?,
             paged_attention_decode_warps_bf16: f("paged_attention_decode_warps_bf16")?,
-            paged_attention_decode_pages: f("paged_attention_decode_pages")?,
-            paged_attention_decode_pages_bf16: f("paged_attention_decode_pages_bf16")?,
+            paged_attention_decode_pages: [
+                (
+                    f("paged_attention_decode_pages_4")?,
+                    f("paged_attention_decode_pages_bf16_4")?,
+                ),
+                (
+                    f("paged_attention_decode_pages_8")?,
+                    f("paged_attention_decode_pages_bf16_8")?,
+                ),
+                (
+                    f("paged_attention_decode_pages_16")?,
+                    f("paged_attention_decode_pages_bf16_16")?,
+                ),
+            ],
+            page_warps: page_warps_from_env()?,
             decode_attention: DecodeAttention::from_env()?,
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
@@ -751,6 +767,26 @@ impl DecodeAttention {
     }
 }
 
+/// The pages kernel's instances: warps per block.
+pub const PAGE_WARPS: [usize; 3] = [4, 8, 16];
+
+/// `BRAID_DECODE_PAGE_WARPS`: 4 (the default), 8 or 16 warps per block of
+/// the pages kernel (one choice for the process, so that a row's sums do
+/// not depend on what else its step holds); the index into [`PAGE_WARPS`].
+fn page_warps_from_env() -> Result<usize> {
+    let name = braid_core::env::BRAID_DECODE_PAGE_WARPS;
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") => Ok(0),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .and_then(|w| PAGE_WARPS.iter().position(|&x| x == w))
+            .ok_or_else(|| {
+                braid_cuda::CudaError::Invalid(format!("{name}={v}: expected 4, 8 or 16"))
+            }),
+    }
+}
+
 /// Whether the pages kernel reads this head: 16 bytes a lane (`head_size`
 /// a multiple of 4 elements in f32, 8 in bf16), a position in a power of
 /// two of lanes up to a warp, and every 16-byte load aligned (the cache's
@@ -879,6 +915,15 @@ impl Kernels {
         self.decode_attention = which;
     }
 
+    /// The pages kernel's warps per block, one of [`PAGE_WARPS`].
+    #[cfg(test)]
+    pub(crate) fn set_page_warps(&mut self, warps: usize) {
+        self.page_warps = PAGE_WARPS
+            .iter()
+            .position(|&w| w == warps)
+            .expect("4, 8 or 16");
+    }
+
     /// A decode step's attention over the paged cache of one layer: row
     /// `r`'s query (in `qkv`, rows of `3c`) attends to its sequence's
     /// positions `0..=pos[r]`, whose keys and values `k` and `v` hold in
@@ -936,8 +981,11 @@ impl Kernels {
         // The pages' and the warps' kernels: a fixed number of warps
         // (PG_WARPS, DEC_WARPS), their shared memory static.
         let (f, threads, shared) = match (which, kv.bf16) {
-            (DecodeAttention::Pages, false) => (&self.paged_attention_decode_pages, 4 * 32, 0),
-            (DecodeAttention::Pages, true) => (&self.paged_attention_decode_pages_bf16, 4 * 32, 0),
+            (DecodeAttention::Pages, bf16) => {
+                let (f32_cache, bf16_cache) = &self.paged_attention_decode_pages[self.page_warps];
+                let threads = (PAGE_WARPS[self.page_warps] * 32) as u32;
+                (if bf16 { bf16_cache } else { f32_cache }, threads, 0)
+            }
             (DecodeAttention::Warps, false) => (&self.paged_attention_decode_warps, 8 * 32, 0),
             (DecodeAttention::Warps, true) => (&self.paged_attention_decode_warps_bf16, 8 * 32, 0),
             (DecodeAttention::Block, false) => (&self.paged_attention_decode, threads, shared),

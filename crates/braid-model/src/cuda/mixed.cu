@@ -1005,27 +1005,42 @@ extern "C" __global__ void gelu_backward_bias_bf(bf8* __restrict__ dx, const bf8
 // y[m, n] = x[m, :] . W[:, n] + bias[n] for M <= R rows (R, the kernel's
 // instance, 1, 2, 4 or 8): x bf16 [M, K], W bf16 [K, N] row-major (the
 // weights' bf16 copy), bias f32 [N]; N and K multiples of 8, x and W
-// 16-byte aligned (the caller checks). One block of SK_WARPS warps per tile
-// of CL * 8 columns (CL 2, 4 or 8 lanes across, WARP / CL down K): lane
-// (cl, kl) holds columns c0 .. c0 + 8 (one 16-byte load of a weight row)
-// and takes the rows k = kl + (WARP / CL) * (w + SK_WARPS * i) of W,
-// SK_UNROLL of them (and their x elements) loaded before any is used,
-// rows past K or M predicated to zero rather than branched around. The
-// sums are reduced in a fixed order (the lanes of a column by shuffles,
-// then the warps in order through shared memory), so a row's result does
-// not depend on the block's other rows or on timing. mode 0: out = y
-// (f32); 1: out = y + res (f32); 2: outb = bf16(gelu(y)).
+// 16-byte aligned (the caller checks). Block (b, s) of SK_WARPS warps takes
+// the tile of CL * 8 columns b and the rows s * Ks .. (s + 1) * Ks of W (S
+// splits of K): lane (cl, kl) holds columns c0 .. c0 + 8 (one 16-byte load
+// of a weight row) and takes the rows kl + (WARP / CL) * (w + SK_WARPS * i)
+// of its split, SK_UNROLL of them (and their x elements) loaded before any
+// is used, rows past the split or M predicated to zero rather than
+// branched around. A block's sums are reduced in a fixed order (the lanes
+// of a column by shuffles, the warps in order through shared memory); with
+// S > 1 each split's sums go to partials[s][M][N], and the tile's last
+// block to finish (its counter, reset after) adds the splits in order
+// 0 .. S-1. So a row's result depends on neither the other rows nor the
+// timing. Epilogue (mode) 0: out = y (f32); 1: out = y + res (f32); 2:
+// outb = bf16(gelu(y)).
 #define SK_ROWS 8
 #define SK_WARPS 8
 #define SK_UNROLL 8
+
+__device__ __forceinline__ void skinny_store(float* out, bf16* outb, const float* res, int mode,
+                                             long at, float y) {
+    if (mode == 2) {
+        outb[at] = narrow(gelu(y));
+    } else {
+        out[at] = mode == 1 ? y + res[at] : y;
+    }
+}
+
 template <int R>
 __device__ void skinny_body(float* out, bf16* outb, const float* res, const bf16* x,
                             const bf16* W, const float* bias, int M, int N, int K, int CL,
-                            int mode) {
+                            int mode, float* partials, unsigned* counters, int S, int Ks) {
     __shared__ float part[SK_WARPS][R][64];
+    __shared__ bool last;
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int cl = lane % CL, kl = lane / CL, KL = WARP / CL, TN = CL * 8;
     int c0 = blockIdx.x * TN + cl * 8;
+    int kbeg = blockIdx.y * Ks, kend = min(K, kbeg + Ks);
     bool in = c0 < N;
     float acc[R][8];
 #pragma unroll
@@ -1033,13 +1048,13 @@ __device__ void skinny_body(float* out, bf16* outb, const float* res, const bf16
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[r][e] = 0.f;
     int kstep = KL * SK_WARPS;
-    for (int k0 = kl + KL * w; k0 < K; k0 += SK_UNROLL * kstep) {
+    for (int k0 = kbeg + kl + KL * w; k0 < kend; k0 += SK_UNROLL * kstep) {
         uint4 wv[SK_UNROLL];
         float xv[SK_UNROLL][R];
 #pragma unroll
         for (int u = 0; u < SK_UNROLL; u++) {
             int k = k0 + u * kstep;
-            bool ok = in && k < K;
+            bool ok = in && k < kend;
             wv[u] = ok ? *reinterpret_cast<const uint4*>(W + (long)k * N + c0)
                        : make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -1075,27 +1090,47 @@ __device__ void skinny_body(float* out, bf16* outb, const float* res, const bf16
             for (int e = 0; e < 8; e++) part[w][r][cl * 8 + e] = acc[r][e];
     }
     __syncthreads();
+    if (S == 1) {
+        for (int t = threadIdx.x; t < M * TN; t += blockDim.x) {
+            int r = t / TN, j = t % TN, col = blockIdx.x * TN + j;
+            if (col >= N) continue;
+            float y = 0.f;
+            for (int q = 0; q < SK_WARPS; q++) y += part[q][r][j];
+            skinny_store(out, outb, res, mode, (long)r * N + col, y + bias[col]);
+        }
+        return;
+    }
+    // This split's sums out, then the tile's last block adds the splits.
     for (int t = threadIdx.x; t < M * TN; t += blockDim.x) {
         int r = t / TN, j = t % TN, col = blockIdx.x * TN + j;
         if (col >= N) continue;
         float y = 0.f;
         for (int q = 0; q < SK_WARPS; q++) y += part[q][r][j];
-        y += bias[col];
-        long at = (long)r * N + col;
-        if (mode == 2) {
-            outb[at] = narrow(gelu(y));
-        } else {
-            out[at] = mode == 1 ? y + res[at] : y;
-        }
+        partials[((long)blockIdx.y * M + r) * N + col] = y;
     }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == (unsigned)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = threadIdx.x; t < M * TN; t += blockDim.x) {
+        int r = t / TN, j = t % TN, col = blockIdx.x * TN + j;
+        if (col >= N) continue;
+        float y = 0.f;
+        for (int q = 0; q < S; q++) y += __ldcg(&partials[((long)q * M + r) * N + col]);
+        skinny_store(out, outb, res, mode, (long)r * N + col, y + bias[col]);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next product
 }
 
 #define SKINNY(R)                                                                               \
-    extern "C" __global__ void skinny_gemm_bf_##R(float* out, bf16* outb, const float* res,     \
-                                                  const bf16* x, const bf16* W,               \
-                                                  const float* bias, int M, int N, int K,     \
-                                                  int CL, int mode) {                         \
-        skinny_body<R>(out, outb, res, x, W, bias, M, N, K, CL, mode);                        \
+    extern "C" __global__ void skinny_gemm_bf_##R(                                              \
+        float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,                 \
+        const float* bias, int M, int N, int K, int CL, int mode, float* partials,              \
+        unsigned* counters, int S, int Ks) {                                                    \
+        skinny_body<R>(out, outb, res, x, W, bias, M, N, K, CL, mode, partials, counters, S,    \
+                       Ks);                                                                     \
     }
 SKINNY(1)
 SKINNY(2)

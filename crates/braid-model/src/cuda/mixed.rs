@@ -256,6 +256,51 @@ pub enum SkinnyTo {
 /// Rows a skinny product takes at most (the kernel's `SK_ROWS`).
 pub const SKINNY_ROWS: usize = 8;
 
+/// What a skinny product split over K needs besides its operands: each
+/// split's sums, and a counter per tile of columns (zero between products:
+/// each tile's last block resets its own). Grown as products need.
+pub struct SkinnyScratch {
+    partials: DeviceBuffer<f32>,
+    counters: DeviceBuffer<i32>,
+}
+
+impl SkinnyScratch {
+    /// Empty scratch on `device` (grown on first use).
+    pub fn new(device: &Device) -> Result<SkinnyScratch> {
+        Ok(SkinnyScratch {
+            partials: DeviceBuffer::zeros(device, 1)?,
+            counters: DeviceBuffer::zeros(device, 1)?,
+        })
+    }
+
+    /// Room for `splits` splits of `rows` rows of `n` and `tiles` counters
+    /// (new zeroed buffers where the old are too short).
+    fn fit(&mut self, splits: usize, rows: usize, n: usize, tiles: usize) -> Result<()> {
+        let device = self.partials.device().clone();
+        if self.partials.len() < splits * rows * n {
+            self.partials = DeviceBuffer::zeros(&device, splits * SKINNY_ROWS * n)?;
+        }
+        if self.counters.len() < tiles {
+            self.counters = DeviceBuffer::zeros(&device, tiles)?;
+        }
+        Ok(())
+    }
+}
+
+/// How a skinny product of `n` columns and `k` rows of weights is laid out
+/// on `sms` multiprocessors: lanes across a tile (`cl`, 8 columns each),
+/// splits of K and rows per split. Tiles of 64 columns (128 contiguous
+/// bytes of a weight row), then enough splits for two blocks a
+/// multiprocessor, at most 8 and each of at least 128 rows; it depends on
+/// the product's shape alone, never on its row count.
+fn skinny_layout(n: usize, k: usize, sms: usize) -> (usize, usize, usize) {
+    let cl = 8;
+    let tiles = n.div_ceil(8 * cl);
+    let splits = (2 * sms).div_ceil(tiles).clamp(1, 8).min((k / 128).max(1));
+    let rows = k.div_ceil(splits).next_multiple_of(8);
+    (cl, splits, rows)
+}
+
 impl MixedKernels {
     /// Compiles (through the cache) and loads the kernels on `device`.
     pub fn load(device: &Device) -> Result<MixedKernels> {
@@ -881,14 +926,17 @@ impl MixedKernels {
     /// `[m, k]` and `w` `[k, n]` row-major in bf16, `bias` f32 `[n]`,
     /// accumulated in f32 and written as `to` says: a decode step's
     /// products at batch sizes where cuBLASLt's tiles leave most of the
-    /// GPU idle. The sums are reduced in a fixed order, so a row's result
-    /// does not depend on the other rows. Returns false, launching
+    /// GPU idle. K is split over blocks ([`skinny_layout`], by the shape
+    /// alone), each split's sums kept in `scratch` and added in order by
+    /// the tile's last block; every sum is reduced in a fixed order, so a
+    /// row's result depends on neither the other rows nor timing. Returns false, launching
     /// nothing, where the kernel does not apply (more rows, `n` or `k` not
     /// a multiple of 8, `x` or `w` not 16-byte aligned).
     #[allow(clippy::too_many_arguments)]
     pub fn skinny_product(
         &self,
         s: &Stream,
+        scratch: &mut SkinnyScratch,
         to: SkinnyTo,
         x: &impl DeviceMem<bf16>,
         w: &impl DeviceMem<bf16>,
@@ -926,13 +974,9 @@ impl MixedKernels {
                 (0, out.0, 0, 2)
             }
         };
-        // The widest tile (8 columns a lane, CL lanes across) that still
-        // gives every multiprocessor a block; at least 2 lanes (32
-        // contiguous bytes of a weight row).
-        let cl = [8usize, 4, 2]
-            .into_iter()
-            .find(|&cl| n.div_ceil(8 * cl) >= self.sms)
-            .unwrap_or(2);
+        let (cl, splits, split_rows) = skinny_layout(n, k, self.sms);
+        let tiles = n.div_ceil(8 * cl);
+        scratch.fit(splits, m, n, tiles)?;
         let args = vec![
             A::P(out),
             A::P(outb),
@@ -945,8 +989,12 @@ impl MixedKernels {
             A::I(k as i32),
             A::I(cl as i32),
             A::I(mode),
+            A::P(scratch.partials.dptr()),
+            A::P(scratch.counters.dptr()),
+            A::I(splits as i32),
+            A::I(split_rows as i32),
         ];
-        let grid = (n.div_ceil(8 * cl) as u32, 1, 1);
+        let grid = (tiles as u32, splits as u32, 1);
         // The smallest instance holding m rows.
         let which = match m {
             1 => 0,
@@ -1254,7 +1302,27 @@ impl AdamSegments {
 
 #[cfg(test)]
 mod tests {
-    use super::{zero_pieces, AdamSegments, ZERO_PIECE};
+    use super::{skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
+
+    /// The skinny products' layouts on an H100's 132 multiprocessors:
+    /// tiles of 64 columns, splits enough for two blocks a multiprocessor
+    /// (at most 8, each of at least 128 rows, whole rows of 8), covering
+    /// K; a shape too small to split runs whole.
+    #[test]
+    fn skinny_products_split_k_for_two_blocks_a_multiprocessor() {
+        for (n, k, want) in [
+            (4800, 1600, 4),
+            (1600, 6400, 8),
+            (6400, 1600, 3),
+            (2304, 768, 6),
+            (768, 3072, 8),
+            (48, 16, 1),
+        ] {
+            let (cl, splits, rows) = skinny_layout(n, k, 132);
+            assert_eq!((cl, splits), (8, want), "{n} x {k}");
+            assert!(rows % 8 == 0 && rows * splits >= k && rows * (splits - 1) < k);
+        }
+    }
     use crate::config::GptConfig;
     use crate::layout::Layout;
 

@@ -11,7 +11,7 @@
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::{MixedKernels, SkinnyTo};
+use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
@@ -85,8 +85,8 @@ pub(super) struct Half<'a> {
     /// epilogue, straight into the bf16 input of the next (cleared, for
     /// the decoder's life, the first time cuBLASLt has no such product).
     pub(super) gelu_fused: &'a mut bool,
-    /// Whether products of a few rows run on the skinny kernel.
-    pub(super) skinny: bool,
+    /// Products of a few rows on the skinny kernel, with its scratch.
+    pub(super) skinny: Option<&'a mut SkinnyScratch>,
 }
 
 impl Half<'_> {
@@ -119,8 +119,13 @@ impl Half<'_> {
             out: (d.dptr(), d.dlen()),
             res: residual.map(|r| (r.dptr(), r.dlen())),
         };
-        if self.skinny && self.mk.skinny_product(s, to, &a, &b, bias, (n, oc, ic))? {
-            return Ok(());
+        if let Some(scratch) = self.skinny.as_deref_mut() {
+            if self
+                .mk
+                .skinny_product(s, scratch, to, &a, &b, bias, (n, oc, ic))?
+            {
+                return Ok(());
+            }
         }
         let dm = Mat::of(d, oc);
         let (c, beta) = match residual {
@@ -166,8 +171,13 @@ impl Half<'_> {
             out: (d.dptr(), d.dlen()),
         };
         // (The skinny kernel writes no pre-activation: nothing reads it.)
-        if self.skinny && self.mk.skinny_product(s, to, &a, &b, bias32, (n, oc, ic))? {
-            return Ok(true);
+        if let Some(scratch) = self.skinny.as_deref_mut() {
+            if self
+                .mk
+                .skinny_product(s, scratch, to, &a, &b, bias32, (n, oc, ic))?
+            {
+                return Ok(true);
+            }
         }
         let bias = self.wb.view(bias);
         let aux = self.tb[Act::Fch.index()].view(0..n * oc);

@@ -40,7 +40,7 @@ mod scratch;
 pub use pages::{GpuKvPages, KvDtype};
 
 use super::kernels::Kernels;
-use super::mixed::MixedKernels;
+use super::mixed::{MixedKernels, SkinnyScratch};
 use super::profile::PhaseTimer;
 use crate::block::{self, Act, LayerRanges};
 use crate::layout::{Block, Layout};
@@ -101,27 +101,50 @@ struct HalfParts {
     mk: MixedKernels,
     /// The GELU in the MLP's first product ([`forward::Half`]).
     gelu_fused: bool,
-    /// Products of a few rows on the skinny kernel
+    /// Products of a few rows on the skinny kernel, and its scratch
     /// (`BRAID_DECODE_SKINNY`, off by default).
-    skinny: bool,
+    skinny: Option<SkinnyScratch>,
+    /// Products of up to [`TUNED_ROWS`] rows timed over cuBLASLt's offers
+    /// (`BRAID_DECODE_TUNE`, off by default): a new graph's step then runs
+    /// once outside the capture first, where the timing can run.
+    tuned: bool,
+}
+
+/// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
+/// steady steps of 64 sequences).
+const TUNED_ROWS: usize = 64;
+
+/// Whether the environment variable `name` says `1` or `on`.
+fn switched_on(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
 }
 
 impl HalfParts {
     /// `data` rounded to bf16 (to nearest, ties to even) on `device`.
     fn new(device: &Device, data: &[f32]) -> Result<HalfParts> {
         let rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+        let tuned = switched_on(braid_core::env::BRAID_DECODE_TUNE);
         Ok(HalfParts {
             wb: DeviceBuffer::from_host(device, &rounded)?,
             lt: {
                 // A step's row count changes with its prompts.
                 let mut lt = BlasLt::new(device)?;
                 lt.share_across_rows();
+                if tuned {
+                    lt.time_any_offer_up_to(TUNED_ROWS);
+                    if std::env::var(braid_core::env::BRAID_GEMM_TUNE).as_deref() == Ok("verbose") {
+                        lt.say_choices();
+                    }
+                }
                 lt
             },
             mk: MixedKernels::load(device)?,
             gelu_fused: true,
-            skinny: std::env::var(braid_core::env::BRAID_DECODE_SKINNY)
-                .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on")),
+            skinny: match switched_on(braid_core::env::BRAID_DECODE_SKINNY) {
+                true => Some(SkinnyScratch::new(device)?),
+                false => None,
+            },
+            tuned,
         })
     }
 }
@@ -447,6 +470,12 @@ impl GpuDecoder {
     /// step runs as it is.
     fn replay(&mut self, rows: usize, plan: &StepPlan, choosable: usize) -> Result<()> {
         if !self.graphs.has(rows, choosable) {
+            if self.half.as_ref().is_some_and(|h| h.tuned) {
+                // The products' plans (and their timing) made outside the
+                // capture: the step runs once as it is (it writes the same
+                // keys and values again), then is captured.
+                self.enqueue(plan, true, choosable)?;
+            }
             // Timing events and trace marks stay out of the graph.
             let prof = std::mem::replace(&mut self.prof, PhaseTimer::off());
             self.stream.begin_capture()?;
@@ -529,7 +558,7 @@ impl GpuDecoder {
                     wb: &h.wb,
                     tb: &mut tb[..],
                     gelu_fused: &mut h.gelu_fused,
-                    skinny: h.skinny,
+                    skinny: h.skinny.as_mut(),
                 }),
             })?;
             t.swap(Act::X.index(), Act::Out.index());
@@ -728,8 +757,10 @@ mod tests {
             "paged_attention_decode_bf16",
             "paged_attention_decode_warps",
             "paged_attention_decode_warps_bf16",
-            "paged_attention_decode_pages",
-            "paged_attention_decode_pages_bf16",
+            "paged_attention_decode_pages_4",
+            "paged_attention_decode_pages_bf16_4",
+            "paged_attention_decode_pages_16",
+            "paged_attention_decode_pages_bf16_16",
             "gather_rows",
             "logits_pick",
         ] {
@@ -826,7 +857,12 @@ mod tests {
     /// within 1e-4 of their largest, and so are the caches' pages.
     #[test]
     fn gpu_decoding_gives_the_cpus_logits() {
-        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Pages,
+            DType::F32,
+            KvDtype::F32,
+        ));
     }
 
     /// The same on heads of 64 (GPT-2's), whose positions the pages
@@ -834,15 +870,65 @@ mod tests {
     /// over a bf16 cache too.
     #[test]
     fn gpu_decoding_of_heads_of_64_gives_the_cpus_logits() {
-        decodes_as_the_cpu(WIDE, DecodeAttention::Pages, DType::F32, KvDtype::F32);
-        decodes_as_the_cpu(WIDE, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16);
+        decodes_as_the_cpu(Case::of(
+            WIDE,
+            DecodeAttention::Pages,
+            DType::F32,
+            KvDtype::F32,
+        ));
+        decodes_as_the_cpu(Case::of(
+            WIDE,
+            DecodeAttention::Pages,
+            DType::BF16,
+            KvDtype::Bf16,
+        ));
+    }
+
+    /// bf16 products whose algorithms are timed over cuBLASLt's offers,
+    /// split over K included (`BRAID_DECODE_TUNE`): each new graph's step
+    /// run once outside its capture, the results within bf16's rounding
+    /// as before.
+    #[test]
+    fn gpu_decoding_with_tuned_products_gives_the_cpus_logits() {
+        decodes_as_the_cpu(Case {
+            tuned: true,
+            ..Case::of(WIDE, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
+        });
+    }
+
+    /// The pages kernel in blocks of 8 and 16 warps
+    /// (`BRAID_DECODE_PAGE_WARPS`), over both caches.
+    #[test]
+    fn gpu_decoding_with_wider_page_blocks_gives_the_cpus_logits() {
+        decodes_as_the_cpu(Case {
+            page_warps: 16,
+            ..Case::of(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::F32)
+        });
+        decodes_as_the_cpu(Case {
+            page_warps: 8,
+            ..Case::of(WIDE, DecodeAttention::Pages, DType::F32, KvDtype::F32)
+        });
+        decodes_as_the_cpu(Case {
+            page_warps: 16,
+            ..Case::of(WIDE, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
+        });
     }
 
     /// The same with a warp per position (the kernel before the pages').
     #[test]
     fn gpu_decoding_with_a_warp_per_position_gives_the_cpus_logits() {
-        decodes_as_the_cpu(SMALL, DecodeAttention::Warps, DType::F32, KvDtype::F32);
-        decodes_as_the_cpu(WIDE, DecodeAttention::Warps, DType::BF16, KvDtype::Bf16);
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Warps,
+            DType::F32,
+            KvDtype::F32,
+        ));
+        decodes_as_the_cpu(Case::of(
+            WIDE,
+            DecodeAttention::Warps,
+            DType::BF16,
+            KvDtype::Bf16,
+        ));
     }
 
     /// The same with bf16 products, within bf16's rounding (2 % of the
@@ -853,7 +939,12 @@ mod tests {
     /// unscaled, by 0.3 % at most.
     #[test]
     fn gpu_bf16_decoding_gives_the_cpus_logits_within_bf16s_rounding() {
-        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::BF16, KvDtype::F32);
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Pages,
+            DType::BF16,
+            KvDtype::F32,
+        ));
     }
 
     /// f32 products over a bf16 KV cache (`BRAID_DECODE_KV=bf16`): keys and
@@ -862,14 +953,29 @@ mod tests {
     /// CPU's f32 ones.
     #[test]
     fn gpu_decoding_over_a_bf16_cache_gives_the_cpus_logits_within_its_rounding() {
-        decodes_as_the_cpu(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::Bf16);
-        decodes_as_the_cpu(SMALL, DecodeAttention::Block, DType::BF16, KvDtype::Bf16);
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Pages,
+            DType::F32,
+            KvDtype::Bf16,
+        ));
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Block,
+            DType::BF16,
+            KvDtype::Bf16,
+        ));
     }
 
     /// The same with a thread per position and without graphs.
     #[test]
     fn gpu_decoding_with_a_thread_per_position_gives_the_cpus_logits() {
-        decodes_as_the_cpu(SMALL, DecodeAttention::Block, DType::F32, KvDtype::F32);
+        decodes_as_the_cpu(Case::of(
+            SMALL,
+            DecodeAttention::Block,
+            DType::F32,
+            KvDtype::F32,
+        ));
     }
 
     /// The decode tests' model: heads of 8.
@@ -877,10 +983,42 @@ mod tests {
     /// Heads of 64.
     const WIDE: &str = "L2-H2-C128-V37-T24";
 
-    /// The GPU's steps against the CPU's for the model `spec`, the
-    /// attention by `which` kernel, the products in `dtype`, the cache in
-    /// `kv`.
-    fn decodes_as_the_cpu(spec: &str, which: DecodeAttention, dtype: DType, kv: KvDtype) {
+    /// One run of [`decodes_as_the_cpu`]: the model `spec`, the attention
+    /// by `which` kernel (the pages kernel in blocks of `page_warps`
+    /// warps), the products in `dtype` (timed over cuBLASLt's offers when
+    /// `tuned`), the cache in `kv`.
+    struct Case {
+        spec: &'static str,
+        which: DecodeAttention,
+        dtype: DType,
+        kv: KvDtype,
+        tuned: bool,
+        page_warps: usize,
+    }
+
+    impl Case {
+        fn of(spec: &'static str, which: DecodeAttention, dtype: DType, kv: KvDtype) -> Case {
+            Case {
+                spec,
+                which,
+                dtype,
+                kv,
+                tuned: false,
+                page_warps: 4,
+            }
+        }
+    }
+
+    /// The GPU's steps against the CPU's for one [`Case`].
+    fn decodes_as_the_cpu(case: Case) {
+        let Case {
+            spec,
+            which,
+            dtype,
+            kv,
+            tuned,
+            page_warps,
+        } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
             _ => (2e-2, 1.0),
@@ -896,6 +1034,11 @@ mod tests {
         // Room for 2 rows: the prefill's 10 make the scratch grow.
         let mut gpu = GpuDecoder::with_kv(&device, &params, blocks, bs, 2, dtype, kv).unwrap();
         gpu.kernels.set_decode_attention(which);
+        gpu.kernels.set_page_warps(page_warps);
+        if let (true, Some(h)) = (tuned, gpu.half.as_mut()) {
+            h.tuned = true;
+            h.lt.time_any_offer_up_to(TUNED_ROWS);
+        }
         // The pages' and warps' runs replay graphs and choose on the
         // device; the first kernel's runs every step as it is, choosing on
         // the host.
@@ -1014,7 +1157,7 @@ mod tests {
     /// at a width that is not a multiple of 8.
     #[test]
     fn gpu_decode_skinny_products_match_the_host() {
-        use crate::cuda::mixed::{SkinnyTo, SKINNY_ROWS};
+        use crate::cuda::mixed::{SkinnyScratch, SkinnyTo, SKINNY_ROWS};
         use braid_cuda::DeviceMem;
         if braid_cuda::device_count().unwrap_or(0) == 0 {
             return skip("no GPU");
@@ -1022,6 +1165,7 @@ mod tests {
         let device = Device::open(0).unwrap();
         let mk = MixedKernels::load(&device).unwrap();
         let s = Stream::new(&device).unwrap();
+        let mut scratch = SkinnyScratch::new(&device).unwrap();
         let mut r = crate::rng::Rng::new(11);
         let mut randb = |n: usize, sd: f64| -> Vec<f32> {
             (0..n)
@@ -1076,7 +1220,9 @@ mod tests {
                 out: (outg.dptr(), outg.dlen()),
             };
             for to in [plain, with_res, gelu] {
-                assert!(mk.skinny_product(&s, to, &gx, &gw, &gbias, shape).unwrap());
+                assert!(mk
+                    .skinny_product(&s, &mut scratch, to, &gx, &gw, &gbias, shape)
+                    .unwrap());
             }
             s.synchronize().unwrap();
             let scale = y.iter().fold(0f64, |a, v| a.max(v.abs()));
@@ -1102,7 +1248,7 @@ mod tests {
                 res: None,
             };
             assert!(mk
-                .skinny_product(&s, to, &gx, &gw, &gbias, (1, n, k))
+                .skinny_product(&s, &mut scratch, to, &gx, &gw, &gbias, (1, n, k))
                 .unwrap());
             s.synchronize().unwrap();
             assert_eq!(one.to_vec().unwrap(), out.to_vec().unwrap()[..n].to_vec());
@@ -1115,9 +1261,11 @@ mod tests {
             res: None,
         };
         assert!(!mk
-            .skinny_product(&s, to, &b, &b, &f, (SKINNY_ROWS + 1, 64, 64))
+            .skinny_product(&s, &mut scratch, to, &b, &b, &f, (SKINNY_ROWS + 1, 64, 64))
             .unwrap());
-        assert!(!mk.skinny_product(&s, to, &b, &b, &f, (2, 60, 64)).unwrap());
+        assert!(!mk
+            .skinny_product(&s, &mut scratch, to, &b, &b, &f, (2, 60, 64))
+            .unwrap());
     }
 
     /// Bad rows are refused on the GPU with the CPU's messages.
