@@ -267,3 +267,37 @@ fn sixty_four_requests_batched_equal_each_alone_paged_or_contiguous() {
         assert_eq!(together[i], alone[0], "request {i}");
     }
 }
+
+/// The warm-up burst `braid serve` runs on a GPU before it listens
+/// (`offline::warm_up`): as many requests as run at once, their prompts
+/// together a step's tokens (shorter than the context), every one
+/// finished; the batcher idle after, and a request's tokens what a fresh
+/// batcher gives.
+#[test]
+fn a_warm_up_burst_fills_a_step_and_leaves_the_batcher_as_it_found_it() {
+    let p = params("L2-H2-C16-V64-T32", 5);
+    let fresh = |step_tokens: usize| {
+        let d = CpuDecoder::new(p.clone(), 8 * (32 / 4 + 2), 4).unwrap();
+        let opts = BatcherOptions {
+            max_running: 8,
+            step_tokens,
+            ..Default::default()
+        };
+        Batcher::new(d, Tokenizer::Bytes, opts)
+    };
+    let mut b = fresh(40);
+    let w = braid_serve::offline::warm_up(&mut b, 64, 32).unwrap();
+    assert_eq!((w.requests, w.prompt_tokens), (8, 5));
+    let s = b.stats();
+    assert_eq!((s.waiting, s.running), (0, 0));
+    b.submit(1, greedy(&[3, 1, 4], 6)).unwrap();
+    let after = drain(&mut b);
+    let mut c = fresh(40);
+    c.submit(1, greedy(&[3, 1, 4], 6)).unwrap();
+    assert_eq!(after[&1], drain(&mut c)[&1]);
+    // A step wider than the context: prompts cut to leave room for the
+    // three new tokens.
+    let mut d = fresh(8 * 40);
+    let w = braid_serve::offline::warm_up(&mut d, 64, 32).unwrap();
+    assert_eq!(w.prompt_tokens, 28);
+}

@@ -529,7 +529,15 @@ fn batcher(
 ) -> Result<Batcher<Box<dyn Decoder + Send>>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
-    let budget = CpuDecoder::blocks_in(&params.layout, 1 << 30, block);
+    // 1 GiB of keys and values in the cache's element (bf16 on a GPU
+    // under bf16 products: twice the blocks).
+    let budget = match gpu {
+        Some(_) => {
+            let kv = KvDtype::from_env(dtype).map_err(|e| e.to_string())?;
+            CudaDecoder::blocks_in(&params.layout, 1 << 30, block, kv)
+        }
+        None => CpuDecoder::blocks_in(&params.layout, 1 << 30, block),
+    };
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
     let base = match gpu {
