@@ -6,8 +6,9 @@
 
 use super::bench::parse_size;
 use super::generate::Source;
-use super::generate::{decoder, decoding_device, load, locate, model_tokenizer};
+use super::generate::{decoder, decoding_device, dtype_name, load, locate, model_tokenizer};
 use super::serve_tp;
+use braid_core::DType;
 use braid_model::cuda::decode::KvDtype;
 use braid_serve::http::{serve, AppState};
 use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
@@ -225,6 +226,11 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
             w.requests,
             w.prompt_tokens
         );
+        if let Some(g) = on.gpu {
+            if let Some(line) = step_floor(g, cfg.num_params(), on.dtype) {
+                eprintln!("{line}");
+            }
+        }
     }
     let engine = spawn(batcher);
     let state = Arc::new(AppState {
@@ -299,4 +305,23 @@ impl Drop for StopFollowers {
             eprintln!("braid serve: {e}");
         }
     }
+}
+
+/// The least time a decode step can take on GPU `gpu`: every weight read
+/// once (in the products' element), at the memory bandwidth measured here
+/// (a 256 MiB device copy) — one stream's floor per token, said at start
+/// so a benchmark can set its figures beside it. None (nothing said) if
+/// the measurement fails.
+fn step_floor(gpu: usize, params: usize, dtype: DType) -> Option<String> {
+    let device = braid_cuda::Device::open(gpu).ok()?;
+    let gbps = braid_model::cuda::rates::copy_gbps(&device, 256 << 20, 10).ok()?;
+    let bytes = params as f64 * if dtype == DType::BF16 { 2.0 } else { 4.0 };
+    Some(format!(
+        "braid serve: a step reads the weights at least once: {} in {} at the {:.0} GB/s \
+         measured here, {:.3} ms (one stream's floor a token; the KV cache adds its reads)",
+        braid_core::words::bytes(bytes as u64),
+        dtype_name(dtype),
+        gbps,
+        bytes / (gbps * 1e9) * 1e3
+    ))
 }
