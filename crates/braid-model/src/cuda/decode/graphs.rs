@@ -8,6 +8,7 @@
 //! turns them off; a capture the driver refuses turns them off too, with
 //! a note, and the steps run as they are.
 
+use crate::cuda::decode::switches::on_unless_off;
 use braid_cuda::{CudaError, Graph, Result, Stream};
 use std::collections::HashMap;
 
@@ -27,10 +28,8 @@ pub(super) struct DecodeGraphs {
 impl DecodeGraphs {
     /// On unless `BRAID_DECODE_GRAPHS` is `0` or `off`.
     pub(super) fn from_env() -> DecodeGraphs {
-        let off = std::env::var(braid_core::env::BRAID_DECODE_GRAPHS)
-            .is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"));
         DecodeGraphs {
-            on: !off,
+            on: on_unless_off(braid_core::env::BRAID_DECODE_GRAPHS),
             graphs: HashMap::new(),
         }
     }

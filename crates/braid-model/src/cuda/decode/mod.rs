@@ -36,6 +36,7 @@ mod graphs;
 mod pages;
 mod plan;
 mod scratch;
+mod switches;
 
 pub use pages::{GpuKvPages, KvDtype};
 
@@ -59,6 +60,7 @@ use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
+use switches::{on_unless_off, switched_on};
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
@@ -113,11 +115,6 @@ struct HalfParts {
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
 /// steady steps of 64 sequences).
 const TUNED_ROWS: usize = 64;
-
-/// Whether the environment variable `name` says `1` or `on`.
-fn switched_on(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
-}
 
 impl HalfParts {
     /// `data` rounded to bf16 (to nearest, ties to even) on `device`.
@@ -305,8 +302,7 @@ impl GpuDecoder {
             prof: PhaseTimer::from_env(device),
             host: HostClock::default(),
             graphs: DecodeGraphs::from_env(),
-            device_picks: !std::env::var(braid_core::env::BRAID_DECODE_PICKS)
-                .is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off")),
+            device_picks: on_unless_off(braid_core::env::BRAID_DECODE_PICKS),
             half: match half {
                 true => Some(HalfParts::new(device, &params.data)?),
                 false => None,
