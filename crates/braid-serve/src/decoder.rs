@@ -28,6 +28,12 @@ pub trait Decoder {
     fn decode(&mut self, rows: &[DecodeRow<'_>], out: &mut Logits) -> Result<(), String>;
     /// What it runs on, for the banner (`cpu, f32`).
     fn describe(&self) -> String;
+    /// The row counts of steady steps (every row a sequence's next token)
+    /// it prepares once, on first use (a GPU's CUDA graphs), and a warm-up
+    /// should therefore run; none by default.
+    fn prepared_rows(&self) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 /// A decoder chosen at run time (`Box<dyn Decoder + Send>`: the CPU's, a
@@ -60,6 +66,10 @@ impl<D: Decoder + ?Sized> Decoder for Box<D> {
 
     fn describe(&self) -> String {
         (**self).describe()
+    }
+
+    fn prepared_rows(&self) -> Vec<usize> {
+        (**self).prepared_rows()
     }
 }
 
@@ -234,6 +244,10 @@ impl Decoder for CudaDecoder {
 
     fn describe(&self) -> String {
         self.gpu.describe()
+    }
+
+    fn prepared_rows(&self) -> Vec<usize> {
+        self.gpu.graph_rows()
     }
 }
 

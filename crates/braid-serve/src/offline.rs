@@ -83,8 +83,12 @@ pub fn complete<D: Decoder>(
 /// What [`warm_up`] ran.
 #[derive(Debug, Clone, Copy)]
 pub struct WarmUp {
+    /// The full burst: requests and each one's prompt tokens.
     pub requests: usize,
     pub prompt_tokens: usize,
+    /// The smaller bursts, one per row count the decoder prepares below
+    /// the full one.
+    pub smaller: usize,
     pub elapsed: Duration,
 }
 
@@ -94,7 +98,10 @@ pub struct WarmUp {
 /// for the steady steps of every running sequence, the products' plans):
 /// as many requests as run at once, with distinct prompts (the prefix
 /// cache shares none) that together fill a step's tokens, three greedy
-/// tokens each. Prompt tokens are ids below `vocab`, each prompt shorter
+/// tokens each; then, for each row count below that which the decoder
+/// prepares once ([`Decoder::prepared_rows`]), a burst of that many
+/// one-token prompts, so a first client at any concurrency finds its
+/// steps ready. Prompt tokens are ids below `vocab`, each prompt shorter
 /// than `context`.
 pub fn warm_up<D: Decoder>(
     batcher: &mut Batcher<D>,
@@ -107,27 +114,39 @@ pub fn warm_up<D: Decoder>(
         .step_tokens
         .div_ceil(n)
         .clamp(1, context.saturating_sub(4).max(1));
-    let requests: Vec<Request> = (0..n)
-        .map(|i| Request {
-            prompt: (0..len)
-                .map(|j| ((i * 7919 + j * 104_729 + 1) % vocab.max(1)) as u32)
-                .collect(),
-            max_tokens: 3,
-            sampling: braid_model::sample::Sampling {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                seed: 0,
-            },
-            stop: Vec::new(),
-            logprobs: false,
-        })
-        .collect();
+    let burst = |count: usize, len: usize, salt: usize| -> Vec<Request> {
+        (0..count)
+            .map(|i| Request {
+                prompt: (0..len)
+                    .map(|j| ((salt + i * 7919 + j * 104_729 + 1) % vocab.max(1)) as u32)
+                    .collect(),
+                max_tokens: 3,
+                sampling: braid_model::sample::Sampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    seed: 0,
+                },
+                stop: Vec::new(),
+                logprobs: false,
+            })
+            .collect()
+    };
     let start = Instant::now();
-    complete(batcher, requests).map_err(|e| format!("warming up: {e}"))?;
+    complete(batcher, burst(n, len, 0)).map_err(|e| format!("warming up: {e}"))?;
+    let smaller: Vec<usize> = batcher
+        .decoder()
+        .prepared_rows()
+        .into_iter()
+        .filter(|&b| b > 0 && b < n)
+        .collect();
+    for &b in &smaller {
+        complete(batcher, burst(b, 1, 31 * b)).map_err(|e| format!("warming up: {e}"))?;
+    }
     Ok(WarmUp {
         requests: n,
         prompt_tokens: len,
+        smaller: smaller.len(),
         elapsed: start.elapsed(),
     })
 }

@@ -287,7 +287,8 @@ fn a_warm_up_burst_fills_a_step_and_leaves_the_batcher_as_it_found_it() {
     };
     let mut b = fresh(40);
     let w = braid_serve::offline::warm_up(&mut b, 64, 32).unwrap();
-    assert_eq!((w.requests, w.prompt_tokens), (8, 5));
+    // (The CPU's decoder prepares no row counts: no smaller bursts.)
+    assert_eq!((w.requests, w.prompt_tokens, w.smaller), (8, 5, 0));
     let s = b.stats();
     assert_eq!((s.waiting, s.running), (0, 0));
     b.submit(1, greedy(&[3, 1, 4], 6)).unwrap();
@@ -300,4 +301,73 @@ fn a_warm_up_burst_fills_a_step_and_leaves_the_batcher_as_it_found_it() {
     let mut d = fresh(8 * 40);
     let w = braid_serve::offline::warm_up(&mut d, 64, 32).unwrap();
     assert_eq!(w.prompt_tokens, 28);
+}
+
+/// The CPU's decoder, saying it prepares steady steps of 1, 2, 4 and 8
+/// rows (as a GPU's graphs do), and counting the steady steps (every row
+/// past its prompt's first position) it runs of each size.
+struct Preparing {
+    inner: CpuDecoder,
+    steady: Vec<usize>,
+}
+
+impl braid_serve::Decoder for Preparing {
+    fn context(&self) -> usize {
+        self.inner.context()
+    }
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn blocks(&self) -> usize {
+        self.inner.blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn copy_blocks(&mut self, copies: &[braid_model::paged::BlockCopy]) {
+        self.inner.copy_blocks(copies)
+    }
+    fn decode(
+        &mut self,
+        rows: &[braid_model::DecodeRow<'_>],
+        out: &mut braid_model::Logits,
+    ) -> Result<(), String> {
+        if rows.iter().all(|r| r.pos > 0) {
+            self.steady.push(rows.len());
+        }
+        self.inner.decode(rows, out)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn prepared_rows(&self) -> Vec<usize> {
+        vec![1, 2, 4, 8, 16]
+    }
+}
+
+/// With a decoder that prepares row counts, the warm-up runs a steady
+/// step of each count up to the full burst's (16 is past it: not run).
+#[test]
+fn the_warm_up_runs_a_steady_step_of_each_prepared_row_count() {
+    let p = params("L2-H2-C16-V64-T32", 6);
+    let d = Preparing {
+        inner: CpuDecoder::new(p, 8 * (32 / 4 + 2), 4).unwrap(),
+        steady: Vec::new(),
+    };
+    let opts = BatcherOptions {
+        max_running: 8,
+        step_tokens: 40,
+        ..Default::default()
+    };
+    let mut b = Batcher::new(d, Tokenizer::Bytes, opts);
+    let w = braid_serve::offline::warm_up(&mut b, 64, 32).unwrap();
+    assert_eq!(w.smaller, 3);
+    let seen = &b.decoder().steady;
+    for rows in [1, 2, 4, 8] {
+        assert!(
+            seen.contains(&rows),
+            "no steady step of {rows} rows: {seen:?}"
+        );
+    }
+    assert!(!seen.contains(&16), "{seen:?}");
 }

@@ -219,12 +219,13 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     if on.gpu.is_some() && a.tp == 1 {
         let w = braid_serve::offline::warm_up(&mut batcher, cfg.vocab_size, cfg.context)?;
         eprintln!(
-            "braid serve: warmed up in {} ms ({} requests of {} prompt tokens at once: the \
-             step's buffers, its products and the CUDA graphs of the steady steps made before \
-             the first request)",
+            "braid serve: warmed up in {} ms ({} requests of {} prompt tokens at once, then {} \
+             smaller bursts: the step's buffers, its products and the CUDA graphs of the steady \
+             steps made before the first request)",
             w.elapsed.as_millis(),
             w.requests,
-            w.prompt_tokens
+            w.prompt_tokens,
+            w.smaller
         );
         if let Some(g) = on.gpu {
             if let Some(line) = step_floor(g, cfg.num_params(), on.dtype) {

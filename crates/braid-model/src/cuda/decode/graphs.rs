@@ -61,6 +61,14 @@ impl DecodeGraphs {
         }
     }
 
+    /// The row counts graphs are captured for (none when graphs are off).
+    pub(super) fn buckets(&self) -> Vec<usize> {
+        match self.on {
+            true => BUCKETS.to_vec(),
+            false => Vec::new(),
+        }
+    }
+
     /// Whether a graph of `rows` rows choosing among `choosable` tokens
     /// is captured.
     pub(super) fn has(&self, rows: usize, choosable: usize) -> bool {

@@ -326,6 +326,12 @@ impl GpuDecoder {
         self.kv.blocks()
     }
 
+    /// The row counts whose steady steps it captures as CUDA graphs
+    /// (each on first use; none without graphs).
+    pub fn graph_rows(&self) -> Vec<usize> {
+        self.graphs.buckets()
+    }
+
     /// Positions per block.
     pub fn block_size(&self) -> usize {
         self.kv.block_size()
