@@ -260,6 +260,25 @@ setting() {
   done
 }
 
+# Starts braid serve with the flags given and the environment assignments
+# of the caller's envs array, its output into LOG (the command first);
+# sets pid and prints its "braid serve:" lines. Fails, the server stopped,
+# without /health within 120 s.
+start_serve() {
+  local log=$1
+  shift
+  echo "cmd: ${envs[*]} $B serve $*" > "$log"
+  env "${envs[@]}" "$B" serve "$@" >> "$log" 2>&1 &
+  pid=$!
+  if ! healthy "$pid"; then
+    echo "serve: no /health within 120 s ($log): $(tail -n 3 "$log" | tr '\n' ' ')"
+    kill "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    return 1
+  fi
+  grep -h "^braid serve:" "$log" | cut -c1-250
+}
+
 phase_serve() {
   local m ok=0 c
   m=$(model_file 124m) || return 1
@@ -268,17 +287,9 @@ phase_serve() {
     setting "$dt"
     local log=$L/serve-124m-${dt//[:=,]/_}.txt
     dt=${dt//[:=,]/_}
-    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory ${SERVE_KV:-2G} ${args[*]}" > "$log"
-    env "${envs[@]}" "$B" serve --device cuda --dtype "$flag" --load "$m" --port "$PORT" \
-      --kv-memory "${SERVE_KV:-2G}" "${args[@]}" >> "$log" 2>&1 &
-    local pid=$!
-    if ! healthy "$pid"; then
-      echo "serve $dt: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
-      kill "$pid" 2> /dev/null
-      wait "$pid" 2> /dev/null
-      return 1
-    fi
-    grep -h "^braid serve:" "$log" | cut -c1-250
+    local pid
+    start_serve "$log" --device cuda --dtype "$flag" --load "$m" --port "$PORT" \
+      --kv-memory "${SERVE_KV:-2G}" "${args[@]}" || return 1
     for c in 1 8 64; do
       run "bench-serve-$dt-c$c" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
         --input-len 128 --output-len 128 --max-concurrency "$c" --json "$L/bench-serve-$dt-c$c.json" ||
@@ -335,16 +346,9 @@ phase_profile() {
     warps) envs+=(BRAID_DECODE_KV=bf16 BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=warps) ;;
     block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block BRAID_DECODE_PICKS=0) dt=f32 ;;
     esac
-    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $dt --load $m --port $PORT" > "$log"
-    env "${envs[@]}" "$B" serve --device cuda --dtype "$dt" --load "$m" --port "$PORT" \
-      --kv-memory "${SERVE_KV:-2G}" >> "$log" 2>&1 &
-    local pid=$!
-    if ! healthy "$pid"; then
-      echo "serve (profiled, $a): no /health within 120 s"
-      kill "$pid" 2> /dev/null
-      wait "$pid" 2> /dev/null
-      return 1
-    fi
+    local pid
+    start_serve "$log" --device cuda --dtype "$dt" --load "$m" --port "$PORT" \
+      --kv-memory "${SERVE_KV:-2G}" || return 1
     for c in 1 64; do
       local n=8
       [ "$c" = 64 ] && n=128
@@ -377,18 +381,10 @@ phase_xl() {
     [ -n "${XL_KV:-}" ] && envs+=(BRAID_DECODE_KV="$XL_KV")
     local tag=${x//[:=,]/_}
     local log=$L/serve-1558m-$tag.txt
-    echo "cmd: ${envs[*]} $B serve --device cuda --dtype $flag --load $m --port $PORT --kv-memory 8G ${args[*]} ${XL_ARGS:-}" > "$log"
+    local pid
     # shellcheck disable=SC2086
-    env "${envs[@]}" "$B" serve --device cuda --dtype "$flag" --load "$m" --port "$PORT" --kv-memory 8G \
-      "${args[@]}" ${XL_ARGS:-} >> "$log" 2>&1 &
-    local pid=$!
-    if ! healthy "$pid"; then
-      echo "serve 1558M $x: no /health within 120 s: $(tail -n 3 "$log" | tr '\n' ' ')"
-      kill "$pid" 2> /dev/null
-      wait "$pid" 2> /dev/null
-      return 1
-    fi
-    grep -h "^braid serve:" "$log" | cut -c1-250
+    start_serve "$log" --device cuda --dtype "$flag" --load "$m" --port "$PORT" --kv-memory 8G \
+      "${args[@]}" ${XL_ARGS:-} || return 1
     for c in 1 64; do
       local n=64
       [ "$c" = 1 ] && n=16

@@ -51,13 +51,17 @@ impl Default for BatcherOptions {
 }
 
 impl BatcherOptions {
-    /// A GPU's: steps of up to 2048 tokens (a prefill's fixed costs per
-    /// step shared by more prompt rows; on an H100 at 64 requests in
-    /// flight, 124M, 40.8 K output tokens/s against 35.0 K at 512).
-    pub fn on_gpu() -> Self {
-        BatcherOptions {
-            step_tokens: 2048,
-            ..Self::default()
+    /// The defaults of a GPU (`gpu`) or the CPU. A GPU's steps take up to
+    /// 2048 tokens (a prefill's fixed costs per step shared by more prompt
+    /// rows; on an H100 at 64 requests in flight, 124M, 40.8 K output
+    /// tokens/s against 35.0 K at 512).
+    pub fn for_device(gpu: bool) -> Self {
+        match gpu {
+            true => BatcherOptions {
+                step_tokens: 2048,
+                ..Self::default()
+            },
+            false => Self::default(),
         }
     }
 }
@@ -146,7 +150,6 @@ impl<D: Decoder> Batcher<D> {
         }
     }
 
-    /// The decoder.
     /// How steps are shared out.
     pub fn options(&self) -> BatcherOptions {
         self.options

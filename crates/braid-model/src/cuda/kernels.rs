@@ -789,17 +789,11 @@ fn page_warps_from_env() -> Result<usize> {
 
 /// Whether the pages kernel reads this head: 16 bytes a lane (`head_size`
 /// a multiple of 4 elements in f32, 8 in bf16), a position in a power of
-/// two of lanes up to a warp, and every 16-byte load aligned (the cache's
-/// and the queries' pointers).
-fn pages_fit(head_size: usize, kv: PagedKv, qkv_ptr: u64) -> bool {
+/// two of lanes up to a warp, and the cache's 16-byte loads aligned.
+fn pages_fit(head_size: usize, kv: PagedKv) -> bool {
     let e = if kv.bf16 { 8 } else { 4 };
     let lanes = head_size / e;
-    head_size % e == 0
-        && lanes.is_power_of_two()
-        && lanes <= 32
-        && kv.k % 16 == 0
-        && kv.v % 16 == 0
-        && qkv_ptr % 16 == 0
+    head_size % e == 0 && lanes.is_power_of_two() && lanes <= 32 && kv.k % 16 == 0 && kv.v % 16 == 0
 }
 
 fn too_short(what: &str, have: usize, want: usize) -> Result<()> {
@@ -968,9 +962,7 @@ impl Kernels {
             too_short("paged attention bf16 out", len, rows * c)?;
         }
         let which = match self.decode_attention {
-            DecodeAttention::Pages if pages_fit(head_size, kv, qkv.dptr()) => {
-                DecodeAttention::Pages
-            }
+            DecodeAttention::Pages if pages_fit(head_size, kv) => DecodeAttention::Pages,
             DecodeAttention::Pages | DecodeAttention::Warps if head_size <= 128 => {
                 DecodeAttention::Warps
             }

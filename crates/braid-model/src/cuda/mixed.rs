@@ -256,49 +256,44 @@ pub enum SkinnyTo {
 /// Rows a skinny product takes at most (the kernel's `SK_ROWS`).
 pub const SKINNY_ROWS: usize = 8;
 
+/// Columns of a skinny product's tile: 8 lanes across, 8 columns each
+/// (128 contiguous bytes of a weight row).
+const SKINNY_TILE: usize = 64;
+/// Splits of K a skinny product takes at most.
+const SKINNY_SPLITS: usize = 8;
+
 /// What a skinny product split over K needs besides its operands: each
 /// split's sums, and a counter per tile of columns (zero between products:
-/// each tile's last block resets its own). Grown as products need.
+/// each tile's last block resets its own). Made once, for the widest
+/// product, so that a captured graph never names a buffer freed after.
 pub struct SkinnyScratch {
     partials: DeviceBuffer<f32>,
     counters: DeviceBuffer<i32>,
 }
 
 impl SkinnyScratch {
-    /// Empty scratch on `device` (grown on first use).
-    pub fn new(device: &Device) -> Result<SkinnyScratch> {
+    /// Scratch on `device` for products of up to `widest` columns.
+    pub fn new(device: &Device, widest: usize) -> Result<SkinnyScratch> {
         Ok(SkinnyScratch {
-            partials: DeviceBuffer::zeros(device, 1)?,
-            counters: DeviceBuffer::zeros(device, 1)?,
+            partials: DeviceBuffer::zeros(device, SKINNY_SPLITS * SKINNY_ROWS * widest.max(1))?,
+            counters: DeviceBuffer::zeros(device, widest.div_ceil(SKINNY_TILE).max(1))?,
         })
-    }
-
-    /// Room for `splits` splits of `rows` rows of `n` and `tiles` counters
-    /// (new zeroed buffers where the old are too short).
-    fn fit(&mut self, splits: usize, rows: usize, n: usize, tiles: usize) -> Result<()> {
-        let device = self.partials.device().clone();
-        if self.partials.len() < splits * rows * n {
-            self.partials = DeviceBuffer::zeros(&device, splits * SKINNY_ROWS * n)?;
-        }
-        if self.counters.len() < tiles {
-            self.counters = DeviceBuffer::zeros(&device, tiles)?;
-        }
-        Ok(())
     }
 }
 
-/// How a skinny product of `n` columns and `k` rows of weights is laid out
-/// on `sms` multiprocessors: lanes across a tile (`cl`, 8 columns each),
-/// splits of K and rows per split. Tiles of 64 columns (128 contiguous
-/// bytes of a weight row), then enough splits for two blocks a
-/// multiprocessor, at most 8 and each of at least 128 rows; it depends on
-/// the product's shape alone, never on its row count.
-fn skinny_layout(n: usize, k: usize, sms: usize) -> (usize, usize, usize) {
-    let cl = 8;
-    let tiles = n.div_ceil(8 * cl);
-    let splits = (2 * sms).div_ceil(tiles).clamp(1, 8).min((k / 128).max(1));
+/// How a skinny product of `n` columns and `k` rows of weights is split
+/// on `sms` multiprocessors: splits of K and rows per split, enough splits
+/// for two blocks a multiprocessor, at most [`SKINNY_SPLITS`] and each of
+/// at least 128 rows; it depends on the product's shape alone, never on
+/// its row count.
+fn skinny_layout(n: usize, k: usize, sms: usize) -> (usize, usize) {
+    let tiles = n.div_ceil(SKINNY_TILE);
+    let splits = (2 * sms)
+        .div_ceil(tiles)
+        .clamp(1, SKINNY_SPLITS)
+        .min((k / 128).max(1));
     let rows = k.div_ceil(splits).next_multiple_of(8);
-    (cl, splits, rows)
+    (splits, rows)
 }
 
 impl MixedKernels {
@@ -974,9 +969,14 @@ impl MixedKernels {
                 (0, out.0, 0, 2)
             }
         };
-        let (cl, splits, split_rows) = skinny_layout(n, k, self.sms);
-        let tiles = n.div_ceil(8 * cl);
-        scratch.fit(splits, m, n, tiles)?;
+        let (splits, split_rows) = skinny_layout(n, k, self.sms);
+        let tiles = n.div_ceil(SKINNY_TILE);
+        need(
+            "skinny product scratch",
+            scratch.partials.len(),
+            splits * m * n,
+        )?;
+        need("skinny product counters", scratch.counters.len(), tiles)?;
         let args = vec![
             A::P(out),
             A::P(outb),
@@ -987,7 +987,7 @@ impl MixedKernels {
             A::I(m as i32),
             A::I(n as i32),
             A::I(k as i32),
-            A::I(cl as i32),
+            A::I((SKINNY_TILE / 8) as i32),
             A::I(mode),
             A::P(scratch.partials.dptr()),
             A::P(scratch.counters.dptr()),
@@ -1304,10 +1304,10 @@ impl AdamSegments {
 mod tests {
     use super::{skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
 
-    /// The skinny products' layouts on an H100's 132 multiprocessors:
-    /// tiles of 64 columns, splits enough for two blocks a multiprocessor
-    /// (at most 8, each of at least 128 rows, whole rows of 8), covering
-    /// K; a shape too small to split runs whole.
+    /// The skinny products' splits on an H100's 132 multiprocessors (tiles
+    /// of 64 columns): enough for two blocks a multiprocessor (at most 8,
+    /// each of at least 128 rows, whole rows of 8), covering K; a shape too
+    /// small to split runs whole.
     #[test]
     fn skinny_products_split_k_for_two_blocks_a_multiprocessor() {
         for (n, k, want) in [
@@ -1318,8 +1318,8 @@ mod tests {
             (768, 3072, 8),
             (48, 16, 1),
         ] {
-            let (cl, splits, rows) = skinny_layout(n, k, 132);
-            assert_eq!((cl, splits), (8, want), "{n} x {k}");
+            let (splits, rows) = skinny_layout(n, k, 132);
+            assert_eq!(splits, want, "{n} x {k}");
             assert!(rows % 8 == 0 && rows * splits >= k && rows * (splits - 1) < k);
         }
     }

@@ -125,6 +125,9 @@ pub(super) struct DecodeOn {
     pub note: Option<String>,
     /// The products' precision (`--dtype`): f32 on the CPU.
     pub dtype: DType,
+    /// The GPU's KV cache element (`BRAID_DECODE_KV`, else the products'
+    /// element): f32 on the CPU.
+    pub kv: KvDtype,
 }
 
 /// Resolves `--device` for decoding: `cpu`; `cuda` (or `gpu`): one GPU,
@@ -143,6 +146,9 @@ pub(super) fn decoding_device(device: &str, dtype: &str) -> Result<DecodeOn, Str
             ),
             (other, _) => return Err(format!("--dtype {other:?}: expected auto, bf16 or f32")),
         };
+    if on.gpu.is_some() {
+        on.kv = KvDtype::from_env(on.dtype).map_err(|e| e.to_string())?;
+    }
     Ok(on)
 }
 
@@ -153,6 +159,7 @@ fn placed(device: &str) -> Result<DecodeOn, String> {
             gpu: None,
             note: None,
             dtype: DType::F32,
+            kv: KvDtype::F32,
         }),
         "cuda" | "gpu" => {
             let n = super::gpus_for(device)?;
@@ -160,6 +167,7 @@ fn placed(device: &str) -> Result<DecodeOn, String> {
                 gpu: Some(gpu_of(device, n)?),
                 note: None,
                 dtype: DType::F32,
+                kv: KvDtype::F32,
             })
         }
         "auto" => match braid_cuda::device_count() {
@@ -172,12 +180,14 @@ fn placed(device: &str) -> Result<DecodeOn, String> {
                          decodes on the CPU)"
                     )),
                     dtype: DType::F32,
+                    kv: KvDtype::F32,
                 })
             }
             _ => Ok(DecodeOn {
                 gpu: None,
                 note: None,
                 dtype: DType::F32,
+                kv: KvDtype::F32,
             }),
         },
         other => Err(format!("--device {other:?}: expected auto, cpu or cuda")),
@@ -206,25 +216,25 @@ fn gpu_of(device: &str, n: usize) -> Result<usize, String> {
 }
 
 /// A decoder of `params` with a KV cache of `blocks` blocks of
-/// `block_size` positions: on the CPU, or on GPU `gpu` in f32 with room
-/// for `rows` rows a step. The GPU's free memory is checked first (the
-/// f32 parameters and the cache); `hint` says how to ask for less.
+/// `block_size` positions where `on` says: on the CPU, or on its GPU in
+/// its products' and cache's elements with room for `rows` rows a step.
+/// The GPU's free memory is checked first (the parameters and the cache);
+/// `hint` says how to ask for less.
 pub(super) fn decoder(
     params: Params,
-    gpu: Option<usize>,
-    dtype: DType,
+    on: &DecodeOn,
     blocks: usize,
     block_size: usize,
     rows: usize,
     hint: &str,
 ) -> Result<Box<dyn Decoder + Send>, String> {
-    let Some(g) = gpu else {
+    let (dtype, kv_dtype) = (on.dtype, on.kv);
+    let Some(g) = on.gpu else {
         return Ok(Box::new(CpuDecoder::new(params, blocks, block_size)?));
     };
     let dev = braid_cuda::Device::open(g).map_err(|e| format!("--device cuda: GPU {g}: {e}"))?;
     // The f32 parameters, and in bf16 their bf16 copy too.
     let weights = (params.data.len() * if dtype == DType::BF16 { 6 } else { 4 }) as u64;
-    let kv_dtype = KvDtype::from_env(dtype).map_err(|e| e.to_string())?;
     let kv = (blocks * GpuKvPages::bytes_per_block(&params.layout, block_size, kv_dtype)) as u64;
     if let Ok(free) = dev.free_memory() {
         if weights + kv > free as u64 {
@@ -462,7 +472,7 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     // the whole window recomputed for each token.
     let (text, new_tokens, first, elapsed, how) =
         if a.tokens > 0 && prompt.len() + a.tokens <= cfg.context {
-            let mut b = batcher(params, tokenizer, 1, on.gpu, on.dtype)?;
+            let mut b = batcher(params, tokenizer, 1, &on)?;
             let request = Request {
                 prompt,
                 max_tokens: a.tokens,
@@ -517,39 +527,30 @@ pub fn run_generate(a: GenerateArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-/// A batcher of `params` on the CPU, or on GPU `gpu`, with room for
-/// `running` sequences filling the context at once (within 1 GiB of KV
-/// cache).
+/// A batcher of `params` where `on` says, with room for `running`
+/// sequences filling the context at once (within 1 GiB of KV cache).
 fn batcher(
     params: Params,
     tokenizer: Tokenizer,
     running: usize,
-    gpu: Option<usize>,
-    dtype: DType,
+    on: &DecodeOn,
 ) -> Result<Batcher<Box<dyn Decoder + Send>>, String> {
     let block = 16;
     let one = params.layout.config.context.div_ceil(block) + 1;
     // 1 GiB of keys and values in the cache's element (bf16 on a GPU
     // under bf16 products: twice the blocks).
-    let budget = match gpu {
-        Some(_) => {
-            let kv = KvDtype::from_env(dtype).map_err(|e| e.to_string())?;
-            CudaDecoder::blocks_in(&params.layout, 1 << 30, block, kv)
-        }
+    let budget = match on.gpu {
+        Some(_) => CudaDecoder::blocks_in(&params.layout, 1 << 30, block, on.kv),
         None => CpuDecoder::blocks_in(&params.layout, 1 << 30, block),
     };
     let blocks = (running * one).min(budget).max(one);
     let running = (blocks / one).max(1);
-    let base = match gpu {
-        Some(_) => BatcherOptions::on_gpu(),
-        None => BatcherOptions::default(),
-    };
     let options = BatcherOptions {
         max_running: running,
-        ..base
+        ..BatcherOptions::for_device(on.gpu.is_some())
     };
     let hint = "--device cpu decodes on the CPU";
-    let decoder = decoder(params, gpu, dtype, blocks, block, options.step_tokens, hint)?;
+    let decoder = decoder(params, on, blocks, block, options.step_tokens, hint)?;
     Ok(Batcher::new(decoder, tokenizer, options))
 }
 
@@ -615,7 +616,7 @@ fn batch(
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
     let prompt_ids: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
     let running = requests.len().min(a.max_running);
-    let mut b = batcher(params, tokenizer, running, on.gpu, on.dtype)?;
+    let mut b = batcher(params, tokenizer, running, on)?;
     let done = complete(&mut b, requests)?;
     let mut new_tokens = 0;
     let mut at_context = 0;
@@ -731,6 +732,7 @@ mod tests {
             gpu: None,
             note: None,
             dtype: DType::F32,
+            kv: KvDtype::F32,
         };
         assert_eq!(decoding_device("cpu", "auto"), Ok(cpu.clone()));
         match braid_cuda::device_count() {

@@ -9,7 +9,6 @@ use super::generate::Source;
 use super::generate::{decoder, decoding_device, dtype_name, load, locate, model_tokenizer};
 use super::serve_tp;
 use braid_core::DType;
-use braid_model::cuda::decode::KvDtype;
 use braid_serve::http::{serve, AppState};
 use braid_serve::tensor_parallel::{follow, StepBus, TensorParallelDecoder};
 use braid_serve::{spawn, Batcher, BatcherOptions, CpuDecoder, CudaDecoder, Decoder};
@@ -150,8 +149,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
         .map_or(&params.layout, |(gpt, _)| gpt.layout());
     let blocks = match (&share, on.gpu) {
         (None, Some(_)) => {
-            let kv = KvDtype::from_env(on.dtype).map_err(|e| e.to_string())?;
-            CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size, kv)
+            CudaDecoder::blocks_in(&params.layout, kv_bytes as u64, a.block_size, on.kv)
         }
         _ => CpuDecoder::blocks_in(layout, kv_bytes as u64, a.block_size),
     };
@@ -180,10 +178,7 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
     });
     // More than every running sequence can reserve would sit unused.
     let blocks = blocks.min(a.max_running.max(1) * one_sequence);
-    let base = match on.gpu {
-        Some(_) => BatcherOptions::on_gpu(),
-        None => BatcherOptions::default(),
-    };
+    let base = BatcherOptions::for_device(on.gpu.is_some());
     let options = BatcherOptions {
         step_tokens: a.step_tokens.unwrap_or(base.step_tokens).max(1),
         max_running: a.max_running.max(1),
@@ -204,19 +199,11 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
             stopping = Some(StopFollowers(r.bus));
             Box::new(d)
         }
-        _ => decoder(
-            params,
-            on.gpu,
-            on.dtype,
-            blocks,
-            a.block_size,
-            options.step_tokens,
-            hint,
-        )?,
+        _ => decoder(params, &on, blocks, a.block_size, options.step_tokens, hint)?,
     };
     let described = decoder.describe();
     let mut batcher = Batcher::new(decoder, tokenizer, options);
-    if on.gpu.is_some() && a.tp == 1 {
+    if let (Some(g), 1) = (on.gpu, a.tp) {
         let w = braid_serve::offline::warm_up(&mut batcher, cfg.vocab_size, cfg.context)?;
         eprintln!(
             "braid serve: warmed up in {} ms ({} requests of {} prompt tokens at once, then {} \
@@ -227,10 +214,8 @@ pub fn run_serve(a: ServeArgs) -> Result<i32, String> {
             w.prompt_tokens,
             w.smaller
         );
-        if let Some(g) = on.gpu {
-            if let Some(line) = step_floor(g, cfg.num_params(), on.dtype) {
-                eprintln!("{line}");
-            }
+        if let Some(line) = step_floor(g, cfg.num_params(), on.dtype) {
+            eprintln!("{line}");
         }
     }
     let engine = spawn(batcher);

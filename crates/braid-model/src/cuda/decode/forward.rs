@@ -150,9 +150,7 @@ impl Half<'_> {
             },
         )
     }
-}
 
-impl Half<'_> {
     /// `tb[Gelu] = gelu(tb[input] · wb[w] + wb[bias])` in bf16, the
     /// pre-activation into `tb[Fch]`; false (and the fused form off from
     /// then on, with a note) if cuBLASLt has no such product here.

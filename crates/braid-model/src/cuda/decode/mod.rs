@@ -43,7 +43,7 @@ pub use pages::{GpuKvPages, KvDtype};
 use super::kernels::Kernels;
 use super::mixed::{MixedKernels, SkinnyScratch};
 use super::profile::PhaseTimer;
-use crate::block::{self, Act, LayerRanges};
+use crate::block::{self, Act, LayerRanges, Linear};
 use crate::layout::{Block, Layout};
 use crate::model::{DecodeRow, Logits, Pick, Widths};
 use crate::paged::BlockCopy;
@@ -51,7 +51,7 @@ use crate::params::Params;
 use braid_core::DType;
 use braid_cuda::blas::Blas;
 use braid_cuda::blas::Mat;
-use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
+use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
 use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
 use forward::{GpuDecodeForward, Half};
 use graphs::DecodeGraphs;
@@ -117,8 +117,9 @@ struct HalfParts {
 const TUNED_ROWS: usize = 64;
 
 impl HalfParts {
-    /// `data` rounded to bf16 (to nearest, ties to even) on `device`.
-    fn new(device: &Device, data: &[f32]) -> Result<HalfParts> {
+    /// `data` rounded to bf16 (to nearest, ties to even) on `device`, for
+    /// a block of widths `w`.
+    fn new(device: &Device, data: &[f32], w: &Widths) -> Result<HalfParts> {
         let rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
         let tuned = switched_on(braid_core::env::BRAID_DECODE_TUNE);
         Ok(HalfParts {
@@ -129,7 +130,7 @@ impl HalfParts {
                 lt.share_across_rows();
                 if tuned {
                     lt.time_any_offer_up_to(TUNED_ROWS);
-                    if std::env::var(braid_core::env::BRAID_GEMM_TUNE).as_deref() == Ok("verbose") {
+                    if matches!(Tuning::from_env(), Ok(Tuning::TimedVerbose)) {
                         lt.say_choices();
                     }
                 }
@@ -138,7 +139,10 @@ impl HalfParts {
             mk: MixedKernels::load(device)?,
             gelu_fused: true,
             skinny: match switched_on(braid_core::env::BRAID_DECODE_SKINNY) {
-                true => Some(SkinnyScratch::new(device)?),
+                true => {
+                    let widest = Linear::ALL.iter().map(|l| l.widths(w).1).max();
+                    Some(SkinnyScratch::new(device, widest.unwrap_or(0))?)
+                }
                 false => None,
             },
             tuned,
@@ -304,7 +308,7 @@ impl GpuDecoder {
             graphs: DecodeGraphs::from_env(),
             device_picks: on_unless_off(braid_core::env::BRAID_DECODE_PICKS),
             half: match half {
-                true => Some(HalfParts::new(device, &params.data)?),
+                true => Some(HalfParts::new(device, &params.data, &widths)?),
                 false => None,
             },
             layout,
@@ -1167,7 +1171,7 @@ mod tests {
         let device = Device::open(0).unwrap();
         let mk = MixedKernels::load(&device).unwrap();
         let s = Stream::new(&device).unwrap();
-        let mut scratch = SkinnyScratch::new(&device).unwrap();
+        let mut scratch = SkinnyScratch::new(&device, 4800).unwrap();
         let mut r = crate::rng::Rng::new(11);
         let mut randb = |n: usize, sd: f64| -> Vec<f32> {
             (0..n)
