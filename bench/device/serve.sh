@@ -64,6 +64,16 @@
 #     or bf16 sets the cache, XL_ARGS adds flags of braid serve), then
 #     Hugging Face generate() at 1558M (XL_PEER=0: not).
 #
+#   bash bench/device/serve.sh tests
+#     check's first part alone: braid-model's tests matching "decode".
+#
+#   bash bench/device/serve.sh products
+#     the decode step's four products of a layer as a chain over many
+#     layers' weights (124M, 1558M) at 1, 4 and 8 rows, by cuBLASLt (its
+#     heuristic's choice, then timed over its offers), the skinny kernel,
+#     and the skinny kernel launched overlapping the product ahead: us a
+#     layer and GB/s (braid-model's ignored test decode_products_timed).
+#
 #   bash bench/device/serve.sh check serve    # both, in one call
 #
 # Carry: .dev/braid.gz .dev/commit .dev/built-at .dev/model-tests.gz
@@ -100,7 +110,8 @@ run() {
   return $rc
 }
 
-phase_check() {
+# braid-model's tests matching "decode" (the first part of check).
+phase_tests() {
   local ok=0 t
   if [ ! -x /tmp/model-tests ]; then
     echo "model-tests: not carried (.dev/model-tests.gz)"
@@ -119,6 +130,12 @@ phase_check() {
     echo "model-tests: skipped (no time left)"
     ok=1
   fi
+  return $ok
+}
+
+phase_check() {
+  local ok=0 t
+  phase_tests || ok=1
   # The GPU decoder through the batcher and the binary: GPU and CPU
   # greedy texts of a small trained model.
   local m=/tmp/serve-small.safetensors
@@ -366,6 +383,20 @@ phase_profile() {
   done
 }
 
+phase_products() {
+  local t
+  if [ ! -x /tmp/model-tests ]; then
+    echo "products: model-tests not carried (.dev/model-tests.gz)"
+    return 1
+  fi
+  t=$(budget 120) || { echo "products: skipped (no time left)"; return 1; }
+  timeout -k 10 "$t" /tmp/model-tests --ignored --nocapture decode_products_timed > "$L/products.txt" 2>&1
+  echo "exit $?" >> "$L/products.txt"
+  echo "== the decode products, us a layer (GB/s)"
+  grep -E "rows|panicked|^exit" "$L/products.txt" | cut -c1-250
+  grep -q "^exit 0" "$L/products.txt"
+}
+
 # GPT-2 1558M (one bf16 training step on the GPU, then saved) behind
 # braid serve in bf16: 1 in flight (16 prompts) and 64 (64 prompts), 128 +
 # 128 tokens; then Hugging Face generate() at 1558M.
@@ -409,18 +440,20 @@ phase_xl() {
 }
 
 [ $# -gt 0 ] || {
-  echo "usage: serve.sh check | serve | profile | xl (several in one call)" >&2
+  echo "usage: serve.sh check | tests | serve | profile | xl | products (several in one call)" >&2
   exit 2
 }
 rc=0
 for phase in "$@"; do
   case $phase in
   check) phase_check || rc=1 ;;
+  tests) phase_tests || rc=1 ;;
   serve) phase_serve || rc=1 ;;
   profile) phase_profile || rc=1 ;;
   xl) phase_xl || rc=1 ;;
+  products) phase_products || rc=1 ;;
   *)
-    echo "serve.sh: unknown phase $phase (check, serve, profile, xl)" >&2
+    echo "serve.sh: unknown phase $phase (check, tests, serve, profile, xl, products)" >&2
     rc=2
     ;;
   esac

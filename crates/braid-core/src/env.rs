@@ -171,6 +171,19 @@ pub const BRAID_DECODE_SKINNY: &str = "BRAID_DECODE_SKINNY";
 /// reductions only), instead of taking the heuristic's first (off by
 /// default until measured).
 pub const BRAID_DECODE_TUNE: &str = "BRAID_DECODE_TUNE";
+/// `1` or `on`: the GPU decoder launches the kernels of its step that
+/// wait for the one ahead (LayerNorms, the cache write, the pages
+/// attention, the skinny products, which first ask for their weights
+/// into L2) overlapping that kernel (Hopper's programmatic dependent
+/// launch), so that launch gaps and weight reads hide under the kernel
+/// ahead (off by default until measured).
+pub const BRAID_DECODE_OVERLAP: &str = "BRAID_DECODE_OVERLAP";
+/// `1` or `on`: the GPU decoder keeps its bf16 layer weights output by
+/// output (`[out, in]`, transposed), runs products of up to 8 rows and the
+/// logits on braid's NT kernel (each warp reading whole weight rows) and
+/// more rows by cuBLASLt reading the weights transposed (off by default
+/// until measured; it turns the skinny kernel off).
+pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
 /// default), 8 or 16 (more for steps of few rows; measurement only until
 /// a GPU has compared them).

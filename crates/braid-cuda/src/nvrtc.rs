@@ -338,6 +338,61 @@ impl Function {
         dresult::launch_kernel(self.raw, grid, block, shared, stream.raw(), args)
             .map_err(driver("cuLaunchKernel"))
     }
+
+    /// Queues the kernel on `stream` allowed to start before the kernel
+    /// ahead of it has finished (programmatic dependent launch, Hopper and
+    /// later): its blocks may be scheduled once every block of that kernel
+    /// has released its dependents (`griddepcontrol.launch_dependents`) or
+    /// exited, and must pass `griddepcontrol.wait` — which returns when
+    /// that kernel has finished and its writes are visible — before they
+    /// read anything it wrote or write anything it reads. After work that
+    /// is not such a kernel (a copy, an event, a library's kernel that
+    /// never releases early) it runs as [`launch`](Self::launch) would.
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch), and the kernel must wait as above
+    /// before touching memory the work ahead of it in the stream touches
+    /// (other than memory nobody writes, such as weights).
+    pub unsafe fn launch_overlapping(
+        &self,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        stream: &Stream,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: a zeroed union is a valid value of the attribute's
+        // payload; the one field the attribute reads is set below.
+        let mut value: dsys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = dsys::CUlaunchAttribute {
+            id: dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = dsys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shared,
+            hStream: stream.raw(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: config and its one attribute live through the call (the
+        // driver copies them); the function handle is of the bound
+        // context; the caller vouches for the arguments and the kernel's
+        // waiting.
+        unsafe {
+            dsys::cuLaunchKernelEx(&config, self.raw, args.as_mut_ptr(), std::ptr::null_mut())
+        }
+        .result()
+        .map_err(driver("cuLaunchKernelEx"))
+    }
 }
 
 #[cfg(test)]

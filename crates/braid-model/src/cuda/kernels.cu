@@ -5,6 +5,24 @@
 
 #define WARP 32
 
+// Overlapped launches (Hopper's programmatic dependent launch): a kernel
+// the host launches overlapping the one ahead of it may start early, and
+// must call overlap_wait() — which returns once that kernel has finished
+// and its writes are visible — before it reads what that kernel wrote or
+// writes what it reads. overlap_release() lets the kernel behind this one
+// start (to reach its own wait). Both are no-ops in a kernel launched the
+// ordinary way, and below sm_90.
+__device__ __forceinline__ void overlap_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void overlap_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;
@@ -397,6 +415,8 @@ __device__ __forceinline__ void kv_store(unsigned short* p, long i, float x) {
 // kc[slots[n], c] = qkv[n, C + c]; vc[slots[n], c] = qkv[n, 2C + c].
 template <typename KV>
 __device__ void kv_write_body(KV* kc, KV* vc, const float* qkv, const int* slots, int N, int C) {
+    overlap_release();
+    overlap_wait();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)N * C) return;
     int n = i / C, c = i % C;
@@ -665,6 +685,8 @@ __device__ void paged_attention_pages_body(float* out, unsigned short* outb, con
     __shared__ float sm[PG_WARPS * WARP], sl[PG_WARPS * WARP];
     __shared__ float sacc[PG_WARPS * WARP * E];
     const float NEG = __int_as_float(0xff800000);
+    overlap_release();
+    overlap_wait();
     int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int C = NH * HS, P = pos[r] + 1;
     int LK = HS / E, G = WARP / LK, g = lane / LK, e0 = (lane % LK) * E;

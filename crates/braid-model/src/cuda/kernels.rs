@@ -61,6 +61,11 @@ pub struct Kernels {
     page_warps: usize,
     /// Which kernel runs the decode attention.
     decode_attention: DecodeAttention,
+    /// Whether the decode step's kernels that wait for the one ahead (the
+    /// cache write and the pages kernel: `overlap_wait` in kernels.cu)
+    /// launch overlapping it ([`Function::launch_overlapping`]); off
+    /// unless the decoder turns it on.
+    overlap: bool,
     gather_rows: Function,
     logits_pick: Function,
 }
@@ -118,6 +123,7 @@ impl Kernels {
             ],
             page_warps: page_warps_from_env()?,
             decode_attention: DecodeAttention::from_env()?,
+            overlap: false,
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
             _module: module,
@@ -892,14 +898,48 @@ impl Kernels {
         // is below the cache's kv.len / c (the caller's check), and the
         // kernel stores the element kv.bf16 names; all alive until the
         // stream has run the kernel.
+        // kv_write_body waits for the kernel ahead before any access.
         unsafe {
-            f.launch(
+            self.decode_launch(
+                f,
                 grid(n * c, BLOCK as usize),
                 (BLOCK, 1, 1),
                 0,
                 s,
                 &mut [arg(&kp), arg(&vp), arg(&q), arg(&sl), arg(&n32), arg(&c32)],
             )
+        }
+    }
+
+    /// Launches the decode step's kernels that wait for the one ahead
+    /// (the cache write, the pages kernel) overlapping it
+    /// ([`Function::launch_overlapping`]), from now on; `false` launches
+    /// them as every other kernel.
+    pub(crate) fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
+    }
+
+    /// `f` launched overlapping the kernel ahead where
+    /// [`set_overlap`](Self::set_overlap) said so, else as usual.
+    ///
+    /// # Safety
+    /// As [`Function::launch`], and `f` must wait (`overlap_wait`) before
+    /// touching memory the work ahead of it touches.
+    unsafe fn decode_launch(
+        &self,
+        f: &Function,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        s: &Stream,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            match self.overlap {
+                true => f.launch_overlapping(grid, block, shared, s, args),
+                false => f.launch(grid, block, shared, s, args),
+            }
         }
     }
 
@@ -1026,14 +1066,26 @@ impl Kernels {
         // 32 + head_size) floats, under 48 KiB for threads <= 1024 (the
         // others' arrays static; the warps' kernel for head_size <= 128);
         // all alive until the stream has run the kernel.
+        // Only the pages kernel waits for the kernel ahead (overlap_wait):
+        // the others launch as usual.
         unsafe {
-            f.launch(
-                (rows as u32, heads as u32, 1),
-                (threads, 1, 1),
-                shared as u32,
-                s,
-                &mut args,
-            )?;
+            match which {
+                DecodeAttention::Pages => self.decode_launch(
+                    f,
+                    (rows as u32, heads as u32, 1),
+                    (threads, 1, 1),
+                    shared as u32,
+                    s,
+                    &mut args,
+                )?,
+                _ => f.launch(
+                    (rows as u32, heads as u32, 1),
+                    (threads, 1, 1),
+                    shared as u32,
+                    s,
+                    &mut args,
+                )?,
+            }
         }
         Ok(narrowed)
     }

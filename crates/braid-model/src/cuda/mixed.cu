@@ -10,6 +10,24 @@ typedef unsigned short bf16;
 #define WARP 32
 #define GELU_S 0.7978845608028654f
 
+// Overlapped launches (Hopper's programmatic dependent launch): a kernel
+// the host launches overlapping the one ahead of it may start early, and
+// must call overlap_wait() — which returns once that kernel has finished
+// and its writes are visible — before it reads what that kernel wrote or
+// writes what it reads. overlap_release() lets the kernel behind this one
+// start (to reach its own wait). Both are no-ops in a kernel launched the
+// ordinary way, and below sm_90.
+__device__ __forceinline__ void overlap_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void overlap_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float wide(bf16 x) { return __uint_as_float(((unsigned)x) << 16); }
 __device__ __forceinline__ float wide(float x) { return x; }
 __device__ __forceinline__ bf16 narrow(float f) {
@@ -50,6 +68,8 @@ __device__ __forceinline__ uint2 ln_out4(const float* xv, float m, float rs, con
 // One warp per row: out (bf16) = (x - mean) * rstd * w + b, x in f32.
 extern "C" __global__ void ln_forward_bf(bf16* out, float* mean, float* rstd, const float* inp,
                                          const float* w, const float* b, int N, int C) {
+    overlap_release();
+    overlap_wait();
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (row >= N) return;
@@ -285,6 +305,8 @@ __device__ void ln_forward_wide(bf16* out, float* mean, float* rstd, const float
                                 const float* w, const float* b) {
     constexpr int K = C / 4, J = (K + T - 1) / T, NW = T / WARP;
     __shared__ float red[2][NW];
+    overlap_release();
+    overlap_wait();
     int row = blockIdx.x, tid = threadIdx.x;
     const float4* x = (const float4*)(inp + (long)row * C);
     float xv[J][4];
@@ -1048,6 +1070,15 @@ __device__ void skinny_body(float* out, bf16* outb, const float* res, const bf16
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[r][e] = 0.f;
     int kstep = KL * SK_WARPS;
+    // Launched overlapping the kernel ahead: this block's weights (which
+    // nothing writes) on their way into L2 while that kernel finishes,
+    // the lanes at both ends of a row's 128 bytes each asking for their
+    // line (a row of the tile may straddle two).
+    if (in && (cl == 0 || cl == CL - 1))
+        for (int k = kbeg + kl + KL * w; k < kend; k += kstep)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)k * N + c0));
+    overlap_wait();
+    overlap_release();
     for (int k0 = kbeg + kl + KL * w; k0 < kend; k0 += SK_UNROLL * kstep) {
         uint4 wv[SK_UNROLL];
         float xv[SK_UNROLL][R];
@@ -1136,3 +1167,107 @@ SKINNY(1)
 SKINNY(2)
 SKINNY(4)
 SKINNY(8)
+
+// ---- products of few rows against weights stored output by output --------
+// y[m, n] = x[m, :] . W[n, :] (+ bias[n]) for M <= R rows (R, the
+// instance: 1, 2, 4 or 8): x bf16 [M, K], W bf16 [N, K] row-major (the
+// decoder's transposed copy of a layer's weights, or the tied embedding for
+// the logits), K a multiple of 8, x and W 16-byte aligned (the caller
+// checks). A block of NT_WARPS warps: KW of them (a power of two) split K,
+// NT_WARPS / KW split the block's outputs, each warp taking NT_OUT outputs
+// of its slice of K; lane l takes the slice's elements 8 l + 8 WARP i (one
+// 16-byte load of a weight row, and of each x row, per i), two i at a time.
+// A warp's lanes are summed by a fixed butterfly and the KW warps of an
+// output in order through shared memory, so a row's result depends on
+// neither the other rows nor the timing. Before waiting for the kernel
+// ahead (overlapped launches) the block asks for its weights into L2.
+// Epilogue (mode) 0: out = y + bias; 1: out = y + bias + res; 2: outb =
+// bf16(gelu(y + bias)); bias null: no bias.
+#define NT_WARPS 8
+#define NT_OUT 2
+
+template <int R>
+__device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
+                        const float* bias, int M, int N, int K, int KW, int mode) {
+    __shared__ float part[NT_WARPS][R][NT_OUT];
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int kw = w % KW, nw = w / KW;
+    int n0 = (blockIdx.x * (NT_WARPS / KW) + nw) * NT_OUT;
+    int Ks = (K / KW + 7) / 8 * 8;
+    int kbeg = kw * Ks, kend = min(K, kbeg + Ks);
+#pragma unroll
+    for (int o = 0; o < NT_OUT; o++)
+        if (n0 + o < N)
+            for (int k = kbeg + 64 * lane; k < kend; k += 64 * WARP)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)(n0 + o) * K + k));
+    overlap_wait();
+    overlap_release();
+    float acc[NT_OUT][R];
+#pragma unroll
+    for (int o = 0; o < NT_OUT; o++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[o][r] = 0.f;
+    for (int k0 = kbeg + 8 * lane; k0 < kend; k0 += 2 * 8 * WARP) {
+        uint4 wv[2][NT_OUT];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int k = k0 + u * 8 * WARP;
+#pragma unroll
+            for (int o = 0; o < NT_OUT; o++)
+                wv[u][o] = k < kend && n0 + o < N
+                               ? *reinterpret_cast<const uint4*>(W + (long)(n0 + o) * K + k)
+                               : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int k = k0 + u * 8 * WARP;
+            if (k >= kend) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r >= M) break;
+                uint4 xr = *reinterpret_cast<const uint4*>(x + (long)r * K + k);
+                unsigned xs[4] = {xr.x, xr.y, xr.z, xr.w};
+#pragma unroll
+                for (int o = 0; o < NT_OUT; o++) {
+                    unsigned ws[4] = {wv[u][o].x, wv[u][o].y, wv[u][o].z, wv[u][o].w};
+                    float a = acc[o][r];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        a += lo(xs[q]) * lo(ws[q]);
+                        a += hi(xs[q]) * hi(ws[q]);
+                    }
+                    acc[o][r] = a;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 0; o < NT_OUT; o++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v = warp_sum(acc[o][r]);
+            if (lane == 0) part[w][r][o] = v;
+        }
+    __syncthreads();
+    // One thread per (output warp, row, output): the KW slices in order.
+    int t = threadIdx.x, per = R * NT_OUT;
+    if (t >= (NT_WARPS / KW) * per) return;
+    int nw2 = t / per, r = (t % per) / NT_OUT, o = t % NT_OUT;
+    int n = (blockIdx.x * (NT_WARPS / KW) + nw2) * NT_OUT + o;
+    if (r >= M || n >= N) return;
+    float y = 0.f;
+    for (int q = 0; q < KW; q++) y += part[nw2 * KW + q][r][o];
+    if (bias) y += bias[n];
+    skinny_store(out, outb, res, mode, (long)r * N + n, y);
+}
+
+#define NT_PRODUCT(R)                                                                           \
+    extern "C" __global__ void nt_gemm_bf_##R(float* out, bf16* outb, const float* res,         \
+                                              const bf16* x, const bf16* W, const float* bias,  \
+                                              int M, int N, int K, int KW, int mode) {          \
+        nt_body<R>(out, outb, res, x, W, bias, M, N, K, KW, mode);                              \
+    }
+NT_PRODUCT(1)
+NT_PRODUCT(2)
+NT_PRODUCT(4)
+NT_PRODUCT(8)

@@ -235,9 +235,17 @@ pub struct MixedKernels {
     pub(crate) flash: Option<FlashKernels>,
     /// The skinny products for up to 1, 2, 4 and 8 rows.
     skinny_gemm: [Function; 4],
+    /// The products of up to 1, 2, 4 and 8 rows against weights stored
+    /// output by output ([`MixedKernels::nt_product`]).
+    nt_gemm: [Function; 4],
     /// The GPU's multiprocessors (the skinny products' tiles are sized to
     /// cover them).
     sms: usize,
+    /// Whether the decode step's kernels that wait for the one ahead (the
+    /// LayerNorm forward into bf16, the skinny products: `overlap_wait` in
+    /// mixed.cu) launch overlapping it ([`Function::launch_overlapping`]);
+    /// off unless the decoder turns it on.
+    overlap: bool,
 }
 
 /// Where a skinny product ([`MixedKernels::skinny_product`]) puts its
@@ -296,6 +304,25 @@ fn skinny_layout(n: usize, k: usize, sms: usize) -> (usize, usize) {
     (splits, rows)
 }
 
+/// Outputs a warp of an NT product takes (the kernel's `NT_OUT`).
+const NT_OUT: usize = 2;
+/// Warps of an NT product's block (the kernel's `NT_WARPS`).
+const NT_WARPS: usize = 8;
+
+/// The warps that split K in an NT product of `n` outputs over `k` on
+/// `sms` multiprocessors: the fewest (1, 2, 4 or 8) that make two blocks a
+/// multiprocessor, but never so many that a warp's slice of K is less than
+/// one pass of its lanes (256 elements). By the shape alone, never the
+/// row count.
+fn nt_split(n: usize, k: usize, sms: usize) -> usize {
+    let most = (k / 256).clamp(1, NT_WARPS);
+    let mut kw = 1;
+    while kw < most && 2 * kw <= most && (n * kw).div_ceil(NT_OUT * NT_WARPS) < 2 * sms {
+        kw *= 2;
+    }
+    kw
+}
+
 impl MixedKernels {
     /// Compiles (through the cache) and loads the kernels on `device`.
     pub fn load(device: &Device) -> Result<MixedKernels> {
@@ -340,7 +367,14 @@ impl MixedKernels {
                 f("skinny_gemm_bf_4")?,
                 f("skinny_gemm_bf_8")?,
             ],
+            nt_gemm: [
+                f("nt_gemm_bf_1")?,
+                f("nt_gemm_bf_2")?,
+                f("nt_gemm_bf_4")?,
+                f("nt_gemm_bf_8")?,
+            ],
             sms,
+            overlap: false,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
             permute_grad: f("permute_grad_bf")?,
@@ -435,13 +469,44 @@ impl MixedKernels {
         let vector = [out.dptr(), inp.dptr(), w.dptr(), b.dptr()];
         match self.ln_wide_for(c) {
             Some(k) if n > 0 && aligned16(&vector) => {
-                Self::go(&k.forward, s, blocks(n, 1)?, (k.threads, 1, 1), args)
+                self.go_decode(&k.forward, s, blocks(n, 1)?, (k.threads, 1, 1), args)
             }
             _ => {
                 args.extend([A::I(n as i32), A::I(c as i32)]);
-                self.rows(&self.ln_forward, s, n, args)
+                let grid = blocks(n, WARPS)?;
+                self.go_decode(&self.ln_forward, s, grid, (BLOCK, 1, 1), args)
             }
         }
+    }
+
+    /// Launches the decode step's kernels that wait for the one ahead
+    /// (the LayerNorm forward, the skinny products) overlapping it
+    /// ([`Function::launch_overlapping`]), from now on; `false` launches
+    /// them as every other kernel.
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
+    }
+
+    /// [`Self::go`], overlapping the kernel ahead where
+    /// [`set_overlap`](Self::set_overlap) said so: only for kernels that
+    /// call `overlap_wait` before touching memory the work ahead touches.
+    fn go_decode(
+        &self,
+        f: &Function,
+        s: &Stream,
+        grid: Dim3,
+        block: Dim3,
+        mut args: Vec<A>,
+    ) -> Result<()> {
+        if !self.overlap {
+            return Self::go(f, s, grid, block, args);
+        }
+        let mut p = ptrs(&mut args);
+        // SAFETY: as go's; and the launchers that come here pass kernels
+        // that wait for the kernel ahead before any access but reading
+        // weights (ln_forward_bf, ln_forward_<width>, skinny_gemm_bf_<R>,
+        // nt_gemm_bf_<R>).
+        unsafe { f.launch_overlapping(grid, block, 0, s, &mut p) }
     }
 
     /// Elements of the partial-sum scratch the column reductions of `n`
@@ -917,6 +982,84 @@ impl MixedKernels {
         n.div_ceil(GELU_ROWS_PER_BLOCK).max(1) * c
     }
 
+    /// `y = x · wᵀ (+ bias)` for a few rows (`m` up to [`SKINNY_ROWS`]),
+    /// `x` `[m, k]` and `w` `[n, k]` row-major in bf16 (weights stored
+    /// output by output: the decoder's transposed copy of a layer's, or the
+    /// tied embedding for the logits), `bias` f32 `[n]` or none,
+    /// accumulated in f32 and written as `to` says. Each warp takes two
+    /// outputs over a slice of K ([`nt_split`], by the shape alone), its
+    /// weight rows read contiguously; every sum is reduced in a fixed
+    /// order, so a row's result depends on neither the other rows nor
+    /// timing. Launched overlapping the kernel ahead where
+    /// [`set_overlap`](Self::set_overlap) said so. Returns false, launching
+    /// nothing, where the kernel does not apply (more rows, `k` not a
+    /// multiple of 8, `x` or `w` not 16-byte aligned).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nt_product(
+        &self,
+        s: &Stream,
+        to: SkinnyTo,
+        x: &impl DeviceMem<bf16>,
+        w: &impl DeviceMem<bf16>,
+        bias: Option<&dyn DeviceMem<f32>>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<bool> {
+        if m == 0
+            || m > SKINNY_ROWS
+            || n == 0
+            || k % 8 != 0
+            || !aligned16(&[x.dptr(), w.dptr()])
+            || n > i32::MAX as usize
+            || k > i32::MAX as usize
+        {
+            return Ok(false);
+        }
+        need("nt product x", x.dlen(), m * k)?;
+        need("nt product w", w.dlen(), n * k)?;
+        if let Some(b) = bias {
+            need("nt product bias", b.dlen(), n)?;
+        }
+        let (out, outb, res, mode) = match to {
+            SkinnyTo::F32 { out, res } => {
+                need("nt product out", out.1, m * n)?;
+                if let Some(r) = res {
+                    need("nt product residual", r.1, m * n)?;
+                }
+                (out.0, 0, res.map_or(0, |r| r.0), i32::from(res.is_some()))
+            }
+            SkinnyTo::GeluBf16 { out } => {
+                need("nt product out", out.1, m * n)?;
+                (0, out.0, 0, 2)
+            }
+        };
+        let kw = nt_split(n, k, self.sms);
+        let per_block = NT_OUT * NT_WARPS / kw;
+        let args = vec![
+            A::P(out),
+            A::P(outb),
+            A::P(res),
+            A::P(x.dptr()),
+            A::P(w.dptr()),
+            A::P(bias.map_or(0, |b| b.dptr())),
+            A::I(m as i32),
+            A::I(n as i32),
+            A::I(k as i32),
+            A::I(kw as i32),
+            A::I(mode),
+        ];
+        let grid = (n.div_ceil(per_block) as u32, 1, 1);
+        // The smallest instance holding m rows.
+        let which = match m {
+            1 => 0,
+            2 => 1,
+            3..=4 => 2,
+            _ => 3,
+        };
+        let threads = (NT_WARPS * 32) as u32;
+        self.go_decode(&self.nt_gemm[which], s, grid, (threads, 1, 1), args)?;
+        Ok(true)
+    }
+
     /// `y = x · w + bias` for a few rows (`m` up to [`SKINNY_ROWS`]), `x`
     /// `[m, k]` and `w` `[k, n]` row-major in bf16, `bias` f32 `[n]`,
     /// accumulated in f32 and written as `to` says: a decode step's
@@ -1002,7 +1145,7 @@ impl MixedKernels {
             3..=4 => 2,
             _ => 3,
         };
-        Self::go(&self.skinny_gemm[which], s, grid, (256, 1, 1), args)?;
+        self.go_decode(&self.skinny_gemm[which], s, grid, (256, 1, 1), args)?;
         Ok(true)
     }
 
@@ -1302,7 +1445,29 @@ impl AdamSegments {
 
 #[cfg(test)]
 mod tests {
-    use super::{skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
+    use super::{nt_split, skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
+
+    /// The NT products' warps along K on an H100's 132 multiprocessors:
+    /// the fewest for two blocks a multiprocessor, never a slice of K
+    /// shorter than a pass of the lanes.
+    #[test]
+    fn nt_products_split_k_until_two_blocks_a_multiprocessor() {
+        // (n, k, warps along K) on 132 multiprocessors: 1558M's qkv, proj,
+        // fc, fc's projection and logits, then 124M's proj and fc's
+        // projection, and a K too short to split.
+        for (n, k, want) in [
+            (4800, 1600, 1),
+            (1600, 1600, 4),
+            (6400, 1600, 1),
+            (1600, 6400, 4),
+            (50257, 1600, 1),
+            (768, 768, 2),
+            (768, 3072, 8),
+            (64, 200, 1),
+        ] {
+            assert_eq!(nt_split(n, k, 132), want, "{n} x {k}");
+        }
+    }
 
     /// The skinny products' splits on an H100's 132 multiprocessors (tiles
     /// of 64 columns): enough for two blocks a multiprocessor (at most 8,

@@ -87,9 +87,22 @@ pub(super) struct Half<'a> {
     pub(super) gelu_fused: &'a mut bool,
     /// Products of a few rows on the skinny kernel, with its scratch.
     pub(super) skinny: Option<&'a mut SkinnyScratch>,
+    /// The layers' weights in `wb` stored `[out, in]`: products of a few
+    /// rows on the NT kernel, more by cuBLASLt reading them transposed.
+    pub(super) nt: bool,
 }
 
 impl Half<'_> {
+    /// A layer's weights `b` (`ic` in, `oc` out) as cuBLASLt's right-hand
+    /// side: `[ic, oc]` row-major, or its transpose where they are stored
+    /// `[oc, ic]` ([`Half::nt`]).
+    fn weights(&self, b: &impl DeviceMem<bf16>, ic: usize, oc: usize) -> Mat {
+        match self.nt {
+            true => Mat::of(b, ic).t(),
+            false => Mat::of(b, oc),
+        }
+    }
+
     /// The bf16 copy a product reads of `act`, cast from its f32 `x`
     /// (`len` elements).
     fn keep(&mut self, s: &Stream, act: Act, x: &DeviceBuffer<f32>, len: usize) -> Result<()> {
@@ -119,6 +132,9 @@ impl Half<'_> {
             out: (d.dptr(), d.dlen()),
             res: residual.map(|r| (r.dptr(), r.dlen())),
         };
+        if self.nt && self.mk.nt_product(s, to, &a, &b, Some(bias), (n, oc, ic))? {
+            return Ok(());
+        }
         if let Some(scratch) = self.skinny.as_deref_mut() {
             if self
                 .mk
@@ -139,7 +155,7 @@ impl Half<'_> {
                 n: oc,
                 k: ic,
                 a: Mat::of(&a, ic),
-                b: Mat::of(&b, oc),
+                b: self.weights(&b, ic, oc),
                 c,
                 d: dm,
                 epilogue: Epilogue::Bias {
@@ -168,7 +184,15 @@ impl Half<'_> {
         let to = SkinnyTo::GeluBf16 {
             out: (d.dptr(), d.dlen()),
         };
-        // (The skinny kernel writes no pre-activation: nothing reads it.)
+        // (The skinny and NT kernels write no pre-activation: nothing
+        // reads it.)
+        if self.nt
+            && self
+                .mk
+                .nt_product(s, to, &a, &b, Some(bias32), (n, oc, ic))?
+        {
+            return Ok(true);
+        }
         if let Some(scratch) = self.skinny.as_deref_mut() {
             if self
                 .mk
@@ -185,7 +209,7 @@ impl Half<'_> {
             n: oc,
             k: ic,
             a: Mat::of(&a, ic),
-            b: Mat::of(&b, oc),
+            b: self.weights(&b, ic, oc),
             c: dm,
             d: dm,
             epilogue: Epilogue::GeluAuxBias {

@@ -37,11 +37,13 @@ mod pages;
 mod plan;
 mod scratch;
 mod switches;
+#[cfg(test)]
+mod timing;
 
 pub use pages::{GpuKvPages, KvDtype};
 
 use super::kernels::Kernels;
-use super::mixed::{MixedKernels, SkinnyScratch};
+use super::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
 use super::profile::PhaseTimer;
 use crate::block::{self, Act, LayerRanges, Linear};
 use crate::layout::{Block, Layout};
@@ -52,7 +54,7 @@ use braid_core::DType;
 use braid_cuda::blas::Blas;
 use braid_cuda::blas::Mat;
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
-use braid_cuda::{CudaError, Device, DeviceBuffer, Result, Stream};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 use forward::{GpuDecodeForward, Half};
 use graphs::DecodeGraphs;
 use half::bf16;
@@ -110,6 +112,11 @@ struct HalfParts {
     /// (`BRAID_DECODE_TUNE`, off by default): a new graph's step then runs
     /// once outside the capture first, where the timing can run.
     tuned: bool,
+    /// The layers' weights stored output by output (`[out, in]`) in `wb`,
+    /// their products of a few rows (and the logits') on the NT kernel,
+    /// more rows by cuBLASLt reading them transposed (`BRAID_DECODE_NT`,
+    /// off by default).
+    nt: bool,
 }
 
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
@@ -118,9 +125,31 @@ const TUNED_ROWS: usize = 64;
 
 impl HalfParts {
     /// `data` rounded to bf16 (to nearest, ties to even) on `device`, for
-    /// a block of widths `w`.
-    fn new(device: &Device, data: &[f32], w: &Widths) -> Result<HalfParts> {
-        let rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+    /// layers of widths `w` at `ranges` (with `nt`, their weights
+    /// transposed: [`HalfParts::nt`]).
+    fn new(
+        device: &Device,
+        data: &[f32],
+        w: &Widths,
+        ranges: &[LayerRanges],
+        nt: bool,
+    ) -> Result<HalfParts> {
+        let mut rounded: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+        if nt {
+            for r in ranges {
+                for linear in Linear::ALL {
+                    let (ic, oc) = linear.widths(w);
+                    let at = r.linear(linear).0;
+                    let weights = &mut rounded[at];
+                    let kn = weights.to_vec();
+                    for (i, row) in kn.chunks_exact(oc).enumerate() {
+                        for (o, &x) in row.iter().enumerate() {
+                            weights[o * ic + i] = x;
+                        }
+                    }
+                }
+            }
+        }
         let tuned = switched_on(braid_core::env::BRAID_DECODE_TUNE);
         Ok(HalfParts {
             wb: DeviceBuffer::from_host(device, &rounded)?,
@@ -136,9 +165,14 @@ impl HalfParts {
                 }
                 lt
             },
-            mk: MixedKernels::load(device)?,
+            mk: {
+                let mut mk = MixedKernels::load(device)?;
+                mk.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
+                mk
+            },
             gelu_fused: true,
-            skinny: match switched_on(braid_core::env::BRAID_DECODE_SKINNY) {
+            // (The skinny kernel reads weights [in, out]: not with nt.)
+            skinny: match !nt && switched_on(braid_core::env::BRAID_DECODE_SKINNY) {
                 true => {
                     let widest = Linear::ALL.iter().map(|l| l.widths(w).1).max();
                     Some(SkinnyScratch::new(device, widest.unwrap_or(0))?)
@@ -146,6 +180,7 @@ impl HalfParts {
                 false => None,
             },
             tuned,
+            nt,
         })
     }
 }
@@ -286,17 +321,21 @@ impl GpuDecoder {
                 .map(|p| p.range())
                 .ok_or_else(|| invalid(format!("the layout has no {name}")))
         };
+        let ranges: Vec<LayerRanges> = (0..cfg.n_layer)
+            .map(|l| LayerRanges::of(&layout, l))
+            .collect();
         Ok(GpuDecoder {
             widths,
-            ranges: (0..cfg.n_layer)
-                .map(|l| LayerRanges::of(&layout, l))
-                .collect(),
             wte: range("wte.weight")?,
             wpe: range("wpe.weight")?,
             lnf_w: range("ln_f.weight")?,
             lnf_b: range("ln_f.bias")?,
             params: DeviceBuffer::from_host(device, &params.data)?,
-            kernels: Kernels::load(device)?,
+            kernels: {
+                let mut k = Kernels::load(device)?;
+                k.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
+                k
+            },
             blas: Blas::new(device)?,
             // The device's own stream: uploads from the host
             // (`copy_range_from_host`) run on it, in order with the step.
@@ -308,9 +347,16 @@ impl GpuDecoder {
             graphs: DecodeGraphs::from_env(),
             device_picks: on_unless_off(braid_core::env::BRAID_DECODE_PICKS),
             half: match half {
-                true => Some(HalfParts::new(device, &params.data, &widths)?),
+                true => Some(HalfParts::new(
+                    device,
+                    &params.data,
+                    &widths,
+                    &ranges,
+                    switched_on(braid_core::env::BRAID_DECODE_NT),
+                )?),
                 false => None,
             },
+            ranges,
             layout,
         })
     }
@@ -565,6 +611,7 @@ impl GpuDecoder {
                     tb: &mut tb[..],
                     gelu_fused: &mut h.gelu_fused,
                     skinny: h.skinny.as_mut(),
+                    nt: h.nt,
                 }),
             })?;
             t.swap(Act::X.index(), Act::Out.index());
@@ -597,22 +644,29 @@ impl GpuDecoder {
             )?;
             prof.mark(s, "head: gather, ln_f")?;
             let (a, wte) = (lnf_b.view(0..m * c), h.wb.view(self.wte.clone()));
+            let to = SkinnyTo::F32 {
+                out: (logits.dptr(), m * v),
+                res: None,
+            };
+            let by_nt = h.nt && h.mk.nt_product(s, to, &a, &wte, None, (m, v, c))?;
             let d = Mat::of(&logits.view(0..m * v), v);
-            h.lt.gemm(
-                s,
-                &LtGemm {
-                    m,
-                    n: v,
-                    k: c,
-                    a: Mat::of(&a, c),
-                    b: Mat::of(&wte, c).t(),
-                    c: d,
-                    d,
-                    epilogue: Epilogue::Plain,
-                    alpha: 1.0,
-                    beta: 0.0,
-                },
-            )?;
+            if !by_nt {
+                h.lt.gemm(
+                    s,
+                    &LtGemm {
+                        m,
+                        n: v,
+                        k: c,
+                        a: Mat::of(&a, c),
+                        b: Mat::of(&wte, c).t(),
+                        c: d,
+                        d,
+                        epilogue: Epilogue::Plain,
+                        alpha: 1.0,
+                        beta: 0.0,
+                    },
+                )?;
+            }
         } else {
             k.layernorm_forward(
                 s,
@@ -783,6 +837,23 @@ mod tests {
         // Every source still compiles.
         let all = crate::cuda::compile_all("compute_90").unwrap();
         let _ = writeln!(std::io::stderr(), "compile_all(compute_90): {all:?}");
+        // The overlapped launches' waits and releases are in both sources'
+        // Hopper PTX (the skinny products' L2 requests too), and in
+        // neither below it.
+        for (name, src) in &crate::cuda::SOURCES[..2] {
+            let hopper = braid_cuda::nvrtc::compile_ptx(name, src, "compute_90").unwrap();
+            for op in ["griddepcontrol.wait", "griddepcontrol.launch_dependents"] {
+                assert!(hopper.contains(op), "{name}: no {op} for compute_90");
+            }
+            let ampere = braid_cuda::nvrtc::compile_ptx(name, src, "compute_80").unwrap();
+            assert!(
+                !ampere.contains("griddepcontrol"),
+                "{name}: griddepcontrol below sm_90"
+            );
+        }
+        let mixed =
+            braid_cuda::nvrtc::compile_ptx("mixed", crate::cuda::SOURCES[1].1, "compute_90");
+        assert!(mixed.unwrap().contains("prefetch.global.L2"));
     }
 
     /// The host's plan of a step: the CPU's refusals and messages, and
@@ -902,6 +973,41 @@ mod tests {
         });
     }
 
+    /// The step's waiting kernels launched overlapping the kernel ahead
+    /// (`BRAID_DECODE_OVERLAP`): in f32 (the cache write and the pages
+    /// kernel) and in bf16 with the skinny products (the LayerNorms and
+    /// products too, each asking for its weights before it waits), the
+    /// results as without.
+    #[test]
+    fn gpu_decoding_with_overlapped_launches_gives_the_cpus_logits() {
+        decodes_as_the_cpu(Case {
+            overlap: true,
+            ..Case::of(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::F32)
+        });
+        for spec in [SMALL, WIDE] {
+            decodes_as_the_cpu(Case {
+                overlap: true,
+                skinny: true,
+                ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
+            });
+        }
+    }
+
+    /// The layers' bf16 weights stored transposed (`BRAID_DECODE_NT`): the
+    /// steps' few rows and their logits on the NT kernel, the prefill's 10
+    /// by cuBLASLt reading the weights transposed; alone and launched
+    /// overlapping, the results within bf16's rounding as before.
+    #[test]
+    fn gpu_decoding_with_nt_products_gives_the_cpus_logits() {
+        for (spec, overlap) in [(SMALL, false), (WIDE, false), (WIDE, true)] {
+            decodes_as_the_cpu(Case {
+                nt: true,
+                overlap,
+                ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
+            });
+        }
+    }
+
     /// The pages kernel in blocks of 8 and 16 warps
     /// (`BRAID_DECODE_PAGE_WARPS`), over both caches.
     #[test]
@@ -1000,6 +1106,13 @@ mod tests {
         kv: KvDtype,
         tuned: bool,
         page_warps: usize,
+        /// Products of a few rows on the skinny kernel.
+        skinny: bool,
+        /// The waiting kernels launched overlapping the one ahead.
+        overlap: bool,
+        /// The layers' bf16 weights transposed, a few rows' products (and
+        /// the logits) on the NT kernel.
+        nt: bool,
     }
 
     impl Case {
@@ -1011,6 +1124,9 @@ mod tests {
                 kv,
                 tuned: false,
                 page_warps: 4,
+                skinny: false,
+                overlap: false,
+                nt: false,
             }
         }
     }
@@ -1024,6 +1140,9 @@ mod tests {
             kv,
             tuned,
             page_warps,
+            skinny,
+            overlap,
+            nt,
         } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
@@ -1041,9 +1160,21 @@ mod tests {
         let mut gpu = GpuDecoder::with_kv(&device, &params, blocks, bs, 2, dtype, kv).unwrap();
         gpu.kernels.set_decode_attention(which);
         gpu.kernels.set_page_warps(page_warps);
+        if nt && gpu.half.is_some() {
+            let h = HalfParts::new(&device, &params.data, &gpu.widths, &gpu.ranges, true);
+            gpu.half = Some(h.unwrap());
+        }
         if let (true, Some(h)) = (tuned, gpu.half.as_mut()) {
             h.tuned = true;
             h.lt.time_any_offer_up_to(TUNED_ROWS);
+        }
+        if let (true, Some(h)) = (skinny, gpu.half.as_mut()) {
+            let widest = Linear::ALL.iter().map(|l| l.widths(&gpu.widths).1).max();
+            h.skinny = Some(SkinnyScratch::new(&device, widest.unwrap()).unwrap());
+        }
+        gpu.kernels.set_overlap(overlap);
+        if let Some(h) = gpu.half.as_mut() {
+            h.mk.set_overlap(overlap);
         }
         // The pages' and warps' runs replay graphs and choose on the
         // device; the first kernel's runs every step as it is, choosing on
@@ -1272,6 +1403,145 @@ mod tests {
         assert!(!mk
             .skinny_product(&s, &mut scratch, to, &b, &b, &f, (2, 60, 64))
             .unwrap());
+    }
+
+    /// The NT products of a few rows (weights `[n, k]`) against the
+    /// host's sums in f64, as the skinny kernel's are checked: f32 out
+    /// plain, with the residual and without a bias (the logits' form),
+    /// bf16 GELU out; a row's result the same bits whatever the other
+    /// rows; refused (false) past 8 rows or at a K not a multiple of 8.
+    #[test]
+    fn gpu_decode_nt_products_match_the_host() {
+        use crate::cuda::mixed::{SkinnyTo, SKINNY_ROWS};
+        use braid_cuda::DeviceMem;
+        if braid_cuda::device_count().unwrap_or(0) == 0 {
+            return skip("no GPU");
+        }
+        let device = Device::open(0).unwrap();
+        let mk = MixedKernels::load(&device).unwrap();
+        let s = Stream::new(&device).unwrap();
+        let mut r = crate::rng::Rng::new(12);
+        let mut randb = |n: usize, sd: f64| -> Vec<f32> {
+            (0..n)
+                .map(|_| bf16::from_f64(r.normal() * sd).to_f32())
+                .collect()
+        };
+        let up_b = |v: &[f32]| {
+            let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+            DeviceBuffer::from_host(&device, &b).unwrap()
+        };
+        for (m, n, k) in [
+            (1, 48, 16),
+            (8, 37, 16),
+            (1, 2304, 768),
+            (2, 1600, 6400),
+            (3, 4800, 1600),
+            (8, 1600, 6400),
+            (5, 768, 3072),
+            (1, 1003, 1600),
+        ] {
+            let (x, w, bias, res) = (
+                randb(m * k, 1.0),
+                randb(n * k, 0.05),
+                randb(n, 0.1),
+                randb(m * n, 1.0),
+            );
+            // w is [n, k]: output o's weights are w[o * k..][..k].
+            let y: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    (0..k)
+                        .map(|j| x[row * k + j] as f64 * w[col * k + j] as f64)
+                        .sum::<f64>()
+                })
+                .collect();
+            let (gx, gw) = (up_b(&x), up_b(&w));
+            let gbias = DeviceBuffer::from_host(&device, &bias).unwrap();
+            let gres = DeviceBuffer::from_host(&device, &res).unwrap();
+            let outs: Vec<DeviceBuffer<f32>> = (0..3)
+                .map(|_| DeviceBuffer::<f32>::zeros(&device, m * n).unwrap())
+                .collect();
+            let outg = DeviceBuffer::<bf16>::zeros(&device, m * n).unwrap();
+            let span = |b: &DeviceBuffer<f32>| (b.dptr(), b.dlen());
+            let shape = (m, n, k);
+            let with_bias: Option<&dyn DeviceMem<f32>> = Some(&gbias);
+            for (to, b) in [
+                (
+                    SkinnyTo::F32 {
+                        out: span(&outs[0]),
+                        res: None,
+                    },
+                    with_bias,
+                ),
+                (
+                    SkinnyTo::F32 {
+                        out: span(&outs[1]),
+                        res: Some(span(&gres)),
+                    },
+                    with_bias,
+                ),
+                (
+                    SkinnyTo::F32 {
+                        out: span(&outs[2]),
+                        res: None,
+                    },
+                    None,
+                ),
+                (
+                    SkinnyTo::GeluBf16 {
+                        out: (outg.dptr(), outg.dlen()),
+                    },
+                    with_bias,
+                ),
+            ] {
+                assert!(mk.nt_product(&s, to, &gx, &gw, b, shape).unwrap());
+            }
+            s.synchronize().unwrap();
+            let yb = |i: usize| y[i] + bias[i % n] as f64;
+            let scale = (0..m * n).fold(0f64, |a, i| a.max(yb(i).abs()));
+            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| {
+                got.iter()
+                    .enumerate()
+                    .fold(0f64, |a, (i, &g)| a.max((g as f64 - want(i)).abs()))
+                    / scale
+            };
+            let e = worst(&outs[0].to_vec().unwrap(), &yb);
+            assert!(e < 1e-5, "{shape:?} plain: {e}");
+            let e = worst(&outs[1].to_vec().unwrap(), &|i| yb(i) + res[i] as f64);
+            assert!(e < 1e-5, "{shape:?} residual: {e}");
+            let e = worst(&outs[2].to_vec().unwrap(), &|i| y[i]);
+            assert!(e < 1e-5, "{shape:?} no bias: {e}");
+            let gelu_of =
+                |v: f64| 0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v * v * v)).tanh());
+            let g: Vec<f32> = outg.to_vec().unwrap().iter().map(|b| b.to_f32()).collect();
+            let e = worst(&g, &|i| gelu_of(yb(i)));
+            assert!(e < 1e-2, "{shape:?} gelu: {e}");
+            // Row 0 alone gives the same bits as among m rows.
+            let one = DeviceBuffer::<f32>::zeros(&device, n).unwrap();
+            let to = SkinnyTo::F32 {
+                out: (one.dptr(), one.dlen()),
+                res: None,
+            };
+            assert!(mk
+                .nt_product(&s, to, &gx, &gw, with_bias, (1, n, k))
+                .unwrap());
+            s.synchronize().unwrap();
+            assert_eq!(
+                one.to_vec().unwrap(),
+                outs[0].to_vec().unwrap()[..n].to_vec()
+            );
+        }
+        // Where it does not apply: nothing launched, false.
+        let b = DeviceBuffer::<bf16>::zeros(&device, 1 << 16).unwrap();
+        let f = DeviceBuffer::<f32>::zeros(&device, 1 << 16).unwrap();
+        let to = SkinnyTo::F32 {
+            out: (f.dptr(), f.dlen()),
+            res: None,
+        };
+        assert!(!mk
+            .nt_product(&s, to, &b, &b, None, (SKINNY_ROWS + 1, 64, 64))
+            .unwrap());
+        assert!(!mk.nt_product(&s, to, &b, &b, None, (2, 64, 60)).unwrap());
     }
 
     /// Bad rows are refused on the GPU with the CPU's messages.
