@@ -184,6 +184,10 @@ pub const BRAID_DECODE_OVERLAP: &str = "BRAID_DECODE_OVERLAP";
 /// more rows by cuBLASLt reading the weights transposed (off by default
 /// until measured; it turns the skinny kernel off).
 pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
+/// `0` or `off`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
+/// MLP products run as kernels of their own rather than inside the NT
+/// products of a few rows (each block normalising its rows itself).
+pub const BRAID_DECODE_FUSED_LN: &str = "BRAID_DECODE_FUSED_LN";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
 /// default), 8 or 16 (more for steps of few rows; measurement only until
 /// a GPU has compared them).

@@ -1186,8 +1186,23 @@ SKINNY(8)
 #define NT_WARPS 8
 #define NT_OUT 2
 
+// Asks for the block's weight rows into L2 (before waiting for the kernel
+// ahead: nothing writes them).
+__device__ __forceinline__ void nt_prefetch(const bf16* W, int N, int K, int KW) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int n0 = (blockIdx.x * (NT_WARPS / KW) + w / KW) * NT_OUT;
+    int Ks = (K / KW + 7) / 8 * 8;
+    int kbeg = (w % KW) * Ks, kend = min(K, kbeg + Ks);
+#pragma unroll
+    for (int o = 0; o < NT_OUT; o++)
+        if (n0 + o < N)
+            for (int k = kbeg + 64 * lane; k < kend; k += 64 * WARP)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)(n0 + o) * K + k));
+}
+
+// The product and its epilogue (after the wait); x may be in shared memory.
 template <int R>
-__device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
+__device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
                         const float* bias, int M, int N, int K, int KW, int mode) {
     __shared__ float part[NT_WARPS][R][NT_OUT];
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -1195,13 +1210,6 @@ __device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x,
     int n0 = (blockIdx.x * (NT_WARPS / KW) + nw) * NT_OUT;
     int Ks = (K / KW + 7) / 8 * 8;
     int kbeg = kw * Ks, kend = min(K, kbeg + Ks);
-#pragma unroll
-    for (int o = 0; o < NT_OUT; o++)
-        if (n0 + o < N)
-            for (int k = kbeg + 64 * lane; k < kend; k += 64 * WARP)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)(n0 + o) * K + k));
-    overlap_wait();
-    overlap_release();
     float acc[NT_OUT][R];
 #pragma unroll
     for (int o = 0; o < NT_OUT; o++)
@@ -1261,6 +1269,44 @@ __device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x,
     skinny_store(out, outb, res, mode, (long)r * N + n, y);
 }
 
+template <int R>
+__device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
+                        const float* bias, int M, int N, int K, int KW, int mode) {
+    nt_prefetch(W, N, K, KW);
+    overlap_wait();
+    overlap_release();
+    nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode);
+}
+
+// The same product of the LayerNorm of f32 rows: every block normalises
+// the M rows of xf itself (two passes over a row: its mean, then the
+// squares about it, each summed by thread in order, then over the warps
+// in order) into bf16 in shared memory (M * K of them, dynamic), as
+// ln_forward's do (scale lw, shift lb, epsilon 1e-5), then multiplies
+// them: the LayerNorm's own kernel and its launch saved.
+template <int R>
+__device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float* xf,
+                           const float* lw, const float* lb, const bf16* W, const float* bias,
+                           int M, int N, int K, int KW, int mode) {
+    extern __shared__ bf16 xs[];
+    __shared__ float red[2][NT_WARPS];
+    nt_prefetch(W, N, K, KW);
+    overlap_wait();
+    overlap_release();
+    for (int r = 0; r < M; r++) {
+        const float* xr = xf + (long)r * K;
+        float s = 0.f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) s += xr[k];
+        float m = block_sum<NT_WARPS>(s, red[0]) / K, v = 0.f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) v += (xr[k] - m) * (xr[k] - m);
+        float rs = rsqrtf(block_sum<NT_WARPS>(v, red[1]) / K + 1e-5f);
+        for (int k = threadIdx.x; k < K; k += blockDim.x)
+            xs[(long)r * K + k] = narrow((xr[k] - m) * rs * lw[k] + lb[k]);
+        __syncthreads();  // red read by every thread before the next row
+    }
+    nt_main<R>(out, outb, res, xs, W, bias, M, N, K, KW, mode);
+}
+
 #define NT_PRODUCT(R)                                                                           \
     extern "C" __global__ void nt_gemm_bf_##R(float* out, bf16* outb, const float* res,         \
                                               const bf16* x, const bf16* W, const float* bias,  \
@@ -1271,3 +1317,15 @@ NT_PRODUCT(1)
 NT_PRODUCT(2)
 NT_PRODUCT(4)
 NT_PRODUCT(8)
+
+#define NT_LN_PRODUCT(R)                                                                        \
+    extern "C" __global__ void nt_ln_gemm_bf_##R(                                               \
+        float* out, bf16* outb, const float* res, const float* xf, const float* lw,             \
+        const float* lb, const bf16* W, const float* bias, int M, int N, int K, int KW,         \
+        int mode) {                                                                             \
+        nt_ln_body<R>(out, outb, res, xf, lw, lb, W, bias, M, N, K, KW, mode);                  \
+    }
+NT_LN_PRODUCT(1)
+NT_LN_PRODUCT(2)
+NT_LN_PRODUCT(4)
+NT_LN_PRODUCT(8)

@@ -238,6 +238,9 @@ pub struct MixedKernels {
     /// The products of up to 1, 2, 4 and 8 rows against weights stored
     /// output by output ([`MixedKernels::nt_product`]).
     nt_gemm: [Function; 4],
+    /// The same of a LayerNorm's output, normalised in the kernel
+    /// ([`MixedKernels::nt_ln_product`]).
+    nt_ln_gemm: [Function; 4],
     /// The GPU's multiprocessors (the skinny products' tiles are sized to
     /// cover them).
     sms: usize,
@@ -323,6 +326,29 @@ fn nt_split(n: usize, k: usize, sms: usize) -> usize {
     kw
 }
 
+/// An NT product's first three arguments (out, outb, res) for `to`, its
+/// buffers checked against `len` elements, and its epilogue (the kernel's
+/// mode: 0 plain, 1 with the residual, 2 GELU into bf16).
+fn nt_outputs(to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)> {
+    Ok(match to {
+        SkinnyTo::F32 { out, res } => {
+            need("nt product out", out.1, len)?;
+            if let Some(r) = res {
+                need("nt product residual", r.1, len)?;
+            }
+            let mode = i32::from(res.is_some());
+            (
+                vec![A::P(out.0), A::P(0), A::P(res.map_or(0, |r| r.0))],
+                mode,
+            )
+        }
+        SkinnyTo::GeluBf16 { out } => {
+            need("nt product out", out.1, len)?;
+            (vec![A::P(0), A::P(out.0), A::P(0)], 2)
+        }
+    })
+}
+
 impl MixedKernels {
     /// Compiles (through the cache) and loads the kernels on `device`.
     pub fn load(device: &Device) -> Result<MixedKernels> {
@@ -372,6 +398,12 @@ impl MixedKernels {
                 f("nt_gemm_bf_2")?,
                 f("nt_gemm_bf_4")?,
                 f("nt_gemm_bf_8")?,
+            ],
+            nt_ln_gemm: [
+                f("nt_ln_gemm_bf_1")?,
+                f("nt_ln_gemm_bf_2")?,
+                f("nt_ln_gemm_bf_4")?,
+                f("nt_ln_gemm_bf_8")?,
             ],
             sms,
             overlap: false,
@@ -496,17 +528,31 @@ impl MixedKernels {
         s: &Stream,
         grid: Dim3,
         block: Dim3,
+        args: Vec<A>,
+    ) -> Result<()> {
+        self.go_decode_shared(f, s, grid, block, 0, args)
+    }
+
+    /// [`Self::go_decode`] with `shared` bytes of dynamic shared memory.
+    fn go_decode_shared(
+        &self,
+        f: &Function,
+        s: &Stream,
+        grid: Dim3,
+        block: Dim3,
+        shared: u32,
         mut args: Vec<A>,
     ) -> Result<()> {
         if !self.overlap {
-            return Self::go(f, s, grid, block, args);
+            return Self::go_shared(f, s, grid, block, shared, args);
         }
         let mut p = ptrs(&mut args);
         // SAFETY: as go's; and the launchers that come here pass kernels
         // that wait for the kernel ahead before any access but reading
         // weights (ln_forward_bf, ln_forward_<width>, skinny_gemm_bf_<R>,
-        // nt_gemm_bf_<R>).
-        unsafe { f.launch_overlapping(grid, block, 0, s, &mut p) }
+        // nt_gemm_bf_<R>, nt_ln_gemm_bf_<R>), with the shared memory their
+        // launchers size.
+        unsafe { f.launch_overlapping(grid, block, shared, s, &mut p) }
     }
 
     /// Elements of the partial-sum scratch the column reductions of `n`
@@ -1015,38 +1061,84 @@ impl MixedKernels {
             return Ok(false);
         }
         need("nt product x", x.dlen(), m * k)?;
+        let (mut args, mode) = nt_outputs(to, m * n)?;
+        args.push(A::P(x.dptr()));
+        self.nt_launch(&self.nt_gemm, s, (args, mode), w, bias, (m, n, k), 0)
+    }
+
+    /// [`nt_product`](Self::nt_product) of `LayerNorm(xf)` (f32 rows,
+    /// scale `lw`, shift `lb`, epsilon 1e-5): every block normalises the
+    /// rows into bf16 in its shared memory first, so the LayerNorm needs
+    /// no kernel of its own. False, launching nothing, where the product
+    /// does not apply or the rows do not fit the default 48 KiB of shared
+    /// memory (8 rows of up to 3,072).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nt_ln_product(
+        &self,
+        s: &Stream,
+        to: SkinnyTo,
+        xf: &impl DeviceMem<f32>,
+        (lw, lb): (&impl DeviceMem<f32>, &impl DeviceMem<f32>),
+        w: &impl DeviceMem<bf16>,
+        bias: Option<&dyn DeviceMem<f32>>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<bool> {
+        let shared = m * k * std::mem::size_of::<bf16>();
+        if m == 0
+            || m > SKINNY_ROWS
+            || n == 0
+            || k % 8 != 0
+            || shared > 48 << 10
+            || !aligned16(&[w.dptr()])
+            || n > i32::MAX as usize
+        {
+            return Ok(false);
+        }
+        need("nt product rows", xf.dlen(), m * k)?;
+        need("nt product LayerNorm", lw.dlen().min(lb.dlen()), k)?;
+        let (mut args, mode) = nt_outputs(to, m * n)?;
+        args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
+        let shared = shared as u32;
+        self.nt_launch(
+            &self.nt_ln_gemm,
+            s,
+            (args, mode),
+            w,
+            bias,
+            (m, n, k),
+            shared,
+        )
+    }
+
+    /// Launches an NT product's instance for `m` rows: `args` its outputs
+    /// and input so far (with its epilogue's mode), the weights, bias and
+    /// shape added here.
+    #[allow(clippy::too_many_arguments)]
+    fn nt_launch(
+        &self,
+        instances: &[Function; 4],
+        s: &Stream,
+        (mut args, mode): (Vec<A>, i32),
+        w: &impl DeviceMem<bf16>,
+        bias: Option<&dyn DeviceMem<f32>>,
+        (m, n, k): (usize, usize, usize),
+        shared: u32,
+    ) -> Result<bool> {
         need("nt product w", w.dlen(), n * k)?;
         if let Some(b) = bias {
             need("nt product bias", b.dlen(), n)?;
         }
-        let (out, outb, res, mode) = match to {
-            SkinnyTo::F32 { out, res } => {
-                need("nt product out", out.1, m * n)?;
-                if let Some(r) = res {
-                    need("nt product residual", r.1, m * n)?;
-                }
-                (out.0, 0, res.map_or(0, |r| r.0), i32::from(res.is_some()))
-            }
-            SkinnyTo::GeluBf16 { out } => {
-                need("nt product out", out.1, m * n)?;
-                (0, out.0, 0, 2)
-            }
-        };
         let kw = nt_split(n, k, self.sms);
         let per_block = NT_OUT * NT_WARPS / kw;
-        let args = vec![
-            A::P(out),
-            A::P(outb),
-            A::P(res),
-            A::P(x.dptr()),
+        args.extend([
             A::P(w.dptr()),
             A::P(bias.map_or(0, |b| b.dptr())),
             A::I(m as i32),
             A::I(n as i32),
             A::I(k as i32),
             A::I(kw as i32),
-            A::I(mode),
-        ];
+        ]);
+        args.push(A::I(mode));
         let grid = (n.div_ceil(per_block) as u32, 1, 1);
         // The smallest instance holding m rows.
         let which = match m {
@@ -1056,7 +1148,7 @@ impl MixedKernels {
             _ => 3,
         };
         let threads = (NT_WARPS * 32) as u32;
-        self.go_decode(&self.nt_gemm[which], s, grid, (threads, 1, 1), args)?;
+        self.go_decode_shared(&instances[which], s, grid, (threads, 1, 1), shared, args)?;
         Ok(true)
     }
 

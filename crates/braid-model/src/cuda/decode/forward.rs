@@ -11,7 +11,7 @@
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
+use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo, SKINNY_ROWS};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
@@ -71,6 +71,9 @@ pub(super) struct GpuDecodeForward<'a> {
     pub(super) prof: &'a mut PhaseTimer,
     /// The bf16 products' parts, when the decoder runs them.
     pub(super) half: Option<Half<'a>>,
+    /// A LayerNorm put off to the product that reads it ([`Half::ln_into_nt`]):
+    /// (which, its input, its output).
+    pub(super) deferred: Option<(Norm, Act, Act)>,
 }
 
 /// What bf16 products need: cuBLASLt, the mixed kernels (LayerNorm into
@@ -90,6 +93,9 @@ pub(super) struct Half<'a> {
     /// The layers' weights in `wb` stored `[out, in]`: products of a few
     /// rows on the NT kernel, more by cuBLASLt reading them transposed.
     pub(super) nt: bool,
+    /// With `nt`, a LayerNorm read by an NT product normalised inside it
+    /// (no kernel of its own; `BRAID_DECODE_FUSED_LN=0`: not).
+    pub(super) ln_into_nt: bool,
 }
 
 impl Half<'_> {
@@ -239,6 +245,109 @@ impl BlockForward for GpuDecodeForward<'_> {
     type Error = CudaError;
 
     fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
+        self.flush_norm()?;
+        // Read only by the product next (the block's order): put off to
+        // it where it can normalise the rows itself.
+        let c = self.w.c;
+        if let Some(h) = &self.half {
+            if h.nt && h.ln_into_nt && self.n <= SKINNY_ROWS && self.n * c * 2 <= 48 << 10 {
+                self.deferred = Some((norm, input, out));
+                return Ok(());
+            }
+        }
+        self.run_norm(norm, input, out)
+    }
+
+    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
+        if let Some((norm, ln_in, ln_out)) = self.deferred.take() {
+            if ln_out != input || !self.fused_norm_product(norm, ln_in, linear, out)? {
+                self.run_norm(norm, ln_in, ln_out)?;
+            } else {
+                return Ok(());
+            }
+        }
+        self.column_product(linear, input, out)
+    }
+
+    fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        self.flush_norm()?;
+        self.attention(input, out)
+    }
+
+    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
+        self.flush_norm()?;
+        self.gelu(input, out)
+    }
+
+    fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+        self.flush_norm()?;
+        self.row_product(linear, input, residual, out)
+    }
+}
+
+impl GpuDecodeForward<'_> {
+    /// Runs a put-off LayerNorm, if any, as its own kernel.
+    fn flush_norm(&mut self) -> Result<()> {
+        match self.deferred.take() {
+            Some((norm, input, out)) => self.run_norm(norm, input, out),
+            None => Ok(()),
+        }
+    }
+
+    /// `out = linear(LayerNorm(ln_in))` by the NT kernel normalising the
+    /// rows itself: the QKV product (f32 out) and the MLP's first (GELU
+    /// into bf16, where the decoder fuses it); false, launching nothing,
+    /// where it does not apply.
+    fn fused_norm_product(
+        &mut self,
+        norm: Norm,
+        ln_in: Act,
+        linear: Linear,
+        out: Act,
+    ) -> Result<bool> {
+        let Some(h) = &mut self.half else {
+            return Ok(false);
+        };
+        let (w, b) = self.r.linear(linear);
+        let (ic, oc) = linear.widths(&self.w);
+        let n = self.n;
+        let (lw, lb) = self.r.norm(norm);
+        let (lw, lb) = (self.p.view(lw), self.p.view(lb));
+        let bias = self.p.view(b);
+        let wt = h.wb.view(w);
+        let (to, what) = match linear {
+            Linear::Fc if *h.gelu_fused => {
+                let d = &h.tb[Act::Gelu.index()];
+                (
+                    SkinnyTo::GeluBf16 {
+                        out: (d.dptr(), d.dlen()),
+                    },
+                    "ln + gemm + bias + gelu",
+                )
+            }
+            Linear::Qkv => {
+                let d = self.t[out.index()].view(0..n * oc);
+                let to = SkinnyTo::F32 {
+                    out: (d.dptr(), d.dlen()),
+                    res: None,
+                };
+                (to, "ln + gemm + bias")
+            }
+            _ => return Ok(false),
+        };
+        let x = self.t[ln_in.index()].view(0..n * ic);
+        let bias: Option<&dyn DeviceMem<f32>> = Some(&bias);
+        let ran =
+            h.mk.nt_ln_product(self.s, to, &x, (&lw, &lb), &wt, bias, (n, oc, ic))?;
+        if ran {
+            self.prof.mark(self.s, what)?;
+        }
+        Ok(ran)
+    }
+
+    /// The LayerNorm `norm` of `input` into `out` (bf16 alone with bf16
+    /// products: only a product reads it).
+    fn run_norm(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
         let (w, b) = self.r.norm(norm);
         let (n, c) = (self.n, self.w.c);
         let (o, t) = split(self.t, out);
@@ -271,7 +380,8 @@ impl BlockForward for GpuDecodeForward<'_> {
         self.prof.mark(self.s, "layernorm")
     }
 
-    fn column_forward(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
+    /// `out = linear(input)` (with its GELU where the decoder fuses it).
+    fn column_product(&mut self, linear: Linear, input: Act, out: Act) -> Result<()> {
         let (w, b) = self.r.linear(linear);
         let (ic, oc) = linear.widths(&self.w);
         let n = self.n;
@@ -311,7 +421,9 @@ impl BlockForward for GpuDecodeForward<'_> {
         self.prof.mark(self.s, "gemm + bias")
     }
 
-    fn attention_forward(&mut self, input: Act, out: Act) -> Result<()> {
+    /// The attention over the paged cache, the step's keys and values
+    /// written first.
+    fn attention(&mut self, input: Act, out: Act) -> Result<()> {
         let (c, nh) = (self.w.attn, self.w.heads);
         let n = self.n;
         let (o, t) = split(self.t, out);
@@ -350,7 +462,8 @@ impl BlockForward for GpuDecodeForward<'_> {
         self.prof.mark(self.s, "paged attention")
     }
 
-    fn gelu_forward(&mut self, input: Act, out: Act) -> Result<()> {
+    /// `out = gelu(input)`, unless the MLP's first product applied it.
+    fn gelu(&mut self, input: Act, out: Act) -> Result<()> {
         if self.half.as_ref().is_some_and(|h| *h.gelu_fused) {
             // Applied in the MLP's first product, into its bf16 output.
             return Ok(());
@@ -369,7 +482,8 @@ impl BlockForward for GpuDecodeForward<'_> {
         self.prof.mark(self.s, "gelu")
     }
 
-    fn row_forward(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+    /// `out = linear(input) + residual`.
+    fn row_product(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
         if let Some(h) = &mut self.half {
             // The residual added in the product's epilogue.
             let (w, b) = self.r.linear(linear);
@@ -388,7 +502,7 @@ impl BlockForward for GpuDecodeForward<'_> {
             )?;
             return self.prof.mark(self.s, "gemm + bias + residual");
         }
-        self.column_forward(linear, input, out)?;
+        self.column_product(linear, input, out)?;
         let oc = linear.widths(&self.w).1;
         let n = self.n;
         let (o, t) = split(self.t, out);

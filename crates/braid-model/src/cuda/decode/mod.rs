@@ -117,6 +117,9 @@ struct HalfParts {
     /// more rows by cuBLASLt reading them transposed (`BRAID_DECODE_NT`,
     /// off by default).
     nt: bool,
+    /// With `nt`, the LayerNorms read by NT products normalised inside
+    /// them (`BRAID_DECODE_FUSED_LN=0`: as kernels of their own).
+    ln_into_nt: bool,
 }
 
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
@@ -181,6 +184,7 @@ impl HalfParts {
             },
             tuned,
             nt,
+            ln_into_nt: on_unless_off(braid_core::env::BRAID_DECODE_FUSED_LN),
         })
     }
 }
@@ -612,7 +616,9 @@ impl GpuDecoder {
                     gelu_fused: &mut h.gelu_fused,
                     skinny: h.skinny.as_mut(),
                     nt: h.nt,
+                    ln_into_nt: h.ln_into_nt,
                 }),
+                deferred: None,
             })?;
             t.swap(Act::X.index(), Act::Out.index());
         }
@@ -629,7 +635,22 @@ impl GpuDecoder {
             m,
             c,
         )?;
-        if let Some(h) = half {
+        let to = SkinnyTo::F32 {
+            out: (logits.dptr(), logits.dlen()),
+            res: None,
+        };
+        let (lnf_w, lnf_b_) = (p.view(self.lnf_w.clone()), p.view(self.lnf_b.clone()));
+        // A few rows with NT products: ln_f inside the logits' product.
+        let mut fused = false;
+        if let Some(h) = half.as_mut().filter(|h| h.nt && h.ln_into_nt) {
+            let (x, wte) = (head.view(0..m * c), h.wb.view(self.wte.clone()));
+            let shape = (m, v, c);
+            fused =
+                h.mk.nt_ln_product(s, to, &x, (&lnf_w, &lnf_b_), &wte, None, shape)?;
+        }
+        if fused {
+            prof.mark(s, "head: gather, ln_f + logits")?;
+        } else if let Some(h) = half {
             // logits = ln_f(x) · wteᵀ with both in bf16, f32 out.
             h.mk.layernorm_forward(
                 s,
@@ -644,10 +665,6 @@ impl GpuDecoder {
             )?;
             prof.mark(s, "head: gather, ln_f")?;
             let (a, wte) = (lnf_b.view(0..m * c), h.wb.view(self.wte.clone()));
-            let to = SkinnyTo::F32 {
-                out: (logits.dptr(), m * v),
-                res: None,
-            };
             let by_nt = h.nt && h.mk.nt_product(s, to, &a, &wte, None, (m, v, c))?;
             let d = Mat::of(&logits.view(0..m * v), v);
             if !by_nt {
@@ -693,7 +710,9 @@ impl GpuDecoder {
                 false,
             )?;
         }
-        prof.mark(s, "head: logits gemm")?;
+        if !fused {
+            prof.mark(s, "head: logits gemm")?;
+        }
         if picks {
             k.logits_pick(
                 s,
@@ -994,15 +1013,23 @@ mod tests {
     }
 
     /// The layers' bf16 weights stored transposed (`BRAID_DECODE_NT`): the
-    /// steps' few rows and their logits on the NT kernel, the prefill's 10
+    /// steps' few rows and their logits on the NT kernel (the LayerNorms
+    /// before the QKV and MLP products inside it, and with
+    /// `BRAID_DECODE_FUSED_LN=0` as kernels of their own), the prefill's 10
     /// by cuBLASLt reading the weights transposed; alone and launched
     /// overlapping, the results within bf16's rounding as before.
     #[test]
     fn gpu_decoding_with_nt_products_gives_the_cpus_logits() {
-        for (spec, overlap) in [(SMALL, false), (WIDE, false), (WIDE, true)] {
+        for (spec, overlap, unfused_ln) in [
+            (SMALL, false, false),
+            (WIDE, false, false),
+            (WIDE, true, false),
+            (WIDE, true, true),
+        ] {
             decodes_as_the_cpu(Case {
                 nt: true,
                 overlap,
+                unfused_ln,
                 ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
             });
         }
@@ -1113,6 +1140,8 @@ mod tests {
         /// The layers' bf16 weights transposed, a few rows' products (and
         /// the logits) on the NT kernel.
         nt: bool,
+        /// With `nt`, the LayerNorms as kernels of their own.
+        unfused_ln: bool,
     }
 
     impl Case {
@@ -1127,6 +1156,7 @@ mod tests {
                 skinny: false,
                 overlap: false,
                 nt: false,
+                unfused_ln: false,
             }
         }
     }
@@ -1143,6 +1173,7 @@ mod tests {
             skinny,
             overlap,
             nt,
+            unfused_ln,
         } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
@@ -1163,6 +1194,9 @@ mod tests {
         if nt && gpu.half.is_some() {
             let h = HalfParts::new(&device, &params.data, &gpu.widths, &gpu.ranges, true);
             gpu.half = Some(h.unwrap());
+        }
+        if let Some(h) = gpu.half.as_mut() {
+            h.ln_into_nt = !unfused_ln;
         }
         if let (true, Some(h)) = (tuned, gpu.half.as_mut()) {
             h.tuned = true;
@@ -1409,7 +1443,9 @@ mod tests {
     /// host's sums in f64, as the skinny kernel's are checked: f32 out
     /// plain, with the residual and without a bias (the logits' form),
     /// bf16 GELU out; a row's result the same bits whatever the other
-    /// rows; refused (false) past 8 rows or at a K not a multiple of 8.
+    /// rows; the product of a LayerNorm normalised in the kernel (where
+    /// the rows fit its shared memory) within bf16's rounding of the
+    /// host's; refused (false) past 8 rows or at a K not a multiple of 8.
     #[test]
     fn gpu_decode_nt_products_match_the_host() {
         use crate::cuda::mixed::{SkinnyTo, SKINNY_ROWS};
@@ -1530,6 +1566,45 @@ mod tests {
                 one.to_vec().unwrap(),
                 outs[0].to_vec().unwrap()[..n].to_vec()
             );
+            // The product of LayerNorm(x), the rows normalised in the
+            // kernel: against the host's LayerNorm rounded to bf16 and its
+            // product, within the rounding of the normalised rows.
+            let (lw, lb) = (randb(k, 0.2), randb(k, 0.1));
+            let ln: Vec<f64> = (0..m * k)
+                .map(|i| {
+                    let row = &x[i / k * k..][..k];
+                    let mean = row.iter().map(|&v| v as f64).sum::<f64>() / k as f64;
+                    let var =
+                        row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / k as f64;
+                    let z = (x[i] as f64 - mean) / (var + 1e-5).sqrt();
+                    bf16::from_f64(z * lw[i % k] as f64 + lb[i % k] as f64).to_f64()
+                })
+                .collect();
+            let yl = |i: usize| {
+                let (row, col) = (i / n, i % n);
+                (0..k)
+                    .map(|j| ln[row * k + j] * w[col * k + j] as f64)
+                    .sum::<f64>()
+                    + bias[col] as f64
+            };
+            let gxf = DeviceBuffer::from_host(&device, &x).unwrap();
+            let glw = DeviceBuffer::from_host(&device, &lw).unwrap();
+            let glb = DeviceBuffer::from_host(&device, &lb).unwrap();
+            let to = SkinnyTo::F32 {
+                out: span(&outs[2]),
+                res: None,
+            };
+            let fits = mk
+                .nt_ln_product(&s, to, &gxf, (&glw, &glb), &gw, with_bias, shape)
+                .unwrap();
+            assert_eq!(fits, m * k * 2 <= 48 << 10, "{shape:?}");
+            if fits {
+                s.synchronize().unwrap();
+                let lscale = (0..m * n).fold(0f64, |a, i| a.max(yl(i).abs()));
+                let got = outs[2].to_vec().unwrap();
+                let e = (0..m * n).fold(0f64, |a, i| a.max((got[i] as f64 - yl(i)).abs()));
+                assert!(e / lscale < 2e-2, "{shape:?} layernorm: {}", e / lscale);
+            }
         }
         // Where it does not apply: nothing launched, false.
         let b = DeviceBuffer::<bf16>::zeros(&device, 1 << 16).unwrap();
