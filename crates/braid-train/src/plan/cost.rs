@@ -10,6 +10,7 @@
 
 use super::hardware::{Hardware, Link};
 use crate::pipeline::assign::{assign, head_cost};
+use crate::plan::calibrate::attention_forward_flops;
 use crate::schedule::build::ScheduleKind;
 use crate::schedule::check::simulate_actions;
 use crate::schedule::Schedule;
@@ -275,8 +276,12 @@ fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64)
     let (b, s) = (l.micro_batch as f64, w.seq as f64);
     let heads = w.heads as f64 / t;
     let attention = match w.fused_attention {
-        // Causal: half of 4 b s² h, split over the heads.
-        true => 2.0 * b * s * s * h / t / (hw.peak_tflops * 1e12 * hw.attention_efficiency),
+        // Causal: half of 4 b s² h (as calibration counts it), split over
+        // the heads.
+        true => {
+            let flops = attention_forward_flops(l.micro_batch, w.seq, w.width) / t;
+            flops / (hw.peak_tflops * 1e12 * hw.attention_efficiency)
+        }
         // Q Kᵀ and P V per head, then four passes over the scores (the
         // fused scale-mask-softmax's read and write, dropout's) in bf16.
         false => {
