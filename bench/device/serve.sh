@@ -70,9 +70,11 @@
 #   bash bench/device/serve.sh products
 #     the decode step's four products of a layer as a chain over many
 #     layers' weights (124M, 1558M) at 1, 4 and 8 rows, by cuBLASLt (its
-#     heuristic's choice, then timed over its offers), the skinny kernel,
-#     and the skinny kernel launched overlapping the product ahead: us a
-#     layer and GB/s (braid-model's ignored test decode_products_timed).
+#     heuristic's choice, then timed over its offers), the skinny kernel
+#     (alone and launched overlapping the product ahead), the NT kernel
+#     (alone, overlapping, overlapping with its grid capped at 1 and 2
+#     blocks a multiprocessor): us a layer and GB/s; then the logits
+#     (braid-model's ignored test decode_products_timed).
 #
 #   bash bench/device/serve.sh check serve    # both, in one call
 #

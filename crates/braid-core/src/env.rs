@@ -190,6 +190,11 @@ pub const BRAID_DECODE_OVERLAP: &str = "BRAID_DECODE_OVERLAP";
 /// ms a token with the overlap and fused LayerNorms against 2.96
 /// (BENCHMARKS.md).
 pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
+/// With `BRAID_DECODE_NT`: at most this many blocks a multiprocessor in
+/// an NT product's grid, each looping over its groups of outputs (room for
+/// the next product to start early under `BRAID_DECODE_OVERLAP`); unset or
+/// 0, a block per group (measurement only until a GPU has compared them).
+pub const BRAID_DECODE_NT_BLOCKS: &str = "BRAID_DECODE_NT_BLOCKS";
 /// `0` or `off`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
 /// MLP products run as kernels of their own rather than inside the NT
 /// products of a few rows (each block normalising its rows itself).

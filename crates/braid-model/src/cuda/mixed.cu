@@ -1173,9 +1173,10 @@ SKINNY(8)
 // instance: 1, 2, 4 or 8): x bf16 [M, K], W bf16 [N, K] row-major (the
 // decoder's transposed copy of a layer's weights, or the tied embedding for
 // the logits), K a multiple of 8, x and W 16-byte aligned (the caller
-// checks). A block of NT_WARPS warps: KW of them (a power of two) split K,
-// NT_WARPS / KW split the block's outputs, each warp taking NT_OUT outputs
-// of its slice of K; lane l takes the slice's elements 8 l + 8 WARP i (one
+// checks). A block of NT_WARPS warps takes groups of outputs in turn
+// (blockIdx.x, then every gridDim.x-th: one each where the grid covers
+// them): KW warps (a power of two) split K, NT_WARPS / KW split the
+// group's outputs, each warp taking NT_OUT outputs of its slice of K; lane l takes the slice's elements 8 l + 8 WARP i (one
 // 16-byte load of a weight row, and of each x row, per i), two i at a time.
 // A warp's lanes are summed by a fixed butterfly and the KW warps of an
 // output in order through shared memory, so a row's result depends on
@@ -1187,27 +1188,31 @@ SKINNY(8)
 #define NT_OUT 2
 
 // Asks for the block's weight rows into L2 (before waiting for the kernel
-// ahead: nothing writes them).
+// ahead: nothing writes them): those of every group of outputs it takes.
 __device__ __forceinline__ void nt_prefetch(const bf16* W, int N, int K, int KW) {
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    int n0 = (blockIdx.x * (NT_WARPS / KW) + w / KW) * NT_OUT;
     int Ks = (K / KW + 7) / 8 * 8;
     int kbeg = (w % KW) * Ks, kend = min(K, kbeg + Ks);
+    int per_block = NT_OUT * (NT_WARPS / KW), groups = (N + per_block - 1) / per_block;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        int n0 = (g * (NT_WARPS / KW) + w / KW) * NT_OUT;
 #pragma unroll
-    for (int o = 0; o < NT_OUT; o++)
-        if (n0 + o < N)
-            for (int k = kbeg + 64 * lane; k < kend; k += 64 * WARP)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)(n0 + o) * K + k));
+        for (int o = 0; o < NT_OUT; o++)
+            if (n0 + o < N)
+                for (int k = kbeg + 64 * lane; k < kend; k += 64 * WARP)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (long)(n0 + o) * K + k));
+    }
 }
 
-// The product and its epilogue (after the wait); x may be in shared memory.
+// One group of outputs: NT_WARPS / KW warps of NT_OUT outputs.
 template <int R>
-__device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
-                        const float* bias, int M, int N, int K, int KW, int mode) {
+__device__ void nt_group(int g, float* out, bf16* outb, const float* res, const bf16* x,
+                         const bf16* W, const float* bias, int M, int N, int K, int KW,
+                         int mode) {
     __shared__ float part[NT_WARPS][R][NT_OUT];
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int kw = w % KW, nw = w / KW;
-    int n0 = (blockIdx.x * (NT_WARPS / KW) + nw) * NT_OUT;
+    int n0 = (g * (NT_WARPS / KW) + nw) * NT_OUT;
     int Ks = (K / KW + 7) / 8 * 8;
     int kbeg = kw * Ks, kend = min(K, kbeg + Ks);
     float acc[NT_OUT][R];
@@ -1261,12 +1266,25 @@ __device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x,
     int t = threadIdx.x, per = R * NT_OUT;
     if (t >= (NT_WARPS / KW) * per) return;
     int nw2 = t / per, r = (t % per) / NT_OUT, o = t % NT_OUT;
-    int n = (blockIdx.x * (NT_WARPS / KW) + nw2) * NT_OUT + o;
+    int n = (g * (NT_WARPS / KW) + nw2) * NT_OUT + o;
     if (r >= M || n >= N) return;
     float y = 0.f;
     for (int q = 0; q < KW; q++) y += part[nw2 * KW + q][r][o];
     if (bias) y += bias[n];
     skinny_store(out, outb, res, mode, (long)r * N + n, y);
+}
+
+// The product and its epilogue (after the wait); x may be in shared memory.
+// Block b takes the groups of outputs b, b + gridDim.x, ... (one group per
+// block where the grid covers them), each whole before the next.
+template <int R>
+__device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
+                        const float* bias, int M, int N, int K, int KW, int mode) {
+    int per_block = NT_OUT * (NT_WARPS / KW), groups = (N + per_block - 1) / per_block;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        nt_group<R>(g, out, outb, res, x, W, bias, M, N, K, KW, mode);
+        __syncthreads();  // part read by every thread before the next group
+    }
 }
 
 template <int R>

@@ -249,6 +249,10 @@ pub struct MixedKernels {
     /// mixed.cu) launch overlapping it ([`Function::launch_overlapping`]);
     /// off unless the decoder turns it on.
     overlap: bool,
+    /// Blocks a multiprocessor an NT product's grid holds at most, each
+    /// looping over its groups of outputs; 0: a block per group
+    /// ([`MixedKernels::set_nt_blocks_per_sm`]).
+    nt_blocks_per_sm: usize,
 }
 
 /// Where a skinny product ([`MixedKernels::skinny_product`]) puts its
@@ -407,6 +411,7 @@ impl MixedKernels {
             ],
             sms,
             overlap: false,
+            nt_blocks_per_sm: 0,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
             permute_grad: f("permute_grad_bf")?,
@@ -517,6 +522,14 @@ impl MixedKernels {
     /// them as every other kernel.
     pub fn set_overlap(&mut self, on: bool) {
         self.overlap = on;
+    }
+
+    /// Caps an NT product's grid at `per_sm` blocks a multiprocessor, each
+    /// looping over its groups of outputs (leaving room for the next
+    /// product's blocks to start early where launches overlap); 0, the
+    /// default, launches a block per group. The sums do not change.
+    pub fn set_nt_blocks_per_sm(&mut self, per_sm: usize) {
+        self.nt_blocks_per_sm = per_sm;
     }
 
     /// [`Self::go`], overlapping the kernel ahead where
@@ -1139,7 +1152,12 @@ impl MixedKernels {
             A::I(kw as i32),
         ]);
         args.push(A::I(mode));
-        let grid = (n.div_ceil(per_block) as u32, 1, 1);
+        let groups = n.div_ceil(per_block);
+        let blocks = match self.nt_blocks_per_sm {
+            0 => groups,
+            per_sm => groups.min(per_sm * self.sms),
+        };
+        let grid = (blocks as u32, 1, 1);
         // The smallest instance holding m rows.
         let which = match m {
             1 => 0,

@@ -171,6 +171,7 @@ impl HalfParts {
             mk: {
                 let mut mk = MixedKernels::load(device)?;
                 mk.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
+                mk.set_nt_blocks_per_sm(nt_blocks_from_env()?);
                 mk
             },
             gelu_fused: true,
@@ -186,6 +187,23 @@ impl HalfParts {
             nt,
             ln_into_nt: on_unless_off(braid_core::env::BRAID_DECODE_FUSED_LN),
         })
+    }
+}
+
+/// `BRAID_DECODE_NT_BLOCKS`: blocks a multiprocessor for the NT products
+/// (0 or unset: a block per group of outputs); anything but a small count
+/// is refused, naming the variable.
+fn nt_blocks_from_env() -> Result<usize> {
+    let name = braid_core::env::BRAID_DECODE_NT_BLOCKS;
+    match std::env::var(name) {
+        Err(_) => Ok(0),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n <= 32 => Ok(n),
+            _ => Err(CudaError::Invalid(format!(
+                "{name}={v}: give blocks a multiprocessor for the NT products, 0 to 32 \
+                 (0: a block per group of outputs)"
+            ))),
+        },
     }
 }
 
@@ -1439,11 +1457,29 @@ mod tests {
             .unwrap());
     }
 
+    /// `BRAID_DECODE_NT_BLOCKS`: a small count or unset; anything else
+    /// refused with the variable named (the one test that sets it).
+    #[test]
+    fn the_nt_grid_cap_is_read_or_refused_by_name() {
+        let name = braid_core::env::BRAID_DECODE_NT_BLOCKS;
+        std::env::remove_var(name);
+        assert_eq!(nt_blocks_from_env().unwrap(), 0);
+        std::env::set_var(name, "2");
+        assert_eq!(nt_blocks_from_env().unwrap(), 2);
+        for bad in ["x", "64", "-1"] {
+            std::env::set_var(name, bad);
+            let e = nt_blocks_from_env().unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(bad), "{e}");
+        }
+        std::env::remove_var(name);
+    }
+
     /// The NT products of a few rows (weights `[n, k]`) against the
     /// host's sums in f64, as the skinny kernel's are checked: f32 out
     /// plain, with the residual and without a bias (the logits' form),
     /// bf16 GELU out; a row's result the same bits whatever the other
-    /// rows; the product of a LayerNorm normalised in the kernel (where
+    /// rows and whatever the grid (one block a multiprocessor looping over
+    /// the outputs); the product of a LayerNorm normalised in the kernel (where
     /// the rows fit its shared memory) within bf16's rounding of the
     /// host's; refused (false) past 8 rows or at a K not a multiple of 8.
     #[test]
@@ -1565,6 +1601,24 @@ mod tests {
             assert_eq!(
                 one.to_vec().unwrap(),
                 outs[0].to_vec().unwrap()[..n].to_vec()
+            );
+            // A grid of one block a multiprocessor looping over the groups
+            // of outputs: the same bits.
+            let mut capped = MixedKernels::load(&device).unwrap();
+            capped.set_nt_blocks_per_sm(1);
+            let looped = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+            let to = SkinnyTo::F32 {
+                out: span(&looped),
+                res: None,
+            };
+            assert!(capped
+                .nt_product(&s, to, &gx, &gw, with_bias, shape)
+                .unwrap());
+            s.synchronize().unwrap();
+            assert_eq!(
+                looped.to_vec().unwrap(),
+                outs[0].to_vec().unwrap(),
+                "{shape:?}"
             );
             // The product of LayerNorm(x), the rows normalised in the
             // kernel: against the host's LayerNorm rounded to bf16 and its

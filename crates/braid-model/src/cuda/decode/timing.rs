@@ -4,7 +4,8 @@
 //! a few rows, by each way the decoder can run them — cuBLASLt on its
 //! heuristic's first choice, cuBLASLt timed over its offers, the skinny
 //! kernel, the skinny kernel launched overlapping the product ahead, the
-//! NT kernel over weights stored output by output (alone and overlapping)
+//! NT kernel over weights stored output by output (alone, overlapping,
+//! and overlapping with its grid capped at 1 or 2 blocks a multiprocessor)
 //! — each as microseconds a layer and the weights' bytes over that time;
 //! then the logits of a few rows by cuBLASLt and by the NT kernel.
 //! `bench/device/serve.sh products` runs it on a GPU:
@@ -25,6 +26,8 @@ enum Way {
     SkinnyOverlapped,
     Nt,
     NtOverlapped,
+    /// Overlapped, the grid capped at this many blocks a multiprocessor.
+    NtOverlappedPerSm(usize),
 }
 
 /// One model's layer: (input width, output width) of its four products.
@@ -61,9 +64,17 @@ fn decode_products_timed() {
                 Way::SkinnyOverlapped,
                 Way::Nt,
                 Way::NtOverlapped,
+                Way::NtOverlappedPerSm(1),
+                Way::NtOverlappedPerSm(2),
             ] {
                 let mut mk = MixedKernels::load(&device).unwrap();
-                mk.set_overlap(matches!(way, Way::SkinnyOverlapped | Way::NtOverlapped));
+                mk.set_overlap(matches!(
+                    way,
+                    Way::SkinnyOverlapped | Way::NtOverlapped | Way::NtOverlappedPerSm(_)
+                ));
+                if let Way::NtOverlappedPerSm(per_sm) = way {
+                    mk.set_nt_blocks_per_sm(per_sm);
+                }
                 let mut lt = BlasLt::new(&device).unwrap();
                 lt.share_across_rows();
                 if way == Way::Timed {
@@ -77,7 +88,10 @@ fn decode_products_timed() {
                             at += k * n;
                             let a = x.view(0..rows * k);
                             let d = out.view(0..rows * n);
-                            if matches!(way, Way::Nt | Way::NtOverlapped) {
+                            if matches!(
+                                way,
+                                Way::Nt | Way::NtOverlapped | Way::NtOverlappedPerSm(_)
+                            ) {
                                 // (The same bytes read as [n, k].)
                                 let to = SkinnyTo::F32 {
                                     out: (d.dptr(), d.dlen()),
