@@ -901,6 +901,7 @@ impl Kernels {
         // kv_write_body waits for the kernel ahead before any access.
         unsafe {
             self.decode_launch(
+                true,
                 f,
                 grid(n * c, BLOCK as usize),
                 (BLOCK, 1, 1),
@@ -919,14 +920,17 @@ impl Kernels {
         self.overlap = on;
     }
 
-    /// `f` launched overlapping the kernel ahead where
-    /// [`set_overlap`](Self::set_overlap) said so, else as usual.
+    /// `f` launched overlapping the kernel ahead where it `waits` for it
+    /// and [`set_overlap`](Self::set_overlap) said so, else as usual.
     ///
     /// # Safety
-    /// As [`Function::launch`], and `f` must wait (`overlap_wait`) before
-    /// touching memory the work ahead of it touches.
+    /// As [`Function::launch`], and where `waits`, `f` must wait
+    /// (`overlap_wait`) before touching memory the work ahead of it
+    /// touches.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn decode_launch(
         &self,
+        waits: bool,
         f: &Function,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
@@ -936,7 +940,7 @@ impl Kernels {
     ) -> Result<()> {
         // SAFETY: the caller's promises, passed on.
         unsafe {
-            match self.overlap {
+            match self.overlap && waits {
                 true => f.launch_overlapping(grid, block, shared, s, args),
                 false => f.launch(grid, block, shared, s, args),
             }
@@ -1069,23 +1073,15 @@ impl Kernels {
         // Only the pages kernel waits for the kernel ahead (overlap_wait):
         // the others launch as usual.
         unsafe {
-            match which {
-                DecodeAttention::Pages => self.decode_launch(
-                    f,
-                    (rows as u32, heads as u32, 1),
-                    (threads, 1, 1),
-                    shared as u32,
-                    s,
-                    &mut args,
-                )?,
-                _ => f.launch(
-                    (rows as u32, heads as u32, 1),
-                    (threads, 1, 1),
-                    shared as u32,
-                    s,
-                    &mut args,
-                )?,
-            }
+            self.decode_launch(
+                which == DecodeAttention::Pages,
+                f,
+                (rows as u32, heads as u32, 1),
+                (threads, 1, 1),
+                shared as u32,
+                s,
+                &mut args,
+            )?;
         }
         Ok(narrowed)
     }

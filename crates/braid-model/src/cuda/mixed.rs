@@ -330,15 +330,16 @@ fn nt_split(n: usize, k: usize, sms: usize) -> usize {
     kw
 }
 
-/// An NT product's first three arguments (out, outb, res) for `to`, its
-/// buffers checked against `len` elements, and its epilogue (the kernel's
-/// mode: 0 plain, 1 with the residual, 2 GELU into bf16).
-fn nt_outputs(to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)> {
+/// A few rows' product's first three arguments (out, outb, res) for `to`
+/// (the skinny and NT kernels take the same), its buffers checked against
+/// `len` elements, and its epilogue (the kernels' mode: 0 plain, 1 with
+/// the residual, 2 GELU into bf16).
+fn product_outputs(what: &str, to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)> {
     Ok(match to {
         SkinnyTo::F32 { out, res } => {
-            need("nt product out", out.1, len)?;
+            need(&format!("{what} out"), out.1, len)?;
             if let Some(r) = res {
-                need("nt product residual", r.1, len)?;
+                need(&format!("{what} residual"), r.1, len)?;
             }
             let mode = i32::from(res.is_some());
             (
@@ -347,10 +348,21 @@ fn nt_outputs(to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)> {
             )
         }
         SkinnyTo::GeluBf16 { out } => {
-            need("nt product out", out.1, len)?;
+            need(&format!("{what} out"), out.1, len)?;
             (vec![A::P(0), A::P(out.0), A::P(0)], 2)
         }
     })
+}
+
+/// The instance (of 1, 2, 4 and 8 rows) a few rows' product of `m` rows
+/// runs: the smallest holding them.
+fn instance_for_rows(m: usize) -> usize {
+    match m {
+        1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }
 }
 
 impl MixedKernels {
@@ -1074,7 +1086,7 @@ impl MixedKernels {
             return Ok(false);
         }
         need("nt product x", x.dlen(), m * k)?;
-        let (mut args, mode) = nt_outputs(to, m * n)?;
+        let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.push(A::P(x.dptr()));
         self.nt_launch(&self.nt_gemm, s, (args, mode), w, bias, (m, n, k), 0)
     }
@@ -1109,7 +1121,7 @@ impl MixedKernels {
         }
         need("nt product rows", xf.dlen(), m * k)?;
         need("nt product LayerNorm", lw.dlen().min(lb.dlen()), k)?;
-        let (mut args, mode) = nt_outputs(to, m * n)?;
+        let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
         let shared = shared as u32;
         self.nt_launch(
@@ -1150,21 +1162,15 @@ impl MixedKernels {
             A::I(n as i32),
             A::I(k as i32),
             A::I(kw as i32),
+            A::I(mode),
         ]);
-        args.push(A::I(mode));
         let groups = n.div_ceil(per_block);
         let blocks = match self.nt_blocks_per_sm {
             0 => groups,
             per_sm => groups.min(per_sm * self.sms),
         };
         let grid = (blocks as u32, 1, 1);
-        // The smallest instance holding m rows.
-        let which = match m {
-            1 => 0,
-            2 => 1,
-            3..=4 => 2,
-            _ => 3,
-        };
+        let which = instance_for_rows(m);
         let threads = (NT_WARPS * 32) as u32;
         self.go_decode_shared(&instances[which], s, grid, (threads, 1, 1), shared, args)?;
         Ok(true)
@@ -1204,24 +1210,7 @@ impl MixedKernels {
         need("skinny product x", x.dlen(), m * k)?;
         need("skinny product w", w.dlen(), k * n)?;
         need("skinny product bias", bias.dlen(), n)?;
-        let (out, outb, res, mode) = match to {
-            SkinnyTo::F32 { out, res } => {
-                need("skinny product out", out.1, m * n)?;
-                if let Some(r) = res {
-                    need("skinny product residual", r.1, m * n)?;
-                }
-                (
-                    out.0,
-                    0,
-                    res.map_or(0, |r| r.0),
-                    if res.is_some() { 1 } else { 0 },
-                )
-            }
-            SkinnyTo::GeluBf16 { out } => {
-                need("skinny product out", out.1, m * n)?;
-                (0, out.0, 0, 2)
-            }
-        };
+        let (mut args, mode) = product_outputs("skinny product", to, m * n)?;
         let (splits, split_rows) = skinny_layout(n, k, self.sms);
         let tiles = n.div_ceil(SKINNY_TILE);
         need(
@@ -1230,10 +1219,7 @@ impl MixedKernels {
             splits * m * n,
         )?;
         need("skinny product counters", scratch.counters.len(), tiles)?;
-        let args = vec![
-            A::P(out),
-            A::P(outb),
-            A::P(res),
+        args.extend([
             A::P(x.dptr()),
             A::P(w.dptr()),
             A::P(bias.dptr()),
@@ -1246,15 +1232,9 @@ impl MixedKernels {
             A::P(scratch.counters.dptr()),
             A::I(splits as i32),
             A::I(split_rows as i32),
-        ];
+        ]);
         let grid = (tiles as u32, splits as u32, 1);
-        // The smallest instance holding m rows.
-        let which = match m {
-            1 => 0,
-            2 => 1,
-            3..=4 => 2,
-            _ => 3,
-        };
+        let which = instance_for_rows(m);
         self.go_decode(&self.skinny_gemm[which], s, grid, (256, 1, 1), args)?;
         Ok(true)
     }
