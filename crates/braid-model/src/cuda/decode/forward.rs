@@ -11,7 +11,7 @@
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo, SKINNY_ROWS};
+use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
@@ -247,13 +247,11 @@ impl BlockForward for GpuDecodeForward<'_> {
     fn norm_forward(&mut self, norm: Norm, input: Act, out: Act) -> Result<()> {
         self.flush_norm()?;
         // Read only by the product next (the block's order): put off to
-        // it where it can normalise the rows itself.
-        let c = self.w.c;
-        if let Some(h) = &self.half {
-            if h.nt && h.ln_into_nt && self.n <= SKINNY_ROWS && self.n * c * 2 <= 48 << 10 {
-                self.deferred = Some((norm, input, out));
-                return Ok(());
-            }
+        // it, which normalises the rows itself where its kernel can
+        // (`nt_ln_product` says), else runs it first.
+        if self.half.as_ref().is_some_and(|h| h.nt && h.ln_into_nt) {
+            self.deferred = Some((norm, input, out));
+            return Ok(());
         }
         self.run_norm(norm, input, out)
     }

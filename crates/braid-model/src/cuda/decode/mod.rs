@@ -62,7 +62,7 @@ use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
-use switches::{on_unless_off, switched_on};
+use switches::{nt_blocks_from_env, on_unless_off, switched_on};
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
@@ -187,23 +187,6 @@ impl HalfParts {
             nt,
             ln_into_nt: on_unless_off(braid_core::env::BRAID_DECODE_FUSED_LN),
         })
-    }
-}
-
-/// `BRAID_DECODE_NT_BLOCKS`: blocks a multiprocessor for the NT products
-/// (0 or unset: a block per group of outputs); anything but a small count
-/// is refused, naming the variable.
-fn nt_blocks_from_env() -> Result<usize> {
-    let name = braid_core::env::BRAID_DECODE_NT_BLOCKS;
-    match std::env::var(name) {
-        Err(_) => Ok(0),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n <= 32 => Ok(n),
-            _ => Err(CudaError::Invalid(format!(
-                "{name}={v}: give blocks a multiprocessor for the NT products, 0 to 32 \
-                 (0: a block per group of outputs)"
-            ))),
-        },
     }
 }
 
@@ -657,14 +640,14 @@ impl GpuDecoder {
             out: (logits.dptr(), logits.dlen()),
             res: None,
         };
-        let (lnf_w, lnf_b_) = (p.view(self.lnf_w.clone()), p.view(self.lnf_b.clone()));
+        let (lnf_scale, lnf_shift) = (p.view(self.lnf_w.clone()), p.view(self.lnf_b.clone()));
         // A few rows with NT products: ln_f inside the logits' product.
         let mut fused = false;
         if let Some(h) = half.as_mut().filter(|h| h.nt && h.ln_into_nt) {
             let (x, wte) = (head.view(0..m * c), h.wb.view(self.wte.clone()));
             let shape = (m, v, c);
             fused =
-                h.mk.nt_ln_product(s, to, &x, (&lnf_w, &lnf_b_), &wte, None, shape)?;
+                h.mk.nt_ln_product(s, to, &x, (&lnf_scale, &lnf_shift), &wte, None, shape)?;
         }
         if fused {
             prof.mark(s, "head: gather, ln_f + logits")?;
@@ -676,8 +659,8 @@ impl GpuDecoder {
                 &mut mean.view_mut(0..m),
                 &mut rstd.view_mut(0..m),
                 &head.view(0..m * c),
-                &p.view(self.lnf_w.clone()),
-                &p.view(self.lnf_b.clone()),
+                &lnf_scale,
+                &lnf_shift,
                 m,
                 c,
             )?;
@@ -709,8 +692,8 @@ impl GpuDecoder {
                 &mut mean.view_mut(0..m),
                 &mut rstd.view_mut(0..m),
                 &head.view(0..m * c),
-                &p.view(self.lnf_w.clone()),
-                &p.view(self.lnf_b.clone()),
+                &lnf_scale,
+                &lnf_shift,
                 m,
                 c,
             )?;
@@ -1339,6 +1322,32 @@ mod tests {
         }
     }
 
+    /// `n` normals of deviation `sd` from `r`, rounded to bf16 (as f32).
+    fn rand_bf16(r: &mut crate::rng::Rng, n: usize, sd: f64) -> Vec<f32> {
+        (0..n)
+            .map(|_| bf16::from_f64(r.normal() * sd).to_f32())
+            .collect()
+    }
+
+    /// `v` (exact in bf16) on `device` in bf16.
+    fn upload_bf16(device: &Device, v: &[f32]) -> DeviceBuffer<bf16> {
+        let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        DeviceBuffer::from_host(device, &b).unwrap()
+    }
+
+    /// GPT-2's GELU (the tanh form) in f64.
+    fn gelu_ref(v: f64) -> f64 {
+        0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v * v * v)).tanh())
+    }
+
+    /// The largest `|got[i] - want(i)|`, over `scale`.
+    fn worst_off(got: &[f32], want: &dyn Fn(usize) -> f64, scale: f64) -> f64 {
+        got.iter()
+            .enumerate()
+            .fold(0f64, |a, (i, &g)| a.max((g as f64 - want(i)).abs()))
+            / scale
+    }
+
     /// The skinny products of a few rows against the host's sums in f64:
     /// f32 out (plain and with the residual) within 1e-5 of the largest
     /// element, bf16 GELU out within bf16's rounding; a row's result the
@@ -1356,11 +1365,7 @@ mod tests {
         let s = Stream::new(&device).unwrap();
         let mut scratch = SkinnyScratch::new(&device, 4800).unwrap();
         let mut r = crate::rng::Rng::new(11);
-        let mut randb = |n: usize, sd: f64| -> Vec<f32> {
-            (0..n)
-                .map(|_| bf16::from_f64(r.normal() * sd).to_f32())
-                .collect()
-        };
+        let mut randb = |n: usize, sd: f64| rand_bf16(&mut r, n, sd);
         for (m, n, k) in [
             (1, 48, 16),
             (8, 48, 16),
@@ -1385,11 +1390,7 @@ mod tests {
                         + bias[col] as f64
                 })
                 .collect();
-            let up_b = |v: &[f32]| {
-                let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-                DeviceBuffer::from_host(&device, &b).unwrap()
-            };
-            let (gx, gw) = (up_b(&x), up_b(&w));
+            let (gx, gw) = (upload_bf16(&device, &x), upload_bf16(&device, &w));
             let gbias = DeviceBuffer::from_host(&device, &bias).unwrap();
             let gres = DeviceBuffer::from_host(&device, &res).unwrap();
             let out = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
@@ -1415,20 +1416,13 @@ mod tests {
             }
             s.synchronize().unwrap();
             let scale = y.iter().fold(0f64, |a, v| a.max(v.abs()));
-            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| {
-                got.iter()
-                    .enumerate()
-                    .fold(0f64, |a, (i, &g)| a.max((g as f64 - want(i)).abs()))
-                    / scale
-            };
+            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| worst_off(got, want, scale);
             let e = worst(&out.to_vec().unwrap(), &|i| y[i]);
             assert!(e < 1e-5, "{shape:?} plain: {e}");
             let e = worst(&outr.to_vec().unwrap(), &|i| y[i] + res[i] as f64);
             assert!(e < 1e-5, "{shape:?} residual: {e}");
-            let gelu_of =
-                |v: f64| 0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v * v * v)).tanh());
             let g: Vec<f32> = outg.to_vec().unwrap().iter().map(|b| b.to_f32()).collect();
-            let e = worst(&g, &|i| gelu_of(y[i]));
+            let e = worst(&g, &|i| gelu_ref(y[i]));
             assert!(e < 1e-2, "{shape:?} gelu: {e}");
             // Row 0 alone gives the same bits as among m rows.
             let one = DeviceBuffer::<f32>::zeros(&device, n).unwrap();
@@ -1457,23 +1451,6 @@ mod tests {
             .unwrap());
     }
 
-    /// `BRAID_DECODE_NT_BLOCKS`: a small count or unset; anything else
-    /// refused with the variable named (the one test that sets it).
-    #[test]
-    fn the_nt_grid_cap_is_read_or_refused_by_name() {
-        let name = braid_core::env::BRAID_DECODE_NT_BLOCKS;
-        std::env::remove_var(name);
-        assert_eq!(nt_blocks_from_env().unwrap(), 0);
-        std::env::set_var(name, "2");
-        assert_eq!(nt_blocks_from_env().unwrap(), 2);
-        for bad in ["x", "64", "-1"] {
-            std::env::set_var(name, bad);
-            let e = nt_blocks_from_env().unwrap_err().to_string();
-            assert!(e.contains(name) && e.contains(bad), "{e}");
-        }
-        std::env::remove_var(name);
-    }
-
     /// The NT products of a few rows (weights `[n, k]`) against the
     /// host's sums in f64, as the skinny kernel's are checked: f32 out
     /// plain, with the residual and without a bias (the logits' form),
@@ -1493,15 +1470,7 @@ mod tests {
         let mk = MixedKernels::load(&device).unwrap();
         let s = Stream::new(&device).unwrap();
         let mut r = crate::rng::Rng::new(12);
-        let mut randb = |n: usize, sd: f64| -> Vec<f32> {
-            (0..n)
-                .map(|_| bf16::from_f64(r.normal() * sd).to_f32())
-                .collect()
-        };
-        let up_b = |v: &[f32]| {
-            let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-            DeviceBuffer::from_host(&device, &b).unwrap()
-        };
+        let mut randb = |n: usize, sd: f64| rand_bf16(&mut r, n, sd);
         for (m, n, k) in [
             (1, 48, 16),
             (8, 37, 16),
@@ -1527,7 +1496,7 @@ mod tests {
                         .sum::<f64>()
                 })
                 .collect();
-            let (gx, gw) = (up_b(&x), up_b(&w));
+            let (gx, gw) = (upload_bf16(&device, &x), upload_bf16(&device, &w));
             let gbias = DeviceBuffer::from_host(&device, &bias).unwrap();
             let gres = DeviceBuffer::from_host(&device, &res).unwrap();
             let outs: Vec<DeviceBuffer<f32>> = (0..3)
@@ -1571,22 +1540,15 @@ mod tests {
             s.synchronize().unwrap();
             let yb = |i: usize| y[i] + bias[i % n] as f64;
             let scale = (0..m * n).fold(0f64, |a, i| a.max(yb(i).abs()));
-            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| {
-                got.iter()
-                    .enumerate()
-                    .fold(0f64, |a, (i, &g)| a.max((g as f64 - want(i)).abs()))
-                    / scale
-            };
+            let worst = |got: &[f32], want: &dyn Fn(usize) -> f64| worst_off(got, want, scale);
             let e = worst(&outs[0].to_vec().unwrap(), &yb);
             assert!(e < 1e-5, "{shape:?} plain: {e}");
             let e = worst(&outs[1].to_vec().unwrap(), &|i| yb(i) + res[i] as f64);
             assert!(e < 1e-5, "{shape:?} residual: {e}");
             let e = worst(&outs[2].to_vec().unwrap(), &|i| y[i]);
             assert!(e < 1e-5, "{shape:?} no bias: {e}");
-            let gelu_of =
-                |v: f64| 0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v * v * v)).tanh());
             let g: Vec<f32> = outg.to_vec().unwrap().iter().map(|b| b.to_f32()).collect();
-            let e = worst(&g, &|i| gelu_of(yb(i)));
+            let e = worst(&g, &|i| gelu_ref(yb(i)));
             assert!(e < 1e-2, "{shape:?} gelu: {e}");
             // Row 0 alone gives the same bits as among m rows.
             let one = DeviceBuffer::<f32>::zeros(&device, n).unwrap();
@@ -1655,9 +1617,8 @@ mod tests {
             if fits {
                 s.synchronize().unwrap();
                 let lscale = (0..m * n).fold(0f64, |a, i| a.max(yl(i).abs()));
-                let got = outs[2].to_vec().unwrap();
-                let e = (0..m * n).fold(0f64, |a, i| a.max((got[i] as f64 - yl(i)).abs()));
-                assert!(e / lscale < 2e-2, "{shape:?} layernorm: {}", e / lscale);
+                let e = worst_off(&outs[2].to_vec().unwrap(), &yl, lscale);
+                assert!(e < 2e-2, "{shape:?} layernorm: {e}");
             }
         }
         // Where it does not apply: nothing launched, false.
