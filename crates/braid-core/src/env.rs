@@ -195,10 +195,21 @@ pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
 /// the next product to start early under `BRAID_DECODE_OVERLAP`); unset or
 /// 0, a block per group (measurement only until a GPU has compared them).
 pub const BRAID_DECODE_NT_BLOCKS: &str = "BRAID_DECODE_NT_BLOCKS";
+/// With `BRAID_DECODE_NT` and `BRAID_DECODE_OVERLAP`: how the NT products
+/// start, words separated by commas or `+` — `first` or `after` (the
+/// kernel behind released before or after the wait for the one ahead),
+/// `lines`, `bulk` or `none` (the weights asked for into L2 a line a lane,
+/// by the copy engine in bulk, or not at all); unset, `after,lines`
+/// (measurement only until a GPU has compared them).
+pub const BRAID_DECODE_NT_START: &str = "BRAID_DECODE_NT_START";
 /// `0` or `off`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
 /// MLP products run as kernels of their own rather than inside the NT
 /// products of a few rows (each block normalising its rows itself).
 pub const BRAID_DECODE_FUSED_LN: &str = "BRAID_DECODE_FUSED_LN";
+/// `0` or `off`: with `BRAID_DECODE_NT`, a step's keys and values go into
+/// the paged cache by a kernel of their own rather than in the epilogue of
+/// the QKV product on the NT kernel.
+pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
 /// default), 8 or 16 (more for steps of few rows; measurement only until
 /// a GPU has compared them).

@@ -1165,17 +1165,46 @@ SKINNY(8)
 // neither the other rows nor the timing. Before waiting for the kernel
 // ahead (overlapped launches) the block asks for its weights into L2.
 // Epilogue (mode) 0: out = y + bias; 1: out = y + bias + res; 2: outb =
-// bf16(gelu(y + bias)); bias null: no bias.
+// bf16(gelu(y + bias)); 3: as 0, and the keys and values (outputs C to 3C
+// of a QKV product) into the paged cache too (NtCache); bias null: no bias.
 #define NT_WARPS 8
 #define NT_OUT 2
 
+// How an NT product starts (the kernels' last argument, bits; 0 the
+// default): NT_RELEASE_FIRST lets the kernel behind start before this one
+// waits (else after); NT_BULK_PREFETCH asks for the weights into L2 by the
+// copy engine, a few requests a group (else a request a 128-byte line);
+// NT_NO_PREFETCH asks for nothing ahead. None changes a sum.
+#define NT_RELEASE_FIRST 1
+#define NT_BULK_PREFETCH 2
+#define NT_NO_PREFETCH 4
+
 // Asks for the block's weight rows into L2 (before waiting for the kernel
 // ahead: nothing writes them): those of every group of outputs it takes.
-__device__ __forceinline__ void nt_prefetch(const bf16* W, int N, int K, int KW) {
+__device__ __forceinline__ void nt_prefetch(const bf16* W, int N, int K, int KW, int how) {
+    if (how & NT_NO_PREFETCH) return;
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int per_block = NT_OUT * (NT_WARPS / KW), groups = (N + per_block - 1) / per_block;
+    if (how & NT_BULK_PREFETCH) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // A group's weight rows are contiguous: a piece of them a warp,
+        // each a multiple of 16 bytes (K is a multiple of 8).
+        if (lane != 0) return;
+        for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+            long first = (long)g * per_block, rows = min((long)per_block, (long)N - first);
+            long bytes = rows * K * 2, piece = (bytes / NT_WARPS + 15) / 16 * 16;
+            long from = w * piece, len = min(piece, bytes - from);
+            if (len > 0)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
+                                 reinterpret_cast<const char*>(W + first * K) + from),
+                             "r"((unsigned)len)
+                             : "memory");
+        }
+#endif
+        return;
+    }
     int Ks = (K / KW + 7) / 8 * 8;
     int kbeg = (w % KW) * Ks, kend = min(K, kbeg + Ks);
-    int per_block = NT_OUT * (NT_WARPS / KW), groups = (N + per_block - 1) / per_block;
     for (int g = blockIdx.x; g < groups; g += gridDim.x) {
         int n0 = (g * (NT_WARPS / KW) + w / KW) * NT_OUT;
 #pragma unroll
@@ -1186,11 +1215,45 @@ __device__ __forceinline__ void nt_prefetch(const bf16* W, int N, int K, int KW)
     }
 }
 
+// The start of an NT product, as `how` says: the prefetch, the wait for
+// the kernel ahead, the release of the kernel behind.
+__device__ __forceinline__ void nt_start(const bf16* W, int N, int K, int KW, int how) {
+    if (how & NT_RELEASE_FIRST) overlap_release();
+    nt_prefetch(W, N, K, KW, how);
+    overlap_wait();
+    if (!(how & NT_RELEASE_FIRST)) overlap_release();
+}
+
+// Where the QKV product's epilogue (mode 3) also writes each row's key and
+// value: the paged cache's keys k and values v (bf16 when bf16 is set,
+// else f32), row r's slot slots[r]; as kv_write does, rounding alike.
+struct NtCache {
+    void* k;
+    void* v;
+    const int* slots;
+    int bf16;
+};
+
+// y, the output n of row r of a QKV product of N = 3C outputs (q, k, v),
+// into the cache where it is a key's or a value's.
+__device__ __forceinline__ void nt_cache_store(NtCache c, int r, int n, int N, float y) {
+    int C = N / 3;
+    if (n < C) return;
+    long at = (long)c.slots[r] * C + n % C;
+    void* to = n < 2 * C ? c.k : c.v;
+    if (c.bf16) {
+        unsigned u = __float_as_uint(y);
+        ((unsigned short*)to)[at] = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+        ((float*)to)[at] = y;
+    }
+}
+
 // One group of outputs: NT_WARPS / KW warps of NT_OUT outputs.
 template <int R>
 __device__ void nt_group(int g, float* out, bf16* outb, const float* res, const bf16* x,
                          const bf16* W, const float* bias, int M, int N, int K, int KW,
-                         int mode) {
+                         int mode, NtCache cache) {
     __shared__ float part[NT_WARPS][R][NT_OUT];
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int kw = w % KW, nw = w / KW;
@@ -1254,6 +1317,7 @@ __device__ void nt_group(int g, float* out, bf16* outb, const float* res, const 
     for (int q = 0; q < KW; q++) y += part[nw2 * KW + q][r][o];
     if (bias) y += bias[n];
     skinny_store(out, outb, res, mode, (long)r * N + n, y);
+    if (mode == 3) nt_cache_store(cache, r, n, N, y);
 }
 
 // The product and its epilogue (after the wait); x may be in shared memory.
@@ -1261,21 +1325,20 @@ __device__ void nt_group(int g, float* out, bf16* outb, const float* res, const 
 // block where the grid covers them), each whole before the next.
 template <int R>
 __device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
-                        const float* bias, int M, int N, int K, int KW, int mode) {
+                        const float* bias, int M, int N, int K, int KW, int mode, NtCache cache) {
     int per_block = NT_OUT * (NT_WARPS / KW), groups = (N + per_block - 1) / per_block;
     for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-        nt_group<R>(g, out, outb, res, x, W, bias, M, N, K, KW, mode);
+        nt_group<R>(g, out, outb, res, x, W, bias, M, N, K, KW, mode, cache);
         __syncthreads();  // part read by every thread before the next group
     }
 }
 
 template <int R>
 __device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
-                        const float* bias, int M, int N, int K, int KW, int mode) {
-    nt_prefetch(W, N, K, KW);
-    overlap_wait();
-    overlap_release();
-    nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode);
+                        const float* bias, int M, int N, int K, int KW, int mode, int how,
+                        NtCache cache) {
+    nt_start(W, N, K, KW, how);
+    nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, cache);
 }
 
 // The same product of the LayerNorm of f32 rows: every block normalises
@@ -1283,35 +1346,65 @@ __device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x,
 // squares about it, each summed by thread in order, then over the warps
 // in order) into bf16 in shared memory (M * K of them, dynamic), as
 // ln_forward's do (scale lw, shift lb, epsilon 1e-5), then multiplies
-// them: the LayerNorm's own kernel and its launch saved.
+// them: the LayerNorm's own kernel and its launch saved. The rows go
+// through each pass together, so a block waits at two barriers whatever
+// M is, not two a row.
 template <int R>
 __device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float* xf,
                            const float* lw, const float* lb, const bf16* W, const float* bias,
-                           int M, int N, int K, int KW, int mode) {
+                           int M, int N, int K, int KW, int mode, int how, NtCache cache) {
     extern __shared__ bf16 xs[];
-    __shared__ float red[2][NT_WARPS];
-    nt_prefetch(W, N, K, KW);
-    overlap_wait();
-    overlap_release();
-    for (int r = 0; r < M; r++) {
-        const float* xr = xf + (long)r * K;
+    __shared__ float red[2][R][NT_WARPS];
+    nt_start(W, N, K, KW, how);
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    float mean[R], rs[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
         float s = 0.f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) s += xr[k];
-        float m = block_sum<NT_WARPS>(s, red[0]) / K, v = 0.f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) v += (xr[k] - m) * (xr[k] - m);
-        float rs = rsqrtf(block_sum<NT_WARPS>(v, red[1]) / K + 1e-5f);
-        for (int k = threadIdx.x; k < K; k += blockDim.x)
-            xs[(long)r * K + k] = narrow((xr[k] - m) * rs * lw[k] + lb[k]);
-        __syncthreads();  // red read by every thread before the next row
+        if (r < M)
+            for (int k = threadIdx.x; k < K; k += blockDim.x) s += xf[(long)r * K + k];
+        s = warp_sum(s);
+        if (lane == 0) red[0][r][w] = s;
     }
-    nt_main<R>(out, outb, res, xs, W, bias, M, N, K, KW, mode);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < NT_WARPS; i++) s += red[0][r][i];
+        mean[r] = s / K;
+        float v = 0.f;
+        if (r < M)
+            for (int k = threadIdx.x; k < K; k += blockDim.x) {
+                float d = xf[(long)r * K + k] - mean[r];
+                v += d * d;
+            }
+        v = warp_sum(v);
+        if (lane == 0) red[1][r][w] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < NT_WARPS; i++) v += red[1][r][i];
+        rs[r] = rsqrtf(v / K + 1e-5f);
+        if (r < M)
+            for (int k = threadIdx.x; k < K; k += blockDim.x)
+                xs[(long)r * K + k] =
+                    narrow((xf[(long)r * K + k] - mean[r]) * rs[r] * lw[k] + lb[k]);
+    }
+    __syncthreads();
+    nt_main<R>(out, outb, res, xs, W, bias, M, N, K, KW, mode, cache);
 }
 
 #define NT_PRODUCT(R)                                                                           \
     extern "C" __global__ void nt_gemm_bf_##R(float* out, bf16* outb, const float* res,         \
                                               const bf16* x, const bf16* W, const float* bias,  \
-                                              int M, int N, int K, int KW, int mode) {          \
-        nt_body<R>(out, outb, res, x, W, bias, M, N, K, KW, mode);                              \
+                                              int M, int N, int K, int KW, int mode, int how,   \
+                                              void* kc, void* vc, const int* slots, int kvb) {  \
+        nt_body<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, how,                          \
+                   NtCache{kc, vc, slots, kvb});                                                \
     }
 NT_PRODUCT(1)
 NT_PRODUCT(2)
@@ -1322,8 +1415,9 @@ NT_PRODUCT(8)
     extern "C" __global__ void nt_ln_gemm_bf_##R(                                               \
         float* out, bf16* outb, const float* res, const float* xf, const float* lw,             \
         const float* lb, const bf16* W, const float* bias, int M, int N, int K, int KW,         \
-        int mode) {                                                                             \
-        nt_ln_body<R>(out, outb, res, xf, lw, lb, W, bias, M, N, K, KW, mode);                  \
+        int mode, int how, void* kc, void* vc, const int* slots, int kvb) {                     \
+        nt_ln_body<R>(out, outb, res, xf, lw, lb, W, bias, M, N, K, KW, mode, how,              \
+                      NtCache{kc, vc, slots, kvb});                                             \
     }
 NT_LN_PRODUCT(1)
 NT_LN_PRODUCT(2)

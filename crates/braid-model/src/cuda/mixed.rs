@@ -253,6 +253,46 @@ pub struct MixedKernels {
     /// looping over its groups of outputs; 0: a block per group
     /// ([`MixedKernels::set_nt_blocks_per_sm`]).
     nt_blocks_per_sm: usize,
+    /// How an NT product starts (mixed.cu's `how` bits;
+    /// [`MixedKernels::set_nt_start`]).
+    nt_start: NtStart,
+}
+
+/// How an NT product starts, before its sums (which it does not change):
+/// whether it lets the kernel behind it start before it waits for the one
+/// ahead, and how it asks for its weights into L2 while it waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NtStart {
+    /// Release the kernel behind before waiting (else after).
+    pub release_first: bool,
+    /// How the weights are asked for ahead of the wait.
+    pub prefetch: NtPrefetch,
+}
+
+/// How an NT product asks for its weights into L2 before it waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NtPrefetch {
+    /// A request a 128-byte line, by every lane.
+    #[default]
+    Lines,
+    /// A few bulk requests a group of outputs, by the copy engine
+    /// (sm_90 on; none below).
+    Bulk,
+    /// Nothing asked ahead.
+    None,
+}
+
+impl NtStart {
+    /// mixed.cu's `how` bits (NT_RELEASE_FIRST 1, NT_BULK_PREFETCH 2,
+    /// NT_NO_PREFETCH 4).
+    fn bits(self) -> i32 {
+        i32::from(self.release_first)
+            | match self.prefetch {
+                NtPrefetch::Lines => 0,
+                NtPrefetch::Bulk => 2,
+                NtPrefetch::None => 4,
+            }
+    }
 }
 
 /// Where a skinny product ([`MixedKernels::skinny_product`]) puts its
@@ -266,6 +306,17 @@ pub enum SkinnyTo {
     },
     /// `out = bf16(gelu(y))`.
     GeluBf16 { out: (u64, usize) },
+    /// A QKV product's `out = y` (f32, `[m, 3C]`), each row's key and
+    /// value written into the paged cache `kv` as well, at the slot
+    /// `slots[row]` (as [`Kernels::kv_write`](super::Kernels::kv_write)
+    /// writes them, which the step then needs not run): the NT kernel
+    /// only. Every slot must lie inside the cache (the caller's check, as
+    /// for `kv_write`).
+    QkvIntoCache {
+        out: (u64, usize),
+        kv: super::PagedKv,
+        slots: (u64, usize),
+    },
 }
 
 /// Rows a skinny product takes at most (the kernel's `SK_ROWS`).
@@ -333,7 +384,8 @@ fn nt_split(n: usize, k: usize, sms: usize) -> usize {
 /// A few rows' product's first three arguments (out, outb, res) for `to`
 /// (the skinny and NT kernels take the same), its buffers checked against
 /// `len` elements, and its epilogue (the kernels' mode: 0 plain, 1 with
-/// the residual, 2 GELU into bf16).
+/// the residual, 2 GELU into bf16, 3 with the keys and values into the
+/// cache: NT only, its cache arguments from [`nt_cache_args`]).
 fn product_outputs(what: &str, to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)> {
     Ok(match to {
         SkinnyTo::F32 { out, res } => {
@@ -351,6 +403,34 @@ fn product_outputs(what: &str, to: SkinnyTo, len: usize) -> Result<(Vec<A>, i32)
             need(&format!("{what} out"), out.1, len)?;
             (vec![A::P(0), A::P(out.0), A::P(0)], 2)
         }
+        SkinnyTo::QkvIntoCache { out, .. } => {
+            need(&format!("{what} out"), out.1, len)?;
+            (vec![A::P(out.0), A::P(0), A::P(0)], 3)
+        }
+    })
+}
+
+/// The NT kernels' last four arguments (the cache's keys, values, the
+/// rows' slots, whether the cache is bf16) for a product of `m` rows and
+/// `n` outputs: the cache's where `to` writes into it (`n` then a multiple
+/// of 3, the slots checked for `m` rows), else nulls.
+fn nt_cache_args(to: SkinnyTo, m: usize, n: usize) -> Result<Vec<A>> {
+    Ok(match to {
+        SkinnyTo::QkvIntoCache { kv, slots, .. } => {
+            if n % 3 != 0 {
+                return Err(CudaError::Invalid(format!(
+                    "nt product into the cache: {n} outputs are not a QKV product's 3 x C"
+                )));
+            }
+            need("nt product slots", slots.1, m)?;
+            vec![
+                A::P(kv.k),
+                A::P(kv.v),
+                A::P(slots.0),
+                A::I(i32::from(kv.bf16)),
+            ]
+        }
+        _ => vec![A::P(0), A::P(0), A::P(0), A::I(0)],
     })
 }
 
@@ -424,6 +504,7 @@ impl MixedKernels {
             sms,
             overlap: false,
             nt_blocks_per_sm: 0,
+            nt_start: NtStart::default(),
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
             permute_grad: f("permute_grad_bf")?,
@@ -542,6 +623,12 @@ impl MixedKernels {
     /// default, launches a block per group. The sums do not change.
     pub fn set_nt_blocks_per_sm(&mut self, per_sm: usize) {
         self.nt_blocks_per_sm = per_sm;
+    }
+
+    /// How NT products start from now on ([`NtStart`]; the sums do not
+    /// change).
+    pub fn set_nt_start(&mut self, start: NtStart) {
+        self.nt_start = start;
     }
 
     /// [`Self::go`], overlapping the kernel ahead where
@@ -1088,7 +1175,8 @@ impl MixedKernels {
         need("nt product x", x.dlen(), m * k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.push(A::P(x.dptr()));
-        self.nt_launch(&self.nt_gemm, s, (args, mode), w, bias, (m, n, k), 0)
+        let cache = nt_cache_args(to, m, n)?;
+        self.nt_launch(&self.nt_gemm, s, (args, mode, cache), w, bias, (m, n, k), 0)
     }
 
     /// [`nt_product`](Self::nt_product) of `LayerNorm(xf)` (f32 rows,
@@ -1123,11 +1211,12 @@ impl MixedKernels {
         need("nt product LayerNorm", lw.dlen().min(lb.dlen()), k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
+        let cache = nt_cache_args(to, m, n)?;
         let shared = shared as u32;
         self.nt_launch(
             &self.nt_ln_gemm,
             s,
-            (args, mode),
+            (args, mode, cache),
             w,
             bias,
             (m, n, k),
@@ -1136,14 +1225,14 @@ impl MixedKernels {
     }
 
     /// Launches an NT product's instance for `m` rows: `args` its outputs
-    /// and input so far (with its epilogue's mode), the weights, bias and
-    /// shape added here.
+    /// and input so far (with its epilogue's mode and its cache arguments,
+    /// [`nt_cache_args`]), the weights, bias and shape added here.
     #[allow(clippy::too_many_arguments)]
     fn nt_launch(
         &self,
         instances: &[Function; 4],
         s: &Stream,
-        (mut args, mode): (Vec<A>, i32),
+        (mut args, mode, cache): (Vec<A>, i32, Vec<A>),
         w: &impl DeviceMem<bf16>,
         bias: Option<&dyn DeviceMem<f32>>,
         (m, n, k): (usize, usize, usize),
@@ -1163,7 +1252,9 @@ impl MixedKernels {
             A::I(k as i32),
             A::I(kw as i32),
             A::I(mode),
+            A::I(self.nt_start.bits()),
         ]);
+        args.extend(cache);
         let groups = n.div_ceil(per_block);
         let blocks = match self.nt_blocks_per_sm {
             0 => groups,
@@ -1183,9 +1274,10 @@ impl MixedKernels {
     /// GPU idle. K is split over blocks ([`skinny_layout`], by the shape
     /// alone), each split's sums kept in `scratch` and added in order by
     /// the tile's last block; every sum is reduced in a fixed order, so a
-    /// row's result depends on neither the other rows nor timing. Returns false, launching
-    /// nothing, where the kernel does not apply (more rows, `n` or `k` not
-    /// a multiple of 8, `x` or `w` not 16-byte aligned).
+    /// row's result depends on neither the other rows nor timing. Returns
+    /// false, launching nothing, where the kernel does not apply (more
+    /// rows, `n` or `k` not a multiple of 8, `x` or `w` not 16-byte
+    /// aligned, a product into the cache).
     #[allow(clippy::too_many_arguments)]
     pub fn skinny_product(
         &self,
@@ -1204,6 +1296,7 @@ impl MixedKernels {
             || !aligned16(&[x.dptr(), w.dptr()])
             || n > i32::MAX as usize
             || k > i32::MAX as usize
+            || matches!(to, SkinnyTo::QkvIntoCache { .. })
         {
             return Ok(false);
         }

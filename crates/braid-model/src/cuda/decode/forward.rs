@@ -74,6 +74,9 @@ pub(super) struct GpuDecodeForward<'a> {
     /// A LayerNorm put off to the product that reads it ([`Half::ln_into_nt`]):
     /// (which, its input, its output).
     pub(super) deferred: Option<(Norm, Act, Act)>,
+    /// Whether the QKV product wrote this step's keys and values into the
+    /// cache ([`Half::qkv_into_cache`]), so the attention need not.
+    pub(super) kv_written: bool,
 }
 
 /// What bf16 products need: cuBLASLt, the mixed kernels (LayerNorm into
@@ -96,6 +99,10 @@ pub(super) struct Half<'a> {
     /// With `nt`, a LayerNorm read by an NT product normalised inside it
     /// (no kernel of its own; `BRAID_DECODE_FUSED_LN=0`: not).
     pub(super) ln_into_nt: bool,
+    /// With `nt`, the QKV product on the NT kernel writes the step's keys
+    /// and values into the cache in its epilogue (no cache-write kernel;
+    /// `BRAID_DECODE_QKV_CACHE=0`: not).
+    pub(super) qkv_into_cache: bool,
 }
 
 impl Half<'_> {
@@ -325,11 +332,18 @@ impl GpuDecodeForward<'_> {
             }
             Linear::Qkv => {
                 let d = self.t[out.index()].view(0..n * oc);
-                let to = SkinnyTo::F32 {
-                    out: (d.dptr(), d.dlen()),
-                    res: None,
-                };
-                (to, "ln + gemm + bias")
+                let out = (d.dptr(), d.dlen());
+                match h.qkv_into_cache {
+                    true => (
+                        SkinnyTo::QkvIntoCache {
+                            out,
+                            kv: self.kv,
+                            slots: (self.slots.dptr(), self.slots.dlen()),
+                        },
+                        "ln + gemm + bias + kv write",
+                    ),
+                    false => (SkinnyTo::F32 { out, res: None }, "ln + gemm + bias"),
+                }
             }
             _ => return Ok(false),
         };
@@ -338,6 +352,7 @@ impl GpuDecodeForward<'_> {
         let ran =
             h.mk.nt_ln_product(self.s, to, &x, (&lw, &lb), &wt, bias, (n, oc, ic))?;
         if ran {
+            self.kv_written = matches!(to, SkinnyTo::QkvIntoCache { .. });
             self.prof.mark(self.s, what)?;
         }
         Ok(ran)
@@ -400,6 +415,20 @@ impl GpuDecodeForward<'_> {
         let (o, t) = split(self.t, out);
         let mut o = o.view_mut(0..n * oc);
         if let Some(h) = &mut self.half {
+            if linear == Linear::Qkv && h.nt && h.qkv_into_cache {
+                let to = SkinnyTo::QkvIntoCache {
+                    out: (o.dptr(), o.dlen()),
+                    kv: self.kv,
+                    slots: (self.slots.dptr(), self.slots.dlen()),
+                };
+                let (a, wt) = (h.tb[input.index()].view(0..n * ic), h.wb.view(w.clone()));
+                let bias = self.p.view(b.clone());
+                let bias: Option<&dyn DeviceMem<f32>> = Some(&bias);
+                if h.mk.nt_product(self.s, to, &a, &wt, bias, (n, oc, ic))? {
+                    self.kv_written = true;
+                    return self.prof.mark(self.s, "gemm + bias + kv write");
+                }
+            }
             h.product(self.s, &mut o, input, w, &self.p.view(b), None, (n, ic, oc))?;
             return self.prof.mark(self.s, "gemm + bias");
         }
@@ -426,10 +455,12 @@ impl GpuDecodeForward<'_> {
         let n = self.n;
         let (o, t) = split(self.t, out);
         let qkv = t.get(input)?.view(0..n * 3 * c);
-        // Every row's key and value into its page first: a prompt's rows
-        // attend to one another.
-        self.k.kv_write(self.s, self.kv, &qkv, &self.slots, n, c)?;
-        self.prof.mark(self.s, "kv write")?;
+        // Every row's key and value into its page first (unless the QKV
+        // product wrote them): a prompt's rows attend to one another.
+        if !std::mem::take(&mut self.kv_written) {
+            self.k.kv_write(self.s, self.kv, &qkv, &self.slots, n, c)?;
+            self.prof.mark(self.s, "kv write")?;
+        }
         // With bf16 products the kernel narrows its output into the
         // product's bf16 input too where it can.
         let outb = self.half.as_ref().map(|h| {

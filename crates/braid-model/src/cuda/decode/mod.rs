@@ -62,7 +62,7 @@ use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
-use switches::{nt_blocks_from_env, on_unless_off, switched_on};
+use switches::{nt_blocks_from_env, nt_start_from_env, on_unless_off, switched_on};
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
@@ -120,6 +120,10 @@ struct HalfParts {
     /// With `nt`, the LayerNorms read by NT products normalised inside
     /// them (`BRAID_DECODE_FUSED_LN=0`: as kernels of their own).
     ln_into_nt: bool,
+    /// With `nt`, the QKV product on the NT kernel writes the keys and
+    /// values into the cache itself (`BRAID_DECODE_QKV_CACHE=0`: the
+    /// cache-write kernel does).
+    qkv_into_cache: bool,
 }
 
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
@@ -172,6 +176,7 @@ impl HalfParts {
                 let mut mk = MixedKernels::load(device)?;
                 mk.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
                 mk.set_nt_blocks_per_sm(nt_blocks_from_env()?);
+                mk.set_nt_start(nt_start_from_env()?);
                 mk
             },
             gelu_fused: true,
@@ -186,6 +191,7 @@ impl HalfParts {
             tuned,
             nt,
             ln_into_nt: on_unless_off(braid_core::env::BRAID_DECODE_FUSED_LN),
+            qkv_into_cache: on_unless_off(braid_core::env::BRAID_DECODE_QKV_CACHE),
         })
     }
 }
@@ -618,8 +624,10 @@ impl GpuDecoder {
                     skinny: h.skinny.as_mut(),
                     nt: h.nt,
                     ln_into_nt: h.ln_into_nt,
+                    qkv_into_cache: h.qkv_into_cache,
                 }),
                 deferred: None,
+                kv_written: false,
             })?;
             t.swap(Act::X.index(), Act::Out.index());
         }
@@ -1565,23 +1573,39 @@ mod tests {
                 outs[0].to_vec().unwrap()[..n].to_vec()
             );
             // A grid of one block a multiprocessor looping over the groups
-            // of outputs: the same bits.
-            let mut capped = MixedKernels::load(&device).unwrap();
-            capped.set_nt_blocks_per_sm(1);
-            let looped = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
-            let to = SkinnyTo::F32 {
-                out: span(&looped),
-                res: None,
-            };
-            assert!(capped
-                .nt_product(&s, to, &gx, &gw, with_bias, shape)
-                .unwrap());
-            s.synchronize().unwrap();
-            assert_eq!(
-                looped.to_vec().unwrap(),
-                outs[0].to_vec().unwrap(),
-                "{shape:?}"
-            );
+            // of outputs, and every way of starting (launched overlapping):
+            // the same bits.
+            use crate::cuda::mixed::{NtPrefetch, NtStart};
+            let starts = [NtPrefetch::Lines, NtPrefetch::Bulk, NtPrefetch::None]
+                .into_iter()
+                .flat_map(|prefetch| {
+                    [false, true].map(|release_first| NtStart {
+                        release_first,
+                        prefetch,
+                    })
+                });
+            let ways = std::iter::once((1, NtStart::default(), false))
+                .chain(starts.map(|start| (0, start, true)));
+            for (per_sm, start, overlap) in ways {
+                let mut other = MixedKernels::load(&device).unwrap();
+                other.set_nt_blocks_per_sm(per_sm);
+                other.set_nt_start(start);
+                other.set_overlap(overlap);
+                let got = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+                let to = SkinnyTo::F32 {
+                    out: span(&got),
+                    res: None,
+                };
+                assert!(other
+                    .nt_product(&s, to, &gx, &gw, with_bias, shape)
+                    .unwrap());
+                s.synchronize().unwrap();
+                assert_eq!(
+                    got.to_vec().unwrap(),
+                    outs[0].to_vec().unwrap(),
+                    "{shape:?} {per_sm} a multiprocessor, {start:?}"
+                );
+            }
             // The product of LayerNorm(x), the rows normalised in the
             // kernel: against the host's LayerNorm rounded to bf16 and its
             // product, within the rounding of the normalised rows.

@@ -3,6 +3,8 @@
 //! turns on with `1` or `on` (case aside); anything else leaves the
 //! default. Counts are read here too, a bad one refused by name.
 
+use crate::cuda::mixed::{NtPrefetch, NtStart};
+
 /// False where `name` is `0` or `off`, else true.
 pub(super) fn on_unless_off(name: &str) -> bool {
     !std::env::var(name).is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"))
@@ -30,9 +32,39 @@ pub(super) fn nt_blocks_from_env() -> braid_cuda::Result<usize> {
     }
 }
 
+/// `BRAID_DECODE_NT_START`: how the NT products start, words separated by
+/// commas or `+` — `first` or `after` (the kernel behind released before or
+/// after the wait for the one ahead), `lines`, `bulk` or `none` (how the
+/// weights are asked for into L2 meanwhile); unset, the default (after,
+/// lines). An unknown word is refused, naming the variable.
+pub(super) fn nt_start_from_env() -> braid_cuda::Result<NtStart> {
+    let name = braid_core::env::BRAID_DECODE_NT_START;
+    let Ok(v) = std::env::var(name) else {
+        return Ok(NtStart::default());
+    };
+    let mut start = NtStart::default();
+    for word in v.split([',', '+']).map(str::trim).filter(|w| !w.is_empty()) {
+        match word.to_ascii_lowercase().as_str() {
+            "first" => start.release_first = true,
+            "after" => start.release_first = false,
+            "lines" => start.prefetch = NtPrefetch::Lines,
+            "bulk" => start.prefetch = NtPrefetch::Bulk,
+            "none" => start.prefetch = NtPrefetch::None,
+            _ => {
+                return Err(braid_cuda::CudaError::Invalid(format!(
+                    "{name}={v}: `{word}` is not a way to start; give words from \
+                     first|after and lines|bulk|none, separated by commas or +"
+                )))
+            }
+        }
+    }
+    Ok(start)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{nt_blocks_from_env, on_unless_off, switched_on};
+    use super::{nt_blocks_from_env, nt_start_from_env, on_unless_off, switched_on};
+    use crate::cuda::mixed::{NtPrefetch, NtStart};
 
     /// Both spellings, in a variable no other test reads.
     #[test]
@@ -70,6 +102,25 @@ mod tests {
             let e = nt_blocks_from_env().unwrap_err().to_string();
             assert!(e.contains(name) && e.contains(bad), "{e}");
         }
+        std::env::remove_var(name);
+    }
+
+    /// `BRAID_DECODE_NT_START`: the default unset, words read in any
+    /// order, an unknown one refused by name (the one test that sets it).
+    #[test]
+    fn the_nt_start_is_read_or_refused_by_name() {
+        let name = braid_core::env::BRAID_DECODE_NT_START;
+        std::env::remove_var(name);
+        assert_eq!(nt_start_from_env().unwrap(), NtStart::default());
+        std::env::set_var(name, "bulk+ First");
+        let want = NtStart {
+            release_first: true,
+            prefetch: NtPrefetch::Bulk,
+        };
+        assert_eq!(nt_start_from_env().unwrap(), want);
+        std::env::set_var(name, "first,sideways");
+        let e = nt_start_from_env().unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains("sideways"), "{e}");
         std::env::remove_var(name);
     }
 }

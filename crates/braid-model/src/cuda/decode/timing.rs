@@ -5,13 +5,14 @@
 //! heuristic's first choice, cuBLASLt timed over its offers, the skinny
 //! kernel, the skinny kernel launched overlapping the product ahead, the
 //! NT kernel over weights stored output by output (alone, overlapping,
-//! and overlapping with its grid capped at 1 or 2 blocks a multiprocessor)
+//! and overlapping under each other way of starting: the kernel behind
+//! released before the wait, the weights asked for in bulk or not at all)
 //! — each as microseconds a layer and the weights' bytes over that time;
 //! then the logits of a few rows by cuBLASLt and by the NT kernel.
 //! `bench/device/serve.sh products` runs it on a GPU:
 //! `model-tests --ignored --nocapture decode_products_timed`.
 
-use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
+use crate::cuda::mixed::{MixedKernels, NtPrefetch, NtStart, SkinnyScratch, SkinnyTo};
 use braid_cuda::blas::Mat;
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
@@ -26,8 +27,8 @@ enum Way {
     SkinnyOverlapped,
     Nt,
     NtOverlapped,
-    /// Overlapped, the grid capped at this many blocks a multiprocessor.
-    NtOverlappedPerSm(usize),
+    /// Overlapped, started this way.
+    NtOverlappedStarting(NtStart),
 }
 
 /// One model's layer: (input width, output width) of its four products.
@@ -64,16 +65,30 @@ fn decode_products_timed() {
                 Way::SkinnyOverlapped,
                 Way::Nt,
                 Way::NtOverlapped,
-                Way::NtOverlappedPerSm(1),
-                Way::NtOverlappedPerSm(2),
-            ] {
+            ]
+            .into_iter()
+            .chain(
+                [
+                    (true, NtPrefetch::Lines),
+                    (false, NtPrefetch::Bulk),
+                    (true, NtPrefetch::Bulk),
+                    (false, NtPrefetch::None),
+                    (true, NtPrefetch::None),
+                ]
+                .map(|(release_first, prefetch)| {
+                    Way::NtOverlappedStarting(NtStart {
+                        release_first,
+                        prefetch,
+                    })
+                }),
+            ) {
                 let mut mk = MixedKernels::load(&device).unwrap();
                 mk.set_overlap(matches!(
                     way,
-                    Way::SkinnyOverlapped | Way::NtOverlapped | Way::NtOverlappedPerSm(_)
+                    Way::SkinnyOverlapped | Way::NtOverlapped | Way::NtOverlappedStarting(_)
                 ));
-                if let Way::NtOverlappedPerSm(per_sm) = way {
-                    mk.set_nt_blocks_per_sm(per_sm);
+                if let Way::NtOverlappedStarting(start) = way {
+                    mk.set_nt_start(start);
                 }
                 let mut lt = BlasLt::new(&device).unwrap();
                 lt.share_across_rows();
@@ -90,7 +105,7 @@ fn decode_products_timed() {
                             let d = out.view(0..rows * n);
                             if matches!(
                                 way,
-                                Way::Nt | Way::NtOverlapped | Way::NtOverlappedPerSm(_)
+                                Way::Nt | Way::NtOverlapped | Way::NtOverlappedStarting(_)
                             ) {
                                 // (The same bytes read as [n, k].)
                                 let to = SkinnyTo::F32 {
@@ -151,7 +166,15 @@ fn decode_products_timed() {
                 t1.synchronize().unwrap();
                 let ms = t1.elapsed_ms(&t0).unwrap() as f64 / (reps * layers) as f64;
                 let gbs = (per_layer * 2) as f64 / (ms * 1e-3) / 1e9;
-                line += &format!("  {way:?} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
+                let name = match way {
+                    Way::NtOverlappedStarting(st) => format!(
+                        "NtOverlapped[release {}, prefetch {:?}]",
+                        if st.release_first { "first" } else { "after" },
+                        st.prefetch
+                    ),
+                    other => format!("{other:?}"),
+                };
+                line += &format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
             }
             eprintln!("{line}");
         }
