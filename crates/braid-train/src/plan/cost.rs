@@ -115,9 +115,20 @@ pub struct Layout {
     /// The optimizer (master weights, moments, update) in host memory
     /// (`--offload optimizer`).
     pub offload: bool,
+    /// The sequence split over the tensor group (`--sp`; braid's default
+    /// wherever `--tp` runs outside a pipeline,
+    /// [`Layout::braid_sequence_parallel`]; Megatron-LM's 2021 runs had
+    /// none).
+    pub sequence_parallel: bool,
 }
 
 impl Layout {
+    /// Whether `braid train` splits the sequence over the tensor group by
+    /// default for `tp` and `pp`: with `--tp` above 1 outside a pipeline.
+    pub fn braid_sequence_parallel(tp: usize, pp: usize) -> bool {
+        tp > 1 && pp == 1
+    }
+
     /// Ranks a ZeRO stage shards the model states over: the shard group,
     /// or every replica.
     pub fn shard_ranks(&self) -> usize {
@@ -160,11 +171,27 @@ fn act_bytes(tokens: f64, width: f64) -> f64 {
 
 /// The payload of one tensor-group all-reduce (a sublayer's output, one
 /// micro-batch, bf16), and how many run per micro-batch per layer: two
-/// forward, two in the backward pass, two more with recomputation.
+/// forward, two in the backward pass, two more with recomputation, and
+/// under sequence parallelism one more's worth in the backward pass
+/// ([`sequence_parallel_extra`]).
 pub(super) fn tensor_all_reduce(w: &Workload, l: &Layout) -> (f64, f64) {
     let tokens = (l.micro_batch * w.seq) as f64;
-    let per_layer = 2.0 * (2.0 + if l.checkpointing { 1.0 } else { 0.0 });
+    let per_layer =
+        2.0 * (2.0 + if l.checkpointing { 1.0 } else { 0.0 }) + 2.0 * sequence_parallel_extra(l);
     (act_bytes(tokens, w.width as f64), per_layer)
+}
+
+/// The backward pass's tensor communication beyond the forward pass's
+/// under sequence parallelism, as a fraction of the forward's: a layer's
+/// backward pass gathers the two column-parallel products' inputs again
+/// for their weight gradients — six all-gathers and reduce-scatters against the
+/// forward pass's four (counted in a 2.65B `--tp 4` run on 4 H100s: 10.2
+/// activations' worth a layer, 20.6 GB sent a rank a step).
+pub(super) fn sequence_parallel_extra(l: &Layout) -> f64 {
+    match l.tp > 1 && l.sequence_parallel {
+        true => 0.5,
+        false => 0.0,
+    }
 }
 
 /// The payload of one pipeline send (a micro-batch's activation or its
@@ -352,11 +379,12 @@ pub fn predict_with(
     let fwd = f_layers + f_tensor + head / l.pp as f64;
     // (The backward pass all-reduces as often as the forward: its input
     // gradients.)
+    let sp = sequence_parallel_extra(l);
     let bwd =
-        (2.0 + recompute) * f_layers + (1.0 + recompute) * f_tensor + 2.0 * head / l.pp as f64;
+        (2.0 + recompute) * f_layers + (1.0 + recompute + sp) * f_tensor + 2.0 * head / l.pp as f64;
     let m = l.micro_batches;
     let compute_one = f_layers * (3.0 + recompute) + 3.0 * head / l.pp as f64;
-    let tensor_one = f_tensor * (2.0 + recompute);
+    let tensor_one = f_tensor * (2.0 + recompute + sp);
     let (pipeline_s, bubble_s) = match (l.pp, l.schedule) {
         (1, _) | (_, None) => (m as f64 * (fwd + bwd), 0.0),
         (p, Some(kind)) => {
@@ -378,7 +406,8 @@ pub fn predict_with(
                 st.layers.len() as f64 * (layer_f + layer_t) + if st.last { head } else { 0.0 }
             };
             let bwd_of = |st: &Stage| {
-                st.layers.len() as f64 * ((2.0 + recompute) * layer_f + (1.0 + recompute) * layer_t)
+                st.layers.len() as f64
+                    * ((2.0 + recompute) * layer_f + (1.0 + recompute + sp) * layer_t)
                     + if st.last { 2.0 * head } else { 0.0 }
             };
             let send = link_for(hw, l.tp * l.pp).send_s(pipeline_send(w, l));
@@ -482,6 +511,7 @@ mod tests {
                     overlap_data: false,
                     shard_group: None,
                     offload: false,
+                    sequence_parallel: false,
                 };
                 let p = predict(&w, &l, &hw).unwrap();
                 let tflops = w.megatron_flops() / p.step_s / gpus as f64 / 1e12;

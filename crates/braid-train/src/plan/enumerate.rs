@@ -104,6 +104,7 @@ pub fn candidates(
                                     schedule: *sched,
                                     checkpointing: ckpt,
                                     overlap_data: true,
+                                    sequence_parallel: Layout::braid_sequence_parallel(tp, pp),
                                     shard_group,
                                     offload,
                                 };

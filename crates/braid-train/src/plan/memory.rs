@@ -213,6 +213,7 @@ mod tests {
             schedule: None,
             checkpointing: false,
             overlap_data: true,
+            sequence_parallel: false,
             shard_group: None,
             offload: false,
         }

@@ -32,6 +32,7 @@ pub fn plain(dp: usize, tp: usize, pp: usize, micro: usize, m: usize) -> Layout 
         schedule: None,
         checkpointing: false,
         overlap_data: true,
+        sequence_parallel: Layout::braid_sequence_parallel(tp, pp),
         shard_group: None,
         offload: false,
     }

@@ -109,6 +109,7 @@ pub fn predicted(run: &RunLayout, hardware: &str) -> Result<Prediction, String> 
         schedule,
         checkpointing: run.checkpointing,
         overlap_data: true,
+        sequence_parallel: Layout::braid_sequence_parallel(run.tp, run.pp),
         shard_group: run.shard_group,
         offload: run.offload,
     };
