@@ -4,7 +4,7 @@
 //! a wrong size is an error rather than an out-of-bounds kernel.
 
 use super::flash::FlashKernels;
-use super::kernels::VocabRows;
+use super::kernels::{PagedKv, VocabRows};
 use super::sources::SOURCES;
 use braid_cuda::nvrtc::{Function, Module};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
@@ -308,13 +308,13 @@ pub enum SkinnyTo {
     GeluBf16 { out: (u64, usize) },
     /// A QKV product's `out = y` (f32, `[m, 3C]`), each row's key and
     /// value written into the paged cache `kv` as well, at the slot
-    /// `slots[row]` (as [`Kernels::kv_write`](super::Kernels::kv_write)
+    /// `slots[row]` (as [`Kernels::kv_write`](super::kernels::Kernels::kv_write)
     /// writes them, which the step then needs not run): the NT kernel
     /// only. Every slot must lie inside the cache (the caller's check, as
     /// for `kv_write`).
     QkvIntoCache {
         out: (u64, usize),
-        kv: super::PagedKv,
+        kv: PagedKv,
         slots: (u64, usize),
     },
 }
