@@ -199,20 +199,30 @@ pub const BRAID_DECODE_NT_BLOCKS: &str = "BRAID_DECODE_NT_BLOCKS";
 /// start, words separated by commas or `+` — `first` or `after` (the
 /// kernel behind released before or after the wait for the one ahead),
 /// `lines`, `bulk` or `none` (the weights asked for into L2 a line a lane,
-/// by the copy engine in bulk, or not at all); unset, `after,lines`
-/// (measurement only until a GPU has compared them).
+/// by the copy engine in bulk, or not at all); unset, `after,lines`.
+/// Measured on an H100 (2026-12-07), a layer's products at one row
+/// overlapped: 1558M 37.8 µs by the default, 33.6 by `after,none`; 124M
+/// 21.5 by the default, 18.3 by `first,bulk` (BENCHMARKS.md); no default
+/// chosen by size yet.
 pub const BRAID_DECODE_NT_START: &str = "BRAID_DECODE_NT_START";
-/// `0` or `off`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
-/// MLP products run as kernels of their own rather than inside the NT
-/// products of a few rows (each block normalising its rows itself).
+/// `1` or `on`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
+/// MLP products normalised inside the NT products of a few rows (each
+/// block normalising its rows itself) rather than by kernels of their own.
+/// Off by default: on an H100 (2026-12-07) 1558M served one stream at
+/// 3.09 ms a token with it and the QKV product's cache writes, 2.74
+/// without either, and 124M eight streams at 0.93 against 0.73
+/// (BENCHMARKS.md).
 pub const BRAID_DECODE_FUSED_LN: &str = "BRAID_DECODE_FUSED_LN";
-/// `0` or `off`: with `BRAID_DECODE_NT`, a step's keys and values go into
-/// the paged cache by a kernel of their own rather than in the epilogue of
-/// the QKV product on the NT kernel.
+/// `1` or `on`: with `BRAID_DECODE_NT`, a step's keys and values written
+/// into the paged cache in the epilogue of the QKV product on the NT
+/// kernel rather than by a kernel of their own. Off by default: measured
+/// only together with `BRAID_DECODE_FUSED_LN` so far.
 pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
-/// default), 8 or 16 (more for steps of few rows; measurement only until
-/// a GPU has compared them).
+/// default), 8 or 16 (more for steps of few rows). On an H100
+/// (2026-12-07), 16 served 1558M one stream at 2.93 ms a token against
+/// 3.09 with 4 (NT, overlapped, fused LayerNorms), but 64 in flight at
+/// 5,835 tokens/s against 11,038: not a default.
 pub const BRAID_DECODE_PAGE_WARPS: &str = "BRAID_DECODE_PAGE_WARPS";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).

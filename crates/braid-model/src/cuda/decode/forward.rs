@@ -97,11 +97,11 @@ pub(super) struct Half<'a> {
     /// rows on the NT kernel, more by cuBLASLt reading them transposed.
     pub(super) nt: bool,
     /// With `nt`, a LayerNorm read by an NT product normalised inside it
-    /// (no kernel of its own; `BRAID_DECODE_FUSED_LN=0`: not).
+    /// (no kernel of its own; `BRAID_DECODE_FUSED_LN=1`, off by default).
     pub(super) ln_into_nt: bool,
     /// With `nt`, the QKV product on the NT kernel writes the step's keys
     /// and values into the cache in its epilogue (no cache-write kernel;
-    /// `BRAID_DECODE_QKV_CACHE=0`: not).
+    /// `BRAID_DECODE_QKV_CACHE=1`, off by default).
     pub(super) qkv_into_cache: bool,
 }
 

@@ -118,11 +118,12 @@ struct HalfParts {
     /// off by default).
     nt: bool,
     /// With `nt`, the LayerNorms read by NT products normalised inside
-    /// them (`BRAID_DECODE_FUSED_LN=0`: as kernels of their own).
+    /// them (`BRAID_DECODE_FUSED_LN=1`; off by default: slower on an H100,
+    /// BENCHMARKS.md).
     ln_into_nt: bool,
     /// With `nt`, the QKV product on the NT kernel writes the keys and
-    /// values into the cache itself (`BRAID_DECODE_QKV_CACHE=0`: the
-    /// cache-write kernel does).
+    /// values into the cache itself (`BRAID_DECODE_QKV_CACHE=1`; off by
+    /// default until measured alone: the cache-write kernel does).
     qkv_into_cache: bool,
 }
 
@@ -190,8 +191,8 @@ impl HalfParts {
             },
             tuned,
             nt,
-            ln_into_nt: on_unless_off(braid_core::env::BRAID_DECODE_FUSED_LN),
-            qkv_into_cache: on_unless_off(braid_core::env::BRAID_DECODE_QKV_CACHE),
+            ln_into_nt: switched_on(braid_core::env::BRAID_DECODE_FUSED_LN),
+            qkv_into_cache: switched_on(braid_core::env::BRAID_DECODE_QKV_CACHE),
         })
     }
 }
@@ -1023,22 +1024,25 @@ mod tests {
 
     /// The layers' bf16 weights stored transposed (`BRAID_DECODE_NT`): the
     /// steps' few rows and their logits on the NT kernel (the LayerNorms
-    /// before the QKV and MLP products inside it, and with
-    /// `BRAID_DECODE_FUSED_LN=0` as kernels of their own), the prefill's 10
-    /// by cuBLASLt reading the weights transposed; alone and launched
-    /// overlapping, the results within bf16's rounding as before.
+    /// before the QKV and MLP products inside it or as kernels of their
+    /// own, the keys and values written by the QKV product or by their
+    /// own kernel), the prefill's 10 by cuBLASLt reading the weights
+    /// transposed; alone and launched overlapping, the results within
+    /// bf16's rounding as before.
     #[test]
     fn gpu_decoding_with_nt_products_gives_the_cpus_logits() {
-        for (spec, overlap, unfused_ln) in [
-            (SMALL, false, false),
-            (WIDE, false, false),
-            (WIDE, true, false),
-            (WIDE, true, true),
+        for (spec, overlap, fused_ln, qkv_cache) in [
+            (SMALL, false, true, true),
+            (WIDE, false, true, true),
+            (WIDE, true, true, true),
+            (WIDE, true, false, true),
+            (WIDE, true, false, false),
         ] {
             decodes_as_the_cpu(Case {
                 nt: true,
                 overlap,
-                unfused_ln,
+                fused_ln,
+                qkv_cache,
                 ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
             });
         }
@@ -1149,8 +1153,10 @@ mod tests {
         /// The layers' bf16 weights transposed, a few rows' products (and
         /// the logits) on the NT kernel.
         nt: bool,
-        /// With `nt`, the LayerNorms as kernels of their own.
-        unfused_ln: bool,
+        /// With `nt`, the LayerNorms inside the NT products.
+        fused_ln: bool,
+        /// With `nt`, the keys and values written by the QKV product.
+        qkv_cache: bool,
     }
 
     impl Case {
@@ -1165,7 +1171,8 @@ mod tests {
                 skinny: false,
                 overlap: false,
                 nt: false,
-                unfused_ln: false,
+                fused_ln: false,
+                qkv_cache: false,
             }
         }
     }
@@ -1182,7 +1189,8 @@ mod tests {
             skinny,
             overlap,
             nt,
-            unfused_ln,
+            fused_ln,
+            qkv_cache,
         } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
@@ -1205,7 +1213,8 @@ mod tests {
             gpu.half = Some(h.unwrap());
         }
         if let Some(h) = gpu.half.as_mut() {
-            h.ln_into_nt = !unfused_ln;
+            h.ln_into_nt = fused_ln;
+            h.qkv_into_cache = qkv_cache;
         }
         if let (true, Some(h)) = (tuned, gpu.half.as_mut()) {
             h.tuned = true;
