@@ -317,8 +317,14 @@ fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64)
         }
     };
     // LayerNorms, GELU, residuals and their f32 copies: about sixteen
-    // passes over the activation (sequence parallel: its share).
-    let elementwise = 16.0 * act_bytes(tokens, h) / t / (hw.hbm_gbps * 1e9);
+    // passes over the activation (sequence parallel: its share; else the
+    // LayerNorms and residuals run whole on every rank of the group, the
+    // GELU on its share: about twelve passes whole, four shared).
+    let passes = match l.sequence_parallel {
+        true => 16.0 / t,
+        false => 12.0 + 4.0 / t,
+    };
+    let elementwise = passes * act_bytes(tokens, h) / (hw.hbm_gbps * 1e9);
     let tensor = match l.tp {
         1 => 0.0,
         _ => 2.0 * link_for(hw, l.tp).all_reduce_s(tensor_all_reduce(w, l).0, l.tp),

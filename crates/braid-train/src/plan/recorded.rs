@@ -102,11 +102,57 @@ fn runs() -> Vec<Run> {
     ]
 }
 
+/// braid's runs of 2.65B on four H200s, 2026-11-27
+/// (`bench/results/2026-11-27-tp-gpu-h200x4/cross-*.txt`): ZeRO-3 and
+/// `--tp 4` without sequence parallelism at global batches of 4 to 32.
+fn runs_h200() -> Vec<Run> {
+    let mid = (32, 32, 2560);
+    let zero3 = |b: usize| Layout {
+        zero: 3,
+        ..plain(4, 1, 1, b / 4, 1)
+    };
+    let tp4 = |b: usize| Layout {
+        sequence_parallel: false,
+        ..plain(1, 4, 1, b, 1)
+    };
+    let run = |what, global_batch, layout, tokens_per_s| Run {
+        what,
+        model: mid,
+        global_batch,
+        layout,
+        tokens_per_s,
+    };
+    vec![
+        run("2.65B, ZeRO-3 over 4, batch 1 each", 4, zero3(4), 53_954.0),
+        run("2.65B, ZeRO-3 over 4, batch 2 each", 8, zero3(8), 82_247.0),
+        run(
+            "2.65B, ZeRO-3 over 4, batch 4 each",
+            16,
+            zero3(16),
+            99_870.0,
+        ),
+        run(
+            "2.65B, ZeRO-3 over 4, batch 8 each",
+            32,
+            zero3(32),
+            115_758.0,
+        ),
+        run("2.65B, --tp 4 --no-sp, batch 4", 4, tp4(4), 60_057.0),
+        run("2.65B, --tp 4 --no-sp, batch 8", 8, tp4(8), 69_817.0),
+        run("2.65B, --tp 4 --no-sp, batch 16", 16, tp4(16), 75_687.0),
+        run("2.65B, --tp 4 --no-sp, batch 32", 32, tp4(32), 78_772.0),
+    ]
+}
+
 /// Each run's predicted tokens/s and its error against the measured.
 pub(crate) fn table() -> Vec<(&'static str, f64, f64, f64)> {
-    let hw = Hardware::builtin("h100").expect("built in");
-    runs()
-        .into_iter()
+    table_of(runs(), "h100")
+}
+
+/// [`table`] of `runs` on the built-in description `hardware`.
+fn table_of(runs: Vec<Run>, hardware: &str) -> Vec<(&'static str, f64, f64, f64)> {
+    let hw = Hardware::builtin(hardware).expect("built in");
+    runs.into_iter()
         .map(|r| {
             let (layers, heads, width) = r.model;
             let w = gpt(layers, heads, width, r.global_batch);
@@ -137,4 +183,29 @@ fn braids_four_gpu_runs_beside_their_predictions() {
     for (what, _, _, off) in rows.iter().filter(|r| r.0.starts_with("12.85B")) {
         assert!(off.abs() <= 0.10, "{what}: {:+.1} %", 100.0 * off);
     }
+}
+
+/// The four-H200 runs beside the `h200` description's predictions. Today
+/// ZeRO-3 at one sequence a GPU lands within 2 %, but with more the
+/// predictions run 26-42 % fast (the gathers and reduce-scatters that
+/// overlap the passes slow them more than modelled, and one H200 trains
+/// 2.65B no faster than one H100, 29,954 against 29,550 tokens/s, where
+/// the description expects 3 % more), and `--tp 4` without sequence
+/// parallelism 18-23 % fast. The guard keeps the model from drifting
+/// further.
+#[test]
+fn braids_four_h200_runs_beside_their_predictions() {
+    let rows = table_of(runs_h200(), "h200");
+    let text: Vec<String> = rows
+        .iter()
+        .map(|(what, got, measured, off)| {
+            format!(
+                "{what} (4 H200s): predicted {got:.0}, measured {measured:.0} ({:+.1} %)",
+                100.0 * off
+            )
+        })
+        .collect();
+    eprintln!("{}", text.join("\n"));
+    let worst = rows.iter().map(|r| r.3.abs()).fold(0.0, f64::max);
+    assert!(worst <= 0.45, "{}", text.join("\n"));
 }
