@@ -199,11 +199,12 @@ pub const BRAID_DECODE_NT_BLOCKS: &str = "BRAID_DECODE_NT_BLOCKS";
 /// start, words separated by commas or `+` — `first` or `after` (the
 /// kernel behind released before or after the wait for the one ahead),
 /// `lines`, `bulk` or `none` (the weights asked for into L2 a line a lane,
-/// by the copy engine in bulk, or not at all); unset, `after,lines`.
-/// Measured on an H100 (2026-12-07), a layer's products at one row
-/// overlapped: 1558M 37.8 µs by the default, 33.6 by `after,none`; 124M
-/// 21.5 by the default, 18.3 by `first,bulk` (BENCHMARKS.md); no default
-/// chosen by size yet.
+/// by the copy engine in bulk, or not at all), from `after,lines`. Unset,
+/// each product by its weights' size: up to 5 MB `first,bulk`, beyond
+/// `after,none` (`NtStart::for_weights`). Measured on an H100
+/// (2026-12-07), a layer's products at one row overlapped: 1558M 37.8 µs
+/// by `after,lines`, 33.6 by `after,none`; 124M 21.5 by `after,lines`,
+/// 18.3 by `first,bulk` (BENCHMARKS.md).
 pub const BRAID_DECODE_NT_START: &str = "BRAID_DECODE_NT_START";
 /// `1` or `on`: with `BRAID_DECODE_NT`, the LayerNorms before the QKV and
 /// MLP products normalised inside the NT products of a few rows (each

@@ -254,8 +254,9 @@ pub struct MixedKernels {
     /// ([`MixedKernels::set_nt_blocks_per_sm`]).
     nt_blocks_per_sm: usize,
     /// How an NT product starts (mixed.cu's `how` bits;
-    /// [`MixedKernels::set_nt_start`]).
-    nt_start: NtStart,
+    /// [`MixedKernels::set_nt_start`]); `None`, by its weights' size
+    /// ([`NtStart::for_weights`]).
+    nt_start: Option<NtStart>,
 }
 
 /// How an NT product starts, before its sums (which it does not change):
@@ -282,7 +283,32 @@ pub enum NtPrefetch {
     None,
 }
 
+/// Bytes of an NT product's weights up to which it starts by releasing the
+/// kernel behind first and asking for its weights in bulk, and past which
+/// it waits first and asks for nothing ahead. Chosen from the two models
+/// measured on an H100 (2026-12-07, a layer's four products chained at one
+/// row): 124M's products (1.2-4.7 MB) took 18.3 µs the first way against
+/// 20.8 the second, 1558M's (5.1-20.5 MB) 36.7 against 33.6 — small
+/// products are bound by their waits, which asking ahead hides; large
+/// ones by the bandwidth, which asking ahead only contends for.
+pub const NT_ASK_AHEAD_UP_TO: usize = 5_000_000;
+
 impl NtStart {
+    /// The start for a product of `bytes` of weights
+    /// ([`NT_ASK_AHEAD_UP_TO`]).
+    pub fn for_weights(bytes: usize) -> NtStart {
+        match bytes <= NT_ASK_AHEAD_UP_TO {
+            true => NtStart {
+                release_first: true,
+                prefetch: NtPrefetch::Bulk,
+            },
+            false => NtStart {
+                release_first: false,
+                prefetch: NtPrefetch::None,
+            },
+        }
+    }
+
     /// mixed.cu's `how` bits (NT_RELEASE_FIRST 1, NT_BULK_PREFETCH 2,
     /// NT_NO_PREFETCH 4).
     fn bits(self) -> i32 {
@@ -504,7 +530,7 @@ impl MixedKernels {
             sms,
             overlap: false,
             nt_blocks_per_sm: 0,
-            nt_start: NtStart::default(),
+            nt_start: None,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
             permute_grad: f("permute_grad_bf")?,
@@ -625,9 +651,10 @@ impl MixedKernels {
         self.nt_blocks_per_sm = per_sm;
     }
 
-    /// How NT products start from now on ([`NtStart`]; the sums do not
+    /// How NT products start from now on ([`NtStart`]; `None`: each by
+    /// its weights' size, [`NtStart::for_weights`]; the sums do not
     /// change).
-    pub fn set_nt_start(&mut self, start: NtStart) {
+    pub fn set_nt_start(&mut self, start: Option<NtStart>) {
         self.nt_start = start;
     }
 
@@ -1252,7 +1279,11 @@ impl MixedKernels {
             A::I(k as i32),
             A::I(kw as i32),
             A::I(mode),
-            A::I(self.nt_start.bits()),
+            A::I(
+                self.nt_start
+                    .unwrap_or_else(|| NtStart::for_weights(n * k * std::mem::size_of::<bf16>()))
+                    .bits(),
+            ),
         ]);
         args.extend(cache);
         let groups = n.div_ceil(per_block);
@@ -1629,6 +1660,28 @@ impl AdamSegments {
 #[cfg(test)]
 mod tests {
     use super::{nt_split, skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
+    use super::{NtPrefetch, NtStart};
+
+    /// 124M's products (up to 768 x 3072 in bf16) ask for their weights
+    /// ahead, 1558M's (from 1600 x 1600) and the logits do not.
+    #[test]
+    fn nt_products_ask_ahead_only_for_small_weights() {
+        let bf16 = 2;
+        for (k, n) in [(768, 768), (768, 2304), (768, 3072), (3072, 768)] {
+            let s = NtStart::for_weights(k * n * bf16);
+            assert!(
+                s.release_first && s.prefetch == NtPrefetch::Bulk,
+                "{k} x {n}"
+            );
+        }
+        for (k, n) in [(1600, 1600), (1600, 4800), (1600, 6400), (768, 50257)] {
+            let s = NtStart::for_weights(k * n * bf16);
+            assert!(
+                !s.release_first && s.prefetch == NtPrefetch::None,
+                "{k} x {n}"
+            );
+        }
+    }
 
     /// The NT products' warps along K on an H100's 132 multiprocessors:
     /// the fewest for two blocks a multiprocessor, never a slice of K

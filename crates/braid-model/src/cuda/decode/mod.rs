@@ -1598,7 +1598,7 @@ mod tests {
             for (per_sm, start, overlap) in ways {
                 let mut other = MixedKernels::load(&device).unwrap();
                 other.set_nt_blocks_per_sm(per_sm);
-                other.set_nt_start(start);
+                other.set_nt_start(Some(start));
                 other.set_overlap(overlap);
                 let got = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
                 let to = SkinnyTo::F32 {

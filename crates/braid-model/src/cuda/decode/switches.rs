@@ -35,12 +35,14 @@ pub(super) fn nt_blocks_from_env() -> braid_cuda::Result<usize> {
 /// `BRAID_DECODE_NT_START`: how the NT products start, words separated by
 /// commas or `+` — `first` or `after` (the kernel behind released before or
 /// after the wait for the one ahead), `lines`, `bulk` or `none` (how the
-/// weights are asked for into L2 meanwhile); unset, the default (after,
-/// lines). An unknown word is refused, naming the variable.
-pub(super) fn nt_start_from_env() -> braid_cuda::Result<NtStart> {
+/// weights are asked for into L2 meanwhile), from `after,lines`; unset
+/// (`None`), each product's by its weights' size
+/// ([`NtStart::for_weights`]). An unknown word is refused, naming the
+/// variable.
+pub(super) fn nt_start_from_env() -> braid_cuda::Result<Option<NtStart>> {
     let name = braid_core::env::BRAID_DECODE_NT_START;
     let Ok(v) = std::env::var(name) else {
-        return Ok(NtStart::default());
+        return Ok(None);
     };
     let mut start = NtStart::default();
     for word in v.split([',', '+']).map(str::trim).filter(|w| !w.is_empty()) {
@@ -58,7 +60,7 @@ pub(super) fn nt_start_from_env() -> braid_cuda::Result<NtStart> {
             }
         }
     }
-    Ok(start)
+    Ok(Some(start))
 }
 
 #[cfg(test)]
@@ -111,13 +113,19 @@ mod tests {
     fn the_nt_start_is_read_or_refused_by_name() {
         let name = braid_core::env::BRAID_DECODE_NT_START;
         std::env::remove_var(name);
-        assert_eq!(nt_start_from_env().unwrap(), NtStart::default());
+        assert_eq!(nt_start_from_env().unwrap(), None);
         std::env::set_var(name, "bulk+ First");
         let want = NtStart {
             release_first: true,
             prefetch: NtPrefetch::Bulk,
         };
-        assert_eq!(nt_start_from_env().unwrap(), want);
+        assert_eq!(nt_start_from_env().unwrap(), Some(want));
+        std::env::set_var(name, "none");
+        let after_none = NtStart {
+            release_first: false,
+            prefetch: NtPrefetch::None,
+        };
+        assert_eq!(nt_start_from_env().unwrap(), Some(after_none));
         std::env::set_var(name, "first,sideways");
         let e = nt_start_from_env().unwrap_err().to_string();
         assert!(e.contains(name) && e.contains("sideways"), "{e}");

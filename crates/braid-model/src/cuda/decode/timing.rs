@@ -4,9 +4,11 @@
 //! a few rows, by each way the decoder can run them — cuBLASLt on its
 //! heuristic's first choice, cuBLASLt timed over its offers, the skinny
 //! kernel, the skinny kernel launched overlapping the product ahead, the
-//! NT kernel over weights stored output by output (alone, overlapping,
-//! and overlapping under each other way of starting: the kernel behind
-//! released before the wait, the weights asked for in bulk or not at all)
+//! NT kernel over weights stored output by output (alone, overlapping
+//! with each product started by its weights' size, the default, and
+//! overlapping under each way of starting: the kernel behind released
+//! before or after the wait, the weights asked for by line, in bulk or
+//! not at all)
 //! — each as microseconds a layer and the weights' bytes over that time;
 //! then the logits of a few rows by cuBLASLt and by the NT kernel.
 //! `bench/device/serve.sh products` runs it on a GPU:
@@ -69,6 +71,7 @@ fn decode_products_timed() {
             .into_iter()
             .chain(
                 [
+                    (false, NtPrefetch::Lines),
                     (true, NtPrefetch::Lines),
                     (false, NtPrefetch::Bulk),
                     (true, NtPrefetch::Bulk),
@@ -88,7 +91,7 @@ fn decode_products_timed() {
                     Way::SkinnyOverlapped | Way::NtOverlapped | Way::NtOverlappedStarting(_)
                 ));
                 if let Way::NtOverlappedStarting(start) = way {
-                    mk.set_nt_start(start);
+                    mk.set_nt_start(Some(start));
                 }
                 let mut lt = BlasLt::new(&device).unwrap();
                 lt.share_across_rows();
