@@ -3,17 +3,7 @@
 // Reductions are deterministic (fixed order per output, no atomics), so a
 // GPU run repeats bit for bit too.
 
-#define WARP 32
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    return v;
-}
+// (WARP, warp_sum and warp_max come first, from warps.cu.)
 
 // out[n, c] = wte[tokens[n], c] + wpe[n % T, c]
 extern "C" __global__ void encoder_forward(float* out, const unsigned* tokens, const float* wte,

@@ -6,8 +6,9 @@
 // order (per-block partial sums, then a sum over blocks in block order),
 // so runs repeat bit for bit.
 
+// (WARP and warp_sum come first, from warps.cu.)
+
 typedef unsigned short bf16;
-#define WARP 32
 #define GELU_S 0.7978845608028654f
 
 __device__ __forceinline__ float wide(bf16 x) { return __uint_as_float(((unsigned)x) << 16); }
@@ -17,11 +18,6 @@ __device__ __forceinline__ bf16 narrow(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;  // NaN stays NaN
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16)(u >> 16);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
 }
 
 __device__ __forceinline__ float gelu(float x) {
