@@ -219,6 +219,13 @@ pub const BRAID_DECODE_FUSED_LN: &str = "BRAID_DECODE_FUSED_LN";
 /// kernel rather than by a kernel of their own. Off by default: measured
 /// only together with `BRAID_DECODE_FUSED_LN` so far.
 pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
+/// `1` or `on`: with `BRAID_DECODE_NT`, a layer's MLP half of a few rows
+/// (the attention's projection with the residual, LayerNorm 2, both MLP
+/// products) in one kernel whose blocks meet at grid-wide barriers, each
+/// block asking for its share of the next product's weights into L2
+/// before it arrives, rather than four kernels that each wait for the one
+/// ahead. Off by default: not yet run on a GPU.
+pub const BRAID_DECODE_MLP_KERNEL: &str = "BRAID_DECODE_MLP_KERNEL";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
 /// default), 8 or 16 (more for steps of few rows). On an H100
 /// (2026-12-07), 16 served 1558M one stream at 2.93 ms a token against

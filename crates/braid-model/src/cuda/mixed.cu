@@ -1337,21 +1337,15 @@ __device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x,
     nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, cache);
 }
 
-// The same product of the LayerNorm of f32 rows: every block normalises
-// the M rows of xf itself (two passes over a row: its mean, then the
-// squares about it, each summed by thread in order, then over the warps
-// in order) into bf16 in shared memory (M * K of them, dynamic), as
-// ln_forward's do (scale lw, shift lb, epsilon 1e-5), then multiplies
-// them: the LayerNorm's own kernel and its launch saved. The rows go
-// through each pass together, so a block waits at two barriers whatever
-// M is, not two a row.
+// LayerNorm(xf) of M rows of K (scale lw, shift lb, epsilon 1e-5) into
+// bf16 xs (shared memory), every thread of the block taking part: two
+// passes over a row (its mean, then the squares about it, each summed by
+// thread in order, then over the warps in order), as ln_forward's do, the
+// rows going through each pass together (two barriers whatever M is).
 template <int R>
-__device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float* xf,
-                           const float* lw, const float* lb, const bf16* W, const float* bias,
-                           int M, int N, int K, int KW, int mode, int how, NtCache cache) {
-    extern __shared__ bf16 xs[];
+__device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf16* xs, int M,
+                           int K) {
     __shared__ float red[2][R][NT_WARPS];
-    nt_start(W, N, K, KW, how);
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     float mean[R], rs[R];
 #pragma unroll
@@ -1391,6 +1385,19 @@ __device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float
                     narrow((xf[(long)r * K + k] - mean[r]) * rs[r] * lw[k] + lb[k]);
     }
     __syncthreads();
+}
+
+// The same product of the LayerNorm of f32 rows: every block normalises
+// the M rows of xf itself (nt_ln_rows, into M * K bf16 of dynamic shared
+// memory), then multiplies them: the LayerNorm's own kernel and its
+// launch saved.
+template <int R>
+__device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float* xf,
+                           const float* lw, const float* lb, const bf16* W, const float* bias,
+                           int M, int N, int K, int KW, int mode, int how, NtCache cache) {
+    extern __shared__ bf16 xs[];
+    nt_start(W, N, K, KW, how);
+    nt_ln_rows<R>(xf, lw, lb, xs, M, K);
     nt_main<R>(out, outb, res, xs, W, bias, M, N, K, KW, mode, cache);
 }
 
@@ -1419,3 +1426,91 @@ NT_LN_PRODUCT(1)
 NT_LN_PRODUCT(2)
 NT_LN_PRODUCT(4)
 NT_LN_PRODUCT(8)
+
+// ---- a layer's MLP half in one kernel (few rows) --------------------------
+// The attention's projection with the residual, LayerNorm 2, the MLP's
+// first product with its GELU and its second with the residual, as one
+// kernel whose blocks meet at two grid-wide barriers instead of four
+// kernels that each wait for the one ahead. Every block asks for its share
+// of the next product's weights into L2 before it arrives at a barrier,
+// so the weights stream while the slowest block finishes. The sums are
+// the NT products' (nt_group: the same groups of outputs, each whole in
+// one block) and the LayerNorm nt_ln_rows', so the results do not depend
+// on the grid.
+//
+// The grid must be resident at once (one block a multiprocessor at most:
+// the launcher's rule), and `bar` two counters that are zero at launch;
+// the last block out sets them to zero again. A barrier that waits far
+// longer than any step traps, so a grid that cannot all be resident is an
+// error, not a hang.
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Waits until `want` arrivals (gridDim.x a barrier) are counted in bar[0].
+__device__ void grid_barrier(unsigned* bar, unsigned want) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(&bar[0], 1u);
+        long spins = 0;
+        while (load_acquire(&bar[0]) < want) {
+            __nanosleep(64);
+            if (++spins > (1L << 26)) asm volatile("trap;");
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// The last block out sets both counters to zero for the next launch.
+__device__ void grid_leave(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&bar[1], 1u) == gridDim.x - 1) {
+            atomicExch(&bar[0], 0u);
+            atomicExch(&bar[1], 0u);
+        }
+    }
+}
+
+// att bf16 [M, C] (the attention's output), x f32 [M, C] (the residual
+// stream in); x2 f32 [M, C] = att . Wp + bp + x; h bf16 [M, F] =
+// gelu(LayerNorm(x2) . Wf + bf); out f32 [M, C] = h . Wo + bo + x2.
+// Weights [out, in]; kw the products' splits of K (nt_split's).
+template <int R>
+__device__ void nt_mlp_body(float* x2, bf16* h, float* out, const bf16* att, const float* x,
+                            const bf16* Wp, const float* bp, const float* lw, const float* lb,
+                            const bf16* Wf, const float* bf, const bf16* Wo, const float* bo,
+                            unsigned* bar, int M, int C, int F, int kwp, int kwf, int kwo) {
+    extern __shared__ bf16 xs[];
+    NtCache none = {nullptr, nullptr, nullptr, 0};
+    nt_start(Wp, C, C, kwp, NT_RELEASE_FIRST | NT_BULK_PREFETCH);
+    nt_main<R>(x2, nullptr, x, att, Wp, bp, M, C, C, kwp, 1, none);
+    nt_prefetch(Wf, F, C, kwf, NT_BULK_PREFETCH);
+    grid_barrier(bar, gridDim.x);
+    nt_ln_rows<R>(x2, lw, lb, xs, M, C);
+    nt_main<R>(nullptr, h, nullptr, xs, Wf, bf, M, F, C, kwf, 2, none);
+    nt_prefetch(Wo, C, F, kwo, NT_BULK_PREFETCH);
+    grid_barrier(bar, 2 * gridDim.x);
+    nt_main<R>(out, nullptr, x2, h, Wo, bo, M, C, F, kwo, 1, none);
+    grid_leave(bar);
+}
+
+#define NT_MLP(R)                                                                               \
+    extern "C" __global__ void nt_mlp_bf_##R(                                                   \
+        float* x2, bf16* h, float* out, const bf16* att, const float* x, const bf16* Wp,        \
+        const float* bp, const float* lw, const float* lb, const bf16* Wf, const float* bf,     \
+        const bf16* Wo, const float* bo, unsigned* bar, int M, int C, int F, int kwp, int kwf,  \
+        int kwo) {                                                                              \
+        nt_mlp_body<R>(x2, h, out, att, x, Wp, bp, lw, lb, Wf, bf, Wo, bo, bar, M, C, F, kwp,   \
+                       kwf, kwo);                                                               \
+    }
+NT_MLP(1)
+NT_MLP(2)
+NT_MLP(4)
+NT_MLP(8)

@@ -241,6 +241,9 @@ pub struct MixedKernels {
     /// The same of a LayerNorm's output, normalised in the kernel
     /// ([`MixedKernels::nt_ln_product`]).
     nt_ln_gemm: [Function; 4],
+    /// A layer's MLP half of a few rows in one kernel
+    /// ([`MixedKernels::nt_mlp`]).
+    nt_mlp: [Function; 4],
     /// The GPU's multiprocessors (the skinny products' tiles are sized to
     /// cover them).
     sms: usize,
@@ -257,6 +260,28 @@ pub struct MixedKernels {
     /// [`MixedKernels::set_nt_start`]); `None`, by its weights' size
     /// ([`NtStart::for_weights`]).
     nt_start: Option<NtStart>,
+}
+
+/// A layer's MLP half's buffers for [`MixedKernels::nt_mlp`], each as
+/// `(device address, elements)`: its outputs (`x2` f32 `[m, c]`, `h` bf16
+/// `[m, f]`, `out` f32 `[m, c]`), inputs (`att` bf16 `[m, c]`, `x` f32
+/// `[m, c]`), the products' weights `[out, in]` in bf16 and their f32
+/// biases, LayerNorm 2's scale and shift.
+#[derive(Debug, Clone, Copy)]
+pub struct NtMlp {
+    pub x2: (u64, usize),
+    pub h: (u64, usize),
+    pub out: (u64, usize),
+    pub att: (u64, usize),
+    pub x: (u64, usize),
+    pub wp: (u64, usize),
+    pub bp: (u64, usize),
+    pub lw: (u64, usize),
+    pub lb: (u64, usize),
+    pub wf: (u64, usize),
+    pub bf: (u64, usize),
+    pub wo: (u64, usize),
+    pub bo: (u64, usize),
 }
 
 /// How an NT product starts, before its sums (which it does not change):
@@ -527,6 +552,12 @@ impl MixedKernels {
                 f("nt_ln_gemm_bf_4")?,
                 f("nt_ln_gemm_bf_8")?,
             ],
+            nt_mlp: [
+                f("nt_mlp_bf_1")?,
+                f("nt_mlp_bf_2")?,
+                f("nt_mlp_bf_4")?,
+                f("nt_mlp_bf_8")?,
+            ],
             sms,
             overlap: false,
             nt_blocks_per_sm: 0,
@@ -689,8 +720,8 @@ impl MixedKernels {
         // SAFETY: as go's; and the launchers that come here pass kernels
         // that wait for the kernel ahead before any access but reading
         // weights (ln_forward_bf, ln_forward_<width>, skinny_gemm_bf_<R>,
-        // nt_gemm_bf_<R>, nt_ln_gemm_bf_<R>), with the shared memory their
-        // launchers size.
+        // nt_gemm_bf_<R>, nt_ln_gemm_bf_<R>, nt_mlp_bf_<R>), with the
+        // shared memory their launchers size.
         unsafe { f.launch_overlapping(grid, block, shared, s, &mut p) }
     }
 
@@ -1249,6 +1280,92 @@ impl MixedKernels {
             (m, n, k),
             shared,
         )
+    }
+
+    /// A layer's MLP half for `m` rows (up to [`SKINNY_ROWS`]) in one
+    /// kernel whose blocks meet at grid-wide barriers (mixed.cu's
+    /// `nt_mlp_bf_<R>`): `x2 = att · Wp + bp + x`, `h = gelu(LayerNorm(x2)
+    /// · Wf + bf)` in bf16, `out = h · Wo + bo + x2`, the weights stored
+    /// `[out, in]` (the NT layout), widths `c` and `f` (the MLP's). Each
+    /// product's sums are the NT kernel's and the LayerNorm's those of
+    /// [`nt_ln_product`](Self::nt_ln_product). `barrier` holds two
+    /// counters (i32, read as unsigned) that must be zero at launch (the
+    /// kernel leaves them so);
+    /// the grid is a block a multiprocessor at most, so it is resident at
+    /// once. Returns false, launching nothing, where the kernel does not
+    /// apply (more rows, widths not multiples of 8, a LayerNorm's rows past
+    /// 48 KiB of shared memory, unaligned rows or weights).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nt_mlp(
+        &self,
+        s: &Stream,
+        mlp: &NtMlp,
+        barrier: &impl DeviceMem<i32>,
+        (m, c, f): (usize, usize, usize),
+    ) -> Result<bool> {
+        let shared = m * c * std::mem::size_of::<bf16>();
+        if m == 0
+            || m > SKINNY_ROWS
+            || c % 8 != 0
+            || f % 8 != 0
+            || shared > 48 << 10
+            || f > i32::MAX as usize
+            || !aligned16(&[mlp.att.0, mlp.h.0, mlp.wp.0, mlp.wf.0, mlp.wo.0])
+        {
+            return Ok(false);
+        }
+        for (what, (_, len), want) in [
+            ("mlp x2", mlp.x2, m * c),
+            ("mlp h", mlp.h, m * f),
+            ("mlp out", mlp.out, m * c),
+            ("mlp att", mlp.att, m * c),
+            ("mlp x", mlp.x, m * c),
+            ("mlp proj weights", mlp.wp, c * c),
+            ("mlp proj bias", mlp.bp, c),
+            ("mlp LayerNorm scale", mlp.lw, c),
+            ("mlp LayerNorm shift", mlp.lb, c),
+            ("mlp fc weights", mlp.wf, f * c),
+            ("mlp fc bias", mlp.bf, f),
+            ("mlp fc projection weights", mlp.wo, c * f),
+            ("mlp fc projection bias", mlp.bo, c),
+        ] {
+            need(what, len, want)?;
+        }
+        need("mlp barrier", barrier.dlen(), 2)?;
+        let (kwp, kwf, kwo) = (
+            nt_split(c, c, self.sms),
+            nt_split(f, c, self.sms),
+            nt_split(c, f, self.sms),
+        );
+        let mut args = vec![
+            A::P(mlp.x2.0),
+            A::P(mlp.h.0),
+            A::P(mlp.out.0),
+            A::P(mlp.att.0),
+            A::P(mlp.x.0),
+            A::P(mlp.wp.0),
+            A::P(mlp.bp.0),
+            A::P(mlp.lw.0),
+            A::P(mlp.lb.0),
+            A::P(mlp.wf.0),
+            A::P(mlp.bf.0),
+            A::P(mlp.wo.0),
+            A::P(mlp.bo.0),
+            A::P(barrier.dptr()),
+        ];
+        args.extend([m, c, f, kwp, kwf, kwo].map(|v| A::I(v as i32)));
+        let grid = (self.sms as u32, 1, 1);
+        let threads = (NT_WARPS * 32) as u32;
+        let which = instance_for_rows(m);
+        self.go_decode_shared(
+            &self.nt_mlp[which],
+            s,
+            grid,
+            (threads, 1, 1),
+            shared as u32,
+            args,
+        )?;
+        Ok(true)
     }
 
     /// Launches an NT product's instance for `m` rows: `args` its outputs

@@ -125,6 +125,10 @@ struct HalfParts {
     /// values into the cache itself (`BRAID_DECODE_QKV_CACHE=1`; off by
     /// default until measured alone: the cache-write kernel does).
     qkv_into_cache: bool,
+    /// With `nt`, a layer's MLP half of a few rows in one kernel
+    /// (`MixedKernels::nt_mlp`), with its grid barrier's two counters
+    /// (`BRAID_DECODE_MLP_KERNEL=1`; off by default: not yet measured).
+    mlp_barrier: Option<DeviceBuffer<i32>>,
 }
 
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
@@ -193,6 +197,10 @@ impl HalfParts {
             nt,
             ln_into_nt: switched_on(braid_core::env::BRAID_DECODE_FUSED_LN),
             qkv_into_cache: switched_on(braid_core::env::BRAID_DECODE_QKV_CACHE),
+            mlp_barrier: match nt && switched_on(braid_core::env::BRAID_DECODE_MLP_KERNEL) {
+                true => Some(DeviceBuffer::zeros(device, 2)?),
+                false => None,
+            },
         })
     }
 }
@@ -598,7 +606,7 @@ impl GpuDecoder {
             let _t = braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, || {
                 format!("gpu decode layer {l}")
             });
-            block::forward(&mut GpuDecodeForward {
+            let mut fwd = GpuDecodeForward {
                 k,
                 blas: &mut self.blas,
                 s,
@@ -626,10 +634,14 @@ impl GpuDecoder {
                     nt: h.nt,
                     ln_into_nt: h.ln_into_nt,
                     qkv_into_cache: h.qkv_into_cache,
+                    mlp_barrier: h.mlp_barrier.as_ref(),
                 }),
                 deferred: None,
                 kv_written: false,
-            })?;
+                mlp: Vec::new(),
+            };
+            block::forward(&mut fwd)?;
+            fwd.finish()?;
             t.swap(Act::X.index(), Act::Out.index());
         }
         if m == 0 {
@@ -882,7 +894,17 @@ mod tests {
         }
         let mixed =
             braid_cuda::nvrtc::compile_ptx("mixed", crate::cuda::SOURCES[1].1, "compute_90");
-        assert!(mixed.unwrap().contains("prefetch.global.L2"));
+        let mixed = mixed.unwrap();
+        assert!(mixed.contains("prefetch.global.L2"));
+        // The one-kernel MLP half, its grid barrier's acquiring load and
+        // the bulk requests for the next product's weights.
+        for k in ["nt_mlp_bf_1", "nt_mlp_bf_8"] {
+            assert!(
+                mixed.contains(&format!(".entry {k}(")),
+                "{k} is not in the PTX"
+            );
+        }
+        assert!(mixed.contains("ld.acquire.gpu") && mixed.contains("cp.async.bulk.prefetch.L2"));
     }
 
     /// The host's plan of a step: the CPU's refusals and messages, and
@@ -1026,23 +1048,27 @@ mod tests {
     /// steps' few rows and their logits on the NT kernel (the LayerNorms
     /// before the QKV and MLP products inside it or as kernels of their
     /// own, the keys and values written by the QKV product or by their
-    /// own kernel), the prefill's 10 by cuBLASLt reading the weights
-    /// transposed; alone and launched overlapping, the results within
-    /// bf16's rounding as before.
+    /// own kernel, the MLP half of a layer as one kernel or four), the
+    /// prefill's 10 by cuBLASLt reading the weights transposed; alone and
+    /// launched overlapping, the results within bf16's rounding as before.
     #[test]
     fn gpu_decoding_with_nt_products_gives_the_cpus_logits() {
-        for (spec, overlap, fused_ln, qkv_cache) in [
-            (SMALL, false, true, true),
-            (WIDE, false, true, true),
-            (WIDE, true, true, true),
-            (WIDE, true, false, true),
-            (WIDE, true, false, false),
+        for (spec, overlap, fused_ln, qkv_cache, mlp_kernel) in [
+            (SMALL, false, true, true, false),
+            (WIDE, false, true, true, false),
+            (WIDE, true, true, true, false),
+            (WIDE, true, false, true, false),
+            (WIDE, true, false, false, false),
+            (SMALL, false, false, false, true),
+            (WIDE, true, false, false, true),
+            (WIDE, true, true, true, true),
         ] {
             decodes_as_the_cpu(Case {
                 nt: true,
                 overlap,
                 fused_ln,
                 qkv_cache,
+                mlp_kernel,
                 ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
             });
         }
@@ -1157,6 +1183,8 @@ mod tests {
         fused_ln: bool,
         /// With `nt`, the keys and values written by the QKV product.
         qkv_cache: bool,
+        /// With `nt`, the MLP half of a layer in one kernel.
+        mlp_kernel: bool,
     }
 
     impl Case {
@@ -1173,6 +1201,7 @@ mod tests {
                 nt: false,
                 fused_ln: false,
                 qkv_cache: false,
+                mlp_kernel: false,
             }
         }
     }
@@ -1191,6 +1220,7 @@ mod tests {
             nt,
             fused_ln,
             qkv_cache,
+            mlp_kernel,
         } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
@@ -1215,6 +1245,10 @@ mod tests {
         if let Some(h) = gpu.half.as_mut() {
             h.ln_into_nt = fused_ln;
             h.qkv_into_cache = qkv_cache;
+            h.mlp_barrier = match mlp_kernel && h.nt {
+                true => Some(DeviceBuffer::zeros(&device, 2).unwrap()),
+                false => None,
+            };
         }
         if let (true, Some(h)) = (tuned, gpu.half.as_mut()) {
             h.tuned = true;
