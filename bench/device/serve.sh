@@ -72,8 +72,10 @@
 #     layers' weights (124M, 1558M) at 1, 4 and 8 rows, by cuBLASLt (its
 #     heuristic's choice, then timed over its offers), the skinny kernel
 #     (alone and launched overlapping the product ahead), the NT kernel
-#     (alone, overlapping, overlapping with its grid capped at 1 and 2
-#     blocks a multiprocessor): us a layer and GB/s; then the logits
+#     (alone, overlapping with each product started by its weights' size,
+#     and under each fixed way of starting, BRAID_DECODE_NT_START's): us a
+#     layer and GB/s; then a layer's MLP half as four kernels and as one
+#     (BRAID_DECODE_MLP_KERNEL's) at 1 and 8 rows; then the logits
 #     (braid-model's ignored test decode_products_timed).
 #
 #   bash bench/device/serve.sh check serve    # both, in one call

@@ -10,11 +10,13 @@
 //! before or after the wait, the weights asked for by line, in bulk or
 //! not at all)
 //! — each as microseconds a layer and the weights' bytes over that time;
-//! then the logits of a few rows by cuBLASLt and by the NT kernel.
+//! then a layer's MLP half as four kernels and as one
+//! (`MixedKernels::nt_mlp`); then the logits of a few rows by cuBLASLt and
+//! by the NT kernel.
 //! `bench/device/serve.sh products` runs it on a GPU:
 //! `model-tests --ignored --nocapture decode_products_timed`.
 
-use crate::cuda::mixed::{MixedKernels, NtPrefetch, NtStart, SkinnyScratch, SkinnyTo};
+use crate::cuda::mixed::{MixedKernels, NtMlp, NtPrefetch, NtStart, SkinnyScratch, SkinnyTo};
 use braid_cuda::blas::Mat;
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{Device, DeviceBuffer, DeviceMem, Event, Stream};
@@ -181,6 +183,7 @@ fn decode_products_timed() {
             }
             eprintln!("{line}");
         }
+        mlp_half_timed(&device, &s, model, c, layers);
         // The logits of a few rows against the tied embedding ([V, C]):
         // cuBLASLt reading it transposed, and the NT kernel.
         let vocab = 50_257;
@@ -238,5 +241,112 @@ fn decode_products_timed() {
             }
             eprintln!("{line}");
         }
+    }
+}
+
+/// A layer's MLP half (projection with the residual, LayerNorm 2, both MLP
+/// products) chained over `layers` layers of distinct weights at 1 and 8
+/// rows, launched overlapping: as four kernels (three NT products and the
+/// LayerNorm's) and as one (`MixedKernels::nt_mlp`); µs a layer and the
+/// weights' bytes over that time.
+fn mlp_half_timed(device: &Device, s: &Stream, model: &str, c: usize, layers: usize) {
+    let f = 4 * c;
+    let per_layer = c * c + 2 * c * f;
+    let weights = DeviceBuffer::<bf16>::zeros(device, layers * per_layer).unwrap();
+    let zeros = |n: usize| DeviceBuffer::<f32>::zeros(device, n).unwrap();
+    let (x, x2, out, bias) = (zeros(8 * c), zeros(8 * c), zeros(8 * c), zeros(f));
+    let (mut mean, mut rstd) = (zeros(8), zeros(8));
+    let halves = |n: usize| DeviceBuffer::<bf16>::zeros(device, n).unwrap();
+    let (att, mut ln, h) = (halves(8 * c), halves(8 * c), halves(8 * f));
+    let barrier = DeviceBuffer::<i32>::zeros(device, 2).unwrap();
+    let mut mk = MixedKernels::load(device).unwrap();
+    mk.set_overlap(true);
+    let span = |b: &DeviceBuffer<f32>, n: usize| (b.dptr(), n);
+    let half = |b: &DeviceBuffer<bf16>, n: usize| (b.dptr(), n);
+    for rows in [1usize, 8] {
+        let mut line = format!("{model} MLP half, rows {rows}:");
+        for one in [false, true] {
+            let mut chain = || {
+                for l in 0..layers {
+                    // Element offsets of the layer's three weights.
+                    let wp = l * per_layer;
+                    let (wf, wo) = (wp + c * c, wp + c * c + f * c);
+                    let addr = |at: usize| weights.dptr() + (2 * at) as u64;
+                    if one {
+                        let mlp = NtMlp {
+                            x2: span(&x2, rows * c),
+                            h: half(&h, rows * f),
+                            out: span(&out, rows * c),
+                            att: half(&att, rows * c),
+                            x: span(&x, rows * c),
+                            wp: (addr(wp), c * c),
+                            bp: span(&bias, c),
+                            lw: span(&bias, c),
+                            lb: span(&bias, c),
+                            wf: (addr(wf), f * c),
+                            bf: span(&bias, f),
+                            wo: (addr(wo), c * f),
+                            bo: span(&bias, c),
+                        };
+                        assert!(mk.nt_mlp(s, &mlp, &barrier, (rows, c, f)).unwrap());
+                        continue;
+                    }
+                    let view = |at: usize, n: usize| weights.view(at..at + n);
+                    let b: Option<&dyn DeviceMem<f32>> = Some(&bias);
+                    let proj = SkinnyTo::F32 {
+                        out: span(&x2, rows * c),
+                        res: Some(span(&x, rows * c)),
+                    };
+                    let a = att.view(0..rows * c);
+                    assert!(mk
+                        .nt_product(s, proj, &a, &view(wp, c * c), b, (rows, c, c))
+                        .unwrap());
+                    let (lw, lb) = (bias.view(0..c), bias.view(0..c));
+                    let x2v = x2.view(0..rows * c);
+                    mk.layernorm_forward(
+                        s,
+                        &mut ln.view_mut(0..rows * c),
+                        &mut mean,
+                        &mut rstd,
+                        &x2v,
+                        &lw,
+                        &lb,
+                        rows,
+                        c,
+                    )
+                    .unwrap();
+                    let fc = SkinnyTo::GeluBf16 {
+                        out: half(&h, rows * f),
+                    };
+                    let lnv = ln.view(0..rows * c);
+                    assert!(mk
+                        .nt_product(s, fc, &lnv, &view(wf, f * c), b, (rows, f, c))
+                        .unwrap());
+                    let fc2 = SkinnyTo::F32 {
+                        out: span(&out, rows * c),
+                        res: Some(span(&x2, rows * c)),
+                    };
+                    let hv = h.view(0..rows * f);
+                    assert!(mk
+                        .nt_product(s, fc2, &hv, &view(wo, c * f), b, (rows, c, f))
+                        .unwrap());
+                }
+            };
+            chain();
+            s.synchronize().unwrap();
+            let (t0, t1) = (Event::timed(device).unwrap(), Event::timed(device).unwrap());
+            let reps = 20;
+            t0.record(s).unwrap();
+            for _ in 0..reps {
+                chain();
+            }
+            t1.record(s).unwrap();
+            t1.synchronize().unwrap();
+            let ms = t1.elapsed_ms(&t0).unwrap() as f64 / (reps * layers) as f64;
+            let gbs = (per_layer * 2) as f64 / (ms * 1e-3) / 1e9;
+            let name = if one { "one kernel" } else { "four kernels" };
+            line += &format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
+        }
+        eprintln!("{line}");
     }
 }
