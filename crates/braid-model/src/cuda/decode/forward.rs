@@ -11,43 +11,13 @@
 
 use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm, Op};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::{MixedKernels, NtMlp, SkinnyScratch, SkinnyTo, SKINNY_ROWS};
+use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceView, Result, Stream};
 use half::bf16;
-
-/// The operations of a layer's MLP half ([`GpuDecodeForward::offer_or_run`]).
-const MLP_OPS: usize = 5;
-
-/// Whether `op` comes next in a layer's MLP half after `got`: the
-/// attention's projection (with the residual), a LayerNorm of its output,
-/// the MLP's first product of that, the GELU of that, and the second
-/// product of that with the projection's output as its residual.
-fn mlp_follows(got: &[Op], op: Op) -> bool {
-    let out_of = |i: usize| match got[i] {
-        Op::Row { out, .. } | Op::Norm { out, .. } | Op::Column { out, .. } => out,
-        Op::Gelu { out, .. } | Op::Attention { out, .. } => out,
-    };
-    match (got.len(), op) {
-        (0, Op::Row { linear, .. }) => linear == Linear::Proj,
-        (1, Op::Norm { input, .. }) => input == out_of(0),
-        (2, Op::Column { linear, input, .. }) => linear == Linear::Fc && input == out_of(1),
-        (3, Op::Gelu { input, .. }) => input == out_of(2),
-        (
-            4,
-            Op::Row {
-                linear,
-                input,
-                residual,
-                ..
-            },
-        ) => linear == Linear::FcProj && input == out_of(3) && residual == out_of(0),
-        _ => false,
-    }
-}
 
 /// The block's tensors but the one being written, around a hole.
 struct Others<'b> {
@@ -319,7 +289,7 @@ impl BlockForward for GpuDecodeForward<'_> {
 impl GpuDecodeForward<'_> {
     /// Runs `op` now, as the block's order brings it (a LayerNorm read by
     /// an NT product put off to it).
-    fn run_op(&mut self, op: Op) -> Result<()> {
+    pub(super) fn run_op(&mut self, op: Op) -> Result<()> {
         match op {
             Op::Norm { norm, input, out } => {
                 self.flush_norm()?;
@@ -362,113 +332,8 @@ impl GpuDecodeForward<'_> {
         }
     }
 
-    /// `op` gathered into the layer's MLP half where the one-kernel MLP
-    /// is on and it comes next in the half's order (projection, LayerNorm,
-    /// first product, GELU, second product, each reading the one before);
-    /// else what was gathered runs as it came, then `op`.
-    fn offer_or_run(&mut self, op: Op) -> Result<()> {
-        if !self.mlp_kernel_on() {
-            return self.run_op(op);
-        }
-        if !mlp_follows(&self.mlp, op) {
-            self.flush_mlp()?;
-            if !mlp_follows(&self.mlp, op) {
-                return self.run_op(op);
-            }
-        }
-        self.mlp.push(op);
-        if self.mlp.len() == MLP_OPS && !self.run_mlp()? {
-            self.flush_mlp()?;
-        }
-        Ok(())
-    }
-
-    /// Whether the one-kernel MLP may run this step: bf16 NT products with
-    /// the GELU in the first product, its counters, at most a few rows.
-    fn mlp_kernel_on(&self) -> bool {
-        self.n <= SKINNY_ROWS
-            && self
-                .half
-                .as_ref()
-                .is_some_and(|h| h.nt && h.mlp_barrier.is_some() && *h.gelu_fused)
-    }
-
-    /// Runs what was gathered of the MLP half as it came.
-    fn flush_mlp(&mut self) -> Result<()> {
-        for op in std::mem::take(&mut self.mlp) {
-            self.run_op(op)?;
-        }
-        Ok(())
-    }
-
-    /// After the block: anything still put off or gathered runs.
-    pub(super) fn finish(&mut self) -> Result<()> {
-        self.flush_mlp()?;
-        self.flush_norm()
-    }
-
-    /// The gathered MLP half as one kernel; false, launching nothing,
-    /// where it does not apply (the caller runs the operations instead).
-    fn run_mlp(&mut self) -> Result<bool> {
-        let [Op::Row {
-            linear: Linear::Proj,
-            input: att,
-            residual: x,
-            out: x2,
-        }, Op::Norm { norm, .. }, _, Op::Gelu { out: g, .. }, Op::Row {
-            linear: Linear::FcProj,
-            out,
-            ..
-        }] = self.mlp[..]
-        else {
-            return Ok(false);
-        };
-        self.flush_norm()?;
-        let (c, f, n) = (self.w.c, self.w.mlp, self.n);
-        if self.w.attn != c {
-            return Ok(false);
-        }
-        let Some(h) = &self.half else {
-            return Ok(false);
-        };
-        let Some(barrier) = h.mlp_barrier else {
-            return Ok(false);
-        };
-        let buf = |b: &DeviceBuffer<f32>, len: usize| (b.dptr(), len.min(b.dlen()));
-        let bfb = |b: &DeviceBuffer<bf16>, len: usize| (b.dptr(), len.min(b.dlen()));
-        let param = |r: std::ops::Range<usize>| (self.p.dptr() + 4 * r.start as u64, r.len());
-        let weight = |r: std::ops::Range<usize>| (h.wb.dptr() + 2 * r.start as u64, r.len());
-        let ((wp, bp), (wf, bf), (wo, bo)) = (
-            self.r.linear(Linear::Proj),
-            self.r.linear(Linear::Fc),
-            self.r.linear(Linear::FcProj),
-        );
-        let (lw, lb) = self.r.norm(norm);
-        let mlp = NtMlp {
-            x2: buf(&self.t[x2.index()], n * c),
-            h: bfb(&h.tb[g.index()], n * f),
-            out: buf(&self.t[out.index()], n * c),
-            att: bfb(&h.tb[att.index()], n * c),
-            x: buf(&self.t[x.index()], n * c),
-            wp: weight(wp),
-            bp: param(bp),
-            lw: param(lw),
-            lb: param(lb),
-            wf: weight(wf),
-            bf: param(bf),
-            wo: weight(wo),
-            bo: param(bo),
-        };
-        if !h.mk.nt_mlp(self.s, &mlp, barrier, (n, c, f))? {
-            return Ok(false);
-        }
-        self.mlp.clear();
-        self.prof.mark(self.s, "mlp kernel")?;
-        Ok(true)
-    }
-
     /// Runs a put-off LayerNorm, if any, as its own kernel.
-    fn flush_norm(&mut self) -> Result<()> {
+    pub(super) fn flush_norm(&mut self) -> Result<()> {
         match self.deferred.take() {
             Some((norm, input, out)) => self.run_norm(norm, input, out),
             None => Ok(()),
@@ -718,41 +583,5 @@ impl GpuDecodeForward<'_> {
             &t.get(residual)?.view(0..n * oc),
         )?;
         self.prof.mark(self.s, "residual add")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{mlp_follows, MLP_OPS};
-    use crate::block::{Act, Linear, Op, BLOCK};
-
-    /// In the block's order the MLP half is its last five operations,
-    /// taken one after another from its projection on, and nothing before
-    /// the projection starts it.
-    #[test]
-    fn the_mlp_half_is_the_blocks_last_five_operations() {
-        let start = BLOCK.len() - MLP_OPS;
-        let mut got: Vec<Op> = Vec::new();
-        for (i, &op) in BLOCK.iter().enumerate() {
-            assert_eq!(mlp_follows(&got, op), i >= start, "{i}: {op:?}");
-            if i >= start {
-                got.push(op);
-            }
-        }
-        assert_eq!(got.len(), MLP_OPS);
-        // A second product whose residual is not the projection's output,
-        // or a GELU of something else, breaks the half.
-        let wrong_residual = Op::Row {
-            linear: Linear::FcProj,
-            input: Act::Gelu,
-            residual: Act::X,
-            out: Act::Out,
-        };
-        assert!(!mlp_follows(&got[..4], wrong_residual));
-        let wrong_gelu = Op::Gelu {
-            input: Act::Ln2,
-            out: Act::Gelu,
-        };
-        assert!(!mlp_follows(&got[..3], wrong_gelu));
     }
 }

@@ -33,6 +33,7 @@
 
 mod forward;
 mod graphs;
+mod mlp_half;
 mod pages;
 mod plan;
 mod scratch;
