@@ -253,7 +253,12 @@ impl Checkpointer {
         let root = &opts.root;
         std::fs::create_dir_all(root)
             .map_err(|e| format!("--ckpt-dir {}: could not be created: {e}", root.display()))?;
-        let probe = root.join(format!(".probe-rank{rank}"));
+        // A name of this call's own: a parameter server's workers all
+        // check the root as rank 0, and two probes of one name race (one
+        // removes the other's file).
+        static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = root.join(format!(".probe-rank{rank}-{}-{n}", std::process::id()));
         std::fs::write(&probe, b"")
             .and_then(|_| std::fs::remove_file(&probe))
             .map_err(|e| format!("--ckpt-dir {}: could not be written: {e}", root.display()))?;
@@ -733,5 +738,51 @@ fn join(h: JoinHandle<Written>, staging: &mut Option<Staging>) -> Result<(u64, f
             r
         }
         Err(_) => Err("the checkpoint writer thread panicked".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Checkpointer, SaveOptions};
+
+    /// Many checkpointers opened at once on one root as the same rank (a
+    /// parameter server's workers each check the root as rank 0): every
+    /// one finds it writable, and no probe is left behind.
+    #[test]
+    fn checkpointers_of_one_rank_check_one_root_at_once() {
+        let root = std::env::temp_dir().join(format!("braid-probe-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let opened: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        for _ in 0..50 {
+                            let opts = SaveOptions {
+                                root: root.clone(),
+                                every: 0,
+                                keep: 0,
+                                at_end: false,
+                            };
+                            Checkpointer::new(
+                                opts,
+                                0,
+                                1,
+                                "test".into(),
+                                serde_json::Value::Null,
+                                false,
+                            )?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for r in opened {
+            r.unwrap();
+        }
+        let left = std::fs::read_dir(&root).unwrap().count();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(left, 0, "probes left in the root");
     }
 }
