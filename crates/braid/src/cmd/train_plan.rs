@@ -34,6 +34,11 @@ pub struct RunLayout {
     pub micro_batches: usize,
     /// A pipeline's schedule by name.
     pub schedule: Option<String>,
+    /// Whether the run split the sequence over its tensor groups (`None`
+    /// in descriptions written before it was recorded: braid's default
+    /// for its `--tp` and `--pp` then).
+    #[serde(default)]
+    pub sequence_parallel: Option<bool>,
     /// The GPU's name, on a bf16 GPU run (`None`: no prediction).
     pub gpu: Option<String>,
 }
@@ -71,6 +76,7 @@ impl RunLayout {
             },
             micro_batches,
             schedule: a.schedule.clone(),
+            sequence_parallel: Some(c.sequence),
             gpu,
         }
     }
@@ -109,7 +115,9 @@ pub fn predicted(run: &RunLayout, hardware: &str) -> Result<Prediction, String> 
         schedule,
         checkpointing: run.checkpointing,
         overlap_data: true,
-        sequence_parallel: Layout::braid_sequence_parallel(run.tp, run.pp),
+        sequence_parallel: run
+            .sequence_parallel
+            .unwrap_or_else(|| Layout::braid_sequence_parallel(run.tp, run.pp)),
         shard_group: run.shard_group,
         offload: run.offload,
     };
@@ -174,8 +182,31 @@ mod tests {
             micro_batch: 8,
             micro_batches: if pp > 1 { 2 * pp } else { 1 },
             schedule: None,
+            sequence_parallel: None,
             gpu: Some("NVIDIA H100 80GB HBM3".into()),
         }
+    }
+
+    /// A `--tp` run's sequence parallelism as it ran: `--no-sp` predicted
+    /// with the LayerNorms whole on every rank and no extra gathers, a
+    /// description from before the field by braid's default.
+    #[test]
+    fn a_tensor_parallel_runs_sequence_split_is_predicted_as_it_ran() {
+        let mut tp = run(1, 4, 1, 0);
+        let default = predicted(&tp, "h100").unwrap();
+        tp.sequence_parallel = Some(true);
+        assert_eq!(predicted(&tp, "h100").unwrap().step_s, default.step_s);
+        tp.sequence_parallel = Some(false);
+        let whole = predicted(&tp, "h100").unwrap();
+        assert_ne!(whole.step_s, default.step_s);
+        assert!(whole.tensor_comm_s < default.tensor_comm_s);
+        let old: RunLayout = serde_json::from_value({
+            let mut v = serde_json::to_value(run(1, 4, 1, 0)).unwrap();
+            v.as_object_mut().unwrap().remove("sequence_parallel");
+            v
+        })
+        .unwrap();
+        assert_eq!(old.sequence_parallel, None);
     }
 
     #[test]
