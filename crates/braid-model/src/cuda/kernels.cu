@@ -370,18 +370,7 @@ extern "C" __global__ void decode_embed(float* out, const int* tokens, const int
     out[i] = wte[(long)tokens[n] * C + c] + wpe[(long)pos[n] * C + c];
 }
 
-// The KV cache's element: f32, or bf16 held in a 16-bit word (widened
-// exactly; narrowed to the nearest, ties to even, as the host's
-// half::bf16::from_f32 does for every finite value).
-__device__ __forceinline__ float kv_load(const float* p, long i) { return p[i]; }
-__device__ __forceinline__ float kv_load(const unsigned short* p, long i) {
-    return __uint_as_float((unsigned)p[i] << 16);
-}
-__device__ __forceinline__ void kv_store(float* p, long i, float x) { p[i] = x; }
-__device__ __forceinline__ void kv_store(unsigned short* p, long i, float x) {
-    unsigned u = __float_as_uint(x);
-    p[i] = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+// (kv_load and kv_store, the KV cache's element, come first, from kv.cu.)
 
 // Each row's key and value (qkv [N, 3C]: q, k, v) into its slot:
 // kc[slots[n], c] = qkv[n, C + c]; vc[slots[n], c] = qkv[n, 2C + c].

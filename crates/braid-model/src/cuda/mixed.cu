@@ -1154,12 +1154,13 @@ SKINNY(8)
 // checks). A block of NT_WARPS warps takes groups of outputs in turn
 // (blockIdx.x, then every gridDim.x-th: one each where the grid covers
 // them): KW warps (a power of two) split K, NT_WARPS / KW split the
-// group's outputs, each warp taking NT_OUT outputs of its slice of K; lane l takes the slice's elements 8 l + 8 WARP i (one
-// 16-byte load of a weight row, and of each x row, per i), two i at a time.
-// A warp's lanes are summed by a fixed butterfly and the KW warps of an
-// output in order through shared memory, so a row's result depends on
-// neither the other rows nor the timing. Before waiting for the kernel
-// ahead (overlapped launches) the block asks for its weights into L2.
+// group's outputs, each warp taking NT_OUT outputs of its slice of K;
+// lane l takes the slice's elements 8 l + 8 WARP i (one 16-byte load of a
+// weight row, and of each x row, per i), two i at a time. A warp's lanes
+// are summed by a fixed butterfly and the KW warps of an output in order
+// through shared memory, so a row's result depends on neither the other
+// rows nor the timing. Before waiting for the kernel ahead (overlapped
+// launches) the block asks for its weights into L2 as `how` says.
 // Epilogue (mode) 0: out = y + bias; 1: out = y + bias + res; 2: outb =
 // bf16(gelu(y + bias)); 3: as 0, and the keys and values (outputs C to 3C
 // of a QKV product) into the paged cache too (NtCache); bias null: no bias.
@@ -1222,7 +1223,7 @@ __device__ __forceinline__ void nt_start(const bf16* W, int N, int K, int KW, in
 
 // Where the QKV product's epilogue (mode 3) also writes each row's key and
 // value: the paged cache's keys k and values v (bf16 when bf16 is set,
-// else f32), row r's slot slots[r]; as kv_write does, rounding alike.
+// else f32), row r's slot slots[r]; by kv.cu's kv_store, as kv_write.
 struct NtCache {
     void* k;
     void* v;
@@ -1237,12 +1238,10 @@ __device__ __forceinline__ void nt_cache_store(NtCache c, int r, int n, int N, f
     if (n < C) return;
     long at = (long)c.slots[r] * C + n % C;
     void* to = n < 2 * C ? c.k : c.v;
-    if (c.bf16) {
-        unsigned u = __float_as_uint(y);
-        ((unsigned short*)to)[at] = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    } else {
-        ((float*)to)[at] = y;
-    }
+    if (c.bf16)
+        kv_store((unsigned short*)to, at, y);
+    else
+        kv_store((float*)to, at, y);
 }
 
 // One group of outputs: NT_WARPS / KW warps of NT_OUT outputs.

@@ -1,15 +1,16 @@
 //! [`SOURCES`]: the GPU engine's kernel sources (CUDA C), by name.
 
-/// Every kernel source: (name, CUDA C). The model's two begin with
-/// `warps.cu` (the warp's width and reductions they share) and
-/// `overlap.cu` (the helpers of kernels launched overlapping the one
-/// ahead).
+/// Every kernel source: (name, CUDA C). The model's two begin with what
+/// they share: `warps.cu` (the warp's width and reductions), `overlap.cu`
+/// (the helpers of kernels launched overlapping the one ahead) and `kv.cu`
+/// (the KV cache's element).
 pub const SOURCES: [(&str, &str); 3] = [
     (
         "kernels",
         concat!(
             include_str!("warps.cu"),
             include_str!("overlap.cu"),
+            include_str!("kv.cu"),
             include_str!("kernels.cu")
         ),
     ),
@@ -18,6 +19,7 @@ pub const SOURCES: [(&str, &str); 3] = [
         concat!(
             include_str!("warps.cu"),
             include_str!("overlap.cu"),
+            include_str!("kv.cu"),
             include_str!("mixed.cu")
         ),
     ),
