@@ -1290,12 +1290,11 @@ impl MixedKernels {
     /// product's sums are the NT kernel's and the LayerNorm's those of
     /// [`nt_ln_product`](Self::nt_ln_product). `barrier` holds two
     /// counters (i32, read as unsigned) that must be zero at launch (the
-    /// kernel leaves them so);
-    /// the grid is a block a multiprocessor at most, so it is resident at
-    /// once. Returns false, launching nothing, where the kernel does not
-    /// apply (more rows, widths not multiples of 8, a LayerNorm's rows past
-    /// 48 KiB of shared memory, unaligned rows or weights).
-    #[allow(clippy::too_many_arguments)]
+    /// kernel leaves them so); the grid is a block a multiprocessor at
+    /// most, so it is resident at once. Returns false, launching nothing,
+    /// where the kernel does not apply (more rows, widths not multiples of
+    /// 8, a LayerNorm's rows past 48 KiB of shared memory, unaligned rows
+    /// or weights).
     pub fn nt_mlp(
         &self,
         s: &Stream,
@@ -1314,7 +1313,8 @@ impl MixedKernels {
         {
             return Ok(false);
         }
-        for (what, (_, len), want) in [
+        // The buffers in the kernel's order, each with the elements it needs.
+        let buffers = [
             ("mlp x2", mlp.x2, m * c),
             ("mlp h", mlp.h, m * f),
             ("mlp out", mlp.out, m * c),
@@ -1328,7 +1328,8 @@ impl MixedKernels {
             ("mlp fc bias", mlp.bf, f),
             ("mlp fc projection weights", mlp.wo, c * f),
             ("mlp fc projection bias", mlp.bo, c),
-        ] {
+        ];
+        for (what, (_, len), want) in buffers {
             need(what, len, want)?;
         }
         need("mlp barrier", barrier.dlen(), 2)?;
@@ -1337,22 +1338,8 @@ impl MixedKernels {
             nt_split(f, c, self.sms),
             nt_split(c, f, self.sms),
         );
-        let mut args = vec![
-            A::P(mlp.x2.0),
-            A::P(mlp.h.0),
-            A::P(mlp.out.0),
-            A::P(mlp.att.0),
-            A::P(mlp.x.0),
-            A::P(mlp.wp.0),
-            A::P(mlp.bp.0),
-            A::P(mlp.lw.0),
-            A::P(mlp.lb.0),
-            A::P(mlp.wf.0),
-            A::P(mlp.bf.0),
-            A::P(mlp.wo.0),
-            A::P(mlp.bo.0),
-            A::P(barrier.dptr()),
-        ];
+        let mut args: Vec<A> = buffers.iter().map(|(_, (at, _), _)| A::P(*at)).collect();
+        args.push(A::P(barrier.dptr()));
         args.extend([m, c, f, kwp, kwf, kwo].map(|v| A::I(v as i32)));
         let grid = (self.sms as u32, 1, 1);
         let threads = (NT_WARPS * 32) as u32;

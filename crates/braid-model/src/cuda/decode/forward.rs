@@ -19,6 +19,17 @@ use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceView, Result, Stream};
 use half::bf16;
 
+/// The QKV product's target where it writes the step's keys and values
+/// into the cache `kv` itself (each row's at its slot), its rows into
+/// `out`.
+fn into_cache(out: (u64, usize), kv: PagedKv, slots: &DeviceView<'_, i32>) -> SkinnyTo {
+    SkinnyTo::QkvIntoCache {
+        out,
+        kv,
+        slots: (slots.dptr(), slots.dlen()),
+    }
+}
+
 /// The block's tensors but the one being written, around a hole.
 struct Others<'b> {
     lo: &'b [DeviceBuffer<f32>],
@@ -376,11 +387,7 @@ impl GpuDecodeForward<'_> {
                 let out = (d.dptr(), d.dlen());
                 match h.qkv_into_cache {
                     true => (
-                        SkinnyTo::QkvIntoCache {
-                            out,
-                            kv: self.kv,
-                            slots: (self.slots.dptr(), self.slots.dlen()),
-                        },
+                        into_cache(out, self.kv, &self.slots),
                         "ln + gemm + bias + kv write",
                     ),
                     false => (SkinnyTo::F32 { out, res: None }, "ln + gemm + bias"),
@@ -457,11 +464,7 @@ impl GpuDecodeForward<'_> {
         let mut o = o.view_mut(0..n * oc);
         if let Some(h) = &mut self.half {
             if linear == Linear::Qkv && h.nt && h.qkv_into_cache {
-                let to = SkinnyTo::QkvIntoCache {
-                    out: (o.dptr(), o.dlen()),
-                    kv: self.kv,
-                    slots: (self.slots.dptr(), self.slots.dlen()),
-                };
+                let to = into_cache((o.dptr(), o.dlen()), self.kv, &self.slots);
                 let (a, wt) = (h.tb[input.index()].view(0..n * ic), h.wb.view(w.clone()));
                 let bias = self.p.view(b.clone());
                 let bias: Option<&dyn DeviceMem<f32>> = Some(&bias);

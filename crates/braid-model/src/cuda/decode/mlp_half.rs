@@ -7,8 +7,14 @@
 use super::forward::GpuDecodeForward;
 use crate::block::{Linear, Op};
 use crate::cuda::mixed::{NtMlp, SKINNY_ROWS};
-use braid_cuda::{DeviceBuffer, DeviceMem, Result};
-use half::bf16;
+use braid_core::Element;
+use braid_cuda::{DeviceMem, Result};
+use std::ops::Range;
+
+/// A buffer as the few-rows kernels take it: (device address, elements).
+fn span<T: Element>(b: &impl DeviceMem<T>) -> (u64, usize) {
+    (b.dptr(), b.dlen())
+}
 
 /// The operations of a layer's MLP half ([`GpuDecodeForward::offer_or_run`]).
 const MLP_OPS: usize = 5;
@@ -113,10 +119,8 @@ impl GpuDecodeForward<'_> {
         let Some(barrier) = h.mlp_barrier else {
             return Ok(false);
         };
-        let buf = |b: &DeviceBuffer<f32>, len: usize| (b.dptr(), len.min(b.dlen()));
-        let bfb = |b: &DeviceBuffer<bf16>, len: usize| (b.dptr(), len.min(b.dlen()));
-        let param = |r: std::ops::Range<usize>| (self.p.dptr() + 4 * r.start as u64, r.len());
-        let weight = |r: std::ops::Range<usize>| (h.wb.dptr() + 2 * r.start as u64, r.len());
+        let param = |r: Range<usize>| span(&self.p.view(r));
+        let weight = |r: Range<usize>| span(&h.wb.view(r));
         let ((wp, bp), (wf, bf), (wo, bo)) = (
             self.r.linear(Linear::Proj),
             self.r.linear(Linear::Fc),
@@ -124,11 +128,11 @@ impl GpuDecodeForward<'_> {
         );
         let (lw, lb) = self.r.norm(norm);
         let mlp = NtMlp {
-            x2: buf(&self.t[x2.index()], n * c),
-            h: bfb(&h.tb[g.index()], n * f),
-            out: buf(&self.t[out.index()], n * c),
-            att: bfb(&h.tb[att.index()], n * c),
-            x: buf(&self.t[x.index()], n * c),
+            x2: span(&self.t[x2.index()]),
+            h: span(&h.tb[g.index()]),
+            out: span(&self.t[out.index()]),
+            att: span(&h.tb[att.index()]),
+            x: span(&self.t[x.index()]),
             wp: weight(wp),
             bp: param(bp),
             lw: param(lw),

@@ -155,22 +155,9 @@ fn decode_products_timed() {
                         }
                     }
                 };
-                // Plans made (and offers timed) outside the measurement.
-                chain(&mut lt);
-                s.synchronize().unwrap();
-                let (t0, t1) = (
-                    Event::timed(&device).unwrap(),
-                    Event::timed(&device).unwrap(),
-                );
-                let reps = 20;
-                t0.record(&s).unwrap();
-                for _ in 0..reps {
-                    chain(&mut lt);
-                }
-                t1.record(&s).unwrap();
-                t1.synchronize().unwrap();
-                let ms = t1.elapsed_ms(&t0).unwrap() as f64 / (reps * layers) as f64;
-                let gbs = (per_layer * 2) as f64 / (ms * 1e-3) / 1e9;
+                // (The first run, untimed, makes the plans and times the
+                // offers.)
+                let ms = ms_per_run(&device, &s, || chain(&mut lt)) / layers as f64;
                 let name = match way {
                     Way::NtOverlappedStarting(st) => format!(
                         "NtOverlapped[release {}, prefetch {:?}]",
@@ -179,7 +166,7 @@ fn decode_products_timed() {
                     ),
                     other => format!("{other:?}"),
                 };
-                line += &format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
+                line += &entry(&name, ms, per_layer * 2);
             }
             eprintln!("{line}");
         }
@@ -197,7 +184,7 @@ fn decode_products_timed() {
             let d = Mat::of(&logits.view(0..rows * vocab), vocab);
             let mut line = format!("{model} logits, rows {rows}:");
             for nt in [false, true] {
-                let mut once = || {
+                let once = || {
                     if nt {
                         let to = SkinnyTo::F32 {
                             out: (logits.dptr(), rows * vocab),
@@ -222,22 +209,8 @@ fn decode_products_timed() {
                         lt.gemm(&s, &g).unwrap();
                     }
                 };
-                once();
-                s.synchronize().unwrap();
-                let (t0, t1) = (
-                    Event::timed(&device).unwrap(),
-                    Event::timed(&device).unwrap(),
-                );
-                t0.record(&s).unwrap();
-                for _ in 0..20 {
-                    once();
-                }
-                t1.record(&s).unwrap();
-                t1.synchronize().unwrap();
-                let ms = t1.elapsed_ms(&t0).unwrap() as f64 / 20.0;
-                let gbs = (vocab * c * 2) as f64 / (ms * 1e-3) / 1e9;
-                let name = if nt { "Nt" } else { "cuBLASLt" };
-                line += &format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
+                let ms = ms_per_run(&device, &s, once);
+                line += &entry(if nt { "Nt" } else { "cuBLASLt" }, ms, vocab * c * 2);
             }
             eprintln!("{line}");
         }
@@ -266,7 +239,7 @@ fn mlp_half_timed(device: &Device, s: &Stream, model: &str, c: usize, layers: us
     for rows in [1usize, 8] {
         let mut line = format!("{model} MLP half, rows {rows}:");
         for one in [false, true] {
-            let mut chain = || {
+            let chain = || {
                 for l in 0..layers {
                     // Element offsets of the layer's three weights.
                     let wp = l * per_layer;
@@ -332,21 +305,35 @@ fn mlp_half_timed(device: &Device, s: &Stream, model: &str, c: usize, layers: us
                         .unwrap());
                 }
             };
-            chain();
-            s.synchronize().unwrap();
-            let (t0, t1) = (Event::timed(device).unwrap(), Event::timed(device).unwrap());
-            let reps = 20;
-            t0.record(s).unwrap();
-            for _ in 0..reps {
-                chain();
-            }
-            t1.record(s).unwrap();
-            t1.synchronize().unwrap();
-            let ms = t1.elapsed_ms(&t0).unwrap() as f64 / (reps * layers) as f64;
-            let gbs = (per_layer * 2) as f64 / (ms * 1e-3) / 1e9;
-            let name = if one { "one kernel" } else { "four kernels" };
-            line += &format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3);
+            let ms = ms_per_run(device, s, chain) / layers as f64;
+            line += &entry(
+                if one { "one kernel" } else { "four kernels" },
+                ms,
+                per_layer * 2,
+            );
         }
         eprintln!("{line}");
     }
+}
+
+/// Milliseconds a run of `run` takes on `s`: once untimed, then the mean
+/// of 20 between two events.
+fn ms_per_run(device: &Device, s: &Stream, mut run: impl FnMut()) -> f64 {
+    run();
+    s.synchronize().unwrap();
+    let (t0, t1) = (Event::timed(device).unwrap(), Event::timed(device).unwrap());
+    let reps = 20;
+    t0.record(s).unwrap();
+    for _ in 0..reps {
+        run();
+    }
+    t1.record(s).unwrap();
+    t1.synchronize().unwrap();
+    t1.elapsed_ms(&t0).unwrap() as f64 / reps as f64
+}
+
+/// One way's figure on a line: `name`, µs, and `bytes` over that time.
+fn entry(name: &str, ms: f64, bytes: usize) -> String {
+    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+    format!("  {name} {:.1} us ({gbs:.0} GB/s)", ms * 1e3)
 }
