@@ -52,7 +52,10 @@
 #     without graphs; "block" is f32 without graphs with the first
 #     attention kernel, BRAID_DECODE_ATTENTION=block; "kvbf16" the default
 #     over a bf16 KV cache, "kvbf16nographs" that without graphs, "warps"
-#     that with the warp-per-position attention; PROFILE_MODEL=1558m
+#     that with the warp-per-position attention; "nt" the default with
+#     BRAID_DECODE_NT=1 and BRAID_DECODE_OVERLAP=1, "ntnographs" that
+#     without graphs, "ntcachenographs" that with BRAID_DECODE_QKV_CACHE=1;
+#     PROFILE_MODEL=1558m
 #     profiles GPT-2 1558M instead of 124M): where a decode
 #     step's time goes. Its figures are not the benchmark's (the timing events cost
 #     time of their own).
@@ -366,6 +369,10 @@ phase_profile() {
     kvbf16nographs) envs+=(BRAID_DECODE_KV=bf16 BRAID_DECODE_GRAPHS=0) ;;
     warps) envs+=(BRAID_DECODE_KV=bf16 BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=warps) ;;
     block) envs+=(BRAID_DECODE_GRAPHS=0 BRAID_DECODE_ATTENTION=block BRAID_DECODE_PICKS=0) dt=f32 ;;
+    nt) envs+=(BRAID_DECODE_NT=1 BRAID_DECODE_OVERLAP=1) ;;
+    ntnographs) envs+=(BRAID_DECODE_NT=1 BRAID_DECODE_OVERLAP=1 BRAID_DECODE_GRAPHS=0) ;;
+    ntcachenographs) envs+=(BRAID_DECODE_NT=1 BRAID_DECODE_OVERLAP=1 BRAID_DECODE_QKV_CACHE=1 BRAID_DECODE_GRAPHS=0) ;;
+    *) echo "profile: unknown setting $a"; return 1 ;;
     esac
     local pid
     start_serve "$log" --device cuda --dtype "$dt" --load "$m" --port "$PORT" \
