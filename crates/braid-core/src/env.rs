@@ -214,17 +214,20 @@ pub const BRAID_DECODE_NT_START: &str = "BRAID_DECODE_NT_START";
 /// without either, and 124M eight streams at 0.93 against 0.73
 /// (BENCHMARKS.md).
 pub const BRAID_DECODE_FUSED_LN: &str = "BRAID_DECODE_FUSED_LN";
-/// `1` or `on`: with `BRAID_DECODE_NT`, a step's keys and values written
-/// into the paged cache in the epilogue of the QKV product on the NT
-/// kernel rather than by a kernel of their own. Off by default: measured
-/// only together with `BRAID_DECODE_FUSED_LN` so far.
+/// With `BRAID_DECODE_NT`, a step's keys and values written into the
+/// paged cache in the epilogue of the QKV product on the NT kernel rather
+/// than by a kernel of their own: on unless `0` or `off`. On an H100
+/// (2026-12-07) 1558M served one stream at 2.49 ms a token with it and
+/// 2.54 without (BENCHMARKS.md).
 pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
 /// `1` or `on`: with `BRAID_DECODE_NT`, a layer's MLP half of a few rows
 /// (the attention's projection with the residual, LayerNorm 2, both MLP
 /// products) in one kernel whose blocks meet at grid-wide barriers, each
 /// block asking for its share of the next product's weights into L2
 /// before it arrives, rather than four kernels that each wait for the one
-/// ahead. Off by default: not yet run on a GPU.
+/// ahead. Off by default: slower on an H100 (2026-12-07: 1558M's MLP half
+/// at one row 44.2 µs against the four kernels' 27.5; one stream 3.47 ms a
+/// token against 2.54; BENCHMARKS.md).
 pub const BRAID_DECODE_MLP_KERNEL: &str = "BRAID_DECODE_MLP_KERNEL";
 /// Warps per block of the GPU decoder's pages attention kernel: 4 (the
 /// default), 8 or 16 (more for steps of few rows). On an H100

@@ -117,7 +117,7 @@ pub(super) struct Half<'a> {
     pub(super) ln_into_nt: bool,
     /// With `nt`, the QKV product on the NT kernel writes the step's keys
     /// and values into the cache in its epilogue (no cache-write kernel;
-    /// `BRAID_DECODE_QKV_CACHE=1`, off by default).
+    /// on unless `BRAID_DECODE_QKV_CACHE=0`).
     pub(super) qkv_into_cache: bool,
     /// With `nt`, a layer's MLP half of a few rows in one kernel, with its
     /// grid barrier's counters (`BRAID_DECODE_MLP_KERNEL=1`, off by

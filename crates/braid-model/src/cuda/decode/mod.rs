@@ -123,12 +123,11 @@ struct HalfParts {
     /// BENCHMARKS.md).
     ln_into_nt: bool,
     /// With `nt`, the QKV product on the NT kernel writes the keys and
-    /// values into the cache itself (`BRAID_DECODE_QKV_CACHE=1`; off by
-    /// default until measured alone: the cache-write kernel does).
+    /// values into the cache itself (on unless `BRAID_DECODE_QKV_CACHE=0`).
     qkv_into_cache: bool,
     /// With `nt`, a layer's MLP half of a few rows in one kernel
     /// (`MixedKernels::nt_mlp`), with its grid barrier's two counters
-    /// (`BRAID_DECODE_MLP_KERNEL=1`; off by default: not yet measured).
+    /// (`BRAID_DECODE_MLP_KERNEL=1`; off by default: slower on an H100).
     mlp_barrier: Option<DeviceBuffer<i32>>,
 }
 
@@ -197,7 +196,7 @@ impl HalfParts {
             tuned,
             nt,
             ln_into_nt: switched_on(braid_core::env::BRAID_DECODE_FUSED_LN),
-            qkv_into_cache: switched_on(braid_core::env::BRAID_DECODE_QKV_CACHE),
+            qkv_into_cache: on_unless_off(braid_core::env::BRAID_DECODE_QKV_CACHE),
             mlp_barrier: match nt && switched_on(braid_core::env::BRAID_DECODE_MLP_KERNEL) {
                 true => Some(DeviceBuffer::zeros(device, 2)?),
                 false => None,
