@@ -229,11 +229,13 @@ pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
 /// at one row 44.2 µs against the four kernels' 27.5; one stream 3.47 ms a
 /// token against 2.54; BENCHMARKS.md).
 pub const BRAID_DECODE_MLP_KERNEL: &str = "BRAID_DECODE_MLP_KERNEL";
-/// Warps per block of the GPU decoder's pages attention kernel: 4 (the
-/// default), 8 or 16 (more for steps of few rows). On an H100
-/// (2026-12-07), 16 served 1558M one stream at 2.93 ms a token against
-/// 3.09 with 4 (NT, overlapped, fused LayerNorms), but 64 in flight at
-/// 5,835 tokens/s against 11,038: not a default.
+/// Warps per block of the GPU decoder's pages attention kernel for every
+/// step: 4, 8 or 16; unset or `auto`: 16 where a step's blocks (rows ×
+/// heads) are no more than the GPU's multiprocessors, else 4. Every
+/// instance computes the same bits (the positions are dealt to 16 virtual
+/// warps whatever the block has). On an H100 (2026-12-07, before the
+/// choice by rows), 16 served 1558M one stream at 2.93 ms a token against
+/// 3.09 with 4, but 64 in flight at 5,835 tokens/s against 11,038.
 pub const BRAID_DECODE_PAGE_WARPS: &str = "BRAID_DECODE_PAGE_WARPS";
 /// `F,K,Q`: blocks per SM the head-size-128 flash kernels are planned for
 /// (measurement only: the bits do not change).

@@ -600,19 +600,24 @@ extern "C" __global__ void paged_attention_decode_warps_bf16(float* out, const f
 
 // The decode attention a page row at a time (the default where it
 // applies: the kernels' caller checks the shapes and alignments): one
-// block per (row, head) (grid N x NH) of PG_WARPS warps. Every lane loads
-// 16 bytes of a key and the same 16 bytes of its value: E elements (4 in
+// block per (row, head) (grid N x NH) of NW warps. Every lane loads 16
+// bytes of a key and the same 16 bytes of its value: E elements (4 in
 // f32, 8 in bf16), so LK = HS / E lanes hold one position (a power of two
-// up to WARP) and a warp G = WARP / LK positions per load. Warp w takes
+// up to WARP) and a warp G = WARP / LK positions per load. The positions
+// are dealt to PG_PARTS virtual warps whatever NW is: virtual warp v takes
 // PG_LOADS * G positions at a time, the loads all issued before any is
-// used, in steps of PG_WARPS * PG_LOADS * G. Each group of LK lanes keeps
-// the online softmax of its own positions (its maximum, sum and E
-// elements of the accumulator); the block's groups are merged through
-// shared memory at the end. out is written in f32 and, when outb is not
-// null, narrowed to bf16 too (the next product's input). PG_WARPS is an
-// instance's parameter (4, 8 or 16; one per process, so a row's sums do
-// not depend on its batch).
+// used, in steps of PG_PARTS * PG_LOADS * G, and real warp w runs the
+// virtual warps w, w + NW, ... one after another. Each group of LK lanes
+// of a virtual warp keeps the online softmax of its own positions (its
+// maximum, sum and E elements of the accumulator); the block's groups are
+// merged through shared memory at the end in a fixed order. So every
+// instance (NW = 4, 8 or 16) computes the same sums in the same order:
+// the host may pick the instance by the step's rows (16 warps for a few
+// rows, whose blocks alone cannot fill the GPU) and a row's result still
+// does not depend on what else its step holds. out is written in f32 and,
+// when outb is not null, narrowed to bf16 too (the next product's input).
 #define PG_LOADS 4
+#define PG_PARTS 16
 
 __device__ __forceinline__ unsigned short bf16_narrow(float f) {
     unsigned u = __float_as_uint(f);
@@ -636,15 +641,16 @@ __device__ __forceinline__ void widen16(uint4 v, float (&x)[8]) {
     }
 }
 
-template <typename KV, int E, int PG_WARPS>
+template <typename KV, int E, int NW>
 __device__ void paged_attention_pages_body(float* out, unsigned short* outb, const float* qkv,
                                            const KV* kc, const KV* vc, const int* pos,
                                            const int* tab_off, const int* tabs, int NH, int HS,
                                            int BS, float scale) {
     // A group's state: its maximum, sum and accumulator (HS elements per
-    // group of a warp: PG_WARPS * WARP * E floats in all).
-    __shared__ float sm[PG_WARPS * WARP], sl[PG_WARPS * WARP];
-    __shared__ float sacc[PG_WARPS * WARP * E];
+    // group of a virtual warp: PG_PARTS * WARP * E floats in all), and the
+    // weight of each group's state in the merge.
+    __shared__ float sm[PG_PARTS * WARP], sl[PG_PARTS * WARP], sw[PG_PARTS * WARP];
+    __shared__ float sacc[PG_PARTS * WARP * E];
     const float NEG = __int_as_float(0xff800000);
     overlap_release();
     overlap_wait();
@@ -653,81 +659,86 @@ __device__ void paged_attention_pages_body(float* out, unsigned short* outb, con
     int LK = HS / E, G = WARP / LK, g = lane / LK, e0 = (lane % LK) * E;
     const int* tab = tabs + tab_off[r];
     const float* q = qkv + (long)r * 3 * C + h * HS + e0;
-    float qv[E], acc[E];
+    float qv[E];
 #pragma unroll
-    for (int i = 0; i < E; i++) {
-        qv[i] = q[i] * scale;
-        acc[i] = 0.f;
-    }
-    float m = NEG, l = 0.f;
+    for (int i = 0; i < E; i++) qv[i] = q[i] * scale;
     int per = PG_LOADS * G;
-    for (int jb = w * per; jb < P; jb += PG_WARPS * per) {
-        long off[PG_LOADS];
+    for (int v = w; v < PG_PARTS; v += NW) {
+        float acc[E];
 #pragma unroll
-        for (int u = 0; u < PG_LOADS; u++) {
-            int j = jb + u * G + g;
-            off[u] = j < P ? ((long)tab[j / BS] * BS + j % BS) * C + h * HS + e0 : -1;
-        }
-        uint4 kr[PG_LOADS], vr[PG_LOADS];
+        for (int i = 0; i < E; i++) acc[i] = 0.f;
+        float m = NEG, l = 0.f;
+        for (int jb = v * per; jb < P; jb += PG_PARTS * per) {
+            long off[PG_LOADS];
 #pragma unroll
-        for (int u = 0; u < PG_LOADS; u++) {
-            if (off[u] >= 0) {
-                kr[u] = *reinterpret_cast<const uint4*>(kc + off[u]);
-                vr[u] = *reinterpret_cast<const uint4*>(vc + off[u]);
-            } else {
-                kr[u] = make_uint4(0, 0, 0, 0);
-                vr[u] = make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < PG_LOADS; u++) {
+                int j = jb + u * G + g;
+                off[u] = j < P ? ((long)tab[j / BS] * BS + j % BS) * C + h * HS + e0 : -1;
             }
+            uint4 kr[PG_LOADS], vr[PG_LOADS];
+#pragma unroll
+            for (int u = 0; u < PG_LOADS; u++) {
+                if (off[u] >= 0) {
+                    kr[u] = *reinterpret_cast<const uint4*>(kc + off[u]);
+                    vr[u] = *reinterpret_cast<const uint4*>(vc + off[u]);
+                } else {
+                    kr[u] = make_uint4(0, 0, 0, 0);
+                    vr[u] = make_uint4(0, 0, 0, 0);
+                }
+            }
+            float s[PG_LOADS];
+#pragma unroll
+            for (int u = 0; u < PG_LOADS; u++) {
+                float x[E];
+                widen16(kr[u], x);
+                float dot = 0.f;
+#pragma unroll
+                for (int i = 0; i < E; i++) dot += qv[i] * x[i];
+                // The LK lanes of a position (every lane takes part).
+                for (int o = LK / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
+                s[u] = off[u] >= 0 ? dot : NEG;
+            }
+            float mn = m;
+#pragma unroll
+            for (int u = 0; u < PG_LOADS; u++) mn = fmaxf(mn, s[u]);
+            if (mn == NEG) continue;  // no position of this group yet
+            float corr = expf(m - mn);  // 0 at the group's first positions
+            l *= corr;
+#pragma unroll
+            for (int i = 0; i < E; i++) acc[i] *= corr;
+#pragma unroll
+            for (int u = 0; u < PG_LOADS; u++) {
+                float p = expf(s[u] - mn);  // 0 past P
+                float x[E];
+                widen16(vr[u], x);
+                l += p;
+#pragma unroll
+                for (int i = 0; i < E; i++) acc[i] += p * x[i];
+            }
+            m = mn;
         }
-        float s[PG_LOADS];
-#pragma unroll
-        for (int u = 0; u < PG_LOADS; u++) {
-            float x[E];
-            widen16(kr[u], x);
-            float dot = 0.f;
-#pragma unroll
-            for (int i = 0; i < E; i++) dot += qv[i] * x[i];
-            // The LK lanes of a position (every lane takes part).
-            for (int o = LK / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
-            s[u] = off[u] >= 0 ? dot : NEG;
+        int part = v * G + g;
+        if (lane % LK == 0) {
+            sm[part] = m;
+            sl[part] = l;
         }
-        float mn = m;
 #pragma unroll
-        for (int u = 0; u < PG_LOADS; u++) mn = fmaxf(mn, s[u]);
-        if (mn == NEG) continue;  // no position of this group yet
-        float corr = expf(m - mn);  // 0 at the group's first positions
-        l *= corr;
-#pragma unroll
-        for (int i = 0; i < E; i++) acc[i] *= corr;
-#pragma unroll
-        for (int u = 0; u < PG_LOADS; u++) {
-            float p = expf(s[u] - mn);  // 0 past P
-            float x[E];
-            widen16(vr[u], x);
-            l += p;
-#pragma unroll
-            for (int i = 0; i < E; i++) acc[i] += p * x[i];
-        }
-        m = mn;
+        for (int i = 0; i < E; i++) sacc[part * HS + e0 + i] = acc[i];
     }
-    int part = w * G + g;
-    if (lane % LK == 0) {
-        sm[part] = m;
-        sl[part] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < E; i++) sacc[part * HS + e0 + i] = acc[i];
     __syncthreads();
-    // Every part's state merged per element (parts without positions hold
-    // m = -inf and add nothing; position 0 is always some part's).
-    int parts = PG_WARPS * G;
+    // Every part's state merged per element in part order (parts without
+    // positions hold m = -inf and weigh 0; position 0 is always some
+    // part's).
+    int parts = PG_PARTS * G;
     float M = NEG;
     for (int x = 0; x < parts; x++) M = fmaxf(M, sm[x]);
+    for (int x = threadIdx.x; x < parts; x += blockDim.x) sw[x] = expf(sm[x] - M);
+    __syncthreads();
     float L = 0.f;
-    for (int x = 0; x < parts; x++) L += sl[x] * expf(sm[x] - M);
+    for (int x = 0; x < parts; x++) L += sl[x] * sw[x];
     for (int d = threadIdx.x; d < HS; d += blockDim.x) {
         float o = 0.f;
-        for (int x = 0; x < parts; x++) o += sacc[x * HS + d] * expf(sm[x] - M);
+        for (int x = 0; x < parts; x++) o += sacc[x * HS + d] * sw[x];
         o /= L;
         long at = (long)r * C + h * HS + d;
         out[at] = o;

@@ -57,8 +57,12 @@ pub struct Kernels {
     /// The pages kernel's instances (f32 cache, bf16 cache) of 4, 8 and
     /// 16 warps ([`PAGE_WARPS`]).
     paged_attention_decode_pages: [(Function, Function); 3],
-    /// Which instance runs (`BRAID_DECODE_PAGE_WARPS`; 4 by default).
-    page_warps: usize,
+    /// Which instance runs where `BRAID_DECODE_PAGE_WARPS` says (an index
+    /// into [`PAGE_WARPS`]); `None`: chosen by the step's blocks
+    /// ([`pages_instance`]).
+    page_warps: Option<usize>,
+    /// The device's streaming multiprocessors (the pages kernel's choice).
+    multiprocessors: usize,
     /// Which kernel runs the decode attention.
     decode_attention: DecodeAttention,
     /// Whether the decode step's kernels that wait for the one ahead (the
@@ -122,6 +126,7 @@ impl Kernels {
                 ),
             ],
             page_warps: page_warps_from_env()?,
+            multiprocessors: device.multiprocessors()?,
             decode_attention: DecodeAttention::from_env()?,
             overlap: false,
             gather_rows: f("gather_rows")?,
@@ -776,20 +781,33 @@ impl DecodeAttention {
 /// The pages kernel's instances: warps per block.
 pub const PAGE_WARPS: [usize; 3] = [4, 8, 16];
 
-/// `BRAID_DECODE_PAGE_WARPS`: 4 (the default), 8 or 16 warps per block of
-/// the pages kernel (one choice for the process, so that a row's sums do
-/// not depend on what else its step holds); the index into [`PAGE_WARPS`].
-fn page_warps_from_env() -> Result<usize> {
+/// `BRAID_DECODE_PAGE_WARPS`: 4, 8 or 16 warps per block of the pages
+/// kernel for every step (the index into [`PAGE_WARPS`]); unset or `auto`:
+/// chosen per step ([`pages_instance`]). Every instance computes the same
+/// sums in the same order (kernels.cu), so the choice moves no bit.
+fn page_warps_from_env() -> Result<Option<usize>> {
     let name = braid_core::env::BRAID_DECODE_PAGE_WARPS;
     match std::env::var(name).as_deref() {
-        Err(_) | Ok("") => Ok(0),
+        Err(_) | Ok("") | Ok("auto") => Ok(None),
         Ok(v) => v
             .parse::<usize>()
             .ok()
             .and_then(|w| PAGE_WARPS.iter().position(|&x| x == w))
+            .map(Some)
             .ok_or_else(|| {
-                braid_cuda::CudaError::Invalid(format!("{name}={v}: expected 4, 8 or 16"))
+                braid_cuda::CudaError::Invalid(format!("{name}={v}: expected 4, 8, 16 or auto"))
             }),
+    }
+}
+
+/// The pages kernel's instance (an index into [`PAGE_WARPS`]) for a step
+/// of `blocks` (rows × heads) blocks on `multiprocessors`: 16 warps where
+/// the blocks are too few to fill the GPU (a few rows: each block's
+/// positions then take one pass of its warps, not several), else 4.
+pub fn pages_instance(blocks: usize, multiprocessors: usize) -> usize {
+    match blocks <= multiprocessors {
+        true => 2,
+        false => 0,
     }
 }
 
@@ -953,13 +971,16 @@ impl Kernels {
         self.decode_attention = which;
     }
 
-    /// The pages kernel's warps per block, one of [`PAGE_WARPS`].
+    /// The pages kernel's warps per block, one of [`PAGE_WARPS`] (`None`:
+    /// chosen per step).
     #[cfg(test)]
-    pub(crate) fn set_page_warps(&mut self, warps: usize) {
-        self.page_warps = PAGE_WARPS
-            .iter()
-            .position(|&w| w == warps)
-            .expect("4, 8 or 16");
+    pub(crate) fn set_page_warps(&mut self, warps: Option<usize>) {
+        self.page_warps = warps.map(|warps| {
+            PAGE_WARPS
+                .iter()
+                .position(|&w| w == warps)
+                .expect("4, 8 or 16")
+        });
     }
 
     /// A decode step's attention over the paged cache of one layer: row
@@ -1018,8 +1039,11 @@ impl Kernels {
         // (PG_WARPS, DEC_WARPS), their shared memory static.
         let (f, threads, shared) = match (which, kv.bf16) {
             (DecodeAttention::Pages, bf16) => {
-                let (f32_cache, bf16_cache) = &self.paged_attention_decode_pages[self.page_warps];
-                let threads = (PAGE_WARPS[self.page_warps] * 32) as u32;
+                let at = self
+                    .page_warps
+                    .unwrap_or_else(|| pages_instance(rows * heads, self.multiprocessors));
+                let (f32_cache, bf16_cache) = &self.paged_attention_decode_pages[at];
+                let threads = (PAGE_WARPS[at] * 32) as u32;
                 (if bf16 { bf16_cache } else { f32_cache }, threads, 0)
             }
             (DecodeAttention::Warps, false) => (&self.paged_attention_decode_warps, 8 * 32, 0),

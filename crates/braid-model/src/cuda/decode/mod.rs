@@ -1079,17 +1079,47 @@ mod tests {
     #[test]
     fn gpu_decoding_with_wider_page_blocks_gives_the_cpus_logits() {
         decodes_as_the_cpu(Case {
-            page_warps: 16,
+            page_warps: Some(16),
             ..Case::of(SMALL, DecodeAttention::Pages, DType::F32, KvDtype::F32)
         });
         decodes_as_the_cpu(Case {
-            page_warps: 8,
+            page_warps: Some(8),
             ..Case::of(WIDE, DecodeAttention::Pages, DType::F32, KvDtype::F32)
         });
         decodes_as_the_cpu(Case {
-            page_warps: 16,
+            page_warps: Some(16),
             ..Case::of(WIDE, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
         });
+    }
+
+    /// Every instance of the pages kernel (4, 8, 16 warps, and the choice
+    /// by the step's rows) gives the same logits bit for bit, over both
+    /// caches: a row's result does not depend on the instance its step
+    /// ran, so the choice by rows keeps decoding batch-invariant.
+    #[test]
+    fn every_pages_instance_decodes_the_same_bits() {
+        for (spec, dtype, kv) in [
+            (WIDE, DType::F32, KvDtype::F32),
+            (WIDE, DType::BF16, KvDtype::Bf16),
+            (SMALL, DType::F32, KvDtype::F32),
+        ] {
+            let run = |page_warps| {
+                decodes_as_the_cpu(Case {
+                    page_warps,
+                    ..Case::of(spec, DecodeAttention::Pages, dtype, kv)
+                })
+            };
+            let four = run(Some(4));
+            if four.is_empty() {
+                return; // no GPU (said)
+            }
+            for other in [Some(8), Some(16), None] {
+                assert!(
+                    run(other) == four,
+                    "{spec} {dtype:?}: {other:?} warps against 4"
+                );
+            }
+        }
     }
 
     /// The same with a warp per position (the kernel before the pages').
@@ -1163,7 +1193,7 @@ mod tests {
 
     /// One run of [`decodes_as_the_cpu`]: the model `spec`, the attention
     /// by `which` kernel (the pages kernel in blocks of `page_warps`
-    /// warps), the products in `dtype` (timed over cuBLASLt's offers when
+    /// warps; `None`: chosen by each step's rows), the products in `dtype` (timed over cuBLASLt's offers when
     /// `tuned`), the cache in `kv`.
     struct Case {
         spec: &'static str,
@@ -1171,7 +1201,7 @@ mod tests {
         dtype: DType,
         kv: KvDtype,
         tuned: bool,
-        page_warps: usize,
+        page_warps: Option<usize>,
         /// Products of a few rows on the skinny kernel.
         skinny: bool,
         /// The waiting kernels launched overlapping the one ahead.
@@ -1195,7 +1225,7 @@ mod tests {
                 dtype,
                 kv,
                 tuned: false,
-                page_warps: 4,
+                page_warps: None,
                 skinny: false,
                 overlap: false,
                 nt: false,
@@ -1206,8 +1236,9 @@ mod tests {
         }
     }
 
-    /// The GPU's steps against the CPU's for one [`Case`].
-    fn decodes_as_the_cpu(case: Case) {
+    /// The GPU's steps against the CPU's for one [`Case`]; the GPU's
+    /// logits of every step (none without a GPU).
+    fn decodes_as_the_cpu(case: Case) -> Vec<Vec<Vec<f32>>> {
         let Case {
             spec,
             which,
@@ -1227,7 +1258,8 @@ mod tests {
             _ => (2e-2, 1.0),
         };
         if braid_cuda::device_count().unwrap_or(0) == 0 {
-            return skip("no GPU");
+            skip("no GPU");
+            return Vec::new();
         }
         let params = model_at(spec, 3, scale);
         let layout = params.layout.clone();
@@ -1238,6 +1270,7 @@ mod tests {
         let mut gpu = GpuDecoder::with_kv(&device, &params, blocks, bs, 2, dtype, kv).unwrap();
         gpu.kernels.set_decode_attention(which);
         gpu.kernels.set_page_warps(page_warps);
+        let mut steps = Vec::new();
         if nt && gpu.half.is_some() {
             let h = HalfParts::new(&device, &params.data, &gpu.widths, &gpu.ranges, true);
             gpu.half = Some(h.unwrap());
@@ -1303,6 +1336,7 @@ mod tests {
         let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
         let got = gpu.decode(&rows).unwrap();
         check(0, &got, &want);
+        steps.push(got);
         let mut next: Vec<u32> = want.iter().map(|l| argmax(l)).collect();
         // A third sequence continues the first with another token: its
         // shared, partly filled last block is copied before it writes.
@@ -1333,6 +1367,7 @@ mod tests {
             let want = gpt.decode(&params.data, &mut cpu, &rows).unwrap();
             let got = gpu.decode(&rows).unwrap();
             check(step, &got, &want);
+            steps.push(got.clone());
             // The same step again (it writes the same keys and values),
             // the odd rows wanted whole and every row's greedy choice made
             // on the device: the host's choice of the CPU's logits.
@@ -1371,6 +1406,7 @@ mod tests {
             assert!(rel(&gk, ck) < tol, "layer {l} keys: {}", rel(&gk, ck));
             assert!(rel(&gv, cv) < tol, "layer {l} values: {}", rel(&gv, cv));
         }
+        steps
     }
 
     /// `n` normals of deviation `sd` from `r`, rounded to bf16 (as f32).
