@@ -229,6 +229,12 @@ pub const BRAID_DECODE_QKV_CACHE: &str = "BRAID_DECODE_QKV_CACHE";
 /// at one row 44.2 µs against the four kernels' 27.5; one stream 3.47 ms a
 /// token against 2.54; BENCHMARKS.md).
 pub const BRAID_DECODE_MLP_KERNEL: &str = "BRAID_DECODE_MLP_KERNEL";
+/// `1` or `on`: with `BRAID_DECODE_NT`, the LayerNorm after the
+/// attention's projection and after the MLP's second product (the next
+/// layer's first) done by that product's own grid, its last block to
+/// finish normalising the rows, rather than by a kernel of its own. Off by
+/// default: not yet measured.
+pub const BRAID_DECODE_LN_TAIL: &str = "BRAID_DECODE_LN_TAIL";
 /// Warps per block of the GPU decoder's pages attention kernel for every
 /// step: 4, 8 or 16; unset or `auto`: 16 where a step's blocks (rows ×
 /// heads) are no more than the GPU's multiprocessors, else 4. Every

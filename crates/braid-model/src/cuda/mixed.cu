@@ -1328,20 +1328,20 @@ __device__ void nt_main(float* out, bf16* outb, const float* res, const bf16* x,
     }
 }
 
-template <int R>
-__device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
-                        const float* bias, int M, int N, int K, int KW, int mode, int how,
-                        NtCache cache) {
-    nt_start(W, N, K, KW, how);
-    nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, cache);
+// xf[i], read through L2 where CG says (rows other blocks of the grid
+// wrote), else as any load.
+template <bool CG>
+__device__ __forceinline__ float ln_in(const float* xf, long i) {
+    return CG ? __ldcg(xf + i) : xf[i];
 }
 
 // LayerNorm(xf) of M rows of K (scale lw, shift lb, epsilon 1e-5) into
-// bf16 xs (shared memory), every thread of the block taking part: two
-// passes over a row (its mean, then the squares about it, each summed by
-// thread in order, then over the warps in order), as ln_forward's do, the
-// rows going through each pass together (two barriers whatever M is).
-template <int R>
+// bf16 xs (shared or global memory), every thread of the block taking
+// part: two passes over a row (its mean, then the squares about it, each
+// summed by thread in order, then over the warps in order), as
+// ln_forward's do, the rows going through each pass together (two barriers
+// whatever M is). CG: xf read through L2 (nt_tail_ln's).
+template <int R, bool CG = false>
 __device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf16* xs, int M,
                            int K) {
     __shared__ float red[2][R][NT_WARPS];
@@ -1351,7 +1351,7 @@ __device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf
     for (int r = 0; r < R; r++) {
         float s = 0.f;
         if (r < M)
-            for (int k = threadIdx.x; k < K; k += blockDim.x) s += xf[(long)r * K + k];
+            for (int k = threadIdx.x; k < K; k += blockDim.x) s += ln_in<CG>(xf, (long)r * K + k);
         s = warp_sum(s);
         if (lane == 0) red[0][r][w] = s;
     }
@@ -1365,7 +1365,7 @@ __device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf
         float v = 0.f;
         if (r < M)
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
-                float d = xf[(long)r * K + k] - mean[r];
+                float d = ln_in<CG>(xf, (long)r * K + k) - mean[r];
                 v += d * d;
             }
         v = warp_sum(v);
@@ -1381,9 +1381,48 @@ __device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf
         if (r < M)
             for (int k = threadIdx.x; k < K; k += blockDim.x)
                 xs[(long)r * K + k] =
-                    narrow((xf[(long)r * K + k] - mean[r]) * rs[r] * lw[k] + lb[k]);
+                    narrow((ln_in<CG>(xf, (long)r * K + k) - mean[r]) * rs[r] * lw[k] + lb[k]);
     }
     __syncthreads();
+}
+
+// The LayerNorm the next product reads, done by this product's grid
+// (nt_tail_ln): a counter zero between products (the last block resets
+// it), the LayerNorm's scale and shift, and its bf16 output. counter null:
+// none.
+struct NtTail {
+    unsigned* counter;
+    const float* lw;
+    const float* lb;
+    bf16* out;
+};
+
+// After an f32 product (modes 0 and 1): the grid's last block to finish
+// normalises the product's M rows of N (every block's outputs, read
+// through L2) into t.out, so the LayerNorm after it needs no kernel of
+// its own. Each block makes its outputs visible before it counts itself
+// done (as the skinny kernel's splits do); the kernel behind waits for
+// the whole grid, tail included.
+template <int R>
+__device__ void nt_tail_ln(const float* y, int M, int N, NtTail t) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(t.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    nt_ln_rows<R, true>(y, t.lw, t.lb, t.out, M, N);
+    if (threadIdx.x == 0) *t.counter = 0;  // ready for the next product
+}
+
+template <int R>
+__device__ void nt_body(float* out, bf16* outb, const float* res, const bf16* x, const bf16* W,
+                        const float* bias, int M, int N, int K, int KW, int mode, int how,
+                        NtCache cache, NtTail tail) {
+    nt_start(W, N, K, KW, how);
+    nt_main<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, cache);
+    if (tail.counter) nt_tail_ln<R>(out, M, N, tail);
 }
 
 // The same product of the LayerNorm of f32 rows: every block normalises
@@ -1393,20 +1432,24 @@ __device__ void nt_ln_rows(const float* xf, const float* lw, const float* lb, bf
 template <int R>
 __device__ void nt_ln_body(float* out, bf16* outb, const float* res, const float* xf,
                            const float* lw, const float* lb, const bf16* W, const float* bias,
-                           int M, int N, int K, int KW, int mode, int how, NtCache cache) {
+                           int M, int N, int K, int KW, int mode, int how, NtCache cache,
+                           NtTail tail) {
     extern __shared__ bf16 xs[];
     nt_start(W, N, K, KW, how);
     nt_ln_rows<R>(xf, lw, lb, xs, M, K);
     nt_main<R>(out, outb, res, xs, W, bias, M, N, K, KW, mode, cache);
+    if (tail.counter) nt_tail_ln<R>(out, M, N, tail);
 }
 
 #define NT_PRODUCT(R)                                                                           \
     extern "C" __global__ void nt_gemm_bf_##R(float* out, bf16* outb, const float* res,         \
                                               const bf16* x, const bf16* W, const float* bias,  \
                                               int M, int N, int K, int KW, int mode, int how,   \
-                                              void* kc, void* vc, const int* slots, int kvb) {  \
+                                              void* kc, void* vc, const int* slots, int kvb,    \
+                                              unsigned* tc, const float* tlw, const float* tlb, \
+                                              bf16* tout) {                                     \
         nt_body<R>(out, outb, res, x, W, bias, M, N, K, KW, mode, how,                          \
-                   NtCache{kc, vc, slots, kvb});                                                \
+                   NtCache{kc, vc, slots, kvb}, NtTail{tc, tlw, tlb, tout});                    \
     }
 NT_PRODUCT(1)
 NT_PRODUCT(2)
@@ -1417,9 +1460,10 @@ NT_PRODUCT(8)
     extern "C" __global__ void nt_ln_gemm_bf_##R(                                               \
         float* out, bf16* outb, const float* res, const float* xf, const float* lw,             \
         const float* lb, const bf16* W, const float* bias, int M, int N, int K, int KW,         \
-        int mode, int how, void* kc, void* vc, const int* slots, int kvb) {                     \
+        int mode, int how, void* kc, void* vc, const int* slots, int kvb, unsigned* tc,         \
+        const float* tlw, const float* tlb, bf16* tout) {                                       \
         nt_ln_body<R>(out, outb, res, xf, lw, lb, W, bias, M, N, K, KW, mode, how,              \
-                      NtCache{kc, vc, slots, kvb});                                             \
+                      NtCache{kc, vc, slots, kvb}, NtTail{tc, tlw, tlb, tout});                 \
     }
 NT_LN_PRODUCT(1)
 NT_LN_PRODUCT(2)

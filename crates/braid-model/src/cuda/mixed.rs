@@ -370,6 +370,43 @@ pub enum SkinnyTo {
     },
 }
 
+/// The LayerNorm after an NT product done by the product's own grid (its
+/// last block to finish: mixed.cu's `nt_tail_ln`), so that the LayerNorm
+/// needs no kernel of its own: of the product's f32 output (the residual
+/// stream), with `scale` and `shift` (f32 `[n]`), into `out` (bf16 `[m,
+/// n]`). `counter`: one 32-bit counter, zero between products (the last
+/// block resets it), that no other kernel uses while the product runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NtTail {
+    pub counter: (u64, usize),
+    pub scale: (u64, usize),
+    pub shift: (u64, usize),
+    pub out: (u64, usize),
+}
+
+/// The NT kernels' tail arguments (counter, scale, shift, output) for a
+/// product of `m` rows and `n` outputs into `to`: `tail`'s, checked (an
+/// f32 product only), or nulls.
+fn nt_tail_args(tail: Option<NtTail>, to: SkinnyTo, m: usize, n: usize) -> Result<Vec<A>> {
+    let Some(t) = tail else {
+        return Ok(vec![A::P(0), A::P(0), A::P(0), A::P(0)]);
+    };
+    if !matches!(to, SkinnyTo::F32 { .. }) {
+        return Err(CudaError::Invalid(
+            "nt product: a LayerNorm after it needs an f32 product".into(),
+        ));
+    }
+    need("nt tail counter", t.counter.1, 1)?;
+    need("nt tail LayerNorm", t.scale.1.min(t.shift.1), n)?;
+    need("nt tail out", t.out.1, m * n)?;
+    Ok(vec![
+        A::P(t.counter.0),
+        A::P(t.scale.0),
+        A::P(t.shift.0),
+        A::P(t.out.0),
+    ])
+}
+
 /// Rows a skinny product takes at most (the kernel's `SK_ROWS`).
 pub const SKINNY_ROWS: usize = 8;
 
@@ -1218,7 +1255,23 @@ impl MixedKernels {
         x: &impl DeviceMem<bf16>,
         w: &impl DeviceMem<bf16>,
         bias: Option<&dyn DeviceMem<f32>>,
+        shape: (usize, usize, usize),
+    ) -> Result<bool> {
+        self.nt_product_then(s, to, x, w, bias, shape, None)
+    }
+
+    /// [`nt_product`](Self::nt_product), then, where `tail` is given, the
+    /// LayerNorm of its f32 output by its own grid ([`NtTail`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn nt_product_then(
+        &self,
+        s: &Stream,
+        to: SkinnyTo,
+        x: &impl DeviceMem<bf16>,
+        w: &impl DeviceMem<bf16>,
+        bias: Option<&dyn DeviceMem<f32>>,
         (m, n, k): (usize, usize, usize),
+        tail: Option<NtTail>,
     ) -> Result<bool> {
         if m == 0
             || m > SKINNY_ROWS
@@ -1233,8 +1286,9 @@ impl MixedKernels {
         need("nt product x", x.dlen(), m * k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.push(A::P(x.dptr()));
-        let cache = nt_cache_args(to, m, n)?;
-        self.nt_launch(&self.nt_gemm, s, (args, mode, cache), w, bias, (m, n, k), 0)
+        let mut after = nt_cache_args(to, m, n)?;
+        after.extend(nt_tail_args(tail, to, m, n)?);
+        self.nt_launch(&self.nt_gemm, s, (args, mode, after), w, bias, (m, n, k), 0)
     }
 
     /// [`nt_product`](Self::nt_product) of `LayerNorm(xf)` (f32 rows,
@@ -1269,12 +1323,13 @@ impl MixedKernels {
         need("nt product LayerNorm", lw.dlen().min(lb.dlen()), k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
-        let cache = nt_cache_args(to, m, n)?;
+        let mut after = nt_cache_args(to, m, n)?;
+        after.extend(nt_tail_args(None, to, m, n)?);
         let shared = shared as u32;
         self.nt_launch(
             &self.nt_ln_gemm,
             s,
-            (args, mode, cache),
+            (args, mode, after),
             w,
             bias,
             (m, n, k),
@@ -1356,14 +1411,15 @@ impl MixedKernels {
     }
 
     /// Launches an NT product's instance for `m` rows: `args` its outputs
-    /// and input so far (with its epilogue's mode and its cache arguments,
-    /// [`nt_cache_args`]), the weights, bias and shape added here.
+    /// and input so far (with its epilogue's mode and the arguments after
+    /// the shape: the cache's, [`nt_cache_args`], then the tail's,
+    /// [`nt_tail_args`]), the weights, bias and shape added here.
     #[allow(clippy::too_many_arguments)]
     fn nt_launch(
         &self,
         instances: &[Function; 4],
         s: &Stream,
-        (mut args, mode, cache): (Vec<A>, i32, Vec<A>),
+        (mut args, mode, after): (Vec<A>, i32, Vec<A>),
         w: &impl DeviceMem<bf16>,
         bias: Option<&dyn DeviceMem<f32>>,
         (m, n, k): (usize, usize, usize),
@@ -1389,7 +1445,7 @@ impl MixedKernels {
                     .bits(),
             ),
         ]);
-        args.extend(cache);
+        args.extend(after);
         let groups = n.div_ceil(per_block);
         let blocks = match self.nt_blocks_per_sm {
             0 => groups,

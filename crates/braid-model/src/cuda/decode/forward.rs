@@ -9,15 +9,20 @@
 //! LayerNorm statistics and the residual stream stay f32, the cache is
 //! f32 or bf16.
 
-use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm, Op};
+use crate::block::{Act, BlockForward, LayerRanges, Linear, Norm, Op, BLOCK};
 use crate::cuda::kernels::{Kernels, PagedKv, PagedShape};
-use crate::cuda::mixed::{MixedKernels, SkinnyScratch, SkinnyTo};
+use crate::cuda::mixed::{MixedKernels, NtTail, SkinnyScratch, SkinnyTo, SKINNY_ROWS};
 use crate::cuda::profile::PhaseTimer;
 use crate::model::Widths;
 use braid_cuda::blas::{Blas, Mat};
 use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm};
 use braid_cuda::{CudaError, DeviceBuffer, DeviceMem, DeviceView, Result, Stream};
 use half::bf16;
+use std::ops::Range;
+
+/// A LayerNorm done by the product before it ([`Half::ln_tail`]): its
+/// scale's and shift's ranges in the flat parameters, and its output.
+type TailNorm = (Range<usize>, Range<usize>, Act);
 
 /// The QKV product's target where it writes the step's keys and values
 /// into the cache `kv` itself (each row's at its slot), its rows into
@@ -93,6 +98,16 @@ pub(super) struct GpuDecodeForward<'a> {
     /// they came where the rest does not follow or the kernel does not
     /// apply.
     pub(super) mlp: Vec<Op>,
+    /// A row product of a few rows on the NT kernel, put off to the
+    /// operation after it: where that is the LayerNorm of its output, the
+    /// product's own grid does it ([`Half::ln_tail`]).
+    pub(super) deferred_row: Option<Op>,
+    /// The next layer's first LayerNorm (its scale's and shift's ranges),
+    /// for this layer's last product to do; `None` in the last layer.
+    pub(super) next_norm: Option<(Range<usize>, Range<usize>)>,
+    /// A LayerNorm output the layer before wrote already (by its last
+    /// product's grid): the LayerNorm into it does not run again.
+    pub(super) norm_ready: Option<Act>,
 }
 
 /// What bf16 products need: cuBLASLt, the mixed kernels (LayerNorm into
@@ -123,6 +138,10 @@ pub(super) struct Half<'a> {
     /// grid barrier's counters (`BRAID_DECODE_MLP_KERNEL=1`, off by
     /// default).
     pub(super) mlp_barrier: Option<&'a DeviceBuffer<i32>>,
+    /// With `nt`, the LayerNorm after a row product of a few rows done by
+    /// the product's grid, with its counter (`BRAID_DECODE_LN_TAIL=1`, off
+    /// by default).
+    pub(super) ln_tail: Option<&'a DeviceBuffer<i32>>,
 }
 
 impl Half<'_> {
@@ -148,6 +167,9 @@ impl Half<'_> {
 
     /// `d[n, oc] = tb[input] · wb[w] + bias (+ residual)`, f32 out: by
     /// cuBLASLt (or, when turned on, the skinny kernel for a few rows).
+    /// Where `tail` is given and the NT kernel runs the product, its grid
+    /// then writes the LayerNorm of `d` too ([`NtTail`]); returns whether
+    /// it did.
     #[allow(clippy::too_many_arguments)]
     fn product(
         &mut self,
@@ -158,22 +180,27 @@ impl Half<'_> {
         bias: &impl DeviceMem<f32>,
         residual: Option<&DeviceView<'_, f32>>,
         (n, ic, oc): (usize, usize, usize),
-    ) -> Result<()> {
+        tail: Option<NtTail>,
+    ) -> Result<bool> {
         let a = self.tb[input.index()].view(0..n * ic);
         let b = self.wb.view(w);
         let to = SkinnyTo::F32 {
             out: (d.dptr(), d.dlen()),
             res: residual.map(|r| (r.dptr(), r.dlen())),
         };
-        if self.nt && self.mk.nt_product(s, to, &a, &b, Some(bias), (n, oc, ic))? {
-            return Ok(());
+        if self.nt
+            && self
+                .mk
+                .nt_product_then(s, to, &a, &b, Some(bias), (n, oc, ic), tail)?
+        {
+            return Ok(tail.is_some());
         }
         if let Some(scratch) = self.skinny.as_deref_mut() {
             if self
                 .mk
                 .skinny_product(s, scratch, to, &a, &b, bias, (n, oc, ic))?
             {
-                return Ok(());
+                return Ok(false);
             }
         }
         let dm = Mat::of(d, oc);
@@ -197,7 +224,8 @@ impl Half<'_> {
                 alpha: 1.0,
                 beta,
             },
-        )
+        )?;
+        Ok(false)
     }
 
     /// `tb[Gelu] = gelu(tb[input] · wb[w] + wb[bias])` in bf16, the
@@ -299,9 +327,34 @@ impl BlockForward for GpuDecodeForward<'_> {
 
 impl GpuDecodeForward<'_> {
     /// Runs `op` now, as the block's order brings it (a LayerNorm read by
-    /// an NT product put off to it).
+    /// an NT product put off to it; a row product put off to the LayerNorm
+    /// of its output, which its grid then does).
     pub(super) fn run_op(&mut self, op: Op) -> Result<()> {
+        if let Some(row) = self.deferred_row.take() {
+            let tail = match (row, op) {
+                (
+                    Op::Row { out, .. },
+                    Op::Norm {
+                        norm,
+                        input,
+                        out: ln,
+                    },
+                ) if input == out => {
+                    let (w, b) = self.r.norm(norm);
+                    Some((w, b, ln))
+                }
+                _ => None,
+            };
+            if self.run_row(row, tail)? {
+                return Ok(());
+            }
+        }
         match op {
+            Op::Norm { out, .. } if self.norm_ready == Some(out) => {
+                // Written by the layer before's last product.
+                self.norm_ready = None;
+                Ok(())
+            }
             Op::Norm { norm, input, out } => {
                 self.flush_norm()?;
                 // Read only by the product next (the block's order): put
@@ -331,16 +384,65 @@ impl GpuDecodeForward<'_> {
                 self.flush_norm()?;
                 self.gelu(input, out)
             }
-            Op::Row {
-                linear,
-                input,
-                residual,
-                out,
-            } => {
+            Op::Row { .. } => {
                 self.flush_norm()?;
-                self.row_product(linear, input, residual, out)
+                if self.tail_after_rows() {
+                    self.deferred_row = Some(op);
+                    return Ok(());
+                }
+                self.run_row(op, None).map(|_| ())
             }
         }
+    }
+
+    /// Whether row products put off their LayerNorm to their own grid:
+    /// NT products of a few rows with the tail's counter, neither the
+    /// LayerNorms inside the products nor the one-kernel MLP on.
+    fn tail_after_rows(&self) -> bool {
+        self.n <= SKINNY_ROWS
+            && self.mlp.is_empty()
+            && self.half.as_ref().is_some_and(|h| {
+                h.nt && h.ln_tail.is_some() && !h.ln_into_nt && h.mlp_barrier.is_none()
+            })
+    }
+
+    /// Runs a put-off row product as the layer's last operation: with the
+    /// next layer's first LayerNorm by its grid where there is a next layer
+    /// (this layer's output becomes the next one's input, `BLOCK[0]`'s, when
+    /// the decoder swaps them); whether it did.
+    pub(super) fn flush_row(&mut self) -> Result<bool> {
+        let Some(row) = self.deferred_row.take() else {
+            return Ok(false);
+        };
+        let tail = match (row, BLOCK[0], self.next_norm.clone()) {
+            (
+                Op::Row { out: Act::Out, .. },
+                Op::Norm {
+                    input: Act::X, out, ..
+                },
+                Some((w, b)),
+            ) => Some((w, b, out)),
+            _ => None,
+        };
+        self.run_row(row, tail)
+    }
+
+    /// Runs the row product `row`, and where `tail` is given and the NT
+    /// kernel runs it, the LayerNorm of its output into `tail`'s bf16
+    /// output by its grid; whether it did.
+    fn run_row(&mut self, row: Op, tail: Option<TailNorm>) -> Result<bool> {
+        let Op::Row {
+            linear,
+            input,
+            residual,
+            out,
+        } = row
+        else {
+            return Err(CudaError::Invalid(format!(
+                "decode: {row:?} put off as a row product"
+            )));
+        };
+        self.row_product(linear, input, residual, out, tail)
     }
 
     /// Runs a put-off LayerNorm, if any, as its own kernel.
@@ -473,7 +575,16 @@ impl GpuDecodeForward<'_> {
                     return self.prof.mark(self.s, "gemm + bias + kv write");
                 }
             }
-            h.product(self.s, &mut o, input, w, &self.p.view(b), None, (n, ic, oc))?;
+            h.product(
+                self.s,
+                &mut o,
+                input,
+                w,
+                &self.p.view(b),
+                None,
+                (n, ic, oc),
+                None,
+            )?;
             return self.prof.mark(self.s, "gemm + bias");
         }
         self.blas.gemm_rm(
@@ -556,7 +667,14 @@ impl GpuDecodeForward<'_> {
     }
 
     /// `out = linear(input) + residual`.
-    fn row_product(&mut self, linear: Linear, input: Act, residual: Act, out: Act) -> Result<()> {
+    fn row_product(
+        &mut self,
+        linear: Linear,
+        input: Act,
+        residual: Act,
+        out: Act,
+        tail: Option<TailNorm>,
+    ) -> Result<bool> {
         if let Some(h) = &mut self.half {
             // The residual added in the product's epilogue.
             let (w, b) = self.r.linear(linear);
@@ -564,7 +682,20 @@ impl GpuDecodeForward<'_> {
             let n = self.n;
             let (o, t) = split(self.t, out);
             let r = t.get(residual)?.view(0..n * oc);
-            h.product(
+            let tail = match (tail, h.ln_tail) {
+                (Some((lw, lb, ln)), Some(counter)) => {
+                    let (scale, shift) = (self.p.view(lw), self.p.view(lb));
+                    let to = &h.tb[ln.index()];
+                    Some(NtTail {
+                        counter: (counter.dptr(), counter.dlen()),
+                        scale: (scale.dptr(), scale.dlen()),
+                        shift: (shift.dptr(), shift.dlen()),
+                        out: (to.dptr(), to.dlen()),
+                    })
+                }
+                _ => None,
+            };
+            let normed = h.product(
                 self.s,
                 &mut o.view_mut(0..n * oc),
                 input,
@@ -572,8 +703,14 @@ impl GpuDecodeForward<'_> {
                 &self.p.view(b),
                 Some(&r),
                 (n, ic, oc),
+                tail,
             )?;
-            return self.prof.mark(self.s, "gemm + bias + residual");
+            let what = match normed {
+                true => "gemm + bias + residual + layernorm",
+                false => "gemm + bias + residual",
+            };
+            self.prof.mark(self.s, what)?;
+            return Ok(normed);
         }
         self.column_product(linear, input, out)?;
         let oc = linear.widths(&self.w).1;
@@ -585,6 +722,7 @@ impl GpuDecodeForward<'_> {
             &mut o.view_mut(0..n * oc),
             &t.get(residual)?.view(0..n * oc),
         )?;
-        self.prof.mark(self.s, "residual add")
+        self.prof.mark(self.s, "residual add")?;
+        Ok(false)
     }
 }

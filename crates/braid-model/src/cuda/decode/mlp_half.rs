@@ -86,10 +86,13 @@ impl GpuDecodeForward<'_> {
         Ok(())
     }
 
-    /// After the block: anything still put off or gathered runs.
-    pub(super) fn finish(&mut self) -> Result<()> {
+    /// After the block: anything still put off or gathered runs; whether
+    /// the layer's last product also wrote the next layer's first
+    /// LayerNorm ([`GpuDecodeForward::flush_row`]).
+    pub(super) fn finish(&mut self) -> Result<bool> {
         self.flush_mlp()?;
-        self.flush_norm()
+        self.flush_norm()?;
+        self.flush_row()
     }
 
     /// The gathered MLP half as one kernel; false, launching nothing,

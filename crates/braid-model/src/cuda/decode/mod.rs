@@ -129,6 +129,11 @@ struct HalfParts {
     /// (`MixedKernels::nt_mlp`), with its grid barrier's two counters
     /// (`BRAID_DECODE_MLP_KERNEL=1`; off by default: slower on an H100).
     mlp_barrier: Option<DeviceBuffer<i32>>,
+    /// With `nt`, the LayerNorm after a row product of a few rows done by
+    /// the product's grid (`MixedKernels::nt_product_then`), with its
+    /// counter (`BRAID_DECODE_LN_TAIL=1`; off by default: not yet
+    /// measured).
+    ln_tail: Option<DeviceBuffer<i32>>,
 }
 
 /// Rows up to which `BRAID_DECODE_TUNE` times the products' offers (the
@@ -199,6 +204,10 @@ impl HalfParts {
             qkv_into_cache: on_unless_off(braid_core::env::BRAID_DECODE_QKV_CACHE),
             mlp_barrier: match nt && switched_on(braid_core::env::BRAID_DECODE_MLP_KERNEL) {
                 true => Some(DeviceBuffer::zeros(device, 2)?),
+                false => None,
+            },
+            ln_tail: match nt && switched_on(braid_core::env::BRAID_DECODE_LN_TAIL) {
+                true => Some(DeviceBuffer::zeros(device, 1)?),
                 false => None,
             },
         })
@@ -602,6 +611,9 @@ impl GpuDecoder {
             c,
         )?;
         prof.mark(s, "embedding")?;
+        // Whether the layer before wrote this layer's first LayerNorm (its
+        // last product's tail).
+        let mut ln1_ready = false;
         for (l, r) in self.ranges.iter().enumerate() {
             let _t = braid_trace::scope::start(Some(s), braid_trace::Cat::Compute, || {
                 format!("gpu decode layer {l}")
@@ -635,13 +647,20 @@ impl GpuDecoder {
                     ln_into_nt: h.ln_into_nt,
                     qkv_into_cache: h.qkv_into_cache,
                     mlp_barrier: h.mlp_barrier.as_ref(),
+                    ln_tail: h.ln_tail.as_ref(),
                 }),
                 deferred: None,
                 kv_written: false,
                 mlp: Vec::new(),
+                deferred_row: None,
+                next_norm: self
+                    .ranges
+                    .get(l + 1)
+                    .map(|r| (r.ln1_w.clone(), r.ln1_b.clone())),
+                norm_ready: ln1_ready.then_some(Act::Ln1),
             };
             block::forward(&mut fwd)?;
-            fwd.finish()?;
+            ln1_ready = fwd.finish()?;
             t.swap(Act::X.index(), Act::Out.index());
         }
         if m == 0 {
@@ -1046,22 +1065,27 @@ mod tests {
 
     /// The layers' bf16 weights stored transposed (`BRAID_DECODE_NT`): the
     /// steps' few rows and their logits on the NT kernel (the LayerNorms
-    /// before the QKV and MLP products inside it or as kernels of their
-    /// own, the keys and values written by the QKV product or by their
-    /// own kernel, the MLP half of a layer as one kernel or four), the
-    /// prefill's 10 by cuBLASLt reading the weights transposed; alone and
-    /// launched overlapping, the results within bf16's rounding as before.
+    /// before the QKV and MLP products inside it, as kernels of their own,
+    /// or done by the row product before them, the keys and values written
+    /// by the QKV product or by their own kernel, the MLP half of a layer
+    /// as one kernel or four), the prefill's 10 by cuBLASLt reading the
+    /// weights transposed; alone and launched overlapping, the results
+    /// within bf16's rounding as before.
     #[test]
     fn gpu_decoding_with_nt_products_gives_the_cpus_logits() {
-        for (spec, overlap, fused_ln, qkv_cache, mlp_kernel) in [
-            (SMALL, false, true, true, false),
-            (WIDE, false, true, true, false),
-            (WIDE, true, true, true, false),
-            (WIDE, true, false, true, false),
-            (WIDE, true, false, false, false),
-            (SMALL, false, false, false, true),
-            (WIDE, true, false, false, true),
-            (WIDE, true, true, true, true),
+        for (spec, overlap, fused_ln, qkv_cache, mlp_kernel, ln_tail) in [
+            (SMALL, false, true, true, false, false),
+            (WIDE, false, true, true, false, false),
+            (WIDE, true, true, true, false, false),
+            (WIDE, true, false, true, false, false),
+            (WIDE, true, false, false, false, false),
+            (SMALL, false, false, false, true, false),
+            (WIDE, true, false, false, true, false),
+            (WIDE, true, true, true, true, false),
+            (SMALL, false, false, true, false, true),
+            (WIDE, false, false, true, false, true),
+            (WIDE, true, false, true, false, true),
+            (WIDE, true, false, false, false, true),
         ] {
             decodes_as_the_cpu(Case {
                 nt: true,
@@ -1069,6 +1093,7 @@ mod tests {
                 fused_ln,
                 qkv_cache,
                 mlp_kernel,
+                ln_tail,
                 ..Case::of(spec, DecodeAttention::Pages, DType::BF16, KvDtype::Bf16)
             });
         }
@@ -1215,6 +1240,9 @@ mod tests {
         qkv_cache: bool,
         /// With `nt`, the MLP half of a layer in one kernel.
         mlp_kernel: bool,
+        /// With `nt`, the LayerNorms after the row products done by the
+        /// products' grids.
+        ln_tail: bool,
     }
 
     impl Case {
@@ -1232,6 +1260,7 @@ mod tests {
                 fused_ln: false,
                 qkv_cache: false,
                 mlp_kernel: false,
+                ln_tail: false,
             }
         }
     }
@@ -1252,6 +1281,7 @@ mod tests {
             fused_ln,
             qkv_cache,
             mlp_kernel,
+            ln_tail,
         } = case;
         let (tol, scale) = match (dtype, kv) {
             (DType::F32, KvDtype::F32) => (1e-4, 8.0),
@@ -1280,6 +1310,10 @@ mod tests {
             h.qkv_into_cache = qkv_cache;
             h.mlp_barrier = match mlp_kernel && h.nt {
                 true => Some(DeviceBuffer::zeros(&device, 2).unwrap()),
+                false => None,
+            };
+            h.ln_tail = match ln_tail && h.nt {
+                true => Some(DeviceBuffer::zeros(&device, 1).unwrap()),
                 false => None,
             };
         }
