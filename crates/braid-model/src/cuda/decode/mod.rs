@@ -131,8 +131,8 @@ struct HalfParts {
     mlp_barrier: Option<DeviceBuffer<i32>>,
     /// With `nt`, the LayerNorm after a row product of a few rows done by
     /// the product's grid (`MixedKernels::nt_product_then`), with its
-    /// counter (`BRAID_DECODE_LN_TAIL=1`; off by default: not yet
-    /// measured).
+    /// counter (`BRAID_DECODE_LN_TAIL=1`; off by default: slower on an
+    /// H100).
     ln_tail: Option<DeviceBuffer<i32>>,
 }
 
