@@ -6,6 +6,8 @@
 #     bench/ps/converge.sh with 4 workers (PS_WORKERS), 400 steps: sync,
 #     async and ssp:2 in each scenario (equal, beton, transient, slow),
 #     loss by step and by wall-clock drawn by braid plot; into $L/converge.
+#     converge.sh's PS_* settings pass through (PS_STALE_STEPS, PS_EVAL:
+#     the stale modes run on until they reach sync's loss).
 #   bash bench/device/ps.sh throughput
 #     tokens/s of L4-H4-C256 (seq 128, batch 8 per worker, 30 steps, the
 #     median step after 5): data parallelism over W workers (shared

@@ -17,6 +17,11 @@
 # OUT/SCENARIO-MODE.txt (its output), OUT/SCENARIO-{step,time}.svg and
 # OUT/SCENARIO.md (braid plot's table and, against the synchronous run's
 # eval loss at the last step, when each run first reached it).
+# PS_STALE_STEPS (default: PS_STEPS) gives async and ssp more steps than
+# sync, on sync's schedule (--lr-steps PS_STEPS: the learning rate holds its
+# floor after it), so that "when did each reach sync's final loss" is
+# measured rather than extrapolated; PS_EVAL (default 50) evaluates more
+# often, to place that step closer.
 # PS_MODEL and PS_SEQ (default: the tiny model, sequences of 64) set a
 # larger model, so that a step is mostly computation and a straggler's
 # delay (its own step's length) weighs on a synchronous step as in the SSP
@@ -30,6 +35,8 @@ SCENARIOS=${*:-equal beton transient slow}
 BRAID=${BRAID:-braid}
 W=${PS_WORKERS:-4}
 STEPS=${PS_STEPS:-400}
+STALE_STEPS=${PS_STALE_STEPS:-$STEPS}
+EVAL=${PS_EVAL:-50}
 BOUND=${PS_BOUND:-2}
 P=${PS_P:-0.25}
 MODEL=()
@@ -39,14 +46,15 @@ mkdir -p "$OUT"
 BETON=$OUT/windows.beton
 run() { # scenario mode data env...
   local sc=$1 mode=$2 data=$3
-  local tag=$sc-${mode/:/}
+  local tag=$sc-${mode/:/} steps=$STEPS
   shift 3
+  [ "$mode" = sync ] || steps=$STALE_STEPS
   echo "== $sc $mode"
   env "$@" "$BRAID" train --ps 1 --nproc-per-node $((W + 1)) --ps-mode "$mode" \
-    --steps "$STEPS" --eval-every 50 --log-every 100 --data "$data" "${MODEL[@]}" \
-    --json "$OUT/$tag.json" > "$OUT/$tag.txt" 2>&1 ||
+    --steps "$steps" --lr-steps "$STEPS" --eval-every "$EVAL" --log-every 100 --data "$data" \
+    "${MODEL[@]}" --json "$OUT/$tag.json" > "$OUT/$tag.txt" 2>&1 ||
     { echo "$sc $mode failed:"; tail -5 "$OUT/$tag.txt"; return 1; }
-  grep -E "step +$STEPS/|staleness of the" "$OUT/$tag.txt" | sed 's/^/  /'
+  grep -E "step +$steps/|staleness of the" "$OUT/$tag.txt" | sed 's/^/  /'
 }
 for sc in $SCENARIOS; do
   data=synthetic
@@ -68,7 +76,7 @@ for sc in $SCENARIOS; do
   series=(--series "sync=$OUT/$sc-sync.json" --series "async=$OUT/$sc-async.json"
     --series "ssp:$BOUND=$OUT/$sc-ssp$BOUND.json")
   {
-    echo "## $sc ($W workers, 1 server, $STEPS steps)"
+    echo "## $sc ($W workers, 1 server, $STEPS steps; async and ssp $STALE_STEPS)"
     echo
     "$BRAID" plot "${series[@]}" --y eval_loss --out "$OUT/$sc-step.svg" --reach "$target" \
       --title "$sc: eval loss by step" 2>/dev/null

@@ -69,6 +69,46 @@ fn tiny_training_halves_the_loss_and_repeats_bit_for_bit() {
     );
 }
 
+/// `--lr-steps` sets the schedule's span apart from the run's steps: past
+/// it the learning rate stays at its floor, a tenth of the peak.
+#[test]
+fn the_schedule_spans_lr_steps_and_then_holds_its_floor() {
+    let dir = TempDir::new("train-lr-steps");
+    let json = dir.path().join("run.json");
+    let mut cmd = braid();
+    cmd.args([
+        "train",
+        "--steps",
+        "6",
+        "--lr-steps",
+        "3",
+        "--warmup",
+        "1",
+        "--lr",
+        "0.001",
+        "--eval-every",
+        "0",
+        "--json",
+    ])
+    .arg(&json);
+    let f = run(cmd, Duration::from_secs(60));
+    assert_eq!(f.code, Some(0), "{f:?}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let lrs: Vec<f64> = doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["lr"].as_f64().unwrap())
+        .collect();
+    // Warmup, the peak, half way down the cosine, then the floor.
+    let want = [1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4, 1e-4];
+    assert_eq!(lrs.len(), want.len(), "{lrs:?}");
+    for (got, want) in lrs.iter().zip(want) {
+        assert!((got - want).abs() < 1e-7, "{lrs:?}");
+    }
+}
+
 #[test]
 fn bad_training_input_is_explained() {
     for (args, want) in [

@@ -163,6 +163,8 @@ fn train_refuses_bad_numbers_and_paths_before_it_trains() {
     refused(&f, &["--steps 0"], &["--batch 0"]);
     let f = train(&["--global-batch", "0"]);
     refused(&f, &["--global-batch 0"], &["multiple of"]);
+    let f = train(&["--lr-steps", "0"]);
+    refused(&f, &["--lr-steps 0"], &["step "]);
     // --save-dtype: checked before training, not after it (the model lost),
     // and not ignored without --save.
     let f = train(&[

@@ -134,6 +134,13 @@ pub struct TrainArgs {
     /// Warmup steps.
     #[arg(long, default_value_t = 20, hide_short_help = true, help_heading = H_RUN)]
     pub(super) warmup: usize,
+    /// Steps the learning rate's schedule spans (default: --steps).
+    ///
+    /// The cosine decay reaches its floor, a tenth of the peak, at this step and stays there:
+    /// a run given more steps than another keeps the other's schedule (an asynchronous
+    /// parameter-server run given the steps it needs to reach a synchronous run's loss).
+    #[arg(long, value_name = "N", hide_short_help = true, help_heading = H_RUN)]
+    pub(super) lr_steps: Option<usize>,
     /// Weight decay on matrices and embeddings.
     #[arg(long, default_value_t = 0.1, hide_short_help = true, help_heading = H_RUN)]
     pub(super) weight_decay: f32,

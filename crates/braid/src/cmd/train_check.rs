@@ -145,7 +145,8 @@ fn optimizer_of(a: &TrainArgs) -> Result<OptimizerKind, String> {
 }
 
 /// Refuses counts of 0 (`--batch`, `--seq`, `--steps`, `--accum`,
-/// `--global-batch`) and rates that are negative or not finite.
+/// `--global-batch`, `--lr-steps`) and rates that are negative or not
+/// finite.
 fn numbers_checked(a: &TrainArgs) -> Result<(), String> {
     for (flag, value) in [
         ("--batch", a.batch),
@@ -161,6 +162,9 @@ fn numbers_checked(a: &TrainArgs) -> Result<(), String> {
     }
     if a.global_batch == Some(0) {
         return Err("--global-batch 0: use 1 or more sequences per step".into());
+    }
+    if a.lr_steps == Some(0) {
+        return Err("--lr-steps 0: the schedule spans 1 or more steps (default: --steps)".into());
     }
     // Non-negative, finite numbers (0: no learning, no decay, no clipping).
     for (flag, value) in [

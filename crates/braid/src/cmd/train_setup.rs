@@ -25,11 +25,14 @@ pub fn loop_options(a: &TrainArgs, lr: f32, ranks: usize, keep_first_grads: bool
     LoopOptions {
         steps: a.steps,
         accum: a.accum,
-        schedule: Schedule {
-            max_lr: lr,
-            min_lr: lr * 0.1,
-            warmup: a.warmup.min(a.steps.max(1)),
-            total: a.steps,
+        schedule: {
+            let total = a.lr_steps.unwrap_or(a.steps);
+            Schedule {
+                max_lr: lr,
+                min_lr: lr * 0.1,
+                warmup: a.warmup.min(total.max(1)),
+                total,
+            }
         },
         grad_clip: a.grad_clip,
         eval_every: a.eval_every,
