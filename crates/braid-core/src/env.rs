@@ -195,6 +195,12 @@ pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
 /// the next product to start early under `BRAID_DECODE_OVERLAP`); unset or
 /// 0, a block per group (measurement only until a GPU has compared them).
 pub const BRAID_DECODE_NT_BLOCKS: &str = "BRAID_DECODE_NT_BLOCKS";
+/// With `BRAID_DECODE_FUSED_LN`: at most this many blocks a multiprocessor
+/// in the grid of an NT product that normalises its rows itself, each
+/// block normalising once and then looping over its groups of outputs
+/// (uncapped, every block of every wave normalises the rows again); unset,
+/// 2; 0, a block per group (as before 2026-12-07). Not yet measured.
+pub const BRAID_DECODE_NT_LN_BLOCKS: &str = "BRAID_DECODE_NT_LN_BLOCKS";
 /// With `BRAID_DECODE_NT` and `BRAID_DECODE_OVERLAP`: how the NT products
 /// start, words separated by commas or `+` — `first` or `after` (the
 /// kernel behind released before or after the wait for the one ahead),

@@ -256,6 +256,10 @@ pub struct MixedKernels {
     /// looping over its groups of outputs; 0: a block per group
     /// ([`MixedKernels::set_nt_blocks_per_sm`]).
     nt_blocks_per_sm: usize,
+    /// The same cap for the NT products that normalise their rows
+    /// themselves, so each block normalises once for all the groups it
+    /// takes ([`MixedKernels::set_nt_ln_blocks_per_sm`]; 2 unless set).
+    nt_ln_blocks_per_sm: usize,
     /// How an NT product starts (mixed.cu's `how` bits;
     /// [`MixedKernels::set_nt_start`]); `None`, by its weights' size
     /// ([`NtStart::for_weights`]).
@@ -598,6 +602,7 @@ impl MixedKernels {
             sms,
             overlap: false,
             nt_blocks_per_sm: 0,
+            nt_ln_blocks_per_sm: 2,
             nt_start: None,
             permute_qkv: f("permute_qkv_bf")?,
             unpermute: f("unpermute_bf")?,
@@ -717,6 +722,16 @@ impl MixedKernels {
     /// default, launches a block per group. The sums do not change.
     pub fn set_nt_blocks_per_sm(&mut self, per_sm: usize) {
         self.nt_blocks_per_sm = per_sm;
+    }
+
+    /// The cap of [`set_nt_blocks_per_sm`](Self::set_nt_blocks_per_sm)
+    /// for the NT products that normalise their rows themselves
+    /// ([`nt_ln_product`](Self::nt_ln_product)): every block normalises
+    /// the rows before its first group, so a grid of many waves normalises
+    /// them many times over; capped, each block does it once. 0: a block
+    /// per group. The sums do not change.
+    pub fn set_nt_ln_blocks_per_sm(&mut self, per_sm: usize) {
+        self.nt_ln_blocks_per_sm = per_sm;
     }
 
     /// How NT products start from now on ([`NtStart`]; `None`: each by
@@ -1288,7 +1303,16 @@ impl MixedKernels {
         args.push(A::P(x.dptr()));
         let mut after = nt_cache_args(to, m, n)?;
         after.extend(nt_tail_args(tail, to, m, n)?);
-        self.nt_launch(&self.nt_gemm, s, (args, mode, after), w, bias, (m, n, k), 0)
+        let launch = (0, self.nt_blocks_per_sm);
+        self.nt_launch(
+            &self.nt_gemm,
+            s,
+            (args, mode, after),
+            w,
+            bias,
+            (m, n, k),
+            launch,
+        )
     }
 
     /// [`nt_product`](Self::nt_product) of `LayerNorm(xf)` (f32 rows,
@@ -1325,7 +1349,7 @@ impl MixedKernels {
         args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
         let mut after = nt_cache_args(to, m, n)?;
         after.extend(nt_tail_args(None, to, m, n)?);
-        let shared = shared as u32;
+        let launch = (shared as u32, self.nt_ln_blocks_per_sm);
         self.nt_launch(
             &self.nt_ln_gemm,
             s,
@@ -1333,7 +1357,7 @@ impl MixedKernels {
             w,
             bias,
             (m, n, k),
-            shared,
+            launch,
         )
     }
 
@@ -1413,7 +1437,9 @@ impl MixedKernels {
     /// Launches an NT product's instance for `m` rows: `args` its outputs
     /// and input so far (with its epilogue's mode and the arguments after
     /// the shape: the cache's, [`nt_cache_args`], then the tail's,
-    /// [`nt_tail_args`]), the weights, bias and shape added here.
+    /// [`nt_tail_args`]), the weights, bias and shape added here; its
+    /// dynamic shared memory and its grid's cap in blocks a multiprocessor
+    /// (0: a block per group of outputs).
     #[allow(clippy::too_many_arguments)]
     fn nt_launch(
         &self,
@@ -1423,7 +1449,7 @@ impl MixedKernels {
         w: &impl DeviceMem<bf16>,
         bias: Option<&dyn DeviceMem<f32>>,
         (m, n, k): (usize, usize, usize),
-        shared: u32,
+        (shared, per_sm): (u32, usize),
     ) -> Result<bool> {
         need("nt product w", w.dlen(), n * k)?;
         if let Some(b) = bias {
@@ -1447,7 +1473,7 @@ impl MixedKernels {
         ]);
         args.extend(after);
         let groups = n.div_ceil(per_block);
-        let blocks = match self.nt_blocks_per_sm {
+        let blocks = match per_sm {
             0 => groups,
             per_sm => groups.min(per_sm * self.sms),
         };

@@ -63,7 +63,9 @@ use plan::StepPlan;
 use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
-use switches::{nt_blocks_from_env, nt_start_from_env, on_unless_off, switched_on};
+use switches::{
+    nt_blocks_from_env, nt_ln_blocks_from_env, nt_start_from_env, on_unless_off, switched_on,
+};
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
@@ -186,6 +188,7 @@ impl HalfParts {
                 let mut mk = MixedKernels::load(device)?;
                 mk.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
                 mk.set_nt_blocks_per_sm(nt_blocks_from_env()?);
+                mk.set_nt_ln_blocks_per_sm(nt_ln_blocks_from_env()?);
                 mk.set_nt_start(nt_start_from_env()?);
                 mk
             },
@@ -1754,8 +1757,28 @@ mod tests {
             if fits {
                 s.synchronize().unwrap();
                 let lscale = (0..m * n).fold(0f64, |a, i| a.max(yl(i).abs()));
-                let e = worst_off(&outs[2].to_vec().unwrap(), &yl, lscale);
+                let first = outs[2].to_vec().unwrap();
+                let e = worst_off(&first, &yl, lscale);
                 assert!(e < 2e-2, "{shape:?} layernorm: {e}");
+                // Its grid capped otherwise (each block normalising once
+                // for more groups) or not at all: the same bits.
+                for per_sm in [0, 1, 4] {
+                    let mut other = MixedKernels::load(&device).unwrap();
+                    other.set_nt_ln_blocks_per_sm(per_sm);
+                    let got = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+                    let to = SkinnyTo::F32 {
+                        out: span(&got),
+                        res: None,
+                    };
+                    assert!(other
+                        .nt_ln_product(&s, to, &gxf, (&glw, &glb), &gw, with_bias, shape)
+                        .unwrap());
+                    s.synchronize().unwrap();
+                    assert!(
+                        got.to_vec().unwrap() == first,
+                        "{shape:?}, {per_sm} a multiprocessor"
+                    );
+                }
             }
         }
         // Where it does not apply: nothing launched, false.

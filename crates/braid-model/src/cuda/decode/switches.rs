@@ -19,9 +19,21 @@ pub(super) fn switched_on(name: &str) -> bool {
 /// (0 or unset: a block per group of outputs); anything but a small count
 /// is refused, naming the variable.
 pub(super) fn nt_blocks_from_env() -> braid_cuda::Result<usize> {
-    let name = braid_core::env::BRAID_DECODE_NT_BLOCKS;
+    blocks_from_env(braid_core::env::BRAID_DECODE_NT_BLOCKS, 0)
+}
+
+/// `BRAID_DECODE_NT_LN_BLOCKS`: blocks a multiprocessor for the NT
+/// products that normalise their rows themselves (unset: 2; 0: a block
+/// per group of outputs), checked as [`nt_blocks_from_env`].
+pub(super) fn nt_ln_blocks_from_env() -> braid_cuda::Result<usize> {
+    blocks_from_env(braid_core::env::BRAID_DECODE_NT_LN_BLOCKS, 2)
+}
+
+/// Blocks a multiprocessor from `name` (`unset` where it is not set), 0
+/// to 32; anything else refused, naming the variable.
+fn blocks_from_env(name: &str, unset: usize) -> braid_cuda::Result<usize> {
     match std::env::var(name) {
-        Err(_) => Ok(0),
+        Err(_) => Ok(unset),
         Ok(v) => match v.trim().parse::<usize>() {
             Ok(n) if n <= 32 => Ok(n),
             _ => Err(braid_cuda::CudaError::Invalid(format!(
