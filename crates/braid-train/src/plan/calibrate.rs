@@ -7,7 +7,7 @@
 //! ([`calibrated`]) and the host's update rate ([`host_update_gbps`]).
 //! The GPU's timings come from `braid_model::cuda::rates`.
 
-use super::hardware::Hardware;
+use super::hardware::{Hardware, ProductRate};
 use crate::engine::UpdateStep;
 use crate::engines::offload::update::HostUpdate;
 use braid_model::optim::AdamWConfig;
@@ -53,8 +53,11 @@ pub fn attention_forward_flops(batch: usize, tokens: usize, width: usize) -> f64
 /// What was timed on the machine.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Measured {
-    /// Products: (FLOPs, seconds).
+    /// Products: (FLOPs, seconds), every pass.
     pub products: Vec<(f64, f64)>,
+    /// The same by shape, the three passes of each together (the
+    /// description's table, [`Hardware::products`]).
+    pub product_rates: Vec<ProductRate>,
     /// Attention: (forward FLOPs as [`attention_forward_flops`] counts
     /// them, seconds of the forward and backward passes together).
     pub attention: Vec<(f64, f64)>,
@@ -142,6 +145,7 @@ pub fn calibrated(
         memory_gib: m.memory_gib,
         hbm_gbps: m.hbm_gbps,
         host_update_gbps: m.host_update_gbps.unwrap_or(base.host_update_gbps),
+        products: m.product_rates.clone(),
         ..base.clone()
     };
     if gemm_efficiency > 1.0 || attention_efficiency > 1.0 {
@@ -224,6 +228,7 @@ mod tests {
             .collect();
         Measured {
             products,
+            product_rates: Vec::new(),
             attention,
             hbm_gbps: hw.hbm_gbps,
             memory_gib: hw.memory_gib,
@@ -260,6 +265,48 @@ mod tests {
         m.products = vec![(1e9, 1e-6), (1e12, 2e-3)];
         let c = calibrated(&h100, "origin", 989.0, &m).unwrap();
         assert_eq!(c.hardware.gemm_half_flops, 0.0);
+    }
+
+    /// The rates measured by shape travel into the description, and a
+    /// product's time follows the nearest measured shape: exactly at a
+    /// measured one, the curve scaled by its ratio at others, the curve
+    /// alone without any.
+    #[test]
+    fn product_rates_by_shape_correct_the_curve() {
+        let h100 = Hardware::builtin("h100").unwrap();
+        let mut m = timed_by(&h100);
+        // 8192 x 1600 x 4800 measured at 400 TFLOP/s, 2048 x 768 x 768 at 100.
+        m.product_rates = vec![
+            ProductRate {
+                tokens: 8192,
+                inputs: 1600,
+                outputs: 4800,
+                tflops: 400.0,
+            },
+            ProductRate {
+                tokens: 2048,
+                inputs: 768,
+                outputs: 768,
+                tflops: 100.0,
+            },
+        ];
+        let h = calibrated(&h100, "shapes", 989.0, &m).unwrap().hardware;
+        assert_eq!(h.products, m.product_rates);
+        let f = 2.0 * 8192.0 * 1600.0 * 4800.0;
+        assert!((h.product_s(8192.0, 1600.0, 4800.0) - f / 400e12).abs() < 1e-12);
+        // Near the first: its ratio to the curve.
+        let ratio = (f / 400e12) / h.gemm_s(f);
+        let g = 2.0 * 8192.0 * 1600.0 * 6400.0;
+        assert!((h.product_s(8192.0, 1600.0, 6400.0) / h.gemm_s(g) - ratio).abs() < 1e-9);
+        // None measured: the curve.
+        assert_eq!(h100.product_s(8192.0, 1600.0, 6400.0), h100.gemm_s(g));
+        // A description file keeps the table; a rate of 0 is refused.
+        let text = serde_json::to_string(&h).unwrap();
+        let back: Hardware = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.checked().unwrap(), h);
+        let mut bad = h.clone();
+        bad.products[1].tflops = 0.0;
+        assert!(bad.checked().unwrap_err().contains("product rate"));
     }
 
     #[test]

@@ -295,7 +295,7 @@ pub(super) fn link_for(hw: &Hardware, span: usize) -> Link {
 fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64) {
     let (h, t) = (w.width as f64, l.tp as f64);
     let tokens = (l.micro_batch * w.seq) as f64;
-    let gemm = |m: f64, k: f64, n: f64| hw.gemm_s(2.0 * m * k * n);
+    let gemm = |m: f64, k: f64, n: f64| hw.product_s(m, k, n);
     let products = gemm(tokens, h, 3.0 * h / t)
         + gemm(tokens, h / t, h)
         + gemm(tokens, h, 4.0 * h / t)
@@ -343,7 +343,8 @@ fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64)
 fn head_s(w: &Workload, l: &Layout, hw: &Hardware) -> f64 {
     let tokens = (l.micro_batch * w.seq) as f64;
     let logits = tokens * w.vocab as f64 / l.tp as f64;
-    hw.gemm_s(2.0 * logits * w.width as f64) + 2.0 * 4.0 * logits / (hw.hbm_gbps * 1e9)
+    let vocab = w.vocab as f64 / l.tp as f64;
+    hw.product_s(tokens, w.width as f64, vocab) + 2.0 * 4.0 * logits / (hw.hbm_gbps * 1e9)
 }
 
 /// The compute the data dimension's reduction hides under: the last

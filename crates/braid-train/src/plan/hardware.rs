@@ -44,6 +44,18 @@ impl Link {
     }
 }
 
+/// One product shape's rate as `braid plan calibrate` measured it: its
+/// forward pass and both backward passes together, `[tokens, inputs] ·
+/// [inputs, outputs]` and the two products of its gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ProductRate {
+    pub tokens: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+    /// TFLOP/s the three passes reached together.
+    pub tflops: f64,
+}
+
 /// GiB of a GPU's memory that are not free when a run starts: the CUDA
 /// context's and, over several GPUs, NCCL's. Measured on 80 GB H100s
 /// (79.6 GiB): 78.66 GiB free in one process, 77.89 GiB in each of four.
@@ -80,6 +92,11 @@ pub struct Hardware {
     /// 6.35B, 2.6 G parameters a second).
     #[serde(default = "host_update_default")]
     pub host_update_gbps: f64,
+    /// Product rates measured by shape (`braid plan calibrate`): a
+    /// product's time is the curve's corrected by the measured shape
+    /// nearest it ([`Hardware::product_s`]); empty, the curve alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub products: Vec<ProductRate>,
 }
 
 /// [`Hardware::host_update_gbps`] where a description leaves it out.
@@ -113,6 +130,7 @@ impl Hardware {
                     latency_us: 12.0,
                 },
                 host_update_gbps: host_update_default(),
+                products: Vec::new(),
             },
             "h200" => Hardware {
                 name: "h200".into(),
@@ -145,6 +163,7 @@ impl Hardware {
                     latency_us: 15.0,
                 },
                 host_update_gbps: host_update_default(),
+                products: Vec::new(),
             },
             _ => return None,
         };
@@ -198,6 +217,17 @@ impl Hardware {
         if self.gpus_per_node == 0 {
             return Err(format!("hardware {}: gpus_per_node is 0", self.name));
         }
+        if let Some(p) = self.products.iter().find(|p| {
+            p.tokens == 0
+                || p.inputs == 0
+                || p.outputs == 0
+                || !(p.tflops.is_finite() && p.tflops > 0.0)
+        }) {
+            return Err(format!(
+                "hardware {}: a product rate of {p:?}: sizes and TFLOP/s must be above 0",
+                self.name
+            ));
+        }
         Ok(self)
     }
 
@@ -214,6 +244,31 @@ impl Hardware {
     pub fn gemm_s(&self, flops: f64) -> f64 {
         let eff = self.gemm_efficiency * flops / (flops + self.gemm_half_flops);
         flops / (self.peak_tflops * 1e12 * eff.max(1e-6))
+    }
+
+    /// Seconds a product `[tokens, inputs] · [inputs, outputs]` takes on
+    /// one GPU: the curve's ([`gemm_s`](Self::gemm_s)), times what the
+    /// measured shape nearest it (by the logs of the three sizes) took
+    /// against the curve; the curve alone where none was measured.
+    pub fn product_s(&self, tokens: f64, inputs: f64, outputs: f64) -> f64 {
+        let flops = 2.0 * tokens * inputs * outputs;
+        let curve = self.gemm_s(flops);
+        let off = |p: &ProductRate| {
+            (tokens.ln() - (p.tokens as f64).ln()).abs()
+                + (inputs.ln() - (p.inputs as f64).ln()).abs()
+                + (outputs.ln() - (p.outputs as f64).ln()).abs()
+        };
+        let nearest = self
+            .products
+            .iter()
+            .min_by(|a, b| off(a).total_cmp(&off(b)));
+        match nearest {
+            None => curve,
+            Some(p) => {
+                let f = 2.0 * (p.tokens * p.inputs * p.outputs) as f64;
+                curve * (f / (p.tflops * 1e12)) / self.gemm_s(f)
+            }
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use braid_train::plan::calibrate::{
     attention_forward_flops, attention_shapes, calibrated, host_update_gbps, product_shapes,
     Measured, WIDTHS,
 };
-use braid_train::plan::Hardware;
+use braid_train::plan::{Hardware, ProductRate};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -108,6 +108,21 @@ pub fn run(a: CalibrateArgs) -> Result<i32, String> {
     println!("  products: {} shapes x 3 passes ...", shapes.len());
     let timed = rates::products(&device, &shapes, 10).map_err(cuda)?;
     let products: Vec<(f64, f64)> = timed.iter().map(|p| (p.flops(), p.seconds)).collect();
+    // Each shape's three passes (forward, then its two gradients) together.
+    let product_rates = shapes
+        .iter()
+        .zip(timed.chunks(3))
+        .map(|(&(tokens, inputs, outputs), passes)| {
+            let flops: f64 = passes.iter().map(|p| p.flops()).sum();
+            let seconds: f64 = passes.iter().map(|p| p.seconds).sum();
+            ProductRate {
+                tokens,
+                inputs,
+                outputs,
+                tflops: flops / seconds / 1e12,
+            }
+        })
+        .collect();
 
     let attn: Vec<AttnShape> = attention_shapes()
         .into_iter()
@@ -136,6 +151,7 @@ pub fn run(a: CalibrateArgs) -> Result<i32, String> {
     let host = host_update_gbps(8, 1600, 3)?;
     let m = Measured {
         products,
+        product_rates,
         attention,
         hbm_gbps,
         memory_gib,
@@ -185,8 +201,10 @@ pub fn run(a: CalibrateArgs) -> Result<i32, String> {
         );
     }
     println!(
-        "  the product curve fits every timed product within {:.1} %; links kept from {}",
+        "  the product curve fits every timed product within {:.1} %, and the {} shapes' own \
+         rates correct it (the description's table); links kept from {}",
         100.0 * c.product_fit_worst,
+        h.products.len(),
         base.name
     );
     let text = serde_json::to_string_pretty(h).map_err(|e| e.to_string())?;
