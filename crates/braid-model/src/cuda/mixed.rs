@@ -1301,13 +1301,11 @@ impl MixedKernels {
         need("nt product x", x.dlen(), m * k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.push(A::P(x.dptr()));
-        let mut after = nt_cache_args(to, m, n)?;
-        after.extend(nt_tail_args(tail, to, m, n)?);
         let launch = (0, self.nt_blocks_per_sm);
         self.nt_launch(
             &self.nt_gemm,
             s,
-            (args, mode, after),
+            (args, mode, to, tail),
             w,
             bias,
             (m, n, k),
@@ -1347,13 +1345,11 @@ impl MixedKernels {
         need("nt product LayerNorm", lw.dlen().min(lb.dlen()), k)?;
         let (mut args, mode) = product_outputs("nt product", to, m * n)?;
         args.extend([A::P(xf.dptr()), A::P(lw.dptr()), A::P(lb.dptr())]);
-        let mut after = nt_cache_args(to, m, n)?;
-        after.extend(nt_tail_args(None, to, m, n)?);
         let launch = (shared as u32, self.nt_ln_blocks_per_sm);
         self.nt_launch(
             &self.nt_ln_gemm,
             s,
-            (args, mode, after),
+            (args, mode, to, None),
             w,
             bias,
             (m, n, k),
@@ -1435,17 +1431,18 @@ impl MixedKernels {
     }
 
     /// Launches an NT product's instance for `m` rows: `args` its outputs
-    /// and input so far (with its epilogue's mode and the arguments after
-    /// the shape: the cache's, [`nt_cache_args`], then the tail's,
-    /// [`nt_tail_args`]), the weights, bias and shape added here; its
-    /// dynamic shared memory and its grid's cap in blocks a multiprocessor
-    /// (0: a block per group of outputs).
+    /// and input so far (with its epilogue's mode, its target `to` and its
+    /// LayerNorm after it, `tail`), the weights, bias, shape and the
+    /// arguments after the shape (the cache's, [`nt_cache_args`], then the
+    /// tail's, [`nt_tail_args`]) added here; its dynamic shared memory and
+    /// its grid's cap in blocks a multiprocessor (0: a block per group of
+    /// outputs).
     #[allow(clippy::too_many_arguments)]
     fn nt_launch(
         &self,
         instances: &[Function; 4],
         s: &Stream,
-        (mut args, mode, after): (Vec<A>, i32, Vec<A>),
+        (mut args, mode, to, tail): (Vec<A>, i32, SkinnyTo, Option<NtTail>),
         w: &impl DeviceMem<bf16>,
         bias: Option<&dyn DeviceMem<f32>>,
         (m, n, k): (usize, usize, usize),
@@ -1471,7 +1468,8 @@ impl MixedKernels {
                     .bits(),
             ),
         ]);
-        args.extend(after);
+        args.extend(nt_cache_args(to, m, n)?);
+        args.extend(nt_tail_args(tail, to, m, n)?);
         let groups = n.div_ceil(per_block);
         let blocks = match per_sm {
             0 => groups,

@@ -253,18 +253,20 @@ impl Hardware {
     pub fn product_s(&self, tokens: f64, inputs: f64, outputs: f64) -> f64 {
         let flops = 2.0 * tokens * inputs * outputs;
         let curve = self.gemm_s(flops);
+        let (t, i, o) = (tokens.ln(), inputs.ln(), outputs.ln());
         let off = |p: &ProductRate| {
-            (tokens.ln() - (p.tokens as f64).ln()).abs()
-                + (inputs.ln() - (p.inputs as f64).ln()).abs()
-                + (outputs.ln() - (p.outputs as f64).ln()).abs()
+            (t - (p.tokens as f64).ln()).abs()
+                + (i - (p.inputs as f64).ln()).abs()
+                + (o - (p.outputs as f64).ln()).abs()
         };
         let nearest = self
             .products
             .iter()
-            .min_by(|a, b| off(a).total_cmp(&off(b)));
+            .map(|p| (off(p), p))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
         match nearest {
             None => curve,
-            Some(p) => {
+            Some((_, p)) => {
                 let f = 2.0 * (p.tokens * p.inputs * p.outputs) as f64;
                 curve * (f / (p.tflops * 1e12)) / self.gemm_s(f)
             }
