@@ -171,24 +171,27 @@ pub const BRAID_DECODE_SKINNY: &str = "BRAID_DECODE_SKINNY";
 /// reductions only), instead of taking the heuristic's first (off by
 /// default until measured).
 pub const BRAID_DECODE_TUNE: &str = "BRAID_DECODE_TUNE";
-/// `1` or `on`: the GPU decoder launches the kernels of its step that
+/// The GPU decoder launches the kernels of its step that
 /// wait for the one ahead (LayerNorms, the cache write, the pages
 /// attention, the skinny products, which first ask for their weights
 /// into L2) overlapping that kernel (Hopper's programmatic dependent
 /// launch), so that launch gaps and weight reads hide under the kernel
-/// ahead. Off by default: on an H100 (2026-12-07) it took a 124M layer's
-/// products at one row from 19.2 to 13.3 µs with the NT kernel, but a
-/// 1558M layer's only from 42.1 to 40.7 (BENCHMARKS.md).
+/// ahead. On by default on a Hopper or later (`0` or `off` turns it off):
+/// on an H100 (2026-12-07) it took a 124M layer's products at one row from
+/// 19.2 to 13.3 µs with the NT kernel, and with `BRAID_DECODE_NT` served
+/// 1558M one stream at 2.28 ms a token against 2.79 without either
+/// (BENCHMARKS.md, the eighth serving round).
 pub const BRAID_DECODE_OVERLAP: &str = "BRAID_DECODE_OVERLAP";
-/// `1` or `on`: the GPU decoder keeps its bf16 layer weights output by
+/// The GPU decoder keeps its bf16 layer weights output by
 /// output (`[out, in]`, transposed), runs products of up to 8 rows and the
 /// logits on braid's NT kernel (each warp reading whole weight rows) and
 /// more rows by cuBLASLt reading the weights transposed (it turns the
-/// skinny kernel off). Off by default: on an H100 (2026-12-07) a 124M
-/// layer's products at one row took 19.2 µs against cuBLASLt's 34.0, a
-/// 1558M layer's 42.1 against 41.5, and 1558M served one stream at 3.19
-/// ms a token with the overlap and fused LayerNorms against 2.96
-/// (BENCHMARKS.md).
+/// skinny kernel off). On by default on a Hopper or later (`0` or `off`
+/// turns it off; elsewhere unmeasured, so off unless `1` or `on`): on an
+/// H100 (2026-12-07) a 124M layer's products at one row took 19.2 µs
+/// against cuBLASLt's 34.0, and with `BRAID_DECODE_OVERLAP` 1558M served
+/// one stream at 2.28 ms a token against 2.79 with neither, 124M at 0.44
+/// against 0.58 (BENCHMARKS.md, the eighth serving round).
 pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
 /// With `BRAID_DECODE_NT`: at most this many blocks a multiprocessor in
 /// an NT product's grid, each looping over its groups of outputs (room for

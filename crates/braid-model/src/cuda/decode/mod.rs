@@ -64,8 +64,17 @@ use scratch::{fit, Scratch};
 use std::ops::Range;
 use std::sync::Arc;
 use switches::{
-    nt_blocks_from_env, nt_ln_blocks_from_env, nt_start_from_env, on_unless_off, switched_on,
+    hopper_or_later, nt_blocks_from_env, nt_ln_blocks_from_env, nt_start_from_env, on_unless_off,
+    on_where_faster, switched_on,
 };
+
+/// `BRAID_DECODE_OVERLAP`, on by default on a Hopper or later.
+fn overlap_on(device: &Device) -> bool {
+    on_where_faster(
+        braid_core::env::BRAID_DECODE_OVERLAP,
+        hopper_or_later(device),
+    )
+}
 
 fn invalid(msg: String) -> CudaError {
     CudaError::Invalid(msg)
@@ -118,7 +127,7 @@ struct HalfParts {
     /// The layers' weights stored output by output (`[out, in]`) in `wb`,
     /// their products of a few rows (and the logits') on the NT kernel,
     /// more rows by cuBLASLt reading them transposed (`BRAID_DECODE_NT`,
-    /// off by default).
+    /// on by default on a Hopper or later).
     nt: bool,
     /// With `nt`, the LayerNorms read by NT products normalised inside
     /// them (`BRAID_DECODE_FUSED_LN=1`; off by default: slower on an H100,
@@ -186,7 +195,7 @@ impl HalfParts {
             },
             mk: {
                 let mut mk = MixedKernels::load(device)?;
-                mk.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
+                mk.set_overlap(overlap_on(device));
                 mk.set_nt_blocks_per_sm(nt_blocks_from_env()?);
                 mk.set_nt_ln_blocks_per_sm(nt_ln_blocks_from_env()?);
                 mk.set_nt_start(nt_start_from_env()?);
@@ -365,7 +374,7 @@ impl GpuDecoder {
             params: DeviceBuffer::from_host(device, &params.data)?,
             kernels: {
                 let mut k = Kernels::load(device)?;
-                k.set_overlap(switched_on(braid_core::env::BRAID_DECODE_OVERLAP));
+                k.set_overlap(overlap_on(device));
                 k
             },
             blas: Blas::new(device)?,
@@ -384,7 +393,7 @@ impl GpuDecoder {
                     &params.data,
                     &widths,
                     &ranges,
-                    switched_on(braid_core::env::BRAID_DECODE_NT),
+                    on_where_faster(braid_core::env::BRAID_DECODE_NT, hopper_or_later(device)),
                 )?),
                 false => None,
             },
@@ -1304,8 +1313,9 @@ mod tests {
         gpu.kernels.set_decode_attention(which);
         gpu.kernels.set_page_warps(page_warps);
         let mut steps = Vec::new();
-        if nt && gpu.half.is_some() {
-            let h = HalfParts::new(&device, &params.data, &gpu.widths, &gpu.ranges, true);
+        // The case's own products, whatever this GPU's default.
+        if gpu.half.as_ref().is_some_and(|h| h.nt != nt) {
+            let h = HalfParts::new(&device, &params.data, &gpu.widths, &gpu.ranges, nt);
             gpu.half = Some(h.unwrap());
         }
         if let Some(h) = gpu.half.as_mut() {

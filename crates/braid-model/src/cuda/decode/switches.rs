@@ -15,6 +15,26 @@ pub(super) fn switched_on(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
 }
 
+/// A path on by default where it was measured faster: true where `name` is
+/// `1` or `on`, false where it is `0` or `off`, else `measured_faster`.
+pub(super) fn on_where_faster(name: &str, measured_faster: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) if v == "1" || v.eq_ignore_ascii_case("on") => true,
+        Ok(v) if v == "0" || v.eq_ignore_ascii_case("off") => false,
+        _ => measured_faster,
+    }
+}
+
+/// Whether `device` is a Hopper or later (compute capability 9 and up):
+/// where the NT products and the overlapped launches were measured faster
+/// than cuBLASLt and plain launches (H100, 2026-12-07, BENCHMARKS.md), so
+/// `BRAID_DECODE_NT` and `BRAID_DECODE_OVERLAP` are on by default.
+pub(super) fn hopper_or_later(device: &braid_cuda::Device) -> bool {
+    device
+        .compute_capability()
+        .is_ok_and(|(major, _)| major >= 9)
+}
+
 /// `BRAID_DECODE_NT_BLOCKS`: blocks a multiprocessor for the NT products
 /// (0 or unset: a block per group of outputs); anything but a small count
 /// is refused, naming the variable.
@@ -77,7 +97,9 @@ pub(super) fn nt_start_from_env() -> braid_cuda::Result<Option<NtStart>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{nt_blocks_from_env, nt_start_from_env, on_unless_off, switched_on};
+    use super::{
+        nt_blocks_from_env, nt_start_from_env, on_unless_off, on_where_faster, switched_on,
+    };
     use crate::cuda::mixed::{NtPrefetch, NtStart};
 
     /// Both spellings, in a variable no other test reads.
@@ -99,6 +121,23 @@ mod tests {
         }
         std::env::set_var(name, "On");
         assert!(on_unless_off(name) && switched_on(name));
+        std::env::remove_var(name);
+    }
+
+    /// A switch on where measured faster: its default unset or unreadable,
+    /// else as spelled (a variable no other test reads).
+    #[test]
+    fn a_switch_on_where_faster_keeps_its_default_unless_spelled() {
+        let name = "BRAID_TEST_DECODE_SWITCH_WHERE_FASTER";
+        std::env::remove_var(name);
+        assert!(on_where_faster(name, true) && !on_where_faster(name, false));
+        for (v, on) in [("0", false), ("Off", false), ("1", true), ("ON", true)] {
+            std::env::set_var(name, v);
+            assert_eq!(on_where_faster(name, true), on, "{v}");
+            assert_eq!(on_where_faster(name, false), on, "{v}");
+        }
+        std::env::set_var(name, "maybe");
+        assert!(on_where_faster(name, true) && !on_where_faster(name, false));
         std::env::remove_var(name);
     }
 
