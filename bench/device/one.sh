@@ -75,7 +75,9 @@
 #     B16, 1558M B8 and L32-H32-C2560 B8 (CALIBRATE_RUNS, MODEL:BATCH)
 #     trained 25 steps on random tokens, each run's median step set beside
 #     braid plan's prediction for its layout from the calibrated file and
-#     from the built-in description of the GPU.
+#     from the built-in description of the GPU. CALIBRATE_PROFILE=1: each
+#     model also trained 8 steps under BRAID_PROFILE=1, its GPU time by
+#     phase printed (where the prediction misses).
 #   bash bench/device/one.sh memory
 #     `braid plan`'s memory verdicts on this GPU (issue 68: "a layout it
 #     calls too large does not fit, one it says fits does not run out of
@@ -423,7 +425,8 @@ for verdict, x in (("fits", max(fits, key=gib, default=None)), ("refused", min(o
     if x is None:
         continue
     l = x["layout"]
-    flags = f"--batch {batch} --accum {l['micro_batches']}"
+    # braid train's --batch is a micro-batch's sequences.
+    flags = f"--batch {l['micro_batch']} --accum {l['micro_batches']}"
     flags += " --checkpointing" * l["checkpointing"] + " --offload optimizer" * l["offload"]
     print(f"{verdict} {gib(x):.2f} {flags}")
 PY
@@ -458,6 +461,15 @@ phase_calibrate() {
     model=${spec%%:*} batch=${spec##*:} tag=cal-${spec/:/-b}
     run "$tag" 200 "$B" train --device cuda --model "$model" --seq 1024 --batch "$batch" \
       --steps 25 --data random --eval-every 0 --json "$L/$tag.json" || continue
+    if [[ ${CALIBRATE_PROFILE:-0} == 1 ]]; then
+      # Where the measured step goes, phase by phase, to set beside the
+      # plan's forward, backward and optimizer terms.
+      BRAID_PROFILE=1 run "$tag-profile" 120 "$B" train --device cuda --model "$model" \
+        --seq 1024 --batch "$batch" --steps 8 --data random --eval-every 0 --log-every 4 &&
+        echo "== $tag profiled" &&
+        awk '/GPU time per step by phase/ { buf = ""; on = 1 } on { buf = buf $0 "\n" }
+          END { printf "%s", buf }' "$L/$tag-profile.txt" | head -n 40
+    fi
     for hw in "$L/calibrated.json" "$builtin"; do
       "$B" plan --model "$model" --gpus 1 --global-batch "$batch" --micro-batch "$batch" \
         --hardware "$hw" --json "$L/$tag-plan-$(basename "$hw" .json).json" > /dev/null
