@@ -146,6 +146,54 @@ pub struct LtGemm {
     pub beta: f32,
 }
 
+/// An FP8 format (OCP's): e4m3 (3 mantissa bits, finite up to ±448) or
+/// e5m2 (2 bits, up to ±57344).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8 {
+    E4M3,
+    E5M2,
+}
+
+impl Fp8 {
+    /// The largest finite value.
+    pub fn max(self) -> f32 {
+        match self {
+            Fp8::E4M3 => 448.0,
+            Fp8::E5M2 => 57344.0,
+        }
+    }
+
+    /// `e4m3` or `e5m2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8::E4M3 => "e4m3",
+            Fp8::E5M2 => "e5m2",
+        }
+    }
+
+    fn lt(self) -> sys::cudaDataType {
+        match self {
+            Fp8::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        }
+    }
+}
+
+/// What makes an [`LtGemm`] a scaled FP8 product ([`BlasLt::gemm_scaled`]):
+/// its `a` and `b` hold FP8 bytes (`Mat`s of `u8`) in these formats (not
+/// both e5m2), each to be multiplied by the f32 at its device address
+/// (the dequantising scale: the tensor's amax over the format's largest
+/// value); `fast_accum`: Hopper's faster, less exact accumulation (fine
+/// for a forward pass, not for gradients, as torchao uses it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scaled {
+    pub a: Fp8,
+    pub b: Fp8,
+    pub a_scale: u64,
+    pub b_scale: u64,
+    pub fast_accum: bool,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     mnk: (usize, usize, usize),
@@ -153,6 +201,8 @@ struct Key {
     cd: (DType, usize, usize),
     epilogue: (u8, usize),
     align: [u32; 5],
+    /// A scaled product's formats (of `a`, of `b`) and fast accumulation.
+    fp8: Option<(Fp8, Fp8, bool)>,
 }
 
 /// Descriptors and algorithm for one shape.
@@ -379,8 +429,9 @@ impl BlasLt {
             && r.workspaceSize <= WORKSPACE
     }
 
-    fn key(g: &LtGemm) -> Key {
+    fn key(g: &LtGemm, scaled: Option<&Scaled>) -> Key {
         Key {
+            fp8: scaled.map(|x| (x.a, x.b, x.fast_accum)),
             mnk: (g.m, g.n, g.k),
             ab: (g.a.ty, g.a.transposed, g.b.transposed, g.a.ld, g.b.ld),
             cd: (g.d.ty, g.c.ld, g.d.ld),
@@ -438,6 +489,63 @@ impl BlasLt {
         Ok(())
     }
 
+    /// [`BlasLt::check`]'s bounds for a scaled FP8 product, and cuBLASLt's
+    /// FP8 rules on Hopper (see [`BlasLt::gemm_scaled`]).
+    fn check_scaled(g: &LtGemm, x: &Scaled) -> Result<()> {
+        let bytes = DType::U8;
+        let why = if g.a.ty != bytes || g.b.ty != bytes {
+            Some("a and b must hold FP8 bytes (u8 buffers)".to_string())
+        } else if x.a == Fp8::E5M2 && x.b == Fp8::E5M2 {
+            Some("a and b may not both be e5m2".into())
+        } else if g.a.transposed || !g.b.transposed {
+            Some("a must be stored [m, k] and b transposed, stored [n, k]".into())
+        } else if g.k % 16 != 0 || g.a.ld % 16 != 0 || g.b.ld % 16 != 0 {
+            Some(format!(
+                "k ({}) and the leading dimensions of a ({}) and b ({}) must be multiples of 16",
+                g.k, g.a.ld, g.b.ld
+            ))
+        } else if x.a_scale == 0 || x.b_scale == 0 {
+            Some("both scales need a device address".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(CudaError::Invalid(format!(
+                "lt gemm: a scaled FP8 product of {}x{} · {}x{}: {why}",
+                g.m, g.k, g.k, g.n
+            )));
+        }
+        // The bounds: a and b stored along k, then c and d as any product's.
+        let (m, n, k) = (g.m, g.n, g.k);
+        let bad = m == 0
+            || n == 0
+            || k == 0
+            || g.a.ld < k
+            || g.b.ld < k
+            || g.a.span(m, k, 1) > g.a.len
+            || g.b.span(k, n, 1) > g.b.len
+            || lt_type(g.d.ty).is_none()
+            || g.c.ty != g.d.ty
+            || g.c.transposed
+            || g.d.transposed
+            || g.c.ld < n
+            || g.d.ld < n
+            || g.c.span(m, n, 1) > g.c.len
+            || g.d.span(m, n, 1) > g.d.len
+            || match g.epilogue {
+                Epilogue::Plain => false,
+                Epilogue::Bias { bias } => bias.1 < n,
+                _ => true,
+            };
+        if bad {
+            return Err(CudaError::Invalid(format!(
+                "lt gemm: operands do not fit a scaled product of {m}x{k} · {k}x{n} (plain or \
+                 bias epilogue only): {g:?}"
+            )));
+        }
+        Ok(())
+    }
+
     /// How algorithms are picked from here on (plans made already keep
     /// theirs).
     pub fn set_tuning(&mut self, tuning: Tuning) {
@@ -448,11 +556,22 @@ impl BlasLt {
     /// on `stream` when tuning (see [`Tuning`]); errors when cuBLASLt has
     /// no algorithm for it (callers may then fall back to plain products).
     fn plan(&mut self, g: &LtGemm, stream: &Stream) -> Result<&Plan> {
-        let key = Self::key(g);
+        self.plan_scaled(g, None, stream)
+    }
+
+    /// [`BlasLt::plan`] for a product scaled as `scaled` says (`None`: a
+    /// plain one).
+    fn plan_scaled(
+        &mut self,
+        g: &LtGemm,
+        scaled: Option<&Scaled>,
+        stream: &Stream,
+    ) -> Result<&Plan> {
+        let key = Self::key(g, scaled);
         if self.plans.contains_key(&key) {
             return Ok(&self.plans[&key]);
         }
-        let mut plan = self.describe(g)?;
+        let mut plan = self.describe(g, scaled)?;
         let bucket = Key {
             mnk: (row_bucket(g.m), g.n, g.k),
             ..key
@@ -478,7 +597,7 @@ impl BlasLt {
                 false => alike(&offered),
             };
             if !candidates.is_empty() {
-                plan.algo = self.fastest(&plan, &candidates, stream, g)?;
+                plan.algo = self.fastest(&plan, &candidates, stream, g, scaled)?;
             }
         }
         if let Some(b) = self.by_rows.as_mut() {
@@ -497,6 +616,7 @@ impl BlasLt {
         alike: &[&sys::cublasLtMatmulHeuristicResult_t],
         stream: &Stream,
         g: &LtGemm,
+        scaled: Option<&Scaled>,
     ) -> Result<sys::cublasLtMatmulAlgo_t> {
         let Some(first) = alike.first() else {
             return Err(CudaError::Invalid(
@@ -513,10 +633,10 @@ impl BlasLt {
         let mut best = vec![f32::INFINITY; alike.len()];
         for _ in 0..TUNE_ROUNDS {
             for (r, (start, end)) in alike.iter().zip(&events) {
-                run.launch(plan, &r.algo, stream, g)?;
+                run.launch(plan, &r.algo, stream, g, scaled)?;
                 start.record(stream)?;
                 for _ in 0..TUNE_RUNS {
-                    run.launch(plan, &r.algo, stream, g)?;
+                    run.launch(plan, &r.algo, stream, g, scaled)?;
                 }
                 end.record(stream)?;
             }
@@ -551,8 +671,15 @@ impl BlasLt {
     }
 
     /// The descriptors for `g`, with no algorithm chosen yet.
-    fn describe(&self, g: &LtGemm) -> Result<Plan> {
-        let ab = lt_type(g.a.ty).expect("checked");
+    fn describe(&self, g: &LtGemm, scaled: Option<&Scaled>) -> Result<Plan> {
+        // (cuBLASLt's A is our b: see below.)
+        let (a_ty, b_ty) = match scaled {
+            Some(x) => (x.b.lt(), x.a.lt()),
+            None => {
+                let ab = lt_type(g.a.ty).expect("checked");
+                (ab, ab)
+            }
+        };
         let cd = lt_type(g.d.ty).expect("checked");
         // Row-major D = A·B is column-major Dᵀ = Bᵀ·Aᵀ: cuBLASLt's A is
         // our b, its B our a, and its m, n are our n, m.
@@ -566,8 +693,8 @@ impl BlasLt {
                 .map_err(lt_err("cublasLtMatrixLayoutCreate"))
         };
         let layouts = [
-            mk(ab, ar, ac, g.b.ld)?,
-            mk(ab, br, bc, g.a.ld)?,
+            mk(a_ty, ar, ac, g.b.ld)?,
+            mk(b_ty, br, bc, g.a.ld)?,
             mk(cd, lm, ln, g.c.ld)?,
             mk(cd, lm, ln, g.d.ld)?,
         ];
@@ -605,6 +732,14 @@ impl BlasLt {
             &epilogue as *const _ as _,
             4,
         )?;
+        if let Some(x) = scaled {
+            let fast = i8::from(x.fast_accum);
+            set(
+                D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                &fast as *const i8 as _,
+                1,
+            )?;
+        }
         if let Epilogue::GeluAuxBias { aux_ld, .. } | Epilogue::DGeluBGrad { aux_ld, .. } =
             g.epilogue
         {
@@ -701,7 +836,21 @@ impl BlasLt {
         self.device.bind()?;
         let run = self.runner();
         let plan = self.plan(g, stream)?;
-        run.launch(plan, &plan.algo, stream, g)
+        run.launch(plan, &plan.algo, stream, g, None)
+    }
+
+    /// Runs the FP8 product `g` scaled as `scaled` says on `stream`: `d =
+    /// alpha · (a_scale · a) · (b_scale · b) + beta · c`, then the
+    /// epilogue. On Hopper cuBLASLt takes FP8 operands only with both
+    /// stored along the shared dimension: `a` untransposed (`[m, k]`),
+    /// `b` transposed (stored `[n, k]`), every leading dimension and `k` a
+    /// multiple of 16; anything else is refused here with what to change.
+    pub fn gemm_scaled(&mut self, stream: &Stream, g: &LtGemm, scaled: &Scaled) -> Result<()> {
+        Self::check_scaled(g, scaled)?;
+        self.device.bind()?;
+        let run = self.runner();
+        let plan = self.plan_scaled(g, Some(scaled), stream)?;
+        run.launch(plan, &plan.algo, stream, g, Some(scaled))
     }
 
     /// What launching a product needs besides its plan (copied out, so
@@ -719,7 +868,7 @@ impl BlasLt {
         self.device.bind()?;
         let run = self.runner();
         let plan = self.plan(g, stream)?;
-        run.launch(plan, &o.algo, stream, g)
+        run.launch(plan, &o.algo, stream, g, None)
     }
 
     /// Runs `g` with each offer tuning may pick from (see [`Tuning`]) and
@@ -739,14 +888,14 @@ impl BlasLt {
         }
         self.device.bind()?;
         self.plan(g, stream)?;
-        let (run, key) = (self.runner(), Self::key(g));
+        let (run, key) = (self.runner(), Self::key(g, None));
         let plan = &self.plans[&key];
         let offered = self.heuristics(plan, &key, TUNE_OFFERS)?;
         let mut first = None;
         let mut differing = 0;
         let alike = alike(&offered);
         for r in &alike {
-            run.launch(plan, &r.algo, stream, g)?;
+            run.launch(plan, &r.algo, stream, g, None)?;
             stream.synchronize()?;
             let bytes = read()?;
             match &first {
@@ -771,16 +920,16 @@ impl BlasLt {
         Self::check(g)?;
         self.device.bind()?;
         self.plan(g, stream)?;
-        let (run, key) = (self.runner(), Self::key(g));
+        let (run, key) = (self.runner(), Self::key(g, None));
         let plan = &self.plans[&key];
         let offered = self.heuristics(plan, &key, max.max(1))?;
         let (start, end) = (Event::timed(&self.device)?, Event::timed(&self.device)?);
         let mut out = Vec::with_capacity(offered.len());
         for (rank, r) in offered.iter().enumerate() {
-            run.launch(plan, &r.algo, stream, g)?;
+            run.launch(plan, &r.algo, stream, g, None)?;
             start.record(stream)?;
             for _ in 0..reps.max(1) {
-                run.launch(plan, &r.algo, stream, g)?;
+                run.launch(plan, &r.algo, stream, g, None)?;
             }
             end.record(stream)?;
             end.synchronize()?;
@@ -899,6 +1048,7 @@ impl Runner {
         algo: &sys::cublasLtMatmulAlgo_t,
         stream: &Stream,
         g: &LtGemm,
+        scaled: Option<&Scaled>,
     ) -> Result<()> {
         let (bias, aux) = match g.epilogue {
             Epilogue::Plain => (None, None),
@@ -907,9 +1057,18 @@ impl Runner {
             Epilogue::DGeluBGrad { aux, bgrad, .. } => (Some(bgrad.0), Some(aux.0)),
         };
         use sys::cublasLtMatmulDescAttributes_t as D;
+        // (cuBLASLt's A is our b.)
         for (attr, ptr) in [
             (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias),
             (D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux),
+            (
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                scaled.map(|x| x.b_scale),
+            ),
+            (
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                scaled.map(|x| x.a_scale),
+            ),
         ] {
             let Some(ptr) = ptr else { continue };
             // SAFETY: the descriptor is live; the pointer value is copied.

@@ -14,6 +14,7 @@ pub mod check_mixed;
 pub mod decode;
 pub mod f32_params;
 pub mod flash;
+pub mod fp8;
 pub mod gpu_model;
 mod held;
 mod kernels;

@@ -3,8 +3,9 @@
 /// Every kernel source: (name, CUDA C). The model's two begin with what
 /// they share: `warps.cu` (the warp's width and reductions), `overlap.cu`
 /// (the helpers of kernels launched overlapping the one ahead) and `kv.cu`
-/// (the KV cache's element).
-pub const SOURCES: [(&str, &str); 3] = [
+/// (the KV cache's element); `fp8.cu`, the FP8 casts, begins with
+/// `warps.cu` too.
+pub const SOURCES: [(&str, &str); 4] = [
     (
         "kernels",
         concat!(
@@ -24,4 +25,8 @@ pub const SOURCES: [(&str, &str); 3] = [
         ),
     ),
     ("flash", include_str!("flash.cu")),
+    (
+        "fp8",
+        concat!(include_str!("warps.cu"), include_str!("fp8.cu")),
+    ),
 ];

@@ -1,0 +1,140 @@
+// FP8 (e4m3 and e5m2, OCP's formats) casts for the scaled products of
+// `--precision fp8`, compiled at run time by NVRTC: each tensor's largest
+// magnitude (amax), then the tensor multiplied by FMT_MAX / amax and
+// rounded to the format, to nearest even, saturating at its largest
+// finite value, as it is or transposed. The product is then told amax /
+// FMT_MAX (the dequantising scale) for each operand.
+//
+// (WARP and warp_max come first, from warps.cu.)
+
+typedef unsigned short bf16;
+
+__device__ __forceinline__ float fp8_in(bf16 x) { return __uint_as_float(((unsigned)x) << 16); }
+__device__ __forceinline__ float fp8_in(float x) { return x; }
+
+// The formats' largest finite values.
+#define E4M3_MAX 448.f
+#define E5M2_MAX 57344.f
+
+// Rounds |a| (finite, not NaN) to a format of `mant` mantissa bits and
+// exponent bias `bias` in software: the code without its sign, saturated at
+// `max_code`. The hardware's conversion (sm_89 and later) gives the same
+// codes; this one is for older GPUs.
+__device__ __forceinline__ unsigned fp8_soft(float a, int mant, int bias, unsigned max_code) {
+    if (a == 0.f) return 0;
+    int e;
+    frexpf(a, &e);  // a = f * 2^e, f in [0.5, 1)
+    e -= 1;         // a = 1.x * 2^e
+    int emin = 1 - bias;
+    if (e < emin) e = emin;  // subnormal: fixed spacing 2^(emin - mant)
+    float q = rintf(ldexpf(a, mant - e));  // to nearest even
+    unsigned code;
+    if (q >= (float)(2 << mant)) {  // rounded up into the next binade
+        q *= 0.5f;
+        e += 1;
+    }
+    if (q < (float)(1 << mant))
+        code = (unsigned)q;  // subnormal (exponent field 0)
+    else
+        code = ((unsigned)(e + bias) << mant) | ((unsigned)q - (1u << mant));
+    return code > max_code ? max_code : code;
+}
+
+// One value scaled into format `fmt` (0: e4m3, 1: e5m2): its byte.
+__device__ __forceinline__ unsigned char fp8_one(float x, int fmt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short pair;
+    if (fmt == 0)
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.f), "f"(x));
+    else
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.f), "f"(x));
+    return (unsigned char)(pair & 0xff);
+#else
+    unsigned sign = __float_as_uint(x) >> 31 << 7;
+    if (x != x) return fmt == 0 ? 0x7f : 0x7f;  // NaN
+    float a = fabsf(x);
+    unsigned code = fmt == 0 ? fp8_soft(fminf(a, 1e30f), 3, 7, 0x7e)
+                             : fp8_soft(fminf(a, 1e30f), 2, 15, 0x7b);
+    return (unsigned char)(sign | code);
+#endif
+}
+
+// The multiplier into the format from the tensor's amax (IEEE division, as
+// the host's reference computes it).
+__device__ __forceinline__ float fp8_scale(const float* amax, int fmt) {
+    return __fdiv_rn(fmt == 0 ? E4M3_MAX : E5M2_MAX, fmaxf(*amax, 1e-12f));
+}
+
+// amax[0] = max(amax[0], |x|) over n values (amax zeroed first). The
+// maximum of non-negative floats is that of their bits as integers, in any
+// order, so the result does not depend on the blocks' timing.
+template <typename T>
+__device__ void fp8_amax(float* amax, const T* x, long n) {
+    __shared__ float part[32];
+    float m = 0.f;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        m = fmaxf(m, fabsf(fp8_in(x[i])));
+    m = warp_max(m);
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) part[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = lane < (int)(blockDim.x / WARP) ? part[lane] : 0.f;
+        m = warp_max(m);
+        if (lane == 0) atomicMax((int*)amax, __float_as_int(m));
+    }
+}
+
+extern "C" __global__ void fp8_amax_bf(float* amax, const bf16* x, long n) { fp8_amax(amax, x, n); }
+extern "C" __global__ void fp8_amax_f32(float* amax, const float* x, long n) { fp8_amax(amax, x, n); }
+
+// out[i] = x[i] * scale in format fmt; block 0's first thread writes the
+// dequantising scale (1 / scale) to deq.
+template <typename T>
+__device__ void fp8_cast(unsigned char* out, float* deq, const T* x, const float* amax, long n,
+                         int fmt) {
+    float s = fp8_scale(amax, fmt);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *deq = __fdiv_rn(1.f, s);
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        out[i] = fp8_one(__fmul_rn(fp8_in(x[i]), s), fmt);
+}
+
+extern "C" __global__ void fp8_cast_bf(unsigned char* out, float* deq, const bf16* x,
+                                       const float* amax, long n, int fmt) {
+    fp8_cast(out, deq, x, amax, n, fmt);
+}
+extern "C" __global__ void fp8_cast_f32(unsigned char* out, float* deq, const float* x,
+                                        const float* amax, long n, int fmt) {
+    fp8_cast(out, deq, x, amax, n, fmt);
+}
+
+// The same, transposed: x is rows x cols (row-major), out cols x rows.
+// Blocks of 32 x 8 threads move 32 x 32 tiles through shared memory.
+template <typename T>
+__device__ void fp8_cast_t(unsigned char* out, float* deq, const T* x, const float* amax, int rows,
+                           int cols, int fmt) {
+    __shared__ unsigned char tile[32][33];
+    float s = fp8_scale(amax, fmt);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *deq = __fdiv_rn(1.f, s);
+    int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int dy = threadIdx.y; dy < 32; dy += 8) {
+        int r = r0 + dy, c = c0 + threadIdx.x;
+        if (r < rows && c < cols)
+            tile[dy][threadIdx.x] = fp8_one(__fmul_rn(fp8_in(x[(long)r * cols + c]), s), fmt);
+    }
+    __syncthreads();
+    for (int dy = threadIdx.y; dy < 32; dy += 8) {
+        int c = c0 + dy, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) out[(long)c * rows + r] = tile[threadIdx.x][dy];
+    }
+}
+
+extern "C" __global__ void fp8_cast_t_bf(unsigned char* out, float* deq, const bf16* x,
+                                         const float* amax, int rows, int cols, int fmt) {
+    fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
+}
+extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const float* x,
+                                          const float* amax, int rows, int cols, int fmt) {
+    fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
+}

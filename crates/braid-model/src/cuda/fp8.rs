@@ -1,0 +1,713 @@
+//! FP8 for `--precision fp8`'s products: [`Fp8Kernels`] quantise a bf16 or
+//! f32 tensor into e4m3 or e5m2 bytes with one scale for the whole tensor
+//! (its amax measured on the device each time: dynamic per-tensor scaling,
+//! as torchao's float8 training does), as it is or transposed, leaving the
+//! dequantising scale on the device for [`braid_cuda::blaslt::BlasLt::gemm_scaled`];
+//! [`encode`] and [`decode`] are the formats on the host, the references the
+//! kernels are checked against.
+
+use super::sources::SOURCES;
+use braid_cuda::blaslt::Fp8;
+use braid_cuda::nvrtc::{Function, KernelArg, Module};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
+use half::bf16;
+
+/// The format's rounding: mantissa bits, exponent bias, largest finite code.
+fn shape(f: Fp8) -> (i32, i32, u8) {
+    match f {
+        Fp8::E4M3 => (3, 7, 0x7e),
+        Fp8::E5M2 => (2, 15, 0x7b),
+    }
+}
+
+/// `x` in format `f`: rounded to nearest even, saturated at the largest
+/// finite value (infinities too), NaN to NaN (0x7f with its sign) — what
+/// the hardware's `cvt.rn.satfinite` gives.
+pub fn encode(x: f32, f: Fp8) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    if x.is_nan() {
+        return sign | 0x7f;
+    }
+    let (mant, bias, max_code) = shape(f);
+    let a = (x.abs() as f64).min(1e30);
+    if a == 0.0 {
+        return sign;
+    }
+    let emin = 1 - bias;
+    let mut e = (a.log2().floor() as i32).max(emin);
+    // (log2 may land a hair off at a power of two: settle it exactly.)
+    if e > emin && a < 2f64.powi(e) {
+        e -= 1;
+    }
+    if a >= 2f64.powi(e + 1) {
+        e += 1;
+    }
+    let scaled = a * 2f64.powi(mant - e);
+    // (Exact: a power of two times a value with f32's 24 bits.)
+    let mut q = scaled.round_ties_even();
+    if q >= (2 << mant) as f64 {
+        q /= 2.0;
+        e += 1;
+    }
+    let code = if q < (1 << mant) as f64 {
+        q as u32
+    } else {
+        (((e + bias) as u32) << mant) | (q as u32 - (1 << mant))
+    };
+    sign | code.min(max_code as u32) as u8
+}
+
+/// The value of code `b` in format `f`.
+pub fn decode(b: u8, f: Fp8) -> f32 {
+    let (mant, bias, _) = shape(f);
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((b & 0x7f) >> mant) as i32;
+    let m = (b & ((1 << mant) - 1)) as f64;
+    let special = match f {
+        Fp8::E4M3 => b & 0x7f == 0x7f,
+        Fp8::E5M2 => exp == 31,
+    };
+    if special {
+        return match (f, m == 0.0) {
+            (Fp8::E5M2, true) => (sign * f64::INFINITY) as f32,
+            _ => f32::NAN,
+        };
+    }
+    let v = match exp {
+        0 => m * 2f64.powi(1 - bias - mant),
+        _ => (1.0 + m / (1 << mant) as f64) * 2f64.powi(exp - bias),
+    };
+    (sign * v) as f32
+}
+
+/// The multiplier into format `f` for a tensor of largest magnitude `amax`,
+/// computed as the kernels do (f32, IEEE division).
+pub fn scale(amax: f32, f: Fp8) -> f32 {
+    f.max() / amax.max(1e-12)
+}
+
+/// A tensor's elements the cast kernels read: bf16 or f32.
+pub trait Fp8Source: braid_core::Element {
+    /// The kernels' name suffix.
+    const SUFFIX: &'static str;
+}
+
+impl Fp8Source for bf16 {
+    const SUFFIX: &'static str = "bf";
+}
+
+impl Fp8Source for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+/// One source type's kernels.
+struct Casts {
+    amax: Function,
+    cast: Function,
+    cast_t: Function,
+}
+
+/// The FP8 cast kernels (`fp8.cu`), loaded on one device.
+pub struct Fp8Kernels {
+    bf: Casts,
+    f32: Casts,
+}
+
+/// Threads of the amax and plain cast kernels' blocks.
+const BLOCK: u32 = 256;
+
+impl Fp8Kernels {
+    /// Compiles `fp8.cu` for `device` and loads its kernels.
+    pub fn load(device: &Device) -> Result<Fp8Kernels> {
+        let (name, src) = SOURCES[3];
+        let module = Module::compile(device, name, src)?;
+        let casts = |suffix: &str| -> Result<Casts> {
+            Ok(Casts {
+                amax: module.function(&format!("fp8_amax_{suffix}"))?,
+                cast: module.function(&format!("fp8_cast_{suffix}"))?,
+                cast_t: module.function(&format!("fp8_cast_t_{suffix}"))?,
+            })
+        };
+        Ok(Fp8Kernels {
+            bf: casts("bf")?,
+            f32: casts("f32")?,
+        })
+    }
+
+    fn casts<T: Fp8Source>(&self) -> &Casts {
+        match T::SUFFIX {
+            "bf" => &self.bf,
+            _ => &self.f32,
+        }
+    }
+
+    /// `x` (`rows` × `cols`, row-major) into `out` in format `f`, scaled
+    /// by its own amax (measured into `amax[0]`): as it is, or with
+    /// `transposed` stored `cols` × `rows`. `deq[0]` becomes the
+    /// dequantising scale (amax / the format's largest value) the product
+    /// is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize<T: Fp8Source>(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<u8>,
+        deq: &mut impl DeviceMem<f32>,
+        amax: &mut impl DeviceMem<f32>,
+        x: &impl DeviceMem<T>,
+        (rows, cols): (usize, usize),
+        transposed: bool,
+        f: Fp8,
+    ) -> Result<()> {
+        let n = rows * cols;
+        if x.dlen() < n || out.dlen() < n || deq.dlen() < 1 || amax.dlen() < 1 {
+            return Err(CudaError::Invalid(format!(
+                "fp8 quantize: {rows} x {cols} from {} elements into {} bytes (scale {}, amax {})",
+                x.dlen(),
+                out.dlen(),
+                deq.dlen(),
+                amax.dlen()
+            )));
+        }
+        let (i32_rows, i32_cols) = match (i32::try_from(rows), i32::try_from(cols)) {
+            (Ok(r), Ok(c)) => (r, c),
+            _ => {
+                return Err(CudaError::Invalid(format!(
+                    "fp8 quantize: {rows} x {cols} past 32-bit dimensions"
+                )))
+            }
+        };
+        let k = self.casts::<T>();
+        let fmt = KernelArg::I32(match f {
+            Fp8::E4M3 => 0,
+            Fp8::E5M2 => 1,
+        });
+        braid_cuda::memory::zero_async(amax, s)?;
+        let grid = (n.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
+        let mut args = [
+            KernelArg::Ptr(amax.dptr()),
+            KernelArg::Ptr(x.dptr()),
+            KernelArg::I64(n as i64),
+        ];
+        // SAFETY: fp8_amax_* takes (float*, const T*, long): amax holds
+        // one f32, x at least n elements of T (checked above).
+        unsafe {
+            k.amax
+                .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
+        };
+        if transposed {
+            let mut args = [
+                KernelArg::Ptr(out.dptr()),
+                KernelArg::Ptr(deq.dptr()),
+                KernelArg::Ptr(x.dptr()),
+                KernelArg::Ptr(amax.dptr()),
+                KernelArg::I32(i32_rows),
+                KernelArg::I32(i32_cols),
+                fmt,
+            ];
+            let tiles = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
+            if tiles.1 > 65535 {
+                return Err(CudaError::Invalid(format!(
+                    "fp8 quantize: {rows} rows need more than 65535 tiles of 32"
+                )));
+            }
+            // SAFETY: fp8_cast_t_* takes (uchar*, float*, const T*, const
+            // float*, int, int, int); every buffer holds what the shape
+            // needs (checked above), each thread writes inside out.
+            unsafe { k.cast_t.launch_args(tiles, (32, 8, 1), 0, s, &mut args) }
+        } else {
+            let mut args = [
+                KernelArg::Ptr(out.dptr()),
+                KernelArg::Ptr(deq.dptr()),
+                KernelArg::Ptr(x.dptr()),
+                KernelArg::Ptr(amax.dptr()),
+                KernelArg::I64(n as i64),
+                fmt,
+            ];
+            // SAFETY: fp8_cast_* takes (uchar*, float*, const T*, const
+            // float*, long, int); buffers checked above.
+            unsafe {
+                k.cast
+                    .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)
+            }
+        }
+    }
+}
+
+/// A tensor quantised to FP8 on the device: its bytes, its amax and its
+/// dequantising scale.
+pub struct Fp8Tensor {
+    pub bytes: DeviceBuffer<u8>,
+    pub amax: DeviceBuffer<f32>,
+    pub deq: DeviceBuffer<f32>,
+}
+
+impl Fp8Tensor {
+    /// Room for `n` values.
+    pub fn new(device: &Device, n: usize) -> Result<Fp8Tensor> {
+        Ok(Fp8Tensor {
+            bytes: DeviceBuffer::zeros(device, n)?,
+            amax: DeviceBuffer::zeros(device, 1)?,
+            deq: DeviceBuffer::zeros(device, 1)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode, encode, scale};
+    use braid_cuda::blaslt::Fp8;
+
+    /// Every code decodes and encodes back to itself (NaNs to the NaN
+    /// code), and the formats' landmarks are where OCP puts them.
+    #[test]
+    fn every_fp8_code_round_trips_and_the_landmarks_hold() {
+        for f in [Fp8::E4M3, Fp8::E5M2] {
+            for b in 0..=255u8 {
+                let v = decode(b, f);
+                if v.is_nan() {
+                    assert_eq!(encode(v, f) & 0x7f, 0x7f, "{f:?} {b:#x}");
+                    continue;
+                }
+                if v.is_infinite() {
+                    continue; // saturates to the largest finite
+                }
+                assert_eq!(encode(v, f), b, "{f:?} {b:#x} = {v}");
+            }
+            assert_eq!(decode(shape_max(f), f), f.max());
+            assert_eq!(encode(1e9, f), shape_max(f));
+            assert_eq!(encode(f32::INFINITY, f), shape_max(f));
+            assert_eq!(encode(-1e9, f), 0x80 | shape_max(f));
+        }
+        assert_eq!(decode(0x01, Fp8::E4M3), 2f32.powi(-9));
+        assert_eq!(decode(0x01, Fp8::E5M2), 2f32.powi(-16));
+        assert_eq!(decode(0x38, Fp8::E4M3), 1.0);
+        assert_eq!(decode(0x3c, Fp8::E5M2), 1.0);
+    }
+
+    fn shape_max(f: Fp8) -> u8 {
+        super::shape(f).2
+    }
+
+    /// Halfway values go to the even code; values past the largest finite
+    /// one by less than half a step saturate; tiny ones round to zero or
+    /// the smallest subnormal.
+    #[test]
+    fn fp8_rounds_to_nearest_even_and_saturates() {
+        // e4m3 near 1: steps of 1/8.
+        assert_eq!(encode(1.0625, Fp8::E4M3), 0x38); // halfway 1 and 1.125: to 1 (even)
+        assert_eq!(encode(1.1875, Fp8::E4M3), 0x3a); // halfway 1.125 and 1.25: to 1.25
+        assert_eq!(encode(1.07, Fp8::E4M3), 0x39);
+        assert_eq!(encode(464.0, Fp8::E4M3), 0x7e); // would round to 480: saturates
+        assert_eq!(encode(2f32.powi(-10), Fp8::E4M3), 0x00); // half the smallest: to even 0
+        assert_eq!(encode(1.5 * 2f32.powi(-9), Fp8::E4M3), 0x02);
+        assert_eq!(encode(-0.0, Fp8::E4M3), 0x80);
+        // e5m2 near 1: steps of 1/4.
+        assert_eq!(encode(1.125, Fp8::E5M2), 0x3c);
+        assert_eq!(encode(1.375, Fp8::E5M2), 0x3e);
+        assert_eq!(encode(61440.0, Fp8::E5M2), 0x7b);
+        // The scale maps amax onto the largest value.
+        assert_eq!(scale(2.0, Fp8::E4M3), 224.0);
+        assert_eq!(scale(0.0, Fp8::E5M2), 57344.0 / 1e-12);
+    }
+
+    /// fp8.cu compiles for Ampere (the software rounding) and Hopper (the
+    /// hardware's), where NVRTC can be loaded.
+    #[test]
+    fn the_fp8_casts_compile_for_ampere_and_hopper() {
+        let (name, src) = crate::cuda::SOURCES[3];
+        for arch in ["compute_80", "compute_90"] {
+            match braid_cuda::nvrtc::compile_ptx(name, src, arch) {
+                Ok(ptx) => assert!(ptx.contains("fp8_cast_t_bf"), "{arch}"),
+                Err(e) if e.to_string().contains("nvrtc") => {
+                    eprintln!("skipped: {e}");
+                    return;
+                }
+                Err(e) => panic!("{arch}: {e}"),
+            }
+        }
+    }
+
+    /// A GPU of compute capability 8.9 or later (FP8 products), or why not.
+    fn fp8_gpu() -> Option<braid_cuda::Device> {
+        if braid_cuda::device_count().unwrap_or(0) == 0 {
+            eprintln!("skipped: no GPU");
+            return None;
+        }
+        let device = braid_cuda::Device::open(0).unwrap();
+        match device.compute_capability().unwrap() {
+            (major, minor) if major * 10 + minor >= 89 => Some(device),
+            cc => {
+                eprintln!("skipped: compute capability {cc:?} has no FP8 products");
+                None
+            }
+        }
+    }
+
+    fn randn(r: &mut crate::rng::Rng, n: usize, sd: f64) -> Vec<half::bf16> {
+        (0..n)
+            .map(|_| half::bf16::from_f64(r.normal() * sd))
+            .collect()
+    }
+
+    /// The device's casts give the host's codes bit for bit (as stored and
+    /// transposed, e4m3 and e5m2, from bf16 and f32), its scales the
+    /// host's; then cuBLASLt's scaled product of those codes equals the
+    /// host's product of their values within bf16's rounding, and is
+    /// within a few percent of the unquantised product.
+    #[test]
+    fn gpu_fp8_casts_and_scaled_products_match_the_host() {
+        use super::{Fp8Kernels, Fp8Tensor};
+        use braid_cuda::blas::Mat;
+        use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Scaled};
+        use braid_cuda::{DeviceBuffer, DeviceMem, Stream};
+        let Some(device) = fp8_gpu() else { return };
+        let fk = Fp8Kernels::load(&device).unwrap();
+        let s = Stream::new(&device).unwrap();
+        let mut lt = BlasLt::new(&device).unwrap();
+        let mut r = crate::rng::Rng::new(3);
+        let (m, k, n) = (96, 320, 144);
+        let x = randn(&mut r, m * k, 1.0);
+        let w = randn(&mut r, k * n, 0.05);
+        let xd = DeviceBuffer::from_host(&device, &x).unwrap();
+        let wd = DeviceBuffer::from_host(&device, &w).unwrap();
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let wfd = DeviceBuffer::from_host(&device, &wf).unwrap();
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        // The host's codes of a rows x cols tensor, as stored or transposed.
+        let host = |v: &[f32], (rows, cols): (usize, usize), t: bool, f: Fp8| -> (Vec<u8>, f32) {
+            let amax = v.iter().fold(0f32, |a, x| a.max(x.abs()));
+            let sc = scale(amax, f);
+            let mut out = vec![0u8; rows * cols];
+            for i in 0..rows {
+                for j in 0..cols {
+                    let code = encode(v[i * cols + j] * sc, f);
+                    match t {
+                        false => out[i * cols + j] = code,
+                        true => out[j * rows + i] = code,
+                    }
+                }
+            }
+            (out, 1.0 / sc)
+        };
+        for (xf8, wf8) in [(Fp8::E4M3, Fp8::E4M3), (Fp8::E5M2, Fp8::E4M3)] {
+            let mut xq = Fp8Tensor::new(&device, m * k).unwrap();
+            let mut wq = Fp8Tensor::new(&device, k * n).unwrap();
+            fk.quantize(
+                &s,
+                &mut xq.bytes,
+                &mut xq.deq,
+                &mut xq.amax,
+                &xd,
+                (m, k),
+                false,
+                xf8,
+            )
+            .unwrap();
+            // W is stored [k, n]; the product wants it [n, k].
+            fk.quantize(
+                &s,
+                &mut wq.bytes,
+                &mut wq.deq,
+                &mut wq.amax,
+                &wd,
+                (k, n),
+                true,
+                wf8,
+            )
+            .unwrap();
+            let (hx, dx) = host(&xf, (m, k), false, xf8);
+            let (hw, dw) = host(&wf, (k, n), true, wf8);
+            assert_eq!(xq.bytes.to_vec().unwrap(), hx, "x as {xf8:?}");
+            assert_eq!(wq.bytes.to_vec().unwrap(), hw, "w transposed as {wf8:?}");
+            assert_eq!(xq.deq.to_vec().unwrap()[0], dx);
+            assert_eq!(wq.deq.to_vec().unwrap()[0], dw);
+            // From f32 too (the master weights): the same codes.
+            let mut wq32 = Fp8Tensor::new(&device, k * n).unwrap();
+            fk.quantize(
+                &s,
+                &mut wq32.bytes,
+                &mut wq32.deq,
+                &mut wq32.amax,
+                &wfd,
+                (k, n),
+                true,
+                wf8,
+            )
+            .unwrap();
+            assert_eq!(wq32.bytes.to_vec().unwrap(), hw, "w from f32");
+            let y = DeviceBuffer::<half::bf16>::zeros(&device, m * n).unwrap();
+            let g = LtGemm {
+                m,
+                n,
+                k,
+                a: Mat::of(&xq.bytes, k),
+                b: Mat::of(&wq.bytes, k).t(),
+                c: Mat::of(&y, n),
+                d: Mat::of(&y, n),
+                epilogue: Epilogue::Plain,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            let sc = Scaled {
+                a: xf8,
+                b: wf8,
+                a_scale: xq.deq.dptr(),
+                b_scale: wq.deq.dptr(),
+                fast_accum: false,
+            };
+            lt.gemm_scaled(&s, &g, &sc).unwrap();
+            s.synchronize().unwrap();
+            let got: Vec<f32> = y.to_vec().unwrap().iter().map(|v| v.to_f32()).collect();
+            let (mut worst, mut err2, mut ref2) = (0f64, 0f64, 0f64);
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut q, mut exact) = (0f64, 0f64);
+                    for t in 0..k {
+                        q += decode(hx[i * k + t], xf8) as f64 * decode(hw[j * k + t], wf8) as f64;
+                        exact += xf[i * k + t] as f64 * wf[t * n + j] as f64;
+                    }
+                    q *= dx as f64 * dw as f64;
+                    let e = (got[i * n + j] as f64 - q).abs() / q.abs().max(0.05);
+                    worst = worst.max(e);
+                    err2 += (q - exact).powi(2);
+                    ref2 += exact.powi(2);
+                }
+            }
+            let quant = (err2 / ref2).sqrt();
+            eprintln!(
+                "fp8 {}x{}: worst {worst:.2e} from the host's product of the codes; the \
+                 quantisation's rms error {quant:.2e} of the bf16 product",
+                xf8.name(),
+                wf8.name()
+            );
+            assert!(worst < 1e-2, "{worst}");
+            assert!(quant < 0.08, "{quant}");
+        }
+        // What the product cannot take is refused, naming it.
+        let b = DeviceBuffer::<u8>::zeros(&device, 64 * 64).unwrap();
+        let y = DeviceBuffer::<half::bf16>::zeros(&device, 64 * 64).unwrap();
+        let bad = LtGemm {
+            m: 64,
+            n: 64,
+            k: 64,
+            a: Mat::of(&b, 64),
+            b: Mat::of(&b, 64),
+            c: Mat::of(&y, 64),
+            d: Mat::of(&y, 64),
+            epilogue: Epilogue::Plain,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let sc = Scaled {
+            a: Fp8::E4M3,
+            b: Fp8::E4M3,
+            a_scale: y.dptr(),
+            b_scale: y.dptr(),
+            fast_accum: false,
+        };
+        let e = lt.gemm_scaled(&s, &bad, &sc).unwrap_err().to_string();
+        assert!(e.contains("transposed"), "{e}");
+    }
+
+    /// Milliseconds per run of `f`, the best of 3 rounds of 5 after a
+    /// warm-up.
+    fn time_ms(
+        device: &braid_cuda::Device,
+        s: &braid_cuda::Stream,
+        mut f: impl FnMut() -> braid_cuda::Result<()>,
+    ) -> f64 {
+        use braid_cuda::Event;
+        f().unwrap();
+        let (a, b) = (Event::timed(device).unwrap(), Event::timed(device).unwrap());
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            a.record(s).unwrap();
+            for _ in 0..5 {
+                f().unwrap();
+            }
+            b.record(s).unwrap();
+            b.synchronize().unwrap();
+            best = best.min(b.elapsed_ms(&a).unwrap() as f64 / 5.0);
+        }
+        best
+    }
+
+    /// A measurement, not a check (`--ignored`): a GPT layer's products at
+    /// 8192 tokens (2.65B's width 2560 and 1558M's 1600), each pass's
+    /// product in bf16 (cuBLASLt, timed offers) against FP8 (forward e4m3 ×
+    /// e4m3 with fast accumulation, the gradients' e5m2 × e4m3 and
+    /// e4m3 × e5m2), and the casts each FP8 product needs (amax and cast,
+    /// as stored or transposed); the layer's totals, TFLOP/s, and what FP8
+    /// would save a step.
+    #[test]
+    #[ignore = "a measurement on a GPU: run by name"]
+    fn fp8_products_timed() {
+        use super::{Fp8Kernels, Fp8Tensor};
+        use braid_cuda::blas::Mat;
+        use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Scaled, Tuning};
+        use braid_cuda::{DeviceBuffer, DeviceMem, Stream};
+        let Some(device) = fp8_gpu() else { return };
+        let fk = Fp8Kernels::load(&device).unwrap();
+        let s = Stream::new(&device).unwrap();
+        let mut lt = BlasLt::new(&device).unwrap();
+        lt.set_tuning(Tuning::Timed);
+        let mut r = crate::rng::Rng::new(5);
+        let tokens = 8192;
+        for (name, width, layers) in [("2.65B", 2560usize, 32usize), ("1558M", 1600, 48)] {
+            let (mut bf_total, mut f8_total, mut cast_total, mut flops) = (0.0, 0.0, 0.0, 0.0);
+            for (inp, out) in [
+                (width, 3 * width),
+                (width, width),
+                (width, 4 * width),
+                (4 * width, width),
+            ] {
+                let x =
+                    DeviceBuffer::from_host(&device, &randn(&mut r, tokens * inp, 1.0)).unwrap();
+                let w = DeviceBuffer::from_host(&device, &randn(&mut r, inp * out, 0.02)).unwrap();
+                let dy =
+                    DeviceBuffer::from_host(&device, &randn(&mut r, tokens * out, 0.01)).unwrap();
+                let y = DeviceBuffer::<half::bf16>::zeros(&device, tokens * out).unwrap();
+                let dx = DeviceBuffer::<half::bf16>::zeros(&device, tokens * inp).unwrap();
+                let dw = DeviceBuffer::<f32>::zeros(&device, inp * out).unwrap();
+                let plain = |m, n, k, a, b, d: Mat| LtGemm {
+                    m,
+                    n,
+                    k,
+                    a,
+                    b,
+                    c: d,
+                    d,
+                    epilogue: Epilogue::Plain,
+                    alpha: 1.0,
+                    beta: 0.0,
+                };
+                // bf16: y = x·w, dx = dy·wᵀ, dw = xᵀ·dy (f32, as the engine keeps it).
+                let bf = [
+                    plain(
+                        tokens,
+                        out,
+                        inp,
+                        Mat::of(&x, inp),
+                        Mat::of(&w, out),
+                        Mat::of(&y, out),
+                    ),
+                    plain(
+                        tokens,
+                        inp,
+                        out,
+                        Mat::of(&dy, out),
+                        Mat::of(&w, out).t(),
+                        Mat::of(&dx, inp),
+                    ),
+                    plain(
+                        inp,
+                        out,
+                        tokens,
+                        Mat::of(&x, inp).t(),
+                        Mat::of(&dy, out),
+                        Mat::of(&dw, out),
+                    ),
+                ];
+                let bf_ms: Vec<f64> = bf
+                    .iter()
+                    .map(|g| time_ms(&device, &s, || lt.gemm(&s, g)))
+                    .collect();
+                // FP8 operands, each stored along its product's shared dimension.
+                let q = |rows, cols, t, f, src: &DeviceBuffer<half::bf16>| {
+                    let mut q = Fp8Tensor::new(&device, rows * cols).unwrap();
+                    let ms = time_ms(&device, &s, || {
+                        fk.quantize(
+                            &s,
+                            &mut q.bytes,
+                            &mut q.deq,
+                            &mut q.amax,
+                            src,
+                            (rows, cols),
+                            t,
+                            f,
+                        )
+                    });
+                    (q, ms)
+                };
+                let (x8, c1) = q(tokens, inp, false, Fp8::E4M3, &x);
+                let (wt8, c2) = q(inp, out, true, Fp8::E4M3, &w); // [out, in]
+                let (w8, c3) = q(inp, out, false, Fp8::E4M3, &w); // [in, out]
+                let (dy8, c4) = q(tokens, out, false, Fp8::E5M2, &dy);
+                let (xt8, c5) = q(tokens, inp, true, Fp8::E4M3, &x); // [in, tokens]
+                let (dyt8, c6) = q(tokens, out, true, Fp8::E5M2, &dy); // [out, tokens]
+                let sc = |a: &Fp8Tensor, fa, b: &Fp8Tensor, fb, fast| Scaled {
+                    a: fa,
+                    b: fb,
+                    a_scale: a.deq.dptr(),
+                    b_scale: b.deq.dptr(),
+                    fast_accum: fast,
+                };
+                let f8 = [
+                    (
+                        plain(
+                            tokens,
+                            out,
+                            inp,
+                            Mat::of(&x8.bytes, inp),
+                            Mat::of(&wt8.bytes, inp).t(),
+                            Mat::of(&y, out),
+                        ),
+                        sc(&x8, Fp8::E4M3, &wt8, Fp8::E4M3, true),
+                    ),
+                    (
+                        plain(
+                            tokens,
+                            inp,
+                            out,
+                            Mat::of(&dy8.bytes, out),
+                            Mat::of(&w8.bytes, out).t(),
+                            Mat::of(&dx, inp),
+                        ),
+                        sc(&dy8, Fp8::E5M2, &w8, Fp8::E4M3, false),
+                    ),
+                    (
+                        plain(
+                            inp,
+                            out,
+                            tokens,
+                            Mat::of(&xt8.bytes, tokens),
+                            Mat::of(&dyt8.bytes, tokens).t(),
+                            Mat::of(&dw, out),
+                        ),
+                        sc(&xt8, Fp8::E4M3, &dyt8, Fp8::E5M2, false),
+                    ),
+                ];
+                let f8_ms: Vec<f64> = f8
+                    .iter()
+                    .map(|(g, x)| time_ms(&device, &s, || lt.gemm_scaled(&s, g, x)))
+                    .collect();
+                let casts = c1 + c2 + c3 + c4 + c5 + c6;
+                let fl = 2.0 * (tokens * inp * out) as f64;
+                eprintln!(
+                    "{name} {inp}->{out}: bf16 fwd/dx/dw {:.3}/{:.3}/{:.3} ms, fp8 {:.3}/{:.3}/{:.3} ms \
+                     ({:.0} against {:.0} TFLOP/s), casts {casts:.3} ms",
+                    bf_ms[0],
+                    bf_ms[1],
+                    bf_ms[2],
+                    f8_ms[0],
+                    f8_ms[1],
+                    f8_ms[2],
+                    3.0 * fl / f8_ms.iter().sum::<f64>() / 1e9,
+                    3.0 * fl / bf_ms.iter().sum::<f64>() / 1e9,
+                );
+                bf_total += bf_ms.iter().sum::<f64>();
+                f8_total += f8_ms.iter().sum::<f64>();
+                cast_total += casts;
+                flops += 3.0 * fl;
+            }
+            eprintln!(
+                "{name} a layer's products: bf16 {bf_total:.3} ms, fp8 {f8_total:.3} + casts \
+                 {cast_total:.3} ms ({:.2}x); {layers} layers save {:.1} ms a step ({:.0} TFLOP/s \
+                 in bf16)",
+                bf_total / (f8_total + cast_total),
+                layers as f64 * (bf_total - f8_total - cast_total),
+                flops / bf_total / 1e9
+            );
+        }
+    }
+}
