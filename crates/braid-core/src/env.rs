@@ -324,9 +324,11 @@ pub const BRAID_UPDATE_BESIDE: &str = "BRAID_UPDATE_BESIDE";
 /// role (server or worker): the attempt, 0 for the first and counting
 /// each restart after the child died.
 pub const BRAID_PS_CHILD: &str = "BRAID_PS_CHILD";
-/// Tests and experiments only: `P[:SEED]`, with probability P a worker
-/// of a parameter-server run sleeps as long as its step took, once per
-/// step (the transient stragglers of the SSP paper's experiments).
+/// Tests and experiments only: `P[@RANK][:SEED]`, with probability P a
+/// worker of a parameter-server run sleeps, between its forward and
+/// backward passes, as long as its previous step took, once per step (the
+/// transient stragglers of the SSP paper's experiments: its gradients come
+/// a step's length late).
 pub const BRAID_TEST_STRAGGLE: &str = "BRAID_TEST_STRAGGLE";
 
 // Other programs' variables that braid reads.

@@ -13,7 +13,8 @@
 //! `dump` items — a rank slow to write its flight record — are read by
 //! braid-comm's flight recorder, and skipped here.)
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 fn delays() -> &'static [(usize, String, u64)] {
@@ -65,9 +66,14 @@ pub(crate) fn apply(rank: usize, phase: &str) {
 
 /// `BRAID_TEST_STRAGGLE=P[@RANK][:SEED]` (experiments and tests): with
 /// probability P, once per step, a rank (RANK alone, else any) sleeps as
-/// long as its step has taken so far — the transient stragglers of the SSP
-/// paper's experiments (`1@1`: rank 1 at half speed throughout). The draw
-/// is a hash of (SEED, rank, step): the same stragglers on every run.
+/// long as its previous step took (its data, forward and backward passes)
+/// between its last forward pass and its backward pass, so its gradients
+/// come that much later — the transient stragglers of the SSP paper's
+/// experiments, a worker whose computation takes twice as long (`1@1`:
+/// rank 1 at half speed throughout). The draw is a hash of (SEED, rank,
+/// step): the same stragglers on every run. (Until 2026-12-07 the sleep
+/// came after the backward pass, once the gradients were on their way, so
+/// that synchronous training hid part of it.)
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Straggle {
     pub probability: f64,
@@ -134,18 +140,42 @@ fn straggle_setting() -> Option<Straggle> {
     })
 }
 
-/// Sleeps as long as `took` if rank `rank` straggles in step `step`
-/// (`BRAID_TEST_STRAGGLE`).
+/// Each rank's last step's length, its straggling aside.
+fn last_steps() -> &'static Mutex<HashMap<usize, Duration>> {
+    static L: OnceLock<Mutex<HashMap<usize, Duration>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Before the backward pass of rank `rank`'s step `step`, `so_far` into
+/// it: if it straggles (`BRAID_TEST_STRAGGLE`), sleeps as long as its last
+/// step took (its first: three times `so_far`, about a forward pass's
+/// share). What it slept.
 #[inline]
-pub(crate) fn straggle(rank: usize, step: usize, took: Duration) {
-    if let Some(s) = straggle_setting() {
-        if s.hits(rank, step) {
-            let _s = braid_trace::span(
-                "test straggle",
-                braid_trace::Cat::Compute,
-                braid_trace::recorder::track::HOST,
-            );
-            std::thread::sleep(took);
+pub(crate) fn straggle(rank: usize, step: usize, so_far: Duration) -> Duration {
+    let Some(s) = straggle_setting() else {
+        return Duration::ZERO;
+    };
+    if !s.hits(rank, step) {
+        return Duration::ZERO;
+    }
+    let last = last_steps().lock().ok().and_then(|l| l.get(&rank).copied());
+    let sleep = last.unwrap_or(3 * so_far);
+    let _s = braid_trace::span(
+        "test straggle",
+        braid_trace::Cat::Compute,
+        braid_trace::recorder::track::HOST,
+    );
+    std::thread::sleep(sleep);
+    sleep
+}
+
+/// Rank `rank`'s step took `took`, its straggling aside (what the next
+/// straggle sleeps).
+#[inline]
+pub(crate) fn stepped(rank: usize, took: Duration) {
+    if straggle_setting().is_some() {
+        if let Ok(mut l) = last_steps().lock() {
+            l.insert(rank, took);
         }
     }
 }

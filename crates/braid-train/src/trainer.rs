@@ -351,6 +351,7 @@ where
         let mut data = 0.0;
         let mut loss_sum = 0.0f64;
         let mut m_computed = m_start;
+        let mut straggled = std::time::Duration::ZERO;
         for micro in 0..o.accum {
             let td = Instant::now();
             let data_range = nvtx::range_str("data");
@@ -369,6 +370,9 @@ where
             let loss = strategy.forward(engine, batch, true)?;
             drop(forward_range);
             test_delay::apply(rank, "compute");
+            if micro + 1 == o.accum {
+                straggled = test_delay::straggle(rank, step, t0.elapsed());
+            }
             let m_f1 = trace.mark(&mut tl, engine.stream())?;
             trace.between("forward", Cat::Pass, m_f0, m_f1, micro);
             if !loss.is_finite() {
@@ -388,7 +392,7 @@ where
                 trace.between("backward", Cat::Pass, m_f1, m_computed, micro);
             }
         }
-        test_delay::straggle(rank, step, t0.elapsed());
+        test_delay::stepped(rank, t0.elapsed().saturating_sub(straggled));
         {
             let _wait_range = nvtx::range_str("wait for reductions");
             strategy.before_update(engine, grads)?;
