@@ -78,6 +78,8 @@
 #     from the built-in description of the GPU. CALIBRATE_PROFILE=1: each
 #     model also trained 8 steps under BRAID_PROFILE=1, its GPU time by
 #     phase printed (where the prediction misses).
+#   bash bench/device/one.sh fp8
+#     issue 69's FP8 parts checked and timed: see phase_fp8.
 #   bash bench/device/one.sh memory
 #     `braid plan`'s memory verdicts on this GPU (issue 68: "a layout it
 #     calls too large does not fit, one it says fits does not run out of
@@ -123,6 +125,7 @@ run() {
   envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
   envs+="${BRAID_FLASH_BACKWARD:+BRAID_FLASH_BACKWARD=$BRAID_FLASH_BACKWARD }"
   envs+="${BRAID_FLASH_GROUP_HEADS:+BRAID_FLASH_GROUP_HEADS=$BRAID_FLASH_GROUP_HEADS }"
+  envs+="${BRAID_FP8_FORWARD:+BRAID_FP8_FORWARD=$BRAID_FP8_FORWARD }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -499,6 +502,38 @@ for run in sorted(glob.glob(f"{L}/cal-*-b*.json")):
 PY
 }
 
+# FP8 (issue 69): braid-model's fp8 tests on this GPU (the casts bit for
+# bit against the host, the scaled products, and the ignored timing of a
+# layer's products in bf16 against FP8 with their casts), `braid kernels
+# --check` (its FP8 forward model check among the rest), then each model
+# of FP8_RUNS (MODEL:BATCH, default 124M:16 1558M:8 L32-H32-C2560:8)
+# trained in bf16 and with the forward products in FP8
+# (BRAID_FP8_FORWARD=1), in turns, FP8_ROUNDS times (default 1): each
+# run's median step, tokens/s and final loss.
+phase_fp8() {
+  local mt=/tmp/model-tests r spec m bs n
+  if [ -f .dev/model-tests.gz ]; then
+    gunzip -c .dev/model-tests.gz > "$mt" && chmod +x "$mt"
+    timeout 120 "$mt" fp8 --include-ignored --nocapture --test-threads 1 > "$L/fp8-tests.txt" 2>&1
+    echo "fp8 tests: exit $?"
+    grep -E "^test |fp8 |a layer's products|->" "$L/fp8-tests.txt" | cut -c1-220
+  fi
+  run fp8-kernels-check 120 "$B" kernels --check &&
+    grep -iE "fp8|passed|failed|within" "$L/fp8-kernels-check.txt" | tail -n 5
+  for r in $(seq "${FP8_ROUNDS:-1}"); do
+    for spec in ${FP8_RUNS:-124M:16 1558M:8 L32-H32-C2560:8}; do
+      m=${spec%%:*} bs=${spec##*:}
+      for mode in bf16 fp8; do
+        n="fp8-$m-$mode-$r"
+        BRAID_FP8_FORWARD=$([ $mode = fp8 ] && echo 1 || echo 0) run "$n" 150 "$B" train \
+          --device cuda --model "$m" --batch "$bs" --seq 1024 --data random --steps 20 \
+          --eval-every 0 --log-every 10 || continue
+        echo "$m $mode round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1) | $(grep -ho 'final loss [0-9.]*' "$L/$n.txt" | tail -1)"
+      done
+    done
+  done
+}
+
 phase=${1:-}
 shift
 case $phase in
@@ -506,6 +541,7 @@ tests) phase_tests "$@" ;;
 bits) phase_bits ;;
 speed) phase_speed ;;
 proxy) phase_proxy ;;
+fp8) phase_fp8 ;;
 flash) phase_flash ;;
 hopper) phase_hopper ;;
 ncu) phase_ncu ;;

@@ -274,6 +274,27 @@ impl Mat {
         }
     }
 
+    /// Where it starts on the device and how many elements it may span
+    /// from there.
+    pub fn storage(&self) -> (u64, usize) {
+        (self.ptr, self.len)
+    }
+
+    /// Its element type.
+    pub fn dtype(&self) -> DType {
+        self.ty
+    }
+
+    /// Elements between stored rows.
+    pub fn ld(&self) -> usize {
+        self.ld
+    }
+
+    /// Whether it is stored whole and in order: untransposed, unbatched.
+    pub fn plain(&self) -> bool {
+        !self.transposed && self.stride == 0
+    }
+
     /// Rows `r` of a matrix stored untransposed, unbatched (a block of
     /// rows of a row-major operand, `ld` elements apart). `None` for a
     /// transposed or batched one, or rows past its storage.

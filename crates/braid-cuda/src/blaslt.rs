@@ -535,12 +535,15 @@ impl BlasLt {
             || match g.epilogue {
                 Epilogue::Plain => false,
                 Epilogue::Bias { bias } => bias.1 < n,
-                _ => true,
+                Epilogue::GeluAuxBias { bias, aux, aux_ld } => {
+                    bias.1 < n || aux_ld < n || (m - 1) * aux_ld + n > aux.1
+                }
+                Epilogue::DGeluBGrad { .. } => true,
             };
         if bad {
             return Err(CudaError::Invalid(format!(
-                "lt gemm: operands do not fit a scaled product of {m}x{k} · {k}x{n} (plain or \
-                 bias epilogue only): {g:?}"
+                "lt gemm: operands do not fit a scaled product of {m}x{k} · {k}x{n} (no GELU \
+                 backward epilogue): {g:?}"
             )));
         }
         Ok(())

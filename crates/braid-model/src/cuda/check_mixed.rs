@@ -483,6 +483,34 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         e,
         5e-2,
     ));
+    // The forward products in FP8 (e4m3, per-tensor scales; Ada and
+    // Hopper): the loss and gradients against the CPU's f32, within what
+    // e4m3's 3 mantissa bits allow (each input and weight rounded to about
+    // 6 % at worst, 2 % typically).
+    let (major, minor) = device.compute_capability()?;
+    if major * 10 + minor >= 89 && super::fp8::Fp8Kernels::load(device).is_ok() {
+        let mut f8 = super::model_mixed::GpuGptMixed::new(device, layout.clone(), mb, mt)?;
+        f8.set_fp8_forward(true)?;
+        let mut fgr = DeviceBuffer::zeros(device, layout.len)?;
+        let floss = f8.forward(&gparams, Some(&gpb), &m.tokens, &m.targets, true)?;
+        f8.backward(&gparams, Some(&gpb), &mut fgr)?;
+        let fgv = fgr.to_vec()?;
+        let mut e = ((floss - closs) as f64).abs() / (closs as f64).abs();
+        let mut worst = String::from("the loss");
+        for spec in &layout.params {
+            let t = norm_err(&fgv[spec.range()], &cg[spec.range()]);
+            if t > e {
+                e = t;
+                worst = spec.name.clone();
+            }
+        }
+        out.push(check(
+            "model fwd+bwd, FP8 forward products (vs CPU f32)",
+            format!("{}, B={mb}; worst {worst}", ModelReference::CONFIG),
+            e,
+            0.2,
+        ));
+    }
     // Deferring every layer's weight gradients reorders the work only:
     // the gradients must be the same bit for bit.
     gpu.defer_weight_grads(layout.config.n_layer)?;

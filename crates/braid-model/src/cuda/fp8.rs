@@ -134,13 +134,6 @@ impl Fp8Kernels {
         })
     }
 
-    fn casts<T: Fp8Source>(&self) -> &Casts {
-        match T::SUFFIX {
-            "bf" => &self.bf,
-            _ => &self.f32,
-        }
-    }
-
     /// `x` (`rows` × `cols`, row-major) into `out` in format `f`, scaled
     /// by its own amax (measured into `amax[0]`): as it is, or with
     /// `transposed` stored `cols` × `rows`. `deq[0]` becomes the
@@ -154,15 +147,67 @@ impl Fp8Kernels {
         deq: &mut impl DeviceMem<f32>,
         amax: &mut impl DeviceMem<f32>,
         x: &impl DeviceMem<T>,
+        shape: (usize, usize),
+        transposed: bool,
+        f: Fp8,
+    ) -> Result<()> {
+        // SAFETY: x is a live device buffer of x.dlen() elements of T.
+        unsafe {
+            self.quantize_at(
+                s,
+                (out, deq, amax),
+                (x.dptr(), x.dlen(), T::SUFFIX),
+                shape,
+                transposed,
+                f,
+            )
+        }
+    }
+
+    /// [`Fp8Kernels::quantize`] of the bf16 matrix at `x` (`(address,
+    /// elements)`).
+    ///
+    /// # Safety
+    /// `x` must address that many live bf16 elements on this device, left
+    /// unwritten until the kernels queued on `s` have run.
+    pub(crate) unsafe fn quantize_bf16_at(
+        &self,
+        s: &Stream,
+        to: &mut Fp8Tensor,
+        x: (u64, usize),
+        shape: (usize, usize),
+        transposed: bool,
+        f: Fp8,
+    ) -> Result<()> {
+        let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
+        // SAFETY: the caller vouches for x.
+        unsafe { self.quantize_at(s, out, (x.0, x.1, "bf"), shape, transposed, f) }
+    }
+
+    /// The quantisation itself; `x` is `(address, elements, the kernels'
+    /// suffix)`.
+    ///
+    /// # Safety
+    /// As [`Fp8Kernels::quantize_bf16_at`], for elements of the suffix's type.
+    #[allow(clippy::type_complexity)]
+    unsafe fn quantize_at(
+        &self,
+        s: &Stream,
+        (out, deq, amax): (
+            &mut impl DeviceMem<u8>,
+            &mut impl DeviceMem<f32>,
+            &mut impl DeviceMem<f32>,
+        ),
+        (x_ptr, x_len, suffix): (u64, usize, &str),
         (rows, cols): (usize, usize),
         transposed: bool,
         f: Fp8,
     ) -> Result<()> {
         let n = rows * cols;
-        if x.dlen() < n || out.dlen() < n || deq.dlen() < 1 || amax.dlen() < 1 {
+        if x_len < n || out.dlen() < n || deq.dlen() < 1 || amax.dlen() < 1 {
             return Err(CudaError::Invalid(format!(
-                "fp8 quantize: {rows} x {cols} from {} elements into {} bytes (scale {}, amax {})",
-                x.dlen(),
+                "fp8 quantize: {rows} x {cols} from {x_len} elements into {} bytes (scale {}, \
+                 amax {})",
                 out.dlen(),
                 deq.dlen(),
                 amax.dlen()
@@ -176,7 +221,10 @@ impl Fp8Kernels {
                 )))
             }
         };
-        let k = self.casts::<T>();
+        let k = match suffix {
+            "bf" => &self.bf,
+            _ => &self.f32,
+        };
         let fmt = KernelArg::I32(match f {
             Fp8::E4M3 => 0,
             Fp8::E5M2 => 1,
@@ -185,11 +233,12 @@ impl Fp8Kernels {
         let grid = (n.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
         let mut args = [
             KernelArg::Ptr(amax.dptr()),
-            KernelArg::Ptr(x.dptr()),
+            KernelArg::Ptr(x_ptr),
             KernelArg::I64(n as i64),
         ];
         // SAFETY: fp8_amax_* takes (float*, const T*, long): amax holds
-        // one f32, x at least n elements of T (checked above).
+        // one f32, x at least n elements of T (checked above; the caller
+        // vouches for x).
         unsafe {
             k.amax
                 .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
@@ -198,7 +247,7 @@ impl Fp8Kernels {
             let mut args = [
                 KernelArg::Ptr(out.dptr()),
                 KernelArg::Ptr(deq.dptr()),
-                KernelArg::Ptr(x.dptr()),
+                KernelArg::Ptr(x_ptr),
                 KernelArg::Ptr(amax.dptr()),
                 KernelArg::I32(i32_rows),
                 KernelArg::I32(i32_cols),
@@ -218,7 +267,7 @@ impl Fp8Kernels {
             let mut args = [
                 KernelArg::Ptr(out.dptr()),
                 KernelArg::Ptr(deq.dptr()),
-                KernelArg::Ptr(x.dptr()),
+                KernelArg::Ptr(x_ptr),
                 KernelArg::Ptr(amax.dptr()),
                 KernelArg::I64(n as i64),
                 fmt,

@@ -43,6 +43,7 @@ mod block;
 mod block_backward;
 mod errors;
 mod forward;
+mod fp8_forward;
 mod fresh;
 mod pass;
 mod products;
@@ -129,6 +130,7 @@ fn fused_products(device: &Device) -> Result<Option<FusedProducts>> {
         FusedProducts {
             lt,
             off: [false; 4],
+            fp8: None,
         }
     }))
 }
@@ -388,6 +390,36 @@ impl GpuGptMixed {
     /// the same numbers; NCCL may add them in another order per block.
     pub fn overlap_tensor_sums(&mut self, blocks: usize) {
         self.tensor_blocks = blocks.max(1);
+    }
+
+    /// With `on`, the forward pass's products run in FP8 (e4m3 inputs and
+    /// weights, each scaled by its own amax; see `fp8_forward`), the
+    /// backward pass's in bf16 as before. Refused without cuBLASLt's fused
+    /// products or on a GPU below compute capability 8.9 (no FP8 products).
+    pub fn set_fp8_forward(&mut self, on: bool) -> Result<()> {
+        let Some(fused) = self.lt.as_mut() else {
+            return match on {
+                true => Err(braid_cuda::CudaError::Invalid(
+                    "FP8 products need cuBLASLt's fused products (libcublasLt, and not \
+                     BRAID_FUSED_EPILOGUES=0)"
+                        .into(),
+                )),
+                false => Ok(()),
+            };
+        };
+        if !on {
+            fused.fp8 = None;
+            return Ok(());
+        }
+        let (major, minor) = self.device.compute_capability()?;
+        if major * 10 + minor < 89 {
+            return Err(braid_cuda::CudaError::Invalid(format!(
+                "FP8 products need a GPU of compute capability 8.9 or later (Ada, Hopper); \
+                 this one is {major}.{minor}: train in bf16"
+            )));
+        }
+        fused.fp8 = Some(fp8_forward::Fp8Forward::new(&self.device)?);
+        Ok(())
     }
 
     /// With `on`, the forward pass's row-split products (the attention's

@@ -2,6 +2,7 @@
 //! run plain or with a fused epilogue (cuBLASLt), its bias given as a
 //! [`span`].
 
+use super::fp8_forward::Fp8Forward;
 use super::state::FusedProducts;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{Epilogue, LtGemm};
@@ -71,6 +72,23 @@ impl Product {
             return Ok(false);
         };
         let kind = epilogue.kind() as usize;
+        if let Some(fp8) = fused
+            .fp8
+            .as_mut()
+            .filter(|f| !f.off[kind] && Fp8Forward::takes(&self))
+        {
+            match fp8.run(&mut fused.lt, s, &self, residual, d, epilogue) {
+                Ok(()) => return Ok(true),
+                Err(CudaError::Invalid(e)) => return Err(CudaError::Invalid(e)),
+                Err(e) => {
+                    eprintln!(
+                        "note: cuBLASLt has no FP8 product for {} here ({e}); those run in bf16",
+                        epilogue.name()
+                    );
+                    fp8.off[kind] = true;
+                }
+            }
+        }
         if fused.off[kind] {
             return Ok(false);
         }

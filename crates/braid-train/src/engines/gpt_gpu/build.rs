@@ -178,6 +178,11 @@ impl GpuGpt {
             Precision::Bf16 => {
                 let mut m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
+                // Experimental, off until measured: the forward products
+                // in FP8 (`BRAID_FP8_FORWARD=1`).
+                if std::env::var(braid_core::env::BRAID_FP8_FORWARD).is_ok_and(|v| v == "1") {
+                    m.set_fp8_forward(true).map_err(e)?;
+                }
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 // (A pipeline's first stage leaves its embeddings out.)
                 let bf16_len = layout.bf16_len();
