@@ -87,9 +87,11 @@
 #     default 2.65B at 32 and 64, 6.35B at 8; the description is the GPU's
 #     built-in one), the layout the plan keeps with the most memory and the
 #     one it refuses with the least, each run by `braid train` for 3 steps:
-#     the first must run (its peak beside the plan's figure), the second be
-#     refused by the pre-flight. MEMORY_DRY=1 prints the runs without them
-#     (checks the script on a machine without a GPU).
+#     the first must run (its peak beside the plan's figure), the second,
+#     started anyway in its leanest form with the pre-flight told the GPU
+#     has room (BRAID_TEST_GPU_FREE), must run out of memory. MEMORY_DRY=1
+#     prints the runs without them (checks the script on a machine without
+#     a GPU).
 #
 # Each run's output is under $L (in $OUT/logs.tgz), its command first.
 # Carry: .dev/braid.gz .dev/commit, and for `tests` .dev/built-at .dev/gpu-tests.gz
@@ -441,9 +443,22 @@ PY
         echo "$tag (plan: $gib GiB): $B train --device cuda --model $model --seq 1024 $flags --steps 3"
         continue
       fi
-      # shellcheck disable=SC2086
-      run "$tag" 180 "$B" train --device cuda --model "$model" --seq 1024 $flags --steps 3 \
-        --data random --eval-every 0 --json "$L/$tag.json"
+      # A refused layout is started anyway (the pre-flight told the GPU
+      # has room, BRAID_TEST_GPU_FREE) in its leanest form, to see it run
+      # out of memory.
+      local lean=()
+      if [ "$verdict" = refused ]; then
+        lean=(BRAID_TEST_GPU_FREE=4096G BRAID_SCORE_GRADS=recomputed)
+        [[ $flags == *--offload* ]] || lean+=(BRAID_BF16_WEIGHTS=streamed)
+        [[ $flags == *--checkpointing* ]] &&
+          lean+=(BRAID_CKPT_ATTENTION=0 BRAID_CKPT_ATTENTION_OUTPUT=recomputed)
+      fi
+      (
+        for kv in "${lean[@]}"; do export "${kv?}"; done
+        # shellcheck disable=SC2086
+        run "$tag" 180 "$B" train --device cuda --model "$model" --seq 1024 $flags --steps 3 \
+          --data random --eval-every 0 --json "$L/$tag.json"
+      )
       local rc=$?
       echo "== $tag: the plan counts $gib GiB; exit $rc"
       if [ -f "$L/$tag.json" ]; then

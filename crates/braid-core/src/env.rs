@@ -336,6 +336,10 @@ pub const BRAID_PS_CHILD: &str = "BRAID_PS_CHILD";
 /// transient stragglers of the SSP paper's experiments: its gradients come
 /// a step's length late).
 pub const BRAID_TEST_STRAGGLE: &str = "BRAID_TEST_STRAGGLE";
+/// Tests and experiments only: the free GPU memory braid train's
+/// pre-flight counts with instead of the GPU's (bytes, `K`/`M`/`G`
+/// suffixes), to start a run it would refuse and see it run out of memory.
+pub const BRAID_TEST_GPU_FREE: &str = "BRAID_TEST_GPU_FREE";
 
 // Other programs' variables that braid reads.
 

@@ -362,6 +362,26 @@ pub fn host(
     ))
 }
 
+/// `BRAID_TEST_GPU_FREE` (tests and experiments only): the free memory
+/// the pre-flight counts with instead of the GPU's, in bytes (`K`, `M`,
+/// `G` suffixes), so that a run the pre-flight would refuse is
+/// started and shown to run out of memory (`bench/device/one.sh memory`
+/// checks `braid plan`'s refusals so). A malformed value is reported and
+/// ignored.
+fn test_free_memory() -> Option<u128> {
+    let v = std::env::var(env::BRAID_TEST_GPU_FREE).ok()?;
+    match super::bench::parse_size(&v) {
+        Ok(bytes) => Some(bytes as u128),
+        Err(e) => {
+            eprintln!(
+                "braid: warning: ignoring {}={v}: {e}",
+                env::BRAID_TEST_GPU_FREE
+            );
+            None
+        }
+    }
+}
+
 /// Where a run's GPU memory must fit: the GPU's free memory less
 /// [`DEVICE_MARGIN`], and the estimate (the allocator's peak) within
 /// `--gpu-memory` where given.
@@ -377,10 +397,11 @@ impl Room {
     /// neither is known (the free memory cannot be read and no budget was
     /// given).
     pub(super) fn new(dev: &braid_cuda::Device, budget: Option<u128>) -> Option<Room> {
-        let free = match (dev.free_memory(), budget) {
-            (Ok(free), _) => free as u128,
-            (Err(_), Some(_)) => u128::MAX,
-            (Err(_), None) => return None,
+        let free = match (test_free_memory(), dev.free_memory(), budget) {
+            (Some(free), _, _) => free,
+            (None, Ok(free), _) => free as u128,
+            (None, Err(_), Some(_)) => u128::MAX,
+            (None, Err(_), None) => return None,
         };
         Some(Room {
             free,
@@ -1035,5 +1056,19 @@ mod tests {
         let z1 = Sharding { stage: 1, ranks: 4 };
         assert_eq!(shape(4, 4, 1, true).landing_bytes(z1, params), 0);
         assert_eq!(shape(4, 4, 0, false).landing_bytes(none, params), 0);
+    }
+
+    /// `BRAID_TEST_GPU_FREE`: a size read, a malformed one ignored (the
+    /// one test that sets it; only runs on a GPU read it otherwise).
+    #[test]
+    fn the_test_free_memory_override_is_read_or_ignored() {
+        let name = braid_core::env::BRAID_TEST_GPU_FREE;
+        std::env::remove_var(name);
+        assert_eq!(super::test_free_memory(), None);
+        std::env::set_var(name, "8G");
+        assert_eq!(super::test_free_memory(), Some(8u128 << 30));
+        std::env::set_var(name, "lots");
+        assert_eq!(super::test_free_memory(), None);
+        std::env::remove_var(name);
     }
 }
