@@ -127,7 +127,7 @@ run() {
   envs+="${BRAID_FLASH_FORWARD:+BRAID_FLASH_FORWARD=$BRAID_FLASH_FORWARD }"
   envs+="${BRAID_FLASH_BACKWARD:+BRAID_FLASH_BACKWARD=$BRAID_FLASH_BACKWARD }"
   envs+="${BRAID_FLASH_GROUP_HEADS:+BRAID_FLASH_GROUP_HEADS=$BRAID_FLASH_GROUP_HEADS }"
-  envs+="${BRAID_FP8_FORWARD:+BRAID_FP8_FORWARD=$BRAID_FP8_FORWARD }"
+  envs+="${BRAID_FP8:+BRAID_FP8=$BRAID_FP8 }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -522,9 +522,9 @@ PY
 # layer's products in bf16 against FP8 with their casts), `braid kernels
 # --check` (its FP8 forward model check among the rest), then each model
 # of FP8_RUNS (MODEL:BATCH, default 124M:16 1558M:8 L32-H32-C2560:8)
-# trained in bf16 and with the forward products in FP8
-# (BRAID_FP8_FORWARD=1), in turns, FP8_ROUNDS times (default 1): each
-# run's median step, tokens/s and final loss.
+# trained in bf16, with the forward products in FP8 (BRAID_FP8=forward)
+# and with every product in FP8 (BRAID_FP8=all), in turns, FP8_ROUNDS
+# times (default 1): each run's median step, tokens/s and final loss.
 phase_fp8() {
   local mt=/tmp/model-tests r spec m bs n
   if [ -f .dev/model-tests.gz ]; then
@@ -538,9 +538,9 @@ phase_fp8() {
   for r in $(seq "${FP8_ROUNDS:-1}"); do
     for spec in ${FP8_RUNS:-124M:16 1558M:8 L32-H32-C2560:8}; do
       m=${spec%%:*} bs=${spec##*:}
-      for mode in bf16 fp8; do
+      for mode in off forward all; do
         n="fp8-$m-$mode-$r"
-        BRAID_FP8_FORWARD=$([ $mode = fp8 ] && echo 1 || echo 0) run "$n" 150 "$B" train \
+        BRAID_FP8=$mode run "$n" 150 "$B" train \
           --device cuda --model "$m" --batch "$bs" --seq 1024 --data random --steps 20 \
           --eval-every 0 --log-every 10 || continue
         echo "$m $mode round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1) | $(grep -ho 'final loss [0-9.]*' "$L/$n.txt" | tail -1)"

@@ -488,9 +488,20 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     // e4m3's 3 mantissa bits allow (each input and weight rounded to about
     // 6 % at worst, 2 % typically).
     let (major, minor) = device.compute_capability()?;
-    if major * 10 + minor >= 89 && super::fp8::Fp8Kernels::load(device).is_ok() {
+    use super::model_mixed::Fp8Use;
+    let fp8 = major * 10 + minor >= 89 && super::fp8::Fp8Kernels::load(device).is_ok();
+    for (what, use_) in [
+        (
+            "model fwd+bwd, FP8 forward products (vs CPU f32)",
+            Fp8Use::Forward,
+        ),
+        ("model fwd+bwd, FP8 products (vs CPU f32)", Fp8Use::All),
+    ] {
+        if !fp8 {
+            break;
+        }
         let mut f8 = super::model_mixed::GpuGptMixed::new(device, layout.clone(), mb, mt)?;
-        f8.set_fp8_forward(true)?;
+        f8.set_fp8(use_)?;
         let mut fgr = DeviceBuffer::zeros(device, layout.len)?;
         let floss = f8.forward(&gparams, Some(&gpb), &m.tokens, &m.targets, true)?;
         f8.backward(&gparams, Some(&gpb), &mut fgr)?;
@@ -505,7 +516,7 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
             }
         }
         out.push(check(
-            "model fwd+bwd, FP8 forward products (vs CPU f32)",
+            what,
             format!("{}, B={mb}; worst {worst}", ModelReference::CONFIG),
             e,
             0.2,

@@ -43,7 +43,7 @@ mod block;
 mod block_backward;
 mod errors;
 mod forward;
-mod fp8_forward;
+mod fp8_products;
 mod fresh;
 mod pass;
 mod products;
@@ -55,7 +55,9 @@ mod state;
 mod sums;
 mod weights;
 mod wide;
+
 pub use backward::WeightGrads;
+pub use fp8_products::Fp8Use;
 pub use fresh::first_writes;
 pub use saved::SavedFor;
 use stage::MicroPlan;
@@ -392,22 +394,23 @@ impl GpuGptMixed {
         self.tensor_blocks = blocks.max(1);
     }
 
-    /// With `on`, the forward pass's products run in FP8 (e4m3 inputs and
-    /// weights, each scaled by its own amax; see `fp8_forward`), the
-    /// backward pass's in bf16 as before. Refused without cuBLASLt's fused
-    /// products or on a GPU below compute capability 8.9 (no FP8 products).
-    pub fn set_fp8_forward(&mut self, on: bool) -> Result<()> {
+    /// Which products run in FP8 (see `fp8_products`: e4m3 inputs and
+    /// weights, e5m2 gradients, each scaled by its own amax): none (the
+    /// default), the forward pass's, or the backward pass's too (without
+    /// tensor parallelism). Refused without cuBLASLt's fused products or on
+    /// a GPU below compute capability 8.9 (no FP8 products).
+    pub fn set_fp8(&mut self, use_: Fp8Use) -> Result<()> {
         let Some(fused) = self.lt.as_mut() else {
-            return match on {
-                true => Err(braid_cuda::CudaError::Invalid(
+            return match use_ {
+                Fp8Use::Off => Ok(()),
+                _ => Err(braid_cuda::CudaError::Invalid(
                     "FP8 products need cuBLASLt's fused products (libcublasLt, and not \
                      BRAID_FUSED_EPILOGUES=0)"
                         .into(),
                 )),
-                false => Ok(()),
             };
         };
-        if !on {
+        if use_ == Fp8Use::Off {
             fused.fp8 = None;
             return Ok(());
         }
@@ -418,7 +421,8 @@ impl GpuGptMixed {
                  this one is {major}.{minor}: train in bf16"
             )));
         }
-        fused.fp8 = Some(fp8_forward::Fp8Forward::new(&self.device)?);
+        let backward = use_ == Fp8Use::All;
+        fused.fp8 = Some(fp8_products::Fp8Products::new(&self.device, backward)?);
         Ok(())
     }
 

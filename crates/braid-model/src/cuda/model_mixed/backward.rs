@@ -7,7 +7,7 @@ use super::errors::{no_weights, not_deferred};
 use super::pass::Pass;
 use super::products::mm;
 use super::seq;
-use super::state::GpuGptMixed;
+use super::state::{FusedProducts, GpuGptMixed};
 use super::sums::sum_bf16;
 use super::weights::layer_weights;
 use crate::cpu::attention::AttnShape;
@@ -20,10 +20,13 @@ use braid_cuda::memory::zero_async;
 use braid_cuda::{CudaError, DeviceBuffer, DeviceWindow, Result, Stream};
 use half::bf16;
 
-/// `dx = dy · wᵀ` (overwritten) for `y[n,out] = x[n,inp] · w[inp,out]`.
+/// `dx = dy · wᵀ` (overwritten) for `y[n,out] = x[n,inp] · w[inp,out]`:
+/// in FP8 where the backward pass's products are (`lt`'s
+/// [`Fp8Products`](super::fp8_products::Fp8Products)), else bf16.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn input_grad(
     blas: &mut Blas,
+    lt: &mut Option<FusedProducts>,
     s: &Stream,
     n: usize,
     inp: usize,
@@ -32,16 +35,24 @@ pub(super) fn input_grad(
     w: Mat,
     dx: Mat,
 ) -> Result<()> {
+    if let Some(f) = lt.as_mut() {
+        if let Some(fp8) = f.fp8.as_mut().filter(|x| x.backward_on()) {
+            if fp8.input_grad(&mut f.lt, s, (n, inp, out), dy, w, dx)? {
+                return Ok(());
+            }
+        }
+    }
     mm(blas, s, n, inp, out, dy, w.t(), dx, 0.0)
 }
 
 /// `dw = xᵀ · dy + beta · dw` for `y[n,out] = x[n,inp] · w[inp,out]`
-/// (`beta` 1 adds, 0 overwrites: [`fresh`]).
+/// (`beta` 1 adds, 0 overwrites: [`fresh`]); in FP8 as [`input_grad`].
 ///
 /// [`fresh`]: super::fresh
 #[allow(clippy::too_many_arguments)]
 pub(super) fn weight_grad(
     blas: &mut Blas,
+    lt: &mut Option<FusedProducts>,
     s: &Stream,
     n: usize,
     inp: usize,
@@ -51,6 +62,13 @@ pub(super) fn weight_grad(
     dw: Mat,
     beta: f32,
 ) -> Result<()> {
+    if let Some(f) = lt.as_mut() {
+        if let Some(fp8) = f.fp8.as_mut().filter(|x| x.backward_on()) {
+            if fp8.weight_grad(&mut f.lt, s, (n, inp, out), x, dy, dw, beta)? {
+                return Ok(());
+            }
+        }
+    }
     mm(blas, s, inp, out, n, x.t(), dy, dw, beta)
 }
 
@@ -319,6 +337,7 @@ impl GpuGptMixed {
             mk,
             kernels: &self.kernels,
             blas: &mut self.blas,
+            lt: &mut self.lt,
             prof: &mut self.prof,
             group: &self.group,
             seq: &mut self.seq,
@@ -378,7 +397,7 @@ impl GpuGptMixed {
             ..
         } = self.widths;
         let n = self.b * self.t;
-        let (s, blas) = (&self.stream, &mut self.blas);
+        let (s, blas, lt) = (&self.stream, &mut self.blas, &mut self.lt);
         let (r, a) = (held(&self.ranges, l)?, held(&self.layers, l)?);
         for w in which {
             let (x, dy, range, inp, out) = match w {
@@ -396,6 +415,7 @@ impl GpuGptMixed {
             let dw = g.view_mut(range)?;
             weight_grad(
                 blas,
+                lt,
                 s,
                 n,
                 inp,

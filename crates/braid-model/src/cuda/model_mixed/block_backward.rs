@@ -23,7 +23,7 @@ use super::errors::no_acts;
 use super::fresh;
 use super::row_sum;
 use super::seq;
-use super::state::{BlockActs, DeferredDy, Group, LayerSaved};
+use super::state::{BlockActs, DeferredDy, FusedProducts, Group, LayerSaved};
 use super::wide::Wide;
 use crate::block::LayerRanges;
 use crate::block::{Act, BlockBackward, Linear, Norm};
@@ -49,6 +49,8 @@ pub(super) struct MixedBackward<'a, 'g> {
     pub(super) mk: &'a MixedKernels,
     pub(super) kernels: &'a Kernels,
     pub(super) blas: &'a mut Blas,
+    /// cuBLASLt, with the FP8 products where they are on.
+    pub(super) lt: &'a mut Option<FusedProducts>,
     pub(super) prof: &'a mut PhaseTimer,
     pub(super) group: &'a Option<Group>,
     pub(super) seq: &'a mut Option<seq::SeqRows>,
@@ -205,7 +207,7 @@ impl<'a> MixedBackward<'a, '_> {
             }
         };
         let dw = Mat::of(&self.g.view_mut(range)?, out);
-        weight_grad(self.blas, self.s, n, inp, out, x, dy, dw, beta)?;
+        weight_grad(self.blas, self.lt, self.s, n, inp, out, x, dy, dw, beta)?;
         match phase.is_empty() {
             true => Ok(()),
             false => self.prof.mark(self.s, phase),
@@ -247,6 +249,7 @@ impl BlockBackward for MixedBackward<'_, '_> {
         };
         input_grad(
             self.blas,
+            self.lt,
             self.s,
             n,
             inp,
@@ -329,6 +332,11 @@ impl BlockBackward for MixedBackward<'_, '_> {
                     self.dln,
                     what,
                 )?;
+            }
+            // One process's product (FP8 where the backward pass's are).
+            None if self.group.is_none() => {
+                let dx = Mat::of(&*self.dln, c);
+                input_grad(self.blas, self.lt, self.s, n, c, oc, dy, wt, dx)?;
             }
             None => row_sum::input_grad_sum(
                 self.blas,

@@ -2,7 +2,7 @@
 //! run plain or with a fused epilogue (cuBLASLt), its bias given as a
 //! [`span`].
 
-use super::fp8_forward::Fp8Forward;
+use super::fp8_products::Fp8Products;
 use super::state::FusedProducts;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{Epilogue, LtGemm};
@@ -75,7 +75,7 @@ impl Product {
         if let Some(fp8) = fused
             .fp8
             .as_mut()
-            .filter(|f| !f.off[kind] && Fp8Forward::takes(&self))
+            .filter(|f| !f.off[kind] && Fp8Products::takes(&self))
         {
             match fp8.run(&mut fused.lt, s, &self, residual, d, epilogue) {
                 Ok(()) => return Ok(true),

@@ -168,8 +168,8 @@ pub(super) struct Group {
 pub(super) struct FusedProducts {
     pub(super) lt: BlasLt,
     pub(super) off: [bool; 4],
-    /// The forward products in FP8 (`GpuGptMixed::set_fp8_forward`).
-    pub(super) fp8: Option<super::fp8_forward::Fp8Forward>,
+    /// Products in FP8 (`GpuGptMixed::set_fp8`).
+    pub(super) fp8: Option<super::fp8_products::Fp8Products>,
 }
 
 /// A GPT model's mixed-precision forward and backward passes on one GPU,

@@ -178,10 +178,12 @@ impl GpuGpt {
             Precision::Bf16 => {
                 let mut m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
-                // Experimental, off until measured: the forward products
-                // in FP8 (`BRAID_FP8_FORWARD=1`).
-                if std::env::var(braid_core::env::BRAID_FP8_FORWARD).is_ok_and(|v| v == "1") {
-                    m.set_fp8_forward(true).map_err(e)?;
+                // Experimental, off until measured: products in FP8
+                // (`BRAID_FP8=forward` or `all`).
+                if let Ok(v) = std::env::var(braid_core::env::BRAID_FP8) {
+                    let use_ = braid_model::cuda::model_mixed::Fp8Use::parse(&v)
+                        .map_err(|why| format!("{}={v}: {why}", braid_core::env::BRAID_FP8))?;
+                    m.set_fp8(use_).map_err(e)?;
                 }
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 // (A pipeline's first stage leaves its embeddings out.)
