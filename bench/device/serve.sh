@@ -28,7 +28,9 @@
 #     saved) behind `braid serve --device cuda` (--kv-memory SERVE_KV,
 #     default 2G: 64 requests of 256 positions at once), loaded by `braid
 #     bench serve` with 64 prompts of 128 tokens and 128 new tokens each,
-#     at 1, 8 and 64 requests in flight (--json into $L), once per
+#     at 1, 8 and 64 requests in flight, then 64 in flight over
+#     SERVE_WAVES × 64 requests (default 4; 1: not) for the steady figure
+#     (--json into $L), once per
 #     --dtype of SERVE_DTYPES (default "bf16 f32"; bf16 runs over a bf16
 #     KV cache, f32 over an f32 one, unless BRAID_DECODE_KV says; bf16kv
 #     sets BRAID_DECODE_KV=bf16; a setting may add environment
@@ -62,7 +64,8 @@
 #
 #   bash bench/device/serve.sh xl
 #     GPT-2 1558M (one bf16 step on the GPU, saved) behind braid serve at 1
-#     in flight (16 prompts) and 64 (64 prompts), once per setting of
+#     in flight (16 prompts) and 64 (64 prompts, then SERVE_WAVES × 64),
+#     once per setting of
 #     XL_SETTINGS (default "bf16"; the syntax of SERVE_DTYPES; XL_KV=f32
 #     or bf16 sets the cache, XL_ARGS adds flags of braid serve), then
 #     Hugging Face generate() at 1558M (XL_PEER=0: not).
@@ -314,12 +317,22 @@ phase_serve() {
     local pid
     start_serve "$log" --device cuda --dtype "$flag" --load "$m" --port "$PORT" \
       --kv-memory "${SERVE_KV:-2G}" "${args[@]}" || return 1
-    for c in 1 8 64; do
-      run "bench-serve-$dt-c$c" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" --num-prompts 64 \
-        --input-len 128 --output-len 128 --max-concurrency "$c" --json "$L/bench-serve-$dt-c$c.json" ||
-        ok=1
-      echo "== braid serve --device cuda, 124M $dt, concurrency $c"
-      grep -vE '^(cmd:|exit )' "$L/bench-serve-$dt-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
+    # 64 in flight once as one wave of 64 (what Hugging Face's batch of 64
+    # is), then, SERVE_WAVES > 1 (default 4), kept at 64 in flight over that
+    # many waves' requests: the steady figure, which one wave's ramp (64
+    # prefills at once) moves by ±20 % from call to call.
+    local waves=${SERVE_WAVES:-4} c prompts tag
+    for c in 1 8 64 "64x$waves"; do
+      prompts=64 tag=$c
+      if [[ $c == 64x* ]]; then
+        [ "$waves" -gt 1 ] || continue
+        prompts=$((64 * waves)) c=64
+      fi
+      run "bench-serve-$dt-c$tag" 200 "$B" bench serve --url "http://127.0.0.1:$PORT" \
+        --num-prompts "$prompts" --input-len 128 --output-len 128 --max-concurrency "$c" \
+        --json "$L/bench-serve-$dt-c$tag.json" || ok=1
+      echo "== braid serve --device cuda, 124M $dt, concurrency $c, $prompts requests"
+      grep -vE '^(cmd:|exit )' "$L/bench-serve-$dt-c$tag.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
     done
     # The serving curve (the first dtype): Poisson arrivals from light load
     # to saturation, drawn by braid (output tokens/s against the p99 time
@@ -427,14 +440,19 @@ phase_xl() {
     # shellcheck disable=SC2086
     start_serve "$log" --device cuda --dtype "$flag" --load "$m" --port "$PORT" --kv-memory 8G \
       "${args[@]}" ${XL_ARGS:-} || return 1
-    for c in 1 64; do
-      local n=64
+    local waves=${SERVE_WAVES:-4} c n ct
+    for c in 1 64 "64x$waves"; do
+      n=64 ct=$c
       [ "$c" = 1 ] && n=16
-      run "bench-serve-1558m-$tag-c$c" 150 "$B" bench serve --url "http://127.0.0.1:$PORT" \
+      if [[ $c == 64x* ]]; then
+        [ "$waves" -gt 1 ] || continue
+        n=$((64 * waves)) c=64
+      fi
+      run "bench-serve-1558m-$tag-c$ct" 150 "$B" bench serve --url "http://127.0.0.1:$PORT" \
         --num-prompts "$n" --input-len 128 --output-len 128 --max-concurrency "$c" \
-        --json "$L/bench-serve-1558m-$tag-c$c.json" || ok=1
-      echo "== braid serve --device cuda, 1558M $x, concurrency $c"
-      grep -vE '^(cmd:|exit )' "$L/bench-serve-1558m-$tag-c$c.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
+        --json "$L/bench-serve-1558m-$tag-c$ct.json" || ok=1
+      echo "== braid serve --device cuda, 1558M $x, concurrency $c, $n requests"
+      grep -vE '^(cmd:|exit )' "$L/bench-serve-1558m-$tag-c$ct.txt" | grep -E "throughput|TTFT|TPOT" | head -n 8 | cut -c1-200
     done
     kill -TERM "$pid" 2> /dev/null
     wait "$pid" 2> /dev/null
