@@ -193,12 +193,13 @@ pub const BRAID_DECODE_OVERLAP: &str = "BRAID_DECODE_OVERLAP";
 /// one stream at 2.28 ms a token against 2.79 with neither, 124M at 0.44
 /// against 0.58 (BENCHMARKS.md, the eighth serving round).
 pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
-/// `forward`: the bf16 GPU engine runs its forward pass's products in FP8
-/// (e4m3 inputs and weights, each scaled by its own amax, fast
-/// accumulation); `all` (or `1`): its backward pass's too, without tensor
-/// parallelism (e5m2 output gradients), the weight gradients still added
-/// into f32 — issue 69's steps towards `--precision fp8`. Off by default:
-/// not yet measured; refused below compute capability 8.9.
+/// Which of the mixed GPU engine's products run in FP8, whatever
+/// `--precision` (bf16 or fp8) says: `off`, `forward` (the forward pass's:
+/// e4m3 inputs and weights, each scaled by its own amax, fast
+/// accumulation) or `all` (or `1`; the backward pass's too, without tensor
+/// parallelism: e5m2 output gradients, the weight gradients still added
+/// into f32). Unset: `all` under `--precision fp8`, else `off`.
+/// Experiments (issue 69); refused below compute capability 8.9.
 pub const BRAID_FP8: &str = "BRAID_FP8";
 /// With `BRAID_DECODE_NT`: at most this many blocks a multiprocessor in
 /// an NT product's grid, each looping over its groups of outputs (room for

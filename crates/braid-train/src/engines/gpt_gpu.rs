@@ -643,7 +643,7 @@ impl EngineInfo for GpuGpt {
                 optimizer,
                 ..Default::default()
             },
-            Precision::Bf16 => StateBytes {
+            Precision::Bf16 | Precision::Fp8 => StateBytes {
                 params: bf16s,
                 master: f32s,
                 optimizer,
@@ -859,7 +859,7 @@ impl LendsMemory for GpuGpt {
         // The bf16 model over its whole parameters, every layer one unit
         // (no deferred weight gradients), its optimizer on the GPU.
         let whole_plan = self.steps == plan(&self.layout, 0);
-        let bf16 = self.precision == Precision::Bf16;
+        let bf16 = self.precision.mixed();
         if !bf16 || self.sharded || !whole_plan || self.offload.is_some() {
             return Ok(None);
         }

@@ -280,7 +280,7 @@ pub fn host(
     let states = if adamw { 2 } else { 1 };
     let need_with = |b: usize, ckpt: bool, sharding: Sharding| {
         if cuda && a.offload {
-            let mixed = precision == Precision::Bf16;
+            let mixed = precision.mixed();
             footprint::offloaded_optimizer(cfg, mixed, braid_train::engines::offload::CHUNK)
         } else if cuda {
             Footprint {
@@ -604,7 +604,7 @@ pub fn device(
     batch: usize,
     deferred: usize,
 ) -> Result<DevicePlan, String> {
-    let fused = precision == Precision::Bf16 && fused_attention(cfg, dev);
+    let fused = precision.mixed() && fused_attention(cfg, dev);
     let space = Room::new(dev, a.gpu_memory);
     device_in(a, cfg, (space, fused), precision, batch, deferred)
 }
@@ -620,7 +620,7 @@ pub(super) fn device_in(
     deferred: usize,
 ) -> Result<DevicePlan, String> {
     use braid_model::footprint::{gib, gpu_training, largest_batch, GpuRun};
-    let mixed = precision == Precision::Bf16;
+    let mixed = precision.mixed();
     let forced = env_choice(env::BRAID_BF16_WEIGHTS, "streamed", "resident")?;
     if forced == Some(true) && !mixed {
         return Err("BRAID_BF16_WEIGHTS=streamed: the f32 engine has no bf16 weights".into());

@@ -169,9 +169,11 @@ pub struct TrainArgs {
           aliases = ["nproc_per_node", "np"], value_name = "N", value_parser = super::parse_nproc,
           help_heading = H_DEVICE)]
     pub(super) nproc: Option<super::Nproc>,
-    /// GPU arithmetic: bf16 (mixed precision, the default) or f32.
+    /// GPU arithmetic: bf16 (mixed precision, the default), fp8 or f32.
     ///
-    /// bf16: bf16 products and activations, f32 master weights. The CPU engine is f32.
+    /// bf16: bf16 products and activations, f32 master weights. fp8
+    /// (experimental, compute capability 8.9 and up): as bf16, with the
+    /// linear layers' products in FP8. The CPU engine is f32.
     #[arg(long, hide_short_help = true, help_heading = H_DEVICE)]
     pub(super) precision: Option<String>,
     /// Recompute activations in the backward pass instead of keeping them.
@@ -508,7 +510,7 @@ pub(super) fn sequence_parallel(
     }
     let run = format!("--tp {} --pp {}", a.tp, a.pp);
     match (cuda && a.pp > 1, precision, a.sp) {
-        (false, _, _) | (true, Precision::Bf16, true) => Ok((true, None)),
+        (false, _, _) | (true, Precision::Bf16 | Precision::Fp8, true) => Ok((true, None)),
         (true, Precision::F32, true) => Err(format!(
             "--sp with {run} --precision f32: a pipeline's f32 GPU stages run their \
              tensor-parallel passes without it (drop --sp, or train in bf16)"
@@ -521,7 +523,7 @@ pub(super) fn sequence_parallel(
                  silences this)"
             )),
         )),
-        (true, Precision::Bf16, false) => Ok((
+        (true, _, false) => Ok((
             false,
             Some(format!(
                 "sequence parallelism: off for {run} by default (a micro-batch's rows are few: \
@@ -543,7 +545,7 @@ pub(super) fn defer_layers(
 ) -> usize {
     match (asked, precision) {
         (Some(n), _) => n,
-        (None, Precision::Bf16) => braid_model::footprint::deferred_by_default(ranks, layers),
+        (None, p) if p.mixed() => braid_model::footprint::deferred_by_default(ranks, layers),
         (None, _) => 0,
     }
 }

@@ -283,7 +283,7 @@ fn precision_of(a: &TrainArgs, cuda: bool) -> Result<Precision, String> {
     match (cuda, a.precision.as_deref()) {
         (true, p) => Precision::parse(p.unwrap_or("bf16")),
         (false, Some(p)) if Precision::parse(p) != Ok(Precision::F32) => Err(format!(
-            "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16)"
+            "--precision {p}: the CPU engine trains in f32 (use --device cuda for bf16 or fp8)"
         )),
         (false, _) => Ok(Precision::F32),
     }
@@ -297,7 +297,7 @@ fn gpu_engine_checked(
     precision: Precision,
     optimizer: OptimizerKind,
 ) -> Result<(), String> {
-    if cuda && a.checkpointing && precision != Precision::Bf16 {
+    if cuda && a.checkpointing && !precision.mixed() {
         return Err(format!(
             "--checkpointing: the GPU engine recomputes blocks in bf16 only (drop \
              --precision {} or the flag)",

@@ -169,7 +169,7 @@ pub fn run(r: GpuRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<RunReport, St
     shard_choice.split_reduce = plan.split_embeddings;
     braid_cuda::pool::reset_peak();
     // The bf16 engine sizes its rows for sequence parallelism when built.
-    let bf16_sequence = place.sequence && groups.is_some() && precision == Precision::Bf16;
+    let bf16_sequence = place.sequence && groups.is_some() && precision.mixed();
     super::train_mesh::sequence_knobs(bf16_sequence)?;
     let options = braid_model::cuda::model_mixed::MixedOptions {
         checkpointing,

@@ -223,7 +223,7 @@ pub fn gpu_engine(
     let device = group.device().clone();
     // (The f32 engine takes no bf16 options.)
     let options = match precision {
-        Precision::Bf16 => options,
+        Precision::Bf16 | Precision::Fp8 => options,
         Precision::F32 => MixedOptions::default(),
     };
     let inner = GpuGpt::new(&device, &params, (b, t), precision, options, weight_decay)?;
@@ -274,7 +274,7 @@ pub(super) fn fitting_form(
     rank: usize,
     space: Option<&Room>,
 ) -> Result<(MixedOptions, Option<StageActivations>, u64), String> {
-    let mixed = f.precision == Precision::Bf16;
+    let mixed = f.precision.mixed();
     let mut refusal = String::from("no memory form to try");
     for &streamed_weights in &f.weights {
         for &stored_score_grads in &f.scores {
@@ -328,7 +328,7 @@ fn check_stage_fits(
         per_parameter: per,
     } = stage_states(
         (layout.len, layout.bf16_len()),
-        precision == Precision::Bf16 && !streamed,
+        precision.mixed() && !streamed,
         data,
     );
     let states = states as u64;
@@ -363,7 +363,7 @@ fn check_stage_fits(
              this stage (--stage-layers){}{}",
             gib(states),
             match precision {
-                Precision::Bf16 if !streamed => "their bf16 copy, ",
+                Precision::Bf16 | Precision::Fp8 if !streamed => "their bf16 copy, ",
                 _ => "",
             },
             match data.stage {
@@ -376,7 +376,7 @@ fn check_stage_fits(
                 false => "",
             },
             match precision {
-                Precision::Bf16 if !streamed => {
+                Precision::Bf16 | Precision::Fp8 if !streamed => {
                     ", or cast the bf16 weights layer by layer (BRAID_BF16_WEIGHTS=streamed)"
                 }
                 _ => "",

@@ -153,7 +153,7 @@ pub fn run(r: PipelineRun<'_>, parts: &mut LoopParts<'_, '_>) -> Result<Pipeline
         // attention runs again in the backward pass.
         let recompute_attention_output =
             env_choice(env::BRAID_CKPT_ATTENTION_OUTPUT, "recomputed", "kept")? != Some(false);
-        let mixed = precision == Precision::Bf16;
+        let mixed = precision.mixed();
         let weights = match env_choice(env::BRAID_BF16_WEIGHTS, "streamed", "resident")? {
             Some(streamed) => vec![streamed],
             None if mixed => vec![false, true],

@@ -9,7 +9,6 @@ use super::train_check::Choices;
 use super::train_model::ModelData;
 use super::train_place::Placement;
 use braid_model::GptConfig;
-use braid_train::engines::Precision;
 use braid_train::plan::{predict, Hardware, Layout, Prediction, Workload};
 use braid_train::schedule::build::ScheduleKind;
 use serde::{Deserialize, Serialize};
@@ -51,7 +50,7 @@ impl RunLayout {
             true => a.micro_batches.unwrap_or(2 * a.pp),
             false => a.accum,
         };
-        let gpu = match c.cuda && c.precision == Precision::Bf16 {
+        let gpu = match c.cuda && c.precision.mixed() {
             true => {
                 let local = braid_core::world::local_rank_from_env().unwrap_or(0);
                 braid_cuda::Device::open(local)

@@ -6,7 +6,6 @@ use super::train::{gather_via_checked, pipe_flags, update_beside_removed, TrainA
 use super::train_check::Choices;
 use braid_core::env;
 use braid_model::GptConfig;
-use braid_train::engines::Precision;
 
 /// Starts the workers `--nproc-per-node` asks for, when this process was
 /// not started as one of them, after the checks they would each make;
@@ -52,7 +51,7 @@ fn mesh_checked(a: &TrainArgs, c: &Choices, n: usize) -> Result<(), String> {
         super::train_mesh::tensor_overlap_blocks()?;
         super::train_mesh::tensor_sums_in_bf16()?;
         super::train_mesh::tensor_grad_sums_beside()?;
-        super::train_mesh::sequence_knobs(c.sequence && c.cuda && c.precision == Precision::Bf16)?;
+        super::train_mesh::sequence_knobs(c.sequence && c.cuda && c.precision.mixed())?;
     }
     if a.pp > 1 {
         pipeline_checked(a, &c.model, n)?;

@@ -15,6 +15,7 @@ use braid_model::cuda::f32_params::SideMap;
 use braid_model::cuda::gpu_model::GpuModel;
 use braid_model::cuda::mixed::{AdamSegments, MixedKernels};
 use braid_model::cuda::model::GpuGpt as GpuGptF32;
+use braid_model::cuda::model_mixed::Fp8Use;
 use braid_model::cuda::model_mixed::{GpuGptMixed, MixedOptions};
 use braid_model::optim::AdamWConfig;
 use braid_model::Params;
@@ -59,7 +60,7 @@ impl GpuGpt {
         options: MixedOptions,
         weight_decay: f32,
     ) -> Result<GpuGpt> {
-        if precision == Precision::Bf16 && !options.streamed_weights {
+        if precision.mixed() && !options.streamed_weights {
             return Err(
                 "ZeRO-3 on the GPU casts each gathered layer to bf16 as it runs: build the bf16 \
                  engine with streamed weights (MixedOptions::streamed_weights)"
@@ -131,7 +132,7 @@ impl GpuGpt {
                     .into(),
             );
         }
-        if options != MixedOptions::default() && precision != Precision::Bf16 {
+        if options != MixedOptions::default() && !precision.mixed() {
             return Err(format!(
                 "checkpointing and streamed weights are bf16-only in the GPU engine, not {}",
                 precision.name()
@@ -153,7 +154,7 @@ impl GpuGpt {
                 layout.len
             ));
         }
-        let side = (offload && precision == Precision::Bf16).then(|| SideMap::for_mixed(&layout));
+        let side = (offload && precision.mixed()).then(|| SideMap::for_mixed(&layout));
         let p = match &side {
             // This rank's shard comes up when the strategy shards.
             None if pending.is_some() => DeviceBuffer::zeros(device, 0).map_err(e)?,
@@ -175,16 +176,18 @@ impl GpuGpt {
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 Box::new(m)
             }
-            Precision::Bf16 => {
+            Precision::Bf16 | Precision::Fp8 => {
                 let mut m =
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
-                // Experimental, off until measured: products in FP8
-                // (`BRAID_FP8=forward` or `all`).
-                if let Ok(v) = std::env::var(braid_core::env::BRAID_FP8) {
-                    let use_ = braid_model::cuda::model_mixed::Fp8Use::parse(&v)
-                        .map_err(|why| format!("{}={v}: {why}", braid_core::env::BRAID_FP8))?;
-                    m.set_fp8(use_).map_err(e)?;
-                }
+                // The products in FP8 under --precision fp8, all of them
+                // unless `BRAID_FP8` says (`forward`, `off`: experiments).
+                let fp8 = match std::env::var(braid_core::env::BRAID_FP8) {
+                    Ok(v) => Fp8Use::parse(&v)
+                        .map_err(|why| format!("{}={v}: {why}", braid_core::env::BRAID_FP8))?,
+                    Err(_) if precision == Precision::Fp8 => Fp8Use::All,
+                    Err(_) => Fp8Use::Off,
+                };
+                m.set_fp8(fp8).map_err(e)?;
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 // (A pipeline's first stage leaves its embeddings out.)
                 let bf16_len = layout.bf16_len();
