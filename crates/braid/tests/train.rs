@@ -127,8 +127,8 @@ fn bad_training_input_is_explained() {
             "the CPU engine trains in f32",
         ),
         (
-            &["train", "--device", "cuda", "--precision", "fp8"][..],
-            "expected f32 or bf16",
+            &["train", "--device", "cuda", "--precision", "fp4"][..],
+            "expected f32, bf16 or fp8",
         ),
         (
             &["generate", "--load", "/nonexistent.safetensors"][..],
