@@ -31,9 +31,13 @@ struct Room {
 }
 
 impl Room {
-    fn at_least(&mut self, n: usize) -> Result<&mut Fp8Tensor> {
+    /// Room for `n` values, for work queued on `s`: a smaller one is
+    /// freed once `s` has finished with it (a product queued on `s` may
+    /// still read it), before the larger one is made.
+    fn at_least(&mut self, s: &Stream, n: usize) -> Result<&mut Fp8Tensor> {
         if self.held.as_ref().is_none_or(|t| t.bytes.dlen() < n) {
-            self.held = None; // (freed before the larger one is made)
+            s.synchronize()?;
+            self.held = None;
             self.held = Some(Fp8Tensor::new(&self.device, n)?);
         }
         Ok(self.held.as_mut().expect("made above"))
@@ -70,8 +74,10 @@ pub(super) struct Fp8Products {
     kernels: Fp8Kernels,
     input: Room,
     weight: Room,
-    /// Epilogues (by [`Epilogue::kind`]) cuBLASLt had no FP8 product for.
-    pub(super) off: [bool; 4],
+    /// Epilogues cuBLASLt had no FP8 product for, by [`Epilogue::kind`]
+    /// and result type ([`Fp8Products::slot`]): an f32 result's bias is
+    /// f32, a bf16 one's bf16, and either may be refused alone.
+    pub(super) off: [bool; 8],
     /// The backward pass's products too.
     pub(super) backward: bool,
     /// cuBLASLt had no FP8 product for a gradient's shape (noted once).
@@ -89,10 +95,16 @@ impl Fp8Products {
             kernels: Fp8Kernels::load(device)?,
             input: room(),
             weight: room(),
-            off: [false; 4],
+            off: [false; 8],
             backward,
             backward_off: false,
         })
+    }
+
+    /// The [`Fp8Products::off`] slot of a forward product with `epilogue`
+    /// into `d`.
+    pub(super) fn slot(epilogue: &Epilogue, d: &Mat) -> usize {
+        2 * epilogue.kind() as usize + usize::from(d.dtype() == DType::F32)
     }
 
     /// Whether `p` can run as an FP8 product: a bf16 input `[m, k]` and
@@ -115,7 +127,7 @@ impl Fp8Products {
         epilogue: Epilogue,
     ) -> Result<()> {
         let (m, n, k) = (p.m, p.n, p.k);
-        let input = self.input.at_least(m * k)?;
+        let input = self.input.at_least(s, m * k)?;
         // SAFETY: a Product's operands are views of live buffers of the
         // model, not written until the product that reads them has run
         // (its kernels and these casts are queued on the same stream).
@@ -123,7 +135,7 @@ impl Fp8Products {
             self.kernels
                 .quantize_bf16_at(s, input, p.a.storage(), (m, k), false, Fp8::E4M3)?
         };
-        let weight = self.weight.at_least(k * n)?;
+        let weight = self.weight.at_least(s, k * n)?;
         // SAFETY: as above; the weights `[k, n]` go in stored `[n, k]`.
         unsafe {
             self.kernels
@@ -179,7 +191,7 @@ impl Fp8Products {
         if !self.backward_on() || !fits {
             return Ok(false);
         }
-        let a = self.input.at_least(n * out)?;
+        let a = self.input.at_least(s, n * out)?;
         // SAFETY: the backward pass's operands are views of the model's
         // live buffers, unwritten until this product (queued after these
         // casts on the same stream) has run.
@@ -187,7 +199,7 @@ impl Fp8Products {
             self.kernels
                 .quantize_bf16_at(s, a, dy.storage(), (n, out), false, Fp8::E5M2)?
         };
-        let b = self.weight.at_least(inp * out)?;
+        let b = self.weight.at_least(s, inp * out)?;
         // SAFETY: as above.
         unsafe {
             self.kernels
@@ -236,13 +248,13 @@ impl Fp8Products {
         if !self.backward_on() || !fits {
             return Ok(false);
         }
-        let a = self.input.at_least(n * inp)?;
+        let a = self.input.at_least(s, n * inp)?;
         // SAFETY: as in input_grad.
         unsafe {
             self.kernels
                 .quantize_bf16_at(s, a, x.storage(), (n, inp), true, Fp8::E4M3)?
         };
-        let b = self.weight.at_least(n * out)?;
+        let b = self.weight.at_least(s, n * out)?;
         // SAFETY: as above.
         unsafe {
             self.kernels

@@ -75,7 +75,7 @@ impl Product {
         if let Some(fp8) = fused
             .fp8
             .as_mut()
-            .filter(|f| !f.off[kind] && Fp8Products::takes(&self))
+            .filter(|f| !f.off[Fp8Products::slot(&epilogue, &d)] && Fp8Products::takes(&self))
         {
             match fp8.run(&mut fused.lt, s, &self, residual, d, epilogue) {
                 Ok(()) => return Ok(true),
@@ -85,7 +85,7 @@ impl Product {
                         "note: cuBLASLt has no FP8 product for {} here ({e}); those run in bf16",
                         epilogue.name()
                     );
-                    fp8.off[kind] = true;
+                    fp8.off[Fp8Products::slot(&epilogue, &d)] = true;
                 }
             }
         }
