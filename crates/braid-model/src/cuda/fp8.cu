@@ -65,15 +65,41 @@ __device__ __forceinline__ float fp8_scale(const float* amax, int fmt) {
     return __fdiv_rn(fmt == 0 ? E4M3_MAX : E5M2_MAX, fmaxf(*amax, 1e-12f));
 }
 
-// amax[0] = max(amax[0], |x|) over n values (amax zeroed first). The
-// maximum of non-negative floats is that of their bits as integers, in any
-// order, so the result does not depend on the blocks' timing.
+// Four consecutive values from x + i (i a multiple of 4, x + i aligned
+// to four elements).
+__device__ __forceinline__ void fp8_in4(const bf16* x, long i, float* v) {
+    uint2 u = *reinterpret_cast<const uint2*>(x + i);
+    v[0] = __uint_as_float(u.x << 16);
+    v[1] = __uint_as_float(u.x & 0xffff0000u);
+    v[2] = __uint_as_float(u.y << 16);
+    v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ void fp8_in4(const float* x, long i, float* v) {
+    float4 u = *reinterpret_cast<const float4*>(x + i);
+    v[0] = u.x;
+    v[1] = u.y;
+    v[2] = u.z;
+    v[3] = u.w;
+}
+
+// amax[0] = max(amax[0], |x|) over n values (amax zeroed first); with
+// vec, four at a time (n a multiple of 4, x aligned to four elements).
+// The maximum of non-negative floats is that of their bits as integers,
+// in any order, so the result does not depend on the blocks' timing.
 template <typename T>
-__device__ void fp8_amax(float* amax, const T* x, long n) {
+__device__ void fp8_amax(float* amax, const T* x, long n, int vec) {
     __shared__ float part[32];
     float m = 0.f;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        m = fmaxf(m, fabsf(fp8_in(x[i])));
+    long stride = (long)gridDim.x * blockDim.x, first = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (vec) {
+        for (long i = first; i < n / 4; i += stride) {
+            float v[4];
+            fp8_in4(x, 4 * i, v);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+        }
+    } else {
+        for (long i = first; i < n; i += stride) m = fmaxf(m, fabsf(fp8_in(x[i])));
+    }
     m = warp_max(m);
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     if (lane == 0) part[w] = m;
@@ -85,27 +111,43 @@ __device__ void fp8_amax(float* amax, const T* x, long n) {
     }
 }
 
-extern "C" __global__ void fp8_amax_bf(float* amax, const bf16* x, long n) { fp8_amax(amax, x, n); }
-extern "C" __global__ void fp8_amax_f32(float* amax, const float* x, long n) { fp8_amax(amax, x, n); }
+extern "C" __global__ void fp8_amax_bf(float* amax, const bf16* x, long n, int vec) {
+    fp8_amax(amax, x, n, vec);
+}
+extern "C" __global__ void fp8_amax_f32(float* amax, const float* x, long n, int vec) {
+    fp8_amax(amax, x, n, vec);
+}
 
 // out[i] = x[i] * scale in format fmt; block 0's first thread writes the
-// dequantising scale (1 / scale) to deq.
+// dequantising scale (1 / scale) to deq. With vec, four values a thread
+// (n a multiple of 4, x aligned to four elements, out to four bytes).
 template <typename T>
 __device__ void fp8_cast(unsigned char* out, float* deq, const T* x, const float* amax, long n,
-                         int fmt) {
+                         int fmt, int vec) {
     float s = fp8_scale(amax, fmt);
     if (blockIdx.x == 0 && threadIdx.x == 0) *deq = __fdiv_rn(1.f, s);
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        out[i] = fp8_one(__fmul_rn(fp8_in(x[i]), s), fmt);
+    long stride = (long)gridDim.x * blockDim.x, first = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (vec) {
+        for (long i = first; i < n / 4; i += stride) {
+            float v[4];
+            fp8_in4(x, 4 * i, v);
+            unsigned b = 0;
+#pragma unroll
+            for (int e = 0; e < 4; e++) b |= (unsigned)fp8_one(__fmul_rn(v[e], s), fmt) << (8 * e);
+            reinterpret_cast<unsigned*>(out)[i] = b;
+        }
+    } else {
+        for (long i = first; i < n; i += stride) out[i] = fp8_one(__fmul_rn(fp8_in(x[i]), s), fmt);
+    }
 }
 
 extern "C" __global__ void fp8_cast_bf(unsigned char* out, float* deq, const bf16* x,
-                                       const float* amax, long n, int fmt) {
-    fp8_cast(out, deq, x, amax, n, fmt);
+                                       const float* amax, long n, int fmt, int vec) {
+    fp8_cast(out, deq, x, amax, n, fmt, vec);
 }
 extern "C" __global__ void fp8_cast_f32(unsigned char* out, float* deq, const float* x,
-                                        const float* amax, long n, int fmt) {
-    fp8_cast(out, deq, x, amax, n, fmt);
+                                        const float* amax, long n, int fmt, int vec) {
+    fp8_cast(out, deq, x, amax, n, fmt, vec);
 }
 
 // The same, transposed: x is rows x cols (row-major), out cols x rows.

@@ -230,15 +230,22 @@ impl Fp8Kernels {
             Fp8::E5M2 => 1,
         });
         braid_cuda::memory::zero_async(amax, s)?;
-        let grid = (n.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
+        // Four values a thread where the count and the addresses allow:
+        // x's four elements (8 or 16 bytes) and the output's four bytes
+        // aligned.
+        let elem = if suffix == "bf" { 2 } else { 4 };
+        let vec = n % 4 == 0 && x_ptr % (4 * elem) == 0 && out.dptr() % 4 == 0;
+        let threads = if vec { n / 4 } else { n };
+        let grid = (threads.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
         let mut args = [
             KernelArg::Ptr(amax.dptr()),
             KernelArg::Ptr(x_ptr),
             KernelArg::I64(n as i64),
+            KernelArg::I32(i32::from(vec)),
         ];
-        // SAFETY: fp8_amax_* takes (float*, const T*, long): amax holds
-        // one f32, x at least n elements of T (checked above; the caller
-        // vouches for x).
+        // SAFETY: fp8_amax_* takes (float*, const T*, long, int): amax
+        // holds one f32, x at least n elements of T (checked above; the
+        // caller vouches for x), aligned for four where vec says.
         unsafe {
             k.amax
                 .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
@@ -271,9 +278,11 @@ impl Fp8Kernels {
                 KernelArg::Ptr(amax.dptr()),
                 KernelArg::I64(n as i64),
                 fmt,
+                KernelArg::I32(i32::from(vec)),
             ];
             // SAFETY: fp8_cast_* takes (uchar*, float*, const T*, const
-            // float*, long, int); buffers checked above.
+            // float*, long, int, int); buffers checked above, aligned for
+            // four where vec says.
             unsafe {
                 k.cast
                     .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)
@@ -465,6 +474,25 @@ mod tests {
             let (hx, dx) = host(&xf, (m, k), false, xf8);
             let (hw, dw) = host(&wf, (k, n), true, wf8);
             assert_eq!(xq.bytes.to_vec().unwrap(), hx, "x as {xf8:?}");
+            // One element in, x is not aligned for four: the value-a-thread
+            // kernels give the same codes.
+            let mut shifted = vec![half::bf16::ZERO];
+            shifted.extend_from_slice(&x);
+            let xs = DeviceBuffer::from_host(&device, &shifted).unwrap();
+            let mut xq1 = Fp8Tensor::new(&device, m * k).unwrap();
+            let xv = xs.view(1..1 + m * k);
+            fk.quantize(
+                &s,
+                &mut xq1.bytes,
+                &mut xq1.deq,
+                &mut xq1.amax,
+                &xv,
+                (m, k),
+                false,
+                xf8,
+            )
+            .unwrap();
+            assert_eq!(xq1.bytes.to_vec().unwrap(), hx, "x misaligned as {xf8:?}");
             assert_eq!(wq.bytes.to_vec().unwrap(), hw, "w transposed as {wf8:?}");
             assert_eq!(xq.deq.to_vec().unwrap()[0], dx);
             assert_eq!(wq.deq.to_vec().unwrap()[0], dw);
