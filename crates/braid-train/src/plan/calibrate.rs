@@ -7,7 +7,7 @@
 //! ([`calibrated`]) and the host's update rate ([`host_update_gbps`]).
 //! The GPU's timings come from `braid_model::cuda::rates`.
 
-use super::hardware::{Hardware, ProductRate};
+use super::hardware::{AttentionRate, Hardware, ProductRate};
 use crate::engine::UpdateStep;
 use crate::engines::offload::update::HostUpdate;
 use braid_model::optim::AdamWConfig;
@@ -50,6 +50,17 @@ pub fn attention_forward_flops(batch: usize, tokens: usize, width: usize) -> f64
     2.0 * (batch * tokens * tokens * width) as f64
 }
 
+/// The fused attention timed at one shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionTimed {
+    pub width: usize,
+    pub heads: usize,
+    /// Forward FLOPs ([`attention_forward_flops`]).
+    pub flops: f64,
+    /// Seconds of the forward and backward passes together.
+    pub seconds: f64,
+}
+
 /// What was timed on the machine.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Measured {
@@ -58,9 +69,9 @@ pub struct Measured {
     /// The same by shape, the three passes of each together (the
     /// description's table, [`Hardware::products`]).
     pub product_rates: Vec<ProductRate>,
-    /// Attention: (forward FLOPs as [`attention_forward_flops`] counts
-    /// them, seconds of the forward and backward passes together).
-    pub attention: Vec<(f64, f64)>,
+    /// Attention by shape: forward FLOPs as [`attention_forward_flops`]
+    /// counts them, seconds of the forward and backward passes together.
+    pub attention: Vec<AttentionTimed>,
     /// A device-to-device copy's traffic, GB/s (read and write counted).
     pub hbm_gbps: f64,
     /// Memory of one GPU, GiB.
@@ -134,7 +145,7 @@ pub fn calibrated(
     let (flops, seconds) = m
         .attention
         .iter()
-        .fold((0.0, 0.0), |(f, s), (ff, ss)| (f + 3.0 * ff, s + ss));
+        .fold((0.0, 0.0), |(f, s), a| (f + 3.0 * a.flops, s + a.seconds));
     let attention_efficiency = flops / seconds / peak;
     let mut hardware = Hardware {
         name: name.to_string(),
@@ -146,6 +157,15 @@ pub fn calibrated(
         hbm_gbps: m.hbm_gbps,
         host_update_gbps: m.host_update_gbps.unwrap_or(base.host_update_gbps),
         products: m.product_rates.clone(),
+        attention: m
+            .attention
+            .iter()
+            .map(|a| AttentionRate {
+                width: a.width,
+                heads: a.heads,
+                efficiency: 3.0 * a.flops / a.seconds / peak,
+            })
+            .collect(),
         ..base.clone()
     };
     if gemm_efficiency > 1.0 || attention_efficiency > 1.0 {
@@ -218,12 +238,14 @@ mod tests {
             .collect();
         let attention = attention_shapes()
             .iter()
-            .map(|&(b, t, c, _)| {
+            .map(|&(b, t, c, nh)| {
                 let f = attention_forward_flops(b, t, c);
-                (
-                    f,
-                    3.0 * f / (hw.peak_tflops * 1e12 * hw.attention_efficiency),
-                )
+                AttentionTimed {
+                    width: c,
+                    heads: nh,
+                    flops: f,
+                    seconds: 3.0 * f / (hw.peak_tflops * 1e12 * hw.attention_efficiency),
+                }
             })
             .collect();
         Measured {
@@ -265,6 +287,37 @@ mod tests {
         m.products = vec![(1e9, 1e-6), (1e12, 2e-3)];
         let c = calibrated(&h100, "origin", 989.0, &m).unwrap();
         assert_eq!(c.hardware.gemm_half_flops, 0.0);
+    }
+
+    /// The attention's rate by shape travels into the description; a
+    /// model's attention runs at the measured shape nearest its head size,
+    /// then its width; without a table, at the one efficiency; a file
+    /// keeps the table and a bad rate is refused.
+    #[test]
+    fn attention_rates_by_shape_pick_the_nearest_head_size() {
+        let h100 = Hardware::builtin("h100").unwrap();
+        let mut m = timed_by(&h100);
+        // Head size 80 (2.65B's) timed at half the rate of the others.
+        for a in m.attention.iter_mut().filter(|a| a.width == 2560) {
+            a.seconds *= 2.0;
+        }
+        let h = calibrated(&h100, "attn", 989.0, &m).unwrap().hardware;
+        assert_eq!(h.attention.len(), 4);
+        let e = h100.attention_efficiency;
+        let at = |c, nh| h.attention_efficiency_at(c, nh);
+        assert!((at(2560, 32) - e / 2.0).abs() < 1e-12); // measured: 80
+        assert!((at(5120, 64) - e / 2.0).abs() < 1e-12); // head size 80 too
+        assert!((at(768, 12) - e).abs() < 1e-12); // 64
+        assert!((at(2048, 16) - e).abs() < 1e-12); // 128 (12.85B's measured)
+        assert!((at(1024, 16) - e).abs() < 1e-12); // 64, nearest width 768
+                                                   // The average of the table is what the one efficiency says.
+        assert!(h.attention_efficiency < e && h.attention_efficiency > e / 2.0);
+        assert_eq!(h100.attention_efficiency_at(2560, 32), e);
+        let back: Hardware = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back.checked().unwrap(), h);
+        let mut bad = h.clone();
+        bad.attention[0].efficiency = 1.5;
+        assert!(bad.checked().unwrap_err().contains("attention rate"));
     }
 
     /// The rates measured by shape travel into the description, and a

@@ -307,7 +307,8 @@ fn forward_s(w: &Workload, l: &Layout, hw: &Hardware, layers: f64) -> (f64, f64)
         // the heads.
         true => {
             let flops = attention_forward_flops(l.micro_batch, w.seq, w.width) / t;
-            flops / (hw.peak_tflops * 1e12 * hw.attention_efficiency)
+            let efficiency = hw.attention_efficiency_at(w.width, w.heads);
+            flops / (hw.peak_tflops * 1e12 * efficiency)
         }
         // Q Kᵀ and P V per head, then four passes over the scores (the
         // fused scale-mask-softmax's read and write, dropout's) in bf16.

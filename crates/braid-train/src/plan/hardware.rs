@@ -56,6 +56,17 @@ pub struct ProductRate {
     pub tflops: f64,
 }
 
+/// The fused attention's rate measured at one shape (`braid plan
+/// calibrate`): the model's width and heads (its head size picks the
+/// kernels), and the fraction of the peak its forward and backward passes
+/// reached together.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AttentionRate {
+    pub width: usize,
+    pub heads: usize,
+    pub efficiency: f64,
+}
+
 /// GiB of a GPU's memory that are not free when a run starts: the CUDA
 /// context's and, over several GPUs, NCCL's. Measured on 80 GB H100s
 /// (79.6 GiB): 78.66 GiB free in one process, 77.89 GiB in each of four.
@@ -97,6 +108,12 @@ pub struct Hardware {
     /// nearest it ([`Hardware::product_s`]); empty, the curve alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub products: Vec<ProductRate>,
+    /// The attention's rates measured by shape (`braid plan calibrate`): a
+    /// model's attention runs at the rate of the measured shape nearest
+    /// its head size, then its width ([`Hardware::attention_efficiency_at`]);
+    /// empty, [`Hardware::attention_efficiency`] for every shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<AttentionRate>,
 }
 
 /// [`Hardware::host_update_gbps`] where a description leaves it out.
@@ -131,6 +148,7 @@ impl Hardware {
                 },
                 host_update_gbps: host_update_default(),
                 products: Vec::new(),
+                attention: Vec::new(),
             },
             "h200" => Hardware {
                 name: "h200".into(),
@@ -164,6 +182,7 @@ impl Hardware {
                 },
                 host_update_gbps: host_update_default(),
                 products: Vec::new(),
+                attention: Vec::new(),
             },
             _ => return None,
         };
@@ -228,6 +247,18 @@ impl Hardware {
                 self.name
             ));
         }
+        if let Some(a) = self.attention.iter().find(|a| {
+            a.width == 0
+                || a.heads == 0
+                || a.width % a.heads != 0
+                || !(a.efficiency.is_finite() && a.efficiency > 0.0 && a.efficiency <= 1.0)
+        }) {
+            return Err(format!(
+                "hardware {}: an attention rate of {a:?}: the width must split into its heads \
+                 and the efficiency lie in (0, 1]",
+                self.name
+            ));
+        }
         Ok(self)
     }
 
@@ -250,6 +281,28 @@ impl Hardware {
     /// one GPU: the curve's ([`gemm_s`](Self::gemm_s)), times what the
     /// measured shape nearest it (by the logs of the three sizes) took
     /// against the curve; the curve alone where none was measured.
+    /// The fraction of the peak the fused attention reaches for a model of
+    /// `width` and `heads`: the measured shape's nearest in head size
+    /// (the kernels differ by it), then in width; without a table,
+    /// [`Hardware::attention_efficiency`].
+    pub fn attention_efficiency_at(&self, width: usize, heads: usize) -> f64 {
+        let ln = |x: usize| (x.max(1) as f64).ln();
+        let head = ln(width / heads.max(1));
+        let off = |a: &AttentionRate| {
+            (
+                (head - ln(a.width / a.heads.max(1))).abs(),
+                (ln(width) - ln(a.width)).abs(),
+            )
+        };
+        self.attention
+            .iter()
+            .min_by(|a, b| {
+                let (x, y) = (off(a), off(b));
+                x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1))
+            })
+            .map_or(self.attention_efficiency, |a| a.efficiency)
+    }
+
     pub fn product_s(&self, tokens: f64, inputs: f64, outputs: f64) -> f64 {
         let flops = 2.0 * tokens * inputs * outputs;
         let curve = self.gemm_s(flops);

@@ -19,4 +19,4 @@ pub(crate) mod testing;
 pub use capacity::{capacity, LinkLoad};
 pub use cost::{predict, Layout, Prediction, Workload};
 pub use enumerate::{candidates, Candidate};
-pub use hardware::{Hardware, Link, ProductRate};
+pub use hardware::{AttentionRate, Hardware, Link, ProductRate};

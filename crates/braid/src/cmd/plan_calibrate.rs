@@ -11,7 +11,7 @@ use braid_model::cpu::attention::AttnShape;
 use braid_model::cuda::rates;
 use braid_train::plan::calibrate::{
     attention_forward_flops, attention_shapes, calibrated, host_update_gbps, product_shapes,
-    Measured, WIDTHS,
+    AttentionTimed, Measured, WIDTHS,
 };
 use braid_train::plan::{Hardware, ProductRate};
 use clap::Args;
@@ -138,10 +138,12 @@ pub fn run(a: CalibrateArgs) -> Result<i32, String> {
         .iter()
         .map(|t| {
             let s = t.shape;
-            (
-                attention_forward_flops(s.b, s.t, s.c),
-                t.forward_s + t.backward_s,
-            )
+            AttentionTimed {
+                width: s.c,
+                heads: s.nh,
+                flops: attention_forward_flops(s.b, s.t, s.c),
+                seconds: t.forward_s + t.backward_s,
+            }
         })
         .collect();
     println!("  memory bandwidth (a 1 GiB device copy) ...");
