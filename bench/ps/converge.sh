@@ -16,7 +16,8 @@
 # (default: all four). Writes OUT/SCENARIO-MODE.json (braid train --json; MODE without its colon),
 # OUT/SCENARIO-MODE.txt (its output), OUT/SCENARIO-{step,time}.svg and
 # OUT/SCENARIO.md (braid plot's table and, against the synchronous run's
-# eval loss at the last step, when each run first reached it).
+# eval loss at the last step, when each run first reached it: step,
+# wall-clock seconds, and seconds of training without the evaluations).
 # PS_STALE_STEPS (default: PS_STEPS) gives async and ssp more steps than
 # sync, on sync's schedule (--lr-steps PS_STEPS: the learning rate holds its
 # floor after it), so that "when did each reach sync's final loss" is

@@ -95,11 +95,24 @@ fn points(path: &PathBuf, field: &str, x: &str) -> Result<Points, String> {
 }
 
 /// The first step row of the run at `path` whose `field` is at most
-/// `target`: its step and elapsed seconds.
-fn reached(path: &PathBuf, field: &str, target: f64) -> Option<(f64, f64)> {
+/// `target`: its step, its elapsed seconds, and the seconds of training
+/// to it (the steps' own times summed: evaluations and checkpoint saves,
+/// which every run pays alike, left out).
+fn reached(path: &PathBuf, field: &str, target: f64) -> Option<(f64, f64, f64)> {
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    doc["steps"].as_array()?.iter().find_map(|r| {
-        (r[field].as_f64()? <= target).then_some((r["step"].as_f64()?, r["elapsed_s"].as_f64()?))
+    reached_in(doc["steps"].as_array()?, field, target)
+}
+
+/// [`reached`] over a run's step rows.
+fn reached_in(rows: &[serde_json::Value], field: &str, target: f64) -> Option<(f64, f64, f64)> {
+    let mut training = 0.0;
+    rows.iter().find_map(|r| {
+        training += r["step_s"].as_f64().unwrap_or(0.0);
+        (r[field].as_f64()? <= target).then_some((
+            r["step"].as_f64()?,
+            r["elapsed_s"].as_f64()?,
+            training,
+        ))
     })
 }
 
@@ -247,8 +260,11 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
             println!("| {x} | {} |", cells.join(" | "));
         }
         if let Some(target) = a.reach {
-            println!("\n| run | first step with {} ≤ {target} | at (s) |", a.y);
-            println!("|---|---|---|");
+            println!(
+                "\n| run | first step with {} ≤ {target} | at (s) | training (s) |",
+                a.y
+            );
+            println!("|---|---|---|---|");
             for r in &all {
                 for (path, _) in &r.runs {
                     let run = format!(
@@ -257,8 +273,10 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
                         path.file_stem().unwrap_or_default().to_string_lossy()
                     );
                     match reached(path, &a.y, target) {
-                        Some((step, t)) => println!("| {run} | {step} | {t:.2} |"),
-                        None => println!("| {run} | not reached | - |"),
+                        Some((step, t, training)) => {
+                            println!("| {run} | {step} | {t:.2} | {training:.2} |")
+                        }
+                        None => println!("| {run} | not reached | - | - |"),
                     }
                 }
             }
@@ -286,6 +304,26 @@ pub fn run(a: PlotArgs) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A target is reached at the first row at or below it; the training
+    /// time sums the steps' own times to it, the elapsed time is the row's.
+    #[test]
+    fn a_loss_is_reached_at_its_first_row_with_the_training_time_to_it() {
+        let rows: Vec<serde_json::Value> = [
+            (1, 4.0, 0.5, 0.5),
+            (2, 3.0, 0.5, 3.0), // an evaluation paused the run 2 s
+            (3, 2.0, 0.5, 3.5),
+        ]
+        .iter()
+        .map(|&(step, loss, step_s, elapsed_s)| {
+            serde_json::json!({"step": step, "loss": loss, "step_s": step_s, "elapsed_s": elapsed_s})
+        })
+        .collect();
+        assert_eq!(reached_in(&rows, "loss", 3.0), Some((2.0, 3.0, 1.0)));
+        assert_eq!(reached_in(&rows, "loss", 2.5), Some((3.0, 3.5, 1.5)));
+        assert_eq!(reached_in(&rows, "loss", 1.0), None);
+        assert_eq!(reached_in(&rows, "eval_loss", 9.0), None);
+    }
 
     #[test]
     fn series_are_averaged_over_the_steps_every_run_has() {
