@@ -452,14 +452,27 @@ impl BlasLt {
     }
 
     fn check(g: &LtGemm) -> Result<()> {
-        let (m, n, k) = (g.m, g.n, g.k);
-        let stored_cols = |x: &Mat, rows, cols| if x.transposed { rows } else { cols };
-        let bad = m == 0
-            || n == 0
-            || k == 0
-            || g.a.ty != g.b.ty
+        let bad = g.a.ty != g.b.ty
             || lt_type(g.a.ty).is_none()
             || lt_type(g.d.ty).is_none()
+            || Self::out_of_bounds(g);
+        if bad {
+            let (m, n, k) = (g.m, g.n, g.k);
+            return Err(CudaError::Invalid(format!(
+                "lt gemm: operands do not fit a product of {m}x{k} · {k}x{n}: {g:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `g`'s dimensions, leading dimensions or spans do not fit its
+    /// operands' buffers (types aside): what every product is checked for.
+    fn out_of_bounds(g: &LtGemm) -> bool {
+        let (m, n, k) = (g.m, g.n, g.k);
+        let stored_cols = |x: &Mat, rows, cols| if x.transposed { rows } else { cols };
+        m == 0
+            || n == 0
+            || k == 0
             || g.c.ty != g.d.ty
             || g.c.transposed
             || g.d.transposed
@@ -480,13 +493,7 @@ impl BlasLt {
                 Epilogue::DGeluBGrad { aux, aux_ld, bgrad } => {
                     bgrad.1 < n || aux_ld < n || (m - 1) * aux_ld + n > aux.1
                 }
-            };
-        if bad {
-            return Err(CudaError::Invalid(format!(
-                "lt gemm: operands do not fit a product of {m}x{k} · {k}x{n}: {g:?}"
-            )));
-        }
-        Ok(())
+            }
     }
 
     /// [`BlasLt::check`]'s bounds for a scaled FP8 product, and cuBLASLt's
@@ -506,47 +513,20 @@ impl BlasLt {
             ))
         } else if x.a_scale == 0 || x.b_scale == 0 {
             Some("both scales need a device address".into())
+        } else if matches!(g.epilogue, Epilogue::DGeluBGrad { .. }) {
+            Some("no GELU backward epilogue".into())
+        } else if lt_type(g.d.ty).is_none() || Self::out_of_bounds(g) {
+            Some(format!("the operands do not fit it: {g:?}"))
         } else {
             None
         };
-        if let Some(why) = why {
-            return Err(CudaError::Invalid(format!(
+        match why {
+            Some(why) => Err(CudaError::Invalid(format!(
                 "lt gemm: a scaled FP8 product of {}x{} · {}x{}: {why}",
                 g.m, g.k, g.k, g.n
-            )));
+            ))),
+            None => Ok(()),
         }
-        // The bounds: a and b stored along k, then c and d as any product's.
-        let (m, n, k) = (g.m, g.n, g.k);
-        let bad = m == 0
-            || n == 0
-            || k == 0
-            || g.a.ld < k
-            || g.b.ld < k
-            || g.a.span(m, k, 1) > g.a.len
-            || g.b.span(k, n, 1) > g.b.len
-            || lt_type(g.d.ty).is_none()
-            || g.c.ty != g.d.ty
-            || g.c.transposed
-            || g.d.transposed
-            || g.c.ld < n
-            || g.d.ld < n
-            || g.c.span(m, n, 1) > g.c.len
-            || g.d.span(m, n, 1) > g.d.len
-            || match g.epilogue {
-                Epilogue::Plain => false,
-                Epilogue::Bias { bias } => bias.1 < n,
-                Epilogue::GeluAuxBias { bias, aux, aux_ld } => {
-                    bias.1 < n || aux_ld < n || (m - 1) * aux_ld + n > aux.1
-                }
-                Epilogue::DGeluBGrad { .. } => true,
-            };
-        if bad {
-            return Err(CudaError::Invalid(format!(
-                "lt gemm: operands do not fit a scaled product of {m}x{k} · {k}x{n} (no GELU \
-                 backward epilogue): {g:?}"
-            )));
-        }
-        Ok(())
     }
 
     /// How algorithms are picked from here on (plans made already keep
