@@ -584,27 +584,10 @@ mod tests {
         assert!(e.contains("transposed"), "{e}");
     }
 
-    /// Milliseconds per run of `f`, the best of 3 rounds of 5 after a
-    /// warm-up.
-    fn time_ms(
-        device: &braid_cuda::Device,
-        s: &braid_cuda::Stream,
-        mut f: impl FnMut() -> braid_cuda::Result<()>,
-    ) -> f64 {
-        use braid_cuda::Event;
-        f().unwrap();
-        let (a, b) = (Event::timed(device).unwrap(), Event::timed(device).unwrap());
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            a.record(s).unwrap();
-            for _ in 0..5 {
-                f().unwrap();
-            }
-            b.record(s).unwrap();
-            b.synchronize().unwrap();
-            best = best.min(b.elapsed_ms(&a).unwrap() as f64 / 5.0);
-        }
-        best
+    /// Milliseconds per run of `f`: the planner's timing (the best of a
+    /// few rounds of 5 runs, after a warm-up).
+    fn time_ms(s: &braid_cuda::Stream, f: impl FnMut() -> braid_cuda::Result<()>) -> f64 {
+        crate::cuda::rates::timed(s, 5, f).unwrap() * 1e3
     }
 
     /// A measurement, not a check (`--ignored`): a GPT layer's products at
@@ -683,14 +666,11 @@ mod tests {
                         Mat::of(&dw, out),
                     ),
                 ];
-                let bf_ms: Vec<f64> = bf
-                    .iter()
-                    .map(|g| time_ms(&device, &s, || lt.gemm(&s, g)))
-                    .collect();
+                let bf_ms: Vec<f64> = bf.iter().map(|g| time_ms(&s, || lt.gemm(&s, g))).collect();
                 // FP8 operands, each stored along its product's shared dimension.
                 let q = |rows, cols, t, f, src: &DeviceBuffer<half::bf16>| {
                     let mut q = Fp8Tensor::new(&device, rows * cols).unwrap();
-                    let ms = time_ms(&device, &s, || {
+                    let ms = time_ms(&s, || {
                         fk.quantize(
                             &s,
                             &mut q.bytes,
@@ -754,7 +734,7 @@ mod tests {
                 ];
                 let f8_ms: Vec<f64> = f8
                     .iter()
-                    .map(|(g, x)| time_ms(&device, &s, || lt.gemm_scaled(&s, g, x)))
+                    .map(|(g, x)| time_ms(&s, || lt.gemm_scaled(&s, g, x)))
                     .collect();
                 let casts = c1 + c2 + c3 + c4 + c5 + c6;
                 let fl = 2.0 * (tokens * inp * out) as f64;

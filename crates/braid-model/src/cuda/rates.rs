@@ -51,7 +51,7 @@ pub struct AttentionTime {
 
 /// Seconds per run of `f`: `reps` runs back to back after one warm-up,
 /// the best of [`ROUNDS`].
-fn timed(s: &Stream, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn timed(s: &Stream, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let (a, b) = (Event::timed(s.device())?, Event::timed(s.device())?);
     f()?;
     let mut best = f64::INFINITY;
