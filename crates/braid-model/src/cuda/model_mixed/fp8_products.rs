@@ -127,40 +127,17 @@ impl Fp8Products {
         epilogue: Epilogue,
     ) -> Result<()> {
         let (m, n, k) = (p.m, p.n, p.k);
-        let input = self.input.at_least(s, m * k)?;
-        // SAFETY: a Product's operands are views of live buffers of the
-        // model, not written until the product that reads them has run
-        // (its kernels and these casts are queued on the same stream).
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, input, p.a.storage(), (m, k), false, Fp8::E4M3)?
-        };
-        let weight = self.weight.at_least(s, k * n)?;
-        // SAFETY: as above; the weights `[k, n]` go in stored `[n, k]`.
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, weight, p.b.storage(), (k, n), true, Fp8::E4M3)?
-        };
-        let g = LtGemm {
-            m,
-            n,
-            k,
-            a: Mat::of(&input.bytes, k),
-            b: Mat::of(&weight.bytes, k).t(),
-            c: residual.unwrap_or(d),
-            d,
-            epilogue,
-            alpha: 1.0,
-            beta: if residual.is_some() { 1.0 } else { 0.0 },
-        };
-        let scaled = Scaled {
-            a: Fp8::E4M3,
-            b: Fp8::E4M3,
-            a_scale: input.deq.dptr(),
-            b_scale: weight.deq.dptr(),
-            fast_accum: true,
-        };
-        lt.gemm_scaled(s, &g, &scaled)
+        let beta = if residual.is_some() { 1.0 } else { 0.0 };
+        // (The weights `[k, n]` go in stored `[n, k]`.)
+        self.scaled(
+            lt,
+            s,
+            (m, n, k),
+            Operand::new(&p.a, (m, k), false, Fp8::E4M3),
+            Operand::new(&p.b, (k, n), true, Fp8::E4M3),
+            (residual.unwrap_or(d), d, epilogue, beta),
+            true,
+        )
     }
 
     /// Whether the backward pass's products run here: asked for, and none
@@ -174,7 +151,6 @@ impl Fp8Products {
     /// (`[inp, out]` is the product's `[n, k]`). `false`, nothing run,
     /// where the shapes do not fit or cuBLASLt has no such product (noted
     /// once; bf16 from then on).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn input_grad(
         &mut self,
         lt: &mut BlasLt,
@@ -191,40 +167,16 @@ impl Fp8Products {
         if !self.backward_on() || !fits {
             return Ok(false);
         }
-        let a = self.input.at_least(s, n * out)?;
-        // SAFETY: the backward pass's operands are views of the model's
-        // live buffers, unwritten until this product (queued after these
-        // casts on the same stream) has run.
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, a, dy.storage(), (n, out), false, Fp8::E5M2)?
-        };
-        let b = self.weight.at_least(s, inp * out)?;
-        // SAFETY: as above.
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, b, w.storage(), (inp, out), false, Fp8::E4M3)?
-        };
-        let g = LtGemm {
-            m: n,
-            n: inp,
-            k: out,
-            a: Mat::of(&a.bytes, out),
-            b: Mat::of(&b.bytes, out).t(),
-            c: dx,
-            d: dx,
-            epilogue: Epilogue::Plain,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        let scaled = Scaled {
-            a: Fp8::E5M2,
-            b: Fp8::E4M3,
-            a_scale: a.deq.dptr(),
-            b_scale: b.deq.dptr(),
-            fast_accum: false,
-        };
-        self.gradient(lt, s, &g, &scaled)
+        let ran = self.scaled(
+            lt,
+            s,
+            (n, inp, out),
+            Operand::new(&dy, (n, out), false, Fp8::E5M2),
+            Operand::new(&w, (inp, out), false, Fp8::E4M3),
+            (dx, dx, Epilogue::Plain, 0.0),
+            false,
+        );
+        self.gradient(ran, (n, inp, out))
     }
 
     /// `dw[inp, out] = xᵀ · dy + beta · dw` (f32) for `y = x · w`: `x`
@@ -248,55 +200,104 @@ impl Fp8Products {
         if !self.backward_on() || !fits {
             return Ok(false);
         }
-        let a = self.input.at_least(s, n * inp)?;
-        // SAFETY: as in input_grad.
+        let ran = self.scaled(
+            lt,
+            s,
+            (inp, out, n),
+            Operand::new(&x, (n, inp), true, Fp8::E4M3),
+            Operand::new(&dy, (n, out), true, Fp8::E5M2),
+            (dw, dw, Epilogue::Plain, beta),
+            false,
+        );
+        self.gradient(ran, (inp, out, n))
+    }
+
+    /// The one scaled product all three run: `a` quantised into the input
+    /// room (as `[m, k]`), `b` into the weight room (as `[n, k]`), then `d
+    /// = a · b + beta · c` with `epilogue` (fast accumulation where
+    /// `fast`).
+    #[allow(clippy::too_many_arguments)]
+    fn scaled(
+        &mut self,
+        lt: &mut BlasLt,
+        s: &Stream,
+        (m, n, k): (usize, usize, usize),
+        a: Operand,
+        b: Operand,
+        (c, d, epilogue, beta): (Mat, Mat, Epilogue, f32),
+        fast: bool,
+    ) -> Result<()> {
+        let qa = self.input.at_least(s, m * k)?;
+        // SAFETY: the products' operands are views of the model's live
+        // buffers, unwritten until the product that reads them (queued
+        // after these casts on the same stream) has run.
         unsafe {
             self.kernels
-                .quantize_bf16_at(s, a, x.storage(), (n, inp), true, Fp8::E4M3)?
+                .quantize_bf16_at(s, qa, a.at, a.shape, a.transposed, a.fmt)?
         };
-        let b = self.weight.at_least(s, n * out)?;
+        let qb = self.weight.at_least(s, n * k)?;
         // SAFETY: as above.
         unsafe {
             self.kernels
-                .quantize_bf16_at(s, b, dy.storage(), (n, out), true, Fp8::E5M2)?
+                .quantize_bf16_at(s, qb, b.at, b.shape, b.transposed, b.fmt)?
         };
         let g = LtGemm {
-            m: inp,
-            n: out,
-            k: n,
-            a: Mat::of(&a.bytes, n),
-            b: Mat::of(&b.bytes, n).t(),
-            c: dw,
-            d: dw,
-            epilogue: Epilogue::Plain,
+            m,
+            n,
+            k,
+            a: Mat::of(&qa.bytes, k),
+            b: Mat::of(&qb.bytes, k).t(),
+            c,
+            d,
+            epilogue,
             alpha: 1.0,
             beta,
         };
         let scaled = Scaled {
-            a: Fp8::E4M3,
-            b: Fp8::E5M2,
-            a_scale: a.deq.dptr(),
-            b_scale: b.deq.dptr(),
-            fast_accum: false,
+            a: a.fmt,
+            b: b.fmt,
+            a_scale: qa.deq.dptr(),
+            b_scale: qb.deq.dptr(),
+            fast_accum: fast,
         };
-        self.gradient(lt, s, &g, &scaled)
+        lt.gemm_scaled(s, &g, &scaled)
     }
 
-    /// Runs a gradient's scaled product: `true`, or `false` (noted, the
+    /// A gradient's product's outcome: `true`, or `false` (noted, the
     /// backward pass in bf16 from then on) where cuBLASLt has none.
-    fn gradient(&mut self, lt: &mut BlasLt, s: &Stream, g: &LtGemm, x: &Scaled) -> Result<bool> {
-        match lt.gemm_scaled(s, g, x) {
+    fn gradient(&mut self, ran: Result<()>, (m, n, k): (usize, usize, usize)) -> Result<bool> {
+        match ran {
             Ok(()) => Ok(true),
             Err(braid_cuda::CudaError::Invalid(e)) => Err(braid_cuda::CudaError::Invalid(e)),
             Err(e) => {
                 eprintln!(
-                    "note: cuBLASLt has no FP8 product for a gradient of {}x{}x{} here ({e}); \
-                     the backward pass runs in bf16",
-                    g.m, g.n, g.k
+                    "note: cuBLASLt has no FP8 product for a gradient of {m}x{n}x{k} here ({e}); \
+                     the backward pass runs in bf16"
                 );
                 self.backward_off = true;
                 Ok(false)
             }
+        }
+    }
+}
+
+/// One bf16 operand of a scaled product: where it is (`(address,
+/// elements)`), its shape as stored, whether it goes in transposed, and
+/// its format.
+struct Operand {
+    at: (u64, usize),
+    shape: (usize, usize),
+    transposed: bool,
+    fmt: Fp8,
+}
+
+impl Operand {
+    fn new(m: &Mat, shape: (usize, usize), transposed: bool, fmt: Fp8) -> Operand {
+        Operand {
+            at: m.storage(),
+            shape,
+            transposed,
+            fmt,
         }
     }
 }
