@@ -16,6 +16,11 @@
 //! multiples of 16, operands stored whole) runs in bf16 as before; an
 //! epilogue cuBLASLt has no FP8 product for is noted once and runs in
 //! bf16 from then on.
+//!
+//! Its two rooms (the largest operand of each side: at 2.65B and 8,192
+//! tokens about 84 MB each) are not yet in the pre-flight's estimate
+//! (`footprint::GpuRun`); they come out of its workspace margin until
+//! FP8 is measured and made a precision of its own there.
 
 use super::products::Product;
 use crate::cuda::fp8::{Fp8Kernels, Fp8Tensor};
