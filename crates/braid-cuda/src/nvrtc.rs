@@ -14,7 +14,7 @@ use cudarc::driver::{result as dresult, sys as dsys};
 use cudarc::nvrtc::{result as nresult, sys as nsys};
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// NVRTC's version, or why it cannot be used.
 pub fn version() -> Result<(i32, i32)> {
@@ -161,14 +161,30 @@ pub fn compile_sources(sources: &[(&str, &str)], arch: &str) -> Result<Vec<(Stri
 
 /// A loaded module of kernels on one device.
 pub struct Module {
+    loaded: Arc<Loaded>,
+}
+
+/// The driver's handle of a loaded module, unloaded when the last
+/// [`Module`] or [`Function`] that shares it is dropped.
+struct Loaded {
     raw: dsys::CUmodule,
     device: Device,
 }
 
 // SAFETY: module handles are usable from any thread with the context bound.
-unsafe impl Send for Module {}
+unsafe impl Send for Loaded {}
 // SAFETY: as above.
-unsafe impl Sync for Module {}
+unsafe impl Sync for Loaded {}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: we loaded the module, and no Function of it is left
+            // (each holds this Arc).
+            let _ = unsafe { dresult::module::unload(self.raw) };
+        }
+    }
+}
 
 impl Module {
     /// Loads PTX on `device` (the driver JIT-compiles it for the GPU).
@@ -179,8 +195,10 @@ impl Module {
         let raw = unsafe { dresult::module::load_data(c.as_ptr() as *const c_void) }
             .map_err(driver("cuModuleLoadData"))?;
         Ok(Module {
-            raw,
-            device: device.clone(),
+            loaded: Arc::new(Loaded {
+                raw,
+                device: device.clone(),
+            }),
         })
     }
 
@@ -197,14 +215,14 @@ impl Module {
         Self::load(device, &ptx)
     }
 
-    /// The kernel `name` (an `extern "C"` function).
+    /// The kernel `name` (an `extern "C"` function). It keeps the module
+    /// loaded for as long as it lives, so the module itself may be dropped.
     pub fn function(&self, name: &str) -> Result<Function> {
-        self.device.bind()?;
+        self.loaded.device.bind()?;
         let c = CString::new(name).expect("no NUL in kernel names");
-        // SAFETY: valid module; the function lives as long as the module,
-        // which the Function keeps alive through its Arc'd device (modules
-        // are only unloaded at drop, after all users).
-        let raw = unsafe { dresult::module::get_function(self.raw, c) }.map_err(|e| {
+        // SAFETY: valid module; the function's handle stays valid while
+        // the module is loaded, which the Function's Arc guarantees.
+        let raw = unsafe { dresult::module::get_function(self.loaded.raw, c) }.map_err(|e| {
             let mut err = driver("cuModuleGetFunction")(e);
             if let CudaError::Driver { text, .. } = &mut err {
                 text.push_str(&format!("; kernel {name:?}"));
@@ -213,25 +231,18 @@ impl Module {
         })?;
         Ok(Function {
             raw,
-            device: self.device.clone(),
+            device: self.loaded.device.clone(),
+            _module: self.loaded.clone(),
         })
     }
 }
 
-impl Drop for Module {
-    fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: we loaded the module.
-            let _ = unsafe { dresult::module::unload(self.raw) };
-        }
-    }
-}
-
-/// One kernel of a [`Module`] (keep the module alive while using it).
+/// One kernel of a [`Module`]; it keeps its module loaded.
 #[derive(Clone)]
 pub struct Function {
     raw: dsys::CUfunction,
     device: Device,
+    _module: Arc<Loaded>,
 }
 
 // SAFETY: function handles are usable from any thread with the context bound.

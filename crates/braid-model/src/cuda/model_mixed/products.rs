@@ -2,7 +2,7 @@
 //! run plain or with a fused epilogue (cuBLASLt), its bias given as a
 //! [`span`].
 
-use super::fp8_products::Fp8Products;
+use super::fp8_products::{self, Fp8Products};
 use super::state::FusedProducts;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{Epilogue, LtGemm};
@@ -79,7 +79,7 @@ impl Product {
         {
             match fp8.run(&mut fused.lt, s, &self, residual, d, epilogue) {
                 Ok(()) => return Ok(true),
-                Err(CudaError::Invalid(e)) => return Err(CudaError::Invalid(e)),
+                Err(e) if !fp8_products::cublaslt_declined(&e) => return Err(e),
                 Err(e) => {
                     eprintln!(
                         "note: cuBLASLt has no FP8 product for {} here ({e}); those run in bf16",
