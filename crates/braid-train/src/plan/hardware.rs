@@ -125,31 +125,16 @@ impl Hardware {
     /// The built-in description named `name` (`h100`, `h200`, `a100`).
     pub fn builtin(name: &str) -> Option<Hardware> {
         let h = match name.to_ascii_lowercase().as_str() {
-            // One H100 SXM measured by braid (BENCHMARKS.md: the 124M to
-            // 2.65B products at 60-70 % of the 989 TFLOP/s peak), 4 NVLink
-            // GPUs per host measured at about 360 GB/s bus bandwidth; the
-            // inter-node link a 400 Gb/s NIC per GPU.
-            "h100" => Hardware {
-                name: "h100".into(),
-                peak_tflops: 989.0,
-                gemm_efficiency: 0.68,
-                gemm_half_flops: 2.0e9,
-                attention_efficiency: 0.34,
-                memory_gib: 79.6,
-                hbm_gbps: 3000.0,
-                gpus_per_node: 8,
-                intra: Link {
-                    busbw_gbps: 360.0,
-                    latency_us: 8.0,
-                },
-                inter: Link {
-                    busbw_gbps: 45.0,
-                    latency_us: 12.0,
-                },
-                host_update_gbps: host_update_default(),
-                products: Vec::new(),
-                attention: Vec::new(),
-            },
+            // One H100 SXM as `braid plan calibrate` measured it (products by
+            // shape on random operands after a second's heat, attention by
+            // head size, HBM, the host's AdamW: bench/results/
+            // 2026-12-07-plan-calibrate-h100-heated/, its one-GPU steps
+            // within 5 %); the links are those 4 NVLink GPUs per host were
+            // measured at (about 360 GB/s bus bandwidth), the inter-node
+            // link a 400 Gb/s NIC per GPU.
+            "h100" => Hardware::measured(include_str!("measured/h100.json")),
+            // An H200 until it is calibrated: the H100's measured rates with
+            // its own memory and bandwidth.
             "h200" => Hardware {
                 name: "h200".into(),
                 memory_gib: 139.8,
@@ -187,6 +172,11 @@ impl Hardware {
             _ => return None,
         };
         Some(h)
+    }
+
+    /// A description shipped as `calibrate`'s JSON (a test reads each).
+    fn measured(json: &str) -> Hardware {
+        serde_json::from_str(json).expect("a shipped hardware description parses")
     }
 
     /// The description `spec` names: a built-in name, else a JSON file
