@@ -261,26 +261,26 @@ __device__ __forceinline__ void mask_past_rows(float (*s)[4], int key0, int row0
 // scores (scaling by sl2 > 0 keeps the order, and rounds the maximum
 // exactly as it would the scaled one). Each row needs a finite score in
 // the tile.
-template <int NT>
-__device__ __forceinline__ void softmax_tile(float (*s)[4], float (*o)[4], float& m0, float& m1,
-                                             float& l0, float& l1, float sl2) {
+//
+// In two halves where the output is still being accumulated while the
+// scores are taken (the pipelined Hopper forward): softmax_scores (the new
+// maxima, the sums, the probabilities; the output's factors returned in
+// c0, c1) and rescale_rows (the output times them). The same arithmetic as
+// the whole: o's products and l's are independent of each other.
+__device__ __forceinline__ void softmax_scores(float (*s)[4], float& m0, float& m1, float& l0,
+                                               float& l1, float sl2, float& c0, float& c1) {
     float mx0 = NEG_INF, mx1 = NEG_INF;
     for (int nt = 0; nt < BLK / 8; nt++) {
         mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
         mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
     }
     float n0 = fmaxf(m0, quad_max(mx0) * sl2), n1 = fmaxf(m1, quad_max(mx1) * sl2);
-    float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    c0 = exp2f(m0 - n0);
+    c1 = exp2f(m1 - n1);
     m0 = n0;
     m1 = n1;
     l0 *= c0;
     l1 *= c1;
-    for (int nt = 0; nt < NT; nt++) {
-        o[nt][0] *= c0;
-        o[nt][1] *= c0;
-        o[nt][2] *= c1;
-        o[nt][3] *= c1;
-    }
     for (int nt = 0; nt < BLK / 8; nt++) {
         s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -n0));
         s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -n0));
@@ -289,6 +289,24 @@ __device__ __forceinline__ void softmax_tile(float (*s)[4], float (*o)[4], float
         l0 += s[nt][0] + s[nt][1];
         l1 += s[nt][2] + s[nt][3];
     }
+}
+
+template <int NT>
+__device__ __forceinline__ void rescale_rows(float (*o)[4], float c0, float c1) {
+    for (int nt = 0; nt < NT; nt++) {
+        o[nt][0] *= c0;
+        o[nt][1] *= c0;
+        o[nt][2] *= c1;
+        o[nt][3] *= c1;
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float (*s)[4], float (*o)[4], float& m0, float& m1,
+                                             float& l0, float& l1, float sl2) {
+    float c0, c1;
+    softmax_scores(s, m0, m1, l0, l1, sl2, c0, c1);
+    rescale_rows<NT>(o, c0, c1);
 }
 
 // The end of a forward pass for this thread's two rows of the head at

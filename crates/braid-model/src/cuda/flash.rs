@@ -93,6 +93,12 @@ fn hopper_bytes(hs: usize) -> usize {
     4 * TILE * hs * 2 + 1024
 }
 
+/// ... of the pipelined Hopper forward kernel: four stages of a K and a V
+/// tile, and the room to align.
+fn hopper_pipelined_bytes(hs: usize) -> usize {
+    8 * TILE * hs * 2 + 1024
+}
+
 /// ... of the Hopper dK/dV kernel: the block's two K and two V tiles, two
 /// stages of a Q and a dO tile, two stages of 64 rows' lse and dsum, and
 /// the room to align.
@@ -138,6 +144,11 @@ pub enum Products {
     /// `wgmma2` (the forward kernel only): two warpgroups a block sharing
     /// the key and value tiles.
     WgmmaPaired,
+    /// `wgmma2p` (the forward kernel only): `wgmma2` with each warpgroup's
+    /// softmax under its products (the next tile's scores issued before
+    /// this tile's softmax, its P V waited for a tile later), four stages
+    /// of key and value tiles. The same bits as `wgmma2`.
+    WgmmaPipelined,
 }
 
 impl Products {
@@ -150,9 +161,10 @@ impl Products {
             Some("mma") => Ok(Some(Products::MmaSync)),
             Some("wgmma") => Ok(Some(Products::Wgmma)),
             Some("wgmma2") if forward => Ok(Some(Products::WgmmaPaired)),
+            Some("wgmma2p") if forward => Ok(Some(Products::WgmmaPipelined)),
             Some(other) => Err(CudaError::Invalid(format!(
                 "{var}={other:?}: expected auto, mma or wgmma{}",
-                if forward { " (or wgmma2)" } else { "" }
+                if forward { " (or wgmma2, wgmma2p)" } else { "" }
             ))),
         }
     }
@@ -203,6 +215,7 @@ impl Products {
             Products::MmaSync => "mma",
             Products::Wgmma => "wgmma",
             Products::WgmmaPaired => "wgmma2",
+            Products::WgmmaPipelined => "wgmma2p",
         }
     }
 }
@@ -273,7 +286,7 @@ struct HeadKernels {
     forward: Function,
     /// The forward pass on Hopper's warpgroup products, where chosen, and
     /// its warpgroups a block.
-    forward_wg: Option<(Function, usize)>,
+    forward_wg: Option<(Function, usize, usize)>,
     /// dK/dV on Hopper's warpgroup products, where chosen.
     dkdv_wg: Option<Function>,
     /// dQ from stored dS on Hopper's warpgroup products, where chosen.
@@ -328,10 +341,12 @@ impl FlashKernels {
         }
         let (fwd_products, bwd_products) = Products::chosen(cc)?;
         let fwd = fwd_products != Products::MmaSync;
-        let groups = if fwd_products == Products::WgmmaPaired {
-            2
-        } else {
-            1
+        // The forward kernel's warpgroups a block, name suffix and shared
+        // memory.
+        let (groups, suffix, fwd_bytes): (usize, &str, fn(usize) -> usize) = match fwd_products {
+            Products::WgmmaPaired => (2, "_2", hopper_bytes),
+            Products::WgmmaPipelined => (2, "_2p", hopper_pipelined_bytes),
+            _ => (1, "", hopper_bytes),
         };
         let bwd = bwd_products == Products::Wgmma;
         let hopper = fwd || bwd;
@@ -361,9 +376,8 @@ impl FlashKernels {
                 k.set_max_dynamic_shared(bytes)?;
                 Ok::<_, CudaError>(Some(k))
             };
-            let suffix = if groups == 2 { "_2" } else { "" };
-            let forward_wg =
-                wg(fwd, "flash_forward_wg", suffix, hopper_bytes(hs))?.map(|k| (k, groups));
+            let forward_wg = wg(fwd, "flash_forward_wg", suffix, fwd_bytes(hs))?
+                .map(|k| (k, groups, fwd_bytes(hs)));
             let dkdv_wg = wg(bwd, "flash_dkdv_wg", "", hopper_dkdv_bytes(hs))?;
             let dq_stored_wg = wg(bwd, "flash_dq_ds_wg", "", hopper_dq_bytes(hs))?;
             let dq_wg = wg(bwd, "flash_dq_wg", "", hopper_dq_recompute_bytes(hs))?;
@@ -507,9 +521,9 @@ impl FlashKernels {
             A::I(s.nh as i32),
             A::F(sl2),
         ];
-        if let Some((wg, groups)) = &k.forward_wg {
+        if let Some((wg, groups, bytes)) = &k.forward_wg {
             let grid = self.grid(s, s.t.div_ceil(TILE * groups))?;
-            let shared = hopper_bytes(k.hs) as u32;
+            let shared = *bytes as u32;
             let threads = (128 * groups) as u32;
             return MixedKernels::go_shared(wg, st, grid, (threads, 1, 1), shared, args);
         }
@@ -726,6 +740,7 @@ mod tests {
         for hs in HOPPER_HEAD_SIZES {
             for bytes in [
                 hopper_bytes(hs),
+                hopper_pipelined_bytes(hs),
                 hopper_dkdv_bytes(hs),
                 hopper_dq_bytes(hs),
                 hopper_dq_recompute_bytes(hs),
@@ -774,6 +789,9 @@ mod tests {
         // Two warpgroups a block: the forward kernel only.
         let paired = Products::parse(FORWARD_VAR, Some("wgmma2")).unwrap();
         assert_eq!(paired, Some(Products::WgmmaPaired));
+        let pipelined = Products::parse(FORWARD_VAR, Some("wgmma2p")).unwrap();
+        assert_eq!(pipelined, Some(Products::WgmmaPipelined));
+        assert_eq!(Products::WgmmaPipelined.name(), "wgmma2p");
         let e = Products::parse(BACKWARD_VAR, Some("wgmma2"))
             .unwrap_err()
             .to_string();
@@ -791,10 +809,10 @@ mod tests {
                     let entry = format!(".entry {kernel}_{hs}(");
                     assert!(ptx.contains(&entry), "{entry}");
                 }
-                assert!(
-                    ptx.contains(&format!(".entry flash_forward_wg_{hs}_2(")),
-                    "{hs}"
-                );
+                for suffix in ["_2", "_2p"] {
+                    let entry = format!(".entry flash_forward_wg_{hs}{suffix}(");
+                    assert!(ptx.contains(&entry), "{entry}");
+                }
             }
             assert!(ptx.contains("wgmma.mma_async") && ptx.contains("flash_forward_128"));
             let plain = braid_cuda::nvrtc::compile_ptx("flash-hopper", &src, "compute_90").unwrap();

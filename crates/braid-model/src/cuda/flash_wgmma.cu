@@ -56,6 +56,10 @@ __device__ __forceinline__ void wg_commit() {
 __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits for every committed group of products but the newest.
+__device__ __forceinline__ void wg_wait_all_but_newest() {
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
 // Shared memory written by cp.async (the generic proxy) made visible to
 // wgmma's reads (the async proxy).
 __device__ __forceinline__ void wg_smem_visible() {
@@ -244,6 +248,137 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
             wg_accumulate_now<HS>(o, pf, kt + TILE_B);  // O += P V
         }
         __syncthreads();
+    }
+    if (rows)
+        finish_rows<HS>(out + (long)b * T * C + h * HS, lse + (long)bh * T, o, m0, m1, l0, l1, q0, T,
+                        C, warp, lane);
+}
+
+// The forward pass pipelined within each warpgroup (FlashAttention-3's
+// intra-warpgroup overlap; `BRAID_FLASH_FORWARD=wgmma2p`): two warpgroups
+// a block as flash_forward_wg<HS, 2>, four stages of (K, V) tiles. At key
+// tile j a warpgroup issues the scores of tile j + 1 and, while the tensor
+// cores take them, runs the softmax of tile j's; then waits for tile
+// j - 1's P V (issued one tile back), rescales its output and issues
+// tile j's P V, and waits only for the next scores. So the softmax and
+// the rescale run under products instead of between them. Tile j + 2
+// loads into the stage tile j - 2 left (its P V waited for in the
+// previous tile's step, by every warpgroup before the barrier). The same
+// arithmetic in the same order as flash_forward_wg: the same bits.
+template <int HS>
+__device__ void flash_forward_wgp(unsigned char* smraw, bf16* out, float* lse, const bf16* qkv,
+                                  int T, int NH, float sl2) {
+    constexpr int G = 2, NT = HS / 8, TILE_B = WG_KEYS * HS * 2, NTH = 128 * G, ROWS = 64 * G;
+    constexpr int STAGES = 4;
+    unsigned char* sm = smraw + ((1024 - (smem_addr(smraw) & 1023)) & 1023);
+    int nqb = (T + ROWS - 1) / ROWS;
+    Place at = block_place(nqb);
+    int qb = nqb - 1 - at.y, bh = at.bh;
+    int b = bh / NH, h = bh % NH, C = NH * HS;
+    long stride = 3L * C;
+    const bf16* q = qkv + (long)b * T * stride + h * HS;
+    const bf16 *k = q + C, *v = q + 2 * C;
+    int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    int g = lane >> 2, t = lane & 3;
+    int q0 = qb * ROWS + wg * 64;
+    int mine = q0 / WG_KEYS;
+    int tiles = min(G * qb + G, (T + WG_KEYS - 1) / WG_KEYS);
+    bool rows = q0 < T;
+    // Tile j's stage; every load is its own cp.async group (an empty one
+    // past the last tile), so "all but the newest group" is tile j + 1.
+    auto stage = [&](int j) { return sm + (j % STAGES) * 2 * TILE_B; };
+    auto load = [&](int j) {
+        if (j < tiles) {
+            wg_load_tile<HS, NTH>(stage(j), k, j * WG_KEYS, T, stride);
+            wg_load_tile<HS, NTH>(stage(j) + TILE_B, v, j * WG_KEYS, T, stride);
+        }
+        cp_commit();
+    };
+    load(0);
+    load(1);
+
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    unsigned qf[HS / 16][4];
+    for (int ks = 0; ks < HS / 16; ks++) {
+        const bf16* p = q + ks * 16 + 2 * t;
+        qf[ks][0] = row0 < T ? ld32(p + row0 * stride) : 0u;
+        qf[ks][1] = row1 < T ? ld32(p + row1 * stride) : 0u;
+        qf[ks][2] = row0 < T ? ld32(p + row0 * stride + 8) : 0u;
+        qf[ks][3] = row1 < T ? ld32(p + row1 * stride + 8) : 0u;
+    }
+    float o[NT][4];
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    float s[WG_KEYS / 8][4], sn[WG_KEYS / 8][4];
+    unsigned pf[WG_KEYS / 16][4];
+    // Tile 0 landed; its scores.
+    cp_wait<1>();
+    wg_smem_visible();
+    __syncthreads();
+    if (rows) {
+        wg_fence();
+        for (int ks = 0; ks < HS / 16; ks++)
+            wg_n64_rs<0>(s, qf[ks], wg_desc(stage(0) + kmajor_step(ks)), ks);
+        wg_commit();
+        wg_wait();
+        wg_pin<WG_KEYS / 8>(s);
+        wg_pin_a<HS / 16>(qf);
+    }
+    bool pending = false;  // a P V issued and not yet waited for
+    for (int j = 0; j < tiles; j++) {
+        // Tile j + 1 resident for every thread; tile j + 2 loads into the
+        // stage of tile j - 2, whose P V every warpgroup waited for in
+        // step j - 1, before this barrier.
+        __syncthreads();
+        load(j + 2);
+        cp_wait<2>();
+        wg_smem_visible();
+        __syncthreads();
+        bool act = rows && j <= mine, next = rows && j + 1 <= mine && j + 1 < tiles;
+        if (next) {
+            wg_fence();
+            for (int ks = 0; ks < HS / 16; ks++)
+                wg_n64_rs<0>(sn, qf[ks], wg_desc(stage(j + 1) + kmajor_step(ks)), ks);
+            wg_commit();
+        }
+        if (act) {
+            if (j == mine) mask_past_rows(s, j * WG_KEYS + 2 * t, row0, row1);
+            float c0, c1;
+            softmax_scores(s, m0, m1, l0, l1, sl2, c0, c1);
+            if (pending) {
+                // Tile j - 1's P V, older than the scores just issued.
+                if (next) {
+                    wg_wait_all_but_newest();
+                } else {
+                    wg_wait();
+                }
+                wg_pin<NT>(o);
+                wg_pin_a<WG_KEYS / 16>(pf);
+            }
+            to_a(pf, s);
+            rescale_rows<NT>(o, c0, c1);
+            wg_fence();
+            wg_accumulate<HS>(o, pf, stage(j) + TILE_B);  // O += P V
+            wg_commit();
+            pending = true;
+        }
+        if (next) {
+            // The next scores (this tile's P V may still run).
+            if (act) {
+                wg_wait_all_but_newest();
+            } else {
+                wg_wait();
+            }
+            wg_pin<WG_KEYS / 8>(sn);
+            wg_pin_a<HS / 16>(qf);
+            for (int i = 0; i < WG_KEYS / 8; i++)
+                for (int e = 0; e < 4; e++) s[i][e] = sn[i][e];
+        } else if (pending) {
+            wg_wait();
+            wg_pin<NT>(o);
+            wg_pin_a<WG_KEYS / 16>(pf);
+            pending = false;
+        }
     }
     if (rows)
         finish_rows<HS>(out + (long)b * T * C + h * HS, lse + (long)bh * T, o, m0, m1, l0, l1, q0, T,
@@ -519,6 +654,16 @@ FLASH_FORWARD_WG(64, 1, , 4)
 FLASH_FORWARD_WG(128, 1, , 2)
 FLASH_FORWARD_WG(64, 2, _2, 2)
 FLASH_FORWARD_WG(128, 2, _2, 1)
+// The pipelined forward (`_HS_2p`): one block per SM at either head size
+// (two score tiles and the output in registers).
+#define FLASH_FORWARD_WGP(HS)                                                                     \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_forward_wg_##HS##_2p(      \
+        bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {                       \
+        extern __shared__ unsigned char wg_smem[];                                                \
+        flash_forward_wgp<HS>(wg_smem, out, lse, qkv, T, NH, sl2);                               \
+    }
+FLASH_FORWARD_WGP(64)
+FLASH_FORWARD_WGP(128)
 // dK/dV: one block per SM at either head size (its two accumulators).
 #define FLASH_DKDV_WG(HS)                                                                         \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) flash_dkdv_wg_##HS(              \
