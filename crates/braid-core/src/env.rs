@@ -201,6 +201,11 @@ pub const BRAID_DECODE_NT: &str = "BRAID_DECODE_NT";
 /// into f32). Unset: `all` under `--precision fp8`, else `off`.
 /// Experiments (issue 69); refused below compute capability 8.9.
 pub const BRAID_FP8: &str = "BRAID_FP8";
+/// A diagnosis of the FP8 products: the first N each said (shape,
+/// epilogue, both operands' amax and dequantising scale, the result's
+/// largest magnitude and how many of its values are not finite), each
+/// waiting for the GPU. Unset: nothing said.
+pub const BRAID_FP8_TRACE: &str = "BRAID_FP8_TRACE";
 /// With `BRAID_DECODE_NT`: at most this many blocks a multiprocessor in
 /// an NT product's grid, each looping over its groups of outputs (room for
 /// the next product to start early under `BRAID_DECODE_OVERLAP`); unset or

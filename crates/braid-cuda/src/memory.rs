@@ -624,6 +624,24 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+/// Copies `out.len()` elements starting at device address `ptr` into
+/// `out` once the work queued on `stream` has run; returns when done (for
+/// diagnostics that read a view known only by its address).
+///
+/// # Safety
+/// `ptr` must address that many live elements of `T` on `stream`'s device.
+pub unsafe fn copy_raw_to_host<T: Element>(ptr: u64, out: &mut [T], stream: &Stream) -> Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    stream.device().bind()?;
+    // SAFETY: the caller vouches for the source; `out` is ours; we
+    // synchronise before returning.
+    unsafe { result::memcpy_dtoh_async(out, ptr, stream.raw()) }
+        .map_err(driver("cuMemcpyDtoHAsync"))?;
+    stream.synchronize()
+}
+
 /// Queues zeroing of `mem` on `stream`.
 pub fn zero_async<T: Element>(mem: &mut impl DeviceMem<T>, stream: &Stream) -> Result<()> {
     let bytes = mem.dlen() * T::DTYPE.size();

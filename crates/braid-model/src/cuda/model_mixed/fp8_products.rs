@@ -100,6 +100,10 @@ pub(super) struct Fp8Products {
     pub(super) backward: bool,
     /// cuBLASLt had no FP8 product for a gradient's shape (noted once).
     backward_off: bool,
+    /// `BRAID_FP8_TRACE=N`: the first N products each said with their
+    /// operands' scales and whether the result is finite (a diagnosis:
+    /// every product waits for the GPU).
+    trace: Option<usize>,
 }
 
 impl Fp8Products {
@@ -116,6 +120,9 @@ impl Fp8Products {
             off: [false; 8],
             backward,
             backward_off: false,
+            trace: std::env::var(braid_core::env::BRAID_FP8_TRACE)
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         })
     }
 
@@ -278,7 +285,12 @@ impl Fp8Products {
             b_scale: qb.deq.dptr(),
             fast_accum: fast,
         };
-        lt.gemm_scaled(s, &g, &scaled)
+        lt.gemm_scaled(s, &g, &scaled)?;
+        if let Some(left) = self.trace.as_mut().filter(|n| **n > 0) {
+            *left -= 1;
+            trace(s, (m, n, k), &epilogue, [qa, qb], &d)?;
+        }
+        Ok(())
     }
 
     /// A gradient's product's outcome: `true`, or `false` (noted, the
@@ -323,6 +335,52 @@ impl Operand {
 /// Whether `m` holds `dtype` stored whole, `ld` elements a row.
 fn stored(m: &Mat, ld: usize, dtype: DType) -> bool {
     m.dtype() == dtype && m.plain() && m.ld() == ld
+}
+
+/// One product of `BRAID_FP8_TRACE`: its shape and epilogue, each
+/// operand's amax and dequantising scale, and the result's largest
+/// magnitude and count of values that are not finite (read back after
+/// the GPU has run it).
+fn trace(
+    s: &Stream,
+    (m, n, k): (usize, usize, usize),
+    epilogue: &Epilogue,
+    [qa, qb]: [&Fp8Tensor; 2],
+    d: &Mat,
+) -> Result<()> {
+    let one = |b: &braid_cuda::DeviceBuffer<f32>| -> Result<f32> { Ok(b.to_vec()?[0]) };
+    let (ptr, len) = d.storage();
+    let count = (m * d.ld()).min(len);
+    let values: Vec<f32> = match d.dtype() {
+        DType::F32 => {
+            let mut v = vec![0f32; count];
+            // SAFETY: `d` views `len` live elements from `ptr` (a Mat of a
+            // device buffer); `count` is at most that.
+            unsafe { braid_cuda::memory::copy_raw_to_host(ptr, &mut v, s)? };
+            v
+        }
+        _ => {
+            let mut v = vec![half::bf16::ZERO; count];
+            // SAFETY: as above, bf16 elements.
+            unsafe { braid_cuda::memory::copy_raw_to_host(ptr, &mut v, s)? };
+            v.iter().map(|x| x.to_f32()).collect()
+        }
+    };
+    let bad = values.iter().filter(|x| !x.is_finite()).count();
+    let big = values
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f32, |a, x| a.max(x.abs()));
+    eprintln!(
+        "fp8 trace: {m}x{n}x{k} {}: a amax {:.4e} deq {:.4e} | b amax {:.4e} deq {:.4e} | out \
+         max {big:.4e}, {bad} of {count} not finite",
+        epilogue.name(),
+        one(&qa.amax)?,
+        one(&qa.deq)?,
+        one(&qb.amax)?,
+        one(&qb.deq)?,
+    );
+    Ok(())
 }
 
 #[cfg(test)]
