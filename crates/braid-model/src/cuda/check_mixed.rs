@@ -490,12 +490,17 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     let (major, minor) = device.compute_capability()?;
     use super::model_mixed::Fp8Use;
     let fp8 = major * 10 + minor >= 89 && super::fp8::Fp8Kernels::load(device).is_ok();
-    for (what, use_) in [
+    for (what, twice, use_) in [
         (
             "model fwd+bwd, FP8 forward products (vs CPU f32)",
+            "model fwd+bwd, FP8 forward products, a second pass (bit-exact)",
             Fp8Use::Forward,
         ),
-        ("model fwd+bwd, FP8 products (vs CPU f32)", Fp8Use::All),
+        (
+            "model fwd+bwd, FP8 products (vs CPU f32)",
+            "model fwd+bwd, FP8 products, a second pass (bit-exact)",
+            Fp8Use::All,
+        ),
     ] {
         if !fp8 {
             break;
@@ -520,6 +525,33 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
             format!("{}, B={mb}; worst {worst}", ModelReference::CONFIG),
             e,
             0.2,
+        ));
+        // The same pass again on the same engine (its rooms, plans and
+        // switches as the first left them): the same loss and gradients,
+        // bit for bit (training's second step was NaN on an H100).
+        let again = f8.forward(&gparams, Some(&gpb), &m.tokens, &m.targets, true)?;
+        let mut agr = DeviceBuffer::zeros(device, layout.len)?;
+        f8.backward(&gparams, Some(&gpb), &mut agr)?;
+        let agv = agr.to_vec()?;
+        let differing = agv
+            .iter()
+            .zip(&fgv)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        let finite = again.is_finite() && agv.iter().all(|x| x.is_finite());
+        out.push(check(
+            twice,
+            format!(
+                "loss {again} then {floss}; {differing} of {} gradients differ{}",
+                agv.len(),
+                if finite { "" } else { "; NOT FINITE" }
+            ),
+            if again.to_bits() == floss.to_bits() && differing == 0 && finite {
+                0.0
+            } else {
+                1.0
+            },
+            0.0,
         ));
     }
     // Deferring every layer's weight gradients reorders the work only:
