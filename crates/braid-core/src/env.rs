@@ -206,6 +206,11 @@ pub const BRAID_FP8: &str = "BRAID_FP8";
 /// largest magnitude and how many of its values are not finite), each
 /// waiting for the GPU. Unset: nothing said.
 pub const BRAID_FP8_TRACE: &str = "BRAID_FP8_TRACE";
+/// The GPU engine's softmax + cross-entropy kernel: `warp` (the default:
+/// a warp a row, the logits read twice) or `rows` (a block of 1,024
+/// threads a row holding it in registers: read once; rows up to 65,536
+/// logits, else the warp kernel). Not yet measured (issue 69).
+pub const BRAID_CE: &str = "BRAID_CE";
 /// With `BRAID_DECODE_NT`: at most this many blocks a multiprocessor in
 /// an NT product's grid, each looping over its groups of outputs (room for
 /// the next product to start early under `BRAID_DECODE_OVERLAP`); unset or

@@ -52,7 +52,7 @@ fn check(name: &'static str, shape: String, error: f64, bound: f64) -> KernelChe
 
 /// Runs every mixed-precision check on `device`.
 pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
-    let mk = MixedKernels::load(device)?;
+    let mut mk = MixedKernels::load(device)?;
     let s = Stream::new(device)?;
     let mut blas = Blas::new(device)?;
     let mut r = Rng::new(2027);
@@ -324,6 +324,39 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
         rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)),
         BF16_OUT,
     ));
+    // The block-per-row kernel (`BRAID_CE=rows`), whatever the default:
+    // the same small rows, and GPT-2's vocabulary (each thread holding
+    // several chunks).
+    mk.set_ce_rows(true);
+    for (rows, v, vld) in [(rows, v, vld), (8usize, 50257usize, 50304usize)] {
+        let logits = randn(&mut r, rows * v, 3.0);
+        let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
+        targets[5] = u32::MAX;
+        let (cl, cgrad) = softmax_ce_ref(&logits, &targets, rows, v, scale);
+        let mut padded = vec![0.0f32; rows * vld];
+        for i in 0..rows {
+            padded[i * vld..i * vld + v].copy_from_slice(&logits[i * v..(i + 1) * v]);
+        }
+        let mut gl = up_bf(device, &padded)?;
+        let mut glo = DeviceBuffer::zeros(device, rows)?;
+        let gt = DeviceBuffer::from_host(
+            device,
+            &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+        )?;
+        mk.softmax_cross_entropy(&s, &mut gl, &mut glo, &gt, rows, v, vld, scale)?;
+        s.synchronize()?;
+        let gg: Vec<f32> = down_bf(&gl)?
+            .chunks(vld)
+            .flat_map(|row| row[..v].to_vec())
+            .collect();
+        out.push(check(
+            "softmax_cross_entropy (bf16, a block a row)",
+            format!("N={rows} V={v} ld={vld}"),
+            rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)),
+            BF16_OUT,
+        ));
+    }
+    mk.set_ce_rows(std::env::var(braid_core::env::BRAID_CE).is_ok_and(|v| v.trim() == "rows"));
 
     out.extend(fused_bias_checks(device, &s, &mut r)?);
     out.extend(tuning_offer_checks(device, &s, &mut r)?);

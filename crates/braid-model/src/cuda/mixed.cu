@@ -769,6 +769,83 @@ extern "C" __global__ void softmax_cross_entropy_bf(bf16* logits, float* losses,
     }
 }
 
+// The same with a block of CE_T threads per row and the row held in
+// registers between its passes (`BRAID_CE=rows`): the logits read once and
+// written once, where the warp per row above reads them twice. Thread t
+// owns the 8-value chunks t, t + CE_T, ... (at most CE_J: rows of ld up to
+// 8 * CE_J * CE_T values; ld a multiple of 8). The row's maximum and sum
+// combine over the warps in warp order (runs repeat bit for bit); the sum
+// adds in another order than the warp kernel's, so the bits differ from it.
+#define CE_T 1024
+#define CE_J 8
+extern "C" __global__ void __launch_bounds__(CE_T) softmax_cross_entropy_rows_bf(
+    bf16* logits, float* losses, const unsigned* targets, int N, int V, int ld, float scale) {
+    constexpr int NW = CE_T / WARP;
+    __shared__ float red[2][NW];
+    int row = blockIdx.x, tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    if (row >= N) return;
+    bf8* l8 = (bf8*)(logits + (long)row * ld);
+    int chunks = ld / 8;
+    bf8 v[CE_J];
+    float mx = -3.0e38f;
+#pragma unroll
+    for (int j = 0; j < CE_J; j++) {
+        int c = tid + CE_T * j;
+        if (c < chunks) {
+            v[j] = l8[c];
+            float f[8];
+            unpack8(v[j], f);
+            for (int e = 0; e < 8; e++)
+                if (c * 8 + e < V) mx = fmaxf(mx, f[e]);
+        }
+    }
+    mx = warp_max(mx);
+    if (lane == 0) red[0][w] = mx;
+    __syncthreads();
+    mx = -3.0e38f;
+#pragma unroll
+    for (int i = 0; i < NW; i++) mx = fmaxf(mx, red[0][i]);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < CE_J; j++) {
+        int c = tid + CE_T * j;
+        if (c < chunks) {
+            float f[8];
+            unpack8(v[j], f);
+            for (int e = 0; e < 8; e++)
+                if (c * 8 + e < V) s += __expf(f[e] - mx);
+        }
+    }
+    s = warp_sum(s);
+    if (lane == 0) red[1][w] = s;
+    __syncthreads();
+    s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NW; i++) s += red[1][i];
+    unsigned t = targets[row];
+    bool counted = t < (unsigned)V;
+    if (!counted && tid == 0) losses[row] = 0.f;
+    float inv = 1.f / s;
+#pragma unroll
+    for (int j = 0; j < CE_J; j++) {
+        int c = tid + CE_T * j;
+        if (c >= chunks) continue;
+        float f[8];
+        unpack8(v[j], f);
+        // The target's owner writes the loss from its own copy.
+        if (counted && (t >> 3) == (unsigned)c) losses[row] = -(f[t & 7] - mx - logf(s));
+        if (scale != 0.f) {
+            for (int e = 0; e < 8; e++) {
+                int i = c * 8 + e;
+                float g = counted && i < V ? __expf(f[e] - mx) * inv * scale : 0.f;
+                if ((unsigned)i == t) g -= scale;
+                f[e] = g;
+            }
+            l8[c] = pack8(f);
+        }
+    }
+}
+
 // ---- tensor parallelism: this rank's rows of the vocabulary ----------------------------
 // bf16 logits, rows of ld (>= V) values; targets are whole-vocabulary ids,
 // this rank holds rows v0 .. v0 + V. One warp per row, as the kernel above.

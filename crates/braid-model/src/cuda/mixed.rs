@@ -173,6 +173,36 @@ type Dim3 = (u32, u32, u32);
 
 /// A 1-D grid of `ceil(n / per)` blocks (grid.x takes up to 2^31 - 1, so
 /// 256-thread blocks cover 5.5 × 10^11 elements).
+/// Threads a row of `softmax_cross_entropy_rows_bf` (CE_T) and the most
+/// 8-value chunks each holds (CE_J), as mixed.cu defines them.
+const CE_T: u32 = 1024;
+const CE_J: usize = 8;
+
+/// Whether a row of `ld` logits fits the block-per-row kernel.
+fn ce_rows_take(ld: usize) -> bool {
+    ld % 8 == 0 && ld <= 8 * CE_J * CE_T as usize
+}
+
+/// `BRAID_CE`: `rows` (one block a row, the row in registers) or `warp`
+/// (the default: one warp a row, two reads).
+fn ce_rows_from_env() -> Result<bool> {
+    ce_rows_of(std::env::var(braid_core::env::BRAID_CE).ok().as_deref())
+}
+
+fn ce_rows_of(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("" | "warp") => Ok(false),
+        Some("rows") => Ok(true),
+        Some(other) => Err(CudaError::Invalid(format!(
+            "BRAID_CE={other:?}: expected warp (the default) or rows"
+        ))),
+    }
+}
+
+fn too_many_rows(n: usize) -> CudaError {
+    CudaError::Invalid(format!("softmax_cross_entropy: {n} rows past one launch"))
+}
+
 fn blocks(n: usize, per: usize) -> Result<Dim3> {
     let b = n.div_ceil(per).max(1);
     match u32::try_from(b) {
@@ -226,6 +256,10 @@ pub struct MixedKernels {
     pub(crate) softmax_forward: Function,
     pub(crate) softmax_backward: Function,
     softmax_cross_entropy: Function,
+    /// The block-per-row form (`softmax_cross_entropy_rows_bf`) and
+    /// whether `BRAID_CE=rows` chose it.
+    softmax_cross_entropy_rows: Function,
+    ce_rows: bool,
     vocab_row_max: Function,
     vocab_row_sums: Function,
     vocab_softmax_ce: Function,
@@ -611,6 +645,8 @@ impl MixedKernels {
             softmax_forward: f("softmax_causal_forward_bf")?,
             softmax_backward: f("softmax_causal_backward_bf")?,
             softmax_cross_entropy: f("softmax_cross_entropy_bf")?,
+            softmax_cross_entropy_rows: f("softmax_cross_entropy_rows_bf")?,
+            ce_rows: ce_rows_from_env()?,
             vocab_row_max: f("vocab_row_max_bf")?,
             vocab_row_sums: f("vocab_row_sums_bf")?,
             vocab_softmax_ce: f("vocab_softmax_ce_bf")?,
@@ -1590,7 +1626,23 @@ impl MixedKernels {
             A::I(ld as i32),
             A::F(scale),
         ];
+        if self.ce_rows && ce_rows_take(ld) {
+            let grid = (u32::try_from(n).map_err(|_| too_many_rows(n))?, 1, 1);
+            return Self::go(
+                &self.softmax_cross_entropy_rows,
+                s,
+                grid,
+                (CE_T, 1, 1),
+                args,
+            );
+        }
         self.rows(&self.softmax_cross_entropy, s, n, args)
+    }
+
+    /// Sets whether the loss uses the block-per-row kernel (where the row
+    /// fits it; `BRAID_CE=rows` at load).
+    pub fn set_ce_rows(&mut self, on: bool) {
+        self.ce_rows = on;
     }
 
     /// A tensor-parallel rank's bf16 logits (`n` rows of `ld`, this rank's
@@ -1843,8 +1895,27 @@ impl AdamSegments {
 
 #[cfg(test)]
 mod tests {
+    use super::{ce_rows_of, ce_rows_take};
     use super::{nt_split, skinny_layout, zero_pieces, AdamSegments, ZERO_PIECE};
     use super::{NtPrefetch, NtStart};
+
+    /// `BRAID_CE` names one of two kernels; the block-per-row one takes
+    /// GPT-2's padded vocabulary and refuses rows past its registers.
+    #[test]
+    fn the_loss_kernel_is_chosen_by_name_and_by_the_rows_width() {
+        assert!(!ce_rows_of(None).unwrap());
+        assert!(!ce_rows_of(Some("warp")).unwrap());
+        assert!(ce_rows_of(Some(" rows")).unwrap());
+        let e = ce_rows_of(Some("block")).unwrap_err().to_string();
+        assert!(e.contains("BRAID_CE") && e.contains("rows"), "{e}");
+        assert!(ce_rows_take(50304) && ce_rows_take(65536));
+        assert!(!ce_rows_take(65544) && !ce_rows_take(50257));
+        if braid_cuda::nvrtc::version().is_ok() {
+            let (name, src) = crate::cuda::SOURCES[1];
+            let ptx = braid_cuda::nvrtc::compile_ptx(name, src, "compute_80").unwrap();
+            assert!(ptx.contains(".entry softmax_cross_entropy_rows_bf("));
+        }
+    }
 
     /// 124M's products (up to 768 x 3072 in bf16) ask for their weights
     /// ahead, 1558M's (from 1600 x 1600) and the logits do not.
