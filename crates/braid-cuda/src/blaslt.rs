@@ -74,9 +74,10 @@ impl Tuning {
 pub enum Epilogue {
     /// `d = product` (plus `beta · c`), nothing else.
     Plain,
-    /// `d = product + bias[n]` (bias of `d`'s type).
+    /// `d = product + bias[n]` (bias of `d`'s type; a scaled FP8
+    /// product's of [`scaled_bias_type`]).
     Bias { bias: (u64, usize) },
-    /// `aux = product + bias[n]`, `d = gelu(aux)` (bias of `d`'s type).
+    /// `aux = product + bias[n]`, `d = gelu(aux)` (bias as for `Bias`).
     GeluAuxBias {
         bias: (u64, usize),
         aux: (u64, usize),
@@ -176,6 +177,16 @@ impl Fp8 {
             Fp8::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
             Fp8::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
         }
+    }
+}
+
+/// The type of a scaled FP8 product's bias ([`Epilogue::Bias`],
+/// [`Epilogue::GeluAuxBias`]) for a result of type `d`: bf16 where the
+/// result is f32 (cuBLASLt's FP8 kernels take no f32 bias), else `d`'s own.
+pub fn scaled_bias_type(d: DType) -> DType {
+    match d {
+        DType::F32 => DType::BF16,
+        other => other,
     }
 }
 
@@ -722,6 +733,19 @@ impl BlasLt {
                 &fast as *const i8 as _,
                 1,
             )?;
+            // The bias's type said outright: cuBLASLt's own default for an
+            // FP8 product with an f32 result is bf16, not d's type (an f32
+            // bias read as bf16 is garbage once it is not zero).
+            if let Epilogue::Bias { .. } | Epilogue::GeluAuxBias { .. } = g.epilogue {
+                let bias = lt_type(scaled_bias_type(g.d.ty)).ok_or_else(|| {
+                    CudaError::Invalid(format!("lt gemm: no bias type for a {:?} result", g.d.ty))
+                })?;
+                set(
+                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &bias as *const _ as _,
+                    4,
+                )?;
+            }
         }
         if let Epilogue::GeluAuxBias { aux_ld, .. } | Epilogue::DGeluBGrad { aux_ld, .. } =
             g.epilogue
@@ -824,7 +848,8 @@ impl BlasLt {
 
     /// Runs the FP8 product `g` scaled as `scaled` says on `stream`: `d =
     /// alpha · (a_scale · a) · (b_scale · b) + beta · c`, then the
-    /// epilogue. On Hopper cuBLASLt takes FP8 operands only with both
+    /// epilogue, whose bias is of [`scaled_bias_type`] (bf16 for an f32
+    /// result). On Hopper cuBLASLt takes FP8 operands only with both
     /// stored along the shared dimension: `a` untransposed (`[m, k]`),
     /// `b` transposed (stored `[n, k]`), every leading dimension and `k` a
     /// multiple of 16; anything else is refused here with what to change.

@@ -430,7 +430,16 @@ impl ModelReference {
     pub fn new(r: &mut Rng) -> Result<ModelReference> {
         let cfg = crate::config::GptConfig::parse(Self::CONFIG).expect("valid config");
         let layout = std::sync::Arc::new(crate::layout::Layout::new(&cfg));
-        let params = crate::params::Params::init_gpt2(layout.clone(), 11);
+        let mut params = crate::params::Params::init_gpt2(layout.clone(), 11);
+        // GPT-2 starts its biases at zero; a trained model's are not, and a
+        // bias read in the wrong type is invisible while it is zero (the
+        // FP8 products' was, until their second step): every bias drawn
+        // small and non-zero.
+        for spec in layout.params.iter().filter(|p| p.name.ends_with(".bias")) {
+            for x in &mut params.data[spec.range()] {
+                *x = (r.normal() * 0.02) as f32;
+            }
+        }
         let n = Self::B * Self::T;
         let tokens: Vec<u32> = (0..n).map(|_| r.below(256) as u32).collect();
         let mut targets: Vec<u32> = (0..n).map(|_| r.below(256) as u32).collect();

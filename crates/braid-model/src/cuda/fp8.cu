@@ -180,3 +180,14 @@ extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const 
                                           const float* amax, int rows, int cols, int fmt) {
     fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
 }
+
+// An f32 bias as bf16 (to nearest even), for the FP8 products with an f32
+// result: cuBLASLt's FP8 kernels take their bias in bf16 there.
+extern "C" __global__ void fp8_bias_bf16(bf16* out, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned u = __float_as_uint(x[i]);
+        // NaN stays NaN; others round to nearest even on the dropped half.
+        out[i] = (x[i] != x[i]) ? (bf16)0x7fc0 : (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}

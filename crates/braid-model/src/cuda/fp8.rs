@@ -111,6 +111,7 @@ struct Casts {
 pub struct Fp8Kernels {
     bf: Casts,
     f32: Casts,
+    bias_bf16: Function,
 }
 
 /// Threads of the amax and plain cast kernels' blocks.
@@ -131,7 +132,44 @@ impl Fp8Kernels {
         Ok(Fp8Kernels {
             bf: casts("bf")?,
             f32: casts("f32")?,
+            bias_bf16: module.function("fp8_bias_bf16")?,
         })
+    }
+
+    /// The f32 bias at `x` (`(address, elements)`) as bf16 into `out`
+    /// (cuBLASLt's FP8 products with an f32 result take a bf16 bias).
+    ///
+    /// # Safety
+    /// `x` must address that many live f32 elements on this device, left
+    /// unwritten until the kernel queued on `s` has run.
+    pub(crate) unsafe fn bias_to_bf16_at(
+        &self,
+        s: &Stream,
+        out: &mut impl DeviceMem<half::bf16>,
+        x: (u64, usize),
+    ) -> Result<()> {
+        let n = x.1;
+        if out.dlen() < n || i32::try_from(n).is_err() {
+            return Err(CudaError::Invalid(format!(
+                "fp8 bias: {n} values into {} (or past 32-bit counts)",
+                out.dlen()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut args = [
+            KernelArg::Ptr(out.dptr()),
+            KernelArg::Ptr(x.0),
+            KernelArg::I32(n as i32),
+        ];
+        let grid = (n.div_ceil(BLOCK as usize) as u32, 1, 1);
+        // SAFETY: fp8_bias_bf16 takes (bf16*, const float*, int): out holds
+        // n bf16 (checked), the caller vouches for x's n floats.
+        unsafe {
+            self.bias_bf16
+                .launch_args(grid, (BLOCK, 1, 1), 0, s, &mut args)
+        }
     }
 
     /// `x` (`rows` × `cols`, row-major) into `out` in format `f`, scaled
@@ -557,6 +595,49 @@ mod tests {
             );
             assert!(worst < 1e-2, "{worst}");
             assert!(quant < 0.08, "{quant}");
+            // An f32 result with a bias, as the residual products run: the
+            // bias goes in as bf16 (`scaled_bias_type`), made from f32 by
+            // the kernels, and lands on every row as the host adds it.
+            let bias32: Vec<f32> = (0..n).map(|j| 0.37 - 0.013 * j as f32).collect();
+            let bias_f = DeviceBuffer::from_host(&device, &bias32).unwrap();
+            let mut bias_b = DeviceBuffer::<half::bf16>::zeros(&device, n).unwrap();
+            // SAFETY: bias_f holds n live f32 values, unchanged here.
+            unsafe {
+                fk.bias_to_bf16_at(&s, &mut bias_b, (bias_f.dptr(), n))
+                    .unwrap()
+            };
+            let bias_host: Vec<f32> = bias32
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect();
+            let got_b: Vec<f32> = bias_b
+                .to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            assert_eq!(got_b, bias_host, "the bias's bf16 copy");
+            let y32 = DeviceBuffer::<f32>::zeros(&device, m * n).unwrap();
+            let g32 = LtGemm {
+                c: Mat::of(&y32, n),
+                d: Mat::of(&y32, n),
+                epilogue: Epilogue::Bias {
+                    bias: (bias_b.dptr(), n),
+                },
+                ..g
+            };
+            lt.gemm_scaled(&s, &g32, &sc).unwrap();
+            s.synchronize().unwrap();
+            let with_bias = y32.to_vec().unwrap();
+            let mut worst_b = 0f64;
+            for i in 0..m {
+                for j in 0..n {
+                    let want = got[i * n + j] as f64 + bias_host[j] as f64;
+                    let e = (with_bias[i * n + j] as f64 - want).abs() / want.abs().max(0.05);
+                    worst_b = worst_b.max(e);
+                }
+            }
+            assert!(worst_b < 1e-2, "f32 result with a bf16 bias: {worst_b}");
         }
         // What the product cannot take is refused, naming it.
         let b = DeviceBuffer::<u8>::zeros(&device, 64 * 64).unwrap();

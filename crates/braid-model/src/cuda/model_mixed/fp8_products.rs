@@ -26,8 +26,8 @@ use super::products::Product;
 use crate::cuda::fp8::{Fp8Kernels, Fp8Tensor};
 use braid_core::DType;
 use braid_cuda::blas::Mat;
-use braid_cuda::blaslt::{BlasLt, Epilogue, Fp8, LtGemm, Scaled};
-use braid_cuda::{CudaError, Device, DeviceMem, Result, Stream};
+use braid_cuda::blaslt::{scaled_bias_type, BlasLt, Epilogue, Fp8, LtGemm, Scaled};
+use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 
 /// Whether `e` is cuBLASLt declining an FP8 product here (no algorithm
 /// for the shape or epilogue, or no cuBLASLt at all), which sends that
@@ -100,6 +100,8 @@ pub(super) struct Fp8Products {
     pub(super) backward: bool,
     /// cuBLASLt had no FP8 product for a gradient's shape (noted once).
     backward_off: bool,
+    /// The bf16 copy of an f32 result's bias ([`Fp8Products::bias_for`]).
+    bias: Option<DeviceBuffer<half::bf16>>,
     /// `BRAID_FP8_TRACE=N`: the first N products each said with their
     /// operands' scales and whether the result is finite (a diagnosis:
     /// every product waits for the GPU).
@@ -120,6 +122,7 @@ impl Fp8Products {
             off: [false; 8],
             backward,
             backward_off: false,
+            bias: None,
             trace: std::env::var(braid_core::env::BRAID_FP8_TRACE)
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -153,6 +156,7 @@ impl Fp8Products {
     ) -> Result<()> {
         let (m, n, k) = (p.m, p.n, p.k);
         let beta = if residual.is_some() { 1.0 } else { 0.0 };
+        let epilogue = self.bias_for(s, epilogue, &d)?;
         // (The weights `[k, n]` go in stored `[n, k]`.)
         self.scaled(
             lt,
@@ -163,6 +167,40 @@ impl Fp8Products {
             (residual.unwrap_or(d), d, epilogue, beta),
             true,
         )
+    }
+
+    /// `epilogue` with its bias in the type the FP8 product takes
+    /// ([`scaled_bias_type`]): an f32 result's f32 bias copied to bf16 in
+    /// the bias room first (the model's f32 biases are only zero at
+    /// initialisation; read as bf16 they are garbage after the first step).
+    fn bias_for(&mut self, s: &Stream, epilogue: Epilogue, d: &Mat) -> Result<Epilogue> {
+        if scaled_bias_type(d.dtype()) == d.dtype() {
+            return Ok(epilogue);
+        }
+        let bias = match epilogue {
+            Epilogue::Bias { bias } | Epilogue::GeluAuxBias { bias, .. } => bias,
+            Epilogue::Plain | Epilogue::DGeluBGrad { .. } => return Ok(epilogue),
+        };
+        if self.bias.as_ref().is_none_or(|b| b.len() < bias.1) {
+            s.synchronize()?;
+            self.bias = None;
+            self.bias = Some(DeviceBuffer::zeros(&self.input.device, bias.1)?);
+        }
+        let room = self.bias.as_mut().expect("made above");
+        // SAFETY: `bias` is the epilogue's f32 vector of `bias.1` values
+        // (a view of the model's parameters, unwritten until this product,
+        // queued after the copy on the same stream, has run).
+        unsafe { self.kernels.bias_to_bf16_at(s, room, bias)? };
+        let bf = (room.device_ptr(), room.len());
+        Ok(match epilogue {
+            Epilogue::Bias { .. } => Epilogue::Bias { bias: bf },
+            Epilogue::GeluAuxBias { aux, aux_ld, .. } => Epilogue::GeluAuxBias {
+                bias: bf,
+                aux,
+                aux_ld,
+            },
+            other => other,
+        })
     }
 
     /// Whether the backward pass's products run here: asked for, and none
