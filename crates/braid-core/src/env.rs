@@ -206,6 +206,12 @@ pub const BRAID_FP8: &str = "BRAID_FP8";
 /// largest magnitude and how many of its values are not finite), each
 /// waiting for the GPU. Unset: nothing said.
 pub const BRAID_FP8_TRACE: &str = "BRAID_FP8_TRACE";
+/// How the FP8 products scale their operands: `dynamic` (the default:
+/// each by its own amax, measured in a pass of its own first) or `delayed`
+/// (each by the amax the same operand had the step before, with a margin
+/// of 2, its own measured while it is cast: one read, not two; cast again
+/// by its own where it outgrew the margin). Not yet measured (issue 69).
+pub const BRAID_FP8_SCALING: &str = "BRAID_FP8_SCALING";
 /// The GPU engine's softmax + cross-entropy kernel: `warp` (the default:
 /// a warp a row, the logits read twice) or `rows` (a block of 1,024
 /// threads a row holding it in registers: read once; rows up to 65,536

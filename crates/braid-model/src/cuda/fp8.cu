@@ -61,8 +61,29 @@ __device__ __forceinline__ unsigned char fp8_one(float x, int fmt) {
 
 // The multiplier into the format from the tensor's amax (IEEE division, as
 // the host's reference computes it).
+__device__ __forceinline__ float fp8_scale_of(float amax, int fmt) {
+    return __fdiv_rn(fmt == 0 ? E4M3_MAX : E5M2_MAX, fmaxf(amax, 1e-12f));
+}
 __device__ __forceinline__ float fp8_scale(const float* amax, int fmt) {
-    return __fdiv_rn(fmt == 0 ? E4M3_MAX : E5M2_MAX, fmaxf(*amax, 1e-12f));
+    return fp8_scale_of(*amax, fmt);
+}
+
+// The block's largest |value| (each thread's `m`) into amax[0]: over the
+// warps through shared memory, then one atomic per block (blocks of up to
+// 1024 threads, in any shape).
+__device__ __forceinline__ void fp8_block_amax(float m, float* amax) {
+    __shared__ float part[32];
+    int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int threads = blockDim.x * blockDim.y * blockDim.z;
+    m = warp_max(m);
+    int lane = t % WARP, w = t / WARP;
+    if (lane == 0) part[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = lane < threads / WARP ? part[lane] : 0.f;
+        m = warp_max(m);
+        if (lane == 0) atomicMax((int*)amax, __float_as_int(m));
+    }
 }
 
 // Four consecutive values from x + i (i a multiple of 4, x + i aligned
@@ -88,7 +109,6 @@ __device__ __forceinline__ void fp8_in4(const float* x, long i, float* v) {
 // in any order, so the result does not depend on the blocks' timing.
 template <typename T>
 __device__ void fp8_amax(float* amax, const T* x, long n, int vec) {
-    __shared__ float part[32];
     float m = 0.f;
     long stride = (long)gridDim.x * blockDim.x, first = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (vec) {
@@ -100,15 +120,7 @@ __device__ void fp8_amax(float* amax, const T* x, long n, int vec) {
     } else {
         for (long i = first; i < n; i += stride) m = fmaxf(m, fabsf(fp8_in(x[i])));
     }
-    m = warp_max(m);
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    if (lane == 0) part[w] = m;
-    __syncthreads();
-    if (w == 0) {
-        m = lane < (int)(blockDim.x / WARP) ? part[lane] : 0.f;
-        m = warp_max(m);
-        if (lane == 0) atomicMax((int*)amax, __float_as_int(m));
-    }
+    fp8_block_amax(m, amax);
 }
 
 extern "C" __global__ void fp8_amax_bf(float* amax, const bf16* x, long n, int vec) {
@@ -121,24 +133,40 @@ extern "C" __global__ void fp8_amax_f32(float* amax, const float* x, long n, int
 // out[i] = x[i] * scale in format fmt; block 0's first thread writes the
 // dequantising scale (1 / scale) to deq. With vec, four values a thread
 // (n a multiple of 4, x aligned to four elements, out to four bytes).
+// With `seen` (delayed scaling) the cast also measures the tensor's own
+// amax into seen[0] for the next time.
 template <typename T>
-__device__ void fp8_cast(unsigned char* out, float* deq, const T* x, const float* amax, long n,
-                         int fmt, int vec) {
-    float s = fp8_scale(amax, fmt);
+__device__ void fp8_cast_by(unsigned char* out, float* deq, const T* x, float s, long n, int fmt,
+                            int vec, float* seen) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *deq = __fdiv_rn(1.f, s);
     long stride = (long)gridDim.x * blockDim.x, first = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    float m = 0.f;
     if (vec) {
         for (long i = first; i < n / 4; i += stride) {
             float v[4];
             fp8_in4(x, 4 * i, v);
             unsigned b = 0;
 #pragma unroll
-            for (int e = 0; e < 4; e++) b |= (unsigned)fp8_one(__fmul_rn(v[e], s), fmt) << (8 * e);
+            for (int e = 0; e < 4; e++) {
+                b |= (unsigned)fp8_one(__fmul_rn(v[e], s), fmt) << (8 * e);
+                m = fmaxf(m, fabsf(v[e]));
+            }
             reinterpret_cast<unsigned*>(out)[i] = b;
         }
     } else {
-        for (long i = first; i < n; i += stride) out[i] = fp8_one(__fmul_rn(fp8_in(x[i]), s), fmt);
+        for (long i = first; i < n; i += stride) {
+            float v = fp8_in(x[i]);
+            out[i] = fp8_one(__fmul_rn(v, s), fmt);
+            m = fmaxf(m, fabsf(v));
+        }
     }
+    if (seen) fp8_block_amax(m, seen);
+}
+
+template <typename T>
+__device__ void fp8_cast(unsigned char* out, float* deq, const T* x, const float* amax, long n,
+                         int fmt, int vec) {
+    fp8_cast_by(out, deq, x, fp8_scale(amax, fmt), n, fmt, vec, (float*)0);
 }
 
 extern "C" __global__ void fp8_cast_bf(unsigned char* out, float* deq, const bf16* x,
@@ -153,23 +181,33 @@ extern "C" __global__ void fp8_cast_f32(unsigned char* out, float* deq, const fl
 // The same, transposed: x is rows x cols (row-major), out cols x rows.
 // Blocks of 32 x 8 threads move 32 x 32 tiles through shared memory.
 template <typename T>
-__device__ void fp8_cast_t(unsigned char* out, float* deq, const T* x, const float* amax, int rows,
-                           int cols, int fmt) {
+__device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float s, int rows,
+                              int cols, int fmt, float* seen) {
     __shared__ unsigned char tile[32][33];
-    float s = fp8_scale(amax, fmt);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
         *deq = __fdiv_rn(1.f, s);
     int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    float m = 0.f;
     for (int dy = threadIdx.y; dy < 32; dy += 8) {
         int r = r0 + dy, c = c0 + threadIdx.x;
-        if (r < rows && c < cols)
-            tile[dy][threadIdx.x] = fp8_one(__fmul_rn(fp8_in(x[(long)r * cols + c]), s), fmt);
+        if (r < rows && c < cols) {
+            float v = fp8_in(x[(long)r * cols + c]);
+            tile[dy][threadIdx.x] = fp8_one(__fmul_rn(v, s), fmt);
+            m = fmaxf(m, fabsf(v));
+        }
     }
     __syncthreads();
     for (int dy = threadIdx.y; dy < 32; dy += 8) {
         int c = c0 + dy, r = r0 + threadIdx.x;
         if (r < rows && c < cols) out[(long)c * rows + r] = tile[threadIdx.x][dy];
     }
+    if (seen) fp8_block_amax(m, seen);
+}
+
+template <typename T>
+__device__ void fp8_cast_t(unsigned char* out, float* deq, const T* x, const float* amax, int rows,
+                           int cols, int fmt) {
+    fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0);
 }
 
 extern "C" __global__ void fp8_cast_t_bf(unsigned char* out, float* deq, const bf16* x,
@@ -180,6 +218,48 @@ extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const 
                                           const float* amax, int rows, int cols, int fmt) {
     fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
 }
+
+// ---- delayed scaling (`BRAID_FP8_SCALING=delayed`) -------------------------
+// The scale from the amax this tensor had the last time (`hist`, with a
+// margin of 2: a binade of headroom, which costs e4m3 and e5m2 no
+// precision above their subnormals), the tensor's own amax measured into
+// `seen` in the same pass: one read where the dynamic recipe reads twice.
+// Then the recast: where the tensor outgrew the margin (seen > 2 hist, so
+// values were clipped), the whole cast again with the scale from `seen`,
+// the dynamic recipe's exactly; every block decides alike. Block 0 keeps
+// `seen` in `next` for the next time.
+#define FP8_MARGIN 2.f
+#define FP8_DELAYED(SUF, T)                                                                        \
+    extern "C" __global__ void fp8_cast_delayed_##SUF(unsigned char* out, float* deq, const T* x, \
+                                                      const float* hist, float* seen, long n,     \
+                                                      int fmt, int vec) {                         \
+        fp8_cast_by(out, deq, x, fp8_scale_of(FP8_MARGIN * *hist, fmt), n, fmt, vec, seen);      \
+    }                                                                                             \
+    extern "C" __global__ void fp8_recast_##SUF(unsigned char* out, float* deq, const T* x,       \
+                                                const float* hist, const float* seen,             \
+                                                float* next, long n, int fmt, int vec) {          \
+        float m = *seen;                                                                          \
+        if (blockIdx.x == 0 && threadIdx.x == 0) *next = m;                                       \
+        if (m > FP8_MARGIN * *hist) fp8_cast_by(out, deq, x, fp8_scale_of(m, fmt), n, fmt, vec,   \
+                                                (float*)0);                                      \
+    }                                                                                             \
+    extern "C" __global__ void fp8_cast_t_delayed_##SUF(unsigned char* out, float* deq,           \
+                                                        const T* x, const float* hist,            \
+                                                        float* seen, int rows, int cols,          \
+                                                        int fmt) {                                \
+        fp8_cast_t_by(out, deq, x, fp8_scale_of(FP8_MARGIN * *hist, fmt), rows, cols, fmt, seen); \
+    }                                                                                             \
+    extern "C" __global__ void fp8_recast_t_##SUF(unsigned char* out, float* deq, const T* x,     \
+                                                  const float* hist, const float* seen,           \
+                                                  float* next, int rows, int cols, int fmt) {     \
+        float m = *seen;                                                                          \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)           \
+            *next = m;                                                                            \
+        if (m > FP8_MARGIN * *hist)                                                               \
+            fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0);         \
+    }
+FP8_DELAYED(bf, bf16)
+FP8_DELAYED(f32, float)
 
 // An f32 bias as bf16 (to nearest even), for the FP8 products with an f32
 // result: cuBLASLt's FP8 kernels take their bias in bf16 there.

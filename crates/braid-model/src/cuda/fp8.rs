@@ -105,6 +105,21 @@ struct Casts {
     amax: Function,
     cast: Function,
     cast_t: Function,
+    cast_delayed: Function,
+    recast: Function,
+    cast_t_delayed: Function,
+    recast_t: Function,
+}
+
+/// How a quantisation finds its scale: from the tensor's own amax,
+/// measured first (dynamic: two reads), or from the amax it had the last
+/// time at the device address `hist`, measuring its own into `next` in
+/// the same pass and casting again only where it outgrew a margin of 2
+/// (delayed: one read; `fp8.cu`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scaling {
+    Dynamic,
+    Delayed { hist: u64, next: u64 },
 }
 
 /// The FP8 cast kernels (`fp8.cu`), loaded on one device.
@@ -127,6 +142,10 @@ impl Fp8Kernels {
                 amax: module.function(&format!("fp8_amax_{suffix}"))?,
                 cast: module.function(&format!("fp8_cast_{suffix}"))?,
                 cast_t: module.function(&format!("fp8_cast_t_{suffix}"))?,
+                cast_delayed: module.function(&format!("fp8_cast_delayed_{suffix}"))?,
+                recast: module.function(&format!("fp8_recast_{suffix}"))?,
+                cast_t_delayed: module.function(&format!("fp8_cast_t_delayed_{suffix}"))?,
+                recast_t: module.function(&format!("fp8_recast_t_{suffix}"))?,
             })
         };
         Ok(Fp8Kernels {
@@ -198,6 +217,7 @@ impl Fp8Kernels {
                 shape,
                 transposed,
                 f,
+                Scaling::Dynamic,
             )
         }
     }
@@ -208,6 +228,9 @@ impl Fp8Kernels {
     /// # Safety
     /// `x` must address that many live bf16 elements on this device, left
     /// unwritten until the kernels queued on `s` have run.
+    /// With [`Scaling::Delayed`], `hist` and `next` must address one live
+    /// f32 each on this device (not the same one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn quantize_bf16_at(
         &self,
         s: &Stream,
@@ -216,10 +239,34 @@ impl Fp8Kernels {
         shape: (usize, usize),
         transposed: bool,
         f: Fp8,
+        scaling: Scaling,
     ) -> Result<()> {
         let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
-        // SAFETY: the caller vouches for x.
-        unsafe { self.quantize_at(s, out, (x.0, x.1, "bf"), shape, transposed, f) }
+        // SAFETY: the caller vouches for x and the scaling's addresses.
+        unsafe { self.quantize_at(s, out, (x.0, x.1, "bf"), shape, transposed, f, scaling) }
+    }
+
+    /// [`Fp8Kernels::quantize`] with a [`Scaling`] (for the tests of the
+    /// delayed kernels; the engine quantises at addresses).
+    ///
+    /// # Safety
+    /// As [`Fp8Kernels::quantize_bf16_at`]'s scaling.
+    #[cfg(test)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn quantize_scaled<T: Fp8Source>(
+        &self,
+        s: &Stream,
+        to: &mut Fp8Tensor,
+        x: &impl DeviceMem<T>,
+        shape: (usize, usize),
+        transposed: bool,
+        f: Fp8,
+        scaling: Scaling,
+    ) -> Result<()> {
+        let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
+        let x = (x.dptr(), x.dlen(), T::SUFFIX);
+        // SAFETY: x is a live buffer; the caller vouches for the scaling.
+        unsafe { self.quantize_at(s, out, x, shape, transposed, f, scaling) }
     }
 
     /// The quantisation itself; `x` is `(address, elements, the kernels'
@@ -227,7 +274,7 @@ impl Fp8Kernels {
     ///
     /// # Safety
     /// As [`Fp8Kernels::quantize_bf16_at`], for elements of the suffix's type.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     unsafe fn quantize_at(
         &self,
         s: &Stream,
@@ -240,6 +287,7 @@ impl Fp8Kernels {
         (rows, cols): (usize, usize),
         transposed: bool,
         f: Fp8,
+        scaling: Scaling,
     ) -> Result<()> {
         let n = rows * cols;
         if x_len < n || out.dlen() < n || deq.dlen() < 1 || amax.dlen() < 1 {
@@ -275,55 +323,61 @@ impl Fp8Kernels {
         let vec = n % 4 == 0 && x_ptr % (4 * elem) == 0 && out.dptr() % 4 == 0;
         let threads = if vec { n / 4 } else { n };
         let grid = (threads.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
-        let mut args = [
+        let tiles = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
+        if transposed && tiles.1 > 65535 {
+            return Err(CudaError::Invalid(format!(
+                "fp8 quantize: {rows} rows need more than 65535 tiles of 32"
+            )));
+        }
+        let (o, d, a) = (
+            KernelArg::Ptr(out.dptr()),
+            KernelArg::Ptr(deq.dptr()),
             KernelArg::Ptr(amax.dptr()),
-            KernelArg::Ptr(x_ptr),
+        );
+        let x = KernelArg::Ptr(x_ptr);
+        let (r, c, len) = (
+            KernelArg::I32(i32_rows),
+            KernelArg::I32(i32_cols),
             KernelArg::I64(n as i64),
-            KernelArg::I32(i32::from(vec)),
-        ];
-        // SAFETY: fp8_amax_* takes (float*, const T*, long, int): amax
-        // holds one f32, x at least n elements of T (checked above; the
-        // caller vouches for x), aligned for four where vec says.
-        unsafe {
-            k.amax
-                .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
-        };
-        if transposed {
-            let mut args = [
-                KernelArg::Ptr(out.dptr()),
-                KernelArg::Ptr(deq.dptr()),
-                KernelArg::Ptr(x_ptr),
-                KernelArg::Ptr(amax.dptr()),
-                KernelArg::I32(i32_rows),
-                KernelArg::I32(i32_cols),
-                fmt,
-            ];
-            let tiles = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
-            if tiles.1 > 65535 {
-                return Err(CudaError::Invalid(format!(
-                    "fp8 quantize: {rows} rows need more than 65535 tiles of 32"
-                )));
-            }
-            // SAFETY: fp8_cast_t_* takes (uchar*, float*, const T*, const
-            // float*, int, int, int); every buffer holds what the shape
-            // needs (checked above), each thread writes inside out.
-            unsafe { k.cast_t.launch_args(tiles, (32, 8, 1), 0, s, &mut args) }
-        } else {
-            let mut args = [
-                KernelArg::Ptr(out.dptr()),
-                KernelArg::Ptr(deq.dptr()),
-                KernelArg::Ptr(x_ptr),
-                KernelArg::Ptr(amax.dptr()),
-                KernelArg::I64(n as i64),
-                fmt,
-                KernelArg::I32(i32::from(vec)),
-            ];
-            // SAFETY: fp8_cast_* takes (uchar*, float*, const T*, const
-            // float*, long, int, int); buffers checked above, aligned for
-            // four where vec says.
+        );
+        let v = KernelArg::I32(i32::from(vec));
+        // Launches `f` over the plain grid or, transposed, the tiles.
+        let go = |f: &Function, args: &mut [KernelArg]| {
+            // SAFETY: every kernel below takes the arguments given it, in
+            // order (fp8.cu): out holds n bytes, deq and amax one f32 each,
+            // x at least n elements of the suffix's type (checked above;
+            // the caller vouches for x and the scaling's addresses), aligned
+            // for four where vec says; each thread writes inside out.
             unsafe {
-                k.cast
-                    .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)
+                match transposed {
+                    true => f.launch_args(tiles, (32, 8, 1), 0, s, args),
+                    false => f.launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, args),
+                }
+            }
+        };
+        match (scaling, transposed) {
+            (Scaling::Dynamic, _) => {
+                let mut args = [a, x, len, v];
+                // SAFETY: fp8_amax_* takes (float*, const T*, long, int).
+                unsafe {
+                    k.amax
+                        .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
+                };
+                match transposed {
+                    true => go(&k.cast_t, &mut [o, d, x, a, r, c, fmt]),
+                    false => go(&k.cast, &mut [o, d, x, a, len, fmt, v]),
+                }
+            }
+            // `amax` is where the tensor's own is measured (`seen`).
+            (Scaling::Delayed { hist, next }, true) => {
+                let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
+                go(&k.cast_t_delayed, &mut [o, d, x, h, a, r, c, fmt])?;
+                go(&k.recast_t, &mut [o, d, x, h, a, nx, r, c, fmt])
+            }
+            (Scaling::Delayed { hist, next }, false) => {
+                let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
+                go(&k.cast_delayed, &mut [o, d, x, h, a, len, fmt, v])?;
+                go(&k.recast, &mut [o, d, x, h, a, nx, len, fmt, v])
             }
         }
     }
@@ -417,7 +471,16 @@ mod tests {
         let (name, src) = crate::cuda::SOURCES[3];
         for arch in ["compute_80", "compute_90"] {
             let ptx = braid_cuda::nvrtc::compile_ptx(name, src, arch).unwrap();
-            assert!(ptx.contains("fp8_cast_t_bf"), "{arch}");
+            for k in [
+                "fp8_cast_t_bf",
+                "fp8_cast_delayed_bf",
+                "fp8_recast_f32",
+                "fp8_cast_t_delayed_f32",
+                "fp8_recast_t_bf",
+                "fp8_bias_bf16",
+            ] {
+                assert!(ptx.contains(&format!(".entry {k}(")), "{arch}: {k}");
+            }
         }
     }
 
@@ -448,6 +511,62 @@ mod tests {
     /// host's; then cuBLASLt's scaled product of those codes equals the
     /// host's product of their values within bf16's rounding, and is
     /// within a few percent of the unquantised product.
+    #[test]
+    fn gpu_fp8_delayed_casts_match_the_host() {
+        use super::{Fp8Kernels, Fp8Tensor, Scaling};
+        use braid_cuda::{DeviceBuffer, DeviceMem, Stream};
+        let Some(device) = fp8_gpu() else { return };
+        let fk = Fp8Kernels::load(&device).unwrap();
+        let s = Stream::new(&device).unwrap();
+        let mut r = crate::rng::Rng::new(5);
+        let (rows, cols) = (96, 320);
+        let x = randn(&mut r, rows * cols, 1.0);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let xd = DeviceBuffer::from_host(&device, &x).unwrap();
+        let amax = xf.iter().fold(0f32, |a, v| a.max(v.abs()));
+        // The host's codes of x under the multiplier `sc`, as stored or
+        // transposed.
+        let host = |sc: f32, t: bool, f: Fp8| -> Vec<u8> {
+            let mut out = vec![0u8; rows * cols];
+            for i in 0..rows {
+                for j in 0..cols {
+                    let code = encode(xf[i * cols + j] * sc, f);
+                    match t {
+                        false => out[i * cols + j] = code,
+                        true => out[j * rows + i] = code,
+                    }
+                }
+            }
+            out
+        };
+        for f in [Fp8::E4M3, Fp8::E5M2] {
+            for t in [false, true] {
+                // The last amax as it was (no recast: the margin of 2 is
+                // the scale), then a quarter of it (the tensor outgrew the
+                // margin: cast again by its own, the dynamic codes).
+                for (last, sc) in [(amax, scale(2.0 * amax, f)), (amax / 4.0, scale(amax, f))] {
+                    let hist = DeviceBuffer::from_host(&device, &[last]).unwrap();
+                    let next = DeviceBuffer::<f32>::zeros(&device, 1).unwrap();
+                    let mut q = Fp8Tensor::new(&device, rows * cols).unwrap();
+                    let delayed = Scaling::Delayed {
+                        hist: hist.dptr(),
+                        next: next.dptr(),
+                    };
+                    // SAFETY: hist and next hold one live f32 each.
+                    unsafe {
+                        fk.quantize_scaled(&s, &mut q, &xd, (rows, cols), t, f, delayed)
+                            .unwrap()
+                    };
+                    s.synchronize().unwrap();
+                    let what = format!("{} transposed {t}, last amax {last}", f.name());
+                    assert_eq!(q.bytes.to_vec().unwrap(), host(sc, t, f), "{what}");
+                    assert_eq!(q.deq.to_vec().unwrap()[0], 1.0 / sc, "{what}");
+                    assert_eq!(next.to_vec().unwrap()[0], amax, "{what}: the amax kept");
+                }
+            }
+        }
+    }
+
     #[test]
     fn gpu_fp8_casts_and_scaled_products_match_the_host() {
         use super::{Fp8Kernels, Fp8Tensor};

@@ -44,6 +44,7 @@ mod block_backward;
 mod errors;
 mod forward;
 mod fp8_products;
+mod fp8_sites;
 mod fresh;
 mod pass;
 mod products;

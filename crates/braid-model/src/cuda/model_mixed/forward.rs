@@ -95,6 +95,9 @@ impl GpuGptMixed {
         self.own_missing()?;
         self.fresh.forward_starts();
         self.recomputed = None;
+        if let Some(fp8) = self.lt.as_mut().and_then(|l| l.fp8.as_mut()) {
+            fp8.begin_pass();
+        }
         if let Some(st) = &mut self.streamed {
             // The parameters may have changed since the last cast.
             st.holds = None;

@@ -22,12 +22,35 @@
 //! (`footprint::GpuRun`); they come out of its workspace margin until
 //! FP8 is measured and made a precision of its own there.
 
+use super::fp8_sites::{Fp8Sites, SiteKey};
 use super::products::Product;
+use crate::cuda::fp8::Scaling;
 use crate::cuda::fp8::{Fp8Kernels, Fp8Tensor};
 use braid_core::DType;
 use braid_cuda::blas::Mat;
 use braid_cuda::blaslt::{scaled_bias_type, BlasLt, Epilogue, Fp8, LtGemm, Scaled};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
+
+/// `BRAID_FP8_SCALING`: `dynamic` (the default: each operand's own amax,
+/// measured first) or `delayed` (the amax it had the last step; see
+/// `fp8_sites`). `true` for delayed.
+fn scaling_from_env() -> Result<bool> {
+    scaling_of(
+        std::env::var(braid_core::env::BRAID_FP8_SCALING)
+            .ok()
+            .as_deref(),
+    )
+}
+
+fn scaling_of(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("" | "dynamic") => Ok(false),
+        Some("delayed") => Ok(true),
+        Some(other) => Err(CudaError::Invalid(format!(
+            "BRAID_FP8_SCALING={other:?}: expected dynamic (the default) or delayed"
+        ))),
+    }
+}
 
 /// Whether `e` is cuBLASLt declining an FP8 product here (no algorithm
 /// for the shape or epilogue, or no cuBLASLt at all), which sends that
@@ -100,6 +123,9 @@ pub(super) struct Fp8Products {
     pub(super) backward: bool,
     /// cuBLASLt had no FP8 product for a gradient's shape (noted once).
     backward_off: bool,
+    /// Delayed scaling's sites (`BRAID_FP8_SCALING=delayed`), else `None`:
+    /// every operand scaled by its own amax, measured first.
+    sites: Option<Fp8Sites>,
     /// The bf16 copy of an f32 result's bias ([`Fp8Products::bias_for`]).
     bias: Option<DeviceBuffer<half::bf16>>,
     /// `BRAID_FP8_TRACE=N`: the first N products each said with their
@@ -123,6 +149,10 @@ impl Fp8Products {
             backward,
             backward_off: false,
             bias: None,
+            sites: match scaling_from_env()? {
+                true => Some(Fp8Sites::new()),
+                false => None,
+            },
             trace: std::env::var(braid_core::env::BRAID_FP8_TRACE)
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -201,6 +231,29 @@ impl Fp8Products {
             },
             other => other,
         })
+    }
+
+    /// A new pass (forward, then its backward) begins: delayed scaling's
+    /// sites count from the first again.
+    pub(super) fn begin_pass(&mut self) {
+        if let Some(sites) = self.sites.as_mut() {
+            sites.begin_pass();
+        }
+    }
+
+    /// How `x` is scaled, and where its measured amax is kept (see
+    /// [`Fp8Sites::next`]).
+    fn scaling(&mut self, x: &Operand) -> Result<(Scaling, Option<u64>)> {
+        let Some(sites) = self.sites.as_mut() else {
+            return Ok((Scaling::Dynamic, None));
+        };
+        let key = SiteKey {
+            at: x.at,
+            shape: x.shape,
+            transposed: x.transposed,
+            fmt: x.fmt,
+        };
+        sites.next(&self.input.device, key)
     }
 
     /// Whether the backward pass's products run here: asked for, and none
@@ -290,20 +343,33 @@ impl Fp8Products {
         (c, d, epilogue, beta): (Mat, Mat, Epilogue, f32),
         fast: bool,
     ) -> Result<()> {
+        let (sa, keep_a) = self.scaling(&a)?;
         let qa = self.input.at_least(s, m * k)?;
         // SAFETY: the products' operands are views of the model's live
         // buffers, unwritten until the product that reads them (queued
-        // after these casts on the same stream) has run.
+        // after these casts on the same stream) has run; the scaling's
+        // addresses are the sites' own arrays.
         unsafe {
             self.kernels
-                .quantize_bf16_at(s, qa, a.at, a.shape, a.transposed, a.fmt)?
+                .quantize_bf16_at(s, qa, a.at, a.shape, a.transposed, a.fmt, sa)?
         };
+        if let (Some(to), Some(sites)) = (keep_a, self.sites.as_mut()) {
+            sites.keep(s, &qa.amax, to)?;
+        }
+        let (sb, keep_b) = self.scaling(&b)?;
         let qb = self.weight.at_least(s, n * k)?;
         // SAFETY: as above.
         unsafe {
             self.kernels
-                .quantize_bf16_at(s, qb, b.at, b.shape, b.transposed, b.fmt)?
+                .quantize_bf16_at(s, qb, b.at, b.shape, b.transposed, b.fmt, sb)?
         };
+        if let (Some(to), Some(sites)) = (keep_b, self.sites.as_mut()) {
+            sites.keep(s, &qb.amax, to)?;
+        }
+        let (qa, qb) = (
+            self.input.held.as_ref().expect("made above"),
+            self.weight.held.as_ref().expect("made above"),
+        );
         let g = LtGemm {
             m,
             n,
@@ -424,6 +490,15 @@ fn trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scaling_is_named_or_refused_naming_the_choices() {
+        assert!(!scaling_of(None).unwrap());
+        assert!(!scaling_of(Some("dynamic")).unwrap());
+        assert!(scaling_of(Some(" delayed ")).unwrap());
+        let e = scaling_of(Some("late")).unwrap_err().to_string();
+        assert!(e.contains("BRAID_FP8_SCALING") && e.contains("delayed"), "{e}");
+    }
 
     #[test]
     fn only_cublaslt_declining_sends_a_product_back_to_bf16() {
