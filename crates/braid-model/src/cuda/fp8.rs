@@ -800,7 +800,7 @@ mod tests {
     #[test]
     #[ignore = "a measurement on a GPU: run by name"]
     fn fp8_products_timed() {
-        use super::{Fp8Kernels, Fp8Tensor};
+        use super::{Fp8Kernels, Fp8Tensor, Scaling};
         use braid_cuda::blas::Mat;
         use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Scaled, Tuning};
         use braid_cuda::{DeviceBuffer, DeviceMem, Stream};
@@ -813,6 +813,7 @@ mod tests {
         let tokens = 8192;
         for (name, width, layers) in [("2.65B", 2560usize, 32usize), ("1558M", 1600, 48)] {
             let (mut bf_total, mut f8_total, mut cast_total, mut flops) = (0.0, 0.0, 0.0, 0.0);
+            let mut delayed_total = 0.0;
             for (inp, out) in [
                 (width, 3 * width),
                 (width, width),
@@ -867,8 +868,13 @@ mod tests {
                     ),
                 ];
                 let bf_ms: Vec<f64> = bf.iter().map(|g| time_ms(&s, || lt.gemm(&s, g))).collect();
-                // FP8 operands, each stored along its product's shared dimension.
-                let q = |rows, cols, t, f, src: &DeviceBuffer<half::bf16>| {
+                // FP8 operands, each stored along its product's shared
+                // dimension; each cast timed scaled by its own amax measured
+                // first (dynamic) and by the amax it had before (delayed,
+                // here the same, so no cast again).
+                let mut delayed = [0.0; 6];
+                let mut turn = 0;
+                let mut q = |rows, cols, t, f, src: &DeviceBuffer<half::bf16>| {
                     let mut q = Fp8Tensor::new(&device, rows * cols).unwrap();
                     let ms = time_ms(&s, || {
                         fk.quantize(
@@ -882,6 +888,18 @@ mod tests {
                             f,
                         )
                     });
+                    let hist = DeviceBuffer::from_host(&device, &q.amax.to_vec().unwrap()).unwrap();
+                    let next = DeviceBuffer::<f32>::zeros(&device, 1).unwrap();
+                    let mut q2 = Fp8Tensor::new(&device, rows * cols).unwrap();
+                    let scaling = Scaling::Delayed {
+                        hist: hist.dptr(),
+                        next: next.dptr(),
+                    };
+                    delayed[turn] = time_ms(&s, || {
+                        // SAFETY: hist and next hold one live f32 each.
+                        unsafe { fk.quantize_scaled(&s, &mut q2, src, (rows, cols), t, f, scaling) }
+                    });
+                    turn += 1;
                     (q, ms)
                 };
                 let (x8, c1) = q(tokens, inp, false, Fp8::E4M3, &x);
@@ -937,6 +955,16 @@ mod tests {
                     .map(|(g, x)| time_ms(&s, || lt.gemm_scaled(&s, g, x)))
                     .collect();
                 let casts = c1 + c2 + c3 + c4 + c5 + c6;
+                let delayed_casts: f64 = delayed.iter().sum();
+                eprintln!(
+                    "{name} {inp}->{out} casts: dynamic as stored {:.3} ms, transposed {:.3} ms; \
+                     delayed as stored {:.3} ms, transposed {:.3} ms",
+                    c1 + c3 + c4,
+                    c2 + c5 + c6,
+                    delayed[0] + delayed[2] + delayed[3],
+                    delayed[1] + delayed[4] + delayed[5]
+                );
+                delayed_total += delayed_casts;
                 let fl = 2.0 * (tokens * inp * out) as f64;
                 eprintln!(
                     "{name} {inp}->{out}: bf16 fwd/dx/dw {:.3}/{:.3}/{:.3} ms, fp8 {:.3}/{:.3}/{:.3} ms \
@@ -962,6 +990,12 @@ mod tests {
                 bf_total / (f8_total + cast_total),
                 layers as f64 * (bf_total - f8_total - cast_total),
                 flops / bf_total / 1e9
+            );
+            eprintln!(
+                "{name} with delayed scaling: fp8 {f8_total:.3} + casts {delayed_total:.3} ms \
+                 ({:.2}x); {layers} layers save {:.1} ms a step",
+                bf_total / (f8_total + delayed_total),
+                layers as f64 * (bf_total - f8_total - delayed_total),
             );
         }
     }

@@ -497,7 +497,10 @@ mod tests {
         assert!(!scaling_of(Some("dynamic")).unwrap());
         assert!(scaling_of(Some(" delayed ")).unwrap());
         let e = scaling_of(Some("late")).unwrap_err().to_string();
-        assert!(e.contains("BRAID_FP8_SCALING") && e.contains("delayed"), "{e}");
+        assert!(
+            e.contains("BRAID_FP8_SCALING") && e.contains("delayed"),
+            "{e}"
+        );
     }
 
     #[test]
