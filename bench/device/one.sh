@@ -128,6 +128,7 @@ run() {
   envs+="${BRAID_FLASH_BACKWARD:+BRAID_FLASH_BACKWARD=$BRAID_FLASH_BACKWARD }"
   envs+="${BRAID_FLASH_GROUP_HEADS:+BRAID_FLASH_GROUP_HEADS=$BRAID_FLASH_GROUP_HEADS }"
   envs+="${BRAID_FP8:+BRAID_FP8=$BRAID_FP8 }"
+  envs+="${BRAID_FP8_SCALING:+BRAID_FP8_SCALING=$BRAID_FP8_SCALING }"
   echo "cmd: $envs$bin $*" > "$L/$name.txt"
   timeout -k 10 "$t" "$bin" "$@" >> "$L/$name.txt" 2>&1
   local rc=$?
@@ -525,6 +526,10 @@ PY
 # trained in bf16, with the forward products in FP8 (BRAID_FP8=forward)
 # and with every product in FP8 (BRAID_FP8=all), in turns, FP8_ROUNDS
 # times (default 1): each run's median step, tokens/s and final loss.
+# FP8_MODES picks the modes (default "off forward all"; a mode ending in
+# -delayed, e.g. all-delayed, runs under BRAID_FP8_SCALING=delayed).
+# FP8_PEER=1 adds torchao's float8 + torch.compile and bf16 +
+# torch.compile at FP8_PEER_MODEL (default L32-H32-C2560), B 8.
 phase_fp8() {
   local mt=/tmp/model-tests r spec m bs n
   if [ -f .dev/model-tests.gz ]; then
@@ -538,14 +543,31 @@ phase_fp8() {
   for r in $(seq "${FP8_ROUNDS:-1}"); do
     for spec in ${FP8_RUNS:-124M:16 1558M:8 L32-H32-C2560:8}; do
       m=${spec%%:*} bs=${spec##*:}
-      for mode in off forward all; do
+      for mode in ${FP8_MODES:-off forward all}; do
         n="fp8-$m-$mode-$r"
-        BRAID_FP8=$mode run "$n" 150 "$B" train \
+        local sc=dynamic
+        [[ $mode == *-delayed ]] && sc=delayed
+        BRAID_FP8=${mode%-delayed} BRAID_FP8_SCALING=$sc run "$n" 150 "$B" train \
           --device cuda --model "$m" --batch "$bs" --seq 1024 --data random --steps 20 \
           --eval-every 0 --log-every 10 || continue
         echo "$m $mode round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1) | $(grep -ho 'final loss [0-9.]*' "$L/$n.txt" | tail -1)"
       done
     done
+  done
+  # The peer (FP8_PEER=1): torchao's float8 training with torch.compile,
+  # and bf16 with torch.compile, at FP8_PEER_MODEL (2.65B, B 8), in the
+  # same call (torchao from the wheels beside the anchors).
+  [ -n "${FP8_PEER:-}" ] || return 0
+  ds_install
+  local pm=${FP8_PEER_MODEL:-L32-H32-C2560} t f
+  for f in "--float8" ""; do
+    n="fp8-peer-compile${f:+-float8}"
+    t=$(budget 200) || { echo "$n: skipped (no time left)"; continue; }
+    echo "cmd: (cd \$ANCHORS && torchrun --standalone --nproc_per_node 1 torch_gpt2_bench.py --compile $f --model $pm --B 8 --steps 20 --warmup 5)" > "$L/$n.txt"
+    (cd "$ANCHORS" && timeout -k 10 "$t" torchrun --standalone --nproc_per_node 1 torch_gpt2_bench.py \
+      --compile $f --model "$pm" --B 8 --steps 20 --warmup 5 >> "$L/$n.txt" 2>&1
+     echo "exit $?" >> "$L/$n.txt")
+    echo "$n: $(grep -hE 'RESULT|Error|^exit [^0]' "$L/$n.txt" | tail -n 2 | tr '\n' ' ')"
   done
 }
 
