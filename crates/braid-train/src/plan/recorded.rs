@@ -211,4 +211,3 @@ fn braids_four_h200_runs_beside_their_predictions() {
     let (worst, text) = printed(&table_of(runs_h200(), "h200"), " (4 H200s)");
     assert!(worst <= 0.45, "{text}");
 }
-
