@@ -295,66 +295,28 @@ pub fn run(device: &Device) -> Result<Vec<KernelCheck>> {
     ));
     out.push(check("gemm bf16 -> bf16 (cuBLAS)", gshape, e16, BF16_OUT));
 
-    // Softmax + cross-entropy on bf16 logits with a padded row stride.
-    let (rows, v, vld) = (64usize, 997usize, 1024usize);
-    let logits = randn(&mut r, rows * v, 3.0);
-    let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
-    targets[5] = u32::MAX;
-    let scale = 1.0 / 63.0;
-    let (cl, cgrad) = softmax_ce_ref(&logits, &targets, rows, v, scale);
-    let mut padded = vec![0.0f32; rows * vld];
-    for i in 0..rows {
-        padded[i * vld..i * vld + v].copy_from_slice(&logits[i * v..(i + 1) * v]);
-    }
-    let mut gl = up_bf(device, &padded)?;
-    let mut glo = DeviceBuffer::zeros(device, rows)?;
-    let gt = DeviceBuffer::from_host(
-        device,
-        &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
-    )?;
-    mk.softmax_cross_entropy(&s, &mut gl, &mut glo, &gt, rows, v, vld, scale)?;
-    s.synchronize()?;
-    let gg: Vec<f32> = down_bf(&gl)?
-        .chunks(vld)
-        .flat_map(|row| row[..v].to_vec())
-        .collect();
-    out.push(check(
-        "softmax_cross_entropy (bf16)",
-        format!("N={rows} V={v} ld={vld}"),
-        rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)),
-        BF16_OUT,
-    ));
-    // The block-per-row kernel (`BRAID_CE=rows`), whatever the default:
-    // the same small rows, and GPT-2's vocabulary (each thread holding
-    // several chunks).
-    mk.set_ce_rows(true);
-    for (rows, v, vld) in [(rows, v, vld), (8usize, 50257usize, 50304usize)] {
-        let logits = randn(&mut r, rows * v, 3.0);
-        let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
-        targets[5] = u32::MAX;
-        let (cl, cgrad) = softmax_ce_ref(&logits, &targets, rows, v, scale);
-        let mut padded = vec![0.0f32; rows * vld];
-        for i in 0..rows {
-            padded[i * vld..i * vld + v].copy_from_slice(&logits[i * v..(i + 1) * v]);
-        }
-        let mut gl = up_bf(device, &padded)?;
-        let mut glo = DeviceBuffer::zeros(device, rows)?;
-        let gt = DeviceBuffer::from_host(
-            device,
-            &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
-        )?;
-        mk.softmax_cross_entropy(&s, &mut gl, &mut glo, &gt, rows, v, vld, scale)?;
-        s.synchronize()?;
-        let gg: Vec<f32> = down_bf(&gl)?
-            .chunks(vld)
-            .flat_map(|row| row[..v].to_vec())
-            .collect();
-        out.push(check(
+    // Softmax + cross-entropy on bf16 logits with a padded row stride: the
+    // warp-per-row kernel, then the block-per-row one (`BRAID_CE=rows`) at
+    // the same rows and at GPT-2's vocabulary (each thread holding several
+    // chunks), whatever the environment chose.
+    for (rows_kernel, name, shapes) in [
+        (
+            false,
+            "softmax_cross_entropy (bf16)",
+            &[(64, 997, 1024)][..],
+        ),
+        (
+            true,
             "softmax_cross_entropy (bf16, a block a row)",
-            format!("N={rows} V={v} ld={vld}"),
-            rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)),
-            BF16_OUT,
-        ));
+            &[(64, 997, 1024), (8, 50257, 50304)][..],
+        ),
+    ] {
+        mk.set_ce_rows(rows_kernel);
+        for &shape in shapes {
+            let e = softmax_ce_case(device, &s, &mk, &mut r, shape)?;
+            let (rows, v, vld) = shape;
+            out.push(check(name, format!("N={rows} V={v} ld={vld}"), e, BF16_OUT));
+        }
     }
     mk.set_ce_rows(std::env::var(braid_core::env::BRAID_CE).is_ok_and(|v| v.trim() == "rows"));
 
@@ -1043,6 +1005,40 @@ fn attention_checks(
         ));
     }
     Ok(out)
+}
+
+/// One softmax + cross-entropy case on the GPU (`rows` rows of `v` logits,
+/// stored `vld` apart; row 5's target ignored) against the CPU's: the
+/// worse of the losses' and the gradients' relative errors.
+fn softmax_ce_case(
+    device: &Device,
+    s: &Stream,
+    mk: &MixedKernels,
+    r: &mut Rng,
+    (rows, v, vld): (usize, usize, usize),
+) -> Result<f64> {
+    let scale = 1.0 / 63.0;
+    let logits = randn(r, rows * v, 3.0);
+    let mut targets: Vec<u32> = (0..rows).map(|_| r.below(v) as u32).collect();
+    targets[5] = u32::MAX;
+    let (cl, cgrad) = softmax_ce_ref(&logits, &targets, rows, v, scale);
+    let mut padded = vec![0.0f32; rows * vld];
+    for i in 0..rows {
+        padded[i * vld..i * vld + v].copy_from_slice(&logits[i * v..(i + 1) * v]);
+    }
+    let mut gl = up_bf(device, &padded)?;
+    let mut glo = DeviceBuffer::zeros(device, rows)?;
+    let gt = DeviceBuffer::from_host(
+        device,
+        &targets.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+    )?;
+    mk.softmax_cross_entropy(s, &mut gl, &mut glo, &gt, rows, v, vld, scale)?;
+    s.synchronize()?;
+    let gg: Vec<f32> = down_bf(&gl)?
+        .chunks(vld)
+        .flat_map(|row| row[..v].to_vec())
+        .collect();
+    Ok(rel_err(&glo.to_vec()?, &cl).max(rel_err(&gg, &cgrad)))
 }
 
 /// Softmax cross-entropy and its scaled gradient in f64 (reference).

@@ -187,6 +187,20 @@ __device__ __forceinline__ unsigned char* wg_next_kv(unsigned char* kv, const bf
     return kv + (j & 1) * 2 * TILE_B;
 }
 
+// A warp's rows row0 and row1 (= row0 + 8) of Q (the head's slice at `q`,
+// rows `stride` apart) as A fragments over the head (rows past T as 0).
+template <int HS>
+__device__ __forceinline__ void wg_load_q(unsigned (*qf)[4], const bf16* q, int row0, int row1,
+                                          int t, int T, long stride) {
+    for (int ks = 0; ks < HS / 16; ks++) {
+        const bf16* p = q + ks * 16 + 2 * t;
+        qf[ks][0] = row0 < T ? ld32(p + row0 * stride) : 0u;
+        qf[ks][1] = row1 < T ? ld32(p + row1 * stride) : 0u;
+        qf[ks][2] = row0 < T ? ld32(p + row0 * stride + 8) : 0u;
+        qf[ks][3] = row1 < T ? ld32(p + row1 * stride + 8) : 0u;
+    }
+}
+
 // G warpgroups a block (64 G query rows, sharing the key and value
 // tiles; with G = 1 the blocks on an SM run unsynchronised, so one's
 // products can overlap another's softmax). grid (B*NH, ceil(T/64G)), the
@@ -217,13 +231,7 @@ __device__ void flash_forward_wg(unsigned char* smraw, bf16* out, float* lse, co
 
     int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     unsigned qf[HS / 16][4];
-    for (int ks = 0; ks < HS / 16; ks++) {
-        const bf16* p = q + ks * 16 + 2 * t;
-        qf[ks][0] = row0 < T ? ld32(p + row0 * stride) : 0u;
-        qf[ks][1] = row1 < T ? ld32(p + row1 * stride) : 0u;
-        qf[ks][2] = row0 < T ? ld32(p + row0 * stride + 8) : 0u;
-        qf[ks][3] = row1 < T ? ld32(p + row1 * stride + 8) : 0u;
-    }
+    wg_load_q<HS>(qf, q, row0, row1, t, T, stride);
 
     float o[NT][4];
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
@@ -299,13 +307,7 @@ __device__ void flash_forward_wgp(unsigned char* smraw, bf16* out, float* lse, c
 
     int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     unsigned qf[HS / 16][4];
-    for (int ks = 0; ks < HS / 16; ks++) {
-        const bf16* p = q + ks * 16 + 2 * t;
-        qf[ks][0] = row0 < T ? ld32(p + row0 * stride) : 0u;
-        qf[ks][1] = row1 < T ? ld32(p + row1 * stride) : 0u;
-        qf[ks][2] = row0 < T ? ld32(p + row0 * stride + 8) : 0u;
-        qf[ks][3] = row1 < T ? ld32(p + row1 * stride + 8) : 0u;
-    }
+    wg_load_q<HS>(qf, q, row0, row1, t, T, stride);
     float o[NT][4];
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
