@@ -540,6 +540,10 @@ phase_fp8() {
   fi
   run fp8-kernels-check 120 "$B" kernels --check &&
     grep -iE "fp8|passed|failed|within" "$L/fp8-kernels-check.txt" | tail -n 5
+  if [[ ${FP8_MODES:-} == *delayed* ]]; then
+    BRAID_FP8_SCALING=delayed run fp8-kernels-check-delayed 120 "$B" kernels --check &&
+      grep -iE "fp8|within" "$L/fp8-kernels-check-delayed.txt" | tail -n 4
+  fi
   for r in $(seq "${FP8_ROUNDS:-1}"); do
     for spec in ${FP8_RUNS:-124M:16 1558M:8 L32-H32-C2560:8}; do
       m=${spec%%:*} bs=${spec##*:}
