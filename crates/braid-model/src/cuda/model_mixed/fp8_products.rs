@@ -22,7 +22,7 @@
 //! (`footprint::GpuRun`); they come out of its workspace margin until
 //! FP8 is measured and made a precision of its own there.
 
-use super::fp8_sites::{Fp8Sites, SiteKey};
+use super::fp8_sites::{Fp8Sites, SiteKey, Slot};
 use super::products::Product;
 use crate::cuda::fp8::Scaling;
 use crate::cuda::fp8::{Fp8Kernels, Fp8Tensor};
@@ -243,7 +243,7 @@ impl Fp8Products {
 
     /// How `x` is scaled, and where its measured amax is kept (see
     /// [`Fp8Sites::next`]).
-    fn scaling(&mut self, x: &Operand) -> Result<(Scaling, Option<u64>)> {
+    fn scaling(&mut self, x: &Operand) -> Result<(Scaling, Option<Slot>)> {
         let Some(sites) = self.sites.as_mut() else {
             return Ok((Scaling::Dynamic, None));
         };

@@ -76,6 +76,14 @@ impl SiteOrder {
     }
 }
 
+/// Where a dynamically scaled site's amax is kept: one of the two arrays,
+/// at the site's index.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Slot {
+    array: usize,
+    index: usize,
+}
+
 /// The sites with their device arrays (made at the first visit).
 pub(super) struct Fp8Sites {
     order: SiteOrder,
@@ -95,10 +103,15 @@ impl Fp8Sites {
     }
 
     /// The scaling for the next site, quantising `key`, and where its
-    /// dynamically measured amax must be kept (`Some(address)`: copy the
-    /// quantisation's amax there after it; `None`: the delayed kernels
-    /// keep it themselves, or the site is past the capacity).
-    pub(super) fn next(&mut self, device: &Device, key: SiteKey) -> Result<(Scaling, Option<u64>)> {
+    /// dynamically measured amax must be kept (`Some(slot)`: give the
+    /// quantisation's amax to [`Fp8Sites::keep`] after it; `None`: the
+    /// delayed kernels keep it themselves, or the site is past the
+    /// capacity).
+    pub(super) fn next(
+        &mut self,
+        device: &Device,
+        key: SiteKey,
+    ) -> Result<(Scaling, Option<Slot>)> {
         let Some(v) = self.order.visit(key) else {
             return Ok((Scaling::Dynamic, None));
         };
@@ -110,34 +123,32 @@ impl Fp8Sites {
         }
         let arrays = self.amax.as_ref().expect("made above");
         let w = self.order.writes();
-        let next = arrays[w].ptr_at(v.index);
         Ok(match v.delayed {
             true => (
                 Scaling::Delayed {
                     hist: arrays[1 - w].ptr_at(v.index),
-                    next,
+                    next: arrays[w].ptr_at(v.index),
                 },
                 None,
             ),
-            false => (Scaling::Dynamic, Some(next)),
+            false => (
+                Scaling::Dynamic,
+                Some(Slot {
+                    array: w,
+                    index: v.index,
+                }),
+            ),
         })
     }
 
-    /// Keeps a dynamic quantisation's amax (`from`, one f32) at `to` (an
-    /// address [`Fp8Sites::next`] gave), queued on `s`.
-    pub(super) fn keep(&mut self, s: &Stream, from: &DeviceBuffer<f32>, to: u64) -> Result<()> {
+    /// Keeps a dynamic quantisation's amax (`from`, one f32) in `to` (a
+    /// slot [`Fp8Sites::next`] gave), queued on `s`.
+    pub(super) fn keep(&mut self, s: &Stream, from: &DeviceBuffer<f32>, to: Slot) -> Result<()> {
         let Some(arrays) = self.amax.as_mut() else {
             return Ok(());
         };
-        for a in arrays.iter_mut() {
-            let base = a.device_ptr();
-            if (base..base + 4 * CAPACITY as u64).contains(&to) {
-                let i = ((to - base) / 4) as usize;
-                let mut slot = a.view_mut(i..i + 1);
-                return braid_cuda::memory::copy_async(&mut slot, from, s);
-            }
-        }
-        Ok(())
+        let mut kept = arrays[to.array].view_mut(to.index..to.index + 1);
+        braid_cuda::memory::copy_async(&mut kept, from, s)
     }
 }
 
