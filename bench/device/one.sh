@@ -530,6 +530,9 @@ PY
 # -delayed, e.g. all-delayed, runs under BRAID_FP8_SCALING=delayed).
 # FP8_PEER=1 adds torchao's float8 + torch.compile and bf16 +
 # torch.compile at FP8_PEER_MODEL (default L32-H32-C2560), B 8.
+# FP8_ARGS adds arguments to every braid run (e.g. `--gpu-memory 46` to
+# hold braid to torchao float8's 46.17 GiB: issue 69's "at no more
+# memory").
 phase_fp8() {
   local mt=/tmp/model-tests r spec m bs n
   if [ -f .dev/model-tests.gz ]; then
@@ -551,9 +554,10 @@ phase_fp8() {
         n="fp8-$m-$mode-$r"
         local sc=dynamic
         [[ $mode == *-delayed ]] && sc=delayed
+        # shellcheck disable=SC2086 # FP8_ARGS: extra train arguments, split
         BRAID_FP8=${mode%-delayed} BRAID_FP8_SCALING=$sc run "$n" 150 "$B" train \
           --device cuda --model "$m" --batch "$bs" --seq 1024 --data random --steps 20 \
-          --eval-every 0 --log-every 10 || continue
+          --eval-every 0 --log-every 10 ${FP8_ARGS:-} || continue
         echo "$m $mode round $r: $(grep -ho 'median step [0-9.]* ms[^|]*| [0-9]* tokens/s' "$L/$n.txt" | tail -1) | $(grep -ho 'final loss [0-9.]*' "$L/$n.txt" | tail -1)"
       done
     done

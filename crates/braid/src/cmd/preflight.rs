@@ -37,6 +37,9 @@ pub struct Shape<'a> {
     /// `--gpu-memory`, in bytes: what the estimate must fit besides the
     /// GPU's free memory.
     pub gpu_memory: Option<u128>,
+    /// Which products run in FP8 (`--precision fp8`, `BRAID_FP8`): their
+    /// operand rooms count beside the model's own memory.
+    pub fp8: braid_model::cuda::model_mixed::Fp8Use,
 }
 
 impl Shape<'_> {
@@ -58,14 +61,27 @@ impl Shape<'_> {
     }
 
     /// `f` with the landing buffer ([`landing_bytes`](Self::landing_bytes))
-    /// as a part of its own where there is one.
-    fn with_landing(&self, mut f: Footprint, sharding: Sharding, params: u128) -> Footprint {
-        let bytes = self.landing_bytes(sharding, params);
-        if bytes > 0 {
-            f.parts.push(braid_model::footprint::Part {
-                name: "copy-engine landing buffer",
-                bytes,
-            });
+    /// and the FP8 products' rooms (`b` sequences a micro-batch, the MLP's
+    /// `widest` columns on this rank) as parts of their own where there
+    /// are any.
+    fn with_extras(
+        &self,
+        mut f: Footprint,
+        sharding: Sharding,
+        params: u128,
+        (b, widest): (usize, usize),
+    ) -> Footprint {
+        let extras = [
+            (
+                "copy-engine landing buffer",
+                self.landing_bytes(sharding, params),
+            ),
+            ("FP8 operands", self.fp8.room_bytes(b * self.seq, widest)),
+        ];
+        for (name, bytes) in extras {
+            if bytes > 0 {
+                f.parts.push(braid_model::footprint::Part { name, bytes });
+            }
         }
         f
     }
@@ -151,7 +167,7 @@ fn tensor_parallel(
                 tensor,
             },
         );
-        a.with_landing(f, sharding, share)
+        a.with_extras(f, sharding, share, (b, 4 * cfg.n_embd / a.tensor.max(1)))
     };
     let Some(space) = space else {
         let f = need_with(batch, a.checkpointing, a.sharding, weights[0]);
@@ -791,7 +807,13 @@ pub(super) fn device_in(
             split_embeddings: split_in(sharding, checkpointing),
             tensor: braid_model::footprint::TensorSplit::NONE,
         };
-        a.with_landing(gpu_training(cfg, &run), sharding, cfg.num_params() as u128)
+        let params = cfg.num_params() as u128;
+        a.with_extras(
+            gpu_training(cfg, &run),
+            sharding,
+            params,
+            (b, 4 * cfg.n_embd),
+        )
     };
     let need = |b: usize, checkpointing: bool, form| {
         need_with(b, checkpointing, form, a.sharding, a.offload)
@@ -905,6 +927,49 @@ mod tests {
     /// form or is refused. The 12.85B model at `--tp 4`, batch 8 with
     /// checkpointing: 64.92 GiB whole, 59.20 GiB cast (the estimates 4
     /// H100s printed, and peaked within 0.04 GiB of).
+    /// The FP8 products' rooms count in the estimate: two operands of
+    /// tokens × the MLP's width a GPU (or a tensor rank's share of it).
+    #[test]
+    fn the_fp8_products_rooms_are_counted() {
+        use braid_model::cuda::model_mixed::Fp8Use;
+        use braid_train::engines::Precision;
+        let cfg = GptConfig::parse("L32-H32-C2560-V50304-T1024").unwrap();
+        let (b, mlp) = (8usize, 4 * 2560usize);
+        let est = |fp8, tensor| {
+            let a = Shape {
+                model: "L32-H32-C2560-V50304-T1024",
+                tensor,
+                fp8,
+                ..shape(1, tensor, 0, true)
+            };
+            let room = || {
+                Some(Room {
+                    free: 1 << 40,
+                    budget: None,
+                    gpu: 0,
+                })
+            };
+            match tensor {
+                1 => super::device_in(&a, &cfg, (room(), true), Precision::Bf16, b, 0),
+                _ => super::tensor_parallel(&a, &cfg, room(), (true, true, None), b, 0),
+            }
+            .unwrap()
+            .estimate
+        };
+        for (tensor, widest) in [(1, mlp), (2, mlp / 2)] {
+            let rooms = Fp8Use::All.room_bytes(b * 1024, widest);
+            assert_eq!(est(Fp8Use::All, tensor) - est(Fp8Use::Off, tensor), rooms);
+            assert_eq!(est(Fp8Use::Forward, tensor), est(Fp8Use::All, tensor));
+        }
+        // At 2.65B, 8 x 1024 tokens: two rooms of 84 MB.
+        let rooms = Fp8Use::All.room_bytes(b * 1024, mlp);
+        assert!(
+            rooms > 2 * 83_000_000 && rooms < 2 * 84_000_000 + 100_000,
+            "{rooms}"
+        );
+        assert_eq!(Fp8Use::Off.room_bytes(b * 1024, mlp), 0);
+    }
+
     #[test]
     fn a_tensor_parallel_rank_casts_its_weights_only_where_the_copy_does_not_fit() {
         let cfg = GptConfig::parse("L40-H40-C5120-V50304-T1024").unwrap();
@@ -961,6 +1026,7 @@ mod tests {
             sequence: false,
             plain_grads,
             gpu_memory: None,
+            fp8: braid_model::cuda::model_mixed::Fp8Use::Off,
         }
     }
 

@@ -92,6 +92,7 @@ fn whole_model_fits(
         sequence: l.tp > 1,
         plain_grads: true,
         gpu_memory: Some(budget as u128),
+        fp8: braid_model::cuda::model_mixed::Fp8Use::Off,
     };
     let deferred = super::train::defer_layers(None, Precision::Bf16, l.dp, w.layers);
     let deferred = if l.zero > 0 { 0 } else { deferred };

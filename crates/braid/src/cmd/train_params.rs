@@ -11,9 +11,11 @@ use super::train_check::Choices;
 use super::train_model::ModelData;
 use super::train_place::Placement;
 use braid_model::checkpoint;
+use braid_model::cuda::model_mixed::Fp8Use;
 use braid_model::footprint::Sharding;
 use braid_model::{GptConfig, Params};
 use braid_train::collective::GradComm;
+use braid_train::engines::Precision;
 use braid_train::loader::check_fits;
 use std::sync::Arc;
 use std::time::Instant;
@@ -55,6 +57,11 @@ pub fn shape<'m>(a: &TrainArgs, c: &Choices, p: &Placement, m: &'m ModelData) ->
         sequence: c.sequence,
         plain_grads: c.grad_comm == GradComm::Plain,
         gpu_memory: c.gpu_memory,
+        // (A bad BRAID_FP8 is refused where the engine is built.)
+        fp8: match c.precision {
+            Precision::F32 => Fp8Use::Off,
+            p => Fp8Use::of_run(p == Precision::Fp8).unwrap_or(Fp8Use::Off),
+        },
     }
 }
 

@@ -18,9 +18,8 @@
 //! bf16 from then on.
 //!
 //! Its two rooms (the largest operand of each side: at 2.65B and 8,192
-//! tokens about 84 MB each) are not yet in the pre-flight's estimate
-//! (`footprint::GpuRun`); they come out of its workspace margin until
-//! FP8 is measured and made a precision of its own there.
+//! tokens about 84 MB each) count in `braid train`'s pre-flight as a part
+//! of their own, "FP8 operands" ([`Fp8Use::room_bytes`]).
 
 use super::fp8_sites::{Fp8Sites, SiteKey, Slot};
 use super::products::Product;
@@ -97,6 +96,34 @@ pub enum Fp8Use {
 }
 
 impl Fp8Use {
+    /// What a run uses: `BRAID_FP8`'s value, or where it is unset every
+    /// product under `--precision fp8` (`fp8_precision`) and none else.
+    pub fn of_run(fp8_precision: bool) -> std::result::Result<Fp8Use, String> {
+        let var = braid_core::env::BRAID_FP8;
+        match std::env::var(var) {
+            Ok(v) => Fp8Use::parse(&v).map_err(|why| format!("{var}={v}: {why}")),
+            Err(_) if fp8_precision => Ok(Fp8Use::All),
+            Err(_) => Ok(Fp8Use::Off),
+        }
+    }
+
+    /// Device bytes the FP8 products hold beside the model's own (not in
+    /// `footprint::gpu_training`): the two operand rooms, each as large as
+    /// the largest operand a product quantises — `tokens` rows of the
+    /// widest output, `widest` (the MLP's width, a tensor group's share):
+    /// an input gradient's `dy` and a weight gradient's `dyᵀ`, or in the
+    /// forward pass the MLP projection's input — the f32 bias's bf16 copy
+    /// and delayed scaling's two arrays of amaxes.
+    pub fn room_bytes(self, tokens: usize, widest: usize) -> u128 {
+        match self {
+            Fp8Use::Off => 0,
+            _ => {
+                let room = tokens as u128 * widest as u128;
+                2 * room + 2 * widest as u128 + 2 * 4 * super::fp8_sites::CAPACITY as u128
+            }
+        }
+    }
+
     /// `off`, `forward` or `all` (`BRAID_FP8`'s values).
     pub fn parse(v: &str) -> std::result::Result<Fp8Use, String> {
         match v.trim().to_ascii_lowercase().as_str() {

@@ -15,7 +15,7 @@ use braid_cuda::blaslt::Fp8;
 use braid_cuda::{Device, DeviceBuffer, Result, Stream};
 
 /// Sites remembered a pass; those past it are scaled dynamically.
-pub(super) const CAPACITY: usize = 4096;
+pub(crate) const CAPACITY: usize = 4096;
 
 /// What a site quantises: the source's address and length, its shape, as
 /// stored or transposed, and the format.

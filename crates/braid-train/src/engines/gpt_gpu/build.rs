@@ -181,12 +181,7 @@ impl GpuGpt {
                     GpuGptMixed::with_options(device, layout.clone(), b, t, options).map_err(e)?;
                 // The products in FP8 under --precision fp8, all of them
                 // unless `BRAID_FP8` says (`forward`, `off`: experiments).
-                let fp8 = match std::env::var(braid_core::env::BRAID_FP8) {
-                    Ok(v) => Fp8Use::parse(&v)
-                        .map_err(|why| format!("{}={v}: {why}", braid_core::env::BRAID_FP8))?,
-                    Err(_) if precision == Precision::Fp8 => Fp8Use::All,
-                    Err(_) => Fp8Use::Off,
-                };
+                let fp8 = Fp8Use::of_run(precision == Precision::Fp8)?;
                 m.set_fp8(fp8).map_err(e)?;
                 model_bytes = braid_cuda::pool::allocated_bytes().saturating_sub(before);
                 // (A pipeline's first stage leaves its embeddings out.)
