@@ -51,19 +51,6 @@ fn scaling_of(v: Option<&str>) -> Result<bool> {
     }
 }
 
-/// Whether `e` is cuBLASLt declining an FP8 product here (no algorithm
-/// for the shape or epilogue, or no cuBLASLt at all), which sends that
-/// product back to bf16. Anything else (a cast kernel that failed to
-/// launch, memory running out, wrong sizes) is a real error and is
-/// returned, not hidden behind a bf16 fallback.
-pub(super) fn cublaslt_declined(e: &CudaError) -> bool {
-    match e {
-        CudaError::Unavailable(_) => true,
-        CudaError::Driver { call, .. } => call.starts_with("cublasLt"),
-        _ => false,
-    }
-}
-
 /// Room for one FP8 operand, grown to the largest asked for.
 struct Room {
     device: Device,
@@ -429,7 +416,7 @@ impl Fp8Products {
     fn gradient(&mut self, ran: Result<()>, (m, n, k): (usize, usize, usize)) -> Result<bool> {
         match ran {
             Ok(()) => Ok(true),
-            Err(e) if !cublaslt_declined(&e) => Err(e),
+            Err(e) if !super::products::cublaslt_declined(&e) => Err(e),
             Err(e) => {
                 eprintln!(
                     "note: cuBLASLt has no FP8 product for a gradient of {m}x{n}x{k} here ({e}); \
@@ -528,22 +515,5 @@ mod tests {
             e.contains("BRAID_FP8_SCALING") && e.contains("delayed"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn only_cublaslt_declining_sends_a_product_back_to_bf16() {
-        let driver = |call| CudaError::Driver {
-            call,
-            name: "x".into(),
-            text: String::new(),
-        };
-        assert!(cublaslt_declined(&driver("cublasLtMatmulAlgoGetHeuristic")));
-        assert!(cublaslt_declined(&driver("cublasLtMatmul")));
-        assert!(cublaslt_declined(&CudaError::Unavailable("no lib".into())));
-        // A cast kernel that failed to launch is an error, not a fallback
-        // (the first FP8 runs on a GPU hid exactly that).
-        assert!(!cublaslt_declined(&driver("cuLaunchKernel")));
-        assert!(!cublaslt_declined(&driver("cuMemAlloc")));
-        assert!(!cublaslt_declined(&CudaError::Invalid("sizes".into())));
     }
 }

@@ -2,7 +2,7 @@
 //! run plain or with a fused epilogue (cuBLASLt), its bias given as a
 //! [`span`].
 
-use super::fp8_products::{self, Fp8Products};
+use super::fp8_products::Fp8Products;
 use super::state::FusedProducts;
 use braid_cuda::blas::{Blas, GemmEx, Mat};
 use braid_cuda::blaslt::{Epilogue, LtGemm};
@@ -79,7 +79,7 @@ impl Product {
         {
             match fp8.run(&mut fused.lt, s, &self, residual, d, epilogue) {
                 Ok(()) => return Ok(true),
-                Err(e) if !fp8_products::cublaslt_declined(&e) => return Err(e),
+                Err(e) if !cublaslt_declined(&e) => return Err(e),
                 Err(e) => {
                     eprintln!(
                         "note: cuBLASLt has no FP8 product for {} here ({e}); those run in bf16",
@@ -106,7 +106,9 @@ impl Product {
         };
         match fused.lt.gemm(s, &g) {
             Ok(()) => Ok(true),
-            Err(CudaError::Invalid(e)) => Err(CudaError::Invalid(e)),
+            // Only cuBLASLt declining the epilogue sends it to a separate
+            // pass; any other error is the run's.
+            Err(e) if !cublaslt_declined(&e) => Err(e),
             Err(e) => {
                 eprintln!(
                     "note: cuBLASLt has no fused product for {epilogue:?} here ({e}); \
@@ -122,4 +124,40 @@ impl Product {
 /// Address and length of a device vector (a bias for [`Product::fused`]).
 pub(super) fn span<T: braid_core::Element>(v: &impl DeviceMem<T>) -> (u64, usize) {
     (v.dptr(), v.dlen())
+}
+
+/// Whether `e` is cuBLASLt declining a fused or FP8 product here (no
+/// algorithm for the shape or epilogue, or no cuBLASLt at all), which
+/// sends that product to the plain route (a separate pass, or bf16).
+/// Anything else (a kernel that failed to launch, memory running out,
+/// wrong sizes) is a real error and is returned, not hidden behind a
+/// fallback.
+pub(super) fn cublaslt_declined(e: &CudaError) -> bool {
+    match e {
+        CudaError::Unavailable(_) => true,
+        CudaError::Driver { call, .. } => call.starts_with("cublasLt"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_cublaslt_declining_sends_a_product_to_the_plain_route() {
+        let driver = |call| CudaError::Driver {
+            call,
+            name: "x".into(),
+            text: String::new(),
+        };
+        assert!(cublaslt_declined(&driver("cublasLtMatmulAlgoGetHeuristic")));
+        assert!(cublaslt_declined(&driver("cublasLtMatmul")));
+        assert!(cublaslt_declined(&CudaError::Unavailable("no lib".into())));
+        // A cast kernel that failed to launch is an error, not a fallback
+        // (the first FP8 runs on a GPU hid exactly that).
+        assert!(!cublaslt_declined(&driver("cuLaunchKernel")));
+        assert!(!cublaslt_declined(&driver("cuMemAlloc")));
+        assert!(!cublaslt_declined(&CudaError::Invalid("sizes".into())));
+    }
 }
