@@ -147,6 +147,25 @@ pub struct LtGemm {
     pub beta: f32,
 }
 
+impl LtGemm {
+    /// `d = a · b` and nothing else (`m × k` by `k × n`): no epilogue,
+    /// `alpha` 1, `beta` 0 (`c` is `d`, unread).
+    pub fn plain(m: usize, n: usize, k: usize, a: Mat, b: Mat, d: Mat) -> LtGemm {
+        LtGemm {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c: d,
+            d,
+            epilogue: Epilogue::Plain,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+}
+
 /// An FP8 format (OCP's): e4m3 (3 mantissa bits, finite up to ±448) or
 /// e5m2 (2 bits, up to ±57344).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

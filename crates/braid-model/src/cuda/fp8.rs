@@ -668,18 +668,14 @@ mod tests {
             .unwrap();
             assert_eq!(wq32.bytes.to_vec().unwrap(), hw, "w from f32");
             let y = DeviceBuffer::<half::bf16>::zeros(&device, m * n).unwrap();
-            let g = LtGemm {
+            let g = LtGemm::plain(
                 m,
                 n,
                 k,
-                a: Mat::of(&xq.bytes, k),
-                b: Mat::of(&wq.bytes, k).t(),
-                c: Mat::of(&y, n),
-                d: Mat::of(&y, n),
-                epilogue: Epilogue::Plain,
-                alpha: 1.0,
-                beta: 0.0,
-            };
+                Mat::of(&xq.bytes, k),
+                Mat::of(&wq.bytes, k).t(),
+                Mat::of(&y, n),
+            );
             let sc = Scaled {
                 a: xf8,
                 b: wf8,
@@ -761,18 +757,14 @@ mod tests {
         // What the product cannot take is refused, naming it.
         let b = DeviceBuffer::<u8>::zeros(&device, 64 * 64).unwrap();
         let y = DeviceBuffer::<half::bf16>::zeros(&device, 64 * 64).unwrap();
-        let bad = LtGemm {
-            m: 64,
-            n: 64,
-            k: 64,
-            a: Mat::of(&b, 64),
-            b: Mat::of(&b, 64),
-            c: Mat::of(&y, 64),
-            d: Mat::of(&y, 64),
-            epilogue: Epilogue::Plain,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let bad = LtGemm::plain(
+            64,
+            64,
+            64,
+            Mat::of(&b, 64),
+            Mat::of(&b, 64),
+            Mat::of(&y, 64),
+        );
         let sc = Scaled {
             a: Fp8::E4M3,
             b: Fp8::E4M3,
@@ -802,7 +794,7 @@ mod tests {
     fn fp8_products_timed() {
         use super::{Fp8Kernels, Fp8Tensor, Scaling};
         use braid_cuda::blas::Mat;
-        use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Scaled, Tuning};
+        use braid_cuda::blaslt::{BlasLt, LtGemm, Scaled, Tuning};
         use braid_cuda::{DeviceBuffer, DeviceMem, Stream};
         let Some(device) = fp8_gpu() else { return };
         let fk = Fp8Kernels::load(&device).unwrap();
@@ -828,18 +820,7 @@ mod tests {
                 let y = DeviceBuffer::<half::bf16>::zeros(&device, tokens * out).unwrap();
                 let dx = DeviceBuffer::<half::bf16>::zeros(&device, tokens * inp).unwrap();
                 let dw = DeviceBuffer::<f32>::zeros(&device, inp * out).unwrap();
-                let plain = |m, n, k, a, b, d: Mat| LtGemm {
-                    m,
-                    n,
-                    k,
-                    a,
-                    b,
-                    c: d,
-                    d,
-                    epilogue: Epilogue::Plain,
-                    alpha: 1.0,
-                    beta: 0.0,
-                };
+                let plain = LtGemm::plain;
                 // bf16: y = x·w, dx = dy·wᵀ, dw = xᵀ·dy (f32, as the engine keeps it).
                 let bf = [
                     plain(

@@ -114,18 +114,14 @@ pub fn products(
     // The heat: the largest product's forward pass, back to back.
     if let Some(&(t, i, o)) = shapes.iter().max_by_key(|&&(t, i, o)| t * i * o) {
         let out = zeros::<bf16>(device, t * o)?;
-        let g = LtGemm {
-            m: t,
-            n: o,
-            k: i,
-            a: Mat::of(&src, i),
-            b: Mat::of(&src, o),
-            c: Mat::of(&out, o),
-            d: Mat::of(&out, o),
-            epilogue: Epilogue::Plain,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let g = LtGemm::plain(
+            t,
+            o,
+            i,
+            Mat::of(&src, i),
+            Mat::of(&src, o),
+            Mat::of(&out, o),
+        );
         heat(&s, || lt.gemm(&s, &g))?;
         s.synchronize()?;
     }
@@ -134,30 +130,22 @@ pub fn products(
         let dx = zeros::<bf16>(device, tokens * cin)?;
         let yout = zeros::<bf16>(device, tokens * cout)?;
         let dw = zeros::<f32>(device, cin * cout)?;
-        let forward = LtGemm {
-            m: tokens,
-            n: cout,
-            k: cin,
-            a: Mat::of(x, cin),
-            b: Mat::of(w, cout),
-            c: Mat::of(&yout, cout),
-            d: Mat::of(&yout, cout),
-            epilogue: Epilogue::Plain,
-            alpha: 1.0,
-            beta: 0.0,
-        };
-        let input_grad = LtGemm {
-            m: tokens,
-            n: cin,
-            k: cout,
-            a: Mat::of(y, cout),
-            b: Mat::of(w, cout).t(),
-            c: Mat::of(&dx, cin),
-            d: Mat::of(&dx, cin),
-            epilogue: Epilogue::Plain,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let forward = LtGemm::plain(
+            tokens,
+            cout,
+            cin,
+            Mat::of(x, cin),
+            Mat::of(w, cout),
+            Mat::of(&yout, cout),
+        );
+        let input_grad = LtGemm::plain(
+            tokens,
+            cin,
+            cout,
+            Mat::of(y, cout),
+            Mat::of(w, cout).t(),
+            Mat::of(&dx, cin),
+        );
         let weight_grad = LtGemm {
             m: cin,
             n: cout,

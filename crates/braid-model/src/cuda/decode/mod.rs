@@ -54,7 +54,7 @@ use crate::params::Params;
 use braid_core::DType;
 use braid_cuda::blas::Blas;
 use braid_cuda::blas::Mat;
-use braid_cuda::blaslt::{BlasLt, Epilogue, LtGemm, Tuning};
+use braid_cuda::blaslt::{BlasLt, LtGemm, Tuning};
 use braid_cuda::{CudaError, Device, DeviceBuffer, DeviceMem, Result, Stream};
 use forward::{GpuDecodeForward, Half};
 use graphs::DecodeGraphs;
@@ -723,18 +723,7 @@ impl GpuDecoder {
             if !by_nt {
                 h.lt.gemm(
                     s,
-                    &LtGemm {
-                        m,
-                        n: v,
-                        k: c,
-                        a: Mat::of(&a, c),
-                        b: Mat::of(&wte, c).t(),
-                        c: d,
-                        d,
-                        epilogue: Epilogue::Plain,
-                        alpha: 1.0,
-                        beta: 0.0,
-                    },
+                    &LtGemm::plain(m, v, c, Mat::of(&a, c), Mat::of(&wte, c).t(), d),
                 )?;
             }
         } else {

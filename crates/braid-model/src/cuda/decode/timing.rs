@@ -194,18 +194,8 @@ fn decode_products_timed() {
                             .nt_product(&s, to, &a, &wte, None, (rows, vocab, c))
                             .unwrap());
                     } else {
-                        let g = LtGemm {
-                            m: rows,
-                            n: vocab,
-                            k: c,
-                            a: Mat::of(&a, c),
-                            b: Mat::of(&wte, c).t(),
-                            c: d,
-                            d,
-                            epilogue: Epilogue::Plain,
-                            alpha: 1.0,
-                            beta: 0.0,
-                        };
+                        let g =
+                            LtGemm::plain(rows, vocab, c, Mat::of(&a, c), Mat::of(&wte, c).t(), d);
                         lt.gemm(&s, &g).unwrap();
                     }
                 };
