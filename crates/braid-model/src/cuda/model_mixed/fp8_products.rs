@@ -58,6 +58,10 @@ struct Room {
 }
 
 impl Room {
+    /// [`Fp8Products::quantize`]'s choice of room.
+    const INPUT: bool = false;
+    const WEIGHT: bool = true;
+
     /// Room for `n` values, for work queued on `s`: a smaller one is
     /// freed once `s` has finished with it (a product queued on `s` may
     /// still read it), before the larger one is made.
@@ -357,29 +361,8 @@ impl Fp8Products {
         (c, d, epilogue, beta): (Mat, Mat, Epilogue, f32),
         fast: bool,
     ) -> Result<()> {
-        let (sa, keep_a) = self.scaling(&a)?;
-        let qa = self.input.at_least(s, m * k)?;
-        // SAFETY: the products' operands are views of the model's live
-        // buffers, unwritten until the product that reads them (queued
-        // after these casts on the same stream) has run; the scaling's
-        // addresses are the sites' own arrays.
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, qa, a.at, a.shape, a.transposed, a.fmt, sa)?
-        };
-        if let (Some(to), Some(sites)) = (keep_a, self.sites.as_mut()) {
-            sites.keep(s, &qa.amax, to)?;
-        }
-        let (sb, keep_b) = self.scaling(&b)?;
-        let qb = self.weight.at_least(s, n * k)?;
-        // SAFETY: as above.
-        unsafe {
-            self.kernels
-                .quantize_bf16_at(s, qb, b.at, b.shape, b.transposed, b.fmt, sb)?
-        };
-        if let (Some(to), Some(sites)) = (keep_b, self.sites.as_mut()) {
-            sites.keep(s, &qb.amax, to)?;
-        }
+        self.quantize(s, &a, m * k, Room::INPUT)?;
+        self.quantize(s, &b, n * k, Room::WEIGHT)?;
         let (qa, qb) = (
             self.input.held.as_ref().expect("made above"),
             self.weight.held.as_ref().expect("made above"),
@@ -407,6 +390,30 @@ impl Fp8Products {
         if let Some(left) = self.trace.as_mut().filter(|n| **n > 0) {
             *left -= 1;
             trace(s, (m, n, k), &epilogue, [qa, qb], &d)?;
+        }
+        Ok(())
+    }
+
+    /// `x` (`n` values) quantised into the input room or the weight room
+    /// (`weight`), scaled as [`Fp8Products::scaling`] says, its measured
+    /// amax kept where delayed scaling asks for it.
+    fn quantize(&mut self, s: &Stream, x: &Operand, n: usize, weight: bool) -> Result<()> {
+        let (scaling, keep) = self.scaling(x)?;
+        let Fp8Products {
+            kernels,
+            input,
+            weight: weights,
+            sites,
+            ..
+        } = self;
+        let q = if weight { weights } else { input }.at_least(s, n)?;
+        // SAFETY: the products' operands are views of the model's live
+        // buffers, unwritten until the product that reads them (queued
+        // after these casts on the same stream) has run; the scaling's
+        // addresses are the sites' own arrays.
+        unsafe { kernels.quantize_bf16_at(s, q, x.at, x.shape, x.transposed, x.fmt, scaling)? };
+        if let (Some(to), Some(sites)) = (keep, sites.as_mut()) {
+            sites.keep(s, &q.amax, to)?;
         }
         Ok(())
     }
