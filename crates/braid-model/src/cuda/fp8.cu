@@ -123,13 +123,6 @@ __device__ void fp8_amax(float* amax, const T* x, long n, int vec) {
     fp8_block_amax(m, amax);
 }
 
-extern "C" __global__ void fp8_amax_bf(float* amax, const bf16* x, long n, int vec) {
-    fp8_amax(amax, x, n, vec);
-}
-extern "C" __global__ void fp8_amax_f32(float* amax, const float* x, long n, int vec) {
-    fp8_amax(amax, x, n, vec);
-}
-
 // out[i] = x[i] * scale in format fmt; block 0's first thread writes the
 // dequantising scale (1 / scale) to deq. With vec, four values a thread
 // (n a multiple of 4, x aligned to four elements, out to four bytes).
@@ -163,20 +156,6 @@ __device__ void fp8_cast_by(unsigned char* out, float* deq, const T* x, float s,
     if (seen) fp8_block_amax(m, seen);
 }
 
-template <typename T>
-__device__ void fp8_cast(unsigned char* out, float* deq, const T* x, const float* amax, long n,
-                         int fmt, int vec) {
-    fp8_cast_by(out, deq, x, fp8_scale(amax, fmt), n, fmt, vec, (float*)0);
-}
-
-extern "C" __global__ void fp8_cast_bf(unsigned char* out, float* deq, const bf16* x,
-                                       const float* amax, long n, int fmt, int vec) {
-    fp8_cast(out, deq, x, amax, n, fmt, vec);
-}
-extern "C" __global__ void fp8_cast_f32(unsigned char* out, float* deq, const float* x,
-                                        const float* amax, long n, int fmt, int vec) {
-    fp8_cast(out, deq, x, amax, n, fmt, vec);
-}
 
 // The same, transposed: x is rows x cols (row-major), out cols x rows.
 // Blocks of 32 x 8 threads move 32 x 32 tiles through shared memory.
@@ -204,23 +183,9 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
     if (seen) fp8_block_amax(m, seen);
 }
 
-template <typename T>
-__device__ void fp8_cast_t(unsigned char* out, float* deq, const T* x, const float* amax, int rows,
-                           int cols, int fmt) {
-    fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0);
-}
 
-extern "C" __global__ void fp8_cast_t_bf(unsigned char* out, float* deq, const bf16* x,
-                                         const float* amax, int rows, int cols, int fmt) {
-    fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
-}
-extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const float* x,
-                                          const float* amax, int rows, int cols, int fmt) {
-    fp8_cast_t(out, deq, x, amax, rows, cols, fmt);
-}
-
-// ---- delayed scaling (`BRAID_FP8_SCALING=delayed`) -------------------------
-// The scale from the amax this tensor had the last time (`hist`, with a
+// ---- the kernels ---------------------------------------------------------
+// Delayed scaling (`BRAID_FP8_SCALING=delayed`): the scale from the amax this tensor had the last time (`hist`, with a
 // margin of 2: a binade of headroom, which costs e4m3 and e5m2 no
 // precision above their subnormals), the tensor's own amax measured into
 // `seen` in the same pass: one read where the dynamic recipe reads twice.
@@ -229,7 +194,21 @@ extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const 
 // the dynamic recipe's exactly; every block decides alike. Block 0 keeps
 // `seen` in `next` for the next time.
 #define FP8_MARGIN 2.f
-#define FP8_DELAYED(SUF, T)                                                                        \
+// Every cast kernel of one source type (bf16 `_bf`, f32 `_f32`): the
+// dynamic recipe's amax and casts (scaled by `amax`, measured first), then
+// delayed scaling's casts and recasts.
+#define FP8_CASTS(SUF, T)                                                                          \
+    extern "C" __global__ void fp8_amax_##SUF(float* amax, const T* x, long n, int vec) {         \
+        fp8_amax(amax, x, n, vec);                                                                \
+    }                                                                                             \
+    extern "C" __global__ void fp8_cast_##SUF(unsigned char* out, float* deq, const T* x,         \
+                                              const float* amax, long n, int fmt, int vec) {      \
+        fp8_cast_by(out, deq, x, fp8_scale(amax, fmt), n, fmt, vec, (float*)0);                   \
+    }                                                                                             \
+    extern "C" __global__ void fp8_cast_t_##SUF(unsigned char* out, float* deq, const T* x,       \
+                                                const float* amax, int rows, int cols, int fmt) { \
+        fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0);            \
+    }                                                                                             \
     extern "C" __global__ void fp8_cast_delayed_##SUF(unsigned char* out, float* deq, const T* x, \
                                                       const float* hist, float* seen, long n,     \
                                                       int fmt, int vec) {                         \
@@ -258,8 +237,8 @@ extern "C" __global__ void fp8_cast_t_f32(unsigned char* out, float* deq, const 
         if (m > FP8_MARGIN * *hist)                                                               \
             fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0);         \
     }
-FP8_DELAYED(bf, bf16)
-FP8_DELAYED(f32, float)
+FP8_CASTS(bf, bf16)
+FP8_CASTS(f32, float)
 
 // An f32 bias as bf16 (to nearest even), for the FP8 products with an f32
 // result: cuBLASLt's FP8 kernels take their bias in bf16 there.

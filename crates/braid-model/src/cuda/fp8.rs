@@ -472,6 +472,8 @@ mod tests {
         for arch in ["compute_80", "compute_90"] {
             let ptx = braid_cuda::nvrtc::compile_ptx(name, src, arch).unwrap();
             for k in [
+                "fp8_amax_f32",
+                "fp8_cast_bf",
                 "fp8_cast_t_bf",
                 "fp8_cast_delayed_bf",
                 "fp8_recast_f32",
