@@ -157,16 +157,30 @@ __device__ void fp8_cast_by(unsigned char* out, float* deq, const T* x, float s,
 }
 
 
+// Eight consecutive values from x + i (i a multiple of 8, x + i aligned
+// to eight elements).
+__device__ __forceinline__ void fp8_in8(const bf16* x, long i, float* v) {
+    uint4 u = *reinterpret_cast<const uint4*>(x + i);
+    unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[2 * e] = __uint_as_float(w[e] << 16);
+        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void fp8_in8(const float* x, long i, float* v) {
+    fp8_in4(x, i, v);
+    fp8_in4(x, i + 4, v + 4);
+}
+
 // The same, transposed: x is rows x cols (row-major), out cols x rows.
-// Blocks of 32 x 8 threads move 32 x 32 tiles through shared memory.
+// Blocks of 32 x 8 threads move 32 x 32 tiles through shared memory, a
+// value a thread at a time (any shape, any alignment).
 template <typename T>
-__device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float s, int rows,
-                              int cols, int fmt, float* seen) {
+__device__ void fp8_cast_t_narrow(unsigned char* out, const T* x, float s, int rows, int cols,
+                                  int fmt, float& m) {
     __shared__ unsigned char tile[32][33];
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
-        *deq = __fdiv_rn(1.f, s);
     int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-    float m = 0.f;
     for (int dy = threadIdx.y; dy < 32; dy += 8) {
         int r = r0 + dy, c = c0 + threadIdx.x;
         if (r < rows && c < cols) {
@@ -180,6 +194,56 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
         int c = c0 + dy, r = r0 + threadIdx.x;
         if (r < rows && c < cols) out[(long)c * rows + r] = tile[threadIdx.x][dy];
     }
+}
+
+// The same over 64 x 64 tiles, blocks of 256 threads: eight values a load
+// (a warp reads four rows' 64 values), sixteen bytes a store (a thread
+// writes 16 rows of one output row). Needs cols a multiple of 8, rows of
+// 16, x aligned to eight elements and out to 16 bytes.
+template <typename T>
+__device__ void fp8_cast_t_wide(unsigned char* out, const T* x, float s, int rows, int cols,
+                                int fmt, float& m) {
+    // Rows of 72 bytes: a thread's eight codes go in as one aligned uint2.
+    __shared__ __align__(16) unsigned char tile[64][72];
+    int c0 = blockIdx.x * 64, r0 = blockIdx.y * 64, t = threadIdx.x, g = t % 8;
+    for (int dr = t / 8; dr < 64; dr += 32) {
+        int r = r0 + dr, c = c0 + 8 * g;
+        if (r < rows && c < cols) {
+            float v[8];
+            fp8_in8(x, (long)r * cols + c, v);
+            unsigned b[2] = {0u, 0u};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                b[e / 4] |= (unsigned)fp8_one(__fmul_rn(v[e], s), fmt) << (8 * (e % 4));
+                m = fmaxf(m, fabsf(v[e]));
+            }
+            *reinterpret_cast<uint2*>(&tile[dr][8 * g]) = make_uint2(b[0], b[1]);
+        }
+    }
+    __syncthreads();
+    // A warp reads 32 neighbouring bytes of a tile row at a time.
+    int dc = t % 64, q = t / 64, c = c0 + dc, r = r0 + 16 * q;
+    if (c < cols && r < rows) {
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int i = 0; i < 16; i++) w[i / 4] |= (unsigned)tile[16 * q + i][dc] << (8 * (i % 4));
+        *reinterpret_cast<uint4*>(out + (long)c * rows + r) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// Transposed by either tiling (`wide`: fp8_cast_t_wide's, else
+// fp8_cast_t_narrow's; the same codes); block (0, 0) writes deq, and with
+// `seen` the tensor's own amax is measured.
+template <typename T>
+__device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float s, int rows,
+                              int cols, int fmt, float* seen, int wide) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *deq = __fdiv_rn(1.f, s);
+    float m = 0.f;
+    if (wide)
+        fp8_cast_t_wide(out, x, s, rows, cols, fmt, m);
+    else
+        fp8_cast_t_narrow(out, x, s, rows, cols, fmt, m);
     if (seen) fp8_block_amax(m, seen);
 }
 
@@ -206,8 +270,9 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
         fp8_cast_by(out, deq, x, fp8_scale(amax, fmt), n, fmt, vec, (float*)0);                   \
     }                                                                                             \
     extern "C" __global__ void fp8_cast_t_##SUF(unsigned char* out, float* deq, const T* x,       \
-                                                const float* amax, int rows, int cols, int fmt) { \
-        fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0);            \
+                                                const float* amax, int rows, int cols, int fmt,   \
+                                                int wide) {                                       \
+        fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0, wide);      \
     }                                                                                             \
     extern "C" __global__ void fp8_cast_delayed_##SUF(unsigned char* out, float* deq, const T* x, \
                                                       const float* hist, float* seen, long n,     \
@@ -225,17 +290,19 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
     extern "C" __global__ void fp8_cast_t_delayed_##SUF(unsigned char* out, float* deq,           \
                                                         const T* x, const float* hist,            \
                                                         float* seen, int rows, int cols,          \
-                                                        int fmt) {                                \
-        fp8_cast_t_by(out, deq, x, fp8_scale_of(FP8_MARGIN * *hist, fmt), rows, cols, fmt, seen); \
+                                                        int fmt, int wide) {                      \
+        fp8_cast_t_by(out, deq, x, fp8_scale_of(FP8_MARGIN * *hist, fmt), rows, cols, fmt, seen,  \
+                      wide);                                                                      \
     }                                                                                             \
     extern "C" __global__ void fp8_recast_t_##SUF(unsigned char* out, float* deq, const T* x,     \
                                                   const float* hist, const float* seen,           \
-                                                  float* next, int rows, int cols, int fmt) {     \
+                                                  float* next, int rows, int cols, int fmt,       \
+                                                  int wide) {                                     \
         float m = *seen;                                                                          \
         if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)           \
             *next = m;                                                                            \
         if (m > FP8_MARGIN * *hist)                                                               \
-            fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0);         \
+            fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0, wide);   \
     }
 FP8_CASTS(bf, bf16)
 FP8_CASTS(f32, float)

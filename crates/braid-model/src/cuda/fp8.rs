@@ -323,10 +323,18 @@ impl Fp8Kernels {
         let vec = n % 4 == 0 && x_ptr % (4 * elem) == 0 && out.dptr() % 4 == 0;
         let threads = if vec { n / 4 } else { n };
         let grid = (threads.div_ceil(BLOCK as usize).clamp(1, 4096)) as u32;
-        let tiles = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
+        // Transposed, 64 x 64 tiles moved eight values a load and sixteen
+        // bytes a store where the shape and the addresses allow (fp8.cu's
+        // fp8_cast_t_wide), else 32 x 32 tiles a value at a time.
+        let wide = cols % 8 == 0 && rows % 16 == 0 && x_ptr % 16 == 0 && out.dptr() % 16 == 0;
+        let (tile, block) = match wide {
+            true => (64, (256, 1, 1)),
+            false => (32, (32, 8, 1)),
+        };
+        let tiles = (cols.div_ceil(tile) as u32, rows.div_ceil(tile) as u32, 1);
         if transposed && tiles.1 > 65535 {
             return Err(CudaError::Invalid(format!(
-                "fp8 quantize: {rows} rows need more than 65535 tiles of 32"
+                "fp8 quantize: {rows} rows need more than 65535 tiles of {tile}"
             )));
         }
         let (o, d, a) = (
@@ -341,16 +349,18 @@ impl Fp8Kernels {
             KernelArg::I64(n as i64),
         );
         let v = KernelArg::I32(i32::from(vec));
+        let wd = KernelArg::I32(i32::from(wide));
         // Launches `f` over the plain grid or, transposed, the tiles.
         let go = |f: &Function, args: &mut [KernelArg]| {
             // SAFETY: every kernel below takes the arguments given it, in
             // order (fp8.cu): out holds n bytes, deq and amax one f32 each,
             // x at least n elements of the suffix's type (checked above;
             // the caller vouches for x and the scaling's addresses), aligned
-            // for four where vec says; each thread writes inside out.
+            // for four where vec says and x and out for sixteen bytes where
+            // wide says; each thread writes inside out.
             unsafe {
                 match transposed {
-                    true => f.launch_args(tiles, (32, 8, 1), 0, s, args),
+                    true => f.launch_args(tiles, block, 0, s, args),
                     false => f.launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, args),
                 }
             }
@@ -364,15 +374,15 @@ impl Fp8Kernels {
                         .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
                 };
                 match transposed {
-                    true => go(&k.cast_t, &mut [o, d, x, a, r, c, fmt]),
+                    true => go(&k.cast_t, &mut [o, d, x, a, r, c, fmt, wd]),
                     false => go(&k.cast, &mut [o, d, x, a, len, fmt, v]),
                 }
             }
             // `amax` is where the tensor's own is measured (`seen`).
             (Scaling::Delayed { hist, next }, true) => {
                 let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
-                go(&k.cast_t_delayed, &mut [o, d, x, h, a, r, c, fmt])?;
-                go(&k.recast_t, &mut [o, d, x, h, a, nx, r, c, fmt])
+                go(&k.cast_t_delayed, &mut [o, d, x, h, a, r, c, fmt, wd])?;
+                go(&k.recast_t, &mut [o, d, x, h, a, nx, r, c, fmt, wd])
             }
             (Scaling::Delayed { hist, next }, false) => {
                 let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
@@ -652,6 +662,25 @@ mod tests {
             )
             .unwrap();
             assert_eq!(xq1.bytes.to_vec().unwrap(), hx, "x misaligned as {xf8:?}");
+            // Transposed: misaligned, on the 32 x 32 tiles a value at a
+            // time; aligned (w below, and here), on the wide tiles. The
+            // same codes.
+            let (hxt, _) = host(&xf, (m, k), true, xf8);
+            for (from, what) in [(&xv, "misaligned"), (&xd.view(0..m * k), "aligned")] {
+                let mut xt = Fp8Tensor::new(&device, m * k).unwrap();
+                fk.quantize(
+                    &s,
+                    &mut xt.bytes,
+                    &mut xt.deq,
+                    &mut xt.amax,
+                    from,
+                    (m, k),
+                    true,
+                    xf8,
+                )
+                .unwrap();
+                assert_eq!(xt.bytes.to_vec().unwrap(), hxt, "x transposed, {what}");
+            }
             assert_eq!(wq.bytes.to_vec().unwrap(), hw, "w transposed as {wf8:?}");
             assert_eq!(xq.deq.to_vec().unwrap()[0], dx);
             assert_eq!(wq.deq.to_vec().unwrap()[0], dw);
