@@ -199,10 +199,12 @@ __device__ void fp8_cast_t_narrow(unsigned char* out, const T* x, float s, int r
 // The same over 64 x 64 tiles, blocks of 256 threads: eight values a load
 // (a warp reads four rows' 64 values), sixteen bytes a store (a thread
 // writes 16 rows of one output row). Needs cols a multiple of 8, rows of
-// 16, x aligned to eight elements and out to 16 bytes.
+// 16, x aligned to eight elements and out to 16 bytes. With `out_s` (8
+// bytes aligned) the codes as stored go there too: both layouts from one
+// read.
 template <typename T>
-__device__ void fp8_cast_t_wide(unsigned char* out, const T* x, float s, int rows, int cols,
-                                int fmt, float& m) {
+__device__ void fp8_cast_t_wide(unsigned char* out, unsigned char* out_s, const T* x, float s,
+                                int rows, int cols, int fmt, float& m) {
     // Rows of 72 bytes: a thread's eight codes go in as one aligned uint2.
     __shared__ __align__(16) unsigned char tile[64][72];
     int c0 = blockIdx.x * 64, r0 = blockIdx.y * 64, t = threadIdx.x, g = t % 8;
@@ -218,6 +220,7 @@ __device__ void fp8_cast_t_wide(unsigned char* out, const T* x, float s, int row
                 m = fmaxf(m, fabsf(v[e]));
             }
             *reinterpret_cast<uint2*>(&tile[dr][8 * g]) = make_uint2(b[0], b[1]);
+            if (out_s) *reinterpret_cast<uint2*>(out_s + (long)r * cols + c) = make_uint2(b[0], b[1]);
         }
     }
     __syncthreads();
@@ -233,15 +236,22 @@ __device__ void fp8_cast_t_wide(unsigned char* out, const T* x, float s, int row
 
 // Transposed by either tiling (`wide`: fp8_cast_t_wide's, else
 // fp8_cast_t_narrow's; the same codes); block (0, 0) writes deq, and with
-// `seen` the tensor's own amax is measured.
+// `seen` the tensor's own amax is measured. `both` (wide only, else null):
+// the codes as stored into both.out and the scale into both.deq as well.
+struct Fp8Both {
+    unsigned char* out;
+    float* deq;
+};
 template <typename T>
 __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float s, int rows,
-                              int cols, int fmt, float* seen, int wide) {
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+                              int cols, int fmt, float* seen, int wide, Fp8Both both) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
         *deq = __fdiv_rn(1.f, s);
+        if (both.deq) *both.deq = __fdiv_rn(1.f, s);
+    }
     float m = 0.f;
     if (wide)
-        fp8_cast_t_wide(out, x, s, rows, cols, fmt, m);
+        fp8_cast_t_wide(out, both.out, x, s, rows, cols, fmt, m);
     else
         fp8_cast_t_narrow(out, x, s, rows, cols, fmt, m);
     if (seen) fp8_block_amax(m, seen);
@@ -271,8 +281,10 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
     }                                                                                             \
     extern "C" __global__ void fp8_cast_t_##SUF(unsigned char* out, float* deq, const T* x,       \
                                                 const float* amax, int rows, int cols, int fmt,   \
-                                                int wide) {                                       \
-        fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0, wide);      \
+                                                int wide, unsigned char* both_out,               \
+                                                float* both_deq) {                                \
+        fp8_cast_t_by(out, deq, x, fp8_scale(amax, fmt), rows, cols, fmt, (float*)0, wide,        \
+                      Fp8Both{both_out, both_deq});                                               \
     }                                                                                             \
     extern "C" __global__ void fp8_cast_delayed_##SUF(unsigned char* out, float* deq, const T* x, \
                                                       const float* hist, float* seen, long n,     \
@@ -290,19 +302,23 @@ __device__ void fp8_cast_t_by(unsigned char* out, float* deq, const T* x, float 
     extern "C" __global__ void fp8_cast_t_delayed_##SUF(unsigned char* out, float* deq,           \
                                                         const T* x, const float* hist,            \
                                                         float* seen, int rows, int cols,          \
-                                                        int fmt, int wide) {                      \
+                                                        int fmt, int wide,                        \
+                                                        unsigned char* both_out,                  \
+                                                        float* both_deq) {                        \
         fp8_cast_t_by(out, deq, x, fp8_scale_of(FP8_MARGIN * *hist, fmt), rows, cols, fmt, seen,  \
-                      wide);                                                                      \
+                      wide, Fp8Both{both_out, both_deq});                                         \
     }                                                                                             \
     extern "C" __global__ void fp8_recast_t_##SUF(unsigned char* out, float* deq, const T* x,     \
                                                   const float* hist, const float* seen,           \
                                                   float* next, int rows, int cols, int fmt,       \
-                                                  int wide) {                                     \
+                                                  int wide, unsigned char* both_out,             \
+                                                  float* both_deq) {                              \
         float m = *seen;                                                                          \
         if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)           \
             *next = m;                                                                            \
         if (m > FP8_MARGIN * *hist)                                                               \
-            fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0, wide);   \
+            fp8_cast_t_by(out, deq, x, fp8_scale_of(m, fmt), rows, cols, fmt, (float*)0, wide,    \
+                          Fp8Both{both_out, both_deq});                                           \
     }
 FP8_CASTS(bf, bf16)
 FP8_CASTS(f32, float)

@@ -218,6 +218,7 @@ impl Fp8Kernels {
                 transposed,
                 f,
                 Scaling::Dynamic,
+                None,
             )
         }
     }
@@ -243,7 +244,50 @@ impl Fp8Kernels {
     ) -> Result<()> {
         let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
         // SAFETY: the caller vouches for x and the scaling's addresses.
-        unsafe { self.quantize_at(s, out, (x.0, x.1, "bf"), shape, transposed, f, scaling) }
+        unsafe {
+            self.quantize_at(
+                s,
+                out,
+                (x.0, x.1, "bf"),
+                shape,
+                transposed,
+                f,
+                scaling,
+                None,
+            )
+        }
+    }
+
+    /// Whether [`Fp8Kernels::quantize_bf16_both_at`] takes the bf16 matrix
+    /// of `shape` at address `x`: 64 x 64 tiles moved eight values a load
+    /// (columns a multiple of 8, rows of 16, `x` aligned to 16 bytes).
+    pub(crate) fn casts_both(x: u64, (rows, cols): (usize, usize)) -> bool {
+        cols % 8 == 0 && rows % 16 == 0 && x % 16 == 0
+    }
+
+    /// [`Fp8Kernels::quantize_bf16_at`] transposed into `to`, and in the
+    /// same pass (one read of `x`) as stored into `stored` (its bytes and
+    /// dequantising scale; its amax is left as it was): for a tensor a
+    /// product takes as stored and another transposed. Refused unless
+    /// [`Fp8Kernels::casts_both`].
+    ///
+    /// # Safety
+    /// As [`Fp8Kernels::quantize_bf16_at`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn quantize_bf16_both_at(
+        &self,
+        s: &Stream,
+        to: &mut Fp8Tensor,
+        stored: &mut Fp8Tensor,
+        x: (u64, usize),
+        shape: (usize, usize),
+        f: Fp8,
+        scaling: Scaling,
+    ) -> Result<()> {
+        let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
+        let x = (x.0, x.1, "bf");
+        // SAFETY: the caller vouches for x and the scaling's addresses.
+        unsafe { self.quantize_at(s, out, x, shape, true, f, scaling, Some(stored)) }
     }
 
     /// [`Fp8Kernels::quantize`] with a [`Scaling`] (for the tests of the
@@ -266,11 +310,12 @@ impl Fp8Kernels {
         let out = (&mut to.bytes, &mut to.deq, &mut to.amax);
         let x = (x.dptr(), x.dlen(), T::SUFFIX);
         // SAFETY: x is a live buffer; the caller vouches for the scaling.
-        unsafe { self.quantize_at(s, out, x, shape, transposed, f, scaling) }
+        unsafe { self.quantize_at(s, out, x, shape, transposed, f, scaling, None) }
     }
 
     /// The quantisation itself; `x` is `(address, elements, the kernels'
-    /// suffix)`.
+    /// suffix)`; `both`: the codes as stored too (transposed, wide tiles
+    /// only).
     ///
     /// # Safety
     /// As [`Fp8Kernels::quantize_bf16_at`], for elements of the suffix's type.
@@ -288,6 +333,7 @@ impl Fp8Kernels {
         transposed: bool,
         f: Fp8,
         scaling: Scaling,
+        both: Option<&mut Fp8Tensor>,
     ) -> Result<()> {
         let n = rows * cols;
         if x_len < n || out.dlen() < n || deq.dlen() < 1 || amax.dlen() < 1 {
@@ -350,6 +396,20 @@ impl Fp8Kernels {
         );
         let v = KernelArg::I32(i32::from(vec));
         let wd = KernelArg::I32(i32::from(wide));
+        let (both_out, both_deq) = match both {
+            None => (0, 0),
+            Some(t) if transposed && wide && t.bytes.dlen() >= n && t.bytes.dptr() % 8 == 0 => {
+                (t.bytes.dptr(), t.deq.dptr())
+            }
+            Some(t) => {
+                return Err(CudaError::Invalid(format!(
+                    "fp8 quantize: both layouts of {rows} x {cols} (transposed {transposed}, wide \
+                     tiles {wide}) into {} bytes",
+                    t.bytes.dlen()
+                )))
+            }
+        };
+        let (bo, bd) = (KernelArg::Ptr(both_out), KernelArg::Ptr(both_deq));
         // Launches `f` over the plain grid or, transposed, the tiles.
         let go = |f: &Function, args: &mut [KernelArg]| {
             // SAFETY: every kernel below takes the arguments given it, in
@@ -357,7 +417,9 @@ impl Fp8Kernels {
             // x at least n elements of the suffix's type (checked above;
             // the caller vouches for x and the scaling's addresses), aligned
             // for four where vec says and x and out for sixteen bytes where
-            // wide says; each thread writes inside out.
+            // wide says; each thread writes inside out, and inside the
+            // tensor `both` gives where it is non-null (n bytes, aligned for
+            // eight, one f32 of scale: checked above).
             unsafe {
                 match transposed {
                     true => f.launch_args(tiles, block, 0, s, args),
@@ -374,15 +436,18 @@ impl Fp8Kernels {
                         .launch_args((grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut args)?
                 };
                 match transposed {
-                    true => go(&k.cast_t, &mut [o, d, x, a, r, c, fmt, wd]),
+                    true => go(&k.cast_t, &mut [o, d, x, a, r, c, fmt, wd, bo, bd]),
                     false => go(&k.cast, &mut [o, d, x, a, len, fmt, v]),
                 }
             }
             // `amax` is where the tensor's own is measured (`seen`).
             (Scaling::Delayed { hist, next }, true) => {
                 let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
-                go(&k.cast_t_delayed, &mut [o, d, x, h, a, r, c, fmt, wd])?;
-                go(&k.recast_t, &mut [o, d, x, h, a, nx, r, c, fmt, wd])
+                go(
+                    &k.cast_t_delayed,
+                    &mut [o, d, x, h, a, r, c, fmt, wd, bo, bd],
+                )?;
+                go(&k.recast_t, &mut [o, d, x, h, a, nx, r, c, fmt, wd, bo, bd])
             }
             (Scaling::Delayed { hist, next }, false) => {
                 let (h, nx) = (KernelArg::Ptr(hist), KernelArg::Ptr(next));
@@ -574,6 +639,32 @@ mod tests {
                     assert_eq!(q.bytes.to_vec().unwrap(), host(sc, t, f), "{what}");
                     assert_eq!(q.deq.to_vec().unwrap()[0], 1.0 / sc, "{what}");
                     assert_eq!(next.to_vec().unwrap()[0], amax, "{what}: the amax kept");
+                    if !t {
+                        continue;
+                    }
+                    // Both layouts from one read, delayed alike.
+                    let mut stored = Fp8Tensor::new(&device, rows * cols).unwrap();
+                    // SAFETY: hist and next hold one live f32 each; xd
+                    // rows * cols bf16 values.
+                    unsafe {
+                        fk.quantize_bf16_both_at(
+                            &s,
+                            &mut q,
+                            &mut stored,
+                            (xd.dptr(), rows * cols),
+                            (rows, cols),
+                            f,
+                            delayed,
+                        )
+                        .unwrap()
+                    };
+                    assert_eq!(q.bytes.to_vec().unwrap(), host(sc, true, f), "both, {what}");
+                    assert_eq!(
+                        stored.bytes.to_vec().unwrap(),
+                        host(sc, false, f),
+                        "both, {what}"
+                    );
+                    assert_eq!(stored.deq.to_vec().unwrap()[0], 1.0 / sc, "both, {what}");
                 }
             }
         }
@@ -681,6 +772,33 @@ mod tests {
                 .unwrap();
                 assert_eq!(xt.bytes.to_vec().unwrap(), hxt, "x transposed, {what}");
             }
+            // Both layouts from one read: the same codes and scale in each.
+            assert!(Fp8Kernels::casts_both(xd.dptr(), (m, k)));
+            let (mut xt, mut xs) = (
+                Fp8Tensor::new(&device, m * k).unwrap(),
+                Fp8Tensor::new(&device, m * k).unwrap(),
+            );
+            // SAFETY: xd holds m * k live bf16 values.
+            unsafe {
+                fk.quantize_bf16_both_at(
+                    &s,
+                    &mut xt,
+                    &mut xs,
+                    (xd.dptr(), m * k),
+                    (m, k),
+                    xf8,
+                    super::Scaling::Dynamic,
+                )
+                .unwrap()
+            };
+            assert_eq!(xt.bytes.to_vec().unwrap(), hxt, "both: x transposed");
+            assert_eq!(xs.bytes.to_vec().unwrap(), hx, "both: x as stored");
+            assert_eq!(xs.deq.to_vec().unwrap()[0], dx, "both: the scale as stored");
+            assert_eq!(
+                xt.deq.to_vec().unwrap()[0],
+                dx,
+                "both: the scale transposed"
+            );
             assert_eq!(wq.bytes.to_vec().unwrap(), hw, "w transposed as {wf8:?}");
             assert_eq!(xq.deq.to_vec().unwrap()[0], dx);
             assert_eq!(wq.deq.to_vec().unwrap()[0], dw);

@@ -76,7 +76,10 @@ impl Shape<'_> {
                 "copy-engine landing buffer",
                 self.landing_bytes(sharding, params),
             ),
-            ("FP8 operands", self.fp8.room_bytes(b * self.seq, widest)),
+            (
+                "FP8 operands",
+                self.fp8.room_bytes(b * self.seq, widest, self.tensor > 1),
+            ),
         ];
         for (name, bytes) in extras {
             if bytes > 0 {
@@ -957,17 +960,32 @@ mod tests {
             .estimate
         };
         for (tensor, widest) in [(1, mlp), (2, mlp / 2)] {
-            let rooms = Fp8Use::All.room_bytes(b * 1024, widest);
-            assert_eq!(est(Fp8Use::All, tensor) - est(Fp8Use::Off, tensor), rooms);
-            assert_eq!(est(Fp8Use::Forward, tensor), est(Fp8Use::All, tensor));
+            let tp = tensor > 1;
+            for fp8 in [Fp8Use::Forward, Fp8Use::All] {
+                let rooms = fp8.room_bytes(b * 1024, widest, tp);
+                assert_eq!(est(fp8, tensor) - est(Fp8Use::Off, tensor), rooms);
+            }
+            // Under tensor parallelism the backward pass stays bf16: no
+            // third room.
+            assert_eq!(
+                est(Fp8Use::Forward, tensor) == est(Fp8Use::All, tensor),
+                tp,
+                "tensor {tensor}"
+            );
         }
-        // At 2.65B, 8 x 1024 tokens: two rooms of 84 MB.
-        let rooms = Fp8Use::All.room_bytes(b * 1024, mlp);
+        // At 2.65B, 8 x 1024 tokens: rooms of 84 MB, two for the forward
+        // pass, a third for the backward pass's `dy` transposed.
+        let room = Fp8Use::Forward.room_bytes(b * 1024, mlp, false);
         assert!(
-            rooms > 2 * 83_000_000 && rooms < 2 * 84_000_000 + 100_000,
-            "{rooms}"
+            room > 2 * 83_000_000 && room < 2 * 84_000_000 + 100_000,
+            "{room}"
         );
-        assert_eq!(Fp8Use::Off.room_bytes(b * 1024, mlp), 0);
+        let all = Fp8Use::All.room_bytes(b * 1024, mlp, false);
+        assert!(
+            all > 3 * 83_000_000 && all < 3 * 84_000_000 + 100_000,
+            "{all}"
+        );
+        assert_eq!(Fp8Use::Off.room_bytes(b * 1024, mlp, false), 0);
     }
 
     #[test]

@@ -58,10 +58,6 @@ struct Room {
 }
 
 impl Room {
-    /// [`Fp8Products::quantize`]'s choice of room.
-    const INPUT: bool = false;
-    const WEIGHT: bool = true;
-
     /// Room for `n` values, for work queued on `s`: a smaller one is
     /// freed once `s` has finished with it (a product queued on `s` may
     /// still read it), before the larger one is made.
@@ -103,16 +99,19 @@ impl Fp8Use {
     /// the largest operand a product quantises — `tokens` rows of the
     /// widest output, `widest` (the MLP's width, a tensor group's share):
     /// an input gradient's `dy` and a weight gradient's `dyᵀ`, or in the
-    /// forward pass the MLP projection's input — the f32 bias's bf16 copy
-    /// and delayed scaling's two arrays of amaxes.
-    pub fn room_bytes(self, tokens: usize, widest: usize) -> u128 {
-        match self {
-            Fp8Use::Off => 0,
-            _ => {
-                let room = tokens as u128 * widest as u128;
-                2 * room + 2 * widest as u128 + 2 * 4 * super::fp8_sites::CAPACITY as u128
-            }
-        }
+    /// forward pass the MLP projection's input — and where the backward
+    /// pass's products run in FP8 (not under tensor parallelism,
+    /// `tensor_parallel`) a third (`dy` transposed, kept from the input
+    /// gradient for the weight gradient); the f32 bias's bf16 copy and
+    /// delayed scaling's two arrays of amaxes.
+    pub fn room_bytes(self, tokens: usize, widest: usize, tensor_parallel: bool) -> u128 {
+        let rooms = match self {
+            Fp8Use::Off => return 0,
+            Fp8Use::All if !tensor_parallel => 3,
+            _ => 2,
+        };
+        let room = tokens as u128 * widest as u128;
+        rooms * room + 2 * widest as u128 + 2 * 4 * super::fp8_sites::CAPACITY as u128
     }
 
     /// `off`, `forward` or `all` (`BRAID_FP8`'s values).
@@ -133,6 +132,13 @@ pub(super) struct Fp8Products {
     kernels: Fp8Kernels,
     input: Room,
     weight: Room,
+    /// An input gradient's `dy` transposed, cast beside it as stored (one
+    /// read of `dy`) for the weight gradient of the same product that
+    /// follows ([`Fp8Products::input_grad`]).
+    dy_t: Room,
+    /// `dy`'s address and shape while `dy_t` holds its codes: until the
+    /// weight gradient takes them, or any other product runs.
+    dy_t_of: Option<((u64, usize), (usize, usize))>,
     /// Epilogues cuBLASLt had no FP8 product for, by [`Epilogue::kind`]
     /// and result type ([`Fp8Products::slot`]): an f32 result's bias is
     /// f32, a bf16 one's bf16, and either may be refused alone.
@@ -163,6 +169,8 @@ impl Fp8Products {
             kernels: Fp8Kernels::load(device)?,
             input: room(),
             weight: room(),
+            dy_t: room(),
+            dy_t_of: None,
             off: [false; 8],
             backward,
             backward_off: false,
@@ -205,13 +213,14 @@ impl Fp8Products {
         let (m, n, k) = (p.m, p.n, p.k);
         let beta = if residual.is_some() { 1.0 } else { 0.0 };
         let epilogue = self.bias_for(s, epilogue, &d)?;
+        self.dy_t_of = None;
         // (The weights `[k, n]` go in stored `[n, k]`.)
         self.scaled(
             lt,
             s,
             (m, n, k),
-            Operand::new(&p.a, (m, k), false, Fp8::E4M3),
-            Operand::new(&p.b, (k, n), true, Fp8::E4M3),
+            Codes::Cast(Operand::new(&p.a, (m, k), false, Fp8::E4M3)),
+            Codes::Cast(Operand::new(&p.b, (k, n), true, Fp8::E4M3)),
             (residual.unwrap_or(d), d, epilogue, beta),
             true,
         )
@@ -254,6 +263,7 @@ impl Fp8Products {
     /// A new pass (forward, then its backward) begins: delayed scaling's
     /// sites count from the first again.
     pub(super) fn begin_pass(&mut self) {
+        self.dy_t_of = None;
         if let Some(sites) = self.sites.as_mut() {
             sites.begin_pass();
         }
@@ -298,15 +308,27 @@ impl Fp8Products {
             && stored(&w, out, DType::BF16)
             && stored(&dx, inp, DType::BF16)
             && [n, inp, out].iter().all(|d| d % 16 == 0);
+        self.dy_t_of = None;
         if !self.backward_on() || !fits {
             return Ok(false);
         }
+        let dy_codes = Operand::new(&dy, (n, out), false, Fp8::E5M2);
+        let a = match Fp8Kernels::casts_both(dy_codes.at.0, (n, out)) {
+            // `dy` as stored for this product and transposed for the
+            // weight gradient that follows, from one read.
+            true => {
+                self.quantize_both(s, &dy_codes)?;
+                self.dy_t_of = Some((dy_codes.at, (n, out)));
+                Codes::Kept(Side::Input, Fp8::E5M2)
+            }
+            false => Codes::Cast(dy_codes),
+        };
         let ran = self.scaled(
             lt,
             s,
             (n, inp, out),
-            Operand::new(&dy, (n, out), false, Fp8::E5M2),
-            Operand::new(&w, (inp, out), false, Fp8::E4M3),
+            a,
+            Codes::Cast(Operand::new(&w, (inp, out), false, Fp8::E4M3)),
             (dx, dx, Epilogue::Plain, 0.0),
             false,
         );
@@ -331,15 +353,21 @@ impl Fp8Products {
             && stored(&dy, out, DType::BF16)
             && stored(&dw, out, DType::F32)
             && [n, inp, out].iter().all(|d| d % 16 == 0);
+        // The input gradient's `dy` transposed, where it kept this one's.
+        let kept = self.dy_t_of.take() == Some((dy.storage(), (n, out)));
         if !self.backward_on() || !fits {
             return Ok(false);
         }
+        let b = match kept {
+            true => Codes::Kept(Side::DyT, Fp8::E5M2),
+            false => Codes::Cast(Operand::new(&dy, (n, out), true, Fp8::E5M2)),
+        };
         let ran = self.scaled(
             lt,
             s,
             (inp, out, n),
-            Operand::new(&x, (n, inp), true, Fp8::E4M3),
-            Operand::new(&dy, (n, out), true, Fp8::E5M2),
+            Codes::Cast(Operand::new(&x, (n, inp), true, Fp8::E4M3)),
+            b,
             (dw, dw, Epilogue::Plain, beta),
             false,
         );
@@ -347,26 +375,31 @@ impl Fp8Products {
     }
 
     /// The one scaled product all three run: `a` quantised into the input
-    /// room (as `[m, k]`), `b` into the weight room (as `[n, k]`), then `d
-    /// = a · b + beta · c` with `epilogue` (fast accumulation where
-    /// `fast`).
+    /// room (as `[m, k]`), `b` into the weight room (as `[n, k]`) — or
+    /// either already there, or in the `dy_t` room ([`Codes::Kept`]) —
+    /// then `d = a · b + beta · c` with `epilogue` (fast accumulation
+    /// where `fast`).
     #[allow(clippy::too_many_arguments)]
     fn scaled(
         &mut self,
         lt: &mut BlasLt,
         s: &Stream,
         (m, n, k): (usize, usize, usize),
-        a: Operand,
-        b: Operand,
+        a: Codes,
+        b: Codes,
         (c, d, epilogue, beta): (Mat, Mat, Epilogue, f32),
         fast: bool,
     ) -> Result<()> {
-        self.quantize(s, &a, m * k, Room::INPUT)?;
-        self.quantize(s, &b, n * k, Room::WEIGHT)?;
-        let (qa, qb) = (
-            self.input.held.as_ref().expect("made above"),
-            self.weight.held.as_ref().expect("made above"),
-        );
+        let (a_side, a_fmt) = self.codes(s, a, m * k, Side::Input)?;
+        let (b_side, b_fmt) = self.codes(s, b, n * k, Side::Weight)?;
+        let traced = match self.trace.as_mut() {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        };
+        let (qa, qb) = (self.held(a_side)?, self.held(b_side)?);
         let g = LtGemm {
             m,
             n,
@@ -380,33 +413,63 @@ impl Fp8Products {
             beta,
         };
         let scaled = Scaled {
-            a: a.fmt,
-            b: b.fmt,
+            a: a_fmt,
+            b: b_fmt,
             a_scale: qa.deq.dptr(),
             b_scale: qb.deq.dptr(),
             fast_accum: fast,
         };
         lt.gemm_scaled(s, &g, &scaled)?;
-        if let Some(left) = self.trace.as_mut().filter(|n| **n > 0) {
-            *left -= 1;
+        if traced {
             trace(s, (m, n, k), &epilogue, [qa, qb], &d)?;
         }
         Ok(())
     }
 
-    /// `x` (`n` values) quantised into the input room or the weight room
-    /// (`weight`), scaled as [`Fp8Products::scaling`] says, its measured
-    /// amax kept where delayed scaling asks for it.
-    fn quantize(&mut self, s: &Stream, x: &Operand, n: usize, weight: bool) -> Result<()> {
+    /// Where an operand's codes are for the product (`n` values): cast
+    /// now into the room of `side` ([`Codes::Cast`]), or kept; and their
+    /// format.
+    fn codes(&mut self, s: &Stream, x: Codes, n: usize, side: Side) -> Result<(Side, Fp8)> {
+        match x {
+            Codes::Cast(x) => {
+                self.quantize(s, &x, n, side)?;
+                Ok((side, x.fmt))
+            }
+            Codes::Kept(at, fmt) => Ok((at, fmt)),
+        }
+    }
+
+    /// The codes held in the room of `side`.
+    fn held(&self, side: Side) -> Result<&Fp8Tensor> {
+        let room = match side {
+            Side::Input => &self.input,
+            Side::Weight => &self.weight,
+            Side::DyT => &self.dy_t,
+        };
+        room.held.as_ref().ok_or_else(|| {
+            CudaError::Invalid(format!("an FP8 product's {side:?} codes were never cast"))
+        })
+    }
+
+    /// `x` (`n` values) quantised into the room of `side`, scaled as
+    /// [`Fp8Products::scaling`] says, its measured amax kept where delayed
+    /// scaling asks for it.
+    fn quantize(&mut self, s: &Stream, x: &Operand, n: usize, side: Side) -> Result<()> {
         let (scaling, keep) = self.scaling(x)?;
         let Fp8Products {
             kernels,
             input,
-            weight: weights,
+            weight,
+            dy_t,
             sites,
             ..
         } = self;
-        let q = if weight { weights } else { input }.at_least(s, n)?;
+        let room = match side {
+            Side::Input => input,
+            Side::Weight => weight,
+            Side::DyT => dy_t,
+        };
+        let q = room.at_least(s, n)?;
         // SAFETY: the products' operands are views of the model's live
         // buffers, unwritten until the product that reads them (queued
         // after these casts on the same stream) has run; the scaling's
@@ -414,6 +477,30 @@ impl Fp8Products {
         unsafe { kernels.quantize_bf16_at(s, q, x.at, x.shape, x.transposed, x.fmt, scaling)? };
         if let (Some(to), Some(sites)) = (keep, sites.as_mut()) {
             sites.keep(s, &q.amax, to)?;
+        }
+        Ok(())
+    }
+
+    /// `x` (as stored, `[rows, cols]`) quantised in one pass into the
+    /// input room as stored and into the `dy_t` room transposed, scaled
+    /// (one amax for both) as [`Fp8Products::scaling`] says for `x`.
+    fn quantize_both(&mut self, s: &Stream, x: &Operand) -> Result<()> {
+        let (scaling, keep) = self.scaling(x)?;
+        let n = x.shape.0 * x.shape.1;
+        let Fp8Products {
+            kernels,
+            input,
+            dy_t,
+            sites,
+            ..
+        } = self;
+        let stored = input.at_least(s, n)?;
+        let to = dy_t.at_least(s, n)?;
+        // SAFETY: as in `quantize`: `x` views a live buffer of the model,
+        // unwritten until the products that read its codes have run.
+        unsafe { kernels.quantize_bf16_both_at(s, to, stored, x.at, x.shape, x.fmt, scaling)? };
+        if let (Some(slot), Some(sites)) = (keep, sites.as_mut()) {
+            sites.keep(s, &to.amax, slot)?;
         }
         Ok(())
     }
@@ -434,6 +521,24 @@ impl Fp8Products {
             }
         }
     }
+}
+
+/// The rooms a scaled product's operands are cast into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The product's first operand (`[m, k]`).
+    Input,
+    /// Its second (`[n, k]`).
+    Weight,
+    /// An input gradient's `dy` transposed, for the weight gradient.
+    DyT,
+}
+
+/// A scaled product's operand: cast now, or codes already in a room (of
+/// this format).
+enum Codes {
+    Cast(Operand),
+    Kept(Side, Fp8),
 }
 
 /// One bf16 operand of a scaled product: where it is (`(address,
