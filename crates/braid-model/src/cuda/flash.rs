@@ -301,7 +301,6 @@ struct HeadKernels {
 
 /// The loaded fused-attention kernels of one device.
 pub struct FlashKernels {
-    _module: Module,
     heads: Vec<(usize, HeadKernels)>,
     add_bias: Function,
     /// Heads a group under `BRAID_FLASH_GROUP_HEADS` (0: the 2-D grid).
@@ -402,7 +401,6 @@ impl FlashKernels {
         Ok(Some(FlashKernels {
             add_bias: module.function("add_bias_bf")?,
             heads,
-            _module: module,
             group_heads,
         }))
     }

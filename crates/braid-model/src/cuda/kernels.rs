@@ -22,7 +22,6 @@ fn arg<T>(v: &T) -> *mut c_void {
 
 /// The loaded kernels of one device.
 pub struct Kernels {
-    _module: Module,
     pool: braid_cuda::DevicePool,
     encoder_forward: Function,
     encoder_backward_wpe: Function,
@@ -131,7 +130,6 @@ impl Kernels {
             overlap: false,
             gather_rows: f("gather_rows")?,
             logits_pick: f("logits_pick")?,
-            _module: module,
         })
     }
 

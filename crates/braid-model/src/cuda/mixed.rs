@@ -231,7 +231,6 @@ struct LnWide {
 
 /// The loaded mixed-precision kernels of one device.
 pub struct MixedKernels {
-    _module: Module,
     ln_forward: Function,
     ln_backward: Function,
     /// Fused LayerNorm backward for widths 512, 768 and 1024.
@@ -653,7 +652,6 @@ impl MixedKernels {
             adamw_multi: f("adamw_multi")?,
             adamw_multi4: f("adamw_multi4")?,
             flash: FlashKernels::load(device)?,
-            _module: module,
         })
     }
 
