@@ -5,7 +5,15 @@
 #   bash bench/device/parity.sh bf16 1337 7      # 124M, 2,000 steps (PARITY_STEPS), per seed: braid, then PyTorch
 #   bash bench/device/parity.sh f32 1337 7       # the same in f32, 600 steps
 #   bash bench/device/parity.sh big 1337 7       # 1558M, batch 8, 400 steps
+#   bash bench/device/parity.sh fp8 1337         # 124M, 2,000 steps: braid bf16, then braid --precision fp8
+#   bash bench/device/parity.sh fp8big 1337      # the same at 1558M, batch 8 (2,000 steps: split the
+#                                                # two over calls with FP8_PRECISIONS="bf16" / "fp8")
 #   bash bench/device/parity.sh plot             # the table and curves of every run in $L
+#
+# The fp8 phases (issue 69: FP8 tracks bf16's loss within 1 % at step
+# 2,000) run braid alone, each precision of FP8_PRECISIONS (default "bf16
+# fp8"; BRAID_FP8_SCALING passes through) from the same seed, and draw
+# them as two series.
 #
 # Every phase first makes the corpus (once per machine): the Python sources
 # that ship with the machine's packages (the standard library, then torch's
@@ -94,6 +102,29 @@ run_pair() {
   echo "$phase torch seed $seed: exit $? in $((SECONDS - t0)) s | $(tail -1 "$L/parity-$phase-torch-$seed.txt")"
 }
 
+# run_braid PHASE SEED MODEL BATCH STEPS PRECISION: braid alone, into
+# $L/parity-PHASE-PRECISION-SEED.json.
+run_braid() {
+  local phase=$1 seed=$2 model=$3 batch=$4 steps=$5 precision=$6 t0=$SECONDS
+  local warmup=${PARITY_WARMUP:-$((steps / 10))} every=${PARITY_EVERY:-100}
+  local n="parity-$phase-$precision-$seed"
+  echo "cmd: ${BRAID_FP8_SCALING:+BRAID_FP8_SCALING=$BRAID_FP8_SCALING }braid train --model $model --batch $batch --steps $steps --precision $precision --seed $seed" > "$L/$n.txt"
+  $B train --device cuda --model "$model" --data "$CORPUS" --tokenizer gpt2 --batch "$batch" \
+    --seq 1024 --steps "$steps" --warmup "$warmup" --eval-every "$every" --seed "$seed" \
+    --precision "$precision" --log-every 100 --json "$L/$n.json" >> "$L/$n.txt" 2>&1
+  echo "$phase $precision seed $seed: exit $? in $((SECONDS - t0)) s | $(grep -h 'gpu summary' "$L/$n.txt" | sed 's/.*median/median/')"
+}
+
+# plot_fp8 PHASE: braid's bf16 and fp8 runs of PHASE in $L, as curves and a table.
+plot_fp8() {
+  local phase=$1 b f
+  b=$(ls "$L"/parity-"$phase"-bf16-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+  f=$(ls "$L"/parity-"$phase"-fp8-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+  [ -n "$b" ] && [ -n "$f" ] || return 0
+  $B plot --series "braid bf16=$b" --series "braid fp8=$f" --title "GPT-2 $phase: held-out loss" \
+    --out "$OUT/parity-$phase.svg" --json "$L/parity-$phase-table.json" | tee "$L/parity-$phase-table.md"
+}
+
 # plot PHASE: braid's and PyTorch's runs of PHASE in $L, as curves and a table.
 plot() {
   local phase=$1 b t
@@ -124,7 +155,17 @@ case $phase in
   bf16) corpus; for s in $SEEDS; do run_pair bf16 "$s" 124M 16 "${PARITY_STEPS:-2000}" bf16; done; plot bf16 ;;
   f32) corpus; for s in $SEEDS; do run_pair f32 "$s" 124M 16 "${PARITY_STEPS:-600}" f32; done; plot f32 ;;
   big) corpus; for s in $SEEDS; do run_pair big "$s" 1558M 8 "${PARITY_STEPS:-400}" bf16; done; plot big ;;
-  plot) for p in bf16 f32 big; do plot "$p"; done ;;
-  *) echo "parity.sh: unknown phase $phase (onestep, bf16, f32, big, plot, corpus)"; exit 2 ;;
+  fp8 | fp8big)
+    corpus
+    case $phase in fp8) spec=(124M 16) ;; *) spec=(1558M 8) ;; esac
+    for s in $SEEDS; do
+      for p in ${FP8_PRECISIONS:-bf16 fp8}; do
+        run_braid "$phase" "$s" "${spec[@]}" "${PARITY_STEPS:-2000}" "$p"
+      done
+    done
+    plot_fp8 "$phase"
+    ;;
+  plot) for p in bf16 f32 big; do plot "$p"; done; for p in fp8 fp8big; do plot_fp8 "$p"; done ;;
+  *) echo "parity.sh: unknown phase $phase (onestep, bf16, f32, big, fp8, fp8big, plot, corpus)"; exit 2 ;;
 esac
 finish
