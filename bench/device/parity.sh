@@ -115,25 +115,25 @@ run_braid() {
   echo "$phase $precision seed $seed: exit $? in $((SECONDS - t0)) s | $(grep -h 'gpu summary' "$L/$n.txt" | sed 's/.*median/median/')"
 }
 
-# plot_fp8 PHASE: braid's bf16 and fp8 runs of PHASE in $L, as curves and a table.
-plot_fp8() {
-  local phase=$1 b f
-  b=$(ls "$L"/parity-"$phase"-bf16-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
-  f=$(ls "$L"/parity-"$phase"-fp8-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
-  [ -n "$b" ] && [ -n "$f" ] || return 0
-  $B plot --series "braid bf16=$b" --series "braid fp8=$f" --title "GPT-2 $phase: held-out loss" \
+# plot_series PHASE LABEL=TAG...: the runs of PHASE in $L by tag
+# ($L/parity-PHASE-TAG-SEED.json), each tag's seeds one series, as curves
+# and a table; nothing where a tag has no run.
+plot_series() {
+  local phase=$1 spec files args=()
+  shift
+  for spec in "$@"; do
+    files=$(ls "$L"/parity-"$phase"-"${spec#*=}"-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
+    [ -n "$files" ] || return 0
+    args+=(--series "${spec%%=*}=$files")
+  done
+  $B plot "${args[@]}" --title "GPT-2 $phase: held-out loss" \
     --out "$OUT/parity-$phase.svg" --json "$L/parity-$phase-table.json" | tee "$L/parity-$phase-table.md"
 }
 
-# plot PHASE: braid's and PyTorch's runs of PHASE in $L, as curves and a table.
-plot() {
-  local phase=$1 b t
-  b=$(ls "$L"/parity-"$phase"-braid-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
-  t=$(ls "$L"/parity-"$phase"-torch-*.json 2>/dev/null | tr '\n' ',' | sed 's/,$//')
-  [ -n "$b" ] && [ -n "$t" ] || return 0
-  $B plot --series "braid=$b" --series "PyTorch=$t" --title "GPT-2 $phase: held-out loss" \
-    --out "$OUT/parity-$phase.svg" --json "$L/parity-$phase-table.json" | tee "$L/parity-$phase-table.md"
-}
+# plot PHASE: braid's and PyTorch's runs of PHASE; plot_fp8 PHASE: braid's
+# bf16 and fp8 runs.
+plot() { plot_series "$1" braid=braid PyTorch=torch; }
+plot_fp8() { plot_series "$1" "braid bf16=bf16" "braid fp8=fp8"; }
 
 case $phase in
   corpus) corpus ;;
