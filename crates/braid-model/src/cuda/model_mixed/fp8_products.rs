@@ -136,9 +136,8 @@ pub(super) struct Fp8Products {
     /// read of `dy`) for the weight gradient of the same product that
     /// follows ([`Fp8Products::input_grad`]).
     dy_t: Room,
-    /// `dy`'s address and shape while `dy_t` holds its codes: until the
-    /// weight gradient takes them, or any other product runs.
-    dy_t_of: Option<((u64, usize), (usize, usize))>,
+    /// Which `dy` the `dy_t` room holds the codes of.
+    dy_t_of: KeptDy,
     /// Epilogues cuBLASLt had no FP8 product for, by [`Epilogue::kind`]
     /// and result type ([`Fp8Products::slot`]): an f32 result's bias is
     /// f32, a bf16 one's bf16, and either may be refused alone.
@@ -170,7 +169,7 @@ impl Fp8Products {
             input: room(),
             weight: room(),
             dy_t: room(),
-            dy_t_of: None,
+            dy_t_of: KeptDy::default(),
             off: [false; 8],
             backward,
             backward_off: false,
@@ -213,7 +212,7 @@ impl Fp8Products {
         let (m, n, k) = (p.m, p.n, p.k);
         let beta = if residual.is_some() { 1.0 } else { 0.0 };
         let epilogue = self.bias_for(s, epilogue, &d)?;
-        self.dy_t_of = None;
+        self.dy_t_of.forget();
         // (The weights `[k, n]` go in stored `[n, k]`.)
         self.scaled(
             lt,
@@ -263,7 +262,7 @@ impl Fp8Products {
     /// A new pass (forward, then its backward) begins: delayed scaling's
     /// sites count from the first again.
     pub(super) fn begin_pass(&mut self) {
-        self.dy_t_of = None;
+        self.dy_t_of.forget();
         if let Some(sites) = self.sites.as_mut() {
             sites.begin_pass();
         }
@@ -308,7 +307,7 @@ impl Fp8Products {
             && stored(&w, out, DType::BF16)
             && stored(&dx, inp, DType::BF16)
             && [n, inp, out].iter().all(|d| d % 16 == 0);
-        self.dy_t_of = None;
+        self.dy_t_of.forget();
         if !self.backward_on() || !fits {
             return Ok(false);
         }
@@ -318,7 +317,7 @@ impl Fp8Products {
             // weight gradient that follows, from one read.
             true => {
                 self.quantize_both(s, &dy_codes)?;
-                self.dy_t_of = Some((dy_codes.at, (n, out)));
+                self.dy_t_of.keep(dy_codes.at, (n, out));
                 Codes::Kept(Side::Input, Fp8::E5M2)
             }
             false => Codes::Cast(dy_codes),
@@ -354,7 +353,7 @@ impl Fp8Products {
             && stored(&dw, out, DType::F32)
             && [n, inp, out].iter().all(|d| d % 16 == 0);
         // The input gradient's `dy` transposed, where it kept this one's.
-        let kept = self.dy_t_of.take() == Some((dy.storage(), (n, out)));
+        let kept = self.dy_t_of.take(dy.storage(), (n, out));
         if !self.backward_on() || !fits {
             return Ok(false);
         }
@@ -523,6 +522,30 @@ impl Fp8Products {
     }
 }
 
+/// The `dy` whose transposed codes an input gradient kept for the weight
+/// gradient of the same product: its storage (`(address, elements)`) and
+/// shape, until the weight gradient takes them or any other product runs
+/// (which forgets them: another product's casts may reuse the room, and
+/// a `dy` at the same address may since have been written).
+#[derive(Debug, Default)]
+struct KeptDy(Option<((u64, usize), (usize, usize))>);
+
+impl KeptDy {
+    fn keep(&mut self, at: (u64, usize), shape: (usize, usize)) {
+        self.0 = Some((at, shape));
+    }
+
+    fn forget(&mut self) {
+        self.0 = None;
+    }
+
+    /// Whether the kept codes are those of `dy` at `at` of `shape`; they
+    /// are forgotten either way (a weight gradient takes them once).
+    fn take(&mut self, at: (u64, usize), shape: (usize, usize)) -> bool {
+        self.0.take() == Some((at, shape))
+    }
+}
+
 /// The rooms a scaled product's operands are cast into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -616,6 +639,24 @@ fn trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_dy_serves_one_weight_gradient_of_the_same_tensor_only() {
+        let (at, shape) = ((0x1000, 4096), (64, 64));
+        let mut kept = KeptDy::default();
+        assert!(!kept.take(at, shape), "nothing kept yet");
+        kept.keep(at, shape);
+        assert!(!kept.take((0x2000, 4096), shape), "another tensor");
+        assert!(!kept.take(at, shape), "a miss forgets");
+        kept.keep(at, shape);
+        assert!(!kept.take(at, (32, 128)), "the same bytes in another shape");
+        kept.keep(at, shape);
+        assert!(kept.take(at, shape));
+        assert!(!kept.take(at, shape), "taken once");
+        kept.keep(at, shape);
+        kept.forget();
+        assert!(!kept.take(at, shape), "another product ran between");
+    }
 
     #[test]
     fn the_scaling_is_named_or_refused_naming_the_choices() {
