@@ -583,6 +583,22 @@ mod tests {
             .collect()
     }
 
+    /// The host's codes of the `rows` x `cols` tensor `v` multiplied by
+    /// `sc`, as stored or transposed (`t`).
+    fn host_codes(v: &[f32], (rows, cols): (usize, usize), sc: f32, t: bool, f: Fp8) -> Vec<u8> {
+        let mut out = vec![0u8; rows * cols];
+        for i in 0..rows {
+            for j in 0..cols {
+                let code = encode(v[i * cols + j] * sc, f);
+                match t {
+                    false => out[i * cols + j] = code,
+                    true => out[j * rows + i] = code,
+                }
+            }
+        }
+        out
+    }
+
     /// The device's casts give the host's codes bit for bit (as stored and
     /// transposed, e4m3 and e5m2, from bf16 and f32), its scales the
     /// host's; then cuBLASLt's scaled product of those codes equals the
@@ -601,21 +617,8 @@ mod tests {
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         let xd = DeviceBuffer::from_host(&device, &x).unwrap();
         let amax = xf.iter().fold(0f32, |a, v| a.max(v.abs()));
-        // The host's codes of x under the multiplier `sc`, as stored or
-        // transposed.
-        let host = |sc: f32, t: bool, f: Fp8| -> Vec<u8> {
-            let mut out = vec![0u8; rows * cols];
-            for i in 0..rows {
-                for j in 0..cols {
-                    let code = encode(xf[i * cols + j] * sc, f);
-                    match t {
-                        false => out[i * cols + j] = code,
-                        true => out[j * rows + i] = code,
-                    }
-                }
-            }
-            out
-        };
+        // The host's codes of x under the multiplier `sc`.
+        let host = |sc: f32, t: bool, f: Fp8| host_codes(&xf, (rows, cols), sc, t, f);
         for f in [Fp8::E4M3, Fp8::E5M2] {
             for t in [false, true] {
                 // The last amax as it was (no recast: the margin of 2 is
@@ -689,21 +692,11 @@ mod tests {
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
         let wfd = DeviceBuffer::from_host(&device, &wf).unwrap();
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-        // The host's codes of a rows x cols tensor, as stored or transposed.
-        let host = |v: &[f32], (rows, cols): (usize, usize), t: bool, f: Fp8| -> (Vec<u8>, f32) {
-            let amax = v.iter().fold(0f32, |a, x| a.max(x.abs()));
-            let sc = scale(amax, f);
-            let mut out = vec![0u8; rows * cols];
-            for i in 0..rows {
-                for j in 0..cols {
-                    let code = encode(v[i * cols + j] * sc, f);
-                    match t {
-                        false => out[i * cols + j] = code,
-                        true => out[j * rows + i] = code,
-                    }
-                }
-            }
-            (out, 1.0 / sc)
+        // The host's codes of a rows x cols tensor by its own amax, as
+        // stored or transposed, and their dequantising scale.
+        let host = |v: &[f32], shape: (usize, usize), t: bool, f: Fp8| -> (Vec<u8>, f32) {
+            let sc = scale(v.iter().fold(0f32, |a, x| a.max(x.abs())), f);
+            (host_codes(v, shape, sc, t, f), 1.0 / sc)
         };
         for (xf8, wf8) in [(Fp8::E4M3, Fp8::E4M3), (Fp8::E5M2, Fp8::E4M3)] {
             let mut xq = Fp8Tensor::new(&device, m * k).unwrap();
